@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs every Debian package offloadd's build, tests, demo and benchmarks need.
+# Idempotent: when everything is present it only runs dpkg-query and exits (~0.1 s).
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap build-essential pkg-config
+  protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev libgrpc-dev
+  libabsl-dev libgoogle-glog-dev libgflags-dev
+  prometheus-cpp-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
+  liblapacke-dev libopenblas-dev
+  python3 python3-grpcio python3-protobuf python3-torch python3-yaml python3-numpy
+  prometheus curl
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
