@@ -1,0 +1,50 @@
+// Daemon configuration: the DaemonConfig protobuf (proto/config.proto) in text format, with
+// embedded defaults, an optional file, and command-line flags that override single fields.
+// main() reads it and hands plain structs (session::CoreOptions, ...) down; nothing below rpc/
+// sees the protobuf.
+#ifndef OFFLOADD_SERVER_CONFIG_H_
+#define OFFLOADD_SERVER_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+#include "server/session/core.h"
+
+namespace offloadd {
+
+// The embedded defaults, in text format (what --print-default-config prints).
+const std::string& DefaultConfigText();
+
+// Parses text-format DaemonConfig over the defaults. Errors: INVALID_ARGUMENT naming the line
+// and column of a syntax error or unknown field.
+absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text);
+absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
+
+// Checks ranges and combinations; INVALID_ARGUMENT with a sentence per problem.
+absl::Status ValidateConfig(const v1::DaemonConfig& config);
+
+// A command-line flag that sets a config field: --name=value or --name value; dashes and
+// underscores are interchangeable in names.
+struct FlagInfo {
+  const char* name;
+  const char* help;
+};
+const std::vector<FlagInfo>& ConfigFlags();
+// Applies one flag to the config. Sizes accept suffixes (KiB, MiB, GiB, TiB, KB, MB, GB).
+// Errors: NOT_FOUND for an unknown flag, INVALID_ARGUMENT for a bad value.
+absl::Status ApplyFlag(const std::string& name, const std::string& value,
+                       v1::DaemonConfig* config);
+
+// Parses "64MiB", "1.5GiB", "4096" into bytes.
+absl::StatusOr<uint64_t> ParseBytes(const std::string& text);
+
+// Resolves an empty socket_path to the default location (see client/socket_path.h).
+std::string ResolveSocketPath(const v1::DaemonConfig& config);
+
+session::CoreOptions ToCoreOptions(const v1::DaemonConfig& config);
+
+}  // namespace offloadd
+
+#endif  // OFFLOADD_SERVER_CONFIG_H_

@@ -1,0 +1,71 @@
+// CopyEngine: moves bytes between client memory (a registered region) and the host pool.
+//
+// Two backends implement it (DESIGN.md, "Two copy backends, one protocol"):
+//  - shm  (shm_engine.h): the client's "device memory" is a POSIX shared-memory object; a chunk
+//         copy is a memcpy on the calling worker thread.
+//  - cuda (cuda_engine.h): the region is a CUDA IPC memory handle of an allocation base; chunk
+//         copies are cudaMemcpyAsync on per-GPU D2H/H2D streams.
+// Pacing, chunking and ordering between clients are the scheduler's job (sched/), not the
+// engine's: CopyChunk moves exactly the bytes it is given.
+#ifndef OFFLOADD_SERVER_COPY_COPY_ENGINE_H_
+#define OFFLOADD_SERVER_COPY_COPY_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace offloadd::copy {
+
+enum class Direction { kDeviceToHost = 0, kHostToDevice = 1 };
+inline const char* DirectionName(Direction d) {
+  return d == Direction::kDeviceToHost ? "d2h" : "h2d";
+}
+
+// What a client registers: exactly one of shm_name / cuda_ipc_handle is set.
+struct RegionSpec {
+  std::string shm_name;         // POSIX shm object name, starts with '/'
+  std::string cuda_ipc_handle;  // 64 bytes of cudaIpcMemHandle_t (allocation base)
+  uint64_t size_bytes = 0;      // size of the object / allocation
+  std::string device_id;        // GPU UUID (cuda) or the session's device name (shm)
+};
+
+// Client memory opened by the daemon. Closed (unmapped / IPC handle released) when the last
+// reference goes; copies in flight hold a reference.
+class Region {
+ public:
+  virtual ~Region() = default;
+  virtual uint64_t size_bytes() const = 0;
+};
+
+class CopyEngine {
+ public:
+  virtual ~CopyEngine() = default;
+  // "shm" or "cuda".
+  virtual std::string name() const = 0;
+
+  // Opens a client region. Errors: INVALID_ARGUMENT when the spec names the other backend's
+  // handle kind or is malformed; NOT_FOUND when the shm object does not exist; OUT_OF_RANGE when
+  // size_bytes exceeds the object's real size; FAILED_PRECONDITION for CUDA handle failures.
+  virtual absl::StatusOr<std::shared_ptr<Region>> OpenRegion(const RegionSpec& spec) = 0;
+
+  // Copies `bytes` between region[region_offset, +bytes) and host[0, bytes), blocking until the
+  // bytes have landed. Called concurrently from several worker threads. The caller has checked
+  // bounds against region.size_bytes().
+  virtual absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
+                                 uint8_t* host, uint64_t bytes) = 0;
+
+  // Before the first chunk of an offload: wait until the client's data is ready (CUDA: the
+  // client's IPC event). No-op for shm.
+  virtual absl::Status WaitReady(Region& region, const std::string& ready_event) {
+    (void)region;
+    (void)ready_event;
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace offloadd::copy
+
+#endif  // OFFLOADD_SERVER_COPY_COPY_ENGINE_H_

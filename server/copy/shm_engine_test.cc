@@ -1,0 +1,75 @@
+#include "server/copy/shm_engine.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace offloadd::copy {
+namespace {
+
+class ShmObject {
+ public:
+  explicit ShmObject(uint64_t size) : size_(size) {
+    name_ = "/offloadd-test-" + std::to_string(getpid()) + "-" + std::to_string(counter_++);
+    int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, size), 0);
+    data_ = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+  }
+  ~ShmObject() {
+    munmap(data_, size_);
+    shm_unlink(name_.c_str());
+  }
+  const std::string& name() const { return name_; }
+  uint8_t* data() { return data_; }
+
+ private:
+  static inline int counter_ = 0;
+  std::string name_;
+  uint64_t size_;
+  uint8_t* data_;
+};
+
+TEST(ShmCopyEngineTest, CopiesBothWaysThroughTheMapping) {
+  ShmObject obj(1 << 20);
+  for (int i = 0; i < (1 << 20); ++i) obj.data()[i] = static_cast<uint8_t>(i * 7 + 3);
+  ShmCopyEngine engine;
+  auto region = engine.OpenRegion({obj.name(), "", 1 << 20, "gpu0"});
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::vector<uint8_t> host(4096);
+  ASSERT_TRUE(engine.CopyChunk(Direction::kDeviceToHost, **region, 8192, host.data(), 4096).ok());
+  EXPECT_EQ(std::memcmp(host.data(), obj.data() + 8192, 4096), 0);
+  std::memset(obj.data() + 8192, 0, 4096);
+  ASSERT_TRUE(engine.CopyChunk(Direction::kHostToDevice, **region, 8192, host.data(), 4096).ok());
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ(obj.data()[8192 + i], static_cast<uint8_t>((8192 + i) * 7 + 3));
+  EXPECT_EQ(engine.CopyChunk(Direction::kDeviceToHost, **region, (1 << 20) - 10, host.data(), 11)
+                .code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+TEST(ShmCopyEngineTest, BadRegistrationsHaveSpecificCodes) {
+  ShmCopyEngine engine;
+  EXPECT_EQ(engine.OpenRegion({"/offloadd-does-not-exist-x", "", 10, ""}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine.OpenRegion({"no-slash", "", 10, ""}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.OpenRegion({"/a/b", "", 10, ""}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.OpenRegion({"", std::string(64, 'x'), 10, ""}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ShmObject obj(4096);
+  EXPECT_EQ(engine.OpenRegion({obj.name(), "", 0, ""}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.OpenRegion({obj.name(), "", 8192, ""}).status().code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace offloadd::copy

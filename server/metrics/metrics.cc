@@ -1,0 +1,119 @@
+#include "server/metrics/metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_format.h"
+#include "prometheus/exposer.h"
+
+namespace offloadd::metrics {
+
+prometheus::Histogram::BucketBoundaries DurationBuckets() {
+  return {1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100};
+}
+
+namespace {
+Metrics* Create() {
+  using namespace prometheus;  // NOLINT: builder names read better unqualified
+  auto* m = new Metrics();
+  m->registry = std::make_shared<Registry>();
+  auto& r = *m->registry;
+  m->build_info = &BuildGauge()
+                       .Name("offloadd_build_info")
+                       .Help("Always 1; labels carry the version and backend.")
+                       .Register(r);
+  auto gauge = [&r](const char* name, const char* help) {
+    return &BuildGauge().Name(name).Help(help).Register(r).Add({});
+  };
+  m->pool_capacity_bytes = gauge("offloadd_pool_capacity_bytes", "Size of the host pool.");
+  m->pool_used_bytes = gauge("offloadd_pool_used_bytes", "Pool bytes held by blocks (extents).");
+  m->pool_peak_used_bytes =
+      gauge("offloadd_pool_peak_used_bytes", "Highest pool_used_bytes since start.");
+  m->pool_blocks = gauge("offloadd_pool_blocks", "Blocks held in the pool.");
+  m->offloads_waiting =
+      gauge("offloadd_offloads_waiting", "Offloads queued waiting for pool space.");
+  m->offloads_refused_total =
+      &BuildCounter()
+           .Name("offloadd_offloads_refused_total")
+           .Help("Offloads refused with RESOURCE_EXHAUSTED (queue full or deadline passed).")
+           .Register(r)
+           .Add({});
+  m->transfer_bytes_total = &BuildCounter()
+                                 .Name("offloadd_transfer_bytes_total")
+                                 .Help("Bytes moved by completed transfers.")
+                                 .Register(r);
+  m->transfers_total = &BuildCounter()
+                            .Name("offloadd_transfers_total")
+                            .Help("Transfers (offloads, reloads) finished, by status.")
+                            .Register(r);
+  m->transfer_duration_seconds =
+      &BuildHistogram()
+           .Name("offloadd_transfer_duration_seconds")
+           .Help("Time from a transfer's request to its completion, including waits.")
+           .Register(r);
+  m->transfer_size_bytes = &BuildHistogram()
+                                .Name("offloadd_transfer_size_bytes")
+                                .Help("Size of completed transfers.")
+                                .Register(r);
+  m->sessions_open = gauge("offloadd_sessions_open", "Client sessions open.");
+  m->sessions_ended_total = &BuildCounter()
+                                 .Name("offloadd_sessions_ended_total")
+                                 .Help("Sessions ended, by cause (closed, crashed, shutdown).")
+                                 .Register(r);
+  m->request_errors_total = &BuildCounter()
+                                 .Name("offloadd_request_errors_total")
+                                 .Help("Requests answered with an error, by gRPC status code.")
+                                 .Register(r);
+  m->link_capacity_bytes_per_second =
+      &BuildGauge()
+           .Name("offloadd_link_capacity_bytes_per_second")
+           .Help("Configured capacity of a link direction (0 = unpaced).")
+           .Register(r);
+  m->link_busy_seconds_total =
+      &BuildCounter()
+           .Name("offloadd_link_busy_seconds_total")
+           .Help("Seconds a link direction was copying; its rate is the link's saturation.")
+           .Register(r);
+  m->link_bytes_total = &BuildCounter()
+                             .Name("offloadd_link_bytes_total")
+                             .Help("Bytes copied over a link direction.")
+                             .Register(r);
+  m->link_queued_transfers = &BuildGauge()
+                                  .Name("offloadd_link_queued_transfers")
+                                  .Help("Transfers queued or copying on a link direction.")
+                                  .Register(r);
+  return m;
+}
+}  // namespace
+
+Metrics& Get() {
+  static Metrics* m = Create();
+  return *m;
+}
+
+struct Exposer::Impl {
+  std::unique_ptr<prometheus::Exposer> exposer;
+};
+
+absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(const std::string& address) {
+  auto impl = std::make_unique<Impl>();
+  try {
+    impl->exposer = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot serve metrics on %s (%s): free the port, or set metrics_address to another "
+        "host:port or to \"\" to disable metrics",
+        address, e.what()));
+  }
+  impl->exposer->RegisterCollectable(Get().registry);
+  return std::unique_ptr<Exposer>(new Exposer(std::move(impl)));
+}
+
+Exposer::Exposer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Exposer::~Exposer() = default;
+
+int Exposer::port() const {
+  auto ports = impl_->exposer->GetListeningPorts();
+  return ports.empty() ? 0 : ports[0];
+}
+
+}  // namespace offloadd::metrics

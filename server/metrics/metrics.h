@@ -1,0 +1,73 @@
+// Process-wide Prometheus metrics of offloadd (prometheus-cpp 1.0).
+//
+// metrics/ is a leaf: any layer records into it; nothing here depends on other layers. Names
+// follow DESIGN.md: prefix `offloadd_`, base units (`_bytes`, `_seconds`), `_total` on counters,
+// labels gpu / link / direction / class / cause / status — never a pid or client label.
+// The README's "Metrics" section lists every series defined here.
+#ifndef OFFLOADD_SERVER_METRICS_METRICS_H_
+#define OFFLOADD_SERVER_METRICS_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace offloadd::metrics {
+
+struct Metrics {
+  std::shared_ptr<prometheus::Registry> registry;
+
+  prometheus::Family<prometheus::Gauge>* build_info;
+  // Pool.
+  prometheus::Gauge* pool_capacity_bytes;
+  prometheus::Gauge* pool_used_bytes;
+  prometheus::Gauge* pool_peak_used_bytes;
+  prometheus::Gauge* pool_blocks;
+  prometheus::Gauge* offloads_waiting;
+  prometheus::Counter* offloads_refused_total;
+  // Transfers: {direction, gpu, status}.
+  prometheus::Family<prometheus::Counter>* transfer_bytes_total;
+  prometheus::Family<prometheus::Counter>* transfers_total;
+  // {direction}; from the request's arrival to its completion.
+  prometheus::Family<prometheus::Histogram>* transfer_duration_seconds;
+  prometheus::Family<prometheus::Histogram>* transfer_size_bytes;
+  // Sessions.
+  prometheus::Gauge* sessions_open;
+  prometheus::Family<prometheus::Counter>* sessions_ended_total;  // {cause}
+  prometheus::Family<prometheus::Counter>* request_errors_total;  // {code}
+  // Links: {link, direction}.
+  prometheus::Family<prometheus::Gauge>* link_capacity_bytes_per_second;
+  prometheus::Family<prometheus::Counter>* link_busy_seconds_total;
+  prometheus::Family<prometheus::Counter>* link_bytes_total;
+  prometheus::Family<prometheus::Gauge>* link_queued_transfers;
+};
+
+// The process-wide metrics, created on first use.
+Metrics& Get();
+
+// Histogram buckets (seconds) for transfers: 100 µs .. ~100 s, x~3 per bucket.
+prometheus::Histogram::BucketBoundaries DurationBuckets();
+
+// Serves Get().registry at http://<address>/metrics. Errors: UNAVAILABLE when the address
+// cannot be bound (message names it and says to change metrics_address or free the port).
+class Exposer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Exposer>> Start(const std::string& address);
+  ~Exposer();
+  // Bound port (useful with port 0).
+  int port() const;
+
+ private:
+  struct Impl;
+  explicit Exposer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace offloadd::metrics
+
+#endif  // OFFLOADD_SERVER_METRICS_METRICS_H_

@@ -1,0 +1,316 @@
+#include "server/store/block_store.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+
+namespace offloadd::store {
+
+namespace {
+void RunAll(std::vector<std::function<void()>>& deferred) {
+  for (auto& fn : deferred) fn();
+  deferred.clear();
+}
+}  // namespace
+
+double BlockStore::Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+BlockStore::BlockStore(uint64_t capacity_bytes, BlockStoreOptions options)
+    : options_(options), allocator_(capacity_bytes) {
+  deadline_thread_ = std::thread([this] { DeadlineLoop(); });
+}
+
+BlockStore::~BlockStore() {
+  std::deque<Waiter> waiters;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    waiters.swap(waiters_);
+  }
+  deadline_cv_.notify_all();
+  deadline_thread_.join();
+  for (auto& w : waiters) {
+    w.done(absl::UnavailableError("offloadd is shutting down; the offload was not admitted"));
+  }
+}
+
+uint64_t BlockStore::capacity_bytes() const { return allocator_.stats().capacity_bytes; }
+
+bool BlockStore::FitsLocked(uint64_t session_id, uint64_t bytes) const {
+  if (options_.session_quota_bytes > 0) {
+    auto it = session_used_bytes_.find(session_id);
+    uint64_t used = it == session_used_bytes_.end() ? 0 : it->second;
+    if (used + pool::ExtentAllocator::RoundUp(bytes) > options_.session_quota_bytes) return false;
+  }
+  return allocator_.CanAllocate(bytes);
+}
+
+BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds) {
+  pool::Extent extent = *allocator_.Allocate(bytes);  // caller checked FitsLocked
+  uint64_t id = 0;
+  do {
+    id = absl::Uniform<uint64_t>(rng_);
+  } while (id == 0 || blocks_.count(id) != 0);
+  Block& b = blocks_[id];
+  b.session_id = session_id;
+  b.bytes = bytes;
+  b.extent = extent;
+  b.state = State::kOffloading;
+  session_used_bytes_[session_id] += extent.bytes;
+  session_blocks_[session_id] += 1;
+  BlockRef ref;
+  ref.block_id = id;
+  ref.bytes = bytes;
+  ref.extent = extent;
+  ref.queued_seconds = enqueued_seconds > 0 ? Now() - enqueued_seconds : 0;
+  return ref;
+}
+
+void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback done) {
+  if (bytes == 0) {
+    done(absl::InvalidArgumentError("offload of 0 bytes: send a positive byte count"));
+    return;
+  }
+  absl::StatusOr<BlockRef> result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t rounded = pool::ExtentAllocator::RoundUp(bytes);
+    if (rounded > allocator_.stats().capacity_bytes) {
+      result = absl::OutOfRangeError(absl::StrFormat(
+          "offload of %d bytes is larger than the whole pool (%d bytes): split it, or raise "
+          "pool_bytes in the daemon config",
+          bytes, allocator_.stats().capacity_bytes));
+    } else if (options_.session_quota_bytes > 0 && rounded > options_.session_quota_bytes) {
+      result = absl::OutOfRangeError(absl::StrFormat(
+          "offload of %d bytes is larger than the session quota (%d bytes): split it, or raise "
+          "session_quota_bytes in the daemon config",
+          bytes, options_.session_quota_bytes));
+    } else if (FitsLocked(session_id, bytes)) {
+      result = AdmitLocked(session_id, bytes, 0);
+    } else if (waiters_.size() >= options_.admission_queue_limit) {
+      ++refused_total_;
+      result = absl::ResourceExhaustedError(absl::StrFormat(
+          "the pool is full and %d offloads already wait for space: retry later, release "
+          "blocks, or raise pool_bytes / admission_queue_limit",
+          waiters_.size()));
+    } else {
+      double now = Now();
+      waiters_.push_back(Waiter{session_id, bytes, now,
+                                now + options_.admission_deadline_seconds, std::move(done)});
+      deadline_cv_.notify_all();
+      return;
+    }
+  }
+  done(std::move(result));
+}
+
+void BlockStore::AdmitWaitersLocked(Deferred* deferred) {
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (FitsLocked(it->session_id, it->bytes)) {
+      BlockRef ref = AdmitLocked(it->session_id, it->bytes, it->enqueued_seconds);
+      deferred->push_back([cb = std::move(it->done), ref] { cb(ref); });
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void BlockStore::FreeLocked(uint64_t block_id, Deferred* deferred) {
+  auto it = blocks_.find(block_id);
+  if (it == blocks_.end()) return;
+  Block& b = it->second;
+  (void)allocator_.Free(b.extent);
+  session_used_bytes_[b.session_id] -= b.extent.bytes;
+  if (--session_blocks_[b.session_id] == 0) {
+    session_blocks_.erase(b.session_id);
+    session_used_bytes_.erase(b.session_id);
+  }
+  blocks_.erase(it);
+  AdmitWaitersLocked(deferred);
+}
+
+void BlockStore::OffloadFinished(uint64_t block_id, const absl::Status& copy_status) {
+  Deferred deferred;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(block_id);
+    if (it == blocks_.end()) return;
+    Block& b = it->second;
+    std::vector<ReadableCallback> waiting = std::move(b.waiting_reloads);
+    b.waiting_reloads.clear();
+    if (copy_status.ok()) {
+      b.state = State::kResident;
+      BlockRef ref{block_id, b.bytes, b.extent, 0};
+      for (auto& cb : waiting) deferred.push_back([cb, ref] { cb(ref); });
+      if (b.released && b.reloads_in_flight == 0) FreeLocked(block_id, &deferred);
+    } else {
+      absl::Status err(copy_status.code(),
+                       absl::StrFormat("the offload of block %d failed: %s", block_id,
+                                       copy_status.message()));
+      for (auto& cb : waiting) deferred.push_back([cb, err] { cb(err); });
+      b.offload_failed = true;
+      // Reloads that were waiting still call EndReload; the last of them frees the block.
+      if (b.reloads_in_flight == 0) FreeLocked(block_id, &deferred);
+      else b.released = true;
+    }
+  }
+  RunAll(deferred);
+}
+
+absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
+                                     ReadableCallback ready) {
+  BlockRef ref;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(block_id);
+    if (it == blocks_.end() || it->second.session_id != session_id) {
+      return absl::NotFoundError(absl::StrFormat(
+          "block %d is not held by this session (never offloaded here, or already released)",
+          block_id));
+    }
+    Block& b = it->second;
+    if (b.released || b.offload_failed) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "block %d is being released; reload it before releasing it", block_id));
+    }
+    ++b.reloads_in_flight;
+    if (b.state == State::kOffloading) {
+      b.waiting_reloads.push_back(std::move(ready));
+      return absl::OkStatus();
+    }
+    ref = BlockRef{block_id, b.bytes, b.extent, 0};
+  }
+  ready(ref);
+  return absl::OkStatus();
+}
+
+void BlockStore::EndReload(uint64_t block_id, bool release) {
+  Deferred deferred;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(block_id);
+    if (it == blocks_.end()) return;
+    Block& b = it->second;
+    --b.reloads_in_flight;
+    if (release) b.released = true;
+    if (b.released && b.reloads_in_flight == 0 &&
+        (b.state == State::kResident || b.offload_failed)) {
+      FreeLocked(block_id, &deferred);
+    }
+  }
+  RunAll(deferred);
+}
+
+absl::Status BlockStore::Release(uint64_t session_id, uint64_t block_id) {
+  Deferred deferred;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(block_id);
+    if (it == blocks_.end() || it->second.session_id != session_id || it->second.released) {
+      return absl::NotFoundError(absl::StrFormat(
+          "block %d is not held by this session (never offloaded here, or already released)",
+          block_id));
+    }
+    Block& b = it->second;
+    b.released = true;
+    if (b.state == State::kResident && b.reloads_in_flight == 0) FreeLocked(block_id, &deferred);
+  }
+  RunAll(deferred);
+  return absl::OkStatus();
+}
+
+uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
+  Deferred deferred;
+  uint64_t released = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->session_id == session_id) {
+        deferred.push_back([cb = std::move(it->done)] {
+          cb(absl::CancelledError("the session ended before the offload was admitted"));
+        });
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::vector<uint64_t> ids;
+    for (auto& [id, b] : blocks_) {
+      if (b.session_id == session_id && !b.released) ids.push_back(id);
+    }
+    for (uint64_t id : ids) {
+      Block& b = blocks_[id];
+      b.released = true;
+      ++released;
+      if (b.state == State::kResident && b.reloads_in_flight == 0) FreeLocked(id, &deferred);
+    }
+  }
+  RunAll(deferred);
+  return released;
+}
+
+void BlockStore::DeadlineLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    double now = Now();
+    double next = 0;
+    Deferred deferred;
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->deadline_seconds <= now) {
+        ++refused_total_;
+        double waited = now - it->enqueued_seconds;
+        uint64_t bytes = it->bytes;
+        deferred.push_back([cb = std::move(it->done), waited, bytes] {
+          cb(absl::ResourceExhaustedError(absl::StrFormat(
+              "no pool space for %d bytes within %.3f s: the pool is full; release blocks, "
+              "retry later, or raise pool_bytes / admission_deadline_seconds",
+              bytes, waited)));
+        });
+        it = waiters_.erase(it);
+      } else {
+        if (next == 0 || it->deadline_seconds < next) next = it->deadline_seconds;
+        ++it;
+      }
+    }
+    if (!deferred.empty()) {
+      lock.unlock();
+      RunAll(deferred);
+      lock.lock();
+      continue;
+    }
+    if (next == 0) {
+      deadline_cv_.wait(lock);
+    } else {
+      deadline_cv_.wait_for(lock, std::chrono::duration<double>(next - now));
+    }
+  }
+}
+
+uint64_t BlockStore::SessionUsedBytes(uint64_t session_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = session_used_bytes_.find(session_id);
+  return it == session_used_bytes_.end() ? 0 : it->second;
+}
+
+uint64_t BlockStore::SessionBlocks(uint64_t session_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = session_blocks_.find(session_id);
+  return it == session_blocks_.end() ? 0 : it->second;
+}
+
+StoreStats BlockStore::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  StoreStats s;
+  s.pool = allocator_.stats();
+  s.blocks = blocks_.size();
+  s.offloads_waiting = waiters_.size();
+  s.offloads_refused_total = refused_total_;
+  return s;
+}
+
+}  // namespace offloadd::store

@@ -1,0 +1,148 @@
+// BlockStore: offloaded blocks (block id -> pool extent, owner session, state) and admission of
+// new offloads into the pool.
+//
+// Admission (back-pressure): an offload that does not fit — the pool has no free extent large
+// enough, or the owner's session quota would be exceeded — waits in a bounded queue until space
+// is released or its deadline passes (then RESOURCE_EXHAUSTED). When the queue is full a new
+// request fails with RESOURCE_EXHAUSTED at once. Waiters are admitted in arrival order among
+// those that fit (a small request may pass a large one that still does not fit; the deadline
+// bounds how long the large one waits); a new request that fits is admitted at once. Nothing
+// is ever evicted to make room.
+//
+// Block lifecycle:  Reserve -> kOffloading --(copy ok)--> kResident --(Release)--> freed
+//                                         \--(copy failed)--> freed
+// Reloads may be requested while kOffloading: they start when the offload's copy completes, so a
+// reload always returns the offloaded bytes. A block released (or whose session ended) while
+// copies are running is freed when the last of them finishes.
+//
+// Block ids are random 64-bit values (never 0) and scoped to the owning session: another
+// session naming them gets NOT_FOUND, exactly as for an id that never existed.
+//
+// Thread-safety: every method is thread-safe. Callbacks run without the store's lock held, on
+// the calling thread, the thread that released space, or the store's deadline thread.
+#ifndef OFFLOADD_SERVER_STORE_BLOCK_STORE_H_
+#define OFFLOADD_SERVER_STORE_BLOCK_STORE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/pool/extent_allocator.h"
+
+namespace offloadd::store {
+
+struct BlockStoreOptions {
+  uint64_t session_quota_bytes = 0;         // 0 = no per-session quota
+  double admission_deadline_seconds = 5.0;  // how long an offload may wait for space
+  uint32_t admission_queue_limit = 1024;    // offloads waiting at once, whole daemon
+};
+
+// Where an admitted block's bytes live.
+struct BlockRef {
+  uint64_t block_id = 0;
+  uint64_t bytes = 0;       // requested size
+  pool::Extent extent;      // its extent in the arena
+  double queued_seconds = 0;  // time spent waiting for space
+};
+
+struct StoreStats {
+  pool::AllocatorStats pool;
+  uint64_t blocks = 0;
+  uint64_t offloads_waiting = 0;
+  uint64_t offloads_refused_total = 0;  // RESOURCE_EXHAUSTED from admission
+};
+
+class BlockStore {
+ public:
+  using ReserveCallback = std::function<void(absl::StatusOr<BlockRef>)>;
+  using ReadableCallback = std::function<void(absl::StatusOr<BlockRef>)>;
+
+  BlockStore(uint64_t capacity_bytes, BlockStoreOptions options);
+  ~BlockStore();  // fails waiters with UNAVAILABLE, stops the deadline thread
+
+  // Admits an offload of `bytes` for `session_id`; `done` gets the new block (state
+  // kOffloading) or an error: INVALID_ARGUMENT for 0 bytes; OUT_OF_RANGE when bytes exceed the
+  // pool capacity or the session quota (it can never fit); RESOURCE_EXHAUSTED when the wait
+  // queue is full or the deadline passed.
+  void Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback done);
+
+  // The offload copy of a block finished: kResident on success; on failure the block is freed.
+  // Runs reloads that were waiting for it (with the block, or the copy's error).
+  void OffloadFinished(uint64_t block_id, const absl::Status& copy_status);
+
+  // Starts a reload of a block of `session_id`: `ready` is called with the block once its bytes
+  // are in the pool (at once if resident). The block stays allocated until EndReload.
+  // Errors (returned, `ready` not called): NOT_FOUND for an unknown block or one of another
+  // session; FAILED_PRECONDITION when the block has been released.
+  absl::Status BeginReload(uint64_t session_id, uint64_t block_id, ReadableCallback ready);
+  // A reload started with BeginReload finished; `release` frees the block afterwards.
+  void EndReload(uint64_t block_id, bool release);
+
+  // Releases a block of `session_id`. NOT_FOUND for unknown / foreign / already released ids.
+  absl::Status Release(uint64_t session_id, uint64_t block_id);
+  // Releases every block of the session and fails its waiting offloads with CANCELLED.
+  // Returns the number of blocks released.
+  uint64_t ReleaseSession(uint64_t session_id);
+
+  // Bytes (rounded extents) held by a session, and blocks held.
+  uint64_t SessionUsedBytes(uint64_t session_id) const;
+  uint64_t SessionBlocks(uint64_t session_id) const;
+  StoreStats stats() const;
+  uint64_t capacity_bytes() const;
+
+ private:
+  enum class State { kOffloading, kResident };
+  struct Block {
+    uint64_t session_id;
+    uint64_t bytes;
+    pool::Extent extent;
+    State state;
+    int reloads_in_flight = 0;
+    bool released = false;  // free when the last copy finishes
+    bool offload_failed = false;
+    std::vector<ReadableCallback> waiting_reloads;
+  };
+  struct Waiter {
+    uint64_t session_id;
+    uint64_t bytes;
+    double enqueued_seconds;
+    double deadline_seconds;
+    ReserveCallback done;
+  };
+  using Deferred = std::vector<std::function<void()>>;
+
+  // All *Locked methods require mu_.
+  bool FitsLocked(uint64_t session_id, uint64_t bytes) const;
+  BlockRef AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds);
+  void FreeLocked(uint64_t block_id, Deferred* deferred);
+  void AdmitWaitersLocked(Deferred* deferred);
+  void DeadlineLoop();
+  static double Now();
+
+  const BlockStoreOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable deadline_cv_;
+  pool::ExtentAllocator allocator_;
+  std::unordered_map<uint64_t, Block> blocks_;
+  std::unordered_map<uint64_t, uint64_t> session_used_bytes_;
+  std::unordered_map<uint64_t, uint64_t> session_blocks_;
+  std::deque<Waiter> waiters_;
+  uint64_t refused_total_ = 0;
+  absl::BitGen rng_;
+  bool stopping_ = false;
+  std::thread deadline_thread_;
+};
+
+}  // namespace offloadd::store
+
+#endif  // OFFLOADD_SERVER_STORE_BLOCK_STORE_H_

@@ -1,0 +1,190 @@
+#include "server/store/block_store.h"
+
+#include <chrono>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace offloadd::store {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+BlockStoreOptions Opts(uint64_t quota = 0, double deadline = 5.0, uint32_t queue = 16) {
+  BlockStoreOptions o;
+  o.session_quota_bytes = quota;
+  o.admission_deadline_seconds = deadline;
+  o.admission_queue_limit = queue;
+  return o;
+}
+
+absl::StatusOr<BlockRef> ReserveNow(BlockStore& s, uint64_t session, uint64_t bytes) {
+  std::promise<absl::StatusOr<BlockRef>> p;
+  auto f = p.get_future();
+  s.Reserve(session, bytes, [&p](absl::StatusOr<BlockRef> r) { p.set_value(std::move(r)); });
+  return f.get();
+}
+
+TEST(BlockStoreTest, AdmitsWithDistinctNonZeroIdsAndAccountsBytes) {
+  BlockStore s(64 * kMiB, Opts());
+  std::set<uint64_t> ids;
+  for (int i = 0; i < 10; ++i) {
+    auto r = ReserveNow(s, 1, kMiB + 1);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_NE(r->block_id, 0u);
+    EXPECT_EQ(r->bytes, kMiB + 1);
+    EXPECT_EQ(r->extent.bytes, kMiB + 256);
+    ids.insert(r->block_id);
+  }
+  EXPECT_EQ(ids.size(), 10u);
+  EXPECT_EQ(s.SessionUsedBytes(1), 10 * (kMiB + 256));
+  EXPECT_EQ(s.SessionBlocks(1), 10u);
+  EXPECT_EQ(s.stats().blocks, 10u);
+  EXPECT_EQ(s.stats().pool.used_bytes, 10 * (kMiB + 256));
+}
+
+TEST(BlockStoreTest, RejectsZeroOversizeAndOverQuotaAtOnce) {
+  BlockStore s(16 * kMiB, Opts(/*quota=*/4 * kMiB));
+  EXPECT_EQ(ReserveNow(s, 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReserveNow(s, 1, 17 * kMiB).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ReserveNow(s, 1, 5 * kMiB).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(s.stats().blocks, 0u);
+}
+
+TEST(BlockStoreTest, FullPoolWaitsThenAdmitsOnRelease) {
+  BlockStore s(8 * kMiB, Opts());
+  auto a = ReserveNow(s, 1, 8 * kMiB);
+  ASSERT_TRUE(a.ok());
+  s.OffloadFinished(a->block_id, absl::OkStatus());
+  std::promise<absl::StatusOr<BlockRef>> p;
+  auto f = p.get_future();
+  s.Reserve(2, 4 * kMiB, [&p](absl::StatusOr<BlockRef> r) { p.set_value(std::move(r)); });
+  EXPECT_EQ(f.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  EXPECT_EQ(s.stats().offloads_waiting, 1u);
+  ASSERT_TRUE(s.Release(1, a->block_id).ok());
+  auto b = f.get();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_GT(b->queued_seconds, 0.0);
+  EXPECT_EQ(s.stats().offloads_waiting, 0u);
+  EXPECT_EQ(s.SessionUsedBytes(2), 4 * kMiB);
+}
+
+TEST(BlockStoreTest, DeadlinePassesWithResourceExhausted) {
+  BlockStore s(4 * kMiB, Opts(0, /*deadline=*/0.05));
+  ASSERT_TRUE(ReserveNow(s, 1, 4 * kMiB).ok());
+  auto r = ReserveNow(s, 2, kMiB);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(r.status().message()).find("pool is full"), std::string::npos);
+  EXPECT_EQ(s.stats().offloads_refused_total, 1u);
+  EXPECT_EQ(s.stats().offloads_waiting, 0u);
+}
+
+TEST(BlockStoreTest, FullQueueRefusesAtOnce) {
+  BlockStore s(4 * kMiB, Opts(0, 60.0, /*queue=*/2));
+  ASSERT_TRUE(ReserveNow(s, 1, 4 * kMiB).ok());
+  int called = 0;
+  for (int i = 0; i < 2; ++i) s.Reserve(2, kMiB, [&called](absl::StatusOr<BlockRef>) { ++called; });
+  EXPECT_EQ(called, 0);
+  auto r = ReserveNow(s, 3, kMiB);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.stats().offloads_waiting, 2u);
+  // Ending the waiting session cancels its waiters.
+  s.ReleaseSession(2);
+  EXPECT_EQ(called, 2);
+  EXPECT_EQ(s.stats().offloads_waiting, 0u);
+}
+
+TEST(BlockStoreTest, QuotaHoldsOneSessionWhileAnotherProceeds) {
+  BlockStore s(64 * kMiB, Opts(/*quota=*/8 * kMiB, 60.0));
+  auto a = ReserveNow(s, 1, 8 * kMiB);
+  ASSERT_TRUE(a.ok());
+  s.OffloadFinished(a->block_id, absl::OkStatus());
+  bool admitted = false;
+  s.Reserve(1, kMiB, [&admitted](absl::StatusOr<BlockRef> r) { admitted = r.ok(); });
+  EXPECT_FALSE(admitted);
+  EXPECT_TRUE(ReserveNow(s, 2, 8 * kMiB).ok());  // another session is not held back
+  ASSERT_TRUE(s.Release(1, a->block_id).ok());
+  EXPECT_TRUE(admitted);
+}
+
+TEST(BlockStoreTest, ForeignAndDoubleReleaseAreNotFound) {
+  BlockStore s(16 * kMiB, Opts());
+  auto a = ReserveNow(s, 1, kMiB);
+  ASSERT_TRUE(a.ok());
+  s.OffloadFinished(a->block_id, absl::OkStatus());
+  EXPECT_EQ(s.Release(2, a->block_id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.BeginReload(2, a->block_id, [](absl::StatusOr<BlockRef>) {}).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(s.Release(1, a->block_id).ok());
+  EXPECT_EQ(s.Release(1, a->block_id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.Release(1, 12345).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.stats().pool.used_bytes, 0u);
+}
+
+TEST(BlockStoreTest, ReloadBeforeOffloadFinishesWaitsForIt) {
+  BlockStore s(16 * kMiB, Opts());
+  auto a = ReserveNow(s, 1, kMiB);
+  ASSERT_TRUE(a.ok());
+  int ready = 0;
+  ASSERT_TRUE(s.BeginReload(1, a->block_id, [&](absl::StatusOr<BlockRef> r) {
+                 ASSERT_TRUE(r.ok());
+                 EXPECT_EQ(r->extent.offset, a->extent.offset);
+                 ++ready;
+               }).ok());
+  EXPECT_EQ(ready, 0);
+  s.OffloadFinished(a->block_id, absl::OkStatus());
+  EXPECT_EQ(ready, 1);
+  s.EndReload(a->block_id, /*release=*/true);
+  EXPECT_EQ(s.stats().blocks, 0u);
+  EXPECT_EQ(s.stats().pool.used_bytes, 0u);
+}
+
+TEST(BlockStoreTest, ReleaseDuringReloadFreesAfterIt) {
+  BlockStore s(16 * kMiB, Opts());
+  auto a = ReserveNow(s, 1, kMiB);
+  s.OffloadFinished(a->block_id, absl::OkStatus());
+  ASSERT_TRUE(s.BeginReload(1, a->block_id, [](absl::StatusOr<BlockRef>) {}).ok());
+  ASSERT_TRUE(s.Release(1, a->block_id).ok());
+  EXPECT_EQ(s.stats().blocks, 1u);  // still being read
+  EXPECT_EQ(s.BeginReload(1, a->block_id, [](absl::StatusOr<BlockRef>) {}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  s.EndReload(a->block_id, false);
+  EXPECT_EQ(s.stats().blocks, 0u);
+}
+
+TEST(BlockStoreTest, FailedOffloadFreesBlockAndFailsWaitingReload) {
+  BlockStore s(16 * kMiB, Opts());
+  auto a = ReserveNow(s, 1, kMiB);
+  absl::Status seen;
+  ASSERT_TRUE(s.BeginReload(1, a->block_id, [&](absl::StatusOr<BlockRef> r) {
+                 seen = r.status();
+               }).ok());
+  s.OffloadFinished(a->block_id, absl::DataLossError("copy failed"));
+  EXPECT_EQ(seen.code(), absl::StatusCode::kDataLoss);
+  s.EndReload(a->block_id, false);
+  EXPECT_EQ(s.stats().blocks, 0u);
+  EXPECT_EQ(s.stats().pool.used_bytes, 0u);
+}
+
+TEST(BlockStoreTest, ReleaseSessionReturnsPoolToBaseline) {
+  BlockStore s(64 * kMiB, Opts());
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 5; ++i) {
+    auto r = ReserveNow(s, 7, 3 * kMiB + 17);
+    ids.push_back(r->block_id);
+  }
+  for (int i = 0; i < 4; ++i) s.OffloadFinished(ids[i], absl::OkStatus());
+  auto other = ReserveNow(s, 8, kMiB);
+  EXPECT_EQ(s.ReleaseSession(7), 5u);
+  // The block whose offload is still copying is freed when the copy finishes.
+  EXPECT_EQ(s.stats().blocks, 2u);
+  s.OffloadFinished(ids[4], absl::OkStatus());
+  EXPECT_EQ(s.stats().blocks, 1u);
+  EXPECT_EQ(s.SessionUsedBytes(7), 0u);
+  EXPECT_EQ(s.stats().pool.used_bytes, other->extent.bytes);
+}
+
+}  // namespace
+}  // namespace offloadd::store
