@@ -1,0 +1,85 @@
+// Arena: the daemon's host-RAM pool, mapped once at start-up and never grown or remapped.
+//
+// One anonymous private mapping of `size_bytes`, pre-faulted (MAP_POPULATE, then a write to every
+// page) so copies never run into untouched pages (~2 GB/s instead of ~10 GB/s, DESIGN.md),
+// optionally mlock'ed and optionally backed by transparent huge pages (then the mapping starts
+// on a 2 MiB boundary and is advised MADV_HUGEPAGE before any page is touched). After Create()
+// nothing in the request path maps, allocates host memory or pins: extents are carved out by
+// ExtentAllocator.
+//
+// Checks made before mapping, so a misconfigured node fails at start-up with a sentence saying
+// what to change rather than being OOM-killed or failing later in cudaHostRegister:
+//  - size vs MemAvailable from /proc/meminfo (CheckMemAvailable);
+//  - with mlock: size vs RLIMIT_MEMLOCK (CheckMemlockLimit), skipped when the process holds
+//    CAP_IPC_LOCK, which the kernel exempts from the limit (root normally holds it; a container's
+//    root may not).
+#ifndef OFFLOADD_SERVER_POOL_ARENA_H_
+#define OFFLOADD_SERVER_POOL_ARENA_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace offloadd::pool {
+
+struct ArenaOptions {
+  uint64_t size_bytes = 0;  // > 0; rounded up to the page size (4 KiB)
+  bool mlock = false;       // lock the pages; fails early if RLIMIT_MEMLOCK is too low
+  bool huge_pages = false;  // madvise(MADV_HUGEPAGE); a hint, never an error
+  bool prefault = true;     // touch every page now
+};
+
+class Arena {
+ public:
+  // Errors: INVALID_ARGUMENT for size 0; RESOURCE_EXHAUSTED when the size exceeds MemAvailable
+  // or mmap fails (message names the size and how much RAM is available); FAILED_PRECONDITION
+  // when mlock is asked for and RLIMIT_MEMLOCK is below the size, or mlock itself is refused
+  // (message says how to raise it: LimitMEMLOCK=infinity in systemd, `ulimit -l`, or the pod's
+  // securityContext / container ulimits); RESOURCE_EXHAUSTED when mlock fails for lack of memory.
+  // Nothing stays mapped after an error.
+  static absl::StatusOr<std::unique_ptr<Arena>> Create(const ArenaOptions& options);
+  ~Arena();  // munmap (which also unlocks)
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  uint8_t* base() const { return base_; }
+  uint64_t size_bytes() const { return size_bytes_; }
+  bool locked() const { return locked_; }
+
+ private:
+  Arena(uint8_t* base, uint64_t size_bytes, bool locked)
+      : base_(base), size_bytes_(size_bytes), locked_(locked) {}
+  uint8_t* base_;
+  uint64_t size_bytes_;
+  bool locked_;
+};
+
+// The checks Create() makes, exposed so they can be tested without the resource they check.
+
+// OK when `bytes` may be locked under an RLIMIT_MEMLOCK soft limit of `limit_bytes`
+// (RLIM_INFINITY for none) or when `privileged`; else FAILED_PRECONDITION naming both numbers
+// and the ways to raise the limit.
+absl::Status CheckMemlockLimit(uint64_t bytes, uint64_t limit_bytes, bool privileged);
+
+// OK when bytes <= available_bytes; else RESOURCE_EXHAUSTED naming both numbers.
+absl::Status CheckMemAvailable(uint64_t bytes, uint64_t available_bytes);
+
+// Parses the "MemAvailable:  <n> kB" line of /proc/meminfo text into bytes.
+// Errors: NOT_FOUND when the line is missing (kernels before 3.14), INVALID_ARGUMENT when the
+// value does not parse.
+absl::StatusOr<uint64_t> ParseMemAvailableBytes(absl::string_view meminfo);
+
+// Reads /proc/meminfo. Errors: UNAVAILABLE when it cannot be read, else as above.
+absl::StatusOr<uint64_t> ReadMemAvailableBytes();
+
+// Whether this process is exempt from RLIMIT_MEMLOCK: CAP_IPC_LOCK in its effective capability
+// set (CapEff in /proc/self/status, bit 14; see mlock(2)). Falls back to euid == 0 when
+// /proc/self/status cannot be read.
+bool MemlockPrivileged();
+
+}  // namespace offloadd::pool
+
+#endif  // OFFLOADD_SERVER_POOL_ARENA_H_

@@ -1,0 +1,185 @@
+#include "server/pool/arena.h"
+
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace offloadd::pool {
+namespace {
+
+constexpr uint64_t kMiB = 1024 * 1024;
+
+TEST(ArenaTest, ZeroSizeIsInvalid) {
+  auto a = Arena::Create({});
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ArenaTest, SizeRoundsUpToPage) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (uint64_t size : {uint64_t{1}, page - 1, page, page + 1, 3 * page + 7}) {
+    ArenaOptions o;
+    o.size_bytes = size;
+    auto a = Arena::Create(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ((*a)->size_bytes(), (size + page - 1) / page * page) << size;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*a)->base()) % page, 0u);
+    EXPECT_FALSE((*a)->locked());
+  }
+}
+
+// Writes a pattern over every byte and reads it back.
+void CheckWritable(const Arena& a) {
+  uint8_t* p = a.base();
+  const uint64_t n = a.size_bytes();
+  for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(p[i], 0) << "fresh arena not zeroed at " << i;
+  for (uint64_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(p[i], static_cast<uint8_t>(i * 131 + (i >> 12))) << "at " << i;
+  }
+}
+
+TEST(ArenaTest, EveryByteWritable) {
+  for (bool prefault : {true, false}) {
+    ArenaOptions o;
+    o.size_bytes = 8 * kMiB + 12345;
+    o.prefault = prefault;
+    auto a = Arena::Create(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    CheckWritable(**a);
+  }
+}
+
+TEST(ArenaTest, HugePagesAlignedAndWritable) {
+  ArenaOptions o;
+  o.size_bytes = 6 * kMiB + 4096;
+  o.huge_pages = true;
+  auto a = Arena::Create(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->size_bytes(), 6 * kMiB + 4096);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*a)->base()) % (2 * kMiB), 0u);
+  CheckWritable(**a);
+}
+
+TEST(ArenaTest, MlockSmallArena) {
+  // 1 MiB fits the default 8 MiB RLIMIT_MEMLOCK, and privileged processes have no limit.
+  struct rlimit rl;
+  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &rl), 0);
+  ArenaOptions o;
+  o.size_bytes = kMiB;
+  o.mlock = true;
+  auto a = Arena::Create(o);
+  if (!MemlockPrivileged() && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < kMiB) {
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+    GTEST_SKIP() << "RLIMIT_MEMLOCK below 1 MiB here";
+  }
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE((*a)->locked());
+  CheckWritable(**a);
+}
+
+// Clears CAP_IPC_LOCK from this process's effective set (raw capget/capset: no libcap here).
+bool DropIpcLockCapability() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &header, data) != 0) return false;
+  data[0].effective &= ~(1u << CAP_IPC_LOCK);
+  return syscall(SYS_capset, &header, data) == 0;
+}
+
+// The whole Create() path as an unprivileged process would see it, in a forked child: without
+// CAP_IPC_LOCK and with RLIMIT_MEMLOCK at 1 MiB, a 4 MiB mlock'ed arena must fail with
+// FAILED_PRECONDITION (exit 0), naming the remedy (else exit 2..5).
+TEST(ArenaTest, MlockOverLimitInUnprivilegedChild) {
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (MemlockPrivileged() && !DropIpcLockCapability()) _exit(2);
+    if (MemlockPrivileged()) _exit(3);
+    struct rlimit rl = {kMiB, kMiB};
+    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) _exit(4);
+    ArenaOptions o;
+    o.size_bytes = 4 * kMiB;
+    o.mlock = true;
+    auto a = Arena::Create(o);
+    const bool ok = a.status().code() == absl::StatusCode::kFailedPrecondition &&
+                    absl::StrContains(a.status().message(), "LimitMEMLOCK=infinity") &&
+                    absl::StrContains(a.status().message(), absl::StrCat(4 * kMiB));
+    _exit(ok ? 0 : 5);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: capget/capset failed, 3: still privileged, "
+                                       "4: setrlimit failed, 5: wrong status";
+}
+
+TEST(CheckMemlockLimitTest, Decisions) {
+  EXPECT_TRUE(CheckMemlockLimit(8 * kMiB, 8 * kMiB, false).ok());
+  EXPECT_TRUE(CheckMemlockLimit(1, 8 * kMiB, false).ok());
+  EXPECT_TRUE(CheckMemlockLimit(1ull << 40, RLIM_INFINITY, false).ok());
+  EXPECT_TRUE(CheckMemlockLimit(1ull << 40, 0, true).ok());
+  EXPECT_EQ(CheckMemlockLimit(8 * kMiB + 1, 8 * kMiB, false).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CheckMemlockLimit(1, 0, false).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CheckMemlockLimitTest, MessageNamesNumbersAndRemedies) {
+  const absl::Status s = CheckMemlockLimit(64 * kMiB, 8 * kMiB, false);
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  const std::string m(s.message());
+  EXPECT_TRUE(absl::StrContains(m, absl::StrCat(64 * kMiB))) << m;
+  EXPECT_TRUE(absl::StrContains(m, absl::StrCat(8 * kMiB))) << m;
+  EXPECT_TRUE(absl::StrContains(m, "LimitMEMLOCK=infinity")) << m;
+  EXPECT_TRUE(absl::StrContains(m, "ulimit -l unlimited")) << m;
+  EXPECT_TRUE(absl::StrContains(m, "securityContext")) << m;
+}
+
+TEST(CheckMemAvailableTest, Decisions) {
+  EXPECT_TRUE(CheckMemAvailable(100, 100).ok());
+  const absl::Status s = CheckMemAvailable(3 * kMiB, 2 * kMiB);
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat(3 * kMiB))) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat(2 * kMiB))) << s;
+}
+
+TEST(ParseMemAvailableTest, Parses) {
+  const char kMeminfo[] =
+      "MemTotal:       24683620 kB\n"
+      "MemFree:         1000000 kB\n"
+      "MemAvailable:   24071000 kB\n"
+      "Buffers:          100 kB\n";
+  auto v = ParseMemAvailableBytes(kMeminfo);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, uint64_t{24071000} * 1024);
+  EXPECT_EQ(ParseMemAvailableBytes("MemTotal: 5 kB\n").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ParseMemAvailableBytes("MemAvailable: lots kB\n").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto live = ReadMemAvailableBytes();
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_GT(*live, 0u);
+}
+
+TEST(ArenaTest, LargerThanAvailableRamIsResourceExhausted) {
+  auto avail = ReadMemAvailableBytes();
+  ASSERT_TRUE(avail.ok()) << avail.status();
+  ArenaOptions o;
+  o.size_bytes = *avail + (uint64_t{1} << 30);  // never mapped: the check comes first
+  auto a = Arena::Create(o);
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted) << a.status();
+  const std::string m(a.status().message());
+  EXPECT_TRUE(absl::StrContains(m, "MemAvailable")) << m;
+  EXPECT_TRUE(absl::StrContains(m, absl::StrCat((o.size_bytes + 4095) / 4096 * 4096))) << m;
+}
+
+}  // namespace
+}  // namespace offloadd::pool
