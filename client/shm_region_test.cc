@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -124,7 +125,9 @@ TEST(ShmRegionTest, RejectsBadArguments) {
 }
 
 TEST(ShmRegionTest, OpenOfEmptyObjectIsFailedPrecondition) {
-  const std::string name = "/offloadd-test-empty-" + std::to_string(getpid());
+  // Sandboxed test runs may share /dev/shm and a pid: add a random number.
+  const std::string name = "/offloadd-test-empty-" + std::to_string(getpid()) + "-" +
+                           std::to_string(std::random_device{}());
   int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   ASSERT_GE(fd, 0);
   close(fd);

@@ -1,0 +1,243 @@
+// offloadd C++ client: one Session stream per Client (per training process), many requests in
+// flight on it. Protocol: proto/offload.proto (package offloadd.v1); the daemon listens on a Unix
+// socket, gRPC target "unix:<socket_path>".
+//
+// Threading: every method is thread-safe. Each Client runs two threads:
+//   - a writer that drains every request queued since its last write into ONE ClientMessage
+//     (batching; at most kMaxRequestsPerMessage requests / kMaxMessageBytes per message), and
+//   - a reader that completes each request's future by request id as ServerMessages arrive
+//     (the daemon may answer in any order).
+// Futures are completed on the reader thread; they never call user code.
+//
+// Units: sizes and offsets are uint64 bytes; durations are double seconds.
+//
+// Errors (absl::Status codes; messages say what to do):
+//   - A daemon Error{code, message} becomes a status with the same code and message. The daemon
+//     documents its codes; the protocol names INVALID_ARGUMENT (bad offset/bytes/priority),
+//     NOT_FOUND (unknown region/block id), RESOURCE_EXHAUSTED (pool or quota full),
+//     FAILED_PRECONDITION (e.g. a request before Hello), OUT_OF_RANGE (offset+bytes past region).
+//   - UNAVAILABLE: the session stream ended without Close() (daemon died, restarted, or was shut
+//     down). Every pending request and every later request fails with it; the message says "the
+//     offloadd daemon at unix:<path> went away". Blocks and regions of the session are gone (the
+//     daemon releases them with the stream): reconnect with Connect() and start over.
+//   - CANCELLED: the request was pending when Close() ended the stream.
+//   - FAILED_PRECONDITION (client side): a request issued after Close() began.
+//   - INTERNAL: the daemon answered a request with the wrong response kind (protocol mismatch).
+#ifndef OFFLOADD_CLIENT_OFFLOADD_CLIENT_H_
+#define OFFLOADD_CLIENT_OFFLOADD_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "client/shm_region.h"
+#include "proto/offload.grpc.pb.h"
+#include "proto/offload.pb.h"
+
+namespace offloadd {
+namespace client {
+
+struct ClientOptions {
+  std::string socket_path;  // empty: DefaultSocketPath() (client/socket_path.h)
+  std::string client_name;  // free text shown in the daemon's stats, e.g. "train.py rank 3"
+  // The GPU the client's memory lives on: its UUID ("GPU-...") on the cuda backend, any stable
+  // name on the shm backend. Selects the link the daemon schedules this client's copies on.
+  std::string device_id;
+  uint32_t pid = 0;                       // 0: getpid()
+  double connect_timeout_seconds = 10.0;  // socket connect + HelloReply, together
+  double close_timeout_seconds = 5.0;     // Close(): wait this long for the daemon, then cancel
+  double unary_timeout_seconds = 10.0;    // GetStats(), CheckHealth()
+};
+
+// A region of client memory the daemon may copy from/to. Exactly one of cuda_ipc_handle (the 64
+// raw bytes of a cudaIpcMemHandle_t of an allocation *base*) and shm_name (a POSIX shm name,
+// "/...") is non-empty. size_bytes: size of the allocation / object; offsets are checked against
+// it by the daemon.
+struct RegionHandle {
+  std::string cuda_ipc_handle;
+  std::string shm_name;
+  uint64_t size_bytes = 0;
+};
+inline constexpr size_t kCudaIpcHandleBytes = 64;
+
+enum class Priority {
+  kUrgent,    // the caller is blocked on this reload (backward is waiting)
+  kPrefetch,  // needed soon; scheduled after urgent reloads, before offloads
+};
+
+struct OffloadResult {
+  uint64_t block_id = 0;        // names the pool block for Reload/Release
+  uint64_t bytes = 0;           // bytes copied device-to-host
+  double queued_seconds = 0;    // waiting for pool space
+  double copy_seconds = 0;      // admission to last chunk copied
+};
+
+struct ReloadResult {
+  uint64_t block_id = 0;
+  uint64_t bytes = 0;           // bytes copied host-to-device
+  bool released = false;        // the block was released after the reload (release_after)
+  double copy_seconds = 0;
+};
+
+// Counts since Connect(); batching shows as requests_sent / messages_sent > 1.
+struct ClientCounters {
+  uint64_t messages_sent = 0;       // ClientMessages written on the stream (Hello's included)
+  uint64_t requests_sent = 0;       // Requests inside them
+  uint64_t messages_received = 0;   // ServerMessages read
+  uint64_t responses_received = 0;  // Responses inside them
+  uint64_t unknown_responses = 0;   // responses whose request id was not pending (ignored)
+};
+
+class Client {
+ public:
+  static constexpr size_t kMaxRequestsPerMessage = 4096;
+  static constexpr size_t kMaxMessageBytes = 1 << 20;  // below gRPC's 4 MiB receive default
+
+  // Connects to the daemon, opens the Session stream, sends Hello and waits for HelloReply.
+  // Errors: INVALID_ARGUMENT socket path empty or longer than 107 bytes;
+  //         UNAVAILABLE nothing accepted a connection at the socket within the connect timeout
+  //           (message says whether the socket file exists and how to start the daemon);
+  //         DEADLINE_EXCEEDED connected but no HelloReply within the connect timeout;
+  //         any code of an Error the daemon returns for Hello.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+
+  ~Client();  // Close()
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // HelloReply fields.
+  uint64_t session_id() const { return hello_.session_id(); }
+  const std::string& backend() const { return hello_.backend(); }  // "shm" or "cuda"
+  uint64_t pool_capacity_bytes() const { return hello_.pool_capacity_bytes(); }
+  uint64_t session_quota_bytes() const { return hello_.session_quota_bytes(); }  // 0: none
+  uint64_t chunk_bytes() const { return hello_.chunk_bytes(); }
+  const std::string& link() const { return hello_.link(); }
+  const std::string& socket_path() const { return socket_path_; }
+
+  // Registers a region; blocks until the daemon answers. Returns the region id to use in
+  // Offload/Reload. Errors: INVALID_ARGUMENT not exactly one of the handle kinds set, or a
+  // cuda_ipc_handle that is not 64 bytes; the daemon's errors (e.g. NOT_FOUND shm object missing,
+  // PERMISSION_DENIED cannot open it); UNAVAILABLE / FAILED_PRECONDITION as above.
+  absl::StatusOr<uint64_t> RegisterRegion(const RegionHandle& handle);
+  // RegisterRegion({.shm_name = region.name(), .size_bytes = region.size_bytes()}). The region
+  // must outlive every request that uses it.
+  absl::StatusOr<uint64_t> RegisterShmRegion(const ShmRegion& region);
+  // Blocks until the daemon answers. Errors: the daemon's (NOT_FOUND unknown id, ...).
+  absl::Status UnregisterRegion(uint64_t region_id);
+
+  // Copies `bytes` at `offset` of region `region_id` into a new pool block. The client must not
+  // modify those bytes until the future resolves. ready_event: CUDA IPC event handle bytes the
+  // daemon's copy waits on (cuda backend; empty = none, ignored by shm).
+  std::future<absl::StatusOr<OffloadResult>> Offload(uint64_t region_id, uint64_t offset,
+                                                     uint64_t bytes,
+                                                     absl::string_view ready_event = "");
+
+  // Copies block `block_id` back to `offset` of region `region_id`. May be sent before the
+  // block's offload completed (the daemon orders it after). release_after: free the block once
+  // copied. deadline_seconds: seconds from now by which the data is needed (0: none).
+  std::future<absl::StatusOr<ReloadResult>> Reload(uint64_t block_id, uint64_t region_id,
+                                                   uint64_t offset, Priority priority,
+                                                   bool release_after = false,
+                                                   double deadline_seconds = 0);
+
+  // Frees block `block_id` in the pool. Errors: the daemon's (NOT_FOUND unknown block, ...).
+  std::future<absl::Status> Release(uint64_t block_id);
+
+  // Unary GetStats on the same channel (independent of the session stream).
+  // Errors: the RPC's status (UNAVAILABLE daemon gone, DEADLINE_EXCEEDED after
+  // unary_timeout_seconds), with the socket path appended.
+  absl::StatusOr<v1::Stats> GetStats();
+
+  // grpc.health.v1.Health/Check for `service` ("" = the whole daemon). OK when SERVING;
+  // UNAVAILABLE when NOT_SERVING / UNKNOWN (message has the reported status); NOT_FOUND when the
+  // daemon does not know `service`; UNIMPLEMENTED when it runs no health service; INTERNAL on a
+  // malformed reply; other RPC errors as GetStats.
+  absl::Status CheckHealth(absl::string_view service = "");
+
+  // OK while the session stream is alive; afterwards the status pending requests failed with.
+  absl::Status stream_status() const;
+  ClientCounters counters() const;
+
+  // Half-closes the stream (WritesDone) after sending every queued request, waits up to
+  // close_timeout_seconds for the daemon to end it (cancelling it otherwise), and joins the
+  // threads. Requests still pending then fail with CANCELLED. Idempotent; blocks concurrent
+  // callers until done. The daemon releases the session's blocks and regions.
+  void Close();
+
+  // While at least one ScopedBatch is alive, queued requests are held and sent together when the
+  // last one ends (or when a blocking call such as RegisterRegion flushes, or on Close()).
+  // Do not wait on a future of a held request inside the scope: it cannot complete.
+  class ScopedBatch {
+   public:
+    explicit ScopedBatch(Client& client);
+    ~ScopedBatch();
+    ScopedBatch(const ScopedBatch&) = delete;
+    ScopedBatch& operator=(const ScopedBatch&) = delete;
+
+   private:
+    Client& client_;
+  };
+
+ private:
+  // Completes one request: with the daemon's response, or (response == nullptr) with `failure`.
+  using Completer = std::function<void(const v1::Response* response, const absl::Status& failure)>;
+
+  Client(const ClientOptions& options, std::string socket_path,
+         std::shared_ptr<grpc::Channel> channel);
+  void Start();
+  void ReaderLoop();
+  void WriterLoop();
+  // Queues `request` (its id already set) unless the stream is over; returns why not.
+  absl::Status Enqueue(v1::Request request, Completer done, bool flush);
+  template <typename R, typename Convert>
+  std::future<R> Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
+                        bool flush);
+  absl::Status StatusWithPath(const grpc::Status& status, absl::string_view rpc) const;
+
+  bool WriterHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool WriterDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return writer_done_; }
+  bool Finished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; }
+
+  const ClientOptions options_;
+  const std::string socket_path_;
+  const std::string target_;  // "unix:" + socket_path_
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Offload::Stub> stub_;
+  grpc::ClientContext stream_context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
+  v1::HelloReply hello_;
+  std::atomic<uint64_t> next_request_id_{1};
+
+  mutable absl::Mutex mu_;
+  std::deque<v1::Request> outbox_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Completer> pending_ ABSL_GUARDED_BY(mu_);
+  int batch_depth_ ABSL_GUARDED_BY(mu_) = 0;
+  bool flush_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;       // Close() began: no new requests
+  bool reading_done_ ABSL_GUARDED_BY(mu_) = false;  // Read() returned false
+  bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish() returned, pending requests failed
+  absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
+  ClientCounters counters_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex close_mu_;  // serialises Close()
+  std::thread reader_;
+  std::thread writer_;
+};
+
+}  // namespace client
+}  // namespace offloadd
+
+#endif  // OFFLOADD_CLIENT_OFFLOADD_CLIENT_H_

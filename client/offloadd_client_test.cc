@@ -1,0 +1,576 @@
+// Client against a fake in-process offloadd: a sync gRPC Offload service that answers with canned
+// results (and a miniature shm "pool" so bytes really round-trip), errors for some inputs, holds
+// some requests unanswered, and can kill the stream.
+#include "client/offloadd_client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "client/shm_region.h"
+#include "gtest/gtest.h"
+#include "proto/offload.grpc.pb.h"
+
+namespace offloadd {
+namespace client {
+namespace {
+
+constexpr uint64_t kHoldOffset = 0xdead0000;  // offload never answered
+constexpr uint64_t kKillOffset = 0xdead0001;  // the fake ends the stream with an error status
+constexpr uint64_t kWrongKindBlock = 424242;  // Release answered with a HelloReply
+
+void SetError(v1::Response* r, grpc::StatusCode code, const std::string& message) {
+  r->mutable_error()->set_code(static_cast<int>(code));
+  r->mutable_error()->set_message(message);
+}
+
+class FakeOffload final : public v1::Offload::Service {
+ public:
+  grpc::Status Session(grpc::ServerContext*,
+                       grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream)
+      override {
+    v1::ClientMessage in;
+    while (stream->Read(&in)) {
+      v1::ServerMessage out;
+      bool kill = false;
+      {
+        absl::MutexLock lock(&mu_);
+        ++messages_;
+        requests_ += in.requests_size();
+        last_batch_size_ = in.requests_size();
+        // Answer in reverse order: the client must match responses by request id.
+        for (int i = in.requests_size() - 1; i >= 0; --i) {
+          kill |= Handle(in.requests(i), &out);
+        }
+      }
+      if (kill) return grpc::Status(grpc::StatusCode::INTERNAL, "killed by the test");
+      if (out.responses_size() > 0 && !stream->Write(out)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+                        v1::Stats* stats) override {
+    absl::MutexLock lock(&mu_);
+    stats->set_backend("shm");
+    stats->set_pool_capacity_bytes(1 << 30);
+    stats->set_blocks(blocks_.size());
+    return grpc::Status::OK;
+  }
+
+  int messages() { absl::MutexLock l(&mu_); return messages_; }
+  int requests() { absl::MutexLock l(&mu_); return requests_; }
+  int last_batch_size() { absl::MutexLock l(&mu_); return last_batch_size_; }
+  v1::Hello last_hello() { absl::MutexLock l(&mu_); return last_hello_; }
+  v1::ReloadRequest last_reload() { absl::MutexLock l(&mu_); return last_reload_; }
+  void set_hello_error(bool v) { absl::MutexLock l(&mu_); hello_error_ = v; }
+  void set_hello_silent(bool v) { absl::MutexLock l(&mu_); hello_silent_ = v; }
+  // Blocks until the fake has read at least `n` requests in total.
+  void WaitForRequests(int n) {
+    absl::MutexLock l(&mu_);
+    want_ = n;
+    mu_.Await(absl::Condition(this, &FakeOffload::HasWantedRequests));
+  }
+
+ private:
+  bool HasWantedRequests() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return requests_ >= want_; }
+
+  // Appends the response to `r` (unless held); returns true to kill the stream.
+  bool Handle(const v1::Request& r, v1::ServerMessage* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    v1::Response resp;
+    resp.set_request_id(r.request_id());
+    switch (r.body_case()) {
+      case v1::Request::kHello:
+        last_hello_ = r.hello();
+        if (hello_silent_) return false;
+        if (hello_error_) {
+          SetError(&resp, grpc::StatusCode::FAILED_PRECONDITION, "hello refused by the test");
+          break;
+        }
+        resp.mutable_hello()->set_session_id(7);
+        resp.mutable_hello()->set_backend("shm");
+        resp.mutable_hello()->set_pool_capacity_bytes(1ull << 30);
+        resp.mutable_hello()->set_session_quota_bytes(1ull << 28);
+        resp.mutable_hello()->set_chunk_bytes(4 << 20);
+        resp.mutable_hello()->set_link(r.hello().device_id() + "-link");
+        break;
+      case v1::Request::kRegisterRegion: {
+        const v1::RegionHandle& h = r.register_region().handle();
+        uint64_t id = next_region_++;
+        if (h.kind_case() == v1::RegionHandle::kShmName) {
+          absl::StatusOr<ShmRegion> region = ShmRegion::Open(h.shm_name());
+          if (!region.ok()) {
+            SetError(&resp, static_cast<grpc::StatusCode>(region.status().code()),
+                     std::string(region.status().message()));
+            break;
+          }
+          if (region->size_bytes() != h.size_bytes()) {
+            SetError(&resp, grpc::StatusCode::OUT_OF_RANGE, "size mismatch");
+            break;
+          }
+          regions_.emplace(id, std::make_shared<ShmRegion>(*std::move(region)));
+        } else {
+          regions_.emplace(id, nullptr);  // cuda handle: accepted, not mapped
+        }
+        resp.mutable_region_registered()->set_region_id(id);
+        break;
+      }
+      case v1::Request::kUnregisterRegion:
+        if (regions_.erase(r.unregister_region().region_id()) == 0) {
+          SetError(&resp, grpc::StatusCode::NOT_FOUND, "unknown region");
+        } else {
+          resp.mutable_region_unregistered()->set_region_id(r.unregister_region().region_id());
+        }
+        break;
+      case v1::Request::kOffload: {
+        const v1::OffloadRequest& o = r.offload();
+        if (o.offset() == kHoldOffset) return false;
+        if (o.offset() == kKillOffset) return true;
+        if (o.bytes() == 0) {
+          SetError(&resp, grpc::StatusCode::INVALID_ARGUMENT, "bytes must be > 0");
+          break;
+        }
+        auto it = regions_.find(o.region_id());
+        if (it == regions_.end()) {
+          SetError(&resp, grpc::StatusCode::NOT_FOUND, "unknown region");
+          break;
+        }
+        std::string data;
+        if (it->second != nullptr) {
+          if (o.offset() + o.bytes() > it->second->size_bytes()) {
+            SetError(&resp, grpc::StatusCode::OUT_OF_RANGE, "past the region");
+            break;
+          }
+          data.assign(static_cast<const char*>(it->second->data()) + o.offset(), o.bytes());
+        } else {
+          data.assign(o.bytes(), '\0');
+        }
+        uint64_t block = next_block_++;
+        blocks_[block] = std::move(data);
+        resp.mutable_offload_done()->set_block_id(block);
+        resp.mutable_offload_done()->set_bytes(o.bytes());
+        resp.mutable_offload_done()->set_queued_seconds(o.offset() * 0.5);
+        resp.mutable_offload_done()->set_copy_seconds(0.25);
+        break;
+      }
+      case v1::Request::kReload: {
+        const v1::ReloadRequest& rl = r.reload();
+        last_reload_ = rl;
+        auto block = blocks_.find(rl.block_id());
+        auto region = regions_.find(rl.region_id());
+        if (block == blocks_.end() || region == regions_.end()) {
+          SetError(&resp, grpc::StatusCode::NOT_FOUND, "unknown block or region");
+          break;
+        }
+        if (region->second != nullptr) {
+          if (rl.offset() + block->second.size() > region->second->size_bytes()) {
+            SetError(&resp, grpc::StatusCode::OUT_OF_RANGE, "past the region");
+            break;
+          }
+          std::memcpy(static_cast<char*>(region->second->data()) + rl.offset(),
+                      block->second.data(), block->second.size());
+        }
+        resp.mutable_reload_done()->set_block_id(rl.block_id());
+        resp.mutable_reload_done()->set_bytes(block->second.size());
+        resp.mutable_reload_done()->set_released(rl.release_after());
+        resp.mutable_reload_done()->set_copy_seconds(rl.deadline_seconds() + 1);
+        if (rl.release_after()) blocks_.erase(block);
+        break;
+      }
+      case v1::Request::kRelease:
+        if (r.release().block_id() == kWrongKindBlock) {
+          resp.mutable_hello();
+        } else if (blocks_.erase(r.release().block_id()) == 0) {
+          SetError(&resp, grpc::StatusCode::NOT_FOUND, "no such block: it was released");
+        } else {
+          resp.mutable_released()->set_block_id(r.release().block_id());
+        }
+        break;
+      default:
+        SetError(&resp, grpc::StatusCode::INVALID_ARGUMENT, "empty request");
+    }
+    *out->add_responses() = std::move(resp);
+    return false;
+  }
+
+  absl::Mutex mu_;
+  int messages_ ABSL_GUARDED_BY(mu_) = 0;
+  int requests_ ABSL_GUARDED_BY(mu_) = 0;
+  int want_ ABSL_GUARDED_BY(mu_) = 0;
+  int last_batch_size_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hello_error_ ABSL_GUARDED_BY(mu_) = false;
+  bool hello_silent_ ABSL_GUARDED_BY(mu_) = false;
+  v1::Hello last_hello_ ABSL_GUARDED_BY(mu_);
+  v1::ReloadRequest last_reload_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 100;
+  uint64_t next_block_ ABSL_GUARDED_BY(mu_) = 1000;
+  std::map<uint64_t, std::shared_ptr<ShmRegion>> regions_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> blocks_ ABSL_GUARDED_BY(mu_);
+};
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Bazel's TEST_TMPDIR is too long for a Unix socket path: use a short one under /tmp, in a
+    // fresh directory (sandboxed runs share /tmp and may all have the same pid).
+    char dir[] = "/tmp/offc-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    socket_path_ = dir_ + "/d.sock";
+    StartServer();
+  }
+  void TearDown() override {
+    StopServer();
+    unlink(socket_path_.c_str());
+    rmdir(dir_.c_str());
+  }
+
+  void StartServer() {
+    grpc::EnableDefaultHealthCheckService(true);
+    service_ = std::make_unique<FakeOffload>();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + socket_path_, grpc::InsecureServerCredentials());
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void StopServer() {
+    if (server_ == nullptr) return;
+    server_->Shutdown(std::chrono::system_clock::now());  // cancels open streams
+    server_->Wait();
+    server_.reset();
+  }
+
+  ClientOptions Options() {
+    ClientOptions options;
+    options.socket_path = socket_path_;
+    options.client_name = "client_test";
+    options.device_id = "shm0";
+    options.connect_timeout_seconds = 5;
+    return options;
+  }
+  std::unique_ptr<Client> MustConnect() {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(Options());
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  std::string dir_;
+  std::string socket_path_;
+  std::unique_ptr<FakeOffload> service_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST_F(ClientTest, ConnectSendsHelloAndExposesReply) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->session_id(), 7u);
+  EXPECT_EQ(client->backend(), "shm");
+  EXPECT_EQ(client->pool_capacity_bytes(), 1ull << 30);
+  EXPECT_EQ(client->session_quota_bytes(), 1ull << 28);
+  EXPECT_EQ(client->chunk_bytes(), 4u << 20);
+  EXPECT_EQ(client->link(), "shm0-link");
+  EXPECT_EQ(client->socket_path(), socket_path_);
+  v1::Hello hello = service_->last_hello();
+  EXPECT_EQ(hello.client_name(), "client_test");
+  EXPECT_EQ(hello.device_id(), "shm0");
+  EXPECT_EQ(hello.pid(), static_cast<uint32_t>(getpid()));
+  EXPECT_TRUE(client->stream_status().ok());
+}
+
+TEST_F(ClientTest, ConnectWithoutDaemonIsUnavailable) {
+  ClientOptions options = Options();
+  options.socket_path = socket_path_ + ".none";
+  options.connect_timeout_seconds = 0.3;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(client.status().message().find(options.socket_path), std::string::npos);
+  EXPECT_NE(client.status().message().find("no socket file"), std::string::npos);
+}
+
+TEST_F(ClientTest, ConnectRejectsOverlongSocketPath) {
+  ClientOptions options = Options();
+  options.socket_path = "/tmp/" + std::string(120, 'x');
+  EXPECT_EQ(Client::Connect(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClientTest, HelloErrorIsReturnedByConnect) {
+  service_->set_hello_error(true);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(Options());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client.status().message(), "hello refused by the test");
+}
+
+TEST_F(ClientTest, MissingHelloReplyIsDeadlineExceeded) {
+  service_->set_hello_silent(true);
+  ClientOptions options = Options();
+  options.connect_timeout_seconds = 0.3;
+  EXPECT_EQ(Client::Connect(options).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ClientTest, OffloadReloadRoundTripsBytesThroughShm) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<ShmRegion> region = ShmRegion::Create(64 << 10);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto* bytes = static_cast<unsigned char*>(region->data());
+  for (size_t i = 0; i < region->size_bytes(); ++i) bytes[i] = static_cast<unsigned char>(i % 251);
+  absl::StatusOr<uint64_t> region_id = client->RegisterShmRegion(*region);
+  ASSERT_TRUE(region_id.ok()) << region_id.status();
+  EXPECT_EQ(*region_id, 100u);
+
+  absl::StatusOr<OffloadResult> offload = client->Offload(*region_id, 4096, 8192).get();
+  ASSERT_TRUE(offload.ok()) << offload.status();
+  EXPECT_EQ(offload->block_id, 1000u);
+  EXPECT_EQ(offload->bytes, 8192u);
+  EXPECT_DOUBLE_EQ(offload->queued_seconds, 2048.0);
+  EXPECT_DOUBLE_EQ(offload->copy_seconds, 0.25);
+
+  std::memset(region->data(), 0, region->size_bytes());
+  absl::StatusOr<ReloadResult> reload =
+      client->Reload(offload->block_id, *region_id, 0, Priority::kUrgent,
+                     /*release_after=*/true, /*deadline_seconds=*/2.5)
+          .get();
+  ASSERT_TRUE(reload.ok()) << reload.status();
+  EXPECT_EQ(reload->block_id, 1000u);
+  EXPECT_EQ(reload->bytes, 8192u);
+  EXPECT_TRUE(reload->released);
+  EXPECT_DOUBLE_EQ(reload->copy_seconds, 3.5);
+  for (size_t i = 0; i < 8192; ++i) {
+    ASSERT_EQ(bytes[i], static_cast<unsigned char>((i + 4096) % 251)) << "byte " << i;
+  }
+  EXPECT_EQ(bytes[8192], 0);
+  v1::ReloadRequest sent = service_->last_reload();
+  EXPECT_EQ(sent.priority(), v1::URGENT);
+  EXPECT_TRUE(sent.release_after());
+  EXPECT_DOUBLE_EQ(sent.deadline_seconds(), 2.5);
+
+  // Prefetch priority is sent as PREFETCH.
+  absl::StatusOr<OffloadResult> second = client->Offload(*region_id, 0, 16).get();
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(client->Reload(second->block_id, *region_id, 0, Priority::kPrefetch).get().ok());
+  EXPECT_EQ(service_->last_reload().priority(), v1::PREFETCH);
+  EXPECT_FALSE(service_->last_reload().release_after());
+  EXPECT_TRUE(client->Release(second->block_id).get().ok());
+
+  // The first block was released by its reload: the daemon's NOT_FOUND comes through verbatim.
+  absl::Status release = client->Release(offload->block_id).get();
+  EXPECT_EQ(release.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(release.message(), "no such block: it was released");
+  EXPECT_TRUE(client->UnregisterRegion(*region_id).ok());
+  EXPECT_EQ(client->UnregisterRegion(*region_id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClientTest, ErrorsKeepTheDaemonsCodeAndMessage) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  RegionHandle cuda;
+  cuda.cuda_ipc_handle = std::string(kCudaIpcHandleBytes, '\x01');
+  cuda.size_bytes = 1 << 20;
+  absl::StatusOr<uint64_t> region_id = client->RegisterRegion(cuda);
+  ASSERT_TRUE(region_id.ok()) << region_id.status();
+
+  absl::StatusOr<OffloadResult> zero = client->Offload(*region_id, 0, 0).get();
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(zero.status().message(), "bytes must be > 0");
+  EXPECT_EQ(client->Offload(999, 0, 8).get().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->Reload(5, *region_id, 0, Priority::kUrgent).get().status().code(),
+            absl::StatusCode::kNotFound);
+
+  RegionHandle missing;
+  missing.shm_name = "/offloadd-client-test-missing";
+  missing.size_bytes = 4096;
+  absl::StatusOr<uint64_t> not_found = client->RegisterRegion(missing);
+  EXPECT_EQ(not_found.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(not_found.status().message().find(missing.shm_name), std::string::npos);
+
+  // Rejected by the client before anything is sent.
+  RegionHandle both = cuda;
+  both.shm_name = "/x";
+  EXPECT_EQ(client->RegisterRegion(both).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->RegisterRegion(RegionHandle()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  RegionHandle short_handle;
+  short_handle.cuda_ipc_handle = "short";
+  EXPECT_EQ(client->RegisterRegion(short_handle).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // A response of the wrong kind is a protocol mismatch.
+  EXPECT_EQ(client->Release(kWrongKindBlock).get().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(client->stream_status().ok());
+}
+
+TEST_F(ClientTest, ConcurrentRequestsGetTheirOwnResults) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<ShmRegion> region = ShmRegion::Create(1 << 20);
+  ASSERT_TRUE(region.ok());
+  absl::StatusOr<uint64_t> region_id = client->RegisterShmRegion(*region);
+  ASSERT_TRUE(region_id.ok()) << region_id.status();
+  constexpr int kThreads = 4, kPerThread = 250;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::future<absl::StatusOr<OffloadResult>>> futures;
+      for (int i = 0; i < kPerThread; ++i) {
+        futures.push_back(client->Offload(*region_id, t * 1000 + i, 1 + t * kPerThread + i));
+      }
+      for (int i = 0; i < kPerThread; ++i) {
+        absl::StatusOr<OffloadResult> r = futures[i].get();
+        if (!r.ok() || r->bytes != static_cast<uint64_t>(1 + t * kPerThread + i) ||
+            r->queued_seconds != (t * 1000 + i) * 0.5) {
+          ++wrong;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  ClientCounters counters = client->counters();
+  EXPECT_EQ(counters.requests_sent, 2u + kThreads * kPerThread);  // + hello, register
+  EXPECT_EQ(counters.responses_received, counters.requests_sent);
+  EXPECT_EQ(counters.unknown_responses, 0u);
+  EXPECT_EQ(service_->requests(), 2 + kThreads * kPerThread);
+  EXPECT_EQ(service_->messages(), static_cast<int>(counters.messages_sent));
+}
+
+TEST_F(ClientTest, BurstIsCoalescedIntoFewerMessages) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  RegionHandle cuda;
+  cuda.cuda_ipc_handle = std::string(kCudaIpcHandleBytes, '\x02');
+  absl::StatusOr<uint64_t> region_id = client->RegisterRegion(cuda);
+  ASSERT_TRUE(region_id.ok());
+  const int messages_before = service_->messages();
+  constexpr int kBurst = 2000;
+  std::vector<std::future<absl::StatusOr<OffloadResult>>> futures;
+  for (int i = 0; i < kBurst; ++i) futures.push_back(client->Offload(*region_id, i, 64));
+  for (auto& f : futures) ASSERT_TRUE(f.get().ok());
+  const int messages = service_->messages() - messages_before;
+  EXPECT_EQ(service_->requests(), 2 + kBurst);
+  // The writer sends whatever queued while it was writing: a burst needs fewer messages than
+  // requests.
+  EXPECT_LT(messages, kBurst);
+  std::cout << kBurst << " requests arrived in " << messages << " messages\n";
+  EXPECT_GE(messages, 1);
+}
+
+TEST_F(ClientTest, ScopedBatchSendsExactlyOneMessage) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  RegionHandle cuda;
+  cuda.cuda_ipc_handle = std::string(kCudaIpcHandleBytes, '\x03');
+  absl::StatusOr<uint64_t> region_id = client->RegisterRegion(cuda);
+  ASSERT_TRUE(region_id.ok());
+  const int messages_before = service_->messages();
+  std::vector<std::future<absl::StatusOr<OffloadResult>>> futures;
+  {
+    Client::ScopedBatch batch(*client);
+    for (int i = 0; i < 100; ++i) futures.push_back(client->Offload(*region_id, i, 64));
+  }
+  for (auto& f : futures) ASSERT_TRUE(f.get().ok());
+  EXPECT_EQ(service_->messages(), messages_before + 1);
+  EXPECT_EQ(service_->last_batch_size(), 100);
+}
+
+TEST_F(ClientTest, StreamKilledFailsPendingAndLaterRequestsUnavailable) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  RegionHandle cuda;
+  cuda.cuda_ipc_handle = std::string(kCudaIpcHandleBytes, '\x04');
+  absl::StatusOr<uint64_t> region_id = client->RegisterRegion(cuda);
+  ASSERT_TRUE(region_id.ok());
+  std::vector<std::future<absl::StatusOr<OffloadResult>>> held;
+  for (int i = 0; i < 3; ++i) held.push_back(client->Offload(*region_id, kHoldOffset, 64));
+  service_->WaitForRequests(2 + 3);
+  auto killer = client->Offload(*region_id, kKillOffset, 64);
+  for (auto& f : held) {
+    absl::Status s = f.get().status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find("went away"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("unix:" + socket_path_), std::string::npos) << s;
+  }
+  EXPECT_EQ(killer.get().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->stream_status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->Offload(*region_id, 0, 64).get().status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->Release(1).get().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->RegisterRegion(cuda).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(ClientTest, DaemonShutdownFailsPendingThenReconnectWorks) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  RegionHandle cuda;
+  cuda.cuda_ipc_handle = std::string(kCudaIpcHandleBytes, '\x05');
+  absl::StatusOr<uint64_t> region_id = client->RegisterRegion(cuda);
+  ASSERT_TRUE(region_id.ok());
+  auto held = client->Offload(*region_id, kHoldOffset, 64);
+  service_->WaitForRequests(3);
+  StopServer();
+  absl::Status s = held.get().status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("went away"), std::string::npos) << s;
+  EXPECT_EQ(client->Reload(1, *region_id, 0, Priority::kUrgent).get().status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->GetStats().status().code(), absl::StatusCode::kUnavailable);
+  client.reset();  // Close() after the stream broke returns promptly
+
+  unlink(socket_path_.c_str());
+  StartServer();  // "the daemon restarted"
+  std::unique_ptr<Client> again = MustConnect();
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->session_id(), 7u);
+}
+
+TEST_F(ClientTest, CloseCancelsPendingAndRejectsNewRequests) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  RegionHandle cuda;
+  cuda.cuda_ipc_handle = std::string(kCudaIpcHandleBytes, '\x06');
+  absl::StatusOr<uint64_t> region_id = client->RegisterRegion(cuda);
+  ASSERT_TRUE(region_id.ok());
+  auto held = client->Offload(*region_id, kHoldOffset, 64);
+  auto answered = client->Offload(*region_id, 0, 64);
+  client->Close();
+  EXPECT_TRUE(answered.get().ok());  // queued before Close(): sent and answered
+  EXPECT_EQ(held.get().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(client->Offload(*region_id, 0, 64).get().status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client->stream_status().code(), absl::StatusCode::kFailedPrecondition);
+  client->Close();  // idempotent
+}
+
+TEST_F(ClientTest, GetStatsAndHealth) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<v1::Stats> stats = client->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->backend(), "shm");
+  EXPECT_EQ(stats->pool_capacity_bytes(), 1u << 30);
+
+  EXPECT_TRUE(client->CheckHealth().ok()) << client->CheckHealth();
+  EXPECT_EQ(client->CheckHealth("no.such.Service").code(), absl::StatusCode::kNotFound);
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  absl::Status not_serving = client->CheckHealth();
+  EXPECT_EQ(not_serving.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(not_serving.message().find("NOT_SERVING"), std::string::npos) << not_serving;
+  server_->GetHealthCheckService()->SetServingStatus("offloadd.v1.Offload", true);
+  EXPECT_TRUE(client->CheckHealth("offloadd.v1.Offload").ok());
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace offloadd
