@@ -1,1 +1,0 @@
-"""offloadd client package."""
