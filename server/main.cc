@@ -1,0 +1,184 @@
+// offloadd: the per-node memory-offload daemon. See README.md for usage and DESIGN.md for the
+// architecture. Exit codes: 0 after SIGTERM/SIGINT, 2 for usage/config errors, 1 for start-up
+// failures (each printed with what to do).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "glog/logging.h"
+#include "server/config.h"
+#include "server/copy/shm_engine.h"
+#include "server/metrics/metrics.h"
+#include "server/pool/arena.h"
+#include "server/rpc/server.h"
+#include "server/session/core.h"
+
+#ifdef OFFLOADD_HAVE_CUDA
+#include "server/copy/cuda_engine.h"
+#endif
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+void PrintHelp() {
+  std::cout << "usage: offloadd [--config FILE] [--FLAG=VALUE ...]\n"
+               "       offloadd --print-default-config | --check-config FILE | --help\n\n"
+               "Options:\n"
+               "  --config FILE            DaemonConfig in protobuf text format\n"
+               "  --print-default-config   print the embedded defaults and exit\n"
+               "  --check-config FILE      validate FILE (with flags applied) and exit 0/2\n"
+               "  --version                print the version and exit\n"
+               "  --help                   this text\n"
+               "Config overrides (dashes and underscores are interchangeable):\n";
+  for (const auto& f : offloadd::ConfigFlags()) {
+    std::printf("  --%-30s %s\n", f.name, f.help);
+  }
+#ifdef OFFLOADD_HAVE_CUDA
+  std::cout << "Backends in this build: shm, cuda\n";
+#else
+  std::cout << "Backends in this build: shm (built without the CUDA toolkit)\n";
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
+    const offloadd::v1::DaemonConfig& config) {
+  if (config.backend() == "shm") {
+    return std::unique_ptr<offloadd::copy::CopyEngine>(new offloadd::copy::ShmCopyEngine());
+  }
+#ifdef OFFLOADD_HAVE_CUDA
+  return offloadd::copy::CreateCudaCopyEngine();
+#else
+  return absl::FailedPreconditionError(
+      "backend \"cuda\" is not in this build (no CUDA toolkit at build time): rebuild on a "
+      "machine with /usr/local/cuda, or use backend: \"shm\"");
+#endif
+}
+
+int Fail(const absl::Status& status, int code) {
+  std::cerr << "offloadd: " << status.message() << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using offloadd::v1::DaemonConfig;
+  std::string config_file, check_file;
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      PrintHelp();
+      return 0;
+    }
+    if (arg == "--version") {
+      std::cout << "offloadd " << kVersion << "\n";
+      return 0;
+    }
+    if (arg == "--print-default-config" || arg == "--print_default_config") {
+      std::cout << offloadd::DefaultConfigText();
+      return 0;
+    }
+    if (arg.rfind("--", 0) != 0) {
+      return Fail(absl::InvalidArgumentError("unexpected argument '" + arg +
+                                             "' (offloadd --help lists the options)"),
+                  2);
+    }
+    std::string name = arg.substr(2), value;
+    size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+      value = argv[++i];
+    }
+    for (char& ch : name) ch = ch == '-' ? '_' : ch;
+    if (name == "config") {
+      config_file = value;
+    } else if (name == "check_config") {
+      check_file = value;
+    } else {
+      overrides.emplace_back(name, value);
+    }
+  }
+  if (!check_file.empty()) config_file = check_file;
+
+  absl::StatusOr<DaemonConfig> config =
+      config_file.empty() ? offloadd::ParseConfig("") : offloadd::LoadConfigFile(config_file);
+  if (!config.ok()) return Fail(config.status(), 2);
+  for (const auto& [name, value] : overrides) {
+    if (absl::Status st = offloadd::ApplyFlag(name, value, &*config); !st.ok()) {
+      return Fail(st, 2);
+    }
+  }
+  if (absl::Status st = offloadd::ValidateConfig(*config); !st.ok()) return Fail(st, 2);
+  if (!check_file.empty()) {
+    std::cout << "offloadd: " << check_file << " is valid\n";
+    return 0;
+  }
+
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+
+  // SIGTERM/SIGINT are taken synchronously by the main thread below; block them before any
+  // thread starts so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto engine = MakeEngine(*config);
+  if (!engine.ok()) return Fail(engine.status(), 1);
+
+  offloadd::pool::ArenaOptions arena_options;
+  arena_options.size_bytes = config->pool_bytes();
+  arena_options.mlock = config->pool_mlock();
+  arena_options.huge_pages = config->pool_huge_pages();
+  LOG(INFO) << "mapping and pre-faulting the pool: " << config->pool_bytes() << " bytes";
+  auto arena = offloadd::pool::Arena::Create(arena_options);
+  if (!arena.ok()) return Fail(arena.status(), 1);
+
+  std::unique_ptr<offloadd::metrics::Exposer> exposer;
+  if (!config->metrics_address().empty()) {
+    auto e = offloadd::metrics::Exposer::Start(config->metrics_address());
+    if (!e.ok()) return Fail(e.status(), 1);
+    exposer = *std::move(e);
+  }
+  offloadd::metrics::Get()
+      .build_info->Add({{"version", kVersion}, {"backend", config->backend()}})
+      .Set(1);
+
+  offloadd::session::Core core(offloadd::ToCoreOptions(*config), *std::move(arena),
+                               *std::move(engine));
+  std::string socket_path = offloadd::ResolveSocketPath(*config);
+  auto server = offloadd::rpc::Server::Start(&core, socket_path, config->socket_mode());
+  if (!server.ok()) return Fail(server.status(), 1);
+
+  LOG(INFO) << "offloadd " << kVersion << " serving on unix:" << socket_path
+            << " backend=" << config->backend() << " pool_bytes=" << config->pool_bytes()
+            << " chunk_bytes=" << config->chunk_bytes() << " metrics="
+            << (exposer ? config->metrics_address() : std::string("off"));
+#ifndef OFFLOADD_HAVE_CUDA
+  LOG(INFO) << "this build has no CUDA backend; the shm backend is available";
+#endif
+  // Ready line for scripts and tests.
+  std::cout << "offloadd: ready on " << socket_path << std::endl;
+
+  timespec tick{1, 0};
+  int sig;
+  while (true) {
+    sig = sigtimedwait(&signals, nullptr, &tick);
+    if (sig == SIGTERM || sig == SIGINT) break;
+    core.RefreshMetrics();
+  }
+  LOG(INFO) << "signal " << sig << ": finishing copies in flight, closing sessions";
+  (*server)->Shutdown();
+  core.RefreshMetrics();
+  LOG(INFO) << "offloadd stopped cleanly";
+  return 0;
+}

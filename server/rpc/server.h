@@ -1,0 +1,48 @@
+// The gRPC server of offloadd: the offloadd.v1.Offload service (one bidi Session stream per
+// client process, unary GetStats) and the standard gRPC health service, on a Unix socket.
+//
+// Socket handling: the parent directory is created (0755) if missing; an existing socket file
+// is probed with connect(): a live daemon there is refused (FAILED_PRECONDITION naming the path),
+// a stale file from a dead daemon is removed. The socket is chmod'ed to `socket_mode` (default
+// 0660) once listening, and removed by Shutdown().
+#ifndef OFFLOADD_SERVER_RPC_SERVER_H_
+#define OFFLOADD_SERVER_RPC_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/session/core.h"
+
+namespace offloadd::rpc {
+
+class Server {
+ public:
+  // Errors: FAILED_PRECONDITION when another daemon listens on the path; PERMISSION_DENIED when
+  // the directory cannot be created or written; INVALID_ARGUMENT for a path over 107 bytes;
+  // UNAVAILABLE when gRPC cannot listen.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(session::Core* core,
+                                                        const std::string& socket_path,
+                                                        uint32_t socket_mode);
+  ~Server();  // Shutdown()
+
+  // Graceful stop: new requests get UNAVAILABLE, transfers in flight finish and their
+  // completions are sent, then every stream is closed (sessions end with cause "shutdown") and
+  // the socket file is removed. Idempotent.
+  void Shutdown();
+  const std::string& socket_path() const { return socket_path_; }
+
+  struct Impl;
+
+ private:
+  Server(std::unique_ptr<Impl> impl, std::string socket_path);
+  std::unique_ptr<Impl> impl_;
+  std::string socket_path_;
+};
+
+// Removes `path` if it is a socket no process listens on; FAILED_PRECONDITION if one does.
+absl::Status ClearStaleSocket(const std::string& path);
+
+}  // namespace offloadd::rpc
+
+#endif  // OFFLOADD_SERVER_RPC_SERVER_H_

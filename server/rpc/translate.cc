@@ -1,0 +1,145 @@
+#include "server/rpc/translate.h"
+
+#include <string>
+
+namespace offloadd::rpc {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+session::Request FromProto(const v1::Request& p) {
+  session::Request r;
+  r.request_id = p.request_id();
+  switch (p.body_case()) {
+    case v1::Request::kHello:
+      r.kind = session::RequestKind::kHello;
+      r.client_name = p.hello().client_name();
+      r.device_id = p.hello().device_id();
+      r.pid = p.hello().pid();
+      break;
+    case v1::Request::kRegisterRegion: {
+      r.kind = session::RequestKind::kRegisterRegion;
+      const v1::RegionHandle& h = p.register_region().handle();
+      r.region.shm_name = h.shm_name();
+      r.region.cuda_ipc_handle = h.cuda_ipc_handle();
+      r.region.size_bytes = h.size_bytes();
+      break;
+    }
+    case v1::Request::kUnregisterRegion:
+      r.kind = session::RequestKind::kUnregisterRegion;
+      r.region_id = p.unregister_region().region_id();
+      break;
+    case v1::Request::kOffload:
+      r.kind = session::RequestKind::kOffload;
+      r.region_id = p.offload().region_id();
+      r.offset = p.offload().offset();
+      r.bytes = p.offload().bytes();
+      r.ready_event = p.offload().ready_event();
+      break;
+    case v1::Request::kReload:
+      r.kind = session::RequestKind::kReload;
+      r.block_id = p.reload().block_id();
+      r.region_id = p.reload().region_id();
+      r.offset = p.reload().offset();
+      r.priority = static_cast<int>(p.reload().priority());
+      r.release_after = p.reload().release_after();
+      r.deadline_seconds = p.reload().deadline_seconds();
+      break;
+    case v1::Request::kRelease:
+      r.kind = session::RequestKind::kRelease;
+      r.block_id = p.release().block_id();
+      break;
+    default:
+      r.kind = session::RequestKind::kUnknown;
+  }
+  return r;
+}
+
+void ToProto(const session::Completion& c, v1::Response* out) {
+  out->set_request_id(c.request_id);
+  switch (c.kind) {
+    case session::CompletionKind::kError:
+      out->mutable_error()->set_code(static_cast<int32_t>(c.status.code()));
+      out->mutable_error()->set_message(std::string(c.status.message()));
+      break;
+    case session::CompletionKind::kHello: {
+      v1::HelloReply* h = out->mutable_hello();
+      h->set_session_id(c.id);
+      h->set_backend(c.backend);
+      h->set_pool_capacity_bytes(c.pool_capacity_bytes);
+      h->set_session_quota_bytes(c.session_quota_bytes);
+      h->set_chunk_bytes(c.chunk_bytes);
+      h->set_link(c.link);
+      break;
+    }
+    case session::CompletionKind::kRegionRegistered:
+      out->mutable_region_registered()->set_region_id(c.id);
+      break;
+    case session::CompletionKind::kRegionUnregistered:
+      out->mutable_region_unregistered()->set_region_id(c.id);
+      break;
+    case session::CompletionKind::kOffloadDone: {
+      v1::OffloadDone* d = out->mutable_offload_done();
+      d->set_block_id(c.id);
+      d->set_bytes(c.bytes);
+      d->set_queued_seconds(c.queued_seconds);
+      d->set_copy_seconds(c.copy_seconds);
+      break;
+    }
+    case session::CompletionKind::kReloadDone: {
+      v1::ReloadDone* d = out->mutable_reload_done();
+      d->set_block_id(c.id);
+      d->set_bytes(c.bytes);
+      d->set_released(c.released);
+      d->set_copy_seconds(c.copy_seconds);
+      break;
+    }
+    case session::CompletionKind::kReleased:
+      out->mutable_released()->set_block_id(c.id);
+      break;
+  }
+}
+
+void ToProto(const session::CoreStats& s, v1::Stats* out) {
+  out->set_backend(s.backend);
+  out->set_pool_capacity_bytes(s.store.pool.capacity_bytes);
+  out->set_pool_used_bytes(s.store.pool.used_bytes);
+  out->set_pool_peak_used_bytes(s.store.pool.peak_used_bytes);
+  out->set_pool_free_extents(s.store.pool.free_extents);
+  out->set_pool_largest_free_bytes(s.store.pool.largest_free_bytes);
+  out->set_blocks(s.store.blocks);
+  out->set_sessions_open(s.sessions_open);
+  out->set_offloads_waiting(s.store.offloads_waiting);
+  out->set_offload_bytes_total(s.offload_bytes_total);
+  out->set_reload_bytes_total(s.reload_bytes_total);
+  out->set_offloads_total(s.offloads_total);
+  out->set_reloads_total(s.reloads_total);
+  out->set_errors_total(s.errors_total);
+  out->set_uptime_seconds(s.uptime_seconds);
+  out->set_chunk_bytes(s.chunk_bytes);
+  for (const session::LinkInfo& l : s.links) {
+    v1::LinkStats* p = out->add_links();
+    p->set_name(l.name);
+    for (const std::string& g : l.gpus) p->add_gpus(g);
+    p->set_d2h_capacity_bytes_per_second(l.d2h_bytes_per_second);
+    p->set_h2d_capacity_bytes_per_second(l.h2d_bytes_per_second);
+    p->set_d2h_bytes(l.d2h.bytes);
+    p->set_h2d_bytes(l.h2d.bytes);
+    p->set_d2h_busy_seconds(l.d2h.busy_seconds);
+    p->set_h2d_busy_seconds(l.h2d.busy_seconds);
+  }
+  for (const session::SessionInfo& i : s.sessions) {
+    v1::SessionStats* p = out->add_sessions();
+    p->set_session_id(i.session_id);
+    p->set_client_name(i.client_name);
+    p->set_device_id(i.device_id);
+    p->set_pid(i.pid);
+    p->set_blocks(i.blocks);
+    p->set_used_bytes(i.used_bytes);
+  }
+}
+
+}  // namespace offloadd::rpc

@@ -1,0 +1,136 @@
+// Core: the daemon's shared state below the RPC layer — the pool, the block store, the copy
+// engine, one LinkScheduler per link and direction, and the registry of open sessions.
+// rpc/ creates one Session per client stream on top of it; main wires it from the config.
+#ifndef OFFLOADD_SERVER_SESSION_CORE_H_
+#define OFFLOADD_SERVER_SESSION_CORE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "server/copy/copy_engine.h"
+#include "server/pool/arena.h"
+#include "server/sched/link_scheduler.h"
+#include "server/store/block_store.h"
+
+namespace offloadd::session {
+
+class Session;
+
+// A link as configured: the GPUs (device ids) that share it and its capacity per direction in
+// bytes/s (0 = unpaced).
+struct LinkSpec {
+  std::string name;
+  std::vector<std::string> gpus;
+  double d2h_bytes_per_second = 0;
+  double h2d_bytes_per_second = 0;
+};
+
+struct CoreOptions {
+  uint64_t chunk_bytes = 8ull << 20;
+  uint32_t copy_threads = 2;  // per link and direction
+  store::BlockStoreOptions store;
+  std::vector<LinkSpec> links;
+  // A GPU not named in `links` gets a link of its own, named after it, at this rate.
+  double default_link_bytes_per_second = 0;
+  std::map<std::string, uint32_t> gpu_weights;  // DRR weights, default 1
+};
+
+struct LinkInfo {
+  std::string name;
+  std::vector<std::string> gpus;
+  sched::LinkSchedulerStats d2h, h2d;
+  double d2h_bytes_per_second = 0, h2d_bytes_per_second = 0;
+};
+
+struct SessionInfo {
+  uint64_t session_id = 0;
+  std::string client_name, device_id;
+  uint32_t pid = 0;
+  uint64_t blocks = 0, used_bytes = 0;
+};
+
+struct CoreStats {
+  std::string backend;
+  store::StoreStats store;
+  uint64_t sessions_open = 0;
+  uint64_t offload_bytes_total = 0, reload_bytes_total = 0;
+  uint64_t offloads_total = 0, reloads_total = 0, errors_total = 0;
+  double uptime_seconds = 0;
+  uint64_t chunk_bytes = 0;
+  std::vector<LinkInfo> links;
+  std::vector<SessionInfo> sessions;
+};
+
+class Core {
+ public:
+  // `arena` and `engine` are owned by the Core.
+  Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
+       std::unique_ptr<copy::CopyEngine> engine);
+  ~Core();  // Drain()
+
+  struct Link {
+    std::string name;
+    std::unique_ptr<sched::LinkScheduler> d2h, h2d;
+  };
+  // The link a GPU's copies use, created on first use. Never null.
+  Link* LinkFor(const std::string& gpu);
+
+  store::BlockStore& store() { return store_; }
+  copy::CopyEngine& engine() { return *engine_; }
+  uint8_t* pool_base() const { return arena_->base(); }
+  const CoreOptions& options() const { return options_; }
+
+  uint64_t NewSessionId() { return next_session_id_.fetch_add(1); }
+  void AddSession(uint64_t id, std::weak_ptr<Session> session);
+  void RemoveSession(uint64_t id);
+
+  // Transfer accounting; Drain waits for every accepted transfer to complete.
+  // BeginTransfer fails (returns false) once draining has started.
+  bool BeginTransfer();
+  void EndTransfer();
+  void CountTransfer(bool offload, uint64_t bytes, bool ok);
+  void CountError() { errors_total_.fetch_add(1); }
+  bool draining() const { return draining_.load(); }
+
+  // Stops accepting transfers, waits for those accepted to finish (copies in flight complete,
+  // completions are emitted), then stops the schedulers' workers. Idempotent.
+  void Drain();
+
+  CoreStats Stats();
+  // Copies pool, session and link state into the Prometheus gauges/counters.
+  void RefreshMetrics();
+
+ private:
+  const CoreOptions options_;
+  std::unique_ptr<pool::Arena> arena_;
+  std::unique_ptr<copy::CopyEngine> engine_;
+  store::BlockStore store_;
+  const double start_seconds_;
+
+  std::mutex links_mu_;
+  std::map<std::string, std::unique_ptr<Link>> links_;  // by link name
+  std::map<std::string, std::string> gpu_link_;          // gpu -> link name
+  std::map<std::string, sched::LinkSchedulerStats> reported_;  // for counter deltas
+
+  std::mutex sessions_mu_;
+  std::map<uint64_t, std::weak_ptr<Session>> sessions_;
+  std::atomic<uint64_t> next_session_id_{1};
+
+  std::mutex transfers_mu_;
+  std::condition_variable transfers_cv_;
+  uint64_t transfers_in_flight_ = 0;
+  std::atomic<bool> draining_{false};
+
+  std::atomic<uint64_t> offload_bytes_total_{0}, reload_bytes_total_{0};
+  std::atomic<uint64_t> offloads_total_{0}, reloads_total_{0}, errors_total_{0};
+};
+
+}  // namespace offloadd::session
+
+#endif  // OFFLOADD_SERVER_SESSION_CORE_H_

@@ -1,0 +1,396 @@
+#include "server/session/session.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "server/metrics/metrics.h"
+
+namespace offloadd::session {
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// offset + bytes within size, without overflow.
+bool InBounds(uint64_t offset, uint64_t bytes, uint64_t size) {
+  return offset <= size && bytes <= size - offset;
+}
+
+void RecordTransfer(const char* direction, const std::string& gpu, uint64_t bytes,
+                    double seconds, bool ok) {
+  auto& m = metrics::Get();
+  const char* status = ok ? "ok" : "error";
+  m.transfers_total->Add({{"direction", direction}, {"gpu", gpu}, {"status", status}})
+      .Increment();
+  if (!ok) return;
+  m.transfer_bytes_total->Add({{"direction", direction}, {"gpu", gpu}, {"status", status}})
+      .Increment(static_cast<double>(bytes));
+  m.transfer_duration_seconds->Add({{"direction", direction}}, metrics::DurationBuckets())
+      .Observe(seconds);
+  m.transfer_size_bytes
+      ->Add({{"direction", direction}},
+            prometheus::Histogram::BucketBoundaries{4096, 65536, 1 << 20, 8 << 20, 64 << 20,
+                                                    256 << 20, 1 << 30})
+      .Observe(static_cast<double>(bytes));
+}
+
+}  // namespace
+
+const char* EndCauseName(EndCause cause) {
+  switch (cause) {
+    case EndCause::kClosed: return "closed";
+    case EndCause::kCrashed: return "crashed";
+    case EndCause::kShutdown: return "shutdown";
+  }
+  return "unknown";
+}
+
+std::shared_ptr<Session> Session::Create(Core* core, Emit emit) {
+  std::shared_ptr<Session> s(new Session(core, std::move(emit)));
+  core->AddSession(s->id_, s);
+  return s;
+}
+
+Session::Session(Core* core, Emit emit)
+    : core_(core), id_(core->NewSessionId()), emit_(std::move(emit)) {}
+
+Session::~Session() { core_->RemoveSession(id_); }
+
+void Session::Send(Completion c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (emit_) emit_(std::move(c));
+}
+
+void Session::Fail(uint64_t request_id, absl::Status status) {
+  core_->CountError();
+  metrics::Get()
+      .request_errors_total->Add({{"code", absl::StatusCodeToString(status.code())}})
+      .Increment();
+  Completion c;
+  c.request_id = request_id;
+  c.kind = CompletionKind::kError;
+  c.status = std::move(status);
+  Send(std::move(c));
+}
+
+void Session::Handle(const Request& r) {
+  bool hello_done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    hello_done = hello_done_;
+  }
+  if (r.kind == RequestKind::kHello) return OnHello(r);
+  if (!hello_done) {
+    return Fail(r.request_id, absl::FailedPreconditionError(
+                                  "the session has not said hello: send Hello (client name, "
+                                  "device id, pid) as the first request"));
+  }
+  switch (r.kind) {
+    case RequestKind::kRegisterRegion: return OnRegister(r);
+    case RequestKind::kUnregisterRegion: return OnUnregister(r);
+    case RequestKind::kOffload: return OnOffload(r);
+    case RequestKind::kReload: return OnReload(r);
+    case RequestKind::kRelease: return OnRelease(r);
+    default:
+      return Fail(r.request_id,
+                  absl::InvalidArgumentError(
+                      "unknown request kind: this daemon speaks offloadd.v1; upgrade it or send "
+                      "one of hello, register_region, unregister_region, offload, reload, "
+                      "release"));
+  }
+}
+
+void Session::OnHello(const Request& r) {
+  if (r.device_id.empty()) {
+    return Fail(r.request_id, absl::InvalidArgumentError(
+                                  "hello without device_id: name the GPU this process uses "
+                                  "(its UUID on CUDA, any stable name on shm)"));
+  }
+  Core::Link* link = core_->LinkFor(r.device_id);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (hello_done_) {
+    lock.unlock();
+    return Fail(r.request_id,
+                absl::FailedPreconditionError("hello was already sent on this session: open a "
+                                              "new stream for another device"));
+  }
+  hello_done_ = true;
+  client_name_ = r.client_name;
+  device_id_ = r.device_id;
+  pid_ = r.pid;
+  link_ = link;
+  lock.unlock();
+  metrics::Get().sessions_open->Increment();
+  Completion c;
+  c.request_id = r.request_id;
+  c.kind = CompletionKind::kHello;
+  c.id = id_;
+  c.backend = core_->engine().name();
+  c.link = link->name;
+  c.pool_capacity_bytes = core_->store().capacity_bytes();
+  c.session_quota_bytes = core_->options().store.session_quota_bytes;
+  c.chunk_bytes = core_->options().chunk_bytes;
+  Send(std::move(c));
+}
+
+absl::StatusOr<std::shared_ptr<copy::Region>> Session::FindRegion(uint64_t region_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = regions_.find(region_id);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "region %d is not registered in this session: register the region first and use the "
+        "id the daemon returned",
+        region_id));
+  }
+  return it->second;
+}
+
+void Session::OnRegister(const Request& r) {
+  copy::RegionSpec spec = r.region;
+  spec.device_id = device_id_;
+  if (spec.shm_name.empty() && spec.cuda_ipc_handle.empty()) {
+    return Fail(r.request_id, absl::InvalidArgumentError(
+                                  "register_region without a handle: set shm_name (shm backend) "
+                                  "or cuda_ipc_handle (cuda backend)"));
+  }
+  auto region = core_->engine().OpenRegion(spec);
+  if (!region.ok()) return Fail(r.request_id, region.status());
+  uint64_t region_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    region_id = next_region_id_++;
+    regions_[region_id] = *std::move(region);
+  }
+  Completion c;
+  c.request_id = r.request_id;
+  c.kind = CompletionKind::kRegionRegistered;
+  c.id = region_id;
+  Send(std::move(c));
+}
+
+void Session::OnUnregister(const Request& r) {
+  size_t erased;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Copies in flight keep their own reference; the region closes after them.
+    erased = regions_.erase(r.region_id);
+  }
+  if (erased == 0) {
+    return Fail(r.request_id, absl::NotFoundError(absl::StrFormat(
+                                  "region %d is not registered in this session (never "
+                                  "registered, or already unregistered)",
+                                  r.region_id)));
+  }
+  Completion c;
+  c.request_id = r.request_id;
+  c.kind = CompletionKind::kRegionUnregistered;
+  c.id = r.region_id;
+  Send(std::move(c));
+}
+
+void Session::OnOffload(const Request& r) {
+  auto region = FindRegion(r.region_id);
+  if (!region.ok()) return Fail(r.request_id, region.status());
+  if (r.bytes == 0) {
+    return Fail(r.request_id, absl::InvalidArgumentError(
+                                  "offload of 0 bytes: send the checkpoint's size in bytes"));
+  }
+  if (!InBounds(r.offset, r.bytes, (*region)->size_bytes())) {
+    return Fail(r.request_id,
+                absl::OutOfRangeError(absl::StrFormat(
+                    "offload of [%d, +%d) is outside region %d of %d bytes: check the offset "
+                    "and size against the registered allocation",
+                    r.offset, r.bytes, r.region_id, (*region)->size_bytes())));
+  }
+  if (!core_->BeginTransfer()) {
+    return Fail(r.request_id, absl::UnavailableError(
+                                  "offloadd is shutting down: keep the tensor in process memory "
+                                  "and reconnect when the daemon is back"));
+  }
+  auto self = shared_from_this();
+  std::shared_ptr<copy::Region> reg = *region;
+  const double start = NowSeconds();
+  core_->store().Reserve(id_, r.bytes, [self, reg, r, start](absl::StatusOr<store::BlockRef> ref) {
+    Core* core = self->core_;
+    if (!ref.ok()) {
+      self->Fail(r.request_id, ref.status());
+      core->EndTransfer();
+      return;
+    }
+    bool closed;
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      closed = self->closed_;
+    }
+    if (closed) {  // admitted as the session ended: give the space back
+      core->store().OffloadFinished(ref->block_id, absl::CancelledError("session ended"));
+      core->EndTransfer();
+      return;
+    }
+    absl::Status ready = core->engine().WaitReady(*reg, r.ready_event);
+    if (!ready.ok()) {
+      core->store().OffloadFinished(ref->block_id, ready);
+      self->Fail(r.request_id, ready);
+      core->EndTransfer();
+      return;
+    }
+    auto t = std::make_shared<sched::Transfer>();
+    t->gpu = self->device_id_;
+    t->cls = sched::TrafficClass::kOffload;
+    t->bytes = r.bytes;
+    uint8_t* host = core->pool_base() + ref->extent.offset;
+    t->copy_chunk = [core, reg, host, offset = r.offset](uint64_t o, uint64_t len) {
+      return core->engine().CopyChunk(copy::Direction::kDeviceToHost, *reg, offset + o, host + o,
+                                      len);
+    };
+    const store::BlockRef block = *ref;
+    const double admitted = NowSeconds();
+    t->done = [self, block, r, start, admitted](absl::Status st) {
+      Core* core = self->core_;
+      core->store().OffloadFinished(block.block_id, st);
+      double now = NowSeconds();
+      core->CountTransfer(/*offload=*/true, r.bytes, st.ok());
+      RecordTransfer("d2h", self->device_id_, r.bytes, now - start, st.ok());
+      if (st.ok()) {
+        Completion c;
+        c.request_id = r.request_id;
+        c.kind = CompletionKind::kOffloadDone;
+        c.id = block.block_id;
+        c.bytes = r.bytes;
+        c.queued_seconds = block.queued_seconds;
+        c.copy_seconds = now - admitted;
+        self->Send(std::move(c));
+      } else {
+        self->Fail(r.request_id, st);
+      }
+      core->EndTransfer();
+    };
+    self->link_->d2h->Submit(std::move(t));
+  });
+}
+
+void Session::OnReload(const Request& r) {
+  if (r.priority != kPriorityUrgent && r.priority != kPriorityPrefetch) {
+    return Fail(r.request_id, absl::InvalidArgumentError(absl::StrFormat(
+                                  "reload priority %d is not known: use URGENT (1) when the "
+                                  "caller is blocked on the data or PREFETCH (2) when it is "
+                                  "needed soon",
+                                  r.priority)));
+  }
+  auto region = FindRegion(r.region_id);
+  if (!region.ok()) return Fail(r.request_id, region.status());
+  if (!core_->BeginTransfer()) {
+    return Fail(r.request_id, absl::UnavailableError(
+                                  "offloadd is shutting down: the block cannot be reloaded; "
+                                  "recompute it or fail the step"));
+  }
+  auto self = shared_from_this();
+  std::shared_ptr<copy::Region> reg = *region;
+  const double start = NowSeconds();
+  absl::Status begun = core_->store().BeginReload(
+      id_, r.block_id, [self, reg, r, start](absl::StatusOr<store::BlockRef> ref) {
+        Core* core = self->core_;
+        if (!ref.ok()) {
+          core->store().EndReload(r.block_id, false);
+          self->Fail(r.request_id, ref.status());
+          core->EndTransfer();
+          return;
+        }
+        if (!InBounds(r.offset, ref->bytes, reg->size_bytes())) {
+          core->store().EndReload(r.block_id, false);
+          self->Fail(r.request_id,
+                     absl::OutOfRangeError(absl::StrFormat(
+                         "reload of block %d (%d bytes) at offset %d does not fit region %d of "
+                         "%d bytes: reload into a region with room for the whole block",
+                         r.block_id, ref->bytes, r.offset, r.region_id, reg->size_bytes())));
+          core->EndTransfer();
+          return;
+        }
+        auto t = std::make_shared<sched::Transfer>();
+        t->gpu = self->device_id_;
+        t->cls = r.priority == kPriorityUrgent ? sched::TrafficClass::kUrgent
+                                               : sched::TrafficClass::kPrefetch;
+        t->deadline_seconds = r.deadline_seconds > 0 ? start + r.deadline_seconds : 0;
+        t->bytes = ref->bytes;
+        uint8_t* host = core->pool_base() + ref->extent.offset;
+        t->copy_chunk = [core, reg, host, offset = r.offset](uint64_t o, uint64_t len) {
+          return core->engine().CopyChunk(copy::Direction::kHostToDevice, *reg, offset + o,
+                                          host + o, len);
+        };
+        const uint64_t bytes = ref->bytes;
+        const double ready = NowSeconds();
+        t->done = [self, r, bytes, start, ready](absl::Status st) {
+          Core* core = self->core_;
+          // A failed reload keeps the block so the client can retry: nothing accepted is lost.
+          const bool release = r.release_after && st.ok();
+          core->store().EndReload(r.block_id, release);
+          double now = NowSeconds();
+          core->CountTransfer(/*offload=*/false, bytes, st.ok());
+          RecordTransfer("h2d", self->device_id_, bytes, now - start, st.ok());
+          if (st.ok()) {
+            Completion c;
+            c.request_id = r.request_id;
+            c.kind = CompletionKind::kReloadDone;
+            c.id = r.block_id;
+            c.bytes = bytes;
+            c.released = release;
+            c.copy_seconds = now - ready;
+            self->Send(std::move(c));
+          } else {
+            self->Fail(r.request_id, st);
+          }
+          core->EndTransfer();
+        };
+        self->link_->h2d->Submit(std::move(t));
+      });
+  if (!begun.ok()) {
+    Fail(r.request_id, begun);
+    core_->EndTransfer();
+  }
+}
+
+void Session::OnRelease(const Request& r) {
+  absl::Status st = core_->store().Release(id_, r.block_id);
+  if (!st.ok()) return Fail(r.request_id, st);
+  Completion c;
+  c.request_id = r.request_id;
+  c.kind = CompletionKind::kReleased;
+  c.id = r.block_id;
+  Send(std::move(c));
+}
+
+void Session::Close(EndCause cause) {
+  bool counted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    emit_ = nullptr;
+    counted = hello_done_;
+    regions_.clear();
+  }
+  core_->store().ReleaseSession(id_);
+  auto& m = metrics::Get();
+  if (counted) m.sessions_open->Decrement();
+  m.sessions_ended_total->Add({{"cause", EndCauseName(cause)}}).Increment();
+}
+
+SessionInfo Session::info() const {
+  SessionInfo i;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    i.session_id = id_;
+    i.client_name = client_name_;
+    i.device_id = device_id_;
+    i.pid = pid_;
+  }
+  i.blocks = core_->store().SessionBlocks(id_);
+  i.used_bytes = core_->store().SessionUsedBytes(id_);
+  return i;
+}
+
+}  // namespace offloadd::session

@@ -1,0 +1,131 @@
+// Session: one client process's state machine, independent of gRPC (rpc/ translates protobuf
+// messages to Request and Completion back).
+//
+// Protocol rules enforced here (each violation is answered with a Completion carrying a
+// specific status and a sentence saying what to do; the session keeps serving):
+//  - Hello first, exactly once (FAILED_PRECONDITION otherwise); device_id must be non-empty.
+//  - Regions are registered once and named by the id the daemon returns (NOT_FOUND for an
+//    unknown id); every offset + bytes is checked against the region's size (OUT_OF_RANGE).
+//  - Offload of 0 bytes: INVALID_ARGUMENT; larger than the pool or quota: OUT_OF_RANGE; pool
+//    full past the admission deadline: RESOURCE_EXHAUSTED.
+//  - Reload priority must be URGENT or PREFETCH (INVALID_ARGUMENT otherwise); blocks are
+//    scoped to the session (NOT_FOUND for unknown, foreign or released ids).
+//  - A request kind the daemon does not know: INVALID_ARGUMENT.
+// Every request gets exactly one Completion with its request id. When the stream ends (client
+// exit or crash), Close() releases every block and region the session holds; copies in flight
+// finish first and their completions are dropped.
+#ifndef OFFLOADD_SERVER_SESSION_SESSION_H_
+#define OFFLOADD_SERVER_SESSION_SESSION_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "server/copy/copy_engine.h"
+#include "server/session/core.h"
+
+namespace offloadd::session {
+
+enum class RequestKind {
+  kUnknown,
+  kHello,
+  kRegisterRegion,
+  kUnregisterRegion,
+  kOffload,
+  kReload,
+  kRelease
+};
+
+// Wire values of offloadd.v1.Priority; anything else is rejected.
+inline constexpr int kPriorityUrgent = 1;
+inline constexpr int kPriorityPrefetch = 2;
+
+struct Request {
+  uint64_t request_id = 0;
+  RequestKind kind = RequestKind::kUnknown;
+  // kHello
+  std::string client_name, device_id;
+  uint32_t pid = 0;
+  // kRegisterRegion
+  copy::RegionSpec region;
+  // kOffload / kReload / kUnregisterRegion / kRelease
+  uint64_t region_id = 0, offset = 0, bytes = 0, block_id = 0;
+  std::string ready_event;
+  int priority = 0;
+  bool release_after = false;
+  double deadline_seconds = 0;  // relative, seconds from now; 0 = none
+};
+
+enum class CompletionKind {
+  kError,
+  kHello,
+  kRegionRegistered,
+  kRegionUnregistered,
+  kOffloadDone,
+  kReloadDone,
+  kReleased
+};
+
+struct Completion {
+  uint64_t request_id = 0;
+  CompletionKind kind = CompletionKind::kError;
+  absl::Status status;  // set when kind == kError
+  uint64_t id = 0;      // session id / region id / block id
+  uint64_t bytes = 0;
+  double queued_seconds = 0, copy_seconds = 0;
+  bool released = false;
+  // kHello
+  std::string backend, link;
+  uint64_t pool_capacity_bytes = 0, session_quota_bytes = 0, chunk_bytes = 0;
+};
+
+enum class EndCause { kClosed, kCrashed, kShutdown };
+const char* EndCauseName(EndCause cause);
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  using Emit = std::function<void(Completion)>;
+  // `emit` is called from any thread, never after Close() has returned.
+  static std::shared_ptr<Session> Create(Core* core, Emit emit);
+  ~Session();
+
+  void Handle(const Request& request);
+  // Ends the session: releases its blocks, waiting offloads and regions. Idempotent.
+  void Close(EndCause cause);
+
+  SessionInfo info() const;
+  uint64_t id() const { return id_; }
+
+ private:
+  Session(Core* core, Emit emit);
+  void Send(Completion c);
+  void Fail(uint64_t request_id, absl::Status status);
+  void OnHello(const Request& r);
+  void OnRegister(const Request& r);
+  void OnUnregister(const Request& r);
+  void OnOffload(const Request& r);
+  void OnReload(const Request& r);
+  void OnRelease(const Request& r);
+  // Region by id, or NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<copy::Region>> FindRegion(uint64_t region_id);
+
+  Core* const core_;
+  const uint64_t id_;
+  mutable std::mutex mu_;
+  Emit emit_;  // null once closed
+  bool hello_done_ = false;
+  bool closed_ = false;
+  std::string client_name_, device_id_;
+  uint32_t pid_ = 0;
+  Core::Link* link_ = nullptr;
+  std::map<uint64_t, std::shared_ptr<copy::Region>> regions_;
+  uint64_t next_region_id_ = 1;
+};
+
+}  // namespace offloadd::session
+
+#endif  // OFFLOADD_SERVER_SESSION_SESSION_H_

@@ -1,0 +1,229 @@
+// Session state machine on the shm backend, without gRPC: completions are collected in order.
+#include "server/session/session.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/copy/shm_engine.h"
+
+namespace offloadd::session {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+class Shm {
+ public:
+  explicit Shm(uint64_t size) : size_(size) {
+    static int n = 0;
+    name_ = "/offloadd-st-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+    int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    EXPECT_EQ(ftruncate(fd, size), 0);
+    data_ = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+  }
+  ~Shm() {
+    munmap(data_, size_);
+    shm_unlink(name_.c_str());
+  }
+  std::string name_;
+  uint64_t size_;
+  uint8_t* data_;
+};
+
+class Collector {
+ public:
+  Session::Emit emit() {
+    return [this](Completion c) {
+      std::lock_guard<std::mutex> lock(mu_);
+      got_.push_back(std::move(c));
+      cv_.notify_all();
+    };
+  }
+  // Waits for the completion of `request_id`.
+  Completion Wait(uint64_t request_id) {
+    std::unique_lock<std::mutex> lock(mu_);
+    Completion out;
+    bool found = cv_.wait_for(lock, std::chrono::seconds(10), [&] {
+      for (auto& c : got_) {
+        if (c.request_id == request_id) {
+          out = c;
+          return true;
+        }
+      }
+      return false;
+    });
+    EXPECT_TRUE(found) << "no completion for request " << request_id;
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Completion> got_;
+};
+
+std::unique_ptr<Core> MakeCore(uint64_t pool_bytes, CoreOptions options = {}) {
+  pool::ArenaOptions a;
+  a.size_bytes = pool_bytes;
+  options.chunk_bytes = 1 * kMiB;
+  options.store.admission_deadline_seconds = 0.2;
+  return std::make_unique<Core>(options, *pool::Arena::Create(a),
+                                std::make_unique<copy::ShmCopyEngine>());
+}
+
+Request Hello(uint64_t id) {
+  Request r;
+  r.request_id = id;
+  r.kind = RequestKind::kHello;
+  r.client_name = "test";
+  r.device_id = "gpu0";
+  r.pid = getpid();
+  return r;
+}
+
+Request Register(uint64_t id, const Shm& shm) {
+  Request r;
+  r.request_id = id;
+  r.kind = RequestKind::kRegisterRegion;
+  r.region.shm_name = shm.name_;
+  r.region.size_bytes = shm.size_;
+  return r;
+}
+
+Request Offload(uint64_t id, uint64_t region, uint64_t offset, uint64_t bytes) {
+  Request r;
+  r.request_id = id;
+  r.kind = RequestKind::kOffload;
+  r.region_id = region;
+  r.offset = offset;
+  r.bytes = bytes;
+  return r;
+}
+
+Request Reload(uint64_t id, uint64_t block, uint64_t region, uint64_t offset, int priority,
+               bool release_after) {
+  Request r;
+  r.request_id = id;
+  r.kind = RequestKind::kReload;
+  r.block_id = block;
+  r.region_id = region;
+  r.offset = offset;
+  r.priority = priority;
+  r.release_after = release_after;
+  return r;
+}
+
+TEST(SessionTest, RequestsBeforeHelloFail) {
+  auto core = MakeCore(16 * kMiB);
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  Shm shm(kMiB);
+  s->Handle(Register(1, shm));
+  Completion c = out.Wait(1);
+  EXPECT_EQ(c.kind, CompletionKind::kError);
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kFailedPrecondition);
+  s->Handle(Hello(2));
+  EXPECT_EQ(out.Wait(2).kind, CompletionKind::kHello);
+  s->Handle(Hello(3));
+  EXPECT_EQ(out.Wait(3).status.code(), absl::StatusCode::kFailedPrecondition);
+  s->Close(EndCause::kClosed);
+}
+
+TEST(SessionTest, OffloadReloadRoundTripsBytesThroughThePool) {
+  auto core = MakeCore(64 * kMiB);
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  Shm shm(8 * kMiB);
+  for (uint64_t i = 0; i < shm.size_; ++i) shm.data_[i] = static_cast<uint8_t>(i * 131 + 7);
+  s->Handle(Hello(1));
+  s->Handle(Register(2, shm));
+  Completion reg = out.Wait(2);
+  ASSERT_EQ(reg.kind, CompletionKind::kRegionRegistered);
+  // 3.5 MiB from offset 1 MiB: several chunks of 1 MiB plus a partial one.
+  const uint64_t bytes = 3 * kMiB + kMiB / 2;
+  s->Handle(Offload(3, reg.id, kMiB, bytes));
+  Completion off = out.Wait(3);
+  ASSERT_EQ(off.kind, CompletionKind::kOffloadDone) << off.status;
+  EXPECT_EQ(off.bytes, bytes);
+  std::vector<uint8_t> expect(shm.data_ + kMiB, shm.data_ + kMiB + bytes);
+  std::memset(shm.data_, 0, shm.size_);
+  s->Handle(Reload(4, off.id, reg.id, 4 * kMiB, kPriorityUrgent, /*release_after=*/true));
+  Completion rel = out.Wait(4);
+  ASSERT_EQ(rel.kind, CompletionKind::kReloadDone) << rel.status;
+  EXPECT_TRUE(rel.released);
+  EXPECT_EQ(std::memcmp(shm.data_ + 4 * kMiB, expect.data(), bytes), 0);
+  EXPECT_EQ(core->store().stats().blocks, 0u);
+  EXPECT_EQ(core->Stats().offload_bytes_total, bytes);
+  EXPECT_EQ(core->Stats().reload_bytes_total, bytes);
+  s->Close(EndCause::kClosed);
+}
+
+TEST(SessionTest, ReloadSentRightAfterOffloadReturnsTheOffloadedBytes) {
+  auto core = MakeCore(64 * kMiB);
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  Shm src(16 * kMiB), dst(16 * kMiB);
+  for (uint64_t i = 0; i < src.size_; ++i) src.data_[i] = static_cast<uint8_t>(i ^ (i >> 9));
+  s->Handle(Hello(1));
+  s->Handle(Register(2, src));
+  s->Handle(Register(3, dst));
+  uint64_t rs = out.Wait(2).id, rd = out.Wait(3).id;
+  // The block id is only known after OffloadDone, so pipeline many offloads and reload each as
+  // soon as its id arrives, while later offloads still copy.
+  for (int i = 0; i < 8; ++i) s->Handle(Offload(10 + i, rs, i * 2 * kMiB, 2 * kMiB));
+  for (int i = 0; i < 8; ++i) {
+    Completion o = out.Wait(10 + i);
+    ASSERT_EQ(o.kind, CompletionKind::kOffloadDone);
+    s->Handle(Reload(20 + i, o.id, rd, i * 2 * kMiB, kPriorityPrefetch, true));
+  }
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(out.Wait(20 + i).kind, CompletionKind::kReloadDone);
+  EXPECT_EQ(std::memcmp(src.data_, dst.data_, src.size_), 0);
+  s->Close(EndCause::kClosed);
+}
+
+TEST(SessionTest, CloseReleasesEverythingTheSessionHeld) {
+  auto core = MakeCore(64 * kMiB);
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  Shm shm(8 * kMiB);
+  s->Handle(Hello(1));
+  s->Handle(Register(2, shm));
+  uint64_t region = out.Wait(2).id;
+  for (int i = 0; i < 4; ++i) s->Handle(Offload(3 + i, region, i * kMiB, kMiB));
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(out.Wait(3 + i).kind, CompletionKind::kOffloadDone);
+  EXPECT_EQ(core->store().stats().blocks, 4u);
+  EXPECT_EQ(core->Stats().sessions_open, 1u);
+  s->Close(EndCause::kCrashed);
+  EXPECT_EQ(core->store().stats().blocks, 0u);
+  EXPECT_EQ(core->store().stats().pool.used_bytes, 0u);
+  s->Handle(Offload(9, region, 0, kMiB));  // ignored after close: nothing emitted, nothing held
+  EXPECT_EQ(core->store().stats().blocks, 0u);
+}
+
+TEST(SessionTest, DrainFinishesAcceptedTransfersThenRefusesNewOnes) {
+  auto core = MakeCore(64 * kMiB);
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  Shm shm(32 * kMiB);
+  s->Handle(Hello(1));
+  s->Handle(Register(2, shm));
+  uint64_t region = out.Wait(2).id;
+  for (int i = 0; i < 8; ++i) s->Handle(Offload(10 + i, region, i * 4 * kMiB, 4 * kMiB));
+  core->Drain();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(out.Wait(10 + i).kind, CompletionKind::kOffloadDone);
+  s->Handle(Offload(30, region, 0, kMiB));
+  EXPECT_EQ(out.Wait(30).status.code(), absl::StatusCode::kUnavailable);
+  s->Close(EndCause::kShutdown);
+}
+
+}  // namespace
+}  // namespace offloadd::session
