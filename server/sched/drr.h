@@ -1,0 +1,122 @@
+// ChunkQueue: the chunk-picking policy of one link direction, without threads or clocks.
+//
+// LinkScheduler (link_scheduler.h) wraps one ChunkQueue with worker threads and pacing; this
+// class only decides, deterministically, which chunk goes next. Tests drive it directly.
+//
+// Flows are (traffic class, GPU). A pushed Transfer of `bytes` is cut into chunks of at most
+// `chunk_bytes` (a 20 MiB transfer with 8 MiB chunks -> offsets 0, 8, 16 MiB, lengths 8, 8, 4
+// MiB). Pop() picks:
+//  1. the class: URGENT, else PREFETCH, else OFFLOAD — except that while OFFLOAD and a higher
+//     class both have queued chunks ("contended"), OFFLOAD is served whenever its share of the
+//     bytes served under contention is below `offload_min_share`. The byte counters are halved
+//     whenever their total passes `share_window_bytes`, so they cover roughly the last window
+//     (between half and all of it) and never reset; the share therefore holds to within one
+//     chunk over any contended stretch longer than a window.
+//  2. the GPU within the class: deficit round robin (Shreedhar & Varghese, SIGCOMM 1995). The
+//     active list holds GPUs with queued chunks in that class; a visit adds
+//     weight x quantum_bytes to the GPU's deficit and serves chunks while the deficit covers the
+//     next chunk, then the GPU goes to the tail. A GPU whose queue empties leaves the list with
+//     its deficit reset to 0 (idle GPUs give their share away and bank nothing). Rounds in
+//     which nobody could be served (quantum < chunk) are skipped arithmetically, not looped.
+//  3. the transfer within (class, GPU): earliest deadline first (deadline 0 = none = last),
+//     then FIFO by push order. A newly pushed earlier-deadline transfer overtakes the remaining
+//     chunks of a transfer in progress.
+//
+// Not thread-safe: the caller (LinkScheduler) holds its mutex around every call.
+#ifndef OFFLOADD_SERVER_SCHED_DRR_H_
+#define OFFLOADD_SERVER_SCHED_DRR_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "server/sched/link_scheduler.h"
+
+namespace offloadd::sched {
+
+struct ChunkQueueOptions {
+  uint64_t chunk_bytes = 8ull << 20;    // > 0 (0 is treated as 8 MiB)
+  uint64_t quantum_bytes = 8ull << 20;  // DRR quantum per weight unit (0 = chunk_bytes)
+  double offload_min_share = 0.2;       // clamped to [0, 1]
+  uint64_t share_window_bytes = 0;      // 0 = 32 x chunk_bytes
+  std::map<std::string, uint32_t> gpu_weights;  // default 1; 0 is treated as 1
+
+  // The policy part of LinkSchedulerOptions.
+  static ChunkQueueOptions From(const LinkSchedulerOptions& options);
+};
+
+// One chunk to copy: bytes [offset, offset + len) of `transfer`.
+struct Chunk {
+  uint64_t transfer_id = 0;  // as returned by Push()
+  std::shared_ptr<Transfer> transfer;
+  uint64_t offset = 0;
+  uint64_t len = 0;
+  bool last = false;  // no chunk of this transfer remains queued after this one
+};
+
+class ChunkQueue {
+ public:
+  explicit ChunkQueue(ChunkQueueOptions options);
+
+  // Queues all chunks of `transfer`; returns its id (> 0, increasing). INVALID_ARGUMENT when
+  // the transfer is null or has 0 bytes. Only gpu, cls, deadline_seconds and bytes are read.
+  absl::StatusOr<uint64_t> Push(std::shared_ptr<Transfer> transfer);
+  // The next chunk by the policy above; nullopt when nothing is queued.
+  std::optional<Chunk> Pop();
+  // Drops the not-yet-popped chunks of a transfer; returns how many bytes were dropped (0 for
+  // an unknown id or a transfer whose chunks were all popped).
+  uint64_t Cancel(uint64_t transfer_id);
+
+  bool empty() const { return transfers_.empty(); }
+  // Transfers with at least one chunk still queued.
+  uint64_t queued_transfers() const { return transfers_.size(); }
+  uint64_t queued_bytes(TrafficClass cls) const;
+  // Current DRR deficit of a flow (0 when the flow is idle). For tests and debugging.
+  uint64_t deficit_bytes(TrafficClass cls, const std::string& gpu) const;
+  // Bytes counted for the offload minimum share (see above), for tests and debugging.
+  std::pair<uint64_t, uint64_t> contended_offload_and_total_bytes() const {
+    return {contended_offload_bytes_, contended_total_bytes_};
+  }
+  const ChunkQueueOptions& options() const { return options_; }
+
+ private:
+  struct Queued {
+    std::shared_ptr<Transfer> transfer;
+    uint64_t next_offset = 0;
+    double deadline_key = 0;  // deadline, or +inf for none
+  };
+  using OrderKey = std::pair<double, uint64_t>;  // (deadline_key, id)
+  struct Flow {
+    std::set<OrderKey> order;
+    uint64_t deficit_bytes = 0;
+    bool in_turn = false;  // the quantum of the current visit was already added
+  };
+  struct ClassQueue {
+    std::map<std::string, Flow> flows;  // only flows with queued chunks
+    std::deque<std::string> active;     // DRR round-robin order of `flows`
+    uint64_t queued_bytes = 0;
+  };
+
+  uint64_t Weight(const std::string& gpu) const;
+  uint64_t NextChunkLen(const Flow& flow) const;
+  Chunk PopFromClass(TrafficClass cls);
+  void RemoveFlow(ClassQueue& q, const std::string& gpu);
+
+  ChunkQueueOptions options_;
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, Queued> transfers_;
+  ClassQueue classes_[kNumClasses];
+  uint64_t contended_offload_bytes_ = 0;
+  uint64_t contended_total_bytes_ = 0;
+};
+
+}  // namespace offloadd::sched
+
+#endif  // OFFLOADD_SERVER_SCHED_DRR_H_

@@ -1,0 +1,278 @@
+#include "server/sched/drr.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace offloadd::sched {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+std::shared_ptr<Transfer> MakeTransfer(const std::string& gpu, TrafficClass cls, uint64_t bytes,
+                                       double deadline_seconds = 0) {
+  auto t = std::make_shared<Transfer>();
+  t->gpu = gpu;
+  t->cls = cls;
+  t->bytes = bytes;
+  t->deadline_seconds = deadline_seconds;
+  return t;
+}
+
+ChunkQueueOptions Options(uint64_t chunk_bytes = 8 * kMiB, uint64_t quantum_bytes = 8 * kMiB) {
+  ChunkQueueOptions o;
+  o.chunk_bytes = chunk_bytes;
+  o.quantum_bytes = quantum_bytes;
+  return o;
+}
+
+uint64_t PushOk(ChunkQueue& q, std::shared_ptr<Transfer> t) {
+  absl::StatusOr<uint64_t> id = q.Push(std::move(t));
+  EXPECT_TRUE(id.ok()) << id.status();
+  return id.ok() ? *id : 0;
+}
+
+// Pops n chunks and returns the GPU of each.
+std::vector<std::string> PopGpus(ChunkQueue& q, int n) {
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) {
+    std::optional<Chunk> c = q.Pop();
+    if (!c) break;
+    out.push_back(c->transfer->gpu);
+  }
+  return out;
+}
+
+TEST(ChunkQueueTest, ChunksTransferIntoFullChunksAndRemainder) {
+  ChunkQueue q(Options());
+  const uint64_t id = PushOk(q, MakeTransfer("g0", TrafficClass::kOffload, 20 * kMiB));
+  EXPECT_EQ(q.queued_bytes(TrafficClass::kOffload), 20 * kMiB);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<bool> last;
+  while (std::optional<Chunk> c = q.Pop()) {
+    EXPECT_EQ(c->transfer_id, id);
+    ranges.push_back({c->offset, c->len});
+    last.push_back(c->last);
+  }
+  const std::vector<std::pair<uint64_t, uint64_t>> want = {
+      {0, 8 * kMiB}, {8 * kMiB, 8 * kMiB}, {16 * kMiB, 4 * kMiB}};
+  EXPECT_EQ(ranges, want);
+  EXPECT_EQ(last, (std::vector<bool>{false, false, true}));
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(q.queued_bytes(TrafficClass::kOffload), 0u);
+}
+
+TEST(ChunkQueueTest, RejectsEmptyTransfers) {
+  ChunkQueue q(Options());
+  EXPECT_EQ(q.Push(MakeTransfer("g0", TrafficClass::kOffload, 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(q.Push(nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(q.empty());
+  EXPECT_FALSE(q.Pop().has_value());
+}
+
+TEST(ChunkQueueTest, EqualWeightsAlternate) {
+  ChunkQueue q(Options());
+  PushOk(q, MakeTransfer("a", TrafficClass::kPrefetch, 64 * kMiB));
+  PushOk(q, MakeTransfer("b", TrafficClass::kPrefetch, 64 * kMiB));
+  const std::vector<std::string> want = {"a", "b", "a", "b", "a", "b", "a", "b"};
+  EXPECT_EQ(PopGpus(q, 8), want);
+}
+
+TEST(ChunkQueueTest, Weights2To1GiveExactByteShares) {
+  ChunkQueueOptions o = Options();
+  o.gpu_weights = {{"a", 2}};
+  ChunkQueue q(o);
+  PushOk(q, MakeTransfer("a", TrafficClass::kOffload, 1024 * kMiB));
+  PushOk(q, MakeTransfer("b", TrafficClass::kOffload, 1024 * kMiB));
+  std::map<std::string, uint64_t> bytes;
+  for (int i = 0; i < 60; ++i) {  // 20 rounds of 3 chunks, both backlogged throughout
+    std::optional<Chunk> c = q.Pop();
+    ASSERT_TRUE(c.has_value());
+    bytes[c->transfer->gpu] += c->len;
+  }
+  EXPECT_EQ(bytes["a"], 40 * 8 * kMiB);
+  EXPECT_EQ(bytes["b"], 20 * 8 * kMiB);
+}
+
+TEST(ChunkQueueTest, Weights2To1WithUnevenChunksStayWithinOneQuantum) {
+  // 3 MiB chunks against an 8 MiB quantum: deficits carry over between visits.
+  ChunkQueueOptions o = Options(3 * kMiB, 8 * kMiB);
+  o.gpu_weights = {{"a", 2}, {"b", 1}};
+  ChunkQueue q(o);
+  PushOk(q, MakeTransfer("a", TrafficClass::kOffload, 3000 * kMiB));
+  PushOk(q, MakeTransfer("b", TrafficClass::kOffload, 3000 * kMiB));
+  uint64_t a = 0, b = 0;
+  for (int i = 0; i < 500; ++i) {
+    std::optional<Chunk> c = q.Pop();
+    ASSERT_TRUE(c.has_value());
+    (c->transfer->gpu == "a" ? a : b) += c->len;
+    // DRR's fairness bound (Shreedhar & Varghese): at any point the weight-normalized
+    // service of two backlogged flows differs by at most one quantum plus one chunk, i.e.
+    // |a/2 - b| <= 8 + 3 MiB.
+    const int64_t diff = static_cast<int64_t>(a) - 2 * static_cast<int64_t>(b);
+    ASSERT_LE(std::llabs(diff), static_cast<int64_t>(2 * (8 + 3) * kMiB)) << "after chunk " << i;
+  }
+  EXPECT_GT(b, 0u);
+}
+
+TEST(ChunkQueueTest, QuantumLargerThanChunkServesSeveralChunksPerVisit) {
+  ChunkQueue q(Options(8 * kMiB, 16 * kMiB));
+  PushOk(q, MakeTransfer("a", TrafficClass::kOffload, 64 * kMiB));
+  PushOk(q, MakeTransfer("b", TrafficClass::kOffload, 64 * kMiB));
+  const std::vector<std::string> want = {"a", "a", "b", "b", "a", "a", "b", "b"};
+  EXPECT_EQ(PopGpus(q, 8), want);
+}
+
+TEST(ChunkQueueTest, QuantumSmallerThanChunkStillAlternatesAndSkipsEmptyRounds) {
+  // 1 KiB quantum vs 8 MiB chunks: 8192 rounds per chunk, skipped arithmetically.
+  ChunkQueueOptions o = Options(8 * kMiB, 1024);
+  o.gpu_weights = {{"a", 2}};
+  ChunkQueue q(o);
+  PushOk(q, MakeTransfer("a", TrafficClass::kOffload, 64 * kMiB));
+  PushOk(q, MakeTransfer("b", TrafficClass::kOffload, 64 * kMiB));
+  std::map<std::string, int> chunks;
+  for (const std::string& g : PopGpus(q, 9)) ++chunks[g];
+  EXPECT_EQ(chunks["a"], 6);
+  EXPECT_EQ(chunks["b"], 3);
+}
+
+TEST(ChunkQueueTest, IdleGpuGivesShareAwayAndBanksNoDeficit) {
+  ChunkQueue q(Options(8 * kMiB, 8 * kMiB));
+  PushOk(q, MakeTransfer("a", TrafficClass::kOffload, 80 * kMiB));
+  // Only a is backlogged: it gets every chunk.
+  const std::vector<std::string> first = PopGpus(q, 5);
+  EXPECT_EQ(first, std::vector<std::string>(5, "a"));
+  EXPECT_EQ(q.deficit_bytes(TrafficClass::kOffload, "b"), 0u);
+  // b arrives late: no credit for its idle time, the two alternate from now on.
+  PushOk(q, MakeTransfer("b", TrafficClass::kOffload, 40 * kMiB));
+  const std::vector<std::string> want = {"b", "a", "b", "a", "b", "a"};
+  EXPECT_EQ(PopGpus(q, 6), want);
+}
+
+TEST(ChunkQueueTest, EmptiedFlowLosesItsDeficit) {
+  // 12 MiB transfer, 8 MiB chunks, 16 MiB quantum: a is left with 4 MiB deficit, then empties.
+  ChunkQueue q(Options(8 * kMiB, 16 * kMiB));
+  PushOk(q, MakeTransfer("a", TrafficClass::kOffload, 12 * kMiB));
+  std::optional<Chunk> c = q.Pop();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(q.deficit_bytes(TrafficClass::kOffload, "a"), 8 * kMiB);
+  ASSERT_TRUE(q.Pop().has_value());
+  EXPECT_EQ(q.deficit_bytes(TrafficClass::kOffload, "a"), 0u);
+  PushOk(q, MakeTransfer("a", TrafficClass::kOffload, 8 * kMiB));
+  PushOk(q, MakeTransfer("b", TrafficClass::kOffload, 8 * kMiB));
+  EXPECT_EQ(q.deficit_bytes(TrafficClass::kOffload, "a"), 0u);
+}
+
+TEST(ChunkQueueTest, StrictClassPriorityWithoutOffloadContention) {
+  ChunkQueue q(Options());
+  PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 16 * kMiB));
+  PushOk(q, MakeTransfer("g", TrafficClass::kUrgent, 16 * kMiB));
+  std::vector<TrafficClass> order;
+  while (std::optional<Chunk> c = q.Pop()) order.push_back(c->transfer->cls);
+  const std::vector<TrafficClass> want = {TrafficClass::kUrgent, TrafficClass::kUrgent,
+                                          TrafficClass::kPrefetch, TrafficClass::kPrefetch};
+  EXPECT_EQ(order, want);
+}
+
+TEST(ChunkQueueTest, UrgentBeforePrefetchBeforeOffloadWithZeroMinShare) {
+  ChunkQueueOptions o = Options();
+  o.offload_min_share = 0;
+  ChunkQueue q(o);
+  PushOk(q, MakeTransfer("g", TrafficClass::kOffload, 16 * kMiB));
+  PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 16 * kMiB));
+  PushOk(q, MakeTransfer("h", TrafficClass::kUrgent, 16 * kMiB));
+  std::vector<TrafficClass> order;
+  while (std::optional<Chunk> c = q.Pop()) order.push_back(c->transfer->cls);
+  const std::vector<TrafficClass> want = {
+      TrafficClass::kUrgent,   TrafficClass::kUrgent,  TrafficClass::kPrefetch,
+      TrafficClass::kPrefetch, TrafficClass::kOffload, TrafficClass::kOffload};
+  EXPECT_EQ(order, want);
+}
+
+TEST(ChunkQueueTest, OffloadMinimumShareHoldsUnderReloadSaturation) {
+  ChunkQueueOptions o = Options();
+  o.offload_min_share = 0.2;
+  ChunkQueue q(o);
+  PushOk(q, MakeTransfer("g0", TrafficClass::kOffload, 4096 * kMiB));
+  PushOk(q, MakeTransfer("g1", TrafficClass::kUrgent, 4096 * kMiB));
+  PushOk(q, MakeTransfer("g2", TrafficClass::kPrefetch, 4096 * kMiB));
+  uint64_t offload = 0, total = 0;
+  bool prefetch_seen = false;
+  for (int i = 0; i < 400; ++i) {
+    std::optional<Chunk> c = q.Pop();
+    ASSERT_TRUE(c.has_value());
+    total += c->len;
+    if (c->transfer->cls == TrafficClass::kOffload) offload += c->len;
+    if (c->transfer->cls == TrafficClass::kPrefetch) prefetch_seen = true;
+    if (i >= 4) {
+      // From the first few chunks on, offload's share never falls below 20% by more than
+      // one chunk.
+      ASSERT_GE(offload + 8 * kMiB, total / 5) << "after chunk " << i;
+    }
+  }
+  // Reloads keep the rest: the urgent transfer (512 chunks) is not yet done, so no prefetch.
+  EXPECT_FALSE(prefetch_seen);
+  // At least one chunk in five (80 of 400); the window halving keeps the share just above the
+  // minimum, never far above it.
+  EXPECT_GE(offload, 80 * 8 * kMiB);
+  EXPECT_LE(offload, 84 * 8 * kMiB);
+}
+
+TEST(ChunkQueueTest, OffloadAloneGetsTheWholeLinkAndBanksNoShare) {
+  ChunkQueue q(Options());
+  PushOk(q, MakeTransfer("g0", TrafficClass::kOffload, 800 * kMiB));
+  EXPECT_EQ(PopGpus(q, 50).size(), 50u);
+  // Uncontended bytes are not counted toward the share.
+  EXPECT_EQ(q.contended_offload_and_total_bytes().second, 0u);
+  PushOk(q, MakeTransfer("g1", TrafficClass::kUrgent, 80 * kMiB));
+  std::vector<TrafficClass> order;
+  for (int i = 0; i < 10; ++i) order.push_back(q.Pop()->transfer->cls);
+  int offload = 0;
+  for (TrafficClass c : order) offload += c == TrafficClass::kOffload;
+  EXPECT_EQ(order[0], TrafficClass::kUrgent);
+  EXPECT_EQ(offload, 2);  // 20% of 10 chunks
+}
+
+TEST(ChunkQueueTest, EarliestDeadlineFirstThenFifoWithinGpu) {
+  ChunkQueue q(Options());
+  const uint64_t none1 = PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 8 * kMiB, 0));
+  const uint64_t late = PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 8 * kMiB, 30.0));
+  const uint64_t none2 = PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 8 * kMiB, 0));
+  const uint64_t early = PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 8 * kMiB, 10.0));
+  const uint64_t late2 = PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 8 * kMiB, 30.0));
+  std::vector<uint64_t> order;
+  while (std::optional<Chunk> c = q.Pop()) order.push_back(c->transfer_id);
+  EXPECT_EQ(order, (std::vector<uint64_t>{early, late, late2, none1, none2}));
+}
+
+TEST(ChunkQueueTest, EarlierDeadlineOvertakesTransferInProgress) {
+  ChunkQueue q(Options());
+  const uint64_t big = PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 32 * kMiB, 50.0));
+  ASSERT_EQ(q.Pop()->transfer_id, big);
+  const uint64_t soon = PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 8 * kMiB, 20.0));
+  std::vector<std::pair<uint64_t, uint64_t>> order;  // (id, offset)
+  while (std::optional<Chunk> c = q.Pop()) order.push_back({c->transfer_id, c->offset});
+  const std::vector<std::pair<uint64_t, uint64_t>> want = {
+      {soon, 0}, {big, 8 * kMiB}, {big, 16 * kMiB}, {big, 24 * kMiB}};
+  EXPECT_EQ(order, want);
+}
+
+TEST(ChunkQueueTest, CancelDropsRemainingChunksAndIdlesTheFlow) {
+  ChunkQueue q(Options());
+  const uint64_t a = PushOk(q, MakeTransfer("a", TrafficClass::kOffload, 32 * kMiB));
+  PushOk(q, MakeTransfer("b", TrafficClass::kOffload, 16 * kMiB));
+  ASSERT_EQ(q.Pop()->transfer_id, a);
+  EXPECT_EQ(q.Cancel(a), 24 * kMiB);
+  EXPECT_EQ(q.Cancel(a), 0u);
+  EXPECT_EQ(q.queued_transfers(), 1u);
+  EXPECT_EQ(q.queued_bytes(TrafficClass::kOffload), 16 * kMiB);
+  EXPECT_EQ(PopGpus(q, 10), (std::vector<std::string>{"b", "b"}));
+  EXPECT_TRUE(q.empty());
+}
+
+}  // namespace
+}  // namespace offloadd::sched

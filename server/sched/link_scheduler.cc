@@ -1,0 +1,219 @@
+#include "server/sched/link_scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/sched/drr.h"
+
+namespace offloadd::sched {
+
+const char* TrafficClassName(TrafficClass c) {
+  switch (c) {
+    case TrafficClass::kUrgent:
+      return "urgent";
+    case TrafficClass::kPrefetch:
+      return "prefetch";
+    case TrafficClass::kOffload:
+      return "offload";
+  }
+  return "unknown";
+}
+
+namespace {
+
+class RealClock : public Clock {
+ public:
+  double NowSeconds() override {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  void SleepUntil(double t) override {
+    const double dt = t - NowSeconds();
+    if (dt > 0) std::this_thread::sleep_for(std::chrono::duration<double>(dt));
+  }
+};
+
+// A paced link that woke up at most this late after its previous chunk's virtual finish
+// starts the next chunk at that finish, not at "now", so wake-up latency does not lower the
+// rate; after a longer gap the link was idle and starts afresh. Over any interval T the link
+// moves at most rate x (T + slack) bytes.
+constexpr double kPacingSlackSeconds = 0.001;
+
+}  // namespace
+
+Clock* Clock::Real() {
+  static RealClock* clock = new RealClock();
+  return clock;
+}
+
+struct LinkScheduler::Impl {
+  struct Active {
+    std::shared_ptr<Transfer> transfer;
+    absl::Status status;  // first chunk error
+    uint32_t chunks_in_flight = 0;
+    bool all_popped = false;  // no chunk of it remains queued (popped or cancelled)
+  };
+
+  Impl(LinkSchedulerOptions opts, Clock* c)
+      : options(std::move(opts)), clock(c), queue(ChunkQueueOptions::From(options)) {}
+
+  void WorkerLoop();
+  // Called with `lock` held; releases it around the callback.
+  void FinishChunk(std::unique_lock<std::mutex>& lock, const Chunk& chunk, absl::Status status);
+
+  const LinkSchedulerOptions options;
+  Clock* const clock;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  ChunkQueue queue;
+  std::unordered_map<uint64_t, Active> active;
+  bool stopping = false;
+  double link_free_at_seconds = 0;  // virtual finish of the last paced chunk
+  double busy_since_seconds = 0;
+  LinkSchedulerStats stats;
+
+  std::mutex join_mu;  // serializes Shutdown's joins
+  std::vector<std::thread> workers;
+};
+
+void LinkScheduler::Impl::WorkerLoop() {
+  const double rate = options.bytes_per_second;
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    cv.wait(lock, [&] { return !queue.empty() || stopping; });
+    if (queue.empty()) return;  // stopping, and everything queued has been handed out
+    double finish_seconds = 0;
+    if (rate > 0) {
+      const double now = clock->NowSeconds();
+      if (now < link_free_at_seconds) {
+        // The link is still busy: decide which chunk goes next only when it frees up, so a
+        // reload queued in the meantime is not stuck behind a chunk picked too early.
+        const double t = link_free_at_seconds;
+        lock.unlock();
+        clock->SleepUntil(t);
+        lock.lock();
+        continue;
+      }
+      const double start = now - link_free_at_seconds <= kPacingSlackSeconds
+                               ? link_free_at_seconds
+                               : now;
+      // The chunk's bytes are known only after Pop; the reservation is made just below.
+      finish_seconds = start;
+    }
+    Chunk chunk = *queue.Pop();
+    Active& a = active.at(chunk.transfer_id);
+    ++a.chunks_in_flight;
+    if (chunk.last) a.all_popped = true;
+    if (stats.chunks_in_flight++ == 0) busy_since_seconds = clock->NowSeconds();
+    if (rate > 0) {
+      finish_seconds += static_cast<double>(chunk.len) / rate;
+      link_free_at_seconds = finish_seconds;
+    }
+    lock.unlock();
+    absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
+    if (rate > 0) clock->SleepUntil(finish_seconds);
+    lock.lock();
+    FinishChunk(lock, chunk, std::move(status));
+  }
+}
+
+void LinkScheduler::Impl::FinishChunk(std::unique_lock<std::mutex>& lock, const Chunk& chunk,
+                                      absl::Status status) {
+  if (--stats.chunks_in_flight == 0) {
+    stats.busy_seconds += clock->NowSeconds() - busy_since_seconds;
+  }
+  auto it = active.find(chunk.transfer_id);
+  Active& a = it->second;
+  --a.chunks_in_flight;
+  if (status.ok()) {
+    stats.bytes += chunk.len;
+    stats.gpu_bytes[chunk.transfer->gpu] += chunk.len;
+    stats.class_bytes[static_cast<int>(chunk.transfer->cls)] += chunk.len;
+  } else if (a.status.ok()) {
+    a.status = std::move(status);
+    if (!a.all_popped) {
+      queue.Cancel(chunk.transfer_id);  // skip the remaining chunks
+      a.all_popped = true;
+    }
+  }
+  if (!a.all_popped || a.chunks_in_flight > 0) return;
+  std::shared_ptr<Transfer> transfer = std::move(a.transfer);
+  absl::Status final_status = std::move(a.status);
+  active.erase(it);
+  if (transfer->done) {
+    lock.unlock();
+    transfer->done(std::move(final_status));
+    lock.lock();
+  }
+}
+
+LinkScheduler::LinkScheduler(LinkSchedulerOptions options, Clock* clock)
+    : impl_(std::make_unique<Impl>(std::move(options), clock)) {
+  const uint32_t n = std::max<uint32_t>(1, impl_->options.worker_threads);
+  impl_->workers.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    impl_->workers.emplace_back([this] { impl_->WorkerLoop(); });
+  }
+}
+
+LinkScheduler::~LinkScheduler() { Shutdown(); }
+
+void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
+  if (transfer == nullptr) return;
+  absl::Status error;
+  if (transfer->copy_chunk == nullptr) {
+    error = absl::InvalidArgumentError("transfer has no copy_chunk function");
+  }
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  if (error.ok() && impl_->stopping) {
+    error = absl::UnavailableError(absl::StrCat("link ", impl_->options.link_name, " ",
+                                                impl_->options.direction,
+                                                " is shutting down; the daemon is stopping"));
+  }
+  if (error.ok()) {
+    absl::StatusOr<uint64_t> id = impl_->queue.Push(transfer);
+    if (id.ok()) {
+      impl_->active[*id].transfer = std::move(transfer);
+      lock.unlock();
+      impl_->cv.notify_one();
+      return;
+    }
+    error = id.status();
+  }
+  lock.unlock();
+  if (transfer->done) transfer->done(std::move(error));
+}
+
+void LinkScheduler::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  std::lock_guard<std::mutex> join_lock(impl_->join_mu);
+  for (std::thread& t : impl_->workers) {
+    if (t.joinable()) t.join();
+  }
+}
+
+LinkSchedulerStats LinkScheduler::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  LinkSchedulerStats s = impl_->stats;
+  s.queued_transfers = impl_->queue.queued_transfers();
+  if (s.chunks_in_flight > 0) {
+    s.busy_seconds += impl_->clock->NowSeconds() - impl_->busy_since_seconds;
+  }
+  return s;
+}
+
+const LinkSchedulerOptions& LinkScheduler::options() const { return impl_->options; }
+
+}  // namespace offloadd::sched

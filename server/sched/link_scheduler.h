@@ -1,0 +1,108 @@
+// LinkScheduler: shares one direction of one link (a PCIe switch uplink, or a simulated link on
+// the shm backend) among the GPUs behind it.
+//
+// A Transfer (one offload or reload) is cut into chunks of at most `chunk_bytes`, so a 1 GiB
+// offload cannot hold the link while a backward pass waits on a reload. Which chunk goes next:
+//  1. Class priority: URGENT reloads, then PREFETCH reloads, then OFFLOADs, except that OFFLOAD
+//     gets at least `offload_min_share` of the bytes while it has work (GPU memory is only
+//     freed when offloads finish) — enforced by byte accounting over a sliding window.
+//  2. Within a class, deficit round robin (Shreedhar & Varghese, "Efficient Fair Queuing Using
+//     Deficit Round Robin", SIGCOMM 1995) over GPUs: each visit adds weight x quantum_bytes to a
+//     GPU's deficit; a GPU with no queued chunks keeps no deficit, so idle GPUs give their share
+//     away.
+//  3. Within a GPU and class: earliest deadline first (transfers without a deadline are last),
+//     then FIFO.
+// Pacing: when bytes_per_second > 0 the link's chunks start no faster than that rate (virtual
+// finish time per link direction), which is how the shm backend simulates a PCIe link.
+//
+// The policy itself (1-3) is ChunkQueue in drr.h, deterministic and single-threaded; this class
+// adds worker threads, pacing, byte/busy accounting and completion. With several workers and
+// pacing, a worker waits for the link's virtual finish time before it picks the next chunk,
+// so picks happen as late as possible and chunks never exceed the rate in aggregate; a chunk
+// is reported done at its virtual finish (start + bytes / bytes_per_second).
+//
+// Thread-safety: all public methods are thread-safe. Transfer callbacks run on worker threads.
+// Shutdown() and the destructor must not be called from a transfer callback.
+#ifndef OFFLOADD_SERVER_SCHED_LINK_SCHEDULER_H_
+#define OFFLOADD_SERVER_SCHED_LINK_SCHEDULER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace offloadd::sched {
+
+enum class TrafficClass { kUrgent = 0, kPrefetch = 1, kOffload = 2 };
+inline constexpr int kNumClasses = 3;
+const char* TrafficClassName(TrafficClass c);
+
+// Monotonic time source, injectable for deterministic tests.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual double NowSeconds() = 0;
+  // Blocks (or, for a fake clock, advances time) until NowSeconds() >= t.
+  virtual void SleepUntil(double t) = 0;
+  static Clock* Real();
+};
+
+struct Transfer {
+  std::string gpu;          // device id; the DRR flow
+  TrafficClass cls = TrafficClass::kOffload;
+  double deadline_seconds = 0;  // absolute Clock time; 0 = none
+  uint64_t bytes = 0;           // > 0
+  // Copies [offset, offset + len) of this transfer; runs on a worker thread; chunks of one
+  // transfer may run concurrently on different workers.
+  std::function<absl::Status(uint64_t offset, uint64_t len)> copy_chunk;
+  // Called exactly once: after the last chunk completed, or with the first chunk's error (the
+  // remaining chunks are skipped). Runs on a worker thread (or in Submit/Shutdown on cancel).
+  std::function<void(absl::Status)> done;
+};
+
+struct LinkSchedulerOptions {
+  std::string link_name;
+  std::string direction;              // "d2h" / "h2d", for metrics and logs
+  uint64_t chunk_bytes = 8ull << 20;  // 8 MiB
+  uint64_t quantum_bytes = 8ull << 20;
+  uint32_t worker_threads = 2;
+  double bytes_per_second = 0;        // 0 = unpaced
+  double offload_min_share = 0.2;     // of bytes while offloads are queued
+  std::map<std::string, uint32_t> gpu_weights;  // default weight 1
+};
+
+struct LinkSchedulerStats {
+  uint64_t bytes = 0;                        // copied, all classes
+  std::map<std::string, uint64_t> gpu_bytes;  // copied per GPU
+  uint64_t class_bytes[kNumClasses] = {0, 0, 0};
+  double busy_seconds = 0;                    // time with at least one chunk being copied
+  uint64_t queued_transfers = 0;
+  uint64_t chunks_in_flight = 0;
+};
+
+class LinkScheduler {
+ public:
+  LinkScheduler(LinkSchedulerOptions options, Clock* clock = Clock::Real());
+  ~LinkScheduler();  // Shutdown()
+
+  // Queues a transfer. After Shutdown, `done` is called at once with UNAVAILABLE; a transfer
+  // with 0 bytes or no copy_chunk gets INVALID_ARGUMENT the same way. A null transfer is
+  // ignored.
+  void Submit(std::shared_ptr<Transfer> transfer);
+  // Finishes every queued and in-flight transfer, then stops the workers. Idempotent; a second
+  // concurrent caller returns once the workers have stopped.
+  void Shutdown();
+  LinkSchedulerStats stats() const;
+  const LinkSchedulerOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace offloadd::sched
+
+#endif  // OFFLOADD_SERVER_SCHED_LINK_SCHEDULER_H_

@@ -1,0 +1,353 @@
+#include "server/sched/link_scheduler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/sched/fake_clock.h"
+
+namespace offloadd::sched {
+namespace {
+
+constexpr uint64_t kKiB = 1ull << 10;
+constexpr uint64_t kMiB = 1ull << 20;
+
+// A gate a copy can block on until the test opens it.
+class Gate {
+ public:
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// Records, per transfer, every copied range and every done() status.
+struct Recorder {
+  std::mutex mu;
+  std::map<int, std::vector<std::pair<uint64_t, uint64_t>>> ranges;
+  std::map<int, std::vector<absl::Status>> done;
+  std::vector<int> copy_order;  // transfer index of each copy call
+
+  std::shared_ptr<Transfer> Make(int index, const std::string& gpu, TrafficClass cls,
+                                 uint64_t bytes) {
+    auto t = std::make_shared<Transfer>();
+    t->gpu = gpu;
+    t->cls = cls;
+    t->bytes = bytes;
+    t->copy_chunk = [this, index](uint64_t offset, uint64_t len) {
+      std::lock_guard<std::mutex> lock(mu);
+      ranges[index].push_back({offset, len});
+      copy_order.push_back(index);
+      return absl::OkStatus();
+    };
+    t->done = [this, index](absl::Status s) {
+      std::lock_guard<std::mutex> lock(mu);
+      done[index].push_back(std::move(s));
+    };
+    return t;
+  }
+};
+
+LinkSchedulerOptions SmallChunks(uint32_t workers) {
+  LinkSchedulerOptions o;
+  o.link_name = "test-link";
+  o.direction = "d2h";
+  o.chunk_bytes = 64 * kKiB;
+  o.quantum_bytes = 64 * kKiB;
+  o.worker_threads = workers;
+  return o;
+}
+
+TEST(LinkSchedulerTest, EveryByteOfManyConcurrentTransfersIsCopiedExactlyOnce) {
+  Recorder rec;
+  LinkScheduler sched(SmallChunks(4));
+  const std::vector<std::string> gpus = {"gpu0", "gpu1", "gpu2"};
+  std::map<std::string, uint64_t> want_gpu;
+  uint64_t want_class[kNumClasses] = {0, 0, 0};
+  std::vector<uint64_t> sizes;
+  // Submit from three threads at once.
+  std::vector<std::thread> submitters;
+  std::mutex want_mu;
+  for (int s = 0; s < 3; ++s) {
+    submitters.emplace_back([&, s] {
+      for (int i = 0; i < 40; ++i) {
+        const int index = s * 100 + i;
+        const uint64_t bytes = 1 + (static_cast<uint64_t>(index) * 37 * kKiB + index) % (700 * kKiB);
+        const TrafficClass cls = static_cast<TrafficClass>(i % kNumClasses);
+        const std::string& gpu = gpus[(i + s) % gpus.size()];
+        {
+          std::lock_guard<std::mutex> lock(want_mu);
+          want_gpu[gpu] += bytes;
+          want_class[static_cast<int>(cls)] += bytes;
+          sizes.push_back(bytes);
+        }
+        sched.Submit(rec.Make(index, gpu, cls, bytes));
+      }
+    });
+  }
+  for (std::thread& t : submitters) t.join();
+  sched.Shutdown();
+
+  ASSERT_EQ(rec.done.size(), 120u);
+  uint64_t total = 0;
+  for (auto& [index, statuses] : rec.done) {
+    ASSERT_EQ(statuses.size(), 1u) << "transfer " << index;
+    EXPECT_TRUE(statuses[0].ok()) << statuses[0];
+    std::vector<std::pair<uint64_t, uint64_t>> r = rec.ranges[index];
+    std::sort(r.begin(), r.end());
+    uint64_t next = 0;
+    for (auto [offset, len] : r) {
+      ASSERT_EQ(offset, next) << "transfer " << index << ": gap or overlap";
+      ASSERT_GT(len, 0u);
+      ASSERT_LE(len, 64 * kKiB);
+      next = offset + len;
+    }
+    total += next;
+  }
+  uint64_t want_total = 0;
+  for (uint64_t b : sizes) want_total += b;
+  EXPECT_EQ(total, want_total);
+  const LinkSchedulerStats stats = sched.stats();
+  EXPECT_EQ(stats.bytes, want_total);
+  EXPECT_EQ(stats.gpu_bytes, want_gpu);
+  for (int c = 0; c < kNumClasses; ++c) EXPECT_EQ(stats.class_bytes[c], want_class[c]);
+  EXPECT_EQ(stats.queued_transfers, 0u);
+  EXPECT_EQ(stats.chunks_in_flight, 0u);
+}
+
+TEST(LinkSchedulerTest, FirstErrorWinsAndRemainingChunksAreSkipped) {
+  LinkScheduler sched(SmallChunks(1));
+  std::mutex mu;
+  std::vector<uint64_t> offsets;
+  std::vector<absl::Status> done;
+  auto t = std::make_shared<Transfer>();
+  t->gpu = "gpu0";
+  t->bytes = 10 * 64 * kKiB;
+  t->copy_chunk = [&](uint64_t offset, uint64_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    offsets.push_back(offset);
+    if (offset == 3 * 64 * kKiB) return absl::DataLossError("chunk 3 failed");
+    if (offset == 4 * 64 * kKiB) return absl::InternalError("chunk 4 must not run");
+    return absl::OkStatus();
+  };
+  t->done = [&](absl::Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    done.push_back(std::move(s));
+  };
+  sched.Submit(t);
+  sched.Shutdown();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(done[0].message(), "chunk 3 failed");
+  EXPECT_EQ(offsets.size(), 4u);
+  EXPECT_EQ(sched.stats().bytes, 3 * 64 * kKiB);
+}
+
+TEST(LinkSchedulerTest, FailingChunksOnManyWorkersGiveOneDoneWithAnError) {
+  Recorder rec;
+  LinkScheduler sched(SmallChunks(4));
+  std::atomic<int> copies{0};
+  auto bad = std::make_shared<Transfer>();
+  bad->gpu = "gpu0";
+  bad->bytes = 100 * 64 * kKiB;
+  bad->copy_chunk = [&](uint64_t, uint64_t) {
+    ++copies;
+    return absl::UnavailableError("device lost");
+  };
+  std::vector<absl::Status> done;
+  std::mutex mu;
+  bad->done = [&](absl::Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    done.push_back(std::move(s));
+  };
+  sched.Submit(bad);
+  sched.Submit(rec.Make(1, "gpu1", TrafficClass::kOffload, 300 * kKiB));
+  sched.Shutdown();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].code(), absl::StatusCode::kUnavailable);
+  EXPECT_LE(copies.load(), 4);  // at most one chunk per worker ran after the first failure
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_TRUE(rec.done[1][0].ok());
+  EXPECT_EQ(sched.stats().bytes, 300 * kKiB);
+}
+
+TEST(LinkSchedulerTest, ShutdownDrainsQueuedAndInFlightWork) {
+  Recorder rec;
+  LinkScheduler sched(SmallChunks(1));
+  Gate gate;
+  auto blocker = rec.Make(0, "gpu0", TrafficClass::kOffload, 64 * kKiB);
+  auto record = blocker->copy_chunk;
+  blocker->copy_chunk = [&gate, record](uint64_t offset, uint64_t len) {
+    gate.Wait();
+    return record(offset, len);
+  };
+  sched.Submit(blocker);
+  for (int i = 1; i <= 20; ++i) sched.Submit(rec.Make(i, "gpu1", TrafficClass::kPrefetch, 100 * kKiB));
+  std::thread stopper([&] { sched.Shutdown(); });
+  // Probe until Submit is refused: then Shutdown has begun while work is still queued.
+  int probes_accepted = 0;
+  for (int i = 1000;; ++i) {
+    auto probe = rec.Make(i, "gpu2", TrafficClass::kUrgent, 1);
+    sched.Submit(probe);
+    std::lock_guard<std::mutex> lock(rec.mu);
+    if (!rec.done[i].empty() && rec.done[i][0].code() == absl::StatusCode::kUnavailable) {
+      rec.done.erase(i);
+      break;
+    }
+    ++probes_accepted;
+  }
+  gate.Open();
+  stopper.join();
+  EXPECT_EQ(rec.done.size(), 21u + probes_accepted);
+  for (auto& [index, statuses] : rec.done) {
+    ASSERT_EQ(statuses.size(), 1u);
+    EXPECT_TRUE(statuses[0].ok()) << "transfer " << index << ": " << statuses[0];
+  }
+  EXPECT_EQ(sched.stats().bytes, 64 * kKiB + 20 * 100 * kKiB + probes_accepted);
+}
+
+TEST(LinkSchedulerTest, SubmitAfterShutdownIsUnavailable) {
+  Recorder rec;
+  LinkScheduler sched(SmallChunks(2));
+  sched.Shutdown();
+  sched.Shutdown();  // idempotent
+  sched.Submit(rec.Make(7, "gpu0", TrafficClass::kUrgent, 10));
+  ASSERT_EQ(rec.done[7].size(), 1u);
+  EXPECT_EQ(rec.done[7][0].code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(rec.ranges[7].empty());
+}
+
+TEST(LinkSchedulerTest, InvalidTransfersFailAtOnce) {
+  Recorder rec;
+  LinkScheduler sched(SmallChunks(1));
+  sched.Submit(rec.Make(1, "gpu0", TrafficClass::kUrgent, 0));
+  auto no_copy = rec.Make(2, "gpu0", TrafficClass::kUrgent, 10);
+  no_copy->copy_chunk = nullptr;
+  sched.Submit(no_copy);
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_EQ(rec.done[1][0].code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(rec.done[2].size(), 1u);
+  EXPECT_EQ(rec.done[2][0].code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LinkSchedulerTest, UrgentReloadOvertakesQueuedOffloadChunks) {
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.offload_min_share = 0;
+  LinkScheduler sched(o);
+  Gate gate;
+  auto offload = rec.Make(0, "gpu0", TrafficClass::kOffload, 5 * 64 * kKiB);
+  auto record = offload->copy_chunk;
+  offload->copy_chunk = [&gate, record](uint64_t offset, uint64_t len) {
+    if (offset == 0) gate.Wait();
+    return record(offset, len);
+  };
+  sched.Submit(offload);
+  // Wait until the first offload chunk is in flight, then queue the reload behind it.
+  while (sched.stats().chunks_in_flight == 0) std::this_thread::yield();
+  sched.Submit(rec.Make(1, "gpu1", TrafficClass::kUrgent, 2 * 64 * kKiB));
+  gate.Open();
+  sched.Shutdown();
+  EXPECT_EQ(rec.copy_order, (std::vector<int>{0, 1, 1, 0, 0, 0, 0}));
+}
+
+TEST(LinkSchedulerTest, DoneMaySubmitFollowUpWork) {
+  Recorder rec;
+  LinkScheduler sched(SmallChunks(2));
+  auto first = rec.Make(1, "gpu0", TrafficClass::kOffload, 200 * kKiB);
+  auto record_done = first->done;
+  first->done = [&, record_done](absl::Status s) {
+    record_done(s);
+    sched.Submit(rec.Make(2, "gpu0", TrafficClass::kOffload, 100 * kKiB));
+  };
+  sched.Submit(first);
+  // Wait for the follow-up before shutting down, so it is not refused.
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(rec.mu);
+      if (rec.done.count(2)) break;
+    }
+    std::this_thread::yield();
+  }
+  sched.Shutdown();
+  ASSERT_EQ(rec.done[2].size(), 1u);
+  EXPECT_TRUE(rec.done[2][0].ok());
+  EXPECT_EQ(sched.stats().bytes, 300 * kKiB);
+}
+
+TEST(LinkSchedulerTest, PacingOneWorkerTakesExactlyBytesOverRate) {
+  FakeClock clock;
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.chunk_bytes = 1 * kMiB;
+  o.bytes_per_second = 1e9;
+  LinkScheduler sched(o, &clock);
+  const uint64_t sizes[] = {20 * kMiB, 3 * kMiB + 5, 7 * kMiB};
+  uint64_t total = 0;
+  for (int i = 0; i < 3; ++i) {
+    sched.Submit(rec.Make(i, "gpu" + std::to_string(i), TrafficClass::kOffload, sizes[i]));
+    total += sizes[i];
+  }
+  sched.Shutdown();
+  const double want = static_cast<double>(total) / 1e9;
+  EXPECT_NEAR(clock.NowSeconds(), want, 1e-9);
+  const LinkSchedulerStats stats = sched.stats();
+  EXPECT_EQ(stats.bytes, total);
+  EXPECT_NEAR(stats.busy_seconds, want, 1e-9);
+}
+
+TEST(LinkSchedulerTest, PacingWithManyWorkersNeverExceedsTheRateInAggregate) {
+  FakeClock clock;
+  LinkSchedulerOptions o = SmallChunks(4);
+  o.chunk_bytes = 1 * kMiB;
+  o.bytes_per_second = 2e9;
+  LinkScheduler sched(o, &clock);
+  std::mutex mu;
+  uint64_t started_bytes = 0;
+  int violations = 0;
+  uint64_t total = 0;
+  for (int i = 0; i < 12; ++i) {
+    auto t = std::make_shared<Transfer>();
+    t->gpu = "gpu" + std::to_string(i % 4);
+    t->cls = static_cast<TrafficClass>(i % kNumClasses);
+    t->bytes = (i + 1) * kMiB + 1234 * i;
+    total += t->bytes;
+    t->copy_chunk = [&](uint64_t, uint64_t len) {
+      // A chunk is handed out only once the link has moved every earlier chunk at the rate
+      // (virtual time), so the bytes started before this one are at most rate x now, plus
+      // one chunk that another worker may have picked after this one but copied first.
+      std::lock_guard<std::mutex> lock(mu);
+      if (static_cast<double>(started_bytes) > 2e9 * clock.NowSeconds() + 1.0 * kMiB + 1) {
+        ++violations;
+      }
+      started_bytes += len;
+      return absl::OkStatus();
+    };
+    sched.Submit(t);
+  }
+  sched.Shutdown();
+  EXPECT_EQ(violations, 0);
+  EXPECT_EQ(sched.stats().bytes, total);
+  // The link was never idle in virtual time, so it ends exactly at bytes / rate.
+  EXPECT_NEAR(clock.NowSeconds(), static_cast<double>(total) / 2e9, 1e-9);
+}
+
+}  // namespace
+}  // namespace offloadd::sched
