@@ -1,0 +1,240 @@
+#include "client/plan/plan_command.h"
+
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "client/plan/plan_format.h"
+#include "client/plan/planner.h"
+
+namespace offloadd::plan {
+namespace {
+
+constexpr const char* kValueFlags[] = {
+    "layers", "hidden", "attn-width",    "params-per-layer", "hf-config", "batch",     "seq",
+    "dtype",  "link",   "gpus-per-node", "gpus-per-link",    "tflops",    "sweep-seqs"};
+constexpr const char* kBoolFlags[] = {"sweep", "json", "help"};
+
+bool IsOneOf(absl::string_view name, const char* const* begin, const char* const* end) {
+  for (auto it = begin; it != end; ++it) {
+    if (name == *it) return true;
+  }
+  return false;
+}
+
+struct Flags {
+  std::map<std::string, std::string> values;
+  bool sweep = false, json = false, help = false;
+};
+
+absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
+  Flags f;
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", args[i], "'"));
+    }
+    std::string name(arg), value;
+    bool has_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    if (IsOneOf(name, std::begin(kBoolFlags), std::end(kBoolFlags))) {
+      if (has_value) return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
+      (name == "sweep" ? f.sweep : name == "json" ? f.json : f.help) = true;
+      continue;
+    }
+    if (!IsOneOf(name, std::begin(kValueFlags), std::end(kValueFlags))) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+      value = args[++i];
+    }
+    f.values[name] = value;
+  }
+  return f;
+}
+
+// Positive integer, with an optional K (x1024) or M (x1048576) suffix where `allow_suffix`.
+absl::StatusOr<int64_t> ParseCount(const std::string& flag, std::string text, bool allow_suffix) {
+  int64_t scale = 1;
+  if (allow_suffix && !text.empty()) {
+    const char last = absl::ascii_toupper(text.back());
+    if (last == 'K') scale = 1024;
+    if (last == 'M') scale = 1024 * 1024;
+    if (scale != 1) text.pop_back();
+  }
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(text, &n) || n <= 0 || n > INT64_MAX / scale) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be a positive integer",
+                                                   allow_suffix ? " (K/M allowed)" : "", ", got '",
+                                                   text, "'"));
+  }
+  return n * scale;
+}
+
+absl::Status ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open --hf-config file '", path, "'"));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  *out = buf.str();
+  return absl::OkStatus();
+}
+
+struct Request {
+  PlanInputs inputs;
+  bool sweep = false, json = false;
+  std::vector<int64_t> sweep_seqs;
+};
+
+absl::StatusOr<Request> BuildRequest(const Flags& f) {
+  Request r;
+  r.json = f.json;
+  r.sweep = f.sweep || f.values.count("sweep-seqs") > 0;
+  auto get = [&](const char* key) -> const std::string* {
+    auto it = f.values.find(key);
+    return it == f.values.end() ? nullptr : &it->second;
+  };
+  ModelShape& m = r.inputs.model;
+  if (const std::string* path = get("hf-config")) {
+    std::string text;
+    if (absl::Status s = ReadFile(*path, &text); !s.ok()) return s;
+    absl::StatusOr<ModelShape> shape = ModelFromHfConfig(text);
+    if (!shape.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(*path, ": ", shape.status().message()));
+    }
+    m = *std::move(shape);
+    m.name = m.name.empty() ? *path : absl::StrCat(*path, " (", m.name, ")");
+  } else {
+    for (const char* required : {"layers", "hidden", "params-per-layer"}) {
+      if (get(required) == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "no model: give --hf-config FILE, or --layers, --hidden and --params-per-layer "
+            "(missing --",
+            required, ")"));
+      }
+    }
+  }
+  struct CountFlag {
+    const char* name;
+    int64_t* target;
+    bool suffix;
+  };
+  for (const CountFlag& c :
+       {CountFlag{"layers", &m.layers, false}, CountFlag{"hidden", &m.hidden, false},
+        CountFlag{"attn-width", &m.attention_width, false},
+        CountFlag{"params-per-layer", &m.params_per_layer, false},
+        CountFlag{"batch", &r.inputs.micro_batch, false}, CountFlag{"seq", &r.inputs.seq_len, true},
+        CountFlag{"gpus-per-node", &r.inputs.gpus_per_node, false},
+        CountFlag{"gpus-per-link", &r.inputs.gpus_per_link, false}}) {
+    if (const std::string* v = get(c.name)) {
+      absl::StatusOr<int64_t> n = ParseCount(c.name, *v, c.suffix);
+      if (!n.ok()) return n.status();
+      *c.target = *n;
+    }
+  }
+  if (m.attention_width == 0) m.attention_width = m.hidden;  // documented default
+  if (const std::string* v = get("dtype")) {
+    absl::StatusOr<CheckpointDtype> d = ParseDtype(*v);
+    if (!d.ok()) return d.status();
+    r.inputs.dtype = *d;
+  }
+  if (const std::string* v = get("link")) {
+    absl::StatusOr<Link> link = ResolveLink(*v);
+    if (!link.ok()) return link.status();
+    r.inputs.link = *link;
+  }
+  if (const std::string* v = get("tflops")) {
+    double tflops = 0;
+    if (!absl::SimpleAtod(*v, &tflops) || !(tflops > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tflops must be a positive number, got '", *v, "'"));
+    }
+    r.inputs.compute_flops_per_second = tflops * 1e12;
+  }
+  if (const std::string* v = get("sweep-seqs")) {
+    for (absl::string_view part : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
+      absl::StatusOr<int64_t> n = ParseCount("sweep-seqs", std::string(part), true);
+      if (!n.ok()) return n.status();
+      r.sweep_seqs.push_back(*n);
+    }
+  } else if (r.sweep) {
+    r.sweep_seqs = DefaultSweepSeqLens();
+  }
+  if (r.sweep) {
+    r.inputs.seq_len = r.sweep_seqs.empty() ? 0 : r.sweep_seqs.front();
+  } else if (get("seq") == nullptr) {
+    return absl::InvalidArgumentError("--seq is required (tokens per GPU), or use --sweep");
+  }
+  return r;
+}
+
+}  // namespace
+
+const char* PlanUsage() {
+  return "usage: offloadctl plan (--hf-config FILE | --layers N --hidden N --params-per-layer N\n"
+         "                        [--attn-width N]) --seq N [--batch N] [--dtype bf16|fp16|fp32]\n"
+         "                       [--gpus-per-node N] [--gpus-per-link N]\n"
+         "                       [--link pcie4|pcie5|h200|nvlink-c2c|GB/s] [--tflops X]\n"
+         "                       [--sweep [--sweep-seqs 4K,32K,...]] [--json]\n"
+         "Plans activation-checkpoint offload: host RAM, copy vs forward time per layer, and\n"
+         "the step slowdown of a synchronous and of an overlapped (prefetching) copy.\n";
+}
+
+int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<Flags> flags = ParseFlags(args);
+  if (!flags.ok()) {
+    err << "offloadctl plan: " << flags.status().message() << "\n" << PlanUsage();
+    return 2;
+  }
+  if (flags->help) {
+    out << PlanUsage();
+    return 0;
+  }
+  absl::StatusOr<Request> req = BuildRequest(*flags);
+  if (!req.ok()) {
+    err << "offloadctl plan: " << req.status().message() << "\n";
+    return absl::IsNotFound(req.status()) ? 1 : 2;
+  }
+  if (req->sweep) {
+    absl::StatusOr<std::vector<Plan>> rows = Sweep(req->inputs, req->sweep_seqs);
+    if (!rows.ok()) {
+      err << "offloadctl plan: " << rows.status().message() << "\n";
+      return 2;
+    }
+    out << (req->json ? FormatSweepJson(*rows) + "\n" : FormatSweepText(*rows));
+    return 0;
+  }
+  absl::StatusOr<Plan> plan = ComputePlan(req->inputs);
+  if (!plan.ok()) {
+    err << "offloadctl plan: " << plan.status().message() << "\n";
+    return 2;
+  }
+  out << (req->json ? FormatPlanJson(*plan) + "\n" : FormatPlanText(*plan));
+  return 0;
+}
+
+int RunPlanCommand(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  return RunPlanCommand(args, std::cout, std::cerr);
+}
+
+}  // namespace offloadd::plan

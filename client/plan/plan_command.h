@@ -1,0 +1,40 @@
+// `offloadctl plan`: command-line front end of the capacity planner (client/plan/planner.h).
+//
+// Flags (each as `--flag value` or `--flag=value`):
+//   model, either      --hf-config FILE   a dense Llama/Qwen-style Hugging Face config.json
+//   or                 --layers N --hidden N --params-per-layer N [--attn-width N (default:
+//                      hidden)]; given with --hf-config these override the derived values
+//   --batch N          micro-batch b (default 1)
+//   --seq N            tokens per GPU after any sequence-parallel split; suffix K = 1024,
+//                      M = 1048576 ("4K", "128K"). Required unless --sweep.
+//   --dtype D          checkpoint dtype bf16 | fp16 | fp32 (default bf16)
+//   --gpus-per-node N  (default 8)    --gpus-per-link N (default 1)
+//   --link L           pcie4 | pcie5 | h200 | nvlink-c2c | a GB/s number (default h200)
+//   --tflops X         sustained compute rate, TFLOP/s (default 500)
+//   --sweep            table over 1K..512K tokens (or over --sweep-seqs a,b,c)
+//   --json             machine-readable output (one JSON object)
+//   --help
+// Exit status: 0 on success; 2 for a usage error or invalid input (message on stderr naming the
+// flag to fix); 1 when --hf-config cannot be read.
+#ifndef OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_
+#define OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace offloadd::plan {
+
+// argv[0] is the program or subcommand name and is skipped: offloadctl's main passes
+// (argc - 1, argv + 1) so that argv[0] is "plan". Prints to stdout/stderr.
+int RunPlanCommand(int argc, char** argv);
+
+// Same, with the flags only (no argv[0]) and explicit streams; for tests.
+int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+// Usage text printed by --help and after a usage error.
+const char* PlanUsage();
+
+}  // namespace offloadd::plan
+
+#endif  // OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_

@@ -1,0 +1,130 @@
+#include "client/plan/plan_command.h"
+
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "client/plan/json_value.h"
+#include "gtest/gtest.h"
+
+namespace offloadd::plan {
+namespace {
+
+std::string Fixture(const std::string& name) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* ws = std::getenv("TEST_WORKSPACE");
+  const std::string rel = "tests/fixtures/hf/" + name;
+  return srcdir == nullptr ? rel : std::string(srcdir) + "/" + (ws ? ws : "offloadd") + "/" + rel;
+}
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result RunPlan(const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  const int code = RunPlanCommand(args, out, err);
+  return {code, out.str(), err.str()};
+}
+
+TEST(PlanCommand, HfConfigPrintsTheWorkedFigures) {
+  Result r = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--link=h200"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("copy per layer, each way     0.61 ms"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("forward per layer            3.44 ms"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("192,937,984 params/layer"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(qwen3)"), std::string::npos) << r.out;
+}
+
+TEST(PlanCommand, ExplicitShapeOnPcie4) {
+  // Qwen3-1.7B by hand: [ref] "28.1% on PCIe 4" at 4K tokens.
+  Result r = RunPlan({"--layers",
+                      "28",
+                      "--hidden",
+                      "2048",
+                      "--params-per-layer",
+                      "50331648",
+                      "--seq",
+                      "4096",
+                      "--link",
+                      "pcie4",
+                      "--dtype",
+                      "bf16",
+                      "--batch",
+                      "1",
+                      "--gpus-per-node",
+                      "8",
+                      "--gpus-per-link",
+                      "1",
+                      "--tflops",
+                      "500"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("synchronous slowdown         28.1 %"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("attention width 2048"), std::string::npos) << r.out;  // default: hidden
+}
+
+TEST(PlanCommand, JsonIsParseableAndFlagsOverrideConfig) {
+  Result r = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "128K", "--layers", "10",
+                      "--link", "40", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  absl::StatusOr<JsonValue> v = ParseJson(r.out);
+  ASSERT_TRUE(v.ok()) << v.status() << "\n" << r.out;
+  EXPECT_EQ(v->Find("model")->Find("layers")->number(), 10);
+  EXPECT_EQ(v->Find("inputs")->Find("seq_len")->number(), 131072);
+  EXPECT_EQ(v->Find("inputs")->Find("link_bytes_per_second")->number(), 40e9);
+  EXPECT_EQ(v->Find("checkpoint_bytes_per_gpu")->number(), 10.0 * 131072 * 4096 * 2);
+}
+
+TEST(PlanCommand, SweepTextAndJson) {
+  Result text = RunPlan({"--hf-config", Fixture("qwen3-1.7b.json"), "--sweep"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("    524288"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("reload overlaps fully at every sequence length"), std::string::npos);
+  Result json = RunPlan({"--hf-config", Fixture("qwen3-1.7b.json"), "--sweep-seqs", "4K,32K",
+                         "--link", "pcie4", "--gpus-per-link", "8", "--json"});
+  ASSERT_EQ(json.code, 0) << json.err;
+  absl::StatusOr<JsonValue> v = ParseJson(json.out);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_EQ(v->Find("sweep")->items().size(), 2u);
+  EXPECT_EQ(v->Find("sweep")->items()[1].Find("inputs")->Find("seq_len")->number(), 32768);
+  EXPECT_EQ(v->Find("sweep")->items()[0].Find("full_overlap_min_seq_len")->number(), 18435);
+}
+
+TEST(PlanCommand, ErrorsSayWhatToFix) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--seq", "4096"}, "no model"},
+      {{"--layers", "2", "--hidden", "8", "--seq", "4"}, "--params-per-layer"},
+      {{"--hf-config", Fixture("qwen3-8b.json")}, "--seq is required"},
+      {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "-4"}, "--seq must be a positive"},
+      {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--link", "usb"}, "unknown link"},
+      {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--dtype", "int4"},
+       "unknown checkpoint dtype"},
+      {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--tflops", "x"}, "--tflops"},
+      {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--gpus-per-link", "16"},
+       "cannot exceed"},
+      {{"--bogus"}, "unknown flag --bogus"},
+      {{"--json=1"}, "takes no value"},
+      {{"--seq"}, "needs a value"},
+      {{"plan"}, "unexpected argument"},
+  };
+  for (const auto& [args, needle] : cases) {
+    Result r = RunPlan(args);
+    EXPECT_EQ(r.code, 2) << needle;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty());
+  }
+  Result missing = RunPlan({"--hf-config", "/nonexistent/config.json", "--seq", "4K"});
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.err.find("cannot open"), std::string::npos) << missing.err;
+}
+
+TEST(PlanCommand, Help) {
+  Result r = RunPlan({"--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("usage: offloadctl plan"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace offloadd::plan

@@ -1,0 +1,280 @@
+// [ref] = shared/reference/activation-checkpoint-offload.txt, section "When the copy is free: the
+// bandwidth arithmetic" unless named; planner.h lists the formulas and assumptions.
+#include "client/plan/planner.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/plan/json_value.h"
+
+namespace offloadd::plan {
+namespace {
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// a*b into *out, false on uint64 overflow.
+bool MulU64(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+
+// [ref] "When the copy is free": the link is divided among the GPUs that share it.
+double PerGpuLinkRate(const PlanInputs& in) {
+  return in.link.bytes_per_second / static_cast<double>(in.gpus_per_link);
+}
+
+// One direction's copy of one layer's checkpoint: b*s*h*dtype bytes at the per-GPU link rate.
+double CopySeconds(const PlanInputs& in, int64_t seq_len) {
+  const double bytes =
+      static_cast<double>(in.micro_batch) * seq_len * in.model.hidden * DtypeBytes(in.dtype);
+  return bytes / PerGpuLinkRate(in);
+}
+
+// [ref]: "2 x tokens x (layer parameters) for the matmuls".
+double MatmulFlops(const PlanInputs& in, int64_t seq_len) {
+  return 2.0 * static_cast<double>(in.micro_batch) * seq_len * in.model.params_per_layer;
+}
+
+// [ref]: "2 x b x s² x (attention width) for causal attention".
+double AttentionFlops(const PlanInputs& in, int64_t seq_len) {
+  const double s = static_cast<double>(seq_len);
+  return 2.0 * in.micro_batch * s * s * in.model.attention_width;
+}
+
+double ForwardSeconds(const PlanInputs& in, int64_t seq_len) {
+  return (MatmulFlops(in, seq_len) + AttentionFlops(in, seq_len)) / in.compute_flops_per_second;
+}
+
+// [ref]: the reload of layer k-1 "hides behind layer k's recompute and backward, three
+// forwards' worth of time, so it costs nothing until the copy is three times the forward".
+constexpr double kForwardsToHideReload = 3.0;
+// [ref]: "With checkpointing a step is about four forwards per layer: forward, recompute, and
+// a backward that costs two."
+constexpr double kForwardsPerStep = 4.0;
+// [ref]: "The synchronous slowdown is two copies per layer over four forwards per layer."
+constexpr double kSyncCopiesPerLayer = 2.0;
+
+bool OverlapsFully(const PlanInputs& in, int64_t seq_len) {
+  return CopySeconds(in, seq_len) <= kForwardsToHideReload * ForwardSeconds(in, seq_len);
+}
+
+// Smallest s with copy(s) <= 3*forward(s). Dividing both sides by b*s: the per-token copy
+// time h*d/rate_per_gpu is constant while the per-token forward (2P + 2sw)/R grows with s, so
+// the predicate is monotone and the crossover is s* = (R*h*d/(3*rate) - 2P) / (2w). The closed
+// form gives a start; the loops settle it against the exact predicate used by the plan.
+int64_t FullOverlapMinSeqLen(const PlanInputs& in) {
+  const double per_token_copy =
+      static_cast<double>(in.model.hidden) * DtypeBytes(in.dtype) / PerGpuLinkRate(in);
+  const double crossover = (per_token_copy * in.compute_flops_per_second / kForwardsToHideReload -
+                            2.0 * in.model.params_per_layer) /
+                           (2.0 * in.model.attention_width);
+  if (!(crossover < 1e18)) return kNeverOverlaps;
+  int64_t s = crossover <= 1.0 ? 1 : static_cast<int64_t>(std::ceil(crossover));
+  while (s > 1 && OverlapsFully(in, s - 1)) --s;
+  while (!OverlapsFully(in, s)) ++s;
+  return s;
+}
+
+absl::Status Validate(const PlanInputs& in) {
+  const ModelShape& m = in.model;
+  if (m.layers <= 0) return Invalid("layers must be positive: set --layers or --hf-config");
+  if (m.hidden <= 0) return Invalid("hidden size must be positive: set --hidden or --hf-config");
+  if (m.attention_width <= 0) {
+    return Invalid("attention width must be positive: set --attn-width (heads x head_dim)");
+  }
+  if (m.params_per_layer <= 0) {
+    return Invalid("parameters per layer must be positive: set --params-per-layer or --hf-config");
+  }
+  if (in.micro_batch <= 0) return Invalid("micro-batch must be positive: set --batch");
+  if (in.seq_len <= 0)
+    return Invalid("sequence length must be positive: set --seq (tokens per GPU)");
+  if (in.gpus_per_node <= 0) return Invalid("GPUs per node must be positive: set --gpus-per-node");
+  if (in.gpus_per_link <= 0) return Invalid("GPUs per link must be positive: set --gpus-per-link");
+  if (in.gpus_per_link > in.gpus_per_node) {
+    return Invalid(absl::StrCat("--gpus-per-link (", in.gpus_per_link,
+                                ") cannot exceed --gpus-per-node (", in.gpus_per_node, ")"));
+  }
+  if (!(in.link.bytes_per_second > 0) || !std::isfinite(in.link.bytes_per_second)) {
+    return Invalid("link bandwidth must be a positive number of GB/s: set --link");
+  }
+  if (!(in.compute_flops_per_second > 0) || !std::isfinite(in.compute_flops_per_second)) {
+    return Invalid("compute rate must be a positive number of TFLOP/s: set --tflops");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointDtype> ParseDtype(absl::string_view text) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "bf16" || t == "bfloat16") return CheckpointDtype::kBf16;
+  if (t == "fp16" || t == "float16" || t == "half") return CheckpointDtype::kFp16;
+  if (t == "fp32" || t == "float32" || t == "float") return CheckpointDtype::kFp32;
+  return Invalid(absl::StrCat("unknown checkpoint dtype '", text, "': use bf16, fp16 or fp32"));
+}
+
+int DtypeBytes(CheckpointDtype dtype) { return dtype == CheckpointDtype::kFp32 ? 4 : 2; }
+
+const char* DtypeName(CheckpointDtype dtype) {
+  switch (dtype) {
+    case CheckpointDtype::kBf16:
+      return "bf16";
+    case CheckpointDtype::kFp16:
+      return "fp16";
+    case CheckpointDtype::kFp32:
+      return "fp32";
+  }
+  return "?";
+}
+
+absl::StatusOr<Link> ResolveLink(absl::string_view text) {
+  // Figures: [ref] "When the copy is free" (reported from the ml-engineering book).
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "pcie4") return Link{"pcie4", 31e9};
+  if (t == "pcie5") return Link{"pcie5", 63e9};
+  if (t == "h200") return Link{"h200", 55.43e9};
+  if (t == "nvlink-c2c" || t == "c2c") return Link{"nvlink-c2c", 450e9};
+  double gb_per_second = 0;
+  if (absl::SimpleAtod(t, &gb_per_second) && gb_per_second > 0 && std::isfinite(gb_per_second)) {
+    return Link{"custom", gb_per_second * 1e9};
+  }
+  return Invalid(absl::StrCat("unknown link '", text,
+                              "': use pcie4, pcie5, h200, nvlink-c2c or a positive GB/s number"));
+}
+
+absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
+  if (absl::Status s = Validate(in); !s.ok()) return s;
+  Plan p;
+  p.inputs = in;
+  p.checkpoint_bytes_per_element = DtypeBytes(in.dtype);
+  uint64_t tokens = 0, per_token = 0;
+  if (!MulU64(in.micro_batch, in.seq_len, &tokens) ||
+      !MulU64(in.model.hidden, p.checkpoint_bytes_per_element, &per_token) ||
+      !MulU64(tokens, per_token, &p.checkpoint_bytes_per_layer) ||
+      !MulU64(p.checkpoint_bytes_per_layer, in.model.layers, &p.checkpoint_bytes_per_gpu) ||
+      !MulU64(p.checkpoint_bytes_per_gpu, in.gpus_per_node, &p.pinned_host_bytes_per_node)) {
+    return Invalid("checkpoint bytes overflow 64 bits: check --layers/--hidden/--batch/--seq");
+  }
+  p.link_bytes_per_second_per_gpu = PerGpuLinkRate(in);
+  p.copy_seconds_per_layer = CopySeconds(in, in.seq_len);
+  p.matmul_flops_per_layer = MatmulFlops(in, in.seq_len);
+  p.attention_flops_per_layer = AttentionFlops(in, in.seq_len);
+  p.forward_seconds_per_layer = ForwardSeconds(in, in.seq_len);
+  p.copy_to_forward_ratio = p.copy_seconds_per_layer / p.forward_seconds_per_layer;
+  const double step_seconds = kForwardsPerStep * p.forward_seconds_per_layer;
+  p.sync_slowdown = kSyncCopiesPerLayer * p.copy_seconds_per_layer / step_seconds;
+  p.overlap_budget_seconds = kForwardsToHideReload * p.forward_seconds_per_layer;
+  p.overlaps_fully = OverlapsFully(in, in.seq_len);
+  p.overlap_slowdown =
+      p.overlaps_fully ? 0.0 : (p.copy_seconds_per_layer - p.overlap_budget_seconds) / step_seconds;
+  p.full_overlap_min_seq_len = FullOverlapMinSeqLen(in);
+  return p;
+}
+
+absl::StatusOr<std::vector<Plan>> Sweep(const PlanInputs& inputs,
+                                        const std::vector<int64_t>& seq_lens) {
+  if (seq_lens.empty()) return Invalid("sweep needs at least one sequence length");
+  std::vector<Plan> rows;
+  rows.reserve(seq_lens.size());
+  for (int64_t s : seq_lens) {
+    PlanInputs in = inputs;
+    in.seq_len = s;
+    absl::StatusOr<Plan> p = ComputePlan(in);
+    if (!p.ok()) return p.status();
+    rows.push_back(*std::move(p));
+  }
+  return rows;
+}
+
+std::vector<int64_t> DefaultSweepSeqLens() {
+  std::vector<int64_t> out;
+  for (int64_t s = 1024; s <= 512 * 1024; s *= 2) out.push_back(s);
+  return out;
+}
+
+int64_t DenseLayerParams(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                         int64_t intermediate) {
+  const int64_t q_and_o = 2 * hidden * heads * head_dim;
+  const int64_t k_and_v = 2 * hidden * kv_heads * head_dim;
+  const int64_t swiglu_mlp = 3 * hidden * intermediate;  // gate, up, down
+  return q_and_o + k_and_v + swiglu_mlp;
+}
+
+namespace {
+
+// A positive integer field of a config object. `required` false: returns 0 when absent/null.
+absl::StatusOr<int64_t> IntField(const JsonValue& obj, absl::string_view key, bool required) {
+  const JsonValue* v = obj.Find(key);
+  if (v == nullptr || v->is_null()) {
+    if (!required) return 0;
+    return Invalid(absl::StrCat("config.json has no \"", key,
+                                "\": a dense Llama/Qwen-style config is needed, or give "
+                                "--layers/--hidden/--attn-width/--params-per-layer"));
+  }
+  const double d = v->number();
+  if (!v->is_number() || d < 1 || d > 1e12 || d != std::floor(d)) {
+    return Invalid(absl::StrCat("config.json field \"", key, "\" must be a positive integer"));
+  }
+  return static_cast<int64_t>(d);
+}
+
+}  // namespace
+
+absl::StatusOr<ModelShape> ModelFromHfConfig(absl::string_view json_text) {
+  absl::StatusOr<JsonValue> root = ParseJson(json_text);
+  if (!root.ok()) return Invalid(absl::StrCat("config.json: ", root.status().message()));
+  if (!root->is_object()) return Invalid("config.json must hold a JSON object");
+  const JsonValue* cfg = &*root;
+  if (cfg->Find("num_hidden_layers") == nullptr) {
+    const JsonValue* text = cfg->Find("text_config");
+    if (text != nullptr && text->is_object()) cfg = text;
+  }
+  for (const char* moe_key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
+    const JsonValue* v = cfg->Find(moe_key);
+    if (v != nullptr && v->is_number() && v->number() > 0) {
+      return Invalid(absl::StrCat(
+          "config.json describes a mixture-of-experts model (", moe_key,
+          "): derivation covers dense models only; give --layers/--hidden/--attn-width and "
+          "--params-per-layer counting the active experts"));
+    }
+  }
+  ModelShape m;
+  auto get = [&](absl::string_view key, bool required, int64_t* out) -> absl::Status {
+    absl::StatusOr<int64_t> v = IntField(*cfg, key, required);
+    if (!v.ok()) return v.status();
+    *out = *v;
+    return absl::OkStatus();
+  };
+  for (auto [key, out] : {std::pair<const char*, int64_t*>{"num_hidden_layers", &m.layers},
+                          {"hidden_size", &m.hidden},
+                          {"num_attention_heads", &m.num_attention_heads},
+                          {"intermediate_size", &m.intermediate_size}}) {
+    if (absl::Status s = get(key, true, out); !s.ok()) return s;
+  }
+  if (absl::Status s = get("num_key_value_heads", false, &m.num_key_value_heads); !s.ok()) return s;
+  if (m.num_key_value_heads == 0) m.num_key_value_heads = m.num_attention_heads;
+  if (absl::Status s = get("head_dim", false, &m.head_dim); !s.ok()) return s;
+  if (m.head_dim == 0) {
+    if (m.hidden % m.num_attention_heads != 0) {
+      return Invalid(absl::StrCat("config.json: hidden_size ", m.hidden,
+                                  " is not divisible by num_attention_heads ",
+                                  m.num_attention_heads, "; add \"head_dim\""));
+    }
+    m.head_dim = m.hidden / m.num_attention_heads;
+  }
+  m.attention_width = m.num_attention_heads * m.head_dim;
+  m.params_per_layer = DenseLayerParams(m.hidden, m.num_attention_heads, m.num_key_value_heads,
+                                        m.head_dim, m.intermediate_size);
+  for (const char* name_key : {"_name_or_path", "model_type"}) {
+    const JsonValue* v = root->Find(name_key);
+    if (v != nullptr && v->is_string() && !v->string_value().empty()) {
+      m.name = v->string_value();
+      break;
+    }
+  }
+  return m;
+}
+
+}  // namespace offloadd::plan

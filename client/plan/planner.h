@@ -1,0 +1,149 @@
+// Capacity planner for activation-checkpoint offload (`offloadctl plan`).
+//
+// Answers, to first order, three questions about offloading each checkpointed layer's input to
+// pinned host RAM: how much host RAM it takes, how long the copies take against the layer's
+// compute, and what that costs in step time with a synchronous copy versus an overlapped
+// (prefetching) one.
+//
+// Source of every formula and figure: shared/reference/activation-checkpoint-offload.txt (cited
+// below as [ref], by section), which itself takes link figures from Stas Bekman's ml-engineering
+// book and the compute rate from the ALST paper. The model, quoted from [ref] "When the copy is
+// free: the bandwidth arithmetic":
+//   checkpoint per layer = b * s * h * dtype_bytes                 ("b*s*h*2 bytes" in bf16)
+//   checkpoint per GPU   = L * checkpoint per layer    ([ref] "What it costs": L x b x s x h x 2)
+//   pinned host per node = GPUs per node * checkpoint per GPU                     (same section)
+//   copy per layer       = checkpoint per layer / (link rate / GPUs sharing the link)
+//   forward per layer    = (2 * b*s * params_per_layer + 2 * b * s^2 * attention_width) / rate
+//   sync slowdown        = 2 copies / 4 forwards  (forward, recompute, backward counting as 2)
+//   overlapped slowdown  = max(0, copy - 3 forwards) / 4 forwards
+//                          (the reload of layer k-1 hides behind layer k's recompute + backward)
+// First-order assumptions, all stated in [ref]: copies run at the full link rate, no HBM
+// contention, no embedding or loss layers, no first-step pinning cost. Added here: GPUs that
+// share a link copy at the same time and split it evenly; in the overlapped schedule forward
+// never waits for an offload (Arctic's design per [ref]: a slow link costs memory, not time),
+// so only the backward reload can cost time.
+//
+// Units: bytes are exact integers; "GB/s" in names and presets means 1e9 bytes/s (the GBps of
+// [ref]); GiB in printed output is 2^30 bytes; times are seconds; slowdowns are fractions of the
+// checkpointed step time without offload (0.157 = 15.7%).
+#ifndef OFFLOADD_CLIENT_PLAN_PLANNER_H_
+#define OFFLOADD_CLIENT_PLAN_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace offloadd::plan {
+
+// One transformer layer, as far as the planner needs it.
+struct ModelShape {
+  std::string name;              // label for output only
+  int64_t layers = 0;            // L: checkpointed layers (one checkpoint each)
+  int64_t hidden = 0;            // h: residual-stream width = checkpoint elements per token
+  int64_t attention_width = 0;   // query heads x head_dim: width of the s^2 attention term
+  int64_t params_per_layer = 0;  // matmul parameters of one layer (active ones for MoE)
+  // Filled only when derived from a config.json (0 otherwise); informational.
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate_size = 0;
+};
+
+enum class CheckpointDtype { kBf16, kFp16, kFp32 };
+
+// "bf16" | "fp16" | "fp32" (also "bfloat16", "float16", "float32"); else INVALID_ARGUMENT.
+absl::StatusOr<CheckpointDtype> ParseDtype(absl::string_view text);
+int DtypeBytes(CheckpointDtype dtype);  // 2, 2, 4
+const char* DtypeName(CheckpointDtype dtype);
+
+// Host link bandwidth per direction for one GPU alone.
+struct Link {
+  std::string name;               // preset name, or "custom"
+  double bytes_per_second = 0.0;  // per direction
+};
+
+// Presets, all "reported" in [ref] "When the copy is free" (from the ml-engineering book):
+//   pcie4       31 GB/s    PCIe 4 x16, one direction
+//   pcie5       63 GB/s    PCIe 5 x16, one direction
+//   h200        55.43 GB/s host-to-device measured with nvbandwidth on an 8x H200 node
+//                          (device-to-host measured 55.06; [ref]'s worked figures use 55.43)
+//   nvlink-c2c  450 GB/s   Grace CPU to its GPU, one direction (no official spec, per [ref])
+// `text` is a preset name or a positive number of GB/s ("40", "12.5"); else INVALID_ARGUMENT.
+absl::StatusOr<Link> ResolveLink(absl::string_view text);
+
+// Default sustained compute rate: [ref] uses 500 TFLOP/s ("I use 500 below"), below ALST's
+// reported 548.7-590.6 TFLOPS on H100s.
+inline constexpr double kDefaultComputeFlopsPerSecond = 500e12;
+
+struct PlanInputs {
+  ModelShape model;
+  int64_t micro_batch = 1;  // b
+  int64_t seq_len = 0;      // s: tokens per GPU, after any sequence-parallel split
+  CheckpointDtype dtype = CheckpointDtype::kBf16;
+  int64_t gpus_per_node = 8;  // GPUs whose checkpoints share the node's pinned host RAM
+  int64_t gpus_per_link = 1;  // GPUs behind one link (PCIe switch / host memory controller)
+  Link link = {"h200", 55.43e9};
+  double compute_flops_per_second = kDefaultComputeFlopsPerSecond;
+};
+
+struct Plan {
+  PlanInputs inputs;
+  int64_t checkpoint_bytes_per_element = 0;
+  uint64_t checkpoint_bytes_per_layer = 0;  // b*s*h*dtype
+  uint64_t checkpoint_bytes_per_gpu = 0;    // L * per layer
+  uint64_t pinned_host_bytes_per_node = 0;  // gpus_per_node * per GPU
+  double link_bytes_per_second_per_gpu = 0.0;
+  double copy_seconds_per_layer = 0.0;     // one direction; offload and reload each take this
+  double matmul_flops_per_layer = 0.0;     // 2 * b*s * params_per_layer
+  double attention_flops_per_layer = 0.0;  // 2 * b * s^2 * attention_width
+  double forward_seconds_per_layer = 0.0;
+  double copy_to_forward_ratio = 0.0;
+  double sync_slowdown = 0.0;           // 2*copy / (4*forward)
+  double overlap_budget_seconds = 0.0;  // 3*forward: what a reload can hide behind
+  double overlap_slowdown = 0.0;        // max(0, copy - 3*forward) / (4*forward)
+  bool overlaps_fully = false;          // copy <= 3*forward
+  // Smallest s (same b, model, link) from which the reload overlaps fully; 1 when it does at
+  // every length; kNeverOverlaps if not below 1e18 tokens. The copy/forward ratio only falls as
+  // s grows (copy ~ s, attention ~ s^2, [ref]), so full overlap holds for every s >= this value
+  // and there is no largest overlapping length.
+  int64_t full_overlap_min_seq_len = 0;
+};
+
+inline constexpr int64_t kNeverOverlaps = -1;
+
+// Checks `inputs` and computes the plan. INVALID_ARGUMENT (naming the flag to fix) when a count
+// is not positive, gpus_per_link > gpus_per_node, a rate is not positive and finite, or the
+// byte totals overflow 64 bits.
+absl::StatusOr<Plan> ComputePlan(const PlanInputs& inputs);
+
+// The plan at each of `seq_lens` (other inputs unchanged), in the given order.
+absl::StatusOr<std::vector<Plan>> Sweep(const PlanInputs& inputs,
+                                        const std::vector<int64_t>& seq_lens);
+
+// 1K, 2K, ... 512K tokens: the range of [ref]'s examples (4K to 128K, 93,750 for Llama-70B).
+std::vector<int64_t> DefaultSweepSeqLens();
+
+// Matmul parameters of one dense Llama/Qwen-style layer, as [ref] derives Qwen3-8B's
+// 192,937,984: q and o projections of hidden x (heads*head_dim), grouped k and v projections of
+// hidden x (kv_heads*head_dim), and a SwiGLU MLP of three hidden x intermediate matrices. Norm
+// weights and biases are left out (as in [ref]'s figure).
+int64_t DenseLayerParams(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                         int64_t intermediate);
+
+// Derives a ModelShape from the text of a Hugging Face config.json of a dense Llama/Qwen-style
+// model. Reads num_hidden_layers, hidden_size, num_attention_heads, intermediate_size,
+// num_key_value_heads (default: num_attention_heads) and head_dim (default: hidden_size /
+// num_attention_heads, the Llama convention; Qwen3 configs on the Hub state head_dim). If the
+// top level lacks num_hidden_layers but has a "text_config" object, that object is read.
+// INVALID_ARGUMENT for malformed JSON, a missing or non-positive-integer field, a head_dim that
+// does not divide hidden_size when derived, or a mixture-of-experts config (num_experts,
+// num_local_experts or n_routed_experts > 0: give --params-per-layer with the active
+// parameters instead).
+absl::StatusOr<ModelShape> ModelFromHfConfig(absl::string_view json_text);
+
+}  // namespace offloadd::plan
+
+#endif  // OFFLOADD_CLIENT_PLAN_PLANNER_H_
