@@ -1,0 +1,1 @@
+"""offloadd client package."""

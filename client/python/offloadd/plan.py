@@ -1,0 +1,366 @@
+"""Capacity planner for activation-checkpoint offload (Python twin of ``offloadctl plan``).
+
+Same model, field names and JSON keys as the C++ planner in client/plan/planner.h; both are
+tested against one set of vectors (client/plan/testdata/plan_vectors.json).
+
+Source of every formula and figure: shared/reference/activation-checkpoint-offload.txt ("[ref]"),
+section "When the copy is free: the bandwidth arithmetic" unless noted:
+
+* checkpoint per layer = b * s * h * dtype_bytes bytes ("b·s·h·2 bytes" in bf16)
+* checkpoint per GPU = L * (per layer); pinned host RAM per node = GPUs per node * (per GPU)
+  ([ref] "What it costs": "L x b x s x h x 2 bytes per GPU, times the GPUs in a node")
+* copy per layer (each direction) = per-layer bytes / (link rate / GPUs sharing the link)
+* forward per layer = (2 * b*s * params_per_layer + 2 * b * s**2 * attention_width) / rate
+* synchronous slowdown = 2 copies / 4 forwards per layer (forward, recompute, backward = 2)
+* overlapped slowdown = max(0, copy - 3 forwards) / 4 forwards: the reload of layer k-1 hides
+  behind layer k's recompute and backward, "three forwards' worth of time"
+
+First order, as [ref] states: full link rate, no HBM contention, no embedding or loss layers, no
+first-step pinning cost. Added here: GPUs sharing a link copy at once and split it evenly; in the
+overlapped schedule forward never waits for an offload (Arctic's design per [ref]).
+
+Units: bytes are ints; GB/s means 1e9 bytes/s ([ref]'s GBps); GiB is 2**30 bytes; seconds;
+slowdowns are fractions of the checkpointed step time without offload (0.157 = 15.7%).
+"""
+
+import dataclasses
+import json
+import math
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+# Link presets in bytes/s per direction, all "reported" in [ref] (from the ml-engineering book):
+# PCIe 4 x16 31 GBps; PCIe 5 x16 63 GBps; 8x H200 node measured with nvbandwidth 55.43 GBps
+# host-to-device (55.06 device-to-host; [ref]'s worked figures use 55.43); NVLink-C2C 450 GBps.
+LINK_PRESETS: Dict[str, float] = {
+    "pcie4": 31e9,
+    "pcie5": 63e9,
+    "h200": 55.43e9,
+    "nvlink-c2c": 450e9,
+}
+
+# [ref]: "The sustained rate is whatever your training achieves ... I use 500 below."
+DEFAULT_COMPUTE_FLOPS_PER_SECOND = 500e12
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
+                  "float": "fp32"}
+
+FORWARDS_TO_HIDE_RELOAD = 3.0  # [ref]: recompute + backward of the next layer
+FORWARDS_PER_STEP = 4.0        # [ref]: forward, recompute, backward costing two
+SYNC_COPIES_PER_LAYER = 2.0    # [ref]: offload in forward + reload in backward
+
+NEVER_OVERLAPS = -1
+
+
+@dataclasses.dataclass
+class ModelShape:
+    """One transformer layer as the planner sees it.
+
+    layers: L, checkpointed layers. hidden: h, checkpoint elements per token. attention_width:
+    query heads x head_dim. params_per_layer: matmul parameters of one layer (active ones for
+    MoE). The remaining fields are filled only when derived from a config.json.
+    """
+    layers: int
+    hidden: int
+    attention_width: int
+    params_per_layer: int
+    name: str = ""
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+
+
+@dataclasses.dataclass
+class Plan:
+    """Planner result; field names match the C++ Plan and the --json output."""
+    model: ModelShape
+    micro_batch: int
+    seq_len: int
+    dtype: str
+    gpus_per_node: int
+    gpus_per_link: int
+    link: str
+    link_bytes_per_second: float
+    compute_flops_per_second: float
+    checkpoint_bytes_per_element: int
+    checkpoint_bytes_per_layer: int
+    checkpoint_bytes_per_gpu: int
+    pinned_host_bytes_per_node: int
+    link_bytes_per_second_per_gpu: float
+    copy_seconds_per_layer: float
+    matmul_flops_per_layer: float
+    attention_flops_per_layer: float
+    forward_seconds_per_layer: float
+    copy_to_forward_ratio: float
+    sync_slowdown: float
+    overlap_budget_seconds: float
+    overlap_slowdown: float
+    overlaps_fully: bool
+    full_overlap_min_seq_len: int
+
+    def to_dict(self) -> dict:
+        """The same JSON object shape as ``offloadctl plan --json``."""
+        d = dataclasses.asdict(self)
+        m = self.model
+        d["model"] = {"name": m.name, "layers": m.layers, "hidden": m.hidden,
+                      "attention_width": m.attention_width,
+                      "params_per_layer": m.params_per_layer}
+        d["inputs"] = {k: d.pop(k) for k in (
+            "micro_batch", "seq_len", "dtype", "gpus_per_node", "gpus_per_link", "link",
+            "link_bytes_per_second", "compute_flops_per_second")}
+        return d
+
+
+def resolve_link(link: Union[str, float, int]) -> Tuple[str, float]:
+    """Preset name or a number of GB/s -> (name, bytes per second per direction)."""
+    if isinstance(link, (int, float)) and not isinstance(link, bool):
+        rate, name = float(link), "custom"
+    else:
+        key = str(link).lower()
+        key = "nvlink-c2c" if key == "c2c" else key
+        if key in LINK_PRESETS:
+            return key, LINK_PRESETS[key]
+        try:
+            rate, name = float(key), "custom"
+        except ValueError:
+            raise ValueError(f"unknown link {link!r}: use pcie4, pcie5, h200, nvlink-c2c or a "
+                             "positive GB/s number") from None
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"link bandwidth must be a positive number of GB/s, got {link!r}")
+    return name, rate * 1e9
+
+
+def _dtype(dtype: str) -> str:
+    d = _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+    if d not in DTYPE_BYTES:
+        raise ValueError(f"unknown checkpoint dtype {dtype!r}: use bf16, fp16 or fp32")
+    return d
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def dense_layer_params(hidden: int, heads: int, kv_heads: int, head_dim: int,
+                       intermediate: int) -> int:
+    """Matmul parameters of a dense Llama/Qwen layer, as [ref] derives Qwen3-8B's 192,937,984:
+    q and o of hidden x heads*head_dim, grouped k and v of hidden x kv_heads*head_dim, SwiGLU MLP
+    of three hidden x intermediate matrices. Norm weights and biases are left out."""
+    return (2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+            + 3 * hidden * intermediate)
+
+
+def _copy_s(m, b, s, dbytes, per_gpu_rate):
+    return b * s * m.hidden * dbytes / per_gpu_rate
+
+
+def _forward_s(m, b, s, rate):
+    return (2.0 * b * s * m.params_per_layer + 2.0 * b * s * s * m.attention_width) / rate
+
+
+def _overlaps(m, b, s, dbytes, per_gpu_rate, rate) -> bool:
+    return _copy_s(m, b, s, dbytes, per_gpu_rate) <= FORWARDS_TO_HIDE_RELOAD * _forward_s(
+        m, b, s, rate)
+
+
+def _full_overlap_min_seq_len(m, b, dbytes, per_gpu_rate, rate) -> int:
+    # Per token the copy costs h*d/rate_per_gpu while the forward costs (2P + 2sw)/R, growing
+    # with s ([ref]: "the ratio improves as the sequence grows"), so full overlap holds from the
+    # crossover s* = (R*h*d/(3*rate_per_gpu) - 2P) / (2w) on, and there is no largest s.
+    crossover = ((m.hidden * dbytes / per_gpu_rate) * rate / FORWARDS_TO_HIDE_RELOAD
+                 - 2.0 * m.params_per_layer) / (2.0 * m.attention_width)
+    if not crossover < 1e18:
+        return NEVER_OVERLAPS
+    s = 1 if crossover <= 1.0 else int(math.ceil(crossover))
+    while s > 1 and _overlaps(m, b, s - 1, dbytes, per_gpu_rate, rate):
+        s -= 1
+    while not _overlaps(m, b, s, dbytes, per_gpu_rate, rate):
+        s += 1
+    return s
+
+
+def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
+         gpus_per_node: int = 8, gpus_per_link: int = 1,
+         link: Union[str, float] = "h200", tflops: float = 500.0) -> Plan:
+    """Plans checkpoint offload for ``model`` at micro-batch ``batch`` and ``seq`` tokens per GPU
+    (after any sequence-parallel split). ``link``: preset name or GB/s per direction;
+    ``tflops``: sustained compute rate in TFLOP/s. Raises ValueError naming the bad input."""
+    _positive_int(model.layers, "layers")
+    _positive_int(model.hidden, "hidden size")
+    _positive_int(model.attention_width, "attention width")
+    _positive_int(model.params_per_layer, "parameters per layer")
+    _positive_int(batch, "micro-batch")
+    _positive_int(seq, "sequence length")
+    _positive_int(gpus_per_node, "GPUs per node")
+    _positive_int(gpus_per_link, "GPUs per link")
+    if gpus_per_link > gpus_per_node:
+        raise ValueError(f"gpus_per_link ({gpus_per_link}) cannot exceed gpus_per_node "
+                         f"({gpus_per_node})")
+    if isinstance(tflops, bool) or not (isinstance(tflops, (int, float)) and tflops > 0
+                                        and math.isfinite(tflops)):
+        raise ValueError(f"compute rate must be a positive number of TFLOP/s, got {tflops!r}")
+    link_name, link_rate = resolve_link(link)
+    d = _dtype(dtype)
+    dbytes = DTYPE_BYTES[d]
+    rate = float(tflops) * 1e12
+    per_gpu_rate = link_rate / gpus_per_link
+    per_layer = batch * seq * model.hidden * dbytes
+    per_gpu = per_layer * model.layers
+    per_node = per_gpu * gpus_per_node
+    if per_node >= 2 ** 64:
+        raise ValueError("checkpoint bytes overflow 64 bits: check layers/hidden/batch/seq")
+    copy_s = _copy_s(model, batch, seq, dbytes, per_gpu_rate)
+    matmul = 2.0 * batch * seq * model.params_per_layer
+    attention = 2.0 * batch * float(seq) * seq * model.attention_width
+    forward_s = (matmul + attention) / rate
+    step_s = FORWARDS_PER_STEP * forward_s
+    budget = FORWARDS_TO_HIDE_RELOAD * forward_s
+    overlaps = copy_s <= budget
+    return Plan(
+        model=model, micro_batch=batch, seq_len=seq, dtype=d, gpus_per_node=gpus_per_node,
+        gpus_per_link=gpus_per_link, link=link_name, link_bytes_per_second=link_rate,
+        compute_flops_per_second=rate, checkpoint_bytes_per_element=dbytes,
+        checkpoint_bytes_per_layer=per_layer, checkpoint_bytes_per_gpu=per_gpu,
+        pinned_host_bytes_per_node=per_node, link_bytes_per_second_per_gpu=per_gpu_rate,
+        copy_seconds_per_layer=copy_s, matmul_flops_per_layer=matmul,
+        attention_flops_per_layer=attention, forward_seconds_per_layer=forward_s,
+        copy_to_forward_ratio=copy_s / forward_s,
+        sync_slowdown=SYNC_COPIES_PER_LAYER * copy_s / step_s,
+        overlap_budget_seconds=budget,
+        overlap_slowdown=0.0 if overlaps else (copy_s - budget) / step_s,
+        overlaps_fully=overlaps,
+        full_overlap_min_seq_len=_full_overlap_min_seq_len(model, batch, dbytes, per_gpu_rate,
+                                                           rate))
+
+
+def default_sweep_seq_lens() -> List[int]:
+    """1K, 2K, ... 512K tokens, the range of [ref]'s examples."""
+    return [1024 << k for k in range(10)]
+
+
+def sweep(model: ModelShape, seq_lens: Optional[Sequence[int]] = None, **kwargs) -> List[Plan]:
+    """plan() at each sequence length (default: default_sweep_seq_lens())."""
+    seqs = list(seq_lens) if seq_lens is not None else default_sweep_seq_lens()
+    if not seqs:
+        raise ValueError("sweep needs at least one sequence length")
+    return [plan(model, seq=s, **kwargs) for s in seqs]
+
+
+def _config_int(cfg: dict, key: str, required: bool) -> int:
+    v = cfg.get(key)
+    if v is None:
+        if not required:
+            return 0
+        raise ValueError(f'config.json has no "{key}": a dense Llama/Qwen-style config is '
+                         "needed, or give layers/hidden/attention_width/params_per_layer")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1 or v > 1e12 or v != int(v):
+        raise ValueError(f'config.json field "{key}" must be a positive integer')
+    return int(v)
+
+
+def model_from_hf_config_dict(root: dict) -> ModelShape:
+    """ModelShape of a dense Llama/Qwen-style model from a parsed config.json (see
+    model_from_hf_config). Raises ValueError for missing fields or a mixture-of-experts config."""
+    if not isinstance(root, dict):
+        raise ValueError("config.json must hold a JSON object")
+    cfg = root
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]
+    for moe_key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        v = cfg.get(moe_key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            raise ValueError(f"config.json describes a mixture-of-experts model ({moe_key}): "
+                             "derivation covers dense models only; give params_per_layer "
+                             "counting the active experts")
+    layers = _config_int(cfg, "num_hidden_layers", True)
+    hidden = _config_int(cfg, "hidden_size", True)
+    heads = _config_int(cfg, "num_attention_heads", True)
+    intermediate = _config_int(cfg, "intermediate_size", True)
+    kv_heads = _config_int(cfg, "num_key_value_heads", False) or heads
+    head_dim = _config_int(cfg, "head_dim", False)
+    if head_dim == 0:
+        if hidden % heads:
+            raise ValueError(f"config.json: hidden_size {hidden} is not divisible by "
+                             f'num_attention_heads {heads}; add "head_dim"')
+        head_dim = hidden // heads
+    name = ""
+    for key in ("_name_or_path", "model_type"):
+        if isinstance(root.get(key), str) and root[key]:
+            name = root[key]
+            break
+    return ModelShape(layers=layers, hidden=hidden, attention_width=heads * head_dim,
+                      params_per_layer=dense_layer_params(hidden, heads, kv_heads, head_dim,
+                                                          intermediate),
+                      name=name, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      head_dim=head_dim, intermediate_size=intermediate)
+
+
+def model_from_hf_config(path: str) -> ModelShape:
+    """Reads a Hugging Face config.json: num_hidden_layers, hidden_size, num_attention_heads,
+    intermediate_size, num_key_value_heads (default: heads), head_dim (default: hidden / heads,
+    the Llama convention). A top-level "text_config" object is used when the top level has no
+    num_hidden_layers. Raises ValueError (bad content) or OSError (unreadable file)."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            root = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: invalid JSON: {e}") from None
+    return model_from_hf_config_dict(root)
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+def _overlap_line(p: Plan) -> str:
+    if p.full_overlap_min_seq_len == NEVER_OVERLAPS:
+        return "never (reload exceeds 3 forwards at every practical length)"
+    if p.full_overlap_min_seq_len <= 1:
+        return "at every sequence length (copy/forward falls as s grows: no largest s)"
+    return (f"for s >= {p.full_overlap_min_seq_len:,} tokens (copy/forward falls as s grows: "
+            "no largest s)")
+
+
+def format_plan(p: Plan) -> str:
+    """Human-readable report; same precision as the C++ text output (ms 2 decimals, % 1
+    decimal, MiB/GiB 2 decimals)."""
+    m = p.model
+    ms = lambda s: f"{s * 1e3:.2f} ms"  # noqa: E731
+    rows = [
+        ("checkpoint per layer", _bytes(p.checkpoint_bytes_per_layer),
+         f"({p.checkpoint_bytes_per_layer:,} bytes)"),
+        ("checkpoint per GPU", _bytes(p.checkpoint_bytes_per_gpu),
+         f"({p.checkpoint_bytes_per_gpu:,} bytes)"),
+        ("pinned host RAM per node", _bytes(p.pinned_host_bytes_per_node),
+         f"({p.pinned_host_bytes_per_node:,} bytes)"),
+        ("copy per layer, each way", ms(p.copy_seconds_per_layer), ""),
+        ("forward per layer", ms(p.forward_seconds_per_layer),
+         f"(matmul {ms(p.matmul_flops_per_layer / p.compute_flops_per_second)} + attention "
+         f"{ms(p.attention_flops_per_layer / p.compute_flops_per_second)})"),
+        ("copy / forward", f"{p.copy_to_forward_ratio * 100:.1f} %", ""),
+        ("synchronous slowdown", f"{p.sync_slowdown * 100:.1f} %",
+         "(2 copies over 4 forwards per layer)"),
+        ("overlapped slowdown", f"{p.overlap_slowdown * 100:.1f} %",
+         f"(reload hides behind 3 forwards = {ms(p.overlap_budget_seconds)})"),
+        ("reload overlaps fully", _overlap_line(p), ""),
+    ]
+    out = [f"{m.name or 'model'}: {m.layers} layers, hidden {m.hidden}, attention width "
+           f"{m.attention_width}, {m.params_per_layer:,} params/layer",
+           f"  micro-batch {p.micro_batch}, {p.dtype} checkpoints "
+           f"({p.checkpoint_bytes_per_element} bytes/element), {p.gpus_per_node} GPUs/node, "
+           f"{p.gpus_per_link} GPU(s) per link",
+           f"  link {p.link} {p.link_bytes_per_second / 1e9:.2f} GB/s per direction = "
+           f"{p.link_bytes_per_second_per_gpu / 1e9:.2f} GB/s per GPU; compute "
+           f"{p.compute_flops_per_second / 1e12:g} TFLOP/s sustained",
+           f"  sequence {p.seq_len:,} tokens per GPU"]
+    for label, value, note in rows:
+        out.append(f"{label:<28} {value:<14} {note}".rstrip())
+    return "\n".join(out) + "\n"
+
+
+def format_plan_json(p: Plan) -> str:
+    """One JSON object with the same keys as ``offloadctl plan --json``."""
+    return json.dumps(p.to_dict())

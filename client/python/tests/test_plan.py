@@ -1,0 +1,198 @@
+"""Tests of offloadd.plan against the vectors shared with the C++ planner.
+
+Run: /usr/bin/python3 -m unittest discover -s client/python/tests -p 'test_plan.py'
+Vectors: client/plan/testdata/plan_vectors.json (also read by //client/plan:planner_test).
+"""
+
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, os.path.join(_ROOT, "client", "python"))
+
+from offloadd import plan as P  # noqa: E402
+
+with open(os.path.join(_ROOT, "client", "plan", "testdata", "plan_vectors.json")) as _f:
+    VECTORS = json.load(_f)
+
+
+def _model(name):
+    v = VECTORS["models"][name]
+    return P.ModelShape(layers=v["layers"], hidden=v["hidden"],
+                        attention_width=v["attention_width"],
+                        params_per_layer=v["params_per_layer"], name=name)
+
+
+def _plan(model, inputs):
+    return P.plan(model, seq=inputs["seq"], batch=inputs["batch"], dtype=inputs["dtype"],
+                  gpus_per_node=inputs["gpus_per_node"], gpus_per_link=inputs["gpus_per_link"],
+                  link=inputs["link"], tflops=inputs["tflops"])
+
+
+def _quantity(p, key):
+    """The plan's figure in the unit the vector key names."""
+    return {
+        "copy_ms": p.copy_seconds_per_layer * 1e3,
+        "forward_ms": p.forward_seconds_per_layer * 1e3,
+        "sync_slowdown_pct": p.sync_slowdown * 100,
+        "overlap_slowdown_pct": p.overlap_slowdown * 100,
+        "copy_to_forward_pct": p.copy_to_forward_ratio * 100,
+        "checkpoint_bytes_per_layer": p.checkpoint_bytes_per_layer,
+        "checkpoint_bytes_per_gpu": p.checkpoint_bytes_per_gpu,
+        "pinned_host_bytes_per_node": p.pinned_host_bytes_per_node,
+        "checkpoint_gib_per_gpu": p.checkpoint_bytes_per_gpu / 2**30,
+        "pinned_host_gib_per_node": p.pinned_host_bytes_per_node / 2**30,
+        "full_overlap_min_seq_len": p.full_overlap_min_seq_len,
+    }[key]
+
+
+class VectorTest(unittest.TestCase):
+    def test_cases_match_printed_precision(self):
+        self.assertGreaterEqual(len(VECTORS["cases"]), 10)
+        for case in VECTORS["cases"]:
+            p = _plan(_model(case["model"]), case["inputs"])
+            for key, want in case["expect"].items():
+                with self.subTest(case=case["name"], key=key):
+                    got = _quantity(p, key)
+                    tol = 0.5 * 10 ** -want["decimals"] * (1 + 1e-12)
+                    self.assertLessEqual(abs(got - want["value"]), tol,
+                                         f"{case['name']}: {key} = {got}, want {want['value']}")
+
+    def test_hf_configs_parse_to_the_vector_models(self):
+        for entry in VECTORS["hf_configs"]:
+            with self.subTest(file=entry["file"]):
+                m = P.model_from_hf_config(os.path.join(_ROOT, entry["file"]))
+                want = VECTORS["models"][entry["model"]]
+                for key in ("layers", "hidden", "attention_width", "params_per_layer"):
+                    self.assertEqual(getattr(m, key), want[key], key)
+                for key, value in entry["expect"].items():
+                    self.assertEqual(getattr(m, key), value, key)
+
+    def test_cases_through_hf_configs_give_the_same_plan(self):
+        by_model = {e["model"]: e["file"] for e in VECTORS["hf_configs"]}
+        for case in VECTORS["cases"]:
+            if case["model"] not in by_model:
+                continue
+            m = P.model_from_hf_config(os.path.join(_ROOT, by_model[case["model"]]))
+            a = _plan(m, case["inputs"])
+            b = _plan(_model(case["model"]), case["inputs"])
+            self.assertEqual(a.copy_seconds_per_layer, b.copy_seconds_per_layer)
+            self.assertEqual(a.forward_seconds_per_layer, b.forward_seconds_per_layer)
+
+    def test_json_keys(self):
+        keys = VECTORS["json_keys"]
+        case = VECTORS["cases"][0]
+        d = json.loads(P.format_plan_json(_plan(_model(case["model"]), case["inputs"])))
+        self.assertEqual(sorted(d), sorted(keys["plan"]))
+        self.assertEqual(sorted(d["inputs"]), sorted(keys["inputs"]))
+        self.assertEqual(sorted(d["model"]), sorted(keys["model"]))
+        self.assertEqual(d["checkpoint_bytes_per_layer"], 33554432)
+        self.assertEqual(d["inputs"]["link"], "h200")
+
+    def test_golden_text_matches_cpp(self):
+        g = VECTORS["golden_text"]
+        m = P.model_from_hf_config(os.path.join(_ROOT, g["hf_config"]))
+        with open(os.path.join(_ROOT, g["file"])) as f:
+            self.assertEqual(P.format_plan(_plan(m, g["inputs"])), f.read())
+
+
+class PlannerTest(unittest.TestCase):
+    def test_formula_pieces(self):
+        m = _model("qwen3-8b")
+        p = P.plan(m, seq=4096)
+        self.assertEqual(p.matmul_flops_per_layer, 2 * 4096 * 192937984)
+        self.assertEqual(p.attention_flops_per_layer, 2 * 4096 * 4096 * 4096)
+        self.assertAlmostEqual(p.sync_slowdown, 2 * p.copy_seconds_per_layer
+                               / (4 * p.forward_seconds_per_layer), places=15)
+        self.assertAlmostEqual(p.overlap_budget_seconds, 3 * p.forward_seconds_per_layer,
+                               places=15)
+        self.assertEqual(p.link_bytes_per_second, 55.43e9)
+
+    def test_link_shared_by_gpus_divides_bandwidth(self):
+        m = _model("qwen3-1.7b")
+        one = P.plan(m, seq=4096, link="pcie5", gpus_per_link=1)
+        four = P.plan(m, seq=4096, link="pcie5", gpus_per_link=4)
+        self.assertAlmostEqual(four.copy_seconds_per_layer, 4 * one.copy_seconds_per_layer,
+                               places=15)
+        self.assertEqual(four.link_bytes_per_second_per_gpu, 63e9 / 4)
+
+    def test_full_overlap_threshold_is_exact(self):
+        m = _model("qwen3-1.7b")
+        at = P.plan(m, seq=18435, link="pcie4", gpus_per_link=8)
+        below = P.plan(m, seq=18434, link="pcie4", gpus_per_link=8)
+        self.assertTrue(at.overlaps_fully)
+        self.assertEqual(at.overlap_slowdown, 0.0)
+        self.assertFalse(below.overlaps_fully)
+        self.assertGreater(below.overlap_slowdown, 0.0)
+
+    def test_sweep(self):
+        rows = P.sweep(_model("qwen3-8b"))
+        self.assertEqual([r.seq_len for r in rows], [1024 << k for k in range(10)])
+        self.assertTrue(all(r.overlap_slowdown == 0.0 for r in rows))
+        slow = [r.sync_slowdown for r in rows]
+        self.assertEqual(slow, sorted(slow, reverse=True))  # [ref]: cheaper as s grows
+
+    def test_links_and_dtypes(self):
+        self.assertEqual(P.resolve_link("PCIe4"), ("pcie4", 31e9))
+        self.assertEqual(P.resolve_link("nvlink-c2c"), ("nvlink-c2c", 450e9))
+        self.assertEqual(P.resolve_link("12.5"), ("custom", 12.5e9))
+        self.assertEqual(P.resolve_link(40), ("custom", 40e9))
+        self.assertEqual(P.plan(_model("toy-qwen3"), seq=8, dtype="fp16")
+                         .checkpoint_bytes_per_layer, 8 * 512 * 2)
+
+    def test_bad_inputs(self):
+        m = _model("qwen3-8b")
+        for kwargs, needle in [
+            (dict(seq=0), "sequence length"),
+            (dict(seq=4096, batch=-1), "micro-batch"),
+            (dict(seq=4096, gpus_per_node=4, gpus_per_link=8), "cannot exceed"),
+            (dict(seq=4096, link="pcie9"), "unknown link"),
+            (dict(seq=4096, link="-3"), "positive"),
+            (dict(seq=4096, dtype="int8"), "dtype"),
+            (dict(seq=4096, tflops=0), "compute rate"),
+            (dict(seq=4.5), "sequence length"),
+        ]:
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaisesRegex(ValueError, needle):
+                    P.plan(m, **kwargs)
+        with self.assertRaisesRegex(ValueError, "layers"):
+            P.plan(P.ModelShape(0, 4096, 4096, 1), seq=1)
+
+
+class HfConfigTest(unittest.TestCase):
+    def test_bad_configs(self):
+        base = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                "intermediate_size": 128}
+        self.assertEqual(P.model_from_hf_config_dict(base).params_per_layer,
+                         4 * 64 * 64 + 3 * 64 * 128)
+        for patch, needle in [
+            ({"hidden_size": None}, "hidden_size"),
+            ({"num_attention_heads": 5}, "divisible"),
+            ({"num_hidden_layers": "2"}, "positive integer"),
+            ({"num_hidden_layers": 2.5}, "positive integer"),
+            ({"num_local_experts": 8}, "mixture-of-experts"),
+        ]:
+            with self.subTest(patch=patch):
+                cfg = dict(base, **patch)
+                cfg = {k: v for k, v in cfg.items() if v is not None}
+                with self.assertRaisesRegex(ValueError, needle):
+                    P.model_from_hf_config_dict(cfg)
+        nested = P.model_from_hf_config_dict({"model_type": "x", "text_config": base})
+        self.assertEqual(nested.layers, 2)
+        self.assertEqual(nested.name, "x")
+
+    def test_invalid_json_file(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            f.write('{"num_hidden_layers": 2,')
+        try:
+            with self.assertRaisesRegex(ValueError, "invalid JSON"):
+                P.model_from_hf_config(f.name)
+        finally:
+            os.unlink(f.name)
+
+
+if __name__ == "__main__":
+    unittest.main()
