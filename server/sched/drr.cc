@@ -132,9 +132,9 @@ std::optional<Chunk> ChunkQueue::Pop() {
   TrafficClass cls;
   if (higher < 0) {
     cls = TrafficClass::kOffload;
-  } else if (contended && static_cast<double>(contended_offload_bytes_) <
-                              options_.offload_min_share *
-                                  static_cast<double>(contended_total_bytes_)) {
+  } else if (contended &&
+             static_cast<double>(contended_offload_bytes_) <
+                 options_.offload_min_share * static_cast<double>(contended_total_bytes_)) {
     cls = TrafficClass::kOffload;
   } else {
     cls = static_cast<TrafficClass>(higher);

@@ -42,10 +42,10 @@
 namespace offloadd::sched {
 
 struct ChunkQueueOptions {
-  uint64_t chunk_bytes = 8ull << 20;    // > 0 (0 is treated as 8 MiB)
-  uint64_t quantum_bytes = 8ull << 20;  // DRR quantum per weight unit (0 = chunk_bytes)
-  double offload_min_share = 0.2;       // clamped to [0, 1]
-  uint64_t share_window_bytes = 0;      // 0 = 32 x chunk_bytes
+  uint64_t chunk_bytes = 8ull << 20;            // > 0 (0 is treated as 8 MiB)
+  uint64_t quantum_bytes = 8ull << 20;          // DRR quantum per weight unit (0 = chunk_bytes)
+  double offload_min_share = 0.2;               // clamped to [0, 1]
+  uint64_t share_window_bytes = 0;              // 0 = 32 x chunk_bytes
   std::map<std::string, uint32_t> gpu_weights;  // default 1; 0 is treated as 1
 
   // The policy part of LinkSchedulerOptions.

@@ -187,9 +187,9 @@ TEST(ChunkQueueTest, UrgentBeforePrefetchBeforeOffloadWithZeroMinShare) {
   PushOk(q, MakeTransfer("h", TrafficClass::kUrgent, 16 * kMiB));
   std::vector<TrafficClass> order;
   while (std::optional<Chunk> c = q.Pop()) order.push_back(c->transfer->cls);
-  const std::vector<TrafficClass> want = {
-      TrafficClass::kUrgent,   TrafficClass::kUrgent,  TrafficClass::kPrefetch,
-      TrafficClass::kPrefetch, TrafficClass::kOffload, TrafficClass::kOffload};
+  const std::vector<TrafficClass> want = {TrafficClass::kUrgent,   TrafficClass::kUrgent,
+                                          TrafficClass::kPrefetch, TrafficClass::kPrefetch,
+                                          TrafficClass::kOffload,  TrafficClass::kOffload};
   EXPECT_EQ(order, want);
 }
 

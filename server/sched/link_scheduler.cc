@@ -102,9 +102,8 @@ void LinkScheduler::Impl::WorkerLoop() {
         lock.lock();
         continue;
       }
-      const double start = now - link_free_at_seconds <= kPacingSlackSeconds
-                               ? link_free_at_seconds
-                               : now;
+      const double start =
+          now - link_free_at_seconds <= kPacingSlackSeconds ? link_free_at_seconds : now;
       // The chunk's bytes are known only after Pop; the reservation is made just below.
       finish_seconds = start;
     }

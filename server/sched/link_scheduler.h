@@ -51,7 +51,7 @@ class Clock {
 };
 
 struct Transfer {
-  std::string gpu;          // device id; the DRR flow
+  std::string gpu;  // device id; the DRR flow
   TrafficClass cls = TrafficClass::kOffload;
   double deadline_seconds = 0;  // absolute Clock time; 0 = none
   uint64_t bytes = 0;           // > 0
@@ -69,16 +69,16 @@ struct LinkSchedulerOptions {
   uint64_t chunk_bytes = 8ull << 20;  // 8 MiB
   uint64_t quantum_bytes = 8ull << 20;
   uint32_t worker_threads = 2;
-  double bytes_per_second = 0;        // 0 = unpaced
-  double offload_min_share = 0.2;     // of bytes while offloads are queued
+  double bytes_per_second = 0;                  // 0 = unpaced
+  double offload_min_share = 0.2;               // of bytes while offloads are queued
   std::map<std::string, uint32_t> gpu_weights;  // default weight 1
 };
 
 struct LinkSchedulerStats {
-  uint64_t bytes = 0;                        // copied, all classes
+  uint64_t bytes = 0;                         // copied, all classes
   std::map<std::string, uint64_t> gpu_bytes;  // copied per GPU
   uint64_t class_bytes[kNumClasses] = {0, 0, 0};
-  double busy_seconds = 0;                    // time with at least one chunk being copied
+  double busy_seconds = 0;  // time with at least one chunk being copied
   uint64_t queued_transfers = 0;
   uint64_t chunks_in_flight = 0;
 };

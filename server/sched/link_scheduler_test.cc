@@ -89,7 +89,8 @@ TEST(LinkSchedulerTest, EveryByteOfManyConcurrentTransfersIsCopiedExactlyOnce) {
     submitters.emplace_back([&, s] {
       for (int i = 0; i < 40; ++i) {
         const int index = s * 100 + i;
-        const uint64_t bytes = 1 + (static_cast<uint64_t>(index) * 37 * kKiB + index) % (700 * kKiB);
+        const uint64_t bytes =
+            1 + (static_cast<uint64_t>(index) * 37 * kKiB + index) % (700 * kKiB);
         const TrafficClass cls = static_cast<TrafficClass>(i % kNumClasses);
         const std::string& gpu = gpus[(i + s) % gpus.size()];
         {
@@ -199,7 +200,8 @@ TEST(LinkSchedulerTest, ShutdownDrainsQueuedAndInFlightWork) {
     return record(offset, len);
   };
   sched.Submit(blocker);
-  for (int i = 1; i <= 20; ++i) sched.Submit(rec.Make(i, "gpu1", TrafficClass::kPrefetch, 100 * kKiB));
+  for (int i = 1; i <= 20; ++i)
+    sched.Submit(rec.Make(i, "gpu1", TrafficClass::kPrefetch, 100 * kKiB));
   std::thread stopper([&] { sched.Shutdown(); });
   // Probe until Submit is refused: then Shutdown has begun while work is still queued.
   int probes_accepted = 0;
