@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
       static_cast<unsigned long>(a.layers), static_cast<unsigned long>(a.layer_bytes),
       static_cast<unsigned long>(a.steps), static_cast<unsigned long>(bytes_moved), elapsed,
       bytes_moved / elapsed / 1e9, reload_wait_seconds, offload_wait_seconds,
-      a.steps * a.layers ? copy_seconds_sum / (a.steps * a.layers) : 0.0,
+      a.steps * a.layers > 0 ? copy_seconds_sum / (a.steps * a.layers) : 0.0,
       static_cast<unsigned long>(reloads_prefetched), static_cast<unsigned long>(reloads_urgent),
       static_cast<unsigned long>(errors), static_cast<unsigned long>(corrupted),
       static_cast<unsigned long>(stats.messages_sent),

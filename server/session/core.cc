@@ -28,23 +28,24 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
 
 Core::~Core() { Drain(); }
 
+std::string Core::LinkNameFor(const std::string& gpu) const {
+  auto named = gpu_link_.find(gpu);
+  return named != gpu_link_.end() ? named->second : gpu;
+}
+
 Core::Link* Core::LinkFor(const std::string& gpu) {
   std::lock_guard<std::mutex> lock(links_mu_);
-  std::string name = gpu;
-  double d2h = options_.default_link_bytes_per_second;
-  double h2d = options_.default_link_bytes_per_second;
-  auto named = gpu_link_.find(gpu);
-  if (named != gpu_link_.end()) {
-    name = named->second;
-    for (const LinkSpec& spec : options_.links) {
-      if (spec.name == name) {
-        d2h = spec.d2h_bytes_per_second;
-        h2d = spec.h2d_bytes_per_second;
-      }
-    }
-  }
+  const std::string name = LinkNameFor(gpu);
   auto it = links_.find(name);
   if (it != links_.end()) return it->second.get();
+  double d2h = options_.default_link_bytes_per_second;
+  double h2d = options_.default_link_bytes_per_second;
+  for (const LinkSpec& spec : options_.links) {
+    if (spec.name == name) {
+      d2h = spec.d2h_bytes_per_second;
+      h2d = spec.h2d_bytes_per_second;
+    }
+  }
   auto link = std::make_unique<Link>();
   link->name = name;
   auto make = [&](const char* direction, double rate) {

@@ -78,7 +78,10 @@ class Core {
     std::string name;
     std::unique_ptr<sched::LinkScheduler> d2h, h2d;
   };
-  // The link a GPU's copies use, created on first use. Never null.
+  // The name of the link a GPU's copies use (config, else the GPU's own name).
+  std::string LinkNameFor(const std::string& gpu) const;
+  // The link a GPU's copies use, created on first use (so sessions that never copy, like
+  // `offloadctl stats`, create none). Never null.
   Link* LinkFor(const std::string& gpu);
 
   store::BlockStore& store() { return store_; }

@@ -110,7 +110,6 @@ void Session::OnHello(const Request& r) {
                                   "hello without device_id: name the GPU this process uses "
                                   "(its UUID on CUDA, any stable name on shm)"));
   }
-  Core::Link* link = core_->LinkFor(r.device_id);
   std::unique_lock<std::mutex> lock(mu_);
   if (hello_done_) {
     lock.unlock();
@@ -122,7 +121,6 @@ void Session::OnHello(const Request& r) {
   client_name_ = r.client_name;
   device_id_ = r.device_id;
   pid_ = r.pid;
-  link_ = link;
   lock.unlock();
   metrics::Get().sessions_open->Increment();
   Completion c;
@@ -130,7 +128,7 @@ void Session::OnHello(const Request& r) {
   c.kind = CompletionKind::kHello;
   c.id = id_;
   c.backend = core_->engine().name();
-  c.link = link->name;
+  c.link = core_->LinkNameFor(r.device_id);
   c.pool_capacity_bytes = core_->store().capacity_bytes();
   c.session_quota_bytes = core_->options().store.session_quota_bytes;
   c.chunk_bytes = core_->options().chunk_bytes;
@@ -269,7 +267,7 @@ void Session::OnOffload(const Request& r) {
       }
       core->EndTransfer();
     };
-    self->link_->d2h->Submit(std::move(t));
+    core->LinkFor(self->device_id_)->d2h->Submit(std::move(t));
   });
 }
 
@@ -345,7 +343,7 @@ void Session::OnReload(const Request& r) {
           }
           core->EndTransfer();
         };
-        self->link_->h2d->Submit(std::move(t));
+        core->LinkFor(self->device_id_)->h2d->Submit(std::move(t));
       });
   if (!begun.ok()) {
     Fail(r.request_id, begun);

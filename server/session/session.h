@@ -121,7 +121,6 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
   std::string client_name_, device_id_;
   uint32_t pid_ = 0;
-  Core::Link* link_ = nullptr;
   std::map<uint64_t, std::shared_ptr<copy::Region>> regions_;
   uint64_t next_region_id_ = 1;
 };

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs every test suite of offloadd and ends with one line "N passed, N failed" over all of them:
+#   1. Bazel tests (C++ unit tests beside the code, tests/e2e integration and multi-process tests)
+#   2. Python tests (client/python/tests: protocol client, torch hooks, planner)
+#   3. tests/demo smoke run of `make demo` with a small workload
+# Exit status is non-zero when anything failed. Stops the Bazel server at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BAZEL=${BAZEL:-bazel}
+rc=0
+results=$(mktemp -d)
+trap 'rm -rf "$results"; $BAZEL shutdown >/dev/null 2>&1 || true' EXIT
+
+echo "== bazel test"
+$BAZEL test //... --test_output=errors 2>&1 | tee "$results/bazel.log" | grep -vE '^\[[0-9,]+ / [0-9,]+\]|^INFO: From|^Loading|^Analyzing'
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+$BAZEL query 'tests(//...)' 2>/dev/null > "$results/targets"
+/usr/bin/python3 tests/count_bazel_results.py "$results/targets" bazel-out/k8-opt/testlogs > "$results/bazel.count" || rc=1
+
+echo "== python tests"
+if [ -x tests/python/run.sh ] || [ -f tests/python/run.sh ]; then
+  OFFLOADD_BIN="$PWD/build/bin/offloadd" bash tests/python/run.sh 2>&1 | tee "$results/python.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+/usr/bin/python3 tests/count_unittest_results.py "$results/python.log" > "$results/python.count" || rc=1
+
+echo "== demo smoke test"
+if /usr/bin/python3 bench/demo.py --bin build/bin --clients 2 --layers 6 \
+     --layer-bytes 2MiB --steps 2 --pool-bytes 64MiB --quiet > "$results/demo.log" 2>&1; then
+  echo "demo: PASSED"; echo "1 0" > "$results/demo.count"
+else
+  cat "$results/demo.log"; echo "demo: FAILED"; echo "0 1" > "$results/demo.count"; rc=1
+fi
+
+passed=0; failed=0
+for f in "$results"/*.count; do
+  read -r p fl < "$f"
+  echo "  $(basename "$f" .count): $p passed, $fl failed"
+  passed=$((passed + p)); failed=$((failed + fl))
+done
+[ "$failed" -eq 0 ] || rc=1
+echo "$passed passed, $failed failed"
+exit $rc
