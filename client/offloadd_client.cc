@@ -11,7 +11,6 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
 #include "client/socket_path.h"
 
 namespace offloadd {
@@ -158,13 +157,14 @@ void Client::Start() {
 Client::~Client() { Close(); }
 
 void Client::Close() {
-  absl::MutexLock close_lock(&close_mu_);
+  std::lock_guard<std::mutex> close_lock(close_mu_);
   bool finished;
   {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     closing_ = true;  // the writer sends what is queued, then half-closes
-    finished = mu_.AwaitWithTimeout(absl::Condition(this, &Client::Finished),
-                                    absl::Seconds(options_.close_timeout_seconds));
+    cv_.notify_all();
+    finished = cv_.wait_for(lock, std::chrono::duration<double>(options_.close_timeout_seconds),
+                            [this] { return finished_; });
   }
   if (!finished) {
     LOG(WARNING) << "offloadd at " << target_ << " did not end the session within "
@@ -185,8 +185,8 @@ void Client::WriterLoop() {
     v1::ClientMessage message;
     bool half_close = false;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(this, &Client::WriterHasWork));
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return WriterHasWork(); });
       if (reading_done_) break;  // the daemon ended the stream: nothing more can be sent
       if (outbox_.empty()) {
         half_close = closing_;
@@ -215,8 +215,9 @@ void Client::WriterLoop() {
     }
     if (!stream_->Write(message)) break;  // stream is over; the reader sees it end too
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   writer_done_ = true;
+  cv_.notify_all();
 }
 
 void Client::ReaderLoop() {
@@ -225,7 +226,7 @@ void Client::ReaderLoop() {
   while (stream_->Read(&message)) {
     ready.clear();
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       ++counters_.messages_received;
       counters_.responses_received += message.responses_size();
       for (const v1::Response& response : message.responses()) {
@@ -242,15 +243,16 @@ void Client::ReaderLoop() {
     for (auto& [done, response] : ready) done(response, absl::OkStatus());
   }
   {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     reading_done_ = true;
-    mu_.Await(absl::Condition(this, &Client::WriterDone));
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return writer_done_; });
   }
   grpc::Status final_status = stream_->Finish();
   absl::flat_hash_map<uint64_t, Completer> orphans;
   absl::Status failure;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (closing_) {
       failure = absl::CancelledError(absl::StrCat(
           "the client was closed before offloadd at ", target_, " answered this request"));
@@ -266,12 +268,13 @@ void Client::ReaderLoop() {
     orphans.swap(pending_);
   }
   for (auto& [id, done] : orphans) done(nullptr, failure);
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;
+  cv_.notify_all();
 }
 
 absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (!stream_status_.ok()) return stream_status_;
   if (closing_) return absl::FailedPreconditionError("Client::Close() was called");
   // After the stream ended but before the reader collected pending_, the request still goes into
@@ -280,6 +283,7 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush) {
   if (!reading_done_) {
     outbox_.push_back(std::move(request));
     if (flush) flush_ = true;
+    cv_.notify_all();
   }
   return absl::OkStatus();
 }
@@ -442,23 +446,23 @@ absl::Status Client::CheckHealth(absl::string_view service) {
 }
 
 absl::Status Client::stream_status() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return stream_status_;
 }
 
 ClientCounters Client::counters() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return counters_;
 }
 
 Client::ScopedBatch::ScopedBatch(Client& client) : client_(client) {
-  absl::MutexLock lock(&client_.mu_);
+  std::lock_guard<std::mutex> lock(client_.mu_);
   ++client_.batch_depth_;
 }
 
 Client::ScopedBatch::~ScopedBatch() {
-  absl::MutexLock lock(&client_.mu_);
-  --client_.batch_depth_;
+  std::lock_guard<std::mutex> lock(client_.mu_);
+  if (--client_.batch_depth_ == 0) client_.cv_.notify_all();
 }
 
 }  // namespace client

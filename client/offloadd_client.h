@@ -29,11 +29,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -41,7 +43,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "client/shm_region.h"
 #include "proto/offload.grpc.pb.h"
 #include "proto/offload.pb.h"
@@ -206,9 +207,7 @@ class Client {
                         bool flush);
   absl::Status StatusWithPath(const grpc::Status& status, absl::string_view rpc) const;
 
-  bool WriterHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool WriterDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return writer_done_; }
-  bool Finished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; }
+  bool WriterHasWork() const;  // mu_ held
 
   const ClientOptions options_;
   const std::string socket_path_;
@@ -220,19 +219,23 @@ class Client {
   v1::HelloReply hello_;
   std::atomic<uint64_t> next_request_id_{1};
 
-  mutable absl::Mutex mu_;
-  std::deque<v1::Request> outbox_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, Completer> pending_ ABSL_GUARDED_BY(mu_);
-  int batch_depth_ ABSL_GUARDED_BY(mu_) = 0;
-  bool flush_ ABSL_GUARDED_BY(mu_) = false;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;       // Close() began: no new requests
-  bool reading_done_ ABSL_GUARDED_BY(mu_) = false;  // Read() returned false
-  bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish() returned, pending requests failed
-  absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
-  ClientCounters counters_ ABSL_GUARDED_BY(mu_);
+  // std::mutex rather than absl::Mutex so that ThreadSanitizer (--config=tsan) sees the locking:
+  // Debian's absl is not instrumented.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // any change of the state below that a thread may wait for
+  // Guarded by mu_:
+  std::deque<v1::Request> outbox_;
+  absl::flat_hash_map<uint64_t, Completer> pending_;
+  int batch_depth_ = 0;
+  bool flush_ = false;
+  bool closing_ = false;       // Close() began: no new requests
+  bool reading_done_ = false;  // Read() returned false
+  bool writer_done_ = false;
+  bool finished_ = false;  // Finish() returned, pending requests failed
+  absl::Status stream_status_;
+  ClientCounters counters_;
 
-  absl::Mutex close_mu_;  // serialises Close()
+  std::mutex close_mu_;  // serialises Close()
   std::thread reader_;
   std::thread writer_;
 };

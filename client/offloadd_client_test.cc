@@ -9,15 +9,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "client/shm_region.h"
 #include "gtest/gtest.h"
 #include "proto/offload.grpc.pb.h"
@@ -45,9 +46,10 @@ class FakeOffload final : public v1::Offload::Service {
       v1::ServerMessage out;
       bool kill = false;
       {
-        absl::MutexLock lock(&mu_);
+        std::lock_guard<std::mutex> lock(mu_);
         ++messages_;
         requests_ += in.requests_size();
+        cv_.notify_all();
         last_batch_size_ = in.requests_size();
         // Answer in reverse order: the client must match responses by request id.
         for (int i = in.requests_size() - 1; i >= 0; --i) {
@@ -62,32 +64,29 @@ class FakeOffload final : public v1::Offload::Service {
 
   grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
                         v1::Stats* stats) override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stats->set_backend("shm");
     stats->set_pool_capacity_bytes(1 << 30);
     stats->set_blocks(blocks_.size());
     return grpc::Status::OK;
   }
 
-  int messages() { absl::MutexLock l(&mu_); return messages_; }
-  int requests() { absl::MutexLock l(&mu_); return requests_; }
-  int last_batch_size() { absl::MutexLock l(&mu_); return last_batch_size_; }
-  v1::Hello last_hello() { absl::MutexLock l(&mu_); return last_hello_; }
-  v1::ReloadRequest last_reload() { absl::MutexLock l(&mu_); return last_reload_; }
-  void set_hello_error(bool v) { absl::MutexLock l(&mu_); hello_error_ = v; }
-  void set_hello_silent(bool v) { absl::MutexLock l(&mu_); hello_silent_ = v; }
+  int messages() { std::lock_guard<std::mutex> l(mu_); return messages_; }
+  int requests() { std::lock_guard<std::mutex> l(mu_); return requests_; }
+  int last_batch_size() { std::lock_guard<std::mutex> l(mu_); return last_batch_size_; }
+  v1::Hello last_hello() { std::lock_guard<std::mutex> l(mu_); return last_hello_; }
+  v1::ReloadRequest last_reload() { std::lock_guard<std::mutex> l(mu_); return last_reload_; }
+  void set_hello_error(bool v) { std::lock_guard<std::mutex> l(mu_); hello_error_ = v; }
+  void set_hello_silent(bool v) { std::lock_guard<std::mutex> l(mu_); hello_silent_ = v; }
   // Blocks until the fake has read at least `n` requests in total.
   void WaitForRequests(int n) {
-    absl::MutexLock l(&mu_);
-    want_ = n;
-    mu_.Await(absl::Condition(this, &FakeOffload::HasWantedRequests));
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return requests_ >= n; });
   }
 
  private:
-  bool HasWantedRequests() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return requests_ >= want_; }
-
   // Appends the response to `r` (unless held); returns true to kill the stream.
-  bool Handle(const v1::Request& r, v1::ServerMessage* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool Handle(const v1::Request& r, v1::ServerMessage* out) {  // mu_ held
     v1::Response resp;
     resp.set_request_id(r.request_id());
     switch (r.body_case()) {
@@ -204,19 +203,19 @@ class FakeOffload final : public v1::Offload::Service {
     return false;
   }
 
-  absl::Mutex mu_;
-  int messages_ ABSL_GUARDED_BY(mu_) = 0;
-  int requests_ ABSL_GUARDED_BY(mu_) = 0;
-  int want_ ABSL_GUARDED_BY(mu_) = 0;
-  int last_batch_size_ ABSL_GUARDED_BY(mu_) = 0;
-  bool hello_error_ ABSL_GUARDED_BY(mu_) = false;
-  bool hello_silent_ ABSL_GUARDED_BY(mu_) = false;
-  v1::Hello last_hello_ ABSL_GUARDED_BY(mu_);
-  v1::ReloadRequest last_reload_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 100;
-  uint64_t next_block_ ABSL_GUARDED_BY(mu_) = 1000;
-  std::map<uint64_t, std::shared_ptr<ShmRegion>> regions_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::string> blocks_ ABSL_GUARDED_BY(mu_);
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  int messages_ = 0;
+  int requests_ = 0;
+  int last_batch_size_ = 0;
+  bool hello_error_ = false;
+  bool hello_silent_ = false;
+  v1::Hello last_hello_;
+  v1::ReloadRequest last_reload_;
+  uint64_t next_region_ = 100;
+  uint64_t next_block_ = 1000;
+  std::map<uint64_t, std::shared_ptr<ShmRegion>> regions_;
+  std::map<uint64_t, std::string> blocks_;
 };
 
 class ClientTest : public ::testing::Test {
@@ -482,6 +481,25 @@ TEST_F(ClientTest, ScopedBatchSendsExactlyOneMessage) {
   }
   for (auto& f : futures) ASSERT_TRUE(f.get().ok());
   EXPECT_EQ(service_->messages(), messages_before + 1);
+  EXPECT_EQ(service_->last_batch_size(), 100);
+}
+
+TEST_F(ClientTest, LargeBatchIsSplitAtTheMessageCap) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  RegionHandle cuda;
+  cuda.cuda_ipc_handle = std::string(kCudaIpcHandleBytes, '\x07');
+  absl::StatusOr<uint64_t> region_id = client->RegisterRegion(cuda);
+  ASSERT_TRUE(region_id.ok());
+  const int messages_before = service_->messages();
+  const int n = Client::kMaxRequestsPerMessage + 100;
+  std::vector<std::future<absl::StatusOr<OffloadResult>>> futures;
+  {
+    Client::ScopedBatch batch(*client);
+    for (int i = 0; i < n; ++i) futures.push_back(client->Offload(*region_id, i, 64));
+  }
+  for (auto& f : futures) ASSERT_TRUE(f.get().ok());
+  EXPECT_EQ(service_->messages(), messages_before + 2);
   EXPECT_EQ(service_->last_batch_size(), 100);
 }
 
