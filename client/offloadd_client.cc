@@ -1,14 +1,13 @@
 #include "client/offloadd_client.h"
 
+#include <glog/logging.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <utility>
 #include <vector>
-
-#include <glog/logging.h>
-#include <grpcpp/generic/generic_stub.h>
 
 #include "absl/strings/str_cat.h"
 #include "client/socket_path.h"
@@ -37,7 +36,7 @@ std::string EncodeHealthCheckRequest(absl::string_view service) {
   std::string out;
   if (service.empty()) return out;  // proto3: default value is not encoded
   out.push_back(0x0a);
-  for (uint64_t n = service.size(); ; n >>= 7) {
+  for (uint64_t n = service.size();; n >>= 7) {
     if (n < 0x80) {
       out.push_back(static_cast<char>(n));
       break;
@@ -96,9 +95,9 @@ absl::StatusOr<int> DecodeHealthCheckResponse(absl::string_view in) {
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   std::string path = options.socket_path.empty() ? DefaultSocketPath() : options.socket_path;
   if (!SocketPathFits(path)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "socket path \"", path, "\" is empty or longer than ", kMaxSocketPathBytes,
-        " bytes (the Unix socket limit); choose a shorter ClientOptions.socket_path"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path \"", path, "\" is empty or longer than ", kMaxSocketPathBytes,
+                     " bytes (the Unix socket limit); choose a shorter ClientOptions.socket_path"));
   }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // own connection per Client
@@ -109,8 +108,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     struct stat st;
     bool exists = stat(path.c_str(), &st) == 0;
     return absl::UnavailableError(absl::StrCat(
-        "could not connect to offloadd at unix:", path, " within ",
-        options.connect_timeout_seconds, " s: ",
+        "could not connect to offloadd at unix:", path, " within ", options.connect_timeout_seconds,
+        " s: ",
         exists ? "the socket exists but nothing accepted (daemon stuck or stale socket)"
                : "no socket file there",
         "; start the daemon (e.g. systemctl start offloadd) or set ClientOptions.socket_path"));
@@ -123,10 +122,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   hello->set_client_name(options.client_name);
   hello->set_device_id(options.device_id);
   hello->set_pid(options.pid != 0 ? options.pid : static_cast<uint32_t>(getpid()));
-  std::future<absl::StatusOr<v1::HelloReply>> reply = client->Submit<absl::StatusOr<v1::HelloReply>>(
-      std::move(request), v1::Response::kHello,
-      [](const v1::Response& r) { return absl::StatusOr<v1::HelloReply>(r.hello()); },
-      /*flush=*/true);
+  std::future<absl::StatusOr<v1::HelloReply>> reply =
+      client->Submit<absl::StatusOr<v1::HelloReply>>(
+          std::move(request), v1::Response::kHello,
+          [](const v1::Response& r) { return absl::StatusOr<v1::HelloReply>(r.hello()); },
+          /*flush=*/true);
   if (reply.wait_for(std::chrono::duration<double>(options.connect_timeout_seconds)) !=
       std::future_status::ready) {
     client->stream_context_.TryCancel();  // Close() then returns at once
@@ -254,8 +254,8 @@ void Client::ReaderLoop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_) {
-      failure = absl::CancelledError(absl::StrCat(
-          "the client was closed before offloadd at ", target_, " answered this request"));
+      failure = absl::CancelledError(absl::StrCat("the client was closed before offloadd at ",
+                                                  target_, " answered this request"));
       stream_status_ = absl::FailedPreconditionError("Client::Close() was called");
     } else {
       failure = absl::UnavailableError(absl::StrCat(
@@ -289,8 +289,8 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush) {
 }
 
 template <typename R, typename Convert>
-std::future<R> Client::Submit(v1::Request request, v1::Response::BodyCase expected,
-                              Convert convert, bool flush) {
+std::future<R> Client::Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
+                              bool flush) {
   auto promise = std::make_shared<std::promise<R>>();
   std::future<R> future = promise->get_future();
   const uint64_t id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
@@ -405,9 +405,9 @@ std::future<absl::Status> Client::Release(uint64_t block_id) {
 }
 
 absl::Status Client::StatusWithPath(const grpc::Status& status, absl::string_view rpc) const {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(rpc, " to offloadd at ", target_,
-                                   " failed: ", status.error_message()));
+  return absl::Status(
+      static_cast<absl::StatusCode>(status.error_code()),
+      absl::StrCat(rpc, " to offloadd at ", target_, " failed: ", status.error_message()));
 }
 
 absl::StatusOr<v1::Stats> Client::GetStats() {
@@ -434,15 +434,16 @@ absl::Status Client::CheckHealth(absl::string_view service) {
   std::vector<grpc::Slice> slices;
   if (!response.Dump(&slices).ok()) return absl::InternalError("unreadable health reply");
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   absl::StatusOr<int> serving = DecodeHealthCheckResponse(bytes);
   if (!serving.ok()) return serving.status();
   if (*serving == 1) return absl::OkStatus();
   static const char* const kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"};
-  return absl::UnavailableError(absl::StrCat(
-      "offloadd at ", target_, " reports ",
-      *serving >= 0 && *serving < 4 ? kNames[*serving] : "an unknown health status",
-      " for service \"", service, "\""));
+  return absl::UnavailableError(
+      absl::StrCat("offloadd at ", target_, " reports ",
+                   *serving >= 0 && *serving < 4 ? kNames[*serving] : "an unknown health status",
+                   " for service \"", service, "\""));
 }
 
 absl::Status Client::stream_status() const {

@@ -79,16 +79,16 @@ enum class Priority {
 };
 
 struct OffloadResult {
-  uint64_t block_id = 0;        // names the pool block for Reload/Release
-  uint64_t bytes = 0;           // bytes copied device-to-host
-  double queued_seconds = 0;    // waiting for pool space
-  double copy_seconds = 0;      // admission to last chunk copied
+  uint64_t block_id = 0;      // names the pool block for Reload/Release
+  uint64_t bytes = 0;         // bytes copied device-to-host
+  double queued_seconds = 0;  // waiting for pool space
+  double copy_seconds = 0;    // admission to last chunk copied
 };
 
 struct ReloadResult {
   uint64_t block_id = 0;
-  uint64_t bytes = 0;           // bytes copied host-to-device
-  bool released = false;        // the block was released after the reload (release_after)
+  uint64_t bytes = 0;     // bytes copied host-to-device
+  bool released = false;  // the block was released after the reload (release_after)
   double copy_seconds = 0;
 };
 

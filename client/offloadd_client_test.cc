@@ -38,9 +38,9 @@ void SetError(v1::Response* r, grpc::StatusCode code, const std::string& message
 
 class FakeOffload final : public v1::Offload::Service {
  public:
-  grpc::Status Session(grpc::ServerContext*,
-                       grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream)
-      override {
+  grpc::Status Session(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) override {
     v1::ClientMessage in;
     while (stream->Read(&in)) {
       v1::ServerMessage out;
@@ -71,13 +71,34 @@ class FakeOffload final : public v1::Offload::Service {
     return grpc::Status::OK;
   }
 
-  int messages() { std::lock_guard<std::mutex> l(mu_); return messages_; }
-  int requests() { std::lock_guard<std::mutex> l(mu_); return requests_; }
-  int last_batch_size() { std::lock_guard<std::mutex> l(mu_); return last_batch_size_; }
-  v1::Hello last_hello() { std::lock_guard<std::mutex> l(mu_); return last_hello_; }
-  v1::ReloadRequest last_reload() { std::lock_guard<std::mutex> l(mu_); return last_reload_; }
-  void set_hello_error(bool v) { std::lock_guard<std::mutex> l(mu_); hello_error_ = v; }
-  void set_hello_silent(bool v) { std::lock_guard<std::mutex> l(mu_); hello_silent_ = v; }
+  int messages() {
+    std::lock_guard<std::mutex> l(mu_);
+    return messages_;
+  }
+  int requests() {
+    std::lock_guard<std::mutex> l(mu_);
+    return requests_;
+  }
+  int last_batch_size() {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_batch_size_;
+  }
+  v1::Hello last_hello() {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_hello_;
+  }
+  v1::ReloadRequest last_reload() {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_reload_;
+  }
+  void set_hello_error(bool v) {
+    std::lock_guard<std::mutex> l(mu_);
+    hello_error_ = v;
+  }
+  void set_hello_silent(bool v) {
+    std::lock_guard<std::mutex> l(mu_);
+    hello_silent_ = v;
+  }
   // Blocks until the fake has read at least `n` requests in total.
   void WaitForRequests(int n) {
     std::unique_lock<std::mutex> l(mu_);
@@ -338,8 +359,9 @@ TEST_F(ClientTest, OffloadReloadRoundTripsBytesThroughShm) {
 
   std::memset(region->data(), 0, region->size_bytes());
   absl::StatusOr<ReloadResult> reload =
-      client->Reload(offload->block_id, *region_id, 0, Priority::kUrgent,
-                     /*release_after=*/true, /*deadline_seconds=*/2.5)
+      client
+          ->Reload(offload->block_id, *region_id, 0, Priority::kUrgent,
+                   /*release_after=*/true, /*deadline_seconds=*/2.5)
           .get();
   ASSERT_TRUE(reload.ok()) << reload.status();
   EXPECT_EQ(reload->block_id, 1000u);

@@ -27,6 +27,10 @@ std::string ErrnoText(int err) { return absl::StrCat(std::strerror(err), " (errn
 // Maps errno of a failed syscall to a status whose message names the call and the object.
 absl::Status SyscallError(int err, absl::string_view call, absl::string_view name) {
   std::string msg = absl::StrCat(call, "(\"", name, "\") failed: ", ErrnoText(err));
+  if (call == "mmap" && err == ENOMEM) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(msg, "; not enough address space or memory to map the region"));
+  }
   switch (err) {
     case ENOENT:
       return absl::NotFoundError(
@@ -39,8 +43,9 @@ absl::Status SyscallError(int err, absl::string_view call, absl::string_view nam
     case ENOMEM:
     case EFBIG:
       return absl::ResourceExhaustedError(absl::StrCat(
-          msg, "; /dev/shm is too small: free space there or enlarge it (mount -o "
-               "remount,size=... /dev/shm, or docker --shm-size / an emptyDir medium: Memory)"));
+          msg,
+          "; /dev/shm is too small: free space there or enlarge it (mount -o "
+          "remount,size=... /dev/shm, or docker --shm-size / an emptyDir medium: Memory)"));
     default:
       return absl::InternalError(msg);
   }
@@ -55,8 +60,7 @@ std::string UniqueName() {
 
 }  // namespace
 
-absl::StatusOr<ShmRegion> ShmRegion::Create(uint64_t size_bytes,
-                                            const ShmRegionOptions& options) {
+absl::StatusOr<ShmRegion> ShmRegion::Create(uint64_t size_bytes, const ShmRegionOptions& options) {
   if (size_bytes == 0) {
     return absl::InvalidArgumentError("ShmRegion::Create: size_bytes must be > 0");
   }

@@ -14,8 +14,7 @@ TEST(SocketPathTest, RootUsesRunEvenWithXdg) {
 }
 
 TEST(SocketPathTest, UserWithXdgRuntimeDir) {
-  EXPECT_EQ(DefaultSocketPathFor(1000, "/run/user/1000"),
-            "/run/user/1000/offloadd/offloadd.sock");
+  EXPECT_EQ(DefaultSocketPathFor(1000, "/run/user/1000"), "/run/user/1000/offloadd/offloadd.sock");
 }
 
 TEST(SocketPathTest, UserWithoutXdgFallsBackToTmp) {
