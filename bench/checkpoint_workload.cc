@@ -169,7 +169,9 @@ int main(int argc, char** argv) {
     if (step == 0 && a.hold_seconds > 0) {
       std::printf("{\"holding_blocks\": %lu}\n", static_cast<unsigned long>(a.layers));
       std::fflush(stdout);
-      Compute(a.hold_seconds);
+      // Hold, but stop early when the daemon goes away (its stream ends).
+      const double until = Now() + a.hold_seconds;
+      while (Now() < until && (*client)->stream_status().ok()) Compute(0.01);
     }
     // Backward: layers L-1..0; layer k's reload was prefetched while layer k+1 computed.
     std::deque<std::pair<uint64_t, std::future<absl::StatusOr<offloadd::client::ReloadResult>>>>

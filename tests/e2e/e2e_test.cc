@@ -1,0 +1,306 @@
+// The daemon over gRPC with real clients: round trips, concurrency, and the bad-input list of
+// the foundation issue, each asserting its status code while the daemon keeps serving.
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/offload.grpc.pb.h"
+#include "tests/e2e/daemon_fixture.h"
+
+namespace offloadd::testing {
+namespace {
+
+using client::Client;
+using client::Priority;
+using client::ShmRegion;
+constexpr uint64_t kMiB = 1ull << 20;
+
+void FillRandom(ShmRegion& r, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  auto* w = static_cast<uint64_t*>(r.data());
+  for (uint64_t i = 0; i < r.size_bytes() / 8; ++i) w[i] = rng();
+}
+
+class E2ETest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    session::CoreOptions o;
+    o.chunk_bytes = 1 * kMiB;
+    o.store.admission_deadline_seconds = 0.3;
+    daemon_ = std::make_unique<InProcessDaemon>(64 * kMiB, o, "e2e");
+    client_ = daemon_->Connect();
+    auto r = ShmRegion::Create(16 * kMiB);
+    ASSERT_TRUE(r.ok());
+    region_ = std::make_unique<ShmRegion>(*std::move(r));
+    FillRandom(*region_, 42);
+    auto id = client_->RegisterShmRegion(*region_);
+    ASSERT_TRUE(id.ok()) << id.status();
+    region_id_ = *id;
+  }
+  void TearDown() override {
+    client_->Close();
+    daemon_.reset();
+  }
+  // A valid offload + reload still works: the daemon keeps serving after errors.
+  void ExpectStillServing() {
+    auto off = client_->Offload(region_id_, 0, kMiB).get();
+    ASSERT_TRUE(off.ok()) << off.status();
+    auto rel = client_->Reload(off->block_id, region_id_, 0, Priority::kUrgent, true).get();
+    ASSERT_TRUE(rel.ok()) << rel.status();
+  }
+
+  std::unique_ptr<InProcessDaemon> daemon_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<ShmRegion> region_;
+  uint64_t region_id_ = 0;
+};
+
+TEST_F(E2ETest, ManyConcurrentOffloadsAndReloadsReturnTheirBytes) {
+  std::vector<uint8_t> original(static_cast<uint8_t*>(region_->data()),
+                                static_cast<uint8_t*>(region_->data()) + region_->size_bytes());
+  // 64 blocks of 256 KiB in flight at once.
+  const uint64_t block = 256 * 1024;
+  std::vector<std::future<absl::StatusOr<client::OffloadResult>>> offs;
+  for (uint64_t i = 0; i < 64; ++i) offs.push_back(client_->Offload(region_id_, i * block, block));
+  std::vector<uint64_t> ids;
+  for (auto& f : offs) {
+    auto r = f.get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->bytes, block);
+    ids.push_back(r->block_id);
+  }
+  std::memset(region_->data(), 0, region_->size_bytes());
+  // Reload in reverse order into the same places.
+  std::vector<std::future<absl::StatusOr<client::ReloadResult>>> rels;
+  for (int i = 63; i >= 0; --i) {
+    rels.push_back(client_->Reload(ids[i], region_id_, i * block,
+                                   i % 2 ? Priority::kUrgent : Priority::kPrefetch, true));
+  }
+  for (auto& f : rels) {
+    auto r = f.get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->released);
+  }
+  EXPECT_EQ(std::memcmp(region_->data(), original.data(), 64 * block), 0);
+  auto stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->pool_used_bytes(), 0u);
+  EXPECT_EQ(stats->offloads_total(), 64u);
+  EXPECT_EQ(stats->reload_bytes_total(), 64 * block);
+  EXPECT_TRUE(client_->CheckHealth().ok());
+}
+
+TEST_F(E2ETest, BlockCanBeReloadedSeveralTimesUntilReleased) {
+  auto off = client_->Offload(region_id_, kMiB, 2 * kMiB).get();
+  ASSERT_TRUE(off.ok());
+  for (int i = 0; i < 3; ++i) {
+    auto r = client_->Reload(off->block_id, region_id_, 8 * kMiB + i * kMiB / 2,
+                             Priority::kUrgent).get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->released);
+  }
+  EXPECT_TRUE(client_->Release(off->block_id).get().ok());
+  EXPECT_EQ(client_->Release(off->block_id).get().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(E2ETest, UnknownRegionIsNotFound) {
+  EXPECT_EQ(client_->Offload(region_id_ + 99, 0, kMiB).get().status().code(),
+            absl::StatusCode::kNotFound);
+  ExpectStillServing();
+}
+
+TEST_F(E2ETest, UnknownBlockIsNotFound) {
+  auto r = client_->Reload(0xdeadbeef, region_id_, 0, Priority::kUrgent).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(r.status().message()).find("not held by this session"),
+            std::string::npos);
+  ExpectStillServing();
+}
+
+TEST_F(E2ETest, OffsetPlusBytesOutsideRegionIsOutOfRange) {
+  EXPECT_EQ(client_->Offload(region_id_, 15 * kMiB, 2 * kMiB).get().status().code(),
+            absl::StatusCode::kOutOfRange);
+  // Overflowing offset + bytes must not wrap around.
+  EXPECT_EQ(client_->Offload(region_id_, ~0ull - 10, 100).get().status().code(),
+            absl::StatusCode::kOutOfRange);
+  // A reload whose block does not fit at that offset.
+  auto off = client_->Offload(region_id_, 0, 2 * kMiB).get();
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(client_->Reload(off->block_id, region_id_, 15 * kMiB, Priority::kUrgent)
+                .get().status().code(),
+            absl::StatusCode::kOutOfRange);
+  // The block is still there and intact after the refused reload.
+  EXPECT_TRUE(client_->Reload(off->block_id, region_id_, 0, Priority::kUrgent, true).get().ok());
+  ExpectStillServing();
+}
+
+TEST_F(E2ETest, ZeroBytesIsInvalidArgument) {
+  EXPECT_EQ(client_->Offload(region_id_, 0, 0).get().status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ExpectStillServing();
+}
+
+TEST_F(E2ETest, RequestLargerThanPoolIsOutOfRange) {
+  auto big = ShmRegion::Create(80 * kMiB);
+  ASSERT_TRUE(big.ok());
+  auto id = client_->RegisterShmRegion(*big);
+  ASSERT_TRUE(id.ok());
+  auto r = client_->Offload(*id, 0, 65 * kMiB).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(std::string(r.status().message()).find("larger than the whole pool"),
+            std::string::npos);
+  ExpectStillServing();
+}
+
+TEST_F(E2ETest, FullPoolWaitsThenFailsWithResourceExhausted) {
+  std::vector<uint64_t> held;
+  for (int i = 0; i < 4; ++i) {  // 4 x 16 MiB fills the 64 MiB pool
+    auto r = client_->Offload(region_id_, 0, 16 * kMiB).get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    held.push_back(r->block_id);
+  }
+  auto r = client_->Offload(region_id_, 0, kMiB).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  // Nothing accepted was evicted: every held block reloads intact.
+  for (uint64_t id : held) {
+    EXPECT_TRUE(client_->Reload(id, region_id_, 0, Priority::kUrgent, true).get().ok());
+  }
+  ExpectStillServing();
+}
+
+TEST_F(E2ETest, DoubleReleaseIsNotFound) {
+  auto off = client_->Offload(region_id_, 0, kMiB).get();
+  ASSERT_TRUE(off.ok());
+  EXPECT_TRUE(client_->Release(off->block_id).get().ok());
+  EXPECT_EQ(client_->Release(off->block_id).get().code(), absl::StatusCode::kNotFound);
+  ExpectStillServing();
+}
+
+TEST_F(E2ETest, MissingShmRegionNameIsNotFound) {
+  client::RegionHandle h;
+  h.shm_name = "/offloadd-no-such-region-for-test";
+  h.size_bytes = kMiB;
+  EXPECT_EQ(client_->RegisterRegion(h).status().code(), absl::StatusCode::kNotFound);
+  h.shm_name = "missing-slash";
+  EXPECT_EQ(client_->RegisterRegion(h).status().code(), absl::StatusCode::kInvalidArgument);
+  ExpectStillServing();
+}
+
+TEST_F(E2ETest, BlocksAreScopedToTheirSession) {
+  auto off = client_->Offload(region_id_, 0, kMiB).get();
+  ASSERT_TRUE(off.ok());
+  auto other = daemon_->Connect("gpu1");
+  auto region = other->RegisterShmRegion(*region_);
+  ASSERT_TRUE(region.ok());
+  EXPECT_EQ(other->Reload(off->block_id, *region, 0, Priority::kUrgent).get().status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(other->Release(off->block_id).get().code(), absl::StatusCode::kNotFound);
+  other->Close();
+  EXPECT_TRUE(client_->Release(off->block_id).get().ok());
+}
+
+// Raw protocol: what the C++ client never sends.
+class RawStreamTest : public E2ETest {
+ protected:
+  v1::Response RoundTrip(std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage,
+                                                                  v1::ServerMessage>>& stream,
+                         const v1::Request& req) {
+    v1::ClientMessage m;
+    *m.add_requests() = req;
+    EXPECT_TRUE(stream->Write(m));
+    v1::ServerMessage reply;
+    EXPECT_TRUE(stream->Read(&reply));
+    EXPECT_EQ(reply.responses_size(), 1);
+    return reply.responses(0);
+  }
+};
+
+TEST_F(RawStreamTest, RequestsBeforeHelloUnknownKindAndUnknownPriority) {
+  auto channel = grpc::CreateChannel("unix:" + daemon_->socket_path(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Offload::NewStub(channel);
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+
+  v1::Request reg;
+  reg.set_request_id(1);
+  reg.mutable_register_region()->mutable_handle()->set_shm_name(region_->name());
+  reg.mutable_register_region()->mutable_handle()->set_size_bytes(region_->size_bytes());
+  v1::Response r = RoundTrip(stream, reg);
+  EXPECT_EQ(r.request_id(), 1u);
+  ASSERT_TRUE(r.has_error());
+  EXPECT_EQ(r.error().code(), grpc::StatusCode::FAILED_PRECONDITION);
+
+  v1::Request hello;
+  hello.set_request_id(2);
+  hello.mutable_hello()->set_device_id("gpu9");
+  EXPECT_TRUE(RoundTrip(stream, hello).has_hello());
+
+  v1::Request empty;  // no body: a request kind this daemon does not know
+  empty.set_request_id(3);
+  r = RoundTrip(stream, empty);
+  ASSERT_TRUE(r.has_error());
+  EXPECT_EQ(r.error().code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  reg.set_request_id(4);
+  r = RoundTrip(stream, reg);
+  ASSERT_TRUE(r.has_region_registered()) << r.DebugString();
+  v1::Request off;
+  off.set_request_id(5);
+  off.mutable_offload()->set_region_id(r.region_registered().region_id());
+  off.mutable_offload()->set_bytes(4096);
+  r = RoundTrip(stream, off);
+  ASSERT_TRUE(r.has_offload_done()) << r.DebugString();
+
+  v1::Request reload;
+  reload.set_request_id(6);
+  reload.mutable_reload()->set_block_id(r.offload_done().block_id());
+  reload.mutable_reload()->set_region_id(off.offload().region_id());
+  reload.mutable_reload()->set_priority(static_cast<v1::Priority>(7));  // unknown enum value
+  r = RoundTrip(stream, reload);
+  ASSERT_TRUE(r.has_error());
+  EXPECT_EQ(r.error().code(), grpc::StatusCode::INVALID_ARGUMENT);
+  reload.mutable_reload()->set_priority(v1::PRIORITY_UNSPECIFIED);
+  reload.set_request_id(7);
+  EXPECT_EQ(RoundTrip(stream, reload).error().code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  // The half-closed session released its block.
+  EXPECT_TRUE(InProcessDaemon::WaitFor(
+      [&] { return daemon_->core().store().stats().pool.used_bytes == 0; }));
+}
+
+TEST(SocketTest, StaleSocketIsReplacedAndLiveOneRefused) {
+  std::string path;
+  {
+    InProcessDaemon first(8 * kMiB, {}, "sock");
+    path = first.socket_path();
+    session::CoreOptions o;
+    pool::ArenaOptions a;
+    a.size_bytes = 4 * kMiB;
+    session::Core core(o, *pool::Arena::Create(a), std::make_unique<copy::ShmCopyEngine>());
+    auto second = rpc::Server::Start(&core, path, 0660);
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(std::string(second.status().message()).find("already listening"),
+              std::string::npos);
+  }
+  // Leave a stale socket file behind (bound, never listened on / its process gone).
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  close(fd);
+  ASSERT_TRUE(rpc::ClearStaleSocket(path).ok());
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+}
+
+}  // namespace
+}  // namespace offloadd::testing
