@@ -64,6 +64,26 @@ class CopyEngine {
     (void)ready_event;
     return absl::OkStatus();
   }
+
+  // After the last chunk of a reload has been copied: record the client's IPC event `done_event`
+  // (cudaIpcEventHandle_t bytes, 64) on the engine's H2D stream so the client's compute stream can
+  // wait on it (cudaStreamWaitEvent) without a host round trip. The event is recorded when this
+  // returns OK, so the session may then tell the client. Empty `done_event`: no-op. No-op for shm.
+  virtual absl::Status SignalDone(Region& region, const std::string& done_event) {
+    (void)region;
+    (void)done_event;
+    return absl::OkStatus();
+  }
+
+  // Once at start-up, after the pool's arena is mapped: make host[base, +size_bytes) usable for
+  // asynchronous DMA (CUDA: cudaHostRegister(Portable) in chunks, in the background; copies work
+  // meanwhile, slower). Must be undone before the arena is unmapped: the engine's destructor
+  // does it, so the engine must be destroyed before the arena. No-op for shm.
+  virtual absl::Status PrepareHostPool(uint8_t* base, uint64_t size_bytes) {
+    (void)base;
+    (void)size_bytes;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace offloadd::copy
