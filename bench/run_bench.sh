@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `make bench`: every benchmark of offloadd in one run on this machine; prints each result and
+# writes them to build/bench/*.txt. Figures are ratios within one run (DESIGN.md: shared, noisy
+# machines); copy them into BENCHMARKS.md with the command, machine and date.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=build/bin
+OUT=build/bench
+mkdir -p "$OUT"
+BAZEL=${BAZEL:-bazel}
+rc=0
+sock_dir=$(mktemp -d /tmp/ofd-bench-XXXXXX)
+sock=$sock_dir/d.sock
+cleanup() { [ -n "${daemon:-}" ] && kill -TERM "$daemon" 2>/dev/null; wait 2>/dev/null; rm -rf "$sock_dir"; }
+trap cleanup EXIT
+
+echo "== machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(date -u +%Y-%m-%d)"
+
+echo "== offload+reload throughput vs memcpy, small-request latency and rate (offloadctl bench)"
+$BIN/offloadd --socket_path "$sock" --pool_bytes 1GiB --metrics_address= > "$OUT/daemon.log" 2>&1 &
+daemon=$!
+for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
+$BIN/offloadctl --socket "$sock" bench | tee "$OUT/daemon_bench.txt" || rc=1
+kill -TERM "$daemon"; wait "$daemon"; daemon=
+
+echo "== allocator overhead under a variable-size trace (Google Benchmark)"
+$BAZEL run -c opt //bench:allocator_bench 2>/dev/null | tee "$OUT/allocator_bench.txt" || rc=1
+
+for extra in bench/sched_bench.sh bench/projector_bench.sh bench/torch_bench.sh; do
+  if [ -f "$extra" ]; then
+    echo "== $extra"
+    bash "$extra" | tee "$OUT/$(basename "$extra" .sh).txt" || rc=1
+  fi
+done
+$BAZEL shutdown >/dev/null 2>&1 || true
+exit $rc
