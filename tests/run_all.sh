@@ -12,7 +12,7 @@ results=$(mktemp -d)
 trap 'rm -rf "$results"; $BAZEL shutdown >/dev/null 2>&1 || true' EXIT
 
 echo "== bazel test"
-$BAZEL test //... --test_output=errors 2>&1 | tee "$results/bazel.log" | grep -vE '^\[[0-9,]+ / [0-9,]+\]|^INFO: From|^Loading|^Analyzing'
+$BAZEL test //... --keep_going --test_output=errors 2>&1 | tee "$results/bazel.log" | grep -vE '^\[[0-9,]+ / [0-9,]+\]|^INFO: From|^Loading|^Analyzing'
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 $BAZEL query 'tests(//...)' 2>/dev/null > "$results/targets"
 /usr/bin/python3 tests/count_bazel_results.py "$results/targets" bazel-out/k8-opt/testlogs > "$results/bazel.count" || rc=1
