@@ -1,0 +1,124 @@
+"""Saved-tensor hook contexts: ``offload_checkpoints`` and the drop-in ``save_on_cpu``.
+
+Both are ``torch.autograd.graph.saved_tensors_hooks`` subclasses (PyTorch >= 1.10): inside the
+``with`` block every tensor autograd saves for backward goes through ``pack_hook``; backward calls
+``unpack_hook`` (also after the block is left). Call backward outside the block: a backward that
+recomputes (reentrant checkpointing) inside it would send the recomputed tensors through the hooks
+too.
+
+What reaches the hooks depends on the checkpointing mode (DESIGN.md, pitfalls): reentrant
+``torch.utils.checkpoint.checkpoint`` saves each layer's input as an ordinary saved tensor in
+every torch version; non-reentrant checkpointing does so from torch 2.0 on, while torch 1.13's
+keeps the input in a closure that no outer hook sees -- use ``offloadd.torch.checkpoint`` there.
+"""
+
+import atexit
+import threading
+
+import torch
+
+from ._store import Store
+
+_DEFAULT_MIN_BYTES = 1 << 20  # 1 MiB: smaller tensors are not worth a round trip
+
+
+class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
+    """Context manager: saved tensors of at least ``threshold_bytes`` go to the offloadd daemon.
+
+    Args:
+      threshold_bytes: int bytes (numel * element_size); smaller saved tensors stay in place.
+      keep_last_n: the newest n eligible tensors stay on their device (backward needs them
+        first); older ones are offloaded asynchronously as newer ones are saved.
+      prefetch: how many offloaded tensors before the one being unpacked to reload ahead
+        (backward runs in reverse order of saving), as PREFETCH; 0 disables.
+      strict: raise OffloaddError instead of falling back when the daemon is unreachable or
+        refuses.
+      socket_path: daemon socket (default: $OFFLOADD_SOCKET or the default rule).
+      pin_memory: pinned host memory for CUDA tensors kept in-process on fallback.
+      name: label of the statistics (``stats``) and of their exit log line.
+      log_stats_at_exit: write ``stats.summary()`` to stderr when the process exits.
+      retry_seconds: after the daemon was unreachable, do not try it again for this long.
+      store: share another context's engine (ordering, keep_last_n, stats) instead of a new one.
+    Parameters (and views of them, and leaves that require grad), views of a tensor already
+    offloaded and non-dense or non-CPU/CUDA tensors stay in place. The object may be entered
+    again for every step; statistics accumulate (``stats.reset()`` clears them).
+    """
+
+    def __init__(self, threshold_bytes=_DEFAULT_MIN_BYTES, keep_last_n=1, prefetch=1,
+                 strict=False, socket_path=None, pin_memory=True, name="",
+                 log_stats_at_exit=False, retry_seconds=30.0, connect_timeout_seconds=5.0,
+                 store=None, _small_to_host=False):
+        self.store = store or Store(name, threshold_bytes, keep_last_n, prefetch, strict,
+                                    socket_path, pin_memory, _small_to_host, retry_seconds,
+                                    connect_timeout_seconds)
+        super().__init__(self.store.pack, self.store.unpack)
+        if log_stats_at_exit:
+            atexit.register(self.store.stats.log)
+
+    @property
+    def stats(self):
+        """The live :class:`~offloadd.torch.OffloadStats` of this context (``.snapshot()`` for a
+        copy, ``.as_dict()``, ``.summary()``)."""
+        return self.store.stats
+
+
+_default_lock = threading.Lock()
+_default = [None]
+
+
+def default_context(**overrides):
+    """The process-wide context shared by ``save_on_cpu`` and ``checkpoint`` when no context is
+    given. The first call may pass ``offload_checkpoints`` arguments (``configure``); later calls
+    with arguments replace it (statistics start again)."""
+    with _default_lock:
+        if _default[0] is None or overrides:
+            overrides.setdefault("name", "default")
+            _default[0] = offload_checkpoints(**overrides)
+        return _default[0]
+
+
+class save_on_cpu(offload_checkpoints):
+    """Drop-in for ``torch.autograd.graph.save_on_cpu(pin_memory=False, device_type="cuda")``
+    that routes saved tensors through the offloadd daemon.
+
+    Same signature and the same effect on the device: every saved tensor leaves it. Tensors of
+    at least 1 MiB go to the daemon; smaller CUDA tensors are copied to host memory in-process
+    (pinned when ``pin_memory`` and CUDA is available), as torch's version does; CPU tensors
+    below 1 MiB and parameters stay in place. ``device_type`` is accepted for compatibility
+    (torch 2.x uses it to decide whether pinning is possible; here pinning needs CUDA).
+
+    All instances share the process's default context (:func:`default_context`), so code that
+    creates one per layer call -- Hugging Face Transformers'
+    ``gradient_checkpointing_enable(offload=True)`` wraps every checkpointed layer in a new
+    ``save_on_cpu(pin_memory=True, device_type=...)`` -- still gets one ordering, keep_last_n and
+    prefetch across layers, and one set of statistics (``save_on_cpu.stats()``)::
+
+        import offloadd.torch, transformers.modeling_utils
+        transformers.modeling_utils.save_on_cpu = offloadd.torch.save_on_cpu
+        model.gradient_checkpointing_enable(offload=True)
+    """
+
+    def __init__(self, pin_memory=False, device_type="cuda"):
+        shared = default_context().store
+        self.device_type = device_type
+        self._pin = bool(pin_memory)
+        super().__init__(store=_PinView(shared, self._pin))
+
+    @staticmethod
+    def stats():
+        """Statistics of the shared default context."""
+        return default_context().stats
+
+
+class _PinView:
+    """The shared store with this instance's pin_memory and save_on_cpu's small-tensor policy."""
+
+    def __init__(self, store, pin):
+        self._store, self._pin = store, pin
+        self.stats = store.stats
+
+    def pack(self, t):
+        return self._store.pack(t, small_to_host=True, pin_memory=self._pin)
+
+    def unpack(self, packed):
+        return self._store.unpack(packed)

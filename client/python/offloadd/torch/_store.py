@@ -1,0 +1,362 @@
+"""The pack/unpack engine behind every offloadd context (torch.autograd.graph.saved_tensors_hooks).
+
+``Store.pack(t)`` decides per saved tensor:
+  * left in place (returned as is): below ``threshold_bytes``; a parameter, a view of one, or a
+    leaf that requires grad; a view of (or the base of a view) already offloaded; not a dense
+    strided CPU/CUDA tensor. With ``small_to_host`` (save_on_cpu), small CUDA tensors are copied
+    to host memory instead, as torch's save_on_cpu does.
+  * the same tensor saved twice shares one handle (one offload, one reload).
+  * otherwise a handle (``Saved``) that holds the tensor while it is among the newest
+    ``keep_last_n`` eligible ones, then offloads it (asynchronously: forward never waits).
+``Store.unpack(handle)`` returns the tensor: from the device when kept, else from the daemon --
+prefetched (issued PREFETCH when a later tensor was unpacked: backward runs in reverse order, so
+unpacking entry k prefetches the ``prefetch`` offloaded entries before it) or fetched URGENT.
+A block is released when its handle dies (autograd frees saved variables after use), so a graph
+can be run backward twice (retain_graph) and nothing stays in the pool after a step.
+
+Failures: daemon unreachable or refusing (RESOURCE_EXHAUSTED past its admission deadline,
+OUT_OF_RANGE, registration errors, staging full) -> the tensor is kept in-process (fallback; a
+pinned host copy for CUDA tensors when ``pin_memory`` and CUDA allow), one warning per process,
+counted. ``strict=True`` raises OffloaddError instead (at the pack, or for an asynchronous
+refusal at the next pack/unpack). A daemon that stops while holding a block loses it: its unpack
+raises OffloaddError DATA_LOSS (the step cannot finish; later steps fall back).
+"""
+
+import collections
+import threading
+import time
+import weakref
+
+import torch
+
+from .. import errors
+from ..client import PREFETCH, URGENT
+from . import _endpoint
+from ._stats import OffloadStats
+from ._transport import Meta, dense_span, empty_like_meta
+
+KEPT, OFFLOADING, OFFLOADED, FALLBACK, LOST = range(5)
+_RECOVERABLE = (errors.OffloaddError, errors.CudaExportError, OSError, TimeoutError)
+
+
+class Saved:
+    """What pack returns for an eligible tensor (opaque to autograd)."""
+
+    __slots__ = ("store", "seq", "meta", "tensor", "src", "state", "ep", "op", "block_id",
+                 "reload", "result", "unpacked", "dead", "pin", "__weakref__")
+
+    def __init__(self, store, seq, t):
+        self.store, self.seq, self.meta, self.tensor = store, seq, Meta(t), t
+        self.src = weakref.ref(t)  # the saved tensor object, for de-duplication
+        self.state = KEPT
+        self.ep = self.op = self.block_id = self.reload = self.result = None
+        self.unpacked = self.dead = False
+        self.pin = False  # pinned host memory for an in-process copy on fallback
+
+    def __del__(self):
+        try:
+            self.store._on_death(self)
+        except Exception:  # interpreter shutdown, closed client: the daemon frees on disconnect
+            pass
+
+
+class HostCopy:
+    """A small CUDA tensor copied to host memory (save_on_cpu semantics)."""
+
+    __slots__ = ("host", "device", "non_blocking")
+
+    def __init__(self, t, pin):
+        self.device, self.non_blocking = t.device, pin
+        self.host = empty_like_meta(Meta(t), device="cpu", pin_memory=pin)
+        self.host.copy_(t, non_blocking=pin)
+
+
+class Store:
+    def __init__(self, name="", threshold_bytes=1 << 20, keep_last_n=1, prefetch=1,
+                 strict=False, socket_path=None, pin_memory=True, small_to_host=False,
+                 retry_seconds=30.0, connect_timeout_seconds=5.0):
+        if keep_last_n < 0 or prefetch < 0 or threshold_bytes < 0:
+            raise ValueError("keep_last_n, prefetch and threshold_bytes must be >= 0")
+        self.threshold_bytes, self.keep_last_n, self.prefetch = threshold_bytes, keep_last_n, prefetch
+        self.strict, self.socket_path, self.pin_memory = strict, socket_path, pin_memory
+        self.small_to_host = small_to_host
+        self.retry_seconds, self.connect_timeout_seconds = retry_seconds, connect_timeout_seconds
+        self.stats = OffloadStats(name)
+        self._lock = threading.RLock()
+        self._order = collections.deque()    # weakref(Saved), consecutive seq from _base_seq
+        self._base_seq = self._next_seq = 0
+        self._pending = collections.deque()  # weakref(Saved) still KEPT, newest last
+        self._seen = {}                      # id(tensor) -> (weakref(tensor), weakref(Saved))
+        self._async_error = None
+
+    # ---- pack ------------------------------------------------------------------------------
+    def pack(self, t, small_to_host=None, pin_memory=None):
+        """The pack hook. ``small_to_host`` / ``pin_memory`` override the store's policy for
+        this call (save_on_cpu instances sharing the default store)."""
+        self._raise_async_error()
+        pin = self.pin_memory if pin_memory is None else pin_memory
+        pin = pin and torch.cuda.is_available()
+        category, existing = self._classify(t)
+        if existing is not None:
+            return existing
+        if category is not None:
+            self.stats.add(**{"skipped_" + category: 1})
+            to_host = self.small_to_host if small_to_host is None else small_to_host
+            if category == "small" and to_host and t.device.type == "cuda":
+                return HostCopy(t, pin)
+            return t
+        with self._lock:
+            s = Saved(self, self._next_seq, t)
+            s.pin = pin
+            self._next_seq += 1
+            while self._order and self._order[0]() is None:
+                self._order.popleft()
+                self._base_seq += 1
+            if not self._order:
+                self._base_seq = s.seq
+            self._order.append(weakref.ref(s))
+            self._remember(t, s)
+            self._pending.append(weakref.ref(s))
+            due = []
+            while len(self._pending) > self.keep_last_n:
+                o = self._pending.popleft()()
+                if o is not None and o.state == KEPT:
+                    due.append(o)
+        for o in due:
+            self._offload(o)
+        return s
+
+    def _classify(self, t):
+        """(category or None, existing Saved or None)."""
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            return "other", None
+        base = t._base
+        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter) or \
+                (t.is_leaf and t.requires_grad):
+            return "params", None
+        if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
+            return "other", None
+        if t.numel() * t.element_size() < max(self.threshold_bytes, 1):
+            return "small", None
+        hit = self._seen.get(id(t))
+        if hit is not None and hit[0]() is t:
+            s = hit[1]()
+            if s is not None:
+                return (None, s) if s.src() is t else ("views", None)
+        if base is not None:
+            hit = self._seen.get(id(base))
+            if hit is not None and hit[0]() is base and hit[1]() is not None:
+                return "views", None
+        if not dense_span(t):
+            return "other", None
+        return None, None
+
+    def _remember(self, t, s):
+        for obj in (t, t._base):
+            if obj is None:
+                continue
+            key = id(obj)
+            ref = weakref.ref(obj, lambda r, key=key, seen=self._seen:
+                              seen.pop(key, None) if seen.get(key, (None,))[0] is r else None)
+            self._seen[key] = (ref, weakref.ref(s))
+
+    def _offload(self, s):
+        ep, reason = _endpoint.get(self.socket_path, s.meta.device, self.retry_seconds,
+                                   self.connect_timeout_seconds)
+        if ep is None:
+            return self._fallback(s, "the offloadd daemon is unreachable (%s)" % reason)
+        try:
+            op = ep.transport.start_offload(s.tensor, s.meta)
+        except _RECOVERABLE as e:
+            if not ep.alive:
+                _endpoint.mark_broken(ep, str(e), self.retry_seconds)
+            return self._fallback(s, "offloadd could not take a tensor (%s)" % e)
+        with self._lock:
+            s.ep, s.op, s.state = ep, op, OFFLOADING
+            if ep.transport.drops_source:
+                s.tensor = None
+        wref = weakref.ref(s)
+        op.future.add_done_callback(lambda f: self._offload_done(wref, ep, op, f))
+
+    def _offload_done(self, wref, ep, op, future):
+        """Reader thread: OffloadDone or the error that refused the offload."""
+        exc = future.exception()
+        s = wref()
+        if s is not None:
+            with self._lock:
+                if s.dead:
+                    s = None
+        if s is None:  # the graph died before the offload finished
+            ep.transport.finish_offload(op)
+            if exc is None:
+                ep.client.release(future.result().block_id)
+            if op.orphan_reload is not None:
+                ep.transport.abandon_reload(op.orphan_reload)
+            return
+        if exc is None:
+            done = future.result()
+            with self._lock:
+                s.block_id, s.state, s.op = done.block_id, OFFLOADED, None
+                rl = s.reload
+            ep.transport.finish_offload(op)
+            self.stats.add(offloaded=1, offloaded_bytes=s.meta.nbytes)
+            if rl is not None and not rl.sent:
+                ep.transport.send_reload(rl, done.block_id, rl.priority)
+            return
+        try:
+            rescued = ep.transport.rescue(op, s.meta, s.pin)
+        finally:
+            ep.transport.finish_offload(op)
+        with self._lock:
+            s.tensor, s.state, s.op = rescued, FALLBACK, None
+            rl, s.reload = s.reload, None
+        if rl is not None:
+            ep.transport.abandon_reload(rl)
+        if isinstance(exc, errors.DaemonUnavailable):
+            _endpoint.mark_broken(ep, str(exc), self.retry_seconds)
+        self._count_fallback(s, "offloadd refused a tensor (%s)" % exc, exc)
+
+    def _fallback(self, s, reason):
+        if self.strict:
+            raise errors.OffloaddError(errors.UNAVAILABLE, reason + " (strict=True)")
+        t = s.tensor
+        if t.device.type == "cuda" and s.pin:
+            t = HostCopy(t, True).host
+        with self._lock:
+            s.tensor, s.state = t, FALLBACK
+        self._count_fallback(s, reason, None)
+
+    def _count_fallback(self, s, reason, exc):
+        self.stats.add(fallbacks=1, fallback_bytes=s.meta.nbytes)
+        if self.strict and exc is not None:
+            self._async_error = errors.OffloaddError(getattr(exc, "code", errors.UNKNOWN),
+                                                     reason + " (strict=True)")
+        _endpoint.count_fallback(reason)
+
+    def _raise_async_error(self):
+        err, self._async_error = self._async_error, None
+        if err is not None:
+            raise err
+
+    # ---- unpack ----------------------------------------------------------------------------
+    def unpack(self, s):
+        if isinstance(s, HostCopy):
+            return s.host.to(s.device, non_blocking=s.non_blocking)
+        if not isinstance(s, Saved):
+            return s
+        self._raise_async_error()
+        if s.result is not None:
+            r = s.result()
+            if r is not None:
+                return r
+        with self._lock:
+            state, first = s.state, not s.unpacked
+            s.unpacked = True
+        if state in (KEPT, FALLBACK):
+            if first and state == KEPT:
+                self.stats.add(kept=1, kept_bytes=s.meta.nbytes)
+            self._prefetch_before(s)
+            t = s.tensor
+            return t if t.device == s.meta.device else t.to(s.meta.device)
+        if state == LOST:
+            raise self._lost(s, None)
+        rl = s.reload
+        if rl is None:
+            rl = self._start_reload(s, URGENT)
+            if rl is None:  # became a fallback meanwhile
+                with self._lock:
+                    s.unpacked = False
+                return self.unpack(s)
+        self._prefetch_before(s)
+        in_time = rl.done.done() and rl.priority == PREFETCH
+        t0 = time.monotonic()
+        try:
+            t = s.ep.transport.finish_reload(rl, s.meta)
+        except errors.OffloaddError as e:
+            with self._lock:
+                s.state, s.reload = LOST, None
+            raise self._lost(s, e) from None
+        waited = time.monotonic() - t0
+        with self._lock:
+            s.reload = None
+        if in_time:
+            self.stats.add(reloaded=1, reloaded_bytes=s.meta.nbytes, prefetched_in_time=1,
+                           prefetched_in_time_bytes=s.meta.nbytes)
+        else:
+            self.stats.add(reloaded=1, reloaded_bytes=s.meta.nbytes, waited=1,
+                           waited_bytes=s.meta.nbytes, waited_seconds=waited)
+        s.result = weakref.ref(t)
+        return t
+
+    def _lost(self, s, exc):
+        self.stats.add(lost=1)
+        return errors.OffloaddError(
+            errors.DATA_LOSS, "a saved tensor of %s bytes was held by the offloadd daemon, which "
+            "no longer has it (%s): this backward cannot finish; later steps keep tensors in "
+            "process until the daemon is back" % (s.meta.nbytes, exc or "lost earlier"))
+
+    def _start_reload(self, s, priority):
+        """Prepares a reload (outside the lock: it may register memory) and sends it, or
+        attaches it to the offload in flight. Returns the ReloadOp, or None when the entry is
+        no longer offloaded."""
+        ep = s.ep
+        rl = ep.transport.prepare_reload(s.meta)
+        rl.priority = priority
+        with self._lock:
+            if s.reload is not None or s.state not in (OFFLOADING, OFFLOADED):
+                stale = True
+            else:
+                stale = False
+                s.reload = rl
+                send_now = s.state == OFFLOADED
+        if stale:
+            ep.transport.abandon_reload(rl)
+            return s.reload
+        if send_now:
+            ep.transport.send_reload(rl, s.block_id, priority)
+        return rl
+
+    def _prefetch_before(self, s):
+        if self.prefetch <= 0:
+            return
+        todo, active = [], 0
+        with self._lock:
+            i = s.seq - self._base_seq - 1
+            scanned = 0
+            while i >= 0 and active < self.prefetch and scanned < 4 * self.prefetch + 16:
+                o = self._order[i]() if i < len(self._order) else None
+                i -= 1
+                scanned += 1
+                if o is None or o.unpacked or o.state not in (OFFLOADING, OFFLOADED):
+                    continue
+                active += 1
+                if o.reload is None:
+                    todo.append(o)
+        for o in todo:
+            try:
+                self._start_reload(o, PREFETCH)
+            except _RECOVERABLE:
+                pass  # the unpack of o will try URGENT and report
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    def _on_death(self, s):
+        with self._lock:
+            s.dead = True
+            state, ep, rl = s.state, s.ep, s.reload
+            if state == OFFLOADING and s.op is not None:
+                s.op.orphan_reload = rl  # _offload_done frees the block and the reload
+                return
+        if state != OFFLOADED:
+            return
+        if rl is not None:
+            ep.transport.abandon_reload(rl)
+            if rl.sent:
+                bid = s.block_id
+                rl.done.add_done_callback(lambda _: ep.client.release(bid))
+                return
+        ep.client.release(s.block_id)
+
+    def live_handles(self):
+        """Saved handles of this store still alive (tests: 0 after a step)."""
+        with self._lock:
+            return sum(1 for r in self._order if r() is not None)
