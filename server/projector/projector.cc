@@ -150,11 +150,12 @@ absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
     result.elapsed_seconds = SecondsSince(start);
     return result;
   }
-  // Scale by an exact power of two so max|G| is in [0.5, 1): sums of squares cannot overflow.
+  // Scale by an exact power of two so max|G| is in [0.5, 1): sums of squares cannot overflow or
+  // underflow. The factor is applied in double: for subnormal inputs it exceeds fp32's range.
   int exponent = 0;
   std::frexp(max_abs, &exponent);
-  const float scale = std::ldexp(1.0f, -exponent);
-  for (float& x : g) x *= scale;
+  const double scale = std::ldexp(1.0, -exponent);
+  for (float& x : g) x = static_cast<float>(x * scale);
   const double unscale = std::ldexp(1.0, exponent);
   const DenseMatrix gs{g.data(), m, n};
 
@@ -188,7 +189,9 @@ absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
       beyond_head_scaled += s2;
     }
   }
-  const double residual_scaled = ResidualFro(gs, written.data(), r, result.vector_side);
+  const double residual_scaled = request.measure_residual
+                                     ? ResidualFro(gs, written.data(), r, result.vector_side)
+                                     : std::nan("");
   // Exact: the tail is summed from the spectrum (no cancellation). Randomized: the sketch's
   // values beyond r bound the true tail from below, ||G||^2 - head bounds it from above.
   const double lower_scaled = beyond_head_scaled;

@@ -56,6 +56,9 @@ struct RefreshRequest {
   RandomizedOptions randomized;  // used by kRandomized only
   // Randomized only: seed the range finder with previous_projector (which must be present).
   bool warm_start = false;
+  // Compute residual_fro and the residual ratios: two extra products with G (about 4 m n r
+  // flops, a third of a q = 2 randomized refresh). When false they are NaN.
+  bool measure_residual = true;
   // Optional: the projector being replaced, side_dim x r_old in any dtype. Used for `similarity`
   // and for warm starts. Its height must match the resolved side.
   HostMatrix previous_projector;

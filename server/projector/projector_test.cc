@@ -153,6 +153,21 @@ TEST_F(ProjectorTest, EveryMethodMeetsRhoAndOrthogonalityTargets) {
   }
 }
 
+TEST_F(ProjectorTest, ResidualMeasurementCanBeSkipped) {
+  const Gradient g = Encode(Decaying(60, 90, 3), 60, 90);
+  RefreshRequest request = Request(g, 8, ProjectionSide::kStd);
+  absl::StatusOr<RefreshResult> measured = Refresh(request);
+  request.measure_residual = false;
+  absl::StatusOr<RefreshResult> skipped = Refresh(request);
+  ASSERT_TRUE(measured.ok() && skipped.ok());
+  EXPECT_TRUE(std::isnan(skipped->residual_fro));
+  EXPECT_TRUE(std::isnan(skipped->residual_ratio));
+  EXPECT_TRUE(std::isnan(skipped->residual_ratio_upper_bound));
+  EXPECT_GT(measured->residual_fro, 0.0);
+  EXPECT_EQ(skipped->projector_bytes, measured->projector_bytes);
+  EXPECT_EQ(skipped->tail_energy_lower, measured->tail_energy_lower);
+}
+
 TEST_F(ProjectorTest, HalfPrecisionInputsComputeInFp32AndReportErrorAfterTheCast) {
   const int64_t m = 96, n = 160, r = 16;
   const std::vector<float> values = Decaying(m, n, 12);
@@ -257,8 +272,9 @@ TEST_F(ProjectorTest, HugeAndTinyMagnitudesAreRescaledNotOverflowed) {
   float peak = 0.0f;
   for (float x : base) peak = std::max(peak, std::fabs(x));
   // 1e30: squares overflow fp32; 1e38 / peak: even G·P overflows fp32 without rescaling;
-  // 1e-30: squares underflow.
-  for (double factor : {1e30, 1e38 / peak, 1e-30}) {
+  // 1e-30: squares underflow; 1e-39 / peak: the largest entry is an fp32 subnormal.
+  for (double factor : {1e30, 1e38 / peak, 1e-30, 1e-39 / peak}) {
+    SCOPED_TRACE(factor);
     std::vector<float> scaled(base.size());
     for (size_t i = 0; i < base.size(); ++i) scaled[i] = static_cast<float>(base[i] * factor);
     absl::StatusOr<RefreshResult> result =
