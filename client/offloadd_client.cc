@@ -357,9 +357,11 @@ absl::Status Client::UnregisterRegion(uint64_t region_id) {
 
 std::future<absl::StatusOr<OffloadResult>> Client::Offload(uint64_t region_id, uint64_t offset,
                                                            uint64_t bytes,
-                                                           absl::string_view ready_event) {
+                                                           absl::string_view ready_event,
+                                                           uint64_t tag) {
   v1::Request request;
   v1::OffloadRequest* o = request.mutable_offload();
+  o->set_tag(tag);
   o->set_region_id(region_id);
   o->set_offset(offset);
   o->set_bytes(bytes);
@@ -378,9 +380,25 @@ std::future<absl::StatusOr<ReloadResult>> Client::Reload(uint64_t block_id, uint
                                                          uint64_t offset, Priority priority,
                                                          bool release_after,
                                                          double deadline_seconds) {
+  return SubmitReload(block_id, 0, region_id, offset, priority, release_after, deadline_seconds);
+}
+
+std::future<absl::StatusOr<ReloadResult>> Client::ReloadTagged(uint64_t tag, uint64_t region_id,
+                                                               uint64_t offset, Priority priority,
+                                                               bool release_after,
+                                                               double deadline_seconds) {
+  return SubmitReload(0, tag, region_id, offset, priority, release_after, deadline_seconds);
+}
+
+std::future<absl::StatusOr<ReloadResult>> Client::SubmitReload(uint64_t block_id, uint64_t tag,
+                                                               uint64_t region_id, uint64_t offset,
+                                                               Priority priority,
+                                                               bool release_after,
+                                                               double deadline_seconds) {
   v1::Request request;
   v1::ReloadRequest* r = request.mutable_reload();
   r->set_block_id(block_id);
+  r->set_tag(tag);
   r->set_region_id(region_id);
   r->set_offset(offset);
   r->set_priority(priority == Priority::kUrgent ? v1::URGENT : v1::PREFETCH);
@@ -396,9 +414,14 @@ std::future<absl::StatusOr<ReloadResult>> Client::Reload(uint64_t block_id, uint
       /*flush=*/false);
 }
 
-std::future<absl::Status> Client::Release(uint64_t block_id) {
+std::future<absl::Status> Client::Release(uint64_t block_id) { return SubmitRelease(block_id, 0); }
+
+std::future<absl::Status> Client::ReleaseTagged(uint64_t tag) { return SubmitRelease(0, tag); }
+
+std::future<absl::Status> Client::SubmitRelease(uint64_t block_id, uint64_t tag) {
   v1::Request request;
   request.mutable_release()->set_block_id(block_id);
+  request.mutable_release()->set_tag(tag);
   return Submit<absl::Status>(
       std::move(request), v1::Response::kReleased,
       [](const v1::Response&) { return absl::OkStatus(); }, /*flush=*/false);

@@ -140,21 +140,32 @@ class Client {
 
   // Copies `bytes` at `offset` of region `region_id` into a new pool block. The client must not
   // modify those bytes until the future resolves. ready_event: CUDA IPC event handle bytes the
-  // daemon's copy waits on (cuda backend; empty = none, ignored by shm).
+  // daemon's copy waits on (cuda backend; empty = none, ignored by shm). tag: optional name
+  // for the block, unique among the session's live blocks (0 = none; INVALID_ARGUMENT if in
+  // use), so ReloadTagged/ReleaseTagged can be sent before this future resolves.
   std::future<absl::StatusOr<OffloadResult>> Offload(uint64_t region_id, uint64_t offset,
                                                      uint64_t bytes,
-                                                     absl::string_view ready_event = "");
+                                                     absl::string_view ready_event = "",
+                                                     uint64_t tag = 0);
 
-  // Copies block `block_id` back to `offset` of region `region_id`. May be sent before the
-  // block's offload completed (the daemon orders it after). release_after: free the block once
-  // copied. deadline_seconds: seconds from now by which the data is needed (0: none).
+  // Copies block `block_id` back to `offset` of region `region_id`. release_after: free the
+  // block once copied. deadline_seconds: seconds from now by which the data is needed (0: none).
   std::future<absl::StatusOr<ReloadResult>> Reload(uint64_t block_id, uint64_t region_id,
                                                    uint64_t offset, Priority priority,
                                                    bool release_after = false,
                                                    double deadline_seconds = 0);
+  // Reload of the block offloaded with `tag`; may be sent while that offload is still queued or
+  // copying: the daemon runs it after the copy, so it returns the offloaded bytes. NOT_FOUND for
+  // a tag with no live block; the offload's error if the tagged offload fails.
+  std::future<absl::StatusOr<ReloadResult>> ReloadTagged(uint64_t tag, uint64_t region_id,
+                                                         uint64_t offset, Priority priority,
+                                                         bool release_after = false,
+                                                         double deadline_seconds = 0);
 
   // Frees block `block_id` in the pool. Errors: the daemon's (NOT_FOUND unknown block, ...).
   std::future<absl::Status> Release(uint64_t block_id);
+  // Frees the block offloaded with `tag` (NOT_FOUND for a tag with no live block).
+  std::future<absl::Status> ReleaseTagged(uint64_t tag);
 
   // Unary GetStats on the same channel (independent of the session stream).
   // Errors: the RPC's status (UNAVAILABLE daemon gone, DEADLINE_EXCEEDED after
@@ -197,6 +208,11 @@ class Client {
 
   Client(const ClientOptions& options, std::string socket_path,
          std::shared_ptr<grpc::Channel> channel);
+  std::future<absl::StatusOr<ReloadResult>> SubmitReload(uint64_t block_id, uint64_t tag,
+                                                         uint64_t region_id, uint64_t offset,
+                                                         Priority priority, bool release_after,
+                                                         double deadline_seconds);
+  std::future<absl::Status> SubmitRelease(uint64_t block_id, uint64_t tag);
   void Start();
   void ReaderLoop();
   void WriterLoop();

@@ -38,6 +38,7 @@ session::Request FromProto(const v1::Request& p) {
       r.offset = p.offload().offset();
       r.bytes = p.offload().bytes();
       r.ready_event = p.offload().ready_event();
+      r.tag = p.offload().tag();
       break;
     case v1::Request::kReload:
       r.kind = session::RequestKind::kReload;
@@ -47,10 +48,12 @@ session::Request FromProto(const v1::Request& p) {
       r.priority = static_cast<int>(p.reload().priority());
       r.release_after = p.reload().release_after();
       r.deadline_seconds = p.reload().deadline_seconds();
+      r.tag = p.reload().tag();
       break;
     case v1::Request::kRelease:
       r.kind = session::RequestKind::kRelease;
       r.block_id = p.release().block_id();
+      r.tag = p.release().tag();
       break;
     default:
       r.kind = session::RequestKind::kUnknown;

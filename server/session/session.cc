@@ -93,8 +93,12 @@ void Session::Handle(const Request& r) {
     case RequestKind::kRegisterRegion: return OnRegister(r);
     case RequestKind::kUnregisterRegion: return OnUnregister(r);
     case RequestKind::kOffload: return OnOffload(r);
-    case RequestKind::kReload: return OnReload(r);
-    case RequestKind::kRelease: return OnRelease(r);
+    case RequestKind::kReload:
+    case RequestKind::kRelease: {
+      Request resolved = r;
+      if (!ResolveTag(resolved)) return;
+      return r.kind == RequestKind::kReload ? OnReload(resolved) : OnRelease(resolved);
+    }
     default:
       return Fail(r.request_id,
                   absl::InvalidArgumentError(
@@ -209,12 +213,27 @@ void Session::OnOffload(const Request& r) {
                                   "offloadd is shutting down: keep the tensor in process memory "
                                   "and reconnect when the daemon is back"));
   }
+  if (r.tag != 0) {
+    bool fresh;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fresh = tags_.emplace(r.tag, TaggedBlock{}).second;
+    }
+    if (!fresh) {
+      core_->EndTransfer();
+      return Fail(r.request_id, absl::InvalidArgumentError(absl::StrFormat(
+                                    "tag %d already names a live block of this session: use a "
+                                    "fresh tag, or release that block first",
+                                    r.tag)));
+    }
+  }
   auto self = shared_from_this();
   std::shared_ptr<copy::Region> reg = *region;
   const double start = NowSeconds();
   core_->store().Reserve(id_, r.bytes, [self, reg, r, start](absl::StatusOr<store::BlockRef> ref) {
     Core* core = self->core_;
     if (!ref.ok()) {
+      if (r.tag != 0) self->TagResolved(r.tag, 0, ref.status());
       self->Fail(r.request_id, ref.status());
       core->EndTransfer();
       return;
@@ -232,6 +251,7 @@ void Session::OnOffload(const Request& r) {
     absl::Status ready = core->engine().WaitReady(*reg, r.ready_event);
     if (!ready.ok()) {
       core->store().OffloadFinished(ref->block_id, ready);
+      if (r.tag != 0) self->TagResolved(r.tag, 0, ready);
       self->Fail(r.request_id, ready);
       core->EndTransfer();
       return;
@@ -263,10 +283,14 @@ void Session::OnOffload(const Request& r) {
         c.copy_seconds = now - admitted;
         self->Send(std::move(c));
       } else {
+        self->ForgetBlock(block.block_id);
         self->Fail(r.request_id, st);
       }
       core->EndTransfer();
     };
+    // Reloads and releases that named the block by tag before it existed run now; the store
+    // orders reloads after the copy.
+    if (r.tag != 0) self->TagResolved(r.tag, block.block_id, absl::OkStatus());
     core->LinkFor(self->device_id_)->d2h->Submit(std::move(t));
   });
 }
@@ -326,6 +350,7 @@ void Session::OnReload(const Request& r) {
           // A failed reload keeps the block so the client can retry: nothing accepted is lost.
           const bool release = r.release_after && st.ok();
           core->store().EndReload(r.block_id, release);
+          if (release) self->ForgetBlock(r.block_id);
           double now = NowSeconds();
           core->CountTransfer(/*offload=*/false, bytes, st.ok());
           RecordTransfer("h2d", self->device_id_, bytes, now - start, st.ok());
@@ -351,9 +376,65 @@ void Session::OnReload(const Request& r) {
   }
 }
 
+bool Session::ResolveTag(Request& r) {
+  if (r.block_id != 0 || r.tag == 0) return true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tags_.find(r.tag);
+    if (it != tags_.end()) {
+      if (it->second.block_id == 0) {
+        it->second.waiting.push_back(r);
+        return false;
+      }
+      r.block_id = it->second.block_id;
+      return true;
+    }
+  }
+  Fail(r.request_id, absl::NotFoundError(absl::StrFormat(
+                         "no live block of this session has tag %d (never offloaded with it, or "
+                         "already released)",
+                         r.tag)));
+  return false;
+}
+
+void Session::TagResolved(uint64_t tag, uint64_t block_id, const absl::Status& status) {
+  std::vector<Request> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tags_.find(tag);
+    if (it == tags_.end()) return;
+    waiting.swap(it->second.waiting);
+    if (block_id != 0) {
+      it->second.block_id = block_id;
+      block_tags_[block_id] = tag;
+    } else {
+      tags_.erase(it);
+    }
+  }
+  for (Request& w : waiting) {
+    if (block_id == 0) {
+      Fail(w.request_id, absl::Status(status.code(),
+                                      absl::StrFormat("the offload tagged %d failed: %s", tag,
+                                                      status.message())));
+      continue;
+    }
+    w.block_id = block_id;
+    Handle(w);
+  }
+}
+
+void Session::ForgetBlock(uint64_t block_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = block_tags_.find(block_id);
+  if (it == block_tags_.end()) return;
+  tags_.erase(it->second);
+  block_tags_.erase(it);
+}
+
 void Session::OnRelease(const Request& r) {
   absl::Status st = core_->store().Release(id_, r.block_id);
   if (!st.ok()) return Fail(r.request_id, st);
+  ForgetBlock(r.block_id);
   Completion c;
   c.request_id = r.request_id;
   c.kind = CompletionKind::kReleased;
@@ -370,6 +451,8 @@ void Session::Close(EndCause cause) {
     emit_ = nullptr;
     counted = hello_done_;
     regions_.clear();
+    tags_.clear();
+    block_tags_.clear();
   }
   core_->store().ReleaseSession(id_);
   auto& m = metrics::Get();

@@ -11,6 +11,10 @@
 //  - Reload priority must be URGENT or PREFETCH (INVALID_ARGUMENT otherwise); blocks are
 //    scoped to the session (NOT_FOUND for unknown, foreign or released ids).
 //  - A request kind the daemon does not know: INVALID_ARGUMENT.
+//  - Tags: an offload may name its block with a tag unique among the session's live blocks
+//    (INVALID_ARGUMENT if in use); reloads and releases may use the tag before OffloadDone
+//    (NOT_FOUND for a tag with no live block). If the tagged offload fails, requests waiting on
+//    the tag fail with its status.
 // Every request gets exactly one Completion with its request id. When the stream ends (client
 // exit or crash), Close() releases every block and region the session holds; copies in flight
 // finish first and their completions are dropped.
@@ -23,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "server/copy/copy_engine.h"
@@ -58,6 +63,9 @@ struct Request {
   int priority = 0;
   bool release_after = false;
   double deadline_seconds = 0;  // relative, seconds from now; 0 = none
+  // kOffload: a client-chosen name for the new block (0 = none). kReload / kRelease with
+  // block_id 0: the block named so; such a request waits if the offload is not yet admitted.
+  uint64_t tag = 0;
 };
 
 enum class CompletionKind {
@@ -112,6 +120,13 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnRelease(const Request& r);
   // Region by id, or NOT_FOUND.
   absl::StatusOr<std::shared_ptr<copy::Region>> FindRegion(uint64_t region_id);
+  // Fills r.block_id from r.tag. Returns false when the request was queued (offload not yet
+  // admitted) or failed (answered).
+  bool ResolveTag(Request& r);
+  // The tagged offload was admitted (block_id != 0) or failed: replays or fails its waiters.
+  void TagResolved(uint64_t tag, uint64_t block_id, const absl::Status& status);
+  // The block is gone: drop its tag.
+  void ForgetBlock(uint64_t block_id);
 
   Core* const core_;
   const uint64_t id_;
@@ -123,6 +138,12 @@ class Session : public std::enable_shared_from_this<Session> {
   uint32_t pid_ = 0;
   std::map<uint64_t, std::shared_ptr<copy::Region>> regions_;
   uint64_t next_region_id_ = 1;
+  struct TaggedBlock {
+    uint64_t block_id = 0;  // 0 until the offload is admitted
+    std::vector<Request> waiting;
+  };
+  std::map<uint64_t, TaggedBlock> tags_;    // tag -> block
+  std::map<uint64_t, uint64_t> block_tags_;  // block id -> tag
 };
 
 }  // namespace offloadd::session

@@ -227,3 +227,93 @@ TEST(SessionTest, DrainFinishesAcceptedTransfersThenRefusesNewOnes) {
 
 }  // namespace
 }  // namespace offloadd::session
+
+namespace offloadd::session {
+namespace {
+
+TEST(SessionTagTest, ReloadByTagBeforeOffloadDoneReturnsTheBytes) {
+  auto core = MakeCore(64 * kMiB);
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  Shm src(16 * kMiB), dst(16 * kMiB);
+  for (uint64_t i = 0; i < src.size_; ++i) src.data_[i] = static_cast<uint8_t>(i * 13 + 1);
+  s->Handle(Hello(1));
+  s->Handle(Register(2, src));
+  s->Handle(Register(3, dst));
+  uint64_t rs = out.Wait(2).id, rd = out.Wait(3).id;
+  // Offload 16 MiB (16 chunks) and queue its reload by tag at once, in the same batch.
+  Request off = Offload(10, rs, 0, 16 * kMiB);
+  off.tag = 77;
+  Request rel = Reload(11, 0, rd, 0, kPriorityUrgent, /*release_after=*/true);
+  rel.tag = 77;
+  s->Handle(off);
+  s->Handle(rel);
+  Completion r = out.Wait(11);
+  ASSERT_EQ(r.kind, CompletionKind::kReloadDone) << r.status;
+  EXPECT_TRUE(r.released);
+  EXPECT_EQ(out.Wait(10).kind, CompletionKind::kOffloadDone);
+  EXPECT_EQ(std::memcmp(src.data_, dst.data_, src.size_), 0);
+  // The tag is free again once its block is released.
+  Request again = Offload(12, rs, 0, kMiB);
+  again.tag = 77;
+  s->Handle(again);
+  EXPECT_EQ(out.Wait(12).kind, CompletionKind::kOffloadDone);
+  s->Close(EndCause::kClosed);
+}
+
+TEST(SessionTagTest, DuplicateAndUnknownTags) {
+  auto core = MakeCore(64 * kMiB);
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  Shm src(4 * kMiB);
+  s->Handle(Hello(1));
+  s->Handle(Register(2, src));
+  uint64_t rs = out.Wait(2).id;
+  Request a = Offload(3, rs, 0, kMiB);
+  a.tag = 5;
+  s->Handle(a);
+  Request b = Offload(4, rs, 0, kMiB);
+  b.tag = 5;
+  s->Handle(b);
+  EXPECT_EQ(out.Wait(4).status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out.Wait(3).kind, CompletionKind::kOffloadDone);
+  Request unknown;
+  unknown.request_id = 5;
+  unknown.kind = RequestKind::kRelease;
+  unknown.tag = 6;
+  s->Handle(unknown);
+  EXPECT_EQ(out.Wait(5).status.code(), absl::StatusCode::kNotFound);
+  Request release = unknown;
+  release.request_id = 6;
+  release.tag = 5;
+  s->Handle(release);
+  EXPECT_EQ(out.Wait(6).kind, CompletionKind::kReleased);
+  EXPECT_EQ(core->store().stats().blocks, 0u);
+  s->Close(EndCause::kClosed);
+}
+
+TEST(SessionTagTest, WaitersOfAFailedTaggedOffloadFailToo) {
+  auto core = MakeCore(4 * kMiB);  // admission deadline 0.2 s
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  Shm src(8 * kMiB);
+  s->Handle(Hello(1));
+  s->Handle(Register(2, src));
+  uint64_t rs = out.Wait(2).id;
+  s->Handle(Offload(3, rs, 0, 4 * kMiB));  // fills the pool
+  ASSERT_EQ(out.Wait(3).kind, CompletionKind::kOffloadDone);
+  Request off = Offload(4, rs, 0, kMiB);
+  off.tag = 9;
+  s->Handle(off);  // waits for space, then times out
+  Request rel = Reload(5, 0, rs, 0, kPriorityUrgent, true);
+  rel.tag = 9;
+  s->Handle(rel);
+  EXPECT_EQ(out.Wait(4).status.code(), absl::StatusCode::kResourceExhausted);
+  Completion r = out.Wait(5);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(r.status.message()).find("tagged 9"), std::string::npos);
+  s->Close(EndCause::kClosed);
+}
+
+}  // namespace
+}  // namespace offloadd::session

@@ -109,6 +109,25 @@ TEST_F(E2ETest, BlockCanBeReloadedSeveralTimesUntilReleased) {
   EXPECT_EQ(client_->Release(off->block_id).get().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(E2ETest, ReloadByTagQueuedBehindItsOffloadReturnsTheBytes) {
+  std::vector<uint8_t> original(static_cast<uint8_t*>(region_->data()),
+                                static_cast<uint8_t*>(region_->data()) + 8 * kMiB);
+  std::future<absl::StatusOr<client::OffloadResult>> off;
+  std::future<absl::StatusOr<client::ReloadResult>> rel;
+  {
+    Client::ScopedBatch batch(*client_);  // both requests in one message
+    off = client_->Offload(region_id_, 0, 8 * kMiB, "", /*tag=*/1234);
+    rel = client_->ReloadTagged(1234, region_id_, 8 * kMiB, Priority::kUrgent, true);
+  }
+  auto r = rel.get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->released);
+  ASSERT_TRUE(off.get().ok());
+  EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(region_->data()) + 8 * kMiB, original.data(),
+                        8 * kMiB), 0);
+  EXPECT_EQ(client_->ReleaseTagged(1234).get().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(E2ETest, UnknownRegionIsNotFound) {
   EXPECT_EQ(client_->Offload(region_id_ + 99, 0, kMiB).get().status().code(),
             absl::StatusCode::kNotFound);
