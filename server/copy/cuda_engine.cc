@@ -179,6 +179,9 @@ void CudaCopyEngine::Shared::Close(const std::shared_ptr<Mapping>& m) {
   std::lock_guard<std::mutex> lock(mu);
   ++stats.mem_handle_closes_total;
   --stats.mem_handles_open;
+  LOG(INFO) << "cuda: closed IPC memory handle on " << m->worker->device().uuid
+            << "; closes_total=" << stats.mem_handle_closes_total
+            << " open_now=" << stats.mem_handles_open;
 }
 
 void CudaCopyEngine::Shared::Unref(const std::shared_ptr<Mapping>& m) {
@@ -299,6 +302,10 @@ absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionS
     s.mappings[key] = m;
     ++s.stats.mem_handle_opens_total;
     ++s.stats.mem_handles_open;
+    // One line per open (rare: once per allocation): tests/gpu/run.sh counts them.
+    LOG(INFO) << "cuda: opened IPC memory handle on " << device->uuid << " ("
+              << m->allocation_bytes << " bytes); opens_total=" << s.stats.mem_handle_opens_total
+              << " open_now=" << s.stats.mem_handles_open;
   }
   bool too_big, close_fresh = false;
   uint64_t allocation_bytes;
