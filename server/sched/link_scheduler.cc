@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/sched/drr.h"
+#include "server/sched/host_link.h"
 
 namespace offloadd::sched {
 
@@ -59,6 +60,7 @@ struct LinkScheduler::Impl {
     absl::Status status;  // first chunk error
     uint32_t chunks_in_flight = 0;
     bool all_popped = false;  // no chunk of it remains queued (popped or cancelled)
+    double submit_seconds = 0;
   };
 
   Impl(LinkSchedulerOptions opts, Clock* c)
@@ -78,6 +80,7 @@ struct LinkScheduler::Impl {
   bool stopping = false;
   double link_free_at_seconds = 0;  // virtual finish of the last paced chunk
   double busy_since_seconds = 0;
+  bool parent_turn_pending = false;  // a worker is waiting for a turn at options.parent
   LinkSchedulerStats stats;
 
   std::mutex join_mu;  // serializes Shutdown's joins
@@ -86,11 +89,15 @@ struct LinkScheduler::Impl {
 
 void LinkScheduler::Impl::WorkerLoop() {
   const double rate = options.bytes_per_second;
+  HostLink* const parent = options.parent;
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
-    cv.wait(lock, [&] { return !queue.empty() || stopping; });
+    // With a parent, one worker at a time waits there for a turn; the others wait here.
+    cv.wait(lock, [&] {
+      return (!queue.empty() && !parent_turn_pending) || (stopping && queue.empty());
+    });
     if (queue.empty()) return;  // stopping, and everything queued has been handed out
-    double finish_seconds = 0;
+    double start = 0;
     if (rate > 0) {
       const double now = clock->NowSeconds();
       if (now < link_free_at_seconds) {
@@ -102,23 +109,52 @@ void LinkScheduler::Impl::WorkerLoop() {
         lock.lock();
         continue;
       }
-      const double start =
-          now - link_free_at_seconds <= kPacingSlackSeconds ? link_free_at_seconds : now;
-      // The chunk's bytes are known only after Pop; the reservation is made just below.
-      finish_seconds = start;
+      start = now - link_free_at_seconds <= kPacingSlackSeconds ? link_free_at_seconds : now;
+    }
+    if (parent != nullptr) {
+      parent_turn_pending = true;
+      lock.unlock();
+      const double parent_start = parent->WaitTurn(options.link_name);
+      lock.lock();
+      parent_turn_pending = false;
+      cv.notify_all();
+      if (queue.empty()) {  // cancelled meanwhile: give the turn back unused
+        parent->Commit(options.link_name, 0);
+        continue;
+      }
+      // Waiting for the turn may have left this link idle: it starts with the turn.
+      start = std::max(start, parent_start);
+    } else if (rate <= 0) {
+      start = clock->NowSeconds();
     }
     Chunk chunk = *queue.Pop();
     Active& a = active.at(chunk.transfer_id);
     ++a.chunks_in_flight;
     if (chunk.last) a.all_popped = true;
     if (stats.chunks_in_flight++ == 0) busy_since_seconds = clock->NowSeconds();
+    double finish_seconds = 0;
     if (rate > 0) {
-      finish_seconds += static_cast<double>(chunk.len) / rate;
+      finish_seconds = start + static_cast<double>(chunk.len) / rate;
       link_free_at_seconds = finish_seconds;
     }
+    // Lock order: this link's mu, then the parent's (the parent never calls back).
+    if (parent != nullptr) {
+      finish_seconds = std::max(finish_seconds, parent->Commit(options.link_name, chunk.len));
+    }
+    std::function<void(TrafficClass, double)> report;
+    double wait_seconds = 0;
+    if (chunk.offset == 0) {  // the transfer's first chunk
+      const int c = static_cast<int>(chunk.transfer->cls);
+      wait_seconds = std::max(0.0, start - a.submit_seconds);
+      ++stats.started_transfers[c];
+      stats.queue_wait_seconds_sum[c] += wait_seconds;
+      stats.queue_wait_seconds_max[c] = std::max(stats.queue_wait_seconds_max[c], wait_seconds);
+      report = options.on_queue_wait;
+    }
     lock.unlock();
+    if (report) report(chunk.transfer->cls, wait_seconds);
     absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
-    if (rate > 0) clock->SleepUntil(finish_seconds);
+    if (finish_seconds > 0) clock->SleepUntil(finish_seconds);
     lock.lock();
     FinishChunk(lock, chunk, std::move(status));
   }
@@ -180,7 +216,9 @@ void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
   if (error.ok()) {
     absl::StatusOr<uint64_t> id = impl_->queue.Push(transfer);
     if (id.ok()) {
-      impl_->active[*id].transfer = std::move(transfer);
+      Impl::Active& a = impl_->active[*id];
+      a.transfer = std::move(transfer);
+      a.submit_seconds = impl_->clock->NowSeconds();
       lock.unlock();
       impl_->cv.notify_one();
       return;

@@ -14,6 +14,11 @@
 //     then FIFO.
 // Pacing: when bytes_per_second > 0 the link's chunks start no faster than that rate (virtual
 // finish time per link direction), which is how the shm backend simulates a PCIe link.
+// Hierarchy: with a `parent` HostLink (host_link.h: a root port or host memory node shared by
+// several links), a worker also takes a turn at the parent before each chunk — one worker of
+// this link waits there at a time, and the chunk is picked only once the turn is granted. A
+// chunk then finishes when both levels have moved it: max(start + len / bytes_per_second,
+// the parent's finish).
 //
 // The policy itself (1-3) is ChunkQueue in drr.h, deterministic and single-threaded; this class
 // adds worker threads, pacing, byte/busy accounting and completion. With several workers and
@@ -63,6 +68,8 @@ struct Transfer {
   std::function<void(absl::Status)> done;
 };
 
+class HostLink;
+
 struct LinkSchedulerOptions {
   std::string link_name;
   std::string direction;              // "d2h" / "h2d", for metrics and logs
@@ -72,6 +79,12 @@ struct LinkSchedulerOptions {
   double bytes_per_second = 0;                  // 0 = unpaced
   double offload_min_share = 0.2;               // of bytes while offloads are queued
   std::map<std::string, uint32_t> gpu_weights;  // default weight 1
+  // The level above this link (not owned; must outlive the scheduler); null = none. Turns are
+  // taken there under the name link_name.
+  HostLink* parent = nullptr;
+  // Called (on a worker thread, without locks held) when a transfer's first chunk starts, with
+  // the seconds it waited since Submit. For the queue-wait metric; may be empty.
+  std::function<void(TrafficClass cls, double wait_seconds)> on_queue_wait;
 };
 
 struct LinkSchedulerStats {
@@ -81,6 +94,11 @@ struct LinkSchedulerStats {
   double busy_seconds = 0;  // time with at least one chunk being copied
   uint64_t queued_transfers = 0;
   uint64_t chunks_in_flight = 0;
+  // Per class: transfers whose first chunk started, and the sum / max of their waits from
+  // Submit to that start (seconds; the paced start when bytes_per_second > 0).
+  uint64_t started_transfers[kNumClasses] = {0, 0, 0};
+  double queue_wait_seconds_sum[kNumClasses] = {0, 0, 0};
+  double queue_wait_seconds_max[kNumClasses] = {0, 0, 0};
 };
 
 class LinkScheduler {

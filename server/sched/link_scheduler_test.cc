@@ -351,5 +351,55 @@ TEST(LinkSchedulerTest, PacingWithManyWorkersNeverExceedsTheRateInAggregate) {
   EXPECT_NEAR(clock.NowSeconds(), static_cast<double>(total) / 2e9, 1e-9);
 }
 
+
+TEST(LinkSchedulerTest, QueueWaitIsSubmitToFirstChunkStartPerClass) {
+  FakeClock clock;
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.chunk_bytes = 1 * kMiB;
+  o.bytes_per_second = 1e9;
+  o.offload_min_share = 0;
+  std::mutex mu;
+  std::vector<std::pair<TrafficClass, double>> reported;
+  o.on_queue_wait = [&](TrafficClass c, double s) {
+    std::lock_guard<std::mutex> lock(mu);
+    reported.push_back({c, s});
+  };
+  LinkScheduler sched(o, &clock);
+  // Hold the first chunk until everything is queued, so every Submit happens at time 0.
+  Gate gate;
+  auto first = rec.Make(0, "gpu0", TrafficClass::kOffload, 2 * kMiB);
+  auto record = first->copy_chunk;
+  first->copy_chunk = [&gate, record](uint64_t offset, uint64_t len) {
+    if (offset == 0) gate.Wait();
+    return record(offset, len);
+  };
+  sched.Submit(first);
+  while (sched.stats().chunks_in_flight == 0) std::this_thread::yield();
+  sched.Submit(rec.Make(1, "gpu0", TrafficClass::kOffload, 2 * kMiB));
+  sched.Submit(rec.Make(2, "gpu1", TrafficClass::kPrefetch, 3 * kMiB));
+  sched.Submit(rec.Make(3, "gpu1", TrafficClass::kUrgent, 1 * kMiB));
+  gate.Open();
+  sched.Shutdown();
+  // Chunk order: 0 (in flight), 3 (urgent), 2 2 2 (prefetch), 0, 1 1 (offload).
+  EXPECT_EQ(rec.copy_order, (std::vector<int>{0, 3, 2, 2, 2, 0, 1, 1}));
+  const double chunk = static_cast<double>(kMiB) / 1e9;
+  const LinkSchedulerStats s = sched.stats();
+  const int u = static_cast<int>(TrafficClass::kUrgent);
+  const int p = static_cast<int>(TrafficClass::kPrefetch);
+  const int f = static_cast<int>(TrafficClass::kOffload);
+  EXPECT_EQ(s.started_transfers[u], 1u);
+  EXPECT_EQ(s.started_transfers[p], 1u);
+  EXPECT_EQ(s.started_transfers[f], 2u);
+  EXPECT_NEAR(s.queue_wait_seconds_sum[u], 1 * chunk, 1e-12);
+  EXPECT_NEAR(s.queue_wait_seconds_sum[p], 2 * chunk, 1e-12);
+  EXPECT_NEAR(s.queue_wait_seconds_sum[f], 0 + 6 * chunk, 1e-12);
+  EXPECT_NEAR(s.queue_wait_seconds_max[f], 6 * chunk, 1e-12);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(reported.size(), 4u);
+  EXPECT_EQ(reported[1].first, TrafficClass::kUrgent);
+  EXPECT_NEAR(reported[1].second, chunk, 1e-12);
+}
+
 }  // namespace
 }  // namespace offloadd::sched
