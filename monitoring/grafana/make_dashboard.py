@@ -1,0 +1,251 @@
+#!/usr/bin/python3
+"""Writes offloadd-dashboard.json (Grafana 9+ dashboard JSON, schemaVersion 37) beside this file.
+
+The JSON is committed; edit this script and rerun it (`/usr/bin/python3 make_dashboard.py`)
+rather than editing the JSON: tests/monitoring/test_dashboard.py checks the two agree.
+Variables: datasource (Prometheus), instance (a daemon), gpu. Every query selects
+instance=~"$instance"; per-GPU series also gpu=~"$gpu". Metric names are the daemon's
+(README "Metrics"); tests/monitoring/test_live_scrape.py checks each exists in a live scrape.
+"""
+import json
+import os
+import sys
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RATE = "[$__rate_interval]"
+INST = 'instance=~"$instance"'
+GPU = 'gpu=~"$gpu"'
+
+
+def target(expr, legend, ref):
+    return {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "range": True}
+
+
+class Builder:
+    def __init__(self):
+        self.panels = []
+        self.next_id = 1
+        self.y = 0
+        self.x = 0
+        self.row_h = 0
+
+    def _id(self):
+        i = self.next_id
+        self.next_id += 1
+        return i
+
+    def row(self, title):
+        if self.x:
+            self.y += self.row_h
+        self.x, self.row_h = 0, 0
+        self.panels.append({"type": "row", "id": self._id(), "title": title, "collapsed": False,
+                            "panels": [], "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}})
+        self.y += 1
+
+    def panel(self, title, description, targets, unit, kind="timeseries", w=8, h=8,
+              minimum=None, maximum=None, thresholds=None, stack=False):
+        if self.x + w > 24:
+            self.y += self.row_h
+            self.x, self.row_h = 0, 0
+        defaults = {"unit": unit}
+        if minimum is not None:
+            defaults["min"] = minimum
+        if maximum is not None:
+            defaults["max"] = maximum
+        if thresholds:
+            defaults["thresholds"] = {"mode": "absolute", "steps": [
+                {"color": color, "value": value} for value, color in thresholds]}
+        if kind == "timeseries":
+            defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10,
+                                  "showPoints": "never",
+                                  "stacking": {"mode": "normal" if stack else "none"}}
+        options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                   "tooltip": {"mode": "multi", "sort": "desc"}}
+        if kind in ("stat", "gauge"):
+            options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                       "orientation": "auto"}
+        refs = "ABCDEFGH"
+        self.panels.append({
+            "type": kind, "id": self._id(), "title": title, "description": description,
+            "datasource": DS, "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y},
+            "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options,
+            "targets": [target(e, l, refs[i]) for i, (e, l) in enumerate(targets)]})
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+
+def quantiles(metric, by, labels, qs=(0.5, 0.99)):
+    sel = "{" + labels + "}"
+    return [(f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{sel}{RATE})))",
+             f"p{int(q * 100)} {{{{{by}}}}}") for q in qs]
+
+
+def build():
+    b = Builder()
+    b.row("Pool")
+    b.panel("Pool bytes by NUMA node",
+            "Host pool capacity, bytes held by blocks, the peak since start, and bytes pinned "
+            "(registered with the driver or mlocked), per daemon and NUMA node.",
+            [(f"sum by (instance, numa_node) (offloadd_pool_capacity_bytes{{{INST}}})",
+              "{{instance}} node {{numa_node}} capacity"),
+             (f"sum by (instance, numa_node) (offloadd_pool_used_bytes{{{INST}}})",
+              "{{instance}} node {{numa_node}} used"),
+             (f"sum by (instance, numa_node) (offloadd_pool_peak_used_bytes{{{INST}}})",
+              "{{instance}} node {{numa_node}} peak"),
+             (f"sum by (instance, numa_node) (offloadd_pool_pinned_bytes{{{INST}}})",
+              "{{instance}} node {{numa_node}} pinned")], "bytes", w=10)
+    b.panel("Pool used ratio",
+            "Used / capacity per daemon. The OffloaddPoolAbove90Percent alert fires above 0.9 "
+            "for 5 minutes.",
+            [(f"sum by (instance) (offloadd_pool_used_bytes{{{INST}}}) / sum by (instance) "
+              f"(offloadd_pool_capacity_bytes{{{INST}}})", "{{instance}}")],
+            "percentunit", kind="gauge", w=4, minimum=0, maximum=1,
+            thresholds=[(None, "green"), (0.75, "orange"), (0.9, "red")])
+    b.panel("Offloads waiting for space / refused",
+            "Offloads queued for pool space (back-pressure), and offloads refused with "
+            "RESOURCE_EXHAUSTED per second (queue full or admission deadline passed).",
+            [(f"offloadd_offloads_waiting{{{INST}}}", "{{instance}} waiting"),
+             (f"rate(offloadd_offloads_refused_total{{{INST}}}{RATE})",
+              "{{instance}} refused/s")], "short", w=5, minimum=0)
+    b.panel("Blocks held", "Blocks (extents) held in the pool.",
+            [(f"offloadd_pool_blocks{{{INST}}}", "{{instance}}")], "short", w=5, minimum=0)
+
+    b.row("Link saturation")
+    b.panel("Link busy ratio",
+            "Fraction of time a link direction was copying (rate of busy seconds). 1 = "
+            "saturated: copies queue behind each other.",
+            [(f"rate(offloadd_link_busy_seconds_total{{{INST}}}{RATE})",
+              "{{instance}} {{link}} {{direction}}")], "percentunit", w=8, minimum=0, maximum=1,
+            thresholds=[(None, "green"), (0.9, "red")])
+    b.panel("Link throughput and capacity",
+            "Bytes/s copied per link direction, and the configured capacity (0 = unpaced, not "
+            "drawn).",
+            [(f"rate(offloadd_link_bytes_total{{{INST}}}{RATE})",
+              "{{instance}} {{link}} {{direction}}"),
+             (f"offloadd_link_capacity_bytes_per_second{{{INST}}} > 0",
+              "{{instance}} {{link}} {{direction}} capacity")], "Bps", w=8, minimum=0)
+    b.panel("Transfers queued per link", "Transfers queued or copying per link direction.",
+            [(f"offloadd_link_queued_transfers{{{INST}}}",
+              "{{instance}} {{link}} {{direction}}")], "short", w=8, minimum=0)
+
+    b.row("Throughput")
+    b.panel("Bytes/s per GPU and direction",
+            "Bytes moved by completed transfers: d2h = offloads, h2d = reloads.",
+            [(f"sum by (instance, gpu, direction) (rate(offloadd_transfer_bytes_total"
+              f"{{{INST},{GPU},status=\"ok\"}}{RATE}))",
+              "{{instance}} {{gpu}} {{direction}}")], "Bps", w=8, minimum=0, stack=True)
+    b.panel("Transfers/s per GPU and direction", "Completed transfers per second.",
+            [(f"sum by (instance, gpu, direction) (rate(offloadd_transfers_total"
+              f"{{{INST},{GPU},status=\"ok\"}}{RATE}))",
+              "{{instance}} {{gpu}} {{direction}}")], "ops", w=8, minimum=0)
+    b.panel("Failed transfers/s", "Transfers that finished with a status other than ok.",
+            [(f"sum by (instance, gpu, direction, status) (rate(offloadd_transfers_total"
+              f"{{{INST},{GPU},status!=\"ok\"}}{RATE}))",
+              "{{instance}} {{gpu}} {{direction}} {{status}}")], "ops", w=8, minimum=0)
+
+    b.row("Latency quantiles")
+    b.panel("Transfer duration",
+            "From a transfer's request to its completion, waits included; p50 and p99 by "
+            "direction.",
+            quantiles("offloadd_transfer_duration_seconds", "direction", INST), "s", w=8)
+    b.panel("Transfer size", "Size of completed transfers; p50 and p99 by direction.",
+            quantiles("offloadd_transfer_size_bytes", "direction", INST), "bytes", w=8)
+    b.panel("Reload deadline misses/s per GPU",
+            "Reloads that completed after the deadline the client gave (backward waited).",
+            [(f"sum by (instance, gpu) (rate(offloadd_reload_deadline_misses_total"
+              f"{{{INST},{GPU}}}{RATE}))", "{{instance}} {{gpu}}")], "ops", w=8, minimum=0)
+
+    b.row("Fairness")
+    b.panel("Share of transfer bytes per GPU",
+            "Each GPU's share of its daemon's transfer bytes. GPUs with equal DRR weights and "
+            "equal demand should get equal shares.",
+            [(f"sum by (instance, gpu) (rate(offloadd_transfer_bytes_total"
+              f"{{{INST},{GPU},status=\"ok\"}}{RATE})) / on (instance) group_left sum by "
+              f"(instance) (rate(offloadd_transfer_bytes_total{{{INST},status=\"ok\"}}{RATE}))",
+              "{{instance}} {{gpu}}")], "percentunit", w=8, minimum=0, maximum=1, stack=True)
+    b.panel("Scheduler queue wait p99 by class",
+            "Time a transfer waits in its link's queue before its first chunk is copied, by "
+            "class (urgent > prefetch > offload).",
+            quantiles("offloadd_link_queue_wait_seconds", "class", INST, qs=(0.99,)), "s", w=8)
+    b.panel("Scheduler queue wait p50 by class", "As on the left, median.",
+            quantiles("offloadd_link_queue_wait_seconds", "class", INST, qs=(0.5,)), "s", w=8)
+
+    b.row("Sessions and IPC")
+    b.panel("Sessions open", "Client sessions (training processes) connected.",
+            [(f"offloadd_sessions_open{{{INST}}}", "{{instance}}")], "short", w=6, minimum=0)
+    b.panel("Sessions ended by cause",
+            "Sessions ended per interval: closed (clean), crashed (stream broke), shutdown, "
+            "lease_expired.",
+            [(f"sum by (instance, cause) (increase(offloadd_sessions_ended_total{{{INST}}}"
+              f"{RATE}))", "{{instance}} {{cause}}")], "short", w=6, minimum=0)
+    b.panel("IPC handles open / opened per second",
+            "Client memory handles (CUDA IPC, or shm regions) the daemon holds open per GPU, "
+            "and how often it opens new ones (a steady high rate means clients re-register).",
+            [(f"offloadd_ipc_handles_open{{{INST},{GPU}}}", "{{instance}} {{gpu}} open"),
+             (f"rate(offloadd_ipc_handle_opens_total{{{INST},{GPU}}}{RATE})",
+              "{{instance}} {{gpu}} opens/s")], "short", w=6, minimum=0)
+    b.panel("Daemons", "Daemons reporting, by version and backend.",
+            [(f"count by (version, backend) (offloadd_build_info{{{INST}}})",
+              "{{version}} {{backend}}")], "short", kind="stat", w=6)
+
+    b.row("GaLore refreshes")
+    b.panel("Projector refresh duration",
+            "Time of one GaLore projector refresh (top-r SVD of a gradient); p50 and p99.",
+            [(f"histogram_quantile({q}, sum by (le) (rate("
+              f"offloadd_projector_refresh_duration_seconds_bucket{{{INST}}}{RATE})))",
+              f"p{int(q * 100)}") for q in (0.5, 0.99)], "s", w=8)
+    b.panel("Projector refreshes/s", "Refreshes completed per second.",
+            [(f"sum by (instance) (rate(offloadd_projector_refresh_duration_seconds_count"
+              f"{{{INST}}}{RATE}))", "{{instance}}")], "ops", w=8, minimum=0)
+    b.panel("Projector queue depth", "Refresh requests queued or running.",
+            [(f"offloadd_projector_queue_depth{{{INST}}}", "{{instance}}")], "short", w=8,
+            minimum=0)
+    return b.panels
+
+
+def variable(name, label, query, multi=True):
+    return {"name": name, "label": label, "type": "query", "datasource": DS,
+            "definition": query, "query": {"query": query, "refId": name}, "refresh": 2,
+            "multi": multi, "includeAll": True, "allValue": ".*", "sort": 1, "hide": 0,
+            "current": {}, "options": [], "regex": ""}
+
+
+def dashboard():
+    return {
+        "uid": "offloadd",
+        "title": "offloadd",
+        "description": "offloadd: host pool, PCIe link saturation, throughput, latency, "
+                       "fairness, sessions and IPC, GaLore projector refreshes.",
+        "tags": ["offloadd", "gpu"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 37,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timezone": "",
+        "annotations": {"list": []},
+        "links": [],
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource",
+             "query": "prometheus", "current": {}, "hide": 0, "refresh": 1, "regex": "",
+             "options": []},
+            variable("instance", "Daemon", "label_values(offloadd_build_info, instance)"),
+            variable("gpu", "GPU",
+                     'label_values(offloadd_transfers_total{instance=~"$instance"}, gpu)'),
+        ]},
+        "panels": build(),
+    }
+
+
+def render():
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "offloadd-dashboard.json")
+    if len(sys.argv) > 1:
+        out = sys.argv[1]
+    with open(out, "w") as f:
+        f.write(render())
+    print(out)
