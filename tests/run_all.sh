@@ -2,7 +2,8 @@
 # Runs every test suite of offloadd and ends with one line "N passed, N failed" over all of them:
 #   1. Bazel tests (C++ unit tests beside the code, tests/e2e integration and multi-process tests)
 #   2. Python tests (client/python/tests: protocol client, torch hooks, planner)
-#   3. tests/demo smoke run of `make demo` with a small workload
+#   3. monitoring/deployment tests (manifests, promtool, live Prometheus scrape)
+#   4. a smoke run of `make demo` with a small workload
 # Exit status is non-zero when anything failed. Stops the Bazel server at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,11 @@ if [ -x tests/python/run.sh ] || [ -f tests/python/run.sh ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 /usr/bin/python3 tests/count_unittest_results.py "$results/python.log" > "$results/python.count" || rc=1
+
+echo "== monitoring and deployment tests"
+bash tests/monitoring/run.sh 2>&1 | tee "$results/monitoring.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+/usr/bin/python3 tests/count_unittest_results.py "$results/monitoring.log" > "$results/monitoring.count" || rc=1
 
 echo "== demo smoke test"
 if /usr/bin/python3 bench/demo.py --bin build/bin --clients 2 --layers 6 \
