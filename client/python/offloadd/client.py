@@ -202,6 +202,14 @@ class Client:
         except grpc.RpcError as e:
             raise _rpc_error(e, self.target, "GetStats") from None
 
+    def drain(self, timeout=10.0):
+        """Waits until every request submitted so far has its response (or failed).
+        Returns True when all completed within ``timeout`` seconds."""
+        with self._lock:
+            futures = [f for f, _ in self._pending.values()]
+        done, not_done = concurrent.futures.wait(futures, timeout=timeout)
+        return not not_done
+
     # ---- lifecycle ---------------------------------------------------------------------------
     def close(self, timeout=5.0):
         """Half-closes the stream after the queued requests, waits up to ``timeout`` seconds for

@@ -41,7 +41,8 @@ IPC_HANDLE_BYTES = 64             # sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpc
 
 
 class _Handle64(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * IPC_HANDLE_BYTES)]
+    # Unsigned bytes, not c_char: a c_char array field reads back truncated at its first NUL.
+    _fields_ = [("reserved", ctypes.c_ubyte * IPC_HANDLE_BYTES)]
 
 
 class _Uuid(ctypes.Structure):
@@ -151,7 +152,7 @@ class CudaRuntime:
             check_allocator_config()
             self._rt(rc, "cudaIpcGetMemHandle(0x%x) (memory from a VMM allocator, e.g. "
                          "expandable_segments, has no IPC handle)" % base)
-        return bytes(h.reserved) + b"\0" * (IPC_HANDLE_BYTES - len(h.reserved))
+        return bytes(h)
 
     def create_ipc_event(self):
         """(event pointer, 64 IPC handle bytes) of a new interprocess, timing-disabled event."""
@@ -166,7 +167,7 @@ class CudaRuntime:
         except CudaExportError:
             self.cudart.cudaEventDestroy(ev)
             raise
-        return ev.value, bytes(h.reserved) + b"\0" * (IPC_HANDLE_BYTES - len(h.reserved))
+        return ev.value, bytes(h)
 
     def record_event(self, event, stream):
         """cudaEventRecord(event, stream); ``stream`` is a cudaStream_t as int (0: legacy)."""
@@ -183,7 +184,7 @@ class CudaRuntime:
         self._drv(self.libcuda.cuDeviceGet(ctypes.byref(dev), int(ordinal)),
                   "cuDeviceGet(%d)" % ordinal)
         u = _Uuid()
-        self._drv(self.libcuda.cuDeviceGetUuid(ctypes.byref(u), dev), "cuDeviceGetUuid")
+        self._drv(self.libcuda.cuDeviceGetUuid(ctypes.byref(u), dev.value), "cuDeviceGetUuid")
         return format_uuid(bytes(u.bytes))
 
 

@@ -8,7 +8,8 @@
   ``gradient_checkpointing_enable(offload=True)``: see client/python/README.md).
 * :func:`checkpoint` -- drop-in for ``torch.utils.checkpoint.checkpoint`` that offloads the
   layer input itself, with non-reentrant semantics on every torch version from 1.13 on.
-* :class:`OffloadStats`, :func:`default_context`, :func:`fallbacks_total`, :func:`close`.
+* :class:`OffloadStats`, :func:`default_context`, :func:`fallbacks_total`, :func:`synchronize`
+  (wait for every request sent so far), :func:`close`.
 
 CPU tensors are staged through POSIX shared memory (daemon backend "shm"); CUDA tensors are
 exported through the CUDA runtime (IPC handle of the allocation base + offset, interprocess
@@ -17,9 +18,9 @@ events) on a "cuda" daemon, or staged through shared memory on a "shm" one.
 
 from ._checkpoint import checkpoint
 from ._endpoint import close_all as close
-from ._endpoint import fallbacks_total
+from ._endpoint import fallbacks_total, synchronize
 from ._hooks import default_context, offload_checkpoints, save_on_cpu
 from ._stats import OffloadStats
 
 __all__ = ["offload_checkpoints", "save_on_cpu", "checkpoint", "OffloadStats",
-           "default_context", "fallbacks_total", "close"]
+           "default_context", "fallbacks_total", "synchronize", "close"]

@@ -164,6 +164,15 @@ def close_all():
         ep.close()
 
 
+def synchronize(timeout=10.0):
+    """Waits until every request this process sent (offloads, reloads, releases) is answered:
+    afterwards the daemon's stats reflect everything released so far. True if all completed."""
+    ok = True
+    for ep in endpoints():
+        ok = ep.client.drain(timeout) and ok
+    return ok
+
+
 def endpoints():
     """The live endpoints of this process (for stats and tests)."""
     with _lock:

@@ -55,6 +55,10 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
         if log_stats_at_exit:
             atexit.register(self.store.stats.log)
 
+    def __enter__(self):
+        super().__enter__()
+        return self
+
     @property
     def stats(self):
         """The live :class:`~offloadd.torch.OffloadStats` of this context (``.snapshot()`` for a

@@ -1,0 +1,159 @@
+"""Test helpers: a real offloadd daemon per test class, and one training step of the tiny model.
+
+The daemon binary is $OFFLOADD_BIN, default <repo>/bazel-bin/server/offloadd (build it with
+``bazel build //server:offloadd``). Each daemon listens on a unique short socket under /tmp
+(Unix socket paths are limited to 107 bytes), with --metrics_address "" and a small pool; its
+log goes to a temporary file that is printed when it fails to start.
+"""
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+PY_ROOT = os.path.join(REPO, "client", "python")
+EXAMPLES = os.path.join(PY_ROOT, "examples")
+for _p in (PY_ROOT, EXAMPLES):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import grpc  # noqa: E402
+
+from offloadd.v1 import offload_pb2 as pb  # noqa: E402
+from offloadd.v1 import offload_pb2_grpc as pb_grpc  # noqa: E402
+
+
+def daemon_bin():
+    path = os.environ.get("OFFLOADD_BIN") or os.path.join(REPO, "bazel-bin", "server", "offloadd")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError("offloadd binary not found at %s: build it (bazel build "
+                           "//server:offloadd) or set OFFLOADD_BIN" % path)
+    return path
+
+
+class Daemon:
+    """A started daemon. ``sock``: its socket path. ``stop()`` sends SIGTERM and waits."""
+
+    def __init__(self, pool_bytes="64MiB", extra=()):
+        self.sock = "/tmp/ofd-py-%d-%s.sock" % (os.getpid(), secrets.token_hex(3))
+        self.log = tempfile.NamedTemporaryFile(prefix="offloadd-test-", suffix=".log",
+                                               delete=False)
+        self.proc = subprocess.Popen(
+            [daemon_bin(), "--socket_path", self.sock, "--pool_bytes", pool_bytes,
+             "--metrics_address", ""] + list(extra),
+            stdout=subprocess.PIPE, stderr=self.log, text=True)
+        ready = threading.Event()
+
+        def watch():
+            for line in self.proc.stdout:
+                if line.startswith("offloadd: ready on"):
+                    ready.set()
+        self._watcher = threading.Thread(target=watch, daemon=True)
+        self._watcher.start()
+        if not ready.wait(30):
+            with open(self.log.name) as f:
+                text = f.read()
+            self.stop()
+            raise RuntimeError("offloadd did not start:\n" + text)
+
+    def stats(self):
+        """The daemon's Stats via a unary GetStats (no session is opened)."""
+        with grpc.insecure_channel("unix:" + self.sock) as channel:
+            return pb_grpc.OffloadStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._watcher.join(5)
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.stdout.close()
+        if not self.log.closed:
+            self.log.close()
+        try:
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+
+
+class DaemonTestCase(unittest.TestCase):
+    """Starts one daemon for the class; resets the process's offloadd endpoints per test."""
+
+    POOL_BYTES = "64MiB"
+    EXTRA = ()
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon(cls.POOL_BYTES, cls.EXTRA)
+
+    @classmethod
+    def tearDownClass(cls):
+        from offloadd.torch import _endpoint
+        _endpoint.reset_for_tests()
+        cls.daemon.stop()
+
+    def setUp(self):
+        from offloadd.torch import _endpoint
+        _endpoint.reset_for_tests()
+
+
+# --- the tiny model -------------------------------------------------------------------------
+L, B, S, H = 4, 2, 64, 64          # one layer input: 2 * 64 * 64 * 4 = 32 KiB in fp32
+LAYER_BYTES = B * S * H * 4
+THRESHOLD = 16 << 10               # below the layer input, above every other saved tensor
+
+
+def run_step(mode, context=None, seed=0, batch_seed=1, layers=L, b=B, s=S, h=H, model=None):
+    """One forward+backward of the tiny model: (loss, [param grads]) as detached tensors."""
+    import torch
+    import tiny_lm
+    data = tiny_lm.CharData()
+    if model is None:
+        model = tiny_lm.make_model(data.vocab, layers, h, 4, seed=seed)
+    model.zero_grad(set_to_none=True)
+    idx, tgt = data.batch(b, s, torch.Generator().manual_seed(batch_seed))
+    loss = model(idx, tgt, mode, context)
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+def bitwise_equal(a, b):
+    """True when both (loss, grads) results are bitwise identical."""
+    import torch
+    return torch.equal(a[0], b[0]) and len(a[1]) == len(b[1]) and \
+        all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+def record_offloaded_shapes(context):
+    """Wraps the context's pack hook; returns the list it appends the shape of every tensor the
+    store took for offload (not those left in place) to."""
+    from offloadd.torch._store import Saved
+    shapes = []
+    store = context.store
+    inner = store.pack
+
+    def pack(t, *a, **k):
+        r = inner(t, *a, **k)
+        if isinstance(r, Saved):
+            shapes.append(tuple(t.shape))
+        return r
+    store.pack = pack
+    context.pack_hook = pack
+    return shapes
+
+
+def rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -1,0 +1,139 @@
+"""offloadd.client against a real daemon (shm backend): bytes, batching, errors, daemon loss.
+
+Run: tests/python/run.sh (or /usr/bin/python3 -m unittest discover -s client/python/tests).
+"""
+
+import os
+import time
+import unittest
+
+from daemon_fixture import Daemon, DaemonTestCase
+
+from offloadd import errors
+from offloadd.client import PREFETCH, URGENT, Client
+from offloadd.shm import ShmRegion
+from offloadd.socket_path import default_socket_path_for, socket_path_fits
+
+
+class ClientTest(DaemonTestCase):
+    def setUp(self):
+        super().setUp()
+        self.client = Client(self.daemon.sock, "test_client", "cpu")
+        self.region = ShmRegion(1 << 20)
+        self.region_id = self.client.register_shm(self.region.name, self.region.size_bytes)
+        self.region.unlink()
+
+    def tearDown(self):
+        self.client.close()
+        self.region.close()
+
+    def test_hello_reports_the_daemon(self):
+        self.assertEqual(self.client.backend, "shm")
+        self.assertEqual(self.client.pool_capacity_bytes, 64 << 20)
+        self.assertGreater(self.client.chunk_bytes, 0)
+        self.assertGreater(self.client.session_id, 0)
+        self.assertTrue(self.client.link)
+
+    def test_offload_and_reload_move_the_bytes(self):
+        mm = self.region.mm
+        patterns = [bytes([i]) * 4096 + os.urandom(4096) for i in range(3)]
+        for i, p in enumerate(patterns):
+            mm[i * 8192:(i + 1) * 8192] = p
+        done = [self.client.offload(self.region_id, i * 8192, 8192) for i in range(3)]
+        blocks = [f.result(10).block_id for f in done]
+        self.assertEqual(len(set(blocks)), 3)
+        mm[0:3 * 8192] = b"\0" * (3 * 8192)
+        base = 512 << 10
+        for i, block in enumerate(reversed(blocks)):
+            prio = URGENT if i == 0 else PREFETCH
+            r = self.client.reload(block, self.region_id, base + i * 8192, prio,
+                                   release_after=True).result(10)
+            self.assertEqual(r.bytes, 8192)
+            self.assertTrue(r.released)
+        for i, p in enumerate(reversed(patterns)):
+            self.assertEqual(mm[base + i * 8192:base + (i + 1) * 8192], p)
+        self.assertEqual(self.daemon.stats().blocks, 0)
+
+    def test_requests_are_batched(self):
+        futures = [self.client.offload(self.region_id, 0, 4096) for _ in range(300)]
+        blocks = [f.result(10).block_id for f in futures]
+        for f in [self.client.release(b) for b in blocks]:
+            f.result(10)
+        c = self.client.counters
+        self.assertEqual(c.requests_sent, 2 + 600)  # hello + register + 300 + 300
+        self.assertLess(c.messages_sent, c.requests_sent / 2)
+        self.assertEqual(c.responses_received, c.requests_sent)
+
+    def test_daemon_errors_carry_codes(self):
+        with self.assertRaises(errors.OffloaddError) as e:
+            self.client.reload(12345, self.region_id, 0, URGENT).result(10)
+        self.assertEqual(e.exception.code, errors.NOT_FOUND)
+        with self.assertRaises(errors.OffloaddError) as e:
+            self.client.offload(self.region_id, (1 << 20) - 100, 4096).result(10)
+        self.assertEqual(e.exception.code, errors.OUT_OF_RANGE)
+        with self.assertRaises(errors.OffloaddError) as e:
+            self.client.register_shm("/offloadd-no-such-object-%d" % os.getpid(), 4096, 10)
+        self.assertEqual(e.exception.code, errors.NOT_FOUND)
+        with self.assertRaises(errors.OffloaddError) as e:
+            self.client.register_cuda(b"short", 4096)
+        self.assertEqual(e.exception.code, errors.INVALID_ARGUMENT)
+
+    def test_requests_after_close_fail(self):
+        self.client.close()
+        self.assertFalse(self.client.alive)
+        with self.assertRaises(errors.OffloaddError) as e:
+            self.client.offload(self.region_id, 0, 4096).result(10)
+        self.assertIn(e.exception.code, (errors.FAILED_PRECONDITION, errors.CANCELLED))
+
+    def test_get_stats(self):
+        f = self.client.offload(self.region_id, 0, 65536)
+        block = f.result(10).block_id
+        stats = self.client.get_stats()
+        self.assertEqual(stats.backend, "shm")
+        self.assertEqual(stats.blocks, 1)
+        self.assertGreaterEqual(stats.pool_used_bytes, 65536)
+        self.client.release(block).result(10)
+        self.assertEqual(self.client.get_stats().blocks, 0)
+
+
+class DaemonLossTest(unittest.TestCase):
+    def test_stream_end_fails_pending_and_later_requests(self):
+        daemon = Daemon("8MiB")
+        try:
+            client = Client(daemon.sock, "loss", "cpu")
+            region = ShmRegion(1 << 20)
+            rid = client.register_shm(region.name, region.size_bytes)
+            region.unlink()
+            daemon.stop()
+            deadline = time.monotonic() + 10
+            while client.alive and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertFalse(client.alive)
+            with self.assertRaises(errors.DaemonUnavailable):
+                client.offload(rid, 0, 4096).result(10)
+            client.close()
+            region.close()
+        finally:
+            daemon.stop()
+
+    def test_missing_socket_fails_fast(self):
+        t0 = time.monotonic()
+        with self.assertRaises(errors.DaemonUnavailable) as e:
+            Client("/tmp/offloadd-no-daemon-%d.sock" % os.getpid())
+        self.assertLess(time.monotonic() - t0, 5.0)
+        self.assertIn("start the daemon", str(e.exception))
+
+    def test_socket_path_rules(self):
+        self.assertEqual(default_socket_path_for(0, "/run/user/5"), "/run/offloadd/offloadd.sock")
+        self.assertEqual(default_socket_path_for(5, "/run/user/5"),
+                         "/run/user/5/offloadd/offloadd.sock")
+        self.assertEqual(default_socket_path_for(5, None), "/tmp/offloadd-5/offloadd.sock")
+        self.assertFalse(socket_path_fits("/tmp/" + "x" * 103))
+        self.assertTrue(socket_path_fits("/tmp/" + "x" * 102))
+        with self.assertRaises(errors.OffloaddError) as e:
+            Client("/tmp/" + "x" * 200)
+        self.assertEqual(e.exception.code, errors.INVALID_ARGUMENT)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,223 @@
+"""offload_checkpoints and save_on_cpu against a real daemon (shm backend, CPU tensors).
+
+The tiny model: L=4 layers, batch 2, sequence 64, hidden 64, fp32 (one layer input = 32 KiB;
+threshold 16 KiB). Assertions are on counts, shapes and bits: exactly the L layer inputs pass
+through the daemon, and the loss and every parameter gradient are bitwise equal to the step
+without offload and to the step with checkpointing alone.
+"""
+
+import os
+import subprocess
+import sys
+import unittest
+
+import torch
+from daemon_fixture import (B, H, L, LAYER_BYTES, PY_ROOT, S, THRESHOLD, DaemonTestCase,
+                            bitwise_equal, record_offloaded_shapes, run_step)
+
+import offloadd.torch as ot
+import tiny_lm
+from offloadd.torch._store import HostCopy, Saved
+
+torch.set_num_threads(2)
+
+
+class OffloadCheckpointsTest(DaemonTestCase):
+    def context(self, **kw):
+        kw.setdefault("threshold_bytes", THRESHOLD)
+        kw.setdefault("keep_last_n", 0)
+        return ot.offload_checkpoints(socket_path=self.daemon.sock, **kw)
+
+    def test_layer_inputs_pass_through_the_daemon_bitwise_equal(self):
+        plain = run_step("plain")
+        ckpt = run_step("reentrant")
+        self.assertTrue(bitwise_equal(plain, ckpt))
+        ctx = self.context()
+        shapes = record_offloaded_shapes(ctx)
+        before = self.daemon.stats()
+        out = run_step("hooks-reentrant", ctx)
+        self.assertTrue(ot.synchronize())
+        after = self.daemon.stats()
+        self.assertEqual(shapes, [(B, S, H)] * L)
+        self.assertEqual(after.offloads_total - before.offloads_total, L)
+        self.assertEqual(after.offload_bytes_total - before.offload_bytes_total, L * LAYER_BYTES)
+        self.assertEqual(after.reloads_total - before.reloads_total, L)
+        st = ctx.stats
+        self.assertEqual((st.offloaded, st.offloaded_bytes), (L, L * LAYER_BYTES))
+        self.assertEqual((st.reloaded, st.reloaded_bytes), (L, L * LAYER_BYTES))
+        self.assertEqual(st.prefetched_in_time + st.waited, L)
+        self.assertEqual((st.fallbacks, st.kept, st.lost), (0, 0, 0))
+        self.assertTrue(bitwise_equal(out, plain), "offload changed the loss or a gradient")
+        self.assertTrue(bitwise_equal(out, ckpt))
+        self.assertEqual(after.blocks, 0)
+        self.assertEqual(ctx.store.live_handles(), 0)
+
+    def test_keep_last_n_keeps_the_newest_on_the_device(self):
+        ref = run_step("plain")
+        ctx = self.context(keep_last_n=1)
+        out = run_step("hooks-reentrant", ctx)
+        st = ctx.stats
+        self.assertEqual((st.offloaded, st.kept, st.reloaded), (L - 1, 1, L - 1))
+        self.assertTrue(bitwise_equal(out, ref))
+
+    def test_backward_prefetches_in_reverse_order(self):
+        ctx = self.context(prefetch=1)
+        run_step("hooks-reentrant", ctx)
+        # The first unpack (layer L) is urgent and prefetches L-1, whose unpack prefetches L-2...
+        # so at most the first reload and any late prefetch wait.
+        st = ctx.stats
+        self.assertEqual(st.prefetched_in_time + st.waited, L)
+        self.assertGreaterEqual(st.waited, 1)
+        none = self.context(prefetch=0)
+        run_step("hooks-reentrant", none)
+        self.assertEqual((none.stats.prefetched_in_time, none.stats.waited), (0, L))
+
+    def test_default_threshold_leaves_small_tensors(self):
+        ctx = ot.offload_checkpoints(socket_path=self.daemon.sock)  # 1 MiB > 32 KiB
+        out = run_step("hooks-reentrant", ctx)
+        self.assertEqual(ctx.stats.offloaded, 0)
+        self.assertEqual(ctx.stats.skipped_small, L)
+        self.assertTrue(bitwise_equal(out, run_step("plain")))
+
+    def test_non_reentrant_checkpoint_inputs_are_hidden_from_outer_hooks_on_torch_1(self):
+        if tiny_lm.TORCH_MAJOR >= 2:
+            self.skipTest("torch >= 2 routes non-reentrant checkpoint inputs through hooks")
+        ctx = self.context()
+        shapes = record_offloaded_shapes(ctx)
+        model = tiny_lm.make_model(tiny_lm.CharData().vocab, L, H, 4)
+        x = torch.randn(B, S, H).requires_grad_() * 1.0
+        with ctx:
+            for block in model.blocks:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        self.assertEqual(shapes, [])  # hence offloadd.torch.checkpoint
+
+    def test_steps_in_a_row_reuse_one_context(self):
+        ctx = self.context(keep_last_n=1)
+        data = tiny_lm.CharData()
+        model = tiny_lm.make_model(data.vocab, L, H, 4)
+        ref_model = tiny_lm.make_model(data.vocab, L, H, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1)
+        for step in range(3):
+            a = run_step("hooks-reentrant", ctx, batch_seed=step, model=model)
+            b = run_step("plain", batch_seed=step, model=ref_model)
+            self.assertTrue(bitwise_equal(a, b), "step %d differs" % step)
+            opt.step()
+            ref_opt.step()
+        self.assertEqual(ctx.stats.offloaded, 3 * (L - 1))
+
+
+class EligibilityTest(DaemonTestCase):
+    """What the pack hook leaves in place; driven with saved_tensors_hooks directly."""
+
+    def store(self, **kw):
+        return ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=1024,
+                                      keep_last_n=0, **kw).store
+
+    def test_parameters_views_small_and_non_dense_stay(self):
+        st = self.store()
+        p = torch.nn.Parameter(torch.randn(64, 64))
+        big = torch.randn(64, 64) + 0
+        self.assertIs(st.pack(p), p)
+        pt = p.t()
+        self.assertIs(st.pack(pt), pt)  # a view of a parameter
+        small = torch.randn(8)
+        self.assertIs(st.pack(small), small)
+        leaf = torch.randn(64, 64, requires_grad=True)
+        self.assertIs(st.pack(leaf), leaf)
+        strided = torch.randn(64, 128)[:, ::2]
+        self.assertIs(st.pack(strided), strided)
+        h1 = st.pack(big)
+        self.assertIsInstance(h1, Saved)
+        self.assertIs(st.pack(big), h1)  # the same tensor saved twice: one handle
+        view = big[:32]
+        self.assertIs(st.pack(view), view)  # a view of a tensor already offloaded
+        s = st.stats
+        self.assertEqual((s.skipped_params, s.skipped_small, s.skipped_other, s.skipped_views),
+                         (3, 1, 1, 1))
+        self.assertTrue(torch.equal(st.unpack(h1), big))
+
+    def test_transposed_tensor_round_trips_with_its_strides(self):
+        st = self.store()
+        t = (torch.randn(96, 64) + 0).t()
+        h = st.pack(t)
+        self.assertIsInstance(h, Saved)
+        back = st.unpack(h)
+        self.assertEqual(back.stride(), t.stride())
+        self.assertTrue(torch.equal(back, t))
+
+    def test_dtypes_round_trip_bitwise(self):
+        st = self.store()
+        for dtype in (torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.float64):
+            t = (torch.randn(32, 64) * 100).to(dtype)
+            back = st.unpack(st.pack(t))
+            self.assertEqual(back.dtype, dtype)
+            self.assertTrue(torch.equal(back.view(-1), t.view(-1)), str(dtype))
+
+
+class SaveOnCpuTest(DaemonTestCase):
+    """The drop-in for torch.autograd.graph.save_on_cpu, used the way Transformers uses it."""
+
+    def setUp(self):
+        super().setUp()
+        os.environ["OFFLOADD_SOCKET"] = self.daemon.sock
+        ot.default_context(threshold_bytes=THRESHOLD, keep_last_n=0)
+
+    def tearDown(self):
+        del os.environ["OFFLOADD_SOCKET"]
+        ot.default_context(name="default")  # back to defaults for other tests
+
+    def test_signature_matches_torch(self):
+        import inspect
+        ours = inspect.signature(ot.save_on_cpu.__init__).parameters
+        self.assertEqual(list(ours)[1:3], ["pin_memory", "device_type"])
+        self.assertIsInstance(ot.save_on_cpu(), torch.autograd.graph.saved_tensors_hooks)
+
+    def test_transformers_style_wrapping_is_bitwise_equal(self):
+        # transformers.modeling_utils (>= 5.17): checkpoint_func wraps every checkpoint call in
+        # a new save_on_cpu(pin_memory=True, device_type=...) -- swapped here for ours.
+        def checkpoint_func(function, *args, **kwargs):
+            with ot.save_on_cpu(pin_memory=True, device_type="cpu"):
+                return torch.utils.checkpoint.checkpoint(function, *args, **kwargs)
+
+        data = tiny_lm.CharData()
+        model = tiny_lm.make_model(data.vocab, L, H, 4)
+        idx, tgt = data.batch(B, S, torch.Generator().manual_seed(1))
+        x = model.embed(idx)
+        reentrant = tiny_lm.TORCH_MAJOR < 2
+        for block in model.blocks:
+            x = checkpoint_func(block, x, use_reentrant=reentrant)
+        logits = model.head(model.norm(x))
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
+                                                 tgt.reshape(-1))
+        loss.backward()
+        out = (loss.detach(), [p.grad.clone() for p in model.parameters()])
+        self.assertTrue(bitwise_equal(out, run_step("plain")))
+        self.assertEqual(ot.save_on_cpu.stats().offloaded, L)
+        self.assertEqual(ot.save_on_cpu.stats().reloaded, L)
+
+    def test_small_cpu_tensors_stay_in_place(self):
+        t = torch.randn(4)
+        ctx = ot.save_on_cpu()
+        packed = ctx.pack_hook(t)
+        self.assertIs(packed, t)
+        self.assertNotIsInstance(packed, HostCopy)
+
+
+class StatsAtExitTest(DaemonTestCase):
+    def test_stats_are_logged_at_exit_when_asked(self):
+        code = (
+            "import sys, torch; sys.path[:0] = [%r, %r]\n"
+            "import offloadd.torch as ot, daemon_fixture as d\n"
+            "ctx = ot.offload_checkpoints(socket_path=%r, threshold_bytes=d.THRESHOLD, "
+            "keep_last_n=0, name='demo', log_stats_at_exit=True)\n"
+            "d.run_step('hooks-reentrant', ctx)\n"
+            % (PY_ROOT, os.path.dirname(__file__), self.daemon.sock))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("offloadd[demo]: offloaded %d (0.1 MiB), reloaded %d" % (L, L), r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
