@@ -38,7 +38,7 @@
 
 namespace offloadd::client {
 
-inline constexpr size_t kCudaIpcHandleBytes = 64;
+inline constexpr size_t kExportHandleBytes = 64;
 
 struct PointerInfo {
   uint64_t base = 0, size_bytes = 0;  // the allocation containing the pointer

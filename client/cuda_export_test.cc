@@ -35,7 +35,7 @@ class FakeClientCudaApi : public ClientCudaApi {
   }
   absl::StatusOr<std::string> IpcGetMemHandle(uint64_t base) override {
     ++handle_calls;
-    std::string h(kCudaIpcHandleBytes, '\0');
+    std::string h(kExportHandleBytes, '\0');
     std::string id = std::to_string(base) + "/" + std::to_string(allocs[base].buffer_id);
     h.replace(0, id.size(), id);
     return h;
@@ -46,7 +46,7 @@ class FakeClientCudaApi : public ClientCudaApi {
     return reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + events_created));
   }
   absl::StatusOr<std::string> IpcGetEventHandle(void* event) override {
-    return std::string(kCudaIpcHandleBytes, static_cast<char>(reinterpret_cast<uintptr_t>(event)));
+    return std::string(kExportHandleBytes, static_cast<char>(reinterpret_cast<uintptr_t>(event)));
   }
   absl::Status EventRecord(void* event, void* stream) override {
     ++records;
@@ -76,7 +76,7 @@ TEST_F(CudaExportTest, ExportsTheAllocationBaseWithTheOffsetAndCachesTheHandle) 
   EXPECT_EQ(a->base, 0x10000u);
   EXPECT_EQ(a->offset, 4096u);
   EXPECT_EQ(a->allocation_bytes, 1u << 20);
-  EXPECT_EQ(a->ipc_handle.size(), kCudaIpcHandleBytes);
+  EXPECT_EQ(a->ipc_handle.size(), kExportHandleBytes);
   EXPECT_EQ(a->device_uuid, "GPU-00000000-0000-0000-0000-000000000000");
   for (int i = 0; i < 100; ++i) {
     auto b = exporter_->Export(0x10000 + i * 8192, 8192);

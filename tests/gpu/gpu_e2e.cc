@@ -148,6 +148,8 @@ int ModeData(const Args& a) {
     cudaFree(d_seg);
     sums[i] = DeviceChecksum(s.base + i * each, each, d_sum, compute);
   }
+  std::printf("OFFLOADING %llu bytes\n", static_cast<unsigned long long>(n * each));
+  std::fflush(stdout);  // run.sh kills a client right after this line (copies in flight)
   t0 = Now();
   for (uint64_t i = 0; i < n; ++i) {
     IpcEvent ev = Check(s.exporter.RecordReady(compute), "RecordReady");

@@ -1,0 +1,73 @@
+#!/bin/bash
+# Builds gpu-bundle/: everything tests/gpu/run.sh needs on a GPU machine that has the NVIDIA
+# driver, Python 3 with torch/grpcio/protobuf, and nothing else (no Bazel, no Debian packages,
+# no network). Called by `make gpu-bundle`; the folder is gitignored and kept under 64 MiB.
+#
+#   deploy/make_gpu_bundle.sh [OUT_DIR]     # default: <repo>/gpu-bundle
+#
+# Layout: bin/ (offloadd with the cuda backend, gpu_e2e, kernels_gpu_check, the fake-based unit
+# tests), lib/ (every shared library those load per ldd, except the driver's libcuda/libnvidia-*
+# and glibc's own libraries), python/ (the offloadd package with generated stubs, examples),
+# run.sh, torch_check.py, MANIFEST (versions, glibc requirement, sizes).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-"$root/gpu-bundle"}
+limit_bytes=$((64 << 20))
+cd "$root"
+
+if [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "make_gpu_bundle.sh: no CUDA toolkit at /usr/local/cuda: the bundle needs the cuda backend" >&2
+  exit 1
+fi
+targets="//tests/gpu:offloadd_cuda //tests/gpu:gpu_e2e //kernels:kernels_gpu_check \
+  //server/copy:cuda_engine_test //client:cuda_export_test"
+bazel build $targets
+bin=$(bazel info bazel-bin 2>/dev/null)
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib" "$out/python"
+cp "$bin/tests/gpu/offloadd_cuda" "$out/bin/offloadd"
+cp "$bin/tests/gpu/gpu_e2e" "$bin/kernels/kernels_gpu_check" "$bin/server/copy/cuda_engine_test" \
+  "$bin/client/cuda_export_test" "$out/bin/"
+chmod u+w "$out"/bin/*
+strip --strip-debug "$out"/bin/*
+
+# Shared libraries: what ldd resolves, minus the driver (comes from the GPU machine) and glibc
+# (must match the machine's loader). libstdc++/libgcc_s are shipped: our binaries need the
+# versions they were linked against, and run.sh puts lib/ only on our binaries' command lines.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libutil\.so|libanl\.so|libcuda\.so|libnvidia-)'
+for b in "$out"/bin/*; do
+  ldd "$b" | awk '/=> \// { print $1, $3 }'
+done | sort -u | while read -r name path; do
+  if [[ "$name" =~ $skip ]]; then continue; fi
+  cp -L "$path" "$out/lib/$name"
+done
+chmod u+w "$out"/lib/* 2>/dev/null || true
+strip --strip-unneeded "$out"/lib/* 2>/dev/null || true
+missing=$(for b in "$out"/bin/*; do LD_LIBRARY_PATH="$out/lib" ldd "$b" | grep "not found" || true; done)
+if [ -n "$missing" ]; then echo "make_gpu_bundle.sh: unresolved: $missing" >&2; exit 1; fi
+
+# The pure-Python client with its generated protocol stubs, and its example model.
+sh client/python/gen_proto.sh >/dev/null
+cp -r client/python/offloadd "$out/python/"
+cp -r client/python/examples "$out/python/"
+find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
+cp tests/gpu/run.sh tests/gpu/torch_check.py "$out/"
+chmod +x "$out/run.sh"
+
+glibc=$(for f in "$out"/bin/* "$out"/lib/*; do objdump -T "$f" 2>/dev/null; done |
+  grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -1)
+size=$(du -sb "$out" | cut -f1)
+{
+  echo "offloadd gpu bundle $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo +dirty) built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "needs: NVIDIA driver for CUDA 13 (libcuda.so.1), glibc >= ${glibc#GLIBC_}, x86-64, python3 with torch (CUDA), grpcio, protobuf"
+  echo "cuda toolkit: $(/usr/local/cuda/bin/nvcc --version | tail -1); kernels: sm_90 + compute_90 PTX"
+  echo "size: $size bytes"
+  echo "libs: $(ls "$out/lib" | tr '\n' ' ')"
+} > "$out/MANIFEST"
+cat "$out/MANIFEST"
+if [ "$size" -gt "$limit_bytes" ]; then
+  echo "make_gpu_bundle.sh: bundle is $size bytes, over the 64 MiB limit" >&2
+  exit 1
+fi
+echo "make_gpu_bundle.sh: $out ready; on the GPU machine run: $out/run.sh"
