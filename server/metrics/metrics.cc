@@ -81,6 +81,38 @@ Metrics* Create() {
                                   .Name("offloadd_link_queued_transfers")
                                   .Help("Transfers queued or copying on a link direction.")
                                   .Register(r);
+  m->link_chunks_in_flight = &BuildGauge()
+                                  .Name("offloadd_link_chunks_in_flight")
+                                  .Help("Chunks being copied on a link direction.")
+                                  .Register(r);
+  m->link_gpu_bytes_total = &BuildCounter()
+                                 .Name("offloadd_link_gpu_bytes_total")
+                                 .Help("Bytes one GPU copied over a link direction.")
+                                 .Register(r);
+  m->link_queue_wait_seconds =
+      &BuildHistogram()
+           .Name("offloadd_link_queue_wait_seconds")
+           .Help("Time from a transfer's submission to its link until its first chunk starts.")
+           .Register(r);
+  m->reload_deadline_misses_total =
+      &BuildCounter()
+           .Name("offloadd_reload_deadline_misses_total")
+           .Help("Reloads completed after the deadline their client gave.")
+           .Register(r);
+  m->host_link_capacity_bytes_per_second =
+      &BuildGauge()
+           .Name("offloadd_host_link_capacity_bytes_per_second")
+           .Help("Capacity of a host link (root port / memory node) direction.")
+           .Register(r);
+  m->host_link_busy_seconds_total =
+      &BuildCounter()
+           .Name("offloadd_host_link_busy_seconds_total")
+           .Help("Seconds of a host link direction's capacity used (bytes / capacity).")
+           .Register(r);
+  m->host_link_bytes_total = &BuildCounter()
+                                  .Name("offloadd_host_link_bytes_total")
+                                  .Help("Bytes moved through a host link direction.")
+                                  .Register(r);
   return m;
 }
 }  // namespace

@@ -45,6 +45,18 @@ struct Metrics {
   prometheus::Family<prometheus::Counter>* link_busy_seconds_total;
   prometheus::Family<prometheus::Counter>* link_bytes_total;
   prometheus::Family<prometheus::Gauge>* link_queued_transfers;
+  prometheus::Family<prometheus::Gauge>* link_chunks_in_flight;
+  // {link, direction, gpu}: bytes each GPU moved over a link direction (fairness).
+  prometheus::Family<prometheus::Counter>* link_gpu_bytes_total;
+  // {link, direction, class}: from a transfer's submission to its link to the start of its
+  // first chunk.
+  prometheus::Family<prometheus::Histogram>* link_queue_wait_seconds;
+  // {gpu, link}: reloads that completed after the deadline their client gave.
+  prometheus::Family<prometheus::Counter>* reload_deadline_misses_total;
+  // Host links (root port / host memory node above several links): {link, direction}.
+  prometheus::Family<prometheus::Gauge>* host_link_capacity_bytes_per_second;
+  prometheus::Family<prometheus::Counter>* host_link_busy_seconds_total;
+  prometheus::Family<prometheus::Counter>* host_link_bytes_total;
 };
 
 // The process-wide metrics, created on first use.
