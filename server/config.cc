@@ -2,10 +2,13 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/socket_path.h"
@@ -32,6 +35,10 @@ admission_deadline_seconds: 5
 admission_queue_limit: 1024
 metrics_address: "127.0.0.1:9464"
 default_link_bytes_per_second: 0
+offload_min_share: 0.2
+# Topology discovery reads this tree for the GPUs listed in gpus { id pci_bus_id }.
+sysfs_root: "/sys"
+numa_node_bytes_per_second: 0
 )pb");
   return *text;
 }
@@ -96,13 +103,55 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   }
   for (const auto& l : c.links()) {
     if (l.name().empty()) problems.push_back("every link needs a name");
-    if (l.gpus().empty()) problems.push_back("link " + l.name() + " lists no gpus");
+    if (l.gpus().empty() && c.gpus().empty()) {
+      problems.push_back("link " + l.name() +
+                         " lists no gpus (a link without gpus only sets the capacities of a "
+                         "discovered link: list the GPUs' pci_bus_id in gpus)");
+    }
     if (l.d2h_bytes_per_second() < 0 || l.h2d_bytes_per_second() < 0) {
       problems.push_back("link " + l.name() + ": capacities must be >= 0");
+    }
+    if (l.half_duplex() && l.h2d_bytes_per_second() != 0) {
+      problems.push_back("link " + l.name() +
+                         " is half_duplex: its one capacity is d2h_bytes_per_second; remove "
+                         "h2d_bytes_per_second");
     }
   }
   for (const auto& w : c.gpu_weights()) {
     if (w.weight() < 1) problems.push_back("gpu_weights: weight of " + w.gpu() + " must be >= 1");
+  }
+  if (!(c.offload_min_share() >= 0 && c.offload_min_share() <= 1)) {
+    problems.push_back("offload_min_share must be between 0 and 1");
+  }
+  if (c.numa_node_bytes_per_second() < 0) {
+    problems.push_back("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
+  }
+  std::set<std::string> gpu_ids;
+  for (const auto& g : c.gpus()) {
+    if (g.id().empty()) problems.push_back("every entry of gpus needs an id");
+    if (!gpu_ids.insert(g.id()).second) problems.push_back("gpu " + g.id() + " is listed twice");
+    if (!sched::NormalizeBdf(g.pci_bus_id()).ok()) {
+      problems.push_back(absl::StrFormat(
+          "gpu %s: pci_bus_id \"%s\" is not a PCI address like 0000:18:00.0 (nvidia-smi "
+          "--query-gpu=uuid,pci.bus_id --format=csv)",
+          g.id(), g.pci_bus_id()));
+    }
+  }
+  std::set<std::string> host_names, children;
+  for (const auto& h : c.host_links()) {
+    if (h.name().empty()) problems.push_back("every host link needs a name");
+    if (!host_names.insert(h.name()).second) {
+      problems.push_back("host link " + h.name() + " is configured twice");
+    }
+    if (h.links().empty()) problems.push_back("host link " + h.name() + " lists no links");
+    if (h.d2h_bytes_per_second() < 0 || h.h2d_bytes_per_second() < 0) {
+      problems.push_back("host link " + h.name() + ": capacities must be >= 0");
+    }
+    for (const auto& l : h.links()) {
+      if (!children.insert(l).second) {
+        problems.push_back("link " + l + " is under more than one host link");
+      }
+    }
   }
   if (problems.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError("invalid config: " + absl::StrJoin(problems, "; "));
@@ -123,6 +172,9 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"admission_queue_limit", "offloads that may wait for space at once"},
       {"metrics_address", "Prometheus host:port, empty to disable"},
       {"default_link_bytes_per_second", "simulated link rate per direction, e.g. 25GB; 0 = unpaced"},
+      {"offload_min_share", "share of a link offloads keep while reloads also wait (0.2)"},
+      {"sysfs_root", "sysfs tree for topology discovery (default /sys)"},
+      {"numa_node_bytes_per_second", "capacity of a NUMA node's host link, e.g. 40GB; 0 = none"},
   };
   return *flags;
 }
@@ -203,6 +255,15 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
     auto b = ParseBytes(value);
     if (!b.ok()) return b.status();
     c->set_default_link_bytes_per_second(static_cast<double>(*b));
+  } else if (name == "numa_node_bytes_per_second") {
+    auto b = ParseBytes(value);
+    if (!b.ok()) return b.status();
+    c->set_numa_node_bytes_per_second(static_cast<double>(*b));
+  } else if (name == "offload_min_share") {
+    if (absl::Status s = number(&d); !s.ok()) return s;
+    c->set_offload_min_share(d);
+  } else if (name == "sysfs_root") {
+    c->set_sysfs_root(value);
   } else {
     return absl::NotFoundError("unknown flag --" + raw_name + " (offloadd --help lists them)");
   }
@@ -213,7 +274,10 @@ std::string ResolveSocketPath(const v1::DaemonConfig& config) {
   return config.socket_path().empty() ? client::DefaultSocketPath() : config.socket_path();
 }
 
-session::CoreOptions ToCoreOptions(const v1::DaemonConfig& c) {
+namespace {
+
+// Everything but the links and host links.
+session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   session::CoreOptions o;
   o.chunk_bytes = c.chunk_bytes();
   o.copy_threads = c.copy_threads();
@@ -221,15 +285,107 @@ session::CoreOptions ToCoreOptions(const v1::DaemonConfig& c) {
   o.store.admission_deadline_seconds = c.admission_deadline_seconds();
   o.store.admission_queue_limit = c.admission_queue_limit();
   o.default_link_bytes_per_second = c.default_link_bytes_per_second();
+  o.offload_min_share = c.offload_min_share();
+  for (const auto& w : c.gpu_weights()) o.gpu_weights[w.gpu()] = w.weight();
+  for (const auto& h : c.host_links()) {
+    session::HostLinkSpec spec;
+    spec.name = h.name();
+    spec.links.assign(h.links().begin(), h.links().end());
+    spec.d2h_bytes_per_second = h.d2h_bytes_per_second();
+    spec.h2d_bytes_per_second = h.h2d_bytes_per_second();
+    o.host_links.push_back(std::move(spec));
+  }
+  return o;
+}
+
+bool HalfDuplex(const v1::DaemonConfig& c, const std::string& link) {
+  for (const auto& l : c.links()) {
+    if (l.name() == link) return l.half_duplex();
+  }
+  return false;
+}
+
+}  // namespace
+
+session::CoreOptions ToCoreOptions(const v1::DaemonConfig& c) {
+  session::CoreOptions o = BaseCoreOptions(c);
   for (const auto& l : c.links()) {
     session::LinkSpec spec;
     spec.name = l.name();
     spec.gpus.assign(l.gpus().begin(), l.gpus().end());
     spec.d2h_bytes_per_second = l.d2h_bytes_per_second();
     spec.h2d_bytes_per_second = l.h2d_bytes_per_second();
+    spec.half_duplex = l.half_duplex();
     o.links.push_back(std::move(spec));
   }
-  for (const auto& w : c.gpu_weights()) o.gpu_weights[w.gpu()] = w.weight();
+  return o;
+}
+
+std::vector<sched::GpuPci> ConfiguredGpuAddresses(const v1::DaemonConfig& c) {
+  std::vector<sched::GpuPci> gpus;
+  for (const auto& g : c.gpus()) gpus.push_back({g.id(), g.pci_bus_id()});
+  return gpus;
+}
+
+absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& c,
+                                                const std::vector<sched::GpuPci>& gpus) {
+  sched::Topology topology;
+  if (!gpus.empty()) {
+    auto discovered = sched::DiscoverTopology(c.sysfs_root(), gpus);
+    if (!discovered.ok()) {
+      return absl::Status(discovered.status().code(),
+                          absl::StrCat("topology: ", discovered.status().message()));
+    }
+    topology = *std::move(discovered);
+  }
+  std::vector<sched::LinkOverride> overrides;
+  for (const auto& l : c.links()) {
+    sched::LinkOverride o;
+    o.name = l.name();
+    o.gpus.assign(l.gpus().begin(), l.gpus().end());
+    o.d2h_bytes_per_second = l.d2h_bytes_per_second();
+    o.h2d_bytes_per_second = l.h2d_bytes_per_second();
+    overrides.push_back(std::move(o));
+  }
+  auto resolved = sched::ApplyLinkOverrides(std::move(topology), overrides);
+  if (!resolved.ok()) {
+    return absl::Status(resolved.status().code(),
+                        absl::StrCat("topology: ", resolved.status().message()));
+  }
+  return resolved;
+}
+
+session::CoreOptions ToCoreOptions(const v1::DaemonConfig& c, const sched::Topology& topology) {
+  session::CoreOptions o = BaseCoreOptions(c);
+  std::set<std::string> under_host;
+  for (const session::HostLinkSpec& h : o.host_links) {
+    under_host.insert(h.links.begin(), h.links.end());
+  }
+  std::map<int, session::HostLinkSpec> numa;
+  for (const sched::TopologyLink& l : topology.links) {
+    session::LinkSpec spec;
+    spec.name = l.name;
+    spec.gpus = l.gpus;
+    spec.d2h_bytes_per_second = l.d2h_bytes_per_second;
+    spec.h2d_bytes_per_second = l.h2d_bytes_per_second;
+    spec.half_duplex = HalfDuplex(c, l.name);
+    spec.uplink_bdf = l.uplink_bdf;
+    spec.root_port = l.root_port;
+    spec.numa_node = l.numa_node;
+    spec.pcie_bytes_per_second = l.pcie_bytes_per_second;
+    o.links.push_back(std::move(spec));
+    if (c.numa_node_bytes_per_second() > 0 && l.numa_node >= 0 && !under_host.count(l.name)) {
+      session::HostLinkSpec& h = numa[l.numa_node];
+      h.name = absl::StrCat("numa", l.numa_node);
+      h.links.push_back(l.name);
+      h.d2h_bytes_per_second = h.h2d_bytes_per_second = c.numa_node_bytes_per_second();
+      h.numa_node = l.numa_node;
+    }
+  }
+  for (auto& [node, h] : numa) o.host_links.push_back(std::move(h));
+  for (const sched::TopologyGpu& g : topology.gpus) {
+    if (!g.bdf.empty()) o.gpu_bus_ids[g.gpu] = g.bdf;
+  }
   return o;
 }
 

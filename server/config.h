@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
+#include "server/sched/topology.h"
 #include "server/session/core.h"
 
 namespace offloadd {
@@ -34,8 +35,7 @@ struct FlagInfo {
 const std::vector<FlagInfo>& ConfigFlags();
 // Applies one flag to the config. Sizes accept suffixes (KiB, MiB, GiB, TiB, KB, MB, GB).
 // Errors: NOT_FOUND for an unknown flag, INVALID_ARGUMENT for a bad value.
-absl::Status ApplyFlag(const std::string& name, const std::string& value,
-                       v1::DaemonConfig* config);
+absl::Status ApplyFlag(const std::string& name, const std::string& value, v1::DaemonConfig* config);
 
 // Parses "64MiB", "1.5GiB", "4096" into bytes.
 absl::StatusOr<uint64_t> ParseBytes(const std::string& text);
@@ -43,7 +43,24 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& text);
 // Resolves an empty socket_path to the default location (see client/socket_path.h).
 std::string ResolveSocketPath(const v1::DaemonConfig& config);
 
+// CoreOptions from the config alone: its links as given, no discovery.
 session::CoreOptions ToCoreOptions(const v1::DaemonConfig& config);
+
+// The config's `gpus` as discovery input.
+std::vector<sched::GpuPci> ConfiguredGpuAddresses(const v1::DaemonConfig& config);
+
+// The links the daemon schedules: with `gpus` (PCI addresses: the config's, plus any the copy
+// engine reports), discovered under config.sysfs_root (sched::DiscoverTopology), then the
+// config's `links` applied over them (sched::ApplyLinkOverrides); without, the config's links
+// alone (the shm backend's usual case). Errors: those two functions' codes, with the message
+// prefixed "topology: ".
+absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& config,
+                                                const std::vector<sched::GpuPci>& gpus);
+
+// CoreOptions whose links are `topology`'s (capacities 0 = unpaced; half_duplex from the
+// config's link of the same name) and whose host links are the config's host_links plus, when
+// numa_node_bytes_per_second > 0, one "numa<N>" per NUMA node over its links not in those.
+session::CoreOptions ToCoreOptions(const v1::DaemonConfig& config, const sched::Topology& topology);
 
 }  // namespace offloadd
 

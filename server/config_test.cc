@@ -1,6 +1,9 @@
 #include "server/config.h"
 
+#include <cstdlib>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -68,6 +71,133 @@ TEST(ConfigTest, FlagsOverrideWithSizesAndDashes) {
 TEST(ConfigTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadConfigFile("/nonexistent/offloadd.conf").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+
+// tests/fixtures/sysfs/<name> in the runfiles.
+std::string Fixture(const std::string& name) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || workspace == nullptr) return "/nonexistent";
+  return std::string(srcdir) + "/" + workspace + "/tests/fixtures/sysfs/" + name;
+}
+
+TEST(ConfigTest, ShmLinksHostLinksAndHalfDuplexReachCoreOptions) {
+  auto c = ParseConfig(
+      "links { name: \"sw0\" gpus: \"a\" gpus: \"b\" d2h_bytes_per_second: 1e9 "
+      "h2d_bytes_per_second: 2e9 }\n"
+      "links { name: \"shared\" gpus: \"c\" d2h_bytes_per_second: 5e8 half_duplex: true }\n"
+      "host_links { name: \"mem0\" links: \"sw0\" links: \"d\" d2h_bytes_per_second: 1.5e9 }\n"
+      "offload_min_share: 0.25\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
+  EXPECT_EQ(c->sysfs_root(), "/sys");  // default
+  auto topo = ResolveTopology(*c, ConfiguredGpuAddresses(*c));
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  const session::CoreOptions o = ToCoreOptions(*c, *topo);
+  ASSERT_EQ(o.links.size(), 2u);
+  EXPECT_EQ(o.links[0].name, "sw0");
+  EXPECT_EQ(o.links[0].gpus, (std::vector<std::string>{"a", "b"}));
+  EXPECT_DOUBLE_EQ(o.links[0].h2d_bytes_per_second, 2e9);
+  EXPECT_FALSE(o.links[0].half_duplex);
+  EXPECT_TRUE(o.links[1].half_duplex);
+  EXPECT_DOUBLE_EQ(o.offload_min_share, 0.25);
+  ASSERT_EQ(o.host_links.size(), 1u);
+  EXPECT_EQ(o.host_links[0].links, (std::vector<std::string>{"sw0", "d"}));
+  EXPECT_DOUBLE_EQ(o.host_links[0].d2h_bytes_per_second, 1.5e9);
+  EXPECT_DOUBLE_EQ(o.host_links[0].h2d_bytes_per_second, 0);
+  // The config-only conversion agrees.
+  const session::CoreOptions plain = ToCoreOptions(*c);
+  ASSERT_EQ(plain.links.size(), 2u);
+  EXPECT_TRUE(plain.links[1].half_duplex);
+  EXPECT_EQ(plain.host_links.size(), 1u);
+}
+
+TEST(ConfigTest, DiscoveryFromSysfsWithCapacitiesAndNumaHostLinks) {
+  std::string text = "sysfs_root: \"" + Fixture("hgx8") + "\"\n";
+  const char* gpus[][2] = {{"g0", "0000:03:00.0"}, {"g1", "0000:04:00.0"},
+                           {"g2", "0000:23:00.0"}, {"g3", "0000:24:00.0"},
+                           {"g4", "0000:83:00.0"}, {"g5", "0000:84:00.0"},
+                           {"g6", "0000:a3:00.0"}, {"g7", "0000:a4:00.0"}};
+  for (const auto& g : gpus) {
+    text += std::string("gpus { id: \"") + g[0] + "\" pci_bus_id: \"" + g[1] + "\" }\n";
+  }
+  // A capacity-only override of a discovered link, and a regrouped link.
+  text += "links { name: \"switch-0000:01:00.0\" d2h_bytes_per_second: 25e9 "
+          "h2d_bytes_per_second: 24e9 }\n"
+          "links { name: \"pair67\" gpus: \"g6\" gpus: \"g7\" d2h_bytes_per_second: 20e9 }\n"
+          "numa_node_bytes_per_second: 40e9\n";
+  auto c = ParseConfig(text);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
+  auto topo = ResolveTopology(*c, ConfiguredGpuAddresses(*c));
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  const session::CoreOptions o = ToCoreOptions(*c, *topo);
+  ASSERT_EQ(o.links.size(), 4u);
+  EXPECT_EQ(o.links[0].name, "switch-0000:01:00.0");
+  EXPECT_EQ(o.links[0].gpus, (std::vector<std::string>{"g0", "g1"}));
+  EXPECT_DOUBLE_EQ(o.links[0].d2h_bytes_per_second, 25e9);
+  EXPECT_DOUBLE_EQ(o.links[0].h2d_bytes_per_second, 24e9);
+  EXPECT_EQ(o.links[0].root_port, "0000:00:01.0");
+  EXPECT_EQ(o.links[0].numa_node, 0);
+  EXPECT_NEAR(o.links[0].pcie_bytes_per_second, 31.5e9, 0.05e9);
+  EXPECT_DOUBLE_EQ(o.links[1].d2h_bytes_per_second, 0);  // discovered, not configured
+  EXPECT_EQ(o.links[3].name, "pair67");
+  EXPECT_EQ(o.links[3].numa_node, 1);
+  EXPECT_EQ(o.gpu_bus_ids.at("g6"), "0000:a3:00.0");
+  ASSERT_EQ(o.host_links.size(), 2u);
+  EXPECT_EQ(o.host_links[0].name, "numa0");
+  EXPECT_EQ(o.host_links[0].links,
+            (std::vector<std::string>{"switch-0000:01:00.0", "switch-0000:21:00.0"}));
+  EXPECT_EQ(o.host_links[1].name, "numa1");
+  EXPECT_EQ(o.host_links[1].links, (std::vector<std::string>{"switch-0000:81:00.0", "pair67"}));
+  EXPECT_DOUBLE_EQ(o.host_links[1].h2d_bytes_per_second, 40e9);
+  EXPECT_EQ(o.host_links[1].numa_node, 1);
+}
+
+TEST(ConfigTest, TopologyErrorsNameTheProblem) {
+  auto c = ParseConfig("sysfs_root: \"" + Fixture("hgx8") +
+                       "\"\ngpus { id: \"g0\" pci_bus_id: \"0000:99:00.0\" }\n");
+  ASSERT_TRUE(c.ok());
+  auto topo = ResolveTopology(*c, ConfiguredGpuAddresses(*c));
+  EXPECT_EQ(topo.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(topo.status().message()).find("topology: "), std::string::npos);
+  auto unknown = ParseConfig("gpus { id: \"g0\" pci_bus_id: \"0000:03:00.0\" }\n"
+                             "links { name: \"nope\" d2h_bytes_per_second: 1 }\n"
+                             "sysfs_root: \"" + Fixture("hgx8") + "\"\n");
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(ResolveTopology(*unknown, ConfiguredGpuAddresses(*unknown)).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(ConfigTest, ValidationOfTopologyFields) {
+  auto c = ParseConfig(
+      "gpus { id: \"g0\" pci_bus_id: \"zz\" }\n"
+      "gpus { id: \"g0\" pci_bus_id: \"0000:03:00.0\" }\n"
+      "links { name: \"h\" gpus: \"x\" half_duplex: true h2d_bytes_per_second: 1 }\n"
+      "host_links { name: \"m\" links: \"a\" d2h_bytes_per_second: -1 }\n"
+      "host_links { name: \"m\" links: \"a\" }\n"
+      "host_links { name: \"empty\" }\n"
+      "offload_min_share: 1.5\nnuma_node_bytes_per_second: -2\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::string msg(ValidateConfig(*c).message());
+  for (const char* want :
+       {"pci_bus_id \"zz\"", "gpu g0 is listed twice", "half_duplex", "host link m: capacities",
+        "host link m is configured twice", "link a is under more than one host link",
+        "host link empty lists no links", "offload_min_share", "numa_node_bytes_per_second"}) {
+    EXPECT_NE(msg.find(want), std::string::npos) << want << " in: " << msg;
+  }
+  // Without gpus to discover, a link must list its GPUs.
+  auto bare = ParseConfig("links { name: \"x\" d2h_bytes_per_second: 1 }\n");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_NE(std::string(ValidateConfig(*bare).message()).find("lists no gpus"),
+            std::string::npos);
+  ASSERT_TRUE(ApplyFlag("offload-min-share", "0.3", &*bare).ok());
+  EXPECT_DOUBLE_EQ(bare->offload_min_share(), 0.3);
+  ASSERT_TRUE(ApplyFlag("numa_node_bytes_per_second", "40GB", &*bare).ok());
+  EXPECT_DOUBLE_EQ(bare->numa_node_bytes_per_second(), 40e9);
+  ASSERT_TRUE(ApplyFlag("sysfs_root", "/tmp/sys", &*bare).ok());
+  EXPECT_EQ(bare->sysfs_root(), "/tmp/sys");
 }
 
 }  // namespace

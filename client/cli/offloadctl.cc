@@ -2,16 +2,20 @@
 //
 //   offloadctl [--socket PATH] stats [--json]   pool, sessions, links and counters (GetStats)
 //   offloadctl [--socket PATH] health           gRPC health check; exit 0 when SERVING
-//   offloadctl [--socket PATH] topo             links with their GPUs and capacities
+//   offloadctl [--socket PATH] topo             NUMA nodes, host links, links (capacities,
+//                                               busy share), GPUs with their bytes
 //   offloadctl [--socket PATH] bench [...]      throughput and latency through the daemon
 //   offloadctl plan [...]                       capacity planner (no daemon needed)
 // Exit codes: 0 success, 1 the daemon answered with an error or is unreachable, 2 usage.
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/bench.h"
 #include "client/offloadd_client.h"
@@ -81,22 +85,80 @@ int Stats(Client& c, bool json) {
   return 0;
 }
 
+// The link tree from GetStats: NUMA node, host link (root port / memory node) if any, link with
+// its capacities and PCI place, GPUs with the bytes each moved. "busy" is the share of the
+// daemon's uptime a link direction was copying (for a host link: bytes / capacity / uptime).
 int Topo(Client& c) {
   auto s = c.GetStats();
   if (!s.ok()) {
     std::cerr << "offloadctl: " << s.status().message() << "\n";
     return 1;
   }
-  std::cout << "host memory (pool " << Bytes(s->pool_capacity_bytes()) << ")\n";
+  const double up = s->uptime_seconds() > 0 ? s->uptime_seconds() : 1;
+  auto rate = [](double r) {
+    return r > 0 ? absl::StrFormat("%.2f GB/s", r / 1e9) : std::string("unpaced");
+  };
+  auto busy = [up](double seconds) { return absl::StrFormat("%.1f%%", 100 * seconds / up); };
+  std::cout << absl::StrFormat("offloadd topology: backend %s, pool %s, uptime %.1f s\n",
+                               s->backend(), Bytes(s->pool_capacity_bytes()), up);
+  std::map<std::string, const offloadd::v1::LinkStats*> by_name;
+  for (const auto& l : s->links()) by_name[l.name()] = &l;
+  auto print_link = [&](const offloadd::v1::LinkStats& l, const std::string& indent) {
+    std::string line = absl::StrFormat("%slink %s  ", indent, l.name());
+    if (l.half_duplex()) {
+      line += absl::StrFormat("both directions %s (busy %s)",
+                              rate(l.d2h_capacity_bytes_per_second()), busy(l.d2h_busy_seconds()));
+    } else {
+      line += absl::StrFormat("d2h %s (busy %s)  h2d %s (busy %s)",
+                              rate(l.d2h_capacity_bytes_per_second()), busy(l.d2h_busy_seconds()),
+                              rate(l.h2d_capacity_bytes_per_second()), busy(l.h2d_busy_seconds()));
+    }
+    if (l.pcie_bytes_per_second() > 0) line += "  pcie " + rate(l.pcie_bytes_per_second());
+    if (!l.root_port().empty()) line += "  root port " + l.root_port();
+    if (l.d2h_queued_transfers() + l.h2d_queued_transfers() > 0) {
+      line += absl::StrFormat("  queued %d/%d", l.d2h_queued_transfers(), l.h2d_queued_transfers());
+    }
+    std::cout << line << "\n";
+    for (const auto& g : l.gpu_bytes()) {
+      std::cout << absl::StrFormat("%s  gpu %s%s  d2h %s  h2d %s\n", indent, g.gpu(),
+                                   g.pci_bus_id().empty() ? "" : "  " + g.pci_bus_id(),
+                                   Bytes(g.d2h_bytes()), Bytes(g.h2d_bytes()));
+    }
+  };
+  // NUMA node of a host link: its own, else its first known child's.
+  auto host_numa = [&](const offloadd::v1::HostLinkStats& h) {
+    if (h.numa_node() >= 0) return h.numa_node();
+    for (const auto& child : h.links()) {
+      auto it = by_name.find(child);
+      if (it != by_name.end() && it->second->numa_node() >= 0) return it->second->numa_node();
+    }
+    return -1;
+  };
+  std::set<int> nodes;
   for (const auto& l : s->links()) {
-    auto rate = [](double r) {
-      return r > 0 ? absl::StrFormat("%.2f GB/s", r / 1e9) : std::string("unpaced");
-    };
-    std::cout << absl::StrFormat("└─ link %s  d2h %s (%.3f s busy), h2d %s (%.3f s busy)\n",
-                                 l.name(), rate(l.d2h_capacity_bytes_per_second()),
-                                 l.d2h_busy_seconds(), rate(l.h2d_capacity_bytes_per_second()),
-                                 l.h2d_busy_seconds());
-    for (const auto& g : l.gpus()) std::cout << "   └─ gpu " << g << "\n";
+    if (l.parent().empty()) nodes.insert(l.numa_node());
+  }
+  for (const auto& h : s->host_links()) nodes.insert(host_numa(h));
+  for (int node : nodes) {
+    std::cout << (node < 0 ? std::string("numa node ?") : absl::StrCat("numa node ", node)) << "\n";
+    for (const auto& h : s->host_links()) {
+      if (host_numa(h) != node) continue;
+      std::cout << absl::StrFormat(
+          "  host link %s  d2h %s (busy %s)  h2d %s (busy %s)\n", h.name(),
+          rate(h.d2h_capacity_bytes_per_second()), busy(h.d2h_busy_seconds()),
+          rate(h.h2d_capacity_bytes_per_second()), busy(h.h2d_busy_seconds()));
+      for (const auto& child : h.links()) {
+        auto it = by_name.find(child);
+        if (it != by_name.end()) {
+          print_link(*it->second, "    ");
+        } else {
+          std::cout << "    link " << child << "  (not in use yet)\n";
+        }
+      }
+    }
+    for (const auto& l : s->links()) {
+      if (l.parent().empty() && l.numa_node() == node) print_link(l, "  ");
+    }
   }
   return 0;
 }

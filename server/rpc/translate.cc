@@ -1,5 +1,6 @@
 #include "server/rpc/translate.h"
 
+#include <map>
 #include <string>
 
 namespace offloadd::rpc {
@@ -133,6 +134,49 @@ void ToProto(const session::CoreStats& s, v1::Stats* out) {
     p->set_h2d_bytes(l.h2d.bytes);
     p->set_d2h_busy_seconds(l.d2h.busy_seconds);
     p->set_h2d_busy_seconds(l.h2d.busy_seconds);
+    std::map<std::string, v1::LinkGpuBytes*> gpus;
+    auto gpu = [&](const std::string& id) {
+      v1::LinkGpuBytes*& g = gpus[id];
+      if (g == nullptr) {
+        g = p->add_gpu_bytes();
+        g->set_gpu(id);
+        auto bus = l.gpu_bus_ids.find(id);
+        if (bus != l.gpu_bus_ids.end()) g->set_pci_bus_id(bus->second);
+      }
+      return g;
+    };
+    for (const std::string& g : l.gpus) gpu(g);
+    for (const auto& [id, bytes] : l.d2h.gpu_bytes) gpu(id)->set_d2h_bytes(bytes);
+    for (const auto& [id, bytes] : l.h2d.gpu_bytes) gpu(id)->set_h2d_bytes(bytes);
+    p->set_d2h_chunks_in_flight(l.d2h.chunks_in_flight);
+    p->set_h2d_chunks_in_flight(l.h2d.chunks_in_flight);
+    p->set_d2h_queued_transfers(l.d2h.queued_transfers);
+    p->set_h2d_queued_transfers(l.h2d.queued_transfers);
+    p->set_parent(l.parent);
+    p->set_numa_node(l.numa_node);
+    p->set_root_port(l.root_port);
+    p->set_uplink_bdf(l.uplink_bdf);
+    p->set_pcie_bytes_per_second(l.pcie_bytes_per_second);
+    p->set_half_duplex(l.half_duplex);
+    const auto cls = [&](sched::TrafficClass c) {
+      const int i = static_cast<int>(c);
+      return l.d2h.class_bytes[i] + l.h2d.class_bytes[i];
+    };
+    p->set_urgent_bytes(cls(sched::TrafficClass::kUrgent));
+    p->set_prefetch_bytes(cls(sched::TrafficClass::kPrefetch));
+    p->set_offload_bytes(cls(sched::TrafficClass::kOffload));
+  }
+  for (const session::HostLinkInfo& h : s.host_links) {
+    v1::HostLinkStats* p = out->add_host_links();
+    p->set_name(h.name);
+    for (const std::string& l : h.links) p->add_links(l);
+    p->set_d2h_capacity_bytes_per_second(h.d2h_bytes_per_second);
+    p->set_h2d_capacity_bytes_per_second(h.h2d_bytes_per_second);
+    p->set_d2h_bytes(h.d2h.bytes);
+    p->set_h2d_bytes(h.h2d.bytes);
+    p->set_d2h_busy_seconds(h.d2h.busy_seconds);
+    p->set_h2d_busy_seconds(h.h2d.busy_seconds);
+    p->set_numa_node(h.numa_node);
   }
   for (const session::SessionInfo& i : s.sessions) {
     v1::SessionStats* p = out->add_sessions();

@@ -183,6 +183,10 @@ void LinkScheduler::Impl::FinishChunk(std::unique_lock<std::mutex>& lock, const 
   std::shared_ptr<Transfer> transfer = std::move(a.transfer);
   absl::Status final_status = std::move(a.status);
   active.erase(it);
+  if (final_status.ok() && transfer->deadline_seconds > 0 &&
+      clock->NowSeconds() > transfer->deadline_seconds) {
+    ++stats.gpu_deadline_misses[transfer->gpu];
+  }
   if (transfer->done) {
     lock.unlock();
     transfer->done(std::move(final_status));

@@ -99,6 +99,8 @@ struct LinkSchedulerStats {
   uint64_t started_transfers[kNumClasses] = {0, 0, 0};
   double queue_wait_seconds_sum[kNumClasses] = {0, 0, 0};
   double queue_wait_seconds_max[kNumClasses] = {0, 0, 0};
+  // Transfers with a deadline that completed (successfully) after it, per GPU.
+  std::map<std::string, uint64_t> gpu_deadline_misses;
 };
 
 class LinkScheduler {

@@ -401,5 +401,35 @@ TEST(LinkSchedulerTest, QueueWaitIsSubmitToFirstChunkStartPerClass) {
   EXPECT_NEAR(reported[1].second, chunk, 1e-12);
 }
 
+
+TEST(LinkSchedulerTest, TransfersFinishingAfterTheirDeadlineAreCountedPerGpu) {
+  FakeClock clock;
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.chunk_bytes = 1 * kMiB;
+  o.bytes_per_second = 1e9;
+  LinkScheduler sched(o, &clock);
+  const double chunk = static_cast<double>(kMiB) / 1e9;
+  Gate gate;
+  auto first = rec.Make(0, "gpu0", TrafficClass::kOffload, 1 * kMiB);
+  auto record = first->copy_chunk;
+  first->copy_chunk = [&gate, record](uint64_t offset, uint64_t len) {
+    gate.Wait();
+    return record(offset, len);
+  };
+  sched.Submit(first);
+  while (sched.stats().chunks_in_flight == 0) std::this_thread::yield();
+  auto late = rec.Make(1, "gpu0", TrafficClass::kUrgent, 1 * kMiB);
+  late->deadline_seconds = 1.5 * chunk;  // runs from 1 to 2 chunk-times: missed
+  auto early = rec.Make(2, "gpu1", TrafficClass::kUrgent, 1 * kMiB);
+  early->deadline_seconds = 10 * chunk;  // runs from 2 to 3: met
+  sched.Submit(late);
+  sched.Submit(early);
+  gate.Open();
+  sched.Shutdown();
+  EXPECT_EQ(rec.copy_order, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(sched.stats().gpu_deadline_misses, (std::map<std::string, uint64_t>{{"gpu0", 1}}));
+}
+
 }  // namespace
 }  // namespace offloadd::sched

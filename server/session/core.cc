@@ -1,7 +1,9 @@
 #include "server/session/core.h"
 
+#include <array>
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "server/metrics/metrics.h"
 #include "server/session/session.h"
 
@@ -23,7 +25,30 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
   for (const LinkSpec& spec : options_.links) {
     for (const std::string& gpu : spec.gpus) gpu_link_[gpu] = spec.name;
   }
+  for (const HostLinkSpec& spec : options_.host_links) {
+    Host& host = hosts_[spec.name];
+    host.spec = &spec;
+    auto make = [&](const char* direction, double rate) -> std::unique_ptr<sched::HostLink> {
+      if (rate <= 0) return nullptr;
+      sched::HostLinkOptions o;
+      o.name = spec.name;
+      o.direction = direction;
+      o.bytes_per_second = rate;
+      o.quantum_bytes = options_.chunk_bytes;
+      return std::make_unique<sched::HostLink>(o);
+    };
+    host.d2h = make("d2h", spec.d2h_bytes_per_second);
+    host.h2d = make("h2d", spec.h2d_bytes_per_second);
+    for (const std::string& link : spec.links) link_parent_[link] = spec.name;
+  }
   metrics::Get().pool_capacity_bytes->Set(static_cast<double>(store_.capacity_bytes()));
+}
+
+const LinkSpec* Core::FindSpec(const std::string& link_name) const {
+  for (const LinkSpec& spec : options_.links) {
+    if (spec.name == link_name) return &spec;
+  }
+  return nullptr;
 }
 
 Core::~Core() { Drain(); }
@@ -40,15 +65,17 @@ Core::Link* Core::LinkFor(const std::string& gpu) {
   if (it != links_.end()) return it->second.get();
   double d2h = options_.default_link_bytes_per_second;
   double h2d = options_.default_link_bytes_per_second;
-  for (const LinkSpec& spec : options_.links) {
-    if (spec.name == name) {
-      d2h = spec.d2h_bytes_per_second;
-      h2d = spec.h2d_bytes_per_second;
-    }
+  bool half_duplex = false;
+  if (const LinkSpec* spec = FindSpec(name)) {
+    d2h = spec->d2h_bytes_per_second;
+    h2d = spec->h2d_bytes_per_second;
+    half_duplex = spec->half_duplex;
   }
+  const Host* host = nullptr;
+  if (auto p = link_parent_.find(name); p != link_parent_.end()) host = &hosts_.at(p->second);
   auto link = std::make_unique<Link>();
   link->name = name;
-  auto make = [&](const char* direction, double rate) {
+  auto make = [&](const char* direction, double rate, sched::HostLink* parent) {
     sched::LinkSchedulerOptions o;
     o.link_name = name;
     o.direction = direction;
@@ -56,14 +83,29 @@ Core::Link* Core::LinkFor(const std::string& gpu) {
     o.quantum_bytes = options_.chunk_bytes;
     o.worker_threads = options_.copy_threads;
     o.bytes_per_second = rate;
+    o.offload_min_share = options_.offload_min_share;
     o.gpu_weights = options_.gpu_weights;
-    metrics::Get()
-        .link_capacity_bytes_per_second->Add({{"link", name}, {"direction", direction}})
-        .Set(rate);
-    return std::make_unique<sched::LinkScheduler>(o);
+    o.parent = parent;
+    std::array<prometheus::Histogram*, sched::kNumClasses> waits;
+    for (int c = 0; c < sched::kNumClasses; ++c) {
+      waits[c] = &metrics::Get().link_queue_wait_seconds->Add(
+          {{"link", name},
+           {"direction", direction},
+           {"class", sched::TrafficClassName(static_cast<sched::TrafficClass>(c))}},
+          metrics::DurationBuckets());
+    }
+    o.on_queue_wait = [waits](sched::TrafficClass c, double seconds) {
+      waits[static_cast<int>(c)]->Observe(seconds);
+    };
+    return std::make_shared<sched::LinkScheduler>(o);
   };
-  link->d2h = make("d2h", d2h);
-  link->h2d = make("h2d", h2d);
+  if (half_duplex) {
+    link->d2h = make("both", d2h, host ? host->d2h.get() : nullptr);
+    link->h2d = link->d2h;
+  } else {
+    link->d2h = make("d2h", d2h, host ? host->d2h.get() : nullptr);
+    link->h2d = make("h2d", h2d, host ? host->h2d.get() : nullptr);
+  }
   Link* raw = link.get();
   links_[name] = std::move(link);
   if (draining_) {
@@ -122,6 +164,34 @@ void Core::Drain() {
   }
 }
 
+LinkInfo Core::DescribeLink(const std::string& name, const Link* link) const {
+  LinkInfo info;
+  info.name = name;
+  info.d2h_bytes_per_second = info.h2d_bytes_per_second = options_.default_link_bytes_per_second;
+  if (const LinkSpec* spec = FindSpec(name)) {
+    info.gpus = spec->gpus;
+    info.d2h_bytes_per_second = spec->d2h_bytes_per_second;
+    info.h2d_bytes_per_second = spec->h2d_bytes_per_second;
+    info.half_duplex = spec->half_duplex;
+    info.uplink_bdf = spec->uplink_bdf;
+    info.root_port = spec->root_port;
+    info.numa_node = spec->numa_node;
+    info.pcie_bytes_per_second = spec->pcie_bytes_per_second;
+  } else {
+    info.gpus.push_back(name);  // a GPU's default link, named after it
+  }
+  if (auto p = link_parent_.find(name); p != link_parent_.end()) info.parent = p->second;
+  for (const std::string& g : info.gpus) {
+    auto b = options_.gpu_bus_ids.find(g);
+    if (b != options_.gpu_bus_ids.end()) info.gpu_bus_ids[g] = b->second;
+  }
+  if (link != nullptr) {
+    info.d2h = link->d2h->stats();
+    if (!info.half_duplex) info.h2d = link->h2d->stats();
+  }
+  return info;
+}
+
 CoreStats Core::Stats() {
   CoreStats s;
   s.backend = engine_->name();
@@ -135,19 +205,26 @@ CoreStats Core::Stats() {
   s.chunk_bytes = options_.chunk_bytes;
   {
     std::lock_guard<std::mutex> lock(links_mu_);
-    for (auto& [name, link] : links_) {
-      LinkInfo info;
-      info.name = name;
-      for (auto& [gpu, l] : gpu_link_) {
-        if (l == name) info.gpus.push_back(gpu);
-      }
-      if (info.gpus.empty()) info.gpus.push_back(name);
-      info.d2h = link->d2h->stats();
-      info.h2d = link->h2d->stats();
-      info.d2h_bytes_per_second = link->d2h->options().bytes_per_second;
-      info.h2d_bytes_per_second = link->h2d->options().bytes_per_second;
-      s.links.push_back(std::move(info));
+    // Configured and discovered links first (in config order), then default links made on use.
+    for (const LinkSpec& spec : options_.links) {
+      auto it = links_.find(spec.name);
+      s.links.push_back(DescribeLink(spec.name, it == links_.end() ? nullptr : it->second.get()));
     }
+    for (auto& [name, link] : links_) {
+      if (FindSpec(name) == nullptr) s.links.push_back(DescribeLink(name, link.get()));
+    }
+  }
+  for (const HostLinkSpec& spec : options_.host_links) {
+    const Host& host = hosts_.at(spec.name);
+    HostLinkInfo info;
+    info.name = spec.name;
+    info.links = spec.links;
+    info.d2h_bytes_per_second = spec.d2h_bytes_per_second;
+    info.h2d_bytes_per_second = spec.h2d_bytes_per_second;
+    info.numa_node = spec.numa_node;
+    if (host.d2h) info.d2h = host.d2h->stats();
+    if (host.h2d) info.h2d = host.h2d->stats();
+    s.host_links.push_back(std::move(info));
   }
   std::vector<std::shared_ptr<Session>> live;
   {
@@ -177,18 +254,61 @@ void Core::RefreshMetrics() {
   }
   std::lock_guard<std::mutex> lock(links_mu_);  // serialises counter deltas
   for (const LinkInfo& link : s.links) {
-    for (int d = 0; d < 2; ++d) {
-      const char* dir = d == 0 ? "d2h" : "h2d";
+    for (int d = 0; d < (link.half_duplex ? 1 : 2); ++d) {
+      const char* dir = link.half_duplex ? "both" : d == 0 ? "d2h" : "h2d";
       const sched::LinkSchedulerStats& now = d == 0 ? link.d2h : link.h2d;
-      sched::LinkSchedulerStats& before = reported_[link.name + "/" + dir];
+      const double capacity = d == 0 ? link.d2h_bytes_per_second : link.h2d_bytes_per_second;
+      const std::string key = absl::StrCat(link.name, "/", dir);
+      sched::LinkSchedulerStats& before = reported_[key];
       prometheus::Labels labels{{"link", link.name}, {"direction", dir}};
+      m.link_capacity_bytes_per_second->Add(labels).Set(capacity);
       if (now.busy_seconds > before.busy_seconds) {
         m.link_busy_seconds_total->Add(labels).Increment(now.busy_seconds - before.busy_seconds);
       }
       if (now.bytes > before.bytes) {
         m.link_bytes_total->Add(labels).Increment(static_cast<double>(now.bytes - before.bytes));
       }
+      for (const auto& [gpu, bytes] : now.gpu_bytes) {
+        uint64_t& gpu_before = gpu_reported_[absl::StrCat(key, "/", gpu)];
+        if (bytes > gpu_before) {
+          m.link_gpu_bytes_total->Add({{"link", link.name}, {"direction", dir}, {"gpu", gpu}})
+              .Increment(static_cast<double>(bytes - gpu_before));
+          gpu_before = bytes;
+        }
+      }
+      for (const auto& [gpu, bytes] : now.gpu_bytes) {
+        // Present (at 0) for every GPU that used the link, so rates and alerts have a series.
+        prometheus::Counter& c =
+            m.reload_deadline_misses_total->Add({{"gpu", gpu}, {"link", link.name}});
+        auto miss = now.gpu_deadline_misses.find(gpu);
+        uint64_t& miss_before = misses_reported_[absl::StrCat(key, "/", gpu)];
+        if (miss != now.gpu_deadline_misses.end() && miss->second > miss_before) {
+          c.Increment(static_cast<double>(miss->second - miss_before));
+          miss_before = miss->second;
+        }
+      }
       m.link_queued_transfers->Add(labels).Set(static_cast<double>(now.queued_transfers));
+      m.link_chunks_in_flight->Add(labels).Set(static_cast<double>(now.chunks_in_flight));
+      before = now;
+    }
+  }
+  for (const HostLinkInfo& host : s.host_links) {
+    for (int d = 0; d < 2; ++d) {
+      const char* dir = d == 0 ? "d2h" : "h2d";
+      const double capacity = d == 0 ? host.d2h_bytes_per_second : host.h2d_bytes_per_second;
+      if (capacity <= 0) continue;
+      const sched::HostLinkStats& now = d == 0 ? host.d2h : host.h2d;
+      sched::HostLinkStats& before = host_reported_[absl::StrCat(host.name, "/", dir)];
+      prometheus::Labels labels{{"link", host.name}, {"direction", dir}};
+      m.host_link_capacity_bytes_per_second->Add(labels).Set(capacity);
+      if (now.busy_seconds > before.busy_seconds) {
+        m.host_link_busy_seconds_total->Add(labels).Increment(now.busy_seconds -
+                                                              before.busy_seconds);
+      }
+      if (now.bytes > before.bytes) {
+        m.host_link_bytes_total->Add(labels).Increment(
+            static_cast<double>(now.bytes - before.bytes));
+      }
       before = now;
     }
   }

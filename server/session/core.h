@@ -15,6 +15,7 @@
 
 #include "server/copy/copy_engine.h"
 #include "server/pool/arena.h"
+#include "server/sched/host_link.h"
 #include "server/sched/link_scheduler.h"
 #include "server/store/block_store.h"
 
@@ -22,13 +23,31 @@ namespace offloadd::session {
 
 class Session;
 
-// A link as configured: the GPUs (device ids) that share it and its capacity per direction in
-// bytes/s (0 = unpaced).
+// A link as configured or discovered (sched/topology.h): the GPUs (device ids) that share it
+// and its capacity per direction in bytes/s (0 = unpaced).
 struct LinkSpec {
   std::string name;
   std::vector<std::string> gpus;
   double d2h_bytes_per_second = 0;
   double h2d_bytes_per_second = 0;
+  // One scheduler and one capacity (d2h_bytes_per_second) for both directions: offloads and
+  // reloads share its queue, so the priority classes and the offload minimum share apply
+  // between them. Default (false): full duplex, one scheduler per direction.
+  bool half_duplex = false;
+  // From discovery, for stats only ("" / -1 / 0 when unknown).
+  std::string uplink_bdf, root_port;
+  int numa_node = -1;
+  double pcie_bytes_per_second = 0;
+};
+
+// The level above links (sched/host_link.h): a root port or host memory node with a capacity
+// of its own per direction (0 = no such level in that direction), shared fairly by its links.
+struct HostLinkSpec {
+  std::string name;
+  std::vector<std::string> links;  // child link names (a GPU's default link has the GPU's name)
+  double d2h_bytes_per_second = 0;
+  double h2d_bytes_per_second = 0;
+  int numa_node = -1;  // for stats; -1 = unknown
 };
 
 struct CoreOptions {
@@ -38,14 +57,32 @@ struct CoreOptions {
   std::vector<LinkSpec> links;
   // A GPU not named in `links` gets a link of its own, named after it, at this rate.
   double default_link_bytes_per_second = 0;
-  std::map<std::string, uint32_t> gpu_weights;  // DRR weights, default 1
+  std::map<std::string, uint32_t> gpu_weights;     // DRR weights, default 1
+  std::vector<HostLinkSpec> host_links;            // each link under at most one
+  double offload_min_share = 0.2;                  // see sched/drr.h
+  std::map<std::string, std::string> gpu_bus_ids;  // device id -> PCI address, for stats
 };
 
 struct LinkInfo {
   std::string name;
   std::vector<std::string> gpus;
+  // Half duplex: d2h holds the one scheduler's stats (both directions), h2d is empty.
   sched::LinkSchedulerStats d2h, h2d;
   double d2h_bytes_per_second = 0, h2d_bytes_per_second = 0;
+  bool half_duplex = false;
+  std::string parent;  // host link name; "" = none
+  std::string uplink_bdf, root_port;
+  int numa_node = -1;
+  double pcie_bytes_per_second = 0;
+  std::map<std::string, std::string> gpu_bus_ids;  // of the member GPUs that have one
+};
+
+struct HostLinkInfo {
+  std::string name;
+  std::vector<std::string> links;
+  double d2h_bytes_per_second = 0, h2d_bytes_per_second = 0;
+  sched::HostLinkStats d2h, h2d;
+  int numa_node = -1;
 };
 
 struct SessionInfo {
@@ -63,7 +100,8 @@ struct CoreStats {
   uint64_t offloads_total = 0, reloads_total = 0, errors_total = 0;
   double uptime_seconds = 0;
   uint64_t chunk_bytes = 0;
-  std::vector<LinkInfo> links;
+  std::vector<LinkInfo> links;  // configured and discovered ones, and those made on first use
+  std::vector<HostLinkInfo> host_links;
   std::vector<SessionInfo> sessions;
 };
 
@@ -74,9 +112,10 @@ class Core {
        std::unique_ptr<copy::CopyEngine> engine);
   ~Core();  // Drain()
 
+  // A half-duplex link has one scheduler: d2h and h2d point to it.
   struct Link {
     std::string name;
-    std::unique_ptr<sched::LinkScheduler> d2h, h2d;
+    std::shared_ptr<sched::LinkScheduler> d2h, h2d;
   };
   // The name of the link a GPU's copies use (config, else the GPU's own name).
   std::string LinkNameFor(const std::string& gpu) const;
@@ -116,10 +155,26 @@ class Core {
   store::BlockStore store_;
   const double start_seconds_;
 
+  // Host links exist from the start (links reference them); two per spec, null for a
+  // direction without capacity.
+  struct Host {
+    const HostLinkSpec* spec;
+    std::unique_ptr<sched::HostLink> d2h, h2d;
+  };
+  std::map<std::string, Host> hosts_;               // by host link name
+  std::map<std::string, std::string> link_parent_;  // link name -> host link name
+
   std::mutex links_mu_;
   std::map<std::string, std::unique_ptr<Link>> links_;  // by link name
-  std::map<std::string, std::string> gpu_link_;          // gpu -> link name
-  std::map<std::string, sched::LinkSchedulerStats> reported_;  // for counter deltas
+  std::map<std::string, std::string> gpu_link_;         // gpu -> link name
+  // Counter values last exported, by "link/direction" and "link/direction/gpu".
+  std::map<std::string, sched::LinkSchedulerStats> reported_;
+  std::map<std::string, uint64_t> gpu_reported_, misses_reported_;
+  std::map<std::string, sched::HostLinkStats> host_reported_;
+
+  const LinkSpec* FindSpec(const std::string& link_name) const;
+  // Stats of one link, created or not; links_mu_ held.
+  LinkInfo DescribeLink(const std::string& name, const Link* link) const;
 
   std::mutex sessions_mu_;
   std::map<uint64_t, std::weak_ptr<Session>> sessions_;
