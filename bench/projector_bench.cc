@@ -18,7 +18,9 @@
 // Flags (all --name=value): --part=all|shapes|batch, --ranks=128,512, --shapes=4096x4096,...,
 // --dim_divisor=N (divide every dim, for smoke runs), --exact=1|0, --oversampling=10,
 // --power_iterations=2, --batch_layers=1, --batch_rank=128, --batch_method=randomized|exact,
-// --batch_workers=1, --blas_threads=0 (0: hardware threads / workers).
+// --batch_workers=1, --blas_threads=0 (0: hardware threads / workers), --measure_residual=1|0
+// (batch only: skip the residual products a refresh reports by default), --dtype=fp32|bf16|fp16
+// (input gradients; the projector comes back in the same dtype, rho is measured on it).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -53,6 +55,8 @@ struct Flags {
   std::string batch_method = "randomized";
   int batch_workers = 1;
   int blas_threads = 0;
+  bool measure_residual = true;
+  DType dtype = DType::kFloat32;
 };
 
 [[noreturn]] void Usage(const std::string& bad) {
@@ -104,6 +108,18 @@ Flags ParseFlags(int argc, char** argv) {
       f.batch_method = value;
     } else if (name == "batch_workers") {
       f.batch_workers = std::max(1, static_cast<int>(ParseInt(arg, value)));
+    } else if (name == "dtype") {
+      if (value == "fp32") {
+        f.dtype = DType::kFloat32;
+      } else if (value == "bf16") {
+        f.dtype = DType::kBFloat16;
+      } else if (value == "fp16") {
+        f.dtype = DType::kFloat16;
+      } else {
+        Usage(arg);
+      }
+    } else if (name == "measure_residual") {
+      f.measure_residual = ParseInt(arg, value) != 0;
     } else if (name == "blas_threads") {
       f.blas_threads = static_cast<int>(ParseInt(arg, value));
     } else {
@@ -114,27 +130,34 @@ Flags ParseFlags(int argc, char** argv) {
   return f;
 }
 
+// A gradient as the service receives it (bytes in `dtype`) and the fp32 values it stands for.
 struct Gradient {
   int64_t m = 0, n = 0;
-  std::vector<float> values;
-  HostMatrix View() const {
-    return {values.data(), values.size() * sizeof(float), {m, n}, DType::kFloat32};
-  }
+  DType dtype = DType::kFloat32;
+  std::vector<float> values;  // exactly the values of `bytes`, widened to fp32
+  std::vector<uint8_t> bytes;
+  HostMatrix View() const { return {bytes.data(), bytes.size(), {m, n}, dtype}; }
 };
 
-Gradient Synthetic(int64_t m, int64_t n, uint64_t seed) {
+Gradient Synthetic(int64_t m, int64_t n, DType dtype, uint64_t seed) {
   const int64_t k = std::min<int64_t>(768, std::min(m, n) / 2);
   const double ratio = std::pow(0.02, 1.0 / std::max<int64_t>(1, k - 1));
   const double noise = 0.01 / (std::sqrt(double(m)) + std::sqrt(double(n)));
-  return {m, n, LowRankPlusNoise(m, n, GeometricSpectrum(k, 1.0, ratio), noise, seed)};
+  Gradient g{m, n, dtype, LowRankPlusNoise(m, n, GeometricSpectrum(k, 1.0, ratio), noise, seed),
+             {}};
+  g.bytes.resize(g.values.size() * ElementSizeBytes(dtype));
+  ConvertFromFloat32(g.values.data(), g.values.size(), dtype, g.bytes.data());
+  ConvertToFloat32(g.bytes.data(), dtype, g.values.size(), g.values.data());
+  return g;
 }
 
 double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-RefreshResult MustRefresh(const RefreshRequest& request, const SvdBackend& backend) {
-  absl::StatusOr<RefreshResult> result = RefreshProjector(request, backend);
+RefreshResult MustRefresh(const RefreshRequest& request, const SvdBackend& backend,
+                          RefreshScratch* scratch = nullptr) {
+  absl::StatusOr<RefreshResult> result = RefreshProjector(request, backend, scratch);
   if (!result.ok()) {
     std::fprintf(stderr, "refresh failed: %s\n", std::string(result.status().message()).c_str());
     std::exit(1);
@@ -149,7 +172,7 @@ void RunShapes(const Flags& f, const SvdBackend& backend) {
               "svd_s", "rho", "rand_s", "svd_s", "rho", "rho_ub", "speedup");
   for (auto [m0, n0] : f.shapes) {
     const int64_t m = m0 / f.dim_divisor, n = n0 / f.dim_divisor;
-    const Gradient g = Synthetic(m, n, 1000 + m + n);
+    const Gradient g = Synthetic(m, n, f.dtype, 1000 + m + n);
     const DenseMatrix gv{g.values.data(), m, n};
     const int64_t r_max = std::min(*std::max_element(f.ranks.begin(), f.ranks.end()),
                                    std::min(m, n));
@@ -161,7 +184,7 @@ void RunShapes(const Flags& f, const SvdBackend& backend) {
       request.rank = r_max;
       exact = MustRefresh(request, backend);
       p_exact.resize(exact.projector_rows * r_max);
-      ConvertToFloat32(exact.projector_bytes.data(), DType::kFloat32, p_exact.size(),
+      ConvertToFloat32(exact.projector_bytes.data(), exact.projector_dtype, p_exact.size(),
                        p_exact.data());
     }
     for (int64_t r0 : f.ranks) {
@@ -187,7 +210,8 @@ void RunShapes(const Flags& f, const SvdBackend& backend) {
       double rho_approx = NAN;
       if (f.exact) {
         std::vector<float> p(approx.projector_rows * r);
-        ConvertToFloat32(approx.projector_bytes.data(), DType::kFloat32, p.size(), p.data());
+        ConvertToFloat32(approx.projector_bytes.data(), approx.projector_dtype, p.size(),
+                         p.data());
         rho_approx = ResidualRatio(gv, p.data(), r, approx.vector_side, tail);
       }
       std::printf("%5lldx%-6lld %5lld | %8.2f %8.2f %8.4f | %8.2f %8.2f %8.4f %8.3g | %7.1f\n",
@@ -207,9 +231,9 @@ void RunShapes(const Flags& f, const SvdBackend& backend) {
 
 void RunBatch(const Flags& f, const SvdBackend& backend) {
   const int64_t d = f.dim_divisor;
-  const Gradient square = Synthetic(4096 / d, 4096 / d, 1);
-  const Gradient up = Synthetic(11008 / d, 4096 / d, 2);
-  const Gradient down = Synthetic(4096 / d, 11008 / d, 3);
+  const Gradient square = Synthetic(4096 / d, 4096 / d, f.dtype, 1);
+  const Gradient up = Synthetic(11008 / d, 4096 / d, f.dtype, 2);
+  const Gradient down = Synthetic(4096 / d, 11008 / d, f.dtype, 3);
   std::vector<const Gradient*> jobs;
   for (int layer = 0; layer < f.batch_layers; ++layer) {
     for (const Gradient* g : {&square, &square, &square, &square, &up, &up, &down}) {
@@ -224,13 +248,15 @@ void RunBatch(const Flags& f, const SvdBackend& backend) {
   std::atomic<size_t> next{0};
   const Clock::time_point start = Clock::now();
   auto worker = [&] {
+    RefreshScratch scratch;  // one per worker thread: reused fp32 buffer for converted inputs
     for (size_t i = next++; i < jobs.size(); i = next++) {
       RefreshRequest request;
       request.gradient = jobs[i]->View();
       request.rank = f.batch_rank;
       request.method = randomized ? SvdMethod::kRandomized : SvdMethod::kExact;
       request.randomized = f.randomized;
-      const RefreshResult result = MustRefresh(request, backend);
+      request.measure_residual = f.measure_residual;
+      const RefreshResult result = MustRefresh(request, backend, &scratch);
       svd_s[i] = result.svd_seconds;
       done_at[i] = Seconds(start);
     }
@@ -247,8 +273,11 @@ void RunBatch(const Flags& f, const SvdBackend& backend) {
     per_shape[kind] += svd_s[i];
     ++count[kind];
   }
-  std::printf("total %.2f s, first result after %.2f s, %.2f matrices/s\n", total, first,
-              jobs.size() / total);
+  double svd_total = 0.0;
+  for (double s : svd_s) svd_total += s;
+  std::printf("total %.2f s (of which SVD %.2f s), first result after %.2f s, %.2f matrices/s, "
+              "residual %s\n", total, svd_total, first, jobs.size() / total,
+              f.measure_residual ? "measured" : "skipped");
   const char* names[3] = {"4096x4096", "11008x4096", "4096x11008"};
   for (int k = 0; k < 3; ++k) {
     std::printf("  %-10s (/%lld) mean SVD %.2f s over %d\n", names[k], static_cast<long long>(d),
@@ -265,8 +294,9 @@ void RunBatch(const Flags& f, const SvdBackend& backend) {
 int main(int argc, char** argv) {
   using namespace offloadd::projector;
   const Flags f = ParseFlags(argc, argv);
-  std::printf("projector_bench: backend lapack (OpenBLAS), %u hardware threads, dim_divisor %lld\n",
-              std::thread::hardware_concurrency(), static_cast<long long>(f.dim_divisor));
+  std::printf("projector_bench: backend lapack (OpenBLAS), %u hardware threads, dim_divisor "
+              "%lld, input dtype %s\n", std::thread::hardware_concurrency(),
+              static_cast<long long>(f.dim_divisor), std::string(DTypeName(f.dtype)).c_str());
   const LapackSvdBackend backend;
   if (f.part == "all" || f.part == "shapes") {
     const int threads = SetBlasThreads(f.blas_threads > 0 ? f.blas_threads : BlasThreadsFor(1));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -51,32 +52,65 @@ absl::StatusOr<Shape> CheckMatrix(const HostMatrix& matrix, const char* what) {
   return shape;
 }
 
-// Converts to fp32 row by row, stopping at the first NaN/Inf; returns max|x| in *max_abs.
-absl::Status ConvertFinite(const HostMatrix& matrix, Shape shape, const char* what,
-                           std::vector<float>* out, float* max_abs) {
-  out->resize(shape.rows * shape.cols);
+absl::Status NonFiniteError(const char* what, float value, int64_t row, int64_t col) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " has a non-finite value (", std::isnan(value) ? "NaN" : "Inf", ") at row ", row,
+      ", column ", col, " (first bad row: ", row,
+      "); skip this refresh and keep the previous projector, or fix the gradient (loss scaling "
+      "/ overflow upstream)"));
+}
+
+// Checks one fp32 row for NaN/Inf (a branch-free pass, then a search only on failure) and
+// raises *peak to its max|x|.
+absl::Status ScanRow(const float* row, int64_t cols, int64_t row_index, const char* what,
+                     float* peak) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  bool bad = false;
+  float top = *peak;
+  for (int64_t j = 0; j < cols; ++j) {
+    const float a = std::fabs(row[j]);
+    bad |= !(a <= kMax);  // NaN compares false
+    top = a > top ? a : top;
+  }
+  if (bad) {
+    for (int64_t j = 0; j < cols; ++j) {
+      if (!std::isfinite(row[j])) return NonFiniteError(what, row[j], row_index, j);
+    }
+  }
+  *peak = top;
+  return absl::OkStatus();
+}
+
+// Converts `matrix` to fp32 in `out` (shape.rows * shape.cols floats) row by row, stopping at the
+// first NaN/Inf; *max_abs gets max|x|.
+absl::Status ConvertFinite(const HostMatrix& matrix, Shape shape, const char* what, float* out,
+                           float* max_abs) {
   const size_t row_bytes = shape.cols * ElementSizeBytes(matrix.dtype);
   const auto* src = static_cast<const unsigned char*>(matrix.data);
   float peak = 0.0f;
   for (int64_t i = 0; i < shape.rows; ++i) {
-    float* row = out->data() + i * shape.cols;
+    float* row = out + i * shape.cols;
     ConvertToFloat32(src + i * row_bytes, matrix.dtype, shape.cols, row);
-    for (int64_t j = 0; j < shape.cols; ++j) {
-      if (!std::isfinite(row[j])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, " has a non-finite value (", std::isnan(row[j]) ? "NaN" : "Inf", ") at row ", i,
-            ", column ", j, " (first bad row: ", i,
-            "); skip this refresh and keep the previous projector, or fix the gradient "
-            "(loss scaling / overflow upstream)"));
-      }
-      peak = std::max(peak, std::fabs(row[j]));
-    }
+    if (absl::Status s = ScanRow(row, shape.cols, i, what, &peak); !s.ok()) return s;
   }
   *max_abs = peak;
   return absl::OkStatus();
 }
 
+// Inside [2^-kSafeExponent, 2^kSafeExponent) max|G| needs no rescaling: squares and the products
+// of the SVD stay well inside fp32's normal range.
+constexpr int kSafeExponent = 50;
+
 }  // namespace
+
+float* RefreshScratch::GradientBuffer(size_t count) {
+  if (count > capacity_) {
+    gradient_.reset();  // release before allocating: never hold both
+    gradient_.reset(new float[count]);
+    capacity_ = count;
+  }
+  return gradient_.get();
+}
 
 VectorSide ResolveSide(ProjectionSide side, int64_t rows, int64_t cols) {
   switch (side) {
@@ -93,7 +127,8 @@ VectorSide ResolveSide(ProjectionSide side, int64_t rows, int64_t cols) {
 }
 
 absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
-                                               const SvdBackend& backend) {
+                                               const SvdBackend& backend,
+                                               RefreshScratch* scratch) {
   const Clock::time_point start = Clock::now();
   absl::StatusOr<Shape> g_shape = CheckMatrix(request.gradient, "gradient");
   if (!g_shape.ok()) return g_shape.status();
@@ -132,32 +167,58 @@ absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
           ") projects on the ", result.vector_side == VectorSide::kLeft ? "left" : "right",
           " side and needs ", side_dim, " rows — was the side or the shape changed?"));
     }
+    previous.resize(p_shape->rows * p_shape->cols);
     float unused;
     absl::Status s = ConvertFinite(request.previous_projector, *p_shape, "previous_projector",
-                                   &previous, &unused);
+                                   previous.data(), &unused);
     if (!s.ok()) return s;
     r_old = p_shape->cols;
   }
 
-  std::vector<float> g;
+  // G in fp32: aligned fp32 input is scanned in place and used as is (no copy, no fresh pages);
+  // other inputs are converted into the scratch buffer.
+  RefreshScratch local_scratch;
+  RefreshScratch& buffers = scratch != nullptr ? *scratch : local_scratch;
+  const size_t count = static_cast<size_t>(m * n);
+  const bool in_place = request.gradient.dtype == DType::kFloat32 &&
+                        reinterpret_cast<uintptr_t>(request.gradient.data) % alignof(float) == 0;
+  const float* g = nullptr;
   float max_abs = 0.0f;
-  if (absl::Status s = ConvertFinite(request.gradient, *g_shape, "gradient", &g, &max_abs);
-      !s.ok()) {
-    return s;
+  if (in_place) {
+    g = static_cast<const float*>(request.gradient.data);
+    for (int64_t i = 0; i < m; ++i) {
+      if (absl::Status s = ScanRow(g + i * n, n, i, "gradient", &max_abs); !s.ok()) return s;
+    }
+  } else {
+    float* converted = buffers.GradientBuffer(count);
+    if (absl::Status s =
+            ConvertFinite(request.gradient, *g_shape, "gradient", converted, &max_abs);
+        !s.ok()) {
+      return s;
+    }
+    g = converted;
   }
   if (max_abs == 0.0f) {
     result.degenerate = true;
     result.elapsed_seconds = SecondsSince(start);
     return result;
   }
-  // Scale by an exact power of two so max|G| is in [0.5, 1): sums of squares cannot overflow or
-  // underflow. The factor is applied in double: for subnormal inputs it exceeds fp32's range.
+  // Out of the safe range (e.g. entries of 1e30, whose squares overflow fp32, or subnormals),
+  // scale by an exact power of two so max|G| is in [0.5, 1); the factor is applied in double
+  // since for subnormal inputs it exceeds fp32's range. Singular values and norms are scaled
+  // back in double.
   int exponent = 0;
   std::frexp(max_abs, &exponent);
-  const double scale = std::ldexp(1.0, -exponent);
-  for (float& x : g) x = static_cast<float>(x * scale);
+  if (exponent > -kSafeExponent && exponent <= kSafeExponent) {
+    exponent = 0;
+  } else {
+    float* scaled = buffers.GradientBuffer(count);  // same buffer when G was converted into it
+    const double scale = std::ldexp(1.0, -exponent);
+    for (size_t i = 0; i < count; ++i) scaled[i] = static_cast<float>(g[i] * scale);
+    g = scaled;
+  }
   const double unscale = std::ldexp(1.0, exponent);
-  const DenseMatrix gs{g.data(), m, n};
+  const DenseMatrix gs{g, m, n};
 
   const Clock::time_point svd_start = Clock::now();
   absl::StatusOr<TopSingular> svd =
