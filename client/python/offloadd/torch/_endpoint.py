@@ -128,12 +128,12 @@ def mark_broken(ep, reason, retry_seconds=30.0):
                 _down_until[key] = (time.monotonic() + retry_seconds, reason)
 
 
-def count_fallback(reason):
-    """Counts one fallback; the first in the process emits one RuntimeWarning."""
+def count_fallback(reason, warn=True):
+    """Counts one fallback; the first warned one in the process emits one RuntimeWarning."""
     with _lock:
         _fallbacks[0] += 1
-        first = not _warned[0]
-        _warned[0] = True
+        first = warn and not _warned[0]
+        _warned[0] = _warned[0] or warn
     if first:
         warnings.warn("offloadd: %s; keeping saved tensors in this process instead (pinned host "
                       "copies for CUDA tensors where possible). Training continues; fallbacks "

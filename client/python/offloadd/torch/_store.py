@@ -20,6 +20,8 @@ pinned host copy for CUDA tensors when ``pin_memory`` and CUDA allow), one warni
 counted. ``strict=True`` raises OffloaddError instead (at the pack, or for an asynchronous
 refusal at the next pack/unpack). A daemon that stops while holding a block loses it: its unpack
 raises OffloaddError DATA_LOSS (the step cannot finish; later steps fall back).
+Errors raised in backward's unpack reach the caller of ``backward()`` as the RuntimeError autograd
+re-raises, whose message is the OffloaddError's ("DATA_LOSS: ...").
 """
 
 import collections
@@ -36,6 +38,10 @@ from ._stats import OffloadStats
 from ._transport import Meta, dense_span, empty_like_meta
 
 KEPT, OFFLOADING, OFFLOADED, FALLBACK, LOST = range(5)
+
+
+class _BecameFallback(Exception):
+    """Completes a reload that was waiting for an offload the daemon then refused."""
 _RECOVERABLE = (errors.OffloaddError, errors.CudaExportError, OSError, TimeoutError)
 
 
@@ -210,8 +216,9 @@ class Store:
         with self._lock:
             s.tensor, s.state, s.op = rescued, FALLBACK, None
             rl, s.reload = s.reload, None
-        if rl is not None:
-            ep.transport.abandon_reload(rl)
+        if rl is not None:  # never sent: wake an unpack waiting on it, free its destination
+            rl.done.set_exception(_BecameFallback())
+            ep.transport.release_dest(rl)
         if isinstance(exc, errors.DaemonUnavailable):
             _endpoint.mark_broken(ep, str(exc), self.retry_seconds)
         self._count_fallback(s, "offloadd refused a tensor (%s)" % exc, exc)
@@ -228,10 +235,10 @@ class Store:
 
     def _count_fallback(self, s, reason, exc):
         self.stats.add(fallbacks=1, fallback_bytes=s.meta.nbytes)
-        if self.strict and exc is not None:
+        if self.strict and exc is not None:  # raised at the next pack/unpack, not warned
             self._async_error = errors.OffloaddError(getattr(exc, "code", errors.UNKNOWN),
                                                      reason + " (strict=True)")
-        _endpoint.count_fallback(reason)
+        _endpoint.count_fallback(reason, warn=not self.strict)
 
     def _raise_async_error(self):
         err, self._async_error = self._async_error, None
@@ -260,19 +267,21 @@ class Store:
             return t if t.device == s.meta.device else t.to(s.meta.device)
         if state == LOST:
             raise self._lost(s, None)
-        rl = s.reload
-        if rl is None:
-            rl = self._start_reload(s, URGENT)
-            if rl is None:  # became a fallback meanwhile
-                with self._lock:
-                    s.unpacked = False
-                return self.unpack(s)
-        self._prefetch_before(s)
-        in_time = rl.done.done() and rl.priority == PREFETCH
-        t0 = time.monotonic()
         try:
+            rl = s.reload
+            if rl is None:
+                rl = self._start_reload(s, URGENT)
+                if rl is None:  # became a fallback meanwhile
+                    raise _BecameFallback()
+            self._prefetch_before(s)
+            in_time = rl.done.done() and rl.priority == PREFETCH
+            t0 = time.monotonic()
             t = s.ep.transport.finish_reload(rl, s.meta)
-        except errors.OffloaddError as e:
+        except _BecameFallback:
+            with self._lock:
+                s.unpacked = False
+            return self.unpack(s)
+        except _RECOVERABLE as e:
             with self._lock:
                 s.state, s.reload = LOST, None
             raise self._lost(s, e) from None
@@ -290,10 +299,13 @@ class Store:
 
     def _lost(self, s, exc):
         self.stats.add(lost=1)
+        gone = exc is None or isinstance(exc, errors.DaemonUnavailable)
         return errors.OffloaddError(
-            errors.DATA_LOSS, "a saved tensor of %s bytes was held by the offloadd daemon, which "
-            "no longer has it (%s): this backward cannot finish; later steps keep tensors in "
-            "process until the daemon is back" % (s.meta.nbytes, exc or "lost earlier"))
+            errors.DATA_LOSS, "a saved tensor of %d bytes held by the offloadd daemon could not "
+            "be reloaded%s (%s): this backward cannot finish; later steps keep tensors in "
+            "process until the daemon is back" % (
+                s.meta.nbytes, ": the daemon no longer has it" if gone else "",
+                exc or "lost earlier"))
 
     def _start_reload(self, s, priority):
         """Prepares a reload (outside the lock: it may register memory) and sends it, or

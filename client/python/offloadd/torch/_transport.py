@@ -105,6 +105,7 @@ class ShmTransport:
 
     def __init__(self, client, grow_bytes=16 << 20, max_bytes=1 << 30, alloc_timeout_seconds=30.0):
         self.client = client
+        self._lock = threading.Lock()
         self.alloc_timeout_seconds = alloc_timeout_seconds
         self.arena = StagingArena(client.register_shm, grow_bytes, max_bytes,
                                   unregister=lambda rid: client.unregister(rid))
@@ -149,18 +150,24 @@ class ShmTransport:
             out = empty_like_meta(meta, device="cpu")
             flat(out).copy_(self._staged(op.slot, meta))
         finally:
-            self.arena.free(op.slot)
-            op.slot = None
+            self.release_dest(op)
         if meta.device.type != "cpu":
             out = out.to(meta.device)
         return out
 
+    def release_dest(self, op):
+        """Frees the reload's slot; idempotent, any thread."""
+        with self._lock:
+            slot, op.slot = op.slot, None
+        if slot is not None:
+            self.arena.free(slot)
+
     def abandon_reload(self, op):
         """Frees a reload's slot once the daemon can no longer write it."""
         if not op.sent:
-            self.arena.free(op.slot)
+            self.release_dest(op)
         else:
-            op.done.add_done_callback(lambda _: self.arena.free(op.slot))
+            op.done.add_done_callback(lambda _: self.release_dest(op))
 
     def close(self):
         self.arena.close()
@@ -243,6 +250,9 @@ class CudaIpcTransport:
     def finish_reload(self, op, meta):
         op.done.result()
         return op.dest
+
+    def release_dest(self, op):
+        pass  # the destination is a tensor: it dies with its last reference
 
     def abandon_reload(self, op):
         if op.sent:  # keep dest alive until the daemon has written it
