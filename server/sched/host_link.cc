@@ -6,10 +6,11 @@
 namespace offloadd::sched {
 namespace {
 
-// As in LinkScheduler: a turn decided at most this late after the level's virtual finish
-// starts at that finish, so decision latency does not lower the rate; after a longer gap the
-// level was idle and starts afresh.
-constexpr double kPacingSlackSeconds = 0.001;
+// As in LinkScheduler: while children have been waiting since the level's last virtual finish,
+// the next turn starts at that finish even if it was decided late (the simulated level must not
+// lose capacity to thread scheduling); after an idle gap it starts when a child began to wait.
+// Catch-up is bounded by this much.
+constexpr double kMaxCatchUpSeconds = 0.02;
 
 }  // namespace
 
@@ -85,10 +86,12 @@ HostLink::HostLink(HostLinkOptions options, Clock* clock)
 double HostLink::WaitTurn(const std::string& child) {
   const double rate = options_.bytes_per_second;
   std::unique_lock<std::mutex> lock(mu_);
+  if (waiters_++ == 0) backlog_since_seconds_ = clock_->NowSeconds();
   turns_.Join(child);
   for (;;) {
     if (granted_ && !taken_ && granted_child_ == child) {
       taken_ = true;
+      --waiters_;
       return grant_start_seconds_;
     }
     if (!granted_) {
@@ -101,7 +104,9 @@ double HostLink::WaitTurn(const std::string& child) {
         taken_ = false;
         granted_child_ = *next;
         grant_start_seconds_ =
-            rate > 0 && now - free_at_seconds_ <= kPacingSlackSeconds ? free_at_seconds_ : now;
+            rate > 0
+                ? std::max({free_at_seconds_, backlog_since_seconds_, now - kMaxCatchUpSeconds})
+                : now;
         cv_.notify_all();
         continue;
       }

@@ -112,8 +112,10 @@ class HostLink {
   bool taken_ = false;    // ... and its child's waiter has returned from WaitTurn
   std::string granted_child_;
   double grant_start_seconds_ = 0;
-  double free_at_seconds_ = 0;  // virtual finish of the last committed bytes
-  bool sleeper_ = false;        // one waiter sleeps on the clock until free_at_seconds_
+  double free_at_seconds_ = 0;        // virtual finish of the last committed bytes
+  bool sleeper_ = false;              // one waiter sleeps on the clock until free_at_seconds_
+  uint64_t waiters_ = 0;              // in WaitTurn, not yet holding a turn
+  double backlog_since_seconds_ = 0;  // when a child began to wait while none did
   HostLinkStats stats_;
 };
 

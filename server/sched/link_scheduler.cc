@@ -41,11 +41,12 @@ class RealClock : public Clock {
   }
 };
 
-// A paced link that woke up at most this late after its previous chunk's virtual finish
-// starts the next chunk at that finish, not at "now", so wake-up latency does not lower the
-// rate; after a longer gap the link was idle and starts afresh. Over any interval T the link
-// moves at most rate x (T + slack) bytes.
-constexpr double kPacingSlackSeconds = 0.001;
+// Pacing keeps a work-conserving virtual clock: while work has been queued since the link's
+// last virtual finish, the next chunk starts at that finish even if the worker woke up late (a
+// simulated link must not lose capacity to thread scheduling on a busy machine); after an idle
+// gap it starts when the work arrived. A late worker catches up by at most this much, so over
+// any interval T the link moves at most rate x (T + kMaxCatchUpSeconds) bytes plus one chunk.
+constexpr double kMaxCatchUpSeconds = 0.02;
 
 }  // namespace
 
@@ -81,6 +82,7 @@ struct LinkScheduler::Impl {
   double link_free_at_seconds = 0;  // virtual finish of the last paced chunk
   double busy_since_seconds = 0;
   bool parent_turn_pending = false;  // a worker is waiting for a turn at options.parent
+  double backlog_since_seconds = 0;  // when work last arrived to an empty queue
   LinkSchedulerStats stats;
 
   std::mutex join_mu;  // serializes Shutdown's joins
@@ -109,7 +111,7 @@ void LinkScheduler::Impl::WorkerLoop() {
         lock.lock();
         continue;
       }
-      start = now - link_free_at_seconds <= kPacingSlackSeconds ? link_free_at_seconds : now;
+      start = std::max({link_free_at_seconds, backlog_since_seconds, now - kMaxCatchUpSeconds});
     }
     if (parent != nullptr) {
       parent_turn_pending = true;
@@ -218,7 +220,9 @@ void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
                                                 " is shutting down; the daemon is stopping"));
   }
   if (error.ok()) {
+    const bool was_empty = impl_->queue.empty();
     absl::StatusOr<uint64_t> id = impl_->queue.Push(transfer);
+    if (id.ok() && was_empty) impl_->backlog_since_seconds = impl_->clock->NowSeconds();
     if (id.ok()) {
       Impl::Active& a = impl_->active[*id];
       a.transfer = std::move(transfer);

@@ -13,7 +13,10 @@
 //  3. Within a GPU and class: earliest deadline first (transfers without a deadline are last),
 //     then FIFO.
 // Pacing: when bytes_per_second > 0 the link's chunks start no faster than that rate (virtual
-// finish time per link direction), which is how the shm backend simulates a PCIe link.
+// finish time per link direction), which is how the shm backend simulates a PCIe link. The
+// virtual clock is work-conserving: while work is queued, a chunk starts at the previous one's
+// virtual finish even if its worker woke late (catch-up bounded by 20 ms), so a busy machine
+// does not make a saturated simulated link look idle.
 // Hierarchy: with a `parent` HostLink (host_link.h: a root port or host memory node shared by
 // several links), a worker also takes a turn at the parent before each chunk — one worker of
 // this link waits there at a time, and the chunk is picked only once the turn is granted. A

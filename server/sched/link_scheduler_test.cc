@@ -431,5 +431,53 @@ TEST(LinkSchedulerTest, TransfersFinishingAfterTheirDeadlineAreCountedPerGpu) {
   EXPECT_EQ(sched.stats().gpu_deadline_misses, (std::map<std::string, uint64_t>{{"gpu0", 1}}));
 }
 
+
+TEST(LinkSchedulerTest, PacedLinkCatchesUpAfterALateWorkerWhileBacklogged) {
+  FakeClock clock;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.chunk_bytes = 1 * kMiB;
+  o.bytes_per_second = 1e9;
+  LinkScheduler sched(o, &clock);
+  const double chunk = static_cast<double>(kMiB) / 1e9;
+  Gate gate;
+  std::atomic<bool> first_started{false};
+  auto t = std::make_shared<Transfer>();
+  t->gpu = "gpu0";
+  t->bytes = 5 * kMiB;
+  t->copy_chunk = [&](uint64_t offset, uint64_t) {
+    if (offset == 0) {
+      first_started = true;
+      gate.Wait();
+    }
+    return absl::OkStatus();
+  };
+  sched.Submit(t);
+  while (!first_started) std::this_thread::yield();
+  // The worker is held (descheduled, say) until 3 chunk-times; the link had work queued all
+  // along, so chunks 2..5 start at 1, 2, 3, 4 chunk-times, not at 3, 4, 5, 6.
+  clock.Advance(3 * chunk);
+  gate.Open();
+  sched.Shutdown();
+  EXPECT_NEAR(clock.NowSeconds(), 5 * chunk, 1e-12);
+  EXPECT_EQ(sched.stats().bytes, 5 * kMiB);
+}
+
+TEST(LinkSchedulerTest, PacedLinkRestartsWhenWorkArrivesAfterAnIdleGap) {
+  FakeClock clock;
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.chunk_bytes = 1 * kMiB;
+  o.bytes_per_second = 1e9;
+  LinkScheduler sched(o, &clock);
+  const double chunk = static_cast<double>(kMiB) / 1e9;
+  sched.Submit(rec.Make(0, "gpu0", TrafficClass::kOffload, 1 * kMiB));
+  while (sched.stats().bytes < 1 * kMiB) std::this_thread::yield();
+  EXPECT_NEAR(clock.NowSeconds(), chunk, 1e-12);
+  clock.Advance(10 * chunk);  // idle: no credit is banked
+  sched.Submit(rec.Make(1, "gpu0", TrafficClass::kOffload, 2 * kMiB));
+  sched.Shutdown();
+  EXPECT_NEAR(clock.NowSeconds(), 13 * chunk, 1e-12);
+}
+
 }  // namespace
 }  // namespace offloadd::sched
