@@ -379,26 +379,32 @@ std::future<absl::StatusOr<OffloadResult>> Client::Offload(uint64_t region_id, u
 std::future<absl::StatusOr<ReloadResult>> Client::Reload(uint64_t block_id, uint64_t region_id,
                                                          uint64_t offset, Priority priority,
                                                          bool release_after,
-                                                         double deadline_seconds) {
-  return SubmitReload(block_id, 0, region_id, offset, priority, release_after, deadline_seconds);
+                                                         double deadline_seconds,
+                                                         absl::string_view done_event) {
+  return SubmitReload(block_id, 0, region_id, offset, priority, release_after, deadline_seconds,
+                      done_event);
 }
 
 std::future<absl::StatusOr<ReloadResult>> Client::ReloadTagged(uint64_t tag, uint64_t region_id,
                                                                uint64_t offset, Priority priority,
                                                                bool release_after,
-                                                               double deadline_seconds) {
-  return SubmitReload(0, tag, region_id, offset, priority, release_after, deadline_seconds);
+                                                               double deadline_seconds,
+                                                               absl::string_view done_event) {
+  return SubmitReload(0, tag, region_id, offset, priority, release_after, deadline_seconds,
+                      done_event);
 }
 
 std::future<absl::StatusOr<ReloadResult>> Client::SubmitReload(uint64_t block_id, uint64_t tag,
                                                                uint64_t region_id, uint64_t offset,
                                                                Priority priority,
                                                                bool release_after,
-                                                               double deadline_seconds) {
+                                                               double deadline_seconds,
+                                                               absl::string_view done_event) {
   v1::Request request;
   v1::ReloadRequest* r = request.mutable_reload();
   r->set_block_id(block_id);
   r->set_tag(tag);
+  if (!done_event.empty()) r->set_done_event(std::string(done_event));
   r->set_region_id(region_id);
   r->set_offset(offset);
   r->set_priority(priority == Priority::kUrgent ? v1::URGENT : v1::PREFETCH);

@@ -150,17 +150,20 @@ class Client {
 
   // Copies block `block_id` back to `offset` of region `region_id`. release_after: free the
   // block once copied. deadline_seconds: seconds from now by which the data is needed (0: none).
+  // done_event: CUDA IPC event handle bytes the daemon records after the copy (cuda backend).
   std::future<absl::StatusOr<ReloadResult>> Reload(uint64_t block_id, uint64_t region_id,
                                                    uint64_t offset, Priority priority,
                                                    bool release_after = false,
-                                                   double deadline_seconds = 0);
+                                                   double deadline_seconds = 0,
+                                                   absl::string_view done_event = "");
   // Reload of the block offloaded with `tag`; may be sent while that offload is still queued or
   // copying: the daemon runs it after the copy, so it returns the offloaded bytes. NOT_FOUND for
   // a tag with no live block; the offload's error if the tagged offload fails.
   std::future<absl::StatusOr<ReloadResult>> ReloadTagged(uint64_t tag, uint64_t region_id,
                                                          uint64_t offset, Priority priority,
                                                          bool release_after = false,
-                                                         double deadline_seconds = 0);
+                                                         double deadline_seconds = 0,
+                                                         absl::string_view done_event = "");
 
   // Frees block `block_id` in the pool. Errors: the daemon's (NOT_FOUND unknown block, ...).
   std::future<absl::Status> Release(uint64_t block_id);
@@ -211,7 +214,8 @@ class Client {
   std::future<absl::StatusOr<ReloadResult>> SubmitReload(uint64_t block_id, uint64_t tag,
                                                          uint64_t region_id, uint64_t offset,
                                                          Priority priority, bool release_after,
-                                                         double deadline_seconds);
+                                                         double deadline_seconds,
+                                                         absl::string_view done_event);
   std::future<absl::Status> SubmitRelease(uint64_t block_id, uint64_t tag);
   void Start();
   void ReaderLoop();

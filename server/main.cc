@@ -2,6 +2,7 @@
 // architecture. Exit codes: 0 after SIGTERM/SIGINT, 2 for usage/config errors, 1 for start-up
 // failures (each printed with what to do).
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -144,6 +145,14 @@ int main(int argc, char** argv) {
   auto engine = MakeEngine(*config);
   if (!engine.ok()) return Fail(engine.status(), 1);
 
+  if (config->backend() == "cuda") {
+    // Pinning the pool needs it locked: fail now, with the fix, rather than half-way.
+    rlimit rl{};
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    absl::Status st = offloadd::pool::CheckMemlockLimit(config->pool_bytes(), rl.rlim_cur,
+                                                        offloadd::pool::MemlockPrivileged());
+    if (!st.ok()) return Fail(st, 1);
+  }
   offloadd::pool::ArenaOptions arena_options;
   arena_options.size_bytes = config->pool_bytes();
   arena_options.mlock = config->pool_mlock();
@@ -151,6 +160,11 @@ int main(int argc, char** argv) {
   LOG(INFO) << "mapping and pre-faulting the pool: " << config->pool_bytes() << " bytes";
   auto arena = offloadd::pool::Arena::Create(arena_options);
   if (!arena.ok()) return Fail(arena.status(), 1);
+  // cuda: register (pin) the pool with the driver in the background, in chunks <= 64 GiB.
+  if (absl::Status st = (*engine)->PrepareHostPool((*arena)->base(), (*arena)->size_bytes());
+      !st.ok()) {
+    return Fail(st, 1);
+  }
 
   std::unique_ptr<offloadd::metrics::Exposer> exposer;
   if (!config->metrics_address().empty()) {

@@ -50,6 +50,7 @@ session::Request FromProto(const v1::Request& p) {
       r.release_after = p.reload().release_after();
       r.deadline_seconds = p.reload().deadline_seconds();
       r.tag = p.reload().tag();
+      r.done_event = p.reload().done_event();
       break;
     case v1::Request::kRelease:
       r.kind = session::RequestKind::kRelease;

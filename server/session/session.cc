@@ -345,8 +345,9 @@ void Session::OnReload(const Request& r) {
         };
         const uint64_t bytes = ref->bytes;
         const double ready = NowSeconds();
-        t->done = [self, r, bytes, start, ready](absl::Status st) {
+        t->done = [self, reg, r, bytes, start, ready](absl::Status st) {
           Core* core = self->core_;
+          if (st.ok()) st = core->engine().SignalDone(*reg, r.done_event);
           // A failed reload keeps the block so the client can retry: nothing accepted is lost.
           const bool release = r.release_after && st.ok();
           core->store().EndReload(r.block_id, release);

@@ -59,7 +59,8 @@ struct Request {
   copy::RegionSpec region;
   // kOffload / kReload / kUnregisterRegion / kRelease
   uint64_t region_id = 0, offset = 0, bytes = 0, block_id = 0;
-  std::string ready_event;
+  std::string ready_event;  // kOffload: CUDA IPC event the copy waits on
+  std::string done_event;   // kReload: CUDA IPC event recorded after the copy
   int priority = 0;
   bool release_after = false;
   double deadline_seconds = 0;  // relative, seconds from now; 0 = none
