@@ -22,10 +22,20 @@ for _p in (PY_ROOT, EXAMPLES):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+import ctypes  # noqa: E402
+
 import grpc  # noqa: E402
 
 from offloadd.v1 import offload_pb2 as pb  # noqa: E402
 from offloadd.v1 import offload_pb2_grpc as pb_grpc  # noqa: E402
+
+
+def _die_with_parent():
+    """prctl(PR_SET_PDEATHSIG, SIGTERM): the daemon stops if the test process is killed."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
 
 
 def daemon_bin():
@@ -46,7 +56,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [daemon_bin(), "--socket_path", self.sock, "--pool_bytes", pool_bytes,
              "--metrics_address", ""] + list(extra),
-            stdout=subprocess.PIPE, stderr=self.log, text=True)
+            stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=_die_with_parent)
         ready = threading.Event()
 
         def watch():

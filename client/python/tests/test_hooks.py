@@ -29,13 +29,21 @@ class OffloadCheckpointsTest(DaemonTestCase):
         return ot.offload_checkpoints(socket_path=self.daemon.sock, **kw)
 
     def test_layer_inputs_pass_through_the_daemon_bitwise_equal(self):
+        self.check_layer_inputs("hooks-reentrant", "reentrant")
+
+    def test_non_reentrant_checkpoint_on_torch_2(self):
+        if tiny_lm.TORCH_MAJOR < 2:
+            self.skipTest("torch 1.13's non-reentrant checkpoint hides inputs from outer hooks")
+        self.check_layer_inputs("hooks", "checkpoint")
+
+    def check_layer_inputs(self, mode, checkpoint_mode):
         plain = run_step("plain")
-        ckpt = run_step("reentrant")
+        ckpt = run_step(checkpoint_mode)
         self.assertTrue(bitwise_equal(plain, ckpt))
         ctx = self.context()
         shapes = record_offloaded_shapes(ctx)
         before = self.daemon.stats()
-        out = run_step("hooks-reentrant", ctx)
+        out = run_step(mode, ctx)
         self.assertTrue(ot.synchronize())
         after = self.daemon.stats()
         self.assertEqual(shapes, [(B, S, H)] * L)
