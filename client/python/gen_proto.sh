@@ -18,7 +18,8 @@ protos="offload.proto"
 
 for tool in "$protoc" "$plugin"; do
   if [ ! -x "$tool" ]; then
-    echo "gen_proto.sh: $tool not found: apt-get install protobuf-compiler protobuf-compiler-grpc" >&2
+    echo "gen_proto.sh: $tool not found:" \
+         "apt-get install protobuf-compiler protobuf-compiler-grpc" >&2
     exit 1
   fi
 done

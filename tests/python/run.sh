@@ -15,8 +15,8 @@ cd "$root"
 PY=${PYTHON:-/usr/bin/python3}
 export OFFLOADD_BIN=${OFFLOADD_BIN:-$root/bazel-bin/server/offloadd}
 if [ ! -x "$OFFLOADD_BIN" ]; then
-  echo "tests/python/run.sh: no daemon binary at $OFFLOADD_BIN: run 'bazel build //server:offloadd'" \
-       "or set OFFLOADD_BIN" >&2
+  echo "tests/python/run.sh: no daemon binary at $OFFLOADD_BIN:" \
+       "run 'bazel build //server:offloadd' or set OFFLOADD_BIN" >&2
   exit 1
 fi
 bash client/python/gen_proto.sh

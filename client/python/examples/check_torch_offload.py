@@ -14,7 +14,9 @@ tiny model (L=4, b=2, s=64, h=64 fp32 unless changed) it checks, and exits 1 on 
   3. over several steps, the daemon ends each step with 0 blocks, no handle survives, and on
      CUDA torch.cuda.memory_allocated() is the same after every step (no blocks stuck in the
      training process: the export does not use PyTorch's IPC reference counting);
-  4. no fallback happened (the daemon really took the tensors).
+  4. no fallback happened (the daemon really took the tensors);
+  5. on CUDA, after forward (offloads completed) the device holds at least L * b*s*h*4 bytes
+     less with offload (keep_last_n=0) than with checkpointing alone: the inputs left the GPU.
 Prints one line per check and the offload statistics.
 """
 
@@ -76,6 +78,22 @@ def counted_context(args):
     return ctx, shapes
 
 
+def forward_held_bytes(args, mode, ctx):
+    """torch.cuda.memory_allocated() added by a forward (offloads completed), then backward."""
+    data = tiny_lm.CharData()
+    model = tiny_lm.make_model(data.vocab, args.layers, args.hidden, 4, device=args.device)
+    idx, tgt = data.batch(args.batch, args.seq, torch.Generator().manual_seed(1))
+    idx, tgt = idx.to(args.device), tgt.to(args.device)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    loss = model(idx, tgt, mode, ctx)
+    ot.synchronize()
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - base
+    loss.backward()
+    return held
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--socket", required=True)
@@ -113,6 +131,17 @@ def main():
         check(after.blocks == 0 and ctx.store.live_handles() == 0,
               "%s: nothing left in the pool or in handles after the step" % label)
         check(ctx.stats.fallbacks == 0, "%s: no fallbacks (%s)" % (label, ctx.stats.summary()))
+
+    if args.device.startswith("cuda"):
+        layer_bytes = args.batch * args.seq * args.hidden * 4
+        held = {}
+        for mode in ("checkpoint", hook_mode, "offloadd"):
+            ctx = counted_context(args)[0] if mode != "checkpoint" else None
+            held[mode] = forward_held_bytes(args, mode, ctx)
+        for mode in (hook_mode, "offloadd"):
+            check(held["checkpoint"] - held[mode] >= L * layer_bytes,
+                  "%s: after forward the GPU holds %d bytes less than checkpointing alone "
+                  "(expected >= %d)" % (mode, held["checkpoint"] - held[mode], L * layer_bytes))
 
     ctx, _ = counted_context(args)
     data = tiny_lm.CharData()

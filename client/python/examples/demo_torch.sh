@@ -33,6 +33,8 @@ for _ in $(seq 100); do
   kill -0 "$pid" 2>/dev/null || { echo "offloadd failed to start:" >&2; cat "$log" >&2; exit 1; }
   sleep 0.1
 done
-grep -q "offloadd: ready on" "$out" || { echo "offloadd did not get ready:" >&2; cat "$log" >&2; exit 1; }
+if ! grep -q "offloadd: ready on" "$out"; then
+  echo "offloadd did not get ready:" >&2; cat "$log" >&2; exit 1
+fi
 echo "demo-torch: offloadd (pid $pid) serving on $sock"
 /usr/bin/python3 client/python/examples/train_tiny.py --offload --socket "$sock" "$@"

@@ -95,8 +95,9 @@ class Client:
         self._channel = None
         self._call = None
         if not socket_path_fits(self.socket_path):
-            raise errors.OffloaddError(errors.INVALID_ARGUMENT, "socket path '%s' is empty or "
-                                       "longer than 107 bytes: use a shorter path" % self.socket_path)
+            raise errors.OffloaddError(
+                errors.INVALID_ARGUMENT, "socket path '%s' is empty or longer than 107 bytes: "
+                "use a shorter path" % self.socket_path)
         if not os.path.exists(self.socket_path):
             raise errors.DaemonUnavailable(
                 "no offloadd socket at %s: start the daemon (offloadd --socket_path %s) or point "
@@ -158,8 +159,9 @@ class Client:
         """Registers a CUDA allocation by its 64-byte cudaIpcMemHandle_t (of the allocation
         *base*) and its size in bytes; returns the region id. Blocks until the daemon answers."""
         if len(ipc_handle) != 64:
-            raise errors.OffloaddError(errors.INVALID_ARGUMENT,
-                                       "a cudaIpcMemHandle_t has 64 bytes, not %d" % len(ipc_handle))
+            raise errors.OffloaddError(
+                errors.INVALID_ARGUMENT, "a cudaIpcMemHandle_t has 64 bytes, not %d"
+                % len(ipc_handle))
         handle = pb.RegionHandle(cuda_ipc_handle=bytes(ipc_handle), size_bytes=size_bytes)
         return self._submit(pb.Request(register_region=pb.RegisterRegion(handle=handle))) \
             .result(timeout).region_id

@@ -17,6 +17,7 @@ from daemon_fixture import (B, H, L, LAYER_BYTES, PY_ROOT, S, THRESHOLD, DaemonT
 
 import offloadd.torch as ot
 import tiny_lm
+from offloadd.torch import _endpoint
 from offloadd.torch._store import HostCopy, Saved
 
 torch.set_num_threads(2)
@@ -59,6 +60,26 @@ class OffloadCheckpointsTest(DaemonTestCase):
         self.assertTrue(bitwise_equal(out, ckpt))
         self.assertEqual(after.blocks, 0)
         self.assertEqual(ctx.store.live_handles(), 0)
+
+    def test_offloaded_tensors_leave_the_process_until_backward(self):
+        for mode in ("hooks-reentrant", "offloadd"):
+            ctx = self.context(keep_last_n=1)
+            data = tiny_lm.CharData()
+            model = tiny_lm.make_model(data.vocab, L, H, 4)
+            idx, tgt = data.batch(B, S, torch.Generator().manual_seed(1))
+            loss = model(idx, tgt, mode, ctx)
+            self.assertTrue(ot.synchronize())
+            handles = [r() for r in ctx.store._order if r() is not None]
+            self.assertEqual(len(handles), L)
+            held = [h.tensor is not None or h.op is not None for h in handles]
+            self.assertEqual(held, [False] * (L - 1) + [True], mode)  # only the newest is kept
+            self.assertEqual(self.daemon.stats().blocks, L - 1)
+            (ep,) = _endpoint.endpoints()
+            self.assertEqual(ep.transport.arena.used_bytes, 0)  # staging slots freed too
+            loss.backward()
+            del loss, handles
+            self.assertTrue(ot.synchronize())
+            self.assertEqual(self.daemon.stats().blocks, 0)
 
     def test_keep_last_n_keeps_the_newest_on_the_device(self):
         ref = run_step("plain")

@@ -55,7 +55,8 @@ class StagingArenaTest(unittest.TestCase):
 
     def test_alignment_first_fit_and_coalescing(self):
         a, b, c = (self.arena.alloc(n) for n in (100, 200, 300))
-        self.assertEqual([s.offset for s in (a, b, c)], [0, 128, 384])  # 100 -> 128, 200 -> 256 aligned bytes
+        # 100 -> 128 and 200 -> 256 aligned bytes
+        self.assertEqual([s.offset for s in (a, b, c)], [0, 128, 384])
         for s in (a, b, c):
             self.assertEqual(s.offset % ALIGN_BYTES, 0)
         self.arena.free(b)

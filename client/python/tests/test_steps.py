@@ -2,7 +2,8 @@
 
 An elementwise net with big activations and little compute (L=4 checkpointed layers on
 (8, 256, 256) fp32 inputs) sends 8 MiB per step through the daemon (keep_last_n=0), so a leak
-of the offloaded tensors, of staging slots or of handles would add up to 8 MiB per step. Checked after every step (after ot.synchronize(), so releases have landed):
+of the offloaded tensors, of staging slots or of handles would add up to 8 MiB per step.
+Checked after every step (after ot.synchronize(), so releases have landed):
 the daemon holds 0 blocks and 0 pool bytes and its peak stays at the first step's; the staging
 arena has 0 bytes in use and no new regions; no handle survives the step; and the process RSS
 (VmRSS) median of the last steps exceeds that of the steps after warm-up by less than two

@@ -111,7 +111,7 @@ def get(socket_path, device, retry_seconds=30.0, connect_timeout_seconds=5.0):
             return None, down[1]
         try:
             ep = Endpoint(socket_path, key[2], connect_timeout_seconds)
-        except (errors.OffloaddError, OSError) as e:
+        except Exception as e:  # any set-up failure (daemon, CUDA runtime) means: fall back
             _down_until[key] = (time.monotonic() + retry_seconds, str(e))
             return None, str(e)
         _down_until.pop(key, None)
@@ -167,7 +167,8 @@ def close_all():
 def synchronize(timeout=10.0):
     """Waits until every request this process sent (offloads, reloads, releases) is answered:
     afterwards the daemon's stats reflect everything released so far. True if all completed."""
-    ok = True
+    from ._reaper import reaper
+    ok = reaper.flush(timeout)
     for ep in endpoints():
         ok = ep.client.drain(timeout) and ok
     return ok

@@ -34,6 +34,7 @@ import torch
 from .. import errors
 from ..client import PREFETCH, URGENT
 from . import _endpoint
+from ._reaper import release_later
 from ._stats import OffloadStats
 from ._transport import Meta, dense_span, empty_like_meta
 
@@ -42,6 +43,8 @@ KEPT, OFFLOADING, OFFLOADED, FALLBACK, LOST = range(5)
 
 class _BecameFallback(Exception):
     """Completes a reload that was waiting for an offload the daemon then refused."""
+
+
 _RECOVERABLE = (errors.OffloaddError, errors.CudaExportError, OSError, TimeoutError)
 
 
@@ -83,7 +86,8 @@ class Store:
                  retry_seconds=30.0, connect_timeout_seconds=5.0):
         if keep_last_n < 0 or prefetch < 0 or threshold_bytes < 0:
             raise ValueError("keep_last_n, prefetch and threshold_bytes must be >= 0")
-        self.threshold_bytes, self.keep_last_n, self.prefetch = threshold_bytes, keep_last_n, prefetch
+        self.threshold_bytes = threshold_bytes
+        self.keep_last_n, self.prefetch = keep_last_n, prefetch
         self.strict, self.socket_path, self.pin_memory = strict, socket_path, pin_memory
         self.small_to_host = small_to_host
         self.retry_seconds, self.connect_timeout_seconds = retry_seconds, connect_timeout_seconds
@@ -177,10 +181,8 @@ class Store:
             if not ep.alive:
                 _endpoint.mark_broken(ep, str(e), self.retry_seconds)
             return self._fallback(s, "offloadd could not take a tensor (%s)" % e)
-        with self._lock:
-            s.ep, s.op, s.state = ep, op, OFFLOADING
-            if ep.transport.drops_source:
-                s.tensor = None
+        with self._lock:  # the op holds what the transport still needs (a CUDA source tensor)
+            s.ep, s.op, s.state, s.tensor = ep, op, OFFLOADING, None
         wref = weakref.ref(s)
         op.future.add_done_callback(lambda f: self._offload_done(wref, ep, op, f))
 
@@ -352,23 +354,18 @@ class Store:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def _on_death(self, s):
+        """From Saved.__del__: marks the handle dead and queues its cleanup (see _Reaper)."""
         with self._lock:
             s.dead = True
-            state, ep, rl = s.state, s.ep, s.reload
+            state, ep, rl, block_id = s.state, s.ep, s.reload, s.block_id
             if state == OFFLOADING and s.op is not None:
                 s.op.orphan_reload = rl  # _offload_done frees the block and the reload
                 return
-        if state != OFFLOADED:
-            return
-        if rl is not None:
-            ep.transport.abandon_reload(rl)
-            if rl.sent:
-                bid = s.block_id
-                rl.done.add_done_callback(lambda _: ep.client.release(bid))
-                return
-        ep.client.release(s.block_id)
+        if state == OFFLOADED:
+            release_later(ep, block_id, rl)
 
     def live_handles(self):
         """Saved handles of this store still alive (tests: 0 after a step)."""
         with self._lock:
             return sum(1 for r in self._order if r() is not None)
+

@@ -101,8 +101,6 @@ class ReloadOp:
 class ShmTransport:
     """Staging through a per-client shared-memory arena (see module doc)."""
 
-    drops_source = True  # the source tensor is not needed once staged
-
     def __init__(self, client, grow_bytes=16 << 20, max_bytes=1 << 30, alloc_timeout_seconds=30.0):
         self.client = client
         self._lock = threading.Lock()
@@ -176,7 +174,6 @@ class ShmTransport:
 class CudaIpcTransport:
     """The daemon copies device memory directly through CUDA IPC (see module doc)."""
 
-    drops_source = False  # the daemon reads the tensor itself: hold it until OffloadDone
     MAX_REGIONS = 1024     # registered segments kept; the least recently used is unregistered
 
     def __init__(self, client, runtime=None):
@@ -212,15 +209,17 @@ class CudaIpcTransport:
         return rid, offset
 
     def start_offload(self, t, meta):
+        """The op holds ``t`` (and the event) until OffloadDone: the daemon reads ``t``."""
         _cuda.check_allocator_config()
-        rid, offset = self.region_for(t.data_ptr(), meta.nbytes)
-        ev = self.events.acquire()
-        try:
-            self.rt.record_event(ev.event, torch.cuda.current_stream(t.device).cuda_stream)
-            future = self.client.offload(rid, offset, meta.nbytes, ready_event=ev.handle)
-        except BaseException:
-            self.events.release(ev)
-            raise
+        with torch.cuda.device(t.device):  # CUDA calls on the thread's context of t's device
+            rid, offset = self.region_for(t.data_ptr(), meta.nbytes)
+            ev = self.events.acquire()
+            try:
+                self.rt.record_event(ev.event, torch.cuda.current_stream(t.device).cuda_stream)
+                future = self.client.offload(rid, offset, meta.nbytes, ready_event=ev.handle)
+            except BaseException:
+                self.events.release(ev)
+                raise
         return OffloadOp(future, tensor=t, event=ev)
 
     def finish_offload(self, op):
@@ -234,10 +233,11 @@ class CudaIpcTransport:
         return op.tensor
 
     def prepare_reload(self, meta):
-        dest = empty_like_meta(meta)
-        rid, offset = self.region_for(dest.data_ptr(), meta.nbytes)
-        ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream(meta.device))
+        with torch.cuda.device(meta.device):
+            dest = empty_like_meta(meta)
+            rid, offset = self.region_for(dest.data_ptr(), meta.nbytes)
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(meta.device))
         return ReloadOp(dest=dest, region_id=rid, offset=offset, gate_event=ev)
 
     def send_reload(self, op, block_id, priority):
@@ -249,6 +249,9 @@ class CudaIpcTransport:
 
     def finish_reload(self, op, meta):
         op.done.result()
+        # The destination may have been allocated on another stream (a prefetch): tell the
+        # caching allocator it is used on the current one.
+        op.dest.record_stream(torch.cuda.current_stream(meta.device))
         return op.dest
 
     def release_dest(self, op):
