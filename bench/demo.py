@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """`make demo`: offloadd with N simulated GPUs running an activation-checkpoint schedule.
 
-Starts the daemon on its embedded default config (shm backend, private socket, metrics off),
+Starts the daemon on its embedded default config (shm backend, private socket, metrics off;
+simulated GPUs share links --gpus-per-link at a time, paced at --link-gbps per direction),
 runs N `checkpoint_workload` processes at once (each "a GPU": L layers, one checkpoint of
 b*s*h*2 bytes per layer offloaded in forward, reloaded in reverse with prefetch in backward,
-every byte checked), then prints a table per client and in total, the daemon's pool peak, and
-stops the daemon with SIGTERM. Exit status 0 only if every client finished with 0 errors and 0
-corrupted reloads and the daemon exited 0.
+every byte checked), then prints a table per client and in total, the daemon's pool peak, per
+link and direction its rate, utilisation of the capacity, busy share and Jain's fairness index
+over its GPUs' bytes during the run (GetStats), and stops the daemon with SIGTERM. Exit status
+0 only if every client finished with 0 errors and 0 corrupted reloads and the daemon exited 0.
 """
 import argparse
 import json
@@ -28,6 +30,45 @@ def parse_bytes(text):
     return int(float(m.group(1)) * mult)
 
 
+def daemon_stats(bin_dir, sock):
+    return json.loads(subprocess.run(
+        [os.path.join(bin_dir, "offloadctl"), "--socket", sock, "stats", "--json"],
+        check=True, capture_output=True, text=True).stdout)
+
+
+def jain(xs):
+    """Jain's fairness index: 1 when all equal, 1/n when one takes everything."""
+    xs = [float(x) for x in xs]
+    s2 = sum(x * x for x in xs)
+    return sum(xs) ** 2 / (len(xs) * s2) if s2 > 0 else 1.0
+
+
+def print_links(before, after):
+    """Per link and direction over the run: GB/s, utilisation of the capacity (paced links),
+    busy share (time with a chunk in flight) and Jain's index over the GPUs' bytes."""
+    dt = after["uptime_seconds"] - before["uptime_seconds"]
+    if dt <= 0:
+        return
+    old = {l["name"]: l for l in before.get("links", [])}
+    print(f"{'link':<8} {'dir':<4} {'GB/s':>7} {'capacity':>9} {'util':>6} {'busy':>6} "
+          f"{'Jain':>7}  per-GPU MiB")
+    for l in after.get("links", []):
+        o = old.get(l["name"], {})
+        prev = {g["gpu"]: g for g in o.get("gpu_bytes", [])}
+        for d in ("d2h", "h2d"):
+            moved = int(l[f"{d}_bytes"]) - int(o.get(f"{d}_bytes", 0))
+            busy = l[f"{d}_busy_seconds"] - o.get(f"{d}_busy_seconds", 0.0)
+            cap = l[f"{d}_capacity_bytes_per_second"]
+            per_gpu = {g["gpu"]: int(g[f"{d}_bytes"])
+                       - int(prev.get(g["gpu"], {}).get(f"{d}_bytes", 0))
+                       for g in l.get("gpu_bytes", [])}
+            util = f"{moved / (cap * dt):6.3f}" if cap > 0 else f"{'-':>6}"
+            capacity = f"{cap / 1e9:.2f} GB/s" if cap > 0 else "unpaced"
+            gpus = "  ".join(f"{g} {b / 2**20:.0f}" for g, b in per_gpu.items())
+            print(f"{l['name']:<8} {d:<4} {moved / dt / 1e9:>7.3f} {capacity:>9} {util} "
+                  f"{busy / dt:>6.3f} {jain(per_gpu.values()):>7.4f}  {gpus}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--bin", default="build/bin", help="folder with offloadd, offloadctl, checkpoint_workload")
@@ -43,6 +84,8 @@ def main():
     p.add_argument("--pool-bytes", type=parse_bytes, default=None, help="default: the config's 1 GiB")
     p.add_argument("--link-gbps", type=float, default=0.0,
                    help="simulated link rate per direction in GB/s (0 = unpaced memcpy)")
+    p.add_argument("--gpus-per-link", type=int, default=2,
+                   help="simulated GPUs sharing one link (a PCIe switch); 1 = a link each")
     p.add_argument("--quiet", action="store_true", help="only the summary")
     a = p.parse_args()
     layer_bytes = a.layer_bytes or a.batch * a.seq * a.hidden * 2
@@ -54,6 +97,17 @@ def main():
         cmd += ["--pool_bytes", str(a.pool_bytes)]
     if a.link_gbps > 0:
         cmd += ["--default_link_bytes_per_second", str(int(a.link_gbps * 1e9))]
+    if a.gpus_per_link > 1:
+        # Links of gpus_per_link GPUs each, at the simulated rate (0 = unpaced).
+        rate = a.link_gbps * 1e9
+        conf = os.path.join(tmp, "offloadd.conf")
+        with open(conf, "w") as f:
+            for k in range(0, a.clients, a.gpus_per_link):
+                gpus = " ".join(f'gpus: "gpu{i}"'
+                                for i in range(k, min(k + a.gpus_per_link, a.clients)))
+                f.write(f'links {{ name: "link{k // a.gpus_per_link}" {gpus} '
+                        f"d2h_bytes_per_second: {rate} h2d_bytes_per_second: {rate} }}\n")
+        cmd += ["--config", conf]
     daemon_log = open(os.path.join(tmp, "offloadd.log"), "w+")
     daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=daemon_log, text=True)
     line = daemon.stdout.readline()
@@ -67,6 +121,7 @@ def main():
         print(f"offloadd ready on {sock}; {a.clients} clients x {a.layers} layers x "
               f"{layer_bytes / 2**20:.1f} MiB checkpoints x {a.steps} steps")
 
+    stats0 = daemon_stats(a.bin, sock)
     workers = []
     for i in range(a.clients):
         workers.append(subprocess.Popen(
@@ -86,9 +141,7 @@ def main():
         if w.returncode != 0:
             failures += 1
 
-    stats = json.loads(subprocess.run(
-        [os.path.join(a.bin, "offloadctl"), "--socket", sock, "stats", "--json"],
-        check=True, capture_output=True, text=True).stdout)
+    stats = daemon_stats(a.bin, sock)
     daemon.send_signal(signal.SIGTERM)
     daemon_rc = daemon.wait(timeout=30)
 
@@ -120,6 +173,7 @@ def main():
           f"{int(stats['pool_capacity_bytes']) / 2**20:.0f} MiB, "
           f"{stats['pool_used_bytes']} bytes held at the end; daemon errors_total "
           f"{stats['errors_total']}; daemon exit status {daemon_rc}")
+    print_links(stats0, stats)
     ok = (failures == 0 and tot["err"] == 0 and tot["bad"] == 0 and daemon_rc == 0
           and len(results) == a.clients and int(stats["pool_used_bytes"]) == 0)
     print("demo: OK" if ok else "demo: FAILED")
