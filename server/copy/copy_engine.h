@@ -11,6 +11,7 @@
 #define OFFLOADD_SERVER_COPY_COPY_ENGINE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,12 @@ class Region {
  public:
   virtual ~Region() = default;
   virtual uint64_t size_bytes() const = 0;
+};
+
+// Client memory handles of one GPU held by an engine.
+struct HandleCounts {
+  uint64_t opens_total = 0;  // opened since start (a handle shared by registrations counts once)
+  uint64_t open = 0;         // open now
 };
 
 class CopyEngine {
@@ -84,6 +91,11 @@ class CopyEngine {
     (void)size_bytes;
     return absl::OkStatus();
   }
+
+  // Handles by GPU (device id), for metrics: shm mappings / CUDA IPC memory handles.
+  virtual std::map<std::string, HandleCounts> handle_counts() const = 0;
+  // Pool bytes the engine has registered for DMA (CUDA: cudaHostRegister); 0 for shm.
+  virtual uint64_t pinned_bytes() const { return 0; }
 };
 
 }  // namespace offloadd::copy

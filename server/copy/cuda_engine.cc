@@ -179,6 +179,7 @@ void CudaCopyEngine::Shared::Close(const std::shared_ptr<Mapping>& m) {
   std::lock_guard<std::mutex> lock(mu);
   ++stats.mem_handle_closes_total;
   --stats.mem_handles_open;
+  --stats.handles_by_gpu[m->worker->device().uuid].open;
   LOG(INFO) << "cuda: closed IPC memory handle on " << m->worker->device().uuid
             << "; closes_total=" << stats.mem_handle_closes_total
             << " open_now=" << stats.mem_handles_open;
@@ -302,6 +303,9 @@ absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionS
     s.mappings[key] = m;
     ++s.stats.mem_handle_opens_total;
     ++s.stats.mem_handles_open;
+    HandleCounts& by_gpu = s.stats.handles_by_gpu[device->uuid];
+    ++by_gpu.opens_total;
+    ++by_gpu.open;
     // One line per open (rare: once per allocation): tests/gpu/run.sh counts them.
     LOG(INFO) << "cuda: opened IPC memory handle on " << device->uuid << " ("
               << m->allocation_bytes << " bytes); opens_total=" << s.stats.mem_handle_opens_total
@@ -498,6 +502,16 @@ absl::Status CudaCopyEngine::WaitHostPoolReady() {
 CudaEngineStats CudaCopyEngine::stats() const {
   std::lock_guard<std::mutex> lock(shared_->mu);
   return shared_->stats;
+}
+
+std::map<std::string, HandleCounts> CudaCopyEngine::handle_counts() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->stats.handles_by_gpu;
+}
+
+uint64_t CudaCopyEngine::pinned_bytes() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->stats.host_registered_bytes;
 }
 
 int PciNumaNode(const std::string& pci_bus_id, const std::string& sysfs_root) {

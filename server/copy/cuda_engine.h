@@ -69,6 +69,7 @@ struct CudaEngineStats {
   std::string host_pool_error;     // empty when fine
   double host_register_seconds = 0;
   std::vector<CudaDeviceStats> devices;  // those the daemon has a context on
+  std::map<std::string, HandleCounts> handles_by_gpu;  // by device UUID
 };
 
 class CudaCopyEngine : public CopyEngine {
@@ -98,6 +99,8 @@ class CudaCopyEngine : public CopyEngine {
   absl::Status WaitHostPoolReady();
 
   CudaEngineStats stats() const;
+  std::map<std::string, HandleCounts> handle_counts() const override;
+  uint64_t pinned_bytes() const override;
 
   struct Shared;  // internal state, shared with the Regions
 

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 
 #include "absl/strings/str_format.h"
 
@@ -15,14 +16,20 @@ namespace {
 
 class ShmRegion : public Region {
  public:
-  ShmRegion(uint8_t* data, uint64_t size) : data_(data), size_(size) {}
-  ~ShmRegion() override { munmap(data_, size_); }
+  using Release = std::function<void()>;
+  ShmRegion(uint8_t* data, uint64_t size, Release release)
+      : data_(data), size_(size), release_(std::move(release)) {}
+  ~ShmRegion() override {
+    munmap(data_, size_);
+    release_();
+  }
   uint64_t size_bytes() const override { return size_; }
   uint8_t* data() const { return data_; }
 
  private:
   uint8_t* data_;
   uint64_t size_;
+  Release release_;
 };
 
 }  // namespace
@@ -83,7 +90,23 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
         absl::StrFormat("mmap of region '%s' (%d bytes): %s", name, spec.size_bytes,
                         strerror(err)));
   }
-  return std::shared_ptr<Region>(new ShmRegion(static_cast<uint8_t*>(p), spec.size_bytes));
+  {
+    std::lock_guard<std::mutex> lock(counts_->mu);
+    HandleCounts& c = counts_->by_gpu[spec.device_id];
+    ++c.opens_total;
+    ++c.open;
+  }
+  auto release = [counts = counts_, gpu = spec.device_id] {
+    std::lock_guard<std::mutex> lock(counts->mu);
+    --counts->by_gpu[gpu].open;
+  };
+  return std::shared_ptr<Region>(
+      new ShmRegion(static_cast<uint8_t*>(p), spec.size_bytes, std::move(release)));
+}
+
+std::map<std::string, HandleCounts> ShmCopyEngine::handle_counts() const {
+  std::lock_guard<std::mutex> lock(counts_->mu);
+  return counts_->by_gpu;
 }
 
 absl::Status ShmCopyEngine::CopyChunk(Direction direction, Region& region, uint64_t region_offset,

@@ -8,6 +8,8 @@
 #ifndef OFFLOADD_SERVER_COPY_SHM_ENGINE_H_
 #define OFFLOADD_SERVER_COPY_SHM_ENGINE_H_
 
+#include <mutex>
+
 #include "server/copy/copy_engine.h"
 
 namespace offloadd::copy {
@@ -22,6 +24,15 @@ class ShmCopyEngine : public CopyEngine {
   absl::StatusOr<std::shared_ptr<Region>> OpenRegion(const RegionSpec& spec) override;
   absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
                          uint8_t* host, uint64_t bytes) override;
+  // Mappings by the registering session's device id.
+  std::map<std::string, HandleCounts> handle_counts() const override;
+
+ private:
+  struct Counts {
+    std::mutex mu;
+    std::map<std::string, HandleCounts> by_gpu;
+  };
+  std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
 };
 
 }  // namespace offloadd::copy

@@ -52,6 +52,14 @@ TEST(ShmCopyEngineTest, CopiesBothWaysThroughTheMapping) {
   EXPECT_EQ(engine.CopyChunk(Direction::kDeviceToHost, **region, (1 << 20) - 10, host.data(), 11)
                 .code(),
             absl::StatusCode::kOutOfRange);
+  auto second = engine.OpenRegion({obj.name(), "", 4096, "gpu0"});
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(engine.handle_counts()["gpu0"].opens_total, 2u);
+  EXPECT_EQ(engine.handle_counts()["gpu0"].open, 2u);
+  region->reset();
+  second->reset();
+  EXPECT_EQ(engine.handle_counts()["gpu0"].open, 0u);
+  EXPECT_EQ(engine.handle_counts()["gpu0"].opens_total, 2u);
 }
 
 TEST(ShmCopyEngineTest, BadRegistrationsHaveSpecificCodes) {

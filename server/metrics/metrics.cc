@@ -24,10 +24,37 @@ Metrics* Create() {
   auto gauge = [&r](const char* name, const char* help) {
     return &BuildGauge().Name(name).Help(help).Register(r).Add({});
   };
-  m->pool_capacity_bytes = gauge("offloadd_pool_capacity_bytes", "Size of the host pool.");
-  m->pool_used_bytes = gauge("offloadd_pool_used_bytes", "Pool bytes held by blocks (extents).");
+  auto gauges = [&r](const char* name, const char* help) {
+    return &BuildGauge().Name(name).Help(help).Register(r);
+  };
+  m->pool_capacity_bytes = gauges("offloadd_pool_capacity_bytes", "Size of the host pool.");
+  m->pool_used_bytes = gauges("offloadd_pool_used_bytes", "Pool bytes held by blocks (extents).");
   m->pool_peak_used_bytes =
-      gauge("offloadd_pool_peak_used_bytes", "Highest pool_used_bytes since start.");
+      gauges("offloadd_pool_peak_used_bytes", "Highest pool_used_bytes since start.");
+  m->pool_pinned_bytes = gauges("offloadd_pool_pinned_bytes",
+                                "Pool bytes locked (mlock) or registered with the CUDA driver.");
+  m->ipc_handles_open = gauges(
+      "offloadd_ipc_handles_open",
+      "Client memory handles held open (shm mappings, CUDA IPC memory handles).");
+  m->ipc_handle_opens_total =
+      &BuildCounter()
+           .Name("offloadd_ipc_handle_opens_total")
+           .Help("Client memory handles opened (one per allocation, not per request).")
+           .Register(r);
+  m->projector_refresh_duration_seconds =
+      &BuildHistogram()
+           .Name("offloadd_projector_refresh_duration_seconds")
+           .Help("GaLore projector refresh time (SVD and checks), by method and backend.")
+           .Register(r);
+  m->projector_queue_depth =
+      gauge("offloadd_projector_queue_depth", "Projector refreshes queued or running.");
+  m->projector_refreshes_total = &BuildCounter()
+                                      .Name("offloadd_projector_refreshes_total")
+                                      .Help("Projector refreshes finished, by outcome.")
+                                      .Register(r);
+  // Series that must exist before the first refresh (dashboards, alerts).
+  m->projector_refresh_duration_seconds->Add({{"method", "exact"}, {"backend", "lapack"}},
+                                             DurationBuckets());
   m->pool_blocks = gauge("offloadd_pool_blocks", "Blocks held in the pool.");
   m->offloads_waiting =
       gauge("offloadd_offloads_waiting", "Offloads queued waiting for pool space.");

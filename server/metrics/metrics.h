@@ -24,9 +24,19 @@ struct Metrics {
 
   prometheus::Family<prometheus::Gauge>* build_info;
   // Pool.
-  prometheus::Gauge* pool_capacity_bytes;
-  prometheus::Gauge* pool_used_bytes;
-  prometheus::Gauge* pool_peak_used_bytes;
+  // {numa_node}: the node of the pool's arena (one arena today; per-GPU placement is not done).
+  prometheus::Family<prometheus::Gauge>* pool_capacity_bytes;
+  prometheus::Family<prometheus::Gauge>* pool_used_bytes;
+  prometheus::Family<prometheus::Gauge>* pool_peak_used_bytes;
+  // {numa_node}: pool bytes locked (mlock) or registered with the CUDA driver.
+  prometheus::Family<prometheus::Gauge>* pool_pinned_bytes;
+  // Client memory handles by {gpu}: shm mappings or CUDA IPC memory handles (deduplicated).
+  prometheus::Family<prometheus::Gauge>* ipc_handles_open;
+  prometheus::Family<prometheus::Counter>* ipc_handle_opens_total;
+  // GaLore projector refreshes (registered at start-up so the series exist before any refresh).
+  prometheus::Family<prometheus::Histogram>* projector_refresh_duration_seconds;  // {method, backend}
+  prometheus::Gauge* projector_queue_depth;
+  prometheus::Family<prometheus::Counter>* projector_refreshes_total;  // {outcome}
   prometheus::Gauge* pool_blocks;
   prometheus::Gauge* offloads_waiting;
   prometheus::Counter* offloads_refused_total;

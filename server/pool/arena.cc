@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <linux/capability.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -185,6 +186,13 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
 
 Arena::~Arena() {
   if (base_ != nullptr) munmap(base_, size_bytes_);
+}
+
+int Arena::numa_node() const {
+  constexpr int kMpolFNode = 1 << 0, kMpolFAddr = 1 << 1;  // <numaif.h>
+  int node = -1;
+  long rc = syscall(SYS_get_mempolicy, &node, nullptr, 0, base_, kMpolFNode | kMpolFAddr);
+  return rc == 0 && node >= 0 ? node : 0;
 }
 
 }  // namespace offloadd::pool

@@ -1,6 +1,7 @@
 #include "server/session/core.h"
 
 #include <array>
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -41,7 +42,9 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
     host.h2d = make("h2d", spec.h2d_bytes_per_second);
     for (const std::string& link : spec.links) link_parent_[link] = spec.name;
   }
-  metrics::Get().pool_capacity_bytes->Set(static_cast<double>(store_.capacity_bytes()));
+  metrics::Get()
+      .pool_capacity_bytes->Add({{"numa_node", std::to_string(arena_->numa_node())}})
+      .Set(static_cast<double>(store_.capacity_bytes()));
 }
 
 const LinkSpec* Core::FindSpec(const std::string& link_name) const {
@@ -244,8 +247,17 @@ CoreStats Core::Stats() {
 void Core::RefreshMetrics() {
   CoreStats s = Stats();
   auto& m = metrics::Get();
-  m.pool_used_bytes->Set(static_cast<double>(s.store.pool.used_bytes));
-  m.pool_peak_used_bytes->Set(static_cast<double>(s.store.pool.peak_used_bytes));
+  const prometheus::Labels numa{{"numa_node", std::to_string(arena_->numa_node())}};
+  m.pool_used_bytes->Add(numa).Set(static_cast<double>(s.store.pool.used_bytes));
+  m.pool_peak_used_bytes->Add(numa).Set(static_cast<double>(s.store.pool.peak_used_bytes));
+  const uint64_t pinned =
+      std::max<uint64_t>(engine_->pinned_bytes(), arena_->locked() ? arena_->size_bytes() : 0);
+  m.pool_pinned_bytes->Add(numa).Set(static_cast<double>(pinned));
+  for (const auto& [gpu, counts] : engine_->handle_counts()) {
+    m.ipc_handles_open->Add({{"gpu", gpu}}).Set(static_cast<double>(counts.open));
+    prometheus::Counter& opens = m.ipc_handle_opens_total->Add({{"gpu", gpu}});
+    if (counts.opens_total > opens.Value()) opens.Increment(counts.opens_total - opens.Value());
+  }
   m.pool_blocks->Set(static_cast<double>(s.store.blocks));
   m.offloads_waiting->Set(static_cast<double>(s.store.offloads_waiting));
   double refused = static_cast<double>(s.store.offloads_refused_total);
