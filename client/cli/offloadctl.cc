@@ -120,9 +120,14 @@ int Topo(Client& c) {
     }
     std::cout << line << "\n";
     for (const auto& g : l.gpu_bytes()) {
-      std::cout << absl::StrFormat("%s  gpu %s%s  d2h %s  h2d %s\n", indent, g.gpu(),
-                                   g.pci_bus_id().empty() ? "" : "  " + g.pci_bus_id(),
-                                   Bytes(g.d2h_bytes()), Bytes(g.h2d_bytes()));
+      const std::string bus = g.pci_bus_id().empty() ? "" : "  " + g.pci_bus_id();
+      if (l.half_duplex()) {  // one queue: the bytes of both directions are in d2h_bytes
+        std::cout << absl::StrFormat("%s  gpu %s%s  both directions %s\n", indent, g.gpu(), bus,
+                                     Bytes(g.d2h_bytes()));
+      } else {
+        std::cout << absl::StrFormat("%s  gpu %s%s  d2h %s  h2d %s\n", indent, g.gpu(), bus,
+                                     Bytes(g.d2h_bytes()), Bytes(g.h2d_bytes()));
+      }
     }
   };
   // NUMA node of a host link: its own, else its first known child's.
