@@ -2,7 +2,7 @@
 # Runs every Python test of offloadd (client/python/tests) with Debian's /usr/bin/python3 and
 # prints unittest's summary ("Ran N tests ... OK" / "FAILED (...)"); exits non-zero on failure.
 #
-#   tests/python/run.sh                       # daemon from bazel-bin/server/offloadd
+#   tests/python/run.sh                       # daemon from bazel-bin/server/offloadd (or build/bin)
 #   OFFLOADD_BIN=build/bin/offloadd tests/python/run.sh
 #   tests/python/run.sh -k fallback           # extra arguments go to unittest discover
 #
@@ -13,6 +13,14 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 PY=${PYTHON:-/usr/bin/python3}
+if [ -z "${OFFLOADD_BIN:-}" ]; then
+  # bazel-bin follows the configuration of the last build: look where builds leave the daemon.
+  for candidate in bazel-bin/server/offloadd build/bin/offloadd \
+      bazel-out/k8-opt/bin/server/offloadd bazel-out/k8-fastbuild/bin/server/offloadd \
+      bazel-out/k8-dbg/bin/server/offloadd; do
+    if [ -x "$candidate" ]; then OFFLOADD_BIN=$root/$candidate; break; fi
+  done
+fi
 export OFFLOADD_BIN=${OFFLOADD_BIN:-$root/bazel-bin/server/offloadd}
 if [ ! -x "$OFFLOADD_BIN" ]; then
   echo "tests/python/run.sh: no daemon binary at $OFFLOADD_BIN:" \

@@ -1,9 +1,10 @@
 """Test helpers: a real offloadd daemon per test class, and one training step of the tiny model.
 
-The daemon binary is $OFFLOADD_BIN, default <repo>/bazel-bin/server/offloadd (build it with
-``bazel build //server:offloadd``). Each daemon listens on a unique short socket under /tmp
-(Unix socket paths are limited to 107 bytes), with --metrics_address "" and a small pool; its
-log goes to a temporary file that is printed when it fails to start.
+The daemon binary is $OFFLOADD_BIN, default <repo>/bazel-bin/server/offloadd or another place
+a build leaves it (BIN_CANDIDATES; build it with ``bazel build //server:offloadd``). Each daemon
+listens on a unique short socket under /tmp (Unix socket paths are limited to 107 bytes), with
+--metrics_address "" and a small pool; its log goes to a temporary file that is printed when it
+fails to start. The daemon gets SIGTERM when the test process dies (PR_SET_PDEATHSIG).
 """
 
 import os
@@ -38,12 +39,22 @@ def _die_with_parent():
         pass
 
 
+# Where a built daemon may be, in order (bazel-bin follows the last build's configuration).
+BIN_CANDIDATES = ("bazel-bin/server/offloadd", "build/bin/offloadd",
+                  "bazel-out/k8-opt/bin/server/offloadd",
+                  "bazel-out/k8-fastbuild/bin/server/offloadd",
+                  "bazel-out/k8-dbg/bin/server/offloadd")
+
+
 def daemon_bin():
-    path = os.environ.get("OFFLOADD_BIN") or os.path.join(REPO, "bazel-bin", "server", "offloadd")
-    if not os.access(path, os.X_OK):
-        raise RuntimeError("offloadd binary not found at %s: build it (bazel build "
-                           "//server:offloadd) or set OFFLOADD_BIN" % path)
-    return path
+    """$OFFLOADD_BIN, else the first executable of BIN_CANDIDATES under the repository."""
+    env = os.environ.get("OFFLOADD_BIN")
+    paths = [env] if env else [os.path.join(REPO, p) for p in BIN_CANDIDATES]
+    for path in paths:
+        if os.access(path, os.X_OK):
+            return path
+    raise RuntimeError("offloadd binary not found (%s): build it (bazel build //server:offloadd)"
+                       " or set OFFLOADD_BIN" % ", ".join(paths))
 
 
 class Daemon:

@@ -6,10 +6,12 @@ through the daemon, and the loss and every parameter gradient are bitwise equal 
 without offload and to the step with checkpointing alone.
 """
 
+import gc
 import os
 import subprocess
 import sys
 import unittest
+import weakref
 
 import torch
 from daemon_fixture import (B, H, L, LAYER_BYTES, PY_ROOT, S, THRESHOLD, DaemonTestCase,
@@ -66,9 +68,16 @@ class OffloadCheckpointsTest(DaemonTestCase):
             ctx = self.context(keep_last_n=1)
             data = tiny_lm.CharData()
             model = tiny_lm.make_model(data.vocab, L, H, 4)
+            inputs = []  # weak references to every block's input tensor
+            for block in model.blocks:
+                block.register_forward_pre_hook(
+                    lambda m, args: inputs.append(weakref.ref(args[0])))
             idx, tgt = data.batch(B, S, torch.Generator().manual_seed(1))
             loss = model(idx, tgt, mode, ctx)
             self.assertTrue(ot.synchronize())
+            gc.collect()
+            # Nothing else (autograd graph, checkpoint closures) holds the offloaded inputs.
+            self.assertEqual([r() is not None for r in inputs], [False] * (L - 1) + [True])
             handles = [r() for r in ctx.store._order if r() is not None]
             self.assertEqual(len(handles), L)
             held = [h.tensor is not None or h.op is not None for h in handles]
