@@ -316,7 +316,8 @@ def check(a, links, hier):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bin-dir", default="build/bin", help="folder with offloadd and offloadctl")
-    p.add_argument("--client", default="bazel-bin/bench/sched_bench/sched_client")
+    p.add_argument("--client", default="bazel-out/k8-opt/bin/bench/sched_bench/sched_client",
+                   help="sched_client binary (bazel build //bench/sched_bench:sched_client)")
     p.add_argument("--rate-gbps", type=float, default=0.5, help="simulated rate per direction")
     p.add_argument("--chunk-mib", type=int, default=8)
     p.add_argument("--block-mib", type=int, default=8, help="size of each offload/reload")
