@@ -60,7 +60,8 @@ struct Flags {
 };
 
 [[noreturn]] void Usage(const std::string& bad) {
-  std::fprintf(stderr, "projector_bench: bad flag %s (see the header of bench/projector_bench.cc)\n",
+  std::fprintf(stderr,
+               "projector_bench: bad flag %s (see the header of bench/projector_bench.cc)\n",
                bad.c_str());
   std::exit(2);
 }
@@ -143,8 +144,8 @@ Gradient Synthetic(int64_t m, int64_t n, DType dtype, uint64_t seed) {
   const int64_t k = std::min<int64_t>(768, std::min(m, n) / 2);
   const double ratio = std::pow(0.02, 1.0 / std::max<int64_t>(1, k - 1));
   const double noise = 0.01 / (std::sqrt(double(m)) + std::sqrt(double(n)));
-  Gradient g{m, n, dtype, LowRankPlusNoise(m, n, GeometricSpectrum(k, 1.0, ratio), noise, seed),
-             {}};
+  Gradient g{
+      m, n, dtype, LowRankPlusNoise(m, n, GeometricSpectrum(k, 1.0, ratio), noise, seed), {}};
   g.bytes.resize(g.values.size() * ElementSizeBytes(dtype));
   ConvertFromFloat32(g.values.data(), g.values.size(), dtype, g.bytes.data());
   ConvertToFloat32(g.bytes.data(), dtype, g.values.size(), g.values.data());
@@ -168,14 +169,14 @@ RefreshResult MustRefresh(const RefreshRequest& request, const SvdBackend& backe
 void RunShapes(const Flags& f, const SvdBackend& backend) {
   std::printf("\n== Part 1: exact vs randomized, one refresh each (p=%lld, q=%d) ==\n",
               static_cast<long long>(f.randomized.oversampling), f.randomized.power_iterations);
-  std::printf("%-12s %5s | %8s %8s %8s | %8s %8s %8s %8s | %7s\n", "shape", "r", "exact_s",
-              "svd_s", "rho", "rand_s", "svd_s", "rho", "rho_ub", "speedup");
+  std::printf("%-12s %5s | %8s %8s %8s | %8s %8s %8s %8s | %7s\n", "shape", "r", "exact_s", "svd_s",
+              "rho", "rand_s", "svd_s", "rho", "rho_ub", "speedup");
   for (auto [m0, n0] : f.shapes) {
     const int64_t m = m0 / f.dim_divisor, n = n0 / f.dim_divisor;
     const Gradient g = Synthetic(m, n, f.dtype, 1000 + m + n);
     const DenseMatrix gv{g.values.data(), m, n};
-    const int64_t r_max = std::min(*std::max_element(f.ranks.begin(), f.ranks.end()),
-                                   std::min(m, n));
+    const int64_t r_max =
+        std::min(*std::max_element(f.ranks.begin(), f.ranks.end()), std::min(m, n));
     RefreshResult exact;
     std::vector<float> p_exact;
     if (f.exact) {
@@ -194,7 +195,8 @@ void RunShapes(const Flags& f, const SvdBackend& backend) {
         // tail(r) = sigma_{r+1..r_max}^2 + tail(r_max); the rank-r exact projector is the first
         // r columns of the rank-r_max one.
         tail = exact.tail_energy_lower;
-        for (int64_t i = r; i < r_max; ++i) tail += exact.singular_values[i] * exact.singular_values[i];
+        for (int64_t i = r; i < r_max; ++i)
+          tail += exact.singular_values[i] * exact.singular_values[i];
         std::vector<float> p_r(exact.projector_rows * r);
         for (int64_t j = 0; j < exact.projector_rows; ++j) {
           std::copy_n(&p_exact[j * r_max], r, &p_r[j * r]);
@@ -210,23 +212,23 @@ void RunShapes(const Flags& f, const SvdBackend& backend) {
       double rho_approx = NAN;
       if (f.exact) {
         std::vector<float> p(approx.projector_rows * r);
-        ConvertToFloat32(approx.projector_bytes.data(), approx.projector_dtype, p.size(),
-                         p.data());
+        ConvertToFloat32(approx.projector_bytes.data(), approx.projector_dtype, p.size(), p.data());
         rho_approx = ResidualRatio(gv, p.data(), r, approx.vector_side, tail);
       }
       std::printf("%5lldx%-6lld %5lld | %8.2f %8.2f %8.4f | %8.2f %8.2f %8.4f %8.3g | %7.1f\n",
-                  static_cast<long long>(m), static_cast<long long>(n),
-                  static_cast<long long>(r), f.exact ? exact.elapsed_seconds : NAN,
-                  f.exact ? exact.svd_seconds : NAN, rho_exact, approx.elapsed_seconds,
-                  approx.svd_seconds, rho_approx, approx.residual_ratio_upper_bound,
+                  static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(r),
+                  f.exact ? exact.elapsed_seconds : NAN, f.exact ? exact.svd_seconds : NAN,
+                  rho_exact, approx.elapsed_seconds, approx.svd_seconds, rho_approx,
+                  approx.residual_ratio_upper_bound,
                   f.exact ? exact.svd_seconds / approx.svd_seconds : NAN);
       std::fflush(stdout);
     }
   }
-  std::printf("*_s: whole refresh (conversion, SVD, metrics incl. residual); svd_s: backend only; "
-              "the exact run is one sgesdd per shape at the largest rank, shared by its ranks.\n"
-              "rho: vs the exact spectrum; rho_ub: the bound a randomized refresh reports about "
-              "itself; speedup: exact svd_s / randomized svd_s.\n");
+  std::printf(
+      "*_s: whole refresh (conversion, SVD, metrics incl. residual); svd_s: backend only; "
+      "the exact run is one sgesdd per shape at the largest rank, shared by its ranks.\n"
+      "rho: vs the exact spectrum; rho_ub: the bound a randomized refresh reports about "
+      "itself; speedup: exact svd_s / randomized svd_s.\n");
 }
 
 void RunBatch(const Flags& f, const SvdBackend& backend) {
@@ -241,9 +243,11 @@ void RunBatch(const Flags& f, const SvdBackend& backend) {
     }
   }
   const bool randomized = f.batch_method == "randomized";
-  std::printf("\n== Part 2: LLaMA-7B refresh batch: %d layer(s) = %zu matrices, %s, r=%lld, "
-              "%d worker(s) ==\n", f.batch_layers, jobs.size(), f.batch_method.c_str(),
-              static_cast<long long>(f.batch_rank), f.batch_workers);
+  std::printf(
+      "\n== Part 2: LLaMA-7B refresh batch: %d layer(s) = %zu matrices, %s, r=%lld, "
+      "%d worker(s) ==\n",
+      f.batch_layers, jobs.size(), f.batch_method.c_str(), static_cast<long long>(f.batch_rank),
+      f.batch_workers);
   std::vector<double> done_at(jobs.size()), svd_s(jobs.size());
   std::atomic<size_t> next{0};
   const Clock::time_point start = Clock::now();
@@ -275,16 +279,18 @@ void RunBatch(const Flags& f, const SvdBackend& backend) {
   }
   double svd_total = 0.0;
   for (double s : svd_s) svd_total += s;
-  std::printf("total %.2f s (of which SVD %.2f s), first result after %.2f s, %.2f matrices/s, "
-              "residual %s\n", total, svd_total, first, jobs.size() / total,
-              f.measure_residual ? "measured" : "skipped");
+  std::printf(
+      "total %.2f s (of which SVD %.2f s), first result after %.2f s, %.2f matrices/s, "
+      "residual %s\n",
+      total, svd_total, first, jobs.size() / total, f.measure_residual ? "measured" : "skipped");
   const char* names[3] = {"4096x4096", "11008x4096", "4096x11008"};
   for (int k = 0; k < 3; ++k) {
     std::printf("  %-10s (/%lld) mean SVD %.2f s over %d\n", names[k], static_cast<long long>(d),
                 per_shape[k] / std::max(1, count[k]), count[k]);
   }
   if (f.batch_layers != 32 && d == 1) {
-    std::printf("  extrapolated to 224 matrices (32 layers): %.0f s\n", total * 32.0 / f.batch_layers);
+    std::printf("  extrapolated to 224 matrices (32 layers): %.0f s\n",
+                total * 32.0 / f.batch_layers);
   }
 }
 
@@ -294,9 +300,11 @@ void RunBatch(const Flags& f, const SvdBackend& backend) {
 int main(int argc, char** argv) {
   using namespace offloadd::projector;
   const Flags f = ParseFlags(argc, argv);
-  std::printf("projector_bench: backend lapack (OpenBLAS), %u hardware threads, dim_divisor "
-              "%lld, input dtype %s\n", std::thread::hardware_concurrency(),
-              static_cast<long long>(f.dim_divisor), std::string(DTypeName(f.dtype)).c_str());
+  std::printf(
+      "projector_bench: backend lapack (OpenBLAS), %u hardware threads, dim_divisor "
+      "%lld, input dtype %s\n",
+      std::thread::hardware_concurrency(), static_cast<long long>(f.dim_divisor),
+      std::string(DTypeName(f.dtype)).c_str());
   const LapackSvdBackend backend;
   if (f.part == "all" || f.part == "shapes") {
     const int threads = SetBlasThreads(f.blas_threads > 0 ? f.blas_threads : BlasThreadsFor(1));

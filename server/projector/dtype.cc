@@ -62,7 +62,7 @@ uint16_t Float32ToFloat16(float value) {
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t magnitude = bits & 0x7FFFFFFFu;
   if (magnitude >= 0x7F800000u) {
-    if (magnitude == 0x7F800000u) return sign | 0x7C00u;  // inf
+    if (magnitude == 0x7F800000u) return sign | 0x7C00u;                           // inf
     return static_cast<uint16_t>(sign | 0x7E00u | ((magnitude >> 13) & 0x03FFu));  // quiet NaN
   }
   const int exponent = static_cast<int>(magnitude >> 23) - 127;  // unbiased

@@ -29,8 +29,8 @@ absl::Status CheckInput(DenseMatrix a, int64_t k) {
                      "refresh it in blocks or on a 64-bit-index backend"));
   }
   if (k < 1 || k > std::min(a.rows, a.cols)) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", k, " outside [1, min(", a.rows, ", ",
-                                                   a.cols, ")]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", k, " outside [1, min(", a.rows, ", ", a.cols, ")]"));
   }
   return absl::OkStatus();
 }
@@ -40,8 +40,8 @@ absl::Status LapackStatus(const char* routine, lapack_int info) {
   if (info < 0) {
     return absl::InternalError(absl::StrCat(routine, ": argument ", -info, " is invalid (bug)"));
   }
-  return absl::InternalError(absl::StrCat(routine, " did not converge (info ", info,
-                                          "); retry with the other method"));
+  return absl::InternalError(
+      absl::StrCat(routine, " did not converge (info ", info, "); retry with the other method"));
 }
 
 // Products with op(A), where op(A) = A for left vectors and A^T for right vectors. A is row-major
@@ -69,11 +69,10 @@ struct Operator {
 // orthonormal columns spanning the same space (any basis if it is rank deficient).
 absl::Status Orthonormalize(float* y, int64_t rows, int64_t c) {
   std::vector<float> tau(c);
-  absl::Status status = LapackStatus(
-      "sgeqrf", LAPACKE_sgeqrf(LAPACK_COL_MAJOR, rows, c, y, rows, tau.data()));
+  absl::Status status =
+      LapackStatus("sgeqrf", LAPACKE_sgeqrf(LAPACK_COL_MAJOR, rows, c, y, rows, tau.data()));
   if (!status.ok()) return status;
-  return LapackStatus("sorgqr",
-                      LAPACKE_sorgqr(LAPACK_COL_MAJOR, rows, c, c, y, rows, tau.data()));
+  return LapackStatus("sorgqr", LAPACKE_sorgqr(LAPACK_COL_MAJOR, rows, c, c, y, rows, tau.data()));
 }
 
 void FillGaussian(std::mt19937_64& rng, float* out, size_t count) {
@@ -91,9 +90,9 @@ absl::StatusOr<TopSingular> LapackSvdBackend::Exact(DenseMatrix a, VectorSide si
   // vectors of A are the rows of V'^T and the right vectors of A are the columns of U'.
   std::vector<float> at(a.data, a.data + m * n);  // sgesdd destroys its input
   std::vector<float> s(kk), u_prime(n * kk), vt_prime(kk * m);
-  absl::Status status = LapackStatus(
-      "sgesdd", LAPACKE_sgesdd(LAPACK_COL_MAJOR, 'S', n, m, at.data(), n, s.data(),
-                               u_prime.data(), n, vt_prime.data(), kk));
+  absl::Status status =
+      LapackStatus("sgesdd", LAPACKE_sgesdd(LAPACK_COL_MAJOR, 'S', n, m, at.data(), n, s.data(),
+                                            u_prime.data(), n, vt_prime.data(), kk));
   if (!status.ok()) return status;
   at = std::vector<float>();
 
@@ -119,8 +118,7 @@ absl::StatusOr<TopSingular> LapackSvdBackend::Exact(DenseMatrix a, VectorSide si
   return out;
 }
 
-absl::StatusOr<TopSingular> LapackSvdBackend::Randomized(DenseMatrix a, VectorSide side,
-                                                         int64_t k,
+absl::StatusOr<TopSingular> LapackSvdBackend::Randomized(DenseMatrix a, VectorSide side, int64_t k,
                                                          const RandomizedOptions& options,
                                                          DenseMatrix warm_start) const {
   if (absl::Status s = CheckInput(a, k); !s.ok()) return s;

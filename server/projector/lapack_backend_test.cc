@@ -63,9 +63,9 @@ std::vector<float> DecayingWithNoise(int64_t m, int64_t n, uint64_t seed) {
 
 TEST(LapackBackendTest, EveryMethodReachesRhoWithinFivePercent) {
   const LapackSvdBackend backend;
-  for (const Case& c : {Case{512, 1024, 64, VectorSide::kLeft},
-                        Case{512, 1024, 64, VectorSide::kRight},
-                        Case{384, 200, 32, VectorSide::kRight}}) {
+  for (const Case& c :
+       {Case{512, 1024, 64, VectorSide::kLeft}, Case{512, 1024, 64, VectorSide::kRight},
+        Case{384, 200, 32, VectorSide::kRight}}) {
     const std::vector<float> g = DecayingWithNoise(c.m, c.n, 17);
     const DenseMatrix gv{g.data(), c.m, c.n};
     absl::StatusOr<TopSingular> exact = backend.Exact(gv, c.side, c.r);
@@ -120,9 +120,9 @@ TEST(LapackBackendTest, ExactAndRandomizedAgreeAcrossASpectralGapOfTwo) {
     EXPECT_LE(sine, 1e-3);
     // The metric itself: ~0 (the basis's own orthogonality error) against itself, and large
     // against a basis from a different matrix.
-    EXPECT_LE(MaxPrincipalAngleSine(exact->vectors.data(), exact->vectors.data(),
-                                    exact->side_dim, r),
-              1e-5);
+    EXPECT_LE(
+        MaxPrincipalAngleSine(exact->vectors.data(), exact->vectors.data(), exact->side_dim, r),
+        1e-5);
     const std::vector<float> other = RandomOrthonormal(exact->side_dim, r, 99);
     EXPECT_GT(MaxPrincipalAngleSine(exact->vectors.data(), other.data(), exact->side_dim, r), 0.5);
   }
@@ -147,9 +147,9 @@ TEST(LapackBackendTest, WarmStartNeedsFewerPowerIterations) {
   auto error = [&](int q, bool warm) {
     RandomizedOptions options;
     options.power_iterations = q;
-    absl::StatusOr<TopSingular> t = backend.Randomized(
-        gv2, VectorSide::kLeft, r, options,
-        warm ? DenseMatrix{previous->vectors.data(), m, r} : DenseMatrix{});
+    absl::StatusOr<TopSingular> t =
+        backend.Randomized(gv2, VectorSide::kLeft, r, options,
+                           warm ? DenseMatrix{previous->vectors.data(), m, r} : DenseMatrix{});
     EXPECT_TRUE(t.ok());
     return ResidualRatio(gv2, t->vectors.data(), r, VectorSide::kLeft, tail) - 1.0;
   };

@@ -10,7 +10,7 @@ namespace {
 // Drives the policy over a sequence of scheduled refresh steps; `similarity_at` gives the
 // similarity a refresh would report at each step. Returns the decisions taken.
 std::vector<LazyDecision> Drive(const LazyRefreshPolicy& policy,
-                              const std::vector<double>& similarity_at) {
+                                const std::vector<double>& similarity_at) {
   LazyRefreshState state;
   std::vector<LazyDecision> decisions;
   bool first = true;
@@ -20,8 +20,8 @@ std::vector<LazyDecision> Drive(const LazyRefreshPolicy& policy,
     if (d == LazyDecision::kSkip) {
       state = AfterSkip(state);
     } else {
-      state = AfterRefresh(policy, state,
-                           first ? absl::nullopt : absl::optional<double>(similarity));
+      state =
+          AfterRefresh(policy, state, first ? absl::nullopt : absl::optional<double>(similarity));
       first = false;
     }
   }

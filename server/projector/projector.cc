@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <utility>
 
@@ -127,8 +127,7 @@ VectorSide ResolveSide(ProjectionSide side, int64_t rows, int64_t cols) {
 }
 
 absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
-                                               const SvdBackend& backend,
-                                               RefreshScratch* scratch) {
+                                               const SvdBackend& backend, RefreshScratch* scratch) {
   const Clock::time_point start = Clock::now();
   absl::StatusOr<Shape> g_shape = CheckMatrix(request.gradient, "gradient");
   if (!g_shape.ok()) return g_shape.status();
@@ -191,8 +190,7 @@ absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
     }
   } else {
     float* converted = buffers.GradientBuffer(count);
-    if (absl::Status s =
-            ConvertFinite(request.gradient, *g_shape, "gradient", converted, &max_abs);
+    if (absl::Status s = ConvertFinite(request.gradient, *g_shape, "gradient", converted, &max_abs);
         !s.ok()) {
       return s;
     }
@@ -222,11 +220,11 @@ absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
 
   const Clock::time_point svd_start = Clock::now();
   absl::StatusOr<TopSingular> svd =
-      randomized ? backend.Randomized(gs, result.vector_side, r, request.randomized,
-                                      request.warm_start
-                                          ? DenseMatrix{previous.data(), side_dim, r_old}
-                                          : DenseMatrix{})
-                 : backend.Exact(gs, result.vector_side, r);
+      randomized
+          ? backend.Randomized(
+                gs, result.vector_side, r, request.randomized,
+                request.warm_start ? DenseMatrix{previous.data(), side_dim, r_old} : DenseMatrix{})
+          : backend.Exact(gs, result.vector_side, r);
   result.svd_seconds = SecondsSince(svd_start);
   if (!svd.ok()) return svd.status();
 
@@ -268,8 +266,7 @@ absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
   // The zero-ish-tail rule is monotone in the tail, so a lower tail gives an upper rho.
   result.residual_ratio_upper_bound =
       ResidualRatioFromNorms(residual_scaled, lower_scaled, gradient_fro_scaled);
-  result.residual_ratio =
-      svd->full_spectrum ? result.residual_ratio_upper_bound : std::nan("");
+  result.residual_ratio = svd->full_spectrum ? result.residual_ratio_upper_bound : std::nan("");
   result.orthogonality_error = OrthogonalityError(written.data(), side_dim, r);
   if (has_previous) {
     result.has_similarity = true;

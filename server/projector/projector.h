@@ -83,7 +83,8 @@ struct RefreshResult {
   double residual_fro = 0.0;     // ||G - P P^T G||_F (left) or ||G - G P P^T||_F (right)
   // Bounds on the true tail energy sum_{i>r} sigma_i^2. Exact: both equal the tail of the
   // computed spectrum. Randomized (l = r + p sketch values s~): lower = sum_{r<i<=l} s~_i^2,
-  // upper = ||G||_F^2 - sum_{i<=r} s~_i^2 (interlacing: s~_i <= sigma_i).
+  // upper = ||G||_F^2 - sum_{i<=r} s~_i^2 (interlacing: s~_i <= sigma_i). Both hold up to fp32
+  // rounding of the singular values, about 1e-6 ||G||_F^2.
   double tail_energy_lower = 0.0;
   double tail_energy_upper = 0.0;
   // rho = residual_fro / sqrt(true tail), with the zero-ish-tail rule of ResidualRatio

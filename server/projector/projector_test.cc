@@ -128,8 +128,8 @@ TEST_F(ProjectorTest, EveryMethodMeetsRhoAndOrthogonalityTargets) {
   EXPECT_LE(exact->residual_ratio, 1.05);
   EXPECT_NEAR(exact->residual_ratio, 1.0, 1e-4);
   // Captured energy + tail = everything.
-  EXPECT_NEAR(exact->captured_energy + true_tail / (exact->gradient_fro * exact->gradient_fro),
-              1.0, 1e-5);
+  EXPECT_NEAR(exact->captured_energy + true_tail / (exact->gradient_fro * exact->gradient_fro), 1.0,
+              1e-5);
 
   RefreshRequest cold = Request(g, r, ProjectionSide::kStd, SvdMethod::kRandomized);
   RefreshRequest warm = cold;
@@ -145,8 +145,11 @@ TEST_F(ProjectorTest, EveryMethodMeetsRhoAndOrthogonalityTargets) {
     EXPECT_LE(rho, 1.05);
     EXPECT_TRUE(std::isnan(result->residual_ratio));  // true tail unknown to a randomized run
     EXPECT_GE(result->residual_ratio_upper_bound, rho - 1e-6);
-    EXPECT_LE(result->tail_energy_lower, true_tail * (1 + 1e-4));
-    EXPECT_GE(result->tail_energy_upper, true_tail * (1 - 1e-4));
+    // The bounds hold up to fp32 rounding of the singular values (~1e-6 ||G||_F^2).
+    const double slack = 1e-6 * result->gradient_fro * result->gradient_fro;
+    EXPECT_LE(result->tail_energy_lower, true_tail + slack);
+    EXPECT_GE(result->tail_energy_upper, true_tail - slack);
+    EXPECT_LT(result->tail_energy_lower, 0.9 * true_tail);  // p = 10 sees only part of the tail
     EXPECT_NEAR(result->residual_fro, ResidualFro(gv, p.data(), r, result->vector_side),
                 1e-6 * result->gradient_fro);
     EXPECT_LE(result->orthogonality_error, 1e-5);
@@ -241,14 +244,14 @@ TEST_F(ProjectorTest, ShapelessAndMalformedRequestsAreRejected) {
     return Refresh(request).status().code();
   };
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
-  EXPECT_EQ(code({24}, 96), kInvalid);          // 1-D
-  EXPECT_EQ(code({}, 96), kInvalid);            // shapeless
-  EXPECT_EQ(code({2, 3, 4}, 96), kInvalid);     // 3-D
-  EXPECT_EQ(code({0, 24}, 0), kInvalid);        // zero rows
-  EXPECT_EQ(code({24, 0}, 0), kInvalid);        // zero cols
-  EXPECT_EQ(code({-4, -6}, 96), kInvalid);      // negative dims
-  EXPECT_EQ(code({4, 6}, 95), kInvalid);        // byte count mismatch
-  EXPECT_EQ(code({4, 6}, 96, 0), kInvalid);     // rank 0
+  EXPECT_EQ(code({24}, 96), kInvalid);       // 1-D
+  EXPECT_EQ(code({}, 96), kInvalid);         // shapeless
+  EXPECT_EQ(code({2, 3, 4}, 96), kInvalid);  // 3-D
+  EXPECT_EQ(code({0, 24}, 0), kInvalid);     // zero rows
+  EXPECT_EQ(code({24, 0}, 0), kInvalid);     // zero cols
+  EXPECT_EQ(code({-4, -6}, 96), kInvalid);   // negative dims
+  EXPECT_EQ(code({4, 6}, 95), kInvalid);     // byte count mismatch
+  EXPECT_EQ(code({4, 6}, 96, 0), kInvalid);  // rank 0
   EXPECT_EQ(code({4, 6}, 96), absl::StatusCode::kOk);
 
   const Gradient g = Encode(Decaying(8, 6, 1), 8, 6);
@@ -266,8 +269,8 @@ TEST_F(ProjectorTest, ShapelessAndMalformedRequestsAreRejected) {
 TEST_F(ProjectorTest, HugeAndTinyMagnitudesAreRescaledNotOverflowed) {
   const int64_t m = 64, n = 48, r = 6;
   const std::vector<float> base = Decaying(m, n, 14);
-  absl::StatusOr<RefreshResult> reference = Refresh(Request(Encode(base, m, n), r,
-                                                            ProjectionSide::kStd));
+  absl::StatusOr<RefreshResult> reference =
+      Refresh(Request(Encode(base, m, n), r, ProjectionSide::kStd));
   ASSERT_TRUE(reference.ok());
   float peak = 0.0f;
   for (float x : base) peak = std::max(peak, std::fabs(x));
@@ -356,8 +359,8 @@ TEST_F(ProjectorTest, SimilarityIsSignAndRotationInvariant) {
 TEST_F(ProjectorTest, ConcurrentRefreshesMatchSequentialOnes) {
   const int kThreads = 4;
   std::vector<Gradient> grads;
-  for (int t = 0; t < kThreads; ++t) grads.push_back(Encode(Decaying(200, 150 + 10 * t, t), 200,
-                                                            150 + 10 * t));
+  for (int t = 0; t < kThreads; ++t)
+    grads.push_back(Encode(Decaying(200, 150 + 10 * t, t), 200, 150 + 10 * t));
   std::vector<std::vector<uint8_t>> sequential(kThreads), concurrent(kThreads);
   auto run = [&](int t, std::vector<uint8_t>* out) {
     const SvdMethod method = t % 2 ? SvdMethod::kRandomized : SvdMethod::kExact;

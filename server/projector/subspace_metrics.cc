@@ -17,7 +17,9 @@ double SumSquares(const float* x, size_t count) {
   return sum;
 }
 
-std::vector<double> ToDouble(const float* x, size_t count) { return std::vector<double>(x, x + count); }
+std::vector<double> ToDouble(const float* x, size_t count) {
+  return std::vector<double>(x, x + count);
+}
 
 // Projected coefficients W: P^T G (r x n) for kLeft, G P (m x r) for kRight.
 std::vector<float> Coefficients(DenseMatrix g, const float* p, int64_t r, VectorSide side) {
@@ -56,8 +58,8 @@ double ResidualFro(DenseMatrix g, const float* p, int64_t r, VectorSide side) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b, n, r, -1.0f, p + i0 * r, r,
                   w.data(), n, 1.0f, rest.data(), n);
     } else {  // G_blk - (G P)_blk P^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b, n, r, -1.0f, w.data() + i0 * r, r,
-                  p, r, 1.0f, rest.data(), n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b, n, r, -1.0f, w.data() + i0 * r, r, p,
+                  r, 1.0f, rest.data(), n);
     }
     sum += SumSquares(rest.data(), b * n);
   }
@@ -81,8 +83,8 @@ double ResidualRatio(DenseMatrix g, const float* p, int64_t r, VectorSide side,
 double OrthogonalityError(const float* p, int64_t rows, int64_t r) {
   const std::vector<double> pd = ToDouble(p, rows * r);
   std::vector<double> gram(r * r);
-  cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, r, rows, 1.0, pd.data(), r, pd.data(),
-              r, 0.0, gram.data(), r);
+  cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, r, rows, 1.0, pd.data(), r, pd.data(), r,
+              0.0, gram.data(), r);
   double worst = 0.0;
   for (int64_t i = 0; i < r; ++i) {
     for (int64_t j = 0; j < r; ++j) {
@@ -115,8 +117,8 @@ double MaxPrincipalAngleSine(const float* p1, const float* p2, int64_t rows, int
               cross.data(), r, 1.0, d.data(), r);
   // Row-major rows x r is column-major r x rows: same singular values.
   std::vector<double> s(std::min(rows, r));
-  const lapack_int info = LAPACKE_dgesdd(LAPACK_COL_MAJOR, 'N', r, rows, d.data(), r, s.data(),
-                                         nullptr, 1, nullptr, 1);
+  const lapack_int info =
+      LAPACKE_dgesdd(LAPACK_COL_MAJOR, 'N', r, rows, d.data(), r, s.data(), nullptr, 1, nullptr, 1);
   if (info != 0) return std::nan("");
   return std::min(1.0, s[0]);
 }

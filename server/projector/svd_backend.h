@@ -35,8 +35,8 @@ enum class VectorSide { kLeft = 0, kRight = 1 };
 // with Randomness", SIAM Review 53(2), Alg. 4.4 randomized subspace iteration, and Alg. 5.1 for
 // the SVD of B = Q^T A). The sketch has l = min(k + oversampling, min(m, n)) columns.
 struct RandomizedOptions {
-  int64_t oversampling = 10;  // p; HMT §4.2 suggest 5-10
-  int power_iterations = 2;   // q; each costs two passes over A plus two QRs
+  int64_t oversampling = 10;      // p; HMT §4.2 suggest 5-10
+  int power_iterations = 2;       // q; each costs two passes over A plus two QRs
   uint64_t seed = 0x6a4c0f1dULL;  // seeds the Gaussian test matrix (std::mt19937_64)
 };
 
