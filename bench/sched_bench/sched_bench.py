@@ -28,6 +28,7 @@ Prints a table, then one JSON line ({"bench": "sched", ...}); exits 1 if a targe
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -343,7 +344,7 @@ def main():
         links = run_links(a, tmp, rate, chunk)
         hier = run_hierarchy(a, tmp, rate, chunk)
     except (RuntimeError, subprocess.SubprocessError, KeyError) as e:
-        print(f"sched_bench: {e}", file=sys.stderr)
+        print(f"sched_bench: {e} (daemon logs under {tmp})", file=sys.stderr)
         return 2
     rows = check(a, links, hier)
     print(f"sched_bench: {a.rate_gbps} GB/s per link direction, chunk {a.chunk_mib} MiB "
@@ -371,7 +372,11 @@ def main():
                "chunk_mib": a.chunk_mib, "seconds": round(time.monotonic() - t0, 1),
                "links": links, "hierarchy": hier, "missed": failed}
     print(json.dumps(summary, sort_keys=True))
-    print("sched_bench: OK" if not failed else f"sched_bench: {len(failed)} target(s) missed")
+    if failed:
+        print(f"sched_bench: {len(failed)} target(s) missed (daemon logs under {tmp})")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+        print("sched_bench: OK")
     return 0 if not failed else 1
 
 
