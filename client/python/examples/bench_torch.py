@@ -115,7 +115,7 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=3, help="measured steps per worker")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=2, help="workers per mode, interleaved")
+    p.add_argument("--rounds", type=int, default=3, help="workers per mode, interleaved")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
@@ -152,24 +152,28 @@ def main():
           % (args.layers, args.hidden, args.batch, args.seq, layer_bytes / 2**20,
              args.layers * layer_bytes / 2**20, args.threads, results["checkpoint"][0]["torch"],
              args.rounds, args.steps))
-    print("x ckpt: step time over checkpoint's; above setup: peak RSS minus RSS after building the "
+    print("x ckpt: step time over checkpoint's (median and fastest step; on a shared machine the "
+          "fastest is the steadier figure); above setup: peak RSS minus RSS after building the "
           "model (what the steps added)")
     summary = {}
     for mode in MODES:
         runs = results[mode]
         step = statistics.median(t for r in runs for t in r["step_seconds"])
+        fastest = min(t for r in runs for t in r["step_seconds"])
         peak = statistics.median(r["peak_rss_bytes"] for r in runs)
         above = statistics.median(r["peak_rss_bytes"] - r["setup_rss_bytes"] for r in runs)
-        summary[mode] = {"step_seconds": step, "peak_rss_bytes": peak,
+        summary[mode] = {"step_seconds": step, "min_step_seconds": fastest,
+                         "peak_rss_bytes": peak,
                          "peak_above_setup_bytes": above,
                          "fallbacks": sum(r.get("fallbacks", 0) for r in runs)}
     base = summary["checkpoint"]
-    print("%-18s %10s %8s %14s %18s" % ("mode", "step (s)", "x ckpt", "peak RSS (MiB)",
-                                        "above setup (MiB)"))
+    print("%-18s %9s %8s %9s %8s %14s %18s" % ("mode", "median s", "x ckpt", "min s", "x ckpt",
+                                              "peak RSS (MiB)", "above setup (MiB)"))
     for mode in MODES:
         s = summary[mode]
-        print("%-18s %10.3f %8.2f %14.1f %18.1f" % (
+        print("%-18s %9.3f %8.2f %9.3f %8.2f %14.1f %18.1f" % (
             mode, s["step_seconds"], s["step_seconds"] / base["step_seconds"],
+            s["min_step_seconds"], s["min_step_seconds"] / base["min_step_seconds"],
             s["peak_rss_bytes"] / 2**20, s["peak_above_setup_bytes"] / 2**20))
     for mode in ("offloadd", "hooks-reentrant"):
         if summary[mode]["fallbacks"]:
