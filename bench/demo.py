@@ -69,6 +69,40 @@ def print_links(before, after):
                   f"{busy / dt:>6.3f} {jain(per_gpu.values()):>7.4f}  {gpus}")
 
 
+def print_plan_check(stats, a, layer_bytes):
+    """Copy time of one checkpoint per link: what the daemon measured (from the link's busy time)
+    next to what the capacity planner predicts for the same configuration (offloadd.plan: the
+    link's rate divided among the GPUs sharing it; shared/reference "the bandwidth arithmetic")."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client",
+                                    "python"))
+    try:
+        from offloadd import plan as planner
+    except ImportError as e:  # the package is optional for the demo itself
+        print(f"(planner check skipped: {e})")
+        return
+    predicted_ms = None
+    if a.link_gbps > 0:
+        model = planner.ModelShape(layers=a.layers, hidden=a.hidden, attention_width=a.hidden,
+                                   params_per_layer=12 * a.hidden * a.hidden)
+        gpl = max(1, min(a.gpus_per_link, a.clients))
+        p = planner.plan(model, seq=a.seq, batch=a.batch, dtype="bf16",
+                         gpus_per_node=max(a.clients, gpl), gpus_per_link=gpl,
+                         link=a.link_gbps)
+        # The planner sizes a checkpoint as b*s*h*2; scale if --layer-bytes overrides it.
+        predicted_ms = p.copy_seconds_per_layer * layer_bytes / p.checkpoint_bytes_per_layer * 1e3
+    print(f"copy time per checkpoint ({layer_bytes / 2**20:.1f} MiB), all GPUs of a link copying:")
+    for l in stats.get("links", []):
+        measured = l.get("measured_offload_copy_seconds", 0.0) * 1e3
+        planned = l.get("planned_offload_copy_seconds", 0.0) * 1e3
+        if measured <= 0:
+            continue
+        extra = f", planner {predicted_ms:.2f} ms" if predicted_ms is not None else ""
+        print(f"  {l['name']:<8} measured {measured:8.2f} ms, daemon's plan {planned:8.2f} ms"
+              f"{extra}" if planned > 0 else
+              f"  {l['name']:<8} measured {measured:8.2f} ms (unpaced link: no plan; "
+              f"use --link-gbps)")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--bin", default="build/bin", help="folder with offloadd, offloadctl, checkpoint_workload")
@@ -174,6 +208,7 @@ def main():
           f"{stats['pool_used_bytes']} bytes held at the end; daemon errors_total "
           f"{stats['errors_total']}; daemon exit status {daemon_rc}")
     print_links(stats0, stats)
+    print_plan_check(stats, a, layer_bytes)
     ok = (failures == 0 and tot["err"] == 0 and tot["bad"] == 0 and daemon_rc == 0
           and len(results) == a.clients and int(stats["pool_used_bytes"]) == 0)
     print("demo: OK" if ok else "demo: FAILED")

@@ -166,6 +166,9 @@ void ToProto(const session::CoreStats& s, v1::Stats* out) {
     p->set_urgent_bytes(cls(sched::TrafficClass::kUrgent));
     p->set_prefetch_bytes(cls(sched::TrafficClass::kPrefetch));
     p->set_offload_bytes(cls(sched::TrafficClass::kOffload));
+    p->set_mean_offload_bytes(l.mean_offload_bytes);
+    p->set_measured_offload_copy_seconds(l.measured_offload_copy_seconds);
+    p->set_planned_offload_copy_seconds(l.planned_offload_copy_seconds);
   }
   for (const session::HostLinkInfo& h : s.host_links) {
     v1::HostLinkStats* p = out->add_host_links();

@@ -192,6 +192,20 @@ LinkInfo Core::DescribeLink(const std::string& name, const Link* link) const {
     info.d2h = link->d2h->stats();
     if (!info.half_duplex) info.h2d = link->h2d->stats();
   }
+  const int offload = static_cast<int>(sched::TrafficClass::kOffload);
+  const uint64_t offloads = info.d2h.started_transfers[offload];
+  uint64_t gpus_offloading = 0;
+  for (const auto& [gpu, bytes] : info.d2h.gpu_bytes) gpus_offloading += bytes > 0 ? 1 : 0;
+  if (offloads > 0 && gpus_offloading > 0) {
+    info.mean_offload_bytes = static_cast<double>(info.d2h.class_bytes[offload]) / offloads;
+    const double per_layer_all = info.mean_offload_bytes * gpus_offloading;
+    if (info.d2h.busy_seconds > 0 && info.d2h.bytes > 0) {
+      info.measured_offload_copy_seconds = per_layer_all * info.d2h.busy_seconds / info.d2h.bytes;
+    }
+    if (info.d2h_bytes_per_second > 0) {
+      info.planned_offload_copy_seconds = per_layer_all / info.d2h_bytes_per_second;
+    }
+  }
   return info;
 }
 

@@ -75,6 +75,14 @@ struct LinkInfo {
   int numa_node = -1;
   double pcie_bytes_per_second = 0;
   std::map<std::string, std::string> gpu_bus_ids;  // of the member GPUs that have one
+  // Copy time of one offload when every GPU that offloaded over this link copies at once,
+  // measured vs planned (capacity_planner's model: the link's rate divided among the GPUs that
+  // share it, client/plan/planner.h). mean_offload_bytes = offload bytes / offloads started.
+  // measured = mean_offload_bytes * gpus_offloading / (d2h bytes / d2h busy seconds);
+  // planned = mean_offload_bytes * gpus_offloading / d2h capacity (0 when unpaced or idle).
+  double mean_offload_bytes = 0;
+  double measured_offload_copy_seconds = 0;
+  double planned_offload_copy_seconds = 0;
 };
 
 struct HostLinkInfo {
