@@ -40,13 +40,58 @@ BlockStore::~BlockStore() {
 
 uint64_t BlockStore::capacity_bytes() const { return allocator_.stats().capacity_bytes; }
 
+int64_t BlockStore::OwnerLocked(uint64_t session_id) const {
+  auto it = session_owner_.find(session_id);
+  return it == session_owner_.end() ? -1 : static_cast<int64_t>(it->second);
+}
+
+void BlockStore::SetSessionOwner(uint64_t session_id, uint32_t uid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  session_owner_[session_id] = uid;
+}
+
 bool BlockStore::FitsLocked(uint64_t session_id, uint64_t bytes) const {
+  const uint64_t rounded = pool::ExtentAllocator::RoundUp(bytes);
   if (options_.session_quota_bytes > 0) {
     auto it = session_used_bytes_.find(session_id);
     uint64_t used = it == session_used_bytes_.end() ? 0 : it->second;
-    if (used + pool::ExtentAllocator::RoundUp(bytes) > options_.session_quota_bytes) return false;
+    if (used + rounded > options_.session_quota_bytes) return false;
+  }
+  if (options_.uid_quota_bytes > 0) {
+    const int64_t uid = OwnerLocked(session_id);
+    if (uid >= 0) {
+      auto it = uid_used_bytes_.find(static_cast<uint32_t>(uid));
+      uint64_t used = it == uid_used_bytes_.end() ? 0 : it->second;
+      if (used + rounded > options_.uid_quota_bytes) return false;
+    }
   }
   return allocator_.CanAllocate(bytes);
+}
+
+std::string BlockStore::WhyFullLocked(uint64_t session_id, uint64_t bytes) const {
+  const uint64_t rounded = pool::ExtentAllocator::RoundUp(bytes);
+  if (options_.session_quota_bytes > 0) {
+    auto it = session_used_bytes_.find(session_id);
+    uint64_t used = it == session_used_bytes_.end() ? 0 : it->second;
+    if (used + rounded > options_.session_quota_bytes) {
+      return absl::StrFormat(
+          "the session quota is used (%d of %d bytes): release blocks of this session, or raise "
+          "session_quota_bytes",
+          used, options_.session_quota_bytes);
+    }
+  }
+  const int64_t uid = OwnerLocked(session_id);
+  if (options_.uid_quota_bytes > 0 && uid >= 0) {
+    auto it = uid_used_bytes_.find(static_cast<uint32_t>(uid));
+    uint64_t used = it == uid_used_bytes_.end() ? 0 : it->second;
+    if (used + rounded > options_.uid_quota_bytes) {
+      return absl::StrFormat(
+          "the quota of uid %d is used (%d of %d bytes by all its sessions): release blocks, "
+          "or raise uid_quota_bytes",
+          uid, used, options_.uid_quota_bytes);
+    }
+  }
+  return "the pool is full; release blocks, retry later, or raise pool_bytes";
 }
 
 BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds) {
@@ -57,11 +102,13 @@ BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enq
   } while (id == 0 || blocks_.count(id) != 0);
   Block& b = blocks_[id];
   b.session_id = session_id;
+  b.owner_uid = OwnerLocked(session_id);
   b.bytes = bytes;
   b.extent = extent;
   b.state = State::kOffloading;
   session_used_bytes_[session_id] += extent.bytes;
   session_blocks_[session_id] += 1;
+  if (b.owner_uid >= 0) uid_used_bytes_[static_cast<uint32_t>(b.owner_uid)] += extent.bytes;
   BlockRef ref;
   ref.block_id = id;
   ref.bytes = bytes;
@@ -89,14 +136,20 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
           "offload of %d bytes is larger than the session quota (%d bytes): split it, or raise "
           "session_quota_bytes in the daemon config",
           bytes, options_.session_quota_bytes));
+    } else if (options_.uid_quota_bytes > 0 && OwnerLocked(session_id) >= 0 &&
+               rounded > options_.uid_quota_bytes) {
+      result = absl::OutOfRangeError(absl::StrFormat(
+          "offload of %d bytes is larger than the per-user quota (%d bytes): split it, or raise "
+          "uid_quota_bytes in the daemon config",
+          bytes, options_.uid_quota_bytes));
     } else if (FitsLocked(session_id, bytes)) {
       result = AdmitLocked(session_id, bytes, 0);
     } else if (waiters_.size() >= options_.admission_queue_limit) {
       ++refused_total_;
       result = absl::ResourceExhaustedError(absl::StrFormat(
-          "the pool is full and %d offloads already wait for space: retry later, release "
-          "blocks, or raise pool_bytes / admission_queue_limit",
-          waiters_.size()));
+          "%d offloads already wait for space (admission_queue_limit) and this one does not "
+          "fit now: %s",
+          waiters_.size(), WhyFullLocked(session_id, bytes)));
     } else {
       double now = Now();
       waiters_.push_back(Waiter{session_id, bytes, now,
@@ -126,6 +179,10 @@ void BlockStore::FreeLocked(uint64_t block_id, Deferred* deferred) {
   Block& b = it->second;
   (void)allocator_.Free(b.extent);
   session_used_bytes_[b.session_id] -= b.extent.bytes;
+  if (b.owner_uid >= 0) {
+    auto u = uid_used_bytes_.find(static_cast<uint32_t>(b.owner_uid));
+    if (u != uid_used_bytes_.end() && (u->second -= b.extent.bytes) == 0) uid_used_bytes_.erase(u);
+  }
   if (--session_blocks_[b.session_id] == 0) {
     session_blocks_.erase(b.session_id);
     session_used_bytes_.erase(b.session_id);
@@ -239,6 +296,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
         ++it;
       }
     }
+    session_owner_.erase(session_id);
     std::vector<uint64_t> ids;
     for (auto& [id, b] : blocks_) {
       if (b.session_id == session_id && !b.released) ids.push_back(id);
@@ -265,11 +323,11 @@ void BlockStore::DeadlineLoop() {
         ++refused_total_;
         double waited = now - it->enqueued_seconds;
         uint64_t bytes = it->bytes;
-        deferred.push_back([cb = std::move(it->done), waited, bytes] {
+        std::string why = WhyFullLocked(it->session_id, bytes);
+        deferred.push_back([cb = std::move(it->done), waited, bytes, why] {
           cb(absl::ResourceExhaustedError(absl::StrFormat(
-              "no pool space for %d bytes within %.3f s: the pool is full; release blocks, "
-              "retry later, or raise pool_bytes / admission_deadline_seconds",
-              bytes, waited)));
+              "no space for %d bytes within %.3f s (admission_deadline_seconds): %s", bytes,
+              waited, why)));
         });
         it = waiters_.erase(it);
       } else {
@@ -301,6 +359,11 @@ uint64_t BlockStore::SessionBlocks(uint64_t session_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = session_blocks_.find(session_id);
   return it == session_blocks_.end() ? 0 : it->second;
+}
+
+std::map<uint32_t, uint64_t> BlockStore::UidUsedBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return uid_used_bytes_;
 }
 
 StoreStats BlockStore::stats() const {

@@ -2,7 +2,8 @@
 // new offloads into the pool.
 //
 // Admission (back-pressure): an offload that does not fit — the pool has no free extent large
-// enough, or the owner's session quota would be exceeded — waits in a bounded queue until space
+// enough, or the owner's session quota or its uid's quota (all sessions of one user together)
+// would be exceeded — waits in a bounded queue until space
 // is released or its deadline passes (then RESOURCE_EXHAUSTED). When the queue is full a new
 // request fails with RESOURCE_EXHAUSTED at once. Waiters are admitted in arrival order among
 // those that fit (a small request may pass a large one that still does not fit; the deadline
@@ -30,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -43,6 +45,8 @@ namespace offloadd::store {
 
 struct BlockStoreOptions {
   uint64_t session_quota_bytes = 0;         // 0 = no per-session quota
+  // All sessions of one uid together (sessions given an owner with SetSessionOwner); 0 = none.
+  uint64_t uid_quota_bytes = 0;
   double admission_deadline_seconds = 5.0;  // how long an offload may wait for space
   uint32_t admission_queue_limit = 1024;    // offloads waiting at once, whole daemon
 };
@@ -70,10 +74,15 @@ class BlockStore {
   BlockStore(uint64_t capacity_bytes, BlockStoreOptions options);
   ~BlockStore();  // fails waiters with UNAVAILABLE, stops the deadline thread
 
+  // Records the uid a session belongs to, for uid_quota_bytes (call before its first Reserve;
+  // sessions without an owner are not subject to the uid quota).
+  void SetSessionOwner(uint64_t session_id, uint32_t uid);
+
   // Admits an offload of `bytes` for `session_id`; `done` gets the new block (state
   // kOffloading) or an error: INVALID_ARGUMENT for 0 bytes; OUT_OF_RANGE when bytes exceed the
-  // pool capacity or the session quota (it can never fit); RESOURCE_EXHAUSTED when the wait
-  // queue is full or the deadline passed.
+  // pool capacity, the session quota or the uid quota (it can never fit); RESOURCE_EXHAUSTED
+  // when the wait queue is full or the deadline passed (the message says whether the pool or a
+  // quota was full).
   void Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback done);
 
   // The offload copy of a block finished: kResident on success; on failure the block is freed.
@@ -90,13 +99,15 @@ class BlockStore {
 
   // Releases a block of `session_id`. NOT_FOUND for unknown / foreign / already released ids.
   absl::Status Release(uint64_t session_id, uint64_t block_id);
-  // Releases every block of the session and fails its waiting offloads with CANCELLED.
-  // Returns the number of blocks released.
+  // Releases every block of the session and fails its waiting offloads with CANCELLED; forgets
+  // its owner. Returns the number of blocks released.
   uint64_t ReleaseSession(uint64_t session_id);
 
   // Bytes (rounded extents) held by a session, and blocks held.
   uint64_t SessionUsedBytes(uint64_t session_id) const;
   uint64_t SessionBlocks(uint64_t session_id) const;
+  // Bytes (rounded extents) held by each uid's sessions, for uids holding any.
+  std::map<uint32_t, uint64_t> UidUsedBytes() const;
   StoreStats stats() const;
   uint64_t capacity_bytes() const;
 
@@ -104,6 +115,7 @@ class BlockStore {
   enum class State { kOffloading, kResident };
   struct Block {
     uint64_t session_id;
+    int64_t owner_uid;  // -1: none
     uint64_t bytes;
     pool::Extent extent;
     State state;
@@ -123,6 +135,9 @@ class BlockStore {
 
   // All *Locked methods require mu_.
   bool FitsLocked(uint64_t session_id, uint64_t bytes) const;
+  // Why a request does not fit now: "the pool is full", "the session quota ... is used", ...
+  std::string WhyFullLocked(uint64_t session_id, uint64_t bytes) const;
+  int64_t OwnerLocked(uint64_t session_id) const;
   BlockRef AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds);
   void FreeLocked(uint64_t block_id, Deferred* deferred);
   void AdmitWaitersLocked(Deferred* deferred);
@@ -136,6 +151,8 @@ class BlockStore {
   std::unordered_map<uint64_t, Block> blocks_;
   std::unordered_map<uint64_t, uint64_t> session_used_bytes_;
   std::unordered_map<uint64_t, uint64_t> session_blocks_;
+  std::unordered_map<uint64_t, uint32_t> session_owner_;
+  std::map<uint32_t, uint64_t> uid_used_bytes_;
   std::deque<Waiter> waiters_;
   uint64_t refused_total_ = 0;
   absl::BitGen rng_;

@@ -188,3 +188,63 @@ TEST(BlockStoreTest, ReleaseSessionReturnsPoolToBaseline) {
 
 }  // namespace
 }  // namespace offloadd::store
+
+namespace offloadd::store {
+namespace {
+
+TEST(BlockStoreUidQuotaTest, SessionsOfOneUidShareTheQuotaOtherUidsAndOwnerlessDoNot) {
+  BlockStoreOptions o = Opts(0, /*deadline=*/0.05);
+  o.uid_quota_bytes = 8 * kMiB;
+  BlockStore s(64 * kMiB, o);
+  s.SetSessionOwner(1, 1000);
+  s.SetSessionOwner(2, 1000);
+  s.SetSessionOwner(3, 1001);
+  auto first = ReserveNow(s, 1, 6 * kMiB);
+  ASSERT_TRUE(first.ok());
+  s.OffloadFinished(first->block_id, absl::OkStatus());
+  // Session 2 belongs to the same uid: 6 + 4 MiB > 8 MiB, so it waits and times out naming the
+  // uid quota, not the pool.
+  auto r = ReserveNow(s, 2, 4 * kMiB);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(r.status().message()).find("quota of uid 1000"), std::string::npos)
+      << r.status();
+  ASSERT_TRUE(ReserveNow(s, 2, 2 * kMiB).ok());  // exactly fills the uid quota
+  ASSERT_TRUE(ReserveNow(s, 3, 8 * kMiB).ok());  // another uid has its own
+  ASSERT_TRUE(ReserveNow(s, 4, 16 * kMiB).ok());  // no owner: only the pool limits it
+  // Larger than the quota can never fit: OUT_OF_RANGE at once.
+  EXPECT_EQ(ReserveNow(s, 3, 9 * kMiB).status().code(), absl::StatusCode::kOutOfRange);
+  auto usage = s.UidUsedBytes();
+  EXPECT_EQ(usage[1000], 8 * kMiB);
+  EXPECT_EQ(usage[1001], 8 * kMiB);
+  EXPECT_EQ(usage.size(), 2u);
+  // Ending session 1 returns its share to the uid (its block is resident, so at once).
+  EXPECT_EQ(s.ReleaseSession(1), 1u);
+  EXPECT_EQ(s.UidUsedBytes()[1000], 2 * kMiB);
+  ASSERT_TRUE(ReserveNow(s, 2, 6 * kMiB).ok());
+  // Blocks still being offloaded stay counted until their copy ends.
+  s.ReleaseSession(2);
+  s.ReleaseSession(3);
+  EXPECT_EQ(s.UidUsedBytes().size(), 2u);
+}
+
+TEST(BlockStoreUidQuotaTest, WaiterOfAFullUidIsAdmittedWhenItsUidReleases) {
+  BlockStoreOptions o = Opts(0, /*deadline=*/60);
+  o.uid_quota_bytes = 4 * kMiB;
+  BlockStore s(64 * kMiB, o);
+  s.SetSessionOwner(1, 7);
+  s.SetSessionOwner(2, 7);
+  auto a = ReserveNow(s, 1, 4 * kMiB);
+  ASSERT_TRUE(a.ok());
+  s.OffloadFinished(a->block_id, absl::OkStatus());
+  std::promise<absl::StatusOr<BlockRef>> p;
+  auto f = p.get_future();
+  s.Reserve(2, 4 * kMiB, [&p](absl::StatusOr<BlockRef> r) { p.set_value(std::move(r)); });
+  EXPECT_EQ(s.stats().offloads_waiting, 1u);
+  ASSERT_TRUE(s.Release(1, a->block_id).ok());
+  auto b = f.get();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(s.UidUsedBytes()[7], 4 * kMiB);
+}
+
+}  // namespace
+}  // namespace offloadd::store
