@@ -45,6 +45,15 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
   metrics::Get()
       .pool_capacity_bytes->Add({{"numa_node", std::to_string(arena_->numa_node())}})
       .Set(static_cast<double>(store_.capacity_bytes()));
+  if (options_.watch_pids) {
+    pid_watcher_ = std::make_unique<PidWatcher>(
+        options_.pid_exit_grace_seconds, options_.pid_poll_interval_seconds, [this](uint64_t id) {
+          (void)EndSession(id, EndCause::kPidExited,
+                           absl::AbortedError("the client process exited while its session "
+                                              "stream was still open (a child process holds "
+                                              "the connection?): offloadd ended the session"));
+        });
+  }
 }
 
 const LinkSpec* Core::FindSpec(const std::string& link_name) const {
@@ -54,7 +63,10 @@ const LinkSpec* Core::FindSpec(const std::string& link_name) const {
   return nullptr;
 }
 
-Core::~Core() { Drain(); }
+Core::~Core() {
+  pid_watcher_.reset();  // no EndSession from its thread past this point
+  Drain();
+}
 
 std::string Core::LinkNameFor(const std::string& gpu) const {
   auto named = gpu_link_.find(gpu);
@@ -126,6 +138,41 @@ void Core::AddSession(uint64_t id, std::weak_ptr<Session> session) {
 void Core::RemoveSession(uint64_t id) {
   std::lock_guard<std::mutex> lock(sessions_mu_);
   sessions_.erase(id);
+}
+
+bool Core::TryOpenSessionSlot() {
+  uint64_t n = sessions_admitted_.load();
+  do {
+    if (options_.max_sessions > 0 && n >= options_.max_sessions) return false;
+  } while (!sessions_admitted_.compare_exchange_weak(n, n + 1));
+  return true;
+}
+
+void Core::ReleaseSessionSlot() { sessions_admitted_.fetch_sub(1); }
+
+absl::StatusOr<SessionInfo> Core::EndSession(uint64_t id, EndCause cause,
+                                             const absl::Status& status) {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    auto it = sessions_.find(id);
+    if (it != sessions_.end()) session = it->second.lock();
+  }
+  if (session == nullptr || session->closed()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no open session has id ", id, ": `offloadctl sessions` lists the open ones"));
+  }
+  SessionInfo info = session->info();
+  session->End(cause, status);
+  return info;
+}
+
+void Core::WatchPid(uint64_t session_id, int32_t pid) {
+  if (pid_watcher_ && pid > 0) pid_watcher_->Watch(session_id, pid);
+}
+
+void Core::UnwatchPid(uint64_t session_id) {
+  if (pid_watcher_) pid_watcher_->Unwatch(session_id);
 }
 
 bool Core::BeginTransfer() {
@@ -255,6 +302,9 @@ CoreStats Core::Stats() {
     if (!info.device_id.empty()) s.sessions.push_back(std::move(info));
   }
   s.sessions_open = s.sessions.size();
+  s.session_quota_bytes = options_.store.session_quota_bytes;
+  s.uid_quota_bytes = options_.store.uid_quota_bytes;
+  s.uid_used_bytes = store_.UidUsedBytes();
   return s;
 }
 

@@ -13,15 +13,19 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "server/copy/copy_engine.h"
 #include "server/pool/arena.h"
 #include "server/sched/host_link.h"
 #include "server/sched/link_scheduler.h"
+#include "server/session/peer.h"
+#include "server/session/pid_watcher.h"
 #include "server/store/block_store.h"
 
 namespace offloadd::session {
 
 class Session;
+enum class EndCause;
 
 // A link as configured or discovered (sched/topology.h): the GPUs (device ids) that share it
 // and its capacity per direction in bytes/s (0 = unpaced).
@@ -61,6 +65,19 @@ struct CoreOptions {
   std::vector<HostLinkSpec> host_links;            // each link under at most one
   double offload_min_share = 0.2;                  // see sched/drr.h
   std::map<std::string, std::string> gpu_bus_ids;  // device id -> PCI address, for stats
+
+  // Isolation and failure handling (README "Failure modes").
+  AccessPolicy access;  // who may open a session / call admin RPCs (session/peer.h)
+  // Requests of one session accepted and not yet answered; more get RESOURCE_EXHAUSTED at once.
+  // Bounds the daemon's memory under a flood. 0 = no limit.
+  uint32_t max_requests_in_flight = 4096;
+  uint32_t max_sessions = 1024;  // sessions open at once (after Hello); 0 = no limit
+  // A session whose process exited while its stream lingers ends this long after the exit is
+  // noticed (pidfd; or /proc polled every pid_poll_interval_seconds where pidfd_open is
+  // unavailable). watch_pids false: only a broken stream ends a session.
+  bool watch_pids = true;
+  double pid_exit_grace_seconds = 2.0;
+  double pid_poll_interval_seconds = 1.0;
 };
 
 struct LinkInfo {
@@ -96,8 +113,11 @@ struct HostLinkInfo {
 struct SessionInfo {
   uint64_t session_id = 0;
   std::string client_name, device_id;
-  uint32_t pid = 0;
+  uint32_t pid = 0;  // the peer's pid in the daemon's PID namespace (Hello's where unknown)
+  bool peer_known = false;
+  uint32_t uid = 0, gid = 0;  // the peer's, when known
   uint64_t blocks = 0, used_bytes = 0;
+  uint64_t requests_in_flight = 0;
 };
 
 struct CoreStats {
@@ -111,6 +131,8 @@ struct CoreStats {
   std::vector<LinkInfo> links;  // configured and discovered ones, and those made on first use
   std::vector<HostLinkInfo> host_links;
   std::vector<SessionInfo> sessions;
+  uint64_t uid_quota_bytes = 0, session_quota_bytes = 0;
+  std::map<uint32_t, uint64_t> uid_used_bytes;  // uids holding pool space
 };
 
 class Core {
@@ -139,6 +161,18 @@ class Core {
   uint64_t NewSessionId() { return next_session_id_.fetch_add(1); }
   void AddSession(uint64_t id, std::weak_ptr<Session> session);
   void RemoveSession(uint64_t id);
+  // Admission of a session at Hello against max_sessions; each true is paired with a release.
+  bool TryOpenSessionSlot();
+  void ReleaseSessionSlot();
+
+  // Ends an open session from the daemon's side (an admin call; its process exited): releases
+  // everything it holds and ends its stream with `status`. Returns what it held just before.
+  // NOT_FOUND for an id that is not open.
+  absl::StatusOr<SessionInfo> EndSession(uint64_t id, EndCause cause, const absl::Status& status);
+  // Pid liveness of sessions (no-ops when options.watch_pids is false).
+  void WatchPid(uint64_t session_id, int32_t pid);
+  void UnwatchPid(uint64_t session_id);
+  size_t pids_watched() const { return pid_watcher_ ? pid_watcher_->watched() : 0; }
 
   // Transfer accounting; Drain waits for every accepted transfer to complete.
   // BeginTransfer fails (returns false) once draining has started.
@@ -187,6 +221,8 @@ class Core {
   std::mutex sessions_mu_;
   std::map<uint64_t, std::weak_ptr<Session>> sessions_;
   std::atomic<uint64_t> next_session_id_{1};
+  std::atomic<uint64_t> sessions_admitted_{0};
+  std::unique_ptr<PidWatcher> pid_watcher_;  // null without watch_pids; reset first in ~Core
 
   std::mutex transfers_mu_;
   std::condition_variable transfers_cv_;

@@ -44,27 +44,41 @@ const char* EndCauseName(EndCause cause) {
     case EndCause::kClosed: return "closed";
     case EndCause::kCrashed: return "crashed";
     case EndCause::kShutdown: return "shutdown";
+    case EndCause::kPidExited: return "pid_exited";
+    case EndCause::kAdmin: return "admin";
   }
   return "unknown";
 }
 
-std::shared_ptr<Session> Session::Create(Core* core, Emit emit) {
-  std::shared_ptr<Session> s(new Session(core, std::move(emit)));
+std::shared_ptr<Session> Session::Create(Core* core, Emit emit, PeerCredentials peer,
+                                         EndStream end_stream) {
+  std::shared_ptr<Session> s(
+      new Session(core, std::move(emit), std::move(peer), std::move(end_stream)));
   core->AddSession(s->id_, s);
   return s;
 }
 
-Session::Session(Core* core, Emit emit)
-    : core_(core), id_(core->NewSessionId()), emit_(std::move(emit)) {}
+Session::Session(Core* core, Emit emit, PeerCredentials peer, EndStream end_stream)
+    : core_(core),
+      id_(core->NewSessionId()),
+      peer_(std::move(peer)),
+      emit_(std::move(emit)),
+      end_stream_(std::move(end_stream)) {}
 
 Session::~Session() { core_->RemoveSession(id_); }
 
-void Session::Send(Completion c) {
+bool Session::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+void Session::Send(Completion c, bool counted) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (counted && requests_in_flight_ > 0) --requests_in_flight_;
   if (emit_) emit_(std::move(c));
 }
 
-void Session::Fail(uint64_t request_id, absl::Status status) {
+void Session::Fail(uint64_t request_id, absl::Status status, bool counted) {
   core_->CountError();
   metrics::Get()
       .request_errors_total->Add({{"code", absl::StatusCodeToString(status.code())}})
@@ -73,10 +87,30 @@ void Session::Fail(uint64_t request_id, absl::Status status) {
   c.request_id = request_id;
   c.kind = CompletionKind::kError;
   c.status = std::move(status);
-  Send(std::move(c));
+  Send(std::move(c), counted);
 }
 
 void Session::Handle(const Request& r) {
+  const uint32_t limit = core_->options().max_requests_in_flight;
+  uint64_t in_flight;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    in_flight = requests_in_flight_;
+    if (limit == 0 || in_flight < limit) ++requests_in_flight_;
+  }
+  if (limit > 0 && in_flight >= limit) {
+    return Fail(r.request_id,
+                absl::ResourceExhaustedError(absl::StrFormat(
+                    "%d requests of this session are already in flight (max_requests_in_flight): "
+                    "wait for completions before sending more",
+                    in_flight)),
+                /*counted=*/false);
+  }
+  Dispatch(r);
+}
+
+void Session::Dispatch(const Request& r) {
   bool hello_done;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -114,6 +148,10 @@ void Session::OnHello(const Request& r) {
                                   "hello without device_id: name the GPU this process uses "
                                   "(its UUID on CUDA, any stable name on shm)"));
   }
+  if (absl::Status st = CheckPeerAllowed(core_->options().access, peer_); !st.ok()) {
+    return Fail(r.request_id, st);
+  }
+  if (absl::Status st = CheckHelloPid(peer_, r.pid); !st.ok()) return Fail(r.request_id, st);
   std::unique_lock<std::mutex> lock(mu_);
   if (hello_done_) {
     lock.unlock();
@@ -121,10 +159,22 @@ void Session::OnHello(const Request& r) {
                 absl::FailedPreconditionError("hello was already sent on this session: open a "
                                               "new stream for another device"));
   }
+  if (closed_) return;
+  if (!core_->TryOpenSessionSlot()) {
+    lock.unlock();
+    return Fail(r.request_id, absl::ResourceExhaustedError(absl::StrFormat(
+                                  "offloadd already serves %d sessions (max_sessions): close "
+                                  "idle clients or raise max_sessions in the daemon config",
+                                  core_->options().max_sessions)));
+  }
   hello_done_ = true;
   client_name_ = r.client_name;
   device_id_ = r.device_id;
-  pid_ = r.pid;
+  pid_ = peer_.known ? static_cast<uint32_t>(peer_.pid) : r.pid;
+  if (peer_.known) {
+    core_->store().SetSessionOwner(id_, peer_.uid);
+    core_->WatchPid(id_, peer_.pid);
+  }
   lock.unlock();
   metrics::Get().sessions_open->Increment();
   Completion c;
@@ -420,7 +470,7 @@ void Session::TagResolved(uint64_t tag, uint64_t block_id, const absl::Status& s
       continue;
     }
     w.block_id = block_id;
-    Handle(w);
+    Dispatch(w);
   }
 }
 
@@ -443,17 +493,27 @@ void Session::OnRelease(const Request& r) {
   Send(std::move(c));
 }
 
-void Session::Close(EndCause cause) {
+void Session::Close(EndCause cause) { CloseWith(cause, nullptr); }
+
+void Session::End(EndCause cause, const absl::Status& status) { CloseWith(cause, &status); }
+
+void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   bool counted;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
     emit_ = nullptr;
+    if (end_status != nullptr && end_stream_) end_stream_(*end_status);
+    end_stream_ = nullptr;
     counted = hello_done_;
     regions_.clear();
     tags_.clear();
     block_tags_.clear();
+  }
+  if (counted) {
+    core_->UnwatchPid(id_);
+    core_->ReleaseSessionSlot();
   }
   core_->store().ReleaseSession(id_);
   auto& m = metrics::Get();
@@ -469,6 +529,10 @@ SessionInfo Session::info() const {
     i.client_name = client_name_;
     i.device_id = device_id_;
     i.pid = pid_;
+    i.peer_known = peer_.known;
+    i.uid = peer_.uid;
+    i.gid = peer_.gid;
+    i.requests_in_flight = requests_in_flight_;
   }
   i.blocks = core_->store().SessionBlocks(id_);
   i.used_bytes = core_->store().SessionUsedBytes(id_);

@@ -4,6 +4,12 @@
 // Protocol rules enforced here (each violation is answered with a Completion carrying a
 // specific status and a sentence saying what to do; the session keeps serving):
 //  - Hello first, exactly once (FAILED_PRECONDITION otherwise); device_id must be non-empty.
+//    With peer credentials (rpc/ reads them from the connection): the peer must pass the access
+//    policy and Hello's pid must name it (PERMISSION_DENIED otherwise, session/peer.h); the
+//    session is then bound to that pid (watched: CoreOptions::watch_pids) and its uid (uid
+//    quota). More than max_sessions open: RESOURCE_EXHAUSTED.
+//  - At most max_requests_in_flight requests accepted and not yet answered; more get
+//    RESOURCE_EXHAUSTED at once (the client should wait for completions before sending more).
 //  - Regions are registered once and named by the id the daemon returns (NOT_FOUND for an
 //    unknown id); every offset + bytes is checked against the region's size (OUT_OF_RANGE).
 //  - Offload of 0 bytes: INVALID_ARGUMENT; larger than the pool or quota: OUT_OF_RANGE; pool
@@ -17,7 +23,8 @@
 //    the tag fail with its status.
 // Every request gets exactly one Completion with its request id. When the stream ends (client
 // exit or crash), Close() releases every block and region the session holds; copies in flight
-// finish first and their completions are dropped.
+// finish first and their completions are dropped. End() does the same from the daemon's side
+// (admin call, process exited) and also ends the stream with a status.
 #ifndef OFFLOADD_SERVER_SESSION_SESSION_H_
 #define OFFLOADD_SERVER_SESSION_SESSION_H_
 
@@ -32,6 +39,7 @@
 #include "absl/status/status.h"
 #include "server/copy/copy_engine.h"
 #include "server/session/core.h"
+#include "server/session/peer.h"
 
 namespace offloadd::session {
 
@@ -92,27 +100,42 @@ struct Completion {
   uint64_t pool_capacity_bytes = 0, session_quota_bytes = 0, chunk_bytes = 0;
 };
 
-enum class EndCause { kClosed, kCrashed, kShutdown };
+// Metric label values: closed (client half-closed), crashed (stream broke), shutdown (daemon
+// stopping), pid_exited (process gone, stream lingered), admin (ended by an admin call).
+enum class EndCause { kClosed, kCrashed, kShutdown, kPidExited, kAdmin };
 const char* EndCauseName(EndCause cause);
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
   using Emit = std::function<void(Completion)>;
-  // `emit` is called from any thread, never after Close() has returned.
-  static std::shared_ptr<Session> Create(Core* core, Emit emit);
+  // Ends the transport stream with a status (rpc/); called at most once, with the session's
+  // lock held: it must not call back into the session.
+  using EndStream = std::function<void(const absl::Status&)>;
+  // `emit` is called from any thread, never after Close() has returned. `peer`: the
+  // connection's credentials (unknown = not checked).
+  static std::shared_ptr<Session> Create(Core* core, Emit emit, PeerCredentials peer = {},
+                                         EndStream end_stream = nullptr);
   ~Session();
 
   void Handle(const Request& request);
   // Ends the session: releases its blocks, waiting offloads and regions. Idempotent.
   void Close(EndCause cause);
+  // Close(cause), and ends the stream with `status` (EndStream). Idempotent with Close.
+  void End(EndCause cause, const absl::Status& status);
 
   SessionInfo info() const;
   uint64_t id() const { return id_; }
+  bool closed() const;
+  const PeerCredentials& peer() const { return peer_; }
 
  private:
-  Session(Core* core, Emit emit);
-  void Send(Completion c);
-  void Fail(uint64_t request_id, absl::Status status);
+  Session(Core* core, Emit emit, PeerCredentials peer, EndStream end_stream);
+  // `counted`: the completion answers a request counted in requests_in_flight_.
+  void Send(Completion c, bool counted = true);
+  void Fail(uint64_t request_id, absl::Status status, bool counted = true);
+  void CloseWith(EndCause cause, const absl::Status* end_status);
+  // Handle() without the in-flight accounting (replays of requests already counted).
+  void Dispatch(const Request& r);
   void OnHello(const Request& r);
   void OnRegister(const Request& r);
   void OnUnregister(const Request& r);
@@ -131,8 +154,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
   Core* const core_;
   const uint64_t id_;
+  const PeerCredentials peer_;
   mutable std::mutex mu_;
   Emit emit_;  // null once closed
+  EndStream end_stream_;  // null once closed
+  uint64_t requests_in_flight_ = 0;
   bool hello_done_ = false;
   bool closed_ = false;
   std::string client_name_, device_id_;

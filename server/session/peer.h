@@ -1,0 +1,67 @@
+// Peer credentials and the access policy built on them.
+//
+// The rpc layer accepts every connection on its own listening socket and reads the connecting
+// process's credentials from the connection's file descriptor (SO_PEERCRED: pid, uid, gid;
+// SO_PEERGROUPS: supplementary groups). A session is bound to them:
+//  - Hello's pid must name the peer: either the pid SO_PEERCRED reports (the daemon's PID
+//    namespace) or, for a client in a child PID namespace (a container), the innermost entry of
+//    the NSpid line of /proc/<peer pid>/status (the pid the client sees for itself). Hello pid 0
+//    means "take the peer's". Anything else: PERMISSION_DENIED.
+//  - allowed_uids / allowed_gids (config) restrict who may open a session, on top of the
+//    socket's file mode and group: empty lists allow everyone who can connect; with either list
+//    set, a peer must match one of them (its uid in allowed_uids, or its primary or a
+//    supplementary group in allowed_gids). PERMISSION_DENIED otherwise.
+//  - Admin calls (ending another process's session, seeing every session in GetStats) need uid
+//    0, the daemon's own effective uid, or a uid in admin_uids.
+#ifndef OFFLOADD_SERVER_SESSION_PEER_H_
+#define OFFLOADD_SERVER_SESSION_PEER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace offloadd::session {
+
+struct PeerCredentials {
+  bool known = false;  // false: connection not accepted through our listener (unit tests)
+  int32_t pid = 0;     // in the daemon's PID namespace
+  uint32_t uid = 0, gid = 0;
+  std::vector<uint32_t> groups;  // supplementary groups (SO_PEERGROUPS), may be empty
+};
+
+struct AccessPolicy {
+  std::vector<uint32_t> allowed_uids;  // empty (and allowed_gids empty): anyone who can connect
+  std::vector<uint32_t> allowed_gids;
+  std::vector<uint32_t> admin_uids;  // besides root and the daemon's own uid
+};
+
+// Reads SO_PEERCRED and SO_PEERGROUPS of a connected Unix socket. Errors: INTERNAL with errno's
+// text when SO_PEERCRED fails (not a Unix socket); missing supplementary groups are not an error.
+absl::StatusOr<PeerCredentials> ReadPeerCredentials(int fd);
+
+// PERMISSION_DENIED (naming the uid/gid and the config fields) when the policy's allow lists
+// exclude the peer; OK for unknown credentials (nothing to check).
+absl::Status CheckPeerAllowed(const AccessPolicy& policy, const PeerCredentials& peer);
+
+// Root, the daemon's effective uid, or a configured admin uid. Unknown credentials: false.
+bool IsAdmin(const AccessPolicy& policy, const PeerCredentials& peer);
+
+// The pids of `pid` in each PID namespace it belongs to, outermost (= `pid`) first, from the
+// NSpid line of <proc_root>/<pid>/status. Just {pid} when the line is absent (old kernels);
+// NOT_FOUND when the process does not exist.
+absl::StatusOr<std::vector<int32_t>> NamespacePids(int32_t pid,
+                                                   const std::string& proc_root = "/proc");
+
+// OK when hello_pid names the peer (see above); PERMISSION_DENIED otherwise. Unknown
+// credentials: OK.
+absl::Status CheckHelloPid(const PeerCredentials& peer, uint32_t hello_pid,
+                           const std::string& proc_root = "/proc");
+
+}  // namespace offloadd::session
+
+#endif  // OFFLOADD_SERVER_SESSION_PEER_H_
