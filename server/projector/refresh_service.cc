@@ -1,0 +1,450 @@
+#include "server/projector/refresh_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "server/metrics/metrics.h"
+
+namespace offloadd::projector {
+namespace {
+
+bool Finished(RefreshState state) {
+  return state == RefreshState::kDone || state == RefreshState::kFailed;
+}
+
+const char* OutcomeOf(const RefreshRecord& r) {
+  if (r.state == RefreshState::kFailed) {
+    if (r.status.code() == absl::StatusCode::kInvalidArgument) return "invalid_input";
+    if (r.status.code() == absl::StatusCode::kUnavailable) return "cancelled";
+    return "error";
+  }
+  if (r.skipped) return "skipped";
+  if (r.result.degenerate) return "degenerate";
+  return "ok";
+}
+
+absl::Status Prefixed(const absl::Status& s, const std::string& prefix) {
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+}  // namespace
+
+// Per-worker memory reused across refreshes (see projector.h, RefreshScratch).
+struct RefreshService::WorkerBuffers {
+  std::unique_ptr<float[]> gradient;  // float storage: aligned for an in-place fp32 refresh
+  size_t capacity_floats = 0;
+  RefreshScratch scratch;
+
+  uint8_t* Gradient(uint64_t bytes) {
+    const size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
+    if (floats > capacity_floats) {
+      gradient.reset();
+      gradient.reset(new float[floats]);
+      capacity_floats = floats;
+    }
+    return reinterpret_cast<uint8_t*>(gradient.get());
+  }
+};
+
+RefreshService::RefreshService(RefreshServiceOptions options, copy::CopyEngine* shm_engine,
+                               copy::CopyEngine* cuda_engine)
+    : options_(std::move(options)), regions_(shm_engine, cuda_engine, options_.region_cache) {
+  CHECK(options_.cpu_backend != nullptr) << "RefreshService needs a cpu_backend";
+  const int workers = std::max(1, options_.workers);
+  for (int i = 0; i < workers; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  metrics::Get().projector_queue_depth->Set(0);
+}
+
+RefreshService::~RefreshService() { Shutdown(); }
+
+double RefreshService::Now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& request) {
+  absl::StatusOr<RefreshLayout> layout = ValidateServiceRequest(request);
+  if (!layout.ok()) return layout.status();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) {
+    return absl::UnavailableError("the projector service is shutting down: resubmit later");
+  }
+  const auto key = std::make_pair(request.parameter_id, request.step);
+  if (auto it = by_key_.find(key); it != by_key_.end()) {
+    return SubmitOutcome{it->second, true, entries_.at(it->second).record.state};
+  }
+  if (request.reset_history) {
+    if (auto h = history_.find(request.parameter_id); h != history_.end()) {
+      if (h->second.projector) history_bytes_ -= h->second.projector->size();
+      history_.erase(h);
+    }
+  } else if (auto h = history_.find(request.parameter_id);
+             h != history_.end() && h->second.last_started_step >= request.step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameter ", request.parameter_id, ": step ", request.step, " is not newer than step ",
+        h->second.last_started_step,
+        ", which has already run (one parameter's refreshes run in increasing step order); "
+        "set reset_history to start over, e.g. after loading an older checkpoint"));
+  }
+  const double now = Now();
+  const uint64_t id = next_id_++;
+  Entry& e = entries_[id];
+  e.request = request;
+  e.submitted_at = now;
+  RefreshRecord& r = e.record;
+  r.id = id;
+  r.parameter_id = request.parameter_id;
+  r.step = request.step;
+  r.batch_id = request.batch_id;
+  r.vector_side = layout->vector_side;
+  r.projector_rows = layout->projector_rows;
+  r.effective_rank = layout->effective_rank;
+  r.dtype = request.dtype;
+  by_key_[key] = id;
+  if (!request.batch_id.empty()) by_batch_[request.batch_id].insert(id);
+  queue_.Push(request.parameter_id, request.step, id);
+  UpdateQueueGaugeLocked();
+  EvictResultsLocked(now);
+  lock.unlock();
+  work_cv_.notify_one();
+  return SubmitOutcome{id, false, RefreshState::kQueued};
+}
+
+void RefreshService::WorkerLoop(int index) {
+  (void)index;
+  WorkerBuffers buffers;
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mu_);
+    absl::optional<FairRefreshQueue::Item> item;
+    work_cv_.wait(lock, [&] {
+      if (stopping_) return true;
+      item = queue_.Pop();
+      return item.has_value();
+    });
+    if (!item) return;  // stopping
+    Entry& e = entries_.at(item->id);
+    const double start = Now();
+    e.record.state = RefreshState::kRunning;
+    e.record.queued_seconds = start - e.submitted_at;
+    ServiceRequest request = std::move(e.request);
+    e.request = ServiceRequest();
+    RefreshRecord record = e.record;
+    History& h = history_[item->parameter];
+    h.last_started_step = std::max(h.last_started_step, item->step);
+    h.last_used = ++tick_;
+    UpdateQueueGaugeLocked();
+
+    std::shared_ptr<const std::vector<uint8_t>> previous;
+    History previous_shape;
+    bool skip = false;
+    if (request.lazy && DecideRefresh(request.lazy_policy, h.lazy) == LazyDecision::kSkip) {
+      h.lazy = AfterSkip(h.lazy);
+      skip = true;
+    } else if (h.projector && h.side == record.vector_side &&
+               h.projector_rows == record.projector_rows) {
+      previous = h.projector;
+      previous_shape = h;
+    }
+    lock.unlock();
+
+    std::vector<uint8_t> written;
+    if (skip) {
+      record.state = RefreshState::kDone;
+      record.skipped = true;
+    } else {
+      RefreshRequest refresh;
+      if (previous) {
+        refresh.previous_projector = {
+            previous->data(),
+            previous->size(),
+            {previous_shape.projector_rows, previous_shape.projector_cols},
+            previous_shape.dtype};
+      }
+      Execute(request, buffers, &refresh, &record);
+      if (record.projector_written) written = std::move(record.result.projector_bytes);
+      record.result.projector_bytes.clear();
+    }
+    record.elapsed_seconds = Now() - start;
+    if (record.state == RefreshState::kDone && !skip) {
+      metrics::Get()
+          .projector_refresh_duration_seconds
+          ->Add({{"method", request.method == SvdMethod::kExact ? "exact" : "randomized"},
+                 {"backend", record.backend}},
+                metrics::DurationBuckets())
+          .Observe(record.elapsed_seconds);
+    }
+
+    lock.lock();
+    auto hit = history_.find(item->parameter);
+    if (hit != history_.end() && !skip && record.state == RefreshState::kDone) {
+      History& hh = hit->second;
+      if (!record.result.degenerate) {
+        if (hh.projector) history_bytes_ -= hh.projector->size();
+        history_bytes_ += written.size();
+        hh.projector = std::make_shared<const std::vector<uint8_t>>(std::move(written));
+        hh.projector_rows = record.projector_rows;
+        hh.projector_cols = record.effective_rank;
+        hh.dtype = record.dtype;
+        hh.side = record.vector_side;
+      }
+      hh.lazy = AfterRefresh(request.lazy_policy, hh.lazy,
+                             record.result.has_similarity
+                                 ? absl::optional<double>(record.result.similarity)
+                                 : absl::nullopt);
+      hh.last_used = ++tick_;
+      EvictHistoryLocked();
+    }
+    queue_.Done(item->parameter);
+    lock.unlock();
+    Finish(item->id, std::move(record));
+  }
+}
+
+void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffers,
+                             RefreshRequest* refresh, RefreshRecord* record) {
+  auto fail = [record](absl::Status status) {
+    record->state = RefreshState::kFailed;
+    record->status = std::move(status);
+  };
+  absl::StatusOr<RefreshLayout> layout = ValidateServiceRequest(request);
+  if (!layout.ok()) return fail(layout.status());
+  const SvdBackend* backend = options_.cpu_backend;
+  if (options_.gpu_backend_for) {
+    if (const SvdBackend* gpu = options_.gpu_backend_for(request.gradient.region)) backend = gpu;
+  }
+
+  // Read G.
+  absl::StatusOr<RegionCache::Opened> g_region = regions_.Open(request.gradient.region);
+  if (!g_region.ok()) return fail(Prefixed(g_region.status(), "gradient_region: "));
+  const uint64_t g_offset = request.gradient.offset_bytes;
+  const uint64_t g_size = g_region->region->size_bytes();
+  if (g_offset > g_size || layout->gradient_bytes > g_size - g_offset) {
+    return fail(absl::OutOfRangeError(absl::StrCat("gradient needs ", layout->gradient_bytes,
+                                                   " bytes at offset ", g_offset,
+                                                   " but its region is ", g_size, " bytes")));
+  }
+  uint8_t* g = buffers.Gradient(layout->gradient_bytes);
+  if (absl::Status s = g_region->engine->CopyChunk(
+          copy::Direction::kDeviceToHost, *g_region->region, g_offset, g, layout->gradient_bytes);
+      !s.ok()) {
+    return fail(Prefixed(s, "reading the gradient: "));
+  }
+
+  // Refresh.
+  refresh->gradient = {g, layout->gradient_bytes, {layout->rows, layout->cols}, request.dtype};
+  refresh->rank = request.rank;
+  refresh->side = request.side;
+  refresh->method = request.method;
+  refresh->randomized = request.randomized;
+  refresh->measure_residual = request.measure_residual;
+  refresh->warm_start = request.warm_start && request.method == SvdMethod::kRandomized &&
+                        refresh->previous_projector.data != nullptr;
+  absl::StatusOr<RefreshResult> result = RefreshProjector(*refresh, *backend, &buffers.scratch);
+  if (!result.ok()) return fail(result.status());
+  record->backend = std::string(backend->name());
+  record->warm_started = refresh->warm_start;
+
+  // Write P (not for a degenerate G: the caller keeps its projector).
+  if (!result->degenerate) {
+    absl::StatusOr<RegionCache::Opened> p_region = regions_.Open(*layout->projector_region);
+    if (!p_region.ok()) return fail(Prefixed(p_region.status(), "projector_region: "));
+    const uint64_t p_offset = request.projector.offset_bytes;
+    const uint64_t p_size = p_region->region->size_bytes();
+    const uint64_t p_bytes = result->projector_bytes.size();
+    if (p_offset > p_size || p_bytes > p_size - p_offset) {
+      return fail(
+          absl::OutOfRangeError(absl::StrCat("projector needs ", p_bytes, " bytes at offset ",
+                                             p_offset, " but its region is ", p_size, " bytes")));
+    }
+    if (absl::Status s =
+            p_region->engine->CopyChunk(copy::Direction::kHostToDevice, *p_region->region, p_offset,
+                                        result->projector_bytes.data(), p_bytes);
+        !s.ok()) {
+      return fail(Prefixed(s, "writing the projector: "));
+    }
+    record->projector_written = true;
+  }
+  record->state = RefreshState::kDone;
+  record->result = *std::move(result);
+}
+
+void RefreshService::Finish(uint64_t id, RefreshRecord record) {
+  metrics::Get().projector_refreshes_total->Add({{"outcome", OutcomeOf(record)}}).Increment();
+  if (record.state == RefreshState::kFailed &&
+      record.status.code() != absl::StatusCode::kInvalidArgument &&
+      record.status.code() != absl::StatusCode::kUnavailable) {
+    LOG(WARNING) << "projector refresh " << id << " (" << record.parameter_id << ", step "
+                 << record.step << ") failed: " << record.status;
+  }
+  std::vector<std::function<void(const RefreshRecord&)>> waiters;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(id);
+    if (it != entries_.end()) {
+      it->second.record = record;
+      waiters = std::move(it->second.waiters);
+      it->second.waiters.clear();
+      const double now = Now();
+      finished_.emplace_back(now, id);
+      EvictResultsLocked(now);
+    }
+    UpdateQueueGaugeLocked();
+  }
+  for (auto& w : waiters) w(record);
+  work_cv_.notify_all();  // the parameter may have more queued
+}
+
+void RefreshService::EvictResultsLocked(double now) {
+  while (!finished_.empty() && (finished_.size() > options_.max_results ||
+                                now - finished_.front().first > options_.result_ttl_seconds)) {
+    const uint64_t id = finished_.front().second;
+    finished_.pop_front();
+    auto it = entries_.find(id);
+    if (it == entries_.end()) continue;
+    const RefreshRecord& r = it->second.record;
+    by_key_.erase({r.parameter_id, r.step});
+    if (!r.batch_id.empty()) {
+      auto b = by_batch_.find(r.batch_id);
+      if (b != by_batch_.end()) {
+        b->second.erase(id);
+        if (b->second.empty()) by_batch_.erase(b);
+      }
+    }
+    entries_.erase(it);
+  }
+}
+
+void RefreshService::EvictHistoryLocked() {
+  while (history_bytes_ > options_.history_bytes || history_.size() > options_.max_parameters) {
+    auto oldest = history_.end();
+    for (auto it = history_.begin(); it != history_.end(); ++it) {
+      // Over the byte budget only entries holding a projector help.
+      if (history_.size() <= options_.max_parameters && !it->second.projector) continue;
+      if (oldest == history_.end() || it->second.last_used < oldest->second.last_used) oldest = it;
+    }
+    if (oldest == history_.end()) break;
+    if (oldest->second.projector) history_bytes_ -= oldest->second.projector->size();
+    history_.erase(oldest);
+  }
+}
+
+void RefreshService::UpdateQueueGaugeLocked() {
+  metrics::Get().projector_queue_depth->Set(
+      static_cast<double>(queue_.queued() + queue_.running()));
+}
+
+absl::StatusOr<RefreshRecord> RefreshService::Get(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no projector refresh with id ", id, ": unknown, or its result expired (results are kept ",
+        options_.result_ttl_seconds, " s, at most ", options_.max_results, ")"));
+  }
+  return it->second.record;
+}
+
+absl::StatusOr<uint64_t> RefreshService::Find(const std::string& parameter_id, int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_key_.find({parameter_id, step});
+  if (it == by_key_.end()) {
+    return absl::NotFoundError(absl::StrCat("no projector refresh for parameter ", parameter_id,
+                                            " at step ", step, ": never submitted, or expired"));
+  }
+  return it->second;
+}
+
+std::vector<uint64_t> RefreshService::BatchIds(const std::string& batch_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_batch_.find(batch_id);
+  if (it == by_batch_.end()) return {};
+  return std::vector<uint64_t>(it->second.begin(), it->second.end());
+}
+
+absl::Status RefreshService::WhenFinished(uint64_t id,
+                                          std::function<void(const RefreshRecord&)> done) {
+  RefreshRecord record;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("no projector refresh with id ", id, ": unknown, or its result expired"));
+    }
+    if (!Finished(it->second.record.state)) {
+      it->second.waiters.push_back(std::move(done));
+      return absl::OkStatus();
+    }
+    record = it->second.record;
+  }
+  done(record);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RefreshRecord> RefreshService::Wait(uint64_t id) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool ready = false;
+    RefreshRecord record;
+  };
+  auto shared = std::make_shared<Shared>();
+  absl::Status s = WhenFinished(id, [shared](const RefreshRecord& r) {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    shared->record = r;
+    shared->ready = true;
+    shared->cv.notify_all();
+  });
+  if (!s.ok()) return s;
+  std::unique_lock<std::mutex> lock(shared->mu);
+  shared->cv.wait(lock, [&] { return shared->ready; });
+  return shared->record;
+}
+
+void RefreshService::Shutdown() {
+  std::lock_guard<std::mutex> once(shutdown_mu_);
+  std::vector<uint64_t> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+    cancelled = queue_.TakeAll();
+  }
+  work_cv_.notify_all();
+  for (uint64_t id : cancelled) {
+    RefreshRecord record;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      record = entries_.at(id).record;
+      entries_.at(id).request = ServiceRequest();
+    }
+    record.state = RefreshState::kFailed;
+    record.status = absl::UnavailableError(
+        "the daemon is shutting down: this refresh did not run; resubmit it when the daemon is "
+        "back");
+    Finish(id, std::move(record));
+  }
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+  regions_.Clear();
+}
+
+RefreshService::Stats RefreshService::stats() const {
+  Stats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.queued = queue_.queued();
+    s.running = queue_.running();
+    s.results_held = entries_.size();
+    s.parameters_held = history_.size();
+    s.history_bytes = history_bytes_;
+  }
+  s.regions_cached = regions_.size();
+  s.region_opens_total = regions_.opens_total();
+  return s;
+}
+
+}  // namespace offloadd::projector

@@ -1,0 +1,191 @@
+// RefreshService: the daemon's GaLore projector refresh service below the RPC layer.
+//
+// Submit() validates a ServiceRequest (service_request.h), de-duplicates it by its key
+// (parameter_id, step) and queues it; it returns at once. Worker threads take refreshes from a
+// FairRefreshQueue (round robin over parameters, step order within one, one refresh of a
+// parameter at a time), and for each:
+//   1. lazy mode: skips it while the parameter's subspace has stayed stable (lazy_policy.h);
+//   2. opens G's region through a RegionCache and copies G (rows x cols, dtype) into a
+//      per-worker buffer with CopyEngine::CopyChunk;
+//   3. runs RefreshProjector (projector.h) with the parameter's previous projector, if the
+//      service still holds it, for similarity and (randomized, warm_start) as the warm start;
+//   4. writes P to its region with CopyChunk — unless G was all zeros (degenerate: P is left as
+//      it was) — and keeps P as the parameter's previous projector;
+//   5. records the result and wakes whoever waits for it.
+//
+// Memory held (all bounded):
+//   - per worker: G's bytes and an fp32 copy for bf16/fp16 (RefreshScratch), grown to the
+//     largest gradient seen;
+//   - history: per parameter the last projector as written (side_dim x r in its dtype), its last
+//     started step and lazy state; at most history_bytes of projectors and max_parameters
+//     entries, least recently refreshed forgotten first (a forgotten parameter's next refresh
+//     has no similarity and starts cold);
+//   - results: finished records (no projector bytes) for GetResult and de-duplication, at most
+//     max_results and result_ttl_seconds each; queued and running ones are never dropped.
+//
+// Backends: `cpu_backend` (LapackSvdBackend) for every refresh, unless `gpu_backend_for` returns
+// a backend for the gradient's region (e.g. cuSOLVER on the GPU holding a CUDA region).
+//
+// Metrics (metrics.h): offloadd_projector_refresh_duration_seconds{method, backend} per computed
+// refresh (read G to P written), offloadd_projector_queue_depth (queued + running),
+// offloadd_projector_refreshes_total{outcome} with outcome ok | degenerate | skipped |
+// invalid_input (the refresh's INVALID_ARGUMENT, e.g. NaN in G) | error | cancelled.
+//
+// Thread-safe. Callbacks given to WhenFinished run on a worker thread (or the caller's, for a
+// refresh already finished) without the service's lock held; they must not block for long.
+#ifndef OFFLOADD_SERVER_PROJECTOR_REFRESH_SERVICE_H_
+#define OFFLOADD_SERVER_PROJECTOR_REFRESH_SERVICE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/copy/copy_engine.h"
+#include "server/projector/projector.h"
+#include "server/projector/refresh_queue.h"
+#include "server/projector/region_cache.h"
+#include "server/projector/service_request.h"
+
+namespace offloadd::projector {
+
+enum class RefreshState { kQueued = 0, kRunning = 1, kDone = 2, kFailed = 3 };
+
+// What GetResult reports about one refresh.
+struct RefreshRecord {
+  uint64_t id = 0;
+  std::string parameter_id;
+  int64_t step = 0;
+  std::string batch_id;
+  RefreshState state = RefreshState::kQueued;
+  absl::Status status;  // kFailed: why (the message says what to do)
+
+  bool projector_written = false;  // P is in its region now
+  bool skipped = false;            // lazy mode skipped it; P left as it was
+  bool warm_started = false;
+  RefreshResult result;  // kDone and not skipped; projector_bytes is always empty here
+  // Shape facts known at submit (also filled for skipped / failed refreshes).
+  VectorSide vector_side = VectorSide::kLeft;
+  int64_t projector_rows = 0;
+  int64_t effective_rank = 0;
+  DType dtype = DType::kFloat32;
+
+  std::string backend;         // backend name ("" when nothing was computed)
+  double queued_seconds = 0;   // submit to start
+  double elapsed_seconds = 0;  // start to finish: read G, compute, write P
+};
+
+struct SubmitOutcome {
+  uint64_t id = 0;
+  bool deduplicated = false;
+  RefreshState state = RefreshState::kQueued;
+};
+
+struct RefreshServiceOptions {
+  int workers = 1;
+  const SvdBackend* cpu_backend = nullptr;  // required; must outlive the service
+  // Optional: a backend for gradients in this region (nullptr = cpu_backend).
+  std::function<const SvdBackend*(const copy::RegionSpec&)> gpu_backend_for;
+  uint64_t history_bytes = 256ull << 20;
+  size_t max_parameters = 65536;
+  size_t max_results = 4096;
+  double result_ttl_seconds = 600;
+  RegionCacheOptions region_cache;
+};
+
+class RefreshService {
+ public:
+  // `shm_engine` opens shm regions, `cuda_engine` CUDA IPC handles (either may be null; see
+  // RegionCache). Both must outlive the service. Starts the workers.
+  RefreshService(RefreshServiceOptions options, copy::CopyEngine* shm_engine,
+                 copy::CopyEngine* cuda_engine);
+  ~RefreshService();  // Shutdown()
+
+  // Queues a refresh, or returns the existing one for a known key (deduplicated = true; the
+  // first request's parameters stand). Errors: ValidateServiceRequest's; FAILED_PRECONDITION
+  // when `step` is older than a step of this parameter that has already started (steps must
+  // increase; set reset_history to start over); UNAVAILABLE after Shutdown.
+  absl::StatusOr<SubmitOutcome> Submit(const ServiceRequest& request);
+
+  // NOT_FOUND when unknown or expired.
+  absl::StatusOr<RefreshRecord> Get(uint64_t id) const;
+  absl::StatusOr<uint64_t> Find(const std::string& parameter_id, int64_t step) const;
+  // Ids submitted with this batch id and still held (oldest first); empty when none.
+  std::vector<uint64_t> BatchIds(const std::string& batch_id) const;
+
+  // Calls `done` exactly once with the record when refresh `id` has finished (kDone or
+  // kFailed) — at once, on this thread, if it already has. NOT_FOUND when unknown.
+  absl::Status WhenFinished(uint64_t id, std::function<void(const RefreshRecord&)> done);
+  // Blocks until refresh `id` has finished (tests, benchmarks).
+  absl::StatusOr<RefreshRecord> Wait(uint64_t id);
+
+  // Stops taking work: queued refreshes fail with UNAVAILABLE (their waiters are told), running
+  // ones finish, workers are joined. Idempotent.
+  void Shutdown();
+
+  struct Stats {
+    size_t queued = 0, running = 0, results_held = 0, parameters_held = 0;
+    uint64_t history_bytes = 0;
+    size_t regions_cached = 0;
+    uint64_t region_opens_total = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct History {
+    std::shared_ptr<const std::vector<uint8_t>> projector;  // as written; null = none
+    int64_t projector_rows = 0, projector_cols = 0;
+    DType dtype = DType::kFloat32;
+    VectorSide side = VectorSide::kLeft;
+    int64_t last_started_step = -1;
+    LazyRefreshState lazy;
+    uint64_t last_used = 0;  // LRU tick
+  };
+  struct Entry {
+    RefreshRecord record;
+    ServiceRequest request;  // cleared once finished
+    double submitted_at = 0;
+    std::vector<std::function<void(const RefreshRecord&)>> waiters;
+  };
+  struct WorkerBuffers;
+
+  void WorkerLoop(int index);
+  // Runs one refresh outside the lock: reads G, fills and runs *refresh (whose
+  // previous_projector the caller has set), writes P; fills *record (state kDone or kFailed).
+  void Execute(const ServiceRequest& request, WorkerBuffers& buffers, RefreshRequest* refresh,
+               RefreshRecord* record);
+  void Finish(uint64_t id, RefreshRecord record);  // lock not held
+  void EvictResultsLocked(double now);
+  void EvictHistoryLocked();
+  void UpdateQueueGaugeLocked();
+  double Now() const;
+
+  RefreshServiceOptions options_;
+  RegionCache regions_;
+  std::mutex shutdown_mu_;  // serialises Shutdown calls
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;
+  bool stopping_ = false;
+  uint64_t next_id_ = 1;
+  uint64_t tick_ = 0;
+  FairRefreshQueue queue_;
+  std::map<uint64_t, Entry> entries_;
+  std::map<std::pair<std::string, int64_t>, uint64_t> by_key_;
+  std::map<std::string, std::set<uint64_t>> by_batch_;
+  std::deque<std::pair<double, uint64_t>> finished_;  // (finish time, id), oldest first
+  std::map<std::string, History> history_;
+  uint64_t history_bytes_ = 0;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace offloadd::projector
+
+#endif  // OFFLOADD_SERVER_PROJECTOR_REFRESH_SERVICE_H_

@@ -1,0 +1,444 @@
+#include "server/projector/refresh_service.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/copy/shm_engine.h"
+#include "server/projector/dtype.h"
+#include "server/projector/lapack_backend.h"
+#include "server/projector/subspace_metrics.h"
+#include "server/projector/synthetic.h"
+
+namespace offloadd::projector {
+namespace {
+
+// A shared-memory object mapped in the test: the "client memory" G and P live in.
+class Shm {
+ public:
+  explicit Shm(uint64_t bytes) : name_(NewName()), bytes_(bytes) {
+    int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, bytes_), 0);
+    map_ = static_cast<uint8_t*>(mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+  }
+  ~Shm() {
+    munmap(map_, bytes_);
+    shm_unlink(name_.c_str());
+  }
+  copy::RegionSpec Spec() const {
+    copy::RegionSpec s;
+    s.shm_name = name_;
+    s.size_bytes = bytes_;
+    s.device_id = "cpu";
+    return s;
+  }
+  uint8_t* data() { return map_; }
+
+ private:
+  static std::string NewName() {
+    static int n = 0;
+    return "/ofd-rs-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+  }
+  std::string name_;
+  uint64_t bytes_;
+  uint8_t* map_ = nullptr;
+};
+
+constexpr uint64_t kProjectorOffset = 1 << 20;  // G at 0, P at 1 MiB
+
+// LAPACK behind a gate: records the first element of every matrix it is given (a tag telling
+// the tests which gradient ran) and, while closed, blocks each call until opened.
+class GatedBackend : public SvdBackend {
+ public:
+  absl::string_view name() const override { return "gated-lapack"; }
+  absl::StatusOr<TopSingular> Exact(DenseMatrix a, VectorSide side, int64_t k) const override {
+    Enter(a);
+    return lapack_.Exact(a, side, k);
+  }
+  absl::StatusOr<TopSingular> Randomized(DenseMatrix a, VectorSide side, int64_t k,
+                                         const RandomizedOptions& o,
+                                         DenseMatrix warm) const override {
+    Enter(a);
+    return lapack_.Randomized(a, side, k, o, warm);
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = false;
+    cv_.notify_all();
+  }
+  void WaitForCalls(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return tags_.size() >= n; });
+  }
+  std::vector<float> tags() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tags_;
+  }
+
+ private:
+  void Enter(DenseMatrix a) const {
+    std::unique_lock<std::mutex> lock(mu_);
+    tags_.push_back(a.data[0]);
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return !closed_; });
+  }
+  LapackSvdBackend lapack_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable bool closed_ = false;
+  mutable std::vector<float> tags_;
+};
+
+class RefreshServiceTest : public ::testing::Test {
+ protected:
+  void Start(RefreshServiceOptions options = {}) {
+    if (options.cpu_backend == nullptr) options.cpu_backend = &backend_;
+    service_ = std::make_unique<RefreshService>(options, &engine_, nullptr);
+  }
+  ServiceRequest Request(Shm& shm, const std::string& parameter, int64_t step, int64_t rows,
+                         int64_t cols, int64_t rank, DType dtype = DType::kFloat32) {
+    ServiceRequest r;
+    r.parameter_id = parameter;
+    r.step = step;
+    r.gradient.region = shm.Spec();
+    r.shape = {rows, cols};
+    r.dtype = dtype;
+    r.rank = rank;
+    r.side = ProjectionSide::kStd;
+    r.projector.offset_bytes = kProjectorOffset;
+    return r;
+  }
+  static void WriteG(Shm& shm, const std::vector<float>& g, DType dtype = DType::kFloat32) {
+    ConvertFromFloat32(g.data(), g.size(), dtype, shm.data());
+  }
+  static std::vector<float> ReadP(Shm& shm, const RefreshRecord& r) {
+    std::vector<float> p(r.projector_rows * r.effective_rank);
+    ConvertToFloat32(shm.data() + kProjectorOffset, r.dtype, p.size(), p.data());
+    return p;
+  }
+  RefreshRecord SubmitAndWait(const ServiceRequest& r) {
+    auto submitted = service_->Submit(r);
+    EXPECT_TRUE(submitted.ok()) << submitted.status();
+    if (!submitted.ok()) return {};
+    auto record = service_->Wait(submitted->id);
+    EXPECT_TRUE(record.ok()) << record.status();
+    return record.ok() ? *record : RefreshRecord{};
+  }
+
+  GatedBackend backend_;
+  copy::ShmCopyEngine engine_;
+  std::unique_ptr<RefreshService> service_;
+};
+
+std::vector<float> Decaying(int64_t m, int64_t n, uint64_t seed) {
+  return LowRankPlusNoise(m, n, GeometricSpectrum(std::min(m, n) / 2, 10.0, 0.9), 0.001, seed);
+}
+
+TEST_F(RefreshServiceTest, WritesTheLibrarysProjectorIntoClientMemory) {
+  Start();
+  Shm shm(2 << 20);
+  const int64_t m = 96, n = 48, r = 8;
+  std::vector<float> g = Decaying(m, n, 1);
+  WriteG(shm, g);
+  RefreshRecord rec = SubmitAndWait(Request(shm, "w", 0, m, n, r));
+  ASSERT_EQ(rec.state, RefreshState::kDone) << rec.status;
+  EXPECT_TRUE(rec.projector_written);
+  EXPECT_EQ(rec.vector_side, VectorSide::kRight);
+  EXPECT_EQ(rec.projector_rows, n);
+  EXPECT_EQ(rec.backend, "gated-lapack");
+  EXPECT_LE(rec.result.residual_ratio, 1.05);
+  EXPECT_LE(rec.result.orthogonality_error, 1e-5);
+  EXPECT_FALSE(rec.result.has_similarity);
+  EXPECT_TRUE(rec.result.projector_bytes.empty());
+
+  // The bytes in client memory are exactly what the library computes for the same G.
+  RefreshRequest direct;
+  direct.gradient = {g.data(), g.size() * 4, {m, n}, DType::kFloat32};
+  direct.rank = r;
+  auto expected = RefreshProjector(direct, LapackSvdBackend());
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(std::memcmp(shm.data() + kProjectorOffset, expected->projector_bytes.data(),
+                        expected->projector_bytes.size()),
+            0);
+  std::vector<float> p = ReadP(shm, rec);
+  EXPECT_LE(OrthogonalityError(p.data(), n, r), 1e-5);
+}
+
+TEST_F(RefreshServiceTest, Bf16GradientGetsABf16Projector) {
+  Start();
+  Shm shm(2 << 20);
+  const int64_t m = 40, n = 120, r = 6;
+  WriteG(shm, Decaying(m, n, 2), DType::kBFloat16);
+  RefreshRecord rec = SubmitAndWait(Request(shm, "w", 0, m, n, r, DType::kBFloat16));
+  ASSERT_EQ(rec.state, RefreshState::kDone) << rec.status;
+  EXPECT_EQ(rec.vector_side, VectorSide::kLeft);  // std, m < n
+  EXPECT_EQ(rec.result.projector_dtype, DType::kBFloat16);
+  std::vector<float> p = ReadP(shm, rec);
+  // bf16 rounding: the reported error is the one of P as written.
+  EXPECT_NEAR(OrthogonalityError(p.data(), m, r), rec.result.orthogonality_error, 1e-9);
+  EXPECT_LT(rec.result.orthogonality_error, 2e-2);
+}
+
+TEST_F(RefreshServiceTest, RepeatedKeyIsDeduplicated) {
+  Start();
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(32, 32, 3));
+  ServiceRequest req = Request(shm, "w", 200, 32, 32, 4);
+  auto a = service_->Submit(req);
+  auto b = service_->Submit(req);  // e.g. from a second micro-batch
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_FALSE(a->deduplicated);
+  EXPECT_TRUE(b->deduplicated);
+  EXPECT_EQ(a->id, b->id);
+  ASSERT_TRUE(service_->Wait(a->id).ok());
+  auto c = service_->Submit(req);  // after it finished, too
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->deduplicated);
+  EXPECT_EQ(c->state, RefreshState::kDone);
+  EXPECT_EQ(backend_.tags().size(), 1u);
+  auto found = service_->Find("w", 200);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(*found, a->id);
+}
+
+TEST_F(RefreshServiceTest, StepsOfAParameterMustIncreaseUnlessHistoryIsReset) {
+  Start();
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(32, 32, 4));
+  ASSERT_EQ(SubmitAndWait(Request(shm, "w", 400, 32, 32, 4)).state, RefreshState::kDone);
+  auto old = service_->Submit(Request(shm, "w", 200, 32, 32, 4));
+  ASSERT_FALSE(old.ok());
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition) << old.status();
+  ServiceRequest reset = Request(shm, "w", 200, 32, 32, 4);
+  reset.reset_history = true;
+  RefreshRecord rec = SubmitAndWait(reset);
+  EXPECT_EQ(rec.state, RefreshState::kDone);
+  EXPECT_FALSE(rec.result.has_similarity);  // history was forgotten
+}
+
+TEST_F(RefreshServiceTest, SimilarityAndWarmStartUseThePreviousProjector) {
+  Start();
+  Shm shm(2 << 20);
+  const int64_t m = 80, n = 60, r = 6;
+  WriteG(shm, Decaying(m, n, 5));
+  ServiceRequest req = Request(shm, "w", 0, m, n, r);
+  req.method = SvdMethod::kRandomized;
+  RefreshRecord first = SubmitAndWait(req);
+  ASSERT_EQ(first.state, RefreshState::kDone) << first.status;
+  EXPECT_FALSE(first.warm_started);
+  req.step = 200;
+  req.warm_start = true;
+  RefreshRecord same = SubmitAndWait(req);
+  ASSERT_EQ(same.state, RefreshState::kDone) << same.status;
+  EXPECT_TRUE(same.warm_started);
+  ASSERT_TRUE(same.result.has_similarity);
+  EXPECT_GT(same.result.similarity, 0.999);
+  // A gradient with an unrelated spectrum moves the subspace.
+  WriteG(shm, Decaying(m, n, 99));
+  req.step = 400;
+  RefreshRecord moved = SubmitAndWait(req);
+  ASSERT_EQ(moved.state, RefreshState::kDone);
+  ASSERT_TRUE(moved.result.has_similarity);
+  EXPECT_LT(moved.result.similarity, 0.5);
+}
+
+TEST_F(RefreshServiceTest, AllZeroGradientIsDegenerateAndLeavesTheProjector) {
+  Start();
+  Shm shm(2 << 20);
+  const int64_t m = 64, n = 32, r = 4;
+  WriteG(shm, Decaying(m, n, 6));
+  RefreshRecord first = SubmitAndWait(Request(shm, "w", 0, m, n, r));
+  ASSERT_EQ(first.state, RefreshState::kDone);
+  std::vector<uint8_t> before(shm.data() + kProjectorOffset,
+                              shm.data() + kProjectorOffset + n * r * 4);
+  std::memset(shm.data(), 0, m * n * 4);
+  RefreshRecord zero = SubmitAndWait(Request(shm, "w", 200, m, n, r));
+  ASSERT_EQ(zero.state, RefreshState::kDone) << zero.status;
+  EXPECT_TRUE(zero.result.degenerate);
+  EXPECT_FALSE(zero.projector_written);
+  EXPECT_EQ(std::memcmp(before.data(), shm.data() + kProjectorOffset, before.size()), 0);
+  // The previous projector is still the parameter's: the next refresh compares with it.
+  WriteG(shm, Decaying(m, n, 6));
+  RefreshRecord again = SubmitAndWait(Request(shm, "w", 400, m, n, r));
+  ASSERT_TRUE(again.result.has_similarity);
+  EXPECT_GT(again.result.similarity, 0.999);
+}
+
+TEST_F(RefreshServiceTest, NonFiniteGradientFailsNamingTheRow) {
+  Start();
+  Shm shm(2 << 20);
+  const int64_t m = 64, n = 32;
+  std::vector<float> g = Decaying(m, n, 7);
+  g[17 * n + 3] = std::numeric_limits<float>::quiet_NaN();
+  g[40 * n] = std::numeric_limits<float>::infinity();
+  WriteG(shm, g);
+  RefreshRecord rec = SubmitAndWait(Request(shm, "w", 0, m, n, 4));
+  ASSERT_EQ(rec.state, RefreshState::kFailed);
+  EXPECT_EQ(rec.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rec.status.message().find("row 17"), std::string::npos) << rec.status;
+  EXPECT_FALSE(rec.projector_written);
+  EXPECT_TRUE(backend_.tags().empty());  // rejected before any SVD
+}
+
+TEST_F(RefreshServiceTest, HugeMagnitudesAreRescaled) {
+  Start();
+  Shm shm(2 << 20);
+  const int64_t m = 48, n = 48, r = 4;
+  std::vector<float> g = Decaying(m, n, 8);
+  for (float& x : g) x *= 1e30f;  // squares overflow fp32
+  WriteG(shm, g);
+  RefreshRecord rec = SubmitAndWait(Request(shm, "w", 0, m, n, r));
+  ASSERT_EQ(rec.state, RefreshState::kDone) << rec.status;
+  EXPECT_TRUE(std::isfinite(rec.result.gradient_fro));
+  EXPECT_GT(rec.result.singular_values[0], 1e30);
+  EXPECT_LE(rec.result.orthogonality_error, 1e-5);
+  EXPECT_LE(rec.result.residual_ratio, 1.05);
+}
+
+TEST_F(RefreshServiceTest, LazyModeSkipsWhileTheSubspaceIsStable) {
+  Start();
+  Shm shm(2 << 20);
+  const int64_t m = 48, n = 32, r = 4;
+  WriteG(shm, Decaying(m, n, 9));
+  std::vector<bool> skipped;
+  for (int step = 0; step < 6; ++step) {
+    ServiceRequest req = Request(shm, "w", step * 200, m, n, r);
+    req.lazy = true;
+    req.lazy_policy.similarity_threshold = 0.9;
+    req.lazy_policy.stable_refreshes_before_skip = 1;
+    req.lazy_policy.max_consecutive_skips = 2;
+    RefreshRecord rec = SubmitAndWait(req);
+    ASSERT_EQ(rec.state, RefreshState::kDone) << rec.status;
+    EXPECT_EQ(rec.projector_written, !rec.skipped);
+    skipped.push_back(rec.skipped);
+  }
+  // 0: first (no similarity); 1: stable; 2, 3: skipped; 4: forced; 5: skipped again.
+  EXPECT_EQ(skipped, (std::vector<bool>{false, false, true, true, false, true}));
+  EXPECT_EQ(backend_.tags().size(), 3u);
+}
+
+// Gradient for parameter `tag`: its first element is the tag, so GatedBackend's log says which
+// ran.
+std::vector<float> Tagged(int64_t m, int64_t n, float tag) {
+  std::vector<float> g = Decaying(m, n, static_cast<uint64_t>(tag));
+  g[0] = tag;
+  return g;
+}
+
+TEST_F(RefreshServiceTest, ParametersAreServedRoundRobinInStepOrder) {
+  Start();  // one worker
+  const int64_t m = 24, n = 16, r = 2;
+  Shm big(2 << 20), a(2 << 20), b(2 << 20);
+  WriteG(big, Tagged(m, n, 100));
+  WriteG(a, Tagged(m, n, 200));
+  WriteG(b, Tagged(m, n, 300));
+  backend_.Close();
+  auto first = service_->Submit(Request(big, "big", 0, m, n, r));
+  ASSERT_TRUE(first.ok());
+  backend_.WaitForCalls(1);  // big@0 is running, blocked in the backend
+  std::vector<uint64_t> ids;
+  for (int64_t step : {3, 1, 2}) {
+    auto s = service_->Submit(Request(big, "big", step, m, n, r));
+    ASSERT_TRUE(s.ok());
+    ids.push_back(s->id);
+  }
+  for (auto* shm : {&a, &b}) {
+    auto s = service_->Submit(Request(*shm, shm == &a ? "a" : "b", 0, m, n, r));
+    ASSERT_TRUE(s.ok());
+    ids.push_back(s->id);
+  }
+  EXPECT_EQ(service_->stats().queued, 5u);
+  backend_.Open();
+  for (uint64_t id : ids) ASSERT_TRUE(service_->Wait(id).ok());
+  // big's backlog does not hold a and b back; big's own steps run in order (1, 2, 3: same tag).
+  EXPECT_EQ(backend_.tags(), (std::vector<float>{100, 200, 300, 100, 100, 100}));
+  auto s3 = service_->Get(ids[0]), s1 = service_->Get(ids[1]);
+  ASSERT_TRUE(s3.ok() && s1.ok());
+  EXPECT_GT(s3->queued_seconds, s1->queued_seconds);  // step 3 started after step 1
+}
+
+TEST_F(RefreshServiceTest, ShutdownFailsQueuedRefreshesAndFinishesTheRunningOne) {
+  Start();
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 10));
+  backend_.Close();
+  auto running = service_->Submit(Request(shm, "a", 0, 24, 16, 2));
+  ASSERT_TRUE(running.ok());
+  backend_.WaitForCalls(1);
+  auto queued = service_->Submit(Request(shm, "b", 0, 24, 16, 2));
+  ASSERT_TRUE(queued.ok());
+  std::thread stopper([&] { service_->Shutdown(); });
+  auto cancelled = service_->Wait(queued->id);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state, RefreshState::kFailed);
+  EXPECT_EQ(cancelled->status.code(), absl::StatusCode::kUnavailable);
+  backend_.Open();
+  stopper.join();
+  auto done = service_->Get(running->id);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state, RefreshState::kDone);
+  auto late = service_->Submit(Request(shm, "c", 0, 24, 16, 2));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(RefreshServiceTest, ResultsAndHistoryAreBounded) {
+  RefreshServiceOptions options;
+  options.max_results = 2;
+  options.history_bytes = 16 * 2 * 4;  // exactly one 16 x 2 fp32 projector
+  Start(options);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 11));
+  RefreshRecord a0 = SubmitAndWait(Request(shm, "a", 0, 24, 16, 2));
+  RefreshRecord b0 = SubmitAndWait(Request(shm, "b", 0, 24, 16, 2));  // forgets a's projector
+  RefreshRecord b1 = SubmitAndWait(Request(shm, "b", 1, 24, 16, 2));
+  EXPECT_EQ(service_->Get(a0.id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Find("a", 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(service_->Get(b0.id).ok());
+  EXPECT_TRUE(b1.result.has_similarity);
+  EXPECT_EQ(service_->stats().history_bytes, 16u * 2 * 4);
+  RefreshRecord a1 = SubmitAndWait(Request(shm, "a", 1, 24, 16, 2));
+  EXPECT_EQ(a1.state, RefreshState::kDone);
+  EXPECT_FALSE(a1.result.has_similarity);  // a's projector had been forgotten
+}
+
+TEST_F(RefreshServiceTest, MissingRegionAndUnknownIdsAreNotFound) {
+  Start();
+  Shm shm(2 << 20);
+  ServiceRequest req = Request(shm, "w", 0, 16, 16, 2);
+  req.gradient.region.shm_name = "/ofd-no-such-object";
+  RefreshRecord rec = SubmitAndWait(req);
+  EXPECT_EQ(rec.state, RefreshState::kFailed);
+  EXPECT_EQ(rec.status.code(), absl::StatusCode::kNotFound) << rec.status;
+  EXPECT_EQ(service_->Get(12345).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->WhenFinished(12345, [](const RefreshRecord&) {}).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(RefreshServiceTest, RepeatedRefreshesReuseTheOpenedRegion) {
+  Start();
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 12));
+  for (int step = 0; step < 4; ++step) {
+    ASSERT_EQ(SubmitAndWait(Request(shm, "w", step, 24, 16, 2)).state, RefreshState::kDone);
+  }
+  EXPECT_EQ(service_->stats().region_opens_total, 1u);
+}
+
+}  // namespace
+}  // namespace offloadd::projector

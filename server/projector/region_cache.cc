@@ -1,0 +1,98 @@
+#include "server/projector/region_cache.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace offloadd::projector {
+namespace {
+
+std::string KeyOf(const copy::RegionSpec& spec) {
+  return absl::StrCat(spec.shm_name.empty() ? "cuda:" : "shm:",
+                      spec.shm_name.empty() ? spec.cuda_ipc_handle : spec.shm_name, "|",
+                      spec.size_bytes, "|", spec.device_id);
+}
+
+// Inode of /dev/shm/<name> (where Linux keeps shm_open objects), 0 when absent.
+uint64_t ShmInode(const std::string& name) {
+  struct stat st;
+  if (stat(("/dev/shm" + name).c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+}  // namespace
+
+RegionCache::RegionCache(copy::CopyEngine* shm_engine, copy::CopyEngine* cuda_engine,
+                         RegionCacheOptions options)
+    : shm_engine_(shm_engine), cuda_engine_(cuda_engine), options_(std::move(options)) {}
+
+double RegionCache::Now() const {
+  if (options_.now_seconds) return options_.now_seconds();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+absl::StatusOr<RegionCache::Opened> RegionCache::Open(const copy::RegionSpec& spec) {
+  const bool shm = !spec.shm_name.empty();
+  copy::CopyEngine* engine = shm ? shm_engine_ : cuda_engine_;
+  if (engine == nullptr) {
+    return absl::FailedPreconditionError(
+        shm ? "this daemon cannot open shm regions for projector refreshes"
+            : "this daemon runs without the cuda backend, so it cannot open CUDA IPC handles: "
+              "start it with backend \"cuda\" on the GPU node, or stage G and P in shared "
+              "memory");
+  }
+  const std::string key = KeyOf(spec);
+  const uint64_t inode = shm ? ShmInode(spec.shm_name) : 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  const double now = Now();
+  // Close idle entries (a client that stopped refreshing should not keep its memory mapped).
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (now - it->last_used > options_.idle_seconds) {
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->key != key) continue;
+    if (shm && it->inode != inode) {  // gone or replaced: never serve the old object's memory
+      entries_.erase(it);
+      break;
+    }
+    it->last_used = now;
+    entries_.splice(entries_.begin(), entries_, it);
+    return entries_.front().opened;
+  }
+  if (shm && inode == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("shared-memory object ", spec.shm_name,
+                     " does not exist: keep it linked until its refreshes have finished"));
+  }
+  absl::StatusOr<std::shared_ptr<copy::Region>> region = engine->OpenRegion(spec);
+  if (!region.ok()) return region.status();
+  ++opens_total_;
+  entries_.push_front(Entry{key, inode, Opened{*std::move(region), engine}, now});
+  while (entries_.size() > options_.max_entries) entries_.pop_back();
+  return entries_.front().opened;
+}
+
+void RegionCache::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.clear();
+}
+
+size_t RegionCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+uint64_t RegionCache::opens_total() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return opens_total_;
+}
+
+}  // namespace offloadd::projector
