@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -14,7 +15,9 @@
 #include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_posix.h"
 #include "proto/offload.grpc.pb.h"
+#include "server/rpc/peer_listener.h"
 #include "server/rpc/translate.h"
 
 namespace offloadd::rpc {
@@ -25,10 +28,11 @@ namespace {
 class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage> {
  public:
   SessionReactor(session::Core* core, grpc::CallbackServerContext* ctx,
-                 const std::atomic<bool>* shutting_down)
+                 const std::atomic<bool>* shutting_down, session::PeerCredentials peer)
       : ctx_(ctx), shutting_down_(shutting_down) {
     session_ = session::Session::Create(
-        core, [this](session::Completion c) { Enqueue(std::move(c)); });
+        core, [this](session::Completion c) { Enqueue(std::move(c)); }, std::move(peer),
+        [this](const absl::Status& status) { EndStream(status); });
     StartRead(&in_);
   }
 
@@ -36,6 +40,12 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
     if (ok) {
       for (const v1::Request& r : in_.requests()) session_->Handle(FromProto(r));
       in_.Clear();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;
+      if (out_pending_.responses_size() >= Server::kMaxQueuedResponses && writing_) {
+        read_paused_ = true;  // resumed by OnWriteDone once the client reads again
+        return;
+      }
       StartRead(&in_);
       return;
     }
@@ -61,6 +71,11 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
     } else {
       MaybeFinishLocked();
     }
+    if (read_paused_ && !finished_ && !finish_requested_ &&
+        out_pending_.responses_size() < Server::kMaxQueuedResponses) {
+      read_paused_ = false;
+      StartRead(&in_);
+    }
   }
 
   void OnDone() override {
@@ -84,8 +99,18 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
   void MaybeFinishLocked() {
     if (finish_requested_ && !writing_ && out_pending_.responses_size() == 0 && !finished_) {
       finished_ = true;
-      Finish(grpc::Status::OK);
+      Finish(finish_status_);
     }
+  }
+  // The daemon ended the session (admin call, process exited): the session is already closed,
+  // so nothing more is queued; finish once the write in flight is done. Called with the
+  // session's lock held (reactions never run inline, so Finish cannot re-enter it).
+  void EndStream(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    finish_status_ = ToGrpcStatus(status);
+    finish_requested_ = true;
+    out_pending_.Clear();
+    MaybeFinishLocked();
   }
 
   grpc::CallbackServerContext* ctx_;
@@ -96,21 +121,69 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
   v1::ServerMessage out_;          // being written
   v1::ServerMessage out_pending_;  // responses queued since the last write started
   bool writing_ = false, broken_ = false, finish_requested_ = false, finished_ = false;
+  bool read_paused_ = false;
+  grpc::Status finish_status_ = grpc::Status::OK;
 };
 
 class OffloadService : public v1::Offload::CallbackService {
  public:
-  explicit OffloadService(session::Core* core) : core_(core) {}
+  OffloadService(session::Core* core, const PeerListener* listener)
+      : core_(core), listener_(listener) {}
 
   grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Session(
       grpc::CallbackServerContext* ctx) override {
-    return new SessionReactor(core_, ctx, &shutting_down_);
+    return new SessionReactor(core_, ctx, &shutting_down_, listener_->Lookup(ctx->peer()));
   }
 
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
                                      const v1::GetStatsRequest*, v1::Stats* out) override {
-    ToProto(core_->Stats(), out);
+    session::CoreStats stats = core_->Stats();
+    const session::PeerCredentials caller = listener_->Lookup(ctx->peer());
+    if (!session::IsAdmin(core_->options().access, caller)) {
+      // Isolation: a user sees its own sessions and usage only.
+      auto foreign = [&](const session::SessionInfo& i) {
+        return !caller.known || !i.peer_known || i.uid != caller.uid;
+      };
+      stats.sessions.erase(std::remove_if(stats.sessions.begin(), stats.sessions.end(), foreign),
+                           stats.sessions.end());
+      for (auto it = stats.uid_used_bytes.begin(); it != stats.uid_used_bytes.end();) {
+        it = caller.known && it->first == caller.uid ? std::next(it)
+                                                      : stats.uid_used_bytes.erase(it);
+      }
+      out->set_sessions_filtered(true);
+    }
+    ToProto(stats, out);
     auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* EndSession(grpc::CallbackServerContext* ctx,
+                                       const v1::EndSessionRequest* request,
+                                       v1::EndSessionReply* reply) override {
+    auto* reactor = ctx->DefaultReactor();
+    const session::PeerCredentials caller = listener_->Lookup(ctx->peer());
+    if (!session::IsAdmin(core_->options().access, caller)) {
+      reactor->Finish(grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrFormat("ending a session needs an admin (root, the daemon's uid, or a uid in "
+                          "admin_uids); this caller is uid %d",
+                          caller.uid)));
+      return reactor;
+    }
+    const std::string reason =
+        request->reason().empty() ? "no reason given" : request->reason();
+    auto ended = core_->EndSession(
+        request->session_id(), session::EndCause::kAdmin,
+        absl::AbortedError(absl::StrFormat(
+            "an administrator (uid %d) ended this offloadd session: %s; its blocks and regions "
+            "are released, reconnect to continue",
+            caller.uid, reason)));
+    if (!ended.ok()) {
+      reactor->Finish(ToGrpcStatus(ended.status()));
+      return reactor;
+    }
+    ToProto(*ended, reply->mutable_session());
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -119,6 +192,7 @@ class OffloadService : public v1::Offload::CallbackService {
 
  private:
   session::Core* core_;
+  const PeerListener* listener_;
 };
 
 }  // namespace
@@ -155,6 +229,7 @@ absl::Status ClearStaleSocket(const std::string& path) {
 }
 
 struct Server::Impl {
+  std::unique_ptr<PeerListener> listener;
   std::unique_ptr<OffloadService> service;
   std::unique_ptr<grpc::Server> server;
   session::Core* core = nullptr;
@@ -163,7 +238,7 @@ struct Server::Impl {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
                                                       const std::string& socket_path,
-                                                      uint32_t socket_mode) {
+                                                      uint32_t socket_mode, int64_t socket_gid) {
   if (socket_path.size() > 107) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "socket path %s is %d bytes; Unix socket paths are limited to 107: choose a shorter "
@@ -194,21 +269,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
 
   auto impl = std::make_unique<Impl>();
   impl->core = core;
-  impl->service = std::make_unique<OffloadService>(core);
+  auto listener = PeerListener::Listen(socket_path, socket_mode, socket_gid);
+  if (!listener.ok()) return listener.status();
+  impl->listener = *std::move(listener);
+  impl->service = std::make_unique<OffloadService>(core, impl->listener.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
+  // No listening port: connections come from impl->listener (peer credentials).
   builder.RegisterService(impl->service.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   impl->server = builder.BuildAndStart();
   if (!impl->server) {
+    unlink(socket_path.c_str());
     return absl::UnavailableError(
-        absl::StrFormat("gRPC could not listen on unix:%s (see the log above)", socket_path));
+        absl::StrFormat("gRPC could not start the server for unix:%s (see the log above)",
+                        socket_path));
   }
-  if (chmod(socket_path.c_str(), socket_mode) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrFormat("chmod %o %s: %s", socket_mode, socket_path, strerror(errno)));
-  }
+  grpc::Server* server = impl->server.get();
+  impl->listener->Start([server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); });
   return std::unique_ptr<Server>(new Server(std::move(impl), socket_path));
 }
 
@@ -221,6 +299,7 @@ void Server::Shutdown() {
   if (impl_->stopped) return;
   impl_->stopped = true;
   impl_->service->shutting_down_ = true;
+  impl_->listener->Stop();  // new connections are refused from here on
   impl_->core->Drain();  // finish copies in flight; completions go out on open streams
   impl_->server->GetHealthCheckService()->Shutdown();
   // Give streams a moment to flush their last completions, then cancel what remains.

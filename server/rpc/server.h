@@ -3,8 +3,13 @@
 //
 // Socket handling: the parent directory is created (0755) if missing; an existing socket file
 // is probed with connect(): a live daemon there is refused (FAILED_PRECONDITION naming the path),
-// a stale file from a dead daemon is removed. The socket is chmod'ed to `socket_mode` (default
-// 0660) once listening, and removed by Shutdown().
+// a stale file from a dead daemon is removed. The socket gets `socket_mode` (default 0660) and,
+// with socket_gid >= 0, that group; it is removed by Shutdown().
+//
+// Connections are accepted by the daemon itself (rpc/peer_listener.h) so that each session is
+// bound to its peer's credentials (session/peer.h). Back-pressure on a stream: while more than
+// kMaxQueuedResponses completions wait to be written (the client does not read), the daemon
+// stops reading that stream's requests, so HTTP/2 flow control holds the client's writes.
 #ifndef OFFLOADD_SERVER_RPC_SERVER_H_
 #define OFFLOADD_SERVER_RPC_SERVER_H_
 
@@ -23,7 +28,9 @@ class Server {
   // UNAVAILABLE when gRPC cannot listen.
   static absl::StatusOr<std::unique_ptr<Server>> Start(session::Core* core,
                                                         const std::string& socket_path,
-                                                        uint32_t socket_mode);
+                                                        uint32_t socket_mode,
+                                                        int64_t socket_gid = -1);
+  static constexpr int kMaxQueuedResponses = 16384;
   ~Server();  // Shutdown()
 
   // Graceful stop: new requests get UNAVAILABLE, transfers in flight finish and their

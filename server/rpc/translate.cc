@@ -182,15 +182,27 @@ void ToProto(const session::CoreStats& s, v1::Stats* out) {
     p->set_h2d_busy_seconds(h.h2d.busy_seconds);
     p->set_numa_node(h.numa_node);
   }
-  for (const session::SessionInfo& i : s.sessions) {
-    v1::SessionStats* p = out->add_sessions();
-    p->set_session_id(i.session_id);
-    p->set_client_name(i.client_name);
-    p->set_device_id(i.device_id);
-    p->set_pid(i.pid);
-    p->set_blocks(i.blocks);
-    p->set_used_bytes(i.used_bytes);
+  for (const session::SessionInfo& i : s.sessions) ToProto(i, out->add_sessions());
+  out->set_session_quota_bytes(s.session_quota_bytes);
+  out->set_uid_quota_bytes(s.uid_quota_bytes);
+  for (const auto& [uid, bytes] : s.uid_used_bytes) {
+    v1::UidUsage* u = out->add_uid_usage();
+    u->set_uid(uid);
+    u->set_used_bytes(bytes);
   }
+}
+
+void ToProto(const session::SessionInfo& i, v1::SessionStats* p) {
+  p->set_session_id(i.session_id);
+  p->set_client_name(i.client_name);
+  p->set_device_id(i.device_id);
+  p->set_pid(i.pid);
+  p->set_blocks(i.blocks);
+  p->set_used_bytes(i.used_bytes);
+  p->set_peer_known(i.peer_known);
+  p->set_uid(i.uid);
+  p->set_gid(i.gid);
+  p->set_requests_in_flight(i.requests_in_flight);
 }
 
 }  // namespace offloadd::rpc

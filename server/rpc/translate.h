@@ -17,6 +17,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 session::Request FromProto(const v1::Request& request);
 void ToProto(const session::Completion& completion, v1::Response* response);
 void ToProto(const session::CoreStats& stats, v1::Stats* out);
+void ToProto(const session::SessionInfo& info, v1::SessionStats* out);
 
 }  // namespace offloadd::rpc
 

@@ -1,0 +1,66 @@
+// PeerListener: offloadd's own listening Unix socket. gRPC 1.51 does not expose a Unix peer's
+// credentials (ServerContext::peer() is "unix:" and the insecure AuthContext carries none), so
+// the daemon accepts connections itself, reads each one's SO_PEERCRED / SO_PEERGROUPS, and hands
+// the file descriptor to gRPC (grpc::AddInsecureChannelFromFd). Calls on such a connection have
+// the peer string "fd:<N>" (checked with gRPC 1.51), which Lookup() maps back to the credentials
+// read at accept time. A descriptor number is only reused after gRPC closed the connection that
+// had it, and every call looks its peer up when it starts, so a call never sees another
+// connection's credentials.
+//
+// The socket file is created with `mode` (chmod after bind) and, when gid >= 0, the group `gid`
+// (chown): the first gate, before the access policy of session/peer.h.
+#ifndef OFFLOADD_SERVER_RPC_PEER_LISTENER_H_
+#define OFFLOADD_SERVER_RPC_PEER_LISTENER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "absl/status/statusor.h"
+#include "server/session/peer.h"
+
+namespace offloadd::rpc {
+
+class PeerListener {
+ public:
+  // Binds `path` (which must not exist: see ClearStaleSocket) and listens. Errors:
+  // UNAVAILABLE when bind/listen fail; PERMISSION_DENIED when chmod/chown fail (each with the
+  // path and errno's text).
+  static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(const std::string& path,
+                                                              uint32_t mode, int64_t gid);
+  ~PeerListener();  // Stop()
+
+  // Starts the accept thread; each accepted connection (non-blocking, close-on-exec) is
+  // recorded with its credentials and passed to `adopt`, which takes ownership of the fd.
+  void Start(std::function<void(int fd)> adopt);
+  // Stops accepting and closes the listening socket (new connects are refused); joins the
+  // thread. Connections already adopted are unaffected. Idempotent.
+  void Stop();
+
+  // Credentials of the connection a call arrived on, from the call's peer string. Unknown
+  // (known = false) for a peer string that is not "fd:<N>" of an accepted connection.
+  session::PeerCredentials Lookup(const std::string& peer) const;
+
+  uint64_t accepted_total() const { return accepted_total_.load(); }
+
+ private:
+  PeerListener(int fd, int wake_fd) : fd_(fd), wake_fd_(wake_fd) {}
+  void Loop();
+
+  int fd_ = -1, wake_fd_ = -1;
+  std::function<void(int)> adopt_;
+  std::thread thread_;
+  bool stopped_ = false;
+  mutable std::mutex mu_;
+  std::unordered_map<int, session::PeerCredentials> by_fd_;
+  std::atomic<uint64_t> accepted_total_{0};
+};
+
+}  // namespace offloadd::rpc
+
+#endif  // OFFLOADD_SERVER_RPC_PEER_LISTENER_H_

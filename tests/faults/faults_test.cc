@@ -1,0 +1,275 @@
+// Isolation and failure handling through the real gRPC server (in-process daemon) and client
+// processes (fault_client): sessions bound to the connection's credentials, Hello with another
+// pid, the admin EndSession RPC, what a non-admin user sees and may do, the socket mode as the
+// first gate, and a session whose process died while a child kept its stream open.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/offloadd_client.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/offload.grpc.pb.h"
+#include "server/copy/shm_engine.h"
+#include "server/metrics/metrics.h"
+#include "server/pool/arena.h"
+#include "server/rpc/server.h"
+#include "server/session/core.h"
+
+extern char** environ;
+
+namespace offloadd::testing {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+bool WaitFor(const std::function<bool()>& pred, double seconds = 15) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+class Daemon {
+ public:
+  Daemon(session::CoreOptions o, uint32_t socket_mode) {
+    static int n = 0;
+    path_ = "/tmp/ofd-faults-" + std::to_string(getpid()) + "-" + std::to_string(n++) + "/d.sock";
+    pool::ArenaOptions a;
+    a.size_bytes = 32 * kMiB;
+    o.chunk_bytes = kMiB;
+    core_ = std::make_unique<session::Core>(o, *pool::Arena::Create(a),
+                                            std::make_unique<copy::ShmCopyEngine>());
+    auto s = rpc::Server::Start(core_.get(), path_, socket_mode);
+    if (!s.ok()) abort();
+    server_ = *std::move(s);
+  }
+  ~Daemon() {
+    server_->Shutdown();
+    rmdir(path_.substr(0, path_.rfind('/')).c_str());
+  }
+  std::unique_ptr<client::Client> Connect(const std::string& device = "gpu0") {
+    client::ClientOptions o;
+    o.socket_path = path_;
+    o.client_name = "faults";
+    o.device_id = device;
+    auto c = client::Client::Connect(o);
+    if (!c.ok()) abort();
+    return *std::move(c);
+  }
+  std::unique_ptr<v1::Offload::Stub> Stub() {
+    return v1::Offload::NewStub(
+        grpc::CreateChannel("unix:" + path_, grpc::InsecureChannelCredentials()));
+  }
+  const std::string& path() const { return path_; }
+  session::Core& core() { return *core_; }
+
+ private:
+  std::string path_;
+  std::unique_ptr<session::Core> core_;
+  std::unique_ptr<rpc::Server> server_;
+};
+
+double Ended(const std::string& cause) {
+  return metrics::Get().sessions_ended_total->Add({{"cause", cause}}).Value();
+}
+
+// A fault_client process with its stdout on a pipe.
+struct Child {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+  std::string ReadLine() {
+    char buf[4096];
+    return fgets(buf, sizeof(buf), out) ? std::string(buf) : std::string();
+  }
+  // "key value" lines until EOF.
+  std::map<std::string, std::string> ReadAll() {
+    std::map<std::string, std::string> kv;
+    for (std::string line; !(line = ReadLine()).empty();) {
+      std::istringstream in(line);
+      std::string k, v;
+      in >> k;
+      std::getline(in, v);
+      kv[k] = v.empty() ? v : v.substr(1);
+    }
+    return kv;
+  }
+  int Wait() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (out) fclose(out);
+    out = nullptr;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+Child Spawn(std::vector<std::string> args) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  args.insert(args.begin(),
+              std::string(srcdir ? srcdir : ".") + "/offloadd/tests/faults/fault_client");
+  int fds[2];
+  EXPECT_EQ(pipe(fds), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  Child c;
+  EXPECT_EQ(posix_spawn(&c.pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  c.out = fdopen(fds[0], "r");
+  return c;
+}
+
+TEST(FaultsTest, SessionIsBoundToTheConnectionsCredentials) {
+  Daemon d({}, 0660);
+  auto c = d.Connect();
+  auto stats = c->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->sessions_size(), 1);
+  const v1::SessionStats& s = stats->sessions(0);
+  EXPECT_TRUE(s.peer_known());
+  EXPECT_EQ(s.pid(), static_cast<uint32_t>(getpid()));
+  EXPECT_EQ(s.uid(), geteuid());
+  EXPECT_EQ(s.gid(), getegid());
+  EXPECT_FALSE(stats->sessions_filtered());  // this process is the daemon's uid: an admin
+}
+
+TEST(FaultsTest, HelloNamingAnotherPidIsPermissionDenied) {
+  Daemon d({}, 0660);
+  auto stub = d.Stub();
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  v1::ClientMessage m;
+  v1::Request* r = m.add_requests();
+  r->set_request_id(1);
+  r->mutable_hello()->set_device_id("gpu0");
+  r->mutable_hello()->set_pid(getpid() + 100000);
+  ASSERT_TRUE(stream->Write(m));
+  v1::ServerMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_EQ(reply.responses_size(), 1);
+  EXPECT_EQ(reply.responses(0).error().code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(reply.responses(0).error().message().find("belongs to pid"), std::string::npos);
+  // The same stream may then say hello with its own pid.
+  r->set_request_id(2);
+  r->mutable_hello()->set_pid(getpid());
+  ASSERT_TRUE(stream->Write(m));
+  ASSERT_TRUE(stream->Read(&reply));
+  EXPECT_TRUE(reply.responses(0).has_hello());
+  stream->WritesDone();
+  stream->Finish();
+}
+
+TEST(FaultsTest, AdminEndSessionReleasesBlocksAndTheClientSeesWhy) {
+  Daemon d({}, 0660);
+  auto victim = d.Connect("gpu-victim");
+  auto region = client::ShmRegion::Create(4 * kMiB);
+  ASSERT_TRUE(region.ok());
+  auto rid = victim->RegisterShmRegion(*region);
+  ASSERT_TRUE(rid.ok());
+  auto off = victim->Offload(*rid, 0, 3 * kMiB).get();
+  ASSERT_TRUE(off.ok()) << off.status();
+  const double before = Ended("admin");
+
+  auto stub = d.Stub();
+  grpc::ClientContext ctx;
+  v1::EndSessionRequest req;
+  req.set_session_id(victim->session_id());
+  req.set_reason("maintenance test");
+  v1::EndSessionReply reply;
+  grpc::Status st = stub->EndSession(&ctx, req, &reply);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(reply.session().blocks(), 1u);
+  EXPECT_GE(reply.session().used_bytes(), 3 * kMiB);
+  EXPECT_EQ(Ended("admin"), before + 1);
+  EXPECT_EQ(d.core().store().stats().pool.used_bytes, 0u);
+  // The victim's stream ends; its next request fails and the message carries the reason.
+  ASSERT_TRUE(WaitFor([&] { return !victim->stream_status().ok(); }));
+  auto again = victim->Offload(*rid, 0, kMiB).get();
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(victim->stream_status().message().find("maintenance test"), std::string::npos)
+      << victim->stream_status();
+  EXPECT_NE(victim->stream_status().message().find("ABORTED"), std::string::npos);
+
+  grpc::ClientContext ctx2;
+  st = stub->EndSession(&ctx2, req, &reply);  // no longer open
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST(FaultsTest, NonAdminUserSeesOnlyItsSessionsAndCannotEndOthers) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
+  Daemon open({}, 0666);
+  auto root_client = open.Connect("gpu-root");
+  Child user = Spawn({"--mode=user", "--socket=" + open.path(), "--uid=65534",
+                      "--end_session=" + std::to_string(root_client->session_id())});
+  auto kv = user.ReadAll();
+  EXPECT_EQ(user.Wait(), kv.count("setuid_failed") ? 1 : 0);
+  if (kv.count("setuid_failed")) GTEST_SKIP() << "setuid(65534) failed (user namespace sandbox?)";
+  EXPECT_EQ(kv["connect"], "0") << kv["connect_message"];
+  EXPECT_EQ(kv["stats_sessions"], "1");  // its own; root's session is hidden
+  EXPECT_EQ(kv["stats_filtered"], "1");
+  EXPECT_EQ(kv["end_session"], std::to_string(grpc::StatusCode::PERMISSION_DENIED));
+  EXPECT_TRUE(root_client->stream_status().ok());  // untouched
+
+  // The socket mode is the first gate: 0660 root:root keeps uid 65534 out entirely.
+  Daemon closed({}, 0660);
+  Child gated = Spawn({"--mode=user", "--socket=" + closed.path(), "--uid=65534"});
+  kv = gated.ReadAll();
+  gated.Wait();
+  EXPECT_EQ(kv["connect"], std::to_string(static_cast<int>(absl::StatusCode::kUnavailable)));
+
+  // allowed_uids: connecting works, Hello is refused with a sentence naming the config field.
+  session::CoreOptions o;
+  o.access.allowed_uids = {0};
+  Daemon restricted(o, 0666);
+  Child denied = Spawn({"--mode=user", "--socket=" + restricted.path(), "--uid=65534"});
+  kv = denied.ReadAll();
+  denied.Wait();
+  EXPECT_EQ(kv["connect"], std::to_string(static_cast<int>(absl::StatusCode::kPermissionDenied)));
+  EXPECT_NE(kv["connect_message"].find("allowed_uids"), std::string::npos);
+}
+
+TEST(FaultsTest, DeadProcessWhoseChildKeepsTheStreamOpenIsReleased) {
+  session::CoreOptions o;
+  o.pid_exit_grace_seconds = 0.2;
+  Daemon d(o, 0660);
+  const double pid_exited = Ended("pid_exited"), crashed = Ended("crashed");
+  Child linger = Spawn({"--mode=linger", "--socket=" + d.path()});
+  std::istringstream ready(linger.ReadLine());
+  std::string word;
+  uint64_t session_id = 0;
+  pid_t grandchild = 0;
+  ready >> word >> session_id >> grandchild;
+  ASSERT_EQ(word, "ready");
+  ASSERT_GT(grandchild, 0);
+  EXPECT_GE(d.core().store().stats().pool.used_bytes, kMiB);
+  EXPECT_EQ(d.core().pids_watched(), 1u);
+  kill(linger.pid, SIGKILL);
+  linger.Wait();
+  // The grandchild still holds the connection: no stream break, only the pid is gone.
+  EXPECT_TRUE(WaitFor([&] { return d.core().store().stats().pool.used_bytes == 0; }))
+      << "the dead process's block was not released";
+  EXPECT_TRUE(WaitFor([&] { return d.core().Stats().sessions.empty(); }));
+  EXPECT_EQ(Ended("pid_exited"), pid_exited + 1);
+  EXPECT_EQ(Ended("crashed"), crashed);
+  kill(grandchild, SIGKILL);  // not our child: init reaps it
+}
+
+}  // namespace
+}  // namespace offloadd::testing
