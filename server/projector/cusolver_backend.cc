@@ -1,0 +1,405 @@
+#include "server/projector/cusolver_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cusolverDn.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/copy/cuda_api.h"
+
+namespace offloadd::projector {
+namespace {
+
+absl::Status CudaStatus(const char* what, cudaError_t e) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();  // clear a non-sticky error so later calls report their own
+  const std::string msg =
+      absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+  if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorInvalidDevice) {
+    return absl::FailedPreconditionError(msg);
+  }
+  return absl::InternalError(msg);
+}
+
+absl::Status SolverStatus(const char* what, cusolverStatus_t s) {
+  if (s == CUSOLVER_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": cusolver status ", static_cast<int>(s));
+  if (s == CUSOLVER_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+absl::Status BlasStatus(const char* what, cublasStatus_t s) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", cublasGetStatusString(s));
+  if (s == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+#define OFD_RETURN_IF_ERROR(expr) \
+  do {                            \
+    absl::Status _st = (expr);    \
+    if (!_st.ok()) return _st;    \
+  } while (0)
+
+// Device memory of `count` elements of T, freed on destruction.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { Reset(); }
+  void Reset() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+  }
+  absl::Status Allocate(size_t count) {
+    return CudaStatus("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&ptr_),
+                                               std::max<size_t>(1, count) * sizeof(T)));
+  }
+  T* get() const { return ptr_; }
+
+ private:
+  T* ptr_ = nullptr;
+};
+
+// One call's device context: the device made current, a stream, and solver/BLAS handles on it.
+class Context {
+ public:
+  ~Context() {
+    if (blas_ != nullptr) cublasDestroy(blas_);
+    if (solver_ != nullptr) cusolverDnDestroy(solver_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  absl::Status Init(int device) {
+    OFD_RETURN_IF_ERROR(CudaStatus("cudaSetDevice", cudaSetDevice(device)));
+    OFD_RETURN_IF_ERROR(
+        CudaStatus("cudaStreamCreate", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
+    OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnCreate", cusolverDnCreate(&solver_)));
+    OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnSetStream", cusolverDnSetStream(solver_, stream_)));
+    OFD_RETURN_IF_ERROR(BlasStatus("cublasCreate", cublasCreate(&blas_)));
+    return BlasStatus("cublasSetStream", cublasSetStream(blas_, stream_));
+  }
+  template <typename T>
+  absl::Status ToDevice(T* dst, const T* src, size_t count) {
+    return CudaStatus("cudaMemcpyAsync(H2D)", cudaMemcpyAsync(dst, src, count * sizeof(T),
+                                                              cudaMemcpyHostToDevice, stream_));
+  }
+  template <typename T>
+  absl::Status ToHost(T* dst, const T* src, size_t count) {
+    return CudaStatus("cudaMemcpyAsync(D2H)", cudaMemcpyAsync(dst, src, count * sizeof(T),
+                                                              cudaMemcpyDeviceToHost, stream_));
+  }
+  absl::Status Sync() {
+    return CudaStatus("cudaStreamSynchronize", cudaStreamSynchronize(stream_));
+  }
+  // Reads a cuSOLVER devInfo after a Sync.
+  absl::Status CheckInfo(const char* routine, const int* d_info) {
+    int info = 0;
+    OFD_RETURN_IF_ERROR(ToHost(&info, d_info, 1));
+    OFD_RETURN_IF_ERROR(Sync());
+    if (info < 0) {
+      return absl::InternalError(absl::StrCat(routine, ": argument ", -info, " is invalid (bug)"));
+    }
+    if (info > 0) {
+      return absl::InternalError(absl::StrCat(routine, " did not converge (info ", info,
+                                              "); retry with the other method or backend"));
+    }
+    return absl::OkStatus();
+  }
+  cusolverDnHandle_t solver() const { return solver_; }
+  cublasHandle_t blas() const { return blas_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cusolverDnHandle_t solver_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+};
+
+absl::Status CheckInput(DenseMatrix a, int64_t k) {
+  if (a.data == nullptr || a.rows < 1 || a.cols < 1) {
+    return absl::InvalidArgumentError("SVD input must be a non-empty 2-D matrix");
+  }
+  const int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+  if (a.rows > kMaxInt || a.cols > kMaxInt || a.rows * a.cols > kMaxInt) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("matrix ", a.rows, " x ", a.cols,
+                     " has more than 2^31 - 1 elements, beyond cuSOLVER's 32-bit indices"));
+  }
+  if (k < 1 || k > std::min(a.rows, a.cols)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", k, " outside [1, min(", a.rows, ", ", a.cols, ")]"));
+  }
+  return absl::OkStatus();
+}
+
+// Replaces the column-major rows x c device matrix by the Q factor of its QR.
+absl::Status Orthonormalize(Context& ctx, float* d_y, int rows, int c, float* d_tau,
+                            DeviceBuffer<float>& work, int* lwork_capacity, int* d_info) {
+  int lw_qr = 0, lw_q = 0;
+  OFD_RETURN_IF_ERROR(
+      SolverStatus("cusolverDnSgeqrf_bufferSize",
+                   cusolverDnSgeqrf_bufferSize(ctx.solver(), rows, c, d_y, rows, &lw_qr)));
+  OFD_RETURN_IF_ERROR(
+      SolverStatus("cusolverDnSorgqr_bufferSize",
+                   cusolverDnSorgqr_bufferSize(ctx.solver(), rows, c, c, d_y, rows, d_tau, &lw_q)));
+  const int lwork = std::max(lw_qr, lw_q);
+  if (lwork > *lwork_capacity) {
+    work.Reset();
+    OFD_RETURN_IF_ERROR(work.Allocate(lwork));
+    *lwork_capacity = lwork;
+  }
+  OFD_RETURN_IF_ERROR(SolverStatus(
+      "cusolverDnSgeqrf",
+      cusolverDnSgeqrf(ctx.solver(), rows, c, d_y, rows, d_tau, work.get(), lwork, d_info)));
+  return SolverStatus("cusolverDnSorgqr", cusolverDnSorgqr(ctx.solver(), rows, c, c, d_y, rows,
+                                                           d_tau, work.get(), lwork, d_info));
+}
+
+}  // namespace
+
+absl::StatusOr<TopSingular> CusolverSvdBackend::Exact(DenseMatrix a, VectorSide side,
+                                                      int64_t k) const {
+  OFD_RETURN_IF_ERROR(CheckInput(a, k));
+  const int m = static_cast<int>(a.rows), n = static_cast<int>(a.cols);
+  const int kk = std::min(m, n);
+  Context ctx;
+  OFD_RETURN_IF_ERROR(ctx.Init(device_));
+  // X: column-major xr x xc with xr >= xc. Wide (n >= m): X = A^T, which is the input's memory.
+  // Tall: X = A, the transpose of that memory.
+  const bool x_is_at = n >= m;
+  const int xr = x_is_at ? n : m, xc = x_is_at ? m : n;
+  DeviceBuffer<float> d_in, d_x;
+  OFD_RETURN_IF_ERROR(d_in.Allocate(static_cast<size_t>(m) * n));
+  OFD_RETURN_IF_ERROR(ctx.ToDevice(d_in.get(), a.data, static_cast<size_t>(m) * n));
+  float* x = d_in.get();
+  if (!x_is_at) {
+    OFD_RETURN_IF_ERROR(d_x.Allocate(static_cast<size_t>(m) * n));
+    const float one = 1.0f, zero = 0.0f;
+    // X (m x n) = (A^T)^T, A^T being n x m with leading dimension n.
+    OFD_RETURN_IF_ERROR(
+        BlasStatus("cublasSgeam", cublasSgeam(ctx.blas(), CUBLAS_OP_T, CUBLAS_OP_N, m, n, &one,
+                                              d_in.get(), n, &zero, d_x.get(), m, d_x.get(), m)));
+    x = d_x.get();
+  }
+  // A's left vectors are X's left vectors (columns of U) when X = A, and X's right vectors
+  // (rows of V^T) when X = A^T; likewise for A's right vectors.
+  const bool need_x_left = (side == VectorSide::kLeft) != x_is_at;
+  DeviceBuffer<float> d_s, d_u, d_vt, d_work, d_rwork;
+  DeviceBuffer<int> d_info;
+  OFD_RETURN_IF_ERROR(d_s.Allocate(kk));
+  OFD_RETURN_IF_ERROR(d_info.Allocate(1));
+  OFD_RETURN_IF_ERROR(d_rwork.Allocate(kk));
+  if (need_x_left) {
+    OFD_RETURN_IF_ERROR(d_u.Allocate(static_cast<size_t>(xr) * xc));
+  } else {
+    OFD_RETURN_IF_ERROR(d_vt.Allocate(static_cast<size_t>(xc) * xc));
+  }
+  int lwork = 0;
+  OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnSgesvd_bufferSize",
+                                   cusolverDnSgesvd_bufferSize(ctx.solver(), xr, xc, &lwork)));
+  OFD_RETURN_IF_ERROR(d_work.Allocate(lwork));
+  OFD_RETURN_IF_ERROR(
+      SolverStatus("cusolverDnSgesvd",
+                   cusolverDnSgesvd(ctx.solver(), need_x_left ? 'S' : 'N', need_x_left ? 'N' : 'S',
+                                    xr, xc, x, xr, d_s.get(), d_u.get(), xr, d_vt.get(), xc,
+                                    d_work.get(), lwork, d_rwork.get(), d_info.get())));
+  OFD_RETURN_IF_ERROR(ctx.CheckInfo("cusolverDnSgesvd", d_info.get()));
+
+  TopSingular out;
+  out.k = k;
+  out.full_spectrum = true;
+  out.singular_values.resize(kk);
+  OFD_RETURN_IF_ERROR(ctx.ToHost(out.singular_values.data(), d_s.get(), kk));
+  out.side_dim = side == VectorSide::kLeft ? m : n;
+  out.vectors.resize(static_cast<size_t>(out.side_dim) * k);
+  if (need_x_left) {
+    // U: column-major xr x xc; vector i is column i (xr == side_dim). Copy the first k.
+    std::vector<float> u(static_cast<size_t>(xr) * k);
+    OFD_RETURN_IF_ERROR(ctx.ToHost(u.data(), d_u.get(), u.size()));
+    OFD_RETURN_IF_ERROR(ctx.Sync());
+    for (int64_t i = 0; i < k; ++i) {
+      for (int64_t j = 0; j < xr; ++j) out.vectors[j * k + i] = u[j + i * xr];
+    }
+  } else {
+    // V^T: column-major xc x xc; vector i is row i: entry j at vt[i + j * xc] (xc == side_dim).
+    std::vector<float> vt(static_cast<size_t>(xc) * xc);
+    OFD_RETURN_IF_ERROR(ctx.ToHost(vt.data(), d_vt.get(), vt.size()));
+    OFD_RETURN_IF_ERROR(ctx.Sync());
+    for (int64_t j = 0; j < xc; ++j) {
+      std::memcpy(&out.vectors[j * k], &vt[j * xc], k * sizeof(float));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<TopSingular> CusolverSvdBackend::Randomized(DenseMatrix a, VectorSide side,
+                                                           int64_t k,
+                                                           const RandomizedOptions& options,
+                                                           DenseMatrix warm_start) const {
+  OFD_RETURN_IF_ERROR(CheckInput(a, k));
+  if (options.oversampling < 0 || options.power_iterations < 0) {
+    return absl::InvalidArgumentError("oversampling and power_iterations must be >= 0");
+  }
+  const bool transpose = side == VectorSide::kRight;  // op(A) = A^T
+  const int rows = static_cast<int>(transpose ? a.cols : a.rows);
+  const int cols = static_cast<int>(transpose ? a.rows : a.cols);
+  const int ld_a = static_cast<int>(a.cols);
+  const int l = static_cast<int>(std::min<int64_t>(k + options.oversampling, std::min(rows, cols)));
+  std::mt19937_64 rng(options.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+
+  Context ctx;
+  OFD_RETURN_IF_ERROR(ctx.Init(device_));
+  DeviceBuffer<float> d_a, d_q, d_z, d_tau, d_work;
+  DeviceBuffer<int> d_info;
+  OFD_RETURN_IF_ERROR(d_a.Allocate(static_cast<size_t>(a.rows) * a.cols));
+  OFD_RETURN_IF_ERROR(d_q.Allocate(static_cast<size_t>(rows) * l));
+  OFD_RETURN_IF_ERROR(d_z.Allocate(static_cast<size_t>(cols) * l));
+  OFD_RETURN_IF_ERROR(d_tau.Allocate(l));
+  OFD_RETURN_IF_ERROR(d_info.Allocate(1));
+  OFD_RETURN_IF_ERROR(ctx.ToDevice(d_a.get(), a.data, static_cast<size_t>(a.rows) * a.cols));
+  int lwork_capacity = 0;
+  const float one = 1.0f, zero = 0.0f;
+  // y (rows x c) = op(A) x (cols x c); z (cols x c) = op(A)^T y. Same calls as the CBLAS code.
+  auto apply = [&](const float* x, float* y) {
+    return BlasStatus("cublasSgemm",
+                      cublasSgemm(ctx.blas(), transpose ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N,
+                                  rows, l, cols, &one, d_a.get(), ld_a, x, cols, &zero, y, rows));
+  };
+  auto apply_t = [&](const float* y, float* z) {
+    return BlasStatus("cublasSgemm",
+                      cublasSgemm(ctx.blas(), transpose ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
+                                  cols, l, rows, &one, d_a.get(), ld_a, y, rows, &zero, z, cols));
+  };
+  auto orth = [&](float* y, int r) {
+    return Orthonormalize(ctx, y, r, l, d_tau.get(), d_work, &lwork_capacity, d_info.get());
+  };
+
+  if (warm_start.data != nullptr) {
+    if (warm_start.rows != rows || warm_start.cols < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("warm start is ", warm_start.rows, " x ", warm_start.cols,
+                       "; it must be the previous projector, ", rows, " x w"));
+    }
+    const int64_t w = std::min<int64_t>(warm_start.cols, l);
+    std::vector<float> q(static_cast<size_t>(rows) * l);
+    for (int64_t i = 0; i < w; ++i) {
+      for (int64_t j = 0; j < rows; ++j) q[j + i * rows] = warm_start.data[j * warm_start.cols + i];
+    }
+    for (size_t i = w * rows; i < q.size(); ++i) q[i] = normal(rng);
+    OFD_RETURN_IF_ERROR(ctx.ToDevice(d_q.get(), q.data(), q.size()));
+    OFD_RETURN_IF_ERROR(ctx.Sync());  // q is freed at the end of this scope
+    OFD_RETURN_IF_ERROR(orth(d_q.get(), rows));
+    OFD_RETURN_IF_ERROR(apply_t(d_q.get(), d_z.get()));
+    OFD_RETURN_IF_ERROR(orth(d_z.get(), cols));
+  } else {
+    std::vector<float> omega(static_cast<size_t>(cols) * l);
+    for (float& x : omega) x = normal(rng);
+    OFD_RETURN_IF_ERROR(ctx.ToDevice(d_z.get(), omega.data(), omega.size()));
+    OFD_RETURN_IF_ERROR(ctx.Sync());
+  }
+  OFD_RETURN_IF_ERROR(apply(d_z.get(), d_q.get()));
+  OFD_RETURN_IF_ERROR(orth(d_q.get(), rows));
+  for (int it = 0; it < options.power_iterations; ++it) {
+    OFD_RETURN_IF_ERROR(apply_t(d_q.get(), d_z.get()));
+    OFD_RETURN_IF_ERROR(orth(d_z.get(), cols));
+    OFD_RETURN_IF_ERROR(apply(d_z.get(), d_q.get()));
+    OFD_RETURN_IF_ERROR(orth(d_q.get(), rows));
+  }
+  OFD_RETURN_IF_ERROR(ctx.CheckInfo("cusolverDnSorgqr", d_info.get()));
+
+  // B^T = op(A)^T Q (cols x l, cols >= l); its SVD B^T = U_t S V_t^T gives the left vectors of
+  // B as the rows of V_t^T (l x l).
+  OFD_RETURN_IF_ERROR(apply_t(d_q.get(), d_z.get()));
+  DeviceBuffer<float> d_s, d_vt, d_svd_work, d_rwork, d_p;
+  OFD_RETURN_IF_ERROR(d_s.Allocate(l));
+  OFD_RETURN_IF_ERROR(d_vt.Allocate(static_cast<size_t>(l) * l));
+  OFD_RETURN_IF_ERROR(d_rwork.Allocate(l));
+  int lwork = 0;
+  OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnSgesvd_bufferSize",
+                                   cusolverDnSgesvd_bufferSize(ctx.solver(), cols, l, &lwork)));
+  OFD_RETURN_IF_ERROR(d_svd_work.Allocate(lwork));
+  OFD_RETURN_IF_ERROR(SolverStatus(
+      "cusolverDnSgesvd",
+      cusolverDnSgesvd(ctx.solver(), 'N', 'S', cols, l, d_z.get(), cols, d_s.get(), nullptr, cols,
+                       d_vt.get(), l, d_svd_work.get(), lwork, d_rwork.get(), d_info.get())));
+  OFD_RETURN_IF_ERROR(ctx.CheckInfo("cusolverDnSgesvd", d_info.get()));
+
+  // P^T (k x rows, column-major) = V_t^T[:k, :] Q^T: its memory is P row-major rows x k.
+  OFD_RETURN_IF_ERROR(d_p.Allocate(static_cast<size_t>(rows) * k));
+  OFD_RETURN_IF_ERROR(BlasStatus(
+      "cublasSgemm",
+      cublasSgemm(ctx.blas(), CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(k), rows, l, &one,
+                  d_vt.get(), l, d_q.get(), rows, &zero, d_p.get(), static_cast<int>(k))));
+  TopSingular out;
+  out.k = k;
+  out.side_dim = rows;
+  out.full_spectrum = false;
+  out.singular_values.resize(l);
+  out.vectors.resize(static_cast<size_t>(rows) * k);
+  OFD_RETURN_IF_ERROR(ctx.ToHost(out.singular_values.data(), d_s.get(), l));
+  OFD_RETURN_IF_ERROR(ctx.ToHost(out.vectors.data(), d_p.get(), out.vectors.size()));
+  OFD_RETURN_IF_ERROR(ctx.Sync());
+  return out;
+}
+
+absl::StatusOr<int> CudaDeviceCount() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable CUDA driver or device: cudaGetDeviceCount: ", cudaGetErrorName(e),
+                     " (", cudaGetErrorString(e), ")"));
+  }
+  if (n == 0) return absl::FailedPreconditionError("no CUDA device is visible");
+  return n;
+}
+
+absl::StatusOr<int> CudaOrdinalForUuid(const std::string& uuid) {
+  absl::StatusOr<int> n = CudaDeviceCount();
+  if (!n.ok()) return n.status();
+  for (int i = 0; i < *n; ++i) {
+    cudaDeviceProp p;
+    OFD_RETURN_IF_ERROR(CudaStatus("cudaGetDeviceProperties", cudaGetDeviceProperties(&p, i)));
+    if (copy::FormatGpuUuid(reinterpret_cast<const unsigned char*>(p.uuid.bytes)) == uuid) {
+      return i;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no visible CUDA device has UUID ", uuid));
+}
+
+std::function<const SvdBackend*(const copy::RegionSpec&)> MakeCusolverBackendSelector() {
+  struct Backends {
+    std::mutex mu;
+    std::map<std::string, std::unique_ptr<CusolverSvdBackend>> by_uuid;  // null: not a GPU here
+  };
+  auto backends = std::make_shared<Backends>();
+  return [backends](const copy::RegionSpec& spec) -> const SvdBackend* {
+    if (spec.cuda_ipc_handle.empty()) return nullptr;
+    std::lock_guard<std::mutex> lock(backends->mu);
+    auto it = backends->by_uuid.find(spec.device_id);
+    if (it == backends->by_uuid.end()) {
+      absl::StatusOr<int> ordinal = CudaOrdinalForUuid(spec.device_id);
+      it = backends->by_uuid
+               .emplace(spec.device_id,
+                        ordinal.ok() ? std::make_unique<CusolverSvdBackend>(*ordinal) : nullptr)
+               .first;
+    }
+    return it->second.get();
+  };
+}
+
+}  // namespace offloadd::projector
