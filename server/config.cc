@@ -1,5 +1,7 @@
 #include "server/config.h"
 
+#include <grp.h>
+
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -11,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/socket_path.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -39,6 +42,14 @@ offload_min_share: 0.2
 # Topology discovery reads this tree for the GPUs listed in gpus { id pci_bus_id }.
 sysfs_root: "/sys"
 numa_node_bytes_per_second: 0
+# Isolation and failure handling: socket group ("" = the daemon's), allow lists (empty = anyone
+# who can connect), per-uid quota, request and session limits, client pid watching.
+socket_group: ""
+uid_quota_bytes: 0
+max_requests_in_flight: 4096
+max_sessions: 1024
+watch_client_pids: true
+pid_exit_grace_seconds: 2
 )pb");
   return *text;
 }
@@ -126,6 +137,10 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (c.numa_node_bytes_per_second() < 0) {
     problems.push_back("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
   }
+  if (!(c.pid_exit_grace_seconds() >= 0 && c.pid_exit_grace_seconds() <= 3600)) {
+    problems.push_back("pid_exit_grace_seconds must be between 0 and 3600");
+  }
+  if (auto g = ResolveSocketGroup(c); !g.ok()) problems.push_back(std::string(g.status().message()));
   std::set<std::string> gpu_ids;
   for (const auto& g : c.gpus()) {
     if (g.id().empty()) problems.push_back("every entry of gpus needs an id");
@@ -175,6 +190,15 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"offload_min_share", "share of a link offloads keep while reloads also wait (0.2)"},
       {"sysfs_root", "sysfs tree for topology discovery (default /sys)"},
       {"numa_node_bytes_per_second", "capacity of a NUMA node's host link, e.g. 40GB; 0 = none"},
+      {"socket_group", "group of the socket file (name or gid), empty = the daemon's"},
+      {"allowed_uids", "comma-separated uids that may open sessions (empty = any)"},
+      {"allowed_gids", "comma-separated gids that may open sessions (empty = any)"},
+      {"admin_uids", "comma-separated uids that may end sessions (root always may)"},
+      {"uid_quota_bytes", "pool bytes all sessions of one uid may hold, 0 = none"},
+      {"max_requests_in_flight", "per-session requests not yet answered (4096), 0 = no limit"},
+      {"max_sessions", "sessions open at once (1024), 0 = no limit"},
+      {"watch_client_pids", "end a session whose process exited though its stream is open"},
+      {"pid_exit_grace_seconds", "delay before such a session ends (2)"},
   };
   return *flags;
 }
@@ -264,6 +288,34 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
     c->set_offload_min_share(d);
   } else if (name == "sysfs_root") {
     c->set_sysfs_root(value);
+  } else if (name == "socket_group") {
+    c->set_socket_group(value);
+  } else if (name == "allowed_uids" || name == "allowed_gids" || name == "admin_uids") {
+    auto* list = name == "allowed_uids"   ? c->mutable_allowed_uids()
+                 : name == "allowed_gids" ? c->mutable_allowed_gids()
+                                          : c->mutable_admin_uids();
+    std::vector<uint32_t> ids;
+    for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
+      uint32_t id;
+      if (!absl::SimpleAtoi(part, &id)) {
+        return absl::InvalidArgumentError("--" + name + " takes numeric ids like 1000,1001");
+      }
+      ids.push_back(id);
+    }
+    list->Clear();
+    for (uint32_t id : ids) list->Add(id);
+  } else if (name == "uid_quota_bytes") {
+    return bytes(&v1::DaemonConfig::set_uid_quota_bytes);
+  } else if (name == "max_requests_in_flight" || name == "max_sessions") {
+    if (absl::Status s = number(&d); !s.ok()) return s;
+    if (d < 0) return absl::InvalidArgumentError("--" + name + " must be >= 0");
+    if (name == "max_sessions") c->set_max_sessions(static_cast<uint32_t>(d));
+    else c->set_max_requests_in_flight(static_cast<uint32_t>(d));
+  } else if (name == "watch_client_pids") {
+    return boolean(&v1::DaemonConfig::set_watch_client_pids);
+  } else if (name == "pid_exit_grace_seconds") {
+    if (absl::Status s = number(&d); !s.ok()) return s;
+    c->set_pid_exit_grace_seconds(d);
   } else {
     return absl::NotFoundError("unknown flag --" + raw_name + " (offloadd --help lists them)");
   }
@@ -272,6 +324,23 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
 
 std::string ResolveSocketPath(const v1::DaemonConfig& config) {
   return config.socket_path().empty() ? client::DefaultSocketPath() : config.socket_path();
+}
+
+absl::StatusOr<int64_t> ResolveSocketGroup(const v1::DaemonConfig& config) {
+  const std::string& g = config.socket_group();
+  if (g.empty()) return -1;
+  uint32_t gid;
+  if (absl::SimpleAtoi(g, &gid)) return static_cast<int64_t>(gid);
+  group grp;
+  group* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getgrnam_r(g.c_str(), &grp, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "socket_group \"%s\" is not a group on this machine: create it (groupadd %s) or give a "
+        "numeric gid",
+        g, g));
+  }
+  return static_cast<int64_t>(found->gr_gid);
 }
 
 namespace {
@@ -284,6 +353,14 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.store.session_quota_bytes = c.session_quota_bytes();
   o.store.admission_deadline_seconds = c.admission_deadline_seconds();
   o.store.admission_queue_limit = c.admission_queue_limit();
+  o.store.uid_quota_bytes = c.uid_quota_bytes();
+  o.access.allowed_uids.assign(c.allowed_uids().begin(), c.allowed_uids().end());
+  o.access.allowed_gids.assign(c.allowed_gids().begin(), c.allowed_gids().end());
+  o.access.admin_uids.assign(c.admin_uids().begin(), c.admin_uids().end());
+  o.max_requests_in_flight = c.max_requests_in_flight();
+  o.max_sessions = c.max_sessions();
+  o.watch_pids = c.watch_client_pids();
+  o.pid_exit_grace_seconds = c.pid_exit_grace_seconds();
   o.default_link_bytes_per_second = c.default_link_bytes_per_second();
   o.offload_min_share = c.offload_min_share();
   for (const auto& w : c.gpu_weights()) o.gpu_weights[w.gpu()] = w.weight();

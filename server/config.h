@@ -42,6 +42,9 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& text);
 
 // Resolves an empty socket_path to the default location (see client/socket_path.h).
 std::string ResolveSocketPath(const v1::DaemonConfig& config);
+// The socket file's group: -1 for "" (the daemon's), else the gid of the name or number.
+// INVALID_ARGUMENT for a group name this machine does not know.
+absl::StatusOr<int64_t> ResolveSocketGroup(const v1::DaemonConfig& config);
 
 // CoreOptions from the config alone: its links as given, no discovery.
 session::CoreOptions ToCoreOptions(const v1::DaemonConfig& config);

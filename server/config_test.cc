@@ -200,5 +200,47 @@ TEST(ConfigTest, ValidationOfTopologyFields) {
   EXPECT_EQ(bare->sysfs_root(), "/tmp/sys");
 }
 
+TEST(ConfigTest, IsolationFieldsDefaultsFlagsAndCoreOptions) {
+  auto c = ParseConfig("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->max_requests_in_flight(), 4096u);
+  EXPECT_EQ(c->max_sessions(), 1024u);
+  EXPECT_TRUE(c->watch_client_pids());
+  EXPECT_DOUBLE_EQ(c->pid_exit_grace_seconds(), 2.0);
+  EXPECT_EQ(*ResolveSocketGroup(*c), -1);
+  ASSERT_TRUE(ApplyFlag("allowed-uids", "1000, 1001", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("allowed_gids", "27", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("admin_uids", "500", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("uid_quota_bytes", "2GiB", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("max_requests_in_flight", "64", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("max_sessions", "0", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("watch_client_pids", "false", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("pid_exit_grace_seconds", "0.5", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("socket_group", "0", &*c).ok());
+  EXPECT_EQ(ApplyFlag("allowed_uids", "bob", &*c).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ValidateConfig(*c).ok());
+  EXPECT_EQ(*ResolveSocketGroup(*c), 0);
+  session::CoreOptions o = ToCoreOptions(*c);
+  EXPECT_EQ(o.access.allowed_uids, (std::vector<uint32_t>{1000, 1001}));
+  EXPECT_EQ(o.access.allowed_gids, (std::vector<uint32_t>{27}));
+  EXPECT_EQ(o.access.admin_uids, (std::vector<uint32_t>{500}));
+  EXPECT_EQ(o.store.uid_quota_bytes, 2ull << 30);
+  EXPECT_EQ(o.max_requests_in_flight, 64u);
+  EXPECT_EQ(o.max_sessions, 0u);
+  EXPECT_FALSE(o.watch_pids);
+  EXPECT_DOUBLE_EQ(o.pid_exit_grace_seconds, 0.5);
+  // A group name that does not exist and a negative grace are reported with the fix.
+  c->set_socket_group("no-such-group-offloadd");
+  c->set_pid_exit_grace_seconds(-1);
+  absl::Status st = ValidateConfig(*c);
+  EXPECT_NE(std::string(st.message()).find("groupadd no-such-group-offloadd"), std::string::npos)
+      << st;
+  EXPECT_NE(std::string(st.message()).find("pid_exit_grace_seconds"), std::string::npos);
+  c->set_socket_group("root");
+  c->set_pid_exit_grace_seconds(1);
+  ASSERT_TRUE(ValidateConfig(*c).ok());
+  EXPECT_EQ(*ResolveSocketGroup(*c), 0);
+}
+
 }  // namespace
 }  // namespace offloadd

@@ -195,7 +195,8 @@ int main(int argc, char** argv) {
   }
   offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine));
   std::string socket_path = offloadd::ResolveSocketPath(*config);
-  auto server = offloadd::rpc::Server::Start(&core, socket_path, config->socket_mode());
+  auto server = offloadd::rpc::Server::Start(&core, socket_path, config->socket_mode(),
+                                             *offloadd::ResolveSocketGroup(*config));
   if (!server.ok()) return Fail(server.status(), 1);
 
   LOG(INFO) << "offloadd " << kVersion << " serving on unix:" << socket_path
