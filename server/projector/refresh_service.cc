@@ -31,6 +31,17 @@ absl::Status Prefixed(const absl::Status& s, const std::string& prefix) {
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
 }
 
+// A caller other than root may only name shm objects it owns (see ServiceRequest::caller_uid).
+absl::Status CheckOwner(const RegionCache::Opened& opened, const copy::RegionSpec& spec,
+                        int64_t caller_uid, const char* what) {
+  if (caller_uid <= 0 || opened.owner_uid < 0 || opened.owner_uid == caller_uid) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, ": shared-memory object ", spec.shm_name, " belongs to uid ", opened.owner_uid,
+      ", not to the caller (uid ", caller_uid, "): name an object your own process created"));
+}
+
 }  // namespace
 
 // Per-worker memory reused across refreshes (see projector.h, RefreshScratch).
@@ -219,6 +230,11 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
   // Read G.
   absl::StatusOr<RegionCache::Opened> g_region = regions_.Open(request.gradient.region);
   if (!g_region.ok()) return fail(Prefixed(g_region.status(), "gradient_region: "));
+  if (absl::Status s =
+          CheckOwner(*g_region, request.gradient.region, request.caller_uid, "gradient_region");
+      !s.ok()) {
+    return fail(s);
+  }
   const uint64_t g_offset = request.gradient.offset_bytes;
   const uint64_t g_size = g_region->region->size_bytes();
   if (g_offset > g_size || layout->gradient_bytes > g_size - g_offset) {
@@ -251,6 +267,11 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
   if (!result->degenerate) {
     absl::StatusOr<RegionCache::Opened> p_region = regions_.Open(*layout->projector_region);
     if (!p_region.ok()) return fail(Prefixed(p_region.status(), "projector_region: "));
+    if (absl::Status s = CheckOwner(*p_region, *layout->projector_region, request.caller_uid,
+                                    "projector_region");
+        !s.ok()) {
+      return fail(s);
+    }
     const uint64_t p_offset = request.projector.offset_bytes;
     const uint64_t p_size = p_region->region->size_bytes();
     const uint64_t p_bytes = result->projector_bytes.size();

@@ -430,6 +430,24 @@ TEST_F(RefreshServiceTest, MissingRegionAndUnknownIdsAreNotFound) {
             absl::StatusCode::kNotFound);
 }
 
+TEST_F(RefreshServiceTest, ShmObjectsOfAnotherUserAreRefused) {
+  Start();
+  Shm shm(2 << 20);  // owned by this test's uid
+  WriteG(shm, Decaying(24, 16, 13));
+  ServiceRequest req = Request(shm, "w", 0, 24, 16, 2);
+  req.caller_uid = static_cast<int64_t>(getuid()) + 1000;  // someone else, not root
+  RefreshRecord denied = SubmitAndWait(req);
+  EXPECT_EQ(denied.state, RefreshState::kFailed);
+  EXPECT_EQ(denied.status.code(), absl::StatusCode::kPermissionDenied) << denied.status;
+  EXPECT_TRUE(backend_.tags().empty());
+  req.step = 1;
+  req.caller_uid = getuid();  // the owner
+  EXPECT_EQ(SubmitAndWait(req).state, RefreshState::kDone);
+  req.step = 2;
+  req.caller_uid = 0;  // root may name any object
+  EXPECT_EQ(SubmitAndWait(req).state, RefreshState::kDone);
+}
+
 TEST_F(RefreshServiceTest, RepeatedRefreshesReuseTheOpenedRegion) {
   Start();
   Shm shm(2 << 20);

@@ -17,11 +17,15 @@ std::string KeyOf(const copy::RegionSpec& spec) {
                       spec.size_bytes, "|", spec.device_id);
 }
 
-// Inode of /dev/shm/<name> (where Linux keeps shm_open objects), 0 when absent.
-uint64_t ShmInode(const std::string& name) {
+// Inode and owner of /dev/shm/<name> (where Linux keeps shm_open objects); inode 0 when absent.
+struct ShmId {
+  uint64_t inode = 0;
+  int64_t owner_uid = -1;
+};
+ShmId ShmIdentity(const std::string& name) {
   struct stat st;
-  if (stat(("/dev/shm" + name).c_str(), &st) != 0) return 0;
-  return static_cast<uint64_t>(st.st_ino);
+  if (stat(("/dev/shm" + name).c_str(), &st) != 0) return {};
+  return {static_cast<uint64_t>(st.st_ino), static_cast<int64_t>(st.st_uid)};
 }
 
 }  // namespace
@@ -46,7 +50,8 @@ absl::StatusOr<RegionCache::Opened> RegionCache::Open(const copy::RegionSpec& sp
               "memory");
   }
   const std::string key = KeyOf(spec);
-  const uint64_t inode = shm ? ShmInode(spec.shm_name) : 0;
+  const ShmId id = shm ? ShmIdentity(spec.shm_name) : ShmId{};
+  const uint64_t inode = id.inode;
   std::lock_guard<std::mutex> lock(mu_);
   const double now = Now();
   // Close idle entries (a client that stopped refreshing should not keep its memory mapped).
@@ -59,7 +64,9 @@ absl::StatusOr<RegionCache::Opened> RegionCache::Open(const copy::RegionSpec& sp
   }
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->key != key) continue;
-    if (shm && it->inode != inode) {  // gone or replaced: never serve the old object's memory
+    if (shm &&
+        (it->inode != inode ||
+         it->owner_uid != id.owner_uid)) {  // gone or replaced: never serve the old object's memory
       entries_.erase(it);
       break;
     }
@@ -75,7 +82,8 @@ absl::StatusOr<RegionCache::Opened> RegionCache::Open(const copy::RegionSpec& sp
   absl::StatusOr<std::shared_ptr<copy::Region>> region = engine->OpenRegion(spec);
   if (!region.ok()) return region.status();
   ++opens_total_;
-  entries_.push_front(Entry{key, inode, Opened{*std::move(region), engine}, now});
+  entries_.push_front(
+      Entry{key, inode, id.owner_uid, Opened{*std::move(region), engine, id.owner_uid}, now});
   while (entries_.size() > options_.max_entries) entries_.pop_back();
   return entries_.front().opened;
 }

@@ -42,6 +42,7 @@ class RegionCache {
   struct Opened {
     std::shared_ptr<copy::Region> region;
     copy::CopyEngine* engine = nullptr;  // the engine that opened it: use it for CopyChunk
+    int64_t owner_uid = -1;              // shm: the object's owner (st_uid); CUDA: -1
   };
 
   RegionCache(copy::CopyEngine* shm_engine, copy::CopyEngine* cuda_engine,
@@ -60,6 +61,7 @@ class RegionCache {
   struct Entry {
     std::string key;
     uint64_t inode = 0;  // shm only
+    int64_t owner_uid = -1;
     Opened opened;
     double last_used = 0;
   };

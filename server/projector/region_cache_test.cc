@@ -71,6 +71,7 @@ TEST_F(RegionCacheTest, RepeatedOpensOfOneHandleMapItOnce) {
     auto o = cache.Open(shm.Spec());
     ASSERT_TRUE(o.ok()) << o.status();
     EXPECT_EQ(FirstByte(*o), 7);
+    EXPECT_EQ(o->owner_uid, static_cast<int64_t>(getuid()));
   }
   EXPECT_EQ(cache.opens_total(), 1u);
   EXPECT_EQ(cache.size(), 1u);

@@ -57,6 +57,11 @@ struct ServiceRequest {
 
   std::string batch_id;        // optional group for WatchBatch
   bool reset_history = false;  // forget the parameter's previous P, last step and lazy state
+
+  // The caller's uid when the connection's credentials are known (SO_PEERCRED), else -1. A
+  // caller other than root may only name shm objects it owns: a daemon running as root would
+  // otherwise read and write any user's shared memory on request (PERMISSION_DENIED).
+  int64_t caller_uid = -1;
 };
 
 inline constexpr size_t kMaxParameterIdBytes = 1024;

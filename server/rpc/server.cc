@@ -18,6 +18,7 @@
 #include "grpcpp/server_posix.h"
 #include "proto/offload.grpc.pb.h"
 #include "server/rpc/peer_listener.h"
+#include "server/rpc/projector_service.h"
 #include "server/rpc/translate.h"
 
 namespace offloadd::rpc {
@@ -231,6 +232,8 @@ absl::Status ClearStaleSocket(const std::string& path) {
 struct Server::Impl {
   std::unique_ptr<PeerListener> listener;
   std::unique_ptr<OffloadService> service;
+  std::unique_ptr<ProjectorService> projector_service;
+  projector::RefreshService* projector = nullptr;
   std::unique_ptr<grpc::Server> server;
   session::Core* core = nullptr;
   bool stopped = false;
@@ -238,7 +241,8 @@ struct Server::Impl {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
                                                       const std::string& socket_path,
-                                                      uint32_t socket_mode, int64_t socket_gid) {
+                                                      uint32_t socket_mode, int64_t socket_gid,
+                                                      projector::RefreshService* projector) {
   if (socket_path.size() > 107) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "socket path %s is %d bytes; Unix socket paths are limited to 107: choose a shorter "
@@ -277,6 +281,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
   grpc::ServerBuilder builder;
   // No listening port: connections come from impl->listener (peer credentials).
   builder.RegisterService(impl->service.get());
+  // The projector service: callers pass the sessions' access policy; their uid (when known)
+  // limits which shm objects a refresh may name.
+  impl->projector = projector;
+  const PeerListener* peers = impl->listener.get();
+  impl->projector_service = std::make_unique<ProjectorService>(
+      projector, [core, peers](grpc::CallbackServerContext* ctx) -> absl::StatusOr<int64_t> {
+        const session::PeerCredentials caller = peers->Lookup(ctx->peer());
+        absl::Status allowed = session::CheckPeerAllowed(core->options().access, caller);
+        if (!allowed.ok()) return allowed;
+        return caller.known ? static_cast<int64_t>(caller.uid) : int64_t{-1};
+      });
+  builder.RegisterService(impl->projector_service.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   impl->server = builder.BuildAndStart();
   if (!impl->server) {
@@ -300,6 +316,7 @@ void Server::Shutdown() {
   impl_->stopped = true;
   impl_->service->shutting_down_ = true;
   impl_->listener->Stop();  // new connections are refused from here on
+  if (impl_->projector != nullptr) impl_->projector->Shutdown();
   impl_->core->Drain();  // finish copies in flight; completions go out on open streams
   impl_->server->GetHealthCheckService()->Shutdown();
   // Give streams a moment to flush their last completions, then cancel what remains.

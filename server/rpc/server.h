@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/projector/refresh_service.h"
 #include "server/session/core.h"
 
 namespace offloadd::rpc {
@@ -26,16 +27,18 @@ class Server {
   // Errors: FAILED_PRECONDITION when another daemon listens on the path; PERMISSION_DENIED when
   // the directory cannot be created or written; INVALID_ARGUMENT for a path over 107 bytes;
   // UNAVAILABLE when gRPC cannot listen.
-  static absl::StatusOr<std::unique_ptr<Server>> Start(session::Core* core,
-                                                        const std::string& socket_path,
-                                                        uint32_t socket_mode,
-                                                        int64_t socket_gid = -1);
+  // `projector`: what the offloadd.v1.Projector service runs on (rpc/projector_service.h);
+  // nullptr: that service answers UNAVAILABLE. Its calls pass the same access policy as sessions.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(
+      session::Core* core, const std::string& socket_path, uint32_t socket_mode,
+      int64_t socket_gid = -1, projector::RefreshService* projector = nullptr);
   static constexpr int kMaxQueuedResponses = 16384;
   ~Server();  // Shutdown()
 
   // Graceful stop: new requests get UNAVAILABLE, transfers in flight finish and their
   // completions are sent, then every stream is closed (sessions end with cause "shutdown") and
-  // the socket file is removed. Idempotent.
+  // the socket file is removed. Queued projector refreshes fail with UNAVAILABLE first; running
+  // ones finish and the calls waiting for them are answered. Idempotent.
   void Shutdown();
   const std::string& socket_path() const { return socket_path_; }
 

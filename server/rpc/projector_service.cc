@@ -1,0 +1,409 @@
+#include "server/rpc/projector_service.h"
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/rpc/translate.h"
+
+namespace offloadd::rpc {
+namespace {
+
+namespace pj = ::offloadd::projector;
+
+constexpr size_t kCudaIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+
+grpc::Status Disabled() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "the projector service is off in this daemon's config: set projector { "
+                      "enabled: true } (the default) and restart it");
+}
+
+absl::StatusOr<copy::RegionSpec> RegionFromProto(const v1::RegionHandle& h,
+                                                 const std::string& device_id, const char* what) {
+  copy::RegionSpec spec;
+  spec.size_bytes = h.size_bytes();
+  spec.device_id = device_id.empty() ? "projector" : device_id;
+  switch (h.kind_case()) {
+    case v1::RegionHandle::kShmName:
+      spec.shm_name = h.shm_name();
+      break;
+    case v1::RegionHandle::kCudaIpcHandle:
+      if (h.cuda_ipc_handle().size() != kCudaIpcHandleBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ".cuda_ipc_handle is ", h.cuda_ipc_handle().size(),
+                         " bytes; a cudaIpcMemHandle_t is 64 (send the raw handle bytes)"));
+      }
+      if (device_id.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " is a CUDA IPC handle: set device_id to the UUID of the GPU that holds it"));
+      }
+      spec.cuda_ipc_handle = h.cuda_ipc_handle();
+      break;
+    case v1::RegionHandle::KIND_NOT_SET:
+      break;  // ValidateServiceRequest names it
+  }
+  return spec;
+}
+
+absl::StatusOr<pj::DType> DTypeFromProto(int v) {
+  switch (v) {
+    case v1::DTYPE_FLOAT32:
+      return pj::DType::kFloat32;
+    case v1::DTYPE_BFLOAT16:
+      return pj::DType::kBFloat16;
+    case v1::DTYPE_FLOAT16:
+      return pj::DType::kFloat16;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dtype ", v,
+      " is unspecified or unknown: set DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
+}
+
+v1::DType DTypeToProto(pj::DType d) {
+  switch (d) {
+    case pj::DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case pj::DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+    case pj::DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<pj::ProjectionSide> SideFromProto(int v) {
+  switch (v) {
+    case v1::SIDE_STD:
+      return pj::ProjectionSide::kStd;
+    case v1::SIDE_REVERSE_STD:
+      return pj::ProjectionSide::kReverseStd;
+    case v1::SIDE_LEFT:
+      return pj::ProjectionSide::kLeft;
+    case v1::SIDE_RIGHT:
+      return pj::ProjectionSide::kRight;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("side ", v,
+                   " is unspecified or unknown: set SIDE_STD (the reference's default), "
+                   "SIDE_REVERSE_STD, SIDE_LEFT or SIDE_RIGHT"));
+}
+
+absl::StatusOr<pj::SvdMethod> MethodFromProto(int v) {
+  switch (v) {
+    case v1::METHOD_EXACT:
+      return pj::SvdMethod::kExact;
+    case v1::METHOD_RANDOMIZED:
+      return pj::SvdMethod::kRandomized;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "method ", v, " is unspecified or unknown: set METHOD_EXACT or METHOD_RANDOMIZED"));
+}
+
+v1::RefreshState StateToProto(pj::RefreshState s) {
+  switch (s) {
+    case pj::RefreshState::kQueued:
+      return v1::REFRESH_QUEUED;
+    case pj::RefreshState::kRunning:
+      return v1::REFRESH_RUNNING;
+    case pj::RefreshState::kDone:
+      return v1::REFRESH_DONE;
+    case pj::RefreshState::kFailed:
+      return v1::REFRESH_FAILED;
+  }
+  return v1::REFRESH_STATE_UNSPECIFIED;
+}
+
+// WatchBatch: one RefreshProgress per refresh as it finishes. Completions arrive on service
+// worker threads through a State the reactor shares with them; at most one write is in flight,
+// and Finish is called only when none is.
+class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
+ public:
+  WatchReactor(pj::RefreshService* service, const v1::WatchRequest& request) {
+    std::vector<uint64_t> ids = service->BatchIds(request.batch_id());
+    std::set<uint64_t> seen(ids.begin(), ids.end());
+    for (uint64_t id : request.refresh_ids()) {
+      if (!service->Get(id).ok()) {
+        Finish(grpc::Status(
+            grpc::StatusCode::NOT_FOUND,
+            absl::StrCat("no projector refresh with id ", id, ": unknown, or its result expired")));
+        return;
+      }
+      if (seen.insert(id).second) ids.push_back(id);
+    }
+    if (ids.empty()) {
+      Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          request.batch_id().empty()
+                              ? std::string("WatchBatch names no refresh: set batch_id or "
+                                            "refresh_ids")
+                              : absl::StrCat("no refresh was submitted with batch_id \"",
+                                             request.batch_id(), "\" (or all have expired)")));
+      return;
+    }
+    state_ = std::make_shared<State>();
+    state_->reactor = this;
+    state_->total = static_cast<uint32_t>(ids.size());
+    for (uint64_t id : ids) {
+      std::shared_ptr<State> state = state_;
+      absl::Status s =
+          service->WhenFinished(id, [state](const pj::RefreshRecord& r) { state->Push(r); });
+      if (!s.ok()) {  // expired between the lookup and now
+        pj::RefreshRecord gone;
+        gone.id = id;
+        gone.state = pj::RefreshState::kFailed;
+        gone.status = s;
+        state_->Push(gone);
+      }
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->writing = false;
+    if (!ok) state_->broken = true;
+    state_->NextLocked();
+  }
+  void OnCancel() override {
+    if (!state_) return;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->broken = true;
+    state_->NextLocked();
+  }
+  void OnDone() override {
+    if (state_) {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    WatchReactor* reactor = nullptr;  // null once the call is done
+    uint32_t total = 0, completed = 0;
+    std::deque<v1::RefreshProgress> pending;
+    v1::RefreshProgress current;  // being written
+    bool writing = false, broken = false, finished = false;
+
+    void Push(const pj::RefreshRecord& r) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (reactor == nullptr || finished) return;
+      v1::RefreshProgress p;
+      ToProto(r, p.mutable_result());
+      p.set_completed(++completed);
+      p.set_total(total);
+      pending.push_back(std::move(p));
+      NextLocked();
+    }
+    void NextLocked() {
+      if (writing || finished || reactor == nullptr) return;
+      if (broken) {
+        finished = true;
+        reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the watch was cancelled"));
+        return;
+      }
+      if (!pending.empty()) {
+        current = std::move(pending.front());
+        pending.pop_front();
+        writing = true;
+        reactor->StartWrite(&current);
+      } else if (completed == total) {
+        finished = true;
+        reactor->Finish(grpc::Status::OK);
+      }
+    }
+  };
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace
+
+absl::StatusOr<pj::ServiceRequest> FromProto(const v1::RefreshRequest& in) {
+  pj::ServiceRequest r;
+  r.parameter_id = in.key().parameter_id();
+  r.step = in.key().step();
+  absl::StatusOr<copy::RegionSpec> g =
+      RegionFromProto(in.gradient_region(), in.device_id(), "gradient_region");
+  if (!g.ok()) return g.status();
+  r.gradient.region = *std::move(g);
+  r.gradient.offset_bytes = in.gradient_offset();
+  r.shape.assign(in.shape().begin(), in.shape().end());
+  absl::StatusOr<pj::DType> dtype = DTypeFromProto(in.dtype());
+  if (!dtype.ok()) return dtype.status();
+  r.dtype = *dtype;
+  r.rank = in.rank();
+  absl::StatusOr<pj::ProjectionSide> side = SideFromProto(in.side());
+  if (!side.ok()) return side.status();
+  r.side = *side;
+  absl::StatusOr<pj::SvdMethod> method = MethodFromProto(in.method());
+  if (!method.ok()) return method.status();
+  r.method = *method;
+  if (in.has_oversampling()) r.randomized.oversampling = in.oversampling();
+  if (in.has_power_iterations()) {
+    r.randomized.power_iterations =
+        static_cast<int>(std::min<uint32_t>(in.power_iterations(), pj::kMaxPowerIterations + 1));
+  }
+  if (in.has_seed()) r.randomized.seed = in.seed();
+  r.warm_start = in.warm_start();
+  r.has_projector_region = in.has_projector_region();
+  if (r.has_projector_region) {
+    absl::StatusOr<copy::RegionSpec> p =
+        RegionFromProto(in.projector_region(), in.device_id(), "projector_region");
+    if (!p.ok()) return p.status();
+    r.projector.region = *std::move(p);
+  }
+  r.projector.offset_bytes = in.projector_offset();
+  r.measure_residual = !in.skip_residual();
+  r.lazy = in.lazy();
+  if (in.has_lazy_similarity_threshold()) {
+    r.lazy_policy.similarity_threshold = in.lazy_similarity_threshold();
+  }
+  if (in.has_lazy_stable_refreshes()) {
+    r.lazy_policy.stable_refreshes_before_skip = static_cast<int>(in.lazy_stable_refreshes());
+  }
+  if (in.has_lazy_max_skips()) {
+    r.lazy_policy.max_consecutive_skips = static_cast<int>(in.lazy_max_skips());
+  }
+  r.batch_id = in.batch_id();
+  r.reset_history = in.reset_history();
+  return r;
+}
+
+void ToProto(const pj::RefreshRecord& record, v1::RefreshResult* out) {
+  out->set_refresh_id(record.id);
+  out->mutable_key()->set_parameter_id(record.parameter_id);
+  out->mutable_key()->set_step(record.step);
+  out->set_state(StateToProto(record.state));
+  if (record.state == pj::RefreshState::kFailed) {
+    out->mutable_error()->set_code(static_cast<int32_t>(record.status.code()));
+    out->mutable_error()->set_message(std::string(record.status.message()));
+  }
+  out->set_projector_written(record.projector_written);
+  out->set_skipped(record.skipped);
+  out->set_vector_side(record.vector_side == pj::VectorSide::kLeft ? v1::VECTOR_SIDE_LEFT
+                                                                   : v1::VECTOR_SIDE_RIGHT);
+  out->set_projector_rows(record.projector_rows);
+  out->set_effective_rank(record.effective_rank);
+  out->set_projector_dtype(DTypeToProto(record.dtype));
+  out->set_warm_started(record.warm_started);
+  out->set_backend(record.backend);
+  out->set_queued_seconds(record.queued_seconds);
+  out->set_elapsed_seconds(record.elapsed_seconds);
+  if (record.state != pj::RefreshState::kDone || record.skipped) return;
+  const pj::RefreshResult& r = record.result;
+  out->set_degenerate(r.degenerate);
+  for (double s : r.singular_values) out->add_singular_values(s);
+  out->set_gradient_fro(r.gradient_fro);
+  out->set_captured_energy(r.captured_energy);
+  out->set_residual_fro(r.residual_fro);
+  out->set_residual_ratio(r.residual_ratio);
+  out->set_residual_ratio_upper_bound(r.residual_ratio_upper_bound);
+  out->set_tail_energy_lower(r.tail_energy_lower);
+  out->set_tail_energy_upper(r.tail_energy_upper);
+  out->set_orthogonality_error(r.orthogonality_error);
+  out->set_has_similarity(r.has_similarity);
+  out->set_similarity(r.similarity);
+  out->set_svd_seconds(r.svd_seconds);
+}
+
+absl::StatusOr<int64_t> ProjectorService::Authorize(grpc::CallbackServerContext* ctx) const {
+  if (!authorize_) return -1;
+  return authorize_(ctx);
+}
+
+grpc::ServerUnaryReactor* ProjectorService::Submit(grpc::CallbackServerContext* ctx,
+                                                   const v1::RefreshRequest* request,
+                                                   v1::SubmitReply* reply) {
+  auto* reactor = ctx->DefaultReactor();
+  if (service_ == nullptr) {
+    reactor->Finish(Disabled());
+    return reactor;
+  }
+  absl::StatusOr<int64_t> caller = Authorize(ctx);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  absl::StatusOr<pj::ServiceRequest> r = FromProto(*request);
+  if (!r.ok()) {
+    reactor->Finish(ToGrpcStatus(r.status()));
+    return reactor;
+  }
+  r->caller_uid = *caller;
+  absl::StatusOr<pj::SubmitOutcome> outcome = service_->Submit(*r);
+  if (!outcome.ok()) {
+    reactor->Finish(ToGrpcStatus(outcome.status()));
+    return reactor;
+  }
+  reply->set_refresh_id(outcome->id);
+  reply->set_deduplicated(outcome->deduplicated);
+  reply->set_state(StateToProto(outcome->state));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ProjectorService::GetResult(grpc::CallbackServerContext* ctx,
+                                                      const v1::GetResultRequest* request,
+                                                      v1::RefreshResult* result) {
+  auto* reactor = ctx->DefaultReactor();
+  if (service_ == nullptr) {
+    reactor->Finish(Disabled());
+    return reactor;
+  }
+  if (absl::StatusOr<int64_t> caller = Authorize(ctx); !caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  uint64_t id = request->refresh_id();
+  if (id == 0) {
+    absl::StatusOr<uint64_t> found =
+        service_->Find(request->key().parameter_id(), request->key().step());
+    if (!found.ok()) {
+      reactor->Finish(ToGrpcStatus(found.status()));
+      return reactor;
+    }
+    id = *found;
+  }
+  auto reply = [reactor, result](const pj::RefreshRecord& record) {
+    if (record.state == pj::RefreshState::kFailed) {
+      reactor->Finish(ToGrpcStatus(record.status));
+      return;
+    }
+    ToProto(record, result);
+    reactor->Finish(grpc::Status::OK);
+  };
+  if (request->wait()) {
+    // Finishes from the worker that completes the refresh (or now, if it has).
+    absl::Status s = service_->WhenFinished(id, reply);
+    if (!s.ok()) reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  absl::StatusOr<pj::RefreshRecord> record = service_->Get(id);
+  if (!record.ok()) {
+    reactor->Finish(ToGrpcStatus(record.status()));
+  } else {
+    reply(*record);
+  }
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::RefreshProgress>* ProjectorService::WatchBatch(
+    grpc::CallbackServerContext* ctx, const v1::WatchRequest* request) {
+  class Refused : public grpc::ServerWriteReactor<v1::RefreshProgress> {
+   public:
+    explicit Refused(grpc::Status status) { Finish(std::move(status)); }
+    void OnDone() override { delete this; }
+  };
+  if (service_ == nullptr) return new Refused(Disabled());
+  if (absl::StatusOr<int64_t> caller = Authorize(ctx); !caller.ok()) {
+    return new Refused(ToGrpcStatus(caller.status()));
+  }
+  return new WatchReactor(service_, *request);
+}
+
+}  // namespace offloadd::rpc

@@ -1,0 +1,370 @@
+// The Projector service through a real gRPC client and server on a Unix socket, with the shm
+// copy engine and LAPACK: every bad input of the issue is asserted by its status code.
+#include "server/rpc/projector_service.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/copy/shm_engine.h"
+#include "server/metrics/metrics.h"
+#include "server/projector/dtype.h"
+#include "server/projector/lapack_backend.h"
+#include "server/projector/subspace_metrics.h"
+#include "server/projector/synthetic.h"
+
+namespace offloadd::rpc {
+namespace {
+
+namespace pj = ::offloadd::projector;
+
+constexpr uint64_t kShmBytes = 4 << 20;
+constexpr uint64_t kProjectorOffset = 2 << 20;
+
+class ProjectorRpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static int n = 0;
+    tag_ = std::to_string(getpid()) + "-" + std::to_string(n++);
+    socket_ = "/tmp/ofd-prj-" + tag_ + ".sock";
+    shm_name_ = "/ofd-prj-" + tag_;
+    int fd = shm_open(shm_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, kShmBytes), 0);
+    shm_ =
+        static_cast<uint8_t*>(mmap(nullptr, kShmBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+    StartServer(/*enabled=*/true);
+  }
+  void TearDown() override {
+    StopServer();
+    munmap(shm_, kShmBytes);
+    shm_unlink(shm_name_.c_str());
+  }
+  void StartServer(bool enabled) {
+    if (enabled) {
+      pj::RefreshServiceOptions o;
+      o.cpu_backend = &lapack_;
+      o.workers = 2;
+      refresh_ = std::make_unique<pj::RefreshService>(o, &engine_, nullptr);
+    }
+    service_ = std::make_unique<ProjectorService>(refresh_.get());
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Projector::NewStub(
+        grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
+  }
+  void StopServer() {
+    if (refresh_) refresh_->Shutdown();
+    server_->Shutdown();
+    unlink(socket_.c_str());
+    refresh_.reset();
+  }
+
+  v1::RefreshRequest Request(const std::string& parameter, int64_t step, int64_t rows, int64_t cols,
+                             int64_t rank) {
+    v1::RefreshRequest r;
+    r.mutable_key()->set_parameter_id(parameter);
+    r.mutable_key()->set_step(step);
+    r.mutable_gradient_region()->set_shm_name(shm_name_);
+    r.mutable_gradient_region()->set_size_bytes(kShmBytes);
+    r.add_shape(rows);
+    r.add_shape(cols);
+    r.set_dtype(v1::DTYPE_FLOAT32);
+    r.set_rank(rank);
+    r.set_side(v1::SIDE_STD);
+    r.set_method(v1::METHOD_EXACT);
+    r.set_projector_offset(kProjectorOffset);
+    return r;
+  }
+  void WriteG(const std::vector<float>& g) { std::memcpy(shm_, g.data(), g.size() * 4); }
+
+  grpc::Status Submit(const v1::RefreshRequest& r, v1::SubmitReply* reply) {
+    grpc::ClientContext ctx;
+    return stub_->Submit(&ctx, r, reply);
+  }
+  grpc::Status Get(uint64_t id, bool wait, v1::RefreshResult* out) {
+    grpc::ClientContext ctx;
+    v1::GetResultRequest g;
+    g.set_refresh_id(id);
+    g.set_wait(wait);
+    return stub_->GetResult(&ctx, g, out);
+  }
+  // Submit + GetResult(wait): the GetResult status.
+  grpc::Status Run(const v1::RefreshRequest& r, v1::RefreshResult* out) {
+    v1::SubmitReply reply;
+    grpc::Status s = Submit(r, &reply);
+    if (!s.ok()) return s;
+    return Get(reply.refresh_id(), true, out);
+  }
+  static double Outcomes(const std::string& outcome) {
+    return metrics::Get().projector_refreshes_total->Add({{"outcome", outcome}}).Value();
+  }
+
+  std::string tag_, socket_, shm_name_;
+  uint8_t* shm_ = nullptr;
+  pj::LapackSvdBackend lapack_;
+  copy::ShmCopyEngine engine_;
+  std::unique_ptr<pj::RefreshService> refresh_;
+  std::unique_ptr<ProjectorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Projector::Stub> stub_;
+};
+
+std::vector<float> Decaying(int64_t m, int64_t n, uint64_t seed) {
+  return pj::LowRankPlusNoise(m, n, pj::GeometricSpectrum(std::min(m, n) / 2, 10.0, 0.9), 0.001,
+                              seed);
+}
+
+TEST_F(ProjectorRpcTest, ExactRefreshEndToEnd) {
+  const int64_t m = 128, n = 64, r = 8;
+  WriteG(Decaying(m, n, 1));
+  const double ok_before = Outcomes("ok");
+  v1::RefreshResult res;
+  grpc::Status s = Run(Request("w", 0, m, n, r), &res);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(res.state(), v1::REFRESH_DONE);
+  EXPECT_TRUE(res.projector_written());
+  EXPECT_EQ(res.vector_side(), v1::VECTOR_SIDE_RIGHT);
+  EXPECT_EQ(res.projector_rows(), n);
+  EXPECT_EQ(res.effective_rank(), r);
+  EXPECT_EQ(res.projector_dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_EQ(res.singular_values_size(), r);
+  EXPECT_LE(res.residual_ratio(), 1.05);
+  EXPECT_LE(res.orthogonality_error(), 1e-5);
+  EXPECT_EQ(res.backend(), "lapack");
+  EXPECT_GT(res.captured_energy(), 0.5);
+  // P in client memory, checked independently of what the result says.
+  std::vector<float> p(n * r);
+  std::memcpy(p.data(), shm_ + kProjectorOffset, p.size() * 4);
+  EXPECT_LE(pj::OrthogonalityError(p.data(), n, r), 1e-5);
+  EXPECT_EQ(Outcomes("ok"), ok_before + 1);
+}
+
+TEST_F(ProjectorRpcTest, NanInGradientIsInvalidArgumentNamingTheFirstBadRow) {
+  const int64_t m = 64, n = 32;
+  std::vector<float> g = Decaying(m, n, 2);
+  g[5 * n + 7] = std::numeric_limits<float>::quiet_NaN();
+  g[9 * n + 1] = std::numeric_limits<float>::infinity();
+  WriteG(g);
+  const double before = Outcomes("invalid_input");
+  v1::RefreshResult res;
+  grpc::Status s = Run(Request("w", 0, m, n, 4), &res);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("row 5"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("NaN"), std::string::npos) << s.error_message();
+  EXPECT_EQ(Outcomes("invalid_input"), before + 1);
+}
+
+TEST_F(ProjectorRpcTest, AllZeroGradientIsDegenerateAndKeepsThePreviousProjector) {
+  const int64_t m = 64, n = 32, r = 4;
+  WriteG(Decaying(m, n, 3));
+  v1::RefreshResult first;
+  ASSERT_TRUE(Run(Request("w", 0, m, n, r), &first).ok());
+  std::vector<uint8_t> before(shm_ + kProjectorOffset, shm_ + kProjectorOffset + n * r * 4);
+  std::memset(shm_, 0, m * n * 4);
+  v1::RefreshResult zero;
+  grpc::Status s = Run(Request("w", 200, m, n, r), &zero);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(zero.state(), v1::REFRESH_DONE);
+  EXPECT_TRUE(zero.degenerate());
+  EXPECT_FALSE(zero.projector_written());
+  EXPECT_EQ(std::memcmp(before.data(), shm_ + kProjectorOffset, before.size()), 0);
+}
+
+TEST_F(ProjectorRpcTest, OneDimensionalAndShapelessBuffersAreRejectedAtSubmit) {
+  v1::RefreshRequest bias = Request("bias", 0, 64, 1, 4);
+  bias.clear_shape();
+  bias.add_shape(64);
+  v1::SubmitReply reply;
+  grpc::Status s = Submit(bias, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("1-D"), std::string::npos) << s.error_message();
+  v1::RefreshRequest shapeless = Request("blob", 0, 64, 1, 4);
+  shapeless.clear_shape();
+  s = Submit(shapeless, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("shapeless"), std::string::npos) << s.error_message();
+}
+
+TEST_F(ProjectorRpcTest, HugeMagnitudesAreRescaledNotOverflowed) {
+  const int64_t m = 64, n = 48, r = 4;
+  std::vector<float> g = Decaying(m, n, 4);
+  for (float& x : g) x *= 3e33f;
+  WriteG(g);
+  v1::RefreshResult res;
+  grpc::Status s = Run(Request("w", 0, m, n, r), &res);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(res.projector_written());
+  EXPECT_TRUE(std::isfinite(res.gradient_fro()));
+  EXPECT_GT(res.singular_values(0), 1e33);
+  EXPECT_LE(res.orthogonality_error(), 1e-5);
+  EXPECT_LE(res.residual_ratio(), 1.05);
+}
+
+TEST_F(ProjectorRpcTest, UnknownRefreshIdOrKeyIsNotFound) {
+  v1::RefreshResult res;
+  EXPECT_EQ(Get(987654, false, &res).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Get(987654, true, &res).error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext ctx;
+  v1::GetResultRequest by_key;
+  by_key.mutable_key()->set_parameter_id("never");
+  by_key.mutable_key()->set_step(7);
+  EXPECT_EQ(stub_->GetResult(&ctx, by_key, &res).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ProjectorRpcTest, BadRankSideMethodOrDtypeIsInvalidArgument) {
+  v1::SubmitReply reply;
+  v1::RefreshRequest r = Request("w", 0, 64, 32, 0);
+  EXPECT_EQ(Submit(r, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  r = Request("w", 0, 64, 32, 4);
+  r.set_side(v1::SIDE_UNSPECIFIED);
+  EXPECT_EQ(Submit(r, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  r = Request("w", 0, 64, 32, 4);
+  r.set_side(static_cast<v1::ProjectionSide>(17));
+  EXPECT_EQ(Submit(r, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  r = Request("w", 0, 64, 32, 4);
+  r.set_method(v1::METHOD_UNSPECIFIED);
+  EXPECT_EQ(Submit(r, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  r = Request("w", 0, 64, 32, 4);
+  r.set_dtype(v1::DTYPE_UNSPECIFIED);
+  EXPECT_EQ(Submit(r, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  r = Request("w", 0, 64, 32, 4);
+  r.mutable_gradient_region()->set_cuda_ipc_handle("short");
+  EXPECT_EQ(Submit(r, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  r = Request("w", 0, 64, 32, 4);
+  r.set_warm_start(true);  // with METHOD_EXACT
+  EXPECT_EQ(Submit(r, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ProjectorRpcTest, RegionTooSmallIsOutOfRange) {
+  v1::SubmitReply reply;
+  // Declared region too small for G.
+  v1::RefreshRequest r = Request("g", 0, 1025, 1024, 4);  // > 4 MiB of fp32
+  grpc::Status s = Submit(r, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
+  // P past the end.
+  r = Request("p", 0, 64, 32, 4);
+  r.set_projector_offset(kShmBytes - 8);
+  EXPECT_EQ(Submit(r, &reply).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  // Declared bigger than the real object: found when the daemon opens it.
+  r = Request("real", 0, 64, 32, 4);
+  r.mutable_gradient_region()->set_size_bytes(kShmBytes * 2);
+  WriteG(Decaying(64, 32, 5));
+  v1::RefreshResult res;
+  s = Run(r, &res);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
+}
+
+TEST_F(ProjectorRpcTest, RepeatedKeyIsDeduplicatedAndOlderStepRefused) {
+  WriteG(Decaying(64, 32, 6));
+  v1::SubmitReply a, b;
+  ASSERT_TRUE(Submit(Request("w", 400, 64, 32, 4), &a).ok());
+  ASSERT_TRUE(Submit(Request("w", 400, 64, 32, 4), &b).ok());
+  EXPECT_FALSE(a.deduplicated());
+  EXPECT_TRUE(b.deduplicated());
+  EXPECT_EQ(a.refresh_id(), b.refresh_id());
+  v1::RefreshResult res;
+  ASSERT_TRUE(Get(a.refresh_id(), true, &res).ok());
+  v1::SubmitReply old;
+  EXPECT_EQ(Submit(Request("w", 200, 64, 32, 4), &old).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // GetResult by key finds the same refresh.
+  grpc::ClientContext ctx;
+  v1::GetResultRequest by_key;
+  by_key.mutable_key()->set_parameter_id("w");
+  by_key.mutable_key()->set_step(400);
+  v1::RefreshResult found;
+  ASSERT_TRUE(stub_->GetResult(&ctx, by_key, &found).ok());
+  EXPECT_EQ(found.refresh_id(), a.refresh_id());
+  EXPECT_EQ(found.state(), v1::REFRESH_DONE);
+}
+
+TEST_F(ProjectorRpcTest, WatchBatchStreamsEveryRefreshThenEnds) {
+  const int64_t m = 48, n = 32;
+  // Three parameters share G (read-only) at offset 0; each writes P at its own offset. One more
+  // has a NaN in its own copy of G.
+  WriteG(Decaying(m, n, 7));
+  std::vector<float> bad = Decaying(m, n, 8);
+  bad[3 * n] = std::numeric_limits<float>::quiet_NaN();
+  const uint64_t bad_offset = 1 << 20;
+  std::memcpy(shm_ + bad_offset, bad.data(), bad.size() * 4);
+  std::set<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    v1::RefreshRequest r = Request("p" + std::to_string(i), 0, m, n, 4);
+    r.set_batch_id("step-0");
+    r.set_projector_offset(kProjectorOffset + i * 4096);
+    if (i == 3) r.set_gradient_offset(bad_offset);
+    v1::SubmitReply reply;
+    ASSERT_TRUE(Submit(r, &reply).ok());
+    ids.insert(reply.refresh_id());
+  }
+  grpc::ClientContext ctx;
+  v1::WatchRequest w;
+  w.set_batch_id("step-0");
+  auto reader = stub_->WatchBatch(&ctx, w);
+  v1::RefreshProgress p;
+  std::vector<uint32_t> completed;
+  int failed = 0;
+  std::set<uint64_t> seen;
+  while (reader->Read(&p)) {
+    completed.push_back(p.completed());
+    EXPECT_EQ(p.total(), 4u);
+    seen.insert(p.result().refresh_id());
+    if (p.result().state() == v1::REFRESH_FAILED) {
+      ++failed;
+      EXPECT_EQ(p.result().error().code(), 3);  // INVALID_ARGUMENT
+      EXPECT_NE(p.result().error().message().find("row 3"), std::string::npos);
+    } else {
+      EXPECT_EQ(p.result().state(), v1::REFRESH_DONE);
+      EXPECT_TRUE(p.result().projector_written());
+    }
+  }
+  grpc::Status s = reader->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(completed, (std::vector<uint32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(failed, 1);
+  EXPECT_EQ(seen, ids);
+
+  // An unknown batch or id is NOT_FOUND.
+  grpc::ClientContext ctx2;
+  v1::WatchRequest none;
+  none.set_batch_id("no-such-batch");
+  auto r2 = stub_->WatchBatch(&ctx2, none);
+  while (r2->Read(&p)) {
+  }
+  EXPECT_EQ(r2->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ProjectorRpcTest, DisabledServiceIsUnavailable) {
+  StopServer();
+  StartServer(/*enabled=*/false);
+  v1::SubmitReply reply;
+  EXPECT_EQ(Submit(Request("w", 0, 64, 32, 4), &reply).error_code(), grpc::StatusCode::UNAVAILABLE);
+  v1::RefreshResult res;
+  EXPECT_EQ(Get(1, true, &res).error_code(), grpc::StatusCode::UNAVAILABLE);
+  grpc::ClientContext ctx;
+  v1::WatchRequest w;
+  w.set_batch_id("x");
+  auto reader = stub_->WatchBatch(&ctx, w);
+  v1::RefreshProgress p;
+  while (reader->Read(&p)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+}  // namespace
+}  // namespace offloadd::rpc
