@@ -5,9 +5,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "glog/logging.h"
@@ -15,6 +17,7 @@
 #include "server/copy/shm_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/pool/arena.h"
+#include "server/projector/refresh_service.h"
 #include "server/rpc/server.h"
 #include "server/sched/topology.h"
 #include "server/session/core.h"
@@ -59,6 +62,33 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
       "backend \"cuda\" is not in this build (no CUDA toolkit at build time): rebuild on a "
       "machine with /usr/local/cuda, or use backend: \"shm\"");
 #endif
+}
+
+// The GaLore projector refresh service (config `projector`), or nullptr when it is disabled. shm
+// regions open through the daemon's engine when that is shm, else through `own_shm`; CUDA IPC
+// regions through the cuda engine. Sets OpenBLAS's process-wide thread count once.
+std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
+    const offloadd::v1::ProjectorConfig& config, offloadd::copy::CopyEngine& engine,
+    offloadd::copy::CopyEngine* own_shm) {
+  if (config.has_enabled() && !config.enabled()) {
+    LOG(INFO) << "projector service disabled (projector { enabled: false })";
+    return nullptr;
+  }
+  offloadd::projector::RefreshServiceOptions options;
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  options.workers = config.workers() > 0
+                        ? static_cast<int>(std::min<uint32_t>(config.workers(), 64))
+                        : (hardware <= 4 ? 1 : 2);
+  if (config.history_bytes() > 0) options.history_bytes = config.history_bytes();
+  if (config.max_results() > 0) options.max_results = config.max_results();
+  if (config.result_ttl_seconds() > 0) options.result_ttl_seconds = config.result_ttl_seconds();
+  const int blas_threads =
+      offloadd::projector::SetBlasThreads(offloadd::projector::BlasThreadsFor(options.workers));
+  const bool shm_daemon = engine.name() == "shm";
+  LOG(INFO) << "projector service: " << options.workers << " refresh workers, " << blas_threads
+            << " OpenBLAS threads each, backend lapack";
+  return std::make_unique<offloadd::projector::RefreshService>(
+      options, shm_daemon ? &engine : own_shm, shm_daemon ? nullptr : &engine);
 }
 
 int Fail(const absl::Status& status, int code) {
@@ -195,8 +225,12 @@ int main(int argc, char** argv) {
   }
   offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine));
   std::string socket_path = offloadd::ResolveSocketPath(*config);
-  auto server = offloadd::rpc::Server::Start(&core, socket_path, config->socket_mode(),
-                                             *offloadd::ResolveSocketGroup(*config));
+  offloadd::copy::ShmCopyEngine projector_shm;  // shm regions of refreshes on a cuda daemon
+  std::unique_ptr<offloadd::projector::RefreshService> projector =
+      MakeProjector(config->projector(), core.engine(), &projector_shm);
+  auto server =
+      offloadd::rpc::Server::Start(&core, socket_path, config->socket_mode(),
+                                   *offloadd::ResolveSocketGroup(*config), projector.get());
   if (!server.ok()) return Fail(server.status(), 1);
 
   LOG(INFO) << "offloadd " << kVersion << " serving on unix:" << socket_path

@@ -64,7 +64,7 @@ struct RefreshService::WorkerBuffers {
 RefreshService::RefreshService(RefreshServiceOptions options, copy::CopyEngine* shm_engine,
                                copy::CopyEngine* cuda_engine)
     : options_(std::move(options)), regions_(shm_engine, cuda_engine, options_.region_cache) {
-  CHECK(options_.cpu_backend != nullptr) << "RefreshService needs a cpu_backend";
+  if (options_.cpu_backend == nullptr) options_.cpu_backend = &own_lapack_;
   const int workers = std::max(1, options_.workers);
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
   metrics::Get().projector_queue_depth->Set(0);

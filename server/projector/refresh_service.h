@@ -50,6 +50,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/copy/copy_engine.h"
+#include "server/projector/lapack_backend.h"
 #include "server/projector/projector.h"
 #include "server/projector/refresh_queue.h"
 #include "server/projector/region_cache.h"
@@ -91,7 +92,8 @@ struct SubmitOutcome {
 
 struct RefreshServiceOptions {
   int workers = 1;
-  const SvdBackend* cpu_backend = nullptr;  // required; must outlive the service
+  // Must outlive the service; nullptr = a LapackSvdBackend owned by the service.
+  const SvdBackend* cpu_backend = nullptr;
   // Optional: a backend for gradients in this region (nullptr = cpu_backend).
   std::function<const SvdBackend*(const copy::RegionSpec&)> gpu_backend_for;
   uint64_t history_bytes = 256ull << 20;
@@ -168,6 +170,7 @@ class RefreshService {
   void UpdateQueueGaugeLocked();
   double Now() const;
 
+  LapackSvdBackend own_lapack_;  // the cpu_backend when none was given
   RefreshServiceOptions options_;
   RegionCache regions_;
   std::mutex shutdown_mu_;  // serialises Shutdown calls
