@@ -193,6 +193,21 @@ TEST(PeerTest, HelloPidMustNameThePeerInEitherPidNamespace) {
   EXPECT_EQ(own->front(), getpid());
 }
 
+TEST(PeerTest, SharedMemoryOfAnotherUidIsRefused) {
+  std::string dir = "/tmp/ofd-shm-" + std::to_string(getpid());
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  std::ofstream(dir + "/mine") << "x";
+  const uint32_t me = geteuid();
+  EXPECT_TRUE(CheckShmOwner(Peer(1, me), "/mine", dir).ok());
+  EXPECT_TRUE(CheckShmOwner(Peer(1, 0), "/mine", dir).ok());       // root may
+  EXPECT_TRUE(CheckShmOwner(PeerCredentials{}, "/mine", dir).ok());  // unknown: not checked
+  EXPECT_TRUE(CheckShmOwner(Peer(1, me + 1), "/absent", dir).ok());  // engine says NOT_FOUND
+  absl::Status st = CheckShmOwner(Peer(1, me + 1), "/mine", dir);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(std::string(st.message()).find("belongs to uid"), std::string::npos) << st;
+  std::system(("rm -rf " + dir).c_str());
+}
+
 TEST(SessionIsolationTest, HelloFromAnotherPidOrAUidNotAllowedIsDenied) {
   CoreOptions o;
   o.access.allowed_uids = {1000};
@@ -288,7 +303,8 @@ TEST(SessionIsolationTest, EndSessionReleasesEverythingAndEndsTheStream) {
   auto core = MakeCore();
   Shm shm(4 * kMiB);
   Collected c;
-  auto s = Session::Create(core.get(), c.emit(), Peer(getpid(), 77), c.end());
+  const uint32_t uid = geteuid();  // owns the shm object
+  auto s = Session::Create(core.get(), c.emit(), Peer(getpid(), uid), c.end());
   s->Handle(Hello(1, getpid()));
   ASSERT_EQ(c.Wait(1).kind, CompletionKind::kHello);
   Request reg;
@@ -304,7 +320,7 @@ TEST(SessionIsolationTest, EndSessionReleasesEverythingAndEndsTheStream) {
   off.bytes = 3 * kMiB;
   s->Handle(off);
   ASSERT_EQ(c.Wait(3).kind, CompletionKind::kOffloadDone);
-  EXPECT_EQ(core->Stats().uid_used_bytes[77], 3 * kMiB);
+  EXPECT_EQ(core->Stats().uid_used_bytes[uid], 3 * kMiB);
   auto ended = core->EndSession(s->id(), EndCause::kAdmin, absl::AbortedError("by test"));
   ASSERT_TRUE(ended.ok()) << ended.status();
   EXPECT_EQ(ended->blocks, 1u);

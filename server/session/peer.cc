@@ -1,6 +1,7 @@
 #include "server/session/peer.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,6 +94,18 @@ absl::Status CheckHelloPid(const PeerCredentials& peer, uint32_t hello_pid,
       "process that opened the connection; send its own pid (or 0), and open one connection per "
       "process",
       hello_pid, peer.pid));
+}
+
+absl::Status CheckShmOwner(const PeerCredentials& peer, const std::string& shm_name,
+                           const std::string& shm_dir) {
+  if (!peer.known || peer.uid == 0 || shm_name.empty()) return absl::OkStatus();
+  struct stat st;
+  if (stat((shm_dir + shm_name).c_str(), &st) != 0) return absl::OkStatus();
+  if (st.st_uid == peer.uid) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "shared-memory region %s belongs to uid %d, not to this session's uid %d: register memory "
+      "your own process created",
+      shm_name, st.st_uid, peer.uid));
 }
 
 }  // namespace offloadd::session

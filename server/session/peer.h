@@ -11,6 +11,8 @@
 //    socket's file mode and group: empty lists allow everyone who can connect; with either list
 //    set, a peer must match one of them (its uid in allowed_uids, or its primary or a
 //    supplementary group in allowed_gids). PERMISSION_DENIED otherwise.
+//  - A shared-memory region (shm backend) must belong to the peer's uid (or the peer is root):
+//    the daemon may run as root and could open anyone's object by name; PERMISSION_DENIED.
 //  - Admin calls (ending another process's session, seeing every session in GetStats) need uid
 //    0, the daemon's own effective uid, or a uid in admin_uids.
 #ifndef OFFLOADD_SERVER_SESSION_PEER_H_
@@ -61,6 +63,12 @@ absl::StatusOr<std::vector<int32_t>> NamespacePids(int32_t pid,
 // credentials: OK.
 absl::Status CheckHelloPid(const PeerCredentials& peer, uint32_t hello_pid,
                            const std::string& proc_root = "/proc");
+
+// OK when the POSIX shared-memory object `shm_name` ("/name", under shm_dir) is owned by the
+// peer's uid, the peer is root, the credentials are unknown, or the object does not exist (the
+// engine then answers NOT_FOUND); PERMISSION_DENIED naming the owner otherwise.
+absl::Status CheckShmOwner(const PeerCredentials& peer, const std::string& shm_name,
+                           const std::string& shm_dir = "/dev/shm");
 
 }  // namespace offloadd::session
 

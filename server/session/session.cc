@@ -209,6 +209,9 @@ void Session::OnRegister(const Request& r) {
                                   "register_region without a handle: set shm_name (shm backend) "
                                   "or cuda_ipc_handle (cuda backend)"));
   }
+  if (absl::Status st = CheckShmOwner(peer_, spec.shm_name); !st.ok()) {
+    return Fail(r.request_id, st);
+  }
   auto region = core_->engine().OpenRegion(spec);
   if (!region.ok()) return Fail(r.request_id, region.status());
   uint64_t region_id;
