@@ -14,7 +14,8 @@ root=$(cd "$here/../.." && pwd)
 protoc=${PROTOC:-/usr/bin/protoc}
 plugin=${GRPC_PYTHON_PLUGIN:-/usr/bin/grpc_python_plugin}
 out="$here/offloadd/v1"
-protos="offload.proto"
+# From the repository root, as Bazel compiles them (projector.proto imports "proto/offload.proto").
+protos="proto/offload.proto proto/projector.proto"
 
 for tool in "$protoc" "$plugin"; do
   if [ ! -x "$tool" ]; then
@@ -26,10 +27,12 @@ done
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-(cd "$root/proto" && "$protoc" -I . --python_out="$tmp" --grpc_out="$tmp" \
+(cd "$root" && "$protoc" -I . --python_out="$tmp" --grpc_out="$tmp" \
   --plugin=protoc-gen-grpc="$plugin" $protos)
-for f in "$tmp"/*_pb2_grpc.py; do
-  sed -e 's/^import \([A-Za-z0-9_]*_pb2\) as /from . import \1 as /' "$f" > "$f.fixed"
+mv "$tmp"/proto/*.py "$tmp"/ && rmdir "$tmp"/proto
+for f in "$tmp"/*_pb2.py "$tmp"/*_pb2_grpc.py; do
+  sed -e 's/^import \([A-Za-z0-9_]*_pb2\) as /from . import \1 as /' \
+      -e 's/^from proto import \([A-Za-z0-9_]*_pb2\) as /from . import \1 as /' "$f" > "$f.fixed"
   mv "$f.fixed" "$f"
 done
 mkdir -p "$out"
