@@ -73,6 +73,13 @@ std::string Core::LinkNameFor(const std::string& gpu) const {
   return named != gpu_link_.end() ? named->second : gpu;
 }
 
+bool Core::LinkAvailableFor(const std::string& gpu) {
+  std::lock_guard<std::mutex> lock(links_mu_);
+  const std::string name = LinkNameFor(gpu);
+  return options_.max_links == 0 || links_.count(name) != 0 || FindSpec(name) != nullptr ||
+         links_.size() < options_.max_links;
+}
+
 Core::Link* Core::LinkFor(const std::string& gpu) {
   std::lock_guard<std::mutex> lock(links_mu_);
   const std::string name = LinkNameFor(gpu);

@@ -72,6 +72,9 @@ struct CoreOptions {
   // Bounds the daemon's memory under a flood. 0 = no limit.
   uint32_t max_requests_in_flight = 4096;
   uint32_t max_sessions = 1024;  // sessions open at once (after Hello); 0 = no limit
+  // Links made on first use (one per unconfigured device id, each with its copy threads): a
+  // Hello naming a new device id beyond this many gets RESOURCE_EXHAUSTED. 0 = no limit.
+  uint32_t max_links = 256;
   // A session whose process exited while its stream lingers ends this long after the exit is
   // noticed (pidfd; or /proc polled every pid_poll_interval_seconds where pidfd_open is
   // unavailable). watch_pids false: only a broken stream ends a session.
@@ -149,6 +152,9 @@ class Core {
   };
   // The name of the link a GPU's copies use (config, else the GPU's own name).
   std::string LinkNameFor(const std::string& gpu) const;
+  // Whether a session on `gpu` may be admitted: its link exists or is configured, or fewer than
+  // max_links links exist.
+  bool LinkAvailableFor(const std::string& gpu);
   // The link a GPU's copies use, created on first use (so sessions that never copy, like
   // `offloadctl stats`, create none). Never null.
   Link* LinkFor(const std::string& gpu);

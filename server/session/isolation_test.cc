@@ -250,6 +250,31 @@ TEST(SessionIsolationTest, MaxSessionsRefusesTheNextHelloUntilOneCloses) {
   s2->Close(EndCause::kClosed);
 }
 
+TEST(SessionIsolationTest, NewDeviceIdsBeyondMaxLinksAndLongNamesAreRefused) {
+  CoreOptions o;
+  o.max_links = 2;
+  auto core = MakeCore(o);
+  core->LinkFor("gpu-a");
+  core->LinkFor("gpu-b");
+  Collected c;
+  auto s = Session::Create(core.get(), c.emit());
+  Request hello = Hello(1, getpid());
+  hello.device_id = "gpu-c";
+  s->Handle(hello);
+  Completion refused = c.Wait(1);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(refused.status.message()).find("max_links"), std::string::npos);
+  hello.request_id = 2;
+  hello.device_id = std::string(kMaxNameBytes + 1, 'g');
+  s->Handle(hello);
+  EXPECT_EQ(c.Wait(2).status.code(), absl::StatusCode::kInvalidArgument);
+  hello.request_id = 3;
+  hello.device_id = "gpu-b";  // an existing link is fine
+  s->Handle(hello);
+  EXPECT_EQ(c.Wait(3).kind, CompletionKind::kHello);
+  s->Close(EndCause::kClosed);
+}
+
 TEST(SessionIsolationTest, RequestsBeyondTheInFlightLimitAreRefusedAtOnce) {
   CoreOptions o;
   o.max_requests_in_flight = 4;

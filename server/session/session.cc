@@ -148,6 +148,17 @@ void Session::OnHello(const Request& r) {
                                   "hello without device_id: name the GPU this process uses "
                                   "(its UUID on CUDA, any stable name on shm)"));
   }
+  if (r.device_id.size() > kMaxNameBytes || r.client_name.size() > kMaxNameBytes) {
+    return Fail(r.request_id, absl::InvalidArgumentError(absl::StrFormat(
+                                  "hello's device_id and client_name are limited to %d bytes",
+                                  kMaxNameBytes)));
+  }
+  if (!core_->LinkAvailableFor(r.device_id)) {
+    return Fail(r.request_id, absl::ResourceExhaustedError(absl::StrFormat(
+                                  "offloadd already schedules %d links (max_links): device_id "
+                                  "\"%s\" would add one; use the GPU's stable id (its UUID)",
+                                  core_->options().max_links, r.device_id)));
+  }
   if (absl::Status st = CheckPeerAllowed(core_->options().access, peer_); !st.ok()) {
     return Fail(r.request_id, st);
   }

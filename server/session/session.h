@@ -7,7 +7,8 @@
 //    With peer credentials (rpc/ reads them from the connection): the peer must pass the access
 //    policy and Hello's pid must name it (PERMISSION_DENIED otherwise, session/peer.h); the
 //    session is then bound to that pid (watched: CoreOptions::watch_pids) and its uid (uid
-//    quota). More than max_sessions open: RESOURCE_EXHAUSTED.
+//    quota). More than max_sessions open, or a new device id beyond max_links:
+//    RESOURCE_EXHAUSTED; names over kMaxNameBytes: INVALID_ARGUMENT.
 //  - At most max_requests_in_flight requests accepted and not yet answered; more get
 //    RESOURCE_EXHAUSTED at once (the client should wait for completions before sending more).
 //  - Regions are registered once and named by the id the daemon returns (NOT_FOUND for an
@@ -56,6 +57,8 @@ enum class RequestKind {
 // Wire values of offloadd.v1.Priority; anything else is rejected.
 inline constexpr int kPriorityUrgent = 1;
 inline constexpr int kPriorityPrefetch = 2;
+// Longest device_id / client_name a Hello may carry (INVALID_ARGUMENT beyond).
+inline constexpr size_t kMaxNameBytes = 256;
 
 struct Request {
   uint64_t request_id = 0;
