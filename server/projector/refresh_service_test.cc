@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,16 @@
 
 namespace offloadd::projector {
 namespace {
+
+// Unique per process even across Bazel sandboxes, whose PID namespaces may repeat pids while
+// they share /dev/shm and /tmp.
+std::string UniqueTag() {
+  static const std::string tag = [] {
+    std::random_device rd;
+    return std::to_string(getpid()) + "-" + std::to_string(rd() % 1000000000u);
+  }();
+  return tag;
+}
 
 // A shared-memory object mapped in the test: the "client memory" G and P live in.
 class Shm {
@@ -49,7 +60,7 @@ class Shm {
  private:
   static std::string NewName() {
     static int n = 0;
-    return "/ofd-rs-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+    return "/ofd-rs-" + UniqueTag() + "-" + std::to_string(n++);
   }
   std::string name_;
   uint64_t bytes_;

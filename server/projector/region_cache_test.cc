@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,16 @@
 
 namespace offloadd::projector {
 namespace {
+
+// Unique per process even across Bazel sandboxes, whose PID namespaces may repeat pids while
+// they share /dev/shm and /tmp.
+std::string UniqueTag() {
+  static const std::string tag = [] {
+    std::random_device rd;
+    return std::to_string(getpid()) + "-" + std::to_string(rd() % 1000000000u);
+  }();
+  return tag;
+}
 
 // A shm object of `bytes` filled with `fill`; unlinked by the destructor.
 class TestShm {
@@ -39,7 +50,7 @@ class TestShm {
  private:
   static std::string NewName() {
     static int n = 0;
-    return "/ofd-rc-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+    return "/ofd-rc-" + UniqueTag() + "-" + std::to_string(n++);
   }
   std::string name_;
   uint64_t bytes_;

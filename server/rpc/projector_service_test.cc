@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -26,6 +27,16 @@
 namespace offloadd::rpc {
 namespace {
 
+// Unique per process even across Bazel sandboxes, whose PID namespaces may repeat pids while
+// they share /dev/shm and /tmp.
+std::string UniqueTag() {
+  static const std::string tag = [] {
+    std::random_device rd;
+    return std::to_string(getpid()) + "-" + std::to_string(rd() % 1000000000u);
+  }();
+  return tag;
+}
+
 namespace pj = ::offloadd::projector;
 
 constexpr uint64_t kShmBytes = 4 << 20;
@@ -35,7 +46,7 @@ class ProjectorRpcTest : public ::testing::Test {
  protected:
   void SetUp() override {
     static int n = 0;
-    tag_ = std::to_string(getpid()) + "-" + std::to_string(n++);
+    tag_ = UniqueTag() + "-" + std::to_string(n++);
     socket_ = "/tmp/ofd-prj-" + tag_ + ".sock";
     shm_name_ = "/ofd-prj-" + tag_;
     int fd = shm_open(shm_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
