@@ -5,6 +5,8 @@
 //   offloadctl [--socket PATH] topo             NUMA nodes, host links, links (capacities,
 //                                               busy share), GPUs with their bytes
 //   offloadctl [--socket PATH] bench [...]      throughput and latency through the daemon
+//   offloadctl [--socket PATH] sessions [--json] sessions with pid/uid/gid and pool usage
+//   offloadctl [--socket PATH] end-session ID [--reason TEXT]   admin: end a session
 //   offloadctl plan [...]                       capacity planner (no daemon needed)
 // Exit codes: 0 success, 1 the daemon answered with an error or is unreachable, 2 usage.
 #include <cstdio>
@@ -18,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/bench.h"
+#include "client/cli/sessions.h"
 #include "client/offloadd_client.h"
 #include "client/plan/plan_command.h"
 #include "google/protobuf/util/json_util.h"
@@ -29,6 +32,7 @@ using offloadd::client::ClientOptions;
 
 int Usage() {
   std::cerr << "usage: offloadctl [--socket PATH] stats [--json] | health | topo | bench [--help]\n"
+               "       offloadctl [--socket PATH] sessions [--json] | end-session ID [--reason T]\n"
                "       offloadctl plan --help\n";
   return 2;
 }
@@ -190,6 +194,8 @@ int main(int argc, char** argv) {
     return offloadd::plan::RunPlanCommand(rest, std::cout, std::cerr);
   }
   if (cmd == "bench") return offloadd::cli::RunBench(socket, rest);
+  if (cmd == "sessions") return offloadd::cli::RunSessions(socket, rest);
+  if (cmd == "end-session") return offloadd::cli::RunEndSession(socket, rest);
   if (cmd != "stats" && cmd != "health" && cmd != "topo") return Usage();
   auto client = ConnectForQuery(socket);
   if (!client.ok()) {

@@ -5,6 +5,8 @@
 //                              connection open (inherited descriptors) and sleeps, print
 //                              "ready <session_id> <child_pid>", then sleep until killed. Killing
 //                              this process leaves the stream open: only the pid is gone.
+//   --mode=hold --socket=S     connect, offload one 1 MiB block, print "ready <session_id>", wait
+//                              until the daemon ends the stream, print "ended <status>", exit 0.
 //   --mode=user --socket=S --uid=U [--end_session=ID]
 //                              setuid(U) (needs root), then try to connect; print
 //                              "connect <code>"; if connected: "stats_sessions <n>",
@@ -61,6 +63,26 @@ int Linger(const std::string& socket) {
   while (true) pause();
 }
 
+int Hold(const std::string& socket) {
+  offloadd::client::ClientOptions o;
+  o.socket_path = socket;
+  o.client_name = "fault_client hold";
+  o.device_id = "gpu-hold";
+  auto c = offloadd::client::Client::Connect(o);
+  if (!c.ok()) {
+    std::cout << "error " << c.status() << std::endl;
+    return 1;
+  }
+  auto region = offloadd::client::ShmRegion::Create(1 << 20);
+  if (!region.ok()) return 1;
+  auto id = (*c)->RegisterShmRegion(*region);
+  if (!id.ok() || !(*c)->Offload(*id, 0, 1 << 20).get().ok()) return 1;
+  std::cout << "ready " << (*c)->session_id() << std::endl;
+  while ((*c)->stream_status().ok()) usleep(20000);
+  std::cout << "ended " << (*c)->stream_status() << std::endl;
+  return 0;
+}
+
 int User(const std::string& socket, uid_t uid, const std::string& end_session) {
   if (setgid(uid) != 0 || setuid(uid) != 0) {
     std::cout << "setuid_failed 1" << std::endl;
@@ -102,10 +124,11 @@ int main(int argc, char** argv) {
   const std::string mode = Flag(argc, argv, "mode");
   const std::string socket = Flag(argc, argv, "socket");
   if (mode == "linger") return Linger(socket);
+  if (mode == "hold") return Hold(socket);
   if (mode == "user") {
     return User(socket, static_cast<uid_t>(std::atoi(Flag(argc, argv, "uid", "65534").c_str())),
                 Flag(argc, argv, "end_session"));
   }
-  std::cerr << "usage: fault_client --mode=linger|user --socket=PATH [--uid=U] [--end_session=ID]\n";
+  std::cerr << "usage: fault_client --mode=linger|hold|user --socket=PATH [--uid=U] [--end_session=ID]\n";
   return 2;
 }

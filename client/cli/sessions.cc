@@ -1,0 +1,136 @@
+#include "client/cli/sessions.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+
+#include "absl/strings/str_format.h"
+#include "client/socket_path.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/offload.grpc.pb.h"
+
+namespace offloadd::cli {
+namespace {
+
+std::string Bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return absl::StrFormat("%.2f %s", b, units[u]);
+}
+
+std::unique_ptr<v1::Offload::Stub> Stub(const std::string& socket) {
+  const std::string path = socket.empty() ? client::DefaultSocketPath() : socket;
+  return v1::Offload::NewStub(
+      grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials()));
+}
+
+void SetDeadline(grpc::ClientContext* ctx) {
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+}
+
+int Failed(const grpc::Status& st, const std::string& socket) {
+  std::cerr << "offloadctl: " << st.error_message() << " (unix:"
+            << (socket.empty() ? client::DefaultSocketPath() : socket) << ")\n";
+  return 1;
+}
+
+}  // namespace
+
+int RunSessions(const std::string& socket, const std::vector<std::string>& args) {
+  bool json = false;
+  for (const std::string& a : args) {
+    if (a == "--json") {
+      json = true;
+    } else {
+      std::cerr << "usage: offloadctl [--socket PATH] sessions [--json]\n";
+      return 2;
+    }
+  }
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GetStatsRequest req;
+  v1::Stats s;
+  grpc::Status st = Stub(socket)->GetStats(&ctx, req, &s);
+  if (!st.ok()) return Failed(st, socket);
+  if (json) {
+    v1::Stats only;  // the session part of Stats
+    *only.mutable_sessions() = s.sessions();
+    *only.mutable_uid_usage() = s.uid_usage();
+    only.set_session_quota_bytes(s.session_quota_bytes());
+    only.set_uid_quota_bytes(s.uid_quota_bytes());
+    only.set_sessions_filtered(s.sessions_filtered());
+    only.set_pool_capacity_bytes(s.pool_capacity_bytes());
+    only.set_pool_used_bytes(s.pool_used_bytes());
+    std::string out;
+    google::protobuf::util::JsonPrintOptions opts;
+    opts.always_print_primitive_fields = true;
+    opts.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(only, &out, opts);
+    std::cout << out << "\n";
+    return 0;
+  }
+  std::cout << absl::StrFormat("pool %s used of %s; session quota %s, uid quota %s\n",
+                               Bytes(s.pool_used_bytes()), Bytes(s.pool_capacity_bytes()),
+                               s.session_quota_bytes() ? Bytes(s.session_quota_bytes()) : "none",
+                               s.uid_quota_bytes() ? Bytes(s.uid_quota_bytes()) : "none");
+  if (s.sessions_filtered()) {
+    std::cout << "(not an admin: only this user's sessions are shown)\n";
+  }
+  std::cout << absl::StrFormat("%8s %-22s %-14s %8s %6s %6s %7s %12s %9s\n", "SESSION", "CLIENT",
+                               "DEVICE", "PID", "UID", "GID", "BLOCKS", "POOL", "IN-FLIGHT");
+  for (const auto& x : s.sessions()) {
+    std::cout << absl::StrFormat(
+        "%8d %-22s %-14s %8d %6s %6s %7d %12s %9d\n", x.session_id(), x.client_name(),
+        x.device_id(), x.pid(), x.peer_known() ? std::to_string(x.uid()) : "?",
+        x.peer_known() ? std::to_string(x.gid()) : "?", x.blocks(), Bytes(x.used_bytes()),
+        x.requests_in_flight());
+  }
+  for (const auto& u : s.uid_usage()) {
+    std::cout << absl::StrFormat("uid %d holds %s%s\n", u.uid(), Bytes(u.used_bytes()),
+                                 s.uid_quota_bytes()
+                                     ? absl::StrFormat(" of %s", Bytes(s.uid_quota_bytes()))
+                                     : "");
+  }
+  return 0;
+}
+
+int RunEndSession(const std::string& socket, const std::vector<std::string>& args) {
+  v1::EndSessionRequest req;
+  bool have_id = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--reason" && i + 1 < args.size()) {
+      req.set_reason(args[++i]);
+    } else if (args[i].rfind("--reason=", 0) == 0) {
+      req.set_reason(args[i].substr(9));
+    } else if (!have_id && !args[i].empty() && args[i][0] != '-') {
+      req.set_session_id(std::strtoull(args[i].c_str(), nullptr, 10));
+      have_id = req.session_id() != 0;
+    } else {
+      have_id = false;
+      break;
+    }
+  }
+  if (!have_id) {
+    std::cerr << "usage: offloadctl [--socket PATH] end-session SESSION_ID [--reason TEXT]\n";
+    return 2;
+  }
+  if (req.reason().empty()) req.set_reason("ended with offloadctl end-session");
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::EndSessionReply reply;
+  grpc::Status st = Stub(socket)->EndSession(&ctx, req, &reply);
+  if (!st.ok()) return Failed(st, socket);
+  const v1::SessionStats& x = reply.session();
+  std::cout << absl::StrFormat(
+      "ended session %d (%s, device %s, pid %d): released %d blocks, %s\n", x.session_id(),
+      x.client_name(), x.device_id(), x.pid(), x.blocks(), Bytes(x.used_bytes()));
+  return 0;
+}
+
+}  // namespace offloadd::cli

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# offloadctl sessions / end-session against the real daemon: the session list shows the client's
+# pid and uid and its block, end-session releases it and the client sees the reason, unknown ids
+# and non-admin users are refused, a non-admin sees only its own sessions.
+set -euo pipefail
+R=${TEST_SRCDIR:-.}/offloadd
+OFFLOADD=$R/server/offloadd
+CTL=$R/client/cli/offloadctl
+CLIENT=$R/tests/faults/fault_client
+dir=$(mktemp -d /tmp/ofd-ctl-XXXXXX)
+sock=$dir/d.sock
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+chmod 0755 "$dir"
+"$OFFLOADD" --socket_path="$sock" --socket_mode=0666 --pool_bytes=16MiB --metrics_address= \
+  >"$dir/daemon.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+[ -S "$sock" ] || { cat "$dir/daemon.log"; fail "daemon did not start"; }
+
+"$CLIENT" --mode=hold --socket="$sock" >"$dir/hold.out" &
+hold=$!
+pids+=($hold)
+for _ in $(seq 200); do grep -q ready "$dir/hold.out" && break; sleep 0.05; done
+sid=$(awk '/ready/ {print $2}' "$dir/hold.out")
+[ -n "$sid" ] || fail "client not ready"
+
+out=$("$CTL" --socket "$sock" sessions)
+echo "$out"
+echo "$out" | grep -Eq "^ +$sid +fault_client hold +gpu-hold +$hold +$(id -u) +$(id -g) +1 " \
+  || fail "session $sid with pid $hold, uid $(id -u) and 1 block not listed"
+"$CTL" --socket "$sock" sessions --json | /usr/bin/python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+assert len(s["sessions"]) == 1 and s["sessions"][0]["peer_known"], s
+assert int(s["pool_used_bytes"]) >= 1 << 20, s'
+
+if "$CTL" --socket "$sock" end-session 999999 2>"$dir/err"; then fail "unknown id accepted"; fi
+grep -q "no open session has id 999999" "$dir/err" || fail "unknown id: $(cat "$dir/err")"
+
+if [ "$(id -u)" = 0 ]; then
+  # uid 65534 is not an admin: it sees no session of root's and may not end one.
+  out=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$CTL" --socket "$sock" sessions)
+  echo "$out" | grep -q "not an admin" || fail "non-admin view not marked: $out"
+  echo "$out" | grep -q "fault_client hold" && fail "non-admin sees root's session"
+  if setpriv --reuid=65534 --regid=65534 --clear-groups "$CTL" --socket "$sock" \
+       end-session "$sid" 2>"$dir/err"; then
+    fail "non-admin ended a session"
+  fi
+  grep -q "needs an admin" "$dir/err" || fail "non-admin refusal: $(cat "$dir/err")"
+fi
+
+"$CTL" --socket "$sock" end-session "$sid" --reason "drain node for test" | tee "$dir/end.out"
+grep -q "released 1 blocks" "$dir/end.out" || fail "end-session did not report the block"
+wait "$hold" || fail "client exit status"
+grep -q "drain node for test" "$dir/hold.out" || fail "client did not see the reason: $(cat "$dir/hold.out")"
+"$CTL" --socket "$sock" sessions --json | /usr/bin/python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+assert not s.get("sessions") and int(s["pool_used_bytes"]) == 0, s'
+echo "PASS"
