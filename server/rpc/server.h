@@ -32,7 +32,7 @@ class Server {
   static absl::StatusOr<std::unique_ptr<Server>> Start(
       session::Core* core, const std::string& socket_path, uint32_t socket_mode,
       int64_t socket_gid = -1, projector::RefreshService* projector = nullptr);
-  static constexpr int kMaxQueuedResponses = 16384;
+  static constexpr int kMaxQueuedResponses = 2048;
   ~Server();  // Shutdown()
 
   // Graceful stop: new requests get UNAVAILABLE, transfers in flight finish and their
