@@ -16,12 +16,16 @@ namespace offloadd::copy {
 
 class ShmCopyEngine : public CopyEngine {
  public:
+  // Installs the process-wide SIGBUS guard used by CopyChunk (once).
+  ShmCopyEngine();
   std::string name() const override { return "shm"; }
   // Errors: INVALID_ARGUMENT for a CUDA handle, an empty or malformed name (must be "/name"
   // without further '/', < 255 bytes) or size 0; NOT_FOUND when no such object exists;
   // PERMISSION_DENIED when the daemon may not open it; OUT_OF_RANGE when size_bytes exceeds the
   // object's size.
   absl::StatusOr<std::shared_ptr<Region>> OpenRegion(const RegionSpec& spec) override;
+  // Errors: OUT_OF_RANGE outside the mapping; DATA_LOSS when the client truncated its object
+  // under the copy (the SIGBUS is caught; the daemon keeps serving).
   absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
                          uint8_t* host, uint64_t bytes) override;
   // Mappings by the registering session's device id.

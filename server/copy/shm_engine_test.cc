@@ -79,5 +79,30 @@ TEST(ShmCopyEngineTest, BadRegistrationsHaveSpecificCodes) {
             absl::StatusCode::kOutOfRange);
 }
 
+TEST(ShmCopyEngineTest, TruncatedRegionFailsTheCopyWithoutKillingTheProcess) {
+  ShmObject obj(1 << 20);
+  ShmCopyEngine engine;
+  auto region = engine.OpenRegion({obj.name(), "", 1 << 20, "gpu0"});
+  ASSERT_TRUE(region.ok());
+  int fd = shm_open(obj.name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 0), 0);  // the client shrinks its object under the daemon
+  close(fd);
+  std::vector<uint8_t> host(1 << 16, 7);
+  for (auto dir : {Direction::kDeviceToHost, Direction::kHostToDevice}) {
+    absl::Status st = engine.CopyChunk(dir, **region, 4096, host.data(), host.size());
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  }
+}
+
+TEST(ShmCopyEngineTest, SpecialNamesAreInvalidArgument) {
+  ShmCopyEngine engine;
+  for (std::string name : {std::string("/.."), std::string("/."), std::string("/a\0b", 4)}) {
+    EXPECT_EQ(engine.OpenRegion({name, "", 10, ""}).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << name;
+  }
+}
+
 }  // namespace
 }  // namespace offloadd::copy
