@@ -6,7 +6,7 @@ BAZEL ?= bazel
 BIN := build/bin
 TARGETS := //server:offloadd //client/cli:offloadctl //bench:checkpoint_workload
 
-.PHONY: deps build run demo demo-torch test bench gpu-bundle fmt clean
+.PHONY: deps build run demo demo-torch test bench gpu-bundle fmt clean fuzz soak test-asan test-tsan
 
 deps:
 	@bash deploy/install-deps.sh
@@ -36,6 +36,41 @@ test: build
 
 bench: build
 	bash bench/run_bench.sh
+
+# Chaos soak (README "Failure modes"): 8 clients with checksums, a SIGKILL every ~3 s, one
+# daemon restart; SOAK_SECONDS (120) and SOAK_ARGS pass through. A 20 s run is in `make test`.
+SOAK_SECONDS ?= 120
+soak: build
+	$(BAZEL) build //tests/soak:soak_client
+	@install -m 0755 bazel-out/k8-opt/bin/tests/soak/soak_client $(BIN)/
+	/usr/bin/python3 tests/soak/soak.py --bin $(BIN) --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
+
+# libFuzzer over the session request handling, built with Debian's clang outside Bazel
+# (ASan + UBSan); runs FUZZ_SECONDS (60) from the seed corpus. New inputs go to
+# build/fuzz/corpus, crashes to build/fuzz/crash-*: copy those to tests/fuzz/regressions.
+FUZZ_SECONDS ?= 60
+FUZZ_SRCS := tests/fuzz/session_fuzz.cc server/session/core.cc server/session/session.cc \
+  server/session/peer.cc server/session/pid_watcher.cc server/store/block_store.cc \
+  server/pool/arena.cc server/pool/extent_allocator.cc server/sched/drr.cc \
+  server/sched/host_link.cc server/sched/link_scheduler.cc server/sched/topology.cc \
+  server/copy/shm_engine.cc server/metrics/metrics.cc server/rpc/translate.cc
+build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.h)
+	@mkdir -p build/fuzz/gen build/fuzz/corpus
+	protoc -I. --cpp_out=build/fuzz/gen proto/offload.proto
+	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -I. -Ibuild/fuzz/gen $(FUZZ_SRCS) build/fuzz/gen/proto/offload.pb.cc -o $@ \
+	  $$(pkg-config --libs grpc++ protobuf prometheus-cpp-pull prometheus-cpp-core) -lglog -lrt -lpthread
+fuzz: deps build/fuzz/session_fuzz
+	cd build/fuzz && ./session_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	  -artifact_prefix=./ corpus ../../tests/fuzz/corpus
+
+# The daemon and its tests under sanitizers (.bazelrc configs; each keeps its own output tree).
+SANITIZER_TESTS := //server/... //client:all //tests/e2e:e2e_test //tests/e2e:multiprocess_test \
+  //tests/faults/... //tests/fuzz/...
+test-asan: deps
+	$(BAZEL) test --config=asan $(SANITIZER_TESTS)
+test-tsan: deps
+	$(BAZEL) test --config=tsan $(SANITIZER_TESTS)
 
 gpu-bundle: deps
 	bash deploy/make_gpu_bundle.sh

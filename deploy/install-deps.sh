@@ -11,6 +11,7 @@ PACKAGES=(
   liblapacke-dev libopenblas-dev
   python3 python3-grpcio python3-protobuf python3-torch python3-yaml python3-numpy
   prometheus curl
+  clang util-linux
 )
 
 missing=()

@@ -1,0 +1,226 @@
+#!/usr/bin/python3
+"""Chaos soak of offloadd (loopback only, bounded in time and request count).
+
+    soak.py --bin DIR [--seconds 120] [--clients 8] [--kill_every 3] [--max_requests 5000000]
+            [--pool 128MiB] [--max_block_bytes 2097152] [--json]
+
+DIR holds offloadd, offloadctl and soak_client. `--clients` soak_client processes offload and
+reload blocks of random sizes with checksums (tests/soak/soak_client.cc); a chaos loop SIGKILLs a
+random client every ~kill_every seconds and starts a new one; half-way through, the daemon gets
+SIGTERM and is started again on the same socket path (clients reconnect). At the end every client
+gets SIGTERM, reloads and verifies what it still holds, and exits.
+
+Must hold (exit 0): no block corrupted, no block lost without an error (every block a live client
+offloaded was reloaded intact, or the client was told the daemon went away), every surviving
+client finished its final pass, the daemon exited 0 both times, and the pool returned to its
+baseline (0 bytes, no session) once the clients were gone.
+"""
+import argparse
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+COUNTERS = ("requests", "offloads", "reloads", "releases", "refused", "bytes_offloaded",
+            "bytes_verified", "verified", "corrupted", "lost_reported", "lost_unexpectedly",
+            "reconnects")
+
+
+class Soak:
+    def __init__(self, a):
+        self.a = a
+        self.tmp = tempfile.mkdtemp(prefix="ofd-soak-", dir="/tmp")
+        self.sock = os.path.join(self.tmp, "d.sock")
+        self.daemon = None
+        self.daemon_logs = 0
+        self.clients = {}  # slot -> (Popen, stats path)
+        self.finished = []  # (stats path, how it ended: "killed" | "exited")
+        self.incarnations = 0
+        self.problems = []
+        self.rng = random.Random(a.seed)
+
+    def bin(self, name):
+        return os.path.join(self.a.bin, name)
+
+    def start_daemon(self):
+        self.daemon_logs += 1
+        log = open(os.path.join(self.tmp, "daemon%d.log" % self.daemon_logs), "w")
+        self.daemon = subprocess.Popen(
+            [self.bin("offloadd"), "--socket_path=" + self.sock, "--pool_bytes=" + self.a.pool,
+             "--metrics_address=", "--chunk_bytes=1MiB", "--admission_deadline_seconds=1"],
+            stdout=subprocess.PIPE, stderr=log, text=True)
+        if "ready" not in self.daemon.stdout.readline():
+            raise SystemExit("daemon did not start; see %s" % log.name)
+
+    def stop_daemon(self):
+        self.daemon.send_signal(signal.SIGTERM)
+        rc = self.daemon.wait(timeout=60)
+        if rc != 0:
+            self.problems.append("daemon exited %d after SIGTERM" % rc)
+
+    def start_client(self, slot):
+        self.incarnations += 1
+        stats = os.path.join(self.tmp, "client%d.json" % self.incarnations)
+        p = subprocess.Popen(
+            [self.bin("soak_client"), "--socket=" + self.sock,
+             "--name=soak%d" % self.incarnations, "--seed=%d" % (self.a.seed * 1000 +
+                                                                self.incarnations),
+             "--max_block_bytes=%d" % self.a.max_block_bytes, "--max_blocks=16",
+             "--stats=" + stats],
+            stdout=subprocess.DEVNULL, stderr=open(stats + ".log", "w"))
+        self.clients[slot] = (p, stats)
+
+    def kill_client(self, slot):
+        p, stats = self.clients.pop(slot)
+        p.kill()
+        p.wait()
+        for leftover in glob.glob("/dev/shm/offloadd-%d-*" % p.pid):  # its region, never unlinked
+            os.unlink(leftover)
+        self.finished.append((stats, "killed"))
+
+    def read(self, path):
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def requests_so_far(self):
+        paths = [s for s, _ in self.finished] + [s for _, s in self.clients.values()]
+        return sum(self.read(p).get("requests", 0) for p in paths)
+
+    def sessions(self):
+        r = subprocess.run([self.bin("offloadctl"), "--socket", self.sock, "sessions", "--json"],
+                           capture_output=True, text=True)
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def run(self):
+        a = self.a
+        self.start_daemon()
+        base = self.sessions()
+        baseline = int(base["pool_used_bytes"]) if base else -1
+        for slot in range(a.clients):
+            self.start_client(slot)
+        start = time.time()
+        next_kill = start + a.kill_every * self.rng.uniform(0.5, 1.5)
+        restart_at, restarts, kills = start + a.seconds / 2, 0, 0
+        while time.time() - start < a.seconds and self.requests_so_far() < a.max_requests:
+            time.sleep(0.05)
+            for slot, (p, stats) in list(self.clients.items()):
+                if p.poll() is not None:  # a client must only end when told to
+                    self.problems.append("client %s exited %d on its own: %s" % (
+                        stats, p.returncode, self.read(stats).get("last_problem", "")))
+                    self.clients.pop(slot)
+                    self.finished.append((stats, "exited"))
+                    self.start_client(slot)
+            if restarts == 0 and time.time() >= restart_at:
+                self.stop_daemon()
+                self.start_daemon()
+                restarts += 1
+            if time.time() >= next_kill:
+                self.kill_client(self.rng.choice(sorted(self.clients)))
+                kills += 1
+                self.start_client(max(self.clients, default=-1) + 1)
+                next_kill = time.time() + a.kill_every * self.rng.uniform(0.5, 1.5)
+        elapsed = time.time() - start
+        for p, _ in self.clients.values():
+            p.send_signal(signal.SIGTERM)
+        survivors = 0
+        for slot, (p, stats) in list(self.clients.items()):
+            try:
+                rc = p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = -9
+            s = self.read(stats)
+            if rc != 0 or not s.get("final_pass_done") or s.get("held", 1) != 0:
+                self.problems.append("client %s: exit %s, final pass %s, %s blocks still held: %s"
+                                     % (stats, rc, s.get("final_pass_done"), s.get("held"),
+                                        s.get("last_problem", "")))
+            survivors += 1
+            self.finished.append((stats, "exited"))
+        self.clients.clear()
+        # The pool returns to its baseline once every client is gone.
+        deadline, end = time.time() + 15, None
+        while time.time() < deadline:
+            end = self.sessions()
+            if end and not end.get("sessions") and int(end["pool_used_bytes"]) == baseline:
+                break
+            time.sleep(0.2)
+        pool_end = int(end["pool_used_bytes"]) if end else -1
+        if pool_end != baseline or (end and end.get("sessions")):
+            self.problems.append("pool at the end %d bytes (baseline %d), sessions %s"
+                                 % (pool_end, baseline, end.get("sessions") if end else "?"))
+        self.stop_daemon()
+        totals = dict.fromkeys(COUNTERS, 0)
+        for stats, _ in self.finished:
+            s = self.read(stats)
+            for k in COUNTERS:
+                totals[k] += s.get(k, 0)
+        if totals["corrupted"] or totals["lost_unexpectedly"]:
+            for stats, _ in self.finished:
+                s = self.read(stats)
+                if s.get("corrupted") or s.get("lost_unexpectedly"):
+                    self.problems.append("%s: %s" % (stats, s.get("last_problem")))
+        if restarts != 1:
+            self.problems.append("the daemon was restarted %d times, not once" % restarts)
+        if kills < 1:
+            self.problems.append("no client was killed (run longer than kill_every)")
+        if totals["verified"] == 0:
+            self.problems.append("nothing was verified")
+        return {
+            "seconds": round(elapsed, 1), "clients": a.clients, "client_processes": len(
+                self.finished), "clients_killed": kills, "daemon_restarts": restarts,
+            "requests": totals["requests"], "offloads": totals["offloads"],
+            "reloads": totals["reloads"], "releases": totals["releases"],
+            "offloads_refused_pool_full": totals["refused"],
+            "bytes_offloaded": totals["bytes_offloaded"],
+            "bytes_verified": totals["bytes_verified"], "blocks_verified": totals["verified"],
+            "blocks_lost_reported_by_restart": totals["lost_reported"],
+            "blocks_corrupted": totals["corrupted"],
+            "blocks_lost_without_error": totals["lost_unexpectedly"],
+            "client_reconnects": totals["reconnects"], "pool_baseline_bytes": baseline,
+            "pool_end_bytes": pool_end, "problems": self.problems,
+        }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--kill_every", type=float, default=3)
+    ap.add_argument("--max_requests", type=int, default=5000000)
+    ap.add_argument("--pool", default="128MiB")
+    ap.add_argument("--max_block_bytes", type=int, default=2 << 20)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    soak = Soak(a)
+    try:
+        result = soak.run()
+    finally:
+        for p, _ in soak.clients.values():
+            p.kill()
+        if soak.daemon and soak.daemon.poll() is None:
+            soak.daemon.kill()
+    if a.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print("%-34s %s" % (k, v))
+    ok = not result["problems"]
+    print("soak: %s" % ("PASSED" if ok else "FAILED (logs in %s)" % soak.tmp))
+    if ok:
+        shutil.rmtree(soak.tmp, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
