@@ -105,8 +105,8 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (c.copy_threads() < 1 || c.copy_threads() > 64) {
     problems.push_back("copy_threads must be between 1 and 64");
   }
-  if (c.admission_deadline_seconds() < 0 || !std::isfinite(c.admission_deadline_seconds())) {
-    problems.push_back("admission_deadline_seconds must be >= 0");
+  if (c.admission_deadline_seconds() < 0 || !(c.admission_deadline_seconds() <= 86400)) {
+    problems.push_back("admission_deadline_seconds must be between 0 and 86400 (a day)");
   }
   if (c.socket_mode() > 0777) problems.push_back("socket_mode must be a file mode like 0660");
   if (c.default_link_bytes_per_second() < 0) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -91,6 +92,19 @@ std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
       options, shm_daemon ? &engine : own_shm, shm_daemon ? nullptr : &engine);
 }
 
+std::atomic<int> g_signal{0};
+
+void RecordSignal(int sig) { g_signal.store(sig); }
+
+// The next of `signals` taken synchronously or recorded by RecordSignal on a library thread;
+// 0 after `seconds` without one.
+int NextSignal(const sigset_t& signals, double seconds) {
+  timespec tick{0, static_cast<long>(seconds * 1e9)};
+  int sig = sigtimedwait(&signals, nullptr, &tick);
+  if (sig > 0) return sig;
+  return g_signal.exchange(0);
+}
+
 int Fail(const absl::Status& status, int code) {
   std::cerr << "offloadd: " << status.message() << "\n";
   return code;
@@ -164,12 +178,19 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
 
-  // SIGTERM/SIGINT are taken synchronously by the main thread below; block them before any
-  // thread starts so every thread inherits the mask.
+  // SIGTERM/SIGINT/SIGHUP are taken synchronously by the main thread below; they are blocked
+  // before any thread of ours starts so every such thread inherits the mask. Threads that
+  // libraries start before main (OpenBLAS starts its pool at load time) do not block them, so a
+  // handler records a signal delivered there instead of letting it kill the process.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  struct sigaction on_signal {};
+  on_signal.sa_handler = RecordSignal;
+  sigemptyset(&on_signal.sa_mask);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaction(s, &on_signal, nullptr);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto engine = MakeEngine(*config);
@@ -243,14 +264,32 @@ int main(int argc, char** argv) {
   // Ready line for scripts and tests.
   std::cout << "offloadd: ready on " << socket_path << std::endl;
 
-  timespec tick{1, 0};
-  int sig;
+  int sig = 0;
+  double since_refresh = 0;
   while (true) {
-    sig = sigtimedwait(&signals, nullptr, &tick);
+    sig = NextSignal(signals, 0.2);
     if (sig == SIGTERM || sig == SIGINT) break;
-    core.RefreshMetrics();
+    if (sig == SIGHUP) {
+      LOG(INFO) << "SIGHUP ignored: offloadd has no configuration reload; restart it to apply "
+                   "a changed config";
+    }
+    if ((since_refresh += 0.2) >= 1.0) {
+      since_refresh = 0;
+      core.RefreshMetrics();
+    }
   }
-  LOG(INFO) << "signal " << sig << ": finishing copies in flight, closing sessions";
+  LOG(INFO) << "signal " << sig << ": finishing copies in flight, closing sessions "
+            << "(a second SIGTERM/SIGINT exits at once)";
+  std::thread([signals, socket_path] {
+    while (true) {
+      int again = NextSignal(signals, 0.2);
+      if (again == SIGTERM || again == SIGINT) {
+        LOG(WARNING) << "second signal " << again << ": exiting without draining";
+        unlink(socket_path.c_str());
+        _exit(1);
+      }
+    }
+  }).detach();
   (*server)->Shutdown();
   core.RefreshMetrics();
   LOG(INFO) << "offloadd stopped cleanly";

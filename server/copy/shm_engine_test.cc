@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,8 @@ namespace {
 class ShmObject {
  public:
   explicit ShmObject(uint64_t size) : size_(size) {
-    name_ = "/offloadd-test-" + std::to_string(getpid()) + "-" + std::to_string(counter_++);
+    name_ = "/offloadd-test-" + std::to_string(getpid()) + "-" + std::to_string(counter_++) + "-" +
+            std::to_string(std::random_device{}());  // pids repeat across Bazel sandboxes
     int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     EXPECT_GE(fd, 0);
     EXPECT_EQ(ftruncate(fd, size), 0);

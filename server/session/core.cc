@@ -66,6 +66,14 @@ const LinkSpec* Core::FindSpec(const std::string& link_name) const {
 Core::~Core() {
   pid_watcher_.reset();  // no EndSession from its thread past this point
   Drain();
+  // Destroy the schedulers (and the transfers they still reference, whose callbacks may hold
+  // the last reference to a Session) while the session registry they call back into exists.
+  std::map<std::string, std::unique_ptr<Link>> links;
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);
+    links.swap(links_);
+  }
+  links.clear();
 }
 
 std::string Core::LinkNameFor(const std::string& gpu) const {
@@ -210,8 +218,15 @@ void Core::CountTransfer(bool offload, uint64_t bytes, bool ok) {
 
 void Core::Drain() {
   {
-    std::unique_lock<std::mutex> lock(transfers_mu_);
+    std::lock_guard<std::mutex> lock(transfers_mu_);
     draining_ = true;
+  }
+  // Offloads still waiting for pool space fail now (UNAVAILABLE) rather than holding shutdown
+  // for up to the admission deadline; this also ends the store's deadline thread, so no store
+  // callback runs after Drain.
+  store_.Stop();
+  {
+    std::unique_lock<std::mutex> lock(transfers_mu_);
     transfers_cv_.wait(lock, [this] { return transfers_in_flight_ == 0; });
   }
   std::lock_guard<std::mutex> lock(links_mu_);

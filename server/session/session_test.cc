@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -24,7 +25,8 @@ class Shm {
  public:
   explicit Shm(uint64_t size) : size_(size) {
     static int n = 0;
-    name_ = "/offloadd-st-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+    name_ = "/offloadd-st-" + std::to_string(getpid()) + "-" + std::to_string(n++) + "-" +
+            std::to_string(std::random_device{}());  // pids repeat across Bazel sandboxes
     int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     EXPECT_EQ(ftruncate(fd, size), 0);
     data_ = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));

@@ -1,5 +1,6 @@
 #include "server/store/block_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -24,7 +25,9 @@ BlockStore::BlockStore(uint64_t capacity_bytes, BlockStoreOptions options)
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
 }
 
-BlockStore::~BlockStore() {
+BlockStore::~BlockStore() { Stop(); }
+
+void BlockStore::Stop() {
   std::deque<Waiter> waiters;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -32,9 +35,14 @@ BlockStore::~BlockStore() {
     waiters.swap(waiters_);
   }
   deadline_cv_.notify_all();
-  deadline_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (deadline_thread_.joinable()) deadline_thread_.join();
+  }
   for (auto& w : waiters) {
-    w.done(absl::UnavailableError("offloadd is shutting down; the offload was not admitted"));
+    w.done(absl::UnavailableError(
+        "offloadd is shutting down: the offload was not admitted; keep the tensor in process "
+        "memory and reconnect when the daemon is back"));
   }
 }
 
@@ -144,6 +152,9 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
           bytes, options_.uid_quota_bytes));
     } else if (FitsLocked(session_id, bytes)) {
       result = AdmitLocked(session_id, bytes, 0);
+    } else if (stopping_) {
+      result = absl::UnavailableError(
+          "offloadd is shutting down: the pool is full and offloads no longer wait for space");
     } else if (waiters_.size() >= options_.admission_queue_limit) {
       ++refused_total_;
       result = absl::ResourceExhaustedError(absl::StrFormat(
@@ -344,7 +355,8 @@ void BlockStore::DeadlineLoop() {
     if (next == 0) {
       deadline_cv_.wait(lock);
     } else {
-      deadline_cv_.wait_for(lock, std::chrono::duration<double>(next - now));
+      // Capped: a huge deadline must not overflow the clock's duration arithmetic.
+      deadline_cv_.wait_for(lock, std::chrono::duration<double>(std::min(next - now, 3600.0)));
     }
   }
 }

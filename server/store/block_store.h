@@ -72,7 +72,12 @@ class BlockStore {
   using ReadableCallback = std::function<void(absl::StatusOr<BlockRef>)>;
 
   BlockStore(uint64_t capacity_bytes, BlockStoreOptions options);
-  ~BlockStore();  // fails waiters with UNAVAILABLE, stops the deadline thread
+  ~BlockStore();  // Stop()
+
+  // Fails every waiting offload with UNAVAILABLE (shutdown) and stops the deadline thread; no
+  // store callback runs on that thread afterwards. Idempotent. Offloads reserved after Stop
+  // are still admitted when they fit, but no longer wait for space.
+  void Stop();
 
   // Records the uid a session belongs to, for uid_quota_bytes (call before its first Reserve;
   // sessions without an owner are not subject to the uid quota).
@@ -157,6 +162,7 @@ class BlockStore {
   uint64_t refused_total_ = 0;
   absl::BitGen rng_;
   bool stopping_ = false;
+  std::mutex stop_mu_;  // serialises Stop()
   std::thread deadline_thread_;
 };
 

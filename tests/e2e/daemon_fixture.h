@@ -3,6 +3,7 @@
 #ifndef OFFLOADD_TESTS_E2E_DAEMON_FIXTURE_H_
 #define OFFLOADD_TESTS_E2E_DAEMON_FIXTURE_H_
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,8 +21,9 @@
 namespace offloadd::testing {
 
 inline std::string UniqueSocketPath(const std::string& tag) {
-  static int n = 0;
-  std::string dir = "/tmp/ofd-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+  // mkdtemp, not the pid: pids repeat across Bazel sandboxes (PID namespaces) sharing /tmp.
+  std::string dir = "/tmp/ofd-" + tag + "-XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) abort();
   return dir + "/d.sock";
 }
 
