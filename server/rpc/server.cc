@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
@@ -38,6 +39,15 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
   }
 
   void OnReadDone(bool ok) override {
+    if (ok && in_.requests_size() > Server::kMaxRequestsPerMessage) {
+      // Bounds the daemon's memory per message read (completions, errors) whatever the client.
+      session_->Close(session::EndCause::kClosed);
+      EndStream(absl::ResourceExhaustedError(absl::StrFormat(
+          "a ClientMessage carried %d requests; at most %d are accepted per message: split the "
+          "batch (the session has ended and its blocks were released)",
+          in_.requests_size(), Server::kMaxRequestsPerMessage)));
+      return;
+    }
     if (ok) {
       for (const v1::Request& r : in_.requests()) session_->Handle(FromProto(r));
       in_.Clear();
@@ -91,9 +101,18 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
     ToProto(c, out_pending_.add_responses());
     if (!writing_) StartBatchLocked();
   }
+  // Writes what is queued, at most kMaxResponsesPerMessage responses per message so no reply
+  // exceeds a client's receive limit (gRPC's default is 4 MiB).
   void StartBatchLocked() {
-    out_.Swap(&out_pending_);
-    out_pending_.Clear();
+    out_.Clear();
+    auto* pending = out_pending_.mutable_responses();
+    if (pending->size() <= Server::kMaxResponsesPerMessage) {
+      out_.Swap(&out_pending_);
+    } else {
+      std::vector<v1::Response*> moved(Server::kMaxResponsesPerMessage);
+      pending->ExtractSubrange(0, Server::kMaxResponsesPerMessage, moved.data());
+      for (v1::Response* r : moved) out_.mutable_responses()->AddAllocated(r);
+    }
     writing_ = true;
     StartWrite(&out_);
   }
@@ -293,7 +312,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
         return caller.known ? static_cast<int64_t>(caller.uid) : int64_t{-1};
       });
   builder.RegisterService(impl->projector_service.get());
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(8 << 20);  // 4096 requests fit many times over
   impl->server = builder.BuildAndStart();
   if (!impl->server) {
     unlink(socket_path.c_str());

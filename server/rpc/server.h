@@ -33,6 +33,10 @@ class Server {
       session::Core* core, const std::string& socket_path, uint32_t socket_mode,
       int64_t socket_gid = -1, projector::RefreshService* projector = nullptr);
   static constexpr int kMaxQueuedResponses = 2048;
+  // Requests accepted in one ClientMessage (the C++ and Python clients send at most 4096); a
+  // larger batch ends the stream with RESOURCE_EXHAUSTED. Responses per ServerMessage written.
+  static constexpr int kMaxRequestsPerMessage = 4096;
+  static constexpr int kMaxResponsesPerMessage = 4096;
   ~Server();  // Shutdown()
 
   // Graceful stop: new requests get UNAVAILABLE, transfers in flight finish and their

@@ -223,6 +223,16 @@ void Session::OnRegister(const Request& r) {
   if (absl::Status st = CheckShmOwner(peer_, spec.shm_name); !st.ok()) {
     return Fail(r.request_id, st);
   }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (regions_.size() >= kMaxRegionsPerSession) {
+      lock.unlock();
+      return Fail(r.request_id, absl::ResourceExhaustedError(absl::StrFormat(
+                                    "this session already has %d regions registered: register "
+                                    "one large region and use offsets, or unregister unused ones",
+                                    kMaxRegionsPerSession)));
+    }
+  }
   auto region = core_->engine().OpenRegion(spec);
   if (!region.ok()) return Fail(r.request_id, region.status());
   uint64_t region_id;

@@ -54,6 +54,10 @@ enum class RequestKind {
   kRelease
 };
 
+// Regions one session may hold at once (each is a mapping in the daemon: vm.max_map_count is
+// shared by every session). More get RESOURCE_EXHAUSTED.
+inline constexpr size_t kMaxRegionsPerSession = 4096;
+
 // Wire values of offloadd.v1.Priority; anything else is rejected.
 inline constexpr int kPriorityUrgent = 1;
 inline constexpr int kPriorityPrefetch = 2;

@@ -296,6 +296,43 @@ TEST_F(RawStreamTest, RequestsBeforeHelloUnknownKindAndUnknownPriority) {
       [&] { return daemon_->core().store().stats().pool.used_bytes == 0; }));
 }
 
+TEST_F(RawStreamTest, OversizedBatchEndsTheStreamAndLargeReplyBatchesAreSplit) {
+  auto channel = grpc::CreateChannel("unix:" + daemon_->socket_path(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Offload::NewStub(channel);
+  {
+    grpc::ClientContext ctx;
+    auto stream = stub->Session(&ctx);
+    v1::ClientMessage m;
+    m.add_requests()->mutable_hello()->set_device_id("gpu5");
+    for (int i = 0; i < 4000; ++i) m.add_requests()->set_request_id(100 + i);  // 4000 errors
+    ASSERT_TRUE(stream->Write(m));
+    int responses = 0, messages = 0;
+    v1::ServerMessage reply;
+    while (responses < 4001 && stream->Read(&reply)) {
+      ++messages;
+      EXPECT_LE(reply.responses_size(), rpc::Server::kMaxResponsesPerMessage);
+      responses += reply.responses_size();
+    }
+    EXPECT_EQ(responses, 4001);
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  v1::ClientMessage m;
+  for (int i = 0; i < rpc::Server::kMaxRequestsPerMessage + 1; ++i) {
+    m.add_requests()->set_request_id(i + 1);
+  }
+  stream->Write(m);
+  v1::ServerMessage reply;
+  while (stream->Read(&reply)) {
+  }
+  grpc::Status st = stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  ExpectStillServing();
+}
+
 TEST(SocketTest, StaleSocketIsReplacedAndLiveOneRefused) {
   std::string path;
   {
