@@ -16,7 +16,7 @@ build: deps
 	@mkdir -p $(BIN)
 	@for t in server/offloadd client/cli/offloadctl bench/checkpoint_workload; do \
 	  install -m 0755 bazel-out/k8-opt/bin/$$t $(BIN)/; done
-	@bash client/python/gen_proto.sh >/dev/null 2>&1 || true
+	@bash client/python/gen_proto.sh >/dev/null
 
 # The daemon alone, in the foreground, on its embedded default config (Ctrl-C stops it).
 run: build

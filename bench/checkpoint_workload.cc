@@ -11,6 +11,7 @@
 //
 // Prints one JSON object on stdout (for the demo driver and tests) and exits 0 when every reload
 // was intact and no request failed, 1 otherwise, 2 for usage errors.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -132,6 +133,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "checkpoint_workload: %s\n", region_id.status().ToString().c_str());
     return 1;
   }
+  // The daemon has mapped the object: drop its name now, so a SIGKILLed workload leaves
+  // nothing behind in /dev/shm (both mappings stay valid until unmapped).
+  shm_unlink(region->name().c_str());
   auto* dev = static_cast<uint8_t*>(region->data());
   auto slot_offset = [&](uint64_t layer) { return (layer % a.slots) * a.layer_bytes; };
   auto key = [&](uint64_t step, uint64_t layer) { return (a.seed << 40) ^ (step << 20) ^ layer; };

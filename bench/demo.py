@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`make demo`: offloadd with N simulated GPUs running an activation-checkpoint schedule.
 
-Starts the daemon on its embedded default config (shm backend, private socket, metrics off;
+Starts the daemon on its embedded defaults plus a config of the demo's links, written to a
+temporary folder that is removed after a passing run (shm backend, private socket, metrics off;
 simulated GPUs share links --gpus-per-link at a time, paced at --link-gbps per direction),
 runs N `checkpoint_workload` processes at once (each "a GPU": L layers, one checkpoint of
 b*s*h*2 bytes per layer offloaded in forward, reloaded in reverse with prefetch in backward,
@@ -14,6 +15,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,6 +213,10 @@ def main():
     print_plan_check(stats, a, layer_bytes)
     ok = (failures == 0 and tot["err"] == 0 and tot["bad"] == 0 and daemon_rc == 0
           and len(results) == a.clients and int(stats["pool_used_bytes"]) == 0)
+    if ok:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"daemon log and config kept in {tmp}")
     print("demo: OK" if ok else "demo: FAILED")
     return 0 if ok else 1
 

@@ -106,13 +106,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
       grpc::CreateCustomChannel("unix:" + path, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(DeadlineIn(options.connect_timeout_seconds))) {
     struct stat st;
-    bool exists = stat(path.c_str(), &st) == 0;
+    const bool exists = stat(path.c_str(), &st) == 0;
     return absl::UnavailableError(absl::StrCat(
         "could not connect to offloadd at unix:", path, " within ", options.connect_timeout_seconds,
         " s: ",
         exists ? "the socket exists but nothing accepted (daemon stuck or stale socket)"
                : "no socket file there",
-        "; start the daemon (e.g. systemctl start offloadd) or set ClientOptions.socket_path"));
+        "; start the daemon (e.g. systemctl start offloadd) or point the client at its socket "
+        "(ClientOptions.socket_path; offloadctl --socket PATH or $OFFLOADD_SOCKET)"));
   }
   std::unique_ptr<Client> client(new Client(options, path, std::move(channel)));
   client->Start();

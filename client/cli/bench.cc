@@ -126,26 +126,33 @@ absl::Status SmallRate(Client& c, uint64_t region, int n, int window, uint64_t* 
   return absl::OkStatus();
 }
 
-bool Parse(const std::vector<std::string>& args, Options* o) {
+// Returns "" when the arguments parse, else a sentence naming the bad one.
+std::string Parse(const std::vector<std::string>& args, Options* o) {
   for (const std::string& a : args) {
     if (a == "--json") {
       o->json = true;
       continue;
     }
+    if (a == "--help" || a == "-h") return "help";
     size_t eq = a.find('=');
-    if (a.rfind("--", 0) != 0 || eq == std::string::npos) return false;
+    if (a.rfind("--", 0) != 0 || eq == std::string::npos) {
+      return "'" + a + "' is not of the form --name=value";
+    }
     std::string k = a.substr(2, eq - 2);
     double v;
-    if (!absl::SimpleAtod(a.substr(eq + 1), &v) || v <= 0) return false;
+    if (!absl::SimpleAtod(a.substr(eq + 1), &v) || v <= 0) {
+      return "--" + k + " takes a positive number of bytes or counts (no suffixes), not '" +
+             a.substr(eq + 1) + "'";
+    }
     if (k == "block_bytes") o->block_bytes = static_cast<uint64_t>(v);
     else if (k == "blocks") o->blocks = static_cast<uint64_t>(v);
     else if (k == "rounds") o->rounds = static_cast<int>(v);
     else if (k == "latency_requests") o->latency_requests = static_cast<int>(v);
     else if (k == "rate_requests") o->rate_requests = static_cast<int>(v);
     else if (k == "window") o->window = static_cast<int>(v);
-    else return false;
+    else return "unknown option --" + k;
   }
-  return true;
+  return "";
 }
 
 int Fail(const absl::Status& s) {
@@ -157,10 +164,13 @@ int Fail(const absl::Status& s) {
 
 int RunBench(const std::string& socket_path, const std::vector<std::string>& args) {
   Options o;
-  if (!Parse(args, &o)) {
-    std::cerr << "usage: offloadctl bench [--block_bytes=67108864] [--blocks=8] [--rounds=5] "
+  const std::string problem = Parse(args, &o);
+  if (!problem.empty()) {
+    if (problem != "help") std::cerr << "offloadctl bench: " << problem << "\n";
+    std::ostream& out = problem == "help" ? std::cout : std::cerr;
+    out << "usage: offloadctl bench [--block_bytes=67108864] [--blocks=8] [--rounds=5] "
                  "[--latency_requests=2000] [--rate_requests=20000] [--window=64] [--json]\n";
-    return 2;
+    return problem == "help" ? 0 : 2;
   }
   auto c = Connect(socket_path, "bench0");
   if (!c.ok()) return Fail(c.status());

@@ -10,6 +10,7 @@
 //   offloadctl plan [...]                       capacity planner (no daemon needed)
 // Exit codes: 0 success, 1 the daemon answered with an error or is unreachable, 2 usage.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -30,11 +31,14 @@ namespace {
 using offloadd::client::Client;
 using offloadd::client::ClientOptions;
 
-int Usage() {
-  std::cerr << "usage: offloadctl [--socket PATH] stats [--json] | health | topo | bench [--help]\n"
+int Usage(bool help = false) {
+  (help ? std::cout : std::cerr) << "usage: offloadctl [--socket PATH] stats [--json] | health | topo | bench [--help]\n"
                "       offloadctl [--socket PATH] sessions [--json] | end-session ID [--reason T]\n"
-               "       offloadctl plan --help\n";
-  return 2;
+               "       offloadctl plan --help\n"
+               "The socket is --socket PATH, else $OFFLOADD_SOCKET, else the default path\n"
+               "(/run/offloadd/offloadd.sock as root, $XDG_RUNTIME_DIR/offloadd/offloadd.sock,\n"
+               "/tmp/offloadd-$UID/offloadd.sock).\n";
+  return help ? 0 : 2;
 }
 
 std::string Bytes(double b) {
@@ -188,7 +192,11 @@ int main(int argc, char** argv) {
     }
   }
   if (i >= argc) return Usage();
+  if (socket.empty() && std::getenv("OFFLOADD_SOCKET") != nullptr) {
+    socket = std::getenv("OFFLOADD_SOCKET");
+  }
   std::string cmd = argv[i];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") return Usage(/*help=*/true);
   std::vector<std::string> rest(argv + i + 1, argv + argc);
   if (cmd == "plan") {
     return offloadd::plan::RunPlanCommand(rest, std::cout, std::cerr);
