@@ -179,6 +179,8 @@ TEST(PeerTest, HelloPidMustNameThePeerInEitherPidNamespace) {
   EXPECT_TRUE(CheckHelloPid(peer, 123, root).ok());
   EXPECT_TRUE(CheckHelloPid(peer, 7, root).ok());
   EXPECT_TRUE(CheckHelloPid(peer, 0, root).ok());
+  // A peer the daemon's PID namespace cannot see (SO_PEERCRED pid 0): Hello's pid is taken.
+  EXPECT_TRUE(CheckHelloPid(Peer(0), 4321, root).ok());
   absl::Status st = CheckHelloPid(peer, 8, root);
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(std::string(st.message()).find("pid 8"), std::string::npos) << st;

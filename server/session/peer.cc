@@ -83,7 +83,9 @@ absl::StatusOr<std::vector<int32_t>> NamespacePids(int32_t pid, const std::strin
 
 absl::Status CheckHelloPid(const PeerCredentials& peer, uint32_t hello_pid,
                            const std::string& proc_root) {
-  if (!peer.known || hello_pid == 0) return absl::OkStatus();
+  // pid 0: the peer is in a PID namespace the daemon cannot see (e.g. the daemon runs in a
+  // container of its own): nothing to compare with, and nothing to watch.
+  if (!peer.known || hello_pid == 0 || peer.pid <= 0) return absl::OkStatus();
   if (static_cast<int32_t>(hello_pid) == peer.pid) return absl::OkStatus();
   auto pids = NamespacePids(peer.pid, proc_root);
   if (pids.ok() && !pids->empty() && pids->back() == static_cast<int32_t>(hello_pid)) {

@@ -6,7 +6,9 @@
 //  - Hello's pid must name the peer: either the pid SO_PEERCRED reports (the daemon's PID
 //    namespace) or, for a client in a child PID namespace (a container), the innermost entry of
 //    the NSpid line of /proc/<peer pid>/status (the pid the client sees for itself). Hello pid 0
-//    means "take the peer's". Anything else: PERMISSION_DENIED.
+//    means "take the peer's". Anything else: PERMISSION_DENIED. SO_PEERCRED reports pid 0 for a
+//    peer in a PID namespace the daemon cannot see (a daemon in its own container): then Hello's
+//    pid is taken as given and the process is not watched.
 //  - allowed_uids / allowed_gids (config) restrict who may open a session, on top of the
 //    socket's file mode and group: empty lists allow everyone who can connect; with either list
 //    set, a peer must match one of them (its uid in allowed_uids, or its primary or a

@@ -181,7 +181,7 @@ void Session::OnHello(const Request& r) {
   hello_done_ = true;
   client_name_ = r.client_name;
   device_id_ = r.device_id;
-  pid_ = peer_.known ? static_cast<uint32_t>(peer_.pid) : r.pid;
+  pid_ = peer_.known && peer_.pid > 0 ? static_cast<uint32_t>(peer_.pid) : r.pid;
   if (peer_.known) {
     core_->store().SetSessionOwner(id_, peer_.uid);
     core_->WatchPid(id_, peer_.pid);
