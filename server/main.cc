@@ -178,6 +178,14 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
 
+  // The metrics exposer starts first, so a taken port is reported before the pool is mapped.
+  std::unique_ptr<offloadd::metrics::Exposer> exposer;
+  if (!config->metrics_address().empty()) {
+    auto e = offloadd::metrics::Exposer::Start(config->metrics_address());
+    if (!e.ok()) return Fail(e.status(), 1);
+    exposer = *std::move(e);
+  }
+
   // SIGTERM/SIGINT/SIGHUP are taken synchronously by the main thread below; they are blocked
   // before any thread of ours starts so every such thread inherits the mask. Threads that
   // libraries start before main (OpenBLAS starts its pool at load time) do not block them, so a
@@ -217,12 +225,6 @@ int main(int argc, char** argv) {
     return Fail(st, 1);
   }
 
-  std::unique_ptr<offloadd::metrics::Exposer> exposer;
-  if (!config->metrics_address().empty()) {
-    auto e = offloadd::metrics::Exposer::Start(config->metrics_address());
-    if (!e.ok()) return Fail(e.status(), 1);
-    exposer = *std::move(e);
-  }
   offloadd::metrics::Get()
       .build_info->Add({{"version", kVersion}, {"backend", config->backend()}})
       .Set(1);

@@ -1,7 +1,7 @@
 #include "server/projector/lapack_backend.h"
 
-#include <cblas.h>
-#include <lapacke.h>
+#include "server/projector/blas.h"
+
 
 #include <algorithm>
 #include <cstring>

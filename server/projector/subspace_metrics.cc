@@ -1,7 +1,7 @@
 #include "server/projector/subspace_metrics.h"
 
-#include <cblas.h>
-#include <lapacke.h>
+#include "server/projector/blas.h"
+
 
 #include <algorithm>
 #include <cmath>

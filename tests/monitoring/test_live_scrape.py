@@ -47,9 +47,18 @@ class LiveScrapeTest(unittest.TestCase):
 
     @classmethod
     def _start(cls):
-        cls.metrics_port = common.free_port()
-        cls.daemon = common.Daemon(cls.tmp, metrics_port=cls.metrics_port)
-        cls.daemon.wait_ready()
+        # free_port() races with other processes binding ports: retry on a lost race.
+        for attempt in range(5):
+            cls.metrics_port = common.free_port()
+            cls.daemon = common.Daemon(cls.tmp, metrics_port=cls.metrics_port)
+            try:
+                cls.daemon.wait_ready()
+                break
+            except AssertionError:
+                lost_race = "cannot serve metrics" in cls.daemon.log()
+                cls.daemon.stop()
+                if not lost_race or attempt == 4:
+                    raise
         cls.metrics_url = "http://127.0.0.1:%d/metrics" % cls.metrics_port
 
         # Prometheus: the repo's offloadd job, aimed at this daemon, 1 s scrapes.
