@@ -1,5 +1,7 @@
 // Writes the seed corpus of session_fuzz: valid and deliberately wrong request sequences, one
-// file each, in the harness's frame format (see session_fuzz.cc). Usage:
+// file each, in the harness's frame format (see session_fuzz.cc). A reload never writes client
+// memory that a copy may be reading or writing at the same time (that would be a race the client
+// made, which the TSan replay would rightly report). Usage:
 //   bazel run //tests/fuzz:make_seeds -- $PWD/tests/fuzz/corpus
 #include <cstdio>
 #include <fstream>
@@ -95,10 +97,10 @@ int main(int argc, char** argv) {
        [&](Seed& s) {
          s.Hello();
          s.Register("1", kSmall);
-         s.Offload(1, 0, kSmall, 7);
+         s.Offload(1, 0, kSmall / 4, 7);
          s.NewFrame();
-         s.Reload(7, 1, 0, 2, false, 0.5);
-         s.Reload(7, 1, 0, 1, false);
+         s.Reload(7, 1, kSmall / 4, 2, false, 0.5);
+         s.Reload(7, 1, kSmall / 2, 1, false);
          s.Release(7);
        }},
       {"many_blocks_two_regions",
@@ -154,8 +156,9 @@ int main(int argc, char** argv) {
        [&](Seed& s) {
          s.Hello();
          s.Register("0", kBig);
-         for (uint64_t t = 1; t <= 4; ++t) s.Offload(1, 0, kBig, t);  // 2 MiB quota: 2 wait
-         for (uint64_t t = 1; t <= 4; ++t) s.Reload(t, 1, 0, 1, true);
+         // 2 MiB session quota: 2 of 6 wait for the first reloads to release their blocks.
+         for (uint64_t t = 1; t <= 6; ++t) s.Offload(1, 0, kBig / 2, t);
+         for (uint64_t t = 1; t <= 6; ++t) s.Reload(t, 1, kBig / 2, 1, true);
          s.NewFrame();
          for (uint64_t t = 10; t <= 50; ++t) s.Offload(1, 0, 4096, t);  // past the in-flight limit
        }},
