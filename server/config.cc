@@ -48,6 +48,7 @@ socket_group: ""
 uid_quota_bytes: 0
 max_requests_in_flight: 4096
 max_sessions: 1024
+max_links: 64
 watch_client_pids: true
 pid_exit_grace_seconds: 2
 )pb");
@@ -197,6 +198,7 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"uid_quota_bytes", "pool bytes all sessions of one uid may hold, 0 = none"},
       {"max_requests_in_flight", "per-session requests not yet answered (4096), 0 = no limit"},
       {"max_sessions", "sessions open at once (1024), 0 = no limit"},
+      {"max_links", "links made for new device ids (64), 0 = no limit"},
       {"watch_client_pids", "end a session whose process exited though its stream is open"},
       {"pid_exit_grace_seconds", "delay before such a session ends (2)"},
   };
@@ -306,10 +308,12 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
     for (uint32_t id : ids) list->Add(id);
   } else if (name == "uid_quota_bytes") {
     return bytes(&v1::DaemonConfig::set_uid_quota_bytes);
-  } else if (name == "max_requests_in_flight" || name == "max_sessions") {
+  } else if (name == "max_requests_in_flight" || name == "max_sessions" ||
+             name == "max_links") {
     if (absl::Status s = number(&d); !s.ok()) return s;
     if (d < 0) return absl::InvalidArgumentError("--" + name + " must be >= 0");
     if (name == "max_sessions") c->set_max_sessions(static_cast<uint32_t>(d));
+    else if (name == "max_links") c->set_max_links(static_cast<uint32_t>(d));
     else c->set_max_requests_in_flight(static_cast<uint32_t>(d));
   } else if (name == "watch_client_pids") {
     return boolean(&v1::DaemonConfig::set_watch_client_pids);
@@ -359,6 +363,7 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.access.admin_uids.assign(c.admin_uids().begin(), c.admin_uids().end());
   o.max_requests_in_flight = c.max_requests_in_flight();
   o.max_sessions = c.max_sessions();
+  o.max_links = c.max_links();
   o.watch_pids = c.watch_client_pids();
   o.pid_exit_grace_seconds = c.pid_exit_grace_seconds();
   o.default_link_bytes_per_second = c.default_link_bytes_per_second();

@@ -214,6 +214,8 @@ TEST(ConfigTest, IsolationFieldsDefaultsFlagsAndCoreOptions) {
   ASSERT_TRUE(ApplyFlag("uid_quota_bytes", "2GiB", &*c).ok());
   ASSERT_TRUE(ApplyFlag("max_requests_in_flight", "64", &*c).ok());
   ASSERT_TRUE(ApplyFlag("max_sessions", "0", &*c).ok());
+  EXPECT_EQ(c->max_links(), 64u);
+  ASSERT_TRUE(ApplyFlag("max_links", "8", &*c).ok());
   ASSERT_TRUE(ApplyFlag("watch_client_pids", "false", &*c).ok());
   ASSERT_TRUE(ApplyFlag("pid_exit_grace_seconds", "0.5", &*c).ok());
   ASSERT_TRUE(ApplyFlag("socket_group", "0", &*c).ok());
@@ -227,6 +229,7 @@ TEST(ConfigTest, IsolationFieldsDefaultsFlagsAndCoreOptions) {
   EXPECT_EQ(o.store.uid_quota_bytes, 2ull << 30);
   EXPECT_EQ(o.max_requests_in_flight, 64u);
   EXPECT_EQ(o.max_sessions, 0u);
+  EXPECT_EQ(o.max_links, 8u);
   EXPECT_FALSE(o.watch_pids);
   EXPECT_DOUBLE_EQ(o.pid_exit_grace_seconds, 0.5);
   // A group name that does not exist and a negative grace are reported with the fix.

@@ -74,7 +74,7 @@ struct CoreOptions {
   uint32_t max_sessions = 1024;  // sessions open at once (after Hello); 0 = no limit
   // Links made on first use (one per unconfigured device id, each with its copy threads): a
   // Hello naming a new device id beyond this many gets RESOURCE_EXHAUSTED. 0 = no limit.
-  uint32_t max_links = 256;
+  uint32_t max_links = 64;
   // A session whose process exited while its stream lingers ends this long after the exit is
   // noticed (pidfd; or /proc polled every pid_poll_interval_seconds where pidfd_open is
   // unavailable). watch_pids false: only a broken stream ends a session.
