@@ -3,7 +3,8 @@
 #   1. Bazel tests (C++ unit tests beside the code, tests/e2e integration and multi-process tests)
 #   2. Python tests (client/python/tests: protocol client, torch hooks, planner)
 #   3. monitoring/deployment tests (manifests, promtool, live Prometheus scrape)
-#   4. a smoke run of `make demo` with a small workload
+#   4. a short libFuzzer run over the session request handling (make fuzz, 15 s)
+#   5. a smoke run of `make demo` with a small workload
 # Exit status is non-zero when anything failed. Stops the Bazel server at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,21 @@ echo "== monitoring and deployment tests"
 bash tests/monitoring/run.sh 2>&1 | tee "$results/monitoring.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 /usr/bin/python3 tests/count_unittest_results.py "$results/monitoring.log" > "$results/monitoring.count" || rc=1
+
+echo "== fuzz (short)"
+# libFuzzer over the session request handling for FUZZ_SECONDS (15) from the seed corpus; the
+# full run is `make fuzz`. The corpus and regressions are also replayed by bazel test above.
+if command -v clang++ >/dev/null; then
+  if make -s fuzz FUZZ_SECONDS="${FUZZ_SECONDS:-15}" > "$results/fuzz.log" 2>&1; then
+    echo "fuzz: PASSED ($(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$results/fuzz.log"))"
+    echo "1 0" > "$results/fuzz.count"
+  else
+    tail -40 "$results/fuzz.log"; echo "fuzz: FAILED (inputs in build/fuzz/crash-* etc.)"
+    echo "0 1" > "$results/fuzz.count"; rc=1
+  fi
+else
+  echo "fuzz: skipped (no clang++; deploy/install-deps.sh installs it)"
+fi
 
 echo "== demo smoke test"
 if /usr/bin/python3 bench/demo.py --bin build/bin --clients 2 --layers 6 \
