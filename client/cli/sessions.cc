@@ -35,8 +35,8 @@ void SetDeadline(grpc::ClientContext* ctx) {
 }
 
 int Failed(const grpc::Status& st, const std::string& socket) {
-  std::cerr << "offloadctl: " << st.error_message() << " (unix:"
-            << (socket.empty() ? client::DefaultSocketPath() : socket) << ")\n";
+  std::cerr << "offloadctl: " << st.error_message()
+            << " (unix:" << (socket.empty() ? client::DefaultSocketPath() : socket) << ")\n";
   return 1;
 }
 
@@ -85,17 +85,16 @@ int RunSessions(const std::string& socket, const std::vector<std::string>& args)
   std::cout << absl::StrFormat("%8s %-22s %-14s %8s %6s %6s %7s %12s %9s\n", "SESSION", "CLIENT",
                                "DEVICE", "PID", "UID", "GID", "BLOCKS", "POOL", "IN-FLIGHT");
   for (const auto& x : s.sessions()) {
-    std::cout << absl::StrFormat(
-        "%8d %-22s %-14s %8d %6s %6s %7d %12s %9d\n", x.session_id(), x.client_name(),
-        x.device_id(), x.pid(), x.peer_known() ? std::to_string(x.uid()) : "?",
-        x.peer_known() ? std::to_string(x.gid()) : "?", x.blocks(), Bytes(x.used_bytes()),
-        x.requests_in_flight());
+    std::cout << absl::StrFormat("%8d %-22s %-14s %8d %6s %6s %7d %12s %9d\n", x.session_id(),
+                                 x.client_name(), x.device_id(), x.pid(),
+                                 x.peer_known() ? std::to_string(x.uid()) : "?",
+                                 x.peer_known() ? std::to_string(x.gid()) : "?", x.blocks(),
+                                 Bytes(x.used_bytes()), x.requests_in_flight());
   }
   for (const auto& u : s.uid_usage()) {
-    std::cout << absl::StrFormat("uid %d holds %s%s\n", u.uid(), Bytes(u.used_bytes()),
-                                 s.uid_quota_bytes()
-                                     ? absl::StrFormat(" of %s", Bytes(s.uid_quota_bytes()))
-                                     : "");
+    std::cout << absl::StrFormat(
+        "uid %d holds %s%s\n", u.uid(), Bytes(u.used_bytes()),
+        s.uid_quota_bytes() ? absl::StrFormat(" of %s", Bytes(s.uid_quota_bytes())) : "");
   }
   return 0;
 }
@@ -127,9 +126,9 @@ int RunEndSession(const std::string& socket, const std::vector<std::string>& arg
   grpc::Status st = Stub(socket)->EndSession(&ctx, req, &reply);
   if (!st.ok()) return Failed(st, socket);
   const v1::SessionStats& x = reply.session();
-  std::cout << absl::StrFormat(
-      "ended session %d (%s, device %s, pid %d): released %d blocks, %s\n", x.session_id(),
-      x.client_name(), x.device_id(), x.pid(), x.blocks(), Bytes(x.used_bytes()));
+  std::cout << absl::StrFormat("ended session %d (%s, device %s, pid %d): released %d blocks, %s\n",
+                               x.session_id(), x.client_name(), x.device_id(), x.pid(), x.blocks(),
+                               Bytes(x.used_bytes()));
   return 0;
 }
 

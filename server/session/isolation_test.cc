@@ -17,8 +17,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -201,7 +201,7 @@ TEST(PeerTest, SharedMemoryOfAnotherUidIsRefused) {
   std::ofstream(dir + "/mine") << "x";
   const uint32_t me = geteuid();
   EXPECT_TRUE(CheckShmOwner(Peer(1, me), "/mine", dir).ok());
-  EXPECT_TRUE(CheckShmOwner(Peer(1, 0), "/mine", dir).ok());       // root may
+  EXPECT_TRUE(CheckShmOwner(Peer(1, 0), "/mine", dir).ok());         // root may
   EXPECT_TRUE(CheckShmOwner(PeerCredentials{}, "/mine", dir).ok());  // unknown: not checked
   EXPECT_TRUE(CheckShmOwner(Peer(1, me + 1), "/absent", dir).ok());  // engine says NOT_FOUND
   absl::Status st = CheckShmOwner(Peer(1, me + 1), "/mine", dir);
@@ -358,8 +358,9 @@ TEST(SessionIsolationTest, EndSessionReleasesEverythingAndEndsTheStream) {
   ASSERT_EQ(c.stream_ends.size(), 1u);
   EXPECT_EQ(c.stream_ends[0].code(), absl::StatusCode::kAborted);
   // A second end, or a stream close afterwards, changes nothing.
-  EXPECT_EQ(core->EndSession(s->id(), EndCause::kAdmin, absl::AbortedError("again")).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      core->EndSession(s->id(), EndCause::kAdmin, absl::AbortedError("again")).status().code(),
+      absl::StatusCode::kNotFound);
   s->Close(EndCause::kCrashed);
   EXPECT_EQ(c.stream_ends.size(), 1u);
   EXPECT_EQ(core->EndSession(999999, EndCause::kAdmin, absl::AbortedError("x")).status().code(),
@@ -397,10 +398,13 @@ TEST(PidWatcherTest, ReportsExitsThroughPidfdAndThroughProcPolling) {
   for (bool polling : {false, true}) {
     std::mutex mu;
     std::vector<uint64_t> exited;
-    PidWatcher w(0.0, 0.05, [&](uint64_t key) {
-      std::lock_guard<std::mutex> lock(mu);
-      exited.push_back(key);
-    }, polling);
+    PidWatcher w(
+        0.0, 0.05,
+        [&](uint64_t key) {
+          std::lock_guard<std::mutex> lock(mu);
+          exited.push_back(key);
+        },
+        polling);
     pid_t a = SpawnSleeper(), b = SpawnSleeper();
     w.Watch(1, a);
     w.Watch(2, b);
@@ -409,7 +413,8 @@ TEST(PidWatcherTest, ReportsExitsThroughPidfdAndThroughProcPolling) {
     EXPECT_TRUE(WaitFor([&] {
       std::lock_guard<std::mutex> lock(mu);
       return !exited.empty();
-    })) << "polling=" << polling;
+    })) << "polling="
+        << polling;
     {
       std::lock_guard<std::mutex> lock(mu);
       EXPECT_EQ(exited, std::vector<uint64_t>{1});

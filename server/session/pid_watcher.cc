@@ -21,8 +21,7 @@
 namespace offloadd::session {
 
 double PidWatcher::Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 uint64_t PidWatcher::ProcessStartTicks(int32_t pid) {

@@ -53,9 +53,9 @@ class PidWatcher {
  private:
   struct Entry {
     int32_t pid = 0;
-    int pidfd = -1;              // -1: polled through /proc
-    uint64_t start_ticks = 0;    // polled entries
-    double exit_deadline = 0;    // > 0: exit noticed, report at this time
+    int pidfd = -1;            // -1: polled through /proc
+    uint64_t start_ticks = 0;  // polled entries
+    double exit_deadline = 0;  // > 0: exit noticed, report at this time
   };
   void Loop();
   void Wake();

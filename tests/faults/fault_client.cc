@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
     return User(socket, static_cast<uid_t>(std::atoi(Flag(argc, argv, "uid", "65534").c_str())),
                 Flag(argc, argv, "end_session"));
   }
-  std::cerr << "usage: fault_client --mode=linger|hold|user --socket=PATH [--uid=U] [--end_session=ID]\n";
+  std::cerr
+      << "usage: fault_client --mode=linger|hold|user --socket=PATH [--uid=U] [--end_session=ID]\n";
   return 2;
 }

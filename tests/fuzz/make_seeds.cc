@@ -117,23 +117,23 @@ int main(int argc, char** argv) {
        [&](Seed& s) {
          s.Offload(1, 0, 10, 0);  // before hello
          s.Hello();
-         s.Hello();     // twice
-         s.Add();       // no body: unknown kind
+         s.Hello();  // twice
+         s.Add();    // no body: unknown kind
          s.Register("0", kBig);
-         s.Offload(1, 0, 0, 0);           // zero bytes
-         s.Offload(1, kBig - 1, 2, 0);    // past the region
-         s.Offload(1, ~0ull, 2, 0);       // offset overflow
-         s.Offload(9, 0, 10, 0);          // unknown region
-         s.Offload(1, 0, 3 << 20, 0);     // over the session quota
+         s.Offload(1, 0, 0, 0);         // zero bytes
+         s.Offload(1, kBig - 1, 2, 0);  // past the region
+         s.Offload(1, ~0ull, 2, 0);     // offset overflow
+         s.Offload(9, 0, 10, 0);        // unknown region
+         s.Offload(1, 0, 3 << 20, 0);   // over the session quota
          s.Offload(1, 0, 100, 5);
-         s.Offload(1, 0, 100, 5);         // tag in use
-         s.Reload(5, 1, 0, 0, false);     // priority 0
-         s.Reload(6, 1, 0, 1, false);     // unknown tag
+         s.Offload(1, 0, 100, 5);                // tag in use
+         s.Reload(5, 1, 0, 0, false);            // priority 0
+         s.Reload(6, 1, 0, 1, false);            // unknown tag
          s.Reload(0, 1, 0, 1, false, 0, 12345);  // unknown block
-         s.Reload(5, 1, kBig, 1, false);  // does not fit
+         s.Reload(5, 1, kBig, 1, false);         // does not fit
          s.Release(0, 999);
          s.Release(5);
-         s.Release(5);                    // twice
+         s.Release(5);  // twice
          s.Add()->mutable_unregister_region()->set_region_id(1);
          s.Add()->mutable_unregister_region()->set_region_id(1);
        }},
@@ -148,7 +148,8 @@ int main(int argc, char** argv) {
          h->set_cuda_ipc_handle(std::string(64, 'x'));
          h->set_size_bytes(10);
        }},
-      {"hello_wrong_pid", [](Seed& s) {
+      {"hello_wrong_pid",
+       [](Seed& s) {
          s.Hello(1);
          s.Hello(0);
        }},

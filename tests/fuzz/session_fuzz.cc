@@ -80,7 +80,9 @@ struct Harness {
 Harness& Get() {
   static Harness* h = [] {
     auto* h = new Harness();
-    std::atexit([] { for (const auto& n : Get().shm_names) shm_unlink(n.c_str()); });
+    std::atexit([] {
+      for (const auto& n : Get().shm_names) shm_unlink(n.c_str());
+    });
     return h;
   }();
   return *h;

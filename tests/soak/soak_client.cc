@@ -51,8 +51,7 @@ std::string Flag(int argc, char** argv, const std::string& name, const std::stri
 }
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 uint64_t Mix(uint64_t x) {  // splitmix64
@@ -207,8 +206,8 @@ class SoakClient {
     } else if (p < 0.85) {
       auto it = held_.begin();
       std::advance(it, std::uniform_int_distribution<size_t>(0, held_.size() - 1)(rng_));
-      ReloadAndVerify(it->first, u(rng_) < 0.3, u(rng_) < 0.5 ? Priority::kUrgent
-                                                              : Priority::kPrefetch);
+      ReloadAndVerify(it->first, u(rng_) < 0.3,
+                      u(rng_) < 0.5 ? Priority::kUrgent : Priority::kPrefetch);
     } else {
       auto it = held_.begin();
       std::advance(it, std::uniform_int_distribution<size_t>(0, held_.size() - 1)(rng_));
@@ -247,8 +246,8 @@ class SoakClient {
     std::future<absl::StatusOr<offloadd::client::ReloadResult>> early;
     if (tagged_reload) {
       c_.requests++;
-      early = client_->ReloadTagged(tag, region_id_, kSlots * max_block_bytes_,
-                                    Priority::kPrefetch);
+      early =
+          client_->ReloadTagged(tag, region_id_, kSlots * max_block_bytes_, Priority::kPrefetch);
     }
     absl::Status gone;
     for (int i = 0; i < n; ++i) {
@@ -288,8 +287,8 @@ class SoakClient {
       c_.bytes_verified += b.bytes;
     } else {
       c_.corrupted++;
-      c_.last_problem = absl::StrFormat("block %d of %d bytes came back with other bytes",
-                                        b.block_id, b.bytes);
+      c_.last_problem =
+          absl::StrFormat("block %d of %d bytes came back with other bytes", b.block_id, b.bytes);
     }
   }
 
