@@ -5,4 +5,4 @@ R=${TEST_SRCDIR:-.}/offloadd
 bin=$(mktemp -d /tmp/ofd-flood-bin-XXXXXX)
 trap 'rm -rf "$bin"' EXIT
 ln -s "$R/server/offloadd" "$R/client/cli/offloadctl" "$R/tests/soak/flood_client" "$bin/"
-exec /usr/bin/python3 "$R/tests/soak/flood.py" --bin "$bin" --clients 16 --seconds 6
+/usr/bin/python3 "$R/tests/soak/flood.py" --bin "$bin" --clients 16 --seconds 6

@@ -6,4 +6,4 @@ R=${TEST_SRCDIR:-.}/offloadd
 bin=$(mktemp -d /tmp/ofd-soak-bin-XXXXXX)
 trap 'rm -rf "$bin"' EXIT
 ln -s "$R/server/offloadd" "$R/client/cli/offloadctl" "$R/tests/soak/soak_client" "$bin/"
-exec /usr/bin/python3 "$R/tests/soak/soak.py" --bin "$bin" --seconds 20 --kill_every 2
+/usr/bin/python3 "$R/tests/soak/soak.py" --bin "$bin" --seconds 20 --kill_every 2
