@@ -54,7 +54,11 @@ class FakeClientCudaApi : public ClientCudaApi {
     return absl::OkStatus();
   }
   absl::Status StreamWaitEvent(void*, void*) override { return absl::OkStatus(); }
-  void DestroyEvent(void*) override { ++events_destroyed; }
+  void DestroyEvent(void*) override {
+    ++events_destroyed;
+    if (destroyed_sink != nullptr) ++*destroyed_sink;  // outlives the fake (owned by the exporter)
+  }
+  int* destroyed_sink = nullptr;
 };
 
 class CudaExportTest : public ::testing::Test {
@@ -144,8 +148,11 @@ TEST_F(CudaExportTest, EventsArePooledPerDeviceAndReusedOnlyAfterRelease) {
   EXPECT_EQ(exporter_->stats().events_in_use, 2u);  // e2 and e4
   exporter_->ReleaseEvent(*e2);
   exporter_->ReleaseEvent(*e4);
-  exporter_.reset();
-  EXPECT_EQ(fake_->events_destroyed, 3);
+  int destroyed_at_reset = fake_->events_destroyed;
+  fake_->destroyed_sink = &destroyed_at_reset;
+  exporter_.reset();  // destroys the fake too: read the count through the sink
+  fake_ = nullptr;
+  EXPECT_EQ(destroyed_at_reset, 3);
 }
 
 }  // namespace
