@@ -13,6 +13,8 @@ Counted by the context's store (offloadd/torch/_store.py):
               below the size threshold, parameters (or views of them, or leaves that require
               grad), views of a tensor already offloaded, or not a dense CPU/CUDA tensor
   lost        offloaded tensors the daemon no longer had when backward asked (it stopped)
+  idle_steps  training steps (a step ends when a pack follows an unpack) that saved tensors but
+              sent none to the daemon: all below the threshold, parameters, or kept on device
 Every reloaded tensor counts once in exactly one of prefetched_in_time and waited.
 """
 
@@ -22,7 +24,7 @@ import threading
 _FIELDS = ("offloaded", "offloaded_bytes", "reloaded", "reloaded_bytes", "prefetched_in_time",
            "prefetched_in_time_bytes", "waited", "waited_bytes", "kept", "kept_bytes",
            "fallbacks", "fallback_bytes", "skipped_small", "skipped_params", "skipped_views",
-           "skipped_other", "lost")
+           "skipped_other", "lost", "idle_steps")
 
 
 class OffloadStats:

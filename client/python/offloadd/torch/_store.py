@@ -12,7 +12,15 @@
 prefetched (issued PREFETCH when a later tensor was unpacked: backward runs in reverse order, so
 unpacking entry k prefetches the ``prefetch`` offloaded entries before it) or fetched URGENT.
 A block is released when its handle dies (autograd frees saved variables after use), so a graph
-can be run backward twice (retain_graph) and nothing stays in the pool after a step.
+can be run backward twice (retain_graph) and nothing stays in the pool after a step. The reloaded
+tensor is kept by the handle until the handle dies, so a tensor that several autograd nodes saved
+(one handle, de-duplicated at pack) is reloaded once however often it is unpacked: reloads per
+step equal offloads per step (as without hooks, a saved tensor then lives until its last user).
+
+Idle steps: a step ends when a pack follows an unpack (the next forward after a backward). A step
+that packed saved tensors but sent none to the daemon (all below the threshold, parameters, or
+kept by keep_last_n) is counted in ``stats.idle_steps`` and warned about once per process with
+the reason -- offload "on" that does nothing is a configuration error users otherwise miss.
 
 Failures: daemon unreachable or refusing (RESOURCE_EXHAUSTED past its admission deadline,
 OUT_OF_RANGE, registration errors, staging full) -> the tensor is kept in-process (fallback; a
@@ -98,15 +106,21 @@ class Store:
         self._pending = collections.deque()  # weakref(Saved) still KEPT, newest last
         self._seen = {}                      # id(tensor) -> (weakref(tensor), weakref(Saved))
         self._async_error = None
+        self._unpacking = False              # an unpack came after the last pack
+        self._step = _StepCounts()
 
     # ---- pack ------------------------------------------------------------------------------
     def pack(self, t, small_to_host=None, pin_memory=None):
         """The pack hook. ``small_to_host`` / ``pin_memory`` override the store's policy for
         this call (save_on_cpu instances sharing the default store)."""
         self._raise_async_error()
+        if self._unpacking:
+            self._unpacking = False
+            self._end_step()
         pin = self.pin_memory if pin_memory is None else pin_memory
         pin = pin and torch.cuda.is_available()
         category, existing = self._classify(t)
+        self._step.saw(t, category)
         if existing is not None:
             return existing
         if category is not None:
@@ -183,6 +197,7 @@ class Store:
             return self._fallback(s, "offloadd could not take a tensor (%s)" % e)
         with self._lock:  # the op holds what the transport still needs (a CUDA source tensor)
             s.ep, s.op, s.state, s.tensor = ep, op, OFFLOADING, None
+            self._step.sent += 1
         wref = weakref.ref(s)
         op.future.add_done_callback(lambda f: self._offload_done(wref, ep, op, f))
 
@@ -225,6 +240,14 @@ class Store:
             _endpoint.mark_broken(ep, str(exc), self.retry_seconds)
         self._count_fallback(s, "offloadd refused a tensor (%s)" % exc, exc)
 
+    def _end_step(self):
+        """A pack followed an unpack: the previous step is over; warn if it sent nothing."""
+        step, self._step = self._step, _StepCounts()
+        reason = step.idle_reason(self)
+        if reason is not None:
+            self.stats.add(idle_steps=1)
+            _endpoint.count_idle_step(reason)
+
     def _fallback(self, s, reason):
         if self.strict:
             raise errors.OffloaddError(errors.UNAVAILABLE, reason + " (strict=True)")
@@ -250,14 +273,15 @@ class Store:
     # ---- unpack ----------------------------------------------------------------------------
     def unpack(self, s):
         if isinstance(s, HostCopy):
+            self._unpacking = True
             return s.host.to(s.device, non_blocking=s.non_blocking)
         if not isinstance(s, Saved):
             return s
+        self._unpacking = True
         self._raise_async_error()
-        if s.result is not None:
-            r = s.result()
-            if r is not None:
-                return r
+        r = s.result
+        if r is not None:
+            return r
         with self._lock:
             state, first = s.state, not s.unpacked
             s.unpacked = True
@@ -296,7 +320,7 @@ class Store:
         else:
             self.stats.add(reloaded=1, reloaded_bytes=s.meta.nbytes, waited=1,
                            waited_bytes=s.meta.nbytes, waited_seconds=waited)
-        s.result = weakref.ref(t)
+        s.result = t  # later unpacks of this handle get the same tensor, not another reload
         return t
 
     def _lost(self, s, exc):
@@ -369,3 +393,37 @@ class Store:
         with self._lock:
             return sum(1 for r in self._order if r() is not None)
 
+
+
+class _StepCounts:
+    """What one step's packs saw (for the idle-step warning)."""
+
+    __slots__ = ("packs", "eligible", "sent", "largest_bytes", "categories")
+
+    def __init__(self):
+        self.packs = self.eligible = self.sent = self.largest_bytes = 0
+        self.categories = collections.Counter()
+
+    def saw(self, t, category):
+        self.packs += 1
+        if category is None:
+            self.eligible += 1
+        else:
+            self.categories[category] += 1
+        if isinstance(t, torch.Tensor) and category in ("small", None):
+            self.largest_bytes = max(self.largest_bytes, t.numel() * t.element_size())
+
+    def idle_reason(self, store):
+        """None when the step sent something to the daemon (or packed nothing), else why not."""
+        if self.packs == 0 or self.sent > 0:
+            return None
+        if self.eligible > 0:
+            return ("a training step sent none of its %d eligible saved tensors to offloadd: "
+                    "keep_last_n=%d keeps that many on the device (use keep_last_n=0, or "
+                    "checkpoint more layers)" % (self.eligible, store.keep_last_n))
+        left = ", ".join("%d %s" % (n, c) for c, n in sorted(self.categories.items()))
+        return ("a training step sent nothing to offloadd: all %d saved tensors were left in "
+                "place (%s); the largest was %d bytes, below threshold_bytes=%d. Lower "
+                "threshold_bytes, or check that checkpointing is on (only checkpointed layer "
+                "inputs are meant to go)" % (self.packs, left, self.largest_bytes,
+                                              store.threshold_bytes))
