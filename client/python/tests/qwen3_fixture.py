@@ -93,8 +93,10 @@ def torch_save_on_cpu_without_pinning():
 
 
 @contextlib.contextmanager
-def spy_on_store(store):
-    """Records (shape, dtype) of every tensor ``store``'s pack hook sees, in order."""
+def spy_on_store(store, context=None):
+    """Records (shape, dtype) of every tensor ``store``'s pack hook sees, in order. Contexts made
+    later (save_on_cpu per layer call) pick the spy up from the store; pass an existing
+    ``context`` (offload_checkpoints) to wrap its bound hook too."""
     seen = []
     inner = store.pack
 
@@ -102,7 +104,11 @@ def spy_on_store(store):
         seen.append((tuple(t.shape), t.dtype))
         return inner(t, *a, **k)
     store.pack = pack
+    if context is not None:
+        context.pack_hook = pack
     try:
         yield seen
     finally:
         del store.pack
+        if context is not None:
+            context.pack_hook = inner

@@ -6,6 +6,9 @@ Counted by the context's store (offloadd/torch/_store.py):
   prefetched_in_time  reloads that were complete when backward asked (issued as PREFETCH)
   waited      reloads backward had to wait for (prefetch still running, or issued URGENT then),
               with the seconds spent waiting in ``waited_seconds``
+  urgent      reloads requested only when backward asked for the tensor (no prefetch had been
+              issued for it): the first of each step in eager backward, plus the first of each
+              compiled graph's backward node under torch.compile (see README, torch.compile)
   kept        tensors eligible for offload kept on their device (the newest keep_last_n)
   fallbacks   tensors kept in-process because the daemon was unreachable or refused
               (pinned host copy for CUDA tensors where possible)
@@ -24,7 +27,7 @@ import threading
 _FIELDS = ("offloaded", "offloaded_bytes", "reloaded", "reloaded_bytes", "prefetched_in_time",
            "prefetched_in_time_bytes", "waited", "waited_bytes", "kept", "kept_bytes",
            "fallbacks", "fallback_bytes", "skipped_small", "skipped_params", "skipped_views",
-           "skipped_other", "lost", "idle_steps")
+           "skipped_other", "lost", "idle_steps", "urgent")
 
 
 class OffloadStats:

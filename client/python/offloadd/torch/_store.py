@@ -299,6 +299,7 @@ class Store:
                 rl = self._start_reload(s, URGENT)
                 if rl is None:  # became a fallback meanwhile
                     raise _BecameFallback()
+                self.stats.add(urgent=1)
             self._prefetch_before(s)
             in_time = rl.done.done() and rl.priority == PREFETCH
             t0 = time.monotonic()
@@ -354,27 +355,58 @@ class Store:
             ep.transport.send_reload(rl, s.block_id, priority)
         return rl
 
+    # Forward-order consumers (a torch.compile'd graph's backward is one autograd node that
+    # unpacks all of its saved tensors at its start, in the order they were saved) get the rest
+    # of their run prefetched at once, up to this many entries.
+    FORWARD_RUN_MAX = 64
+
+    def _awaits_unpack(self, o):
+        return o is not None and not o.unpacked and o.state in (OFFLOADING, OFFLOADED)
+
+    def _entry(self, seq):
+        i = seq - self._base_seq
+        return self._order[i]() if 0 <= i < len(self._order) else None
+
     def _prefetch_before(self, s):
+        """Prefetches what backward will unpack next: the ``prefetch`` offloaded entries saved
+        before ``s`` (eager backward runs in reverse order of saving), or, when the entry saved
+        right after ``s`` is still waiting to be unpacked (a consumer that unpacks in forward
+        order, such as a compiled graph's backward node), every pending entry after ``s`` up to
+        FORWARD_RUN_MAX, since that consumer needs them all before it computes anything."""
         if self.prefetch <= 0:
             return
-        todo, active = [], 0
+        todo = []
         with self._lock:
-            i = s.seq - self._base_seq - 1
-            scanned = 0
-            while i >= 0 and active < self.prefetch and scanned < 4 * self.prefetch + 16:
-                o = self._order[i]() if i < len(self._order) else None
-                i -= 1
-                scanned += 1
-                if o is None or o.unpacked or o.state not in (OFFLOADING, OFFLOADED):
-                    continue
-                active += 1
-                if o.reload is None:
-                    todo.append(o)
+            if self._awaits_unpack(self._entry(s.seq + 1)):
+                seq = s.seq + 1
+                while len(todo) < self.FORWARD_RUN_MAX and self._awaits_unpack(self._entry(seq)):
+                    o = self._entry(seq)
+                    if o.reload is None:
+                        todo.append(o)
+                    seq += 1
+            else:
+                todo = self._reverse_candidates(s)
         for o in todo:
             try:
                 self._start_reload(o, PREFETCH)
             except _RECOVERABLE:
                 pass  # the unpack of o will try URGENT and report
+
+    def _reverse_candidates(self, s):
+        """Under the lock: the next ``prefetch`` pending entries before ``s`` without a reload."""
+        todo, active, scanned = [], 0, 0
+        seq = s.seq - 1
+        while seq >= self._base_seq and active < self.prefetch and \
+                scanned < 4 * self.prefetch + 16:
+            o = self._entry(seq)
+            seq -= 1
+            scanned += 1
+            if not self._awaits_unpack(o):
+                continue
+            active += 1
+            if o.reload is None:
+                todo.append(o)
+        return todo
 
     # ---- lifetime ----------------------------------------------------------------------------
     def _on_death(self, s):
