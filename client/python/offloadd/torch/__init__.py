@@ -7,7 +7,7 @@
   device_type), routed through the daemon (a drop-in for Hugging Face Transformers'
   ``gradient_checkpointing_enable(offload=True)``: see client/python/README.md).
 * :func:`checkpoint` -- drop-in for ``torch.utils.checkpoint.checkpoint`` that offloads the
-  layer input itself, with non-reentrant semantics on every torch version from 1.13 on.
+  layer input itself (torch's checkpoint inside the context's hooks).
 * :class:`OffloadStats`, :func:`default_context`, :func:`fallbacks_total`,
   :func:`idle_steps_total`, :func:`synchronize` (wait for every request sent so far),
   :func:`close`.

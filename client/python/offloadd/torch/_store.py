@@ -185,6 +185,7 @@ class Store:
             self._seen[key] = (ref, weakref.ref(s))
 
     def _offload(self, s):
+        self._step.sent += 1  # attempted: a refusal or an unreachable daemon warns on its own
         ep, reason = _endpoint.get(self.socket_path, s.meta.device, self.retry_seconds,
                                    self.connect_timeout_seconds)
         if ep is None:
@@ -197,7 +198,6 @@ class Store:
             return self._fallback(s, "offloadd could not take a tensor (%s)" % e)
         with self._lock:  # the op holds what the transport still needs (a CUDA source tensor)
             s.ep, s.op, s.state, s.tensor = ep, op, OFFLOADING, None
-            self._step.sent += 1
         wref = weakref.ref(s)
         op.future.add_done_callback(lambda f: self._offload_done(wref, ep, op, f))
 
@@ -272,12 +272,11 @@ class Store:
 
     # ---- unpack ----------------------------------------------------------------------------
     def unpack(self, s):
+        self._unpacking = True
         if isinstance(s, HostCopy):
-            self._unpacking = True
             return s.host.to(s.device, non_blocking=s.non_blocking)
         if not isinstance(s, Saved):
             return s
-        self._unpacking = True
         self._raise_async_error()
         r = s.result
         if r is not None:
@@ -446,7 +445,8 @@ class _StepCounts:
             self.largest_bytes = max(self.largest_bytes, t.numel() * t.element_size())
 
     def idle_reason(self, store):
-        """None when the step sent something to the daemon (or packed nothing), else why not."""
+        """None when the step tried to send something to the daemon (or packed nothing), else
+        why not."""
         if self.packs == 0 or self.sent > 0:
             return None
         if self.eligible > 0:
