@@ -23,10 +23,13 @@ SMALL_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_
                     num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 
 
-def make_model(seed=0, max_seq=2048, **config):
-    """A Qwen3ForCausalLM in training mode, parameters from torch.manual_seed(seed)."""
+def make_model(seed=0, max_seq=2048, attn_implementation=None, **config):
+    """A Qwen3ForCausalLM in training mode, parameters from torch.manual_seed(seed);
+    ``attn_implementation`` (e.g. "eager") as Transformers' config takes it (default: sdpa)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
     cfg = Qwen3Config(max_position_embeddings=max_seq, **config)
+    if attn_implementation is not None:
+        cfg._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
     model.train()

@@ -164,6 +164,30 @@ class TrainerTest(DaemonTestCase):
         self.assertEqual((ctx.stats.fallbacks, ctx.stats.idle_steps), (0, 0))
 
 
+class GpuCheckSmokeTest(DaemonTestCase):
+    """tests/gpu/transformers_check.py (run on the GPU machine by tests/gpu/run.sh) on CPU with
+    the small model, so the script cannot rot between GPU runs."""
+
+    POOL_BYTES = "128MiB"
+
+    def test_gpu_transformers_check_runs_on_cpu(self):
+        import os
+        import subprocess
+        import sys
+        from daemon_fixture import PY_ROOT, REPO
+        here = os.path.dirname(os.path.abspath(__file__))
+        r = subprocess.run(
+            [sys.executable, os.path.join(REPO, "tests", "gpu", "transformers_check.py"),
+             "--socket", self.daemon.sock, "--device", "cpu", "--config", "small",
+             "--seqs", "512", "--trainer-steps", "2", "--fixture-dir", here],
+            env=dict(os.environ, PYTHONPATH=PY_ROOT), capture_output=True, text=True,
+            timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        passes = [ln for ln in r.stdout.splitlines() if ln.startswith("PASS")]
+        self.assertNotIn("FAIL", r.stdout)
+        self.assertEqual(len(passes), 5, r.stdout)   # counts, 2 bitwise, blocks, Trainer
+
+
 class EnableTest(unittest.TestCase):
     def test_enable_swaps_and_disable_restores_the_name_transformers_calls(self):
         import transformers.modeling_utils as mu
