@@ -56,7 +56,8 @@ cp -r client/python/offloadd "$out/python/"
 cp -r client/python/examples "$out/python/"
 sh client/python/gen_proto.sh >/dev/null
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
-cp tests/gpu/run.sh tests/gpu/torch_check.py "$out/"
+cp tests/gpu/run.sh tests/gpu/torch_check.py tests/gpu/transformers_check.py \
+  client/python/tests/qwen3_fixture.py "$out/"
 chmod +x "$out/run.sh"
 
 glibc=$(for f in "$out"/bin/* "$out"/lib/*; do objdump -T "$f" 2>/dev/null; done |
