@@ -38,7 +38,7 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
       log_stats_at_exit: write ``stats.summary()`` to stderr when the process exits.
       retry_seconds: after the daemon was unreachable, do not try it again for this long.
       store: share another context's engine (ordering, keep_last_n, stats) instead of a new one.
-    Parameters (and views of them, and leaves that require grad), views of a tensor already
+    Parameters (and views of them), other leaves that require grad, views of a tensor already
     offloaded and non-dense or non-CPU/CUDA tensors stay in place. The object may be entered
     again for every step; statistics accumulate (``stats.reset()`` clears them).
     """

@@ -155,9 +155,10 @@ class Store:
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             return "other", None
         base = t._base
-        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter) or \
-                (t.is_leaf and t.requires_grad):
+        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter):
             return "params", None
+        if t.is_leaf and t.requires_grad:
+            return "leaves", None
         if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
             return "other", None
         if t.numel() * t.element_size() < max(self.threshold_bytes, 1):
