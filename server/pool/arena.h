@@ -48,9 +48,10 @@ class Arena {
   uint8_t* base() const { return base_; }
   uint64_t size_bytes() const { return size_bytes_; }
   bool locked() const { return locked_; }
-  // NUMA node holding the arena's first page (get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR)); 0 when
-  // the kernel cannot tell (no NUMA support). The arena is one mapping: on multi-socket hosts
-  // its pages may span nodes (per-GPU placement is not implemented).
+  // NUMA node holding the arena's first page (get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR)); -1 when
+  // the kernel cannot tell (no NUMA support), never confused with node 0. The arena is one
+  // mapping: on multi-socket hosts its pages may span nodes (per-GPU placement is not
+  // implemented).
   int numa_node() const;
 
  private:
