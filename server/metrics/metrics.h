@@ -1,8 +1,8 @@
 // Process-wide Prometheus metrics of offloadd (prometheus-cpp 1.0).
 //
 // metrics/ is a leaf: any layer records into it; nothing here depends on other layers. Names
-// follow DESIGN.md: prefix `offloadd_`, base units (`_bytes`, `_seconds`), `_total` on counters,
-// labels gpu / link / direction / class / cause / status — never a pid or client label.
+// follow docs/ARCHITECTURE.md: prefix `offloadd_`, base units (`_bytes`, `_seconds`), `_total` on
+// counters, labels gpu / link / direction / class / cause / status — never a pid or client label.
 // The README's "Metrics" section lists every series defined here.
 #ifndef OFFLOADD_SERVER_METRICS_METRICS_H_
 #define OFFLOADD_SERVER_METRICS_METRICS_H_

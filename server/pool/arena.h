@@ -1,11 +1,11 @@
 // Arena: the daemon's host-RAM pool, mapped once at start-up and never grown or remapped.
 //
 // One anonymous private mapping of `size_bytes`, pre-faulted (MAP_POPULATE, then a write to every
-// page) so copies never run into untouched pages (~2 GB/s instead of ~10 GB/s, DESIGN.md),
-// optionally mlock'ed and optionally backed by transparent huge pages (then the mapping starts
-// on a 2 MiB boundary and is advised MADV_HUGEPAGE before any page is touched). After Create()
-// nothing in the request path maps, allocates host memory or pins: extents are carved out by
-// ExtentAllocator.
+// page) so copies never run into untouched pages (~2 GB/s instead of ~10 GB/s,
+// docs/ARCHITECTURE.md), optionally mlock'ed and optionally backed by transparent huge pages (then
+// the mapping starts on a 2 MiB boundary and is advised MADV_HUGEPAGE before any page is touched).
+// After Create() nothing in the request path maps, allocates host memory or pins: extents are
+// carved out by ExtentAllocator.
 //
 // Checks made before mapping, so a misconfigured node fails at start-up with a sentence saying
 // what to change rather than being OOM-killed or failing later in cudaHostRegister:

@@ -4,7 +4,7 @@ Checkpointing keeps one tensor per layer, its input; this function sends that in
 offloadd daemon (through a context's store: threshold, keep_last_n, prefetch, fallback, stats)
 and recomputes the layer in backward from the reloaded copy.
 
-How, per torch version (DESIGN.md, pitfalls; measured on Debian's torch 1.13):
+How, per torch version (docs/ARCHITECTURE.md, "Pitfalls"; measured on Debian's torch 1.13):
   * ``use_reentrant=True``, any version: torch's reentrant checkpoint saves the inputs with
     ``ctx.save_for_backward``, i.e. through saved-tensor hooks: it runs inside the context.
   * ``use_reentrant=False`` on torch >= 2.0: torch's non-reentrant checkpoint saves the inputs

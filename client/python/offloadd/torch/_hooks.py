@@ -6,9 +6,9 @@ Both are ``torch.autograd.graph.saved_tensors_hooks`` subclasses (PyTorch >= 1.1
 recomputes (reentrant checkpointing) inside it would send the recomputed tensors through the hooks
 too.
 
-What reaches the hooks depends on the checkpointing mode (DESIGN.md, pitfalls): reentrant
-``torch.utils.checkpoint.checkpoint`` saves each layer's input as an ordinary saved tensor in
-every torch version; non-reentrant checkpointing does so from torch 2.0 on, while torch 1.13's
+What reaches the hooks depends on the checkpointing mode (docs/ARCHITECTURE.md, "Pitfalls"):
+reentrant ``torch.utils.checkpoint.checkpoint`` saves each layer's input as an ordinary saved tensor
+in every torch version; non-reentrant checkpointing does so from torch 2.0 on, while torch 1.13's
 keeps the input in a closure that no outer hook sees -- use ``offloadd.torch.checkpoint`` there.
 """
 
