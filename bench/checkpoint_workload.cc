@@ -1,9 +1,9 @@
 // checkpoint_workload: one simulated training process ("a GPU") running an activation-checkpoint
 // offload schedule against offloadd on the shm backend, with every byte checked.
 //
-// Schedule per step (DESIGN.md, "The workload"): forward writes one checkpoint of layer_bytes
-// (b x s x h x 2 bytes in bf16) per layer 1..L into "device memory" and offloads it; backward
-// reloads L..1, prefetching layer k-1 (PREFETCH) while layer k "computes", and reloads
+// Schedule per step (docs/ARCHITECTURE.md, "The workload"): forward writes one checkpoint of
+// layer_bytes (b x s x h x 2 bytes in bf16) per layer 1..L into "device memory" and offloads it;
+// backward reloads L..1, prefetching layer k-1 (PREFETCH) while layer k "computes", and reloads
 // urgently what was not prefetched. Device memory is a ring of `slots` checkpoint buffers, so a
 // slot is reused only after its offload completed — the memory saving offload exists for.
 // Checkpoint contents are pseudo-random per (seed, step, layer); each reload is compared word by

@@ -1,6 +1,6 @@
-// offloadd: the per-node memory-offload daemon. See README.md for usage and DESIGN.md for the
-// architecture. Exit codes: 0 after SIGTERM/SIGINT, 2 for usage/config errors, 1 for start-up
-// failures (each printed with what to do).
+// offloadd: the per-node memory-offload daemon. See README.md for usage and
+// docs/ARCHITECTURE.md for the architecture. Exit codes: 0 after SIGTERM/SIGINT, 2 for
+// usage/config errors, 1 for start-up failures (each printed with what to do).
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -186,10 +186,13 @@ int main(int argc, char** argv) {
     exposer = *std::move(e);
   }
 
-  // SIGTERM/SIGINT/SIGHUP are taken synchronously by the main thread below; they are blocked
-  // before any thread of ours starts so every such thread inherits the mask. Threads that
-  // libraries start before main (OpenBLAS starts its pool at load time) do not block them, so a
-  // handler records a signal delivered there instead of letting it kill the process.
+  // SIGTERM/SIGINT/SIGHUP are taken synchronously by the main thread below (sigtimedwait). They
+  // are blocked here, so the threads started from here on (copy engine, block store, link
+  // schedulers, pid watcher, gRPC, projector) inherit the mask. Threads started earlier do not
+  // block them: the metrics exposer's (started above, so a taken port is reported before the
+  // pool is mapped) and those libraries start at load time (OpenBLAS's pool). A signal the
+  // kernel delivers to one of those runs the handler, which records it for the main loop
+  // (NextSignal) instead of letting it kill the process.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);

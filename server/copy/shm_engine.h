@@ -1,4 +1,4 @@
-// ShmCopyEngine: the shared-memory backend (DESIGN.md, "Two copy backends, one protocol").
+// ShmCopyEngine: the shared-memory backend (docs/ARCHITECTURE.md, "Copy backends").
 //
 // A client's "device memory" is a POSIX shared-memory object it created with shm_open and
 // registers once by name; the daemon maps it MAP_SHARED (once per registration) and a chunk copy

@@ -67,9 +67,22 @@ struct LinkScheduler::Impl {
   Impl(LinkSchedulerOptions opts, Clock* c)
       : options(std::move(opts)), clock(c), queue(ChunkQueueOptions::From(options)) {}
 
+  // A transfer whose last chunk has finished, taken out of `active`.
+  struct Finished {
+    std::shared_ptr<Transfer> transfer;
+    absl::Status status;
+  };
+
   void WorkerLoop();
-  // Called with `lock` held; releases it around the callback.
-  void FinishChunk(std::unique_lock<std::mutex>& lock, const Chunk& chunk, absl::Status status);
+  // Called with `mu` held: accounts a copied chunk (consumed, so its reference to the transfer
+  // is gone on return). Returns true when it was the transfer's last: `finished` then holds the
+  // transfer, taken out of `active`, for Complete.
+  bool FinishChunk(Chunk chunk, absl::Status status, Finished* finished);
+  // Called without `mu` held: runs `done` and drops the transfer. The transfer's callbacks may
+  // hold the last reference to a Session or a Region, whose destructors may block (closing a
+  // CUDA IPC handle on the device thread); they must not run while the link's workers wait for
+  // `mu`.
+  static void Complete(Finished finished);
 
   const LinkSchedulerOptions options;
   Clock* const clock;
@@ -158,12 +171,16 @@ void LinkScheduler::Impl::WorkerLoop() {
     absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
     if (finish_seconds > 0) clock->SleepUntil(finish_seconds);
     lock.lock();
-    FinishChunk(lock, chunk, std::move(status));
+    Finished finished;
+    if (FinishChunk(std::move(chunk), std::move(status), &finished)) {
+      lock.unlock();
+      Complete(std::move(finished));  // leaves `finished` empty
+      lock.lock();
+    }
   }
 }
 
-void LinkScheduler::Impl::FinishChunk(std::unique_lock<std::mutex>& lock, const Chunk& chunk,
-                                      absl::Status status) {
+bool LinkScheduler::Impl::FinishChunk(Chunk chunk, absl::Status status, Finished* finished) {
   if (--stats.chunks_in_flight == 0) {
     stats.busy_seconds += clock->NowSeconds() - busy_since_seconds;
   }
@@ -181,19 +198,22 @@ void LinkScheduler::Impl::FinishChunk(std::unique_lock<std::mutex>& lock, const 
       a.all_popped = true;
     }
   }
-  if (!a.all_popped || a.chunks_in_flight > 0) return;
-  std::shared_ptr<Transfer> transfer = std::move(a.transfer);
-  absl::Status final_status = std::move(a.status);
+  // Not the last chunk: `active` still holds the transfer, so dropping the chunk's reference
+  // here (with mu held) destroys nothing.
+  if (!a.all_popped || a.chunks_in_flight > 0) return false;
+  finished->transfer = std::move(a.transfer);
+  finished->status = std::move(a.status);
   active.erase(it);
-  if (final_status.ok() && transfer->deadline_seconds > 0 &&
-      clock->NowSeconds() > transfer->deadline_seconds) {
-    ++stats.gpu_deadline_misses[transfer->gpu];
+  const Transfer& t = *finished->transfer;
+  if (finished->status.ok() && t.deadline_seconds > 0 && clock->NowSeconds() > t.deadline_seconds) {
+    ++stats.gpu_deadline_misses[t.gpu];
   }
-  if (transfer->done) {
-    lock.unlock();
-    transfer->done(std::move(final_status));
-    lock.lock();
-  }
+  return true;
+}
+
+void LinkScheduler::Impl::Complete(Finished finished) {
+  if (finished.transfer->done) finished.transfer->done(std::move(finished.status));
+  // `finished` (possibly the transfer's last reference) dies here, still without mu.
 }
 
 LinkScheduler::LinkScheduler(LinkSchedulerOptions options, Clock* clock)
@@ -260,5 +280,17 @@ LinkSchedulerStats LinkScheduler::stats() const {
 }
 
 const LinkSchedulerOptions& LinkScheduler::options() const { return impl_->options; }
+
+bool LinkScheduler::MutexHeldForTesting() const {
+  bool held = false;
+  std::thread([&] {
+    if (impl_->mu.try_lock()) {
+      impl_->mu.unlock();
+    } else {
+      held = true;
+    }
+  }).join();
+  return held;
+}
 
 }  // namespace offloadd::sched

@@ -29,8 +29,11 @@
 // so picks happen as late as possible and chunks never exceed the rate in aggregate; a chunk
 // is reported done at its virtual finish (start + bytes / bytes_per_second).
 //
-// Thread-safety: all public methods are thread-safe. Transfer callbacks run on worker threads.
-// Shutdown() and the destructor must not be called from a transfer callback.
+// Thread-safety: all public methods are thread-safe. Transfer callbacks run on worker threads
+// without the scheduler's mutex held, and a finished Transfer (with whatever its callbacks
+// capture: a Session, a Region) is dropped after that mutex is released, so its destructors may
+// block without stalling the link. Shutdown() and the destructor must not be called from a
+// transfer callback.
 #ifndef OFFLOADD_SERVER_SCHED_LINK_SCHEDULER_H_
 #define OFFLOADD_SERVER_SCHED_LINK_SCHEDULER_H_
 
@@ -120,6 +123,9 @@ class LinkScheduler {
   void Shutdown();
   LinkSchedulerStats stats() const;
   const LinkSchedulerOptions& options() const;
+  // For tests: whether any thread holds the scheduler's mutex at this moment. Asked from a
+  // thread of its own, so it may be called from a destructor that runs on a worker.
+  bool MutexHeldForTesting() const;
 
  private:
   struct Impl;

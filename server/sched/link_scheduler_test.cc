@@ -225,6 +225,77 @@ TEST(LinkSchedulerTest, ShutdownDrainsQueuedAndInFlightWork) {
   EXPECT_EQ(sched.stats().bytes, 64 * kKiB + 20 * 100 * kKiB + probes_accepted);
 }
 
+// Stands in for what a transfer's callbacks capture in the daemon (the Session, the Region):
+// its destructor records whether the scheduler's mutex was held when the last reference died.
+struct LastReferenceProbe {
+  const LinkScheduler* sched = nullptr;
+  std::mutex* mu = nullptr;
+  std::condition_variable* cv = nullptr;
+  int* destroyed = nullptr;
+  int* destroyed_under_lock = nullptr;
+  ~LastReferenceProbe() {
+    const bool held = sched->MutexHeldForTesting();
+    std::lock_guard<std::mutex> lock(*mu);
+    ++*destroyed;
+    if (held) ++*destroyed_under_lock;
+    cv->notify_all();
+  }
+};
+
+TEST(LinkSchedulerTest, FinishedTransfersAreDroppedWithoutTheSchedulerLock) {
+  // One worker, and the test thread stays away from the scheduler while transfers finish, so
+  // nobody but the worker could hold its mutex when a probe dies.
+  LinkScheduler sched(SmallChunks(1));
+  std::mutex mu;
+  std::condition_variable cv;
+  int destroyed = 0, destroyed_under_lock = 0;
+  Gate gate;
+  auto probe = [&] {
+    auto p = std::make_shared<LastReferenceProbe>();
+    p->sched = &sched;
+    p->mu = &mu;
+    p->cv = &cv;
+    p->destroyed = &destroyed;
+    p->destroyed_under_lock = &destroyed_under_lock;
+    return p;
+  };
+  // 0: completes in 3 chunks; the probe is held by `done`, as a Session is.
+  auto ok = std::make_shared<Transfer>();
+  ok->gpu = "gpu0";
+  ok->bytes = 3 * 64 * kKiB;
+  ok->copy_chunk = [&gate](uint64_t, uint64_t) {
+    gate.Wait();
+    return absl::OkStatus();
+  };
+  ok->done = [p = probe()](absl::Status) {};
+  // 1: fails at its second chunk (the rest are cancelled); the probe is in both callbacks.
+  auto failing = std::make_shared<Transfer>();
+  failing->gpu = "gpu1";
+  failing->bytes = 4 * 64 * kKiB;
+  auto p1 = probe();
+  failing->copy_chunk = [p1](uint64_t offset, uint64_t) {
+    return offset == 0 ? absl::OkStatus() : absl::DataLossError("client memory went away");
+  };
+  failing->done = [p1](absl::Status) {};
+  p1.reset();
+  // 2: no done callback at all; the probe is held by copy_chunk, as a Region is.
+  auto silent = std::make_shared<Transfer>();
+  silent->gpu = "gpu2";
+  silent->bytes = 2 * 64 * kKiB;
+  silent->copy_chunk = [p = probe()](uint64_t, uint64_t) { return absl::OkStatus(); };
+  sched.Submit(std::move(ok));
+  sched.Submit(std::move(failing));
+  sched.Submit(std::move(silent));
+  gate.Open();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return destroyed == 3; });
+  }
+  EXPECT_EQ(destroyed_under_lock, 0);
+  sched.Shutdown();
+  EXPECT_EQ(sched.stats().bytes, (3 + 1 + 2) * 64 * kKiB);
+}
+
 TEST(LinkSchedulerTest, SubmitAfterShutdownIsUnavailable) {
   Recorder rec;
   LinkScheduler sched(SmallChunks(2));

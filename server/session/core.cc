@@ -43,7 +43,7 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
     for (const std::string& link : spec.links) link_parent_[link] = spec.name;
   }
   metrics::Get()
-      .pool_capacity_bytes->Add({{"numa_node", std::to_string(arena_->numa_node())}})
+      .pool_capacity_bytes->Add({{"numa_node", metrics::NumaNodeLabel(arena_->numa_node())}})
       .Set(static_cast<double>(store_.capacity_bytes()));
   if (options_.watch_pids) {
     pid_watcher_ = std::make_unique<PidWatcher>(
@@ -333,7 +333,7 @@ CoreStats Core::Stats() {
 void Core::RefreshMetrics() {
   CoreStats s = Stats();
   auto& m = metrics::Get();
-  const prometheus::Labels numa{{"numa_node", std::to_string(arena_->numa_node())}};
+  const prometheus::Labels numa{{"numa_node", metrics::NumaNodeLabel(arena_->numa_node())}};
   m.pool_used_bytes->Add(numa).Set(static_cast<double>(s.store.pool.used_bytes));
   m.pool_peak_used_bytes->Add(numa).Set(static_cast<double>(s.store.pool.peak_used_bytes));
   const uint64_t pinned =
