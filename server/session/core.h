@@ -180,6 +180,10 @@ class Core {
   void UnwatchPid(uint64_t session_id);
   size_t pids_watched() const { return pid_watcher_ ? pid_watcher_->watched() : 0; }
 
+  // Cancels the queued transfers a session submitted to its GPU's link (both directions);
+  // their done callbacks get `status`. No-op when that link was never created.
+  void CancelTransfers(uint64_t session_id, const std::string& gpu, const absl::Status& status);
+
   // Transfer accounting; Drain waits for every accepted transfer to complete.
   // BeginTransfer fails (returns false) once draining has started.
   bool BeginTransfer();
