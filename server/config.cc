@@ -49,6 +49,10 @@ uid_quota_bytes: 0
 max_requests_in_flight: 4096
 max_sessions: 1024
 max_links: 64
+max_shm_mappings_total: 16384
+max_shm_mappings_per_uid: 4096
+max_shm_mapped_bytes_total: 274877906944  # 256 GiB
+max_shm_mapped_bytes_per_uid: 68719476736  # 64 GiB
 watch_client_pids: true
 pid_exit_grace_seconds: 2
 )pb");
@@ -138,6 +142,16 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (c.numa_node_bytes_per_second() < 0) {
     problems.push_back("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
   }
+  auto per_uid_within_total = [&](uint64_t per_uid, uint64_t total, const char* name) {
+    if (per_uid > 0 && total > 0 && per_uid > total) {
+      problems.push_back(absl::StrFormat("%s_per_uid (%d) must not exceed %s_total (%d)", name,
+                                         per_uid, name, total));
+    }
+  };
+  per_uid_within_total(c.max_shm_mappings_per_uid(), c.max_shm_mappings_total(),
+                       "max_shm_mappings");
+  per_uid_within_total(c.max_shm_mapped_bytes_per_uid(), c.max_shm_mapped_bytes_total(),
+                       "max_shm_mapped_bytes");
   if (!(c.pid_exit_grace_seconds() >= 0 && c.pid_exit_grace_seconds() <= 3600)) {
     problems.push_back("pid_exit_grace_seconds must be between 0 and 3600");
   }
@@ -324,6 +338,15 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
     return absl::NotFoundError("unknown flag --" + raw_name + " (offloadd --help lists them)");
   }
   return absl::OkStatus();
+}
+
+copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config) {
+  copy::ShmMappingLimits l;
+  l.max_mappings_total = config.max_shm_mappings_total();
+  l.max_mappings_per_uid = config.max_shm_mappings_per_uid();
+  l.max_mapped_bytes_total = config.max_shm_mapped_bytes_total();
+  l.max_mapped_bytes_per_uid = config.max_shm_mapped_bytes_per_uid();
+  return l;
 }
 
 std::string ResolveSocketPath(const v1::DaemonConfig& config) {

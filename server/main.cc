@@ -54,7 +54,8 @@ void PrintHelp() {
 absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
     const offloadd::v1::DaemonConfig& config) {
   if (config.backend() == "shm") {
-    return std::unique_ptr<offloadd::copy::CopyEngine>(new offloadd::copy::ShmCopyEngine());
+    return std::unique_ptr<offloadd::copy::CopyEngine>(
+        new offloadd::copy::ShmCopyEngine(offloadd::ToShmMappingLimits(config)));
   }
 #ifdef OFFLOADD_HAVE_CUDA
   return offloadd::copy::CreateCudaCopyEngine();
@@ -248,7 +249,8 @@ int main(int argc, char** argv) {
   }
   offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine));
   std::string socket_path = offloadd::ResolveSocketPath(*config);
-  offloadd::copy::ShmCopyEngine projector_shm;  // shm regions of refreshes on a cuda daemon
+  // shm regions of refreshes on a cuda daemon
+  offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
   std::unique_ptr<offloadd::projector::RefreshService> projector =
       MakeProjector(config->projector(), core.engine(), &projector_shm);
   auto server =
