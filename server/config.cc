@@ -142,16 +142,20 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (c.numa_node_bytes_per_second() < 0) {
     problems.push_back("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
   }
-  auto per_uid_within_total = [&](uint64_t per_uid, uint64_t total, const char* name) {
+  auto per_uid_within_total = [&](uint64_t per_uid, uint64_t total, const char* per_uid_name,
+                                  const char* total_name) {
     if (per_uid > 0 && total > 0 && per_uid > total) {
-      problems.push_back(absl::StrFormat("%s_per_uid (%d) must not exceed %s_total (%d)", name,
-                                         per_uid, name, total));
+      problems.push_back(absl::StrFormat("%s (%d) must not exceed %s (%d)", per_uid_name,
+                                         per_uid, total_name, total));
     }
   };
   per_uid_within_total(c.max_shm_mappings_per_uid(), c.max_shm_mappings_total(),
-                       "max_shm_mappings");
+                       "max_shm_mappings_per_uid", "max_shm_mappings_total");
   per_uid_within_total(c.max_shm_mapped_bytes_per_uid(), c.max_shm_mapped_bytes_total(),
-                       "max_shm_mapped_bytes");
+                       "max_shm_mapped_bytes_per_uid", "max_shm_mapped_bytes_total");
+  per_uid_within_total(c.projector().max_queued_refreshes_per_uid(),
+                       c.projector().max_queued_refreshes(),
+                       "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");
   if (!(c.pid_exit_grace_seconds() >= 0 && c.pid_exit_grace_seconds() <= 3600)) {
     problems.push_back("pid_exit_grace_seconds must be between 0 and 3600");
   }

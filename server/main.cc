@@ -84,6 +84,13 @@ std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
   if (config.history_bytes() > 0) options.history_bytes = config.history_bytes();
   if (config.max_results() > 0) options.max_results = config.max_results();
   if (config.result_ttl_seconds() > 0) options.result_ttl_seconds = config.result_ttl_seconds();
+  if (config.max_refresh_bytes() > 0) options.max_refresh_bytes = config.max_refresh_bytes();
+  if (config.max_queued_refreshes() > 0) {
+    options.max_queued_refreshes = config.max_queued_refreshes();
+  }
+  if (config.max_queued_refreshes_per_uid() > 0) {
+    options.max_queued_refreshes_per_uid = config.max_queued_refreshes_per_uid();
+  }
   const int blas_threads =
       offloadd::projector::SetBlasThreads(offloadd::projector::BlasThreadsFor(options.workers));
   const bool shm_daemon = engine.name() == "shm";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <new>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -54,6 +55,7 @@ struct RefreshService::WorkerBuffers {
     const size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
     if (floats > capacity_floats) {
       gradient.reset();
+      capacity_floats = 0;  // stays right if the allocation throws
       gradient.reset(new float[floats]);
       capacity_floats = floats;
     }
@@ -87,6 +89,7 @@ absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& reque
   if (auto it = by_key_.find(key); it != by_key_.end()) {
     return SubmitOutcome{it->second, true, entries_.at(it->second).record.state};
   }
+  if (absl::Status admitted = AdmitLocked(request, *layout); !admitted.ok()) return admitted;
   if (request.reset_history) {
     if (auto h = history_.find(request.parameter_id); h != history_.end()) {
       if (h->second.projector) history_bytes_ -= h->second.projector->size();
@@ -105,6 +108,9 @@ absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& reque
   Entry& e = entries_[id];
   e.request = request;
   e.submitted_at = now;
+  e.caller_uid = request.caller_uid;
+  ++unfinished_;
+  ++unfinished_by_uid_[request.caller_uid];
   RefreshRecord& r = e.record;
   r.id = id;
   r.parameter_id = request.parameter_id;
@@ -174,7 +180,7 @@ void RefreshService::WorkerLoop(int index) {
             {previous_shape.projector_rows, previous_shape.projector_cols},
             previous_shape.dtype};
       }
-      Execute(request, buffers, &refresh, &record);
+      ExecuteGuarded(request, buffers, &refresh, &record);
       if (record.projector_written) written = std::move(record.result.projector_bytes);
       record.result.projector_bytes.clear();
     }
@@ -211,6 +217,46 @@ void RefreshService::WorkerLoop(int index) {
     queue_.Done(item->parameter);
     lock.unlock();
     Finish(item->id, std::move(record));
+  }
+}
+
+absl::Status RefreshService::AdmitLocked(const ServiceRequest& request,
+                                         const RefreshLayout& layout) const {
+  const uint64_t limit = options_.max_refresh_bytes;
+  if (limit > 0 && layout.working_bytes > limit) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "a refresh of gradient [", layout.rows, ", ", layout.cols, "] ", DTypeName(request.dtype),
+        " needs about ", layout.working_bytes, " bytes of daemon memory; this daemon allows ",
+        limit,
+        " per refresh (projector.max_refresh_bytes): refresh this parameter in your process, "
+        "use method RANDOMIZED with a smaller rank, or ask the operator to raise the bound"));
+  }
+  if (options_.max_queued_refreshes > 0 && unfinished_ >= options_.max_queued_refreshes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the projector service already has ", unfinished_,
+        " refreshes queued or running (projector.max_queued_refreshes): wait for results "
+        "before submitting more"));
+  }
+  auto mine = unfinished_by_uid_.find(request.caller_uid);
+  const size_t own = mine == unfinished_by_uid_.end() ? 0 : mine->second;
+  if (options_.max_queued_refreshes_per_uid > 0 && own >= options_.max_queued_refreshes_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this user already has ", own,
+        " refreshes queued or running (projector.max_queued_refreshes_per_uid): wait for "
+        "results before submitting more"));
+  }
+  return absl::OkStatus();
+}
+
+void RefreshService::ExecuteGuarded(const ServiceRequest& request, WorkerBuffers& buffers,
+                                    RefreshRequest* refresh, RefreshRecord* record) {
+  try {
+    Execute(request, buffers, refresh, record);
+  } catch (const std::bad_alloc&) {
+    record->state = RefreshState::kFailed;
+    record->status = absl::ResourceExhaustedError(
+        "the daemon could not allocate memory for this refresh (host memory is short): retry "
+        "later, or refresh this parameter in your process");
   }
 }
 
@@ -305,6 +351,11 @@ void RefreshService::Finish(uint64_t id, RefreshRecord record) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(id);
     if (it != entries_.end()) {
+      if (!Finished(it->second.record.state)) {
+        --unfinished_;
+        auto uid = unfinished_by_uid_.find(it->second.caller_uid);
+        if (uid != unfinished_by_uid_.end() && --uid->second == 0) unfinished_by_uid_.erase(uid);
+      }
       it->second.record = record;
       waiters = std::move(it->second.waiters);
       it->second.waiters.clear();

@@ -14,8 +14,14 @@
 //   5. records the result and wakes whoever waits for it.
 //
 // Memory held (all bounded):
+//   - per refresh: its estimated peak (RefreshLayout::working_bytes: G, its fp32 copy, the
+//     SVD's copies and workspace, P) must be at most max_refresh_bytes, checked at Submit before
+//     anything is allocated (OUT_OF_RANGE); an allocation that fails anyway (std::bad_alloc)
+//     fails that refresh with RESOURCE_EXHAUSTED, and the worker goes on;
 //   - per worker: G's bytes and an fp32 copy for bf16/fp16 (RefreshScratch), grown to the
-//     largest gradient seen;
+//     largest gradient seen (so at most workers x max_refresh_bytes in all);
+//   - queue: at most max_queued_refreshes refreshes queued or running, and at most
+//     max_queued_refreshes_per_uid of one caller uid (RESOURCE_EXHAUSTED beyond);
 //   - history: per parameter the last projector as written (side_dim x r in its dtype), its last
 //     started step and lazy state; at most history_bytes of projectors and max_parameters
 //     entries, least recently refreshed forgotten first (a forgotten parameter's next refresh
@@ -101,6 +107,10 @@ struct RefreshServiceOptions {
   size_t max_results = 4096;
   double result_ttl_seconds = 600;
   RegionCacheOptions region_cache;
+  // See "Memory held" above. 0 = no bound.
+  uint64_t max_refresh_bytes = 8ull << 30;
+  size_t max_queued_refreshes = 4096;
+  size_t max_queued_refreshes_per_uid = 1024;
 };
 
 class RefreshService {
@@ -112,7 +122,9 @@ class RefreshService {
   ~RefreshService();  // Shutdown()
 
   // Queues a refresh, or returns the existing one for a known key (deduplicated = true; the
-  // first request's parameters stand). Errors: ValidateServiceRequest's; FAILED_PRECONDITION
+  // first request's parameters stand). Errors: ValidateServiceRequest's; OUT_OF_RANGE when the
+  // refresh would need more than max_refresh_bytes; RESOURCE_EXHAUSTED past the queue bounds;
+  // FAILED_PRECONDITION
   // when `step` is older than a step of this parameter that has already started (steps must
   // increase; set reset_history to start over); UNAVAILABLE after Shutdown.
   absl::StatusOr<SubmitOutcome> Submit(const ServiceRequest& request);
@@ -156,6 +168,7 @@ class RefreshService {
     ServiceRequest request;  // cleared once finished
     double submitted_at = 0;
     std::vector<std::function<void(const RefreshRecord&)>> waiters;
+    int64_t caller_uid = -1;  // counted in unfinished_by_uid_ until finished
   };
   struct WorkerBuffers;
 
@@ -165,6 +178,11 @@ class RefreshService {
   void Execute(const ServiceRequest& request, WorkerBuffers& buffers, RefreshRequest* refresh,
                RefreshRecord* record);
   void Finish(uint64_t id, RefreshRecord record);  // lock not held
+  // OUT_OF_RANGE / RESOURCE_EXHAUSTED when a new refresh would pass a bound; lock held.
+  absl::Status AdmitLocked(const ServiceRequest& request, const RefreshLayout& layout) const;
+  // Execute, with a failed allocation turned into the refresh's RESOURCE_EXHAUSTED.
+  void ExecuteGuarded(const ServiceRequest& request, WorkerBuffers& buffers,
+                      RefreshRequest* refresh, RefreshRecord* record);
   void EvictResultsLocked(double now);
   void EvictHistoryLocked();
   void UpdateQueueGaugeLocked();
@@ -186,6 +204,8 @@ class RefreshService {
   std::deque<std::pair<double, uint64_t>> finished_;  // (finish time, id), oldest first
   std::map<std::string, History> history_;
   uint64_t history_bytes_ = 0;
+  size_t unfinished_ = 0;                        // queued or running
+  std::map<int64_t, size_t> unfinished_by_uid_;  // the same, by caller uid
   std::vector<std::thread> workers_;
 };
 

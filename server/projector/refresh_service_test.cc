@@ -4,11 +4,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -467,6 +469,89 @@ TEST_F(RefreshServiceTest, RepeatedRefreshesReuseTheOpenedRegion) {
     ASSERT_EQ(SubmitAndWait(Request(shm, "w", step, 24, 16, 2)).state, RefreshState::kDone);
   }
   EXPECT_EQ(service_->stats().region_opens_total, 1u);
+}
+
+}  // namespace
+}  // namespace offloadd::projector
+
+namespace offloadd::projector {
+namespace {
+
+// Issue 13 item 2: a sparse 40 GiB object passes the region checks, but a [100000, 100000]
+// fp32 refresh would need ~80 GB: refused at Submit, before anything is allocated (it used to
+// throw std::bad_alloc on a worker and terminate the daemon).
+TEST_F(RefreshServiceTest, OversizedGradientIsRefusedBeforeAnythingIsAllocated) {
+  Start();
+  Shm sparse(40ull << 30);  // ftruncate only: no page is allocated
+  auto submitted = service_->Submit(Request(sparse, "huge", 0, 100000, 100000, 128));
+  ASSERT_EQ(submitted.status().code(), absl::StatusCode::kOutOfRange) << submitted.status();
+  EXPECT_NE(submitted.status().message().find("max_refresh_bytes"), std::string::npos);
+  // The service keeps serving.
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 3));
+  EXPECT_EQ(SubmitAndWait(Request(shm, "small", 0, 24, 16, 2)).state, RefreshState::kDone);
+}
+
+// Whatever the bound, an allocation that fails on a worker fails that refresh only.
+class ThrowingBackend : public SvdBackend {
+ public:
+  absl::string_view name() const override { return "throwing"; }
+  absl::StatusOr<TopSingular> Exact(DenseMatrix a, VectorSide side, int64_t k) const override {
+    if (throw_next_.exchange(false)) throw std::bad_alloc();
+    return lapack_.Exact(a, side, k);
+  }
+  absl::StatusOr<TopSingular> Randomized(DenseMatrix a, VectorSide side, int64_t k,
+                                         const RandomizedOptions& o,
+                                         DenseMatrix warm) const override {
+    return lapack_.Randomized(a, side, k, o, warm);
+  }
+  mutable std::atomic<bool> throw_next_{true};
+
+ private:
+  LapackSvdBackend lapack_;
+};
+
+TEST_F(RefreshServiceTest, BadAllocOnAWorkerFailsThatRefreshWithResourceExhausted) {
+  ThrowingBackend throwing;
+  RefreshServiceOptions options;
+  options.cpu_backend = &throwing;
+  Start(options);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 4));
+  RefreshRecord failed = SubmitAndWait(Request(shm, "a", 0, 24, 16, 2));
+  EXPECT_EQ(failed.state, RefreshState::kFailed);
+  EXPECT_EQ(failed.status.code(), absl::StatusCode::kResourceExhausted) << failed.status;
+  EXPECT_EQ(SubmitAndWait(Request(shm, "a", 1, 24, 16, 2)).state, RefreshState::kDone);
+}
+
+TEST_F(RefreshServiceTest, QueuedRefreshesAreBoundedInTotalAndPerUid) {
+  RefreshServiceOptions options;
+  options.max_queued_refreshes = 3;
+  options.max_queued_refreshes_per_uid = 2;
+  Start(options);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 5));
+  backend_.Close();
+  auto request = [&](const std::string& parameter, int64_t uid) {
+    ServiceRequest r = Request(shm, parameter, 0, 24, 16, 2);
+    r.caller_uid = uid;
+    return service_->Submit(r);
+  };
+  auto a = request("a", -1), b = request("b", -1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = request("c", -1);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("max_queued_refreshes_per_uid"), std::string::npos);
+  auto d = request("d", 7);  // another user still has room
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto e = request("e", 8);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(e.status().message().find("max_queued_refreshes)"), std::string::npos);
+  backend_.Open();
+  ASSERT_TRUE(service_->Wait(a->id).ok());
+  ASSERT_TRUE(service_->Wait(b->id).ok());
+  ASSERT_TRUE(service_->Wait(d->id).ok());
+  EXPECT_TRUE(request("c", -1).ok());  // room again once they finished
 }
 
 }  // namespace
