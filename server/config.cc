@@ -53,6 +53,10 @@ max_shm_mappings_total: 16384
 max_shm_mappings_per_uid: 4096
 max_shm_mapped_bytes_total: 274877906944  # 256 GiB
 max_shm_mapped_bytes_per_uid: 68719476736  # 64 GiB
+max_connections_total: 4096
+max_connections_per_uid: 512
+admin_reserved_connections: 32
+unused_connection_timeout_seconds: 30
 watch_client_pids: true
 pid_exit_grace_seconds: 2
 )pb");
@@ -153,6 +157,12 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
                        "max_shm_mappings_per_uid", "max_shm_mappings_total");
   per_uid_within_total(c.max_shm_mapped_bytes_per_uid(), c.max_shm_mapped_bytes_total(),
                        "max_shm_mapped_bytes_per_uid", "max_shm_mapped_bytes_total");
+  per_uid_within_total(c.max_connections_per_uid(), c.max_connections_total(),
+                       "max_connections_per_uid", "max_connections_total");
+  if (!(c.unused_connection_timeout_seconds() >= 0 &&
+        c.unused_connection_timeout_seconds() <= 86400)) {
+    problems.push_back("unused_connection_timeout_seconds must be between 0 and 86400 (a day)");
+  }
   per_uid_within_total(c.projector().max_queued_refreshes_per_uid(),
                        c.projector().max_queued_refreshes(),
                        "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");
@@ -391,6 +401,10 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.max_requests_in_flight = c.max_requests_in_flight();
   o.max_sessions = c.max_sessions();
   o.max_links = c.max_links();
+  o.connections.max_connections_total = c.max_connections_total();
+  o.connections.max_connections_per_uid = c.max_connections_per_uid();
+  o.connections.admin_reserved_connections = c.admin_reserved_connections();
+  o.connections.unused_connection_timeout_seconds = c.unused_connection_timeout_seconds();
   o.watch_pids = c.watch_client_pids();
   o.pid_exit_grace_seconds = c.pid_exit_grace_seconds();
   o.default_link_bytes_per_second = c.default_link_bytes_per_second();

@@ -331,7 +331,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
         "gRPC could not start the server for unix:%s (see the log above)", socket_path));
   }
   grpc::Server* server = impl->server.get();
-  impl->listener->Start([server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); });
+  const session::AccessPolicy access = core->options().access;
+  impl->listener->Start(
+      [server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); }, core->options().connections,
+      [access](const session::PeerCredentials& peer) { return session::IsAdmin(access, peer); });
   return std::unique_ptr<Server>(new Server(std::move(impl), socket_path));
 }
 

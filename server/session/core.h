@@ -68,6 +68,7 @@ struct CoreOptions {
 
   // Isolation and failure handling (README "Failure modes").
   AccessPolicy access;  // who may open a session / call admin RPCs (session/peer.h)
+  ConnectionLimits connections;  // applied by rpc/'s listener (session/peer.h)
   // Requests of one session accepted and not yet answered; more get RESOURCE_EXHAUSTED at once.
   // Bounds the daemon's memory under a flood. 0 = no limit.
   uint32_t max_requests_in_flight = 4096;
