@@ -129,15 +129,28 @@ class RefreshService {
   // increase; set reset_history to start over); UNAVAILABLE after Shutdown.
   absl::StatusOr<SubmitOutcome> Submit(const ServiceRequest& request);
 
-  // NOT_FOUND when unknown or expired.
-  absl::StatusOr<RefreshRecord> Get(uint64_t id) const;
-  absl::StatusOr<uint64_t> Find(const std::string& parameter_id, int64_t step) const;
-  // Ids submitted with this batch id and still held (oldest first); empty when none.
-  std::vector<uint64_t> BatchIds(const std::string& batch_id) const;
+  // Names are scoped by owner: a refresh belongs to the caller_uid that submitted it, and its
+  // parameter_id, step and batch_id name it only for that uid (another uid's refresh with the
+  // same key is a different refresh, with its own history and step order). `owner_uid`: the
+  // caller's uid (-1 = unknown credentials); kAnyOwner skips the check (tests, internal).
+  // Ids are random 64-bit values (getrandom), so one user cannot guess another's.
+  static constexpr int64_t kAnyOwner = INT64_MIN;
+
+  // NOT_FOUND when unknown, expired, or another owner's (the same message for each).
+  absl::StatusOr<RefreshRecord> Get(uint64_t id, int64_t owner_uid = kAnyOwner) const;
+  absl::StatusOr<uint64_t> Find(int64_t owner_uid, const std::string& parameter_id,
+                                int64_t step) const;
+  // Ids `owner_uid` submitted with this batch id and still held (oldest first); empty when none.
+  std::vector<uint64_t> BatchIds(int64_t owner_uid, const std::string& batch_id) const;
 
   // Calls `done` exactly once with the record when refresh `id` has finished (kDone or
-  // kFailed) — at once, on this thread, if it already has. NOT_FOUND when unknown.
-  absl::Status WhenFinished(uint64_t id, std::function<void(const RefreshRecord&)> done);
+  // kFailed) — at once, on this thread, if it already has. NOT_FOUND when unknown (or
+  // another owner's).
+  absl::Status WhenFinished(uint64_t id, int64_t owner_uid,
+                            std::function<void(const RefreshRecord&)> done);
+  absl::Status WhenFinished(uint64_t id, std::function<void(const RefreshRecord&)> done) {
+    return WhenFinished(id, kAnyOwner, std::move(done));
+  }
   // Blocks until refresh `id` has finished (tests, benchmarks).
   absl::StatusOr<RefreshRecord> Wait(uint64_t id);
 
@@ -183,6 +196,12 @@ class RefreshService {
   // Execute, with a failed allocation turned into the refresh's RESOURCE_EXHAUSTED.
   void ExecuteGuarded(const ServiceRequest& request, WorkerBuffers& buffers,
                       RefreshRequest* refresh, RefreshRecord* record);
+  // A name as seen by one owner: "<uid>:<name>" (the uid has no ':').
+  static std::string Scoped(int64_t owner_uid, const std::string& name);
+  // A random id not in use; mu_ held.
+  uint64_t NewIdLocked() const;
+  // The entry `id` when `owner_uid` may see it, else nullptr; mu_ held.
+  const Entry* FindEntryLocked(uint64_t id, int64_t owner_uid) const;
   void EvictResultsLocked(double now);
   void EvictHistoryLocked();
   void UpdateQueueGaugeLocked();
@@ -195,14 +214,13 @@ class RefreshService {
   mutable std::mutex mu_;
   std::condition_variable work_cv_;
   bool stopping_ = false;
-  uint64_t next_id_ = 1;
   uint64_t tick_ = 0;
   FairRefreshQueue queue_;
   std::map<uint64_t, Entry> entries_;
-  std::map<std::pair<std::string, int64_t>, uint64_t> by_key_;
-  std::map<std::string, std::set<uint64_t>> by_batch_;
-  std::deque<std::pair<double, uint64_t>> finished_;  // (finish time, id), oldest first
-  std::map<std::string, History> history_;
+  std::map<std::pair<std::string, int64_t>, uint64_t> by_key_;  // (Scoped parameter, step)
+  std::map<std::string, std::vector<uint64_t>> by_batch_;       // by Scoped batch id, oldest first
+  std::deque<std::pair<double, uint64_t>> finished_;            // (finish time, id), oldest first
+  std::map<std::string, History> history_;                      // by Scoped parameter
   uint64_t history_bytes_ = 0;
   size_t unfinished_ = 0;                        // queued or running
   std::map<int64_t, size_t> unfinished_by_uid_;  // the same, by caller uid

@@ -225,7 +225,7 @@ TEST_F(RefreshServiceTest, RepeatedKeyIsDeduplicated) {
   EXPECT_TRUE(c->deduplicated);
   EXPECT_EQ(c->state, RefreshState::kDone);
   EXPECT_EQ(backend_.tags().size(), 1u);
-  auto found = service_->Find("w", 200);
+  auto found = service_->Find(-1, "w", 200);
   ASSERT_TRUE(found.ok());
   EXPECT_EQ(*found, a->id);
 }
@@ -421,7 +421,7 @@ TEST_F(RefreshServiceTest, ResultsAndHistoryAreBounded) {
   RefreshRecord b0 = SubmitAndWait(Request(shm, "b", 0, 24, 16, 2));  // forgets a's projector
   RefreshRecord b1 = SubmitAndWait(Request(shm, "b", 1, 24, 16, 2));
   EXPECT_EQ(service_->Get(a0.id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(service_->Find("a", 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Find(-1, "a", 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(service_->Get(b0.id).ok());
   EXPECT_TRUE(b1.result.has_similarity);
   EXPECT_EQ(service_->stats().history_bytes, 16u * 2 * 4);
@@ -552,6 +552,59 @@ TEST_F(RefreshServiceTest, QueuedRefreshesAreBoundedInTotalAndPerUid) {
   ASSERT_TRUE(service_->Wait(b->id).ok());
   ASSERT_TRUE(service_->Wait(d->id).ok());
   EXPECT_TRUE(request("c", -1).ok());  // room again once they finished
+}
+
+}  // namespace
+}  // namespace offloadd::projector
+
+namespace offloadd::projector {
+namespace {
+
+// Issue 13 item 3: projector names (parameter, step, batch) and history are scoped by the
+// caller's uid, and ids cannot be guessed from one's own.
+TEST_F(RefreshServiceTest, AnotherUidsSameKeyIsNotDeduplicatedNorOrdered) {
+  Start();
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 6));
+  auto as = [&](int64_t uid, int64_t step) {
+    ServiceRequest r = Request(shm, "layer0.q", step, 24, 16, 2);
+    r.caller_uid = uid;
+    r.batch_id = "b";
+    return r;
+  };
+  auto mine = service_->Submit(as(-1, 5));
+  ASSERT_TRUE(mine.ok());
+  ASSERT_TRUE(service_->Wait(mine->id).ok());
+  auto theirs = service_->Submit(as(2000, 5));  // same key, another user
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  EXPECT_FALSE(theirs->deduplicated);
+  EXPECT_NE(theirs->id, mine->id);
+  EXPECT_NE(theirs->id, mine->id + 1) << "sequential ids let another user guess them";
+  auto poison = service_->Submit(as(2000, int64_t{1000000000000000000}));
+  ASSERT_TRUE(poison.ok());
+  ASSERT_TRUE(service_->Wait(poison->id).ok());
+  // The other user's step 10^18 does not reorder this user's parameter.
+  auto next = service_->Submit(as(-1, 6));
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+TEST_F(RefreshServiceTest, ResultsKeysAndBatchesAreVisibleToTheirOwnerOnly) {
+  Start();
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 7));
+  ServiceRequest r = Request(shm, "layer0.k", 3, 24, 16, 2);
+  r.batch_id = "step-3";
+  auto mine = service_->Submit(r);
+  ASSERT_TRUE(mine.ok());
+  ASSERT_TRUE(service_->Wait(mine->id).ok());
+  EXPECT_TRUE(service_->Get(mine->id, -1).ok());
+  EXPECT_EQ(service_->Get(mine->id, 2000).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Find(-1, "layer0.k", 3).value_or(0), mine->id);
+  EXPECT_EQ(service_->Find(2000, "layer0.k", 3).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->BatchIds(-1, "step-3"), std::vector<uint64_t>{mine->id});
+  EXPECT_TRUE(service_->BatchIds(2000, "step-3").empty());
+  EXPECT_EQ(service_->WhenFinished(mine->id, 2000, [](const RefreshRecord&) {}).code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace
