@@ -49,6 +49,14 @@ uid_quota_bytes: 0
 max_requests_in_flight: 4096
 max_sessions: 1024
 max_links: 64
+max_shm_mappings_total: 16384
+max_shm_mappings_per_uid: 4096
+max_shm_mapped_bytes_total: 274877906944  # 256 GiB
+max_shm_mapped_bytes_per_uid: 68719476736  # 64 GiB
+max_connections_total: 4096
+max_connections_per_uid: 512
+admin_reserved_connections: 32
+unused_connection_timeout_seconds: 30
 watch_client_pids: true
 pid_exit_grace_seconds: 2
 )pb");
@@ -138,6 +146,26 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (c.numa_node_bytes_per_second() < 0) {
     problems.push_back("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
   }
+  auto per_uid_within_total = [&](uint64_t per_uid, uint64_t total, const char* per_uid_name,
+                                  const char* total_name) {
+    if (per_uid > 0 && total > 0 && per_uid > total) {
+      problems.push_back(absl::StrFormat("%s (%d) must not exceed %s (%d)", per_uid_name,
+                                         per_uid, total_name, total));
+    }
+  };
+  per_uid_within_total(c.max_shm_mappings_per_uid(), c.max_shm_mappings_total(),
+                       "max_shm_mappings_per_uid", "max_shm_mappings_total");
+  per_uid_within_total(c.max_shm_mapped_bytes_per_uid(), c.max_shm_mapped_bytes_total(),
+                       "max_shm_mapped_bytes_per_uid", "max_shm_mapped_bytes_total");
+  per_uid_within_total(c.max_connections_per_uid(), c.max_connections_total(),
+                       "max_connections_per_uid", "max_connections_total");
+  if (!(c.unused_connection_timeout_seconds() >= 0 &&
+        c.unused_connection_timeout_seconds() <= 86400)) {
+    problems.push_back("unused_connection_timeout_seconds must be between 0 and 86400 (a day)");
+  }
+  per_uid_within_total(c.projector().max_queued_refreshes_per_uid(),
+                       c.projector().max_queued_refreshes(),
+                       "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");
   if (!(c.pid_exit_grace_seconds() >= 0 && c.pid_exit_grace_seconds() <= 3600)) {
     problems.push_back("pid_exit_grace_seconds must be between 0 and 3600");
   }
@@ -326,6 +354,15 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
   return absl::OkStatus();
 }
 
+copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config) {
+  copy::ShmMappingLimits l;
+  l.max_mappings_total = config.max_shm_mappings_total();
+  l.max_mappings_per_uid = config.max_shm_mappings_per_uid();
+  l.max_mapped_bytes_total = config.max_shm_mapped_bytes_total();
+  l.max_mapped_bytes_per_uid = config.max_shm_mapped_bytes_per_uid();
+  return l;
+}
+
 std::string ResolveSocketPath(const v1::DaemonConfig& config) {
   return config.socket_path().empty() ? client::DefaultSocketPath() : config.socket_path();
 }
@@ -364,6 +401,10 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.max_requests_in_flight = c.max_requests_in_flight();
   o.max_sessions = c.max_sessions();
   o.max_links = c.max_links();
+  o.connections.max_connections_total = c.max_connections_total();
+  o.connections.max_connections_per_uid = c.max_connections_per_uid();
+  o.connections.admin_reserved_connections = c.admin_reserved_connections();
+  o.connections.unused_connection_timeout_seconds = c.unused_connection_timeout_seconds();
   o.watch_pids = c.watch_client_pids();
   o.pid_exit_grace_seconds = c.pid_exit_grace_seconds();
   o.default_link_bytes_per_second = c.default_link_bytes_per_second();

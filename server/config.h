@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
+#include "server/copy/shm_engine.h"
 #include "server/sched/topology.h"
 #include "server/session/core.h"
 
@@ -39,6 +40,9 @@ absl::Status ApplyFlag(const std::string& name, const std::string& value, v1::Da
 
 // Parses "64MiB", "1.5GiB", "4096" into bytes.
 absl::StatusOr<uint64_t> ParseBytes(const std::string& text);
+
+// The shm backend's mapping bounds (max_shm_*).
+copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config);
 
 // Resolves an empty socket_path to the default location (see client/socket_path.h).
 std::string ResolveSocketPath(const v1::DaemonConfig& config);

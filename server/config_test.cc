@@ -247,3 +247,22 @@ TEST(ConfigTest, IsolationFieldsDefaultsFlagsAndCoreOptions) {
 
 }  // namespace
 }  // namespace offloadd
+
+namespace offloadd {
+namespace {
+
+TEST(ConfigBoundsTest, PerUidBoundsMayNotExceedTheirTotals) {
+  auto config = ParseConfig("max_shm_mappings_total: 10\nmax_shm_mappings_per_uid: 20\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::Status st = ValidateConfig(*config);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("max_shm_mappings_per_uid (20) must not exceed"), std::string::npos)
+      << st;
+  auto defaults = ParseConfig("");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->max_shm_mappings_total(), 16384u);
+  EXPECT_EQ(defaults->max_shm_mapped_bytes_per_uid(), 64ull << 30);
+}
+
+}  // namespace
+}  // namespace offloadd

@@ -54,7 +54,8 @@ void PrintHelp() {
 absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
     const offloadd::v1::DaemonConfig& config) {
   if (config.backend() == "shm") {
-    return std::unique_ptr<offloadd::copy::CopyEngine>(new offloadd::copy::ShmCopyEngine());
+    return std::unique_ptr<offloadd::copy::CopyEngine>(
+        new offloadd::copy::ShmCopyEngine(offloadd::ToShmMappingLimits(config)));
   }
 #ifdef OFFLOADD_HAVE_CUDA
   return offloadd::copy::CreateCudaCopyEngine();
@@ -83,6 +84,13 @@ std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
   if (config.history_bytes() > 0) options.history_bytes = config.history_bytes();
   if (config.max_results() > 0) options.max_results = config.max_results();
   if (config.result_ttl_seconds() > 0) options.result_ttl_seconds = config.result_ttl_seconds();
+  if (config.max_refresh_bytes() > 0) options.max_refresh_bytes = config.max_refresh_bytes();
+  if (config.max_queued_refreshes() > 0) {
+    options.max_queued_refreshes = config.max_queued_refreshes();
+  }
+  if (config.max_queued_refreshes_per_uid() > 0) {
+    options.max_queued_refreshes_per_uid = config.max_queued_refreshes_per_uid();
+  }
   const int blas_threads =
       offloadd::projector::SetBlasThreads(offloadd::projector::BlasThreadsFor(options.workers));
   const bool shm_daemon = engine.name() == "shm";
@@ -251,7 +259,8 @@ int main(int argc, char** argv) {
   }
   offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine));
   std::string socket_path = offloadd::ResolveSocketPath(*config);
-  offloadd::copy::ShmCopyEngine projector_shm;  // shm regions of refreshes on a cuda daemon
+  // shm regions of refreshes on a cuda daemon
+  offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
   std::unique_ptr<offloadd::projector::RefreshService> projector =
       MakeProjector(config->projector(), core.engine(), &projector_shm);
   auto server =

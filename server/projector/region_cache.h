@@ -1,5 +1,5 @@
 // RegionCache: client regions the projector service has opened, so repeated refreshes that name
-// the same handle do not map it again (a shm mapping is MAP_POPULATE'd, a CUDA IPC open costs
+// the same handle do not map it again (a shm open stats and maps the object, a CUDA IPC open costs
 // ~ms and may happen only once per handle and process).
 //
 // Routing by handle kind: shm names open through `shm_engine`, CUDA IPC handles through

@@ -257,6 +257,37 @@ void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
   if (transfer->done) transfer->done(std::move(error));
 }
 
+size_t LinkScheduler::CancelOwner(uint64_t owner_id, const absl::Status& status) {
+  if (owner_id == 0) return 0;
+  std::vector<std::shared_ptr<Transfer>> finished;
+  size_t cancelled = 0;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    for (auto it = impl_->active.begin(); it != impl_->active.end();) {
+      Impl::Active& a = it->second;
+      if (a.transfer == nullptr || a.transfer->owner_id != owner_id || a.all_popped) {
+        ++it;
+        continue;
+      }
+      impl_->queue.Cancel(it->first);
+      a.all_popped = true;
+      if (a.status.ok()) a.status = status;
+      ++cancelled;
+      if (a.chunks_in_flight > 0) {  // FinishChunk calls done when they return
+        ++it;
+        continue;
+      }
+      finished.push_back(std::move(a.transfer));
+      it = impl_->active.erase(it);
+    }
+  }
+  impl_->cv.notify_all();  // workers waiting on an emptied queue re-check it
+  for (auto& t : finished) {
+    if (t->done) t->done(status);
+  }
+  return cancelled;
+}
+
 void LinkScheduler::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);

@@ -72,6 +72,8 @@ struct Transfer {
   // Called exactly once: after the last chunk completed, or with the first chunk's error (the
   // remaining chunks are skipped). Runs on a worker thread (or in Submit/Shutdown on cancel).
   std::function<void(absl::Status)> done;
+  // Who submitted it (a session id; 0 = nobody in particular), for CancelOwner.
+  uint64_t owner_id = 0;
 };
 
 class HostLink;
@@ -118,6 +120,11 @@ class LinkScheduler {
   // with 0 bytes or no copy_chunk gets INVALID_ARGUMENT the same way. A null transfer is
   // ignored.
   void Submit(std::shared_ptr<Transfer> transfer);
+  // Drops the queued chunks of every transfer with this owner_id (> 0): a transfer with no chunk
+  // being copied gets `done(status)` before this returns (on this thread, without the
+  // scheduler's lock); one with chunks being copied gets it when they finish. Chunks already
+  // handed to copy_chunk are not interrupted. Returns the number of transfers cancelled.
+  size_t CancelOwner(uint64_t owner_id, const absl::Status& status);
   // Finishes every queued and in-flight transfer, then stops the workers. Idempotent; a second
   // concurrent caller returns once the workers have stopped.
   void Shutdown();

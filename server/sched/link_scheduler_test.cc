@@ -552,3 +552,53 @@ TEST(LinkSchedulerTest, PacedLinkRestartsWhenWorkArrivesAfterAnIdleGap) {
 
 }  // namespace
 }  // namespace offloadd::sched
+
+namespace offloadd::sched {
+namespace {
+
+// A closed session's queued transfers are dropped at once (no chunk of them is copied, done
+// gets the cancel status); a chunk being copied finishes and its transfer's done follows it;
+// other owners' transfers are untouched.
+TEST(LinkSchedulerCancelTest, CancelOwnerDropsQueuedChunksAndWaitsForRunningOnes) {
+  Recorder rec;
+  LinkScheduler sched(SmallChunks(1));
+  Gate first_chunk_may_finish;
+  std::atomic<bool> first_chunk_started{false};
+  auto blocker = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * 64 * kKiB);
+  blocker->owner_id = 7;
+  auto copy = blocker->copy_chunk;
+  blocker->copy_chunk = [&, copy](uint64_t offset, uint64_t len) {
+    first_chunk_started = true;
+    first_chunk_may_finish.Wait();
+    return copy(offset, len);
+  };
+  sched.Submit(blocker);
+  while (!first_chunk_started) std::this_thread::yield();
+  for (int i = 1; i <= 3; ++i) {
+    auto t = rec.Make(i, "gpu0", TrafficClass::kOffload, 2 * 64 * kKiB);
+    t->owner_id = i == 3 ? 8 : 7;  // transfer 3 belongs to another owner
+    sched.Submit(t);
+  }
+  EXPECT_EQ(sched.CancelOwner(7, absl::CancelledError("session ended")), 3u);
+  {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    EXPECT_EQ(rec.done[1].size(), 1u);  // queued only: done at once
+    EXPECT_EQ(rec.done[2].size(), 1u);
+    EXPECT_EQ(rec.done[0].size(), 0u);  // its first chunk is still being copied
+  }
+  first_chunk_may_finish.Open();
+  sched.Shutdown();
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[0].size(), 1u);
+  EXPECT_EQ(rec.done[0][0].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(rec.done[1][0].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(rec.ranges[0].size(), 1u);  // only the chunk that was running
+  EXPECT_EQ(rec.ranges.count(1), 0u);
+  EXPECT_EQ(rec.ranges.count(2), 0u);
+  EXPECT_EQ(rec.ranges[3].size(), 2u);  // the other owner's transfer is whole
+  ASSERT_EQ(rec.done[3].size(), 1u);
+  EXPECT_TRUE(rec.done[3][0].ok());
+}
+
+}  // namespace
+}  // namespace offloadd::sched

@@ -145,6 +145,20 @@ Core::Link* Core::LinkFor(const std::string& gpu) {
   return raw;
 }
 
+void Core::CancelTransfers(uint64_t session_id, const std::string& gpu,
+                           const absl::Status& status) {
+  std::shared_ptr<sched::LinkScheduler> d2h, h2d;
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);
+    auto it = links_.find(LinkNameFor(gpu));
+    if (it == links_.end()) return;
+    d2h = it->second->d2h;
+    h2d = it->second->h2d;
+  }
+  d2h->CancelOwner(session_id, status);
+  if (h2d != d2h) h2d->CancelOwner(session_id, status);
+}
+
 void Core::AddSession(uint64_t id, std::weak_ptr<Session> session) {
   std::lock_guard<std::mutex> lock(sessions_mu_);
   sessions_[id] = std::move(session);
