@@ -72,6 +72,7 @@ struct Args {
   uint64_t layers = 16, layer_bytes = 8ull << 20, steps = 3, seed = 1, slots = 2;
   double forward_seconds = 0.002;  // simulated compute per layer forward
   double hold_seconds = 0;         // after the first forward, hold the blocks this long
+  double run_seconds = 0;          // > 0: stop after the step that ends past this (steps = max)
   bool prefetch = true;
 };
 
@@ -93,6 +94,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "slots" && num) a->slots = static_cast<uint64_t>(d);
     else if (k == "forward_seconds" && num) a->forward_seconds = d;
     else if (k == "hold_seconds" && num) a->hold_seconds = d;
+    else if (k == "run_seconds" && num) a->run_seconds = d;
     else if (k == "prefetch") a->prefetch = v != "0" && v != "false";
     else return false;
   }
@@ -111,7 +113,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: checkpoint_workload --socket=PATH [--name=N --device=GPU --layers=L "
                  "--layer_bytes=B --steps=S --seed=K --slots=2 --forward_seconds=0.002 "
-                 "--prefetch=1 --hold_seconds=0]\n");
+                 "--prefetch=1 --hold_seconds=0 --run_seconds=0]\n");
     return 2;
   }
   offloadd::client::ClientOptions o;
@@ -148,7 +150,9 @@ int main(int argc, char** argv) {
     if (first_error.empty()) first_error = st.ToString();
   };
   const double t0 = Now();
-  for (uint64_t step = 0; step < a.steps; ++step) {
+  uint64_t steps_done = 0;
+  for (uint64_t step = 0; step < a.steps; ++step, ++steps_done) {
+    if (a.run_seconds > 0 && step > 0 && Now() - t0 >= a.run_seconds) break;
     // Forward: layers 0..L-1.
     std::vector<std::future<absl::StatusOr<offloadd::client::OffloadResult>>> offloads(a.layers);
     std::vector<uint64_t> blocks(a.layers, 0);
@@ -219,9 +223,9 @@ int main(int argc, char** argv) {
       "\"first_error\": \"%s\"}\n",
       a.name.c_str(), a.device.c_str(), (*client)->link().c_str(),
       static_cast<unsigned long>(a.layers), static_cast<unsigned long>(a.layer_bytes),
-      static_cast<unsigned long>(a.steps), static_cast<unsigned long>(bytes_moved), elapsed,
+      static_cast<unsigned long>(steps_done), static_cast<unsigned long>(bytes_moved), elapsed,
       bytes_moved / elapsed / 1e9, reload_wait_seconds, offload_wait_seconds,
-      a.steps * a.layers > 0 ? copy_seconds_sum / (a.steps * a.layers) : 0.0,
+      steps_done * a.layers > 0 ? copy_seconds_sum / (steps_done * a.layers) : 0.0,
       static_cast<unsigned long>(reloads_prefetched), static_cast<unsigned long>(reloads_urgent),
       static_cast<unsigned long>(errors), static_cast<unsigned long>(corrupted),
       static_cast<unsigned long>(stats.messages_sent),

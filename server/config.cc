@@ -1,6 +1,11 @@
 #include "server/config.h"
 
 #include <grp.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <regex>
 
 #include <cmath>
 #include <fstream>
@@ -12,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/socket_path.h"
@@ -68,10 +74,63 @@ class Collector : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
     errors.push_back(absl::StrFormat("line %d column %d: %s", line + 1, column + 1, message));
+    lines.push_back(line);
   }
   std::vector<std::string> errors;
+  std::vector<int> lines;  // 0-based
 };
 }  // namespace
+
+namespace {
+
+// `code` (text outside strings and comments) with sized values replaced.
+std::string ExpandInCode(const std::string& code) {
+  // A field whose name ends in _bytes or _bytes_per_second, then a number with a size suffix.
+  static const std::regex* sized = new std::regex(
+      R"re(\b(\w+_bytes(?:_per_second)?)(\s*:\s*)([0-9]+(?:\.[0-9]+)?(?:[KMGT]i?B|B))\b)re");
+  std::string out;
+  auto last = code.cbegin();
+  for (std::sregex_iterator it(code.begin(), code.end(), *sized), end; it != end; ++it) {
+    const std::smatch& m = *it;
+    absl::StatusOr<uint64_t> bytes = ParseBytes(m[3].str());
+    if (!bytes.ok()) continue;  // left as written: the parser names the line
+    out.append(last, m[0].first);
+    absl::StrAppend(&out, m[1].str(), m[2].str(), *bytes);
+    last = m[0].second;
+  }
+  out.append(last, code.cend());
+  return out;
+}
+
+}  // namespace
+
+std::string ExpandSizeSuffixes(const std::string& text) {
+  std::string out, code;
+  size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c != '"' && c != '\'' && c != '#') {
+      code += c;
+      ++i;
+      continue;
+    }
+    out += ExpandInCode(code);
+    code.clear();
+    size_t end = i + 1;
+    if (c == '#') {
+      end = text.find('\n', i);
+      if (end == std::string::npos) end = text.size();
+    } else {
+      while (end < text.size() && text[end] != c && text[end] != '\n') {
+        end += text[end] == '\\' ? 2 : 1;
+      }
+      end = std::min(end + 1, text.size());
+    }
+    out.append(text, i, end - i);
+    i = end;
+  }
+  return out + ExpandInCode(code);
+}
 
 absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
   v1::DaemonConfig config;
@@ -82,17 +141,40 @@ absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
   Collector errors;
   parser.RecordErrorsTo(&errors);
   // Merging sets every field the text names, zero values included (metrics_address: "").
-  if (!parser.MergeFromString(text, &config)) {
-    return absl::InvalidArgumentError("config: " + absl::StrJoin(errors.errors, "; ") +
-                                      " (offloadd --print-default-config shows every field)");
+  if (!parser.MergeFromString(ExpandSizeSuffixes(text), &config)) {
+    std::string hint = " (offloadd --print-default-config shows every field)";
+    const std::vector<std::string> lines = absl::StrSplit(text, '\n');
+    for (int line : errors.lines) {
+      if (line >= 0 && line < static_cast<int>(lines.size()) &&
+          absl::StrContains(lines[line], "_bytes")) {
+        hint =
+            " (sizes and rates are plain integers of bytes, or a number with one of the suffixes "
+            "KiB MiB GiB TiB KB MB GB TB, e.g. pool_bytes: 64GiB; offloadd "
+            "--print-default-config shows every field)";
+      }
+    }
+    return absl::InvalidArgumentError("config: " + absl::StrJoin(errors.errors, "; ") + hint);
   }
   return config;
 }
 
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot read config file %s: it is a directory; give the file (e.g. %s/offloadd.conf)",
+        path, path));
+  }
   std::ifstream in(path);
   if (!in) {
-    return absl::NotFoundError(absl::StrFormat("cannot read config file %s", path));
+    const int err = errno;
+    const std::string why = err == ENOENT  ? "check the path"
+                            : err == EACCES ? "make it readable by the daemon's user"
+                                            : "check the file";
+    auto status = absl::StrFormat("cannot read config file %s: %s; %s", path, std::strerror(err),
+                                  why);
+    if (err == EACCES) return absl::PermissionDeniedError(status);
+    return absl::NotFoundError(status);
   }
   std::stringstream ss;
   ss << in.rdbuf();

@@ -13,8 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "server/config.h"
+#include "server/host_check.h"
 #include "server/copy/shm_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/pool/arena.h"
@@ -37,7 +39,9 @@ void PrintHelp() {
                "Options:\n"
                "  --config FILE            DaemonConfig in protobuf text format\n"
                "  --print-default-config   print the embedded defaults and exit\n"
-               "  --check-config FILE      validate FILE (with flags applied) and exit 0/2\n"
+               "  --check-config FILE      validate FILE (with flags applied) and check that this\n"
+               "                           host can run it (socket, CUDA driver, memlock,\n"
+               "                           MemAvailable); exit 0, 2 invalid config, 1 host problem\n"
                "  --version                print the version and exit\n"
                "  --help                   this text\n"
                "Config overrides (dashes and underscores are interchangeable):\n";
@@ -118,6 +122,40 @@ int Fail(const absl::Status& status, int code) {
   return code;
 }
 
+#ifdef OFFLOADD_HAVE_CUDA
+constexpr bool kCudaInBuild = true;
+#else
+constexpr bool kCudaInBuild = false;
+#endif
+
+// --check-config after the config validated: whether this host can run it, each problem on a
+// line of its own in the order start-up would meet them. A daemon already listening on the
+// socket is a note, not a problem (ExecStartPre runs after the old daemon stopped). Returns the
+// exit status: 0, or 1 when the host cannot run the config.
+int CheckHost(const std::string& file, const offloadd::v1::DaemonConfig& config,
+              const std::string& socket_path) {
+  std::vector<absl::Status> problems;
+  absl::Status socket = offloadd::CheckSocketPath(socket_path);
+  if (absl::IsAlreadyExists(socket)) {
+    std::cout << "offloadd: note: " << socket.message() << " (fine when this check runs before "
+              << "restarting it)\n";
+  } else if (!socket.ok()) {
+    problems.push_back(socket);
+  }
+  const offloadd::HostFacts facts =
+      offloadd::ReadHostFacts(kCudaInBuild, /*probe_cuda=*/config.backend() == "cuda");
+  for (absl::Status& st : offloadd::HostProblems(config, facts)) problems.push_back(st);
+  if (problems.empty()) {
+    std::cout << "offloadd: " << file << " is valid and this host can run it\n";
+    return 0;
+  }
+  std::cerr << "offloadd: " << file << " is valid, but this host cannot run it ("
+            << problems.size() << (problems.size() == 1 ? " problem" : " problems")
+            << ", in the order start-up meets them):\n";
+  for (const absl::Status& st : problems) std::cerr << "  - " << st.message() << "\n";
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -152,6 +190,11 @@ int main(int argc, char** argv) {
       value = argv[++i];
     }
     for (char& ch : name) ch = ch == '-' ? '_' : ch;
+    if ((name == "config" || name == "check_config") && value.empty()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--", name == "config" ? "config" : "check-config", " needs a FILE")),
+                  2);
+    }
     if (name == "config") {
       config_file = value;
     } else if (name == "check_config") {
@@ -178,10 +221,13 @@ int main(int argc, char** argv) {
   std::vector<offloadd::sched::GpuPci> gpu_addresses = offloadd::ConfiguredGpuAddresses(*config);
   auto topology = offloadd::ResolveTopology(*config, gpu_addresses);
   if (!topology.ok()) return Fail(topology.status(), check_file.empty() ? 1 : 2);
-  if (!check_file.empty()) {
-    std::cout << "offloadd: " << check_file << " is valid\n";
-    return 0;
-  }
+  const std::string socket_path = offloadd::ResolveSocketPath(*config);
+  if (!check_file.empty()) return CheckHost(check_file, *config, socket_path);
+
+  // Start-up checks run cheapest first and before the pool is pre-faulted (seconds per GiB), so
+  // the first error printed is the first thing that blocks: socket, metrics port, backend,
+  // memlock, memory.
+  if (absl::Status st = offloadd::CheckSocketPath(socket_path); !st.ok()) return Fail(st, 1);
 
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
@@ -258,7 +304,6 @@ int main(int argc, char** argv) {
     }
   }
   offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine));
-  std::string socket_path = offloadd::ResolveSocketPath(*config);
   // shm regions of refreshes on a cuda daemon
   offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
   std::unique_ptr<offloadd::projector::RefreshService> projector =
