@@ -26,6 +26,11 @@ kill -TERM "$daemon"; wait "$daemon"; daemon=
 echo "== allocator overhead under a variable-size trace (Google Benchmark)"
 $BAZEL run -c opt //bench:allocator_bench 2>/dev/null | tee "$OUT/allocator_bench.txt" || rc=1
 
+echo "== simulated GPU copy engines: the cuda copy path on a timing model (SIMULATED, no bytes moved)"
+$BAZEL run -c opt //bench:copy_sim_bench 2>"$OUT/copy_sim_bench.log" | tee "$OUT/copy_sim_bench.txt" || rc=1
+$BAZEL run -c opt //bench:copy_sim_bench -- --gpus=1 --gpus_per_switch=1 \
+  2>>"$OUT/copy_sim_bench.log" | tee -a "$OUT/copy_sim_bench.txt" || rc=1
+
 for extra in bench/sched_bench.sh bench/projector_bench.sh bench/torch_bench.sh; do
   if [ -f "$extra" ]; then
     echo "== $extra"
