@@ -20,18 +20,13 @@ echo "== offload+reload throughput vs memcpy, small-request latency and rate (of
 $BIN/offloadd --socket_path "$sock" --pool_bytes 1GiB --metrics_address= > "$OUT/daemon.log" 2>&1 &
 daemon=$!
 for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
-# Issue 16 part 4: a bare gRPC ping-pong before and after, so the small-request ratio is measured
-# in one run (offloadctl's 4 KiB round trip is two requests: offload, then reload).
-$BAZEL build -c opt //bench/pingpong:grpc_pingpong >/dev/null 2>&1 || rc=1
-pingpong=bazel-out/k8-opt/bin/bench/pingpong/grpc_pingpong
-$pingpong | tee "$OUT/pingpong_before.txt" || rc=1
 $BIN/offloadctl --socket "$sock" bench | tee "$OUT/daemon_bench.txt" || rc=1
-$pingpong | tee "$OUT/pingpong_after.txt" || rc=1
+# Issue 16 part 4: one 4 KiB request vs a bare gRPC ping-pong, interleaved in one process.
+echo "== small requests vs a bare gRPC ping-pong (small_request_bench, same daemon)"
+$BAZEL build -c opt //bench/small_request:small_request_bench >/dev/null 2>&1 || rc=1
+bazel-out/k8-opt/bin/bench/small_request/small_request_bench --socket="$sock" \
+  | tee "$OUT/small_request_bench.txt" || rc=1
 kill -TERM "$daemon"; wait "$daemon"; daemon=
-awk '/^direct:/ {bare += $3; n++}
-     /4 KiB offload\+reload round trip/ {for (i = 1; i <= NF; i++) if ($i == "p50") rt = $(i + 1)}
-     END {if (n && rt) printf "small-request ratio: one 4 KiB request p50 %.1f us (round trip %.0f / 2) / bare gRPC ping-pong p50 %.1f us = %.2f (target <= 1.5)\n", rt / 2, rt, bare / n, rt / 2 / (bare / n)}' \
-  "$OUT/pingpong_before.txt" "$OUT/daemon_bench.txt" "$OUT/pingpong_after.txt" | tee "$OUT/small_request_ratio.txt"
 
 echo "== allocator overhead under a variable-size trace (Google Benchmark)"
 $BAZEL run -c opt //bench:allocator_bench 2>/dev/null | tee "$OUT/allocator_bench.txt" || rc=1
