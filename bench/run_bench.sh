@@ -21,10 +21,20 @@ $BIN/offloadd --socket_path "$sock" --pool_bytes 1GiB --metrics_address= > "$OUT
 daemon=$!
 for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
 $BIN/offloadctl --socket "$sock" bench | tee "$OUT/daemon_bench.txt" || rc=1
+# Issue 16 part 4: one 4 KiB request vs a bare gRPC ping-pong, interleaved in one process.
+echo "== small requests vs a bare gRPC ping-pong (small_request_bench, same daemon)"
+$BAZEL build -c opt //bench/small_request:small_request_bench >/dev/null 2>&1 || rc=1
+bazel-out/k8-opt/bin/bench/small_request/small_request_bench --socket="$sock" \
+  | tee "$OUT/small_request_bench.txt" || rc=1
 kill -TERM "$daemon"; wait "$daemon"; daemon=
 
 echo "== allocator overhead under a variable-size trace (Google Benchmark)"
 $BAZEL run -c opt //bench:allocator_bench 2>/dev/null | tee "$OUT/allocator_bench.txt" || rc=1
+
+echo "== simulated GPU copy engines: the cuda copy path on a timing model (SIMULATED, no bytes moved)"
+$BAZEL run -c opt //bench:copy_sim_bench 2>"$OUT/copy_sim_bench.log" | tee "$OUT/copy_sim_bench.txt" || rc=1
+$BAZEL run -c opt //bench:copy_sim_bench -- --gpus=1 --gpus_per_switch=1 \
+  2>>"$OUT/copy_sim_bench.log" | tee -a "$OUT/copy_sim_bench.txt" || rc=1
 
 for extra in bench/sched_bench.sh bench/projector_bench.sh bench/torch_bench.sh; do
   if [ -f "$extra" ]; then

@@ -188,9 +188,11 @@ absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
 absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   std::vector<std::string> problems;
   if (c.pool_bytes() < (1u << 20)) problems.push_back("pool_bytes must be at least 1 MiB");
-  if (c.backend() != "shm" && c.backend() != "cuda") {
-    problems.push_back(absl::StrFormat("backend \"%s\" is not known: use \"shm\" or \"cuda\"",
-                                       c.backend()));
+  if (c.backend() != "shm" && c.backend() != "cuda" && c.backend() != "cuda-sim") {
+    problems.push_back(absl::StrFormat(
+        "backend \"%s\" is not known: use \"shm\" or \"cuda\" (or \"cuda-sim\", a timing model "
+        "of GPU copy engines that moves no bytes, for benchmarks)",
+        c.backend()));
   }
   if (c.chunk_bytes() < 4096) problems.push_back("chunk_bytes must be at least 4096");
   if (c.copy_threads() < 1 || c.copy_threads() > 64) {
@@ -290,7 +292,7 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"pool_bytes", "host pool size, e.g. 64GiB (default 1GiB)"},
       {"pool_mlock", "true to mlock the pool"},
       {"pool_huge_pages", "true to back the pool with transparent huge pages"},
-      {"backend", "shm | cuda"},
+      {"backend", "shm | cuda | cuda-sim (simulated GPUs, moves no bytes)"},
       {"chunk_bytes", "copy chunk size, e.g. 8MiB"},
       {"copy_threads", "copy worker threads per link and direction"},
       {"session_quota_bytes", "per-session quota, 0 = none"},

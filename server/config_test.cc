@@ -54,6 +54,14 @@ TEST(ConfigTest, ValidationListsProblems) {
   EXPECT_NE(msg.find("pool_bytes"), std::string::npos);
 }
 
+TEST(ConfigTest, CudaSimIsABackendButNotTheDefault) {
+  auto c = ParseConfig("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->backend(), "shm");
+  ASSERT_TRUE(ApplyFlag("backend", "cuda-sim", &*c).ok());
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+}
+
 TEST(ConfigTest, FlagsOverrideWithSizesAndDashes) {
   auto c = ParseConfig("");
   ASSERT_TRUE(ApplyFlag("pool-bytes", "64MiB", &*c).ok());

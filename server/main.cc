@@ -25,6 +25,7 @@
 #include "server/sched/topology.h"
 #include "server/session/core.h"
 
+#include "server/copy/cuda_api_sim.h"
 #ifdef OFFLOADD_HAVE_CUDA
 #include "server/copy/cuda_engine.h"
 #endif
@@ -60,6 +61,11 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
   if (config.backend() == "shm") {
     return std::unique_ptr<offloadd::copy::CopyEngine>(
         new offloadd::copy::ShmCopyEngine(offloadd::ToShmMappingLimits(config)));
+  }
+  if (config.backend() == "cuda-sim") {  // issue 16: simulated GPUs; no bytes move
+    LOG(WARNING) << "backend cuda-sim: GPUs are a timing model (55 GB/s per direction); copies "
+                 << "move NO bytes and every copy figure is SIMULATED";
+    return offloadd::copy::NewSimCudaCopyEngine();
   }
 #ifdef OFFLOADD_HAVE_CUDA
   return offloadd::copy::CreateCudaCopyEngine();

@@ -1,0 +1,347 @@
+// copy_sim_bench (issue 16): how close the daemon's cuda copy path keeps simulated GPU copy
+// engines to their modelled rate, on a machine without a GPU. Everything it reports about GPUs
+// is SIMULATED: the engines are CopyTimingModel behind SimCudaApi (server/copy/cuda_api_sim.h),
+// which moves no bytes; what is real is the daemon's code driving them — CudaCopyEngine, its
+// device worker threads and the LinkScheduler per switch and direction, as the daemon wires them
+// (session/core.cc: unpaced links, `copy_threads` workers each) — and the host CPU it burns.
+//
+// Workload: `gpus` GPUs, `gpus_per_switch` behind each switch (one link per switch), each GPU
+// with `streams` offloads (D2H) and `streams` reloads (H2D, PREFETCH) of `transfer_mib` MiB
+// always in flight (a finished one is replaced at once), for each chunk size in `chunk_mib`.
+// Meanwhile an URGENT reload of one chunk is submitted every 20 ms on a rotating GPU.
+//
+// Figures per chunk size (measured over `seconds` after `warmup_seconds`):
+//  - achieved bytes per engine / (window x modelled rate): mean and min over the D2H engines
+//    and over the H2D engines (1.0 = the engine never idled);
+//  - urgent reload latency, submit to done, in chunk-times (chunk_bytes / modelled rate): median
+//    and max; one chunk-time of it is its own copy;
+//  - host CPU seconds (getrusage, the whole process) per GiB moved, and the part of it the model
+//    charged as driver cost (5 us per cudaMemcpyAsync, 1 us per event record, 0.5 us per query).
+//
+// Flags (--name=value): gpus 8, gpus_per_switch 4, streams 4, transfer_mib 64, chunk_mib 1,8,32,
+// copy_threads 2, streams_per_direction 1 (cuda engine streams per GPU and direction),
+// rate_gbps 55, switch_gbps 0 (0 = no switch limit), h2d_share 1 (H2D share while D2H runs),
+// seconds 2, warmup_seconds 0.5, engine sync (the only engine so far), check 0 (1: exit 1 when a
+// loose bound fails: an engine above its modelled rate, nothing moved, an urgent reload lost).
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "server/copy/cuda_api_sim.h"
+#include "server/copy/cuda_engine.h"
+#include "server/sched/link_scheduler.h"
+
+namespace offloadd::bench {
+namespace {
+
+using copy::Direction;
+constexpr uint64_t kMiB = 1ull << 20;
+
+struct Flags {
+  int gpus = 8, gpus_per_switch = 4, streams = 4, copy_threads = 2, streams_per_direction = 1;
+  uint64_t transfer_mib = 64;
+  std::vector<uint64_t> chunk_mib = {1, 8, 32};
+  double rate_gbps = 55, switch_gbps = 0, h2d_share = 1, seconds = 2, warmup_seconds = 0.5;
+  std::string engine = "sync";
+  bool check = false;
+};
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0 || a.find('=') == std::string::npos) {
+      std::fprintf(stderr, "copy_sim_bench: expected --name=value, got '%s'\n", a.c_str());
+      return false;
+    }
+    const std::string name = a.substr(2, a.find('=') - 2), v = a.substr(a.find('=') + 1);
+    bool ok = true;
+    if (name == "gpus") ok = absl::SimpleAtoi(v, &f->gpus);
+    else if (name == "gpus_per_switch") ok = absl::SimpleAtoi(v, &f->gpus_per_switch);
+    else if (name == "streams") ok = absl::SimpleAtoi(v, &f->streams);
+    else if (name == "copy_threads") ok = absl::SimpleAtoi(v, &f->copy_threads);
+    else if (name == "streams_per_direction") ok = absl::SimpleAtoi(v, &f->streams_per_direction);
+    else if (name == "transfer_mib") ok = absl::SimpleAtoi(v, &f->transfer_mib);
+    else if (name == "rate_gbps") ok = absl::SimpleAtod(v, &f->rate_gbps);
+    else if (name == "switch_gbps") ok = absl::SimpleAtod(v, &f->switch_gbps);
+    else if (name == "h2d_share") ok = absl::SimpleAtod(v, &f->h2d_share);
+    else if (name == "seconds") ok = absl::SimpleAtod(v, &f->seconds);
+    else if (name == "warmup_seconds") ok = absl::SimpleAtod(v, &f->warmup_seconds);
+    else if (name == "engine") f->engine = v;
+    else if (name == "check") f->check = v == "1" || v == "true";
+    else if (name == "chunk_mib") {
+      f->chunk_mib.clear();
+      for (absl::string_view p : absl::StrSplit(v, ',')) {
+        uint64_t c = 0;
+        ok = ok && absl::SimpleAtoi(p, &c) && c > 0;
+        f->chunk_mib.push_back(c);
+      }
+    } else {
+      std::fprintf(stderr, "copy_sim_bench: unknown flag --%s\n", name.c_str());
+      return false;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "copy_sim_bench: bad value for --%s: '%s'\n", name.c_str(), v.c_str());
+      return false;
+    }
+  }
+  if (f->engine != "sync") {
+    std::fprintf(stderr, "copy_sim_bench: --engine=%s is not built; only 'sync'\n",
+                 f->engine.c_str());
+    return false;
+  }
+  return f->gpus > 0 && f->gpus_per_switch > 0 && f->streams > 0 && f->transfer_mib > 0;
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+struct Result {
+  double d2h_mean = 0, d2h_min = 0, h2d_mean = 0, h2d_min = 0, max_ratio = 0;
+  double urgent_median = 0, urgent_max = 0;
+  int urgent_samples = 0, urgent_lost = 0;
+  double cpu_per_gib = 0, modelled_cpu_per_gib = 0, gib_moved = 0;
+  uint64_t errors = 0;
+};
+
+// Keeps one transfer at a time in flight on a scheduler until stopped.
+class TransferLoop {
+ public:
+  TransferLoop(sched::LinkScheduler* link, sched::Transfer templ, std::atomic<bool>* stop,
+               std::atomic<int>* running, std::atomic<uint64_t>* errors)
+      : link_(link), templ_(std::move(templ)), stop_(stop), running_(running), errors_(errors) {}
+  void Submit() {
+    if (stop_->load()) {
+      running_->fetch_sub(1);
+      return;
+    }
+    auto t = std::make_shared<sched::Transfer>(templ_);
+    t->done = [this](absl::Status st) {
+      if (!st.ok()) errors_->fetch_add(1);
+      Submit();
+    };
+    link_->Submit(std::move(t));
+  }
+
+ private:
+  sched::LinkScheduler* link_;
+  sched::Transfer templ_;
+  std::atomic<bool>* stop_;
+  std::atomic<int>* running_;
+  std::atomic<uint64_t>* errors_;
+};
+
+Result RunOne(const Flags& f, uint64_t chunk_bytes) {
+  copy::SimCudaOptions so;
+  so.model.gpus = f.gpus;
+  so.model.gpus_per_switch = f.gpus_per_switch;
+  so.model.engine_bytes_per_second = f.rate_gbps * 1e9;
+  so.model.switch_bytes_per_second = f.switch_gbps * 1e9;
+  so.model.h2d_share_while_d2h_busy = f.h2d_share;
+  copy::SimCudaApi api(so);
+  copy::CudaEngineOptions eo;
+  eo.streams_per_direction = static_cast<uint32_t>(std::max(1, f.streams_per_direction));
+  auto engine = std::make_unique<copy::CudaCopyEngine>(api.Borrow(), eo);
+  const uint64_t transfer = f.transfer_mib * kMiB;
+  static uint8_t host_token[64];  // the simulator checks host != null and never touches it
+
+  std::vector<std::shared_ptr<copy::Region>> regions;
+  for (int g = 0; g < f.gpus; ++g) {
+    const uint64_t size = (2 * f.streams + 1) * transfer;
+    copy::RegionSpec spec;
+    spec.cuda_ipc_handle = api.AddAllocation(g, size);
+    spec.size_bytes = size;
+    spec.device_id = copy::SimCudaApi::DeviceUuid(g);
+    auto r = engine->OpenRegion(spec);
+    if (!r.ok()) {
+      std::fprintf(stderr, "copy_sim_bench: %s\n", std::string(r.status().message()).c_str());
+      std::exit(2);
+    }
+    regions.push_back(*r);
+  }
+  const int switches = (f.gpus + f.gpus_per_switch - 1) / f.gpus_per_switch;
+  std::vector<std::unique_ptr<sched::LinkScheduler>> d2h, h2d;
+  for (int s = 0; s < switches; ++s) {
+    for (auto* v : {&d2h, &h2d}) {
+      sched::LinkSchedulerOptions o;
+      o.link_name = "switch" + std::to_string(s);
+      o.direction = v == &d2h ? "d2h" : "h2d";
+      o.chunk_bytes = o.quantum_bytes = chunk_bytes;
+      o.worker_threads = static_cast<uint32_t>(f.copy_threads);
+      v->push_back(std::make_unique<sched::LinkScheduler>(o));
+    }
+  }
+  auto chunk_fn = [&](Direction dir, int g, uint64_t base) {
+    copy::CopyEngine* e = engine.get();
+    copy::Region* r = regions[g].get();
+    return [e, r, dir, base](uint64_t off, uint64_t len) {
+      return e->CopyChunk(dir, *r, base + off, host_token, len);
+    };
+  };
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> running{0};
+  std::atomic<uint64_t> errors{0};
+  std::vector<std::unique_ptr<TransferLoop>> loops;
+  for (int g = 0; g < f.gpus; ++g) {
+    const int s = g / f.gpus_per_switch;
+    for (int i = 0; i < f.streams; ++i) {
+      sched::Transfer off;
+      off.gpu = copy::SimCudaApi::DeviceUuid(g);
+      off.cls = sched::TrafficClass::kOffload;
+      off.bytes = transfer;
+      off.copy_chunk = chunk_fn(Direction::kDeviceToHost, g, i * transfer);
+      loops.push_back(std::make_unique<TransferLoop>(d2h[s].get(), off, &stop, &running, &errors));
+      sched::Transfer rel = off;
+      rel.cls = sched::TrafficClass::kPrefetch;
+      rel.copy_chunk = chunk_fn(Direction::kHostToDevice, g, (f.streams + i) * transfer);
+      loops.push_back(std::make_unique<TransferLoop>(h2d[s].get(), rel, &stop, &running, &errors));
+    }
+  }
+  running = static_cast<int>(loops.size());
+  for (auto& l : loops) l->Submit();
+
+  // Urgent reloads of one chunk, every 20 ms, rotating over the GPUs.
+  std::vector<double> urgent;
+  int urgent_lost = 0;
+  std::atomic<bool> measuring{false};
+  std::thread sampler([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (!measuring.load()) continue;
+      const int g = i % f.gpus;
+      auto t = std::make_shared<sched::Transfer>();
+      t->gpu = copy::SimCudaApi::DeviceUuid(g);
+      t->cls = sched::TrafficClass::kUrgent;
+      t->bytes = chunk_bytes;
+      t->copy_chunk = chunk_fn(Direction::kHostToDevice, g, 2 * f.streams * transfer);
+      auto done = std::make_shared<std::promise<absl::Status>>();
+      auto fut = done->get_future();
+      t->done = [done](absl::Status st) { done->set_value(std::move(st)); };
+      const double t0 = Now();
+      h2d[g / f.gpus_per_switch]->Submit(t);
+      if (fut.wait_for(std::chrono::seconds(10)) != std::future_status::ready || !fut.get().ok()) {
+        ++urgent_lost;
+        continue;
+      }
+      urgent.push_back(Now() - t0);
+    }
+  });
+
+  std::this_thread::sleep_for(std::chrono::duration<double>(f.warmup_seconds));
+  auto snapshot = [&](std::vector<uint64_t>* bytes) {
+    bytes->clear();
+    for (int g = 0; g < f.gpus; ++g) {
+      bytes->push_back(api.engine_stats(g, Direction::kDeviceToHost).bytes_done);
+      bytes->push_back(api.engine_stats(g, Direction::kHostToDevice).bytes_done);
+    }
+  };
+  std::vector<uint64_t> b0, b1;
+  const copy::SimCallCounts c0 = api.call_counts();
+  const double cpu0 = CpuSeconds();
+  const double t0 = Now();
+  snapshot(&b0);
+  measuring = true;
+  std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));
+  measuring = false;
+  snapshot(&b1);
+  const double t1 = Now();
+  const double cpu1 = CpuSeconds();
+  const copy::SimCallCounts c1 = api.call_counts();
+
+  stop = true;
+  sampler.join();
+  while (running.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (auto& l : d2h) l->Shutdown();
+  for (auto& l : h2d) l->Shutdown();
+  regions.clear();
+  engine.reset();
+
+  Result r;
+  const double cap = (t1 - t0) * so.model.engine_bytes_per_second;
+  uint64_t moved = 0;
+  r.d2h_min = r.h2d_min = 1e9;
+  for (int g = 0; g < f.gpus; ++g) {
+    for (int d = 0; d < 2; ++d) {
+      const uint64_t db = b1[2 * g + d] - b0[2 * g + d];
+      moved += db;
+      const double ratio = db / cap;
+      r.max_ratio = std::max(r.max_ratio, ratio);
+      (d == 0 ? r.d2h_mean : r.h2d_mean) += ratio / f.gpus;
+      double& mn = d == 0 ? r.d2h_min : r.h2d_min;
+      mn = std::min(mn, ratio);
+    }
+  }
+  r.gib_moved = moved / double(1ull << 30);
+  r.cpu_per_gib = r.gib_moved > 0 ? (cpu1 - cpu0) / r.gib_moved : 0;
+  r.modelled_cpu_per_gib = r.gib_moved > 0 ? (c1.host_seconds - c0.host_seconds) / r.gib_moved : 0;
+  const double chunk_time = chunk_bytes / so.model.engine_bytes_per_second;
+  std::sort(urgent.begin(), urgent.end());
+  r.urgent_samples = static_cast<int>(urgent.size());
+  r.urgent_lost = urgent_lost;
+  if (!urgent.empty()) {
+    r.urgent_median = urgent[urgent.size() / 2] / chunk_time;
+    r.urgent_max = urgent.back() / chunk_time;
+  }
+  r.errors = errors.load();
+  return r;
+}
+
+}  // namespace
+}  // namespace offloadd::bench
+
+int main(int argc, char** argv) {
+  using namespace offloadd::bench;
+  Flags f;
+  if (!ParseFlags(argc, argv, &f)) return 2;
+  std::printf(
+      "copy_sim_bench (SIMULATED GPU copy engines: a timing model, no bytes moved): engine=%s, "
+      "%d GPUs, %d per switch, %d offload + %d reload transfers of %llu MiB in flight per GPU, "
+      "copy_threads=%d, cuda streams per direction=%d, modelled %.1f GB/s per engine, switch "
+      "limit %s, H2D share while D2H runs %.2f; host: %u CPUs\n",
+      f.engine.c_str(), f.gpus, f.gpus_per_switch, f.streams, f.streams,
+      static_cast<unsigned long long>(f.transfer_mib), f.copy_threads, f.streams_per_direction,
+      f.rate_gbps, f.switch_gbps > 0 ? (std::to_string(f.switch_gbps) + " GB/s").c_str() : "none",
+      f.h2d_share, std::thread::hardware_concurrency());
+  std::printf("%-6s | %-21s | %-21s | %-28s | %s\n", "chunk", "D2H ach/model mean/min",
+              "H2D ach/model mean/min", "urgent reload chunk-times", "host CPU s/GiB (driver)");
+  bool failed = false;
+  for (uint64_t c : f.chunk_mib) {
+    Result r = RunOne(f, c * kMiB);
+    std::printf("%3llu MiB | %.3f / %.3f simulated | %.3f / %.3f simulated | med %6.1f max %7.1f n=%-3d sim "
+                "| %.4f (%.4f)\n",
+                static_cast<unsigned long long>(c), r.d2h_mean, r.d2h_min, r.h2d_mean, r.h2d_min,
+                r.urgent_median, r.urgent_max, r.urgent_samples, r.cpu_per_gib,
+                r.modelled_cpu_per_gib);
+    std::fflush(stdout);
+    if (r.max_ratio > 1.01 || r.gib_moved <= 0 || r.urgent_lost > 0 || r.errors > 0) {
+      std::printf("  loose bound missed: max engine ratio %.3f (must be <= 1.01), %.3f GiB moved, "
+                  "%d urgent reloads lost, %llu transfer errors\n",
+                  r.max_ratio, r.gib_moved, r.urgent_lost,
+                  static_cast<unsigned long long>(r.errors));
+      failed = true;
+    }
+  }
+  return f.check && failed ? 1 : 0;
+}

@@ -1,0 +1,168 @@
+// SimCudaApi: a CudaApi whose GPUs are a timing model (copy_timing_model.h), for measuring the
+// cuda copy engine's scheduling on a machine without a GPU (issue 16; `--backend=cuda-sim`).
+// Separate from FakeCudaApi (cuda_api_fake.h), which checks call order and moves real bytes for
+// unit tests: this one MOVES NO BYTES — it checks each copy's pointers and bounds against the
+// mapped allocations and the host range, then only accounts for the time the copy would take.
+// Every device it lists is named "... (SIMULATED: no bytes moved)" so logs say what they show.
+//
+// Host costs: each MemcpyAsync, EventRecord and EventQuery spends a configurable number of host
+// seconds on the calling thread (SimClock::SpendHostSeconds: the real clock busy-waits, so the
+// CPU time is real and shows in getrusage; a ManualSimClock just moves its time on), modelling
+// the driver's CPU cost per call. A copy is queued on the model after its MemcpyAsync cost.
+//
+// Streams and events: a stream belongs to the device current on the creating thread; its copies
+// go to that device's engine of the copy's direction, each queued after the stream's previous
+// operation and after events the stream was told to wait on. EventRecord captures the stream's
+// outstanding operations; EventQuery answers true once the model says they completed. Events
+// opened from IPC handles (clients' events) are complete from the start: clients are not
+// modelled. Device memory: IpcOpenMemHandle accepts handles made by AddAllocation (tests,
+// in-process benchmarks) or SimMemHandle (clients of a cuda-sim daemon); pointers it returns lie
+// in an address range no one maps and are never dereferenced.
+//
+// Threading: every method is thread-safe (one mutex; host costs are spent outside it). Affinity
+// is not checked (FakeCudaApi does that).
+#ifndef OFFLOADD_SERVER_COPY_CUDA_API_SIM_H_
+#define OFFLOADD_SERVER_COPY_CUDA_API_SIM_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/copy/copy_timing_model.h"
+#include "server/copy/cuda_api.h"
+#include "server/copy/cuda_engine.h"
+
+namespace offloadd::copy {
+
+// The simulator's time. NowSeconds is monotonic; SpendHostSeconds(s) accounts for s seconds of
+// host CPU on the calling thread.
+class SimClock {
+ public:
+  virtual ~SimClock() = default;
+  virtual double NowSeconds() = 0;
+  virtual void SpendHostSeconds(double seconds) = 0;
+  // steady_clock; SpendHostSeconds busy-waits (the CPU time is real).
+  static SimClock* Real();
+};
+
+// A clock that only moves when told: SpendHostSeconds and Advance add to it. Thread-safe.
+class ManualSimClock : public SimClock {
+ public:
+  explicit ManualSimClock(double start_seconds = 0) : now_(start_seconds) {}
+  double NowSeconds() override;
+  void SpendHostSeconds(double seconds) override { Advance(seconds); }
+  void Advance(double seconds);
+
+ private:
+  std::mutex mu_;
+  double now_;
+};
+
+struct SimCudaOptions {
+  CopyModelOptions model;                 // gpus, rates, contention
+  double memcpy_host_seconds = 5e-6;      // per MemcpyAsync
+  double event_record_host_seconds = 1e-6;
+  double event_query_host_seconds = 0.5e-6;
+  uint64_t device_total_bytes = 141ull * 1000 * 1000 * 1000;  // H200: 141 GB
+};
+
+// What the simulated driver was asked to do.
+struct SimCallCounts {
+  uint64_t memcpys = 0, memcpy_bytes = 0, event_records = 0, event_queries = 0;
+  double host_seconds = 0;  // charged through SpendHostSeconds
+};
+
+// A 64-byte memory handle a client of a cuda-sim daemon registers: "cuda-sim-mem" + size + id.
+// The allocation is created on the device current when the daemon opens it. `id` tells two
+// allocations of one client apart.
+std::string SimMemHandle(uint64_t size_bytes, uint64_t id);
+
+class SimCudaApi : public CudaApi {
+ public:
+  // `clock` is not owned and must outlive the api; null = SimClock::Real().
+  explicit SimCudaApi(SimCudaOptions options = {}, SimClock* clock = nullptr);
+  ~SimCudaApi() override;
+
+  // A non-owning CudaApi forwarding to this one (an engine owns its CudaApi; tests and the
+  // benchmark keep reading the model after the engine is gone).
+  std::unique_ptr<CudaApi> Borrow();
+
+  // A device allocation of `size_bytes` on `ordinal`; returns its IPC handle (64 bytes).
+  std::string AddAllocation(int ordinal, uint64_t size_bytes);
+  // The UUID of simulated device `ordinal`: "GPU-51300000-0000-0000-0000-<ordinal, 12 digits>".
+  static std::string DeviceUuid(int ordinal);
+
+  ModelEngineStats engine_stats(int ordinal, Direction direction);
+  SimCallCounts call_counts();
+  // Completion time (model seconds) of the copy an event last captured; -1 when unknown or not
+  // complete yet.
+  double EventCompletionSeconds(void* event);
+  const SimCudaOptions& options() const { return options_; }
+  SimClock* clock() const { return clock_; }
+
+  // CudaApi. Errors are FAILED_PRECONDITION naming the function, as the real one.
+  absl::StatusOr<std::vector<CudaDeviceInfo>> ListDevices() override;
+  absl::Status SetDevice(int ordinal) override;
+  absl::StatusOr<CudaMemInfo> MemGetInfo() override;
+  absl::StatusOr<void*> CreateStream() override;
+  void DestroyStream(void* stream) override;
+  absl::StatusOr<void*> CreateEvent() override;
+  void DestroyEvent(void* event) override;
+  absl::StatusOr<void*> IpcOpenMemHandle(absl::string_view handle) override;
+  absl::Status IpcCloseMemHandle(void* device_ptr) override;
+  absl::StatusOr<uint64_t> AllocationSize(void* device_ptr) override;
+  absl::StatusOr<void*> IpcOpenEventHandle(absl::string_view handle) override;
+  absl::Status StreamWaitEvent(void* stream, void* event) override;
+  absl::Status MemcpyAsync(void* dst, const void* src, uint64_t bytes, Direction direction,
+                           void* stream) override;
+  absl::Status EventRecord(void* event, void* stream) override;
+  absl::StatusOr<bool> EventQuery(void* event) override;
+  absl::Status HostRegister(void* host, uint64_t bytes) override;
+  absl::Status HostUnregister(void* host) override;
+
+ private:
+  struct Allocation {
+    int ordinal = -1;
+    uint64_t size_bytes = 0;
+    uintptr_t base = 0;  // while mapped; 0 otherwise
+  };
+  struct Stream {
+    int ordinal;
+    CopyTimingModel::OpId last = 0;
+    std::vector<CopyTimingModel::OpId> waits;  // since the last copy
+  };
+  struct Event {
+    std::vector<CopyTimingModel::OpId> ops;
+  };
+  int CurrentLocked() const;  // mu_ held; -1 when none
+  double Now() { return clock_->NowSeconds(); }
+
+  const SimCudaOptions options_;
+  SimClock* const clock_;
+  std::mutex mu_;
+  CopyTimingModel model_;
+  std::vector<CudaDeviceInfo> devices_;
+  std::map<std::thread::id, int> current_;
+  std::map<std::string, Allocation> allocations_;  // by handle
+  std::map<uintptr_t, std::string> mapped_;         // base -> handle
+  std::map<void*, std::unique_ptr<Stream>> streams_;
+  std::map<void*, std::unique_ptr<Event>> events_;
+  std::map<uintptr_t, uint64_t> host_registered_;
+  uintptr_t next_base_;
+  uint64_t next_id_ = 1;
+  SimCallCounts counts_;
+};
+
+// The cuda copy engine over a SimCudaApi with `options` on the real clock: `--backend=cuda-sim`.
+// Its devices are SimCudaApi::DeviceUuid(0..gpus-1); clients register SimMemHandle handles.
+std::unique_ptr<CopyEngine> NewSimCudaCopyEngine(SimCudaOptions options = {},
+                                                 CudaEngineOptions engine_options = {});
+
+}  // namespace offloadd::copy
+
+#endif  // OFFLOADD_SERVER_COPY_CUDA_API_SIM_H_

@@ -1,0 +1,166 @@
+// SimCudaApi on a ManualSimClock: host costs per call, event completion at the modelled copy end,
+// checked pointers, and the real cuda engine running on it.
+#include "server/copy/cuda_api_sim.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/copy/cuda_engine.h"
+
+namespace offloadd::copy {
+namespace {
+
+constexpr double kEps = 1e-9;
+constexpr uint64_t kMs = 1000000;  // bytes per ms at 1 GB/s
+
+SimCudaOptions Opts() {
+  SimCudaOptions o;
+  o.model.gpus = 2;
+  o.model.gpus_per_switch = 2;
+  o.model.engine_bytes_per_second = 1e9;
+  o.memcpy_host_seconds = 5e-6;
+  o.event_record_host_seconds = 1e-6;
+  o.event_query_host_seconds = 2e-6;
+  return o;
+}
+
+TEST(SimCudaApiTest, DevicesSayTheyAreSimulated) {
+  ManualSimClock clock;
+  SimCudaApi api(Opts(), &clock);
+  auto devs = api.ListDevices();
+  ASSERT_TRUE(devs.ok());
+  ASSERT_EQ(devs->size(), 2u);
+  EXPECT_EQ((*devs)[1].uuid, "GPU-51300000-0000-0000-0000-000000000001");
+  EXPECT_EQ(NormalizeGpuUuid((*devs)[1].uuid), (*devs)[1].uuid);
+  EXPECT_NE((*devs)[0].name.find("SIMULATED: no bytes moved"), std::string::npos);
+}
+
+TEST(SimCudaApiTest, EventCompletesWhenTheModelledCopyEndsAndCallsCostHostTime) {
+  ManualSimClock clock(100);
+  SimCudaApi api(Opts(), &clock);
+  std::string h = api.AddAllocation(0, 10 * kMs);
+  ASSERT_TRUE(api.SetDevice(0).ok());
+  void* dev = *api.IpcOpenMemHandle(h);
+  EXPECT_EQ(*api.AllocationSize(dev), 10 * kMs);
+  void* stream = *api.CreateStream();
+  void* event = *api.CreateEvent();
+  std::vector<uint8_t> host(16);  // never written: the sim moves no bytes
+  ASSERT_TRUE(api.MemcpyAsync(host.data(), dev, 3 * kMs, Direction::kDeviceToHost, stream).ok());
+  EXPECT_NEAR(clock.NowSeconds(), 100.000005, kEps);  // the memcpy's host cost
+  ASSERT_TRUE(api.EventRecord(event, stream).ok());
+  EXPECT_NEAR(clock.NowSeconds(), 100.000006, kEps);
+  EXPECT_FALSE(*api.EventQuery(event));  // at 100.000008
+  clock.Advance(0.002994);                // to 100.003002; the copy ends at 100.003005
+  EXPECT_FALSE(*api.EventQuery(event));   // at 100.003004 (the query's own 2 us first)
+  EXPECT_TRUE(*api.EventQuery(event));    // at 100.003006
+  // Queued after the memcpy's host cost: 100.000005 + 3 ms.
+  EXPECT_NEAR(api.EventCompletionSeconds(event), 100.003005, kEps);
+  SimCallCounts c = api.call_counts();
+  EXPECT_EQ(c.memcpys, 1u);
+  EXPECT_EQ(c.memcpy_bytes, 3 * kMs);
+  EXPECT_EQ(c.event_records, 1u);
+  EXPECT_EQ(c.event_queries, 3u);
+  EXPECT_NEAR(c.host_seconds, 5e-6 + 1e-6 + 3 * 2e-6, kEps);
+  EXPECT_EQ(api.engine_stats(0, Direction::kDeviceToHost).bytes_done, 3 * kMs);
+  EXPECT_TRUE(host == std::vector<uint8_t>(16));
+}
+
+TEST(SimCudaApiTest, AStreamKeepsItsOrderAndWaitsOnEvents) {
+  ManualSimClock clock;
+  SimCudaOptions o = Opts();
+  o.memcpy_host_seconds = o.event_record_host_seconds = o.event_query_host_seconds = 0;
+  SimCudaApi api(o, &clock);
+  std::string h = api.AddAllocation(0, 10 * kMs);
+  ASSERT_TRUE(api.SetDevice(0).ok());
+  void* dev = *api.IpcOpenMemHandle(h);
+  void* s1 = *api.CreateStream();
+  void* s2 = *api.CreateStream();
+  void* e1 = *api.CreateEvent();
+  void* e2 = *api.CreateEvent();
+  uint8_t host[1];
+  // s1: D2H 2 ms. s2 waits for it, then H2D 1 ms: done at 3 ms although its engine was idle.
+  ASSERT_TRUE(api.MemcpyAsync(host, dev, 2 * kMs, Direction::kDeviceToHost, s1).ok());
+  ASSERT_TRUE(api.EventRecord(e1, s1).ok());
+  ASSERT_TRUE(api.StreamWaitEvent(s2, e1).ok());
+  ASSERT_TRUE(api.MemcpyAsync(dev, host, kMs, Direction::kHostToDevice, s2).ok());
+  ASSERT_TRUE(api.EventRecord(e2, s2).ok());
+  clock.Advance(1);
+  EXPECT_TRUE(*api.EventQuery(e2));
+  EXPECT_NEAR(api.EventCompletionSeconds(e1), 0.002, kEps);
+  EXPECT_NEAR(api.EventCompletionSeconds(e2), 0.003, kEps);
+  // An event recorded on an idle stream is complete at once.
+  void* s3 = *api.CreateStream();
+  void* e3 = *api.CreateEvent();
+  ASSERT_TRUE(api.EventRecord(e3, s3).ok());
+  EXPECT_TRUE(*api.EventQuery(e3));
+}
+
+TEST(SimCudaApiTest, CopiesOutsideAnAllocationOrOnAnotherDeviceFail) {
+  ManualSimClock clock;
+  SimCudaApi api(Opts(), &clock);
+  std::string h = api.AddAllocation(0, kMs);
+  ASSERT_TRUE(api.SetDevice(0).ok());
+  void* dev = *api.IpcOpenMemHandle(h);
+  void* s0 = *api.CreateStream();
+  ASSERT_TRUE(api.SetDevice(1).ok());
+  void* s1 = *api.CreateStream();
+  uint8_t host[1];
+  uint8_t* d = static_cast<uint8_t*>(dev);
+  EXPECT_TRUE(api.MemcpyAsync(host, d + kMs - 10, 10, Direction::kDeviceToHost, s0).ok());
+  absl::Status past = api.MemcpyAsync(host, d + kMs - 10, 11, Direction::kDeviceToHost, s0);
+  EXPECT_EQ(past.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(past.message().find("outside every allocation"), std::string::npos);
+  EXPECT_FALSE(api.MemcpyAsync(host, d, 1, Direction::kDeviceToHost, s1).ok());  // wrong GPU
+  EXPECT_FALSE(api.MemcpyAsync(host, d - 1, 1, Direction::kDeviceToHost, s0).ok());
+  EXPECT_FALSE(api.MemcpyAsync(nullptr, d, 1, Direction::kDeviceToHost, s0).ok());
+  EXPECT_EQ(api.call_counts().memcpys, 1u);
+  // Opening a handle twice fails, as with the driver; an unknown handle fails.
+  ASSERT_TRUE(api.SetDevice(0).ok());
+  EXPECT_FALSE(api.IpcOpenMemHandle(h).ok());
+  EXPECT_FALSE(api.IpcOpenMemHandle(std::string(64, 'x')).ok());
+  // A client's SimMemHandle opens on the current device with the size it names.
+  auto sim = api.IpcOpenMemHandle(SimMemHandle(12345, 7));
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  EXPECT_EQ(*api.AllocationSize(*sim), 12345u);
+  EXPECT_TRUE(api.IpcCloseMemHandle(dev).ok());
+  EXPECT_FALSE(api.IpcCloseMemHandle(dev).ok());
+}
+
+// The real cuda engine on the simulator: each CopyChunk returns once its event completes in the
+// model; the clock moves only by the calls' host costs (the worker's polls), so this is exact.
+TEST(SimCudaApiTest, CudaCopyEngineRunsOnTheSimulator) {
+  ManualSimClock clock;
+  SimCudaOptions o = Opts();
+  o.event_query_host_seconds = 20e-6;
+  SimCudaApi api(o, &clock);
+  {
+    CudaCopyEngine engine(api.Borrow());
+    std::string h = api.AddAllocation(1, 8 * kMs);
+    RegionSpec spec;
+    spec.cuda_ipc_handle = h;
+    spec.size_bytes = 8 * kMs;
+    spec.device_id = SimCudaApi::DeviceUuid(1);
+    auto region = engine.OpenRegion(spec);
+    ASSERT_TRUE(region.ok()) << region.status();
+    std::vector<uint8_t> host(16);
+    const double t0 = clock.NowSeconds();
+    ASSERT_TRUE(
+        engine.CopyChunk(Direction::kDeviceToHost, **region, kMs, host.data(), 2 * kMs).ok());
+    // At least the copy's 2 ms and its memcpy cost passed; the worker polls every 20 us.
+    EXPECT_GE(clock.NowSeconds() - t0, 0.002 + 5e-6);
+    EXPECT_LT(clock.NowSeconds() - t0, 0.002 + 5e-6 + 1e-6 + 2 * 20e-6 + kEps);
+    ASSERT_TRUE(
+        engine.CopyChunk(Direction::kHostToDevice, **region, 0, host.data(), kMs).ok());
+    absl::Status outside =
+        engine.CopyChunk(Direction::kHostToDevice, **region, 7 * kMs, host.data(), 2 * kMs);
+    EXPECT_EQ(outside.code(), absl::StatusCode::kOutOfRange);
+    EXPECT_EQ(engine.stats().chunks_total, 2u);
+  }
+  EXPECT_EQ(api.engine_stats(1, Direction::kDeviceToHost).bytes_done, 2 * kMs);
+  EXPECT_EQ(api.engine_stats(1, Direction::kHostToDevice).bytes_done, kMs);
+  EXPECT_EQ(api.engine_stats(0, Direction::kDeviceToHost).bytes_done, 0u);
+  EXPECT_EQ(api.call_counts().memcpys, 2u);
+}
+
+}  // namespace
+}  // namespace offloadd::copy
