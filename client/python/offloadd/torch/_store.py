@@ -28,8 +28,8 @@ pinned host copy for CUDA tensors when ``pin_memory`` and CUDA allow), one warni
 counted. ``strict=True`` raises OffloaddError instead (at the pack, or for an asynchronous
 refusal at the next pack/unpack). A daemon that stops while holding a block loses it: its unpack
 raises OffloaddError DATA_LOSS (the step cannot finish; later steps fall back).
-Errors raised in backward's unpack reach the caller of ``backward()`` as the RuntimeError autograd
-re-raises, whose message is the OffloaddError's ("DATA_LOSS: ...").
+Errors raised in backward's unpack reach the caller of ``backward()`` as the same OffloaddError
+(torch >= 2.4 re-raises a hook's exception object; OffloaddError is a RuntimeError).
 """
 
 import collections
