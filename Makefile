@@ -6,7 +6,7 @@ BAZEL ?= bazel
 BIN := build/bin
 TARGETS := //server:offloadd //client/cli:offloadctl //bench:checkpoint_workload
 
-.PHONY: deps build run demo demo-torch test bench gpu-bundle fmt clean fuzz soak test-asan test-tsan
+.PHONY: deps build run demo demo-torch test bench gpu-bundle fmt clean fuzz soak test-asan test-tsan install
 
 deps:
 	@bash deploy/install-deps.sh
@@ -75,6 +75,12 @@ test-asan: deps
 	$(BAZEL) test --config=asan $(ASAN_TESTS)
 test-tsan: deps
 	$(BAZEL) test --config=tsan $(TSAN_TESTS)
+
+# Binaries, the systemd unit and the documentation its Documentation= names, under PREFIX
+# (DESTDIR= for staging): deploy/install.sh.
+PREFIX ?= /usr/local
+install: build
+	bash deploy/install.sh --bin $(BIN) $(PREFIX) $(DESTDIR)
 
 gpu-bundle: deps
 	bash deploy/make_gpu_bundle.sh

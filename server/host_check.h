@@ -50,6 +50,12 @@ absl::Status ProbeCudaDriver();
 // ALREADY_EXISTS when a daemon accepts connections on it.
 absl::Status CheckSocketPath(const std::string& socket_path);
 
+// Makes CAP_IPC_LOCK effective when the process holds it only as permitted: the image's
+// file capability (setcap cap_ipc_lock+p, deploy/container/Containerfile) gives a non-root
+// daemon that much wherever the bounding set has it, and exec does not fail where it has not.
+// Returns whether CAP_IPC_LOCK is effective afterwards.
+bool RaiseIpcLockCapability();
+
 // The checks 2-4 above against `facts`, in that order; empty when the host can run `config`.
 std::vector<absl::Status> HostProblems(const v1::DaemonConfig& config, const HostFacts& facts);
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "server/pool/arena.h"
 
 namespace offloadd {
 namespace {
@@ -121,6 +122,11 @@ TEST(CudaDriver, ProbeSaysWhatIsMissingOrPasses) {
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_NE(st.message().find("backend \"cuda\""), std::string::npos) << st;
   }
+}
+
+TEST(Capabilities, RaiseIpcLockAgreesWithTheEffectiveSet) {
+  // Root (or a file capability) ends with CAP_IPC_LOCK effective; others without it get false.
+  EXPECT_EQ(RaiseIpcLockCapability(), pool::MemlockPrivileged() || geteuid() == 0);
 }
 
 }  // namespace
