@@ -2,10 +2,10 @@
 
 #include <dlfcn.h>
 #include <linux/capability.h>
-#include <sys/syscall.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -34,9 +34,9 @@ absl::Status CheckSocketDirectory(const std::string& dir) {
   struct stat st;
   while (stat(existing.c_str(), &st) != 0) {
     if (errno != ENOENT) {
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "socket directory %s cannot be reached: %s; choose another socket_path", existing,
-          std::strerror(errno)));
+      return absl::PermissionDeniedError(
+          absl::StrFormat("socket directory %s cannot be reached: %s; choose another socket_path",
+                          existing, std::strerror(errno)));
     }
     existing = Dirname(existing);
   }

@@ -29,8 +29,8 @@ namespace offloadd {
 // What the host offers, read once (ReadHostFacts) or made up in tests.
 struct HostFacts {
   absl::StatusOr<uint64_t> mem_available_bytes = uint64_t{0};  // /proc/meminfo MemAvailable
-  uint64_t memlock_limit_bytes = 0;  // RLIMIT_MEMLOCK soft limit; RLIM_INFINITY = none
-  bool memlock_privileged = false;   // CAP_IPC_LOCK
+  uint64_t memlock_limit_bytes = 0;      // RLIMIT_MEMLOCK soft limit; RLIM_INFINITY = none
+  bool memlock_privileged = false;       // CAP_IPC_LOCK
   absl::Status cuda = absl::OkStatus();  // the CUDA driver (only read for backend cuda)
 };
 

@@ -48,7 +48,8 @@ TEST(HostProblems, InTheOrderTheDaemonMeetsThem) {
   EXPECT_EQ(problems[1].code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(problems[1].message().find("RLIMIT_MEMLOCK"), std::string::npos) << problems[1];
   EXPECT_EQ(problems[2].code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(problems[2].message().find("larger than MemAvailable, 8589934592 bytes (8192 MiB)"), std::string::npos)
+  EXPECT_NE(problems[2].message().find("larger than MemAvailable, 8589934592 bytes (8192 MiB)"),
+            std::string::npos)
       << problems[2];
 }
 
