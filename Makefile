@@ -6,7 +6,7 @@ BAZEL ?= bazel
 BIN := build/bin
 TARGETS := //server:offloadd //client/cli:offloadctl //bench:checkpoint_workload
 
-.PHONY: deps build run demo demo-torch test bench gpu-bundle fmt clean fuzz soak test-asan test-tsan install
+.PHONY: deps build run demo demo-torch test bench gpu-bundle fmt clean fuzz soak test-asan test-tsan
 
 deps:
 	@bash deploy/install-deps.sh
@@ -79,6 +79,7 @@ test-tsan: deps
 # Binaries, the systemd unit and the documentation its Documentation= names, under PREFIX
 # (DESTDIR= for staging): deploy/install.sh.
 PREFIX ?= /usr/local
+.PHONY: install
 install: build
 	bash deploy/install.sh --bin $(BIN) $(PREFIX) $(DESTDIR)
 
