@@ -210,6 +210,9 @@ int main(int argc, char** argv) {
     }
   }
   if (!check_file.empty()) config_file = check_file;
+  // Before any check reads the capabilities (MemlockPrivileged): a non-root daemon holding
+  // CAP_IPC_LOCK as permitted only (the image's file capability) makes it effective.
+  offloadd::RaiseIpcLockCapability();
 
   absl::StatusOr<DaemonConfig> config =
       config_file.empty() ? offloadd::ParseConfig("") : offloadd::LoadConfigFile(config_file);
