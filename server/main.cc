@@ -32,7 +32,7 @@
 
 namespace {
 
-constexpr const char* kVersion = "0.1.0";
+constexpr const char* kVersion = "0.2.0";  // the Python package (client/python) has the same
 
 void PrintHelp() {
   std::cout << "usage: offloadd [--config FILE] [--FLAG=VALUE ...]\n"

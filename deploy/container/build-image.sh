@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the DaemonSet image from deploy/container/Containerfile (`make image`).
 #
-#   deploy/container/build-image.sh [--stage-only] [IMAGE]     IMAGE default offloadd:0.1.0
+#   deploy/container/build-image.sh [--stage-only] [IMAGE]     IMAGE default offloadd:0.2.0
 #
 # 1. builds offloadd (with the cuda backend: needs the CUDA toolkit at /usr/local/cuda) and
 #    offloadctl with Bazel;
@@ -14,7 +14,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 stage_only=false
 if [ "${1:-}" = --stage-only ]; then stage_only=true; shift; fi
-image=${1:-offloadd:0.1.0}
+image=${1:-offloadd:0.2.0}
 BAZEL=${BAZEL:-bazel}
 
 if [ ! -x /usr/local/cuda/bin/nvcc ] && [ "${OFFLOADD_IMAGE_ALLOW_NO_CUDA:-}" != 1 ]; then
