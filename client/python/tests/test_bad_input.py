@@ -68,7 +68,7 @@ class IdleStepTest(DaemonTestCase):
         msg = str(caught[0].message)
         self.assertIn("sent nothing to offloadd", msg)
         self.assertIn("below threshold_bytes=1048576", msg)
-        self.assertIn("the largest was 262144 bytes", msg)   # logits 2 x 64 x 512 fp32
+        self.assertIn("the largest small one was 262144 bytes", msg)   # logits 2 x 64 x 512 fp32
         # A step ends when the next one packs: 3 steps -> 2 counted so far.
         self.assertEqual(ctx.stats.idle_steps, 2)
         self.assertEqual(ot.idle_steps_total(), 2)

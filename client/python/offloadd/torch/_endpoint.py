@@ -54,6 +54,7 @@ class Endpoint:
 
     def __init__(self, socket_path, key, connect_timeout_seconds):
         self.key = key
+        self.pid = os.getpid()  # a forked child must neither use nor close its parent's
         device_id = key
         cuda_runtime = None
         if key.startswith("cuda:"):
@@ -177,22 +178,34 @@ def reset_for_tests():
 
 
 def close_all():
-    """Closes every endpoint of this process (the daemon releases their blocks)."""
+    """Closes every endpoint of this process (the daemon releases their blocks). Endpoints
+    inherited through fork are only forgotten: their gRPC channels belong to the parent, and
+    closing them from the child blocks forever."""
     with _lock:
         eps = list(_endpoints.values())
         _endpoints.clear()
     for ep in eps:
-        ep.close()
+        if ep.pid == os.getpid():
+            ep.close()
 
 
 def synchronize(timeout=10.0):
     """Waits until every request this process sent (offloads, reloads, releases) is answered:
     afterwards the daemon's stats reflect everything released so far. True if all completed."""
     from ._reaper import reaper
-    ok = reaper.flush(timeout)
-    for ep in endpoints():
-        ok = ep.client.drain(timeout) and ok
-    return ok
+    deadline = time.monotonic() + timeout
+    while True:
+        # A release can be chained on a reload in flight (a dead handle's prefetch): it is sent
+        # when that reload completes, after a drain began. Repeat until a round sent nothing.
+        sent = sum(ep.client.counters.requests_sent for ep in endpoints())
+        left = max(deadline - time.monotonic(), 0.0)
+        ok = reaper.flush(left)
+        for ep in endpoints():
+            ok = ep.client.drain(max(deadline - time.monotonic(), 0.0)) and ok
+        if not ok or sum(ep.client.counters.requests_sent for ep in endpoints()) == sent:
+            return ok
+        if time.monotonic() >= deadline:
+            return False
 
 
 def endpoints():
@@ -201,4 +214,11 @@ def endpoints():
         return [ep for (pid, _, _), ep in _endpoints.items() if pid == os.getpid()]
 
 
+def _after_fork_in_child():
+    """The parent's threads are gone in a forked child: a lock one of them held stays locked."""
+    global _lock
+    _lock = threading.Lock()
+
+
 atexit.register(close_all)
+os.register_at_fork(after_in_child=_after_fork_in_child)

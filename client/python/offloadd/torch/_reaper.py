@@ -7,6 +7,7 @@ are taken later on the reaper thread. ``reaper.flush()`` waits for what was queu
 (offloadd.torch.synchronize calls it).
 """
 
+import os
 import queue
 import sys
 import threading
@@ -16,10 +17,19 @@ class _Reaper:
     """A queue of callables run in order on a daemon thread."""
 
     def __init__(self):
+        self._start()
+
+    def _start(self):
         self._queue = queue.SimpleQueue()
         # Started here, not on first use: put() must take no lock (it runs inside __del__).
-        self._thread = threading.Thread(target=self._run, name="offloadd-reaper", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self._queue,),
+                                        name="offloadd-reaper", daemon=True)
         self._thread.start()
+
+    def after_fork_in_child(self):
+        """A forked child has no reaper thread (threads do not survive fork): start a new one
+        with an empty queue (the parent's pending work is the parent's)."""
+        self._start()
 
     def put(self, fn):
         self._queue.put(fn)
@@ -30,9 +40,9 @@ class _Reaper:
         self.put(done.set)
         return done.wait(timeout)
 
-    def _run(self):
+    def _run(self, q):
         while True:
-            fn = self._queue.get()
+            fn = q.get()
             try:
                 fn()
             except Exception as e:  # a closed client at exit: the daemon frees on disconnect
@@ -41,6 +51,7 @@ class _Reaper:
 
 
 reaper = _Reaper()
+os.register_at_fork(after_in_child=reaper.after_fork_in_child)
 
 
 def release_later(ep, block_id, rl):
@@ -49,7 +60,10 @@ def release_later(ep, block_id, rl):
 
 
 def _release(ep, block_id, rl):
-    """Frees a dead handle's block (after its reload in flight, if any) and reload slot."""
+    """Frees a dead handle's block (after its reload in flight, if any) and reload slot. A
+    handle inherited through fork belongs to the parent's session: the child leaves it alone."""
+    if getattr(ep, "pid", None) != os.getpid():
+        return
     if rl is not None:
         ep.transport.abandon_reload(rl)
         if rl.sent:

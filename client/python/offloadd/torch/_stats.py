@@ -9,6 +9,8 @@ Counted by the context's store (offloadd/torch/_store.py):
   urgent      reloads requested only when backward asked for the tensor (no prefetch had been
               issued for it): the first of each step in eager backward, plus the first of each
               compiled graph's backward node under torch.compile (see README, torch.compile)
+  prefetched_unused  tensors reloaded ahead of need whose handle died without being unpacked
+              (saved by a branch backward never reached): link traffic for nothing
   kept        tensors eligible for offload kept on their device (the newest keep_last_n)
   fallbacks   tensors kept in-process because the daemon was unreachable or refused
               (pinned host copy for CUDA tensors where possible)
@@ -29,7 +31,7 @@ _FIELDS = ("offloaded", "offloaded_bytes", "reloaded", "reloaded_bytes", "prefet
            "prefetched_in_time_bytes", "waited", "waited_bytes", "kept", "kept_bytes",
            "fallbacks", "fallback_bytes", "skipped_small", "skipped_params", "skipped_leaves",
            "skipped_views",
-           "skipped_other", "lost", "idle_steps", "urgent")
+           "skipped_other", "lost", "idle_steps", "urgent", "prefetched_unused")
 
 
 class OffloadStats:

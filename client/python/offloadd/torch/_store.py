@@ -42,7 +42,7 @@ import torch
 from .. import errors
 from ..client import PREFETCH, URGENT
 from . import _endpoint
-from ._reaper import release_later
+from ._reaper import reaper, release_later
 from ._stats import OffloadStats
 from ._transport import Meta, dense_span, empty_like_meta
 
@@ -59,12 +59,13 @@ _RECOVERABLE = (errors.OffloaddError, errors.CudaExportError, OSError, TimeoutEr
 class Saved:
     """What pack returns for an eligible tensor (opaque to autograd)."""
 
-    __slots__ = ("store", "seq", "meta", "tensor", "src", "state", "ep", "op", "block_id",
-                 "reload", "result", "unpacked", "dead", "pin", "__weakref__")
+    __slots__ = ("store", "seq", "offset", "meta", "tensor", "src", "version", "state", "ep",
+                 "op", "block_id", "reload", "result", "unpacked", "dead", "pin", "__weakref__")
 
     def __init__(self, store, seq, t):
         self.store, self.seq, self.meta, self.tensor = store, seq, Meta(t), t
         self.src = weakref.ref(t)  # the saved tensor object, for de-duplication
+        self.version = t._version  # autograd's check that it was not modified in place
         self.state = KEPT
         self.ep = self.op = self.block_id = self.reload = self.result = None
         self.unpacked = self.dead = False
@@ -107,6 +108,12 @@ class Store:
         self._seen = {}                      # id(tensor) -> (weakref(tensor), weakref(Saved))
         self._async_error = None
         self._unpacking = False              # an unpack came after the last pack
+        self._last_unpacked_seq = None       # for telling forward-order consumers apart
+        self._step_first_seq = 0             # seq of the step's first handle
+        # Step positions whose handle died without being unpacked (saved by a branch backward
+        # never reached): prefetch skips them in later steps of the same shape. Updated from
+        # __del__ without a lock (set.add/discard are atomic under the GIL).
+        self._unused_offsets = set()
         self._step = _StepCounts()
 
     # ---- pack ------------------------------------------------------------------------------
@@ -131,6 +138,7 @@ class Store:
             return t
         with self._lock:
             s = Saved(self, self._next_seq, t)
+            s.offset = s.seq - self._step_first_seq  # position within the step
             s.pin = pin
             self._next_seq += 1
             while self._order and self._order[0]() is None:
@@ -244,6 +252,8 @@ class Store:
     def _end_step(self):
         """A pack followed an unpack: the previous step is over; warn if it sent nothing."""
         step, self._step = self._step, _StepCounts()
+        self._last_unpacked_seq = None
+        self._step_first_seq = self._next_seq
         reason = step.idle_reason(self)
         if reason is not None:
             self.stats.add(idle_steps=1)
@@ -279,6 +289,7 @@ class Store:
         if not isinstance(s, Saved):
             return s
         self._raise_async_error()
+        self._check_version(s)
         r = s.result
         if r is not None:
             return r
@@ -324,6 +335,18 @@ class Store:
         s.result = t  # later unpacks of this handle get the same tensor, not another reload
         return t
 
+    @staticmethod
+    def _check_version(s):
+        """torch skips its saved-tensor version check when hooks are installed; do it here, with
+        torch's words: a tensor modified in place after it was saved makes backward wrong."""
+        t = s.src()
+        if t is not None and t._version != s.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                "inplace operation: [%s %s] is at version %d; expected version %d instead "
+                "(checked by offloadd, which saved it at that version)"
+                % (s.meta.dtype, list(s.meta.shape), t._version, s.version))
+
     def _lost(self, s, exc):
         self.stats.add(lost=1)
         gone = exc is None or isinstance(exc, errors.DaemonUnavailable)
@@ -337,9 +360,9 @@ class Store:
     def _start_reload(self, s, priority):
         """Prepares a reload (outside the lock: it may register memory) and sends it, or
         attaches it to the offload in flight. Returns the ReloadOp, or None when the entry is
-        no longer offloaded."""
+        no longer offloaded. A PREFETCH never waits for staging room (TimeoutError at once)."""
         ep = s.ep
-        rl = ep.transport.prepare_reload(s.meta)
+        rl = ep.transport.prepare_reload(s.meta, wait=priority != PREFETCH)
         rl.priority = priority
         with self._lock:
             if s.reload is not None or s.state not in (OFFLOADING, OFFLOADED):
@@ -355,13 +378,12 @@ class Store:
             ep.transport.send_reload(rl, s.block_id, priority)
         return rl
 
-    # Forward-order consumers (a torch.compile'd graph's backward is one autograd node that
-    # unpacks all of its saved tensors at its start, in the order they were saved) get the rest
-    # of their run prefetched at once, up to this many entries.
-    FORWARD_RUN_MAX = 64
-
     def _awaits_unpack(self, o):
         return o is not None and not o.unpacked and o.state in (OFFLOADING, OFFLOADED)
+
+    def _worth_prefetching(self, o):
+        """Awaiting its unpack, and its step position was not left unused last time."""
+        return self._awaits_unpack(o) and o.offset not in self._unused_offsets
 
     def _entry(self, seq):
         i = seq - self._base_seq
@@ -369,23 +391,29 @@ class Store:
 
     def _prefetch_before(self, s):
         """Prefetches what backward will unpack next: the ``prefetch`` offloaded entries saved
-        before ``s`` (eager backward runs in reverse order of saving), or, when the entry saved
+        before ``s`` (eager backward runs in reverse order of saving) and, when the entry saved
         right after ``s`` is still waiting to be unpacked (a consumer that unpacks in forward
-        order, such as a compiled graph's backward node), every pending entry after ``s`` up to
-        FORWARD_RUN_MAX, since that consumer needs them all before it computes anything."""
+        order, such as a compiled graph's backward node), the ``prefetch`` pending entries after
+        ``s`` too -- but only where the order looks forward: the previous unpack was the entry
+        before ``s``, or no entry before ``s`` waits (``s`` starts a run). An entry saved by a
+        branch backward never reaches waits forever without being unpacked; such a prefetch
+        counts in ``stats.prefetched_unused``."""
+        with self._lock:
+            previous, self._last_unpacked_seq = self._last_unpacked_seq, s.seq
         if self.prefetch <= 0:
             return
         todo = []
         with self._lock:
-            if self._awaits_unpack(self._entry(s.seq + 1)):
-                seq = s.seq + 1
-                while len(todo) < self.FORWARD_RUN_MAX and self._awaits_unpack(self._entry(seq)):
-                    o = self._entry(seq)
-                    if o.reload is None:
-                        todo.append(o)
-                    seq += 1
-            else:
-                todo = self._reverse_candidates(s)
+            forward = previous is None or previous == s.seq - 1 or \
+                not self._worth_prefetching(self._entry(s.seq - 1))
+            seq = s.seq + 1
+            while forward and len(todo) < self.prefetch and \
+                    self._worth_prefetching(self._entry(seq)):
+                o = self._entry(seq)
+                if o.reload is None:
+                    todo.append(o)
+                seq += 1
+            todo += self._reverse_candidates(s)
         for o in todo:
             try:
                 self._start_reload(o, PREFETCH)
@@ -401,7 +429,7 @@ class Store:
             o = self._entry(seq)
             seq -= 1
             scanned += 1
-            if not self._awaits_unpack(o):
+            if not self._worth_prefetching(o):
                 continue
             active += 1
             if o.reload is None:
@@ -411,6 +439,13 @@ class Store:
     # ---- lifetime ----------------------------------------------------------------------------
     def _on_death(self, s):
         """From Saved.__del__: marks the handle dead and queues its cleanup (see _Reaper)."""
+        if not s.unpacked:
+            self._unused_offsets.add(s.offset)
+            if s.reload is not None:  # counted on the reaper: no locks in __del__
+                stats = self.stats
+                reaper.put(lambda: stats.add(prefetched_unused=1))
+        else:
+            self._unused_offsets.discard(s.offset)
         with self._lock:
             s.dead = True
             state, ep, rl, block_id = s.state, s.ep, s.reload, s.block_id
@@ -442,7 +477,7 @@ class _StepCounts:
             self.eligible += 1
         else:
             self.categories[category] += 1
-        if isinstance(t, torch.Tensor) and category in ("small", None):
+        if category == "small":
             self.largest_bytes = max(self.largest_bytes, t.numel() * t.element_size())
 
     def idle_reason(self, store):
@@ -455,8 +490,10 @@ class _StepCounts:
                     "keep_last_n=%d keeps that many on the device (use keep_last_n=0, or "
                     "checkpoint more layers)" % (self.eligible, store.keep_last_n))
         left = ", ".join("%d %s" % (n, c) for c, n in sorted(self.categories.items()))
+        why = ""
+        if self.categories.get("small"):
+            why = ("; the largest small one was %d bytes, below threshold_bytes=%d: lower "
+                   "threshold_bytes, or check that checkpointing is on (only checkpointed "
+                   "layer inputs are meant to go)" % (self.largest_bytes, store.threshold_bytes))
         return ("a training step sent nothing to offloadd: all %d saved tensors were left in "
-                "place (%s); the largest was %d bytes, below threshold_bytes=%d. Lower "
-                "threshold_bytes, or check that checkpointing is on (only checkpointed layer "
-                "inputs are meant to go)" % (self.packs, left, self.largest_bytes,
-                                              store.threshold_bytes))
+                "place (%s)%s" % (self.packs, left, why))

@@ -134,8 +134,11 @@ class ShmTransport:
         flat(host).copy_(self._staged(op.slot, meta))
         return host
 
-    def prepare_reload(self, meta):
-        return ReloadOp(slot=self.arena.alloc(meta.nbytes, timeout=self.alloc_timeout_seconds))
+    def prepare_reload(self, meta, wait=True):
+        """A reload's staging slot. ``wait=False`` (prefetches) raises TimeoutError at once when
+        the arena is full instead of waiting for room: a prefetch is never worth a stall."""
+        timeout = self.alloc_timeout_seconds if wait else 0
+        return ReloadOp(slot=self.arena.alloc(meta.nbytes, timeout=timeout))
 
     def send_reload(self, op, block_id, priority):
         op.sent = True
@@ -232,7 +235,7 @@ class CudaIpcTransport:
         """After a failed offload the device tensor simply stays (it was held all along)."""
         return op.tensor
 
-    def prepare_reload(self, meta):
+    def prepare_reload(self, meta, wait=True):
         with torch.cuda.device(meta.device):
             dest = empty_like_meta(meta)
             rid, offset = self.region_for(dest.data_ptr(), meta.nbytes)
