@@ -113,8 +113,9 @@ struct Completion {
 };
 
 // Metric label values: closed (client half-closed), crashed (stream broke), shutdown (daemon
-// stopping), pid_exited (process gone, stream lingered), admin (ended by an admin call).
-enum class EndCause { kClosed, kCrashed, kShutdown, kPidExited, kAdmin };
+// stopping), pid_exited (process gone, stream lingered), admin (ended by an admin call),
+// bad_message (the client sent bytes that are not a valid message).
+enum class EndCause { kClosed, kCrashed, kShutdown, kPidExited, kAdmin, kBadMessage };
 const char* EndCauseName(EndCause cause);
 
 class Session : public std::enable_shared_from_this<Session> {

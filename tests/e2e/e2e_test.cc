@@ -517,3 +517,78 @@ TEST(ConnectionLimitTest, ConnectionsThatMakeNoCallAreShutDown) {
 
 }  // namespace
 }  // namespace offloadd
+
+namespace offloadd::testing {
+namespace {
+
+// Issue 13 item 7: a message that does not parse, or one over the receive limit, ends the
+// session with a status that says so (it used to end with OK, as if the client had closed).
+class BadMessageTest : public E2ETest {
+ protected:
+  // Opens a session, offloads 1 MiB, then writes `bad` and returns the stream's final status.
+  grpc::Status SendAfterAnOffload(const v1::ClientMessage& bad) {
+    auto channel =
+        grpc::CreateChannel("unix:" + daemon_->socket_path(), grpc::InsecureChannelCredentials());
+    auto stub = v1::Offload::NewStub(channel);
+    grpc::ClientContext ctx;
+    auto stream = stub->Session(&ctx);
+    v1::ClientMessage m;
+    m.add_requests()->mutable_hello()->set_device_id("gpu7");
+    v1::Request* reg = m.add_requests();
+    reg->set_request_id(1);
+    reg->mutable_register_region()->mutable_handle()->set_shm_name(region_->name());
+    reg->mutable_register_region()->mutable_handle()->set_size_bytes(region_->size_bytes());
+    v1::ServerMessage reply;
+    EXPECT_TRUE(stream->Write(m));
+    uint64_t region = 0;
+    while (region == 0 && stream->Read(&reply)) {
+      for (const auto& r : reply.responses()) {
+        if (r.has_region_registered()) region = r.region_registered().region_id();
+      }
+    }
+    m.Clear();
+    v1::Request* off = m.add_requests();
+    off->set_request_id(2);
+    off->mutable_offload()->set_region_id(region);
+    off->mutable_offload()->set_bytes(kMiB);
+    EXPECT_TRUE(stream->Write(m));
+    bool done = false;
+    while (!done && stream->Read(&reply)) {
+      for (const auto& r : reply.responses()) done = done || r.has_offload_done();
+    }
+    EXPECT_TRUE(done);
+    stream->Write(bad);
+    while (stream->Read(&reply)) {
+    }
+    return stream->Finish();
+  }
+  uint64_t PoolUsedBytes() { return daemon_->core().store().stats().pool.used_bytes; }
+};
+
+TEST_F(BadMessageTest, InvalidUtf8EndsTheSessionWithInvalidArgument) {
+  const uint64_t before = PoolUsedBytes();
+  v1::ClientMessage bad;
+  v1::Request* r = bad.add_requests();
+  r->set_request_id(3);
+  r->mutable_register_region()->mutable_handle()->set_shm_name(std::string("/x\xff\xfe", 4));
+  r->mutable_register_region()->mutable_handle()->set_size_bytes(4096);
+  grpc::Status st = SendAfterAnOffload(bad);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("UTF-8"), std::string::npos) << st.error_message();
+  EXPECT_TRUE(InProcessDaemon::WaitFor([&] { return PoolUsedBytes() == before; }));
+  ExpectStillServing();
+}
+
+TEST_F(BadMessageTest, MessageOverTheReceiveLimitEndsTheSessionWithAnError) {
+  v1::ClientMessage bad;
+  v1::Request* r = bad.add_requests();
+  r->set_request_id(3);
+  r->mutable_register_region()->mutable_handle()->set_shm_name(std::string(9 << 20, 'a'));
+  grpc::Status st = SendAfterAnOffload(bad);
+  EXPECT_FALSE(st.ok()) << "an 9 MiB message ended the stream with OK";
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  ExpectStillServing();
+}
+
+}  // namespace
+}  // namespace offloadd::testing
