@@ -1,6 +1,8 @@
 #include "server/rpc/projector_service.h"
 
+#include <algorithm>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <set>
