@@ -82,6 +82,28 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     }
   }
 
+  // One warning per bad message, at most one per 10 s for the whole daemon (a client can send
+  // them as fast as it likes); the count of those not logged goes with the next one.
+  void LogBadMessage(size_t bytes) {
+    static std::mutex mu;
+    static double last_seconds = -1e9;
+    static uint64_t suppressed = 0;
+    const double now =
+        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    std::lock_guard<std::mutex> lock(mu);
+    if (now - last_seconds < 10) {
+      ++suppressed;
+      return;
+    }
+    last_seconds = now;
+    const session::PeerCredentials& peer = session_->peer();
+    LOG(WARNING) << "session " << session_->id() << " (pid " << peer.pid << ", uid " << peer.uid
+                 << "): a ClientMessage of " << bytes
+                 << " bytes did not parse; the session was ended (" << suppressed
+                 << " more such sessions since the last warning)";
+    suppressed = 0;
+  }
+
   // Parses in_bytes_ into in_; false (the session ended, with a status saying why) when the
   // bytes are not a valid ClientMessage.
   bool ParseRead() {
@@ -91,10 +113,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
         grpc::SerializationTraits<v1::ClientMessage>::Deserialize(&in_bytes_, &in_);
     in_bytes_.Clear();
     if (parsed.ok()) return true;
-    const session::PeerCredentials& peer = session_->peer();
-    LOG(WARNING) << "session " << session_->id() << " (pid " << peer.pid << ", uid " << peer.uid
-                 << "): a ClientMessage of " << bytes
-                 << " bytes did not parse; the session was ended";
+    LogBadMessage(bytes);
     session_->End(session::EndCause::kBadMessage,
                   absl::InvalidArgumentError(absl::StrFormat(
                       "offloadd could not parse a ClientMessage of %d bytes (malformed protobuf, "
