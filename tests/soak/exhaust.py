@@ -45,12 +45,16 @@ def status_kib(pid, key):
     return 0
 
 
-def run_attacker(a, sock, mode, uid=None, extra=()):
+def run_attacker(a, tmp, sock, mode, uid=None, extra=()):
     cmd = [os.path.join(a.bin, "exhaust_client"), "--mode=" + mode, "--socket=" + sock,
            "--seconds=%g" % a.seconds] + list(extra)
     if uid is not None:
         cmd.append("--uid=%d" % uid)
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Output to a file, not a pipe: a pipe nobody reads until the end would block a chatty one.
+    out = open(os.path.join(tmp, mode + ".out"), "w+")
+    p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
+    p.out = out
+    return p
 
 
 def main():
@@ -83,11 +87,11 @@ def main():
              "--max_block_bytes=4194304", "--max_blocks=16", "--stats=" + stats],
             stdout=subprocess.DEVNULL, stderr=open(stats + ".log", "w"))
         attackers = {
-            "connections": run_attacker(a, sock, "connections", a.uid, ["--count=400"]),
-            "mappings": run_attacker(a, sock, "mappings", a.uid - 1),
-            "badmsg": run_attacker(a, sock, "badmsg"),
-            "hugebatch": run_attacker(a, sock, "hugebatch"),
-            "refresh": run_attacker(a, sock, "refresh"),
+            "connections": run_attacker(a, tmp, sock, "connections", a.uid, ["--count=400"]),
+            "mappings": run_attacker(a, tmp, sock, "mappings", a.uid - 1),
+            "badmsg": run_attacker(a, tmp, sock, "badmsg"),
+            "hugebatch": run_attacker(a, tmp, sock, "hugebatch"),
+            "refresh": run_attacker(a, tmp, sock, "refresh"),
         }
         peak_rss = peak_pte = base_rss
         peak_pte = 0
@@ -112,7 +116,8 @@ def main():
             time.sleep(0.5)
         results = {}
         for name, p in attackers.items():
-            out = p.stdout.read().split()
+            p.out.seek(0)
+            out = p.out.read().split()
             kv = dict(zip(out[::2], out[1::2]))
             results[name] = kv
             if "setuid_failed" in kv:
