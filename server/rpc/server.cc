@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_posix.h"
@@ -25,6 +26,30 @@
 
 namespace offloadd::rpc {
 namespace {
+
+// libprotobuf logs an ERROR line for every message it fails to parse (e.g. "String field ...
+// contains invalid UTF-8 data when parsing"), which a client could use to flood the daemon's
+// log; SessionReactor logs such sessions itself (rate-limited). Protobuf's errors and warnings
+// go to glog at most once per 10 s, with the count of those dropped; fatal ones always.
+void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
+                            const std::string& message) {
+  static std::mutex mu;
+  static double last_seconds = -1e9;
+  static uint64_t dropped = 0;
+  if (level != google::protobuf::LOGLEVEL_FATAL) {
+    const double now =
+        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    std::lock_guard<std::mutex> lock(mu);
+    if (now - last_seconds < 10) {
+      ++dropped;
+      return;
+    }
+    last_seconds = now;
+  }
+  LOG(WARNING) << "libprotobuf " << file << ":" << line << ": " << message << " (" << dropped
+               << " more protobuf messages dropped since the last one)";
+  dropped = 0;
+}
 
 // One client stream. Reads batches of requests and hands each to the Session; completions
 // from any thread are coalesced into one ServerMessage per write (at most one write in flight).
@@ -355,6 +380,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
     }
   }
   if (absl::Status st = ClearStaleSocket(socket_path); !st.ok()) return st;
+  google::protobuf::SetLogHandler(&RateLimitedProtobufLog);  // process-wide; see above
 
   auto impl = std::make_unique<Impl>();
   impl->core = core;
