@@ -2,7 +2,6 @@
 
 #include <glog/logging.h>
 #include <grpcpp/generic/generic_stub.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -105,13 +104,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel("unix:" + path, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(DeadlineIn(options.connect_timeout_seconds))) {
-    struct stat st;
-    const bool exists = stat(path.c_str(), &st) == 0;
     return absl::UnavailableError(absl::StrCat(
         "could not connect to offloadd at unix:", path, " within ", options.connect_timeout_seconds,
-        " s: ",
-        exists ? "the socket exists but nothing accepted (daemon stuck or stale socket)"
-               : "no socket file there",
+        " s: ", UnreachableSocketReason(path, ProbeUnixSocket(path)),
         "; start the daemon (e.g. systemctl start offloadd) or point the client at its socket "
         "(ClientOptions.socket_path; offloadctl --socket PATH or $OFFLOADD_SOCKET)"));
   }

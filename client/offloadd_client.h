@@ -139,7 +139,9 @@ class Client {
   absl::Status UnregisterRegion(uint64_t region_id);
 
   // Copies `bytes` at `offset` of region `region_id` into a new pool block. The client must not
-  // modify those bytes until the future resolves. ready_event: CUDA IPC event handle bytes the
+  // modify those bytes until the future resolves: bytes written meanwhile give a block that
+  // mixes old and new data (per chunk and within one), silently — the daemon cannot tell.
+  // ready_event: CUDA IPC event handle bytes the
   // daemon's copy waits on (cuda backend; empty = none, ignored by shm). tag: optional name
   // for the block, unique among the session's live blocks (0 = none; INVALID_ARGUMENT if in
   // use), so ReloadTagged/ReleaseTagged can be sent before this future resolves.

@@ -1,5 +1,6 @@
 // The default Unix-socket path of offloadd, shared by the daemon (where it listens) and the
-// client library (where it connects) so the two never disagree. Header-only, no dependencies.
+// client library (where it connects) so the two never disagree, and why a socket did not
+// answer. Header-only, no dependencies.
 //
 // Rule, first match wins:
 //   1. effective uid 0 (root, e.g. the systemd unit):   /run/offloadd/offloadd.sock
@@ -11,10 +12,15 @@
 #ifndef OFFLOADD_CLIENT_SOCKET_PATH_H_
 #define OFFLOADD_CLIENT_SOCKET_PATH_H_
 
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace offloadd {
@@ -40,6 +46,48 @@ inline std::string DefaultSocketPath() {
 // True when `path` is non-empty and fits in a sockaddr_un.
 inline bool SocketPathFits(const std::string& path) {
   return !path.empty() && path.size() <= kMaxSocketPathBytes;
+}
+
+// connect()s to the Unix socket at `path` and closes it again: 0 when a process accepted,
+// else connect's errno (ENOENT: no file; ECONNREFUSED: nobody listens; EACCES: no permission).
+inline int ProbeUnixSocket(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int err = rc == 0 ? 0 : errno;
+  close(fd);
+  return err;
+}
+
+// Why no daemon answered at `path`, from ProbeUnixSocket's result: a clause for an error
+// message that tells a permission problem from a dead or stuck daemon.
+inline std::string UnreachableSocketReason(const std::string& path, int probe_errno) {
+  struct stat st;
+  const bool exists = stat(path.c_str(), &st) == 0;
+  switch (probe_errno) {
+    case EACCES:
+    case EPERM: {
+      std::string owner = exists ? " (owner uid " + std::to_string(st.st_uid) + ", group gid " +
+                                       std::to_string(st.st_gid) + ")"
+                                 : "";
+      return "permission denied: this user may not connect to the socket" + owner +
+             "; the daemon may be fine: ask its administrator to add you to the socket's "
+             "group (socket_group in the daemon config)";
+    }
+    case ENOENT:
+      return "no socket file there";
+    case ECONNREFUSED:
+      return "the socket file exists but no daemon listens on it (stale socket of a daemon "
+             "that exited)";
+    case 0:
+      return "the socket accepted the connection but the daemon did not answer (daemon stuck "
+             "or overloaded, or this user is past its connection bound)";
+    default:
+      return std::string("connect failed: ") + std::strerror(probe_errno);
+  }
 }
 
 }  // namespace client

@@ -35,3 +35,23 @@ TEST(SocketPathTest, FitsChecksSunPathLimit) {
 }  // namespace
 }  // namespace client
 }  // namespace offloadd
+
+namespace offloadd::client {
+namespace {
+
+// Issue 13 item 9: a socket the user may not open is reported as a permission problem, not as
+// "daemon stuck or stale socket".
+TEST(UnreachableSocketReasonTest, TellsPermissionFromStaleAndStuck) {
+  EXPECT_NE(UnreachableSocketReason("/nonexistent/x.sock", EACCES).find("permission denied"),
+            std::string::npos);
+  EXPECT_EQ(UnreachableSocketReason("/nonexistent/x.sock", EACCES).find("stuck"),
+            std::string::npos);
+  EXPECT_NE(UnreachableSocketReason("/nonexistent/x.sock", ECONNREFUSED).find("no daemon listens"),
+            std::string::npos);
+  EXPECT_NE(UnreachableSocketReason("/nonexistent/x.sock", 0).find("did not answer"),
+            std::string::npos);
+  EXPECT_EQ(ProbeUnixSocket("/nonexistent/x.sock"), ENOENT);
+}
+
+}  // namespace
+}  // namespace offloadd::client

@@ -1,6 +1,8 @@
 #include "server/rpc/projector_service.h"
 
+#include <algorithm>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -246,8 +248,9 @@ absl::StatusOr<pj::ServiceRequest> FromProto(const v1::RefreshRequest& in) {
   r.method = *method;
   if (in.has_oversampling()) r.randomized.oversampling = in.oversampling();
   if (in.has_power_iterations()) {
-    r.randomized.power_iterations =
-        static_cast<int>(std::min<uint32_t>(in.power_iterations(), pj::kMaxPowerIterations + 1));
+    // Any uint32 fits the int unclamped up to INT_MAX, so the error names the value sent.
+    r.randomized.power_iterations = static_cast<int>(
+        std::min<uint32_t>(in.power_iterations(), std::numeric_limits<int>::max()));
   }
   if (in.has_seed()) r.randomized.seed = in.seed();
   r.warm_start = in.warm_start();

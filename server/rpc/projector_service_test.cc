@@ -379,3 +379,22 @@ TEST_F(ProjectorRpcTest, DisabledServiceIsUnavailable) {
 
 }  // namespace
 }  // namespace offloadd::rpc
+
+namespace offloadd::rpc {
+namespace {
+
+// Issue 13 item 9: the power_iterations error names the value sent (it used to report the
+// clamped kMaxPowerIterations + 1).
+TEST_F(ProjectorRpcTest, PowerIterationsErrorNamesTheValueSent) {
+  v1::RefreshRequest r = Request("w", 0, 24, 16, 2);
+  r.set_method(v1::METHOD_RANDOMIZED);
+  r.set_power_iterations(1000);
+  v1::SubmitReply reply;
+  grpc::Status st = Submit(r, &reply);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("power_iterations 1000"), std::string::npos)
+      << st.error_message();
+}
+
+}  // namespace
+}  // namespace offloadd::rpc

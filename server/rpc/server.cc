@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_posix.h"
@@ -25,9 +27,36 @@
 namespace offloadd::rpc {
 namespace {
 
+// libprotobuf logs an ERROR line for every message it fails to parse (e.g. "String field ...
+// contains invalid UTF-8 data when parsing"), which a client could use to flood the daemon's
+// log; SessionReactor logs such sessions itself (rate-limited). Protobuf's errors and warnings
+// go to glog at most once per 10 s, with the count of those dropped; fatal ones always.
+void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
+                            const std::string& message) {
+  static std::mutex mu;
+  static double last_seconds = -1e9;
+  static uint64_t dropped = 0;
+  if (level != google::protobuf::LOGLEVEL_FATAL) {
+    const double now =
+        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    std::lock_guard<std::mutex> lock(mu);
+    if (now - last_seconds < 10) {
+      ++dropped;
+      return;
+    }
+    last_seconds = now;
+  }
+  LOG(WARNING) << "libprotobuf " << file << ":" << line << ": " << message << " (" << dropped
+               << " more protobuf messages dropped since the last one)";
+  dropped = 0;
+}
+
 // One client stream. Reads batches of requests and hands each to the Session; completions
 // from any thread are coalesced into one ServerMessage per write (at most one write in flight).
-class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage> {
+// Messages travel as raw bytes and are parsed here, so a message that does not parse (bytes
+// that are not a ClientMessage, a string field that is not UTF-8) ends the session with
+// INVALID_ARGUMENT saying so, rather than looking like the client's half-close.
+class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   SessionReactor(session::Core* core, grpc::CallbackServerContext* ctx,
                  const std::atomic<bool>* shutting_down, session::PeerCredentials peer)
@@ -35,10 +64,11 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
     session_ = session::Session::Create(
         core, [this](session::Completion c) { Enqueue(std::move(c)); }, std::move(peer),
         [this](const absl::Status& status) { EndStream(status); });
-    StartRead(&in_);
+    StartRead(&in_bytes_);
   }
 
   void OnReadDone(bool ok) override {
+    if (ok && !ParseRead()) return;
     if (ok) {
       next_request_ = 0;
       HandleRequests();
@@ -72,9 +102,51 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
       }
       if (next_request_ < in_.requests_size()) continue;
       in_.Clear();
-      StartRead(&in_);
+      StartRead(&in_bytes_);
       return;
     }
+  }
+
+  // One warning per bad message, at most one per 10 s for the whole daemon (a client can send
+  // them as fast as it likes); the count of those not logged goes with the next one.
+  void LogBadMessage(size_t bytes) {
+    static std::mutex mu;
+    static double last_seconds = -1e9;
+    static uint64_t suppressed = 0;
+    const double now =
+        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    std::lock_guard<std::mutex> lock(mu);
+    if (now - last_seconds < 10) {
+      ++suppressed;
+      return;
+    }
+    last_seconds = now;
+    const session::PeerCredentials& peer = session_->peer();
+    LOG(WARNING) << "session " << session_->id() << " (pid " << peer.pid << ", uid " << peer.uid
+                 << "): a ClientMessage of " << bytes
+                 << " bytes did not parse; the session was ended (" << suppressed
+                 << " more such sessions since the last warning)";
+    suppressed = 0;
+  }
+
+  // Parses in_bytes_ into in_; false (the session ended, with a status saying why) when the
+  // bytes are not a valid ClientMessage.
+  bool ParseRead() {
+    const size_t bytes = in_bytes_.Length();
+    in_.Clear();
+    grpc::Status parsed =
+        grpc::SerializationTraits<v1::ClientMessage>::Deserialize(&in_bytes_, &in_);
+    in_bytes_.Clear();
+    if (parsed.ok()) return true;
+    LogBadMessage(bytes);
+    session_->End(session::EndCause::kBadMessage,
+                  absl::InvalidArgumentError(absl::StrFormat(
+                      "offloadd could not parse a ClientMessage of %d bytes (malformed protobuf, "
+                      "or a string field such as device_id or shm_name that is not valid "
+                      "UTF-8): send UTF-8 strings in messages built from proto/offload.proto; "
+                      "the session has ended and its blocks and regions were released",
+                      bytes)));
+    return false;
   }
 
   void OnWriteDone(bool ok) override {
@@ -125,7 +197,10 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
       for (v1::Response* r : moved) out_.mutable_responses()->AddAllocated(r);
     }
     writing_ = true;
-    StartWrite(&out_);
+    bool own_buffer = false;
+    out_bytes_.Clear();
+    (void)grpc::SerializationTraits<v1::ServerMessage>::Serialize(out_, &out_bytes_, &own_buffer);
+    StartWrite(&out_bytes_);
   }
   void MaybeFinishLocked() {
     if (finish_requested_ && !writing_ && out_pending_.responses_size() == 0 && !finished_) {
@@ -147,22 +222,27 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
   grpc::CallbackServerContext* ctx_;
   const std::atomic<bool>* shutting_down_;
   std::shared_ptr<session::Session> session_;
-  v1::ClientMessage in_;
-  int next_request_ = 0;  // in_'s next request to hand to the session
+  grpc::ByteBuffer in_bytes_;  // being read
+  v1::ClientMessage in_;       // parsed from in_bytes_
+  int next_request_ = 0;       // in_'s next request to hand to the session
   std::mutex mu_;
   v1::ServerMessage out_;          // being written
+  grpc::ByteBuffer out_bytes_;     // out_, serialized
   v1::ServerMessage out_pending_;  // responses queued since the last write started
   bool writing_ = false, broken_ = false, finish_requested_ = false, finished_ = false;
   bool read_paused_ = false;
   grpc::Status finish_status_ = grpc::Status::OK;
 };
 
-class OffloadService : public v1::Offload::CallbackService {
+// Session is a raw method (bytes parsed by SessionReactor); the unary calls are typed.
+class OffloadService
+    : public v1::Offload::WithRawCallbackMethod_Session<v1::Offload::WithCallbackMethod_GetStats<
+          v1::Offload::WithCallbackMethod_EndSession<v1::Offload::Service>>> {
  public:
   OffloadService(session::Core* core, const PeerListener* listener)
       : core_(core), listener_(listener) {}
 
-  grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Session(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* ctx) override {
     return new SessionReactor(core_, ctx, &shutting_down_, listener_->Lookup(ctx->peer()));
   }
@@ -300,6 +380,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
     }
   }
   if (absl::Status st = ClearStaleSocket(socket_path); !st.ok()) return st;
+  google::protobuf::SetLogHandler(&RateLimitedProtobufLog);  // process-wide; see above
 
   auto impl = std::make_unique<Impl>();
   impl->core = core;

@@ -29,6 +29,8 @@ class Server {
   // UNAVAILABLE when gRPC cannot listen.
   // `projector`: what the offloadd.v1.Projector service runs on (rpc/projector_service.h);
   // nullptr: that service answers UNAVAILABLE. Its calls pass the same access policy as sessions.
+  // Installs a process-wide protobuf log handler that sends libprotobuf's messages to glog at
+  // most once per 10 s (a client sending unparsable messages must not flood the log).
   static absl::StatusOr<std::unique_ptr<Server>> Start(
       session::Core* core, const std::string& socket_path, uint32_t socket_mode,
       int64_t socket_gid = -1, projector::RefreshService* projector = nullptr);

@@ -65,6 +65,7 @@ const char* EndCauseName(EndCause cause) {
     case EndCause::kShutdown: return "shutdown";
     case EndCause::kPidExited: return "pid_exited";
     case EndCause::kAdmin: return "admin";
+    case EndCause::kBadMessage: return "bad_message";
   }
   return "unknown";
 }

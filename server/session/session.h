@@ -22,7 +22,11 @@
 //    (INVALID_ARGUMENT if in use); reloads and releases may use the tag before OffloadDone
 //    (NOT_FOUND for a tag with no live block). If the tagged offload fails, requests waiting on
 //    the tag fail with its status.
-// Every request gets exactly one Completion with its request id. When the stream ends (client
+// Every request gets exactly one Completion with its request id; ids are the client's and are
+// not checked for uniqueness (two in flight with one id are each answered). An offload copies
+// client memory in chunks until its completion: bytes the client writes meanwhile end up in the
+// block or not, chunk by chunk (a mixed block, not detected).
+// When the stream ends (client
 // exit or crash), Close() releases every block and region the session holds; copies in flight
 // finish first and their completions are dropped. End() does the same from the daemon's side
 // (admin call, process exited) and also ends the stream with a status.
@@ -113,8 +117,9 @@ struct Completion {
 };
 
 // Metric label values: closed (client half-closed), crashed (stream broke), shutdown (daemon
-// stopping), pid_exited (process gone, stream lingered), admin (ended by an admin call).
-enum class EndCause { kClosed, kCrashed, kShutdown, kPidExited, kAdmin };
+// stopping), pid_exited (process gone, stream lingered), admin (ended by an admin call),
+// bad_message (the client sent bytes that are not a valid message).
+enum class EndCause { kClosed, kCrashed, kShutdown, kPidExited, kAdmin, kBadMessage };
 const char* EndCauseName(EndCause cause);
 
 class Session : public std::enable_shared_from_this<Session> {

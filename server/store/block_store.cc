@@ -95,7 +95,18 @@ std::string BlockStore::WhyFullLocked(uint64_t session_id, uint64_t bytes) const
           uid, used, options_.uid_quota_bytes);
     }
   }
-  return "the pool is full; release blocks, retry later, or raise pool_bytes";
+  const pool::AllocatorStats pool = allocator_.stats();
+  const uint64_t free_bytes = pool.capacity_bytes - pool.used_bytes;
+  if (free_bytes >= rounded) {
+    return absl::StrFormat(
+        "the pool has %d bytes free but no free extent of %d bytes (largest %d, in %d pieces: "
+        "fragmented); release blocks, offload in smaller pieces, or raise pool_bytes",
+        free_bytes, rounded, pool.largest_free_bytes, pool.free_extents);
+  }
+  return absl::StrFormat(
+      "the pool is full (%d of %d bytes free, largest free extent %d); release blocks, retry "
+      "later, or raise pool_bytes",
+      free_bytes, pool.capacity_bytes, pool.largest_free_bytes);
 }
 
 BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds) {

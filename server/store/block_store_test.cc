@@ -3,7 +3,9 @@
 #include <chrono>
 #include <future>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -244,6 +246,32 @@ TEST(BlockStoreUidQuotaTest, WaiterOfAFullUidIsAdmittedWhenItsUidReleases) {
   auto b = f.get();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(s.UidUsedBytes()[7], 4 * kMiB);
+}
+
+}  // namespace
+}  // namespace offloadd::store
+
+namespace offloadd::store {
+namespace {
+
+// Issue 13 item 9: a refusal caused by fragmentation says so, with the largest free extent,
+// instead of "the pool is full" while most of it is free.
+TEST(BlockStoreFragmentationTest, RefusalNamesTheLargestFreeExtent) {
+  BlockStore s(8 * kMiB, Opts(0, /*deadline=*/0.05));
+  std::vector<uint64_t> blocks;
+  for (int i = 0; i < 8; ++i) {
+    auto b = ReserveNow(s, 1, kMiB);
+    ASSERT_TRUE(b.ok());
+    s.OffloadFinished(b->block_id, absl::OkStatus());
+    blocks.push_back(b->block_id);
+  }
+  for (int i = 0; i < 8; i += 2) ASSERT_TRUE(s.Release(1, blocks[i]).ok());  // 4 holes of 1 MiB
+  auto r = ReserveNow(s, 2, 2 * kMiB);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(r.status().message());
+  EXPECT_EQ(message.find("pool is full"), std::string::npos) << message;
+  EXPECT_NE(message.find("4194304 bytes free"), std::string::npos) << message;
+  EXPECT_NE(message.find("largest 1048576"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -521,3 +521,154 @@ TEST(ConnectionLimitTest, ConnectionsThatMakeNoCallAreShutDown) {
 
 }  // namespace
 }  // namespace offloadd
+
+namespace offloadd::testing {
+namespace {
+
+// Issue 13 item 7: a message that does not parse, or one over the receive limit, ends the
+// session with a status that says so (it used to end with OK, as if the client had closed).
+class BadMessageTest : public E2ETest {
+ protected:
+  // Opens a session, offloads 1 MiB, then writes `bad` and returns the stream's final status.
+  grpc::Status SendAfterAnOffload(const v1::ClientMessage& bad) {
+    auto channel =
+        grpc::CreateChannel("unix:" + daemon_->socket_path(), grpc::InsecureChannelCredentials());
+    auto stub = v1::Offload::NewStub(channel);
+    grpc::ClientContext ctx;
+    auto stream = stub->Session(&ctx);
+    v1::ClientMessage m;
+    m.add_requests()->mutable_hello()->set_device_id("gpu7");
+    v1::Request* reg = m.add_requests();
+    reg->set_request_id(1);
+    reg->mutable_register_region()->mutable_handle()->set_shm_name(region_->name());
+    reg->mutable_register_region()->mutable_handle()->set_size_bytes(region_->size_bytes());
+    v1::ServerMessage reply;
+    EXPECT_TRUE(stream->Write(m));
+    uint64_t region = 0;
+    while (region == 0 && stream->Read(&reply)) {
+      for (const auto& r : reply.responses()) {
+        if (r.has_region_registered()) region = r.region_registered().region_id();
+      }
+    }
+    m.Clear();
+    v1::Request* off = m.add_requests();
+    off->set_request_id(2);
+    off->mutable_offload()->set_region_id(region);
+    off->mutable_offload()->set_bytes(kMiB);
+    EXPECT_TRUE(stream->Write(m));
+    bool done = false;
+    while (!done && stream->Read(&reply)) {
+      for (const auto& r : reply.responses()) done = done || r.has_offload_done();
+    }
+    EXPECT_TRUE(done);
+    stream->Write(bad);
+    while (stream->Read(&reply)) {
+    }
+    return stream->Finish();
+  }
+  uint64_t PoolUsedBytes() { return daemon_->core().store().stats().pool.used_bytes; }
+};
+
+TEST_F(BadMessageTest, InvalidUtf8EndsTheSessionWithInvalidArgument) {
+  const uint64_t before = PoolUsedBytes();
+  v1::ClientMessage bad;
+  v1::Request* r = bad.add_requests();
+  r->set_request_id(3);
+  r->mutable_register_region()->mutable_handle()->set_shm_name(std::string("/x\xff\xfe", 4));
+  r->mutable_register_region()->mutable_handle()->set_size_bytes(4096);
+  grpc::Status st = SendAfterAnOffload(bad);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("UTF-8"), std::string::npos) << st.error_message();
+  EXPECT_TRUE(InProcessDaemon::WaitFor([&] { return PoolUsedBytes() == before; }));
+  ExpectStillServing();
+}
+
+TEST_F(BadMessageTest, MessageOverTheReceiveLimitEndsTheSessionWithAnError) {
+  v1::ClientMessage bad;
+  v1::Request* r = bad.add_requests();
+  r->set_request_id(3);
+  r->mutable_register_region()->mutable_handle()->set_shm_name(std::string(9 << 20, 'a'));
+  grpc::Status st = SendAfterAnOffload(bad);
+  EXPECT_FALSE(st.ok()) << "an 9 MiB message ended the stream with OK";
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  ExpectStillServing();
+}
+
+}  // namespace
+}  // namespace offloadd::testing
+
+namespace offloadd::testing {
+namespace {
+
+// Issue 13: bytes before and inside HTTP/2 on the raw socket. Deterministic random inputs
+// (seeded): plain garbage, a truncated or wrong connection preface, and the real preface
+// followed by random frames (random types, flags, stream ids, lengths and payloads, some
+// claiming more bytes than sent). Each goes on its own connection, which is then half-closed
+// and read until the daemon closes it. Afterwards the daemon must serve a normal client and
+// hold no session or block from them.
+std::string RandomFrames(std::mt19937& rng, int frames) {
+  std::string out;
+  for (int f = 0; f < frames; ++f) {
+    const uint32_t len = rng() % 64;
+    const uint32_t claimed = (rng() % 8 == 0) ? rng() % (1 << 24) : len;
+    out.push_back(static_cast<char>((claimed >> 16) & 0xff));
+    out.push_back(static_cast<char>((claimed >> 8) & 0xff));
+    out.push_back(static_cast<char>(claimed & 0xff));
+    out.push_back(static_cast<char>(rng() % 12));  // DATA .. CONTINUATION, and beyond
+    out.push_back(static_cast<char>(rng() & 0xff));
+    const uint32_t stream = (rng() % 4 == 0) ? rng() : rng() % 8;
+    for (int shift : {24, 16, 8, 0}) out.push_back(static_cast<char>((stream >> shift) & 0xff));
+    for (uint32_t i = 0; i < len; ++i) out.push_back(static_cast<char>(rng() & 0xff));
+  }
+  return out;
+}
+
+void SendAndDrain(const std::string& path, const std::string& bytes) {
+  int fd = RawConnect(path);
+  ASSERT_GE(fd, 0);
+  (void)!write(fd, bytes.data(), bytes.size());
+  shutdown(fd, SHUT_WR);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[4096];
+  while (read(fd, buf, sizeof(buf)) > 0) {
+  }
+  close(fd);
+}
+
+TEST(RawSocketFuzzTest, GarbageBeforeAndInsideHttp2LeavesTheDaemonServing) {
+  InProcessDaemon daemon(16 << 20, {}, "rawfuzz");
+  const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  std::mt19937 rng(13);
+  for (int i = 0; i < 60; ++i) {
+    std::string input;
+    switch (i % 4) {
+      case 0:  // garbage
+        for (uint32_t n = rng() % 512; n > 0; --n) input.push_back(static_cast<char>(rng()));
+        break;
+      case 1:  // a truncated or corrupted preface, then frames
+        input = preface.substr(0, rng() % preface.size());
+        if (!input.empty()) input[rng() % input.size()] ^= 0x20;
+        input += RandomFrames(rng, 4);
+        break;
+      default:  // the real preface, then random frames
+        input = preface + RandomFrames(rng, 1 + static_cast<int>(rng() % 16));
+    }
+    SendAndDrain(daemon.socket_path(), input);
+  }
+  auto c = daemon.Connect();
+  EXPECT_TRUE(c->CheckHealth().ok());
+  auto region = client::ShmRegion::Create(1 << 20);
+  ASSERT_TRUE(region.ok());
+  auto id = c->RegisterShmRegion(*region);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto off = c->Offload(*id, 0, 1 << 20).get();
+  EXPECT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(daemon.core().Stats().sessions_open, 1u);  // only this client's
+  c->Close();
+  EXPECT_TRUE(
+      InProcessDaemon::WaitFor([&] { return daemon.core().store().stats().pool.used_bytes == 0; }));
+}
+
+}  // namespace
+}  // namespace offloadd::testing
