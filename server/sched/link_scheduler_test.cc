@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -268,6 +269,127 @@ TEST(LinkSchedulerTest, UrgentReloadOvertakesQueuedOffloadChunks) {
   gate.Open();
   sched.Shutdown();
   EXPECT_EQ(rec.copy_order, (std::vector<int>{0, 1, 1, 0, 0, 0, 0}));
+}
+
+// An asynchronous engine the test completes by hand: records every posted chunk and how many of
+// each GPU are outstanding.
+class ManualAsyncEngine {
+ public:
+  struct Post {
+    int transfer;
+    std::string gpu;
+    uint64_t offset, len;
+    std::function<void(absl::Status)> done;
+  };
+  void Attach(Transfer& t, int index) {
+    t.copy_chunk = nullptr;
+    t.post_chunk = [this, index, gpu = t.gpu](uint64_t offset, uint64_t len,
+                                               std::function<void(absl::Status)> done) {
+      std::lock_guard<std::mutex> lock(mu_);
+      posts_.push_back(Post{index, gpu, offset, len, std::move(done)});
+      max_outstanding_[gpu] = std::max(max_outstanding_[gpu], ++outstanding_[gpu]);
+      cv_.notify_all();
+    };
+  }
+  void WaitForPosts(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return posts_.size() >= n; });
+  }
+  // Completes post `i` (in posting order) with `status`.
+  void Complete(size_t i, absl::Status status = absl::OkStatus()) {
+    std::function<void(absl::Status)> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done = std::move(posts_.at(i).done);
+      --outstanding_[posts_[i].gpu];
+    }
+    done(std::move(status));
+  }
+  Post post(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return posts_.at(i);
+  }
+  size_t posts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return posts_.size();
+  }
+  int max_outstanding(const std::string& gpu) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_outstanding_[gpu];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Post> posts_;
+  std::map<std::string, int> outstanding_, max_outstanding_;
+};
+
+// Issue 16: chunks are posted without a worker per chunk, up to the per-GPU limit; bytes count
+// at completion; a completion frees a slot of its GPU.
+TEST(LinkSchedulerTest, AsyncChunksArePostedUpToThePerGpuLimitAndCountedAtCompletion) {
+  Recorder rec;
+  ManualAsyncEngine engine;
+  LinkSchedulerOptions o = SmallChunks(1);  // one worker, yet several chunks in flight
+  o.max_chunks_in_flight_per_gpu = 2;
+  LinkScheduler sched(o);
+  auto a = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * 64 * kKiB);
+  auto b = rec.Make(1, "gpu1", TrafficClass::kOffload, 4 * 64 * kKiB);
+  engine.Attach(*a, 0);
+  engine.Attach(*b, 1);
+  sched.Submit(a);
+  sched.Submit(b);
+  engine.WaitForPosts(4);  // two per GPU, none completed
+  EXPECT_EQ(sched.stats().chunks_in_flight, 4u);
+  EXPECT_EQ(sched.stats().bytes, 0u);
+  for (size_t done = 0; done < 8; ++done) {
+    engine.WaitForPosts(std::min<size_t>(8, done + 4));
+    engine.Complete(done);
+  }
+  sched.Shutdown();
+  EXPECT_EQ(engine.posts(), 8u);
+  EXPECT_EQ(engine.max_outstanding("gpu0"), 2);
+  EXPECT_EQ(engine.max_outstanding("gpu1"), 2);
+  EXPECT_EQ(sched.stats().bytes, 8 * 64 * kKiB);
+  EXPECT_EQ(sched.stats().gpu_bytes.at("gpu0"), 4 * 64 * kKiB);
+  ASSERT_EQ(rec.done[0].size(), 1u);
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_TRUE(rec.done[0][0].ok());
+  EXPECT_TRUE(rec.done[1][0].ok());
+  EXPECT_EQ(sched.stats().chunks_in_flight, 0u);
+}
+
+// An URGENT chunk of a GPU at its limit is the next one posted on that GPU once a slot frees,
+// ahead of the offload chunks queued before it; an error fails its transfer once.
+TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAsSoonAsItsGpuHasASlot) {
+  Recorder rec;
+  ManualAsyncEngine engine;
+  LinkSchedulerOptions o = SmallChunks(2);
+  o.offload_min_share = 0;
+  o.max_chunks_in_flight_per_gpu = 2;
+  LinkScheduler sched(o);
+  auto offload = rec.Make(0, "gpu0", TrafficClass::kOffload, 6 * 64 * kKiB);
+  engine.Attach(*offload, 0);
+  sched.Submit(offload);
+  engine.WaitForPosts(2);
+  auto urgent = rec.Make(1, "gpu0", TrafficClass::kUrgent, 64 * kKiB);
+  engine.Attach(*urgent, 1);
+  sched.Submit(urgent);
+  EXPECT_EQ(engine.posts(), 2u);  // gpu0 is at its limit: nothing more was posted
+  engine.Complete(0);
+  engine.WaitForPosts(3);
+  EXPECT_EQ(engine.post(2).transfer, 1);  // the urgent chunk, not offload chunk 3
+  engine.Complete(2);
+  engine.WaitForPosts(4);  // the slot goes back to the offload
+  EXPECT_EQ(engine.post(3).transfer, 0);
+  engine.Complete(1, absl::InternalError("copy engine fault"));
+  engine.Complete(3);
+  sched.Shutdown();
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_TRUE(rec.done[1][0].ok());
+  ASSERT_EQ(rec.done[0].size(), 1u);
+  EXPECT_EQ(rec.done[0][0].code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(engine.posts(), 4u);  // the failed offload's remaining chunks were skipped
 }
 
 TEST(LinkSchedulerTest, DoneMaySubmitFollowUpWork) {
