@@ -21,7 +21,8 @@
 // Flags (--name=value): gpus 8, gpus_per_switch 4, streams 4, transfer_mib 64, chunk_mib 1,8,32,
 // copy_threads 2, streams_per_direction 1 (cuda engine streams per GPU and direction),
 // rate_gbps 55, switch_gbps 0 (0 = no switch limit), h2d_share 1 (H2D share while D2H runs),
-// seconds 2, warmup_seconds 0.5, engine sync (the only engine so far), check 0 (1: exit 1 when a
+// seconds 2, warmup_seconds 0.5, engine sync,async (CopyChunk on blocking copy workers, or
+// PostChunk with max_chunks_in_flight 2 chunks posted per GPU; both run, in turn), check 0 (1: exit 1 when a
 // loose bound fails: an engine above its modelled rate, nothing moved, an urgent reload lost).
 #include <sys/resource.h>
 
@@ -56,7 +57,8 @@ struct Flags {
   uint64_t transfer_mib = 64;
   std::vector<uint64_t> chunk_mib = {1, 8, 32};
   double rate_gbps = 55, switch_gbps = 0, h2d_share = 1, seconds = 2, warmup_seconds = 0.5;
-  std::string engine = "sync";
+  std::vector<std::string> engines = {"sync", "async"};
+  int max_in_flight = 2;  // async: chunks posted per GPU (LinkSchedulerOptions)
   bool check = false;
 };
 
@@ -80,7 +82,11 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (name == "h2d_share") ok = absl::SimpleAtod(v, &f->h2d_share);
     else if (name == "seconds") ok = absl::SimpleAtod(v, &f->seconds);
     else if (name == "warmup_seconds") ok = absl::SimpleAtod(v, &f->warmup_seconds);
-    else if (name == "engine") f->engine = v;
+    else if (name == "max_chunks_in_flight") ok = absl::SimpleAtoi(v, &f->max_in_flight);
+    else if (name == "engine") {
+      f->engines = absl::StrSplit(v, ',');
+      for (const std::string& e : f->engines) ok = ok && (e == "sync" || e == "async");
+    }
     else if (name == "check") f->check = v == "1" || v == "true";
     else if (name == "chunk_mib") {
       f->chunk_mib.clear();
@@ -97,11 +103,6 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       std::fprintf(stderr, "copy_sim_bench: bad value for --%s: '%s'\n", name.c_str(), v.c_str());
       return false;
     }
-  }
-  if (f->engine != "sync") {
-    std::fprintf(stderr, "copy_sim_bench: --engine=%s is not built; only 'sync'\n",
-                 f->engine.c_str());
-    return false;
   }
   return f->gpus > 0 && f->gpus_per_switch > 0 && f->streams > 0 && f->transfer_mib > 0;
 }
@@ -152,7 +153,7 @@ class TransferLoop {
   std::atomic<uint64_t>* errors_;
 };
 
-Result RunOne(const Flags& f, uint64_t chunk_bytes) {
+Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes) {
   copy::SimCudaOptions so;
   so.model.gpus = f.gpus;
   so.model.gpus_per_switch = f.gpus_per_switch;
@@ -162,6 +163,7 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
   copy::SimCudaApi api(so);
   copy::CudaEngineOptions eo;
   eo.streams_per_direction = static_cast<uint32_t>(std::max(1, f.streams_per_direction));
+  eo.asynchronous = async;
   auto engine = std::make_unique<copy::CudaCopyEngine>(api.Borrow(), eo);
   const uint64_t transfer = f.transfer_mib * kMiB;
   static uint8_t host_token[64];  // the simulator checks host != null and never touches it
@@ -189,15 +191,25 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
       o.direction = v == &d2h ? "d2h" : "h2d";
       o.chunk_bytes = o.quantum_bytes = chunk_bytes;
       o.worker_threads = static_cast<uint32_t>(f.copy_threads);
+      o.max_chunks_in_flight_per_gpu = static_cast<uint32_t>(std::max(1, f.max_in_flight));
       v->push_back(std::make_unique<sched::LinkScheduler>(o));
     }
   }
-  auto chunk_fn = [&](Direction dir, int g, uint64_t base) {
+  // The transfer's copy function for (direction, GPU, region offset): copy_chunk for the
+  // synchronous engine, post_chunk for the asynchronous one (as the session would set them).
+  auto set_copy = [&](sched::Transfer* t, Direction dir, int g, uint64_t base) {
     copy::CopyEngine* e = engine.get();
     copy::Region* r = regions[g].get();
-    return [e, r, dir, base](uint64_t off, uint64_t len) {
-      return e->CopyChunk(dir, *r, base + off, host_token, len);
-    };
+    if (async) {
+      t->post_chunk = [e, r, dir, base](uint64_t off, uint64_t len,
+                                        std::function<void(absl::Status)> done) {
+        e->PostChunk(dir, *r, base + off, host_token, len, std::move(done));
+      };
+    } else {
+      t->copy_chunk = [e, r, dir, base](uint64_t off, uint64_t len) {
+        return e->CopyChunk(dir, *r, base + off, host_token, len);
+      };
+    }
   };
 
   std::atomic<bool> stop{false};
@@ -211,11 +223,13 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
       off.gpu = copy::SimCudaApi::DeviceUuid(g);
       off.cls = sched::TrafficClass::kOffload;
       off.bytes = transfer;
-      off.copy_chunk = chunk_fn(Direction::kDeviceToHost, g, i * transfer);
+      set_copy(&off, Direction::kDeviceToHost, g, i * transfer);
       loops.push_back(std::make_unique<TransferLoop>(d2h[s].get(), off, &stop, &running, &errors));
-      sched::Transfer rel = off;
+      sched::Transfer rel;
+      rel.gpu = off.gpu;
+      rel.bytes = transfer;
       rel.cls = sched::TrafficClass::kPrefetch;
-      rel.copy_chunk = chunk_fn(Direction::kHostToDevice, g, (f.streams + i) * transfer);
+      set_copy(&rel, Direction::kHostToDevice, g, (f.streams + i) * transfer);
       loops.push_back(std::make_unique<TransferLoop>(h2d[s].get(), rel, &stop, &running, &errors));
     }
   }
@@ -235,7 +249,7 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
       t->gpu = copy::SimCudaApi::DeviceUuid(g);
       t->cls = sched::TrafficClass::kUrgent;
       t->bytes = chunk_bytes;
-      t->copy_chunk = chunk_fn(Direction::kHostToDevice, g, 2 * f.streams * transfer);
+      set_copy(t.get(), Direction::kHostToDevice, g, 2 * f.streams * transfer);
       auto done = std::make_shared<std::promise<absl::Status>>();
       auto fut = done->get_future();
       t->done = [done](absl::Status st) { done->set_value(std::move(st)); };
@@ -316,22 +330,25 @@ int main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
   std::printf(
-      "copy_sim_bench (SIMULATED GPU copy engines: a timing model, no bytes moved): engine=%s, "
+      "copy_sim_bench (SIMULATED GPU copy engines: a timing model, no bytes moved): "
       "%d GPUs, %d per switch, %d offload + %d reload transfers of %llu MiB in flight per GPU, "
-      "copy_threads=%d, cuda streams per direction=%d, modelled %.1f GB/s per engine, switch "
+      "copy_threads=%d, cuda streams per direction=%d, async: %d chunks posted per GPU, modelled "
+      "%.1f GB/s per engine, switch "
       "limit %s, H2D share while D2H runs %.2f; host: %u CPUs\n",
-      f.engine.c_str(), f.gpus, f.gpus_per_switch, f.streams, f.streams,
+      f.gpus, f.gpus_per_switch, f.streams, f.streams,
       static_cast<unsigned long long>(f.transfer_mib), f.copy_threads, f.streams_per_direction,
+      f.max_in_flight,
       f.rate_gbps, f.switch_gbps > 0 ? (std::to_string(f.switch_gbps) + " GB/s").c_str() : "none",
       f.h2d_share, std::thread::hardware_concurrency());
-  std::printf("%-6s | %-21s | %-21s | %-28s | %s\n", "chunk", "D2H ach/model mean/min",
+  std::printf("%-6s | %-6s | %-21s | %-21s | %-28s | %s\n", "engine", "chunk", "D2H ach/model mean/min",
               "H2D ach/model mean/min", "urgent reload chunk-times", "host CPU s/GiB (driver)");
   bool failed = false;
+  for (const std::string& engine : f.engines) {
   for (uint64_t c : f.chunk_mib) {
-    Result r = RunOne(f, c * kMiB);
-    std::printf("%3llu MiB | %.3f / %.3f simulated | %.3f / %.3f simulated | med %6.1f max %7.1f n=%-3d sim "
+    Result r = RunOne(f, engine == "async", c * kMiB);
+    std::printf("%-6s | %3llu MiB | %.3f / %.3f simulated | %.3f / %.3f simulated | med %6.1f max %7.1f n=%-3d sim "
                 "| %.4f (%.4f)\n",
-                static_cast<unsigned long long>(c), r.d2h_mean, r.d2h_min, r.h2d_mean, r.h2d_min,
+                engine.c_str(), static_cast<unsigned long long>(c), r.d2h_mean, r.d2h_min, r.h2d_mean, r.h2d_min,
                 r.urgent_median, r.urgent_max, r.urgent_samples, r.cpu_per_gib,
                 r.modelled_cpu_per_gib);
     std::fflush(stdout);
@@ -342,6 +359,7 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(r.errors));
       failed = true;
     }
+  }
   }
   return f.check && failed ? 1 : 0;
 }

@@ -60,10 +60,14 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
   if (config.backend() == "cuda-sim") {  // issue 16: simulated GPUs; no bytes move
     LOG(WARNING) << "backend cuda-sim: GPUs are a timing model (55 GB/s per direction); copies "
                  << "move NO bytes and every copy figure is SIMULATED";
-    return offloadd::copy::NewSimCudaCopyEngine();
+    offloadd::copy::CudaEngineOptions options;
+    options.asynchronous = config.async_copies();
+    return offloadd::copy::NewSimCudaCopyEngine({}, options);
   }
 #ifdef OFFLOADD_HAVE_CUDA
-  return offloadd::copy::CreateCudaCopyEngine();
+  offloadd::copy::CudaEngineOptions options;
+  options.asynchronous = config.async_copies();  // issue 16; the blocking engine by default
+  return offloadd::copy::CreateCudaCopyEngine(options);
 #else
   return absl::FailedPreconditionError(
       "backend \"cuda\" is not in this build (no CUDA toolkit at build time): rebuild on a "

@@ -339,6 +339,13 @@ void Session::OnOffload(const Request& r) {
       return core->engine().CopyChunk(copy::Direction::kDeviceToHost, *reg, offset + o, host + o,
                                       len);
     };
+    if (core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
+      t->post_chunk = [core, reg, host, offset = r.offset](
+                          uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
+        core->engine().PostChunk(copy::Direction::kDeviceToHost, *reg, offset + o, host + o, len,
+                                 std::move(done));
+      };
+    }
     const store::BlockRef block = *ref;
     const double admitted = NowSeconds();
     t->done = [self, block, r, start, admitted](absl::Status st) {
@@ -417,6 +424,13 @@ void Session::OnReload(const Request& r) {
           return core->engine().CopyChunk(copy::Direction::kHostToDevice, *reg, offset + o,
                                           host + o, len);
         };
+        if (core->engine().asynchronous()) {
+          t->post_chunk = [core, reg, host, offset = r.offset](
+                              uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
+            core->engine().PostChunk(copy::Direction::kHostToDevice, *reg, offset + o, host + o,
+                                     len, std::move(done));
+          };
+        }
         const uint64_t bytes = ref->bytes;
         const double ready = NowSeconds();
         t->done = [self, reg, r, bytes, start, ready](absl::Status st) {
