@@ -75,24 +75,37 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     }
     const std::string name = a.substr(2, a.find('=') - 2), v = a.substr(a.find('=') + 1);
     bool ok = true;
-    if (name == "gpus") ok = absl::SimpleAtoi(v, &f->gpus);
-    else if (name == "gpus_per_switch") ok = absl::SimpleAtoi(v, &f->gpus_per_switch);
-    else if (name == "streams") ok = absl::SimpleAtoi(v, &f->streams);
-    else if (name == "copy_threads") ok = absl::SimpleAtoi(v, &f->copy_threads);
-    else if (name == "streams_per_direction") ok = absl::SimpleAtoi(v, &f->streams_per_direction);
-    else if (name == "transfer_mib") ok = absl::SimpleAtoi(v, &f->transfer_mib);
-    else if (name == "rate_gbps") ok = absl::SimpleAtod(v, &f->rate_gbps);
-    else if (name == "switch_gbps") ok = absl::SimpleAtod(v, &f->switch_gbps);
-    else if (name == "h2d_share") ok = absl::SimpleAtod(v, &f->h2d_share);
-    else if (name == "repeats") ok = absl::SimpleAtoi(v, &f->repeats) && f->repeats > 0;
-    else if (name == "seconds") ok = absl::SimpleAtod(v, &f->seconds);
-    else if (name == "warmup_seconds") ok = absl::SimpleAtod(v, &f->warmup_seconds);
-    else if (name == "max_chunks_in_flight") ok = absl::SimpleAtoi(v, &f->max_in_flight);
+    if (name == "gpus")
+      ok = absl::SimpleAtoi(v, &f->gpus);
+    else if (name == "gpus_per_switch")
+      ok = absl::SimpleAtoi(v, &f->gpus_per_switch);
+    else if (name == "streams")
+      ok = absl::SimpleAtoi(v, &f->streams);
+    else if (name == "copy_threads")
+      ok = absl::SimpleAtoi(v, &f->copy_threads);
+    else if (name == "streams_per_direction")
+      ok = absl::SimpleAtoi(v, &f->streams_per_direction);
+    else if (name == "transfer_mib")
+      ok = absl::SimpleAtoi(v, &f->transfer_mib);
+    else if (name == "rate_gbps")
+      ok = absl::SimpleAtod(v, &f->rate_gbps);
+    else if (name == "switch_gbps")
+      ok = absl::SimpleAtod(v, &f->switch_gbps);
+    else if (name == "h2d_share")
+      ok = absl::SimpleAtod(v, &f->h2d_share);
+    else if (name == "repeats")
+      ok = absl::SimpleAtoi(v, &f->repeats) && f->repeats > 0;
+    else if (name == "seconds")
+      ok = absl::SimpleAtod(v, &f->seconds);
+    else if (name == "warmup_seconds")
+      ok = absl::SimpleAtod(v, &f->warmup_seconds);
+    else if (name == "max_chunks_in_flight")
+      ok = absl::SimpleAtoi(v, &f->max_in_flight);
     else if (name == "engine") {
       f->engines = absl::StrSplit(v, ',');
       for (const std::string& e : f->engines) ok = ok && (e == "sync" || e == "async");
-    }
-    else if (name == "check") f->check = v == "1" || v == "true";
+    } else if (name == "check")
+      f->check = v == "1" || v == "true";
     else if (name == "chunk_mib") {
       f->chunk_mib.clear();
       for (absl::string_view p : absl::StrSplit(v, ',')) {
@@ -113,8 +126,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
 }
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double CpuSeconds() {
@@ -344,12 +356,12 @@ int main(int argc, char** argv) {
       "limit %s, H2D share while D2H runs %.2f; host: %u CPUs\n",
       f.gpus, f.gpus_per_switch, f.streams, f.streams,
       static_cast<unsigned long long>(f.transfer_mib), f.copy_threads, f.streams_per_direction,
-      f.max_in_flight,
-      f.rate_gbps, f.switch_gbps > 0 ? (std::to_string(f.switch_gbps) + " GB/s").c_str() : "none",
-      f.h2d_share, std::thread::hardware_concurrency());
+      f.max_in_flight, f.rate_gbps,
+      f.switch_gbps > 0 ? (std::to_string(f.switch_gbps) + " GB/s").c_str() : "none", f.h2d_share,
+      std::thread::hardware_concurrency());
   std::printf("%-6s | %-7s | %-21s | %-21s | %-29s | %s\n", "engine", "chunk",
-              "D2H ach/model med/min",
-              "H2D ach/model med/min", "urgent reload chunk-times", "host CPU s/GiB (driver)");
+              "D2H ach/model med/min", "H2D ach/model med/min", "urgent reload chunk-times",
+              "host CPU s/GiB (driver)");
   bool failed = false;
   for (uint64_t c : f.chunk_mib) {
     // Engines alternate window by window, so load from other processes hits them alike.
@@ -378,16 +390,18 @@ int main(int argc, char** argv) {
         errors += r.errors;
       }
       std::sort(urgent.begin(), urgent.end());
-      std::printf("%-6s | %3llu MiB | %.3f / %.3f simulated | %.3f / %.3f simulated | med %6.1f "
-                  "max %7.1f n=%-4zu sim | %.4f (%.4f)\n",
-                  engine.c_str(), static_cast<unsigned long long>(c), Median(d2h), d2h_min,
-                  Median(h2d), h2d_min, Median(urgent), urgent.empty() ? 0 : urgent.back(),
-                  urgent.size(), gib > 0 ? cpu / gib : 0, gib > 0 ? modelled / gib : 0);
+      std::printf(
+          "%-6s | %3llu MiB | %.3f / %.3f simulated | %.3f / %.3f simulated | med %6.1f "
+          "max %7.1f n=%-4zu sim | %.4f (%.4f)\n",
+          engine.c_str(), static_cast<unsigned long long>(c), Median(d2h), d2h_min, Median(h2d),
+          h2d_min, Median(urgent), urgent.empty() ? 0 : urgent.back(), urgent.size(),
+          gib > 0 ? cpu / gib : 0, gib > 0 ? modelled / gib : 0);
       std::fflush(stdout);
       if (max_ratio > 1.01 || gib <= 0 || lost > 0 || errors > 0) {
-        std::printf("  loose bound missed: max engine ratio %.3f (must be <= 1.01), %.3f GiB "
-                    "moved, %d urgent reloads lost, %llu transfer errors\n",
-                    max_ratio, gib, lost, static_cast<unsigned long long>(errors));
+        std::printf(
+            "  loose bound missed: max engine ratio %.3f (must be <= 1.01), %.3f GiB "
+            "moved, %d urgent reloads lost, %llu transfer errors\n",
+            max_ratio, gib, lost, static_cast<unsigned long long>(errors));
         failed = true;
       }
     }

@@ -15,6 +15,7 @@
 
 #include "glog/logging.h"
 #include "server/config.h"
+#include "server/copy/cuda_api_sim.h"
 #include "server/copy/shm_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/pool/arena.h"
@@ -22,8 +23,6 @@
 #include "server/rpc/server.h"
 #include "server/sched/topology.h"
 #include "server/session/core.h"
-
-#include "server/copy/cuda_api_sim.h"
 #ifdef OFFLOADD_HAVE_CUDA
 #include "server/copy/cuda_engine.h"
 #endif

@@ -43,8 +43,8 @@
 #include "bench/small_request/pingpong.grpc.pb.h"
 #include "client/offloadd_client.h"
 #include "client/shm_region.h"
-#include "server/copy/cuda_api_sim.h"
 #include "grpcpp/grpcpp.h"
+#include "server/copy/cuda_api_sim.h"
 
 namespace offloadd::bench {
 namespace {
@@ -126,8 +126,7 @@ class EchoService final : public PingPong::CallbackService {
 }
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 using Stream = grpc::ClientReaderWriter<Ping, Ping>;
@@ -296,8 +295,10 @@ int Run(const std::string& path, const std::string& daemon_socket, bool cuda_sim
   (void)hand_off->Finish();
   (void)threaded_stream->Finish();
   if (daemon != nullptr) daemon->Close();
-  std::printf("small requests, %zu of each kind interleaved in blocks of 100; ping-pong messages "
-              "of %zu B over a Unix socket:\n", s.direct.size(), payload_bytes);
+  std::printf(
+      "small requests, %zu of each kind interleaved in blocks of 100; ping-pong messages "
+      "of %zu B over a Unix socket:\n",
+      s.direct.size(), payload_bytes);
   const double bare = Percentile(s.direct, 0.5) * 1e6;
   Report("bare gRPC ping-pong, direct", s.direct, 0);
   Report("bare gRPC ping-pong, writer + reader thread (client shape)", s.threaded, bare);
@@ -323,15 +324,23 @@ int main(int argc, char** argv) {
     auto eq = a.find('=');
     std::string name = a.substr(0, eq), v = eq == std::string::npos ? "" : a.substr(eq + 1);
     bool ok = true;
-    if (name == "--socket") daemon_socket = v;
-    else if (name == "--cuda_sim") cuda_sim = v == "1" || v == "true";
-    else if (name == "--requests") ok = absl::SimpleAtoi(v, &requests);
-    else if (name == "--warmup") ok = absl::SimpleAtoi(v, &warmup);
-    else if (name == "--payload_bytes") ok = absl::SimpleAtoi(v, &payload);
-    else ok = false;
+    if (name == "--socket")
+      daemon_socket = v;
+    else if (name == "--cuda_sim")
+      cuda_sim = v == "1" || v == "true";
+    else if (name == "--requests")
+      ok = absl::SimpleAtoi(v, &requests);
+    else if (name == "--warmup")
+      ok = absl::SimpleAtoi(v, &warmup);
+    else if (name == "--payload_bytes")
+      ok = absl::SimpleAtoi(v, &payload);
+    else
+      ok = false;
     if (!ok) {
-      std::fprintf(stderr, "small_request_bench: bad argument '%s' (flags: --socket=PATH "
-                           "--requests=N --warmup=N --payload_bytes=N)\n", a.c_str());
+      std::fprintf(stderr,
+                   "small_request_bench: bad argument '%s' (flags: --socket=PATH "
+                   "--requests=N --warmup=N --payload_bytes=N)\n",
+                   a.c_str());
       return 2;
     }
   }

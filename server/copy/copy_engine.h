@@ -71,8 +71,8 @@ class CopyEngine {
   // copies: the default here runs CopyChunk and then `done`) or on an engine thread, which must
   // not block in it: do no more than hand the completion on. The caller keeps `region` and
   // host[0, bytes) alive until `done` has run.
-  virtual void PostChunk(Direction direction, Region& region, uint64_t region_offset,
-                         uint8_t* host, uint64_t bytes, std::function<void(absl::Status)> done) {
+  virtual void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
+                         uint64_t bytes, std::function<void(absl::Status)> done) {
     done(CopyChunk(direction, region, region_offset, host, bytes));
   }
   // Whether PostChunk returns before the copy completes (so a caller gains from keeping several

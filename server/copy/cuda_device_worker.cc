@@ -163,8 +163,9 @@ absl::Status DeviceWorker::IssueAndWait(Direction direction,
   std::promise<absl::Status> done;
   std::future<absl::Status> f = done.get_future();
   // `issue` outlives the call: this frame waits for `done`.
-  if (!IssueAsync(direction, [&issue](void* stream) { return issue(stream); },
-                  [&done](absl::Status st) { done.set_value(std::move(st)); })) {
+  if (!IssueAsync(
+          direction, [&issue](void* stream) { return issue(stream); },
+          [&done](absl::Status st) { done.set_value(std::move(st)); })) {
     return absl::FailedPreconditionError(
         absl::StrFormat("the daemon's worker for %s has stopped", device_.uuid));
   }

@@ -355,11 +355,9 @@ absl::Status ChunkError(const std::string& uuid, const absl::Status& st, Directi
                                   DirectionName(direction), bytes, region_offset));
 }
 
-}  // namespace
-
 // The checks CopyChunk and PostChunk share; the region's mapping when the chunk may go.
-static absl::StatusOr<Mapping*> CheckChunk(CudaCopyEngine::Shared& s, Region& region,
-                                           uint64_t region_offset, uint64_t bytes) {
+absl::StatusOr<Mapping*> CheckChunk(CudaCopyEngine::Shared& s, Region& region,
+                                    uint64_t region_offset, uint64_t bytes) {
   auto r = AsCuda(region);
   if (!r.ok()) return r.status();
   if (region_offset > region.size_bytes() || bytes > region.size_bytes() - region_offset) {
@@ -376,8 +374,10 @@ static absl::StatusOr<Mapping*> CheckChunk(CudaCopyEngine::Shared& s, Region& re
   return &m;
 }
 
-absl::Status CudaCopyEngine::CopyChunk(Direction direction, Region& region,
-                                       uint64_t region_offset, uint8_t* host, uint64_t bytes) {
+}  // namespace
+
+absl::Status CudaCopyEngine::CopyChunk(Direction direction, Region& region, uint64_t region_offset,
+                                       uint8_t* host, uint64_t bytes) {
   Shared& s = *shared_;
   auto checked = CheckChunk(s, region, region_offset, bytes);
   if (!checked.ok()) return checked.status();
@@ -431,8 +431,8 @@ void CudaCopyEngine::PostChunk(Direction direction, Region& region, uint64_t reg
     done(std::move(st));
   };
   if (!worker->IssueAsync(direction, std::move(issue), std::move(on_done))) {
-    done(absl::FailedPreconditionError(absl::StrFormat(
-        "the daemon's worker for %s has stopped", worker->device().uuid)));
+    done(absl::FailedPreconditionError(
+        absl::StrFormat("the daemon's worker for %s has stopped", worker->device().uuid)));
   }
 }
 

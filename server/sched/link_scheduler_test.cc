@@ -284,7 +284,7 @@ class ManualAsyncEngine {
   void Attach(Transfer& t, int index) {
     t.copy_chunk = nullptr;
     t.post_chunk = [this, index, gpu = t.gpu](uint64_t offset, uint64_t len,
-                                               std::function<void(absl::Status)> done) {
+                                              std::function<void(absl::Status)> done) {
       std::lock_guard<std::mutex> lock(mu_);
       posts_.push_back(Post{index, gpu, offset, len, std::move(done)});
       max_outstanding_[gpu] = std::max(max_outstanding_[gpu], ++outstanding_[gpu]);

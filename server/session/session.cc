@@ -340,8 +340,8 @@ void Session::OnOffload(const Request& r) {
                                       len);
     };
     if (core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
-      t->post_chunk = [core, reg, host, offset = r.offset](
-                          uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
+      t->post_chunk = [core, reg, host, offset = r.offset](uint64_t o, uint64_t len,
+                                                           std::function<void(absl::Status)> done) {
         core->engine().PostChunk(copy::Direction::kDeviceToHost, *reg, offset + o, host + o, len,
                                  std::move(done));
       };
