@@ -125,6 +125,11 @@ void LinkScheduler::Impl::WorkerLoop() {
       if (--it->second == 0) posted_per_gpu.erase(it);
       FinishChunk(lock, done_chunk, std::move(done_status));
       cv.notify_all();  // its GPU may take another chunk; Shutdown may be waiting on it
+      // The transfer (and the session and region it holds) may die with this reference: not
+      // under the lock.
+      lock.unlock();
+      done_chunk.transfer.reset();
+      lock.lock();
       continue;
     }
     if (!CanPick() || parent_turn_pending) {
@@ -193,6 +198,7 @@ void LinkScheduler::Impl::WorkerLoop() {
       if (report) report(chunk.transfer->cls, wait_seconds);
       chunk.transfer->post_chunk(chunk.offset, chunk.len,
                                  [this, id](absl::Status st) { OnPosted(id, std::move(st)); });
+      chunk.transfer.reset();  // not under the lock (see above)
       lock.lock();
       continue;
     }
