@@ -1,17 +1,27 @@
 # offloadd — every target installs the Debian packages it needs first (deploy/install-deps.sh,
-# idempotent), then builds with Bazel. Binaries are copied to build/bin so scripts have stable
+# idempotent) and the pinned Python environment .venv/ (deploy/python-env.sh, idempotent, from
+# client/python/requirements.lock: torch, Transformers, grpcio, pytest), then builds with Bazel. Binaries are copied to build/bin so scripts have stable
 # paths whatever Bazel configuration ran last.
 SHELL := /bin/bash
 BAZEL ?= bazel
 BIN := build/bin
 TARGETS := //server:offloadd //client/cli:offloadctl //bench:checkpoint_workload
 
-.PHONY: deps build run demo demo-torch test bench gpu-bundle fmt clean fuzz soak test-asan test-tsan
+.PHONY: deps venv wheel build run demo demo-torch test bench gpu-bundle fmt clean fuzz soak test-asan test-tsan
 
 deps:
 	@bash deploy/install-deps.sh
 
-build: deps
+PY := .venv/bin/python
+venv: deps
+	@bash deploy/python-env.sh
+
+# The Python package as a wheel in build/wheel (stubs included; depends on grpcio and protobuf).
+wheel: venv
+	@rm -rf build/wheel && mkdir -p build/wheel
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel client/python
+
+build: venv
 	$(BAZEL) build $(TARGETS)
 	@mkdir -p $(BIN)
 	@for t in server/offloadd client/cli/offloadctl bench/checkpoint_workload; do \
@@ -28,7 +38,7 @@ demo: build
 
 # The PyTorch example model trained through a daemon.
 demo-torch: build
-	bash client/python/examples/demo_torch.sh $(BIN)
+	PYTHON=$(PY) bash client/python/examples/demo_torch.sh $(BIN)
 
 # Every unit, integration and Python test; ends with one "N passed, N failed" line.
 test: build

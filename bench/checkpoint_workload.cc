@@ -1,9 +1,9 @@
 // checkpoint_workload: one simulated training process ("a GPU") running an activation-checkpoint
 // offload schedule against offloadd on the shm backend, with every byte checked.
 //
-// Schedule per step (DESIGN.md, "The workload"): forward writes one checkpoint of layer_bytes
-// (b x s x h x 2 bytes in bf16) per layer 1..L into "device memory" and offloads it; backward
-// reloads L..1, prefetching layer k-1 (PREFETCH) while layer k "computes", and reloads
+// Schedule per step (docs/ARCHITECTURE.md, "The workload"): forward writes one checkpoint of
+// layer_bytes (b x s x h x 2 bytes in bf16) per layer 1..L into "device memory" and offloads it;
+// backward reloads L..1, prefetching layer k-1 (PREFETCH) while layer k "computes", and reloads
 // urgently what was not prefetched. Device memory is a ring of `slots` checkpoint buffers, so a
 // slot is reused only after its offload completed — the memory saving offload exists for.
 // Checkpoint contents are pseudo-random per (seed, step, layer); each reload is compared word by
@@ -26,16 +26,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "client/offloadd_client.h"
+#include "server/base/clock.h"
 
 namespace {
 
+using offloadd::base::SteadyNowSeconds;
 using offloadd::client::Client;
 using offloadd::client::Priority;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 uint64_t Mix(uint64_t x) {  // splitmix64 finaliser
   x += 0x9e3779b97f4a7c15ull;
@@ -72,6 +69,7 @@ struct Args {
   uint64_t layers = 16, layer_bytes = 8ull << 20, steps = 3, seed = 1, slots = 2;
   double forward_seconds = 0.002;  // simulated compute per layer forward
   double hold_seconds = 0;         // after the first forward, hold the blocks this long
+  double run_seconds = 0;          // > 0: stop after the step that ends past this (steps = max)
   bool prefetch = true;
 };
 
@@ -93,6 +91,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "slots" && num) a->slots = static_cast<uint64_t>(d);
     else if (k == "forward_seconds" && num) a->forward_seconds = d;
     else if (k == "hold_seconds" && num) a->hold_seconds = d;
+    else if (k == "run_seconds" && num) a->run_seconds = d;
     else if (k == "prefetch") a->prefetch = v != "0" && v != "false";
     else return false;
   }
@@ -111,7 +110,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: checkpoint_workload --socket=PATH [--name=N --device=GPU --layers=L "
                  "--layer_bytes=B --steps=S --seed=K --slots=2 --forward_seconds=0.002 "
-                 "--prefetch=1 --hold_seconds=0]\n");
+                 "--prefetch=1 --hold_seconds=0 --run_seconds=0]\n");
     return 2;
   }
   offloadd::client::ClientOptions o;
@@ -147,15 +146,17 @@ int main(int argc, char** argv) {
     ++errors;
     if (first_error.empty()) first_error = st.ToString();
   };
-  const double t0 = Now();
-  for (uint64_t step = 0; step < a.steps; ++step) {
+  const double t0 = SteadyNowSeconds();
+  uint64_t steps_done = 0;
+  for (uint64_t step = 0; step < a.steps; ++step, ++steps_done) {
+    if (a.run_seconds > 0 && step > 0 && SteadyNowSeconds() - t0 >= a.run_seconds) break;
     // Forward: layers 0..L-1.
     std::vector<std::future<absl::StatusOr<offloadd::client::OffloadResult>>> offloads(a.layers);
     std::vector<uint64_t> blocks(a.layers, 0);
     auto finish_offload = [&](uint64_t layer) {
-      double w0 = Now();
+      double w0 = SteadyNowSeconds();
       auto r = offloads[layer].get();
-      offload_wait_seconds += Now() - w0;
+      offload_wait_seconds += SteadyNowSeconds() - w0;
       if (!r.ok()) return note_error(r.status());
       blocks[layer] = r->block_id;
       bytes_moved += r->bytes;
@@ -174,8 +175,8 @@ int main(int argc, char** argv) {
       std::printf("{\"holding_blocks\": %lu}\n", static_cast<unsigned long>(a.layers));
       std::fflush(stdout);
       // Hold, but stop early when the daemon goes away (its stream ends).
-      const double until = Now() + a.hold_seconds;
-      while (Now() < until && (*client)->stream_status().ok()) Compute(0.01);
+      const double until = SteadyNowSeconds() + a.hold_seconds;
+      while (SteadyNowSeconds() < until && (*client)->stream_status().ok()) Compute(0.01);
     }
     // Backward: layers L-1..0; layer k's reload was prefetched while layer k+1 computed.
     std::deque<std::pair<uint64_t, std::future<absl::StatusOr<offloadd::client::ReloadResult>>>>
@@ -194,10 +195,10 @@ int main(int argc, char** argv) {
         ++reloads_prefetched;
       }
       if (a.prefetch && layer > 0) issue(layer - 1, Priority::kPrefetch);
-      double w0 = Now();
+      double w0 = SteadyNowSeconds();
       auto r = inflight.front().second.get();
       inflight.pop_front();
-      reload_wait_seconds += Now() - w0;
+      reload_wait_seconds += SteadyNowSeconds() - w0;
       if (!r.ok()) {
         note_error(r.status());
         continue;
@@ -207,7 +208,7 @@ int main(int argc, char** argv) {
       Compute(2 * a.forward_seconds);  // recompute + backward of this layer
     }
   }
-  const double elapsed = Now() - t0;
+  const double elapsed = SteadyNowSeconds() - t0;
   auto stats = (*client)->counters();
   (*client)->Close();
   std::printf(
@@ -219,9 +220,9 @@ int main(int argc, char** argv) {
       "\"first_error\": \"%s\"}\n",
       a.name.c_str(), a.device.c_str(), (*client)->link().c_str(),
       static_cast<unsigned long>(a.layers), static_cast<unsigned long>(a.layer_bytes),
-      static_cast<unsigned long>(a.steps), static_cast<unsigned long>(bytes_moved), elapsed,
+      static_cast<unsigned long>(steps_done), static_cast<unsigned long>(bytes_moved), elapsed,
       bytes_moved / elapsed / 1e9, reload_wait_seconds, offload_wait_seconds,
-      a.steps * a.layers > 0 ? copy_seconds_sum / (a.steps * a.layers) : 0.0,
+      steps_done * a.layers > 0 ? copy_seconds_sum / (steps_done * a.layers) : 0.0,
       static_cast<unsigned long>(reloads_prefetched), static_cast<unsigned long>(reloads_urgent),
       static_cast<unsigned long>(errors), static_cast<unsigned long>(corrupted),
       static_cast<unsigned long>(stats.messages_sent),

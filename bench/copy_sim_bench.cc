@@ -45,6 +45,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "server/base/clock.h"
 #include "server/copy/cuda_api_sim.h"
 #include "server/copy/cuda_engine.h"
 #include "server/sched/link_scheduler.h"
@@ -52,6 +53,7 @@
 namespace offloadd::bench {
 namespace {
 
+using base::SteadyNowSeconds;
 using copy::Direction;
 constexpr uint64_t kMiB = 1ull << 20;
 
@@ -74,33 +76,25 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       return false;
     }
     const std::string name = a.substr(2, a.find('=') - 2), v = a.substr(a.find('=') + 1);
+    const std::map<std::string, int*> ints = {{"gpus", &f->gpus},
+                                              {"gpus_per_switch", &f->gpus_per_switch},
+                                              {"streams", &f->streams},
+                                              {"copy_threads", &f->copy_threads},
+                                              {"streams_per_direction", &f->streams_per_direction},
+                                              {"repeats", &f->repeats},
+                                              {"max_chunks_in_flight", &f->max_in_flight}};
+    const std::map<std::string, double*> doubles = {{"rate_gbps", &f->rate_gbps},
+                                                    {"switch_gbps", &f->switch_gbps},
+                                                    {"h2d_share", &f->h2d_share},
+                                                    {"seconds", &f->seconds},
+                                                    {"warmup_seconds", &f->warmup_seconds}};
     bool ok = true;
-    if (name == "gpus")
-      ok = absl::SimpleAtoi(v, &f->gpus);
-    else if (name == "gpus_per_switch")
-      ok = absl::SimpleAtoi(v, &f->gpus_per_switch);
-    else if (name == "streams")
-      ok = absl::SimpleAtoi(v, &f->streams);
-    else if (name == "copy_threads")
-      ok = absl::SimpleAtoi(v, &f->copy_threads);
-    else if (name == "streams_per_direction")
-      ok = absl::SimpleAtoi(v, &f->streams_per_direction);
+    if (auto it = ints.find(name); it != ints.end())
+      ok = absl::SimpleAtoi(v, it->second) && (name != "repeats" || f->repeats > 0);
+    else if (auto d = doubles.find(name); d != doubles.end())
+      ok = absl::SimpleAtod(v, d->second);
     else if (name == "transfer_mib")
       ok = absl::SimpleAtoi(v, &f->transfer_mib);
-    else if (name == "rate_gbps")
-      ok = absl::SimpleAtod(v, &f->rate_gbps);
-    else if (name == "switch_gbps")
-      ok = absl::SimpleAtod(v, &f->switch_gbps);
-    else if (name == "h2d_share")
-      ok = absl::SimpleAtod(v, &f->h2d_share);
-    else if (name == "repeats")
-      ok = absl::SimpleAtoi(v, &f->repeats) && f->repeats > 0;
-    else if (name == "seconds")
-      ok = absl::SimpleAtod(v, &f->seconds);
-    else if (name == "warmup_seconds")
-      ok = absl::SimpleAtod(v, &f->warmup_seconds);
-    else if (name == "max_chunks_in_flight")
-      ok = absl::SimpleAtoi(v, &f->max_in_flight);
     else if (name == "engine") {
       f->engines = absl::StrSplit(v, ',');
       for (const std::string& e : f->engines) ok = ok && (e == "sync" || e == "async");
@@ -123,10 +117,6 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     }
   }
   return f->gpus > 0 && f->gpus_per_switch > 0 && f->streams > 0 && f->transfer_mib > 0;
-}
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double CpuSeconds() {
@@ -277,13 +267,13 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes) {
       auto done = std::make_shared<std::promise<absl::Status>>();
       auto fut = done->get_future();
       t->done = [done](absl::Status st) { done->set_value(std::move(st)); };
-      const double t0 = Now();
+      const double t0 = SteadyNowSeconds();
       h2d[g / f.gpus_per_switch]->Submit(t);
       if (fut.wait_for(std::chrono::seconds(10)) != std::future_status::ready || !fut.get().ok()) {
         ++urgent_lost;
         continue;
       }
-      urgent.push_back(Now() - t0);
+      urgent.push_back(SteadyNowSeconds() - t0);
     }
   });
 
@@ -298,13 +288,13 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes) {
   std::vector<uint64_t> b0, b1;
   const copy::SimCallCounts c0 = api.call_counts();
   const double cpu0 = CpuSeconds();
-  const double t0 = Now();
+  const double t0 = SteadyNowSeconds();
   snapshot(&b0);
   measuring = true;
   std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));
   measuring = false;
   snapshot(&b1);
-  const double t1 = Now();
+  const double t1 = SteadyNowSeconds();
   const double cpu1 = CpuSeconds();
   const copy::SimCallCounts c1 = api.call_counts();
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: every benchmark of offloadd in one run on this machine; prints each result and
-# writes them to build/bench/*.txt. Figures are ratios within one run (DESIGN.md: shared, noisy
-# machines); copy them into BENCHMARKS.md with the command, machine and date.
+# writes them to build/bench/*.txt. Figures are ratios within one run (docs/ARCHITECTURE.md: shared,
+# noisy machines); copy them into BENCHMARKS.md with the command, machine and date.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin

@@ -1,4 +1,5 @@
-// Client-side export of device memory to offloadd's cuda backend (DESIGN.md, data path).
+// Client-side export of device memory to offloadd's cuda backend (docs/ARCHITECTURE.md, "One
+// offload, from the hook to the pool").
 //
 // For a device pointer the exporter finds the allocation it lies in (base and size), gets the
 // allocation's CUDA IPC memory handle once and caches it, and returns (handle, base, size,

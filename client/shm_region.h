@@ -12,9 +12,9 @@
 //     MAP_SHARED read/write. The owner unmaps AND shm_unlink()s it in the destructor.
 //   - Open(name) maps an existing object (its whole current size, from fstat) without owning it:
 //     the destructor only unmaps. This is how a second process (the daemon) sees the bytes.
-// Pages are not pre-faulted (first touch costs ~2 GB/s, DESIGN.md); touch them if that matters.
-// Move-only. Not thread-safe to move/destroy concurrently with use; reading/writing data() from
-// several threads is as safe as any shared memory (no synchronisation is provided).
+// Pages are not pre-faulted (first touch costs ~2 GB/s, docs/ARCHITECTURE.md); touch them if that
+// matters. Move-only. Not thread-safe to move/destroy concurrently with use; reading/writing data()
+// from several threads is as safe as any shared memory (no synchronisation is provided).
 #ifndef OFFLOADD_CLIENT_SHM_REGION_H_
 #define OFFLOADD_CLIENT_SHM_REGION_H_
 

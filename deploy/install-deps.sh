@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs every Debian package offloadd's build, tests, demo and benchmarks need.
 # Idempotent: when everything is present it only runs dpkg-query and exits (~0.1 s).
+# The Python environment of the client, tests and demos (torch, Transformers, grpcio) is not a
+# Debian package: deploy/python-env.sh installs it into .venv/ from client/python/requirements.lock.
+# Debian's python3-grpcio/-protobuf/-yaml serve the stdlib-level scripts (monitoring tests,
+# scheduler benchmark) that run on /usr/bin/python3.
 set -euo pipefail
 
 PACKAGES=(
@@ -9,7 +13,7 @@ PACKAGES=(
   libabsl-dev libgoogle-glog-dev libgflags-dev
   prometheus-cpp-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
   liblapacke-dev libopenblas-dev
-  python3 python3-grpcio python3-protobuf python3-torch python3-yaml python3-numpy
+  python3 python3-venv python3-grpcio python3-protobuf python3-yaml python3-numpy
   prometheus curl
   clang util-linux
 )

@@ -47,12 +47,17 @@ strip --strip-unneeded "$out"/lib/* 2>/dev/null || true
 missing=$(for b in "$out"/bin/*; do LD_LIBRARY_PATH="$out/lib" ldd "$b" | grep "not found" || true; done)
 if [ -n "$missing" ]; then echo "make_gpu_bundle.sh: unresolved: $missing" >&2; exit 1; fi
 
-# The pure-Python client with its generated protocol stubs, and its example model.
-sh client/python/gen_proto.sh >/dev/null
+# The pure-Python client with its generated protocol stubs, and its example model. The GPU
+# machine has its own torch/grpcio/protobuf (versions unknown here): the bundle's stubs come from
+# Debian's protoc 3.21, whose generated code carries no runtime-version check; the tree's own
+# stubs (for .venv's protobuf 7) are regenerated right after.
+OFFLOADD_PROTOC=debian sh client/python/gen_proto.sh >/dev/null
 cp -r client/python/offloadd "$out/python/"
 cp -r client/python/examples "$out/python/"
+sh client/python/gen_proto.sh >/dev/null
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
-cp tests/gpu/run.sh tests/gpu/torch_check.py "$out/"
+cp tests/gpu/run.sh tests/gpu/torch_check.py tests/gpu/transformers_check.py \
+  client/python/tests/qwen3_fixture.py "$out/"
 chmod +x "$out/run.sh"
 
 glibc=$(for f in "$out"/bin/* "$out"/lib/*; do objdump -T "$f" 2>/dev/null; done |

@@ -1,6 +1,11 @@
 #include "server/config.h"
 
 #include <grp.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <regex>
 
 #include <cmath>
 #include <fstream>
@@ -12,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/socket_path.h"
@@ -49,6 +55,14 @@ uid_quota_bytes: 0
 max_requests_in_flight: 4096
 max_sessions: 1024
 max_links: 64
+max_shm_mappings_total: 16384
+max_shm_mappings_per_uid: 4096
+max_shm_mapped_bytes_total: 274877906944  # 256 GiB
+max_shm_mapped_bytes_per_uid: 68719476736  # 64 GiB
+max_connections_total: 4096
+max_connections_per_uid: 512
+admin_reserved_connections: 32
+unused_connection_timeout_seconds: 30
 watch_client_pids: true
 pid_exit_grace_seconds: 2
 )pb");
@@ -60,10 +74,63 @@ class Collector : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
     errors.push_back(absl::StrFormat("line %d column %d: %s", line + 1, column + 1, message));
+    lines.push_back(line);
   }
   std::vector<std::string> errors;
+  std::vector<int> lines;  // 0-based
 };
 }  // namespace
+
+namespace {
+
+// `code` (text outside strings and comments) with sized values replaced.
+std::string ExpandInCode(const std::string& code) {
+  // A field whose name ends in _bytes or _bytes_per_second, then a number with a size suffix.
+  static const std::regex* sized = new std::regex(
+      R"re(\b(\w+_bytes(?:_per_second)?)(\s*:\s*)([0-9]+(?:\.[0-9]+)?(?:[KMGT]i?B|B))\b)re");
+  std::string out;
+  auto last = code.cbegin();
+  for (std::sregex_iterator it(code.begin(), code.end(), *sized), end; it != end; ++it) {
+    const std::smatch& m = *it;
+    absl::StatusOr<uint64_t> bytes = ParseBytes(m[3].str());
+    if (!bytes.ok()) continue;  // left as written: the parser names the line
+    out.append(last, m[0].first);
+    absl::StrAppend(&out, m[1].str(), m[2].str(), *bytes);
+    last = m[0].second;
+  }
+  out.append(last, code.cend());
+  return out;
+}
+
+}  // namespace
+
+std::string ExpandSizeSuffixes(const std::string& text) {
+  std::string out, code;
+  size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c != '"' && c != '\'' && c != '#') {
+      code += c;
+      ++i;
+      continue;
+    }
+    out += ExpandInCode(code);
+    code.clear();
+    size_t end = i + 1;
+    if (c == '#') {
+      end = text.find('\n', i);
+      if (end == std::string::npos) end = text.size();
+    } else {
+      while (end < text.size() && text[end] != c && text[end] != '\n') {
+        end += text[end] == '\\' ? 2 : 1;
+      }
+      end = std::min(end + 1, text.size());
+    }
+    out.append(text, i, end - i);
+    i = end;
+  }
+  return out + ExpandInCode(code);
+}
 
 absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
   v1::DaemonConfig config;
@@ -74,17 +141,40 @@ absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
   Collector errors;
   parser.RecordErrorsTo(&errors);
   // Merging sets every field the text names, zero values included (metrics_address: "").
-  if (!parser.MergeFromString(text, &config)) {
-    return absl::InvalidArgumentError("config: " + absl::StrJoin(errors.errors, "; ") +
-                                      " (offloadd --print-default-config shows every field)");
+  if (!parser.MergeFromString(ExpandSizeSuffixes(text), &config)) {
+    std::string hint = " (offloadd --print-default-config shows every field)";
+    const std::vector<std::string> lines = absl::StrSplit(text, '\n');
+    for (int line : errors.lines) {
+      if (line >= 0 && line < static_cast<int>(lines.size()) &&
+          absl::StrContains(lines[line], "_bytes")) {
+        hint =
+            " (sizes and rates are plain integers of bytes, or a number with one of the suffixes "
+            "KiB MiB GiB TiB KB MB GB TB, e.g. pool_bytes: 64GiB; offloadd "
+            "--print-default-config shows every field)";
+      }
+    }
+    return absl::InvalidArgumentError("config: " + absl::StrJoin(errors.errors, "; ") + hint);
   }
   return config;
 }
 
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot read config file %s: it is a directory; give the file (e.g. %s/offloadd.conf)",
+        path, path));
+  }
   std::ifstream in(path);
   if (!in) {
-    return absl::NotFoundError(absl::StrFormat("cannot read config file %s", path));
+    const int err = errno;
+    const std::string why = err == ENOENT  ? "check the path"
+                            : err == EACCES ? "make it readable by the daemon's user"
+                                            : "check the file";
+    auto status = absl::StrFormat("cannot read config file %s: %s; %s", path, std::strerror(err),
+                                  why);
+    if (err == EACCES) return absl::PermissionDeniedError(status);
+    return absl::NotFoundError(status);
   }
   std::stringstream ss;
   ss << in.rdbuf();
@@ -140,6 +230,26 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (c.numa_node_bytes_per_second() < 0) {
     problems.push_back("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
   }
+  auto per_uid_within_total = [&](uint64_t per_uid, uint64_t total, const char* per_uid_name,
+                                  const char* total_name) {
+    if (per_uid > 0 && total > 0 && per_uid > total) {
+      problems.push_back(absl::StrFormat("%s (%d) must not exceed %s (%d)", per_uid_name,
+                                         per_uid, total_name, total));
+    }
+  };
+  per_uid_within_total(c.max_shm_mappings_per_uid(), c.max_shm_mappings_total(),
+                       "max_shm_mappings_per_uid", "max_shm_mappings_total");
+  per_uid_within_total(c.max_shm_mapped_bytes_per_uid(), c.max_shm_mapped_bytes_total(),
+                       "max_shm_mapped_bytes_per_uid", "max_shm_mapped_bytes_total");
+  per_uid_within_total(c.max_connections_per_uid(), c.max_connections_total(),
+                       "max_connections_per_uid", "max_connections_total");
+  if (!(c.unused_connection_timeout_seconds() >= 0 &&
+        c.unused_connection_timeout_seconds() <= 86400)) {
+    problems.push_back("unused_connection_timeout_seconds must be between 0 and 86400 (a day)");
+  }
+  per_uid_within_total(c.projector().max_queued_refreshes_per_uid(),
+                       c.projector().max_queued_refreshes(),
+                       "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");
   if (!(c.pid_exit_grace_seconds() >= 0 && c.pid_exit_grace_seconds() <= 3600)) {
     problems.push_back("pid_exit_grace_seconds must be between 0 and 3600");
   }
@@ -335,6 +445,15 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
   return absl::OkStatus();
 }
 
+copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config) {
+  copy::ShmMappingLimits l;
+  l.max_mappings_total = config.max_shm_mappings_total();
+  l.max_mappings_per_uid = config.max_shm_mappings_per_uid();
+  l.max_mapped_bytes_total = config.max_shm_mapped_bytes_total();
+  l.max_mapped_bytes_per_uid = config.max_shm_mapped_bytes_per_uid();
+  return l;
+}
+
 std::string ResolveSocketPath(const v1::DaemonConfig& config) {
   return config.socket_path().empty() ? client::DefaultSocketPath() : config.socket_path();
 }
@@ -376,6 +495,10 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.max_requests_in_flight = c.max_requests_in_flight();
   o.max_sessions = c.max_sessions();
   o.max_links = c.max_links();
+  o.connections.max_connections_total = c.max_connections_total();
+  o.connections.max_connections_per_uid = c.max_connections_per_uid();
+  o.connections.admin_reserved_connections = c.admin_reserved_connections();
+  o.connections.unused_connection_timeout_seconds = c.unused_connection_timeout_seconds();
   o.watch_pids = c.watch_client_pids();
   o.pid_exit_grace_seconds = c.pid_exit_grace_seconds();
   o.default_link_bytes_per_second = c.default_link_bytes_per_second();

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
+#include "server/copy/shm_engine.h"
 #include "server/sched/topology.h"
 #include "server/session/core.h"
 
@@ -18,10 +19,19 @@ namespace offloadd {
 // The embedded defaults, in text format (what --print-default-config prints).
 const std::string& DefaultConfigText();
 
-// Parses text-format DaemonConfig over the defaults. Errors: INVALID_ARGUMENT naming the line
-// and column of a syntax error or unknown field.
+// Parses text-format DaemonConfig over the defaults. A field whose name ends in _bytes or
+// _bytes_per_second may be written with a size suffix (`pool_bytes: 256GiB`; ExpandSizeSuffixes). Errors: INVALID_ARGUMENT naming the line and column of a syntax error or
+// unknown field; for a value that is not a number it also lists the suffixes.
 absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text);
+// The file's config. Errors: NOT_FOUND or PERMISSION_DENIED with the errno text (strerror) when
+// it cannot be read, FAILED_PRECONDITION for a directory, else as ParseConfig, prefixed with
+// the path.
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
+
+// `text` with every "<name>_bytes[_per_second]: <number><suffix>" value (suffixes as
+// ParseBytes, unquoted) replaced by its integer byte count; strings, comments and all other
+// text are unchanged.
+std::string ExpandSizeSuffixes(const std::string& text);
 
 // Checks ranges and combinations; INVALID_ARGUMENT with a sentence per problem.
 absl::Status ValidateConfig(const v1::DaemonConfig& config);
@@ -39,6 +49,9 @@ absl::Status ApplyFlag(const std::string& name, const std::string& value, v1::Da
 
 // Parses "64MiB", "1.5GiB", "4096" into bytes.
 absl::StatusOr<uint64_t> ParseBytes(const std::string& text);
+
+// The shm backend's mapping bounds (max_shm_*).
+copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config);
 
 // Resolves an empty socket_path to the default location (see client/socket_path.h).
 std::string ResolveSocketPath(const v1::DaemonConfig& config);

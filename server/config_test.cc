@@ -82,8 +82,34 @@ TEST(ConfigTest, FlagsOverrideWithSizesAndDashes) {
 }
 
 TEST(ConfigTest, MissingFileIsNotFound) {
-  EXPECT_EQ(LoadConfigFile("/nonexistent/offloadd.conf").status().code(),
-            absl::StatusCode::kNotFound);
+  absl::Status missing = LoadConfigFile("/nonexistent/offloadd.conf").status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("/nonexistent/offloadd.conf: No such file or directory"),
+            std::string::npos)
+      << missing;
+  absl::Status dir = LoadConfigFile("/tmp").status();
+  EXPECT_EQ(dir.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(dir.message().find("it is a directory"), std::string::npos) << dir;
+}
+
+TEST(ConfigTest, SizeSuffixesInTheFile) {
+  auto c = ParseConfig(
+      "pool_bytes: 256GiB\nchunk_bytes: 8MiB\nsession_quota_bytes: 1.5GB  # a comment\n"
+      "links { name: \"l0\" gpus: \"g0\" d2h_bytes_per_second: 25GB "
+      "h2d_bytes_per_second: 4096 }\nsocket_path: \"/tmp/pool_bytes: 1GiB.sock\"\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->pool_bytes(), 256ull << 30);
+  EXPECT_EQ(c->chunk_bytes(), 8ull << 20);
+  EXPECT_EQ(c->session_quota_bytes(), 1500000000u);
+  EXPECT_DOUBLE_EQ(c->links(0).d2h_bytes_per_second(), 25e9);
+  EXPECT_DOUBLE_EQ(c->links(0).h2d_bytes_per_second(), 4096);
+  EXPECT_EQ(c->socket_path(), "/tmp/pool_bytes: 1GiB.sock");  // strings are left alone
+  // A suffix the parser does not know: the error names the line and the accepted suffixes.
+  auto bad = ParseConfig("copy_threads: 2\npool_bytes: 256G\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("line 2"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("KiB MiB GiB TiB KB MB GB TB"), std::string::npos)
+      << bad.status();
 }
 
 
@@ -256,6 +282,25 @@ TEST(ConfigTest, IsolationFieldsDefaultsFlagsAndCoreOptions) {
   c->set_pid_exit_grace_seconds(1);
   ASSERT_TRUE(ValidateConfig(*c).ok());
   EXPECT_EQ(*ResolveSocketGroup(*c), 0);
+}
+
+}  // namespace
+}  // namespace offloadd
+
+namespace offloadd {
+namespace {
+
+TEST(ConfigBoundsTest, PerUidBoundsMayNotExceedTheirTotals) {
+  auto config = ParseConfig("max_shm_mappings_total: 10\nmax_shm_mappings_per_uid: 20\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::Status st = ValidateConfig(*config);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("max_shm_mappings_per_uid (20) must not exceed"), std::string::npos)
+      << st;
+  auto defaults = ParseConfig("");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->max_shm_mappings_total(), 16384u);
+  EXPECT_EQ(defaults->max_shm_mapped_bytes_per_uid(), 64ull << 30);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// offloadd: the per-node memory-offload daemon. See README.md for usage and DESIGN.md for the
-// architecture. Exit codes: 0 after SIGTERM/SIGINT, 2 for usage/config errors, 1 for start-up
-// failures (each printed with what to do).
+// offloadd: the per-node memory-offload daemon. See README.md for usage and
+// docs/ARCHITECTURE.md for the architecture. Exit codes: 0 after SIGTERM/SIGINT, 2 for
+// usage/config errors, 1 for start-up failures (each printed with what to do).
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -13,10 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "server/config.h"
 #include "server/copy/cuda_api_sim.h"
 #include "server/copy/shm_engine.h"
+#include "server/host_check.h"
 #include "server/metrics/metrics.h"
 #include "server/pool/arena.h"
 #include "server/projector/refresh_service.h"
@@ -37,7 +39,9 @@ void PrintHelp() {
                "Options:\n"
                "  --config FILE            DaemonConfig in protobuf text format\n"
                "  --print-default-config   print the embedded defaults and exit\n"
-               "  --check-config FILE      validate FILE (with flags applied) and exit 0/2\n"
+               "  --check-config FILE      validate FILE (with flags applied) and check that this\n"
+               "                           host can run it (socket, CUDA driver, memlock,\n"
+               "                           MemAvailable); exit 0, 2 invalid config, 1 host problem\n"
                "  --version                print the version and exit\n"
                "  --help                   this text\n"
                "Config overrides (dashes and underscores are interchangeable):\n";
@@ -54,7 +58,8 @@ void PrintHelp() {
 absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
     const offloadd::v1::DaemonConfig& config) {
   if (config.backend() == "shm") {
-    return std::unique_ptr<offloadd::copy::CopyEngine>(new offloadd::copy::ShmCopyEngine());
+    return std::unique_ptr<offloadd::copy::CopyEngine>(
+        new offloadd::copy::ShmCopyEngine(offloadd::ToShmMappingLimits(config)));
   }
   if (config.backend() == "cuda-sim") {  // issue 16: simulated GPUs; no bytes move
     LOG(WARNING) << "backend cuda-sim: GPUs are a timing model (55 GB/s per direction); copies "
@@ -92,6 +97,13 @@ std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
   if (config.history_bytes() > 0) options.history_bytes = config.history_bytes();
   if (config.max_results() > 0) options.max_results = config.max_results();
   if (config.result_ttl_seconds() > 0) options.result_ttl_seconds = config.result_ttl_seconds();
+  if (config.max_refresh_bytes() > 0) options.max_refresh_bytes = config.max_refresh_bytes();
+  if (config.max_queued_refreshes() > 0) {
+    options.max_queued_refreshes = config.max_queued_refreshes();
+  }
+  if (config.max_queued_refreshes_per_uid() > 0) {
+    options.max_queued_refreshes_per_uid = config.max_queued_refreshes_per_uid();
+  }
   const int blas_threads =
       offloadd::projector::SetBlasThreads(offloadd::projector::BlasThreadsFor(options.workers));
   const bool shm_daemon = engine.name() == "shm";
@@ -117,6 +129,40 @@ int NextSignal(const sigset_t& signals, double seconds) {
 int Fail(const absl::Status& status, int code) {
   std::cerr << "offloadd: " << status.message() << "\n";
   return code;
+}
+
+#ifdef OFFLOADD_HAVE_CUDA
+constexpr bool kCudaInBuild = true;
+#else
+constexpr bool kCudaInBuild = false;
+#endif
+
+// --check-config after the config validated: whether this host can run it, each problem on a
+// line of its own in the order start-up would meet them. A daemon already listening on the
+// socket is a note, not a problem (ExecStartPre runs after the old daemon stopped). Returns the
+// exit status: 0, or 1 when the host cannot run the config.
+int CheckHost(const std::string& file, const offloadd::v1::DaemonConfig& config,
+              const std::string& socket_path) {
+  std::vector<absl::Status> problems;
+  absl::Status socket = offloadd::CheckSocketPath(socket_path);
+  if (absl::IsAlreadyExists(socket)) {
+    std::cout << "offloadd: note: " << socket.message() << " (fine when this check runs before "
+              << "restarting it)\n";
+  } else if (!socket.ok()) {
+    problems.push_back(socket);
+  }
+  const offloadd::HostFacts facts =
+      offloadd::ReadHostFacts(kCudaInBuild, /*probe_cuda=*/config.backend() == "cuda");
+  for (absl::Status& st : offloadd::HostProblems(config, facts)) problems.push_back(st);
+  if (problems.empty()) {
+    std::cout << "offloadd: " << file << " is valid and this host can run it\n";
+    return 0;
+  }
+  std::cerr << "offloadd: " << file << " is valid, but this host cannot run it ("
+            << problems.size() << (problems.size() == 1 ? " problem" : " problems")
+            << ", in the order start-up meets them):\n";
+  for (const absl::Status& st : problems) std::cerr << "  - " << st.message() << "\n";
+  return 1;
 }
 
 }  // namespace
@@ -153,6 +199,11 @@ int main(int argc, char** argv) {
       value = argv[++i];
     }
     for (char& ch : name) ch = ch == '-' ? '_' : ch;
+    if ((name == "config" || name == "check_config") && value.empty()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--", name == "config" ? "config" : "check-config", " needs a FILE")),
+                  2);
+    }
     if (name == "config") {
       config_file = value;
     } else if (name == "check_config") {
@@ -179,10 +230,13 @@ int main(int argc, char** argv) {
   std::vector<offloadd::sched::GpuPci> gpu_addresses = offloadd::ConfiguredGpuAddresses(*config);
   auto topology = offloadd::ResolveTopology(*config, gpu_addresses);
   if (!topology.ok()) return Fail(topology.status(), check_file.empty() ? 1 : 2);
-  if (!check_file.empty()) {
-    std::cout << "offloadd: " << check_file << " is valid\n";
-    return 0;
-  }
+  const std::string socket_path = offloadd::ResolveSocketPath(*config);
+  if (!check_file.empty()) return CheckHost(check_file, *config, socket_path);
+
+  // Start-up checks run cheapest first and before the pool is pre-faulted (seconds per GiB), so
+  // the first error printed is the first thing that blocks: socket, metrics port, backend,
+  // memlock, memory.
+  if (absl::Status st = offloadd::CheckSocketPath(socket_path); !st.ok()) return Fail(st, 1);
 
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
@@ -195,10 +249,13 @@ int main(int argc, char** argv) {
     exposer = *std::move(e);
   }
 
-  // SIGTERM/SIGINT/SIGHUP are taken synchronously by the main thread below; they are blocked
-  // before any thread of ours starts so every such thread inherits the mask. Threads that
-  // libraries start before main (OpenBLAS starts its pool at load time) do not block them, so a
-  // handler records a signal delivered there instead of letting it kill the process.
+  // SIGTERM/SIGINT/SIGHUP are taken synchronously by the main thread below (sigtimedwait). They
+  // are blocked here, so the threads started from here on (copy engine, block store, link
+  // schedulers, pid watcher, gRPC, projector) inherit the mask. Threads started earlier do not
+  // block them: the metrics exposer's (started above, so a taken port is reported before the
+  // pool is mapped) and those libraries start at load time (OpenBLAS's pool). A signal the
+  // kernel delivers to one of those runs the handler, which records it for the main loop
+  // (NextSignal) instead of letting it kill the process.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -256,8 +313,8 @@ int main(int argc, char** argv) {
     }
   }
   offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine));
-  std::string socket_path = offloadd::ResolveSocketPath(*config);
-  offloadd::copy::ShmCopyEngine projector_shm;  // shm regions of refreshes on a cuda daemon
+  // shm regions of refreshes on a cuda daemon
+  offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
   std::unique_ptr<offloadd::projector::RefreshService> projector =
       MakeProjector(config->projector(), core.engine(), &projector_shm);
   auto server =

@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "client/cli/query.h"
 #include "client/offloadd_client.h"
 
 namespace offloadd::cli {
@@ -15,6 +16,11 @@ namespace {
 
 using client::Client;
 using client::Priority;
+
+// Every bench session names this one device, so a bench adds one link (named after it) to the
+// daemon's topology and metrics, not one per session. The daemon keeps a link made on use for
+// its lifetime (server/session/core.h), so this one stays until the daemon restarts.
+constexpr const char* kBenchDevice = "offloadctl-bench";
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -172,7 +178,8 @@ int RunBench(const std::string& socket_path, const std::vector<std::string>& arg
                  "[--latency_requests=2000] [--rate_requests=20000] [--window=64] [--json]\n";
     return problem == "help" ? 0 : 2;
   }
-  auto c = Connect(socket_path, "bench0");
+  if (absl::Status st = CheckSocketPresent(socket_path); !st.ok()) return Fail(st);
+  auto c = Connect(socket_path, kBenchDevice);
   if (!c.ok()) return Fail(c.status());
   auto shm = client::ShmRegion::Create(o.blocks * o.block_bytes);
   if (!shm.ok()) return Fail(shm.status());
@@ -204,7 +211,7 @@ int RunBench(const std::string& socket_path, const std::vector<std::string>& arg
     std::vector<std::unique_ptr<Client>> clients;
     std::vector<uint64_t> regions;
     for (int s = 0; s < sessions; ++s) {
-      auto cs = Connect(socket_path, "bench" + std::to_string(s));
+      auto cs = Connect(socket_path, kBenchDevice);
       if (!cs.ok()) return cs.status();
       auto rid = (*cs)->RegisterShmRegion(*shm);
       if (!rid.ok()) return rid.status();

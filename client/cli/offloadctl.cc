@@ -8,12 +8,18 @@
 //   offloadctl [--socket PATH] sessions [--json] sessions with pid/uid/gid and pool usage
 //   offloadctl [--socket PATH] end-session ID [--reason TEXT]   admin: end a session
 //   offloadctl plan [...]                       capacity planner (no daemon needed)
-// Exit codes: 0 success, 1 the daemon answered with an error or is unreachable, 2 usage.
+// Exit codes: 0 success, 1 the daemon answered with an error or is unreachable (a socket path
+// with nothing there fails at once), 2 usage: an unknown command, option or argument is named
+// on stderr and refused.
+// stats, topo and sessions read GetStats without opening a session, so the sessions they show
+// are the daemon's clients only.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,37 +27,57 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/bench.h"
+#include "client/cli/query.h"
 #include "client/cli/sessions.h"
 #include "client/offloadd_client.h"
 #include "client/plan/plan_command.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
 
 namespace {
 
 using offloadd::client::Client;
 using offloadd::client::ClientOptions;
 
+using offloadd::cli::Bytes;
+
 int Usage(bool help = false) {
-  (help ? std::cout : std::cerr) << "usage: offloadctl [--socket PATH] stats [--json] | health | topo | bench [--help]\n"
-               "       offloadctl [--socket PATH] sessions [--json] | end-session ID [--reason T]\n"
-               "       offloadctl plan --help\n"
-               "The socket is --socket PATH, else $OFFLOADD_SOCKET, else the default path\n"
-               "(/run/offloadd/offloadd.sock as root, $XDG_RUNTIME_DIR/offloadd/offloadd.sock,\n"
-               "/tmp/offloadd-$UID/offloadd.sock).\n";
+  (help ? std::cout : std::cerr)
+      << "usage: offloadctl [--socket PATH] stats [--json] | health | topo | bench [--help]\n"
+         "       offloadctl [--socket PATH] sessions [--json] | end-session ID [--reason T]\n"
+         "       offloadctl plan --help\n"
+         "The socket is --socket PATH, else $OFFLOADD_SOCKET, else the default path\n"
+         "(/run/offloadd/offloadd.sock as root, $XDG_RUNTIME_DIR/offloadd/offloadd.sock,\n"
+         "/tmp/offloadd-$UID/offloadd.sock).\n";
   return help ? 0 : 2;
 }
 
-std::string Bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
+// Prints `problem` and the usage; returns the usage exit code.
+int UsageError(const std::string& problem) {
+  std::cerr << "offloadctl: " << problem << "\n";
+  return Usage();
+}
+
+// The daemon's Stats without opening a session; nullopt after printing why there are none.
+std::optional<offloadd::v1::Stats> QueryStats(const std::string& socket) {
+  if (absl::Status st = offloadd::cli::CheckSocketPresent(socket); !st.ok()) {
+    std::cerr << "offloadctl: " << st.message() << "\n";
+    return std::nullopt;
   }
-  return absl::StrFormat("%.2f %s", b, units[u]);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  offloadd::v1::Stats stats;
+  grpc::Status st =
+      offloadd::cli::Stub(socket)->GetStats(&ctx, offloadd::v1::GetStatsRequest(), &stats);
+  if (!st.ok()) {
+    std::cerr << "offloadctl: " << st.error_message() << " (unix:" << socket << ")\n";
+    return std::nullopt;
+  }
+  return stats;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> ConnectForQuery(const std::string& socket) {
+  if (absl::Status st = offloadd::cli::CheckSocketPresent(socket); !st.ok()) return st;
   ClientOptions o;
   o.socket_path = socket;
   o.client_name = "offloadctl";
@@ -60,12 +86,9 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectForQuery(const std::string& socke
   return Client::Connect(o);
 }
 
-int Stats(Client& c, bool json) {
-  auto s = c.GetStats();
-  if (!s.ok()) {
-    std::cerr << "offloadctl: " << s.status().message() << "\n";
-    return 1;
-  }
+int Stats(const std::string& socket, bool json) {
+  auto s = QueryStats(socket);
+  if (!s) return 1;
   if (json) {
     std::string out;
     google::protobuf::util::JsonPrintOptions opts;
@@ -79,12 +102,13 @@ int Stats(Client& c, bool json) {
       "backend %s, uptime %.1f s\n"
       "pool: %s used of %s (peak %s), %d blocks, %d free extents (largest %s)\n"
       "offloads: %d (%s), reloads: %d (%s), errors: %d, waiting for space: %d\n"
-      "sessions open: %d (stats query itself included)\n",
+      "sessions open: %d%s\n",
       s->backend(), s->uptime_seconds(), Bytes(s->pool_used_bytes()),
       Bytes(s->pool_capacity_bytes()), Bytes(s->pool_peak_used_bytes()), s->blocks(),
       s->pool_free_extents(), Bytes(s->pool_largest_free_bytes()), s->offloads_total(),
       Bytes(s->offload_bytes_total()), s->reloads_total(), Bytes(s->reload_bytes_total()),
-      s->errors_total(), s->offloads_waiting(), s->sessions_open());
+      s->errors_total(), s->offloads_waiting(), s->sessions_size(),
+      s->sessions_filtered() ? " (not an admin: only this user's sessions)" : "");
   for (const auto& ses : s->sessions()) {
     std::cout << absl::StrFormat("  session %d  %-20s device %-12s pid %-7d %d blocks, %s\n",
                                  ses.session_id(), ses.client_name(), ses.device_id(), ses.pid(),
@@ -96,12 +120,9 @@ int Stats(Client& c, bool json) {
 // The link tree from GetStats: NUMA node, host link (root port / memory node) if any, link with
 // its capacities and PCI place, GPUs with the bytes each moved. "busy" is the share of the
 // daemon's uptime a link direction was copying (for a host link: bytes / capacity / uptime).
-int Topo(Client& c) {
-  auto s = c.GetStats();
-  if (!s.ok()) {
-    std::cerr << "offloadctl: " << s.status().message() << "\n";
-    return 1;
-  }
+int Topo(const std::string& socket) {
+  auto s = QueryStats(socket);
+  if (!s) return 1;
   const double up = s->uptime_seconds() > 0 ? s->uptime_seconds() : 1;
   auto rate = [](double r) {
     return r > 0 ? absl::StrFormat("%.2f GB/s", r / 1e9) : std::string("unpaced");
@@ -109,6 +130,13 @@ int Topo(Client& c) {
   auto busy = [up](double seconds) { return absl::StrFormat("%.1f%%", 100 * seconds / up); };
   std::cout << absl::StrFormat("offloadd topology: backend %s, pool %s, uptime %.1f s\n",
                                s->backend(), Bytes(s->pool_capacity_bytes()), up);
+  if (s->links().empty() && s->host_links().empty()) {
+    std::cout << "no links yet: a link appears when a GPU's first copy is scheduled (each device "
+                 "id gets one of its own), or at start-up for the links and gpus the config "
+                 "names (links { name gpus d2h_bytes_per_second ... }, gpus { id pci_bus_id }; "
+                 "offloadd --print-default-config)\n";
+    return 0;
+  }
   std::map<std::string, const offloadd::v1::LinkStats*> by_name;
   for (const auto& l : s->links()) by_name[l.name()] = &l;
   auto print_link = [&](const offloadd::v1::LinkStats& l, const std::string& indent) {
@@ -183,39 +211,49 @@ int main(int argc, char** argv) {
   int i = 1;
   for (; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--socket" && i + 1 < argc) {
+    if (a == "--socket") {
+      if (i + 1 >= argc) return UsageError("--socket needs a path");
       socket = argv[++i];
     } else if (a.rfind("--socket=", 0) == 0) {
       socket = a.substr(9);
+    } else if (a == "--help" || a == "-h" || a == "help") {
+      return Usage(/*help=*/true);
+    } else if (a.rfind("-", 0) == 0) {
+      return UsageError("unknown option '" + a + "'");
     } else {
       break;
     }
   }
-  if (i >= argc) return Usage();
-  if (socket.empty() && std::getenv("OFFLOADD_SOCKET") != nullptr) {
-    socket = std::getenv("OFFLOADD_SOCKET");
-  }
-  std::string cmd = argv[i];
-  if (cmd == "--help" || cmd == "-h" || cmd == "help") return Usage(/*help=*/true);
+  if (i >= argc) return UsageError("no command given");
+  const std::string cmd = argv[i];
   std::vector<std::string> rest(argv + i + 1, argv + argc);
   if (cmd == "plan") {
     return offloadd::plan::RunPlanCommand(rest, std::cout, std::cerr);
   }
+  const std::set<std::string> known = {"stats",    "health",      "topo", "bench",
+                                       "sessions", "end-session"};
+  if (known.count(cmd) == 0) return UsageError("unknown command '" + cmd + "'");
+  socket = offloadd::cli::ResolveSocket(socket);
   if (cmd == "bench") return offloadd::cli::RunBench(socket, rest);
   if (cmd == "sessions") return offloadd::cli::RunSessions(socket, rest);
   if (cmd == "end-session") return offloadd::cli::RunEndSession(socket, rest);
-  if (cmd != "stats" && cmd != "health" && cmd != "topo") return Usage();
-  auto client = ConnectForQuery(socket);
+  bool json = false;
+  for (const std::string& a : rest) {
+    if (cmd == "stats" && a == "--json") {
+      json = true;
+    } else {
+      std::cerr << "offloadctl " << cmd << ": unknown argument '" << a << "'\n";
+      return Usage();
+    }
+  }
+  if (cmd == "stats") return Stats(socket, json);
+  if (cmd == "topo") return Topo(socket);
+  auto client = ConnectForQuery(socket);  // health: the gRPC health service
   if (!client.ok()) {
     std::cerr << "offloadctl: " << client.status().message() << "\n";
     return 1;
   }
-  if (cmd == "health") {
-    absl::Status st = (*client)->CheckHealth();
-    std::cout << (st.ok() ? "SERVING" : std::string(st.message())) << "\n";
-    return st.ok() ? 0 : 1;
-  }
-  if (cmd == "topo") return Topo(**client);
-  bool json = !rest.empty() && rest[0] == "--json";
-  return Stats(**client, json);
+  absl::Status st = (*client)->CheckHealth();
+  std::cout << (st.ok() ? "SERVING" : std::string(st.message())) << "\n";
+  return st.ok() ? 0 : 1;
 }

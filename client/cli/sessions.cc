@@ -2,11 +2,14 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <string>
+#include <vector>
 #include <iostream>
 #include <memory>
 
 #include "absl/strings/str_format.h"
-#include "client/socket_path.h"
+#include "absl/strings/str_join.h"
+#include "client/cli/query.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/offload.grpc.pb.h"
@@ -14,30 +17,44 @@
 namespace offloadd::cli {
 namespace {
 
-std::string Bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return absl::StrFormat("%.2f %s", b, units[u]);
-}
-
-std::unique_ptr<v1::Offload::Stub> Stub(const std::string& socket) {
-  const std::string path = socket.empty() ? client::DefaultSocketPath() : socket;
-  return v1::Offload::NewStub(
-      grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials()));
-}
-
 void SetDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
 }
 
 int Failed(const grpc::Status& st, const std::string& socket) {
-  std::cerr << "offloadctl: " << st.error_message()
-            << " (unix:" << (socket.empty() ? client::DefaultSocketPath() : socket) << ")\n";
+  std::cerr << "offloadctl: " << st.error_message() << " (unix:" << socket << ")\n";
   return 1;
+}
+
+// OK, or prints why the socket cannot be reached and returns false.
+bool SocketPresent(const std::string& socket) {
+  absl::Status st = CheckSocketPresent(socket);
+  if (!st.ok()) std::cerr << "offloadctl: " << st.message() << "\n";
+  return st.ok();
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.always_print_primitive_fields = true;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
+// The session part of Stats and nothing else: sessions, per-uid usage, the quotas and the pool
+// they count against (64-bit counts as strings, as in `stats --json`, the protobuf JSON mapping).
+std::string SessionsJson(const v1::Stats& s) {
+  std::vector<std::string> sessions, uids;
+  for (const auto& x : s.sessions()) sessions.push_back(Json(x));
+  for (const auto& u : s.uid_usage()) uids.push_back(Json(u));
+  return absl::StrFormat(
+      "{\"sessions\":[%s],\"sessions_filtered\":%s,\"uid_usage\":[%s],"
+      "\"session_quota_bytes\":\"%d\",\"uid_quota_bytes\":\"%d\","
+      "\"pool_capacity_bytes\":\"%d\",\"pool_used_bytes\":\"%d\"}",
+      absl::StrJoin(sessions, ","), s.sessions_filtered() ? "true" : "false",
+      absl::StrJoin(uids, ","), s.session_quota_bytes(), s.uid_quota_bytes(),
+      s.pool_capacity_bytes(), s.pool_used_bytes());
 }
 
 }  // namespace
@@ -48,10 +65,12 @@ int RunSessions(const std::string& socket, const std::vector<std::string>& args)
     if (a == "--json") {
       json = true;
     } else {
-      std::cerr << "usage: offloadctl [--socket PATH] sessions [--json]\n";
+      std::cerr << "offloadctl sessions: unknown argument '" << a
+                << "'\nusage: offloadctl [--socket PATH] sessions [--json]\n";
       return 2;
     }
   }
+  if (!SocketPresent(socket)) return 1;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   v1::GetStatsRequest req;
@@ -59,20 +78,7 @@ int RunSessions(const std::string& socket, const std::vector<std::string>& args)
   grpc::Status st = Stub(socket)->GetStats(&ctx, req, &s);
   if (!st.ok()) return Failed(st, socket);
   if (json) {
-    v1::Stats only;  // the session part of Stats
-    *only.mutable_sessions() = s.sessions();
-    *only.mutable_uid_usage() = s.uid_usage();
-    only.set_session_quota_bytes(s.session_quota_bytes());
-    only.set_uid_quota_bytes(s.uid_quota_bytes());
-    only.set_sessions_filtered(s.sessions_filtered());
-    only.set_pool_capacity_bytes(s.pool_capacity_bytes());
-    only.set_pool_used_bytes(s.pool_used_bytes());
-    std::string out;
-    google::protobuf::util::JsonPrintOptions opts;
-    opts.always_print_primitive_fields = true;
-    opts.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(only, &out, opts);
-    std::cout << out << "\n";
+    std::cout << SessionsJson(s) << "\n";
     return 0;
   }
   std::cout << absl::StrFormat("pool %s used of %s; session quota %s, uid quota %s\n",
@@ -111,6 +117,7 @@ int RunEndSession(const std::string& socket, const std::vector<std::string>& arg
       req.set_session_id(std::strtoull(args[i].c_str(), nullptr, 10));
       have_id = req.session_id() != 0;
     } else {
+      std::cerr << "offloadctl end-session: unexpected argument '" << args[i] << "'\n";
       have_id = false;
       break;
     }
@@ -119,6 +126,7 @@ int RunEndSession(const std::string& socket, const std::vector<std::string>& arg
     std::cerr << "usage: offloadctl [--socket PATH] end-session SESSION_ID [--reason TEXT]\n";
     return 2;
   }
+  if (!SocketPresent(socket)) return 1;
   if (req.reason().empty()) req.set_reason("ended with offloadctl end-session");
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

@@ -23,7 +23,8 @@ namespace {
 
 constexpr const char* kValueFlags[] = {
     "layers", "hidden", "attn-width",    "params-per-layer", "hf-config", "batch",     "seq",
-    "dtype",  "link",   "gpus-per-node", "gpus-per-link",    "tflops",    "sweep-seqs"};
+    "dtype",  "link",   "gpus-per-node", "gpus-per-link",    "tflops",    "sweep-seqs",
+    "host-ram"};
 constexpr const char* kBoolFlags[] = {"sweep", "json", "help"};
 
 bool IsOneOf(absl::string_view name, const char* const* begin, const char* const* end) {
@@ -89,6 +90,27 @@ absl::StatusOr<int64_t> ParseCount(const std::string& flag, std::string text, bo
   return n * scale;
 }
 
+// Bytes with an optional binary (KiB, MiB, GiB, TiB) or decimal (KB, MB, GB, TB) suffix.
+absl::StatusOr<uint64_t> ParseSize(const std::string& flag, const std::string& text) {
+  static const std::pair<const char*, double> kSuffixes[] = {
+      {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0},
+      {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}};
+  absl::string_view number = absl::StripAsciiWhitespace(text);
+  double scale = 1;
+  for (const auto& [suffix, factor] : kSuffixes) {
+    if (absl::ConsumeSuffix(&number, suffix)) {
+      scale = factor;
+      break;
+    }
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(number, &value) || !(value > 0) || value * scale > 1.8e19) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, " must be a positive size like 2TiB, 1536GiB or 2000GB, got '", text, "'"));
+  }
+  return static_cast<uint64_t>(value * scale);
+}
+
 absl::Status ReadFile(const std::string& path, std::string* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open --hf-config file '", path, "'"));
@@ -102,6 +124,7 @@ struct Request {
   PlanInputs inputs;
   bool sweep = false, json = false;
   std::vector<int64_t> sweep_seqs;
+  uint64_t host_ram_bytes = 0;  // --host-ram; 0 = not given
 };
 
 absl::StatusOr<Request> BuildRequest(const Flags& f) {
@@ -169,6 +192,11 @@ absl::StatusOr<Request> BuildRequest(const Flags& f) {
     }
     r.inputs.compute_flops_per_second = tflops * 1e12;
   }
+  if (const std::string* v = get("host-ram")) {
+    absl::StatusOr<uint64_t> bytes = ParseSize("host-ram", *v);
+    if (!bytes.ok()) return bytes.status();
+    r.host_ram_bytes = *bytes;
+  }
   if (const std::string* v = get("sweep-seqs")) {
     for (absl::string_view part : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
       absl::StatusOr<int64_t> n = ParseCount("sweep-seqs", std::string(part), true);
@@ -186,6 +214,20 @@ absl::StatusOr<Request> BuildRequest(const Flags& f) {
   return r;
 }
 
+// A warning on `err` for each plan whose pinned host RAM per node exceeds `host_ram_bytes`.
+void WarnHostRam(const std::vector<Plan>& plans, uint64_t host_ram_bytes, std::ostream& err) {
+  if (host_ram_bytes == 0) return;
+  for (const Plan& p : plans) {
+    if (p.pinned_host_bytes_per_node <= host_ram_bytes) continue;
+    err << "offloadctl plan: warning: at seq " << WithThousands(p.inputs.seq_len)
+        << " the pinned host RAM per node, " << FormatBytes(p.pinned_host_bytes_per_node) << " ("
+        << p.inputs.gpus_per_node << " GPUs x " << FormatBytes(p.checkpoint_bytes_per_gpu)
+        << "), exceeds the node's " << FormatBytes(host_ram_bytes)
+        << " (--host-ram): the daemon cannot pin it; lower --seq or --batch, offload fewer "
+           "layers, or plan for more nodes\n";
+  }
+}
+
 }  // namespace
 
 const char* PlanUsage() {
@@ -193,6 +235,7 @@ const char* PlanUsage() {
          "                        [--attn-width N]) --seq N [--batch N] [--dtype bf16|fp16|fp32]\n"
          "                       [--gpus-per-node N] [--gpus-per-link N]\n"
          "                       [--link pcie4|pcie5|h200|nvlink-c2c|GB/s] [--tflops X]\n"
+         "                       [--host-ram SIZE (e.g. 2TiB: warn when the pool exceeds it)]\n"
          "                       [--sweep [--sweep-seqs 4K,32K,...]] [--json]\n"
          "Plans activation-checkpoint offload: host RAM, copy vs forward time per layer, and\n"
          "the step slowdown of a synchronous and of an overlapped (prefetching) copy.\n";
@@ -220,6 +263,7 @@ int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std:
       return 2;
     }
     out << (req->json ? FormatSweepJson(*rows) + "\n" : FormatSweepText(*rows));
+    WarnHostRam(*rows, req->host_ram_bytes, err);
     return 0;
   }
   absl::StatusOr<Plan> plan = ComputePlan(req->inputs);
@@ -228,6 +272,7 @@ int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std:
     return 2;
   }
   out << (req->json ? FormatPlanJson(*plan) + "\n" : FormatPlanText(*plan));
+  WarnHostRam({*plan}, req->host_ram_bytes, err);
   return 0;
 }
 

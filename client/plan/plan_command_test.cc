@@ -120,6 +120,32 @@ TEST(PlanCommand, ErrorsSayWhatToFix) {
   EXPECT_NE(missing.err.find("cannot open"), std::string::npos) << missing.err;
 }
 
+// llama-3-70b at 128K tokens on 8 GPUs pins 8 x 160 GiB = 1,280 GiB per node.
+TEST(PlanCommand, WarnsWhenHostRamIsShort) {
+  const std::vector<std::string> base = {"--hf-config", Fixture("llama-3-70b.json"), "--seq",
+                                         "128K", "--gpus-per-node", "8"};
+  std::vector<std::string> small = base, large = base;
+  small.insert(small.end(), {"--host-ram", "1TiB"});
+  large.insert(large.end(), {"--host-ram=2TiB"});
+  Result short_ram = RunPlan(small);
+  EXPECT_EQ(short_ram.code, 0) << short_ram.err;
+  EXPECT_NE(short_ram.err.find("1280.00 GiB (8 GPUs x 160.00 GiB)"), std::string::npos) << short_ram.err;
+  EXPECT_NE(short_ram.err.find("exceeds the node's 1024.00 GiB (--host-ram)"), std::string::npos)
+      << short_ram.err;
+  Result enough = RunPlan(large);
+  EXPECT_EQ(enough.code, 0);
+  EXPECT_EQ(enough.err, "");
+  Result sweep = RunPlan({"--hf-config", Fixture("llama-3-70b.json"), "--sweep", "--sweep-seqs",
+                          "4K,128K", "--host-ram", "1TiB"});
+  EXPECT_EQ(sweep.code, 0);
+  EXPECT_NE(sweep.err.find("at seq 131,072"), std::string::npos) << sweep.err;
+  EXPECT_EQ(sweep.err.find("at seq 4,096"), std::string::npos) << sweep.err;
+  Result bad = RunPlan({"--hf-config", Fixture("llama-3-70b.json"), "--seq", "4K", "--host-ram",
+                        "lots"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--host-ram must be a positive size"), std::string::npos) << bad.err;
+}
+
 TEST(PlanCommand, Help) {
   Result r = RunPlan({"--help"});
   EXPECT_EQ(r.code, 0);

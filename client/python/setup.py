@@ -8,6 +8,7 @@ stubs must already be present.
 
 import os
 import subprocess
+import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -21,7 +22,8 @@ class BuildPyWithStubs(build_py):
         proto = os.path.join(HERE, "..", "..", "proto", "offload.proto")
         stub = os.path.join(HERE, "offloadd", "v1", "offload_pb2.py")
         if os.path.exists(script) and os.path.exists(proto):
-            subprocess.check_call(["sh", script])
+            env = dict(os.environ, PYTHON=os.environ.get("PYTHON", sys.executable))
+            subprocess.check_call(["sh", script], env=env)
         elif not os.path.exists(stub):
             raise RuntimeError("offloadd: %s is missing and proto/offload.proto is not next to "
                                "this package: build from the offloadd repository" % stub)

@@ -1,6 +1,6 @@
 // CopyEngine: moves bytes between client memory (a registered region) and the host pool.
 //
-// Two backends implement it (DESIGN.md, "Two copy backends, one protocol"):
+// Two backends implement it (docs/ARCHITECTURE.md, "Copy backends"):
 //  - shm  (shm_engine.h): the client's "device memory" is a POSIX shared-memory object; a chunk
 //         copy is a memcpy on the calling worker thread.
 //  - cuda (cuda_engine.h): the region is a CUDA IPC memory handle of an allocation base; chunk

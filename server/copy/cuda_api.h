@@ -5,9 +5,9 @@
 // (cuMemGetAddressRange) is reached through cudaGetDriverEntryPointByVersion, so nothing links
 // libcuda: the driver's libcuda.so.1 is loaded by cudart at run time.
 //
-// Threading contract (DESIGN.md, pitfalls): ListDevices() may run on any thread and creates no
-// context. Every other call acts on "the current device" and must run on the thread that owns
-// that device, after SetDevice(ordinal) on that thread (which creates the device's primary
+// Threading contract (docs/ARCHITECTURE.md, "Pitfalls"): ListDevices() may run on any thread and
+// creates no context. Every other call acts on "the current device" and must run on the thread that
+// owns that device, after SetDevice(ordinal) on that thread (which creates the device's primary
 // context, ~0.3-0.5 GiB of device memory on recent GPUs: the engine creates it lazily).
 // HostRegister/HostUnregister are host-memory operations (portable registrations, valid for
 // every context); they still need some device current on the calling thread.

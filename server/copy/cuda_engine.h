@@ -1,4 +1,4 @@
-// CudaCopyEngine: the cuda copy backend (DESIGN.md, "Two copy backends, one protocol"), written
+// CudaCopyEngine: the cuda copy backend (docs/ARCHITECTURE.md, "Copy backends"), written
 // against CudaApi (cuda_api.h) so everything below is unit-tested on CPU with FakeCudaApi.
 //
 // Devices are named by UUID ("GPU-..."; the session's Hello device_id), never by ordinal:
@@ -31,8 +31,8 @@
 // Host pool: PrepareHostPool registers the arena with cudaHostRegister(Portable) in chunks of at
 // most `host_register_chunk_bytes` (<= 64 GiB: larger single registrations fail on recent
 // drivers) on a background pinner thread with the first device current (pinning runs at
-// ~1-2 GB/s, DESIGN.md); copies work meanwhile, from pageable memory and slower. The destructor
-// unregisters everything before returning, so the engine must die before the arena.
+// ~1-2 GB/s, docs/ARCHITECTURE.md); copies work meanwhile, from pageable memory and slower. The
+// destructor unregisters everything before returning, so the engine must die before the arena.
 #ifndef OFFLOADD_SERVER_COPY_CUDA_ENGINE_H_
 #define OFFLOADD_SERVER_COPY_CUDA_ENGINE_H_
 

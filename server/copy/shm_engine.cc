@@ -18,20 +18,31 @@
 namespace offloadd::copy {
 namespace {
 
+// One mmap of a shared-memory object, shared by its registrations; unmapped and uncharged with
+// the last of them.
+struct Mapping {
+  uint8_t* data = nullptr;
+  uint64_t length = 0;
+  uint32_t uid = 0;
+  std::pair<uint64_t, uint64_t> inode;  // (st_dev, st_ino)
+  std::shared_ptr<ShmCopyEngine::Mappings> owner;
+  ~Mapping();
+};
+
 class ShmRegion : public Region {
  public:
   using Release = std::function<void()>;
-  ShmRegion(uint8_t* data, uint64_t size, Release release)
-      : data_(data), size_(size), release_(std::move(release)) {}
+  ShmRegion(std::shared_ptr<Mapping> mapping, uint64_t size, Release release)
+      : mapping_(std::move(mapping)), size_(size), release_(std::move(release)) {}
   ~ShmRegion() override {
-    munmap(data_, size_);
+    mapping_.reset();
     release_();
   }
   uint64_t size_bytes() const override { return size_; }
-  uint8_t* data() const { return data_; }
+  uint8_t* data() const { return mapping_->data; }
 
  private:
-  uint8_t* data_;
+  std::shared_ptr<Mapping> mapping_;
   uint64_t size_;
   Release release_;
 };
@@ -78,7 +89,117 @@ bool GuardedCopy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
 
 }  // namespace
 
-ShmCopyEngine::ShmCopyEngine() { InstallSigbusGuard(); }
+// The daemon's mappings of client objects, by inode, with their charges per uid and in total.
+struct ShmCopyEngine::Mappings {
+  ShmMappingLimits limits;
+  std::mutex mu;
+  std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<Mapping>> by_inode;
+  std::map<uint32_t, ShmMappingStats> by_uid;
+  ShmMappingStats total;
+
+  // OK when one more mapping of `bytes` for `uid` stays within every bound; mu held.
+  absl::Status AdmitLocked(uint32_t uid, uint64_t bytes) const;
+  // The object's live mapping when it covers `size_bytes`, else a new one (charged).
+  absl::StatusOr<std::shared_ptr<Mapping>> Acquire(std::shared_ptr<Mappings> self, int fd,
+                                                   const struct stat& st, uint64_t size_bytes,
+                                                   const std::string& name);
+};
+
+namespace {
+
+// `scope`: "this user" or "all users"; `field`: the config field of the bound.
+absl::Status OverBound(const char* what, const char* scope, uint64_t have, uint64_t adding,
+                       uint64_t bound, const char* field) {
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the daemon already holds %d %s of shared-memory objects for %s; this registration would "
+      "add %d, past %s = %d: register fewer or smaller objects (one large region with "
+      "offsets), unregister unused ones, or ask the operator to raise %s",
+      have, what, scope, adding, field, bound, field));
+}
+
+}  // namespace
+
+absl::Status ShmCopyEngine::Mappings::AdmitLocked(uint32_t uid, uint64_t bytes) const {
+  auto it = by_uid.find(uid);
+  const ShmMappingStats mine = it == by_uid.end() ? ShmMappingStats{} : it->second;
+  const ShmMappingLimits& l = limits;
+  if (l.max_mappings_per_uid > 0 && mine.mappings + 1 > l.max_mappings_per_uid) {
+    return OverBound("mappings", "this user", mine.mappings, 1, l.max_mappings_per_uid,
+                     "max_shm_mappings_per_uid");
+  }
+  if (l.max_mappings_total > 0 && total.mappings + 1 > l.max_mappings_total) {
+    return OverBound("mappings", "all users", total.mappings, 1, l.max_mappings_total,
+                     "max_shm_mappings_total");
+  }
+  if (l.max_mapped_bytes_per_uid > 0 && mine.mapped_bytes + bytes > l.max_mapped_bytes_per_uid) {
+    return OverBound("mapped bytes", "this user", mine.mapped_bytes, bytes,
+                     l.max_mapped_bytes_per_uid, "max_shm_mapped_bytes_per_uid");
+  }
+  if (l.max_mapped_bytes_total > 0 && total.mapped_bytes + bytes > l.max_mapped_bytes_total) {
+    return OverBound("mapped bytes", "all users", total.mapped_bytes, bytes,
+                     l.max_mapped_bytes_total, "max_shm_mapped_bytes_total");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Mapping>> ShmCopyEngine::Mappings::Acquire(
+    std::shared_ptr<Mappings> self, int fd, const struct stat& st, uint64_t size_bytes,
+    const std::string& name) {
+  const std::pair<uint64_t, uint64_t> inode{st.st_dev, st.st_ino};
+  const uint32_t uid = st.st_uid;
+  std::shared_ptr<Mapping> live;  // released after the lock: its destructor takes it
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = by_inode.find(inode);
+  if (it != by_inode.end()) live = it->second.lock();
+  if (live != nullptr && live->length >= size_bytes) return live;
+  if (absl::Status st = AdmitLocked(uid, size_bytes); !st.ok()) return st;
+  // No MAP_POPULATE: faulting every page in here would build page tables (and, for a sparse
+  // object, allocate its memory) for bytes no copy may ever touch.
+  void* p = mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the daemon cannot map shared-memory region '%s' (%d bytes): %s; register fewer or "
+        "smaller regions",
+        name, size_bytes, strerror(err)));
+  }
+  auto mapping = std::make_shared<Mapping>();
+  mapping->data = static_cast<uint8_t*>(p);
+  mapping->length = size_bytes;
+  mapping->uid = uid;
+  mapping->inode = inode;
+  mapping->owner = std::move(self);
+  by_inode[inode] = mapping;
+  ShmMappingStats& mine = by_uid[uid];
+  ++mine.mappings;
+  mine.mapped_bytes += size_bytes;
+  ++total.mappings;
+  total.mapped_bytes += size_bytes;
+  return mapping;
+}
+
+Mapping::~Mapping() {
+  munmap(data, length);
+  std::lock_guard<std::mutex> lock(owner->mu);
+  auto it = owner->by_inode.find(inode);
+  if (it != owner->by_inode.end() && it->second.expired()) owner->by_inode.erase(it);
+  ShmMappingStats& mine = owner->by_uid[uid];
+  --mine.mappings;
+  mine.mapped_bytes -= length;
+  if (mine.mappings == 0) owner->by_uid.erase(uid);
+  --owner->total.mappings;
+  owner->total.mapped_bytes -= length;
+}
+
+ShmCopyEngine::ShmCopyEngine(ShmMappingLimits limits) : mappings_(std::make_shared<Mappings>()) {
+  mappings_->limits = limits;
+  InstallSigbusGuard();
+}
+
+ShmMappingStats ShmCopyEngine::mapping_stats() const {
+  std::lock_guard<std::mutex> lock(mappings_->mu);
+  return mappings_->total;
+}
 
 absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSpec& spec) {
   if (!spec.cuda_ipc_handle.empty()) {
@@ -88,8 +209,7 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
   }
   const std::string& name = spec.shm_name;
   if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos ||
-      name.size() >= 255 || name.find('\0') != std::string::npos || name == "/." ||
-      name == "/..") {
+      name.size() >= 255 || name.find('\0') != std::string::npos || name == "/." || name == "/..") {
     return absl::InvalidArgumentError(absl::StrFormat(
         "shared-memory region name '%s' is malformed: use \"/name\" (one leading slash, no other "
         "slash or NUL, not . or .., under 255 bytes) as passed to shm_open",
@@ -140,19 +260,9 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
         "'%s' is not a regular shared-memory object: register an object created with shm_open",
         name));
   }
-  // MAP_POPULATE maps every page now, so copies take no page faults in the daemon — but only
-  // when the object's pages exist already: populating a sparse object would allocate its memory
-  // on the client's behalf, on the RPC thread.
-  const bool resident = static_cast<uint64_t>(st.st_blocks) * 512 >= spec.size_bytes;
-  void* p = mmap(nullptr, spec.size_bytes, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | (resident ? MAP_POPULATE : 0), fd, 0);
-  int err = errno;
+  auto mapping = mappings_->Acquire(mappings_, fd, st, spec.size_bytes, name);
   close(fd);
-  if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("mmap of region '%s' (%d bytes): %s", name, spec.size_bytes,
-                        strerror(err)));
-  }
+  if (!mapping.ok()) return mapping.status();
   {
     std::lock_guard<std::mutex> lock(counts_->mu);
     HandleCounts& c = counts_->by_gpu[spec.device_id];
@@ -164,7 +274,7 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
     --counts->by_gpu[gpu].open;
   };
   return std::shared_ptr<Region>(
-      new ShmRegion(static_cast<uint8_t*>(p), spec.size_bytes, std::move(release)));
+      new ShmRegion(*std::move(mapping), spec.size_bytes, std::move(release)));
 }
 
 std::map<std::string, HandleCounts> ShmCopyEngine::handle_counts() const {

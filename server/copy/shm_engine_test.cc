@@ -5,38 +5,26 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "client/shm_region.h"
 #include "gtest/gtest.h"
 
 namespace offloadd::copy {
 namespace {
 
+// The client's side of a region: an shm object created, sized (not reserved), mapped and finally
+// unlinked by the C++ client library (client/shm_region.h), as a training process does.
 class ShmObject {
  public:
-  explicit ShmObject(uint64_t size) : size_(size) {
-    name_ = "/offloadd-test-" + std::to_string(getpid()) + "-" + std::to_string(counter_++) + "-" +
-            std::to_string(std::random_device{}());  // pids repeat across Bazel sandboxes
-    int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(ftruncate(fd, size), 0);
-    data_ = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
-  }
-  ~ShmObject() {
-    munmap(data_, size_);
-    shm_unlink(name_.c_str());
-  }
-  const std::string& name() const { return name_; }
-  uint8_t* data() { return data_; }
+  explicit ShmObject(uint64_t size)
+      : region_(client::ShmRegion::Create(size, {0600, /*reserve=*/false}).value()) {}
+  const std::string& name() const { return region_.name(); }
+  uint8_t* data() { return static_cast<uint8_t*>(region_.data()); }
 
  private:
-  static inline int counter_ = 0;
-  std::string name_;
-  uint64_t size_;
-  uint8_t* data_;
+  client::ShmRegion region_;
 };
 
 TEST(ShmCopyEngineTest, CopiesBothWaysThroughTheMapping) {
@@ -104,6 +92,85 @@ TEST(ShmCopyEngineTest, SpecialNamesAreInvalidArgument) {
               absl::StatusCode::kInvalidArgument)
         << name;
   }
+}
+
+}  // namespace
+}  // namespace offloadd::copy
+
+namespace offloadd::copy {
+namespace {
+
+// Mappings of the daemon's address space that map `name` (from /proc/self/maps).
+int MappingsOf(const std::string& name) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  int n = 0;
+  char line[4096];
+  const std::string needle = "/dev/shm" + name;
+  while (fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strstr(line, needle.c_str()) != nullptr) ++n;
+  }
+  fclose(f);
+  return n;
+}
+
+// Issue 13 items 1 and 6: registering one object many times must not map it many times (each
+// mapping counts against vm.max_map_count and, touched, costs page tables).
+TEST(ShmMappingTest, ManyRegistrationsOfOneObjectShareOneMapping) {
+  ShmObject obj(1 << 20);
+  ShmCopyEngine engine;
+  std::vector<std::shared_ptr<Region>> regions;
+  for (int i = 0; i < 200; ++i) {
+    auto r = engine.OpenRegion({obj.name(), "", (i % 2 == 0) ? (1u << 20) : 4096u, "gpu0"});
+    ASSERT_TRUE(r.ok()) << r.status();
+    regions.push_back(*r);
+  }
+  EXPECT_EQ(MappingsOf(obj.name()), 1 + 1);  // the test's own mapping + the engine's one
+  // Every registration still copies through its own bounds.
+  std::vector<uint8_t> host(8192, 0x5A);
+  EXPECT_EQ(engine.CopyChunk(Direction::kHostToDevice, *regions[1], 0, host.data(), 8192).code(),
+            absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(engine.CopyChunk(Direction::kHostToDevice, *regions[0], 0, host.data(), 8192).ok());
+  EXPECT_EQ(obj.data()[8191], 0x5A);
+  EXPECT_EQ(engine.mapping_stats().mappings, 1u);
+  EXPECT_EQ(engine.mapping_stats().mapped_bytes, 1u << 20);
+  regions.clear();
+  EXPECT_EQ(MappingsOf(obj.name()), 1);  // unmapped with the last registration
+  EXPECT_EQ(engine.mapping_stats().mappings, 0u);
+}
+
+TEST(ShmMappingTest, MappingsAndMappedBytesPerUidAreBoundedWithResourceExhausted) {
+  ShmObject a(1 << 20), b(1 << 20), c(4 << 20);
+  ShmMappingLimits limits;
+  limits.max_mappings_per_uid = 2;
+  limits.max_mapped_bytes_per_uid = 4 << 20;
+  ShmCopyEngine engine(limits);
+  auto ra = engine.OpenRegion({a.name(), "", 1 << 20, "gpu0"});
+  auto rb = engine.OpenRegion({b.name(), "", 1 << 20, "gpu0"});
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  auto rc = engine.OpenRegion({c.name(), "", 1 << 20, "gpu0"});
+  ASSERT_EQ(rc.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(rc.status().message().find("max_shm_mappings_per_uid"), std::string::npos)
+      << rc.status();
+  ra->reset();
+  // One mapping slot free again, but 4 MiB would pass the mapped bytes bound.
+  rc = engine.OpenRegion({c.name(), "", 4 << 20, "gpu0"});
+  ASSERT_EQ(rc.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(rc.status().message().find("max_shm_mapped_bytes_per_uid"), std::string::npos)
+      << rc.status();
+  rc = engine.OpenRegion({c.name(), "", 2 << 20, "gpu0"});
+  EXPECT_TRUE(rc.ok()) << rc.status();
+}
+
+TEST(ShmMappingTest, TotalMappingsAreBounded) {
+  ShmObject a(4096), b(4096);
+  ShmMappingLimits limits;
+  limits.max_mappings_total = 1;
+  ShmCopyEngine engine(limits);
+  auto ra = engine.OpenRegion({a.name(), "", 4096, "gpu0"});
+  ASSERT_TRUE(ra.ok());
+  auto rb = engine.OpenRegion({b.name(), "", 4096, "gpu0"});
+  EXPECT_EQ(rb.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(rb.status().message().find("max_shm_mappings_total"), std::string::npos);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 
 namespace offloadd::metrics {
 
+std::string NumaNodeLabel(int node) { return node < 0 ? "unknown" : std::to_string(node); }
+
 prometheus::Histogram::BucketBoundaries DurationBuckets() {
   return {1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100};
 }

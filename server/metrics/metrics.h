@@ -1,8 +1,8 @@
 // Process-wide Prometheus metrics of offloadd (prometheus-cpp 1.0).
 //
 // metrics/ is a leaf: any layer records into it; nothing here depends on other layers. Names
-// follow DESIGN.md: prefix `offloadd_`, base units (`_bytes`, `_seconds`), `_total` on counters,
-// labels gpu / link / direction / class / cause / status — never a pid or client label.
+// follow docs/ARCHITECTURE.md: prefix `offloadd_`, base units (`_bytes`, `_seconds`), `_total` on
+// counters, labels gpu / link / direction / class / cause / status — never a pid or client label.
 // The README's "Metrics" section lists every series defined here.
 #ifndef OFFLOADD_SERVER_METRICS_METRICS_H_
 #define OFFLOADD_SERVER_METRICS_METRICS_H_
@@ -24,7 +24,8 @@ struct Metrics {
 
   prometheus::Family<prometheus::Gauge>* build_info;
   // Pool.
-  // {numa_node}: the node of the pool's arena (one arena today; per-GPU placement is not done).
+  // {numa_node}: the node of the pool's arena (one arena today; per-GPU placement is not done),
+  // "unknown" when the kernel cannot tell (NumaNodeLabel).
   prometheus::Family<prometheus::Gauge>* pool_capacity_bytes;
   prometheus::Family<prometheus::Gauge>* pool_used_bytes;
   prometheus::Family<prometheus::Gauge>* pool_peak_used_bytes;
@@ -71,6 +72,10 @@ struct Metrics {
 
 // The process-wide metrics, created on first use.
 Metrics& Get();
+
+// The value of a numa_node label: the node number, or "unknown" for a negative node (the kernel
+// could not tell), so an unknown node never reads as node 0.
+std::string NumaNodeLabel(int node);
 
 // Histogram buckets (seconds) for transfers: 100 µs .. ~100 s, x~3 per bucket.
 prometheus::Histogram::BucketBoundaries DurationBuckets();

@@ -192,7 +192,7 @@ int Arena::numa_node() const {
   constexpr int kMpolFNode = 1 << 0, kMpolFAddr = 1 << 1;  // <numaif.h>
   int node = -1;
   long rc = syscall(SYS_get_mempolicy, &node, nullptr, 0, base_, kMpolFNode | kMpolFAddr);
-  return rc == 0 && node >= 0 ? node : 0;
+  return rc == 0 && node >= 0 ? node : -1;
 }
 
 }  // namespace offloadd::pool

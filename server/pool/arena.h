@@ -1,11 +1,11 @@
 // Arena: the daemon's host-RAM pool, mapped once at start-up and never grown or remapped.
 //
 // One anonymous private mapping of `size_bytes`, pre-faulted (MAP_POPULATE, then a write to every
-// page) so copies never run into untouched pages (~2 GB/s instead of ~10 GB/s, DESIGN.md),
-// optionally mlock'ed and optionally backed by transparent huge pages (then the mapping starts
-// on a 2 MiB boundary and is advised MADV_HUGEPAGE before any page is touched). After Create()
-// nothing in the request path maps, allocates host memory or pins: extents are carved out by
-// ExtentAllocator.
+// page) so copies never run into untouched pages (~2 GB/s instead of ~10 GB/s,
+// docs/ARCHITECTURE.md), optionally mlock'ed and optionally backed by transparent huge pages (then
+// the mapping starts on a 2 MiB boundary and is advised MADV_HUGEPAGE before any page is touched).
+// After Create() nothing in the request path maps, allocates host memory or pins: extents are
+// carved out by ExtentAllocator.
 //
 // Checks made before mapping, so a misconfigured node fails at start-up with a sentence saying
 // what to change rather than being OOM-killed or failing later in cudaHostRegister:
@@ -48,9 +48,10 @@ class Arena {
   uint8_t* base() const { return base_; }
   uint64_t size_bytes() const { return size_bytes_; }
   bool locked() const { return locked_; }
-  // NUMA node holding the arena's first page (get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR)); 0 when
-  // the kernel cannot tell (no NUMA support). The arena is one mapping: on multi-socket hosts
-  // its pages may span nodes (per-GPU placement is not implemented).
+  // NUMA node holding the arena's first page (get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR)); -1 when
+  // the kernel cannot tell (no NUMA support), never confused with node 0. The arena is one
+  // mapping: on multi-socket hosts its pages may span nodes (per-GPU placement is not
+  // implemented).
   int numa_node() const;
 
  private:

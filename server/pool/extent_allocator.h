@@ -1,9 +1,9 @@
 // ExtentAllocator: sub-allocates the arena into extents for offloaded blocks.
 //
-// Workload (DESIGN.md): sizes from 4 KiB to GiBs, varying from step to step; forward allocates
-// layer 1..L, backward frees L..1. Algorithm: best fit over free extents ordered by (size,
-// offset), with immediate coalescing of address-adjacent free extents (address-ordered best fit,
-// the policy Johnstone & Wilson, "The Memory Fragmentation Problem: Solved?", ISMM 1998, found
+// Workload (docs/ARCHITECTURE.md): sizes from 4 KiB to GiBs, varying from step to step; forward
+// allocates layer 1..L, backward frees L..1. Algorithm: best fit over free extents ordered by
+// (size, offset), with immediate coalescing of address-adjacent free extents (address-ordered best
+// fit, the policy Johnstone & Wilson, "The Memory Fragmentation Problem: Solved?", ISMM 1998, found
 // to fragment least on real traces). O(log n) per call in the number of free extents.
 //
 // Overhead (measured by extent_allocator_test on the synthetic trace of workload_trace.h: per

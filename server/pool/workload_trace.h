@@ -1,8 +1,8 @@
 // Synthetic offload trace for ExtentAllocator tests and benchmarks (testonly).
 //
-// Models activation-checkpoint offload (DESIGN.md, "The workload"): each training step a rank
-// offloads layers 1..L in order during forward and frees them L..1 during backward. Per step, L is
-// uniform in [min_layers, max_layers] and every layer's size is drawn log-uniformly from
+// Models activation-checkpoint offload (docs/ARCHITECTURE.md, "The workload"): each training step a
+// rank offloads layers 1..L in order during forward and frees them L..1 during backward. Per step,
+// L is uniform in [min_layers, max_layers] and every layer's size is drawn log-uniformly from
 // [min_block_bytes, max_block_bytes] in whole bytes (not granule-aligned), so sizes change from
 // step to step. Between layer operations, with side_probability each, a "side" block (same size
 // law) is offloaded and freed after a uniform 1..2*max_layers further operations of its rank, so

@@ -106,6 +106,7 @@ constexpr int kSafeExponent = 50;
 float* RefreshScratch::GradientBuffer(size_t count) {
   if (count > capacity_) {
     gradient_.reset();  // release before allocating: never hold both
+    capacity_ = 0;      // stays right if the allocation throws
     gradient_.reset(new float[count]);
     capacity_ = count;
   }

@@ -1,12 +1,16 @@
 #include "server/projector/refresh_service.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
-#include <chrono>
+#include <atomic>
+#include <new>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "server/base/clock.h"
 #include "server/metrics/metrics.h"
 
 namespace offloadd::projector {
@@ -54,6 +58,7 @@ struct RefreshService::WorkerBuffers {
     const size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
     if (floats > capacity_floats) {
       gradient.reset();
+      capacity_floats = 0;  // stays right if the allocation throws
       gradient.reset(new float[floats]);
       capacity_floats = floats;
     }
@@ -72,9 +77,7 @@ RefreshService::RefreshService(RefreshServiceOptions options, copy::CopyEngine* 
 
 RefreshService::~RefreshService() { Shutdown(); }
 
-double RefreshService::Now() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double RefreshService::Now() const { return base::SteadyNowSeconds(); }
 
 absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& request) {
   absl::StatusOr<RefreshLayout> layout = ValidateServiceRequest(request);
@@ -83,16 +86,18 @@ absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& reque
   if (stopping_) {
     return absl::UnavailableError("the projector service is shutting down: resubmit later");
   }
-  const auto key = std::make_pair(request.parameter_id, request.step);
+  const std::string parameter = Scoped(request.caller_uid, request.parameter_id);
+  const auto key = std::make_pair(parameter, request.step);
   if (auto it = by_key_.find(key); it != by_key_.end()) {
     return SubmitOutcome{it->second, true, entries_.at(it->second).record.state};
   }
+  if (absl::Status admitted = AdmitLocked(request, *layout); !admitted.ok()) return admitted;
   if (request.reset_history) {
-    if (auto h = history_.find(request.parameter_id); h != history_.end()) {
+    if (auto h = history_.find(parameter); h != history_.end()) {
       if (h->second.projector) history_bytes_ -= h->second.projector->size();
       history_.erase(h);
     }
-  } else if (auto h = history_.find(request.parameter_id);
+  } else if (auto h = history_.find(parameter);
              h != history_.end() && h->second.last_started_step >= request.step) {
     return absl::FailedPreconditionError(absl::StrCat(
         "parameter ", request.parameter_id, ": step ", request.step, " is not newer than step ",
@@ -101,10 +106,13 @@ absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& reque
         "set reset_history to start over, e.g. after loading an older checkpoint"));
   }
   const double now = Now();
-  const uint64_t id = next_id_++;
+  const uint64_t id = NewIdLocked();
   Entry& e = entries_[id];
   e.request = request;
   e.submitted_at = now;
+  e.caller_uid = request.caller_uid;
+  ++unfinished_;
+  ++unfinished_by_uid_[request.caller_uid];
   RefreshRecord& r = e.record;
   r.id = id;
   r.parameter_id = request.parameter_id;
@@ -115,8 +123,10 @@ absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& reque
   r.effective_rank = layout->effective_rank;
   r.dtype = request.dtype;
   by_key_[key] = id;
-  if (!request.batch_id.empty()) by_batch_[request.batch_id].insert(id);
-  queue_.Push(request.parameter_id, request.step, id);
+  if (!request.batch_id.empty()) {
+    by_batch_[Scoped(request.caller_uid, request.batch_id)].push_back(id);
+  }
+  queue_.Push(parameter, request.step, id);
   UpdateQueueGaugeLocked();
   EvictResultsLocked(now);
   lock.unlock();
@@ -174,7 +184,7 @@ void RefreshService::WorkerLoop(int index) {
             {previous_shape.projector_rows, previous_shape.projector_cols},
             previous_shape.dtype};
       }
-      Execute(request, buffers, &refresh, &record);
+      ExecuteGuarded(request, buffers, &refresh, &record);
       if (record.projector_written) written = std::move(record.result.projector_bytes);
       record.result.projector_bytes.clear();
     }
@@ -211,6 +221,46 @@ void RefreshService::WorkerLoop(int index) {
     queue_.Done(item->parameter);
     lock.unlock();
     Finish(item->id, std::move(record));
+  }
+}
+
+absl::Status RefreshService::AdmitLocked(const ServiceRequest& request,
+                                         const RefreshLayout& layout) const {
+  const uint64_t limit = options_.max_refresh_bytes;
+  if (limit > 0 && layout.working_bytes > limit) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "a refresh of gradient [", layout.rows, ", ", layout.cols, "] ", DTypeName(request.dtype),
+        " needs about ", layout.working_bytes, " bytes of daemon memory; this daemon allows ",
+        limit,
+        " per refresh (projector.max_refresh_bytes): refresh this parameter in your process, "
+        "use method RANDOMIZED with a smaller rank, or ask the operator to raise the bound"));
+  }
+  if (options_.max_queued_refreshes > 0 && unfinished_ >= options_.max_queued_refreshes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the projector service already has ", unfinished_,
+        " refreshes queued or running (projector.max_queued_refreshes): wait for results "
+        "before submitting more"));
+  }
+  auto mine = unfinished_by_uid_.find(request.caller_uid);
+  const size_t own = mine == unfinished_by_uid_.end() ? 0 : mine->second;
+  if (options_.max_queued_refreshes_per_uid > 0 && own >= options_.max_queued_refreshes_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this user already has ", own,
+        " refreshes queued or running (projector.max_queued_refreshes_per_uid): wait for "
+        "results before submitting more"));
+  }
+  return absl::OkStatus();
+}
+
+void RefreshService::ExecuteGuarded(const ServiceRequest& request, WorkerBuffers& buffers,
+                                    RefreshRequest* refresh, RefreshRecord* record) {
+  try {
+    Execute(request, buffers, refresh, record);
+  } catch (const std::bad_alloc&) {
+    record->state = RefreshState::kFailed;
+    record->status = absl::ResourceExhaustedError(
+        "the daemon could not allocate memory for this refresh (host memory is short): retry "
+        "later, or refresh this parameter in your process");
   }
 }
 
@@ -305,6 +355,11 @@ void RefreshService::Finish(uint64_t id, RefreshRecord record) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(id);
     if (it != entries_.end()) {
+      if (!Finished(it->second.record.state)) {
+        --unfinished_;
+        auto uid = unfinished_by_uid_.find(it->second.caller_uid);
+        if (uid != unfinished_by_uid_.end() && --uid->second == 0) unfinished_by_uid_.erase(uid);
+      }
       it->second.record = record;
       waiters = std::move(it->second.waiters);
       it->second.waiters.clear();
@@ -326,11 +381,12 @@ void RefreshService::EvictResultsLocked(double now) {
     auto it = entries_.find(id);
     if (it == entries_.end()) continue;
     const RefreshRecord& r = it->second.record;
-    by_key_.erase({r.parameter_id, r.step});
+    const int64_t owner = it->second.caller_uid;
+    by_key_.erase({Scoped(owner, r.parameter_id), r.step});
     if (!r.batch_id.empty()) {
-      auto b = by_batch_.find(r.batch_id);
+      auto b = by_batch_.find(Scoped(owner, r.batch_id));
       if (b != by_batch_.end()) {
-        b->second.erase(id);
+        b->second.erase(std::remove(b->second.begin(), b->second.end(), id), b->second.end());
         if (b->second.empty()) by_batch_.erase(b);
       }
     }
@@ -357,20 +413,44 @@ void RefreshService::UpdateQueueGaugeLocked() {
       static_cast<double>(queue_.queued() + queue_.running()));
 }
 
-absl::StatusOr<RefreshRecord> RefreshService::Get(uint64_t id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+std::string RefreshService::Scoped(int64_t owner_uid, const std::string& name) {
+  return absl::StrCat(owner_uid, ":", name);
+}
+
+uint64_t RefreshService::NewIdLocked() const {
+  for (;;) {
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof(id), 0) != sizeof(id)) {
+      // No entropy source (very old kernel): still unique, mixed with the clock.
+      static std::atomic<uint64_t> fallback{0};
+      id = (fallback.fetch_add(1) + 1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(Now() * 1e9);
+    }
+    if (id != 0 && entries_.count(id) == 0) return id;
+  }
+}
+
+const RefreshService::Entry* RefreshService::FindEntryLocked(uint64_t id, int64_t owner_uid) const {
   auto it = entries_.find(id);
-  if (it == entries_.end()) {
+  if (it == entries_.end()) return nullptr;
+  if (owner_uid != kAnyOwner && it->second.caller_uid != owner_uid) return nullptr;
+  return &it->second;
+}
+
+absl::StatusOr<RefreshRecord> RefreshService::Get(uint64_t id, int64_t owner_uid) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Entry* e = FindEntryLocked(id, owner_uid);
+  if (e == nullptr) {
     return absl::NotFoundError(absl::StrCat(
         "no projector refresh with id ", id, ": unknown, or its result expired (results are kept ",
         options_.result_ttl_seconds, " s, at most ", options_.max_results, ")"));
   }
-  return it->second.record;
+  return e->record;
 }
 
-absl::StatusOr<uint64_t> RefreshService::Find(const std::string& parameter_id, int64_t step) const {
+absl::StatusOr<uint64_t> RefreshService::Find(int64_t owner_uid, const std::string& parameter_id,
+                                              int64_t step) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = by_key_.find({parameter_id, step});
+  auto it = by_key_.find({Scoped(owner_uid, parameter_id), step});
   if (it == by_key_.end()) {
     return absl::NotFoundError(absl::StrCat("no projector refresh for parameter ", parameter_id,
                                             " at step ", step, ": never submitted, or expired"));
@@ -378,23 +458,24 @@ absl::StatusOr<uint64_t> RefreshService::Find(const std::string& parameter_id, i
   return it->second;
 }
 
-std::vector<uint64_t> RefreshService::BatchIds(const std::string& batch_id) const {
+std::vector<uint64_t> RefreshService::BatchIds(int64_t owner_uid,
+                                               const std::string& batch_id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = by_batch_.find(batch_id);
+  auto it = by_batch_.find(Scoped(owner_uid, batch_id));
   if (it == by_batch_.end()) return {};
-  return std::vector<uint64_t>(it->second.begin(), it->second.end());
+  return it->second;
 }
 
-absl::Status RefreshService::WhenFinished(uint64_t id,
+absl::Status RefreshService::WhenFinished(uint64_t id, int64_t owner_uid,
                                           std::function<void(const RefreshRecord&)> done) {
   RefreshRecord record;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(id);
-    if (it == entries_.end()) {
+    if (FindEntryLocked(id, owner_uid) == nullptr) {
       return absl::NotFoundError(
           absl::StrCat("no projector refresh with id ", id, ": unknown, or its result expired"));
     }
+    auto it = entries_.find(id);
     if (!Finished(it->second.record.state)) {
       it->second.waiters.push_back(std::move(done));
       return absl::OkStatus();

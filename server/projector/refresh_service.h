@@ -14,8 +14,14 @@
 //   5. records the result and wakes whoever waits for it.
 //
 // Memory held (all bounded):
+//   - per refresh: its estimated peak (RefreshLayout::working_bytes: G, its fp32 copy, the
+//     SVD's copies and workspace, P) must be at most max_refresh_bytes, checked at Submit before
+//     anything is allocated (OUT_OF_RANGE); an allocation that fails anyway (std::bad_alloc)
+//     fails that refresh with RESOURCE_EXHAUSTED, and the worker goes on;
 //   - per worker: G's bytes and an fp32 copy for bf16/fp16 (RefreshScratch), grown to the
-//     largest gradient seen;
+//     largest gradient seen (so at most workers x max_refresh_bytes in all);
+//   - queue: at most max_queued_refreshes refreshes queued or running, and at most
+//     max_queued_refreshes_per_uid of one caller uid (RESOURCE_EXHAUSTED beyond);
 //   - history: per parameter the last projector as written (side_dim x r in its dtype), its last
 //     started step and lazy state; at most history_bytes of projectors and max_parameters
 //     entries, least recently refreshed forgotten first (a forgotten parameter's next refresh
@@ -101,6 +107,10 @@ struct RefreshServiceOptions {
   size_t max_results = 4096;
   double result_ttl_seconds = 600;
   RegionCacheOptions region_cache;
+  // See "Memory held" above. 0 = no bound.
+  uint64_t max_refresh_bytes = 8ull << 30;
+  size_t max_queued_refreshes = 4096;
+  size_t max_queued_refreshes_per_uid = 1024;
 };
 
 class RefreshService {
@@ -112,20 +122,35 @@ class RefreshService {
   ~RefreshService();  // Shutdown()
 
   // Queues a refresh, or returns the existing one for a known key (deduplicated = true; the
-  // first request's parameters stand). Errors: ValidateServiceRequest's; FAILED_PRECONDITION
+  // first request's parameters stand). Errors: ValidateServiceRequest's; OUT_OF_RANGE when the
+  // refresh would need more than max_refresh_bytes; RESOURCE_EXHAUSTED past the queue bounds;
+  // FAILED_PRECONDITION
   // when `step` is older than a step of this parameter that has already started (steps must
   // increase; set reset_history to start over); UNAVAILABLE after Shutdown.
   absl::StatusOr<SubmitOutcome> Submit(const ServiceRequest& request);
 
-  // NOT_FOUND when unknown or expired.
-  absl::StatusOr<RefreshRecord> Get(uint64_t id) const;
-  absl::StatusOr<uint64_t> Find(const std::string& parameter_id, int64_t step) const;
-  // Ids submitted with this batch id and still held (oldest first); empty when none.
-  std::vector<uint64_t> BatchIds(const std::string& batch_id) const;
+  // Names are scoped by owner: a refresh belongs to the caller_uid that submitted it, and its
+  // parameter_id, step and batch_id name it only for that uid (another uid's refresh with the
+  // same key is a different refresh, with its own history and step order). `owner_uid`: the
+  // caller's uid (-1 = unknown credentials); kAnyOwner skips the check (tests, internal).
+  // Ids are random 64-bit values (getrandom), so one user cannot guess another's.
+  static constexpr int64_t kAnyOwner = INT64_MIN;
+
+  // NOT_FOUND when unknown, expired, or another owner's (the same message for each).
+  absl::StatusOr<RefreshRecord> Get(uint64_t id, int64_t owner_uid = kAnyOwner) const;
+  absl::StatusOr<uint64_t> Find(int64_t owner_uid, const std::string& parameter_id,
+                                int64_t step) const;
+  // Ids `owner_uid` submitted with this batch id and still held (oldest first); empty when none.
+  std::vector<uint64_t> BatchIds(int64_t owner_uid, const std::string& batch_id) const;
 
   // Calls `done` exactly once with the record when refresh `id` has finished (kDone or
-  // kFailed) — at once, on this thread, if it already has. NOT_FOUND when unknown.
-  absl::Status WhenFinished(uint64_t id, std::function<void(const RefreshRecord&)> done);
+  // kFailed) — at once, on this thread, if it already has. NOT_FOUND when unknown (or
+  // another owner's).
+  absl::Status WhenFinished(uint64_t id, int64_t owner_uid,
+                            std::function<void(const RefreshRecord&)> done);
+  absl::Status WhenFinished(uint64_t id, std::function<void(const RefreshRecord&)> done) {
+    return WhenFinished(id, kAnyOwner, std::move(done));
+  }
   // Blocks until refresh `id` has finished (tests, benchmarks).
   absl::StatusOr<RefreshRecord> Wait(uint64_t id);
 
@@ -156,6 +181,7 @@ class RefreshService {
     ServiceRequest request;  // cleared once finished
     double submitted_at = 0;
     std::vector<std::function<void(const RefreshRecord&)>> waiters;
+    int64_t caller_uid = -1;  // counted in unfinished_by_uid_ until finished
   };
   struct WorkerBuffers;
 
@@ -165,6 +191,17 @@ class RefreshService {
   void Execute(const ServiceRequest& request, WorkerBuffers& buffers, RefreshRequest* refresh,
                RefreshRecord* record);
   void Finish(uint64_t id, RefreshRecord record);  // lock not held
+  // OUT_OF_RANGE / RESOURCE_EXHAUSTED when a new refresh would pass a bound; lock held.
+  absl::Status AdmitLocked(const ServiceRequest& request, const RefreshLayout& layout) const;
+  // Execute, with a failed allocation turned into the refresh's RESOURCE_EXHAUSTED.
+  void ExecuteGuarded(const ServiceRequest& request, WorkerBuffers& buffers,
+                      RefreshRequest* refresh, RefreshRecord* record);
+  // A name as seen by one owner: "<uid>:<name>" (the uid has no ':').
+  static std::string Scoped(int64_t owner_uid, const std::string& name);
+  // A random id not in use; mu_ held.
+  uint64_t NewIdLocked() const;
+  // The entry `id` when `owner_uid` may see it, else nullptr; mu_ held.
+  const Entry* FindEntryLocked(uint64_t id, int64_t owner_uid) const;
   void EvictResultsLocked(double now);
   void EvictHistoryLocked();
   void UpdateQueueGaugeLocked();
@@ -177,15 +214,16 @@ class RefreshService {
   mutable std::mutex mu_;
   std::condition_variable work_cv_;
   bool stopping_ = false;
-  uint64_t next_id_ = 1;
   uint64_t tick_ = 0;
   FairRefreshQueue queue_;
   std::map<uint64_t, Entry> entries_;
-  std::map<std::pair<std::string, int64_t>, uint64_t> by_key_;
-  std::map<std::string, std::set<uint64_t>> by_batch_;
-  std::deque<std::pair<double, uint64_t>> finished_;  // (finish time, id), oldest first
-  std::map<std::string, History> history_;
+  std::map<std::pair<std::string, int64_t>, uint64_t> by_key_;  // (Scoped parameter, step)
+  std::map<std::string, std::vector<uint64_t>> by_batch_;       // by Scoped batch id, oldest first
+  std::deque<std::pair<double, uint64_t>> finished_;            // (finish time, id), oldest first
+  std::map<std::string, History> history_;                      // by Scoped parameter
   uint64_t history_bytes_ = 0;
+  size_t unfinished_ = 0;                        // queued or running
+  std::map<int64_t, size_t> unfinished_by_uid_;  // the same, by caller uid
   std::vector<std::thread> workers_;
 };
 

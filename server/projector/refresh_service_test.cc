@@ -1,19 +1,19 @@
 #include "server/projector/refresh_service.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <limits>
 #include <mutex>
-#include <random>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "client/shm_region.h"
 #include "gtest/gtest.h"
 #include "server/copy/shm_engine.h"
 #include "server/projector/dtype.h"
@@ -24,47 +24,23 @@
 namespace offloadd::projector {
 namespace {
 
-// Unique per process even across Bazel sandboxes, whose PID namespaces may repeat pids while
-// they share /dev/shm and /tmp.
-std::string UniqueTag() {
-  static const std::string tag = [] {
-    std::random_device rd;
-    return std::to_string(getpid()) + "-" + std::to_string(rd() % 1000000000u);
-  }();
-  return tag;
-}
-
-// A shared-memory object mapped in the test: the "client memory" G and P live in.
+// A shared-memory object created and mapped by the C++ client library (client/shm_region.h):
+// the "client memory" G and P live in. Only sized, not reserved: a test maps a sparse 40 GiB one.
 class Shm {
  public:
-  explicit Shm(uint64_t bytes) : name_(NewName()), bytes_(bytes) {
-    int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(ftruncate(fd, bytes_), 0);
-    map_ = static_cast<uint8_t*>(mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
-  }
-  ~Shm() {
-    munmap(map_, bytes_);
-    shm_unlink(name_.c_str());
-  }
+  explicit Shm(uint64_t bytes)
+      : region_(client::ShmRegion::Create(bytes, {0600, /*reserve=*/false}).value()) {}
   copy::RegionSpec Spec() const {
     copy::RegionSpec s;
-    s.shm_name = name_;
-    s.size_bytes = bytes_;
+    s.shm_name = region_.name();
+    s.size_bytes = region_.size_bytes();
     s.device_id = "cpu";
     return s;
   }
-  uint8_t* data() { return map_; }
+  uint8_t* data() { return static_cast<uint8_t*>(region_.data()); }
 
  private:
-  static std::string NewName() {
-    static int n = 0;
-    return "/ofd-rs-" + UniqueTag() + "-" + std::to_string(n++);
-  }
-  std::string name_;
-  uint64_t bytes_;
-  uint8_t* map_ = nullptr;
+  client::ShmRegion region_;
 };
 
 constexpr uint64_t kProjectorOffset = 1 << 20;  // G at 0, P at 1 MiB
@@ -223,7 +199,7 @@ TEST_F(RefreshServiceTest, RepeatedKeyIsDeduplicated) {
   EXPECT_TRUE(c->deduplicated);
   EXPECT_EQ(c->state, RefreshState::kDone);
   EXPECT_EQ(backend_.tags().size(), 1u);
-  auto found = service_->Find("w", 200);
+  auto found = service_->Find(-1, "w", 200);
   ASSERT_TRUE(found.ok());
   EXPECT_EQ(*found, a->id);
 }
@@ -419,7 +395,7 @@ TEST_F(RefreshServiceTest, ResultsAndHistoryAreBounded) {
   RefreshRecord b0 = SubmitAndWait(Request(shm, "b", 0, 24, 16, 2));  // forgets a's projector
   RefreshRecord b1 = SubmitAndWait(Request(shm, "b", 1, 24, 16, 2));
   EXPECT_EQ(service_->Get(a0.id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(service_->Find("a", 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Find(-1, "a", 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(service_->Get(b0.id).ok());
   EXPECT_TRUE(b1.result.has_similarity);
   EXPECT_EQ(service_->stats().history_bytes, 16u * 2 * 4);
@@ -467,6 +443,142 @@ TEST_F(RefreshServiceTest, RepeatedRefreshesReuseTheOpenedRegion) {
     ASSERT_EQ(SubmitAndWait(Request(shm, "w", step, 24, 16, 2)).state, RefreshState::kDone);
   }
   EXPECT_EQ(service_->stats().region_opens_total, 1u);
+}
+
+}  // namespace
+}  // namespace offloadd::projector
+
+namespace offloadd::projector {
+namespace {
+
+// Issue 13 item 2: a sparse 40 GiB object passes the region checks, but a [100000, 100000]
+// fp32 refresh would need ~80 GB: refused at Submit, before anything is allocated (it used to
+// throw std::bad_alloc on a worker and terminate the daemon).
+TEST_F(RefreshServiceTest, OversizedGradientIsRefusedBeforeAnythingIsAllocated) {
+  Start();
+  Shm sparse(40ull << 30);  // ftruncate only: no page is allocated
+  auto submitted = service_->Submit(Request(sparse, "huge", 0, 100000, 100000, 128));
+  ASSERT_EQ(submitted.status().code(), absl::StatusCode::kOutOfRange) << submitted.status();
+  EXPECT_NE(submitted.status().message().find("max_refresh_bytes"), std::string::npos);
+  // The service keeps serving.
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 3));
+  EXPECT_EQ(SubmitAndWait(Request(shm, "small", 0, 24, 16, 2)).state, RefreshState::kDone);
+}
+
+// Whatever the bound, an allocation that fails on a worker fails that refresh only.
+class ThrowingBackend : public SvdBackend {
+ public:
+  absl::string_view name() const override { return "throwing"; }
+  absl::StatusOr<TopSingular> Exact(DenseMatrix a, VectorSide side, int64_t k) const override {
+    if (throw_next_.exchange(false)) throw std::bad_alloc();
+    return lapack_.Exact(a, side, k);
+  }
+  absl::StatusOr<TopSingular> Randomized(DenseMatrix a, VectorSide side, int64_t k,
+                                         const RandomizedOptions& o,
+                                         DenseMatrix warm) const override {
+    return lapack_.Randomized(a, side, k, o, warm);
+  }
+  mutable std::atomic<bool> throw_next_{true};
+
+ private:
+  LapackSvdBackend lapack_;
+};
+
+TEST_F(RefreshServiceTest, BadAllocOnAWorkerFailsThatRefreshWithResourceExhausted) {
+  ThrowingBackend throwing;
+  RefreshServiceOptions options;
+  options.cpu_backend = &throwing;
+  Start(options);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 4));
+  RefreshRecord failed = SubmitAndWait(Request(shm, "a", 0, 24, 16, 2));
+  EXPECT_EQ(failed.state, RefreshState::kFailed);
+  EXPECT_EQ(failed.status.code(), absl::StatusCode::kResourceExhausted) << failed.status;
+  EXPECT_EQ(SubmitAndWait(Request(shm, "a", 1, 24, 16, 2)).state, RefreshState::kDone);
+}
+
+TEST_F(RefreshServiceTest, QueuedRefreshesAreBoundedInTotalAndPerUid) {
+  RefreshServiceOptions options;
+  options.max_queued_refreshes = 3;
+  options.max_queued_refreshes_per_uid = 2;
+  Start(options);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 5));
+  backend_.Close();
+  auto request = [&](const std::string& parameter, int64_t uid) {
+    ServiceRequest r = Request(shm, parameter, 0, 24, 16, 2);
+    r.caller_uid = uid;
+    return service_->Submit(r);
+  };
+  auto a = request("a", -1), b = request("b", -1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = request("c", -1);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("max_queued_refreshes_per_uid"), std::string::npos);
+  auto d = request("d", 7);  // another user still has room
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto e = request("e", 8);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(e.status().message().find("max_queued_refreshes)"), std::string::npos);
+  backend_.Open();
+  ASSERT_TRUE(service_->Wait(a->id).ok());
+  ASSERT_TRUE(service_->Wait(b->id).ok());
+  ASSERT_TRUE(service_->Wait(d->id).ok());
+  EXPECT_TRUE(request("c", -1).ok());  // room again once they finished
+}
+
+}  // namespace
+}  // namespace offloadd::projector
+
+namespace offloadd::projector {
+namespace {
+
+// Issue 13 item 3: projector names (parameter, step, batch) and history are scoped by the
+// caller's uid, and ids cannot be guessed from one's own.
+TEST_F(RefreshServiceTest, AnotherUidsSameKeyIsNotDeduplicatedNorOrdered) {
+  Start();
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 6));
+  auto as = [&](int64_t uid, int64_t step) {
+    ServiceRequest r = Request(shm, "layer0.q", step, 24, 16, 2);
+    r.caller_uid = uid;
+    r.batch_id = "b";
+    return r;
+  };
+  auto mine = service_->Submit(as(-1, 5));
+  ASSERT_TRUE(mine.ok());
+  ASSERT_TRUE(service_->Wait(mine->id).ok());
+  auto theirs = service_->Submit(as(2000, 5));  // same key, another user
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  EXPECT_FALSE(theirs->deduplicated);
+  EXPECT_NE(theirs->id, mine->id);
+  EXPECT_NE(theirs->id, mine->id + 1) << "sequential ids let another user guess them";
+  auto poison = service_->Submit(as(2000, int64_t{1000000000000000000}));
+  ASSERT_TRUE(poison.ok());
+  ASSERT_TRUE(service_->Wait(poison->id).ok());
+  // The other user's step 10^18 does not reorder this user's parameter.
+  auto next = service_->Submit(as(-1, 6));
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+TEST_F(RefreshServiceTest, ResultsKeysAndBatchesAreVisibleToTheirOwnerOnly) {
+  Start();
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 7));
+  ServiceRequest r = Request(shm, "layer0.k", 3, 24, 16, 2);
+  r.batch_id = "step-3";
+  auto mine = service_->Submit(r);
+  ASSERT_TRUE(mine.ok());
+  ASSERT_TRUE(service_->Wait(mine->id).ok());
+  EXPECT_TRUE(service_->Get(mine->id, -1).ok());
+  EXPECT_EQ(service_->Get(mine->id, 2000).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Find(-1, "layer0.k", 3).value_or(0), mine->id);
+  EXPECT_EQ(service_->Find(2000, "layer0.k", 3).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->BatchIds(-1, "step-3"), std::vector<uint64_t>{mine->id});
+  EXPECT_TRUE(service_->BatchIds(2000, "step-3").empty());
+  EXPECT_EQ(service_->WhenFinished(mine->id, 2000, [](const RefreshRecord&) {}).code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace

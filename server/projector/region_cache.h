@@ -1,16 +1,16 @@
 // RegionCache: client regions the projector service has opened, so repeated refreshes that name
-// the same handle do not map it again (a shm mapping is MAP_POPULATE'd, a CUDA IPC open costs
+// the same handle do not map it again (a shm open stats and maps the object, a CUDA IPC open costs
 // ~ms and may happen only once per handle and process).
 //
 // Routing by handle kind: shm names open through `shm_engine`, CUDA IPC handles through
 // `cuda_engine` (the daemon's cuda CopyEngine); a kind without an engine is refused with
 // FAILED_PRECONDITION saying which backend it needs.
 //
-// Keys are the handle bytes (never an address: DESIGN.md, a freed and reallocated allocation gets
-// a new handle), the declared size and the device id. A shm entry is also tied to the object's
-// inode (/dev/shm/<name>): each Open stats the name, and a name that is gone or now names another
-// object drops the entry (NOT_FOUND, or a fresh open) — so a client must keep its shm name
-// linked while refreshes naming it may run. Bounded: at most max_entries, least recently used
+// Keys are the handle bytes (never an address: docs/ARCHITECTURE.md, a freed and reallocated
+// allocation gets a new handle), the declared size and the device id. A shm entry is also tied to
+// the object's inode (/dev/shm/<name>): each Open stats the name, and a name that is gone or now
+// names another object drops the entry (NOT_FOUND, or a fresh open) — so a client must keep its shm
+// name linked while refreshes naming it may run. Bounded: at most max_entries, least recently used
 // closed first, and entries idle for idle_seconds closed on the next Open. A closed entry's
 // mapping lives on while a refresh still holds it (shared_ptr).
 //

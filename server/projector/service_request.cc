@@ -37,6 +37,24 @@ absl::Status CheckFits(const copy::RegionSpec& spec, uint64_t offset, uint64_t b
   return absl::OkStatus();
 }
 
+// See RefreshLayout::working_bytes. In double: shapes near the 64-bit limit must not wrap.
+uint64_t EstimateWorkingBytes(const ServiceRequest& request, const RefreshLayout& layout) {
+  const double m = static_cast<double>(layout.rows), n = static_cast<double>(layout.cols);
+  const double k = static_cast<double>(std::min(layout.rows, layout.cols));
+  const double r = static_cast<double>(layout.effective_rank);
+  double floats = 2 * m * n;  // fp32 G (converted or read in place) + the SVD's copy of it
+  if (request.method == SvdMethod::kRandomized) {
+    const double l =
+        std::min(k, r + static_cast<double>(std::max<int64_t>(0, request.randomized.oversampling)));
+    floats += 2 * l * (m + n) + 2 * l * l;  // range and co-range bases, small SVD
+  } else {
+    floats += k * (m + n) + 5 * k * k;  // U, Vt and sgesdd's workspace
+  }
+  floats += 2 * r * static_cast<double>(layout.projector_rows);  // P, and the previous P
+  const double bytes = static_cast<double>(layout.gradient_bytes) + 4 * floats;
+  return bytes >= 1.8e19 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(bytes);
+}
+
 }  // namespace
 
 const char* VectorSideName(VectorSide side) { return side == VectorSide::kLeft ? "left" : "right"; }
@@ -110,6 +128,7 @@ absl::StatusOr<RefreshLayout> ValidateServiceRequest(const ServiceRequest& reque
       static_cast<uint64_t>(layout.projector_rows * layout.effective_rank) * element;
   layout.projector_region =
       request.has_projector_region ? &request.projector.region : &request.gradient.region;
+  layout.working_bytes = EstimateWorkingBytes(request, layout);
 
   if (absl::Status s = CheckRegion(request.gradient.region, "gradient_region"); !s.ok()) return s;
   if (request.has_projector_region) {

@@ -75,6 +75,10 @@ struct RefreshLayout {
   int64_t projector_rows = 0;  // rows (left) or cols (right)
   uint64_t gradient_bytes = 0;
   uint64_t projector_bytes = 0;
+  // Host memory one refresh of this shape needs at its peak, estimated from above: G as read,
+  // its fp32 copy, the SVD's copies and workspace, and P. What RefreshService bounds
+  // (max_refresh_bytes) before anything is allocated.
+  uint64_t working_bytes = 0;
   // The region P is written to (the gradient's when has_projector_region is false).
   const copy::RegionSpec* projector_region = nullptr;
 };

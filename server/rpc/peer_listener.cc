@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -16,6 +17,13 @@
 #include "glog/logging.h"
 
 namespace offloadd::rpc {
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::string& path,
                                                                    uint32_t mode, int64_t gid) {
@@ -51,8 +59,11 @@ PeerListener::~PeerListener() {
   close(wake_fd_);
 }
 
-void PeerListener::Start(std::function<void(int fd)> adopt) {
+void PeerListener::Start(std::function<void(int fd)> adopt, session::ConnectionLimits limits,
+                         std::function<bool(const session::PeerCredentials&)> is_admin) {
   adopt_ = std::move(adopt);
+  limits_ = limits;
+  is_admin_ = std::move(is_admin);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -74,14 +85,103 @@ session::PeerCredentials PeerListener::Lookup(const std::string& peer) const {
   if (peer.rfind("fd:", 0) != 0 || !absl::SimpleAtoi(peer.substr(3), &fd)) return {};
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_fd_.find(fd);
-  return it == by_fd_.end() ? session::PeerCredentials{} : it->second;
+  if (it == by_fd_.end()) return {};
+  it->second.used = true;
+  return it->second.cred;
+}
+
+size_t PeerListener::connections_open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return by_fd_.size();
+}
+
+void PeerListener::ForgetLocked(std::unordered_map<int, Connection>::iterator it) {
+  if (it->second.cred.known) {
+    auto uid = per_uid_.find(it->second.cred.uid);
+    if (uid != per_uid_.end() && --uid->second == 0) per_uid_.erase(uid);
+  }
+  by_fd_.erase(it);
+}
+
+void PeerListener::SweepLocked(double now) {
+  const double timeout = limits_.unused_connection_timeout_seconds;
+  for (auto it = by_fd_.begin(); it != by_fd_.end();) {
+    struct stat st;
+    Connection& c = it->second;
+    if (fstat(it->first, &st) != 0 || st.st_dev != c.dev || st.st_ino != c.ino) {
+      auto gone = it++;
+      ForgetLocked(gone);  // gRPC closed it (the number may already name something else)
+      continue;
+    }
+    if (timeout > 0 && !c.used && !c.shut_down && now - c.accepted_seconds > timeout) {
+      // Never made an offloadd call: end it (gRPC sees EOF and closes the descriptor).
+      shutdown(it->first, SHUT_RDWR);
+      c.shut_down = true;
+    }
+    ++it;
+  }
+}
+
+bool PeerListener::FitsLocked(const session::PeerCredentials& cred) const {
+  const uint32_t reserve =
+      is_admin_ && cred.known && is_admin_(cred) ? limits_.admin_reserved_connections : 0;
+  if (limits_.max_connections_total > 0 &&
+      by_fd_.size() >= static_cast<size_t>(limits_.max_connections_total) + reserve) {
+    return false;
+  }
+  if (limits_.max_connections_per_uid > 0 && cred.known) {
+    auto it = per_uid_.find(cred.uid);
+    const size_t mine = it == per_uid_.end() ? 0 : it->second;
+    if (mine >= static_cast<size_t>(limits_.max_connections_per_uid) + reserve) return false;
+  }
+  return true;
+}
+
+bool PeerListener::Admit(int conn) {
+  auto cred = session::ReadPeerCredentials(conn);
+  Connection c;
+  if (cred.ok()) c.cred = *cred;
+  struct stat st;
+  if (fstat(conn, &st) == 0) {
+    c.dev = st.st_dev;
+    c.ino = st.st_ino;
+  }
+  c.accepted_seconds = NowSeconds();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto old = by_fd_.find(conn); old != by_fd_.end()) ForgetLocked(old);  // closed, reused
+  if (!FitsLocked(c.cred)) SweepLocked(c.accepted_seconds);  // make room from closed ones
+  if (!FitsLocked(c.cred)) {
+    refused_total_.fetch_add(1);
+    if (c.accepted_seconds - last_refusal_log_seconds_ > 10) {
+      last_refusal_log_seconds_ = c.accepted_seconds;
+      LOG(WARNING) << "offloadd refused a connection of uid " << c.cred.uid << " (pid "
+                   << c.cred.pid << "): " << by_fd_.size() << " connections open, at most "
+                   << limits_.max_connections_total << " in all and "
+                   << limits_.max_connections_per_uid
+                   << " per uid (max_connections_total / max_connections_per_uid); further "
+                      "refusals in the next 10 s are not logged";
+    }
+    close(conn);
+    return false;
+  }
+  if (c.cred.known) ++per_uid_[c.cred.uid];
+  by_fd_[conn] = std::move(c);
+  return true;
 }
 
 void PeerListener::Loop() {
   pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  const double timeout = limits_.unused_connection_timeout_seconds;
+  const int sweep_ms = timeout > 0 ? std::clamp(static_cast<int>(timeout * 500), 10, 1000) : 1000;
+  double last_sweep = NowSeconds();
   while (true) {
     fds[0].revents = fds[1].revents = 0;
-    if (poll(fds, 2, -1) < 0) {
+    if (const double now = NowSeconds(); now - last_sweep >= sweep_ms / 1000.0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      SweepLocked(now);
+      last_sweep = now;
+    }
+    if (poll(fds, 2, sweep_ms) < 0) {
       if (errno == EINTR) continue;
       LOG(ERROR) << "offloadd listener: poll: " << strerror(errno);
       return;
@@ -97,15 +197,7 @@ void PeerListener::Loop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       continue;
     }
-    auto cred = session::ReadPeerCredentials(conn);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (cred.ok()) {
-        by_fd_[conn] = *cred;
-      } else {
-        by_fd_.erase(conn);
-      }
-    }
+    if (!Admit(conn)) continue;
     accepted_total_.fetch_add(1);
     adopt_(conn);
   }

@@ -123,11 +123,12 @@ v1::RefreshState StateToProto(pj::RefreshState s) {
 // and Finish is called only when none is.
 class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
  public:
-  WatchReactor(pj::RefreshService* service, const v1::WatchRequest& request) {
-    std::vector<uint64_t> ids = service->BatchIds(request.batch_id());
+  // `caller_uid`: the caller's (-1 = unknown); it sees its own refreshes only.
+  WatchReactor(pj::RefreshService* service, const v1::WatchRequest& request, int64_t caller_uid) {
+    std::vector<uint64_t> ids = service->BatchIds(caller_uid, request.batch_id());
     std::set<uint64_t> seen(ids.begin(), ids.end());
     for (uint64_t id : request.refresh_ids()) {
-      if (!service->Get(id).ok()) {
+      if (!service->Get(id, caller_uid).ok()) {
         Finish(grpc::Status(
             grpc::StatusCode::NOT_FOUND,
             absl::StrCat("no projector refresh with id ", id, ": unknown, or its result expired")));
@@ -149,8 +150,8 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
     state_->total = static_cast<uint32_t>(ids.size());
     for (uint64_t id : ids) {
       std::shared_ptr<State> state = state_;
-      absl::Status s =
-          service->WhenFinished(id, [state](const pj::RefreshRecord& r) { state->Push(r); });
+      absl::Status s = service->WhenFinished(
+          id, caller_uid, [state](const pj::RefreshRecord& r) { state->Push(r); });
       if (!s.ok()) {  // expired between the lookup and now
         pj::RefreshRecord gone;
         gone.id = id;
@@ -355,14 +356,15 @@ grpc::ServerUnaryReactor* ProjectorService::GetResult(grpc::CallbackServerContex
     reactor->Finish(Disabled());
     return reactor;
   }
-  if (absl::StatusOr<int64_t> caller = Authorize(ctx); !caller.ok()) {
+  absl::StatusOr<int64_t> caller = Authorize(ctx);
+  if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
   uint64_t id = request->refresh_id();
   if (id == 0) {
     absl::StatusOr<uint64_t> found =
-        service_->Find(request->key().parameter_id(), request->key().step());
+        service_->Find(*caller, request->key().parameter_id(), request->key().step());
     if (!found.ok()) {
       reactor->Finish(ToGrpcStatus(found.status()));
       return reactor;
@@ -379,11 +381,11 @@ grpc::ServerUnaryReactor* ProjectorService::GetResult(grpc::CallbackServerContex
   };
   if (request->wait()) {
     // Finishes from the worker that completes the refresh (or now, if it has).
-    absl::Status s = service_->WhenFinished(id, reply);
+    absl::Status s = service_->WhenFinished(id, *caller, reply);
     if (!s.ok()) reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
-  absl::StatusOr<pj::RefreshRecord> record = service_->Get(id);
+  absl::StatusOr<pj::RefreshRecord> record = service_->Get(id, *caller);
   if (!record.ok()) {
     reactor->Finish(ToGrpcStatus(record.status()));
   } else {
@@ -400,10 +402,9 @@ grpc::ServerWriteReactor<v1::RefreshProgress>* ProjectorService::WatchBatch(
     void OnDone() override { delete this; }
   };
   if (service_ == nullptr) return new Refused(Disabled());
-  if (absl::StatusOr<int64_t> caller = Authorize(ctx); !caller.ok()) {
-    return new Refused(ToGrpcStatus(caller.status()));
-  }
-  return new WatchReactor(service_, *request);
+  absl::StatusOr<int64_t> caller = Authorize(ctx);
+  if (!caller.ok()) return new Refused(ToGrpcStatus(caller.status()));
+  return new WatchReactor(service_, *request, *caller);
 }
 
 }  // namespace offloadd::rpc

@@ -39,54 +39,65 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
   }
 
   void OnReadDone(bool ok) override {
-    if (ok && in_.requests_size() > Server::kMaxRequestsPerMessage) {
-      // Bounds the daemon's memory per message read (completions, errors) whatever the client.
-      session_->Close(session::EndCause::kClosed);
-      EndStream(absl::ResourceExhaustedError(absl::StrFormat(
-          "a ClientMessage carried %d requests; at most %d are accepted per message: split the "
-          "batch (the session has ended and its blocks were released)",
-          in_.requests_size(), Server::kMaxRequestsPerMessage)));
-      return;
-    }
     if (ok) {
-      for (const v1::Request& r : in_.requests()) session_->Handle(FromProto(r));
-      in_.Clear();
-      std::lock_guard<std::mutex> lock(mu_);
-      if (finished_) return;
-      if (out_pending_.responses_size() >= Server::kMaxQueuedResponses && writing_) {
-        read_paused_ = true;  // resumed by OnWriteDone once the client reads again
-        return;
-      }
-      StartRead(&in_);
+      next_request_ = 0;
+      HandleRequests();
       return;
     }
     // The client half-closed, the stream broke, or the daemon is stopping.
-    session::EndCause cause = shutting_down_->load()  ? session::EndCause::kShutdown
-                              : ctx_->IsCancelled() ? session::EndCause::kCrashed
-                                                    : session::EndCause::kClosed;
+    session::EndCause cause = shutting_down_->load() ? session::EndCause::kShutdown
+                              : ctx_->IsCancelled()  ? session::EndCause::kCrashed
+                                                     : session::EndCause::kClosed;
     session_->Close(cause);
     std::lock_guard<std::mutex> lock(mu_);
     finish_requested_ = true;
     MaybeFinishLocked();
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    writing_ = false;
-    if (!ok) {
-      broken_ = true;
-      out_pending_.Clear();
-    }
-    if (out_pending_.responses_size() > 0) {
-      StartBatchLocked();
-    } else {
-      MaybeFinishLocked();
-    }
-    if (read_paused_ && !finished_ && !finish_requested_ &&
-        out_pending_.responses_size() < Server::kMaxQueuedResponses) {
-      read_paused_ = false;
+  // Hands the message's requests to the session, kMaxRequestsPerMessage at a time; between
+  // slices it stops (read_paused_, resumed by OnWriteDone) while kMaxQueuedResponses answers
+  // wait for a client that does not read, so a huge batch is answered request by request
+  // without queueing unbounded answers. Reads the next message when all are handled.
+  void HandleRequests() {
+    for (;;) {
+      const int end = std::min(in_.requests_size(), next_request_ + Server::kMaxRequestsPerMessage);
+      for (; next_request_ < end; ++next_request_) {
+        session_->Handle(FromProto(in_.requests(next_request_)));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_ || finish_requested_) return;
+      if (out_pending_.responses_size() >= Server::kMaxQueuedResponses && writing_) {
+        read_paused_ = true;
+        return;
+      }
+      if (next_request_ < in_.requests_size()) continue;
+      in_.Clear();
       StartRead(&in_);
+      return;
     }
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool resume = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      if (!ok) {
+        broken_ = true;
+        out_pending_.Clear();
+      }
+      if (out_pending_.responses_size() > 0) {
+        StartBatchLocked();
+      } else {
+        MaybeFinishLocked();
+      }
+      if (read_paused_ && !finished_ && !finish_requested_ &&
+          out_pending_.responses_size() < Server::kMaxQueuedResponses) {
+        read_paused_ = false;
+        resume = true;
+      }
+    }
+    if (resume) HandleRequests();  // the rest of the message, then the next read
   }
 
   void OnDone() override {
@@ -137,6 +148,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
   const std::atomic<bool>* shutting_down_;
   std::shared_ptr<session::Session> session_;
   v1::ClientMessage in_;
+  int next_request_ = 0;  // in_'s next request to hand to the session
   std::mutex mu_;
   v1::ServerMessage out_;          // being written
   v1::ServerMessage out_pending_;  // responses queued since the last write started
@@ -155,8 +167,8 @@ class OffloadService : public v1::Offload::CallbackService {
     return new SessionReactor(core_, ctx, &shutting_down_, listener_->Lookup(ctx->peer()));
   }
 
-  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
-                                     const v1::GetStatsRequest*, v1::Stats* out) override {
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest*,
+                                     v1::Stats* out) override {
     session::CoreStats stats = core_->Stats();
     const session::PeerCredentials caller = listener_->Lookup(ctx->peer());
     if (!session::IsAdmin(core_->options().access, caller)) {
@@ -168,7 +180,7 @@ class OffloadService : public v1::Offload::CallbackService {
                            stats.sessions.end());
       for (auto it = stats.uid_used_bytes.begin(); it != stats.uid_used_bytes.end();) {
         it = caller.known && it->first == caller.uid ? std::next(it)
-                                                      : stats.uid_used_bytes.erase(it);
+                                                     : stats.uid_used_bytes.erase(it);
       }
       out->set_sessions_filtered(true);
     }
@@ -191,8 +203,7 @@ class OffloadService : public v1::Offload::CallbackService {
                           caller.uid)));
       return reactor;
     }
-    const std::string reason =
-        request->reason().empty() ? "no reason given" : request->reason();
+    const std::string reason = request->reason().empty() ? "no reason given" : request->reason();
     auto ended = core_->EndSession(
         request->session_id(), session::EndCause::kAdmin,
         absl::AbortedError(absl::StrFormat(
@@ -316,12 +327,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
   impl->server = builder.BuildAndStart();
   if (!impl->server) {
     unlink(socket_path.c_str());
-    return absl::UnavailableError(
-        absl::StrFormat("gRPC could not start the server for unix:%s (see the log above)",
-                        socket_path));
+    return absl::UnavailableError(absl::StrFormat(
+        "gRPC could not start the server for unix:%s (see the log above)", socket_path));
   }
   grpc::Server* server = impl->server.get();
-  impl->listener->Start([server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); });
+  const session::AccessPolicy access = core->options().access;
+  impl->listener->Start(
+      [server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); }, core->options().connections,
+      [access](const session::PeerCredentials& peer) { return session::IsAdmin(access, peer); });
   return std::unique_ptr<Server>(new Server(std::move(impl), socket_path));
 }
 

@@ -33,8 +33,11 @@ class Server {
       session::Core* core, const std::string& socket_path, uint32_t socket_mode,
       int64_t socket_gid = -1, projector::RefreshService* projector = nullptr);
   static constexpr int kMaxQueuedResponses = 2048;
-  // Requests accepted in one ClientMessage (the C++ and Python clients send at most 4096); a
-  // larger batch ends the stream with RESOURCE_EXHAUSTED. Responses per ServerMessage written.
+  // Requests of one ClientMessage handled between checks of the answers waiting to be written
+  // (the C++ and Python clients send at most 4096 per message): a larger batch is handled in
+  // slices, each request answered as usual (requests past max_requests_in_flight get
+  // RESOURCE_EXHAUSTED each), and the session keeps serving. Responses per ServerMessage
+  // written.
   static constexpr int kMaxRequestsPerMessage = 4096;
   static constexpr int kMaxResponsesPerMessage = 4096;
   ~Server();  // Shutdown()

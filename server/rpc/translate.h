@@ -1,5 +1,5 @@
 // Translation between offloadd.v1 protobuf messages and the session layer's plain structs.
-// rpc/ is the only layer that includes generated protobuf/gRPC headers (DESIGN.md).
+// rpc/ is the only layer that includes generated protobuf/gRPC headers (docs/ARCHITECTURE.md).
 #ifndef OFFLOADD_SERVER_RPC_TRANSLATE_H_
 #define OFFLOADD_SERVER_RPC_TRANSLATE_H_
 

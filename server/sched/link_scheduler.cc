@@ -1,7 +1,6 @@
 #include "server/sched/link_scheduler.h"
 
 #include <algorithm>
-#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/base/clock.h"
 #include "server/sched/drr.h"
 #include "server/sched/host_link.h"
 
@@ -32,14 +32,8 @@ namespace {
 
 class RealClock : public Clock {
  public:
-  double NowSeconds() override {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-  void SleepUntil(double t) override {
-    const double dt = t - NowSeconds();
-    if (dt > 0) std::this_thread::sleep_for(std::chrono::duration<double>(dt));
-  }
+  double NowSeconds() override { return base::SteadyNowSeconds(); }
+  void SleepUntil(double t) override { base::SleepUntilSteadySeconds(t); }
 };
 
 // Pacing keeps a work-conserving virtual clock: while work has been queued since the link's
@@ -68,7 +62,22 @@ struct LinkScheduler::Impl {
   Impl(LinkSchedulerOptions opts, Clock* c)
       : options(std::move(opts)), clock(c), queue(ChunkQueueOptions::From(options)) {}
 
+  // A transfer whose last chunk has finished, taken out of `active`.
+  struct Finished {
+    std::shared_ptr<Transfer> transfer;
+    absl::Status status;
+  };
+
   void WorkerLoop();
+  // Called with `mu` held: accounts a copied chunk (consumed, so its reference to the transfer
+  // is gone on return). Returns true when it was the transfer's last: `finished` then holds the
+  // transfer, taken out of `active`, for Complete.
+  bool FinishChunk(Chunk chunk, absl::Status status, Finished* finished);
+  // Called without `mu` held: runs `done` and drops the transfer. The transfer's callbacks may
+  // hold the last reference to a Session or a Region, whose destructors may block (closing a
+  // CUDA IPC handle on the device thread); they must not run while the link's workers wait for
+  // `mu`.
+  static void Complete(Finished finished);
   // Posted chunks (post_chunk transfers). Called with `mu` held.
   bool GpuBelowLimit(const std::string& gpu) const {
     auto it = posted_per_gpu.find(gpu);
@@ -77,8 +86,6 @@ struct LinkScheduler::Impl {
   bool CanPick() const { return !queue.empty() && queue.HasEligible(below_limit); }
   // The engine's callback for post id `id`: queues the completion for a worker.
   void OnPosted(uint64_t id, absl::Status status);
-  // Called with `lock` held; releases it around the callback.
-  void FinishChunk(std::unique_lock<std::mutex>& lock, const Chunk& chunk, absl::Status status);
 
   const LinkSchedulerOptions options;
   Clock* const clock;
@@ -114,26 +121,27 @@ void LinkScheduler::Impl::WorkerLoop() {
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     // With a parent, one worker at a time waits there for a turn; the others wait here.
-    const auto finished = [&] { return stopping && queue.empty() && posted.empty(); };
+    const auto all_done = [&] { return stopping && queue.empty() && posted.empty(); };
     cv.wait(lock, [&] {
-      return !completed.empty() || (CanPick() && !parent_turn_pending) || finished();
+      return !completed.empty() || (CanPick() && !parent_turn_pending) || all_done();
     });
     if (!completed.empty()) {  // an asynchronous chunk completed: finish it
       auto [done_chunk, done_status] = std::move(completed.front());
       completed.pop_front();
       auto it = posted_per_gpu.find(done_chunk.transfer->gpu);
       if (--it->second == 0) posted_per_gpu.erase(it);
-      FinishChunk(lock, done_chunk, std::move(done_status));
+      Finished finished;
+      const bool last = FinishChunk(std::move(done_chunk), std::move(done_status), &finished);
       cv.notify_all();  // its GPU may take another chunk; Shutdown may be waiting on it
-      // The transfer (and the session and region it holds) may die with this reference: not
-      // under the lock.
-      lock.unlock();
-      done_chunk.transfer.reset();
-      lock.lock();
+      if (last) {
+        lock.unlock();
+        Complete(std::move(finished));  // leaves `finished` empty
+        lock.lock();
+      }
       continue;
     }
     if (!CanPick() || parent_turn_pending) {
-      if (finished()) return;  // stopping, everything handed out and completed
+      if (all_done()) return;  // stopping, everything handed out and completed
       continue;
     }
     double start = 0;
@@ -157,7 +165,7 @@ void LinkScheduler::Impl::WorkerLoop() {
       lock.lock();
       parent_turn_pending = false;
       cv.notify_all();
-      if (!CanPick()) {  // cancelled meanwhile: give the turn back unused
+      if (!CanPick()) {  // cancelled meanwhile, or its GPUs at their limit: turn back unused
         parent->Commit(options.link_name, 0);
         continue;
       }
@@ -193,12 +201,12 @@ void LinkScheduler::Impl::WorkerLoop() {
     if (chunk.transfer->post_chunk) {
       ++posted_per_gpu[chunk.transfer->gpu];
       const uint64_t id = next_post_id++;
-      posted[id] = chunk;
+      posted[id] = chunk;  // `active` holds the transfer too: this copy destroys nothing later
       lock.unlock();
       if (report) report(chunk.transfer->cls, wait_seconds);
       chunk.transfer->post_chunk(chunk.offset, chunk.len,
                                  [this, id](absl::Status st) { OnPosted(id, std::move(st)); });
-      chunk.transfer.reset();  // not under the lock (see above)
+      chunk.transfer.reset();  // not under the lock (see Complete)
       lock.lock();
       continue;
     }
@@ -207,7 +215,12 @@ void LinkScheduler::Impl::WorkerLoop() {
     absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
     if (finish_seconds > 0) clock->SleepUntil(finish_seconds);
     lock.lock();
-    FinishChunk(lock, chunk, std::move(status));
+    Finished finished;
+    if (FinishChunk(std::move(chunk), std::move(status), &finished)) {
+      lock.unlock();
+      Complete(std::move(finished));  // leaves `finished` empty
+      lock.lock();
+    }
   }
 }
 
@@ -221,8 +234,7 @@ void LinkScheduler::Impl::OnPosted(uint64_t id, absl::Status status) {
   cv.notify_one();
 }
 
-void LinkScheduler::Impl::FinishChunk(std::unique_lock<std::mutex>& lock, const Chunk& chunk,
-                                      absl::Status status) {
+bool LinkScheduler::Impl::FinishChunk(Chunk chunk, absl::Status status, Finished* finished) {
   if (--stats.chunks_in_flight == 0) {
     stats.busy_seconds += clock->NowSeconds() - busy_since_seconds;
   }
@@ -240,19 +252,22 @@ void LinkScheduler::Impl::FinishChunk(std::unique_lock<std::mutex>& lock, const 
       a.all_popped = true;
     }
   }
-  if (!a.all_popped || a.chunks_in_flight > 0) return;
-  std::shared_ptr<Transfer> transfer = std::move(a.transfer);
-  absl::Status final_status = std::move(a.status);
+  // Not the last chunk: `active` still holds the transfer, so dropping the chunk's reference
+  // here (with mu held) destroys nothing.
+  if (!a.all_popped || a.chunks_in_flight > 0) return false;
+  finished->transfer = std::move(a.transfer);
+  finished->status = std::move(a.status);
   active.erase(it);
-  if (final_status.ok() && transfer->deadline_seconds > 0 &&
-      clock->NowSeconds() > transfer->deadline_seconds) {
-    ++stats.gpu_deadline_misses[transfer->gpu];
+  const Transfer& t = *finished->transfer;
+  if (finished->status.ok() && t.deadline_seconds > 0 && clock->NowSeconds() > t.deadline_seconds) {
+    ++stats.gpu_deadline_misses[t.gpu];
   }
-  if (transfer->done) {
-    lock.unlock();
-    transfer->done(std::move(final_status));
-    lock.lock();
-  }
+  return true;
+}
+
+void LinkScheduler::Impl::Complete(Finished finished) {
+  if (finished.transfer->done) finished.transfer->done(std::move(finished.status));
+  // `finished` (possibly the transfer's last reference) dies here, still without mu.
 }
 
 LinkScheduler::LinkScheduler(LinkSchedulerOptions options, Clock* clock)
@@ -296,6 +311,37 @@ void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
   if (transfer->done) transfer->done(std::move(error));
 }
 
+size_t LinkScheduler::CancelOwner(uint64_t owner_id, const absl::Status& status) {
+  if (owner_id == 0) return 0;
+  std::vector<std::shared_ptr<Transfer>> finished;
+  size_t cancelled = 0;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    for (auto it = impl_->active.begin(); it != impl_->active.end();) {
+      Impl::Active& a = it->second;
+      if (a.transfer == nullptr || a.transfer->owner_id != owner_id || a.all_popped) {
+        ++it;
+        continue;
+      }
+      impl_->queue.Cancel(it->first);
+      a.all_popped = true;
+      if (a.status.ok()) a.status = status;
+      ++cancelled;
+      if (a.chunks_in_flight > 0) {  // FinishChunk calls done when they return
+        ++it;
+        continue;
+      }
+      finished.push_back(std::move(a.transfer));
+      it = impl_->active.erase(it);
+    }
+  }
+  impl_->cv.notify_all();  // workers waiting on an emptied queue re-check it
+  for (auto& t : finished) {
+    if (t->done) t->done(status);
+  }
+  return cancelled;
+}
+
 void LinkScheduler::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -319,5 +365,17 @@ LinkSchedulerStats LinkScheduler::stats() const {
 }
 
 const LinkSchedulerOptions& LinkScheduler::options() const { return impl_->options; }
+
+bool LinkScheduler::MutexHeldForTesting() const {
+  bool held = false;
+  std::thread([&] {
+    if (impl_->mu.try_lock()) {
+      impl_->mu.unlock();
+    } else {
+      held = true;
+    }
+  }).join();
+  return held;
+}
 
 }  // namespace offloadd::sched

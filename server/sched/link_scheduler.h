@@ -37,9 +37,14 @@
 // counted when it completes, and a GPU at its limit is passed over (its deficit kept), so an
 // URGENT chunk waits at most for the chunks already posted on its GPU. With pacing, the link's
 // virtual clock gates posts as it gates synchronous copies; completion is the engine's.
+// CancelOwner drops the owner's chunks not yet posted; chunks already posted run to completion,
+// and the transfer's `done` comes after the last of them.
 //
-// Thread-safety: all public methods are thread-safe. Transfer callbacks run on worker threads.
-// Shutdown() and the destructor must not be called from a transfer callback.
+// Thread-safety: all public methods are thread-safe. Transfer callbacks run on worker threads
+// without the scheduler's mutex held, and a finished Transfer (with whatever its callbacks
+// capture: a Session, a Region) is dropped after that mutex is released, so its destructors may
+// block without stalling the link. Shutdown() and the destructor must not be called from a
+// transfer callback.
 #ifndef OFFLOADD_SERVER_SCHED_LINK_SCHEDULER_H_
 #define OFFLOADD_SERVER_SCHED_LINK_SCHEDULER_H_
 
@@ -84,6 +89,8 @@ struct Transfer {
   // Called exactly once: after the last chunk completed, or with the first chunk's error (the
   // remaining chunks are skipped). Runs on a worker thread (or in Submit/Shutdown on cancel).
   std::function<void(absl::Status)> done;
+  // Who submitted it (a session id; 0 = nobody in particular), for CancelOwner.
+  uint64_t owner_id = 0;
 };
 
 class HostLink;
@@ -132,11 +139,20 @@ class LinkScheduler {
   // with 0 bytes or neither copy_chunk nor post_chunk gets INVALID_ARGUMENT the same way. A
   // null transfer is ignored.
   void Submit(std::shared_ptr<Transfer> transfer);
+  // Drops the queued chunks of every transfer with this owner_id (> 0): a transfer with no chunk
+  // being copied gets `done(status)` before this returns (on this thread, without the
+  // scheduler's lock); one with chunks being copied gets it when they finish. Chunks already
+  // handed to copy_chunk or posted with post_chunk are not interrupted. Returns the number of
+  // transfers cancelled.
+  size_t CancelOwner(uint64_t owner_id, const absl::Status& status);
   // Finishes every queued and in-flight transfer, then stops the workers. Idempotent; a second
   // concurrent caller returns once the workers have stopped.
   void Shutdown();
   LinkSchedulerStats stats() const;
   const LinkSchedulerOptions& options() const;
+  // For tests: whether any thread holds the scheduler's mutex at this moment. Asked from a
+  // thread of its own, so it may be called from a destructor that runs on a worker.
+  bool MutexHeldForTesting() const;
 
  private:
   struct Impl;

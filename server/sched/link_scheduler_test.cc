@@ -226,6 +226,87 @@ TEST(LinkSchedulerTest, ShutdownDrainsQueuedAndInFlightWork) {
   EXPECT_EQ(sched.stats().bytes, 64 * kKiB + 20 * 100 * kKiB + probes_accepted);
 }
 
+// Stands in for what a transfer's callbacks capture in the daemon (the Session, the Region):
+// its destructor records whether the scheduler's mutex was held when the last reference died.
+struct LastReferenceProbe {
+  const LinkScheduler* sched = nullptr;
+  std::mutex* mu = nullptr;
+  std::condition_variable* cv = nullptr;
+  int* destroyed = nullptr;
+  int* destroyed_under_lock = nullptr;
+  ~LastReferenceProbe() {
+    const bool held = sched->MutexHeldForTesting();
+    std::lock_guard<std::mutex> lock(*mu);
+    ++*destroyed;
+    if (held) ++*destroyed_under_lock;
+    cv->notify_all();
+  }
+};
+
+// Makes probes for one scheduler and counts their deaths.
+struct ProbeTally {
+  explicit ProbeTally(const LinkScheduler* s) : sched(s) {}
+  std::shared_ptr<LastReferenceProbe> Make() {
+    auto p = std::make_shared<LastReferenceProbe>();
+    p->sched = sched;
+    p->mu = &mu;
+    p->cv = &cv;
+    p->destroyed = &destroyed;
+    p->destroyed_under_lock = &destroyed_under_lock;
+    return p;
+  }
+  // Waits until `n` probes have died; returns how many of all died under the scheduler's lock.
+  int WaitForDestroyed(int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return destroyed == n; });
+    return destroyed_under_lock;
+  }
+
+  const LinkScheduler* sched;
+  std::mutex mu;
+  std::condition_variable cv;
+  int destroyed = 0, destroyed_under_lock = 0;
+};
+
+TEST(LinkSchedulerTest, FinishedTransfersAreDroppedWithoutTheSchedulerLock) {
+  // One worker, and the test thread stays away from the scheduler while transfers finish, so
+  // nobody but the worker could hold its mutex when a probe dies.
+  LinkScheduler sched(SmallChunks(1));
+  ProbeTally probes(&sched);
+  Gate gate;
+  // 0: completes in 3 chunks; the probe is held by `done`, as a Session is.
+  auto ok = std::make_shared<Transfer>();
+  ok->gpu = "gpu0";
+  ok->bytes = 3 * 64 * kKiB;
+  ok->copy_chunk = [&gate](uint64_t, uint64_t) {
+    gate.Wait();
+    return absl::OkStatus();
+  };
+  ok->done = [p = probes.Make()](absl::Status) {};
+  // 1: fails at its second chunk (the rest are cancelled); the probe is in both callbacks.
+  auto failing = std::make_shared<Transfer>();
+  failing->gpu = "gpu1";
+  failing->bytes = 4 * 64 * kKiB;
+  auto p1 = probes.Make();
+  failing->copy_chunk = [p1](uint64_t offset, uint64_t) {
+    return offset == 0 ? absl::OkStatus() : absl::DataLossError("client memory went away");
+  };
+  failing->done = [p1](absl::Status) {};
+  p1.reset();
+  // 2: no done callback at all; the probe is held by copy_chunk, as a Region is.
+  auto silent = std::make_shared<Transfer>();
+  silent->gpu = "gpu2";
+  silent->bytes = 2 * 64 * kKiB;
+  silent->copy_chunk = [p = probes.Make()](uint64_t, uint64_t) { return absl::OkStatus(); };
+  sched.Submit(std::move(ok));
+  sched.Submit(std::move(failing));
+  sched.Submit(std::move(silent));
+  gate.Open();
+  EXPECT_EQ(probes.WaitForDestroyed(3), 0);
+  sched.Shutdown();
+  EXPECT_EQ(sched.stats().bytes, (3 + 1 + 2) * 64 * kKiB);
+}
+
 TEST(LinkSchedulerTest, SubmitAfterShutdownIsUnavailable) {
   Recorder rec;
   LinkScheduler sched(SmallChunks(2));
@@ -473,7 +554,6 @@ TEST(LinkSchedulerTest, PacingWithManyWorkersNeverExceedsTheRateInAggregate) {
   EXPECT_NEAR(clock.NowSeconds(), static_cast<double>(total) / 2e9, 1e-9);
 }
 
-
 TEST(LinkSchedulerTest, QueueWaitIsSubmitToFirstChunkStartPerClass) {
   FakeClock clock;
   Recorder rec;
@@ -523,7 +603,6 @@ TEST(LinkSchedulerTest, QueueWaitIsSubmitToFirstChunkStartPerClass) {
   EXPECT_NEAR(reported[1].second, chunk, 1e-12);
 }
 
-
 TEST(LinkSchedulerTest, TransfersFinishingAfterTheirDeadlineAreCountedPerGpu) {
   FakeClock clock;
   Recorder rec;
@@ -552,7 +631,6 @@ TEST(LinkSchedulerTest, TransfersFinishingAfterTheirDeadlineAreCountedPerGpu) {
   EXPECT_EQ(rec.copy_order, (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(sched.stats().gpu_deadline_misses, (std::map<std::string, uint64_t>{{"gpu0", 1}}));
 }
-
 
 TEST(LinkSchedulerTest, PacedLinkCatchesUpAfterALateWorkerWhileBacklogged) {
   FakeClock clock;
@@ -599,6 +677,135 @@ TEST(LinkSchedulerTest, PacedLinkRestartsWhenWorkArrivesAfterAnIdleGap) {
   sched.Submit(rec.Make(1, "gpu0", TrafficClass::kOffload, 2 * kMiB));
   sched.Shutdown();
   EXPECT_NEAR(clock.NowSeconds(), 13 * chunk, 1e-12);
+}
+
+}  // namespace
+}  // namespace offloadd::sched
+
+namespace offloadd::sched {
+namespace {
+
+// A closed session's queued transfers are dropped at once (no chunk of them is copied, done
+// gets the cancel status); a chunk being copied finishes and its transfer's done follows it;
+// other owners' transfers are untouched.
+TEST(LinkSchedulerCancelTest, CancelOwnerDropsQueuedChunksAndWaitsForRunningOnes) {
+  Recorder rec;
+  LinkScheduler sched(SmallChunks(1));
+  Gate first_chunk_may_finish;
+  std::atomic<bool> first_chunk_started{false};
+  auto blocker = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * 64 * kKiB);
+  blocker->owner_id = 7;
+  auto copy = blocker->copy_chunk;
+  blocker->copy_chunk = [&, copy](uint64_t offset, uint64_t len) {
+    first_chunk_started = true;
+    first_chunk_may_finish.Wait();
+    return copy(offset, len);
+  };
+  sched.Submit(blocker);
+  while (!first_chunk_started) std::this_thread::yield();
+  for (int i = 1; i <= 3; ++i) {
+    auto t = rec.Make(i, "gpu0", TrafficClass::kOffload, 2 * 64 * kKiB);
+    t->owner_id = i == 3 ? 8 : 7;  // transfer 3 belongs to another owner
+    sched.Submit(t);
+  }
+  EXPECT_EQ(sched.CancelOwner(7, absl::CancelledError("session ended")), 3u);
+  {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    EXPECT_EQ(rec.done[1].size(), 1u);  // queued only: done at once
+    EXPECT_EQ(rec.done[2].size(), 1u);
+    EXPECT_EQ(rec.done[0].size(), 0u);  // its first chunk is still being copied
+  }
+  first_chunk_may_finish.Open();
+  sched.Shutdown();
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[0].size(), 1u);
+  EXPECT_EQ(rec.done[0][0].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(rec.done[1][0].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(rec.ranges[0].size(), 1u);  // only the chunk that was running
+  EXPECT_EQ(rec.ranges.count(1), 0u);
+  EXPECT_EQ(rec.ranges.count(2), 0u);
+  EXPECT_EQ(rec.ranges[3].size(), 2u);  // the other owner's transfer is whole
+  ASSERT_EQ(rec.done[3].size(), 1u);
+  EXPECT_TRUE(rec.done[3][0].ok());
+}
+
+// Issue 16 with the hardening's cancellation: CancelOwner drops an owner's chunks not yet posted
+// (a transfer with none posted gets done at once), chunks already posted complete first and
+// their transfer's done follows the last of them, exactly once; other owners keep going.
+TEST(LinkSchedulerCancelTest, CancelOwnerDropsUnpostedAsyncChunksAndWaitsForPostedOnes) {
+  Recorder rec;
+  ManualAsyncEngine engine;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.max_chunks_in_flight_per_gpu = 2;
+  LinkScheduler sched(o);
+  auto posted = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * 64 * kKiB);
+  posted->owner_id = 7;
+  engine.Attach(*posted, 0);
+  sched.Submit(posted);
+  engine.WaitForPosts(2);  // gpu0 at its limit: chunks 3 and 4 stay queued
+  auto other = rec.Make(1, "gpu1", TrafficClass::kOffload, 2 * 64 * kKiB);
+  other->owner_id = 8;
+  engine.Attach(*other, 1);
+  sched.Submit(other);
+  engine.WaitForPosts(4);
+  auto queued = rec.Make(2, "gpu0", TrafficClass::kUrgent, 2 * 64 * kKiB);
+  queued->owner_id = 7;
+  engine.Attach(*queued, 2);
+  sched.Submit(queued);
+  EXPECT_EQ(sched.CancelOwner(7, absl::CancelledError("session ended")), 2u);
+  {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    ASSERT_EQ(rec.done[2].size(), 1u);  // nothing of it posted: done at once
+    EXPECT_EQ(rec.done[2][0].code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(rec.done[0].size(), 0u);  // two of its chunks are posted
+  }
+  for (size_t i = 0; i < 4; ++i) engine.Complete(i);
+  sched.Shutdown();
+  EXPECT_EQ(engine.posts(), 4u);  // nothing posted after the cancel
+  for (size_t i = 0; i < 4; ++i) EXPECT_NE(engine.post(i).transfer, 2);
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[0].size(), 1u);
+  EXPECT_EQ(rec.done[0][0].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(rec.done[2].size(), 1u);
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_TRUE(rec.done[1][0].ok());
+  EXPECT_EQ(sched.stats().gpu_bytes.at("gpu0"), 2 * 64 * kKiB);  // the two posted chunks
+  EXPECT_EQ(sched.stats().gpu_bytes.at("gpu1"), 2 * 64 * kKiB);
+  EXPECT_EQ(sched.stats().chunks_in_flight, 0u);
+}
+
+// The async path drops a finished transfer (and what its callbacks hold) outside the lock too,
+// whether the engine completes a chunk inline in post_chunk or later on its own thread.
+TEST(LinkSchedulerTest, FinishedAsyncTransfersAreDroppedWithoutTheSchedulerLock) {
+  LinkScheduler sched(SmallChunks(1));
+  ProbeTally probes(&sched);
+  std::vector<std::thread> engine_threads;
+  std::mutex threads_mu;
+  auto inline_done = std::make_shared<Transfer>();
+  inline_done->gpu = "gpu0";
+  inline_done->bytes = 3 * 64 * kKiB;
+  inline_done->post_chunk = [p = probes.Make()](uint64_t, uint64_t,
+                                                std::function<void(absl::Status)> chunk_done) {
+    chunk_done(absl::OkStatus());
+  };
+  inline_done->done = [p = probes.Make()](absl::Status) {};
+  auto threaded = std::make_shared<Transfer>();
+  threaded->gpu = "gpu1";
+  threaded->bytes = 2 * 64 * kKiB;
+  threaded->post_chunk = [&](uint64_t offset, uint64_t,
+                             std::function<void(absl::Status)> chunk_done) {
+    std::lock_guard<std::mutex> lock(threads_mu);
+    engine_threads.emplace_back([offset, chunk_done = std::move(chunk_done)] {
+      chunk_done(offset == 0 ? absl::OkStatus() : absl::DataLossError("client memory went away"));
+    });
+  };
+  threaded->done = [p = probes.Make()](absl::Status) {};
+  sched.Submit(std::move(inline_done));
+  sched.Submit(std::move(threaded));
+  EXPECT_EQ(probes.WaitForDestroyed(3), 0);
+  sched.Shutdown();
+  for (std::thread& t : engine_threads) t.join();
+  EXPECT_EQ(sched.stats().bytes, (3 + 1) * 64 * kKiB);
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 // none says). The theoretical PCIe rate comes from current_link_speed (GT/s) x
 // current_link_width of the uplink's device side, with 128b/130b encoding for >= 8 GT/s (PCIe
 // 3.0+) and 8b/10b below: 16 GT/s x16 = 31.5 GB/s, 32 GT/s x16 = 63.0 GB/s per direction.
-// Measured rates are lower (DESIGN.md: 55 GB/s on PCIe 5 H200 nodes); capacities for pacing
-// are therefore left to the config (d2h/h2d_bytes_per_second), never taken from this number.
+// Measured rates are lower (docs/ARCHITECTURE.md: 55 GB/s on PCIe 5 H200 nodes); capacities for
+// pacing are therefore left to the config (d2h/h2d_bytes_per_second), never taken from this number.
 //
 // Link names: "switch-<upstream port bdf>", "rootport-<root port bdf>", "device-<gpu bdf>",
 // or the config's name. BDFs are normalized to lower case "dddd:bb:dd.f" (the 8-digit domain

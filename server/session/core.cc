@@ -43,7 +43,7 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
     for (const std::string& link : spec.links) link_parent_[link] = spec.name;
   }
   metrics::Get()
-      .pool_capacity_bytes->Add({{"numa_node", std::to_string(arena_->numa_node())}})
+      .pool_capacity_bytes->Add({{"numa_node", metrics::NumaNodeLabel(arena_->numa_node())}})
       .Set(static_cast<double>(store_.capacity_bytes()));
   if (options_.watch_pids) {
     pid_watcher_ = std::make_unique<PidWatcher>(
@@ -144,6 +144,20 @@ Core::Link* Core::LinkFor(const std::string& gpu) {
     raw->h2d->Shutdown();
   }
   return raw;
+}
+
+void Core::CancelTransfers(uint64_t session_id, const std::string& gpu,
+                           const absl::Status& status) {
+  std::shared_ptr<sched::LinkScheduler> d2h, h2d;
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);
+    auto it = links_.find(LinkNameFor(gpu));
+    if (it == links_.end()) return;
+    d2h = it->second->d2h;
+    h2d = it->second->h2d;
+  }
+  d2h->CancelOwner(session_id, status);
+  if (h2d != d2h) h2d->CancelOwner(session_id, status);
 }
 
 void Core::AddSession(uint64_t id, std::weak_ptr<Session> session) {
@@ -334,7 +348,7 @@ CoreStats Core::Stats() {
 void Core::RefreshMetrics() {
   CoreStats s = Stats();
   auto& m = metrics::Get();
-  const prometheus::Labels numa{{"numa_node", std::to_string(arena_->numa_node())}};
+  const prometheus::Labels numa{{"numa_node", metrics::NumaNodeLabel(arena_->numa_node())}};
   m.pool_used_bytes->Add(numa).Set(static_cast<double>(s.store.pool.used_bytes));
   m.pool_peak_used_bytes->Add(numa).Set(static_cast<double>(s.store.pool.peak_used_bytes));
   const uint64_t pinned =

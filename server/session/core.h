@@ -70,6 +70,7 @@ struct CoreOptions {
 
   // Isolation and failure handling (README "Failure modes").
   AccessPolicy access;  // who may open a session / call admin RPCs (session/peer.h)
+  ConnectionLimits connections;  // applied by rpc/'s listener (session/peer.h)
   // Requests of one session accepted and not yet answered; more get RESOURCE_EXHAUSTED at once.
   // Bounds the daemon's memory under a flood. 0 = no limit.
   uint32_t max_requests_in_flight = 4096;
@@ -181,6 +182,10 @@ class Core {
   void WatchPid(uint64_t session_id, int32_t pid);
   void UnwatchPid(uint64_t session_id);
   size_t pids_watched() const { return pid_watcher_ ? pid_watcher_->watched() : 0; }
+
+  // Cancels the queued transfers a session submitted to its GPU's link (both directions);
+  // their done callbacks get `status`. No-op when that link was never created.
+  void CancelTransfers(uint64_t session_id, const std::string& gpu, const absl::Status& status);
 
   // Transfer accounting; Drain waits for every accepted transfer to complete.
   // BeginTransfer fails (returns false) once draining has started.

@@ -44,6 +44,20 @@ struct AccessPolicy {
   std::vector<uint32_t> admin_uids;  // besides root and the daemon's own uid
 };
 
+// Bounds on the connections the daemon holds (each is a file descriptor and gRPC transport
+// state). A connection past a bound is closed at accept (the client sees UNAVAILABLE at
+// connect); admins (IsAdmin: root, the daemon's uid, admin_uids) may hold
+// admin_reserved_connections more than both bounds, so health checks and offloadctl keep
+// working while others fill them. A connection that has made no offloadd call (Session,
+// GetStats, EndSession, Projector) within unused_connection_timeout_seconds of its accept is
+// shut down. 0 = no bound / no timeout.
+struct ConnectionLimits {
+  uint32_t max_connections_total = 4096;
+  uint32_t max_connections_per_uid = 512;
+  uint32_t admin_reserved_connections = 32;
+  double unused_connection_timeout_seconds = 30;
+};
+
 // Reads SO_PEERCRED and SO_PEERGROUPS of a connected Unix socket. Errors: INTERNAL with errno's
 // text when SO_PEERCRED fails (not a Unix socket); missing supplementary groups are not an error.
 absl::StatusOr<PeerCredentials> ReadPeerCredentials(int fd);

@@ -1,6 +1,7 @@
 #include "server/session/session.h"
 
 #include <chrono>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -35,6 +36,44 @@ void RecordTransfer(const char* direction, const std::string& gpu, uint64_t byte
             prometheus::Histogram::BucketBoundaries{4096, 65536, 1 << 20, 8 << 20, 64 << 20,
                                                     256 << 20, 1 << 30})
       .Observe(static_cast<double>(bytes));
+}
+
+// One chunk copy between client memory and the pool, run only while the session is open
+// (copy_gate.h): after the session ended, queued chunks fail without touching client memory.
+std::function<absl::Status(uint64_t, uint64_t)> GatedCopy(std::shared_ptr<CopyGate> gate,
+                                                          Core* core,
+                                                          std::shared_ptr<copy::Region> region,
+                                                          copy::Direction direction,
+                                                          uint64_t region_offset, uint8_t* host) {
+  return [gate, core, region, direction, region_offset, host](uint64_t o, uint64_t len) {
+    if (!gate->Enter()) {
+      return absl::CancelledError("the session ended before this copy started");
+    }
+    absl::Status st =
+        core->engine().CopyChunk(direction, *region, region_offset + o, host + o, len);
+    gate->Exit();
+    return st;
+  };
+}
+
+// The asynchronous form of GatedCopy (issue 16): a chunk is posted only while the session is
+// open, and it holds the gate until the engine reports it done, so the session's end waits for
+// the chunks already posted (their copies touch client memory) and no chunk is posted after it.
+std::function<void(uint64_t, uint64_t, std::function<void(absl::Status)>)> GatedPost(
+    std::shared_ptr<CopyGate> gate, Core* core, std::shared_ptr<copy::Region> region,
+    copy::Direction direction, uint64_t region_offset, uint8_t* host) {
+  return [gate, core, region, direction, region_offset, host](
+             uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
+    if (!gate->Enter()) {
+      done(absl::CancelledError("the session ended before this copy started"));
+      return;
+    }
+    core->engine().PostChunk(direction, *region, region_offset + o, host + o, len,
+                             [gate, done = std::move(done)](absl::Status st) {
+                               gate->Exit();
+                               done(std::move(st));
+                             });
+  };
 }
 
 }  // namespace
@@ -335,16 +374,12 @@ void Session::OnOffload(const Request& r) {
     t->cls = sched::TrafficClass::kOffload;
     t->bytes = r.bytes;
     uint8_t* host = core->pool_base() + ref->extent.offset;
-    t->copy_chunk = [core, reg, host, offset = r.offset](uint64_t o, uint64_t len) {
-      return core->engine().CopyChunk(copy::Direction::kDeviceToHost, *reg, offset + o, host + o,
-                                      len);
-    };
+    t->owner_id = self->id_;
+    t->copy_chunk =
+        GatedCopy(self->gate_, core, reg, copy::Direction::kDeviceToHost, r.offset, host);
     if (core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
-      t->post_chunk = [core, reg, host, offset = r.offset](uint64_t o, uint64_t len,
-                                                           std::function<void(absl::Status)> done) {
-        core->engine().PostChunk(copy::Direction::kDeviceToHost, *reg, offset + o, host + o, len,
-                                 std::move(done));
-      };
+      t->post_chunk =
+          GatedPost(self->gate_, core, reg, copy::Direction::kDeviceToHost, r.offset, host);
     }
     const store::BlockRef block = *ref;
     const double admitted = NowSeconds();
@@ -387,9 +422,9 @@ void Session::OnReload(const Request& r) {
   auto region = FindRegion(r.region_id);
   if (!region.ok()) return Fail(r.request_id, region.status());
   if (!core_->BeginTransfer()) {
-    return Fail(r.request_id, absl::UnavailableError(
-                                  "offloadd is shutting down: the block cannot be reloaded; "
-                                  "recompute it or fail the step"));
+    return Fail(r.request_id,
+                absl::UnavailableError("offloadd is shutting down: the block cannot be reloaded; "
+                                       "recompute it or fail the step"));
   }
   auto self = shared_from_this();
   std::shared_ptr<copy::Region> reg = *region;
@@ -420,16 +455,12 @@ void Session::OnReload(const Request& r) {
         t->deadline_seconds = r.deadline_seconds > 0 ? start + r.deadline_seconds : 0;
         t->bytes = ref->bytes;
         uint8_t* host = core->pool_base() + ref->extent.offset;
-        t->copy_chunk = [core, reg, host, offset = r.offset](uint64_t o, uint64_t len) {
-          return core->engine().CopyChunk(copy::Direction::kHostToDevice, *reg, offset + o,
-                                          host + o, len);
-        };
-        if (core->engine().asynchronous()) {
-          t->post_chunk = [core, reg, host, offset = r.offset](
-                              uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
-            core->engine().PostChunk(copy::Direction::kHostToDevice, *reg, offset + o, host + o,
-                                     len, std::move(done));
-          };
+        t->owner_id = self->id_;
+        t->copy_chunk =
+            GatedCopy(self->gate_, core, reg, copy::Direction::kHostToDevice, r.offset, host);
+        if (core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
+          t->post_chunk =
+              GatedPost(self->gate_, core, reg, copy::Direction::kHostToDevice, r.offset, host);
         }
         const uint64_t bytes = ref->bytes;
         const double ready = NowSeconds();
@@ -537,23 +568,31 @@ void Session::End(EndCause cause, const absl::Status& status) { CloseWith(cause,
 
 void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   bool counted;
+  EndStream end_stream;
+  std::string device_id;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
     emit_ = nullptr;
-    if (end_status != nullptr && end_stream_) end_stream_(*end_status);
-    end_stream_ = nullptr;
+    end_stream.swap(end_stream_);
     counted = hello_done_;
+    device_id = device_id_;
     regions_.clear();
     tags_.clear();
     block_tags_.clear();
   }
+  // No copy into the client's memory starts from here on; wait for those running, and drop the
+  // queued ones (they must not hold up the link or a shutdown), before the stream ends.
+  gate_->CloseAndWait();
   if (counted) {
+    core_->CancelTransfers(id_, device_id,
+                           absl::CancelledError("the session ended before this copy ran"));
     core_->UnwatchPid(id_);
     core_->ReleaseSessionSlot();
   }
   core_->store().ReleaseSession(id_);
+  if (end_status != nullptr && end_stream) end_stream(*end_status);
   auto& m = metrics::Get();
   if (counted) m.sessions_open->Decrement();
   m.sessions_ended_total->Add({{"cause", EndCauseName(cause)}}).Increment();

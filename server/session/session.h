@@ -26,6 +26,10 @@
 // exit or crash), Close() releases every block and region the session holds; copies in flight
 // finish first and their completions are dropped. End() does the same from the daemon's side
 // (admin call, process exited) and also ends the stream with a status.
+// Client memory after the end: Close()/End() return (and End() ends the stream) only after
+// every chunk copy of the session into or out of client memory has finished; chunks not yet
+// started are cancelled and never run (copy_gate.h). Once the client sees its stream end it may
+// reuse or free its registered memory.
 #ifndef OFFLOADD_SERVER_SESSION_SESSION_H_
 #define OFFLOADD_SERVER_SESSION_SESSION_H_
 
@@ -39,6 +43,7 @@
 
 #include "absl/status/status.h"
 #include "server/copy/copy_engine.h"
+#include "server/session/copy_gate.h"
 #include "server/session/core.h"
 #include "server/session/peer.h"
 
@@ -115,8 +120,8 @@ const char* EndCauseName(EndCause cause);
 class Session : public std::enable_shared_from_this<Session> {
  public:
   using Emit = std::function<void(Completion)>;
-  // Ends the transport stream with a status (rpc/); called at most once, with the session's
-  // lock held: it must not call back into the session.
+  // Ends the transport stream with a status (rpc/); called at most once, without the session's
+  // lock held, after the session's copies have stopped; it must not call back into the session.
   using EndStream = std::function<void(const absl::Status&)>;
   // `emit` is called from any thread, never after Close() has returned. `peer`: the
   // connection's credentials (unknown = not checked).
@@ -165,6 +170,8 @@ class Session : public std::enable_shared_from_this<Session> {
   mutable std::mutex mu_;
   Emit emit_;  // null once closed
   EndStream end_stream_;  // null once closed
+  // Chunk copies of this session's transfers pass it; closed by CloseWith.
+  const std::shared_ptr<CopyGate> gate_ = std::make_shared<CopyGate>();
   uint64_t requests_in_flight_ = 0;
   bool hello_done_ = false;
   bool closed_ = false;

@@ -9,12 +9,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "server/copy/shm_engine.h"
+#include "server/session/completion_collector.h"
 
 namespace offloadd::session {
 namespace {
@@ -41,37 +42,7 @@ class Shm {
   uint8_t* data_;
 };
 
-class Collector {
- public:
-  Session::Emit emit() {
-    return [this](Completion c) {
-      std::lock_guard<std::mutex> lock(mu_);
-      got_.push_back(std::move(c));
-      cv_.notify_all();
-    };
-  }
-  // Waits for the completion of `request_id`.
-  Completion Wait(uint64_t request_id) {
-    std::unique_lock<std::mutex> lock(mu_);
-    Completion out;
-    bool found = cv_.wait_for(lock, std::chrono::seconds(10), [&] {
-      for (auto& c : got_) {
-        if (c.request_id == request_id) {
-          out = c;
-          return true;
-        }
-      }
-      return false;
-    });
-    EXPECT_TRUE(found) << "no completion for request " << request_id;
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Completion> got_;
-};
+using Collector = CompletionCollector;
 
 std::unique_ptr<Core> MakeCore(uint64_t pool_bytes, CoreOptions options = {}) {
   pool::ArenaOptions a;
@@ -315,6 +286,76 @@ TEST(SessionTagTest, WaitersOfAFailedTaggedOffloadFailToo) {
   EXPECT_EQ(r.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(std::string(r.status.message()).find("tagged 9"), std::string::npos);
   s->Close(EndCause::kClosed);
+}
+
+}  // namespace
+}  // namespace offloadd::session
+
+namespace offloadd::session {
+namespace {
+
+// A core whose link moves 16 MiB/s in 1 MiB chunks: a 16 MiB copy takes ~1 s, so a session
+// ended right after sending it ends while most of its chunks are still queued.
+std::unique_ptr<Core> MakeSlowLinkCore() {
+  CoreOptions options;
+  options.default_link_bytes_per_second = 16.0 * kMiB;
+  options.copy_threads = 1;
+  return MakeCore(64 * kMiB, options);
+}
+
+// Issue 13 item 4: once Close()/End() has returned (the stream ends after it), the daemon must
+// not write into the client's memory: chunks not yet copied are cancelled, the running one is
+// waited for.
+TEST(SessionEndTest, NoReloadChunkLandsInClientMemoryAfterTheSessionEnded) {
+  for (bool admin_end : {false, true}) {
+    auto core = MakeSlowLinkCore();
+    Collector out;
+    bool stream_ended = false;
+    auto s = Session::Create(core.get(), out.emit(), {},
+                             [&](const absl::Status&) { stream_ended = true; });
+    Shm shm(16 * kMiB);
+    std::memset(shm.data_, 0xAB, shm.size_);
+    s->Handle(Hello(1));
+    s->Handle(Register(2, shm));
+    uint64_t region = out.Wait(2).id;
+    s->Handle(Offload(3, region, 0, shm.size_));
+    Completion off = out.Wait(3);
+    ASSERT_EQ(off.kind, CompletionKind::kOffloadDone) << off.status;
+    std::memset(shm.data_, 0, shm.size_);  // the client reuses its buffer for a reload
+    s->Handle(Reload(4, off.id, region, 0, kPriorityUrgent, false));
+    if (admin_end) {
+      ASSERT_TRUE(core->EndSession(s->id(), EndCause::kAdmin, absl::AbortedError("x")).ok());
+      EXPECT_TRUE(stream_ended);
+    } else {
+      s->Close(EndCause::kClosed);
+    }
+    std::vector<uint8_t> seen(shm.data_, shm.data_ + shm.size_);
+    core->Drain();  // every transfer accepted has finished or was cancelled
+    EXPECT_EQ(std::memcmp(seen.data(), shm.data_, shm.size_), 0)
+        << "bytes changed in client memory after the session ended (admin_end=" << admin_end << ")";
+    EXPECT_EQ(core->store().stats().pool.used_bytes, 0u);
+  }
+}
+
+// A closed session's queued offloads are dropped, not copied: they must not hold the link (or
+// a SIGTERM's drain) for the seconds they would take.
+TEST(SessionEndTest, QueuedOffloadsOfAClosedSessionAreNeverCopied) {
+  auto core = MakeSlowLinkCore();
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  Shm shm(32 * kMiB);
+  s->Handle(Hello(1));
+  s->Handle(Register(2, shm));
+  uint64_t region = out.Wait(2).id;
+  for (int i = 0; i < 8; ++i) s->Handle(Offload(10 + i, region, i * 4 * kMiB, 4 * kMiB));
+  s->Close(EndCause::kCrashed);
+  core->Drain();
+  const CoreStats stats = core->Stats();
+  ASSERT_EQ(stats.links.size(), 1u);
+  // At most the chunks running at Close (one worker: one chunk, maybe two) were copied.
+  EXPECT_LE(stats.links[0].d2h.bytes, 2 * kMiB);
+  EXPECT_EQ(core->store().stats().pool.used_bytes, 0u);
+  EXPECT_EQ(core->store().stats().blocks, 0u);
 }
 
 }  // namespace

@@ -147,7 +147,6 @@ class BlockStore {
   void FreeLocked(uint64_t block_id, Deferred* deferred);
   void AdmitWaitersLocked(Deferred* deferred);
   void DeadlineLoop();
-  static double Now();
 
   const BlockStoreOptions options_;
   mutable std::mutex mu_;

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Start-up checks of the real daemon, each refused with exit 1 and a message that says what to
 # do: a pool larger than MemAvailable, mlock over RLIMIT_MEMLOCK, a socket directory it cannot
-# create or write, a metrics port already taken. (The memlock check of the cuda backend and its
-# decisions are unit-tested in server/pool/arena_test.cc.)
+# create or write, a metrics port already taken, a socket another daemon serves (reported before
+# the pool: a 1000 TiB pool on a taken socket names the socket). --check-config on a host that
+# cannot run the config: exit 1 with every problem in start-up order; config file errors with
+# the errno text and size suffixes. (The memlock check of the cuda backend and its decisions are
+# unit-tested in server/pool/arena_test.cc, the host checks in server/host_check_test.cc.)
 set -uo pipefail
 OFFLOADD=${TEST_SRCDIR:-.}/offloadd/server/offloadd
 dir=$(mktemp -d /tmp/ofd-start-XXXXXX)
@@ -10,12 +13,12 @@ chmod 0755 "$dir"
 holder=
 trap '[ -n "$holder" ] && kill "$holder" 2>/dev/null; rm -rf "$dir"' EXIT
 failures=0
-# expect NAME WANTED_TEXT CMD...: exit status 1 and WANTED_TEXT on stderr.
+# expect NAME WANTED_TEXT CMD...: exit status $code (1 unless set) and WANTED_TEXT on stderr.
 expect() {
-  local name=$1 want=$2; shift 2
+  local name=$1 want=$2 code=${code:-1}; shift 2
   "$@" >/dev/null 2>"$dir/err" </dev/null
   local rc=$?
-  if [ "$rc" -eq 1 ] && grep -q -- "$want" "$dir/err"; then
+  if [ "$rc" -eq "$code" ] && grep -qF -- "$want" "$dir/err"; then
     echo "PASS $name"
   else
     echo "FAIL $name: exit $rc, stderr:"; sed 's/^/    /' "$dir/err"; failures=$((failures + 1))
@@ -37,6 +40,47 @@ expect metrics_port_taken "free the port" \
   --metrics_address="127.0.0.1:$(cat "$dir/port")"
 [ -S "$dir/b.sock" ] && { echo "FAIL metrics_port_taken left its socket behind"; failures=$((failures + 1)); }
 
+# A daemon serving a socket; a second one on it is refused before it maps (or checks) its pool.
+"$OFFLOADD" --socket_path="$dir/live.sock" --pool_bytes=16MiB --metrics_address= \
+  >"$dir/live.log" 2>&1 &
+live=$!
+for _ in $(seq 100); do [ -S "$dir/live.sock" ] && break; sleep 0.05; done
+expect second_daemon_socket_before_pool "another offloadd is already listening on $dir/live.sock" \
+  "$OFFLOADD" --socket_path="$dir/live.sock" --pool_bytes=1000TiB --metrics_address=
+grep -q "MemAvailable" "$dir/err" && { echo "FAIL second daemon also checked its pool"; failures=$((failures + 1)); }
+
+# --check-config: a valid config this host cannot run names each problem, in start-up order.
+printf 'backend: "cuda"\npool_bytes: 1000TiB\nmetrics_address: ""\n' >"$dir/big.conf"
+if [ -e /dev/nvidiactl ]; then
+  expect check_config_host_memory "larger than MemAvailable" \
+    "$OFFLOADD" --check-config "$dir/big.conf" --socket_path="$dir/c.sock"
+else
+  expect check_config_host_cuda_then_memory "this host cannot run it (2 problems" \
+    "$OFFLOADD" --check-config "$dir/big.conf" --socket_path="$dir/c.sock"
+  sed -n 2p "$dir/err" | grep -q 'backend "cuda" needs the NVIDIA driver' \
+    && sed -n 3p "$dir/err" | grep -q "larger than MemAvailable" \
+    || { echo "FAIL problems not in start-up order:"; cat "$dir/err"; failures=$((failures + 1)); }
+fi
+# A live daemon on the socket is a note, not a failure (ExecStartPre runs after it stopped).
+printf 'pool_bytes: 16MiB  # a size with a suffix\n' >"$dir/ok.conf"
+if "$OFFLOADD" --check-config "$dir/ok.conf" --socket_path="$dir/live.sock" >"$dir/out" 2>&1 \
+   && grep -q "note: another offloadd is already listening" "$dir/out" \
+   && grep -q "is valid and this host can run it" "$dir/out"; then
+  echo "PASS check_config_live_socket_is_a_note"
+else
+  echo "FAIL check_config_live_socket_is_a_note:"; cat "$dir/out"; failures=$((failures + 1))
+fi
+kill "$live"; wait "$live" 2>/dev/null
+
+# Config file errors: errno text, directories, sizes the parser cannot read.
+code=2 expect config_missing_errno "cannot read config file $dir/none.conf: No such file or directory" \
+  "$OFFLOADD" --config "$dir/none.conf"
+code=2 expect config_is_directory "it is a directory" "$OFFLOADD" --check-config "$dir"
+printf 'copy_threads: 2\npool_bytes: 16M\n' >"$dir/m.conf"
+code=2 expect config_size_suffix_unknown "KiB MiB GiB TiB KB MB GB TB" \
+  "$OFFLOADD" --check-config "$dir/m.conf"
+code=2 expect check_config_needs_file "--check-config needs a FILE" "$OFFLOADD" --check-config
+
 if [ "$(id -u)" = 0 ] && setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
   as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
   mkdir "$dir/ro"
@@ -44,10 +88,19 @@ if [ "$(id -u)" = 0 ] && setpriv --reuid=65534 --regid=65534 --clear-groups true
     as_nobody "$OFFLOADD" --socket_path="$dir/ro/sub/a.sock" --pool_bytes=16MiB --metrics_address=
   expect socket_dir_not_writable "is not writable by this user" \
     as_nobody "$OFFLOADD" --socket_path="$dir/ro/a.sock" --pool_bytes=16MiB --metrics_address=
+  mkdir "$dir/nobody" && chown 65534:65534 "$dir/nobody"
   expect memlock_too_low "LimitMEMLOCK=infinity" \
     bash -c "ulimit -l 8192 && exec setpriv --reuid=65534 --regid=65534 --clear-groups \
-      '$OFFLOADD' --socket_path='$dir/c.sock' --pool_bytes=64MiB --pool_mlock=true \
+      '$OFFLOADD' --socket_path='$dir/nobody/c.sock' --pool_bytes=64MiB --pool_mlock=true \
       --metrics_address="
+  printf 'pool_bytes: 64MiB\npool_mlock: true\n' >"$dir/mlock.conf"
+  chmod 0644 "$dir/mlock.conf"
+  expect check_config_host_memlock_and_socket_dir "this host cannot run it (2 problems" \
+    bash -c "ulimit -l 8192 && exec setpriv --reuid=65534 --regid=65534 --clear-groups \
+      '$OFFLOADD' --check-config '$dir/mlock.conf' --socket_path='$dir/ro/a.sock'"
+  sed -n 2p "$dir/err" | grep -q "is not writable by this user" \
+    && sed -n 3p "$dir/err" | grep -q "RLIMIT_MEMLOCK" \
+    || { echo "FAIL check-config as nobody:"; cat "$dir/err"; failures=$((failures + 1)); }
 else
   echo "SKIP socket directory and memlock checks: need root to run the daemon as uid 65534"
 fi

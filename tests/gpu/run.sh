@@ -149,6 +149,17 @@ rc=$?
 grep -E "^(torch|PASS|FAIL|SKIPPED|FIGURE)" "$logs/torch.log"; grep "^FIGURE" "$logs/torch.log" >> "$figures"
 [ $rc -eq 0 ] || { echo "FAIL: torch_check exited $rc"; tail -15 "$logs/torch.log"; fails=$((fails+1)); }
 
+# 9b. The real-stack acceptance on CUDA tensors: the reference study's Qwen3 step at two sequence
+# lengths (peak GPU memory and step time per mode) and 5 Trainer steps, with this machine's
+# torch and Transformers (SKIPPED where Transformers is missing).
+say "Transformers: seed Qwen3 step and Trainer on CUDA"
+PYTHONPATH="$here/python" timeout 600 "$PY" "$here/transformers_check.py" --socket="$sock" \
+  --fixture-dir="$here" > "$logs/transformers.log" 2>&1
+rc=$?
+grep -E "^(torch|PASS|FAIL|SKIPPED|FIGURE)" "$logs/transformers.log"
+grep "^FIGURE" "$logs/transformers.log" >> "$figures"
+[ $rc -eq 0 ] || { echo "FAIL: transformers_check exited $rc"; tail -15 "$logs/transformers.log"; fails=$((fails+1)); }
+
 # 10. Clean stop.
 kill -TERM $daemon; wait $daemon; drc=$?
 [ $drc -eq 0 ] || { echo "FAIL: offloadd exited $drc on SIGTERM"; fails=$((fails+1)); }

@@ -10,7 +10,8 @@ Checks, at two sequence lengths:
   * every checkpointed input really went through the daemon (stats: offloaded == reloaded > 0,
     no fallbacks);
   * step time (forward + backward, ms) of checkpointing alone vs torch's save_on_cpu vs offloadd;
-  * GPU memory does not grow over 20 offloadd steps (DESIGN.md pitfall: blocks stuck in limbo).
+  * GPU memory does not grow over 20 offloadd steps (docs/ARCHITECTURE.md, "Pitfalls": blocks
+    stuck in limbo).
 """
 
 import argparse

@@ -50,7 +50,7 @@ ISSUE_METRICS = [
     ("offloadd_projector_queue_depth", "gauge", ()),  # requested
 ]
 
-# Labels no offloadd series may carry (DESIGN.md: never a pid or client label).
+# Labels no offloadd series may carry (docs/ARCHITECTURE.md: never a pid or client label).
 FORBIDDEN_LABELS = {"pid", "client", "client_id", "client_name", "session", "session_id", "uid"}
 
 # Series names Prometheus itself makes; allowed in rules and dashboards.

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Runs every Python test of offloadd (client/python/tests) with Debian's /usr/bin/python3 and
-# prints unittest's summary ("Ran N tests ... OK" / "FAILED (...)"); exits non-zero on failure.
+# Runs every Python test of offloadd (client/python/tests) under pytest with the project's pinned
+# environment (.venv/, made by deploy/python-env.sh: torch 2.15.0, transformers 5.24.0, grpcio,
+# pytest) and prints pytest's summary line ("N passed, M failed, K skipped in S s"); exits
+# non-zero on failure.
 #
 #   tests/python/run.sh                       # daemon from bazel-bin/server/offloadd (or build/bin)
 #   OFFLOADD_BIN=build/bin/offloadd tests/python/run.sh
-#   tests/python/run.sh -k fallback           # extra arguments go to unittest discover
+#   tests/python/run.sh -k fallback           # extra arguments go to pytest
 #
 # Generates the protocol stubs first (client/python/gen_proto.sh). The tests start their own
 # daemons on short unique sockets under /tmp; they need the daemon binary (bazel build
-# //server:offloadd) and python3-torch, python3-grpcio, python3-protobuf.
+# //server:offloadd). PYTHON overrides the interpreter (it needs the packages of
+# client/python/requirements.lock).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-PY=${PYTHON:-/usr/bin/python3}
+PY=${PYTHON:-$root/.venv/bin/python}
+if [ ! -x "$PY" ]; then
+  echo "tests/python/run.sh: no Python environment at $PY: run 'bash deploy/python-env.sh'" \
+       "(or 'make venv')" >&2
+  exit 1
+fi
 if [ -z "${OFFLOADD_BIN:-}" ]; then
   # bazel-bin follows the configuration of the last build: look where builds leave the daemon.
   for candidate in bazel-bin/server/offloadd build/bin/offloadd \
@@ -27,8 +35,11 @@ if [ ! -x "$OFFLOADD_BIN" ]; then
        "run 'bazel build //server:offloadd' or set OFFLOADD_BIN" >&2
   exit 1
 fi
+export PYTHON="$PY"
 bash client/python/gen_proto.sh
 # At most two OpenMP threads per test process (the CI machine has 2 cores; some tests run two
 # training processes at once); the tests set torch's intra-op threads themselves.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-exec "$PY" -m unittest discover -s client/python/tests -t client/python/tests -p 'test_*.py' "$@"
+# No model or tokenizer is ever fetched from a hub: the tests build random-init models.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+exec "$PY" -m pytest -p no:cacheprovider -q -rs --durations=8 client/python/tests "$@"

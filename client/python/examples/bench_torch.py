@@ -8,12 +8,10 @@ Modes (tiny_lm.py), each layer checkpointed:
   checkpoint         torch.utils.checkpoint alone, non-reentrant
   reentrant          torch.utils.checkpoint alone, reentrant
   torch-save-on-cpu  torch.autograd.graph.save_on_cpu around each checkpoint call, the way
-                     Transformers' gradient_checkpointing_enable(offload=True) does (reentrant on
-                     torch 1.13, where non-reentrant inputs bypass outer hooks; else non-reentrant)
+                     Transformers' gradient_checkpointing_enable(offload=True) does (non-reentrant)
   offloadd           offloadd.torch.checkpoint: layer inputs to the daemon (shm backend),
-                     non-reentrant semantics (offloadd's implementation on torch 1.13)
-  hooks-reentrant    offloadd's offload_checkpoints around reentrant torch checkpoint: the same
-                     checkpointing as torch-save-on-cpu on torch 1.13, routed to the daemon
+                     non-reentrant
+  hooks-reentrant    offloadd's offload_checkpoints around reentrant torch checkpoint
 Each mode runs in a fresh worker process (so getrusage's ru_maxrss is that mode's peak), in
 rounds that cycle through the modes, and reports the median step time over all measured steps
 and the median of the per-process peaks, plus the ratio to checkpointing alone.

@@ -4,10 +4,9 @@
   python3 client/python/examples/check_torch_offload.py --socket /tmp/ofd.sock [--device cuda]
 
 Meant for the GPU machine's PyTorch (torch 2.x; run by the CUDA issue's GPU check script against
-a daemon it started, cuda or shm backend) and runnable on Debian's torch 1.13 on CPU. For the
+a daemon it started, cuda or shm backend) and runnable on CPU. For the
 tiny model (L=4, b=2, s=64, h=64 fp32 unless changed) it checks, and exits 1 on any failure:
-  1. offload_checkpoints around torch checkpoint -- non-reentrant on torch >= 2, reentrant on
-     1.13 -- sends exactly L tensors of shape (b, s, h) through the daemon (pack count and the
+  1. offload_checkpoints around torch's non-reentrant checkpoint sends exactly L tensors of shape (b, s, h) through the daemon (pack count and the
      daemon's offloads_total), and the loss and every parameter gradient are bitwise equal to the
      step without checkpointing and to the step with checkpointing alone;
   2. the same for offloadd.torch.checkpoint;
@@ -112,9 +111,9 @@ def main():
     plain, ckpt = step(args, "plain"), step(args, "checkpoint")
     check(equal(plain, ckpt), "checkpointing alone is bitwise equal to no checkpointing")
 
-    hook_mode = "hooks" if tiny_lm.TORCH_MAJOR >= 2 else "hooks-reentrant"
+    hook_mode = "hooks"
     for mode, label in ((hook_mode, "offload_checkpoints around %s torch checkpoint" % (
-            "non-reentrant" if tiny_lm.TORCH_MAJOR >= 2 else "reentrant")),
+            "non-reentrant")),
             ("offloadd", "offloadd.torch.checkpoint")):
         ctx, shapes = counted_context(args)
         out = step(args, mode, ctx)  # connects on the first pack

@@ -37,4 +37,4 @@ if ! grep -q "offloadd: ready on" "$out"; then
   echo "offloadd did not get ready:" >&2; cat "$log" >&2; exit 1
 fi
 echo "demo-torch: offloadd (pid $pid) serving on $sock"
-/usr/bin/python3 client/python/examples/train_tiny.py --offload --socket "$sock" "$@"
+"${PYTHON:-.venv/bin/python}" client/python/examples/train_tiny.py --offload --socket "$sock" "$@"

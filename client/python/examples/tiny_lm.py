@@ -14,9 +14,8 @@ one (b, s, h) tensor per layer for backward: the layer input.
   plain              no checkpointing
   checkpoint         torch.utils.checkpoint, non-reentrant
   reentrant          torch.utils.checkpoint, reentrant
-  hooks              ``with context:`` around torch.utils.checkpoint -- reentrant on torch 1.13
-                     (its non-reentrant mode hides inputs from outer hooks), non-reentrant on 2.x
-  hooks-reentrant    ``with context:`` around reentrant torch.utils.checkpoint (any version)
+  hooks              ``with context:`` around torch.utils.checkpoint (non-reentrant)
+  hooks-reentrant    ``with context:`` around reentrant torch.utils.checkpoint
   offloadd           offloadd.torch.checkpoint(block, x, context=context), non-reentrant
   torch-save-on-cpu  ``with torch.autograd.graph.save_on_cpu():`` around torch checkpoint, the
                      way Transformers' gradient_checkpointing_enable(offload=True) does
@@ -112,7 +111,7 @@ class TinyLM(nn.Module):
                 x = ot.checkpoint(block, x, context=context, use_reentrant=False)
             return x
         if mode in ("hooks", "hooks-reentrant", "torch-save-on-cpu"):
-            reentrant = mode == "hooks-reentrant" or TORCH_MAJOR < 2
+            reentrant = mode == "hooks-reentrant"
             for block in self.blocks:
                 ctx = context if mode != "torch-save-on-cpu" else \
                     torch.autograd.graph.save_on_cpu()

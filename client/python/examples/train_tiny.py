@@ -7,7 +7,7 @@ its checkpointed layer inputs offloaded to an offloadd daemon.
 
 Every layer runs under non-reentrant checkpointing; with --offload the layer inputs go to the
 daemon through ``offloadd.torch.checkpoint`` (default) or through ``offload_checkpoints`` hooks
-around torch's checkpoint (--offload-mode hooks: reentrant on torch 1.13, non-reentrant on 2.x).
+around torch's checkpoint (--offload-mode hooks: non-reentrant).
 Prints the loss per step, then the offload statistics and the daemon's pool counters.
 Exit status 0 on success; the daemon being unreachable is a fallback (warned), not an error,
 unless --strict.

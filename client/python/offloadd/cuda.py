@@ -2,8 +2,8 @@
 
 Why not PyTorch's own sharing path: ``storage._share_cuda_()`` (torch.multiprocessing) puts the
 block under cross-process reference counting; a consumer that never decrements the counter (the
-daemon) leaves blocks stuck in the training process (DESIGN.md, pitfalls). Here the allocation is
-exported with the CUDA runtime directly:
+daemon) leaves blocks stuck in the training process (docs/ARCHITECTURE.md, "Pitfalls"). Here the
+allocation is exported with the CUDA runtime directly:
 
 * allocation base and size: ``cuMemGetAddressRange_v2`` (driver API, libcuda.so.1): an IPC
   handle covers a whole cudaMalloc allocation, so the handle is taken of the *base* and each

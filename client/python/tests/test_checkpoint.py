@@ -1,8 +1,7 @@
 """offloadd.torch.checkpoint: the layer input goes through the daemon, results stay bitwise equal.
 
-Same tiny model as test_hooks (L=4, b=2, s=64, h=64, fp32, threshold 16 KiB). On torch 1.13 the
-non-reentrant path is offloadd's own implementation; these tests compare it with torch's
-checkpoint (both modes) and with no checkpointing, including RNG replay (dropout) and kwargs.
+Same tiny model as test_hooks (L=4, b=2, s=64, h=64, fp32, threshold 16 KiB). These tests compare
+it with torch's checkpoint (both modes) and with no checkpointing, including RNG replay (dropout) and kwargs.
 """
 
 import unittest

@@ -7,20 +7,47 @@
   device_type), routed through the daemon (a drop-in for Hugging Face Transformers'
   ``gradient_checkpointing_enable(offload=True)``: see client/python/README.md).
 * :func:`checkpoint` -- drop-in for ``torch.utils.checkpoint.checkpoint`` that offloads the
-  layer input itself, with non-reentrant semantics on every torch version from 1.13 on.
-* :class:`OffloadStats`, :func:`default_context`, :func:`fallbacks_total`, :func:`synchronize`
-  (wait for every request sent so far), :func:`close`.
+  layer input itself (torch's checkpoint inside the context's hooks).
+* :class:`OffloadStats`, :func:`default_context`, :func:`fallbacks_total`,
+  :func:`idle_steps_total`, :func:`synchronize` (wait for every request sent so far),
+  :func:`close`.
+
+Supported torch: 2.4 <= version < 3 (tested: 2.15.0, client/python/requirements.lock); importing
+this module under another torch raises ImportError naming the range. Hugging Face Transformers
+(>= 5.17, tested 5.24.0): see :mod:`offloadd.transformers`.
 
 CPU tensors are staged through POSIX shared memory (daemon backend "shm"); CUDA tensors are
 exported through the CUDA runtime (IPC handle of the allocation base + offset, interprocess
 events) on a "cuda" daemon, or staged through shared memory on a "shm" one.
 """
 
-from ._checkpoint import checkpoint
-from ._endpoint import close_all as close
-from ._endpoint import fallbacks_total, synchronize
-from ._hooks import default_context, offload_checkpoints, save_on_cpu
-from ._stats import OffloadStats
+import torch as _torch
+
+SUPPORTED_TORCH = ((2, 4), (3, 0))  # [lowest, first unsupported): saved-tensor hooks as tested
+
+
+def _check_torch_version(version):
+    """Raises ImportError unless ``version`` (a torch.__version__ string) is supported."""
+    try:
+        parts = tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        parts = None
+    lo, hi = SUPPORTED_TORCH
+    if parts is None or not lo <= parts < hi:
+        raise ImportError(
+            "offloadd.torch supports torch >= %d.%d and < %d.%d; this process has torch %s. "
+            "Install a supported torch (tested: 2.15.0; pip install 'torch>=2.4,<3') or use "
+            "offloadd.client directly without the PyTorch hooks." % (lo + hi + (version,)))
+
+
+_check_torch_version(_torch.__version__)
+
+from ._checkpoint import checkpoint  # noqa: E402
+from ._endpoint import close_all as close  # noqa: E402
+from ._endpoint import fallbacks_total, idle_steps_total, synchronize  # noqa: E402
+from ._hooks import default_context, offload_checkpoints, save_on_cpu  # noqa: E402
+from ._stats import OffloadStats  # noqa: E402
 
 __all__ = ["offload_checkpoints", "save_on_cpu", "checkpoint", "OffloadStats",
-           "default_context", "fallbacks_total", "synchronize", "close"]
+           "default_context", "fallbacks_total", "idle_steps_total", "synchronize", "close",
+           "SUPPORTED_TORCH"]

@@ -32,6 +32,8 @@ _endpoints = {}     # (pid, socket_path, device key) -> Endpoint
 _down_until = {}    # (pid, socket_path, device key) -> (monotonic deadline, reason)
 _warned = [False]
 _fallbacks = [0]
+_idle_warned = [False]
+_idle_steps = [0]
 
 # Staging arena sizes for ShmTransport (bytes); tests and benchmarks may change them.
 STAGING_GROW_BYTES = 16 << 20
@@ -141,6 +143,23 @@ def count_fallback(reason, warn=True):
                       "process." % reason, RuntimeWarning, stacklevel=3)
 
 
+def count_idle_step(reason):
+    """Counts a step that sent nothing to the daemon; the first one warns (once per process)."""
+    with _lock:
+        _idle_steps[0] += 1
+        first = not _idle_warned[0]
+        _idle_warned[0] = True
+    if first:
+        warnings.warn("offloadd: offload is on but %s. Counted in each context's "
+                      "stats.idle_steps and offloadd.torch.idle_steps_total(); this warning is "
+                      "shown once per process." % reason, RuntimeWarning, stacklevel=4)
+
+
+def idle_steps_total():
+    """Steps in this process (all contexts) that saved tensors but sent none to the daemon."""
+    return _idle_steps[0]
+
+
 def fallbacks_total():
     """Fallbacks in this process since import (all contexts)."""
     return _fallbacks[0]
@@ -153,6 +172,8 @@ def reset_for_tests():
         _down_until.clear()
         _warned[0] = False
         _fallbacks[0] = 0
+        _idle_warned[0] = False
+        _idle_steps[0] = 0
 
 
 def close_all():

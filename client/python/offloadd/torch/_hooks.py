@@ -6,10 +6,9 @@ Both are ``torch.autograd.graph.saved_tensors_hooks`` subclasses (PyTorch >= 1.1
 recomputes (reentrant checkpointing) inside it would send the recomputed tensors through the hooks
 too.
 
-What reaches the hooks depends on the checkpointing mode (DESIGN.md, pitfalls): reentrant
-``torch.utils.checkpoint.checkpoint`` saves each layer's input as an ordinary saved tensor in
-every torch version; non-reentrant checkpointing does so from torch 2.0 on, while torch 1.13's
-keeps the input in a closure that no outer hook sees -- use ``offloadd.torch.checkpoint`` there.
+What reaches the hooks: on torch >= 2.4 (the supported range) both reentrant and non-reentrant
+``torch.utils.checkpoint.checkpoint`` save each layer's input as an ordinary saved tensor, which
+these hooks see; the tensors inside a checkpointed layer go to checkpoint's own inner hooks.
 """
 
 import atexit
@@ -39,7 +38,7 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
       log_stats_at_exit: write ``stats.summary()`` to stderr when the process exits.
       retry_seconds: after the daemon was unreachable, do not try it again for this long.
       store: share another context's engine (ordering, keep_last_n, stats) instead of a new one.
-    Parameters (and views of them, and leaves that require grad), views of a tensor already
+    Parameters (and views of them), other leaves that require grad, views of a tensor already
     offloaded and non-dense or non-CPU/CUDA tensors stay in place. The object may be entered
     again for every step; statistics accumulate (``stats.reset()`` clears them).
     """

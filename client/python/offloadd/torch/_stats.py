@@ -6,13 +6,19 @@ Counted by the context's store (offloadd/torch/_store.py):
   prefetched_in_time  reloads that were complete when backward asked (issued as PREFETCH)
   waited      reloads backward had to wait for (prefetch still running, or issued URGENT then),
               with the seconds spent waiting in ``waited_seconds``
+  urgent      reloads requested only when backward asked for the tensor (no prefetch had been
+              issued for it): the first of each step in eager backward, plus the first of each
+              compiled graph's backward node under torch.compile (see README, torch.compile)
   kept        tensors eligible for offload kept on their device (the newest keep_last_n)
   fallbacks   tensors kept in-process because the daemon was unreachable or refused
               (pinned host copy for CUDA tensors where possible)
-  skipped_small / skipped_params / skipped_views / skipped_other  saved tensors left in place:
-              below the size threshold, parameters (or views of them, or leaves that require
-              grad), views of a tensor already offloaded, or not a dense CPU/CUDA tensor
+  skipped_small / skipped_params / skipped_leaves / skipped_views / skipped_other  saved
+              tensors left in place: below the size threshold, parameters (or views of them),
+              other leaves that require grad (inputs the caller owns), views of a tensor already
+              offloaded, or not a dense CPU/CUDA tensor
   lost        offloaded tensors the daemon no longer had when backward asked (it stopped)
+  idle_steps  training steps (a step ends when a pack follows an unpack) that saved tensors but
+              sent none to the daemon: all below the threshold, parameters, or kept on device
 Every reloaded tensor counts once in exactly one of prefetched_in_time and waited.
 """
 
@@ -21,8 +27,9 @@ import threading
 
 _FIELDS = ("offloaded", "offloaded_bytes", "reloaded", "reloaded_bytes", "prefetched_in_time",
            "prefetched_in_time_bytes", "waited", "waited_bytes", "kept", "kept_bytes",
-           "fallbacks", "fallback_bytes", "skipped_small", "skipped_params", "skipped_views",
-           "skipped_other", "lost")
+           "fallbacks", "fallback_bytes", "skipped_small", "skipped_params", "skipped_leaves",
+           "skipped_views",
+           "skipped_other", "lost", "idle_steps", "urgent")
 
 
 class OffloadStats:
@@ -75,11 +82,11 @@ class OffloadStats:
         d = self.as_dict()
         return ("offloaded %d (%s), reloaded %d (%s): %d prefetched in time, %d waited for "
                 "(%.3f s); kept on device %d; fallbacks %d (%s); lost %d; left in place: "
-                "%d small, %d params, %d views, %d other"
+                "%d small, %d params, %d leaves, %d views, %d other"
                 % (d["offloaded"], mib(d["offloaded_bytes"]), d["reloaded"],
                    mib(d["reloaded_bytes"]), d["prefetched_in_time"], d["waited"],
                    d["waited_seconds"], d["kept"], d["fallbacks"], mib(d["fallback_bytes"]),
-                   d["lost"], d["skipped_small"], d["skipped_params"], d["skipped_views"],
+                   d["lost"], d["skipped_small"], d["skipped_params"], d["skipped_leaves"], d["skipped_views"],
                    d["skipped_other"]))
 
     def __repr__(self):

@@ -12,7 +12,15 @@
 prefetched (issued PREFETCH when a later tensor was unpacked: backward runs in reverse order, so
 unpacking entry k prefetches the ``prefetch`` offloaded entries before it) or fetched URGENT.
 A block is released when its handle dies (autograd frees saved variables after use), so a graph
-can be run backward twice (retain_graph) and nothing stays in the pool after a step.
+can be run backward twice (retain_graph) and nothing stays in the pool after a step. The reloaded
+tensor is kept by the handle until the handle dies, so a tensor that several autograd nodes saved
+(one handle, de-duplicated at pack) is reloaded once however often it is unpacked: reloads per
+step equal offloads per step (as without hooks, a saved tensor then lives until its last user).
+
+Idle steps: a step ends when a pack follows an unpack (the next forward after a backward). A step
+that packed saved tensors but sent none to the daemon (all below the threshold, parameters, or
+kept by keep_last_n) is counted in ``stats.idle_steps`` and warned about once per process with
+the reason -- offload "on" that does nothing is a configuration error users otherwise miss.
 
 Failures: daemon unreachable or refusing (RESOURCE_EXHAUSTED past its admission deadline,
 OUT_OF_RANGE, registration errors, staging full) -> the tensor is kept in-process (fallback; a
@@ -20,8 +28,8 @@ pinned host copy for CUDA tensors when ``pin_memory`` and CUDA allow), one warni
 counted. ``strict=True`` raises OffloaddError instead (at the pack, or for an asynchronous
 refusal at the next pack/unpack). A daemon that stops while holding a block loses it: its unpack
 raises OffloaddError DATA_LOSS (the step cannot finish; later steps fall back).
-Errors raised in backward's unpack reach the caller of ``backward()`` as the RuntimeError autograd
-re-raises, whose message is the OffloaddError's ("DATA_LOSS: ...").
+Errors raised in backward's unpack reach the caller of ``backward()`` as the same OffloaddError
+(torch >= 2.4 re-raises a hook's exception object; OffloaddError is a RuntimeError).
 """
 
 import collections
@@ -98,15 +106,21 @@ class Store:
         self._pending = collections.deque()  # weakref(Saved) still KEPT, newest last
         self._seen = {}                      # id(tensor) -> (weakref(tensor), weakref(Saved))
         self._async_error = None
+        self._unpacking = False              # an unpack came after the last pack
+        self._step = _StepCounts()
 
     # ---- pack ------------------------------------------------------------------------------
     def pack(self, t, small_to_host=None, pin_memory=None):
         """The pack hook. ``small_to_host`` / ``pin_memory`` override the store's policy for
         this call (save_on_cpu instances sharing the default store)."""
         self._raise_async_error()
+        if self._unpacking:
+            self._unpacking = False
+            self._end_step()
         pin = self.pin_memory if pin_memory is None else pin_memory
         pin = pin and torch.cuda.is_available()
         category, existing = self._classify(t)
+        self._step.saw(t, category)
         if existing is not None:
             return existing
         if category is not None:
@@ -141,9 +155,10 @@ class Store:
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             return "other", None
         base = t._base
-        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter) or \
-                (t.is_leaf and t.requires_grad):
+        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter):
             return "params", None
+        if t.is_leaf and t.requires_grad:
+            return "leaves", None
         if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
             return "other", None
         if t.numel() * t.element_size() < max(self.threshold_bytes, 1):
@@ -171,6 +186,7 @@ class Store:
             self._seen[key] = (ref, weakref.ref(s))
 
     def _offload(self, s):
+        self._step.sent += 1  # attempted: a refusal or an unreachable daemon warns on its own
         ep, reason = _endpoint.get(self.socket_path, s.meta.device, self.retry_seconds,
                                    self.connect_timeout_seconds)
         if ep is None:
@@ -225,6 +241,14 @@ class Store:
             _endpoint.mark_broken(ep, str(exc), self.retry_seconds)
         self._count_fallback(s, "offloadd refused a tensor (%s)" % exc, exc)
 
+    def _end_step(self):
+        """A pack followed an unpack: the previous step is over; warn if it sent nothing."""
+        step, self._step = self._step, _StepCounts()
+        reason = step.idle_reason(self)
+        if reason is not None:
+            self.stats.add(idle_steps=1)
+            _endpoint.count_idle_step(reason)
+
     def _fallback(self, s, reason):
         if self.strict:
             raise errors.OffloaddError(errors.UNAVAILABLE, reason + " (strict=True)")
@@ -249,15 +273,15 @@ class Store:
 
     # ---- unpack ----------------------------------------------------------------------------
     def unpack(self, s):
+        self._unpacking = True
         if isinstance(s, HostCopy):
             return s.host.to(s.device, non_blocking=s.non_blocking)
         if not isinstance(s, Saved):
             return s
         self._raise_async_error()
-        if s.result is not None:
-            r = s.result()
-            if r is not None:
-                return r
+        r = s.result
+        if r is not None:
+            return r
         with self._lock:
             state, first = s.state, not s.unpacked
             s.unpacked = True
@@ -275,6 +299,7 @@ class Store:
                 rl = self._start_reload(s, URGENT)
                 if rl is None:  # became a fallback meanwhile
                     raise _BecameFallback()
+                self.stats.add(urgent=1)
             self._prefetch_before(s)
             in_time = rl.done.done() and rl.priority == PREFETCH
             t0 = time.monotonic()
@@ -296,7 +321,7 @@ class Store:
         else:
             self.stats.add(reloaded=1, reloaded_bytes=s.meta.nbytes, waited=1,
                            waited_bytes=s.meta.nbytes, waited_seconds=waited)
-        s.result = weakref.ref(t)
+        s.result = t  # later unpacks of this handle get the same tensor, not another reload
         return t
 
     def _lost(self, s, exc):
@@ -330,27 +355,58 @@ class Store:
             ep.transport.send_reload(rl, s.block_id, priority)
         return rl
 
+    # Forward-order consumers (a torch.compile'd graph's backward is one autograd node that
+    # unpacks all of its saved tensors at its start, in the order they were saved) get the rest
+    # of their run prefetched at once, up to this many entries.
+    FORWARD_RUN_MAX = 64
+
+    def _awaits_unpack(self, o):
+        return o is not None and not o.unpacked and o.state in (OFFLOADING, OFFLOADED)
+
+    def _entry(self, seq):
+        i = seq - self._base_seq
+        return self._order[i]() if 0 <= i < len(self._order) else None
+
     def _prefetch_before(self, s):
+        """Prefetches what backward will unpack next: the ``prefetch`` offloaded entries saved
+        before ``s`` (eager backward runs in reverse order of saving), or, when the entry saved
+        right after ``s`` is still waiting to be unpacked (a consumer that unpacks in forward
+        order, such as a compiled graph's backward node), every pending entry after ``s`` up to
+        FORWARD_RUN_MAX, since that consumer needs them all before it computes anything."""
         if self.prefetch <= 0:
             return
-        todo, active = [], 0
+        todo = []
         with self._lock:
-            i = s.seq - self._base_seq - 1
-            scanned = 0
-            while i >= 0 and active < self.prefetch and scanned < 4 * self.prefetch + 16:
-                o = self._order[i]() if i < len(self._order) else None
-                i -= 1
-                scanned += 1
-                if o is None or o.unpacked or o.state not in (OFFLOADING, OFFLOADED):
-                    continue
-                active += 1
-                if o.reload is None:
-                    todo.append(o)
+            if self._awaits_unpack(self._entry(s.seq + 1)):
+                seq = s.seq + 1
+                while len(todo) < self.FORWARD_RUN_MAX and self._awaits_unpack(self._entry(seq)):
+                    o = self._entry(seq)
+                    if o.reload is None:
+                        todo.append(o)
+                    seq += 1
+            else:
+                todo = self._reverse_candidates(s)
         for o in todo:
             try:
                 self._start_reload(o, PREFETCH)
             except _RECOVERABLE:
                 pass  # the unpack of o will try URGENT and report
+
+    def _reverse_candidates(self, s):
+        """Under the lock: the next ``prefetch`` pending entries before ``s`` without a reload."""
+        todo, active, scanned = [], 0, 0
+        seq = s.seq - 1
+        while seq >= self._base_seq and active < self.prefetch and \
+                scanned < 4 * self.prefetch + 16:
+            o = self._entry(seq)
+            seq -= 1
+            scanned += 1
+            if not self._awaits_unpack(o):
+                continue
+            active += 1
+            if o.reload is None:
+                todo.append(o)
+        return todo
 
     # ---- lifetime ----------------------------------------------------------------------------
     def _on_death(self, s):
@@ -369,3 +425,38 @@ class Store:
         with self._lock:
             return sum(1 for r in self._order if r() is not None)
 
+
+
+class _StepCounts:
+    """What one step's packs saw (for the idle-step warning)."""
+
+    __slots__ = ("packs", "eligible", "sent", "largest_bytes", "categories")
+
+    def __init__(self):
+        self.packs = self.eligible = self.sent = self.largest_bytes = 0
+        self.categories = collections.Counter()
+
+    def saw(self, t, category):
+        self.packs += 1
+        if category is None:
+            self.eligible += 1
+        else:
+            self.categories[category] += 1
+        if isinstance(t, torch.Tensor) and category in ("small", None):
+            self.largest_bytes = max(self.largest_bytes, t.numel() * t.element_size())
+
+    def idle_reason(self, store):
+        """None when the step tried to send something to the daemon (or packed nothing), else
+        why not."""
+        if self.packs == 0 or self.sent > 0:
+            return None
+        if self.eligible > 0:
+            return ("a training step sent none of its %d eligible saved tensors to offloadd: "
+                    "keep_last_n=%d keeps that many on the device (use keep_last_n=0, or "
+                    "checkpoint more layers)" % (self.eligible, store.keep_last_n))
+        left = ", ".join("%d %s" % (n, c) for c, n in sorted(self.categories.items()))
+        return ("a training step sent nothing to offloadd: all %d saved tensors were left in "
+                "place (%s); the largest was %d bytes, below threshold_bytes=%d. Lower "
+                "threshold_bytes, or check that checkpointing is on (only checkpointed layer "
+                "inputs are meant to go)" % (self.packs, left, self.largest_bytes,
+                                              store.threshold_bytes))

@@ -1,0 +1,31 @@
+// What every daemon-facing offloadctl command shares: the socket it talks to, a check that the
+// socket is there before gRPC spends its connect timeout on a path with nothing behind it, a
+// stub for the unary calls that open no session (GetStats, EndSession), and byte formatting.
+#ifndef OFFLOADD_CLIENT_CLI_QUERY_H_
+#define OFFLOADD_CLIENT_CLI_QUERY_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/offload.grpc.pb.h"
+
+namespace offloadd::cli {
+
+// `flag_value` when not empty, else $OFFLOADD_SOCKET, else client::DefaultSocketPath().
+std::string ResolveSocket(const std::string& flag_value);
+
+// OK when `path` exists and is a socket. Else UNAVAILABLE (nothing there), FAILED_PRECONDITION
+// (something that is not a socket) or PERMISSION_DENIED (a directory on the way cannot be
+// searched), each naming the path, the errno text where there is one, and what to do.
+absl::Status CheckSocketPresent(const std::string& path);
+
+// A stub on unix:`path` (no session is opened; GetStats answers without one).
+std::unique_ptr<v1::Offload::Stub> Stub(const std::string& path);
+
+// "1.50 GiB": binary units (KiB, MiB, GiB, TiB), two decimals.
+std::string Bytes(double bytes);
+
+}  // namespace offloadd::cli
+
+#endif  // OFFLOADD_CLIENT_CLI_QUERY_H_

@@ -1,0 +1,68 @@
+"""Hugging Face Transformers integration: checkpoint offload through offloadd in one line.
+
+Transformers (>= 5.17; tested 5.24.0) offloads checkpointed layer inputs when asked with
+``model.activation_checkpointing_enable(offload=True)`` (``gradient_checkpointing_enable``, its
+deprecated alias until Transformers 6, takes the same argument), or through the Trainer with
+``TrainingArguments(gradient_checkpointing=True,
+gradient_checkpointing_kwargs={"offload": True})``. Either way each checkpointed layer call runs
+inside ``transformers.modeling_utils.save_on_cpu(pin_memory=True, device_type=...)``, which is
+``torch.autograd.graph.save_on_cpu``: a device-to-host and a host-to-device copy on the compute
+stream, no prefetch. :func:`enable` swaps that name for :class:`offloadd.torch.save_on_cpu`, so
+the same layer inputs go to the node's offloadd daemon instead (asynchronous offload,
+reverse-order prefetch, one shared pinned pool per node)::
+
+    import offloadd.transformers
+    offloadd.transformers.enable()                 # before the first forward
+    model.activation_checkpointing_enable(offload=True)
+
+Only the name Transformers looks up at call time changes; models, the Trainer and torch are not
+patched otherwise. On a host without an accelerator torch's own ``save_on_cpu(pin_memory=True)``
+raises (torch asks ``torch.cpu`` whether it can pin, and it cannot); offloadd's pins only where
+CUDA is available, so the same code runs on CPU-only test machines.
+"""
+
+import threading
+
+_lock = threading.Lock()
+_saved = []  # the save_on_cpu that enable() replaced (empty when not enabled)
+
+
+def enable(**context_args):
+    """Routes Transformers' checkpoint offload through offloadd.
+
+    Args:
+      context_args: optional :class:`offloadd.torch.offload_checkpoints` arguments for the
+        process's shared context (``keep_last_n``, ``prefetch``, ``threshold_bytes``,
+        ``strict``, ``socket_path``, ...); without any, the current default context is kept.
+    Returns the shared context (``.stats`` for its statistics).
+    Raises ImportError when transformers is missing or older than 5.17 (no offload switch), or
+    when torch is outside offloadd.torch's supported range. Idempotent: a second call only
+    reconfigures the context.
+    """
+    import transformers
+    import transformers.modeling_utils as mu
+
+    import offloadd.torch as ot
+    version = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
+    if version < (5, 17) or not hasattr(mu, "save_on_cpu"):
+        raise ImportError("offloadd.transformers needs transformers >= 5.17 (checkpoint offload "
+                          "through modeling_utils.save_on_cpu); this process has %s"
+                          % transformers.__version__)
+    with _lock:
+        if not _saved:
+            _saved.append(mu.save_on_cpu)
+        mu.save_on_cpu = ot.save_on_cpu
+    return ot.default_context(**context_args)
+
+
+def disable():
+    """Puts back the ``save_on_cpu`` that :func:`enable` replaced (no-op when not enabled)."""
+    import transformers.modeling_utils as mu
+    with _lock:
+        if _saved:
+            mu.save_on_cpu = _saved.pop()
+
+
+def enabled():
+    """True while Transformers' checkpoint offload goes through offloadd."""
+    return bool(_saved)

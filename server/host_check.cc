@@ -1,0 +1,162 @@
+#include "server/host_check.h"
+
+#include <dlfcn.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "server/pool/arena.h"
+
+namespace offloadd {
+namespace {
+
+constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;  // 107
+
+std::string Dirname(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// The socket's directory, or the nearest parent that exists when it is still to be created:
+// the daemon creates the missing part (mkdir -p), so that parent must be writable.
+absl::Status CheckSocketDirectory(const std::string& dir) {
+  std::string existing = dir;
+  struct stat st;
+  while (stat(existing.c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "socket directory %s cannot be reached: %s; choose another socket_path", existing,
+          std::strerror(errno)));
+    }
+    existing = Dirname(existing);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is not a directory, so socket directory %s cannot be created; choose another "
+        "socket_path",
+        existing, dir));
+  }
+  if (access(existing.c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
+    if (existing == dir) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "socket directory %s is not writable by this user (%s): run as its owner or choose "
+          "another socket_path",
+          dir, std::strerror(err)));
+    }
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "cannot create socket directory %s: %s is not writable by this user (%s); create it or "
+        "choose another socket_path",
+        dir, existing, std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckSocketPath(const std::string& socket_path) {
+  if (socket_path.empty() || socket_path.size() > kMaxSocketPathBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "socket path %s is %d bytes; Unix socket paths are limited to %d: choose a shorter "
+        "socket_path",
+        socket_path, socket_path.size(), kMaxSocketPathBytes));
+  }
+  if (absl::Status st = CheckSocketDirectory(Dirname(socket_path)); !st.ok()) return st;
+  struct stat st;
+  if (lstat(socket_path.c_str(), &st) != 0) return absl::OkStatus();  // nothing there yet
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s exists and is not a socket: remove it or choose another socket_path", socket_path));
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::OkStatus();  // cannot probe; the daemon's own probe decides
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  const int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  close(fd);
+  if (rc == 0) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "another offloadd is already listening on %s: stop it first, or start this one with "
+        "--socket_path set to another path",
+        socket_path));
+  }
+  return absl::OkStatus();  // a stale socket: the daemon removes it
+}
+
+absl::Status ProbeCudaDriver() {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backend \"cuda\" needs the NVIDIA driver, but its library does not load (", dlerror(),
+        "): install the driver on the node, or in a container run with the NVIDIA runtime "
+        "(runtimeClassName: nvidia, NVIDIA_DRIVER_CAPABILITIES=compute,utility); or use backend: "
+        "\"shm\""));
+  }
+  using InitFn = int (*)(unsigned int);
+  using CountFn = int (*)(int*);
+  using NameFn = int (*)(int, const char**);
+  auto init = reinterpret_cast<InitFn>(dlsym(lib, "cuInit"));
+  auto count = reinterpret_cast<CountFn>(dlsym(lib, "cuDeviceGetCount"));
+  auto name = reinterpret_cast<NameFn>(dlsym(lib, "cuGetErrorName"));
+  absl::Status status;
+  if (init == nullptr || count == nullptr) {
+    status = absl::FailedPreconditionError(
+        "libcuda.so.1 loads but lacks cuInit/cuDeviceGetCount: reinstall the NVIDIA driver");
+  } else if (int rc = init(0); rc != 0) {
+    const char* text = nullptr;
+    if (name == nullptr || name(rc, &text) != 0) text = nullptr;
+    status = absl::FailedPreconditionError(absl::StrFormat(
+        "backend \"cuda\": the CUDA driver does not initialise (cuInit: %s, error %d): check "
+        "nvidia-smi and that /dev/nvidia* are present (in a container: the NVIDIA runtime)",
+        text != nullptr ? text : "unknown error", rc));
+  } else if (int gpus = 0; count(&gpus) != 0 || gpus == 0) {
+    status = absl::FailedPreconditionError(
+        "backend \"cuda\": the CUDA driver sees no GPU (NVIDIA_VISIBLE_DEVICES, device cgroup)");
+  }
+  dlclose(lib);
+  return status;
+}
+
+HostFacts ReadHostFacts(bool cuda_in_build, bool probe_cuda) {
+  HostFacts f;
+  f.mem_available_bytes = pool::ReadMemAvailableBytes();
+  rlimit rl{};
+  getrlimit(RLIMIT_MEMLOCK, &rl);
+  f.memlock_limit_bytes = rl.rlim_cur;
+  f.memlock_privileged = pool::MemlockPrivileged();
+  if (probe_cuda) {
+    f.cuda = cuda_in_build ? ProbeCudaDriver()
+                           : absl::FailedPreconditionError(
+                                 "backend \"cuda\" is not in this build (no CUDA toolkit at build "
+                                 "time): rebuild on a machine with /usr/local/cuda, or use "
+                                 "backend: \"shm\"");
+  }
+  return f;
+}
+
+std::vector<absl::Status> HostProblems(const v1::DaemonConfig& config, const HostFacts& facts) {
+  std::vector<absl::Status> problems;
+  const bool cuda = config.backend() == "cuda";
+  if (cuda && !facts.cuda.ok()) problems.push_back(facts.cuda);
+  if (cuda || config.pool_mlock()) {
+    absl::Status st = pool::CheckMemlockLimit(config.pool_bytes(), facts.memlock_limit_bytes,
+                                              facts.memlock_privileged);
+    if (!st.ok()) problems.push_back(st);
+  }
+  if (facts.mem_available_bytes.ok()) {
+    absl::Status st = pool::CheckMemAvailable(config.pool_bytes(), *facts.mem_available_bytes);
+    if (!st.ok()) problems.push_back(st);
+  }
+  return problems;
+}
+
+}  // namespace offloadd

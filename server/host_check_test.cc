@@ -1,0 +1,127 @@
+#include "server/host_check.h"
+
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace offloadd {
+namespace {
+
+constexpr uint64_t kGiB = 1ull << 30;
+
+v1::DaemonConfig Config(const std::string& backend, uint64_t pool_bytes, bool mlock) {
+  v1::DaemonConfig c;
+  c.set_backend(backend);
+  c.set_pool_bytes(pool_bytes);
+  c.set_pool_mlock(mlock);
+  return c;
+}
+
+HostFacts Roomy() {
+  HostFacts f;
+  f.mem_available_bytes = 512 * kGiB;
+  f.memlock_limit_bytes = RLIM_INFINITY;
+  return f;
+}
+
+TEST(HostProblems, NoneWhenTheHostFits) {
+  EXPECT_TRUE(HostProblems(Config("cuda", 256 * kGiB, true), Roomy()).empty());
+}
+
+TEST(HostProblems, InTheOrderTheDaemonMeetsThem) {
+  HostFacts f;
+  f.mem_available_bytes = 8 * kGiB;
+  f.memlock_limit_bytes = 64 << 10;
+  f.cuda = absl::FailedPreconditionError("no driver");
+  auto problems = HostProblems(Config("cuda", 16 * kGiB, false), f);
+  ASSERT_EQ(problems.size(), 3u);
+  EXPECT_EQ(problems[0].message(), "no driver");
+  EXPECT_EQ(problems[1].code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(problems[1].message().find("RLIMIT_MEMLOCK"), std::string::npos) << problems[1];
+  EXPECT_EQ(problems[2].code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(problems[2].message().find("larger than MemAvailable, 8589934592 bytes (8192 MiB)"), std::string::npos)
+      << problems[2];
+}
+
+TEST(HostProblems, MemlockOnlyWhereThePoolIsLocked) {
+  HostFacts f = Roomy();
+  f.memlock_limit_bytes = 64 << 10;
+  f.cuda = absl::FailedPreconditionError("not read for shm");
+  EXPECT_TRUE(HostProblems(Config("shm", kGiB, false), f).empty());
+  EXPECT_EQ(HostProblems(Config("shm", kGiB, true), f).size(), 1u);
+  f.memlock_privileged = true;  // CAP_IPC_LOCK: the limit does not apply
+  EXPECT_TRUE(HostProblems(Config("shm", kGiB, true), f).empty());
+}
+
+TEST(HostProblems, UnreadableMeminfoIsNotAProblem) {
+  HostFacts f = Roomy();
+  f.mem_available_bytes = absl::NotFoundError("old kernel");
+  EXPECT_TRUE(HostProblems(Config("shm", 4096 * kGiB, false), f).empty());
+}
+
+class SocketPath : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ofd-hostcheck-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+  // A Unix socket bound at `path`; listening when `listen_too`.
+  int Bind(const std::string& path, bool listen_too) {
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    if (listen_too) EXPECT_EQ(listen(fd, 1), 0);
+    return fd;
+  }
+  std::string dir_;
+};
+
+TEST_F(SocketPath, FreePathsPass) {
+  EXPECT_TRUE(CheckSocketPath(dir_ + "/d.sock").ok());
+  EXPECT_TRUE(CheckSocketPath(dir_ + "/to/be/made/d.sock").ok());  // the daemon creates them
+}
+
+TEST_F(SocketPath, ListeningDaemonIsAlreadyExists) {
+  const std::string path = dir_ + "/d.sock";
+  int fd = Bind(path, /*listen_too=*/true);
+  absl::Status st = CheckSocketPath(path);
+  EXPECT_EQ(st.code(), absl::StatusCode::kAlreadyExists) << st;
+  EXPECT_NE(st.message().find("another offloadd is already listening on " + path),
+            std::string::npos);
+  close(fd);
+  // Closed without unlinking: a stale socket, which the daemon replaces.
+  EXPECT_TRUE(CheckSocketPath(path).ok());
+}
+
+TEST_F(SocketPath, WrongThingsAtThePath) {
+  const std::string file = dir_ + "/plain";
+  std::ofstream(file) << "x";
+  EXPECT_EQ(CheckSocketPath(file).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CheckSocketPath(file + "/d.sock").code(), absl::StatusCode::kFailedPrecondition);
+  absl::Status long_path = CheckSocketPath(dir_ + "/" + std::string(120, 'a'));
+  EXPECT_EQ(long_path.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(long_path.message().find("limited to 107"), std::string::npos) << long_path;
+}
+
+TEST(CudaDriver, ProbeSaysWhatIsMissingOrPasses) {
+  absl::Status st = ProbeCudaDriver();
+  if (!st.ok()) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(st.message().find("backend \"cuda\""), std::string::npos) << st;
+  }
+}
+
+}  // namespace
+}  // namespace offloadd

@@ -1,0 +1,50 @@
+// CopyGate: lets a session's chunk copies into (and out of) client memory run until the session
+// ends, and lets the end wait for the copies already running.
+//
+// Every chunk copy of a session is bracketed by Enter()/Exit(); Enter() fails once Close() has
+// started, so no copy begins after it, and CloseAndWait() returns only when every copy that did
+// enter has exited. After it returns, the daemon touches the client's memory no more: the
+// session may end its stream and the client may reuse that memory. Thread-safe.
+#ifndef OFFLOADD_SERVER_SESSION_COPY_GATE_H_
+#define OFFLOADD_SERVER_SESSION_COPY_GATE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+
+namespace offloadd::session {
+
+class CopyGate {
+ public:
+  // True: the copy may run and must call Exit() when done. False: the gate is closed.
+  bool Enter() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return false;
+    ++running_;
+    return true;
+  }
+  void Exit() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--running_ == 0) idle_.notify_all();
+  }
+  // Closes the gate and waits for the copies running now (each at most one chunk). Idempotent.
+  void CloseAndWait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    closed_ = true;
+    idle_.wait(lock, [this] { return running_ == 0; });
+  }
+  uint64_t running() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return running_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  uint64_t running_ = 0;
+  bool closed_ = false;
+};
+
+}  // namespace offloadd::session
+
+#endif  // OFFLOADD_SERVER_SESSION_COPY_GATE_H_

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# offloadctl as a new user meets it: every unknown command, option or argument is named and
+# refused with exit 2; a socket path with nothing there fails with exit 1 and the advice, before
+# any connect timeout; against a real daemon, `topo` on a fresh daemon says why it shows no
+# links, `stats` and `sessions` list the same sessions, `sessions --json` holds only session
+# fields, and `bench` adds at most one link (offloadctl-bench), not one per bench session.
+set -uo pipefail
+R=${TEST_SRCDIR:-.}/offloadd
+OFFLOADD=$R/server/offloadd
+CTL=$R/client/cli/offloadctl
+CLIENT=$R/tests/faults/fault_client
+dir=$(mktemp -d /tmp/ofd-cli-XXXXXX)
+sock=$dir/d.sock
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$dir"; }
+trap cleanup EXIT
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+# expect NAME CODE WANTED_STDERR ARGS...: offloadctl ARGS exits CODE with WANTED on stderr.
+expect() {
+  local name=$1 code=$2 want=$3; shift 3
+  "$CTL" "$@" >"$dir/out" 2>"$dir/err" </dev/null
+  local rc=$?
+  if [ "$rc" -eq "$code" ] && grep -qF -- "$want" "$dir/err"; then
+    echo "PASS $name"
+  else
+    fail "$name: exit $rc (want $code), stderr: $(cat "$dir/err")"
+  fi
+}
+
+expect unknown_command 2 "unknown command 'foo'" foo
+expect unknown_global_option 2 "unknown option '--sock'" --sock "$sock" stats
+expect socket_without_path 2 "--socket needs a path" --socket
+expect no_command 2 "no command given" --socket "$sock"
+expect stats_unknown_flag 2 "offloadctl stats: unknown argument '--jsn'" --socket "$sock" stats --jsn
+expect topo_extra_argument 2 "offloadctl topo: unknown argument '--json'" --socket "$sock" topo --json
+expect health_extra_argument 2 "offloadctl health: unknown argument 'now'" --socket "$sock" health now
+expect sessions_unknown_flag 2 "unknown argument '--all'" --socket "$sock" sessions --all
+expect end_session_unknown_flag 2 "unexpected argument '--force'" --socket "$sock" end-session 3 --force
+expect bench_unknown_flag 2 "unknown option --blocksize" --socket "$sock" bench --blocksize=4
+expect plan_unknown_flag 2 "unknown flag --sequence" plan --sequence 4K
+
+# Nothing at the path: exit 1 with the advice, from the presence check (the gRPC connect timeout
+# says "could not connect ... within 5 s" instead).
+for cmd in stats health topo sessions bench "end-session 3"; do
+  # shellcheck disable=SC2086
+  expect "missing_socket_$cmd" 1 "no offloadd socket at unix:$sock (No such file or directory)" \
+    --socket "$sock" $cmd
+  grep -q "OFFLOADD_SOCKET" "$dir/err" || fail "missing_socket_$cmd: no advice: $(cat "$dir/err")"
+done
+OFFLOADD_SOCKET=$sock expect missing_socket_from_env 1 "no offloadd socket at unix:$sock" stats
+
+chmod 0755 "$dir"
+"$OFFLOADD" --socket_path="$sock" --pool_bytes=64MiB --metrics_address= >"$dir/daemon.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+[ -S "$sock" ] || { cat "$dir/daemon.log"; fail "daemon did not start"; exit 1; }
+
+out=$("$CTL" --socket "$sock" topo)
+echo "$out" | grep -q "^no links yet: a link appears when a GPU's first copy is scheduled" \
+  && echo "PASS topo_fresh_daemon" || fail "topo on a fresh daemon: $out"
+
+"$CLIENT" --mode=hold --socket="$sock" >"$dir/hold.out" &
+hold=$!
+pids+=($hold)
+for _ in $(seq 200); do grep -q ready "$dir/hold.out" && break; sleep 0.05; done
+sid=$(awk '/ready/ {print $2}' "$dir/hold.out")
+[ -n "$sid" ] || fail "fault_client not ready"
+
+# stats and sessions: the same one session (the held client), stats not counting its own query.
+before=$failures
+stats=$("$CTL" --socket "$sock" stats)
+sessions=$("$CTL" --socket "$sock" sessions)
+echo "$stats" | grep -q "^sessions open: 1$" || fail "stats does not show 1 session: $stats"
+[ "$(echo "$stats" | grep -c '^  session ')" -eq 1 ] || fail "stats lists other than 1: $stats"
+echo "$stats" | grep -qE "^  session $sid +fault_client hold" || fail "stats lacks $sid: $stats"
+[ "$(echo "$sessions" | grep -cE '^ +[0-9]+ ')" -eq 1 ] || fail "sessions lists other than 1"
+echo "$sessions" | grep -qE "^ +$sid +fault_client hold" || fail "sessions lacks $sid: $sessions"
+[ "$failures" -eq "$before" ] && echo "PASS stats_and_sessions_agree"
+
+"$CTL" --socket "$sock" sessions --json >"$dir/sessions.json" || fail "sessions --json exit $?"
+/usr/bin/python3 - "$dir/sessions.json" "$sid" <<'PY' && echo "PASS sessions_json_fields" || fail "sessions --json"
+import json, sys
+s = json.load(open(sys.argv[1]))
+want = {"sessions", "sessions_filtered", "uid_usage", "session_quota_bytes", "uid_quota_bytes",
+        "pool_capacity_bytes", "pool_used_bytes"}
+assert set(s) == want, sorted(set(s) ^ want)
+assert [x["session_id"] for x in s["sessions"]] == [sys.argv[2]], s["sessions"]
+assert int(s["pool_used_bytes"]) == 1 << 20 and int(s["pool_capacity_bytes"]) == 64 << 20, s
+PY
+
+"$CTL" --socket "$sock" bench --blocks=2 --block_bytes=1048576 --rounds=1 \
+  --latency_requests=10 --rate_requests=40 --window=4 >"$dir/bench.out" 2>&1 \
+  || fail "bench: $(cat "$dir/bench.out")"
+"$CTL" --socket "$sock" stats --json | /usr/bin/python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+bench = [l["name"] for l in s.get("links", []) if l["name"] != "gpu-hold"]
+assert bench in ([], ["offloadctl-bench"]), bench
+sessions = [x["client_name"] for x in s.get("sessions", [])]
+assert sessions == ["fault_client hold"], sessions' && echo "PASS bench_links" || fail "bench links"
+
+[ "$failures" -eq 0 ] && echo "all offloadctl checks PASSED" || echo "$failures offloadctl checks FAILED"
+exit $((failures > 0))
