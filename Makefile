@@ -80,7 +80,8 @@ fuzz: deps build/fuzz/session_fuzz
 ASAN_TESTS := //server/... //client:all //tests/e2e:e2e_test //tests/e2e:multiprocess_test \
   //tests/faults/... //tests/fuzz/... //tests/soak:soak_quick_test
 TSAN_TESTS := //server/session/... //server/store/... //server/sched/... //server/pool/... \
-  //server/copy:shm_engine_test //tests/fuzz/...
+  //server/copy:shm_engine_test //server/copy:cuda_engine_test //server/copy:cuda_api_sim_test \
+  //server/copy:copy_timing_model_test //tests/fuzz/...
 test-asan: deps
 	$(BAZEL) test --config=asan $(ASAN_TESTS)
 test-tsan: deps

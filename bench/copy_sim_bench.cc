@@ -10,19 +10,23 @@
 // always in flight (a finished one is replaced at once), for each chunk size in `chunk_mib`.
 // Meanwhile an URGENT reload of one chunk is submitted every 20 ms on a rotating GPU.
 //
-// Figures per chunk size (measured over `seconds` after `warmup_seconds`):
-//  - achieved bytes per engine / (window x modelled rate): mean and min over the D2H engines
-//    and over the H2D engines (1.0 = the engine never idled);
+// Each engine (CopyChunk on blocking copy workers: "sync"; PostChunk with
+// max_chunks_in_flight chunks posted per GPU: "async") runs `repeats` windows of `seconds` after
+// `warmup_seconds`, the engines alternating window by window so load from other processes hits
+// both alike. Figures per engine and chunk size:
+//  - achieved bytes per engine / (window x modelled rate): the median over windows of the mean
+//    over D2H engines (and H2D engines), and the lowest single engine (1.0 = never idle);
 //  - urgent reload latency, submit to done, in chunk-times (chunk_bytes / modelled rate): median
-//    and max; one chunk-time of it is its own copy;
+//    and max over all windows' samples; one chunk-time of it is its own copy;
 //  - host CPU seconds (getrusage, the whole process) per GiB moved, and the part of it the model
 //    charged as driver cost (5 us per cudaMemcpyAsync, 1 us per event record, 0.5 us per query).
 //
 // Flags (--name=value): gpus 8, gpus_per_switch 4, streams 4, transfer_mib 64, chunk_mib 1,8,32,
+// engine sync,async, max_chunks_in_flight 2, repeats 5, seconds 0.5, warmup_seconds 0.2,
 // copy_threads 2, streams_per_direction 1 (cuda engine streams per GPU and direction),
 // rate_gbps 55, switch_gbps 0 (0 = no switch limit), h2d_share 1 (H2D share while D2H runs),
-// seconds 2, warmup_seconds 0.5, engine sync (the only engine so far), check 0 (1: exit 1 when a
-// loose bound fails: an engine above its modelled rate, nothing moved, an urgent reload lost).
+// check 0 (1: exit 1 when a loose bound fails: an engine above its modelled rate, nothing
+// moved, an urgent reload lost, a copy error).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -41,10 +45,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "server/base/clock.h"
 #include "server/copy/cuda_api_sim.h"
 #include "server/copy/cuda_engine.h"
 #include "server/sched/link_scheduler.h"
-#include "server/base/clock.h"
 
 namespace offloadd::bench {
 namespace {
@@ -57,8 +61,10 @@ struct Flags {
   int gpus = 8, gpus_per_switch = 4, streams = 4, copy_threads = 2, streams_per_direction = 1;
   uint64_t transfer_mib = 64;
   std::vector<uint64_t> chunk_mib = {1, 8, 32};
-  double rate_gbps = 55, switch_gbps = 0, h2d_share = 1, seconds = 2, warmup_seconds = 0.5;
-  std::string engine = "sync";
+  double rate_gbps = 55, switch_gbps = 0, h2d_share = 1, seconds = 0.5, warmup_seconds = 0.2;
+  int repeats = 5;
+  std::vector<std::string> engines = {"sync", "async"};
+  int max_in_flight = 2;  // async: chunks posted per GPU (LinkSchedulerOptions)
   bool check = false;
 };
 
@@ -70,20 +76,30 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       return false;
     }
     const std::string name = a.substr(2, a.find('=') - 2), v = a.substr(a.find('=') + 1);
+    const std::map<std::string, int*> ints = {{"gpus", &f->gpus},
+                                              {"gpus_per_switch", &f->gpus_per_switch},
+                                              {"streams", &f->streams},
+                                              {"copy_threads", &f->copy_threads},
+                                              {"streams_per_direction", &f->streams_per_direction},
+                                              {"repeats", &f->repeats},
+                                              {"max_chunks_in_flight", &f->max_in_flight}};
+    const std::map<std::string, double*> doubles = {{"rate_gbps", &f->rate_gbps},
+                                                    {"switch_gbps", &f->switch_gbps},
+                                                    {"h2d_share", &f->h2d_share},
+                                                    {"seconds", &f->seconds},
+                                                    {"warmup_seconds", &f->warmup_seconds}};
     bool ok = true;
-    if (name == "gpus") ok = absl::SimpleAtoi(v, &f->gpus);
-    else if (name == "gpus_per_switch") ok = absl::SimpleAtoi(v, &f->gpus_per_switch);
-    else if (name == "streams") ok = absl::SimpleAtoi(v, &f->streams);
-    else if (name == "copy_threads") ok = absl::SimpleAtoi(v, &f->copy_threads);
-    else if (name == "streams_per_direction") ok = absl::SimpleAtoi(v, &f->streams_per_direction);
-    else if (name == "transfer_mib") ok = absl::SimpleAtoi(v, &f->transfer_mib);
-    else if (name == "rate_gbps") ok = absl::SimpleAtod(v, &f->rate_gbps);
-    else if (name == "switch_gbps") ok = absl::SimpleAtod(v, &f->switch_gbps);
-    else if (name == "h2d_share") ok = absl::SimpleAtod(v, &f->h2d_share);
-    else if (name == "seconds") ok = absl::SimpleAtod(v, &f->seconds);
-    else if (name == "warmup_seconds") ok = absl::SimpleAtod(v, &f->warmup_seconds);
-    else if (name == "engine") f->engine = v;
-    else if (name == "check") f->check = v == "1" || v == "true";
+    if (auto it = ints.find(name); it != ints.end())
+      ok = absl::SimpleAtoi(v, it->second) && (name != "repeats" || f->repeats > 0);
+    else if (auto d = doubles.find(name); d != doubles.end())
+      ok = absl::SimpleAtod(v, d->second);
+    else if (name == "transfer_mib")
+      ok = absl::SimpleAtoi(v, &f->transfer_mib);
+    else if (name == "engine") {
+      f->engines = absl::StrSplit(v, ',');
+      for (const std::string& e : f->engines) ok = ok && (e == "sync" || e == "async");
+    } else if (name == "check")
+      f->check = v == "1" || v == "true";
     else if (name == "chunk_mib") {
       f->chunk_mib.clear();
       for (absl::string_view p : absl::StrSplit(v, ',')) {
@@ -100,11 +116,6 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       return false;
     }
   }
-  if (f->engine != "sync") {
-    std::fprintf(stderr, "copy_sim_bench: --engine=%s is not built; only 'sync'\n",
-                 f->engine.c_str());
-    return false;
-  }
   return f->gpus > 0 && f->gpus_per_switch > 0 && f->streams > 0 && f->transfer_mib > 0;
 }
 
@@ -114,13 +125,20 @@ double CpuSeconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
+// One measured window of one engine and chunk size.
 struct Result {
   double d2h_mean = 0, d2h_min = 0, h2d_mean = 0, h2d_min = 0, max_ratio = 0;
-  double urgent_median = 0, urgent_max = 0;
-  int urgent_samples = 0, urgent_lost = 0;
-  double cpu_per_gib = 0, modelled_cpu_per_gib = 0, gib_moved = 0;
+  std::vector<double> urgent_chunk_times;  // each urgent reload's latency
+  int urgent_lost = 0;
+  double cpu_seconds = 0, modelled_cpu_seconds = 0, gib_moved = 0;
   uint64_t errors = 0;
 };
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // Keeps one transfer at a time in flight on a scheduler until stopped.
 class TransferLoop {
@@ -149,7 +167,7 @@ class TransferLoop {
   std::atomic<uint64_t>* errors_;
 };
 
-Result RunOne(const Flags& f, uint64_t chunk_bytes) {
+Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes) {
   copy::SimCudaOptions so;
   so.model.gpus = f.gpus;
   so.model.gpus_per_switch = f.gpus_per_switch;
@@ -159,6 +177,7 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
   copy::SimCudaApi api(so);
   copy::CudaEngineOptions eo;
   eo.streams_per_direction = static_cast<uint32_t>(std::max(1, f.streams_per_direction));
+  eo.asynchronous = async;
   auto engine = std::make_unique<copy::CudaCopyEngine>(api.Borrow(), eo);
   const uint64_t transfer = f.transfer_mib * kMiB;
   static uint8_t host_token[64];  // the simulator checks host != null and never touches it
@@ -186,15 +205,25 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
       o.direction = v == &d2h ? "d2h" : "h2d";
       o.chunk_bytes = o.quantum_bytes = chunk_bytes;
       o.worker_threads = static_cast<uint32_t>(f.copy_threads);
+      o.max_chunks_in_flight_per_gpu = static_cast<uint32_t>(std::max(1, f.max_in_flight));
       v->push_back(std::make_unique<sched::LinkScheduler>(o));
     }
   }
-  auto chunk_fn = [&](Direction dir, int g, uint64_t base) {
+  // The transfer's copy function for (direction, GPU, region offset): copy_chunk for the
+  // synchronous engine, post_chunk for the asynchronous one (as the session would set them).
+  auto set_copy = [&](sched::Transfer* t, Direction dir, int g, uint64_t base) {
     copy::CopyEngine* e = engine.get();
     copy::Region* r = regions[g].get();
-    return [e, r, dir, base](uint64_t off, uint64_t len) {
-      return e->CopyChunk(dir, *r, base + off, host_token, len);
-    };
+    if (async) {
+      t->post_chunk = [e, r, dir, base](uint64_t off, uint64_t len,
+                                        std::function<void(absl::Status)> done) {
+        e->PostChunk(dir, *r, base + off, host_token, len, std::move(done));
+      };
+    } else {
+      t->copy_chunk = [e, r, dir, base](uint64_t off, uint64_t len) {
+        return e->CopyChunk(dir, *r, base + off, host_token, len);
+      };
+    }
   };
 
   std::atomic<bool> stop{false};
@@ -208,11 +237,13 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
       off.gpu = copy::SimCudaApi::DeviceUuid(g);
       off.cls = sched::TrafficClass::kOffload;
       off.bytes = transfer;
-      off.copy_chunk = chunk_fn(Direction::kDeviceToHost, g, i * transfer);
+      set_copy(&off, Direction::kDeviceToHost, g, i * transfer);
       loops.push_back(std::make_unique<TransferLoop>(d2h[s].get(), off, &stop, &running, &errors));
-      sched::Transfer rel = off;
+      sched::Transfer rel;
+      rel.gpu = off.gpu;
+      rel.bytes = transfer;
       rel.cls = sched::TrafficClass::kPrefetch;
-      rel.copy_chunk = chunk_fn(Direction::kHostToDevice, g, (f.streams + i) * transfer);
+      set_copy(&rel, Direction::kHostToDevice, g, (f.streams + i) * transfer);
       loops.push_back(std::make_unique<TransferLoop>(h2d[s].get(), rel, &stop, &running, &errors));
     }
   }
@@ -232,7 +263,7 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
       t->gpu = copy::SimCudaApi::DeviceUuid(g);
       t->cls = sched::TrafficClass::kUrgent;
       t->bytes = chunk_bytes;
-      t->copy_chunk = chunk_fn(Direction::kHostToDevice, g, 2 * f.streams * transfer);
+      set_copy(t.get(), Direction::kHostToDevice, g, 2 * f.streams * transfer);
       auto done = std::make_shared<std::promise<absl::Status>>();
       auto fut = done->get_future();
       t->done = [done](absl::Status st) { done->set_value(std::move(st)); };
@@ -291,16 +322,11 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
     }
   }
   r.gib_moved = moved / double(1ull << 30);
-  r.cpu_per_gib = r.gib_moved > 0 ? (cpu1 - cpu0) / r.gib_moved : 0;
-  r.modelled_cpu_per_gib = r.gib_moved > 0 ? (c1.host_seconds - c0.host_seconds) / r.gib_moved : 0;
+  r.cpu_seconds = cpu1 - cpu0;
+  r.modelled_cpu_seconds = c1.host_seconds - c0.host_seconds;
   const double chunk_time = chunk_bytes / so.model.engine_bytes_per_second;
-  std::sort(urgent.begin(), urgent.end());
-  r.urgent_samples = static_cast<int>(urgent.size());
+  for (double u : urgent) r.urgent_chunk_times.push_back(u / chunk_time);
   r.urgent_lost = urgent_lost;
-  if (!urgent.empty()) {
-    r.urgent_median = urgent[urgent.size() / 2] / chunk_time;
-    r.urgent_max = urgent.back() / chunk_time;
-  }
   r.errors = errors.load();
   return r;
 }
@@ -313,31 +339,61 @@ int main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
   std::printf(
-      "copy_sim_bench (SIMULATED GPU copy engines: a timing model, no bytes moved): engine=%s, "
+      "copy_sim_bench (SIMULATED GPU copy engines: a timing model, no bytes moved): "
       "%d GPUs, %d per switch, %d offload + %d reload transfers of %llu MiB in flight per GPU, "
-      "copy_threads=%d, cuda streams per direction=%d, modelled %.1f GB/s per engine, switch "
+      "copy_threads=%d, cuda streams per direction=%d, async: %d chunks posted per GPU, modelled "
+      "%.1f GB/s per engine, switch "
       "limit %s, H2D share while D2H runs %.2f; host: %u CPUs\n",
-      f.engine.c_str(), f.gpus, f.gpus_per_switch, f.streams, f.streams,
+      f.gpus, f.gpus_per_switch, f.streams, f.streams,
       static_cast<unsigned long long>(f.transfer_mib), f.copy_threads, f.streams_per_direction,
-      f.rate_gbps, f.switch_gbps > 0 ? (std::to_string(f.switch_gbps) + " GB/s").c_str() : "none",
-      f.h2d_share, std::thread::hardware_concurrency());
-  std::printf("%-6s | %-21s | %-21s | %-28s | %s\n", "chunk", "D2H ach/model mean/min",
-              "H2D ach/model mean/min", "urgent reload chunk-times", "host CPU s/GiB (driver)");
+      f.max_in_flight, f.rate_gbps,
+      f.switch_gbps > 0 ? (std::to_string(f.switch_gbps) + " GB/s").c_str() : "none", f.h2d_share,
+      std::thread::hardware_concurrency());
+  std::printf("%-6s | %-7s | %-21s | %-21s | %-29s | %s\n", "engine", "chunk",
+              "D2H ach/model med/min", "H2D ach/model med/min", "urgent reload chunk-times",
+              "host CPU s/GiB (driver)");
   bool failed = false;
   for (uint64_t c : f.chunk_mib) {
-    Result r = RunOne(f, c * kMiB);
-    std::printf("%3llu MiB | %.3f / %.3f simulated | %.3f / %.3f simulated | med %6.1f max %7.1f n=%-3d sim "
-                "| %.4f (%.4f)\n",
-                static_cast<unsigned long long>(c), r.d2h_mean, r.d2h_min, r.h2d_mean, r.h2d_min,
-                r.urgent_median, r.urgent_max, r.urgent_samples, r.cpu_per_gib,
-                r.modelled_cpu_per_gib);
-    std::fflush(stdout);
-    if (r.max_ratio > 1.01 || r.gib_moved <= 0 || r.urgent_lost > 0 || r.errors > 0) {
-      std::printf("  loose bound missed: max engine ratio %.3f (must be <= 1.01), %.3f GiB moved, "
-                  "%d urgent reloads lost, %llu transfer errors\n",
-                  r.max_ratio, r.gib_moved, r.urgent_lost,
-                  static_cast<unsigned long long>(r.errors));
-      failed = true;
+    // Engines alternate window by window, so load from other processes hits them alike.
+    std::map<std::string, std::vector<Result>> runs;
+    for (int rep = 0; rep < f.repeats; ++rep) {
+      for (const std::string& engine : f.engines) {
+        runs[engine].push_back(RunOne(f, engine == "async", c * kMiB));
+      }
+    }
+    for (const std::string& engine : f.engines) {
+      std::vector<double> d2h, h2d, urgent;
+      double d2h_min = 1e9, h2d_min = 1e9, max_ratio = 0, cpu = 0, modelled = 0, gib = 0;
+      int lost = 0;
+      uint64_t errors = 0;
+      for (const Result& r : runs[engine]) {
+        d2h.push_back(r.d2h_mean);
+        h2d.push_back(r.h2d_mean);
+        d2h_min = std::min(d2h_min, r.d2h_min);
+        h2d_min = std::min(h2d_min, r.h2d_min);
+        max_ratio = std::max(max_ratio, r.max_ratio);
+        urgent.insert(urgent.end(), r.urgent_chunk_times.begin(), r.urgent_chunk_times.end());
+        cpu += r.cpu_seconds;
+        modelled += r.modelled_cpu_seconds;
+        gib += r.gib_moved;
+        lost += r.urgent_lost;
+        errors += r.errors;
+      }
+      std::sort(urgent.begin(), urgent.end());
+      std::printf(
+          "%-6s | %3llu MiB | %.3f / %.3f simulated | %.3f / %.3f simulated | med %6.1f "
+          "max %7.1f n=%-4zu sim | %.4f (%.4f)\n",
+          engine.c_str(), static_cast<unsigned long long>(c), Median(d2h), d2h_min, Median(h2d),
+          h2d_min, Median(urgent), urgent.empty() ? 0 : urgent.back(), urgent.size(),
+          gib > 0 ? cpu / gib : 0, gib > 0 ? modelled / gib : 0);
+      std::fflush(stdout);
+      if (max_ratio > 1.01 || gib <= 0 || lost > 0 || errors > 0) {
+        std::printf(
+            "  loose bound missed: max engine ratio %.3f (must be <= 1.01), %.3f GiB "
+            "moved, %d urgent reloads lost, %llu transfer errors\n",
+            max_ratio, gib, lost, static_cast<unsigned long long>(errors));
+        failed = true;
+      }
     }
   }
   return f.check && failed ? 1 : 0;

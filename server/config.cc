@@ -295,6 +295,8 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"backend", "shm | cuda | cuda-sim (simulated GPUs, moves no bytes)"},
       {"chunk_bytes", "copy chunk size, e.g. 8MiB"},
       {"copy_threads", "copy worker threads per link and direction"},
+      {"async_copies", "cuda/cuda-sim: post chunks and learn completion from events (true|false)"},
+      {"max_chunks_in_flight_per_gpu", "with async_copies: chunks posted per GPU and direction"},
       {"session_quota_bytes", "per-session quota, 0 = none"},
       {"admission_deadline_seconds", "how long an offload waits for pool space"},
       {"admission_queue_limit", "offloads that may wait for space at once"},
@@ -378,6 +380,11 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
     return bytes(&v1::DaemonConfig::set_chunk_bytes);
   } else if (name == "session_quota_bytes") {
     return bytes(&v1::DaemonConfig::set_session_quota_bytes);
+  } else if (name == "async_copies") {
+    return boolean(&v1::DaemonConfig::set_async_copies);
+  } else if (name == "max_chunks_in_flight_per_gpu") {
+    if (absl::Status s = number(&d); !s.ok()) return s;
+    c->set_max_chunks_in_flight_per_gpu(static_cast<uint32_t>(d));
   } else if (name == "copy_threads") {
     if (absl::Status s = number(&d); !s.ok()) return s;
     c->set_copy_threads(static_cast<uint32_t>(d));
@@ -475,6 +482,9 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   session::CoreOptions o;
   o.chunk_bytes = c.chunk_bytes();
   o.copy_threads = c.copy_threads();
+  if (c.max_chunks_in_flight_per_gpu() > 0) {
+    o.max_chunks_in_flight_per_gpu = c.max_chunks_in_flight_per_gpu();
+  }
   o.store.session_quota_bytes = c.session_quota_bytes();
   o.store.admission_deadline_seconds = c.admission_deadline_seconds();
   o.store.admission_queue_limit = c.admission_queue_limit();

@@ -16,16 +16,15 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "server/config.h"
-#include "server/host_check.h"
+#include "server/copy/cuda_api_sim.h"
 #include "server/copy/shm_engine.h"
+#include "server/host_check.h"
 #include "server/metrics/metrics.h"
 #include "server/pool/arena.h"
 #include "server/projector/refresh_service.h"
 #include "server/rpc/server.h"
 #include "server/sched/topology.h"
 #include "server/session/core.h"
-
-#include "server/copy/cuda_api_sim.h"
 #ifdef OFFLOADD_HAVE_CUDA
 #include "server/copy/cuda_engine.h"
 #endif
@@ -65,10 +64,14 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
   if (config.backend() == "cuda-sim") {  // issue 16: simulated GPUs; no bytes move
     LOG(WARNING) << "backend cuda-sim: GPUs are a timing model (55 GB/s per direction); copies "
                  << "move NO bytes and every copy figure is SIMULATED";
-    return offloadd::copy::NewSimCudaCopyEngine();
+    offloadd::copy::CudaEngineOptions options;
+    options.asynchronous = config.async_copies();
+    return offloadd::copy::NewSimCudaCopyEngine({}, options);
   }
 #ifdef OFFLOADD_HAVE_CUDA
-  return offloadd::copy::CreateCudaCopyEngine();
+  offloadd::copy::CudaEngineOptions options;
+  options.asynchronous = config.async_copies();  // issue 16; the blocking engine by default
+  return offloadd::copy::CreateCudaCopyEngine(options);
 #else
   return absl::FailedPreconditionError(
       "backend \"cuda\" is not in this build (no CUDA toolkit at build time): rebuild on a "

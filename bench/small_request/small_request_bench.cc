@@ -18,7 +18,8 @@
 // Prints p50/p99 per kind and the ratio of one request's p50 to the direct ping-pong p50
 // (issue 16's target: <= 1.5).
 //
-// Flags (--name=value): socket (offloadd's; empty = ping-pong only), requests 2000 (per kind),
+// Flags (--name=value): socket (offloadd's; empty = ping-pong only), cuda_sim 0 (1: the daemon
+// runs --backend=cuda-sim; register a simulated allocation on its GPU 0), requests 2000 (per kind),
 // warmup 200, payload_bytes 64.
 #include <signal.h>
 #include <sys/stat.h>
@@ -44,6 +45,7 @@
 #include "client/shm_region.h"
 #include "server/base/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "server/copy/cuda_api_sim.h"
 
 namespace offloadd::bench {
 namespace {
@@ -209,8 +211,8 @@ void Report(const char* what, const std::vector<double>& v, double bare_p50) {
   std::printf("\n");
 }
 
-int Run(const std::string& path, const std::string& daemon_socket, int requests, int warmup,
-        size_t payload_bytes) {
+int Run(const std::string& path, const std::string& daemon_socket, bool cuda_sim, int requests,
+        int warmup, size_t payload_bytes) {
   auto channel = grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
     std::fprintf(stderr, "small_request_bench: no ping-pong server on unix:%s\n", path.c_str());
@@ -223,7 +225,7 @@ int Run(const std::string& path, const std::string& daemon_socket, int requests,
     client::ClientOptions o;
     o.socket_path = daemon_socket;
     o.client_name = "small_request_bench";
-    o.device_id = "small_request_bench";
+    o.device_id = cuda_sim ? copy::SimCudaApi::DeviceUuid(0) : "small_request_bench";
     auto c = client::Client::Connect(o);
     auto s = client::ShmRegion::Create(1 << 20);
     if (!c.ok() || !s.ok()) {
@@ -233,8 +235,13 @@ int Run(const std::string& path, const std::string& daemon_socket, int requests,
     }
     daemon = *std::move(c);
     shm.emplace(*std::move(s));
-    auto r = daemon->RegisterShmRegion(*shm);
-    if (!r.ok()) return 2;
+    // A cuda-sim daemon: a simulated device allocation (no bytes move).
+    auto r = cuda_sim ? daemon->RegisterRegion({copy::SimMemHandle(1 << 20, getpid()), "", 1 << 20})
+                      : daemon->RegisterShmRegion(*shm);
+    if (!r.ok()) {
+      std::fprintf(stderr, "small_request_bench: %s\n", std::string(r.status().message()).c_str());
+      return 2;
+    }
     region = *r;
   }
   auto stub = PingPong::NewStub(channel);
@@ -287,8 +294,10 @@ int Run(const std::string& path, const std::string& daemon_socket, int requests,
   (void)hand_off->Finish();
   (void)threaded_stream->Finish();
   if (daemon != nullptr) daemon->Close();
-  std::printf("small requests, %zu of each kind interleaved in blocks of 100; ping-pong messages "
-              "of %zu B over a Unix socket:\n", s.direct.size(), payload_bytes);
+  std::printf(
+      "small requests, %zu of each kind interleaved in blocks of 100; ping-pong messages "
+      "of %zu B over a Unix socket:\n",
+      s.direct.size(), payload_bytes);
   const double bare = Percentile(s.direct, 0.5) * 1e6;
   Report("bare gRPC ping-pong, direct", s.direct, 0);
   Report("bare gRPC ping-pong, writer + reader thread (client shape)", s.threaded, bare);
@@ -306,6 +315,7 @@ int Run(const std::string& path, const std::string& daemon_socket, int requests,
 
 int main(int argc, char** argv) {
   std::string path, daemon_socket;
+  bool cuda_sim = false;
   int requests = 2000, warmup = 200;
   uint64_t payload = 64;
   for (int i = 1; i < argc; ++i) {
@@ -313,14 +323,23 @@ int main(int argc, char** argv) {
     auto eq = a.find('=');
     std::string name = a.substr(0, eq), v = eq == std::string::npos ? "" : a.substr(eq + 1);
     bool ok = true;
-    if (name == "--socket") daemon_socket = v;
-    else if (name == "--requests") ok = absl::SimpleAtoi(v, &requests);
-    else if (name == "--warmup") ok = absl::SimpleAtoi(v, &warmup);
-    else if (name == "--payload_bytes") ok = absl::SimpleAtoi(v, &payload);
-    else ok = false;
+    if (name == "--socket")
+      daemon_socket = v;
+    else if (name == "--cuda_sim")
+      cuda_sim = v == "1" || v == "true";
+    else if (name == "--requests")
+      ok = absl::SimpleAtoi(v, &requests);
+    else if (name == "--warmup")
+      ok = absl::SimpleAtoi(v, &warmup);
+    else if (name == "--payload_bytes")
+      ok = absl::SimpleAtoi(v, &payload);
+    else
+      ok = false;
     if (!ok) {
-      std::fprintf(stderr, "small_request_bench: bad argument '%s' (flags: --socket=PATH "
-                           "--requests=N --warmup=N --payload_bytes=N)\n", a.c_str());
+      std::fprintf(stderr,
+                   "small_request_bench: bad argument '%s' (flags: --socket=PATH "
+                   "--requests=N --warmup=N --payload_bytes=N)\n",
+                   a.c_str());
       return 2;
     }
   }
@@ -331,7 +350,7 @@ int main(int argc, char** argv) {
   if (child == 0) offloadd::bench::Serve(path);
   struct stat st {};
   for (int i = 0; i < 200 && stat(path.c_str(), &st) != 0; ++i) usleep(20000);
-  const int rc = offloadd::bench::Run(path, daemon_socket, requests, warmup, payload);
+  const int rc = offloadd::bench::Run(path, daemon_socket, cuda_sim, requests, warmup, payload);
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   unlink(path.c_str());

@@ -11,6 +11,7 @@
 #define OFFLOADD_SERVER_COPY_COPY_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -63,6 +64,20 @@ class CopyEngine {
   // bounds against region.size_bytes().
   virtual absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
                                  uint8_t* host, uint64_t bytes) = 0;
+
+  // The asynchronous form of CopyChunk (issue 16): starts the same copy and returns; `done` runs
+  // exactly once, with CopyChunk's status, when the bytes have landed or the copy failed. It may
+  // run inline (an error found before the copy starts, or an engine without asynchronous
+  // copies: the default here runs CopyChunk and then `done`) or on an engine thread, which must
+  // not block in it: do no more than hand the completion on. The caller keeps `region` and
+  // host[0, bytes) alive until `done` has run.
+  virtual void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
+                         uint64_t bytes, std::function<void(absl::Status)> done) {
+    done(CopyChunk(direction, region, region_offset, host, bytes));
+  }
+  // Whether PostChunk returns before the copy completes (so a caller gains from keeping several
+  // chunks posted). false for shm and for the cuda engine with asynchronous = false.
+  virtual bool asynchronous() const { return false; }
 
   // Before the first chunk of an offload: wait until the client's data is ready (CUDA: the
   // client's IPC event). No-op for shm.

@@ -55,12 +55,12 @@ void CopyTimingModel::Rates(std::vector<double>* rates) const {
   for (int g = 0; g < n; ++g) {
     const size_t d2h = 2 * g, h2d = 2 * g + 1;
     if (ready[d2h]) {
-      (*rates)[d2h] = options_.engine_bytes_per_second *
-                      (ready[h2d] ? options_.d2h_share_while_h2d_busy : 1.0);
+      (*rates)[d2h] =
+          options_.engine_bytes_per_second * (ready[h2d] ? options_.d2h_share_while_h2d_busy : 1.0);
     }
     if (ready[h2d]) {
-      (*rates)[h2d] = options_.engine_bytes_per_second *
-                      (ready[d2h] ? options_.h2d_share_while_d2h_busy : 1.0);
+      (*rates)[h2d] =
+          options_.engine_bytes_per_second * (ready[d2h] ? options_.h2d_share_while_d2h_busy : 1.0);
     }
   }
   if (options_.switch_bytes_per_second <= 0) return;

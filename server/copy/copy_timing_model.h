@@ -37,11 +37,11 @@ namespace offloadd::copy {
 
 struct CopyModelOptions {
   int gpus = 8;
-  int gpus_per_switch = 4;                 // GPUs g and h share a switch when g/n == h/n; >= 1
-  double engine_bytes_per_second = 55e9;   // per GPU and direction, > 0
-  double h2d_share_while_d2h_busy = 1.0;   // in (0, 1]
-  double d2h_share_while_h2d_busy = 1.0;   // in (0, 1]
-  double switch_bytes_per_second = 0;      // per switch and direction; 0 = no limit
+  int gpus_per_switch = 4;                // GPUs g and h share a switch when g/n == h/n; >= 1
+  double engine_bytes_per_second = 55e9;  // per GPU and direction, > 0
+  double h2d_share_while_d2h_busy = 1.0;  // in (0, 1]
+  double d2h_share_while_h2d_busy = 1.0;  // in (0, 1]
+  double switch_bytes_per_second = 0;     // per switch and direction; 0 = no limit
 };
 
 // What one engine has done since the model started.

@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/base/clock.h"
 
@@ -63,8 +63,7 @@ class BorrowedSim : public CudaApi {
     return f_->IpcOpenEventHandle(h);
   }
   absl::Status StreamWaitEvent(void* s, void* e) override { return f_->StreamWaitEvent(s, e); }
-  absl::Status MemcpyAsync(void* d, const void* s, uint64_t n, Direction dir,
-                           void* st) override {
+  absl::Status MemcpyAsync(void* d, const void* s, uint64_t n, Direction dir, void* st) override {
     return f_->MemcpyAsync(d, s, n, dir, st);
   }
   absl::Status EventRecord(void* e, void* s) override { return f_->EventRecord(e, s); }
@@ -230,7 +229,8 @@ absl::StatusOr<void*> SimCudaApi::IpcOpenMemHandle(absl::string_view handle) {
   if (a.ordinal != cur) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cudaIpcOpenMemHandle: cudaErrorInvalidDevice (101): allocation is on device %d, %d is "
-        "current", a.ordinal, cur));
+        "current",
+        a.ordinal, cur));
   }
   a.base = next_base_;
   next_base_ += (a.size_bytes + 2 * kBaseAlign - 1) / kBaseAlign * kBaseAlign;

@@ -64,8 +64,8 @@ class ManualSimClock : public SimClock {
 };
 
 struct SimCudaOptions {
-  CopyModelOptions model;                 // gpus, rates, contention
-  double memcpy_host_seconds = 5e-6;      // per MemcpyAsync
+  CopyModelOptions model;             // gpus, rates, contention
+  double memcpy_host_seconds = 5e-6;  // per MemcpyAsync
   double event_record_host_seconds = 1e-6;
   double event_query_host_seconds = 0.5e-6;
   uint64_t device_total_bytes = 141ull * 1000 * 1000 * 1000;  // H200: 141 GB
@@ -149,7 +149,7 @@ class SimCudaApi : public CudaApi {
   std::vector<CudaDeviceInfo> devices_;
   std::map<std::thread::id, int> current_;
   std::map<std::string, Allocation> allocations_;  // by handle
-  std::map<uintptr_t, std::string> mapped_;         // base -> handle
+  std::map<uintptr_t, std::string> mapped_;        // base -> handle
   std::map<void*, std::unique_ptr<Stream>> streams_;
   std::map<void*, std::unique_ptr<Event>> events_;
   std::map<uintptr_t, uint64_t> host_registered_;

@@ -50,9 +50,9 @@ TEST(SimCudaApiTest, EventCompletesWhenTheModelledCopyEndsAndCallsCostHostTime) 
   ASSERT_TRUE(api.EventRecord(event, stream).ok());
   EXPECT_NEAR(clock.NowSeconds(), 100.000006, kEps);
   EXPECT_FALSE(*api.EventQuery(event));  // at 100.000008
-  clock.Advance(0.002994);                // to 100.003002; the copy ends at 100.003005
-  EXPECT_FALSE(*api.EventQuery(event));   // at 100.003004 (the query's own 2 us first)
-  EXPECT_TRUE(*api.EventQuery(event));    // at 100.003006
+  clock.Advance(0.002994);               // to 100.003002; the copy ends at 100.003005
+  EXPECT_FALSE(*api.EventQuery(event));  // at 100.003004 (the query's own 2 us first)
+  EXPECT_TRUE(*api.EventQuery(event));   // at 100.003006
   // Queued after the memcpy's host cost: 100.000005 + 3 ms.
   EXPECT_NEAR(api.EventCompletionSeconds(event), 100.003005, kEps);
   SimCallCounts c = api.call_counts();
@@ -149,8 +149,7 @@ TEST(SimCudaApiTest, CudaCopyEngineRunsOnTheSimulator) {
     // At least the copy's 2 ms and its memcpy cost passed; the worker polls every 20 us.
     EXPECT_GE(clock.NowSeconds() - t0, 0.002 + 5e-6);
     EXPECT_LT(clock.NowSeconds() - t0, 0.002 + 5e-6 + 1e-6 + 2 * 20e-6 + kEps);
-    ASSERT_TRUE(
-        engine.CopyChunk(Direction::kHostToDevice, **region, 0, host.data(), kMs).ok());
+    ASSERT_TRUE(engine.CopyChunk(Direction::kHostToDevice, **region, 0, host.data(), kMs).ok());
     absl::Status outside =
         engine.CopyChunk(Direction::kHostToDevice, **region, 7 * kMs, host.data(), 2 * kMs);
     EXPECT_EQ(outside.code(), absl::StatusCode::kOutOfRange);

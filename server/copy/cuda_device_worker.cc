@@ -127,9 +127,10 @@ void DeviceWorker::Poll() {
       ++i;
       continue;
     }
-    pending_[i].done->set_value(q.ok() ? absl::OkStatus() : q.status());
+    std::function<void(absl::Status)> done = std::move(pending_[i].done);
     free_events_.push_back(pending_[i].event);
     pending_.erase(pending_.begin() + i);
+    done(q.ok() ? absl::OkStatus() : q.status());
   }
 }
 
@@ -161,33 +162,40 @@ absl::Status DeviceWorker::IssueAndWait(Direction direction,
   }
   std::promise<absl::Status> done;
   std::future<absl::Status> f = done.get_future();
-  bool posted = Post([&] {
+  // `issue` outlives the call: this frame waits for `done`.
+  if (!IssueAsync(
+          direction, [&issue](void* stream) { return issue(stream); },
+          [&done](absl::Status st) { done.set_value(std::move(st)); })) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the daemon's worker for %s has stopped", device_.uuid));
+  }
+  return f.get();
+}
+
+bool DeviceWorker::IssueAsync(Direction direction, std::function<absl::Status(void*)> issue,
+                              std::function<void(absl::Status)> done) {
+  return Post([this, direction, issue = std::move(issue), done = std::move(done)]() mutable {
     std::vector<void*>& streams = direction == Direction::kDeviceToHost ? d2h_ : h2d_;
     size_t& next = direction == Direction::kDeviceToHost ? next_d2h_ : next_h2d_;
     void* stream = streams[next++ % streams.size()];
     absl::Status st = issue(stream);
-    if (!st.ok()) return done.set_value(st);
+    if (!st.ok()) return done(st);
     void* event = nullptr;
     if (!free_events_.empty()) {
       event = free_events_.back();
       free_events_.pop_back();
     } else {
       auto e = api_->CreateEvent();
-      if (!e.ok()) return done.set_value(e.status());
+      if (!e.ok()) return done(e.status());
       event = *e;
     }
     st = api_->EventRecord(event, stream);
     if (!st.ok()) {
       free_events_.push_back(event);
-      return done.set_value(st);
+      return done(st);
     }
-    pending_.push_back(Pending{event, &done});
+    pending_.push_back(Pending{event, std::move(done)});
   });
-  if (!posted) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("the daemon's worker for %s has stopped", device_.uuid));
-  }
-  return f.get();
 }
 
 }  // namespace offloadd::copy

@@ -44,6 +44,11 @@ class DeviceWorker {
   // completion event recorded after it; returns once that event has completed (or the first
   // error). Must not be called on the device thread.
   absl::Status IssueAndWait(Direction direction, const std::function<absl::Status(void*)>& issue);
+  // The same without waiting: `done` runs once on the device thread when the event completes,
+  // or with the first error (issue 16's asynchronous engine). false (and `done` not called)
+  // after Stop().
+  bool IssueAsync(Direction direction, std::function<absl::Status(void*)> issue,
+                  std::function<void(absl::Status)> done);
 
   // The device thread's streams of one direction (valid after Start(); use them on the thread).
   const std::vector<void*>& streams(Direction direction) const {
@@ -56,7 +61,7 @@ class DeviceWorker {
  private:
   struct Pending {
     void* event;
-    std::promise<absl::Status>* done;
+    std::function<void(absl::Status)> done;
   };
   void Loop(std::promise<absl::Status>* started);
   absl::Status SetUp();

@@ -341,8 +341,18 @@ absl::StatusOr<CudaRegion*> AsCuda(Region& region) {
 
 }  // namespace
 
-absl::Status CudaCopyEngine::CopyChunk(Direction direction, Region& region,
-                                       uint64_t region_offset, uint8_t* host, uint64_t bytes) {
+namespace {
+
+absl::Status ChunkError(const std::string& uuid, const absl::Status& st, Direction direction,
+                        uint64_t bytes, uint64_t region_offset) {
+  return Annotate(uuid, st,
+                  absl::StrFormat("%s copy of %d bytes at offset %d failed",
+                                  DirectionName(direction), bytes, region_offset));
+}
+
+// The checks CopyChunk and PostChunk share; the region's mapping when the chunk may go.
+absl::StatusOr<Mapping*> CheckChunk(CudaCopyEngine::Shared& s, Region& region,
+                                    uint64_t region_offset, uint64_t bytes) {
   auto r = AsCuda(region);
   if (!r.ok()) return r.status();
   if (region_offset > region.size_bytes() || bytes > region.size_bytes() - region_offset) {
@@ -350,15 +360,23 @@ absl::Status CudaCopyEngine::CopyChunk(Direction direction, Region& region,
         "chunk [%d, +%d) is outside the region of %d bytes", region_offset, bytes,
         region.size_bytes()));
   }
-  Shared& s = *shared_;
   Mapping& m = (*r)->mapping();
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    if (m.closed) {
-      return absl::FailedPreconditionError(
-          "the region's IPC handle was closed (the cuda engine is shutting down)");
-    }
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (m.closed) {
+    return absl::FailedPreconditionError(
+        "the region's IPC handle was closed (the cuda engine is shutting down)");
   }
+  return &m;
+}
+
+}  // namespace
+
+absl::Status CudaCopyEngine::CopyChunk(Direction direction, Region& region, uint64_t region_offset,
+                                       uint8_t* host, uint64_t bytes) {
+  Shared& s = *shared_;
+  auto checked = CheckChunk(s, region, region_offset, bytes);
+  if (!checked.ok()) return checked.status();
+  Mapping& m = **checked;
   uint8_t* dev = static_cast<uint8_t*>(m.base) + region_offset;
   absl::Status st = m.worker->IssueAndWait(direction, [&](void* stream) {
     return direction == Direction::kDeviceToHost
@@ -366,14 +384,51 @@ absl::Status CudaCopyEngine::CopyChunk(Direction direction, Region& region,
                : s.api->MemcpyAsync(dev, host, bytes, direction, stream);
   });
   if (!st.ok()) {
-    return Annotate(m.worker->device().uuid, st,
-                    absl::StrFormat("%s copy of %d bytes at offset %d failed",
-                                    DirectionName(direction), bytes, region_offset));
+    return ChunkError(m.worker->device().uuid, st, direction, bytes, region_offset);
   }
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.stats.chunks_total;
   s.stats.chunk_bytes_total += bytes;
   return absl::OkStatus();
+}
+
+bool CudaCopyEngine::asynchronous() const { return shared_->options.asynchronous; }
+
+void CudaCopyEngine::PostChunk(Direction direction, Region& region, uint64_t region_offset,
+                               uint8_t* host, uint64_t bytes,
+                               std::function<void(absl::Status)> done) {
+  if (!shared_->options.asynchronous) {
+    return done(CopyChunk(direction, region, region_offset, host, bytes));
+  }
+  Shared& s = *shared_;
+  auto checked = CheckChunk(s, region, region_offset, bytes);
+  if (!checked.ok()) return done(checked.status());
+  Mapping& m = **checked;
+  uint8_t* dev = static_cast<uint8_t*>(m.base) + region_offset;
+  CudaApi* api = s.api.get();
+  // The completion holds the engine's state (not the region: the caller keeps that alive).
+  std::shared_ptr<Shared> shared = shared_;
+  std::shared_ptr<DeviceWorker> worker = m.worker;
+  auto issue = [api, direction, dev, host, bytes](void* stream) {
+    return direction == Direction::kDeviceToHost
+               ? api->MemcpyAsync(host, dev, bytes, direction, stream)
+               : api->MemcpyAsync(dev, host, bytes, direction, stream);
+  };
+  auto on_done = [shared, uuid = worker->device().uuid, direction, bytes, region_offset,
+                  done](absl::Status st) {
+    if (st.ok()) {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      ++shared->stats.chunks_total;
+      shared->stats.chunk_bytes_total += bytes;
+    } else {
+      st = ChunkError(uuid, st, direction, bytes, region_offset);
+    }
+    done(std::move(st));
+  };
+  if (!worker->IssueAsync(direction, std::move(issue), std::move(on_done))) {
+    done(absl::FailedPreconditionError(
+        absl::StrFormat("the daemon's worker for %s has stopped", worker->device().uuid)));
+  }
 }
 
 absl::Status CudaCopyEngine::WaitReady(Region& region, const std::string& ready_event) {

@@ -50,6 +50,9 @@ struct CudaEngineOptions {
   uint32_t streams_per_direction = 1;  // >= 1
   uint64_t host_register_chunk_bytes = 64ull << 30;
   uint32_t max_events_per_mapping = 64;  // opened IPC events cached per mapping (LRU)
+  // PostChunk returns once the copy is queued on the device thread and calls back when its
+  // event completes (asynchronous() = true), instead of blocking a caller per chunk (issue 16).
+  bool asynchronous = false;
 };
 
 struct CudaDeviceStats {
@@ -89,6 +92,13 @@ class CudaCopyEngine : public CopyEngine {
   // FAILED_PRECONDITION for CUDA errors or a region whose engine is gone.
   absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
                          uint8_t* host, uint64_t bytes) override;
+  // Same checks and errors as CopyChunk (reported through `done`, inline when found before the
+  // copy is queued). `done` runs on the GPU's device thread when the copy's event completes; it
+  // must only hand the completion on (no CUDA calls through this engine for another GPU, no
+  // blocking). With options.asynchronous = false this is CopyChunk followed by `done`.
+  void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
+                 uint64_t bytes, std::function<void(absl::Status)> done) override;
+  bool asynchronous() const override;
   // `ready_event`: cudaIpcEventHandle_t bytes (64) or empty (no wait).
   absl::Status WaitReady(Region& region, const std::string& ready_event) override;
   absl::Status SignalDone(Region& region, const std::string& done_event) override;

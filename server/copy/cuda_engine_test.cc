@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -417,6 +419,74 @@ TEST_F(TwoStreamEngineTest, WaitReadyCoversEveryD2HStreamAndEventsAreEvictedLru)
   ASSERT_TRUE(engine_->CopyChunk(Direction::kDeviceToHost, *r, 0, host.data(), 64).ok());
   auto copies = CallsOf("MemcpyAsync");
   EXPECT_NE(StreamOf(copies[0].detail), StreamOf(copies[1].detail));
+}
+
+class AsyncEngineTest : public CudaEngineTest {
+ protected:
+  AsyncEngineTest() : CudaEngineTest(CudaEngineOptions{1, 64ull << 30, 64, true}) {}
+};
+
+// Issue 16: PostChunk returns once the copy is queued; its callback runs once, on the device
+// thread, when the copy's event completes; several chunks are in flight from one caller.
+TEST_F(AsyncEngineTest, PostedChunksCompleteThroughEventsWithoutBlockingTheCaller) {
+  ASSERT_TRUE(engine_->asynchronous());
+  std::string h = Alloc(0, 3 * 4096);
+  auto r = Open(h, 3 * 4096);
+  std::vector<uint8_t> host(3 * 4096);
+  std::mutex mu;
+  std::vector<absl::Status> results(3, absl::UnknownError("not called"));
+  std::vector<int> calls(3, 0);
+  std::set<std::thread::id> threads;
+  fake_.HoldCompletions(true);
+  for (int i = 0; i < 3; ++i) {
+    engine_->PostChunk(Direction::kDeviceToHost, *r, i * 4096, host.data() + i * 4096, 4096,
+                       [&, i](absl::Status st) {
+                         std::lock_guard<std::mutex> lock(mu);
+                         results[i] = st;
+                         ++calls[i];
+                         threads.insert(std::this_thread::get_id());
+                       });
+  }
+  fake_.WaitForMemcpys(3);  // all three queued although none has completed
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(calls, std::vector<int>({0, 0, 0}));
+  }
+  fake_.HoldCompletions(false);
+  for (int spins = 0; spins < 5000; ++spins) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (calls == std::vector<int>({1, 1, 1})) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(calls, std::vector<int>({1, 1, 1}));
+  for (const absl::Status& st : results) EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(std::memcmp(host.data(), fake_.allocation_data(h), host.size()), 0);
+  EXPECT_EQ(threads, fake_.threads_for_device(0));  // the device thread, only
+  EXPECT_EQ(fake_.wrong_device_calls(), 0);
+  EXPECT_EQ(engine_->stats().chunks_total, 3u);
+  EXPECT_EQ(fake_.count("EventRecord"), 3);
+}
+
+TEST_F(AsyncEngineTest, APostedChunkOutsideTheRegionFailsInlineWithoutACopy) {
+  auto r = Open(Alloc(0, 4096), 4096);
+  std::vector<uint8_t> host(8192);
+  absl::Status got = absl::UnknownError("not called");
+  engine_->PostChunk(Direction::kHostToDevice, *r, 4000, host.data(), 200,
+                     [&](absl::Status st) { got = st; });
+  EXPECT_EQ(got.code(), absl::StatusCode::kOutOfRange) << got;
+  EXPECT_EQ(fake_.count("MemcpyAsync"), 0);
+  // A CUDA error comes back through the callback, annotated with the GPU and the chunk.
+  fake_.FailNext("MemcpyAsync", absl::FailedPreconditionError("cudaMemcpyAsync: boom"));
+  std::promise<absl::Status> failed;
+  engine_->PostChunk(Direction::kHostToDevice, *r, 0, host.data(), 100,
+                     [&](absl::Status st) { failed.set_value(st); });
+  absl::Status st = failed.get_future().get();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find(kUuid0), std::string::npos) << st;
+  EXPECT_NE(st.message().find("h2d copy of 100 bytes at offset 0"), std::string::npos) << st;
 }
 
 TEST(UuidTest, NormalizesCaseAndPrefix) {

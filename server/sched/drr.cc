@@ -65,26 +65,50 @@ void ChunkQueue::RemoveFlow(ClassQueue& q, const std::string& gpu) {
   if (it != q.active.end()) q.active.erase(it);
 }
 
-Chunk ChunkQueue::PopFromClass(TrafficClass cls) {
+bool ChunkQueue::Eligible(const ClassQueue& q, const GpuFilter& eligible) {
+  if (eligible == nullptr) return !q.active.empty();
+  for (const std::string& gpu : q.active) {
+    if (eligible(gpu)) return true;
+  }
+  return false;
+}
+
+bool ChunkQueue::HasEligible(const GpuFilter& eligible) const {
+  for (const ClassQueue& q : classes_) {
+    if (Eligible(q, eligible)) return true;
+  }
+  return false;
+}
+
+Chunk ChunkQueue::PopFromClass(TrafficClass cls, const GpuFilter& eligible) {
   ClassQueue& q = classes_[static_cast<int>(cls)];
+  auto ok = [&](const std::string& gpu) { return eligible == nullptr || eligible(gpu); };
+  size_t eligible_flows = 0;  // >= 1: the caller checked
+  for (const std::string& gpu : q.active) eligible_flows += ok(gpu);
   size_t unserved_visits = 0;
   for (;;) {
-    if (unserved_visits == q.active.size()) {
+    if (unserved_visits == eligible_flows) {
       // A whole round served nobody (quantum < chunk): add the rounds that would also serve
       // nobody to every deficit at once; the next round then serves at least one GPU.
       uint64_t skip = std::numeric_limits<uint64_t>::max();
       for (const std::string& gpu : q.active) {
+        if (!ok(gpu)) continue;
         const Flow& f = q.flows.at(gpu);
         const uint64_t per_round = Weight(gpu) * options_.quantum_bytes;
         const uint64_t need = NextChunkLen(f) - f.deficit_bytes;  // > 0 here
         skip = std::min(skip, (need + per_round - 1) / per_round - 1);
       }
       for (const std::string& gpu : q.active) {
-        q.flows.at(gpu).deficit_bytes += skip * Weight(gpu) * options_.quantum_bytes;
+        if (ok(gpu)) q.flows.at(gpu).deficit_bytes += skip * Weight(gpu) * options_.quantum_bytes;
       }
       unserved_visits = 0;
     }
     const std::string gpu = q.active.front();
+    if (!ok(gpu)) {  // passed over: keeps its deficit and its turn state
+      q.active.pop_front();
+      q.active.push_back(gpu);
+      continue;
+    }
     Flow& f = q.flows.at(gpu);
     if (!f.in_turn) {
       f.deficit_bytes += Weight(gpu) * options_.quantum_bytes;
@@ -118,11 +142,12 @@ Chunk ChunkQueue::PopFromClass(TrafficClass cls) {
   }
 }
 
-std::optional<Chunk> ChunkQueue::Pop() {
-  const bool offload_waiting = !classes_[static_cast<int>(TrafficClass::kOffload)].active.empty();
+std::optional<Chunk> ChunkQueue::Pop(const GpuFilter& eligible) {
+  const bool offload_waiting =
+      Eligible(classes_[static_cast<int>(TrafficClass::kOffload)], eligible);
   int higher = -1;
   for (int c = 0; c < static_cast<int>(TrafficClass::kOffload); ++c) {
-    if (!classes_[c].active.empty()) {
+    if (Eligible(classes_[c], eligible)) {
       higher = c;
       break;
     }
@@ -139,7 +164,7 @@ std::optional<Chunk> ChunkQueue::Pop() {
   } else {
     cls = static_cast<TrafficClass>(higher);
   }
-  Chunk chunk = PopFromClass(cls);
+  Chunk chunk = PopFromClass(cls, eligible);
   if (contended) {
     contended_total_bytes_ += chunk.len;
     if (cls == TrafficClass::kOffload) contended_offload_bytes_ += chunk.len;

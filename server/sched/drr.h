@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -70,8 +71,15 @@ class ChunkQueue {
   // Queues all chunks of `transfer`; returns its id (> 0, increasing). INVALID_ARGUMENT when
   // the transfer is null or has 0 bytes. Only gpu, cls, deadline_seconds and bytes are read.
   absl::StatusOr<uint64_t> Push(std::shared_ptr<Transfer> transfer);
-  // The next chunk by the policy above; nullopt when nothing is queued.
-  std::optional<Chunk> Pop();
+  // Which GPUs may be served now (LinkScheduler: those below their limit of chunks posted to an
+  // asynchronous engine). A GPU filtered out is passed over without losing its deficit, as if
+  // it had nothing queued for this pick.
+  using GpuFilter = std::function<bool(const std::string& gpu)>;
+  // The next chunk by the policy above among GPUs passing `eligible` (null: all); nullopt when
+  // no such chunk is queued.
+  std::optional<Chunk> Pop(const GpuFilter& eligible = nullptr);
+  // Whether Pop(eligible) would return a chunk.
+  bool HasEligible(const GpuFilter& eligible) const;
   // Drops the not-yet-popped chunks of a transfer; returns how many bytes were dropped (0 for
   // an unknown id or a transfer whose chunks were all popped).
   uint64_t Cancel(uint64_t transfer_id);
@@ -108,7 +116,8 @@ class ChunkQueue {
 
   uint64_t Weight(const std::string& gpu) const;
   uint64_t NextChunkLen(const Flow& flow) const;
-  Chunk PopFromClass(TrafficClass cls);
+  Chunk PopFromClass(TrafficClass cls, const GpuFilter& eligible);
+  static bool Eligible(const ClassQueue& q, const GpuFilter& eligible);
   void RemoveFlow(ClassQueue& q, const std::string& gpu);
 
   ChunkQueueOptions options_;

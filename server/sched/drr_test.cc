@@ -82,6 +82,36 @@ TEST(ChunkQueueTest, EqualWeightsAlternate) {
   EXPECT_EQ(PopGpus(q, 8), want);
 }
 
+// Issue 16: a GPU at its limit of posted chunks is passed over, keeping its deficit, and the
+// class order holds among the GPUs that may be served.
+TEST(ChunkQueueTest, FilteredGpusArePassedOverAndKeepTheirDeficit) {
+  ChunkQueueOptions o = Options(8 * kMiB, 16 * kMiB);  // two chunks per visit
+  ChunkQueue q(o);
+  PushOk(q, MakeTransfer("a", TrafficClass::kOffload, 64 * kMiB));
+  PushOk(q, MakeTransfer("b", TrafficClass::kOffload, 64 * kMiB));
+  ASSERT_EQ(q.Pop()->transfer->gpu, "a");  // a's visit: 16 MiB of credit, 8 used
+  EXPECT_EQ(q.deficit_bytes(TrafficClass::kOffload, "a"), 8 * kMiB);
+  auto not_a = [](const std::string& gpu) { return gpu != "a"; };
+  auto none = [](const std::string&) { return false; };
+  EXPECT_TRUE(q.HasEligible(not_a));
+  EXPECT_FALSE(q.HasEligible(none));
+  EXPECT_FALSE(q.Pop(none).has_value());
+  EXPECT_EQ(q.Pop(not_a)->transfer->gpu, "b");
+  EXPECT_EQ(q.Pop(not_a)->transfer->gpu, "b");
+  EXPECT_EQ(q.Pop(not_a)->transfer->gpu, "b");
+  EXPECT_EQ(q.deficit_bytes(TrafficClass::kOffload, "a"), 8 * kMiB);  // kept while passed over
+  // An URGENT chunk of the filtered GPU waits; offload of the other GPU goes meanwhile.
+  PushOk(q, MakeTransfer("a", TrafficClass::kUrgent, 8 * kMiB));
+  std::optional<Chunk> c = q.Pop(not_a);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->transfer->gpu, "b");
+  EXPECT_EQ(c->transfer->cls, TrafficClass::kOffload);
+  // Once "a" may be served again, its URGENT chunk is next.
+  c = q.Pop();
+  EXPECT_EQ(c->transfer->gpu, "a");
+  EXPECT_EQ(c->transfer->cls, TrafficClass::kUrgent);
+}
+
 TEST(ChunkQueueTest, Weights2To1GiveExactByteShares) {
   ChunkQueueOptions o = Options();
   o.gpu_weights = {{"a", 2}};

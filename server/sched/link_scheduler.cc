@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -77,6 +78,14 @@ struct LinkScheduler::Impl {
   // CUDA IPC handle on the device thread); they must not run while the link's workers wait for
   // `mu`.
   static void Complete(Finished finished);
+  // Posted chunks (post_chunk transfers). Called with `mu` held.
+  bool GpuBelowLimit(const std::string& gpu) const {
+    auto it = posted_per_gpu.find(gpu);
+    return it == posted_per_gpu.end() || it->second < max_posted_per_gpu;
+  }
+  bool CanPick() const { return !queue.empty() && queue.HasEligible(below_limit); }
+  // The engine's callback for post id `id`: queues the completion for a worker.
+  void OnPosted(uint64_t id, absl::Status status);
 
   const LinkSchedulerOptions options;
   Clock* const clock;
@@ -92,6 +101,16 @@ struct LinkScheduler::Impl {
   double backlog_since_seconds = 0;  // when work last arrived to an empty queue
   LinkSchedulerStats stats;
 
+  // Asynchronous chunks: posted and not yet finished, and completions waiting for a worker.
+  const uint32_t max_posted_per_gpu = std::max<uint32_t>(1, options.max_chunks_in_flight_per_gpu);
+  const ChunkQueue::GpuFilter below_limit = [this](const std::string& gpu) {
+    return GpuBelowLimit(gpu);
+  };
+  std::unordered_map<std::string, uint32_t> posted_per_gpu;
+  std::unordered_map<uint64_t, Chunk> posted;  // by post id
+  uint64_t next_post_id = 1;
+  std::deque<std::pair<Chunk, absl::Status>> completed;
+
   std::mutex join_mu;  // serializes Shutdown's joins
   std::vector<std::thread> workers;
 };
@@ -102,10 +121,29 @@ void LinkScheduler::Impl::WorkerLoop() {
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     // With a parent, one worker at a time waits there for a turn; the others wait here.
+    const auto all_done = [&] { return stopping && queue.empty() && posted.empty(); };
     cv.wait(lock, [&] {
-      return (!queue.empty() && !parent_turn_pending) || (stopping && queue.empty());
+      return !completed.empty() || (CanPick() && !parent_turn_pending) || all_done();
     });
-    if (queue.empty()) return;  // stopping, and everything queued has been handed out
+    if (!completed.empty()) {  // an asynchronous chunk completed: finish it
+      auto [done_chunk, done_status] = std::move(completed.front());
+      completed.pop_front();
+      auto it = posted_per_gpu.find(done_chunk.transfer->gpu);
+      if (--it->second == 0) posted_per_gpu.erase(it);
+      Finished finished;
+      const bool last = FinishChunk(std::move(done_chunk), std::move(done_status), &finished);
+      cv.notify_all();  // its GPU may take another chunk; Shutdown may be waiting on it
+      if (last) {
+        lock.unlock();
+        Complete(std::move(finished));  // leaves `finished` empty
+        lock.lock();
+      }
+      continue;
+    }
+    if (!CanPick() || parent_turn_pending) {
+      if (all_done()) return;  // stopping, everything handed out and completed
+      continue;
+    }
     double start = 0;
     if (rate > 0) {
       const double now = clock->NowSeconds();
@@ -127,7 +165,7 @@ void LinkScheduler::Impl::WorkerLoop() {
       lock.lock();
       parent_turn_pending = false;
       cv.notify_all();
-      if (queue.empty()) {  // cancelled meanwhile: give the turn back unused
+      if (!CanPick()) {  // cancelled meanwhile, or its GPUs at their limit: turn back unused
         parent->Commit(options.link_name, 0);
         continue;
       }
@@ -136,7 +174,7 @@ void LinkScheduler::Impl::WorkerLoop() {
     } else if (rate <= 0) {
       start = clock->NowSeconds();
     }
-    Chunk chunk = *queue.Pop();
+    Chunk chunk = *queue.Pop(below_limit);
     Active& a = active.at(chunk.transfer_id);
     ++a.chunks_in_flight;
     if (chunk.last) a.all_popped = true;
@@ -160,6 +198,18 @@ void LinkScheduler::Impl::WorkerLoop() {
       stats.queue_wait_seconds_max[c] = std::max(stats.queue_wait_seconds_max[c], wait_seconds);
       report = options.on_queue_wait;
     }
+    if (chunk.transfer->post_chunk) {
+      ++posted_per_gpu[chunk.transfer->gpu];
+      const uint64_t id = next_post_id++;
+      posted[id] = chunk;  // `active` holds the transfer too: this copy destroys nothing later
+      lock.unlock();
+      if (report) report(chunk.transfer->cls, wait_seconds);
+      chunk.transfer->post_chunk(chunk.offset, chunk.len,
+                                 [this, id](absl::Status st) { OnPosted(id, std::move(st)); });
+      chunk.transfer.reset();  // not under the lock (see Complete)
+      lock.lock();
+      continue;
+    }
     lock.unlock();
     if (report) report(chunk.transfer->cls, wait_seconds);
     absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
@@ -172,6 +222,16 @@ void LinkScheduler::Impl::WorkerLoop() {
       lock.lock();
     }
   }
+}
+
+void LinkScheduler::Impl::OnPosted(uint64_t id, absl::Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = posted.find(id);
+    completed.emplace_back(std::move(it->second), std::move(status));
+    posted.erase(it);
+  }
+  cv.notify_one();
 }
 
 bool LinkScheduler::Impl::FinishChunk(Chunk chunk, absl::Status status, Finished* finished) {
@@ -224,8 +284,8 @@ LinkScheduler::~LinkScheduler() { Shutdown(); }
 void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
   if (transfer == nullptr) return;
   absl::Status error;
-  if (transfer->copy_chunk == nullptr) {
-    error = absl::InvalidArgumentError("transfer has no copy_chunk function");
+  if (transfer->copy_chunk == nullptr && transfer->post_chunk == nullptr) {
+    error = absl::InvalidArgumentError("transfer has neither copy_chunk nor post_chunk");
   }
   std::unique_lock<std::mutex> lock(impl_->mu);
   if (error.ok() && impl_->stopping) {

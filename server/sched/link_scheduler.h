@@ -29,6 +29,17 @@
 // so picks happen as late as possible and chunks never exceed the rate in aggregate; a chunk
 // is reported done at its virtual finish (start + bytes / bytes_per_second).
 //
+// Asynchronous copies (issue 16): a Transfer with `post_chunk` instead of `copy_chunk` has its
+// chunks posted to an asynchronous copy engine (CopyEngine::PostChunk): a worker picks a chunk,
+// posts it and goes on picking while up to `max_chunks_in_flight_per_gpu` chunks of that GPU are
+// posted; the engine's callback queues the completion and a worker finishes it. The DRR deficit
+// and the offload share are charged when a chunk is picked (posted), bytes and busy time are
+// counted when it completes, and a GPU at its limit is passed over (its deficit kept), so an
+// URGENT chunk waits at most for the chunks already posted on its GPU. With pacing, the link's
+// virtual clock gates posts as it gates synchronous copies; completion is the engine's.
+// CancelOwner drops the owner's chunks not yet posted; chunks already posted run to completion,
+// and the transfer's `done` comes after the last of them.
+//
 // Thread-safety: all public methods are thread-safe. Transfer callbacks run on worker threads
 // without the scheduler's mutex held, and a finished Transfer (with whatever its callbacks
 // capture: a Session, a Region) is dropped after that mutex is released, so its destructors may
@@ -69,6 +80,12 @@ struct Transfer {
   // Copies [offset, offset + len) of this transfer; runs on a worker thread; chunks of one
   // transfer may run concurrently on different workers.
   std::function<absl::Status(uint64_t offset, uint64_t len)> copy_chunk;
+  // Instead of copy_chunk (used when set): starts the copy of [offset, offset + len) and calls
+  // `chunk_done` exactly once when it has completed or failed, possibly inline, possibly on
+  // another thread; chunk_done only queues the completion (it takes the scheduler's lock
+  // briefly, never runs `done`).
+  std::function<void(uint64_t offset, uint64_t len, std::function<void(absl::Status)> chunk_done)>
+      post_chunk;
   // Called exactly once: after the last chunk completed, or with the first chunk's error (the
   // remaining chunks are skipped). Runs on a worker thread (or in Submit/Shutdown on cancel).
   std::function<void(absl::Status)> done;
@@ -84,6 +101,8 @@ struct LinkSchedulerOptions {
   uint64_t chunk_bytes = 8ull << 20;  // 8 MiB
   uint64_t quantum_bytes = 8ull << 20;
   uint32_t worker_threads = 2;
+  // Chunks of post_chunk transfers posted and not completed, per GPU (>= 1; 0 is treated as 1).
+  uint32_t max_chunks_in_flight_per_gpu = 2;
   double bytes_per_second = 0;                  // 0 = unpaced
   double offload_min_share = 0.2;               // of bytes while offloads are queued
   std::map<std::string, uint32_t> gpu_weights;  // default weight 1
@@ -117,13 +136,14 @@ class LinkScheduler {
   ~LinkScheduler();  // Shutdown()
 
   // Queues a transfer. After Shutdown, `done` is called at once with UNAVAILABLE; a transfer
-  // with 0 bytes or no copy_chunk gets INVALID_ARGUMENT the same way. A null transfer is
-  // ignored.
+  // with 0 bytes or neither copy_chunk nor post_chunk gets INVALID_ARGUMENT the same way. A
+  // null transfer is ignored.
   void Submit(std::shared_ptr<Transfer> transfer);
   // Drops the queued chunks of every transfer with this owner_id (> 0): a transfer with no chunk
   // being copied gets `done(status)` before this returns (on this thread, without the
   // scheduler's lock); one with chunks being copied gets it when they finish. Chunks already
-  // handed to copy_chunk are not interrupted. Returns the number of transfers cancelled.
+  // handed to copy_chunk or posted with post_chunk are not interrupted. Returns the number of
+  // transfers cancelled.
   size_t CancelOwner(uint64_t owner_id, const absl::Status& status);
   // Finishes every queued and in-flight transfer, then stops the workers. Idempotent; a second
   // concurrent caller returns once the workers have stopped.

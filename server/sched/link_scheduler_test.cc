@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -242,23 +243,37 @@ struct LastReferenceProbe {
   }
 };
 
-TEST(LinkSchedulerTest, FinishedTransfersAreDroppedWithoutTheSchedulerLock) {
-  // One worker, and the test thread stays away from the scheduler while transfers finish, so
-  // nobody but the worker could hold its mutex when a probe dies.
-  LinkScheduler sched(SmallChunks(1));
-  std::mutex mu;
-  std::condition_variable cv;
-  int destroyed = 0, destroyed_under_lock = 0;
-  Gate gate;
-  auto probe = [&] {
+// Makes probes for one scheduler and counts their deaths.
+struct ProbeTally {
+  explicit ProbeTally(const LinkScheduler* s) : sched(s) {}
+  std::shared_ptr<LastReferenceProbe> Make() {
     auto p = std::make_shared<LastReferenceProbe>();
-    p->sched = &sched;
+    p->sched = sched;
     p->mu = &mu;
     p->cv = &cv;
     p->destroyed = &destroyed;
     p->destroyed_under_lock = &destroyed_under_lock;
     return p;
-  };
+  }
+  // Waits until `n` probes have died; returns how many of all died under the scheduler's lock.
+  int WaitForDestroyed(int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return destroyed == n; });
+    return destroyed_under_lock;
+  }
+
+  const LinkScheduler* sched;
+  std::mutex mu;
+  std::condition_variable cv;
+  int destroyed = 0, destroyed_under_lock = 0;
+};
+
+TEST(LinkSchedulerTest, FinishedTransfersAreDroppedWithoutTheSchedulerLock) {
+  // One worker, and the test thread stays away from the scheduler while transfers finish, so
+  // nobody but the worker could hold its mutex when a probe dies.
+  LinkScheduler sched(SmallChunks(1));
+  ProbeTally probes(&sched);
+  Gate gate;
   // 0: completes in 3 chunks; the probe is held by `done`, as a Session is.
   auto ok = std::make_shared<Transfer>();
   ok->gpu = "gpu0";
@@ -267,12 +282,12 @@ TEST(LinkSchedulerTest, FinishedTransfersAreDroppedWithoutTheSchedulerLock) {
     gate.Wait();
     return absl::OkStatus();
   };
-  ok->done = [p = probe()](absl::Status) {};
+  ok->done = [p = probes.Make()](absl::Status) {};
   // 1: fails at its second chunk (the rest are cancelled); the probe is in both callbacks.
   auto failing = std::make_shared<Transfer>();
   failing->gpu = "gpu1";
   failing->bytes = 4 * 64 * kKiB;
-  auto p1 = probe();
+  auto p1 = probes.Make();
   failing->copy_chunk = [p1](uint64_t offset, uint64_t) {
     return offset == 0 ? absl::OkStatus() : absl::DataLossError("client memory went away");
   };
@@ -282,16 +297,12 @@ TEST(LinkSchedulerTest, FinishedTransfersAreDroppedWithoutTheSchedulerLock) {
   auto silent = std::make_shared<Transfer>();
   silent->gpu = "gpu2";
   silent->bytes = 2 * 64 * kKiB;
-  silent->copy_chunk = [p = probe()](uint64_t, uint64_t) { return absl::OkStatus(); };
+  silent->copy_chunk = [p = probes.Make()](uint64_t, uint64_t) { return absl::OkStatus(); };
   sched.Submit(std::move(ok));
   sched.Submit(std::move(failing));
   sched.Submit(std::move(silent));
   gate.Open();
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return destroyed == 3; });
-  }
-  EXPECT_EQ(destroyed_under_lock, 0);
+  EXPECT_EQ(probes.WaitForDestroyed(3), 0);
   sched.Shutdown();
   EXPECT_EQ(sched.stats().bytes, (3 + 1 + 2) * 64 * kKiB);
 }
@@ -339,6 +350,127 @@ TEST(LinkSchedulerTest, UrgentReloadOvertakesQueuedOffloadChunks) {
   gate.Open();
   sched.Shutdown();
   EXPECT_EQ(rec.copy_order, (std::vector<int>{0, 1, 1, 0, 0, 0, 0}));
+}
+
+// An asynchronous engine the test completes by hand: records every posted chunk and how many of
+// each GPU are outstanding.
+class ManualAsyncEngine {
+ public:
+  struct Post {
+    int transfer;
+    std::string gpu;
+    uint64_t offset, len;
+    std::function<void(absl::Status)> done;
+  };
+  void Attach(Transfer& t, int index) {
+    t.copy_chunk = nullptr;
+    t.post_chunk = [this, index, gpu = t.gpu](uint64_t offset, uint64_t len,
+                                              std::function<void(absl::Status)> done) {
+      std::lock_guard<std::mutex> lock(mu_);
+      posts_.push_back(Post{index, gpu, offset, len, std::move(done)});
+      max_outstanding_[gpu] = std::max(max_outstanding_[gpu], ++outstanding_[gpu]);
+      cv_.notify_all();
+    };
+  }
+  void WaitForPosts(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return posts_.size() >= n; });
+  }
+  // Completes post `i` (in posting order) with `status`.
+  void Complete(size_t i, absl::Status status = absl::OkStatus()) {
+    std::function<void(absl::Status)> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done = std::move(posts_.at(i).done);
+      --outstanding_[posts_[i].gpu];
+    }
+    done(std::move(status));
+  }
+  Post post(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return posts_.at(i);
+  }
+  size_t posts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return posts_.size();
+  }
+  int max_outstanding(const std::string& gpu) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_outstanding_[gpu];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Post> posts_;
+  std::map<std::string, int> outstanding_, max_outstanding_;
+};
+
+// Issue 16: chunks are posted without a worker per chunk, up to the per-GPU limit; bytes count
+// at completion; a completion frees a slot of its GPU.
+TEST(LinkSchedulerTest, AsyncChunksArePostedUpToThePerGpuLimitAndCountedAtCompletion) {
+  Recorder rec;
+  ManualAsyncEngine engine;
+  LinkSchedulerOptions o = SmallChunks(1);  // one worker, yet several chunks in flight
+  o.max_chunks_in_flight_per_gpu = 2;
+  LinkScheduler sched(o);
+  auto a = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * 64 * kKiB);
+  auto b = rec.Make(1, "gpu1", TrafficClass::kOffload, 4 * 64 * kKiB);
+  engine.Attach(*a, 0);
+  engine.Attach(*b, 1);
+  sched.Submit(a);
+  sched.Submit(b);
+  engine.WaitForPosts(4);  // two per GPU, none completed
+  EXPECT_EQ(sched.stats().chunks_in_flight, 4u);
+  EXPECT_EQ(sched.stats().bytes, 0u);
+  for (size_t done = 0; done < 8; ++done) {
+    engine.WaitForPosts(std::min<size_t>(8, done + 4));
+    engine.Complete(done);
+  }
+  sched.Shutdown();
+  EXPECT_EQ(engine.posts(), 8u);
+  EXPECT_EQ(engine.max_outstanding("gpu0"), 2);
+  EXPECT_EQ(engine.max_outstanding("gpu1"), 2);
+  EXPECT_EQ(sched.stats().bytes, 8 * 64 * kKiB);
+  EXPECT_EQ(sched.stats().gpu_bytes.at("gpu0"), 4 * 64 * kKiB);
+  ASSERT_EQ(rec.done[0].size(), 1u);
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_TRUE(rec.done[0][0].ok());
+  EXPECT_TRUE(rec.done[1][0].ok());
+  EXPECT_EQ(sched.stats().chunks_in_flight, 0u);
+}
+
+// An URGENT chunk of a GPU at its limit is the next one posted on that GPU once a slot frees,
+// ahead of the offload chunks queued before it; an error fails its transfer once.
+TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAsSoonAsItsGpuHasASlot) {
+  Recorder rec;
+  ManualAsyncEngine engine;
+  LinkSchedulerOptions o = SmallChunks(2);
+  o.offload_min_share = 0;
+  o.max_chunks_in_flight_per_gpu = 2;
+  LinkScheduler sched(o);
+  auto offload = rec.Make(0, "gpu0", TrafficClass::kOffload, 6 * 64 * kKiB);
+  engine.Attach(*offload, 0);
+  sched.Submit(offload);
+  engine.WaitForPosts(2);
+  auto urgent = rec.Make(1, "gpu0", TrafficClass::kUrgent, 64 * kKiB);
+  engine.Attach(*urgent, 1);
+  sched.Submit(urgent);
+  EXPECT_EQ(engine.posts(), 2u);  // gpu0 is at its limit: nothing more was posted
+  engine.Complete(0);
+  engine.WaitForPosts(3);
+  EXPECT_EQ(engine.post(2).transfer, 1);  // the urgent chunk, not offload chunk 3
+  engine.Complete(2);
+  engine.WaitForPosts(4);  // the slot goes back to the offload
+  EXPECT_EQ(engine.post(3).transfer, 0);
+  engine.Complete(1, absl::InternalError("copy engine fault"));
+  engine.Complete(3);
+  sched.Shutdown();
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_TRUE(rec.done[1][0].ok());
+  ASSERT_EQ(rec.done[0].size(), 1u);
+  EXPECT_EQ(rec.done[0][0].code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(engine.posts(), 4u);  // the failed offload's remaining chunks were skipped
 }
 
 TEST(LinkSchedulerTest, DoneMaySubmitFollowUpWork) {
@@ -422,7 +554,6 @@ TEST(LinkSchedulerTest, PacingWithManyWorkersNeverExceedsTheRateInAggregate) {
   EXPECT_NEAR(clock.NowSeconds(), static_cast<double>(total) / 2e9, 1e-9);
 }
 
-
 TEST(LinkSchedulerTest, QueueWaitIsSubmitToFirstChunkStartPerClass) {
   FakeClock clock;
   Recorder rec;
@@ -472,7 +603,6 @@ TEST(LinkSchedulerTest, QueueWaitIsSubmitToFirstChunkStartPerClass) {
   EXPECT_NEAR(reported[1].second, chunk, 1e-12);
 }
 
-
 TEST(LinkSchedulerTest, TransfersFinishingAfterTheirDeadlineAreCountedPerGpu) {
   FakeClock clock;
   Recorder rec;
@@ -501,7 +631,6 @@ TEST(LinkSchedulerTest, TransfersFinishingAfterTheirDeadlineAreCountedPerGpu) {
   EXPECT_EQ(rec.copy_order, (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(sched.stats().gpu_deadline_misses, (std::map<std::string, uint64_t>{{"gpu0", 1}}));
 }
-
 
 TEST(LinkSchedulerTest, PacedLinkCatchesUpAfterALateWorkerWhileBacklogged) {
   FakeClock clock;
@@ -598,6 +727,85 @@ TEST(LinkSchedulerCancelTest, CancelOwnerDropsQueuedChunksAndWaitsForRunningOnes
   EXPECT_EQ(rec.ranges[3].size(), 2u);  // the other owner's transfer is whole
   ASSERT_EQ(rec.done[3].size(), 1u);
   EXPECT_TRUE(rec.done[3][0].ok());
+}
+
+// Issue 16 with the hardening's cancellation: CancelOwner drops an owner's chunks not yet posted
+// (a transfer with none posted gets done at once), chunks already posted complete first and
+// their transfer's done follows the last of them, exactly once; other owners keep going.
+TEST(LinkSchedulerCancelTest, CancelOwnerDropsUnpostedAsyncChunksAndWaitsForPostedOnes) {
+  Recorder rec;
+  ManualAsyncEngine engine;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.max_chunks_in_flight_per_gpu = 2;
+  LinkScheduler sched(o);
+  auto posted = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * 64 * kKiB);
+  posted->owner_id = 7;
+  engine.Attach(*posted, 0);
+  sched.Submit(posted);
+  engine.WaitForPosts(2);  // gpu0 at its limit: chunks 3 and 4 stay queued
+  auto other = rec.Make(1, "gpu1", TrafficClass::kOffload, 2 * 64 * kKiB);
+  other->owner_id = 8;
+  engine.Attach(*other, 1);
+  sched.Submit(other);
+  engine.WaitForPosts(4);
+  auto queued = rec.Make(2, "gpu0", TrafficClass::kUrgent, 2 * 64 * kKiB);
+  queued->owner_id = 7;
+  engine.Attach(*queued, 2);
+  sched.Submit(queued);
+  EXPECT_EQ(sched.CancelOwner(7, absl::CancelledError("session ended")), 2u);
+  {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    ASSERT_EQ(rec.done[2].size(), 1u);  // nothing of it posted: done at once
+    EXPECT_EQ(rec.done[2][0].code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(rec.done[0].size(), 0u);  // two of its chunks are posted
+  }
+  for (size_t i = 0; i < 4; ++i) engine.Complete(i);
+  sched.Shutdown();
+  EXPECT_EQ(engine.posts(), 4u);  // nothing posted after the cancel
+  for (size_t i = 0; i < 4; ++i) EXPECT_NE(engine.post(i).transfer, 2);
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[0].size(), 1u);
+  EXPECT_EQ(rec.done[0][0].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(rec.done[2].size(), 1u);
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_TRUE(rec.done[1][0].ok());
+  EXPECT_EQ(sched.stats().gpu_bytes.at("gpu0"), 2 * 64 * kKiB);  // the two posted chunks
+  EXPECT_EQ(sched.stats().gpu_bytes.at("gpu1"), 2 * 64 * kKiB);
+  EXPECT_EQ(sched.stats().chunks_in_flight, 0u);
+}
+
+// The async path drops a finished transfer (and what its callbacks hold) outside the lock too,
+// whether the engine completes a chunk inline in post_chunk or later on its own thread.
+TEST(LinkSchedulerTest, FinishedAsyncTransfersAreDroppedWithoutTheSchedulerLock) {
+  LinkScheduler sched(SmallChunks(1));
+  ProbeTally probes(&sched);
+  std::vector<std::thread> engine_threads;
+  std::mutex threads_mu;
+  auto inline_done = std::make_shared<Transfer>();
+  inline_done->gpu = "gpu0";
+  inline_done->bytes = 3 * 64 * kKiB;
+  inline_done->post_chunk = [p = probes.Make()](uint64_t, uint64_t,
+                                                std::function<void(absl::Status)> chunk_done) {
+    chunk_done(absl::OkStatus());
+  };
+  inline_done->done = [p = probes.Make()](absl::Status) {};
+  auto threaded = std::make_shared<Transfer>();
+  threaded->gpu = "gpu1";
+  threaded->bytes = 2 * 64 * kKiB;
+  threaded->post_chunk = [&](uint64_t offset, uint64_t,
+                             std::function<void(absl::Status)> chunk_done) {
+    std::lock_guard<std::mutex> lock(threads_mu);
+    engine_threads.emplace_back([offset, chunk_done = std::move(chunk_done)] {
+      chunk_done(offset == 0 ? absl::OkStatus() : absl::DataLossError("client memory went away"));
+    });
+  };
+  threaded->done = [p = probes.Make()](absl::Status) {};
+  sched.Submit(std::move(inline_done));
+  sched.Submit(std::move(threaded));
+  EXPECT_EQ(probes.WaitForDestroyed(3), 0);
+  sched.Shutdown();
+  for (std::thread& t : engine_threads) t.join();
+  EXPECT_EQ(sched.stats().bytes, (3 + 1) * 64 * kKiB);
 }
 
 }  // namespace

@@ -112,6 +112,7 @@ Core::Link* Core::LinkFor(const std::string& gpu) {
     o.chunk_bytes = options_.chunk_bytes;
     o.quantum_bytes = options_.chunk_bytes;
     o.worker_threads = options_.copy_threads;
+    o.max_chunks_in_flight_per_gpu = options_.max_chunks_in_flight_per_gpu;
     o.bytes_per_second = rate;
     o.offload_min_share = options_.offload_min_share;
     o.gpu_weights = options_.gpu_weights;

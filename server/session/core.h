@@ -57,6 +57,8 @@ struct HostLinkSpec {
 struct CoreOptions {
   uint64_t chunk_bytes = 8ull << 20;
   uint32_t copy_threads = 2;  // per link and direction
+  // Chunks posted per GPU and direction when the engine is asynchronous (issue 16).
+  uint32_t max_chunks_in_flight_per_gpu = 2;
   store::BlockStoreOptions store;
   std::vector<LinkSpec> links;
   // A GPU not named in `links` gets a link of its own, named after it, at this rate.

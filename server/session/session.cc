@@ -56,6 +56,26 @@ std::function<absl::Status(uint64_t, uint64_t)> GatedCopy(std::shared_ptr<CopyGa
   };
 }
 
+// The asynchronous form of GatedCopy (issue 16): a chunk is posted only while the session is
+// open, and it holds the gate until the engine reports it done, so the session's end waits for
+// the chunks already posted (their copies touch client memory) and no chunk is posted after it.
+std::function<void(uint64_t, uint64_t, std::function<void(absl::Status)>)> GatedPost(
+    std::shared_ptr<CopyGate> gate, Core* core, std::shared_ptr<copy::Region> region,
+    copy::Direction direction, uint64_t region_offset, uint8_t* host) {
+  return [gate, core, region, direction, region_offset, host](
+             uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
+    if (!gate->Enter()) {
+      done(absl::CancelledError("the session ended before this copy started"));
+      return;
+    }
+    core->engine().PostChunk(direction, *region, region_offset + o, host + o, len,
+                             [gate, done = std::move(done)](absl::Status st) {
+                               gate->Exit();
+                               done(std::move(st));
+                             });
+  };
+}
+
 }  // namespace
 
 const char* EndCauseName(EndCause cause) {
@@ -356,8 +376,12 @@ void Session::OnOffload(const Request& r) {
     t->bytes = r.bytes;
     uint8_t* host = core->pool_base() + ref->extent.offset;
     t->owner_id = self->id_;
-    t->copy_chunk = GatedCopy(self->gate_, core, reg, copy::Direction::kDeviceToHost, r.offset,
-                              host);
+    t->copy_chunk =
+        GatedCopy(self->gate_, core, reg, copy::Direction::kDeviceToHost, r.offset, host);
+    if (core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
+      t->post_chunk =
+          GatedPost(self->gate_, core, reg, copy::Direction::kDeviceToHost, r.offset, host);
+    }
     const store::BlockRef block = *ref;
     const double admitted = NowSeconds();
     t->done = [self, block, r, start, admitted](absl::Status st) {
@@ -399,9 +423,9 @@ void Session::OnReload(const Request& r) {
   auto region = FindRegion(r.region_id);
   if (!region.ok()) return Fail(r.request_id, region.status());
   if (!core_->BeginTransfer()) {
-    return Fail(r.request_id, absl::UnavailableError(
-                                  "offloadd is shutting down: the block cannot be reloaded; "
-                                  "recompute it or fail the step"));
+    return Fail(r.request_id,
+                absl::UnavailableError("offloadd is shutting down: the block cannot be reloaded; "
+                                       "recompute it or fail the step"));
   }
   auto self = shared_from_this();
   std::shared_ptr<copy::Region> reg = *region;
@@ -433,8 +457,12 @@ void Session::OnReload(const Request& r) {
         t->bytes = ref->bytes;
         uint8_t* host = core->pool_base() + ref->extent.offset;
         t->owner_id = self->id_;
-        t->copy_chunk = GatedCopy(self->gate_, core, reg, copy::Direction::kHostToDevice,
-                                  r.offset, host);
+        t->copy_chunk =
+            GatedCopy(self->gate_, core, reg, copy::Direction::kHostToDevice, r.offset, host);
+        if (core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
+          t->post_chunk =
+              GatedPost(self->gate_, core, reg, copy::Direction::kHostToDevice, r.offset, host);
+        }
         const uint64_t bytes = ref->bytes;
         const double ready = NowSeconds();
         t->done = [self, reg, r, bytes, start, ready](absl::Status st) {

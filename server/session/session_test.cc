@@ -9,12 +9,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "server/copy/shm_engine.h"
+#include "server/session/completion_collector.h"
 
 namespace offloadd::session {
 namespace {
@@ -41,37 +42,7 @@ class Shm {
   uint8_t* data_;
 };
 
-class Collector {
- public:
-  Session::Emit emit() {
-    return [this](Completion c) {
-      std::lock_guard<std::mutex> lock(mu_);
-      got_.push_back(std::move(c));
-      cv_.notify_all();
-    };
-  }
-  // Waits for the completion of `request_id`.
-  Completion Wait(uint64_t request_id) {
-    std::unique_lock<std::mutex> lock(mu_);
-    Completion out;
-    bool found = cv_.wait_for(lock, std::chrono::seconds(10), [&] {
-      for (auto& c : got_) {
-        if (c.request_id == request_id) {
-          out = c;
-          return true;
-        }
-      }
-      return false;
-    });
-    EXPECT_TRUE(found) << "no completion for request " << request_id;
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Completion> got_;
-};
+using Collector = CompletionCollector;
 
 std::unique_ptr<Core> MakeCore(uint64_t pool_bytes, CoreOptions options = {}) {
   pool::ArenaOptions a;
@@ -361,8 +332,7 @@ TEST(SessionEndTest, NoReloadChunkLandsInClientMemoryAfterTheSessionEnded) {
     std::vector<uint8_t> seen(shm.data_, shm.data_ + shm.size_);
     core->Drain();  // every transfer accepted has finished or was cancelled
     EXPECT_EQ(std::memcmp(seen.data(), shm.data_, shm.size_), 0)
-        << "bytes changed in client memory after the session ended (admin_end=" << admin_end
-        << ")";
+        << "bytes changed in client memory after the session ended (admin_end=" << admin_end << ")";
     EXPECT_EQ(core->store().stats().pool.used_bytes, 0u);
   }
 }
