@@ -196,5 +196,58 @@ TEST(RestartTest, SigkilledDaemonComesBackAndEveryConfirmedBlockReloadsBitExact)
   shm_unlink(("/" + pool).c_str());
 }
 
+// An upgrade: SIGTERM drains and closes the sessions, but keeps their blocks' records; the next
+// daemon adopts them and the client resumes.
+TEST(RestartTest, SigtermHandsBlocksToTheNextDaemon) {
+  const std::string socket = UniqueSocketPath();
+  const std::string pool = "offloadd-restart-term-" + std::to_string(getpid()) + "-" +
+                           std::to_string(std::random_device{}());
+  const std::vector<std::string> args = {Runfile("server/offloadd"), "--socket_path=" + socket,
+                                         "--pool_bytes=64MiB", "--metrics_address=",
+                                         "--pool_shm_name=" + pool};
+  Daemon first;
+  ASSERT_TRUE(first.Start(args));
+  client::ClientOptions o;
+  o.socket_path = socket;
+  o.device_id = "gpu0";
+  auto cl = client::Client::Connect(o);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  auto src = client::ShmRegion::Create(4 * kMiB);
+  ASSERT_TRUE(src.ok()) << src.status();
+  std::mt19937_64 rng(7);
+  for (uint64_t i = 0; i < 4 * kMiB; ++i) static_cast<uint8_t*>(src->data())[i] = rng();
+  auto region = (*cl)->RegisterShmRegion(*src);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::vector<Confirmed> blocks;
+  for (int i = 0; i < 4; ++i) {
+    auto r = (*cl)->Offload(*region, BlockOffset(i), kMiB - 3).get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    blocks.push_back({r->block_id, BlockOffset(i), kMiB - 3});
+  }
+  EXPECT_EQ(first.Stop(SIGTERM), 0);
+  const std::string token = (*cl)->resume_token();
+  cl->reset();
+  Daemon second;
+  ASSERT_TRUE(second.Start(args));
+  auto resumed = client::Client::Resume(o, token);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->blocks_resumed(), 4u);
+  auto dst = client::ShmRegion::Create(4 * kMiB);
+  ASSERT_TRUE(dst.ok());
+  auto dst_region = (*resumed)->RegisterShmRegion(*dst);
+  ASSERT_TRUE(dst_region.ok());
+  for (const Confirmed& b : blocks) {
+    auto r = (*resumed)->Reload(b.block_id, *dst_region, b.offset, client::Priority::kUrgent,
+                                true).get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(dst->data()) + b.offset,
+                          static_cast<uint8_t*>(src->data()) + b.offset, b.bytes),
+              0);
+  }
+  (*resumed)->Close();
+  EXPECT_EQ(second.Stop(SIGTERM), 0);
+  shm_unlink(("/" + pool).c_str());
+}
+
 }  // namespace
 }  // namespace offloadd::testing
