@@ -86,6 +86,13 @@ test-asan: deps
 test-tsan: deps
 	$(BAZEL) test --config=tsan $(TSAN_TESTS)
 
+# Binaries, the systemd unit and the documentation its Documentation= names, under PREFIX
+# (DESTDIR= for staging): deploy/install.sh.
+PREFIX ?= /usr/local
+.PHONY: install
+install: build
+	bash deploy/install.sh --bin $(BIN) $(PREFIX) $(DESTDIR)
+
 gpu-bundle: deps
 	bash deploy/make_gpu_bundle.sh
 

@@ -26,16 +26,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "client/offloadd_client.h"
+#include "server/base/clock.h"
 
 namespace {
 
+using offloadd::base::SteadyNowSeconds;
 using offloadd::client::Client;
 using offloadd::client::Priority;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 uint64_t Mix(uint64_t x) {  // splitmix64 finaliser
   x += 0x9e3779b97f4a7c15ull;
@@ -149,17 +146,17 @@ int main(int argc, char** argv) {
     ++errors;
     if (first_error.empty()) first_error = st.ToString();
   };
-  const double t0 = Now();
+  const double t0 = SteadyNowSeconds();
   uint64_t steps_done = 0;
   for (uint64_t step = 0; step < a.steps; ++step, ++steps_done) {
-    if (a.run_seconds > 0 && step > 0 && Now() - t0 >= a.run_seconds) break;
+    if (a.run_seconds > 0 && step > 0 && SteadyNowSeconds() - t0 >= a.run_seconds) break;
     // Forward: layers 0..L-1.
     std::vector<std::future<absl::StatusOr<offloadd::client::OffloadResult>>> offloads(a.layers);
     std::vector<uint64_t> blocks(a.layers, 0);
     auto finish_offload = [&](uint64_t layer) {
-      double w0 = Now();
+      double w0 = SteadyNowSeconds();
       auto r = offloads[layer].get();
-      offload_wait_seconds += Now() - w0;
+      offload_wait_seconds += SteadyNowSeconds() - w0;
       if (!r.ok()) return note_error(r.status());
       blocks[layer] = r->block_id;
       bytes_moved += r->bytes;
@@ -178,8 +175,8 @@ int main(int argc, char** argv) {
       std::printf("{\"holding_blocks\": %lu}\n", static_cast<unsigned long>(a.layers));
       std::fflush(stdout);
       // Hold, but stop early when the daemon goes away (its stream ends).
-      const double until = Now() + a.hold_seconds;
-      while (Now() < until && (*client)->stream_status().ok()) Compute(0.01);
+      const double until = SteadyNowSeconds() + a.hold_seconds;
+      while (SteadyNowSeconds() < until && (*client)->stream_status().ok()) Compute(0.01);
     }
     // Backward: layers L-1..0; layer k's reload was prefetched while layer k+1 computed.
     std::deque<std::pair<uint64_t, std::future<absl::StatusOr<offloadd::client::ReloadResult>>>>
@@ -198,10 +195,10 @@ int main(int argc, char** argv) {
         ++reloads_prefetched;
       }
       if (a.prefetch && layer > 0) issue(layer - 1, Priority::kPrefetch);
-      double w0 = Now();
+      double w0 = SteadyNowSeconds();
       auto r = inflight.front().second.get();
       inflight.pop_front();
-      reload_wait_seconds += Now() - w0;
+      reload_wait_seconds += SteadyNowSeconds() - w0;
       if (!r.ok()) {
         note_error(r.status());
         continue;
@@ -211,7 +208,7 @@ int main(int argc, char** argv) {
       Compute(2 * a.forward_seconds);  // recompute + backward of this layer
     }
   }
-  const double elapsed = Now() - t0;
+  const double elapsed = SteadyNowSeconds() - t0;
   auto stats = (*client)->counters();
   (*client)->Close();
   std::printf(

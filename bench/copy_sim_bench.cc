@@ -44,10 +44,12 @@
 #include "server/copy/cuda_api_sim.h"
 #include "server/copy/cuda_engine.h"
 #include "server/sched/link_scheduler.h"
+#include "server/base/clock.h"
 
 namespace offloadd::bench {
 namespace {
 
+using base::SteadyNowSeconds;
 using copy::Direction;
 constexpr uint64_t kMiB = 1ull << 20;
 
@@ -104,11 +106,6 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     return false;
   }
   return f->gpus > 0 && f->gpus_per_switch > 0 && f->streams > 0 && f->transfer_mib > 0;
-}
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 double CpuSeconds() {
@@ -239,13 +236,13 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
       auto done = std::make_shared<std::promise<absl::Status>>();
       auto fut = done->get_future();
       t->done = [done](absl::Status st) { done->set_value(std::move(st)); };
-      const double t0 = Now();
+      const double t0 = SteadyNowSeconds();
       h2d[g / f.gpus_per_switch]->Submit(t);
       if (fut.wait_for(std::chrono::seconds(10)) != std::future_status::ready || !fut.get().ok()) {
         ++urgent_lost;
         continue;
       }
-      urgent.push_back(Now() - t0);
+      urgent.push_back(SteadyNowSeconds() - t0);
     }
   });
 
@@ -260,13 +257,13 @@ Result RunOne(const Flags& f, uint64_t chunk_bytes) {
   std::vector<uint64_t> b0, b1;
   const copy::SimCallCounts c0 = api.call_counts();
   const double cpu0 = CpuSeconds();
-  const double t0 = Now();
+  const double t0 = SteadyNowSeconds();
   snapshot(&b0);
   measuring = true;
   std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));
   measuring = false;
   snapshot(&b1);
-  const double t1 = Now();
+  const double t1 = SteadyNowSeconds();
   const double cpu1 = CpuSeconds();
   const copy::SimCallCounts c1 = api.call_counts();
 

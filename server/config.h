@@ -20,8 +20,9 @@ namespace offloadd {
 const std::string& DefaultConfigText();
 
 // Parses text-format DaemonConfig over the defaults. A field whose name ends in _bytes or
-// _bytes_per_second may be written with a size suffix (`pool_bytes: 256GiB`; ExpandSizeSuffixes). Errors: INVALID_ARGUMENT naming the line and column of a syntax error or
-// unknown field; for a value that is not a number it also lists the suffixes.
+// _bytes_per_second may be written with a size suffix (`pool_bytes: 256GiB`; ExpandSizeSuffixes).
+// Errors: INVALID_ARGUMENT naming the line and column of a syntax error or unknown field; for a
+// value that is not a number it also lists the suffixes.
 absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text);
 // The file's config. Errors: NOT_FOUND or PERMISSION_DENIED with the errno text (strerror) when
 // it cannot be read, FAILED_PRECONDITION for a directory, else as ParseConfig, prefixed with

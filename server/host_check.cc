@@ -1,9 +1,11 @@
 #include "server/host_check.h"
 
 #include <dlfcn.h>
+#include <linux/capability.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -32,9 +34,9 @@ absl::Status CheckSocketDirectory(const std::string& dir) {
   struct stat st;
   while (stat(existing.c_str(), &st) != 0) {
     if (errno != ENOENT) {
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "socket directory %s cannot be reached: %s; choose another socket_path", existing,
-          std::strerror(errno)));
+      return absl::PermissionDeniedError(
+          absl::StrFormat("socket directory %s cannot be reached: %s; choose another socket_path",
+                          existing, std::strerror(errno)));
     }
     existing = Dirname(existing);
   }
@@ -124,6 +126,18 @@ absl::Status ProbeCudaDriver() {
   }
   dlclose(lib);
   return status;
+}
+
+bool RaiseIpcLockCapability() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  if (syscall(SYS_capget, &header, data) != 0) return false;
+  const uint32_t bit = 1u << (CAP_IPC_LOCK % 32);
+  __user_cap_data_struct& word = data[CAP_IPC_LOCK / 32];
+  if ((word.effective & bit) != 0) return true;
+  if ((word.permitted & bit) == 0) return false;
+  word.effective |= bit;
+  return syscall(SYS_capset, &header, data) == 0;
 }
 
 HostFacts ReadHostFacts(bool cuda_in_build, bool probe_cuda) {

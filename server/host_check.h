@@ -29,8 +29,8 @@ namespace offloadd {
 // What the host offers, read once (ReadHostFacts) or made up in tests.
 struct HostFacts {
   absl::StatusOr<uint64_t> mem_available_bytes = uint64_t{0};  // /proc/meminfo MemAvailable
-  uint64_t memlock_limit_bytes = 0;  // RLIMIT_MEMLOCK soft limit; RLIM_INFINITY = none
-  bool memlock_privileged = false;   // CAP_IPC_LOCK
+  uint64_t memlock_limit_bytes = 0;      // RLIMIT_MEMLOCK soft limit; RLIM_INFINITY = none
+  bool memlock_privileged = false;       // CAP_IPC_LOCK
   absl::Status cuda = absl::OkStatus();  // the CUDA driver (only read for backend cuda)
 };
 
@@ -49,6 +49,12 @@ absl::Status ProbeCudaDriver();
 // text; FAILED_PRECONDITION when something that is not a socket is at the path, or
 // ALREADY_EXISTS when a daemon accepts connections on it.
 absl::Status CheckSocketPath(const std::string& socket_path);
+
+// Makes CAP_IPC_LOCK effective when the process holds it only as permitted: the image's
+// file capability (setcap cap_ipc_lock+p, deploy/container/Containerfile) gives a non-root
+// daemon that much wherever the bounding set has it, and exec does not fail where it has not.
+// Returns whether CAP_IPC_LOCK is effective afterwards.
+bool RaiseIpcLockCapability();
 
 // The checks 2-4 above against `facts`, in that order; empty when the host can run `config`.
 std::vector<absl::Status> HostProblems(const v1::DaemonConfig& config, const HostFacts& facts);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "server/pool/arena.h"
 
 namespace offloadd {
 namespace {
@@ -47,7 +48,8 @@ TEST(HostProblems, InTheOrderTheDaemonMeetsThem) {
   EXPECT_EQ(problems[1].code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(problems[1].message().find("RLIMIT_MEMLOCK"), std::string::npos) << problems[1];
   EXPECT_EQ(problems[2].code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(problems[2].message().find("larger than MemAvailable, 8589934592 bytes (8192 MiB)"), std::string::npos)
+  EXPECT_NE(problems[2].message().find("larger than MemAvailable, 8589934592 bytes (8192 MiB)"),
+            std::string::npos)
       << problems[2];
 }
 
@@ -121,6 +123,11 @@ TEST(CudaDriver, ProbeSaysWhatIsMissingOrPasses) {
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_NE(st.message().find("backend \"cuda\""), std::string::npos) << st;
   }
+}
+
+TEST(Capabilities, RaiseIpcLockAgreesWithTheEffectiveSet) {
+  // Root (or a file capability) ends with CAP_IPC_LOCK effective; others without it get false.
+  EXPECT_EQ(RaiseIpcLockCapability(), pool::MemlockPrivileged() || geteuid() == 0);
 }
 
 }  // namespace

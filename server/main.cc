@@ -33,7 +33,7 @@
 
 namespace {
 
-constexpr const char* kVersion = "0.1.0";
+constexpr const char* kVersion = "0.2.0";  // the Python package (client/python) has the same
 
 void PrintHelp() {
   std::cout << "usage: offloadd [--config FILE] [--FLAG=VALUE ...]\n"
@@ -212,6 +212,9 @@ int main(int argc, char** argv) {
     }
   }
   if (!check_file.empty()) config_file = check_file;
+  // Before any check reads the capabilities (MemlockPrivileged): a non-root daemon holding
+  // CAP_IPC_LOCK as permitted only (the image's file capability) makes it effective.
+  offloadd::RaiseIpcLockCapability();
 
   absl::StatusOr<DaemonConfig> config =
       config_file.empty() ? offloadd::ParseConfig("") : offloadd::LoadConfigFile(config_file);

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,21 +28,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/offloadd_client.h"
+#include "server/base/clock.h"
 
 namespace {
 
+using offloadd::base::SleepUntilSteadySeconds;
+using offloadd::base::SteadyNowSeconds;
 using offloadd::client::Client;
 using offloadd::client::Priority;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-void SleepUntil(double t) {
-  const double dt = t - Now();
-  if (dt > 0) std::this_thread::sleep_for(std::chrono::duration<double>(dt));
-}
 
 struct Args {
   std::string socket, device = "gpu0", name = "sched_client";
@@ -137,7 +129,7 @@ int main(int argc, char** argv) {
   std::cout << "{\"ready\": true}" << std::endl;
   std::string line;
   if (!std::getline(std::cin, line)) return 1;  // the driver went away
-  const double t0 = Now(), stop = t0 + a.duration_seconds;
+  const double t0 = SteadyNowSeconds(), stop = t0 + a.duration_seconds;
 
   std::atomic<uint64_t> offloads{0}, reloads{0}, errors{0};
   std::mutex mu;
@@ -150,7 +142,7 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   for (uint64_t j = 0; j < a.offloads; ++j) {
     threads.emplace_back([&, j] {
-      while (Now() < stop) {
+      while (SteadyNowSeconds() < stop) {
         auto r = c.Offload(*region_id, j * a.block_bytes, a.block_bytes).get();
         if (!r.ok()) return fail(r.status());
         offloads.fetch_add(1);
@@ -162,7 +154,7 @@ int main(int argc, char** argv) {
   const Priority reload_priority = a.reload_urgent ? Priority::kUrgent : Priority::kPrefetch;
   for (uint64_t i = 0; i < a.reloads; ++i) {
     threads.emplace_back([&, i] {
-      while (Now() < stop) {
+      while (SteadyNowSeconds() < stop) {
         auto r = c.Reload(reload_blocks[i], *region_id, (a.offloads + i) * a.block_bytes,
                           reload_priority)
                      .get();
@@ -175,17 +167,17 @@ int main(int argc, char** argv) {
   if (a.probes > 0) {
     threads.emplace_back([&] {
       for (uint64_t k = 0; k < a.probes; ++k) {
-        SleepUntil(t0 + a.probe_start_seconds + k * a.probe_interval_seconds);
-        if (Now() >= stop) break;
-        const double start = Now();
+        SleepUntilSteadySeconds(t0 + a.probe_start_seconds + k * a.probe_interval_seconds);
+        if (SteadyNowSeconds() >= stop) break;
+        const double start = SteadyNowSeconds();
         auto r = c.Reload(probe_block, *region_id, probe_offset, Priority::kUrgent).get();
         if (!r.ok()) return fail(r.status());
-        latencies.push_back(Now() - start);
+        latencies.push_back(SteadyNowSeconds() - start);
       }
     });
   }
   for (std::thread& t : threads) t.join();
-  const double elapsed = Now() - t0;
+  const double elapsed = SteadyNowSeconds() - t0;
   c.Close();
   std::vector<std::string> lat;
   for (double l : latencies) lat.push_back(absl::StrFormat("%.6f", l));

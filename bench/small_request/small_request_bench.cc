@@ -42,10 +42,13 @@
 #include "bench/small_request/pingpong.grpc.pb.h"
 #include "client/offloadd_client.h"
 #include "client/shm_region.h"
+#include "server/base/clock.h"
 #include "grpcpp/grpcpp.h"
 
 namespace offloadd::bench {
 namespace {
+
+using base::SteadyNowSeconds;
 
 // Echoes each message; with `hand_off`, the write is started from a worker thread woken through
 // a condition variable (as the daemon's link scheduler wakes a copy worker).
@@ -121,11 +124,6 @@ class EchoService final : public PingPong::CallbackService {
   }
   server->Wait();
   _exit(0);
-}
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 using Stream = grpc::ClientReaderWriter<Ping, Ping>;
@@ -253,27 +251,27 @@ int Run(const std::string& path, const std::string& daemon_socket, int requests,
       const bool keep = block * 100 >= warmup;
       for (int i = 0; i < 100; ++i) {
         p.set_seq(block * 100 + i);
-        const double t0 = Now();
+        const double t0 = SteadyNowSeconds();
         if (!direct->Write(p) || !direct->Read(&in)) return 2;
-        if (keep) s.direct.push_back(Now() - t0);
+        if (keep) s.direct.push_back(SteadyNowSeconds() - t0);
       }
       for (int i = 0; i < 100; ++i) {
-        const double t0 = Now();
+        const double t0 = SteadyNowSeconds();
         if (!threaded.RoundTrip(p)) return 2;
-        if (keep) s.threaded.push_back(Now() - t0);
+        if (keep) s.threaded.push_back(SteadyNowSeconds() - t0);
       }
       for (int i = 0; i < 100; ++i) {
-        const double t0 = Now();
+        const double t0 = SteadyNowSeconds();
         if (!hand_off->Write(p) || !hand_off->Read(&in)) return 2;
-        if (keep) s.hand_off.push_back(Now() - t0);
+        if (keep) s.hand_off.push_back(SteadyNowSeconds() - t0);
       }
       for (int i = 0; daemon != nullptr && i < 100; ++i) {
-        const double t0 = Now();
+        const double t0 = SteadyNowSeconds();
         auto off = daemon->Offload(region, 0, 4096).get();
-        const double t1 = Now();
+        const double t1 = SteadyNowSeconds();
         if (!off.ok()) return 2;
         auto rel = daemon->Reload(off->block_id, region, 0, client::Priority::kUrgent, true).get();
-        const double t2 = Now();
+        const double t2 = SteadyNowSeconds();
         if (!rel.ok()) return 2;
         if (!keep) continue;
         s.offload.push_back(t1 - t0);

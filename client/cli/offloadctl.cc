@@ -13,11 +13,11 @@
 // on stderr and refused.
 // stats, topo and sessions read GetStats without opening a session, so the sessions they show
 // are the daemon's clients only.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <chrono>
 #include <map>
 #include <optional>
 #include <set>
@@ -230,8 +230,8 @@ int main(int argc, char** argv) {
   if (cmd == "plan") {
     return offloadd::plan::RunPlanCommand(rest, std::cout, std::cerr);
   }
-  const std::set<std::string> known = {"stats",    "health",      "topo", "bench",
-                                       "sessions", "end-session"};
+  const std::set<std::string> known = {"stats", "health",   "topo",
+                                       "bench", "sessions", "end-session"};
   if (known.count(cmd) == 0) return UsageError("unknown command '" + cmd + "'");
   socket = offloadd::cli::ResolveSocket(socket);
   if (cmd == "bench") return offloadd::cli::RunBench(socket, rest);

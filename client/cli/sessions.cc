@@ -2,10 +2,10 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <string>
-#include <vector>
 #include <iostream>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"

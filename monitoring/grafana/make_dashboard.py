@@ -115,7 +115,7 @@ def build():
             "Fraction of time a link direction was copying (rate of busy seconds). 1 = "
             "saturated: copies queue behind each other.",
             [(f"rate(offloadd_link_busy_seconds_total{{{INST}}}{RATE})",
-              "{{instance}} {{link}} {{direction}}")], "percentunit", w=8, minimum=0, maximum=1,
+              "{{instance}} {{link}} {{direction}}")], "percentunit", w=6, minimum=0, maximum=1,
             thresholds=[(None, "green"), (0.9, "red")])
     b.panel("Link throughput and capacity",
             "Bytes/s copied per link direction, and the configured capacity (0 = unpaced, not "
@@ -123,10 +123,15 @@ def build():
             [(f"rate(offloadd_link_bytes_total{{{INST}}}{RATE})",
               "{{instance}} {{link}} {{direction}}"),
              (f"offloadd_link_capacity_bytes_per_second{{{INST}}} > 0",
-              "{{instance}} {{link}} {{direction}} capacity")], "Bps", w=8, minimum=0)
+              "{{instance}} {{link}} {{direction}} capacity")], "Bps", w=6, minimum=0)
     b.panel("Transfers queued per link", "Transfers queued or copying per link direction.",
             [(f"offloadd_link_queued_transfers{{{INST}}}",
-              "{{instance}} {{link}} {{direction}}")], "short", w=8, minimum=0)
+              "{{instance}} {{link}} {{direction}}")], "short", w=6, minimum=0)
+    b.panel("Chunks in flight per link",
+            "Chunks being copied right now per link direction (at most copy_threads): 0 while "
+            "transfers are queued means the link is paced or waiting on its host link.",
+            [(f"offloadd_link_chunks_in_flight{{{INST}}}",
+              "{{instance}} {{link}} {{direction}}")], "short", w=6, minimum=0)
 
     b.row("Throughput")
     b.panel("Bytes/s per GPU and direction",
@@ -169,6 +174,21 @@ def build():
             quantiles("offloadd_link_queue_wait_seconds", "class", INST, qs=(0.99,)), "s", w=8)
     b.panel("Scheduler queue wait p50 by class", "As on the left, median.",
             quantiles("offloadd_link_queue_wait_seconds", "class", INST, qs=(0.5,)), "s", w=8)
+    b.panel("Link bytes/s per GPU",
+            "Bytes/s each GPU copied over each link direction (chunks as the scheduler served "
+            "them). GPUs sharing a link compete here: with equal weights and enough demand "
+            "each gets an equal part.",
+            [(f"sum by (instance, link, direction, gpu) (rate(offloadd_link_gpu_bytes_total"
+              f"{{{INST},{GPU}}}{RATE}))", "{{instance}} {{link}} {{direction}} {{gpu}}")],
+            "Bps", w=12, minimum=0)
+    b.panel("Share of its link per GPU",
+            "Each GPU's share of the bytes its link direction copied. A GPU far below 1/n of "
+            "a link it shares with n-1 others, while it has transfers queued, is starved.",
+            [(f"sum by (instance, link, direction, gpu) (rate(offloadd_link_gpu_bytes_total"
+              f"{{{INST},{GPU}}}{RATE})) / on (instance, link, direction) group_left sum by "
+              f"(instance, link, direction) (rate(offloadd_link_gpu_bytes_total{{{INST}}}"
+              f"{RATE}))", "{{instance}} {{link}} {{direction}} {{gpu}}")],
+            "percentunit", w=12, minimum=0, maximum=1)
 
     b.row("Sessions and IPC")
     b.panel("Sessions open", "Client sessions (training processes) connected.",
@@ -193,12 +213,17 @@ def build():
             "Time of one GaLore projector refresh (top-r SVD of a gradient); p50 and p99.",
             [(f"histogram_quantile({q}, sum by (le) (rate("
               f"offloadd_projector_refresh_duration_seconds_bucket{{{INST}}}{RATE})))",
-              f"p{int(q * 100)}") for q in (0.5, 0.99)], "s", w=8)
+              f"p{int(q * 100)}") for q in (0.5, 0.99)], "s", w=6)
     b.panel("Projector refreshes/s", "Refreshes completed per second.",
             [(f"sum by (instance) (rate(offloadd_projector_refresh_duration_seconds_count"
-              f"{{{INST}}}{RATE}))", "{{instance}}")], "ops", w=8, minimum=0)
+              f"{{{INST}}}{RATE}))", "{{instance}}")], "ops", w=6, minimum=0)
+    b.panel("Projector refreshes/s by outcome",
+            "Refreshes finished per second by outcome: ok, skipped (the lazy policy kept the "
+            "projector), degenerate, invalid_input, cancelled, error.",
+            [(f"sum by (instance, outcome) (rate(offloadd_projector_refreshes_total{{{INST}}}"
+              f"{RATE}))", "{{instance}} {{outcome}}")], "ops", w=6, minimum=0, stack=True)
     b.panel("Projector queue depth", "Refresh requests queued or running.",
-            [(f"offloadd_projector_queue_depth{{{INST}}}", "{{instance}}")], "short", w=8,
+            [(f"offloadd_projector_queue_depth{{{INST}}}", "{{instance}}")], "short", w=6,
             minimum=0)
     return b.panels
 

@@ -1,11 +1,11 @@
 #include "server/copy/cuda_api_sim.h"
 
-#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "server/base/clock.h"
 
 namespace offloadd::copy {
 namespace {
@@ -18,10 +18,7 @@ constexpr char kSimMemPrefix[] = "cuda-sim-mem";
 
 class RealSimClock : public SimClock {
  public:
-  double NowSeconds() override {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
+  double NowSeconds() override { return base::SteadyNowSeconds(); }
   void SpendHostSeconds(double seconds) override {
     if (seconds <= 0) return;
     const double until = NowSeconds() + seconds;

@@ -1,6 +1,5 @@
 #include "server/copy/cuda_engine.h"
 
-#include <chrono>
 #include <fstream>
 #include <list>
 #include <map>
@@ -10,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
+#include "server/base/clock.h"
 #include "server/copy/cuda_device_worker.h"
 
 namespace offloadd::copy {
@@ -28,11 +28,6 @@ struct Mapping {
   std::map<std::string, void*> events;
   std::list<std::string> event_lru;
 };
-
-double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -460,7 +455,7 @@ absl::Status CudaCopyEngine::PrepareHostPool(uint8_t* base, uint64_t size_bytes)
   const uint64_t chunk = std::max<uint64_t>(
       4096, std::min<uint64_t>(s.options.host_register_chunk_bytes, 64ull << 30));
   s.pinner = std::thread([&s, base, size_bytes, ordinal, chunk] {
-    const double start = NowSeconds();
+    const double start = offloadd::base::SteadyNowSeconds();
     absl::Status st = s.api->SetDevice(ordinal);
     for (uint64_t off = 0; st.ok() && off < size_bytes && !s.stop_pinning; off += chunk) {
       const uint64_t len = std::min(chunk, size_bytes - off);
@@ -471,7 +466,7 @@ absl::Status CudaCopyEngine::PrepareHostPool(uint8_t* base, uint64_t size_bytes)
       s.stats.host_registered_bytes += len;
     }
     std::lock_guard<std::mutex> lock(s.mu);
-    s.stats.host_register_seconds = NowSeconds() - start;
+    s.stats.host_register_seconds = offloadd::base::SteadyNowSeconds() - start;
     s.stats.host_pool_ready = true;
     if (!st.ok()) {
       s.pin_status = absl::FailedPreconditionError(absl::StrFormat(

@@ -5,38 +5,26 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "client/shm_region.h"
 #include "gtest/gtest.h"
 
 namespace offloadd::copy {
 namespace {
 
+// The client's side of a region: an shm object created, sized (not reserved), mapped and finally
+// unlinked by the C++ client library (client/shm_region.h), as a training process does.
 class ShmObject {
  public:
-  explicit ShmObject(uint64_t size) : size_(size) {
-    name_ = "/offloadd-test-" + std::to_string(getpid()) + "-" + std::to_string(counter_++) + "-" +
-            std::to_string(std::random_device{}());  // pids repeat across Bazel sandboxes
-    int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(ftruncate(fd, size), 0);
-    data_ = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
-  }
-  ~ShmObject() {
-    munmap(data_, size_);
-    shm_unlink(name_.c_str());
-  }
-  const std::string& name() const { return name_; }
-  uint8_t* data() { return data_; }
+  explicit ShmObject(uint64_t size)
+      : region_(client::ShmRegion::Create(size, {0600, /*reserve=*/false}).value()) {}
+  const std::string& name() const { return region_.name(); }
+  uint8_t* data() { return static_cast<uint8_t*>(region_.data()); }
 
  private:
-  static inline int counter_ = 0;
-  std::string name_;
-  uint64_t size_;
-  uint8_t* data_;
+  client::ShmRegion region_;
 };
 
 TEST(ShmCopyEngineTest, CopiesBothWaysThroughTheMapping) {

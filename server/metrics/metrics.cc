@@ -57,6 +57,7 @@ Metrics* Create() {
   // Series that must exist before the first refresh (dashboards, alerts).
   m->projector_refresh_duration_seconds->Add({{"method", "exact"}, {"backend", "lapack"}},
                                              DurationBuckets());
+  m->projector_refreshes_total->Add({{"outcome", "ok"}});
   m->pool_blocks = gauge("offloadd_pool_blocks", "Blocks held in the pool.");
   m->offloads_waiting =
       gauge("offloadd_offloads_waiting", "Offloads queued waiting for pool space.");

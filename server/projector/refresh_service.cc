@@ -4,13 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <new>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "server/base/clock.h"
 #include "server/metrics/metrics.h"
 
 namespace offloadd::projector {
@@ -77,9 +77,7 @@ RefreshService::RefreshService(RefreshServiceOptions options, copy::CopyEngine* 
 
 RefreshService::~RefreshService() { Shutdown(); }
 
-double RefreshService::Now() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double RefreshService::Now() const { return base::SteadyNowSeconds(); }
 
 absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& request) {
   absl::StatusOr<RefreshLayout> layout = ValidateServiceRequest(request);

@@ -1,7 +1,5 @@
 #include "server/projector/refresh_service.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,11 +9,11 @@
 #include <limits>
 #include <mutex>
 #include <new>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "client/shm_region.h"
 #include "gtest/gtest.h"
 #include "server/copy/shm_engine.h"
 #include "server/projector/dtype.h"
@@ -26,47 +24,23 @@
 namespace offloadd::projector {
 namespace {
 
-// Unique per process even across Bazel sandboxes, whose PID namespaces may repeat pids while
-// they share /dev/shm and /tmp.
-std::string UniqueTag() {
-  static const std::string tag = [] {
-    std::random_device rd;
-    return std::to_string(getpid()) + "-" + std::to_string(rd() % 1000000000u);
-  }();
-  return tag;
-}
-
-// A shared-memory object mapped in the test: the "client memory" G and P live in.
+// A shared-memory object created and mapped by the C++ client library (client/shm_region.h):
+// the "client memory" G and P live in. Only sized, not reserved: a test maps a sparse 40 GiB one.
 class Shm {
  public:
-  explicit Shm(uint64_t bytes) : name_(NewName()), bytes_(bytes) {
-    int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(ftruncate(fd, bytes_), 0);
-    map_ = static_cast<uint8_t*>(mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
-  }
-  ~Shm() {
-    munmap(map_, bytes_);
-    shm_unlink(name_.c_str());
-  }
+  explicit Shm(uint64_t bytes)
+      : region_(client::ShmRegion::Create(bytes, {0600, /*reserve=*/false}).value()) {}
   copy::RegionSpec Spec() const {
     copy::RegionSpec s;
-    s.shm_name = name_;
-    s.size_bytes = bytes_;
+    s.shm_name = region_.name();
+    s.size_bytes = region_.size_bytes();
     s.device_id = "cpu";
     return s;
   }
-  uint8_t* data() { return map_; }
+  uint8_t* data() { return static_cast<uint8_t*>(region_.data()); }
 
  private:
-  static std::string NewName() {
-    static int n = 0;
-    return "/ofd-rs-" + UniqueTag() + "-" + std::to_string(n++);
-  }
-  std::string name_;
-  uint64_t bytes_;
-  uint8_t* map_ = nullptr;
+  client::ShmRegion region_;
 };
 
 constexpr uint64_t kProjectorOffset = 1 << 20;  // G at 0, P at 1 MiB

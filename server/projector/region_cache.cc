@@ -2,11 +2,11 @@
 
 #include <sys/stat.h>
 
-#include <chrono>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/base/clock.h"
 
 namespace offloadd::projector {
 namespace {
@@ -36,7 +36,7 @@ RegionCache::RegionCache(copy::CopyEngine* shm_engine, copy::CopyEngine* cuda_en
 
 double RegionCache::Now() const {
   if (options_.now_seconds) return options_.now_seconds();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return base::SteadyNowSeconds();
 }
 
 absl::StatusOr<RegionCache::Opened> RegionCache::Open(const copy::RegionSpec& spec) {

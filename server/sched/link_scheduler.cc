@@ -1,7 +1,6 @@
 #include "server/sched/link_scheduler.h"
 
 #include <algorithm>
-#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/base/clock.h"
 #include "server/sched/drr.h"
 #include "server/sched/host_link.h"
 
@@ -31,14 +31,8 @@ namespace {
 
 class RealClock : public Clock {
  public:
-  double NowSeconds() override {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-  void SleepUntil(double t) override {
-    const double dt = t - NowSeconds();
-    if (dt > 0) std::this_thread::sleep_for(std::chrono::duration<double>(dt));
-  }
+  double NowSeconds() override { return base::SteadyNowSeconds(); }
+  void SleepUntil(double t) override { base::SleepUntilSteadySeconds(t); }
 };
 
 // Pacing keeps a work-conserving virtual clock: while work has been queued since the link's

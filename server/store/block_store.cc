@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "server/base/clock.h"
 
 namespace offloadd::store {
 
@@ -14,11 +15,6 @@ void RunAll(std::vector<std::function<void()>>& deferred) {
   deferred.clear();
 }
 }  // namespace
-
-double BlockStore::Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 BlockStore::BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
                        pool::BlockTable* table)
@@ -144,7 +140,7 @@ BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enq
   ref.block_id = id;
   ref.bytes = bytes;
   ref.extent = extent;
-  ref.queued_seconds = enqueued_seconds > 0 ? Now() - enqueued_seconds : 0;
+  ref.queued_seconds = enqueued_seconds > 0 ? base::SteadyNowSeconds() - enqueued_seconds : 0;
   return ref;
 }
 
@@ -185,7 +181,7 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
           "fit now: %s",
           waiters_.size(), WhyFullLocked(session_id, bytes)));
     } else {
-      double now = Now();
+      double now = base::SteadyNowSeconds();
       waiters_.push_back(Waiter{session_id, bytes, now,
                                 now + options_.admission_deadline_seconds, std::move(done)});
       deadline_cv_.notify_all();
@@ -372,7 +368,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
 void BlockStore::DeadlineLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    double now = Now();
+    double now = base::SteadyNowSeconds();
     double next = 0;
     Deferred deferred;
     if (adopted_deadline_seconds_ > 0) {
@@ -447,7 +443,7 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
     if (!slot_used[s - 1]) free_slots_.push_back(static_cast<uint32_t>(s - 1));
   }
   if (n > 0) {
-    adopted_deadline_seconds_ = Now() + std::max(grace_seconds, 0.0);
+    adopted_deadline_seconds_ = base::SteadyNowSeconds() + std::max(grace_seconds, 0.0);
     deadline_cv_.notify_all();
   }
   return n;

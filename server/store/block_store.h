@@ -186,7 +186,6 @@ class BlockStore {
   void ExpireAdoptedLocked(Deferred* deferred);
   void AdmitWaitersLocked(Deferred* deferred);
   void DeadlineLoop();
-  static double Now();
 
   const BlockStoreOptions options_;
   mutable std::mutex mu_;

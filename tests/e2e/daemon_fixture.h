@@ -1,9 +1,11 @@
 // An offloadd daemon inside the test process (Core + rpc::Server on the shm backend), listening
-// on a short unique Unix socket under /tmp (Bazel's TEST_TMPDIR is too long for sun_path).
+// on a short unique Unix socket under /tmp (Bazel's TEST_TMPDIR is too long for sun_path). Used
+// by tests/e2e and tests/faults.
 #ifndef OFFLOADD_TESTS_E2E_DAEMON_FIXTURE_H_
 #define OFFLOADD_TESTS_E2E_DAEMON_FIXTURE_H_
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,27 +22,34 @@
 
 namespace offloadd::testing {
 
+// "/tmp/ofd-<tag>-XXXXXX/d.sock" in a new directory of mode 0755, so that the socket file's own
+// mode decides who may connect (tests/faults connects as another uid).
 inline std::string UniqueSocketPath(const std::string& tag) {
   // mkdtemp, not the pid: pids repeat across Bazel sandboxes (PID namespaces) sharing /tmp.
   std::string dir = "/tmp/ofd-" + tag + "-XXXXXX";
-  if (mkdtemp(dir.data()) == nullptr) abort();
+  if (mkdtemp(dir.data()) == nullptr || chmod(dir.c_str(), 0755) != 0) abort();
   return dir + "/d.sock";
 }
 
 class InProcessDaemon {
  public:
+  // `socket_mode`: the socket file's mode (rpc::Server::Start).
   explicit InProcessDaemon(uint64_t pool_bytes, session::CoreOptions options = {},
-                           const std::string& tag = "t")
+                           const std::string& tag = "t", uint32_t socket_mode = 0660)
       : socket_path_(UniqueSocketPath(tag)) {
     pool::ArenaOptions a;
     a.size_bytes = pool_bytes;
     core_ = std::make_unique<session::Core>(options, *pool::Arena::Create(a),
                                             std::make_unique<copy::ShmCopyEngine>());
-    auto server = rpc::Server::Start(core_.get(), socket_path_, 0660);
+    auto server = rpc::Server::Start(core_.get(), socket_path_, socket_mode);
     if (!server.ok()) abort();
     server_ = *std::move(server);
   }
-  ~InProcessDaemon() { Stop(); }
+  // Stops the daemon (which removes the socket file) and removes the socket's directory.
+  ~InProcessDaemon() {
+    Stop();
+    rmdir(socket_path_.substr(0, socket_path_.rfind('/')).c_str());
+  }
   void Stop() {
     if (server_) server_->Shutdown();
     server_.reset();

@@ -385,7 +385,10 @@ TEST(SocketTest, StaleSocketIsReplacedAndLiveOneRefused) {
     EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_NE(std::string(second.status().message()).find("already listening"), std::string::npos);
   }
-  // Leave a stale socket file behind (bound, never listened on / its process gone).
+  // Leave a stale socket file behind (bound, never listened on / its process gone), in the
+  // directory the daemon's end removed.
+  const std::string dir = path.substr(0, path.rfind('/'));
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
   int fd = socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -394,6 +397,7 @@ TEST(SocketTest, StaleSocketIsReplacedAndLiveOneRefused) {
   close(fd);
   ASSERT_TRUE(rpc::ClearStaleSocket(path).ok());
   EXPECT_NE(access(path.c_str(), F_OK), 0);
+  rmdir(dir.c_str());
 }
 
 }  // namespace

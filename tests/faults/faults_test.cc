@@ -7,24 +7,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "client/offloadd_client.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/offload.grpc.pb.h"
-#include "server/copy/shm_engine.h"
 #include "server/metrics/metrics.h"
-#include "server/pool/arena.h"
-#include "server/rpc/server.h"
-#include "server/session/core.h"
+#include "tests/e2e/daemon_fixture.h"
 
 extern char** environ;
 
@@ -33,54 +29,26 @@ namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-bool WaitFor(const std::function<bool()>& pred, double seconds = 15) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
-
-class Daemon {
+// The daemon of these tests (tests/e2e/daemon_fixture.h): 32 MiB pool, 1 MiB chunks, and the
+// socket mode given.
+class Daemon : public InProcessDaemon {
  public:
-  Daemon(session::CoreOptions o, uint32_t socket_mode) {
-    static int n = 0;
-    path_ = "/tmp/ofd-faults-" + std::to_string(getpid()) + "-" + std::to_string(n++) + "/d.sock";
-    pool::ArenaOptions a;
-    a.size_bytes = 32 * kMiB;
-    o.chunk_bytes = kMiB;
-    core_ = std::make_unique<session::Core>(o, *pool::Arena::Create(a),
-                                            std::make_unique<copy::ShmCopyEngine>());
-    auto s = rpc::Server::Start(core_.get(), path_, socket_mode);
-    if (!s.ok()) abort();
-    server_ = *std::move(s);
-  }
-  ~Daemon() {
-    server_->Shutdown();
-    rmdir(path_.substr(0, path_.rfind('/')).c_str());
-  }
-  std::unique_ptr<client::Client> Connect(const std::string& device = "gpu0") {
-    client::ClientOptions o;
-    o.socket_path = path_;
-    o.client_name = "faults";
-    o.device_id = device;
-    auto c = client::Client::Connect(o);
-    if (!c.ok()) abort();
-    return *std::move(c);
-  }
+  Daemon(session::CoreOptions o, uint32_t socket_mode)
+      : InProcessDaemon(32 * kMiB, WithMiBChunks(std::move(o)), "faults", socket_mode) {}
+  const std::string& path() const { return socket_path(); }
   std::unique_ptr<v1::Offload::Stub> Stub() {
     return v1::Offload::NewStub(
-        grpc::CreateChannel("unix:" + path_, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel("unix:" + path(), grpc::InsecureChannelCredentials()));
   }
-  const std::string& path() const { return path_; }
-  session::Core& core() { return *core_; }
 
  private:
-  std::string path_;
-  std::unique_ptr<session::Core> core_;
-  std::unique_ptr<rpc::Server> server_;
+  static session::CoreOptions WithMiBChunks(session::CoreOptions o) {
+    o.chunk_bytes = kMiB;
+    return o;
+  }
 };
+
+bool WaitFor(const std::function<bool()>& pred) { return InProcessDaemon::WaitFor(pred, 15); }
 
 double Ended(const std::string& cause) {
   return metrics::Get().sessions_ended_total->Add({{"cause", cause}}).Value();

@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,9 +32,11 @@
 #include "client/cuda_export.h"
 #include "client/offloadd_client.h"
 #include "kernels/kernels.h"
+#include "server/base/clock.h"
 
 namespace {
 
+using offloadd::base::SteadyNowSeconds;
 using offloadd::client::Client;
 using offloadd::client::CudaExporter;
 using offloadd::client::IpcEvent;
@@ -46,11 +47,6 @@ struct Args {
   int tensors = 16, small_requests = 500, iterations = 200, seed = 1, producer_repeats = 50;
   uint64_t tensor_bytes = 64ull << 20;
 };
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 [[noreturn]] void Fail(const std::string& what) {
   std::printf("FAIL: %s\n", what.c_str());
@@ -150,7 +146,7 @@ int ModeData(const Args& a) {
   }
   std::printf("OFFLOADING %llu bytes\n", static_cast<unsigned long long>(n * each));
   std::fflush(stdout);  // run.sh kills a client right after this line (copies in flight)
-  t0 = Now();
+  t0 = SteadyNowSeconds();
   for (uint64_t i = 0; i < n; ++i) {
     IpcEvent ev = Check(s.exporter.RecordReady(compute), "RecordReady");
     events.push_back(ev);
@@ -158,18 +154,18 @@ int ModeData(const Args& a) {
   }
   std::vector<uint64_t> blocks;
   for (auto& f : offloads) blocks.push_back(Check(f.get(), "Offload").block_id);
-  const double d2h_s = Now() - t0;
+  const double d2h_s = SteadyNowSeconds() - t0;
   for (auto& ev : events) s.exporter.ReleaseEvent(ev);
   Check(cudaMemset(s.base, 0, n * each), "wipe");
   Check(cudaDeviceSynchronize(), "sync");
-  t0 = Now();
+  t0 = SteadyNowSeconds();
   std::vector<std::future<absl::StatusOr<offloadd::client::ReloadResult>>> reloads;
   for (uint64_t i = 0; i < n; ++i) {
     reloads.push_back(
         s.client->Reload(blocks[i], s.region_id, i * each, Priority::kUrgent, true));
   }
   for (auto& f : reloads) Check(f.get(), "Reload");
-  const double h2d_s = Now() - t0;
+  const double h2d_s = SteadyNowSeconds() - t0;
   for (uint64_t i = 0; i < n; ++i) {
     if (DeviceChecksum(s.base + i * each, each, d_sum, compute) != sums[i]) {
       Fail("tensor " + std::to_string(i) + " came back different (checksum mismatch)");
@@ -245,11 +241,11 @@ int ModeBaseline(const Args& a) {
     void* src = dir == 0 ? dev : pinned;
     Check(cudaMemcpyAsync(dst, src, each, kind, st), "warm-up");
     Check(cudaStreamSynchronize(st), "sync");
-    const double t0 = Now();
+    const double t0 = SteadyNowSeconds();
     for (int r = 0; r < 10; ++r) Check(cudaMemcpyAsync(dst, src, each, kind, st), "copy");
     Check(cudaStreamSynchronize(st), "sync");
     std::printf("FIGURE baseline_%s_GBps %.2f GB/s\n", dir == 0 ? "d2h" : "h2d",
-                10.0 * each / (Now() - t0) / 1e9);
+                10.0 * each / (SteadyNowSeconds() - t0) / 1e9);
   }
   return 0;
 }

@@ -14,4 +14,4 @@ for b in offloadd offloadctl checkpoint_workload; do
 done
 cd "$here"
 timeout --signal=TERM --kill-after=10 300 /usr/bin/python3 -W ignore::ResourceWarning -m unittest -v \
-  test_manifests test_promtool test_dashboard test_live_scrape test_readme_metrics
+  test_manifests test_container test_promtool test_dashboard test_live_scrape test_readme_metrics

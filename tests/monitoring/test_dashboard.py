@@ -15,7 +15,7 @@ ROWS = ["Pool", "Link saturation", "Throughput", "Latency quantiles", "Fairness"
 # Series labelled by GPU: their panels must follow the gpu variable.
 GPU_METRICS = ("offloadd_transfer_bytes_total", "offloadd_transfers_total",
                "offloadd_reload_deadline_misses_total", "offloadd_ipc_handles_open",
-               "offloadd_ipc_handle_opens_total")
+               "offloadd_ipc_handle_opens_total", "offloadd_link_gpu_bytes_total")
 
 
 class DashboardTest(unittest.TestCase):
@@ -57,6 +57,23 @@ class DashboardTest(unittest.TestCase):
                 gpu_names = [n for n, s in sels if n in GPU_METRICS]
                 if gpu_names:
                     self.assertIn('gpu=~"$gpu"', t["expr"], p["title"])
+
+    def test_link_gpu_bytes_chunks_in_flight_and_refresh_panels(self):
+        """Issue 17: per-GPU link bytes (fairness), chunks in flight, projector refreshes."""
+        def panel_of(metric):
+            return [(p, t["expr"]) for p in self.panels for t in p["targets"]
+                    if re.search(r"\b%s\b" % metric, t["expr"])]
+        per_gpu = panel_of("offloadd_link_gpu_bytes_total")
+        self.assertTrue(per_gpu, "no panel shows offloadd_link_gpu_bytes_total")
+        for p, expr in per_gpu:
+            self.assertRegex(expr, r"by \(instance, link, direction, gpu\)", p["title"])
+        units = {p["fieldConfig"]["defaults"]["unit"] for p, _ in per_gpu}
+        self.assertEqual(units, {"Bps", "percentunit"}, "want bytes/s and share of the link")
+        chunks = panel_of("offloadd_link_chunks_in_flight")
+        self.assertTrue(chunks, "no panel shows offloadd_link_chunks_in_flight")
+        refreshes = panel_of("offloadd_projector_refreshes_total")
+        self.assertTrue(refreshes, "no panel shows offloadd_projector_refreshes_total")
+        self.assertIn("outcome", refreshes[0][1])
 
     def test_units_and_unique_ids(self):
         ids = [p["id"] for p in self.d["panels"]]

@@ -33,9 +33,11 @@
 
 #include "absl/strings/str_format.h"
 #include "client/offloadd_client.h"
+#include "server/base/clock.h"
 
 namespace {
 
+using offloadd::base::SteadyNowSeconds;
 using offloadd::client::Client;
 using offloadd::client::Priority;
 
@@ -48,10 +50,6 @@ std::string Flag(int argc, char** argv, const std::string& name, const std::stri
     if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
   }
   return def;
-}
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 uint64_t Mix(uint64_t x) {  // splitmix64
@@ -138,9 +136,9 @@ class SoakClient {
     double last_flush = 0;
     while (!g_stop) {
       Step();
-      if (Now() - last_flush > 0.2) {
+      if (SteadyNowSeconds() - last_flush > 0.2) {
         Flush(false);
-        last_flush = Now();
+        last_flush = SteadyNowSeconds();
       }
     }
     // Final pass: every held block is reloaded and verified before the client leaves.
@@ -161,7 +159,7 @@ class SoakClient {
   static constexpr int kSlots = 4;  // source slots for concurrent offloads; slot kSlots: reloads
 
   bool Connect() {
-    const double deadline = Now() + reconnect_seconds_;
+    const double deadline = SteadyNowSeconds() + reconnect_seconds_;
     while (true) {
       offloadd::client::ClientOptions o;
       o.socket_path = socket_;
@@ -178,7 +176,7 @@ class SoakClient {
         }
         client_.reset();
       }
-      if (Now() > deadline || g_stop) {
+      if (SteadyNowSeconds() > deadline || g_stop) {
         c_.last_problem = "could not reconnect: " + c.status().ToString();
         return false;
       }

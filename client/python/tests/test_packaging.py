@@ -33,6 +33,7 @@ class WheelTest(unittest.TestCase):
         self.assertIn("protobuf<8,>=7.35.1", requires)
         self.assertIn('torch>=2.4; extra == "torch"', requires)
         self.assertIn('transformers>=5.17; extra == "transformers"', requires)
+        self.assertIn('accelerate>=1.1.0; extra == "transformers"', requires)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ class TrainerTest(DaemonTestCase):
     POOL_BYTES = "128MiB"
     STEPS, BATCH, SEQ = 5, 2, 512   # layer input 2 x 512 x 256 fp32 = 1 MiB (the threshold)
 
-    def train(self, offload):
+    def train(self, offload, names="activation"):
         import transformers
         model = q.make_model(seed=0, max_seq=self.SEQ, **q.SMALL_CONFIG)
         ids = q.batch(q.SMALL_CONFIG["vocab_size"], self.BATCH * self.STEPS, self.SEQ, seed=5)
@@ -131,23 +131,32 @@ class TrainerTest(DaemonTestCase):
                 losses.append(loss.detach().clone())
                 return loss
         with tempfile.TemporaryDirectory() as out:
+            # names: Transformers 5.24's activation_checkpointing(_kwargs), or the deprecated
+            # gradient_checkpointing(_kwargs) the issue and older docs use.
+            ckpt = {names + "_checkpointing": True,
+                    names + "_checkpointing_kwargs": {"offload": True} if offload else None}
             args = transformers.TrainingArguments(
                 output_dir=out, max_steps=self.STEPS, per_device_train_batch_size=self.BATCH,
-                learning_rate=1e-3, gradient_checkpointing=True,
-                gradient_checkpointing_kwargs={"offload": True} if offload else None,
-                use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
-                dataloader_num_workers=0, seed=0, disable_tqdm=True)
+                learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no",
+                logging_strategy="no", dataloader_num_workers=0, seed=0, disable_tqdm=True,
+                **ckpt)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 Recording(model=model, args=args, train_dataset=data).train()
         return losses, [p.detach().clone() for p in model.parameters()]
 
     def test_five_steps_equal_to_the_run_without_offload(self):
-        plain_losses, plain_params = self.train(offload=False)
+        for names in ("gradient", "activation"):
+            with self.subTest(arguments=names + "_checkpointing"):
+                self.check_five_steps(names)
+
+    def check_five_steps(self, names):
+        plain_losses, plain_params = self.train(offload=False, names=names)
         ctx = otf.enable(keep_last_n=0, socket_path=self.daemon.sock)   # the one line
+        ctx.stats.reset()
         try:
             before = self.daemon.stats()
-            losses, params = self.train(offload=True)
+            losses, params = self.train(offload=True, names=names)
             self.assertTrue(ot.synchronize())
             after = self.daemon.stats()
         finally:

@@ -81,13 +81,14 @@ class OffloadStats:
         mib = lambda b: "%.1f MiB" % (b / 2.0 ** 20)  # noqa: E731
         d = self.as_dict()
         return ("offloaded %d (%s), reloaded %d (%s): %d prefetched in time, %d waited for "
-                "(%.3f s); kept on device %d; fallbacks %d (%s); lost %d; left in place: "
-                "%d small, %d params, %d leaves, %d views, %d other"
+                "(%.3f s), %d requested urgently; kept in place (keep_last_n) %d; fallbacks %d "
+                "(%s); lost %d; left in place: %d small, %d params, %d leaves, %d views, %d other; "
+                "idle steps %d"
                 % (d["offloaded"], mib(d["offloaded_bytes"]), d["reloaded"],
                    mib(d["reloaded_bytes"]), d["prefetched_in_time"], d["waited"],
-                   d["waited_seconds"], d["kept"], d["fallbacks"], mib(d["fallback_bytes"]),
-                   d["lost"], d["skipped_small"], d["skipped_params"], d["skipped_leaves"], d["skipped_views"],
-                   d["skipped_other"]))
+                   d["waited_seconds"], d["urgent"], d["kept"], d["fallbacks"],
+                   mib(d["fallback_bytes"]), d["lost"], d["skipped_small"], d["skipped_params"],
+                   d["skipped_leaves"], d["skipped_views"], d["skipped_other"], d["idle_steps"]))
 
     def __repr__(self):
         return "OffloadStats(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `make install`: installs offloadd under a prefix.
+#
+#   deploy/install.sh [--bin DIR] PREFIX [DESTDIR]
+#
+#   PREFIX/bin/offloadd, PREFIX/bin/offloadctl             from DIR (default build/bin)
+#   PREFIX/lib/systemd/system/offloadd.service            deploy/offloadd.service, its
+#                                                         /usr/local paths rewritten to PREFIX
+#   PREFIX/share/doc/offloadd/README.md, DEPLOY.md,       what the unit's Documentation= names,
+#     offloadd.conf.example                               the deployment notes, the config
+# Everything goes under DESTDIR (default empty) for staging. /etc is left alone: copy the
+# example config to /etc/offloadd/offloadd.conf yourself (deploy/README.md).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=$root/build/bin
+if [ "${1:-}" = --bin ]; then bin=$2; shift 2; fi
+if [ $# -lt 1 ] || [ -z "$1" ] || [ "${1:0:1}" != / ]; then
+  echo "usage: deploy/install.sh [--bin DIR] PREFIX [DESTDIR]   (PREFIX an absolute path)" >&2
+  exit 2
+fi
+prefix=${1%/}
+dest=${2:-}
+for b in offloadd offloadctl; do
+  [ -x "$bin/$b" ] || { echo "install.sh: $bin/$b missing: run make build first" >&2; exit 1; }
+done
+docdir=$prefix/share/doc/offloadd
+install -d "$dest$prefix/bin" "$dest$prefix/lib/systemd/system" "$dest$docdir"
+install -m 0755 "$bin/offloadd" "$bin/offloadctl" "$dest$prefix/bin/"
+sed -e "s|/usr/local/bin/|$prefix/bin/|g" -e "s|/usr/local/share/doc/offloadd/|$docdir/|g" \
+  "$root/deploy/offloadd.service" > "$dest$prefix/lib/systemd/system/offloadd.service"
+chmod 0644 "$dest$prefix/lib/systemd/system/offloadd.service"
+install -m 0644 "$root/README.md" "$dest$docdir/README.md"
+install -m 0644 "$root/deploy/README.md" "$dest$docdir/DEPLOY.md"
+install -m 0644 "$root/deploy/offloadd.conf.example" "$dest$docdir/offloadd.conf.example"
+# Every file:// the unit's Documentation= names must now exist.
+for doc in $(sed -n 's/^Documentation=//p' "$dest$prefix/lib/systemd/system/offloadd.service"); do
+  case $doc in
+    file://*) [ -f "$dest${doc#file://}" ] || { echo "install.sh: $doc not installed" >&2; exit 1; } ;;
+  esac
+done
+echo "installed offloadd in $dest$prefix (unit: $prefix/lib/systemd/system/offloadd.service;" \
+     "systemctl daemon-reload to see it)"
