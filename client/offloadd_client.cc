@@ -4,6 +4,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -118,6 +119,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   hello->set_client_name(options.client_name);
   hello->set_device_id(options.device_id);
   hello->set_pid(options.pid != 0 ? options.pid : static_cast<uint32_t>(getpid()));
+  if (!options.resume_token.empty()) hello->set_resume_token(options.resume_token);
   std::future<absl::StatusOr<v1::HelloReply>> reply =
       client->Submit<absl::StatusOr<v1::HelloReply>>(
           std::move(request), v1::Response::kHello,
@@ -134,6 +136,34 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (!result.ok()) return result.status();
   client->hello_ = *std::move(result);
   return client;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Resume(ClientOptions options,
+                                                       absl::string_view resume_token) {
+  options.resume_token = std::string(resume_token);
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&start] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  double backoff = std::max(options.reconnect_initial_backoff_seconds, 0.001);
+  const double total = options.reconnect_total_seconds;
+  const double connect_timeout = options.connect_timeout_seconds;
+  for (;;) {
+    options.connect_timeout_seconds =
+        std::max(0.001, std::min(connect_timeout, total - elapsed()));
+    absl::StatusOr<std::unique_ptr<Client>> client = Connect(options);
+    const bool retry = !client.ok() && (absl::IsUnavailable(client.status()) ||
+                                        absl::IsDeadlineExceeded(client.status()));
+    if (!retry) return client;
+    if (elapsed() + backoff >= total) {
+      return absl::Status(client.status().code(),
+                          absl::StrCat("offloadd did not come back within ", total,
+                                       " s (reconnect_total_seconds): ",
+                                       client.status().message()));
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+    backoff = std::min(backoff * 2, std::max(options.reconnect_max_backoff_seconds, backoff));
+  }
 }
 
 Client::Client(const ClientOptions& options, std::string socket_path,

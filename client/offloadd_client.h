@@ -19,7 +19,9 @@
 //   - UNAVAILABLE: the session stream ended without Close() (daemon died, restarted, or was shut
 //     down). Every pending request and every later request fails with it; the message says "the
 //     offloadd daemon at unix:<path> went away". Blocks and regions of the session are gone (the
-//     daemon releases them with the stream): reconnect with Connect() and start over.
+//     daemon releases them with the stream) — unless the daemon keeps a shared pool
+//     (pool_shm_name) and was killed or restarted: then Resume() with resume_token() takes the
+//     confirmed blocks back.
 //   - CANCELLED: the request was pending when Close() ended the stream.
 //   - FAILED_PRECONDITION (client side): a request issued after Close() began.
 //   - INTERNAL: the daemon answered a request with the wrong response kind (protocol mismatch).
@@ -60,6 +62,14 @@ struct ClientOptions {
   double connect_timeout_seconds = 10.0;  // socket connect + HelloReply, together
   double close_timeout_seconds = 5.0;     // Close(): wait this long for the daemon, then cancel
   double unary_timeout_seconds = 10.0;    // GetStats(), CheckHealth()
+  // Resume(): presented in Hello to take over the blocks of the session that token names (a
+  // daemon restarted on a shared pool, README "Failure modes"). Empty: a new session.
+  std::string resume_token;
+  // Resume(): retry a connection refused with UNAVAILABLE (daemon restarting) for at most this
+  // long in total, waiting between attempts from the initial backoff, doubling up to the max.
+  double reconnect_total_seconds = 30.0;
+  double reconnect_initial_backoff_seconds = 0.05;
+  double reconnect_max_backoff_seconds = 1.0;
 };
 
 // A region of client memory the daemon may copy from/to. Exactly one of cuda_ipc_handle (the 64
@@ -114,6 +124,21 @@ class Client {
   //         any code of an Error the daemon returns for Hello.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
+  // Reconnects after the daemon went away (a call failed with UNAVAILABLE): Connect() with
+  // options.resume_token set to `resume_token` (the previous Client's resume_token()), retried
+  // with bounded exponential backoff while it fails with UNAVAILABLE or DEADLINE_EXCEEDED (the
+  // daemon is restarting), at most options.reconnect_total_seconds. The new session holds the
+  // blocks the previous one was told were stored (OffloadDone), under the same block ids;
+  // regions are not kept: register them again (new region ids). Requests that were not
+  // answered before the daemon went away are not re-sent: an offload not confirmed must be
+  // offloaded again (its source is still the caller's); a reload not answered, again.
+  // Errors: the last UNAVAILABLE / DEADLINE_EXCEEDED when the time is up; NOT_FOUND when the
+  // daemon holds nothing for the token (it was restarted without a shared pool, the grace
+  // period passed, or every block was released): the blocks are lost, Connect() anew;
+  // PERMISSION_DENIED when the token belongs to another uid; others as Connect().
+  static absl::StatusOr<std::unique_ptr<Client>> Resume(ClientOptions options,
+                                                        absl::string_view resume_token);
+
   ~Client();  // Close()
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -125,6 +150,10 @@ class Client {
   uint64_t session_quota_bytes() const { return hello_.session_quota_bytes(); }  // 0: none
   uint64_t chunk_bytes() const { return hello_.chunk_bytes(); }
   const std::string& link() const { return hello_.link(); }
+  // The claim on this session's blocks across a daemon restart (keep it secret); pass it to
+  // Resume(). Empty from a daemon older than resume tokens.
+  const std::string& resume_token() const { return hello_.resume_token(); }
+  uint64_t blocks_resumed() const { return hello_.blocks_resumed(); }  // Resume() only
   const std::string& socket_path() const { return socket_path_; }
 
   // Registers a region; blocks until the daemon answers. Returns the region id to use in

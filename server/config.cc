@@ -36,6 +36,10 @@ socket_mode: 0660
 pool_bytes: 1073741824
 pool_mlock: false
 pool_huge_pages: false
+# Restart survival: "" = anonymous pool (lost when the daemon exits); a name keeps the pool and
+# its block records in /dev/shm/<name> for the next daemon (README "Failure modes").
+pool_shm_name: ""
+resume_grace_seconds: 60
 backend: "shm"
 chunk_bytes: 8388608
 copy_threads: 2
@@ -195,6 +199,18 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
         c.backend()));
   }
   if (c.chunk_bytes() < 4096) problems.push_back("chunk_bytes must be at least 4096");
+  if (c.pool_shm_name().size() > 200 ||
+      c.pool_shm_name().find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                          "0123456789._-") != std::string::npos ||
+      c.pool_shm_name() == "." || c.pool_shm_name() == "..") {
+    problems.push_back(absl::StrFormat(
+        "pool_shm_name \"%s\" must be at most 200 letters, digits, '.', '_' or '-' (it names "
+        "/dev/shm/<pool_shm_name>)",
+        c.pool_shm_name()));
+  }
+  if (!(c.resume_grace_seconds() >= 0 && c.resume_grace_seconds() <= 86400)) {
+    problems.push_back("resume_grace_seconds must be between 0 and 86400");
+  }
   if (c.copy_threads() < 1 || c.copy_threads() > 64) {
     problems.push_back("copy_threads must be between 1 and 64");
   }
@@ -292,6 +308,8 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"pool_bytes", "host pool size, e.g. 64GiB (default 1GiB)"},
       {"pool_mlock", "true to mlock the pool"},
       {"pool_huge_pages", "true to back the pool with transparent huge pages"},
+      {"pool_shm_name", "keep the pool in /dev/shm/<name> across restarts (\"\" = anonymous)"},
+      {"resume_grace_seconds", "how long adopted blocks wait for their session to resume"},
       {"backend", "shm | cuda | cuda-sim (simulated GPUs, moves no bytes)"},
       {"chunk_bytes", "copy chunk size, e.g. 8MiB"},
       {"copy_threads", "copy worker threads per link and direction"},
@@ -374,6 +392,11 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
     return boolean(&v1::DaemonConfig::set_pool_mlock);
   } else if (name == "pool_huge_pages") {
     return boolean(&v1::DaemonConfig::set_pool_huge_pages);
+  } else if (name == "pool_shm_name") {
+    c->set_pool_shm_name(value);
+  } else if (name == "resume_grace_seconds") {
+    if (absl::Status s = number(&d); !s.ok()) return s;
+    c->set_resume_grace_seconds(d);
   } else if (name == "backend") {
     c->set_backend(value);
   } else if (name == "chunk_bytes") {
@@ -501,6 +524,7 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.connections.unused_connection_timeout_seconds = c.unused_connection_timeout_seconds();
   o.watch_pids = c.watch_client_pids();
   o.pid_exit_grace_seconds = c.pid_exit_grace_seconds();
+  o.resume_grace_seconds = c.resume_grace_seconds();
   o.default_link_bytes_per_second = c.default_link_bytes_per_second();
   o.offload_min_share = c.offload_min_share();
   for (const auto& w : c.gpu_weights()) o.gpu_weights[w.gpu()] = w.weight();

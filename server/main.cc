@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdio>
 #include <iostream>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -168,6 +169,7 @@ int CheckHost(const std::string& file, const offloadd::v1::DaemonConfig& config,
 }  // namespace
 
 int main(int argc, char** argv) {
+  const auto process_start = std::chrono::steady_clock::now();
   using offloadd::v1::DaemonConfig;
   std::string config_file, check_file;
   std::vector<std::pair<std::string, std::string>> overrides;
@@ -285,7 +287,11 @@ int main(int argc, char** argv) {
   arena_options.size_bytes = config->pool_bytes();
   arena_options.mlock = config->pool_mlock();
   arena_options.huge_pages = config->pool_huge_pages();
-  LOG(INFO) << "mapping and pre-faulting the pool: " << config->pool_bytes() << " bytes";
+  arena_options.shm_name = config->pool_shm_name();
+  LOG(INFO) << "mapping and pre-faulting the pool: " << config->pool_bytes() << " bytes"
+            << (arena_options.shm_name.empty()
+                    ? std::string(" (anonymous)")
+                    : " (shared: /dev/shm/" + arena_options.shm_name + ")");
   auto arena = offloadd::pool::Arena::Create(arena_options);
   if (!arena.ok()) return Fail(arena.status(), 1);
   // cuda: register (pin) the pool with the driver in the background, in chunks <= 64 GiB.
@@ -332,6 +338,8 @@ int main(int argc, char** argv) {
 #ifndef OFFLOADD_HAVE_CUDA
   LOG(INFO) << "this build has no CUDA backend; the shm backend is available";
 #endif
+  offloadd::metrics::Get().start_to_serving_seconds->Set(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - process_start).count());
   // Ready line for scripts and tests.
   std::cout << "offloadd: ready on " << socket_path << std::endl;
 

@@ -85,6 +85,26 @@ Metrics* Create() {
                                 .Help("Size of completed transfers.")
                                 .Register(r);
   m->sessions_open = gauge("offloadd_sessions_open", "Client sessions open.");
+  auto counter = [&r](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Register(r).Add({});
+  };
+  m->adopted_blocks_total = counter(
+      "offloadd_adopted_blocks_total",
+      "Blocks taken over from the previous daemon's shared pool at start-up.");
+  m->adoption_dropped_blocks_total =
+      &BuildCounter()
+           .Name("offloadd_adoption_dropped_blocks_total")
+           .Help("Block records of the previous daemon dropped at adoption, by reason.")
+           .Register(r);
+  m->adopted_blocks_waiting = gauge("offloadd_adopted_blocks_waiting",
+                                    "Adopted blocks not yet taken by a resumed session.");
+  m->adopted_blocks_expired_total =
+      counter("offloadd_adopted_blocks_expired_total",
+              "Adopted blocks freed because no session resumed them within resume_grace_seconds.");
+  m->sessions_resumed_total =
+      counter("offloadd_sessions_resumed_total", "Sessions resumed with a resume token.");
+  m->start_to_serving_seconds = gauge("offloadd_start_to_serving_seconds",
+                                      "Seconds from process start to serving (incl. adoption).");
   m->sessions_ended_total = &BuildCounter()
                                  .Name("offloadd_sessions_ended_total")
                                  .Help("Sessions ended, by cause (closed, crashed, shutdown).")

@@ -68,6 +68,14 @@ struct Metrics {
   prometheus::Family<prometheus::Gauge>* host_link_capacity_bytes_per_second;
   prometheus::Family<prometheus::Counter>* host_link_busy_seconds_total;
   prometheus::Family<prometheus::Counter>* host_link_bytes_total;
+  // Restart survival (shared pool, README "Failure modes").
+  prometheus::Counter* adopted_blocks_total;  // taken from the previous daemon's pool at start
+  // {reason}: records dropped at adoption (checksum, version, bounds, overlap, duplicate_id).
+  prometheus::Family<prometheus::Counter>* adoption_dropped_blocks_total;
+  prometheus::Gauge* adopted_blocks_waiting;           // adopted, not yet resumed
+  prometheus::Counter* adopted_blocks_expired_total;   // freed: resume_grace_seconds passed
+  prometheus::Counter* sessions_resumed_total;         // Hellos that presented a resume token
+  prometheus::Gauge* start_to_serving_seconds;  // process start (main) to the socket serving
 };
 
 // The process-wide metrics, created on first use.

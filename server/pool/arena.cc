@@ -2,11 +2,15 @@
 
 #include <errno.h>
 #include <linux/capability.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -68,7 +72,182 @@ absl::StatusOr<uint8_t*> Map(uint64_t bytes, bool populate, bool align_huge) {
   return reinterpret_cast<uint8_t*>(aligned);
 }
 
+// mlock(2) of the pool, with the error explained.
+absl::Status LockPages(uint8_t* base, uint64_t bytes) {
+  if (::mlock(base, bytes) == 0) return absl::OkStatus();
+  const int err = errno;
+  struct rlimit rl {};
+  getrlimit(RLIMIT_MEMLOCK, &rl);
+  const std::string what =
+      absl::StrCat("mlock of a host pool of ", MiB(bytes), " failed: ", std::strerror(err));
+  // EPERM: RLIMIT_MEMLOCK is 0 without CAP_IPC_LOCK. ENOMEM: over the limit (which counts
+  // everything the process has locked already), or out of memory.
+  if (err == EPERM || (err == ENOMEM && !MemlockPrivileged() && rl.rlim_cur != RLIM_INFINITY)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, "; RLIMIT_MEMLOCK is ", LimitText(rl.rlim_cur), ". ", kMemlockAdvice));
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat(what, ". Lower the pool size or run without mlock."));
+}
+
+// Header of a shared pool object (first 4 KiB). magic is written last when the object is
+// initialised, so an object whose magic is all zero was never finished and is initialised again.
+struct SharedHeader {
+  char magic[8];
+  uint32_t layout_version;
+  uint32_t record_bytes;
+  uint64_t data_offset;
+  uint64_t data_bytes;
+  uint64_t record_slots;
+};
+constexpr char kSharedMagic[8] = {'O', 'F', 'F', 'L', 'D', 'P', 'L', '1'};
+constexpr uint64_t kHeaderBytes = 4096;
+
+std::string DescribeHeader(const SharedHeader& h) {
+  return absl::StrCat(h.data_bytes, " bytes of pool, ", h.record_slots,
+                      " block records, layout version ", h.layout_version);
+}
+
+// Prefault a mapping without changing its bytes (the pool may hold adopted blocks).
+void TouchForRead(const uint8_t* base, uint64_t bytes, uint64_t page) {
+  volatile const uint8_t* p = base;
+  uint8_t sink = 0;
+  for (uint64_t off = 0; off < bytes; off += page) sink ^= p[off];
+  (void)sink;
+}
+
 }  // namespace
+
+uint64_t SharedRecordSlots(uint64_t size_bytes) {
+  return std::max<uint64_t>(4096, size_bytes / (16 * 1024));
+}
+
+uint64_t SharedDataOffset(uint64_t size_bytes) {
+  const uint64_t meta = kHeaderBytes + SharedRecordSlots(size_bytes) * kRecordBytes;
+  return (meta + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+}
+
+absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& options,
+                                                           uint64_t bytes) {
+  const std::string name = "/" + options.shm_name;
+  const std::string where = absl::StrCat("pool object ", name, " (/dev/shm", name, ")");
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot open the ", where, ": ",
+                                                      std::strerror(errno),
+                                                      ". Check pool_shm_name and /dev/shm."));
+  }
+  auto fail = [&](absl::Status st) {
+    close(fd);
+    return st;
+  };
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "another process holds the ", where,
+        " (a second offloadd with the same pool_shm_name?): stop it, or give this daemon "
+        "another pool_shm_name")));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    return fail(absl::UnavailableError(absl::StrCat("fstat of the ", where, ": ",
+                                                    std::strerror(errno))));
+  }
+  const uint64_t data_offset = SharedDataOffset(bytes);
+  const uint64_t total = data_offset + bytes;
+  const uint64_t slots = SharedRecordSlots(bytes);
+  const std::string config_text =
+      absl::StrCat(bytes, " bytes of pool, ", slots, " block records, layout version ",
+                   kLayoutVersion);
+  const std::string policy = absl::StrCat(
+      "offloadd never re-initialises a pool that may hold confirmed blocks: set pool_bytes "
+      "back to the object's size to adopt its blocks, or remove it (`rm /dev/shm",
+      name, "`, its blocks are lost) to start with an empty pool");
+  const bool fresh_file = st.st_size == 0;
+  if (fresh_file) {
+    auto avail = ReadMemAvailableBytes();
+    if (avail.ok()) {
+      if (auto s = CheckMemAvailable(total, *avail); !s.ok()) return fail(s);
+    }
+    const int err = posix_fallocate(fd, 0, static_cast<off_t>(total));
+    if (err != 0) {
+      if (ftruncate(fd, 0) != 0) {
+        LOG(WARNING) << "cannot empty the " << where << ": " << std::strerror(errno);
+      }
+      return fail(absl::ResourceExhaustedError(absl::StrCat(
+          "cannot size the ", where, " to ", MiB(total), ": ", std::strerror(err),
+          ". /dev/shm (tmpfs) must hold the pool: raise its size (in a container, the pod's "
+          "emptyDir medium Memory sizeLimit or docker --shm-size), or lower pool_bytes")));
+    }
+  } else if (static_cast<uint64_t>(st.st_size) != total) {
+    SharedHeader h{};
+    if (static_cast<uint64_t>(st.st_size) < sizeof(h) ||
+        pread(fd, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
+      h = SharedHeader{};
+    }
+    const bool ours = std::memcmp(h.magic, kSharedMagic, sizeof(kSharedMagic)) == 0;
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "the ", where, " has ", st.st_size, " bytes",
+        ours ? absl::StrCat(" (", DescribeHeader(h), ")") : std::string(" and is not an offloadd pool"),
+        " but the config asks for ", config_text, ". ", policy)));
+  }
+  const bool populate = options.prefault && !options.huge_pages;
+  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+  if (p == MAP_FAILED) {
+    return fail(absl::ResourceExhaustedError(absl::StrCat(
+        "mmap of the ", where, " (", MiB(total), ") failed: ", std::strerror(errno))));
+  }
+  auto* map = static_cast<uint8_t*>(p);
+  auto* header = reinterpret_cast<SharedHeader*>(map);
+  static const char kZero[8] = {};
+  bool adopted = true;
+  if (std::memcmp(header->magic, kZero, sizeof(kZero)) == 0) {
+    // New (or its initialisation never finished): zero the records, then publish the header.
+    std::memset(map, 0, data_offset);
+    SharedHeader h{};
+    h.layout_version = kLayoutVersion;
+    h.record_bytes = kRecordBytes;
+    h.data_offset = data_offset;
+    h.data_bytes = bytes;
+    h.record_slots = slots;
+    std::memcpy(map, &h, sizeof(h));
+    std::memcpy(header->magic, kSharedMagic, sizeof(kSharedMagic));
+    adopted = false;
+  } else if (std::memcmp(header->magic, kSharedMagic, sizeof(kSharedMagic)) != 0 ||
+             header->layout_version != kLayoutVersion || header->record_bytes != kRecordBytes ||
+             header->data_offset != data_offset || header->data_bytes != bytes ||
+             header->record_slots != slots) {
+    const bool ours = std::memcmp(header->magic, kSharedMagic, sizeof(kSharedMagic)) == 0;
+    const std::string found =
+        ours ? DescribeHeader(*header) : std::string("not an offloadd pool");
+    munmap(map, total);
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "the ", where, " holds ", found, " but the config asks for ", config_text, ". ",
+        policy)));
+  }
+  uint8_t* base = map + data_offset;
+  if (options.huge_pages && madvise(base, bytes, MADV_HUGEPAGE) != 0) {
+    LOG(WARNING) << "madvise(MADV_HUGEPAGE) on the shared pool failed (" << std::strerror(errno)
+                 << "); continuing with 4 KiB pages";
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (options.prefault) TouchForRead(base, bytes, page);
+  bool locked = false;
+  if (options.mlock) {
+    if (absl::Status s = LockPages(base, bytes); !s.ok()) {
+      munmap(map, total);
+      return fail(s);
+    }
+    locked = true;
+  }
+  std::unique_ptr<Arena> arena(new Arena(base, bytes, locked));
+  arena->map_base_ = map;
+  arena->map_bytes_ = total;
+  arena->fd_ = fd;
+  arena->adopted_ = adopted;
+  arena->table_ = std::make_unique<BlockTable>(map + kHeaderBytes, slots, bytes);
+  return arena;
+}
 
 absl::Status CheckMemlockLimit(uint64_t bytes, uint64_t limit_bytes, bool privileged) {
   if (privileged || limit_bytes == static_cast<uint64_t>(RLIM_INFINITY) || bytes <= limit_bytes) {
@@ -132,6 +311,15 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
         absl::StrCat("host pool size ", options.size_bytes, " bytes is not a valid size"));
   }
   const uint64_t bytes = (options.size_bytes + page - 1) / page * page;
+  if (!options.shm_name.empty()) {
+    if (options.mlock && !MemlockPrivileged()) {
+      struct rlimit rl;
+      if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+        if (auto s = CheckMemlockLimit(bytes, rl.rlim_cur, false); !s.ok()) return s;
+      }
+    }
+    return CreateShared(options, bytes);
+  }
 
   auto avail = ReadMemAvailableBytes();
   if (avail.ok()) {
@@ -163,21 +351,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
   }
   bool locked = false;
   if (options.mlock) {
-    if (::mlock(base, bytes) != 0) {
-      const int err = errno;
+    if (absl::Status st = LockPages(base, bytes); !st.ok()) {
       munmap(base, bytes);
-      struct rlimit rl {};
-      getrlimit(RLIMIT_MEMLOCK, &rl);
-      const std::string what =
-          absl::StrCat("mlock of a host pool of ", MiB(bytes), " failed: ", std::strerror(err));
-      // EPERM: RLIMIT_MEMLOCK is 0 without CAP_IPC_LOCK. ENOMEM: over the limit (which counts
-      // everything the process has locked already), or out of memory.
-      if (err == EPERM || (err == ENOMEM && !MemlockPrivileged() && rl.rlim_cur != RLIM_INFINITY)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            what, "; RLIMIT_MEMLOCK is ", LimitText(rl.rlim_cur), ". ", kMemlockAdvice));
-      }
-      return absl::ResourceExhaustedError(
-          absl::StrCat(what, ". Lower the pool size or run without mlock."));
+      return st;
     }
     locked = true;
   }
@@ -185,7 +361,12 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
 }
 
 Arena::~Arena() {
-  if (base_ != nullptr) munmap(base_, size_bytes_);
+  if (map_base_ != nullptr) {
+    munmap(map_base_, map_bytes_);  // the object and its blocks stay for the next daemon
+    close(fd_);                     // drops the flock
+  } else if (base_ != nullptr) {
+    munmap(base_, size_bytes_);
+  }
 }
 
 int Arena::numa_node() const {

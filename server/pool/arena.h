@@ -18,10 +18,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/pool/block_table.h"
 
 namespace offloadd::pool {
 
@@ -30,7 +32,17 @@ struct ArenaOptions {
   bool mlock = false;       // lock the pages; fails early if RLIMIT_MEMLOCK is too low
   bool huge_pages = false;  // madvise(MADV_HUGEPAGE); a hint, never an error
   bool prefault = true;     // touch every page now
+  // Non-empty: the arena is the named POSIX shared-memory object "/<shm_name>" (shm_open; a file
+  // in /dev/shm) holding a metadata area (block_table.h) before the data, so it and the blocks
+  // recorded in it outlive the process. Empty: an anonymous private mapping, gone with the
+  // process.
+  std::string shm_name;
 };
+
+// Layout of a shared pool object: a 4 KiB header, the block records, then the data area at
+// SharedDataOffset (a multiple of 2 MiB). One record slot per 16 KiB of pool, at least 4096.
+uint64_t SharedRecordSlots(uint64_t size_bytes);
+uint64_t SharedDataOffset(uint64_t size_bytes);
 
 class Arena {
  public:
@@ -40,6 +52,13 @@ class Arena {
   // (message says how to raise it: LimitMEMLOCK=infinity in systemd, `ulimit -l`, or the pod's
   // securityContext / container ulimits); RESOURCE_EXHAUSTED when mlock fails for lack of memory.
   // Nothing stays mapped after an error.
+  // With shm_name, the object is created when missing and adopted when it exists (the caller
+  // reads block_table()->Adopt()). Policy for an object that does not match (README "Failure
+  // modes"): refuse to start, FAILED_PRECONDITION, naming the object's and the config's size and
+  // layout and how to proceed (set pool_bytes back, or remove the object, losing its blocks) —
+  // never re-initialise a pool that may hold confirmed blocks. Also FAILED_PRECONDITION when
+  // another process holds the object (flock) or it is not an offloadd pool; RESOURCE_EXHAUSTED
+  // when /dev/shm has no room for it.
   static absl::StatusOr<std::unique_ptr<Arena>> Create(const ArenaOptions& options);
   ~Arena();  // munmap (which also unlocks)
   Arena(const Arena&) = delete;
@@ -48,6 +67,10 @@ class Arena {
   uint8_t* base() const { return base_; }
   uint64_t size_bytes() const { return size_bytes_; }
   bool locked() const { return locked_; }
+  // The shared pool's block records; null for an anonymous arena.
+  BlockTable* block_table() const { return table_.get(); }
+  // Whether the shared object existed (a previous daemon's pool) rather than being created.
+  bool adopted() const { return adopted_; }
   // NUMA node holding the arena's first page (get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR)); -1 when
   // the kernel cannot tell (no NUMA support), never confused with node 0. The arena is one
   // mapping: on multi-socket hosts its pages may span nodes (per-GPU placement is not
@@ -57,9 +80,17 @@ class Arena {
  private:
   Arena(uint8_t* base, uint64_t size_bytes, bool locked)
       : base_(base), size_bytes_(size_bytes), locked_(locked) {}
+  static absl::StatusOr<std::unique_ptr<Arena>> CreateShared(const ArenaOptions& options,
+                                                             uint64_t bytes);
   uint8_t* base_;
   uint64_t size_bytes_;
   bool locked_;
+  // Shared pool: the whole mapping (header, records, data), its fd (holding the flock).
+  uint8_t* map_base_ = nullptr;
+  uint64_t map_bytes_ = 0;
+  int fd_ = -1;
+  bool adopted_ = false;
+  std::unique_ptr<BlockTable> table_;
 };
 
 // The checks Create() makes, exposed so they can be tested without the resource they check.

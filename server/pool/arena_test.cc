@@ -1,6 +1,8 @@
 #include "server/pool/arena.h"
 
 #include <linux/capability.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -179,6 +181,82 @@ TEST(ArenaTest, LargerThanAvailableRamIsResourceExhausted) {
   const std::string m(a.status().message());
   EXPECT_TRUE(absl::StrContains(m, "MemAvailable")) << m;
   EXPECT_TRUE(absl::StrContains(m, absl::StrCat((o.size_bytes + 4095) / 4096 * 4096))) << m;
+}
+
+// Shared pools: a name unique to this test process, removed afterwards.
+class SharedArenaTest : public ::testing::Test {
+ protected:
+  void TearDown() override { shm_unlink(("/" + name_).c_str()); }
+  ArenaOptions Options(uint64_t size_bytes) {
+    ArenaOptions o;
+    o.size_bytes = size_bytes;
+    o.shm_name = name_;
+    return o;
+  }
+  const std::string name_ = absl::StrCat("offloadd-arena-test-", getpid());
+};
+
+TEST_F(SharedArenaTest, BlocksAndRecordsOutliveTheArena) {
+  {
+    auto a = Arena::Create(Options(4 * kMiB));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_FALSE((*a)->adopted());
+    ASSERT_NE((*a)->block_table(), nullptr);
+    EXPECT_EQ((*a)->block_table()->slots(), SharedRecordSlots(4 * kMiB));
+    EXPECT_TRUE((*a)->block_table()->Adopt().blocks.empty());
+    std::memset((*a)->base() + kMiB, 0x5a, 4096);
+    StoredBlock b;
+    b.slot = 7;
+    b.block_id = 42;
+    b.extent_offset = kMiB;
+    b.bytes = 4096;
+    b.owner_uid = 1234;
+    (*a)->block_table()->Write(b);
+  }
+  auto a = Arena::Create(Options(4 * kMiB));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE((*a)->adopted());
+  AdoptionReport r = (*a)->block_table()->Adopt();
+  ASSERT_EQ(r.blocks.size(), 1u);
+  EXPECT_EQ(r.blocks[0].block_id, 42u);
+  EXPECT_EQ(r.blocks[0].owner_uid, 1234u);
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ((*a)->base()[kMiB + i], 0x5a) << i;
+}
+
+TEST_F(SharedArenaTest, SecondHolderIsRefused) {
+  auto a = Arena::Create(Options(2 * kMiB));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = Arena::Create(Options(2 * kMiB));
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(b.status().message(), "another process holds")) << b.status();
+}
+
+TEST_F(SharedArenaTest, SizeMismatchIsRefusedAndLeavesThePoolIntact) {
+  {
+    auto a = Arena::Create(Options(2 * kMiB));
+    ASSERT_TRUE(a.ok()) << a.status();
+    (*a)->base()[0] = 0x77;
+  }
+  auto b = Arena::Create(Options(4 * kMiB));
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(b.status().message(), "2097152 bytes of pool")) << b.status();
+  EXPECT_TRUE(absl::StrContains(b.status().message(), "rm /dev/shm/" + name_)) << b.status();
+  auto c = Arena::Create(Options(2 * kMiB));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->adopted());
+  EXPECT_EQ((*c)->base()[0], 0x77);
+}
+
+TEST_F(SharedArenaTest, ForeignObjectIsRefused) {
+  const int fd = shm_open(("/" + name_).c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  const uint64_t total = SharedDataOffset(2 * kMiB) + 2 * kMiB;
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(total)), 0);
+  ASSERT_EQ(pwrite(fd, "NOTOURS!", 8, 0), 8);
+  close(fd);
+  auto a = Arena::Create(Options(2 * kMiB));
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(a.status().message(), "not an offloadd pool")) << a.status();
 }
 
 }  // namespace

@@ -53,6 +53,46 @@ absl::StatusOr<Extent> ExtentAllocator::Allocate(uint64_t bytes) {
   return Extent{offset, rounded};
 }
 
+absl::Status ExtentAllocator::AllocateAt(const Extent& extent) {
+  if (extent.bytes == 0 || extent.offset % kGranuleBytes != 0 ||
+      extent.bytes % kGranuleBytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "extent at offset ", extent.offset, " of ", extent.bytes, " bytes is not a non-empty "
+        "multiple of ", kGranuleBytes, " bytes"));
+  }
+  if (extent.offset > capacity_ || extent.bytes > capacity_ - extent.offset) {
+    return absl::OutOfRangeError(absl::StrCat("extent at offset ", extent.offset, " of ",
+                                              extent.bytes, " bytes ends past the pool of ",
+                                              capacity_, " bytes"));
+  }
+  // The free extent containing it: the last one starting at or before its offset.
+  auto it = free_by_offset_.upper_bound(extent.offset);
+  if (it == free_by_offset_.begin() ||
+      std::prev(it)->first + std::prev(it)->second < extent.offset + extent.bytes) {
+    return absl::AlreadyExistsError(absl::StrCat("extent at offset ", extent.offset, " of ",
+                                                 extent.bytes,
+                                                 " bytes overlaps an allocated extent"));
+  }
+  --it;
+  const uint64_t free_offset = it->first, free_bytes = it->second;
+  free_by_offset_.erase(it);
+  free_by_size_.erase({free_bytes, free_offset});
+  if (extent.offset > free_offset) {
+    free_by_offset_.emplace(free_offset, extent.offset - free_offset);
+    free_by_size_.emplace(extent.offset - free_offset, free_offset);
+  }
+  const uint64_t end = extent.offset + extent.bytes, free_end = free_offset + free_bytes;
+  if (free_end > end) {
+    free_by_offset_.emplace(end, free_end - end);
+    free_by_size_.emplace(free_end - end, end);
+  }
+  allocated_.emplace(extent.offset, extent.bytes);
+  used_ += extent.bytes;
+  peak_used_ = std::max(peak_used_, used_);
+  high_water_ = std::max(high_water_, end);
+  return absl::OkStatus();
+}
+
 absl::Status ExtentAllocator::Free(const Extent& extent) {
   auto it = allocated_.find(extent.offset);
   if (it == allocated_.end()) {

@@ -62,6 +62,11 @@ class ExtentAllocator {
   // Errors: INVALID_ARGUMENT for 0 bytes; OUT_OF_RANGE when bytes exceed the capacity (can never
   // fit); RESOURCE_EXHAUSTED when no free extent is large enough now (may fit later).
   absl::StatusOr<Extent> Allocate(uint64_t bytes);
+  // Allocates exactly `extent` (offset and bytes multiples of kGranuleBytes), for rebuilding the
+  // allocator from the blocks a previous daemon left in a shared pool. Errors: INVALID_ARGUMENT
+  // for an unaligned or empty extent, OUT_OF_RANGE past the capacity, ALREADY_EXISTS when any
+  // byte of it is allocated already; the allocator is unchanged then.
+  absl::Status AllocateAt(const Extent& extent);
   // Returns an extent obtained from Allocate, exactly as returned (offset and rounded bytes).
   // Neighbouring free extents are merged at once. Errors: INVALID_ARGUMENT for an extent that is
   // not currently allocated (double free, wrong offset or length); the allocator is unchanged

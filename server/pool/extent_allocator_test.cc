@@ -57,6 +57,25 @@ TEST(ExtentAllocatorTest, AllocatesInAddressOrderAndRounds) {
   EXPECT_EQ(s.largest_free_bytes, 64 * kKiB - 5120);
 }
 
+TEST(ExtentAllocatorTest, AllocateAtCarvesExactExtentsAndRefusesOverlap) {
+  ExtentAllocator a(4 * kKiB);
+  ASSERT_TRUE(a.AllocateAt({1024, 512}).ok());
+  ASSERT_TRUE(a.AllocateAt({3072, 1024}).ok());
+  EXPECT_EQ(a.stats().used_bytes, 1536u);
+  EXPECT_EQ(a.stats().free_extents, 2u);  // [0,1024) and [1536,3072)
+  EXPECT_EQ(a.AllocateAt({1280, 512}).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(a.AllocateAt({768, 512}).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(a.AllocateAt({3840, 512}).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(a.AllocateAt({100, 256}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.stats().used_bytes, 1536u);
+  // Allocate then fills the gaps around the adopted extents, lowest fitting first.
+  EXPECT_EQ(MustAllocate(a, 1024).offset, 0u);
+  EXPECT_EQ(MustAllocate(a, 1536).offset, 1536u);
+  EXPECT_FALSE(a.CanAllocate(256));
+  ASSERT_TRUE(a.Free({1024, 512}).ok());
+  EXPECT_EQ(MustAllocate(a, 512).offset, 1024u);
+}
+
 TEST(ExtentAllocatorTest, ErrorCodes) {
   ExtentAllocator a(16 * kKiB);
   EXPECT_EQ(a.Allocate(0).status().code(), absl::StatusCode::kInvalidArgument);

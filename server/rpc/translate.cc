@@ -20,6 +20,7 @@ session::Request FromProto(const v1::Request& p) {
       r.client_name = p.hello().client_name();
       r.device_id = p.hello().device_id();
       r.pid = p.hello().pid();
+      r.resume_token = p.hello().resume_token();
       break;
     case v1::Request::kRegisterRegion: {
       r.kind = session::RequestKind::kRegisterRegion;
@@ -78,6 +79,8 @@ void ToProto(const session::Completion& c, v1::Response* out) {
       h->set_session_quota_bytes(c.session_quota_bytes);
       h->set_chunk_bytes(c.chunk_bytes);
       h->set_link(c.link);
+      h->set_resume_token(c.resume_token);
+      h->set_blocks_resumed(c.blocks_resumed);
       break;
     }
     case session::CompletionKind::kRegionRegistered:

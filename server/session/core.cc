@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "server/metrics/metrics.h"
 #include "server/session/session.h"
 
@@ -21,8 +22,9 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
     : options_(std::move(options)),
       arena_(std::move(arena)),
       engine_(std::move(engine)),
-      store_(arena_->size_bytes(), options_.store),
+      store_(arena_->size_bytes(), options_.store, arena_->block_table()),
       start_seconds_(NowSeconds()) {
+  if (arena_->block_table() != nullptr && arena_->adopted()) Adopt();
   for (const LinkSpec& spec : options_.links) {
     for (const std::string& gpu : spec.gpus) gpu_link_[gpu] = spec.name;
   }
@@ -54,6 +56,25 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
                                               "the connection?): offloadd ended the session"));
         });
   }
+}
+
+void Core::Adopt() {
+  adoption_ = arena_->block_table()->Adopt();
+  const uint64_t adopted = store_.Adopt(adoption_.blocks, options_.resume_grace_seconds);
+  auto& m = metrics::Get();
+  m.adopted_blocks_total->Increment(static_cast<double>(adopted));
+  for (int r = 0; r < pool::kNumDropReasons; ++r) {
+    m.adoption_dropped_blocks_total
+        ->Add({{"reason", pool::DropReasonName(static_cast<pool::DropReason>(r))}})
+        .Increment(static_cast<double>(adoption_.dropped[r]));
+  }
+  if (adopted < adoption_.blocks.size()) {
+    m.adoption_dropped_blocks_total->Add({{"reason", "extent"}})
+        .Increment(static_cast<double>(adoption_.blocks.size() - adopted));
+  }
+  LOG(INFO) << "adopted " << adopted << " blocks from the previous daemon's pool ("
+            << adoption_.dropped_total() << " records dropped); they wait "
+            << options_.resume_grace_seconds << " s for their sessions to resume";
 }
 
 const LinkSpec* Core::FindSpec(const std::string& link_name) const {
@@ -360,6 +381,20 @@ void Core::RefreshMetrics() {
     if (counts.opens_total > opens.Value()) opens.Increment(counts.opens_total - opens.Value());
   }
   m.pool_blocks->Set(static_cast<double>(s.store.blocks));
+  m.adopted_blocks_waiting->Set(static_cast<double>(s.store.adopted_blocks_waiting));
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);  // serialises counter deltas
+    if (s.store.adopted_blocks_expired_total > expired_reported_) {
+      m.adopted_blocks_expired_total->Increment(
+          static_cast<double>(s.store.adopted_blocks_expired_total - expired_reported_));
+      expired_reported_ = s.store.adopted_blocks_expired_total;
+    }
+    if (s.store.sessions_resumed_total > resumed_reported_) {
+      m.sessions_resumed_total->Increment(
+          static_cast<double>(s.store.sessions_resumed_total - resumed_reported_));
+      resumed_reported_ = s.store.sessions_resumed_total;
+    }
+  }
   m.offloads_waiting->Set(static_cast<double>(s.store.offloads_waiting));
   double refused = static_cast<double>(s.store.offloads_refused_total);
   if (refused > m.offloads_refused_total->Value()) {

@@ -84,6 +84,9 @@ struct CoreOptions {
   bool watch_pids = true;
   double pid_exit_grace_seconds = 2.0;
   double pid_poll_interval_seconds = 1.0;
+  // Shared pool (arena with a block table): how long blocks adopted from the previous daemon
+  // wait for their session to resume before they are freed.
+  double resume_grace_seconds = 60;
 };
 
 struct LinkInfo {
@@ -165,6 +168,8 @@ class Core {
   store::BlockStore& store() { return store_; }
   copy::CopyEngine& engine() { return *engine_; }
   uint8_t* pool_base() const { return arena_->base(); }
+  // What adoption found at start-up (empty without a shared pool or on a fresh one).
+  const pool::AdoptionReport& adoption() const { return adoption_; }
   const CoreOptions& options() const { return options_; }
 
   uint64_t NewSessionId() { return next_session_id_.fetch_add(1); }
@@ -209,6 +214,9 @@ class Core {
   std::unique_ptr<copy::CopyEngine> engine_;
   store::BlockStore store_;
   const double start_seconds_;
+  pool::AdoptionReport adoption_;
+  // Store counters last exported (RefreshMetrics).
+  uint64_t expired_reported_ = 0, resumed_reported_ = 0;
 
   // Host links exist from the start (links reference them); two per spec, null for a
   // direction without capacity.
@@ -228,6 +236,8 @@ class Core {
   std::map<std::string, sched::HostLinkStats> host_reported_;
 
   const LinkSpec* FindSpec(const std::string& link_name) const;
+  // Takes the previous daemon's blocks from the shared pool (constructor).
+  void Adopt();
   // Stats of one link, created or not; links_mu_ held.
   LinkInfo DescribeLink(const std::string& name, const Link* link) const;
 

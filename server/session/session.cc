@@ -1,9 +1,14 @@
 #include "server/session/session.h"
 
+#include <errno.h>
+#include <sys/random.h>
+
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/metrics/metrics.h"
 
@@ -182,6 +187,22 @@ void Session::Dispatch(const Request& r) {
   }
 }
 
+absl::StatusOr<std::string> NewResumeToken() {
+  std::string token(kResumeTokenBytes, '\0');
+  size_t got = 0;
+  while (got < token.size()) {
+    const ssize_t n = getrandom(&token[got], token.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot draw a resume token: getrandom failed (", std::strerror(errno),
+          "); retry the hello"));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return token;
+}
+
 void Session::OnHello(const Request& r) {
   if (r.device_id.empty()) {
     return Fail(r.request_id, absl::InvalidArgumentError(
@@ -203,6 +224,19 @@ void Session::OnHello(const Request& r) {
     return Fail(r.request_id, st);
   }
   if (absl::Status st = CheckHelloPid(peer_, r.pid); !st.ok()) return Fail(r.request_id, st);
+  if (r.resume_token.size() > kMaxNameBytes) {
+    return Fail(r.request_id, absl::InvalidArgumentError(absl::StrFormat(
+                                  "hello's resume_token is limited to %d bytes: send the token "
+                                  "a HelloReply returned, unchanged",
+                                  kMaxNameBytes)));
+  }
+  std::string token = r.resume_token;
+  if (token.empty()) {
+    auto fresh = NewResumeToken();
+    if (!fresh.ok()) return Fail(r.request_id, fresh.status());
+    token = *std::move(fresh);
+  }
+  const pool::ResumeKey key = pool::ResumeKeyOf(token);
   std::unique_lock<std::mutex> lock(mu_);
   if (hello_done_) {
     lock.unlock();
@@ -218,6 +252,18 @@ void Session::OnHello(const Request& r) {
                                   "idle clients or raise max_sessions in the daemon config",
                                   core_->options().max_sessions)));
   }
+  uint64_t blocks_resumed = 0;
+  if (!r.resume_token.empty()) {
+    auto resumed = core_->store().ResumeSession(
+        id_, key, peer_.known ? peer_.uid : pool::kUnknownUid);
+    if (!resumed.ok()) {
+      core_->ReleaseSessionSlot();
+      lock.unlock();
+      return Fail(r.request_id, resumed.status());
+    }
+    blocks_resumed = *resumed;
+  }
+  core_->store().SetSessionResumeKey(id_, key);
   hello_done_ = true;
   client_name_ = r.client_name;
   device_id_ = r.device_id;
@@ -237,6 +283,8 @@ void Session::OnHello(const Request& r) {
   c.pool_capacity_bytes = core_->store().capacity_bytes();
   c.session_quota_bytes = core_->options().store.session_quota_bytes;
   c.chunk_bytes = core_->options().chunk_bytes;
+  c.resume_token = token;
+  c.blocks_resumed = blocks_resumed;
   Send(std::move(c));
 }
 

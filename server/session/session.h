@@ -9,6 +9,10 @@
 //    session is then bound to that pid (watched: CoreOptions::watch_pids) and its uid (uid
 //    quota). More than max_sessions open, or a new device id beyond max_links:
 //    RESOURCE_EXHAUSTED; names over kMaxNameBytes: INVALID_ARGUMENT.
+//  - Resume token: Hello returns 16 random bytes (getrandom) whose SHA-256 keys the session's
+//    block records in a shared pool. A Hello presenting a token takes the blocks a previous
+//    daemon recorded under it (store/block_store.h ResumeSession): NOT_FOUND when none wait,
+//    PERMISSION_DENIED when the peer's uid is not the recorded owner's.
 //  - At most max_requests_in_flight requests accepted and not yet answered; more get
 //    RESOURCE_EXHAUSTED at once (the client should wait for completions before sending more).
 //  - Regions are registered once and named by the id the daemon returns (NOT_FOUND for an
@@ -46,6 +50,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "server/copy/copy_engine.h"
 #include "server/session/copy_gate.h"
 #include "server/session/core.h"
@@ -70,8 +75,12 @@ inline constexpr size_t kMaxRegionsPerSession = 4096;
 // Wire values of offloadd.v1.Priority; anything else is rejected.
 inline constexpr int kPriorityUrgent = 1;
 inline constexpr int kPriorityPrefetch = 2;
-// Longest device_id / client_name a Hello may carry (INVALID_ARGUMENT beyond).
+// Longest device_id / client_name / resume_token a Hello may carry (INVALID_ARGUMENT beyond).
 inline constexpr size_t kMaxNameBytes = 256;
+// Resume tokens issued: 128 random bits.
+inline constexpr size_t kResumeTokenBytes = 16;
+// kResumeTokenBytes from getrandom(2). UNAVAILABLE when the kernel refuses.
+absl::StatusOr<std::string> NewResumeToken();
 
 struct Request {
   uint64_t request_id = 0;
@@ -79,6 +88,7 @@ struct Request {
   // kHello
   std::string client_name, device_id;
   uint32_t pid = 0;
+  std::string resume_token;  // empty: a new session
   // kRegisterRegion
   copy::RegionSpec region;
   // kOffload / kReload / kUnregisterRegion / kRelease
@@ -114,6 +124,8 @@ struct Completion {
   // kHello
   std::string backend, link;
   uint64_t pool_capacity_bytes = 0, session_quota_bytes = 0, chunk_bytes = 0;
+  std::string resume_token;
+  uint64_t blocks_resumed = 0;
 };
 
 // Metric label values: closed (client half-closed), crashed (stream broke), shutdown (daemon

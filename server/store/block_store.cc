@@ -16,8 +16,13 @@ void RunAll(std::vector<std::function<void()>>& deferred) {
 }
 }  // namespace
 
-BlockStore::BlockStore(uint64_t capacity_bytes, BlockStoreOptions options)
-    : options_(options), allocator_(capacity_bytes) {
+BlockStore::BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
+                       pool::BlockTable* table)
+    : options_(options), allocator_(capacity_bytes), table_(table) {
+  if (table_ != nullptr) {
+    free_slots_.reserve(table_->slots());
+    for (uint64_t s = table_->slots(); s > 0; --s) free_slots_.push_back(static_cast<uint32_t>(s - 1));
+  }
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
 }
 
@@ -54,7 +59,13 @@ void BlockStore::SetSessionOwner(uint64_t session_id, uint32_t uid) {
   session_owner_[session_id] = uid;
 }
 
+void BlockStore::SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  session_resume_key_[session_id] = key;
+}
+
 bool BlockStore::FitsLocked(uint64_t session_id, uint64_t bytes) const {
+  if (table_ != nullptr && free_slots_.empty()) return false;
   const uint64_t rounded = pool::ExtentAllocator::RoundUp(bytes);
   if (options_.session_quota_bytes > 0) {
     auto it = session_used_bytes_.find(session_id);
@@ -95,6 +106,12 @@ std::string BlockStore::WhyFullLocked(uint64_t session_id, uint64_t bytes) const
           uid, used, options_.uid_quota_bytes);
     }
   }
+  if (table_ != nullptr && free_slots_.empty()) {
+    return absl::StrFormat(
+        "the shared pool's block table is full (%d records, one per 16 KiB of pool): release "
+        "blocks, offload fewer larger blocks, or raise pool_bytes",
+        table_->slots());
+  }
   const pool::AllocatorStats pool = allocator_.stats();
   const uint64_t free_bytes = pool.capacity_bytes - pool.used_bytes;
   if (free_bytes >= rounded) {
@@ -121,6 +138,12 @@ BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enq
   b.bytes = bytes;
   b.extent = extent;
   b.state = State::kOffloading;
+  if (table_ != nullptr) {  // caller checked FitsLocked: a slot is free
+    b.slot = free_slots_.back();
+    free_slots_.pop_back();
+    auto key = session_resume_key_.find(session_id);
+    if (key != session_resume_key_.end()) b.resume_key = key->second;
+  }
   session_used_bytes_[session_id] += extent.bytes;
   session_blocks_[session_id] += 1;
   if (b.owner_uid >= 0) uid_used_bytes_[static_cast<uint32_t>(b.owner_uid)] += extent.bytes;
@@ -191,10 +214,22 @@ void BlockStore::AdmitWaitersLocked(Deferred* deferred) {
   }
 }
 
+void BlockStore::ForgetRecordLocked(Block& b) {
+  if (!b.recorded || stopping_) return;
+  table_->Clear(b.slot);
+  b.recorded = false;
+}
+
 void BlockStore::FreeLocked(uint64_t block_id, Deferred* deferred) {
   auto it = blocks_.find(block_id);
   if (it == blocks_.end()) return;
   Block& b = it->second;
+  if (table_ != nullptr) {
+    // The record goes before the extent can be reused; the slot only if it was cleared (after
+    // Stop the record stays for the next daemon, and so does its slot).
+    ForgetRecordLocked(b);
+    if (!b.recorded) free_slots_.push_back(b.slot);
+  }
   (void)allocator_.Free(b.extent);
   session_used_bytes_[b.session_id] -= b.extent.bytes;
   if (b.owner_uid >= 0) {
@@ -220,6 +255,11 @@ void BlockStore::OffloadFinished(uint64_t block_id, const absl::Status& copy_sta
     b.waiting_reloads.clear();
     if (copy_status.ok()) {
       b.state = State::kResident;
+      if (table_ != nullptr && !b.released) {
+        uint32_t uid = b.owner_uid >= 0 ? static_cast<uint32_t>(b.owner_uid) : pool::kUnknownUid;
+        table_->Write({b.slot, block_id, b.resume_key, b.extent.offset, b.bytes, uid});
+        b.recorded = true;
+      }
       BlockRef ref{block_id, b.bytes, b.extent, 0};
       for (auto& cb : waiting) deferred.push_back([cb, ref] { cb(ref); });
       if (b.released && b.reloads_in_flight == 0) FreeLocked(block_id, &deferred);
@@ -272,7 +312,10 @@ void BlockStore::EndReload(uint64_t block_id, bool release) {
     if (it == blocks_.end()) return;
     Block& b = it->second;
     --b.reloads_in_flight;
-    if (release) b.released = true;
+    if (release) {
+      b.released = true;
+      if (table_ != nullptr) ForgetRecordLocked(b);
+    }
     if (b.released && b.reloads_in_flight == 0 &&
         (b.state == State::kResident || b.offload_failed)) {
       FreeLocked(block_id, &deferred);
@@ -293,6 +336,7 @@ absl::Status BlockStore::Release(uint64_t session_id, uint64_t block_id) {
     }
     Block& b = it->second;
     b.released = true;
+    if (table_ != nullptr) ForgetRecordLocked(b);
     if (b.state == State::kResident && b.reloads_in_flight == 0) FreeLocked(block_id, &deferred);
   }
   RunAll(deferred);
@@ -315,6 +359,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
       }
     }
     session_owner_.erase(session_id);
+    session_resume_key_.erase(session_id);
     std::vector<uint64_t> ids;
     for (auto& [id, b] : blocks_) {
       if (b.session_id == session_id && !b.released) ids.push_back(id);
@@ -322,6 +367,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
     for (uint64_t id : ids) {
       Block& b = blocks_[id];
       b.released = true;
+      if (table_ != nullptr) ForgetRecordLocked(b);
       ++released;
       if (b.state == State::kResident && b.reloads_in_flight == 0) FreeLocked(id, &deferred);
     }
@@ -336,6 +382,13 @@ void BlockStore::DeadlineLoop() {
     double now = base::SteadyNowSeconds();
     double next = 0;
     Deferred deferred;
+    if (adopted_deadline_seconds_ > 0) {
+      if (adopted_deadline_seconds_ <= now) {
+        ExpireAdoptedLocked(&deferred);
+      } else {
+        next = adopted_deadline_seconds_;
+      }
+    }
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->deadline_seconds <= now) {
         ++refused_total_;
@@ -368,6 +421,100 @@ void BlockStore::DeadlineLoop() {
   }
 }
 
+uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double grace_seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (table_ == nullptr) return 0;
+  uint64_t n = 0;
+  std::vector<bool> slot_used(table_->slots(), false);
+  for (const pool::StoredBlock& r : adopted) {
+    const pool::Extent extent{r.extent_offset, pool::ExtentAllocator::RoundUp(r.bytes)};
+    if (r.slot >= table_->slots() || blocks_.count(r.block_id) != 0 ||
+        !allocator_.AllocateAt(extent).ok()) {
+      if (r.slot < table_->slots()) table_->Clear(r.slot);
+      continue;
+    }
+    Block& b = blocks_[r.block_id];
+    b.session_id = kAdoptedSession;
+    b.owner_uid = r.owner_uid == pool::kUnknownUid ? -1 : static_cast<int64_t>(r.owner_uid);
+    b.bytes = r.bytes;
+    b.extent = extent;
+    b.state = State::kResident;
+    b.slot = r.slot;
+    b.recorded = true;
+    b.resume_key = r.resume_key;
+    slot_used[r.slot] = true;
+    session_used_bytes_[kAdoptedSession] += extent.bytes;
+    session_blocks_[kAdoptedSession] += 1;
+    if (b.owner_uid >= 0) uid_used_bytes_[static_cast<uint32_t>(b.owner_uid)] += extent.bytes;
+    adopted_by_key_[r.resume_key].push_back(r.block_id);
+    ++n;
+  }
+  free_slots_.clear();
+  for (uint64_t s = table_->slots(); s > 0; --s) {
+    if (!slot_used[s - 1]) free_slots_.push_back(static_cast<uint32_t>(s - 1));
+  }
+  if (n > 0) {
+    adopted_deadline_seconds_ = base::SteadyNowSeconds() + std::max(grace_seconds, 0.0);
+    deadline_cv_.notify_all();
+  }
+  return n;
+}
+
+absl::StatusOr<uint64_t> BlockStore::ResumeSession(uint64_t session_id,
+                                                   const pool::ResumeKey& key, uint32_t uid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = adopted_by_key_.find(key);
+  if (it == adopted_by_key_.end()) {
+    return absl::NotFoundError(
+        "no blocks wait for this resume token: it was never issued, its session already "
+        "resumed, or the daemon's resume_grace_seconds passed (its blocks are lost); open a "
+        "new session without a token");
+  }
+  for (uint64_t id : it->second) {
+    const Block& b = blocks_.at(id);
+    const uint32_t owner =
+        b.owner_uid >= 0 ? static_cast<uint32_t>(b.owner_uid) : pool::kUnknownUid;
+    if (owner != uid) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "this resume token belongs to another user's session (the presenting uid is %d): a "
+          "token can only be resumed by the uid it was issued to",
+          static_cast<int64_t>(uid == pool::kUnknownUid ? -1 : uid)));
+    }
+  }
+  uint64_t n = 0;
+  for (uint64_t id : it->second) {
+    Block& b = blocks_.at(id);
+    b.session_id = session_id;
+    session_used_bytes_[kAdoptedSession] -= b.extent.bytes;
+    session_used_bytes_[session_id] += b.extent.bytes;
+    if (--session_blocks_[kAdoptedSession] == 0) {
+      session_blocks_.erase(kAdoptedSession);
+      session_used_bytes_.erase(kAdoptedSession);
+    }
+    session_blocks_[session_id] += 1;
+    ++n;
+  }
+  adopted_by_key_.erase(it);
+  session_resume_key_[session_id] = key;
+  ++sessions_resumed_total_;
+  blocks_resumed_total_ += n;
+  return n;
+}
+
+void BlockStore::ExpireAdoptedLocked(Deferred* deferred) {
+  adopted_deadline_seconds_ = 0;
+  for (auto& [key, ids] : adopted_by_key_) {
+    for (uint64_t id : ids) {
+      Block& b = blocks_.at(id);
+      b.released = true;
+      ForgetRecordLocked(b);
+      ++adopted_expired_total_;
+      FreeLocked(id, deferred);
+    }
+  }
+  adopted_by_key_.clear();
+}
+
 uint64_t BlockStore::SessionUsedBytes(uint64_t session_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = session_used_bytes_.find(session_id);
@@ -392,6 +539,10 @@ StoreStats BlockStore::stats() const {
   s.blocks = blocks_.size();
   s.offloads_waiting = waiters_.size();
   s.offloads_refused_total = refused_total_;
+  for (const auto& [key, ids] : adopted_by_key_) s.adopted_blocks_waiting += ids.size();
+  s.adopted_blocks_expired_total = adopted_expired_total_;
+  s.sessions_resumed_total = sessions_resumed_total_;
+  s.blocks_resumed_total = blocks_resumed_total_;
   return s;
 }
 

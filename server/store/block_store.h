@@ -19,6 +19,15 @@
 // Block ids are random 64-bit values (never 0) and scoped to the owning session: another
 // session naming them gets NOT_FOUND, exactly as for an id that never existed.
 //
+// Shared pool (constructed with a BlockTable, pool/block_table.h): every block also holds a
+// record slot, taken at admission (a full table is a full pool). The record is written when the
+// offload's copy completed, before OffloadFinished returns (so before the client is told
+// OffloadDone), and cleared as soon as the block is released, before its extent can be reused.
+// After Stop() records are no longer cleared: the blocks of sessions closed by a shutdown are
+// handed over to the next daemon. Adopt() takes the blocks a previous daemon recorded: they
+// belong to no session until a session presenting the same resume key takes them
+// (ResumeSession), and those not taken within the grace period are freed.
+//
 // Thread-safety: every method is thread-safe. Callbacks run without the store's lock held, on
 // the calling thread, the thread that released space, or the store's deadline thread.
 #ifndef OFFLOADD_SERVER_STORE_BLOCK_STORE_H_
@@ -39,6 +48,7 @@
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/pool/block_table.h"
 #include "server/pool/extent_allocator.h"
 
 namespace offloadd::store {
@@ -64,6 +74,10 @@ struct StoreStats {
   uint64_t blocks = 0;
   uint64_t offloads_waiting = 0;
   uint64_t offloads_refused_total = 0;  // RESOURCE_EXHAUSTED from admission
+  uint64_t adopted_blocks_waiting = 0;  // adopted, not yet taken by a resumed session
+  uint64_t adopted_blocks_expired_total = 0;  // freed: the grace period passed
+  uint64_t sessions_resumed_total = 0;
+  uint64_t blocks_resumed_total = 0;
 };
 
 class BlockStore {
@@ -71,7 +85,9 @@ class BlockStore {
   using ReserveCallback = std::function<void(absl::StatusOr<BlockRef>)>;
   using ReadableCallback = std::function<void(absl::StatusOr<BlockRef>)>;
 
-  BlockStore(uint64_t capacity_bytes, BlockStoreOptions options);
+  // `table`: the shared pool's block records (not owned), or null for an anonymous pool.
+  BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
+             pool::BlockTable* table = nullptr);
   ~BlockStore();  // Stop()
 
   // Fails every waiting offload with UNAVAILABLE (shutdown) and stops the deadline thread; no
@@ -82,6 +98,22 @@ class BlockStore {
   // Records the uid a session belongs to, for uid_quota_bytes (call before its first Reserve;
   // sessions without an owner are not subject to the uid quota).
   void SetSessionOwner(uint64_t session_id, uint32_t uid);
+  // Records the key of the session's resume token, written into its blocks' records (call
+  // before its first Reserve; without one the records carry an all-zero key, which no token
+  // hashes to in practice).
+  void SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey& key);
+
+  // Takes the blocks of a previous daemon (BlockTable::Adopt's valid records) as resident blocks
+  // of no session, held `grace_seconds`; then those not resumed are freed (and counted). Call
+  // once, before any Reserve. Returns the number adopted (a record whose extent cannot be
+  // allocated is cleared and not adopted; BlockTable::Adopt already drops overlaps).
+  uint64_t Adopt(const std::vector<pool::StoredBlock>& blocks, double grace_seconds);
+  // Gives the adopted blocks recorded under `key` to `session_id` (same block ids). `uid`: the
+  // presenting peer's uid, pool::kUnknownUid when unknown; it must equal the owner recorded.
+  // Returns the number of blocks taken. Errors: NOT_FOUND when no adopted block has that key
+  // (never issued, already resumed, or expired); PERMISSION_DENIED for another uid.
+  absl::StatusOr<uint64_t> ResumeSession(uint64_t session_id, const pool::ResumeKey& key,
+                                         uint32_t uid);
 
   // Admits an offload of `bytes` for `session_id`; `done` gets the new block (state
   // kOffloading) or an error: INVALID_ARGUMENT for 0 bytes; OUT_OF_RANGE when bytes exceed the
@@ -119,7 +151,7 @@ class BlockStore {
  private:
   enum class State { kOffloading, kResident };
   struct Block {
-    uint64_t session_id;
+    uint64_t session_id;  // kAdoptedSession: adopted, not yet resumed
     int64_t owner_uid;  // -1: none
     uint64_t bytes;
     pool::Extent extent;
@@ -128,7 +160,11 @@ class BlockStore {
     bool released = false;  // free when the last copy finishes
     bool offload_failed = false;
     std::vector<ReadableCallback> waiting_reloads;
+    uint32_t slot = 0;      // record slot (shared pool only)
+    bool recorded = false;  // its record is written
+    pool::ResumeKey resume_key{};
   };
+  static constexpr uint64_t kAdoptedSession = 0;
   struct Waiter {
     uint64_t session_id;
     uint64_t bytes;
@@ -145,6 +181,9 @@ class BlockStore {
   int64_t OwnerLocked(uint64_t session_id) const;
   BlockRef AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds);
   void FreeLocked(uint64_t block_id, Deferred* deferred);
+  // Clears the block's record (shared pool; not after Stop, see above).
+  void ForgetRecordLocked(Block& b);
+  void ExpireAdoptedLocked(Deferred* deferred);
   void AdmitWaitersLocked(Deferred* deferred);
   void DeadlineLoop();
 
@@ -159,6 +198,12 @@ class BlockStore {
   std::map<uint32_t, uint64_t> uid_used_bytes_;
   std::deque<Waiter> waiters_;
   uint64_t refused_total_ = 0;
+  pool::BlockTable* const table_;
+  std::vector<uint32_t> free_slots_;
+  std::unordered_map<uint64_t, pool::ResumeKey> session_resume_key_;
+  std::map<pool::ResumeKey, std::vector<uint64_t>> adopted_by_key_;
+  double adopted_deadline_seconds_ = 0;  // 0: nothing adopted waits
+  uint64_t adopted_expired_total_ = 0, sessions_resumed_total_ = 0, blocks_resumed_total_ = 0;
   absl::BitGen rng_;
   bool stopping_ = false;
   std::mutex stop_mu_;  // serialises Stop()

@@ -27,6 +27,7 @@ import itertools
 import os
 import queue
 import threading
+import time
 
 import grpc
 
@@ -81,7 +82,7 @@ class Client:
     """
 
     def __init__(self, socket_path=None, client_name="", device_id="cpu",
-                 connect_timeout_seconds=5.0, pid=None):
+                 connect_timeout_seconds=5.0, pid=None, resume_token=b""):
         self.socket_path = socket_path or default_socket_path()
         self.target = "unix:" + self.socket_path
         self.device_id = device_id
@@ -114,7 +115,7 @@ class Client:
         self._stub = pb_grpc.OffloadStub(self._channel)
         hello = self._submit(pb.Request(hello=pb.Hello(
             client_name=client_name, device_id=device_id,
-            pid=os.getpid() if pid is None else pid)))
+            pid=os.getpid() if pid is None else pid, resume_token=resume_token)))
         self._call = self._stub.Session(self._writer())
         self._reader = threading.Thread(target=self._read_loop, name="offloadd-reader",
                                         daemon=True)
@@ -137,6 +138,35 @@ class Client:
     session_quota_bytes = property(lambda self: self.hello.session_quota_bytes)  # 0: none
     chunk_bytes = property(lambda self: self.hello.chunk_bytes)
     link = property(lambda self: self.hello.link)
+    # The claim on this session's blocks across a daemon restart (bytes; keep it secret) and,
+    # for a resumed session, how many blocks it took over (README "Failure modes").
+    resume_token = property(lambda self: self.hello.resume_token)
+    blocks_resumed = property(lambda self: self.hello.blocks_resumed)
+
+    @classmethod
+    def resume(cls, socket_path, resume_token, client_name="", device_id="cpu",
+               total_seconds=30.0, initial_backoff_seconds=0.05, max_backoff_seconds=1.0,
+               connect_timeout_seconds=5.0):
+        """A new session holding the blocks of the session `resume_token` named, after the daemon
+        restarted on a shared pool (pool_shm_name). Retries while the daemon is down
+        (DaemonUnavailable) with exponential backoff, for at most `total_seconds`. Regions must be
+        registered again; requests not answered before the daemon went away are not re-sent.
+        Raises OffloaddError NOT_FOUND when nothing waits for the token (no shared pool, grace
+        period passed: the blocks are lost), PERMISSION_DENIED for another uid's token, or the last
+        DaemonUnavailable when the time is up."""
+        start = time.monotonic()
+        backoff = max(initial_backoff_seconds, 0.001)
+        while True:
+            left = total_seconds - (time.monotonic() - start)
+            try:
+                return cls(socket_path, client_name, device_id,
+                           connect_timeout_seconds=max(0.001, min(connect_timeout_seconds, left)),
+                           resume_token=resume_token)
+            except errors.DaemonUnavailable:
+                if time.monotonic() - start + backoff >= total_seconds:
+                    raise
+            time.sleep(backoff)
+            backoff = min(backoff * 2, max(max_backoff_seconds, backoff))
 
     @property
     def alive(self):

@@ -1,0 +1,170 @@
+#include "server/pool/block_table.h"
+
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+
+#include "server/pool/extent_allocator.h"
+
+namespace offloadd::pool {
+namespace {
+
+constexpr uint64_t kChecksumOffset = 56;
+
+uint64_t Checksum(const uint8_t* record) {
+  uint8_t digest[SHA256_DIGEST_LENGTH];
+  SHA256(record, kChecksumOffset, digest);
+  uint64_t sum;
+  std::memcpy(&sum, digest, sizeof(sum));
+  return sum;
+}
+
+template <typename T>
+T Load(const uint8_t* p, uint64_t offset) {
+  T v;
+  std::memcpy(&v, p + offset, sizeof(v));
+  return v;
+}
+
+template <typename T>
+void Store(uint8_t* p, uint64_t offset, T v) {
+  std::memcpy(p + offset, &v, sizeof(v));
+}
+
+bool AllZero(const uint8_t* p) {
+  for (uint64_t i = 0; i < kRecordBytes; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+ResumeKey ResumeKeyOf(absl::string_view resume_token) {
+  uint8_t digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const uint8_t*>(resume_token.data()), resume_token.size(), digest);
+  ResumeKey key;
+  std::memcpy(key.data(), digest, key.size());
+  return key;
+}
+
+const char* DropReasonName(DropReason reason) {
+  switch (reason) {
+    case DropReason::kChecksum: return "checksum";
+    case DropReason::kVersion: return "version";
+    case DropReason::kBounds: return "bounds";
+    case DropReason::kOverlap: return "overlap";
+    case DropReason::kDuplicate: return "duplicate_id";
+  }
+  return "unknown";
+}
+
+uint64_t AdoptionReport::dropped_total() const {
+  uint64_t n = 0;
+  for (uint64_t d : dropped) n += d;
+  return n;
+}
+
+BlockTable::BlockTable(uint8_t* records, uint64_t slots, uint64_t data_bytes)
+    : records_(records), slots_(slots), data_bytes_(data_bytes) {}
+
+void BlockTable::Write(const StoredBlock& b) {
+  uint8_t* p = records_ + uint64_t{b.slot} * kRecordBytes;
+  uint8_t body[kRecordBytes] = {};
+  Store<uint64_t>(body, 0, b.block_id);
+  std::memcpy(body + 8, b.resume_key.data(), b.resume_key.size());
+  Store<uint64_t>(body, 24, b.extent_offset);
+  Store<uint64_t>(body, 32, b.bytes);
+  Store<uint32_t>(body, 40, b.owner_uid);
+  Store<uint16_t>(body, 44, kRecordStored);
+  Store<uint16_t>(body, 46, kLayoutVersion);
+  Store<uint64_t>(body, kChecksumOffset, Checksum(body));
+  // Body first, checksum last: a crash in between leaves a record that fails its checksum.
+  std::memcpy(p, body, kChecksumOffset);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(p + kChecksumOffset, body + kChecksumOffset, 8);
+}
+
+void BlockTable::Clear(uint32_t slot) {
+  uint8_t* p = records_ + uint64_t{slot} * kRecordBytes;
+  std::memset(p + kChecksumOffset, 0, 8);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memset(p, 0, kChecksumOffset);
+}
+
+AdoptionReport BlockTable::Adopt() {
+  AdoptionReport report;
+  auto drop = [&](uint32_t slot, DropReason why) {
+    ++report.dropped[static_cast<int>(why)];
+    Clear(slot);
+  };
+  std::vector<StoredBlock> valid;
+  for (uint64_t slot = 0; slot < slots_; ++slot) {
+    const uint8_t* p = records_ + slot * kRecordBytes;
+    if (AllZero(p)) continue;
+    if (Load<uint64_t>(p, kChecksumOffset) != Checksum(p)) {
+      drop(slot, DropReason::kChecksum);
+      continue;
+    }
+    if (Load<uint16_t>(p, 44) != kRecordStored || Load<uint16_t>(p, 46) != kLayoutVersion ||
+        Load<uint64_t>(p, 48) != 0) {
+      drop(slot, DropReason::kVersion);
+      continue;
+    }
+    StoredBlock b;
+    b.slot = static_cast<uint32_t>(slot);
+    b.block_id = Load<uint64_t>(p, 0);
+    std::memcpy(b.resume_key.data(), p + 8, b.resume_key.size());
+    b.extent_offset = Load<uint64_t>(p, 24);
+    b.bytes = Load<uint64_t>(p, 32);
+    b.owner_uid = Load<uint32_t>(p, 40);
+    if (b.block_id == 0 || b.bytes == 0 || b.bytes > data_bytes_ ||
+        b.extent_offset % kGranuleBytes != 0 || b.extent_offset > data_bytes_ ||
+        ExtentAllocator::RoundUp(b.bytes) > data_bytes_ - b.extent_offset) {
+      drop(b.slot, DropReason::kBounds);
+      continue;
+    }
+    valid.push_back(b);
+  }
+  // Duplicate ids: every record naming the id is dropped (which one is right is unknown).
+  std::map<uint64_t, int> id_count;
+  for (const StoredBlock& b : valid) ++id_count[b.block_id];
+  std::vector<StoredBlock> unique;
+  for (const StoredBlock& b : valid) {
+    if (id_count[b.block_id] > 1) {
+      drop(b.slot, DropReason::kDuplicate);
+    } else {
+      unique.push_back(b);
+    }
+  }
+  // Overlap: sweep by offset; every record of an overlapping group is dropped.
+  std::sort(unique.begin(), unique.end(), [](const StoredBlock& a, const StoredBlock& b) {
+    return a.extent_offset < b.extent_offset;
+  });
+  std::vector<bool> overlapped(unique.size(), false);
+  uint64_t group_end = 0;
+  size_t group_start = 0;
+  for (size_t i = 0; i < unique.size(); ++i) {
+    const uint64_t end = unique[i].extent_offset + ExtentAllocator::RoundUp(unique[i].bytes);
+    if (i > 0 && unique[i].extent_offset < group_end) {
+      for (size_t j = group_start; j <= i; ++j) overlapped[j] = true;
+      group_end = std::max(group_end, end);
+    } else {
+      group_start = i;
+      group_end = end;
+    }
+  }
+  for (size_t i = 0; i < unique.size(); ++i) {
+    if (overlapped[i]) {
+      drop(unique[i].slot, DropReason::kOverlap);
+    } else {
+      report.blocks.push_back(unique[i]);
+    }
+  }
+  return report;
+}
+
+}  // namespace offloadd::pool

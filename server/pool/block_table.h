@@ -1,0 +1,91 @@
+// BlockTable: the metadata area of a shared pool (arena.h, ArenaOptions::shm_name) — one
+// fixed-size record per stored block, so a daemon started after a crash or an upgrade can adopt
+// the blocks its predecessor had confirmed to clients.
+//
+// Record (kRecordBytes = 64, host byte order, in the slot the store chose for the block):
+//   0  u64 block_id            (never 0)
+//   8  u8[16] resume_key       first 16 bytes of SHA-256 of the owning session's resume token
+//  24  u64 extent_offset       from the arena base, multiple of kGranuleBytes
+//  32  u64 bytes               requested size; the extent is RoundUp(bytes)
+//  40  u32 owner_uid           kUnknownUid when the peer's uid was not known
+//  44  u16 state               kRecordFree (0) or kRecordStored (1)
+//  46  u16 layout_version      kLayoutVersion
+//  48  u64 reserved            0
+//  56  u64 checksum            first 8 bytes of SHA-256 of bytes 0..55
+// A free slot is all zero bytes. Writing a record writes the body, then the checksum; a record
+// torn by a crash mid-write fails its checksum and is dropped (never served), as is one whose
+// bytes were overwritten at random. Clear() zeroes the checksum first, then the rest.
+//
+// Thread-safety: none; the store serialises calls under its lock.
+#ifndef OFFLOADD_SERVER_POOL_BLOCK_TABLE_H_
+#define OFFLOADD_SERVER_POOL_BLOCK_TABLE_H_
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace offloadd::pool {
+
+inline constexpr uint64_t kRecordBytes = 64;
+inline constexpr uint16_t kLayoutVersion = 1;
+inline constexpr uint16_t kRecordFree = 0;
+inline constexpr uint16_t kRecordStored = 1;
+inline constexpr uint32_t kUnknownUid = 0xffffffffu;
+
+// What identifies a session's blocks across a restart without storing its token.
+using ResumeKey = std::array<uint8_t, 16>;
+// SHA-256 of the token, first 16 bytes.
+ResumeKey ResumeKeyOf(absl::string_view resume_token);
+
+struct StoredBlock {
+  uint32_t slot = 0;
+  uint64_t block_id = 0;
+  ResumeKey resume_key{};
+  uint64_t extent_offset = 0;
+  uint64_t bytes = 0;
+  uint32_t owner_uid = kUnknownUid;
+};
+
+// Why adoption dropped a record (metric label values, DropReasonName).
+enum class DropReason {
+  kChecksum,   // torn write or random bytes
+  kVersion,    // checksum fine but another layout version or state
+  kBounds,     // zero id or size, unaligned, or past the pool's end
+  kOverlap,    // its extent overlaps another record's (every overlapping record is dropped)
+  kDuplicate,  // two records name the same block id (all of them are dropped)
+};
+inline constexpr int kNumDropReasons = 5;
+const char* DropReasonName(DropReason reason);
+
+struct AdoptionReport {
+  std::vector<StoredBlock> blocks;  // valid records, ordered by extent offset
+  std::array<uint64_t, kNumDropReasons> dropped{};  // by DropReason
+  uint64_t dropped_total() const;
+};
+
+class BlockTable {
+ public:
+  // `records` points to `slots` * kRecordBytes bytes (the shared pool's metadata area, or a test
+  // buffer); `data_bytes` is the arena's size, for bounds checks. Not owned.
+  BlockTable(uint8_t* records, uint64_t slots, uint64_t data_bytes);
+
+  uint64_t slots() const { return slots_; }
+  // Records `block` in slot block.slot (< slots()).
+  void Write(const StoredBlock& block);
+  // Frees a slot (all zero).
+  void Clear(uint32_t slot);
+  // Validates every non-zero slot: checksum, version and state, bounds, overlap, duplicate ids.
+  // Dropped records are cleared, so the table then holds exactly the returned blocks.
+  AdoptionReport Adopt();
+
+ private:
+  uint8_t* const records_;
+  const uint64_t slots_;
+  const uint64_t data_bytes_;
+};
+
+}  // namespace offloadd::pool
+
+#endif  // OFFLOADD_SERVER_POOL_BLOCK_TABLE_H_

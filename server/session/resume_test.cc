@@ -1,0 +1,307 @@
+// A daemon killed with SIGKILL while holding blocks in a shared pool; the next daemon adopts
+// them and the owner's session resumes with its token: every confirmed block reloads
+// bit-exact, a corrupted record's block is reported NOT_FOUND (never served), another uid and a
+// forged token are refused. The first daemon runs in a forked child that SIGKILLs itself.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/copy/shm_engine.h"
+#include "server/pool/arena.h"
+#include "server/session/session.h"
+
+namespace offloadd::session {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kPoolBytes = 64 * kMiB;
+constexpr int kBlocks = 8;
+
+std::string UniqueName(const char* what) {
+  return std::string("offloadd-") + what + "-" + std::to_string(getpid()) + "-" +
+         std::to_string(std::random_device{}());  // pids repeat across Bazel sandboxes
+}
+
+// Client memory: a POSIX shm object, mapped shared (the forked daemon writes the same pages).
+struct Shm {
+  explicit Shm(uint64_t size) : name("/" + UniqueName("rt")), size(size) {
+    int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+    data = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+  }
+  ~Shm() {
+    munmap(data, size);
+    shm_unlink(name.c_str());
+  }
+  std::string name;
+  uint64_t size;
+  uint8_t* data;
+};
+
+class Collector {
+ public:
+  Session::Emit emit() {
+    return [this](Completion c) {
+      std::lock_guard<std::mutex> lock(mu_);
+      got_.push_back(std::move(c));
+      cv_.notify_all();
+    };
+  }
+  Completion Wait(uint64_t request_id) {
+    std::unique_lock<std::mutex> lock(mu_);
+    Completion out;
+    out.status = absl::DeadlineExceededError("no completion");
+    cv_.wait_for(lock, std::chrono::seconds(10), [&] {
+      for (auto& c : got_) {
+        if (c.request_id == request_id) {
+          out = c;
+          return true;
+        }
+      }
+      return false;
+    });
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Completion> got_;
+};
+
+std::unique_ptr<Core> SharedCore(const std::string& pool_name) {
+  pool::ArenaOptions a;
+  a.size_bytes = kPoolBytes;
+  a.shm_name = pool_name;
+  auto arena = pool::Arena::Create(a);
+  EXPECT_TRUE(arena.ok()) << arena.status();
+  if (!arena.ok()) return nullptr;
+  CoreOptions options;
+  options.chunk_bytes = kMiB;
+  options.resume_grace_seconds = 3600;
+  options.watch_pids = false;
+  return std::make_unique<Core>(options, *std::move(arena),
+                                std::make_unique<copy::ShmCopyEngine>());
+}
+
+PeerCredentials Peer(uint32_t uid) {
+  PeerCredentials p;
+  p.known = true;
+  p.pid = getpid();
+  p.uid = uid;
+  p.gid = getgid();
+  return p;
+}
+
+Request Hello(uint64_t id, const std::string& token) {
+  Request r;
+  r.request_id = id;
+  r.kind = RequestKind::kHello;
+  r.client_name = "resume-test";
+  r.device_id = "gpu0";
+  r.pid = getpid();
+  r.resume_token = token;
+  return r;
+}
+
+Request Register(uint64_t id, const Shm& shm) {
+  Request r;
+  r.request_id = id;
+  r.kind = RequestKind::kRegisterRegion;
+  r.region.shm_name = shm.name;
+  r.region.size_bytes = shm.size;
+  return r;
+}
+
+uint64_t BlockBytes(int i) { return kMiB + 4099 * static_cast<uint64_t>(i); }  // not 256-aligned
+uint64_t BlockOffset(int i) { return 2 * kMiB * static_cast<uint64_t>(i); }
+
+// What the killed daemon's client learnt: its token and the ids of its confirmed blocks.
+struct FirstLife {
+  char token[kResumeTokenBytes];
+  uint64_t ids[kBlocks];
+};
+
+// Child: a daemon with one session that offloads kBlocks blocks (the last one released
+// again), reports to the parent, and dies by SIGKILL with everything still open.
+[[noreturn]] void RunFirstDaemon(const std::string& pool_name, const Shm& src, int report_fd) {
+  auto core = SharedCore(pool_name);
+  if (core == nullptr) _exit(2);
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit(), Peer(getuid()));
+  s->Handle(Hello(1, ""));
+  Completion hello = out.Wait(1);
+  s->Handle(Register(2, src));
+  const uint64_t region = out.Wait(2).id;
+  FirstLife life{};
+  if (hello.resume_token.size() != kResumeTokenBytes) _exit(3);
+  std::memcpy(life.token, hello.resume_token.data(), kResumeTokenBytes);
+  for (int i = 0; i < kBlocks; ++i) {
+    Request r;
+    r.request_id = 10 + i;
+    r.kind = RequestKind::kOffload;
+    r.region_id = region;
+    r.offset = BlockOffset(i);
+    r.bytes = BlockBytes(i);
+    s->Handle(r);
+  }
+  for (int i = 0; i < kBlocks; ++i) {
+    Completion c = out.Wait(10 + i);
+    if (c.kind != CompletionKind::kOffloadDone) _exit(4);
+    life.ids[i] = c.id;
+  }
+  Request rel;
+  rel.request_id = 30;
+  rel.kind = RequestKind::kRelease;
+  rel.block_id = life.ids[kBlocks - 1];
+  s->Handle(rel);
+  if (out.Wait(30).kind != CompletionKind::kReleased) _exit(5);
+  if (write(report_fd, &life, sizeof(life)) != static_cast<ssize_t>(sizeof(life))) _exit(6);
+  raise(SIGKILL);
+  _exit(7);
+}
+
+// Flips one byte of the `n`th non-empty record of the pool object (a torn/corrupted record).
+void CorruptRecord(const std::string& pool_name, int n) {
+  const int fd = shm_open(("/" + pool_name).c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  const uint64_t meta = pool::SharedDataOffset(kPoolBytes);
+  auto* p = static_cast<uint8_t*>(mmap(nullptr, meta, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  int seen = 0;
+  for (uint64_t off = 4096; off + pool::kRecordBytes <= meta; off += pool::kRecordBytes) {
+    bool empty = true;
+    for (uint64_t i = 0; i < pool::kRecordBytes; ++i) empty = empty && p[off + i] == 0;
+    if (empty || seen++ < n) continue;
+    p[off + 33] ^= 0x40;  // inside `bytes`
+    break;
+  }
+  munmap(p, meta);
+}
+
+TEST(ResumeTest, BlocksSurviveSigkillAndResumeBitExact) {
+  const std::string pool_name = UniqueName("pool");
+  Shm src(2 * kMiB * kBlocks);
+  std::mt19937_64 rng(15);
+  for (uint64_t i = 0; i < src.size; ++i) src.data[i] = static_cast<uint8_t>(rng());
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(fds[0]);
+    RunFirstDaemon(pool_name, src, fds[1]);
+  }
+  close(fds[1]);
+  FirstLife life{};
+  ASSERT_EQ(read(fds[0], &life, sizeof(life)), static_cast<ssize_t>(sizeof(life)));
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+
+  CorruptRecord(pool_name, 2);  // one of the 7 records left (which block is not known here)
+  auto core = SharedCore(pool_name);
+  ASSERT_NE(core, nullptr);
+  EXPECT_EQ(core->adoption().blocks.size(), static_cast<size_t>(kBlocks - 2));
+  EXPECT_EQ(core->adoption().dropped[static_cast<int>(pool::DropReason::kChecksum)], 1u);
+  EXPECT_EQ(core->store().stats().adopted_blocks_waiting, static_cast<uint64_t>(kBlocks - 2));
+  const std::string token(life.token, kResumeTokenBytes);
+
+  Collector out;
+  auto other = Session::Create(core.get(), out.emit(), Peer(getuid() + 1));
+  other->Handle(Hello(1, token));
+  EXPECT_EQ(out.Wait(1).status.code(), absl::StatusCode::kPermissionDenied);
+  auto forged = Session::Create(core.get(), out.emit(), Peer(getuid()));
+  std::string wrong = token;
+  wrong[0] ^= 1;
+  forged->Handle(Hello(2, wrong));
+  EXPECT_EQ(out.Wait(2).status.code(), absl::StatusCode::kNotFound);
+
+  auto s = Session::Create(core.get(), out.emit(), Peer(getuid()));
+  s->Handle(Hello(3, token));
+  Completion hello = out.Wait(3);
+  ASSERT_EQ(hello.kind, CompletionKind::kHello) << hello.status;
+  EXPECT_EQ(hello.blocks_resumed, static_cast<uint64_t>(kBlocks - 2));
+  EXPECT_EQ(hello.resume_token, token);
+  Shm dst(src.size);
+  s->Handle(Register(4, dst));
+  const uint64_t region = out.Wait(4).id;
+  int reloaded = 0, lost = 0;
+  for (int i = 0; i < kBlocks; ++i) {
+    Request r;
+    r.request_id = 100 + i;
+    r.kind = RequestKind::kReload;
+    r.block_id = life.ids[i];
+    r.region_id = region;
+    r.offset = BlockOffset(i);
+    r.priority = kPriorityUrgent;
+    r.release_after = true;
+    s->Handle(r);
+    Completion c = out.Wait(100 + i);
+    if (c.kind == CompletionKind::kReloadDone) {
+      ++reloaded;
+      EXPECT_EQ(c.bytes, BlockBytes(i));
+      EXPECT_EQ(std::memcmp(dst.data + BlockOffset(i), src.data + BlockOffset(i), BlockBytes(i)),
+                0)
+          << "block " << i;
+    } else {
+      ++lost;
+      EXPECT_EQ(c.status.code(), absl::StatusCode::kNotFound) << "block " << i << c.status;
+    }
+  }
+  EXPECT_EQ(reloaded, kBlocks - 2);
+  EXPECT_EQ(lost, 2);  // the released block and the corrupted record's
+  EXPECT_EQ(core->store().stats().blocks, 0u);
+  s->Close(EndCause::kClosed);
+  other->Close(EndCause::kClosed);
+  forged->Close(EndCause::kClosed);
+  s.reset();
+  other.reset();
+  forged.reset();
+  core.reset();
+  shm_unlink(("/" + pool_name).c_str());
+}
+
+TEST(ResumeTest, NewSessionsGetDistinctRandomTokens) {
+  const std::string pool_name = UniqueName("pool");
+  auto core = SharedCore(pool_name);
+  ASSERT_NE(core, nullptr);
+  Collector out;
+  auto a = Session::Create(core.get(), out.emit(), Peer(getuid()));
+  auto b = Session::Create(core.get(), out.emit(), Peer(getuid()));
+  a->Handle(Hello(1, ""));
+  b->Handle(Hello(2, ""));
+  const std::string ta = out.Wait(1).resume_token, tb = out.Wait(2).resume_token;
+  EXPECT_EQ(ta.size(), kResumeTokenBytes);
+  EXPECT_EQ(tb.size(), kResumeTokenBytes);
+  EXPECT_NE(ta, tb);
+  // A token of a live session in this daemon has nothing adopted to resume.
+  auto c = Session::Create(core.get(), out.emit(), Peer(getuid()));
+  c->Handle(Hello(3, ta));
+  EXPECT_EQ(out.Wait(3).status.code(), absl::StatusCode::kNotFound);
+  a->Close(EndCause::kClosed);
+  b->Close(EndCause::kClosed);
+  c->Close(EndCause::kClosed);
+  a.reset();
+  b.reset();
+  c.reset();
+  core.reset();
+  shm_unlink(("/" + pool_name).c_str());
+}
+
+}  // namespace
+}  // namespace offloadd::session

@@ -1,0 +1,240 @@
+// The block store over a shared pool's block table: records written when a copy completes and
+// cleared on release, adoption of a previous daemon's records, resume by key and uid, grace.
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/pool/block_table.h"
+#include "server/store/block_store.h"
+
+namespace offloadd::store {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kPoolBytes = 64 * kMiB;
+constexpr uint64_t kSlots = 32;
+
+BlockStoreOptions Opts(uint32_t queue = 16) {
+  BlockStoreOptions o;
+  o.admission_deadline_seconds = 5.0;
+  o.admission_queue_limit = queue;
+  return o;
+}
+
+absl::StatusOr<BlockRef> ReserveNow(BlockStore& s, uint64_t session, uint64_t bytes) {
+  std::promise<absl::StatusOr<BlockRef>> p;
+  auto f = p.get_future();
+  s.Reserve(session, bytes, [&p](absl::StatusOr<BlockRef> r) { p.set_value(std::move(r)); });
+  return f.get();
+}
+
+absl::StatusOr<BlockRef> ReloadNow(BlockStore& s, uint64_t session, uint64_t block_id) {
+  std::promise<absl::StatusOr<BlockRef>> p;
+  auto f = p.get_future();
+  absl::Status st = s.BeginReload(session, block_id,
+                                  [&p](absl::StatusOr<BlockRef> r) { p.set_value(std::move(r)); });
+  if (!st.ok()) return st;
+  return f.get();
+}
+
+// Records of a copy of the table (adoption clears dropped records, so tests scan a copy).
+pool::AdoptionReport Scan(const std::vector<uint8_t>& records) {
+  std::vector<uint8_t> copy = records;
+  return pool::BlockTable(copy.data(), kSlots, kPoolBytes).Adopt();
+}
+
+class AdoptionTest : public ::testing::Test {
+ protected:
+  std::vector<uint8_t> records_ = std::vector<uint8_t>(kSlots * pool::kRecordBytes, 0);
+  pool::BlockTable table_{records_.data(), kSlots, kPoolBytes};
+  const pool::ResumeKey key_a_ = pool::ResumeKeyOf("token-a");
+  const pool::ResumeKey key_b_ = pool::ResumeKeyOf("token-b");
+
+  // A store with session 1 (uid 1000, key A) holding `n` resident blocks of 1 MiB + 1.
+  std::vector<BlockRef> Fill(BlockStore& s, int n) {
+    s.SetSessionOwner(1, 1000);
+    s.SetSessionResumeKey(1, key_a_);
+    std::vector<BlockRef> refs;
+    for (int i = 0; i < n; ++i) {
+      auto r = ReserveNow(s, 1, kMiB + 1);
+      EXPECT_TRUE(r.ok()) << r.status();
+      s.OffloadFinished(r->block_id, absl::OkStatus());
+      refs.push_back(*r);
+    }
+    return refs;
+  }
+};
+
+TEST_F(AdoptionTest, RecordWrittenWhenCopyCompletesAndClearedOnRelease) {
+  BlockStore s(kPoolBytes, Opts(), &table_);
+  s.SetSessionOwner(1, 1000);
+  s.SetSessionResumeKey(1, key_a_);
+  auto r = ReserveNow(s, 1, 4096);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Scan(records_).blocks.empty());  // copying: not yet stored
+  s.OffloadFinished(r->block_id, absl::OkStatus());
+  pool::AdoptionReport report = Scan(records_);
+  ASSERT_EQ(report.blocks.size(), 1u);
+  EXPECT_EQ(report.blocks[0].block_id, r->block_id);
+  EXPECT_EQ(report.blocks[0].extent_offset, r->extent.offset);
+  EXPECT_EQ(report.blocks[0].bytes, 4096u);
+  EXPECT_EQ(report.blocks[0].owner_uid, 1000u);
+  EXPECT_EQ(report.blocks[0].resume_key, key_a_);
+  ASSERT_TRUE(s.Release(1, r->block_id).ok());
+  EXPECT_TRUE(Scan(records_).blocks.empty());
+  // A failed copy is never recorded.
+  auto f = ReserveNow(s, 1, 4096);
+  ASSERT_TRUE(f.ok());
+  s.OffloadFinished(f->block_id, absl::InternalError("copy failed"));
+  EXPECT_TRUE(Scan(records_).blocks.empty());
+}
+
+TEST_F(AdoptionTest, ReleaseWithReloadInFlightClearsTheRecordAtOnce) {
+  BlockStore s(kPoolBytes, Opts(), &table_);
+  std::vector<BlockRef> refs = Fill(s, 1);
+  ASSERT_TRUE(ReloadNow(s, 1, refs[0].block_id).ok());
+  s.EndReload(refs[0].block_id, /*release=*/true);
+  EXPECT_TRUE(Scan(records_).blocks.empty());
+  EXPECT_EQ(s.stats().blocks, 0u);
+}
+
+TEST_F(AdoptionTest, NextStoreAdoptsAndTheOwnerResumesSameIdsAndExtents) {
+  std::vector<BlockRef> refs;
+  {
+    BlockStore before(kPoolBytes, Opts(), &table_);
+    refs = Fill(before, 3);
+    ASSERT_TRUE(before.Release(1, refs[1].block_id).ok());
+  }  // the daemon is gone; the records stay
+  pool::AdoptionReport report = table_.Adopt();
+  ASSERT_EQ(report.blocks.size(), 2u);
+  BlockStore after(kPoolBytes, Opts(), &table_);
+  EXPECT_EQ(after.Adopt(report.blocks, 3600), 2u);
+  EXPECT_EQ(after.stats().adopted_blocks_waiting, 2u);
+  EXPECT_EQ(after.stats().pool.used_bytes, 2 * (kMiB + 256));
+  // Not reachable before resume, not by another key, not by another uid.
+  EXPECT_EQ(ReloadNow(after, 7, refs[0].block_id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(after.ResumeSession(7, key_b_, 1000).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(after.ResumeSession(7, key_a_, 1001).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto resumed = after.ResumeSession(7, key_a_, 1000);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(*resumed, 2u);
+  EXPECT_EQ(after.ResumeSession(8, key_a_, 1000).status().code(), absl::StatusCode::kNotFound);
+  for (int i : {0, 2}) {
+    auto r = ReloadNow(after, 7, refs[i].block_id);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->extent.offset, refs[i].extent.offset);
+    EXPECT_EQ(r->bytes, refs[i].bytes);
+    after.EndReload(refs[i].block_id, false);
+  }
+  EXPECT_EQ(ReloadNow(after, 7, refs[1].block_id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(after.SessionBlocks(7), 2u);
+  EXPECT_EQ(after.stats().sessions_resumed_total, 1u);
+  EXPECT_EQ(after.stats().blocks_resumed_total, 2u);
+  // New blocks never overlap the adopted extents.
+  for (int i = 0; i < 20; ++i) {
+    auto r = ReserveNow(after, 7, kMiB);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (int j : {0, 2}) {
+      const uint64_t lo = refs[j].extent.offset, hi = lo + refs[j].extent.bytes;
+      EXPECT_TRUE(r->extent.offset + r->extent.bytes <= lo || r->extent.offset >= hi);
+    }
+  }
+  // The resumed blocks keep their records under the resumed session; its end clears them.
+  after.ReleaseSession(7);
+  EXPECT_TRUE(Scan(records_).blocks.empty());
+}
+
+TEST_F(AdoptionTest, BlocksNotResumedWithinGraceAreFreedAndCounted) {
+  {
+    BlockStore before(kPoolBytes, Opts(), &table_);
+    Fill(before, 2);
+  }
+  BlockStore after(kPoolBytes, Opts(), &table_);
+  ASSERT_EQ(after.Adopt(table_.Adopt().blocks, 0.0), 2u);
+  // The store's deadline thread frees them; wait for the count (bounded, not timed).
+  for (int i = 0; i < 1000 && after.stats().adopted_blocks_expired_total < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(after.stats().adopted_blocks_expired_total, 2u);
+  EXPECT_EQ(after.stats().blocks, 0u);
+  EXPECT_EQ(after.stats().pool.used_bytes, 0u);
+  EXPECT_TRUE(Scan(records_).blocks.empty());
+  EXPECT_EQ(after.ResumeSession(3, key_a_, 1000).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(AdoptionTest, ShutdownHandsRecordsOverInsteadOfClearingThem) {
+  {
+    BlockStore before(kPoolBytes, Opts(), &table_);
+    Fill(before, 2);
+    before.Stop();  // the daemon drains, then closes its sessions
+    EXPECT_EQ(before.ReleaseSession(1), 2u);
+  }
+  EXPECT_EQ(Scan(records_).blocks.size(), 2u);
+}
+
+TEST_F(AdoptionTest, FullBlockTableIsAFullPool) {
+  std::vector<uint8_t> two(2 * pool::kRecordBytes, 0);
+  pool::BlockTable small(two.data(), 2, kPoolBytes);
+  BlockStore s(kPoolBytes, Opts(/*queue=*/0), &small);
+  ASSERT_TRUE(ReserveNow(s, 1, 4096).ok());
+  auto b = ReserveNow(s, 1, 4096);
+  ASSERT_TRUE(b.ok());
+  auto c = ReserveNow(s, 1, 4096);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("block table is full"), absl::string_view::npos)
+      << c.status();
+  s.OffloadFinished(b->block_id, absl::OkStatus());
+  ASSERT_TRUE(s.Release(1, b->block_id).ok());
+  EXPECT_TRUE(ReserveNow(s, 1, 4096).ok());  // the slot came back
+}
+
+// Random bytes over the records of a previous daemon: every block adopted and resumed returns
+// exactly the extent and size the first daemon recorded, and corrupted ones are simply gone.
+TEST_F(AdoptionTest, CorruptedRecordsAreNeverServed) {
+  for (uint32_t seed = 1; seed <= 50; ++seed) {
+    std::fill(records_.begin(), records_.end(), 0);
+    std::vector<BlockRef> refs;
+    {
+      BlockStore before(kPoolBytes, Opts(), &table_);
+      refs = Fill(before, 20);
+    }
+    std::mt19937_64 rng(seed);
+    for (int h = 0; h < 3; ++h) {
+      const uint64_t at = rng() % records_.size();
+      for (uint64_t i = at; i < std::min<uint64_t>(at + 1 + rng() % 96, records_.size()); ++i) {
+        records_[i] = static_cast<uint8_t>(rng());
+      }
+    }
+    pool::AdoptionReport report = table_.Adopt();
+    BlockStore after(kPoolBytes, Opts(), &table_);
+    const uint64_t adopted = after.Adopt(report.blocks, 3600);
+    // Every block not adopted is counted as dropped (the hits may also land on free slots).
+    EXPECT_LE(adopted, 20u) << "seed " << seed;
+    EXPECT_GE(adopted + report.dropped_total(), 20u) << "seed " << seed;
+    EXPECT_GT(report.dropped_total(), 0u) << "seed " << seed;
+    auto resumed = after.ResumeSession(9, key_a_, 1000);
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    EXPECT_EQ(*resumed, adopted);
+    uint64_t served = 0;
+    for (const BlockRef& ref : refs) {
+      auto r = ReloadNow(after, 9, ref.block_id);
+      if (!r.ok()) {
+        EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+        continue;
+      }
+      ++served;
+      EXPECT_EQ(r->extent.offset, ref.extent.offset) << "seed " << seed;
+      EXPECT_EQ(r->bytes, ref.bytes) << "seed " << seed;
+      after.EndReload(ref.block_id, false);
+    }
+    EXPECT_EQ(served, adopted);
+  }
+}
+
+}  // namespace
+}  // namespace offloadd::store
