@@ -3,15 +3,13 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "server/copy/cuda_api_forwarding.h"
 
 namespace offloadd::copy {
 namespace {
 
 std::string MakeHandle(const char* kind, uint64_t id) {
-  std::string h(kIpcHandleBytes, '\0');
-  std::string text = absl::StrFormat("%s-%d", kind, id);
-  std::memcpy(&h[0], text.data(), std::min(text.size(), h.size()));
-  return h;
+  return PadIpcHandle(absl::StrFormat("%s-%d", kind, id));
 }
 
 std::string Printable(absl::string_view handle) {
@@ -20,41 +18,11 @@ std::string Printable(absl::string_view handle) {
   return s;
 }
 
-class BorrowedApi : public CudaApi {
- public:
-  explicit BorrowedApi(CudaApi* f) : f_(f) {}
-  absl::StatusOr<std::vector<CudaDeviceInfo>> ListDevices() override { return f_->ListDevices(); }
-  absl::Status SetDevice(int o) override { return f_->SetDevice(o); }
-  absl::StatusOr<CudaMemInfo> MemGetInfo() override { return f_->MemGetInfo(); }
-  absl::StatusOr<void*> CreateStream() override { return f_->CreateStream(); }
-  void DestroyStream(void* s) override { f_->DestroyStream(s); }
-  absl::StatusOr<void*> CreateEvent() override { return f_->CreateEvent(); }
-  void DestroyEvent(void* e) override { f_->DestroyEvent(e); }
-  absl::StatusOr<void*> IpcOpenMemHandle(absl::string_view h) override {
-    return f_->IpcOpenMemHandle(h);
-  }
-  absl::Status IpcCloseMemHandle(void* p) override { return f_->IpcCloseMemHandle(p); }
-  absl::StatusOr<uint64_t> AllocationSize(void* p) override { return f_->AllocationSize(p); }
-  absl::StatusOr<void*> IpcOpenEventHandle(absl::string_view h) override {
-    return f_->IpcOpenEventHandle(h);
-  }
-  absl::Status StreamWaitEvent(void* s, void* e) override { return f_->StreamWaitEvent(s, e); }
-  absl::Status MemcpyAsync(void* d, const void* s, uint64_t n, Direction dir,
-                           void* st) override {
-    return f_->MemcpyAsync(d, s, n, dir, st);
-  }
-  absl::Status EventRecord(void* e, void* s) override { return f_->EventRecord(e, s); }
-  absl::StatusOr<bool> EventQuery(void* e) override { return f_->EventQuery(e); }
-  absl::Status HostRegister(void* h, uint64_t n) override { return f_->HostRegister(h, n); }
-  absl::Status HostUnregister(void* h) override { return f_->HostUnregister(h); }
-
- private:
-  CudaApi* f_;
-};
-
 }  // namespace
 
-std::unique_ptr<CudaApi> FakeCudaApi::Borrow() { return std::make_unique<BorrowedApi>(this); }
+std::unique_ptr<CudaApi> FakeCudaApi::Borrow() {
+  return std::make_unique<ForwardingCudaApi>(this);
+}
 
 std::string FakeCudaApi::Name(void* object) const {
   auto it = objects_.find(object);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/base/clock.h"
+#include "server/copy/cuda_api_forwarding.h"
 
 namespace offloadd::copy {
 namespace {
@@ -27,12 +28,6 @@ class RealSimClock : public SimClock {
   }
 };
 
-std::string PadHandle(const std::string& text) {
-  std::string h(kIpcHandleBytes, '\0');
-  std::memcpy(&h[0], text.data(), std::min(text.size(), h.size()));
-  return h;
-}
-
 // Size from a SimMemHandle, 0 if `handle` is not one.
 uint64_t SimHandleSize(absl::string_view handle) {
   std::string text(handle.substr(0, handle.find('\0')));
@@ -43,37 +38,6 @@ uint64_t SimHandleSize(absl::string_view handle) {
   }
   return size;
 }
-
-class BorrowedSim : public CudaApi {
- public:
-  explicit BorrowedSim(CudaApi* f) : f_(f) {}
-  absl::StatusOr<std::vector<CudaDeviceInfo>> ListDevices() override { return f_->ListDevices(); }
-  absl::Status SetDevice(int o) override { return f_->SetDevice(o); }
-  absl::StatusOr<CudaMemInfo> MemGetInfo() override { return f_->MemGetInfo(); }
-  absl::StatusOr<void*> CreateStream() override { return f_->CreateStream(); }
-  void DestroyStream(void* s) override { f_->DestroyStream(s); }
-  absl::StatusOr<void*> CreateEvent() override { return f_->CreateEvent(); }
-  void DestroyEvent(void* e) override { f_->DestroyEvent(e); }
-  absl::StatusOr<void*> IpcOpenMemHandle(absl::string_view h) override {
-    return f_->IpcOpenMemHandle(h);
-  }
-  absl::Status IpcCloseMemHandle(void* p) override { return f_->IpcCloseMemHandle(p); }
-  absl::StatusOr<uint64_t> AllocationSize(void* p) override { return f_->AllocationSize(p); }
-  absl::StatusOr<void*> IpcOpenEventHandle(absl::string_view h) override {
-    return f_->IpcOpenEventHandle(h);
-  }
-  absl::Status StreamWaitEvent(void* s, void* e) override { return f_->StreamWaitEvent(s, e); }
-  absl::Status MemcpyAsync(void* d, const void* s, uint64_t n, Direction dir, void* st) override {
-    return f_->MemcpyAsync(d, s, n, dir, st);
-  }
-  absl::Status EventRecord(void* e, void* s) override { return f_->EventRecord(e, s); }
-  absl::StatusOr<bool> EventQuery(void* e) override { return f_->EventQuery(e); }
-  absl::Status HostRegister(void* h, uint64_t n) override { return f_->HostRegister(h, n); }
-  absl::Status HostUnregister(void* h) override { return f_->HostUnregister(h); }
-
- private:
-  CudaApi* f_;
-};
 
 }  // namespace
 
@@ -93,7 +57,7 @@ void ManualSimClock::Advance(double seconds) {
 }
 
 std::string SimMemHandle(uint64_t size_bytes, uint64_t id) {
-  return PadHandle(absl::StrFormat("%s:%d:%d", kSimMemPrefix, size_bytes, id));
+  return PadIpcHandle(absl::StrFormat("%s:%d:%d", kSimMemPrefix, size_bytes, id));
 }
 
 SimCudaApi::SimCudaApi(SimCudaOptions options, SimClock* clock)
@@ -115,7 +79,9 @@ SimCudaApi::SimCudaApi(SimCudaOptions options, SimClock* clock)
 
 SimCudaApi::~SimCudaApi() = default;
 
-std::unique_ptr<CudaApi> SimCudaApi::Borrow() { return std::make_unique<BorrowedSim>(this); }
+std::unique_ptr<CudaApi> SimCudaApi::Borrow() {
+  return std::make_unique<ForwardingCudaApi>(this);
+}
 
 std::string SimCudaApi::DeviceUuid(int ordinal) {
   return absl::StrFormat("GPU-51300000-0000-0000-0000-%012d", ordinal);
@@ -123,7 +89,7 @@ std::string SimCudaApi::DeviceUuid(int ordinal) {
 
 std::string SimCudaApi::AddAllocation(int ordinal, uint64_t size_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::string h = PadHandle(absl::StrFormat("cuda-sim-alloc:%d", next_id_++));
+  std::string h = PadIpcHandle(absl::StrFormat("cuda-sim-alloc:%d", next_id_++));
   Allocation& a = allocations_[h];
   a.ordinal = ordinal;
   a.size_bytes = size_bytes;

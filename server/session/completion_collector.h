@@ -1,6 +1,7 @@
 // For tests: collects a Session's completions (its Emit) and waits for the one answering a
-// request. Thread-safe; Wait gives up after 10 seconds with a test failure and an empty
-// Completion.
+// request. Thread-safe; Wait gives up after 10 seconds with a test failure and a Completion
+// whose status is DEADLINE_EXCEEDED (so callers that only check the status, e.g. in a forked
+// child where gtest failures are not seen, also notice).
 #ifndef OFFLOADD_SERVER_SESSION_COMPLETION_COLLECTOR_H_
 #define OFFLOADD_SERVER_SESSION_COMPLETION_COLLECTOR_H_
 
@@ -29,6 +30,7 @@ class CompletionCollector {
   Completion Wait(uint64_t request_id) {
     std::unique_lock<std::mutex> lock(mu_);
     Completion out;
+    out.status = absl::DeadlineExceededError("no completion for this request within 10 s");
     bool found = cv_.wait_for(lock, std::chrono::seconds(10), [&] {
       for (auto& c : got_) {
         if (c.request_id == request_id) {

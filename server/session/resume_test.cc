@@ -8,10 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,7 +16,9 @@
 #include "gtest/gtest.h"
 #include "server/copy/shm_engine.h"
 #include "server/pool/arena.h"
+#include "server/session/completion_collector.h"
 #include "server/session/session.h"
+#include "server/session/session_test_util.h"
 
 namespace offloadd::session {
 namespace {
@@ -28,58 +27,9 @@ constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kPoolBytes = 64 * kMiB;
 constexpr int kBlocks = 8;
 
-std::string UniqueName(const char* what) {
-  return std::string("offloadd-") + what + "-" + std::to_string(getpid()) + "-" +
-         std::to_string(std::random_device{}());  // pids repeat across Bazel sandboxes
+Request Hello(uint64_t id, const std::string& token) {
+  return HelloRequest(id, "resume-test", token);
 }
-
-// Client memory: a POSIX shm object, mapped shared (the forked daemon writes the same pages).
-struct Shm {
-  explicit Shm(uint64_t size) : name("/" + UniqueName("rt")), size(size) {
-    int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
-    data = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
-  }
-  ~Shm() {
-    munmap(data, size);
-    shm_unlink(name.c_str());
-  }
-  std::string name;
-  uint64_t size;
-  uint8_t* data;
-};
-
-class Collector {
- public:
-  Session::Emit emit() {
-    return [this](Completion c) {
-      std::lock_guard<std::mutex> lock(mu_);
-      got_.push_back(std::move(c));
-      cv_.notify_all();
-    };
-  }
-  Completion Wait(uint64_t request_id) {
-    std::unique_lock<std::mutex> lock(mu_);
-    Completion out;
-    out.status = absl::DeadlineExceededError("no completion");
-    cv_.wait_for(lock, std::chrono::seconds(10), [&] {
-      for (auto& c : got_) {
-        if (c.request_id == request_id) {
-          out = c;
-          return true;
-        }
-      }
-      return false;
-    });
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Completion> got_;
-};
 
 std::unique_ptr<Core> SharedCore(const std::string& pool_name) {
   pool::ArenaOptions a;
@@ -105,26 +55,6 @@ PeerCredentials Peer(uint32_t uid) {
   return p;
 }
 
-Request Hello(uint64_t id, const std::string& token) {
-  Request r;
-  r.request_id = id;
-  r.kind = RequestKind::kHello;
-  r.client_name = "resume-test";
-  r.device_id = "gpu0";
-  r.pid = getpid();
-  r.resume_token = token;
-  return r;
-}
-
-Request Register(uint64_t id, const Shm& shm) {
-  Request r;
-  r.request_id = id;
-  r.kind = RequestKind::kRegisterRegion;
-  r.region.shm_name = shm.name;
-  r.region.size_bytes = shm.size;
-  return r;
-}
-
 uint64_t BlockBytes(int i) { return kMiB + 4099 * static_cast<uint64_t>(i); }  // not 256-aligned
 uint64_t BlockOffset(int i) { return 2 * kMiB * static_cast<uint64_t>(i); }
 
@@ -136,14 +66,15 @@ struct FirstLife {
 
 // Child: a daemon with one session that offloads kBlocks blocks (the last one released
 // again), reports to the parent, and dies by SIGKILL with everything still open.
-[[noreturn]] void RunFirstDaemon(const std::string& pool_name, const Shm& src, int report_fd) {
+[[noreturn]] void RunFirstDaemon(const std::string& pool_name, const TestShm& src,
+                                 int report_fd) {
   auto core = SharedCore(pool_name);
   if (core == nullptr) _exit(2);
-  Collector out;
+  CompletionCollector out;
   auto s = Session::Create(core.get(), out.emit(), Peer(getuid()));
   s->Handle(Hello(1, ""));
   Completion hello = out.Wait(1);
-  s->Handle(Register(2, src));
+  s->Handle(RegisterRequest(2, src));
   const uint64_t region = out.Wait(2).id;
   FirstLife life{};
   if (hello.resume_token.size() != kResumeTokenBytes) _exit(3);
@@ -193,8 +124,8 @@ void CorruptRecord(const std::string& pool_name, int n) {
 }
 
 TEST(ResumeTest, BlocksSurviveSigkillAndResumeBitExact) {
-  const std::string pool_name = UniqueName("pool");
-  Shm src(2 * kMiB * kBlocks);
+  const std::string pool_name = UniqueTestName("pool");
+  TestShm src(2 * kMiB * kBlocks);
   std::mt19937_64 rng(15);
   for (uint64_t i = 0; i < src.size; ++i) src.data[i] = static_cast<uint8_t>(rng());
   int fds[2];
@@ -221,7 +152,7 @@ TEST(ResumeTest, BlocksSurviveSigkillAndResumeBitExact) {
   EXPECT_EQ(core->store().stats().adopted_blocks_waiting, static_cast<uint64_t>(kBlocks - 2));
   const std::string token(life.token, kResumeTokenBytes);
 
-  Collector out;
+  CompletionCollector out;
   auto other = Session::Create(core.get(), out.emit(), Peer(getuid() + 1));
   other->Handle(Hello(1, token));
   EXPECT_EQ(out.Wait(1).status.code(), absl::StatusCode::kPermissionDenied);
@@ -237,8 +168,8 @@ TEST(ResumeTest, BlocksSurviveSigkillAndResumeBitExact) {
   ASSERT_EQ(hello.kind, CompletionKind::kHello) << hello.status;
   EXPECT_EQ(hello.blocks_resumed, static_cast<uint64_t>(kBlocks - 2));
   EXPECT_EQ(hello.resume_token, token);
-  Shm dst(src.size);
-  s->Handle(Register(4, dst));
+  TestShm dst(src.size);
+  s->Handle(RegisterRequest(4, dst));
   const uint64_t region = out.Wait(4).id;
   int reloaded = 0, lost = 0;
   for (int i = 0; i < kBlocks; ++i) {
@@ -277,10 +208,10 @@ TEST(ResumeTest, BlocksSurviveSigkillAndResumeBitExact) {
 }
 
 TEST(ResumeTest, NewSessionsGetDistinctRandomTokens) {
-  const std::string pool_name = UniqueName("pool");
+  const std::string pool_name = UniqueTestName("pool");
   auto core = SharedCore(pool_name);
   ASSERT_NE(core, nullptr);
-  Collector out;
+  CompletionCollector out;
   auto a = Session::Create(core.get(), out.emit(), Peer(getuid()));
   auto b = Session::Create(core.get(), out.emit(), Peer(getuid()));
   a->Handle(Hello(1, ""));

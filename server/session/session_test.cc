@@ -1,46 +1,24 @@
 // Session state machine on the shm backend, without gRPC: completions are collected in order.
 #include "server/session/session.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "server/copy/shm_engine.h"
 #include "server/session/completion_collector.h"
+#include "server/session/session_test_util.h"
 
 namespace offloadd::session {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
-
-class Shm {
- public:
-  explicit Shm(uint64_t size) : size_(size) {
-    static int n = 0;
-    name_ = "/offloadd-st-" + std::to_string(getpid()) + "-" + std::to_string(n++) + "-" +
-            std::to_string(std::random_device{}());  // pids repeat across Bazel sandboxes
-    int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    EXPECT_EQ(ftruncate(fd, size), 0);
-    data_ = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
-  }
-  ~Shm() {
-    munmap(data_, size_);
-    shm_unlink(name_.c_str());
-  }
-  std::string name_;
-  uint64_t size_;
-  uint8_t* data_;
-};
 
 using Collector = CompletionCollector;
 
@@ -53,24 +31,7 @@ std::unique_ptr<Core> MakeCore(uint64_t pool_bytes, CoreOptions options = {}) {
                                 std::make_unique<copy::ShmCopyEngine>());
 }
 
-Request Hello(uint64_t id) {
-  Request r;
-  r.request_id = id;
-  r.kind = RequestKind::kHello;
-  r.client_name = "test";
-  r.device_id = "gpu0";
-  r.pid = getpid();
-  return r;
-}
-
-Request Register(uint64_t id, const Shm& shm) {
-  Request r;
-  r.request_id = id;
-  r.kind = RequestKind::kRegisterRegion;
-  r.region.shm_name = shm.name_;
-  r.region.size_bytes = shm.size_;
-  return r;
-}
+Request Hello(uint64_t id) { return HelloRequest(id, "test"); }
 
 Request Offload(uint64_t id, uint64_t region, uint64_t offset, uint64_t bytes) {
   Request r;
@@ -99,8 +60,8 @@ TEST(SessionTest, RequestsBeforeHelloFail) {
   auto core = MakeCore(16 * kMiB);
   Collector out;
   auto s = Session::Create(core.get(), out.emit());
-  Shm shm(kMiB);
-  s->Handle(Register(1, shm));
+  TestShm shm(kMiB);
+  s->Handle(RegisterRequest(1, shm));
   Completion c = out.Wait(1);
   EXPECT_EQ(c.kind, CompletionKind::kError);
   EXPECT_EQ(c.status.code(), absl::StatusCode::kFailedPrecondition);
@@ -115,10 +76,10 @@ TEST(SessionTest, OffloadReloadRoundTripsBytesThroughThePool) {
   auto core = MakeCore(64 * kMiB);
   Collector out;
   auto s = Session::Create(core.get(), out.emit());
-  Shm shm(8 * kMiB);
-  for (uint64_t i = 0; i < shm.size_; ++i) shm.data_[i] = static_cast<uint8_t>(i * 131 + 7);
+  TestShm shm(8 * kMiB);
+  for (uint64_t i = 0; i < shm.size; ++i) shm.data[i] = static_cast<uint8_t>(i * 131 + 7);
   s->Handle(Hello(1));
-  s->Handle(Register(2, shm));
+  s->Handle(RegisterRequest(2, shm));
   Completion reg = out.Wait(2);
   ASSERT_EQ(reg.kind, CompletionKind::kRegionRegistered);
   // 3.5 MiB from offset 1 MiB: several chunks of 1 MiB plus a partial one.
@@ -127,13 +88,13 @@ TEST(SessionTest, OffloadReloadRoundTripsBytesThroughThePool) {
   Completion off = out.Wait(3);
   ASSERT_EQ(off.kind, CompletionKind::kOffloadDone) << off.status;
   EXPECT_EQ(off.bytes, bytes);
-  std::vector<uint8_t> expect(shm.data_ + kMiB, shm.data_ + kMiB + bytes);
-  std::memset(shm.data_, 0, shm.size_);
+  std::vector<uint8_t> expect(shm.data + kMiB, shm.data + kMiB + bytes);
+  std::memset(shm.data, 0, shm.size);
   s->Handle(Reload(4, off.id, reg.id, 4 * kMiB, kPriorityUrgent, /*release_after=*/true));
   Completion rel = out.Wait(4);
   ASSERT_EQ(rel.kind, CompletionKind::kReloadDone) << rel.status;
   EXPECT_TRUE(rel.released);
-  EXPECT_EQ(std::memcmp(shm.data_ + 4 * kMiB, expect.data(), bytes), 0);
+  EXPECT_EQ(std::memcmp(shm.data + 4 * kMiB, expect.data(), bytes), 0);
   EXPECT_EQ(core->store().stats().blocks, 0u);
   EXPECT_EQ(core->Stats().offload_bytes_total, bytes);
   EXPECT_EQ(core->Stats().reload_bytes_total, bytes);
@@ -144,11 +105,11 @@ TEST(SessionTest, ReloadSentRightAfterOffloadReturnsTheOffloadedBytes) {
   auto core = MakeCore(64 * kMiB);
   Collector out;
   auto s = Session::Create(core.get(), out.emit());
-  Shm src(16 * kMiB), dst(16 * kMiB);
-  for (uint64_t i = 0; i < src.size_; ++i) src.data_[i] = static_cast<uint8_t>(i ^ (i >> 9));
+  TestShm src(16 * kMiB), dst(16 * kMiB);
+  for (uint64_t i = 0; i < src.size; ++i) src.data[i] = static_cast<uint8_t>(i ^ (i >> 9));
   s->Handle(Hello(1));
-  s->Handle(Register(2, src));
-  s->Handle(Register(3, dst));
+  s->Handle(RegisterRequest(2, src));
+  s->Handle(RegisterRequest(3, dst));
   uint64_t rs = out.Wait(2).id, rd = out.Wait(3).id;
   // The block id is only known after OffloadDone, so pipeline many offloads and reload each as
   // soon as its id arrives, while later offloads still copy.
@@ -159,7 +120,7 @@ TEST(SessionTest, ReloadSentRightAfterOffloadReturnsTheOffloadedBytes) {
     s->Handle(Reload(20 + i, o.id, rd, i * 2 * kMiB, kPriorityPrefetch, true));
   }
   for (int i = 0; i < 8; ++i) ASSERT_EQ(out.Wait(20 + i).kind, CompletionKind::kReloadDone);
-  EXPECT_EQ(std::memcmp(src.data_, dst.data_, src.size_), 0);
+  EXPECT_EQ(std::memcmp(src.data, dst.data, src.size), 0);
   s->Close(EndCause::kClosed);
 }
 
@@ -167,9 +128,9 @@ TEST(SessionTest, CloseReleasesEverythingTheSessionHeld) {
   auto core = MakeCore(64 * kMiB);
   Collector out;
   auto s = Session::Create(core.get(), out.emit());
-  Shm shm(8 * kMiB);
+  TestShm shm(8 * kMiB);
   s->Handle(Hello(1));
-  s->Handle(Register(2, shm));
+  s->Handle(RegisterRequest(2, shm));
   uint64_t region = out.Wait(2).id;
   for (int i = 0; i < 4; ++i) s->Handle(Offload(3 + i, region, i * kMiB, kMiB));
   for (int i = 0; i < 4; ++i) ASSERT_EQ(out.Wait(3 + i).kind, CompletionKind::kOffloadDone);
@@ -186,9 +147,9 @@ TEST(SessionTest, DrainFinishesAcceptedTransfersThenRefusesNewOnes) {
   auto core = MakeCore(64 * kMiB);
   Collector out;
   auto s = Session::Create(core.get(), out.emit());
-  Shm shm(32 * kMiB);
+  TestShm shm(32 * kMiB);
   s->Handle(Hello(1));
-  s->Handle(Register(2, shm));
+  s->Handle(RegisterRequest(2, shm));
   uint64_t region = out.Wait(2).id;
   for (int i = 0; i < 8; ++i) s->Handle(Offload(10 + i, region, i * 4 * kMiB, 4 * kMiB));
   core->Drain();
@@ -208,11 +169,11 @@ TEST(SessionTagTest, ReloadByTagBeforeOffloadDoneReturnsTheBytes) {
   auto core = MakeCore(64 * kMiB);
   Collector out;
   auto s = Session::Create(core.get(), out.emit());
-  Shm src(16 * kMiB), dst(16 * kMiB);
-  for (uint64_t i = 0; i < src.size_; ++i) src.data_[i] = static_cast<uint8_t>(i * 13 + 1);
+  TestShm src(16 * kMiB), dst(16 * kMiB);
+  for (uint64_t i = 0; i < src.size; ++i) src.data[i] = static_cast<uint8_t>(i * 13 + 1);
   s->Handle(Hello(1));
-  s->Handle(Register(2, src));
-  s->Handle(Register(3, dst));
+  s->Handle(RegisterRequest(2, src));
+  s->Handle(RegisterRequest(3, dst));
   uint64_t rs = out.Wait(2).id, rd = out.Wait(3).id;
   // Offload 16 MiB (16 chunks) and queue its reload by tag at once, in the same batch.
   Request off = Offload(10, rs, 0, 16 * kMiB);
@@ -225,7 +186,7 @@ TEST(SessionTagTest, ReloadByTagBeforeOffloadDoneReturnsTheBytes) {
   ASSERT_EQ(r.kind, CompletionKind::kReloadDone) << r.status;
   EXPECT_TRUE(r.released);
   EXPECT_EQ(out.Wait(10).kind, CompletionKind::kOffloadDone);
-  EXPECT_EQ(std::memcmp(src.data_, dst.data_, src.size_), 0);
+  EXPECT_EQ(std::memcmp(src.data, dst.data, src.size), 0);
   // The tag is free again once its block is released.
   Request again = Offload(12, rs, 0, kMiB);
   again.tag = 77;
@@ -238,9 +199,9 @@ TEST(SessionTagTest, DuplicateAndUnknownTags) {
   auto core = MakeCore(64 * kMiB);
   Collector out;
   auto s = Session::Create(core.get(), out.emit());
-  Shm src(4 * kMiB);
+  TestShm src(4 * kMiB);
   s->Handle(Hello(1));
-  s->Handle(Register(2, src));
+  s->Handle(RegisterRequest(2, src));
   uint64_t rs = out.Wait(2).id;
   Request a = Offload(3, rs, 0, kMiB);
   a.tag = 5;
@@ -269,9 +230,9 @@ TEST(SessionTagTest, WaitersOfAFailedTaggedOffloadFailToo) {
   auto core = MakeCore(4 * kMiB);  // admission deadline 0.2 s
   Collector out;
   auto s = Session::Create(core.get(), out.emit());
-  Shm src(8 * kMiB);
+  TestShm src(8 * kMiB);
   s->Handle(Hello(1));
-  s->Handle(Register(2, src));
+  s->Handle(RegisterRequest(2, src));
   uint64_t rs = out.Wait(2).id;
   s->Handle(Offload(3, rs, 0, 4 * kMiB));  // fills the pool
   ASSERT_EQ(out.Wait(3).kind, CompletionKind::kOffloadDone);
@@ -313,15 +274,15 @@ TEST(SessionEndTest, NoReloadChunkLandsInClientMemoryAfterTheSessionEnded) {
     bool stream_ended = false;
     auto s = Session::Create(core.get(), out.emit(), {},
                              [&](const absl::Status&) { stream_ended = true; });
-    Shm shm(16 * kMiB);
-    std::memset(shm.data_, 0xAB, shm.size_);
+    TestShm shm(16 * kMiB);
+    std::memset(shm.data, 0xAB, shm.size);
     s->Handle(Hello(1));
-    s->Handle(Register(2, shm));
+    s->Handle(RegisterRequest(2, shm));
     uint64_t region = out.Wait(2).id;
-    s->Handle(Offload(3, region, 0, shm.size_));
+    s->Handle(Offload(3, region, 0, shm.size));
     Completion off = out.Wait(3);
     ASSERT_EQ(off.kind, CompletionKind::kOffloadDone) << off.status;
-    std::memset(shm.data_, 0, shm.size_);  // the client reuses its buffer for a reload
+    std::memset(shm.data, 0, shm.size);  // the client reuses its buffer for a reload
     s->Handle(Reload(4, off.id, region, 0, kPriorityUrgent, false));
     if (admin_end) {
       ASSERT_TRUE(core->EndSession(s->id(), EndCause::kAdmin, absl::AbortedError("x")).ok());
@@ -329,9 +290,9 @@ TEST(SessionEndTest, NoReloadChunkLandsInClientMemoryAfterTheSessionEnded) {
     } else {
       s->Close(EndCause::kClosed);
     }
-    std::vector<uint8_t> seen(shm.data_, shm.data_ + shm.size_);
+    std::vector<uint8_t> seen(shm.data, shm.data + shm.size);
     core->Drain();  // every transfer accepted has finished or was cancelled
-    EXPECT_EQ(std::memcmp(seen.data(), shm.data_, shm.size_), 0)
+    EXPECT_EQ(std::memcmp(seen.data(), shm.data, shm.size), 0)
         << "bytes changed in client memory after the session ended (admin_end=" << admin_end << ")";
     EXPECT_EQ(core->store().stats().pool.used_bytes, 0u);
   }
@@ -343,9 +304,9 @@ TEST(SessionEndTest, QueuedOffloadsOfAClosedSessionAreNeverCopied) {
   auto core = MakeSlowLinkCore();
   Collector out;
   auto s = Session::Create(core.get(), out.emit());
-  Shm shm(32 * kMiB);
+  TestShm shm(32 * kMiB);
   s->Handle(Hello(1));
-  s->Handle(Register(2, shm));
+  s->Handle(RegisterRequest(2, shm));
   uint64_t region = out.Wait(2).id;
   for (int i = 0; i < 8; ++i) s->Handle(Offload(10 + i, region, i * 4 * kMiB, 4 * kMiB));
   s->Close(EndCause::kCrashed);

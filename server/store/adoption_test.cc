@@ -2,7 +2,6 @@
 // cleared on release, adoption of a previous daemon's records, resume by key and uid, grace.
 #include <chrono>
 #include <cstring>
-#include <future>
 #include <random>
 #include <thread>
 #include <vector>
@@ -10,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "server/pool/block_table.h"
 #include "server/store/block_store.h"
+#include "server/store/block_store_test_util.h"
 
 namespace offloadd::store {
 namespace {
@@ -17,29 +17,6 @@ namespace {
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kPoolBytes = 64 * kMiB;
 constexpr uint64_t kSlots = 32;
-
-BlockStoreOptions Opts(uint32_t queue = 16) {
-  BlockStoreOptions o;
-  o.admission_deadline_seconds = 5.0;
-  o.admission_queue_limit = queue;
-  return o;
-}
-
-absl::StatusOr<BlockRef> ReserveNow(BlockStore& s, uint64_t session, uint64_t bytes) {
-  std::promise<absl::StatusOr<BlockRef>> p;
-  auto f = p.get_future();
-  s.Reserve(session, bytes, [&p](absl::StatusOr<BlockRef> r) { p.set_value(std::move(r)); });
-  return f.get();
-}
-
-absl::StatusOr<BlockRef> ReloadNow(BlockStore& s, uint64_t session, uint64_t block_id) {
-  std::promise<absl::StatusOr<BlockRef>> p;
-  auto f = p.get_future();
-  absl::Status st = s.BeginReload(session, block_id,
-                                  [&p](absl::StatusOr<BlockRef> r) { p.set_value(std::move(r)); });
-  if (!st.ok()) return st;
-  return f.get();
-}
 
 // Records of a copy of the table (adoption clears dropped records, so tests scan a copy).
 pool::AdoptionReport Scan(const std::vector<uint8_t>& records) {
@@ -70,7 +47,7 @@ class AdoptionTest : public ::testing::Test {
 };
 
 TEST_F(AdoptionTest, RecordWrittenWhenCopyCompletesAndClearedOnRelease) {
-  BlockStore s(kPoolBytes, Opts(), &table_);
+  BlockStore s(kPoolBytes, TestStoreOptions(), &table_);
   s.SetSessionOwner(1, 1000);
   s.SetSessionResumeKey(1, key_a_);
   auto r = ReserveNow(s, 1, 4096);
@@ -94,7 +71,7 @@ TEST_F(AdoptionTest, RecordWrittenWhenCopyCompletesAndClearedOnRelease) {
 }
 
 TEST_F(AdoptionTest, ReleaseWithReloadInFlightClearsTheRecordAtOnce) {
-  BlockStore s(kPoolBytes, Opts(), &table_);
+  BlockStore s(kPoolBytes, TestStoreOptions(), &table_);
   std::vector<BlockRef> refs = Fill(s, 1);
   ASSERT_TRUE(ReloadNow(s, 1, refs[0].block_id).ok());
   s.EndReload(refs[0].block_id, /*release=*/true);
@@ -105,13 +82,13 @@ TEST_F(AdoptionTest, ReleaseWithReloadInFlightClearsTheRecordAtOnce) {
 TEST_F(AdoptionTest, NextStoreAdoptsAndTheOwnerResumesSameIdsAndExtents) {
   std::vector<BlockRef> refs;
   {
-    BlockStore before(kPoolBytes, Opts(), &table_);
+    BlockStore before(kPoolBytes, TestStoreOptions(), &table_);
     refs = Fill(before, 3);
     ASSERT_TRUE(before.Release(1, refs[1].block_id).ok());
   }  // the daemon is gone; the records stay
   pool::AdoptionReport report = table_.Adopt();
   ASSERT_EQ(report.blocks.size(), 2u);
-  BlockStore after(kPoolBytes, Opts(), &table_);
+  BlockStore after(kPoolBytes, TestStoreOptions(), &table_);
   EXPECT_EQ(after.Adopt(report.blocks, 3600), 2u);
   EXPECT_EQ(after.stats().adopted_blocks_waiting, 2u);
   EXPECT_EQ(after.stats().pool.used_bytes, 2 * (kMiB + 256));
@@ -151,10 +128,10 @@ TEST_F(AdoptionTest, NextStoreAdoptsAndTheOwnerResumesSameIdsAndExtents) {
 
 TEST_F(AdoptionTest, BlocksNotResumedWithinGraceAreFreedAndCounted) {
   {
-    BlockStore before(kPoolBytes, Opts(), &table_);
+    BlockStore before(kPoolBytes, TestStoreOptions(), &table_);
     Fill(before, 2);
   }
-  BlockStore after(kPoolBytes, Opts(), &table_);
+  BlockStore after(kPoolBytes, TestStoreOptions(), &table_);
   ASSERT_EQ(after.Adopt(table_.Adopt().blocks, 0.0), 2u);
   // The store's deadline thread frees them; wait for the count (bounded, not timed).
   for (int i = 0; i < 1000 && after.stats().adopted_blocks_expired_total < 2; ++i) {
@@ -169,7 +146,7 @@ TEST_F(AdoptionTest, BlocksNotResumedWithinGraceAreFreedAndCounted) {
 
 TEST_F(AdoptionTest, ShutdownHandsRecordsOverInsteadOfClearingThem) {
   {
-    BlockStore before(kPoolBytes, Opts(), &table_);
+    BlockStore before(kPoolBytes, TestStoreOptions(), &table_);
     Fill(before, 2);
     before.Stop();  // the daemon drains, then closes its sessions
     EXPECT_EQ(before.ReleaseSession(1), 2u);
@@ -180,7 +157,7 @@ TEST_F(AdoptionTest, ShutdownHandsRecordsOverInsteadOfClearingThem) {
 TEST_F(AdoptionTest, FullBlockTableIsAFullPool) {
   std::vector<uint8_t> two(2 * pool::kRecordBytes, 0);
   pool::BlockTable small(two.data(), 2, kPoolBytes);
-  BlockStore s(kPoolBytes, Opts(/*queue=*/0), &small);
+  BlockStore s(kPoolBytes, TestStoreOptions(0, 5.0, /*queue_limit=*/0), &small);
   ASSERT_TRUE(ReserveNow(s, 1, 4096).ok());
   auto b = ReserveNow(s, 1, 4096);
   ASSERT_TRUE(b.ok());
@@ -200,7 +177,7 @@ TEST_F(AdoptionTest, CorruptedRecordsAreNeverServed) {
     std::fill(records_.begin(), records_.end(), 0);
     std::vector<BlockRef> refs;
     {
-      BlockStore before(kPoolBytes, Opts(), &table_);
+      BlockStore before(kPoolBytes, TestStoreOptions(), &table_);
       refs = Fill(before, 20);
     }
     std::mt19937_64 rng(seed);
@@ -211,7 +188,7 @@ TEST_F(AdoptionTest, CorruptedRecordsAreNeverServed) {
       }
     }
     pool::AdoptionReport report = table_.Adopt();
-    BlockStore after(kPoolBytes, Opts(), &table_);
+    BlockStore after(kPoolBytes, TestStoreOptions(), &table_);
     const uint64_t adopted = after.Adopt(report.blocks, 3600);
     // Every block not adopted is counted as dropped (the hits may also land on free slots).
     EXPECT_LE(adopted, 20u) << "seed " << seed;

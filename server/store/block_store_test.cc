@@ -8,29 +8,15 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/store/block_store_test_util.h"
 
 namespace offloadd::store {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-BlockStoreOptions Opts(uint64_t quota = 0, double deadline = 5.0, uint32_t queue = 16) {
-  BlockStoreOptions o;
-  o.session_quota_bytes = quota;
-  o.admission_deadline_seconds = deadline;
-  o.admission_queue_limit = queue;
-  return o;
-}
-
-absl::StatusOr<BlockRef> ReserveNow(BlockStore& s, uint64_t session, uint64_t bytes) {
-  std::promise<absl::StatusOr<BlockRef>> p;
-  auto f = p.get_future();
-  s.Reserve(session, bytes, [&p](absl::StatusOr<BlockRef> r) { p.set_value(std::move(r)); });
-  return f.get();
-}
-
 TEST(BlockStoreTest, AdmitsWithDistinctNonZeroIdsAndAccountsBytes) {
-  BlockStore s(64 * kMiB, Opts());
+  BlockStore s(64 * kMiB, TestStoreOptions());
   std::set<uint64_t> ids;
   for (int i = 0; i < 10; ++i) {
     auto r = ReserveNow(s, 1, kMiB + 1);
@@ -48,7 +34,7 @@ TEST(BlockStoreTest, AdmitsWithDistinctNonZeroIdsAndAccountsBytes) {
 }
 
 TEST(BlockStoreTest, RejectsZeroOversizeAndOverQuotaAtOnce) {
-  BlockStore s(16 * kMiB, Opts(/*quota=*/4 * kMiB));
+  BlockStore s(16 * kMiB, TestStoreOptions(/*quota=*/4 * kMiB));
   EXPECT_EQ(ReserveNow(s, 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ReserveNow(s, 1, 17 * kMiB).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(ReserveNow(s, 1, 5 * kMiB).status().code(), absl::StatusCode::kOutOfRange);
@@ -56,7 +42,7 @@ TEST(BlockStoreTest, RejectsZeroOversizeAndOverQuotaAtOnce) {
 }
 
 TEST(BlockStoreTest, FullPoolWaitsThenAdmitsOnRelease) {
-  BlockStore s(8 * kMiB, Opts());
+  BlockStore s(8 * kMiB, TestStoreOptions());
   auto a = ReserveNow(s, 1, 8 * kMiB);
   ASSERT_TRUE(a.ok());
   s.OffloadFinished(a->block_id, absl::OkStatus());
@@ -74,7 +60,7 @@ TEST(BlockStoreTest, FullPoolWaitsThenAdmitsOnRelease) {
 }
 
 TEST(BlockStoreTest, DeadlinePassesWithResourceExhausted) {
-  BlockStore s(4 * kMiB, Opts(0, /*deadline=*/0.05));
+  BlockStore s(4 * kMiB, TestStoreOptions(0, /*deadline=*/0.05));
   ASSERT_TRUE(ReserveNow(s, 1, 4 * kMiB).ok());
   auto r = ReserveNow(s, 2, kMiB);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
@@ -84,7 +70,7 @@ TEST(BlockStoreTest, DeadlinePassesWithResourceExhausted) {
 }
 
 TEST(BlockStoreTest, FullQueueRefusesAtOnce) {
-  BlockStore s(4 * kMiB, Opts(0, 60.0, /*queue=*/2));
+  BlockStore s(4 * kMiB, TestStoreOptions(0, 60.0, /*queue=*/2));
   ASSERT_TRUE(ReserveNow(s, 1, 4 * kMiB).ok());
   int called = 0;
   for (int i = 0; i < 2; ++i) s.Reserve(2, kMiB, [&called](absl::StatusOr<BlockRef>) { ++called; });
@@ -99,7 +85,7 @@ TEST(BlockStoreTest, FullQueueRefusesAtOnce) {
 }
 
 TEST(BlockStoreTest, QuotaHoldsOneSessionWhileAnotherProceeds) {
-  BlockStore s(64 * kMiB, Opts(/*quota=*/8 * kMiB, 60.0));
+  BlockStore s(64 * kMiB, TestStoreOptions(/*quota=*/8 * kMiB, 60.0));
   auto a = ReserveNow(s, 1, 8 * kMiB);
   ASSERT_TRUE(a.ok());
   s.OffloadFinished(a->block_id, absl::OkStatus());
@@ -112,7 +98,7 @@ TEST(BlockStoreTest, QuotaHoldsOneSessionWhileAnotherProceeds) {
 }
 
 TEST(BlockStoreTest, ForeignAndDoubleReleaseAreNotFound) {
-  BlockStore s(16 * kMiB, Opts());
+  BlockStore s(16 * kMiB, TestStoreOptions());
   auto a = ReserveNow(s, 1, kMiB);
   ASSERT_TRUE(a.ok());
   s.OffloadFinished(a->block_id, absl::OkStatus());
@@ -126,7 +112,7 @@ TEST(BlockStoreTest, ForeignAndDoubleReleaseAreNotFound) {
 }
 
 TEST(BlockStoreTest, ReloadBeforeOffloadFinishesWaitsForIt) {
-  BlockStore s(16 * kMiB, Opts());
+  BlockStore s(16 * kMiB, TestStoreOptions());
   auto a = ReserveNow(s, 1, kMiB);
   ASSERT_TRUE(a.ok());
   int ready = 0;
@@ -144,7 +130,7 @@ TEST(BlockStoreTest, ReloadBeforeOffloadFinishesWaitsForIt) {
 }
 
 TEST(BlockStoreTest, ReleaseDuringReloadFreesAfterIt) {
-  BlockStore s(16 * kMiB, Opts());
+  BlockStore s(16 * kMiB, TestStoreOptions());
   auto a = ReserveNow(s, 1, kMiB);
   s.OffloadFinished(a->block_id, absl::OkStatus());
   ASSERT_TRUE(s.BeginReload(1, a->block_id, [](absl::StatusOr<BlockRef>) {}).ok());
@@ -157,7 +143,7 @@ TEST(BlockStoreTest, ReleaseDuringReloadFreesAfterIt) {
 }
 
 TEST(BlockStoreTest, FailedOffloadFreesBlockAndFailsWaitingReload) {
-  BlockStore s(16 * kMiB, Opts());
+  BlockStore s(16 * kMiB, TestStoreOptions());
   auto a = ReserveNow(s, 1, kMiB);
   absl::Status seen;
   ASSERT_TRUE(s.BeginReload(1, a->block_id, [&](absl::StatusOr<BlockRef> r) {
@@ -171,7 +157,7 @@ TEST(BlockStoreTest, FailedOffloadFreesBlockAndFailsWaitingReload) {
 }
 
 TEST(BlockStoreTest, ReleaseSessionReturnsPoolToBaseline) {
-  BlockStore s(64 * kMiB, Opts());
+  BlockStore s(64 * kMiB, TestStoreOptions());
   std::vector<uint64_t> ids;
   for (int i = 0; i < 5; ++i) {
     auto r = ReserveNow(s, 7, 3 * kMiB + 17);
@@ -195,7 +181,7 @@ namespace offloadd::store {
 namespace {
 
 TEST(BlockStoreUidQuotaTest, SessionsOfOneUidShareTheQuotaOtherUidsAndOwnerlessDoNot) {
-  BlockStoreOptions o = Opts(0, /*deadline=*/0.05);
+  BlockStoreOptions o = TestStoreOptions(0, /*deadline=*/0.05);
   o.uid_quota_bytes = 8 * kMiB;
   BlockStore s(64 * kMiB, o);
   s.SetSessionOwner(1, 1000);
@@ -230,7 +216,7 @@ TEST(BlockStoreUidQuotaTest, SessionsOfOneUidShareTheQuotaOtherUidsAndOwnerlessD
 }
 
 TEST(BlockStoreUidQuotaTest, WaiterOfAFullUidIsAdmittedWhenItsUidReleases) {
-  BlockStoreOptions o = Opts(0, /*deadline=*/60);
+  BlockStoreOptions o = TestStoreOptions(0, /*deadline=*/60);
   o.uid_quota_bytes = 4 * kMiB;
   BlockStore s(64 * kMiB, o);
   s.SetSessionOwner(1, 7);
@@ -257,7 +243,7 @@ namespace {
 // Issue 13 item 9: a refusal caused by fragmentation says so, with the largest free extent,
 // instead of "the pool is full" while most of it is free.
 TEST(BlockStoreFragmentationTest, RefusalNamesTheLargestFreeExtent) {
-  BlockStore s(8 * kMiB, Opts(0, /*deadline=*/0.05));
+  BlockStore s(8 * kMiB, TestStoreOptions(0, /*deadline=*/0.05));
   std::vector<uint64_t> blocks;
   for (int i = 0; i < 8; ++i) {
     auto b = ReserveNow(s, 1, kMiB);

@@ -1,69 +1,19 @@
 // Cross-process tests: several client processes against one daemon, a client killed while it
 // holds blocks, and SIGTERM of the real daemon binary with clients connected.
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/e2e/child_process.h"
 #include "tests/e2e/daemon_fixture.h"
-
-extern char** environ;
 
 namespace offloadd::testing {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
-
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/offloadd/" + path;
-}
-
-// A child process with its stdout on a pipe.
-struct Child {
-  pid_t pid = -1;
-  FILE* out = nullptr;
-  std::string ReadLine() {
-    char buf[4096];
-    return fgets(buf, sizeof(buf), out) ? std::string(buf) : std::string();
-  }
-  std::string ReadAll() {
-    std::string s, line;
-    while (!(line = ReadLine()).empty()) s += line;
-    return s;
-  }
-  int Wait() {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (out) fclose(out);
-    out = nullptr;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-};
-
-Child Spawn(const std::vector<std::string>& args) {
-  int fds[2];
-  EXPECT_EQ(pipe(fds), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  Child c;
-  EXPECT_EQ(posix_spawn(&c.pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  c.out = fdopen(fds[0], "r");
-  return c;
-}
 
 std::vector<std::string> Workload(const std::string& socket, int i, const std::string& extra = "") {
   std::vector<std::string> args = {Runfile("bench/checkpoint_workload"), "--socket=" + socket,
@@ -79,8 +29,8 @@ TEST(MultiProcessTest, FourClientProcessesAllBitExact) {
   session::CoreOptions o;
   o.chunk_bytes = 256 * 1024;
   InProcessDaemon daemon(64 * kMiB, o, "mp");
-  std::vector<Child> kids;
-  for (int i = 0; i < 4; ++i) kids.push_back(Spawn(Workload(daemon.socket_path(), i)));
+  std::vector<ChildProcess> kids;
+  for (int i = 0; i < 4; ++i) kids.push_back(SpawnChild(Workload(daemon.socket_path(), i)));
   for (auto& k : kids) {
     std::string out = k.ReadAll();
     EXPECT_EQ(k.Wait(), 0) << out;
@@ -99,12 +49,12 @@ TEST(MultiProcessTest, KilledClientsBlocksReturnToThePool) {
   InProcessDaemon daemon(64 * kMiB, {}, "kill");
   const auto baseline = daemon.core().store().stats().pool.used_bytes;
   ASSERT_EQ(baseline, 0u);
-  Child holder = Spawn(Workload(daemon.socket_path(), 0, "--hold_seconds=60"));
-  Child survivor = Spawn(Workload(daemon.socket_path(), 1, "--hold_seconds=1"));
+  ChildProcess holder = SpawnChild(Workload(daemon.socket_path(), 0, "--hold_seconds=60"));
+  ChildProcess survivor = SpawnChild(Workload(daemon.socket_path(), 1, "--hold_seconds=1"));
   ASSERT_NE(holder.ReadLine().find("holding_blocks"), std::string::npos);
   ASSERT_NE(survivor.ReadLine().find("holding_blocks"), std::string::npos);
   EXPECT_GE(daemon.core().store().stats().blocks, 16u);
-  kill(holder.pid, SIGKILL);
+  holder.Signal(SIGKILL);
   EXPECT_EQ(holder.Wait(), 128 + SIGKILL);
   // The holder's 8 blocks come back; the survivor's work is untouched and completes bit-exact.
   std::string out = survivor.ReadAll();
@@ -118,12 +68,12 @@ TEST(MultiProcessTest, KilledClientsBlocksReturnToThePool) {
 
 TEST(MultiProcessTest, SigtermDrainsClosesAndRemovesTheSocket) {
   std::string socket = UniqueSocketPath("term");
-  Child d = Spawn({Runfile("server/offloadd"), "--socket_path=" + socket, "--pool_bytes=64MiB",
-                   "--metrics_address="});
+  ChildProcess d = SpawnChild({Runfile("server/offloadd"), "--socket_path=" + socket,
+                               "--pool_bytes=64MiB", "--metrics_address="});
   ASSERT_NE(d.ReadLine().find("ready"), std::string::npos);
-  Child holder = Spawn(Workload(socket, 0, "--hold_seconds=60"));
+  ChildProcess holder = SpawnChild(Workload(socket, 0, "--hold_seconds=60"));
   ASSERT_NE(holder.ReadLine().find("holding_blocks"), std::string::npos);
-  kill(d.pid, SIGTERM);
+  d.Signal(SIGTERM);
   EXPECT_EQ(d.Wait(), 0);
   EXPECT_NE(access(socket.c_str(), F_OK), 0) << "socket file left behind";
   // The client saw its stream end: its reloads fail, it reports errors and exits 1.
@@ -131,10 +81,10 @@ TEST(MultiProcessTest, SigtermDrainsClosesAndRemovesTheSocket) {
   EXPECT_EQ(holder.Wait(), 1) << out;
   EXPECT_NE(out.find("UNAVAILABLE"), std::string::npos) << out;
   // A new daemon starts on the same path without manual cleanup.
-  Child d2 = Spawn({Runfile("server/offloadd"), "--socket_path=" + socket, "--pool_bytes=16MiB",
-                    "--metrics_address="});
+  ChildProcess d2 = SpawnChild({Runfile("server/offloadd"), "--socket_path=" + socket,
+                                "--pool_bytes=16MiB", "--metrics_address="});
   EXPECT_NE(d2.ReadLine().find("ready"), std::string::npos);
-  kill(d2.pid, SIGINT);
+  d2.Signal(SIGINT);
   EXPECT_EQ(d2.Wait(), 0);
 }
 

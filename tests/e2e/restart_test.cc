@@ -3,12 +3,9 @@
 // reloads bit-exact after Client::Resume with its token, and the pool returns to empty once the
 // clients close.
 #include <signal.h>
-#include <spawn.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -20,8 +17,7 @@
 #include "client/offloadd_client.h"
 #include "client/shm_region.h"
 #include "gtest/gtest.h"
-
-extern char** environ;
+#include "tests/e2e/child_process.h"
 
 namespace offloadd::testing {
 namespace {
@@ -32,11 +28,6 @@ constexpr int kConfirmedFirst = 8;  // offloads confirmed before the kill
 constexpr int kInFlight = 8;        // offloads sent right before the kill
 constexpr uint64_t kRegionBytes = 16 * kMiB;
 
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/offloadd/" + path;
-}
-
 std::string UniqueSocketPath() {
   std::string dir = "/tmp/ofd-restart-XXXXXX";  // mkdtemp: pids repeat across Bazel sandboxes
   if (mkdtemp(dir.data()) == nullptr) abort();
@@ -45,32 +36,14 @@ std::string UniqueSocketPath() {
 
 // The daemon binary with its stdout on a pipe; Start() waits for its ready line.
 struct Daemon {
-  pid_t pid = -1;
-  FILE* out = nullptr;
+  ChildProcess process;
   bool Start(const std::vector<std::string>& args) {
-    int fds[2];
-    if (pipe(fds) != 0) return false;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    out = fdopen(fds[0], "r");
-    char buf[4096];
-    return rc == 0 && fgets(buf, sizeof(buf), out) != nullptr &&
-           std::strstr(buf, "ready") != nullptr;
+    process = SpawnChild(args);
+    return process.pid > 0 && process.ReadLine().find("ready") != std::string::npos;
   }
   int Stop(int sig) {
-    kill(pid, sig);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    fclose(out);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    process.Signal(sig);
+    return process.Wait();
   }
 };
 
