@@ -58,6 +58,7 @@ socket_group: ""
 uid_quota_bytes: 0
 max_requests_in_flight: 4096
 max_sessions: 1024
+max_sessions_per_uid: 256
 max_links: 64
 max_shm_mappings_total: 16384
 max_shm_mappings_per_uid: 4096
@@ -259,6 +260,8 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
                        "max_shm_mapped_bytes_per_uid", "max_shm_mapped_bytes_total");
   per_uid_within_total(c.max_connections_per_uid(), c.max_connections_total(),
                        "max_connections_per_uid", "max_connections_total");
+  per_uid_within_total(c.max_sessions_per_uid(), c.max_sessions(), "max_sessions_per_uid",
+                       "max_sessions");
   if (!(c.unused_connection_timeout_seconds() >= 0 &&
         c.unused_connection_timeout_seconds() <= 86400)) {
     problems.push_back("unused_connection_timeout_seconds must be between 0 and 86400 (a day)");
@@ -330,6 +333,7 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"uid_quota_bytes", "pool bytes all sessions of one uid may hold, 0 = none"},
       {"max_requests_in_flight", "per-session requests not yet answered (4096), 0 = no limit"},
       {"max_sessions", "sessions open at once (1024), 0 = no limit"},
+      {"max_sessions_per_uid", "sessions one non-admin uid may have open (256), 0 = no limit"},
       {"max_links", "links made for new device ids (64), 0 = no limit"},
       {"watch_client_pids", "end a session whose process exited though its stream is open"},
       {"pid_exit_grace_seconds", "delay before such a session ends (2)"},
@@ -451,10 +455,12 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
   } else if (name == "uid_quota_bytes") {
     return bytes(&v1::DaemonConfig::set_uid_quota_bytes);
   } else if (name == "max_requests_in_flight" || name == "max_sessions" ||
-             name == "max_links") {
+             name == "max_sessions_per_uid" || name == "max_links") {
     if (absl::Status s = number(&d); !s.ok()) return s;
     if (d < 0) return absl::InvalidArgumentError("--" + name + " must be >= 0");
     if (name == "max_sessions") c->set_max_sessions(static_cast<uint32_t>(d));
+    else if (name == "max_sessions_per_uid")
+      c->set_max_sessions_per_uid(static_cast<uint32_t>(d));
     else if (name == "max_links") c->set_max_links(static_cast<uint32_t>(d));
     else c->set_max_requests_in_flight(static_cast<uint32_t>(d));
   } else if (name == "watch_client_pids") {
@@ -517,6 +523,7 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.access.admin_uids.assign(c.admin_uids().begin(), c.admin_uids().end());
   o.max_requests_in_flight = c.max_requests_in_flight();
   o.max_sessions = c.max_sessions();
+  o.max_sessions_per_uid = c.max_sessions_per_uid();
   o.max_links = c.max_links();
   o.connections.max_connections_total = c.max_connections_total();
   o.connections.max_connections_per_uid = c.max_connections_per_uid();

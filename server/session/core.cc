@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "server/metrics/metrics.h"
 #include "server/session/session.h"
@@ -191,15 +192,36 @@ void Core::RemoveSession(uint64_t id) {
   sessions_.erase(id);
 }
 
-bool Core::TryOpenSessionSlot() {
-  uint64_t n = sessions_admitted_.load();
-  do {
-    if (options_.max_sessions > 0 && n >= options_.max_sessions) return false;
-  } while (!sessions_admitted_.compare_exchange_weak(n, n + 1));
-  return true;
+absl::Status Core::TryOpenSessionSlot(const PeerCredentials& peer) {
+  const bool per_uid = options_.max_sessions_per_uid > 0 && peer.known &&
+                       !IsAdmin(options_.access, peer);
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  if (per_uid && sessions_per_uid_[peer.uid] >= options_.max_sessions_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "uid %d already has %d sessions open (max_sessions_per_uid): close idle clients of "
+        "this user or raise max_sessions_per_uid in the daemon config",
+        peer.uid, options_.max_sessions_per_uid));
+  }
+  if (options_.max_sessions > 0 && sessions_admitted_.load() >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "offloadd already serves %d sessions (max_sessions): close idle clients or raise "
+        "max_sessions in the daemon config",
+        options_.max_sessions));
+  }
+  sessions_admitted_.fetch_add(1);
+  if (per_uid) ++sessions_per_uid_[peer.uid];
+  return absl::OkStatus();
 }
 
-void Core::ReleaseSessionSlot() { sessions_admitted_.fetch_sub(1); }
+void Core::ReleaseSessionSlot(const PeerCredentials& peer) {
+  const bool per_uid = options_.max_sessions_per_uid > 0 && peer.known &&
+                       !IsAdmin(options_.access, peer);
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  sessions_admitted_.fetch_sub(1);
+  if (!per_uid) return;
+  auto it = sessions_per_uid_.find(peer.uid);
+  if (it != sessions_per_uid_.end() && --it->second == 0) sessions_per_uid_.erase(it);
+}
 
 absl::StatusOr<SessionInfo> Core::EndSession(uint64_t id, EndCause cause,
                                              const absl::Status& status) {

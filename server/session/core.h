@@ -75,6 +75,9 @@ struct CoreOptions {
   // Bounds the daemon's memory under a flood. 0 = no limit.
   uint32_t max_requests_in_flight = 4096;
   uint32_t max_sessions = 1024;  // sessions open at once (after Hello); 0 = no limit
+  // Sessions one non-admin uid may have open at once (admins are counted only in the total),
+  // so one user cannot take every slot; 0 = no limit.
+  uint32_t max_sessions_per_uid = 256;
   // Links made on first use (one per unconfigured device id, each with its copy threads): a
   // Hello naming a new device id beyond this many gets RESOURCE_EXHAUSTED. 0 = no limit.
   uint32_t max_links = 64;
@@ -175,9 +178,11 @@ class Core {
   uint64_t NewSessionId() { return next_session_id_.fetch_add(1); }
   void AddSession(uint64_t id, std::weak_ptr<Session> session);
   void RemoveSession(uint64_t id);
-  // Admission of a session at Hello against max_sessions; each true is paired with a release.
-  bool TryOpenSessionSlot();
-  void ReleaseSessionSlot();
+  // Admission of a session at Hello against max_sessions and, for a peer with known credentials
+  // that is not an admin (IsAdmin), against max_sessions_per_uid. OK, or RESOURCE_EXHAUSTED
+  // naming the bound that is full; each OK is paired with ReleaseSessionSlot of the same peer.
+  absl::Status TryOpenSessionSlot(const PeerCredentials& peer);
+  void ReleaseSessionSlot(const PeerCredentials& peer);
 
   // Ends an open session from the daemon's side (an admin call; its process exited): releases
   // everything it holds and ends its stream with `status`. Returns what it held just before.
@@ -245,6 +250,8 @@ class Core {
   std::map<uint64_t, std::weak_ptr<Session>> sessions_;
   std::atomic<uint64_t> next_session_id_{1};
   std::atomic<uint64_t> sessions_admitted_{0};
+  std::mutex slots_mu_;                          // guards sessions_per_uid_
+  std::map<uint32_t, uint32_t> sessions_per_uid_;  // open sessions of non-admin known peers
   std::unique_ptr<PidWatcher> pid_watcher_;  // null without watch_pids; reset first in ~Core
 
   std::mutex transfers_mu_;

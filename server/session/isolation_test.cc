@@ -252,6 +252,33 @@ TEST(SessionIsolationTest, MaxSessionsRefusesTheNextHelloUntilOneCloses) {
   s2->Close(EndCause::kClosed);
 }
 
+TEST(SessionIsolationTest, MaxSessionsPerUidKeepsSlotsForOtherUidsAndAdmins) {
+  CoreOptions o;
+  o.max_sessions = 8;
+  o.max_sessions_per_uid = 1;
+  auto core = MakeCore(o);
+  Collected a, b, c, d;
+  auto first = Session::Create(core.get(), a.emit(), Peer(getpid(), 1000));
+  auto second = Session::Create(core.get(), b.emit(), Peer(getpid(), 1000));
+  auto other = Session::Create(core.get(), c.emit(), Peer(getpid(), 1001));
+  auto admin = Session::Create(core.get(), d.emit(), Peer(getpid(), 0));
+  first->Handle(Hello(1, getpid()));
+  EXPECT_EQ(a.Wait(1).kind, CompletionKind::kHello);
+  second->Handle(Hello(1, getpid()));
+  Completion refused = b.Wait(1);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(refused.status.message()).find("max_sessions_per_uid"),
+            std::string::npos);
+  other->Handle(Hello(1, getpid()));
+  EXPECT_EQ(c.Wait(1).kind, CompletionKind::kHello);   // another uid still gets in
+  admin->Handle(Hello(1, getpid()));
+  EXPECT_EQ(d.Wait(1).kind, CompletionKind::kHello);   // admins count only in the total
+  first->Close(EndCause::kClosed);
+  second->Handle(Hello(2, getpid()));
+  EXPECT_EQ(b.Wait(2).kind, CompletionKind::kHello);   // the uid's slot came back
+  for (auto& s : {second, other, admin}) s->Close(EndCause::kClosed);
+}
+
 TEST(SessionIsolationTest, NewDeviceIdsBeyondMaxLinksAndLongNamesAreRefused) {
   CoreOptions o;
   o.max_links = 2;

@@ -245,19 +245,16 @@ void Session::OnHello(const Request& r) {
                                               "new stream for another device"));
   }
   if (closed_) return;
-  if (!core_->TryOpenSessionSlot()) {
+  if (absl::Status slot = core_->TryOpenSessionSlot(peer_); !slot.ok()) {
     lock.unlock();
-    return Fail(r.request_id, absl::ResourceExhaustedError(absl::StrFormat(
-                                  "offloadd already serves %d sessions (max_sessions): close "
-                                  "idle clients or raise max_sessions in the daemon config",
-                                  core_->options().max_sessions)));
+    return Fail(r.request_id, slot);
   }
   uint64_t blocks_resumed = 0;
   if (!r.resume_token.empty()) {
     auto resumed = core_->store().ResumeSession(
         id_, key, peer_.known ? peer_.uid : pool::kUnknownUid);
     if (!resumed.ok()) {
-      core_->ReleaseSessionSlot();
+      core_->ReleaseSessionSlot(peer_);
       lock.unlock();
       return Fail(r.request_id, resumed.status());
     }
@@ -638,7 +635,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
     core_->CancelTransfers(id_, device_id,
                            absl::CancelledError("the session ended before this copy ran"));
     core_->UnwatchPid(id_);
-    core_->ReleaseSessionSlot();
+    core_->ReleaseSessionSlot(peer_);
   }
   core_->store().ReleaseSession(id_);
   if (end_status != nullptr && end_stream) end_stream(*end_status);
