@@ -214,12 +214,6 @@ void Session::OnHello(const Request& r) {
                                   "hello's device_id and client_name are limited to %d bytes",
                                   kMaxNameBytes)));
   }
-  if (!core_->LinkAvailableFor(r.device_id)) {
-    return Fail(r.request_id, absl::ResourceExhaustedError(absl::StrFormat(
-                                  "offloadd already schedules %d links (max_links): device_id "
-                                  "\"%s\" would add one; use the GPU's stable id (its UUID)",
-                                  core_->options().max_links, r.device_id)));
-  }
   if (absl::Status st = CheckPeerAllowed(core_->options().access, peer_); !st.ok()) {
     return Fail(r.request_id, st);
   }
@@ -249,11 +243,17 @@ void Session::OnHello(const Request& r) {
     lock.unlock();
     return Fail(r.request_id, slot);
   }
+  if (absl::Status link = core_->AcquireLink(r.device_id); !link.ok()) {
+    core_->ReleaseSessionSlot(peer_);
+    lock.unlock();
+    return Fail(r.request_id, link);
+  }
   uint64_t blocks_resumed = 0;
   if (!r.resume_token.empty()) {
     auto resumed = core_->store().ResumeSession(
         id_, key, peer_.known ? peer_.uid : pool::kUnknownUid);
     if (!resumed.ok()) {
+      core_->ReleaseLink(r.device_id, r.transient_device);
       core_->ReleaseSessionSlot(peer_);
       lock.unlock();
       return Fail(r.request_id, resumed.status());
@@ -264,6 +264,7 @@ void Session::OnHello(const Request& r) {
   hello_done_ = true;
   client_name_ = r.client_name;
   device_id_ = r.device_id;
+  transient_device_ = r.transient_device;
   pid_ = peer_.known && peer_.pid > 0 ? static_cast<uint32_t>(peer_.pid) : r.pid;
   if (peer_.known) {
     core_->store().SetSessionOwner(id_, peer_.uid);
@@ -616,6 +617,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   bool counted;
   EndStream end_stream;
   std::string device_id;
+  bool transient_device;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
@@ -624,6 +626,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
     end_stream.swap(end_stream_);
     counted = hello_done_;
     device_id = device_id_;
+    transient_device = transient_device_;
     regions_.clear();
     tags_.clear();
     block_tags_.clear();
@@ -636,6 +639,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
                            absl::CancelledError("the session ended before this copy ran"));
     core_->UnwatchPid(id_);
     core_->ReleaseSessionSlot(peer_);
+    core_->ReleaseLink(device_id, transient_device);
   }
   core_->store().ReleaseSession(id_);
   if (end_status != nullptr && end_stream) end_stream(*end_status);
