@@ -440,9 +440,10 @@ TEST(LinkSchedulerTest, AsyncChunksArePostedUpToThePerGpuLimitAndCountedAtComple
   EXPECT_EQ(sched.stats().chunks_in_flight, 0u);
 }
 
-// An URGENT chunk of a GPU at its limit is the next one posted on that GPU once a slot frees,
-// ahead of the offload chunks queued before it; an error fails its transfer once.
-TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAsSoonAsItsGpuHasASlot) {
+// An URGENT chunk is posted at once even when its GPU is at its limit (the engine serves it
+// ahead of the chunks queued there); it holds a slot like any other, so the offload waits for
+// two completions; an error fails its transfer once.
+TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAtOnceEvenAtItsGpusLimit) {
   Recorder rec;
   ManualAsyncEngine engine;
   LinkSchedulerOptions o = SmallChunks(2);
@@ -456,10 +457,11 @@ TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAsSoonAsItsGpuHasASlot) {
   auto urgent = rec.Make(1, "gpu0", TrafficClass::kUrgent, 64 * kKiB);
   engine.Attach(*urgent, 1);
   sched.Submit(urgent);
-  EXPECT_EQ(engine.posts(), 2u);  // gpu0 is at its limit: nothing more was posted
-  engine.Complete(0);
   engine.WaitForPosts(3);
-  EXPECT_EQ(engine.post(2).transfer, 1);  // the urgent chunk, not offload chunk 3
+  EXPECT_EQ(engine.post(2).transfer, 1);  // the urgent chunk, with gpu0 at its limit
+  EXPECT_EQ(engine.max_outstanding("gpu0"), 3);
+  engine.Complete(0);  // 2 posted (offload, urgent): still at the limit
+  EXPECT_EQ(engine.posts(), 3u);
   engine.Complete(2);
   engine.WaitForPosts(4);  // the slot goes back to the offload
   EXPECT_EQ(engine.post(3).transfer, 0);
@@ -748,7 +750,7 @@ TEST(LinkSchedulerCancelTest, CancelOwnerDropsUnpostedAsyncChunksAndWaitsForPost
   engine.Attach(*other, 1);
   sched.Submit(other);
   engine.WaitForPosts(4);
-  auto queued = rec.Make(2, "gpu0", TrafficClass::kUrgent, 2 * 64 * kKiB);
+  auto queued = rec.Make(2, "gpu0", TrafficClass::kPrefetch, 2 * 64 * kKiB);
   queued->owner_id = 7;
   engine.Attach(*queued, 2);
   sched.Submit(queued);
