@@ -47,6 +47,9 @@ constexpr double kMaxCatchUpSeconds = 0.02;
 // engine's completion): a completion reported inline from one of those posts is left to a
 // worker, so posts never recurse.
 thread_local bool posting_from_completion = false;
+// Set while a small transfer copied on the submitting thread runs its `done`: a Submit from
+// there queues instead (an admitted offload's Submit may come from a reload's `done`).
+thread_local bool in_inline_done = false;
 
 }  // namespace
 
@@ -116,6 +119,10 @@ struct LinkScheduler::Impl {
   // Called with `mu` held (via `lock`; released while posting): while CompletionMayPick(),
   // posts every chunk that may go now, on this thread.
   void PostWhilePossible(std::unique_lock<std::mutex>& lock);
+  // Called with `mu` held (via `lock`, released on return) and CanPick(), right after a small
+  // copy_chunk transfer was queued alone: copies its one chunk and runs its `done` on this
+  // thread.
+  void CopyHere(std::unique_lock<std::mutex>& lock);
 
   const LinkSchedulerOptions options;
   Clock* const clock;
@@ -280,6 +287,24 @@ void LinkScheduler::Impl::Post(Started started) {
   chunk.transfer.reset();  // not under the lock (see Complete)
 }
 
+void LinkScheduler::Impl::CopyHere(std::unique_lock<std::mutex>& lock) {
+  Started started = StartNext(clock->NowSeconds());
+  lock.unlock();
+  Chunk& chunk = started.chunk;
+  if (started.report) started.report(chunk.transfer->cls, started.wait_seconds);
+  absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
+  lock.lock();
+  Finished finished;
+  const bool last = FinishChunk(std::move(chunk), std::move(status), &finished);
+  cv.notify_all();  // Shutdown may wait for it
+  lock.unlock();
+  if (last) {
+    in_inline_done = true;
+    Complete(std::move(finished));
+    in_inline_done = false;
+  }
+}
+
 void LinkScheduler::Impl::PostWhilePossible(std::unique_lock<std::mutex>& lock) {
   posting_from_completion = true;
   while (CompletionMayPick() && CanPick()) {
@@ -391,6 +416,13 @@ void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
       if (impl_->CompletionMayPick() && !posting_from_completion) {
         // Posting does not block: post from here rather than wake a worker to do it.
         impl_->PostWhilePossible(lock);
+        return;
+      }
+      const LinkSchedulerOptions& o = impl_->options;
+      if (was_empty && !a.transfer->post_chunk && a.transfer->bytes <= o.inline_copy_max_bytes &&
+          a.transfer->bytes <= o.chunk_bytes && o.bytes_per_second <= 0 && o.parent == nullptr &&
+          !in_inline_done && !posting_from_completion && impl_->CanPick()) {
+        impl_->CopyHere(lock);
         return;
       }
       lock.unlock();

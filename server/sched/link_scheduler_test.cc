@@ -73,6 +73,7 @@ LinkSchedulerOptions SmallChunks(uint32_t workers) {
   o.chunk_bytes = 64 * kKiB;
   o.quantum_bytes = 64 * kKiB;
   o.worker_threads = workers;
+  o.inline_copy_max_bytes = 0;  // every copy on a worker (the inline path has its own tests)
   return o;
 }
 
@@ -473,6 +474,83 @@ TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAtOnceEvenAtItsGpusLimit) {
   ASSERT_EQ(rec.done[0].size(), 1u);
   EXPECT_EQ(rec.done[0][0].code(), absl::StatusCode::kInternal);
   EXPECT_EQ(engine.posts(), 4u);  // the failed offload's remaining chunks were skipped
+}
+
+// Issue 16 (small requests): a one-chunk transfer of at most inline_copy_max_bytes on an idle
+// unpaced link is copied, and its done run, on the submitting thread before Submit returns;
+// with chunks queued it waits its turn on a worker like any other.
+TEST(LinkSchedulerTest, ASmallTransferOnAnIdleLinkIsCopiedOnTheSubmittingThread) {
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.inline_copy_max_bytes = 4 * kKiB;
+  LinkScheduler sched(o);
+  std::thread::id copied_on;
+  auto small = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * kKiB);
+  auto record = small->copy_chunk;
+  small->copy_chunk = [&copied_on, record](uint64_t offset, uint64_t len) {
+    copied_on = std::this_thread::get_id();
+    return record(offset, len);
+  };
+  sched.Submit(small);
+  {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    ASSERT_EQ(rec.done[0].size(), 1u);  // done before Submit returned
+    EXPECT_TRUE(rec.done[0][0].ok());
+  }
+  EXPECT_EQ(copied_on, std::this_thread::get_id());
+  EXPECT_EQ(sched.stats().bytes, 4 * kKiB);
+  EXPECT_EQ(sched.stats().started_transfers[static_cast<int>(TrafficClass::kOffload)], 1u);
+
+  // A worker blocked in the first of two chunks: the second is queued, so the small one waits.
+  Gate gate;
+  auto big = rec.Make(1, "gpu0", TrafficClass::kOffload, 2 * 64 * kKiB);
+  auto record_big = big->copy_chunk;
+  std::atomic<bool> big_started{false};
+  big->copy_chunk = [&](uint64_t offset, uint64_t len) {
+    big_started = true;
+    gate.Wait();
+    return record_big(offset, len);
+  };
+  sched.Submit(big);
+  while (!big_started.load()) std::this_thread::yield();
+  sched.Submit(rec.Make(2, "gpu0", TrafficClass::kOffload, 4 * kKiB));
+  {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    EXPECT_EQ(rec.done.count(2), 0u);
+  }
+  gate.Open();
+  sched.Shutdown();
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[2].size(), 1u);
+  EXPECT_TRUE(rec.done[2][0].ok());
+  EXPECT_EQ(sched.stats().bytes, (4 + 128 + 4) * kKiB);
+}
+
+// A Submit from inside an inline done (an admission it let in) is queued for a worker, not
+// copied recursively on the same stack.
+TEST(LinkSchedulerTest, ASubmitFromAnInlineDoneGoesToAWorker) {
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.inline_copy_max_bytes = 4 * kKiB;
+  LinkScheduler sched(o);
+  std::thread::id submitter = std::this_thread::get_id(), follow_up_copied_on;
+  auto first = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * kKiB);
+  auto follow_up = rec.Make(1, "gpu0", TrafficClass::kOffload, 4 * kKiB);
+  auto record = follow_up->copy_chunk;
+  follow_up->copy_chunk = [&, record](uint64_t offset, uint64_t len) {
+    follow_up_copied_on = std::this_thread::get_id();
+    return record(offset, len);
+  };
+  auto record_done = first->done;
+  first->done = [&, record_done](absl::Status st) {
+    record_done(st);
+    sched.Submit(follow_up);
+  };
+  sched.Submit(first);
+  sched.Shutdown();
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_NE(follow_up_copied_on, submitter);
 }
 
 TEST(LinkSchedulerTest, DoneMaySubmitFollowUpWork) {
