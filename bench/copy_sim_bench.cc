@@ -328,6 +328,14 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes) {
   const copy::SimCallCounts c1 = api.call_counts();
 
   const uint64_t dry_runs = dry1 - dry0;
+  if (getenv("COPY_SIM_BENCH_LANES") != nullptr) {  // debugging aid: each lane's state now
+    for (const copy::CudaDeviceStats& d : engine->stats().devices) {
+      std::fprintf(stderr, "lanes %s: d2h %.1f GB/s learned, ahead %.0f us; h2d %.1f GB/s, %.0f us\n",
+                   d.uuid.c_str(), d.learned_bytes_per_second[0] / 1e9,
+                   d.issue_ahead_seconds[0] * 1e6, d.learned_bytes_per_second[1] / 1e9,
+                   d.issue_ahead_seconds[1] * 1e6);
+    }
+  }
   stop = true;
   sampler.join();
   while (running.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
