@@ -11,9 +11,9 @@
 // order. A copy is issued (cudaMemcpyAsync + a completion event) only "just in time": while the
 // lane's issued work is predicted to end within `issue_ahead_seconds`, so the copy engine never
 // idles between copies, yet an urgent copy waits for at most the copy running now plus that
-// much. Predictions use the lane's rate, learned from the completions it sees (bytes over the
-// time between the previous completion, or the issue, and this one); until a rate is known a
-// lane keeps two copies issued. Completions are learned by querying the issued events: the
+// much. Predictions use the lane's rate, learned from the completions of copies of 256 KiB or
+// more (bytes over the time between the previous completion, or the issue, and this one);
+// until a rate is known a lane keeps two copies issued. Completions are learned by querying the issued events: the
 // thread sleeps (timer slack 1 µs) until the earliest predicted end or issue time, then queries;
 // past a prediction it spins (yielding) for up to ~200 µs, then sleeps 20 µs between queries.
 // Completion callbacks run on this thread; a copy posted from one of them (IssueAsync on the
