@@ -216,8 +216,9 @@ void DeviceWorker::Complete(Lane& l, double seen_done_at) {
   }
   // Re-predict what is still issued from this end.
   double prev = end;
-  for (Issued& i : l.issued) {
-    i.predicted_end = std::max(i.issued_at, prev) + i.bytes / l.bytes_per_second;
+  for (Issued& i : l.issued) {  // no rate yet: due now (queried until done)
+    i.predicted_end = std::max(i.issued_at, prev) +
+                      (l.bytes_per_second > 0 ? i.bytes / l.bytes_per_second : 0);
     prev = i.predicted_end;
   }
   l.free_at = prev;
