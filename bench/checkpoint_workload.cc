@@ -9,6 +9,10 @@
 // Checkpoint contents are pseudo-random per (seed, step, layer); each reload is compared word by
 // word with the regenerated pattern.
 //
+// With --cuda_sim=1 the daemon runs --backend=cuda-sim (issue 16): the "device memory" is a
+// simulated allocation registered with SimMemHandle, no bytes move and none are checked, and
+// the JSON says "simulated": true — its rates are those of the timing model.
+//
 // Prints one JSON object on stdout (for the demo driver and tests) and exits 0 when every reload
 // was intact and no request failed, 1 otherwise, 2 for usage errors.
 #include <sys/mman.h>
@@ -27,6 +31,7 @@
 #include "absl/strings/str_replace.h"
 #include "client/offloadd_client.h"
 #include "server/base/clock.h"
+#include "server/copy/cuda_api_sim.h"
 
 namespace {
 
@@ -71,6 +76,7 @@ struct Args {
   double hold_seconds = 0;         // after the first forward, hold the blocks this long
   double run_seconds = 0;          // > 0: stop after the step that ends past this (steps = max)
   bool prefetch = true;
+  bool cuda_sim = false;  // daemon on --backend=cuda-sim: simulated memory, nothing checked
 };
 
 bool ParseArgs(int argc, char** argv, Args* a) {
@@ -93,6 +99,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "hold_seconds" && num) a->hold_seconds = d;
     else if (k == "run_seconds" && num) a->run_seconds = d;
     else if (k == "prefetch") a->prefetch = v != "0" && v != "false";
+    else if (k == "cuda_sim") a->cuda_sim = v != "0" && v != "false";
     else return false;
   }
   return a->layers > 0 && a->layer_bytes > 0 && a->slots >= 2;
@@ -110,7 +117,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: checkpoint_workload --socket=PATH [--name=N --device=GPU --layers=L "
                  "--layer_bytes=B --steps=S --seed=K --slots=2 --forward_seconds=0.002 "
-                 "--prefetch=1 --hold_seconds=0 --run_seconds=0]\n");
+                 "--prefetch=1 --hold_seconds=0 --run_seconds=0 --cuda_sim=0]\n");
     return 2;
   }
   offloadd::client::ClientOptions o;
@@ -122,20 +129,33 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "checkpoint_workload: %s\n", client.status().ToString().c_str());
     return 1;
   }
-  auto region = offloadd::client::ShmRegion::Create(a.slots * a.layer_bytes);
-  if (!region.ok()) {
-    std::fprintf(stderr, "checkpoint_workload: %s\n", region.status().ToString().c_str());
-    return 1;
+  // shm: the daemon maps this object. cuda-sim: the daemon only models a device allocation;
+  // a local buffer stands in for it so the schedule below runs unchanged (its bytes are
+  // written but never checked, since nothing moves them).
+  absl::StatusOr<offloadd::client::ShmRegion> region = absl::UnknownError("unset");
+  std::vector<uint8_t> sim_memory;
+  absl::StatusOr<uint64_t> region_id = absl::UnknownError("unset");
+  if (a.cuda_sim) {
+    sim_memory.resize(a.slots * a.layer_bytes);
+    const uint64_t size = sim_memory.size();
+    region_id = (*client)->RegisterRegion(
+        {offloadd::copy::SimMemHandle(size, static_cast<uint64_t>(getpid())), "", size});
+  } else {
+    region = offloadd::client::ShmRegion::Create(a.slots * a.layer_bytes);
+    if (!region.ok()) {
+      std::fprintf(stderr, "checkpoint_workload: %s\n", region.status().ToString().c_str());
+      return 1;
+    }
+    region_id = (*client)->RegisterShmRegion(*region);
   }
-  auto region_id = (*client)->RegisterShmRegion(*region);
   if (!region_id.ok()) {
     std::fprintf(stderr, "checkpoint_workload: %s\n", region_id.status().ToString().c_str());
     return 1;
   }
   // The daemon has mapped the object: drop its name now, so a SIGKILLed workload leaves
   // nothing behind in /dev/shm (both mappings stay valid until unmapped).
-  shm_unlink(region->name().c_str());
-  auto* dev = static_cast<uint8_t*>(region->data());
+  if (!a.cuda_sim) shm_unlink(region->name().c_str());
+  auto* dev = a.cuda_sim ? sim_memory.data() : static_cast<uint8_t*>(region->data());
   auto slot_offset = [&](uint64_t layer) { return (layer % a.slots) * a.layer_bytes; };
   auto key = [&](uint64_t step, uint64_t layer) { return (a.seed << 40) ^ (step << 20) ^ layer; };
 
@@ -204,7 +224,9 @@ int main(int argc, char** argv) {
         continue;
       }
       bytes_moved += r->bytes;
-      if (!Check(dev + slot_offset(layer), a.layer_bytes, key(step, layer))) ++corrupted;
+      if (!a.cuda_sim && !Check(dev + slot_offset(layer), a.layer_bytes, key(step, layer))) {
+        ++corrupted;
+      }
       Compute(2 * a.forward_seconds);  // recompute + backward of this layer
     }
   }
@@ -217,7 +239,7 @@ int main(int argc, char** argv) {
       "\"gb_per_second\": %.4f, \"reload_wait_seconds\": %.6f, \"offload_wait_seconds\": %.6f, "
       "\"mean_offload_copy_seconds\": %.6f, \"reloads_prefetched\": %lu, "
       "\"reloads_urgent\": %lu, \"errors\": %lu, \"corrupted\": %lu, \"messages_sent\": %lu, "
-      "\"first_error\": \"%s\"}\n",
+      "\"simulated\": %s, \"first_error\": \"%s\"}\n",
       a.name.c_str(), a.device.c_str(), (*client)->link().c_str(),
       static_cast<unsigned long>(a.layers), static_cast<unsigned long>(a.layer_bytes),
       static_cast<unsigned long>(steps_done), static_cast<unsigned long>(bytes_moved), elapsed,
@@ -225,7 +247,7 @@ int main(int argc, char** argv) {
       steps_done * a.layers > 0 ? copy_seconds_sum / (steps_done * a.layers) : 0.0,
       static_cast<unsigned long>(reloads_prefetched), static_cast<unsigned long>(reloads_urgent),
       static_cast<unsigned long>(errors), static_cast<unsigned long>(corrupted),
-      static_cast<unsigned long>(stats.messages_sent),
+      static_cast<unsigned long>(stats.messages_sent), a.cuda_sim ? "true" : "false",
       absl::StrReplaceAll(first_error, {{"\"", "'"}, {"\\", "/"}}).c_str());
   return errors == 0 && corrupted == 0 ? 0 : 1;
 }

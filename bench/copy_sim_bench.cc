@@ -22,9 +22,10 @@
 //    charged as driver cost (5 us per cudaMemcpyAsync, 1 us per event record, 0.5 us per query).
 //
 // Flags (--name=value): gpus 8, gpus_per_switch 4, streams 4, transfer_mib 64, chunk_mib 1,8,32,
-// engine sync,async, max_chunks_in_flight 2, repeats 5, seconds 0.5, warmup_seconds 0.2,
+// engine sync,async, max_chunks_in_flight 8, repeats 5, seconds 0.5, warmup_seconds 0.2,
 // copy_threads 2, streams_per_direction 1 (cuda engine streams per GPU and direction),
-// rate_gbps 55, switch_gbps 0 (0 = no switch limit), h2d_share 1 (H2D share while D2H runs),
+// issue_ahead_us 50 and max_issue_ahead_us 1000 (the device worker's issue-ahead margin, its
+// floor and ceiling), rate_gbps 55, switch_gbps 0 (0 = no switch limit), h2d_share 1 (H2D share while D2H runs),
 // check 0 (1: exit 1 when a loose bound fails: an engine above its modelled rate, nothing
 // moved, an urgent reload lost, a copy error).
 #include <sys/resource.h>
@@ -62,9 +63,10 @@ struct Flags {
   uint64_t transfer_mib = 64;
   std::vector<uint64_t> chunk_mib = {1, 8, 32};
   double rate_gbps = 55, switch_gbps = 0, h2d_share = 1, seconds = 0.5, warmup_seconds = 0.2;
+  double issue_ahead_us = 50, max_issue_ahead_us = 1000;  // async engine (CudaEngineOptions)
   int repeats = 5;
   std::vector<std::string> engines = {"sync", "async"};
-  int max_in_flight = 2;  // async: chunks posted per GPU (LinkSchedulerOptions)
+  int max_in_flight = 8;  // async: chunks posted per GPU (LinkSchedulerOptions)
   bool check = false;
 };
 
@@ -87,6 +89,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
                                                     {"switch_gbps", &f->switch_gbps},
                                                     {"h2d_share", &f->h2d_share},
                                                     {"seconds", &f->seconds},
+                                                    {"issue_ahead_us", &f->issue_ahead_us},
+                                                    {"max_issue_ahead_us", &f->max_issue_ahead_us},
                                                     {"warmup_seconds", &f->warmup_seconds}};
     bool ok = true;
     if (auto it = ints.find(name); it != ints.end())
@@ -119,6 +123,16 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   return f->gpus > 0 && f->gpus_per_switch > 0 && f->streams > 0 && f->transfer_mib > 0;
 }
 
+// The 1-minute load average (other processes compete for these CPUs: the figures move with it).
+double LoadAverage() {
+  double load = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+    std::fclose(f);
+  }
+  return load;
+}
+
 double CpuSeconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -132,6 +146,7 @@ struct Result {
   int urgent_lost = 0;
   double cpu_seconds = 0, modelled_cpu_seconds = 0, gib_moved = 0;
   uint64_t errors = 0;
+  uint64_t dry_runs = 0;  // async: times an engine idled while chunks waited (device thread late)
 };
 
 double Median(std::vector<double> v) {
@@ -178,6 +193,8 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes) {
   copy::CudaEngineOptions eo;
   eo.streams_per_direction = static_cast<uint32_t>(std::max(1, f.streams_per_direction));
   eo.asynchronous = async;
+  eo.issue_ahead_seconds = f.issue_ahead_us * 1e-6;
+  eo.max_issue_ahead_seconds = f.max_issue_ahead_us * 1e-6;
   auto engine = std::make_unique<copy::CudaCopyEngine>(api.Borrow(), eo);
   const uint64_t transfer = f.transfer_mib * kMiB;
   static uint8_t host_token[64];  // the simulator checks host != null and never touches it
@@ -215,9 +232,12 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes) {
     copy::CopyEngine* e = engine.get();
     copy::Region* r = regions[g].get();
     if (async) {
-      t->post_chunk = [e, r, dir, base](uint64_t off, uint64_t len,
-                                        std::function<void(absl::Status)> done) {
-        e->PostChunk(dir, *r, base + off, host_token, len, std::move(done));
+      const copy::ChunkUrgency urgency = t->cls == sched::TrafficClass::kUrgent
+                                             ? copy::ChunkUrgency::kUrgent
+                                             : copy::ChunkUrgency::kNormal;
+      t->post_chunk = [e, r, dir, base, urgency](uint64_t off, uint64_t len,
+                                                 std::function<void(absl::Status)> done) {
+        e->PostChunk(dir, *r, base + off, host_token, len, urgency, std::move(done));
       };
     } else {
       t->copy_chunk = [e, r, dir, base](uint64_t off, uint64_t len) {
@@ -285,7 +305,15 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes) {
       bytes->push_back(api.engine_stats(g, Direction::kHostToDevice).bytes_done);
     }
   };
+  auto dry = [&] {
+    uint64_t n = 0;
+    for (const copy::CudaDeviceStats& d : engine->stats().devices) {
+      n += d.dry_runs[0] + d.dry_runs[1];
+    }
+    return n;
+  };
   std::vector<uint64_t> b0, b1;
+  const uint64_t dry0 = dry();
   const copy::SimCallCounts c0 = api.call_counts();
   const double cpu0 = CpuSeconds();
   const double t0 = SteadyNowSeconds();
@@ -294,10 +322,20 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes) {
   std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));
   measuring = false;
   snapshot(&b1);
+  const uint64_t dry1 = dry();
   const double t1 = SteadyNowSeconds();
   const double cpu1 = CpuSeconds();
   const copy::SimCallCounts c1 = api.call_counts();
 
+  const uint64_t dry_runs = dry1 - dry0;
+  if (getenv("COPY_SIM_BENCH_LANES") != nullptr) {  // debugging aid: each lane's state now
+    for (const copy::CudaDeviceStats& d : engine->stats().devices) {
+      std::fprintf(stderr, "lanes %s: d2h %.1f GB/s learned, ahead %.0f us; h2d %.1f GB/s, %.0f us\n",
+                   d.uuid.c_str(), d.learned_bytes_per_second[0] / 1e9,
+                   d.issue_ahead_seconds[0] * 1e6, d.learned_bytes_per_second[1] / 1e9,
+                   d.issue_ahead_seconds[1] * 1e6);
+    }
+  }
   stop = true;
   sampler.join();
   while (running.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -328,6 +366,7 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes) {
   for (double u : urgent) r.urgent_chunk_times.push_back(u / chunk_time);
   r.urgent_lost = urgent_lost;
   r.errors = errors.load();
+  r.dry_runs = dry_runs;
   return r;
 }
 
@@ -349,9 +388,9 @@ int main(int argc, char** argv) {
       f.max_in_flight, f.rate_gbps,
       f.switch_gbps > 0 ? (std::to_string(f.switch_gbps) + " GB/s").c_str() : "none", f.h2d_share,
       std::thread::hardware_concurrency());
-  std::printf("%-6s | %-7s | %-21s | %-21s | %-29s | %s\n", "engine", "chunk",
+  std::printf("%-6s | %-7s | %-21s | %-21s | %-29s | %s | %s\n", "engine", "chunk",
               "D2H ach/model med/min", "H2D ach/model med/min", "urgent reload chunk-times",
-              "host CPU s/GiB (driver)");
+              "host CPU s/GiB (driver)", "dry runs | load");
   bool failed = false;
   for (uint64_t c : f.chunk_mib) {
     // Engines alternate window by window, so load from other processes hits them alike.
@@ -365,8 +404,9 @@ int main(int argc, char** argv) {
       std::vector<double> d2h, h2d, urgent;
       double d2h_min = 1e9, h2d_min = 1e9, max_ratio = 0, cpu = 0, modelled = 0, gib = 0;
       int lost = 0;
-      uint64_t errors = 0;
+      uint64_t errors = 0, dry_runs = 0;
       for (const Result& r : runs[engine]) {
+        dry_runs += r.dry_runs;
         d2h.push_back(r.d2h_mean);
         h2d.push_back(r.h2d_mean);
         d2h_min = std::min(d2h_min, r.d2h_min);
@@ -382,10 +422,11 @@ int main(int argc, char** argv) {
       std::sort(urgent.begin(), urgent.end());
       std::printf(
           "%-6s | %3llu MiB | %.3f / %.3f simulated | %.3f / %.3f simulated | med %6.1f "
-          "max %7.1f n=%-4zu sim | %.4f (%.4f)\n",
+          "max %7.1f n=%-4zu sim | %.4f (%.4f) | %llu | %.1f\n",
           engine.c_str(), static_cast<unsigned long long>(c), Median(d2h), d2h_min, Median(h2d),
           h2d_min, Median(urgent), urgent.empty() ? 0 : urgent.back(), urgent.size(),
-          gib > 0 ? cpu / gib : 0, gib > 0 ? modelled / gib : 0);
+          gib > 0 ? cpu / gib : 0, gib > 0 ? modelled / gib : 0,
+          static_cast<unsigned long long>(dry_runs), LoadAverage());
       std::fflush(stdout);
       if (max_ratio > 1.01 || gib <= 0 || lost > 0 || errors > 0) {
         std::printf(

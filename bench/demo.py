@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """`make demo`: offloadd with N simulated GPUs running an activation-checkpoint schedule.
 
+`make demo ARGS="--backend cuda-sim"` runs the same schedule against the cuda-sim backend (issue
+16): the daemon's real cuda copy engine over a timing model of GPU copy engines; no bytes move or
+are checked, every rate is labelled SIMULATED, and steps 2-3 below are skipped.
+
 Starts the daemon on its embedded defaults plus a config of the demo's links, written to a
 temporary folder that is removed after a passing run (shm backend, private socket, metrics off;
 simulated GPUs share links --gpus-per-link at a time, paced at --link-gbps per direction), and:
@@ -232,13 +236,19 @@ def fairness(a, sock):
     return index, f1 + f2 + f3
 
 
+def device_name(a, i):
+    """Client i's device id: a name on shm; on cuda-sim the simulated GPU's UUID
+    (SimCudaApi::DeviceUuid)."""
+    return f"GPU-51300000-0000-0000-0000-{i:012d}" if a.backend == "cuda-sim" else f"gpu{i}"
+
+
 def write_config(a, path):
     rate = a.link_gbps * GB
     with open(path, "w") as f:
         if a.gpus_per_link > 1:
             # Links of gpus_per_link GPUs each, at the simulated rate (0 = unpaced).
             for k in range(0, a.clients, a.gpus_per_link):
-                gpus = " ".join(f'gpus: "gpu{i}"'
+                gpus = " ".join(f'gpus: "{device_name(a, i)}"'
                                 for i in range(k, min(k + a.gpus_per_link, a.clients)))
                 f.write(f'links {{ name: "link{k // a.gpus_per_link}" {gpus} '
                         f"d2h_bytes_per_second: {rate} h2d_bytes_per_second: {rate} }}\n")
@@ -272,6 +282,10 @@ def main():
                    help="fairness index below which the demo fails")
     p.add_argument("--no-fairness", action="store_true", help="skip the fairness scenario")
     p.add_argument("--quiet", action="store_true", help="only the summary")
+    p.add_argument("--backend", choices=("shm", "cuda-sim"), default="shm",
+                   help="cuda-sim: the daemon's GPUs are a timing model of copy engines (55 GB/s "
+                        "per direction); no bytes move, none are checked, every rate printed is "
+                        "SIMULATED; no plan check and no fairness scenario")
     a = p.parse_args()
     layer_bytes = a.layer_bytes or a.batch * a.seq * a.hidden * 2
 
@@ -285,6 +299,10 @@ def main():
         cmd += ["--pool_bytes", str(a.pool_bytes)]
     if a.link_gbps > 0:
         cmd += ["--default_link_bytes_per_second", str(int(a.link_gbps * GB))]
+    sim = a.backend == "cuda-sim"
+    if sim:
+        cmd += ["--backend", "cuda-sim"]
+        a.no_fairness = True  # the fairness scenario is an shm one (paced half-duplex link)
     memcpy_gbps = memcpy_gb_per_second()
     daemon_log = open(os.path.join(tmp, "offloadd.log"), "w+")
     daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=daemon_log, text=True)
@@ -299,15 +317,22 @@ def main():
         print(f"offloadd ready on {sock}; {a.clients} clients x {a.layers} layers x "
               f"{layer_bytes / MiB:.2f} MiB checkpoints x {a.steps} steps; sizes in MiB/GiB "
               f"(2^20/2^30 bytes), rates in GB/s (10^9 bytes/s)")
+    if sim:
+        print("SIMULATED: backend cuda-sim — the GPUs are a timing model of copy engines; no bytes "
+              "move and none are checked; every rate below is the model's, not a measurement of "
+              "a GPU")
 
     stats0 = daemon_stats(a.bin, sock)
-    specs = [{"name": f"client{i}", "device": f"gpu{i}", "layers": a.layers,
+    specs = [{"name": f"client{i}", "device": device_name(a, i), "layers": a.layers,
               "layer_bytes": layer_bytes, "steps": a.steps, "seed": i + 1,
               "forward_seconds": a.forward_ms / 1000} for i in range(a.clients)]
+    if sim:
+        for spec in specs:
+            spec["cuda_sim"] = 1
     results, failures = run_workloads(a, sock, specs)
     stats = daemon_stats(a.bin, sock)
 
-    header = (f"{'client':<9} {'link':<6} {'moved GiB':>9} {'rate GB/s':>9} "
+    header = (f"{'client':<9} {'link':<6} {'moved GiB':>9} {'rate GB/s' + (' sim' if sim else ''):>9} "
               f"{'reload wait s':>13} {'prefetched n':>12} {'urgent n':>8} {'errors n':>8} "
               f"{'corrupt n':>9}")
     if not a.quiet:
@@ -341,7 +366,11 @@ def main():
           f"{int(stats['pool_used_bytes']) / MiB:.1f} MiB held at the end; daemon errors_total "
           f"{stats['errors_total']}")
     print_links(stats0, stats)
-    print_plan_check(stats, a, layer_bytes, memcpy_gbps)
+    if sim:
+        print("  (SIMULATED: link rates above are the timing model's; the plan check compares "
+              "with this machine's memcpy and is skipped on cuda-sim)")
+    else:
+        print_plan_check(stats, a, layer_bytes, memcpy_gbps)
 
     index, fair_failures = (1.0, 0) if a.no_fairness else fairness(a, sock)
     end = daemon_stats(a.bin, sock)

@@ -43,6 +43,9 @@ resume_grace_seconds: 60
 backend: "shm"
 chunk_bytes: 8388608
 copy_threads: 2
+# cuda/cuda-sim: chunks posted to the device worker, issued just in time (issue 16).
+async_copies: true
+max_chunks_in_flight_per_gpu: 8
 session_quota_bytes: 0
 admission_deadline_seconds: 5
 admission_queue_limit: 1024

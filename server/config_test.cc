@@ -60,10 +60,12 @@ TEST(ConfigTest, CudaSimIsABackendButNotTheDefault) {
   EXPECT_EQ(c->backend(), "shm");
   ASSERT_TRUE(ApplyFlag("backend", "cuda-sim", &*c).ok());
   EXPECT_TRUE(ValidateConfig(*c).ok());
-  EXPECT_FALSE(c->async_copies());  // the blocking engine stays the default for now
-  ASSERT_TRUE(ApplyFlag("async-copies", "true", &*c).ok());
-  ASSERT_TRUE(ApplyFlag("max_chunks_in_flight_per_gpu", "4", &*c).ok());
+  // Issue 16: the asynchronous engine is the default; the blocking one stays selectable.
   EXPECT_TRUE(c->async_copies());
+  EXPECT_EQ(c->max_chunks_in_flight_per_gpu(), 8u);
+  ASSERT_TRUE(ApplyFlag("async-copies", "false", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("max_chunks_in_flight_per_gpu", "4", &*c).ok());
+  EXPECT_FALSE(c->async_copies());
   EXPECT_EQ(c->max_chunks_in_flight_per_gpu(), 4u);
 }
 

@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
   }
 #ifdef OFFLOADD_HAVE_CUDA
   offloadd::copy::CudaEngineOptions options;
-  options.asynchronous = config.async_copies();  // issue 16; the blocking engine by default
+  options.asynchronous = config.async_copies();  // issue 16; asynchronous by default
   return offloadd::copy::CreateCudaCopyEngine(options);
 #else
   return absl::FailedPreconditionError(

@@ -26,6 +26,11 @@ inline const char* DirectionName(Direction d) {
   return d == Direction::kDeviceToHost ? "d2h" : "h2d";
 }
 
+// How soon a posted chunk is needed (issue 16). An engine that queues chunks before its copy
+// hardware serves urgent ones first (a reload a backward pass is blocked on); the others in the
+// order they were posted.
+enum class ChunkUrgency { kNormal = 0, kUrgent = 1 };
+
 // What a client registers: exactly one of shm_name / cuda_ipc_handle is set.
 struct RegionSpec {
   std::string shm_name;         // POSIX shm object name, starts with '/'
@@ -65,14 +70,18 @@ class CopyEngine {
   virtual absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
                                  uint8_t* host, uint64_t bytes) = 0;
 
-  // The asynchronous form of CopyChunk (issue 16): starts the same copy and returns; `done` runs
+  // The asynchronous form of CopyChunk (issue 16): queues the same copy and returns; `done` runs
   // exactly once, with CopyChunk's status, when the bytes have landed or the copy failed. It may
-  // run inline (an error found before the copy starts, or an engine without asynchronous
+  // run inline (an error found before the copy is queued, or an engine without asynchronous
   // copies: the default here runs CopyChunk and then `done`) or on an engine thread, which must
-  // not block in it: do no more than hand the completion on. The caller keeps `region` and
-  // host[0, bytes) alive until `done` has run.
+  // not block in it: it may post further chunks (PostChunk) and otherwise only hand the
+  // completion on. The caller keeps `region` and host[0, bytes) alive until `done` has run.
+  // `urgency`: kUrgent chunks go ahead of every queued chunk that is not (never ahead of a copy
+  // already issued to the hardware).
   virtual void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
-                         uint64_t bytes, std::function<void(absl::Status)> done) {
+                         uint64_t bytes, ChunkUrgency urgency,
+                         std::function<void(absl::Status)> done) {
+    (void)urgency;
     done(CopyChunk(direction, region, region_offset, host, bytes));
   }
   // Whether PostChunk returns before the copy completes (so a caller gains from keeping several

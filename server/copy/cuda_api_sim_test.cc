@@ -2,6 +2,9 @@
 // checked pointers, and the real cuda engine running on it.
 #include "server/copy/cuda_api_sim.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -159,6 +162,44 @@ TEST(SimCudaApiTest, CudaCopyEngineRunsOnTheSimulator) {
   EXPECT_EQ(api.engine_stats(1, Direction::kHostToDevice).bytes_done, kMs);
   EXPECT_EQ(api.engine_stats(0, Direction::kDeviceToHost).bytes_done, 0u);
   EXPECT_EQ(api.call_counts().memcpys, 2u);
+}
+
+// Issue 16: the asynchronous engine before it has learned a copy rate (copies under 256 KiB
+// teach none) keeps querying what is still issued after a completion. The clock moves only by
+// the worker's calls, so a worker that went to sleep instead would never see the second copy
+// end (this hung before the fix: the re-prediction divided by the unknown rate).
+TEST(SimCudaApiTest, AsyncEngineWithoutALearnedRateQueriesUntilEveryCopyCompletes) {
+  ManualSimClock clock;
+  SimCudaApi api(Opts(), &clock);
+  CudaEngineOptions eo;
+  eo.asynchronous = true;
+  CudaCopyEngine engine(api.Borrow(), eo);
+  std::string h = api.AddAllocation(0, kMs);
+  RegionSpec spec;
+  spec.cuda_ipc_handle = h;
+  spec.size_bytes = kMs;
+  spec.device_id = SimCudaApi::DeviceUuid(0);
+  auto region = engine.OpenRegion(spec);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::vector<uint8_t> host(16);
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  auto on_done = [&](absl::Status st) {
+    EXPECT_TRUE(st.ok()) << st;
+    std::lock_guard<std::mutex> lock(mu);
+    ++done;
+    cv.notify_all();
+  };
+  // 4 us and then 100 us of copy at 1 GB/s: the second is still running when the first ends.
+  engine.PostChunk(Direction::kDeviceToHost, **region, 0, host.data(), 4096,
+                   ChunkUrgency::kNormal, on_done);
+  engine.PostChunk(Direction::kDeviceToHost, **region, 4096, host.data(), 100000,
+                   ChunkUrgency::kNormal, on_done);
+  std::unique_lock<std::mutex> lock(mu);
+  // A bound on a hang, not a speed check: the copies take ~0.1 ms of simulated time.
+  EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return done == 2; }));
+  EXPECT_EQ(api.engine_stats(0, Direction::kDeviceToHost).bytes_done, 4096u + 100000u);
 }
 
 }  // namespace

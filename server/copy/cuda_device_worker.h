@@ -3,17 +3,28 @@
 // Start() spawns the thread, which makes the device current (creating the daemon's context on
 // it), records cudaMemGetInfo, and creates `streams_per_direction` D2H and H2D streams. From then
 // on every CUDA call for the device runs on this thread: callers hand it closures (Run) or copy
-// operations (IssueAndWait). Copy completions are tracked with events the thread polls: while any
-// is outstanding it spins (yielding) for up to ~200 µs, then sleeps 20 µs between polls — a chunk
-// of 8 MiB takes ~150 µs at 55 GB/s, so a sleeping poller would cost a large share of the link.
-// Stop() (and the destructor) lets queued work and outstanding copies finish, destroys the
-// streams and events, and joins.
+// operations (IssueAsync / IssueAndWait). Stop() (and the destructor) lets queued work and
+// outstanding copies finish, destroys the streams and events, and joins.
+//
+// Copies (issue 16). Each direction is one lane: a software queue of copies not yet issued
+// (urgent ones first, then FIFO) in front of the CUDA stream(s), which serve what was issued in
+// order. A copy is issued (cudaMemcpyAsync + a completion event) only "just in time": while the
+// lane's issued work is predicted to end within `issue_ahead_seconds`, so the copy engine never
+// idles between copies, yet an urgent copy waits for at most the copy running now plus that
+// much. Predictions use the lane's rate, learned from the completions of copies of 256 KiB or
+// more (bytes over the time between the previous completion, or the issue, and this one);
+// until a rate is known a lane keeps two copies issued. Completions are learned by querying the issued events: the
+// thread sleeps (timer slack 1 µs) until the earliest predicted end or issue time, then queries;
+// past a prediction it spins (yielding) for up to ~200 µs, then sleeps 20 µs between queries.
+// Completion callbacks run on this thread; a copy posted from one of them (IssueAsync on the
+// device thread) joins its lane without a thread hand-off.
 #ifndef OFFLOADD_SERVER_COPY_CUDA_DEVICE_WORKER_H_
 #define OFFLOADD_SERVER_COPY_CUDA_DEVICE_WORKER_H_
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -25,9 +36,22 @@
 
 namespace offloadd::copy {
 
+// How a DeviceWorker paces its copies (see above).
+struct DeviceWorkerOptions {
+  uint32_t streams_per_direction = 1;  // >= 1
+  // Issued work a lane keeps ahead of the copy running now, in seconds of its learned rate, at
+  // least: covers the host's cost of issuing (cudaMemcpyAsync + event, ~6 µs) and how late the
+  // thread wakes. Each time a lane runs dry while copies wait (the thread woke too late) its
+  // margin doubles, up to `max_issue_ahead_seconds`, and it shrinks back by 1 % a completion.
+  // Larger: robust to a busier host; an urgent copy may wait that much longer.
+  double issue_ahead_seconds = 50e-6;
+  double max_issue_ahead_seconds = 1e-3;
+  uint32_t max_issued_per_direction = 16;  // a bound whatever the rate says; >= 2
+};
+
 class DeviceWorker {
  public:
-  DeviceWorker(CudaApi* api, CudaDeviceInfo device, uint32_t streams_per_direction);
+  DeviceWorker(CudaApi* api, CudaDeviceInfo device, DeviceWorkerOptions options);
   ~DeviceWorker();  // Stop()
   DeviceWorker(const DeviceWorker&) = delete;
   DeviceWorker& operator=(const DeviceWorker&) = delete;
@@ -40,52 +64,95 @@ class DeviceWorker {
   // device thread itself. FAILED_PRECONDITION after Stop().
   absl::Status Run(const std::function<absl::Status()>& fn);
 
-  // On the device thread: `issue(stream)` on the next stream of `direction` (round robin), then a
-  // completion event recorded after it; returns once that event has completed (or the first
-  // error). Must not be called on the device thread.
-  absl::Status IssueAndWait(Direction direction, const std::function<absl::Status(void*)>& issue);
-  // The same without waiting: `done` runs once on the device thread when the event completes,
-  // or with the first error (issue 16's asynchronous engine). false (and `done` not called)
-  // after Stop().
-  bool IssueAsync(Direction direction, std::function<absl::Status(void*)> issue,
-                  std::function<void(absl::Status)> done);
+  // Queues a copy of `bytes` on the lane of `direction` (urgent: ahead of every queued copy
+  // that is not urgent); when its turn comes the device thread calls `issue(stream)` on the
+  // lane's next stream (round robin), then records a completion event after it. `done` runs once
+  // on the device thread when the event completes, or with the first error. Returns at once;
+  // false (and `done` not called) after Stop(). May be called on the device thread (from a
+  // completion callback): the copy then joins its lane directly.
+  bool IssueAsync(Direction direction, uint64_t bytes, bool urgent,
+                  std::function<absl::Status(void*)> issue, std::function<void(absl::Status)> done);
+  // IssueAsync (not urgent), then blocks until `done`; its status. Must not be called on the
+  // device thread.
+  absl::Status IssueAndWait(Direction direction, uint64_t bytes,
+                            const std::function<absl::Status(void*)>& issue);
 
   // The device thread's streams of one direction (valid after Start(); use them on the thread).
   const std::vector<void*>& streams(Direction direction) const {
-    return direction == Direction::kDeviceToHost ? d2h_ : h2d_;
+    return lanes_[static_cast<int>(direction)].streams;
   }
   const CudaDeviceInfo& device() const { return device_; }
   CudaMemInfo mem_after_context() const { return mem_after_context_; }
   bool OnThread() const { return std::this_thread::get_id() == thread_id_.load(); }
+  // A lane's figures as of the device thread's last pass, for the benchmark and tests: times
+  // its copy engine was left idle with copies queued (the thread woke too late), its current
+  // issue-ahead margin, its learned rate (0 = none yet), copies queued and issued.
+  struct LaneStats {
+    uint64_t dry_runs = 0;
+    double ahead_seconds = 0, bytes_per_second = 0;
+    size_t queued = 0, issued = 0;
+  };
+  LaneStats lane_stats(Direction direction);
 
  private:
-  struct Pending {
-    void* event;
+  struct Copy {  // queued, not issued
+    uint64_t bytes;
+    std::function<absl::Status(void*)> issue;
     std::function<void(absl::Status)> done;
   };
+  struct Issued {
+    void* event;
+    uint64_t bytes;
+    std::function<void(absl::Status)> done;
+    double issued_at, predicted_end;
+    double seen_pending_at;  // last query that said "not yet" (issued_at before any)
+  };
+  struct Lane {  // one direction; device thread only
+    std::vector<void*> streams;
+    size_t next_stream = 0;
+    std::deque<Copy> urgent, normal;
+    std::deque<Issued> issued;
+    double free_at = 0;   // predicted end of the last issued copy
+    double last_end = 0;  // estimated end of the last completed copy
+    double bytes_per_second = 0;  // learned; 0 = not yet
+    double ahead_seconds = 0;     // current margin (see DeviceWorkerOptions)
+    uint64_t dry_runs = 0;        // completions that left the engine idle with copies waiting
+  };
+  struct Incoming {
+    Direction direction;
+    bool urgent;
+    Copy copy;
+  };
+  Lane& lane(Direction d) { return lanes_[static_cast<int>(d)]; }
   void Loop(std::promise<absl::Status>* started);
   absl::Status SetUp();
   void TearDown();
-  void Poll();  // device thread: completes finished pendings
+  void Enqueue(Incoming in);
+  bool Idle() const;  // nothing queued or issued
+  void Poll(Lane& l);   // completes the lane's finished copies
+  void Issue(Lane& l);  // issues the lane's queued copies that are due
+  void Complete(Lane& l, double seen_done_at);  // its oldest issued copy completed
+  double NextWakeSeconds(double now) const;  // 0 = now; huge = nothing to wait for
   bool Post(std::function<void()> task);
 
   CudaApi* const api_;
   const CudaDeviceInfo device_;
-  const uint32_t streams_per_direction_;
+  const DeviceWorkerOptions options_;
   std::thread thread_;
   std::atomic<std::thread::id> thread_id_{};
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::function<void()>> tasks_;
+  std::vector<Incoming> incoming_;
+  LaneStats lane_stats_[2];  // copies of the lanes' figures, by Direction
+  bool sleeping_ = false;  // the device thread waits on cv_ (posters then notify)
   bool stopping_ = false;
   bool running_ = false;
 
   // Device-thread only.
-  std::vector<void*> d2h_, h2d_;
-  size_t next_d2h_ = 0, next_h2d_ = 0;
+  Lane lanes_[2];  // by Direction
   std::vector<void*> free_events_;
-  std::vector<Pending> pending_;
   CudaMemInfo mem_after_context_;
 };
 

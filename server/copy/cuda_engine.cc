@@ -1,5 +1,6 @@
 #include "server/copy/cuda_engine.h"
 
+#include <atomic>
 #include <fstream>
 #include <list>
 #include <map>
@@ -23,7 +24,7 @@ struct Mapping {
   void* base = nullptr;
   uint64_t allocation_bytes = 0;
   int refs = 0;         // registrations (under Shared::mu)
-  bool closed = false;  // (under Shared::mu)
+  std::atomic<bool> closed{false};  // set under Shared::mu; read by chunk checks without it
   // Opened IPC events by handle bytes, LRU order; device thread only.
   std::map<std::string, void*> events;
   std::list<std::string> event_lru;
@@ -41,7 +42,9 @@ struct CudaCopyEngine::Shared {
   std::map<std::string, std::shared_ptr<DeviceWorker>> workers;  // by uuid
   std::map<std::string, std::shared_ptr<Mapping>> mappings;       // by key
   bool shut_down = false;
-  CudaEngineStats stats;
+  CudaEngineStats stats;  // chunk counts: the atomics below
+  // Counted per chunk from every device thread, so not under `mu`.
+  std::atomic<uint64_t> chunks_total{0}, chunk_bytes_total{0};
 
   // Host pool registration.
   std::thread pinner;
@@ -119,7 +122,11 @@ absl::StatusOr<std::shared_ptr<DeviceWorker>> CudaCopyEngine::Shared::WorkerFor(
     if (it != workers.end()) return it->second;
   }
   // Only OpenRegion (under open_mu) creates workers, so there is no race to start two.
-  auto w = std::make_shared<DeviceWorker>(api.get(), device, options.streams_per_direction);
+  DeviceWorkerOptions wo;
+  wo.streams_per_direction = options.streams_per_direction;
+  wo.issue_ahead_seconds = options.issue_ahead_seconds;
+  wo.max_issue_ahead_seconds = options.max_issue_ahead_seconds;
+  auto w = std::make_shared<DeviceWorker>(api.get(), device, wo);
   absl::Status st = w->Start();
   if (!st.ok()) return st;
   CudaDeviceStats ds;
@@ -360,9 +367,9 @@ absl::StatusOr<Mapping*> CheckChunk(CudaCopyEngine::Shared& s, Region& region,
         "chunk [%d, +%d) is outside the region of %d bytes", region_offset, bytes,
         region.size_bytes()));
   }
+  (void)s;
   Mapping& m = (*r)->mapping();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (m.closed) {
+  if (m.closed.load()) {
     return absl::FailedPreconditionError(
         "the region's IPC handle was closed (the cuda engine is shutting down)");
   }
@@ -378,7 +385,7 @@ absl::Status CudaCopyEngine::CopyChunk(Direction direction, Region& region, uint
   if (!checked.ok()) return checked.status();
   Mapping& m = **checked;
   uint8_t* dev = static_cast<uint8_t*>(m.base) + region_offset;
-  absl::Status st = m.worker->IssueAndWait(direction, [&](void* stream) {
+  absl::Status st = m.worker->IssueAndWait(direction, bytes, [&](void* stream) {
     return direction == Direction::kDeviceToHost
                ? s.api->MemcpyAsync(host, dev, bytes, direction, stream)
                : s.api->MemcpyAsync(dev, host, bytes, direction, stream);
@@ -386,16 +393,15 @@ absl::Status CudaCopyEngine::CopyChunk(Direction direction, Region& region, uint
   if (!st.ok()) {
     return ChunkError(m.worker->device().uuid, st, direction, bytes, region_offset);
   }
-  std::lock_guard<std::mutex> lock(s.mu);
-  ++s.stats.chunks_total;
-  s.stats.chunk_bytes_total += bytes;
+  ++s.chunks_total;
+  s.chunk_bytes_total += bytes;
   return absl::OkStatus();
 }
 
 bool CudaCopyEngine::asynchronous() const { return shared_->options.asynchronous; }
 
 void CudaCopyEngine::PostChunk(Direction direction, Region& region, uint64_t region_offset,
-                               uint8_t* host, uint64_t bytes,
+                               uint8_t* host, uint64_t bytes, ChunkUrgency urgency,
                                std::function<void(absl::Status)> done) {
   if (!shared_->options.asynchronous) {
     return done(CopyChunk(direction, region, region_offset, host, bytes));
@@ -417,15 +423,15 @@ void CudaCopyEngine::PostChunk(Direction direction, Region& region, uint64_t reg
   auto on_done = [shared, uuid = worker->device().uuid, direction, bytes, region_offset,
                   done](absl::Status st) {
     if (st.ok()) {
-      std::lock_guard<std::mutex> lock(shared->mu);
-      ++shared->stats.chunks_total;
-      shared->stats.chunk_bytes_total += bytes;
+      ++shared->chunks_total;
+      shared->chunk_bytes_total += bytes;
     } else {
       st = ChunkError(uuid, st, direction, bytes, region_offset);
     }
     done(std::move(st));
   };
-  if (!worker->IssueAsync(direction, std::move(issue), std::move(on_done))) {
+  if (!worker->IssueAsync(direction, bytes, urgency == ChunkUrgency::kUrgent, std::move(issue),
+                          std::move(on_done))) {
     done(absl::FailedPreconditionError(
         absl::StrFormat("the daemon's worker for %s has stopped", worker->device().uuid)));
   }
@@ -551,7 +557,22 @@ absl::Status CudaCopyEngine::WaitHostPoolReady() {
 
 CudaEngineStats CudaCopyEngine::stats() const {
   std::lock_guard<std::mutex> lock(shared_->mu);
-  return shared_->stats;
+  CudaEngineStats st = shared_->stats;
+  st.chunks_total = shared_->chunks_total.load();
+  st.chunk_bytes_total = shared_->chunk_bytes_total.load();
+  for (CudaDeviceStats& d : st.devices) {
+    auto w = shared_->workers.find(d.uuid);
+    if (w == shared_->workers.end()) continue;
+    for (int i = 0; i < 2; ++i) {
+      const DeviceWorker::LaneStats ls = w->second->lane_stats(static_cast<Direction>(i));
+      d.dry_runs[i] = ls.dry_runs;
+      d.issue_ahead_seconds[i] = ls.ahead_seconds;
+      d.learned_bytes_per_second[i] = ls.bytes_per_second;
+      d.queued_chunks[i] = ls.queued;
+      d.issued_chunks[i] = ls.issued;
+    }
+  }
+  return st;
 }
 
 std::map<std::string, HandleCounts> CudaCopyEngine::handle_counts() const {

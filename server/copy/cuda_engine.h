@@ -9,9 +9,10 @@
 // device: it makes the device current once and every CUDA call for that device runs on it. It
 // owns `streams_per_direction` D2H and H2D streams (non-blocking), so offloads and reloads
 // overlap on the link's two directions. A chunk copy is cudaMemcpyAsync on the direction's next
-// stream followed by a completion event; the worker polls its outstanding events (spinning while
-// copies are in flight, sleeping otherwise) and wakes the caller, so several chunks from the
-// scheduler's copy threads can be in flight at once.
+// stream followed by a completion event. Chunks wait in a per-direction queue on the worker
+// (urgent first) and are issued just in time, `issue_ahead_seconds` of copy work ahead of the
+// copy engine, so the engine never idles while an urgent chunk overtakes the rest; the worker
+// learns completions by querying the events when they are predicted (cuda_device_worker.h).
 //
 // IPC memory handle cache: keyed by (GPU UUID, the 64 handle bytes) — not by address, since a
 // freed and reallocated address gets a new handle. The first registration opens the handle
@@ -53,6 +54,10 @@ struct CudaEngineOptions {
   // PostChunk returns once the copy is queued on the device thread and calls back when its
   // event completes (asynchronous() = true), instead of blocking a caller per chunk (issue 16).
   bool asynchronous = false;
+  // Copy work issued to the hardware ahead of the running copy, per GPU and direction (seconds
+  // at the rate the worker learns); see DeviceWorkerOptions.
+  double issue_ahead_seconds = 50e-6;
+  double max_issue_ahead_seconds = 1e-3;
 };
 
 struct CudaDeviceStats {
@@ -61,6 +66,14 @@ struct CudaDeviceStats {
   int numa_node = -1;  // /sys/bus/pci/devices/<bdf>/numa_node; -1 unknown
   // cudaMemGetInfo right after the daemon made the device current (its context exists).
   uint64_t free_bytes_after_context = 0, total_bytes = 0;
+  // Per direction (index: Direction), as of the device thread's last pass: times the copy
+  // engine was left idle while chunks waited (the device thread woke too late to issue the next
+  // one), the issue-ahead margin (seconds), the copy rate the worker learned (bytes/s; 0 = none
+  // yet), chunks queued on the worker and chunks issued to CUDA. See cuda_device_worker.h.
+  uint64_t dry_runs[2] = {0, 0};
+  uint64_t queued_chunks[2] = {0, 0}, issued_chunks[2] = {0, 0};
+  double issue_ahead_seconds[2] = {0, 0};
+  double learned_bytes_per_second[2] = {0, 0};
 };
 
 struct CudaEngineStats {
@@ -94,10 +107,12 @@ class CudaCopyEngine : public CopyEngine {
                          uint8_t* host, uint64_t bytes) override;
   // Same checks and errors as CopyChunk (reported through `done`, inline when found before the
   // copy is queued). `done` runs on the GPU's device thread when the copy's event completes; it
-  // must only hand the completion on (no CUDA calls through this engine for another GPU, no
-  // blocking). With options.asynchronous = false this is CopyChunk followed by `done`.
+  // may post more chunks (they join the queue without a thread hand-off) and must otherwise
+  // only hand the completion on (no other CUDA calls through this engine, no blocking). With
+  // options.asynchronous = false this is CopyChunk followed by `done`.
   void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
-                 uint64_t bytes, std::function<void(absl::Status)> done) override;
+                 uint64_t bytes, ChunkUrgency urgency,
+                 std::function<void(absl::Status)> done) override;
   bool asynchronous() const override;
   // `ready_event`: cudaIpcEventHandle_t bytes (64) or empty (no wait).
   absl::Status WaitReady(Region& region, const std::string& ready_event) override;

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -427,7 +429,8 @@ class AsyncEngineTest : public CudaEngineTest {
 };
 
 // Issue 16: PostChunk returns once the copy is queued; its callback runs once, on the device
-// thread, when the copy's event completes; several chunks are in flight from one caller.
+// thread, when the copy's event completes; several chunks are in flight from one caller (before
+// the worker has learned a copy rate it keeps two issued to CUDA, the rest queued).
 TEST_F(AsyncEngineTest, PostedChunksCompleteThroughEventsWithoutBlockingTheCaller) {
   ASSERT_TRUE(engine_->asynchronous());
   std::string h = Alloc(0, 3 * 4096);
@@ -440,6 +443,7 @@ TEST_F(AsyncEngineTest, PostedChunksCompleteThroughEventsWithoutBlockingTheCalle
   fake_.HoldCompletions(true);
   for (int i = 0; i < 3; ++i) {
     engine_->PostChunk(Direction::kDeviceToHost, *r, i * 4096, host.data() + i * 4096, 4096,
+                       ChunkUrgency::kNormal,
                        [&, i](absl::Status st) {
                          std::lock_guard<std::mutex> lock(mu);
                          results[i] = st;
@@ -447,7 +451,7 @@ TEST_F(AsyncEngineTest, PostedChunksCompleteThroughEventsWithoutBlockingTheCalle
                          threads.insert(std::this_thread::get_id());
                        });
   }
-  fake_.WaitForMemcpys(3);  // all three queued although none has completed
+  fake_.WaitForMemcpys(2);  // two issued although none has completed; all three posted
   {
     std::lock_guard<std::mutex> lock(mu);
     EXPECT_EQ(calls, std::vector<int>({0, 0, 0}));
@@ -470,18 +474,56 @@ TEST_F(AsyncEngineTest, PostedChunksCompleteThroughEventsWithoutBlockingTheCalle
   EXPECT_EQ(fake_.count("EventRecord"), 3);
 }
 
+// Issue 16: chunks wait on the device worker until the copy engine is about to need them; an
+// urgent chunk posted after others goes to CUDA before them (never before a copy issued).
+TEST_F(AsyncEngineTest, AnUrgentChunkIsIssuedAheadOfChunksQueuedBeforeIt) {
+  std::string h = Alloc(0, 4 * 4096);
+  auto r = Open(h, 4 * 4096);
+  std::vector<uint8_t> host(4 * 4096);
+  std::atomic<int> done{0};
+  fake_.HoldCompletions(true);
+  auto post = [&](int i, uint64_t bytes, ChunkUrgency urgency) {
+    engine_->PostChunk(Direction::kHostToDevice, *r, i * 4096, host.data() + i * 4096, bytes,
+                       urgency, [&](absl::Status st) {
+                         EXPECT_TRUE(st.ok()) << st;
+                         ++done;
+                       });
+  };
+  auto wait_queued = [&](uint64_t n) {  // on the worker, not issued
+    for (;;) {
+      const CudaEngineStats st = engine_->stats();
+      if (st.devices.size() == 1 && st.devices[0].queued_chunks[1] == n) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  for (int i = 0; i < 3; ++i) post(i, 4096, ChunkUrgency::kNormal);
+  fake_.WaitForMemcpys(2);  // no copy rate learned yet: two issued, the third waits
+  wait_queued(1);
+  post(3, 1000, ChunkUrgency::kUrgent);
+  wait_queued(2);
+  fake_.HoldCompletions(false);
+  while (done.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::vector<std::string> sizes;
+  for (const FakeCudaApi::Call& c : fake_.calls()) {
+    if (c.name == "MemcpyAsync") sizes.push_back(c.detail);
+  }
+  ASSERT_EQ(sizes.size(), 4u);
+  EXPECT_NE(sizes[2].find("1000"), std::string::npos) << sizes[2];  // the urgent one
+  EXPECT_NE(sizes[3].find("4096"), std::string::npos) << sizes[3];
+}
+
 TEST_F(AsyncEngineTest, APostedChunkOutsideTheRegionFailsInlineWithoutACopy) {
   auto r = Open(Alloc(0, 4096), 4096);
   std::vector<uint8_t> host(8192);
   absl::Status got = absl::UnknownError("not called");
-  engine_->PostChunk(Direction::kHostToDevice, *r, 4000, host.data(), 200,
+  engine_->PostChunk(Direction::kHostToDevice, *r, 4000, host.data(), 200, ChunkUrgency::kNormal,
                      [&](absl::Status st) { got = st; });
   EXPECT_EQ(got.code(), absl::StatusCode::kOutOfRange) << got;
   EXPECT_EQ(fake_.count("MemcpyAsync"), 0);
   // A CUDA error comes back through the callback, annotated with the GPU and the chunk.
   fake_.FailNext("MemcpyAsync", absl::FailedPreconditionError("cudaMemcpyAsync: boom"));
   std::promise<absl::Status> failed;
-  engine_->PostChunk(Direction::kHostToDevice, *r, 0, host.data(), 100,
+  engine_->PostChunk(Direction::kHostToDevice, *r, 0, host.data(), 100, ChunkUrgency::kNormal,
                      [&](absl::Status st) { failed.set_value(st); });
   absl::Status st = failed.get_future().get();
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);

@@ -65,24 +65,24 @@ void ChunkQueue::RemoveFlow(ClassQueue& q, const std::string& gpu) {
   if (it != q.active.end()) q.active.erase(it);
 }
 
-bool ChunkQueue::Eligible(const ClassQueue& q, const GpuFilter& eligible) {
+bool ChunkQueue::Eligible(const ClassQueue& q, TrafficClass cls, const GpuFilter& eligible) {
   if (eligible == nullptr) return !q.active.empty();
   for (const std::string& gpu : q.active) {
-    if (eligible(gpu)) return true;
+    if (eligible(cls, gpu)) return true;
   }
   return false;
 }
 
 bool ChunkQueue::HasEligible(const GpuFilter& eligible) const {
-  for (const ClassQueue& q : classes_) {
-    if (Eligible(q, eligible)) return true;
+  for (int c = 0; c < kNumClasses; ++c) {
+    if (Eligible(classes_[c], static_cast<TrafficClass>(c), eligible)) return true;
   }
   return false;
 }
 
 Chunk ChunkQueue::PopFromClass(TrafficClass cls, const GpuFilter& eligible) {
   ClassQueue& q = classes_[static_cast<int>(cls)];
-  auto ok = [&](const std::string& gpu) { return eligible == nullptr || eligible(gpu); };
+  auto ok = [&](const std::string& gpu) { return eligible == nullptr || eligible(cls, gpu); };
   size_t eligible_flows = 0;  // >= 1: the caller checked
   for (const std::string& gpu : q.active) eligible_flows += ok(gpu);
   size_t unserved_visits = 0;
@@ -144,10 +144,10 @@ Chunk ChunkQueue::PopFromClass(TrafficClass cls, const GpuFilter& eligible) {
 
 std::optional<Chunk> ChunkQueue::Pop(const GpuFilter& eligible) {
   const bool offload_waiting =
-      Eligible(classes_[static_cast<int>(TrafficClass::kOffload)], eligible);
+      Eligible(classes_[static_cast<int>(TrafficClass::kOffload)], TrafficClass::kOffload, eligible);
   int higher = -1;
   for (int c = 0; c < static_cast<int>(TrafficClass::kOffload); ++c) {
-    if (Eligible(classes_[c], eligible)) {
+    if (Eligible(classes_[c], static_cast<TrafficClass>(c), eligible)) {
       higher = c;
       break;
     }

@@ -71,10 +71,10 @@ class ChunkQueue {
   // Queues all chunks of `transfer`; returns its id (> 0, increasing). INVALID_ARGUMENT when
   // the transfer is null or has 0 bytes. Only gpu, cls, deadline_seconds and bytes are read.
   absl::StatusOr<uint64_t> Push(std::shared_ptr<Transfer> transfer);
-  // Which GPUs may be served now (LinkScheduler: those below their limit of chunks posted to an
-  // asynchronous engine). A GPU filtered out is passed over without losing its deficit, as if
-  // it had nothing queued for this pick.
-  using GpuFilter = std::function<bool(const std::string& gpu)>;
+  // Which GPUs may be served now in a class (LinkScheduler: those below their limit of chunks
+  // posted to an asynchronous engine, and every GPU for URGENT). A GPU filtered out is passed
+  // over without losing its deficit, as if it had nothing queued in that class for this pick.
+  using GpuFilter = std::function<bool(TrafficClass cls, const std::string& gpu)>;
   // The next chunk by the policy above among GPUs passing `eligible` (null: all); nullopt when
   // no such chunk is queued.
   std::optional<Chunk> Pop(const GpuFilter& eligible = nullptr);
@@ -117,7 +117,7 @@ class ChunkQueue {
   uint64_t Weight(const std::string& gpu) const;
   uint64_t NextChunkLen(const Flow& flow) const;
   Chunk PopFromClass(TrafficClass cls, const GpuFilter& eligible);
-  static bool Eligible(const ClassQueue& q, const GpuFilter& eligible);
+  static bool Eligible(const ClassQueue& q, TrafficClass cls, const GpuFilter& eligible);
   void RemoveFlow(ClassQueue& q, const std::string& gpu);
 
   ChunkQueueOptions options_;

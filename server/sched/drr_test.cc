@@ -91,8 +91,8 @@ TEST(ChunkQueueTest, FilteredGpusArePassedOverAndKeepTheirDeficit) {
   PushOk(q, MakeTransfer("b", TrafficClass::kOffload, 64 * kMiB));
   ASSERT_EQ(q.Pop()->transfer->gpu, "a");  // a's visit: 16 MiB of credit, 8 used
   EXPECT_EQ(q.deficit_bytes(TrafficClass::kOffload, "a"), 8 * kMiB);
-  auto not_a = [](const std::string& gpu) { return gpu != "a"; };
-  auto none = [](const std::string&) { return false; };
+  auto not_a = [](TrafficClass, const std::string& gpu) { return gpu != "a"; };
+  auto none = [](TrafficClass, const std::string&) { return false; };
   EXPECT_TRUE(q.HasEligible(not_a));
   EXPECT_FALSE(q.HasEligible(none));
   EXPECT_FALSE(q.Pop(none).has_value());

@@ -43,6 +43,14 @@ class RealClock : public Clock {
 // any interval T the link moves at most rate x (T + kMaxCatchUpSeconds) bytes plus one chunk.
 constexpr double kMaxCatchUpSeconds = 0.02;
 
+// Set while a thread posts chunks outside a worker (PostWhilePossible, from Submit or from an
+// engine's completion): a completion reported inline from one of those posts is left to a
+// worker, so posts never recurse.
+thread_local bool posting_from_completion = false;
+// Set while a small transfer copied on the submitting thread runs its `done`: a Submit from
+// there queues instead (an admitted offload's Submit may come from a reload's `done`).
+thread_local bool in_inline_done = false;
+
 }  // namespace
 
 Clock* Clock::Real() {
@@ -76,16 +84,45 @@ struct LinkScheduler::Impl {
   // Called without `mu` held: runs `done` and drops the transfer. The transfer's callbacks may
   // hold the last reference to a Session or a Region, whose destructors may block (closing a
   // CUDA IPC handle on the device thread); they must not run while the link's workers wait for
-  // `mu`.
+  // `mu`, nor on an engine's thread.
   static void Complete(Finished finished);
-  // Posted chunks (post_chunk transfers). Called with `mu` held.
-  bool GpuBelowLimit(const std::string& gpu) const {
+  // Posted chunks (post_chunk transfers). Called with `mu` held. An URGENT chunk is never held
+  // back by its GPU's limit: it is one chunk, and the engine serves it ahead of queued ones.
+  bool MayPost(TrafficClass cls, const std::string& gpu) const {
+    if (cls == TrafficClass::kUrgent) return true;
     auto it = posted_per_gpu.find(gpu);
     return it == posted_per_gpu.end() || it->second < max_posted_per_gpu;
   }
   bool CanPick() const { return !queue.empty() && queue.HasEligible(below_limit); }
-  // The engine's callback for post id `id`: queues the completion for a worker.
+  // Whether a completion may pick and post the next chunks itself, on the engine's thread that
+  // reported it (no hand-off to a worker per chunk): the link is unpaced and has no parent (both
+  // make a worker wait), and every transfer in it posts (copy_chunk blocks).
+  bool CompletionMayPick() const {
+    return options.bytes_per_second <= 0 && options.parent == nullptr && blocking_transfers == 0;
+  }
+  // A chunk taken off the queue and accounted as started, for the caller to post or copy once
+  // it has released `mu`.
+  struct Started {
+    Chunk chunk;
+    std::function<void(TrafficClass, double)> report;  // the first chunk's queue wait
+    double wait_seconds = 0;
+    double finish_seconds = 0;  // paced finish; 0 = none
+    uint64_t post_id = 0;       // post_chunk transfers
+  };
+  // Called with `mu` held and CanPick(): pops the next chunk, started at `start`.
+  Started StartNext(double start);
+  // Called without `mu` held: posts a started chunk of a post_chunk transfer.
+  void Post(Started started);
+  // The engine's callback for post id `id`. Finishes the chunk and posts the next ones right
+  // there when CompletionMayPick(), else queues the completion for a worker.
   void OnPosted(uint64_t id, absl::Status status);
+  // Called with `mu` held (via `lock`; released while posting): while CompletionMayPick(),
+  // posts every chunk that may go now, on this thread.
+  void PostWhilePossible(std::unique_lock<std::mutex>& lock);
+  // Called with `mu` held (via `lock`, released on return) and CanPick(), right after a small
+  // copy_chunk transfer was queued alone: copies its one chunk and runs its `done` on this
+  // thread.
+  void CopyHere(std::unique_lock<std::mutex>& lock);
 
   const LinkSchedulerOptions options;
   Clock* const clock;
@@ -103,13 +140,15 @@ struct LinkScheduler::Impl {
 
   // Asynchronous chunks: posted and not yet finished, and completions waiting for a worker.
   const uint32_t max_posted_per_gpu = std::max<uint32_t>(1, options.max_chunks_in_flight_per_gpu);
-  const ChunkQueue::GpuFilter below_limit = [this](const std::string& gpu) {
-    return GpuBelowLimit(gpu);
+  const ChunkQueue::GpuFilter below_limit = [this](TrafficClass cls, const std::string& gpu) {
+    return MayPost(cls, gpu);
   };
   std::unordered_map<std::string, uint32_t> posted_per_gpu;
   std::unordered_map<uint64_t, Chunk> posted;  // by post id
   uint64_t next_post_id = 1;
-  std::deque<std::pair<Chunk, absl::Status>> completed;
+  std::deque<std::pair<Chunk, absl::Status>> completed;  // for a worker to finish
+  std::deque<Finished> finished_transfers;  // finished on an engine thread: `done` for a worker
+  uint64_t blocking_transfers = 0;  // in `active` without post_chunk
 
   std::mutex join_mu;  // serializes Shutdown's joins
   std::vector<std::thread> workers;
@@ -121,15 +160,25 @@ void LinkScheduler::Impl::WorkerLoop() {
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     // With a parent, one worker at a time waits there for a turn; the others wait here.
-    const auto all_done = [&] { return stopping && queue.empty() && posted.empty(); };
+    const auto all_done = [&] {
+      return stopping && queue.empty() && posted.empty() && completed.empty() &&
+             finished_transfers.empty();
+    };
     cv.wait(lock, [&] {
-      return !completed.empty() || (CanPick() && !parent_turn_pending) || all_done();
+      return !completed.empty() || !finished_transfers.empty() ||
+             (CanPick() && !parent_turn_pending) || all_done();
     });
+    if (!finished_transfers.empty()) {  // its last chunk finished on an engine thread
+      Finished finished = std::move(finished_transfers.front());
+      finished_transfers.pop_front();
+      lock.unlock();
+      Complete(std::move(finished));
+      lock.lock();
+      continue;
+    }
     if (!completed.empty()) {  // an asynchronous chunk completed: finish it
       auto [done_chunk, done_status] = std::move(completed.front());
       completed.pop_front();
-      auto it = posted_per_gpu.find(done_chunk.transfer->gpu);
-      if (--it->second == 0) posted_per_gpu.erase(it);
       Finished finished;
       const bool last = FinishChunk(std::move(done_chunk), std::move(done_status), &finished);
       cv.notify_all();  // its GPU may take another chunk; Shutdown may be waiting on it
@@ -174,46 +223,17 @@ void LinkScheduler::Impl::WorkerLoop() {
     } else if (rate <= 0) {
       start = clock->NowSeconds();
     }
-    Chunk chunk = *queue.Pop(below_limit);
-    Active& a = active.at(chunk.transfer_id);
-    ++a.chunks_in_flight;
-    if (chunk.last) a.all_popped = true;
-    if (stats.chunks_in_flight++ == 0) busy_since_seconds = clock->NowSeconds();
-    double finish_seconds = 0;
-    if (rate > 0) {
-      finish_seconds = start + static_cast<double>(chunk.len) / rate;
-      link_free_at_seconds = finish_seconds;
-    }
-    // Lock order: this link's mu, then the parent's (the parent never calls back).
-    if (parent != nullptr) {
-      finish_seconds = std::max(finish_seconds, parent->Commit(options.link_name, chunk.len));
-    }
-    std::function<void(TrafficClass, double)> report;
-    double wait_seconds = 0;
-    if (chunk.offset == 0) {  // the transfer's first chunk
-      const int c = static_cast<int>(chunk.transfer->cls);
-      wait_seconds = std::max(0.0, start - a.submit_seconds);
-      ++stats.started_transfers[c];
-      stats.queue_wait_seconds_sum[c] += wait_seconds;
-      stats.queue_wait_seconds_max[c] = std::max(stats.queue_wait_seconds_max[c], wait_seconds);
-      report = options.on_queue_wait;
-    }
-    if (chunk.transfer->post_chunk) {
-      ++posted_per_gpu[chunk.transfer->gpu];
-      const uint64_t id = next_post_id++;
-      posted[id] = chunk;  // `active` holds the transfer too: this copy destroys nothing later
-      lock.unlock();
-      if (report) report(chunk.transfer->cls, wait_seconds);
-      chunk.transfer->post_chunk(chunk.offset, chunk.len,
-                                 [this, id](absl::Status st) { OnPosted(id, std::move(st)); });
-      chunk.transfer.reset();  // not under the lock (see Complete)
+    Started started = StartNext(start);
+    lock.unlock();
+    if (started.chunk.transfer->post_chunk) {
+      Post(std::move(started));
       lock.lock();
       continue;
     }
-    lock.unlock();
-    if (report) report(chunk.transfer->cls, wait_seconds);
+    Chunk& chunk = started.chunk;
+    if (started.report) started.report(chunk.transfer->cls, started.wait_seconds);
     absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
-    if (finish_seconds > 0) clock->SleepUntil(finish_seconds);
+    if (started.finish_seconds > 0) clock->SleepUntil(started.finish_seconds);
     lock.lock();
     Finished finished;
     if (FinishChunk(std::move(chunk), std::move(status), &finished)) {
@@ -224,14 +244,104 @@ void LinkScheduler::Impl::WorkerLoop() {
   }
 }
 
-void LinkScheduler::Impl::OnPosted(uint64_t id, absl::Status status) {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = posted.find(id);
-    completed.emplace_back(std::move(it->second), std::move(status));
-    posted.erase(it);
+LinkScheduler::Impl::Started LinkScheduler::Impl::StartNext(double start) {
+  const double rate = options.bytes_per_second;
+  Started s;
+  s.chunk = *queue.Pop(below_limit);
+  Chunk& chunk = s.chunk;
+  Active& a = active.at(chunk.transfer_id);
+  ++a.chunks_in_flight;
+  if (chunk.last) a.all_popped = true;
+  if (stats.chunks_in_flight++ == 0) busy_since_seconds = clock->NowSeconds();
+  if (rate > 0) {
+    s.finish_seconds = start + static_cast<double>(chunk.len) / rate;
+    link_free_at_seconds = s.finish_seconds;
   }
-  cv.notify_one();
+  // Lock order: this link's mu, then the parent's (the parent never calls back).
+  if (options.parent != nullptr) {
+    s.finish_seconds =
+        std::max(s.finish_seconds, options.parent->Commit(options.link_name, chunk.len));
+  }
+  if (chunk.offset == 0) {  // the transfer's first chunk
+    const int c = static_cast<int>(chunk.transfer->cls);
+    s.wait_seconds = std::max(0.0, start - a.submit_seconds);
+    ++stats.started_transfers[c];
+    stats.queue_wait_seconds_sum[c] += s.wait_seconds;
+    stats.queue_wait_seconds_max[c] = std::max(stats.queue_wait_seconds_max[c], s.wait_seconds);
+    s.report = options.on_queue_wait;
+  }
+  if (chunk.transfer->post_chunk) {
+    ++posted_per_gpu[chunk.transfer->gpu];
+    s.post_id = next_post_id++;
+    posted[s.post_id] = chunk;  // `active` holds the transfer too: this copy destroys nothing
+  }
+  return s;
+}
+
+void LinkScheduler::Impl::Post(Started started) {
+  Chunk& chunk = started.chunk;
+  if (started.report) started.report(chunk.transfer->cls, started.wait_seconds);
+  chunk.transfer->post_chunk(
+      chunk.offset, chunk.len,
+      [this, id = started.post_id](absl::Status st) { OnPosted(id, std::move(st)); });
+  chunk.transfer.reset();  // not under the lock (see Complete)
+}
+
+void LinkScheduler::Impl::CopyHere(std::unique_lock<std::mutex>& lock) {
+  Started started = StartNext(clock->NowSeconds());
+  lock.unlock();
+  Chunk& chunk = started.chunk;
+  if (started.report) started.report(chunk.transfer->cls, started.wait_seconds);
+  absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
+  lock.lock();
+  Finished finished;
+  const bool last = FinishChunk(std::move(chunk), std::move(status), &finished);
+  cv.notify_all();  // Shutdown may wait for it
+  lock.unlock();
+  if (last) {
+    in_inline_done = true;
+    Complete(std::move(finished));
+    in_inline_done = false;
+  }
+}
+
+void LinkScheduler::Impl::PostWhilePossible(std::unique_lock<std::mutex>& lock) {
+  posting_from_completion = true;
+  while (CompletionMayPick() && CanPick()) {
+    Started started = StartNext(clock->NowSeconds());
+    lock.unlock();
+    Post(std::move(started));
+    lock.lock();
+  }
+  posting_from_completion = false;
+}
+
+void LinkScheduler::Impl::OnPosted(uint64_t id, absl::Status status) {
+  std::unique_lock<std::mutex> lock(mu);
+  auto it = posted.find(id);
+  Chunk chunk = std::move(it->second);
+  posted.erase(it);
+  auto per_gpu = posted_per_gpu.find(chunk.transfer->gpu);
+  if (--per_gpu->second == 0) posted_per_gpu.erase(per_gpu);
+  if (posting_from_completion || !CompletionMayPick()) {
+    completed.emplace_back(std::move(chunk), std::move(status));
+    // Under the lock: once it is released, Shutdown may finish and the scheduler go.
+    cv.notify_all();  // a worker finishes it; its GPU may take another chunk
+    return;
+  }
+  Finished finished;
+  bool wake_worker = false;
+  if (FinishChunk(std::move(chunk), std::move(status), &finished)) {
+    finished_transfers.push_back(std::move(finished));  // `done` may block: not on this thread
+    wake_worker = true;
+  }
+  PostWhilePossible(lock);
+  // Under the lock: once it is released, Shutdown may finish and the scheduler go.
+  if (stopping) {
+    cv.notify_all();  // Shutdown's workers wait for the last posted chunk
+  } else if (wake_worker) {
+    cv.notify_one();
+  }
 }
 
 bool LinkScheduler::Impl::FinishChunk(Chunk chunk, absl::Status status, Finished* finished) {
@@ -255,6 +365,7 @@ bool LinkScheduler::Impl::FinishChunk(Chunk chunk, absl::Status status, Finished
   // Not the last chunk: `active` still holds the transfer, so dropping the chunk's reference
   // here (with mu held) destroys nothing.
   if (!a.all_popped || a.chunks_in_flight > 0) return false;
+  if (!a.transfer->post_chunk) --blocking_transfers;
   finished->transfer = std::move(a.transfer);
   finished->status = std::move(a.status);
   active.erase(it);
@@ -299,8 +410,21 @@ void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
     if (id.ok() && was_empty) impl_->backlog_since_seconds = impl_->clock->NowSeconds();
     if (id.ok()) {
       Impl::Active& a = impl_->active[*id];
+      if (!transfer->post_chunk) ++impl_->blocking_transfers;
       a.transfer = std::move(transfer);
       a.submit_seconds = impl_->clock->NowSeconds();
+      if (impl_->CompletionMayPick() && !posting_from_completion) {
+        // Posting does not block: post from here rather than wake a worker to do it.
+        impl_->PostWhilePossible(lock);
+        return;
+      }
+      const LinkSchedulerOptions& o = impl_->options;
+      if (was_empty && !a.transfer->post_chunk && a.transfer->bytes <= o.inline_copy_max_bytes &&
+          a.transfer->bytes <= o.chunk_bytes && o.bytes_per_second <= 0 && o.parent == nullptr &&
+          !in_inline_done && !posting_from_completion && impl_->CanPick()) {
+        impl_->CopyHere(lock);
+        return;
+      }
       lock.unlock();
       impl_->cv.notify_one();
       return;
@@ -331,6 +455,7 @@ size_t LinkScheduler::CancelOwner(uint64_t owner_id, const absl::Status& status)
         ++it;
         continue;
       }
+      if (!a.transfer->post_chunk) --impl_->blocking_transfers;
       finished.push_back(std::move(a.transfer));
       it = impl_->active.erase(it);
     }

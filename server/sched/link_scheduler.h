@@ -40,6 +40,11 @@
 // CancelOwner drops the owner's chunks not yet posted; chunks already posted run to completion,
 // and the transfer's `done` comes after the last of them.
 //
+// Submitting thread (issue 16): on an unpaced link without a parent, Submit posts the chunks of a
+// post_chunk transfer itself (posting does not block), and copies a small copy_chunk transfer
+// itself when nothing else is queued (`inline_copy_max_bytes`); an engine's completion finishes
+// its chunk and posts the next ones on the engine's thread. Only workers run `done` otherwise.
+//
 // Thread-safety: all public methods are thread-safe. Transfer callbacks run on worker threads
 // without the scheduler's mutex held, and a finished Transfer (with whatever its callbacks
 // capture: a Session, a Region) is dropped after that mutex is released, so its destructors may
@@ -102,7 +107,13 @@ struct LinkSchedulerOptions {
   uint64_t quantum_bytes = 8ull << 20;
   uint32_t worker_threads = 2;
   // Chunks of post_chunk transfers posted and not completed, per GPU (>= 1; 0 is treated as 1).
+  // URGENT chunks are posted even at the limit (they still count towards it).
   uint32_t max_chunks_in_flight_per_gpu = 2;
+  // A copy_chunk transfer of at most this many bytes (one chunk) submitted to an unpaced link
+  // without a parent whose queue is empty is copied on the submitting thread, and its `done`
+  // runs there, instead of waking a worker (issue 16: the small-request path). Not from inside
+  // another such `done` (no recursion). 0 = never.
+  uint64_t inline_copy_max_bytes = 64 * 1024;
   double bytes_per_second = 0;                  // 0 = unpaced
   double offload_min_share = 0.2;               // of bytes while offloads are queued
   std::map<std::string, uint32_t> gpu_weights;  // default weight 1
@@ -137,7 +148,8 @@ class LinkScheduler {
 
   // Queues a transfer. After Shutdown, `done` is called at once with UNAVAILABLE; a transfer
   // with 0 bytes or neither copy_chunk nor post_chunk gets INVALID_ARGUMENT the same way. A
-  // null transfer is ignored.
+  // null transfer is ignored. May post chunks, or copy a small transfer and run its `done`, on
+  // the calling thread (see above): call it without locks that `done` takes.
   void Submit(std::shared_ptr<Transfer> transfer);
   // Drops the queued chunks of every transfer with this owner_id (> 0): a transfer with no chunk
   // being copied gets `done(status)` before this returns (on this thread, without the

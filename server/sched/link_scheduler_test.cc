@@ -73,6 +73,7 @@ LinkSchedulerOptions SmallChunks(uint32_t workers) {
   o.chunk_bytes = 64 * kKiB;
   o.quantum_bytes = 64 * kKiB;
   o.worker_threads = workers;
+  o.inline_copy_max_bytes = 0;  // every copy on a worker (the inline path has its own tests)
   return o;
 }
 
@@ -440,9 +441,10 @@ TEST(LinkSchedulerTest, AsyncChunksArePostedUpToThePerGpuLimitAndCountedAtComple
   EXPECT_EQ(sched.stats().chunks_in_flight, 0u);
 }
 
-// An URGENT chunk of a GPU at its limit is the next one posted on that GPU once a slot frees,
-// ahead of the offload chunks queued before it; an error fails its transfer once.
-TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAsSoonAsItsGpuHasASlot) {
+// An URGENT chunk is posted at once even when its GPU is at its limit (the engine serves it
+// ahead of the chunks queued there); it holds a slot like any other, so the offload waits for
+// two completions; an error fails its transfer once.
+TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAtOnceEvenAtItsGpusLimit) {
   Recorder rec;
   ManualAsyncEngine engine;
   LinkSchedulerOptions o = SmallChunks(2);
@@ -456,10 +458,11 @@ TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAsSoonAsItsGpuHasASlot) {
   auto urgent = rec.Make(1, "gpu0", TrafficClass::kUrgent, 64 * kKiB);
   engine.Attach(*urgent, 1);
   sched.Submit(urgent);
-  EXPECT_EQ(engine.posts(), 2u);  // gpu0 is at its limit: nothing more was posted
-  engine.Complete(0);
   engine.WaitForPosts(3);
-  EXPECT_EQ(engine.post(2).transfer, 1);  // the urgent chunk, not offload chunk 3
+  EXPECT_EQ(engine.post(2).transfer, 1);  // the urgent chunk, with gpu0 at its limit
+  EXPECT_EQ(engine.max_outstanding("gpu0"), 3);
+  engine.Complete(0);  // 2 posted (offload, urgent): still at the limit
+  EXPECT_EQ(engine.posts(), 3u);
   engine.Complete(2);
   engine.WaitForPosts(4);  // the slot goes back to the offload
   EXPECT_EQ(engine.post(3).transfer, 0);
@@ -471,6 +474,83 @@ TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAsSoonAsItsGpuHasASlot) {
   ASSERT_EQ(rec.done[0].size(), 1u);
   EXPECT_EQ(rec.done[0][0].code(), absl::StatusCode::kInternal);
   EXPECT_EQ(engine.posts(), 4u);  // the failed offload's remaining chunks were skipped
+}
+
+// Issue 16 (small requests): a one-chunk transfer of at most inline_copy_max_bytes on an idle
+// unpaced link is copied, and its done run, on the submitting thread before Submit returns;
+// with chunks queued it waits its turn on a worker like any other.
+TEST(LinkSchedulerTest, ASmallTransferOnAnIdleLinkIsCopiedOnTheSubmittingThread) {
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.inline_copy_max_bytes = 4 * kKiB;
+  LinkScheduler sched(o);
+  std::thread::id copied_on;
+  auto small = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * kKiB);
+  auto record = small->copy_chunk;
+  small->copy_chunk = [&copied_on, record](uint64_t offset, uint64_t len) {
+    copied_on = std::this_thread::get_id();
+    return record(offset, len);
+  };
+  sched.Submit(small);
+  {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    ASSERT_EQ(rec.done[0].size(), 1u);  // done before Submit returned
+    EXPECT_TRUE(rec.done[0][0].ok());
+  }
+  EXPECT_EQ(copied_on, std::this_thread::get_id());
+  EXPECT_EQ(sched.stats().bytes, 4 * kKiB);
+  EXPECT_EQ(sched.stats().started_transfers[static_cast<int>(TrafficClass::kOffload)], 1u);
+
+  // A worker blocked in the first of two chunks: the second is queued, so the small one waits.
+  Gate gate;
+  auto big = rec.Make(1, "gpu0", TrafficClass::kOffload, 2 * 64 * kKiB);
+  auto record_big = big->copy_chunk;
+  std::atomic<bool> big_started{false};
+  big->copy_chunk = [&](uint64_t offset, uint64_t len) {
+    big_started = true;
+    gate.Wait();
+    return record_big(offset, len);
+  };
+  sched.Submit(big);
+  while (!big_started.load()) std::this_thread::yield();
+  sched.Submit(rec.Make(2, "gpu0", TrafficClass::kOffload, 4 * kKiB));
+  {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    EXPECT_EQ(rec.done.count(2), 0u);
+  }
+  gate.Open();
+  sched.Shutdown();
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[2].size(), 1u);
+  EXPECT_TRUE(rec.done[2][0].ok());
+  EXPECT_EQ(sched.stats().bytes, (4 + 128 + 4) * kKiB);
+}
+
+// A Submit from inside an inline done (an admission it let in) is queued for a worker, not
+// copied recursively on the same stack.
+TEST(LinkSchedulerTest, ASubmitFromAnInlineDoneGoesToAWorker) {
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.inline_copy_max_bytes = 4 * kKiB;
+  LinkScheduler sched(o);
+  std::thread::id submitter = std::this_thread::get_id(), follow_up_copied_on;
+  auto first = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * kKiB);
+  auto follow_up = rec.Make(1, "gpu0", TrafficClass::kOffload, 4 * kKiB);
+  auto record = follow_up->copy_chunk;
+  follow_up->copy_chunk = [&, record](uint64_t offset, uint64_t len) {
+    follow_up_copied_on = std::this_thread::get_id();
+    return record(offset, len);
+  };
+  auto record_done = first->done;
+  first->done = [&, record_done](absl::Status st) {
+    record_done(st);
+    sched.Submit(follow_up);
+  };
+  sched.Submit(first);
+  sched.Shutdown();
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_NE(follow_up_copied_on, submitter);
 }
 
 TEST(LinkSchedulerTest, DoneMaySubmitFollowUpWork) {
@@ -748,7 +828,7 @@ TEST(LinkSchedulerCancelTest, CancelOwnerDropsUnpostedAsyncChunksAndWaitsForPost
   engine.Attach(*other, 1);
   sched.Submit(other);
   engine.WaitForPosts(4);
-  auto queued = rec.Make(2, "gpu0", TrafficClass::kUrgent, 2 * 64 * kKiB);
+  auto queued = rec.Make(2, "gpu0", TrafficClass::kPrefetch, 2 * 64 * kKiB);
   queued->owner_id = 7;
   engine.Attach(*queued, 2);
   sched.Submit(queued);

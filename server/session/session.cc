@@ -66,14 +66,17 @@ std::function<absl::Status(uint64_t, uint64_t)> GatedCopy(std::shared_ptr<CopyGa
 // the chunks already posted (their copies touch client memory) and no chunk is posted after it.
 std::function<void(uint64_t, uint64_t, std::function<void(absl::Status)>)> GatedPost(
     std::shared_ptr<CopyGate> gate, Core* core, std::shared_ptr<copy::Region> region,
-    copy::Direction direction, uint64_t region_offset, uint8_t* host) {
-  return [gate, core, region, direction, region_offset, host](
+    copy::Direction direction, uint64_t region_offset, uint8_t* host, sched::TrafficClass cls) {
+  const copy::ChunkUrgency urgency = cls == sched::TrafficClass::kUrgent
+                                         ? copy::ChunkUrgency::kUrgent
+                                         : copy::ChunkUrgency::kNormal;
+  return [gate, core, region, direction, region_offset, host, urgency](
              uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
     if (!gate->Enter()) {
       done(absl::CancelledError("the session ended before this copy started"));
       return;
     }
-    core->engine().PostChunk(direction, *region, region_offset + o, host + o, len,
+    core->engine().PostChunk(direction, *region, region_offset + o, host + o, len, urgency,
                              [gate, done = std::move(done)](absl::Status st) {
                                gate->Exit();
                                done(std::move(st));
@@ -426,7 +429,8 @@ void Session::OnOffload(const Request& r) {
         GatedCopy(self->gate_, core, reg, copy::Direction::kDeviceToHost, r.offset, host);
     if (core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
       t->post_chunk =
-          GatedPost(self->gate_, core, reg, copy::Direction::kDeviceToHost, r.offset, host);
+          GatedPost(self->gate_, core, reg, copy::Direction::kDeviceToHost, r.offset, host,
+                    t->cls);
     }
     const store::BlockRef block = *ref;
     const double admitted = NowSeconds();
@@ -507,7 +511,8 @@ void Session::OnReload(const Request& r) {
             GatedCopy(self->gate_, core, reg, copy::Direction::kHostToDevice, r.offset, host);
         if (core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
           t->post_chunk =
-              GatedPost(self->gate_, core, reg, copy::Direction::kHostToDevice, r.offset, host);
+              GatedPost(self->gate_, core, reg, copy::Direction::kHostToDevice, r.offset, host,
+                        t->cls);
         }
         const uint64_t bytes = ref->bytes;
         const double ready = NowSeconds();
