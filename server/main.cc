@@ -105,6 +105,10 @@ std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
   if (config.max_queued_refreshes_per_uid() > 0) {
     options.max_queued_refreshes_per_uid = config.max_queued_refreshes_per_uid();
   }
+  if (config.max_results_per_uid() > 0) options.max_results_per_uid = config.max_results_per_uid();
+  if (config.history_bytes_per_uid() > 0) {
+    options.history_bytes_per_uid = config.history_bytes_per_uid();
+  }
   const int blas_threads =
       offloadd::projector::SetBlasThreads(offloadd::projector::BlasThreadsFor(options.workers));
   const bool shm_daemon = engine.name() == "shm";
