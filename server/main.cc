@@ -246,6 +246,7 @@ int main(int argc, char** argv) {
   // the first error printed is the first thing that blocks: socket, metrics port, backend,
   // memlock, memory.
   if (absl::Status st = offloadd::CheckSocketPath(socket_path); !st.ok()) return Fail(st, 1);
+  if (absl::Status st = offloadd::RaiseFileLimit(*config); !st.ok()) return Fail(st, 1);
 
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
