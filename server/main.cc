@@ -106,6 +106,10 @@ std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
     options.max_queued_refreshes_per_uid = config.max_queued_refreshes_per_uid();
   }
   if (config.max_results_per_uid() > 0) options.max_results_per_uid = config.max_results_per_uid();
+  if (config.max_waiting_calls() > 0) options.max_waiters = config.max_waiting_calls();
+  if (config.max_waiting_calls_per_uid() > 0) {
+    options.max_waiters_per_uid = config.max_waiting_calls_per_uid();
+  }
   if (config.history_bytes_per_uid() > 0) {
     options.history_bytes_per_uid = config.history_bytes_per_uid();
   }

@@ -363,6 +363,8 @@ void RefreshService::Finish(uint64_t id, RefreshRecord record) {
       it->second.record = record;
       waiters = std::move(it->second.waiters);
       it->second.waiters.clear();
+      for (int64_t uid : it->second.waiter_uids) ForgetWaiterLocked(uid);
+      it->second.waiter_uids.clear();
       const double now = Now();
       const int64_t owner = it->second.caller_uid;
       finished_by_uid_[owner].emplace_back(now, id);
@@ -552,6 +554,10 @@ absl::Status RefreshService::WhenFinished(uint64_t id, int64_t owner_uid,
     }
     auto it = entries_.find(id);
     if (!Finished(it->second.record.state)) {
+      if (owner_uid != kAnyOwner) {
+        if (absl::Status admitted = AdmitWaiterLocked(owner_uid); !admitted.ok()) return admitted;
+        it->second.waiter_uids.push_back(owner_uid);
+      }
       it->second.waiters.push_back(std::move(done));
       return absl::OkStatus();
     }
@@ -559,6 +565,34 @@ absl::Status RefreshService::WhenFinished(uint64_t id, int64_t owner_uid,
   }
   done(record);
   return absl::OkStatus();
+}
+
+absl::Status RefreshService::AdmitWaiterLocked(int64_t owner_uid) {
+  size_t& mine = waiters_by_uid_[owner_uid];
+  if (options_.max_waiters_per_uid > 0 && mine >= options_.max_waiters_per_uid) {
+    if (mine == 0) waiters_by_uid_.erase(owner_uid);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this user already has ", options_.max_waiters_per_uid,
+        " calls waiting for projector refreshes (projector.max_waiting_calls_per_uid): wait for "
+        "one refresh per call, or poll GetResult without wait"));
+  }
+  if (options_.max_waiters > 0 && waiters_total_ >= options_.max_waiters) {
+    if (mine == 0) waiters_by_uid_.erase(owner_uid);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the projector service already has ", options_.max_waiters,
+        " calls waiting for refreshes (projector.max_waiting_calls): retry shortly, or poll "
+        "GetResult without wait"));
+  }
+  ++mine;
+  ++waiters_total_;
+  return absl::OkStatus();
+}
+
+void RefreshService::ForgetWaiterLocked(int64_t owner_uid) {
+  auto it = waiters_by_uid_.find(owner_uid);
+  if (it == waiters_by_uid_.end()) return;
+  --waiters_total_;
+  if (--it->second == 0) waiters_by_uid_.erase(it);
 }
 
 absl::StatusOr<RefreshRecord> RefreshService::Wait(uint64_t id) {

@@ -118,6 +118,10 @@ struct RefreshServiceOptions {
   uint64_t max_refresh_bytes = 8ull << 30;
   size_t max_queued_refreshes = 4096;
   size_t max_queued_refreshes_per_uid = 1024;
+  // Callbacks waiting in WhenFinished (each a GetResult with wait, or one refresh of a
+  // WatchBatch, holding a gRPC call), per owner uid and in total; kAnyOwner is not counted.
+  size_t max_waiters = 4096;
+  size_t max_waiters_per_uid = 256;
 };
 
 class RefreshService {
@@ -152,7 +156,8 @@ class RefreshService {
 
   // Calls `done` exactly once with the record when refresh `id` has finished (kDone or
   // kFailed) — at once, on this thread, if it already has. NOT_FOUND when unknown (or
-  // another owner's).
+  // another owner's); RESOURCE_EXHAUSTED (done is not called) when `owner_uid` already has
+  // max_waiters_per_uid callbacks waiting, or the service max_waiters.
   absl::Status WhenFinished(uint64_t id, int64_t owner_uid,
                             std::function<void(const RefreshRecord&)> done);
   absl::Status WhenFinished(uint64_t id, std::function<void(const RefreshRecord&)> done) {
@@ -190,6 +195,7 @@ class RefreshService {
     double submitted_at = 0;
     std::vector<std::function<void(const RefreshRecord&)>> waiters;
     int64_t caller_uid = -1;  // counted in unfinished_by_uid_ until finished
+    std::vector<int64_t> waiter_uids;  // owners of counted waiters (waiters_by_uid_)
   };
   struct WorkerBuffers;
 
@@ -224,6 +230,9 @@ class RefreshService {
   // A new projector (or none) for a history entry: keeps the byte counts.
   void SetProjectorLocked(History& h, std::shared_ptr<const std::vector<uint8_t>> projector);
   void UpdateQueueGaugeLocked();
+  // Counts one more waiter of `owner_uid`, or RESOURCE_EXHAUSTED naming the bound; mu_ held.
+  absl::Status AdmitWaiterLocked(int64_t owner_uid);
+  void ForgetWaiterLocked(int64_t owner_uid);
   double Now() const;
 
   LapackSvdBackend own_lapack_;  // the cpu_backend when none was given
@@ -247,6 +256,8 @@ class RefreshService {
   std::map<int64_t, size_t> parameters_by_uid_;       // history entries, by owner
   size_t unfinished_ = 0;                        // queued or running
   std::map<int64_t, size_t> unfinished_by_uid_;  // the same, by caller uid
+  std::map<int64_t, size_t> waiters_by_uid_;     // counted WhenFinished callbacks, by owner
+  size_t waiters_total_ = 0;
   std::vector<std::thread> workers_;
 };
 

@@ -648,5 +648,45 @@ TEST_F(RefreshServiceTest, WorkersServeUidsRoundRobin) {
   EXPECT_LE(position, 2) << "this uid's refresh waited behind " << position << " jobs";
 }
 
+
+// Calls waiting for refreshes (GetResult with wait, WatchBatch) are bounded per uid and in
+// total: 8192 GetResult(wait) calls of one uid on one queued refresh held ~190 MiB in the daemon.
+TEST_F(RefreshServiceTest, WaitingCallsAreBoundedPerUidAndInTotal) {
+  RefreshServiceOptions options;
+  options.max_waiters_per_uid = 2;
+  options.max_waiters = 3;
+  Start(options);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 13));
+  backend_.Close();
+  const int64_t me = -1, other = static_cast<int64_t>(getuid());
+  auto submitted = service_->Submit(Request(shm, "w", 0, 24, 16, 2));
+  ASSERT_TRUE(submitted.ok());
+  std::atomic<int> answered{0};
+  auto waiter = [&](const RefreshRecord&) { ++answered; };
+  EXPECT_TRUE(service_->WhenFinished(submitted->id, me, waiter).ok());
+  EXPECT_TRUE(service_->WhenFinished(submitted->id, me, waiter).ok());
+  absl::Status third = service_->WhenFinished(submitted->id, me, waiter);
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  EXPECT_NE(third.message().find("max_waiting_calls_per_uid"), std::string::npos) << third;
+  ServiceRequest theirs = Request(shm, "v", 0, 24, 16, 2);
+  theirs.caller_uid = other;
+  auto their_id = service_->Submit(theirs);
+  ASSERT_TRUE(their_id.ok());
+  EXPECT_TRUE(service_->WhenFinished(their_id->id, other, waiter).ok());
+  absl::Status total = service_->WhenFinished(their_id->id, other, waiter);
+  EXPECT_EQ(total.code(), absl::StatusCode::kResourceExhausted) << total;
+  EXPECT_NE(total.message().find("max_waiting_calls)"), std::string::npos) << total;
+  backend_.Open();
+  ASSERT_TRUE(service_->Wait(submitted->id).ok());
+  ASSERT_TRUE(service_->Wait(their_id->id).ok());
+  EXPECT_EQ(answered.load(), 3);
+  // Answered waiters no longer count.
+  auto next = service_->Submit(Request(shm, "w", 1, 24, 16, 2));
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(service_->WhenFinished(next->id, me, waiter).ok());
+  EXPECT_TRUE(service_->WhenFinished(next->id, me, waiter).ok());
+}
+
 }  // namespace
 }  // namespace offloadd::projector
