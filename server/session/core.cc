@@ -318,6 +318,8 @@ size_t Core::CloseSessions(EndCause cause) {
       if (auto p = weak.lock()) live.push_back(std::move(p));
     }
   }
+  // Every session's copies stop first, so no session's chunks run while another is waited for.
+  for (auto& s : live) s->StopCopies(cause);
   size_t closed = 0;
   for (auto& s : live) {
     if (s->closed()) continue;

@@ -150,7 +150,7 @@ void Session::Fail(uint64_t request_id, absl::Status status, bool counted) {
   {
     // A copy cancelled because the session ended says why it ended (e.g. shutting down).
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_ && absl::IsCancelled(c.status) && !close_status_.ok()) c.status = close_status_;
+    if (absl::IsCancelled(c.status) && !close_status_.ok()) c.status = close_status_;
   }
   Send(std::move(c), counted);
 }
@@ -656,6 +656,14 @@ absl::Status CloseStatus(EndCause cause) {
       ") before this request was answered: it was not carried out; open a new session"));
 }
 }  // namespace
+
+void Session::StopCopies(EndCause cause) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (close_status_.ok()) close_status_ = CloseStatus(cause);
+  }
+  gate_->Close();
+}
 
 void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   bool counted;

@@ -162,6 +162,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void Handle(const Request& request);
   // Ends the session: releases its blocks, waiting offloads and regions. Idempotent.
   void Close(EndCause cause);
+  // Starts no chunk copy of this session from now on (its queued chunks fail with the status
+  // Close(cause) would answer) without waiting; Close follows. Lets a shutdown stop every
+  // session's copies before it waits for any.
+  void StopCopies(EndCause cause);
   // Close(cause), and ends the stream with `status` (EndStream). Idempotent with Close.
   void End(EndCause cause, const absl::Status& status);
 
