@@ -210,5 +210,58 @@ class ShutdownGraceTest(unittest.TestCase):
             daemon.stop()
 
 
+CHILD_PENDING = r"""
+import os, sys, threading, time, grpc
+sys.path.insert(0, %r)
+from test_hardening import RawStream
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+own = [("grpc.use_local_subchannel_pool", 1)]
+chans = [grpc.insecure_channel("unix:" + sys.argv[1], options=own) for _ in range(2)]
+streams = [RawStream(chans[i %% 2]) for i in range(6)]
+end = time.monotonic() + 10
+while time.monotonic() < end and sum(s.done.is_set() for s in streams) < 2:
+    time.sleep(0.05)
+for s in streams:
+    if s.done.is_set():
+        print("ended", s.status.name, s.details, flush=True)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@unittest.skipUnless(os.geteuid() == 0, "needs root to run a client as another uid")
+class PendingHelloPerUidTest(unittest.TestCase):
+    def test_one_uid_cannot_take_every_pending_hello_slot(self):
+        daemon = Daemon(extra=["--socket_mode", "0666", "--hello_timeout_seconds", "0",
+                               "--max_pending_hello_streams_per_uid", "4",
+                               "--max_pending_hello_streams_total", "64"])
+        import subprocess
+        import sys
+        here = os.path.dirname(os.path.abspath(__file__))
+        child = subprocess.Popen([sys.executable, "-c", CHILD_PENDING % here, daemon.sock],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            lines = []
+            for line in child.stdout:
+                if line.startswith("ready"):
+                    break
+                lines.append(line.strip())
+            ended = [l for l in lines if l.startswith("ended")]
+            self.assertEqual(len(ended), 2, lines)
+            for l in ended:
+                self.assertIn("RESOURCE_EXHAUSTED", l)
+                self.assertIn("uid 65534", l)
+                self.assertIn("max_pending_hello_streams_per_uid", l)
+            # While uid 65534 holds its 4, this uid still opens a session.
+            with grpc.insecure_channel("unix:" + daemon.sock) as channel:
+                s = RawStream(channel)
+                self.assertEqual(s.hello().WhichOneof("body"), "hello")
+                s.close()
+        finally:
+            child.stdin.close()
+            child.wait(10)
+            daemon.stop()
+
+
 if __name__ == "__main__":
     unittest.main()
