@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   hello->set_device_id(options.device_id);
   hello->set_pid(options.pid != 0 ? options.pid : static_cast<uint32_t>(getpid()));
   if (!options.resume_token.empty()) hello->set_resume_token(options.resume_token);
+  hello->set_transient_device(options.transient_device);
   std::future<absl::StatusOr<v1::HelloReply>> reply =
       client->Submit<absl::StatusOr<v1::HelloReply>>(
           std::move(request), v1::Response::kHello,

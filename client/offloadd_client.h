@@ -65,6 +65,9 @@ struct ClientOptions {
   // Resume(): presented in Hello to take over the blocks of the session that token names (a
   // daemon restarted on a shared pool, README "Failure modes"). Empty: a new session.
   std::string resume_token;
+  // The device_id is not a GPU whose link should persist (a benchmark or probe): the daemon
+  // removes the link it made for it when the last session naming it ends (proto Hello).
+  bool transient_device = false;
   // Resume(): retry a connection refused with UNAVAILABLE (daemon restarting) for at most this
   // long in total, waiting between attempts from the initial backoff, doubling up to the max.
   double reconnect_total_seconds = 30.0;

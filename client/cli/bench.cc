@@ -17,9 +17,9 @@ namespace {
 using client::Client;
 using client::Priority;
 
-// Every bench session names this one device, so a bench adds one link (named after it) to the
-// daemon's topology and metrics, not one per session. The daemon keeps a link made on use for
-// its lifetime (server/session/core.h), so this one stays until the daemon restarts.
+// Every bench session names this one device, with transient_device set in its Hello: the daemon
+// makes one link for it while the bench runs and removes it, with its metric series, when the
+// last bench session ends (Core::ReleaseLink in server/session/core.h).
 constexpr const char* kBenchDevice = "offloadctl-bench";
 
 double Now() {
@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket, const
   o.socket_path = socket;
   o.client_name = "offloadctl bench";
   o.device_id = dev;
+  o.transient_device = true;  // leave no link behind on a production daemon
   return Client::Connect(o);
 }
 

@@ -21,6 +21,7 @@ session::Request FromProto(const v1::Request& p) {
       r.device_id = p.hello().device_id();
       r.pid = p.hello().pid();
       r.resume_token = p.hello().resume_token();
+      r.transient_device = p.hello().transient_device();
       break;
     case v1::Request::kRegisterRegion: {
       r.kind = session::RequestKind::kRegisterRegion;

@@ -99,7 +99,7 @@ Core::~Core() {
   Drain();
   // Destroy the schedulers (and the transfers they still reference, whose callbacks may hold
   // the last reference to a Session) while the session registry they call back into exists.
-  std::map<std::string, std::unique_ptr<Link>> links;
+  std::map<std::string, std::shared_ptr<Link>> links;
   {
     std::lock_guard<std::mutex> lock(links_mu_);
     links.swap(links_);
@@ -112,18 +112,88 @@ std::string Core::LinkNameFor(const std::string& gpu) const {
   return named != gpu_link_.end() ? named->second : gpu;
 }
 
-bool Core::LinkAvailableFor(const std::string& gpu) {
+absl::Status Core::AcquireLink(const std::string& gpu) {
   std::lock_guard<std::mutex> lock(links_mu_);
   const std::string name = LinkNameFor(gpu);
-  return options_.max_links == 0 || links_.count(name) != 0 || FindSpec(name) != nullptr ||
-         links_.size() < options_.max_links;
+  const bool known = links_.count(name) != 0 || link_users_.count(name) != 0 ||
+                     FindSpec(name) != nullptr;
+  if (!known && options_.max_links > 0) {
+    size_t in_use = links_.size();
+    for (const auto& [user_link, users] : link_users_) in_use += links_.count(user_link) == 0;
+    if (in_use >= options_.max_links) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "offloadd already schedules %d links (max_links): device_id \"%s\" would add one; "
+          "use the GPU's stable id (its UUID)",
+          options_.max_links, gpu));
+    }
+  }
+  ++link_users_[name];
+  return absl::OkStatus();
 }
 
-Core::Link* Core::LinkFor(const std::string& gpu) {
+void Core::ReleaseLink(const std::string& gpu, bool remove_if_unused) {
+  std::shared_ptr<Link> removed;
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);
+    const std::string name = LinkNameFor(gpu);
+    auto users = link_users_.find(name);
+    if (users == link_users_.end()) return;
+    if (--users->second > 0) return;
+    link_users_.erase(users);
+    if (!remove_if_unused) return;
+    auto it = links_.find(name);
+    if (it == links_.end() || FindSpec(name) != nullptr) return;
+    const sched::LinkSchedulerStats d2h = it->second->d2h->stats();
+    const sched::LinkSchedulerStats h2d = it->second->h2d->stats();
+    if (d2h.queued_transfers + d2h.chunks_in_flight + h2d.queued_transfers +
+            h2d.chunks_in_flight > 0) {
+      return;  // a later Acquire/Release of this name retries; the link stays usable
+    }
+    removed = std::move(it->second);
+    links_.erase(it);
+    ForgetLinkMetrics(name);
+  }
+  // Stop the workers outside links_mu_: Shutdown joins threads.
+  removed->d2h->Shutdown();
+  removed->h2d->Shutdown();
+}
+
+void Core::ForgetLinkMetrics(const std::string& name) {
+  auto& m = metrics::Get();
+  for (const char* dir : {"d2h", "h2d", "both"}) {
+    const std::string key = absl::StrCat(name, "/", dir);
+    if (reported_.erase(key) == 0) continue;
+    prometheus::Labels labels{{"link", name}, {"direction", dir}};
+    m.link_capacity_bytes_per_second->Remove(&m.link_capacity_bytes_per_second->Add(labels));
+    m.link_busy_seconds_total->Remove(&m.link_busy_seconds_total->Add(labels));
+    m.link_bytes_total->Remove(&m.link_bytes_total->Add(labels));
+    m.link_queued_transfers->Remove(&m.link_queued_transfers->Add(labels));
+    m.link_chunks_in_flight->Remove(&m.link_chunks_in_flight->Add(labels));
+    for (int c = 0; c < sched::kNumClasses; ++c) {
+      prometheus::Labels l = labels;
+      l["class"] = sched::TrafficClassName(static_cast<sched::TrafficClass>(c));
+      m.link_queue_wait_seconds->Remove(
+          &m.link_queue_wait_seconds->Add(l, metrics::DurationBuckets()));
+    }
+    const std::string prefix = key + "/";
+    for (auto it = gpu_reported_.lower_bound(prefix);
+         it != gpu_reported_.end() && it->first.rfind(prefix, 0) == 0;) {
+      const std::string gpu = it->first.substr(prefix.size());
+      m.link_gpu_bytes_total->Remove(
+          &m.link_gpu_bytes_total->Add({{"link", name}, {"direction", dir}, {"gpu", gpu}}));
+      m.reload_deadline_misses_total->Remove(
+          &m.reload_deadline_misses_total->Add({{"gpu", gpu}, {"link", name}}));
+      misses_reported_.erase(it->first);
+      it = gpu_reported_.erase(it);
+    }
+  }
+}
+
+std::shared_ptr<Core::Link> Core::LinkFor(const std::string& gpu) {
   std::lock_guard<std::mutex> lock(links_mu_);
   const std::string name = LinkNameFor(gpu);
   auto it = links_.find(name);
-  if (it != links_.end()) return it->second.get();
+  if (it != links_.end()) return it->second;
   double d2h = options_.default_link_bytes_per_second;
   double h2d = options_.default_link_bytes_per_second;
   bool half_duplex = false;
@@ -134,7 +204,7 @@ Core::Link* Core::LinkFor(const std::string& gpu) {
   }
   const Host* host = nullptr;
   if (auto p = link_parent_.find(name); p != link_parent_.end()) host = &hosts_.at(p->second);
-  auto link = std::make_unique<Link>();
+  auto link = std::make_shared<Link>();
   link->name = name;
   auto make = [&](const char* direction, double rate, sched::HostLink* parent) {
     sched::LinkSchedulerOptions o;
@@ -168,13 +238,12 @@ Core::Link* Core::LinkFor(const std::string& gpu) {
     link->d2h = make("d2h", d2h, host ? host->d2h.get() : nullptr);
     link->h2d = make("h2d", h2d, host ? host->h2d.get() : nullptr);
   }
-  Link* raw = link.get();
-  links_[name] = std::move(link);
+  links_[name] = link;
   if (draining_) {
-    raw->d2h->Shutdown();
-    raw->h2d->Shutdown();
+    link->d2h->Shutdown();
+    link->h2d->Shutdown();
   }
-  return raw;
+  return link;
 }
 
 void Core::CancelTransfers(uint64_t session_id, const std::string& gpu,
@@ -540,6 +609,8 @@ void Core::RefreshMetrics() {
   }
   std::lock_guard<std::mutex> lock(links_mu_);  // serialises counter deltas
   for (const LinkInfo& link : s.links) {
+    // A link ReleaseLink removed after Stats() read it: export nothing more for it.
+    if (links_.count(link.name) == 0 && FindSpec(link.name) == nullptr) continue;
     for (int d = 0; d < (link.half_duplex ? 1 : 2); ++d) {
       const char* dir = link.half_duplex ? "both" : d == 0 ? "d2h" : "h2d";
       const sched::LinkSchedulerStats& now = d == 0 ? link.d2h : link.h2d;

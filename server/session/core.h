@@ -173,12 +173,22 @@ class Core {
   };
   // The name of the link a GPU's copies use (config, else the GPU's own name).
   std::string LinkNameFor(const std::string& gpu) const;
-  // Whether a session on `gpu` may be admitted: its link exists or is configured, or fewer than
-  // max_links links exist.
-  bool LinkAvailableFor(const std::string& gpu);
+  // Admits a session on `gpu` to its link in one step (so concurrent Hellos cannot pass
+  // max_links together): OK when the link is configured, already in use or made, or when fewer
+  // than max_links links are in use or made; then the session counts as a user of that link
+  // until ReleaseLink. RESOURCE_EXHAUSTED naming max_links otherwise.
+  absl::Status AcquireLink(const std::string& gpu);
+  // Ends one AcquireLink of `gpu`. With `remove_if_unused` (Hello's transient_device), when
+  // this was the link's last user, the link was made on first use (not configured or
+  // discovered) and it has nothing queued or in flight, the link is removed with its metric
+  // series, so a probe's device name (`offloadctl bench`) leaves nothing behind. A GPU's link
+  // otherwise persists (its counters stay continuous across jobs). Must not be called from a
+  // transfer callback (it joins the link's workers).
+  void ReleaseLink(const std::string& gpu, bool remove_if_unused);
   // The link a GPU's copies use, created on first use (so sessions that never copy, like
-  // `offloadctl stats`, create none). Never null.
-  Link* LinkFor(const std::string& gpu);
+  // `offloadctl stats`, create none). Never null; call it only between AcquireLink and
+  // ReleaseLink of that GPU.
+  std::shared_ptr<Link> LinkFor(const std::string& gpu);
 
   store::BlockStore& store() { return store_; }
   copy::CopyEngine& engine() { return *engine_; }
@@ -263,7 +273,8 @@ class Core {
   std::map<std::string, std::string> link_parent_;  // link name -> host link name
 
   std::mutex links_mu_;
-  std::map<std::string, std::unique_ptr<Link>> links_;  // by link name
+  std::map<std::string, std::shared_ptr<Link>> links_;  // by link name
+  std::map<std::string, uint32_t> link_users_;          // link name -> sessions admitted to it
   std::map<std::string, std::string> gpu_link_;         // gpu -> link name
   // Counter values last exported, by "link/direction" and "link/direction/gpu".
   std::map<std::string, sched::LinkSchedulerStats> reported_;
@@ -271,6 +282,8 @@ class Core {
   std::map<std::string, sched::HostLinkStats> host_reported_;
 
   const LinkSpec* FindSpec(const std::string& link_name) const;
+  // Drops the exported series of a link removed by ReleaseLink; links_mu_ held.
+  void ForgetLinkMetrics(const std::string& name);
   // Takes the previous daemon's blocks from the shared pool (constructor).
   void Adopt();
   // Stats of one link, created or not; links_mu_ held.

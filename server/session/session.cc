@@ -237,12 +237,6 @@ void Session::OnHello(const Request& r) {
                                   "hello's device_id and client_name are limited to %d bytes",
                                   kMaxNameBytes)));
   }
-  if (!core_->LinkAvailableFor(r.device_id)) {
-    return Fail(r.request_id, absl::ResourceExhaustedError(absl::StrFormat(
-                                  "offloadd already schedules %d links (max_links): device_id "
-                                  "\"%s\" would add one; use the GPU's stable id (its UUID)",
-                                  core_->options().max_links, r.device_id)));
-  }
   if (absl::Status st = CheckPeerAllowed(core_->options().access, peer_); !st.ok()) {
     return Fail(r.request_id, st);
   }
@@ -272,11 +266,17 @@ void Session::OnHello(const Request& r) {
     lock.unlock();
     return Fail(r.request_id, slot);
   }
+  if (absl::Status link = core_->AcquireLink(r.device_id); !link.ok()) {
+    core_->ReleaseSessionSlot(peer_);
+    lock.unlock();
+    return Fail(r.request_id, link);
+  }
   uint64_t blocks_resumed = 0;
   if (!r.resume_token.empty()) {
     auto resumed = core_->store().ResumeSession(
         id_, key, peer_.known ? peer_.uid : pool::kUnknownUid);
     if (!resumed.ok()) {
+      core_->ReleaseLink(r.device_id, r.transient_device);
       core_->ReleaseSessionSlot(peer_);
       lock.unlock();
       return Fail(r.request_id, resumed.status());
@@ -288,6 +288,7 @@ void Session::OnHello(const Request& r) {
   core_->EndPendingHello(id_);
   client_name_ = r.client_name;
   device_id_ = r.device_id;
+  transient_device_ = r.transient_device;
   pid_ = peer_.known && peer_.pid > 0 ? static_cast<uint32_t>(peer_.pid) : r.pid;
   if (peer_.known) {
     core_->store().SetSessionOwner(id_, peer_.uid);
@@ -669,6 +670,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   bool counted;
   EndStream end_stream;
   std::string device_id;
+  bool transient_device;
   const absl::Status close_status = CloseStatus(cause);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -678,6 +680,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
     end_stream.swap(end_stream_);
     counted = hello_done_;
     device_id = device_id_;
+    transient_device = transient_device_;
     regions_.clear();
     tags_.clear();
     block_tags_.clear();
@@ -691,6 +694,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
     core_->CancelTransfers(id_, device_id, close_status);
     core_->UnwatchPid(id_);
     core_->ReleaseSessionSlot(peer_);
+    core_->ReleaseLink(device_id, transient_device);
   }
   core_->store().ReleaseSession(id_);
   {

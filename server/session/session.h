@@ -95,6 +95,7 @@ struct Request {
   std::string client_name, device_id;
   uint32_t pid = 0;
   std::string resume_token;  // empty: a new session
+  bool transient_device = false;  // Hello: remove the link at the last session's end (proto)
   // kRegisterRegion
   copy::RegionSpec region;
   // kOffload / kReload / kUnregisterRegion / kRelease
@@ -213,6 +214,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Set when the session closes: what requests that could not finish are answered with.
   absl::Status close_status_;
   bool hello_done_ = false;
+  bool transient_device_ = false;  // Hello's transient_device
   bool closed_ = false;
   std::string client_name_, device_id_;
   uint32_t pid_ = 0;
