@@ -71,6 +71,11 @@ max_connections_total: 4096
 max_connections_per_uid: 512
 admin_reserved_connections: 32
 unused_connection_timeout_seconds: 30
+max_streams_per_connection: 64
+max_pending_hello_streams_total: 4096
+max_pending_hello_streams_per_uid: 256
+hello_timeout_seconds: 10
+shutdown_grace_seconds: 10
 watch_client_pids: true
 pid_exit_grace_seconds: 2
 )pb");
@@ -265,6 +270,18 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
                        "max_connections_per_uid", "max_connections_total");
   per_uid_within_total(c.max_sessions_per_uid(), c.max_sessions(), "max_sessions_per_uid",
                        "max_sessions");
+  per_uid_within_total(c.max_pending_hello_streams_per_uid(),
+                       c.max_pending_hello_streams_total(), "max_pending_hello_streams_per_uid",
+                       "max_pending_hello_streams_total");
+  if (!(c.hello_timeout_seconds() >= 0 && c.hello_timeout_seconds() <= 3600)) {
+    problems.push_back("hello_timeout_seconds must be between 0 and 3600 (0 = no timeout)");
+  }
+  if (!(c.shutdown_grace_seconds() >= 0 && c.shutdown_grace_seconds() <= 86400)) {
+    problems.push_back("shutdown_grace_seconds must be between 0 and 86400 (0 = no bound)");
+  }
+  if (c.max_streams_per_connection() > 1000000) {
+    problems.push_back("max_streams_per_connection must be at most 1000000 (0 = gRPC's default)");
+  }
   if (!(c.unused_connection_timeout_seconds() >= 0 &&
         c.unused_connection_timeout_seconds() <= 86400)) {
     problems.push_back("unused_connection_timeout_seconds must be between 0 and 86400 (a day)");
@@ -340,6 +357,11 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"max_links", "links made for new device ids (64), 0 = no limit"},
       {"watch_client_pids", "end a session whose process exited though its stream is open"},
       {"pid_exit_grace_seconds", "delay before such a session ends (2)"},
+      {"hello_timeout_seconds", "end a session stream with no Hello after this long (10), 0 = never"},
+      {"max_pending_hello_streams_total", "streams awaiting Hello in all (4096), 0 = no limit"},
+      {"max_pending_hello_streams_per_uid", "streams awaiting Hello per uid (256), 0 = no limit"},
+      {"max_streams_per_connection", "calls open at once on one connection (64)"},
+      {"shutdown_grace_seconds", "SIGTERM: how long queued copies may finish (10), 0 = no bound"},
   };
   return *flags;
 }
@@ -466,6 +488,19 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
       c->set_max_sessions_per_uid(static_cast<uint32_t>(d));
     else if (name == "max_links") c->set_max_links(static_cast<uint32_t>(d));
     else c->set_max_requests_in_flight(static_cast<uint32_t>(d));
+  } else if (name == "hello_timeout_seconds" || name == "shutdown_grace_seconds") {
+    if (absl::Status s = number(&d); !s.ok()) return s;
+    if (name == "hello_timeout_seconds") c->set_hello_timeout_seconds(d);
+    else c->set_shutdown_grace_seconds(d);
+  } else if (name == "max_pending_hello_streams_total" ||
+             name == "max_pending_hello_streams_per_uid" || name == "max_streams_per_connection") {
+    if (absl::Status s = number(&d); !s.ok()) return s;
+    if (d < 0) return absl::InvalidArgumentError("--" + name + " must be >= 0");
+    const auto v = static_cast<uint32_t>(d);
+    if (name == "max_pending_hello_streams_total") c->set_max_pending_hello_streams_total(v);
+    else if (name == "max_pending_hello_streams_per_uid")
+      c->set_max_pending_hello_streams_per_uid(v);
+    else c->set_max_streams_per_connection(v);
   } else if (name == "watch_client_pids") {
     return boolean(&v1::DaemonConfig::set_watch_client_pids);
   } else if (name == "pid_exit_grace_seconds") {
@@ -532,6 +567,11 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.connections.max_connections_per_uid = c.max_connections_per_uid();
   o.connections.admin_reserved_connections = c.admin_reserved_connections();
   o.connections.unused_connection_timeout_seconds = c.unused_connection_timeout_seconds();
+  o.connections.max_streams_per_connection = c.max_streams_per_connection();
+  o.max_pending_hello_total = c.max_pending_hello_streams_total();
+  o.max_pending_hello_per_uid = c.max_pending_hello_streams_per_uid();
+  o.hello_timeout_seconds = c.hello_timeout_seconds();
+  o.shutdown_grace_seconds = c.shutdown_grace_seconds();
   o.watch_pids = c.watch_client_pids();
   o.pid_exit_grace_seconds = c.pid_exit_grace_seconds();
   o.resume_grace_seconds = c.resume_grace_seconds();

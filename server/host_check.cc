@@ -173,4 +173,31 @@ std::vector<absl::Status> HostProblems(const v1::DaemonConfig& config, const Hos
   return problems;
 }
 
+uint64_t FileDescriptorsNeeded(const v1::DaemonConfig& config) {
+  if (config.max_connections_total() == 0) return 0;
+  return uint64_t{config.max_connections_total()} + config.admin_reserved_connections() +
+         config.max_sessions() + 256;
+}
+
+absl::Status RaiseFileLimit(const v1::DaemonConfig& config) {
+  const uint64_t need = FileDescriptorsNeeded(config);
+  rlimit rl{};
+  if (need == 0 || getrlimit(RLIMIT_NOFILE, &rl) != 0) return absl::OkStatus();
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur >= need) return absl::OkStatus();
+  if (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need) {
+    rlimit raised = rl;
+    raised.rlim_cur = need;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "RLIMIT_NOFILE allows %d open files (hard limit %d), but the configured bounds let "
+      "clients make the daemon hold up to %d (max_connections_total %d + "
+      "admin_reserved_connections %d + max_sessions %d + 256 of its own): raise the limit "
+      "(LimitNOFILE=%d in the systemd unit, ulimit -n in a shell, --ulimit nofile in a "
+      "container) or lower max_connections_total / max_sessions in the config",
+      static_cast<uint64_t>(rl.rlim_cur), static_cast<uint64_t>(rl.rlim_max), need,
+      config.max_connections_total(), config.admin_reserved_connections(), config.max_sessions(),
+      need));
+}
+
 }  // namespace offloadd

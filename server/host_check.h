@@ -56,6 +56,17 @@ absl::Status CheckSocketPath(const std::string& socket_path);
 // Returns whether CAP_IPC_LOCK is effective afterwards.
 bool RaiseIpcLockCapability();
 
+// Descriptors the configured bounds may make the daemon hold: a socket per connection
+// (max_connections_total plus the admin reserve), a pidfd per session (max_sessions) and 256
+// of its own (listener, eventfds, metrics, logs, libraries). 0 when connections are unbounded.
+uint64_t FileDescriptorsNeeded(const v1::DaemonConfig& config);
+
+// RLIMIT_NOFILE against FileDescriptorsNeeded: raises the soft limit toward the hard one when
+// it is lower (returns OK); FAILED_PRECONDITION naming both limits, the need and the fix when
+// even the hard limit is lower (the bounds would not protect the daemon: accept() would fail
+// with EMFILE first, health checks included).
+absl::Status RaiseFileLimit(const v1::DaemonConfig& config);
+
 // The checks 2-4 above against `facts`, in that order; empty when the host can run `config`.
 std::vector<absl::Status> HostProblems(const v1::DaemonConfig& config, const HostFacts& facts);
 

@@ -105,6 +105,14 @@ std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
   if (config.max_queued_refreshes_per_uid() > 0) {
     options.max_queued_refreshes_per_uid = config.max_queued_refreshes_per_uid();
   }
+  if (config.max_results_per_uid() > 0) options.max_results_per_uid = config.max_results_per_uid();
+  if (config.max_waiting_calls() > 0) options.max_waiters = config.max_waiting_calls();
+  if (config.max_waiting_calls_per_uid() > 0) {
+    options.max_waiters_per_uid = config.max_waiting_calls_per_uid();
+  }
+  if (config.history_bytes_per_uid() > 0) {
+    options.history_bytes_per_uid = config.history_bytes_per_uid();
+  }
   const int blas_threads =
       offloadd::projector::SetBlasThreads(offloadd::projector::BlasThreadsFor(options.workers));
   const bool shm_daemon = engine.name() == "shm";
@@ -242,6 +250,7 @@ int main(int argc, char** argv) {
   // the first error printed is the first thing that blocks: socket, metrics port, backend,
   // memlock, memory.
   if (absl::Status st = offloadd::CheckSocketPath(socket_path); !st.ok()) return Fail(st, 1);
+  if (absl::Status st = offloadd::RaiseFileLimit(*config); !st.ok()) return Fail(st, 1);
 
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;

@@ -36,8 +36,6 @@
 
 namespace {
 
-using offloadd::client::Client;
-using offloadd::client::ClientOptions;
 
 using offloadd::cli::Bytes;
 
@@ -74,16 +72,6 @@ std::optional<offloadd::v1::Stats> QueryStats(const std::string& socket) {
     return std::nullopt;
   }
   return stats;
-}
-
-absl::StatusOr<std::unique_ptr<Client>> ConnectForQuery(const std::string& socket) {
-  if (absl::Status st = offloadd::cli::CheckSocketPresent(socket); !st.ok()) return st;
-  ClientOptions o;
-  o.socket_path = socket;
-  o.client_name = "offloadctl";
-  o.device_id = "offloadctl";
-  o.connect_timeout_seconds = 5;
-  return Client::Connect(o);
 }
 
 int Stats(const std::string& socket, bool json) {
@@ -248,12 +236,12 @@ int main(int argc, char** argv) {
   }
   if (cmd == "stats") return Stats(socket, json);
   if (cmd == "topo") return Topo(socket);
-  auto client = ConnectForQuery(socket);  // health: the gRPC health service
-  if (!client.ok()) {
-    std::cerr << "offloadctl: " << client.status().message() << "\n";
+  // health: the gRPC health service, without a session (it must not take a session slot).
+  if (absl::Status st = offloadd::cli::CheckSocketPresent(socket); !st.ok()) {
+    std::cerr << "offloadctl: " << st.message() << "\n";
     return 1;
   }
-  absl::Status st = (*client)->CheckHealth();
+  absl::Status st = offloadd::cli::CheckHealth(socket);
   std::cout << (st.ok() ? "SERVING" : std::string(st.message())) << "\n";
   return st.ok() ? 0 : 1;
 }

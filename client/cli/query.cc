@@ -4,10 +4,15 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
+#include <future>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "client/socket_path.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 
 namespace offloadd::cli {
@@ -46,6 +51,38 @@ std::unique_ptr<v1::Offload::Stub> Stub(const std::string& path) {
   args.SetMaxReceiveMessageSize(-1);  // Stats grows with sessions and links
   return v1::Offload::NewStub(
       grpc::CreateCustomChannel("unix:" + path, grpc::InsecureChannelCredentials(), args));
+}
+
+absl::Status CheckHealth(const std::string& path, double timeout_seconds) {
+  auto channel = grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
+  // HealthCheckRequest{service: ""} encodes as no bytes (proto3 default).
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                    &response, [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  const grpc::Status st = done.get_future().get();
+  if (!st.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                        absl::StrFormat("health check of unix:%s failed: %s", path,
+                                        st.error_message()));
+  }
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  // HealthCheckResponse{status = 1 (varint)}: SERVING is 1; an empty reply is UNKNOWN (0).
+  int status = 0;
+  if (bytes.size() >= 2 && bytes[0] == 0x08) status = static_cast<unsigned char>(bytes[1]);
+  if (status == 1) return absl::OkStatus();
+  static const char* const kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"};
+  return absl::UnavailableError(absl::StrFormat("offloadd at unix:%s reports %s", path,
+                                                status < 4 ? kNames[status] : "an unknown status"));
 }
 
 std::string Bytes(double bytes) {

@@ -23,6 +23,11 @@ absl::Status CheckSocketPresent(const std::string& path);
 // A stub on unix:`path` (no session is opened; GetStats answers without one).
 std::unique_ptr<v1::Offload::Stub> Stub(const std::string& path);
 
+// grpc.health.v1.Health/Check ("" = the whole daemon) on unix:`path`, without opening a
+// session (so it needs no session slot and works while the session bounds are full). OK when
+// SERVING; UNAVAILABLE naming the reported status otherwise; RPC errors with the socket path.
+absl::Status CheckHealth(const std::string& path, double timeout_seconds = 5);
+
 // "1.50 GiB": binary units (KiB, MiB, GiB, TiB), two decimals.
 std::string Bytes(double bytes);
 

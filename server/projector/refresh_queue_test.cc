@@ -105,5 +105,32 @@ TEST(FairRefreshQueueTest, ParameterPushedWhileRunningRejoinsAfterDone) {
   EXPECT_EQ(id, 2u);
 }
 
+
+// One owner (uid) with a backlog over many parameters delays another owner's single refresh by
+// at most one of its jobs (it used to wait behind one job of every parameter of the first).
+TEST(FairRefreshQueueTest, RoundRobinAcrossOwnersBoundsTheWaitToOneJob) {
+  FairRefreshQueue q;
+  for (int p = 0; p < 100; ++p) q.Push("1000:p" + std::to_string(p), 0, 100 + p, /*owner=*/1000);
+  // The victim's refresh arrives after the attacker's first job started.
+  auto first = q.Pop();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->owner, 1000);
+  q.Push("2000:w", 0, 7, /*owner=*/2000);
+  auto second = q.Pop();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->id, 7u);
+  EXPECT_EQ(second->owner, 2000);
+  // Alternation while both have work: attacker, victim, attacker, ...
+  for (int s = 1; s <= 3; ++s) q.Push("2000:w" + std::to_string(s), 0, 7 + s, 2000);
+  std::vector<int64_t> owners;
+  for (int i = 0; i < 6; ++i) {
+    auto item = q.Pop();
+    ASSERT_TRUE(item.has_value());
+    owners.push_back(item->owner);
+  }
+  EXPECT_EQ(owners, (std::vector<int64_t>{1000, 2000, 1000, 2000, 1000, 2000}));
+  EXPECT_EQ(q.queued(), 100u - 4u);
+}
+
 }  // namespace
 }  // namespace offloadd::projector

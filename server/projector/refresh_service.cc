@@ -93,10 +93,7 @@ absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& reque
   }
   if (absl::Status admitted = AdmitLocked(request, *layout); !admitted.ok()) return admitted;
   if (request.reset_history) {
-    if (auto h = history_.find(parameter); h != history_.end()) {
-      if (h->second.projector) history_bytes_ -= h->second.projector->size();
-      history_.erase(h);
-    }
+    if (auto h = history_.find(parameter); h != history_.end()) EraseHistoryLocked(h);
   } else if (auto h = history_.find(parameter);
              h != history_.end() && h->second.last_started_step >= request.step) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -126,9 +123,9 @@ absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& reque
   if (!request.batch_id.empty()) {
     by_batch_[Scoped(request.caller_uid, request.batch_id)].push_back(id);
   }
-  queue_.Push(parameter, request.step, id);
+  queue_.Push(parameter, request.step, id, request.caller_uid);
   UpdateQueueGaugeLocked();
-  EvictResultsLocked(now);
+  EvictResultsLocked(now, request.caller_uid);
   lock.unlock();
   work_cv_.notify_one();
   return SubmitOutcome{id, false, RefreshState::kQueued};
@@ -153,7 +150,12 @@ void RefreshService::WorkerLoop(int index) {
     ServiceRequest request = std::move(e.request);
     e.request = ServiceRequest();
     RefreshRecord record = e.record;
-    History& h = history_[item->parameter];
+    auto [hit_new, created] = history_.try_emplace(item->parameter);
+    History& h = hit_new->second;
+    if (created) {
+      h.owner = item->owner;
+      ++parameters_by_uid_[h.owner];
+    }
     h.last_started_step = std::max(h.last_started_step, item->step);
     h.last_used = ++tick_;
     UpdateQueueGaugeLocked();
@@ -203,9 +205,7 @@ void RefreshService::WorkerLoop(int index) {
     if (hit != history_.end() && !skip && record.state == RefreshState::kDone) {
       History& hh = hit->second;
       if (!record.result.degenerate) {
-        if (hh.projector) history_bytes_ -= hh.projector->size();
-        history_bytes_ += written.size();
-        hh.projector = std::make_shared<const std::vector<uint8_t>>(std::move(written));
+        SetProjectorLocked(hh, std::make_shared<const std::vector<uint8_t>>(std::move(written)));
         hh.projector_rows = record.projector_rows;
         hh.projector_cols = record.effective_rank;
         hh.dtype = record.dtype;
@@ -216,7 +216,7 @@ void RefreshService::WorkerLoop(int index) {
                                  ? absl::optional<double>(record.result.similarity)
                                  : absl::nullopt);
       hh.last_used = ++tick_;
-      EvictHistoryLocked();
+      EvictHistoryLocked(hh.owner);
     }
     queue_.Done(item->parameter);
     lock.unlock();
@@ -363,9 +363,13 @@ void RefreshService::Finish(uint64_t id, RefreshRecord record) {
       it->second.record = record;
       waiters = std::move(it->second.waiters);
       it->second.waiters.clear();
+      for (int64_t uid : it->second.waiter_uids) ForgetWaiterLocked(uid);
+      it->second.waiter_uids.clear();
       const double now = Now();
-      finished_.emplace_back(now, id);
-      EvictResultsLocked(now);
+      const int64_t owner = it->second.caller_uid;
+      finished_by_uid_[owner].emplace_back(now, id);
+      ++finished_count_;
+      EvictResultsLocked(now, owner);
     }
     UpdateQueueGaugeLocked();
   }
@@ -373,38 +377,111 @@ void RefreshService::Finish(uint64_t id, RefreshRecord record) {
   work_cv_.notify_all();  // the parameter may have more queued
 }
 
-void RefreshService::EvictResultsLocked(double now) {
-  while (!finished_.empty() && (finished_.size() > options_.max_results ||
-                                now - finished_.front().first > options_.result_ttl_seconds)) {
-    const uint64_t id = finished_.front().second;
-    finished_.pop_front();
-    auto it = entries_.find(id);
-    if (it == entries_.end()) continue;
-    const RefreshRecord& r = it->second.record;
-    const int64_t owner = it->second.caller_uid;
-    by_key_.erase({Scoped(owner, r.parameter_id), r.step});
-    if (!r.batch_id.empty()) {
-      auto b = by_batch_.find(Scoped(owner, r.batch_id));
-      if (b != by_batch_.end()) {
-        b->second.erase(std::remove(b->second.begin(), b->second.end(), id), b->second.end());
-        if (b->second.empty()) by_batch_.erase(b);
-      }
+void RefreshService::EraseResultLocked(uint64_t id) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  const RefreshRecord& r = it->second.record;
+  const int64_t owner = it->second.caller_uid;
+  by_key_.erase({Scoped(owner, r.parameter_id), r.step});
+  if (!r.batch_id.empty()) {
+    auto b = by_batch_.find(Scoped(owner, r.batch_id));
+    if (b != by_batch_.end()) {
+      b->second.erase(std::remove(b->second.begin(), b->second.end(), id), b->second.end());
+      if (b->second.empty()) by_batch_.erase(b);
     }
-    entries_.erase(it);
+  }
+  entries_.erase(it);
+}
+
+void RefreshService::EvictResultsLocked(double now, int64_t owner) {
+  // Pops the oldest result of `uid`'s deque `it`; drops the deque when empty.
+  auto pop_oldest = [&](std::map<int64_t, std::deque<std::pair<double, uint64_t>>>::iterator it) {
+    const uint64_t id = it->second.front().second;
+    it->second.pop_front();
+    --finished_count_;
+    EraseResultLocked(id);
+    if (it->second.empty()) finished_by_uid_.erase(it);
+  };
+  for (auto it = finished_by_uid_.begin(); it != finished_by_uid_.end();) {
+    auto next = std::next(it);
+    while (it != finished_by_uid_.end() && !it->second.empty() &&
+           now - it->second.front().first > options_.result_ttl_seconds) {
+      const bool last = it->second.size() == 1;
+      pop_oldest(it);
+      if (last) break;  // the deque and `it` are gone
+    }
+    it = next;
+  }
+  if (options_.max_results_per_uid > 0) {
+    auto mine = finished_by_uid_.find(owner);
+    while (mine != finished_by_uid_.end() && mine->second.size() > options_.max_results_per_uid) {
+      const bool last = mine->second.size() == 1;
+      pop_oldest(mine);
+      if (last) break;
+    }
+  }
+  while (finished_count_ > options_.max_results && !finished_by_uid_.empty()) {
+    auto largest = finished_by_uid_.begin();
+    for (auto it = finished_by_uid_.begin(); it != finished_by_uid_.end(); ++it) {
+      if (it->second.size() > largest->second.size()) largest = it;
+    }
+    pop_oldest(largest);
   }
 }
 
-void RefreshService::EvictHistoryLocked() {
-  while (history_bytes_ > options_.history_bytes || history_.size() > options_.max_parameters) {
-    auto oldest = history_.end();
-    for (auto it = history_.begin(); it != history_.end(); ++it) {
-      // Over the byte budget only entries holding a projector help.
-      if (history_.size() <= options_.max_parameters && !it->second.projector) continue;
-      if (oldest == history_.end() || it->second.last_used < oldest->second.last_used) oldest = it;
+std::map<std::string, RefreshService::History>::iterator RefreshService::LeastRecentLocked(
+    int64_t owner, bool with_projector) {
+  auto oldest = history_.end();
+  for (auto it = history_.begin(); it != history_.end(); ++it) {
+    if (it->second.owner != owner || (with_projector && !it->second.projector)) continue;
+    if (oldest == history_.end() || it->second.last_used < oldest->second.last_used) oldest = it;
+  }
+  return oldest;
+}
+
+void RefreshService::SetProjectorLocked(History& h,
+                                        std::shared_ptr<const std::vector<uint8_t>> projector) {
+  const uint64_t before = h.projector ? h.projector->size() : 0;
+  const uint64_t after = projector ? projector->size() : 0;
+  history_bytes_ = history_bytes_ - before + after;
+  uint64_t& mine = history_bytes_by_uid_[h.owner];
+  mine = mine - before + after;
+  if (mine == 0) history_bytes_by_uid_.erase(h.owner);
+  h.projector = std::move(projector);
+}
+
+void RefreshService::EraseHistoryLocked(std::map<std::string, History>::iterator it) {
+  SetProjectorLocked(it->second, nullptr);
+  auto count = parameters_by_uid_.find(it->second.owner);
+  if (count != parameters_by_uid_.end() && --count->second == 0) parameters_by_uid_.erase(count);
+  history_.erase(it);
+}
+
+void RefreshService::EvictHistoryLocked(int64_t owner) {
+  const uint64_t per_uid = options_.history_bytes_per_uid;
+  while (per_uid > 0 && history_bytes_by_uid_.count(owner) != 0 &&
+         history_bytes_by_uid_[owner] > per_uid) {
+    auto it = LeastRecentLocked(owner, /*with_projector=*/true);
+    if (it == history_.end()) break;
+    EraseHistoryLocked(it);
+  }
+  // Past a total: the least recently used of the uid holding the most.
+  auto largest_of = [](const auto& by_uid) {
+    auto largest = by_uid.begin();
+    for (auto it = by_uid.begin(); it != by_uid.end(); ++it) {
+      if (it->second > largest->second) largest = it;
     }
-    if (oldest == history_.end()) break;
-    if (oldest->second.projector) history_bytes_ -= oldest->second.projector->size();
-    history_.erase(oldest);
+    return largest->first;
+  };
+  while (history_bytes_ > options_.history_bytes && !history_bytes_by_uid_.empty()) {
+    auto it = LeastRecentLocked(largest_of(history_bytes_by_uid_), true);
+    if (it == history_.end()) break;
+    EraseHistoryLocked(it);
+  }
+  while (history_.size() > options_.max_parameters && !parameters_by_uid_.empty()) {
+    auto it = LeastRecentLocked(largest_of(parameters_by_uid_), false);
+    if (it == history_.end()) break;
+    EraseHistoryLocked(it);
   }
 }
 
@@ -477,6 +554,10 @@ absl::Status RefreshService::WhenFinished(uint64_t id, int64_t owner_uid,
     }
     auto it = entries_.find(id);
     if (!Finished(it->second.record.state)) {
+      if (owner_uid != kAnyOwner) {
+        if (absl::Status admitted = AdmitWaiterLocked(owner_uid); !admitted.ok()) return admitted;
+        it->second.waiter_uids.push_back(owner_uid);
+      }
       it->second.waiters.push_back(std::move(done));
       return absl::OkStatus();
     }
@@ -484,6 +565,34 @@ absl::Status RefreshService::WhenFinished(uint64_t id, int64_t owner_uid,
   }
   done(record);
   return absl::OkStatus();
+}
+
+absl::Status RefreshService::AdmitWaiterLocked(int64_t owner_uid) {
+  size_t& mine = waiters_by_uid_[owner_uid];
+  if (options_.max_waiters_per_uid > 0 && mine >= options_.max_waiters_per_uid) {
+    if (mine == 0) waiters_by_uid_.erase(owner_uid);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this user already has ", options_.max_waiters_per_uid,
+        " calls waiting for projector refreshes (projector.max_waiting_calls_per_uid): wait for "
+        "one refresh per call, or poll GetResult without wait"));
+  }
+  if (options_.max_waiters > 0 && waiters_total_ >= options_.max_waiters) {
+    if (mine == 0) waiters_by_uid_.erase(owner_uid);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the projector service already has ", options_.max_waiters,
+        " calls waiting for refreshes (projector.max_waiting_calls): retry shortly, or poll "
+        "GetResult without wait"));
+  }
+  ++mine;
+  ++waiters_total_;
+  return absl::OkStatus();
+}
+
+void RefreshService::ForgetWaiterLocked(int64_t owner_uid) {
+  auto it = waiters_by_uid_.find(owner_uid);
+  if (it == waiters_by_uid_.end()) return;
+  --waiters_total_;
+  if (--it->second == 0) waiters_by_uid_.erase(it);
 }
 
 absl::StatusOr<RefreshRecord> RefreshService::Wait(uint64_t id) {

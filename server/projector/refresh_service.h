@@ -23,11 +23,16 @@
 //   - queue: at most max_queued_refreshes refreshes queued or running, and at most
 //     max_queued_refreshes_per_uid of one caller uid (RESOURCE_EXHAUSTED beyond);
 //   - history: per parameter the last projector as written (side_dim x r in its dtype), its last
-//     started step and lazy state; at most history_bytes of projectors and max_parameters
-//     entries, least recently refreshed forgotten first (a forgotten parameter's next refresh
-//     has no similarity and starts cold);
+//     started step and lazy state; at most history_bytes_per_uid of projectors per caller uid,
+//     history_bytes in all and max_parameters entries; least recently refreshed forgotten first:
+//     past the per-uid budget the uid's own, past a total the largest holder's (so one uid
+//     cannot evict another that stays within its share). A forgotten parameter's next refresh
+//     has no similarity and starts cold;
 //   - results: finished records (no projector bytes) for GetResult and de-duplication, at most
-//     max_results and result_ttl_seconds each; queued and running ones are never dropped.
+//     max_results_per_uid per caller uid, max_results in all (past it the largest holder's
+//     oldest go first) and result_ttl_seconds each; queued and running ones are never dropped.
+// Workers serve the queue round robin over caller uids (FairRefreshQueue), so one uid's backlog
+// delays another's refresh by at most one job per worker.
 //
 // Backends: `cpu_backend` (LapackSvdBackend) for every refresh, unless `gpu_backend_for` returns
 // a backend for the gradient's region (e.g. cuSOLVER on the GPU holding a CUDA region).
@@ -103,14 +108,20 @@ struct RefreshServiceOptions {
   // Optional: a backend for gradients in this region (nullptr = cpu_backend).
   std::function<const SvdBackend*(const copy::RegionSpec&)> gpu_backend_for;
   uint64_t history_bytes = 256ull << 20;
+  uint64_t history_bytes_per_uid = 64ull << 20;  // 0 = only the total
   size_t max_parameters = 65536;
   size_t max_results = 4096;
+  size_t max_results_per_uid = 1024;  // 0 = only the total
   double result_ttl_seconds = 600;
   RegionCacheOptions region_cache;
   // See "Memory held" above. 0 = no bound.
   uint64_t max_refresh_bytes = 8ull << 30;
   size_t max_queued_refreshes = 4096;
   size_t max_queued_refreshes_per_uid = 1024;
+  // Callbacks waiting in WhenFinished (each a GetResult with wait, or one refresh of a
+  // WatchBatch, holding a gRPC call), per owner uid and in total; kAnyOwner is not counted.
+  size_t max_waiters = 4096;
+  size_t max_waiters_per_uid = 256;
 };
 
 class RefreshService {
@@ -145,7 +156,8 @@ class RefreshService {
 
   // Calls `done` exactly once with the record when refresh `id` has finished (kDone or
   // kFailed) — at once, on this thread, if it already has. NOT_FOUND when unknown (or
-  // another owner's).
+  // another owner's); RESOURCE_EXHAUSTED (done is not called) when `owner_uid` already has
+  // max_waiters_per_uid callbacks waiting, or the service max_waiters.
   absl::Status WhenFinished(uint64_t id, int64_t owner_uid,
                             std::function<void(const RefreshRecord&)> done);
   absl::Status WhenFinished(uint64_t id, std::function<void(const RefreshRecord&)> done) {
@@ -175,6 +187,7 @@ class RefreshService {
     int64_t last_started_step = -1;
     LazyRefreshState lazy;
     uint64_t last_used = 0;  // LRU tick
+    int64_t owner = -1;      // caller uid
   };
   struct Entry {
     RefreshRecord record;
@@ -182,6 +195,7 @@ class RefreshService {
     double submitted_at = 0;
     std::vector<std::function<void(const RefreshRecord&)>> waiters;
     int64_t caller_uid = -1;  // counted in unfinished_by_uid_ until finished
+    std::vector<int64_t> waiter_uids;  // owners of counted waiters (waiters_by_uid_)
   };
   struct WorkerBuffers;
 
@@ -202,9 +216,23 @@ class RefreshService {
   uint64_t NewIdLocked() const;
   // The entry `id` when `owner_uid` may see it, else nullptr; mu_ held.
   const Entry* FindEntryLocked(uint64_t id, int64_t owner_uid) const;
-  void EvictResultsLocked(double now);
-  void EvictHistoryLocked();
+  // Forgets expired results, then results past `owner`'s budget, then the largest holder's
+  // oldest past max_results.
+  void EvictResultsLocked(double now, int64_t owner);
+  void EraseResultLocked(uint64_t id);
+  // Forgets projectors past `owner`'s budget, then the largest holder's least recently used
+  // past the totals.
+  void EvictHistoryLocked(int64_t owner);
+  // The least recently used history entry of `owner` (holding a projector when
+  // `with_projector`), or history_.end().
+  std::map<std::string, History>::iterator LeastRecentLocked(int64_t owner, bool with_projector);
+  void EraseHistoryLocked(std::map<std::string, History>::iterator it);
+  // A new projector (or none) for a history entry: keeps the byte counts.
+  void SetProjectorLocked(History& h, std::shared_ptr<const std::vector<uint8_t>> projector);
   void UpdateQueueGaugeLocked();
+  // Counts one more waiter of `owner_uid`, or RESOURCE_EXHAUSTED naming the bound; mu_ held.
+  absl::Status AdmitWaiterLocked(int64_t owner_uid);
+  void ForgetWaiterLocked(int64_t owner_uid);
   double Now() const;
 
   LapackSvdBackend own_lapack_;  // the cpu_backend when none was given
@@ -219,11 +247,17 @@ class RefreshService {
   std::map<uint64_t, Entry> entries_;
   std::map<std::pair<std::string, int64_t>, uint64_t> by_key_;  // (Scoped parameter, step)
   std::map<std::string, std::vector<uint64_t>> by_batch_;       // by Scoped batch id, oldest first
-  std::deque<std::pair<double, uint64_t>> finished_;            // (finish time, id), oldest first
+  // (finish time, id) of finished results held, oldest first, by caller uid.
+  std::map<int64_t, std::deque<std::pair<double, uint64_t>>> finished_by_uid_;
+  size_t finished_count_ = 0;
   std::map<std::string, History> history_;                      // by Scoped parameter
   uint64_t history_bytes_ = 0;
+  std::map<int64_t, uint64_t> history_bytes_by_uid_;  // projector bytes held, by owner
+  std::map<int64_t, size_t> parameters_by_uid_;       // history entries, by owner
   size_t unfinished_ = 0;                        // queued or running
   std::map<int64_t, size_t> unfinished_by_uid_;  // the same, by caller uid
+  std::map<int64_t, size_t> waiters_by_uid_;     // counted WhenFinished callbacks, by owner
+  size_t waiters_total_ = 0;
   std::vector<std::thread> workers_;
 };
 

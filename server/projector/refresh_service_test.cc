@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -579,6 +580,112 @@ TEST_F(RefreshServiceTest, ResultsKeysAndBatchesAreVisibleToTheirOwnerOnly) {
   EXPECT_TRUE(service_->BatchIds(2000, "step-3").empty());
   EXPECT_EQ(service_->WhenFinished(mine->id, 2000, [](const RefreshRecord&) {}).code(),
             absl::StatusCode::kNotFound);
+}
+
+
+// Second adversarial pass: the result cache and the history have a budget per uid, so another
+// uid's flood of refreshes does not evict this uid's results or projectors (they used to be one
+// LRU for everyone).
+TEST_F(RefreshServiceTest, AnotherUidsFloodDoesNotEvictThisUidsResultsOrHistory) {
+  RefreshServiceOptions options;
+  options.max_results = 8;
+  options.max_results_per_uid = 4;
+  options.history_bytes = 4 * 16 * 2 * 4;          // four 16 x 2 fp32 projectors
+  options.history_bytes_per_uid = 2 * 16 * 2 * 4;  // two per uid
+  Start(options);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 12));
+  // Two owners that may both name this test's shm object: unknown credentials and our uid.
+  const int64_t victim = -1, flooder = static_cast<int64_t>(getuid());
+  auto as = [&](int64_t uid, const std::string& parameter, int64_t step) {
+    ServiceRequest r = Request(shm, parameter, step, 24, 16, 2);
+    r.caller_uid = uid;
+    return SubmitAndWait(r);
+  };
+  RefreshRecord mine = as(victim, "w", 0);
+  ASSERT_EQ(mine.state, RefreshState::kDone);
+  for (int p = 0; p < 20; ++p) {
+    ASSERT_EQ(as(flooder, "p" + std::to_string(p), 0).state, RefreshState::kDone);
+  }
+  EXPECT_TRUE(service_->Get(mine.id, victim).ok()) << "another uid's flood evicted this result";
+  EXPECT_EQ(service_->Find(victim, "w", 0).value_or(0), mine.id);
+  EXPECT_EQ(service_->stats().results_held, 1u + 4u);  // the flooder keeps its own 4
+  RefreshRecord next = as(victim, "w", 1);
+  EXPECT_TRUE(next.result.has_similarity) << "this uid's projector was forgotten";
+  EXPECT_LE(service_->stats().history_bytes, options.history_bytes);
+}
+
+// One uid's backlog over many parameters delays another uid's single refresh by at most one
+// job (it used to wait for one job of every parameter queued before it).
+TEST_F(RefreshServiceTest, WorkersServeUidsRoundRobin) {
+  Start();  // one worker
+  const int64_t m = 24, n = 16, r = 2;
+  Shm flood(2 << 20), mine(2 << 20);
+  WriteG(flood, Tagged(m, n, 100));
+  WriteG(mine, Tagged(m, n, 200));
+  backend_.Close();
+  std::vector<uint64_t> ids;
+  for (int p = 0; p < 6; ++p) {
+    ServiceRequest req = Request(flood, "p" + std::to_string(p), 0, m, n, r);
+    req.caller_uid = static_cast<int64_t>(getuid());  // the flooder
+    auto s = service_->Submit(req);
+    ASSERT_TRUE(s.ok());
+    ids.push_back(s->id);
+    if (p == 0) backend_.WaitForCalls(1);  // p0 is running, blocked in the backend
+  }
+  ServiceRequest req = Request(mine, "w", 0, m, n, r);
+  req.caller_uid = -1;  // another owner (unknown credentials)
+  auto s = service_->Submit(req);
+  ASSERT_TRUE(s.ok());
+  ids.push_back(s->id);
+  backend_.Open();
+  for (uint64_t id : ids) ASSERT_TRUE(service_->Wait(id).ok());
+  const std::vector<float> tags = backend_.tags();
+  ASSERT_EQ(tags.size(), 7u);
+  // After the running p0, at most one more of the flood (it queued first) runs before this
+  // uid's refresh; the rest of the flood follows.
+  const auto position = std::find(tags.begin(), tags.end(), 200.0f) - tags.begin();
+  EXPECT_LE(position, 2) << "this uid's refresh waited behind " << position << " jobs";
+}
+
+
+// Calls waiting for refreshes (GetResult with wait, WatchBatch) are bounded per uid and in
+// total: 8192 GetResult(wait) calls of one uid on one queued refresh held ~190 MiB in the daemon.
+TEST_F(RefreshServiceTest, WaitingCallsAreBoundedPerUidAndInTotal) {
+  RefreshServiceOptions options;
+  options.max_waiters_per_uid = 2;
+  options.max_waiters = 3;
+  Start(options);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 13));
+  backend_.Close();
+  const int64_t me = -1, other = static_cast<int64_t>(getuid());
+  auto submitted = service_->Submit(Request(shm, "w", 0, 24, 16, 2));
+  ASSERT_TRUE(submitted.ok());
+  std::atomic<int> answered{0};
+  auto waiter = [&](const RefreshRecord&) { ++answered; };
+  EXPECT_TRUE(service_->WhenFinished(submitted->id, me, waiter).ok());
+  EXPECT_TRUE(service_->WhenFinished(submitted->id, me, waiter).ok());
+  absl::Status third = service_->WhenFinished(submitted->id, me, waiter);
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  EXPECT_NE(third.message().find("max_waiting_calls_per_uid"), std::string::npos) << third;
+  ServiceRequest theirs = Request(shm, "v", 0, 24, 16, 2);
+  theirs.caller_uid = other;
+  auto their_id = service_->Submit(theirs);
+  ASSERT_TRUE(their_id.ok());
+  EXPECT_TRUE(service_->WhenFinished(their_id->id, other, waiter).ok());
+  absl::Status total = service_->WhenFinished(their_id->id, other, waiter);
+  EXPECT_EQ(total.code(), absl::StatusCode::kResourceExhausted) << total;
+  EXPECT_NE(total.message().find("max_waiting_calls)"), std::string::npos) << total;
+  backend_.Open();
+  ASSERT_TRUE(service_->Wait(submitted->id).ok());
+  ASSERT_TRUE(service_->Wait(their_id->id).ok());
+  EXPECT_EQ(answered.load(), 3);
+  // Answered waiters no longer count.
+  auto next = service_->Submit(Request(shm, "w", 1, 24, 16, 2));
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(service_->WhenFinished(next->id, me, waiter).ok());
+  EXPECT_TRUE(service_->WhenFinished(next->id, me, waiter).ok());
 }
 
 }  // namespace

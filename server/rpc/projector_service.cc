@@ -248,9 +248,13 @@ absl::StatusOr<pj::ServiceRequest> FromProto(const v1::RefreshRequest& in) {
   r.method = *method;
   if (in.has_oversampling()) r.randomized.oversampling = in.oversampling();
   if (in.has_power_iterations()) {
-    // Any uint32 fits the int unclamped up to INT_MAX, so the error names the value sent.
-    r.randomized.power_iterations = static_cast<int>(
-        std::min<uint32_t>(in.power_iterations(), std::numeric_limits<int>::max()));
+    // Checked here, on the uint32 sent, so the error names that value even above INT_MAX.
+    if (in.power_iterations() > static_cast<uint32_t>(pj::kMaxPowerIterations)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "randomized options: power_iterations ", in.power_iterations(),
+          " must be <= ", pj::kMaxPowerIterations, " (1-3 is usual)"));
+    }
+    r.randomized.power_iterations = static_cast<int>(in.power_iterations());
   }
   if (in.has_seed()) r.randomized.seed = in.seed();
   r.warm_start = in.warm_start();

@@ -396,5 +396,17 @@ TEST_F(ProjectorRpcTest, PowerIterationsErrorNamesTheValueSent) {
       << st.error_message();
 }
 
+// Above INT_MAX the value sent is named too (it used to be reported clamped to 2147483647).
+TEST_F(ProjectorRpcTest, PowerIterationsAboveIntMaxNamesTheValueSent) {
+  v1::RefreshRequest r = Request("w", 0, 24, 16, 2);
+  r.set_method(v1::METHOD_RANDOMIZED);
+  r.set_power_iterations(4000000000u);
+  v1::SubmitReply reply;
+  grpc::Status st = Submit(r, &reply);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("power_iterations 4000000000"), std::string::npos)
+      << st.error_message();
+}
+
 }  // namespace
 }  // namespace offloadd::rpc

@@ -61,9 +61,15 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   SessionReactor(session::Core* core, grpc::CallbackServerContext* ctx,
                  const std::atomic<bool>* shutting_down, session::PeerCredentials peer)
       : ctx_(ctx), shutting_down_(shutting_down) {
-    session_ = session::Session::Create(
+    auto opened = session::Session::Open(
         core, [this](session::Completion c) { Enqueue(std::move(c)); }, std::move(peer),
         [this](const absl::Status& status) { EndStream(status); });
+    if (!opened.ok()) {  // too many streams await their Hello: no session, end at once
+      finished_ = true;
+      Finish(ToGrpcStatus(opened.status()));
+      return;
+    }
+    session_ = *std::move(opened);
     StartRead(&in_bytes_);
   }
 
@@ -173,7 +179,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   }
 
   void OnDone() override {
-    session_->Close(session::EndCause::kCrashed);  // no-op if already closed
+    if (session_) session_->Close(session::EndCause::kCrashed);  // no-op if already closed
     delete this;
   }
 
@@ -405,6 +411,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
       });
   builder.RegisterService(impl->projector_service.get());
   builder.SetMaxReceiveMessageSize(8 << 20);  // 4096 requests fit many times over
+  // Streams per connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; applies to the connections
+  // handed over by the listener too): one connection cannot open unbounded session streams.
+  if (const uint32_t streams = core->options().connections.max_streams_per_connection;
+      streams > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, static_cast<int>(streams));
+  }
   impl->server = builder.BuildAndStart();
   if (!impl->server) {
     unlink(socket_path.c_str());
@@ -430,7 +442,19 @@ void Server::Shutdown() {
   impl_->service->shutting_down_ = true;
   impl_->listener->Stop();  // new connections are refused from here on
   if (impl_->projector != nullptr) impl_->projector->Shutdown();
-  impl_->core->Drain();  // finish copies in flight; completions go out on open streams
+  // Copies already queued may finish for shutdown_grace_seconds (their completions go out on
+  // open streams); after it, every session is closed: queued chunks are cancelled, running
+  // ones finish, and each request not yet answered is answered UNAVAILABLE.
+  session::Core* core = impl_->core;
+  core->StopAccepting();
+  const double grace = core->options().shutdown_grace_seconds;
+  if (grace > 0 && !core->WaitTransfers(grace)) {
+    const size_t closed = core->CloseSessions(session::EndCause::kShutdown);
+    LOG(WARNING) << "offloadd: copies were still queued " << grace
+                 << " s after the shutdown began (shutdown_grace_seconds); closed " << closed
+                 << " sessions, cancelling their queued copies";
+  }
+  core->Drain();  // waits for the copies still running
   impl_->server->GetHealthCheckService()->Shutdown();
   // Give streams a moment to flush their last completions, then cancel what remains.
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));

@@ -44,9 +44,11 @@ class Server {
   static constexpr int kMaxResponsesPerMessage = 4096;
   ~Server();  // Shutdown()
 
-  // Graceful stop: new requests get UNAVAILABLE, transfers in flight finish and their
-  // completions are sent, then every stream is closed (sessions end with cause "shutdown") and
-  // the socket file is removed. Queued projector refreshes fail with UNAVAILABLE first; running
+  // Graceful stop: new requests get UNAVAILABLE; transfers already accepted may finish for
+  // CoreOptions::shutdown_grace_seconds (0 = as long as they take) and their completions are
+  // sent; after it every session is closed (cause "shutdown"): queued chunks are cancelled,
+  // running ones finish, and each request not yet answered is answered UNAVAILABLE "offloadd is
+  // shutting down". Then every stream is closed and the socket file is removed. Queued projector refreshes fail with UNAVAILABLE first; running
   // ones finish and the calls waiting for them are answered. Idempotent.
   void Shutdown();
   const std::string& socket_path() const { return socket_path_; }

@@ -27,6 +27,11 @@ class CopyGate {
     std::lock_guard<std::mutex> lock(mu_);
     if (--running_ == 0) idle_.notify_all();
   }
+  // Closes the gate without waiting: no copy begins from now on. Idempotent.
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
   // Closes the gate and waits for the copies running now (each at most one chunk). Idempotent.
   void CloseAndWait() {
     std::unique_lock<std::mutex> lock(mu_);

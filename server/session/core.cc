@@ -48,6 +48,9 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
   metrics::Get()
       .pool_capacity_bytes->Add({{"numa_node", metrics::NumaNodeLabel(arena_->numa_node())}})
       .Set(static_cast<double>(store_.capacity_bytes()));
+  if (options_.hello_timeout_seconds > 0) {
+    hello_thread_ = std::thread([this] { HelloTimeoutLoop(); });
+  }
   if (options_.watch_pids) {
     pid_watcher_ = std::make_unique<PidWatcher>(
         options_.pid_exit_grace_seconds, options_.pid_poll_interval_seconds, [this](uint64_t id) {
@@ -86,6 +89,12 @@ const LinkSpec* Core::FindSpec(const std::string& link_name) const {
 }
 
 Core::~Core() {
+  {
+    std::lock_guard<std::mutex> lock(hello_mu_);
+    hello_stop_ = true;
+  }
+  hello_cv_.notify_all();
+  if (hello_thread_.joinable()) hello_thread_.join();  // no EndSession from it past this point
   pid_watcher_.reset();  // no EndSession from its thread past this point
   Drain();
   // Destroy the schedulers (and the transfers they still reference, whose callbacks may hold
@@ -292,6 +301,103 @@ void Core::ReleaseSessionSlot(const PeerCredentials& peer) {
   if (it != sessions_per_uid_.end() && --it->second == 0) sessions_per_uid_.erase(it);
 }
 
+absl::Status Core::AdmitPendingHello(uint64_t session_id, const PeerCredentials& peer) {
+  PendingHello p;
+  p.per_uid = options_.max_pending_hello_per_uid > 0 && peer.known &&
+              !IsAdmin(options_.access, peer);
+  p.uid = peer.uid;
+  p.deadline_seconds = NowSeconds() + options_.hello_timeout_seconds;
+  std::lock_guard<std::mutex> lock(hello_mu_);
+  if (p.per_uid && pending_per_uid_[peer.uid] >= options_.max_pending_hello_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "uid %d already has %d session streams open that have not sent Hello "
+        "(max_pending_hello_streams_per_uid): send Hello as the first request of each stream "
+        "and close streams you do not use",
+        peer.uid, options_.max_pending_hello_per_uid));
+  }
+  if (options_.max_pending_hello_total > 0 &&
+      pending_hello_.size() >= options_.max_pending_hello_total) {
+    if (p.per_uid && pending_per_uid_[peer.uid] == 0) pending_per_uid_.erase(peer.uid);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "offloadd already has %d session streams open that have not sent Hello "
+        "(max_pending_hello_streams_total): retry shortly; send Hello as the first request of "
+        "each stream",
+        options_.max_pending_hello_total));
+  }
+  if (p.per_uid) ++pending_per_uid_[peer.uid];
+  pending_hello_[session_id] = p;
+  return absl::OkStatus();
+}
+
+void Core::ErasePendingLocked(std::map<uint64_t, PendingHello>::iterator it) {
+  if (it->second.per_uid) {
+    auto uid = pending_per_uid_.find(it->second.uid);
+    if (uid != pending_per_uid_.end() && --uid->second == 0) pending_per_uid_.erase(uid);
+  }
+  pending_hello_.erase(it);
+}
+
+void Core::EndPendingHello(uint64_t session_id) {
+  std::lock_guard<std::mutex> lock(hello_mu_);
+  auto it = pending_hello_.find(session_id);
+  if (it != pending_hello_.end()) ErasePendingLocked(it);
+}
+
+size_t Core::pending_hello() const {
+  std::lock_guard<std::mutex> lock(hello_mu_);
+  return pending_hello_.size();
+}
+
+void Core::HelloTimeoutLoop() {
+  const double timeout = options_.hello_timeout_seconds;
+  const auto period = std::chrono::duration<double>(std::clamp(timeout / 4, 0.05, 1.0));
+  std::unique_lock<std::mutex> lock(hello_mu_);
+  while (!hello_stop_) {
+    hello_cv_.wait_for(lock, period, [this] { return hello_stop_; });
+    if (hello_stop_) return;
+    const double now = NowSeconds();
+    std::vector<uint64_t> expired;
+    for (auto it = pending_hello_.begin(); it != pending_hello_.end();) {
+      if (it->second.deadline_seconds > now) {
+        ++it;
+        continue;
+      }
+      expired.push_back(it->first);
+      ErasePendingLocked(it++);
+    }
+    if (expired.empty()) continue;
+    lock.unlock();
+    for (uint64_t id : expired) {
+      (void)EndSession(id, EndCause::kHelloTimeout,
+                       absl::DeadlineExceededError(absl::StrFormat(
+                           "this session stream sent no successful Hello within %g s "
+                           "(hello_timeout_seconds), so offloadd ended it: send Hello as the "
+                           "first request right after opening the stream, then retry",
+                           timeout)));
+    }
+    lock.lock();
+  }
+}
+
+size_t Core::CloseSessions(EndCause cause) {
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    for (auto& [id, weak] : sessions_) {
+      if (auto p = weak.lock()) live.push_back(std::move(p));
+    }
+  }
+  // Every session's copies stop first, so no session's chunks run while another is waited for.
+  for (auto& s : live) s->StopCopies(cause);
+  size_t closed = 0;
+  for (auto& s : live) {
+    if (s->closed()) continue;
+    s->Close(cause);
+    ++closed;
+  }
+  return closed;
+}
+
 absl::StatusOr<SessionInfo> Core::EndSession(uint64_t id, EndCause cause,
                                              const absl::Status& status) {
   std::shared_ptr<Session> session;
@@ -343,7 +449,7 @@ void Core::CountTransfer(bool offload, uint64_t bytes, bool ok) {
   }
 }
 
-void Core::Drain() {
+void Core::StopAccepting() {
   {
     std::lock_guard<std::mutex> lock(transfers_mu_);
     draining_ = true;
@@ -352,6 +458,16 @@ void Core::Drain() {
   // for up to the admission deadline; this also ends the store's deadline thread, so no store
   // callback runs after Drain.
   store_.Stop();
+}
+
+bool Core::WaitTransfers(double seconds) {
+  std::unique_lock<std::mutex> lock(transfers_mu_);
+  return transfers_cv_.wait_for(lock, std::chrono::duration<double>(seconds),
+                                [this] { return transfers_in_flight_ == 0; });
+}
+
+void Core::Drain() {
+  StopAccepting();
   {
     std::unique_lock<std::mutex> lock(transfers_mu_);
     transfers_cv_.wait(lock, [this] { return transfers_in_flight_ == 0; });

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -78,6 +79,17 @@ struct CoreOptions {
   // Sessions one non-admin uid may have open at once (admins are counted only in the total),
   // so one user cannot take every slot; 0 = no limit.
   uint32_t max_sessions_per_uid = 256;
+  // Session streams opened that have not yet completed a Hello (each holds a Session): at most
+  // max_pending_hello_total in all and max_pending_hello_per_uid per non-admin uid (admins are
+  // counted only in the total); a stream past a bound ends at once with RESOURCE_EXHAUSTED
+  // naming it. A stream with no successful Hello within hello_timeout_seconds ends with
+  // DEADLINE_EXCEEDED (cause "hello_timeout"). 0 = no bound / no timeout.
+  uint32_t max_pending_hello_total = 4096;
+  uint32_t max_pending_hello_per_uid = 256;
+  double hello_timeout_seconds = 10;
+  // SIGTERM: how long copies already queued may keep the daemon up (rpc/server.h Shutdown);
+  // after it, queued chunks are cancelled and their requests answered UNAVAILABLE.
+  double shutdown_grace_seconds = 10;
   // Links made on first use (one per unconfigured device id, each with its copy threads): a
   // Hello naming a new device id beyond this many gets RESOURCE_EXHAUSTED. 0 = no limit.
   uint32_t max_links = 64;
@@ -193,6 +205,24 @@ class Core {
   // naming the bound that is full; each OK is paired with ReleaseSessionSlot of the same peer.
   absl::Status TryOpenSessionSlot(const PeerCredentials& peer);
   void ReleaseSessionSlot(const PeerCredentials& peer);
+  // A session stream awaiting its Hello: counted against max_pending_hello_total and, for a
+  // non-admin peer with known credentials, max_pending_hello_per_uid (RESOURCE_EXHAUSTED naming
+  // the bound that is full), and ended by EndSession(kHelloTimeout) once hello_timeout_seconds
+  // pass. EndPendingHello (after a successful Hello, or when the session closes) releases it;
+  // idempotent.
+  absl::Status AdmitPendingHello(uint64_t session_id, const PeerCredentials& peer);
+  void EndPendingHello(uint64_t session_id);
+  size_t pending_hello() const;
+  // Closes every open session (Hello done or not) with `cause` (Session::Close: queued chunks
+  // cancelled, running ones waited for, unanswered requests answered); their streams stay open
+  // to carry the answers. Returns how many were closed.
+  size_t CloseSessions(EndCause cause);
+  // Waits up to `seconds` for every accepted transfer to finish; true when none is left. Does
+  // not stop accepting (see Drain).
+  bool WaitTransfers(double seconds);
+  // Stops accepting transfers (BeginTransfer fails from here on; queued offloads waiting for
+  // space fail UNAVAILABLE). Drain() does this first.
+  void StopAccepting();
 
   // Ends an open session from the daemon's side (an admin call; its process exited): releases
   // everything it holds and ends its stream with `status`. Returns what it held just before.
@@ -266,6 +296,22 @@ class Core {
   std::mutex slots_mu_;                          // guards sessions_per_uid_
   std::map<uint32_t, uint32_t> sessions_per_uid_;  // open sessions of non-admin known peers
   std::unique_ptr<PidWatcher> pid_watcher_;  // null without watch_pids; reset first in ~Core
+
+  // Streams awaiting Hello (AdmitPendingHello), and the thread that ends those past
+  // hello_timeout_seconds (stopped first in ~Core).
+  struct PendingHello {
+    double deadline_seconds = 0;
+    bool per_uid = false;  // counted in pending_per_uid_
+    uint32_t uid = 0;
+  };
+  void HelloTimeoutLoop();
+  void ErasePendingLocked(std::map<uint64_t, PendingHello>::iterator it);
+  mutable std::mutex hello_mu_;
+  std::condition_variable hello_cv_;
+  bool hello_stop_ = false;
+  std::map<uint64_t, PendingHello> pending_hello_;
+  std::map<uint32_t, uint32_t> pending_per_uid_;
+  std::thread hello_thread_;
 
   std::mutex transfers_mu_;
   std::condition_variable transfers_cv_;

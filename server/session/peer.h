@@ -56,6 +56,9 @@ struct ConnectionLimits {
   uint32_t max_connections_per_uid = 512;
   uint32_t admin_reserved_connections = 32;
   double unused_connection_timeout_seconds = 30;
+  // HTTP/2 streams (calls) open at once on one connection (gRPC's max concurrent streams
+  // setting); a client's further calls wait in its own gRPC library. 0 = gRPC's default.
+  uint32_t max_streams_per_connection = 64;
 };
 
 // Reads SO_PEERCRED and SO_PEERGROUPS of a connected Unix socket. Errors: INTERNAL with errno's

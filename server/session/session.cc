@@ -94,6 +94,7 @@ const char* EndCauseName(EndCause cause) {
     case EndCause::kPidExited: return "pid_exited";
     case EndCause::kAdmin: return "admin";
     case EndCause::kBadMessage: return "bad_message";
+    case EndCause::kHelloTimeout: return "hello_timeout";
   }
   return "unknown";
 }
@@ -103,6 +104,15 @@ std::shared_ptr<Session> Session::Create(Core* core, Emit emit, PeerCredentials 
   std::shared_ptr<Session> s(
       new Session(core, std::move(emit), std::move(peer), std::move(end_stream)));
   core->AddSession(s->id_, s);
+  return s;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> Session::Open(Core* core, Emit emit,
+                                                       PeerCredentials peer,
+                                                       EndStream end_stream) {
+  std::shared_ptr<Session> s = Create(core, std::move(emit), std::move(peer),
+                                      std::move(end_stream));
+  if (absl::Status st = core->AdmitPendingHello(s->id_, s->peer_); !st.ok()) return st;
   return s;
 }
 
@@ -122,7 +132,12 @@ bool Session::closed() const {
 
 void Session::Send(Completion c, bool counted) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (counted && requests_in_flight_ > 0) --requests_in_flight_;
+  if (counted) {
+    auto it = unanswered_.find(c.request_id);
+    if (it == unanswered_.end()) return;  // already answered when the session closed
+    unanswered_.erase(it);
+    requests_in_flight_ = unanswered_.size();
+  }
   if (emit_) emit_(std::move(c));
 }
 
@@ -135,6 +150,11 @@ void Session::Fail(uint64_t request_id, absl::Status status, bool counted) {
   c.request_id = request_id;
   c.kind = CompletionKind::kError;
   c.status = std::move(status);
+  {
+    // A copy cancelled because the session ended says why it ended (e.g. shutting down).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::IsCancelled(c.status) && !close_status_.ok()) c.status = close_status_;
+  }
   Send(std::move(c), counted);
 }
 
@@ -145,7 +165,10 @@ void Session::Handle(const Request& r) {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     in_flight = requests_in_flight_;
-    if (limit == 0 || in_flight < limit) ++requests_in_flight_;
+    if (limit == 0 || in_flight < limit) {
+      unanswered_.insert(r.request_id);
+      requests_in_flight_ = unanswered_.size();
+    }
   }
   if (limit > 0 && in_flight >= limit) {
     return Fail(r.request_id,
@@ -265,6 +288,7 @@ void Session::OnHello(const Request& r) {
   }
   core_->store().SetSessionResumeKey(id_, key);
   hello_done_ = true;
+  core_->EndPendingHello(id_);
   client_name_ = r.client_name;
   device_id_ = r.device_id;
   transient_device_ = r.transient_device;
@@ -618,16 +642,46 @@ void Session::Close(EndCause cause) { CloseWith(cause, nullptr); }
 
 void Session::End(EndCause cause, const absl::Status& status) { CloseWith(cause, &status); }
 
+namespace {
+// What a request that could not finish is answered with when its session ends for `cause`.
+absl::Status CloseStatus(EndCause cause) {
+  if (cause == EndCause::kShutdown) {
+    return absl::UnavailableError(
+        "offloadd is shutting down: this request was not carried out (an offload stored "
+        "nothing, a reload did not write your memory); keep the data in process memory and "
+        "reconnect when the daemon is back");
+  }
+  if (cause == EndCause::kClosed) {
+    return absl::CancelledError(
+        "the client half-closed its session stream before this request was answered: offloadd "
+        "cancelled it (an offload stored nothing, a reload did not write your memory); keep the "
+        "stream open until every answer has arrived");
+  }
+  return absl::CancelledError(absl::StrCat(
+      "the session ended (", EndCauseName(cause),
+      ") before this request was answered: it was not carried out; open a new session"));
+}
+}  // namespace
+
+void Session::StopCopies(EndCause cause) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (close_status_.ok()) close_status_ = CloseStatus(cause);
+  }
+  gate_->Close();
+}
+
 void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   bool counted;
   EndStream end_stream;
   std::string device_id;
   bool transient_device;
+  const absl::Status close_status = CloseStatus(cause);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
-    emit_ = nullptr;
+    close_status_ = close_status;
     end_stream.swap(end_stream_);
     counted = hello_done_;
     device_id = device_id_;
@@ -636,17 +690,34 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
     tags_.clear();
     block_tags_.clear();
   }
+  if (!counted) core_->EndPendingHello(id_);
   // No copy into the client's memory starts from here on; wait for those running, and drop the
-  // queued ones (they must not hold up the link or a shutdown), before the stream ends.
+  // queued ones (they must not hold up the link or a shutdown), before the stream ends. Their
+  // requests are answered meanwhile (emit_ is still set).
   gate_->CloseAndWait();
   if (counted) {
-    core_->CancelTransfers(id_, device_id,
-                           absl::CancelledError("the session ended before this copy ran"));
+    core_->CancelTransfers(id_, device_id, close_status);
     core_->UnwatchPid(id_);
     core_->ReleaseSessionSlot(peer_);
     core_->ReleaseLink(device_id, transient_device);
   }
   core_->store().ReleaseSession(id_);
+  {
+    // Every request still unanswered gets its answer now, then nothing more is sent.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (emit_) {
+      for (uint64_t request_id : unanswered_) {
+        Completion c;
+        c.request_id = request_id;
+        c.kind = CompletionKind::kError;
+        c.status = close_status;
+        emit_(std::move(c));
+      }
+    }
+    unanswered_.clear();
+    requests_in_flight_ = 0;
+    emit_ = nullptr;
+  }
   if (end_status != nullptr && end_stream) end_stream(*end_status);
   auto& m = metrics::Get();
   if (counted) m.sessions_open->Decrement();

@@ -32,8 +32,13 @@
 // block or not, chunk by chunk (a mixed block, not detected).
 // When the stream ends (client
 // exit or crash), Close() releases every block and region the session holds; copies in flight
-// finish first and their completions are dropped. End() does the same from the daemon's side
-// (admin call, process exited) and also ends the stream with a status.
+// finish first. Every request accepted and not yet answered is answered before Close() returns
+// (the stream can still carry answers after a half-close): with its own completion if it
+// finished meanwhile, else CANCELLED saying the session ended first (UNAVAILABLE "offloadd is
+// shutting down" for cause kShutdown). End() does the same from the daemon's side (admin call,
+// process exited, hello timeout) and also ends the stream with a status.
+// Streams (Open) count as awaiting Hello until a Hello succeeds (Core::AdmitPendingHello):
+// bounded in total and per uid, and ended with DEADLINE_EXCEEDED after hello_timeout_seconds.
 // Client memory after the end: Close()/End() return (and End() ends the stream) only after
 // every chunk copy of the session into or out of client memory has finished; chunks not yet
 // started are cancelled and never run (copy_gate.h). Once the client sees its stream end it may
@@ -47,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -131,8 +137,9 @@ struct Completion {
 
 // Metric label values: closed (client half-closed), crashed (stream broke), shutdown (daemon
 // stopping), pid_exited (process gone, stream lingered), admin (ended by an admin call),
-// bad_message (the client sent bytes that are not a valid message).
-enum class EndCause { kClosed, kCrashed, kShutdown, kPidExited, kAdmin, kBadMessage };
+// bad_message (the client sent bytes that are not a valid message), hello_timeout (no Hello
+// within hello_timeout_seconds).
+enum class EndCause { kClosed, kCrashed, kShutdown, kPidExited, kAdmin, kBadMessage, kHelloTimeout };
 const char* EndCauseName(EndCause cause);
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -145,11 +152,21 @@ class Session : public std::enable_shared_from_this<Session> {
   // connection's credentials (unknown = not checked).
   static std::shared_ptr<Session> Create(Core* core, Emit emit, PeerCredentials peer = {},
                                          EndStream end_stream = nullptr);
+  // Create for a client stream, admitted as awaiting Hello (Core::AdmitPendingHello):
+  // RESOURCE_EXHAUSTED naming the bound when too many streams of the peer's uid, or in all,
+  // have not sent Hello (no session is then kept).
+  static absl::StatusOr<std::shared_ptr<Session>> Open(Core* core, Emit emit,
+                                                       PeerCredentials peer,
+                                                       EndStream end_stream);
   ~Session();
 
   void Handle(const Request& request);
   // Ends the session: releases its blocks, waiting offloads and regions. Idempotent.
   void Close(EndCause cause);
+  // Starts no chunk copy of this session from now on (its queued chunks fail with the status
+  // Close(cause) would answer) without waiting; Close follows. Lets a shutdown stop every
+  // session's copies before it waits for any.
+  void StopCopies(EndCause cause);
   // Close(cause), and ends the stream with `status` (EndStream). Idempotent with Close.
   void End(EndCause cause, const absl::Status& status);
 
@@ -191,6 +208,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // Chunk copies of this session's transfers pass it; closed by CloseWith.
   const std::shared_ptr<CopyGate> gate_ = std::make_shared<CopyGate>();
   uint64_t requests_in_flight_ = 0;
+  // Request ids accepted and not yet answered (requests_in_flight_ of them), answered by
+  // CloseWith when the session ends first.
+  std::unordered_multiset<uint64_t> unanswered_;
+  // Set when the session closes: what requests that could not finish are answered with.
+  absl::Status close_status_;
   bool hello_done_ = false;
   bool transient_device_ = false;  // Hello's transient_device
   bool closed_ = false;

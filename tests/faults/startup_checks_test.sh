@@ -104,5 +104,23 @@ if [ "$(id -u)" = 0 ] && setpriv --reuid=65534 --regid=65534 --clear-groups true
 else
   echo "SKIP socket directory and memlock checks: need root to run the daemon as uid 65534"
 fi
+# RLIMIT_NOFILE: a hard limit below what the connection and session bounds need refuses the
+# start with the fix; a soft limit below it is raised toward the hard one.
+expect nofile_hard_limit_too_low "RLIMIT_NOFILE allows 1024 open files (hard limit 1024)" \
+  prlimit --nofile=1024:1024 "$OFFLOADD" --socket_path="$dir/n.sock" --pool_bytes=16MiB \
+  --metrics_address=
+prlimit --nofile=1024:8192 "$OFFLOADD" --socket_path="$dir/r.sock" --pool_bytes=16MiB \
+  --metrics_address= >"$dir/r.log" 2>&1 &
+raised=$!
+for _ in $(seq 100); do [ -S "$dir/r.sock" ] && break; sleep 0.05; done
+soft=$(awk '/Max open files/ {print $4}' "/proc/$raised/limits")
+kill "$raised"; wait "$raised" 2>/dev/null
+if [ "${soft:-0}" -ge 5408 ]; then
+  echo "PASS nofile_soft_limit_raised ($soft)"
+else
+  echo "FAIL nofile_soft_limit_raised: soft limit ${soft:-?}"; sed 's/^/    /' "$dir/r.log"
+  failures=$((failures + 1))
+fi
+
 [ "$failures" -eq 0 ] && echo "all start-up checks PASSED" || echo "$failures start-up checks FAILED"
 exit $((failures > 0))
