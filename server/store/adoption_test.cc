@@ -1,5 +1,6 @@
 // The block store over a shared pool's block table: records written when a copy completes and
 // cleared on release, adoption of a previous daemon's records, resume by key and uid, grace.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -97,9 +98,14 @@ TEST_F(AdoptionTest, NextStoreAdoptsAndTheOwnerResumesSameIdsAndExtents) {
   EXPECT_EQ(after.ResumeSession(7, key_b_, 1000).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(after.ResumeSession(7, key_a_, 1001).status().code(),
             absl::StatusCode::kPermissionDenied);
-  auto resumed = after.ResumeSession(7, key_a_, 1000);
+  std::vector<uint64_t> resumed_ids;
+  auto resumed = after.ResumeSession(7, key_a_, 1000, &resumed_ids);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(*resumed, 2u);
+  std::sort(resumed_ids.begin(), resumed_ids.end());
+  std::vector<uint64_t> expected_ids = {refs[0].block_id, refs[2].block_id};
+  std::sort(expected_ids.begin(), expected_ids.end());
+  EXPECT_EQ(resumed_ids, expected_ids);
   EXPECT_EQ(after.ResumeSession(8, key_a_, 1000).status().code(), absl::StatusCode::kNotFound);
   for (int i : {0, 2}) {
     auto r = ReloadNow(after, 7, refs[i].block_id);

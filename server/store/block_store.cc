@@ -461,7 +461,8 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
 }
 
 absl::StatusOr<uint64_t> BlockStore::ResumeSession(uint64_t session_id,
-                                                   const pool::ResumeKey& key, uint32_t uid) {
+                                                   const pool::ResumeKey& key, uint32_t uid,
+                                                   std::vector<uint64_t>* block_ids) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = adopted_by_key_.find(key);
   if (it == adopted_by_key_.end()) {
@@ -492,6 +493,7 @@ absl::StatusOr<uint64_t> BlockStore::ResumeSession(uint64_t session_id,
       session_used_bytes_.erase(kAdoptedSession);
     }
     session_blocks_[session_id] += 1;
+    if (block_ids != nullptr) block_ids->push_back(id);
     ++n;
   }
   adopted_by_key_.erase(it);

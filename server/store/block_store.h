@@ -112,8 +112,10 @@ class BlockStore {
   // presenting peer's uid, pool::kUnknownUid when unknown; it must equal the owner recorded.
   // Returns the number of blocks taken. Errors: NOT_FOUND when no adopted block has that key
   // (never issued, already resumed, or expired); PERMISSION_DENIED for another uid.
+  // `block_ids` (optional) receives the ids taken.
   absl::StatusOr<uint64_t> ResumeSession(uint64_t session_id, const pool::ResumeKey& key,
-                                         uint32_t uid);
+                                         uint32_t uid,
+                                         std::vector<uint64_t>* block_ids = nullptr);
 
   // Admits an offload of `bytes` for `session_id`; `done` gets the new block (state
   // kOffloading) or an error: INVALID_ARGUMENT for 0 bytes; OUT_OF_RANGE when bytes exceed the
@@ -147,6 +149,8 @@ class BlockStore {
   std::map<uint32_t, uint64_t> UidUsedBytes() const;
   StoreStats stats() const;
   uint64_t capacity_bytes() const;
+  // True on a shared pool (constructed with a BlockTable): confirmed blocks outlive the daemon.
+  bool survives_restart() const { return table_ != nullptr; }
 
  private:
   enum class State { kOffloading, kResident };
