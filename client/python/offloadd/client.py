@@ -601,9 +601,9 @@ class Client:
             mine = [rid for rid, p in self._pending.items() if p.internal and p.conn is conn]
             internal = [self._pending.pop(rid) for rid in mine]
             current = conn is self._conn and self._dead is None
-            resume = (current and not self._closing and self.reconnect and
+            resume = (current and not self._closing and self._resumable_locked() and
                       isinstance(failure, errors.DaemonUnavailable) and
-                      self.hello.resume_grace_seconds > 0 and self._reconnecting is None)
+                      self._reconnecting is None)
             if resume:
                 self._reconnecting = threading.Thread(
                     target=self._reconnect, args=(failure,), name="offloadd-reconnect",
@@ -617,11 +617,15 @@ class Client:
 
     def _complete(self, response):
         with self._lock:
-            p = self._pending.pop(response.request_id, None)
+            p = self._pending.get(response.request_id)
             if p is None:
                 self.counters.unknown_responses += 1
                 return
             kind = response.WhichOneof("body")
+            if kind == "error" and response.error.code == errors.UNAVAILABLE and \
+                    not p.internal and self._resumable_locked():
+                return  # the daemon is shutting down (an upgrade): sent again after the resume
+            del self._pending[response.request_id]
             result = getattr(response, kind) if kind == p.expected else None
             if result is not None and not p.internal:
                 result = self._account_locked(p, kind, result)
@@ -634,6 +638,10 @@ class Client:
                 % (p.expected, kind)))
         else:
             p.future.set_result(result)
+
+    def _resumable_locked(self):
+        hello = getattr(self, "hello", None)
+        return self.reconnect and hello is not None and hello.resume_grace_seconds > 0
 
     def _account_locked(self, p, kind, result):
         """Keeps the client's view of its blocks and regions; the result the caller sees."""
