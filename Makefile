@@ -47,8 +47,9 @@ test: build
 bench: build
 	bash bench/run_bench.sh
 
-# Chaos soak (README "Failure modes"): 8 clients with checksums, a SIGKILL every ~3 s, one
-# daemon restart; SOAK_SECONDS (120) and SOAK_ARGS pass through. A 20 s run is in `make test`.
+# Chaos soak (README "Failure modes"): 8 clients with checksums, a SIGKILL every ~3 s, the daemon
+# SIGKILLed 3 times and SIGTERMed once on a shared pool (0 lost); SOAK_SECONDS (120) and SOAK_ARGS
+# pass through. A 24 s run is in `make test`.
 SOAK_SECONDS ?= 120
 soak: build
 	$(BAZEL) build //tests/soak:soak_client

@@ -90,6 +90,12 @@ absl::StatusOr<int> DecodeHealthCheckResponse(absl::string_view in) {
   return status;
 }
 
+absl::Status LostBlock(uint64_t block, absl::string_view target) {
+  return absl::DataLossError(absl::StrCat(
+      "block ", block, " was confirmed stored, but the restarted offloadd daemon at ", target,
+      " did not have it (its record failed the check at adoption): it is lost"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
@@ -128,14 +134,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
           /*flush=*/true);
   if (reply.wait_for(std::chrono::duration<double>(options.connect_timeout_seconds)) !=
       std::future_status::ready) {
-    client->stream_context_.TryCancel();  // Close() then returns at once
+    client->stream_context_->TryCancel();  // Close() then returns at once
     return absl::DeadlineExceededError(absl::StrCat(
         "offloadd at unix:", path, " accepted the connection but sent no HelloReply within ",
         options.connect_timeout_seconds, " s; check the daemon's log"));
   }
   absl::StatusOr<v1::HelloReply> result = reply.get();
   if (!result.ok()) return result.status();
+  std::lock_guard<std::mutex> lock(client->mu_);
   client->hello_ = *std::move(result);
+  client->token_ = client->hello_.resume_token();
   return client;
 }
 
@@ -173,12 +181,17 @@ Client::Client(const ClientOptions& options, std::string socket_path,
       socket_path_(std::move(socket_path)),
       target_("unix:" + socket_path_),
       channel_(std::move(channel)),
-      stub_(v1::Offload::NewStub(channel_)) {}
+      stub_(v1::Offload::NewStub(channel_)),
+      stream_context_(std::make_unique<grpc::ClientContext>()) {}
 
 void Client::Start() {
-  stream_ = stub_->Session(&stream_context_);
-  writer_ = std::thread([this] { WriterLoop(); });
+  stream_ = stub_->Session(stream_context_.get());
+  StartWriter();
   reader_ = std::thread([this] { ReaderLoop(); });
+}
+
+void Client::StartWriter() {
+  writer_ = std::thread([this] { WriterLoop(); });
 }
 
 Client::~Client() { Close(); }
@@ -196,10 +209,11 @@ void Client::Close() {
   if (!finished) {
     LOG(WARNING) << "offloadd at " << target_ << " did not end the session within "
                  << options_.close_timeout_seconds << " s of Close(); cancelling it";
-    stream_context_.TryCancel();
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_context_->TryCancel();
+    if (handshake_context_ != nullptr) handshake_context_->TryCancel();
   }
-  if (writer_.joinable()) writer_.join();
-  if (reader_.joinable()) reader_.join();
+  if (reader_.joinable()) reader_.join();  // the reader joins the writer
 }
 
 bool Client::WriterHasWork() const {
@@ -247,68 +261,448 @@ void Client::WriterLoop() {
   cv_.notify_all();
 }
 
-void Client::ReaderLoop() {
+void Client::ReadUntilEnd() {
   v1::ServerMessage message;
-  std::vector<std::pair<Completer, const v1::Response*>> ready;
+  std::vector<std::pair<Completer, v1::Response>> ready;
   while (stream_->Read(&message)) {
     ready.clear();
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++counters_.messages_received;
       counters_.responses_received += message.responses_size();
-      for (const v1::Response& response : message.responses()) {
+      for (v1::Response& response : *message.mutable_responses()) {
         auto it = pending_.find(response.request_id());
         if (it == pending_.end()) {
           ++counters_.unknown_responses;
           LOG(WARNING) << "offloadd answered unknown request id " << response.request_id();
           continue;
         }
-        ready.emplace_back(std::move(it->second), &response);
+        // UNAVAILABLE for one request: the daemon is shutting down (an upgrade). With a session
+        // to resume, the request counts as not answered and is sent again after the resume.
+        if (response.has_error() &&
+            response.error().code() == static_cast<int>(absl::StatusCode::kUnavailable) &&
+            !it->second.internal && options_.auto_resume &&
+            hello_.resume_grace_seconds() > 0) {
+          continue;
+        }
+        AccountLocked(it->second, &response);
+        ready.emplace_back(std::move(it->second.done), std::move(response));
         pending_.erase(it);
       }
     }
-    for (auto& [done, response] : ready) done(response, absl::OkStatus());
+    for (auto& [done, response] : ready) done(&response, absl::OkStatus());
   }
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    reading_done_ = true;
-    cv_.notify_all();
-    cv_.wait(lock, [this] { return writer_done_; });
+}
+
+void Client::ReaderLoop() {
+  for (;;) {
+    ReadUntilEnd();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      reading_done_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [this] { return writer_done_; });
+    }
+    if (writer_.joinable()) writer_.join();
+    grpc::Status final_status = stream_->Finish();
+    absl::Status failure;
+    bool resume;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closing_) {
+        failure = absl::CancelledError(absl::StrCat("the client was closed before offloadd at ",
+                                                    target_, " answered this request"));
+        stream_status_ = absl::FailedPreconditionError("Client::Close() was called");
+        resume = false;
+      } else {
+        failure = absl::UnavailableError(absl::StrCat(
+            "the offloadd daemon at ", target_, " went away (session stream ended with ",
+            absl::StatusCodeToString(static_cast<absl::StatusCode>(final_status.error_code())),
+            final_status.error_message().empty() ? "" : ": ", final_status.error_message(),
+            "); its blocks and regions are gone: reconnect with Client::Connect"));
+        // Only a daemon that went away (UNAVAILABLE: killed, crashed, shutting down) is waited
+        // for; a session it ended on purpose (ABORTED by an admin, a bad message) is not resumed.
+        resume = options_.auto_resume && hello_.resume_grace_seconds() > 0 &&
+                 final_status.error_code() == grpc::StatusCode::UNAVAILABLE;
+        reconnecting_ = resume;
+      }
+    }
+    if (resume && ResumeAfterBreak(&failure)) continue;
+    FailAll(failure);
+    return;
   }
-  grpc::Status final_status = stream_->Finish();
-  absl::flat_hash_map<uint64_t, Completer> orphans;
-  absl::Status failure;
+}
+
+void Client::FailAll(const absl::Status& failure) {
+  absl::flat_hash_map<uint64_t, Pending> orphans;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closing_) {
-      failure = absl::CancelledError(absl::StrCat("the client was closed before offloadd at ",
-                                                  target_, " answered this request"));
-      stream_status_ = absl::FailedPreconditionError("Client::Close() was called");
-    } else {
-      failure = absl::UnavailableError(absl::StrCat(
-          "the offloadd daemon at ", target_, " went away (session stream ended with ",
-          absl::StatusCodeToString(static_cast<absl::StatusCode>(final_status.error_code())),
-          final_status.error_message().empty() ? "" : ": ", final_status.error_message(),
-          "); its blocks and regions are gone: reconnect with Client::Connect"));
-      stream_status_ = failure;
-    }
+    if (stream_status_.ok()) stream_status_ = failure;
+    reconnecting_ = false;
     orphans.swap(pending_);
+    outbox_.clear();
   }
-  for (auto& [id, done] : orphans) done(nullptr, failure);
+  for (auto& [id, p] : orphans) p.done(nullptr, failure);
   std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;
   cv_.notify_all();
 }
 
-absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush) {
+bool Client::ResumeAfterBreak(absl::Status* failure) {
+  const double window = options_.resume_window_seconds > 0 ? options_.resume_window_seconds
+                                                           : hello_.resume_grace_seconds();
+  const auto start = std::chrono::steady_clock::now();
+  auto left = [&] {
+    return window -
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  double backoff = std::max(options_.reconnect_initial_backoff_seconds, 0.001);
+  for (;;) {
+    std::string token;
+    absl::flat_hash_map<uint64_t, RegionHandle> regions;
+    bool holds_blocks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closing_) return false;
+      token = token_;
+      regions = regions_;
+      holds_blocks = !confirmed_.empty();
+    }
+    if (left() <= 0) {
+      *failure = absl::UnavailableError(absl::StrCat(
+          "the offloadd daemon at ", target_, " went away and did not come back within ", window,
+          " s (resume_window_seconds / the daemon's resume_grace_seconds): ",
+          failure->message()));
+      return false;
+    }
+    absl::StatusOr<Stream> s =
+        OpenResumed(token, regions, std::min(options_.connect_timeout_seconds, left()));
+    if (s.ok()) {
+      Install(*std::move(s));
+      return true;
+    }
+    if (absl::IsNotFound(s.status()) && !token.empty()) {
+      if (holds_blocks) {
+        *failure = absl::DataLossError(absl::StrCat(
+            "the offloadd daemon at ", target_, " restarted without this session's blocks (",
+            s.status().message(), "); they are lost: Connect anew"));
+        return false;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      token_.clear();  // nothing confirmed, nothing lost: a new session will do
+      continue;
+    }
+    if (!absl::IsUnavailable(s.status()) && !absl::IsDeadlineExceeded(s.status()) &&
+        !absl::IsCancelled(s.status())) {
+      *failure = s.status();
+      return false;
+    }
+    *failure = s.status();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::duration<double>(std::min(backoff, std::max(left(), 0.0))),
+                 [this] { return closing_; });
+    backoff = std::min(backoff * 2, std::max(options_.reconnect_max_backoff_seconds, backoff));
+  }
+}
+
+absl::StatusOr<Client::Stream> Client::OpenResumed(
+    const std::string& token, const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
+    double seconds) {
+  Stream s;
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxReceiveMessageSize(-1);
+  s.channel = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
+  if (!s.channel->WaitForConnected(DeadlineIn(seconds))) {
+    return absl::UnavailableError(absl::StrCat("nothing accepted a connection at ", target_,
+                                               " within ", seconds, " s"));
+  }
+  s.stub = v1::Offload::NewStub(s.channel);
+  s.context = std::make_unique<grpc::ClientContext>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return absl::CancelledError("Client::Close() was called");
+    handshake_context_ = s.context.get();
+  }
+  auto done_handshake = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    handshake_context_ = nullptr;
+  };
+  // A watchdog bounds the wait for the answers: it cancels the stream after `seconds`.
+  s.stream = s.stub->Session(s.context.get());
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  bool handshake_over = false;
+  grpc::ClientContext* context = s.context.get();
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(watch_mu);
+    if (!watch_cv.wait_for(lock, std::chrono::duration<double>(seconds),
+                           [&] { return handshake_over; })) {
+      context->TryCancel();
+    }
+  });
+  auto finish_watch = [&] {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu);
+      handshake_over = true;
+    }
+    watch_cv.notify_all();
+    watchdog.join();
+    done_handshake();
+  };
+  v1::ClientMessage message;
+  v1::Request* hello = message.add_requests();
+  hello->set_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
+  hello->mutable_hello()->set_client_name(options_.client_name);
+  hello->mutable_hello()->set_device_id(options_.device_id);
+  hello->mutable_hello()->set_pid(options_.pid != 0 ? options_.pid
+                                                    : static_cast<uint32_t>(getpid()));
+  if (!token.empty()) hello->mutable_hello()->set_resume_token(token);
+  absl::flat_hash_map<uint64_t, uint64_t> region_of_request;  // request id -> client region
+  for (const auto& [region, handle] : regions) {
+    v1::Request* r = message.add_requests();
+    r->set_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
+    v1::RegionHandle* h = r->mutable_register_region()->mutable_handle();
+    if (!handle.cuda_ipc_handle.empty()) h->set_cuda_ipc_handle(handle.cuda_ipc_handle);
+    if (!handle.shm_name.empty()) h->set_shm_name(handle.shm_name);
+    h->set_size_bytes(handle.size_bytes);
+    region_of_request[r->request_id()] = region;
+  }
+  const uint64_t hello_id = hello->request_id();
+  absl::Status result;
+  bool hello_answered = false;
+  if (!s.stream->Write(message)) {
+    result = absl::UnavailableError(absl::StrCat("offloadd at ", target_,
+                                                 " closed the stream before the Hello"));
+  }
+  v1::ServerMessage in;
+  while (result.ok() && (!hello_answered || !region_of_request.empty()) && s.stream->Read(&in)) {
+    for (const v1::Response& r : in.responses()) {
+      if (r.body_case() == v1::Response::kError) {
+        if (result.ok()) result = StatusFromError(r.error());
+      } else if (r.request_id() == hello_id && r.has_hello()) {
+        s.hello = r.hello();
+        hello_answered = true;
+      } else if (r.has_region_registered()) {
+        auto it = region_of_request.find(r.request_id());
+        if (it == region_of_request.end()) continue;
+        s.daemon_region[it->second] = r.region_registered().region_id();
+        region_of_request.erase(it);
+      }
+    }
+  }
+  finish_watch();
+  if (result.ok() && (!hello_answered || !region_of_request.empty())) {
+    result = absl::UnavailableError(absl::StrCat(
+        "offloadd at ", target_, " did not answer the resume's Hello and registrations within ",
+        seconds, " s"));
+  }
+  if (!result.ok()) {
+    s.context->TryCancel();
+    s.stream->Finish();
+    if (!hello_answered || absl::IsUnavailable(result) || absl::IsCancelled(result)) {
+      return result;  // the Hello's own error (token unknown, other uid), or the daemon went
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a region could not be registered again after offloadd at ", target_, " restarted (",
+        absl::StatusCodeToString(result.code()), ": ", result.message(), ")"));
+  }
+  return s;
+}
+
+void Client::Install(Stream s) {
+  absl::flat_hash_set<uint64_t> resumed(s.hello.resumed_block_ids().begin(),
+                                        s.hello.resumed_block_ids().end());
+  std::vector<std::pair<Pending, v1::Response>> answered;
+  std::vector<std::pair<Pending, absl::Status>> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<uint64_t> orphans;
+    for (uint64_t id : resumed) {
+      if (!confirmed_.contains(id)) orphans.push_back(id);
+    }
+    for (auto it = confirmed_.begin(); it != confirmed_.end();) {
+      auto cur = it++;
+      if (!resumed.contains(*cur)) {
+        lost_.insert(*cur);
+        confirmed_.erase(cur);
+      }
+    }
+    stream_ = std::move(s.stream);  // the old stream first, then its context
+    stream_context_ = std::move(s.context);
+    stub_ = std::move(s.stub);
+    channel_ = std::move(s.channel);
+    daemon_region_ = std::move(s.daemon_region);
+    token_ = s.hello.resume_token();
+    std::vector<uint64_t> ids;
+    for (const auto& [id, p] : pending_) ids.push_back(id);
+    std::sort(ids.begin(), ids.end());
+    outbox_.clear();
+    for (uint64_t id : ids) {
+      auto it = pending_.find(id);
+      if (it->second.internal) {  // an orphan release of an earlier resume: settled below
+        pending_.erase(it);
+        continue;
+      }
+      v1::Response answer;
+      absl::Status failure;
+      if (SettleLocked(it->second.request, resumed, &answer, &failure)) {
+        if (failure.ok()) {
+          answer.set_request_id(id);
+          AccountLocked(it->second, &answer);
+          answered.emplace_back(std::move(it->second), std::move(answer));
+        } else {
+          failed.emplace_back(std::move(it->second), failure);
+        }
+        pending_.erase(it);
+        continue;
+      }
+      outbox_.push_back(WireLocked(it->second.request));
+      ++counters_.resent;
+    }
+    for (uint64_t block : orphans) {
+      v1::Request release;
+      release.set_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
+      release.mutable_release()->set_block_id(block);
+      Pending p;
+      p.done = [](const v1::Response*, const absl::Status&) {};
+      p.request = release;
+      p.internal = true;
+      pending_.emplace(release.request_id(), std::move(p));
+      outbox_.push_back(std::move(release));
+    }
+    counters_.orphans_released += orphans.size();
+    ++counters_.resumes;
+    reading_done_ = writer_done_ = false;
+    reconnecting_ = false;
+    flush_ = true;
+    StartWriter();
+    cv_.notify_all();
+  }
+  for (auto& [p, response] : answered) p.done(&response, absl::OkStatus());
+  for (auto& [p, failure] : failed) p.done(nullptr, failure);
+}
+
+bool Client::SettleLocked(const v1::Request& request,
+                          const absl::flat_hash_set<uint64_t>& resumed, v1::Response* answer,
+                          absl::Status* failure) {
+  auto block_of = [this](uint64_t id, uint64_t tag) -> uint64_t {
+    if (id != 0 || tag == 0) return id;
+    auto it = tag_block_.find(tag);
+    return it == tag_block_.end() ? 0 : it->second;
+  };
+  if (request.has_release()) {
+    const uint64_t block = block_of(request.release().block_id(), request.release().tag());
+    if (block != 0 && !resumed.contains(block)) {  // released before the crash, or lost anyway
+      lost_.erase(block);
+      answer->mutable_released()->set_block_id(block);
+      return true;
+    }
+  } else if (request.has_reload()) {
+    const uint64_t block = block_of(request.reload().block_id(), request.reload().tag());
+    if (block != 0 && lost_.contains(block)) {
+      *failure = LostBlock(block, target_);
+      return true;
+    }
+    if (block != 0 && request.reload().release_after() && !resumed.contains(block)) {
+      *failure = absl::DataLossError(absl::StrCat(
+          "offloadd at ", target_, " restarted while this reload with release_after of block ",
+          block, " was in flight, and the block is gone: the copy may have completed before "
+          "the crash, but nothing can confirm it"));
+      return true;
+    }
+  }
+  return false;
+}
+
+v1::Request Client::WireLocked(const v1::Request& request) const {
+  v1::Request wire = request;
+  auto map_region = [this](uint64_t region) {
+    auto it = daemon_region_.find(region);
+    return it == daemon_region_.end() ? region : it->second;
+  };
+  auto map_tag = [this](auto* body) {
+    if (body->block_id() != 0 || body->tag() == 0) return;
+    auto it = tag_block_.find(body->tag());
+    if (it == tag_block_.end()) return;
+    body->set_block_id(it->second);
+    body->set_tag(0);
+  };
+  if (wire.has_offload()) {
+    wire.mutable_offload()->set_region_id(map_region(wire.offload().region_id()));
+  } else if (wire.has_reload()) {
+    wire.mutable_reload()->set_region_id(map_region(wire.reload().region_id()));
+    map_tag(wire.mutable_reload());
+  } else if (wire.has_release()) {
+    map_tag(wire.mutable_release());
+  } else if (wire.has_unregister_region()) {
+    wire.mutable_unregister_region()->set_region_id(
+        map_region(wire.unregister_region().region_id()));
+  }
+  return wire;
+}
+
+void Client::AccountLocked(const Pending& p, v1::Response* response) {
+  if (p.internal) return;
+  const v1::Request& request = p.request;
+  auto forget_block = [this](uint64_t block) {
+    confirmed_.erase(block);
+    for (auto it = tag_block_.begin(); it != tag_block_.end();) {
+      auto cur = it++;
+      if (cur->second == block) tag_block_.erase(cur);
+    }
+  };
+  switch (response->body_case()) {
+    case v1::Response::kOffloadDone:
+      confirmed_.insert(response->offload_done().block_id());
+      if (request.has_offload() && request.offload().tag() != 0) {
+        tag_block_[request.offload().tag()] = response->offload_done().block_id();
+      }
+      break;
+    case v1::Response::kReloadDone:
+      if (response->reload_done().released()) forget_block(response->reload_done().block_id());
+      break;
+    case v1::Response::kReleased:
+      forget_block(response->released().block_id());
+      break;
+    case v1::Response::kRegionRegistered:
+      if (p.region != 0 && request.has_register_region()) {
+        const v1::RegionHandle& h = request.register_region().handle();
+        regions_[p.region] = RegionHandle{h.cuda_ipc_handle(), h.shm_name(), h.size_bytes()};
+        daemon_region_[p.region] = response->region_registered().region_id();
+        response->mutable_region_registered()->set_region_id(p.region);
+      }
+      break;
+    case v1::Response::kRegionUnregistered:
+      if (request.has_unregister_region()) {
+        const uint64_t region = request.unregister_region().region_id();
+        regions_.erase(region);
+        daemon_region_.erase(region);
+        response->mutable_region_unregistered()->set_region_id(region);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
+                             uint64_t region) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!stream_status_.ok()) return stream_status_;
   if (closing_) return absl::FailedPreconditionError("Client::Close() was called");
+  if (request.has_reload() && lost_.contains(request.reload().block_id())) {
+    return LostBlock(request.reload().block_id(), target_);
+  }
   // After the stream ended but before the reader collected pending_, the request still goes into
-  // pending_ (and fails with the others); it is not written.
-  pending_.emplace(request.request_id(), std::move(done));
-  if (!reading_done_) {
-    outbox_.push_back(std::move(request));
+  // pending_ (it fails with the others, or is sent once a resume installed a new stream); it is
+  // not written.
+  const bool write = !reading_done_ && !reconnecting_;
+  v1::Request wire = write ? WireLocked(request) : v1::Request();
+  const uint64_t id = request.request_id();
+  pending_.emplace(id, Pending{std::move(done), std::move(request), false, region});
+  if (write) {
+    outbox_.push_back(std::move(wire));
     if (flush) flush_ = true;
     cv_.notify_all();
   }
@@ -317,7 +711,7 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush) {
 
 template <typename R, typename Convert>
 std::future<R> Client::Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
-                              bool flush) {
+                              bool flush, uint64_t region) {
   auto promise = std::make_shared<std::promise<R>>();
   std::future<R> future = promise->get_future();
   const uint64_t id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
@@ -336,7 +730,7 @@ std::future<R> Client::Submit(v1::Request request, v1::Response::BodyCase expect
       promise->set_value(convert(*response));
     }
   };
-  absl::Status refused = Enqueue(std::move(request), std::move(done), flush);
+  absl::Status refused = Enqueue(std::move(request), std::move(done), flush, region);
   if (!refused.ok()) promise->set_value(R(refused));
   return future;
 }
@@ -357,12 +751,17 @@ absl::StatusOr<uint64_t> Client::RegisterRegion(const RegionHandle& handle) {
   if (cuda) h->set_cuda_ipc_handle(handle.cuda_ipc_handle);
   if (shm) h->set_shm_name(handle.shm_name);
   h->set_size_bytes(handle.size_bytes);
+  uint64_t region;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    region = next_region_id_++;
+  }
   return Submit<absl::StatusOr<uint64_t>>(
              std::move(request), v1::Response::kRegionRegistered,
              [](const v1::Response& r) {
                return absl::StatusOr<uint64_t>(r.region_registered().region_id());
              },
-             /*flush=*/true)
+             /*flush=*/true, region)
       .get();
 }
 
@@ -470,13 +869,24 @@ absl::StatusOr<v1::Stats> Client::GetStats() {
   grpc::ClientContext context;
   context.set_deadline(DeadlineIn(options_.unary_timeout_seconds));
   v1::Stats stats;
-  grpc::Status status = stub_->GetStats(&context, v1::GetStatsRequest(), &stats);
+  std::shared_ptr<grpc::Channel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    channel = channel_;
+  }
+  grpc::Status status =
+      v1::Offload::NewStub(channel)->GetStats(&context, v1::GetStatsRequest(), &stats);
   if (!status.ok()) return StatusWithPath(status, "GetStats");
   return stats;
 }
 
 absl::Status Client::CheckHealth(absl::string_view service) {
-  grpc::GenericStub generic(channel_);
+  std::shared_ptr<grpc::Channel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    channel = channel_;
+  }
+  grpc::GenericStub generic(channel);
   grpc::ClientContext context;
   context.set_deadline(DeadlineIn(options_.unary_timeout_seconds));
   std::string encoded = EncodeHealthCheckRequest(service);

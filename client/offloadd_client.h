@@ -16,12 +16,27 @@
 //     documents its codes; the protocol names INVALID_ARGUMENT (bad offset/bytes/priority),
 //     NOT_FOUND (unknown region/block id), RESOURCE_EXHAUSTED (pool or quota full),
 //     FAILED_PRECONDITION (e.g. a request before Hello), OUT_OF_RANGE (offset+bytes past region).
-//   - UNAVAILABLE: the session stream ended without Close() (daemon died, restarted, or was shut
-//     down). Every pending request and every later request fails with it; the message says "the
-//     offloadd daemon at unix:<path> went away". Blocks and regions of the session are gone (the
-//     daemon releases them with the stream) — unless the daemon keeps a shared pool
-//     (pool_shm_name) and was killed or restarted: then Resume() with resume_token() takes the
-//     confirmed blocks back.
+//   - UNAVAILABLE: the session stream ended without Close() and the session could not be
+//     resumed: the daemon's pool does not outlive it (no pool_shm_name; HelloReply's
+//     resume_grace_seconds is 0), auto_resume is off, or the daemon did not come back within
+//     the resume window. Every pending request and every later request fails with it; the
+//     message says "the offloadd daemon at unix:<path> went away". Blocks and regions of the
+//     session are gone (the daemon releases them with the stream).
+//   - DATA_LOSS: after a resume, a request naming a confirmed block the restarted daemon did not
+//     have (its record failed the check at adoption), or a reload with release_after whose block
+//     is gone (it may have been copied before the crash; nothing can confirm it).
+//
+// Resuming by itself (auto_resume, a daemon with pool_shm_name): when the stream breaks the
+// reader thread reconnects with exponential backoff (reconnect_initial/max_backoff_seconds)
+// for at most the resume window, presents the resume token, registers every region again (the
+// region ids RegisterRegion returned are the client's own and stay valid) and re-sends every
+// request not yet answered, in the order they were issued. Requests issued meanwhile wait.
+// Idempotence: an offload not answered is sent again from the same source bytes (the caller
+// keeps them until its future resolves); a block the dead daemon had stored for it but not
+// confirmed (among HelloReply.resumed_block_ids, never acknowledged) is released by the client,
+// so no offload leaves two blocks. A reload not answered is sent again (same bytes, same place).
+// A release not answered is sent again and counts as done when the block is gone. Tags do not
+// survive a restart in the daemon: requests naming a confirmed block's tag are sent by block id.
 //   - CANCELLED: the request was pending when Close() ended the stream.
 //   - FAILED_PRECONDITION (client side): a request issued after Close() began.
 //   - INTERNAL: the daemon answered a request with the wrong response kind (protocol mismatch).
@@ -42,6 +57,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -62,7 +78,7 @@ struct ClientOptions {
   double connect_timeout_seconds = 10.0;  // socket connect + HelloReply, together
   double close_timeout_seconds = 5.0;     // Close(): wait this long for the daemon, then cancel
   double unary_timeout_seconds = 10.0;    // GetStats(), CheckHealth()
-  // Resume(): presented in Hello to take over the blocks of the session that token names (a
+  // Resume() / auto_resume: presented in Hello to take over the blocks of the session that token names (a
   // daemon restarted on a shared pool, README "Failure modes"). Empty: a new session.
   std::string resume_token;
   // The device_id is not a GPU whose link should persist (a benchmark or probe): the daemon
@@ -73,6 +89,10 @@ struct ClientOptions {
   double reconnect_total_seconds = 30.0;
   double reconnect_initial_backoff_seconds = 0.05;
   double reconnect_max_backoff_seconds = 1.0;
+  // Reconnect and resume by itself when the session stream breaks (see the top of this file),
+  // for at most resume_window_seconds (0: the daemon's resume_grace_seconds).
+  bool auto_resume = true;
+  double resume_window_seconds = 0;
 };
 
 // A region of client memory the daemon may copy from/to. Exactly one of cuda_ipc_handle (the 64
@@ -112,6 +132,9 @@ struct ClientCounters {
   uint64_t messages_received = 0;   // ServerMessages read
   uint64_t responses_received = 0;  // Responses inside them
   uint64_t unknown_responses = 0;   // responses whose request id was not pending (ignored)
+  uint64_t resumes = 0;             // sessions resumed by auto_resume after the stream broke
+  uint64_t resent = 0;              // requests sent again after a resume
+  uint64_t orphans_released = 0;    // blocks stored for offloads whose answer a crash swallowed
 };
 
 class Client {
@@ -157,10 +180,14 @@ class Client {
   // Resume(). Empty from a daemon older than resume tokens.
   const std::string& resume_token() const { return hello_.resume_token(); }
   uint64_t blocks_resumed() const { return hello_.blocks_resumed(); }  // Resume() only
+  // Seconds a restarted daemon holds this session's blocks; 0: its pool does not outlive it
+  // (auto_resume then does nothing).
+  double hello_resume_grace_seconds() const { return hello_.resume_grace_seconds(); }
   const std::string& socket_path() const { return socket_path_; }
 
   // Registers a region; blocks until the daemon answers. Returns the region id to use in
-  // Offload/Reload. Errors: INVALID_ARGUMENT not exactly one of the handle kinds set, or a
+  // Offload/Reload (the client's own id: it stays valid when auto_resume registers the region
+  // again with a restarted daemon, so the handle must stay valid — keep the shm name). Errors: INVALID_ARGUMENT not exactly one of the handle kinds set, or a
   // cuda_ipc_handle that is not 64 bytes; the daemon's errors (e.g. NOT_FOUND shm object missing,
   // PERMISSION_DENIED cannot open it); UNAVAILABLE / FAILED_PRECONDITION as above.
   absl::StatusOr<uint64_t> RegisterRegion(const RegionHandle& handle);
@@ -243,8 +270,44 @@ class Client {
   // Completes one request: with the daemon's response, or (response == nullptr) with `failure`.
   using Completer = std::function<void(const v1::Response* response, const absl::Status& failure)>;
 
+  // A request waiting for its answer: `request` names client region ids; internal ones (orphan
+  // releases) are never re-sent; `region` is the client id a RegisterRegion will get.
+  struct Pending {
+    Completer done;
+    v1::Request request;
+    bool internal = false;
+    uint64_t region = 0;
+  };
+  // A new stream said Hello (and, on a resume, registered the regions again).
+  struct Stream {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Offload::Stub> stub;
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream;
+    v1::HelloReply hello;
+    absl::flat_hash_map<uint64_t, uint64_t> daemon_region;  // client region id -> daemon's
+  };
+
   Client(const ClientOptions& options, std::string socket_path,
          std::shared_ptr<grpc::Channel> channel);
+  // Reader thread, after the stream ended: resume on a restarted daemon. True when a new stream
+  // is installed and the writer runs again; false (with *failure set) to give up.
+  bool ResumeAfterBreak(absl::Status* failure);
+  // Opens a stream, says Hello with `token` and registers `regions` again, all within `seconds`.
+  absl::StatusOr<Stream> OpenResumed(const std::string& token,
+                                     const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
+                                     double seconds);
+  // Installs `s`: settles the pending requests across the restart and re-queues the others.
+  void Install(Stream s);
+  // What an unanswered request becomes across a restart: false (send it again), or true with
+  // its answer in *answer (body set) or *failure.
+  bool SettleLocked(const v1::Request& request, const absl::flat_hash_set<uint64_t>& resumed,
+                    v1::Response* answer, absl::Status* failure);
+  // `request` as the daemon must see it: client region ids mapped, confirmed tags as block ids.
+  v1::Request WireLocked(const v1::Request& request) const;
+  // Keeps the client's view of its blocks and regions; rewrites region ids to the client's.
+  void AccountLocked(const Pending& p, v1::Response* response);
+  void StartWriter();
   std::future<absl::StatusOr<ReloadResult>> SubmitReload(uint64_t block_id, uint64_t tag,
                                                          uint64_t region_id, uint64_t offset,
                                                          Priority priority, bool release_after,
@@ -253,12 +316,14 @@ class Client {
   std::future<absl::Status> SubmitRelease(uint64_t block_id, uint64_t tag);
   void Start();
   void ReaderLoop();
+  void ReadUntilEnd();
+  void FailAll(const absl::Status& failure);
   void WriterLoop();
   // Queues `request` (its id already set) unless the stream is over; returns why not.
-  absl::Status Enqueue(v1::Request request, Completer done, bool flush);
+  absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region = 0);
   template <typename R, typename Convert>
   std::future<R> Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
-                        bool flush);
+                        bool flush, uint64_t region = 0);
   absl::Status StatusWithPath(const grpc::Status& status, absl::string_view rpc) const;
 
   bool WriterHasWork() const;  // mu_ held
@@ -266,11 +331,12 @@ class Client {
   const ClientOptions options_;
   const std::string socket_path_;
   const std::string target_;  // "unix:" + socket_path_
+  // Replaced by a resume (on the reader thread, under mu_, while the writer is stopped).
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Offload::Stub> stub_;
-  grpc::ClientContext stream_context_;
+  std::unique_ptr<grpc::ClientContext> stream_context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
-  v1::HelloReply hello_;
+  v1::HelloReply hello_;  // the first HelloReply (set by Connect before any resume)
   std::atomic<uint64_t> next_request_id_{1};
 
   // std::mutex rather than absl::Mutex so that ThreadSanitizer (--config=tsan) sees the locking:
@@ -279,7 +345,16 @@ class Client {
   std::condition_variable cv_;  // any change of the state below that a thread may wait for
   // Guarded by mu_:
   std::deque<v1::Request> outbox_;
-  absl::flat_hash_map<uint64_t, Completer> pending_;
+  absl::flat_hash_map<uint64_t, Pending> pending_;
+  std::string token_;             // the session's resume token (a fresh one after NOT_FOUND)
+  bool reconnecting_ = false;     // the stream broke; requests wait in pending_
+  grpc::ClientContext* handshake_context_ = nullptr;  // Close() cancels a resume in progress
+  uint64_t next_region_id_ = 1;
+  absl::flat_hash_map<uint64_t, RegionHandle> regions_;   // client region id -> handle
+  absl::flat_hash_map<uint64_t, uint64_t> daemon_region_;  // client region id -> daemon's
+  absl::flat_hash_set<uint64_t> confirmed_;  // block ids confirmed and not released
+  absl::flat_hash_set<uint64_t> lost_;       // confirmed, but the restarted daemon lacked them
+  absl::flat_hash_map<uint64_t, uint64_t> tag_block_;  // tag -> confirmed block id
   int batch_depth_ = 0;
   bool flush_ = false;
   bool closing_ = false;       // Close() began: no new requests

@@ -6,6 +6,8 @@
 #   PREFIX/bin/offloadd, PREFIX/bin/offloadctl             from DIR (default build/bin)
 #   PREFIX/lib/systemd/system/offloadd.service            deploy/offloadd.service, its
 #                                                         /usr/local paths rewritten to PREFIX
+#   PREFIX/lib/systemd/system/offloadd.socket             deploy/offloadd.socket (optional
+#                                                         socket activation)
 #   PREFIX/share/doc/offloadd/README.md, DEPLOY.md,       what the unit's Documentation= names,
 #     offloadd.conf.example                               the deployment notes, the config
 # Everything goes under DESTDIR (default empty) for staging. /etc is left alone: copy the
@@ -29,6 +31,9 @@ install -m 0755 "$bin/offloadd" "$bin/offloadctl" "$dest$prefix/bin/"
 sed -e "s|/usr/local/bin/|$prefix/bin/|g" -e "s|/usr/local/share/doc/offloadd/|$docdir/|g" \
   "$root/deploy/offloadd.service" > "$dest$prefix/lib/systemd/system/offloadd.service"
 chmod 0644 "$dest$prefix/lib/systemd/system/offloadd.service"
+sed -e "s|/usr/local/share/doc/offloadd/|$docdir/|g" \
+  "$root/deploy/offloadd.socket" > "$dest$prefix/lib/systemd/system/offloadd.socket"
+chmod 0644 "$dest$prefix/lib/systemd/system/offloadd.socket"
 install -m 0644 "$root/README.md" "$dest$docdir/README.md"
 install -m 0644 "$root/deploy/README.md" "$dest$docdir/DEPLOY.md"
 install -m 0644 "$root/deploy/offloadd.conf.example" "$dest$docdir/offloadd.conf.example"

@@ -24,6 +24,7 @@
 #include "server/pool/arena.h"
 #include "server/projector/refresh_service.h"
 #include "server/rpc/server.h"
+#include "server/rpc/socket_activation.h"
 #include "server/sched/topology.h"
 #include "server/session/core.h"
 #ifdef OFFLOADD_HAVE_CUDA
@@ -249,7 +250,13 @@ int main(int argc, char** argv) {
   // Start-up checks run cheapest first and before the pool is pre-faulted (seconds per GiB), so
   // the first error printed is the first thing that blocks: socket, metrics port, backend,
   // memlock, memory.
-  if (absl::Status st = offloadd::CheckSocketPath(socket_path); !st.ok()) return Fail(st, 1);
+  // A socket passed by the service manager (offloadd.socket) is already listening: no path
+  // check, no stale-socket probe.
+  absl::StatusOr<int> listen_fd = offloadd::rpc::TakeListenFd();
+  if (!listen_fd.ok()) return Fail(listen_fd.status(), 1);
+  if (*listen_fd < 0) {
+    if (absl::Status st = offloadd::CheckSocketPath(socket_path); !st.ok()) return Fail(st, 1);
+  }
   if (absl::Status st = offloadd::RaiseFileLimit(*config); !st.ok()) return Fail(st, 1);
 
   google::InitGoogleLogging(argv[0]);
@@ -335,10 +342,14 @@ int main(int argc, char** argv) {
   offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
   std::unique_ptr<offloadd::projector::RefreshService> projector =
       MakeProjector(config->projector(), core.engine(), &projector_shm);
-  auto server =
-      offloadd::rpc::Server::Start(&core, socket_path, config->socket_mode(),
-                                   *offloadd::ResolveSocketGroup(*config), projector.get());
+  auto server = offloadd::rpc::Server::Start(&core, socket_path, config->socket_mode(),
+                                             *offloadd::ResolveSocketGroup(*config),
+                                             projector.get(), *listen_fd);
   if (!server.ok()) return Fail(server.status(), 1);
+  if (*listen_fd >= 0) {
+    LOG(INFO) << "listening socket passed by the service manager (LISTEN_FDS): it stays open "
+              << "while offloadd restarts";
+  }
 
   LOG(INFO) << "offloadd " << kVersion << " serving on unix:" << socket_path
             << " backend=" << config->backend() << " pool_bytes=" << config->pool_bytes()
@@ -368,12 +379,13 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "signal " << sig << ": finishing copies in flight, closing sessions "
             << "(a second SIGTERM/SIGINT exits at once)";
-  std::thread([signals, socket_path] {
+  const bool activated = (*server)->socket_activated();
+  std::thread([signals, socket_path, activated] {
     while (true) {
       int again = NextSignal(signals, 0.2);
       if (again == SIGTERM || again == SIGINT) {
         LOG(WARNING) << "second signal " << again << ": exiting without draining";
-        unlink(socket_path.c_str());
+        if (!activated) unlink(socket_path.c_str());
         _exit(1);
       }
     }

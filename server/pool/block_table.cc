@@ -99,6 +99,8 @@ AdoptionReport BlockTable::Adopt() {
   AdoptionReport report;
   auto drop = [&](uint32_t slot, DropReason why) {
     ++report.dropped[static_cast<int>(why)];
+    const uint64_t id = Load<uint64_t>(records_ + uint64_t{slot} * kRecordBytes, 0);
+    if (id != 0) report.dropped_blocks.push_back({id, why});
     Clear(slot);
   };
   std::vector<StoredBlock> valid;

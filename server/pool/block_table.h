@@ -59,8 +59,16 @@ enum class DropReason {
 inline constexpr int kNumDropReasons = 5;
 const char* DropReasonName(DropReason reason);
 
+struct DroppedBlock {
+  uint64_t block_id = 0;  // as the record says (a torn or overwritten record may lie about it)
+  DropReason reason = DropReason::kChecksum;
+};
+
 struct AdoptionReport {
   std::vector<StoredBlock> blocks;  // valid records, ordered by extent offset
+  // The non-zero block ids named by dropped records, so that a reload of one can be told the
+  // block is lost (DATA_LOSS) rather than unknown.
+  std::vector<DroppedBlock> dropped_blocks;
   std::array<uint64_t, kNumDropReasons> dropped{};  // by DropReason
   uint64_t dropped_total() const;
 };

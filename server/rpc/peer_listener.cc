@@ -54,6 +54,11 @@ absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::st
   return std::unique_ptr<PeerListener>(new PeerListener(fd, wake));
 }
 
+std::unique_ptr<PeerListener> PeerListener::FromListeningFd(int fd) {
+  int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  return std::unique_ptr<PeerListener>(new PeerListener(fd, wake));
+}
+
 PeerListener::~PeerListener() {
   Stop();
   close(wake_fd_);

@@ -39,6 +39,8 @@ class PeerListener {
   // path and errno's text).
   static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(const std::string& path,
                                                               uint32_t mode, int64_t gid);
+  // Takes `fd`, a socket already listening (socket activation); closes it at Stop().
+  static std::unique_ptr<PeerListener> FromListeningFd(int fd);
   ~PeerListener();  // Stop()
 
   // Starts the accept thread; each accepted connection (non-blocking, close-on-exec) within

@@ -352,13 +352,15 @@ struct Server::Impl {
   projector::RefreshService* projector = nullptr;
   std::unique_ptr<grpc::Server> server;
   session::Core* core = nullptr;
+  bool activated = false;  // the socket belongs to the service manager
   bool stopped = false;
 };
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
                                                       const std::string& socket_path,
                                                       uint32_t socket_mode, int64_t socket_gid,
-                                                      projector::RefreshService* projector) {
+                                                      projector::RefreshService* projector,
+                                                      int listen_fd) {
   if (socket_path.size() > 107) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "socket path %s is %d bytes; Unix socket paths are limited to 107: choose a shorter "
@@ -366,7 +368,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
         socket_path, socket_path.size()));
   }
   std::string dir = socket_path.substr(0, socket_path.rfind('/'));
-  if (!dir.empty()) {
+  if (!dir.empty() && listen_fd < 0) {
     // mkdir -p
     for (size_t i = 1; i <= dir.size(); ++i) {
       if (i == dir.size() || dir[i] == '/') {
@@ -385,14 +387,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
           dir));
     }
   }
-  if (absl::Status st = ClearStaleSocket(socket_path); !st.ok()) return st;
+  if (listen_fd < 0) {
+    if (absl::Status st = ClearStaleSocket(socket_path); !st.ok()) return st;
+  }
   google::protobuf::SetLogHandler(&RateLimitedProtobufLog);  // process-wide; see above
 
   auto impl = std::make_unique<Impl>();
   impl->core = core;
-  auto listener = PeerListener::Listen(socket_path, socket_mode, socket_gid);
-  if (!listener.ok()) return listener.status();
-  impl->listener = *std::move(listener);
+  impl->activated = listen_fd >= 0;
+  if (impl->activated) {
+    impl->listener = PeerListener::FromListeningFd(listen_fd);
+  } else {
+    auto listener = PeerListener::Listen(socket_path, socket_mode, socket_gid);
+    if (!listener.ok()) return listener.status();
+    impl->listener = *std::move(listener);
+  }
   impl->service = std::make_unique<OffloadService>(core, impl->listener.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -419,7 +428,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
   }
   impl->server = builder.BuildAndStart();
   if (!impl->server) {
-    unlink(socket_path.c_str());
+    if (!impl->activated) unlink(socket_path.c_str());
     return absl::UnavailableError(absl::StrFormat(
         "gRPC could not start the server for unix:%s (see the log above)", socket_path));
   }
@@ -459,7 +468,9 @@ void Server::Shutdown() {
   // Give streams a moment to flush their last completions, then cancel what remains.
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   impl_->server->Wait();
-  unlink(socket_path_.c_str());
+  if (!impl_->activated) unlink(socket_path_.c_str());
 }
+
+bool Server::socket_activated() const { return impl_->activated; }
 
 }  // namespace offloadd::rpc

@@ -31,9 +31,14 @@ class Server {
   // nullptr: that service answers UNAVAILABLE. Its calls pass the same access policy as sessions.
   // Installs a process-wide protobuf log handler that sends libprotobuf's messages to glog at
   // most once per 10 s (a client sending unparsable messages must not flood the log).
+  // `listen_fd` >= 0: a listening socket passed by the service manager (socket_activation.h)
+  // for `socket_path`: it is used as is (no directory, stale-socket check, chmod or chown: the
+  // .socket unit sets them) and the socket file is left in place at Shutdown, so connects made
+  // while the daemon restarts wait in its backlog.
   static absl::StatusOr<std::unique_ptr<Server>> Start(
       session::Core* core, const std::string& socket_path, uint32_t socket_mode,
-      int64_t socket_gid = -1, projector::RefreshService* projector = nullptr);
+      int64_t socket_gid = -1, projector::RefreshService* projector = nullptr,
+      int listen_fd = -1);
   static constexpr int kMaxQueuedResponses = 2048;
   // Requests of one ClientMessage handled between checks of the answers waiting to be written
   // (the C++ and Python clients send at most 4096 per message): a larger batch is handled in
@@ -52,6 +57,8 @@ class Server {
   // ones finish and the calls waiting for them are answered. Idempotent.
   void Shutdown();
   const std::string& socket_path() const { return socket_path_; }
+  // True when the listening socket came from the service manager (left in place at Shutdown).
+  bool socket_activated() const;
 
   struct Impl;
 

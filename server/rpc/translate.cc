@@ -82,6 +82,8 @@ void ToProto(const session::Completion& c, v1::Response* out) {
       h->set_link(c.link);
       h->set_resume_token(c.resume_token);
       h->set_blocks_resumed(c.blocks_resumed);
+      h->set_resume_grace_seconds(c.resume_grace_seconds);
+      for (uint64_t id : c.resumed_block_ids) h->add_resumed_block_ids(id);
       break;
     }
     case session::CompletionKind::kRegionRegistered:

@@ -65,6 +65,7 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
 void Core::Adopt() {
   adoption_ = arena_->block_table()->Adopt();
   const uint64_t adopted = store_.Adopt(adoption_.blocks, options_.resume_grace_seconds);
+  store_.MarkLost(adoption_.dropped_blocks);
   auto& m = metrics::Get();
   m.adopted_blocks_total->Increment(static_cast<double>(adopted));
   for (int r = 0; r < pool::kNumDropReasons; ++r) {

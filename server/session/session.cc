@@ -275,9 +275,10 @@ void Session::OnHello(const Request& r) {
     return Fail(r.request_id, link);
   }
   uint64_t blocks_resumed = 0;
+  std::vector<uint64_t> resumed_ids;
   if (!r.resume_token.empty()) {
     auto resumed = core_->store().ResumeSession(
-        id_, key, peer_.known ? peer_.uid : pool::kUnknownUid);
+        id_, key, peer_.known ? peer_.uid : pool::kUnknownUid, &resumed_ids);
     if (!resumed.ok()) {
       core_->ReleaseLink(r.device_id, r.transient_device);
       core_->ReleaseSessionSlot(peer_);
@@ -310,6 +311,9 @@ void Session::OnHello(const Request& r) {
   c.chunk_bytes = core_->options().chunk_bytes;
   c.resume_token = token;
   c.blocks_resumed = blocks_resumed;
+  c.resume_grace_seconds =
+      core_->store().survives_restart() ? core_->options().resume_grace_seconds : 0;
+  c.resumed_block_ids = std::move(resumed_ids);
   Send(std::move(c));
 }
 

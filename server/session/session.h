@@ -133,6 +133,8 @@ struct Completion {
   uint64_t pool_capacity_bytes = 0, session_quota_bytes = 0, chunk_bytes = 0;
   std::string resume_token;
   uint64_t blocks_resumed = 0;
+  double resume_grace_seconds = 0;          // 0: the pool does not outlive the daemon
+  std::vector<uint64_t> resumed_block_ids;  // resume only
 };
 
 // Metric label values: closed (client half-closed), crashed (stream broke), shutdown (daemon

@@ -131,7 +131,7 @@ BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enq
   uint64_t id = 0;
   do {
     id = absl::Uniform<uint64_t>(rng_);
-  } while (id == 0 || blocks_.count(id) != 0);
+  } while (id == 0 || blocks_.count(id) != 0 || lost_.count(id) != 0);
   Block& b = blocks_[id];
   b.session_id = session_id;
   b.owner_uid = OwnerLocked(session_id);
@@ -277,6 +277,23 @@ void BlockStore::OffloadFinished(uint64_t block_id, const absl::Status& copy_sta
   RunAll(deferred);
 }
 
+absl::Status BlockStore::LostLocked(uint64_t block_id) const {
+  auto it = lost_.find(block_id);
+  if (it == lost_.end()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrFormat(
+      "block %d was lost when offloadd restarted: its record in the shared pool failed the check "
+      "at adoption (%s), so its bytes cannot be trusted; offload the data again (the session's "
+      "other blocks are unaffected)",
+      block_id, pool::DropReasonName(it->second)));
+}
+
+void BlockStore::MarkLost(const std::vector<pool::DroppedBlock>& dropped) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const pool::DroppedBlock& d : dropped) {
+    if (blocks_.count(d.block_id) == 0) lost_[d.block_id] = d.reason;
+  }
+}
+
 absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
                                      ReadableCallback ready) {
   BlockRef ref;
@@ -284,6 +301,7 @@ absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(block_id);
     if (it == blocks_.end() || it->second.session_id != session_id) {
+      if (absl::Status lost = LostLocked(block_id); !lost.ok()) return lost;
       return absl::NotFoundError(absl::StrFormat(
           "block %d is not held by this session (never offloaded here, or already released)",
           block_id));
@@ -330,6 +348,7 @@ absl::Status BlockStore::Release(uint64_t session_id, uint64_t block_id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(block_id);
     if (it == blocks_.end() || it->second.session_id != session_id || it->second.released) {
+      if (absl::Status lost = LostLocked(block_id); !lost.ok()) return lost;
       return absl::NotFoundError(absl::StrFormat(
           "block %d is not held by this session (never offloaded here, or already released)",
           block_id));
@@ -431,6 +450,7 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
     if (r.slot >= table_->slots() || blocks_.count(r.block_id) != 0 ||
         !allocator_.AllocateAt(extent).ok()) {
       if (r.slot < table_->slots()) table_->Clear(r.slot);
+      if (blocks_.count(r.block_id) == 0) lost_[r.block_id] = pool::DropReason::kOverlap;
       continue;
     }
     Block& b = blocks_[r.block_id];
@@ -461,7 +481,8 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
 }
 
 absl::StatusOr<uint64_t> BlockStore::ResumeSession(uint64_t session_id,
-                                                   const pool::ResumeKey& key, uint32_t uid) {
+                                                   const pool::ResumeKey& key, uint32_t uid,
+                                                   std::vector<uint64_t>* block_ids) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = adopted_by_key_.find(key);
   if (it == adopted_by_key_.end()) {
@@ -492,6 +513,7 @@ absl::StatusOr<uint64_t> BlockStore::ResumeSession(uint64_t session_id,
       session_used_bytes_.erase(kAdoptedSession);
     }
     session_blocks_[session_id] += 1;
+    if (block_ids != nullptr) block_ids->push_back(id);
     ++n;
   }
   adopted_by_key_.erase(it);

@@ -108,12 +108,18 @@ class BlockStore {
   // once, before any Reserve. Returns the number adopted (a record whose extent cannot be
   // allocated is cleared and not adopted; BlockTable::Adopt already drops overlaps).
   uint64_t Adopt(const std::vector<pool::StoredBlock>& blocks, double grace_seconds);
+  // Remembers the block ids adoption dropped (BlockTable::Adopt's dropped_blocks): a reload or
+  // release naming one then fails with DATA_LOSS (the block was stored and is lost) instead of
+  // NOT_FOUND. Kept for the daemon's life (at most one per record slot).
+  void MarkLost(const std::vector<pool::DroppedBlock>& dropped);
   // Gives the adopted blocks recorded under `key` to `session_id` (same block ids). `uid`: the
   // presenting peer's uid, pool::kUnknownUid when unknown; it must equal the owner recorded.
   // Returns the number of blocks taken. Errors: NOT_FOUND when no adopted block has that key
   // (never issued, already resumed, or expired); PERMISSION_DENIED for another uid.
+  // `block_ids` (optional) receives the ids taken.
   absl::StatusOr<uint64_t> ResumeSession(uint64_t session_id, const pool::ResumeKey& key,
-                                         uint32_t uid);
+                                         uint32_t uid,
+                                         std::vector<uint64_t>* block_ids = nullptr);
 
   // Admits an offload of `bytes` for `session_id`; `done` gets the new block (state
   // kOffloading) or an error: INVALID_ARGUMENT for 0 bytes; OUT_OF_RANGE when bytes exceed the
@@ -147,6 +153,8 @@ class BlockStore {
   std::map<uint32_t, uint64_t> UidUsedBytes() const;
   StoreStats stats() const;
   uint64_t capacity_bytes() const;
+  // True on a shared pool (constructed with a BlockTable): confirmed blocks outlive the daemon.
+  bool survives_restart() const { return table_ != nullptr; }
 
  private:
   enum class State { kOffloading, kResident };
@@ -198,7 +206,10 @@ class BlockStore {
   std::map<uint32_t, uint64_t> uid_used_bytes_;
   std::deque<Waiter> waiters_;
   uint64_t refused_total_ = 0;
+  // DATA_LOSS for a block id adoption dropped; OK otherwise. mu_ held.
+  absl::Status LostLocked(uint64_t block_id) const;
   pool::BlockTable* const table_;
+  std::unordered_map<uint64_t, pool::DropReason> lost_;  // dropped at adoption (MarkLost)
   std::vector<uint32_t> free_slots_;
   std::unordered_map<uint64_t, pool::ResumeKey> session_resume_key_;
   std::map<pool::ResumeKey, std::vector<uint64_t>> adopted_by_key_;

@@ -1,7 +1,8 @@
 // The real daemon binary on a shared pool (pool_shm_name), SIGKILLed while four clients have
 // offloads in flight, then started again: every block a client was told is stored (OffloadDone)
 // reloads bit-exact after Client::Resume with its token, and the pool returns to empty once the
-// clients close.
+// clients close. AutoResume: the same with the clients recovering by themselves (auto_resume):
+// no request fails, those issued during the outage wait, nothing is stored twice.
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -75,6 +77,7 @@ TEST(RestartTest, SigkilledDaemonComesBackAndEveryConfirmedBlockReloadsBitExact)
     o.socket_path = socket;
     o.client_name = "restart-test " + std::to_string(c);
     o.device_id = "gpu" + std::to_string(c);
+    o.auto_resume = false;  // this test resumes by hand (a new process would)
     auto cl = client::Client::Connect(o);
     ASSERT_TRUE(cl.ok()) << cl.status();
     EXPECT_EQ((*cl)->resume_token().size(), 16u);
@@ -183,6 +186,7 @@ TEST(RestartTest, SigtermHandsBlocksToTheNextDaemon) {
   client::ClientOptions o;
   o.socket_path = socket;
   o.device_id = "gpu0";
+  o.auto_resume = false;
   auto cl = client::Client::Connect(o);
   ASSERT_TRUE(cl.ok()) << cl.status();
   auto src = client::ShmRegion::Create(4 * kMiB);
@@ -220,6 +224,138 @@ TEST(RestartTest, SigtermHandsBlocksToTheNextDaemon) {
   (*resumed)->Close();
   EXPECT_EQ(second.Stop(SIGTERM), 0);
   shm_unlink(("/" + pool).c_str());
+}
+
+// Clients that recover by themselves: SIGKILL while offloads and reloads are in flight, more
+// requests issued while no daemon serves the socket, then a new daemon on the same pool. Every
+// future completes OK, every confirmed block reloads bit-exact, and the daemon holds exactly the
+// blocks the clients were told about (an offload re-sent never leaves a second block).
+TEST(RestartTest, AutoResumeResendsUnansweredRequestsAndHoldsThoseOfTheOutage) {
+  const std::string socket = UniqueSocketPath();
+  const std::string pool = "offloadd-restart-auto-" + std::to_string(getpid()) + "-" +
+                           std::to_string(std::random_device{}());
+  const std::vector<std::string> args = {
+      Runfile("server/offloadd"), "--socket_path=" + socket, "--pool_bytes=256MiB",
+      "--metrics_address=",       "--pool_shm_name=" + pool, "--resume_grace_seconds=120",
+      "--chunk_bytes=65536"};
+  Daemon first;
+  ASSERT_TRUE(first.Start(args));
+  struct PerClient {
+    std::unique_ptr<client::Client> client;
+    std::optional<client::ShmRegion> src, dst;
+    uint64_t src_region = 0, dst_region = 0;
+    std::vector<Confirmed> confirmed;
+    std::vector<std::pair<int, std::future<absl::StatusOr<client::OffloadResult>>>> offloads;
+    std::vector<std::pair<Confirmed, std::future<absl::StatusOr<client::ReloadResult>>>> reloads;
+  };
+  std::vector<PerClient> cs(kClients);
+  for (int c = 0; c < kClients; ++c) {
+    client::ClientOptions o;
+    o.socket_path = socket;
+    o.device_id = "gpu" + std::to_string(c);
+    auto cl = client::Client::Connect(o);
+    ASSERT_TRUE(cl.ok()) << cl.status();
+    EXPECT_EQ((*cl)->hello_resume_grace_seconds(), 120);
+    auto src = client::ShmRegion::Create(kRegionBytes);
+    auto dst = client::ShmRegion::Create(kRegionBytes);
+    ASSERT_TRUE(src.ok() && dst.ok());
+    std::mt19937_64 rng(200 + c);
+    for (uint64_t i = 0; i < kRegionBytes; ++i) static_cast<uint8_t*>(src->data())[i] = rng();
+    PerClient& pc = cs[c];
+    pc.client = *std::move(cl);
+    pc.src.emplace(*std::move(src));
+    pc.dst.emplace(*std::move(dst));
+    auto sr = pc.client->RegisterShmRegion(*pc.src);
+    auto dr = pc.client->RegisterShmRegion(*pc.dst);
+    ASSERT_TRUE(sr.ok() && dr.ok());
+    pc.src_region = *sr;
+    pc.dst_region = *dr;
+    for (int i = 0; i < kConfirmedFirst; ++i) {
+      auto r = pc.client->Offload(pc.src_region, BlockOffset(i), BlockBytes(c, i)).get();
+      ASSERT_TRUE(r.ok()) << r.status();
+      pc.confirmed.push_back({r->block_id, BlockOffset(i), BlockBytes(c, i)});
+    }
+  }
+  auto issue = [&](PerClient& pc, int c, int from, int to) {
+    for (int i = from; i < to; ++i) {
+      pc.offloads.emplace_back(i, pc.client->Offload(pc.src_region, BlockOffset(i),
+                                                     BlockBytes(c, i)));
+    }
+  };
+  for (int c = 0; c < kClients; ++c) {  // in flight at the kill: offloads and reloads
+    issue(cs[c], c, kConfirmedFirst, kConfirmedFirst + kInFlight / 2);
+    for (const Confirmed& b : cs[c].confirmed) {
+      cs[c].reloads.emplace_back(b, cs[c].client->Reload(b.block_id, cs[c].dst_region, b.offset,
+                                                         client::Priority::kUrgent));
+    }
+  }
+  EXPECT_EQ(first.Stop(SIGKILL), 128 + SIGKILL);
+  for (int c = 0; c < kClients; ++c) {  // during the outage
+    issue(cs[c], c, kConfirmedFirst + kInFlight / 2, kConfirmedFirst + kInFlight);
+  }
+  Daemon second;
+  ASSERT_TRUE(second.Start(args));
+  uint64_t confirmed_total = 0;
+  for (int c = 0; c < kClients; ++c) {
+    PerClient& pc = cs[c];
+    for (auto& [b, f] : pc.reloads) {
+      auto r = f.get();
+      ASSERT_TRUE(r.ok()) << "client " << c << ": " << r.status();
+      EXPECT_EQ(r->bytes, b.bytes);
+    }
+    for (auto& [i, f] : pc.offloads) {
+      auto r = f.get();
+      ASSERT_TRUE(r.ok()) << "client " << c << " offload " << i << ": " << r.status();
+      pc.confirmed.push_back({r->block_id, BlockOffset(i), BlockBytes(c, i)});
+    }
+    for (const Confirmed& b : pc.confirmed) {
+      auto r = pc.client->Reload(b.block_id, pc.dst_region, b.offset, client::Priority::kUrgent)
+                   .get();
+      ASSERT_TRUE(r.ok()) << "client " << c << " block " << b.block_id << ": " << r.status();
+      EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(pc.dst->data()) + b.offset,
+                            static_cast<uint8_t*>(pc.src->data()) + b.offset, b.bytes),
+                0)
+          << "client " << c << " block at " << b.offset;
+    }
+    const client::ClientCounters counters = pc.client->counters();
+    EXPECT_EQ(counters.resumes, 1u);
+    EXPECT_GE(counters.resent, static_cast<uint64_t>(kInFlight / 2));
+    confirmed_total += pc.confirmed.size();
+  }
+  auto stats = cs[0].client->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->blocks(), confirmed_total);  // orphans released, nothing stored twice
+  for (int c = 0; c < kClients; ++c) {
+    for (const Confirmed& b : cs[c].confirmed) {
+      EXPECT_TRUE(cs[c].client->Release(b.block_id).get().ok());
+    }
+  }
+  stats = cs[0].client->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->blocks(), 0u);
+  EXPECT_EQ(stats->pool_used_bytes(), 0u);
+  for (PerClient& pc : cs) pc.client->Close();
+  EXPECT_EQ(second.Stop(SIGTERM), 0);
+  shm_unlink(("/" + pool).c_str());
+}
+
+// Without a shared pool the stream's end is final: pending requests fail with UNAVAILABLE at
+// once instead of waiting for a daemon that could not give the blocks back.
+TEST(RestartTest, AnonymousPoolFailsAtOnce) {
+  const std::string socket = UniqueSocketPath();
+  Daemon d;
+  ASSERT_TRUE(d.Start({Runfile("server/offloadd"), "--socket_path=" + socket,
+                       "--pool_bytes=16MiB", "--metrics_address="}));
+  client::ClientOptions o;
+  o.socket_path = socket;
+  o.device_id = "gpu0";
+  auto cl = client::Client::Connect(o);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_EQ((*cl)->hello_resume_grace_seconds(), 0);
+  EXPECT_EQ(d.Stop(SIGKILL), 128 + SIGKILL);
+  auto released = (*cl)->Release(1).get();
+  EXPECT_EQ(released.code(), absl::StatusCode::kUnavailable) << released;
+  (*cl)->Close();
 }
 
 }  // namespace

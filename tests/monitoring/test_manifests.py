@@ -18,6 +18,7 @@ import yaml
 import common
 
 UNIT = os.path.join(common.DEPLOY, "offloadd.service")
+SOCKET_UNIT = os.path.join(common.DEPLOY, "offloadd.socket")
 EXAMPLE = os.path.join(common.DEPLOY, "offloadd.conf.example")
 K8S = os.path.join(common.DEPLOY, "k8s")
 README = os.path.join(common.DEPLOY, "README.md")
@@ -68,12 +69,45 @@ def config_valid(r):
                                  "is valid, but this host cannot run it" in r.stderr)
 
 
-def load_unit():
+def load_unit(path=UNIT):
     p = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",),
                                   comment_prefixes=("#", ";"))
     p.optionxform = str
-    p.read(UNIT)
+    p.read(path)
     return p
+
+
+class SocketUnitTest(unittest.TestCase):
+    """deploy/offloadd.socket: one stream socket at the service's --socket_path, kept across
+    restarts of the service (socket activation; the daemon takes it through LISTEN_FDS)."""
+
+    def test_listens_where_the_service_serves_and_survives_restarts(self):
+        sock = load_unit(SOCKET_UNIT)["Socket"]
+        svc_unit = load_unit()
+        start = shlex.split(svc_unit["Service"]["ExecStart"])
+        path = [a.split("=", 1)[1] for a in start if a.startswith("--socket_path=")][0]
+        self.assertEqual(sock.get("ListenStream"), path)
+        self.assertEqual(sock.get("Accept"), "no")
+        self.assertEqual(sock.get("RemoveOnStop"), "no")
+        self.assertEqual(svc_unit["Service"].get("RuntimeDirectoryPreserve"), "yes",
+                         "the service's RuntimeDirectory would remove the socket at stop")
+        self.assertIn("offloadd.socket", svc_unit["Unit"].get("Wants", ""))
+
+    @unittest.skipUnless(shutil.which("systemd-analyze"), "systemd-analyze not installed")
+    def test_systemd_analyze_verify(self):
+        tmp = common.short_tmpdir("ofms")
+        try:
+            text = common.read_text(UNIT).replace("/usr/local/bin/offloadd", common.binary("offloadd"))
+            with open(os.path.join(tmp, "offloadd.service"), "w") as f:
+                f.write(text)
+            shutil.copy(SOCKET_UNIT, os.path.join(tmp, "offloadd.socket"))
+            r = subprocess.run(["systemd-analyze", "verify", os.path.join(tmp, "offloadd.socket")],
+                               capture_output=True, text=True, timeout=60)
+            ours = [l for l in (r.stdout + r.stderr).splitlines() if "offloadd.s" in l]
+            self.assertEqual(ours, [], "systemd-analyze verify complains about the units")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        finally:
+            shutil.rmtree(tmp)
 
 
 class SystemdUnitTest(unittest.TestCase):

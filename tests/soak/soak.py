@@ -2,18 +2,22 @@
 """Chaos soak of offloadd (loopback only, bounded in time and request count).
 
     soak.py --bin DIR [--seconds 120] [--clients 8] [--kill_every 3] [--max_requests 5000000]
-            [--pool 128MiB] [--max_block_bytes 2097152] [--json]
+            [--pool 128MiB] [--max_block_bytes 2097152] [--daemon_kills 3] [--grace 10] [--json]
 
 DIR holds offloadd, offloadctl and soak_client. `--clients` soak_client processes offload and
 reload blocks of random sizes with checksums (tests/soak/soak_client.cc); a chaos loop SIGKILLs a
-random client every ~kill_every seconds and starts a new one; half-way through, the daemon gets
-SIGTERM and is started again on the same socket path (clients reconnect). At the end every client
-gets SIGTERM, reloads and verifies what it still holds, and exits.
+random client every ~kill_every seconds and starts a new one. The daemon keeps its pool in a
+shared-memory object (pool_shm_name, resume_grace_seconds = --grace) and is restarted on the same
+socket and pool --daemon_kills + 1 times, evenly spread: SIGKILLed --daemon_kills times and once
+SIGTERMed (an upgrade); the clients resume by themselves (auto_resume). At the end every client
+gets SIGTERM, reloads and verifies what it still holds, and exits. --daemon_kills 0 restarts it
+once with SIGTERM on an anonymous pool instead (blocks are then lost and reported).
 
-Must hold (exit 0): no block corrupted, no block lost without an error (every block a live client
-offloaded was reloaded intact, or the client was told the daemon went away), every surviving
-client finished its final pass, the daemon exited 0 both times, and the pool returned to its
-baseline (0 bytes, no session) once the clients were gone.
+Must hold (exit 0): no block corrupted, no block lost without an error, and with a shared pool
+no block lost at all (every block a client was told is stored survives the daemon's deaths);
+every surviving client finished its final pass; the daemon exited 0 after each SIGTERM; and the
+pool returned to its baseline (0 bytes, no session) once the clients were gone (blocks of clients
+killed while the daemon was down are freed resume_grace_seconds after the restart).
 """
 import argparse
 import glob
@@ -29,7 +33,7 @@ import time
 
 COUNTERS = ("requests", "offloads", "reloads", "releases", "refused", "bytes_offloaded",
             "bytes_verified", "verified", "corrupted", "lost_reported", "lost_unexpectedly",
-            "reconnects")
+            "reconnects", "resumes")
 
 
 class Soak:
@@ -44,6 +48,7 @@ class Soak:
         self.incarnations = 0
         self.problems = []
         self.rng = random.Random(a.seed)
+        self.pool_name = "offloadd-soak-%d" % os.getpid() if a.daemon_kills > 0 else ""
 
     def bin(self, name):
         return os.path.join(self.a.bin, name)
@@ -53,10 +58,15 @@ class Soak:
         log = open(os.path.join(self.tmp, "daemon%d.log" % self.daemon_logs), "w")
         self.daemon = subprocess.Popen(
             [self.bin("offloadd"), "--socket_path=" + self.sock, "--pool_bytes=" + self.a.pool,
-             "--metrics_address=", "--chunk_bytes=1MiB", "--admission_deadline_seconds=1"],
+             "--metrics_address=", "--chunk_bytes=1MiB", "--admission_deadline_seconds=1",
+             "--pool_shm_name=" + self.pool_name, "--resume_grace_seconds=%g" % self.a.grace],
             stdout=subprocess.PIPE, stderr=log, text=True)
         if "ready" not in self.daemon.stdout.readline():
             raise SystemExit("daemon did not start; see %s" % log.name)
+
+    def kill_daemon(self):
+        self.daemon.kill()
+        self.daemon.wait()
 
     def stop_daemon(self):
         self.daemon.send_signal(signal.SIGTERM)
@@ -109,7 +119,12 @@ class Soak:
             self.start_client(slot)
         start = time.time()
         next_kill = start + a.kill_every * self.rng.uniform(0.5, 1.5)
-        restart_at, restarts, kills = start + a.seconds / 2, 0, 0
+        # Daemon restarts, evenly spread: SIGKILLs and one SIGTERM (the second, when there are
+        # kills; the only one without).
+        signals = [signal.SIGKILL] * a.daemon_kills
+        signals.insert(min(1, len(signals)), signal.SIGTERM)
+        restart_at = [start + a.seconds * (k + 1) / (len(signals) + 1) for k in range(len(signals))]
+        restarts, daemon_kills, kills = 0, 0, 0
         while time.time() - start < a.seconds and self.requests_so_far() < a.max_requests:
             time.sleep(0.05)
             for slot, (p, stats) in list(self.clients.items()):
@@ -119,8 +134,12 @@ class Soak:
                     self.clients.pop(slot)
                     self.finished.append((stats, "exited"))
                     self.start_client(slot)
-            if restarts == 0 and time.time() >= restart_at:
-                self.stop_daemon()
+            if restarts < len(signals) and time.time() >= restart_at[restarts]:
+                if signals[restarts] == signal.SIGKILL:
+                    self.kill_daemon()
+                    daemon_kills += 1
+                else:
+                    self.stop_daemon()
                 self.start_daemon()
                 restarts += 1
             if time.time() >= next_kill:
@@ -147,7 +166,7 @@ class Soak:
             self.finished.append((stats, "exited"))
         self.clients.clear()
         # The pool returns to its baseline once every client is gone.
-        deadline, end = time.time() + 15, None
+        deadline, end = time.time() + 15 + a.grace, None
         while time.time() < deadline:
             end = self.sessions()
             if end and not end.get("sessions") and int(end["pool_used_bytes"]) == baseline:
@@ -168,8 +187,12 @@ class Soak:
                 s = self.read(stats)
                 if s.get("corrupted") or s.get("lost_unexpectedly"):
                     self.problems.append("%s: %s" % (stats, s.get("last_problem")))
-        if restarts != 1:
-            self.problems.append("the daemon was restarted %d times, not once" % restarts)
+        if restarts != len(signals) or daemon_kills != a.daemon_kills:
+            self.problems.append("the daemon was restarted %d times (%d SIGKILLs), not %d (%d)"
+                                 % (restarts, daemon_kills, len(signals), a.daemon_kills))
+        if self.pool_name and totals["lost_reported"]:
+            self.problems.append("%d blocks lost at daemon restarts on a shared pool"
+                                 % totals["lost_reported"])
         if kills < 1:
             self.problems.append("no client was killed (run longer than kill_every)")
         if totals["verified"] == 0:
@@ -177,6 +200,7 @@ class Soak:
         return {
             "seconds": round(elapsed, 1), "clients": a.clients, "client_processes": len(
                 self.finished), "clients_killed": kills, "daemon_restarts": restarts,
+            "daemon_sigkills": daemon_kills, "client_resumes": totals["resumes"],
             "requests": totals["requests"], "offloads": totals["offloads"],
             "reloads": totals["reloads"], "releases": totals["releases"],
             "offloads_refused_pool_full": totals["refused"],
@@ -200,6 +224,8 @@ def main():
     ap.add_argument("--pool", default="128MiB")
     ap.add_argument("--max_block_bytes", type=int, default=2 << 20)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--daemon_kills", type=int, default=3)
+    ap.add_argument("--grace", type=float, default=10)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     soak = Soak(a)
@@ -210,6 +236,11 @@ def main():
             p.kill()
         if soak.daemon and soak.daemon.poll() is None:
             soak.daemon.kill()
+        if soak.pool_name:
+            try:
+                os.unlink("/dev/shm/" + soak.pool_name)
+            except OSError:
+                pass
     if a.json:
         print(json.dumps(result))
     else:

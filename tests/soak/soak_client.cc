@@ -8,7 +8,9 @@
 //  - verified:          reloaded and its checksum matched;
 //  - corrupted:         reloaded "successfully" with other bytes (must stay 0);
 //  - lost_reported:     the daemon went away (stream ended: UNAVAILABLE) while the block was held
-//                       — offloaded blocks do not survive a daemon restart, and the client is told;
+//                       — on an anonymous pool offloaded blocks do not survive a daemon restart,
+//                       and the client is told; on a shared pool the client resumes by itself
+//                       (auto_resume) and this stays 0;
 //  - lost_unexpectedly: any other failure of a reload or release of a held block (must stay 0).
 // An offload the daemon refuses (RESOURCE_EXHAUSTED, pool full) is counted as refused: the client
 // never held that block. After the daemon goes away the client reconnects (retrying for up to
@@ -86,7 +88,7 @@ struct Counters {
   uint64_t requests = 0, offloads = 0, reloads = 0, releases = 0, refused = 0;
   uint64_t bytes_offloaded = 0, bytes_verified = 0, verified = 0;
   uint64_t corrupted = 0, lost_reported = 0, lost_unexpectedly = 0;
-  uint64_t reconnects = 0, held = 0;
+  uint64_t reconnects = 0, resumes = 0, held = 0;
   std::string last_problem;
 };
 
@@ -101,15 +103,16 @@ void WriteStats(const std::string& path, const Counters& c, bool final_pass_done
                "{\"requests\": %llu, \"offloads\": %llu, \"reloads\": %llu, \"releases\": %llu, "
                "\"refused\": %llu, \"bytes_offloaded\": %llu, \"bytes_verified\": %llu, "
                "\"verified\": %llu, \"corrupted\": %llu, \"lost_reported\": %llu, "
-               "\"lost_unexpectedly\": %llu, \"reconnects\": %llu, \"held\": %llu, "
-               "\"final_pass_done\": %s, \"last_problem\": \"%s\"}\n",
+               "\"lost_unexpectedly\": %llu, \"reconnects\": %llu, \"resumes\": %llu, "
+               "\"held\": %llu, \"final_pass_done\": %s, \"last_problem\": \"%s\"}\n",
                (unsigned long long)c.requests, (unsigned long long)c.offloads,
                (unsigned long long)c.reloads, (unsigned long long)c.releases,
                (unsigned long long)c.refused, (unsigned long long)c.bytes_offloaded,
                (unsigned long long)c.bytes_verified, (unsigned long long)c.verified,
                (unsigned long long)c.corrupted, (unsigned long long)c.lost_reported,
                (unsigned long long)c.lost_unexpectedly, (unsigned long long)c.reconnects,
-               (unsigned long long)c.held, final_pass_done ? "true" : "false", problem.c_str());
+               (unsigned long long)c.resumes, (unsigned long long)c.held,
+               final_pass_done ? "true" : "false", problem.c_str());
   std::fclose(f);
   std::rename(tmp.c_str(), path.c_str());
 }
@@ -189,6 +192,7 @@ class SoakClient {
     c_.lost_reported += held_.size();
     held_.clear();
     c_.last_problem = why.ToString();
+    resumes_before_ += client_->counters().resumes;
     client_.reset();
     c_.reconnects++;
     if (!Connect()) g_stop = true;
@@ -310,6 +314,7 @@ class SoakClient {
 
   void Flush(bool final_pass_done) {
     c_.held = held_.size();
+    c_.resumes = resumes_before_ + (client_ ? client_->counters().resumes : 0);
     WriteStats(stats_path_, c_, final_pass_done);
   }
 
@@ -330,7 +335,7 @@ class SoakClient {
   const double reconnect_seconds_;
   std::unique_ptr<offloadd::client::ShmRegion> region_;
   std::unique_ptr<Client> client_;
-  uint64_t region_id_ = 0, next_tag_ = 0;
+  uint64_t region_id_ = 0, next_tag_ = 0, resumes_before_ = 0;
   std::map<uint64_t, Block> held_;
   Counters c_;
 };

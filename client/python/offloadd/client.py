@@ -3,7 +3,7 @@
 Protocol: proto/offload.proto (package offloadd.v1); semantics follow the C++ client
 (client/offloadd_client.h). The daemon listens on a Unix socket, gRPC target ``unix:<path>``.
 
-Threads: every method is thread-safe. A Client has
+Threads: every method is thread-safe. A Client has, per connection,
   * a writer: grpcio consumes a generator that drains every request queued since its last write
     into ONE ``ClientMessage`` (batching, at most ``MAX_REQUESTS_PER_MESSAGE``), and
   * a reader thread that resolves each request's ``concurrent.futures.Future`` by request id as
@@ -12,12 +12,31 @@ Threads: every method is thread-safe. A Client has
 
 Units: sizes and offsets are int bytes; durations float seconds.
 
+Reconnecting (a daemon with ``pool_shm_name``, which says so in HelloReply.resume_grace_seconds):
+when the session stream breaks (daemon killed, crashed or upgraded) the Client reconnects by
+itself with exponential backoff, presents its resume token, registers its regions again (region
+ids returned by ``register_*`` are the client's own and stay valid) and re-sends every request
+not yet answered. Requests issued meanwhile wait. Rules (README "Failure modes"):
+  * an offload not answered is sent again from the same source bytes (the caller keeps them
+    until its future resolves); a block the dead daemon had stored for it but could not confirm
+    (it is among the resumed blocks yet was never acknowledged) is released by the client, so a
+    re-sent offload never leaves two blocks;
+  * a reload not answered is sent again (it rewrites the same bytes to the same place); a
+    release not answered is sent again, and counts as done when the block is no longer there;
+  * a confirmed block missing from the resumed ones (its record failed the daemon's check) is
+    lost: requests naming it fail with DATA_LOSS. So does a reload with ``release_after`` whose
+    block is gone (the copy may have completed before the crash; nothing can confirm it);
+  * when the daemon does not come back within ``reconnect_seconds`` (default: the daemon's
+    resume_grace_seconds), or it has no blocks for the token while the client holds confirmed
+    ones, every waiting and later request fails (DaemonUnavailable, or DATA_LOSS for the blocks).
+A daemon whose pool does not outlive it (resume_grace_seconds 0) makes the stream's end final.
+
 Errors (raised by ``Future.result()`` or directly):
   * :class:`~offloadd.errors.OffloaddError` with the daemon's code and message for ``Error``
     responses (INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED pool or quota full past the
     admission deadline, OUT_OF_RANGE, ...);
   * :class:`~offloadd.errors.DaemonUnavailable` when nothing serves the socket or the stream ended
-    (daemon stopped/restarted): the session's blocks and regions are gone; make a new Client;
+    for good (see above): the session's blocks and regions are gone; make a new Client;
   * CANCELLED for requests pending when :meth:`Client.close` ended the stream; FAILED_PRECONDITION
     for requests issued after it began; INTERNAL when a response has the wrong kind.
 """
@@ -54,10 +73,12 @@ _EXPECTED = {
 
 
 class Counters:
-    """Counts since connect; batching shows as requests_sent / messages_sent > 1."""
+    """Counts since connect; batching shows as requests_sent / messages_sent > 1. ``resumes``:
+    reconnects that resumed the session; ``resent``: requests sent again after one;
+    ``orphans_released``: blocks stored for an offload whose answer the crash swallowed."""
 
     __slots__ = ("messages_sent", "requests_sent", "messages_received", "responses_received",
-                 "unknown_responses")
+                 "unknown_responses", "resumes", "resent", "orphans_released")
 
     def __init__(self):
         for k in self.__slots__:
@@ -65,6 +86,80 @@ class Counters:
 
     def as_dict(self):
         return {k: getattr(self, k) for k in self.__slots__}
+
+
+class _Pending:
+    """A request waiting for its answer. ``request`` names the client's region ids; ``conn``: the
+    connection it was last written on (None: not yet); ``internal``: the client's own (Hello,
+    re-registration, orphan release), never re-sent."""
+
+    __slots__ = ("future", "expected", "request", "conn", "internal", "region")
+
+    def __init__(self, future, expected, request, internal=False, region=None):
+        self.future, self.expected, self.request = future, expected, request
+        self.conn, self.internal, self.region = None, internal, region
+
+
+class _Conn:
+    """One connection: channel, stream and reader thread."""
+
+    def __init__(self, client, connect_timeout_seconds):
+        self.client = client
+        self.outbox = queue.SimpleQueue()
+        self.channel = grpc.insecure_channel(client.target)
+        self.call = None
+        self.reader = None
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_seconds)
+        except grpc.FutureTimeoutError:
+            self.channel.close()
+            raise errors.DaemonUnavailable(
+                "nothing accepted a connection at %s within %.1f s: the socket file exists but "
+                "no daemon serves it (stale socket?); restart offloadd"
+                % (client.target, connect_timeout_seconds)) from None
+        self.stub = pb_grpc.OffloadStub(self.channel)
+
+    def start(self):
+        self.call = self.stub.Session(self._writer())
+        self.reader = threading.Thread(target=self.client._read_loop, args=(self,),
+                                       name="offloadd-reader", daemon=True)
+        self.reader.start()
+
+    def send(self, request):
+        self.outbox.put(request)
+
+    def _writer(self):
+        """Generator consumed by grpcio: one ClientMessage per burst of queued requests."""
+        counters, lock = self.client.counters, self.client._lock
+        while True:
+            item = self.outbox.get()
+            if item is _CLOSE:
+                return
+            batch, done = [item], False
+            while len(batch) < MAX_REQUESTS_PER_MESSAGE:
+                try:
+                    item = self.outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _CLOSE:
+                    done = True
+                    break
+                batch.append(item)
+            with lock:
+                counters.messages_sent += 1
+                counters.requests_sent += len(batch)
+            yield pb.ClientMessage(requests=batch)
+            if done:
+                return
+
+    def close(self, timeout=0.5):
+        self.outbox.put(_CLOSE)
+        if self.reader is not None and self.reader is not threading.current_thread():
+            self.reader.join(timeout)
+            if self.reader.is_alive() and self.call is not None:
+                self.call.cancel()
+                self.reader.join(1.0)
+        self.channel.close()
 
 
 class Client:
@@ -76,25 +171,44 @@ class Client:
       device_id: the GPU the client's memory lives on (UUID "GPU-..." on the cuda backend, any
         stable name such as "cpu" on the shm backend); selects the link copies are scheduled on.
       connect_timeout_seconds: socket connect + HelloReply, together.
+      resume_token: a previous session's token (see :meth:`resume`); empty: a new session.
+      reconnect: reconnect and resume by itself when the stream breaks (module doc); only with a
+        daemon whose pool outlives it.
+      reconnect_seconds: how long to try (and how long requests wait meanwhile); None: the
+        daemon's resume_grace_seconds.
+      reconnect_initial_backoff_seconds, reconnect_max_backoff_seconds: the wait between
+        attempts, doubling from the first to the second.
     Raises: DaemonUnavailable (no socket, nothing accepting within the timeout), OffloaddError
       INVALID_ARGUMENT (path too long), DEADLINE_EXCEEDED (no HelloReply in time), or the daemon's
       Error for Hello.
     """
 
     def __init__(self, socket_path=None, client_name="", device_id="cpu",
-                 connect_timeout_seconds=5.0, pid=None, resume_token=b""):
+                 connect_timeout_seconds=5.0, pid=None, resume_token=b"", reconnect=True,
+                 reconnect_seconds=None, reconnect_initial_backoff_seconds=0.05,
+                 reconnect_max_backoff_seconds=1.0):
         self.socket_path = socket_path or default_socket_path()
         self.target = "unix:" + self.socket_path
-        self.device_id = device_id
+        self.client_name, self.device_id = client_name, device_id
+        self.pid = os.getpid() if pid is None else pid
+        self.connect_timeout_seconds = connect_timeout_seconds
+        self.reconnect = reconnect
+        self.reconnect_seconds = reconnect_seconds
+        self.reconnect_initial_backoff_seconds = reconnect_initial_backoff_seconds
+        self.reconnect_max_backoff_seconds = reconnect_max_backoff_seconds
         self.counters = Counters()
         self._lock = threading.Lock()
         self._pending = {}
         self._ids = itertools.count(1)
-        self._outbox = queue.SimpleQueue()
+        self._region_ids = itertools.count(1)
+        self._regions = {}       # client region id -> (RegionHandle, relink or None)
+        self._daemon_region = {}  # client region id -> the current daemon's region id
+        self._confirmed = set()  # block ids answered by OffloadDone and not yet released
+        self._lost = set()       # confirmed block ids the restarted daemon did not have
         self._closing = False
         self._dead = None  # the exception pending and later requests fail with
-        self._channel = None
-        self._call = None
+        self._conn = None
+        self._reconnecting = None  # the reconnect thread while the daemon is away
         if not socket_path_fits(self.socket_path):
             raise errors.OffloaddError(
                 errors.INVALID_ARGUMENT, "socket path '%s' is empty or longer than 107 bytes: "
@@ -103,33 +217,8 @@ class Client:
             raise errors.DaemonUnavailable(
                 "no offloadd socket at %s: start the daemon (offloadd --socket_path %s) or point "
                 "OFFLOADD_SOCKET at the right path" % (self.socket_path, self.socket_path))
-        self._channel = grpc.insecure_channel(self.target)
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=connect_timeout_seconds)
-        except grpc.FutureTimeoutError:
-            self._channel.close()
-            raise errors.DaemonUnavailable(
-                "nothing accepted a connection at %s within %.1f s: the socket file exists but "
-                "no daemon serves it (stale socket?); restart offloadd"
-                % (self.target, connect_timeout_seconds)) from None
-        self._stub = pb_grpc.OffloadStub(self._channel)
-        hello = self._submit(pb.Request(hello=pb.Hello(
-            client_name=client_name, device_id=device_id,
-            pid=os.getpid() if pid is None else pid, resume_token=resume_token)))
-        self._call = self._stub.Session(self._writer())
-        self._reader = threading.Thread(target=self._read_loop, name="offloadd-reader",
-                                        daemon=True)
-        self._reader.start()
-        try:
-            self.hello = hello.result(timeout=connect_timeout_seconds)
-        except concurrent.futures.TimeoutError:
-            self.close(timeout=0.5)
-            raise errors.OffloaddError(errors.DEADLINE_EXCEEDED, "connected to %s but no "
-                                       "HelloReply within %.1f s: is the daemon overloaded?"
-                                       % (self.target, connect_timeout_seconds)) from None
-        except Exception:
-            self.close(timeout=0.5)
-            raise
+        self._conn, self.hello = self._open(resume_token, connect_timeout_seconds)
+        self._token = self.hello.resume_token
 
     # ---- HelloReply fields -------------------------------------------------------------------
     session_id = property(lambda self: self.hello.session_id)
@@ -142,15 +231,17 @@ class Client:
     # for a resumed session, how many blocks it took over (README "Failure modes").
     resume_token = property(lambda self: self.hello.resume_token)
     blocks_resumed = property(lambda self: self.hello.blocks_resumed)
+    resume_grace_seconds = property(lambda self: self.hello.resume_grace_seconds)
 
     @classmethod
     def resume(cls, socket_path, resume_token, client_name="", device_id="cpu",
                total_seconds=30.0, initial_backoff_seconds=0.05, max_backoff_seconds=1.0,
                connect_timeout_seconds=5.0):
         """A new session holding the blocks of the session `resume_token` named, after the daemon
-        restarted on a shared pool (pool_shm_name). Retries while the daemon is down
-        (DaemonUnavailable) with exponential backoff, for at most `total_seconds`. Regions must be
-        registered again; requests not answered before the daemon went away are not re-sent.
+        restarted on a shared pool (pool_shm_name), for a caller whose Client is gone (another
+        process). Retries while the daemon is down (DaemonUnavailable) with exponential backoff,
+        for at most `total_seconds`. Regions must be registered again; requests not answered
+        before the daemon went away are not re-sent (a live Client does all that by itself).
         Raises OffloaddError NOT_FOUND when nothing waits for the token (no shared pool, grace
         period passed: the blocks are lost), PERMISSION_DENIED for another uid's token, or the last
         DaemonUnavailable when the time is up."""
@@ -170,20 +261,23 @@ class Client:
 
     @property
     def alive(self):
-        """True while the stream is up and close() has not begun."""
+        """True while the stream is up (or being re-established) and close() has not begun."""
         with self._lock:
             return self._dead is None and not self._closing
 
     # ---- requests ----------------------------------------------------------------------------
-    def register_shm(self, shm_name, size_bytes, timeout=None):
-        """Registers POSIX shm object ``shm_name`` ("/name") of ``size_bytes``; returns region id.
+    def register_shm(self, shm_name, size_bytes, timeout=None, relink=None):
+        """Registers POSIX shm object ``shm_name`` ("/name") of ``size_bytes``; returns the
+        client's region id for it.
 
         Blocks until the daemon answers (it maps the object then; the name may be unlinked
-        afterwards). Errors: the daemon's (NOT_FOUND no such object, PERMISSION_DENIED, ...).
+        afterwards, if ``relink`` is given: ``relink()`` returns ``(name, unlink)``, a new name for
+        the same object and a callable that removes it, used to register it again after a
+        reconnect; see :meth:`offloadd.shm.ShmRegion.relink`). Errors: the daemon's (NOT_FOUND no
+        such object, PERMISSION_DENIED, ...).
         """
         handle = pb.RegionHandle(shm_name=shm_name, size_bytes=size_bytes)
-        return self._submit(pb.Request(register_region=pb.RegisterRegion(handle=handle))) \
-            .result(timeout).region_id
+        return self._register(handle, relink, timeout)
 
     def register_cuda(self, ipc_handle, size_bytes, timeout=None):
         """Registers a CUDA allocation by its 64-byte cudaIpcMemHandle_t (of the allocation
@@ -193,8 +287,13 @@ class Client:
                 errors.INVALID_ARGUMENT, "a cudaIpcMemHandle_t has 64 bytes, not %d"
                 % len(ipc_handle))
         handle = pb.RegionHandle(cuda_ipc_handle=bytes(ipc_handle), size_bytes=size_bytes)
-        return self._submit(pb.Request(register_region=pb.RegisterRegion(handle=handle))) \
-            .result(timeout).region_id
+        return self._register(handle, None, timeout)
+
+    def _register(self, handle, relink, timeout):
+        region = next(self._region_ids)
+        future = self._submit(pb.Request(register_region=pb.RegisterRegion(handle=handle)),
+                              region=(region, handle, relink))
+        return future.result(timeout).region_id
 
     def unregister(self, region_id):
         """Future of RegionUnregistered."""
@@ -226,11 +325,11 @@ class Client:
         return self._submit(pb.Request(release=pb.ReleaseRequest(block_id=block_id)))
 
     def get_stats(self, timeout=10.0):
-        """Unary GetStats on the same channel: the daemon's ``Stats`` message.
+        """Unary GetStats on the current connection: the daemon's ``Stats`` message.
 
         Raises DaemonUnavailable / OffloaddError with the RPC's code and the socket path."""
         try:
-            return self._stub.GetStats(pb.GetStatsRequest(), timeout=timeout)
+            return self._conn.stub.GetStats(pb.GetStatsRequest(), timeout=timeout)
         except grpc.RpcError as e:
             raise _rpc_error(e, self.target, "GetStats") from None
 
@@ -238,7 +337,7 @@ class Client:
         """Waits until every request submitted so far has its response (or failed).
         Returns True when all completed within ``timeout`` seconds."""
         with self._lock:
-            futures = [f for f, _ in self._pending.values()]
+            futures = [p.future for p in self._pending.values()]
         done, not_done = concurrent.futures.wait(futures, timeout=timeout)
         return not not_done
 
@@ -248,20 +347,15 @@ class Client:
         the daemon to end it (then cancels), and joins the reader. Pending requests fail with
         CANCELLED. The daemon releases the session's blocks and regions. Idempotent."""
         with self._lock:
-            first = not self._closing
             self._closing = True
-        if first:
-            self._outbox.put(_CLOSE)
-        reader = getattr(self, "_reader", None)
-        if reader is not None and reader is not threading.current_thread():
-            reader.join(timeout)
-            if reader.is_alive() and self._call is not None:
-                self._call.cancel()
-                reader.join(1.0)
+            conn = self._conn
+        if conn is not None:
+            conn.close(timeout)
+        reconnecting = self._reconnecting
+        if reconnecting is not None and reconnecting is not threading.current_thread():
+            reconnecting.join(timeout)
         self._fail_all(errors.OffloaddError(errors.CANCELLED, "the client closed its session "
                                             "with %s" % self.target))
-        if self._channel is not None:
-            self._channel.close()
 
     def __enter__(self):
         return self
@@ -269,10 +363,195 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
+    # ---- connecting --------------------------------------------------------------------------
+    def _open(self, token, timeout):
+        """A new connection that said Hello (with ``token`` when not empty): (conn, HelloReply).
+        Raises as the constructor; the connection is closed on failure."""
+        conn = _Conn(self, timeout)
+        hello = self._submit(pb.Request(hello=pb.Hello(
+            client_name=self.client_name, device_id=self.device_id, pid=self.pid,
+            resume_token=token)), conn=conn)
+        conn.start()
+        try:
+            return conn, hello.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            conn.close(0.5)
+            raise errors.OffloaddError(errors.DEADLINE_EXCEEDED, "connected to %s but no "
+                                       "HelloReply within %.1f s: is the daemon overloaded?"
+                                       % (self.target, timeout)) from None
+        except BaseException:
+            conn.close(0.5)
+            raise
+
+    def _reconnect(self, failure):
+        """The reconnect thread: resume the session on a restarted daemon, then re-send."""
+        window = self.reconnect_seconds
+        if window is None:
+            window = self.hello.resume_grace_seconds
+        deadline = time.monotonic() + window
+        backoff = max(self.reconnect_initial_backoff_seconds, 0.001)
+        token = self._token
+        while True:
+            with self._lock:
+                if self._closing:
+                    return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self._give_up(errors.DaemonUnavailable(
+                    "the offloadd daemon at %s went away and did not come back within %.1f s "
+                    "(reconnect_seconds / the daemon's resume_grace_seconds): %s"
+                    % (self.target, window, failure)))
+            try:
+                conn, hello = self._open(token, min(self.connect_timeout_seconds, left))
+                if self._resume_on(conn, hello):
+                    return
+                continue  # the new connection broke while re-registering: try again
+            except errors.DaemonUnavailable as e:
+                failure = e
+            except errors.OffloaddError as e:
+                if e.code == errors.DEADLINE_EXCEEDED:
+                    failure = e
+                elif e.code == errors.NOT_FOUND and token:
+                    with self._lock:
+                        holds = bool(self._confirmed)
+                    if holds:  # the daemon has nothing for us: our blocks are lost
+                        return self._give_up(errors.OffloaddError(
+                            errors.DATA_LOSS, "the offloadd daemon at %s restarted without this "
+                            "session's blocks (%s); they are lost: open a new Client" %
+                            (self.target, e.message)))
+                    token = b""  # nothing confirmed, nothing lost: a new session will do
+                    continue
+                else:
+                    return self._give_up(e)
+            time.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
+            backoff = min(backoff * 2, max(self.reconnect_max_backoff_seconds, backoff))
+
+    def _resume_on(self, conn, hello):
+        """Registers the regions again on ``conn``, settles the blocks, re-sends what waits.
+        False when ``conn`` broke meanwhile."""
+        with self._lock:
+            regions = dict(self._regions)
+        mapping = {}
+        try:
+            for region, (handle, relink) in regions.items():
+                mapping[region] = self._register_again(conn, handle, relink)
+        except errors.DaemonUnavailable:
+            conn.close(0.5)
+            return False
+        except (errors.OffloaddError, OSError) as e:
+            conn.close(0.5)
+            self._give_up(errors.OffloaddError(
+                getattr(e, "code", errors.UNKNOWN), "offloadd at %s restarted and a region of "
+                "this client could not be registered again: %s" % (self.target, e)))
+            return True
+        resumed = set(hello.resumed_block_ids)
+        with self._lock:
+            if self._closing:
+                conn.close(0.5)
+                return True
+            orphans = resumed - self._confirmed
+            self._lost |= self._confirmed - resumed
+            self._confirmed &= resumed
+            self._daemon_region = mapping
+            old, self._conn, self.hello = self._conn, conn, hello
+            self._token = hello.resume_token
+            self._reconnecting = None
+            self.counters.resumes += 1
+            waiting = sorted((rid, p) for rid, p in self._pending.items()
+                             if not p.internal and p.conn is not conn)
+            settled, resend = [], []
+            for rid, p in waiting:
+                verdict = self._settle_locked(p, resumed)
+                if verdict is None:
+                    p.conn = conn
+                    resend.append(self._wire_locked(p.request))
+                else:
+                    del self._pending[rid]
+                    settled.append((p, verdict))
+            self.counters.resent += len(resend)
+            self.counters.orphans_released += len(orphans)
+            for request in resend:
+                conn.send(request)
+        old.channel.close()
+        for block_id in orphans:
+            self._submit(pb.Request(release=pb.ReleaseRequest(block_id=block_id)), internal=True)
+        for p, verdict in settled:
+            if isinstance(verdict, Exception):
+                p.future.set_exception(verdict)
+            else:
+                p.future.set_result(verdict)
+        return True
+
+    def _register_again(self, conn, handle, relink):
+        """Registers ``handle`` on ``conn`` (through a fresh name from ``relink``); the daemon's
+        region id."""
+        unlink = None
+        if relink is not None:
+            name, unlink = relink()
+            handle = pb.RegionHandle(shm_name=name, size_bytes=handle.size_bytes)
+        try:
+            future = self._submit(pb.Request(register_region=pb.RegisterRegion(handle=handle)),
+                                  conn=conn)
+            return future.result(self.connect_timeout_seconds).region_id
+        except concurrent.futures.TimeoutError:
+            raise errors.DaemonUnavailable("no answer to a region registration from %s within "
+                                           "%.1f s" % (self.target, self.connect_timeout_seconds))
+        finally:
+            if unlink is not None:
+                unlink()
+
+    def _settle_locked(self, p, resumed):
+        """What a request unanswered across a restart becomes: None (send it again) or its
+        answer (a result or an exception)."""
+        kind = p.request.WhichOneof("body")
+        if kind == "release":
+            block = p.request.release.block_id
+            if block not in resumed:
+                self._lost.discard(block)
+                return pb.Released(block_id=block)  # released before the crash, or lost anyway
+        elif kind == "reload":
+            r = p.request.reload
+            if r.block_id in self._lost:
+                return self._lost_error(r.block_id)
+            if r.release_after and r.block_id not in resumed:
+                return errors.OffloaddError(
+                    errors.DATA_LOSS, "offloadd at %s restarted while this reload with "
+                    "release_after of block %d was in flight, and the block is gone: the copy may "
+                    "have completed before the crash, but nothing can confirm it"
+                    % (self.target, r.block_id))
+        return None
+
+    def _lost_error(self, block_id):
+        return errors.OffloaddError(
+            errors.DATA_LOSS, "block %d was confirmed stored, but the restarted offloadd daemon at "
+            "%s did not have it (its record failed the check at adoption): it is lost"
+            % (block_id, self.target))
+
+    def _give_up(self, failure):
+        with self._lock:
+            self._reconnecting = None
+        self._fail_all(failure)
+
     # ---- internals ---------------------------------------------------------------------------
-    def _submit(self, request):
+    def _wire_locked(self, request):
+        """``request`` as the current daemon must see it: client region ids mapped to its own."""
+        kind = request.WhichOneof("body")
+        body = getattr(request, kind)
+        if kind in ("offload", "reload", "unregister_region") and body.region_id:
+            daemon_id = self._daemon_region.get(body.region_id)
+            if daemon_id is not None and daemon_id != body.region_id:
+                wire = pb.Request()
+                wire.CopyFrom(request)
+                getattr(wire, kind).region_id = daemon_id
+                return wire
+        return request
+
+    def _submit(self, request, conn=None, internal=False, region=None):
+        """Queues ``request``; its Future. ``conn``: a connection being set up (Hello and
+        re-registration, internal); ``region``: (client id, handle, relink) of a registration."""
         future = concurrent.futures.Future()
         kind = request.WhichOneof("body")
+        internal = internal or conn is not None
         with self._lock:
             if self._dead is not None:
                 future.set_exception(self._dead)
@@ -281,38 +560,23 @@ class Client:
                 future.set_exception(errors.OffloaddError(
                     errors.FAILED_PRECONDITION, "request issued after close() began"))
                 return future
+            if kind == "reload" and request.reload.block_id in self._lost:
+                future.set_exception(self._lost_error(request.reload.block_id))
+                return future
             request.request_id = next(self._ids)
-            self._pending[request.request_id] = (future, _EXPECTED[kind])
-        self._outbox.put(request)
+            p = _Pending(future, _EXPECTED[kind], request, internal, region)
+            self._pending[request.request_id] = p
+            target = conn if conn is not None else (
+                self._conn if self._reconnecting is None else None)
+            if target is not None:
+                p.conn = target
+                target.send(request if conn is not None else self._wire_locked(request))
         return future
 
-    def _writer(self):
-        """Generator consumed by grpcio: one ClientMessage per burst of queued requests."""
-        while True:
-            item = self._outbox.get()
-            if item is _CLOSE:
-                return
-            batch, done = [item], False
-            while len(batch) < MAX_REQUESTS_PER_MESSAGE:
-                try:
-                    item = self._outbox.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _CLOSE:
-                    done = True
-                    break
-                batch.append(item)
-            with self._lock:
-                self.counters.messages_sent += 1
-                self.counters.requests_sent += len(batch)
-            yield pb.ClientMessage(requests=batch)
-            if done:
-                return
-
-    def _read_loop(self):
+    def _read_loop(self, conn):
         failure = None
         try:
-            for message in self._call:
+            for message in conn.call:
                 with self._lock:
                     self.counters.messages_received += 1
                     self.counters.responses_received += len(message.responses)
@@ -325,39 +589,88 @@ class Client:
             failure = _rpc_error(e, self.target, "Session")
         except Exception as e:  # never let the reader die silently
             failure = errors.OffloaddError(errors.INTERNAL, "reader failed: %r" % (e,))
+        conn.outbox.put(_CLOSE)  # lets the writer generator end
+        self._conn_ended(conn, failure)
+
+    def _conn_ended(self, conn, failure):
+        """A connection's stream ended: fail what only it could answer; reconnect or give up."""
         with self._lock:
             if self._closing:
                 failure = errors.OffloaddError(errors.CANCELLED, "the client closed its "
                                                "session with %s" % self.target)
-        self._fail_all(failure)
-        self._outbox.put(_CLOSE)  # lets the writer generator end
+            mine = [rid for rid, p in self._pending.items() if p.internal and p.conn is conn]
+            internal = [self._pending.pop(rid) for rid in mine]
+            current = conn is self._conn and self._dead is None
+            resume = (current and not self._closing and self._resumable_locked() and
+                      isinstance(failure, errors.DaemonUnavailable) and
+                      self._reconnecting is None)
+            if resume:
+                self._reconnecting = threading.Thread(
+                    target=self._reconnect, args=(failure,), name="offloadd-reconnect",
+                    daemon=True)
+                self._reconnecting.start()
+        for p in internal:
+            if not p.future.done():
+                p.future.set_exception(failure)
+        if current and not resume:
+            self._fail_all(failure)
 
     def _complete(self, response):
         with self._lock:
-            entry = self._pending.pop(response.request_id, None)
-            if entry is None:
+            p = self._pending.get(response.request_id)
+            if p is None:
                 self.counters.unknown_responses += 1
                 return
-        future, expected = entry
-        kind = response.WhichOneof("body")
+            kind = response.WhichOneof("body")
+            if kind == "error" and response.error.code == errors.UNAVAILABLE and \
+                    not p.internal and self._resumable_locked():
+                return  # the daemon is shutting down (an upgrade): sent again after the resume
+            del self._pending[response.request_id]
+            result = getattr(response, kind) if kind == p.expected else None
+            if result is not None and not p.internal:
+                result = self._account_locked(p, kind, result)
         if kind == "error":
-            future.set_exception(errors.OffloaddError(response.error.code,
-                                                      response.error.message))
-        elif kind != expected:
-            future.set_exception(errors.OffloaddError(
+            p.future.set_exception(errors.OffloaddError(response.error.code,
+                                                        response.error.message))
+        elif result is None:
+            p.future.set_exception(errors.OffloaddError(
                 errors.INTERNAL, "protocol mismatch: expected %s, the daemon answered %s"
-                % (expected, kind)))
+                % (p.expected, kind)))
         else:
-            future.set_result(getattr(response, kind))
+            p.future.set_result(result)
+
+    def _resumable_locked(self):
+        hello = getattr(self, "hello", None)
+        return self.reconnect and hello is not None and hello.resume_grace_seconds > 0
+
+    def _account_locked(self, p, kind, result):
+        """Keeps the client's view of its blocks and regions; the result the caller sees."""
+        if kind == "offload_done":
+            self._confirmed.add(result.block_id)
+        elif kind == "reload_done" and result.released:
+            self._confirmed.discard(result.block_id)
+        elif kind == "released":
+            self._confirmed.discard(p.request.release.block_id)
+        elif kind == "region_registered" and p.region is not None:
+            region, handle, relink = p.region
+            self._regions[region] = (handle, relink)
+            self._daemon_region[region] = result.region_id
+            return pb.RegionRegistered(region_id=region)
+        elif kind == "region_unregistered":
+            region = p.request.unregister_region.region_id
+            self._regions.pop(region, None)
+            self._daemon_region.pop(region, None)
+            return pb.RegionUnregistered(region_id=region)
+        return result
 
     def _fail_all(self, failure):
         with self._lock:
             if self._dead is None:
                 self._dead = failure
             pending, self._pending = self._pending, {}
-        for future, _ in pending.values():
-            if not future.done():
-                future.set_exception(failure)
+        for p in pending.values():
+            if not p.future.done():
+                p.future.set_exception(failure)
 
 
 def _rpc_error(e, target, rpc):

@@ -8,7 +8,11 @@ reload is the mirror image.
 
 :class:`ShmRegion` creates ``/dev/shm/<name>`` (the Linux home of shm_open objects) with O_EXCL
 and mode 0600, sizes it with ftruncate and maps it; the name can be unlinked as soon as the
-daemon has registered it (nothing is left in /dev/shm if the process dies). We do not use
+daemon has registered it (nothing is left in /dev/shm if the process dies) -- unless the arena
+keeps names (``keep_names``, for a client that re-registers its regions with a restarted daemon:
+a name is the only way the daemon can map the object again); then the names go with
+:meth:`ShmRegion.close`, and those of a process that died without closing are removed by the next
+arena that keeps names (:func:`sweep_stale`). We do not use
 ``multiprocessing.shared_memory``: its resource tracker would unlink the object behind us.
 
 :class:`StagingArena` sub-allocates registered regions first-fit with coalescing, 64-byte
@@ -56,6 +60,11 @@ class ShmRegion:
             raise
         os.close(fd)
 
+    def relink(self):
+        """``(name, unlink)`` for registering the object again (Client.register_shm's
+        ``relink``): its name, which must still exist, and a no-op (the name stays)."""
+        return self.name, lambda: None
+
     def unlink(self):
         """Removes the name (the mapping stays valid). Idempotent."""
         try:
@@ -71,6 +80,30 @@ class ShmRegion:
             self.mm.close()
         except BufferError:
             pass
+
+
+def sweep_stale(prefix="offloadd-py"):
+    """Removes this uid's ``/dev/shm/<prefix>-<pid>-...`` objects whose process is gone
+    (names kept by an arena with ``keep_names`` whose process was killed). Returns how many."""
+    removed = 0
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(prefix + "-"):
+            continue
+        pid = name[len(prefix) + 1:].split("-", 1)[0]
+        if not pid.isdigit() or os.path.exists("/proc/%s" % pid):
+            continue
+        path = "/dev/shm/" + name
+        try:
+            if os.stat(path).st_uid == os.getuid():
+                os.unlink(path)
+                removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 class Slot:
@@ -94,10 +127,17 @@ class StagingArena:
       grow_bytes: size of the first region and the minimum of each later one (bytes).
       max_bytes: cap on the sum of region sizes; an alloc that would pass it waits for frees.
       unregister: optional ``callable(region_id)`` used by close().
+      keep_names: keep each region's name until close() and pass ``relink=region.relink`` to
+        ``register`` (Client.register_shm), so a client can register the regions again with a
+        restarted daemon; sweeps the names dead processes left (:func:`sweep_stale`).
     """
 
-    def __init__(self, register, grow_bytes=16 << 20, max_bytes=1 << 30, unregister=None):
+    def __init__(self, register, grow_bytes=16 << 20, max_bytes=1 << 30, unregister=None,
+                 keep_names=False):
         self._register = register
+        self._keep_names = keep_names
+        if keep_names:
+            sweep_stale()
         self._unregister = unregister
         self.grow_bytes = int(grow_bytes)
         self.max_bytes = int(max_bytes)
@@ -139,10 +179,14 @@ class StagingArena:
         region = None
         try:
             region = ShmRegion(_round_up(max(size, self.grow_bytes), 1 << 20))
-            try:
-                region.region_id = self._register(region.name, region.size_bytes)
-            finally:
-                region.unlink()  # the daemon has mapped it (or failed): the name is not needed
+            if self._keep_names:
+                region.region_id = self._register(region.name, region.size_bytes,
+                                                  relink=region.relink)
+            else:
+                try:
+                    region.region_id = self._register(region.name, region.size_bytes)
+                finally:
+                    region.unlink()  # the daemon has mapped it (or failed): name not needed
         except BaseException:
             if region is not None:
                 region.close()

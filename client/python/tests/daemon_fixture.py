@@ -58,10 +58,12 @@ def daemon_bin():
 
 
 class Daemon:
-    """A started daemon. ``sock``: its socket path. ``stop()`` sends SIGTERM and waits."""
+    """A started daemon. ``sock``: its socket path (``sock``: a given one, e.g. the socket of a
+    daemon that was killed, to restart on it). ``stop()`` sends SIGTERM and waits; ``kill()``
+    SIGKILLs it."""
 
-    def __init__(self, pool_bytes="64MiB", extra=()):
-        self.sock = "/tmp/ofd-py-%d-%s.sock" % (os.getpid(), secrets.token_hex(3))
+    def __init__(self, pool_bytes="64MiB", extra=(), sock=None):
+        self.sock = sock or "/tmp/ofd-py-%d-%s.sock" % (os.getpid(), secrets.token_hex(3))
         self.log = tempfile.NamedTemporaryFile(prefix="offloadd-test-", suffix=".log",
                                                delete=False)
         self.proc = subprocess.Popen(
@@ -86,6 +88,12 @@ class Daemon:
         """The daemon's Stats via a unary GetStats (no session is opened)."""
         with grpc.insecure_channel("unix:" + self.sock) as channel:
             return pb_grpc.OffloadStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
+
+    def kill(self):
+        """SIGKILL (a crash): the socket file and the shared pool object stay."""
+        self.proc.kill()
+        self.proc.wait()
+        self.stop()
 
     def stop(self):
         if self.proc.poll() is None:

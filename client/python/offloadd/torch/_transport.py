@@ -106,7 +106,8 @@ class ShmTransport:
         self._lock = threading.Lock()
         self.alloc_timeout_seconds = alloc_timeout_seconds
         self.arena = StagingArena(client.register_shm, grow_bytes, max_bytes,
-                                  unregister=lambda rid: client.unregister(rid))
+                                  unregister=lambda rid: client.unregister(rid),
+                                  keep_names=client.reconnect and client.resume_grace_seconds > 0)
 
     def _staged(self, slot, meta):
         return torch.frombuffer(self.arena.view(slot), dtype=meta.dtype, count=meta.numel)
