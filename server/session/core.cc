@@ -139,9 +139,12 @@ void Core::ReleaseLink(const std::string& gpu, bool remove_if_unused) {
     const std::string name = LinkNameFor(gpu);
     auto users = link_users_.find(name);
     if (users == link_users_.end()) return;
+    // A link a training session (no transient_device) used is never removed: a probe naming
+    // the same device later must not drop that GPU's counters.
+    if (!remove_if_unused) kept_links_.insert(name);
     if (--users->second > 0) return;
     link_users_.erase(users);
-    if (!remove_if_unused) return;
+    if (!remove_if_unused || kept_links_.count(name) != 0) return;
     auto it = links_.find(name);
     if (it == links_.end() || FindSpec(name) != nullptr) return;
     const sched::LinkSchedulerStats d2h = it->second->d2h->stats();

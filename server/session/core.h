@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -181,8 +182,8 @@ class Core {
   // Ends one AcquireLink of `gpu`. With `remove_if_unused` (Hello's transient_device), when
   // this was the link's last user, the link was made on first use (not configured or
   // discovered) and it has nothing queued or in flight, the link is removed with its metric
-  // series, so a probe's device name (`offloadctl bench`) leaves nothing behind. A GPU's link
-  // otherwise persists (its counters stay continuous across jobs). Must not be called from a
+  // series, so a probe's device name (`offloadctl bench`) leaves nothing behind. A link any
+  // session without the flag has used is never removed; a GPU's link otherwise persists (its counters stay continuous across jobs). Must not be called from a
   // transfer callback (it joins the link's workers).
   void ReleaseLink(const std::string& gpu, bool remove_if_unused);
   // The link a GPU's copies use, created on first use (so sessions that never copy, like
@@ -275,6 +276,7 @@ class Core {
   std::mutex links_mu_;
   std::map<std::string, std::shared_ptr<Link>> links_;  // by link name
   std::map<std::string, uint32_t> link_users_;          // link name -> sessions admitted to it
+  std::set<std::string> kept_links_;  // used by a session without transient_device: never removed
   std::map<std::string, std::string> gpu_link_;         // gpu -> link name
   // Counter values last exported, by "link/direction" and "link/direction/gpu".
   std::map<std::string, sched::LinkSchedulerStats> reported_;

@@ -372,6 +372,15 @@ TEST(SessionLinkTest, TransientDeviceLinkIsRemovedWhenItsLastSessionEnds) {
   EXPECT_FALSE(metrics::Get().link_gpu_bytes_total->Has(
       {{"link", "probe-dev"}, {"direction", "d2h"}, {"gpu", "probe-dev"}}));
   EXPECT_TRUE(link_bytes.Has({{"link", "gpu0"}, {"direction", "d2h"}}));
+  // A probe that names a training GPU's device (after its sessions ended) must not drop it.
+  Collector out_d;
+  auto d = Session::Create(core.get(), out_d.emit());
+  Request fake = Hello(1);
+  fake.transient_device = true;  // device "gpu0"
+  d->Handle(fake);
+  ASSERT_EQ(out_d.Wait(1).kind, CompletionKind::kHello);
+  d->Close(EndCause::kClosed);
+  EXPECT_TRUE(HasLink(*core, "gpu0"));
 }
 
 // Defect 3 of the structure issue: max_links was checked at Hello but links were made at the
