@@ -41,6 +41,11 @@ session::Request FromProto(const v1::Request& p) {
       r.bytes = p.offload().bytes();
       r.ready_event = p.offload().ready_event();
       r.tag = p.offload().tag();
+      if (p.offload().has_ordering()) {
+        r.order.valid = true;
+        r.order.step = p.offload().ordering().step();
+        r.order.position = p.offload().ordering().position();
+      }
       break;
     case v1::Request::kReload:
       r.kind = session::RequestKind::kReload;

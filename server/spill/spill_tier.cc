@@ -138,8 +138,11 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions&
   std::unique_ptr<SpillTier> tier(new SpillTier(o, std::move(io), pool_base, pool_bytes));
   tier->measured_ = measured;
   LOG(INFO) << "spill tier: " << o.directory << ", " << o.capacity_bytes << " bytes, "
-            << tier->io_->name() << " + O_DIRECT, " << o.bytes_per_second / 1e9 << " GB/s"
-            << (measured ? " (measured)" : " (configured)");
+            << tier->io_->name() << " + O_DIRECT, "
+            << (o.bytes_per_second < 0 ? std::string("unpaced")
+                                       : absl::StrFormat("paced at %.3f GB/s%s",
+                                                         o.bytes_per_second / 1e9,
+                                                         measured ? " (measured)" : ""));
   return tier;
 }
 
