@@ -234,6 +234,7 @@ class BlockStore {
     bool spill_cancelled = false;  // a reload came while kSpilling: keep it in the pool
     bool stage_pending = false;    // in pending_stages_
     double disk_wait_start = 0;    // a reload waits for its stage-back since (0 = none)
+    std::string lost_reason;       // kLost: what the stage-back found (names the file)
   };
   static constexpr uint64_t kAdoptedSession = 0;
   struct Waiter {

@@ -175,6 +175,7 @@ void BlockStore::StageFinished(uint64_t block_id, const absl::Status& st) {
       b.extent.offset = 0;
       if (st.code() == absl::StatusCode::kDataLoss) {
         b.tier = Tier::kLost;
+        b.lost_reason = std::string(st.message());
         ++blocks_lost_total_;
       } else {
         b.tier = Tier::kDisk;

@@ -5,8 +5,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
+
+#include "client/shm_region.h"
 
 #include "gtest/gtest.h"
 #include "tests/e2e/child_process.h"
@@ -83,6 +87,100 @@ TEST(SpillE2eTest, WithoutOrderingHintsStillBitExact) {
   ChildProcess k = SpawnChild(Workload(daemon.socket_path(), 0, 32, "--ordering=0"));
   ExpectCleanRun(k, 32);
   EXPECT_GT(daemon.core().Stats().store.spilled_blocks_total, 0u);
+}
+
+// A client in the test process with one shm region of `blocks` MiB filled with random bytes.
+class SpillFailureTest : public ::testing::Test {
+ protected:
+  void Start(const std::string& dir, uint64_t pool_bytes, double high_water, uint64_t disk_bytes,
+             double deadline_seconds, uint64_t blocks) {
+    session::CoreOptions o = SpillOptions(dir);
+    o.spill.capacity_bytes = disk_bytes;
+    o.store.spill_high_water_fraction = high_water;
+    o.store.admission_deadline_seconds = deadline_seconds;
+    daemon_ = std::make_unique<InProcessDaemon>(pool_bytes, o, "spillf");
+    client_ = daemon_->Connect();
+    auto r = client::ShmRegion::Create(blocks * kMiB);
+    ASSERT_TRUE(r.ok());
+    region_ = std::make_unique<client::ShmRegion>(*std::move(r));
+    std::mt19937_64 rng(7);
+    auto* w = static_cast<uint64_t*>(region_->data());
+    for (uint64_t i = 0; i < region_->size_bytes() / 8; ++i) w[i] = rng();
+    original_.assign(static_cast<uint8_t*>(region_->data()),
+                     static_cast<uint8_t*>(region_->data()) + region_->size_bytes());
+    auto id = client_->RegisterShmRegion(*region_);
+    ASSERT_TRUE(id.ok()) << id.status();
+    region_id_ = *id;
+  }
+  void TearDown() override {
+    if (client_) client_->Close();
+    daemon_.reset();
+  }
+  absl::StatusOr<uint64_t> Offload(uint64_t i) {
+    auto r = client_->Offload(region_id_, i * kMiB, kMiB, "", 0, client::OrderingHint{true, 1, i})
+                 .get();
+    if (!r.ok()) return r.status();
+    return r->block_id;
+  }
+  // Reloads block `id` into slot i (zeroed first); OK only when the bytes are the original.
+  absl::Status ReloadInto(uint64_t i, uint64_t id) {
+    memset(static_cast<uint8_t*>(region_->data()) + i * kMiB, 0, kMiB);
+    auto r = client_->Reload(id, region_id_, i * kMiB, client::Priority::kUrgent, true).get();
+    if (!r.ok()) return r.status();
+    if (memcmp(static_cast<uint8_t*>(region_->data()) + i * kMiB, &original_[i * kMiB], kMiB) !=
+        0) {
+      return absl::DataLossError("the reloaded bytes differ");
+    }
+    return absl::OkStatus();
+  }
+  store::StoreStats Store() { return daemon_->core().Stats().store; }
+
+  std::unique_ptr<InProcessDaemon> daemon_;
+  std::unique_ptr<client::Client> client_;
+  std::unique_ptr<client::ShmRegion> region_;
+  std::vector<uint8_t> original_;
+  uint64_t region_id_ = 0;
+};
+
+TEST_F(SpillFailureTest, RemovedOrTruncatedSpillFileIsDataLossForThoseBlocksOnly) {
+  Start("spill_lost", 4 * kMiB, 0.5, 256 * kMiB, 30, 8);
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < 8; ++i) {
+    auto id = Offload(i);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  ASSERT_TRUE(InProcessDaemon::WaitFor(
+      [&] { return Store().spilling_bytes == 0 && Store().disk_blocks == 6; }));
+  spill::SpillTier* tier = daemon_->core().spill();
+  ASSERT_EQ(unlink(tier->FilePath(ids[0]).c_str()), 0);
+  ASSERT_EQ(truncate(tier->FilePath(ids[1]).c_str(), 8192), 0);
+  for (int i = 7; i >= 2; --i) EXPECT_TRUE(ReloadInto(i, ids[i]).ok()) << i;
+  for (int i : {1, 0}) {
+    absl::Status st = ReloadInto(i, ids[i]);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << i << ": " << st;
+    EXPECT_NE(std::string(st.message()).find(".spill"), std::string::npos) << st;
+  }
+  EXPECT_EQ(Store().blocks_lost_total, 2u);
+  // The session and the daemon keep serving: a new block goes to the pool and back.
+  auto fresh = Offload(3);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE(ReloadInto(3, *fresh).ok());
+}
+
+TEST_F(SpillFailureTest, DiskFullOffloadFailsWithResourceExhaustedAndNothingIsLost) {
+  // Pool 2 MiB, disk 1 MiB: three blocks fit in both tiers together, the fourth does not.
+  Start("spill_full", 2 * kMiB, 1.0, kMiB, 0.5, 4);
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto id = Offload(i);
+    ASSERT_TRUE(id.ok()) << i << ": " << id.status();
+    ids.push_back(*id);
+  }
+  auto fourth = Offload(3);
+  EXPECT_EQ(fourth.status().code(), absl::StatusCode::kResourceExhausted) << fourth.status();
+  for (int i = 2; i >= 0; --i) EXPECT_TRUE(ReloadInto(i, ids[i]).ok()) << i;
+  EXPECT_EQ(Store().blocks_lost_total, 0u);
 }
 
 }  // namespace
