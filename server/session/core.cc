@@ -341,6 +341,10 @@ CoreStats Core::Stats() {
   CoreStats s;
   s.backend = engine_->name();
   s.store = store_.stats();
+  if (spill_ != nullptr) {
+    s.spill_enabled = true;
+    s.spill = spill_->stats();
+  }
   s.offload_bytes_total = offload_bytes_total_.load();
   s.reload_bytes_total = reload_bytes_total_.load();
   s.offloads_total = offloads_total_.load();

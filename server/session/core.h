@@ -149,6 +149,8 @@ struct CoreStats {
   std::vector<SessionInfo> sessions;
   uint64_t uid_quota_bytes = 0, session_quota_bytes = 0;
   std::map<uint32_t, uint64_t> uid_used_bytes;  // uids holding pool space
+  bool spill_enabled = false;
+  spill::SpillStats spill;  // with spill_enabled
 };
 
 class Core {

@@ -220,7 +220,20 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
     return;
   }
   auto file = std::make_shared<File>(fd);
-  if (!write) {
+  if (write) {
+    // Allocate the whole file first: O_DIRECT writes into allocated blocks run in parallel
+    // (extending writes are serialised by the file system), and a full disk shows here.
+    if (fallocate(fd, 0, 0, static_cast<off_t>(file_bytes)) != 0 && errno != EOPNOTSUPP) {
+      const int err = errno;
+      done(err == ENOSPC || err == EDQUOT
+               ? absl::ResourceExhaustedError(absl::StrFormat(
+                     "the spill directory's file system is full (%s) allocating %s",
+                     strerror(err), path))
+               : absl::InternalError(
+                     absl::StrFormat("cannot allocate spill file %s: %s", path, strerror(err))));
+      return;
+    }
+  } else {
     struct stat st;
     if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < file_bytes) {
       done(absl::DataLossError(absl::StrFormat(
