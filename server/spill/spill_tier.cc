@@ -84,6 +84,16 @@ absl::StatusOr<double> MeasureBandwidth(DiskIo& io, const std::string& path, uin
 
 }  // namespace
 
+bool SpillTier::DirectIoSupported(const std::string& directory) {
+  if (mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST) return false;
+  const std::string probe = directory + "/direct_probe.tmp";
+  const int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  close(fd);
+  unlink(probe.c_str());
+  return true;
+}
+
 uint64_t SpillTier::FileBytes(uint64_t extent_bytes) {
   return RoundUp(extent_bytes, kDirectAlignment);
 }

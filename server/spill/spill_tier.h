@@ -26,7 +26,7 @@
 //
 // Start-up (Create): the directory is created if missing; leftover "*.spill" files of a previous
 // daemon are removed (spilled blocks are not adopted by a restarted daemon: README "Spill
-// tier"); O_DIRECT support is probed (tmpfs lacks it: FAILED_PRECONDITION); capacity 0 means 90%
+// tier"); O_DIRECT support is probed (tmpfs before Linux 6.6 lacks it: FAILED_PRECONDITION); capacity 0 means 90%
 // of the file system's free space; bytes_per_second 0 means measured (write, then read back,
 // `measure_bytes` with O_DIRECT; the smaller rate).
 //
@@ -87,6 +87,10 @@ class SpillTier {
                                                            uint8_t* pool_base,
                                                            uint64_t pool_bytes);
   ~SpillTier();  // Shutdown()
+
+  // Whether files in `directory` (created if missing) open with O_DIRECT; false on tmpfs. Tests
+  // skip where it is false.
+  static bool DirectIoSupported(const std::string& directory);
 
   // Bytes a block of extent `extent_bytes` takes on disk (rounded up to 4096).
   static uint64_t FileBytes(uint64_t extent_bytes);

@@ -31,6 +31,7 @@ class SpillTierTest : public ::testing::TestWithParam<bool> {
       if (clean[i] == '/') clean[i] = '_';
     }
     dir_ = clean;
+    if (!SpillTier::DirectIoSupported(dir_)) GTEST_SKIP() << dir_ << " does not take O_DIRECT";
     ASSERT_EQ(posix_memalign(reinterpret_cast<void**>(&pool_), 4096, kPoolBytes), 0);
     memset(pool_, 0, kPoolBytes);
   }
@@ -215,11 +216,29 @@ TEST(SpillTierCreate, MeasuresBandwidthWhenNotGiven) {
   o.directory = std::string(tmp != nullptr ? tmp : "/tmp") + "/spill_measure";
   o.capacity_bytes = 1 << 30;
   o.measure_bytes = 4 << 20;
+  if (!SpillTier::DirectIoSupported(o.directory)) GTEST_SKIP() << "no O_DIRECT here";
   std::vector<uint8_t> pool(4096);
   auto tier = SpillTier::Create(o, pool.data(), pool.size());
   ASSERT_TRUE(tier.ok()) << tier.status();
   EXPECT_TRUE((*tier)->stats().bytes_per_second_measured);
   EXPECT_GT((*tier)->stats().bytes_per_second, 0);
+}
+
+TEST(SpillTierCreate, RefusesADirectoryWithoutDirectIo) {
+  // tmpfs (/dev/shm) refuses O_DIRECT on kernels before 6.6; where it takes it, nothing to test.
+  SpillOptions o;
+  o.directory = "/dev/shm/offloadd-spill-test-" + std::to_string(getpid());
+  o.capacity_bytes = 1 << 20;
+  o.bytes_per_second = -1;
+  if (SpillTier::DirectIoSupported(o.directory)) {
+    rmdir(o.directory.c_str());
+    GTEST_SKIP() << "this kernel's tmpfs takes O_DIRECT";
+  }
+  uint8_t pool[4096];
+  auto tier = SpillTier::Create(o, pool, sizeof(pool));
+  rmdir(o.directory.c_str());
+  ASSERT_EQ(tier.status().code(), absl::StatusCode::kFailedPrecondition) << tier.status();
+  EXPECT_NE(std::string(tier.status().message()).find("O_DIRECT"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Io, SpillTierTest, ::testing::Values(true, false),

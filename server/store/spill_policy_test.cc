@@ -7,12 +7,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/pool/block_table.h"
 #include "server/spill/spill_tier.h"
 #include "server/store/block_store.h"
 #include "server/store/block_store_test_util.h"
@@ -34,7 +36,8 @@ bool WaitFor(const std::function<bool()>& cond) {
 class SpillPolicyTest : public ::testing::Test {
  protected:
   void Make(uint64_t pool_bytes, double high_water, uint64_t disk_bytes = 256 * kMiB,
-            BlockStoreOptions o = TestStoreOptions(0, 5.0), uint32_t stage_ahead = 0) {
+            BlockStoreOptions o = TestStoreOptions(0, 5.0), uint32_t stage_ahead = 0,
+            pool::BlockTable* table = nullptr) {
     pool_bytes_ = pool_bytes;
     ASSERT_EQ(posix_memalign(reinterpret_cast<void**>(&pool_), 4096, pool_bytes), 0);
     memset(pool_, 0, pool_bytes);
@@ -45,12 +48,15 @@ class SpillPolicyTest : public ::testing::Test {
     so.capacity_bytes = disk_bytes;
     so.bytes_per_second = -1;  // unpaced
     so.chunk_bytes = kMiB;
+    if (!spill::SpillTier::DirectIoSupported(so.directory)) {
+      GTEST_SKIP() << so.directory << " does not take O_DIRECT";
+    }
     auto tier = spill::SpillTier::Create(so, pool_, pool_bytes);
     ASSERT_TRUE(tier.ok()) << tier.status();
     tier_ = *std::move(tier);
     o.spill_high_water_fraction = high_water;
     o.stage_ahead_blocks = stage_ahead;
-    store_ = std::make_unique<BlockStore>(pool_bytes, o, nullptr, tier_.get());
+    store_ = std::make_unique<BlockStore>(pool_bytes, o, table, tier_.get());
   }
   void TearDown() override {
     store_.reset();
@@ -93,6 +99,7 @@ class SpillPolicyTest : public ::testing::Test {
 
 TEST_F(SpillPolicyTest, SpillsTheEarliestPositionsOfAStepAndReloadsBitExact) {
   Make(8 * kMiB, /*high_water=*/0.5);
+  if (IsSkipped()) return;
   std::vector<uint64_t> ids;
   for (uint64_t p = 0; p < 6; ++p) ids.push_back(Offload(1, kMiB, p, Hint(3, p)));
   ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().pool.used_bytes <= 4 * kMiB; }));
@@ -119,6 +126,7 @@ TEST_F(SpillPolicyTest, SpillsTheEarliestPositionsOfAStepAndReloadsBitExact) {
 
 TEST_F(SpillPolicyTest, WithoutHintsTheEarliestOffloadedSpillsFirst) {
   Make(4 * kMiB, 0.5);
+  if (IsSkipped()) return;
   std::vector<uint64_t> ids;
   for (uint8_t i = 0; i < 4; ++i) ids.push_back(Offload(1, kMiB, i));
   ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks == 2; }));
@@ -130,6 +138,7 @@ TEST_F(SpillPolicyTest, WithoutHintsTheEarliestOffloadedSpillsFirst) {
 
 TEST_F(SpillPolicyTest, OffloadWaitingForPoolSpaceGoesToThePoolAfterASpill) {
   Make(4 * kMiB, /*high_water=*/1.0);
+  if (IsSkipped()) return;
   std::vector<uint64_t> ids;
   for (uint8_t i = 0; i < 4; ++i) ids.push_back(Offload(1, kMiB, i));
   EXPECT_EQ(store_->stats().disk_blocks, 0u);  // at the mark, not above: nothing spilled
@@ -146,6 +155,7 @@ TEST_F(SpillPolicyTest, OffloadWaitingForPoolSpaceGoesToThePoolAfterASpill) {
 
 TEST_F(SpillPolicyTest, QuotaCountsBothTiers) {
   Make(4 * kMiB, 0.5, 256 * kMiB, TestStoreOptions(/*quota=*/3 * kMiB, /*deadline=*/0.2));
+  if (IsSkipped()) return;
   for (uint8_t i = 0; i < 3; ++i) ASSERT_NE(Offload(1, kMiB, i), 0u);
   ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks >= 1; }));
   auto r = ReserveNow(*store_, 1, kMiB);
@@ -156,6 +166,7 @@ TEST_F(SpillPolicyTest, QuotaCountsBothTiers) {
 
 TEST_F(SpillPolicyTest, DiskFullMakesOffloadsWaitThenFailAndLosesNothing) {
   Make(2 * kMiB, 1.0, /*disk_bytes=*/kMiB, TestStoreOptions(0, /*deadline=*/0.3));
+  if (IsSkipped()) return;
   std::vector<uint64_t> ids;
   ids.push_back(Offload(1, kMiB, 0));
   ids.push_back(Offload(1, kMiB, 1));
@@ -171,6 +182,7 @@ TEST_F(SpillPolicyTest, DiskFullMakesOffloadsWaitThenFailAndLosesNothing) {
 
 TEST_F(SpillPolicyTest, RemovedOrTruncatedSpillFileIsDataLossForThoseBlocksOnly) {
   Make(4 * kMiB, 0.25);
+  if (IsSkipped()) return;
   std::vector<uint64_t> ids;
   for (uint64_t p = 0; p < 4; ++p) ids.push_back(Offload(1, kMiB, p, Hint(1, p)));
   ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks == 3; }));
@@ -197,6 +209,7 @@ TEST_F(SpillPolicyTest, RemovedOrTruncatedSpillFileIsDataLossForThoseBlocksOnly)
 
 TEST_F(SpillPolicyTest, ReloadOfBlockKStagesTheNextBlocksBackAhead) {
   Make(8 * kMiB, 0.5, 256 * kMiB, TestStoreOptions(), /*stage_ahead=*/2);
+  if (IsSkipped()) return;
   std::vector<uint64_t> ids;
   for (uint64_t p = 0; p < 8; ++p) ids.push_back(Offload(1, kMiB, p, Hint(1, p)));
   ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks == 4; }));
@@ -210,6 +223,41 @@ TEST_F(SpillPolicyTest, ReloadOfBlockKStagesTheNextBlocksBackAhead) {
   // Each reload k staged k-1 and k-2 back while the pool had room: no reload found its block
   // on disk.
   EXPECT_EQ(s.reloads_from_disk_total, 0u);
+}
+
+TEST_F(SpillPolicyTest, SharedPoolRecordsOnlyTheBlocksInThePool) {
+  // A restarted daemon adopts what the block table records: a spilled block's record must go
+  // (its extent is reused), and come back with its new extent when it is staged back.
+  constexpr uint64_t kSlots = 16;
+  std::vector<uint8_t> records(kSlots * pool::kRecordBytes, 0);
+  pool::BlockTable table(records.data(), kSlots, 4 * kMiB);
+  auto scan = [&] {
+    std::vector<uint8_t> copy = records;  // adoption clears what it drops: scan a copy
+    std::map<uint64_t, uint64_t> offsets;
+    for (const auto& b : pool::BlockTable(copy.data(), kSlots, 4 * kMiB).Adopt().blocks) {
+      offsets[b.block_id] = b.extent_offset;
+    }
+    return offsets;
+  };
+  Make(4 * kMiB, 0.5, 256 * kMiB, TestStoreOptions(), 0, &table);
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint64_t p = 0; p < 4; ++p) ids.push_back(Offload(1, kMiB, p, Hint(1, p)));
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks == 2; }));
+  std::map<uint64_t, uint64_t> recorded = scan();
+  EXPECT_EQ(recorded.size(), 2u);
+  EXPECT_EQ(recorded.count(ids[0]), 0u);
+  EXPECT_EQ(recorded.count(ids[1]), 0u);
+  EXPECT_EQ(recorded.count(ids[2]), 1u);
+  EXPECT_EQ(recorded.count(ids[3]), 1u);
+  auto ref = ReloadNow(*store_, 1, ids[1]);  // staged back, kept
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  store_->EndReload(ids[1], false);
+  recorded = scan();
+  ASSERT_EQ(recorded.count(ids[1]), 1u);
+  EXPECT_EQ(recorded[ids[1]], ref->extent.offset);
+  for (uint64_t id : ids) store_->Release(1, id).IgnoreError();
+  EXPECT_TRUE(WaitFor([&] { return scan().empty() && store_->stats().blocks == 0; }));
 }
 
 }  // namespace

@@ -38,6 +38,12 @@ std::vector<std::string> Workload(const std::string& socket, int i, uint64_t lay
   return args;
 }
 
+// Skips the test where the spill directory's file system refuses O_DIRECT (tmpfs).
+#define SKIP_WITHOUT_DIRECT_IO(dir)                                          \
+  if (!spill::SpillTier::DirectIoSupported(SpillDir(dir))) {                 \
+    GTEST_SKIP() << SpillDir(dir) << " does not take O_DIRECT (tmpfs?)";     \
+  }
+
 session::CoreOptions SpillOptions(const std::string& dir) {
   session::CoreOptions o;
   o.chunk_bytes = 256 * 1024;
@@ -58,6 +64,7 @@ void ExpectCleanRun(ChildProcess& k, uint64_t layers) {
 }
 
 TEST(SpillE2eTest, CheckpointsFourTimesThePoolCompleteBitExact) {
+  SKIP_WITHOUT_DIRECT_IO("spill_e2e");
   // Two processes, 16 checkpoints of 1 MiB each per step: 32 MiB in flight over an 8 MiB pool.
   InProcessDaemon daemon(8 * kMiB, SpillOptions("spill_e2e"), "spill");
   std::vector<ChildProcess> kids;
@@ -83,6 +90,7 @@ TEST(SpillE2eTest, CheckpointsFourTimesThePoolCompleteBitExact) {
 }
 
 TEST(SpillE2eTest, WithoutOrderingHintsStillBitExact) {
+  SKIP_WITHOUT_DIRECT_IO("spill_e2e_nohint");
   InProcessDaemon daemon(8 * kMiB, SpillOptions("spill_e2e_nohint"), "spilln");
   ChildProcess k = SpawnChild(Workload(daemon.socket_path(), 0, 32, "--ordering=0"));
   ExpectCleanRun(k, 32);
@@ -143,6 +151,7 @@ class SpillFailureTest : public ::testing::Test {
 };
 
 TEST_F(SpillFailureTest, RemovedOrTruncatedSpillFileIsDataLossForThoseBlocksOnly) {
+  SKIP_WITHOUT_DIRECT_IO("spill_lost");
   Start("spill_lost", 4 * kMiB, 0.5, 256 * kMiB, 30, 8);
   std::vector<uint64_t> ids;
   for (uint64_t i = 0; i < 8; ++i) {
@@ -170,6 +179,7 @@ TEST_F(SpillFailureTest, RemovedOrTruncatedSpillFileIsDataLossForThoseBlocksOnly
 
 TEST_F(SpillFailureTest, DiskFullOffloadFailsWithResourceExhaustedAndNothingIsLost) {
   // Pool 2 MiB, disk 1 MiB: three blocks fit in both tiers together, the fourth does not.
+  SKIP_WITHOUT_DIRECT_IO("spill_full");
   Start("spill_full", 2 * kMiB, 1.0, kMiB, 0.5, 4);
   std::vector<uint64_t> ids;
   for (uint64_t i = 0; i < 3; ++i) {
