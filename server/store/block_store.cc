@@ -275,12 +275,12 @@ void BlockStore::FreeLocked(uint64_t block_id, Deferred* deferred) {
   }
   if (b.tier == Tier::kPool) {
     (void)allocator_.Free(b.extent);
-  } else {  // kDisk or kLost (callers check IdleLocked): the file goes, outside the lock
+  } else {  // kDisk or kLost (callers check IdleLocked): the file goes
     disk_bytes_ -= b.extent.bytes;
     --disk_blocks_;
-    deferred->push_back([spill = spill_, block_id, bytes = b.extent.bytes] {
-      spill->Remove(block_id, bytes);
-    });
+    // Under the store's lock: a later spill of the same block must not lose its new file
+    // to this unlink (the spill's open runs after the lock is released).
+    spill_->Remove(block_id, b.extent.bytes);
   }
   const uint64_t session_id = b.session_id;
   session_used_bytes_[b.session_id] -= b.extent.bytes;

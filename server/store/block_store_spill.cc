@@ -104,9 +104,9 @@ void BlockStore::SpillFinished(uint64_t block_id, const absl::Status& st) {
       if (!st.ok()) ++spill_failures_total_;
       b.tier = Tier::kPool;
       b.spill_cancelled = false;
-      deferred.push_back([spill = spill_, block_id, bytes = b.extent.bytes] {
-        spill->Remove(block_id, bytes);
-      });
+      // Under the store's lock: a later spill of the same block must not lose its new file
+      // to this unlink (the spill's open runs after the lock is released).
+      spill_->Remove(block_id, b.extent.bytes);
       WriteRecordLocked(block_id, b);
       if (b.released && IdleLocked(b)) FreeLocked(block_id, &deferred);
     } else {
@@ -163,9 +163,9 @@ void BlockStore::StageFinished(uint64_t block_id, const absl::Status& st) {
       disk_bytes_ -= b.extent.bytes;
       --disk_blocks_;
       ++staged_total_;
-      deferred.push_back([spill = spill_, block_id, bytes = b.extent.bytes] {
-        spill->Remove(block_id, bytes);
-      });
+      // Under the store's lock: a later spill of the same block must not lose its new file
+      // to this unlink (the spill's open runs after the lock is released).
+      spill_->Remove(block_id, b.extent.bytes);
       WriteRecordLocked(block_id, b);
       BlockRef ref{block_id, b.bytes, b.extent, 0};
       for (auto& cb : waiting) deferred.push_back([cb, ref] { cb(ref); });

@@ -2,7 +2,7 @@
 """Chaos soak of offloadd (loopback only, bounded in time and request count).
 
     soak.py --bin DIR [--seconds 120] [--clients 8] [--kill_every 3] [--max_requests 5000000]
-            [--pool 128MiB] [--max_block_bytes 2097152] [--json]
+            [--pool 128MiB] [--max_block_bytes 2097152] [--daemon_arg=--flag=value ...] [--json]
 
 DIR holds offloadd, offloadctl and soak_client. `--clients` soak_client processes offload and
 reload blocks of random sizes with checksums (tests/soak/soak_client.cc); a chaos loop SIGKILLs a
@@ -53,7 +53,8 @@ class Soak:
         log = open(os.path.join(self.tmp, "daemon%d.log" % self.daemon_logs), "w")
         self.daemon = subprocess.Popen(
             [self.bin("offloadd"), "--socket_path=" + self.sock, "--pool_bytes=" + self.a.pool,
-             "--metrics_address=", "--chunk_bytes=1MiB", "--admission_deadline_seconds=1"],
+             "--metrics_address=", "--chunk_bytes=1MiB", "--admission_deadline_seconds=1"]
+            + list(self.a.daemon_arg),
             stdout=subprocess.PIPE, stderr=log, text=True)
         if "ready" not in self.daemon.stdout.readline():
             raise SystemExit("daemon did not start; see %s" % log.name)
@@ -200,6 +201,8 @@ def main():
     ap.add_argument("--pool", default="128MiB")
     ap.add_argument("--max_block_bytes", type=int, default=2 << 20)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--daemon_arg", action="append", default=[],
+                    help="extra daemon flag, repeatable (e.g. --daemon_arg=--spill_directory=D)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     soak = Soak(a)
