@@ -391,7 +391,12 @@ void BlockStore::EndReload(uint64_t block_id, bool release) {
       b.released = true;
       if (table_ != nullptr) ForgetRecordLocked(b);
     }
-    if (b.released && IdleLocked(b)) FreeLocked(block_id, &deferred);
+    if (b.released && IdleLocked(b)) {
+      FreeLocked(block_id, &deferred);
+    } else if (spill_ != nullptr && b.reloads_in_flight == 0) {
+      // The block may be spilled now: stage-backs or offloads may be waiting for room.
+      MaybeSpillLocked(&deferred);
+    }
   }
   RunAll(deferred);
 }

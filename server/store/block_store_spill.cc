@@ -169,7 +169,11 @@ void BlockStore::StageFinished(uint64_t block_id, const absl::Status& st) {
       WriteRecordLocked(block_id, b);
       BlockRef ref{block_id, b.bytes, b.extent, 0};
       for (auto& cb : waiting) deferred.push_back([cb, ref] { cb(ref); });
-      if (b.released && IdleLocked(b)) FreeLocked(block_id, &deferred);
+      if (b.released && IdleLocked(b)) {
+        FreeLocked(block_id, &deferred);
+      } else {
+        MaybeSpillLocked(&deferred);  // a staged-ahead block may now be a candidate for others
+      }
     } else {
       (void)allocator_.Free(b.extent);
       b.extent.offset = 0;
