@@ -77,6 +77,7 @@ struct Args {
   double run_seconds = 0;          // > 0: stop after the step that ends past this (steps = max)
   bool prefetch = true;
   bool cuda_sim = false;  // daemon on --backend=cuda-sim: simulated memory, nothing checked
+  bool ordering = true;  // send (step, layer) as the offload's ordering hint
 };
 
 bool ParseArgs(int argc, char** argv, Args* a) {
@@ -100,6 +101,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "run_seconds" && num) a->run_seconds = d;
     else if (k == "prefetch") a->prefetch = v != "0" && v != "false";
     else if (k == "cuda_sim") a->cuda_sim = v != "0" && v != "false";
+    else if (k == "ordering") a->ordering = v != "0" && v != "false";
     else return false;
   }
   return a->layers > 0 && a->layer_bytes > 0 && a->slots >= 2;
@@ -117,7 +119,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: checkpoint_workload --socket=PATH [--name=N --device=GPU --layers=L "
                  "--layer_bytes=B --steps=S --seed=K --slots=2 --forward_seconds=0.002 "
-                 "--prefetch=1 --hold_seconds=0 --run_seconds=0 --cuda_sim=0]\n");
+                 "--prefetch=1 --hold_seconds=0 --run_seconds=0 --cuda_sim=0 --ordering=1]\n");
     return 2;
   }
   offloadd::client::ClientOptions o;
@@ -186,7 +188,9 @@ int main(int argc, char** argv) {
       if (layer >= a.slots) finish_offload(layer - a.slots);  // its slot is reused now
       Compute(a.forward_seconds);
       Fill(dev + slot_offset(layer), a.layer_bytes, key(step, layer));
-      offloads[layer] = (*client)->Offload(*region_id, slot_offset(layer), a.layer_bytes);
+      offloadd::client::OrderingHint order{a.ordering, step, layer};
+      offloads[layer] =
+          (*client)->Offload(*region_id, slot_offset(layer), a.layer_bytes, "", 0, order);
     }
     for (uint64_t layer = a.layers > a.slots ? a.layers - a.slots : 0; layer < a.layers; ++layer) {
       finish_offload(layer);

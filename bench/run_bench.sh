@@ -36,6 +36,12 @@ $BAZEL run -c opt //bench:copy_sim_bench 2>"$OUT/copy_sim_bench.log" | tee "$OUT
 $BAZEL run -c opt //bench:copy_sim_bench -- --gpus=1 --gpus_per_switch=1 \
   2>>"$OUT/copy_sim_bench.log" | tee -a "$OUT/copy_sim_bench.txt" || rc=1
 
+echo "== spill tier: spill write and stage-back vs dd O_DIRECT on the same directory (issue 18)"
+$BAZEL build -c opt //bench:spill_bench >/dev/null 2>&1 || rc=1
+SPILL_BENCH_BIN=bazel-out/k8-opt/bin/bench/spill_bench bash bench/spill_bench.sh \
+  "${SPILL_BENCH_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/offloadd-spill-bench.XXXXXX")}" 512 \
+  2>"$OUT/spill_bench.log" | tee "$OUT/spill_bench.txt" || rc=1
+
 for extra in bench/sched_bench.sh bench/projector_bench.sh bench/torch_bench.sh; do
   if [ -f "$extra" ]; then
     echo "== $extra"

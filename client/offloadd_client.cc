@@ -784,7 +784,7 @@ absl::Status Client::UnregisterRegion(uint64_t region_id) {
 std::future<absl::StatusOr<OffloadResult>> Client::Offload(uint64_t region_id, uint64_t offset,
                                                            uint64_t bytes,
                                                            absl::string_view ready_event,
-                                                           uint64_t tag) {
+                                                           uint64_t tag, OrderingHint ordering) {
   v1::Request request;
   v1::OffloadRequest* o = request.mutable_offload();
   o->set_tag(tag);
@@ -792,6 +792,10 @@ std::future<absl::StatusOr<OffloadResult>> Client::Offload(uint64_t region_id, u
   o->set_offset(offset);
   o->set_bytes(bytes);
   if (!ready_event.empty()) o->set_ready_event(std::string(ready_event));
+  if (ordering.valid) {
+    o->mutable_ordering()->set_step(ordering.step);
+    o->mutable_ordering()->set_position(ordering.position);
+  }
   return Submit<absl::StatusOr<OffloadResult>>(
       std::move(request), v1::Response::kOffloadDone,
       [](const v1::Response& r) {

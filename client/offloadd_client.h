@@ -111,6 +111,14 @@ enum class Priority {
   kPrefetch,  // needed soon; scheduled after urgent reloads, before offloads
 };
 
+// Where an offloaded block falls in the reload order (OffloadRequest.ordering), for the
+// daemon's spill tier: within a step backward reloads in reverse of position.
+struct OrderingHint {
+  bool valid = false;  // false: no hint is sent
+  uint64_t step = 0;
+  uint64_t position = 0;
+};
+
 struct OffloadResult {
   uint64_t block_id = 0;      // names the pool block for Reload/Release
   uint64_t bytes = 0;         // bytes copied device-to-host
@@ -204,10 +212,12 @@ class Client {
   // daemon's copy waits on (cuda backend; empty = none, ignored by shm). tag: optional name
   // for the block, unique among the session's live blocks (0 = none; INVALID_ARGUMENT if in
   // use), so ReloadTagged/ReleaseTagged can be sent before this future resolves.
+  // ordering: the block's place in the reload order (spill tier policy; optional).
   std::future<absl::StatusOr<OffloadResult>> Offload(uint64_t region_id, uint64_t offset,
                                                      uint64_t bytes,
                                                      absl::string_view ready_event = "",
-                                                     uint64_t tag = 0);
+                                                     uint64_t tag = 0,
+                                                     OrderingHint ordering = {});
 
   // Copies block `block_id` back to `offset` of region `region_id`. release_after: free the
   // block once copied. deadline_seconds: seconds from now by which the data is needed (0: none).

@@ -40,6 +40,14 @@ pool_huge_pages: false
 # its block records in /dev/shm/<name> for the next daemon (README "Failure modes").
 pool_shm_name: ""
 resume_grace_seconds: 60
+# Spill tier below the pool: a directory on local NVMe ("" = none; README "Spill tier").
+spill_directory: ""
+spill_capacity_bytes: 0
+spill_bytes_per_second: 0
+spill_posix_io: false
+spill_high_water_fraction: 0.9
+spill_stage_ahead_blocks: 2
+spill_io_threads: 2
 backend: "shm"
 chunk_bytes: 8388608
 copy_threads: 2
@@ -220,6 +228,12 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (!(c.resume_grace_seconds() >= 0 && c.resume_grace_seconds() <= 86400)) {
     problems.push_back("resume_grace_seconds must be between 0 and 86400");
   }
+  if (!(c.spill_high_water_fraction() > 0 && c.spill_high_water_fraction() <= 1)) {
+    problems.push_back("spill_high_water_fraction must be in (0, 1]");
+  }
+  if (c.spill_io_threads() < 1 || c.spill_io_threads() > 64) {
+    problems.push_back("spill_io_threads must be between 1 and 64");
+  }
   if (c.copy_threads() < 1 || c.copy_threads() > 64) {
     problems.push_back("copy_threads must be between 1 and 64");
   }
@@ -333,6 +347,13 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"pool_huge_pages", "true to back the pool with transparent huge pages"},
       {"pool_shm_name", "keep the pool in /dev/shm/<name> across restarts (\"\" = anonymous)"},
       {"resume_grace_seconds", "how long adopted blocks wait for their session to resume"},
+      {"spill_directory", "spill tier: directory on local NVMe (\"\" = no spill tier)"},
+      {"spill_capacity_bytes", "spill tier: bytes of spill files, e.g. 500GiB; 0 = 90% of free space"},
+      {"spill_bytes_per_second", "spill tier: disk rate, e.g. 3GB; 0 = measured; < 0 = unpaced"},
+      {"spill_posix_io", "spill tier: pread/pwrite instead of io_uring (true|false)"},
+      {"spill_high_water_fraction", "spill tier: spill above this pool fraction (0.9)"},
+      {"spill_stage_ahead_blocks", "spill tier: blocks staged back ahead of each reload (2)"},
+      {"spill_io_threads", "spill tier: disk chunks in flight (2)"},
       {"backend", "shm | cuda | cuda-sim (simulated GPUs, moves no bytes)"},
       {"chunk_bytes", "copy chunk size, e.g. 8MiB"},
       {"copy_threads", "copy worker threads per link and direction"},
@@ -426,6 +447,30 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
   } else if (name == "resume_grace_seconds") {
     if (absl::Status s = number(&d); !s.ok()) return s;
     c->set_resume_grace_seconds(d);
+  } else if (name == "spill_directory") {
+    c->set_spill_directory(value);
+  } else if (name == "spill_capacity_bytes") {
+    return bytes(&v1::DaemonConfig::set_spill_capacity_bytes);
+  } else if (name == "spill_bytes_per_second") {
+    if (absl::StartsWith(value, "-")) {
+      if (absl::Status s = number(&d); !s.ok()) return s;
+      c->set_spill_bytes_per_second(d);
+      return absl::OkStatus();
+    }
+    auto b = ParseBytes(value);
+    if (!b.ok()) return b.status();
+    c->set_spill_bytes_per_second(static_cast<double>(*b));
+  } else if (name == "spill_posix_io") {
+    return boolean(&v1::DaemonConfig::set_spill_posix_io);
+  } else if (name == "spill_high_water_fraction") {
+    if (absl::Status s = number(&d); !s.ok()) return s;
+    c->set_spill_high_water_fraction(d);
+  } else if (name == "spill_stage_ahead_blocks") {
+    if (absl::Status s = number(&d); !s.ok()) return s;
+    c->set_spill_stage_ahead_blocks(static_cast<uint32_t>(d));
+  } else if (name == "spill_io_threads") {
+    if (absl::Status s = number(&d); !s.ok()) return s;
+    c->set_spill_io_threads(static_cast<uint32_t>(d));
   } else if (name == "backend") {
     c->set_backend(value);
   } else if (name == "chunk_bytes") {
@@ -556,6 +601,15 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.store.admission_deadline_seconds = c.admission_deadline_seconds();
   o.store.admission_queue_limit = c.admission_queue_limit();
   o.store.uid_quota_bytes = c.uid_quota_bytes();
+  o.store.spill_high_water_fraction = c.spill_high_water_fraction();
+  o.store.stage_ahead_blocks = c.spill_stage_ahead_blocks();
+  o.spill.directory = c.spill_directory();
+  o.spill.capacity_bytes = c.spill_capacity_bytes();
+  o.spill.bytes_per_second = c.spill_bytes_per_second();
+  o.spill.io_uring = !c.spill_posix_io();
+  o.spill.io_threads = c.spill_io_threads();
+  o.spill.chunk_bytes = c.chunk_bytes();
+  o.spill.spill_min_share = c.offload_min_share();
   o.access.allowed_uids.assign(c.allowed_uids().begin(), c.allowed_uids().end());
   o.access.allowed_gids.assign(c.allowed_gids().begin(), c.allowed_gids().end());
   o.access.admin_uids.assign(c.admin_uids().begin(), c.admin_uids().end());

@@ -22,6 +22,7 @@
 #include "server/host_check.h"
 #include "server/metrics/metrics.h"
 #include "server/pool/arena.h"
+#include "server/spill/spill_tier.h"
 #include "server/projector/refresh_service.h"
 #include "server/rpc/server.h"
 #include "server/rpc/socket_activation.h"
@@ -337,7 +338,15 @@ int main(int argc, char** argv) {
                    << "with `offloadctl bench`)";
     }
   }
-  offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine));
+  std::unique_ptr<offloadd::spill::SpillTier> spill;
+  if (!core_options.spill.directory.empty()) {
+    auto tier = offloadd::spill::SpillTier::Create(core_options.spill, (*arena)->base(),
+                                                   (*arena)->size_bytes());
+    if (!tier.ok()) return Fail(tier.status(), 1);
+    spill = *std::move(tier);
+  }
+  offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine),
+                               std::move(spill));
   // shm regions of refreshes on a cuda daemon
   offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
   std::unique_ptr<offloadd::projector::RefreshService> projector =

@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "client/plan/plan_format.h"
@@ -24,7 +25,7 @@ namespace {
 constexpr const char* kValueFlags[] = {
     "layers", "hidden", "attn-width",    "params-per-layer", "hf-config", "batch",     "seq",
     "dtype",  "link",   "gpus-per-node", "gpus-per-link",    "tflops",    "sweep-seqs",
-    "host-ram"};
+    "host-ram", "nvme-gbps"};
 constexpr const char* kBoolFlags[] = {"sweep", "json", "help"};
 
 bool IsOneOf(absl::string_view name, const char* const* begin, const char* const* end) {
@@ -125,6 +126,7 @@ struct Request {
   bool sweep = false, json = false;
   std::vector<int64_t> sweep_seqs;
   uint64_t host_ram_bytes = 0;  // --host-ram; 0 = not given
+  double nvme_bytes_per_second = 0;  // --nvme-gbps; 0 = not given
 };
 
 absl::StatusOr<Request> BuildRequest(const Flags& f) {
@@ -197,6 +199,18 @@ absl::StatusOr<Request> BuildRequest(const Flags& f) {
     if (!bytes.ok()) return bytes.status();
     r.host_ram_bytes = *bytes;
   }
+  if (const std::string* v = get("nvme-gbps")) {
+    double gbps = 0;
+    if (!absl::SimpleAtod(*v, &gbps) || !(gbps > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--nvme-gbps must be a positive number of GB/s, got '", *v, "'"));
+    }
+    if (r.host_ram_bytes == 0) {
+      return absl::InvalidArgumentError(
+          "--nvme-gbps needs --host-ram (the host pool per node the disk extends)");
+    }
+    r.nvme_bytes_per_second = gbps * 1e9;
+  }
   if (const std::string* v = get("sweep-seqs")) {
     for (absl::string_view part : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
       absl::StatusOr<int64_t> n = ParseCount("sweep-seqs", std::string(part), true);
@@ -216,7 +230,7 @@ absl::StatusOr<Request> BuildRequest(const Flags& f) {
 
 // A warning on `err` for each plan whose pinned host RAM per node exceeds `host_ram_bytes`.
 void WarnHostRam(const std::vector<Plan>& plans, uint64_t host_ram_bytes, std::ostream& err) {
-  if (host_ram_bytes == 0) return;
+  if (host_ram_bytes == 0) return;  // with --nvme-gbps the spill plan says it instead
   for (const Plan& p : plans) {
     if (p.pinned_host_bytes_per_node <= host_ram_bytes) continue;
     err << "offloadctl plan: warning: at seq " << WithThousands(p.inputs.seq_len)
@@ -224,8 +238,44 @@ void WarnHostRam(const std::vector<Plan>& plans, uint64_t host_ram_bytes, std::o
         << p.inputs.gpus_per_node << " GPUs x " << FormatBytes(p.checkpoint_bytes_per_gpu)
         << "), exceeds the node's " << FormatBytes(host_ram_bytes)
         << " (--host-ram): the daemon cannot pin it; lower --seq or --batch, offload fewer "
-           "layers, or plan for more nodes\n";
+           "layers, plan for more nodes, or give --nvme-gbps to plan the spill tier\n";
   }
+}
+
+// The spill tier's plan, as text lines.
+std::string FormatSpillText(const SpillPlan& s) {
+  std::ostringstream o;
+  o << "spill tier (host RAM " << FormatBytes(s.host_ram_bytes) << ", NVMe "
+    << absl::StrFormat("%.1f", s.nvme_bytes_per_second / 1e9) << " GB/s):\n";
+  if (!s.needs_spill) {
+    o << "  not needed: the checkpoints fit the host RAM\n";
+    return o.str();
+  }
+  o << "  needed: " << FormatBytes(s.spill_bytes_per_node)
+    << " per node go to disk each step (spill_directory)\n"
+    << absl::StrFormat("  write %.3f s during forward (%.3f s), read back %.3f s during "
+                       "backward (%.3f s): disk busy %.0f%% of the busier phase\n",
+                       s.spill_write_seconds_per_step, s.forward_seconds_per_step,
+                       s.stage_read_seconds_per_step, s.backward_seconds_per_step,
+                       100 * s.disk_utilisation)
+    << (s.disk_keeps_up
+            ? "  the disk keeps up: reloads are staged back before backward needs them\n"
+            : "  the disk does NOT keep up: offloads wait for spills (forward slows) and "
+              "reloads wait for the disk; add host RAM, a faster disk, or lower --seq\n");
+  return o.str();
+}
+
+std::string FormatSpillJson(const SpillPlan& s) {
+  return absl::StrFormat(
+      "{\"host_ram_bytes\": %d, \"nvme_bytes_per_second\": %.17g, \"needs_spill\": %s, "
+      "\"spill_bytes_per_node\": %d, \"forward_seconds_per_step\": %.17g, "
+      "\"backward_seconds_per_step\": %.17g, \"spill_write_seconds_per_step\": %.17g, "
+      "\"stage_read_seconds_per_step\": %.17g, \"disk_utilisation\": %.17g, "
+      "\"disk_keeps_up\": %s}",
+      s.host_ram_bytes, s.nvme_bytes_per_second, s.needs_spill ? "true" : "false",
+      s.spill_bytes_per_node, s.forward_seconds_per_step, s.backward_seconds_per_step,
+      s.spill_write_seconds_per_step, s.stage_read_seconds_per_step, s.disk_utilisation,
+      s.disk_keeps_up ? "true" : "false");
 }
 
 }  // namespace
@@ -236,6 +286,7 @@ const char* PlanUsage() {
          "                       [--gpus-per-node N] [--gpus-per-link N]\n"
          "                       [--link pcie4|pcie5|h200|nvlink-c2c|GB/s] [--tflops X]\n"
          "                       [--host-ram SIZE (e.g. 2TiB: warn when the pool exceeds it)]\n"
+         "                       [--nvme-gbps X (with --host-ram: plan the spill tier)]\n"
          "                       [--sweep [--sweep-seqs 4K,32K,...]] [--json]\n"
          "Plans activation-checkpoint offload: host RAM, copy vs forward time per layer, and\n"
          "the step slowdown of a synchronous and of an overlapped (prefetching) copy.\n";
@@ -270,6 +321,22 @@ int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std:
   if (!plan.ok()) {
     err << "offloadctl plan: " << plan.status().message() << "\n";
     return 2;
+  }
+  if (req->nvme_bytes_per_second > 0) {
+    absl::StatusOr<SpillPlan> spill =
+        PlanSpill(*plan, req->host_ram_bytes, req->nvme_bytes_per_second);
+    if (!spill.ok()) {
+      err << "offloadctl plan: " << spill.status().message() << "\n";
+      return 2;
+    }
+    if (req->json) {
+      std::string json = FormatPlanJson(*plan);
+      json.insert(json.rfind('}'), ", \"spill\": " + FormatSpillJson(*spill));
+      out << json << "\n";
+    } else {
+      out << FormatPlanText(*plan) << FormatSpillText(*spill);
+    }
+    return 0;
   }
   out << (req->json ? FormatPlanJson(*plan) + "\n" : FormatPlanText(*plan));
   WarnHostRam({*plan}, req->host_ram_bytes, err);

@@ -92,6 +92,45 @@ TEST(PlanCommand, SweepTextAndJson) {
   EXPECT_EQ(v->Find("sweep")->items()[0].Find("full_overlap_min_seq_len")->number(), 18435);
 }
 
+TEST(PlanCommand, SpillTierNeededAndWhetherTheDiskKeepsUp) {
+  // Qwen3-8B at 128K tokens, 8 GPUs: 36 layers x 128K x 4096 x 2 bytes = 36 GiB per GPU,
+  // 288 GiB per node; with 64 GiB of host RAM, 224 GiB per node go to disk each step.
+  const std::vector<std::string> base = {"--hf-config", Fixture("qwen3-8b.json"), "--seq",
+                                         "128K", "--host-ram", "64GiB", "--json"};
+  std::vector<std::string> fast = base, slow = base;
+  fast.insert(fast.end(), {"--nvme-gbps", "1000"});
+  slow.insert(slow.end(), {"--nvme-gbps", "1"});
+  Result r = RunPlan(fast);
+  ASSERT_EQ(r.code, 0) << r.err;
+  absl::StatusOr<JsonValue> v = ParseJson(r.out);
+  ASSERT_TRUE(v.ok()) << v.status() << "\n" << r.out;
+  const JsonValue* spill = v->Find("spill");
+  ASSERT_NE(spill, nullptr) << r.out;
+  EXPECT_TRUE(spill->Find("needs_spill")->bool_value());
+  EXPECT_EQ(spill->Find("spill_bytes_per_node")->number(), 224.0 * (1ull << 30));
+  const double fwd = spill->Find("forward_seconds_per_step")->number();
+  EXPECT_EQ(spill->Find("backward_seconds_per_step")->number(), 3 * fwd);
+  EXPECT_DOUBLE_EQ(spill->Find("spill_write_seconds_per_step")->number(),
+                   224.0 * (1ull << 30) / 1000e9);
+  EXPECT_TRUE(spill->Find("disk_keeps_up")->bool_value());
+  r = RunPlan(slow);  // 1 GB/s: 240 s of writes per step cannot hide behind forward
+  ASSERT_EQ(r.code, 0) << r.err;
+  v = ParseJson(r.out);
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->Find("spill")->Find("disk_keeps_up")->bool_value());
+  std::vector<std::string> text(base.begin(), base.end() - 1);
+  text.insert(text.end(), {"--nvme-gbps", "1"});
+  r = RunPlan(text);
+  EXPECT_NE(r.out.find("the disk does NOT keep up"), std::string::npos) << r.out;
+  // Fits the host RAM: no spill tier needed.
+  r = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--host-ram", "2TiB",
+               "--nvme-gbps", "7"});
+  EXPECT_NE(r.out.find("not needed"), std::string::npos) << r.out;
+  r = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--nvme-gbps", "7"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--nvme-gbps needs --host-ram"), std::string::npos) << r.err;
+}
+
 TEST(PlanCommand, ErrorsSayWhatToFix) {
   const std::pair<std::vector<std::string>, std::string> cases[] = {
       {{"--seq", "4096"}, "no model"},

@@ -2,6 +2,7 @@
 // bandwidth arithmetic" unless named; planner.h lists the formulas and assumptions.
 #include "client/plan/planner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -275,6 +276,34 @@ absl::StatusOr<ModelShape> ModelFromHfConfig(absl::string_view json_text) {
     }
   }
   return m;
+}
+
+absl::StatusOr<SpillPlan> PlanSpill(const Plan& plan, uint64_t host_ram_bytes,
+                                    double nvme_bytes_per_second) {
+  if (host_ram_bytes == 0) {
+    return absl::InvalidArgumentError("--host-ram must be given (the pool size per node)");
+  }
+  if (!(nvme_bytes_per_second > 0) || !std::isfinite(nvme_bytes_per_second)) {
+    return absl::InvalidArgumentError("--nvme-gbps must be a positive number of GB/s");
+  }
+  SpillPlan s;
+  s.host_ram_bytes = host_ram_bytes;
+  s.nvme_bytes_per_second = nvme_bytes_per_second;
+  s.needs_spill = plan.pinned_host_bytes_per_node > host_ram_bytes;
+  s.spill_bytes_per_node = s.needs_spill ? plan.pinned_host_bytes_per_node - host_ram_bytes : 0;
+  const double layers = static_cast<double>(plan.inputs.model.layers);
+  s.forward_seconds_per_step = layers * plan.forward_seconds_per_layer;
+  s.backward_seconds_per_step = 3 * layers * plan.forward_seconds_per_layer;
+  s.spill_write_seconds_per_step =
+      static_cast<double>(s.spill_bytes_per_node) / nvme_bytes_per_second;
+  s.stage_read_seconds_per_step = s.spill_write_seconds_per_step;
+  if (s.needs_spill) {
+    s.disk_utilisation =
+        std::max(s.spill_write_seconds_per_step / s.forward_seconds_per_step,
+                 s.stage_read_seconds_per_step / s.backward_seconds_per_step);
+  }
+  s.disk_keeps_up = s.disk_utilisation <= 1.0;
+  return s;
 }
 
 }  // namespace offloadd::plan

@@ -123,6 +123,30 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& inputs);
 absl::StatusOr<std::vector<Plan>> Sweep(const PlanInputs& inputs,
                                         const std::vector<int64_t>& seq_lens);
 
+// The spill tier (issue 18; README "Spill tier"): whether the node's checkpoints need local
+// NVMe below a host pool of `host_ram_bytes`, and whether a disk of `nvme_bytes_per_second`
+// (node-wide, one direction at a time) keeps up. Model, first order: the bytes that do not fit
+// the pool are written to disk once per step while forward runs (L forwards) and read back
+// once while backward runs (recompute + backward, 3L forwards); the disk keeps up when both
+// fit in those times (the daemon's stage-ahead then has them back before they are reloaded).
+struct SpillPlan {
+  uint64_t host_ram_bytes = 0;
+  double nvme_bytes_per_second = 0.0;
+  bool needs_spill = false;           // pinned host bytes per node > host_ram_bytes
+  uint64_t spill_bytes_per_node = 0;  // the excess, written and read once per step
+  double forward_seconds_per_step = 0.0;   // L * forward per layer
+  double backward_seconds_per_step = 0.0;  // 3 * L * forward per layer
+  double spill_write_seconds_per_step = 0.0;  // spill bytes / nvme rate
+  double stage_read_seconds_per_step = 0.0;
+  // max(write / forward, read / backward): the disk's busy share in the busier phase.
+  double disk_utilisation = 0.0;
+  bool disk_keeps_up = true;  // disk_utilisation <= 1
+};
+
+// INVALID_ARGUMENT for a zero host RAM or a rate that is not positive and finite.
+absl::StatusOr<SpillPlan> PlanSpill(const Plan& plan, uint64_t host_ram_bytes,
+                                    double nvme_bytes_per_second);
+
 // 1K, 2K, ... 512K tokens: the range of [ref]'s examples (4K to 128K, 93,750 for Llama-70B).
 std::vector<int64_t> DefaultSweepSeqLens();
 

@@ -103,6 +103,33 @@ Metrics* Create() {
               "Adopted blocks freed because no session resumed them within resume_grace_seconds.");
   m->sessions_resumed_total =
       counter("offloadd_sessions_resumed_total", "Sessions resumed with a resume token.");
+  m->tier_bytes = gauges("offloadd_tier_bytes",
+                         "Bytes held by blocks in each tier (pool, disk), rounded extents.");
+  m->tier_bytes->Add({{"tier", "pool"}});
+  m->tier_bytes->Add({{"tier", "disk"}});
+  m->spill_capacity_bytes =
+      gauge("offloadd_spill_capacity_bytes", "Bytes the spill files may take (0 = no spill tier).");
+  m->spill_bytes_total = &BuildCounter()
+                              .Name("offloadd_spill_bytes_total")
+                              .Help("Bytes written to (spill) and read back from (stage) disk.")
+                              .Register(r);
+  m->spill_bytes_total->Add({{"direction", "spill"}});
+  m->spill_bytes_total->Add({{"direction", "stage"}});
+  m->reloads_from_disk_total = counter(
+      "offloadd_reloads_from_disk_total",
+      "Reloads whose block was on disk (or still being staged back) when they arrived.");
+  m->reload_disk_wait_seconds_total =
+      counter("offloadd_reload_disk_wait_seconds_total",
+              "Seconds those reloads waited for their block to be staged back.");
+  m->spill_failures_total = &BuildCounter()
+                                 .Name("offloadd_spill_failures_total")
+                                 .Help("Spills not done (the block stayed in the pool), by cause.")
+                                 .Register(r);
+  m->spill_failures_total->Add({{"cause", "write_error"}});
+  m->spill_failures_total->Add({{"cause", "disk_full"}});
+  m->spill_blocks_lost_total =
+      counter("offloadd_spill_blocks_lost_total",
+              "Spilled blocks whose file was removed or truncated under the daemon (DATA_LOSS).");
   m->start_to_serving_seconds = gauge("offloadd_start_to_serving_seconds",
                                       "Seconds from process start to serving (incl. adoption).");
   m->sessions_ended_total = &BuildCounter()

@@ -76,6 +76,14 @@ struct Metrics {
   prometheus::Counter* adopted_blocks_expired_total;   // freed: resume_grace_seconds passed
   prometheus::Counter* sessions_resumed_total;         // Hellos that presented a resume token
   prometheus::Gauge* start_to_serving_seconds;  // process start (main) to the socket serving
+  // Spill tier (issue 18; README "Spill tier"); the families exist without one (at 0).
+  prometheus::Family<prometheus::Gauge>* tier_bytes;  // {tier}: pool, disk
+  prometheus::Gauge* spill_capacity_bytes;
+  prometheus::Family<prometheus::Counter>* spill_bytes_total;  // {direction}: spill, stage
+  prometheus::Counter* reloads_from_disk_total;
+  prometheus::Counter* reload_disk_wait_seconds_total;
+  prometheus::Family<prometheus::Counter>* spill_failures_total;  // {cause}: write_error, disk_full
+  prometheus::Counter* spill_blocks_lost_total;
 };
 
 // The process-wide metrics, created on first use.

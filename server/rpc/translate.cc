@@ -1,5 +1,6 @@
 #include "server/rpc/translate.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -42,6 +43,11 @@ session::Request FromProto(const v1::Request& p) {
       r.bytes = p.offload().bytes();
       r.ready_event = p.offload().ready_event();
       r.tag = p.offload().tag();
+      if (p.offload().has_ordering()) {
+        r.order.valid = true;
+        r.order.step = p.offload().ordering().step();
+        r.order.position = p.offload().ordering().position();
+      }
       break;
     case v1::Request::kReload:
       r.kind = session::RequestKind::kReload;
@@ -131,6 +137,24 @@ void ToProto(const session::CoreStats& s, v1::Stats* out) {
   out->set_errors_total(s.errors_total);
   out->set_uptime_seconds(s.uptime_seconds);
   out->set_chunk_bytes(s.chunk_bytes);
+  if (s.spill_enabled) {
+    v1::SpillStats* d = out->mutable_spill();
+    d->set_io(s.spill.io);
+    d->set_capacity_bytes(s.spill.capacity_bytes);
+    d->set_disk_bytes(s.store.disk_bytes);
+    d->set_disk_blocks(s.store.disk_blocks);
+    d->set_spill_bytes_total(s.spill.spill_bytes_total);
+    d->set_stage_bytes_total(s.spill.stage_bytes_total);
+    d->set_spilled_blocks_total(s.store.spilled_blocks_total);
+    d->set_staged_blocks_total(s.store.staged_blocks_total);
+    d->set_reloads_from_disk_total(s.store.reloads_from_disk_total);
+    d->set_reload_disk_wait_seconds_total(s.store.reload_disk_wait_seconds_total);
+    d->set_blocks_lost_total(s.store.blocks_lost_total);
+    d->set_spill_failures_total(s.store.spill_failures_total +
+                                s.store.spill_refused_disk_full_total);
+    d->set_bytes_per_second(std::max(s.spill.bytes_per_second, 0.0));
+    d->set_bytes_per_second_measured(s.spill.bytes_per_second_measured);
+  }
   for (const session::LinkInfo& l : s.links) {
     v1::LinkStats* p = out->add_links();
     p->set_name(l.name);

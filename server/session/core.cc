@@ -19,11 +19,12 @@ double NowSeconds() {
 }  // namespace
 
 Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
-           std::unique_ptr<copy::CopyEngine> engine)
+           std::unique_ptr<copy::CopyEngine> engine, std::unique_ptr<spill::SpillTier> spill)
     : options_(std::move(options)),
       arena_(std::move(arena)),
       engine_(std::move(engine)),
-      store_(arena_->size_bytes(), options_.store, arena_->block_table()),
+      spill_(std::move(spill)),
+      store_(arena_->size_bytes(), options_.store, arena_->block_table(), spill_.get()),
       start_seconds_(NowSeconds()) {
   if (arena_->block_table() != nullptr && arena_->adopted()) Adopt();
   for (const LinkSpec& spec : options_.links) {
@@ -529,6 +530,10 @@ CoreStats Core::Stats() {
   CoreStats s;
   s.backend = engine_->name();
   s.store = store_.stats();
+  if (spill_ != nullptr) {
+    s.spill_enabled = true;
+    s.spill = spill_->stats();
+  }
   s.offload_bytes_total = offload_bytes_total_.load();
   s.reload_bytes_total = reload_bytes_total_.load();
   s.offloads_total = offloads_total_.load();
@@ -577,6 +582,30 @@ CoreStats Core::Stats() {
   return s;
 }
 
+void Core::RefreshSpillMetrics(const store::StoreStats& s) {
+  auto& m = metrics::Get();
+  // Counters follow the stats' totals (one store and tier per process).
+  auto advance = [](prometheus::Counter& c, double total) {
+    if (total > c.Value()) c.Increment(total - c.Value());
+  };
+  m.tier_bytes->Add({{"tier", "pool"}}).Set(static_cast<double>(s.pool.used_bytes));
+  m.tier_bytes->Add({{"tier", "disk"}}).Set(static_cast<double>(s.disk_bytes));
+  advance(*m.reloads_from_disk_total, static_cast<double>(s.reloads_from_disk_total));
+  advance(*m.reload_disk_wait_seconds_total, s.reload_disk_wait_seconds_total);
+  advance(m.spill_failures_total->Add({{"cause", "write_error"}}),
+          static_cast<double>(s.spill_failures_total));
+  advance(m.spill_failures_total->Add({{"cause", "disk_full"}}),
+          static_cast<double>(s.spill_refused_disk_full_total));
+  advance(*m.spill_blocks_lost_total, static_cast<double>(s.blocks_lost_total));
+  if (spill_ == nullptr) return;
+  const spill::SpillStats d = spill_->stats();
+  m.spill_capacity_bytes->Set(static_cast<double>(d.capacity_bytes));
+  advance(m.spill_bytes_total->Add({{"direction", "spill"}}),
+          static_cast<double>(d.spill_bytes_total));
+  advance(m.spill_bytes_total->Add({{"direction", "stage"}}),
+          static_cast<double>(d.stage_bytes_total));
+}
+
 void Core::RefreshMetrics() {
   CoreStats s = Stats();
   auto& m = metrics::Get();
@@ -607,6 +636,7 @@ void Core::RefreshMetrics() {
     }
   }
   m.offloads_waiting->Set(static_cast<double>(s.store.offloads_waiting));
+  RefreshSpillMetrics(s.store);
   double refused = static_cast<double>(s.store.offloads_refused_total);
   if (refused > m.offloads_refused_total->Value()) {
     m.offloads_refused_total->Increment(refused - m.offloads_refused_total->Value());

@@ -22,6 +22,7 @@
 #include "server/sched/link_scheduler.h"
 #include "server/session/peer.h"
 #include "server/session/pid_watcher.h"
+#include "server/spill/spill_tier.h"
 #include "server/store/block_store.h"
 
 namespace offloadd::session {
@@ -103,6 +104,9 @@ struct CoreOptions {
   // Shared pool (arena with a block table): how long blocks adopted from the previous daemon
   // wait for their session to resume before they are freed.
   double resume_grace_seconds = 60;
+  // Spill tier (issue 18): directory "" = none. main creates the tier (SpillTier::Create) from
+  // these and hands it to the Core.
+  spill::SpillOptions spill;
 };
 
 struct LinkInfo {
@@ -158,13 +162,17 @@ struct CoreStats {
   std::vector<SessionInfo> sessions;
   uint64_t uid_quota_bytes = 0, session_quota_bytes = 0;
   std::map<uint32_t, uint64_t> uid_used_bytes;  // uids holding pool space
+  bool spill_enabled = false;
+  spill::SpillStats spill;  // with spill_enabled
 };
 
 class Core {
  public:
   // `arena` and `engine` are owned by the Core.
+  // `spill`: the spill tier over this arena (SpillTier::Create), or null for none.
   Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
-       std::unique_ptr<copy::CopyEngine> engine);
+       std::unique_ptr<copy::CopyEngine> engine,
+       std::unique_ptr<spill::SpillTier> spill = nullptr);
   ~Core();  // Drain()
 
   // A half-duplex link has one scheduler: d2h and h2d point to it.
@@ -194,6 +202,7 @@ class Core {
   store::BlockStore& store() { return store_; }
   copy::CopyEngine& engine() { return *engine_; }
   uint8_t* pool_base() const { return arena_->base(); }
+  spill::SpillTier* spill() const { return spill_.get(); }  // null without a spill tier
   // What adoption found at start-up (empty without a shared pool or on a fresh one).
   const pool::AdoptionReport& adoption() const { return adoption_; }
   const CoreOptions& options() const { return options_; }
@@ -255,9 +264,12 @@ class Core {
   void RefreshMetrics();
 
  private:
+  // The spill tier's part of RefreshMetrics (tier bytes, disk traffic, losses).
+  void RefreshSpillMetrics(const store::StoreStats& s);
   const CoreOptions options_;
   std::unique_ptr<pool::Arena> arena_;
   std::unique_ptr<copy::CopyEngine> engine_;
+  std::unique_ptr<spill::SpillTier> spill_;  // before store_: the store uses it until destroyed
   store::BlockStore store_;
   const double start_seconds_;
   pool::AdoptionReport adoption_;

@@ -487,7 +487,7 @@ void Session::OnOffload(const Request& r) {
     // orders reloads after the copy.
     if (r.tag != 0) self->TagResolved(r.tag, block.block_id, absl::OkStatus());
     core->LinkFor(self->device_id_)->d2h->Submit(std::move(t));
-  });
+  }, r.order);
 }
 
 void Session::OnReload(const Request& r) {

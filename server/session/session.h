@@ -108,6 +108,8 @@ struct Request {
   // kOffload: a client-chosen name for the new block (0 = none). kReload / kRelease with
   // block_id 0: the block named so; such a request waits if the offload is not yet admitted.
   uint64_t tag = 0;
+  // kOffload: where the block falls in the client's reload order (spill tier policy).
+  store::OrderHint order;
 };
 
 enum class CompletionKind {

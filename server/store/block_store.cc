@@ -17,8 +17,8 @@ void RunAll(std::vector<std::function<void()>>& deferred) {
 }  // namespace
 
 BlockStore::BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
-                       pool::BlockTable* table)
-    : options_(options), allocator_(capacity_bytes), table_(table) {
+                       pool::BlockTable* table, spill::SpillTier* spill)
+    : options_(options), allocator_(capacity_bytes), table_(table), spill_(spill) {
   if (table_ != nullptr) {
     free_slots_.reserve(table_->slots());
     for (uint64_t s = table_->slots(); s > 0; --s) free_slots_.push_back(static_cast<uint32_t>(s - 1));
@@ -30,11 +30,25 @@ BlockStore::~BlockStore() { Stop(); }
 
 void BlockStore::Stop() {
   std::deque<Waiter> waiters;
+  std::vector<ReadableCallback> stages;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     waiters.swap(waiters_);
+    for (uint64_t id : pending_stages_) {
+      auto it = blocks_.find(id);
+      if (it == blocks_.end()) continue;
+      it->second.stage_pending = false;
+      for (auto& cb : it->second.waiting_reloads) stages.push_back(std::move(cb));
+      it->second.waiting_reloads.clear();
+    }
+    pending_stages_.clear();
   }
+  for (auto& cb : stages) {
+    cb(absl::UnavailableError(
+        "offloadd is shutting down: the block is on the spill disk and was not staged back"));
+  }
+  if (spill_ != nullptr) spill_->Shutdown();
   deadline_cv_.notify_all();
   {
     std::lock_guard<std::mutex> lock(stop_mu_);
@@ -64,9 +78,18 @@ void BlockStore::SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey&
   session_resume_key_[session_id] = key;
 }
 
+uint64_t BlockStore::ExtentBytes(uint64_t bytes) const {
+  return spill_ != nullptr ? spill::SpillTier::FileBytes(bytes)
+                           : pool::ExtentAllocator::RoundUp(bytes);
+}
+
 bool BlockStore::FitsLocked(uint64_t session_id, uint64_t bytes) const {
   if (table_ != nullptr && free_slots_.empty()) return false;
-  const uint64_t rounded = pool::ExtentAllocator::RoundUp(bytes);
+  return QuotaFitsLocked(session_id, bytes) && allocator_.CanAllocate(ExtentBytes(bytes));
+}
+
+bool BlockStore::QuotaFitsLocked(uint64_t session_id, uint64_t bytes) const {
+  const uint64_t rounded = ExtentBytes(bytes);
   if (options_.session_quota_bytes > 0) {
     auto it = session_used_bytes_.find(session_id);
     uint64_t used = it == session_used_bytes_.end() ? 0 : it->second;
@@ -80,11 +103,11 @@ bool BlockStore::FitsLocked(uint64_t session_id, uint64_t bytes) const {
       if (used + rounded > options_.uid_quota_bytes) return false;
     }
   }
-  return allocator_.CanAllocate(bytes);
+  return true;
 }
 
 std::string BlockStore::WhyFullLocked(uint64_t session_id, uint64_t bytes) const {
-  const uint64_t rounded = pool::ExtentAllocator::RoundUp(bytes);
+  const uint64_t rounded = ExtentBytes(bytes);
   if (options_.session_quota_bytes > 0) {
     auto it = session_used_bytes_.find(session_id);
     uint64_t used = it == session_used_bytes_.end() ? 0 : it->second;
@@ -120,6 +143,15 @@ std::string BlockStore::WhyFullLocked(uint64_t session_id, uint64_t bytes) const
         "fragmented); release blocks, offload in smaller pieces, or raise pool_bytes",
         free_bytes, rounded, pool.largest_free_bytes, pool.free_extents);
   }
+  if (spill_ != nullptr) {
+    const spill::SpillStats disk = spill_->stats();
+    return absl::StrFormat(
+        "the pool is full (%d of %d bytes free, largest free extent %d) and the spill tier "
+        "could not make room (%d of %d disk bytes used, %d bytes being spilled); release "
+        "blocks, retry later, or raise pool_bytes or spill_capacity_bytes",
+        free_bytes, pool.capacity_bytes, pool.largest_free_bytes, disk.used_bytes,
+        disk.capacity_bytes, spilling_bytes_);
+  }
   return absl::StrFormat(
       "the pool is full (%d of %d bytes free, largest free extent %d); release blocks, retry "
       "later, or raise pool_bytes",
@@ -127,7 +159,7 @@ std::string BlockStore::WhyFullLocked(uint64_t session_id, uint64_t bytes) const
 }
 
 BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds) {
-  pool::Extent extent = *allocator_.Allocate(bytes);  // caller checked FitsLocked
+  pool::Extent extent = *allocator_.Allocate(ExtentBytes(bytes));  // caller checked FitsLocked
   uint64_t id = 0;
   do {
     id = absl::Uniform<uint64_t>(rng_);
@@ -138,6 +170,7 @@ BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enq
   b.bytes = bytes;
   b.extent = extent;
   b.state = State::kOffloading;
+  b.key = ReloadKey{0, ~next_seq_++};
   if (table_ != nullptr) {  // caller checked FitsLocked: a slot is free
     b.slot = free_slots_.back();
     free_slots_.pop_back();
@@ -155,15 +188,17 @@ BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enq
   return ref;
 }
 
-void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback done) {
+void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback done,
+                         OrderHint hint) {
   if (bytes == 0) {
     done(absl::InvalidArgumentError("offload of 0 bytes: send a positive byte count"));
     return;
   }
   absl::StatusOr<BlockRef> result;
+  Deferred deferred;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    uint64_t rounded = pool::ExtentAllocator::RoundUp(bytes);
+    uint64_t rounded = ExtentBytes(bytes);
     if (rounded > allocator_.stats().capacity_bytes) {
       result = absl::OutOfRangeError(absl::StrFormat(
           "offload of %d bytes is larger than the whole pool (%d bytes): split it, or raise "
@@ -182,6 +217,8 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
           bytes, options_.uid_quota_bytes));
     } else if (FitsLocked(session_id, bytes)) {
       result = AdmitLocked(session_id, bytes, 0);
+      if (hint.valid) blocks_[result->block_id].key = ReloadKey{hint.step, ~hint.position};
+      MaybeSpillLocked(&deferred);
     } else if (stopping_) {
       result = absl::UnavailableError(
           "offloadd is shutting down: the pool is full and offloads no longer wait for space");
@@ -194,18 +231,24 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
     } else {
       double now = base::SteadyNowSeconds();
       waiters_.push_back(Waiter{session_id, bytes, now,
-                                now + options_.admission_deadline_seconds, std::move(done)});
+                                now + options_.admission_deadline_seconds, std::move(done),
+                                hint});
       deadline_cv_.notify_all();
-      return;
+      MaybeSpillLocked(&deferred);
+      done = nullptr;
     }
   }
-  done(std::move(result));
+  RunAll(deferred);
+  if (done) done(std::move(result));
 }
 
 void BlockStore::AdmitWaitersLocked(Deferred* deferred) {
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (FitsLocked(it->session_id, it->bytes)) {
       BlockRef ref = AdmitLocked(it->session_id, it->bytes, it->enqueued_seconds);
+      if (it->hint.valid) {
+        blocks_[ref.block_id].key = ReloadKey{it->hint.step, ~it->hint.position};
+      }
       deferred->push_back([cb = std::move(it->done), ref] { cb(ref); });
       it = waiters_.erase(it);
     } else {
@@ -230,7 +273,16 @@ void BlockStore::FreeLocked(uint64_t block_id, Deferred* deferred) {
     ForgetRecordLocked(b);
     if (!b.recorded) free_slots_.push_back(b.slot);
   }
-  (void)allocator_.Free(b.extent);
+  if (b.tier == Tier::kPool) {
+    (void)allocator_.Free(b.extent);
+  } else {  // kDisk or kLost (callers check IdleLocked): the file goes
+    disk_bytes_ -= b.extent.bytes;
+    --disk_blocks_;
+    // Under the store's lock: a later spill of the same block must not lose its new file
+    // to this unlink (the spill's open runs after the lock is released).
+    spill_->Remove(block_id, b.extent.bytes);
+  }
+  const uint64_t session_id = b.session_id;
   session_used_bytes_[b.session_id] -= b.extent.bytes;
   if (b.owner_uid >= 0) {
     auto u = uid_used_bytes_.find(static_cast<uint32_t>(b.owner_uid));
@@ -241,7 +293,7 @@ void BlockStore::FreeLocked(uint64_t block_id, Deferred* deferred) {
     session_used_bytes_.erase(b.session_id);
   }
   blocks_.erase(it);
-  AdmitWaitersLocked(deferred);
+  UsePoolSpaceLocked(session_id, deferred);
 }
 
 void BlockStore::OffloadFinished(uint64_t block_id, const absl::Status& copy_status) {
@@ -262,7 +314,11 @@ void BlockStore::OffloadFinished(uint64_t block_id, const absl::Status& copy_sta
       }
       BlockRef ref{block_id, b.bytes, b.extent, 0};
       for (auto& cb : waiting) deferred.push_back([cb, ref] { cb(ref); });
-      if (b.released && b.reloads_in_flight == 0) FreeLocked(block_id, &deferred);
+      if (b.released && b.reloads_in_flight == 0) {
+        FreeLocked(block_id, &deferred);
+      } else {
+        MaybeSpillLocked(&deferred);
+      }
     } else {
       absl::Status err(copy_status.code(),
                        absl::StrFormat("the offload of block %d failed: %s", block_id,
@@ -297,6 +353,7 @@ void BlockStore::MarkLost(const std::vector<pool::DroppedBlock>& dropped) {
 absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
                                      ReadableCallback ready) {
   BlockRef ref;
+  Deferred deferred;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(block_id);
@@ -311,14 +368,32 @@ absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
       return absl::FailedPreconditionError(absl::StrFormat(
           "block %d is being released; reload it before releasing it", block_id));
     }
-    ++b.reloads_in_flight;
-    if (b.state == State::kOffloading) {
-      b.waiting_reloads.push_back(std::move(ready));
-      return absl::OkStatus();
+    if (b.tier == Tier::kLost) {
+      return absl::DataLossError(absl::StrFormat(
+          "block %d was spilled to disk and its spill file was removed or truncated under the "
+          "daemon (%s): its bytes are lost; release it and recompute the tensor",
+          block_id, b.lost_reason));
     }
-    ref = BlockRef{block_id, b.bytes, b.extent, 0};
+    ++b.reloads_in_flight;
+    if (spill_ != nullptr) session_cursor_[session_id] = b.key;
+    if (b.state == State::kOffloading || b.tier == Tier::kDisk || b.tier == Tier::kStaging) {
+      b.waiting_reloads.push_back(std::move(ready));
+      if (b.tier != Tier::kPool) {
+        ++reloads_from_disk_total_;
+        b.disk_wait_start = base::SteadyNowSeconds();
+        if (b.tier == Tier::kDisk && !b.stage_pending) {
+          StartStageLocked(block_id, b, /*urgent=*/true, &deferred);
+        }
+      }
+      ready = nullptr;
+    } else {
+      if (b.tier == Tier::kSpilling) b.spill_cancelled = true;  // bytes still in the pool
+      ref = BlockRef{block_id, b.bytes, b.extent, 0};
+    }
+    if (spill_ != nullptr) StageAheadLocked(session_id, &deferred);
   }
-  ready(ref);
+  RunAll(deferred);
+  if (ready) ready(ref);
   return absl::OkStatus();
 }
 
@@ -334,9 +409,11 @@ void BlockStore::EndReload(uint64_t block_id, bool release) {
       b.released = true;
       if (table_ != nullptr) ForgetRecordLocked(b);
     }
-    if (b.released && b.reloads_in_flight == 0 &&
-        (b.state == State::kResident || b.offload_failed)) {
+    if (b.released && IdleLocked(b)) {
       FreeLocked(block_id, &deferred);
+    } else if (spill_ != nullptr && b.reloads_in_flight == 0) {
+      // The block may be spilled now: stage-backs or offloads may be waiting for room.
+      MaybeSpillLocked(&deferred);
     }
   }
   RunAll(deferred);
@@ -356,7 +433,7 @@ absl::Status BlockStore::Release(uint64_t session_id, uint64_t block_id) {
     Block& b = it->second;
     b.released = true;
     if (table_ != nullptr) ForgetRecordLocked(b);
-    if (b.state == State::kResident && b.reloads_in_flight == 0) FreeLocked(block_id, &deferred);
+    if (IdleLocked(b)) FreeLocked(block_id, &deferred);
   }
   RunAll(deferred);
   return absl::OkStatus();
@@ -379,6 +456,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
     }
     session_owner_.erase(session_id);
     session_resume_key_.erase(session_id);
+    session_cursor_.erase(session_id);
     std::vector<uint64_t> ids;
     for (auto& [id, b] : blocks_) {
       if (b.session_id == session_id && !b.released) ids.push_back(id);
@@ -388,7 +466,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
       b.released = true;
       if (table_ != nullptr) ForgetRecordLocked(b);
       ++released;
-      if (b.state == State::kResident && b.reloads_in_flight == 0) FreeLocked(id, &deferred);
+      if (IdleLocked(b)) FreeLocked(id, &deferred);
     }
   }
   RunAll(deferred);
@@ -565,6 +643,17 @@ StoreStats BlockStore::stats() const {
   s.adopted_blocks_expired_total = adopted_expired_total_;
   s.sessions_resumed_total = sessions_resumed_total_;
   s.blocks_resumed_total = blocks_resumed_total_;
+  s.disk_bytes = disk_bytes_;
+  s.spilling_bytes = spilling_bytes_;
+  s.staging_bytes = staging_bytes_;
+  s.disk_blocks = disk_blocks_;
+  s.spilled_blocks_total = spilled_total_;
+  s.staged_blocks_total = staged_total_;
+  s.spill_failures_total = spill_failures_total_;
+  s.spill_refused_disk_full_total = spill_refused_disk_full_total_;
+  s.reloads_from_disk_total = reloads_from_disk_total_;
+  s.reload_disk_wait_seconds_total = reload_disk_wait_seconds_total_;
+  s.blocks_lost_total = blocks_lost_total_;
   return s;
 }
 

@@ -28,6 +28,31 @@
 // belong to no session until a session presenting the same resume key takes them
 // (ResumeSession), and those not taken within the grace period are freed.
 //
+// Spill tier (constructed with a spill::SpillTier, issue 18; README "Spill tier"): a block has a
+// tier besides its state —
+//   kPool --(spill starts)--> kSpilling --(write ok)--> kDisk --(stage starts)--> kStaging
+//     ^                           |  (failed, cancelled)           (read ok)  |      |
+//     +---------------------------+--------------------------------<---------+      |
+//                                                           (DATA_LOSS) kLost <-----+
+// Policy: when the pool's used bytes (less those being spilled), plus offloads waiting for pool
+// space and reloads waiting to stage back, exceed spill_high_water_fraction of the pool,
+// resident blocks are spilled, the one whose reload is expected last first. Expected reload
+// order: by OrderHint step, and within a step in reverse of position (backward reloads the
+// activations of a step last-offloaded first), so (step ascending, position descending); blocks
+// without a hint count as step 0 with their admission order as position. Spills free pool
+// extents; waiting offloads are admitted to the pool as space frees (never straight to disk).
+// A reload of a block on disk stages it back at once (URGENT on the disk link); every reload
+// of block k (any tier) also stages back the next stage_ahead_blocks blocks of the session in
+// expected order that are on disk (PREFETCH), while that keeps the pool under the high-water
+// mark. A reload of a block being spilled is served from the pool and cancels the spill.
+// Quotas count a block's bytes in either tier. A spill file removed or truncated under the
+// daemon makes that block kLost: its reloads get DATA_LOSS until it is released. Disk full
+// (SpillTier::TryReserve fails, or ENOSPC) stops spilling: offloads then wait for pool space
+// up to their deadline (RESOURCE_EXHAUSTED), and nothing stored is lost. With a shared pool a
+// block's record is cleared when its spill starts (its extent will be reused) and written again
+// when it is staged back: a restarted daemon adopts only blocks that were in the pool. Extents
+// are sized in multiples of 4096 bytes so the disk moves them with O_DIRECT directly.
+//
 // Thread-safety: every method is thread-safe. Callbacks run without the store's lock held, on
 // the calling thread, the thread that released space, or the store's deadline thread.
 #ifndef OFFLOADD_SERVER_STORE_BLOCK_STORE_H_
@@ -50,6 +75,7 @@
 #include "absl/status/statusor.h"
 #include "server/pool/block_table.h"
 #include "server/pool/extent_allocator.h"
+#include "server/spill/spill_tier.h"
 
 namespace offloadd::store {
 
@@ -59,6 +85,19 @@ struct BlockStoreOptions {
   uint64_t uid_quota_bytes = 0;
   double admission_deadline_seconds = 5.0;  // how long an offload may wait for space
   uint32_t admission_queue_limit = 1024;    // offloads waiting at once, whole daemon
+  // Spill tier only: spill when the pool is fuller than this fraction, in (0, 1].
+  double spill_high_water_fraction = 0.9;
+  // Spill tier only: blocks staged back ahead of each reload (0 = only on demand).
+  uint32_t stage_ahead_blocks = 2;
+};
+
+// Where an offloaded block falls in the client's reload order (Offload's ordering hint):
+// training step, and position within the step (offload order). Backward reloads a step's
+// blocks in reverse of position.
+struct OrderHint {
+  bool valid = false;
+  uint64_t step = 0;
+  uint64_t position = 0;
 };
 
 // Where an admitted block's bytes live.
@@ -78,6 +117,17 @@ struct StoreStats {
   uint64_t adopted_blocks_expired_total = 0;  // freed: the grace period passed
   uint64_t sessions_resumed_total = 0;
   uint64_t blocks_resumed_total = 0;
+  // Spill tier (all 0 without one). Bytes are rounded extents.
+  uint64_t disk_bytes = 0;       // blocks whose bytes are only on disk (kDisk, kLost, kStaging)
+  uint64_t spilling_bytes = 0;   // being written to disk (still in the pool)
+  uint64_t staging_bytes = 0;    // being read back into the pool
+  uint64_t disk_blocks = 0;
+  uint64_t spilled_blocks_total = 0, staged_blocks_total = 0;
+  uint64_t spill_failures_total = 0;   // spills that failed (the block stayed in the pool)
+  uint64_t spill_refused_disk_full_total = 0;  // spills not started: the disk was full
+  uint64_t reloads_from_disk_total = 0;  // reloads that found their block on disk
+  double reload_disk_wait_seconds_total = 0;  // their summed wait for the stage-back
+  uint64_t blocks_lost_total = 0;  // spill files removed or truncated under the daemon
 };
 
 class BlockStore {
@@ -86,12 +136,15 @@ class BlockStore {
   using ReadableCallback = std::function<void(absl::StatusOr<BlockRef>)>;
 
   // `table`: the shared pool's block records (not owned), or null for an anonymous pool.
+  // `spill`: the spill tier (not owned; must outlive the store), or null for none.
   BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
-             pool::BlockTable* table = nullptr);
+             pool::BlockTable* table = nullptr, spill::SpillTier* spill = nullptr);
   ~BlockStore();  // Stop()
 
-  // Fails every waiting offload with UNAVAILABLE (shutdown) and stops the deadline thread; no
-  // store callback runs on that thread afterwards. Idempotent. Offloads reserved after Stop
+  // Fails every waiting offload, and every reload waiting for pool space to stage back, with
+  // UNAVAILABLE (shutdown), finishes the spill tier's queued transfers (SpillTier::Shutdown)
+  // and stops the deadline thread; no store callback runs on that thread afterwards; no spill
+  // starts afterwards. Idempotent. Offloads reserved after Stop
   // are still admitted when they fit, but no longer wait for space.
   void Stop();
 
@@ -125,8 +178,8 @@ class BlockStore {
   // kOffloading) or an error: INVALID_ARGUMENT for 0 bytes; OUT_OF_RANGE when bytes exceed the
   // pool capacity, the session quota or the uid quota (it can never fit); RESOURCE_EXHAUSTED
   // when the wait queue is full or the deadline passed (the message says whether the pool or a
-  // quota was full).
-  void Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback done);
+  // quota was full). `hint`: where the block falls in the reload order (spill tier policy).
+  void Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback done, OrderHint hint = {});
 
   // The offload copy of a block finished: kResident on success; on failure the block is freed.
   // Runs reloads that were waiting for it (with the block, or the copy's error).
@@ -134,8 +187,11 @@ class BlockStore {
 
   // Starts a reload of a block of `session_id`: `ready` is called with the block once its bytes
   // are in the pool (at once if resident). The block stays allocated until EndReload.
+  // A block on disk is staged back first (URGENT); `ready` gets DATA_LOSS when its spill file
+  // was removed or truncated, UNAVAILABLE at shutdown.
   // Errors (returned, `ready` not called): NOT_FOUND for an unknown block or one of another
-  // session; FAILED_PRECONDITION when the block has been released.
+  // session; FAILED_PRECONDITION when the block has been released; DATA_LOSS for a block whose
+  // spill file was lost before.
   absl::Status BeginReload(uint64_t session_id, uint64_t block_id, ReadableCallback ready);
   // A reload started with BeginReload finished; `release` frees the block afterwards.
   void EndReload(uint64_t block_id, bool release);
@@ -158,6 +214,14 @@ class BlockStore {
 
  private:
   enum class State { kOffloading, kResident };
+  enum class Tier { kPool, kSpilling, kDisk, kStaging, kLost };
+  // Expected reload order: ascending.
+  struct ReloadKey {
+    uint64_t step, reverse_position;
+    bool operator<(const ReloadKey& o) const {
+      return step != o.step ? step < o.step : reverse_position < o.reverse_position;
+    }
+  };
   struct Block {
     uint64_t session_id;  // kAdoptedSession: adopted, not yet resumed
     int64_t owner_uid;  // -1: none
@@ -171,6 +235,14 @@ class BlockStore {
     uint32_t slot = 0;      // record slot (shared pool only)
     bool recorded = false;  // its record is written
     pool::ResumeKey resume_key{};
+    // Spill tier. `extent.bytes` stays the block's rounded size in every tier; `extent.offset`
+    // is meaningful in kPool, kSpilling and kStaging only.
+    Tier tier = Tier::kPool;
+    ReloadKey key{0, 0};
+    bool spill_cancelled = false;  // a reload came while kSpilling: keep it in the pool
+    bool stage_pending = false;    // in pending_stages_
+    double disk_wait_start = 0;    // a reload waits for its stage-back since (0 = none)
+    std::string lost_reason;       // kLost: what the stage-back found (names the file)
   };
   static constexpr uint64_t kAdoptedSession = 0;
   struct Waiter {
@@ -179,11 +251,30 @@ class BlockStore {
     double enqueued_seconds;
     double deadline_seconds;
     ReserveCallback done;
+    OrderHint hint;
   };
   using Deferred = std::vector<std::function<void()>>;
 
   // All *Locked methods require mu_.
   bool FitsLocked(uint64_t session_id, uint64_t bytes) const;
+  bool QuotaFitsLocked(uint64_t session_id, uint64_t bytes) const;
+  // The extent size a block of `bytes` takes (4096-multiples with a spill tier).
+  uint64_t ExtentBytes(uint64_t bytes) const;
+  // Whether a block may be freed now (no copy or disk transfer running on it).
+  static bool IdleLocked(const Block& b);
+  // Spill tier (block_store_spill.cc).
+  void MaybeSpillLocked(Deferred* deferred);
+  void StartSpillLocked(uint64_t block_id, Block& b, Deferred* deferred);
+  void SpillFinished(uint64_t block_id, const absl::Status& st);
+  // Allocates a pool extent and starts reading the block back; false when the pool has no room
+  // (an urgent stage then waits in pending_stages_).
+  bool StartStageLocked(uint64_t block_id, Block& b, bool urgent, Deferred* deferred);
+  void StageFinished(uint64_t block_id, const absl::Status& st);
+  void StageAheadLocked(uint64_t session_id, Deferred* deferred);
+  // After pool space was freed: pending stages, then waiting offloads, then stage-ahead.
+  void UsePoolSpaceLocked(uint64_t session_id, Deferred* deferred);
+  void WriteRecordLocked(uint64_t block_id, Block& b);
+  uint64_t HighWaterBytesLocked() const;
   // Why a request does not fit now: "the pool is full", "the session quota ... is used", ...
   std::string WhyFullLocked(uint64_t session_id, uint64_t bytes) const;
   int64_t OwnerLocked(uint64_t session_id) const;
@@ -219,6 +310,16 @@ class BlockStore {
   bool stopping_ = false;
   std::mutex stop_mu_;  // serialises Stop()
   std::thread deadline_thread_;
+  // Spill tier.
+  spill::SpillTier* const spill_;
+  uint64_t next_seq_ = 1;
+  uint64_t spilling_bytes_ = 0, staging_bytes_ = 0, disk_bytes_ = 0, disk_blocks_ = 0;
+  std::deque<uint64_t> pending_stages_;  // urgent stage-backs waiting for pool space
+  std::unordered_map<uint64_t, ReloadKey> session_cursor_;  // key of the session's last reload
+  uint64_t spilled_total_ = 0, staged_total_ = 0, spill_failures_total_ = 0;
+  uint64_t spill_refused_disk_full_total_ = 0, reloads_from_disk_total_ = 0;
+  uint64_t blocks_lost_total_ = 0;
+  double reload_disk_wait_seconds_total_ = 0;
 };
 
 }  // namespace offloadd::store

@@ -23,10 +23,12 @@ inline BlockStoreOptions TestStoreOptions(uint64_t quota_bytes = 0, double deadl
 }
 
 // Reserve, waiting for its callback (admission may queue; the deadline bounds the wait).
-inline absl::StatusOr<BlockRef> ReserveNow(BlockStore& s, uint64_t session, uint64_t bytes) {
+inline absl::StatusOr<BlockRef> ReserveNow(BlockStore& s, uint64_t session, uint64_t bytes,
+                                           OrderHint hint = {}) {
   std::promise<absl::StatusOr<BlockRef>> p;
   auto f = p.get_future();
-  s.Reserve(session, bytes, [&p](absl::StatusOr<BlockRef> r) { p.set_value(std::move(r)); });
+  s.Reserve(
+      session, bytes, [&p](absl::StatusOr<BlockRef> r) { p.set_value(std::move(r)); }, hint);
   return f.get();
 }
 

@@ -39,8 +39,16 @@ class InProcessDaemon {
       : socket_path_(UniqueSocketPath(tag)) {
     pool::ArenaOptions a;
     a.size_bytes = pool_bytes;
-    core_ = std::make_unique<session::Core>(options, *pool::Arena::Create(a),
-                                            std::make_unique<copy::ShmCopyEngine>());
+    auto arena = *pool::Arena::Create(a);
+    std::unique_ptr<spill::SpillTier> spill;  // with options.spill.directory set
+    if (!options.spill.directory.empty()) {
+      auto tier = spill::SpillTier::Create(options.spill, arena->base(), arena->size_bytes());
+      if (!tier.ok()) abort();
+      spill = *std::move(tier);
+    }
+    core_ = std::make_unique<session::Core>(options, std::move(arena),
+                                            std::make_unique<copy::ShmCopyEngine>(),
+                                            std::move(spill));
     auto server = rpc::Server::Start(core_.get(), socket_path_, socket_mode);
     if (!server.ok()) abort();
     server_ = *std::move(server);

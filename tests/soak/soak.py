@@ -2,7 +2,8 @@
 """Chaos soak of offloadd (loopback only, bounded in time and request count).
 
     soak.py --bin DIR [--seconds 120] [--clients 8] [--kill_every 3] [--max_requests 5000000]
-            [--pool 128MiB] [--max_block_bytes 2097152] [--daemon_kills 3] [--grace 10] [--json]
+            [--pool 128MiB] [--max_block_bytes 2097152] [--daemon_kills 3] [--grace 10]
+            [--daemon_arg=--flag=value ...] [--json]
 
 DIR holds offloadd, offloadctl and soak_client. `--clients` soak_client processes offload and
 reload blocks of random sizes with checksums (tests/soak/soak_client.cc); a chaos loop SIGKILLs a
@@ -59,7 +60,8 @@ class Soak:
         self.daemon = subprocess.Popen(
             [self.bin("offloadd"), "--socket_path=" + self.sock, "--pool_bytes=" + self.a.pool,
              "--metrics_address=", "--chunk_bytes=1MiB", "--admission_deadline_seconds=1",
-             "--pool_shm_name=" + self.pool_name, "--resume_grace_seconds=%g" % self.a.grace],
+             "--pool_shm_name=" + self.pool_name, "--resume_grace_seconds=%g" % self.a.grace]
+             + list(self.a.daemon_arg),
             stdout=subprocess.PIPE, stderr=log, text=True)
         if "ready" not in self.daemon.stdout.readline():
             raise SystemExit("daemon did not start; see %s" % log.name)
@@ -226,6 +228,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--daemon_kills", type=int, default=3)
     ap.add_argument("--grace", type=float, default=10)
+    ap.add_argument("--daemon_arg", action="append", default=[],
+                    help="extra daemon flag, repeatable (e.g. --daemon_arg=--spill_directory=D)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     soak = Soak(a)

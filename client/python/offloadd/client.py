@@ -299,15 +299,20 @@ class Client:
         """Future of RegionUnregistered."""
         return self._submit(pb.Request(unregister_region=pb.UnregisterRegion(region_id=region_id)))
 
-    def offload(self, region_id, offset, nbytes, ready_event=b""):
+    def offload(self, region_id, offset, nbytes, ready_event=b"", ordering=None):
         """Copies ``nbytes`` at ``offset`` of the region into a new pool block.
 
         Returns a Future of ``OffloadDone`` (block_id, bytes, queued_seconds, copy_seconds). The
         bytes must stay unchanged until it resolves. ``ready_event``: CUDA IPC event handle the
-        daemon's copy waits on (cuda backend; ignored by shm).
+        daemon's copy waits on (cuda backend; ignored by shm). ``ordering``: optional
+        ``(step, position)`` of the block in the reload order, for the daemon's spill tier
+        (within a step backward reloads in reverse of position).
         """
-        return self._submit(pb.Request(offload=pb.OffloadRequest(
-            region_id=region_id, offset=offset, bytes=nbytes, ready_event=ready_event)))
+        req = pb.OffloadRequest(region_id=region_id, offset=offset, bytes=nbytes,
+                                ready_event=ready_event)
+        if ordering is not None:
+            req.ordering.step, req.ordering.position = ordering
+        return self._submit(pb.Request(offload=req))
 
     def reload(self, block_id, region_id, offset, priority=URGENT, release_after=False,
                deadline_seconds=0.0):

@@ -59,8 +59,9 @@ _RECOVERABLE = (errors.OffloaddError, errors.CudaExportError, OSError, TimeoutEr
 class Saved:
     """What pack returns for an eligible tensor (opaque to autograd)."""
 
-    __slots__ = ("store", "seq", "offset", "meta", "tensor", "src", "version", "state", "ep",
-                 "op", "block_id", "reload", "result", "unpacked", "dead", "pin", "__weakref__")
+    __slots__ = ("store", "seq", "offset", "step", "meta", "tensor", "src", "version", "state",
+                 "ep", "op", "block_id", "reload", "result", "unpacked", "dead", "pin",
+                 "__weakref__")
 
     def __init__(self, store, seq, t):
         self.store, self.seq, self.meta, self.tensor = store, seq, Meta(t), t
@@ -70,6 +71,7 @@ class Saved:
         self.ep = self.op = self.block_id = self.reload = self.result = None
         self.unpacked = self.dead = False
         self.pin = False  # pinned host memory for an in-process copy on fallback
+        self.step = 0  # the store's step index when packed (the ordering hint's step)
 
     def __del__(self):
         try:
@@ -110,6 +112,7 @@ class Store:
         self._unpacking = False              # an unpack came after the last pack
         self._last_unpacked_seq = None       # for telling forward-order consumers apart
         self._step_first_seq = 0             # seq of the step's first handle
+        self._step_index = 0                 # steps ended so far: the ordering hint's step
         # Step positions whose handle died without being unpacked (saved by a branch backward
         # never reached): prefetch skips them in later steps of the same shape. Updated from
         # __del__ without a lock (set.add/discard are atomic under the GIL).
@@ -139,6 +142,7 @@ class Store:
         with self._lock:
             s = Saved(self, self._next_seq, t)
             s.offset = s.seq - self._step_first_seq  # position within the step
+            s.step = self._step_index
             s.pin = pin
             self._next_seq += 1
             while self._order and self._order[0]() is None:
@@ -200,7 +204,9 @@ class Store:
         if ep is None:
             return self._fallback(s, "the offloadd daemon is unreachable (%s)" % reason)
         try:
-            op = ep.transport.start_offload(s.tensor, s.meta)
+            # The ordering hint: backward reloads a step's blocks in reverse of position, so the
+            # daemon's spill tier sends the earliest of a step to disk first.
+            op = ep.transport.start_offload(s.tensor, s.meta, ordering=(s.step, s.offset))
         except _RECOVERABLE as e:
             if not ep.alive:
                 _endpoint.mark_broken(ep, str(e), self.retry_seconds)
@@ -254,6 +260,7 @@ class Store:
         step, self._step = self._step, _StepCounts()
         self._last_unpacked_seq = None
         self._step_first_seq = self._next_seq
+        self._step_index += 1
         reason = step.idle_reason(self)
         if reason is not None:
             self.stats.add(idle_steps=1)

@@ -112,11 +112,12 @@ class ShmTransport:
     def _staged(self, slot, meta):
         return torch.frombuffer(self.arena.view(slot), dtype=meta.dtype, count=meta.numel)
 
-    def start_offload(self, t, meta):
+    def start_offload(self, t, meta, ordering=None):
         slot = self.arena.alloc(meta.nbytes, timeout=self.alloc_timeout_seconds)
         try:
             self._staged(slot, meta).copy_(flat(t))
-            future = self.client.offload(slot.region_id, slot.offset, meta.nbytes)
+            future = self.client.offload(slot.region_id, slot.offset, meta.nbytes,
+                                         ordering=ordering)
         except BaseException:
             self.arena.free(slot)
             raise
@@ -212,15 +213,17 @@ class CudaIpcTransport:
             self.client.unregister(old)
         return rid, offset
 
-    def start_offload(self, t, meta):
-        """The op holds ``t`` (and the event) until OffloadDone: the daemon reads ``t``."""
+    def start_offload(self, t, meta, ordering=None):
+        """The op holds ``t`` (and the event) until OffloadDone: the daemon reads ``t``.
+        ``ordering``: (step, position) for the daemon's spill tier (``Client.offload``)."""
         _cuda.check_allocator_config()
         with torch.cuda.device(t.device):  # CUDA calls on the thread's context of t's device
             rid, offset = self.region_for(t.data_ptr(), meta.nbytes)
             ev = self.events.acquire()
             try:
                 self.rt.record_event(ev.event, torch.cuda.current_stream(t.device).cuda_stream)
-                future = self.client.offload(rid, offset, meta.nbytes, ready_event=ev.handle)
+                future = self.client.offload(rid, offset, meta.nbytes, ready_event=ev.handle,
+                                             ordering=ordering)
             except BaseException:
                 self.events.release(ev)
                 raise

@@ -1,0 +1,309 @@
+#include "server/spill/spill_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+
+namespace offloadd::spill {
+namespace {
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// An open file descriptor closed with the last transfer chunk that uses it.
+struct File {
+  explicit File(int f) : fd(f) {}
+  ~File() {
+    if (fd >= 0) close(fd);
+  }
+  int fd;
+};
+
+struct AlignedBuffer {
+  explicit AlignedBuffer(uint64_t bytes) {
+    if (posix_memalign(&p, kDirectAlignment, std::max<uint64_t>(bytes, kDirectAlignment)) != 0) {
+      p = nullptr;
+    }
+  }
+  ~AlignedBuffer() { free(p); }
+  void* p = nullptr;
+};
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::Status Errno(const std::string& what) {
+  return absl::FailedPreconditionError(absl::StrFormat("%s: %s", what, strerror(errno)));
+}
+
+// Removes "*.spill" files a previous daemon left; returns how many.
+int RemoveLeftovers(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  int n = 0;
+  while (dirent* e = readdir(d)) {
+    if (absl::EndsWith(e->d_name, ".spill") && unlink((dir + "/" + e->d_name).c_str()) == 0) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+// Writes then reads back `bytes` with O_DIRECT; the smaller rate in bytes/s.
+absl::StatusOr<double> MeasureBandwidth(DiskIo& io, const std::string& path, uint64_t bytes) {
+  bytes = RoundUp(std::max<uint64_t>(bytes, 1 << 20), kDirectAlignment);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("cannot open " + path + " with O_DIRECT");
+  File file(fd);
+  unlink(path.c_str());
+  AlignedBuffer buf(bytes);
+  if (buf.p == nullptr) return absl::ResourceExhaustedError("no memory for the measurement");
+  memset(buf.p, 0x5a, bytes);
+  double t0 = Now();
+  if (absl::Status st = io.Write(fd, buf.p, bytes, 0); !st.ok()) return st;
+  if (fdatasync(fd) != 0) return Errno("fdatasync of " + path);
+  double t1 = Now();
+  if (absl::Status st = io.Read(fd, buf.p, bytes, 0); !st.ok()) return st;
+  double t2 = Now();
+  const double write_rate = bytes / std::max(t1 - t0, 1e-6);
+  const double read_rate = bytes / std::max(t2 - t1, 1e-6);
+  return std::min(write_rate, read_rate);
+}
+
+}  // namespace
+
+bool SpillTier::DirectIoSupported(const std::string& directory) {
+  if (mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST) return false;
+  const std::string probe = directory + "/direct_probe.tmp";
+  const int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  close(fd);
+  unlink(probe.c_str());
+  return true;
+}
+
+uint64_t SpillTier::FileBytes(uint64_t extent_bytes) {
+  return RoundUp(extent_bytes, kDirectAlignment);
+}
+
+absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions& options,
+                                                            uint8_t* pool_base,
+                                                            uint64_t pool_bytes) {
+  if (options.directory.empty()) {
+    return absl::InvalidArgumentError("spill_directory is empty: name a directory on local NVMe");
+  }
+  if (mkdir(options.directory.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Errno("cannot create spill_directory " + options.directory);
+  }
+  const int leftovers = RemoveLeftovers(options.directory);
+  if (leftovers > 0) {
+    LOG(WARNING) << "spill: removed " << leftovers << " spill files of a previous daemon in "
+                 << options.directory << " (spilled blocks are not adopted across restarts)";
+  }
+  const std::string probe = options.directory + "/probe.tmp";
+  int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == EINVAL) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the file system of spill_directory %s does not support O_DIRECT (tmpfs?): put it on "
+          "a local disk (ext4, xfs)",
+          options.directory));
+    }
+    return Errno("cannot write in spill_directory " + options.directory);
+  }
+  close(fd);
+  unlink(probe.c_str());
+
+  std::string why_not;
+  std::unique_ptr<DiskIo> io = MakeDiskIo(options.io_uring, &why_not);
+  if (std::string(io->name()) != "io_uring") {
+    LOG(WARNING) << "spill: using pread/pwrite with O_DIRECT (" << why_not << ")";
+  }
+  SpillOptions o = options;
+  o.chunk_bytes = RoundUp(std::max<uint64_t>(o.chunk_bytes, kDirectAlignment), kDirectAlignment);
+  if (o.capacity_bytes == 0) {
+    struct statvfs vfs;
+    if (statvfs(o.directory.c_str(), &vfs) != 0) return Errno("statvfs " + o.directory);
+    o.capacity_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize / 10 * 9;
+  }
+  bool measured = false;
+  if (o.bytes_per_second == 0) {
+    auto rate = MeasureBandwidth(*io, o.directory + "/measure.tmp", o.measure_bytes);
+    if (!rate.ok()) return rate.status();
+    o.bytes_per_second = *rate;
+    measured = true;
+  }
+  std::unique_ptr<SpillTier> tier(new SpillTier(o, std::move(io), pool_base, pool_bytes));
+  tier->measured_ = measured;
+  LOG(INFO) << "spill tier: " << o.directory << ", " << o.capacity_bytes << " bytes, "
+            << tier->io_->name() << " + O_DIRECT, "
+            << (o.bytes_per_second < 0 ? std::string("unpaced")
+                                       : absl::StrFormat("paced at %.3f GB/s%s",
+                                                         o.bytes_per_second / 1e9,
+                                                         measured ? " (measured)" : ""));
+  return tier;
+}
+
+SpillTier::SpillTier(const SpillOptions& options, std::unique_ptr<DiskIo> io,
+                     uint8_t* pool_base, uint64_t pool_bytes)
+    : options_(options), io_(std::move(io)), pool_base_(pool_base), pool_bytes_(pool_bytes) {
+  sched::LinkSchedulerOptions l;
+  l.link_name = "spill";
+  l.direction = "both";
+  l.chunk_bytes = options_.chunk_bytes;
+  l.quantum_bytes = options_.chunk_bytes;
+  l.worker_threads = std::max<uint32_t>(options_.io_threads, 1);
+  l.bytes_per_second = std::max(options_.bytes_per_second, 0.0);
+  l.offload_min_share = options_.spill_min_share;
+  link_ = std::make_unique<sched::LinkScheduler>(l);
+}
+
+SpillTier::~SpillTier() { Shutdown(); }
+
+void SpillTier::Shutdown() { link_->Shutdown(); }
+
+std::string SpillTier::FilePath(uint64_t block_id) const {
+  return absl::StrFormat("%s/%016x.spill", options_.directory, block_id);
+}
+
+bool SpillTier::TryReserve(uint64_t extent_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t bytes = FileBytes(extent_bytes);
+  if (used_bytes_ + bytes > options_.capacity_bytes) return false;
+  used_bytes_ += bytes;
+  ++files_;
+  return true;
+}
+
+void SpillTier::Remove(uint64_t block_id, uint64_t extent_bytes) {
+  unlink(FilePath(block_id).c_str());
+  std::lock_guard<std::mutex> lock(mu_);
+  used_bytes_ -= std::min(used_bytes_, FileBytes(extent_bytes));
+  if (files_ > 0) --files_;
+}
+
+void SpillTier::Spill(uint64_t block_id, pool::Extent extent, const std::string& flow,
+                      Done done) {
+  Submit(true, block_id, extent, sched::TrafficClass::kOffload, flow, std::move(done));
+}
+
+void SpillTier::Stage(uint64_t block_id, pool::Extent extent, DiskClass cls,
+                      const std::string& flow, Done done) {
+  Submit(false, block_id, extent,
+         cls == DiskClass::kUrgent ? sched::TrafficClass::kUrgent : sched::TrafficClass::kPrefetch,
+         flow, std::move(done));
+}
+
+void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
+                       sched::TrafficClass cls, const std::string& flow, Done done) {
+  const std::string path = FilePath(block_id);
+  const uint64_t file_bytes = FileBytes(extent.bytes);
+  if (extent.bytes == 0 || extent.offset + extent.bytes > pool_bytes_) {
+    done(absl::InvalidArgumentError(absl::StrFormat(
+        "extent [%d, +%d) is outside the pool of %d bytes", extent.offset, extent.bytes,
+        pool_bytes_)));
+    return;
+  }
+  const int flags = write ? (O_WRONLY | O_CREAT | O_TRUNC) : O_RDONLY;
+  const int fd = open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    if (!write && err == ENOENT) {
+      done(absl::DataLossError(absl::StrFormat(
+          "spill file %s was removed under the daemon: the block's bytes are lost", path)));
+    } else {
+      done(absl::InternalError(
+          absl::StrFormat("cannot open spill file %s: %s", path, strerror(err))));
+    }
+    return;
+  }
+  auto file = std::make_shared<File>(fd);
+  if (write) {
+    // Allocate the whole file first: O_DIRECT writes into allocated blocks run in parallel
+    // (extending writes are serialised by the file system), and a full disk shows here.
+    if (fallocate(fd, 0, 0, static_cast<off_t>(file_bytes)) != 0 && errno != EOPNOTSUPP) {
+      const int err = errno;
+      done(err == ENOSPC || err == EDQUOT
+               ? absl::ResourceExhaustedError(absl::StrFormat(
+                     "the spill directory's file system is full (%s) allocating %s",
+                     strerror(err), path))
+               : absl::InternalError(
+                     absl::StrFormat("cannot allocate spill file %s: %s", path, strerror(err))));
+      return;
+    }
+  } else {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < file_bytes) {
+      done(absl::DataLossError(absl::StrFormat(
+          "spill file %s holds %d of %d bytes (truncated under the daemon): the block's bytes "
+          "are lost",
+          path, static_cast<int64_t>(st.st_size), file_bytes)));
+      return;
+    }
+  }
+  auto t = std::make_shared<sched::Transfer>();
+  t->gpu = flow;
+  t->cls = cls;
+  t->bytes = file_bytes;
+  t->copy_chunk = [this, write, file, extent](uint64_t o, uint64_t len) {
+    return MoveChunk(write, file->fd, extent, o, len);
+  };
+  t->done = [this, write, file_bytes, path, done = std::move(done)](absl::Status st) {
+    if (st.ok()) {
+      (write ? spill_bytes_total_ : stage_bytes_total_) += file_bytes;
+    } else if (st.code() == absl::StatusCode::kDataLoss) {
+      st = absl::DataLossError(absl::StrFormat("%s: %s", path, st.message()));
+    }
+    done(st);
+  };
+  link_->Submit(std::move(t));
+}
+
+absl::Status SpillTier::MoveChunk(bool write, int fd, pool::Extent extent, uint64_t o,
+                                  uint64_t len) {
+  uint8_t* mem = pool_base_ + extent.offset + o;
+  const uint64_t in_pool = o >= extent.bytes ? 0 : std::min(len, extent.bytes - o);
+  const bool direct = in_pool == len && reinterpret_cast<uintptr_t>(mem) % kDirectAlignment == 0;
+  if (direct) return write ? io_->Write(fd, mem, len, o) : io_->Read(fd, mem, len, o);
+  AlignedBuffer bounce(len);
+  if (bounce.p == nullptr) return absl::ResourceExhaustedError("no memory for a bounce buffer");
+  if (write) {
+    memcpy(bounce.p, mem, in_pool);
+    memset(static_cast<uint8_t*>(bounce.p) + in_pool, 0, len - in_pool);
+    return io_->Write(fd, bounce.p, len, o);
+  }
+  absl::Status st = io_->Read(fd, bounce.p, len, o);
+  if (st.ok()) memcpy(mem, bounce.p, in_pool);
+  return st;
+}
+
+SpillStats SpillTier::stats() const {
+  SpillStats s;
+  s.io = io_->name();
+  s.capacity_bytes = options_.capacity_bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.used_bytes = used_bytes_;
+    s.files = files_;
+  }
+  s.spill_bytes_total = spill_bytes_total_;
+  s.stage_bytes_total = stage_bytes_total_;
+  s.bytes_per_second = options_.bytes_per_second;
+  s.bytes_per_second_measured = measured_;
+  s.link = link_->stats();
+  return s;
+}
+
+}  // namespace offloadd::spill

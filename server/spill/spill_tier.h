@@ -1,0 +1,136 @@
+// SpillTier: the second tier below the pool — one file per spilled block in a local directory
+// (NVMe), written from and read back into pool extents with O_DIRECT, through DiskIo (io_uring,
+// or pread/pwrite where io_uring is unavailable; chosen at start-up and logged).
+//
+// The disk is a link of the scheduler: every spill (pool -> file) and stage-back (file -> pool)
+// is a sched::Transfer on one LinkScheduler named "spill" (one queue for both directions, since
+// a disk shares its bandwidth between reads and writes), cut into chunks of `chunk_bytes`,
+// classes URGENT (a reload waits on it) > PREFETCH (stage-back ahead of need) > SPILL (the
+// scheduler's OFFLOAD class, with its minimum share `spill_min_share`), DRR over flows (the
+// store passes the owning session), paced at `bytes_per_second` so the queue forms where the
+// priorities apply rather than inside the device.
+//
+// Layout and alignment: a block's file holds its extent rounded up to 4096 bytes. Chunks are
+// 4096-aligned in the file; a chunk whose pool bytes are 4096-aligned in memory and whole is
+// moved directly between the extent and the file; otherwise (an extent not aligned in the
+// arena, or the tail of an extent that is not a multiple of 4096) through an aligned bounce
+// buffer of one chunk. With the spill tier on, the store sizes extents in multiples of 4096, so
+// every extent of a pool that starts aligned (arenas are mmap'ed) is moved directly.
+//
+// Capacity: TryReserve/Remove account the bytes of files (the rounded extents); the store
+// reserves before it spills, so "disk full" is known before any byte moves. A write that still
+// fails (ENOSPC from the file system) reports RESOURCE_EXHAUSTED and the block stays in the pool.
+//
+// Failure: a stage-back of a file that was removed, or truncated (under the daemon), gets
+// DATA_LOSS naming the file; nothing else is affected.
+//
+// Start-up (Create): the directory is created if missing; leftover "*.spill" files of a previous
+// daemon are removed (spilled blocks are not adopted by a restarted daemon: README "Spill
+// tier"); O_DIRECT support is probed (tmpfs before Linux 6.6 lacks it: FAILED_PRECONDITION); capacity 0 means 90%
+// of the file system's free space; bytes_per_second 0 means measured (write, then read back,
+// `measure_bytes` with O_DIRECT; the smaller rate).
+//
+// Thread-safety: every method is thread-safe. `done` callbacks run on the spill link's worker
+// threads (or inline in Spill/Stage when the transfer is refused), without locks of this class.
+#ifndef OFFLOADD_SERVER_SPILL_SPILL_TIER_H_
+#define OFFLOADD_SERVER_SPILL_SPILL_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/pool/extent_allocator.h"
+#include "server/sched/link_scheduler.h"
+#include "server/spill/disk_io.h"
+
+namespace offloadd::spill {
+
+struct SpillOptions {
+  std::string directory;  // "" = no spill tier
+  uint64_t capacity_bytes = 0;  // 0 = 90% of the file system's free space at start-up
+  // Disk link pacing in bytes/s; 0 = measured at start-up; < 0 = unpaced (not measured).
+  double bytes_per_second = 0;
+  bool io_uring = true;  // false: pread/pwrite
+  uint64_t chunk_bytes = 8ull << 20;  // rounded up to 4096
+  uint32_t io_threads = 2;  // spill link workers (chunks in flight)
+  double spill_min_share = 0.2;  // of the disk's bytes for spills while reloads also wait
+  uint64_t measure_bytes = 64ull << 20;
+};
+
+enum class DiskClass { kUrgent, kPrefetch, kSpill };
+
+struct SpillStats {
+  std::string io;  // "io_uring" / "posix"
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;  // reserved for files (rounded extents)
+  uint64_t files = 0;
+  uint64_t spill_bytes_total = 0;  // written by successful spills
+  uint64_t stage_bytes_total = 0;  // read by successful stage-backs
+  double bytes_per_second = 0;
+  bool bytes_per_second_measured = false;
+  sched::LinkSchedulerStats link;
+};
+
+class SpillTier {
+ public:
+  using Done = std::function<void(absl::Status)>;
+
+  // `pool_base`: the arena's first byte (extents are offsets from it), `pool_bytes` its size.
+  // Errors: INVALID_ARGUMENT for an empty directory; FAILED_PRECONDITION when the directory
+  // cannot be created or written, or its file system refuses O_DIRECT (the message says which).
+  static absl::StatusOr<std::unique_ptr<SpillTier>> Create(const SpillOptions& options,
+                                                           uint8_t* pool_base,
+                                                           uint64_t pool_bytes);
+  ~SpillTier();  // Shutdown()
+
+  // Whether files in `directory` (created if missing) open with O_DIRECT; false on tmpfs. Tests
+  // skip where it is false.
+  static bool DirectIoSupported(const std::string& directory);
+
+  // Bytes a block of extent `extent_bytes` takes on disk (rounded up to 4096).
+  static uint64_t FileBytes(uint64_t extent_bytes);
+  // Reserves FileBytes(extent_bytes) of capacity; false when it does not fit (disk full).
+  bool TryReserve(uint64_t extent_bytes);
+  // Writes `extent` of the pool to the block's file (class SPILL); `done` gets OK, or the error
+  // (RESOURCE_EXHAUSTED when the file system is full; UNAVAILABLE after Shutdown). On error the
+  // file may exist partially: call Remove.
+  void Spill(uint64_t block_id, pool::Extent extent, const std::string& flow, Done done);
+  // Reads the block's file into `extent` of the pool (class URGENT or PREFETCH). DATA_LOSS when
+  // the file is missing or shorter than the block.
+  void Stage(uint64_t block_id, pool::Extent extent, DiskClass cls, const std::string& flow,
+             Done done);
+  // Unlinks the block's file (if any) and returns FileBytes(extent_bytes) of capacity.
+  void Remove(uint64_t block_id, uint64_t extent_bytes);
+  // Finishes queued transfers and stops the link's workers. Idempotent; not from a `done`.
+  void Shutdown();
+
+  std::string FilePath(uint64_t block_id) const;
+  SpillStats stats() const;
+
+ private:
+  SpillTier(const SpillOptions& options, std::unique_ptr<DiskIo> io, uint8_t* pool_base,
+            uint64_t pool_bytes);
+  void Submit(bool write, uint64_t block_id, pool::Extent extent, sched::TrafficClass cls,
+              const std::string& flow, Done done);
+  // Moves [o, o + len) of a block's file, `len` and `o` multiples of 4096.
+  absl::Status MoveChunk(bool write, int fd, pool::Extent extent, uint64_t o, uint64_t len);
+
+  SpillOptions options_;
+  std::unique_ptr<DiskIo> io_;
+  uint8_t* const pool_base_;
+  const uint64_t pool_bytes_;
+  bool measured_ = false;
+  mutable std::mutex mu_;
+  uint64_t used_bytes_ = 0, files_ = 0;
+  std::atomic<uint64_t> spill_bytes_total_{0}, stage_bytes_total_{0};
+  std::unique_ptr<sched::LinkScheduler> link_;
+};
+
+}  // namespace offloadd::spill
+
+#endif  // OFFLOADD_SERVER_SPILL_SPILL_TIER_H_

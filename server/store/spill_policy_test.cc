@@ -1,0 +1,264 @@
+// BlockStore with a spill tier: which blocks spill, staging back, waiting offloads, quotas over
+// both tiers, disk full and lost spill files. Bytes really move between a pool buffer and files
+// under TEST_TMPDIR, and are checked.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/pool/block_table.h"
+#include "server/spill/spill_tier.h"
+#include "server/store/block_store.h"
+#include "server/store/block_store_test_util.h"
+
+namespace offloadd::store {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+// Polls `cond` for up to 20 s (a correctness wait, not a timing assertion).
+bool WaitFor(const std::function<bool()>& cond) {
+  for (int i = 0; i < 20000; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return cond();
+}
+
+class SpillPolicyTest : public ::testing::Test {
+ protected:
+  void Make(uint64_t pool_bytes, double high_water, uint64_t disk_bytes = 256 * kMiB,
+            BlockStoreOptions o = TestStoreOptions(0, 5.0), uint32_t stage_ahead = 0,
+            pool::BlockTable* table = nullptr) {
+    pool_bytes_ = pool_bytes;
+    ASSERT_EQ(posix_memalign(reinterpret_cast<void**>(&pool_), 4096, pool_bytes), 0);
+    memset(pool_, 0, pool_bytes);
+    const char* tmp = getenv("TEST_TMPDIR");
+    spill::SpillOptions so;
+    so.directory = std::string(tmp != nullptr ? tmp : "/tmp") + "/spill_policy_" +
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    so.capacity_bytes = disk_bytes;
+    so.bytes_per_second = -1;  // unpaced
+    so.chunk_bytes = kMiB;
+    if (!spill::SpillTier::DirectIoSupported(so.directory)) {
+      GTEST_SKIP() << so.directory << " does not take O_DIRECT";
+    }
+    auto tier = spill::SpillTier::Create(so, pool_, pool_bytes);
+    ASSERT_TRUE(tier.ok()) << tier.status();
+    tier_ = *std::move(tier);
+    o.spill_high_water_fraction = high_water;
+    o.stage_ahead_blocks = stage_ahead;
+    store_ = std::make_unique<BlockStore>(pool_bytes, o, table, tier_.get());
+  }
+  void TearDown() override {
+    store_.reset();
+    tier_.reset();
+    free(pool_);
+  }
+  // Offloads `bytes` with a pattern from `seed` (the bytes a copy would put in the extent).
+  uint64_t Offload(uint64_t session, uint64_t bytes, uint8_t seed, OrderHint hint = {}) {
+    auto r = ReserveNow(*store_, session, bytes, hint);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return 0;
+    for (uint64_t i = 0; i < bytes; ++i) pool_[r->extent.offset + i] = Pattern(seed, i);
+    store_->OffloadFinished(r->block_id, absl::OkStatus());
+    return r->block_id;
+  }
+  static uint8_t Pattern(uint8_t seed, uint64_t i) {
+    return static_cast<uint8_t>(seed * 131 + i * 7 + (i >> 12));
+  }
+  // Reloads and checks the bytes in the extent the store hands out; releases after.
+  absl::Status ReloadAndCheck(uint64_t session, uint64_t id, uint64_t bytes, uint8_t seed,
+                              bool release = true) {
+    auto ref = ReloadNow(*store_, session, id);
+    if (!ref.ok()) return ref.status();
+    bool same = true;
+    for (uint64_t i = 0; i < bytes && same; ++i) {
+      same = pool_[ref->extent.offset + i] == Pattern(seed, i);
+    }
+    store_->EndReload(id, release);
+    return same ? absl::OkStatus() : absl::DataLossError("bytes differ");
+  }
+  bool OnDisk(uint64_t id) { return access(tier_->FilePath(id).c_str(), F_OK) == 0; }
+  bool SpillsSettled() { return store_->stats().spilling_bytes == 0; }
+  static OrderHint Hint(uint64_t step, uint64_t position) { return OrderHint{true, step, position}; }
+
+  uint8_t* pool_ = nullptr;
+  uint64_t pool_bytes_ = 0;
+  std::unique_ptr<spill::SpillTier> tier_;
+  std::unique_ptr<BlockStore> store_;
+};
+
+TEST_F(SpillPolicyTest, SpillsTheEarliestPositionsOfAStepAndReloadsBitExact) {
+  Make(8 * kMiB, /*high_water=*/0.5);
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint64_t p = 0; p < 6; ++p) ids.push_back(Offload(1, kMiB, p, Hint(3, p)));
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().pool.used_bytes <= 4 * kMiB; }));
+  // Backward reloads positions 5..0: positions 0 and 1 are needed last, so they went to disk.
+  EXPECT_TRUE(OnDisk(ids[0]));
+  EXPECT_TRUE(OnDisk(ids[1]));
+  for (uint64_t p = 2; p < 6; ++p) EXPECT_FALSE(OnDisk(ids[p])) << p;
+  StoreStats s = store_->stats();
+  EXPECT_EQ(s.disk_blocks, 2u);
+  EXPECT_EQ(s.disk_bytes, 2 * kMiB);
+  EXPECT_EQ(s.pool.used_bytes, 4 * kMiB);
+  EXPECT_EQ(store_->SessionUsedBytes(1), 6 * kMiB);  // quotas count both tiers
+  for (int p = 5; p >= 0; --p) {
+    EXPECT_TRUE(ReloadAndCheck(1, ids[p], kMiB, p).ok()) << p;
+  }
+  s = store_->stats();
+  EXPECT_EQ(s.reloads_from_disk_total, 2u);
+  EXPECT_EQ(s.staged_blocks_total, 2u);
+  EXPECT_GT(s.reload_disk_wait_seconds_total, 0.0);
+  EXPECT_TRUE(WaitFor([&] { return store_->stats().blocks == 0; }));
+  EXPECT_EQ(tier_->stats().used_bytes, 0u);
+  EXPECT_FALSE(OnDisk(ids[0]));
+}
+
+TEST_F(SpillPolicyTest, WithoutHintsTheEarliestOffloadedSpillsFirst) {
+  Make(4 * kMiB, 0.5);
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint8_t i = 0; i < 4; ++i) ids.push_back(Offload(1, kMiB, i));
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks == 2; }));
+  EXPECT_TRUE(OnDisk(ids[0]));
+  EXPECT_TRUE(OnDisk(ids[1]));
+  EXPECT_FALSE(OnDisk(ids[2]));
+  EXPECT_FALSE(OnDisk(ids[3]));
+}
+
+TEST_F(SpillPolicyTest, OffloadWaitingForPoolSpaceGoesToThePoolAfterASpill) {
+  Make(4 * kMiB, /*high_water=*/1.0);
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint8_t i = 0; i < 4; ++i) ids.push_back(Offload(1, kMiB, i));
+  EXPECT_EQ(store_->stats().disk_blocks, 0u);  // at the mark, not above: nothing spilled
+  // The fifth does not fit: a spill makes room and it is admitted into the pool.
+  const uint64_t fifth = Offload(1, kMiB, 4);
+  ASSERT_NE(fifth, 0u);
+  EXPECT_FALSE(OnDisk(fifth));
+  EXPECT_GE(store_->stats().spilled_blocks_total, 1u);
+  EXPECT_TRUE(OnDisk(ids[0]));
+  for (int i = 4; i >= 0; --i) {
+    EXPECT_TRUE(ReloadAndCheck(1, i == 4 ? fifth : ids[i], kMiB, i).ok()) << i;
+  }
+}
+
+TEST_F(SpillPolicyTest, QuotaCountsBothTiers) {
+  Make(4 * kMiB, 0.5, 256 * kMiB, TestStoreOptions(/*quota=*/3 * kMiB, /*deadline=*/0.2));
+  if (IsSkipped()) return;
+  for (uint8_t i = 0; i < 3; ++i) ASSERT_NE(Offload(1, kMiB, i), 0u);
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks >= 1; }));
+  auto r = ReserveNow(*store_, 1, kMiB);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("session quota"), std::string::npos);
+  EXPECT_EQ(store_->SessionUsedBytes(1), 3 * kMiB);
+}
+
+TEST_F(SpillPolicyTest, DiskFullMakesOffloadsWaitThenFailAndLosesNothing) {
+  Make(2 * kMiB, 1.0, /*disk_bytes=*/kMiB, TestStoreOptions(0, /*deadline=*/0.3));
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  ids.push_back(Offload(1, kMiB, 0));
+  ids.push_back(Offload(1, kMiB, 1));
+  ids.push_back(Offload(1, kMiB, 2));  // one spill (the disk holds one block) makes room
+  ASSERT_NE(ids[2], 0u);
+  auto r = ReserveNow(*store_, 1, kMiB);  // the disk is full: it waits, then fails
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("spill tier"), std::string::npos)
+      << r.status();
+  EXPECT_GE(store_->stats().spill_refused_disk_full_total, 1u);
+  for (int i = 2; i >= 0; --i) EXPECT_TRUE(ReloadAndCheck(1, ids[i], kMiB, i).ok()) << i;
+}
+
+TEST_F(SpillPolicyTest, RemovedOrTruncatedSpillFileIsDataLossForThoseBlocksOnly) {
+  Make(4 * kMiB, 0.25);
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint64_t p = 0; p < 4; ++p) ids.push_back(Offload(1, kMiB, p, Hint(1, p)));
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks == 3; }));
+  ASSERT_EQ(unlink(tier_->FilePath(ids[0]).c_str()), 0);
+  ASSERT_EQ(truncate(tier_->FilePath(ids[1]).c_str(), 4096), 0);
+  EXPECT_TRUE(ReloadAndCheck(1, ids[3], kMiB, 3).ok());
+  EXPECT_TRUE(ReloadAndCheck(1, ids[2], kMiB, 2).ok());  // from disk, intact
+  for (int p : {1, 0}) {
+    absl::Status st = ReloadAndCheck(1, ids[p], kMiB, p, /*release=*/false);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << p << ": " << st;
+    store_->EndReload(ids[p], false);  // the failed reload ends, as a session does
+    // Asked again: the block stays lost, and says so at once.
+    st = ReloadAndCheck(1, ids[p], kMiB, p, false);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << p << ": " << st;
+    EXPECT_TRUE(store_->Release(1, ids[p]).ok());
+  }
+  EXPECT_EQ(store_->stats().blocks_lost_total, 2u);
+  // The store keeps serving: a new block goes in and out.
+  const uint64_t fresh = Offload(2, kMiB, 9);
+  EXPECT_TRUE(ReloadAndCheck(2, fresh, kMiB, 9).ok());
+  EXPECT_TRUE(WaitFor([&] { return store_->stats().blocks == 0; }));
+  EXPECT_EQ(tier_->stats().used_bytes, 0u);
+}
+
+TEST_F(SpillPolicyTest, ReloadOfBlockKStagesTheNextBlocksBackAhead) {
+  Make(8 * kMiB, 0.5, 256 * kMiB, TestStoreOptions(), /*stage_ahead=*/2);
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint64_t p = 0; p < 8; ++p) ids.push_back(Offload(1, kMiB, p, Hint(1, p)));
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks == 4; }));
+  // Between reloads the stage-backs under way finish (the time backward computes a layer).
+  for (int p = 7; p >= 0; --p) {
+    EXPECT_TRUE(ReloadAndCheck(1, ids[p], kMiB, p).ok()) << p;
+    ASSERT_TRUE(WaitFor([&] { return store_->stats().staging_bytes == 0; }));
+  }
+  StoreStats s = store_->stats();
+  EXPECT_EQ(s.staged_blocks_total, 4u);
+  // Each reload k staged k-1 and k-2 back while the pool had room: no reload found its block
+  // on disk.
+  EXPECT_EQ(s.reloads_from_disk_total, 0u);
+}
+
+TEST_F(SpillPolicyTest, SharedPoolRecordsOnlyTheBlocksInThePool) {
+  // A restarted daemon adopts what the block table records: a spilled block's record must go
+  // (its extent is reused), and come back with its new extent when it is staged back.
+  constexpr uint64_t kSlots = 16;
+  std::vector<uint8_t> records(kSlots * pool::kRecordBytes, 0);
+  pool::BlockTable table(records.data(), kSlots, 4 * kMiB);
+  auto scan = [&] {
+    std::vector<uint8_t> copy = records;  // adoption clears what it drops: scan a copy
+    std::map<uint64_t, uint64_t> offsets;
+    for (const auto& b : pool::BlockTable(copy.data(), kSlots, 4 * kMiB).Adopt().blocks) {
+      offsets[b.block_id] = b.extent_offset;
+    }
+    return offsets;
+  };
+  Make(4 * kMiB, 0.5, 256 * kMiB, TestStoreOptions(), 0, &table);
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint64_t p = 0; p < 4; ++p) ids.push_back(Offload(1, kMiB, p, Hint(1, p)));
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks == 2; }));
+  std::map<uint64_t, uint64_t> recorded = scan();
+  EXPECT_EQ(recorded.size(), 2u);
+  EXPECT_EQ(recorded.count(ids[0]), 0u);
+  EXPECT_EQ(recorded.count(ids[1]), 0u);
+  EXPECT_EQ(recorded.count(ids[2]), 1u);
+  EXPECT_EQ(recorded.count(ids[3]), 1u);
+  auto ref = ReloadNow(*store_, 1, ids[1]);  // staged back, kept
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  store_->EndReload(ids[1], false);
+  recorded = scan();
+  ASSERT_EQ(recorded.count(ids[1]), 1u);
+  EXPECT_EQ(recorded[ids[1]], ref->extent.offset);
+  for (uint64_t id : ids) store_->Release(1, id).IgnoreError();
+  EXPECT_TRUE(WaitFor([&] { return scan().empty() && store_->stats().blocks == 0; }));
+}
+
+}  // namespace
+}  // namespace offloadd::store
