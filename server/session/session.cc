@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -366,13 +368,21 @@ void Session::OnRegister(const Request& r) {
 }
 
 void Session::OnUnregister(const Request& r) {
-  size_t erased;
+  // Copies in flight keep their own reference; the region closes after them. The session's
+  // reference dies after the lock is released: closing a region may block (a CUDA IPC handle
+  // is closed on the device thread).
+  std::shared_ptr<copy::Region> erased;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // Copies in flight keep their own reference; the region closes after them.
-    erased = regions_.erase(r.region_id);
+    auto it = regions_.find(r.region_id);
+    if (it != regions_.end()) {
+      erased = std::move(it->second);
+      regions_.erase(it);
+    }
   }
-  if (erased == 0) {
+  const bool found = erased != nullptr;
+  erased.reset();
+  if (!found) {
     return Fail(r.request_id, absl::NotFoundError(absl::StrFormat(
                                   "region %d is not registered in this session (never "
                                   "registered, or already unregistered)",
@@ -681,6 +691,8 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   std::string device_id;
   bool transient_device;
   const absl::Status close_status = CloseStatus(cause);
+  // Dropped after the lock is released (closing a region may block on the device thread).
+  std::map<uint64_t, std::shared_ptr<copy::Region>> regions;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
@@ -690,7 +702,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
     counted = hello_done_;
     device_id = device_id_;
     transient_device = transient_device_;
-    regions_.clear();
+    regions.swap(regions_);
     tags_.clear();
     block_tags_.clear();
   }
@@ -698,6 +710,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   // No copy into the client's memory starts from here on; wait for those running, and drop the
   // queued ones (they must not hold up the link or a shutdown), before the stream ends. Their
   // requests are answered meanwhile (emit_ is still set).
+  regions.clear();
   gate_->CloseAndWait();
   if (counted) {
     core_->CancelTransfers(id_, device_id, close_status);
@@ -726,6 +739,18 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   auto& m = metrics::Get();
   if (counted) m.sessions_open->Decrement();
   m.sessions_ended_total->Add({{"cause", EndCauseName(cause)}}).Increment();
+}
+
+bool Session::MutexHeldForTesting() const {
+  bool held = false;
+  std::thread([&] {
+    if (mu_.try_lock()) {
+      mu_.unlock();
+    } else {
+      held = true;
+    }
+  }).join();
+  return held;
 }
 
 SessionInfo Session::info() const {

@@ -178,6 +178,8 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t id() const { return id_; }
   bool closed() const;
   const PeerCredentials& peer() const { return peer_; }
+  // Whether some thread holds the session's mutex (asked from another thread). Tests only.
+  bool MutexHeldForTesting() const;
 
  private:
   Session(Core* core, Emit emit, PeerCredentials peer, EndStream end_stream);

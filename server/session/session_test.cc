@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -406,6 +407,56 @@ TEST(SessionLinkTest, HellosBeforeAnyCopyCannotPassMaxLinksTogether) {
   b->Handle(hello);
   EXPECT_EQ(out_b.Wait(2).kind, CompletionKind::kHello);
   b->Close(EndCause::kClosed);
+}
+
+// The shm engine, whose regions report each time their last reference dies whether the
+// session's mutex was held then (a cuda region closes its IPC handle on the device thread there).
+class RegionDropWatchingEngine : public copy::ShmCopyEngine {
+ public:
+  absl::StatusOr<std::shared_ptr<copy::Region>> OpenRegion(const copy::RegionSpec& spec) override {
+    auto region = copy::ShmCopyEngine::OpenRegion(spec);
+    if (!region.ok()) return region;
+    std::shared_ptr<copy::Region> inner = *std::move(region);
+    copy::Region* raw = inner.get();
+    return std::shared_ptr<copy::Region>(raw, [this, inner](copy::Region*) mutable {
+      drops_under_session_lock += session != nullptr && session->MutexHeldForTesting() ? 1 : 0;
+      ++drops;
+      inner.reset();
+    });
+  }
+  Session* session = nullptr;
+  std::atomic<int> drops{0}, drops_under_session_lock{0};
+};
+
+// Issue 14, defect 1: Unregister and Close dropped the session's region references with the
+// session's mutex held.
+TEST(SessionTest, RegionsAreDroppedWithoutTheSessionLock) {
+  pool::ArenaOptions a;
+  a.size_bytes = 16 * kMiB;
+  CoreOptions options;
+  options.chunk_bytes = 1 * kMiB;
+  auto engine = std::make_unique<RegionDropWatchingEngine>();
+  RegionDropWatchingEngine* watch = engine.get();
+  auto core = std::make_unique<Core>(options, *pool::Arena::Create(a), std::move(engine));
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  watch->session = s.get();
+  TestShm shm(kMiB);
+  s->Handle(Hello(1));
+  s->Handle(RegisterRequest(2, shm));
+  s->Handle(RegisterRequest(3, shm));
+  const uint64_t first = out.Wait(2).id;
+  ASSERT_NE(out.Wait(3).id, 0u);
+  Request unregister;
+  unregister.request_id = 4;
+  unregister.kind = RequestKind::kUnregisterRegion;
+  unregister.region_id = first;
+  s->Handle(unregister);
+  EXPECT_EQ(out.Wait(4).kind, CompletionKind::kRegionUnregistered);
+  EXPECT_EQ(watch->drops.load(), 1);
+  s->Close(EndCause::kClosed);  // drops the second region
+  EXPECT_EQ(watch->drops.load(), 2);
+  EXPECT_EQ(watch->drops_under_session_lock.load(), 0);
 }
 
 }  // namespace
