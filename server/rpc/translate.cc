@@ -56,7 +56,7 @@ session::Request FromProto(const v1::Request& p) {
       r.offset = p.reload().offset();
       r.priority = static_cast<int>(p.reload().priority());
       r.release_after = p.reload().release_after();
-      r.deadline_seconds = p.reload().deadline_seconds();
+      r.timeout_seconds = p.reload().deadline_seconds();
       r.tag = p.reload().tag();
       r.done_event = p.reload().done_event();
       break;

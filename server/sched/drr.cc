@@ -42,7 +42,7 @@ absl::StatusOr<uint64_t> ChunkQueue::Push(std::shared_ptr<Transfer> transfer) {
   }
   const uint64_t id = next_id_++;
   Queued q;
-  q.deadline_key = transfer->deadline_seconds > 0 ? transfer->deadline_seconds
+  q.deadline_key = transfer->deadline_at_seconds > 0 ? transfer->deadline_at_seconds
                                                   : std::numeric_limits<double>::infinity();
   q.transfer = std::move(transfer);
   ClassQueue& cq = classes_[c];

@@ -69,7 +69,7 @@ class ChunkQueue {
   explicit ChunkQueue(ChunkQueueOptions options);
 
   // Queues all chunks of `transfer`; returns its id (> 0, increasing). INVALID_ARGUMENT when
-  // the transfer is null or has 0 bytes. Only gpu, cls, deadline_seconds and bytes are read.
+  // the transfer is null or has 0 bytes. Only gpu, cls, deadline_at_seconds and bytes are read.
   absl::StatusOr<uint64_t> Push(std::shared_ptr<Transfer> transfer);
   // Which GPUs may be served now in a class (LinkScheduler: those below their limit of chunks
   // posted to an asynchronous engine, and every GPU for URGENT). A GPU filtered out is passed

@@ -13,12 +13,12 @@ namespace {
 constexpr uint64_t kMiB = 1ull << 20;
 
 std::shared_ptr<Transfer> MakeTransfer(const std::string& gpu, TrafficClass cls, uint64_t bytes,
-                                       double deadline_seconds = 0) {
+                                       double deadline_at_seconds = 0) {
   auto t = std::make_shared<Transfer>();
   t->gpu = gpu;
   t->cls = cls;
   t->bytes = bytes;
-  t->deadline_seconds = deadline_seconds;
+  t->deadline_at_seconds = deadline_at_seconds;
   return t;
 }
 

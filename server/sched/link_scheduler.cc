@@ -370,7 +370,8 @@ bool LinkScheduler::Impl::FinishChunk(Chunk chunk, absl::Status status, Finished
   finished->status = std::move(a.status);
   active.erase(it);
   const Transfer& t = *finished->transfer;
-  if (finished->status.ok() && t.deadline_seconds > 0 && clock->NowSeconds() > t.deadline_seconds) {
+  if (finished->status.ok() && t.deadline_at_seconds > 0 &&
+      clock->NowSeconds() > t.deadline_at_seconds) {
     ++stats.gpu_deadline_misses[t.gpu];
   }
   return true;

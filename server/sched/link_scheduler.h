@@ -80,7 +80,7 @@ class Clock {
 struct Transfer {
   std::string gpu;  // device id; the DRR flow
   TrafficClass cls = TrafficClass::kOffload;
-  double deadline_seconds = 0;  // absolute Clock time; 0 = none
+  double deadline_at_seconds = 0;  // absolute: a time of the scheduler's Clock; 0 = none
   uint64_t bytes = 0;           // > 0
   // Copies [offset, offset + len) of this transfer; runs on a worker thread; chunks of one
   // transfer may run concurrently on different workers.

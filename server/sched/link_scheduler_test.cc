@@ -701,9 +701,9 @@ TEST(LinkSchedulerTest, TransfersFinishingAfterTheirDeadlineAreCountedPerGpu) {
   sched.Submit(first);
   while (sched.stats().chunks_in_flight == 0) std::this_thread::yield();
   auto late = rec.Make(1, "gpu0", TrafficClass::kUrgent, 1 * kMiB);
-  late->deadline_seconds = 1.5 * chunk;  // runs from 1 to 2 chunk-times: missed
+  late->deadline_at_seconds = 1.5 * chunk;  // runs from 1 to 2 chunk-times: missed
   auto early = rec.Make(2, "gpu1", TrafficClass::kUrgent, 1 * kMiB);
-  early->deadline_seconds = 10 * chunk;  // runs from 2 to 3: met
+  early->deadline_at_seconds = 10 * chunk;  // runs from 2 to 3: met
   sched.Submit(late);
   sched.Submit(early);
   gate.Open();

@@ -541,7 +541,7 @@ void Session::OnReload(const Request& r) {
         t->gpu = self->device_id_;
         t->cls = r.priority == kPriorityUrgent ? sched::TrafficClass::kUrgent
                                                : sched::TrafficClass::kPrefetch;
-        t->deadline_seconds = r.deadline_seconds > 0 ? start + r.deadline_seconds : 0;
+        t->deadline_at_seconds = r.timeout_seconds > 0 ? start + r.timeout_seconds : 0;
         t->bytes = ref->bytes;
         uint8_t* host = core->pool_base() + ref->extent.offset;
         t->owner_id = self->id_;

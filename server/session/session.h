@@ -104,7 +104,7 @@ struct Request {
   std::string done_event;   // kReload: CUDA IPC event recorded after the copy
   int priority = 0;
   bool release_after = false;
-  double deadline_seconds = 0;  // relative, seconds from now; 0 = none
+  double timeout_seconds = 0;  // relative: seconds from now (the wire's deadline_seconds); 0 = none
   // kOffload: a client-chosen name for the new block (0 = none). kReload / kRelease with
   // block_id 0: the block named so; such a request waits if the offload is not yet admitted.
   uint64_t tag = 0;

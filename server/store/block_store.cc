@@ -487,7 +487,7 @@ void BlockStore::DeadlineLoop() {
       }
     }
     for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if (it->deadline_seconds <= now) {
+      if (it->deadline_at_seconds <= now) {
         ++refused_total_;
         double waited = now - it->enqueued_seconds;
         uint64_t bytes = it->bytes;
@@ -499,7 +499,7 @@ void BlockStore::DeadlineLoop() {
         });
         it = waiters_.erase(it);
       } else {
-        if (next == 0 || it->deadline_seconds < next) next = it->deadline_seconds;
+        if (next == 0 || it->deadline_at_seconds < next) next = it->deadline_at_seconds;
         ++it;
       }
     }

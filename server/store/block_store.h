@@ -248,8 +248,8 @@ class BlockStore {
   struct Waiter {
     uint64_t session_id;
     uint64_t bytes;
-    double enqueued_seconds;
-    double deadline_seconds;
+    double enqueued_seconds;     // base::SteadyNowSeconds() at Reserve
+    double deadline_at_seconds;  // absolute, on the same clock
     ReserveCallback done;
     OrderHint hint;
   };
