@@ -1,12 +1,14 @@
-// A small JSON reader for the capacity planner: enough for Hugging Face config.json files and
-// the planner's shared test vectors, with no third-party dependency.
+// A JSON tree for the capacity planner (Hugging Face config.json files, the planner's shared
+// test vectors). Parsing is nlohmann::json's (Debian's nlohmann-json3-dev, header-only) through
+// its SAX interface; this class only holds the result.
 //
 // Grammar: RFC 8259 (objects, arrays, strings with escapes including \uXXXX, numbers, true,
 // false, null). Numbers are held as double, so integers are exact up to 2^53 (config fields and
 // parameter counts are far below that). Object members keep their file order; a repeated key
 // resolves to its first occurrence in Find().
 //
-// Errors: ParseJson returns INVALID_ARGUMENT naming the byte offset of the first problem.
+// Errors: ParseJson returns INVALID_ARGUMENT naming the byte offset of the first problem, or
+// saying that the input nests deeper than 64 levels.
 #ifndef OFFLOADD_CLIENT_PLAN_JSON_VALUE_H_
 #define OFFLOADD_CLIENT_PLAN_JSON_VALUE_H_
 
