@@ -127,23 +127,6 @@ class Context {
   cublasHandle_t blas_ = nullptr;
 };
 
-absl::Status CheckInput(DenseMatrix a, int64_t k) {
-  if (a.data == nullptr || a.rows < 1 || a.cols < 1) {
-    return absl::InvalidArgumentError("SVD input must be a non-empty 2-D matrix");
-  }
-  const int64_t kMaxInt = std::numeric_limits<int32_t>::max();
-  if (a.rows > kMaxInt || a.cols > kMaxInt || a.rows * a.cols > kMaxInt) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("matrix ", a.rows, " x ", a.cols,
-                     " has more than 2^31 - 1 elements, beyond cuSOLVER's 32-bit indices"));
-  }
-  if (k < 1 || k > std::min(a.rows, a.cols)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", k, " outside [1, min(", a.rows, ", ", a.cols, ")]"));
-  }
-  return absl::OkStatus();
-}
-
 // Replaces the column-major rows x c device matrix by the Q factor of its QR.
 absl::Status Orthonormalize(Context& ctx, float* d_y, int rows, int c, float* d_tau,
                             DeviceBuffer<float>& work, int* lwork_capacity, int* d_info) {
@@ -171,7 +154,7 @@ absl::Status Orthonormalize(Context& ctx, float* d_y, int rows, int c, float* d_
 
 absl::StatusOr<TopSingular> CusolverSvdBackend::Exact(DenseMatrix a, VectorSide side,
                                                       int64_t k) const {
-  OFD_RETURN_IF_ERROR(CheckInput(a, k));
+  OFD_RETURN_IF_ERROR(CheckSvdInput(a, k, "cuSOLVER"));
   const int m = static_cast<int>(a.rows), n = static_cast<int>(a.cols);
   const int kk = std::min(m, n);
   Context ctx;
@@ -248,7 +231,7 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Randomized(DenseMatrix a, Vector
                                                            int64_t k,
                                                            const RandomizedOptions& options,
                                                            DenseMatrix warm_start) const {
-  OFD_RETURN_IF_ERROR(CheckInput(a, k));
+  OFD_RETURN_IF_ERROR(CheckSvdInput(a, k, "cuSOLVER"));
   if (options.oversampling < 0 || options.power_iterations < 0) {
     return absl::InvalidArgumentError("oversampling and power_iterations must be >= 0");
   }

@@ -16,25 +16,6 @@
 namespace offloadd::projector {
 namespace {
 
-// Shape and rank checks shared by both methods.
-absl::Status CheckInput(DenseMatrix a, int64_t k) {
-  if (a.data == nullptr || a.rows < 1 || a.cols < 1) {
-    return absl::InvalidArgumentError("SVD input must be a non-empty 2-D matrix");
-  }
-  const int64_t kMaxInt = std::numeric_limits<int32_t>::max();
-  if (a.rows > kMaxInt || a.cols > kMaxInt || a.rows * a.cols > kMaxInt) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("matrix ", a.rows, " x ", a.cols,
-                     " has more than 2^31 - 1 elements, beyond LAPACK's 32-bit indices; "
-                     "refresh it in blocks or on a 64-bit-index backend"));
-  }
-  if (k < 1 || k > std::min(a.rows, a.cols)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", k, " outside [1, min(", a.rows, ", ", a.cols, ")]"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status LapackStatus(const char* routine, lapack_int info) {
   if (info == 0) return absl::OkStatus();
   if (info < 0) {
@@ -84,7 +65,7 @@ void FillGaussian(std::mt19937_64& rng, float* out, size_t count) {
 
 absl::StatusOr<TopSingular> LapackSvdBackend::Exact(DenseMatrix a, VectorSide side,
                                                     int64_t k) const {
-  if (absl::Status s = CheckInput(a, k); !s.ok()) return s;
+  if (absl::Status s = CheckSvdInput(a, k, "LAPACK"); !s.ok()) return s;
   const int64_t m = a.rows, n = a.cols, kk = std::min(m, n);
   // Column-major, the buffer is At = A^T (n x m). At = U' S V'^T means A = V' S U'^T: the left
   // vectors of A are the rows of V'^T and the right vectors of A are the columns of U'.
@@ -121,7 +102,7 @@ absl::StatusOr<TopSingular> LapackSvdBackend::Exact(DenseMatrix a, VectorSide si
 absl::StatusOr<TopSingular> LapackSvdBackend::Randomized(DenseMatrix a, VectorSide side, int64_t k,
                                                          const RandomizedOptions& options,
                                                          DenseMatrix warm_start) const {
-  if (absl::Status s = CheckInput(a, k); !s.ok()) return s;
+  if (absl::Status s = CheckSvdInput(a, k, "LAPACK"); !s.ok()) return s;
   if (options.oversampling < 0 || options.power_iterations < 0) {
     return absl::InvalidArgumentError("oversampling and power_iterations must be >= 0");
   }

@@ -26,6 +26,11 @@ struct DenseMatrix {
   int64_t cols = 0;
 };
 
+// The shape and rank checks every backend makes before an SVD of `a` at rank `k`:
+// INVALID_ARGUMENT for a null or empty matrix, one of more than 2^31 - 1 elements (the 32-bit
+// indices of `library`, "LAPACK" or "cuSOLVER"), or k outside [1, min(rows, cols)].
+absl::Status CheckSvdInput(DenseMatrix a, int64_t k, absl::string_view library);
+
 // Which singular vectors a projector holds. For G (m x n) = U S V^T:
 //   kLeft:  columns of U, the projector is m x k and the low-rank gradient is P^T G (k x n).
 //   kRight: columns of V, the projector is n x k and the low-rank gradient is G P (m x k).
