@@ -304,6 +304,79 @@ TEST(SessionIsolationTest, NewDeviceIdsBeyondMaxLinksAndLongNamesAreRefused) {
   s->Close(EndCause::kClosed);
 }
 
+// Issue 14, defect 3: max_links was checked at Hello but links are made at the first transfer,
+// so Hellos for new devices that all arrived before any copy were all admitted, and their first
+// offloads then made more links than max_links allowed.
+TEST(SessionIsolationTest, ConcurrentHellosForNewDevicesCannotExceedMaxLinks) {
+  CoreOptions o;
+  o.max_links = 2;
+  auto core = MakeCore(o);
+  constexpr int kSessions = 6;
+  Shm shm(1 * kMiB);
+  std::vector<std::unique_ptr<Collected>> collected;
+  std::vector<std::shared_ptr<Session>> sessions;
+  for (int i = 0; i < kSessions; ++i) {
+    collected.push_back(std::make_unique<Collected>());
+    sessions.push_back(Session::Create(core.get(), collected.back()->emit()));
+  }
+  std::vector<std::thread> hellos;
+  for (int i = 0; i < kSessions; ++i) {
+    hellos.emplace_back([&, i] {
+      Request hello = Hello(1, getpid());
+      hello.device_id = "gpu-" + std::to_string(i);
+      sessions[i]->Handle(hello);
+    });
+  }
+  for (auto& t : hellos) t.join();
+  int admitted = 0;
+  for (int i = 0; i < kSessions; ++i) {
+    Completion c = collected[i]->Wait(1);
+    if (c.kind != CompletionKind::kHello) {
+      EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted) << c.status;
+      continue;
+    }
+    ++admitted;
+    Request reg;
+    reg.request_id = 2;
+    reg.kind = RequestKind::kRegisterRegion;
+    reg.region.shm_name = shm.name;
+    reg.region.size_bytes = shm.size;
+    sessions[i]->Handle(reg);
+    ASSERT_EQ(collected[i]->Wait(2).kind, CompletionKind::kRegionRegistered);
+    Request off;
+    off.request_id = 3;
+    off.kind = RequestKind::kOffload;
+    off.region_id = collected[i]->Wait(2).id;
+    off.bytes = 4096;
+    sessions[i]->Handle(off);
+    EXPECT_EQ(collected[i]->Wait(3).kind, CompletionKind::kOffloadDone);
+  }
+  EXPECT_EQ(admitted, 2);
+  EXPECT_EQ(core->Stats().links.size(), 2u);
+  for (auto& s : sessions) s->Close(EndCause::kClosed);
+}
+
+TEST(SessionIsolationTest, ASessionsEndReturnsItsClaimOnALinkNeverMade) {
+  CoreOptions o;
+  o.max_links = 1;
+  auto core = MakeCore(o);
+  Collected a, b;
+  auto first = Session::Create(core.get(), a.emit());
+  auto second = Session::Create(core.get(), b.emit());
+  Request hello = Hello(1, getpid());
+  hello.device_id = "gpu-a";
+  first->Handle(hello);
+  ASSERT_EQ(a.Wait(1).kind, CompletionKind::kHello);
+  hello.device_id = "gpu-b";
+  second->Handle(hello);
+  EXPECT_EQ(b.Wait(1).status.code(), absl::StatusCode::kResourceExhausted);
+  first->Close(EndCause::kClosed);  // gpu-a never copied: its slot comes back
+  hello.request_id = 2;
+  second->Handle(hello);
+  EXPECT_EQ(b.Wait(2).kind, CompletionKind::kHello);
+  second->Close(EndCause::kClosed);
+}
+
 TEST(SessionIsolationTest, RequestsBeyondTheInFlightLimitAreRefusedAtOnce) {
   CoreOptions o;
   o.max_requests_in_flight = 4;
