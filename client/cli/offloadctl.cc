@@ -169,7 +169,7 @@ int Topo(const std::string& socket) {
   }
   for (const auto& h : s->host_links()) nodes.insert(host_numa(h));
   for (int node : nodes) {
-    std::cout << (node < 0 ? std::string("numa node ?") : absl::StrCat("numa node ", node)) << "\n";
+    std::cout << (node < 0 ? std::string("numa node unknown") : absl::StrCat("numa node ", node)) << "\n";
     for (const auto& h : s->host_links()) {
       if (host_numa(h) != node) continue;
       std::cout << absl::StrFormat(

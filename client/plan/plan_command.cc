@@ -1,6 +1,8 @@
 #include "client/plan/plan_command.h"
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -114,7 +116,12 @@ absl::StatusOr<uint64_t> ParseSize(const std::string& flag, const std::string& t
 
 absl::Status ReadFile(const std::string& path, std::string* out) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open --hf-config file '", path, "'"));
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(
+        "cannot open --hf-config file '", path, "': ", std::strerror(errno),
+        "; pass a Hugging Face config.json (the model's, or one in tests/fixtures/hf/, e.g. "
+        "tests/fixtures/hf/llama-3-70b.json)"));
+  }
   std::stringstream buf;
   buf << in.rdbuf();
   *out = buf.str();
