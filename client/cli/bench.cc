@@ -257,7 +257,8 @@ int RunBench(const std::string& socket_path, const std::vector<std::string>& arg
     std::cout << absl::StrFormat(
         "offload+reload of %d x %d MiB, median of %d rounds:\n"
         "  through offloadd   %8.2f GB/s\n  plain memcpy       %8.2f GB/s\n"
-        "  ratio              %8.3f  (target >= 0.8)\n"
+        "  ratio              %8.3f  (project target >= 0.8 on an idle host; other load on "
+        "these cores lowers it: rerun, or see BENCHMARKS.md)\n"
         "4 KiB offload+reload round trip (one at a time, %d): p50 %.0f us, p99 %.0f us\n"
         "4 KiB requests/s (offload + release, %d in flight): 1 session %.0f, 4 sessions %.0f\n",
         o.blocks, o.block_bytes >> 20, o.rounds, d, m, d / m, o.latency_requests, p50, p99,
