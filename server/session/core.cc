@@ -173,7 +173,10 @@ void Core::ReleaseLink(const std::string& gpu, bool remove_if_unused) {
     if (users == link_users_.end()) return;
     // A link a training session (no transient_device) used is never removed: a probe naming
     // the same device later must not drop that GPU's counters.
-    if (!remove_if_unused) kept_links_.insert(name);
+    // Only a link that exists is remembered, so the set stays within links_ (max_links): a
+    // Hello naming a fresh device id and failing (e.g. a forged resume token) left its name
+    // here for good, ~390 bytes each, without bound.
+    if (!remove_if_unused && links_.count(name) != 0) kept_links_.insert(name);
     if (--users->second > 0) return;
     link_users_.erase(users);
     if (!remove_if_unused || kept_links_.count(name) != 0) return;

@@ -277,7 +277,9 @@ class Core {
   std::mutex links_mu_;
   std::map<std::string, std::shared_ptr<Link>> links_;  // by link name
   std::map<std::string, uint32_t> link_users_;          // link name -> sessions admitted to it
-  std::set<std::string> kept_links_;  // used by a session without transient_device: never removed
+  // Links in links_ used by a session without transient_device: never removed by a probe's
+  // release (a subset of links_' keys; TakeIdleLinkLocked drops a name with its link).
+  std::set<std::string> kept_links_;
   std::map<std::string, std::string> gpu_link_;         // gpu -> link name
   // Counter values last exported, by "link/direction" and "link/direction/gpu".
   std::map<std::string, sched::LinkSchedulerStats> reported_;
