@@ -18,6 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "glog/logging.h"
@@ -141,6 +142,22 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
     close(fd);
     return st;
   };
+  // The object must be this daemon's own and closed to everyone else: another uid can create a
+  // name in /dev/shm before the daemon first starts (or after an operator removed the pool), and
+  // would then read and write every offloaded byte, forge block records, or hold the lock.
+  struct stat owner {};
+  if (fstat(fd, &owner) != 0) {
+    return fail(absl::UnavailableError(absl::StrCat("fstat of the ", where, ": ",
+                                                    std::strerror(errno))));
+  }
+  if (owner.st_uid != geteuid() || (owner.st_mode & 077) != 0) {
+    return fail(absl::FailedPreconditionError(absl::StrFormat(
+        "the %s belongs to uid %d with mode %04o, but a pool object must belong to the daemon's "
+        "uid %d with mode 0600 (no access for group or others): another user may have created "
+        "it to read or forge the pool. Remove it (`rm /dev/shm%s`) and start offloadd again, or "
+        "use another pool_shm_name",
+        where, owner.st_uid, owner.st_mode & 07777, geteuid(), name)));
+  }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     return fail(absl::FailedPreconditionError(absl::StrCat(
         "another process holds the ", where,
@@ -202,8 +219,17 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
   static const char kZero[8] = {};
   bool adopted = true;
   if (std::memcmp(header->magic, kZero, sizeof(kZero)) == 0) {
-    // New (or its initialisation never finished): zero the records, then publish the header.
-    std::memset(map, 0, data_offset);
+    // New (or its initialisation never finished): its records are all zero, as fallocate left
+    // them. A record that is not means the header of a pool in use was damaged (its magic
+    // zeroed): keep the records, which check themselves at adoption, and write the header again
+    // rather than wipe confirmed blocks.
+    const uint8_t* records = map + kHeaderBytes;
+    adopted = std::any_of(records, static_cast<const uint8_t*>(map + data_offset), [](uint8_t b) { return b != 0; });
+    if (adopted) {
+      LOG(WARNING) << "the " << where << " has block records but no header: its header was "
+                   << "damaged; writing it again and adopting the records that pass their check";
+    }
+    std::memset(map, 0, kHeaderBytes);
     SharedHeader h{};
     h.layout_version = kLayoutVersion;
     h.record_bytes = kRecordBytes;
@@ -212,7 +238,6 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
     h.record_slots = slots;
     std::memcpy(map, &h, sizeof(h));
     std::memcpy(header->magic, kSharedMagic, sizeof(kSharedMagic));
-    adopted = false;
   } else if (std::memcmp(header->magic, kSharedMagic, sizeof(kSharedMagic)) != 0 ||
              header->layout_version != kLayoutVersion || header->record_bytes != kRecordBytes ||
              header->data_offset != data_offset || header->data_bytes != bytes ||

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -257,6 +258,67 @@ TEST_F(SharedArenaTest, ForeignObjectIsRefused) {
   auto a = Arena::Create(Options(2 * kMiB));
   EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(a.status().message(), "not an offloadd pool")) << a.status();
+}
+
+// A header whose magic was zeroed (damaged) in a pool holding records: the records are kept and
+// adopted (each checks itself); before, the pool was taken for a new one and every record wiped.
+TEST_F(SharedArenaTest, ZeroedMagicKeepsTheRecords) {
+  {
+    auto a = Arena::Create(Options(4 * kMiB));
+    ASSERT_TRUE(a.ok()) << a.status();
+    StoredBlock b;
+    b.slot = 3;
+    b.block_id = 77;
+    b.extent_offset = kMiB;
+    b.bytes = 4096;
+    b.owner_uid = 1000;
+    (*a)->block_table()->Write(b);
+  }
+  const int fd = shm_open(("/" + name_).c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pwrite(fd, "\0\0\0\0\0\0\0\0", 8, 0), 8);
+  close(fd);
+  auto a = Arena::Create(Options(4 * kMiB));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE((*a)->adopted());
+  AdoptionReport r = (*a)->block_table()->Adopt();
+  ASSERT_EQ(r.blocks.size(), 1u);
+  EXPECT_EQ(r.blocks[0].block_id, 77u);
+  // The header is whole again: a third start adopts as usual.
+  a->reset();
+  auto c = Arena::Create(Options(4 * kMiB));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->adopted());
+}
+
+// Another uid may create the pool's name in /dev/shm before the daemon first starts: adopting
+// that object would let its creator read and forge every block. An object open to group or
+// others, or owned by another uid, is refused before anything is mapped or written.
+TEST_F(SharedArenaTest, ObjectOpenToOthersIsRefused) {
+  const int fd = shm_open(("/" + name_).c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fchmod(fd, 0666), 0);
+  close(fd);
+  auto a = Arena::Create(Options(2 * kMiB));
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+  EXPECT_TRUE(absl::StrContains(a.status().message(), "mode 0666")) << a.status();
+  struct stat st {};
+  ASSERT_EQ(stat(("/dev/shm/" + name_).c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0) << "the refused object was sized";
+}
+
+TEST_F(SharedArenaTest, ObjectOfAnotherUidIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give the object to another uid";
+  const int fd = shm_open(("/" + name_).c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  if (fchown(fd, 65534, 65534) != 0) {  // a sandbox's user namespace may not map uid 65534
+    close(fd);
+    GTEST_SKIP() << "cannot give the object to uid 65534: " << std::strerror(errno);
+  }
+  close(fd);
+  auto a = Arena::Create(Options(2 * kMiB));
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+  EXPECT_TRUE(absl::StrContains(a.status().message(), "belongs to uid 65534")) << a.status();
 }
 
 }  // namespace

@@ -114,22 +114,54 @@ std::string Core::LinkNameFor(const std::string& gpu) const {
   return named != gpu_link_.end() ? named->second : gpu;
 }
 
-absl::Status Core::AcquireLink(const std::string& gpu) {
-  std::lock_guard<std::mutex> lock(links_mu_);
-  const std::string name = LinkNameFor(gpu);
-  const bool known = links_.count(name) != 0 || link_users_.count(name) != 0 ||
-                     FindSpec(name) != nullptr;
-  if (!known && options_.max_links > 0) {
-    size_t in_use = links_.size();
-    for (const auto& [user_link, users] : link_users_) in_use += links_.count(user_link) == 0;
-    if (in_use >= options_.max_links) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "offloadd already schedules %d links (max_links): device_id \"%s\" would add one; "
-          "use the GPU's stable id (its UUID)",
-          options_.max_links, gpu));
+std::shared_ptr<Core::Link> Core::TakeIdleLinkLocked() {
+  for (auto it = links_.begin(); it != links_.end(); ++it) {
+    const std::string& name = it->first;
+    if (link_users_.count(name) != 0 || FindSpec(name) != nullptr) continue;
+    const sched::LinkSchedulerStats d2h = it->second->d2h->stats();
+    const sched::LinkSchedulerStats h2d = it->second->h2d->stats();
+    if (d2h.queued_transfers + d2h.chunks_in_flight + h2d.queued_transfers +
+            h2d.chunks_in_flight > 0) {
+      continue;
     }
+    std::shared_ptr<Link> idle = std::move(it->second);
+    kept_links_.erase(name);
+    ForgetLinkMetrics(name);
+    links_.erase(it);
+    return idle;
   }
-  ++link_users_[name];
+  return nullptr;
+}
+
+absl::Status Core::AcquireLink(const std::string& gpu) {
+  std::shared_ptr<Link> evicted;
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);
+    const std::string name = LinkNameFor(gpu);
+    const bool known = links_.count(name) != 0 || link_users_.count(name) != 0 ||
+                       FindSpec(name) != nullptr;
+    if (!known && options_.max_links > 0) {
+      size_t in_use = links_.size();
+      for (const auto& [user_link, users] : link_users_) in_use += links_.count(user_link) == 0;
+      // A link no session uses any more makes room (its counters go): otherwise device ids of
+      // sessions long ended would refuse every new GPU until the daemon restarts.
+      if (in_use >= options_.max_links) {
+        evicted = TakeIdleLinkLocked();
+        if (evicted == nullptr) {
+          return absl::ResourceExhaustedError(absl::StrFormat(
+              "offloadd already schedules %d links (max_links) for sessions open now: "
+              "device_id \"%s\" would add one; use the GPU's stable id (its UUID)",
+              options_.max_links, gpu));
+        }
+      }
+    }
+    ++link_users_[name];
+  }
+  // Stop the evicted link's workers outside links_mu_: Shutdown joins threads.
+  if (evicted != nullptr) {
+    evicted->d2h->Shutdown();
+    if (evicted->h2d != evicted->d2h) evicted->h2d->Shutdown();
+  }
   return absl::OkStatus();
 }
 
@@ -142,7 +174,10 @@ void Core::ReleaseLink(const std::string& gpu, bool remove_if_unused) {
     if (users == link_users_.end()) return;
     // A link a training session (no transient_device) used is never removed: a probe naming
     // the same device later must not drop that GPU's counters.
-    if (!remove_if_unused) kept_links_.insert(name);
+    // Only a link that exists is remembered, so the set stays within links_ (max_links): a
+    // Hello naming a fresh device id and failing (e.g. a forged resume token) left its name
+    // here for good, ~390 bytes each, without bound.
+    if (!remove_if_unused && links_.count(name) != 0) kept_links_.insert(name);
     if (--users->second > 0) return;
     link_users_.erase(users);
     if (!remove_if_unused || kept_links_.count(name) != 0) return;

@@ -184,7 +184,8 @@ class Core {
   std::string LinkNameFor(const std::string& gpu) const;
   // Admits a session on `gpu` to its link in one step (so concurrent Hellos cannot pass
   // max_links together): OK when the link is configured, already in use or made, or when fewer
-  // than max_links links are in use or made; then the session counts as a user of that link
+  // than max_links links are in use or made, or when a made link no session uses can be removed
+  // to make room (its counters are dropped); then the session counts as a user of that link
   // until ReleaseLink. RESOURCE_EXHAUSTED naming max_links otherwise.
   absl::Status AcquireLink(const std::string& gpu);
   // Ends one AcquireLink of `gpu`. With `remove_if_unused` (Hello's transient_device), when
@@ -288,7 +289,9 @@ class Core {
   std::mutex links_mu_;
   std::map<std::string, std::shared_ptr<Link>> links_;  // by link name
   std::map<std::string, uint32_t> link_users_;          // link name -> sessions admitted to it
-  std::set<std::string> kept_links_;  // used by a session without transient_device: never removed
+  // Links in links_ used by a session without transient_device: never removed by a probe's
+  // release (a subset of links_' keys; TakeIdleLinkLocked drops a name with its link).
+  std::set<std::string> kept_links_;
   std::map<std::string, std::string> gpu_link_;         // gpu -> link name
   // Counter values last exported, by "link/direction" and "link/direction/gpu".
   std::map<std::string, sched::LinkSchedulerStats> reported_;
@@ -298,6 +301,10 @@ class Core {
   const LinkSpec* FindSpec(const std::string& link_name) const;
   // Drops the exported series of a link removed by ReleaseLink; links_mu_ held.
   void ForgetLinkMetrics(const std::string& name);
+  // Removes from links_ one link made on first use that no session uses and that has nothing
+  // queued or in flight (its metric series go); null when there is none. links_mu_ held; the
+  // caller shuts the returned link's workers down after releasing it.
+  std::shared_ptr<Link> TakeIdleLinkLocked();
   // Takes the previous daemon's blocks from the shared pool (constructor).
   void Adopt();
   // Stats of one link, created or not; links_mu_ held.

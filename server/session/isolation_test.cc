@@ -283,11 +283,21 @@ TEST(SessionIsolationTest, NewDeviceIdsBeyondMaxLinksAndLongNamesAreRefused) {
   CoreOptions o;
   o.max_links = 2;
   auto core = MakeCore(o);
+  // Two links in use by open sessions (a link no session uses would make room).
+  Collected ca, cb;
+  auto a = Session::Create(core.get(), ca.emit());
+  auto b = Session::Create(core.get(), cb.emit());
+  Request hello = Hello(1, getpid());
+  hello.device_id = "gpu-a";
+  a->Handle(hello);
+  ASSERT_EQ(ca.Wait(1).kind, CompletionKind::kHello);
+  hello.device_id = "gpu-b";
+  b->Handle(hello);
+  ASSERT_EQ(cb.Wait(1).kind, CompletionKind::kHello);
   core->LinkFor("gpu-a");
   core->LinkFor("gpu-b");
   Collected c;
   auto s = Session::Create(core.get(), c.emit());
-  Request hello = Hello(1, getpid());
   hello.device_id = "gpu-c";
   s->Handle(hello);
   Completion refused = c.Wait(1);
@@ -302,6 +312,8 @@ TEST(SessionIsolationTest, NewDeviceIdsBeyondMaxLinksAndLongNamesAreRefused) {
   s->Handle(hello);
   EXPECT_EQ(c.Wait(3).kind, CompletionKind::kHello);
   s->Close(EndCause::kClosed);
+  a->Close(EndCause::kClosed);
+  b->Close(EndCause::kClosed);
 }
 
 // Issue 14, defect 3: max_links was checked at Hello but links are made at the first transfer,

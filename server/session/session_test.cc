@@ -459,5 +459,51 @@ TEST(SessionTest, RegionsAreDroppedWithoutTheSessionLock) {
   EXPECT_EQ(watch->drops_under_session_lock.load(), 0);
 }
 
+// Found by the attack round: a link made by a copy persisted after its sessions ended and kept
+// counting against max_links, so one uid could open max_links short sessions on made-up device
+// ids, copy once in each and leave, and every new GPU's Hello was refused until a restart. A link
+// no session uses now makes room for a new device; one in use never does.
+TEST(SessionLinkTest, LinksOfEndedSessionsDoNotFillMaxLinks) {
+  CoreOptions o;
+  o.max_links = 2;
+  auto core = MakeCore(16 * kMiB, o);
+  TestShm shm(kMiB);
+  Collector out_live;
+  auto live = Session::Create(core.get(), out_live.emit());
+  Request hello = Hello(1);
+  hello.device_id = "gpu-live";
+  live->Handle(hello);
+  ASSERT_EQ(out_live.Wait(1).kind, CompletionKind::kHello);
+  OffloadOneMiB(*live, out_live, shm);
+  {
+    Collector out;
+    auto burn = Session::Create(core.get(), out.emit());
+    hello.device_id = "made-up-0";
+    burn->Handle(hello);
+    ASSERT_EQ(out.Wait(1).kind, CompletionKind::kHello);
+    OffloadOneMiB(*burn, out, shm);
+    burn->Close(EndCause::kClosed);
+  }
+  Collector out_new;
+  auto fresh = Session::Create(core.get(), out_new.emit());
+  hello.device_id = "GPU-new";
+  fresh->Handle(hello);
+  Completion admitted = out_new.Wait(1);
+  ASSERT_EQ(admitted.kind, CompletionKind::kHello) << admitted.status;
+  EXPECT_FALSE(HasLink(*core, "made-up-0"));
+  EXPECT_TRUE(HasLink(*core, "gpu-live"));
+  // Both links are in use now: a third device is refused, naming the bound.
+  Collector out_third;
+  auto third = Session::Create(core.get(), out_third.emit());
+  hello.device_id = "GPU-third";
+  third->Handle(hello);
+  Completion refused = out_third.Wait(1);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(refused.status.message()).find("max_links"), std::string::npos);
+  fresh->Close(EndCause::kClosed);
+  live->Close(EndCause::kClosed);
+  third->Close(EndCause::kClosed);
+}
+
 }  // namespace
 }  // namespace offloadd::session

@@ -226,6 +226,56 @@ TEST(RestartTest, SigtermHandsBlocksToTheNextDaemon) {
   shm_unlink(("/" + pool).c_str());
 }
 
+// An upgrade with a client that recovers by itself (auto_resume, the default): the SIGTERMed
+// daemon closes the session stream; the client must wait for the next daemon and resume, as it
+// does after a SIGKILL, and its blocks reload bit-exact through the same Client object.
+TEST(RestartTest, AutoResumeAcrossSigterm) {
+  const std::string socket = UniqueSocketPath();
+  const std::string pool = "offloadd-restart-autoterm-" + std::to_string(getpid()) + "-" +
+                           std::to_string(std::random_device{}());
+  const std::vector<std::string> args = {Runfile("server/offloadd"), "--socket_path=" + socket,
+                                         "--pool_bytes=64MiB", "--metrics_address=",
+                                         "--pool_shm_name=" + pool,
+                                         "--resume_grace_seconds=60"};
+  Daemon first;
+  ASSERT_TRUE(first.Start(args));
+  client::ClientOptions o;
+  o.socket_path = socket;
+  o.device_id = "gpu0";
+  auto cl = client::Client::Connect(o);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  auto src = client::ShmRegion::Create(4 * kMiB);
+  ASSERT_TRUE(src.ok()) << src.status();
+  std::mt19937_64 rng(11);
+  for (uint64_t i = 0; i < 4 * kMiB; ++i) static_cast<uint8_t*>(src->data())[i] = rng();
+  auto region = (*cl)->RegisterShmRegion(*src);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto dst = client::ShmRegion::Create(4 * kMiB);
+  ASSERT_TRUE(dst.ok());
+  auto dst_region = (*cl)->RegisterShmRegion(*dst);
+  ASSERT_TRUE(dst_region.ok());
+  std::vector<Confirmed> blocks;
+  for (int i = 0; i < 4; ++i) {
+    auto r = (*cl)->Offload(*region, BlockOffset(i), kMiB - 5).get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    blocks.push_back({r->block_id, BlockOffset(i), kMiB - 5});
+  }
+  EXPECT_EQ(first.Stop(SIGTERM), 0);
+  Daemon second;
+  ASSERT_TRUE(second.Start(args));
+  for (const Confirmed& b : blocks) {
+    auto r = (*cl)->Reload(b.block_id, *dst_region, b.offset, client::Priority::kUrgent,
+                           true).get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(dst->data()) + b.offset,
+                          static_cast<uint8_t*>(src->data()) + b.offset, b.bytes),
+              0);
+  }
+  (*cl)->Close();
+  EXPECT_EQ(second.Stop(SIGTERM), 0);
+  shm_unlink(("/" + pool).c_str());
+}
+
 // Clients that recover by themselves: SIGKILL while offloads and reloads are in flight, more
 // requests issued while no daemon serves the socket, then a new daemon on the same pool. Every
 // future completes OK, every confirmed block reloads bit-exact, and the daemon holds exactly the

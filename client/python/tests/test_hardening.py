@@ -265,3 +265,55 @@ class PendingHelloPerUidTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FailedHelloNamesTest(unittest.TestCase):
+    """Found by the attack round: a Hello that fails after admission to its link (here a forged
+    resume token, NOT_FOUND) left its device id in the daemon's set of kept links for good, so
+    one stream retrying Hello with fresh 256-byte device ids grew the daemon by ~78 MiB per
+    200,000 Hellos, without bound."""
+
+    def test_failed_hellos_with_fresh_device_ids_leave_nothing_behind(self):
+        daemon = Daemon("16MiB")
+        try:
+            def rss_mib():
+                with open("/proc/%d/status" % daemon.proc.pid) as f:
+                    for line in f:
+                        if line.startswith("VmRSS:"):
+                            return int(line.split()[1]) / 1024.0
+            hellos, per_message = 200_000, 2000
+
+            def messages():
+                rid = 0
+                for _ in range(hellos // per_message):
+                    batch = []
+                    for _ in range(per_message):
+                        rid += 1
+                        batch.append(pb.Request(request_id=rid, hello=pb.Hello(
+                            device_id=("%012d" % rid * 22)[:256], resume_token=b"f" * 16)))
+                    yield pb.ClientMessage(requests=batch)
+                    if rid == per_message:
+                        warm.wait(60)  # measure from after the first batch (buffers, threads)
+                done.wait(120)
+
+            warm, done = threading.Event(), threading.Event()
+            with grpc.insecure_channel("unix:" + daemon.sock) as channel:
+                call = pb_grpc.OffloadStub(channel).Session(messages(), timeout=180)
+                answered, not_found, before = 0, 0, None
+                for msg in call:
+                    answered += len(msg.responses)
+                    not_found += sum(r.error.code == 5 for r in msg.responses)
+                    if before is None and answered >= per_message:
+                        before = rss_mib()
+                        warm.set()
+                    if answered >= hellos:
+                        break
+                done.set()
+                call.cancel()
+            self.assertEqual(answered, hellos)
+            self.assertEqual(not_found, hellos)  # every forged token: NOT_FOUND
+            grown = rss_mib() - before
+            self.assertLess(grown, 24, "RSS grew %.1f MiB over %d failed Hellos" % (grown, hellos))
+            self.assertEqual(daemon.stats().sessions_open, 0)
+        finally:
+            daemon.stop()
