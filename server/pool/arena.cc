@@ -245,10 +245,19 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
     const bool ours = std::memcmp(header->magic, kSharedMagic, sizeof(kSharedMagic)) == 0;
     const std::string found =
         ours ? DescribeHeader(*header) : std::string("not an offloadd pool");
+    // Same size, other layout: pool_bytes cannot fix it (a damaged header or another version).
+    const bool same_size = ours && header->data_bytes == bytes;
+    const std::string advice =
+        same_size ? absl::StrCat("Its size matches, so its header is damaged or was written by "
+                                 "another offloadd version (layout ", header->layout_version,
+                                 "): start the version that wrote it to drain its blocks, or "
+                                 "remove it (`rm /dev/shm", name,
+                                 "`, its blocks are lost) to start with an empty pool")
+                  : policy;
     munmap(map, total);
     return fail(absl::FailedPreconditionError(absl::StrCat(
         "the ", where, " holds ", found, " but the config asks for ", config_text, ". ",
-        policy)));
+        advice)));
   }
   uint8_t* base = map + data_offset;
   if (options.huge_pages && madvise(base, bytes, MADV_HUGEPAGE) != 0) {

@@ -291,6 +291,22 @@ TEST_F(SharedArenaTest, ZeroedMagicKeepsTheRecords) {
   EXPECT_TRUE((*c)->adopted());
 }
 
+// A damaged layout_version with the right size: the advice must not be "set pool_bytes back"
+// (it is already right); it names the damage and the two ways out (found by the attack round).
+TEST_F(SharedArenaTest, DamagedLayoutVersionSaysSoNotPoolBytes) {
+  { ASSERT_TRUE(Arena::Create(Options(2 * kMiB)).ok()); }
+  const int fd = shm_open(("/" + name_).c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  const uint32_t version = 99;
+  ASSERT_EQ(pwrite(fd, &version, sizeof(version), 8), 4);  // after the 8-byte magic
+  close(fd);
+  auto a = Arena::Create(Options(2 * kMiB));
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(a.status().message(), "header is damaged")) << a.status();
+  EXPECT_TRUE(absl::StrContains(a.status().message(), "layout 99")) << a.status();
+  EXPECT_FALSE(absl::StrContains(a.status().message(), "set pool_bytes")) << a.status();
+}
+
 // Another uid may create the pool's name in /dev/shm before the daemon first starts: adopting
 // that object would let its creator read and forge every block. An object open to group or
 // others, or owned by another uid, is refused before anything is mapped or written.
