@@ -9,12 +9,10 @@
 
 namespace offloadd::store {
 
-namespace {
-void RunAll(std::vector<std::function<void()>>& deferred) {
+void BlockStore::RunAll(Deferred& deferred) {
   for (auto& fn : deferred) fn();
   deferred.clear();
 }
-}  // namespace
 
 BlockStore::BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
                        pool::BlockTable* table, spill::SpillTier* spill)

@@ -254,6 +254,8 @@ class BlockStore {
     OrderHint hint;
   };
   using Deferred = std::vector<std::function<void()>>;
+  // Runs the callbacks collected under mu_, after it is released, and empties the list.
+  static void RunAll(Deferred& deferred);
 
   // All *Locked methods require mu_.
   bool FitsLocked(uint64_t session_id, uint64_t bytes) const;

@@ -9,12 +9,6 @@
 #include "server/store/block_store.h"
 
 namespace offloadd::store {
-namespace {
-void RunAll(std::vector<std::function<void()>>& deferred) {
-  for (auto& fn : deferred) fn();
-  deferred.clear();
-}
-}  // namespace
 
 bool BlockStore::IdleLocked(const Block& b) {
   const bool tier_idle = b.tier != Tier::kSpilling && b.tier != Tier::kStaging;
