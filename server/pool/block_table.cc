@@ -99,8 +99,13 @@ AdoptionReport BlockTable::Adopt() {
   AdoptionReport report;
   auto drop = [&](uint32_t slot, DropReason why) {
     ++report.dropped[static_cast<int>(why)];
-    const uint64_t id = Load<uint64_t>(records_ + uint64_t{slot} * kRecordBytes, 0);
-    if (id != 0) report.dropped_blocks.push_back({id, why});
+    const uint8_t* record = records_ + uint64_t{slot} * kRecordBytes;
+    const uint64_t id = Load<uint64_t>(record, 0);
+    if (id != 0) {
+      DroppedBlock d{id, why, {}};
+      std::memcpy(d.resume_key.data(), record + 8, d.resume_key.size());
+      report.dropped_blocks.push_back(d);
+    }
     Clear(slot);
   };
   std::vector<StoredBlock> valid;

@@ -62,6 +62,9 @@ const char* DropReasonName(DropReason reason);
 struct DroppedBlock {
   uint64_t block_id = 0;  // as the record says (a torn or overwritten record may lie about it)
   DropReason reason = DropReason::kChecksum;
+  // The owning session's resume key as the record says (may be damaged too): only a session
+  // resumed with this key is told the block was lost; any other gets NOT_FOUND.
+  ResumeKey resume_key{};
 };
 
 struct AdoptionReport {

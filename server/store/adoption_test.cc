@@ -208,6 +208,14 @@ TEST_F(AdoptionTest, CorruptRecordIsDataLossForThatBlockOnly) {
   EXPECT_NE(lost.status().message().find("checksum"), absl::string_view::npos) << lost.status();
   EXPECT_EQ(after.Release(9, refs[1].block_id).code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(ReloadNow(after, 9, 12345).status().code(), absl::StatusCode::kNotFound);
+  // Another session naming that lost id learns nothing: NOT_FOUND, as for any id it never held
+  // (found by the attack round: lost ids were DATA_LOSS to every session).
+  pool::ResumeKey other_key{};
+  other_key[0] = 0x42;
+  after.SetSessionResumeKey(10, other_key);
+  EXPECT_EQ(ReloadNow(after, 10, refs[1].block_id).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(after.Release(10, refs[1].block_id).code(), absl::StatusCode::kNotFound);
   for (int i : {0, 2}) {
     auto r = ReloadNow(after, 9, refs[i].block_id);
     ASSERT_TRUE(r.ok()) << r.status();

@@ -331,20 +331,24 @@ void BlockStore::OffloadFinished(uint64_t block_id, const absl::Status& copy_sta
   RunAll(deferred);
 }
 
-absl::Status BlockStore::LostLocked(uint64_t block_id) const {
+absl::Status BlockStore::LostLocked(uint64_t session_id, uint64_t block_id) const {
   auto it = lost_.find(block_id);
   if (it == lost_.end()) return absl::OkStatus();
+  auto key = session_resume_key_.find(session_id);
+  if (key == session_resume_key_.end() || key->second != it->second.resume_key) {
+    return absl::OkStatus();  // another session's block: as unknown as any other
+  }
   return absl::DataLossError(absl::StrFormat(
       "block %d was lost when offloadd restarted: its record in the shared pool failed the check "
       "at adoption (%s), so its bytes cannot be trusted; offload the data again (the session's "
       "other blocks are unaffected)",
-      block_id, pool::DropReasonName(it->second)));
+      block_id, pool::DropReasonName(it->second.reason)));
 }
 
 void BlockStore::MarkLost(const std::vector<pool::DroppedBlock>& dropped) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const pool::DroppedBlock& d : dropped) {
-    if (blocks_.count(d.block_id) == 0) lost_[d.block_id] = d.reason;
+    if (blocks_.count(d.block_id) == 0) lost_[d.block_id] = d;
   }
 }
 
@@ -356,7 +360,7 @@ absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(block_id);
     if (it == blocks_.end() || it->second.session_id != session_id) {
-      if (absl::Status lost = LostLocked(block_id); !lost.ok()) return lost;
+      if (absl::Status lost = LostLocked(session_id, block_id); !lost.ok()) return lost;
       return absl::NotFoundError(absl::StrFormat(
           "block %d is not held by this session (never offloaded here, or already released)",
           block_id));
@@ -423,7 +427,7 @@ absl::Status BlockStore::Release(uint64_t session_id, uint64_t block_id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(block_id);
     if (it == blocks_.end() || it->second.session_id != session_id || it->second.released) {
-      if (absl::Status lost = LostLocked(block_id); !lost.ok()) return lost;
+      if (absl::Status lost = LostLocked(session_id, block_id); !lost.ok()) return lost;
       return absl::NotFoundError(absl::StrFormat(
           "block %d is not held by this session (never offloaded here, or already released)",
           block_id));
@@ -526,7 +530,9 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
     if (r.slot >= table_->slots() || blocks_.count(r.block_id) != 0 ||
         !allocator_.AllocateAt(extent).ok()) {
       if (r.slot < table_->slots()) table_->Clear(r.slot);
-      if (blocks_.count(r.block_id) == 0) lost_[r.block_id] = pool::DropReason::kOverlap;
+      if (blocks_.count(r.block_id) == 0) {
+        lost_[r.block_id] = pool::DroppedBlock{r.block_id, pool::DropReason::kOverlap, r.resume_key};
+      }
       continue;
     }
     Block& b = blocks_[r.block_id];

@@ -162,8 +162,10 @@ class BlockStore {
   // allocated is cleared and not adopted; BlockTable::Adopt already drops overlaps).
   uint64_t Adopt(const std::vector<pool::StoredBlock>& blocks, double grace_seconds);
   // Remembers the block ids adoption dropped (BlockTable::Adopt's dropped_blocks): a reload or
-  // release naming one then fails with DATA_LOSS (the block was stored and is lost) instead of
-  // NOT_FOUND. Kept for the daemon's life (at most one per record slot).
+  // release naming one, from the session resumed with the resume key its record names, then
+  // fails with DATA_LOSS (the block was stored and is lost) instead of NOT_FOUND; any other
+  // session gets NOT_FOUND, as for an id it never held. Kept for the daemon's life (at most one
+  // per record slot).
   void MarkLost(const std::vector<pool::DroppedBlock>& dropped);
   // Gives the adopted blocks recorded under `key` to `session_id` (same block ids). `uid`: the
   // presenting peer's uid, pool::kUnknownUid when unknown; it must equal the owner recorded.
@@ -300,9 +302,11 @@ class BlockStore {
   std::deque<Waiter> waiters_;
   uint64_t refused_total_ = 0;
   // DATA_LOSS for a block id adoption dropped; OK otherwise. mu_ held.
-  absl::Status LostLocked(uint64_t block_id) const;
+  // DATA_LOSS when `block_id` was dropped at adoption and `session_id` resumed the session that
+  // owned it (same resume key); OK otherwise (the caller answers NOT_FOUND).
+  absl::Status LostLocked(uint64_t session_id, uint64_t block_id) const;
   pool::BlockTable* const table_;
-  std::unordered_map<uint64_t, pool::DropReason> lost_;  // dropped at adoption (MarkLost)
+  std::unordered_map<uint64_t, pool::DroppedBlock> lost_;  // dropped at adoption (MarkLost)
   std::vector<uint32_t> free_slots_;
   std::unordered_map<uint64_t, pool::ResumeKey> session_resume_key_;
   std::map<pool::ResumeKey, std::vector<uint64_t>> adopted_by_key_;
