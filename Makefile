@@ -7,7 +7,7 @@ BAZEL ?= bazel
 BIN := build/bin
 TARGETS := //server:offloadd //client/cli:offloadctl //bench:checkpoint_workload
 
-.PHONY: deps venv wheel build run demo demo-torch test bench gpu-bundle fmt clean fuzz soak test-asan test-tsan
+.PHONY: deps venv wheel build run demo demo-torch test bench gpu-bundle fmt clean fuzz soak test-asan test-tsan tsa
 
 deps:
 	@bash deploy/install-deps.sh
@@ -40,9 +40,15 @@ demo: build
 demo-torch: build
 	PYTHON=$(PY) bash client/python/examples/demo_torch.sh $(BIN)
 
-# Every unit, integration and Python test; ends with one "N passed, N failed" line.
+# Every unit, integration and Python test, and the thread-safety build below; ends with one
+# "N passed, N failed" line.
 test: build
 	bash tests/run_all.sh
+
+# Clang thread-safety analysis (-Wthread-safety -Werror, .bazelrc --config=tsa) over the
+# libraries and binaries of server/ and client/: build only, its own output tree.
+tsa: deps
+	BAZEL=$(BAZEL) bash tests/tsa_build.sh
 
 bench: build
 	bash bench/run_bench.sh

@@ -15,19 +15,15 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "server/base/clock.h"
 #include "server/spill/spill_tier.h"
 
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // Runs `start(i, done)` for every block at once and waits for all; seconds, or -1 on error.
 double RunAll(int blocks, const std::function<void(int, offloadd::spill::SpillTier::Done)>& start) {
   std::vector<std::future<absl::Status>> done;
-  const double t0 = Now();
+  const double t0 = offloadd::base::SteadyNowSeconds();
   for (int i = 0; i < blocks; ++i) {
     auto p = std::make_shared<std::promise<absl::Status>>();
     done.push_back(p->get_future());
@@ -40,7 +36,7 @@ double RunAll(int blocks, const std::function<void(int, offloadd::spill::SpillTi
       return -1;
     }
   }
-  return Now() - t0;
+  return offloadd::base::SteadyNowSeconds() - t0;
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+
+#include "server/base/mutex.h"
 #endif
 
 namespace offloadd::client {
@@ -39,7 +41,7 @@ absl::StatusOr<ExportedPointer> CudaExporter::Export(uint64_t ptr, uint64_t byte
         "tensors separately",
         ptr, bytes, info->base, info->size_bytes));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   ExportedPointer out;
   out.base = info->base;
   out.allocation_bytes = info->size_bytes;
@@ -65,7 +67,7 @@ absl::StatusOr<ExportedPointer> CudaExporter::Export(uint64_t ptr, uint64_t byte
 }
 
 size_t CudaExporter::ForgetAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   size_t n = handles_.size();
   handles_.clear();
   return n;
@@ -75,7 +77,7 @@ absl::StatusOr<IpcEvent> CudaExporter::AcquireEvent() {
   auto device = api_->CurrentDevice();
   if (!device.ok()) return device.status();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto& pool = pool_[*device];
     if (!pool.empty()) {
       IpcEvent e = pool.back();
@@ -92,7 +94,7 @@ absl::StatusOr<IpcEvent> CudaExporter::AcquireEvent() {
     api_->DestroyEvent(*event);
     return handle.status();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   ++stats_.events_created_total;
   ++stats_.events_in_use;
   return IpcEvent{*event, *device, *handle};
@@ -110,14 +112,14 @@ absl::StatusOr<IpcEvent> CudaExporter::RecordReady(void* stream) {
 }
 
 void CudaExporter::ReleaseEvent(const IpcEvent& event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   pool_[event.device].push_back(event);
   ++stats_.events_pooled;
   --stats_.events_in_use;
 }
 
 ExportStats CudaExporter::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return stats_;
 }
 
@@ -154,15 +156,16 @@ class RealClientCudaApi : public ClientCudaApi {
     unsigned long long buffer_id = 0;  // NOLINT(runtime/int): the driver's type
     int ordinal = -1;
     int legacy = 0;
-    if (get_attr_(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS ||
-        get_attr_(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS ||
-        get_attr_(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) != CUDA_SUCCESS) {
+    const PointerGetAttributeFn get_attr = get_attr_.load();
+    if (get_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS ||
+        get_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS ||
+        get_attr(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) != CUDA_SUCCESS) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "0x%x is not device memory known to CUDA in this process: export tensors on a GPU",
           ptr));
     }
-    if (get_attr_(&buffer_id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p) != CUDA_SUCCESS) buffer_id = 0;
-    if (get_attr_(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) != CUDA_SUCCESS) {
+    if (get_attr(&buffer_id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p) != CUDA_SUCCESS) buffer_id = 0;
+    if (get_attr(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) != CUDA_SUCCESS) {
       legacy = 0;
     }
     info.base = start;

@@ -36,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/base/mutex.h"
 
 namespace offloadd::client {
 
@@ -113,11 +114,11 @@ class CudaExporter {
 
  private:
   std::unique_ptr<ClientCudaApi> api_;
-  mutable std::mutex mu_;
-  std::map<uint64_t, std::string> handles_;  // buffer id -> IPC handle
-  std::map<int, std::string> uuids_;         // device ordinal -> UUID
-  std::map<int, std::vector<IpcEvent>> pool_;  // by device
-  ExportStats stats_;
+  mutable base::Mutex mu_;
+  std::map<uint64_t, std::string> handles_ GUARDED_BY(mu_);    // buffer id -> IPC handle
+  std::map<int, std::string> uuids_ GUARDED_BY(mu_);           // device ordinal -> UUID
+  std::map<int, std::vector<IpcEvent>> pool_ GUARDED_BY(mu_);  // by device
+  ExportStats stats_ GUARDED_BY(mu_);
 };
 
 }  // namespace offloadd::client

@@ -141,7 +141,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   absl::StatusOr<v1::HelloReply> result = reply.get();
   if (!result.ok()) return result.status();
-  std::lock_guard<std::mutex> lock(client->mu_);
+  base::MutexLock lock(client->mu_);
   client->hello_ = *std::move(result);
   client->token_ = client->hello_.resume_token();
   return client;
@@ -197,19 +197,21 @@ void Client::StartWriter() {
 Client::~Client() { Close(); }
 
 void Client::Close() {
-  std::lock_guard<std::mutex> close_lock(close_mu_);
+  base::MutexLock close_lock(close_mu_);
   bool finished;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     closing_ = true;  // the writer sends what is queued, then half-closes
     cv_.notify_all();
-    finished = cv_.wait_for(lock, std::chrono::duration<double>(options_.close_timeout_seconds),
-                            [this] { return finished_; });
+    const auto deadline = base::CondVar::DeadlineIn(options_.close_timeout_seconds);
+    while (!finished_ && cv_.WaitUntil(mu_, deadline)) {
+    }
+    finished = finished_;
   }
   if (!finished) {
     LOG(WARNING) << "offloadd at " << target_ << " did not end the session within "
                  << options_.close_timeout_seconds << " s of Close(); cancelling it";
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     stream_context_->TryCancel();
     if (handshake_context_ != nullptr) handshake_context_->TryCancel();
   }
@@ -226,8 +228,8 @@ void Client::WriterLoop() {
     v1::ClientMessage message;
     bool half_close = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return WriterHasWork(); });
+      base::MutexLock lock(mu_);
+      while (!WriterHasWork()) cv_.Wait(mu_);
       if (reading_done_) break;  // the daemon ended the stream: nothing more can be sent
       if (outbox_.empty()) {
         half_close = closing_;
@@ -256,7 +258,7 @@ void Client::WriterLoop() {
     }
     if (!stream_->Write(message)) break;  // stream is over; the reader sees it end too
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   writer_done_ = true;
   cv_.notify_all();
 }
@@ -267,7 +269,7 @@ void Client::ReadUntilEnd() {
   while (stream_->Read(&message)) {
     ready.clear();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       ++counters_.messages_received;
       counters_.responses_received += message.responses_size();
       for (v1::Response& response : *message.mutable_responses()) {
@@ -298,17 +300,17 @@ void Client::ReaderLoop() {
   for (;;) {
     ReadUntilEnd();
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       reading_done_ = true;
       cv_.notify_all();
-      cv_.wait(lock, [this] { return writer_done_; });
+      while (!writer_done_) cv_.Wait(mu_);
     }
     if (writer_.joinable()) writer_.join();
     grpc::Status final_status = stream_->Finish();
     absl::Status failure;
     bool resume;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       if (closing_) {
         failure = absl::CancelledError(absl::StrCat("the client was closed before offloadd at ",
                                                     target_, " answered this request"));
@@ -336,14 +338,14 @@ void Client::ReaderLoop() {
 void Client::FailAll(const absl::Status& failure) {
   absl::flat_hash_map<uint64_t, Pending> orphans;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (stream_status_.ok()) stream_status_ = failure;
     reconnecting_ = false;
     orphans.swap(pending_);
     outbox_.clear();
   }
   for (auto& [id, p] : orphans) p.done(nullptr, failure);
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   finished_ = true;
   cv_.notify_all();
 }
@@ -362,7 +364,7 @@ bool Client::ResumeAfterBreak(absl::Status* failure) {
     absl::flat_hash_map<uint64_t, RegionHandle> regions;
     bool holds_blocks;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       if (closing_) return false;
       token = token_;
       regions = regions_;
@@ -388,7 +390,7 @@ bool Client::ResumeAfterBreak(absl::Status* failure) {
             s.status().message(), "); they are lost: Connect anew"));
         return false;
       }
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       token_.clear();  // nothing confirmed, nothing lost: a new session will do
       continue;
     }
@@ -398,9 +400,10 @@ bool Client::ResumeAfterBreak(absl::Status* failure) {
       return false;
     }
     *failure = s.status();
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::duration<double>(std::min(backoff, std::max(left(), 0.0))),
-                 [this] { return closing_; });
+    base::MutexLock lock(mu_);
+    const auto retry_at = base::CondVar::DeadlineIn(std::min(backoff, std::max(left(), 0.0)));
+    while (!closing_ && cv_.WaitUntil(mu_, retry_at)) {
+    }
     backoff = std::min(backoff * 2, std::max(options_.reconnect_max_backoff_seconds, backoff));
   }
 }
@@ -420,30 +423,30 @@ absl::StatusOr<Client::Stream> Client::OpenResumed(
   s.stub = v1::Offload::NewStub(s.channel);
   s.context = std::make_unique<grpc::ClientContext>();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (closing_) return absl::CancelledError("Client::Close() was called");
     handshake_context_ = s.context.get();
   }
   auto done_handshake = [this] {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     handshake_context_ = nullptr;
   };
   // A watchdog bounds the wait for the answers: it cancels the stream after `seconds`.
   s.stream = s.stub->Session(s.context.get());
-  std::mutex watch_mu;
-  std::condition_variable watch_cv;
-  bool handshake_over = false;
+  base::Mutex watch_mu;
+  base::CondVar watch_cv;
+  bool handshake_over = false;  // under watch_mu
   grpc::ClientContext* context = s.context.get();
   std::thread watchdog([&] {
-    std::unique_lock<std::mutex> lock(watch_mu);
-    if (!watch_cv.wait_for(lock, std::chrono::duration<double>(seconds),
-                           [&] { return handshake_over; })) {
-      context->TryCancel();
+    base::MutexLock lock(watch_mu);
+    const auto deadline = base::CondVar::DeadlineIn(seconds);
+    while (!handshake_over && watch_cv.WaitUntil(watch_mu, deadline)) {
     }
+    if (!handshake_over) context->TryCancel();
   });
   auto finish_watch = [&] {
     {
-      std::lock_guard<std::mutex> lock(watch_mu);
+      base::MutexLock lock(watch_mu);
       handshake_over = true;
     }
     watch_cv.notify_all();
@@ -516,7 +519,7 @@ void Client::Install(Stream s) {
   std::vector<std::pair<Pending, v1::Response>> answered;
   std::vector<std::pair<Pending, absl::Status>> failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     std::vector<uint64_t> orphans;
     for (uint64_t id : resumed) {
       if (!confirmed_.contains(id)) orphans.push_back(id);
@@ -586,7 +589,7 @@ void Client::Install(Stream s) {
 bool Client::SettleLocked(const v1::Request& request,
                           const absl::flat_hash_set<uint64_t>& resumed, v1::Response* answer,
                           absl::Status* failure) {
-  auto block_of = [this](uint64_t id, uint64_t tag) -> uint64_t {
+  auto block_of = [this](uint64_t id, uint64_t tag) REQUIRES(mu_) -> uint64_t {
     if (id != 0 || tag == 0) return id;
     auto it = tag_block_.find(tag);
     return it == tag_block_.end() ? 0 : it->second;
@@ -617,11 +620,11 @@ bool Client::SettleLocked(const v1::Request& request,
 
 v1::Request Client::WireLocked(const v1::Request& request) const {
   v1::Request wire = request;
-  auto map_region = [this](uint64_t region) {
+  auto map_region = [this](uint64_t region) REQUIRES(mu_) {
     auto it = daemon_region_.find(region);
     return it == daemon_region_.end() ? region : it->second;
   };
-  auto map_tag = [this](auto* body) {
+  auto map_tag = [this](auto* body) REQUIRES(mu_) {
     if (body->block_id() != 0 || body->tag() == 0) return;
     auto it = tag_block_.find(body->tag());
     if (it == tag_block_.end()) return;
@@ -645,7 +648,7 @@ v1::Request Client::WireLocked(const v1::Request& request) const {
 void Client::AccountLocked(const Pending& p, v1::Response* response) {
   if (p.internal) return;
   const v1::Request& request = p.request;
-  auto forget_block = [this](uint64_t block) {
+  auto forget_block = [this](uint64_t block) REQUIRES(mu_) {
     confirmed_.erase(block);
     for (auto it = tag_block_.begin(); it != tag_block_.end();) {
       auto cur = it++;
@@ -688,7 +691,7 @@ void Client::AccountLocked(const Pending& p, v1::Response* response) {
 
 absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
                              uint64_t region) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (!stream_status_.ok()) return stream_status_;
   if (closing_) return absl::FailedPreconditionError("Client::Close() was called");
   if (request.has_reload() && lost_.contains(request.reload().block_id())) {
@@ -753,7 +756,7 @@ absl::StatusOr<uint64_t> Client::RegisterRegion(const RegionHandle& handle) {
   h->set_size_bytes(handle.size_bytes);
   uint64_t region;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     region = next_region_id_++;
   }
   return Submit<absl::StatusOr<uint64_t>>(
@@ -875,7 +878,7 @@ absl::StatusOr<v1::Stats> Client::GetStats() {
   v1::Stats stats;
   std::shared_ptr<grpc::Channel> channel;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     channel = channel_;
   }
   grpc::Status status =
@@ -887,7 +890,7 @@ absl::StatusOr<v1::Stats> Client::GetStats() {
 absl::Status Client::CheckHealth(absl::string_view service) {
   std::shared_ptr<grpc::Channel> channel;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     channel = channel_;
   }
   grpc::GenericStub generic(channel);
@@ -917,22 +920,22 @@ absl::Status Client::CheckHealth(absl::string_view service) {
 }
 
 absl::Status Client::stream_status() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return stream_status_;
 }
 
 ClientCounters Client::counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return counters_;
 }
 
 Client::ScopedBatch::ScopedBatch(Client& client) : client_(client) {
-  std::lock_guard<std::mutex> lock(client_.mu_);
+  base::MutexLock lock(client_.mu_);
   ++client_.batch_depth_;
 }
 
 Client::ScopedBatch::~ScopedBatch() {
-  std::lock_guard<std::mutex> lock(client_.mu_);
+  base::MutexLock lock(client_.mu_);
   if (--client_.batch_depth_ == 0) client_.cv_.notify_all();
 }
 

@@ -46,13 +46,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -64,6 +62,7 @@
 #include "client/shm_region.h"
 #include "proto/offload.grpc.pb.h"
 #include "proto/offload.pb.h"
+#include "server/base/mutex.h"
 
 namespace offloadd {
 namespace client {
@@ -253,14 +252,14 @@ class Client {
   absl::Status CheckHealth(absl::string_view service = "");
 
   // OK while the session stream is alive; afterwards the status pending requests failed with.
-  absl::Status stream_status() const;
-  ClientCounters counters() const;
+  absl::Status stream_status() const EXCLUDES(mu_);
+  ClientCounters counters() const EXCLUDES(mu_);
 
   // Half-closes the stream (WritesDone) after sending every queued request, waits up to
   // close_timeout_seconds for the daemon to end it (cancelling it otherwise), and joins the
   // threads. Requests still pending then fail with CANCELLED. Idempotent; blocks concurrent
   // callers until done. The daemon releases the session's blocks and regions.
-  void Close();
+  void Close() EXCLUDES(close_mu_);
 
   // While at least one ScopedBatch is alive, queued requests are held and sent together when the
   // last one ends (or when a blocking call such as RegisterRegion flushes, or on Close()).
@@ -302,21 +301,21 @@ class Client {
          std::shared_ptr<grpc::Channel> channel);
   // Reader thread, after the stream ended: resume on a restarted daemon. True when a new stream
   // is installed and the writer runs again; false (with *failure set) to give up.
-  bool ResumeAfterBreak(absl::Status* failure);
+  bool ResumeAfterBreak(absl::Status* failure) EXCLUDES(mu_);
   // Opens a stream, says Hello with `token` and registers `regions` again, all within `seconds`.
   absl::StatusOr<Stream> OpenResumed(const std::string& token,
                                      const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
-                                     double seconds);
+                                     double seconds) EXCLUDES(mu_);
   // Installs `s`: settles the pending requests across the restart and re-queues the others.
-  void Install(Stream s);
+  void Install(Stream s) EXCLUDES(mu_);
   // What an unanswered request becomes across a restart: false (send it again), or true with
   // its answer in *answer (body set) or *failure.
   bool SettleLocked(const v1::Request& request, const absl::flat_hash_set<uint64_t>& resumed,
-                    v1::Response* answer, absl::Status* failure);
+                    v1::Response* answer, absl::Status* failure) REQUIRES(mu_);
   // `request` as the daemon must see it: client region ids mapped, confirmed tags as block ids.
-  v1::Request WireLocked(const v1::Request& request) const;
+  v1::Request WireLocked(const v1::Request& request) const REQUIRES(mu_);
   // Keeps the client's view of its blocks and regions; rewrites region ids to the client's.
-  void AccountLocked(const Pending& p, v1::Response* response);
+  void AccountLocked(const Pending& p, v1::Response* response) REQUIRES(mu_);
   void StartWriter();
   std::future<absl::StatusOr<ReloadResult>> SubmitReload(uint64_t block_id, uint64_t tag,
                                                          uint64_t region_id, uint64_t offset,
@@ -325,18 +324,19 @@ class Client {
                                                          absl::string_view done_event);
   std::future<absl::Status> SubmitRelease(uint64_t block_id, uint64_t tag);
   void Start();
-  void ReaderLoop();
-  void ReadUntilEnd();
-  void FailAll(const absl::Status& failure);
-  void WriterLoop();
+  void ReaderLoop() EXCLUDES(mu_);
+  void ReadUntilEnd() EXCLUDES(mu_);
+  void FailAll(const absl::Status& failure) EXCLUDES(mu_);
+  void WriterLoop() EXCLUDES(mu_);
   // Queues `request` (its id already set) unless the stream is over; returns why not.
-  absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region = 0);
+  absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region = 0)
+      EXCLUDES(mu_);
   template <typename R, typename Convert>
   std::future<R> Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
                         bool flush, uint64_t region = 0);
   absl::Status StatusWithPath(const grpc::Status& status, absl::string_view rpc) const;
 
-  bool WriterHasWork() const;  // mu_ held
+  bool WriterHasWork() const REQUIRES(mu_);
 
   const ClientOptions options_;
   const std::string socket_path_;
@@ -349,32 +349,36 @@ class Client {
   v1::HelloReply hello_;  // the first HelloReply (set by Connect before any resume)
   std::atomic<uint64_t> next_request_id_{1};
 
-  // std::mutex rather than absl::Mutex so that ThreadSanitizer (--config=tsan) sees the locking:
-  // Debian's absl is not instrumented.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;  // any change of the state below that a thread may wait for
-  // Guarded by mu_:
-  std::deque<v1::Request> outbox_;
-  absl::flat_hash_map<uint64_t, Pending> pending_;
-  std::string token_;             // the session's resume token (a fresh one after NOT_FOUND)
-  bool reconnecting_ = false;     // the stream broke; requests wait in pending_
-  grpc::ClientContext* handshake_context_ = nullptr;  // Close() cancels a resume in progress
-  uint64_t next_region_id_ = 1;
-  absl::flat_hash_map<uint64_t, RegionHandle> regions_;   // client region id -> handle
-  absl::flat_hash_map<uint64_t, uint64_t> daemon_region_;  // client region id -> daemon's
-  absl::flat_hash_set<uint64_t> confirmed_;  // block ids confirmed and not released
-  absl::flat_hash_set<uint64_t> lost_;       // confirmed, but the restarted daemon lacked them
-  absl::flat_hash_map<uint64_t, uint64_t> tag_block_;  // tag -> confirmed block id
-  int batch_depth_ = 0;
-  bool flush_ = false;
-  bool closing_ = false;       // Close() began: no new requests
-  bool reading_done_ = false;  // Read() returned false
-  bool writer_done_ = false;
-  bool finished_ = false;  // Finish() returned, pending requests failed
-  absl::Status stream_status_;
-  ClientCounters counters_;
+  // base::Mutex (over std::mutex) rather than absl::Mutex so that ThreadSanitizer (--config=tsan)
+  // sees the locking: Debian's absl is not instrumented.
+  mutable base::Mutex mu_;
+  base::CondVar cv_;  // any change of the state below that a thread may wait for
+  std::deque<v1::Request> outbox_ GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Pending> pending_ GUARDED_BY(mu_);
+  // The session's resume token (a fresh one after NOT_FOUND).
+  std::string token_ GUARDED_BY(mu_);
+  bool reconnecting_ GUARDED_BY(mu_) = false;  // the stream broke; requests wait in pending_
+  // Close() cancels a resume in progress.
+  grpc::ClientContext* handshake_context_ GUARDED_BY(mu_) = nullptr;
+  uint64_t next_region_id_ GUARDED_BY(mu_) = 1;
+  // Client region id -> handle.
+  absl::flat_hash_map<uint64_t, RegionHandle> regions_ GUARDED_BY(mu_);
+  // Client region id -> daemon's.
+  absl::flat_hash_map<uint64_t, uint64_t> daemon_region_ GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> confirmed_ GUARDED_BY(mu_);  // block ids confirmed and not released
+  // Confirmed, but the restarted daemon lacked them.
+  absl::flat_hash_set<uint64_t> lost_ GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> tag_block_ GUARDED_BY(mu_);  // tag -> confirmed block id
+  int batch_depth_ GUARDED_BY(mu_) = 0;
+  bool flush_ GUARDED_BY(mu_) = false;
+  bool closing_ GUARDED_BY(mu_) = false;       // Close() began: no new requests
+  bool reading_done_ GUARDED_BY(mu_) = false;  // Read() returned false
+  bool writer_done_ GUARDED_BY(mu_) = false;
+  bool finished_ GUARDED_BY(mu_) = false;  // Finish() returned, pending requests failed
+  absl::Status stream_status_ GUARDED_BY(mu_);
+  ClientCounters counters_ GUARDED_BY(mu_);
 
-  std::mutex close_mu_;  // serialises Close()
+  base::Mutex close_mu_;  // serialises Close()
   std::thread reader_;
   std::thread writer_;
 };

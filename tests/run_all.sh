@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test suite of offloadd and ends with one line "N passed, N failed" over all of them:
-#   1. Bazel tests (C++ unit tests beside the code, tests/e2e integration and multi-process tests)
+#   1. Bazel tests (C++ unit tests beside the code, tests/e2e integration and multi-process tests),
+#      then the clang thread-safety build (tests/tsa_build.sh, make tsa)
 #   2. Python tests (client/python/tests: protocol client, torch hooks, planner)
 #   3. monitoring/deployment tests (manifests, promtool, live Prometheus scrape)
 #   4. a short libFuzzer run over the session request handling (make fuzz, 15 s)
@@ -18,6 +19,18 @@ $BAZEL test //... --keep_going --test_output=errors 2>&1 | tee "$results/bazel.l
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 $BAZEL query 'tests(//...)' 2>/dev/null > "$results/targets"
 /usr/bin/python3 tests/count_bazel_results.py "$results/targets" bazel-out/k8-opt/testlogs > "$results/bazel.count" || rc=1
+
+echo "== thread-safety analysis (clang -Wthread-safety -Werror, make tsa)"
+if command -v /usr/bin/clang >/dev/null; then
+  if BAZEL=$BAZEL bash tests/tsa_build.sh > "$results/tsa.log" 2>&1; then
+    echo "tsa: PASSED"; echo "1 0" > "$results/tsa.count"
+  else
+    grep -E 'error:' "$results/tsa.log" | sort -u | head -40; echo "tsa: FAILED"
+    echo "0 1" > "$results/tsa.count"; rc=1
+  fi
+else
+  echo "tsa: skipped (no /usr/bin/clang; deploy/install-deps.sh installs it)"
+fi
 
 echo "== python tests"
 if [ -x tests/python/run.sh ] || [ -f tests/python/run.sh ]; then

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli/query.h"
 #include "client/offloadd_client.h"
+#include "server/base/clock.h"
 
 namespace offloadd::cli {
 namespace {
@@ -21,11 +22,6 @@ using client::Priority;
 // makes one link for it while the bench runs and removes it, with its metric series, when the
 // last bench session ends (Core::ReleaseLink in server/session/core.h).
 constexpr const char* kBenchDevice = "offloadctl-bench";
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 struct Options {
   uint64_t block_bytes = 64ull << 20;
@@ -60,7 +56,7 @@ double Percentile(std::vector<double> v, double p) {
 // GB/s of offloading then reloading every block, all in flight; checks the bytes.
 absl::StatusOr<double> ThroughputRound(Client& c, uint64_t region, client::ShmRegion& shm,
                                        const Options& o) {
-  const double t0 = Now();
+  const double t0 = base::SteadyNowSeconds();
   std::vector<std::future<absl::StatusOr<client::OffloadResult>>> offs;
   for (uint64_t b = 0; b < o.blocks; ++b) offs.push_back(c.Offload(region, b * o.block_bytes, o.block_bytes));
   std::vector<uint64_t> ids;
@@ -77,17 +73,17 @@ absl::StatusOr<double> ThroughputRound(Client& c, uint64_t region, client::ShmRe
     auto r = f.get();
     if (!r.ok()) return r.status();
   }
-  const double dt = Now() - t0;
+  const double dt = base::SteadyNowSeconds() - t0;
   (void)shm;
   return 2.0 * o.blocks * o.block_bytes / dt / 1e9;
 }
 
 double MemcpyRound(uint8_t* region, uint8_t* host, const Options& o) {
   const uint64_t total = o.blocks * o.block_bytes;
-  const double t0 = Now();
+  const double t0 = base::SteadyNowSeconds();
   std::memcpy(host, region, total);
   std::memcpy(region, host, total);
-  const double dt = Now() - t0;
+  const double dt = base::SteadyNowSeconds() - t0;
   return 2.0 * total / dt / 1e9;
 }
 
@@ -95,12 +91,12 @@ double MemcpyRound(uint8_t* region, uint8_t* host, const Options& o) {
 absl::StatusOr<std::vector<double>> SmallLatency(Client& c, uint64_t region, int n) {
   std::vector<double> lat;
   for (int i = 0; i < n; ++i) {
-    double t0 = Now();
+    double t0 = base::SteadyNowSeconds();
     auto off = c.Offload(region, 0, 4096).get();
     if (!off.ok()) return off.status();
     auto rel = c.Reload(off->block_id, region, 4096, Priority::kUrgent, true).get();
     if (!rel.ok()) return rel.status();
-    lat.push_back(Now() - t0);
+    lat.push_back(base::SteadyNowSeconds() - t0);
   }
   return lat;
 }
@@ -222,14 +218,14 @@ int RunBench(const std::string& socket_path, const std::vector<std::string>& arg
     std::vector<std::thread> threads;
     std::vector<absl::Status> status(sessions);
     std::vector<uint64_t> done(sessions, 0);
-    const double t0 = Now();
+    const double t0 = base::SteadyNowSeconds();
     for (int s = 0; s < sessions; ++s) {
       threads.emplace_back([&, s] {
         status[s] = SmallRate(*clients[s], regions[s], o.rate_requests / sessions, o.window, &done[s]);
       });
     }
     for (auto& t : threads) t.join();
-    const double dt = Now() - t0;
+    const double dt = base::SteadyNowSeconds() - t0;
     uint64_t total = 0;
     for (int s = 0; s < sessions; ++s) {
       if (!status[s].ok()) return status[s];

@@ -7,6 +7,7 @@
 #define OFFLOADD_SERVER_BASE_CLOCK_H_
 
 #include <chrono>
+#include <functional>
 #include <thread>
 
 namespace offloadd::base {
@@ -21,6 +22,19 @@ inline double SteadyNowSeconds() {
 inline void SleepUntilSteadySeconds(double t) {
   const double dt = t - SteadyNowSeconds();
   if (dt > 0) std::this_thread::sleep_for(std::chrono::duration<double>(dt));
+}
+
+// Calls `pred` every `poll_seconds` until it returns true (then true) or `timeout_seconds` have
+// passed (then false, after one last call). For tests and tools that wait for another thread or
+// process; daemon code waits on condition variables instead.
+inline bool PollUntil(const std::function<bool()>& pred, double timeout_seconds,
+                      double poll_seconds = 0.005) {
+  const double end = SteadyNowSeconds() + timeout_seconds;
+  while (SteadyNowSeconds() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::duration<double>(poll_seconds));
+  }
+  return pred();
 }
 
 }  // namespace offloadd::base

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "server/base/mutex.h"
 #include "server/copy/cuda_api_forwarding.h"
 
 namespace offloadd::copy {
@@ -37,7 +38,7 @@ FakeCudaApi::FakeCudaApi(std::vector<CudaDeviceInfo> devices) : devices_(std::mo
 FakeCudaApi::~FakeCudaApi() = default;
 
 std::string FakeCudaApi::AddAllocation(int ordinal, uint64_t size_bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   std::string h = MakeHandle("mem", next_id_++);
   Allocation& a = allocations_[h];
   a.ordinal = ordinal;
@@ -46,13 +47,13 @@ std::string FakeCudaApi::AddAllocation(int ordinal, uint64_t size_bytes) {
 }
 
 uint8_t* FakeCudaApi::allocation_data(const std::string& handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = allocations_.find(handle);
   return it == allocations_.end() ? nullptr : it->second.data.data();
 }
 
 std::string FakeCudaApi::AddIpcEvent(int ordinal) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   std::string h = MakeHandle("event", next_id_++);
   h[kIpcHandleBytes - 1] = static_cast<char>(ordinal);
   ipc_events_.insert(h);
@@ -60,12 +61,12 @@ std::string FakeCudaApi::AddIpcEvent(int ordinal) {
 }
 
 void FakeCudaApi::FailNext(const std::string& function, absl::Status status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   fail_next_[function] = std::move(status);
 }
 
 void FakeCudaApi::HoldCompletions(bool hold) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   hold_ = hold;
   if (!hold) {
     for (auto& [p, o] : objects_) o->held = false;
@@ -73,60 +74,60 @@ void FakeCudaApi::HoldCompletions(bool hold) {
 }
 
 void FakeCudaApi::WaitForMemcpys(int n) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return memcpys_ >= n; });
+  base::MutexLock lock(mu_);
+  while (memcpys_ < n) cv_.Wait(mu_);
 }
 
 std::vector<FakeCudaApi::Call> FakeCudaApi::calls() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return calls_;
 }
 
 std::vector<std::string> FakeCudaApi::call_names() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   std::vector<std::string> names;
   for (const Call& c : calls_) names.push_back(c.name);
   return names;
 }
 
 int FakeCudaApi::count(const std::string& function) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   int n = 0;
   for (const Call& c : calls_) n += c.name == function;
   return n;
 }
 
 int FakeCudaApi::wrong_device_calls() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return wrong_device_calls_;
 }
 
 int FakeCudaApi::open_mappings() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return static_cast<int>(mapped_.size());
 }
 
 int FakeCudaApi::live_streams() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   int n = 0;
   for (const auto& [p, o] : objects_) n += !o->is_event;
   return n;
 }
 
 int FakeCudaApi::live_events() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   int n = 0;
   for (const auto& [p, o] : objects_) n += o->is_event;
   return n;
 }
 
 int FakeCudaApi::contexts_created() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return static_cast<int>(contexts_.size());
 }
 
 std::set<std::thread::id> FakeCudaApi::threads_for_device(int ordinal) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   std::set<std::thread::id> ids;
   for (const Call& c : calls_) {
     if (c.current_device == ordinal && c.name != "ListDevices") ids.insert(c.thread);
@@ -135,7 +136,7 @@ std::set<std::thread::id> FakeCudaApi::threads_for_device(int ordinal) const {
 }
 
 uint64_t FakeCudaApi::registered_host_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   uint64_t n = 0;
   for (const auto& [p, b] : host_registered_) n += b;
   return n;
@@ -163,14 +164,14 @@ absl::Status FakeCudaApi::Enter(const std::string& name, int object_ordinal,
 }
 
 absl::StatusOr<std::vector<CudaDeviceInfo>> FakeCudaApi::ListDevices() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   absl::Status st = Enter("ListDevices", -1, "");
   if (!st.ok()) return st;
   return devices_;
 }
 
 absl::Status FakeCudaApi::SetDevice(int ordinal) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   absl::Status st = Enter("SetDevice", -1, absl::StrFormat("%d", ordinal));
   if (!st.ok()) return st;
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
@@ -182,7 +183,7 @@ absl::Status FakeCudaApi::SetDevice(int ordinal) {
 }
 
 absl::StatusOr<CudaMemInfo> FakeCudaApi::MemGetInfo() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   absl::Status st = Enter("MemGetInfo", -1, "");
   if (!st.ok()) return st;
   int cur = Current();
@@ -191,7 +192,7 @@ absl::StatusOr<CudaMemInfo> FakeCudaApi::MemGetInfo() {
 }
 
 absl::StatusOr<void*> FakeCudaApi::CreateStream() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   absl::Status st = Enter("CreateStream", -1, "");
   if (!st.ok()) return st;
   auto o = std::make_unique<Object>(Object{Current(), false, false, next_id_++});
@@ -201,14 +202,14 @@ absl::StatusOr<void*> FakeCudaApi::CreateStream() {
 }
 
 void FakeCudaApi::DestroyStream(void* stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = objects_.find(stream);
   (void)Enter("DestroyStream", it == objects_.end() ? -1 : it->second->ordinal, "");
   if (it != objects_.end()) objects_.erase(it);
 }
 
 absl::StatusOr<void*> FakeCudaApi::CreateEvent() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   absl::Status st = Enter("CreateEvent", -1, "");
   if (!st.ok()) return st;
   auto o = std::make_unique<Object>(Object{Current(), true, false, next_id_++});
@@ -218,14 +219,14 @@ absl::StatusOr<void*> FakeCudaApi::CreateEvent() {
 }
 
 void FakeCudaApi::DestroyEvent(void* event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = objects_.find(event);
   (void)Enter("DestroyEvent", it == objects_.end() ? -1 : it->second->ordinal, "");
   if (it != objects_.end()) objects_.erase(it);
 }
 
 absl::StatusOr<void*> FakeCudaApi::IpcOpenMemHandle(absl::string_view handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   absl::Status st = Enter("IpcOpenMemHandle", -1, Printable(handle));
   if (!st.ok()) return st;
   auto it = allocations_.find(std::string(handle));
@@ -245,7 +246,7 @@ absl::StatusOr<void*> FakeCudaApi::IpcOpenMemHandle(absl::string_view handle) {
 }
 
 absl::Status FakeCudaApi::IpcCloseMemHandle(void* device_ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = mapped_.find(device_ptr);
   absl::Status st = Enter("IpcCloseMemHandle",
                           it == mapped_.end() ? -1 : allocations_[it->second].ordinal, "");
@@ -259,7 +260,7 @@ absl::Status FakeCudaApi::IpcCloseMemHandle(void* device_ptr) {
 }
 
 absl::StatusOr<uint64_t> FakeCudaApi::AllocationSize(void* device_ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = mapped_.find(device_ptr);
   absl::Status st = Enter("AllocationSize",
                           it == mapped_.end() ? -1 : allocations_[it->second].ordinal, "");
@@ -271,7 +272,7 @@ absl::StatusOr<uint64_t> FakeCudaApi::AllocationSize(void* device_ptr) {
 }
 
 absl::StatusOr<void*> FakeCudaApi::IpcOpenEventHandle(absl::string_view handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   absl::Status st = Enter("IpcOpenEventHandle", -1, Printable(handle));
   if (!st.ok()) return st;
   if (ipc_events_.count(std::string(handle)) == 0) {
@@ -285,7 +286,7 @@ absl::StatusOr<void*> FakeCudaApi::IpcOpenEventHandle(absl::string_view handle) 
 }
 
 absl::Status FakeCudaApi::StreamWaitEvent(void* stream, void* event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto s = objects_.find(stream);
   absl::Status st = Enter("StreamWaitEvent", s == objects_.end() ? -1 : s->second->ordinal,
                           Name(stream) + " " + Name(event));
@@ -298,7 +299,7 @@ absl::Status FakeCudaApi::StreamWaitEvent(void* stream, void* event) {
 
 absl::Status FakeCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes,
                                       Direction direction, void* stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto s = objects_.find(stream);
   absl::Status st = Enter("MemcpyAsync", s == objects_.end() ? -1 : s->second->ordinal,
                           absl::StrFormat("%s %s %d", Name(stream), DirectionName(direction), bytes));
@@ -325,7 +326,7 @@ absl::Status FakeCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes
 }
 
 absl::Status FakeCudaApi::EventRecord(void* event, void* stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto s = objects_.find(stream);
   absl::Status st = Enter("EventRecord", s == objects_.end() ? -1 : s->second->ordinal,
                           Name(stream) + " " + Name(event));
@@ -339,7 +340,7 @@ absl::Status FakeCudaApi::EventRecord(void* event, void* stream) {
 }
 
 absl::StatusOr<bool> FakeCudaApi::EventQuery(void* event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto e = objects_.find(event);
   // Not recorded as a call: the engine polls, and the count would depend on timing.
   if (e == objects_.end()) {
@@ -357,7 +358,7 @@ absl::StatusOr<bool> FakeCudaApi::EventQuery(void* event) {
 }
 
 absl::Status FakeCudaApi::HostRegister(void* host, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   absl::Status st = Enter("HostRegister", -1, absl::StrFormat("%d", bytes));
   if (!st.ok()) return st;
   if (host_registered_.count(host)) {
@@ -369,7 +370,7 @@ absl::Status FakeCudaApi::HostRegister(void* host, uint64_t bytes) {
 }
 
 absl::Status FakeCudaApi::HostUnregister(void* host) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   absl::Status st = Enter("HostUnregister", -1, "");
   if (!st.ok()) return st;
   if (host_registered_.erase(host) == 0) {

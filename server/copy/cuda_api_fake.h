@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/base/mutex.h"
 #include "server/copy/cuda_api.h"
 
 namespace offloadd::copy {
@@ -101,27 +102,28 @@ class FakeCudaApi : public CudaApi {
     bool held = false;  // event recorded while completions were held
     uint64_t id = 0;    // printed in call details as "s<id>" (stream) / "e<id>" (event)
   };
-  std::string Name(void* object) const;  // "s3", "e7" or "?"
+  std::string Name(void* object) const REQUIRES(mu_);  // "s3", "e7" or "?"
   // Records the call; returns the injected failure for `name`, if any. Caller holds mu_.
-  absl::Status Enter(const std::string& name, int object_ordinal, const std::string& detail);
-  int Current() const;
+  absl::Status Enter(const std::string& name, int object_ordinal, const std::string& detail)
+      REQUIRES(mu_);
+  int Current() const REQUIRES(mu_);
 
   std::vector<CudaDeviceInfo> devices_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Call> calls_;
-  std::map<std::string, absl::Status> fail_next_;
-  std::map<std::string, Allocation> allocations_;  // by handle
-  std::map<void*, std::string> mapped_;            // mapped pointer -> handle
-  std::set<std::string> ipc_events_;               // handles of client events
-  std::map<void*, std::unique_ptr<Object>> objects_;
-  std::map<std::thread::id, int> current_;         // thread -> device
-  std::set<int> contexts_;
-  std::map<void*, uint64_t> host_registered_;
-  bool hold_ = false;
-  int wrong_device_calls_ = 0;
-  int memcpys_ = 0;
-  uint64_t next_id_ = 1;
+  mutable base::Mutex mu_;
+  base::CondVar cv_;
+  std::vector<Call> calls_ GUARDED_BY(mu_);
+  std::map<std::string, absl::Status> fail_next_ GUARDED_BY(mu_);
+  std::map<std::string, Allocation> allocations_ GUARDED_BY(mu_);  // by handle
+  std::map<void*, std::string> mapped_ GUARDED_BY(mu_);            // mapped pointer -> handle
+  std::set<std::string> ipc_events_ GUARDED_BY(mu_);               // handles of client events
+  std::map<void*, std::unique_ptr<Object>> objects_ GUARDED_BY(mu_);
+  std::map<std::thread::id, int> current_ GUARDED_BY(mu_);  // thread -> device
+  std::set<int> contexts_ GUARDED_BY(mu_);
+  std::map<void*, uint64_t> host_registered_ GUARDED_BY(mu_);
+  bool hold_ GUARDED_BY(mu_) = false;
+  int wrong_device_calls_ GUARDED_BY(mu_) = 0;
+  int memcpys_ GUARDED_BY(mu_) = 0;
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace offloadd::copy

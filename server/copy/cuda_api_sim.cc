@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/base/clock.h"
+#include "server/base/mutex.h"
 #include "server/copy/cuda_api_forwarding.h"
 
 namespace offloadd::copy {
@@ -47,12 +48,12 @@ SimClock* SimClock::Real() {
 }
 
 double ManualSimClock::NowSeconds() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return now_;
 }
 
 void ManualSimClock::Advance(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (seconds > 0) now_ += seconds;
 }
 
@@ -88,7 +89,7 @@ std::string SimCudaApi::DeviceUuid(int ordinal) {
 }
 
 std::string SimCudaApi::AddAllocation(int ordinal, uint64_t size_bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   std::string h = PadIpcHandle(absl::StrFormat("cuda-sim-alloc:%d", next_id_++));
   Allocation& a = allocations_[h];
   a.ordinal = ordinal;
@@ -97,18 +98,18 @@ std::string SimCudaApi::AddAllocation(int ordinal, uint64_t size_bytes) {
 }
 
 ModelEngineStats SimCudaApi::engine_stats(int ordinal, Direction direction) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   model_.AdvanceTo(Now());
   return model_.engine_stats(ordinal, direction);
 }
 
 SimCallCounts SimCudaApi::call_counts() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return counts_;
 }
 
 double SimCudaApi::EventCompletionSeconds(void* event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = events_.find(event);
   if (it == events_.end()) return -1;
   model_.AdvanceTo(Now());
@@ -131,19 +132,19 @@ absl::Status SimCudaApi::SetDevice(int ordinal) {
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return absl::FailedPreconditionError("cudaSetDevice: cudaErrorInvalidDevice (101)");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   current_[std::this_thread::get_id()] = ordinal;
   return absl::OkStatus();
 }
 
 absl::StatusOr<CudaMemInfo> SimCudaApi::MemGetInfo() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (CurrentLocked() < 0) return absl::FailedPreconditionError("cudaMemGetInfo: no device set");
   return CudaMemInfo{options_.device_total_bytes, options_.device_total_bytes};
 }
 
 absl::StatusOr<void*> SimCudaApi::CreateStream() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   const int cur = CurrentLocked();
   if (cur < 0) return absl::FailedPreconditionError("cudaStreamCreate: no device set");
   auto s = std::make_unique<Stream>();
@@ -154,12 +155,12 @@ absl::StatusOr<void*> SimCudaApi::CreateStream() {
 }
 
 void SimCudaApi::DestroyStream(void* stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   streams_.erase(stream);
 }
 
 absl::StatusOr<void*> SimCudaApi::CreateEvent() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto e = std::make_unique<Event>();
   void* p = e.get();
   events_[p] = std::move(e);
@@ -167,12 +168,12 @@ absl::StatusOr<void*> SimCudaApi::CreateEvent() {
 }
 
 void SimCudaApi::DestroyEvent(void* event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   events_.erase(event);
 }
 
 absl::StatusOr<void*> SimCudaApi::IpcOpenMemHandle(absl::string_view handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   const int cur = CurrentLocked();
   if (cur < 0) return absl::FailedPreconditionError("cudaIpcOpenMemHandle: no device set");
   std::string key(handle);
@@ -205,7 +206,7 @@ absl::StatusOr<void*> SimCudaApi::IpcOpenMemHandle(absl::string_view handle) {
 }
 
 absl::Status SimCudaApi::IpcCloseMemHandle(void* device_ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = mapped_.find(reinterpret_cast<uintptr_t>(device_ptr));
   if (it == mapped_.end()) {
     return absl::FailedPreconditionError("cudaIpcCloseMemHandle: cudaErrorInvalidValue (1)");
@@ -216,7 +217,7 @@ absl::Status SimCudaApi::IpcCloseMemHandle(void* device_ptr) {
 }
 
 absl::StatusOr<uint64_t> SimCudaApi::AllocationSize(void* device_ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = mapped_.find(reinterpret_cast<uintptr_t>(device_ptr));
   if (it == mapped_.end()) {
     return absl::FailedPreconditionError("cuMemGetAddressRange: CUDA_ERROR_NOT_FOUND (500)");
@@ -233,7 +234,7 @@ absl::StatusOr<void*> SimCudaApi::IpcOpenEventHandle(absl::string_view handle) {
 }
 
 absl::Status SimCudaApi::StreamWaitEvent(void* stream, void* event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto s = streams_.find(stream);
   auto e = events_.find(event);
   if (s == streams_.end() || e == events_.end()) {
@@ -246,7 +247,7 @@ absl::Status SimCudaApi::StreamWaitEvent(void* stream, void* event) {
 absl::Status SimCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes,
                                      Direction direction, void* stream) {
   clock_->SpendHostSeconds(options_.memcpy_host_seconds);
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   counts_.host_seconds += options_.memcpy_host_seconds;
   auto s = streams_.find(stream);
   if (s == streams_.end()) {
@@ -281,7 +282,7 @@ absl::Status SimCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes,
 
 absl::Status SimCudaApi::EventRecord(void* event, void* stream) {
   clock_->SpendHostSeconds(options_.event_record_host_seconds);
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   counts_.host_seconds += options_.event_record_host_seconds;
   auto s = streams_.find(stream);
   auto e = events_.find(event);
@@ -296,7 +297,7 @@ absl::Status SimCudaApi::EventRecord(void* event, void* stream) {
 
 absl::StatusOr<bool> SimCudaApi::EventQuery(void* event) {
   clock_->SpendHostSeconds(options_.event_query_host_seconds);
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   counts_.host_seconds += options_.event_query_host_seconds;
   ++counts_.event_queries;
   auto e = events_.find(event);
@@ -311,7 +312,7 @@ absl::StatusOr<bool> SimCudaApi::EventQuery(void* event) {
 }
 
 absl::Status SimCudaApi::HostRegister(void* host, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (host == nullptr || bytes == 0) {
     return absl::FailedPreconditionError("cudaHostRegister: cudaErrorInvalidValue (1)");
   }
@@ -320,7 +321,7 @@ absl::Status SimCudaApi::HostRegister(void* host, uint64_t bytes) {
 }
 
 absl::Status SimCudaApi::HostUnregister(void* host) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (host_registered_.erase(reinterpret_cast<uintptr_t>(host)) == 0) {
     return absl::FailedPreconditionError(
         "cudaHostUnregister: cudaErrorHostMemoryNotRegistered (713)");

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/base/mutex.h"
 #include "server/copy/copy_timing_model.h"
 #include "server/copy/cuda_api.h"
 #include "server/copy/cuda_engine.h"
@@ -59,8 +60,8 @@ class ManualSimClock : public SimClock {
   void Advance(double seconds);
 
  private:
-  std::mutex mu_;
-  double now_;
+  base::Mutex mu_;
+  double now_ GUARDED_BY(mu_);
 };
 
 struct SimCudaOptions {
@@ -139,23 +140,23 @@ class SimCudaApi : public CudaApi {
   struct Event {
     std::vector<CopyTimingModel::OpId> ops;
   };
-  int CurrentLocked() const;  // mu_ held; -1 when none
+  int CurrentLocked() const REQUIRES(mu_);  // -1 when none
   double Now() { return clock_->NowSeconds(); }
 
   const SimCudaOptions options_;
   SimClock* const clock_;
-  std::mutex mu_;
-  CopyTimingModel model_;
+  base::Mutex mu_;
+  CopyTimingModel model_ GUARDED_BY(mu_);
   std::vector<CudaDeviceInfo> devices_;
-  std::map<std::thread::id, int> current_;
-  std::map<std::string, Allocation> allocations_;  // by handle
-  std::map<uintptr_t, std::string> mapped_;        // base -> handle
-  std::map<void*, std::unique_ptr<Stream>> streams_;
-  std::map<void*, std::unique_ptr<Event>> events_;
-  std::map<uintptr_t, uint64_t> host_registered_;
-  uintptr_t next_base_;
-  uint64_t next_id_ = 1;
-  SimCallCounts counts_;
+  std::map<std::thread::id, int> current_ GUARDED_BY(mu_);
+  std::map<std::string, Allocation> allocations_ GUARDED_BY(mu_);  // by handle
+  std::map<uintptr_t, std::string> mapped_ GUARDED_BY(mu_);        // base -> handle
+  std::map<void*, std::unique_ptr<Stream>> streams_ GUARDED_BY(mu_);
+  std::map<void*, std::unique_ptr<Event>> events_ GUARDED_BY(mu_);
+  std::map<uintptr_t, uint64_t> host_registered_ GUARDED_BY(mu_);
+  uintptr_t next_base_ GUARDED_BY(mu_);
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  SimCallCounts counts_ GUARDED_BY(mu_);
 };
 
 // The cuda copy engine over a SimCudaApi with `options` on the real clock: `--backend=cuda-sim`.

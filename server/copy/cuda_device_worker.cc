@@ -43,14 +43,14 @@ absl::Status DeviceWorker::Start() {
   std::promise<absl::Status> started;
   std::future<absl::Status> f = started.get_future();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     running_ = true;
   }
   thread_ = std::thread(&DeviceWorker::Loop, this, &started);
   absl::Status st = f.get();
   if (!st.ok()) {
     thread_.join();
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     running_ = false;
   }
   return st;
@@ -58,13 +58,13 @@ absl::Status DeviceWorker::Start() {
 
 void DeviceWorker::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (!running_) return;
     stopping_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   running_ = false;
 }
 
@@ -116,12 +116,12 @@ void DeviceWorker::Loop(std::promise<absl::Status>* started) {
   started->set_value(absl::OkStatus());
   std::vector<std::function<void()>> tasks;
   std::vector<Incoming> incoming;
-  std::unique_lock<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   while (true) {
     tasks.swap(tasks_);
     incoming.swap(incoming_);
     if (tasks.empty() && incoming.empty() && stopping_ && Idle()) break;
-    lock.unlock();
+    lock.Unlock();
     for (auto& t : tasks) t();
     tasks.clear();
     for (Incoming& in : incoming) Enqueue(std::move(in));
@@ -132,7 +132,7 @@ void DeviceWorker::Loop(std::promise<absl::Status>* started) {
     }
     const double now = Now();
     const double wake = NextWakeSeconds(now);
-    lock.lock();
+    lock.Lock();
     for (int i = 0; i < 2; ++i) {
       const Lane& l = lanes_[i];
       lane_stats_[i] = LaneStats{l.dry_runs, l.ahead_seconds, l.bytes_per_second,
@@ -140,23 +140,23 @@ void DeviceWorker::Loop(std::promise<absl::Status>* started) {
     }
     if (!tasks_.empty() || !incoming_.empty()) continue;
     if (wake <= now) {  // a completion is due: query again soon
-      lock.unlock();
+      lock.Unlock();
       std::this_thread::yield();
-      lock.lock();
+      lock.Lock();
       continue;
     }
     if (stopping_ && Idle()) continue;  // exits at the top
     sleeping_ = true;
     if (wake == kNever) {
-      cv_.wait(lock);
+      cv_.Wait(mu_);
     } else {
-      cv_.wait_until(lock, std::chrono::steady_clock::time_point(
-                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                   std::chrono::duration<double>(wake))));
+      cv_.WaitUntil(mu_, std::chrono::steady_clock::time_point(
+                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double>(wake))));
     }
     sleeping_ = false;
   }
-  lock.unlock();
+  lock.Unlock();
   TearDown();
 }
 
@@ -294,14 +294,14 @@ double DeviceWorker::NextWakeSeconds(double now) const {
 }
 
 DeviceWorker::LaneStats DeviceWorker::lane_stats(Direction direction) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return lane_stats_[static_cast<int>(direction)];
 }
 
 bool DeviceWorker::Post(std::function<void()> task) {
   bool notify;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (!running_ || stopping_) return false;
     tasks_.push_back(std::move(task));
     notify = sleeping_;
@@ -331,7 +331,7 @@ bool DeviceWorker::IssueAsync(Direction direction, uint64_t bytes, bool urgent,
   }
   bool notify;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (!running_ || stopping_) return false;
     incoming_.push_back(std::move(in));
     notify = sleeping_;

@@ -22,16 +22,15 @@
 #define OFFLOADD_SERVER_COPY_CUDA_DEVICE_WORKER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/base/mutex.h"
 #include "server/copy/cuda_api.h"
 
 namespace offloadd::copy {
@@ -57,12 +56,12 @@ class DeviceWorker {
   DeviceWorker& operator=(const DeviceWorker&) = delete;
 
   // Starts the thread and waits for its set-up; the set-up's error (the thread has then exited).
-  absl::Status Start();
-  void Stop();
+  absl::Status Start() EXCLUDES(mu_);
+  void Stop() EXCLUDES(mu_);
 
   // Runs `fn` on the device thread and returns its result. Runs it inline when called on the
   // device thread itself. FAILED_PRECONDITION after Stop().
-  absl::Status Run(const std::function<absl::Status()>& fn);
+  absl::Status Run(const std::function<absl::Status()>& fn) EXCLUDES(mu_);
 
   // Queues a copy of `bytes` on the lane of `direction` (urgent: ahead of every queued copy
   // that is not urgent); when its turn comes the device thread calls `issue(stream)` on the
@@ -71,11 +70,12 @@ class DeviceWorker {
   // false (and `done` not called) after Stop(). May be called on the device thread (from a
   // completion callback): the copy then joins its lane directly.
   bool IssueAsync(Direction direction, uint64_t bytes, bool urgent,
-                  std::function<absl::Status(void*)> issue, std::function<void(absl::Status)> done);
+                  std::function<absl::Status(void*)> issue, std::function<void(absl::Status)> done)
+      EXCLUDES(mu_);
   // IssueAsync (not urgent), then blocks until `done`; its status. Must not be called on the
   // device thread.
   absl::Status IssueAndWait(Direction direction, uint64_t bytes,
-                            const std::function<absl::Status(void*)>& issue);
+                            const std::function<absl::Status(void*)>& issue) EXCLUDES(mu_);
 
   // The device thread's streams of one direction (valid after Start(); use them on the thread).
   const std::vector<void*>& streams(Direction direction) const {
@@ -92,7 +92,7 @@ class DeviceWorker {
     double ahead_seconds = 0, bytes_per_second = 0;
     size_t queued = 0, issued = 0;
   };
-  LaneStats lane_stats(Direction direction);
+  LaneStats lane_stats(Direction direction) EXCLUDES(mu_);
 
  private:
   struct Copy {  // queued, not issued
@@ -124,7 +124,7 @@ class DeviceWorker {
     Copy copy;
   };
   Lane& lane(Direction d) { return lanes_[static_cast<int>(d)]; }
-  void Loop(std::promise<absl::Status>* started);
+  void Loop(std::promise<absl::Status>* started) EXCLUDES(mu_);
   absl::Status SetUp();
   void TearDown();
   void Enqueue(Incoming in);
@@ -133,7 +133,7 @@ class DeviceWorker {
   void Issue(Lane& l);  // issues the lane's queued copies that are due
   void Complete(Lane& l, double seen_done_at);  // its oldest issued copy completed
   double NextWakeSeconds(double now) const;  // 0 = now; huge = nothing to wait for
-  bool Post(std::function<void()> task);
+  bool Post(std::function<void()> task) EXCLUDES(mu_);
 
   CudaApi* const api_;
   const CudaDeviceInfo device_;
@@ -141,14 +141,14 @@ class DeviceWorker {
   std::thread thread_;
   std::atomic<std::thread::id> thread_id_{};
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::function<void()>> tasks_;
-  std::vector<Incoming> incoming_;
-  LaneStats lane_stats_[2];  // copies of the lanes' figures, by Direction
-  bool sleeping_ = false;  // the device thread waits on cv_ (posters then notify)
-  bool stopping_ = false;
-  bool running_ = false;
+  base::Mutex mu_;
+  base::CondVar cv_;
+  std::vector<std::function<void()>> tasks_ GUARDED_BY(mu_);
+  std::vector<Incoming> incoming_ GUARDED_BY(mu_);
+  LaneStats lane_stats_[2] GUARDED_BY(mu_);  // copies of the lanes' figures, by Direction
+  bool sleeping_ GUARDED_BY(mu_) = false;    // the device thread waits on cv_ (posters then notify)
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool running_ GUARDED_BY(mu_) = false;
 
   // Device-thread only.
   Lane lanes_[2];  // by Direction

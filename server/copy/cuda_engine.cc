@@ -4,13 +4,13 @@
 #include <fstream>
 #include <list>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
+#include "server/base/mutex.h"
 #include "server/copy/cuda_device_worker.h"
 
 namespace offloadd::copy {
@@ -36,13 +36,13 @@ struct CudaCopyEngine::Shared {
   std::unique_ptr<CudaApi> api;
   CudaEngineOptions options;
 
-  mutable std::mutex mu;  // guards everything below except the pinner's own fields
-  bool listed = false;
-  std::vector<CudaDeviceInfo> devices;
-  std::map<std::string, std::shared_ptr<DeviceWorker>> workers;  // by uuid
-  std::map<std::string, std::shared_ptr<Mapping>> mappings;       // by key
-  bool shut_down = false;
-  CudaEngineStats stats;  // chunk counts: the atomics below
+  mutable base::Mutex mu;  // guards everything below except the pinner's own fields
+  bool listed GUARDED_BY(mu) = false;
+  std::vector<CudaDeviceInfo> devices GUARDED_BY(mu);
+  std::map<std::string, std::shared_ptr<DeviceWorker>> workers GUARDED_BY(mu);  // by uuid
+  std::map<std::string, std::shared_ptr<Mapping>> mappings GUARDED_BY(mu);      // by key
+  bool shut_down GUARDED_BY(mu) = false;
+  CudaEngineStats stats GUARDED_BY(mu);  // chunk counts: the atomics below
   // Counted per chunk from every device thread, so not under `mu`.
   std::atomic<uint64_t> chunks_total{0}, chunk_bytes_total{0};
 
@@ -50,16 +50,16 @@ struct CudaCopyEngine::Shared {
   std::thread pinner;
   std::atomic<bool> stop_pinning{false};
   std::vector<uint8_t*> registered;  // chunk bases (pinner thread, then destructor)
-  std::condition_variable pinned_cv;
-  absl::Status pin_status;
+  base::CondVar pinned_cv;
+  absl::Status pin_status GUARDED_BY(mu);
 
   // Serialises OpenRegion and closing so one handle is never opened twice.
-  std::mutex open_mu;
+  base::Mutex open_mu;
 
   absl::StatusOr<CudaDeviceInfo> FindDevice(const std::string& device_id);
   absl::StatusOr<std::shared_ptr<DeviceWorker>> WorkerFor(const CudaDeviceInfo& device);
   void Unref(const std::shared_ptr<Mapping>& m);
-  void Close(const std::shared_ptr<Mapping>& m);  // open_mu held
+  void Close(const std::shared_ptr<Mapping>& m) REQUIRES(open_mu);  // open_mu held
   // Device thread: the opened event for `handle`, opening and caching it on first use.
   absl::StatusOr<void*> EventFor(Mapping& m, const std::string& handle);
 };
@@ -89,7 +89,7 @@ absl::Status Annotate(const std::string& uuid, const absl::Status& st, const std
 }  // namespace
 
 absl::StatusOr<CudaDeviceInfo> CudaCopyEngine::Shared::FindDevice(const std::string& device_id) {
-  std::lock_guard<std::mutex> lock(mu);
+  base::MutexLock lock(mu);
   if (!listed) {
     auto list = api->ListDevices();
     if (!list.ok()) {
@@ -117,7 +117,7 @@ absl::StatusOr<CudaDeviceInfo> CudaCopyEngine::Shared::FindDevice(const std::str
 absl::StatusOr<std::shared_ptr<DeviceWorker>> CudaCopyEngine::Shared::WorkerFor(
     const CudaDeviceInfo& device) {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    base::MutexLock lock(mu);
     auto it = workers.find(device.uuid);
     if (it != workers.end()) return it->second;
   }
@@ -139,7 +139,7 @@ absl::StatusOr<std::shared_ptr<DeviceWorker>> CudaCopyEngine::Shared::WorkerFor(
   LOG(INFO) << "cuda: context on " << device.uuid << " (" << device.name << ", "
             << device.pci_bus_id << ", NUMA node " << ds.numa_node << "): device memory free "
             << ds.free_bytes_after_context << " of " << ds.total_bytes << " bytes";
-  std::lock_guard<std::mutex> lock(mu);
+  base::MutexLock lock(mu);
   stats.devices.push_back(ds);
   workers[device.uuid] = w;
   return w;
@@ -155,7 +155,7 @@ absl::StatusOr<void*> CudaCopyEngine::Shared::EventFor(Mapping& m, const std::st
   auto e = api->IpcOpenEventHandle(handle);
   if (!e.ok()) return e.status();
   {
-    std::lock_guard<std::mutex> lock(mu);
+    base::MutexLock lock(mu);
     ++stats.event_handle_opens_total;
   }
   m.events[handle] = *e;
@@ -178,7 +178,7 @@ void CudaCopyEngine::Shared::Close(const std::shared_ptr<Mapping>& m) {
     return api->IpcCloseMemHandle(m->base);
   });
   if (!st.ok()) LOG(WARNING) << "cuda: closing an IPC memory handle: " << st.message();
-  std::lock_guard<std::mutex> lock(mu);
+  base::MutexLock lock(mu);
   ++stats.mem_handle_closes_total;
   --stats.mem_handles_open;
   --stats.handles_by_gpu[m->worker->device().uuid].open;
@@ -188,9 +188,9 @@ void CudaCopyEngine::Shared::Close(const std::shared_ptr<Mapping>& m) {
 }
 
 void CudaCopyEngine::Shared::Unref(const std::shared_ptr<Mapping>& m) {
-  std::lock_guard<std::mutex> open_lock(open_mu);
+  base::MutexLock open_lock(open_mu);
   {
-    std::lock_guard<std::mutex> lock(mu);
+    base::MutexLock lock(mu);
     if (m->closed || --m->refs > 0) return;
     m->closed = true;
     mappings.erase(m->key);
@@ -209,10 +209,10 @@ CudaCopyEngine::~CudaCopyEngine() {
   s.stop_pinning = true;
   if (s.pinner.joinable()) s.pinner.join();
   {
-    std::lock_guard<std::mutex> open_lock(s.open_mu);
+    base::MutexLock open_lock(s.open_mu);
     std::vector<std::shared_ptr<Mapping>> left;
     {
-      std::lock_guard<std::mutex> lock(s.mu);
+      base::MutexLock lock(s.mu);
       s.shut_down = true;
       for (auto& [k, m] : s.mappings) {
         m->closed = true;
@@ -242,7 +242,7 @@ CudaCopyEngine::~CudaCopyEngine() {
   }
   std::map<std::string, std::shared_ptr<DeviceWorker>> workers;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    base::MutexLock lock(s.mu);
     workers.swap(s.workers);
   }
   for (auto& [u, w] : workers) w->Stop();
@@ -267,10 +267,10 @@ absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionS
   if (!device.ok()) return device.status();
   const std::string key = device->uuid + std::string(1, '\0') + spec.cuda_ipc_handle;
 
-  std::lock_guard<std::mutex> open_lock(s.open_mu);
+  base::MutexLock open_lock(s.open_mu);
   std::shared_ptr<Mapping> m;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    base::MutexLock lock(s.mu);
     if (s.shut_down) return absl::FailedPreconditionError("the cuda engine is shutting down");
     auto it = s.mappings.find(key);
     if (it != s.mappings.end()) m = it->second;
@@ -301,7 +301,7 @@ absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionS
                       "no such handle)");
     }
     m = fresh;
-    std::lock_guard<std::mutex> lock(s.mu);
+    base::MutexLock lock(s.mu);
     s.mappings[key] = m;
     ++s.stats.mem_handle_opens_total;
     ++s.stats.mem_handles_open;
@@ -316,7 +316,7 @@ absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionS
   bool too_big, close_fresh = false;
   uint64_t allocation_bytes;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    base::MutexLock lock(s.mu);
     allocation_bytes = m->allocation_bytes;
     too_big = spec.size_bytes > allocation_bytes;
     if (too_big && m->refs == 0) {  // opened for this registration only: undo
@@ -496,7 +496,7 @@ absl::Status CudaCopyEngine::PrepareHostPool(uint8_t* base, uint64_t size_bytes)
   }
   Shared& s = *shared_;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    base::MutexLock lock(s.mu);
     if (s.pinner.joinable() || s.stats.host_pool_bytes != 0) {
       return absl::FailedPreconditionError("PrepareHostPool called twice");
     }
@@ -504,7 +504,7 @@ absl::Status CudaCopyEngine::PrepareHostPool(uint8_t* base, uint64_t size_bytes)
   }
   auto devices = s.api->ListDevices();
   if (!devices.ok() || devices->empty()) {
-    std::lock_guard<std::mutex> lock(s.mu);
+    base::MutexLock lock(s.mu);
     s.stats.host_pool_ready = true;
     s.stats.host_pool_error = "no CUDA device";
     s.pin_status = absl::FailedPreconditionError(absl::StrFormat(
@@ -522,11 +522,11 @@ absl::Status CudaCopyEngine::PrepareHostPool(uint8_t* base, uint64_t size_bytes)
       const uint64_t len = std::min(chunk, size_bytes - off);
       st = s.api->HostRegister(base + off, len);
       if (!st.ok()) break;
-      std::lock_guard<std::mutex> lock(s.mu);
+      base::MutexLock lock(s.mu);
       s.registered.push_back(base + off);
       s.stats.host_registered_bytes += len;
     }
-    std::lock_guard<std::mutex> lock(s.mu);
+    base::MutexLock lock(s.mu);
     s.stats.host_register_seconds = offloadd::base::SteadyNowSeconds() - start;
     s.stats.host_pool_ready = true;
     if (!st.ok()) {
@@ -547,16 +547,16 @@ absl::Status CudaCopyEngine::PrepareHostPool(uint8_t* base, uint64_t size_bytes)
 
 absl::Status CudaCopyEngine::WaitHostPoolReady() {
   Shared& s = *shared_;
-  std::unique_lock<std::mutex> lock(s.mu);
+  base::MutexLock lock(s.mu);
   if (s.stats.host_pool_bytes == 0) {
     return absl::FailedPreconditionError("PrepareHostPool was not called");
   }
-  s.pinned_cv.wait(lock, [&] { return s.stats.host_pool_ready; });
+  while (!s.stats.host_pool_ready) s.pinned_cv.Wait(s.mu);
   return s.pin_status;
 }
 
 CudaEngineStats CudaCopyEngine::stats() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  base::MutexLock lock(shared_->mu);
   CudaEngineStats st = shared_->stats;
   st.chunks_total = shared_->chunks_total.load();
   st.chunk_bytes_total = shared_->chunk_bytes_total.load();
@@ -576,12 +576,12 @@ CudaEngineStats CudaCopyEngine::stats() const {
 }
 
 std::map<std::string, HandleCounts> CudaCopyEngine::handle_counts() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  base::MutexLock lock(shared_->mu);
   return shared_->stats.handles_by_gpu;
 }
 
 uint64_t CudaCopyEngine::pinned_bytes() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  base::MutexLock lock(shared_->mu);
   return shared_->stats.host_registered_bytes;
 }
 

@@ -14,6 +14,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "server/base/mutex.h"
 
 namespace offloadd::copy {
 namespace {
@@ -92,13 +93,13 @@ bool GuardedCopy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
 // The daemon's mappings of client objects, by inode, with their charges per uid and in total.
 struct ShmCopyEngine::Mappings {
   ShmMappingLimits limits;
-  std::mutex mu;
-  std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<Mapping>> by_inode;
-  std::map<uint32_t, ShmMappingStats> by_uid;
-  ShmMappingStats total;
+  base::Mutex mu;
+  std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<Mapping>> by_inode GUARDED_BY(mu);
+  std::map<uint32_t, ShmMappingStats> by_uid GUARDED_BY(mu);
+  ShmMappingStats total GUARDED_BY(mu);
 
   // OK when one more mapping of `bytes` for `uid` stays within every bound; mu held.
-  absl::Status AdmitLocked(uint32_t uid, uint64_t bytes) const;
+  absl::Status AdmitLocked(uint32_t uid, uint64_t bytes) const REQUIRES(mu);
   // The object's live mapping when it covers `size_bytes`, else a new one (charged).
   absl::StatusOr<std::shared_ptr<Mapping>> Acquire(std::shared_ptr<Mappings> self, int fd,
                                                    const struct stat& st, uint64_t size_bytes,
@@ -148,7 +149,7 @@ absl::StatusOr<std::shared_ptr<Mapping>> ShmCopyEngine::Mappings::Acquire(
   const std::pair<uint64_t, uint64_t> inode{st.st_dev, st.st_ino};
   const uint32_t uid = st.st_uid;
   std::shared_ptr<Mapping> live;  // released after the lock: its destructor takes it
-  std::lock_guard<std::mutex> lock(mu);
+  base::MutexLock lock(mu);
   auto it = by_inode.find(inode);
   if (it != by_inode.end()) live = it->second.lock();
   if (live != nullptr && live->length >= size_bytes) return live;
@@ -180,7 +181,7 @@ absl::StatusOr<std::shared_ptr<Mapping>> ShmCopyEngine::Mappings::Acquire(
 
 Mapping::~Mapping() {
   munmap(data, length);
-  std::lock_guard<std::mutex> lock(owner->mu);
+  base::MutexLock lock(owner->mu);
   auto it = owner->by_inode.find(inode);
   if (it != owner->by_inode.end() && it->second.expired()) owner->by_inode.erase(it);
   ShmMappingStats& mine = owner->by_uid[uid];
@@ -197,7 +198,7 @@ ShmCopyEngine::ShmCopyEngine(ShmMappingLimits limits) : mappings_(std::make_shar
 }
 
 ShmMappingStats ShmCopyEngine::mapping_stats() const {
-  std::lock_guard<std::mutex> lock(mappings_->mu);
+  base::MutexLock lock(mappings_->mu);
   return mappings_->total;
 }
 
@@ -264,13 +265,13 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
   close(fd);
   if (!mapping.ok()) return mapping.status();
   {
-    std::lock_guard<std::mutex> lock(counts_->mu);
+    base::MutexLock lock(counts_->mu);
     HandleCounts& c = counts_->by_gpu[spec.device_id];
     ++c.opens_total;
     ++c.open;
   }
   auto release = [counts = counts_, gpu = spec.device_id] {
-    std::lock_guard<std::mutex> lock(counts->mu);
+    base::MutexLock lock(counts->mu);
     --counts->by_gpu[gpu].open;
   };
   return std::shared_ptr<Region>(
@@ -278,7 +279,7 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
 }
 
 std::map<std::string, HandleCounts> ShmCopyEngine::handle_counts() const {
-  std::lock_guard<std::mutex> lock(counts_->mu);
+  base::MutexLock lock(counts_->mu);
   return counts_->by_gpu;
 }
 

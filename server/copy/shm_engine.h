@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 
+#include "server/base/mutex.h"
 #include "server/copy/copy_engine.h"
 
 namespace offloadd::copy {
@@ -62,8 +63,8 @@ class ShmCopyEngine : public CopyEngine {
 
  private:
   struct Counts {
-    std::mutex mu;
-    std::map<std::string, HandleCounts> by_gpu;
+    base::Mutex mu;
+    std::map<std::string, HandleCounts> by_gpu GUARDED_BY(mu);
   };
   std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
   std::shared_ptr<Mappings> mappings_;

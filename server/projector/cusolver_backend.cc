@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/base/mutex.h"
 #include "server/copy/cuda_api.h"
 
 namespace offloadd::projector {
@@ -366,13 +367,14 @@ absl::StatusOr<int> CudaOrdinalForUuid(const std::string& uuid) {
 
 std::function<const SvdBackend*(const copy::RegionSpec&)> MakeCusolverBackendSelector() {
   struct Backends {
-    std::mutex mu;
-    std::map<std::string, std::unique_ptr<CusolverSvdBackend>> by_uuid;  // null: not a GPU here
+    base::Mutex mu;
+    // null: not a GPU here
+    std::map<std::string, std::unique_ptr<CusolverSvdBackend>> by_uuid GUARDED_BY(mu);
   };
   auto backends = std::make_shared<Backends>();
   return [backends](const copy::RegionSpec& spec) -> const SvdBackend* {
     if (spec.cuda_ipc_handle.empty()) return nullptr;
-    std::lock_guard<std::mutex> lock(backends->mu);
+    base::MutexLock lock(backends->mu);
     auto it = backends->by_uuid.find(spec.device_id);
     if (it == backends->by_uuid.end()) {
       absl::StatusOr<int> ordinal = CudaOrdinalForUuid(spec.device_id);

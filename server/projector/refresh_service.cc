@@ -71,6 +71,7 @@ RefreshService::RefreshService(RefreshServiceOptions options, copy::CopyEngine* 
     : options_(std::move(options)), regions_(shm_engine, cuda_engine, options_.region_cache) {
   if (options_.cpu_backend == nullptr) options_.cpu_backend = &own_lapack_;
   const int workers = std::max(1, options_.workers);
+  base::MutexLock once(shutdown_mu_);
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
   metrics::Get().projector_queue_depth->Set(0);
 }
@@ -82,7 +83,7 @@ double RefreshService::Now() const { return base::SteadyNowSeconds(); }
 absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& request) {
   absl::StatusOr<RefreshLayout> layout = ValidateServiceRequest(request);
   if (!layout.ok()) return layout.status();
-  std::unique_lock<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (stopping_) {
     return absl::UnavailableError("the projector service is shutting down: resubmit later");
   }
@@ -126,7 +127,7 @@ absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& reque
   queue_.Push(parameter, request.step, id, request.caller_uid);
   UpdateQueueGaugeLocked();
   EvictResultsLocked(now, request.caller_uid);
-  lock.unlock();
+  lock.Unlock();
   work_cv_.notify_one();
   return SubmitOutcome{id, false, RefreshState::kQueued};
 }
@@ -135,13 +136,9 @@ void RefreshService::WorkerLoop(int index) {
   (void)index;
   WorkerBuffers buffers;
   for (;;) {
-    std::unique_lock<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     absl::optional<FairRefreshQueue::Item> item;
-    work_cv_.wait(lock, [&] {
-      if (stopping_) return true;
-      item = queue_.Pop();
-      return item.has_value();
-    });
+    while (!stopping_ && !(item = queue_.Pop()).has_value()) work_cv_.Wait(mu_);
     if (!item) return;  // stopping
     Entry& e = entries_.at(item->id);
     const double start = Now();
@@ -171,7 +168,7 @@ void RefreshService::WorkerLoop(int index) {
       previous = h.projector;
       previous_shape = h;
     }
-    lock.unlock();
+    lock.Unlock();
 
     std::vector<uint8_t> written;
     if (skip) {
@@ -200,7 +197,7 @@ void RefreshService::WorkerLoop(int index) {
           .Observe(record.elapsed_seconds);
     }
 
-    lock.lock();
+    lock.Lock();
     auto hit = history_.find(item->parameter);
     if (hit != history_.end() && !skip && record.state == RefreshState::kDone) {
       History& hh = hit->second;
@@ -219,7 +216,7 @@ void RefreshService::WorkerLoop(int index) {
       EvictHistoryLocked(hh.owner);
     }
     queue_.Done(item->parameter);
-    lock.unlock();
+    lock.Unlock();
     Finish(item->id, std::move(record));
   }
 }
@@ -352,7 +349,7 @@ void RefreshService::Finish(uint64_t id, RefreshRecord record) {
   }
   std::vector<std::function<void(const RefreshRecord&)>> waiters;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = entries_.find(id);
     if (it != entries_.end()) {
       if (!Finished(it->second.record.state)) {
@@ -395,7 +392,8 @@ void RefreshService::EraseResultLocked(uint64_t id) {
 
 void RefreshService::EvictResultsLocked(double now, int64_t owner) {
   // Pops the oldest result of `uid`'s deque `it`; drops the deque when empty.
-  auto pop_oldest = [&](std::map<int64_t, std::deque<std::pair<double, uint64_t>>>::iterator it) {
+  using ByUid = std::map<int64_t, std::deque<std::pair<double, uint64_t>>>;
+  auto pop_oldest = [&](ByUid::iterator it) REQUIRES(mu_) {
     const uint64_t id = it->second.front().second;
     it->second.pop_front();
     --finished_count_;
@@ -514,7 +512,7 @@ const RefreshService::Entry* RefreshService::FindEntryLocked(uint64_t id, int64_
 }
 
 absl::StatusOr<RefreshRecord> RefreshService::Get(uint64_t id, int64_t owner_uid) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   const Entry* e = FindEntryLocked(id, owner_uid);
   if (e == nullptr) {
     return absl::NotFoundError(absl::StrCat(
@@ -526,7 +524,7 @@ absl::StatusOr<RefreshRecord> RefreshService::Get(uint64_t id, int64_t owner_uid
 
 absl::StatusOr<uint64_t> RefreshService::Find(int64_t owner_uid, const std::string& parameter_id,
                                               int64_t step) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = by_key_.find({Scoped(owner_uid, parameter_id), step});
   if (it == by_key_.end()) {
     return absl::NotFoundError(absl::StrCat("no projector refresh for parameter ", parameter_id,
@@ -537,7 +535,7 @@ absl::StatusOr<uint64_t> RefreshService::Find(int64_t owner_uid, const std::stri
 
 std::vector<uint64_t> RefreshService::BatchIds(int64_t owner_uid,
                                                const std::string& batch_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = by_batch_.find(Scoped(owner_uid, batch_id));
   if (it == by_batch_.end()) return {};
   return it->second;
@@ -547,7 +545,7 @@ absl::Status RefreshService::WhenFinished(uint64_t id, int64_t owner_uid,
                                           std::function<void(const RefreshRecord&)> done) {
   RefreshRecord record;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (FindEntryLocked(id, owner_uid) == nullptr) {
       return absl::NotFoundError(
           absl::StrCat("no projector refresh with id ", id, ": unknown, or its result expired"));
@@ -597,29 +595,29 @@ void RefreshService::ForgetWaiterLocked(int64_t owner_uid) {
 
 absl::StatusOr<RefreshRecord> RefreshService::Wait(uint64_t id) {
   struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool ready = false;
-    RefreshRecord record;
+    base::Mutex mu;
+    base::CondVar cv;
+    bool ready GUARDED_BY(mu) = false;
+    RefreshRecord record GUARDED_BY(mu);
   };
   auto shared = std::make_shared<Shared>();
   absl::Status s = WhenFinished(id, [shared](const RefreshRecord& r) {
-    std::lock_guard<std::mutex> lock(shared->mu);
+    base::MutexLock lock(shared->mu);
     shared->record = r;
     shared->ready = true;
     shared->cv.notify_all();
   });
   if (!s.ok()) return s;
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait(lock, [&] { return shared->ready; });
+  base::MutexLock lock(shared->mu);
+  while (!shared->ready) shared->cv.Wait(shared->mu);
   return shared->record;
 }
 
 void RefreshService::Shutdown() {
-  std::lock_guard<std::mutex> once(shutdown_mu_);
+  base::MutexLock once(shutdown_mu_);
   std::vector<uint64_t> cancelled;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (stopping_ && workers_.empty()) return;
     stopping_ = true;
     cancelled = queue_.TakeAll();
@@ -628,7 +626,7 @@ void RefreshService::Shutdown() {
   for (uint64_t id : cancelled) {
     RefreshRecord record;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       record = entries_.at(id).record;
       entries_.at(id).request = ServiceRequest();
     }
@@ -646,7 +644,7 @@ void RefreshService::Shutdown() {
 RefreshService::Stats RefreshService::stats() const {
   Stats s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     s.queued = queue_.queued();
     s.running = queue_.running();
     s.results_held = entries_.size();

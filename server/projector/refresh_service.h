@@ -47,19 +47,18 @@
 #ifndef OFFLOADD_SERVER_PROJECTOR_REFRESH_SERVICE_H_
 #define OFFLOADD_SERVER_PROJECTOR_REFRESH_SERVICE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/base/mutex.h"
 #include "server/copy/copy_engine.h"
 #include "server/projector/lapack_backend.h"
 #include "server/projector/projector.h"
@@ -138,7 +137,7 @@ class RefreshService {
   // FAILED_PRECONDITION
   // when `step` is older than a step of this parameter that has already started (steps must
   // increase; set reset_history to start over); UNAVAILABLE after Shutdown.
-  absl::StatusOr<SubmitOutcome> Submit(const ServiceRequest& request);
+  absl::StatusOr<SubmitOutcome> Submit(const ServiceRequest& request) EXCLUDES(mu_);
 
   // Names are scoped by owner: a refresh belongs to the caller_uid that submitted it, and its
   // parameter_id, step and batch_id name it only for that uid (another uid's refresh with the
@@ -148,27 +147,29 @@ class RefreshService {
   static constexpr int64_t kAnyOwner = INT64_MIN;
 
   // NOT_FOUND when unknown, expired, or another owner's (the same message for each).
-  absl::StatusOr<RefreshRecord> Get(uint64_t id, int64_t owner_uid = kAnyOwner) const;
+  absl::StatusOr<RefreshRecord> Get(uint64_t id, int64_t owner_uid = kAnyOwner) const EXCLUDES(mu_);
   absl::StatusOr<uint64_t> Find(int64_t owner_uid, const std::string& parameter_id,
-                                int64_t step) const;
+                                int64_t step) const EXCLUDES(mu_);
   // Ids `owner_uid` submitted with this batch id and still held (oldest first); empty when none.
-  std::vector<uint64_t> BatchIds(int64_t owner_uid, const std::string& batch_id) const;
+  std::vector<uint64_t> BatchIds(int64_t owner_uid, const std::string& batch_id) const
+      EXCLUDES(mu_);
 
   // Calls `done` exactly once with the record when refresh `id` has finished (kDone or
   // kFailed) — at once, on this thread, if it already has. NOT_FOUND when unknown (or
   // another owner's); RESOURCE_EXHAUSTED (done is not called) when `owner_uid` already has
   // max_waiters_per_uid callbacks waiting, or the service max_waiters.
   absl::Status WhenFinished(uint64_t id, int64_t owner_uid,
-                            std::function<void(const RefreshRecord&)> done);
-  absl::Status WhenFinished(uint64_t id, std::function<void(const RefreshRecord&)> done) {
+                            std::function<void(const RefreshRecord&)> done) EXCLUDES(mu_);
+  absl::Status WhenFinished(uint64_t id, std::function<void(const RefreshRecord&)> done)
+      EXCLUDES(mu_) {
     return WhenFinished(id, kAnyOwner, std::move(done));
   }
   // Blocks until refresh `id` has finished (tests, benchmarks).
-  absl::StatusOr<RefreshRecord> Wait(uint64_t id);
+  absl::StatusOr<RefreshRecord> Wait(uint64_t id) EXCLUDES(mu_);
 
   // Stops taking work: queued refreshes fail with UNAVAILABLE (their waiters are told), running
   // ones finish, workers are joined. Idempotent.
-  void Shutdown();
+  void Shutdown() EXCLUDES(shutdown_mu_);
 
   struct Stats {
     size_t queued = 0, running = 0, results_held = 0, parameters_held = 0;
@@ -176,7 +177,7 @@ class RefreshService {
     size_t regions_cached = 0;
     uint64_t region_opens_total = 0;
   };
-  Stats stats() const;
+  Stats stats() const EXCLUDES(mu_);
 
  private:
   struct History {
@@ -199,66 +200,74 @@ class RefreshService {
   };
   struct WorkerBuffers;
 
-  void WorkerLoop(int index);
+  void WorkerLoop(int index) EXCLUDES(mu_);
   // Runs one refresh outside the lock: reads G, fills and runs *refresh (whose
   // previous_projector the caller has set), writes P; fills *record (state kDone or kFailed).
   void Execute(const ServiceRequest& request, WorkerBuffers& buffers, RefreshRequest* refresh,
                RefreshRecord* record);
-  void Finish(uint64_t id, RefreshRecord record);  // lock not held
+  void Finish(uint64_t id, RefreshRecord record) EXCLUDES(mu_);  // lock not held
   // OUT_OF_RANGE / RESOURCE_EXHAUSTED when a new refresh would pass a bound; lock held.
-  absl::Status AdmitLocked(const ServiceRequest& request, const RefreshLayout& layout) const;
+  absl::Status AdmitLocked(const ServiceRequest& request, const RefreshLayout& layout) const
+      REQUIRES(mu_);
   // Execute, with a failed allocation turned into the refresh's RESOURCE_EXHAUSTED.
   void ExecuteGuarded(const ServiceRequest& request, WorkerBuffers& buffers,
                       RefreshRequest* refresh, RefreshRecord* record);
   // A name as seen by one owner: "<uid>:<name>" (the uid has no ':').
   static std::string Scoped(int64_t owner_uid, const std::string& name);
   // A random id not in use; mu_ held.
-  uint64_t NewIdLocked() const;
+  uint64_t NewIdLocked() const REQUIRES(mu_);
   // The entry `id` when `owner_uid` may see it, else nullptr; mu_ held.
-  const Entry* FindEntryLocked(uint64_t id, int64_t owner_uid) const;
+  const Entry* FindEntryLocked(uint64_t id, int64_t owner_uid) const REQUIRES(mu_);
   // Forgets expired results, then results past `owner`'s budget, then the largest holder's
   // oldest past max_results.
-  void EvictResultsLocked(double now, int64_t owner);
-  void EraseResultLocked(uint64_t id);
+  void EvictResultsLocked(double now, int64_t owner) REQUIRES(mu_);
+  void EraseResultLocked(uint64_t id) REQUIRES(mu_);
   // Forgets projectors past `owner`'s budget, then the largest holder's least recently used
   // past the totals.
-  void EvictHistoryLocked(int64_t owner);
+  void EvictHistoryLocked(int64_t owner) REQUIRES(mu_);
   // The least recently used history entry of `owner` (holding a projector when
   // `with_projector`), or history_.end().
-  std::map<std::string, History>::iterator LeastRecentLocked(int64_t owner, bool with_projector);
-  void EraseHistoryLocked(std::map<std::string, History>::iterator it);
+  std::map<std::string, History>::iterator LeastRecentLocked(int64_t owner, bool with_projector)
+      REQUIRES(mu_);
+  void EraseHistoryLocked(std::map<std::string, History>::iterator it) REQUIRES(mu_);
   // A new projector (or none) for a history entry: keeps the byte counts.
-  void SetProjectorLocked(History& h, std::shared_ptr<const std::vector<uint8_t>> projector);
-  void UpdateQueueGaugeLocked();
+  void SetProjectorLocked(History& h, std::shared_ptr<const std::vector<uint8_t>> projector)
+      REQUIRES(mu_);
+  void UpdateQueueGaugeLocked() REQUIRES(mu_);
   // Counts one more waiter of `owner_uid`, or RESOURCE_EXHAUSTED naming the bound; mu_ held.
-  absl::Status AdmitWaiterLocked(int64_t owner_uid);
-  void ForgetWaiterLocked(int64_t owner_uid);
+  absl::Status AdmitWaiterLocked(int64_t owner_uid) REQUIRES(mu_);
+  void ForgetWaiterLocked(int64_t owner_uid) REQUIRES(mu_);
   double Now() const;
 
   LapackSvdBackend own_lapack_;  // the cpu_backend when none was given
   RefreshServiceOptions options_;
   RegionCache regions_;
-  std::mutex shutdown_mu_;  // serialises Shutdown calls
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;
-  bool stopping_ = false;
-  uint64_t tick_ = 0;
-  FairRefreshQueue queue_;
-  std::map<uint64_t, Entry> entries_;
-  std::map<std::pair<std::string, int64_t>, uint64_t> by_key_;  // (Scoped parameter, step)
-  std::map<std::string, std::vector<uint64_t>> by_batch_;       // by Scoped batch id, oldest first
+  base::Mutex shutdown_mu_;  // serialises Shutdown calls
+  mutable base::Mutex mu_;
+  base::CondVar work_cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  uint64_t tick_ GUARDED_BY(mu_) = 0;
+  FairRefreshQueue queue_ GUARDED_BY(mu_);
+  std::map<uint64_t, Entry> entries_ GUARDED_BY(mu_);
+  // (Scoped parameter, step)
+  std::map<std::pair<std::string, int64_t>, uint64_t> by_key_ GUARDED_BY(mu_);
+  // By Scoped batch id, oldest first
+  std::map<std::string, std::vector<uint64_t>> by_batch_ GUARDED_BY(mu_);
   // (finish time, id) of finished results held, oldest first, by caller uid.
-  std::map<int64_t, std::deque<std::pair<double, uint64_t>>> finished_by_uid_;
-  size_t finished_count_ = 0;
-  std::map<std::string, History> history_;                      // by Scoped parameter
-  uint64_t history_bytes_ = 0;
-  std::map<int64_t, uint64_t> history_bytes_by_uid_;  // projector bytes held, by owner
-  std::map<int64_t, size_t> parameters_by_uid_;       // history entries, by owner
-  size_t unfinished_ = 0;                        // queued or running
-  std::map<int64_t, size_t> unfinished_by_uid_;  // the same, by caller uid
-  std::map<int64_t, size_t> waiters_by_uid_;     // counted WhenFinished callbacks, by owner
-  size_t waiters_total_ = 0;
-  std::vector<std::thread> workers_;
+  std::map<int64_t, std::deque<std::pair<double, uint64_t>>> finished_by_uid_ GUARDED_BY(mu_);
+  size_t finished_count_ GUARDED_BY(mu_) = 0;
+  // By Scoped parameter
+  std::map<std::string, History> history_ GUARDED_BY(mu_);
+  uint64_t history_bytes_ GUARDED_BY(mu_) = 0;
+  // Projector bytes held, by owner
+  std::map<int64_t, uint64_t> history_bytes_by_uid_ GUARDED_BY(mu_);
+  std::map<int64_t, size_t> parameters_by_uid_ GUARDED_BY(mu_);  // history entries, by owner
+  size_t unfinished_ GUARDED_BY(mu_) = 0;                        // queued or running
+  std::map<int64_t, size_t> unfinished_by_uid_ GUARDED_BY(mu_);  // the same, by caller uid
+  // Counted WhenFinished callbacks, by owner
+  std::map<int64_t, size_t> waiters_by_uid_ GUARDED_BY(mu_);
+  size_t waiters_total_ GUARDED_BY(mu_) = 0;
+  std::vector<std::thread> workers_ GUARDED_BY(shutdown_mu_);
 };
 
 }  // namespace offloadd::projector

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/base/clock.h"
+#include "server/base/mutex.h"
 
 namespace offloadd::projector {
 namespace {
@@ -52,7 +53,7 @@ absl::StatusOr<RegionCache::Opened> RegionCache::Open(const copy::RegionSpec& sp
   const std::string key = KeyOf(spec);
   const ShmId id = shm ? ShmIdentity(spec.shm_name) : ShmId{};
   const uint64_t inode = id.inode;
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   const double now = Now();
   // Close idle entries (a client that stopped refreshing should not keep its memory mapped).
   for (auto it = entries_.begin(); it != entries_.end();) {
@@ -89,17 +90,17 @@ absl::StatusOr<RegionCache::Opened> RegionCache::Open(const copy::RegionSpec& sp
 }
 
 void RegionCache::Clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   entries_.clear();
 }
 
 size_t RegionCache::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return entries_.size();
 }
 
 uint64_t RegionCache::opens_total() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return opens_total_;
 }
 

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/base/mutex.h"
 #include "server/copy/copy_engine.h"
 
 namespace offloadd::projector {
@@ -70,9 +71,9 @@ class RegionCache {
   copy::CopyEngine* shm_engine_;
   copy::CopyEngine* cuda_engine_;
   RegionCacheOptions options_;
-  mutable std::mutex mu_;
-  std::list<Entry> entries_;  // most recently used first
-  uint64_t opens_total_ = 0;
+  mutable base::Mutex mu_;
+  std::list<Entry> entries_ GUARDED_BY(mu_);  // most recently used first
+  uint64_t opens_total_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace offloadd::projector

@@ -15,13 +15,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "server/base/clock.h"
+#include "server/base/mutex.h"
 
 namespace offloadd::rpc {
 namespace {
-
-double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -74,7 +72,7 @@ void PeerListener::Start(std::function<void(int fd)> adopt, session::ConnectionL
 
 void PeerListener::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (stopped_) return;
     stopped_ = true;
   }
@@ -88,7 +86,7 @@ void PeerListener::Stop() {
 session::PeerCredentials PeerListener::Lookup(const std::string& peer) const {
   int fd;
   if (peer.rfind("fd:", 0) != 0 || !absl::SimpleAtoi(peer.substr(3), &fd)) return {};
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = by_fd_.find(fd);
   if (it == by_fd_.end()) return {};
   it->second.used = true;
@@ -96,7 +94,7 @@ session::PeerCredentials PeerListener::Lookup(const std::string& peer) const {
 }
 
 size_t PeerListener::connections_open() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return by_fd_.size();
 }
 
@@ -151,8 +149,8 @@ bool PeerListener::Admit(int conn) {
     c.dev = st.st_dev;
     c.ino = st.st_ino;
   }
-  c.accepted_seconds = NowSeconds();
-  std::lock_guard<std::mutex> lock(mu_);
+  c.accepted_seconds = base::SteadyNowSeconds();
+  base::MutexLock lock(mu_);
   if (auto old = by_fd_.find(conn); old != by_fd_.end()) ForgetLocked(old);  // closed, reused
   if (!FitsLocked(c.cred)) SweepLocked(c.accepted_seconds);  // make room from closed ones
   if (!FitsLocked(c.cred)) {
@@ -178,11 +176,11 @@ void PeerListener::Loop() {
   pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   const double timeout = limits_.unused_connection_timeout_seconds;
   const int sweep_ms = timeout > 0 ? std::clamp(static_cast<int>(timeout * 500), 10, 1000) : 1000;
-  double last_sweep = NowSeconds();
+  double last_sweep = base::SteadyNowSeconds();
   while (true) {
     fds[0].revents = fds[1].revents = 0;
-    if (const double now = NowSeconds(); now - last_sweep >= sweep_ms / 1000.0) {
-      std::lock_guard<std::mutex> lock(mu_);
+    if (const double now = base::SteadyNowSeconds(); now - last_sweep >= sweep_ms / 1000.0) {
+      base::MutexLock lock(mu_);
       SweepLocked(now);
       last_sweep = now;
     }

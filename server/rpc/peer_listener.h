@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 #include "absl/status/statusor.h"
+#include "server/base/mutex.h"
 #include "server/session/peer.h"
 
 namespace offloadd::rpc {
@@ -74,10 +75,10 @@ class PeerListener {
   // Records (true) or closes (false) a new connection, by the limits.
   bool Admit(int conn);
   // Forgets connections gRPC closed, shuts down unused ones past the timeout; mu_ held.
-  void SweepLocked(double now);
+  void SweepLocked(double now) REQUIRES(mu_);
   // Whether one more connection of `cred` fits; mu_ held.
-  bool FitsLocked(const session::PeerCredentials& cred) const;
-  void ForgetLocked(std::unordered_map<int, Connection>::iterator it);
+  bool FitsLocked(const session::PeerCredentials& cred) const REQUIRES(mu_);
+  void ForgetLocked(std::unordered_map<int, Connection>::iterator it) REQUIRES(mu_);
 
   int fd_ = -1, wake_fd_ = -1;
   std::function<void(int)> adopt_;
@@ -85,10 +86,10 @@ class PeerListener {
   bool stopped_ = false;
   session::ConnectionLimits limits_;
   std::function<bool(const session::PeerCredentials&)> is_admin_;
-  mutable std::mutex mu_;
-  mutable std::unordered_map<int, Connection> by_fd_;  // Lookup marks `used`
-  std::unordered_map<uint32_t, size_t> per_uid_;       // open connections of known peers
-  double last_refusal_log_seconds_ = -1e9;
+  mutable base::Mutex mu_;
+  mutable std::unordered_map<int, Connection> by_fd_ GUARDED_BY(mu_);  // Lookup marks `used`
+  std::unordered_map<uint32_t, size_t> per_uid_ GUARDED_BY(mu_);  // open connections, known peers
+  double last_refusal_log_seconds_ GUARDED_BY(mu_) = -1e9;
   std::atomic<uint64_t> accepted_total_{0}, refused_total_{0};
 };
 

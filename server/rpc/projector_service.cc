@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/base/mutex.h"
 #include "server/rpc/translate.h"
 
 namespace offloadd::rpc {
@@ -165,20 +166,20 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    base::MutexLock lock(state_->mu);
     state_->writing = false;
     if (!ok) state_->broken = true;
     state_->NextLocked();
   }
   void OnCancel() override {
     if (!state_) return;
-    std::lock_guard<std::mutex> lock(state_->mu);
+    base::MutexLock lock(state_->mu);
     state_->broken = true;
     state_->NextLocked();
   }
   void OnDone() override {
     if (state_) {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      base::MutexLock lock(state_->mu);
       state_->reactor = nullptr;
     }
     delete this;
@@ -186,15 +187,18 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
 
  private:
   struct State {
-    std::mutex mu;
-    WatchReactor* reactor = nullptr;  // null once the call is done
-    uint32_t total = 0, completed = 0;
-    std::deque<v1::RefreshProgress> pending;
-    v1::RefreshProgress current;  // being written
-    bool writing = false, broken = false, finished = false;
+    base::Mutex mu;
+    WatchReactor* reactor GUARDED_BY(mu) = nullptr;  // null once the call is done
+    uint32_t total GUARDED_BY(mu) = 0;
+    uint32_t completed GUARDED_BY(mu) = 0;
+    std::deque<v1::RefreshProgress> pending GUARDED_BY(mu);
+    v1::RefreshProgress current GUARDED_BY(mu);  // being written
+    bool writing GUARDED_BY(mu) = false;
+    bool broken GUARDED_BY(mu) = false;
+    bool finished GUARDED_BY(mu) = false;
 
     void Push(const pj::RefreshRecord& r) {
-      std::lock_guard<std::mutex> lock(mu);
+      base::MutexLock lock(mu);
       if (reactor == nullptr || finished) return;
       v1::RefreshProgress p;
       ToProto(r, p.mutable_result());
@@ -203,7 +207,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
       pending.push_back(std::move(p));
       NextLocked();
     }
-    void NextLocked() {
+    void NextLocked() REQUIRES(mu) {
       if (writing || finished || reactor == nullptr) return;
       if (broken) {
         finished = true;

@@ -20,6 +20,8 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_posix.h"
 #include "proto/offload.grpc.pb.h"
+#include "server/base/clock.h"
+#include "server/base/mutex.h"
 #include "server/rpc/peer_listener.h"
 #include "server/rpc/projector_service.h"
 #include "server/rpc/translate.h"
@@ -33,13 +35,12 @@ namespace {
 // go to glog at most once per 10 s, with the count of those dropped; fatal ones always.
 void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
                             const std::string& message) {
-  static std::mutex mu;
+  static base::Mutex mu;
   static double last_seconds = -1e9;
   static uint64_t dropped = 0;
   if (level != google::protobuf::LOGLEVEL_FATAL) {
-    const double now =
-        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    std::lock_guard<std::mutex> lock(mu);
+    const double now = base::SteadyNowSeconds();
+    base::MutexLock lock(mu);
     if (now - last_seconds < 10) {
       ++dropped;
       return;
@@ -85,7 +86,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
                               : ctx_->IsCancelled()  ? session::EndCause::kCrashed
                                                      : session::EndCause::kClosed;
     session_->Close(cause);
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     finish_requested_ = true;
     MaybeFinishLocked();
   }
@@ -100,7 +101,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       for (; next_request_ < end; ++next_request_) {
         session_->Handle(FromProto(in_.requests(next_request_)));
       }
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       if (finished_ || finish_requested_) return;
       if (out_pending_.responses_size() >= Server::kMaxQueuedResponses && writing_) {
         read_paused_ = true;
@@ -116,12 +117,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   // One warning per bad message, at most one per 10 s for the whole daemon (a client can send
   // them as fast as it likes); the count of those not logged goes with the next one.
   void LogBadMessage(size_t bytes) {
-    static std::mutex mu;
+    static base::Mutex mu;
     static double last_seconds = -1e9;
     static uint64_t suppressed = 0;
-    const double now =
-        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    std::lock_guard<std::mutex> lock(mu);
+    const double now = base::SteadyNowSeconds();
+    base::MutexLock lock(mu);
     if (now - last_seconds < 10) {
       ++suppressed;
       return;
@@ -158,7 +158,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   void OnWriteDone(bool ok) override {
     bool resume = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       writing_ = false;
       if (!ok) {
         broken_ = true;
@@ -185,14 +185,14 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
 
  private:
   void Enqueue(session::Completion c) {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (broken_ || finished_) return;
     ToProto(c, out_pending_.add_responses());
     if (!writing_) StartBatchLocked();
   }
   // Writes what is queued, at most kMaxResponsesPerMessage responses per message so no reply
   // exceeds a client's receive limit (gRPC's default is 4 MiB).
-  void StartBatchLocked() {
+  void StartBatchLocked() REQUIRES(mu_) {
     out_.Clear();
     auto* pending = out_pending_.mutable_responses();
     if (pending->size() <= Server::kMaxResponsesPerMessage) {
@@ -208,7 +208,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     (void)grpc::SerializationTraits<v1::ServerMessage>::Serialize(out_, &out_bytes_, &own_buffer);
     StartWrite(&out_bytes_);
   }
-  void MaybeFinishLocked() {
+  void MaybeFinishLocked() REQUIRES(mu_) {
     if (finish_requested_ && !writing_ && out_pending_.responses_size() == 0 && !finished_) {
       finished_ = true;
       Finish(finish_status_);
@@ -218,7 +218,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   // so nothing more is queued; finish once the write in flight is done. Called with the
   // session's lock held (reactions never run inline, so Finish cannot re-enter it).
   void EndStream(const absl::Status& status) {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     finish_status_ = ToGrpcStatus(status);
     finish_requested_ = true;
     out_pending_.Clear();
@@ -231,13 +231,16 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   grpc::ByteBuffer in_bytes_;  // being read
   v1::ClientMessage in_;       // parsed from in_bytes_
   int next_request_ = 0;       // in_'s next request to hand to the session
-  std::mutex mu_;
-  v1::ServerMessage out_;          // being written
-  grpc::ByteBuffer out_bytes_;     // out_, serialized
-  v1::ServerMessage out_pending_;  // responses queued since the last write started
-  bool writing_ = false, broken_ = false, finish_requested_ = false, finished_ = false;
-  bool read_paused_ = false;
-  grpc::Status finish_status_ = grpc::Status::OK;
+  base::Mutex mu_;
+  v1::ServerMessage out_ GUARDED_BY(mu_);          // being written
+  grpc::ByteBuffer out_bytes_ GUARDED_BY(mu_);     // out_, serialized
+  v1::ServerMessage out_pending_ GUARDED_BY(mu_);  // responses queued since the last write started
+  bool writing_ GUARDED_BY(mu_) = false;
+  bool broken_ GUARDED_BY(mu_) = false;
+  bool finish_requested_ GUARDED_BY(mu_) = false;
+  bool finished_ GUARDED_BY(mu_) = false;
+  bool read_paused_ GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_ GUARDED_BY(mu_) = grpc::Status::OK;
 };
 
 // Session is a raw method (bytes parsed by SessionReactor); the unary calls are typed.

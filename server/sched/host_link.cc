@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "server/base/mutex.h"
+
 namespace offloadd::sched {
 namespace {
 
@@ -85,7 +87,7 @@ HostLink::HostLink(HostLinkOptions options, Clock* clock)
 
 double HostLink::WaitTurn(const std::string& child) {
   const double rate = options_.bytes_per_second;
-  std::unique_lock<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (waiters_++ == 0) backlog_since_seconds_ = clock_->NowSeconds();
   turns_.Join(child);
   for (;;) {
@@ -113,19 +115,19 @@ double HostLink::WaitTurn(const std::string& child) {
       if (!sleeper_) {
         sleeper_ = true;
         const double t = free_at_seconds_;
-        lock.unlock();
+        lock.Unlock();
         clock_->SleepUntil(t);
-        lock.lock();
+        lock.Lock();
         sleeper_ = false;
         continue;
       }
     }
-    cv_.wait(lock);
+    cv_.Wait(mu_);
   }
 }
 
 double HostLink::Commit(const std::string& child, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   turns_.Charge(child, bytes);
   const double start = grant_start_seconds_;
   double finish = start;
@@ -145,7 +147,7 @@ double HostLink::Commit(const std::string& child, uint64_t bytes) {
 }
 
 HostLinkStats HostLink::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return stats_;
 }
 

@@ -34,6 +34,7 @@
 #include <optional>
 #include <string>
 
+#include "server/base/mutex.h"
 #include "server/sched/link_scheduler.h"
 
 namespace offloadd::sched {
@@ -93,30 +94,30 @@ class HostLink {
   // Blocks until `child` holds the turn and the level is free; returns the turn's start time
   // (Clock seconds, <= now). The caller must call Commit(child, ...) next, promptly: nobody
   // else gets a turn until it does. A child should wait for one turn at a time.
-  double WaitTurn(const std::string& child);
+  double WaitTurn(const std::string& child) EXCLUDES(mu_);
   // Ends the turn: `bytes` were started in it (0: unused). Returns the time the level has
   // moved them (start + bytes / bytes_per_second; start when unpaced or for 0 bytes).
-  double Commit(const std::string& child, uint64_t bytes);
+  double Commit(const std::string& child, uint64_t bytes) EXCLUDES(mu_);
 
-  HostLinkStats stats() const;
+  HostLinkStats stats() const EXCLUDES(mu_);
   const HostLinkOptions& options() const { return options_; }
 
  private:
   const HostLinkOptions options_;
   Clock* const clock_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  TurnQueue turns_;
-  bool granted_ = false;  // a turn is outstanding (decided, not yet committed)
-  bool taken_ = false;    // ... and its child's waiter has returned from WaitTurn
-  std::string granted_child_;
-  double grant_start_seconds_ = 0;
-  double free_at_seconds_ = 0;        // virtual finish of the last committed bytes
-  bool sleeper_ = false;              // one waiter sleeps on the clock until free_at_seconds_
-  uint64_t waiters_ = 0;              // in WaitTurn, not yet holding a turn
-  double backlog_since_seconds_ = 0;  // when a child began to wait while none did
-  HostLinkStats stats_;
+  mutable base::Mutex mu_;
+  base::CondVar cv_;
+  TurnQueue turns_ GUARDED_BY(mu_);
+  bool granted_ GUARDED_BY(mu_) = false;  // a turn is outstanding (decided, not yet committed)
+  bool taken_ GUARDED_BY(mu_) = false;    // ... and its child's waiter has returned from WaitTurn
+  std::string granted_child_ GUARDED_BY(mu_);
+  double grant_start_seconds_ GUARDED_BY(mu_) = 0;
+  double free_at_seconds_ GUARDED_BY(mu_) = 0;  // virtual finish of the last committed bytes
+  bool sleeper_ GUARDED_BY(mu_) = false;  // one waiter sleeps on the clock until free_at_seconds_
+  uint64_t waiters_ GUARDED_BY(mu_) = 0;  // in WaitTurn, not yet holding a turn
+  double backlog_since_seconds_ GUARDED_BY(mu_) = 0;  // when a child began to wait while none did
+  HostLinkStats stats_ GUARDED_BY(mu_);
 };
 
 }  // namespace offloadd::sched

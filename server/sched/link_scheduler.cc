@@ -1,9 +1,7 @@
 #include "server/sched/link_scheduler.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -11,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/clock.h"
+#include "server/base/mutex.h"
 #include "server/sched/drr.h"
 #include "server/sched/host_link.h"
 
@@ -76,11 +75,11 @@ struct LinkScheduler::Impl {
     absl::Status status;
   };
 
-  void WorkerLoop();
+  void WorkerLoop() EXCLUDES(mu);
   // Called with `mu` held: accounts a copied chunk (consumed, so its reference to the transfer
   // is gone on return). Returns true when it was the transfer's last: `finished` then holds the
   // transfer, taken out of `active`, for Complete.
-  bool FinishChunk(Chunk chunk, absl::Status status, Finished* finished);
+  bool FinishChunk(Chunk chunk, absl::Status status, Finished* finished) REQUIRES(mu);
   // Called without `mu` held: runs `done` and drops the transfer. The transfer's callbacks may
   // hold the last reference to a Session or a Region, whose destructors may block (closing a
   // CUDA IPC handle on the device thread); they must not run while the link's workers wait for
@@ -88,16 +87,16 @@ struct LinkScheduler::Impl {
   static void Complete(Finished finished);
   // Posted chunks (post_chunk transfers). Called with `mu` held. An URGENT chunk is never held
   // back by its GPU's limit: it is one chunk, and the engine serves it ahead of queued ones.
-  bool MayPost(TrafficClass cls, const std::string& gpu) const {
+  bool MayPost(TrafficClass cls, const std::string& gpu) const REQUIRES(mu) {
     if (cls == TrafficClass::kUrgent) return true;
     auto it = posted_per_gpu.find(gpu);
     return it == posted_per_gpu.end() || it->second < max_posted_per_gpu;
   }
-  bool CanPick() const { return !queue.empty() && queue.HasEligible(below_limit); }
+  bool CanPick() const REQUIRES(mu) { return !queue.empty() && queue.HasEligible(below_limit); }
   // Whether a completion may pick and post the next chunks itself, on the engine's thread that
   // reported it (no hand-off to a worker per chunk): the link is unpaced and has no parent (both
   // make a worker wait), and every transfer in it posts (copy_chunk blocks).
-  bool CompletionMayPick() const {
+  bool CompletionMayPick() const REQUIRES(mu) {
     return options.bytes_per_second <= 0 && options.parent == nullptr && blocking_transfers == 0;
   }
   // A chunk taken off the queue and accounted as started, for the caller to post or copy once
@@ -110,70 +109,71 @@ struct LinkScheduler::Impl {
     uint64_t post_id = 0;       // post_chunk transfers
   };
   // Called with `mu` held and CanPick(): pops the next chunk, started at `start`.
-  Started StartNext(double start);
+  Started StartNext(double start) REQUIRES(mu);
   // Called without `mu` held: posts a started chunk of a post_chunk transfer.
-  void Post(Started started);
+  void Post(Started started) EXCLUDES(mu);
   // The engine's callback for post id `id`. Finishes the chunk and posts the next ones right
   // there when CompletionMayPick(), else queues the completion for a worker.
-  void OnPosted(uint64_t id, absl::Status status);
-  // Called with `mu` held (via `lock`; released while posting): while CompletionMayPick(),
-  // posts every chunk that may go now, on this thread.
-  void PostWhilePossible(std::unique_lock<std::mutex>& lock);
-  // Called with `mu` held (via `lock`, released on return) and CanPick(), right after a small
-  // copy_chunk transfer was queued alone: copies its one chunk and runs its `done` on this
-  // thread.
-  void CopyHere(std::unique_lock<std::mutex>& lock);
+  void OnPosted(uint64_t id, absl::Status status) EXCLUDES(mu);
+  // Called with `mu` held (released while posting): while CompletionMayPick(), posts every
+  // chunk that may go now, on this thread.
+  void PostWhilePossible() REQUIRES(mu);
+  // Called with `mu` held (released while copying) and CanPick(), right after a small
+  // copy_chunk transfer was queued alone: copies its one chunk on this thread. Returns true when
+  // it was the transfer's last: the caller releases `mu` and runs Complete(*finished).
+  bool CopyHere(Finished* finished) REQUIRES(mu);
 
   const LinkSchedulerOptions options;
   Clock* const clock;
 
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  ChunkQueue queue;
-  std::unordered_map<uint64_t, Active> active;
-  bool stopping = false;
-  double link_free_at_seconds = 0;  // virtual finish of the last paced chunk
-  double busy_since_seconds = 0;
-  bool parent_turn_pending = false;  // a worker is waiting for a turn at options.parent
-  double backlog_since_seconds = 0;  // when work last arrived to an empty queue
-  LinkSchedulerStats stats;
+  mutable base::Mutex mu;
+  base::CondVar cv;
+  ChunkQueue queue GUARDED_BY(mu);
+  std::unordered_map<uint64_t, Active> active GUARDED_BY(mu);
+  bool stopping GUARDED_BY(mu) = false;
+  double link_free_at_seconds GUARDED_BY(mu) = 0;  // virtual finish of the last paced chunk
+  double busy_since_seconds GUARDED_BY(mu) = 0;
+  bool parent_turn_pending GUARDED_BY(mu) = false;  // a worker waits for a turn at options.parent
+  double backlog_since_seconds GUARDED_BY(mu) = 0;  // when work last arrived to an empty queue
+  LinkSchedulerStats stats GUARDED_BY(mu);
 
   // Asynchronous chunks: posted and not yet finished, and completions waiting for a worker.
   const uint32_t max_posted_per_gpu = std::max<uint32_t>(1, options.max_chunks_in_flight_per_gpu);
-  const ChunkQueue::GpuFilter below_limit = [this](TrafficClass cls, const std::string& gpu) {
-    return MayPost(cls, gpu);
-  };
-  std::unordered_map<std::string, uint32_t> posted_per_gpu;
-  std::unordered_map<uint64_t, Chunk> posted;  // by post id
-  uint64_t next_post_id = 1;
-  std::deque<std::pair<Chunk, absl::Status>> completed;  // for a worker to finish
-  std::deque<Finished> finished_transfers;  // finished on an engine thread: `done` for a worker
-  uint64_t blocking_transfers = 0;  // in `active` without post_chunk
+  // Called by `queue` (with mu held) as it picks.
+  const ChunkQueue::GpuFilter below_limit = [this](TrafficClass cls, const std::string& gpu)
+                                                REQUIRES(mu) { return MayPost(cls, gpu); };
+  std::unordered_map<std::string, uint32_t> posted_per_gpu GUARDED_BY(mu);
+  std::unordered_map<uint64_t, Chunk> posted GUARDED_BY(mu);  // by post id
+  uint64_t next_post_id GUARDED_BY(mu) = 1;
+  std::deque<std::pair<Chunk, absl::Status>> completed GUARDED_BY(mu);  // for a worker to finish
+  // Finished on an engine thread: `done` for a worker.
+  std::deque<Finished> finished_transfers GUARDED_BY(mu);
+  uint64_t blocking_transfers GUARDED_BY(mu) = 0;  // in `active` without post_chunk
 
-  std::mutex join_mu;  // serializes Shutdown's joins
-  std::vector<std::thread> workers;
+  base::Mutex join_mu;  // serializes Shutdown's joins
+  std::vector<std::thread> workers GUARDED_BY(join_mu);
 };
 
 void LinkScheduler::Impl::WorkerLoop() {
   const double rate = options.bytes_per_second;
   HostLink* const parent = options.parent;
-  std::unique_lock<std::mutex> lock(mu);
+  base::MutexLock lock(mu);
   for (;;) {
     // With a parent, one worker at a time waits there for a turn; the others wait here.
-    const auto all_done = [&] {
+    const auto all_done = [&]() REQUIRES(mu) {
       return stopping && queue.empty() && posted.empty() && completed.empty() &&
              finished_transfers.empty();
     };
-    cv.wait(lock, [&] {
-      return !completed.empty() || !finished_transfers.empty() ||
-             (CanPick() && !parent_turn_pending) || all_done();
-    });
+    while (completed.empty() && finished_transfers.empty() &&
+           !(CanPick() && !parent_turn_pending) && !all_done()) {
+      cv.Wait(mu);
+    }
     if (!finished_transfers.empty()) {  // its last chunk finished on an engine thread
       Finished finished = std::move(finished_transfers.front());
       finished_transfers.pop_front();
-      lock.unlock();
+      lock.Unlock();
       Complete(std::move(finished));
-      lock.lock();
+      lock.Lock();
       continue;
     }
     if (!completed.empty()) {  // an asynchronous chunk completed: finish it
@@ -183,9 +183,9 @@ void LinkScheduler::Impl::WorkerLoop() {
       const bool last = FinishChunk(std::move(done_chunk), std::move(done_status), &finished);
       cv.notify_all();  // its GPU may take another chunk; Shutdown may be waiting on it
       if (last) {
-        lock.unlock();
+        lock.Unlock();
         Complete(std::move(finished));  // leaves `finished` empty
-        lock.lock();
+        lock.Lock();
       }
       continue;
     }
@@ -200,18 +200,18 @@ void LinkScheduler::Impl::WorkerLoop() {
         // The link is still busy: decide which chunk goes next only when it frees up, so a
         // reload queued in the meantime is not stuck behind a chunk picked too early.
         const double t = link_free_at_seconds;
-        lock.unlock();
+        lock.Unlock();
         clock->SleepUntil(t);
-        lock.lock();
+        lock.Lock();
         continue;
       }
       start = std::max({link_free_at_seconds, backlog_since_seconds, now - kMaxCatchUpSeconds});
     }
     if (parent != nullptr) {
       parent_turn_pending = true;
-      lock.unlock();
+      lock.Unlock();
       const double parent_start = parent->WaitTurn(options.link_name);
-      lock.lock();
+      lock.Lock();
       parent_turn_pending = false;
       cv.notify_all();
       if (!CanPick()) {  // cancelled meanwhile, or its GPUs at their limit: turn back unused
@@ -224,22 +224,22 @@ void LinkScheduler::Impl::WorkerLoop() {
       start = clock->NowSeconds();
     }
     Started started = StartNext(start);
-    lock.unlock();
+    lock.Unlock();
     if (started.chunk.transfer->post_chunk) {
       Post(std::move(started));
-      lock.lock();
+      lock.Lock();
       continue;
     }
     Chunk& chunk = started.chunk;
     if (started.report) started.report(chunk.transfer->cls, started.wait_seconds);
     absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
     if (started.finish_seconds > 0) clock->SleepUntil(started.finish_seconds);
-    lock.lock();
+    lock.Lock();
     Finished finished;
     if (FinishChunk(std::move(chunk), std::move(status), &finished)) {
-      lock.unlock();
+      lock.Unlock();
       Complete(std::move(finished));  // leaves `finished` empty
-      lock.lock();
+      lock.Lock();
     }
   }
 }
@@ -287,37 +287,31 @@ void LinkScheduler::Impl::Post(Started started) {
   chunk.transfer.reset();  // not under the lock (see Complete)
 }
 
-void LinkScheduler::Impl::CopyHere(std::unique_lock<std::mutex>& lock) {
+bool LinkScheduler::Impl::CopyHere(Finished* finished) {
   Started started = StartNext(clock->NowSeconds());
-  lock.unlock();
+  mu.Unlock();
   Chunk& chunk = started.chunk;
   if (started.report) started.report(chunk.transfer->cls, started.wait_seconds);
   absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
-  lock.lock();
-  Finished finished;
-  const bool last = FinishChunk(std::move(chunk), std::move(status), &finished);
+  mu.Lock();
+  const bool last = FinishChunk(std::move(chunk), std::move(status), finished);
   cv.notify_all();  // Shutdown may wait for it
-  lock.unlock();
-  if (last) {
-    in_inline_done = true;
-    Complete(std::move(finished));
-    in_inline_done = false;
-  }
+  return last;
 }
 
-void LinkScheduler::Impl::PostWhilePossible(std::unique_lock<std::mutex>& lock) {
+void LinkScheduler::Impl::PostWhilePossible() {
   posting_from_completion = true;
   while (CompletionMayPick() && CanPick()) {
     Started started = StartNext(clock->NowSeconds());
-    lock.unlock();
+    mu.Unlock();
     Post(std::move(started));
-    lock.lock();
+    mu.Lock();
   }
   posting_from_completion = false;
 }
 
 void LinkScheduler::Impl::OnPosted(uint64_t id, absl::Status status) {
-  std::unique_lock<std::mutex> lock(mu);
+  base::MutexLock lock(mu);
   auto it = posted.find(id);
   Chunk chunk = std::move(it->second);
   posted.erase(it);
@@ -335,7 +329,7 @@ void LinkScheduler::Impl::OnPosted(uint64_t id, absl::Status status) {
     finished_transfers.push_back(std::move(finished));  // `done` may block: not on this thread
     wake_worker = true;
   }
-  PostWhilePossible(lock);
+  PostWhilePossible();
   // Under the lock: once it is released, Shutdown may finish and the scheduler go.
   if (stopping) {
     cv.notify_all();  // Shutdown's workers wait for the last posted chunk
@@ -385,6 +379,7 @@ void LinkScheduler::Impl::Complete(Finished finished) {
 LinkScheduler::LinkScheduler(LinkSchedulerOptions options, Clock* clock)
     : impl_(std::make_unique<Impl>(std::move(options), clock)) {
   const uint32_t n = std::max<uint32_t>(1, impl_->options.worker_threads);
+  base::MutexLock join_lock(impl_->join_mu);
   impl_->workers.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
     impl_->workers.emplace_back([this] { impl_->WorkerLoop(); });
@@ -399,7 +394,7 @@ void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
   if (transfer->copy_chunk == nullptr && transfer->post_chunk == nullptr) {
     error = absl::InvalidArgumentError("transfer has neither copy_chunk nor post_chunk");
   }
-  std::unique_lock<std::mutex> lock(impl_->mu);
+  base::MutexLock lock(impl_->mu);
   if (error.ok() && impl_->stopping) {
     error = absl::UnavailableError(absl::StrCat("link ", impl_->options.link_name, " ",
                                                 impl_->options.direction,
@@ -416,23 +411,30 @@ void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
       a.submit_seconds = impl_->clock->NowSeconds();
       if (impl_->CompletionMayPick() && !posting_from_completion) {
         // Posting does not block: post from here rather than wake a worker to do it.
-        impl_->PostWhilePossible(lock);
+        impl_->PostWhilePossible();
         return;
       }
       const LinkSchedulerOptions& o = impl_->options;
       if (was_empty && !a.transfer->post_chunk && a.transfer->bytes <= o.inline_copy_max_bytes &&
           a.transfer->bytes <= o.chunk_bytes && o.bytes_per_second <= 0 && o.parent == nullptr &&
           !in_inline_done && !posting_from_completion && impl_->CanPick()) {
-        impl_->CopyHere(lock);
+        Impl::Finished finished;
+        const bool last = impl_->CopyHere(&finished);
+        lock.Unlock();
+        if (last) {
+          in_inline_done = true;
+          Impl::Complete(std::move(finished));
+          in_inline_done = false;
+        }
         return;
       }
-      lock.unlock();
+      lock.Unlock();
       impl_->cv.notify_one();
       return;
     }
     error = id.status();
   }
-  lock.unlock();
+  lock.Unlock();
   if (transfer->done) transfer->done(std::move(error));
 }
 
@@ -441,7 +443,7 @@ size_t LinkScheduler::CancelOwner(uint64_t owner_id, const absl::Status& status)
   std::vector<std::shared_ptr<Transfer>> finished;
   size_t cancelled = 0;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    base::MutexLock lock(impl_->mu);
     for (auto it = impl_->active.begin(); it != impl_->active.end();) {
       Impl::Active& a = it->second;
       if (a.transfer == nullptr || a.transfer->owner_id != owner_id || a.all_popped) {
@@ -470,18 +472,18 @@ size_t LinkScheduler::CancelOwner(uint64_t owner_id, const absl::Status& status)
 
 void LinkScheduler::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    base::MutexLock lock(impl_->mu);
     impl_->stopping = true;
   }
   impl_->cv.notify_all();
-  std::lock_guard<std::mutex> join_lock(impl_->join_mu);
+  base::MutexLock join_lock(impl_->join_mu);
   for (std::thread& t : impl_->workers) {
     if (t.joinable()) t.join();
   }
 }
 
 LinkSchedulerStats LinkScheduler::stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  base::MutexLock lock(impl_->mu);
   LinkSchedulerStats s = impl_->stats;
   s.queued_transfers = impl_->queue.queued_transfers();
   if (s.chunks_in_flight > 0) {

@@ -12,42 +12,44 @@
 #include <cstdint>
 #include <mutex>
 
+#include "server/base/mutex.h"
+
 namespace offloadd::session {
 
 class CopyGate {
  public:
   // True: the copy may run and must call Exit() when done. False: the gate is closed.
   bool Enter() {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (closed_) return false;
     ++running_;
     return true;
   }
   void Exit() {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (--running_ == 0) idle_.notify_all();
   }
   // Closes the gate without waiting: no copy begins from now on. Idempotent.
   void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     closed_ = true;
   }
   // Closes the gate and waits for the copies running now (each at most one chunk). Idempotent.
   void CloseAndWait() {
-    std::unique_lock<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     closed_ = true;
-    idle_.wait(lock, [this] { return running_ == 0; });
+    while (running_ != 0) idle_.Wait(mu_);
   }
   uint64_t running() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     return running_;
   }
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable idle_;
-  uint64_t running_ = 0;
-  bool closed_ = false;
+  mutable base::Mutex mu_;
+  base::CondVar idle_;
+  uint64_t running_ GUARDED_BY(mu_) = 0;
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace offloadd::session

@@ -7,16 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "server/base/clock.h"
 #include "server/metrics/metrics.h"
 #include "server/session/session.h"
 
 namespace offloadd::session {
-namespace {
-double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
 
 Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
            std::unique_ptr<copy::CopyEngine> engine, std::unique_ptr<spill::SpillTier> spill)
@@ -25,7 +20,7 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
       engine_(std::move(engine)),
       spill_(std::move(spill)),
       store_(arena_->size_bytes(), options_.store, arena_->block_table(), spill_.get()),
-      start_seconds_(NowSeconds()) {
+      start_seconds_(base::SteadyNowSeconds()) {
   if (arena_->block_table() != nullptr && arena_->adopted()) Adopt();
   for (const LinkSpec& spec : options_.links) {
     for (const std::string& gpu : spec.gpus) gpu_link_[gpu] = spec.name;
@@ -92,7 +87,7 @@ const LinkSpec* Core::FindSpec(const std::string& link_name) const {
 
 Core::~Core() {
   {
-    std::lock_guard<std::mutex> lock(hello_mu_);
+    base::MutexLock lock(hello_mu_);
     hello_stop_ = true;
   }
   hello_cv_.notify_all();
@@ -103,7 +98,7 @@ Core::~Core() {
   // the last reference to a Session) while the session registry they call back into exists.
   std::map<std::string, std::shared_ptr<Link>> links;
   {
-    std::lock_guard<std::mutex> lock(links_mu_);
+    base::MutexLock lock(links_mu_);
     links.swap(links_);
   }
   links.clear();
@@ -136,7 +131,7 @@ std::shared_ptr<Core::Link> Core::TakeIdleLinkLocked() {
 absl::Status Core::AcquireLink(const std::string& gpu) {
   std::shared_ptr<Link> evicted;
   {
-    std::lock_guard<std::mutex> lock(links_mu_);
+    base::MutexLock lock(links_mu_);
     const std::string name = LinkNameFor(gpu);
     const bool known = links_.count(name) != 0 || link_users_.count(name) != 0 ||
                        FindSpec(name) != nullptr;
@@ -168,7 +163,7 @@ absl::Status Core::AcquireLink(const std::string& gpu) {
 void Core::ReleaseLink(const std::string& gpu, bool remove_if_unused) {
   std::shared_ptr<Link> removed;
   {
-    std::lock_guard<std::mutex> lock(links_mu_);
+    base::MutexLock lock(links_mu_);
     const std::string name = LinkNameFor(gpu);
     auto users = link_users_.find(name);
     if (users == link_users_.end()) return;
@@ -230,7 +225,7 @@ void Core::ForgetLinkMetrics(const std::string& name) {
 }
 
 std::shared_ptr<Core::Link> Core::LinkFor(const std::string& gpu) {
-  std::lock_guard<std::mutex> lock(links_mu_);
+  base::MutexLock lock(links_mu_);
   const std::string name = LinkNameFor(gpu);
   auto it = links_.find(name);
   if (it != links_.end()) return it->second;
@@ -290,7 +285,7 @@ void Core::CancelTransfers(uint64_t session_id, const std::string& gpu,
                            const absl::Status& status) {
   std::shared_ptr<sched::LinkScheduler> d2h, h2d;
   {
-    std::lock_guard<std::mutex> lock(links_mu_);
+    base::MutexLock lock(links_mu_);
     auto it = links_.find(LinkNameFor(gpu));
     if (it == links_.end()) return;
     d2h = it->second->d2h;
@@ -301,19 +296,19 @@ void Core::CancelTransfers(uint64_t session_id, const std::string& gpu,
 }
 
 void Core::AddSession(uint64_t id, std::weak_ptr<Session> session) {
-  std::lock_guard<std::mutex> lock(sessions_mu_);
+  base::MutexLock lock(sessions_mu_);
   sessions_[id] = std::move(session);
 }
 
 void Core::RemoveSession(uint64_t id) {
-  std::lock_guard<std::mutex> lock(sessions_mu_);
+  base::MutexLock lock(sessions_mu_);
   sessions_.erase(id);
 }
 
 absl::Status Core::TryOpenSessionSlot(const PeerCredentials& peer) {
   const bool per_uid = options_.max_sessions_per_uid > 0 && peer.known &&
                        !IsAdmin(options_.access, peer);
-  std::lock_guard<std::mutex> lock(slots_mu_);
+  base::MutexLock lock(slots_mu_);
   if (per_uid && sessions_per_uid_[peer.uid] >= options_.max_sessions_per_uid) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "uid %d already has %d sessions open (max_sessions_per_uid): close idle clients of "
@@ -334,7 +329,7 @@ absl::Status Core::TryOpenSessionSlot(const PeerCredentials& peer) {
 void Core::ReleaseSessionSlot(const PeerCredentials& peer) {
   const bool per_uid = options_.max_sessions_per_uid > 0 && peer.known &&
                        !IsAdmin(options_.access, peer);
-  std::lock_guard<std::mutex> lock(slots_mu_);
+  base::MutexLock lock(slots_mu_);
   sessions_admitted_.fetch_sub(1);
   if (!per_uid) return;
   auto it = sessions_per_uid_.find(peer.uid);
@@ -346,8 +341,8 @@ absl::Status Core::AdmitPendingHello(uint64_t session_id, const PeerCredentials&
   p.per_uid = options_.max_pending_hello_per_uid > 0 && peer.known &&
               !IsAdmin(options_.access, peer);
   p.uid = peer.uid;
-  p.deadline_seconds = NowSeconds() + options_.hello_timeout_seconds;
-  std::lock_guard<std::mutex> lock(hello_mu_);
+  p.deadline_seconds = base::SteadyNowSeconds() + options_.hello_timeout_seconds;
+  base::MutexLock lock(hello_mu_);
   if (p.per_uid && pending_per_uid_[peer.uid] >= options_.max_pending_hello_per_uid) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "uid %d already has %d session streams open that have not sent Hello "
@@ -378,24 +373,26 @@ void Core::ErasePendingLocked(std::map<uint64_t, PendingHello>::iterator it) {
 }
 
 void Core::EndPendingHello(uint64_t session_id) {
-  std::lock_guard<std::mutex> lock(hello_mu_);
+  base::MutexLock lock(hello_mu_);
   auto it = pending_hello_.find(session_id);
   if (it != pending_hello_.end()) ErasePendingLocked(it);
 }
 
 size_t Core::pending_hello() const {
-  std::lock_guard<std::mutex> lock(hello_mu_);
+  base::MutexLock lock(hello_mu_);
   return pending_hello_.size();
 }
 
 void Core::HelloTimeoutLoop() {
   const double timeout = options_.hello_timeout_seconds;
-  const auto period = std::chrono::duration<double>(std::clamp(timeout / 4, 0.05, 1.0));
-  std::unique_lock<std::mutex> lock(hello_mu_);
+  const double period_seconds = std::clamp(timeout / 4, 0.05, 1.0);
+  base::MutexLock lock(hello_mu_);
   while (!hello_stop_) {
-    hello_cv_.wait_for(lock, period, [this] { return hello_stop_; });
+    const auto wake = base::CondVar::DeadlineIn(period_seconds);
+    while (!hello_stop_ && hello_cv_.WaitUntil(hello_mu_, wake)) {
+    }
     if (hello_stop_) return;
-    const double now = NowSeconds();
+    const double now = base::SteadyNowSeconds();
     std::vector<uint64_t> expired;
     for (auto it = pending_hello_.begin(); it != pending_hello_.end();) {
       if (it->second.deadline_seconds > now) {
@@ -406,7 +403,7 @@ void Core::HelloTimeoutLoop() {
       ErasePendingLocked(it++);
     }
     if (expired.empty()) continue;
-    lock.unlock();
+    lock.Unlock();
     for (uint64_t id : expired) {
       (void)EndSession(id, EndCause::kHelloTimeout,
                        absl::DeadlineExceededError(absl::StrFormat(
@@ -415,14 +412,14 @@ void Core::HelloTimeoutLoop() {
                            "first request right after opening the stream, then retry",
                            timeout)));
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 
 size_t Core::CloseSessions(EndCause cause) {
   std::vector<std::shared_ptr<Session>> live;
   {
-    std::lock_guard<std::mutex> lock(sessions_mu_);
+    base::MutexLock lock(sessions_mu_);
     for (auto& [id, weak] : sessions_) {
       if (auto p = weak.lock()) live.push_back(std::move(p));
     }
@@ -442,7 +439,7 @@ absl::StatusOr<SessionInfo> Core::EndSession(uint64_t id, EndCause cause,
                                              const absl::Status& status) {
   std::shared_ptr<Session> session;
   {
-    std::lock_guard<std::mutex> lock(sessions_mu_);
+    base::MutexLock lock(sessions_mu_);
     auto it = sessions_.find(id);
     if (it != sessions_.end()) session = it->second.lock();
   }
@@ -464,14 +461,14 @@ void Core::UnwatchPid(uint64_t session_id) {
 }
 
 bool Core::BeginTransfer() {
-  std::lock_guard<std::mutex> lock(transfers_mu_);
+  base::MutexLock lock(transfers_mu_);
   if (draining_) return false;
   ++transfers_in_flight_;
   return true;
 }
 
 void Core::EndTransfer() {
-  std::lock_guard<std::mutex> lock(transfers_mu_);
+  base::MutexLock lock(transfers_mu_);
   if (--transfers_in_flight_ == 0) transfers_cv_.notify_all();
 }
 
@@ -491,7 +488,7 @@ void Core::CountTransfer(bool offload, uint64_t bytes, bool ok) {
 
 void Core::StopAccepting() {
   {
-    std::lock_guard<std::mutex> lock(transfers_mu_);
+    base::MutexLock lock(transfers_mu_);
     draining_ = true;
   }
   // Offloads still waiting for pool space fail now (UNAVAILABLE) rather than holding shutdown
@@ -501,18 +498,20 @@ void Core::StopAccepting() {
 }
 
 bool Core::WaitTransfers(double seconds) {
-  std::unique_lock<std::mutex> lock(transfers_mu_);
-  return transfers_cv_.wait_for(lock, std::chrono::duration<double>(seconds),
-                                [this] { return transfers_in_flight_ == 0; });
+  base::MutexLock lock(transfers_mu_);
+  const auto deadline = base::CondVar::DeadlineIn(seconds);
+  while (transfers_in_flight_ != 0 && transfers_cv_.WaitUntil(transfers_mu_, deadline)) {
+  }
+  return transfers_in_flight_ == 0;
 }
 
 void Core::Drain() {
   StopAccepting();
   {
-    std::unique_lock<std::mutex> lock(transfers_mu_);
-    transfers_cv_.wait(lock, [this] { return transfers_in_flight_ == 0; });
+    base::MutexLock lock(transfers_mu_);
+    while (transfers_in_flight_ != 0) transfers_cv_.Wait(transfers_mu_);
   }
-  std::lock_guard<std::mutex> lock(links_mu_);
+  base::MutexLock lock(links_mu_);
   for (auto& [name, link] : links_) {
     link->d2h->Shutdown();
     link->h2d->Shutdown();
@@ -574,10 +573,10 @@ CoreStats Core::Stats() {
   s.offloads_total = offloads_total_.load();
   s.reloads_total = reloads_total_.load();
   s.errors_total = errors_total_.load();
-  s.uptime_seconds = NowSeconds() - start_seconds_;
+  s.uptime_seconds = base::SteadyNowSeconds() - start_seconds_;
   s.chunk_bytes = options_.chunk_bytes;
   {
-    std::lock_guard<std::mutex> lock(links_mu_);
+    base::MutexLock lock(links_mu_);
     // Configured and discovered links first (in config order), then default links made on use.
     for (const LinkSpec& spec : options_.links) {
       auto it = links_.find(spec.name);
@@ -601,7 +600,7 @@ CoreStats Core::Stats() {
   }
   std::vector<std::shared_ptr<Session>> live;
   {
-    std::lock_guard<std::mutex> lock(sessions_mu_);
+    base::MutexLock lock(sessions_mu_);
     for (auto& [id, weak] : sessions_) {
       if (auto p = weak.lock()) live.push_back(std::move(p));
     }
@@ -658,7 +657,7 @@ void Core::RefreshMetrics() {
   m.pool_blocks->Set(static_cast<double>(s.store.blocks));
   m.adopted_blocks_waiting->Set(static_cast<double>(s.store.adopted_blocks_waiting));
   {
-    std::lock_guard<std::mutex> lock(links_mu_);  // serialises counter deltas
+    base::MutexLock lock(links_mu_);  // serialises counter deltas
     if (s.store.adopted_blocks_expired_total > expired_reported_) {
       m.adopted_blocks_expired_total->Increment(
           static_cast<double>(s.store.adopted_blocks_expired_total - expired_reported_));
@@ -676,7 +675,7 @@ void Core::RefreshMetrics() {
   if (refused > m.offloads_refused_total->Value()) {
     m.offloads_refused_total->Increment(refused - m.offloads_refused_total->Value());
   }
-  std::lock_guard<std::mutex> lock(links_mu_);  // serialises counter deltas
+  base::MutexLock lock(links_mu_);  // serialises counter deltas
   for (const LinkInfo& link : s.links) {
     // A link ReleaseLink removed after Stats() read it: export nothing more for it.
     if (links_.count(link.name) == 0 && FindSpec(link.name) == nullptr) continue;

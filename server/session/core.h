@@ -5,17 +5,16 @@
 #define OFFLOADD_SERVER_SESSION_CORE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/base/mutex.h"
 #include "server/copy/copy_engine.h"
 #include "server/pool/arena.h"
 #include "server/sched/host_link.h"
@@ -187,18 +186,18 @@ class Core {
   // than max_links links are in use or made, or when a made link no session uses can be removed
   // to make room (its counters are dropped); then the session counts as a user of that link
   // until ReleaseLink. RESOURCE_EXHAUSTED naming max_links otherwise.
-  absl::Status AcquireLink(const std::string& gpu);
+  absl::Status AcquireLink(const std::string& gpu) EXCLUDES(links_mu_);
   // Ends one AcquireLink of `gpu`. With `remove_if_unused` (Hello's transient_device), when
   // this was the link's last user, the link was made on first use (not configured or
   // discovered) and it has nothing queued or in flight, the link is removed with its metric
   // series, so a probe's device name (`offloadctl bench`) leaves nothing behind. A link any
   // session without the flag has used is never removed; a GPU's link otherwise persists (its counters stay continuous across jobs). Must not be called from a
   // transfer callback (it joins the link's workers).
-  void ReleaseLink(const std::string& gpu, bool remove_if_unused);
+  void ReleaseLink(const std::string& gpu, bool remove_if_unused) EXCLUDES(links_mu_);
   // The link a GPU's copies use, created on first use (so sessions that never copy, like
   // `offloadctl stats`, create none). Never null; call it only between AcquireLink and
   // ReleaseLink of that GPU.
-  std::shared_ptr<Link> LinkFor(const std::string& gpu);
+  std::shared_ptr<Link> LinkFor(const std::string& gpu) EXCLUDES(links_mu_);
 
   store::BlockStore& store() { return store_; }
   copy::CopyEngine& engine() { return *engine_; }
@@ -209,28 +208,29 @@ class Core {
   const CoreOptions& options() const { return options_; }
 
   uint64_t NewSessionId() { return next_session_id_.fetch_add(1); }
-  void AddSession(uint64_t id, std::weak_ptr<Session> session);
-  void RemoveSession(uint64_t id);
+  void AddSession(uint64_t id, std::weak_ptr<Session> session) EXCLUDES(sessions_mu_);
+  void RemoveSession(uint64_t id) EXCLUDES(sessions_mu_);
   // Admission of a session at Hello against max_sessions and, for a peer with known credentials
   // that is not an admin (IsAdmin), against max_sessions_per_uid. OK, or RESOURCE_EXHAUSTED
   // naming the bound that is full; each OK is paired with ReleaseSessionSlot of the same peer.
-  absl::Status TryOpenSessionSlot(const PeerCredentials& peer);
-  void ReleaseSessionSlot(const PeerCredentials& peer);
+  absl::Status TryOpenSessionSlot(const PeerCredentials& peer) EXCLUDES(slots_mu_);
+  void ReleaseSessionSlot(const PeerCredentials& peer) EXCLUDES(slots_mu_);
   // A session stream awaiting its Hello: counted against max_pending_hello_total and, for a
   // non-admin peer with known credentials, max_pending_hello_per_uid (RESOURCE_EXHAUSTED naming
   // the bound that is full), and ended by EndSession(kHelloTimeout) once hello_timeout_seconds
   // pass. EndPendingHello (after a successful Hello, or when the session closes) releases it;
   // idempotent.
-  absl::Status AdmitPendingHello(uint64_t session_id, const PeerCredentials& peer);
-  void EndPendingHello(uint64_t session_id);
-  size_t pending_hello() const;
+  absl::Status AdmitPendingHello(uint64_t session_id, const PeerCredentials& peer)
+      EXCLUDES(hello_mu_);
+  void EndPendingHello(uint64_t session_id) EXCLUDES(hello_mu_);
+  size_t pending_hello() const EXCLUDES(hello_mu_);
   // Closes every open session (Hello done or not) with `cause` (Session::Close: queued chunks
   // cancelled, running ones waited for, unanswered requests answered); their streams stay open
   // to carry the answers. Returns how many were closed.
-  size_t CloseSessions(EndCause cause);
+  size_t CloseSessions(EndCause cause) EXCLUDES(sessions_mu_);
   // Waits up to `seconds` for every accepted transfer to finish; true when none is left. Does
   // not stop accepting (see Drain).
-  bool WaitTransfers(double seconds);
+  bool WaitTransfers(double seconds) EXCLUDES(transfers_mu_);
   // Stops accepting transfers (BeginTransfer fails from here on; queued offloads waiting for
   // space fail UNAVAILABLE). Drain() does this first.
   void StopAccepting();
@@ -250,19 +250,19 @@ class Core {
 
   // Transfer accounting; Drain waits for every accepted transfer to complete.
   // BeginTransfer fails (returns false) once draining has started.
-  bool BeginTransfer();
-  void EndTransfer();
+  bool BeginTransfer() EXCLUDES(transfers_mu_);
+  void EndTransfer() EXCLUDES(transfers_mu_);
   void CountTransfer(bool offload, uint64_t bytes, bool ok);
   void CountError() { errors_total_.fetch_add(1); }
   bool draining() const { return draining_.load(); }
 
   // Stops accepting transfers, waits for those accepted to finish (copies in flight complete,
   // completions are emitted), then stops the schedulers' workers. Idempotent.
-  void Drain();
+  void Drain() EXCLUDES(transfers_mu_);
 
-  CoreStats Stats();
+  CoreStats Stats() EXCLUDES(links_mu_);
   // Copies pool, session and link state into the Prometheus gauges/counters.
-  void RefreshMetrics();
+  void RefreshMetrics() EXCLUDES(links_mu_);
 
  private:
   // The spill tier's part of RefreshMetrics (tier bytes, disk traffic, losses).
@@ -286,36 +286,40 @@ class Core {
   std::map<std::string, Host> hosts_;               // by host link name
   std::map<std::string, std::string> link_parent_;  // link name -> host link name
 
-  std::mutex links_mu_;
-  std::map<std::string, std::shared_ptr<Link>> links_;  // by link name
-  std::map<std::string, uint32_t> link_users_;          // link name -> sessions admitted to it
+  base::Mutex links_mu_;
+  std::map<std::string, std::shared_ptr<Link>> links_ GUARDED_BY(links_mu_);  // by link name
+  // Link name -> sessions admitted to it.
+  std::map<std::string, uint32_t> link_users_ GUARDED_BY(links_mu_);
   // Links in links_ used by a session without transient_device: never removed by a probe's
   // release (a subset of links_' keys; TakeIdleLinkLocked drops a name with its link).
-  std::set<std::string> kept_links_;
-  std::map<std::string, std::string> gpu_link_;         // gpu -> link name
+  std::set<std::string> kept_links_ GUARDED_BY(links_mu_);
+  // gpu -> link name: filled by the constructor, read-only afterwards (no lock).
+  std::map<std::string, std::string> gpu_link_;
   // Counter values last exported, by "link/direction" and "link/direction/gpu".
-  std::map<std::string, sched::LinkSchedulerStats> reported_;
-  std::map<std::string, uint64_t> gpu_reported_, misses_reported_;
-  std::map<std::string, sched::HostLinkStats> host_reported_;
+  std::map<std::string, sched::LinkSchedulerStats> reported_ GUARDED_BY(links_mu_);
+  std::map<std::string, uint64_t> gpu_reported_ GUARDED_BY(links_mu_);
+  std::map<std::string, uint64_t> misses_reported_ GUARDED_BY(links_mu_);
+  std::map<std::string, sched::HostLinkStats> host_reported_ GUARDED_BY(links_mu_);
 
   const LinkSpec* FindSpec(const std::string& link_name) const;
   // Drops the exported series of a link removed by ReleaseLink; links_mu_ held.
-  void ForgetLinkMetrics(const std::string& name);
+  void ForgetLinkMetrics(const std::string& name) REQUIRES(links_mu_);
   // Removes from links_ one link made on first use that no session uses and that has nothing
   // queued or in flight (its metric series go); null when there is none. links_mu_ held; the
   // caller shuts the returned link's workers down after releasing it.
-  std::shared_ptr<Link> TakeIdleLinkLocked();
+  std::shared_ptr<Link> TakeIdleLinkLocked() REQUIRES(links_mu_);
   // Takes the previous daemon's blocks from the shared pool (constructor).
   void Adopt();
   // Stats of one link, created or not; links_mu_ held.
-  LinkInfo DescribeLink(const std::string& name, const Link* link) const;
+  LinkInfo DescribeLink(const std::string& name, const Link* link) const REQUIRES(links_mu_);
 
-  std::mutex sessions_mu_;
-  std::map<uint64_t, std::weak_ptr<Session>> sessions_;
+  base::Mutex sessions_mu_;
+  std::map<uint64_t, std::weak_ptr<Session>> sessions_ GUARDED_BY(sessions_mu_);
   std::atomic<uint64_t> next_session_id_{1};
   std::atomic<uint64_t> sessions_admitted_{0};
-  std::mutex slots_mu_;                          // guards sessions_per_uid_
-  std::map<uint32_t, uint32_t> sessions_per_uid_;  // open sessions of non-admin known peers
+  base::Mutex slots_mu_;
+  // Open sessions of non-admin known peers.
+  std::map<uint32_t, uint32_t> sessions_per_uid_ GUARDED_BY(slots_mu_);
   std::unique_ptr<PidWatcher> pid_watcher_;  // null without watch_pids; reset first in ~Core
 
   // Streams awaiting Hello (AdmitPendingHello), and the thread that ends those past
@@ -325,18 +329,18 @@ class Core {
     bool per_uid = false;  // counted in pending_per_uid_
     uint32_t uid = 0;
   };
-  void HelloTimeoutLoop();
-  void ErasePendingLocked(std::map<uint64_t, PendingHello>::iterator it);
-  mutable std::mutex hello_mu_;
-  std::condition_variable hello_cv_;
-  bool hello_stop_ = false;
-  std::map<uint64_t, PendingHello> pending_hello_;
-  std::map<uint32_t, uint32_t> pending_per_uid_;
+  void HelloTimeoutLoop() EXCLUDES(hello_mu_);
+  void ErasePendingLocked(std::map<uint64_t, PendingHello>::iterator it) REQUIRES(hello_mu_);
+  mutable base::Mutex hello_mu_;
+  base::CondVar hello_cv_;
+  bool hello_stop_ GUARDED_BY(hello_mu_) = false;
+  std::map<uint64_t, PendingHello> pending_hello_ GUARDED_BY(hello_mu_);
+  std::map<uint32_t, uint32_t> pending_per_uid_ GUARDED_BY(hello_mu_);
   std::thread hello_thread_;
 
-  std::mutex transfers_mu_;
-  std::condition_variable transfers_cv_;
-  uint64_t transfers_in_flight_ = 0;
+  base::Mutex transfers_mu_;
+  base::CondVar transfers_cv_;
+  uint64_t transfers_in_flight_ GUARDED_BY(transfers_mu_) = 0;
   std::atomic<bool> draining_{false};
 
   std::atomic<uint64_t> offload_bytes_total_{0}, reload_bytes_total_{0};

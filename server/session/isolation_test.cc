@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/base/clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/session/peer.h"
 #include "server/session/pid_watcher.h"
@@ -34,12 +35,7 @@ namespace {
 constexpr uint64_t kMiB = 1ull << 20;
 
 bool WaitFor(const std::function<bool()>& pred, double seconds = 15) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return pred();
+  return base::PollUntil(pred, seconds);
 }
 
 // A child process that sleeps until killed.

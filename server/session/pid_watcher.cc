@@ -13,16 +13,14 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "server/base/clock.h"
+#include "server/base/mutex.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
 
 namespace offloadd::session {
-
-double PidWatcher::Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 uint64_t PidWatcher::ProcessStartTicks(int32_t pid) {
   std::ifstream in(absl::StrFormat("/proc/%d/stat", pid));
@@ -57,7 +55,7 @@ PidWatcher::PidWatcher(double grace_seconds, double poll_interval_seconds, OnExi
 
 PidWatcher::~PidWatcher() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     stopping_ = true;
   }
   Wake();
@@ -80,13 +78,13 @@ void PidWatcher::Watch(uint64_t key, int32_t pid) {
   e.pid = pid;
   if (!force_proc_polling_) {
     e.pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-    if (e.pidfd < 0 && errno == ESRCH) e.exit_deadline = Now() + grace_seconds_;
+    if (e.pidfd < 0 && errno == ESRCH) e.exit_deadline = base::SteadyNowSeconds() + grace_seconds_;
   }
   if (e.pidfd < 0 && e.exit_deadline == 0) {
     e.start_ticks = ProcessStartTicks(pid);
-    if (e.start_ticks == 0) e.exit_deadline = Now() + grace_seconds_;
+    if (e.start_ticks == 0) e.exit_deadline = base::SteadyNowSeconds() + grace_seconds_;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (e.pidfd >= 0) {
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -98,7 +96,7 @@ void PidWatcher::Watch(uint64_t key, int32_t pid) {
 }
 
 void PidWatcher::Unwatch(uint64_t key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   if (it->second.pidfd >= 0) {
@@ -109,27 +107,27 @@ void PidWatcher::Unwatch(uint64_t key) {
 }
 
 size_t PidWatcher::watched() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return entries_.size();
 }
 
 size_t PidWatcher::polled() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   size_t n = 0;
   for (const auto& [key, e] : entries_) n += e.pidfd < 0 && e.exit_deadline == 0;
   return n;
 }
 
 void PidWatcher::Loop() {
-  double next_poll = Now() + poll_interval_seconds_;
+  double next_poll = base::SteadyNowSeconds() + poll_interval_seconds_;
   std::vector<epoll_event> events(64);
   while (true) {
     std::vector<uint64_t> exited;
     double timeout_seconds = -1;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       if (stopping_) return;
-      const double now = Now();
+      const double now = base::SteadyNowSeconds();
       const bool poll_now = now >= next_poll;
       if (poll_now) next_poll = now + poll_interval_seconds_;
       bool any_polled = false;
@@ -163,7 +161,7 @@ void PidWatcher::Loop() {
     }
     int timeout_ms = timeout_seconds < 0 ? -1 : static_cast<int>(timeout_seconds * 1000) + 1;
     int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout_ms);
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     for (int i = 0; i < n; ++i) {
       uint64_t key = events[i].data.u64;
       if (key == 0) {
@@ -177,7 +175,7 @@ void PidWatcher::Loop() {
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.pidfd, nullptr);
       close(it->second.pidfd);
       it->second.pidfd = -1;
-      it->second.exit_deadline = Now() + grace_seconds_;
+      it->second.exit_deadline = base::SteadyNowSeconds() + grace_seconds_;
     }
   }
 }

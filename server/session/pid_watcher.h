@@ -27,6 +27,8 @@
 #include <string>
 #include <thread>
 
+#include "server/base/mutex.h"
+
 namespace offloadd::session {
 
 class PidWatcher {
@@ -59,15 +61,14 @@ class PidWatcher {
   };
   void Loop();
   void Wake();
-  static double Now();
 
   const double grace_seconds_, poll_interval_seconds_;
   const OnExit on_exit_;
   const bool force_proc_polling_;
   int epoll_fd_ = -1, wake_fd_ = -1;
-  mutable std::mutex mu_;
-  std::map<uint64_t, Entry> entries_;
-  bool stopping_ = false;
+  mutable base::Mutex mu_;
+  std::map<uint64_t, Entry> entries_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -12,15 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/base/clock.h"
 #include "server/metrics/metrics.h"
 
 namespace offloadd::session {
 namespace {
-
-double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // offset + bytes within size, without overflow.
 bool InBounds(uint64_t offset, uint64_t bytes, uint64_t size) {
@@ -128,12 +124,12 @@ Session::Session(Core* core, Emit emit, PeerCredentials peer, EndStream end_stre
 Session::~Session() { core_->RemoveSession(id_); }
 
 bool Session::closed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return closed_;
 }
 
 void Session::Send(Completion c, bool counted) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (counted) {
     auto it = unanswered_.find(c.request_id);
     if (it == unanswered_.end()) return;  // already answered when the session closed
@@ -154,7 +150,7 @@ void Session::Fail(uint64_t request_id, absl::Status status, bool counted) {
   c.status = std::move(status);
   {
     // A copy cancelled because the session ended says why it ended (e.g. shutting down).
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (absl::IsCancelled(c.status) && !close_status_.ok()) c.status = close_status_;
   }
   Send(std::move(c), counted);
@@ -164,7 +160,7 @@ void Session::Handle(const Request& r) {
   const uint32_t limit = core_->options().max_requests_in_flight;
   uint64_t in_flight;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (closed_) return;
     in_flight = requests_in_flight_;
     if (limit == 0 || in_flight < limit) {
@@ -186,7 +182,7 @@ void Session::Handle(const Request& r) {
 void Session::Dispatch(const Request& r) {
   bool hello_done;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (closed_) return;
     hello_done = hello_done_;
   }
@@ -259,21 +255,21 @@ void Session::OnHello(const Request& r) {
     token = *std::move(fresh);
   }
   const pool::ResumeKey key = pool::ResumeKeyOf(token);
-  std::unique_lock<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (hello_done_) {
-    lock.unlock();
+    lock.Unlock();
     return Fail(r.request_id,
                 absl::FailedPreconditionError("hello was already sent on this session: open a "
                                               "new stream for another device"));
   }
   if (closed_) return;
   if (absl::Status slot = core_->TryOpenSessionSlot(peer_); !slot.ok()) {
-    lock.unlock();
+    lock.Unlock();
     return Fail(r.request_id, slot);
   }
   if (absl::Status link = core_->AcquireLink(r.device_id); !link.ok()) {
     core_->ReleaseSessionSlot(peer_);
-    lock.unlock();
+    lock.Unlock();
     return Fail(r.request_id, link);
   }
   uint64_t blocks_resumed = 0;
@@ -284,7 +280,7 @@ void Session::OnHello(const Request& r) {
     if (!resumed.ok()) {
       core_->ReleaseLink(r.device_id, r.transient_device);
       core_->ReleaseSessionSlot(peer_);
-      lock.unlock();
+      lock.Unlock();
       return Fail(r.request_id, resumed.status());
     }
     blocks_resumed = *resumed;
@@ -300,7 +296,7 @@ void Session::OnHello(const Request& r) {
     core_->store().SetSessionOwner(id_, peer_.uid);
     core_->WatchPid(id_, peer_.pid);
   }
-  lock.unlock();
+  lock.Unlock();
   metrics::Get().sessions_open->Increment();
   Completion c;
   c.request_id = r.request_id;
@@ -320,7 +316,7 @@ void Session::OnHello(const Request& r) {
 }
 
 absl::StatusOr<std::shared_ptr<copy::Region>> Session::FindRegion(uint64_t region_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = regions_.find(region_id);
   if (it == regions_.end()) {
     return absl::NotFoundError(absl::StrFormat(
@@ -343,9 +339,9 @@ void Session::OnRegister(const Request& r) {
     return Fail(r.request_id, st);
   }
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (regions_.size() >= kMaxRegionsPerSession) {
-      lock.unlock();
+      lock.Unlock();
       return Fail(r.request_id, absl::ResourceExhaustedError(absl::StrFormat(
                                     "this session already has %d regions registered: register "
                                     "one large region and use offsets, or unregister unused ones",
@@ -356,7 +352,7 @@ void Session::OnRegister(const Request& r) {
   if (!region.ok()) return Fail(r.request_id, region.status());
   uint64_t region_id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     region_id = next_region_id_++;
     regions_[region_id] = *std::move(region);
   }
@@ -373,7 +369,7 @@ void Session::OnUnregister(const Request& r) {
   // is closed on the device thread).
   std::shared_ptr<copy::Region> erased;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = regions_.find(r.region_id);
     if (it != regions_.end()) {
       erased = std::move(it->second);
@@ -417,7 +413,7 @@ void Session::OnOffload(const Request& r) {
   if (r.tag != 0) {
     bool fresh;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       fresh = tags_.emplace(r.tag, TaggedBlock{}).second;
     }
     if (!fresh) {
@@ -430,7 +426,7 @@ void Session::OnOffload(const Request& r) {
   }
   auto self = shared_from_this();
   std::shared_ptr<copy::Region> reg = *region;
-  const double start = NowSeconds();
+  const double start = base::SteadyNowSeconds();
   core_->store().Reserve(id_, r.bytes, [self, reg, r, start](absl::StatusOr<store::BlockRef> ref) {
     Core* core = self->core_;
     if (!ref.ok()) {
@@ -441,7 +437,7 @@ void Session::OnOffload(const Request& r) {
     }
     bool closed;
     {
-      std::lock_guard<std::mutex> lock(self->mu_);
+      base::MutexLock lock(self->mu_);
       closed = self->closed_;
     }
     if (closed) {  // admitted as the session ended: give the space back
@@ -471,11 +467,11 @@ void Session::OnOffload(const Request& r) {
                     t->cls);
     }
     const store::BlockRef block = *ref;
-    const double admitted = NowSeconds();
+    const double admitted = base::SteadyNowSeconds();
     t->done = [self, block, r, start, admitted](absl::Status st) {
       Core* core = self->core_;
       core->store().OffloadFinished(block.block_id, st);
-      double now = NowSeconds();
+      double now = base::SteadyNowSeconds();
       core->CountTransfer(/*offload=*/true, r.bytes, st.ok());
       RecordTransfer("d2h", self->device_id_, r.bytes, now - start, st.ok());
       if (st.ok()) {
@@ -517,7 +513,7 @@ void Session::OnReload(const Request& r) {
   }
   auto self = shared_from_this();
   std::shared_ptr<copy::Region> reg = *region;
-  const double start = NowSeconds();
+  const double start = base::SteadyNowSeconds();
   absl::Status begun = core_->store().BeginReload(
       id_, r.block_id, [self, reg, r, start](absl::StatusOr<store::BlockRef> ref) {
         Core* core = self->core_;
@@ -553,7 +549,7 @@ void Session::OnReload(const Request& r) {
                         t->cls);
         }
         const uint64_t bytes = ref->bytes;
-        const double ready = NowSeconds();
+        const double ready = base::SteadyNowSeconds();
         t->done = [self, reg, r, bytes, start, ready](absl::Status st) {
           Core* core = self->core_;
           if (st.ok()) st = core->engine().SignalDone(*reg, r.done_event);
@@ -561,7 +557,7 @@ void Session::OnReload(const Request& r) {
           const bool release = r.release_after && st.ok();
           core->store().EndReload(r.block_id, release);
           if (release) self->ForgetBlock(r.block_id);
-          double now = NowSeconds();
+          double now = base::SteadyNowSeconds();
           core->CountTransfer(/*offload=*/false, bytes, st.ok());
           RecordTransfer("h2d", self->device_id_, bytes, now - start, st.ok());
           if (st.ok()) {
@@ -589,7 +585,7 @@ void Session::OnReload(const Request& r) {
 bool Session::ResolveTag(Request& r) {
   if (r.block_id != 0 || r.tag == 0) return true;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = tags_.find(r.tag);
     if (it != tags_.end()) {
       if (it->second.block_id == 0) {
@@ -610,7 +606,7 @@ bool Session::ResolveTag(Request& r) {
 void Session::TagResolved(uint64_t tag, uint64_t block_id, const absl::Status& status) {
   std::vector<Request> waiting;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = tags_.find(tag);
     if (it == tags_.end()) return;
     waiting.swap(it->second.waiting);
@@ -634,7 +630,7 @@ void Session::TagResolved(uint64_t tag, uint64_t block_id, const absl::Status& s
 }
 
 void Session::ForgetBlock(uint64_t block_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = block_tags_.find(block_id);
   if (it == block_tags_.end()) return;
   tags_.erase(it->second);
@@ -679,7 +675,7 @@ absl::Status CloseStatus(EndCause cause) {
 
 void Session::StopCopies(EndCause cause) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (close_status_.ok()) close_status_ = CloseStatus(cause);
   }
   gate_->Close();
@@ -694,7 +690,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   // Dropped after the lock is released (closing a region may block on the device thread).
   std::map<uint64_t, std::shared_ptr<copy::Region>> regions;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (closed_) return;
     closed_ = true;
     close_status_ = close_status;
@@ -721,7 +717,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
   core_->store().ReleaseSession(id_);
   {
     // Every request still unanswered gets its answer now, then nothing more is sent.
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (emit_) {
       for (uint64_t request_id : unanswered_) {
         Completion c;
@@ -756,7 +752,7 @@ bool Session::MutexHeldForTesting() const {
 SessionInfo Session::info() const {
   SessionInfo i;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     i.session_id = id_;
     i.client_name = client_name_;
     i.device_id = device_id_;

@@ -57,6 +57,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/base/mutex.h"
 #include "server/copy/copy_engine.h"
 #include "server/session/copy_gate.h"
 #include "server/session/core.h"
@@ -164,19 +165,19 @@ class Session : public std::enable_shared_from_this<Session> {
                                                        EndStream end_stream);
   ~Session();
 
-  void Handle(const Request& request);
+  void Handle(const Request& request) EXCLUDES(mu_);
   // Ends the session: releases its blocks, waiting offloads and regions. Idempotent.
-  void Close(EndCause cause);
+  void Close(EndCause cause) EXCLUDES(mu_);
   // Starts no chunk copy of this session from now on (its queued chunks fail with the status
   // Close(cause) would answer) without waiting; Close follows. Lets a shutdown stop every
   // session's copies before it waits for any.
-  void StopCopies(EndCause cause);
+  void StopCopies(EndCause cause) EXCLUDES(mu_);
   // Close(cause), and ends the stream with `status` (EndStream). Idempotent with Close.
-  void End(EndCause cause, const absl::Status& status);
+  void End(EndCause cause, const absl::Status& status) EXCLUDES(mu_);
 
-  SessionInfo info() const;
+  SessionInfo info() const EXCLUDES(mu_);
   uint64_t id() const { return id_; }
-  bool closed() const;
+  bool closed() const EXCLUDES(mu_);
   const PeerCredentials& peer() const { return peer_; }
   // Whether some thread holds the session's mutex (asked from another thread). Tests only.
   bool MutexHeldForTesting() const;
@@ -184,9 +185,9 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   Session(Core* core, Emit emit, PeerCredentials peer, EndStream end_stream);
   // `counted`: the completion answers a request counted in requests_in_flight_.
-  void Send(Completion c, bool counted = true);
-  void Fail(uint64_t request_id, absl::Status status, bool counted = true);
-  void CloseWith(EndCause cause, const absl::Status* end_status);
+  void Send(Completion c, bool counted = true) EXCLUDES(mu_);
+  void Fail(uint64_t request_id, absl::Status status, bool counted = true) EXCLUDES(mu_);
+  void CloseWith(EndCause cause, const absl::Status* end_status) EXCLUDES(mu_);
   // Handle() without the in-flight accounting (replays of requests already counted).
   void Dispatch(const Request& r);
   void OnHello(const Request& r);
@@ -196,7 +197,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnReload(const Request& r);
   void OnRelease(const Request& r);
   // Region by id, or NOT_FOUND.
-  absl::StatusOr<std::shared_ptr<copy::Region>> FindRegion(uint64_t region_id);
+  absl::StatusOr<std::shared_ptr<copy::Region>> FindRegion(uint64_t region_id) EXCLUDES(mu_);
   // Fills r.block_id from r.tag. Returns false when the request was queued (offload not yet
   // admitted) or failed (answered).
   bool ResolveTag(Request& r);
@@ -208,30 +209,33 @@ class Session : public std::enable_shared_from_this<Session> {
   Core* const core_;
   const uint64_t id_;
   const PeerCredentials peer_;
-  mutable std::mutex mu_;
-  Emit emit_;  // null once closed
-  EndStream end_stream_;  // null once closed
+  mutable base::Mutex mu_;
+  Emit emit_ GUARDED_BY(mu_);             // null once closed
+  EndStream end_stream_ GUARDED_BY(mu_);  // null once closed
   // Chunk copies of this session's transfers pass it; closed by CloseWith.
   const std::shared_ptr<CopyGate> gate_ = std::make_shared<CopyGate>();
-  uint64_t requests_in_flight_ = 0;
+  uint64_t requests_in_flight_ GUARDED_BY(mu_) = 0;
   // Request ids accepted and not yet answered (requests_in_flight_ of them), answered by
   // CloseWith when the session ends first.
-  std::unordered_multiset<uint64_t> unanswered_;
+  std::unordered_multiset<uint64_t> unanswered_ GUARDED_BY(mu_);
   // Set when the session closes: what requests that could not finish are answered with.
-  absl::Status close_status_;
-  bool hello_done_ = false;
-  bool transient_device_ = false;  // Hello's transient_device
-  bool closed_ = false;
-  std::string client_name_, device_id_;
-  uint32_t pid_ = 0;
-  std::map<uint64_t, std::shared_ptr<copy::Region>> regions_;
-  uint64_t next_region_id_ = 1;
+  absl::Status close_status_ GUARDED_BY(mu_);
+  bool hello_done_ GUARDED_BY(mu_) = false;
+  bool transient_device_ GUARDED_BY(mu_) = false;  // Hello's transient_device
+  bool closed_ GUARDED_BY(mu_) = false;
+  std::string client_name_ GUARDED_BY(mu_);
+  // Written once by the accepted Hello, under mu_ and before hello_done_; every reader runs after
+  // a request passed the hello_done_ check (under mu_), so it is read without the lock.
+  std::string device_id_;
+  uint32_t pid_ GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::shared_ptr<copy::Region>> regions_ GUARDED_BY(mu_);
+  uint64_t next_region_id_ GUARDED_BY(mu_) = 1;
   struct TaggedBlock {
     uint64_t block_id = 0;  // 0 until the offload is admitted
     std::vector<Request> waiting;
   };
-  std::map<uint64_t, TaggedBlock> tags_;    // tag -> block
-  std::map<uint64_t, uint64_t> block_tags_;  // block id -> tag
+  std::map<uint64_t, TaggedBlock> tags_ GUARDED_BY(mu_);     // tag -> block
+  std::map<uint64_t, uint64_t> block_tags_ GUARDED_BY(mu_);  // block id -> tag
 };
 
 }  // namespace offloadd::session

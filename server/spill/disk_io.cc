@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 
 #include "absl/strings/str_format.h"
+#include "server/base/mutex.h"
 
 namespace offloadd::spill {
 namespace {
@@ -68,7 +68,8 @@ class UringDiskIo : public DiskIo {
     if (initialized_) io_uring_queue_exit(&ring_);
   }
   // Returns 0 or -errno from io_uring_queue_init.
-  int Init() {
+  int Init() EXCLUDES(mu_) {
+    base::MutexLock lock(mu_);  // before the reader is shared; keeps the analysis exact
     const int rc = io_uring_queue_init(kQueueDepth, &ring_, 0);
     initialized_ = rc == 0;
     return rc;
@@ -85,8 +86,8 @@ class UringDiskIo : public DiskIo {
  private:
   // Submits pieces of [0, len) keeping up to kQueueDepth in flight; a short piece is finished
   // with the posix path (rare: signals, end of file), which also reports a truncated file.
-  absl::Status Run(bool write, int fd, void* buf, uint64_t len, uint64_t offset) {
-    std::lock_guard<std::mutex> lock(mu_);
+  absl::Status Run(bool write, int fd, void* buf, uint64_t len, uint64_t offset) EXCLUDES(mu_) {
+    base::MutexLock lock(mu_);
     char* p = static_cast<char*>(buf);
     uint64_t next = 0;
     unsigned in_flight = 0;
@@ -136,8 +137,8 @@ class UringDiskIo : public DiskIo {
     return status;
   }
 
-  std::mutex mu_;
-  io_uring ring_{};
+  base::Mutex mu_;
+  io_uring ring_ GUARDED_BY(mu_){};
   bool initialized_ = false;
 };
 

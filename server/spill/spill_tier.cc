@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "server/base/clock.h"
 
 namespace offloadd::spill {
 namespace {
@@ -39,11 +40,6 @@ struct AlignedBuffer {
   ~AlignedBuffer() { free(p); }
   void* p = nullptr;
 };
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 absl::Status Errno(const std::string& what) {
   return absl::FailedPreconditionError(absl::StrFormat("%s: %s", what, strerror(errno)));
@@ -71,12 +67,12 @@ absl::StatusOr<double> MeasureBandwidth(DiskIo& io, const std::string& path, uin
   AlignedBuffer buf(bytes);
   if (buf.p == nullptr) return absl::ResourceExhaustedError("no memory for the measurement");
   memset(buf.p, 0x5a, bytes);
-  double t0 = Now();
+  double t0 = base::SteadyNowSeconds();
   if (absl::Status st = io.Write(fd, buf.p, bytes, 0); !st.ok()) return st;
   if (fdatasync(fd) != 0) return Errno("fdatasync of " + path);
-  double t1 = Now();
+  double t1 = base::SteadyNowSeconds();
   if (absl::Status st = io.Read(fd, buf.p, bytes, 0); !st.ok()) return st;
-  double t2 = Now();
+  double t2 = base::SteadyNowSeconds();
   const double write_rate = bytes / std::max(t1 - t0, 1e-6);
   const double read_rate = bytes / std::max(t2 - t1, 1e-6);
   return std::min(write_rate, read_rate);
@@ -179,7 +175,7 @@ std::string SpillTier::FilePath(uint64_t block_id) const {
 }
 
 bool SpillTier::TryReserve(uint64_t extent_bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   const uint64_t bytes = FileBytes(extent_bytes);
   if (used_bytes_ + bytes > options_.capacity_bytes) return false;
   used_bytes_ += bytes;
@@ -189,7 +185,7 @@ bool SpillTier::TryReserve(uint64_t extent_bytes) {
 
 void SpillTier::Remove(uint64_t block_id, uint64_t extent_bytes) {
   unlink(FilePath(block_id).c_str());
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   used_bytes_ -= std::min(used_bytes_, FileBytes(extent_bytes));
   if (files_ > 0) --files_;
 }
@@ -294,7 +290,7 @@ SpillStats SpillTier::stats() const {
   s.io = io_->name();
   s.capacity_bytes = options_.capacity_bytes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     s.used_bytes = used_bytes_;
     s.files = files_;
   }

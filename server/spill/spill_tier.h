@@ -39,11 +39,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/base/mutex.h"
 #include "server/pool/extent_allocator.h"
 #include "server/sched/link_scheduler.h"
 #include "server/spill/disk_io.h"
@@ -95,7 +95,7 @@ class SpillTier {
   // Bytes a block of extent `extent_bytes` takes on disk (rounded up to 4096).
   static uint64_t FileBytes(uint64_t extent_bytes);
   // Reserves FileBytes(extent_bytes) of capacity; false when it does not fit (disk full).
-  bool TryReserve(uint64_t extent_bytes);
+  bool TryReserve(uint64_t extent_bytes) EXCLUDES(mu_);
   // Writes `extent` of the pool to the block's file (class SPILL); `done` gets OK, or the error
   // (RESOURCE_EXHAUSTED when the file system is full; UNAVAILABLE after Shutdown). On error the
   // file may exist partially: call Remove.
@@ -105,12 +105,12 @@ class SpillTier {
   void Stage(uint64_t block_id, pool::Extent extent, DiskClass cls, const std::string& flow,
              Done done);
   // Unlinks the block's file (if any) and returns FileBytes(extent_bytes) of capacity.
-  void Remove(uint64_t block_id, uint64_t extent_bytes);
+  void Remove(uint64_t block_id, uint64_t extent_bytes) EXCLUDES(mu_);
   // Finishes queued transfers and stops the link's workers. Idempotent; not from a `done`.
   void Shutdown();
 
   std::string FilePath(uint64_t block_id) const;
-  SpillStats stats() const;
+  SpillStats stats() const EXCLUDES(mu_);
 
  private:
   SpillTier(const SpillOptions& options, std::unique_ptr<DiskIo> io, uint8_t* pool_base,
@@ -124,9 +124,10 @@ class SpillTier {
   std::unique_ptr<DiskIo> io_;
   uint8_t* const pool_base_;
   const uint64_t pool_bytes_;
-  bool measured_ = false;
-  mutable std::mutex mu_;
-  uint64_t used_bytes_ = 0, files_ = 0;
+  bool measured_ = false;  // set by Create before the tier is shared
+  mutable base::Mutex mu_;
+  uint64_t used_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t files_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> spill_bytes_total_{0}, stage_bytes_total_{0};
   std::unique_ptr<sched::LinkScheduler> link_;
 };

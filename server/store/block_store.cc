@@ -30,7 +30,7 @@ void BlockStore::Stop() {
   std::deque<Waiter> waiters;
   std::vector<ReadableCallback> stages;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     stopping_ = true;
     waiters.swap(waiters_);
     for (uint64_t id : pending_stages_) {
@@ -49,7 +49,7 @@ void BlockStore::Stop() {
   if (spill_ != nullptr) spill_->Shutdown();
   deadline_cv_.notify_all();
   {
-    std::lock_guard<std::mutex> lock(stop_mu_);
+    base::MutexLock lock(stop_mu_);
     if (deadline_thread_.joinable()) deadline_thread_.join();
   }
   for (auto& w : waiters) {
@@ -59,7 +59,10 @@ void BlockStore::Stop() {
   }
 }
 
-uint64_t BlockStore::capacity_bytes() const { return allocator_.stats().capacity_bytes; }
+uint64_t BlockStore::capacity_bytes() const {
+  base::MutexLock lock(mu_);  // the allocator is not thread-safe: stats() reads its counters
+  return allocator_.stats().capacity_bytes;
+}
 
 int64_t BlockStore::OwnerLocked(uint64_t session_id) const {
   auto it = session_owner_.find(session_id);
@@ -67,12 +70,12 @@ int64_t BlockStore::OwnerLocked(uint64_t session_id) const {
 }
 
 void BlockStore::SetSessionOwner(uint64_t session_id, uint32_t uid) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   session_owner_[session_id] = uid;
 }
 
 void BlockStore::SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   session_resume_key_[session_id] = key;
 }
 
@@ -195,7 +198,7 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
   absl::StatusOr<BlockRef> result;
   Deferred deferred;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     uint64_t rounded = ExtentBytes(bytes);
     if (rounded > allocator_.stats().capacity_bytes) {
       result = absl::OutOfRangeError(absl::StrFormat(
@@ -297,7 +300,7 @@ void BlockStore::FreeLocked(uint64_t block_id, Deferred* deferred) {
 void BlockStore::OffloadFinished(uint64_t block_id, const absl::Status& copy_status) {
   Deferred deferred;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = blocks_.find(block_id);
     if (it == blocks_.end()) return;
     Block& b = it->second;
@@ -346,7 +349,7 @@ absl::Status BlockStore::LostLocked(uint64_t session_id, uint64_t block_id) cons
 }
 
 void BlockStore::MarkLost(const std::vector<pool::DroppedBlock>& dropped) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   for (const pool::DroppedBlock& d : dropped) {
     if (blocks_.count(d.block_id) == 0) lost_[d.block_id] = d;
   }
@@ -357,7 +360,7 @@ absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
   BlockRef ref;
   Deferred deferred;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = blocks_.find(block_id);
     if (it == blocks_.end() || it->second.session_id != session_id) {
       if (absl::Status lost = LostLocked(session_id, block_id); !lost.ok()) return lost;
@@ -402,7 +405,7 @@ absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
 void BlockStore::EndReload(uint64_t block_id, bool release) {
   Deferred deferred;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = blocks_.find(block_id);
     if (it == blocks_.end()) return;
     Block& b = it->second;
@@ -424,7 +427,7 @@ void BlockStore::EndReload(uint64_t block_id, bool release) {
 absl::Status BlockStore::Release(uint64_t session_id, uint64_t block_id) {
   Deferred deferred;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = blocks_.find(block_id);
     if (it == blocks_.end() || it->second.session_id != session_id || it->second.released) {
       if (absl::Status lost = LostLocked(session_id, block_id); !lost.ok()) return lost;
@@ -445,7 +448,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
   Deferred deferred;
   uint64_t released = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->session_id == session_id) {
         deferred.push_back([cb = std::move(it->done)] {
@@ -476,7 +479,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
 }
 
 void BlockStore::DeadlineLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   while (!stopping_) {
     double now = base::SteadyNowSeconds();
     double next = 0;
@@ -506,22 +509,22 @@ void BlockStore::DeadlineLoop() {
       }
     }
     if (!deferred.empty()) {
-      lock.unlock();
+      lock.Unlock();
       RunAll(deferred);
-      lock.lock();
+      lock.Lock();
       continue;
     }
     if (next == 0) {
-      deadline_cv_.wait(lock);
+      deadline_cv_.Wait(mu_);
     } else {
       // Capped: a huge deadline must not overflow the clock's duration arithmetic.
-      deadline_cv_.wait_for(lock, std::chrono::duration<double>(std::min(next - now, 3600.0)));
+      deadline_cv_.WaitForSeconds(mu_, std::min(next - now, 3600.0));
     }
   }
 }
 
 uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double grace_seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (table_ == nullptr) return 0;
   uint64_t n = 0;
   std::vector<bool> slot_used(table_->slots(), false);
@@ -565,7 +568,7 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
 absl::StatusOr<uint64_t> BlockStore::ResumeSession(uint64_t session_id,
                                                    const pool::ResumeKey& key, uint32_t uid,
                                                    std::vector<uint64_t>* block_ids) {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = adopted_by_key_.find(key);
   if (it == adopted_by_key_.end()) {
     return absl::NotFoundError(
@@ -620,24 +623,24 @@ void BlockStore::ExpireAdoptedLocked(Deferred* deferred) {
 }
 
 uint64_t BlockStore::SessionUsedBytes(uint64_t session_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = session_used_bytes_.find(session_id);
   return it == session_used_bytes_.end() ? 0 : it->second;
 }
 
 uint64_t BlockStore::SessionBlocks(uint64_t session_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = session_blocks_.find(session_id);
   return it == session_blocks_.end() ? 0 : it->second;
 }
 
 std::map<uint32_t, uint64_t> BlockStore::UidUsedBytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return uid_used_bytes_;
 }
 
 StoreStats BlockStore::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   StoreStats s;
   s.pool = allocator_.stats();
   s.blocks = blocks_.size();

@@ -58,13 +58,11 @@
 #ifndef OFFLOADD_SERVER_STORE_BLOCK_STORE_H_
 #define OFFLOADD_SERVER_STORE_BLOCK_STORE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -73,6 +71,7 @@
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/base/mutex.h"
 #include "server/pool/block_table.h"
 #include "server/pool/extent_allocator.h"
 #include "server/spill/spill_tier.h"
@@ -146,46 +145,47 @@ class BlockStore {
   // and stops the deadline thread; no store callback runs on that thread afterwards; no spill
   // starts afterwards. Idempotent. Offloads reserved after Stop
   // are still admitted when they fit, but no longer wait for space.
-  void Stop();
+  void Stop() EXCLUDES(stop_mu_);
 
   // Records the uid a session belongs to, for uid_quota_bytes (call before its first Reserve;
   // sessions without an owner are not subject to the uid quota).
-  void SetSessionOwner(uint64_t session_id, uint32_t uid);
+  void SetSessionOwner(uint64_t session_id, uint32_t uid) EXCLUDES(mu_);
   // Records the key of the session's resume token, written into its blocks' records (call
   // before its first Reserve; without one the records carry an all-zero key, which no token
   // hashes to in practice).
-  void SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey& key);
+  void SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey& key) EXCLUDES(mu_);
 
   // Takes the blocks of a previous daemon (BlockTable::Adopt's valid records) as resident blocks
   // of no session, held `grace_seconds`; then those not resumed are freed (and counted). Call
   // once, before any Reserve. Returns the number adopted (a record whose extent cannot be
   // allocated is cleared and not adopted; BlockTable::Adopt already drops overlaps).
-  uint64_t Adopt(const std::vector<pool::StoredBlock>& blocks, double grace_seconds);
+  uint64_t Adopt(const std::vector<pool::StoredBlock>& blocks, double grace_seconds) EXCLUDES(mu_);
   // Remembers the block ids adoption dropped (BlockTable::Adopt's dropped_blocks): a reload or
   // release naming one, from the session resumed with the resume key its record names, then
   // fails with DATA_LOSS (the block was stored and is lost) instead of NOT_FOUND; any other
   // session gets NOT_FOUND, as for an id it never held. Kept for the daemon's life (at most one
   // per record slot).
-  void MarkLost(const std::vector<pool::DroppedBlock>& dropped);
+  void MarkLost(const std::vector<pool::DroppedBlock>& dropped) EXCLUDES(mu_);
   // Gives the adopted blocks recorded under `key` to `session_id` (same block ids). `uid`: the
   // presenting peer's uid, pool::kUnknownUid when unknown; it must equal the owner recorded.
   // Returns the number of blocks taken. Errors: NOT_FOUND when no adopted block has that key
   // (never issued, already resumed, or expired); PERMISSION_DENIED for another uid.
   // `block_ids` (optional) receives the ids taken.
   absl::StatusOr<uint64_t> ResumeSession(uint64_t session_id, const pool::ResumeKey& key,
-                                         uint32_t uid,
-                                         std::vector<uint64_t>* block_ids = nullptr);
+                                         uint32_t uid, std::vector<uint64_t>* block_ids = nullptr)
+      EXCLUDES(mu_);
 
   // Admits an offload of `bytes` for `session_id`; `done` gets the new block (state
   // kOffloading) or an error: INVALID_ARGUMENT for 0 bytes; OUT_OF_RANGE when bytes exceed the
   // pool capacity, the session quota or the uid quota (it can never fit); RESOURCE_EXHAUSTED
   // when the wait queue is full or the deadline passed (the message says whether the pool or a
   // quota was full). `hint`: where the block falls in the reload order (spill tier policy).
-  void Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback done, OrderHint hint = {});
+  void Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback done, OrderHint hint = {})
+      EXCLUDES(mu_);
 
   // The offload copy of a block finished: kResident on success; on failure the block is freed.
   // Runs reloads that were waiting for it (with the block, or the copy's error).
-  void OffloadFinished(uint64_t block_id, const absl::Status& copy_status);
+  void OffloadFinished(uint64_t block_id, const absl::Status& copy_status) EXCLUDES(mu_);
 
   // Starts a reload of a block of `session_id`: `ready` is called with the block once its bytes
   // are in the pool (at once if resident). The block stays allocated until EndReload.
@@ -194,23 +194,24 @@ class BlockStore {
   // Errors (returned, `ready` not called): NOT_FOUND for an unknown block or one of another
   // session; FAILED_PRECONDITION when the block has been released; DATA_LOSS for a block whose
   // spill file was lost before.
-  absl::Status BeginReload(uint64_t session_id, uint64_t block_id, ReadableCallback ready);
+  absl::Status BeginReload(uint64_t session_id, uint64_t block_id, ReadableCallback ready)
+      EXCLUDES(mu_);
   // A reload started with BeginReload finished; `release` frees the block afterwards.
-  void EndReload(uint64_t block_id, bool release);
+  void EndReload(uint64_t block_id, bool release) EXCLUDES(mu_);
 
   // Releases a block of `session_id`. NOT_FOUND for unknown / foreign / already released ids.
-  absl::Status Release(uint64_t session_id, uint64_t block_id);
+  absl::Status Release(uint64_t session_id, uint64_t block_id) EXCLUDES(mu_);
   // Releases every block of the session and fails its waiting offloads with CANCELLED; forgets
   // its owner. Returns the number of blocks released.
-  uint64_t ReleaseSession(uint64_t session_id);
+  uint64_t ReleaseSession(uint64_t session_id) EXCLUDES(mu_);
 
   // Bytes (rounded extents) held by a session, and blocks held.
-  uint64_t SessionUsedBytes(uint64_t session_id) const;
-  uint64_t SessionBlocks(uint64_t session_id) const;
+  uint64_t SessionUsedBytes(uint64_t session_id) const EXCLUDES(mu_);
+  uint64_t SessionBlocks(uint64_t session_id) const EXCLUDES(mu_);
   // Bytes (rounded extents) held by each uid's sessions, for uids holding any.
-  std::map<uint32_t, uint64_t> UidUsedBytes() const;
-  StoreStats stats() const;
-  uint64_t capacity_bytes() const;
+  std::map<uint32_t, uint64_t> UidUsedBytes() const EXCLUDES(mu_);
+  StoreStats stats() const EXCLUDES(mu_);
+  uint64_t capacity_bytes() const EXCLUDES(mu_);
   // True on a shared pool (constructed with a BlockTable): confirmed blocks outlive the daemon.
   bool survives_restart() const { return table_ != nullptr; }
 
@@ -260,72 +261,83 @@ class BlockStore {
   static void RunAll(Deferred& deferred);
 
   // All *Locked methods require mu_.
-  bool FitsLocked(uint64_t session_id, uint64_t bytes) const;
-  bool QuotaFitsLocked(uint64_t session_id, uint64_t bytes) const;
+  bool FitsLocked(uint64_t session_id, uint64_t bytes) const REQUIRES(mu_);
+  bool QuotaFitsLocked(uint64_t session_id, uint64_t bytes) const REQUIRES(mu_);
   // The extent size a block of `bytes` takes (4096-multiples with a spill tier).
   uint64_t ExtentBytes(uint64_t bytes) const;
   // Whether a block may be freed now (no copy or disk transfer running on it).
   static bool IdleLocked(const Block& b);
   // Spill tier (block_store_spill.cc).
-  void MaybeSpillLocked(Deferred* deferred);
-  void StartSpillLocked(uint64_t block_id, Block& b, Deferred* deferred);
-  void SpillFinished(uint64_t block_id, const absl::Status& st);
+  void MaybeSpillLocked(Deferred* deferred) REQUIRES(mu_);
+  void StartSpillLocked(uint64_t block_id, Block& b, Deferred* deferred) REQUIRES(mu_);
+  void SpillFinished(uint64_t block_id, const absl::Status& st) EXCLUDES(mu_);
   // Allocates a pool extent and starts reading the block back; false when the pool has no room
   // (an urgent stage then waits in pending_stages_).
-  bool StartStageLocked(uint64_t block_id, Block& b, bool urgent, Deferred* deferred);
-  void StageFinished(uint64_t block_id, const absl::Status& st);
-  void StageAheadLocked(uint64_t session_id, Deferred* deferred);
+  bool StartStageLocked(uint64_t block_id, Block& b, bool urgent, Deferred* deferred) REQUIRES(mu_);
+  void StageFinished(uint64_t block_id, const absl::Status& st) EXCLUDES(mu_);
+  void StageAheadLocked(uint64_t session_id, Deferred* deferred) REQUIRES(mu_);
   // After pool space was freed: pending stages, then waiting offloads, then stage-ahead.
-  void UsePoolSpaceLocked(uint64_t session_id, Deferred* deferred);
-  void WriteRecordLocked(uint64_t block_id, Block& b);
-  uint64_t HighWaterBytesLocked() const;
+  void UsePoolSpaceLocked(uint64_t session_id, Deferred* deferred) REQUIRES(mu_);
+  void WriteRecordLocked(uint64_t block_id, Block& b) REQUIRES(mu_);
+  uint64_t HighWaterBytesLocked() const REQUIRES(mu_);
   // Why a request does not fit now: "the pool is full", "the session quota ... is used", ...
-  std::string WhyFullLocked(uint64_t session_id, uint64_t bytes) const;
-  int64_t OwnerLocked(uint64_t session_id) const;
-  BlockRef AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds);
-  void FreeLocked(uint64_t block_id, Deferred* deferred);
+  std::string WhyFullLocked(uint64_t session_id, uint64_t bytes) const REQUIRES(mu_);
+  int64_t OwnerLocked(uint64_t session_id) const REQUIRES(mu_);
+  BlockRef AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds) REQUIRES(mu_);
+  void FreeLocked(uint64_t block_id, Deferred* deferred) REQUIRES(mu_);
   // Clears the block's record (shared pool; not after Stop, see above).
-  void ForgetRecordLocked(Block& b);
-  void ExpireAdoptedLocked(Deferred* deferred);
-  void AdmitWaitersLocked(Deferred* deferred);
-  void DeadlineLoop();
+  void ForgetRecordLocked(Block& b) REQUIRES(mu_);
+  void ExpireAdoptedLocked(Deferred* deferred) REQUIRES(mu_);
+  void AdmitWaitersLocked(Deferred* deferred) REQUIRES(mu_);
+  void DeadlineLoop() EXCLUDES(mu_);
 
   const BlockStoreOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable deadline_cv_;
-  pool::ExtentAllocator allocator_;
-  std::unordered_map<uint64_t, Block> blocks_;
-  std::unordered_map<uint64_t, uint64_t> session_used_bytes_;
-  std::unordered_map<uint64_t, uint64_t> session_blocks_;
-  std::unordered_map<uint64_t, uint32_t> session_owner_;
-  std::map<uint32_t, uint64_t> uid_used_bytes_;
-  std::deque<Waiter> waiters_;
-  uint64_t refused_total_ = 0;
+  mutable base::Mutex mu_;
+  base::CondVar deadline_cv_;
+  pool::ExtentAllocator allocator_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, Block> blocks_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, uint64_t> session_used_bytes_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, uint64_t> session_blocks_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, uint32_t> session_owner_ GUARDED_BY(mu_);
+  std::map<uint32_t, uint64_t> uid_used_bytes_ GUARDED_BY(mu_);
+  std::deque<Waiter> waiters_ GUARDED_BY(mu_);
+  uint64_t refused_total_ GUARDED_BY(mu_) = 0;
   // DATA_LOSS for a block id adoption dropped; OK otherwise. mu_ held.
   // DATA_LOSS when `block_id` was dropped at adoption and `session_id` resumed the session that
   // owned it (same resume key); OK otherwise (the caller answers NOT_FOUND).
-  absl::Status LostLocked(uint64_t session_id, uint64_t block_id) const;
+  absl::Status LostLocked(uint64_t session_id, uint64_t block_id) const REQUIRES(mu_);
   pool::BlockTable* const table_;
-  std::unordered_map<uint64_t, pool::DroppedBlock> lost_;  // dropped at adoption (MarkLost)
-  std::vector<uint32_t> free_slots_;
-  std::unordered_map<uint64_t, pool::ResumeKey> session_resume_key_;
-  std::map<pool::ResumeKey, std::vector<uint64_t>> adopted_by_key_;
-  double adopted_deadline_seconds_ = 0;  // 0: nothing adopted waits
-  uint64_t adopted_expired_total_ = 0, sessions_resumed_total_ = 0, blocks_resumed_total_ = 0;
-  absl::BitGen rng_;
-  bool stopping_ = false;
-  std::mutex stop_mu_;  // serialises Stop()
-  std::thread deadline_thread_;
+  // Dropped at adoption (MarkLost)
+  std::unordered_map<uint64_t, pool::DroppedBlock> lost_ GUARDED_BY(mu_);
+  std::vector<uint32_t> free_slots_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, pool::ResumeKey> session_resume_key_ GUARDED_BY(mu_);
+  std::map<pool::ResumeKey, std::vector<uint64_t>> adopted_by_key_ GUARDED_BY(mu_);
+  double adopted_deadline_seconds_ GUARDED_BY(mu_) = 0;  // 0: nothing adopted waits
+  uint64_t adopted_expired_total_ GUARDED_BY(mu_) = 0;
+  uint64_t sessions_resumed_total_ GUARDED_BY(mu_) = 0;
+  uint64_t blocks_resumed_total_ GUARDED_BY(mu_) = 0;
+  absl::BitGen rng_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  base::Mutex stop_mu_;  // serialises Stop()
+  std::thread deadline_thread_ GUARDED_BY(stop_mu_);
   // Spill tier.
   spill::SpillTier* const spill_;
-  uint64_t next_seq_ = 1;
-  uint64_t spilling_bytes_ = 0, staging_bytes_ = 0, disk_bytes_ = 0, disk_blocks_ = 0;
-  std::deque<uint64_t> pending_stages_;  // urgent stage-backs waiting for pool space
-  std::unordered_map<uint64_t, ReloadKey> session_cursor_;  // key of the session's last reload
-  uint64_t spilled_total_ = 0, staged_total_ = 0, spill_failures_total_ = 0;
-  uint64_t spill_refused_disk_full_total_ = 0, reloads_from_disk_total_ = 0;
-  uint64_t blocks_lost_total_ = 0;
-  double reload_disk_wait_seconds_total_ = 0;
+  uint64_t next_seq_ GUARDED_BY(mu_) = 1;
+  uint64_t spilling_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t staging_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t disk_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t disk_blocks_ GUARDED_BY(mu_) = 0;
+  // Urgent stage-backs waiting for pool space
+  std::deque<uint64_t> pending_stages_ GUARDED_BY(mu_);
+  // Key of the session's last reload
+  std::unordered_map<uint64_t, ReloadKey> session_cursor_ GUARDED_BY(mu_);
+  uint64_t spilled_total_ GUARDED_BY(mu_) = 0;
+  uint64_t staged_total_ GUARDED_BY(mu_) = 0;
+  uint64_t spill_failures_total_ GUARDED_BY(mu_) = 0;
+  uint64_t spill_refused_disk_full_total_ GUARDED_BY(mu_) = 0;
+  uint64_t reloads_from_disk_total_ GUARDED_BY(mu_) = 0;
+  uint64_t blocks_lost_total_ GUARDED_BY(mu_) = 0;
+  double reload_disk_wait_seconds_total_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace offloadd::store

@@ -87,7 +87,7 @@ void BlockStore::StartSpillLocked(uint64_t block_id, Block& b, Deferred* deferre
 void BlockStore::SpillFinished(uint64_t block_id, const absl::Status& st) {
   Deferred deferred;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = blocks_.find(block_id);
     if (it == blocks_.end() || it->second.tier != Tier::kSpilling) return;
     Block& b = it->second;
@@ -141,7 +141,7 @@ bool BlockStore::StartStageLocked(uint64_t block_id, Block& b, bool urgent,
 void BlockStore::StageFinished(uint64_t block_id, const absl::Status& st) {
   Deferred deferred;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = blocks_.find(block_id);
     if (it == blocks_.end() || it->second.tier != Tier::kStaging) return;
     Block& b = it->second;

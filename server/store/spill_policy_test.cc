@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/base/clock.h"
 #include "server/pool/block_table.h"
 #include "server/spill/spill_tier.h"
 #include "server/store/block_store.h"
@@ -26,11 +27,7 @@ constexpr uint64_t kMiB = 1ull << 20;
 
 // Polls `cond` for up to 20 s (a correctness wait, not a timing assertion).
 bool WaitFor(const std::function<bool()>& cond) {
-  for (int i = 0; i < 20000; ++i) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return cond();
+  return base::PollUntil(cond, 20, /*poll_seconds=*/0.001);
 }
 
 class SpillPolicyTest : public ::testing::Test {

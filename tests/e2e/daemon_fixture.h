@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "client/offloadd_client.h"
+#include "server/base/clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/pool/arena.h"
 #include "server/rpc/server.h"
@@ -78,12 +79,7 @@ class InProcessDaemon {
 
   // Polls `pred` every 10 ms for up to `seconds`.
   static bool WaitFor(const std::function<bool()>& pred, double seconds = 10) {
-    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    while (std::chrono::steady_clock::now() < end) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return pred();
+    return base::PollUntil(pred, seconds, /*poll_seconds=*/0.01);
   }
 
  private:

@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "proto/offload.pb.h"
+#include "server/base/clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/pool/arena.h"
 #include "server/rpc/translate.h"
@@ -89,12 +90,7 @@ Harness& Get() {
 }
 
 bool WaitFor(const std::function<bool()>& pred, double seconds) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return true;
+  return offloadd::base::PollUntil(pred, seconds, /*poll_seconds=*/0.0002);
 }
 
 [[noreturn]] void Finding(const char* what) {
