@@ -72,7 +72,7 @@ build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.
 	protoc -I. --cpp_out=build/fuzz/gen proto/offload.proto
 	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  -I. -Ibuild/fuzz/gen $(FUZZ_SRCS) build/fuzz/gen/proto/offload.pb.cc -o $@ \
-	  $$(pkg-config --libs grpc++ protobuf prometheus-cpp-pull prometheus-cpp-core) -lglog -lcrypto -luring -lrt -lpthread
+	  $$(pkg-config --libs grpc++ protobuf prometheus-cpp-pull prometheus-cpp-core) -lglog -lcrypto -luring -lnuma -lrt -lpthread
 fuzz: deps build/fuzz/session_fuzz
 	cd build/fuzz && ./session_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	  -artifact_prefix=./ corpus ../../tests/fuzz/corpus
