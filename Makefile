@@ -64,6 +64,7 @@ FUZZ_SRCS := tests/fuzz/session_fuzz.cc server/session/core.cc server/session/se
   server/session/peer.cc server/session/pid_watcher.cc server/store/block_store.cc \
   server/store/block_store_spill.cc server/spill/spill_tier.cc server/spill/disk_io.cc \
   server/pool/arena.cc server/pool/block_table.cc server/pool/extent_allocator.cc \
+  server/pool/sliced_allocator.cc \
   server/sched/drr.cc \
   server/sched/host_link.cc server/sched/link_scheduler.cc server/sched/topology.cc \
   server/copy/shm_engine.cc server/metrics/metrics.cc server/rpc/translate.cc
