@@ -57,6 +57,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "server/base/clock.h"
+#include "bench/copy_bench_backend.h"
 #include "server/copy/cuda_api_sim.h"
 #include "server/copy/cuda_engine.h"
 #include "server/sched/link_scheduler.h"
@@ -68,17 +69,33 @@ using base::SteadyNowSeconds;
 using copy::Direction;
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr int kMaxNumaNodes = 8;
-// Host "buffers", one per NUMA node: the simulator checks host != null, never touches it, and
-// asks which node a pointer is on (HostNode).
-uint8_t host_token[kMaxNumaNodes][64];
+// Simulated host buffers: node n's at (n + 1) << 40, addresses no one maps. The simulator checks
+// host != null and never dereferences them; HostNode tells it the node from the address.
+constexpr int kHostNodeShift = 40;
 
 int HostNode(const void* host) {
-  const auto* p = static_cast<const uint8_t*>(host);
-  for (int n = 0; n < kMaxNumaNodes; ++n) {
-    if (p == host_token[n]) return n;
-  }
-  return -1;
+  const uintptr_t n = reinterpret_cast<uintptr_t>(host) >> kHostNodeShift;
+  return n >= 1 && n <= kMaxNumaNodes ? static_cast<int>(n - 1) : -1;
 }
+
+// The simulated GPUs: a fresh SimCudaApi (and model) per measured window.
+class SimBackend : public CopyBenchBackend {
+ public:
+  explicit SimBackend(copy::SimCudaOptions options) : api_(std::move(options)) {}
+  std::unique_ptr<copy::CudaApi> Borrow() override { return api_.Borrow(); }
+  std::string AddAllocation(int gpu, uint64_t size_bytes) override {
+    return api_.AddAllocation(gpu, size_bytes);
+  }
+  std::string DeviceUuid(int gpu) override { return copy::SimCudaApi::DeviceUuid(gpu); }
+  uint8_t* HostBuffer(int, int, int node, uint64_t) override {
+    return reinterpret_cast<uint8_t*>(uintptr_t(node + 1) << kHostNodeShift);
+  }
+  uint64_t BytesDone(int gpu, Direction d) override { return api_.engine_stats(gpu, d).bytes_done; }
+  double DriverHostSeconds() override { return api_.call_counts().host_seconds; }
+
+ private:
+  copy::SimCudaApi api_;
+};
 
 struct Flags {
   int gpus = 8, gpus_per_switch = 4, streams = 4, copy_threads = 2, streams_per_direction = 1;
@@ -93,6 +110,8 @@ struct Flags {
   int numa_nodes = 2;
   double cross_node_factor = 0.35;
   std::vector<std::string> placements = {"local", "interleaved"};
+  std::string backend = "sim";  // sim | cuda (calibration on a GPU machine)
+  bool figures = false;         // also print one FIGURE line per row (tests/gpu/run.sh)
   int gpus_per_node() const { return (gpus + numa_nodes - 1) / numa_nodes; }
 };
 
@@ -133,6 +152,11 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (name == "placement") {
       f->placements = absl::StrSplit(v, ',');
       for (const std::string& p : f->placements) ok = ok && (p == "local" || p == "interleaved");
+    } else if (name == "backend") {
+      f->backend = v;
+      ok = v == "sim" || v == "cuda";
+    } else if (name == "figures") {
+      f->figures = v == "1" || v == "true";
     } else if (name == "check")
       f->check = v == "1" || v == "true";
     else if (name == "chunk_mib") {
@@ -225,7 +249,9 @@ int TransferNode(const Flags& f, bool interleaved, int gpu, int i) {
   return interleaved ? (own + i) % f.numa_nodes : own;
 }
 
-Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved) {
+// `real`: the real CUDA backend (calibration); null: a simulated one made for this window.
+Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved,
+              CopyBenchBackend* real) {
   copy::SimCudaOptions so;
   so.model.gpus = f.gpus;
   so.model.gpus_per_switch = f.gpus_per_switch;
@@ -235,7 +261,9 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
   so.model.gpus_per_numa_node = f.gpus_per_node();
   so.model.cross_node_rate_factor = f.cross_node_factor;
   so.host_numa_node = HostNode;
-  copy::SimCudaApi api(so);
+  std::unique_ptr<CopyBenchBackend> sim;
+  if (real == nullptr) sim = std::make_unique<SimBackend>(so);
+  CopyBenchBackend& api = real != nullptr ? *real : *sim;
   copy::CudaEngineOptions eo;
   eo.streams_per_direction = static_cast<uint32_t>(std::max(1, f.streams_per_direction));
   eo.asynchronous = async;
@@ -250,7 +278,7 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
     copy::RegionSpec spec;
     spec.cuda_ipc_handle = api.AddAllocation(g, size);
     spec.size_bytes = size;
-    spec.device_id = copy::SimCudaApi::DeviceUuid(g);
+    spec.device_id = api.DeviceUuid(g);
     auto r = engine->OpenRegion(spec);
     if (!r.ok()) {
       std::fprintf(stderr, "copy_sim_bench: %s\n", std::string(r.status().message()).c_str());
@@ -273,9 +301,11 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
   }
   // The transfer's copy function for (direction, GPU, region offset): copy_chunk for the
   // synchronous engine, post_chunk for the asynchronous one (as the session would set them).
-  auto set_copy = [&](sched::Transfer* t, Direction dir, int g, uint64_t base, int node) {
+  // `slot`: the transfer's place in the region (offset slot x transfer) and its host buffer.
+  auto set_copy = [&](sched::Transfer* t, Direction dir, int g, int slot, int node) {
     copy::CopyEngine* e = engine.get();
-    uint8_t* host = host_token[node];
+    uint8_t* host = api.HostBuffer(g, slot, node, transfer);
+    const uint64_t base = slot * transfer;
     copy::Region* r = regions[g].get();
     if (async) {
       const copy::ChunkUrgency urgency = t->cls == sched::TrafficClass::kUrgent
@@ -283,11 +313,11 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
                                              : copy::ChunkUrgency::kNormal;
       t->post_chunk = [e, r, dir, base, urgency, host](uint64_t off, uint64_t len,
                                                        std::function<void(absl::Status)> done) {
-        e->PostChunk(dir, *r, base + off, host, len, urgency, std::move(done));
+        e->PostChunk(dir, *r, base + off, host + off, len, urgency, std::move(done));
       };
     } else {
       t->copy_chunk = [e, r, dir, base, host](uint64_t off, uint64_t len) {
-        return e->CopyChunk(dir, *r, base + off, host, len);
+        return e->CopyChunk(dir, *r, base + off, host + off, len);
       };
     }
   };
@@ -300,17 +330,16 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
     const int s = g / f.gpus_per_switch;
     for (int i = 0; i < f.streams; ++i) {
       sched::Transfer off;
-      off.gpu = copy::SimCudaApi::DeviceUuid(g);
+      off.gpu = api.DeviceUuid(g);
       off.cls = sched::TrafficClass::kOffload;
       off.bytes = transfer;
-      set_copy(&off, Direction::kDeviceToHost, g, i * transfer, TransferNode(f, interleaved, g, i));
+      set_copy(&off, Direction::kDeviceToHost, g, i, TransferNode(f, interleaved, g, i));
       loops.push_back(std::make_unique<TransferLoop>(d2h[s].get(), off, &stop, &running, &errors));
       sched::Transfer rel;
       rel.gpu = off.gpu;
       rel.bytes = transfer;
       rel.cls = sched::TrafficClass::kPrefetch;
-      set_copy(&rel, Direction::kHostToDevice, g, (f.streams + i) * transfer,
-               TransferNode(f, interleaved, g, i));
+      set_copy(&rel, Direction::kHostToDevice, g, f.streams + i, TransferNode(f, interleaved, g, i));
       loops.push_back(std::make_unique<TransferLoop>(h2d[s].get(), rel, &stop, &running, &errors));
     }
   }
@@ -327,10 +356,10 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
       if (!measuring.load()) continue;
       const int g = i % f.gpus;
       auto t = std::make_shared<sched::Transfer>();
-      t->gpu = copy::SimCudaApi::DeviceUuid(g);
+      t->gpu = api.DeviceUuid(g);
       t->cls = sched::TrafficClass::kUrgent;
       t->bytes = chunk_bytes;
-      set_copy(t.get(), Direction::kHostToDevice, g, 2 * f.streams * transfer,
+      set_copy(t.get(), Direction::kHostToDevice, g, 2 * f.streams,
                TransferNode(f, interleaved, g, i / f.gpus));
       auto done = std::make_shared<std::promise<absl::Status>>();
       auto fut = done->get_future();
@@ -349,8 +378,8 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
   auto snapshot = [&](std::vector<uint64_t>* bytes) {
     bytes->clear();
     for (int g = 0; g < f.gpus; ++g) {
-      bytes->push_back(api.engine_stats(g, Direction::kDeviceToHost).bytes_done);
-      bytes->push_back(api.engine_stats(g, Direction::kHostToDevice).bytes_done);
+      bytes->push_back(api.BytesDone(g, Direction::kDeviceToHost));
+      bytes->push_back(api.BytesDone(g, Direction::kHostToDevice));
     }
   };
   auto dry = [&] {
@@ -362,7 +391,7 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
   };
   std::vector<uint64_t> b0, b1;
   const uint64_t dry0 = dry();
-  const copy::SimCallCounts c0 = api.call_counts();
+  const double driver0 = api.DriverHostSeconds();
   const double cpu0 = CpuSeconds();
   const double t0 = SteadyNowSeconds();
   snapshot(&b0);
@@ -373,7 +402,7 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
   const uint64_t dry1 = dry();
   const double t1 = SteadyNowSeconds();
   const double cpu1 = CpuSeconds();
-  const copy::SimCallCounts c1 = api.call_counts();
+  const double driver1 = api.DriverHostSeconds();
 
   const uint64_t dry_runs = dry1 - dry0;
   if (getenv("COPY_SIM_BENCH_LANES") != nullptr) {  // debugging aid: each lane's state now
@@ -409,7 +438,7 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
   }
   r.gib_moved = moved / double(1ull << 30);
   r.cpu_seconds = cpu1 - cpu0;
-  r.modelled_cpu_seconds = c1.host_seconds - c0.host_seconds;
+  r.modelled_cpu_seconds = driver1 - driver0;
   const double chunk_time = chunk_bytes / so.model.engine_bytes_per_second;
   for (double u : urgent) r.urgent_chunk_times.push_back(u / chunk_time);
   r.urgent_lost = urgent_lost;
@@ -425,8 +454,28 @@ int main(int argc, char** argv) {
   using namespace offloadd::bench;
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
+  std::unique_ptr<CopyBenchBackend> real;
+  if (f.backend == "cuda") {
+    auto b = NewRealCudaBenchBackend(f.gpus);
+    if (b.status().code() == absl::StatusCode::kUnavailable) {
+      std::printf("SKIPPED: copy_sim_bench --backend=cuda: %s\n",
+                  std::string(b.status().message()).c_str());
+      return 0;
+    }
+    if (!b.ok()) {
+      std::fprintf(stderr, "copy_sim_bench: %s\n", std::string(b.status().message()).c_str());
+      return 2;
+    }
+    real = *std::move(b);
+  }
+  const std::string lab = real != nullptr ? "measured" : "simulated";
   std::printf(
-      "copy_sim_bench (SIMULATED GPU copy engines: a timing model, no bytes moved): "
+      "%s",
+      real != nullptr
+          ? "copy_sim_bench --backend=cuda (MEASURED: the real CUDA driver and GPUs; 'model' "
+            "below is the configured rate, the same one the simulation models): "
+          : "copy_sim_bench (SIMULATED GPU copy engines: a timing model, no bytes moved): ");
+  std::printf(
       "%d GPUs, %d per switch, %d offload + %d reload transfers of %llu MiB in flight per GPU, "
       "copy_threads=%d, cuda streams per direction=%d, async: %d chunks posted per GPU, modelled "
       "%.1f GB/s per engine, switch "
@@ -452,7 +501,7 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < f.repeats; ++rep) {
       for (const std::string& key : keys) {
         runs[key].push_back(RunOne(f, absl::StartsWith(key, "async"), c * kMiB,
-                                   absl::EndsWith(key, "interleaved")));
+                                   absl::EndsWith(key, "interleaved"), real.get()));
       }
     }
     std::map<std::string, std::vector<double>> medians;  // key -> D2H, H2D, urgent median
@@ -478,12 +527,23 @@ int main(int argc, char** argv) {
       std::sort(urgent.begin(), urgent.end());
       medians[engine] = {Median(d2h), Median(h2d), Median(urgent)};
       std::printf(
-          "%-18s | %3llu MiB | %.3f / %.3f simulated | %.3f / %.3f simulated | med %6.1f "
-          "max %7.1f n=%-4zu sim | %.4f (%.4f) | %llu | %.1f\n",
-          engine.c_str(), static_cast<unsigned long long>(c), Median(d2h), d2h_min, Median(h2d),
-          h2d_min, Median(urgent), urgent.empty() ? 0 : urgent.back(), urgent.size(),
+          "%-18s | %3llu MiB | %.3f / %.3f %s | %.3f / %.3f %s | med %6.1f "
+          "max %7.1f n=%-4zu %s | %.4f (%.4f) | %llu | %.1f\n",
+          engine.c_str(), static_cast<unsigned long long>(c), Median(d2h), d2h_min, lab.c_str(),
+          Median(h2d), h2d_min, lab.c_str(), Median(urgent), urgent.empty() ? 0 : urgent.back(),
+          urgent.size(), lab.c_str(),
           gib > 0 ? cpu / gib : 0, gib > 0 ? modelled / gib : 0,
           static_cast<unsigned long long>(dry_runs), LoadAverage());
+      if (f.figures) {
+        std::string key = engine;
+        std::replace(key.begin(), key.end(), ' ', '_');
+        std::printf(
+            "FIGURE copy_%s_%s_%lluMiB d2h %.2f GB/s h2d %.2f GB/s urgent_reload_median %.1f "
+            "chunk-times (%s)\n",
+            real != nullptr ? "measured" : "model", key.c_str(),
+            static_cast<unsigned long long>(c), Median(d2h) * f.rate_gbps,
+            Median(h2d) * f.rate_gbps, Median(urgent), lab.c_str());
+      }
       std::fflush(stdout);
       if (max_ratio > 1.01 || gib <= 0 || lost > 0 || errors > 0) {
         std::printf(
