@@ -100,9 +100,9 @@ class Arena {
   // Whether the shared object existed (a previous daemon's pool) rather than being created.
   bool adopted() const { return adopted_; }
   // NUMA node holding the arena's first page (get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR)); -1 when
-  // the kernel cannot tell (no NUMA support), never confused with node 0. The arena is one
-  // mapping: on multi-socket hosts its pages may span nodes (per-GPU placement is not
-  // implemented).
+  // the kernel cannot tell (no NUMA support), never confused with node 0. Without numa_nodes
+  // the pages of a multi-socket host may span nodes; with them this is the first slice's node
+  // (slices() has each).
   int numa_node() const;
   // The slices (ArenaOptions::numa_nodes), covering [0, size_bytes()) in order.
   const std::vector<ArenaSlice>& slices() const { return slices_; }
