@@ -135,6 +135,12 @@ std::string BlockStore::WhyFullLocked(uint64_t session_id, uint64_t bytes) const
   }
   const pool::AllocatorStats pool = allocator_.stats();
   const uint64_t free_bytes = pool.capacity_bytes - pool.used_bytes;
+  if (!pending_stages_.empty() && allocator_.CanAllocate(rounded)) {
+    return absl::StrFormat(
+        "reloads of %d spilled blocks wait for pool space and get it before new offloads (the "
+        "spill tier is making room); retry, or raise pool_bytes",
+        pending_stages_.size());
+  }
   if (free_bytes >= rounded) {
     return absl::StrFormat(
         "the pool has %d bytes free but no free extent of %d bytes (largest %d, in %d pieces: "
@@ -213,7 +219,7 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
           "offload of %d bytes is larger than the per-user quota (%d bytes): split it, or raise "
           "uid_quota_bytes in the daemon config",
           bytes, options_.uid_quota_bytes));
-    } else if (FitsLocked(session_id, bytes)) {
+    } else if (FitsLocked(session_id, bytes) && pending_stages_.empty()) {
       result = AdmitLocked(session_id, bytes, 0);
       if (hint.valid) blocks_[result->block_id].key = ReloadKey{hint.step, ~hint.position};
       MaybeSpillLocked(&deferred);
@@ -241,6 +247,7 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
 }
 
 void BlockStore::AdmitWaitersLocked(Deferred* deferred) {
+  if (!pending_stages_.empty()) return;  // urgent stage-backs get freed pool space first
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (FitsLocked(it->session_id, it->bytes)) {
       BlockRef ref = AdmitLocked(it->session_id, it->bytes, it->enqueued_seconds);

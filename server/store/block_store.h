@@ -41,7 +41,11 @@
 // activations of a step last-offloaded first), so (step ascending, position descending); blocks
 // without a hint count as step 0 with their admission order as position. Spills free pool
 // extents; waiting offloads are admitted to the pool as space frees (never straight to disk).
-// A reload of a block on disk stages it back at once (URGENT on the disk link); every reload
+// A reload of a block on disk stages it back at once (URGENT on the disk link; one whose
+// stage-back is already queued at PREFETCH is promoted to URGENT). When the pool has no room
+// for it the stage-back waits for space and gets it first: until it has started, no offload
+// (waiting or new, even one that fits) is admitted and no stage-ahead starts, and spills
+// continue until it fits (a spill cancelled by a reload is replaced by another). Every reload
 // of block k (any tier) also stages back the next stage_ahead_blocks blocks of the session in
 // expected order that are on disk (PREFETCH), while that keeps the pool under the high-water
 // mark. A reload of a block being spilled is served from the pool and cancels the spill.

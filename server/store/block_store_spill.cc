@@ -102,7 +102,14 @@ void BlockStore::SpillFinished(uint64_t block_id, const absl::Status& st) {
       // to this unlink (the spill's open runs after the lock is released).
       spill_->Remove(block_id, b.extent.bytes);
       WriteRecordLocked(block_id, b);
-      if (b.released && IdleLocked(b)) FreeLocked(block_id, &deferred);
+      if (b.released && IdleLocked(b)) {
+        FreeLocked(block_id, &deferred);
+      } else if (st.ok()) {
+        // Cancelled by a reload: whatever this spill was to make room for (an urgent
+        // stage-back, a waiting offload) still waits; spill another block (or this one again
+        // once its reload ended). A failed spill is not retried here (the disk refused it).
+        MaybeSpillLocked(&deferred);
+      }
     } else {
       (void)allocator_.Free(b.extent);
       b.extent.offset = 0;
@@ -194,6 +201,7 @@ void BlockStore::StageFinished(uint64_t block_id, const absl::Status& st) {
 
 void BlockStore::StageAheadLocked(uint64_t session_id, Deferred* deferred) {
   if (spill_ == nullptr || options_.stage_ahead_blocks == 0 || stopping_) return;
+  if (!pending_stages_.empty()) return;  // freed pool space goes to urgent stage-backs first
   auto cursor = session_cursor_.find(session_id);
   if (cursor == session_cursor_.end()) return;
   std::vector<std::pair<ReloadKey, uint64_t>> next;
@@ -227,6 +235,8 @@ void BlockStore::UsePoolSpaceLocked(uint64_t session_id, Deferred* deferred) {
     pending_stages_.pop_front();
     StartStageLocked(it->first, it->second, /*urgent=*/true, deferred);
   }
+  // An urgent stage-back still waiting keeps the freed space: an offload taking it could leave
+  // a reload starving while every spill's hole is refilled (AdmitWaitersLocked holds off).
   AdmitWaitersLocked(deferred);
   if (spill_ != nullptr) {
     StageAheadLocked(session_id, deferred);

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,7 +39,7 @@ class SpillPolicyTest : public ::testing::Test {
  protected:
   void Make(uint64_t pool_bytes, double high_water, uint64_t disk_bytes = 256 * kMiB,
             BlockStoreOptions o = TestStoreOptions(0, 5.0), uint32_t stage_ahead = 0,
-            pool::BlockTable* table = nullptr) {
+            pool::BlockTable* table = nullptr, double disk_bytes_per_second = -1) {
     pool_bytes_ = pool_bytes;
     ASSERT_EQ(posix_memalign(reinterpret_cast<void**>(&pool_), 4096, pool_bytes), 0);
     memset(pool_, 0, pool_bytes);
@@ -46,7 +48,7 @@ class SpillPolicyTest : public ::testing::Test {
     so.directory = std::string(tmp != nullptr ? tmp : "/tmp") + "/spill_policy_" +
                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
     so.capacity_bytes = disk_bytes;
-    so.bytes_per_second = -1;  // unpaced
+    so.bytes_per_second = disk_bytes_per_second;  // < 0: unpaced
     so.chunk_bytes = kMiB;
     if (!spill::SpillTier::DirectIoSupported(so.directory)) {
       GTEST_SKIP() << so.directory << " does not take O_DIRECT";
@@ -258,6 +260,89 @@ TEST_F(SpillPolicyTest, SharedPoolRecordsOnlyTheBlocksInThePool) {
   EXPECT_EQ(recorded[ids[1]], ref->extent.offset);
   for (uint64_t id : ids) store_->Release(1, id).IgnoreError();
   EXPECT_TRUE(WaitFor([&] { return scan().empty() && store_->stats().blocks == 0; }));
+}
+
+// Reload of a block on disk, not awaited: its callback fills the returned future.
+std::future<absl::StatusOr<BlockRef>> BeginReloadAsync(BlockStore& store, uint64_t session,
+                                                       uint64_t id) {
+  auto p = std::make_shared<std::promise<absl::StatusOr<BlockRef>>>();
+  auto f = p->get_future();
+  absl::Status st = store.BeginReload(session, id, [p](absl::StatusOr<BlockRef> r) {
+    p->set_value(std::move(r));
+  });
+  if (!st.ok()) p->set_value(st);
+  return f;
+}
+
+// The hang of the chaos soak with a 4 MiB pool: an urgent stage-back waits for room; the
+// spill started for it is cancelled by a reload of the spilled block (served from the pool),
+// and nothing started another spill, so the stage-back waited for ever.
+TEST_F(SpillPolicyTest, UrgentStageBackGetsRoomWhenTheSpillForItIsCancelled) {
+  // Paced at 2 MiB/s: a 1 MiB spill is under way for 0.5 s, long enough to reload its block.
+  Make(4 * kMiB, /*high_water=*/1.0, 256 * kMiB, TestStoreOptions(), 0, nullptr, 2.0 * kMiB);
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint64_t p = 0; p < 5; ++p) ids.push_back(Offload(1, kMiB, p, Hint(1, p)));
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && OnDisk(ids[0]); }));
+  // Block 0 is on disk and the pool is full: its stage-back waits, block 1 starts spilling.
+  auto staged = BeginReloadAsync(*store_, 1, ids[0]);
+  ASSERT_GT(store_->stats().spilling_bytes, 0u);
+  // Block 1 is reloaded while it is being spilled: served from the pool, the spill cancelled.
+  ASSERT_TRUE(ReloadAndCheck(1, ids[1], kMiB, 1, /*release=*/false).ok());
+  ASSERT_EQ(staged.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the urgent stage-back of block 0 still waits for pool space";
+  auto ref = staged.get();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (uint64_t i = 0; i < kMiB; ++i) {
+    ASSERT_EQ(pool_[ref->extent.offset + i], Pattern(0, i)) << i;
+  }
+  store_->EndReload(ids[0], /*release=*/true);
+  for (uint64_t p = 1; p < 5; ++p) EXPECT_TRUE(ReloadAndCheck(1, ids[p], kMiB, p).ok()) << p;
+}
+
+// Space freed for a waiting urgent stage-back goes to it, not to offloads waiting beside it
+// (or a small offload could take every hole a spill opens, and the reload starve).
+TEST_F(SpillPolicyTest, UrgentStageBackGetsFreedSpaceBeforeWaitingOffloads) {
+  // Paced at 4 MiB/s so the spills finish in the order they started.
+  Make(4 * kMiB, /*high_water=*/1.0, 256 * kMiB, TestStoreOptions(), 0, nullptr, 4.0 * kMiB);
+  if (IsSkipped()) return;
+  const uint64_t a = Offload(1, 2 * kMiB, 0, Hint(1, 0));
+  const uint64_t b = Offload(1, kMiB, 1, Hint(1, 1));
+  const uint64_t c = Offload(1, kMiB, 2, Hint(1, 2));
+  const uint64_t d = Offload(1, 2 * kMiB, 3, Hint(1, 3));  // a spills to make room
+  ASSERT_NE(d, 0u);
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && OnDisk(a); }));
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto staged = BeginReloadAsync(*store_, 1, a);  // needs 2 MiB: b and c start spilling
+  std::thread watcher([&] {
+    if (staged.wait_for(std::chrono::seconds(20)) != std::future_status::ready) return;
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back("stage-back");
+  });
+  std::promise<absl::StatusOr<BlockRef>> offloaded;
+  store_->Reserve(2, kMiB, [&](absl::StatusOr<BlockRef> r) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back("offload");
+    }
+    offloaded.set_value(std::move(r));
+  });
+  auto offload = offloaded.get_future().get();
+  watcher.join();
+  ASSERT_TRUE(offload.ok()) << offload.status();
+  store_->OffloadFinished(offload->block_id, absl::OkStatus());
+  ASSERT_EQ(order.size(), 2u);
+  EXPECT_EQ(order[0], "stage-back");
+  auto ref = staged.get();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (uint64_t i = 0; i < 2 * kMiB; ++i) {
+    ASSERT_EQ(pool_[ref->extent.offset + i], Pattern(0, i)) << i;
+  }
+  store_->EndReload(a, true);
+  EXPECT_TRUE(ReloadAndCheck(1, b, kMiB, 1).ok());
+  EXPECT_TRUE(ReloadAndCheck(1, c, kMiB, 2).ok());
+  EXPECT_TRUE(ReloadAndCheck(1, d, 2 * kMiB, 3).ok());
 }
 
 }  // namespace
