@@ -392,6 +392,12 @@ absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
         b.disk_wait_start = base::SteadyNowSeconds();
         if (b.tier == Tier::kDisk && !b.stage_pending) {
           StartStageLocked(block_id, b, /*urgent=*/true, &deferred);
+        } else if (b.tier == Tier::kStaging && !b.stage_urgent) {
+          // Staged ahead at PREFETCH, and now a reload waits on it. Under the lock (the
+          // spill tier never calls back under its own): the stage cannot finish meanwhile.
+          b.stage_urgent = true;
+          ++stages_promoted_total_;
+          spill_->Promote(block_id);
         }
       }
       ready = nullptr;
@@ -664,6 +670,7 @@ StoreStats BlockStore::stats() const {
   s.spill_refused_disk_full_total = spill_refused_disk_full_total_;
   s.reloads_from_disk_total = reloads_from_disk_total_;
   s.reload_disk_wait_seconds_total = reload_disk_wait_seconds_total_;
+  s.stages_promoted_total = stages_promoted_total_;
   s.blocks_lost_total = blocks_lost_total_;
   return s;
 }

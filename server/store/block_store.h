@@ -130,6 +130,8 @@ struct StoreStats {
   uint64_t spill_failures_total = 0;   // spills that failed (the block stayed in the pool)
   uint64_t spill_refused_disk_full_total = 0;  // spills not started: the disk was full
   uint64_t reloads_from_disk_total = 0;  // reloads that found their block on disk
+  // Stage-backs ahead of need (PREFETCH) raised to URGENT because a reload came for the block.
+  uint64_t stages_promoted_total = 0;
   double reload_disk_wait_seconds_total = 0;  // their summed wait for the stage-back
   uint64_t blocks_lost_total = 0;  // spill files removed or truncated under the daemon
 };
@@ -247,6 +249,7 @@ class BlockStore {
     ReloadKey key{0, 0};
     bool spill_cancelled = false;  // a reload came while kSpilling: keep it in the pool
     bool stage_pending = false;    // in pending_stages_
+    bool stage_urgent = false;     // kStaging: the read is URGENT (else PREFETCH)
     double disk_wait_start = 0;    // a reload waits for its stage-back since (0 = none)
     std::string lost_reason;       // kLost: what the stage-back found (names the file)
   };
@@ -328,7 +331,7 @@ class BlockStore {
   std::unordered_map<uint64_t, ReloadKey> session_cursor_;  // key of the session's last reload
   uint64_t spilled_total_ = 0, staged_total_ = 0, spill_failures_total_ = 0;
   uint64_t spill_refused_disk_full_total_ = 0, reloads_from_disk_total_ = 0;
-  uint64_t blocks_lost_total_ = 0;
+  uint64_t blocks_lost_total_ = 0, stages_promoted_total_ = 0;
   double reload_disk_wait_seconds_total_ = 0;
 };
 

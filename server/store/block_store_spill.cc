@@ -135,6 +135,7 @@ bool BlockStore::StartStageLocked(uint64_t block_id, Block& b, bool urgent,
     return false;
   }
   b.tier = Tier::kStaging;
+  b.stage_urgent = urgent;
   b.extent = *extent;
   staging_bytes_ += b.extent.bytes;
   deferred->push_back([this, block_id, extent = *extent, urgent,
