@@ -501,6 +501,10 @@ void BlockStore::DeadlineLoop() {
         next = adopted_deadline_seconds_;
       }
     }
+    if (const double stage_next = ExpireStagesLocked(now, &deferred);
+        stage_next > 0 && (next == 0 || stage_next < next)) {
+      next = stage_next;
+    }
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->deadline_at_seconds <= now) {
         ++refused_total_;
@@ -671,6 +675,7 @@ StoreStats BlockStore::stats() const {
   s.reloads_from_disk_total = reloads_from_disk_total_;
   s.reload_disk_wait_seconds_total = reload_disk_wait_seconds_total_;
   s.stages_promoted_total = stages_promoted_total_;
+  s.stages_expired_total = stages_expired_total_;
   s.blocks_lost_total = blocks_lost_total_;
   return s;
 }

@@ -368,5 +368,30 @@ TEST_F(SpillPolicyTest, ReloadOfABlockStagedAheadPromotesItsStageBackToUrgent) {
   EXPECT_LE(after.class_bytes[prefetch] - before.class_bytes[prefetch], 2 * 64 * 1024);
 }
 
+// Disk full and pool full: a reload of a block on disk cannot be staged back, and nothing can be
+// spilled to make room. It fails with RESOURCE_EXHAUSTED after the admission deadline instead of
+// waiting for ever (a client blocked on it may be the one that would release), and the block is
+// kept: once there is room the same reload works.
+TEST_F(SpillPolicyTest, StageBackWithNoRoomAndAFullDiskFailsAfterTheDeadlineAndKeepsTheBlock) {
+  Make(2 * kMiB, 1.0, /*disk_bytes=*/kMiB, TestStoreOptions(0, /*deadline=*/0.3));
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint8_t i = 0; i < 3; ++i) ids.push_back(Offload(1, kMiB, i));  // ids[0] spills
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && OnDisk(ids[0]); }));
+  auto staged = BeginReloadAsync(*store_, 1, ids[0]);
+  ASSERT_EQ(staged.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the reload still waits for a stage-back that can never get room";
+  auto r = staged.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("block is kept"), std::string::npos)
+      << r.status();
+  store_->EndReload(ids[0], false);  // the failed reload ends, as a session does
+  EXPECT_EQ(store_->stats().stages_expired_total, 1u);
+  // A release makes room: the same reload now works, bit-exact.
+  EXPECT_TRUE(store_->Release(1, ids[2]).ok());
+  EXPECT_TRUE(ReloadAndCheck(1, ids[0], kMiB, 0).ok());
+  EXPECT_TRUE(ReloadAndCheck(1, ids[1], kMiB, 1).ok());
+}
+
 }  // namespace
 }  // namespace offloadd::store
