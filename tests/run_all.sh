@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test suite of offloadd and ends with one line "N passed, N failed" over all of them:
-#   1. Bazel tests (C++ unit tests beside the code, tests/e2e integration and multi-process tests)
+#   1. Bazel tests (C++ unit tests beside the code, tests/e2e integration and multi-process tests,
+#      the short chaos soaks of tests/soak: plain ~50 s, with the spill tier active ~30 s)
 #   2. Python tests (client/python/tests: protocol client, torch hooks, planner)
 #   3. monitoring/deployment tests (manifests, promtool, live Prometheus scrape)
 #   4. a short libFuzzer run over the session request handling (make fuzz, 15 s)

@@ -187,9 +187,21 @@ bool SpillTier::TryReserve(uint64_t extent_bytes) {
   return true;
 }
 
+void SpillTier::Promote(uint64_t block_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    promoted_.insert(block_id);  // for a Stage not yet on the link
+  }
+  if (link_->PromoteOwner(block_id, sched::TrafficClass::kUrgent) > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    promoted_.erase(block_id);
+  }
+}
+
 void SpillTier::Remove(uint64_t block_id, uint64_t extent_bytes) {
   unlink(FilePath(block_id).c_str());
   std::lock_guard<std::mutex> lock(mu_);
+  promoted_.erase(block_id);
   used_bytes_ -= std::min(used_bytes_, FileBytes(extent_bytes));
   if (files_ > 0) --files_;
 }
@@ -253,9 +265,14 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
       return;
     }
   }
+  if (!write) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (promoted_.erase(block_id) > 0) cls = sched::TrafficClass::kUrgent;
+  }
   auto t = std::make_shared<sched::Transfer>();
   t->gpu = flow;
   t->cls = cls;
+  t->owner_id = block_id;  // for Promote
   t->bytes = file_bytes;
   t->copy_chunk = [this, write, file, extent](uint64_t o, uint64_t len) {
     return MoveChunk(write, file->fd, extent, o, len);

@@ -5,9 +5,10 @@
 // The disk is a link of the scheduler: every spill (pool -> file) and stage-back (file -> pool)
 // is a sched::Transfer on one LinkScheduler named "spill" (one queue for both directions, since
 // a disk shares its bandwidth between reads and writes), cut into chunks of `chunk_bytes`,
-// classes URGENT (a reload waits on it) > PREFETCH (stage-back ahead of need) > SPILL (the
+// classes URGENT (a reload waits on it; Promote raises a queued PREFETCH stage-back to it) >
+// PREFETCH (stage-back ahead of need) > SPILL (the
 // scheduler's OFFLOAD class, with its minimum share `spill_min_share`), DRR over flows (the
-// store passes the owning session), paced at `bytes_per_second` so the queue forms where the
+// store passes the owning session; the transfer's owner_id is the block), paced at `bytes_per_second` so the queue forms where the
 // priorities apply rather than inside the device.
 //
 // Layout and alignment: a block's file holds its extent rounded up to 4096 bytes. Chunks are
@@ -41,6 +42,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -104,6 +106,11 @@ class SpillTier {
   // the file is missing or shorter than the block.
   void Stage(uint64_t block_id, pool::Extent extent, DiskClass cls, const std::string& flow,
              Done done);
+  // Raises the block's stage-back to URGENT: a PREFETCH read still queued on the disk link
+  // goes before every queued PREFETCH and SPILL transfer (a reload now waits on it); one whose
+  // Stage call has not reached the link yet is submitted URGENT. Chunks already being read are
+  // not affected. Call only while a stage-back of the block is under way.
+  void Promote(uint64_t block_id);
   // Unlinks the block's file (if any) and returns FileBytes(extent_bytes) of capacity.
   void Remove(uint64_t block_id, uint64_t extent_bytes);
   // Finishes queued transfers and stops the link's workers. Idempotent; not from a `done`.
@@ -127,6 +134,7 @@ class SpillTier {
   bool measured_ = false;
   mutable std::mutex mu_;
   uint64_t used_bytes_ = 0, files_ = 0;
+  std::unordered_set<uint64_t> promoted_;  // Promote came before the stage reached the link
   std::atomic<uint64_t> spill_bytes_total_{0}, stage_bytes_total_{0};
   std::unique_ptr<sched::LinkScheduler> link_;
 };
