@@ -61,6 +61,7 @@ soak: build
 # build/fuzz/corpus, crashes to build/fuzz/crash-*: copy those to tests/fuzz/regressions.
 FUZZ_SECONDS ?= 60
 FUZZ_SRCS := tests/fuzz/session_fuzz.cc server/session/core.cc server/session/session.cc \
+  server/session/ops.cc \
   server/session/peer.cc server/session/pid_watcher.cc server/store/block_store.cc \
   server/store/block_store_spill.cc server/spill/spill_tier.cc server/spill/disk_io.cc \
   server/pool/arena.cc server/pool/block_table.cc server/pool/extent_allocator.cc \

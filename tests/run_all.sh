@@ -6,6 +6,7 @@
 #   3. monitoring/deployment tests (manifests, promtool, live Prometheus scrape)
 #   4. a short libFuzzer run over the session request handling (make fuzz, 15 s)
 #   5. a smoke run of `make demo` with a small workload
+#   6. function length: no function in server/ over 60 code lines (tests/function_length.py)
 # Exit status is non-zero when anything failed. Stops the Bazel server at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +54,14 @@ if /usr/bin/python3 bench/demo.py --bin build/bin --clients 2 --layers 6 \
   echo "demo: PASSED"; echo "1 0" > "$results/demo.count"
 else
   cat "$results/demo.log"; echo "demo: FAILED"; echo "0 1" > "$results/demo.count"; rc=1
+fi
+
+echo "== function length"
+if /usr/bin/python3 tests/function_length_test.py > "$results/function_length.log" 2>&1 &&
+   /usr/bin/python3 tests/function_length.py >> "$results/function_length.log" 2>&1; then
+  tail -1 "$results/function_length.log"; echo "1 0" > "$results/function_length.count"
+else
+  cat "$results/function_length.log"; echo "0 1" > "$results/function_length.count"; rc=1
 fi
 
 passed=0; failed=0

@@ -125,6 +125,7 @@ class SpillTier {
   void Submit(bool write, uint64_t block_id, pool::Extent extent, sched::TrafficClass cls,
               const std::string& flow, Done done);
   // Moves [o, o + len) of a block's file, `len` and `o` multiples of 4096.
+  absl::StatusOr<int> OpenSpillFile(bool write, const std::string& path, uint64_t file_bytes);
   absl::Status MoveChunk(bool write, int fd, pool::Extent extent, uint64_t o, uint64_t len);
 
   SpillOptions options_;
