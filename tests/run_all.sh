@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test suite of offloadd and ends with one line "N passed, N failed" over all of them:
-#   1. Bazel tests (C++ unit tests beside the code, tests/e2e integration and multi-process tests),
-#      then the clang thread-safety build (tests/tsa_build.sh, make tsa)
+#   1. Bazel tests (C++ unit tests beside the code, tests/e2e integration and multi-process tests,
+#      the short chaos soaks of tests/soak: plain ~50 s, with the spill tier active ~30 s), then the
+#      clang thread-safety build (tests/tsa_build.sh, make tsa)
 #   2. Python tests (client/python/tests: protocol client, torch hooks, planner)
 #   3. monitoring/deployment tests (manifests, promtool, live Prometheus scrape)
 #   4. a short libFuzzer run over the session request handling (make fuzz, 15 s)
 #   5. a smoke run of `make demo` with a small workload
+#   6. function length: no function in server/ over 60 code lines (tests/function_length.py)
 # Exit status is non-zero when anything failed. Stops the Bazel server at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +67,14 @@ if /usr/bin/python3 bench/demo.py --bin build/bin --clients 2 --layers 6 \
   echo "demo: PASSED"; echo "1 0" > "$results/demo.count"
 else
   cat "$results/demo.log"; echo "demo: FAILED"; echo "0 1" > "$results/demo.count"; rc=1
+fi
+
+echo "== function length"
+if /usr/bin/python3 tests/function_length_test.py > "$results/function_length.log" 2>&1 &&
+   /usr/bin/python3 tests/function_length.py >> "$results/function_length.log" 2>&1; then
+  tail -1 "$results/function_length.log"; echo "1 0" > "$results/function_length.count"
+else
+  cat "$results/function_length.log"; echo "0 1" > "$results/function_length.count"; rc=1
 fi
 
 passed=0; failed=0

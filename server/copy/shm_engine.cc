@@ -202,7 +202,10 @@ ShmMappingStats ShmCopyEngine::mapping_stats() const {
   return mappings_->total;
 }
 
-absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSpec& spec) {
+namespace {
+
+// The spec's own checks: an shm name shm_open accepts, a non-zero size, no CUDA handle.
+absl::Status CheckShmSpec(const RegionSpec& spec) {
   if (!spec.cuda_ipc_handle.empty()) {
     return absl::InvalidArgumentError(
         "this daemon runs the shm backend and cannot open CUDA IPC handles: register a "
@@ -219,48 +222,65 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
   if (spec.size_bytes == 0) {
     return absl::InvalidArgumentError("region size_bytes is 0: register a non-empty region");
   }
+  return absl::OkStatus();
+}
+
+// What a failed shm_open of `name` (errno `err`) tells the client.
+absl::Status ShmOpenError(const std::string& name, int err) {
+  if (err == ENOENT) {
+    return absl::NotFoundError(absl::StrFormat(
+        "shared-memory region '%s' does not exist: create it with shm_open before registering "
+        "it (the client library's ShmRegion does)",
+        name));
+  }
+  if (err == EACCES) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "the daemon may not open shared-memory region '%s': create it with mode 0660 and the "
+        "daemon's group",
+        name));
+  }
+  if (err == EINVAL || err == ELOOP || err == EISDIR || err == ENAMETOOLONG) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "'%s' is not a shared-memory object the daemon can open (%s): register an object "
+        "created with shm_open",
+        name, strerror(err)));
+  }
+  return absl::InternalError(absl::StrFormat("shm_open('%s'): %s", name, strerror(err)));
+}
+
+// Opens the shm object `name` read-write and checks it is a regular object of at least
+// `size_bytes`; returns its descriptor (the caller closes it) and fills `st`.
+absl::StatusOr<int> OpenShmObject(const std::string& name, uint64_t size_bytes,
+                                  struct stat* st) {
   int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT) {
-      return absl::NotFoundError(absl::StrFormat(
-          "shared-memory region '%s' does not exist: create it with shm_open before registering "
-          "it (the client library's ShmRegion does)",
-          name));
-    }
-    if (err == EACCES) {
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "the daemon may not open shared-memory region '%s': create it with mode 0660 and the "
-          "daemon's group",
-          name));
-    }
-    if (err == EINVAL || err == ELOOP || err == EISDIR || err == ENAMETOOLONG) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "'%s' is not a shared-memory object the daemon can open (%s): register an object "
-          "created with shm_open",
-          name, strerror(err)));
-    }
-    return absl::InternalError(absl::StrFormat("shm_open('%s'): %s", name, strerror(err)));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int err = errno;
-    close(fd);
-    return absl::InternalError(absl::StrFormat("fstat('%s'): %s", name, strerror(err)));
-  }
-  if (static_cast<uint64_t>(st.st_size) < spec.size_bytes) {
-    close(fd);
-    return absl::OutOfRangeError(absl::StrFormat(
+  if (fd < 0) return ShmOpenError(name, errno);
+  absl::Status bad;
+  if (fstat(fd, st) != 0) {
+    bad = absl::InternalError(absl::StrFormat("fstat('%s'): %s", name, strerror(errno)));
+  } else if (static_cast<uint64_t>(st->st_size) < size_bytes) {
+    bad = absl::OutOfRangeError(absl::StrFormat(
         "region '%s' is registered as %d bytes but the shared-memory object has only %d: "
         "register its real size",
-        name, spec.size_bytes, static_cast<uint64_t>(st.st_size)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return absl::InvalidArgumentError(absl::StrFormat(
+        name, size_bytes, static_cast<uint64_t>(st->st_size)));
+  } else if (!S_ISREG(st->st_mode)) {
+    bad = absl::InvalidArgumentError(absl::StrFormat(
         "'%s' is not a regular shared-memory object: register an object created with shm_open",
         name));
   }
+  if (bad.ok()) return fd;
+  close(fd);
+  return bad;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSpec& spec) {
+  if (absl::Status bad = CheckShmSpec(spec); !bad.ok()) return bad;
+  const std::string& name = spec.shm_name;
+  struct stat st;
+  auto opened = OpenShmObject(name, spec.size_bytes, &st);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   auto mapping = mappings_->Acquire(mappings_, fd, st, spec.size_bytes, name);
   close(fd);
   if (!mapping.ok()) return mapping.status();

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include "server/pool/extent_allocator.h"
 
@@ -95,59 +96,63 @@ void BlockTable::Clear(uint32_t slot) {
   std::memset(p, 0, kChecksumOffset);
 }
 
-AdoptionReport BlockTable::Adopt() {
-  AdoptionReport report;
-  auto drop = [&](uint32_t slot, DropReason why) {
-    ++report.dropped[static_cast<int>(why)];
-    const uint8_t* record = records_ + uint64_t{slot} * kRecordBytes;
-    const uint64_t id = Load<uint64_t>(record, 0);
-    if (id != 0) {
-      DroppedBlock d{id, why, {}};
-      std::memcpy(d.resume_key.data(), record + 8, d.resume_key.size());
-      report.dropped_blocks.push_back(d);
-    }
-    Clear(slot);
-  };
-  std::vector<StoredBlock> valid;
-  for (uint64_t slot = 0; slot < slots_; ++slot) {
-    const uint8_t* p = records_ + slot * kRecordBytes;
-    if (AllZero(p)) continue;
-    if (Load<uint64_t>(p, kChecksumOffset) != Checksum(p)) {
-      drop(slot, DropReason::kChecksum);
-      continue;
-    }
-    if (Load<uint16_t>(p, 44) != kRecordStored || Load<uint16_t>(p, 46) != kLayoutVersion ||
-        Load<uint64_t>(p, 48) != 0) {
-      drop(slot, DropReason::kVersion);
-      continue;
-    }
-    StoredBlock b;
-    b.slot = static_cast<uint32_t>(slot);
-    b.block_id = Load<uint64_t>(p, 0);
-    std::memcpy(b.resume_key.data(), p + 8, b.resume_key.size());
-    b.extent_offset = Load<uint64_t>(p, 24);
-    b.bytes = Load<uint64_t>(p, 32);
-    b.owner_uid = Load<uint32_t>(p, 40);
-    if (b.block_id == 0 || b.bytes == 0 || b.bytes > data_bytes_ ||
-        b.extent_offset % kGranuleBytes != 0 || b.extent_offset > data_bytes_ ||
-        ExtentAllocator::RoundUp(b.bytes) > data_bytes_ - b.extent_offset) {
-      drop(b.slot, DropReason::kBounds);
-      continue;
-    }
-    valid.push_back(b);
+void BlockTable::Drop(uint32_t slot, DropReason why, AdoptionReport* report) {
+  ++report->dropped[static_cast<int>(why)];
+  const uint8_t* record = records_ + uint64_t{slot} * kRecordBytes;
+  const uint64_t id = Load<uint64_t>(record, 0);
+  if (id != 0) {
+    DroppedBlock d{id, why, {}};
+    std::memcpy(d.resume_key.data(), record + 8, d.resume_key.size());
+    report->dropped_blocks.push_back(d);
   }
-  // Duplicate ids: every record naming the id is dropped (which one is right is unknown).
+  Clear(slot);
+}
+
+std::optional<StoredBlock> BlockTable::ReadRecord(uint32_t slot, AdoptionReport* report) {
+  const uint8_t* p = records_ + uint64_t{slot} * kRecordBytes;
+  if (Load<uint64_t>(p, kChecksumOffset) != Checksum(p)) {
+    Drop(slot, DropReason::kChecksum, report);
+    return std::nullopt;
+  }
+  if (Load<uint16_t>(p, 44) != kRecordStored || Load<uint16_t>(p, 46) != kLayoutVersion ||
+      Load<uint64_t>(p, 48) != 0) {
+    Drop(slot, DropReason::kVersion, report);
+    return std::nullopt;
+  }
+  StoredBlock b;
+  b.slot = slot;
+  b.block_id = Load<uint64_t>(p, 0);
+  std::memcpy(b.resume_key.data(), p + 8, b.resume_key.size());
+  b.extent_offset = Load<uint64_t>(p, 24);
+  b.bytes = Load<uint64_t>(p, 32);
+  b.owner_uid = Load<uint32_t>(p, 40);
+  if (b.block_id == 0 || b.bytes == 0 || b.bytes > data_bytes_ ||
+      b.extent_offset % kGranuleBytes != 0 || b.extent_offset > data_bytes_ ||
+      ExtentAllocator::RoundUp(b.bytes) > data_bytes_ - b.extent_offset) {
+    Drop(slot, DropReason::kBounds, report);
+    return std::nullopt;
+  }
+  return b;
+}
+
+std::vector<StoredBlock> BlockTable::DropDuplicates(std::vector<StoredBlock> valid,
+                                                    AdoptionReport* report) {
+  // Every record naming a duplicated id is dropped (which one is right is unknown).
   std::map<uint64_t, int> id_count;
   for (const StoredBlock& b : valid) ++id_count[b.block_id];
   std::vector<StoredBlock> unique;
   for (const StoredBlock& b : valid) {
     if (id_count[b.block_id] > 1) {
-      drop(b.slot, DropReason::kDuplicate);
+      Drop(b.slot, DropReason::kDuplicate, report);
     } else {
       unique.push_back(b);
     }
   }
-  // Overlap: sweep by offset; every record of an overlapping group is dropped.
+  return unique;
+}
+
+void BlockTable::DropOverlaps(std::vector<StoredBlock> unique, AdoptionReport* report) {
+  // Sweep by offset; every record of an overlapping group is dropped.
   std::sort(unique.begin(), unique.end(), [](const StoredBlock& a, const StoredBlock& b) {
     return a.extent_offset < b.extent_offset;
   });
@@ -166,11 +171,21 @@ AdoptionReport BlockTable::Adopt() {
   }
   for (size_t i = 0; i < unique.size(); ++i) {
     if (overlapped[i]) {
-      drop(unique[i].slot, DropReason::kOverlap);
+      Drop(unique[i].slot, DropReason::kOverlap, report);
     } else {
-      report.blocks.push_back(unique[i]);
+      report->blocks.push_back(unique[i]);
     }
   }
+}
+
+AdoptionReport BlockTable::Adopt() {
+  AdoptionReport report;
+  std::vector<StoredBlock> valid;
+  for (uint64_t slot = 0; slot < slots_; ++slot) {
+    if (AllZero(records_ + slot * kRecordBytes)) continue;
+    if (auto b = ReadRecord(static_cast<uint32_t>(slot), &report)) valid.push_back(*b);
+  }
+  DropOverlaps(DropDuplicates(std::move(valid), &report), &report);
   return report;
 }
 

@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -92,6 +93,15 @@ class BlockTable {
   AdoptionReport Adopt();
 
  private:
+  // Adopt's steps. Drop clears `slot` and reports it (with its id and key when it has an id).
+  void Drop(uint32_t slot, DropReason why, AdoptionReport* report);
+  // The record in `slot` when its checksum, version and bounds hold; else dropped, nullopt.
+  std::optional<StoredBlock> ReadRecord(uint32_t slot, AdoptionReport* report);
+  // Drops every record whose id another record also names; returns the rest.
+  std::vector<StoredBlock> DropDuplicates(std::vector<StoredBlock> valid, AdoptionReport* report);
+  // Drops every record of a group whose extents overlap; the rest go to report->blocks.
+  void DropOverlaps(std::vector<StoredBlock> unique, AdoptionReport* report);
+
   uint8_t* const records_;
   const uint64_t slots_;
   const uint64_t data_bytes_;

@@ -45,13 +45,26 @@ absl::StatusOr<uint64_t> ChunkQueue::Push(std::shared_ptr<Transfer> transfer) {
   q.deadline_key = transfer->deadline_at_seconds > 0 ? transfer->deadline_at_seconds
                                                   : std::numeric_limits<double>::infinity();
   q.transfer = std::move(transfer);
-  ClassQueue& cq = classes_[c];
-  auto [it, inserted] = cq.flows.try_emplace(q.transfer->gpu);
-  if (inserted) cq.active.push_back(q.transfer->gpu);
-  it->second.order.insert({q.deadline_key, id});
-  cq.queued_bytes += q.transfer->bytes;
+  Enqueue(id, q, q.transfer->bytes);
   transfers_.emplace(id, std::move(q));
   return id;
+}
+
+void ChunkQueue::Enqueue(uint64_t id, const Queued& t, uint64_t bytes) {
+  ClassQueue& cq = classes_[static_cast<int>(t.transfer->cls)];
+  auto [it, inserted] = cq.flows.try_emplace(t.transfer->gpu);
+  if (inserted) cq.active.push_back(t.transfer->gpu);
+  it->second.order.insert({t.deadline_key, id});
+  cq.queued_bytes += bytes;
+}
+
+void ChunkQueue::Dequeue(uint64_t id, const Queued& t, uint64_t bytes) {
+  ClassQueue& q = classes_[static_cast<int>(t.transfer->cls)];
+  q.queued_bytes -= bytes;
+  const std::string gpu = t.transfer->gpu;
+  Flow& f = q.flows.at(gpu);
+  f.order.erase({t.deadline_key, id});
+  if (f.order.empty()) RemoveFlow(q, gpu);
 }
 
 uint64_t ChunkQueue::NextChunkLen(const Flow& flow) const {
@@ -179,16 +192,22 @@ std::optional<Chunk> ChunkQueue::Pop(const GpuFilter& eligible) {
 uint64_t ChunkQueue::Cancel(uint64_t transfer_id) {
   auto it = transfers_.find(transfer_id);
   if (it == transfers_.end()) return 0;
-  const Queued& t = it->second;
-  ClassQueue& q = classes_[static_cast<int>(t.transfer->cls)];
-  const uint64_t dropped = t.transfer->bytes - t.next_offset;
-  q.queued_bytes -= dropped;
-  const std::string gpu = t.transfer->gpu;
-  Flow& f = q.flows.at(gpu);
-  f.order.erase({t.deadline_key, transfer_id});
+  const uint64_t dropped = it->second.transfer->bytes - it->second.next_offset;
+  Dequeue(transfer_id, it->second, dropped);
   transfers_.erase(it);
-  if (f.order.empty()) RemoveFlow(q, gpu);
   return dropped;
+}
+
+uint64_t ChunkQueue::Promote(uint64_t transfer_id, TrafficClass cls) {
+  auto it = transfers_.find(transfer_id);
+  if (it == transfers_.end()) return 0;
+  Queued& t = it->second;
+  if (static_cast<int>(cls) >= static_cast<int>(t.transfer->cls)) return 0;
+  const uint64_t moved = t.transfer->bytes - t.next_offset;
+  Dequeue(transfer_id, t, moved);
+  t.transfer->cls = cls;
+  Enqueue(transfer_id, t, moved);
+  return moved;
 }
 
 uint64_t ChunkQueue::queued_bytes(TrafficClass cls) const {

@@ -69,7 +69,8 @@ class ChunkQueue {
   explicit ChunkQueue(ChunkQueueOptions options);
 
   // Queues all chunks of `transfer`; returns its id (> 0, increasing). INVALID_ARGUMENT when
-  // the transfer is null or has 0 bytes. Only gpu, cls, deadline_at_seconds and bytes are read.
+  // the transfer is null or has 0 bytes. Only gpu, cls, deadline_at_seconds and bytes are read
+  // (Promote also writes cls).
   absl::StatusOr<uint64_t> Push(std::shared_ptr<Transfer> transfer);
   // Which GPUs may be served now in a class (LinkScheduler: those below their limit of chunks
   // posted to an asynchronous engine, and every GPU for URGENT). A GPU filtered out is passed
@@ -83,6 +84,12 @@ class ChunkQueue {
   // Drops the not-yet-popped chunks of a transfer; returns how many bytes were dropped (0 for
   // an unknown id or a transfer whose chunks were all popped).
   uint64_t Cancel(uint64_t transfer_id);
+  // Moves the not-yet-popped chunks of a transfer to the higher class `cls` (a PREFETCH
+  // stage-back a reload now waits on becomes URGENT) and sets transfer->cls to it; in the new
+  // class it is ordered by its deadline, then its push order, like any other. Returns
+  // the bytes moved: 0 for an unknown id, a transfer whose chunks were all popped, or `cls` not
+  // above the transfer's class (never demotes).
+  uint64_t Promote(uint64_t transfer_id, TrafficClass cls);
 
   bool empty() const { return transfers_.empty(); }
   // Transfers with at least one chunk still queued.
@@ -119,6 +126,9 @@ class ChunkQueue {
   Chunk PopFromClass(TrafficClass cls, const GpuFilter& eligible);
   static bool Eligible(const ClassQueue& q, TrafficClass cls, const GpuFilter& eligible);
   void RemoveFlow(ClassQueue& q, const std::string& gpu);
+  // Adds / takes the queued chunks of transfer `id` to / from its class's flow of its GPU.
+  void Enqueue(uint64_t id, const Queued& t, uint64_t bytes);
+  void Dequeue(uint64_t id, const Queued& t, uint64_t bytes);
 
   ChunkQueueOptions options_;
   uint64_t next_id_ = 1;

@@ -1,5 +1,6 @@
 #include "server/sched/drr.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -302,6 +303,48 @@ TEST(ChunkQueueTest, CancelDropsRemainingChunksAndIdlesTheFlow) {
   EXPECT_EQ(q.queued_bytes(TrafficClass::kOffload), 16 * kMiB);
   EXPECT_EQ(PopGpus(q, 10), (std::vector<std::string>{"b", "b"}));
   EXPECT_TRUE(q.empty());
+}
+
+TEST(ChunkQueueTest, PromotedTransferOvertakesQueuedPrefetchAndOffloadChunks) {
+  ChunkQueueOptions o = Options();
+  o.offload_min_share = 0;  // strict priority: the order shows the classes alone
+  ChunkQueue q(o);
+  const uint64_t p1 = PushOk(q, MakeTransfer("a", TrafficClass::kPrefetch, 16 * kMiB));
+  PushOk(q, MakeTransfer("b", TrafficClass::kPrefetch, 16 * kMiB));
+  PushOk(q, MakeTransfer("c", TrafficClass::kOffload, 16 * kMiB));
+  auto late = MakeTransfer("d", TrafficClass::kPrefetch, 24 * kMiB);
+  const uint64_t p3 = PushOk(q, late);
+  ASSERT_EQ(q.Pop()->transfer_id, p1);  // one chunk of p1 goes before the promotion
+  EXPECT_EQ(q.Promote(p3, TrafficClass::kUrgent), 24 * kMiB);
+  EXPECT_EQ(late->cls, TrafficClass::kUrgent);
+  EXPECT_EQ(q.queued_bytes(TrafficClass::kUrgent), 24 * kMiB);
+  EXPECT_EQ(q.queued_bytes(TrafficClass::kPrefetch), 8 * kMiB + 16 * kMiB);
+  // Never demoted, and nothing to do twice.
+  EXPECT_EQ(q.Promote(p3, TrafficClass::kPrefetch), 0u);
+  EXPECT_EQ(q.Promote(p3, TrafficClass::kUrgent), 0u);
+  EXPECT_EQ(q.Promote(999, TrafficClass::kUrgent), 0u);
+  EXPECT_EQ(PopGpus(q, 3), (std::vector<std::string>{"d", "d", "d"}));
+  EXPECT_EQ(q.deficit_bytes(TrafficClass::kPrefetch, "d"), 0u);  // its old flow is gone
+  // Then PREFETCH (a's remainder and b, by DRR), then the offload.
+  std::vector<std::string> rest = PopGpus(q, 10);
+  ASSERT_EQ(rest.size(), 5u);
+  std::sort(rest.begin(), rest.begin() + 3);
+  EXPECT_EQ(rest, (std::vector<std::string>{"a", "b", "b", "c", "c"}));
+  EXPECT_TRUE(q.empty());
+}
+
+TEST(ChunkQueueTest, PromotingAPartlyPoppedTransferMovesOnlyItsRemainder) {
+  ChunkQueue q(Options());
+  auto t = MakeTransfer("a", TrafficClass::kPrefetch, 20 * kMiB);
+  const uint64_t id = PushOk(q, t);
+  std::optional<Chunk> first = q.Pop();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(q.Promote(id, TrafficClass::kUrgent), 12 * kMiB);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  while (std::optional<Chunk> c = q.Pop()) ranges.push_back({c->offset, c->len});
+  EXPECT_EQ(ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{8 * kMiB, 8 * kMiB},
+                                                                 {16 * kMiB, 4 * kMiB}}));
+  EXPECT_EQ(q.Promote(id, TrafficClass::kUrgent), 0u);  // all popped
 }
 
 }  // namespace

@@ -104,6 +104,7 @@ struct LinkScheduler::Impl {
   struct Started {
     Chunk chunk;
     std::function<void(TrafficClass, double)> report;  // the first chunk's queue wait
+    TrafficClass cls = TrafficClass::kOffload;  // read under `mu` (PromoteOwner changes it)
     double wait_seconds = 0;
     double finish_seconds = 0;  // paced finish; 0 = none
     uint64_t post_id = 0;       // post_chunk transfers
@@ -231,7 +232,7 @@ void LinkScheduler::Impl::WorkerLoop() {
       continue;
     }
     Chunk& chunk = started.chunk;
-    if (started.report) started.report(chunk.transfer->cls, started.wait_seconds);
+    if (started.report) started.report(started.cls, started.wait_seconds);
     absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
     if (started.finish_seconds > 0) clock->SleepUntil(started.finish_seconds);
     lock.Lock();
@@ -249,6 +250,7 @@ LinkScheduler::Impl::Started LinkScheduler::Impl::StartNext(double start) {
   Started s;
   s.chunk = *queue.Pop(below_limit);
   Chunk& chunk = s.chunk;
+  s.cls = chunk.transfer->cls;
   Active& a = active.at(chunk.transfer_id);
   ++a.chunks_in_flight;
   if (chunk.last) a.all_popped = true;
@@ -280,7 +282,7 @@ LinkScheduler::Impl::Started LinkScheduler::Impl::StartNext(double start) {
 
 void LinkScheduler::Impl::Post(Started started) {
   Chunk& chunk = started.chunk;
-  if (started.report) started.report(chunk.transfer->cls, started.wait_seconds);
+  if (started.report) started.report(started.cls, started.wait_seconds);
   chunk.transfer->post_chunk(
       chunk.offset, chunk.len,
       [this, id = started.post_id](absl::Status st) { OnPosted(id, std::move(st)); });
@@ -291,7 +293,7 @@ bool LinkScheduler::Impl::CopyHere(Finished* finished) {
   Started started = StartNext(clock->NowSeconds());
   mu.Unlock();
   Chunk& chunk = started.chunk;
-  if (started.report) started.report(chunk.transfer->cls, started.wait_seconds);
+  if (started.report) started.report(started.cls, started.wait_seconds);
   absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
   mu.Lock();
   const bool last = FinishChunk(std::move(chunk), std::move(status), finished);
@@ -468,6 +470,20 @@ size_t LinkScheduler::CancelOwner(uint64_t owner_id, const absl::Status& status)
     if (t->done) t->done(status);
   }
   return cancelled;
+}
+
+size_t LinkScheduler::PromoteOwner(uint64_t owner_id, TrafficClass cls) {
+  if (owner_id == 0) return 0;
+  size_t promoted = 0;
+  {
+    base::MutexLock lock(impl_->mu);
+    for (auto& [id, a] : impl_->active) {
+      if (a.transfer == nullptr || a.transfer->owner_id != owner_id || a.all_popped) continue;
+      promoted += impl_->queue.Promote(id, cls) > 0;
+    }
+  }
+  if (promoted > 0) impl_->cv.notify_all();  // an URGENT chunk may pass a GPU's post limit
+  return promoted;
 }
 
 void LinkScheduler::Shutdown() {

@@ -94,7 +94,8 @@ struct Transfer {
   // Called exactly once: after the last chunk completed, or with the first chunk's error (the
   // remaining chunks are skipped). Runs on a worker thread (or in Submit/Shutdown on cancel).
   std::function<void(absl::Status)> done;
-  // Who submitted it (a session id; 0 = nobody in particular), for CancelOwner.
+  // Who submitted it (a session id, or for the spill link the block; 0 = nobody in
+  // particular), for CancelOwner and PromoteOwner.
   uint64_t owner_id = 0;
 };
 
@@ -157,6 +158,13 @@ class LinkScheduler {
   // handed to copy_chunk or posted with post_chunk are not interrupted. Returns the number of
   // transfers cancelled.
   size_t CancelOwner(uint64_t owner_id, const absl::Status& status);
+  // Raises the queued chunks of every transfer with this owner_id (> 0) to class `cls` when it
+  // is above the transfer's (a PREFETCH read a reload now waits on becomes URGENT): they then
+  // go before the chunks of lower classes, as if submitted with `cls`. The transfer's `cls`
+  // field is set to it (bytes already copied stay counted in the old class). Chunks already
+  // picked are not affected. Returns the number of transfers promoted (0: none queued with that
+  // owner below `cls`).
+  size_t PromoteOwner(uint64_t owner_id, TrafficClass cls);
   // Finishes every queued and in-flight transfer, then stops the workers. Idempotent; a second
   // concurrent caller returns once the workers have stopped.
   void Shutdown();

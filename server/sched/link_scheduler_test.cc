@@ -759,6 +759,46 @@ TEST(LinkSchedulerTest, PacedLinkRestartsWhenWorkArrivesAfterAnIdleGap) {
   EXPECT_NEAR(clock.NowSeconds(), 13 * chunk, 1e-12);
 }
 
+// A PREFETCH read a reload now waits on is promoted to URGENT: it goes before the PREFETCH and
+// OFFLOAD transfers queued ahead of it (the spill tier's stage-back, issue 18).
+TEST(LinkSchedulerTest, PromoteOwnerLetsAQueuedPrefetchOvertakeQueuedTransfers) {
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.offload_min_share = 0;
+  LinkScheduler sched(o);
+  Gate blocker_may_finish;
+  std::atomic<bool> blocker_started{false};
+  auto blocker = rec.Make(0, "gpu0", TrafficClass::kOffload, 64 * kKiB);
+  auto copy = blocker->copy_chunk;
+  blocker->copy_chunk = [&, copy](uint64_t offset, uint64_t len) {
+    blocker_started = true;
+    blocker_may_finish.Wait();
+    return copy(offset, len);
+  };
+  sched.Submit(blocker);
+  while (!blocker_started) std::this_thread::yield();
+  sched.Submit(rec.Make(1, "gpu1", TrafficClass::kPrefetch, 2 * 64 * kKiB));
+  sched.Submit(rec.Make(2, "gpu2", TrafficClass::kOffload, 2 * 64 * kKiB));
+  sched.Submit(rec.Make(3, "gpu3", TrafficClass::kPrefetch, 2 * 64 * kKiB));
+  auto promoted = rec.Make(4, "gpu1", TrafficClass::kPrefetch, 2 * 64 * kKiB);
+  promoted->owner_id = 42;
+  sched.Submit(promoted);
+  EXPECT_EQ(sched.PromoteOwner(42, TrafficClass::kUrgent), 1u);
+  EXPECT_EQ(sched.PromoteOwner(42, TrafficClass::kUrgent), 0u);  // already URGENT
+  EXPECT_EQ(sched.PromoteOwner(0, TrafficClass::kUrgent), 0u);
+  blocker_may_finish.Open();
+  sched.Shutdown();
+  std::lock_guard<std::mutex> lock(rec.mu);
+  EXPECT_EQ(rec.copy_order, (std::vector<int>{0, 4, 4, 1, 3, 1, 3, 2, 2}));
+  for (int i = 0; i <= 4; ++i) {
+    ASSERT_EQ(rec.done[i].size(), 1u) << i;
+    EXPECT_TRUE(rec.done[i][0].ok()) << i;
+  }
+  const LinkSchedulerStats st = sched.stats();
+  EXPECT_EQ(st.class_bytes[static_cast<int>(TrafficClass::kUrgent)], 2 * 64 * kKiB);
+  EXPECT_EQ(st.started_transfers[static_cast<int>(TrafficClass::kUrgent)], 1u);
+}
+
 }  // namespace
 }  // namespace offloadd::sched
 

@@ -122,6 +122,88 @@ absl::StatusOr<std::string> NormalizeBdf(const std::string& bdf) {
   return absl::StrCat(domain, ":", parts[1], ":", parts[2]);
 }
 
+namespace {
+
+// One GPU's place in sysfs: `real` is its canonical device directory, `comps` the path from
+// devices/ to it (pci<domain>, bridges..., the GPU).
+struct GpuInSysfs {
+  std::string bdf;
+  fs::path real;
+  std::vector<std::string> comps;
+};
+
+// Resolves `in` under `root` (checking its id and bus id, unique among `seen_*`).
+absl::StatusOr<GpuInSysfs> ResolveGpu(const fs::path& root, const fs::path& devices_dir,
+                                      const GpuPci& in, std::set<std::string>* seen_gpus,
+                                      std::set<std::string>* seen_bdfs) {
+  if (in.gpu.empty()) return absl::InvalidArgumentError("a GPU has an empty device id");
+  absl::StatusOr<std::string> bdf = NormalizeBdf(in.bdf);
+  if (!bdf.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU ", in.gpu, ": ", bdf.status().message()));
+  }
+  if (!seen_gpus->insert(in.gpu).second || !seen_bdfs->insert(*bdf).second) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU ", in.gpu, " at ", *bdf, " is listed twice (same id or address)"));
+  }
+  std::error_code ec;
+  const fs::path entry = root / "bus" / "pci" / "devices" / *bdf;
+  GpuInSysfs out{*bdf, fs::canonical(entry, ec), {}};
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat(
+        "GPU ", in.gpu, ": no PCI device ", *bdf, " at ", entry.string(), " (", ec.message(),
+        "). Check the bus id (nvidia-smi --query-gpu=uuid,pci.bus_id --format=csv) and that "
+        "sysfs is mounted, or describe the links in the config (links { name gpus })"));
+  }
+  for (const fs::path& p : out.real.lexically_relative(devices_dir)) out.comps.push_back(p.string());
+  const std::vector<std::string>& comps = out.comps;
+  if (comps.size() < 2 || !absl::StartsWith(comps[0], "pci") || comps.back() != *bdf ||
+      !std::all_of(comps.begin() + 1, comps.end(), IsBdf)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU ", in.gpu, ": ", entry.string(), " resolves to ", out.real.string(),
+                     ", not to a PCI device under ", devices_dir.string(),
+                     "/pci*; describe the links in the config instead"));
+  }
+  return out;
+}
+
+// The GPU's bridges and NUMA node (first non-negative value walking up from the GPU).
+TopologyGpu DescribeGpu(const GpuPci& in, const GpuInSysfs& s) {
+  TopologyGpu g;
+  g.gpu = in.gpu;
+  g.bdf = s.bdf;
+  g.bridges.assign(s.comps.begin() + 1, s.comps.end() - 1);
+  fs::path dir = s.real;
+  for (size_t depth = s.comps.size(); depth >= 2 && g.numa_node < 0; --depth) {
+    g.numa_node = ReadNumaNode(dir);
+    dir = dir.parent_path();
+  }
+  if (!g.bridges.empty()) g.root_port = g.bridges.front();
+  return g;
+}
+
+// The link `g` shares (named and with its uplink's bus id); `uplink_dir` gets the sysfs
+// directory whose link speed bounds it.
+TopologyLink LinkOfGpu(const TopologyGpu& g, const fs::path& real, fs::path* uplink_dir) {
+  TopologyLink l;
+  if (g.bridges.empty()) {
+    l.name = absl::StrCat("device-", g.bdf);
+    l.uplink_bdf = g.bdf;
+    *uplink_dir = real;
+  } else if (g.bridges.size() >= 3) {  // root port, ..., upstream port, downstream port
+    l.uplink_bdf = g.bridges[g.bridges.size() - 2];
+    l.name = absl::StrCat("switch-", l.uplink_bdf);
+    *uplink_dir = real.parent_path().parent_path();
+  } else {  // on the root port (or behind a single bridge: no switch fan-out to share)
+    l.uplink_bdf = g.root_port;
+    l.name = absl::StrCat("rootport-", g.root_port);
+    *uplink_dir = real;
+    for (size_t i = 1; i < g.bridges.size(); ++i) *uplink_dir = uplink_dir->parent_path();
+  }
+  return l;
+}
+
+}  // namespace
+
 absl::StatusOr<Topology> DiscoverTopology(const std::string& sysfs_root,
                                           const std::vector<GpuPci>& gpus) {
   std::error_code ec;
@@ -135,62 +217,11 @@ absl::StatusOr<Topology> DiscoverTopology(const std::string& sysfs_root,
   std::map<std::string, TopologyLink> links;
   std::set<std::string> seen_gpus, seen_bdfs;
   for (const GpuPci& in : gpus) {
-    if (in.gpu.empty()) return absl::InvalidArgumentError("a GPU has an empty device id");
-    absl::StatusOr<std::string> bdf = NormalizeBdf(in.bdf);
-    if (!bdf.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("GPU ", in.gpu, ": ", bdf.status().message()));
-    }
-    if (!seen_gpus.insert(in.gpu).second || !seen_bdfs.insert(*bdf).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GPU ", in.gpu, " at ", *bdf, " is listed twice (same id or address)"));
-    }
-    const fs::path entry = root / "bus" / "pci" / "devices" / *bdf;
-    const fs::path real = fs::canonical(entry, ec);
-    if (ec) {
-      return absl::NotFoundError(absl::StrCat(
-          "GPU ", in.gpu, ": no PCI device ", *bdf, " at ", entry.string(), " (", ec.message(),
-          "). Check the bus id (nvidia-smi --query-gpu=uuid,pci.bus_id --format=csv) and that "
-          "sysfs is mounted, or describe the links in the config (links { name gpus })"));
-    }
-    const fs::path rel = real.lexically_relative(devices_dir);
-    std::vector<std::string> comps;
-    for (const fs::path& p : rel) comps.push_back(p.string());
-    if (comps.size() < 2 || !absl::StartsWith(comps[0], "pci") || comps.back() != *bdf ||
-        !std::all_of(comps.begin() + 1, comps.end(), IsBdf)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("GPU ", in.gpu, ": ", entry.string(), " resolves to ", real.string(),
-                       ", not to a PCI device under ", devices_dir.string(),
-                       "/pci*; describe the links in the config instead"));
-    }
-    TopologyGpu g;
-    g.gpu = in.gpu;
-    g.bdf = *bdf;
-    g.bridges.assign(comps.begin() + 1, comps.end() - 1);
-    // NUMA node: first non-negative value walking up from the GPU.
-    fs::path dir = real;
-    for (size_t depth = comps.size(); depth >= 2 && g.numa_node < 0; --depth) {
-      g.numa_node = ReadNumaNode(dir);
-      dir = dir.parent_path();
-    }
-    TopologyLink l;
+    auto found = ResolveGpu(root, devices_dir, in, &seen_gpus, &seen_bdfs);
+    if (!found.ok()) return found.status();
+    TopologyGpu g = DescribeGpu(in, *found);
     fs::path uplink_dir;
-    if (g.bridges.empty()) {
-      l.name = absl::StrCat("device-", g.bdf);
-      l.uplink_bdf = g.bdf;
-      uplink_dir = real;
-    } else {
-      g.root_port = g.bridges.front();
-      if (g.bridges.size() >= 3) {  // root port, ..., upstream port, downstream port
-        l.uplink_bdf = g.bridges[g.bridges.size() - 2];
-        l.name = absl::StrCat("switch-", l.uplink_bdf);
-        uplink_dir = real.parent_path().parent_path();
-      } else {  // on the root port (or behind a single bridge: no switch fan-out to share)
-        l.uplink_bdf = g.root_port;
-        l.name = absl::StrCat("rootport-", g.root_port);
-        uplink_dir = real;
-        for (size_t i = 1; i < g.bridges.size(); ++i) uplink_dir = uplink_dir.parent_path();
-      }
-    }
+    TopologyLink l = LinkOfGpu(g, found->real, &uplink_dir);
     g.link = l.name;
     auto [it, inserted] = links.try_emplace(l.name, l);
     if (inserted) {
@@ -211,8 +242,10 @@ absl::StatusOr<Topology> DiscoverTopology(const std::string& sysfs_root,
   return topo;
 }
 
-absl::StatusOr<Topology> ApplyLinkOverrides(Topology topo,
-                                            const std::vector<LinkOverride>& overrides) {
+namespace {
+
+// Names unique and present, capacities >= 0, each GPU in at most one override.
+absl::Status CheckLinkOverrides(const std::vector<LinkOverride>& overrides) {
   std::set<std::string> names, listed;
   for (const LinkOverride& o : overrides) {
     if (o.name.empty()) return absl::InvalidArgumentError("a link override has no name");
@@ -230,78 +263,111 @@ absl::StatusOr<Topology> ApplyLinkOverrides(Topology topo,
       }
     }
   }
-  for (const LinkOverride& o : overrides) {
-    if (o.gpus.empty()) {
-      auto it = std::find_if(topo.links.begin(), topo.links.end(),
-                             [&](const TopologyLink& l) { return l.name == o.name; });
-      if (it == topo.links.end()) {
-        std::vector<std::string> known;
-        for (const TopologyLink& l : topo.links) known.push_back(l.name);
-        return absl::NotFoundError(absl::StrCat(
-            "link '", o.name, "' lists no GPUs and no discovered link has that name (known: ",
-            Describe(known), "); name a known link or list its GPUs"));
-      }
-      if (o.d2h_bytes_per_second > 0) it->d2h_bytes_per_second = o.d2h_bytes_per_second;
-      if (o.h2d_bytes_per_second > 0) it->h2d_bytes_per_second = o.h2d_bytes_per_second;
-      it->from_config = true;
+  return absl::OkStatus();
+}
+
+// An override without GPUs: capacities for the discovered link of that name.
+absl::Status SetLinkCapacities(const LinkOverride& o, Topology* topo) {
+  auto it = std::find_if(topo->links.begin(), topo->links.end(),
+                         [&](const TopologyLink& l) { return l.name == o.name; });
+  if (it == topo->links.end()) {
+    std::vector<std::string> known;
+    for (const TopologyLink& l : topo->links) known.push_back(l.name);
+    return absl::NotFoundError(absl::StrCat(
+        "link '", o.name, "' lists no GPUs and no discovered link has that name (known: ",
+        Describe(known), "); name a known link or list its GPUs"));
+  }
+  if (o.d2h_bytes_per_second > 0) it->d2h_bytes_per_second = o.d2h_bytes_per_second;
+  if (o.h2d_bytes_per_second > 0) it->h2d_bytes_per_second = o.h2d_bytes_per_second;
+  it->from_config = true;
+  return absl::OkStatus();
+}
+
+// Takes `o`'s GPUs out of their links (dropping links left empty and the one named o.name);
+// returns the link they start from: a link made of GPUs that all came from one discovered link
+// (a rename, or a subset) keeps that link's uplink, PCIe rate and capacities, as does a
+// discovered link of the same name (which must then be listed whole).
+absl::StatusOr<TopologyLink> DetachGpus(const LinkOverride& o, Topology* topo) {
+  const std::set<std::string> members(o.gpus.begin(), o.gpus.end());
+  TopologyLink made;
+  std::set<std::string> former;
+  for (const std::string& g : o.gpus) {
+    const TopologyGpu* gpu = topo->FindGpu(g);
+    former.insert(gpu == nullptr ? "" : gpu->link);
+  }
+  if (former.size() == 1) {
+    if (const TopologyLink* l = topo->FindLink(*former.begin())) made = *l;
+  }
+  for (TopologyLink& l : topo->links) {
+    if (l.name != o.name) {
+      auto end = std::remove_if(l.gpus.begin(), l.gpus.end(),
+                                [&](const std::string& g) { return members.count(g) > 0; });
+      l.gpus.erase(end, l.gpus.end());
       continue;
     }
-    // Move the GPUs out of their links. A link made of GPUs that all came from one discovered
-    // link (a rename, or a subset) keeps that link's uplink, PCIe rate and capacities.
-    const std::set<std::string> members(o.gpus.begin(), o.gpus.end());
-    TopologyLink made;
-    made.name = o.name;
-    std::set<std::string> former;
-    for (const std::string& g : o.gpus) {
-      const TopologyGpu* gpu = topo.FindGpu(g);
-      former.insert(gpu == nullptr ? "" : gpu->link);
-    }
-    if (former.size() == 1) {
-      if (const TopologyLink* l = topo.FindLink(*former.begin())) made = *l;
-      made.name = o.name;
-    }
-    for (TopologyLink& l : topo.links) {
-      if (l.name != o.name) {
-        auto end = std::remove_if(l.gpus.begin(), l.gpus.end(),
-                                  [&](const std::string& g) { return members.count(g) > 0; });
-        l.gpus.erase(end, l.gpus.end());
-        continue;
-      }
-      made = l;  // same name: keep its capacities and PCIe rate
-      for (const std::string& g : l.gpus) {
-        if (!members.count(g)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "link '", o.name, "' is also the discovered link of GPU ", g,
-              ", which the override leaves out; list all its GPUs or choose another name"));
-        }
+    made = l;  // same name: keep its capacities and PCIe rate
+    for (const std::string& g : l.gpus) {
+      if (!members.count(g)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "link '", o.name, "' is also the discovered link of GPU ", g,
+            ", which the override leaves out; list all its GPUs or choose another name"));
       }
     }
-    topo.links.erase(
-        std::remove_if(topo.links.begin(), topo.links.end(),
-                       [&](const TopologyLink& l) { return l.gpus.empty() || l.name == o.name; }),
-        topo.links.end());
-    for (const std::string& g : o.gpus) {
-      auto it = std::find_if(topo.gpus.begin(), topo.gpus.end(),
-                             [&](const TopologyGpu& x) { return x.gpu == g; });
-      if (it == topo.gpus.end()) {
-        TopologyGpu added;
-        added.gpu = g;
-        topo.gpus.push_back(added);
-        it = topo.gpus.end() - 1;
-      }
-      it->link = o.name;
+  }
+  topo->links.erase(
+      std::remove_if(topo->links.begin(), topo->links.end(),
+                     [&](const TopologyLink& l) { return l.gpus.empty() || l.name == o.name; }),
+      topo->links.end());
+  made.name = o.name;
+  return made;
+}
+
+// An override with GPUs: they form link o.name (GPUs not discovered are added).
+absl::Status RegroupLink(const LinkOverride& o, Topology* topo) {
+  absl::StatusOr<TopologyLink> detached = DetachGpus(o, topo);
+  if (!detached.ok()) return detached.status();
+  TopologyLink made = *std::move(detached);
+  for (const std::string& g : o.gpus) {
+    auto it = std::find_if(topo->gpus.begin(), topo->gpus.end(),
+                           [&](const TopologyGpu& x) { return x.gpu == g; });
+    if (it == topo->gpus.end()) {
+      TopologyGpu added;
+      added.gpu = g;
+      topo->gpus.push_back(added);
+      it = topo->gpus.end() - 1;
     }
-    made.gpus = o.gpus;
-    made.root_port = Common(
-        topo, made.gpus, [](const TopologyGpu& g) { return g.root_port; }, std::string());
-    made.numa_node = Common(
-        topo, made.gpus, [](const TopologyGpu& g) { return g.numa_node; }, -1);
-    if (o.d2h_bytes_per_second > 0) made.d2h_bytes_per_second = o.d2h_bytes_per_second;
-    if (o.h2d_bytes_per_second > 0) made.h2d_bytes_per_second = o.h2d_bytes_per_second;
-    made.from_config = true;
-    topo.links.push_back(std::move(made));
+    it->link = o.name;
+  }
+  made.gpus = o.gpus;
+  made.root_port = Common(
+      *topo, made.gpus, [](const TopologyGpu& g) { return g.root_port; }, std::string());
+  made.numa_node = Common(
+      *topo, made.gpus, [](const TopologyGpu& g) { return g.numa_node; }, -1);
+  if (o.d2h_bytes_per_second > 0) made.d2h_bytes_per_second = o.d2h_bytes_per_second;
+  if (o.h2d_bytes_per_second > 0) made.h2d_bytes_per_second = o.h2d_bytes_per_second;
+  made.from_config = true;
+  topo->links.push_back(std::move(made));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Topology> ApplyLinkOverrides(Topology topo,
+                                            const std::vector<LinkOverride>& overrides) {
+  if (absl::Status st = CheckLinkOverrides(overrides); !st.ok()) return st;
+  for (const LinkOverride& o : overrides) {
+    absl::Status st = o.gpus.empty() ? SetLinkCapacities(o, &topo) : RegroupLink(o, &topo);
+    if (!st.ok()) return st;
   }
   return topo;
+}
+
+std::vector<int> GpuNumaNodes(const Topology& topo) {
+  std::set<int> nodes;
+  for (const TopologyGpu& g : topo.gpus) {
+    if (g.numa_node >= 0) nodes.insert(g.numa_node);
+  }
+  return std::vector<int>(nodes.begin(), nodes.end());
 }
 
 std::string FormatTopology(const Topology& topo) {

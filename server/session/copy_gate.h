@@ -4,13 +4,16 @@
 // Every chunk copy of a session is bracketed by Enter()/Exit(); Enter() fails once Close() has
 // started, so no copy begins after it, and CloseAndWait() returns only when every copy that did
 // enter has exited. After it returns, the daemon touches the client's memory no more: the
-// session may end its stream and the client may reuse that memory. Thread-safe.
+// session may end its stream and the client may reuse that memory. Thread-safe. CopyGate::Pass
+// is Enter()/Exit() as a scoped object.
 #ifndef OFFLOADD_SERVER_SESSION_COPY_GATE_H_
 #define OFFLOADD_SERVER_SESSION_COPY_GATE_H_
 
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <utility>
 
 #include "server/base/mutex.h"
 
@@ -40,6 +43,24 @@ class CopyGate {
     closed_ = true;
     while (running_ != 0) idle_.Wait(mu_);
   }
+  // One chunk copy's passage: Enter() on construction, Exit() on destruction when it entered.
+  // A copy runs only when the pass is true. Keep it alive (e.g. in a shared_ptr captured by an
+  // asynchronous completion) until the copy no longer touches client memory.
+  class Pass {
+   public:
+    explicit Pass(std::shared_ptr<CopyGate> gate)
+        : gate_(gate->Enter() ? std::move(gate) : nullptr) {}
+    ~Pass() {
+      if (gate_) gate_->Exit();
+    }
+    Pass(const Pass&) = delete;
+    Pass& operator=(const Pass&) = delete;
+    explicit operator bool() const { return gate_ != nullptr; }
+
+   private:
+    std::shared_ptr<CopyGate> gate_;  // null when the gate was closed
+  };
+
   uint64_t running() const {
     base::MutexLock lock(mu_);
     return running_;

@@ -16,73 +16,6 @@
 #include "server/metrics/metrics.h"
 
 namespace offloadd::session {
-namespace {
-
-// offset + bytes within size, without overflow.
-bool InBounds(uint64_t offset, uint64_t bytes, uint64_t size) {
-  return offset <= size && bytes <= size - offset;
-}
-
-void RecordTransfer(const char* direction, const std::string& gpu, uint64_t bytes,
-                    double seconds, bool ok) {
-  auto& m = metrics::Get();
-  const char* status = ok ? "ok" : "error";
-  m.transfers_total->Add({{"direction", direction}, {"gpu", gpu}, {"status", status}})
-      .Increment();
-  if (!ok) return;
-  m.transfer_bytes_total->Add({{"direction", direction}, {"gpu", gpu}, {"status", status}})
-      .Increment(static_cast<double>(bytes));
-  m.transfer_duration_seconds->Add({{"direction", direction}}, metrics::DurationBuckets())
-      .Observe(seconds);
-  m.transfer_size_bytes
-      ->Add({{"direction", direction}},
-            prometheus::Histogram::BucketBoundaries{4096, 65536, 1 << 20, 8 << 20, 64 << 20,
-                                                    256 << 20, 1 << 30})
-      .Observe(static_cast<double>(bytes));
-}
-
-// One chunk copy between client memory and the pool, run only while the session is open
-// (copy_gate.h): after the session ended, queued chunks fail without touching client memory.
-std::function<absl::Status(uint64_t, uint64_t)> GatedCopy(std::shared_ptr<CopyGate> gate,
-                                                          Core* core,
-                                                          std::shared_ptr<copy::Region> region,
-                                                          copy::Direction direction,
-                                                          uint64_t region_offset, uint8_t* host) {
-  return [gate, core, region, direction, region_offset, host](uint64_t o, uint64_t len) {
-    if (!gate->Enter()) {
-      return absl::CancelledError("the session ended before this copy started");
-    }
-    absl::Status st =
-        core->engine().CopyChunk(direction, *region, region_offset + o, host + o, len);
-    gate->Exit();
-    return st;
-  };
-}
-
-// The asynchronous form of GatedCopy (issue 16): a chunk is posted only while the session is
-// open, and it holds the gate until the engine reports it done, so the session's end waits for
-// the chunks already posted (their copies touch client memory) and no chunk is posted after it.
-std::function<void(uint64_t, uint64_t, std::function<void(absl::Status)>)> GatedPost(
-    std::shared_ptr<CopyGate> gate, Core* core, std::shared_ptr<copy::Region> region,
-    copy::Direction direction, uint64_t region_offset, uint8_t* host, sched::TrafficClass cls) {
-  const copy::ChunkUrgency urgency = cls == sched::TrafficClass::kUrgent
-                                         ? copy::ChunkUrgency::kUrgent
-                                         : copy::ChunkUrgency::kNormal;
-  return [gate, core, region, direction, region_offset, host, urgency](
-             uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
-    if (!gate->Enter()) {
-      done(absl::CancelledError("the session ended before this copy started"));
-      return;
-    }
-    core->engine().PostChunk(direction, *region, region_offset + o, host + o, len, urgency,
-                             [gate, done = std::move(done)](absl::Status st) {
-                               gate->Exit();
-                               done(std::move(st));
-                             });
-  };
-}
-
-}  // namespace
 
 const char* EndCauseName(EndCause cause) {
   switch (cause) {
@@ -227,27 +160,29 @@ absl::StatusOr<std::string> NewResumeToken() {
   return token;
 }
 
-void Session::OnHello(const Request& r) {
+absl::Status Session::CheckHello(const Request& r) const {
   if (r.device_id.empty()) {
-    return Fail(r.request_id, absl::InvalidArgumentError(
-                                  "hello without device_id: name the GPU this process uses "
-                                  "(its UUID on CUDA, any stable name on shm)"));
+    return absl::InvalidArgumentError(
+        "hello without device_id: name the GPU this process uses (its UUID on CUDA, any stable "
+        "name on shm)");
   }
   if (r.device_id.size() > kMaxNameBytes || r.client_name.size() > kMaxNameBytes) {
-    return Fail(r.request_id, absl::InvalidArgumentError(absl::StrFormat(
-                                  "hello's device_id and client_name are limited to %d bytes",
-                                  kMaxNameBytes)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "hello's device_id and client_name are limited to %d bytes", kMaxNameBytes));
   }
-  if (absl::Status st = CheckPeerAllowed(core_->options().access, peer_); !st.ok()) {
-    return Fail(r.request_id, st);
-  }
-  if (absl::Status st = CheckHelloPid(peer_, r.pid); !st.ok()) return Fail(r.request_id, st);
+  if (absl::Status st = CheckPeerAllowed(core_->options().access, peer_); !st.ok()) return st;
+  if (absl::Status st = CheckHelloPid(peer_, r.pid); !st.ok()) return st;
   if (r.resume_token.size() > kMaxNameBytes) {
-    return Fail(r.request_id, absl::InvalidArgumentError(absl::StrFormat(
-                                  "hello's resume_token is limited to %d bytes: send the token "
-                                  "a HelloReply returned, unchanged",
-                                  kMaxNameBytes)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "hello's resume_token is limited to %d bytes: send the token a HelloReply returned, "
+        "unchanged",
+        kMaxNameBytes));
   }
+  return absl::OkStatus();
+}
+
+void Session::OnHello(const Request& r) {
+  if (absl::Status st = CheckHello(r); !st.ok()) return Fail(r.request_id, st);
   std::string token = r.resume_token;
   if (token.empty()) {
     auto fresh = NewResumeToken();
@@ -255,33 +190,36 @@ void Session::OnHello(const Request& r) {
     token = *std::move(fresh);
   }
   const pool::ResumeKey key = pool::ResumeKeyOf(token);
-  base::MutexLock lock(mu_);
-  if (hello_done_) {
-    lock.Unlock();
-    return Fail(r.request_id,
-                absl::FailedPreconditionError("hello was already sent on this session: open a "
-                                              "new stream for another device"));
+  std::vector<uint64_t> resumed_ids;
+  absl::StatusOr<uint64_t> admitted;
+  {
+    base::MutexLock lock(mu_);
+    if (!hello_done_ && closed_) return;
+    admitted = hello_done_ ? absl::FailedPreconditionError(
+                                 "hello was already sent on this session: open a new stream "
+                                 "for another device")
+                           : AdmitHelloLocked(r, key, &resumed_ids);
   }
-  if (closed_) return;
-  if (absl::Status slot = core_->TryOpenSessionSlot(peer_); !slot.ok()) {
-    lock.Unlock();
-    return Fail(r.request_id, slot);
-  }
+  if (!admitted.ok()) return Fail(r.request_id, admitted.status());
+  metrics::Get().sessions_open->Increment();
+  Send(HelloReply(r, token, *admitted, std::move(resumed_ids)));
+}
+
+absl::StatusOr<uint64_t> Session::AdmitHelloLocked(const Request& r, const pool::ResumeKey& key,
+                                                   std::vector<uint64_t>* resumed_ids) {
+  if (absl::Status slot = core_->TryOpenSessionSlot(peer_); !slot.ok()) return slot;
   if (absl::Status link = core_->AcquireLink(r.device_id); !link.ok()) {
     core_->ReleaseSessionSlot(peer_);
-    lock.Unlock();
-    return Fail(r.request_id, link);
+    return link;
   }
   uint64_t blocks_resumed = 0;
-  std::vector<uint64_t> resumed_ids;
   if (!r.resume_token.empty()) {
     auto resumed = core_->store().ResumeSession(
-        id_, key, peer_.known ? peer_.uid : pool::kUnknownUid, &resumed_ids);
+        id_, key, peer_.known ? peer_.uid : pool::kUnknownUid, resumed_ids);
     if (!resumed.ok()) {
       core_->ReleaseLink(r.device_id, r.transient_device);
       core_->ReleaseSessionSlot(peer_);
-      lock.Unlock();
-      return Fail(r.request_id, resumed.status());
+      return resumed.status();
     }
     blocks_resumed = *resumed;
   }
@@ -296,8 +234,11 @@ void Session::OnHello(const Request& r) {
     core_->store().SetSessionOwner(id_, peer_.uid);
     core_->WatchPid(id_, peer_.pid);
   }
-  lock.Unlock();
-  metrics::Get().sessions_open->Increment();
+  return blocks_resumed;
+}
+
+Completion Session::HelloReply(const Request& r, const std::string& token,
+                               uint64_t blocks_resumed, std::vector<uint64_t> resumed_ids) {
   Completion c;
   c.request_id = r.request_id;
   c.kind = CompletionKind::kHello;
@@ -312,7 +253,7 @@ void Session::OnHello(const Request& r) {
   c.resume_grace_seconds =
       core_->store().survives_restart() ? core_->options().resume_grace_seconds : 0;
   c.resumed_block_ids = std::move(resumed_ids);
-  Send(std::move(c));
+  return c;
 }
 
 absl::StatusOr<std::shared_ptr<copy::Region>> Session::FindRegion(uint64_t region_id) {
@@ -391,6 +332,17 @@ void Session::OnUnregister(const Request& r) {
   Send(std::move(c));
 }
 
+OpContext Session::OpContextFor() {
+  OpContext ctx;
+  ctx.core = core_;
+  ctx.owner = shared_from_this();
+  ctx.session_id = id_;
+  ctx.gate = gate_;
+  base::MutexLock lock(mu_);
+  ctx.device_id = device_id_;
+  return ctx;
+}
+
 void Session::OnOffload(const Request& r) {
   auto region = FindRegion(r.region_id);
   if (!region.ok()) return Fail(r.request_id, region.status());
@@ -398,102 +350,14 @@ void Session::OnOffload(const Request& r) {
     return Fail(r.request_id, absl::InvalidArgumentError(
                                   "offload of 0 bytes: send the checkpoint's size in bytes"));
   }
-  if (!InBounds(r.offset, r.bytes, (*region)->size_bytes())) {
+  if (!RangeInside(r.offset, r.bytes, (*region)->size_bytes())) {
     return Fail(r.request_id,
                 absl::OutOfRangeError(absl::StrFormat(
                     "offload of [%d, +%d) is outside region %d of %d bytes: check the offset "
                     "and size against the registered allocation",
                     r.offset, r.bytes, r.region_id, (*region)->size_bytes())));
   }
-  if (!core_->BeginTransfer()) {
-    return Fail(r.request_id, absl::UnavailableError(
-                                  "offloadd is shutting down: keep the tensor in process memory "
-                                  "and reconnect when the daemon is back"));
-  }
-  if (r.tag != 0) {
-    bool fresh;
-    {
-      base::MutexLock lock(mu_);
-      fresh = tags_.emplace(r.tag, TaggedBlock{}).second;
-    }
-    if (!fresh) {
-      core_->EndTransfer();
-      return Fail(r.request_id, absl::InvalidArgumentError(absl::StrFormat(
-                                    "tag %d already names a live block of this session: use a "
-                                    "fresh tag, or release that block first",
-                                    r.tag)));
-    }
-  }
-  auto self = shared_from_this();
-  std::shared_ptr<copy::Region> reg = *region;
-  const double start = base::SteadyNowSeconds();
-  core_->store().Reserve(id_, r.bytes, [self, reg, r, start](absl::StatusOr<store::BlockRef> ref) {
-    Core* core = self->core_;
-    if (!ref.ok()) {
-      if (r.tag != 0) self->TagResolved(r.tag, 0, ref.status());
-      self->Fail(r.request_id, ref.status());
-      core->EndTransfer();
-      return;
-    }
-    bool closed;
-    {
-      base::MutexLock lock(self->mu_);
-      closed = self->closed_;
-    }
-    if (closed) {  // admitted as the session ended: give the space back
-      core->store().OffloadFinished(ref->block_id, absl::CancelledError("session ended"));
-      core->EndTransfer();
-      return;
-    }
-    absl::Status ready = core->engine().WaitReady(*reg, r.ready_event);
-    if (!ready.ok()) {
-      core->store().OffloadFinished(ref->block_id, ready);
-      if (r.tag != 0) self->TagResolved(r.tag, 0, ready);
-      self->Fail(r.request_id, ready);
-      core->EndTransfer();
-      return;
-    }
-    auto t = std::make_shared<sched::Transfer>();
-    t->gpu = self->device_id_;
-    t->cls = sched::TrafficClass::kOffload;
-    t->bytes = r.bytes;
-    uint8_t* host = core->pool_base() + ref->extent.offset;
-    t->owner_id = self->id_;
-    t->copy_chunk =
-        GatedCopy(self->gate_, core, reg, copy::Direction::kDeviceToHost, r.offset, host);
-    if (core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
-      t->post_chunk =
-          GatedPost(self->gate_, core, reg, copy::Direction::kDeviceToHost, r.offset, host,
-                    t->cls);
-    }
-    const store::BlockRef block = *ref;
-    const double admitted = base::SteadyNowSeconds();
-    t->done = [self, block, r, start, admitted](absl::Status st) {
-      Core* core = self->core_;
-      core->store().OffloadFinished(block.block_id, st);
-      double now = base::SteadyNowSeconds();
-      core->CountTransfer(/*offload=*/true, r.bytes, st.ok());
-      RecordTransfer("d2h", self->device_id_, r.bytes, now - start, st.ok());
-      if (st.ok()) {
-        Completion c;
-        c.request_id = r.request_id;
-        c.kind = CompletionKind::kOffloadDone;
-        c.id = block.block_id;
-        c.bytes = r.bytes;
-        c.queued_seconds = block.queued_seconds;
-        c.copy_seconds = now - admitted;
-        self->Send(std::move(c));
-      } else {
-        self->ForgetBlock(block.block_id);
-        self->Fail(r.request_id, st);
-      }
-      core->EndTransfer();
-    };
-    // Reloads and releases that named the block by tag before it existed run now; the store
-    // orders reloads after the copy.
-    if (r.tag != 0) self->TagResolved(r.tag, block.block_id, absl::OkStatus());
-    core->LinkFor(self->device_id_)->d2h->Submit(std::move(t));
-  }, r.order);
+  OffloadOp::Create(OpContextFor(), r, *std::move(region))->Start();
 }
 
 void Session::OnReload(const Request& r) {
@@ -506,80 +370,20 @@ void Session::OnReload(const Request& r) {
   }
   auto region = FindRegion(r.region_id);
   if (!region.ok()) return Fail(r.request_id, region.status());
-  if (!core_->BeginTransfer()) {
-    return Fail(r.request_id,
-                absl::UnavailableError("offloadd is shutting down: the block cannot be reloaded; "
-                                       "recompute it or fail the step"));
-  }
-  auto self = shared_from_this();
-  std::shared_ptr<copy::Region> reg = *region;
-  const double start = base::SteadyNowSeconds();
-  absl::Status begun = core_->store().BeginReload(
-      id_, r.block_id, [self, reg, r, start](absl::StatusOr<store::BlockRef> ref) {
-        Core* core = self->core_;
-        if (!ref.ok()) {
-          core->store().EndReload(r.block_id, false);
-          self->Fail(r.request_id, ref.status());
-          core->EndTransfer();
-          return;
-        }
-        if (!InBounds(r.offset, ref->bytes, reg->size_bytes())) {
-          core->store().EndReload(r.block_id, false);
-          self->Fail(r.request_id,
-                     absl::OutOfRangeError(absl::StrFormat(
-                         "reload of block %d (%d bytes) at offset %d does not fit region %d of "
-                         "%d bytes: reload into a region with room for the whole block",
-                         r.block_id, ref->bytes, r.offset, r.region_id, reg->size_bytes())));
-          core->EndTransfer();
-          return;
-        }
-        auto t = std::make_shared<sched::Transfer>();
-        t->gpu = self->device_id_;
-        t->cls = r.priority == kPriorityUrgent ? sched::TrafficClass::kUrgent
-                                               : sched::TrafficClass::kPrefetch;
-        t->deadline_at_seconds = r.timeout_seconds > 0 ? start + r.timeout_seconds : 0;
-        t->bytes = ref->bytes;
-        uint8_t* host = core->pool_base() + ref->extent.offset;
-        t->owner_id = self->id_;
-        t->copy_chunk =
-            GatedCopy(self->gate_, core, reg, copy::Direction::kHostToDevice, r.offset, host);
-        if (core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
-          t->post_chunk =
-              GatedPost(self->gate_, core, reg, copy::Direction::kHostToDevice, r.offset, host,
-                        t->cls);
-        }
-        const uint64_t bytes = ref->bytes;
-        const double ready = base::SteadyNowSeconds();
-        t->done = [self, reg, r, bytes, start, ready](absl::Status st) {
-          Core* core = self->core_;
-          if (st.ok()) st = core->engine().SignalDone(*reg, r.done_event);
-          // A failed reload keeps the block so the client can retry: nothing accepted is lost.
-          const bool release = r.release_after && st.ok();
-          core->store().EndReload(r.block_id, release);
-          if (release) self->ForgetBlock(r.block_id);
-          double now = base::SteadyNowSeconds();
-          core->CountTransfer(/*offload=*/false, bytes, st.ok());
-          RecordTransfer("h2d", self->device_id_, bytes, now - start, st.ok());
-          if (st.ok()) {
-            Completion c;
-            c.request_id = r.request_id;
-            c.kind = CompletionKind::kReloadDone;
-            c.id = r.block_id;
-            c.bytes = bytes;
-            c.released = release;
-            c.copy_seconds = now - ready;
-            self->Send(std::move(c));
-          } else {
-            self->Fail(r.request_id, st);
-          }
-          core->EndTransfer();
-        };
-        core->LinkFor(self->device_id_)->h2d->Submit(std::move(t));
-      });
-  if (!begun.ok()) {
-    Fail(r.request_id, begun);
-    core_->EndTransfer();
-  }
+  ReloadOp::Create(OpContextFor(), r, *std::move(region))->Start();
+}
+
+void Session::Answer(Completion c) { Send(std::move(c)); }
+
+void Session::AnswerError(uint64_t request_id, absl::Status status) {
+  Fail(request_id, std::move(status));
+}
+
+bool Session::SessionClosed() const { return closed(); }
+
+bool Session::ClaimTag(uint64_t tag) {
+  base::MutexLock lock(mu_);
+  return tags_.emplace(tag, TaggedBlock{}).second;
 }
 
 bool Session::ResolveTag(Request& r) {

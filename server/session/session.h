@@ -61,84 +61,22 @@
 #include "server/copy/copy_engine.h"
 #include "server/session/copy_gate.h"
 #include "server/session/core.h"
+#include "server/session/ops.h"
 #include "server/session/peer.h"
+#include "server/session/request.h"
 
 namespace offloadd::session {
-
-enum class RequestKind {
-  kUnknown,
-  kHello,
-  kRegisterRegion,
-  kUnregisterRegion,
-  kOffload,
-  kReload,
-  kRelease
-};
 
 // Regions one session may hold at once (each is a mapping in the daemon: vm.max_map_count is
 // shared by every session). More get RESOURCE_EXHAUSTED.
 inline constexpr size_t kMaxRegionsPerSession = 4096;
 
-// Wire values of offloadd.v1.Priority; anything else is rejected.
-inline constexpr int kPriorityUrgent = 1;
-inline constexpr int kPriorityPrefetch = 2;
 // Longest device_id / client_name / resume_token a Hello may carry (INVALID_ARGUMENT beyond).
 inline constexpr size_t kMaxNameBytes = 256;
 // Resume tokens issued: 128 random bits.
 inline constexpr size_t kResumeTokenBytes = 16;
 // kResumeTokenBytes from getrandom(2). UNAVAILABLE when the kernel refuses.
 absl::StatusOr<std::string> NewResumeToken();
-
-struct Request {
-  uint64_t request_id = 0;
-  RequestKind kind = RequestKind::kUnknown;
-  // kHello
-  std::string client_name, device_id;
-  uint32_t pid = 0;
-  std::string resume_token;  // empty: a new session
-  bool transient_device = false;  // Hello: remove the link at the last session's end (proto)
-  // kRegisterRegion
-  copy::RegionSpec region;
-  // kOffload / kReload / kUnregisterRegion / kRelease
-  uint64_t region_id = 0, offset = 0, bytes = 0, block_id = 0;
-  std::string ready_event;  // kOffload: CUDA IPC event the copy waits on
-  std::string done_event;   // kReload: CUDA IPC event recorded after the copy
-  int priority = 0;
-  bool release_after = false;
-  double timeout_seconds = 0;  // relative: seconds from now (the wire's deadline_seconds); 0 = none
-  // kOffload: a client-chosen name for the new block (0 = none). kReload / kRelease with
-  // block_id 0: the block named so; such a request waits if the offload is not yet admitted.
-  uint64_t tag = 0;
-  // kOffload: where the block falls in the client's reload order (spill tier policy).
-  store::OrderHint order;
-};
-
-enum class CompletionKind {
-  kError,
-  kHello,
-  kRegionRegistered,
-  kRegionUnregistered,
-  kOffloadDone,
-  kReloadDone,
-  kReleased
-};
-
-struct Completion {
-  uint64_t request_id = 0;
-  CompletionKind kind = CompletionKind::kError;
-  absl::Status status;  // set when kind == kError
-  uint64_t id = 0;      // session id / region id / block id
-  uint64_t bytes = 0;
-  double queued_seconds = 0, copy_seconds = 0;
-  bool released = false;
-  // kHello
-  std::string backend, link;
-  uint64_t pool_capacity_bytes = 0, session_quota_bytes = 0, chunk_bytes = 0;
-  std::string resume_token;
-  uint64_t blocks_resumed = 0;
-  double resume_grace_seconds = 0;          // 0: the pool does not outlive the daemon
-  std::vector<uint64_t> resumed_block_ids;  // resume only
-};
 
 // Metric label values: closed (client half-closed), crashed (stream broke), shutdown (daemon
 // stopping), pid_exited (process gone, stream lingered), admin (ended by an admin call),
@@ -147,7 +85,7 @@ struct Completion {
 enum class EndCause { kClosed, kCrashed, kShutdown, kPidExited, kAdmin, kBadMessage, kHelloTimeout };
 const char* EndCauseName(EndCause cause);
 
-class Session : public std::enable_shared_from_this<Session> {
+class Session : public OpOwner, public std::enable_shared_from_this<Session> {
  public:
   using Emit = std::function<void(Completion)>;
   // Ends the transport stream with a status (rpc/); called at most once, without the session's
@@ -191,10 +129,25 @@ class Session : public std::enable_shared_from_this<Session> {
   // Handle() without the in-flight accounting (replays of requests already counted).
   void Dispatch(const Request& r);
   void OnHello(const Request& r);
+  // Hello's own checks (names, peer, pid, token size): OK or the status to answer.
+  absl::Status CheckHello(const Request& r) const;
+  // Admits the Hello (session slot, link, resumed blocks; each undone on a later refusal) and
+  // binds the session to it; mu_ held. Returns the number of blocks resumed.
+  absl::StatusOr<uint64_t> AdmitHelloLocked(const Request& r, const pool::ResumeKey& key,
+                                            std::vector<uint64_t>* resumed_ids) REQUIRES(mu_);
+  Completion HelloReply(const Request& r, const std::string& token, uint64_t blocks_resumed,
+                        std::vector<uint64_t> resumed_ids);
   void OnRegister(const Request& r);
   void OnUnregister(const Request& r);
+  // Offload and reload: validated here, carried out by an OffloadOp / ReloadOp (ops.h).
   void OnOffload(const Request& r);
   void OnReload(const Request& r);
+  OpContext OpContextFor() EXCLUDES(mu_);
+  // OpOwner, for this session's ops.
+  void Answer(Completion c) override;
+  void AnswerError(uint64_t request_id, absl::Status status) override;
+  bool SessionClosed() const override;
+  bool ClaimTag(uint64_t tag) override EXCLUDES(mu_);
   void OnRelease(const Request& r);
   // Region by id, or NOT_FOUND.
   absl::StatusOr<std::shared_ptr<copy::Region>> FindRegion(uint64_t region_id) EXCLUDES(mu_);
@@ -202,9 +155,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // admitted) or failed (answered).
   bool ResolveTag(Request& r);
   // The tagged offload was admitted (block_id != 0) or failed: replays or fails its waiters.
-  void TagResolved(uint64_t tag, uint64_t block_id, const absl::Status& status);
+  void TagResolved(uint64_t tag, uint64_t block_id, const absl::Status& status) override;
   // The block is gone: drop its tag.
-  void ForgetBlock(uint64_t block_id);
+  void ForgetBlock(uint64_t block_id) override;
 
   Core* const core_;
   const uint64_t id_;

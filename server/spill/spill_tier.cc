@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -28,6 +29,8 @@ struct File {
   ~File() {
     if (fd >= 0) close(fd);
   }
+  // Gives up ownership: the descriptor is no longer closed here.
+  int Release() { return std::exchange(fd, -1); }
   int fd;
 };
 
@@ -183,9 +186,21 @@ bool SpillTier::TryReserve(uint64_t extent_bytes) {
   return true;
 }
 
+void SpillTier::Promote(uint64_t block_id) {
+  {
+    base::MutexLock lock(mu_);
+    promoted_.insert(block_id);  // for a Stage not yet on the link
+  }
+  if (link_->PromoteOwner(block_id, sched::TrafficClass::kUrgent) > 0) {
+    base::MutexLock lock(mu_);
+    promoted_.erase(block_id);
+  }
+}
+
 void SpillTier::Remove(uint64_t block_id, uint64_t extent_bytes) {
   unlink(FilePath(block_id).c_str());
   base::MutexLock lock(mu_);
+  promoted_.erase(block_id);
   used_bytes_ -= std::min(used_bytes_, FileBytes(extent_bytes));
   if (files_ > 0) --files_;
 }
@@ -202,6 +217,48 @@ void SpillTier::Stage(uint64_t block_id, pool::Extent extent, DiskClass cls,
          flow, std::move(done));
 }
 
+// Opens the block's spill file for writing (created, truncated and fallocate'd to file_bytes) or
+// reading (checked to hold file_bytes); returns the descriptor or the status the block's
+// transfer finishes with (DATA_LOSS for a removed or truncated file, RESOURCE_EXHAUSTED for a
+// full file system).
+absl::StatusOr<int> SpillTier::OpenSpillFile(bool write, const std::string& path,
+                                             uint64_t file_bytes) {
+  const int flags = write ? (O_WRONLY | O_CREAT | O_TRUNC) : O_RDONLY;
+  const int fd = open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    if (!write && err == ENOENT) {
+      return absl::DataLossError(absl::StrFormat(
+          "spill file %s was removed under the daemon: the block's bytes are lost", path));
+    }
+    return absl::InternalError(
+        absl::StrFormat("cannot open spill file %s: %s", path, strerror(err)));
+  }
+  File file(fd);  // closes fd on every error below
+  if (write) {
+    // Allocate the whole file first: O_DIRECT writes into allocated blocks run in parallel
+    // (extending writes are serialised by the file system), and a full disk shows here.
+    if (fallocate(fd, 0, 0, static_cast<off_t>(file_bytes)) != 0 && errno != EOPNOTSUPP) {
+      const int err = errno;
+      if (err == ENOSPC || err == EDQUOT) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "the spill directory's file system is full (%s) allocating %s", strerror(err), path));
+      }
+      return absl::InternalError(
+          absl::StrFormat("cannot allocate spill file %s: %s", path, strerror(err)));
+    }
+  } else {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < file_bytes) {
+      return absl::DataLossError(absl::StrFormat(
+          "spill file %s holds %d of %d bytes (truncated under the daemon): the block's bytes "
+          "are lost",
+          path, static_cast<int64_t>(st.st_size), file_bytes));
+    }
+  }
+  return file.Release();
+}
+
 void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
                        sched::TrafficClass cls, const std::string& flow, Done done) {
   const std::string path = FilePath(block_id);
@@ -212,46 +269,20 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
         pool_bytes_)));
     return;
   }
-  const int flags = write ? (O_WRONLY | O_CREAT | O_TRUNC) : O_RDONLY;
-  const int fd = open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    const int err = errno;
-    if (!write && err == ENOENT) {
-      done(absl::DataLossError(absl::StrFormat(
-          "spill file %s was removed under the daemon: the block's bytes are lost", path)));
-    } else {
-      done(absl::InternalError(
-          absl::StrFormat("cannot open spill file %s: %s", path, strerror(err))));
-    }
+  absl::StatusOr<int> fd = OpenSpillFile(write, path, file_bytes);
+  if (!fd.ok()) {
+    done(fd.status());
     return;
   }
-  auto file = std::make_shared<File>(fd);
-  if (write) {
-    // Allocate the whole file first: O_DIRECT writes into allocated blocks run in parallel
-    // (extending writes are serialised by the file system), and a full disk shows here.
-    if (fallocate(fd, 0, 0, static_cast<off_t>(file_bytes)) != 0 && errno != EOPNOTSUPP) {
-      const int err = errno;
-      done(err == ENOSPC || err == EDQUOT
-               ? absl::ResourceExhaustedError(absl::StrFormat(
-                     "the spill directory's file system is full (%s) allocating %s",
-                     strerror(err), path))
-               : absl::InternalError(
-                     absl::StrFormat("cannot allocate spill file %s: %s", path, strerror(err))));
-      return;
-    }
-  } else {
-    struct stat st;
-    if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < file_bytes) {
-      done(absl::DataLossError(absl::StrFormat(
-          "spill file %s holds %d of %d bytes (truncated under the daemon): the block's bytes "
-          "are lost",
-          path, static_cast<int64_t>(st.st_size), file_bytes)));
-      return;
-    }
+  auto file = std::make_shared<File>(*fd);
+  if (!write) {
+    base::MutexLock lock(mu_);
+    if (promoted_.erase(block_id) > 0) cls = sched::TrafficClass::kUrgent;
   }
   auto t = std::make_shared<sched::Transfer>();
   t->gpu = flow;
   t->cls = cls;
+  t->owner_id = block_id;  // for Promote
   t->bytes = file_bytes;
   t->copy_chunk = [this, write, file, extent](uint64_t o, uint64_t len) {
     return MoveChunk(write, file->fd, extent, o, len);

@@ -5,9 +5,10 @@
 // The disk is a link of the scheduler: every spill (pool -> file) and stage-back (file -> pool)
 // is a sched::Transfer on one LinkScheduler named "spill" (one queue for both directions, since
 // a disk shares its bandwidth between reads and writes), cut into chunks of `chunk_bytes`,
-// classes URGENT (a reload waits on it) > PREFETCH (stage-back ahead of need) > SPILL (the
+// classes URGENT (a reload waits on it; Promote raises a queued PREFETCH stage-back to it) >
+// PREFETCH (stage-back ahead of need) > SPILL (the
 // scheduler's OFFLOAD class, with its minimum share `spill_min_share`), DRR over flows (the
-// store passes the owning session), paced at `bytes_per_second` so the queue forms where the
+// store passes the owning session; the transfer's owner_id is the block), paced at `bytes_per_second` so the queue forms where the
 // priorities apply rather than inside the device.
 //
 // Layout and alignment: a block's file holds its extent rounded up to 4096 bytes. Chunks are
@@ -40,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -104,6 +106,11 @@ class SpillTier {
   // the file is missing or shorter than the block.
   void Stage(uint64_t block_id, pool::Extent extent, DiskClass cls, const std::string& flow,
              Done done);
+  // Raises the block's stage-back to URGENT: a PREFETCH read still queued on the disk link
+  // goes before every queued PREFETCH and SPILL transfer (a reload now waits on it); one whose
+  // Stage call has not reached the link yet is submitted URGENT. Chunks already being read are
+  // not affected. Call only while a stage-back of the block is under way.
+  void Promote(uint64_t block_id) EXCLUDES(mu_);
   // Unlinks the block's file (if any) and returns FileBytes(extent_bytes) of capacity.
   void Remove(uint64_t block_id, uint64_t extent_bytes) EXCLUDES(mu_);
   // Finishes queued transfers and stops the link's workers. Idempotent; not from a `done`.
@@ -118,6 +125,7 @@ class SpillTier {
   void Submit(bool write, uint64_t block_id, pool::Extent extent, sched::TrafficClass cls,
               const std::string& flow, Done done);
   // Moves [o, o + len) of a block's file, `len` and `o` multiples of 4096.
+  absl::StatusOr<int> OpenSpillFile(bool write, const std::string& path, uint64_t file_bytes);
   absl::Status MoveChunk(bool write, int fd, pool::Extent extent, uint64_t o, uint64_t len);
 
   SpillOptions options_;
@@ -128,6 +136,8 @@ class SpillTier {
   mutable base::Mutex mu_;
   uint64_t used_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t files_ GUARDED_BY(mu_) = 0;
+  // Promote came before the stage reached the link
+  std::unordered_set<uint64_t> promoted_ GUARDED_BY(mu_);
   std::atomic<uint64_t> spill_bytes_total_{0}, stage_bytes_total_{0};
   std::unique_ptr<sched::LinkScheduler> link_;
 };

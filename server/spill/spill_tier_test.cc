@@ -204,6 +204,66 @@ TEST_P(SpillTierTest, UrgentStageGoesBeforeQueuedSpills) {
   EXPECT_TRUE(Matches({24ull << 20, 1 << 20}, 5));
 }
 
+TEST_P(SpillTierTest, PromotedPrefetchStageOvertakesQueuedStagesAndSpills) {
+  // One worker, paced at 16 MiB/s (~62 ms a 1 MiB chunk): the stage submitted last, at
+  // PREFETCH behind three PREFETCH stages and three spills, is promoted and goes next.
+  auto tier = Make(64ull << 20, 16.0 * (1 << 20), /*threads=*/1);
+  ASSERT_NE(tier, nullptr);
+  for (uint64_t b = 0; b < 5; ++b) {
+    const pool::Extent e{(20 + b) << 20, 1 << 20};
+    Fill(e, 10 + b);
+    ASSERT_TRUE(SpillBlock(*tier, 100 + b, e).ok());
+  }
+  std::mutex mu;
+  std::vector<std::string> order;
+  std::vector<std::future<void>> waits;
+  auto note = [&](std::string what) {
+    auto p = std::make_shared<std::promise<void>>();
+    waits.push_back(p->get_future());
+    return [&mu, &order, what, p](absl::Status st) {
+      EXPECT_TRUE(st.ok()) << st;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(what);
+      }
+      p->set_value();
+    };
+  };
+  for (uint64_t b = 0; b < 4; ++b) {
+    tier->Stage(100 + b, {b << 20, 1 << 20}, DiskClass::kPrefetch, "s" + std::to_string(b),
+                note("prefetch" + std::to_string(b)));
+  }
+  for (int i = 0; i < 3; ++i) {
+    tier->Spill(200 + i, {static_cast<uint64_t>(8 + i) << 20, 1 << 20}, "s9",
+                note("spill" + std::to_string(i)));
+  }
+  tier->Stage(104, {12ull << 20, 1 << 20}, DiskClass::kPrefetch, "s4", note("promoted"));
+  tier->Promote(104);
+  for (auto& w : waits) w.wait();
+  ASSERT_EQ(order.size(), 8u);
+  const size_t promoted = std::find(order.begin(), order.end(), "promoted") - order.begin();
+  EXPECT_LE(promoted, 1u) << "the promoted stage waited behind queued stages and spills";
+  EXPECT_TRUE(Matches({12ull << 20, 1 << 20}, 14));
+  for (uint64_t b = 0; b < 4; ++b) EXPECT_TRUE(Matches({b << 20, 1 << 20}, 10 + b)) << b;
+}
+
+// A Promote that comes before its Stage reaches the disk link (the store promotes under its
+// lock, the stage is submitted after it) makes that stage URGENT.
+TEST_P(SpillTierTest, PromoteBeforeTheStageIsSubmittedMakesItUrgent) {
+  auto tier = Make(64ull << 20, -1, /*threads=*/1);
+  ASSERT_NE(tier, nullptr);
+  Fill({20ull << 20, 1 << 20}, 3);
+  ASSERT_TRUE(SpillBlock(*tier, 100, {20ull << 20, 1 << 20}).ok());
+  tier->Promote(100);
+  ASSERT_TRUE(Wait([&](SpillTier::Done d) {
+                tier->Stage(100, {0, 1 << 20}, DiskClass::kPrefetch, "s1", std::move(d));
+              }).ok());
+  const SpillStats s = tier->stats();
+  EXPECT_EQ(s.link.class_bytes[static_cast<int>(sched::TrafficClass::kUrgent)], 1u << 20);
+  EXPECT_EQ(s.link.class_bytes[static_cast<int>(sched::TrafficClass::kPrefetch)], 0u);
+  EXPECT_TRUE(Matches({0, 1 << 20}, 3));
+}
+
 TEST(SpillTierCreate, RefusesEmptyDirectory) {
   uint8_t pool[4096];
   auto tier = SpillTier::Create(SpillOptions{}, pool, sizeof(pool));

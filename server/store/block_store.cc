@@ -138,6 +138,12 @@ std::string BlockStore::WhyFullLocked(uint64_t session_id, uint64_t bytes) const
   }
   const pool::AllocatorStats pool = allocator_.stats();
   const uint64_t free_bytes = pool.capacity_bytes - pool.used_bytes;
+  if (!pending_stages_.empty() && allocator_.CanAllocate(rounded)) {
+    return absl::StrFormat(
+        "reloads of %d spilled blocks wait for pool space and get it before new offloads (the "
+        "spill tier is making room); retry, or raise pool_bytes",
+        pending_stages_.size());
+  }
   if (free_bytes >= rounded) {
     return absl::StrFormat(
         "the pool has %d bytes free but no free extent of %d bytes (largest %d, in %d pieces: "
@@ -216,7 +222,7 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
           "offload of %d bytes is larger than the per-user quota (%d bytes): split it, or raise "
           "uid_quota_bytes in the daemon config",
           bytes, options_.uid_quota_bytes));
-    } else if (FitsLocked(session_id, bytes)) {
+    } else if (FitsLocked(session_id, bytes) && pending_stages_.empty()) {
       result = AdmitLocked(session_id, bytes, 0);
       if (hint.valid) blocks_[result->block_id].key = ReloadKey{hint.step, ~hint.position};
       MaybeSpillLocked(&deferred);
@@ -244,6 +250,7 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
 }
 
 void BlockStore::AdmitWaitersLocked(Deferred* deferred) {
+  if (!pending_stages_.empty()) return;  // urgent stage-backs get freed pool space first
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (FitsLocked(it->session_id, it->bytes)) {
       BlockRef ref = AdmitLocked(it->session_id, it->bytes, it->enqueued_seconds);
@@ -388,6 +395,12 @@ absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
         b.disk_wait_start = base::SteadyNowSeconds();
         if (b.tier == Tier::kDisk && !b.stage_pending) {
           StartStageLocked(block_id, b, /*urgent=*/true, &deferred);
+        } else if (b.tier == Tier::kStaging && !b.stage_urgent) {
+          // Staged ahead at PREFETCH, and now a reload waits on it. Under the lock (the
+          // spill tier never calls back under its own): the stage cannot finish meanwhile.
+          b.stage_urgent = true;
+          ++stages_promoted_total_;
+          spill_->Promote(block_id);
         }
       }
       ready = nullptr;
@@ -490,6 +503,10 @@ void BlockStore::DeadlineLoop() {
       } else {
         next = adopted_deadline_seconds_;
       }
+    }
+    if (const double stage_next = ExpireStagesLocked(now, &deferred);
+        stage_next > 0 && (next == 0 || stage_next < next)) {
+      next = stage_next;
     }
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->deadline_at_seconds <= now) {
@@ -660,6 +677,8 @@ StoreStats BlockStore::stats() const {
   s.spill_refused_disk_full_total = spill_refused_disk_full_total_;
   s.reloads_from_disk_total = reloads_from_disk_total_;
   s.reload_disk_wait_seconds_total = reload_disk_wait_seconds_total_;
+  s.stages_promoted_total = stages_promoted_total_;
+  s.stages_expired_total = stages_expired_total_;
   s.blocks_lost_total = blocks_lost_total_;
   return s;
 }

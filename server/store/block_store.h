@@ -41,7 +41,14 @@
 // activations of a step last-offloaded first), so (step ascending, position descending); blocks
 // without a hint count as step 0 with their admission order as position. Spills free pool
 // extents; waiting offloads are admitted to the pool as space frees (never straight to disk).
-// A reload of a block on disk stages it back at once (URGENT on the disk link); every reload
+// A reload of a block on disk stages it back at once (URGENT on the disk link; one whose
+// stage-back is already queued at PREFETCH is promoted to URGENT). When the pool has no room
+// for it the stage-back waits for space and gets it first: until it has started, no offload
+// (waiting or new, even one that fits) is admitted and no stage-ahead starts, and spills
+// continue until it fits (a spill cancelled by a reload is replaced by another). When it has
+// waited admission_deadline_seconds and no spill is under way (the disk is full, or nothing in
+// the pool can be spilled), its reloads fail with RESOURCE_EXHAUSTED and the block stays on disk
+// (a later reload tries again); while a spill is under way it waits on. Every reload
 // of block k (any tier) also stages back the next stage_ahead_blocks blocks of the session in
 // expected order that are on disk (PREFETCH), while that keeps the pool under the high-water
 // mark. A reload of a block being spilled is served from the pool and cancels the spill.
@@ -125,6 +132,11 @@ struct StoreStats {
   uint64_t spill_failures_total = 0;   // spills that failed (the block stayed in the pool)
   uint64_t spill_refused_disk_full_total = 0;  // spills not started: the disk was full
   uint64_t reloads_from_disk_total = 0;  // reloads that found their block on disk
+  // Stage-backs ahead of need (PREFETCH) raised to URGENT because a reload came for the block.
+  uint64_t stages_promoted_total = 0;
+  // Urgent stage-backs that found no pool space within the admission deadline while nothing
+  // was being spilled (disk full, or nothing spillable): their reloads got RESOURCE_EXHAUSTED.
+  uint64_t stages_expired_total = 0;
   double reload_disk_wait_seconds_total = 0;  // their summed wait for the stage-back
   uint64_t blocks_lost_total = 0;  // spill files removed or truncated under the daemon
 };
@@ -190,7 +202,8 @@ class BlockStore {
   // Starts a reload of a block of `session_id`: `ready` is called with the block once its bytes
   // are in the pool (at once if resident). The block stays allocated until EndReload.
   // A block on disk is staged back first (URGENT); `ready` gets DATA_LOSS when its spill file
-  // was removed or truncated, UNAVAILABLE at shutdown.
+  // was removed or truncated, UNAVAILABLE at shutdown, RESOURCE_EXHAUSTED when the pool had no
+  // room for it within admission_deadline_seconds and nothing could be spilled (block kept).
   // Errors (returned, `ready` not called): NOT_FOUND for an unknown block or one of another
   // session; FAILED_PRECONDITION when the block has been released; DATA_LOSS for a block whose
   // spill file was lost before.
@@ -244,7 +257,9 @@ class BlockStore {
     ReloadKey key{0, 0};
     bool spill_cancelled = false;  // a reload came while kSpilling: keep it in the pool
     bool stage_pending = false;    // in pending_stages_
+    bool stage_urgent = false;     // kStaging: the read is URGENT (else PREFETCH)
     double disk_wait_start = 0;    // a reload waits for its stage-back since (0 = none)
+    double stage_deadline_at = 0;  // in pending_stages_: its reloads fail then (see above)
     std::string lost_reason;       // kLost: what the stage-back found (names the file)
   };
   static constexpr uint64_t kAdoptedSession = 0;
@@ -278,6 +293,9 @@ class BlockStore {
   void StageAheadLocked(uint64_t session_id, Deferred* deferred) REQUIRES(mu_);
   // After pool space was freed: pending stages, then waiting offloads, then stage-ahead.
   void UsePoolSpaceLocked(uint64_t session_id, Deferred* deferred) REQUIRES(mu_);
+  // Deadline thread: fails the reloads of urgent stage-backs past their deadline while no spill
+  // is under way; returns the next such deadline (0 = none).
+  double ExpireStagesLocked(double now, Deferred* deferred) REQUIRES(mu_);
   void WriteRecordLocked(uint64_t block_id, Block& b) REQUIRES(mu_);
   uint64_t HighWaterBytesLocked() const REQUIRES(mu_);
   // Why a request does not fit now: "the pool is full", "the session quota ... is used", ...
@@ -337,6 +355,8 @@ class BlockStore {
   uint64_t spill_refused_disk_full_total_ GUARDED_BY(mu_) = 0;
   uint64_t reloads_from_disk_total_ GUARDED_BY(mu_) = 0;
   uint64_t blocks_lost_total_ GUARDED_BY(mu_) = 0;
+  uint64_t stages_promoted_total_ GUARDED_BY(mu_) = 0;
+  uint64_t stages_expired_total_ GUARDED_BY(mu_) = 0;
   double reload_disk_wait_seconds_total_ GUARDED_BY(mu_) = 0;
 };
 

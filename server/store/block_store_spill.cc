@@ -102,7 +102,14 @@ void BlockStore::SpillFinished(uint64_t block_id, const absl::Status& st) {
       // to this unlink (the spill's open runs after the lock is released).
       spill_->Remove(block_id, b.extent.bytes);
       WriteRecordLocked(block_id, b);
-      if (b.released && IdleLocked(b)) FreeLocked(block_id, &deferred);
+      if (b.released && IdleLocked(b)) {
+        FreeLocked(block_id, &deferred);
+      } else if (st.ok()) {
+        // Cancelled by a reload: whatever this spill was to make room for (an urgent
+        // stage-back, a waiting offload) still waits; spill another block (or this one again
+        // once its reload ended). A failed spill is not retried here (the disk refused it).
+        MaybeSpillLocked(&deferred);
+      }
     } else {
       (void)allocator_.Free(b.extent);
       b.extent.offset = 0;
@@ -122,12 +129,15 @@ bool BlockStore::StartStageLocked(uint64_t block_id, Block& b, bool urgent,
   if (!extent.ok()) {
     if (urgent && !b.stage_pending) {
       b.stage_pending = true;
+      b.stage_deadline_at = base::SteadyNowSeconds() + options_.admission_deadline_seconds;
       pending_stages_.push_back(block_id);
+      deadline_cv_.notify_all();
       MaybeSpillLocked(deferred);
     }
     return false;
   }
   b.tier = Tier::kStaging;
+  b.stage_urgent = urgent;
   b.extent = *extent;
   staging_bytes_ += b.extent.bytes;
   deferred->push_back([this, block_id, extent = *extent, urgent,
@@ -194,6 +204,7 @@ void BlockStore::StageFinished(uint64_t block_id, const absl::Status& st) {
 
 void BlockStore::StageAheadLocked(uint64_t session_id, Deferred* deferred) {
   if (spill_ == nullptr || options_.stage_ahead_blocks == 0 || stopping_) return;
+  if (!pending_stages_.empty()) return;  // freed pool space goes to urgent stage-backs first
   auto cursor = session_cursor_.find(session_id);
   if (cursor == session_cursor_.end()) return;
   std::vector<std::pair<ReloadKey, uint64_t>> next;
@@ -227,11 +238,57 @@ void BlockStore::UsePoolSpaceLocked(uint64_t session_id, Deferred* deferred) {
     pending_stages_.pop_front();
     StartStageLocked(it->first, it->second, /*urgent=*/true, deferred);
   }
+  // An urgent stage-back still waiting keeps the freed space: an offload taking it could leave
+  // a reload starving while every spill's hole is refilled (AdmitWaitersLocked holds off).
   AdmitWaitersLocked(deferred);
   if (spill_ != nullptr) {
     StageAheadLocked(session_id, deferred);
     MaybeSpillLocked(deferred);
   }
+}
+
+double BlockStore::ExpireStagesLocked(double now, Deferred* deferred) {
+  double next = 0;
+  const size_t before = pending_stages_.size();
+  for (auto it = pending_stages_.begin(); it != pending_stages_.end();) {
+    auto found = blocks_.find(*it);
+    if (found == blocks_.end() || found->second.tier != Tier::kDisk) {
+      ++it;  // UsePoolSpaceLocked drops it
+      continue;
+    }
+    Block& b = found->second;
+    if (b.stage_deadline_at > now || spilling_bytes_ > 0) {
+      // Not yet, or a spill is making room: wait (another period from now for the latter).
+      if (b.stage_deadline_at <= now) {
+        b.stage_deadline_at = now + options_.admission_deadline_seconds;
+      }
+      if (next == 0 || b.stage_deadline_at < next) next = b.stage_deadline_at;
+      ++it;
+      continue;
+    }
+    b.stage_pending = false;
+    if (b.disk_wait_start > 0) {
+      reload_disk_wait_seconds_total_ += now - b.disk_wait_start;
+      b.disk_wait_start = 0;
+    }
+    const pool::AllocatorStats pool = allocator_.stats();
+    const spill::SpillStats disk = spill_->stats();
+    const absl::Status err = absl::ResourceExhaustedError(absl::StrFormat(
+        "block %d is on the spill disk and the pool had no room to stage its %d bytes back "
+        "within %.3f s (admission_deadline_seconds; %d of %d pool bytes free, largest free "
+        "extent %d), and nothing could be spilled to make room (%d of %d disk bytes used); the "
+        "block is kept: release blocks and reload it again, or raise pool_bytes or "
+        "spill_capacity_bytes",
+        *it, b.extent.bytes, options_.admission_deadline_seconds,
+        pool.capacity_bytes - pool.used_bytes, pool.capacity_bytes, pool.largest_free_bytes,
+        disk.used_bytes, disk.capacity_bytes));
+    for (auto& cb : b.waiting_reloads) deferred->push_back([cb, err] { cb(err); });
+    b.waiting_reloads.clear();
+    ++stages_expired_total_;
+    it = pending_stages_.erase(it);
+  }
+  if (before > 0 && pending_stages_.empty()) AdmitWaitersLocked(deferred);
+  return next;
 }
 
 }  // namespace offloadd::store

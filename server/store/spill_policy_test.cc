@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,7 +36,7 @@ class SpillPolicyTest : public ::testing::Test {
  protected:
   void Make(uint64_t pool_bytes, double high_water, uint64_t disk_bytes = 256 * kMiB,
             BlockStoreOptions o = TestStoreOptions(0, 5.0), uint32_t stage_ahead = 0,
-            pool::BlockTable* table = nullptr) {
+            pool::BlockTable* table = nullptr, double disk_bytes_per_second = -1) {
     pool_bytes_ = pool_bytes;
     ASSERT_EQ(posix_memalign(reinterpret_cast<void**>(&pool_), 4096, pool_bytes), 0);
     memset(pool_, 0, pool_bytes);
@@ -43,8 +45,8 @@ class SpillPolicyTest : public ::testing::Test {
     so.directory = std::string(tmp != nullptr ? tmp : "/tmp") + "/spill_policy_" +
                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
     so.capacity_bytes = disk_bytes;
-    so.bytes_per_second = -1;  // unpaced
-    so.chunk_bytes = kMiB;
+    so.bytes_per_second = disk_bytes_per_second;  // < 0: unpaced
+    so.chunk_bytes = chunk_bytes_;
     if (!spill::SpillTier::DirectIoSupported(so.directory)) {
       GTEST_SKIP() << so.directory << " does not take O_DIRECT";
     }
@@ -90,6 +92,7 @@ class SpillPolicyTest : public ::testing::Test {
 
   uint8_t* pool_ = nullptr;
   uint64_t pool_bytes_ = 0;
+  uint64_t chunk_bytes_ = kMiB;  // the disk link's chunk (set before Make)
   std::unique_ptr<spill::SpillTier> tier_;
   std::unique_ptr<BlockStore> store_;
 };
@@ -255,6 +258,136 @@ TEST_F(SpillPolicyTest, SharedPoolRecordsOnlyTheBlocksInThePool) {
   EXPECT_EQ(recorded[ids[1]], ref->extent.offset);
   for (uint64_t id : ids) store_->Release(1, id).IgnoreError();
   EXPECT_TRUE(WaitFor([&] { return scan().empty() && store_->stats().blocks == 0; }));
+}
+
+// Reload of a block on disk, not awaited: its callback fills the returned future.
+std::future<absl::StatusOr<BlockRef>> BeginReloadAsync(BlockStore& store, uint64_t session,
+                                                       uint64_t id) {
+  auto p = std::make_shared<std::promise<absl::StatusOr<BlockRef>>>();
+  auto f = p->get_future();
+  absl::Status st = store.BeginReload(session, id, [p](absl::StatusOr<BlockRef> r) {
+    p->set_value(std::move(r));
+  });
+  if (!st.ok()) p->set_value(st);
+  return f;
+}
+
+// The hang of the chaos soak with a 4 MiB pool: an urgent stage-back waits for room; the
+// spill started for it is cancelled by a reload of the spilled block (served from the pool),
+// and nothing started another spill, so the stage-back waited for ever.
+TEST_F(SpillPolicyTest, UrgentStageBackGetsRoomWhenTheSpillForItIsCancelled) {
+  // Paced at 2 MiB/s: a 1 MiB spill is under way for 0.5 s, long enough to reload its block.
+  Make(4 * kMiB, /*high_water=*/1.0, 256 * kMiB, TestStoreOptions(), 0, nullptr, 2.0 * kMiB);
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint64_t p = 0; p < 5; ++p) ids.push_back(Offload(1, kMiB, p, Hint(1, p)));
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && OnDisk(ids[0]); }));
+  // Block 0 is on disk and the pool is full: its stage-back waits, block 1 starts spilling.
+  auto staged = BeginReloadAsync(*store_, 1, ids[0]);
+  ASSERT_GT(store_->stats().spilling_bytes, 0u);
+  // Block 1 is reloaded while it is being spilled: served from the pool, the spill cancelled.
+  ASSERT_TRUE(ReloadAndCheck(1, ids[1], kMiB, 1, /*release=*/false).ok());
+  ASSERT_EQ(staged.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the urgent stage-back of block 0 still waits for pool space";
+  auto ref = staged.get();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (uint64_t i = 0; i < kMiB; ++i) {
+    ASSERT_EQ(pool_[ref->extent.offset + i], Pattern(0, i)) << i;
+  }
+  store_->EndReload(ids[0], /*release=*/true);
+  for (uint64_t p = 1; p < 5; ++p) EXPECT_TRUE(ReloadAndCheck(1, ids[p], kMiB, p).ok()) << p;
+}
+
+// Space freed for a waiting urgent stage-back goes to it, not to offloads waiting beside it
+// (or a small offload could take every hole a spill opens, and the reload starve).
+TEST_F(SpillPolicyTest, UrgentStageBackGetsFreedSpaceBeforeWaitingOffloads) {
+  // Paced at 4 MiB/s so the spills finish in the order they started.
+  Make(4 * kMiB, /*high_water=*/1.0, 256 * kMiB, TestStoreOptions(), 0, nullptr, 4.0 * kMiB);
+  if (IsSkipped()) return;
+  const uint64_t a = Offload(1, 2 * kMiB, 0, Hint(1, 0));
+  const uint64_t b = Offload(1, kMiB, 1, Hint(1, 1));
+  const uint64_t c = Offload(1, kMiB, 2, Hint(1, 2));
+  const uint64_t d = Offload(1, 2 * kMiB, 3, Hint(1, 3));  // a spills to make room
+  ASSERT_NE(d, 0u);
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && OnDisk(a); }));
+  auto staged = BeginReloadAsync(*store_, 1, a);  // needs 2 MiB: b and c start spilling
+  // Whether a's stage-back had its pool extent (being read, or done) when the offload got one.
+  bool stage_had_room = false;
+  std::promise<absl::StatusOr<BlockRef>> offloaded;
+  store_->Reserve(2, kMiB, [&](absl::StatusOr<BlockRef> r) {
+    const StoreStats s = store_->stats();
+    stage_had_room = s.staging_bytes >= 2 * kMiB || s.staged_blocks_total >= 1;
+    offloaded.set_value(std::move(r));
+  });
+  auto offload = offloaded.get_future().get();
+  ASSERT_TRUE(offload.ok()) << offload.status();
+  store_->OffloadFinished(offload->block_id, absl::OkStatus());
+  EXPECT_TRUE(stage_had_room) << "the offload was admitted while the urgent stage-back waited";
+  ASSERT_EQ(staged.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  auto ref = staged.get();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (uint64_t i = 0; i < 2 * kMiB; ++i) {
+    ASSERT_EQ(pool_[ref->extent.offset + i], Pattern(0, i)) << i;
+  }
+  store_->EndReload(a, true);
+  EXPECT_TRUE(ReloadAndCheck(1, b, kMiB, 1).ok());
+  EXPECT_TRUE(ReloadAndCheck(1, c, kMiB, 2).ok());
+  EXPECT_TRUE(ReloadAndCheck(1, d, 2 * kMiB, 3).ok());
+}
+
+// A reload of a block whose stage-back ahead of need is still queued at PREFETCH promotes the
+// rest of that read to URGENT.
+TEST_F(SpillPolicyTest, ReloadOfABlockStagedAheadPromotesItsStageBackToUrgent) {
+  chunk_bytes_ = 64 * 1024;  // 16 chunks a block: most are still queued when the reload comes
+  Make(8 * kMiB, /*high_water=*/0.5, 256 * kMiB, TestStoreOptions(), /*stage_ahead=*/1,
+       nullptr, /*disk_bytes_per_second=*/2.0 * kMiB);
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint64_t p = 0; p < 8; ++p) ids.push_back(Offload(1, kMiB, p, Hint(1, p)));
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && store_->stats().disk_blocks == 4; }));
+  for (int p = 7; p >= 5; --p) ASSERT_TRUE(ReloadAndCheck(1, ids[p], kMiB, p).ok()) << p;
+  const sched::LinkSchedulerStats before = tier_->stats().link;
+  // Reloading block 4 stages block 3 back ahead (PREFETCH, 0.5 s at this rate); block 3's
+  // reload comes right after.
+  auto ahead = ReloadNow(*store_, 1, ids[4]);
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  EXPECT_GT(store_->stats().staging_bytes, 0u);
+  EXPECT_TRUE(ReloadAndCheck(1, ids[3], kMiB, 3).ok());
+  store_->EndReload(ids[4], true);
+  StoreStats s = store_->stats();
+  EXPECT_EQ(s.stages_promoted_total, 1u);
+  EXPECT_EQ(s.reloads_from_disk_total, 1u);
+  const sched::LinkSchedulerStats after = tier_->stats().link;
+  const int urgent = static_cast<int>(sched::TrafficClass::kUrgent);
+  const int prefetch = static_cast<int>(sched::TrafficClass::kPrefetch);
+  // At most the chunks already picked (one per disk worker) went at PREFETCH.
+  EXPECT_GE(after.class_bytes[urgent] - before.class_bytes[urgent], kMiB - 2 * 64 * 1024);
+  EXPECT_LE(after.class_bytes[prefetch] - before.class_bytes[prefetch], 2 * 64 * 1024);
+}
+
+// Disk full and pool full: a reload of a block on disk cannot be staged back, and nothing can be
+// spilled to make room. It fails with RESOURCE_EXHAUSTED after the admission deadline instead of
+// waiting for ever (a client blocked on it may be the one that would release), and the block is
+// kept: once there is room the same reload works.
+TEST_F(SpillPolicyTest, StageBackWithNoRoomAndAFullDiskFailsAfterTheDeadlineAndKeepsTheBlock) {
+  Make(2 * kMiB, 1.0, /*disk_bytes=*/kMiB, TestStoreOptions(0, /*deadline=*/0.3));
+  if (IsSkipped()) return;
+  std::vector<uint64_t> ids;
+  for (uint8_t i = 0; i < 3; ++i) ids.push_back(Offload(1, kMiB, i));  // ids[0] spills
+  ASSERT_TRUE(WaitFor([&] { return SpillsSettled() && OnDisk(ids[0]); }));
+  auto staged = BeginReloadAsync(*store_, 1, ids[0]);
+  ASSERT_EQ(staged.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the reload still waits for a stage-back that can never get room";
+  auto r = staged.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("block is kept"), std::string::npos)
+      << r.status();
+  store_->EndReload(ids[0], false);  // the failed reload ends, as a session does
+  EXPECT_EQ(store_->stats().stages_expired_total, 1u);
+  // A release makes room: the same reload now works, bit-exact.
+  EXPECT_TRUE(store_->Release(1, ids[2]).ok());
+  EXPECT_TRUE(ReloadAndCheck(1, ids[0], kMiB, 0).ok());
+  EXPECT_TRUE(ReloadAndCheck(1, ids[1], kMiB, 1).ok());
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 
     soak.py --bin DIR [--seconds 120] [--clients 8] [--kill_every 3] [--max_requests 5000000]
             [--pool 128MiB] [--max_block_bytes 2097152] [--daemon_kills 3] [--grace 10]
-            [--daemon_arg=--flag=value ...] [--json]
+            [--spill_directory D] [--daemon_arg=--flag=value ...] [--json]
 
 DIR holds offloadd, offloadctl and soak_client. `--clients` soak_client processes offload and
 reload blocks of random sizes with checksums (tests/soak/soak_client.cc); a chaos loop SIGKILLs a
@@ -19,6 +19,13 @@ no block lost at all (every block a client was told is stored survives the daemo
 every surviving client finished its final pass; the daemon exited 0 after each SIGTERM; and the
 pool returned to its baseline (0 bytes, no session) once the clients were gone (blocks of clients
 killed while the daemon was down are freed resume_grace_seconds after the restart).
+
+With --spill_directory the daemon spills to that directory (README "Spill tier"; it must take
+O_DIRECT, so not tmpfs): with a pool much smaller than the clients hold (e.g. --pool 4MiB) blocks
+go to disk and come back while clients are killed. It must then also hold: blocks were spilled
+and staged back, and no spill file was lost. Spilled blocks do not survive a daemon restart
+(only the pool's blocks are adopted), so use it with --daemon_kills 0 (one SIGTERM restart on an
+anonymous pool, whose blocks are reported lost to their clients).
 """
 import argparse
 import glob
@@ -32,6 +39,8 @@ import sys
 import tempfile
 import time
 
+SPILL_COUNTERS = ("spilled_blocks_total", "staged_blocks_total", "reloads_from_disk_total",
+                  "blocks_lost_total", "spill_failures_total")
 COUNTERS = ("requests", "offloads", "reloads", "releases", "refused", "bytes_offloaded",
             "bytes_verified", "verified", "corrupted", "lost_reported", "lost_unexpectedly",
             "reconnects", "resumes")
@@ -50,6 +59,7 @@ class Soak:
         self.problems = []
         self.rng = random.Random(a.seed)
         self.pool_name = "offloadd-soak-%d" % os.getpid() if a.daemon_kills > 0 else ""
+        self.spill = dict.fromkeys(SPILL_COUNTERS, 0)  # summed over the daemon's incarnations
 
     def bin(self, name):
         return os.path.join(self.a.bin, name)
@@ -61,16 +71,31 @@ class Soak:
             [self.bin("offloadd"), "--socket_path=" + self.sock, "--pool_bytes=" + self.a.pool,
              "--metrics_address=", "--chunk_bytes=1MiB", "--admission_deadline_seconds=1",
              "--pool_shm_name=" + self.pool_name, "--resume_grace_seconds=%g" % self.a.grace]
+             + (["--spill_directory=" + self.a.spill_directory] if self.a.spill_directory else [])
              + list(self.a.daemon_arg),
             stdout=subprocess.PIPE, stderr=log, text=True)
         if "ready" not in self.daemon.stdout.readline():
             raise SystemExit("daemon did not start; see %s" % log.name)
 
+    def note_spill(self):
+        """Adds this daemon incarnation's spill counters (asked just before it is stopped)."""
+        if not self.a.spill_directory:
+            return
+        r = subprocess.run([self.bin("offloadctl"), "--socket", self.sock, "stats", "--json"],
+                           capture_output=True, text=True)
+        d = json.loads(r.stdout).get("spill", {}) if r.returncode == 0 else {}
+        if not d:
+            self.problems.append("the daemon reports no spill tier: %s" % r.stderr.strip())
+        for k in SPILL_COUNTERS:
+            self.spill[k] += int(d.get(k, 0))
+
     def kill_daemon(self):
+        self.note_spill()
         self.daemon.kill()
         self.daemon.wait()
 
     def stop_daemon(self):
+        self.note_spill()
         self.daemon.send_signal(signal.SIGTERM)
         rc = self.daemon.wait(timeout=60)
         if rc != 0:
@@ -199,6 +224,15 @@ class Soak:
             self.problems.append("no client was killed (run longer than kill_every)")
         if totals["verified"] == 0:
             self.problems.append("nothing was verified")
+        if a.spill_directory:
+            if self.spill["spilled_blocks_total"] == 0 or self.spill["staged_blocks_total"] == 0:
+                self.problems.append("spilling was on but %d blocks were spilled and %d staged "
+                                     "back (make --pool smaller than the clients hold)" % (
+                                         self.spill["spilled_blocks_total"],
+                                         self.spill["staged_blocks_total"]))
+            if self.spill["blocks_lost_total"]:
+                self.problems.append("%d spilled blocks lost (their files were not touched)"
+                                     % self.spill["blocks_lost_total"])
         return {
             "seconds": round(elapsed, 1), "clients": a.clients, "client_processes": len(
                 self.finished), "clients_killed": kills, "daemon_restarts": restarts,
@@ -212,7 +246,14 @@ class Soak:
             "blocks_corrupted": totals["corrupted"],
             "blocks_lost_without_error": totals["lost_unexpectedly"],
             "client_reconnects": totals["reconnects"], "pool_baseline_bytes": baseline,
-            "pool_end_bytes": pool_end, "problems": self.problems,
+            "pool_end_bytes": pool_end,
+            **({"blocks_spilled": self.spill["spilled_blocks_total"],
+                "blocks_staged_back": self.spill["staged_blocks_total"],
+                "reloads_from_disk": self.spill["reloads_from_disk_total"],
+                "spill_failures": self.spill["spill_failures_total"],
+                "spilled_blocks_lost": self.spill["blocks_lost_total"]}
+               if a.spill_directory else {}),
+            "problems": self.problems,
         }
 
 
@@ -228,6 +269,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--daemon_kills", type=int, default=3)
     ap.add_argument("--grace", type=float, default=10)
+    ap.add_argument("--spill_directory", default="",
+                    help="spill tier directory (must take O_DIRECT); see above")
     ap.add_argument("--daemon_arg", action="append", default=[],
                     help="extra daemon flag, repeatable (e.g. --daemon_arg=--spill_directory=D)")
     ap.add_argument("--json", action="store_true")

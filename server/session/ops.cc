@@ -1,0 +1,320 @@
+#include "server/session/ops.h"
+
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "server/base/clock.h"
+#include "server/metrics/metrics.h"
+
+namespace offloadd::session {
+namespace {
+
+void RecordTransfer(const char* direction, const std::string& gpu, uint64_t bytes,
+                    double seconds, bool ok) {
+  auto& m = metrics::Get();
+  const char* status = ok ? "ok" : "error";
+  m.transfers_total->Add({{"direction", direction}, {"gpu", gpu}, {"status", status}})
+      .Increment();
+  if (!ok) return;
+  m.transfer_bytes_total->Add({{"direction", direction}, {"gpu", gpu}, {"status", status}})
+      .Increment(static_cast<double>(bytes));
+  m.transfer_duration_seconds->Add({{"direction", direction}}, metrics::DurationBuckets())
+      .Observe(seconds);
+  m.transfer_size_bytes
+      ->Add({{"direction", direction}},
+            prometheus::Histogram::BucketBoundaries{4096, 65536, 1 << 20, 8 << 20, 64 << 20,
+                                                    256 << 20, 1 << 30})
+      .Observe(static_cast<double>(bytes));
+}
+
+absl::Status SessionEndedBeforeCopy() {
+  return absl::CancelledError("the session ended before this copy started");
+}
+
+// One chunk copy between client memory and the pool, run only while the session is open
+// (copy_gate.h): after the session ended, queued chunks fail without touching client memory.
+std::function<absl::Status(uint64_t, uint64_t)> GatedCopy(const OpContext& ctx,
+                                                          std::shared_ptr<copy::Region> region,
+                                                          copy::Direction direction,
+                                                          uint64_t region_offset, uint8_t* host) {
+  return [gate = ctx.gate, core = ctx.core, region, direction, region_offset, host](
+             uint64_t o, uint64_t len) {
+    CopyGate::Pass pass(gate);
+    if (!pass) return SessionEndedBeforeCopy();
+    return core->engine().CopyChunk(direction, *region, region_offset + o, host + o, len);
+  };
+}
+
+// The asynchronous form of GatedCopy (issue 16): a chunk is posted only while the session is
+// open, and its pass is held until the engine reports it done, so the session's end waits for
+// the chunks already posted (their copies touch client memory) and no chunk is posted after it.
+std::function<void(uint64_t, uint64_t, std::function<void(absl::Status)>)> GatedPost(
+    const OpContext& ctx, std::shared_ptr<copy::Region> region, copy::Direction direction,
+    uint64_t region_offset, uint8_t* host, sched::TrafficClass cls) {
+  const copy::ChunkUrgency urgency = cls == sched::TrafficClass::kUrgent
+                                         ? copy::ChunkUrgency::kUrgent
+                                         : copy::ChunkUrgency::kNormal;
+  return [gate = ctx.gate, core = ctx.core, region, direction, region_offset, host, urgency](
+             uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
+    auto pass = std::make_shared<CopyGate::Pass>(gate);
+    if (!*pass) return done(SessionEndedBeforeCopy());
+    core->engine().PostChunk(direction, *region, region_offset + o, host + o, len, urgency,
+                             [pass, done = std::move(done)](absl::Status st) mutable {
+                               pass.reset();  // the chunk no longer touches client memory
+                               done(std::move(st));
+                             });
+  };
+}
+
+// The chunk callbacks of a transfer between `region` at `region_offset` and the pool at `host`.
+void SetChunkCopy(const OpContext& ctx, const std::shared_ptr<copy::Region>& region,
+                  copy::Direction direction, uint64_t region_offset, uint8_t* host,
+                  sched::Transfer* t) {
+  t->copy_chunk = GatedCopy(ctx, region, direction, region_offset, host);
+  if (ctx.core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
+    t->post_chunk = GatedPost(ctx, region, direction, region_offset, host, t->cls);
+  }
+}
+
+}  // namespace
+
+const char* OpStateName(OpState state) {
+  switch (state) {
+    case OpState::kValidated: return "validated";
+    case OpState::kAdmitting: return "admitting";
+    case OpState::kAdmitted: return "admitted";
+    case OpState::kWaitingForBlock: return "waiting_for_block";
+    case OpState::kCopying: return "copying";
+    case OpState::kStored: return "stored";
+    case OpState::kReloaded: return "reloaded";
+    case OpState::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+TransferTicket TransferTicket::Take(Core* core) {
+  return core->BeginTransfer() ? TransferTicket(core) : TransferTicket();
+}
+
+TransferTicket::TransferTicket(TransferTicket&& other) noexcept
+    : core_(std::exchange(other.core_, nullptr)) {}
+
+TransferTicket& TransferTicket::operator=(TransferTicket&& other) noexcept {
+  if (this != &other) {
+    Release();
+    core_ = std::exchange(other.core_, nullptr);
+  }
+  return *this;
+}
+
+void TransferTicket::Release() {
+  if (Core* core = std::exchange(core_, nullptr)) core->EndTransfer();
+}
+
+Op::Op(OpContext context, Request request)
+    : ctx_(std::move(context)),
+      request_(std::move(request)),
+      start_seconds_(base::SteadyNowSeconds()) {}
+
+bool Op::BeginFinish() {
+  if (finish_calls_.fetch_add(1) == 0) return true;
+  LOG(DFATAL) << "request " << request_.request_id << " finished twice (state "
+              << OpStateName(state()) << "); the second finish is ignored";
+  return false;
+}
+
+// ---- OffloadOp ----
+
+std::shared_ptr<OffloadOp> OffloadOp::Create(OpContext context, Request request,
+                                             std::shared_ptr<copy::Region> region) {
+  return std::shared_ptr<OffloadOp>(
+      new OffloadOp(std::move(context), std::move(request), std::move(region)));
+}
+
+OffloadOp::OffloadOp(OpContext context, Request request, std::shared_ptr<copy::Region> region)
+    : Op(std::move(context), std::move(request)), region_(std::move(region)) {}
+
+void OffloadOp::Start() {
+  ticket_ = TransferTicket::Take(ctx_.core);
+  if (!ticket_) {
+    return Finish(absl::UnavailableError(
+        "offloadd is shutting down: keep the tensor in process memory and reconnect when the "
+        "daemon is back"));
+  }
+  if (request_.tag != 0) {
+    if (!ctx_.owner->ClaimTag(request_.tag)) {
+      return Finish(absl::InvalidArgumentError(absl::StrFormat(
+          "tag %d already names a live block of this session: use a fresh tag, or release "
+          "that block first",
+          request_.tag)));
+    }
+    tag_claimed_ = true;
+  }
+  SetState(OpState::kAdmitting);
+  ctx_.core->store().Reserve(
+      ctx_.session_id, request_.bytes,
+      [self = shared_from_this()](absl::StatusOr<store::BlockRef> ref) {
+        self->Admitted(std::move(ref));
+      },
+      request_.order);
+}
+
+void OffloadOp::Admitted(absl::StatusOr<store::BlockRef> ref) {
+  if (!ref.ok()) return Finish(ref.status());
+  block_ = *ref;
+  SetState(OpState::kAdmitted);
+  // Admitted as the session ended: give the space back; the session's close answers.
+  if (ctx_.owner->SessionClosed()) {
+    return Finish(absl::CancelledError("session ended"), /*answer=*/false);
+  }
+  absl::Status ready = ctx_.core->engine().WaitReady(*region_, request_.ready_event);
+  if (!ready.ok()) return Finish(ready);
+  admitted_seconds_ = base::SteadyNowSeconds();
+  // Reloads and releases that named the block by tag before it existed run now; the store
+  // orders reloads after the copy.
+  if (tag_claimed_) ctx_.owner->TagResolved(request_.tag, block_.block_id, absl::OkStatus());
+  SubmitCopy();
+}
+
+void OffloadOp::SubmitCopy() {
+  auto t = std::make_shared<sched::Transfer>();
+  t->gpu = ctx_.device_id;
+  t->cls = sched::TrafficClass::kOffload;
+  t->bytes = request_.bytes;
+  t->owner_id = ctx_.session_id;
+  uint8_t* host = ctx_.core->pool_base() + block_.extent.offset;
+  SetChunkCopy(ctx_, region_, copy::Direction::kDeviceToHost, request_.offset, host, t.get());
+  t->done = [self = shared_from_this()](absl::Status st) { self->Finish(std::move(st)); };
+  SetState(OpState::kCopying);
+  ctx_.core->LinkFor(ctx_.device_id)->d2h->Submit(std::move(t));
+}
+
+void OffloadOp::Finish(absl::Status status, bool answer) {
+  if (!BeginFinish()) return;
+  const bool copied = state() == OpState::kCopying;
+  const bool tag_resolved = copied;  // TagResolved(block) ran just before the copy
+  SetState(status.ok() ? OpState::kStored : OpState::kFailed);
+  Core* core = ctx_.core;
+  if (block_.block_id != 0) core->store().OffloadFinished(block_.block_id, status);
+  const double now = base::SteadyNowSeconds();
+  if (copied) {
+    core->CountTransfer(/*offload=*/true, request_.bytes, status.ok());
+    RecordTransfer("d2h", ctx_.device_id, request_.bytes, now - start_seconds_, status.ok());
+  }
+  if (!status.ok() && tag_claimed_ && answer) {
+    if (tag_resolved) {
+      ctx_.owner->ForgetBlock(block_.block_id);
+    } else {
+      ctx_.owner->TagResolved(request_.tag, 0, status);
+    }
+  }
+  if (status.ok()) {
+    Completion c;
+    c.request_id = request_.request_id;
+    c.kind = CompletionKind::kOffloadDone;
+    c.id = block_.block_id;
+    c.bytes = request_.bytes;
+    c.queued_seconds = block_.queued_seconds;
+    c.copy_seconds = now - admitted_seconds_;
+    ctx_.owner->Answer(std::move(c));
+  } else if (answer) {
+    ctx_.owner->AnswerError(request_.request_id, std::move(status));
+  }
+  ticket_.Release();
+}
+
+// ---- ReloadOp ----
+
+std::shared_ptr<ReloadOp> ReloadOp::Create(OpContext context, Request request,
+                                           std::shared_ptr<copy::Region> region) {
+  return std::shared_ptr<ReloadOp>(
+      new ReloadOp(std::move(context), std::move(request), std::move(region)));
+}
+
+ReloadOp::ReloadOp(OpContext context, Request request, std::shared_ptr<copy::Region> region)
+    : Op(std::move(context), std::move(request)), region_(std::move(region)) {}
+
+void ReloadOp::Start() {
+  ticket_ = TransferTicket::Take(ctx_.core);
+  if (!ticket_) {
+    return Finish(absl::UnavailableError(
+        "offloadd is shutting down: the block cannot be reloaded; recompute it or fail the "
+        "step"));
+  }
+  SetState(OpState::kWaitingForBlock);
+  // The store calls back at once for a resident block (before BeginReload returns), later for
+  // one still copying or on disk, or not at all when it refuses.
+  absl::Status begun = ctx_.core->store().BeginReload(
+      ctx_.session_id, request_.block_id,
+      [self = shared_from_this()](absl::StatusOr<store::BlockRef> ref) {
+        self->Readable(std::move(ref));
+      });
+  if (!begun.ok()) Finish(begun);
+}
+
+void ReloadOp::Readable(absl::StatusOr<store::BlockRef> ref) {
+  store_reload_open_ = true;
+  if (!ref.ok()) return Finish(ref.status());
+  if (!RangeInside(request_.offset, ref->bytes, region_->size_bytes())) {
+    return Finish(absl::OutOfRangeError(absl::StrFormat(
+        "reload of block %d (%d bytes) at offset %d does not fit region %d of %d bytes: reload "
+        "into a region with room for the whole block",
+        request_.block_id, ref->bytes, request_.offset, request_.region_id,
+        region_->size_bytes())));
+  }
+  bytes_ = ref->bytes;
+  ready_seconds_ = base::SteadyNowSeconds();
+  SubmitCopy(*ref);
+}
+
+void ReloadOp::SubmitCopy(const store::BlockRef& block) {
+  auto t = std::make_shared<sched::Transfer>();
+  t->gpu = ctx_.device_id;
+  t->cls = request_.priority == kPriorityUrgent ? sched::TrafficClass::kUrgent
+                                                : sched::TrafficClass::kPrefetch;
+  t->deadline_at_seconds =
+      request_.timeout_seconds > 0 ? start_seconds_ + request_.timeout_seconds : 0;
+  t->bytes = block.bytes;
+  t->owner_id = ctx_.session_id;
+  uint8_t* host = ctx_.core->pool_base() + block.extent.offset;
+  SetChunkCopy(ctx_, region_, copy::Direction::kHostToDevice, request_.offset, host, t.get());
+  t->done = [self = shared_from_this()](absl::Status st) {
+    if (st.ok()) st = self->ctx_.core->engine().SignalDone(*self->region_, self->request_.done_event);
+    self->Finish(std::move(st));
+  };
+  SetState(OpState::kCopying);
+  ctx_.core->LinkFor(ctx_.device_id)->h2d->Submit(std::move(t));
+}
+
+void ReloadOp::Finish(absl::Status status) {
+  if (!BeginFinish()) return;
+  const bool copied = state() == OpState::kCopying;
+  SetState(status.ok() ? OpState::kReloaded : OpState::kFailed);
+  Core* core = ctx_.core;
+  // A failed reload keeps the block so the client can retry: nothing accepted is lost.
+  const bool release = request_.release_after && status.ok();
+  if (store_reload_open_) core->store().EndReload(request_.block_id, release);
+  if (release) ctx_.owner->ForgetBlock(request_.block_id);
+  const double now = base::SteadyNowSeconds();
+  if (copied) {
+    core->CountTransfer(/*offload=*/false, bytes_, status.ok());
+    RecordTransfer("h2d", ctx_.device_id, bytes_, now - start_seconds_, status.ok());
+  }
+  if (status.ok()) {
+    Completion c;
+    c.request_id = request_.request_id;
+    c.kind = CompletionKind::kReloadDone;
+    c.id = request_.block_id;
+    c.bytes = bytes_;
+    c.released = release;
+    c.copy_seconds = now - ready_seconds_;
+    ctx_.owner->Answer(std::move(c));
+  } else {
+    ctx_.owner->AnswerError(request_.request_id, std::move(status));
+  }
+  ticket_.Release();
+}
+
+}  // namespace offloadd::session
