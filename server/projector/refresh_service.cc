@@ -293,8 +293,9 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
                                                    " but its region is ", g_size, " bytes")));
   }
   uint8_t* g = buffers.Gradient(layout->gradient_bytes);
-  if (absl::Status s = g_region->engine->CopyChunk(
-          copy::Direction::kDeviceToHost, *g_region->region, g_offset, g, layout->gradient_bytes);
+  if (absl::Status s = CopyRegion(*g_region, request.gradient.region,
+                                  copy::Direction::kDeviceToHost, g_offset, g,
+                                  layout->gradient_bytes);
       !s.ok()) {
     return fail(Prefixed(s, "reading the gradient: "));
   }
@@ -331,8 +332,8 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
                                              p_offset, " but its region is ", p_size, " bytes")));
     }
     if (absl::Status s =
-            p_region->engine->CopyChunk(copy::Direction::kHostToDevice, *p_region->region, p_offset,
-                                        result->projector_bytes.data(), p_bytes);
+            CopyRegion(*p_region, *layout->projector_region, copy::Direction::kHostToDevice,
+                       p_offset, result->projector_bytes.data(), p_bytes);
         !s.ok()) {
       return fail(Prefixed(s, "writing the projector: "));
     }
@@ -340,6 +341,24 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
   }
   record->state = RefreshState::kDone;
   record->result = *std::move(result);
+}
+
+absl::Status RefreshService::CopyRegion(const RegionCache::Opened& opened,
+                                        const copy::RegionSpec& spec, copy::Direction direction,
+                                        uint64_t region_offset, uint8_t* host,
+                                        uint64_t bytes) const {
+  if (!options_.copy_through_link) {
+    return opened.engine->CopyChunk(direction, *opened.region, region_offset, host, bytes);
+  }
+  RegionCopy c;
+  c.engine = opened.engine;
+  c.region = opened.region;
+  c.direction = direction;
+  c.region_offset = region_offset;
+  c.host = host;
+  c.bytes = bytes;
+  c.device_id = spec.device_id;
+  return options_.copy_through_link(c);
 }
 
 void RefreshService::Finish(uint64_t id, RefreshRecord record) {

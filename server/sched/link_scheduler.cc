@@ -24,6 +24,8 @@ const char* TrafficClassName(TrafficClass c) {
       return "prefetch";
     case TrafficClass::kOffload:
       return "offload";
+    case TrafficClass::kProjector:
+      return "projector";
   }
   return "unknown";
 }

@@ -244,6 +244,19 @@ class Core {
   void UnwatchPid(uint64_t session_id);
   size_t pids_watched() const { return pid_watcher_ ? pid_watcher_->watched() : 0; }
 
+  // Copies `bytes` between `host` and `region` at `region_offset` through the link of
+  // `device_id` (made on first use, as for a session on that device), as one transfer of class
+  // `cls`: cut into chunk_bytes chunks, paced, DRR-fair with the device's other traffic and
+  // counted in the link's stats and metrics. Blocks until the last chunk has landed (or the
+  // first fails: its status). For callers outside the session layer (main wires the projector
+  // refresh service to it, class PROJECTOR). Errors: RESOURCE_EXHAUSTED naming max_links as
+  // AcquireLink; UNAVAILABLE while draining; the engine's copy error. `engine` opened `region`
+  // and must outlive the call. Not from a transfer callback.
+  absl::Status CopyOverLink(const std::string& device_id, sched::TrafficClass cls,
+                            copy::CopyEngine& engine, copy::Direction direction,
+                            std::shared_ptr<copy::Region> region, uint64_t region_offset,
+                            uint8_t* host, uint64_t bytes);
+
   // Cancels the queued transfers a session submitted to its GPU's link (both directions);
   // their done callbacks get `status`. No-op when that link was never created.
   void CancelTransfers(uint64_t session_id, const std::string& gpu, const absl::Status& status);
