@@ -61,6 +61,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "server/base/clock.h"
 
 namespace offloadd::sched {
 
@@ -73,15 +74,8 @@ enum class TrafficClass { kUrgent = 0, kPrefetch = 1, kOffload = 2, kProjector =
 inline constexpr int kNumClasses = 4;
 const char* TrafficClassName(TrafficClass c);
 
-// Monotonic time source, injectable for deterministic tests.
-class Clock {
- public:
-  virtual ~Clock() = default;
-  virtual double NowSeconds() = 0;
-  // Blocks (or, for a fake clock, advances time) until NowSeconds() >= t.
-  virtual void SleepUntil(double t) = 0;
-  static Clock* Real();
-};
+// The injectable monotonic time source (server/base/clock.h; tests: base::FakeClock).
+using Clock = base::Clock;
 
 struct Transfer {
   std::string gpu;  // device id; the DRR flow
