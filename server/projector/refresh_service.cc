@@ -68,7 +68,8 @@ struct RefreshService::WorkerBuffers {
 
 RefreshService::RefreshService(RefreshServiceOptions options, copy::CopyEngine* shm_engine,
                                copy::CopyEngine* cuda_engine)
-    : options_(std::move(options)), regions_(shm_engine, cuda_engine, options_.region_cache) {
+    : options_(WithClock(std::move(options))),
+      regions_(shm_engine, cuda_engine, options_.region_cache) {
   if (options_.cpu_backend == nullptr) options_.cpu_backend = &own_lapack_;
   const int workers = std::max(1, options_.workers);
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -77,7 +78,16 @@ RefreshService::RefreshService(RefreshServiceOptions options, copy::CopyEngine* 
 
 RefreshService::~RefreshService() { Shutdown(); }
 
-double RefreshService::Now() const { return base::SteadyNowSeconds(); }
+RefreshServiceOptions RefreshService::WithClock(RefreshServiceOptions options) {
+  if (options.clock == nullptr) options.clock = base::Clock::Real();
+  if (!options.region_cache.now_seconds) {
+    base::Clock* clock = options.clock;
+    options.region_cache.now_seconds = [clock] { return clock->NowSeconds(); };
+  }
+  return options;
+}
+
+double RefreshService::Now() const { return options_.clock->NowSeconds(); }
 
 absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& request) {
   absl::StatusOr<RefreshLayout> layout = ValidateServiceRequest(request);

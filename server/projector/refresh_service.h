@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/base/clock.h"
 #include "server/copy/copy_engine.h"
 #include "server/projector/lapack_backend.h"
 #include "server/projector/projector.h"
@@ -133,6 +134,10 @@ struct RefreshServiceOptions {
   size_t max_results_per_uid = 1024;  // 0 = only the total
   double result_ttl_seconds = 600;
   RegionCacheOptions region_cache;
+  // Time of queue waits, durations and result expiry (and of the region cache's idle time
+  // unless region_cache.now_seconds is set). Not owned, must outlive the service; null =
+  // base::Clock::Real(). Tests pass a base::FakeClock.
+  base::Clock* clock = nullptr;
   // How G and P are copied (see CopyThroughLink). Empty: one CopyEngine::CopyChunk per matrix,
   // outside any link (tests of this layer alone).
   CopyThroughLink copy_through_link;
@@ -261,6 +266,8 @@ class RefreshService {
   absl::Status AdmitWaiterLocked(int64_t owner_uid);
   void ForgetWaiterLocked(int64_t owner_uid);
   double Now() const;
+  // `options` with the clock defaulted and the region cache reading it.
+  static RefreshServiceOptions WithClock(RefreshServiceOptions options);
 
   LapackSvdBackend own_lapack_;  // the cpu_backend when none was given
   RefreshServiceOptions options_;
