@@ -12,20 +12,22 @@
 
 namespace offloadd::session {
 namespace {
-double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+// `options` with the clock defaulted to the steady clock and handed to the store.
+CoreOptions WithClock(CoreOptions options) {
+  if (options.clock == nullptr) options.clock = base::Clock::Real();
+  if (options.store.clock == nullptr) options.store.clock = options.clock;
+  return options;
 }
 }  // namespace
 
 Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
            std::unique_ptr<copy::CopyEngine> engine, std::unique_ptr<spill::SpillTier> spill)
-    : options_(std::move(options)),
+    : options_(WithClock(std::move(options))),
       arena_(std::move(arena)),
       engine_(std::move(engine)),
       spill_(std::move(spill)),
       store_(arena_->size_bytes(), options_.store, arena_->block_table(), spill_.get()),
-      start_seconds_(NowSeconds()) {
+      start_seconds_(options_.clock->NowSeconds()) {
   if (arena_->block_table() != nullptr && arena_->adopted()) Adopt();
   for (const LinkSpec& spec : options_.links) {
     for (const std::string& gpu : spec.gpus) gpu_link_[gpu] = spec.name;
@@ -40,7 +42,7 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
       o.direction = direction;
       o.bytes_per_second = rate;
       o.quantum_bytes = options_.chunk_bytes;
-      return std::make_unique<sched::HostLink>(o);
+      return std::make_unique<sched::HostLink>(o, options_.clock);
     };
     host.d2h = make("d2h", spec.d2h_bytes_per_second);
     host.h2d = make("h2d", spec.h2d_bytes_per_second);
@@ -59,7 +61,8 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
                            absl::AbortedError("the client process exited while its session "
                                               "stream was still open (a child process holds "
                                               "the connection?): offloadd ended the session"));
-        });
+        },
+        /*force_proc_polling=*/false, options_.clock);
   }
 }
 
@@ -269,7 +272,7 @@ std::shared_ptr<Core::Link> Core::LinkFor(const std::string& gpu) {
     o.on_queue_wait = [waits](sched::TrafficClass c, double seconds) {
       waits[static_cast<int>(c)]->Observe(seconds);
     };
-    return std::make_shared<sched::LinkScheduler>(o);
+    return std::make_shared<sched::LinkScheduler>(o, options_.clock);
   };
   if (half_duplex) {
     link->d2h = make("both", d2h, host ? host->d2h.get() : nullptr);
@@ -346,7 +349,7 @@ absl::Status Core::AdmitPendingHello(uint64_t session_id, const PeerCredentials&
   p.per_uid = options_.max_pending_hello_per_uid > 0 && peer.known &&
               !IsAdmin(options_.access, peer);
   p.uid = peer.uid;
-  p.deadline_seconds = NowSeconds() + options_.hello_timeout_seconds;
+  p.deadline_seconds = options_.clock->NowSeconds() + options_.hello_timeout_seconds;
   std::lock_guard<std::mutex> lock(hello_mu_);
   if (p.per_uid && pending_per_uid_[peer.uid] >= options_.max_pending_hello_per_uid) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -390,12 +393,14 @@ size_t Core::pending_hello() const {
 
 void Core::HelloTimeoutLoop() {
   const double timeout = options_.hello_timeout_seconds;
-  const auto period = std::chrono::duration<double>(std::clamp(timeout / 4, 0.05, 1.0));
+  const double period_seconds = std::clamp(timeout / 4, 0.05, 1.0);
+  base::Clock& clock = *options_.clock;
   std::unique_lock<std::mutex> lock(hello_mu_);
   while (!hello_stop_) {
-    hello_cv_.wait_for(lock, period, [this] { return hello_stop_; });
+    const double wake = clock.NowSeconds() + period_seconds;
+    while (!hello_stop_ && clock.NowSeconds() < wake) clock.WaitUntil(lock, hello_cv_, wake);
     if (hello_stop_) return;
-    const double now = NowSeconds();
+    const double now = options_.clock->NowSeconds();
     std::vector<uint64_t> expired;
     for (auto it = pending_hello_.begin(); it != pending_hello_.end();) {
       if (it->second.deadline_seconds > now) {
@@ -574,7 +579,7 @@ CoreStats Core::Stats() {
   s.offloads_total = offloads_total_.load();
   s.reloads_total = reloads_total_.load();
   s.errors_total = errors_total_.load();
-  s.uptime_seconds = NowSeconds() - start_seconds_;
+  s.uptime_seconds = options_.clock->NowSeconds() - start_seconds_;
   s.chunk_bytes = options_.chunk_bytes;
   {
     std::lock_guard<std::mutex> lock(links_mu_);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/base/clock.h"
 #include "server/copy/copy_engine.h"
 #include "server/pool/arena.h"
 #include "server/sched/host_link.h"
@@ -107,6 +108,11 @@ struct CoreOptions {
   // Spill tier (issue 18): directory "" = none. main creates the tier (SpillTier::Create) from
   // these and hands it to the Core.
   spill::SpillOptions spill;
+  // The time of everything below the RPC layer that reads or waits for time: sessions'
+  // transfer times and deadlines, the links' pacing, the store (unless store.clock is set),
+  // the pid watcher's grace and the hello timeout. Not owned, must outlive the Core; null =
+  // base::Clock::Real(). Tests pass a base::FakeClock.
+  base::Clock* clock = nullptr;
 };
 
 struct LinkInfo {
@@ -207,6 +213,7 @@ class Core {
   // What adoption found at start-up (empty without a shared pool or on a fresh one).
   const pool::AdoptionReport& adoption() const { return adoption_; }
   const CoreOptions& options() const { return options_; }
+  base::Clock& clock() const { return *options_.clock; }  // options.clock, or the steady clock
 
   uint64_t NewSessionId() { return next_session_id_.fetch_add(1); }
   void AddSession(uint64_t id, std::weak_ptr<Session> session);

@@ -484,9 +484,12 @@ TEST(SessionIsolationTest, EndSessionReleasesEverythingAndEndsTheStream) {
 void ExpectSessionEndsWhenItsProcessExits(bool force_proc_polling) {
   pid_t child = SpawnSleeper();
   ASSERT_GT(child, 0);
+  base::FakeClock clock(100);
   CoreOptions o;
-  o.pid_exit_grace_seconds = 0.05;
+  o.pid_exit_grace_seconds = 5;
   o.pid_poll_interval_seconds = 0.05;
+  o.hello_timeout_seconds = 0;  // this test moves time; no Hello deadline
+  o.clock = &clock;
   auto core = MakeCore(o);
   Collected c;
   // The session's peer is the child (as if it had connected), the stream stays open.
@@ -496,7 +499,14 @@ void ExpectSessionEndsWhenItsProcessExits(bool force_proc_polling) {
   EXPECT_EQ(core->pids_watched(), 1u);
   EXPECT_FALSE(s->closed());
   KillAndReap(child);
-  EXPECT_TRUE(WaitFor([&] { return s->closed(); })) << "session not ended after its pid exited";
+  // Time moves only here, 0.1 s per look: the session ends after the 5 s grace on the Core's
+  // clock, without the test waiting for it in real time.
+  EXPECT_TRUE(WaitFor([&] {
+    if (s->closed()) return true;
+    clock.Advance(0.1);
+    return false;
+  })) << "session not ended after its pid exited";
+  EXPECT_GE(clock.NowSeconds(), 105.0);
   std::lock_guard<std::mutex> lock(c.mu);
   ASSERT_EQ(c.stream_ends.size(), 1u);
   EXPECT_EQ(c.stream_ends[0].code(), absl::StatusCode::kAborted);

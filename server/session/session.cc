@@ -17,11 +17,6 @@
 namespace offloadd::session {
 namespace {
 
-double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // offset + bytes within size, without overflow.
 bool InBounds(uint64_t offset, uint64_t bytes, uint64_t size) {
   return offset <= size && bytes <= size - offset;
@@ -430,7 +425,7 @@ void Session::OnOffload(const Request& r) {
   }
   auto self = shared_from_this();
   std::shared_ptr<copy::Region> reg = *region;
-  const double start = NowSeconds();
+  const double start = core_->clock().NowSeconds();
   core_->store().Reserve(id_, r.bytes, [self, reg, r, start](absl::StatusOr<store::BlockRef> ref) {
     Core* core = self->core_;
     if (!ref.ok()) {
@@ -471,11 +466,11 @@ void Session::OnOffload(const Request& r) {
                     t->cls);
     }
     const store::BlockRef block = *ref;
-    const double admitted = NowSeconds();
+    const double admitted = core->clock().NowSeconds();
     t->done = [self, block, r, start, admitted](absl::Status st) {
       Core* core = self->core_;
       core->store().OffloadFinished(block.block_id, st);
-      double now = NowSeconds();
+      double now = core->clock().NowSeconds();
       core->CountTransfer(/*offload=*/true, r.bytes, st.ok());
       RecordTransfer("d2h", self->device_id_, r.bytes, now - start, st.ok());
       if (st.ok()) {
@@ -517,7 +512,7 @@ void Session::OnReload(const Request& r) {
   }
   auto self = shared_from_this();
   std::shared_ptr<copy::Region> reg = *region;
-  const double start = NowSeconds();
+  const double start = core_->clock().NowSeconds();
   absl::Status begun = core_->store().BeginReload(
       id_, r.block_id, [self, reg, r, start](absl::StatusOr<store::BlockRef> ref) {
         Core* core = self->core_;
@@ -553,7 +548,7 @@ void Session::OnReload(const Request& r) {
                         t->cls);
         }
         const uint64_t bytes = ref->bytes;
-        const double ready = NowSeconds();
+        const double ready = core->clock().NowSeconds();
         t->done = [self, reg, r, bytes, start, ready](absl::Status st) {
           Core* core = self->core_;
           if (st.ok()) st = core->engine().SignalDone(*reg, r.done_event);
@@ -561,7 +556,7 @@ void Session::OnReload(const Request& r) {
           const bool release = r.release_after && st.ok();
           core->store().EndReload(r.block_id, release);
           if (release) self->ForgetBlock(r.block_id);
-          double now = NowSeconds();
+          double now = core->clock().NowSeconds();
           core->CountTransfer(/*offload=*/false, bytes, st.ok());
           RecordTransfer("h2d", self->device_id_, bytes, now - start, st.ok());
           if (st.ok()) {
