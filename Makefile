@@ -64,6 +64,7 @@ FUZZ_SRCS := tests/fuzz/session_fuzz.cc server/session/core.cc server/session/se
   server/session/peer.cc server/session/pid_watcher.cc server/store/block_store.cc \
   server/store/block_store_spill.cc server/spill/spill_tier.cc server/spill/disk_io.cc \
   server/pool/arena.cc server/pool/block_table.cc server/pool/extent_allocator.cc \
+  server/pool/sliced_allocator.cc \
   server/sched/drr.cc \
   server/sched/host_link.cc server/sched/link_scheduler.cc server/sched/topology.cc \
   server/copy/shm_engine.cc server/metrics/metrics.cc server/rpc/translate.cc
@@ -72,7 +73,7 @@ build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.
 	protoc -I. --cpp_out=build/fuzz/gen proto/offload.proto
 	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  -I. -Ibuild/fuzz/gen $(FUZZ_SRCS) build/fuzz/gen/proto/offload.pb.cc -o $@ \
-	  $$(pkg-config --libs grpc++ protobuf prometheus-cpp-pull prometheus-cpp-core) -lglog -lcrypto -luring -lrt -lpthread
+	  $$(pkg-config --libs grpc++ protobuf prometheus-cpp-pull prometheus-cpp-core) -lglog -lcrypto -luring -lnuma -lrt -lpthread
 fuzz: deps build/fuzz/session_fuzz
 	cd build/fuzz && ./session_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	  -artifact_prefix=./ corpus ../../tests/fuzz/corpus

@@ -33,7 +33,7 @@ $BAZEL run -c opt //bench:allocator_bench 2>/dev/null | tee "$OUT/allocator_benc
 
 echo "== simulated GPU copy engines: the cuda copy path on a timing model (SIMULATED, no bytes moved)"
 $BAZEL run -c opt //bench:copy_sim_bench 2>"$OUT/copy_sim_bench.log" | tee "$OUT/copy_sim_bench.txt" || rc=1
-$BAZEL run -c opt //bench:copy_sim_bench -- --gpus=1 --gpus_per_switch=1 \
+$BAZEL run -c opt //bench:copy_sim_bench -- --gpus=1 --gpus_per_switch=1 --placement=local \
   2>>"$OUT/copy_sim_bench.log" | tee -a "$OUT/copy_sim_bench.txt" || rc=1
 
 echo "== spill tier: spill write and stage-back vs dd O_DIRECT on the same directory (issue 18)"

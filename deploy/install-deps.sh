@@ -12,7 +12,7 @@ PACKAGES=(
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev libgrpc-dev
   libabsl-dev libgoogle-glog-dev libgflags-dev
   prometheus-cpp-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
-  liblapacke-dev libopenblas-dev libssl-dev liburing-dev nlohmann-json3-dev
+  liblapacke-dev libopenblas-dev libssl-dev liburing-dev libnuma-dev nlohmann-json3-dev
   python3 python3-venv python3-grpcio python3-protobuf python3-yaml python3-numpy
   prometheus curl
   clang util-linux

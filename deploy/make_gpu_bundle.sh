@@ -5,8 +5,8 @@
 #
 #   deploy/make_gpu_bundle.sh [OUT_DIR]     # default: <repo>/gpu-bundle
 #
-# Layout: bin/ (offloadd with the cuda backend, gpu_e2e, kernels_gpu_check, the fake-based unit
-# tests), lib/ (every shared library those load per ldd, except the driver's libcuda/libnvidia-*
+# Layout: bin/ (offloadd with the cuda backend, gpu_e2e, kernels_gpu_check, copy_sim_bench for
+# the timing model's calibration, the fake-based unit tests), lib/ (every shared library those load per ldd, except the driver's libcuda/libnvidia-*
 # and glibc's own libraries), python/ (the offloadd package with generated stubs, examples),
 # run.sh, torch_check.py, MANIFEST (versions, glibc requirement, sizes).
 set -euo pipefail
@@ -20,13 +20,14 @@ if [ ! -x /usr/local/cuda/bin/nvcc ]; then
   exit 1
 fi
 targets="//tests/gpu:offloadd_cuda //tests/gpu:gpu_e2e //kernels:kernels_gpu_check \
-  //server/copy:cuda_engine_test //client:cuda_export_test"
+  //server/copy:cuda_engine_test //client:cuda_export_test //bench:copy_sim_bench_cuda"
 bazel build $targets
 bin=$(bazel info bazel-bin 2>/dev/null)
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/python"
 cp "$bin/tests/gpu/offloadd_cuda" "$out/bin/offloadd"
+cp "$bin/bench/copy_sim_bench_cuda" "$out/bin/copy_sim_bench"  # --backend=cuda|sim: calibration
 cp "$bin/tests/gpu/gpu_e2e" "$bin/kernels/kernels_gpu_check" "$bin/server/copy/cuda_engine_test" \
   "$bin/client/cuda_export_test" "$out/bin/"
 chmod u+w "$out"/bin/*

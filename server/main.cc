@@ -353,6 +353,8 @@ int main(int argc, char** argv) {
   }
   offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine),
                                std::move(spill));
+  // The Core's pool, store, spill and link families are read from its state at each scrape.
+  if (exposer) exposer->Register(core.collectable());
   // shm regions of refreshes on a cuda daemon
   offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
   std::unique_ptr<offloadd::projector::RefreshService> projector =
@@ -379,17 +381,12 @@ int main(int argc, char** argv) {
   std::cout << "offloadd: ready on " << socket_path << std::endl;
 
   int sig = 0;
-  double since_refresh = 0;
   while (true) {
     sig = NextSignal(signals, 0.2);
     if (sig == SIGTERM || sig == SIGINT) break;
     if (sig == SIGHUP) {
       LOG(INFO) << "SIGHUP ignored: offloadd has no configuration reload; restart it to apply "
                    "a changed config";
-    }
-    if ((since_refresh += 0.2) >= 1.0) {
-      since_refresh = 0;
-      core.RefreshMetrics();
     }
   }
   LOG(INFO) << "signal " << sig << ": finishing copies in flight, closing sessions "
@@ -406,7 +403,6 @@ int main(int argc, char** argv) {
     }
   }).detach();
   (*server)->Shutdown();
-  core.RefreshMetrics();
   LOG(INFO) << "offloadd stopped cleanly";
   return 0;
 }

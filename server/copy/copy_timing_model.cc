@@ -21,14 +21,20 @@ CopyTimingModel::CopyTimingModel(CopyModelOptions options) : options_(options) {
   options_.h2d_share_while_d2h_busy = Share(options_.h2d_share_while_d2h_busy);
   options_.d2h_share_while_h2d_busy = Share(options_.d2h_share_while_h2d_busy);
   options_.switch_bytes_per_second = std::max(0.0, options_.switch_bytes_per_second);
+  options_.gpus_per_numa_node = std::max(0, options_.gpus_per_numa_node);
+  options_.cross_node_rate_factor = Share(options_.cross_node_rate_factor);
   engines_.resize(2 * static_cast<size_t>(options_.gpus));
 }
 
 CopyTimingModel::OpId CopyTimingModel::Enqueue(double now, int gpu, Direction direction,
-                                               uint64_t bytes, const std::vector<OpId>& after) {
+                                               uint64_t bytes, const std::vector<OpId>& after,
+                                               int host_numa_node) {
   AdvanceTo(now);
   if (gpu < 0 || gpu >= options_.gpus) gpu = 0;
   Op op{next_id_++, static_cast<double>(bytes), bytes, {}};
+  if (host_numa_node >= 0 && host_numa_node != numa_node_of_gpu(gpu)) {
+    op.rate_factor = options_.cross_node_rate_factor;
+  }
   for (OpId a : after) {
     if (a != 0 && pending_.count(a) != 0) op.after.push_back(a);
   }
@@ -37,6 +43,10 @@ CopyTimingModel::OpId CopyTimingModel::Enqueue(double now, int gpu, Direction di
   // A 0-byte copy at the head with nothing to wait for completes now.
   AdvanceTo(now_seconds_);
   return next_id_ - 1;
+}
+
+int CopyTimingModel::numa_node_of_gpu(int gpu) const {
+  return options_.gpus_per_numa_node > 0 ? gpu / options_.gpus_per_numa_node : 0;
 }
 
 bool CopyTimingModel::HeadReady(const Engine& e) const {
@@ -63,6 +73,9 @@ void CopyTimingModel::Rates(std::vector<double>* rates) const {
           options_.engine_bytes_per_second * (ready[d2h] ? options_.h2d_share_while_d2h_busy : 1.0);
     }
   }
+  for (size_t i = 0; i < engines_.size(); ++i) {
+    if (ready[i]) (*rates)[i] *= engines_[i].queue.front().rate_factor;
+  }
   if (options_.switch_bytes_per_second <= 0) return;
   const int per = options_.gpus_per_switch;
   for (int first = 0; first < n; first += per) {
@@ -80,6 +93,7 @@ void CopyTimingModel::Complete(Engine& e, double at) {
   const Op& op = e.queue.front();
   ++e.stats.copies_done;
   e.stats.bytes_done += op.bytes;
+  if (op.rate_factor < 1.0) ++e.stats.cross_node_copies;
   pending_.erase(op.id);
   completions_[op.id] = at;
   if (completions_.size() > kRememberedCompletions) completions_.erase(completions_.begin());

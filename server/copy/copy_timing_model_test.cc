@@ -143,5 +143,33 @@ TEST(CopyTimingModelTest, ZeroBytesAndTimeGoingBack) {
   EXPECT_FALSE(m.Done(999));  // never issued
 }
 
+TEST(CopyTimingModelTest, ACrossNodeCopyMovesAtTheCrossNodeFactor) {
+  CopyModelOptions o = Opts(4, 4);
+  o.gpus_per_numa_node = 2;  // GPUs 0, 1 on node 0; 2, 3 on node 1
+  o.cross_node_rate_factor = 0.25;
+  CopyTimingModel m(o);
+  EXPECT_EQ(m.numa_node_of_gpu(1), 0);
+  EXPECT_EQ(m.numa_node_of_gpu(2), 1);
+  auto local = m.Enqueue(0, 0, kD2H, kMs, {}, /*host_numa_node=*/0);
+  auto cross = m.Enqueue(0, 1, kD2H, kMs, {}, /*host_numa_node=*/1);
+  auto unknown = m.Enqueue(0, 2, kH2D, kMs, {}, /*host_numa_node=*/-1);
+  auto cross_h2d = m.Enqueue(0, 3, kH2D, kMs, {}, /*host_numa_node=*/0);
+  m.AdvanceTo(1);
+  EXPECT_NEAR(m.CompletionSeconds(local), 0.001, kEps);
+  EXPECT_NEAR(m.CompletionSeconds(cross), 0.004, kEps);
+  EXPECT_NEAR(m.CompletionSeconds(unknown), 0.001, kEps);
+  EXPECT_NEAR(m.CompletionSeconds(cross_h2d), 0.004, kEps);
+  EXPECT_EQ(m.engine_stats(0, kD2H).cross_node_copies, 0u);
+  EXPECT_EQ(m.engine_stats(1, kD2H).cross_node_copies, 1u);
+  EXPECT_EQ(m.engine_stats(3, kH2D).cross_node_copies, 1u);
+}
+
+TEST(CopyTimingModelTest, WithoutNodesOrFactorNoCopyPaysAPenalty) {
+  CopyTimingModel m(Opts(2, 2));  // defaults: one node, factor 1
+  auto a = m.Enqueue(0, 1, kD2H, kMs, {}, /*host_numa_node=*/3);
+  m.AdvanceTo(1);
+  EXPECT_NEAR(m.CompletionSeconds(a), 0.001, kEps);
+}
+
 }  // namespace
 }  // namespace offloadd::copy

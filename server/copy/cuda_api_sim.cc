@@ -272,7 +272,8 @@ absl::Status SimCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes,
   Stream& st = *s->second;
   std::vector<CopyTimingModel::OpId> after = st.waits;
   after.push_back(st.last);
-  st.last = model_.Enqueue(Now(), st.ordinal, direction, bytes, after);
+  const int host_node = options_.host_numa_node ? options_.host_numa_node(host) : -1;
+  st.last = model_.Enqueue(Now(), st.ordinal, direction, bytes, after, host_node);
   st.waits.clear();
   ++counts_.memcpys;
   counts_.memcpy_bytes += bytes;

@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -69,6 +70,10 @@ struct SimCudaOptions {
   double event_record_host_seconds = 1e-6;
   double event_query_host_seconds = 0.5e-6;
   uint64_t device_total_bytes = 141ull * 1000 * 1000 * 1000;  // H200: 141 GB
+  // The NUMA node of a copy's host buffer, for the model's cross-node factor
+  // (CopyModelOptions::cross_node_rate_factor); -1 = unknown. Null: every copy unknown. Called
+  // with the api's mutex held: must not call back into the api.
+  std::function<int(const void* host)> host_numa_node;
 };
 
 // What the simulated driver was asked to do.

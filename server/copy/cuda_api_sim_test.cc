@@ -68,6 +68,37 @@ TEST(SimCudaApiTest, EventCompletesWhenTheModelledCopyEndsAndCallsCostHostTime) 
   EXPECT_TRUE(host == std::vector<uint8_t>(16));
 }
 
+TEST(SimCudaApiTest, ACopyToHostMemoryOnAnotherNodePaysTheCrossNodeFactor) {
+  ManualSimClock clock(0);
+  SimCudaOptions o = Opts();
+  o.memcpy_host_seconds = 0;
+  o.model.gpus_per_numa_node = 1;  // GPU 0 on node 0, GPU 1 on node 1
+  o.model.cross_node_rate_factor = 0.5;
+  std::vector<uint8_t> node0(16), node1(16);
+  o.host_numa_node = [&](const void* host) {
+    return host == node0.data() ? 0 : host == node1.data() ? 1 : -1;
+  };
+  SimCudaApi api(o, &clock);
+  std::string h = api.AddAllocation(0, 10 * kMs);
+  ASSERT_TRUE(api.SetDevice(0).ok());
+  void* dev = *api.IpcOpenMemHandle(h);
+  void* local_stream = *api.CreateStream();
+  void* cross_stream = *api.CreateStream();
+  void* local = *api.CreateEvent();
+  void* cross = *api.CreateEvent();
+  ASSERT_TRUE(api.MemcpyAsync(node0.data(), dev, kMs, Direction::kDeviceToHost, local_stream).ok());
+  ASSERT_TRUE(api.EventRecord(local, local_stream).ok());
+  ASSERT_TRUE(api.MemcpyAsync(node1.data(), dev, kMs, Direction::kDeviceToHost, cross_stream).ok());
+  ASSERT_TRUE(api.EventRecord(cross, cross_stream).ok());
+  clock.Advance(1);
+  ASSERT_TRUE(*api.EventQuery(local));
+  ASSERT_TRUE(*api.EventQuery(cross));
+  // One engine, in queue order: 1 ms local, then 2 ms at half rate.
+  EXPECT_NEAR(api.EventCompletionSeconds(local), 0.001, kEps);
+  EXPECT_NEAR(api.EventCompletionSeconds(cross), 0.003, kEps);
+  EXPECT_EQ(api.engine_stats(0, Direction::kDeviceToHost).cross_node_copies, 1u);
+}
+
 TEST(SimCudaApiTest, AStreamKeepsItsOrderAndWaitsOnEvents) {
   ManualSimClock clock;
   SimCudaOptions o = Opts();

@@ -14,33 +14,22 @@
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
+#include "prometheus/collectable.h"
 #include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 
 namespace offloadd::metrics {
 
+// Metrics recorded where their event happens, into `registry`.
 struct Metrics {
   std::shared_ptr<prometheus::Registry> registry;
 
   prometheus::Family<prometheus::Gauge>* build_info;
-  // Pool.
-  // {numa_node}: the node of the pool's arena (one arena today; per-GPU placement is not done),
-  // "unknown" when the kernel cannot tell (NumaNodeLabel).
-  prometheus::Family<prometheus::Gauge>* pool_capacity_bytes;
-  prometheus::Family<prometheus::Gauge>* pool_used_bytes;
-  prometheus::Family<prometheus::Gauge>* pool_peak_used_bytes;
-  // {numa_node}: pool bytes locked (mlock) or registered with the CUDA driver.
-  prometheus::Family<prometheus::Gauge>* pool_pinned_bytes;
-  // Client memory handles by {gpu}: shm mappings or CUDA IPC memory handles (deduplicated).
-  prometheus::Family<prometheus::Gauge>* ipc_handles_open;
-  prometheus::Family<prometheus::Counter>* ipc_handle_opens_total;
   // GaLore projector refreshes (registered at start-up so the series exist before any refresh).
   prometheus::Family<prometheus::Histogram>* projector_refresh_duration_seconds;  // {method, backend}
   prometheus::Gauge* projector_queue_depth;
   prometheus::Family<prometheus::Counter>* projector_refreshes_total;  // {outcome}
-  prometheus::Gauge* pool_blocks;
-  prometheus::Gauge* offloads_waiting;
-  prometheus::Counter* offloads_refused_total;
   // Transfers: {direction, gpu, status}.
   prometheus::Family<prometheus::Counter>* transfer_bytes_total;
   prometheus::Family<prometheus::Counter>* transfers_total;
@@ -51,43 +40,58 @@ struct Metrics {
   prometheus::Gauge* sessions_open;
   prometheus::Family<prometheus::Counter>* sessions_ended_total;  // {cause}
   prometheus::Family<prometheus::Counter>* request_errors_total;  // {code}
-  // Links: {link, direction}.
-  prometheus::Family<prometheus::Gauge>* link_capacity_bytes_per_second;
-  prometheus::Family<prometheus::Counter>* link_busy_seconds_total;
-  prometheus::Family<prometheus::Counter>* link_bytes_total;
-  prometheus::Family<prometheus::Gauge>* link_queued_transfers;
-  prometheus::Family<prometheus::Gauge>* link_chunks_in_flight;
-  // {link, direction, gpu}: bytes each GPU moved over a link direction (fairness).
-  prometheus::Family<prometheus::Counter>* link_gpu_bytes_total;
   // {link, direction, class}: from a transfer's submission to its link to the start of its
   // first chunk.
   prometheus::Family<prometheus::Histogram>* link_queue_wait_seconds;
-  // {gpu, link}: reloads that completed after the deadline their client gave.
-  prometheus::Family<prometheus::Counter>* reload_deadline_misses_total;
-  // Host links (root port / host memory node above several links): {link, direction}.
-  prometheus::Family<prometheus::Gauge>* host_link_capacity_bytes_per_second;
-  prometheus::Family<prometheus::Counter>* host_link_busy_seconds_total;
-  prometheus::Family<prometheus::Counter>* host_link_bytes_total;
   // Restart survival (shared pool, README "Failure modes").
   prometheus::Counter* adopted_blocks_total;  // taken from the previous daemon's pool at start
   // {reason}: records dropped at adoption (checksum, version, bounds, overlap, duplicate_id).
   prometheus::Family<prometheus::Counter>* adoption_dropped_blocks_total;
-  prometheus::Gauge* adopted_blocks_waiting;           // adopted, not yet resumed
-  prometheus::Counter* adopted_blocks_expired_total;   // freed: resume_grace_seconds passed
-  prometheus::Counter* sessions_resumed_total;         // Hellos that presented a resume token
   prometheus::Gauge* start_to_serving_seconds;  // process start (main) to the socket serving
-  // Spill tier (issue 18; README "Spill tier"); the families exist without one (at 0).
-  prometheus::Family<prometheus::Gauge>* tier_bytes;  // {tier}: pool, disk
-  prometheus::Gauge* spill_capacity_bytes;
-  prometheus::Family<prometheus::Counter>* spill_bytes_total;  // {direction}: spill, stage
-  prometheus::Counter* reloads_from_disk_total;
-  prometheus::Counter* reload_disk_wait_seconds_total;
-  prometheus::Family<prometheus::Counter>* spill_failures_total;  // {cause}: write_error, disk_full
-  prometheus::Counter* spill_blocks_lost_total;
 };
 
 // The process-wide metrics, created on first use.
 Metrics& Get();
+
+// A family whose values are read from the daemon's state when Prometheus scrapes
+// (session/core_metrics.h builds them from Core::Stats), not recorded into the registry.
+struct StateFamily {
+  const char* name;
+  const char* help;
+  prometheus::MetricType type;  // Counter or Gauge only
+};
+
+// The state families (one exposition per scrape; labels in the comments).
+namespace state {
+// Pool, {numa_node}: the node of the pool's arena, "unknown" when the kernel cannot tell.
+extern const StateFamily kPoolCapacityBytes, kPoolUsedBytes, kPoolPeakUsedBytes;
+extern const StateFamily kPoolPinnedBytes;  // {numa_node}: locked (mlock) or CUDA-registered
+// Client memory handles by {gpu}: shm mappings or CUDA IPC memory handles (deduplicated).
+extern const StateFamily kIpcHandlesOpen, kIpcHandleOpensTotal;
+extern const StateFamily kPoolBlocks, kOffloadsWaiting, kOffloadsRefusedTotal;  // no labels
+// Links, {link, direction}; per GPU {link, direction, gpu}; deadline misses {gpu, link}.
+extern const StateFamily kLinkCapacityBytesPerSecond, kLinkBusySecondsTotal, kLinkBytesTotal;
+extern const StateFamily kLinkQueuedTransfers, kLinkChunksInFlight, kLinkGpuBytesTotal;
+extern const StateFamily kReloadDeadlineMissesTotal;
+// Host links (root port / host memory node above several links): {link, direction}.
+extern const StateFamily kHostLinkCapacityBytesPerSecond, kHostLinkBusySecondsTotal;
+extern const StateFamily kHostLinkBytesTotal;
+// Restart survival, no labels.
+extern const StateFamily kAdoptedBlocksWaiting, kAdoptedBlocksExpiredTotal;
+extern const StateFamily kSessionsResumedTotal;
+// Spill tier (issue 18; README "Spill tier"); present (at 0) without one.
+extern const StateFamily kTierBytes;         // {tier}: pool, disk
+extern const StateFamily kSpillCapacityBytes;
+extern const StateFamily kSpillBytesTotal;   // {direction}: spill, stage
+extern const StateFamily kReloadsFromDiskTotal, kReloadDiskWaitSecondsTotal;
+extern const StateFamily kSpillFailuresTotal;  // {cause}: write_error, disk_full
+extern const StateFamily kSpillBlocksLostTotal;
+}  // namespace state
+
+// An empty family for `spec`, to fill with AddSample.
+prometheus::MetricFamily NewFamily(const StateFamily& spec);
+// Appends one series to `family`: `value` as its counter or gauge value (by the family's type).
+void AddSample(prometheus::MetricFamily& family, const prometheus::Labels& labels, double value);
 
 // The value of a numa_node label: the node number, or "unknown" for a negative node (the kernel
 // could not tell), so an unknown node never reads as node 0.
@@ -96,12 +100,16 @@ std::string NumaNodeLabel(int node);
 // Histogram buckets (seconds) for transfers: 100 µs .. ~100 s, x~3 per bucket.
 prometheus::Histogram::BucketBoundaries DurationBuckets();
 
-// Serves Get().registry at http://<address>/metrics. Errors: UNAVAILABLE when the address
+// Serves Get().registry, and the collectables given to Register, at http://<address>/metrics.
+// Errors: UNAVAILABLE when the address
 // cannot be bound (message names it and says to change metrics_address or free the port).
 class Exposer {
  public:
   static absl::StatusOr<std::unique_ptr<Exposer>> Start(const std::string& address);
   ~Exposer();
+  // Adds `collectable` to every scrape from now on (held weakly: once it is destroyed it is
+  // skipped). Its families must not share a name with the registry's.
+  void Register(const std::shared_ptr<prometheus::Collectable>& collectable);
   // Bound port (useful with port 0).
   int port() const;
 

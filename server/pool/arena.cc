@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <linux/capability.h>
+#include <numa.h>
+#include <numaif.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -13,12 +15,14 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "glog/logging.h"
@@ -89,6 +93,29 @@ absl::Status LockPages(uint8_t* base, uint64_t bytes) {
   }
   return absl::ResourceExhaustedError(
       absl::StrCat(what, ". Lower the pool size or run without mlock."));
+}
+
+// mbind(MPOL_BIND) of each bound slice of the pool at `base` to its node. MPOL_MF_MOVE moves
+// pages already present and mapped only here (a shared pool's); pages touched later are
+// allocated on the node.
+absl::Status BindSlices(uint8_t* base, const std::vector<ArenaSlice>& slices) {
+  for (const ArenaSlice& s : slices) {
+    if (s.numa_node < 0 || s.size_bytes == 0) continue;
+    struct bitmask* mask = numa_allocate_nodemask();
+    numa_bitmask_setbit(mask, static_cast<unsigned>(s.numa_node));
+    const long rc = mbind(base + s.offset_bytes, s.size_bytes, MPOL_BIND, mask->maskp,
+                          mask->size + 1, MPOL_MF_MOVE);
+    const int err = errno;
+    numa_free_nodemask(mask);
+    if (rc != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "mbind of the pool slice for NUMA node ", s.numa_node, " (", MiB(s.size_bytes),
+          " at offset ", s.offset_bytes, ") failed: ", std::strerror(err),
+          ". Check the node list (numactl --hardware) or give no NUMA nodes to leave the pool "
+          "unbound"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Header of a shared pool object (first 4 KiB). magic is written last when the object is
@@ -207,7 +234,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
         ours ? absl::StrCat(" (", DescribeHeader(h), ")") : std::string(" and is not an offloadd pool"),
         " but the config asks for ", config_text, ". ", policy)));
   }
-  const bool populate = options.prefault && !options.huge_pages;
+  const bool bind = !options.numa_nodes.empty();
+  const bool populate = options.prefault && !options.huge_pages && !bind;
   void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE,
                  MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
   if (p == MAP_FAILED) {
@@ -265,7 +293,14 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
                  << "); continuing with 4 KiB pages";
   }
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  if (options.prefault) TouchForRead(base, bytes, page);
+  const std::vector<ArenaSlice> slices = ArenaSlices(bytes, options.numa_nodes);
+  // Pages posix_fallocate made (or a previous daemon left) exist already: map them all here so
+  // MPOL_MF_MOVE moves them to their slice's node.
+  if (options.prefault || bind) TouchForRead(base, bytes, page);
+  if (absl::Status s = BindSlices(base, slices); !s.ok()) {
+    munmap(map, total);
+    return fail(s);
+  }
   bool locked = false;
   if (options.mlock) {
     if (absl::Status s = LockPages(base, bytes); !s.ok()) {
@@ -280,6 +315,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
   arena->fd_ = fd;
   arena->adopted_ = adopted;
   arena->table_ = std::make_unique<BlockTable>(map + kHeaderBytes, slots, bytes);
+  arena->slices_ = slices;
   return arena;
 }
 
@@ -290,6 +326,45 @@ absl::Status CheckMemlockLimit(uint64_t bytes, uint64_t limit_bytes, bool privil
   return absl::FailedPreconditionError(absl::StrCat("cannot mlock a host pool of ", MiB(bytes),
                                                     ": RLIMIT_MEMLOCK is ", LimitText(limit_bytes),
                                                     ". ", kMemlockAdvice));
+}
+
+std::vector<ArenaSlice> ArenaSlices(uint64_t size_bytes, const std::vector<int>& numa_nodes) {
+  if (numa_nodes.empty()) return {ArenaSlice{-1, 0, size_bytes}};
+  const uint64_t n = numa_nodes.size();
+  const uint64_t align = size_bytes / n >= kHugePageBytes ? kHugePageBytes : 4096;
+  const uint64_t part = size_bytes / n / align * align;
+  std::vector<ArenaSlice> slices;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t offset = i * part;
+    slices.push_back({numa_nodes[i], offset, i + 1 == n ? size_bytes - offset : part});
+  }
+  return slices;
+}
+
+absl::Status CheckNumaNodes(const std::vector<int>& numa_nodes) {
+  if (numa_nodes.empty()) return absl::OkStatus();
+  if (numa_available() < 0) {
+    return absl::FailedPreconditionError(
+        "NUMA nodes were given for the pool but the kernel has no NUMA support "
+        "(numa_available() < 0): give no nodes");
+  }
+  std::vector<int> present;
+  for (int node = 0; node <= numa_max_node(); ++node) {
+    if (numa_bitmask_isbitset(numa_all_nodes_ptr, static_cast<unsigned>(node))) present.push_back(node);
+  }
+  std::set<int> seen;
+  for (int node : numa_nodes) {
+    if (std::find(present.begin(), present.end(), node) == present.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NUMA node ", node, " is not a node this process may allocate memory on (nodes it may: ",
+          absl::StrJoin(present, ", "), "; numactl --hardware lists them)"));
+    }
+    if (!seen.insert(node).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("NUMA node ", node, " is listed twice for the pool; list each node once"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckMemAvailable(uint64_t bytes, uint64_t available_bytes) {
@@ -345,6 +420,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
         absl::StrCat("host pool size ", options.size_bytes, " bytes is not a valid size"));
   }
   const uint64_t bytes = (options.size_bytes + page - 1) / page * page;
+  if (absl::Status s = CheckNumaNodes(options.numa_nodes); !s.ok()) return s;
   if (!options.shm_name.empty()) {
     if (options.mlock && !MemlockPrivileged()) {
       struct rlimit rl;
@@ -369,10 +445,16 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
   }
 
   // With huge pages, advise before the first touch so faults get 2 MiB pages: no MAP_POPULATE.
-  const bool populate = options.prefault && !options.huge_pages;
+  // With NUMA slices, bind before the first touch so the pages are allocated on their node.
+  const bool populate = options.prefault && !options.huge_pages && options.numa_nodes.empty();
   auto mapped = Map(bytes, populate, options.huge_pages);
   if (!mapped.ok()) return mapped.status();
   uint8_t* base = *mapped;
+  const std::vector<ArenaSlice> slices = ArenaSlices(bytes, options.numa_nodes);
+  if (absl::Status st = BindSlices(base, slices); !st.ok()) {
+    munmap(base, bytes);
+    return st;
+  }
   if (options.huge_pages && madvise(base, bytes, MADV_HUGEPAGE) != 0) {
     LOG(WARNING) << "madvise(MADV_HUGEPAGE) on the host pool failed (" << std::strerror(errno)
                  << "); continuing with 4 KiB pages";
@@ -391,7 +473,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
     }
     locked = true;
   }
-  return std::unique_ptr<Arena>(new Arena(base, bytes, locked));
+  std::unique_ptr<Arena> arena(new Arena(base, bytes, locked));
+  arena->slices_ = slices;
+  return arena;
 }
 
 Arena::~Arena() {

@@ -7,6 +7,14 @@
 // After Create() nothing in the request path maps, allocates host memory or pins: extents are
 // carved out by ExtentAllocator.
 //
+// NUMA placement (issue 16 part 5): with `numa_nodes` set, the pool is split into one slice per
+// node (ArenaSlices: equal parts, 2 MiB-aligned) and each slice is bound to its node with
+// mbind(MPOL_BIND) before its pages are touched, so the prefault allocates them there. A shared
+// pool's pages may exist already (posix_fallocate, or a previous daemon's): they are faulted in
+// first and moved (MPOL_MF_MOVE), and the binding also governs pages allocated later. Which
+// slice a block goes to is ExtentAllocator's caller's business (numa_allocator.h); the arena only
+// lays the slices out and binds them.
+//
 // Checks made before mapping, so a misconfigured node fails at start-up with a sentence saying
 // what to change rather than being OOM-killed or failing later in cudaHostRegister:
 //  - size vs MemAvailable from /proc/meminfo (CheckMemAvailable);
@@ -19,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,7 +46,25 @@ struct ArenaOptions {
   // recorded in it outlive the process. Empty: an anonymous private mapping, gone with the
   // process.
   std::string shm_name;
+  // Non-empty: one slice per node, in this order, bound to it (see above). Each must be a node
+  // this process may allocate on (numa_all_nodes_ptr: online, with memory, in its cpuset), none
+  // twice. Empty: one
+  // slice, no binding (the kernel's default policy: pages land where they are first touched).
+  std::vector<int> numa_nodes;
 };
+
+// A part of the arena bound to one NUMA node; offsets are from Arena::base().
+struct ArenaSlice {
+  int numa_node = -1;  // -1: not bound (no numa_nodes given)
+  uint64_t offset_bytes = 0;
+  uint64_t size_bytes = 0;
+};
+
+// The slices Create() makes of `size_bytes` for `numa_nodes`: equal parts rounded down to 2 MiB
+// (to the 4 KiB page when a part is under 2 MiB), the last taking the remainder; one unbound
+// slice of everything when `numa_nodes` is empty. Slices with 0 bytes are possible only when
+// size_bytes < nodes x 4 KiB.
+std::vector<ArenaSlice> ArenaSlices(uint64_t size_bytes, const std::vector<int>& numa_nodes);
 
 // Layout of a shared pool object: a 4 KiB header, the block records, then the data area at
 // SharedDataOffset (a multiple of 2 MiB). One record slot per 16 KiB of pool, at least 4096.
@@ -46,7 +73,8 @@ uint64_t SharedDataOffset(uint64_t size_bytes);
 
 class Arena {
  public:
-  // Errors: INVALID_ARGUMENT for size 0; RESOURCE_EXHAUSTED when the size exceeds MemAvailable
+  // Errors: INVALID_ARGUMENT for size 0 or bad numa_nodes (CheckNumaNodes; FAILED_PRECONDITION
+  // without kernel NUMA support), FAILED_PRECONDITION when mbind refuses a slice; RESOURCE_EXHAUSTED when the size exceeds MemAvailable
   // or mmap fails (message names the size and how much RAM is available); FAILED_PRECONDITION
   // when mlock is asked for and RLIMIT_MEMLOCK is below the size, or mlock itself is refused
   // (message says how to raise it: LimitMEMLOCK=infinity in systemd, `ulimit -l`, or the pod's
@@ -72,10 +100,12 @@ class Arena {
   // Whether the shared object existed (a previous daemon's pool) rather than being created.
   bool adopted() const { return adopted_; }
   // NUMA node holding the arena's first page (get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR)); -1 when
-  // the kernel cannot tell (no NUMA support), never confused with node 0. The arena is one
-  // mapping: on multi-socket hosts its pages may span nodes (per-GPU placement is not
-  // implemented).
+  // the kernel cannot tell (no NUMA support), never confused with node 0. Without numa_nodes
+  // the pages of a multi-socket host may span nodes; with them this is the first slice's node
+  // (slices() has each).
   int numa_node() const;
+  // The slices (ArenaOptions::numa_nodes), covering [0, size_bytes()) in order.
+  const std::vector<ArenaSlice>& slices() const { return slices_; }
 
  private:
   Arena(uint8_t* base, uint64_t size_bytes, bool locked)
@@ -91,6 +121,7 @@ class Arena {
   int fd_ = -1;
   bool adopted_ = false;
   std::unique_ptr<BlockTable> table_;
+  std::vector<ArenaSlice> slices_;
 };
 
 // The checks Create() makes, exposed so they can be tested without the resource they check.
@@ -99,6 +130,11 @@ class Arena {
 // (RLIM_INFINITY for none) or when `privileged`; else FAILED_PRECONDITION naming both numbers
 // and the ways to raise the limit.
 absl::Status CheckMemlockLimit(uint64_t bytes, uint64_t limit_bytes, bool privileged);
+
+// OK when every node in `numa_nodes` is one the kernel has memory on and none is listed twice;
+// INVALID_ARGUMENT naming the node and the nodes there are; FAILED_PRECONDITION when the kernel
+// has no NUMA support (numa_available() < 0) and nodes were asked for.
+absl::Status CheckNumaNodes(const std::vector<int>& numa_nodes);
 
 // OK when bytes <= available_bytes; else RESOURCE_EXHAUSTED naming both numbers.
 absl::Status CheckMemAvailable(uint64_t bytes, uint64_t available_bytes);

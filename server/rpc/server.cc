@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -22,6 +23,8 @@
 #include "proto/offload.grpc.pb.h"
 #include "server/rpc/peer_listener.h"
 #include "server/rpc/projector_service.h"
+#include "server/rpc/request_workers.h"
+#include "server/rpc/stream_flow.h"
 #include "server/rpc/translate.h"
 
 namespace offloadd::rpc {
@@ -51,49 +54,72 @@ void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, 
   dropped = 0;
 }
 
-// One client stream. Reads batches of requests and hands each to the Session; completions
-// from any thread are coalesced into one ServerMessage per write (at most one write in flight).
+// One client stream. Reads batches of requests and hands each to the Session on a request
+// worker (never on the gRPC reaction: opening a region or waiting for a ready event may block);
+// completions from any thread are coalesced into one ServerMessage per write (at most one write
+// in flight). Deleted after OnDone once no task of its own is queued or running.
 // Messages travel as raw bytes and are parsed here, so a message that does not parse (bytes
 // that are not a ClientMessage, a string field that is not UTF-8) ends the session with
 // INVALID_ARGUMENT saying so, rather than looking like the client's half-close.
 class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   SessionReactor(session::Core* core, grpc::CallbackServerContext* ctx,
-                 const std::atomic<bool>* shutting_down, session::PeerCredentials peer)
-      : ctx_(ctx), shutting_down_(shutting_down) {
+                 const std::atomic<bool>* shutting_down, session::PeerCredentials peer,
+                 RequestWorkers* workers)
+      : ctx_(ctx), shutting_down_(shutting_down), workers_(workers) {
     auto opened = session::Session::Open(
         core, [this](session::Completion c) { Enqueue(std::move(c)); }, std::move(peer),
         [this](const absl::Status& status) { EndStream(status); });
     if (!opened.ok()) {  // too many streams await their Hello: no session, end at once
-      finished_ = true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        flow_.FinishAtOnce();
+      }
       Finish(ToGrpcStatus(opened.status()));
       return;
     }
     session_ = *std::move(opened);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      flow_.Start();
+    }
     StartRead(&in_bytes_);
   }
 
+  // The message is parsed and handled, or the session closed, on a request worker: both may
+  // block (opening a region, waiting for a ready event, waiting for copies at a close). The
+  // cause of a failed read is read here: the call's context is gone once OnDone ran.
   void OnReadDone(bool ok) override {
+    // The client half-closed, the stream broke, or the daemon is stopping.
+    const session::EndCause cause = ok                         ? session::EndCause::kClosed
+                                    : shutting_down_->load() ? session::EndCause::kShutdown
+                                    : ctx_->IsCancelled()    ? session::EndCause::kCrashed
+                                                             : session::EndCause::kClosed;
+    PostTask([this, ok, cause] { ReadDone(ok, cause); });
+  }
+
+  // `cause`: why the read side ended, when !ok.
+  void ReadDone(bool ok, session::EndCause cause) {
     if (ok && !ParseRead()) return;
     if (ok) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        flow_.ReadDone(true);
+      }
       next_request_ = 0;
       HandleRequests();
       return;
     }
-    // The client half-closed, the stream broke, or the daemon is stopping.
-    session::EndCause cause = shutting_down_->load() ? session::EndCause::kShutdown
-                              : ctx_->IsCancelled()  ? session::EndCause::kCrashed
-                                                     : session::EndCause::kClosed;
     session_->Close(cause);
     std::lock_guard<std::mutex> lock(mu_);
-    finish_requested_ = true;
+    flow_.ReadDone(false);
     MaybeFinishLocked();
   }
 
   // Hands the message's requests to the session, kMaxRequestsPerMessage at a time; between
-  // slices it stops (read_paused_, resumed by OnWriteDone) while kMaxQueuedResponses answers
-  // wait for a client that does not read, so a huge batch is answered request by request
-  // without queueing unbounded answers. Reads the next message when all are handled.
+  // slices it stops (read side kPaused, resumed by OnWriteDone) while kMaxQueuedResponses
+  // answers wait for a client that does not read, so a huge batch is answered request by
+  // request without queueing unbounded answers. Reads the next message when all are handled.
   void HandleRequests() {
     for (;;) {
       const int end = std::min(in_.requests_size(), next_request_ + Server::kMaxRequestsPerMessage);
@@ -101,16 +127,38 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
         session_->Handle(FromProto(in_.requests(next_request_)));
       }
       std::lock_guard<std::mutex> lock(mu_);
-      if (finished_ || finish_requested_) return;
-      if (out_pending_.responses_size() >= Server::kMaxQueuedResponses && writing_) {
-        read_paused_ = true;
-        return;
+      switch (flow_.SliceDone(next_request_ < in_.requests_size(),
+                              out_pending_.responses_size() >= Server::kMaxQueuedResponses)) {
+        case StreamFlow::AfterSlice::kStop:
+        case StreamFlow::AfterSlice::kPause:
+          return;
+        case StreamFlow::AfterSlice::kNextSlice:
+          continue;
+        case StreamFlow::AfterSlice::kStartRead:
+          in_.Clear();
+          StartRead(&in_bytes_);
+          return;
       }
-      if (next_request_ < in_.requests_size()) continue;
-      in_.Clear();
-      StartRead(&in_bytes_);
-      return;
     }
+  }
+
+  // Runs `task` on a request worker. At most one is queued or running per stream: one after a
+  // read completes, one when a paused read side resumes (the read side is kHandling until it
+  // returns, and no read is outstanding meanwhile).
+  void PostTask(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++tasks_;
+    }
+    workers_->Post([this, task = std::move(task)] {
+      task();
+      bool last;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        last = --tasks_ == 0 && done_;
+      }
+      if (last) delete this;
+    });
   }
 
   // One warning per bad message, at most one per 10 s for the whole daemon (a client can send
@@ -144,6 +192,10 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
         grpc::SerializationTraits<v1::ClientMessage>::Deserialize(&in_bytes_, &in_);
     in_bytes_.Clear();
     if (parsed.ok()) return true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      flow_.ReadFailed();
+    }
     LogBadMessage(bytes);
     session_->End(session::EndCause::kBadMessage,
                   absl::InvalidArgumentError(absl::StrFormat(
@@ -159,36 +211,35 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     bool resume = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      writing_ = false;
-      if (!ok) {
-        broken_ = true;
-        out_pending_.Clear();
-      }
+      if (flow_.WriteDone(ok)) out_pending_.Clear();  // the stream broke: nobody reads them
       if (out_pending_.responses_size() > 0) {
         StartBatchLocked();
       } else {
         MaybeFinishLocked();
       }
-      if (read_paused_ && !finished_ && !finish_requested_ &&
-          out_pending_.responses_size() < Server::kMaxQueuedResponses) {
-        read_paused_ = false;
-        resume = true;
-      }
+      resume = flow_.ResumeAfterWrite(out_pending_.responses_size() <
+                                      Server::kMaxQueuedResponses);
     }
-    if (resume) HandleRequests();  // the rest of the message, then the next read
+    if (resume) PostTask([this] { HandleRequests(); });  // the rest, then the next read
   }
 
   void OnDone() override {
     if (session_) session_->Close(session::EndCause::kCrashed);  // no-op if already closed
-    delete this;
+    bool last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      last = tasks_ == 0;
+    }
+    if (last) delete this;  // else the task still running deletes it
   }
 
  private:
   void Enqueue(session::Completion c) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (broken_ || finished_) return;
+    if (!flow_.AcceptsAnswers()) return;
     ToProto(c, out_pending_.add_responses());
-    if (!writing_) StartBatchLocked();
+    if (flow_.AnswerQueued()) StartBatchLocked();
   }
   // Writes what is queued, at most kMaxResponsesPerMessage responses per message so no reply
   // exceeds a client's receive limit (gRPC's default is 4 MiB).
@@ -202,17 +253,14 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       pending->ExtractSubrange(0, Server::kMaxResponsesPerMessage, moved.data());
       for (v1::Response* r : moved) out_.mutable_responses()->AddAllocated(r);
     }
-    writing_ = true;
+    flow_.WriteStarted();
     bool own_buffer = false;
     out_bytes_.Clear();
     (void)grpc::SerializationTraits<v1::ServerMessage>::Serialize(out_, &out_bytes_, &own_buffer);
     StartWrite(&out_bytes_);
   }
   void MaybeFinishLocked() {
-    if (finish_requested_ && !writing_ && out_pending_.responses_size() == 0 && !finished_) {
-      finished_ = true;
-      Finish(finish_status_);
-    }
+    if (flow_.TakeFinish(out_pending_.responses_size() == 0)) Finish(finish_status_);
   }
   // The daemon ended the session (admin call, process exited): the session is already closed,
   // so nothing more is queued; finish once the write in flight is done. Called with the
@@ -220,13 +268,14 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   void EndStream(const absl::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     finish_status_ = ToGrpcStatus(status);
-    finish_requested_ = true;
+    flow_.RequestFinish();
     out_pending_.Clear();
     MaybeFinishLocked();
   }
 
   grpc::CallbackServerContext* ctx_;
   const std::atomic<bool>* shutting_down_;
+  RequestWorkers* workers_;
   std::shared_ptr<session::Session> session_;
   grpc::ByteBuffer in_bytes_;  // being read
   v1::ClientMessage in_;       // parsed from in_bytes_
@@ -235,8 +284,9 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   v1::ServerMessage out_;          // being written
   grpc::ByteBuffer out_bytes_;     // out_, serialized
   v1::ServerMessage out_pending_;  // responses queued since the last write started
-  bool writing_ = false, broken_ = false, finish_requested_ = false, finished_ = false;
-  bool read_paused_ = false;
+  StreamFlow flow_;  // reading / writing / finishing states (stream_flow.h)
+  int tasks_ = 0;       // PostTask tasks queued or running
+  bool done_ = false;   // OnDone came: the last task deletes the reactor
   grpc::Status finish_status_ = grpc::Status::OK;
 };
 
@@ -245,12 +295,13 @@ class OffloadService
     : public v1::Offload::WithRawCallbackMethod_Session<v1::Offload::WithCallbackMethod_GetStats<
           v1::Offload::WithCallbackMethod_EndSession<v1::Offload::Service>>> {
  public:
-  OffloadService(session::Core* core, const PeerListener* listener)
-      : core_(core), listener_(listener) {}
+  OffloadService(session::Core* core, const PeerListener* listener, RequestWorkers* workers)
+      : core_(core), listener_(listener), workers_(workers) {}
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* ctx) override {
-    return new SessionReactor(core_, ctx, &shutting_down_, listener_->Lookup(ctx->peer()));
+    return new SessionReactor(core_, ctx, &shutting_down_, listener_->Lookup(ctx->peer()),
+                              workers_);
   }
 
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest*,
@@ -310,6 +361,7 @@ class OffloadService
  private:
   session::Core* core_;
   const PeerListener* listener_;
+  RequestWorkers* workers_;
 };
 
 }  // namespace
@@ -346,6 +398,9 @@ absl::Status ClearStaleSocket(const std::string& path) {
 }
 
 struct Server::Impl {
+  // First, so destroyed last: after the gRPC server, it runs the tasks still queued (each may
+  // delete its reactor) and joins.
+  std::unique_ptr<RequestWorkers> workers;
   std::unique_ptr<PeerListener> listener;
   std::unique_ptr<OffloadService> service;
   std::unique_ptr<ProjectorService> projector_service;
@@ -402,7 +457,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
     if (!listener.ok()) return listener.status();
     impl->listener = *std::move(listener);
   }
-  impl->service = std::make_unique<OffloadService>(core, impl->listener.get());
+  impl->workers = std::make_unique<RequestWorkers>(Server::kRequestWorkerThreads);
+  impl->service =
+      std::make_unique<OffloadService>(core, impl->listener.get(), impl->workers.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   // No listening port: connections come from impl->listener (peer credentials).

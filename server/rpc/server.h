@@ -47,6 +47,9 @@ class Server {
   // written.
   static constexpr int kMaxRequestsPerMessage = 4096;
   static constexpr int kMaxResponsesPerMessage = 4096;
+  // Threads that hand requests to sessions (rpc/request_workers.h), off the gRPC callback
+  // threads; a stream's requests are handled in order on one of them at a time.
+  static constexpr int kRequestWorkerThreads = 4;
   ~Server();  // Shutdown()
 
   // Graceful stop: new requests get UNAVAILABLE; transfers already accepted may finish for

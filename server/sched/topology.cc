@@ -304,6 +304,14 @@ absl::StatusOr<Topology> ApplyLinkOverrides(Topology topo,
   return topo;
 }
 
+std::vector<int> GpuNumaNodes(const Topology& topo) {
+  std::set<int> nodes;
+  for (const TopologyGpu& g : topo.gpus) {
+    if (g.numa_node >= 0) nodes.insert(g.numa_node);
+  }
+  return std::vector<int>(nodes.begin(), nodes.end());
+}
+
 std::string FormatTopology(const Topology& topo) {
   std::map<int, std::vector<const TopologyLink*>> by_numa;
   for (const TopologyLink& l : topo.links) by_numa[l.numa_node].push_back(&l);

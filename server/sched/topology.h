@@ -92,6 +92,11 @@ struct LinkOverride {
 absl::StatusOr<Topology> ApplyLinkOverrides(Topology topology,
                                             const std::vector<LinkOverride>& overrides);
 
+// The NUMA nodes of the topology's GPUs, each once, ascending, leaving out unknown ones (-1): the
+// arena's numa_nodes (pool/arena.h) for a pool sliced per GPU node. Empty when no GPU's node is
+// known (then the pool stays one unbound slice and placement is "unbound").
+std::vector<int> GpuNumaNodes(const Topology& topology);
+
 // A text tree for `offloadctl topo`: NUMA node, then link (root port, capacities), then GPUs.
 std::string FormatTopology(const Topology& topology);
 

@@ -356,23 +356,26 @@ TEST(SessionLinkTest, TransientDeviceLinkIsRemovedWhenItsLastSessionEnds) {
   ASSERT_EQ(out_c.Wait(1).kind, CompletionKind::kHello);
   OffloadOneMiB(*a, out_a, shm);
   OffloadOneMiB(*c, out_c, shm);
-  core->RefreshMetrics();
   EXPECT_TRUE(HasLink(*core, "probe-dev"));
-  auto& link_bytes = *metrics::Get().link_bytes_total;
+  const prometheus::Collectable& scrape = *core->collectable();
   const prometheus::Labels probe_d2h{{"link", "probe-dev"}, {"direction", "d2h"}};
-  ASSERT_TRUE(link_bytes.Has(probe_d2h));
-  EXPECT_EQ(link_bytes.Add(probe_d2h).Value(), static_cast<double>(kMiB));
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_link_bytes_total", probe_d2h),
+            std::optional<double>(kMiB));
   a->Close(EndCause::kClosed);
   EXPECT_TRUE(HasLink(*core, "probe-dev"));  // b still names it
   b->Close(EndCause::kClosed);
   c->Close(EndCause::kClosed);
   EXPECT_FALSE(HasLink(*core, "probe-dev"));
   EXPECT_TRUE(HasLink(*core, "gpu0"));
-  core->RefreshMetrics();
-  EXPECT_FALSE(link_bytes.Has(probe_d2h));
-  EXPECT_FALSE(metrics::Get().link_gpu_bytes_total->Has(
-      {{"link", "probe-dev"}, {"direction", "d2h"}, {"gpu", "probe-dev"}}));
-  EXPECT_TRUE(link_bytes.Has({{"link", "gpu0"}, {"direction", "d2h"}}));
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_link_bytes_total", probe_d2h), std::nullopt);
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_link_gpu_bytes_total",
+                         {{"link", "probe-dev"}, {"direction", "d2h"}, {"gpu", "probe-dev"}}),
+            std::nullopt);
+  EXPECT_FALSE(metrics::Get().link_queue_wait_seconds->Has(
+      {{"link", "probe-dev"}, {"direction", "d2h"}, {"class", "offload"}}));
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_link_bytes_total",
+                         {{"link", "gpu0"}, {"direction", "d2h"}}),
+            std::optional<double>(kMiB));
   // A probe that names a training GPU's device (after its sessions ended) must not drop it.
   Collector out_d;
   auto d = Session::Create(core.get(), out_d.emit());

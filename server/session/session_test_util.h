@@ -8,10 +8,15 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "prometheus/collectable.h"
+#include "prometheus/labels.h"
+#include "prometheus/metric_family.h"
 #include "server/session/session.h"
 
 namespace offloadd::session {
@@ -66,6 +71,24 @@ inline Request RegisterRequest(uint64_t request_id, const TestShm& shm) {
   r.region.shm_name = shm.name;
   r.region.size_bytes = shm.size;
   return r;
+}
+
+// The value of the series of family `name` with exactly `labels` in one collection of
+// `collectable` (a counter's or gauge's value); nullopt when there is no such series.
+inline std::optional<double> ScrapedValue(const prometheus::Collectable& collectable,
+                                          const std::string& name,
+                                          const prometheus::Labels& labels) {
+  for (const prometheus::MetricFamily& family : collectable.Collect()) {
+    if (family.name != name) continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      prometheus::Labels got;
+      for (const auto& label : metric.label) got[label.name] = label.value;
+      if (got != labels) continue;
+      return family.type == prometheus::MetricType::Counter ? metric.counter.value
+                                                            : metric.gauge.value;
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace offloadd::session

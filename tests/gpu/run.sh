@@ -1,6 +1,7 @@
 #!/bin/bash
 # offloadd GPU check: runs every GPU test from the bundle made by `make gpu-bundle`
-# (deploy/make_gpu_bundle.sh) and prints the figures. One H200, < 8 minutes.
+# (deploy/make_gpu_bundle.sh) and prints the figures, with the copy timing model's figures next
+# to the real engine's (step 1b, calibration). One H200, < 8 minutes.
 #
 #   gpu-bundle/run.sh            # from anywhere; writes logs under $OUT or /tmp/offloadd-gpu-*
 #
@@ -49,6 +50,36 @@ if grep -q "^SKIPPED" "$logs/kernels.log"; then
 fi
 nvidia-smi --query-gpu=name,uuid,pci.bus_id,driver_version,memory.total --format=csv,noheader \
   2>/dev/null | sed 's/^/gpu: /'
+
+# 1b. Calibration of the copy timing model (issue 16): copy_sim_bench's workload through the
+# real cuda engine on this machine's GPUs (--backend=cuda), then the model (cuda-sim) with the
+# same configuration; per chunk size the achieved GB/s per direction and the urgent reload
+# latency in chunk-times (of CALIB_RATE_GBPS, the model's rate, default 55), side by side.
+# Runs before the daemon starts, on idle GPUs; ~15 s.
+say "calibration: real cuda engine vs the timing model, same workload"
+ngpu=$(nvidia-smi --list-gpus 2>/dev/null | wc -l); [ "$ngpu" -ge 1 ] || ngpu=1
+[ "$ngpu" -le 8 ] || ngpu=8
+calib="--gpus=$ngpu --gpus_per_switch=$ngpu --numa_nodes=1 --placement=local --engine=sync,async \
+  --chunk_mib=1,8,32 --repeats=3 --seconds=0.5 --rate_gbps=${CALIB_RATE_GBPS:-55} --figures=1"
+# shellcheck disable=SC2086
+run calib_measured 120 "$here/bin/copy_sim_bench" --backend=cuda $calib
+# shellcheck disable=SC2086
+run calib_model 120 "$here/bin/copy_sim_bench" --backend=sim $calib
+grep -E "^(sync|async|engine)" "$logs/calib_measured.log" | sed 's/^/measured: /'
+grep -E "^(sync|async|engine)" "$logs/calib_model.log" | sed 's/^/model:    /'
+for e in sync async; do for c in 1 8 32; do
+  m=$(grep "^FIGURE copy_measured_${e}_local_${c}MiB " "$logs/calib_measured.log")
+  s=$(grep "^FIGURE copy_model_${e}_local_${c}MiB " "$logs/calib_model.log")
+  [ -n "$m" ] && [ -n "$s" ] || continue
+  # FIGURE <name> d2h <GB/s> GB/s h2d <GB/s> GB/s urgent_reload_median <chunk-times> ...
+  md=$(echo "$m" | awk '{ print $4 }'); mh=$(echo "$m" | awk '{ print $7 }')
+  mu=$(echo "$m" | awk '{ print $10 }')
+  sd=$(echo "$s" | awk '{ print $4 }'); sh=$(echo "$s" | awk '{ print $7 }')
+  su=$(echo "$s" | awk '{ print $10 }')
+  figure "calib_${e}_${c}MiB d2h measured $md GB/s model $sd GB/s ($(awk -v a="$md" -v b="$sd" \
+    'BEGIN { printf "%.2f", a / b }')x); h2d measured $mh model $sh GB/s ($(awk -v a="$mh" \
+    -v b="$sh" 'BEGIN { printf "%.2f", a / b }')x); urgent reload median measured $mu model $su chunk-times"
+done; done
 
 # 2. The daemon, backend cuda, 16 GiB pool (pinned in the background).
 say "starting offloadd (backend cuda)"
