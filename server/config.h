@@ -74,6 +74,11 @@ std::vector<sched::GpuPci> ConfiguredGpuAddresses(const v1::DaemonConfig& config
 absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& config,
                                                 const std::vector<sched::GpuPci>& gpus);
 
+// The pool's NUMA nodes (pool::ArenaOptions::numa_nodes) for numa_placement: with "auto", the
+// nodes of the topology's GPUs (sched::GpuNumaNodes) when there are two or more; otherwise
+// (one node, nodes unknown, or "off") none: one unbound slice.
+std::vector<int> PoolNumaNodes(const v1::DaemonConfig& config, const sched::Topology& topology);
+
 // CoreOptions whose links are `topology`'s (capacities 0 = unpaced; half_duplex from the
 // config's link of the same name) and whose host links are the config's host_links plus, when
 // numa_node_bytes_per_second > 0, one "numa<N>" per NUMA node over its links not in those.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "server/config.h"
 #include "server/copy/cuda_api_sim.h"
@@ -305,6 +306,12 @@ int main(int argc, char** argv) {
   arena_options.mlock = config->pool_mlock();
   arena_options.huge_pages = config->pool_huge_pages();
   arena_options.shm_name = config->pool_shm_name();
+  arena_options.numa_nodes = offloadd::PoolNumaNodes(*config, *topology);
+  if (!arena_options.numa_nodes.empty()) {
+    LOG(INFO) << "NUMA placement: the pool is split into one slice per GPU node ("
+              << absl::StrJoin(arena_options.numa_nodes, ", ")
+              << "); each GPU's offloads go to its node's slice";
+  }
   LOG(INFO) << "mapping and pre-faulting the pool: " << config->pool_bytes() << " bytes"
             << (arena_options.shm_name.empty()
                     ? std::string(" (anonymous)")

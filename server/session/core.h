@@ -57,6 +57,8 @@ class Core {
     links_.CancelTransfers(session_id, gpu, status);
   }
 
+  // NUMA node of a GPU (CoreOptions::gpu_numa_nodes); -1 when unknown.
+  int GpuNumaNode(const std::string& gpu) const;
   store::BlockStore& store() { return store_; }
   copy::CopyEngine& engine() { return *engine_; }
   const pool::Arena& arena() const { return *arena_; }
