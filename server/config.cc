@@ -17,6 +17,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include <functional>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -712,9 +714,18 @@ absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& c,
   return resolved;
 }
 
-std::vector<int> PoolNumaNodes(const v1::DaemonConfig& c, const sched::Topology& topology) {
+std::vector<int> PoolNumaNodes(const v1::DaemonConfig& c, const sched::Topology& topology,
+                               const std::function<bool(int)>& may_allocate_on,
+                               std::vector<int>* unusable) {
   if (c.numa_placement() == "off") return {};
-  std::vector<int> nodes = sched::GpuNumaNodes(topology);
+  std::vector<int> nodes;
+  for (int node : sched::GpuNumaNodes(topology)) {
+    if (may_allocate_on(node)) {
+      nodes.push_back(node);
+    } else if (unusable != nullptr) {
+      unusable->push_back(node);
+    }
+  }
   if (nodes.size() < 2) return {};
   return nodes;
 }

@@ -49,7 +49,7 @@ Resolved Resolve(const std::string& text) {
   EXPECT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
   auto topo = ResolveTopology(*c, ConfiguredGpuAddresses(*c));
   EXPECT_TRUE(topo.ok()) << topo.status();
-  return {PoolNumaNodes(*c, *topo), ToCoreOptions(*c, *topo)};
+  return {PoolNumaNodes(*c, *topo, [](int) { return true; }), ToCoreOptions(*c, *topo)};
 }
 
 absl::StatusOr<store::BlockRef> ReserveNow(store::BlockStore& s, uint64_t session,
@@ -77,6 +77,15 @@ TEST(NumaPlacementConfigTest, AutoSlicesPerGpuNodeOnlyWithTwoOrMoreNodes) {
   EXPECT_TRUE(Resolve("sysfs_root: \"" + Fixture("single") +
                       "\"\ngpus { id: \"GPU-0\" pci_bus_id: \"0000:01:00.0\" }\n")
                   .pool_nodes.empty());
+  // Only one of the GPUs' nodes may hold this process's memory (cpuset, memoryless node): one
+  // slice would place nothing, so the pool stays unsliced; the other node is reported.
+  auto c = ParseConfig(Hgx8Config(""));
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto topo = ResolveTopology(*c, ConfiguredGpuAddresses(*c));
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  std::vector<int> unusable;
+  EXPECT_TRUE(PoolNumaNodes(*c, *topo, [](int node) { return node == 0; }, &unusable).empty());
+  EXPECT_EQ(unusable, (std::vector<int>{1}));
   // No gpus listed (shm backend): no nodes known.
   EXPECT_TRUE(Resolve("").pool_nodes.empty());
 }
