@@ -17,6 +17,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include <functional>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -63,6 +65,9 @@ offload_min_share: 0.2
 # Topology discovery reads this tree for the GPUs listed in gpus { id pci_bus_id }.
 sysfs_root: "/sys"
 numa_node_bytes_per_second: 0
+# NUMA placement: auto = the pool split per NUMA node with GPUs (2+ such nodes), each GPU's
+# offloads in its node's slice; off = one pool, kernel default placement.
+numa_placement: "auto"
 # Isolation and failure handling: socket group ("" = the daemon's), allow lists (empty = anyone
 # who can connect), per-uid quota, request and session limits, client pid watching.
 socket_group: ""
@@ -214,6 +219,12 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
         "backend \"%s\" is not known: use \"shm\" or \"cuda\" (or \"cuda-sim\", a timing model "
         "of GPU copy engines that moves no bytes, for benchmarks)",
         c.backend()));
+  }
+  if (c.numa_placement() != "auto" && c.numa_placement() != "off") {
+    problems.push_back(absl::StrFormat(
+        "numa_placement \"%s\" is not known: use \"auto\" (slice the pool per NUMA node with "
+        "GPUs when there are two or more) or \"off\"",
+        c.numa_placement()));
   }
   if (c.chunk_bytes() < 4096) problems.push_back("chunk_bytes must be at least 4096");
   if (c.pool_shm_name().size() > 200 ||
@@ -367,6 +378,7 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"offload_min_share", "share of a link offloads keep while reloads also wait (0.2)"},
       {"sysfs_root", "sysfs tree for topology discovery (default /sys)"},
       {"numa_node_bytes_per_second", "capacity of a NUMA node's host link, e.g. 40GB; 0 = none"},
+      {"numa_placement", "auto | off: pool slices per GPU NUMA node (auto: with 2+ nodes)"},
       {"socket_group", "group of the socket file (name or gid), empty = the daemon's"},
       {"allowed_uids", "comma-separated uids that may open sessions (empty = any)"},
       {"allowed_gids", "comma-separated gids that may open sessions (empty = any)"},
@@ -504,6 +516,8 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
   } else if (name == "offload_min_share") {
     if (absl::Status s = number(&d); !s.ok()) return s;
     c->set_offload_min_share(d);
+  } else if (name == "numa_placement") {
+    c->set_numa_placement(value);
   } else if (name == "sysfs_root") {
     c->set_sysfs_root(value);
   } else if (name == "socket_group") {
@@ -700,6 +714,22 @@ absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& c,
   return resolved;
 }
 
+std::vector<int> PoolNumaNodes(const v1::DaemonConfig& c, const sched::Topology& topology,
+                               const std::function<bool(int)>& may_allocate_on,
+                               std::vector<int>* unusable) {
+  if (c.numa_placement() == "off") return {};
+  std::vector<int> nodes;
+  for (int node : sched::GpuNumaNodes(topology)) {
+    if (may_allocate_on(node)) {
+      nodes.push_back(node);
+    } else if (unusable != nullptr) {
+      unusable->push_back(node);
+    }
+  }
+  if (nodes.size() < 2) return {};
+  return nodes;
+}
+
 session::CoreOptions ToCoreOptions(const v1::DaemonConfig& c, const sched::Topology& topology) {
   session::CoreOptions o = BaseCoreOptions(c);
   std::set<std::string> under_host;
@@ -730,6 +760,7 @@ session::CoreOptions ToCoreOptions(const v1::DaemonConfig& c, const sched::Topol
   for (auto& [node, h] : numa) o.host_links.push_back(std::move(h));
   for (const sched::TopologyGpu& g : topology.gpus) {
     if (!g.bdf.empty()) o.gpu_bus_ids[g.gpu] = g.bdf;
+    if (g.numa_node >= 0) o.gpu_numa_nodes[g.gpu] = g.numa_node;
   }
   return o;
 }

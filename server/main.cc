@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "server/config.h"
 #include "server/copy/cuda_api_sim.h"
@@ -311,6 +312,21 @@ int main(int argc, char** argv) {
   arena_options.mlock = config->pool_mlock();
   arena_options.huge_pages = config->pool_huge_pages();
   arena_options.shm_name = config->pool_shm_name();
+  std::vector<int> unusable_nodes;
+  arena_options.numa_nodes = offloadd::PoolNumaNodes(
+      *config, *topology,
+      [](int node) { return offloadd::pool::CheckNumaNodes({node}).ok(); }, &unusable_nodes);
+  if (!unusable_nodes.empty()) {
+    LOG(WARNING) << "NUMA placement: GPU node(s) " << absl::StrJoin(unusable_nodes, ", ")
+                 << " cannot hold pool memory for this process (offline, no memory, or outside "
+                 << "its cpuset): the pool is sliced over the other GPU nodes only, not at all "
+                 << "when fewer than two are left, and those GPUs' offloads go elsewhere";
+  }
+  if (!arena_options.numa_nodes.empty()) {
+    LOG(INFO) << "NUMA placement: the pool is split into one slice per GPU node ("
+              << absl::StrJoin(arena_options.numa_nodes, ", ")
+              << "); each GPU's offloads go to its node's slice";
+  }
   LOG(INFO) << "mapping and pre-faulting the pool: " << config->pool_bytes() << " bytes"
             << (arena_options.shm_name.empty()
                     ? std::string(" (anonymous)")

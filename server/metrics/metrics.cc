@@ -101,6 +101,31 @@ const StateFamily kSpillBlocksLostTotal{
     "offloadd_spill_blocks_lost_total",
     "Spilled blocks whose file was removed or truncated under the daemon (DATA_LOSS).",
     MetricType::Counter};
+const StateFamily kStagesPromotedTotal{
+    "offloadd_spill_stages_promoted_total",
+    "Stage-backs queued ahead of need (PREFETCH) raised to URGENT because a reload came.",
+    MetricType::Counter};
+const StateFamily kStagesExpiredTotal{
+    "offloadd_spill_stages_expired_total",
+    "Urgent stage-backs that found no pool space within the admission deadline while nothing "
+    "was being spilled; their reloads got RESOURCE_EXHAUSTED.",
+    MetricType::Counter};
+const StateFamily kStagesWaitingForPool{
+    "offloadd_spill_stages_waiting",
+    "Urgent stage-backs waiting for pool space now (offloads are held back meanwhile).",
+    MetricType::Gauge};
+const StateFamily kPoolNumaFallbackTotal{
+    "offloadd_pool_numa_fallback_total",
+    "Pool allocations placed on another NUMA node than their GPU's, by reason (slice_full, "
+    "unknown_node, no_slice).",
+    MetricType::Counter};
+const StateFamily kPoolNumaSliceCapacityBytes{
+    "offloadd_pool_numa_slice_capacity_bytes",
+    "Bytes of the pool's slice bound to each NUMA node (\"unknown\": the pool is not sliced).",
+    MetricType::Gauge};
+const StateFamily kPoolNumaSliceUsedBytes{
+    "offloadd_pool_numa_slice_used_bytes",
+    "Bytes held by blocks (extents) in each NUMA node's slice of the pool.", MetricType::Gauge};
 }  // namespace state
 
 prometheus::MetricFamily NewFamily(const StateFamily& spec) {

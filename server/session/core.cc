@@ -22,7 +22,7 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
       arena_(std::move(arena)),
       engine_(std::move(engine)),
       spill_(std::move(spill)),
-      store_(arena_->size_bytes(), options_.store, arena_->block_table(), spill_.get()),
+      store_(arena_->slices(), options_.store, arena_->block_table(), spill_.get()),
       start_seconds_(options_.clock->NowSeconds()),
       sessions_(options_),
       links_(options_, gate_),
@@ -60,6 +60,11 @@ Core::~Core() {
 }
 
 std::shared_ptr<prometheus::Collectable> Core::collectable() const { return metrics_; }
+
+int Core::GpuNumaNode(const std::string& gpu) const {
+  auto it = options_.gpu_numa_nodes.find(gpu);
+  return it == options_.gpu_numa_nodes.end() ? -1 : it->second;
+}
 
 void Core::CountTransfer(bool offload, uint64_t bytes, bool ok) {
   if (!ok) {

@@ -223,6 +223,7 @@ absl::StatusOr<uint64_t> Session::AdmitHelloLocked(const Request& r, const pool:
     blocks_resumed = *resumed;
   }
   core_->store().SetSessionResumeKey(id_, key);
+  core_->store().SetSessionNumaNode(id_, core_->GpuNumaNode(r.device_id));
   hello_done_ = true;
   core_->EndPendingHello(id_);
   client_name_ = r.client_name;

@@ -16,11 +16,18 @@ void BlockStore::RunAll(Deferred& deferred) {
 
 BlockStore::BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
                        pool::BlockTable* table, spill::SpillTier* spill)
+    : BlockStore(pool::ArenaSlices(capacity_bytes, {}), options, table, spill) {}
+
+BlockStore::BlockStore(std::vector<pool::ArenaSlice> slices, BlockStoreOptions options,
+                       pool::BlockTable* table, spill::SpillTier* spill)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : base::Clock::Real()),
-      allocator_(capacity_bytes),
+      allocator_(std::move(slices)),
       table_(table),
       spill_(spill) {
+  for (const pool::ArenaSlice& s : allocator_.slices()) {
+    largest_slice_bytes_ = std::max(largest_slice_bytes_, s.size_bytes);
+  }
   if (table_ != nullptr) {
     free_slots_.reserve(table_->slots());
     for (uint64_t s = table_->slots(); s > 0; --s) free_slots_.push_back(static_cast<uint32_t>(s - 1));
@@ -73,6 +80,16 @@ int64_t BlockStore::OwnerLocked(uint64_t session_id) const {
 void BlockStore::SetSessionOwner(uint64_t session_id, uint32_t uid) {
   std::lock_guard<std::mutex> lock(mu_);
   session_owner_[session_id] = uid;
+}
+
+void BlockStore::SetSessionNumaNode(uint64_t session_id, int numa_node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  session_numa_node_[session_id] = numa_node;
+}
+
+int BlockStore::NumaNodeLocked(uint64_t session_id) const {
+  auto it = session_numa_node_.find(session_id);
+  return it == session_numa_node_.end() ? -1 : it->second;
 }
 
 void BlockStore::SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey& key) {
@@ -167,7 +184,8 @@ std::string BlockStore::WhyFullLocked(uint64_t session_id, uint64_t bytes) const
 }
 
 BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds) {
-  pool::Extent extent = *allocator_.Allocate(ExtentBytes(bytes));  // caller checked FitsLocked
+  // The caller checked FitsLocked: some slice has room.
+  pool::Extent extent = allocator_.Allocate(ExtentBytes(bytes), NumaNodeLocked(session_id))->extent;
   uint64_t id = 0;
   do {
     id = absl::Uniform<uint64_t>(rng_);
@@ -212,6 +230,12 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
           "offload of %d bytes is larger than the whole pool (%d bytes): split it, or raise "
           "pool_bytes in the daemon config",
           bytes, allocator_.stats().capacity_bytes));
+    } else if (rounded > largest_slice_bytes_) {
+      result = absl::OutOfRangeError(absl::StrFormat(
+          "offload of %d bytes is larger than the pool's largest NUMA slice (%d bytes; a block "
+          "must fit in one node's slice): split it, raise pool_bytes, or set "
+          "numa_placement: off in the daemon config",
+          bytes, largest_slice_bytes_));
     } else if (options_.session_quota_bytes > 0 && rounded > options_.session_quota_bytes) {
       result = absl::OutOfRangeError(absl::StrFormat(
           "offload of %d bytes is larger than the session quota (%d bytes): split it, or raise "
@@ -475,6 +499,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
     }
     session_owner_.erase(session_id);
     session_resume_key_.erase(session_id);
+    session_numa_node_.erase(session_id);
     session_cursor_.erase(session_id);
     std::vector<uint64_t> ids;
     for (auto& [id, b] : blocks_) {
@@ -680,6 +705,12 @@ StoreStats BlockStore::stats() const {
   s.stages_promoted_total = stages_promoted_total_;
   s.stages_expired_total = stages_expired_total_;
   s.blocks_lost_total = blocks_lost_total_;
+  s.stages_waiting = pending_stages_.size();
+  s.placement = allocator_.placement_counts();
+  for (size_t i = 0; i < allocator_.slices().size(); ++i) {
+    const pool::ArenaSlice& slice = allocator_.slices()[i];
+    s.numa_slices.push_back({slice.numa_node, slice.size_bytes, allocator_.slice_stats(i).used_bytes});
+  }
   return s;
 }
 

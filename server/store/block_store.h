@@ -82,7 +82,9 @@
 #include "absl/status/statusor.h"
 #include "server/base/clock.h"
 #include "server/pool/block_table.h"
+#include "server/pool/arena.h"
 #include "server/pool/extent_allocator.h"
+#include "server/pool/sliced_allocator.h"
 #include "server/spill/spill_tier.h"
 
 namespace offloadd::store {
@@ -119,6 +121,13 @@ struct BlockRef {
   double queued_seconds = 0;  // time spent waiting for space
 };
 
+// One NUMA slice of the pool (pool/arena.h ArenaSlice) and its allocated bytes (rounded extents).
+struct NumaSliceUsage {
+  int numa_node = -1;  // -1: the pool is not sliced
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+};
+
 struct StoreStats {
   pool::AllocatorStats pool;
   uint64_t blocks = 0;
@@ -144,6 +153,13 @@ struct StoreStats {
   uint64_t stages_expired_total = 0;
   double reload_disk_wait_seconds_total = 0;  // their summed wait for the stage-back
   uint64_t blocks_lost_total = 0;  // spill files removed or truncated under the daemon
+  // Urgent stage-backs waiting for pool space now (see the spill policy above).
+  uint64_t stages_waiting = 0;
+  // NUMA placement (issue 16 part 5): allocations per outcome (pool/sliced_allocator.h;
+  // adoption not counted) and each slice's bytes, in pool order (one slice of node -1 when the
+  // pool is not sliced).
+  pool::PlacementCounts placement;
+  std::vector<NumaSliceUsage> numa_slices;
 };
 
 class BlockStore {
@@ -153,7 +169,15 @@ class BlockStore {
 
   // `table`: the shared pool's block records (not owned), or null for an anonymous pool.
   // `spill`: the spill tier (not owned; must outlive the store), or null for none.
+  // A pool of `capacity_bytes` in one unbound slice (no NUMA placement).
   BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
+             pool::BlockTable* table = nullptr, spill::SpillTier* spill = nullptr);
+  // A pool laid out in `slices` (Arena::slices(): in offset order, covering the pool). With
+  // slices bound to NUMA nodes, each offload and stage-back of a session goes to the slice of
+  // the session's node (SetSessionNumaNode) and falls back to another slice with a counted
+  // reason (pool/sliced_allocator.h); reloads read wherever the block is. A block must fit in
+  // one slice: larger ones get OUT_OF_RANGE.
+  BlockStore(std::vector<pool::ArenaSlice> slices, BlockStoreOptions options,
              pool::BlockTable* table = nullptr, spill::SpillTier* spill = nullptr);
   ~BlockStore();  // Stop()
 
@@ -171,6 +195,10 @@ class BlockStore {
   // before its first Reserve; without one the records carry an all-zero key, which no token
   // hashes to in practice).
   void SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey& key);
+  // Records the NUMA node of the session's GPU (sched::TopologyGpu::numa_node; -1 unknown), whose
+  // slice takes its blocks (call before its first Reserve; without it the node is unknown and
+  // a sliced pool places its blocks as "unknown_node"). Forgotten with ReleaseSession.
+  void SetSessionNumaNode(uint64_t session_id, int numa_node);
 
   // Takes the blocks of a previous daemon (BlockTable::Adopt's valid records) as resident blocks
   // of no session, held `grace_seconds`; then those not resumed are freed (and counted). Call
@@ -304,6 +332,7 @@ class BlockStore {
   // Why a request does not fit now: "the pool is full", "the session quota ... is used", ...
   std::string WhyFullLocked(uint64_t session_id, uint64_t bytes) const;
   int64_t OwnerLocked(uint64_t session_id) const;
+  int NumaNodeLocked(uint64_t session_id) const;  // -1 when not recorded
   BlockRef AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds);
   void FreeLocked(uint64_t block_id, Deferred* deferred);
   // Clears the block's record (shared pool; not after Stop, see above).
@@ -316,7 +345,9 @@ class BlockStore {
   base::Clock* const clock_;  // options_.clock, or the steady clock
   mutable std::mutex mu_;
   std::condition_variable deadline_cv_;
-  pool::ExtentAllocator allocator_;
+  pool::SlicedExtentAllocator allocator_;
+  uint64_t largest_slice_bytes_ = 0;  // a block must fit in one slice
+  std::unordered_map<uint64_t, int> session_numa_node_;
   std::unordered_map<uint64_t, Block> blocks_;
   std::unordered_map<uint64_t, uint64_t> session_used_bytes_;
   std::unordered_map<uint64_t, uint64_t> session_blocks_;

@@ -125,8 +125,8 @@ void BlockStore::SpillFinished(uint64_t block_id, const absl::Status& st) {
 
 bool BlockStore::StartStageLocked(uint64_t block_id, Block& b, bool urgent,
                                   Deferred* deferred) {
-  auto extent = allocator_.Allocate(b.extent.bytes);
-  if (!extent.ok()) {
+  auto placed = allocator_.Allocate(b.extent.bytes, NumaNodeLocked(b.session_id));
+  if (!placed.ok()) {
     if (urgent && !b.stage_pending) {
       b.stage_pending = true;
       b.stage_deadline_at = base::SteadyNowSeconds() + options_.admission_deadline_seconds;
@@ -138,9 +138,9 @@ bool BlockStore::StartStageLocked(uint64_t block_id, Block& b, bool urgent,
   }
   b.tier = Tier::kStaging;
   b.stage_urgent = urgent;
-  b.extent = *extent;
+  b.extent = placed->extent;
   staging_bytes_ += b.extent.bytes;
-  deferred->push_back([this, block_id, extent = *extent, urgent,
+  deferred->push_back([this, block_id, extent = placed->extent, urgent,
                        flow = absl::StrCat(b.session_id)] {
     spill_->Stage(block_id, extent, urgent ? spill::DiskClass::kUrgent : spill::DiskClass::kPrefetch,
                   flow, [this, block_id](absl::Status st) { StageFinished(block_id, st); });
