@@ -217,8 +217,37 @@ void Client::Close() {
 }
 
 bool Client::WriterHasWork() const {
+  if (writing_) return reading_done_;  // one write at a time: a caller's is in flight
   if (reading_done_ || closing_) return true;
   return !outbox_.empty() && (batch_depth_ == 0 || flush_);
+}
+
+void Client::TakeMessageLocked(v1::ClientMessage* message) {
+  size_t message_bytes = 0;
+  while (!outbox_.empty() && message->requests_size() < kMaxRequestsPerMessage) {
+    size_t request_bytes = outbox_.front().ByteSizeLong() + 4;
+    if (message->requests_size() > 0 && message_bytes + request_bytes > kMaxMessageBytes) break;
+    message_bytes += request_bytes;
+    *message->add_requests() = std::move(outbox_.front());
+    outbox_.pop_front();
+  }
+  if (outbox_.empty()) flush_ = false;
+  ++counters_.messages_sent;
+  counters_.requests_sent += message->requests_size();
+  writing_ = true;
+}
+
+void Client::WriteNowLocked(std::unique_lock<std::mutex>& lock) {
+  v1::ClientMessage message;
+  TakeMessageLocked(&message);
+  lock.unlock();
+  // A failed write means the stream is over: the reader sees it end and settles pending_.
+  (void)stream_->Write(message);
+  lock.lock();
+  writing_ = false;
+  // Wake a thread only when one waits for this: the writer (requests queued meanwhile, Close)
+  // or the reader (the stream ended; it waits for the write to return).
+  if (!outbox_.empty() || closing_ || reading_done_) cv_.notify_all();
 }
 
 void Client::WriterLoop() {
@@ -233,19 +262,7 @@ void Client::WriterLoop() {
         half_close = closing_;
         if (!half_close) continue;
       } else if (batch_depth_ == 0 || flush_ || closing_) {
-        size_t message_bytes = 0;
-        while (!outbox_.empty() && message.requests_size() < kMaxRequestsPerMessage) {
-          size_t request_bytes = outbox_.front().ByteSizeLong() + 4;
-          if (message.requests_size() > 0 && message_bytes + request_bytes > kMaxMessageBytes) {
-            break;
-          }
-          message_bytes += request_bytes;
-          *message.add_requests() = std::move(outbox_.front());
-          outbox_.pop_front();
-        }
-        if (outbox_.empty()) flush_ = false;
-        ++counters_.messages_sent;
-        counters_.requests_sent += message.requests_size();
+        TakeMessageLocked(&message);
       } else {
         continue;  // corked by a ScopedBatch
       }
@@ -254,7 +271,11 @@ void Client::WriterLoop() {
       stream_->WritesDone();
       break;
     }
-    if (!stream_->Write(message)) break;  // stream is over; the reader sees it end too
+    const bool written = stream_->Write(message);
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    cv_.notify_all();
+    if (!written) break;  // stream is over; the reader sees it end too
   }
   std::lock_guard<std::mutex> lock(mu_);
   writer_done_ = true;
@@ -301,7 +322,7 @@ void Client::ReaderLoop() {
       std::unique_lock<std::mutex> lock(mu_);
       reading_done_ = true;
       cv_.notify_all();
-      cv_.wait(lock, [this] { return writer_done_; });
+      cv_.wait(lock, [this] { return writer_done_ && !writing_; });
     }
     if (writer_.joinable()) writer_.join();
     grpc::Status final_status = stream_->Finish();
@@ -688,7 +709,7 @@ void Client::AccountLocked(const Pending& p, v1::Response* response) {
 
 absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
                              uint64_t region) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (!stream_status_.ok()) return stream_status_;
   if (closing_) return absl::FailedPreconditionError("Client::Close() was called");
   if (request.has_reload() && lost_.contains(request.reload().block_id())) {
@@ -701,9 +722,15 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
   v1::Request wire = write ? WireLocked(request) : v1::Request();
   const uint64_t id = request.request_id();
   pending_.emplace(id, Pending{std::move(done), std::move(request), false, region});
-  if (write) {
-    outbox_.push_back(std::move(wire));
-    if (flush) flush_ = true;
+  if (!write) return absl::OkStatus();
+  outbox_.push_back(std::move(wire));
+  if (flush) flush_ = true;
+  // An idle client (this request alone pending, no write in flight, no batch open) writes from
+  // this thread: no hand-off to the writer. Otherwise the writer coalesces what queues up.
+  if (pending_.size() == 1 && !writing_ && batch_depth_ == 0) {
+    ++counters_.messages_sent_by_caller;
+    WriteNowLocked(lock);
+  } else {
     cv_.notify_all();
   }
   return absl::OkStatus();

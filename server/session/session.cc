@@ -111,6 +111,13 @@ void Session::Handle(const Request& r) {
   Dispatch(r);
 }
 
+bool Session::MayBlock(const Request& r) const {
+  const bool offload_without_wait = r.kind == RequestKind::kOffload && r.ready_event.empty();
+  if (!offload_without_wait && r.kind != RequestKind::kReload) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_ || !hello_done_ || regions_.count(r.region_id) == 0;
+}
+
 void Session::Dispatch(const Request& r) {
   bool hello_done;
   {
