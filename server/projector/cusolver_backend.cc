@@ -150,6 +150,32 @@ absl::Status Orthonormalize(Context& ctx, float* d_y, int rows, int c, float* d_
                                                            d_tau, work.get(), lwork, d_info));
 }
 
+// The first k columns of U (device, column-major rows x k or wider, leading dimension rows) into
+// `vectors` (host, rows x k row-major: vector i is column i).
+absl::Status CopyLeadingColumns(Context& ctx, const float* d_u, int rows, int64_t k,
+                                std::vector<float>* vectors) {
+  std::vector<float> u(static_cast<size_t>(rows) * k);
+  OFD_RETURN_IF_ERROR(ctx.ToHost(u.data(), d_u, u.size()));
+  OFD_RETURN_IF_ERROR(ctx.Sync());
+  for (int64_t i = 0; i < k; ++i) {
+    for (int64_t j = 0; j < rows; ++j) (*vectors)[j * k + i] = u[j + i * rows];
+  }
+  return absl::OkStatus();
+}
+
+// The first k rows of V^T (device, column-major n x n: entry j of vector i at vt[i + j * n])
+// into `vectors` (host, n x k row-major).
+absl::Status CopyLeadingRows(Context& ctx, const float* d_vt, int n, int64_t k,
+                             std::vector<float>* vectors) {
+  std::vector<float> vt(static_cast<size_t>(n) * n);
+  OFD_RETURN_IF_ERROR(ctx.ToHost(vt.data(), d_vt, vt.size()));
+  OFD_RETURN_IF_ERROR(ctx.Sync());
+  for (int64_t j = 0; j < n; ++j) {
+    std::memcpy(&(*vectors)[j * k], &vt[j * n], k * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TopSingular> CusolverSvdBackend::Exact(DenseMatrix a, VectorSide side,
@@ -208,21 +234,9 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Exact(DenseMatrix a, VectorSide 
   out.side_dim = side == VectorSide::kLeft ? m : n;
   out.vectors.resize(static_cast<size_t>(out.side_dim) * k);
   if (need_x_left) {
-    // U: column-major xr x xc; vector i is column i (xr == side_dim). Copy the first k.
-    std::vector<float> u(static_cast<size_t>(xr) * k);
-    OFD_RETURN_IF_ERROR(ctx.ToHost(u.data(), d_u.get(), u.size()));
-    OFD_RETURN_IF_ERROR(ctx.Sync());
-    for (int64_t i = 0; i < k; ++i) {
-      for (int64_t j = 0; j < xr; ++j) out.vectors[j * k + i] = u[j + i * xr];
-    }
+    OFD_RETURN_IF_ERROR(CopyLeadingColumns(ctx, d_u.get(), xr, k, &out.vectors));
   } else {
-    // V^T: column-major xc x xc; vector i is row i: entry j at vt[i + j * xc] (xc == side_dim).
-    std::vector<float> vt(static_cast<size_t>(xc) * xc);
-    OFD_RETURN_IF_ERROR(ctx.ToHost(vt.data(), d_vt.get(), vt.size()));
-    OFD_RETURN_IF_ERROR(ctx.Sync());
-    for (int64_t j = 0; j < xc; ++j) {
-      std::memcpy(&out.vectors[j * k], &vt[j * xc], k * sizeof(float));
-    }
+    OFD_RETURN_IF_ERROR(CopyLeadingRows(ctx, d_vt.get(), xc, k, &out.vectors));
   }
   return out;
 }
