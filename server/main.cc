@@ -84,10 +84,12 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
 
 // The GaLore projector refresh service (config `projector`), or nullptr when it is disabled. shm
 // regions open through the daemon's engine when that is shm, else through `own_shm`; CUDA IPC
-// regions through the cuda engine. Sets OpenBLAS's process-wide thread count once.
+// regions through the cuda engine; G and P are copied through the links of `core`
+// (class PROJECTOR). Sets OpenBLAS's process-wide thread count once.
 std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
-    const offloadd::v1::ProjectorConfig& config, offloadd::copy::CopyEngine& engine,
+    const offloadd::v1::ProjectorConfig& config, offloadd::session::Core& core,
     offloadd::copy::CopyEngine* own_shm) {
+  offloadd::copy::CopyEngine& engine = core.engine();
   if (config.has_enabled() && !config.enabled()) {
     LOG(INFO) << "projector service disabled (projector { enabled: false })";
     return nullptr;
@@ -115,6 +117,10 @@ std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
   if (config.history_bytes_per_uid() > 0) {
     options.history_bytes_per_uid = config.history_bytes_per_uid();
   }
+  options.copy_through_link = [&core](const offloadd::projector::RegionCopy& c) {
+    return core.CopyOverLink(c.device_id, offloadd::sched::TrafficClass::kProjector, *c.engine,
+                             c.direction, c.region, c.region_offset, c.host, c.bytes);
+  };
   const int blas_threads =
       offloadd::projector::SetBlasThreads(offloadd::projector::BlasThreadsFor(options.workers));
   const bool shm_daemon = engine.name() == "shm";
@@ -447,7 +453,7 @@ int main(int argc, char** argv) {
   // shm regions of refreshes on a cuda daemon
   offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
   std::unique_ptr<offloadd::projector::RefreshService> projector =
-      MakeProjector(config->projector(), core.engine(), &projector_shm);
+      MakeProjector(config->projector(), core, &projector_shm);
   auto server = offloadd::rpc::Server::Start(&core, socket_path, config->socket_mode(),
                                              *offloadd::ResolveSocketGroup(*config),
                                              projector.get(), *listen_fd);

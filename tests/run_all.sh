@@ -64,6 +64,13 @@ else
   cat "$results/function_length.log"; echo "0 1" > "$results/function_length.count"; rc=1
 fi
 
+echo "== layering"
+if BAZEL=$BAZEL bash tests/layering_check.sh > "$results/layering.log" 2>&1; then
+  tail -1 "$results/layering.log"; echo "1 0" > "$results/layering.count"
+else
+  cat "$results/layering.log"; echo "0 1" > "$results/layering.count"; rc=1
+fi
+
 passed=0; failed=0
 for f in "$results"/*.count; do
   read -r p fl < "$f"

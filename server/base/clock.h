@@ -3,10 +3,18 @@
 // benchmarks. std::chrono::steady_clock, so it never jumps with the wall clock; its zero is
 // arbitrary (boot, on Linux), so only differences and comparisons between its values mean
 // anything — never compare it with wall-clock time or send it to another process.
+//
+// Components that wait for time to pass (LinkScheduler and HostLink pacing, BlockStore's
+// deadline thread, PidWatcher's grace, RefreshService's result expiry, the session layer's
+// admission times) take a `Clock*` instead of calling these functions, so tests give them a
+// FakeClock (fake_clock.h) and move time themselves instead of sleeping. Production passes
+// Clock::Real(), the steady clock.
 #ifndef OFFLOADD_SERVER_BASE_CLOCK_H_
 #define OFFLOADD_SERVER_BASE_CLOCK_H_
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 namespace offloadd::base {
@@ -21,6 +29,41 @@ inline double SteadyNowSeconds() {
 inline void SleepUntilSteadySeconds(double t) {
   const double dt = t - SteadyNowSeconds();
   if (dt > 0) std::this_thread::sleep_for(std::chrono::duration<double>(dt));
+}
+
+// An injectable monotonic time source, in seconds. Thread-safe.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual double NowSeconds() = 0;
+  // Blocks (or, for a fake clock, advances time) until NowSeconds() >= t.
+  virtual void SleepUntil(double t) = 0;
+  // Waits on `cv`, with `lock` (locked by the caller) released while waiting, until `cv` is
+  // notified, the wait ends spuriously, or NowSeconds() >= deadline_seconds; returns with
+  // `lock` held. Like condition_variable::wait_until, so callers loop, re-checking their
+  // condition and the time. A deadline more than an hour away waits at most an hour.
+  virtual void WaitUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
+                         double deadline_seconds) = 0;
+  // The steady clock (SteadyNowSeconds); never null, lives as long as the process.
+  static Clock* Real();
+};
+
+class SteadyClock final : public Clock {
+ public:
+  double NowSeconds() override { return SteadyNowSeconds(); }
+  void SleepUntil(double t) override { SleepUntilSteadySeconds(t); }
+  void WaitUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
+                 double deadline_seconds) override {
+    // Relative, capped: a huge deadline must not overflow the duration arithmetic.
+    const double dt = deadline_seconds - SteadyNowSeconds();
+    if (dt <= 0) return;
+    cv.wait_for(lock, std::chrono::duration<double>(dt < 3600.0 ? dt : 3600.0));
+  }
+};
+
+inline Clock* Clock::Real() {
+  static SteadyClock* clock = new SteadyClock();  // never destroyed: used by detached work
+  return clock;
 }
 
 }  // namespace offloadd::base

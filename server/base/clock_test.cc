@@ -1,8 +1,12 @@
 #include "server/base/clock.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "gtest/gtest.h"
+#include "server/base/fake_clock.h"
 
 namespace offloadd::base {
 namespace {
@@ -24,6 +28,50 @@ TEST(SteadyClockTest, SleepUntilReturnsNoEarlierThanTheTarget) {
   SleepUntilSteadySeconds(target);
   EXPECT_GE(SteadyNowSeconds(), target);
   SleepUntilSteadySeconds(target - 10);  // past: returns at once
+}
+
+TEST(ClockTest, RealIsOneSteadyClock) {
+  ASSERT_NE(Clock::Real(), nullptr);
+  EXPECT_EQ(Clock::Real(), Clock::Real());
+  const double a = SteadyNowSeconds();
+  const double b = Clock::Real()->NowSeconds();
+  EXPECT_LE(a, b);
+  EXPECT_LE(b, SteadyNowSeconds());
+}
+
+TEST(FakeClockTest, TimeMovesOnlyByAdvanceAndSleepUntil) {
+  FakeClock clock(10);
+  EXPECT_EQ(clock.NowSeconds(), 10);
+  clock.Advance(2.5);
+  EXPECT_EQ(clock.NowSeconds(), 12.5);
+  clock.SleepUntil(20);
+  EXPECT_EQ(clock.NowSeconds(), 20);
+  clock.SleepUntil(15);  // the past: time does not go back
+  EXPECT_EQ(clock.NowSeconds(), 20);
+  EXPECT_EQ(clock.sleeps(), 2u);
+}
+
+TEST(FakeClockTest, WaitUntilReturnsOncePastTheDeadlineAndAdvanceWakesTheWaiter) {
+  FakeClock clock(0);
+  std::mutex mu;
+  std::condition_variable cv;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    clock.WaitUntil(lock, cv, 0);  // deadline reached: returns without waiting
+    EXPECT_TRUE(lock.owns_lock());
+  }
+  EXPECT_EQ(clock.waits(), 0u);
+  double woke_at = -1;
+  std::thread waiter([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    while (clock.NowSeconds() < 5) clock.WaitUntil(lock, cv, 5);
+    woke_at = clock.NowSeconds();
+  });
+  while (clock.waits() == 0) std::this_thread::yield();
+  clock.Advance(4);  // not yet: the waiter waits again
+  clock.Advance(1);
+  waiter.join();
+  EXPECT_EQ(woke_at, 5);
 }
 
 }  // namespace

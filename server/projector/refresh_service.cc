@@ -68,7 +68,8 @@ struct RefreshService::WorkerBuffers {
 
 RefreshService::RefreshService(RefreshServiceOptions options, copy::CopyEngine* shm_engine,
                                copy::CopyEngine* cuda_engine)
-    : options_(std::move(options)), regions_(shm_engine, cuda_engine, options_.region_cache) {
+    : options_(WithClock(std::move(options))),
+      regions_(shm_engine, cuda_engine, options_.region_cache) {
   if (options_.cpu_backend == nullptr) options_.cpu_backend = &own_lapack_;
   const int workers = std::max(1, options_.workers);
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -77,7 +78,16 @@ RefreshService::RefreshService(RefreshServiceOptions options, copy::CopyEngine* 
 
 RefreshService::~RefreshService() { Shutdown(); }
 
-double RefreshService::Now() const { return base::SteadyNowSeconds(); }
+RefreshServiceOptions RefreshService::WithClock(RefreshServiceOptions options) {
+  if (options.clock == nullptr) options.clock = base::Clock::Real();
+  if (!options.region_cache.now_seconds) {
+    base::Clock* clock = options.clock;
+    options.region_cache.now_seconds = [clock] { return clock->NowSeconds(); };
+  }
+  return options;
+}
+
+double RefreshService::Now() const { return options_.clock->NowSeconds(); }
 
 absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& request) {
   absl::StatusOr<RefreshLayout> layout = ValidateServiceRequest(request);
@@ -293,8 +303,9 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
                                                    " but its region is ", g_size, " bytes")));
   }
   uint8_t* g = buffers.Gradient(layout->gradient_bytes);
-  if (absl::Status s = g_region->engine->CopyChunk(
-          copy::Direction::kDeviceToHost, *g_region->region, g_offset, g, layout->gradient_bytes);
+  if (absl::Status s = CopyRegion(*g_region, request.gradient.region,
+                                  copy::Direction::kDeviceToHost, g_offset, g,
+                                  layout->gradient_bytes);
       !s.ok()) {
     return fail(Prefixed(s, "reading the gradient: "));
   }
@@ -331,8 +342,8 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
                                              p_offset, " but its region is ", p_size, " bytes")));
     }
     if (absl::Status s =
-            p_region->engine->CopyChunk(copy::Direction::kHostToDevice, *p_region->region, p_offset,
-                                        result->projector_bytes.data(), p_bytes);
+            CopyRegion(*p_region, *layout->projector_region, copy::Direction::kHostToDevice,
+                       p_offset, result->projector_bytes.data(), p_bytes);
         !s.ok()) {
       return fail(Prefixed(s, "writing the projector: "));
     }
@@ -340,6 +351,24 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
   }
   record->state = RefreshState::kDone;
   record->result = *std::move(result);
+}
+
+absl::Status RefreshService::CopyRegion(const RegionCache::Opened& opened,
+                                        const copy::RegionSpec& spec, copy::Direction direction,
+                                        uint64_t region_offset, uint8_t* host,
+                                        uint64_t bytes) const {
+  if (!options_.copy_through_link) {
+    return opened.engine->CopyChunk(direction, *opened.region, region_offset, host, bytes);
+  }
+  RegionCopy c;
+  c.engine = opened.engine;
+  c.region = opened.region;
+  c.direction = direction;
+  c.region_offset = region_offset;
+  c.host = host;
+  c.bytes = bytes;
+  c.device_id = spec.device_id;
+  return options_.copy_through_link(c);
 }
 
 void RefreshService::Finish(uint64_t id, RefreshRecord record) {

@@ -6,10 +6,11 @@
 // parameter at a time), and for each:
 //   1. lazy mode: skips it while the parameter's subspace has stayed stable (lazy_policy.h);
 //   2. opens G's region through a RegionCache and copies G (rows x cols, dtype) into a
-//      per-worker buffer with CopyEngine::CopyChunk;
+//      per-worker buffer through `copy_through_link` (below; without one, with one
+//      CopyEngine::CopyChunk);
 //   3. runs RefreshProjector (projector.h) with the parameter's previous projector, if the
 //      service still holds it, for similarity and (randomized, warm_start) as the warm start;
-//   4. writes P to its region with CopyChunk — unless G was all zeros (degenerate: P is left as
+//   4. writes P to its region the same way — unless G was all zeros (degenerate: P is left as
 //      it was) — and keeps P as the parameter's previous projector;
 //   5. records the result and wakes whoever waits for it.
 //
@@ -60,6 +61,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/base/clock.h"
 #include "server/copy/copy_engine.h"
 #include "server/projector/lapack_backend.h"
 #include "server/projector/projector.h"
@@ -101,6 +103,24 @@ struct SubmitOutcome {
   RefreshState state = RefreshState::kQueued;
 };
 
+// One copy between a worker's host buffer and client memory (G read, P written), as the
+// service hands it to RefreshServiceOptions::copy_through_link.
+struct RegionCopy {
+  copy::CopyEngine* engine = nullptr;    // the engine that opened `region`; not null
+  std::shared_ptr<copy::Region> region;  // open for the whole copy
+  copy::Direction direction = copy::Direction::kDeviceToHost;  // d2h: read G; h2d: write P
+  uint64_t region_offset = 0;            // bytes into the region
+  uint8_t* host = nullptr;               // `bytes` bytes of the worker's buffer
+  uint64_t bytes = 0;                    // > 0
+  std::string device_id;                 // RegionSpec::device_id: whose link carries it
+};
+// Moves a RegionCopy's bytes and returns when all have landed, or with the first error (the
+// message says what failed). Supplied by the layer that owns the links (main wires
+// session::Core::CopyOverLink: chunked, paced and DRR-scheduled on the device's link in the
+// PROJECTOR class, counted in the link metrics), so this layer does not depend on it. Runs on
+// a refresh worker, without the service's lock held; may block for as long as the link needs.
+using CopyThroughLink = std::function<absl::Status(const RegionCopy&)>;
+
 struct RefreshServiceOptions {
   int workers = 1;
   // Must outlive the service; nullptr = a LapackSvdBackend owned by the service.
@@ -114,6 +134,13 @@ struct RefreshServiceOptions {
   size_t max_results_per_uid = 1024;  // 0 = only the total
   double result_ttl_seconds = 600;
   RegionCacheOptions region_cache;
+  // Time of queue waits, durations and result expiry (and of the region cache's idle time
+  // unless region_cache.now_seconds is set). Not owned, must outlive the service; null =
+  // base::Clock::Real(). Tests pass a base::FakeClock.
+  base::Clock* clock = nullptr;
+  // How G and P are copied (see CopyThroughLink). Empty: one CopyEngine::CopyChunk per matrix,
+  // outside any link (tests of this layer alone).
+  CopyThroughLink copy_through_link;
   // See "Memory held" above. 0 = no bound.
   uint64_t max_refresh_bytes = 8ull << 30;
   size_t max_queued_refreshes = 4096;
@@ -205,6 +232,11 @@ class RefreshService {
   void Execute(const ServiceRequest& request, WorkerBuffers& buffers, RefreshRequest* refresh,
                RefreshRecord* record);
   void Finish(uint64_t id, RefreshRecord record);  // lock not held
+  // Copies `bytes` between `host` and `opened` at `region_offset` (copy_through_link, else one
+  // CopyChunk); lock not held.
+  absl::Status CopyRegion(const RegionCache::Opened& opened, const copy::RegionSpec& spec,
+                          copy::Direction direction, uint64_t region_offset, uint8_t* host,
+                          uint64_t bytes) const;
   // OUT_OF_RANGE / RESOURCE_EXHAUSTED when a new refresh would pass a bound; lock held.
   absl::Status AdmitLocked(const ServiceRequest& request, const RefreshLayout& layout) const;
   // Execute, with a failed allocation turned into the refresh's RESOURCE_EXHAUSTED.
@@ -234,6 +266,8 @@ class RefreshService {
   absl::Status AdmitWaiterLocked(int64_t owner_uid);
   void ForgetWaiterLocked(int64_t owner_uid);
   double Now() const;
+  // `options` with the clock defaulted and the region cache reading it.
+  static RefreshServiceOptions WithClock(RefreshServiceOptions options);
 
   LapackSvdBackend own_lapack_;  // the cpu_backend when none was given
   RefreshServiceOptions options_;

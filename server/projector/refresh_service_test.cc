@@ -16,6 +16,7 @@
 
 #include "client/shm_region.h"
 #include "gtest/gtest.h"
+#include "server/base/fake_clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/projector/dtype.h"
 #include "server/projector/lapack_backend.h"
@@ -166,6 +167,35 @@ TEST_F(RefreshServiceTest, WritesTheLibrarysProjectorIntoClientMemory) {
             0);
   std::vector<float> p = ReadP(shm, rec);
   EXPECT_LE(OrthogonalityError(p.data(), n, r), 1e-5);
+}
+
+TEST_F(RefreshServiceTest, ResultsExpireAfterTheirTtlOnTheServiceClock) {
+  base::FakeClock clock(1000);
+  RefreshServiceOptions o;
+  o.clock = &clock;
+  o.result_ttl_seconds = 10;
+  Start(o);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(32, 32, 1));
+  backend_.Close();
+  auto first = service_->Submit(Request(shm, "w", 0, 32, 32, 4));
+  ASSERT_TRUE(first.ok()) << first.status();
+  backend_.WaitForCalls(1);  // running, held in the SVD
+  clock.Advance(3);          // it takes 3 s on the service's clock
+  backend_.Open();
+  auto record = service_->Wait(first->id);
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->queued_seconds, 0);
+  EXPECT_EQ(record->elapsed_seconds, 3);
+  // Finished at 1003: still held at 1012.9 (expiry is checked at each submit and finish).
+  clock.Advance(9.9);
+  ASSERT_EQ(SubmitAndWait(Request(shm, "w", 1, 32, 32, 4)).state, RefreshState::kDone);
+  EXPECT_TRUE(service_->Get(first->id).ok());
+  clock.Advance(0.2);  // 10.1 s after it finished
+  ASSERT_EQ(SubmitAndWait(Request(shm, "w", 2, 32, 32, 4)).state, RefreshState::kDone);
+  EXPECT_EQ(service_->Get(first->id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Find(/*owner_uid=*/-1, "w", 0).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(RefreshServiceTest, Bf16GradientGetsABf16Projector) {

@@ -165,7 +165,14 @@ std::optional<Chunk> ChunkQueue::Pop(const GpuFilter& eligible) {
       break;
     }
   }
-  if (higher < 0 && !offload_waiting) return std::nullopt;
+  if (higher < 0 && !offload_waiting) {
+    // Only the lowest class may be left: projector copies go when nothing else waits.
+    if (!Eligible(classes_[static_cast<int>(TrafficClass::kProjector)], TrafficClass::kProjector,
+                  eligible)) {
+      return std::nullopt;
+    }
+    return PopFromClass(TrafficClass::kProjector, eligible);
+  }
   const bool contended = offload_waiting && higher >= 0;
   TrafficClass cls;
   if (higher < 0) {

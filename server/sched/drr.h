@@ -6,7 +6,7 @@
 // Flows are (traffic class, GPU). A pushed Transfer of `bytes` is cut into chunks of at most
 // `chunk_bytes` (a 20 MiB transfer with 8 MiB chunks -> offsets 0, 8, 16 MiB, lengths 8, 8, 4
 // MiB). Pop() picks:
-//  1. the class: URGENT, else PREFETCH, else OFFLOAD — except that while OFFLOAD and a higher
+//  1. the class: URGENT, else PREFETCH, else OFFLOAD, else PROJECTOR — except that while OFFLOAD and a higher
 //     class both have queued chunks ("contended"), OFFLOAD is served whenever its share of the
 //     bytes served under contention is below `offload_min_share`. The byte counters are halved
 //     whenever their total passes `share_window_bytes`, so they cover roughly the last window

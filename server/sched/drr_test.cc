@@ -224,6 +224,24 @@ TEST(ChunkQueueTest, UrgentBeforePrefetchBeforeOffloadWithZeroMinShare) {
   EXPECT_EQ(order, want);
 }
 
+TEST(ChunkQueueTest, ProjectorCopiesGoLastAndAnUrgentOvertakesOneInProgress) {
+  ChunkQueue q(Options());
+  PushOk(q, MakeTransfer("g", TrafficClass::kProjector, 24 * kMiB));
+  PushOk(q, MakeTransfer("g", TrafficClass::kOffload, 8 * kMiB));
+  std::vector<TrafficClass> order;
+  order.push_back(q.Pop()->transfer->cls);  // the offload, though queued after
+  order.push_back(q.Pop()->transfer->cls);  // the projector copy's first chunk
+  PushOk(q, MakeTransfer("h", TrafficClass::kUrgent, 8 * kMiB));
+  PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 8 * kMiB));
+  while (std::optional<Chunk> c = q.Pop()) order.push_back(c->transfer->cls);
+  const std::vector<TrafficClass> want = {
+      TrafficClass::kOffload,   TrafficClass::kProjector, TrafficClass::kUrgent,
+      TrafficClass::kPrefetch,  TrafficClass::kProjector, TrafficClass::kProjector};
+  EXPECT_EQ(order, want);
+  // No offload queued: the projector class does not count toward the offload share.
+  EXPECT_EQ(q.contended_offload_and_total_bytes().second, 0u);
+}
+
 TEST(ChunkQueueTest, OffloadMinimumShareHoldsUnderReloadSaturation) {
   ChunkQueueOptions o = Options();
   o.offload_min_share = 0.2;

@@ -6,10 +6,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/sched/fake_clock.h"
+#include "server/base/fake_clock.h"
 
 namespace offloadd::sched {
 namespace {
+
+using base::FakeClock;
 
 constexpr uint64_t kMiB = 1ull << 20;
 

@@ -24,17 +24,14 @@ const char* TrafficClassName(TrafficClass c) {
       return "prefetch";
     case TrafficClass::kOffload:
       return "offload";
+    case TrafficClass::kProjector:
+      return "projector";
   }
   return "unknown";
 }
 
 namespace {
 
-class RealClock : public Clock {
- public:
-  double NowSeconds() override { return base::SteadyNowSeconds(); }
-  void SleepUntil(double t) override { base::SleepUntilSteadySeconds(t); }
-};
 
 // Pacing keeps a work-conserving virtual clock: while work has been queued since the link's
 // last virtual finish, the next chunk starts at that finish even if the worker woke up late (a
@@ -52,11 +49,6 @@ thread_local bool posting_from_completion = false;
 thread_local bool in_inline_done = false;
 
 }  // namespace
-
-Clock* Clock::Real() {
-  static RealClock* clock = new RealClock();
-  return clock;
-}
 
 struct LinkScheduler::Impl {
   struct Active {

@@ -3,9 +3,10 @@
 //
 // A Transfer (one offload or reload) is cut into chunks of at most `chunk_bytes`, so a 1 GiB
 // offload cannot hold the link while a backward pass waits on a reload. Which chunk goes next:
-//  1. Class priority: URGENT reloads, then PREFETCH reloads, then OFFLOADs, except that OFFLOAD
-//     gets at least `offload_min_share` of the bytes while it has work (GPU memory is only
-//     freed when offloads finish) — enforced by byte accounting over a sliding window.
+//  1. Class priority: URGENT reloads, then PREFETCH reloads, then OFFLOADs, then PROJECTOR
+//     copies (projector refreshes), except that OFFLOAD gets at least `offload_min_share` of
+//     the bytes while it has work and a higher class waits (GPU memory is only freed when
+//     offloads finish) — enforced by byte accounting over a sliding window.
 //  2. Within a class, deficit round robin (Shreedhar & Varghese, "Efficient Fair Queuing Using
 //     Deficit Round Robin", SIGCOMM 1995) over GPUs: each visit adds weight x quantum_bytes to a
 //     GPU's deficit; a GPU with no queued chunks keeps no deficit, so idle GPUs give their share
@@ -60,22 +61,21 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "server/base/clock.h"
 
 namespace offloadd::sched {
 
-enum class TrafficClass { kUrgent = 0, kPrefetch = 1, kOffload = 2 };
-inline constexpr int kNumClasses = 3;
+// Highest priority first (see 1. above). kProjector: a projector refresh's copies (reading a
+// gradient, writing its projector; projector/refresh_service.h), below OFFLOAD: a refresh is
+// background work whose result a later step picks up, while a reload feeds the backward pass
+// now and an offload frees GPU memory now. It has no minimum share: on a link that stays
+// saturated by the other classes its chunks wait until the link has room.
+enum class TrafficClass { kUrgent = 0, kPrefetch = 1, kOffload = 2, kProjector = 3 };
+inline constexpr int kNumClasses = 4;
 const char* TrafficClassName(TrafficClass c);
 
-// Monotonic time source, injectable for deterministic tests.
-class Clock {
- public:
-  virtual ~Clock() = default;
-  virtual double NowSeconds() = 0;
-  // Blocks (or, for a fake clock, advances time) until NowSeconds() >= t.
-  virtual void SleepUntil(double t) = 0;
-  static Clock* Real();
-};
+// The injectable monotonic time source (server/base/clock.h; tests: base::FakeClock).
+using Clock = base::Clock;
 
 struct Transfer {
   std::string gpu;  // device id; the DRR flow
@@ -129,15 +129,15 @@ struct LinkSchedulerOptions {
 struct LinkSchedulerStats {
   uint64_t bytes = 0;                         // copied, all classes
   std::map<std::string, uint64_t> gpu_bytes;  // copied per GPU
-  uint64_t class_bytes[kNumClasses] = {0, 0, 0};
+  uint64_t class_bytes[kNumClasses] = {};
   double busy_seconds = 0;  // time with at least one chunk being copied
   uint64_t queued_transfers = 0;
   uint64_t chunks_in_flight = 0;
   // Per class: transfers whose first chunk started, and the sum / max of their waits from
   // Submit to that start (seconds; the paced start when bytes_per_second > 0).
-  uint64_t started_transfers[kNumClasses] = {0, 0, 0};
-  double queue_wait_seconds_sum[kNumClasses] = {0, 0, 0};
-  double queue_wait_seconds_max[kNumClasses] = {0, 0, 0};
+  uint64_t started_transfers[kNumClasses] = {};
+  double queue_wait_seconds_sum[kNumClasses] = {};
+  double queue_wait_seconds_max[kNumClasses] = {};
   // Transfers with a deadline that completed (successfully) after it, per GPU.
   std::map<std::string, uint64_t> gpu_deadline_misses;
 };

@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/sched/fake_clock.h"
+#include "server/base/fake_clock.h"
 
 namespace offloadd::sched {
 namespace {
+
+using base::FakeClock;
 
 constexpr uint64_t kKiB = 1ull << 10;
 constexpr uint64_t kMiB = 1ull << 20;
@@ -82,7 +84,7 @@ TEST(LinkSchedulerTest, EveryByteOfManyConcurrentTransfersIsCopiedExactlyOnce) {
   LinkScheduler sched(SmallChunks(4));
   const std::vector<std::string> gpus = {"gpu0", "gpu1", "gpu2"};
   std::map<std::string, uint64_t> want_gpu;
-  uint64_t want_class[kNumClasses] = {0, 0, 0};
+  uint64_t want_class[kNumClasses] = {};
   std::vector<uint64_t> sizes;
   // Submit from three threads at once.
   std::vector<std::thread> submitters;

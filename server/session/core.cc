@@ -7,15 +7,23 @@
 #include "server/session/session.h"
 
 namespace offloadd::session {
+namespace {
+// `options` with the clock defaulted to the steady clock and handed to the store.
+CoreOptions WithClock(CoreOptions options) {
+  if (options.clock == nullptr) options.clock = base::Clock::Real();
+  if (options.store.clock == nullptr) options.store.clock = options.clock;
+  return options;
+}
+}  // namespace
 
 Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
            std::unique_ptr<copy::CopyEngine> engine, std::unique_ptr<spill::SpillTier> spill)
-    : options_(std::move(options)),
+    : options_(WithClock(std::move(options))),
       arena_(std::move(arena)),
       engine_(std::move(engine)),
       spill_(std::move(spill)),
       store_(arena_->size_bytes(), options_.store, arena_->block_table(), spill_.get()),
-      start_seconds_(base::SteadyNowSeconds()),
+      start_seconds_(options_.clock->NowSeconds()),
       sessions_(options_),
       links_(options_, gate_),
       metrics_(std::make_shared<CoreMetrics>(this)) {
@@ -94,7 +102,7 @@ CoreStats Core::Stats() {
   s.offloads_total = offloads_total_.load();
   s.reloads_total = reloads_total_.load();
   s.errors_total = errors_total_.load();
-  s.uptime_seconds = base::SteadyNowSeconds() - start_seconds_;
+  s.uptime_seconds = options_.clock->NowSeconds() - start_seconds_;
   s.chunk_bytes = options_.chunk_bytes;
   s.links = links_.DescribeLinks();
   s.host_links = links_.DescribeHostLinks();

@@ -17,6 +17,7 @@
 #include "prometheus/collectable.h"
 #include "server/copy/copy_engine.h"
 #include "server/pool/arena.h"
+#include "server/sched/link_scheduler.h"
 #include "server/session/core_options.h"
 #include "server/session/core_stats.h"
 #include "server/session/link_table.h"
@@ -56,6 +57,18 @@ class Core {
   void CancelTransfers(uint64_t session_id, const std::string& gpu, const absl::Status& status) {
     links_.CancelTransfers(session_id, gpu, status);
   }
+  // Copies `bytes` between `host` and `region` at `region_offset` through the link of
+  // `device_id` (made on first use, as for a session on that device), as one transfer of class
+  // `cls`: cut into chunk_bytes chunks, paced, DRR-fair with the device's other traffic and
+  // counted in the link's stats and metrics. Blocks until the last chunk has landed (or the
+  // first fails: its status). For callers outside the session layer (main wires the projector
+  // refresh service to it, class PROJECTOR). Errors: RESOURCE_EXHAUSTED naming max_links as
+  // AcquireLink; UNAVAILABLE while draining; the engine's copy error. `engine` opened `region`
+  // and must outlive the call. Not from a transfer callback. (link_copy.cc)
+  absl::Status CopyOverLink(const std::string& device_id, sched::TrafficClass cls,
+                            copy::CopyEngine& engine, copy::Direction direction,
+                            std::shared_ptr<copy::Region> region, uint64_t region_offset,
+                            uint8_t* host, uint64_t bytes);
 
   store::BlockStore& store() { return store_; }
   copy::CopyEngine& engine() { return *engine_; }
@@ -65,6 +78,7 @@ class Core {
   // What adoption found at start-up (empty without a shared pool or on a fresh one).
   const pool::AdoptionReport& adoption() const { return adoption_; }
   const CoreOptions& options() const { return options_; }
+  base::Clock& clock() const { return *options_.clock; }  // options.clock, or the steady clock
 
   // Sessions (session_registry.h has the contracts).
   uint64_t NewSessionId() { return sessions_.NewSessionId(); }

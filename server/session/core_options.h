@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "server/base/clock.h"
 #include "server/session/peer.h"
 #include "server/spill/spill_tier.h"
 #include "server/store/block_store.h"
@@ -92,6 +93,11 @@ struct CoreOptions {
   // Spill tier (issue 18): directory "" = none. main creates the tier (SpillTier::Create) from
   // these and hands it to the Core.
   spill::SpillOptions spill;
+  // The time of everything below the RPC layer that reads or waits for time: sessions'
+  // transfer times and deadlines, the links' pacing, the store (unless store.clock is set),
+  // the pid watcher's grace and the hello timeout. Not owned, must outlive the Core; null =
+  // base::Clock::Real() (the Core fills it in). Tests pass a base::FakeClock.
+  base::Clock* clock = nullptr;
 };
 
 }  // namespace offloadd::session

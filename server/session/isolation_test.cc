@@ -20,9 +20,11 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/base/fake_clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/session/peer.h"
 #include "server/session/pid_watcher.h"
@@ -482,9 +484,12 @@ TEST(SessionIsolationTest, EndSessionReleasesEverythingAndEndsTheStream) {
 void ExpectSessionEndsWhenItsProcessExits(bool force_proc_polling) {
   pid_t child = SpawnSleeper();
   ASSERT_GT(child, 0);
+  base::FakeClock clock(100);
   CoreOptions o;
-  o.pid_exit_grace_seconds = 0.05;
+  o.pid_exit_grace_seconds = 5;
   o.pid_poll_interval_seconds = 0.05;
+  o.hello_timeout_seconds = 0;  // this test moves time; no Hello deadline
+  o.clock = &clock;
   auto core = MakeCore(o);
   Collected c;
   // The session's peer is the child (as if it had connected), the stream stays open.
@@ -494,7 +499,14 @@ void ExpectSessionEndsWhenItsProcessExits(bool force_proc_polling) {
   EXPECT_EQ(core->pids_watched(), 1u);
   EXPECT_FALSE(s->closed());
   KillAndReap(child);
-  EXPECT_TRUE(WaitFor([&] { return s->closed(); })) << "session not ended after its pid exited";
+  // Time moves only here, 0.1 s per look: the session ends after the 5 s grace on the Core's
+  // clock, without the test waiting for it in real time.
+  EXPECT_TRUE(WaitFor([&] {
+    if (s->closed()) return true;
+    clock.Advance(0.1);
+    return false;
+  })) << "session not ended after its pid exited";
+  EXPECT_GE(clock.NowSeconds(), 105.0);
   std::lock_guard<std::mutex> lock(c.mu);
   ASSERT_EQ(c.stream_ends.size(), 1u);
   EXPECT_EQ(c.stream_ends[0].code(), absl::StatusCode::kAborted);
@@ -546,14 +558,33 @@ TEST(PidWatcherTest, ReportsExitsThroughPidfdAndThroughProcPolling) {
 }
 
 TEST(PidWatcherTest, UnwatchDuringTheGraceCancelsTheReport) {
-  std::atomic<int> reports{0};
-  PidWatcher w(1.0, 0.05, [&](uint64_t) { reports++; });
-  pid_t a = SpawnSleeper();
+  base::FakeClock clock(100);
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, double>> reports;  // (key, clock seconds)
+  PidWatcher w(
+      1.0, 0.05,
+      [&](uint64_t key) {
+        std::lock_guard<std::mutex> lock(mu);
+        reports.emplace_back(key, clock.NowSeconds());
+      },
+      /*force_proc_polling=*/false, &clock);
+  pid_t a = SpawnSleeper(), b = SpawnSleeper();
   w.Watch(1, a);
+  w.Watch(2, b);  // the control: its report shows the grace has passed
   KillAndReap(a);
+  KillAndReap(b);
+  ASSERT_TRUE(WaitFor([&] { return w.exits_pending() == 2; }));  // both noticed at 100 s
   w.Unwatch(1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
-  EXPECT_EQ(reports.load(), 0);
+  clock.Advance(1.1);
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return !reports.empty();
+  }));
+  std::lock_guard<std::mutex> lock(mu);
+  // Key 1 had the same deadline as key 2, so it would be in the same pass: only 2 is.
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].first, 2u);
+  EXPECT_GE(reports[0].second, 101.0);
   EXPECT_EQ(w.watched(), 0u);
 }
 

@@ -39,7 +39,7 @@ LinkTable::LinkTable(const CoreOptions& options, const TransferGate& gate)
       o.direction = direction;
       o.bytes_per_second = rate;
       o.quantum_bytes = options_.chunk_bytes;
-      return std::make_unique<sched::HostLink>(o);
+      return std::make_unique<sched::HostLink>(o, options_.clock);
     };
     host.d2h = make("d2h", spec.d2h_bytes_per_second);
     host.h2d = make("h2d", spec.h2d_bytes_per_second);
@@ -181,7 +181,7 @@ std::shared_ptr<LinkTable::Link> LinkTable::MakeLink(const std::string& name) co
     o.on_queue_wait = [waits](sched::TrafficClass c, double seconds) {
       waits[static_cast<int>(c)]->Observe(seconds);
     };
-    return std::make_shared<sched::LinkScheduler>(o);
+    return std::make_shared<sched::LinkScheduler>(o, options_.clock);
   };
   auto link = std::make_shared<Link>();
   link->name = name;

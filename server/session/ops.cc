@@ -116,7 +116,7 @@ void TransferTicket::Release() {
 Op::Op(OpContext context, Request request)
     : ctx_(std::move(context)),
       request_(std::move(request)),
-      start_seconds_(base::SteadyNowSeconds()) {}
+      start_seconds_(ctx_.core->clock().NowSeconds()) {}
 
 bool Op::BeginFinish() {
   if (finish_calls_.fetch_add(1) == 0) return true;
@@ -171,7 +171,7 @@ void OffloadOp::Admitted(absl::StatusOr<store::BlockRef> ref) {
   }
   absl::Status ready = ctx_.core->engine().WaitReady(*region_, request_.ready_event);
   if (!ready.ok()) return Finish(ready);
-  admitted_seconds_ = base::SteadyNowSeconds();
+  admitted_seconds_ = ctx_.core->clock().NowSeconds();
   // Reloads and releases that named the block by tag before it existed run now; the store
   // orders reloads after the copy.
   if (tag_claimed_) ctx_.owner->TagResolved(request_.tag, block_.block_id, absl::OkStatus());
@@ -198,7 +198,7 @@ void OffloadOp::Finish(absl::Status status, bool answer) {
   SetState(status.ok() ? OpState::kStored : OpState::kFailed);
   Core* core = ctx_.core;
   if (block_.block_id != 0) core->store().OffloadFinished(block_.block_id, status);
-  const double now = base::SteadyNowSeconds();
+  const double now = ctx_.core->clock().NowSeconds();
   if (copied) {
     core->CountTransfer(/*offload=*/true, request_.bytes, status.ok());
     RecordTransfer("d2h", ctx_.device_id, request_.bytes, now - start_seconds_, status.ok());
@@ -265,7 +265,7 @@ void ReloadOp::Readable(absl::StatusOr<store::BlockRef> ref) {
         region_->size_bytes())));
   }
   bytes_ = ref->bytes;
-  ready_seconds_ = base::SteadyNowSeconds();
+  ready_seconds_ = ctx_.core->clock().NowSeconds();
   SubmitCopy(*ref);
 }
 
@@ -297,7 +297,7 @@ void ReloadOp::Finish(absl::Status status) {
   const bool release = request_.release_after && status.ok();
   if (store_reload_open_) core->store().EndReload(request_.block_id, release);
   if (release) ctx_.owner->ForgetBlock(request_.block_id);
-  const double now = base::SteadyNowSeconds();
+  const double now = ctx_.core->clock().NowSeconds();
   if (copied) {
     core->CountTransfer(/*offload=*/false, bytes_, status.ok());
     RecordTransfer("h2d", ctx_.device_id, bytes_, now - start_seconds_, status.ok());

@@ -20,10 +20,6 @@
 
 namespace offloadd::session {
 
-double PidWatcher::Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 uint64_t PidWatcher::ProcessStartTicks(int32_t pid) {
   std::ifstream in(absl::StrFormat("/proc/%d/stat", pid));
   std::string stat;
@@ -41,11 +37,12 @@ uint64_t PidWatcher::ProcessStartTicks(int32_t pid) {
 }
 
 PidWatcher::PidWatcher(double grace_seconds, double poll_interval_seconds, OnExit on_exit,
-                       bool force_proc_polling)
+                       bool force_proc_polling, base::Clock* clock)
     : grace_seconds_(std::max(0.0, grace_seconds)),
       poll_interval_seconds_(std::max(0.01, poll_interval_seconds)),
       on_exit_(std::move(on_exit)),
-      force_proc_polling_(force_proc_polling) {
+      force_proc_polling_(force_proc_polling),
+      clock_(clock != nullptr ? clock : base::Clock::Real()) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   epoll_event ev{};
@@ -113,6 +110,13 @@ size_t PidWatcher::watched() const {
   return entries_.size();
 }
 
+size_t PidWatcher::exits_pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [key, e] : entries_) n += e.exit_deadline > 0 ? 1 : 0;
+  return n;
+}
+
 size_t PidWatcher::polled() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;
@@ -162,6 +166,8 @@ void PidWatcher::Loop() {
       continue;
     }
     int timeout_ms = timeout_seconds < 0 ? -1 : static_cast<int>(timeout_seconds * 1000) + 1;
+    // Another clock's seconds are not real ones: re-read it every 2 ms (see the header).
+    if (clock_ != base::Clock::Real() && (timeout_ms < 0 || timeout_ms > 2)) timeout_ms = 2;
     int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout_ms);
     std::lock_guard<std::mutex> lock(mu_);
     for (int i = 0; i < n; ++i) {

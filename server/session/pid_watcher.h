@@ -15,6 +15,10 @@
 // accepted; a process that exits and whose pid is reused in between would be mistaken for the
 // new one (both events within one client's Hello round trip).
 //
+// Time (the grace, the poll interval) is read from a base::Clock, the steady clock unless one is
+// given; with any other (a test's FakeClock) the thread re-reads it at least every 2 ms of real
+// time, so advancing a fake clock is noticed without the watcher sleeping on real time.
+//
 // Thread-safety: all methods are thread-safe; on_exit runs on the watcher thread without any
 // watcher lock held (it may call Unwatch).
 #ifndef OFFLOADD_SERVER_SESSION_PID_WATCHER_H_
@@ -27,14 +31,17 @@
 #include <string>
 #include <thread>
 
+#include "server/base/clock.h"
+
 namespace offloadd::session {
 
 class PidWatcher {
  public:
   using OnExit = std::function<void(uint64_t key)>;
-  // force_proc_polling: skip pidfd_open (tests of the fallback).
+  // force_proc_polling: skip pidfd_open (tests of the fallback). `clock`: not owned, must
+  // outlive the watcher; null = base::Clock::Real().
   PidWatcher(double grace_seconds, double poll_interval_seconds, OnExit on_exit,
-             bool force_proc_polling = false);
+             bool force_proc_polling = false, base::Clock* clock = nullptr);
   ~PidWatcher();  // stops the thread; pending exits are not reported
 
   // Watches `pid` for `key` (one pid per key; a second Watch replaces the first). A pid that
@@ -45,6 +52,8 @@ class PidWatcher {
   // Keys watched (including those whose exit is pending), and how many use the /proc fallback.
   size_t watched() const;
   size_t polled() const;
+  // Keys whose process's exit was noticed and whose report waits for the grace to pass.
+  size_t exits_pending() const;
 
   // Start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22), or 0 when the
   // process does not exist.
@@ -59,11 +68,12 @@ class PidWatcher {
   };
   void Loop();
   void Wake();
-  static double Now();
+  double Now() const { return clock_->NowSeconds(); }
 
   const double grace_seconds_, poll_interval_seconds_;
   const OnExit on_exit_;
   const bool force_proc_polling_;
+  base::Clock* const clock_;
   int epoll_fd_ = -1, wake_fd_ = -1;
   mutable std::mutex mu_;
   std::map<uint64_t, Entry> entries_;

@@ -21,7 +21,8 @@ SessionRegistry::SessionRegistry(const CoreOptions& options) : options_(options)
                            absl::AbortedError("the client process exited while its session "
                                               "stream was still open (a child process holds "
                                               "the connection?): offloadd ended the session"));
-        });
+        },
+        /*force_proc_polling=*/false, options_.clock);
   }
 }
 
@@ -94,7 +95,7 @@ absl::Status SessionRegistry::AdmitPendingHello(uint64_t session_id,
   PendingHello p;
   p.per_uid = CountsPerUid(options_.max_pending_hello_per_uid, peer);
   p.uid = peer.uid;
-  p.deadline_seconds = base::SteadyNowSeconds() + options_.hello_timeout_seconds;
+  p.deadline_seconds = options_.clock->NowSeconds() + options_.hello_timeout_seconds;
   std::lock_guard<std::mutex> lock(hello_mu_);
   if (p.per_uid && pending_per_uid_[peer.uid] >= options_.max_pending_hello_per_uid) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -138,12 +139,14 @@ size_t SessionRegistry::pending_hello() const {
 
 void SessionRegistry::HelloTimeoutLoop() {
   const double timeout = options_.hello_timeout_seconds;
-  const auto period = std::chrono::duration<double>(std::clamp(timeout / 4, 0.05, 1.0));
+  const double period_seconds = std::clamp(timeout / 4, 0.05, 1.0);
+  base::Clock& clock = *options_.clock;
   std::unique_lock<std::mutex> lock(hello_mu_);
   while (!hello_stop_) {
-    hello_cv_.wait_for(lock, period, [this] { return hello_stop_; });
+    const double wake = clock.NowSeconds() + period_seconds;
+    while (!hello_stop_ && clock.NowSeconds() < wake) clock.WaitUntil(lock, hello_cv_, wake);
     if (hello_stop_) return;
-    const double now = base::SteadyNowSeconds();
+    const double now = clock.NowSeconds();
     std::vector<uint64_t> expired;
     for (auto it = pending_hello_.begin(); it != pending_hello_.end();) {
       if (it->second.deadline_seconds > now) {

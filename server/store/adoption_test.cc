@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/base/fake_clock.h"
 #include "server/pool/block_table.h"
 #include "server/store/block_store.h"
 #include "server/store/block_store_test_util.h"
@@ -137,12 +138,17 @@ TEST_F(AdoptionTest, BlocksNotResumedWithinGraceAreFreedAndCounted) {
     BlockStore before(kPoolBytes, TestStoreOptions(), &table_);
     Fill(before, 2);
   }
-  BlockStore after(kPoolBytes, TestStoreOptions(), &table_);
-  ASSERT_EQ(after.Adopt(table_.Adopt().blocks, 0.0), 2u);
-  // The store's deadline thread frees them; wait for the count (bounded, not timed).
-  for (int i = 0; i < 1000 && after.stats().adopted_blocks_expired_total < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  base::FakeClock clock(100);
+  BlockStoreOptions o = TestStoreOptions();
+  o.clock = &clock;
+  BlockStore after(kPoolBytes, o, &table_);
+  ASSERT_EQ(after.Adopt(table_.Adopt().blocks, 60.0), 2u);
+  clock.Advance(59.9);  // within the grace (fake time): nothing can be freed yet
+  EXPECT_EQ(after.stats().adopted_blocks_expired_total, 0u);
+  EXPECT_EQ(after.stats().blocks, 2u);
+  clock.Advance(0.2);
+  // The store's deadline thread, woken by the clock, frees them; wait for its count.
+  while (after.stats().adopted_blocks_expired_total < 2) std::this_thread::yield();
   EXPECT_EQ(after.stats().adopted_blocks_expired_total, 2u);
   EXPECT_EQ(after.stats().blocks, 0u);
   EXPECT_EQ(after.stats().pool.used_bytes, 0u);

@@ -16,7 +16,11 @@ void BlockStore::RunAll(Deferred& deferred) {
 
 BlockStore::BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
                        pool::BlockTable* table, spill::SpillTier* spill)
-    : options_(options), allocator_(capacity_bytes), table_(table), spill_(spill) {
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : base::Clock::Real()),
+      allocator_(capacity_bytes),
+      table_(table),
+      spill_(spill) {
   if (table_ != nullptr) {
     free_slots_.reserve(table_->slots());
     for (uint64_t s = table_->slots(); s > 0; --s) free_slots_.push_back(static_cast<uint32_t>(s - 1));
@@ -188,7 +192,7 @@ BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enq
   ref.block_id = id;
   ref.bytes = bytes;
   ref.extent = extent;
-  ref.queued_seconds = enqueued_seconds > 0 ? base::SteadyNowSeconds() - enqueued_seconds : 0;
+  ref.queued_seconds = enqueued_seconds > 0 ? clock_->NowSeconds() - enqueued_seconds : 0;
   return ref;
 }
 
@@ -233,7 +237,7 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
           "fit now: %s",
           waiters_.size(), WhyFullLocked(session_id, bytes)));
     } else {
-      double now = base::SteadyNowSeconds();
+      double now = clock_->NowSeconds();
       waiters_.push_back(Waiter{session_id, bytes, now,
                                 now + options_.admission_deadline_seconds, std::move(done),
                                 hint});
@@ -389,7 +393,7 @@ absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
       b.waiting_reloads.push_back(std::move(ready));
       if (b.tier != Tier::kPool) {
         ++reloads_from_disk_total_;
-        b.disk_wait_start = base::SteadyNowSeconds();
+        b.disk_wait_start = clock_->NowSeconds();
         if (b.tier == Tier::kDisk && !b.stage_pending) {
           StartStageLocked(block_id, b, /*urgent=*/true, &deferred);
         } else if (b.tier == Tier::kStaging && !b.stage_urgent) {
@@ -491,7 +495,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
 void BlockStore::DeadlineLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    double now = base::SteadyNowSeconds();
+    double now = clock_->NowSeconds();
     double next = 0;
     Deferred deferred;
     if (adopted_deadline_seconds_ > 0) {
@@ -531,8 +535,7 @@ void BlockStore::DeadlineLoop() {
     if (next == 0) {
       deadline_cv_.wait(lock);
     } else {
-      // Capped: a huge deadline must not overflow the clock's duration arithmetic.
-      deadline_cv_.wait_for(lock, std::chrono::duration<double>(std::min(next - now, 3600.0)));
+      clock_->WaitUntil(lock, deadline_cv_, next);
     }
   }
 }
@@ -573,7 +576,7 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
     if (!slot_used[s - 1]) free_slots_.push_back(static_cast<uint32_t>(s - 1));
   }
   if (n > 0) {
-    adopted_deadline_seconds_ = base::SteadyNowSeconds() + std::max(grace_seconds, 0.0);
+    adopted_deadline_seconds_ = clock_->NowSeconds() + std::max(grace_seconds, 0.0);
     deadline_cv_.notify_all();
   }
   return n;

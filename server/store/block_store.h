@@ -80,6 +80,7 @@
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/base/clock.h"
 #include "server/pool/block_table.h"
 #include "server/pool/extent_allocator.h"
 #include "server/spill/spill_tier.h"
@@ -96,6 +97,9 @@ struct BlockStoreOptions {
   double spill_high_water_fraction = 0.9;
   // Spill tier only: blocks staged back ahead of each reload (0 = only on demand).
   uint32_t stage_ahead_blocks = 2;
+  // Time of admission deadlines, queue waits and the adoption grace (not owned; must outlive
+  // the store); null = base::Clock::Real(). Tests pass a base::FakeClock.
+  base::Clock* clock = nullptr;
 };
 
 // Where an offloaded block falls in the client's reload order (Offload's ordering hint):
@@ -309,6 +313,7 @@ class BlockStore {
   void DeadlineLoop();
 
   const BlockStoreOptions options_;
+  base::Clock* const clock_;  // options_.clock, or the steady clock
   mutable std::mutex mu_;
   std::condition_variable deadline_cv_;
   pool::ExtentAllocator allocator_;

@@ -159,7 +159,7 @@ void BlockStore::StageFinished(uint64_t block_id, const absl::Status& st) {
     std::vector<ReadableCallback> waiting = std::move(b.waiting_reloads);
     b.waiting_reloads.clear();
     if (b.disk_wait_start > 0) {
-      reload_disk_wait_seconds_total_ += base::SteadyNowSeconds() - b.disk_wait_start;
+      reload_disk_wait_seconds_total_ += clock_->NowSeconds() - b.disk_wait_start;
       b.disk_wait_start = 0;
     }
     if (st.ok()) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/base/fake_clock.h"
 #include "server/store/block_store_test_util.h"
 
 namespace offloadd::store {
@@ -60,10 +61,21 @@ TEST(BlockStoreTest, FullPoolWaitsThenAdmitsOnRelease) {
 }
 
 TEST(BlockStoreTest, DeadlinePassesWithResourceExhausted) {
-  BlockStore s(4 * kMiB, TestStoreOptions(0, /*deadline=*/0.05));
+  base::FakeClock clock(100);
+  BlockStoreOptions o = TestStoreOptions(0, /*deadline=*/5.0);
+  o.clock = &clock;
+  BlockStore s(4 * kMiB, o);
   ASSERT_TRUE(ReserveNow(s, 1, 4 * kMiB).ok());
-  auto r = ReserveNow(s, 2, kMiB);
+  std::promise<absl::StatusOr<BlockRef>> refused;
+  s.Reserve(2, kMiB, [&](absl::StatusOr<BlockRef> r) { refused.set_value(std::move(r)); });
+  clock.Advance(4.9);  // before the deadline (fake time: the store cannot refuse yet)
+  EXPECT_EQ(s.stats().offloads_waiting, 1u);
+  EXPECT_EQ(s.stats().offloads_refused_total, 0u);
+  clock.Advance(0.2);  // past it: the deadline thread, woken by the clock, refuses
+  absl::StatusOr<BlockRef> r = refused.get_future().get();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(r.status().message()).find("within 5.100 s"), std::string::npos)
+      << r.status();
   EXPECT_NE(std::string(r.status().message()).find("pool is full"), std::string::npos);
   EXPECT_EQ(s.stats().offloads_refused_total, 1u);
   EXPECT_EQ(s.stats().offloads_waiting, 0u);

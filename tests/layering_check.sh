@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The layer order of docs/ARCHITECTURE.md "Layers", checked against what Bazel enforces.
+# For each server package, asks Bazel which server libraries its libraries may depend on
+# (`bazel query visible(...)`: the visibility rules of server/BUILD's package groups) and
+# compares that with the table below. A visibility change that lets a layer reach up or
+# sideways (store -> session, pool -> copy, metrics -> anything, projector -> sched) fails here
+# with the package pair, so the layering cannot loosen without this table and the architecture
+# document changing with it. Prints "layering: OK (N packages)" or the differences; exit 1 on any.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BAZEL=${BAZEL:-bazel}
+
+# package -> the server packages whose libraries it may use (sorted, space separated).
+declare -A ALLOWED=(
+  [server]="base copy metrics pool projector rpc sched session spill store"
+  [rpc]="base copy metrics pool projector sched session spill store"
+  [session]="base copy metrics pool projector sched spill store"
+  [store]="base copy metrics pool spill"
+  [projector]="base copy metrics pool"
+  [sched]="base copy metrics pool"
+  [spill]="base copy metrics pool sched"
+  [pool]="base metrics"
+  [copy]="base metrics"
+  [metrics]="base"
+  [base]=""
+)
+
+bad=0
+for pkg in "${!ALLOWED[@]}"; do
+  label=//server/$pkg; [ "$pkg" = server ] && label=//server
+  if ! out=$($BAZEL query --noshow_progress \
+      "visible(kind('cc_library', $label:all), kind('cc_library', //server/...))" 2>&1); then
+    echo "layering: bazel query failed for $label:"; echo "$out" | tail -5; exit 1
+  fi
+  seen=$(echo "$out" | grep '^//server' | sed 's#^//server/\{0,1\}##; s#:.*##; s#^$#server#' |
+         grep -vx "$pkg" | sort -u | tr '\n' ' ' | sed 's/ $//')
+  if [ "$seen" != "${ALLOWED[$pkg]}" ]; then
+    echo "layering: //server/$pkg may use [$seen], the layer order allows [${ALLOWED[$pkg]}]"
+    bad=1
+  fi
+done
+if [ "$bad" -ne 0 ]; then
+  echo "layering: FAILED — restore server/BUILD's package groups, or change the order in this"
+  echo "table and docs/ARCHITECTURE.md \"Layers\" together"
+  exit 1
+fi
+echo "layering: OK (${#ALLOWED[@]} packages)"
