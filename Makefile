@@ -61,6 +61,8 @@ soak: build
 # build/fuzz/corpus, crashes to build/fuzz/crash-*: copy those to tests/fuzz/regressions.
 FUZZ_SECONDS ?= 60
 FUZZ_SRCS := tests/fuzz/session_fuzz.cc server/session/core.cc server/session/session.cc \
+  server/session/core_metrics.cc server/session/link_table.cc server/session/session_registry.cc \
+  server/session/transfer_gate.cc \
   server/session/ops.cc \
   server/session/peer.cc server/session/pid_watcher.cc server/store/block_store.cc \
   server/store/block_store_spill.cc server/spill/spill_tier.cc server/spill/disk_io.cc \
