@@ -436,6 +436,31 @@ struct Server::Impl {
   bool stopped = false;
 };
 
+namespace {
+// mkdir -p of socket_path's directory; it must be writable by this user.
+absl::Status PrepareSocketDirectory(const std::string& socket_path) {
+  const std::string dir = socket_path.substr(0, socket_path.rfind('/'));
+  if (dir.empty()) return absl::OkStatus();
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      std::string part = dir.substr(0, i);
+      if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::PermissionDeniedError(absl::StrFormat(
+            "cannot create socket directory %s: %s; create it or choose another socket_path",
+            part, strerror(errno)));
+      }
+    }
+  }
+  if (access(dir.c_str(), W_OK) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "socket directory %s is not writable by this user: run as its owner or choose another "
+        "socket_path",
+        dir));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
                                                       const std::string& socket_path,
                                                       uint32_t socket_mode, int64_t socket_gid,
@@ -447,27 +472,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
         "socket_path",
         socket_path, socket_path.size()));
   }
-  std::string dir = socket_path.substr(0, socket_path.rfind('/'));
-  if (!dir.empty() && listen_fd < 0) {
-    // mkdir -p
-    for (size_t i = 1; i <= dir.size(); ++i) {
-      if (i == dir.size() || dir[i] == '/') {
-        std::string part = dir.substr(0, i);
-        if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
-          return absl::PermissionDeniedError(absl::StrFormat(
-              "cannot create socket directory %s: %s; create it or choose another socket_path",
-              part, strerror(errno)));
-        }
-      }
-    }
-    if (access(dir.c_str(), W_OK) != 0) {
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "socket directory %s is not writable by this user: run as its owner or choose another "
-          "socket_path",
-          dir));
-    }
-  }
   if (listen_fd < 0) {
+    if (absl::Status st = PrepareSocketDirectory(socket_path); !st.ok()) return st;
     if (absl::Status st = ClearStaleSocket(socket_path); !st.ok()) return st;
   }
   google::protobuf::SetLogHandler(&RateLimitedProtobufLog);  // process-wide; see above
