@@ -28,6 +28,8 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
       links_(options_, gate_),
       metrics_(std::make_shared<CoreMetrics>(this)) {
   if (arena_->block_table() != nullptr && arena_->adopted()) Adopt();
+  // After adoption: spill files no adopted record names are a previous daemon's leftovers.
+  store_.RemoveUnnamedSpillFiles();
 }
 
 void Core::Adopt() {

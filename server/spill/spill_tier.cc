@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 
@@ -50,18 +51,6 @@ double Now() {
 
 absl::Status Errno(const std::string& what) {
   return absl::FailedPreconditionError(absl::StrFormat("%s: %s", what, strerror(errno)));
-}
-
-// Removes "*.spill" files a previous daemon left; returns how many.
-int RemoveLeftovers(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return 0;
-  int n = 0;
-  while (dirent* e = readdir(d)) {
-    if (absl::EndsWith(e->d_name, ".spill") && unlink((dir + "/" + e->d_name).c_str()) == 0) ++n;
-  }
-  closedir(d);
-  return n;
 }
 
 // Writes then reads back `bytes` with O_DIRECT; the smaller rate in bytes/s.
@@ -109,11 +98,6 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions&
   }
   if (mkdir(options.directory.c_str(), 0700) != 0 && errno != EEXIST) {
     return Errno("cannot create spill_directory " + options.directory);
-  }
-  const int leftovers = RemoveLeftovers(options.directory);
-  if (leftovers > 0) {
-    LOG(WARNING) << "spill: removed " << leftovers << " spill files of a previous daemon in "
-                 << options.directory << " (spilled blocks are not adopted across restarts)";
   }
   const std::string probe = options.directory + "/probe.tmp";
   int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
@@ -199,6 +183,50 @@ void SpillTier::Promote(uint64_t block_id) {
     std::lock_guard<std::mutex> lock(mu_);
     promoted_.erase(block_id);
   }
+}
+
+absl::Status SpillTier::AdoptFile(uint64_t block_id, uint64_t extent_bytes) {
+  const uint64_t file_bytes = FileBytes(extent_bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_bytes_ += file_bytes;
+    ++files_;
+  }
+  const std::string path = FilePath(block_id);
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::DataLossError(absl::StrFormat(
+        "spill file %s was missing when offloadd restarted (%s): the block's bytes are lost",
+        path, strerror(errno)));
+  }
+  if (static_cast<uint64_t>(st.st_size) < file_bytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "spill file %s held %d of %d bytes when offloadd restarted (truncated): the block's "
+        "bytes are lost",
+        path, static_cast<int64_t>(st.st_size), file_bytes));
+  }
+  return absl::OkStatus();
+}
+
+int SpillTier::RemoveFilesExcept(const std::unordered_set<uint64_t>& keep) {
+  DIR* d = opendir(options_.directory.c_str());
+  if (d == nullptr) return 0;
+  int n = 0;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (!absl::EndsWith(name, ".spill")) continue;
+    uint64_t id = 0;
+    const bool named = name.size() == 16 + 6 &&
+                       absl::SimpleHexAtoi(absl::string_view(name).substr(0, 16), &id) &&
+                       keep.count(id) != 0;
+    if (!named && unlink((options_.directory + "/" + name).c_str()) == 0) ++n;
+  }
+  closedir(d);
+  if (n > 0) {
+    LOG(WARNING) << "spill: removed " << n << " spill files in " << options_.directory
+                 << " that no record of the shared pool names (a previous daemon's)";
+  }
+  return n;
 }
 
 void SpillTier::Remove(uint64_t block_id, uint64_t extent_bytes) {
@@ -291,7 +319,12 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
   t->copy_chunk = [this, write, file, extent](uint64_t o, uint64_t len) {
     return MoveChunk(write, file->fd, extent, o, len);
   };
-  t->done = [this, write, file_bytes, path, done = std::move(done)](absl::Status st) {
+  t->done = [this, write, file, file_bytes, path, done = std::move(done)](absl::Status st) {
+    // Synced before OK: the store records the block as spilled and frees its extent on OK.
+    if (st.ok() && write && fdatasync(file->fd) != 0) {
+      st = absl::InternalError(
+          absl::StrFormat("cannot sync spill file %s: %s", path, strerror(errno)));
+    }
     if (st.ok()) {
       (write ? spill_bytes_total_ : stage_bytes_total_) += file_bytes;
     } else if (st.code() == absl::StatusCode::kDataLoss) {

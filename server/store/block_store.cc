@@ -312,8 +312,9 @@ void BlockStore::FreeLocked(uint64_t block_id, Deferred* deferred) {
     disk_bytes_ -= b.extent.bytes;
     --disk_blocks_;
     // Under the store's lock: a later spill of the same block must not lose its new file
-    // to this unlink (the spill's open runs after the lock is released).
-    spill_->Remove(block_id, b.extent.bytes);
+    // to this unlink (the spill's open runs after the lock is released). After Stop a block
+    // still recorded keeps its file for the next daemon.
+    if (spill_ != nullptr && !b.recorded) spill_->Remove(block_id, b.extent.bytes);
   }
   const uint64_t session_id = b.session_id;
   session_used_bytes_[b.session_id] -= b.extent.bytes;
@@ -565,6 +566,21 @@ void BlockStore::DeadlineLoop() {
   }
 }
 
+void BlockStore::AdoptSpilledLocked(const pool::StoredBlock& r, Block& b) {
+  b.extent = pool::Extent{0, ExtentBytes(r.bytes)};
+  b.tier = Tier::kDisk;
+  if (spill_ == nullptr) {
+    b.tier = Tier::kLost;
+    b.lost_reason = "offloadd restarted without a spill_directory, so its spill file is not read";
+  } else if (absl::Status st = spill_->AdoptFile(r.block_id, b.extent.bytes); !st.ok()) {
+    b.tier = Tier::kLost;
+    b.lost_reason = std::string(st.message());
+  }
+  if (b.tier == Tier::kLost) ++blocks_lost_total_;
+  disk_bytes_ += b.extent.bytes;
+  ++disk_blocks_;
+}
+
 uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double grace_seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   if (table_ == nullptr) return 0;
@@ -573,7 +589,7 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
   for (const pool::StoredBlock& r : adopted) {
     const pool::Extent extent{r.extent_offset, pool::ExtentAllocator::RoundUp(r.bytes)};
     if (r.slot >= table_->slots() || blocks_.count(r.block_id) != 0 ||
-        !allocator_.AllocateAt(extent).ok()) {
+        (!r.spilled && !allocator_.AllocateAt(extent).ok())) {
       if (r.slot < table_->slots()) table_->Clear(r.slot);
       if (blocks_.count(r.block_id) == 0) {
         lost_[r.block_id] = pool::DroppedBlock{r.block_id, pool::DropReason::kOverlap, r.resume_key};
@@ -581,18 +597,19 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
       continue;
     }
     Block& b = blocks_[r.block_id];
+    b.extent = extent;
+    if (r.spilled) AdoptSpilledLocked(r, b);
     b.session_id = kAdoptedSession;
     b.owner_uid = r.owner_uid == pool::kUnknownUid ? -1 : static_cast<int64_t>(r.owner_uid);
     b.bytes = r.bytes;
-    b.extent = extent;
     b.state = State::kResident;
     b.slot = r.slot;
     b.recorded = true;
     b.resume_key = r.resume_key;
     slot_used[r.slot] = true;
-    session_used_bytes_[kAdoptedSession] += extent.bytes;
+    session_used_bytes_[kAdoptedSession] += b.extent.bytes;
     session_blocks_[kAdoptedSession] += 1;
-    if (b.owner_uid >= 0) uid_used_bytes_[static_cast<uint32_t>(b.owner_uid)] += extent.bytes;
+    if (b.owner_uid >= 0) uid_used_bytes_[static_cast<uint32_t>(b.owner_uid)] += b.extent.bytes;
     adopted_by_key_[r.resume_key].push_back(r.block_id);
     ++n;
   }
@@ -605,6 +622,16 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
     deadline_cv_.notify_all();
   }
   return n;
+}
+
+int BlockStore::RemoveUnnamedSpillFiles() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (spill_ == nullptr) return 0;
+  std::unordered_set<uint64_t> keep;
+  for (const auto& [id, b] : blocks_) {
+    if (b.tier == Tier::kDisk || b.tier == Tier::kLost) keep.insert(id);
+  }
+  return spill_->RemoveFilesExcept(keep);
 }
 
 absl::StatusOr<uint64_t> BlockStore::ResumeSession(uint64_t session_id,

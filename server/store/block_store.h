@@ -56,8 +56,10 @@
 // daemon makes that block kLost: its reloads get DATA_LOSS until it is released. Disk full
 // (SpillTier::TryReserve fails, or ENOSPC) stops spilling: offloads then wait for pool space
 // up to their deadline (RESOURCE_EXHAUSTED), and nothing stored is lost. With a shared pool a
-// block's record is cleared when its spill starts (its extent will be reused) and written again
-// when it is staged back: a restarted daemon adopts only blocks that were in the pool. Extents
+// block's record keeps naming its extent while the spill runs, is marked spilled once the file
+// is complete and synced (before the extent is freed), and names the new extent once a
+// stage-back completed (before the file is removed): a restarted daemon adopts blocks in both
+// tiers (Adopt), and removes only spill files no record names (RemoveUnnamedSpillFiles). Extents
 // are sized in multiples of 4096 bytes so the disk moves them with O_DIRECT directly.
 //
 // Thread-safety: every method is thread-safe. Callbacks run without the store's lock held, on
@@ -75,6 +77,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/random/random.h"
@@ -204,7 +207,15 @@ class BlockStore {
   // of no session, held `grace_seconds`; then those not resumed are freed (and counted). Call
   // once, before any Reserve. Returns the number adopted (a record whose extent cannot be
   // allocated is cleared and not adopted; BlockTable::Adopt already drops overlaps).
+  // A record marked spilled (pool::StoredBlock::spilled) is adopted on the disk tier when its
+  // spill file exists with the right size (SpillTier::AdoptFile); a missing or short file, or a
+  // daemon without a spill tier, adopts it as lost: its resumed session gets DATA_LOSS for that
+  // block only.
   uint64_t Adopt(const std::vector<pool::StoredBlock>& blocks, double grace_seconds);
+  // Unlinks the spill files no block of this store names (a previous daemon's files whose record
+  // was not adopted). Call once after Adopt (or instead of it), before any Reserve. Returns how
+  // many were removed.
+  int RemoveUnnamedSpillFiles();
   // Remembers the block ids adoption dropped (BlockTable::Adopt's dropped_blocks): a reload or
   // release naming one, from the session resumed with the resume key its record names, then
   // fails with DATA_LOSS (the block was stored and is lost) instead of NOT_FOUND; any other
@@ -327,7 +338,10 @@ class BlockStore {
   // Deadline thread: fails the reloads of urgent stage-backs past their deadline while no spill
   // is under way; returns the next such deadline (0 = none).
   double ExpireStagesLocked(double now, Deferred* deferred);
-  void WriteRecordLocked(uint64_t block_id, Block& b);
+  // (Re)writes the block's record: naming its extent, or marked spilled (its file is synced).
+  void WriteRecordLocked(uint64_t block_id, Block& b, bool spilled = false);
+  // Adopt's step for a record marked spilled: the block goes to kDisk, or kLost without its file.
+  void AdoptSpilledLocked(const pool::StoredBlock& r, Block& b);
   uint64_t HighWaterBytesLocked() const;
   // Why a request does not fit now: "the pool is full", "the session quota ... is used", ...
   std::string WhyFullLocked(uint64_t session_id, uint64_t bytes) const;
