@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -90,6 +91,28 @@ uint64_t SpillTier::FileBytes(uint64_t extent_bytes) {
   return RoundUp(extent_bytes, kDirectAlignment);
 }
 
+// Takes the directory's lock file (flock, held until the daemon exits; the kernel drops it when a
+// daemon dies): a second daemon on the same directory would take the first one's spill files for
+// leftovers and remove them. Returns the lock's descriptor.
+static absl::StatusOr<int> LockSpillDirectory(const std::string& directory) {
+  const std::string path = directory + "/offloadd.lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("cannot create the lock file " + path);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "spill_directory %s is in use by another offloadd (it holds %s): give each daemon its "
+          "own spill_directory, or stop the other one first",
+          directory, path));
+    }
+    errno = err;
+    return Errno("cannot lock " + path);
+  }
+  return fd;
+}
+
 absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions& options,
                                                             uint8_t* pool_base,
                                                             uint64_t pool_bytes) {
@@ -99,6 +122,9 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions&
   if (mkdir(options.directory.c_str(), 0700) != 0 && errno != EEXIST) {
     return Errno("cannot create spill_directory " + options.directory);
   }
+  absl::StatusOr<int> lock_fd = LockSpillDirectory(options.directory);
+  if (!lock_fd.ok()) return lock_fd.status();
+  File lock(*lock_fd);  // closed (unlocked) if start-up fails below
   const std::string probe = options.directory + "/probe.tmp";
   int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -134,6 +160,7 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions&
   }
   std::unique_ptr<SpillTier> tier(new SpillTier(o, std::move(io), pool_base, pool_bytes));
   tier->measured_ = measured;
+  tier->lock_fd_ = lock.Release();
   LOG(INFO) << "spill tier: " << o.directory << ", " << o.capacity_bytes << " bytes, "
             << tier->io_->name() << " + O_DIRECT, "
             << (o.bytes_per_second < 0 ? std::string("unpaced")
@@ -157,7 +184,10 @@ SpillTier::SpillTier(const SpillOptions& options, std::unique_ptr<DiskIo> io,
   link_ = std::make_unique<sched::LinkScheduler>(l);
 }
 
-SpillTier::~SpillTier() { Shutdown(); }
+SpillTier::~SpillTier() {
+  Shutdown();
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
 
 void SpillTier::Shutdown() { link_->Shutdown(); }
 

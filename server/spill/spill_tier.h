@@ -28,7 +28,9 @@
 // Durability: a spill reports OK only after the file's bytes are synced (fdatasync), so the
 // store may then record the block as spilled in the shared pool and free its extent.
 //
-// Start-up (Create): the directory is created if missing; "*.spill" files of a previous daemon
+// Start-up (Create): the directory is created if missing and locked (flock on
+// <directory>/offloadd.lock for the tier's life: a second daemon on the same directory is refused
+// with FAILED_PRECONDITION instead of removing the first one's files); "*.spill" files of a previous daemon
 // are kept until the store has adopted the blocks recorded as spilled (AdoptFile), then the
 // rest are removed (RemoveFilesExcept; README "Spill tier"); O_DIRECT support is probed (tmpfs before Linux 6.6 lacks it: FAILED_PRECONDITION); capacity 0 means 90%
 // of the file system's free space; bytes_per_second 0 means measured (write, then read back,
@@ -143,6 +145,7 @@ class SpillTier {
   uint8_t* const pool_base_;
   const uint64_t pool_bytes_;
   bool measured_ = false;
+  int lock_fd_ = -1;  // the directory's offloadd.lock, flock'ed for the tier's life
   mutable std::mutex mu_;
   uint64_t used_bytes_ = 0, files_ = 0;
   std::unordered_set<uint64_t> promoted_;  // Promote came before the stage reached the link

@@ -178,6 +178,30 @@ TEST_P(SpillTierTest, FilesOfAPreviousDaemonAreKeptUntilAdoptedThenOrphansRemove
   ASSERT_TRUE(StageBlock(*tier, 9, pool::Extent{0, 4096}).ok());
 }
 
+// A second daemon on the same directory would take the first one's files for leftovers and
+// remove them (found by the attack round: 14 spilled blocks lost): it is refused, and the
+// directory is free again once the first tier is gone. The first tier's file is untouched.
+TEST_P(SpillTierTest, ASecondTierOnTheSameDirectoryIsRefused) {
+  auto first = Make();
+  ASSERT_NE(first, nullptr);
+  ASSERT_TRUE(SpillBlock(*first, 3, pool::Extent{0, 4096}).ok());
+  SpillOptions o;
+  o.directory = dir_;
+  o.capacity_bytes = 1 << 20;
+  o.bytes_per_second = -1;
+  o.io_uring = GetParam();
+  auto second = SpillTier::Create(o, pool_, kPoolBytes);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("in use by another offloadd"), std::string::npos)
+      << second.status();
+  struct stat st;
+  EXPECT_EQ(stat((dir_ + "/0000000000000003.spill").c_str(), &st), 0);
+  first.reset();
+  auto third = SpillTier::Create(o, pool_, kPoolBytes);
+  EXPECT_TRUE(third.ok()) << third.status();
+}
+
 TEST_P(SpillTierTest, UrgentStageGoesBeforeQueuedSpills) {
   // One worker, paced at 16 MiB/s: each 1 MiB chunk takes ~62 ms of link time, so the urgent
   // stage submitted after six spills is picked as soon as the first spill's chunk is done.
