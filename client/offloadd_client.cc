@@ -219,8 +219,37 @@ void Client::Close() {
 }
 
 bool Client::WriterHasWork() const {
+  if (writing_) return reading_done_;  // one write at a time: a caller's is in flight
   if (reading_done_ || closing_) return true;
   return !outbox_.empty() && (batch_depth_ == 0 || flush_);
+}
+
+void Client::TakeMessageLocked(v1::ClientMessage* message) {
+  size_t message_bytes = 0;
+  while (!outbox_.empty() && message->requests_size() < kMaxRequestsPerMessage) {
+    size_t request_bytes = outbox_.front().ByteSizeLong() + 4;
+    if (message->requests_size() > 0 && message_bytes + request_bytes > kMaxMessageBytes) break;
+    message_bytes += request_bytes;
+    *message->add_requests() = std::move(outbox_.front());
+    outbox_.pop_front();
+  }
+  if (outbox_.empty()) flush_ = false;
+  ++counters_.messages_sent;
+  counters_.requests_sent += message->requests_size();
+  writing_ = true;
+}
+
+void Client::WriteNowLocked() {
+  v1::ClientMessage message;
+  TakeMessageLocked(&message);
+  mu_.Unlock();
+  // A failed write means the stream is over: the reader sees it end and settles pending_.
+  (void)stream_->Write(message);
+  mu_.Lock();
+  writing_ = false;
+  // Wake a thread only when one waits for this: the writer (requests queued meanwhile, Close)
+  // or the reader (the stream ended; it waits for the write to return).
+  if (!outbox_.empty() || closing_ || reading_done_) cv_.notify_all();
 }
 
 void Client::WriterLoop() {
@@ -235,19 +264,7 @@ void Client::WriterLoop() {
         half_close = closing_;
         if (!half_close) continue;
       } else if (batch_depth_ == 0 || flush_ || closing_) {
-        size_t message_bytes = 0;
-        while (!outbox_.empty() && message.requests_size() < kMaxRequestsPerMessage) {
-          size_t request_bytes = outbox_.front().ByteSizeLong() + 4;
-          if (message.requests_size() > 0 && message_bytes + request_bytes > kMaxMessageBytes) {
-            break;
-          }
-          message_bytes += request_bytes;
-          *message.add_requests() = std::move(outbox_.front());
-          outbox_.pop_front();
-        }
-        if (outbox_.empty()) flush_ = false;
-        ++counters_.messages_sent;
-        counters_.requests_sent += message.requests_size();
+        TakeMessageLocked(&message);
       } else {
         continue;  // corked by a ScopedBatch
       }
@@ -256,7 +273,11 @@ void Client::WriterLoop() {
       stream_->WritesDone();
       break;
     }
-    if (!stream_->Write(message)) break;  // stream is over; the reader sees it end too
+    const bool written = stream_->Write(message);
+    base::MutexLock lock(mu_);
+    writing_ = false;
+    cv_.notify_all();
+    if (!written) break;  // stream is over; the reader sees it end too
   }
   base::MutexLock lock(mu_);
   writer_done_ = true;
@@ -303,7 +324,7 @@ void Client::ReaderLoop() {
       base::MutexLock lock(mu_);
       reading_done_ = true;
       cv_.notify_all();
-      while (!writer_done_) cv_.Wait(mu_);
+      while (!writer_done_ || writing_) cv_.Wait(mu_);
     }
     if (writer_.joinable()) writer_.join();
     grpc::Status final_status = stream_->Finish();
@@ -704,9 +725,15 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
   v1::Request wire = write ? WireLocked(request) : v1::Request();
   const uint64_t id = request.request_id();
   pending_.emplace(id, Pending{std::move(done), std::move(request), false, region});
-  if (write) {
-    outbox_.push_back(std::move(wire));
-    if (flush) flush_ = true;
+  if (!write) return absl::OkStatus();
+  outbox_.push_back(std::move(wire));
+  if (flush) flush_ = true;
+  // An idle client (this request alone pending, no write in flight, no batch open) writes from
+  // this thread: no hand-off to the writer. Otherwise the writer coalesces what queues up.
+  if (pending_.size() == 1 && !writing_ && batch_depth_ == 0) {
+    ++counters_.messages_sent_by_caller;
+    WriteNowLocked();
+  } else {
     cv_.notify_all();
   }
   return absl::OkStatus();

@@ -2,9 +2,13 @@
 // flight on it. Protocol: proto/offload.proto (package offloadd.v1); the daemon listens on a Unix
 // socket, gRPC target "unix:<socket_path>".
 //
-// Threading: every method is thread-safe. Each Client runs two threads:
+// Threading: every method is thread-safe. A request submitted to an idle client (no other
+// request pending, no write in flight, no ScopedBatch open) is written on the calling thread,
+// saving the hand-off to the writer (the call returns once gRPC took the message, which may
+// wait for HTTP/2 flow control like any stream write). Each Client runs two threads:
 //   - a writer that drains every request queued since its last write into ONE ClientMessage
-//     (batching; at most kMaxRequestsPerMessage requests / kMaxMessageBytes per message), and
+//     (batching; at most kMaxRequestsPerMessage requests / kMaxMessageBytes per message) for
+//     every other request, so bursts are coalesced, and
 //   - a reader that completes each request's future by request id as ServerMessages arrive
 //     (the daemon may answer in any order).
 // Futures are completed on the reader thread; they never call user code.
@@ -135,6 +139,7 @@ struct ReloadResult {
 // Counts since Connect(); batching shows as requests_sent / messages_sent > 1.
 struct ClientCounters {
   uint64_t messages_sent = 0;       // ClientMessages written on the stream (Hello's included)
+  uint64_t messages_sent_by_caller = 0;  // of which written on the submitting thread (idle client)
   uint64_t requests_sent = 0;       // Requests inside them
   uint64_t messages_received = 0;   // ServerMessages read
   uint64_t responses_received = 0;  // Responses inside them
@@ -337,6 +342,11 @@ class Client {
   absl::Status StatusWithPath(const grpc::Status& status, absl::string_view rpc) const;
 
   bool WriterHasWork() const REQUIRES(mu_);
+  // Moves what outbox_ holds (up to the message limits) into *message and sets writing_.
+  void TakeMessageLocked(v1::ClientMessage* message) REQUIRES(mu_);
+  // Writes what outbox_ holds from the calling thread (mu_ released during the write, held again
+  // on return); the stream's single writer while writing_ is set.
+  void WriteNowLocked() REQUIRES(mu_);
 
   const ClientOptions options_;
   const std::string socket_path_;
@@ -374,6 +384,8 @@ class Client {
   bool closing_ GUARDED_BY(mu_) = false;       // Close() began: no new requests
   bool reading_done_ GUARDED_BY(mu_) = false;  // Read() returned false
   bool writer_done_ GUARDED_BY(mu_) = false;
+  // A Write is in flight, from the writer thread or a caller (WriteNowLocked): one at a time.
+  bool writing_ GUARDED_BY(mu_) = false;
   bool finished_ GUARDED_BY(mu_) = false;  // Finish() returned, pending requests failed
   absl::Status stream_status_ GUARDED_BY(mu_);
   ClientCounters counters_ GUARDED_BY(mu_);

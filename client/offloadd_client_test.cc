@@ -470,6 +470,30 @@ TEST_F(ClientTest, ConcurrentRequestsGetTheirOwnResults) {
   EXPECT_EQ(service_->messages(), static_cast<int>(counters.messages_sent));
 }
 
+// A request submitted to an idle client is written on the calling thread (no hand-off to the
+// writer thread); each still arrives as its own message, answered in order.
+TEST_F(ClientTest, ARequestToAnIdleClientIsWrittenByTheCaller) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  RegionHandle cuda;
+  cuda.cuda_ipc_handle = std::string(kCudaIpcHandleBytes, '\x04');
+  absl::StatusOr<uint64_t> region_id = client->RegisterRegion(cuda);
+  ASSERT_TRUE(region_id.ok());
+  const ClientCounters before = client->counters();
+  const int messages_before = service_->messages();
+  constexpr int kRequests = 50;
+  for (int i = 0; i < kRequests; ++i) {
+    absl::StatusOr<OffloadResult> r = client->Offload(*region_id, i, 64 + i).get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->bytes, static_cast<uint64_t>(64 + i));
+  }
+  const ClientCounters after = client->counters();
+  EXPECT_EQ(after.messages_sent_by_caller - before.messages_sent_by_caller, kRequests);
+  EXPECT_EQ(after.messages_sent - before.messages_sent, kRequests);
+  EXPECT_EQ(service_->messages() - messages_before, kRequests);
+  EXPECT_EQ(service_->last_batch_size(), 1);
+}
+
 TEST_F(ClientTest, BurstIsCoalescedIntoFewerMessages) {
   std::unique_ptr<Client> client = MustConnect();
   ASSERT_NE(client, nullptr);

@@ -17,11 +17,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include <functional>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/socket_path.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
 
 namespace offloadd {
@@ -63,6 +67,9 @@ offload_min_share: 0.2
 # Topology discovery reads this tree for the GPUs listed in gpus { id pci_bus_id }.
 sysfs_root: "/sys"
 numa_node_bytes_per_second: 0
+# NUMA placement: auto = the pool split per NUMA node with GPUs (2+ such nodes), each GPU's
+# offloads in its node's slice; off = one pool, kernel default placement.
+numa_placement: "auto"
 # Isolation and failure handling: socket group ("" = the daemon's), allow lists (empty = anyone
 # who can connect), per-uid quota, request and session limits, client pid watching.
 socket_group: ""
@@ -206,136 +213,165 @@ absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
   return config;
 }
 
-absl::Status ValidateConfig(const v1::DaemonConfig& c) {
-  std::vector<std::string> problems;
-  if (c.pool_bytes() < (1u << 20)) problems.push_back("pool_bytes must be at least 1 MiB");
+namespace {
+
+// Collects one sentence per config problem, in the order the checks run.
+struct Problems {
+  std::vector<std::string> sentences;
+
+  void Add(std::string sentence) { sentences.push_back(std::move(sentence)); }
+  // `value` must lie in [min, max]; NaN never does.
+  void Range(double value, double min, double max, const char* sentence) {
+    if (!(value >= min && value <= max)) Add(sentence);
+  }
+  // A per-uid limit must not exceed its total when both are set (0 = no limit).
+  void PerUidWithinTotal(uint64_t per_uid, uint64_t total, const char* per_uid_name,
+                         const char* total_name) {
+    if (per_uid > 0 && total > 0 && per_uid > total) {
+      Add(absl::StrFormat("%s (%d) must not exceed %s (%d)", per_uid_name, per_uid, total_name,
+                          total));
+    }
+  }
+};
+
+bool ValidShmName(const std::string& name) {
+  return name.size() <= 200 &&
+         name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                "0123456789._-") == std::string::npos &&
+         name != "." && name != "..";
+}
+
+// pool_bytes, backend, numa_placement, chunk_bytes and pool_shm_name.
+void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
+  if (c.pool_bytes() < (1u << 20)) p->Add("pool_bytes must be at least 1 MiB");
   if (c.backend() != "shm" && c.backend() != "cuda" && c.backend() != "cuda-sim") {
-    problems.push_back(absl::StrFormat(
+    p->Add(absl::StrFormat(
         "backend \"%s\" is not known: use \"shm\" or \"cuda\" (or \"cuda-sim\", a timing model "
         "of GPU copy engines that moves no bytes, for benchmarks)",
         c.backend()));
   }
-  if (c.chunk_bytes() < 4096) problems.push_back("chunk_bytes must be at least 4096");
-  if (c.pool_shm_name().size() > 200 ||
-      c.pool_shm_name().find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                          "0123456789._-") != std::string::npos ||
-      c.pool_shm_name() == "." || c.pool_shm_name() == "..") {
-    problems.push_back(absl::StrFormat(
+  if (c.numa_placement() != "auto" && c.numa_placement() != "off") {
+    p->Add(absl::StrFormat(
+        "numa_placement \"%s\" is not known: use \"auto\" (slice the pool per NUMA node with "
+        "GPUs when there are two or more) or \"off\"",
+        c.numa_placement()));
+  }
+  if (c.chunk_bytes() < 4096) p->Add("chunk_bytes must be at least 4096");
+  if (!ValidShmName(c.pool_shm_name())) {
+    p->Add(absl::StrFormat(
         "pool_shm_name \"%s\" must be at most 200 letters, digits, '.', '_' or '-' (it names "
         "/dev/shm/<pool_shm_name>)",
         c.pool_shm_name()));
   }
-  if (!(c.resume_grace_seconds() >= 0 && c.resume_grace_seconds() <= 86400)) {
-    problems.push_back("resume_grace_seconds must be between 0 and 86400");
-  }
-  if (!(c.spill_high_water_fraction() > 0 && c.spill_high_water_fraction() <= 1)) {
-    problems.push_back("spill_high_water_fraction must be in (0, 1]");
-  }
-  if (c.spill_io_threads() < 1 || c.spill_io_threads() > 64) {
-    problems.push_back("spill_io_threads must be between 1 and 64");
-  }
-  if (c.copy_threads() < 1 || c.copy_threads() > 64) {
-    problems.push_back("copy_threads must be between 1 and 64");
-  }
-  if (c.admission_deadline_seconds() < 0 || !(c.admission_deadline_seconds() <= 86400)) {
-    problems.push_back("admission_deadline_seconds must be between 0 and 86400 (a day)");
-  }
-  if (c.socket_mode() > 0777) problems.push_back("socket_mode must be a file mode like 0660");
-  if (c.default_link_bytes_per_second() < 0) {
-    problems.push_back("default_link_bytes_per_second must be >= 0 (0 = unpaced)");
-  }
+}
+
+void CheckLinks(const v1::DaemonConfig& c, Problems* p) {
   for (const auto& l : c.links()) {
-    if (l.name().empty()) problems.push_back("every link needs a name");
+    if (l.name().empty()) p->Add("every link needs a name");
     if (l.gpus().empty() && c.gpus().empty()) {
-      problems.push_back("link " + l.name() +
-                         " lists no gpus (a link without gpus only sets the capacities of a "
-                         "discovered link: list the GPUs' pci_bus_id in gpus)");
+      p->Add("link " + l.name() +
+             " lists no gpus (a link without gpus only sets the capacities of a "
+             "discovered link: list the GPUs' pci_bus_id in gpus)");
     }
     if (l.d2h_bytes_per_second() < 0 || l.h2d_bytes_per_second() < 0) {
-      problems.push_back("link " + l.name() + ": capacities must be >= 0");
+      p->Add("link " + l.name() + ": capacities must be >= 0");
     }
     if (l.half_duplex() && l.h2d_bytes_per_second() != 0) {
-      problems.push_back("link " + l.name() +
-                         " is half_duplex: its one capacity is d2h_bytes_per_second; remove "
-                         "h2d_bytes_per_second");
+      p->Add("link " + l.name() +
+             " is half_duplex: its one capacity is d2h_bytes_per_second; remove "
+             "h2d_bytes_per_second");
     }
   }
   for (const auto& w : c.gpu_weights()) {
-    if (w.weight() < 1) problems.push_back("gpu_weights: weight of " + w.gpu() + " must be >= 1");
+    if (w.weight() < 1) p->Add("gpu_weights: weight of " + w.gpu() + " must be >= 1");
   }
-  if (!(c.offload_min_share() >= 0 && c.offload_min_share() <= 1)) {
-    problems.push_back("offload_min_share must be between 0 and 1");
-  }
-  if (c.numa_node_bytes_per_second() < 0) {
-    problems.push_back("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
-  }
-  auto per_uid_within_total = [&](uint64_t per_uid, uint64_t total, const char* per_uid_name,
-                                  const char* total_name) {
-    if (per_uid > 0 && total > 0 && per_uid > total) {
-      problems.push_back(absl::StrFormat("%s (%d) must not exceed %s (%d)", per_uid_name,
-                                         per_uid, total_name, total));
-    }
-  };
-  per_uid_within_total(c.max_shm_mappings_per_uid(), c.max_shm_mappings_total(),
+}
+
+void CheckPerUidLimits(const v1::DaemonConfig& c, Problems* p) {
+  p->PerUidWithinTotal(c.max_shm_mappings_per_uid(), c.max_shm_mappings_total(),
                        "max_shm_mappings_per_uid", "max_shm_mappings_total");
-  per_uid_within_total(c.max_shm_mapped_bytes_per_uid(), c.max_shm_mapped_bytes_total(),
+  p->PerUidWithinTotal(c.max_shm_mapped_bytes_per_uid(), c.max_shm_mapped_bytes_total(),
                        "max_shm_mapped_bytes_per_uid", "max_shm_mapped_bytes_total");
-  per_uid_within_total(c.max_connections_per_uid(), c.max_connections_total(),
+  p->PerUidWithinTotal(c.max_connections_per_uid(), c.max_connections_total(),
                        "max_connections_per_uid", "max_connections_total");
-  per_uid_within_total(c.max_sessions_per_uid(), c.max_sessions(), "max_sessions_per_uid",
+  p->PerUidWithinTotal(c.max_sessions_per_uid(), c.max_sessions(), "max_sessions_per_uid",
                        "max_sessions");
-  per_uid_within_total(c.max_pending_hello_streams_per_uid(),
+  p->PerUidWithinTotal(c.max_pending_hello_streams_per_uid(),
                        c.max_pending_hello_streams_total(), "max_pending_hello_streams_per_uid",
                        "max_pending_hello_streams_total");
-  if (!(c.hello_timeout_seconds() >= 0 && c.hello_timeout_seconds() <= 3600)) {
-    problems.push_back("hello_timeout_seconds must be between 0 and 3600 (0 = no timeout)");
-  }
-  if (!(c.shutdown_grace_seconds() >= 0 && c.shutdown_grace_seconds() <= 86400)) {
-    problems.push_back("shutdown_grace_seconds must be between 0 and 86400 (0 = no bound)");
-  }
-  if (c.max_streams_per_connection() > 1000000) {
-    problems.push_back("max_streams_per_connection must be at most 1000000 (0 = gRPC's default)");
-  }
-  if (!(c.unused_connection_timeout_seconds() >= 0 &&
-        c.unused_connection_timeout_seconds() <= 86400)) {
-    problems.push_back("unused_connection_timeout_seconds must be between 0 and 86400 (a day)");
-  }
-  per_uid_within_total(c.projector().max_queued_refreshes_per_uid(),
-                       c.projector().max_queued_refreshes(),
-                       "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");
-  if (!(c.pid_exit_grace_seconds() >= 0 && c.pid_exit_grace_seconds() <= 3600)) {
-    problems.push_back("pid_exit_grace_seconds must be between 0 and 3600");
-  }
-  if (auto g = ResolveSocketGroup(c); !g.ok()) problems.push_back(std::string(g.status().message()));
+}
+
+void CheckGpus(const v1::DaemonConfig& c, Problems* p) {
   std::set<std::string> gpu_ids;
   for (const auto& g : c.gpus()) {
-    if (g.id().empty()) problems.push_back("every entry of gpus needs an id");
-    if (!gpu_ids.insert(g.id()).second) problems.push_back("gpu " + g.id() + " is listed twice");
+    if (g.id().empty()) p->Add("every entry of gpus needs an id");
+    if (!gpu_ids.insert(g.id()).second) p->Add("gpu " + g.id() + " is listed twice");
     if (!sched::NormalizeBdf(g.pci_bus_id()).ok()) {
-      problems.push_back(absl::StrFormat(
+      p->Add(absl::StrFormat(
           "gpu %s: pci_bus_id \"%s\" is not a PCI address like 0000:18:00.0 (nvidia-smi "
           "--query-gpu=uuid,pci.bus_id --format=csv)",
           g.id(), g.pci_bus_id()));
     }
   }
+}
+
+void CheckHostLinks(const v1::DaemonConfig& c, Problems* p) {
   std::set<std::string> host_names, children;
   for (const auto& h : c.host_links()) {
-    if (h.name().empty()) problems.push_back("every host link needs a name");
+    if (h.name().empty()) p->Add("every host link needs a name");
     if (!host_names.insert(h.name()).second) {
-      problems.push_back("host link " + h.name() + " is configured twice");
+      p->Add("host link " + h.name() + " is configured twice");
     }
-    if (h.links().empty()) problems.push_back("host link " + h.name() + " lists no links");
+    if (h.links().empty()) p->Add("host link " + h.name() + " lists no links");
     if (h.d2h_bytes_per_second() < 0 || h.h2d_bytes_per_second() < 0) {
-      problems.push_back("host link " + h.name() + ": capacities must be >= 0");
+      p->Add("host link " + h.name() + ": capacities must be >= 0");
     }
     for (const auto& l : h.links()) {
-      if (!children.insert(l).second) {
-        problems.push_back("link " + l + " is under more than one host link");
-      }
+      if (!children.insert(l).second) p->Add("link " + l + " is under more than one host link");
     }
   }
-  if (problems.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError("invalid config: " + absl::StrJoin(problems, "; "));
+}
+
+}  // namespace
+
+absl::Status ValidateConfig(const v1::DaemonConfig& c) {
+  Problems p;
+  CheckPoolAndBackend(c, &p);
+  p.Range(c.resume_grace_seconds(), 0, 86400, "resume_grace_seconds must be between 0 and 86400");
+  if (!(c.spill_high_water_fraction() > 0 && c.spill_high_water_fraction() <= 1)) {
+    p.Add("spill_high_water_fraction must be in (0, 1]");
+  }
+  p.Range(c.spill_io_threads(), 1, 64, "spill_io_threads must be between 1 and 64");
+  p.Range(c.copy_threads(), 1, 64, "copy_threads must be between 1 and 64");
+  p.Range(c.admission_deadline_seconds(), 0, 86400,
+          "admission_deadline_seconds must be between 0 and 86400 (a day)");
+  p.Range(c.socket_mode(), 0, 0777, "socket_mode must be a file mode like 0660");
+  if (c.default_link_bytes_per_second() < 0) {
+    p.Add("default_link_bytes_per_second must be >= 0 (0 = unpaced)");
+  }
+  CheckLinks(c, &p);
+  p.Range(c.offload_min_share(), 0, 1, "offload_min_share must be between 0 and 1");
+  if (c.numa_node_bytes_per_second() < 0) {
+    p.Add("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
+  }
+  CheckPerUidLimits(c, &p);
+  p.Range(c.hello_timeout_seconds(), 0, 3600,
+          "hello_timeout_seconds must be between 0 and 3600 (0 = no timeout)");
+  p.Range(c.shutdown_grace_seconds(), 0, 86400,
+          "shutdown_grace_seconds must be between 0 and 86400 (0 = no bound)");
+  p.Range(c.max_streams_per_connection(), 0, 1000000,
+          "max_streams_per_connection must be at most 1000000 (0 = gRPC's default)");
+  p.Range(c.unused_connection_timeout_seconds(), 0, 86400,
+          "unused_connection_timeout_seconds must be between 0 and 86400 (a day)");
+  p.PerUidWithinTotal(c.projector().max_queued_refreshes_per_uid(),
+                      c.projector().max_queued_refreshes(),
+                      "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");
+  p.Range(c.pid_exit_grace_seconds(), 0, 3600, "pid_exit_grace_seconds must be between 0 and 3600");
+  if (auto g = ResolveSocketGroup(c); !g.ok()) p.Add(std::string(g.status().message()));
+  CheckGpus(c, &p);
+  CheckHostLinks(c, &p);
+  if (p.sentences.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError("invalid config: " + absl::StrJoin(p.sentences, "; "));
 }
 
 const std::vector<FlagInfo>& ConfigFlags() {
@@ -367,6 +403,7 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"offload_min_share", "share of a link offloads keep while reloads also wait (0.2)"},
       {"sysfs_root", "sysfs tree for topology discovery (default /sys)"},
       {"numa_node_bytes_per_second", "capacity of a NUMA node's host link, e.g. 40GB; 0 = none"},
+      {"numa_placement", "auto | off: pool slices per GPU NUMA node (auto: with 2+ nodes)"},
       {"socket_group", "group of the socket file (name or gid), empty = the daemon's"},
       {"allowed_uids", "comma-separated uids that may open sessions (empty = any)"},
       {"allowed_gids", "comma-separated gids that may open sessions (empty = any)"},
@@ -409,152 +446,145 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
   return static_cast<uint64_t>(std::llround(v * mult));
 }
 
+namespace {
+
+// How a flag's text becomes its DaemonConfig field (the field has the flag's name).
+enum class FlagValue {
+  kText,         // the text as is
+  kOctal,        // a file mode, octal
+  kBool,         // true|1|(empty) or false|0
+  kBytes,        // ParseBytes; into a uint64 or double field
+  kSignedBytes,  // ParseBytes, or a negative number as is (spill_bytes_per_second < 0 = unpaced)
+  kNumber,       // a number; into a double or (truncated) uint32 field
+  kCount,        // a number >= 0 into a uint32 field
+  kIds,          // comma-separated numeric ids, replacing the repeated field
+};
+
+const std::map<std::string, FlagValue>& FlagValues() {
+  using V = FlagValue;
+  static const auto* values = new std::map<std::string, FlagValue>{
+      {"socket_path", V::kText}, {"socket_mode", V::kOctal}, {"pool_bytes", V::kBytes},
+      {"pool_mlock", V::kBool}, {"pool_huge_pages", V::kBool}, {"pool_shm_name", V::kText},
+      {"resume_grace_seconds", V::kNumber}, {"spill_directory", V::kText},
+      {"spill_capacity_bytes", V::kBytes}, {"spill_bytes_per_second", V::kSignedBytes},
+      {"spill_posix_io", V::kBool}, {"spill_high_water_fraction", V::kNumber},
+      {"spill_stage_ahead_blocks", V::kNumber}, {"spill_io_threads", V::kNumber},
+      {"backend", V::kText}, {"chunk_bytes", V::kBytes}, {"session_quota_bytes", V::kBytes},
+      {"async_copies", V::kBool}, {"max_chunks_in_flight_per_gpu", V::kNumber},
+      {"copy_threads", V::kNumber}, {"admission_deadline_seconds", V::kNumber},
+      {"admission_queue_limit", V::kNumber}, {"metrics_address", V::kText},
+      {"default_link_bytes_per_second", V::kBytes}, {"numa_node_bytes_per_second", V::kBytes},
+      {"offload_min_share", V::kNumber}, {"sysfs_root", V::kText}, {"numa_placement", V::kText},
+      {"socket_group", V::kText},
+      {"allowed_uids", V::kIds}, {"allowed_gids", V::kIds}, {"admin_uids", V::kIds},
+      {"uid_quota_bytes", V::kBytes}, {"max_requests_in_flight", V::kCount},
+      {"max_sessions", V::kCount}, {"max_sessions_per_uid", V::kCount}, {"max_links", V::kCount},
+      {"hello_timeout_seconds", V::kNumber}, {"shutdown_grace_seconds", V::kNumber},
+      {"max_pending_hello_streams_total", V::kCount},
+      {"max_pending_hello_streams_per_uid", V::kCount},
+      {"max_streams_per_connection", V::kCount}, {"watch_client_pids", V::kBool},
+      {"pid_exit_grace_seconds", V::kNumber},
+  };
+  return *values;
+}
+
+// Sets `field` (a singular double, uint32 or uint64 field) of `c` to `v`.
+void SetNumber(google::protobuf::Message* c, const google::protobuf::FieldDescriptor* field,
+               double v) {
+  const auto* r = c->GetReflection();
+  using F = google::protobuf::FieldDescriptor;
+  if (field->cpp_type() == F::CPPTYPE_DOUBLE) r->SetDouble(c, field, v);
+  else if (field->cpp_type() == F::CPPTYPE_UINT64) r->SetUInt64(c, field, static_cast<uint64_t>(v));
+  else r->SetUInt32(c, field, static_cast<uint32_t>(v));
+}
+
+// Applies one flag of a known field; `name` is the normalized flag (and field) name.
+class FlagSetter {
+ public:
+  FlagSetter(const std::string& name, const std::string& value, v1::DaemonConfig* c)
+      : name_(name), value_(value), c_(c),
+        field_(v1::DaemonConfig::descriptor()->FindFieldByName(name)),
+        reflection_(c->GetReflection()) {}
+
+  absl::Status Apply(FlagValue kind) {
+    switch (kind) {
+      case FlagValue::kText: reflection_->SetString(c_, field_, value_); return absl::OkStatus();
+      case FlagValue::kOctal:
+        reflection_->SetUInt32(c_, field_,
+                               static_cast<uint32_t>(std::strtoul(value_.c_str(), nullptr, 8)));
+        return absl::OkStatus();
+      case FlagValue::kBool: return Bool();
+      case FlagValue::kBytes: return Bytes();
+      case FlagValue::kSignedBytes: return absl::StartsWith(value_, "-") ? Number(false) : Bytes();
+      case FlagValue::kNumber: return Number(false);
+      case FlagValue::kCount: return Number(true);
+      case FlagValue::kIds: return Ids();
+    }
+    return absl::InternalError("unhandled flag kind");
+  }
+
+ private:
+  absl::Status Bool() {
+    if (value_ == "true" || value_ == "1" || value_.empty()) {
+      reflection_->SetBool(c_, field_, true);
+    } else if (value_ == "false" || value_ == "0") {
+      reflection_->SetBool(c_, field_, false);
+    } else {
+      return absl::InvalidArgumentError("--" + name_ + " takes true or false");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Bytes() {
+    auto b = ParseBytes(value_);
+    if (!b.ok()) return b.status();
+    if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
+      reflection_->SetUInt64(c_, field_, *b);
+    } else {
+      reflection_->SetDouble(c_, field_, static_cast<double>(*b));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Number(bool non_negative) {
+    double d = 0;
+    if (!absl::SimpleAtod(value_, &d)) {
+      return absl::InvalidArgumentError("--" + name_ + " takes a number, not \"" + value_ + "\"");
+    }
+    if (non_negative && d < 0) return absl::InvalidArgumentError("--" + name_ + " must be >= 0");
+    SetNumber(c_, field_, d);
+    return absl::OkStatus();
+  }
+  absl::Status Ids() {
+    std::vector<uint32_t> ids;
+    for (absl::string_view part : absl::StrSplit(value_, ',', absl::SkipWhitespace())) {
+      uint32_t id;
+      if (!absl::SimpleAtoi(part, &id)) {
+        return absl::InvalidArgumentError("--" + name_ + " takes numeric ids like 1000,1001");
+      }
+      ids.push_back(id);
+    }
+    reflection_->ClearField(c_, field_);
+    for (uint32_t id : ids) reflection_->AddUInt32(c_, field_, id);
+    return absl::OkStatus();
+  }
+
+  const std::string& name_;
+  const std::string& value_;
+  v1::DaemonConfig* c_;
+  const google::protobuf::FieldDescriptor* field_;
+  const google::protobuf::Reflection* reflection_;
+};
+
+}  // namespace
+
 absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
                        v1::DaemonConfig* c) {
   std::string name = raw_name;
   for (char& ch : name) ch = ch == '-' ? '_' : ch;
-  auto bytes = [&](void (v1::DaemonConfig::*set)(uint64_t)) -> absl::Status {
-    auto b = ParseBytes(value);
-    if (!b.ok()) return b.status();
-    (c->*set)(*b);
-    return absl::OkStatus();
-  };
-  auto boolean = [&](void (v1::DaemonConfig::*set)(bool)) -> absl::Status {
-    if (value == "true" || value == "1" || value.empty()) (c->*set)(true);
-    else if (value == "false" || value == "0") (c->*set)(false);
-    else return absl::InvalidArgumentError("--" + name + " takes true or false");
-    return absl::OkStatus();
-  };
-  auto number = [&](double* out) -> absl::Status {
-    if (!absl::SimpleAtod(value, out)) {
-      return absl::InvalidArgumentError("--" + name + " takes a number, not \"" + value + "\"");
-    }
-    return absl::OkStatus();
-  };
-  double d = 0;
-  if (name == "socket_path") {
-    c->set_socket_path(value);
-  } else if (name == "socket_mode") {
-    c->set_socket_mode(static_cast<uint32_t>(std::strtoul(value.c_str(), nullptr, 8)));
-  } else if (name == "pool_bytes") {
-    return bytes(&v1::DaemonConfig::set_pool_bytes);
-  } else if (name == "pool_mlock") {
-    return boolean(&v1::DaemonConfig::set_pool_mlock);
-  } else if (name == "pool_huge_pages") {
-    return boolean(&v1::DaemonConfig::set_pool_huge_pages);
-  } else if (name == "pool_shm_name") {
-    c->set_pool_shm_name(value);
-  } else if (name == "resume_grace_seconds") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    c->set_resume_grace_seconds(d);
-  } else if (name == "spill_directory") {
-    c->set_spill_directory(value);
-  } else if (name == "spill_capacity_bytes") {
-    return bytes(&v1::DaemonConfig::set_spill_capacity_bytes);
-  } else if (name == "spill_bytes_per_second") {
-    if (absl::StartsWith(value, "-")) {
-      if (absl::Status s = number(&d); !s.ok()) return s;
-      c->set_spill_bytes_per_second(d);
-      return absl::OkStatus();
-    }
-    auto b = ParseBytes(value);
-    if (!b.ok()) return b.status();
-    c->set_spill_bytes_per_second(static_cast<double>(*b));
-  } else if (name == "spill_posix_io") {
-    return boolean(&v1::DaemonConfig::set_spill_posix_io);
-  } else if (name == "spill_high_water_fraction") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    c->set_spill_high_water_fraction(d);
-  } else if (name == "spill_stage_ahead_blocks") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    c->set_spill_stage_ahead_blocks(static_cast<uint32_t>(d));
-  } else if (name == "spill_io_threads") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    c->set_spill_io_threads(static_cast<uint32_t>(d));
-  } else if (name == "backend") {
-    c->set_backend(value);
-  } else if (name == "chunk_bytes") {
-    return bytes(&v1::DaemonConfig::set_chunk_bytes);
-  } else if (name == "session_quota_bytes") {
-    return bytes(&v1::DaemonConfig::set_session_quota_bytes);
-  } else if (name == "async_copies") {
-    return boolean(&v1::DaemonConfig::set_async_copies);
-  } else if (name == "max_chunks_in_flight_per_gpu") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    c->set_max_chunks_in_flight_per_gpu(static_cast<uint32_t>(d));
-  } else if (name == "copy_threads") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    c->set_copy_threads(static_cast<uint32_t>(d));
-  } else if (name == "admission_deadline_seconds") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    c->set_admission_deadline_seconds(d);
-  } else if (name == "admission_queue_limit") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    c->set_admission_queue_limit(static_cast<uint32_t>(d));
-  } else if (name == "metrics_address") {
-    c->set_metrics_address(value);
-  } else if (name == "default_link_bytes_per_second") {
-    auto b = ParseBytes(value);
-    if (!b.ok()) return b.status();
-    c->set_default_link_bytes_per_second(static_cast<double>(*b));
-  } else if (name == "numa_node_bytes_per_second") {
-    auto b = ParseBytes(value);
-    if (!b.ok()) return b.status();
-    c->set_numa_node_bytes_per_second(static_cast<double>(*b));
-  } else if (name == "offload_min_share") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    c->set_offload_min_share(d);
-  } else if (name == "sysfs_root") {
-    c->set_sysfs_root(value);
-  } else if (name == "socket_group") {
-    c->set_socket_group(value);
-  } else if (name == "allowed_uids" || name == "allowed_gids" || name == "admin_uids") {
-    auto* list = name == "allowed_uids"   ? c->mutable_allowed_uids()
-                 : name == "allowed_gids" ? c->mutable_allowed_gids()
-                                          : c->mutable_admin_uids();
-    std::vector<uint32_t> ids;
-    for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
-      uint32_t id;
-      if (!absl::SimpleAtoi(part, &id)) {
-        return absl::InvalidArgumentError("--" + name + " takes numeric ids like 1000,1001");
-      }
-      ids.push_back(id);
-    }
-    list->Clear();
-    for (uint32_t id : ids) list->Add(id);
-  } else if (name == "uid_quota_bytes") {
-    return bytes(&v1::DaemonConfig::set_uid_quota_bytes);
-  } else if (name == "max_requests_in_flight" || name == "max_sessions" ||
-             name == "max_sessions_per_uid" || name == "max_links") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    if (d < 0) return absl::InvalidArgumentError("--" + name + " must be >= 0");
-    if (name == "max_sessions") c->set_max_sessions(static_cast<uint32_t>(d));
-    else if (name == "max_sessions_per_uid")
-      c->set_max_sessions_per_uid(static_cast<uint32_t>(d));
-    else if (name == "max_links") c->set_max_links(static_cast<uint32_t>(d));
-    else c->set_max_requests_in_flight(static_cast<uint32_t>(d));
-  } else if (name == "hello_timeout_seconds" || name == "shutdown_grace_seconds") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    if (name == "hello_timeout_seconds") c->set_hello_timeout_seconds(d);
-    else c->set_shutdown_grace_seconds(d);
-  } else if (name == "max_pending_hello_streams_total" ||
-             name == "max_pending_hello_streams_per_uid" || name == "max_streams_per_connection") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    if (d < 0) return absl::InvalidArgumentError("--" + name + " must be >= 0");
-    const auto v = static_cast<uint32_t>(d);
-    if (name == "max_pending_hello_streams_total") c->set_max_pending_hello_streams_total(v);
-    else if (name == "max_pending_hello_streams_per_uid")
-      c->set_max_pending_hello_streams_per_uid(v);
-    else c->set_max_streams_per_connection(v);
-  } else if (name == "watch_client_pids") {
-    return boolean(&v1::DaemonConfig::set_watch_client_pids);
-  } else if (name == "pid_exit_grace_seconds") {
-    if (absl::Status s = number(&d); !s.ok()) return s;
-    c->set_pid_exit_grace_seconds(d);
-  } else {
+  const auto kind = FlagValues().find(name);
+  if (kind == FlagValues().end()) {
     return absl::NotFoundError("unknown flag --" + raw_name + " (offloadd --help lists them)");
   }
-  return absl::OkStatus();
+  return FlagSetter(name, value, c).Apply(kind->second);
 }
 
 copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config) {
@@ -700,6 +730,22 @@ absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& c,
   return resolved;
 }
 
+std::vector<int> PoolNumaNodes(const v1::DaemonConfig& c, const sched::Topology& topology,
+                               const std::function<bool(int)>& may_allocate_on,
+                               std::vector<int>* unusable) {
+  if (c.numa_placement() == "off") return {};
+  std::vector<int> nodes;
+  for (int node : sched::GpuNumaNodes(topology)) {
+    if (may_allocate_on(node)) {
+      nodes.push_back(node);
+    } else if (unusable != nullptr) {
+      unusable->push_back(node);
+    }
+  }
+  if (nodes.size() < 2) return {};
+  return nodes;
+}
+
 session::CoreOptions ToCoreOptions(const v1::DaemonConfig& c, const sched::Topology& topology) {
   session::CoreOptions o = BaseCoreOptions(c);
   std::set<std::string> under_host;
@@ -730,6 +776,7 @@ session::CoreOptions ToCoreOptions(const v1::DaemonConfig& c, const sched::Topol
   for (auto& [node, h] : numa) o.host_links.push_back(std::move(h));
   for (const sched::TopologyGpu& g : topology.gpus) {
     if (!g.bdf.empty()) o.gpu_bus_ids[g.gpu] = g.bdf;
+    if (g.numa_node >= 0) o.gpu_numa_nodes[g.gpu] = g.numa_node;
   }
   return o;
 }

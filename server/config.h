@@ -5,6 +5,7 @@
 #ifndef OFFLOADD_SERVER_CONFIG_H_
 #define OFFLOADD_SERVER_CONFIG_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,16 @@ std::vector<sched::GpuPci> ConfiguredGpuAddresses(const v1::DaemonConfig& config
 // prefixed "topology: ".
 absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& config,
                                                 const std::vector<sched::GpuPci>& gpus);
+
+// The pool's NUMA nodes (pool::ArenaOptions::numa_nodes) for numa_placement: with "auto", the
+// nodes of the topology's GPUs (sched::GpuNumaNodes) that `may_allocate_on` accepts (main: the
+// arena's pool::CheckNumaNodes: online, with memory, in this process's cpuset), when two or
+// more are left; otherwise (one node, nodes unknown, or "off") none: one unbound slice. GPU
+// nodes refused by `may_allocate_on` are appended to `unusable` (optional), for a log line;
+// their GPUs' blocks then place as "no_slice".
+std::vector<int> PoolNumaNodes(const v1::DaemonConfig& config, const sched::Topology& topology,
+                               const std::function<bool(int)>& may_allocate_on,
+                               std::vector<int>* unusable = nullptr);
 
 // CoreOptions whose links are `topology`'s (capacities 0 = unpaced; half_duplex from the
 // config's link of the same name) and whose host links are the config's host_links plus, when

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "server/config.h"
 #include "server/copy/cuda_api_sim.h"
@@ -182,13 +183,15 @@ int CheckHost(const std::string& file, const offloadd::v1::DaemonConfig& config,
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const auto process_start = std::chrono::steady_clock::now();
-  using offloadd::v1::DaemonConfig;
+// The command line: --config/--check-config FILE and config flags (applied later, in order).
+struct CommandLine {
   std::string config_file, check_file;
   std::vector<std::pair<std::string, std::string>> overrides;
+};
+
+// Reads argv into *out. Returns -1 to go on, else the exit code (after --help, --version,
+// --print-default-config or a bad argument).
+int ParseCommandLine(int argc, char** argv, CommandLine* out) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -223,67 +226,37 @@ int main(int argc, char** argv) {
                   2);
     }
     if (name == "config") {
-      config_file = value;
+      out->config_file = value;
     } else if (name == "check_config") {
-      check_file = value;
+      out->check_file = value;
     } else {
-      overrides.emplace_back(name, value);
+      out->overrides.emplace_back(name, value);
     }
   }
-  if (!check_file.empty()) config_file = check_file;
-  // Before any check reads the capabilities (MemlockPrivileged): a non-root daemon holding
-  // CAP_IPC_LOCK as permitted only (the image's file capability) makes it effective.
-  offloadd::RaiseIpcLockCapability();
+  if (!out->check_file.empty()) out->config_file = out->check_file;
+  return -1;
+}
 
-  absl::StatusOr<DaemonConfig> config =
-      config_file.empty() ? offloadd::ParseConfig("") : offloadd::LoadConfigFile(config_file);
-  if (!config.ok()) return Fail(config.status(), 2);
-  for (const auto& [name, value] : overrides) {
-    if (absl::Status st = offloadd::ApplyFlag(name, value, &*config); !st.ok()) {
-      return Fail(st, 2);
-    }
+// The config file (or the defaults), the flags over it, validated; errors exit 2.
+absl::StatusOr<offloadd::v1::DaemonConfig> LoadConfig(const CommandLine& cl) {
+  absl::StatusOr<offloadd::v1::DaemonConfig> config =
+      cl.config_file.empty() ? offloadd::ParseConfig("") : offloadd::LoadConfigFile(cl.config_file);
+  if (!config.ok()) return config.status();
+  for (const auto& [name, value] : cl.overrides) {
+    if (absl::Status st = offloadd::ApplyFlag(name, value, &*config); !st.ok()) return st;
   }
-  if (absl::Status st = offloadd::ValidateConfig(*config); !st.ok()) return Fail(st, 2);
-  // Topology: GPUs with a PCI address are found in sysfs; the config's links apply over them.
-  // Hook: the cuda backend can report each GPU's UUID and PCI bus id itself
-  // (cudaDeviceGetPCIBusId); once CopyEngine exposes them, append them here so `gpus` need not
-  // be configured on GPU nodes.
-  std::vector<offloadd::sched::GpuPci> gpu_addresses = offloadd::ConfiguredGpuAddresses(*config);
-  auto topology = offloadd::ResolveTopology(*config, gpu_addresses);
-  if (!topology.ok()) return Fail(topology.status(), check_file.empty() ? 1 : 2);
-  const std::string socket_path = offloadd::ResolveSocketPath(*config);
-  if (!check_file.empty()) return CheckHost(check_file, *config, socket_path);
+  if (absl::Status st = offloadd::ValidateConfig(*config); !st.ok()) return st;
+  return config;
+}
 
-  // Start-up checks run cheapest first and before the pool is pre-faulted (seconds per GiB), so
-  // the first error printed is the first thing that blocks: socket, metrics port, backend,
-  // memlock, memory.
-  // A socket passed by the service manager (offloadd.socket) is already listening: no path
-  // check, no stale-socket probe.
-  absl::StatusOr<int> listen_fd = offloadd::rpc::TakeListenFd();
-  if (!listen_fd.ok()) return Fail(listen_fd.status(), 1);
-  if (*listen_fd < 0) {
-    if (absl::Status st = offloadd::CheckSocketPath(socket_path); !st.ok()) return Fail(st, 1);
-  }
-  if (absl::Status st = offloadd::RaiseFileLimit(*config); !st.ok()) return Fail(st, 1);
-
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
-
-  // The metrics exposer starts first, so a taken port is reported before the pool is mapped.
-  std::unique_ptr<offloadd::metrics::Exposer> exposer;
-  if (!config->metrics_address().empty()) {
-    auto e = offloadd::metrics::Exposer::Start(config->metrics_address());
-    if (!e.ok()) return Fail(e.status(), 1);
-    exposer = *std::move(e);
-  }
-
-  // SIGTERM/SIGINT/SIGHUP are taken synchronously by the main thread below (sigtimedwait). They
-  // are blocked here, so the threads started from here on (copy engine, block store, link
-  // schedulers, pid watcher, gRPC, projector) inherit the mask. Threads started earlier do not
-  // block them: the metrics exposer's (started above, so a taken port is reported before the
-  // pool is mapped) and those libraries start at load time (OpenBLAS's pool). A signal the
-  // kernel delivers to one of those runs the handler, which records it for the main loop
-  // (NextSignal) instead of letting it kill the process.
+// SIGTERM/SIGINT/SIGHUP are taken synchronously by the main thread (sigtimedwait, NextSignal). They
+// are blocked here, so the threads started from here on (copy engine, block store, link
+// schedulers, pid watcher, gRPC, projector) inherit the mask. Threads started earlier do not
+// block them: the metrics exposer's (started above, so a taken port is reported before the
+// pool is mapped) and those libraries start at load time (OpenBLAS's pool). A signal the
+// kernel delivers to one of those runs the handler, which records it for the main loop
+// (NextSignal) instead of letting it kill the process.
+sigset_t BlockShutdownSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -294,28 +267,193 @@ int main(int argc, char** argv) {
   sigemptyset(&on_signal.sa_mask);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaction(s, &on_signal, nullptr);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// The pool's NUMA slices (numa_placement): one per GPU node this process can allocate on, when
+// there are two or more; logs the nodes left out and the slicing.
+std::vector<int> PoolSlices(const offloadd::v1::DaemonConfig& config,
+                            const offloadd::sched::Topology& topology) {
+  std::vector<int> unusable_nodes;
+  std::vector<int> nodes = offloadd::PoolNumaNodes(
+      config, topology,
+      [](int node) { return offloadd::pool::CheckNumaNodes({node}).ok(); }, &unusable_nodes);
+  if (!unusable_nodes.empty()) {
+    LOG(WARNING) << "NUMA placement: GPU node(s) " << absl::StrJoin(unusable_nodes, ", ")
+                 << " cannot hold pool memory for this process (offline, no memory, or outside "
+                 << "its cpuset): the pool is sliced over the other GPU nodes only, not at all "
+                 << "when fewer than two are left, and those GPUs' offloads go elsewhere";
+  }
+  if (!nodes.empty()) {
+    LOG(INFO) << "NUMA placement: the pool is split into one slice per GPU node ("
+              << absl::StrJoin(nodes, ", ") << "); each GPU's offloads go to its node's slice";
+  }
+  return nodes;
+}
+
+// Checks the memlock limit (cuda) and maps the pool, sliced per NUMA node as PoolSlices says.
+absl::StatusOr<std::unique_ptr<offloadd::pool::Arena>> MapPool(
+    const offloadd::v1::DaemonConfig& config, const offloadd::sched::Topology& topology) {
+  if (config.backend() == "cuda") {
+    // Pinning the pool needs it locked: fail now, with the fix, rather than half-way.
+    rlimit rl{};
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    absl::Status st = offloadd::pool::CheckMemlockLimit(config.pool_bytes(), rl.rlim_cur,
+                                                        offloadd::pool::MemlockPrivileged());
+    if (!st.ok()) return st;
+  }
+  offloadd::pool::ArenaOptions arena_options;
+  arena_options.size_bytes = config.pool_bytes();
+  arena_options.mlock = config.pool_mlock();
+  arena_options.huge_pages = config.pool_huge_pages();
+  arena_options.shm_name = config.pool_shm_name();
+  arena_options.numa_nodes = PoolSlices(config, topology);
+  LOG(INFO) << "mapping and pre-faulting the pool: " << config.pool_bytes() << " bytes"
+            << (arena_options.shm_name.empty()
+                    ? std::string(" (anonymous)")
+                    : " (shared: /dev/shm/" + arena_options.shm_name + ")");
+  return offloadd::pool::Arena::Create(arena_options);
+}
+
+// Logs the topology and warns about cuda links without a configured capacity.
+void LogLinks(const offloadd::v1::DaemonConfig& config,
+              const offloadd::sched::Topology& topology,
+              const offloadd::session::CoreOptions& core_options) {
+  if (!topology.links.empty()) {
+    LOG(INFO) << "topology (sysfs root " << config.sysfs_root() << "):\n"
+              << offloadd::sched::FormatTopology(topology);
+  }
+  for (const auto& link : core_options.links) {
+    if (config.backend() == "cuda" &&
+        (link.d2h_bytes_per_second <= 0 || link.h2d_bytes_per_second <= 0)) {
+      // Hook for a start-up calibration run (time a few large copies per direction on the
+      // link's GPUs): not implemented yet, so the link is left unpaced.
+      LOG(WARNING) << "link " << link.name << " has no configured capacity in one direction; "
+                   << "start-up calibration is not implemented yet, so it is unpaced and its "
+                   << "utilisation is not reported: set links { name: \"" << link.name
+                   << "\" d2h_bytes_per_second: ... h2d_bytes_per_second: ... } (measure "
+                   << "with `offloadctl bench`)";
+    }
+  }
+}
+
+// Waits for SIGTERM or SIGINT (SIGHUP is logged and ignored); returns the signal.
+int WaitForShutdownSignal(const sigset_t& signals) {
+  int sig = 0;
+  while (true) {
+    sig = NextSignal(signals, 0.2);
+    if (sig == SIGTERM || sig == SIGINT) break;
+    if (sig == SIGHUP) {
+      LOG(INFO) << "SIGHUP ignored: offloadd has no configuration reload; restart it to apply "
+                   "a changed config";
+    }
+  }
+  return sig;
+}
+
+// A second SIGTERM/SIGINT during the drain exits at once.
+void ExitOnSecondSignal(const sigset_t& signals, const std::string& socket_path, bool activated) {
+  std::thread([signals, socket_path, activated] {
+    while (true) {
+      int again = NextSignal(signals, 0.2);
+      if (again == SIGTERM || again == SIGINT) {
+        LOG(WARNING) << "second signal " << again << ": exiting without draining";
+        if (!activated) unlink(socket_path.c_str());
+        _exit(1);
+      }
+    }
+  }).detach();
+}
+
+// The listening socket passed by the service manager (offloadd.socket), already listening: no
+// path check, no stale-socket probe; else -1 once socket_path passed its checks. Also raises the
+// open file limit.
+absl::StatusOr<int> TakeListenFdAndCheck(const offloadd::v1::DaemonConfig& config,
+                                         const std::string& socket_path) {
+  absl::StatusOr<int> listen_fd = offloadd::rpc::TakeListenFd();
+  if (!listen_fd.ok()) return listen_fd.status();
+  if (*listen_fd < 0) {
+    if (absl::Status st = offloadd::CheckSocketPath(socket_path); !st.ok()) return st;
+  }
+  if (absl::Status st = offloadd::RaiseFileLimit(config); !st.ok()) return st;
+  return listen_fd;
+}
+
+// The Prometheus exposer on metrics_address; nullptr when that is empty.
+absl::StatusOr<std::unique_ptr<offloadd::metrics::Exposer>> StartExposer(
+    const offloadd::v1::DaemonConfig& config) {
+  if (config.metrics_address().empty()) {
+    return std::unique_ptr<offloadd::metrics::Exposer>();
+  }
+  return offloadd::metrics::Exposer::Start(config.metrics_address());
+}
+
+// The spill tier over the pool; nullptr without a spill directory.
+absl::StatusOr<std::unique_ptr<offloadd::spill::SpillTier>> MakeSpillTier(
+    const offloadd::spill::SpillOptions& options, const offloadd::pool::Arena& arena) {
+  if (options.directory.empty()) return std::unique_ptr<offloadd::spill::SpillTier>();
+  return offloadd::spill::SpillTier::Create(options, arena.base(), arena.size_bytes());
+}
+
+void LogServing(const offloadd::v1::DaemonConfig& config, const std::string& socket_path,
+                bool activated, bool metrics_on) {
+  if (activated) {
+    LOG(INFO) << "listening socket passed by the service manager (LISTEN_FDS): it stays open "
+              << "while offloadd restarts";
+  }
+  LOG(INFO) << "offloadd " << kVersion << " serving on unix:" << socket_path
+            << " backend=" << config.backend() << " pool_bytes=" << config.pool_bytes()
+            << " chunk_bytes=" << config.chunk_bytes() << " metrics="
+            << (metrics_on ? config.metrics_address() : std::string("off"));
+#ifndef OFFLOADD_HAVE_CUDA
+  LOG(INFO) << "this build has no CUDA backend; the shm backend is available";
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto process_start = std::chrono::steady_clock::now();
+  CommandLine cl;
+  if (int code = ParseCommandLine(argc, argv, &cl); code >= 0) return code;
+  const bool checking = !cl.check_file.empty();
+  // Before any check reads the capabilities (MemlockPrivileged): a non-root daemon holding
+  // CAP_IPC_LOCK as permitted only (the image's file capability) makes it effective.
+  offloadd::RaiseIpcLockCapability();
+
+  absl::StatusOr<offloadd::v1::DaemonConfig> config = LoadConfig(cl);
+  if (!config.ok()) return Fail(config.status(), 2);
+  // Topology: GPUs with a PCI address are found in sysfs; the config's links apply over them.
+  // Hook: the cuda backend can report each GPU's UUID and PCI bus id itself
+  // (cudaDeviceGetPCIBusId); once CopyEngine exposes them, append them here so `gpus` need not
+  // be configured on GPU nodes.
+  std::vector<offloadd::sched::GpuPci> gpu_addresses = offloadd::ConfiguredGpuAddresses(*config);
+  auto topology = offloadd::ResolveTopology(*config, gpu_addresses);
+  if (!topology.ok()) return Fail(topology.status(), checking ? 2 : 1);
+  const std::string socket_path = offloadd::ResolveSocketPath(*config);
+  if (checking) return CheckHost(cl.check_file, *config, socket_path);
+
+  // Start-up checks run cheapest first and before the pool is pre-faulted (seconds per GiB), so
+  // the first error printed is the first thing that blocks: socket, metrics port, backend,
+  // memlock, memory.
+  // A socket passed by the service manager (offloadd.socket) is already listening: no path
+  // check, no stale-socket probe.
+  absl::StatusOr<int> listen_fd = TakeListenFdAndCheck(*config, socket_path);
+  if (!listen_fd.ok()) return Fail(listen_fd.status(), 1);
+
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+
+  // The metrics exposer starts first, so a taken port is reported before the pool is mapped.
+  auto exposer = StartExposer(*config);
+  if (!exposer.ok()) return Fail(exposer.status(), 1);
+
+  const sigset_t signals = BlockShutdownSignals();  // threads started from here inherit it
 
   auto engine = MakeEngine(*config);
   if (!engine.ok()) return Fail(engine.status(), 1);
 
-  if (config->backend() == "cuda") {
-    // Pinning the pool needs it locked: fail now, with the fix, rather than half-way.
-    rlimit rl{};
-    getrlimit(RLIMIT_MEMLOCK, &rl);
-    absl::Status st = offloadd::pool::CheckMemlockLimit(config->pool_bytes(), rl.rlim_cur,
-                                                        offloadd::pool::MemlockPrivileged());
-    if (!st.ok()) return Fail(st, 1);
-  }
-  offloadd::pool::ArenaOptions arena_options;
-  arena_options.size_bytes = config->pool_bytes();
-  arena_options.mlock = config->pool_mlock();
-  arena_options.huge_pages = config->pool_huge_pages();
-  arena_options.shm_name = config->pool_shm_name();
-  LOG(INFO) << "mapping and pre-faulting the pool: " << config->pool_bytes() << " bytes"
-            << (arena_options.shm_name.empty()
-                    ? std::string(" (anonymous)")
-                    : " (shared: /dev/shm/" + arena_options.shm_name + ")");
-  auto arena = offloadd::pool::Arena::Create(arena_options);
+  auto arena = MapPool(*config, *topology);
   if (!arena.ok()) return Fail(arena.status(), 1);
   // cuda: register (pin) the pool with the driver in the background, in chunks <= 64 GiB.
   if (absl::Status st = (*engine)->PrepareHostPool((*arena)->base(), (*arena)->size_bytes());
@@ -328,33 +466,13 @@ int main(int argc, char** argv) {
       .Set(1);
 
   offloadd::session::CoreOptions core_options = offloadd::ToCoreOptions(*config, *topology);
-  if (!topology->links.empty()) {
-    LOG(INFO) << "topology (sysfs root " << config->sysfs_root() << "):\n"
-              << offloadd::sched::FormatTopology(*topology);
-  }
-  for (const auto& link : core_options.links) {
-    if (config->backend() == "cuda" &&
-        (link.d2h_bytes_per_second <= 0 || link.h2d_bytes_per_second <= 0)) {
-      // Hook for a start-up calibration run (time a few large copies per direction on the
-      // link's GPUs): not implemented yet, so the link is left unpaced.
-      LOG(WARNING) << "link " << link.name << " has no configured capacity in one direction; "
-                   << "start-up calibration is not implemented yet, so it is unpaced and its "
-                   << "utilisation is not reported: set links { name: \"" << link.name
-                   << "\" d2h_bytes_per_second: ... h2d_bytes_per_second: ... } (measure "
-                   << "with `offloadctl bench`)";
-    }
-  }
-  std::unique_ptr<offloadd::spill::SpillTier> spill;
-  if (!core_options.spill.directory.empty()) {
-    auto tier = offloadd::spill::SpillTier::Create(core_options.spill, (*arena)->base(),
-                                                   (*arena)->size_bytes());
-    if (!tier.ok()) return Fail(tier.status(), 1);
-    spill = *std::move(tier);
-  }
+  LogLinks(*config, *topology, core_options);
+  auto spill = MakeSpillTier(core_options.spill, **arena);
+  if (!spill.ok()) return Fail(spill.status(), 1);
   offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine),
-                               std::move(spill));
+                               *std::move(spill));
   // The Core's pool, store, spill and link families are read from its state at each scrape.
-  if (exposer) exposer->Register(core.collectable());
+  if (*exposer) (*exposer)->Register(core.collectable());
   // shm regions of refreshes on a cuda daemon
   offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
   std::unique_ptr<offloadd::projector::RefreshService> projector =
@@ -363,45 +481,17 @@ int main(int argc, char** argv) {
                                              *offloadd::ResolveSocketGroup(*config),
                                              projector.get(), *listen_fd);
   if (!server.ok()) return Fail(server.status(), 1);
-  if (*listen_fd >= 0) {
-    LOG(INFO) << "listening socket passed by the service manager (LISTEN_FDS): it stays open "
-              << "while offloadd restarts";
-  }
-
-  LOG(INFO) << "offloadd " << kVersion << " serving on unix:" << socket_path
-            << " backend=" << config->backend() << " pool_bytes=" << config->pool_bytes()
-            << " chunk_bytes=" << config->chunk_bytes() << " metrics="
-            << (exposer ? config->metrics_address() : std::string("off"));
-#ifndef OFFLOADD_HAVE_CUDA
-  LOG(INFO) << "this build has no CUDA backend; the shm backend is available";
-#endif
+  LogServing(*config, socket_path, *listen_fd >= 0, *exposer != nullptr);
   offloadd::metrics::Get().start_to_serving_seconds->Set(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - process_start).count());
   // Ready line for scripts and tests.
   std::cout << "offloadd: ready on " << socket_path << std::endl;
 
-  int sig = 0;
-  while (true) {
-    sig = NextSignal(signals, 0.2);
-    if (sig == SIGTERM || sig == SIGINT) break;
-    if (sig == SIGHUP) {
-      LOG(INFO) << "SIGHUP ignored: offloadd has no configuration reload; restart it to apply "
-                   "a changed config";
-    }
-  }
+  const int sig = WaitForShutdownSignal(signals);
   LOG(INFO) << "signal " << sig << ": finishing copies in flight, closing sessions "
             << "(a second SIGTERM/SIGINT exits at once)";
   const bool activated = (*server)->socket_activated();
-  std::thread([signals, socket_path, activated] {
-    while (true) {
-      int again = NextSignal(signals, 0.2);
-      if (again == SIGTERM || again == SIGINT) {
-        LOG(WARNING) << "second signal " << again << ": exiting without draining";
-        if (!activated) unlink(socket_path.c_str());
-        _exit(1);
-      }
-    }
-  }).detach();
+  ExitOnSecondSignal(signals, socket_path, activated);
   (*server)->Shutdown();
   LOG(INFO) << "offloadd stopped cleanly";
   return 0;

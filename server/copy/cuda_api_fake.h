@@ -13,11 +13,9 @@
 #ifndef OFFLOADD_SERVER_COPY_CUDA_API_FAKE_H_
 #define OFFLOADD_SERVER_COPY_CUDA_API_FAKE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>

@@ -56,12 +56,17 @@ struct CudaCopyEngine::Shared {
   // Serialises OpenRegion and closing so one handle is never opened twice.
   base::Mutex open_mu;
 
-  absl::StatusOr<CudaDeviceInfo> FindDevice(const std::string& device_id);
-  absl::StatusOr<std::shared_ptr<DeviceWorker>> WorkerFor(const CudaDeviceInfo& device);
-  void Unref(const std::shared_ptr<Mapping>& m);
+  absl::StatusOr<CudaDeviceInfo> FindDevice(const std::string& device_id) EXCLUDES(mu);
+  absl::StatusOr<std::shared_ptr<DeviceWorker>> WorkerFor(const CudaDeviceInfo& device)
+      EXCLUDES(mu);
+  // Opens the IPC handle on the device's worker thread; the mapping is not yet in `mappings`.
+  absl::StatusOr<std::shared_ptr<Mapping>> MapHandle(const CudaDeviceInfo& device,
+                                                     const std::string& handle,
+                                                     const std::string& key) EXCLUDES(mu);
+  void Unref(const std::shared_ptr<Mapping>& m) EXCLUDES(open_mu, mu);
   void Close(const std::shared_ptr<Mapping>& m) REQUIRES(open_mu);  // open_mu held
   // Device thread: the opened event for `handle`, opening and caching it on first use.
-  absl::StatusOr<void*> EventFor(Mapping& m, const std::string& handle);
+  absl::StatusOr<void*> EventFor(Mapping& m, const std::string& handle) EXCLUDES(mu);
 };
 
 namespace {
@@ -248,7 +253,38 @@ CudaCopyEngine::~CudaCopyEngine() {
   for (auto& [u, w] : workers) w->Stop();
 }
 
-absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionSpec& spec) {
+absl::StatusOr<std::shared_ptr<Mapping>> CudaCopyEngine::Shared::MapHandle(
+    const CudaDeviceInfo& device, const std::string& handle, const std::string& key) {
+  auto worker = WorkerFor(device);
+  if (!worker.ok()) return worker.status();
+  auto fresh = std::make_shared<Mapping>();
+  fresh->key = key;
+  fresh->worker = *worker;
+  absl::Status st = fresh->worker->Run([&]() -> absl::Status {
+    auto base = api->IpcOpenMemHandle(handle);
+    if (!base.ok()) return base.status();
+    fresh->base = *base;
+    auto size = api->AllocationSize(*base);
+    if (!size.ok()) {
+      (void)api->IpcCloseMemHandle(*base);
+      return size.status();
+    }
+    fresh->allocation_bytes = *size;
+    return absl::OkStatus();
+  });
+  if (!st.ok()) {
+    return Annotate(device.uuid, st,
+                    "the handle must be cudaIpcGetMemHandle of the base of a live cudaMalloc "
+                    "allocation on this GPU, from a process on this node (memory from VMM "
+                    "allocators, e.g. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, has "
+                    "no such handle)");
+  }
+  return fresh;
+}
+
+namespace {
+// A cuda region names a device allocation by its IPC handle, with a size.
+absl::Status CheckIpcRegionSpec(const RegionSpec& spec) {
   if (!spec.shm_name.empty() || spec.cuda_ipc_handle.empty()) {
     return absl::InvalidArgumentError(
         "this daemon runs the cuda backend: register device memory with cuda_ipc_handle (the "
@@ -262,6 +298,12 @@ absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionS
   if (spec.size_bytes == 0) {
     return absl::InvalidArgumentError("region size_bytes is 0: register the allocation's size");
   }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionSpec& spec) {
+  if (absl::Status st = CheckIpcRegionSpec(spec); !st.ok()) return st;
   Shared& s = *shared_;
   auto device = s.FindDevice(spec.device_id);
   if (!device.ok()) return device.status();
@@ -276,31 +318,9 @@ absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionS
     if (it != s.mappings.end()) m = it->second;
   }
   if (m == nullptr) {
-    auto worker = s.WorkerFor(*device);
-    if (!worker.ok()) return worker.status();
-    auto fresh = std::make_shared<Mapping>();
-    fresh->key = key;
-    fresh->worker = *worker;
-    absl::Status st = fresh->worker->Run([&]() -> absl::Status {
-      auto base = s.api->IpcOpenMemHandle(spec.cuda_ipc_handle);
-      if (!base.ok()) return base.status();
-      fresh->base = *base;
-      auto size = s.api->AllocationSize(*base);
-      if (!size.ok()) {
-        (void)s.api->IpcCloseMemHandle(*base);
-        return size.status();
-      }
-      fresh->allocation_bytes = *size;
-      return absl::OkStatus();
-    });
-    if (!st.ok()) {
-      return Annotate(device->uuid, st,
-                      "the handle must be cudaIpcGetMemHandle of the base of a live cudaMalloc "
-                      "allocation on this GPU, from a process on this node (memory from VMM "
-                      "allocators, e.g. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, has "
-                      "no such handle)");
-    }
-    m = fresh;
+    auto fresh = s.MapHandle(*device, spec.cuda_ipc_handle, key);
+    if (!fresh.ok()) return fresh.status();
+    m = *std::move(fresh);
     base::MutexLock lock(s.mu);
     s.mappings[key] = m;
     ++s.stats.mem_handle_opens_total;

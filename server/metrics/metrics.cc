@@ -101,6 +101,31 @@ const StateFamily kSpillBlocksLostTotal{
     "offloadd_spill_blocks_lost_total",
     "Spilled blocks whose file was removed or truncated under the daemon (DATA_LOSS).",
     MetricType::Counter};
+const StateFamily kStagesPromotedTotal{
+    "offloadd_spill_stages_promoted_total",
+    "Stage-backs queued ahead of need (PREFETCH) raised to URGENT because a reload came.",
+    MetricType::Counter};
+const StateFamily kStagesExpiredTotal{
+    "offloadd_spill_stages_expired_total",
+    "Urgent stage-backs that found no pool space within the admission deadline while nothing "
+    "was being spilled; their reloads got RESOURCE_EXHAUSTED.",
+    MetricType::Counter};
+const StateFamily kStagesWaitingForPool{
+    "offloadd_spill_stages_waiting",
+    "Urgent stage-backs waiting for pool space now (offloads are held back meanwhile).",
+    MetricType::Gauge};
+const StateFamily kPoolNumaFallbackTotal{
+    "offloadd_pool_numa_fallback_total",
+    "Pool allocations placed on another NUMA node than their GPU's, by reason (slice_full, "
+    "unknown_node, no_slice).",
+    MetricType::Counter};
+const StateFamily kPoolNumaSliceCapacityBytes{
+    "offloadd_pool_numa_slice_capacity_bytes",
+    "Bytes of the pool's slice bound to each NUMA node (\"unknown\": the pool is not sliced).",
+    MetricType::Gauge};
+const StateFamily kPoolNumaSliceUsedBytes{
+    "offloadd_pool_numa_slice_used_bytes",
+    "Bytes held by blocks (extents) in each NUMA node's slice of the pool.", MetricType::Gauge};
 }  // namespace state
 
 prometheus::MetricFamily NewFamily(const StateFamily& spec) {
@@ -122,77 +147,78 @@ void AddSample(prometheus::MetricFamily& family, const prometheus::Labels& label
 }
 
 namespace {
-Metrics* Create() {
-  using namespace prometheus;  // NOLINT: builder names read better unqualified
-  auto* m = new Metrics();
-  m->registry = std::make_shared<Registry>();
-  auto& r = *m->registry;
-  m->build_info = &BuildGauge()
-                       .Name("offloadd_build_info")
-                       .Help("Always 1; labels carry the version and backend.")
-                       .Register(r);
-  auto gauge = [&r](const char* name, const char* help) {
-    return &BuildGauge().Name(name).Help(help).Register(r).Add({});
-  };
-  m->projector_refresh_duration_seconds =
-      &BuildHistogram()
-           .Name("offloadd_projector_refresh_duration_seconds")
-           .Help("GaLore projector refresh time (SVD and checks), by method and backend.")
-           .Register(r);
+prometheus::Family<prometheus::Counter>* CounterFamily(prometheus::Registry& r, const char* name,
+                                                       const char* help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Register(r);
+}
+
+prometheus::Family<prometheus::Histogram>* HistogramFamily(prometheus::Registry& r,
+                                                           const char* name, const char* help) {
+  return &prometheus::BuildHistogram().Name(name).Help(help).Register(r);
+}
+
+// A gauge without labels.
+prometheus::Gauge* PlainGauge(prometheus::Registry& r, const char* name, const char* help) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+
+void RegisterProjectorMetrics(prometheus::Registry& r, Metrics* m) {
+  m->projector_refresh_duration_seconds = HistogramFamily(
+      r, "offloadd_projector_refresh_duration_seconds",
+      "GaLore projector refresh time (SVD and checks), by method and backend.");
   m->projector_queue_depth =
-      gauge("offloadd_projector_queue_depth", "Projector refreshes queued or running.");
-  m->projector_refreshes_total = &BuildCounter()
-                                      .Name("offloadd_projector_refreshes_total")
-                                      .Help("Projector refreshes finished, by outcome.")
-                                      .Register(r);
+      PlainGauge(r, "offloadd_projector_queue_depth", "Projector refreshes queued or running.");
+  m->projector_refreshes_total = CounterFamily(r, "offloadd_projector_refreshes_total",
+                                               "Projector refreshes finished, by outcome.");
   // Series that must exist before the first refresh (dashboards, alerts).
   m->projector_refresh_duration_seconds->Add({{"method", "exact"}, {"backend", "lapack"}},
                                              DurationBuckets());
   m->projector_refreshes_total->Add({{"outcome", "ok"}});
-  m->transfer_bytes_total = &BuildCounter()
-                                 .Name("offloadd_transfer_bytes_total")
-                                 .Help("Bytes moved by completed transfers.")
-                                 .Register(r);
-  m->transfers_total = &BuildCounter()
-                            .Name("offloadd_transfers_total")
-                            .Help("Transfers (offloads, reloads) finished, by status.")
-                            .Register(r);
+}
+
+void RegisterTransferMetrics(prometheus::Registry& r, Metrics* m) {
+  m->transfer_bytes_total = CounterFamily(r, "offloadd_transfer_bytes_total",
+                                          "Bytes moved by completed transfers.");
+  m->transfers_total = CounterFamily(r, "offloadd_transfers_total",
+                                     "Transfers (offloads, reloads) finished, by status.");
   m->transfer_duration_seconds =
-      &BuildHistogram()
-           .Name("offloadd_transfer_duration_seconds")
-           .Help("Time from a transfer's request to its completion, including waits.")
-           .Register(r);
-  m->transfer_size_bytes = &BuildHistogram()
-                                .Name("offloadd_transfer_size_bytes")
-                                .Help("Size of completed transfers.")
-                                .Register(r);
-  m->sessions_open = gauge("offloadd_sessions_open", "Client sessions open.");
+      HistogramFamily(r, "offloadd_transfer_duration_seconds",
+                      "Time from a transfer's request to its completion, including waits.");
+  m->transfer_size_bytes =
+      HistogramFamily(r, "offloadd_transfer_size_bytes", "Size of completed transfers.");
+}
+
+void RegisterSessionMetrics(prometheus::Registry& r, Metrics* m) {
+  m->sessions_open = PlainGauge(r, "offloadd_sessions_open", "Client sessions open.");
   m->adopted_blocks_total =
-      &BuildCounter()
-           .Name("offloadd_adopted_blocks_total")
-           .Help("Blocks taken over from the previous daemon's shared pool at start-up.")
-           .Register(r)
-           .Add({});
+      &CounterFamily(r, "offloadd_adopted_blocks_total",
+                     "Blocks taken over from the previous daemon's shared pool at start-up.")
+           ->Add({});
   m->adoption_dropped_blocks_total =
-      &BuildCounter()
-           .Name("offloadd_adoption_dropped_blocks_total")
-           .Help("Block records of the previous daemon dropped at adoption, by reason.")
-           .Register(r);
-  m->start_to_serving_seconds = gauge("offloadd_start_to_serving_seconds",
+      CounterFamily(r, "offloadd_adoption_dropped_blocks_total",
+                    "Block records of the previous daemon dropped at adoption, by reason.");
+  m->start_to_serving_seconds = PlainGauge(r, "offloadd_start_to_serving_seconds",
                                       "Seconds from process start to serving (incl. adoption).");
-  m->sessions_ended_total = &BuildCounter()
-                                 .Name("offloadd_sessions_ended_total")
-                                 .Help("Sessions ended, by cause (closed, crashed, shutdown).")
-                                 .Register(r);
-  m->request_errors_total = &BuildCounter()
-                                 .Name("offloadd_request_errors_total")
-                                 .Help("Requests answered with an error, by gRPC status code.")
-                                 .Register(r);
-  m->link_queue_wait_seconds =
-      &BuildHistogram()
-           .Name("offloadd_link_queue_wait_seconds")
-           .Help("Time from a transfer's submission to its link until its first chunk starts.")
-           .Register(r);
+  m->sessions_ended_total = CounterFamily(r, "offloadd_sessions_ended_total",
+                                          "Sessions ended, by cause (closed, crashed, shutdown).");
+  m->request_errors_total = CounterFamily(r, "offloadd_request_errors_total",
+                                          "Requests answered with an error, by gRPC status code.");
+}
+
+Metrics* Create() {
+  auto* m = new Metrics();
+  m->registry = std::make_shared<prometheus::Registry>();
+  auto& r = *m->registry;
+  m->build_info = &prometheus::BuildGauge()
+                       .Name("offloadd_build_info")
+                       .Help("Always 1; labels carry the version and backend.")
+                       .Register(r);
+  RegisterProjectorMetrics(r, m);
+  RegisterTransferMetrics(r, m);
+  RegisterSessionMetrics(r, m);
+  m->link_queue_wait_seconds = HistogramFamily(
+      r, "offloadd_link_queue_wait_seconds",
+      "Time from a transfer's submission to its link until its first chunk starts.");
   return m;
 }
 }  // namespace

@@ -86,6 +86,12 @@ extern const StateFamily kSpillBytesTotal;   // {direction}: spill, stage
 extern const StateFamily kReloadsFromDiskTotal, kReloadDiskWaitSecondsTotal;
 extern const StateFamily kSpillFailuresTotal;  // {cause}: write_error, disk_full
 extern const StateFamily kSpillBlocksLostTotal;
+extern const StateFamily kStagesPromotedTotal, kStagesExpiredTotal;  // no labels
+extern const StateFamily kStagesWaitingForPool;                       // no labels
+// NUMA placement (issue 16 part 5): pool allocations that left their GPU's node, by {reason}:
+// slice_full, unknown_node, no_slice; the bytes of each slice by {numa_node}.
+extern const StateFamily kPoolNumaFallbackTotal;
+extern const StateFamily kPoolNumaSliceCapacityBytes, kPoolNumaSliceUsedBytes;
 }  // namespace state
 
 // An empty family for `spec`, to fill with AddSample.

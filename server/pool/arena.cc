@@ -144,83 +144,87 @@ void TouchForRead(const uint8_t* base, uint64_t bytes, uint64_t page) {
   (void)sink;
 }
 
-}  // namespace
+// What CreateShared needs to open, size and check a shared pool object.
+struct SharedLayout {
+  std::string name;   // "/" + pool_shm_name
+  std::string where;  // "pool object /<name> (/dev/shm/<name>)", for messages
+  uint64_t bytes = 0;        // pool data bytes
+  uint64_t data_offset = 0;  // header and records come first
+  uint64_t total = 0;        // the object's size: data_offset + bytes
+  uint64_t slots = 0;        // block record slots
+  std::string config_text;   // the layout the config asks for, for messages
+  std::string policy;        // what to do about a mismatch
+};
 
-uint64_t SharedRecordSlots(uint64_t size_bytes) {
-  return std::max<uint64_t>(4096, size_bytes / (16 * 1024));
+SharedLayout MakeSharedLayout(const std::string& shm_name, uint64_t bytes) {
+  SharedLayout l;
+  l.name = "/" + shm_name;
+  l.where = absl::StrCat("pool object ", l.name, " (/dev/shm", l.name, ")");
+  l.bytes = bytes;
+  l.data_offset = SharedDataOffset(bytes);
+  l.total = l.data_offset + bytes;
+  l.slots = SharedRecordSlots(bytes);
+  l.config_text = absl::StrCat(bytes, " bytes of pool, ", l.slots, " block records, layout version ",
+                               kLayoutVersion);
+  l.policy = absl::StrCat(
+      "offloadd never re-initialises a pool that may hold confirmed blocks: set pool_bytes "
+      "back to the object's size to adopt its blocks, or remove it (`rm /dev/shm",
+      l.name, "`, its blocks are lost) to start with an empty pool");
+  return l;
 }
 
-uint64_t SharedDataOffset(uint64_t size_bytes) {
-  const uint64_t meta = kHeaderBytes + SharedRecordSlots(size_bytes) * kRecordBytes;
-  return (meta + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-}
-
-absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& options,
-                                                           uint64_t bytes) {
-  const std::string name = "/" + options.shm_name;
-  const std::string where = absl::StrCat("pool object ", name, " (/dev/shm", name, ")");
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot open the ", where, ": ",
-                                                      std::strerror(errno),
-                                                      ". Check pool_shm_name and /dev/shm."));
-  }
-  auto fail = [&](absl::Status st) {
-    close(fd);
-    return st;
-  };
+// Checks the open object `fd` is the daemon's own (uid, mode 0600) and takes its lock.
+absl::Status CheckOwnedAndLock(int fd, const SharedLayout& l) {
+  const std::string& where = l.where;
+  const std::string& name = l.name;
   // The object must be this daemon's own and closed to everyone else: another uid can create a
   // name in /dev/shm before the daemon first starts (or after an operator removed the pool), and
   // would then read and write every offloaded byte, forge block records, or hold the lock.
   struct stat owner {};
   if (fstat(fd, &owner) != 0) {
-    return fail(absl::UnavailableError(absl::StrCat("fstat of the ", where, ": ",
-                                                    std::strerror(errno))));
+    return absl::UnavailableError(
+        absl::StrCat("fstat of the ", where, ": ", std::strerror(errno)));
   }
   if (owner.st_uid != geteuid() || (owner.st_mode & 077) != 0) {
-    return fail(absl::FailedPreconditionError(absl::StrFormat(
+    return absl::FailedPreconditionError(absl::StrFormat(
         "the %s belongs to uid %d with mode %04o, but a pool object must belong to the daemon's "
         "uid %d with mode 0600 (no access for group or others): another user may have created "
         "it to read or forge the pool. Remove it (`rm /dev/shm%s`) and start offloadd again, or "
         "use another pool_shm_name",
-        where, owner.st_uid, owner.st_mode & 07777, geteuid(), name)));
+        where, owner.st_uid, owner.st_mode & 07777, geteuid(), name));
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    return fail(absl::FailedPreconditionError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         "another process holds the ", where,
         " (a second offloadd with the same pool_shm_name?): stop it, or give this daemon "
-        "another pool_shm_name")));
+        "another pool_shm_name"));
   }
+  return absl::OkStatus();
+}
+
+// Sizes a new (empty) object to l.total, or checks an existing one has that size.
+absl::Status SizeSharedObject(int fd, const SharedLayout& l) {
+  const std::string& where = l.where;
+  const uint64_t total = l.total;
   struct stat st {};
   if (fstat(fd, &st) != 0) {
-    return fail(absl::UnavailableError(absl::StrCat("fstat of the ", where, ": ",
-                                                    std::strerror(errno))));
+    return absl::UnavailableError(absl::StrCat("fstat of the ", where, ": ", std::strerror(errno)));
   }
-  const uint64_t data_offset = SharedDataOffset(bytes);
-  const uint64_t total = data_offset + bytes;
-  const uint64_t slots = SharedRecordSlots(bytes);
-  const std::string config_text =
-      absl::StrCat(bytes, " bytes of pool, ", slots, " block records, layout version ",
-                   kLayoutVersion);
-  const std::string policy = absl::StrCat(
-      "offloadd never re-initialises a pool that may hold confirmed blocks: set pool_bytes "
-      "back to the object's size to adopt its blocks, or remove it (`rm /dev/shm",
-      name, "`, its blocks are lost) to start with an empty pool");
   const bool fresh_file = st.st_size == 0;
   if (fresh_file) {
     auto avail = ReadMemAvailableBytes();
     if (avail.ok()) {
-      if (auto s = CheckMemAvailable(total, *avail); !s.ok()) return fail(s);
+      if (auto s = CheckMemAvailable(total, *avail); !s.ok()) return s;
     }
     const int err = posix_fallocate(fd, 0, static_cast<off_t>(total));
     if (err != 0) {
       if (ftruncate(fd, 0) != 0) {
         LOG(WARNING) << "cannot empty the " << where << ": " << std::strerror(errno);
       }
-      return fail(absl::ResourceExhaustedError(absl::StrCat(
+      return absl::ResourceExhaustedError(absl::StrCat(
           "cannot size the ", where, " to ", MiB(total), ": ", std::strerror(err),
           ". /dev/shm (tmpfs) must hold the pool: raise its size (in a container, the pod's "
-          "emptyDir medium Memory sizeLimit or docker --shm-size), or lower pool_bytes")));
+          "emptyDir medium Memory sizeLimit or docker --shm-size), or lower pool_bytes"));
     }
   } else if (static_cast<uint64_t>(st.st_size) != total) {
     SharedHeader h{};
@@ -229,31 +233,32 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
       h = SharedHeader{};
     }
     const bool ours = std::memcmp(h.magic, kSharedMagic, sizeof(kSharedMagic)) == 0;
-    return fail(absl::FailedPreconditionError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         "the ", where, " has ", st.st_size, " bytes",
         ours ? absl::StrCat(" (", DescribeHeader(h), ")") : std::string(" and is not an offloadd pool"),
-        " but the config asks for ", config_text, ". ", policy)));
+        " but the config asks for ", l.config_text, ". ", l.policy));
   }
-  const bool bind = !options.numa_nodes.empty();
-  const bool populate = options.prefault && !options.huge_pages && !bind;
-  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
-  if (p == MAP_FAILED) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "mmap of the ", where, " (", MiB(total), ") failed: ", std::strerror(errno))));
-  }
-  auto* map = static_cast<uint8_t*>(p);
+  return absl::OkStatus();
+}
+
+// Writes the header of a new object (*adopted = whether it still holds records), or checks an
+// existing one matches `l`.
+absl::Status InitOrCheckHeader(uint8_t* map, const SharedLayout& l, bool* adopted) {
+  const std::string& where = l.where;
+  const std::string& name = l.name;
+  const uint64_t bytes = l.bytes, data_offset = l.data_offset, slots = l.slots;
   auto* header = reinterpret_cast<SharedHeader*>(map);
   static const char kZero[8] = {};
-  bool adopted = true;
+  *adopted = true;
   if (std::memcmp(header->magic, kZero, sizeof(kZero)) == 0) {
     // New (or its initialisation never finished): its records are all zero, as fallocate left
     // them. A record that is not means the header of a pool in use was damaged (its magic
     // zeroed): keep the records, which check themselves at adoption, and write the header again
     // rather than wipe confirmed blocks.
     const uint8_t* records = map + kHeaderBytes;
-    adopted = std::any_of(records, static_cast<const uint8_t*>(map + data_offset), [](uint8_t b) { return b != 0; });
-    if (adopted) {
+    *adopted = std::any_of(records, static_cast<const uint8_t*>(map + data_offset),
+                           [](uint8_t b) { return b != 0; });
+    if (*adopted) {
       LOG(WARNING) << "the " << where << " has block records but no header: its header was "
                    << "damaged; writing it again and adopting the records that pass their check";
     }
@@ -281,13 +286,56 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
                                  "): start the version that wrote it to drain its blocks, or "
                                  "remove it (`rm /dev/shm", name,
                                  "`, its blocks are lost) to start with an empty pool")
-                  : policy;
-    munmap(map, total);
-    return fail(absl::FailedPreconditionError(absl::StrCat(
-        "the ", where, " holds ", found, " but the config asks for ", config_text, ". ",
-        advice)));
+                  : l.policy;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ", where, " holds ", found, " but the config asks for ", l.config_text, ". ",
+        advice));
   }
-  uint8_t* base = map + data_offset;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint64_t SharedRecordSlots(uint64_t size_bytes) {
+  return std::max<uint64_t>(4096, size_bytes / (16 * 1024));
+}
+
+uint64_t SharedDataOffset(uint64_t size_bytes) {
+  const uint64_t meta = kHeaderBytes + SharedRecordSlots(size_bytes) * kRecordBytes;
+  return (meta + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+}
+
+absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& options,
+                                                           uint64_t bytes) {
+  const SharedLayout l = MakeSharedLayout(options.shm_name, bytes);
+  const int fd = shm_open(l.name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot open the ", l.where, ": ",
+                                                      std::strerror(errno),
+                                                      ". Check pool_shm_name and /dev/shm."));
+  }
+  auto fail = [&](absl::Status st) {
+    close(fd);
+    return st;
+  };
+  if (absl::Status s = CheckOwnedAndLock(fd, l); !s.ok()) return fail(s);
+  if (absl::Status s = SizeSharedObject(fd, l); !s.ok()) return fail(s);
+  const uint64_t total = l.total;
+  const bool bind = !options.numa_nodes.empty();
+  const bool populate = options.prefault && !options.huge_pages && !bind;
+  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+  if (p == MAP_FAILED) {
+    return fail(absl::ResourceExhaustedError(absl::StrCat(
+        "mmap of the ", l.where, " (", MiB(total), ") failed: ", std::strerror(errno))));
+  }
+  auto* map = static_cast<uint8_t*>(p);
+  bool adopted = true;
+  if (absl::Status s = InitOrCheckHeader(map, l, &adopted); !s.ok()) {
+    munmap(map, total);
+    return fail(s);
+  }
+  uint8_t* base = map + l.data_offset;
   if (options.huge_pages && madvise(base, bytes, MADV_HUGEPAGE) != 0) {
     LOG(WARNING) << "madvise(MADV_HUGEPAGE) on the shared pool failed (" << std::strerror(errno)
                  << "); continuing with 4 KiB pages";
@@ -314,7 +362,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
   arena->map_bytes_ = total;
   arena->fd_ = fd;
   arena->adopted_ = adopted;
-  arena->table_ = std::make_unique<BlockTable>(map + kHeaderBytes, slots, bytes);
+  arena->table_ = std::make_unique<BlockTable>(map + kHeaderBytes, l.slots, bytes);
   arena->slices_ = slices;
   return arena;
 }

@@ -12,7 +12,7 @@
 // mbind(MPOL_BIND) before its pages are touched, so the prefault allocates them there. A shared
 // pool's pages may exist already (posix_fallocate, or a previous daemon's): they are faulted in
 // first and moved (MPOL_MF_MOVE), and the binding also governs pages allocated later. Which
-// slice a block goes to is ExtentAllocator's caller's business (numa_allocator.h); the arena only
+// slice a block goes to is SlicedExtentAllocator's business (sliced_allocator.h); the arena only
 // lays the slices out and binds them.
 //
 // Checks made before mapping, so a misconfigured node fails at start-up with a sentence saying

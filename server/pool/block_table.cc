@@ -77,10 +77,10 @@ void BlockTable::Write(const StoredBlock& b) {
   uint8_t body[kRecordBytes] = {};
   Store<uint64_t>(body, 0, b.block_id);
   std::memcpy(body + 8, b.resume_key.data(), b.resume_key.size());
-  Store<uint64_t>(body, 24, b.extent_offset);
   Store<uint64_t>(body, 32, b.bytes);
   Store<uint32_t>(body, 40, b.owner_uid);
-  Store<uint16_t>(body, 44, kRecordStored);
+  Store<uint64_t>(body, 24, b.spilled ? 0 : b.extent_offset);
+  Store<uint16_t>(body, 44, b.spilled ? kRecordSpilled : kRecordStored);
   Store<uint16_t>(body, 46, kLayoutVersion);
   Store<uint64_t>(body, kChecksumOffset, Checksum(body));
   // Body first, checksum last: a crash in between leaves a record that fails its checksum.
@@ -114,7 +114,9 @@ std::optional<StoredBlock> BlockTable::ReadRecord(uint32_t slot, AdoptionReport*
     Drop(slot, DropReason::kChecksum, report);
     return std::nullopt;
   }
-  if (Load<uint16_t>(p, 44) != kRecordStored || Load<uint16_t>(p, 46) != kLayoutVersion ||
+  const uint16_t state = Load<uint16_t>(p, 44);
+  if ((state != kRecordStored && state != kRecordSpilled) ||
+      Load<uint16_t>(p, 46) != kLayoutVersion ||
       Load<uint64_t>(p, 48) != 0) {
     Drop(slot, DropReason::kVersion, report);
     return std::nullopt;
@@ -126,6 +128,14 @@ std::optional<StoredBlock> BlockTable::ReadRecord(uint32_t slot, AdoptionReport*
   b.extent_offset = Load<uint64_t>(p, 24);
   b.bytes = Load<uint64_t>(p, 32);
   b.owner_uid = Load<uint32_t>(p, 40);
+  b.spilled = state == kRecordSpilled;
+  if (b.spilled) {
+    if (b.block_id == 0 || b.bytes == 0 || b.bytes > data_bytes_ || b.extent_offset != 0) {
+      Drop(slot, DropReason::kBounds, report);
+      return std::nullopt;
+    }
+    return b;
+  }
   if (b.block_id == 0 || b.bytes == 0 || b.bytes > data_bytes_ ||
       b.extent_offset % kGranuleBytes != 0 || b.extent_offset > data_bytes_ ||
       ExtentAllocator::RoundUp(b.bytes) > data_bytes_ - b.extent_offset) {
@@ -153,6 +163,13 @@ std::vector<StoredBlock> BlockTable::DropDuplicates(std::vector<StoredBlock> val
 
 void BlockTable::DropOverlaps(std::vector<StoredBlock> unique, AdoptionReport* report) {
   // Sweep by offset; every record of an overlapping group is dropped.
+  std::vector<StoredBlock> spilled;
+  unique.erase(std::remove_if(unique.begin(), unique.end(),
+                              [&spilled](const StoredBlock& b) {
+                                if (b.spilled) spilled.push_back(b);
+                                return b.spilled;
+                              }),
+               unique.end());
   std::sort(unique.begin(), unique.end(), [](const StoredBlock& a, const StoredBlock& b) {
     return a.extent_offset < b.extent_offset;
   });
@@ -176,6 +193,7 @@ void BlockTable::DropOverlaps(std::vector<StoredBlock> unique, AdoptionReport* r
       report->blocks.push_back(unique[i]);
     }
   }
+  report->blocks.insert(report->blocks.end(), spilled.begin(), spilled.end());
 }
 
 AdoptionReport BlockTable::Adopt() {

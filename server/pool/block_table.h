@@ -5,16 +5,21 @@
 // Record (kRecordBytes = 64, host byte order, in the slot the store chose for the block):
 //   0  u64 block_id            (never 0)
 //   8  u8[16] resume_key       first 16 bytes of SHA-256 of the owning session's resume token
-//  24  u64 extent_offset       from the arena base, multiple of kGranuleBytes
+//  24  u64 extent_offset       from the arena base, multiple of kGranuleBytes; 0 when spilled
 //  32  u64 bytes               requested size; the extent is RoundUp(bytes)
 //  40  u32 owner_uid           kUnknownUid when the peer's uid was not known
-//  44  u16 state               kRecordFree (0) or kRecordStored (1)
+//  44  u16 state               kRecordFree (0), kRecordStored (1: bytes in the extent) or
+//                              kRecordSpilled (2: bytes in the block's spill file, no extent)
 //  46  u16 layout_version      kLayoutVersion
 //  48  u64 reserved            0
 //  56  u64 checksum            first 8 bytes of SHA-256 of bytes 0..55
 // A free slot is all zero bytes. Writing a record writes the body, then the checksum; a record
 // torn by a crash mid-write fails its checksum and is dropped (never served), as is one whose
 // bytes were overwritten at random. Clear() zeroes the checksum first, then the rest.
+// A spilled record is written only after its spill file is complete and synced, before the
+// block's extent is freed; until then the record names the extent (the pool copy is
+// authoritative). Adding state 2 kept layout version 1: a version-1 table without spilled
+// records reads as before.
 //
 // Thread-safety: none; the store serialises calls under its lock.
 #ifndef OFFLOADD_SERVER_POOL_BLOCK_TABLE_H_
@@ -33,6 +38,7 @@ inline constexpr uint64_t kRecordBytes = 64;
 inline constexpr uint16_t kLayoutVersion = 1;
 inline constexpr uint16_t kRecordFree = 0;
 inline constexpr uint16_t kRecordStored = 1;
+inline constexpr uint16_t kRecordSpilled = 2;
 inline constexpr uint32_t kUnknownUid = 0xffffffffu;
 
 // What identifies a session's blocks across a restart without storing its token.
@@ -47,6 +53,8 @@ struct StoredBlock {
   uint64_t extent_offset = 0;
   uint64_t bytes = 0;
   uint32_t owner_uid = kUnknownUid;
+  // The block's bytes are in its spill file (extent_offset is 0 and names no extent).
+  bool spilled = false;
 };
 
 // Why adoption dropped a record (metric label values, DropReasonName).
@@ -69,7 +77,8 @@ struct DroppedBlock {
 };
 
 struct AdoptionReport {
-  std::vector<StoredBlock> blocks;  // valid records, ordered by extent offset
+  // Valid records: those in the pool ordered by extent offset, then the spilled ones.
+  std::vector<StoredBlock> blocks;
   // The non-zero block ids named by dropped records, so that a reload of one can be told the
   // block is lost (DATA_LOSS) rather than unknown.
   std::vector<DroppedBlock> dropped_blocks;
@@ -100,6 +109,7 @@ class BlockTable {
   // Drops every record whose id another record also names; returns the rest.
   std::vector<StoredBlock> DropDuplicates(std::vector<StoredBlock> valid, AdoptionReport* report);
   // Drops every record of a group whose extents overlap; the rest go to report->blocks.
+  // Spilled records hold no extent and go to report->blocks as they are.
   void DropOverlaps(std::vector<StoredBlock> unique, AdoptionReport* report);
 
   uint8_t* const records_;

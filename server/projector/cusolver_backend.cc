@@ -151,6 +151,109 @@ absl::Status Orthonormalize(Context& ctx, float* d_y, int rows, int c, float* d_
                                                            d_tau, work.get(), lwork, d_info));
 }
 
+// The first k columns of U (device, column-major rows x k or wider, leading dimension rows) into
+// `vectors` (host, rows x k row-major: vector i is column i).
+absl::Status CopyLeadingColumns(Context& ctx, const float* d_u, int rows, int64_t k,
+                                std::vector<float>* vectors) {
+  std::vector<float> u(static_cast<size_t>(rows) * k);
+  OFD_RETURN_IF_ERROR(ctx.ToHost(u.data(), d_u, u.size()));
+  OFD_RETURN_IF_ERROR(ctx.Sync());
+  for (int64_t i = 0; i < k; ++i) {
+    for (int64_t j = 0; j < rows; ++j) (*vectors)[j * k + i] = u[j + i * rows];
+  }
+  return absl::OkStatus();
+}
+
+// The first k rows of V^T (device, column-major n x n: entry j of vector i at vt[i + j * n])
+// into `vectors` (host, n x k row-major).
+absl::Status CopyLeadingRows(Context& ctx, const float* d_vt, int n, int64_t k,
+                             std::vector<float>* vectors) {
+  std::vector<float> vt(static_cast<size_t>(n) * n);
+  OFD_RETURN_IF_ERROR(ctx.ToHost(vt.data(), d_vt, vt.size()));
+  OFD_RETURN_IF_ERROR(ctx.Sync());
+  for (int64_t j = 0; j < n; ++j) {
+    std::memcpy(&(*vectors)[j * k], &vt[j * n], k * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+// The top-k projector from the range basis Q (device, rows x l) and B^T = op(A)^T Q (device,
+// cols x l, cols >= l, overwritten): the SVD B^T = U_t S V_t^T gives B's left vectors as the rows
+// of V_t^T (l x l), and P = Q V_t[:, :k]. Singular values: all l of B's.
+absl::StatusOr<TopSingular> ProjectorFromSketch(Context& ctx, const float* d_q, float* d_bt,
+                                                int rows, int cols, int l, int64_t k,
+                                                int* d_info) {
+  const float one = 1.0f, zero = 0.0f;
+  DeviceBuffer<float> d_s, d_vt, d_svd_work, d_rwork, d_p;
+  OFD_RETURN_IF_ERROR(d_s.Allocate(l));
+  OFD_RETURN_IF_ERROR(d_vt.Allocate(static_cast<size_t>(l) * l));
+  OFD_RETURN_IF_ERROR(d_rwork.Allocate(l));
+  int lwork = 0;
+  OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnSgesvd_bufferSize",
+                                   cusolverDnSgesvd_bufferSize(ctx.solver(), cols, l, &lwork)));
+  OFD_RETURN_IF_ERROR(d_svd_work.Allocate(lwork));
+  OFD_RETURN_IF_ERROR(SolverStatus(
+      "cusolverDnSgesvd",
+      cusolverDnSgesvd(ctx.solver(), 'N', 'S', cols, l, d_bt, cols, d_s.get(), nullptr, cols,
+                       d_vt.get(), l, d_svd_work.get(), lwork, d_rwork.get(), d_info)));
+  OFD_RETURN_IF_ERROR(ctx.CheckInfo("cusolverDnSgesvd", d_info));
+
+  // P^T (k x rows, column-major) = V_t^T[:k, :] Q^T: its memory is P row-major rows x k.
+  OFD_RETURN_IF_ERROR(d_p.Allocate(static_cast<size_t>(rows) * k));
+  OFD_RETURN_IF_ERROR(BlasStatus(
+      "cublasSgemm",
+      cublasSgemm(ctx.blas(), CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(k), rows, l, &one,
+                  d_vt.get(), l, d_q, rows, &zero, d_p.get(), static_cast<int>(k))));
+  TopSingular out;
+  out.k = k;
+  out.side_dim = rows;
+  out.full_spectrum = false;
+  out.singular_values.resize(l);
+  out.vectors.resize(static_cast<size_t>(rows) * k);
+  OFD_RETURN_IF_ERROR(ctx.ToHost(out.singular_values.data(), d_s.get(), l));
+  OFD_RETURN_IF_ERROR(ctx.ToHost(out.vectors.data(), d_p.get(), out.vectors.size()));
+  OFD_RETURN_IF_ERROR(ctx.Sync());
+  return out;
+}
+
+// The warm start's first min(w, l) columns (host, rows x w row-major) as Q's columns (column-
+// major rows x l), the rest filled from `normal`.
+std::vector<float> WarmStartBasis(const DenseMatrix& warm_start, int rows, int l,
+                                  std::mt19937_64& rng, std::normal_distribution<float>& normal) {
+  const int64_t w = std::min<int64_t>(warm_start.cols, l);
+  std::vector<float> q(static_cast<size_t>(rows) * l);
+  for (int64_t i = 0; i < w; ++i) {
+    for (int64_t j = 0; j < rows; ++j) q[j + i * rows] = warm_start.data[j * warm_start.cols + i];
+  }
+  for (size_t i = w * rows; i < q.size(); ++i) q[i] = normal(rng);
+  return q;
+}
+
+std::vector<float> GaussianMatrix(size_t count, std::mt19937_64& rng,
+                                  std::normal_distribution<float>& normal) {
+  std::vector<float> x(count);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+// Device buffers of a randomized SVD: A, the range basis Q (rows x l), Z (cols x l), the QR
+// factors' tau, the QR workspace and the info word.
+struct SketchBuffers {
+  DeviceBuffer<float> a, q, z, tau, work;
+  DeviceBuffer<int> info;
+};
+
+// Allocates `b` (work is sized later) and copies A to the device.
+absl::Status AllocateSketch(Context& ctx, const DenseMatrix& a, int rows, int cols, int l,
+                            SketchBuffers* b) {
+  OFD_RETURN_IF_ERROR(b->a.Allocate(static_cast<size_t>(a.rows) * a.cols));
+  OFD_RETURN_IF_ERROR(b->q.Allocate(static_cast<size_t>(rows) * l));
+  OFD_RETURN_IF_ERROR(b->z.Allocate(static_cast<size_t>(cols) * l));
+  OFD_RETURN_IF_ERROR(b->tau.Allocate(l));
+  OFD_RETURN_IF_ERROR(b->info.Allocate(1));
+  return ctx.ToDevice(b->a.get(), a.data, static_cast<size_t>(a.rows) * a.cols);
+}
+
 }  // namespace
 
 absl::StatusOr<TopSingular> CusolverSvdBackend::Exact(DenseMatrix a, VectorSide side,
@@ -209,21 +312,9 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Exact(DenseMatrix a, VectorSide 
   out.side_dim = side == VectorSide::kLeft ? m : n;
   out.vectors.resize(static_cast<size_t>(out.side_dim) * k);
   if (need_x_left) {
-    // U: column-major xr x xc; vector i is column i (xr == side_dim). Copy the first k.
-    std::vector<float> u(static_cast<size_t>(xr) * k);
-    OFD_RETURN_IF_ERROR(ctx.ToHost(u.data(), d_u.get(), u.size()));
-    OFD_RETURN_IF_ERROR(ctx.Sync());
-    for (int64_t i = 0; i < k; ++i) {
-      for (int64_t j = 0; j < xr; ++j) out.vectors[j * k + i] = u[j + i * xr];
-    }
+    OFD_RETURN_IF_ERROR(CopyLeadingColumns(ctx, d_u.get(), xr, k, &out.vectors));
   } else {
-    // V^T: column-major xc x xc; vector i is row i: entry j at vt[i + j * xc] (xc == side_dim).
-    std::vector<float> vt(static_cast<size_t>(xc) * xc);
-    OFD_RETURN_IF_ERROR(ctx.ToHost(vt.data(), d_vt.get(), vt.size()));
-    OFD_RETURN_IF_ERROR(ctx.Sync());
-    for (int64_t j = 0; j < xc; ++j) {
-      std::memcpy(&out.vectors[j * k], &vt[j * xc], k * sizeof(float));
-    }
+    OFD_RETURN_IF_ERROR(CopyLeadingRows(ctx, d_vt.get(), xc, k, &out.vectors));
   }
   return out;
 }
@@ -246,14 +337,10 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Randomized(DenseMatrix a, Vector
 
   Context ctx;
   OFD_RETURN_IF_ERROR(ctx.Init(device_));
-  DeviceBuffer<float> d_a, d_q, d_z, d_tau, d_work;
-  DeviceBuffer<int> d_info;
-  OFD_RETURN_IF_ERROR(d_a.Allocate(static_cast<size_t>(a.rows) * a.cols));
-  OFD_RETURN_IF_ERROR(d_q.Allocate(static_cast<size_t>(rows) * l));
-  OFD_RETURN_IF_ERROR(d_z.Allocate(static_cast<size_t>(cols) * l));
-  OFD_RETURN_IF_ERROR(d_tau.Allocate(l));
-  OFD_RETURN_IF_ERROR(d_info.Allocate(1));
-  OFD_RETURN_IF_ERROR(ctx.ToDevice(d_a.get(), a.data, static_cast<size_t>(a.rows) * a.cols));
+  SketchBuffers b;
+  OFD_RETURN_IF_ERROR(AllocateSketch(ctx, a, rows, cols, l, &b));
+  DeviceBuffer<float>&d_a = b.a, &d_q = b.q, &d_z = b.z, &d_tau = b.tau, &d_work = b.work;
+  DeviceBuffer<int>& d_info = b.info;
   int lwork_capacity = 0;
   const float one = 1.0f, zero = 0.0f;
   // y (rows x c) = op(A) x (cols x c); z (cols x c) = op(A)^T y. Same calls as the CBLAS code.
@@ -277,20 +364,14 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Randomized(DenseMatrix a, Vector
           absl::StrCat("warm start is ", warm_start.rows, " x ", warm_start.cols,
                        "; it must be the previous projector, ", rows, " x w"));
     }
-    const int64_t w = std::min<int64_t>(warm_start.cols, l);
-    std::vector<float> q(static_cast<size_t>(rows) * l);
-    for (int64_t i = 0; i < w; ++i) {
-      for (int64_t j = 0; j < rows; ++j) q[j + i * rows] = warm_start.data[j * warm_start.cols + i];
-    }
-    for (size_t i = w * rows; i < q.size(); ++i) q[i] = normal(rng);
+    const std::vector<float> q = WarmStartBasis(warm_start, rows, l, rng, normal);
     OFD_RETURN_IF_ERROR(ctx.ToDevice(d_q.get(), q.data(), q.size()));
     OFD_RETURN_IF_ERROR(ctx.Sync());  // q is freed at the end of this scope
     OFD_RETURN_IF_ERROR(orth(d_q.get(), rows));
     OFD_RETURN_IF_ERROR(apply_t(d_q.get(), d_z.get()));
     OFD_RETURN_IF_ERROR(orth(d_z.get(), cols));
   } else {
-    std::vector<float> omega(static_cast<size_t>(cols) * l);
-    for (float& x : omega) x = normal(rng);
+    const std::vector<float> omega = GaussianMatrix(static_cast<size_t>(cols) * l, rng, normal);
     OFD_RETURN_IF_ERROR(ctx.ToDevice(d_z.get(), omega.data(), omega.size()));
     OFD_RETURN_IF_ERROR(ctx.Sync());
   }
@@ -304,39 +385,9 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Randomized(DenseMatrix a, Vector
   }
   OFD_RETURN_IF_ERROR(ctx.CheckInfo("cusolverDnSorgqr", d_info.get()));
 
-  // B^T = op(A)^T Q (cols x l, cols >= l); its SVD B^T = U_t S V_t^T gives the left vectors of
-  // B as the rows of V_t^T (l x l).
+  // B^T = op(A)^T Q (cols x l, cols >= l).
   OFD_RETURN_IF_ERROR(apply_t(d_q.get(), d_z.get()));
-  DeviceBuffer<float> d_s, d_vt, d_svd_work, d_rwork, d_p;
-  OFD_RETURN_IF_ERROR(d_s.Allocate(l));
-  OFD_RETURN_IF_ERROR(d_vt.Allocate(static_cast<size_t>(l) * l));
-  OFD_RETURN_IF_ERROR(d_rwork.Allocate(l));
-  int lwork = 0;
-  OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnSgesvd_bufferSize",
-                                   cusolverDnSgesvd_bufferSize(ctx.solver(), cols, l, &lwork)));
-  OFD_RETURN_IF_ERROR(d_svd_work.Allocate(lwork));
-  OFD_RETURN_IF_ERROR(SolverStatus(
-      "cusolverDnSgesvd",
-      cusolverDnSgesvd(ctx.solver(), 'N', 'S', cols, l, d_z.get(), cols, d_s.get(), nullptr, cols,
-                       d_vt.get(), l, d_svd_work.get(), lwork, d_rwork.get(), d_info.get())));
-  OFD_RETURN_IF_ERROR(ctx.CheckInfo("cusolverDnSgesvd", d_info.get()));
-
-  // P^T (k x rows, column-major) = V_t^T[:k, :] Q^T: its memory is P row-major rows x k.
-  OFD_RETURN_IF_ERROR(d_p.Allocate(static_cast<size_t>(rows) * k));
-  OFD_RETURN_IF_ERROR(BlasStatus(
-      "cublasSgemm",
-      cublasSgemm(ctx.blas(), CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(k), rows, l, &one,
-                  d_vt.get(), l, d_q.get(), rows, &zero, d_p.get(), static_cast<int>(k))));
-  TopSingular out;
-  out.k = k;
-  out.side_dim = rows;
-  out.full_spectrum = false;
-  out.singular_values.resize(l);
-  out.vectors.resize(static_cast<size_t>(rows) * k);
-  OFD_RETURN_IF_ERROR(ctx.ToHost(out.singular_values.data(), d_s.get(), l));
-  OFD_RETURN_IF_ERROR(ctx.ToHost(out.vectors.data(), d_p.get(), out.vectors.size()));
-  OFD_RETURN_IF_ERROR(ctx.Sync());
-  return out;
+  return ProjectorFromSketch(ctx, d_q.get(), d_z.get(), rows, cols, l, k, d_info.get());
 }
 
 absl::StatusOr<int> CudaDeviceCount() {

@@ -46,6 +46,37 @@ std::vector<float> Decode(const RefreshResult& r) {
   return p;
 }
 
+// float32 only: cuSOLVER's exact projector spans LAPACK's subspace, with the same singular values.
+void CheckMatchesLapack(const RefreshResult& ref, const RefreshResult& exact,
+                        const std::vector<float>& p_ref, const std::vector<float>& p_exact,
+                        int64_t r, const std::string& tag) {
+  const double sine = MaxPrincipalAngleSine(p_ref.data(), p_exact.data(), exact.projector_rows, r);
+  double sv = 0;
+  for (int64_t i = 0; i < r; ++i) {
+    sv = std::max(sv, std::fabs(ref.singular_values[i] - exact.singular_values[i]) /
+                          ref.singular_values[0]);
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "max principal angle sine %.3g, sigma rel diff %.3g", sine, sv);
+  Check(sine <= 1e-3 && sv <= 1e-4, "cusolver exact == lapack exact " + tag, buf);
+}
+
+// Warm start from LAPACK's projector: the randomized refresh keeps its quality and subspace.
+void CheckWarmStart(const SvdBackend& gpu, RefreshRequest req, const RefreshResult& ref,
+                    const DenseMatrix& gm, VectorSide vs, double tail, const std::string& tag) {
+  const int64_t r = req.rank;
+  req.warm_start = true;
+  req.previous_projector = {ref.projector_bytes.data(), ref.projector_bytes.size(),
+                            {ref.projector_rows, r}, req.gradient.dtype};
+  auto warm = RefreshProjector(req, gpu);
+  const double rho_warm = warm.ok() ? ResidualRatio(gm, Decode(*warm).data(), r, vs, tail) : 1e9;
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "rho %.4f similarity %.4f", rho_warm,
+                warm.ok() ? warm->similarity : -1.0);
+  Check(warm.ok() && rho_warm <= 1.05 && warm->similarity > 0.99,
+        "cusolver warm-started randomized " + tag, buf);
+}
+
 #ifdef OFFLOADD_HAVE_CUDA
 void CheckShape(const SvdBackend& gpu, int64_t m, int64_t n, int64_t r, ProjectionSide side,
                 DType dtype) {
@@ -78,7 +109,7 @@ void CheckShape(const SvdBackend& gpu, int64_t m, int64_t n, int64_t r, Projecti
   const DenseMatrix gm{g.data(), m, n};
   double tail = 0;  // exact tail from LAPACK's full spectrum (tail_energy_lower == upper there)
   tail = ref->tail_energy_lower;
-  std::vector<float> p_ref = Decode(*ref), p_exact = Decode(*exact), p_rnd = Decode(*rnd);
+  std::vector<float> p_exact = Decode(*exact), p_rnd = Decode(*rnd);
   const double rho_exact = ResidualRatio(gm, p_exact.data(), r, vs, tail);
   const double rho_rnd = ResidualRatio(gm, p_rnd.data(), r, vs, tail);
   char buf[256];
@@ -91,25 +122,9 @@ void CheckShape(const SvdBackend& gpu, int64_t m, int64_t n, int64_t r, Projecti
   Check(exact->orthogonality_error <= orth_limit && rnd->orthogonality_error <= orth_limit,
         "cusolver orthogonality " + tag, buf);
   if (dtype == DType::kFloat32) {
-    const double sine =
-        MaxPrincipalAngleSine(p_ref.data(), p_exact.data(), exact->projector_rows, r);
-    double sv = 0;
-    for (int64_t i = 0; i < r; ++i) {
-      sv = std::max(sv, std::fabs(ref->singular_values[i] - exact->singular_values[i]) /
-                            ref->singular_values[0]);
-    }
-    std::snprintf(buf, sizeof(buf), "max principal angle sine %.3g, sigma rel diff %.3g", sine, sv);
-    Check(sine <= 1e-3 && sv <= 1e-4, "cusolver exact == lapack exact " + tag, buf);
-    // Warm start from LAPACK's projector.
-    req.warm_start = true;
-    req.previous_projector = {
-        ref->projector_bytes.data(), ref->projector_bytes.size(), {ref->projector_rows, r}, dtype};
-    auto warm = RefreshProjector(req, gpu);
-    const double rho_warm = warm.ok() ? ResidualRatio(gm, Decode(*warm).data(), r, vs, tail) : 1e9;
-    std::snprintf(buf, sizeof(buf), "rho %.4f similarity %.4f", rho_warm,
-                  warm.ok() ? warm->similarity : -1.0);
-    Check(warm.ok() && rho_warm <= 1.05 && warm->similarity > 0.99,
-          "cusolver warm-started randomized " + tag, buf);
+    std::vector<float> p_ref = Decode(*ref), p_exact = Decode(*exact);
+    CheckMatchesLapack(*ref, *exact, p_ref, p_exact, r, tag);
+    CheckWarmStart(gpu, req, *ref, gm, vs, tail, tag);
   }
 }
 

@@ -127,12 +127,9 @@ VectorSide ResolveSide(ProjectionSide side, int64_t rows, int64_t cols) {
   return VectorSide::kLeft;
 }
 
-absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
-                                               const SvdBackend& backend, RefreshScratch* scratch) {
-  const Clock::time_point start = Clock::now();
-  absl::StatusOr<Shape> g_shape = CheckMatrix(request.gradient, "gradient");
-  if (!g_shape.ok()) return g_shape.status();
-  const int64_t m = g_shape->rows, n = g_shape->cols;
+namespace {
+// rank, the randomized options and warm_start.
+absl::Status CheckRefreshOptions(const RefreshRequest& request) {
   if (request.rank < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank is ", request.rank, "; ask for a rank >= 1"));
@@ -148,6 +145,124 @@ absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
         "warm_start needs method RANDOMIZED and a previous_projector; drop warm_start or "
         "supply both");
   }
+  return absl::OkStatus();
+}
+
+// The previous projector in fp32 into `previous`; returns its column count (its old rank).
+// Its rows must match `result`'s side (m x n is G's shape).
+absl::StatusOr<int64_t> ReadPreviousProjector(const RefreshRequest& request,
+                                              const RefreshResult& result, int64_t m, int64_t n,
+                                              std::vector<float>* previous) {
+  const int64_t side_dim = result.projector_rows;
+  absl::StatusOr<Shape> p_shape = CheckMatrix(request.previous_projector, "previous_projector");
+  if (!p_shape.ok()) return p_shape.status();
+  if (p_shape->rows != side_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "previous_projector has ", p_shape->rows, " rows; this gradient (", m, " x ", n,
+        ") projects on the ", result.vector_side == VectorSide::kLeft ? "left" : "right",
+        " side and needs ", side_dim, " rows — was the side or the shape changed?"));
+  }
+  previous->resize(p_shape->rows * p_shape->cols);
+  float unused;
+  absl::Status s = ConvertFinite(request.previous_projector, *p_shape, "previous_projector",
+                                 previous->data(), &unused);
+  if (!s.ok()) return s;
+  return p_shape->cols;
+}
+
+// G in fp32 into *g, checked finite, with max|G| in *max_abs: aligned fp32 input is scanned in
+// place and used as is (no copy, no fresh pages); other inputs are converted into `buffers`.
+absl::Status GradientAsFloat32(const RefreshRequest& request, Shape shape,
+                               RefreshScratch& buffers, const float** g, float* max_abs) {
+  const int64_t m = shape.rows, n = shape.cols;
+  const size_t count = static_cast<size_t>(m * n);
+  const bool in_place = request.gradient.dtype == DType::kFloat32 &&
+                        reinterpret_cast<uintptr_t>(request.gradient.data) % alignof(float) == 0;
+  if (in_place) {
+    *g = static_cast<const float*>(request.gradient.data);
+    for (int64_t i = 0; i < m; ++i) {
+      if (absl::Status s = ScanRow(*g + i * n, n, i, "gradient", max_abs); !s.ok()) return s;
+    }
+  } else {
+    float* converted = buffers.GradientBuffer(count);
+    if (absl::Status s = ConvertFinite(request.gradient, shape, "gradient", converted, max_abs);
+        !s.ok()) {
+      return s;
+    }
+    *g = converted;
+  }
+  return absl::OkStatus();
+}
+
+// Out of the safe range (e.g. entries of 1e30, whose squares overflow fp32, or subnormals),
+// scales G (count entries at *g) by an exact power of two so max|G| is in [0.5, 1), pointing *g
+// at the scaled copy in `buffers`; the factor is applied in double since for subnormal inputs it
+// exceeds fp32's range. Returns the exponent to scale results back by (0: G unchanged).
+int ScaleToSafeRange(float max_abs, size_t count, RefreshScratch& buffers, const float** g) {
+  int exponent = 0;
+  std::frexp(max_abs, &exponent);
+  if (exponent > -kSafeExponent && exponent <= kSafeExponent) {
+    exponent = 0;
+  } else {
+    float* scaled = buffers.GradientBuffer(count);  // same buffer when G was converted into it
+    const double scale = std::ldexp(1.0, -exponent);
+    for (size_t i = 0; i < count; ++i) scaled[i] = static_cast<float>((*g)[i] * scale);
+    *g = scaled;
+  }
+  return exponent;
+}
+
+// Fills `result`'s singular values and quality metrics from the SVD of the scaled G `gs` and the
+// projector as written (`written`, fp32); `unscale` undoes ScaleToSafeRange.
+void Measure(const RefreshRequest& request, const DenseMatrix& gs, const TopSingular& svd,
+             const std::vector<float>& written, double unscale, RefreshResult* out) {
+  RefreshResult& result = *out;
+  const int64_t r = result.effective_rank, side_dim = result.projector_rows;
+  const double total_scaled = FrobeniusSquared(gs);
+  double head_scaled = 0.0, beyond_head_scaled = 0.0;
+  const std::vector<float>& sv = svd.singular_values;
+  for (size_t i = 0; i < sv.size(); ++i) {
+    const double s2 = static_cast<double>(sv[i]) * sv[i];
+    if (static_cast<int64_t>(i) < r) {
+      head_scaled += s2;
+      result.singular_values.push_back(sv[i] * unscale);
+    } else {
+      beyond_head_scaled += s2;
+    }
+  }
+  const double residual_scaled = request.measure_residual
+                                     ? ResidualFro(gs, written.data(), r, result.vector_side)
+                                     : std::nan("");
+  // Exact: the tail is summed from the spectrum (no cancellation). Randomized: the sketch's
+  // values beyond r bound the true tail from below, ||G||^2 - head bounds it from above.
+  const double lower_scaled = beyond_head_scaled;
+  const double upper_scaled =
+      svd.full_spectrum ? beyond_head_scaled : std::max(0.0, total_scaled - head_scaled);
+  const double gradient_fro_scaled = std::sqrt(total_scaled);
+
+  result.gradient_fro = gradient_fro_scaled * unscale;
+  result.captured_energy = std::min(1.0, head_scaled / total_scaled);
+  result.residual_fro = residual_scaled * unscale;
+  result.tail_energy_lower = lower_scaled * unscale * unscale;
+  result.tail_energy_upper = upper_scaled * unscale * unscale;
+  // The zero-ish-tail rule is monotone in the tail, so a lower tail gives an upper rho.
+  result.residual_ratio_upper_bound =
+      ResidualRatioFromNorms(residual_scaled, lower_scaled, gradient_fro_scaled);
+  result.residual_ratio = svd.full_spectrum ? result.residual_ratio_upper_bound : std::nan("");
+  result.orthogonality_error = OrthogonalityError(written.data(), side_dim, r);
+}
+
+}  // namespace
+
+absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
+                                               const SvdBackend& backend, RefreshScratch* scratch) {
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<Shape> g_shape = CheckMatrix(request.gradient, "gradient");
+  if (!g_shape.ok()) return g_shape.status();
+  const int64_t m = g_shape->rows, n = g_shape->cols;
+  if (absl::Status s = CheckRefreshOptions(request); !s.ok()) return s;
+  const bool randomized = request.method == SvdMethod::kRandomized;
+  const bool has_previous = request.previous_projector.data != nullptr;
 
   RefreshResult result;
   result.vector_side = ResolveSide(request.side, m, n);
@@ -159,63 +274,24 @@ absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
   std::vector<float> previous;
   int64_t r_old = 0;
   if (has_previous) {
-    absl::StatusOr<Shape> p_shape = CheckMatrix(request.previous_projector, "previous_projector");
-    if (!p_shape.ok()) return p_shape.status();
-    if (p_shape->rows != side_dim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "previous_projector has ", p_shape->rows, " rows; this gradient (", m, " x ", n,
-          ") projects on the ", result.vector_side == VectorSide::kLeft ? "left" : "right",
-          " side and needs ", side_dim, " rows — was the side or the shape changed?"));
-    }
-    previous.resize(p_shape->rows * p_shape->cols);
-    float unused;
-    absl::Status s = ConvertFinite(request.previous_projector, *p_shape, "previous_projector",
-                                   previous.data(), &unused);
-    if (!s.ok()) return s;
-    r_old = p_shape->cols;
+    absl::StatusOr<int64_t> cols = ReadPreviousProjector(request, result, m, n, &previous);
+    if (!cols.ok()) return cols.status();
+    r_old = *cols;
   }
 
-  // G in fp32: aligned fp32 input is scanned in place and used as is (no copy, no fresh pages);
-  // other inputs are converted into the scratch buffer.
   RefreshScratch local_scratch;
   RefreshScratch& buffers = scratch != nullptr ? *scratch : local_scratch;
-  const size_t count = static_cast<size_t>(m * n);
-  const bool in_place = request.gradient.dtype == DType::kFloat32 &&
-                        reinterpret_cast<uintptr_t>(request.gradient.data) % alignof(float) == 0;
   const float* g = nullptr;
   float max_abs = 0.0f;
-  if (in_place) {
-    g = static_cast<const float*>(request.gradient.data);
-    for (int64_t i = 0; i < m; ++i) {
-      if (absl::Status s = ScanRow(g + i * n, n, i, "gradient", &max_abs); !s.ok()) return s;
-    }
-  } else {
-    float* converted = buffers.GradientBuffer(count);
-    if (absl::Status s = ConvertFinite(request.gradient, *g_shape, "gradient", converted, &max_abs);
-        !s.ok()) {
-      return s;
-    }
-    g = converted;
+  if (absl::Status s = GradientAsFloat32(request, *g_shape, buffers, &g, &max_abs); !s.ok()) {
+    return s;
   }
   if (max_abs == 0.0f) {
     result.degenerate = true;
     result.elapsed_seconds = SecondsSince(start);
     return result;
   }
-  // Out of the safe range (e.g. entries of 1e30, whose squares overflow fp32, or subnormals),
-  // scale by an exact power of two so max|G| is in [0.5, 1); the factor is applied in double
-  // since for subnormal inputs it exceeds fp32's range. Singular values and norms are scaled
-  // back in double.
-  int exponent = 0;
-  std::frexp(max_abs, &exponent);
-  if (exponent > -kSafeExponent && exponent <= kSafeExponent) {
-    exponent = 0;
-  } else {
-    float* scaled = buffers.GradientBuffer(count);  // same buffer when G was converted into it
-    const double scale = std::ldexp(1.0, -exponent);
-    for (size_t i = 0; i < count; ++i) scaled[i] = static_cast<float>(g[i] * scale);
-    g = scaled;
-  }
+  const int exponent = ScaleToSafeRange(max_abs, static_cast<size_t>(m * n), buffers, &g);
   const double unscale = std::ldexp(1.0, exponent);
   const DenseMatrix gs{g, m, n};
 
@@ -236,39 +312,7 @@ absl::StatusOr<RefreshResult> RefreshProjector(const RefreshRequest& request,
   std::vector<float> written(side_dim * r);
   ConvertToFloat32(result.projector_bytes.data(), result.projector_dtype, side_dim * r,
                    written.data());
-
-  const double total_scaled = FrobeniusSquared(gs);
-  double head_scaled = 0.0, beyond_head_scaled = 0.0;
-  const std::vector<float>& sv = svd->singular_values;
-  for (size_t i = 0; i < sv.size(); ++i) {
-    const double s2 = static_cast<double>(sv[i]) * sv[i];
-    if (static_cast<int64_t>(i) < r) {
-      head_scaled += s2;
-      result.singular_values.push_back(sv[i] * unscale);
-    } else {
-      beyond_head_scaled += s2;
-    }
-  }
-  const double residual_scaled = request.measure_residual
-                                     ? ResidualFro(gs, written.data(), r, result.vector_side)
-                                     : std::nan("");
-  // Exact: the tail is summed from the spectrum (no cancellation). Randomized: the sketch's
-  // values beyond r bound the true tail from below, ||G||^2 - head bounds it from above.
-  const double lower_scaled = beyond_head_scaled;
-  const double upper_scaled =
-      svd->full_spectrum ? beyond_head_scaled : std::max(0.0, total_scaled - head_scaled);
-  const double gradient_fro_scaled = std::sqrt(total_scaled);
-
-  result.gradient_fro = gradient_fro_scaled * unscale;
-  result.captured_energy = std::min(1.0, head_scaled / total_scaled);
-  result.residual_fro = residual_scaled * unscale;
-  result.tail_energy_lower = lower_scaled * unscale * unscale;
-  result.tail_energy_upper = upper_scaled * unscale * unscale;
-  // The zero-ish-tail rule is monotone in the tail, so a lower tail gives an upper rho.
-  result.residual_ratio_upper_bound =
-      ResidualRatioFromNorms(residual_scaled, lower_scaled, gradient_fro_scaled);
-  result.residual_ratio = svd->full_spectrum ? result.residual_ratio_upper_bound : std::nan("");
-  result.orthogonality_error = OrthogonalityError(written.data(), side_dim, r);
+  Measure(request, gs, *svd, written, unscale, &result);
   if (has_previous) {
     result.has_similarity = true;
     result.similarity = Similarity(written.data(), r, previous.data(), r_old, side_dim);

@@ -55,11 +55,8 @@ uint64_t EstimateWorkingBytes(const ServiceRequest& request, const RefreshLayout
   return bytes >= 1.8e19 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(bytes);
 }
 
-}  // namespace
-
-const char* VectorSideName(VectorSide side) { return side == VectorSide::kLeft ? "left" : "right"; }
-
-absl::StatusOr<RefreshLayout> ValidateServiceRequest(const ServiceRequest& request) {
+// parameter_id and step.
+absl::Status CheckNameAndStep(const ServiceRequest& request) {
   if (request.parameter_id.empty()) {
     return absl::InvalidArgumentError(
         "parameter_id is empty: name the weight (e.g. its module path) so refreshes of one "
@@ -72,6 +69,11 @@ absl::StatusOr<RefreshLayout> ValidateServiceRequest(const ServiceRequest& reque
   if (request.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step is ", request.step, "; steps are >= 0"));
   }
+  return absl::OkStatus();
+}
+
+// A 2-D shape of dims >= 1 whose byte counts fit in 64 bits.
+absl::Status CheckMatrixShape(const ServiceRequest& request) {
   if (request.shape.empty()) {
     return absl::InvalidArgumentError(
         "gradient has no shape (a shapeless buffer): send shape [rows, cols] of a 2-D matrix");
@@ -82,17 +84,20 @@ absl::StatusOr<RefreshLayout> ValidateServiceRequest(const ServiceRequest& reque
         "-D); a projector refresh needs a 2-D matrix [rows, cols] — skip 1-D parameters such as "
         "biases and norms, and reshape higher-rank tensors to 2-D"));
   }
-  RefreshLayout layout;
-  layout.rows = request.shape[0];
-  layout.cols = request.shape[1];
-  if (layout.rows < 1 || layout.cols < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient has shape [", layout.rows, ", ",
-                                                   layout.cols, "]; both dims must be >= 1"));
+  const int64_t rows = request.shape[0], cols = request.shape[1];
+  if (rows < 1 || cols < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient has shape [", rows, ", ",
+                                                   cols, "]; both dims must be >= 1"));
   }
   const int64_t kMaxElements = std::numeric_limits<int64_t>::max() / 8;
-  if (layout.rows > kMaxElements / layout.cols) {
+  if (rows > kMaxElements / cols) {
     return absl::InvalidArgumentError("gradient shape overflows 64-bit byte counts");
   }
+  return absl::OkStatus();
+}
+
+// rank, the randomized options, warm_start and the lazy policy.
+absl::Status CheckMethod(const ServiceRequest& request) {
   if (request.rank < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank is ", request.rank, "; ask for a rank >= 1"));
@@ -118,18 +123,11 @@ absl::StatusOr<RefreshLayout> ValidateServiceRequest(const ServiceRequest& reque
         absl::StrCat("lazy similarity threshold is ", request.lazy_policy.similarity_threshold,
                      "; it must be in [0, 1] (similarity is a mean squared cosine)"));
   }
+  return absl::OkStatus();
+}
 
-  layout.vector_side = ResolveSide(request.side, layout.rows, layout.cols);
-  layout.effective_rank = std::min(request.rank, std::min(layout.rows, layout.cols));
-  layout.projector_rows = layout.vector_side == VectorSide::kLeft ? layout.rows : layout.cols;
-  const uint64_t element = ElementSizeBytes(request.dtype);
-  layout.gradient_bytes = static_cast<uint64_t>(layout.rows * layout.cols) * element;
-  layout.projector_bytes =
-      static_cast<uint64_t>(layout.projector_rows * layout.effective_rank) * element;
-  layout.projector_region =
-      request.has_projector_region ? &request.projector.region : &request.gradient.region;
-  layout.working_bytes = EstimateWorkingBytes(request, layout);
-
+// Both regions are valid and hold the gradient and the projector at their offsets.
+absl::Status CheckRegionsFit(const ServiceRequest& request, const RefreshLayout& layout) {
   if (absl::Status s = CheckRegion(request.gradient.region, "gradient_region"); !s.ok()) return s;
   if (request.has_projector_region) {
     if (absl::Status s = CheckRegion(request.projector.region, "projector_region"); !s.ok()) {
@@ -151,6 +149,32 @@ absl::StatusOr<RefreshLayout> ValidateServiceRequest(const ServiceRequest& reque
       !s.ok()) {
     return s;
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* VectorSideName(VectorSide side) { return side == VectorSide::kLeft ? "left" : "right"; }
+
+absl::StatusOr<RefreshLayout> ValidateServiceRequest(const ServiceRequest& request) {
+  if (absl::Status s = CheckNameAndStep(request); !s.ok()) return s;
+  if (absl::Status s = CheckMatrixShape(request); !s.ok()) return s;
+  if (absl::Status s = CheckMethod(request); !s.ok()) return s;
+  RefreshLayout layout;
+  layout.rows = request.shape[0];
+  layout.cols = request.shape[1];
+  layout.vector_side = ResolveSide(request.side, layout.rows, layout.cols);
+  layout.effective_rank = std::min(request.rank, std::min(layout.rows, layout.cols));
+  layout.projector_rows = layout.vector_side == VectorSide::kLeft ? layout.rows : layout.cols;
+  const uint64_t element = ElementSizeBytes(request.dtype);
+  layout.gradient_bytes = static_cast<uint64_t>(layout.rows * layout.cols) * element;
+  layout.projector_bytes =
+      static_cast<uint64_t>(layout.projector_rows * layout.effective_rank) * element;
+  layout.projector_region =
+      request.has_projector_region ? &request.projector.region : &request.gradient.region;
+  layout.working_bytes = EstimateWorkingBytes(request, layout);
+
+  if (absl::Status s = CheckRegionsFit(request, layout); !s.ok()) return s;
   return layout;
 }
 

@@ -55,8 +55,10 @@ void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, 
   dropped = 0;
 }
 
-// One client stream. Reads batches of requests and hands each to the Session on a request
-// worker (never on the gRPC reaction: opening a region or waiting for a ready event may block);
+// One client stream. Reads batches of requests and hands each to the Session: on the gRPC
+// reaction that read it when none of the message's requests may block (an offload or reload
+// into a registered region), else on a request worker (opening a region or waiting for a ready
+// event must not block a reaction);
 // completions from any thread are coalesced into one ServerMessage per write (at most one write
 // in flight). Deleted after OnDone once no task of its own is queued or running.
 // Messages travel as raw bytes and are parsed here, so a message that does not parse (bytes
@@ -87,30 +89,53 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     StartRead(&in_bytes_);
   }
 
-  // The message is parsed and handled, or the session closed, on a request worker: both may
-  // block (opening a region, waiting for a ready event, waiting for copies at a close). The
-  // cause of a failed read is read here: the call's context is gone once OnDone ran.
+  // A message read is parsed here and handled on this reaction when none of its requests may
+  // block (Session::MayBlock; StreamFlow::RouteMessage), else on a request worker: opening a
+  // region or waiting for a ready event may block, and so may closing the session after a
+  // failed read or a message that did not parse. The cause of a failed read is read here: the
+  // call's context is gone once OnDone ran.
   void OnReadDone(bool ok) override {
-    // The client half-closed, the stream broke, or the daemon is stopping.
-    const session::EndCause cause = ok                         ? session::EndCause::kClosed
-                                    : shutting_down_->load() ? session::EndCause::kShutdown
-                                    : ctx_->IsCancelled()    ? session::EndCause::kCrashed
+    if (!ok) {
+      // The client half-closed, the stream broke, or the daemon is stopping.
+      const session::EndCause cause = shutting_down_->load() ? session::EndCause::kShutdown
+                                      : ctx_->IsCancelled()  ? session::EndCause::kCrashed
                                                              : session::EndCause::kClosed;
-    PostTask([this, ok, cause] { ReadDone(ok, cause); });
-  }
-
-  // `cause`: why the read side ended, when !ok.
-  void ReadDone(bool ok, session::EndCause cause) {
-    if (ok && !ParseRead()) return;
-    if (ok) {
-      {
-        base::MutexLock lock(mu_);
-        flow_.ReadDone(true);
-      }
-      next_request_ = 0;
-      HandleRequests();
+      PostTask([this, cause] { ReadClosed(cause); });
       return;
     }
+    const size_t bytes = in_bytes_.Length();
+    if (!ParseRead()) {
+      PostTask([this, bytes] { EndBadMessage(bytes); });
+      return;
+    }
+    next_request_ = 0;
+    const bool none_may_block = NoneMayBlock();
+    StreamFlow::Route route;
+    {
+      base::MutexLock lock(mu_);
+      flow_.ReadDone(true);
+      // No worker task can be posted between here and the end of HandleRequests below: the
+      // read side is kHandling (not kReading, not kPaused) until then.
+      route = flow_.RouteMessage(in_.requests_size(), none_may_block);
+    }
+    if (route == StreamFlow::Route::kInline) {
+      HandleRequests();
+    } else {
+      PostTask([this] { HandleRequests(); });
+    }
+  }
+
+  // Whether no request of in_ may block (Session::MayBlock); stops at the first that may.
+  bool NoneMayBlock() const {
+    if (in_.requests_size() > StreamFlow::kMaxInlineRequests) return false;
+    for (const v1::Request& request : in_.requests()) {
+      if (session_->MayBlock(FromProto(request))) return false;
+    }
+    return true;
+  }
+
+  // The read side ended (`cause`): the session closes (waits for its copies).
+  void ReadClosed(session::EndCause cause) {
     session_->Close(cause);
     base::MutexLock lock(mu_);
     flow_.ReadDone(false);
@@ -149,14 +174,14 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   void PostTask(std::function<void()> task) {
     {
       base::MutexLock lock(mu_);
-      ++tasks_;
+      flow_.WorkerTaskPosted();
     }
     workers_->Post([this, task = std::move(task)] {
       task();
       bool last;
       {
         base::MutexLock lock(mu_);
-        last = --tasks_ == 0 && done_;
+        last = flow_.WorkerTaskDone() == 0 && done_;
       }
       if (last) delete this;
     });
@@ -183,15 +208,17 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     suppressed = 0;
   }
 
-  // Parses in_bytes_ into in_; false (the session ended, with a status saying why) when the
-  // bytes are not a valid ClientMessage.
+  // Parses in_bytes_ into in_; false when the bytes are not a valid ClientMessage.
   bool ParseRead() {
-    const size_t bytes = in_bytes_.Length();
     in_.Clear();
     grpc::Status parsed =
         grpc::SerializationTraits<v1::ClientMessage>::Deserialize(&in_bytes_, &in_);
     in_bytes_.Clear();
-    if (parsed.ok()) return true;
+    return parsed.ok();
+  }
+
+  // A message of `bytes` did not parse: the session ends with a status saying why.
+  void EndBadMessage(size_t bytes) {
     {
       base::MutexLock lock(mu_);
       flow_.ReadFailed();
@@ -204,7 +231,6 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
                       "UTF-8): send UTF-8 strings in messages built from proto/offload.proto; "
                       "the session has ended and its blocks and regions were released",
                       bytes)));
-    return false;
   }
 
   void OnWriteDone(bool ok) override {
@@ -229,7 +255,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     {
       base::MutexLock lock(mu_);
       done_ = true;
-      last = tasks_ == 0;
+      last = flow_.worker_tasks() == 0;
     }
     if (last) delete this;  // else the task still running deletes it
   }
@@ -284,8 +310,8 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   v1::ServerMessage out_ GUARDED_BY(mu_);          // being written
   grpc::ByteBuffer out_bytes_ GUARDED_BY(mu_);     // out_, serialized
   v1::ServerMessage out_pending_ GUARDED_BY(mu_);  // responses queued since the last write started
-  StreamFlow flow_ GUARDED_BY(mu_);  // reading / writing / finishing states (stream_flow.h)
-  int tasks_ GUARDED_BY(mu_) = 0;      // PostTask tasks queued or running
+  // Reading / writing / finishing states and the worker task count (stream_flow.h).
+  StreamFlow flow_ GUARDED_BY(mu_);
   bool done_ GUARDED_BY(mu_) = false;  // OnDone came: the last task deletes the reactor
   grpc::Status finish_status_ GUARDED_BY(mu_) = grpc::Status::OK;
 };
@@ -411,6 +437,31 @@ struct Server::Impl {
   bool stopped = false;
 };
 
+namespace {
+// mkdir -p of socket_path's directory; it must be writable by this user.
+absl::Status PrepareSocketDirectory(const std::string& socket_path) {
+  const std::string dir = socket_path.substr(0, socket_path.rfind('/'));
+  if (dir.empty()) return absl::OkStatus();
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      std::string part = dir.substr(0, i);
+      if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::PermissionDeniedError(absl::StrFormat(
+            "cannot create socket directory %s: %s; create it or choose another socket_path",
+            part, strerror(errno)));
+      }
+    }
+  }
+  if (access(dir.c_str(), W_OK) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "socket directory %s is not writable by this user: run as its owner or choose another "
+        "socket_path",
+        dir));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
                                                       const std::string& socket_path,
                                                       uint32_t socket_mode, int64_t socket_gid,
@@ -422,27 +473,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
         "socket_path",
         socket_path, socket_path.size()));
   }
-  std::string dir = socket_path.substr(0, socket_path.rfind('/'));
-  if (!dir.empty() && listen_fd < 0) {
-    // mkdir -p
-    for (size_t i = 1; i <= dir.size(); ++i) {
-      if (i == dir.size() || dir[i] == '/') {
-        std::string part = dir.substr(0, i);
-        if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
-          return absl::PermissionDeniedError(absl::StrFormat(
-              "cannot create socket directory %s: %s; create it or choose another socket_path",
-              part, strerror(errno)));
-        }
-      }
-    }
-    if (access(dir.c_str(), W_OK) != 0) {
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "socket directory %s is not writable by this user: run as its owner or choose another "
-          "socket_path",
-          dir));
-    }
-  }
   if (listen_fd < 0) {
+    if (absl::Status st = PrepareSocketDirectory(socket_path); !st.ok()) return st;
     if (absl::Status st = ClearStaleSocket(socket_path); !st.ok()) return st;
   }
   google::protobuf::SetLogHandler(&RateLimitedProtobufLog);  // process-wide; see above

@@ -46,6 +46,11 @@ bool StreamFlow::ResumeAfterWrite(bool queue_below_limit) {
   return true;
 }
 
+StreamFlow::Route StreamFlow::RouteMessage(int requests, bool none_may_block) const {
+  if (!none_may_block || requests > kMaxInlineRequests || worker_tasks_ > 0) return Route::kWorker;
+  return Route::kInline;
+}
+
 void StreamFlow::RequestFinish() {
   if (stream_ == Stream::kOpen) stream_ = Stream::kFinishing;
 }

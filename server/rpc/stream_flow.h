@@ -11,6 +11,10 @@
 //   stream: kOpen -> kFinishing (finish requested: the read side closed or the daemon ended the
 //           session; waits for the write in flight and the queued answers) -> kFinished
 //           (Finish called, exactly once).
+// Routing: a message read is handled either on the gRPC reaction that read it (kInline: every
+// request of it is known not to block and no worker task of the stream is queued or running,
+// so it cannot overtake one) or on a request worker (kWorker). The caller counts its worker
+// tasks here (WorkerTaskPosted / WorkerTaskDone).
 // The caller owns the answer queue and reports whether it is empty or full; each method says
 // what the caller must do (start a read or a write, call Finish, drop the queue, handle more).
 // Not thread-safe: the reactor calls it under its own mutex.
@@ -33,7 +37,14 @@ class StreamFlow {
     kStartRead,   // the message is done: start the next read (read is kReading again)
   };
 
+  // Where a message read is handled (see the routing note above).
+  enum class Route { kInline, kWorker };
+  // Messages of more requests than this go to a worker even when none blocks, so a large
+  // batch does not hold a gRPC callback thread for long.
+  static constexpr int kMaxInlineRequests = 64;
+
   Read read() const { return read_; }
+  int worker_tasks() const { return worker_tasks_; }
   Write write() const { return write_; }
   Stream stream() const { return stream_; }
 
@@ -63,6 +74,15 @@ class StreamFlow {
   // must go on (kHandling again); `queue_below_limit`: the answers waiting are under the bound.
   bool ResumeAfterWrite(bool queue_below_limit);
 
+  // Where the message just read (read side kHandling) goes: kInline only when
+  // `none_may_block` (every one of its `requests` is known not to block the thread),
+  // requests <= kMaxInlineRequests and no worker task of this stream is queued or running.
+  Route RouteMessage(int requests, bool none_may_block) const;
+  // A task of this stream was posted to a request worker / returned.
+  void WorkerTaskPosted() { ++worker_tasks_; }
+  // Returns the number of the stream's worker tasks still queued or running.
+  int WorkerTaskDone() { return --worker_tasks_; }
+
   // Finishing is requested (read side closed, or the daemon ended the session).
   void RequestFinish();
   // True once, when the caller must call Finish now: finishing was requested, no write is in
@@ -73,6 +93,7 @@ class StreamFlow {
   Read read_ = Read::kReading;
   Write write_ = Write::kIdle;
   Stream stream_ = Stream::kOpen;
+  int worker_tasks_ = 0;  // queued or running on a request worker
 };
 
 }  // namespace offloadd::rpc

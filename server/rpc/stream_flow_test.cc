@@ -124,5 +124,43 @@ TEST(StreamFlowTest, ASessionThatCannotOpenFinishesAtOnceOnce) {
   EXPECT_FALSE(f.TakeFinish(true));
 }
 
+using Route = StreamFlow::Route;
+
+TEST(StreamFlowRouteTest, OnlyAMessageOfNonBlockingRequestsRunsOnTheReaction) {
+  StreamFlow f;
+  f.Start();
+  f.ReadDone(true);
+  EXPECT_EQ(f.RouteMessage(1, /*none_may_block=*/true), Route::kInline);
+  EXPECT_EQ(f.RouteMessage(1, /*none_may_block=*/false), Route::kWorker);
+  EXPECT_EQ(f.RouteMessage(StreamFlow::kMaxInlineRequests, true), Route::kInline);
+  EXPECT_EQ(f.RouteMessage(StreamFlow::kMaxInlineRequests + 1, true), Route::kWorker);
+}
+
+// A message paused halfway (the client does not read its answers) resumes on a worker; a
+// non-blocking message must not be handled on the reaction while that task is queued or
+// running, or it would overtake the requests left of the paused one.
+TEST(StreamFlowRouteTest, AnInlineMessageNeverOvertakesAQueuedWorkerTask) {
+  StreamFlow f;
+  f.Start();
+  f.ReadDone(true);
+  ASSERT_EQ(f.RouteMessage(1, false), Route::kWorker);
+  f.WorkerTaskPosted();  // handles the message's requests
+  EXPECT_EQ(f.RouteMessage(1, true), Route::kWorker);
+  f.AnswerQueued();
+  f.WriteStarted();
+  ASSERT_EQ(f.SliceDone(/*more=*/true, /*queue_full=*/true), AfterSlice::kPause);
+  EXPECT_EQ(f.WorkerTaskDone(), 0);  // the task returned, the rest of its message waits
+  EXPECT_FALSE(f.WriteDone(true));
+  ASSERT_TRUE(f.ResumeAfterWrite(true));
+  f.WorkerTaskPosted();  // the rest of the paused message
+  EXPECT_EQ(f.worker_tasks(), 1);
+  EXPECT_EQ(f.RouteMessage(1, true), Route::kWorker);
+  ASSERT_EQ(f.SliceDone(false, false), AfterSlice::kStartRead);
+  EXPECT_EQ(f.RouteMessage(1, true), Route::kWorker);  // its task has not returned yet
+  EXPECT_EQ(f.WorkerTaskDone(), 0);
+  f.ReadDone(true);
+  EXPECT_EQ(f.RouteMessage(1, true), Route::kInline);
+}
+
 }  // namespace
 }  // namespace offloadd::rpc

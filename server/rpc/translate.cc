@@ -120,6 +120,83 @@ void ToProto(const session::Completion& c, v1::Response* out) {
   }
 }
 
+namespace {
+void SpillToProto(const session::CoreStats& s, v1::SpillStats* d) {
+  d->set_io(s.spill.io);
+  d->set_capacity_bytes(s.spill.capacity_bytes);
+  d->set_disk_bytes(s.store.disk_bytes);
+  d->set_disk_blocks(s.store.disk_blocks);
+  d->set_spill_bytes_total(s.spill.spill_bytes_total);
+  d->set_stage_bytes_total(s.spill.stage_bytes_total);
+  d->set_spilled_blocks_total(s.store.spilled_blocks_total);
+  d->set_staged_blocks_total(s.store.staged_blocks_total);
+  d->set_reloads_from_disk_total(s.store.reloads_from_disk_total);
+  d->set_reload_disk_wait_seconds_total(s.store.reload_disk_wait_seconds_total);
+  d->set_blocks_lost_total(s.store.blocks_lost_total);
+  d->set_spill_failures_total(s.store.spill_failures_total +
+                              s.store.spill_refused_disk_full_total);
+  d->set_bytes_per_second(std::max(s.spill.bytes_per_second, 0.0));
+  d->set_bytes_per_second_measured(s.spill.bytes_per_second_measured);
+}
+
+void LinkToProto(const session::LinkInfo& l, v1::LinkStats* p) {
+  p->set_name(l.name);
+  for (const std::string& g : l.gpus) p->add_gpus(g);
+  p->set_d2h_capacity_bytes_per_second(l.d2h_bytes_per_second);
+  p->set_h2d_capacity_bytes_per_second(l.h2d_bytes_per_second);
+  p->set_d2h_bytes(l.d2h.bytes);
+  p->set_h2d_bytes(l.h2d.bytes);
+  p->set_d2h_busy_seconds(l.d2h.busy_seconds);
+  p->set_h2d_busy_seconds(l.h2d.busy_seconds);
+  std::map<std::string, v1::LinkGpuBytes*> gpus;
+  auto gpu = [&](const std::string& id) {
+    v1::LinkGpuBytes*& g = gpus[id];
+    if (g == nullptr) {
+      g = p->add_gpu_bytes();
+      g->set_gpu(id);
+      auto bus = l.gpu_bus_ids.find(id);
+      if (bus != l.gpu_bus_ids.end()) g->set_pci_bus_id(bus->second);
+    }
+    return g;
+  };
+  for (const std::string& g : l.gpus) gpu(g);
+  for (const auto& [id, bytes] : l.d2h.gpu_bytes) gpu(id)->set_d2h_bytes(bytes);
+  for (const auto& [id, bytes] : l.h2d.gpu_bytes) gpu(id)->set_h2d_bytes(bytes);
+  p->set_d2h_chunks_in_flight(l.d2h.chunks_in_flight);
+  p->set_h2d_chunks_in_flight(l.h2d.chunks_in_flight);
+  p->set_d2h_queued_transfers(l.d2h.queued_transfers);
+  p->set_h2d_queued_transfers(l.h2d.queued_transfers);
+  p->set_parent(l.parent);
+  p->set_numa_node(l.numa_node);
+  p->set_root_port(l.root_port);
+  p->set_uplink_bdf(l.uplink_bdf);
+  p->set_pcie_bytes_per_second(l.pcie_bytes_per_second);
+  p->set_half_duplex(l.half_duplex);
+  const auto cls = [&](sched::TrafficClass c) {
+    const int i = static_cast<int>(c);
+    return l.d2h.class_bytes[i] + l.h2d.class_bytes[i];
+  };
+  p->set_urgent_bytes(cls(sched::TrafficClass::kUrgent));
+  p->set_prefetch_bytes(cls(sched::TrafficClass::kPrefetch));
+  p->set_offload_bytes(cls(sched::TrafficClass::kOffload));
+  p->set_mean_offload_bytes(l.mean_offload_bytes);
+  p->set_measured_offload_copy_seconds(l.measured_offload_copy_seconds);
+  p->set_planned_offload_copy_seconds(l.planned_offload_copy_seconds);
+}
+
+void HostLinkToProto(const session::HostLinkInfo& h, v1::HostLinkStats* p) {
+  p->set_name(h.name);
+  for (const std::string& l : h.links) p->add_links(l);
+  p->set_d2h_capacity_bytes_per_second(h.d2h_bytes_per_second);
+  p->set_h2d_capacity_bytes_per_second(h.h2d_bytes_per_second);
+  p->set_d2h_bytes(h.d2h.bytes);
+  p->set_h2d_bytes(h.h2d.bytes);
+  p->set_d2h_busy_seconds(h.d2h.busy_seconds);
+  p->set_h2d_busy_seconds(h.h2d.busy_seconds);
+  p->set_numa_node(h.numa_node);
+}
+}  // namespace
+
 void ToProto(const session::CoreStats& s, v1::Stats* out) {
   out->set_backend(s.backend);
   out->set_pool_capacity_bytes(s.store.pool.capacity_bytes);
@@ -137,81 +214,9 @@ void ToProto(const session::CoreStats& s, v1::Stats* out) {
   out->set_errors_total(s.errors_total);
   out->set_uptime_seconds(s.uptime_seconds);
   out->set_chunk_bytes(s.chunk_bytes);
-  if (s.spill_enabled) {
-    v1::SpillStats* d = out->mutable_spill();
-    d->set_io(s.spill.io);
-    d->set_capacity_bytes(s.spill.capacity_bytes);
-    d->set_disk_bytes(s.store.disk_bytes);
-    d->set_disk_blocks(s.store.disk_blocks);
-    d->set_spill_bytes_total(s.spill.spill_bytes_total);
-    d->set_stage_bytes_total(s.spill.stage_bytes_total);
-    d->set_spilled_blocks_total(s.store.spilled_blocks_total);
-    d->set_staged_blocks_total(s.store.staged_blocks_total);
-    d->set_reloads_from_disk_total(s.store.reloads_from_disk_total);
-    d->set_reload_disk_wait_seconds_total(s.store.reload_disk_wait_seconds_total);
-    d->set_blocks_lost_total(s.store.blocks_lost_total);
-    d->set_spill_failures_total(s.store.spill_failures_total +
-                                s.store.spill_refused_disk_full_total);
-    d->set_bytes_per_second(std::max(s.spill.bytes_per_second, 0.0));
-    d->set_bytes_per_second_measured(s.spill.bytes_per_second_measured);
-  }
-  for (const session::LinkInfo& l : s.links) {
-    v1::LinkStats* p = out->add_links();
-    p->set_name(l.name);
-    for (const std::string& g : l.gpus) p->add_gpus(g);
-    p->set_d2h_capacity_bytes_per_second(l.d2h_bytes_per_second);
-    p->set_h2d_capacity_bytes_per_second(l.h2d_bytes_per_second);
-    p->set_d2h_bytes(l.d2h.bytes);
-    p->set_h2d_bytes(l.h2d.bytes);
-    p->set_d2h_busy_seconds(l.d2h.busy_seconds);
-    p->set_h2d_busy_seconds(l.h2d.busy_seconds);
-    std::map<std::string, v1::LinkGpuBytes*> gpus;
-    auto gpu = [&](const std::string& id) {
-      v1::LinkGpuBytes*& g = gpus[id];
-      if (g == nullptr) {
-        g = p->add_gpu_bytes();
-        g->set_gpu(id);
-        auto bus = l.gpu_bus_ids.find(id);
-        if (bus != l.gpu_bus_ids.end()) g->set_pci_bus_id(bus->second);
-      }
-      return g;
-    };
-    for (const std::string& g : l.gpus) gpu(g);
-    for (const auto& [id, bytes] : l.d2h.gpu_bytes) gpu(id)->set_d2h_bytes(bytes);
-    for (const auto& [id, bytes] : l.h2d.gpu_bytes) gpu(id)->set_h2d_bytes(bytes);
-    p->set_d2h_chunks_in_flight(l.d2h.chunks_in_flight);
-    p->set_h2d_chunks_in_flight(l.h2d.chunks_in_flight);
-    p->set_d2h_queued_transfers(l.d2h.queued_transfers);
-    p->set_h2d_queued_transfers(l.h2d.queued_transfers);
-    p->set_parent(l.parent);
-    p->set_numa_node(l.numa_node);
-    p->set_root_port(l.root_port);
-    p->set_uplink_bdf(l.uplink_bdf);
-    p->set_pcie_bytes_per_second(l.pcie_bytes_per_second);
-    p->set_half_duplex(l.half_duplex);
-    const auto cls = [&](sched::TrafficClass c) {
-      const int i = static_cast<int>(c);
-      return l.d2h.class_bytes[i] + l.h2d.class_bytes[i];
-    };
-    p->set_urgent_bytes(cls(sched::TrafficClass::kUrgent));
-    p->set_prefetch_bytes(cls(sched::TrafficClass::kPrefetch));
-    p->set_offload_bytes(cls(sched::TrafficClass::kOffload));
-    p->set_mean_offload_bytes(l.mean_offload_bytes);
-    p->set_measured_offload_copy_seconds(l.measured_offload_copy_seconds);
-    p->set_planned_offload_copy_seconds(l.planned_offload_copy_seconds);
-  }
-  for (const session::HostLinkInfo& h : s.host_links) {
-    v1::HostLinkStats* p = out->add_host_links();
-    p->set_name(h.name);
-    for (const std::string& l : h.links) p->add_links(l);
-    p->set_d2h_capacity_bytes_per_second(h.d2h_bytes_per_second);
-    p->set_h2d_capacity_bytes_per_second(h.h2d_bytes_per_second);
-    p->set_d2h_bytes(h.d2h.bytes);
-    p->set_h2d_bytes(h.h2d.bytes);
-    p->set_d2h_busy_seconds(h.d2h.busy_seconds);
-    p->set_h2d_busy_seconds(h.h2d.busy_seconds);
-    p->set_numa_node(h.numa_node);
-  }
+  if (s.spill_enabled) SpillToProto(s, out->mutable_spill());
+  for (const session::LinkInfo& l : s.links) LinkToProto(l, out->add_links());
+  for (const session::HostLinkInfo& h : s.host_links) HostLinkToProto(h, out->add_host_links());
   for (const session::SessionInfo& i : s.sessions) ToProto(i, out->add_sessions());
   out->set_session_quota_bytes(s.session_quota_bytes);
   out->set_uid_quota_bytes(s.uid_quota_bytes);

@@ -26,11 +26,9 @@
 #ifndef OFFLOADD_SERVER_SCHED_HOST_LINK_H_
 #define OFFLOADD_SERVER_SCHED_HOST_LINK_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 

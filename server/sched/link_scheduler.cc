@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -115,6 +116,16 @@ struct LinkScheduler::Impl {
   // copy_chunk transfer was queued alone: copies its one chunk on this thread. Returns true when
   // it was the transfer's last: the caller releases `mu` and runs Complete(*finished).
   bool CopyHere(Finished* finished) REQUIRES(mu);
+  // WorkerLoop's steps, called with `mu` held (they release and retake it while they wait or
+  // copy). Finishes one transfer finished on an engine thread, or one completed asynchronous
+  // chunk; false when there is none.
+  bool FinishOneCompletion() REQUIRES(mu);
+  // With CanPick() and no parent turn pending: when the next chunk starts (paced links wait for
+  // the link to free up; links under a host link take a turn there), or nullopt when the worker
+  // waited and must look again (the link was busy, or the turn went back unused).
+  std::optional<double> NextChunkStart() REQUIRES(mu);
+  // Posts or copies a chunk StartNext returned, then finishes it when copied here.
+  void RunStarted(Started started) REQUIRES(mu);
 
   const LinkSchedulerOptions options;
   Clock* const clock;
@@ -148,8 +159,6 @@ struct LinkScheduler::Impl {
 };
 
 void LinkScheduler::Impl::WorkerLoop() {
-  const double rate = options.bytes_per_second;
-  HostLink* const parent = options.parent;
   base::MutexLock lock(mu);
   for (;;) {
     // With a parent, one worker at a time waits there for a turn; the others wait here.
@@ -161,79 +170,94 @@ void LinkScheduler::Impl::WorkerLoop() {
            !(CanPick() && !parent_turn_pending) && !all_done()) {
       cv.Wait(mu);
     }
-    if (!finished_transfers.empty()) {  // its last chunk finished on an engine thread
-      Finished finished = std::move(finished_transfers.front());
-      finished_transfers.pop_front();
-      lock.Unlock();
-      Complete(std::move(finished));
-      lock.Lock();
-      continue;
-    }
-    if (!completed.empty()) {  // an asynchronous chunk completed: finish it
-      auto [done_chunk, done_status] = std::move(completed.front());
-      completed.pop_front();
-      Finished finished;
-      const bool last = FinishChunk(std::move(done_chunk), std::move(done_status), &finished);
-      cv.notify_all();  // its GPU may take another chunk; Shutdown may be waiting on it
-      if (last) {
-        lock.Unlock();
-        Complete(std::move(finished));  // leaves `finished` empty
-        lock.Lock();
-      }
-      continue;
-    }
+    if (FinishOneCompletion()) continue;
     if (!CanPick() || parent_turn_pending) {
       if (all_done()) return;  // stopping, everything handed out and completed
       continue;
     }
-    double start = 0;
-    if (rate > 0) {
-      const double now = clock->NowSeconds();
-      if (now < link_free_at_seconds) {
-        // The link is still busy: decide which chunk goes next only when it frees up, so a
-        // reload queued in the meantime is not stuck behind a chunk picked too early.
-        const double t = link_free_at_seconds;
-        lock.Unlock();
-        clock->SleepUntil(t);
-        lock.Lock();
-        continue;
-      }
-      start = std::max({link_free_at_seconds, backlog_since_seconds, now - kMaxCatchUpSeconds});
+    const std::optional<double> start = NextChunkStart();
+    if (!start.has_value()) continue;
+    RunStarted(StartNext(*start));
+  }
+}
+
+bool LinkScheduler::Impl::FinishOneCompletion() {
+  if (!finished_transfers.empty()) {  // its last chunk finished on an engine thread
+    Finished finished = std::move(finished_transfers.front());
+    finished_transfers.pop_front();
+    mu.Unlock();
+    Complete(std::move(finished));
+    mu.Lock();
+    return true;
+  }
+  if (completed.empty()) return false;
+  // An asynchronous chunk completed: finish it.
+  auto [done_chunk, done_status] = std::move(completed.front());
+  completed.pop_front();
+  Finished finished;
+  const bool last = FinishChunk(std::move(done_chunk), std::move(done_status), &finished);
+  cv.notify_all();  // its GPU may take another chunk; Shutdown may be waiting on it
+  if (last) {
+    mu.Unlock();
+    Complete(std::move(finished));  // leaves `finished` empty
+    mu.Lock();
+  }
+  return true;
+}
+
+std::optional<double> LinkScheduler::Impl::NextChunkStart() {
+  const double rate = options.bytes_per_second;
+  HostLink* const parent = options.parent;
+  double start = 0;
+  if (rate > 0) {
+    const double now = clock->NowSeconds();
+    if (now < link_free_at_seconds) {
+      // The link is still busy: decide which chunk goes next only when it frees up, so a
+      // reload queued in the meantime is not stuck behind a chunk picked too early.
+      const double t = link_free_at_seconds;
+      mu.Unlock();
+      clock->SleepUntil(t);
+      mu.Lock();
+      return std::nullopt;
     }
-    if (parent != nullptr) {
-      parent_turn_pending = true;
-      lock.Unlock();
-      const double parent_start = parent->WaitTurn(options.link_name);
-      lock.Lock();
-      parent_turn_pending = false;
-      cv.notify_all();
-      if (!CanPick()) {  // cancelled meanwhile, or its GPUs at their limit: turn back unused
-        parent->Commit(options.link_name, 0);
-        continue;
-      }
-      // Waiting for the turn may have left this link idle: it starts with the turn.
-      start = std::max(start, parent_start);
-    } else if (rate <= 0) {
-      start = clock->NowSeconds();
+    start = std::max({link_free_at_seconds, backlog_since_seconds, now - kMaxCatchUpSeconds});
+  }
+  if (parent != nullptr) {
+    parent_turn_pending = true;
+    mu.Unlock();
+    const double parent_start = parent->WaitTurn(options.link_name);
+    mu.Lock();
+    parent_turn_pending = false;
+    cv.notify_all();
+    if (!CanPick()) {  // cancelled meanwhile, or its GPUs at their limit: turn back unused
+      parent->Commit(options.link_name, 0);
+      return std::nullopt;
     }
-    Started started = StartNext(start);
-    lock.Unlock();
-    if (started.chunk.transfer->post_chunk) {
-      Post(std::move(started));
-      lock.Lock();
-      continue;
-    }
-    Chunk& chunk = started.chunk;
-    if (started.report) started.report(started.cls, started.wait_seconds);
-    absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
-    if (started.finish_seconds > 0) clock->SleepUntil(started.finish_seconds);
-    lock.Lock();
-    Finished finished;
-    if (FinishChunk(std::move(chunk), std::move(status), &finished)) {
-      lock.Unlock();
-      Complete(std::move(finished));  // leaves `finished` empty
-      lock.Lock();
-    }
+    // Waiting for the turn may have left this link idle: it starts with the turn.
+    start = std::max(start, parent_start);
+  } else if (rate <= 0) {
+    start = clock->NowSeconds();
+  }
+  return start;
+}
+
+void LinkScheduler::Impl::RunStarted(Started started) {
+  mu.Unlock();
+  if (started.chunk.transfer->post_chunk) {
+    Post(std::move(started));
+    mu.Lock();
+    return;
+  }
+  Chunk& chunk = started.chunk;
+  if (started.report) started.report(started.cls, started.wait_seconds);
+  absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
+  if (started.finish_seconds > 0) clock->SleepUntil(started.finish_seconds);
+  mu.Lock();
+  Finished finished;
+  if (FinishChunk(std::move(chunk), std::move(status), &finished)) {
+    mu.Unlock();
+    Complete(std::move(finished));  // leaves `finished` empty
+    mu.Lock();
   }
 }
 

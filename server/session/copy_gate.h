@@ -9,10 +9,8 @@
 #ifndef OFFLOADD_SERVER_SESSION_COPY_GATE_H_
 #define OFFLOADD_SERVER_SESSION_COPY_GATE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <utility>
 
 #include "server/base/mutex.h"

@@ -22,12 +22,14 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
       arena_(std::move(arena)),
       engine_(std::move(engine)),
       spill_(std::move(spill)),
-      store_(arena_->size_bytes(), options_.store, arena_->block_table(), spill_.get()),
+      store_(arena_->slices(), options_.store, arena_->block_table(), spill_.get()),
       start_seconds_(options_.clock->NowSeconds()),
       sessions_(options_),
       links_(options_, gate_),
       metrics_(std::make_shared<CoreMetrics>(this)) {
   if (arena_->block_table() != nullptr && arena_->adopted()) Adopt();
+  // After adoption: spill files no adopted record names are a previous daemon's leftovers.
+  store_.RemoveUnnamedSpillFiles();
 }
 
 void Core::Adopt() {
@@ -60,6 +62,11 @@ Core::~Core() {
 }
 
 std::shared_ptr<prometheus::Collectable> Core::collectable() const { return metrics_; }
+
+int Core::GpuNumaNode(const std::string& gpu) const {
+  auto it = options_.gpu_numa_nodes.find(gpu);
+  return it == options_.gpu_numa_nodes.end() ? -1 : it->second;
+}
 
 void Core::CountTransfer(bool offload, uint64_t bytes, bool ok) {
   if (!ok) {

@@ -70,6 +70,8 @@ class Core {
                             std::shared_ptr<copy::Region> region, uint64_t region_offset,
                             uint8_t* host, uint64_t bytes);
 
+  // NUMA node of a GPU (CoreOptions::gpu_numa_nodes); -1 when unknown.
+  int GpuNumaNode(const std::string& gpu) const;
   store::BlockStore& store() { return store_; }
   copy::CopyEngine& engine() { return *engine_; }
   const pool::Arena& arena() const { return *arena_; }

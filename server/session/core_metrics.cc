@@ -68,6 +68,22 @@ void AddSpill(const CoreStats& stats, Families& f) {
   f.Add(state::kSpillFailuresTotal, {{"cause", "disk_full"}},
         D(s.spill_refused_disk_full_total));
   f.Add(state::kSpillBlocksLostTotal, {}, D(s.blocks_lost_total));
+  f.Add(state::kStagesPromotedTotal, {}, D(s.stages_promoted_total));
+  f.Add(state::kStagesExpiredTotal, {}, D(s.stages_expired_total));
+  f.Add(state::kStagesWaitingForPool, {}, D(s.stages_waiting));
+}
+
+// Present (fallbacks at 0) from the start, sliced pool or not.
+void AddNumaPlacement(const store::StoreStats& s, Families& f) {
+  f.Add(state::kPoolNumaFallbackTotal, {{"reason", "slice_full"}}, D(s.placement.slice_full));
+  f.Add(state::kPoolNumaFallbackTotal, {{"reason", "unknown_node"}},
+        D(s.placement.unknown_node));
+  f.Add(state::kPoolNumaFallbackTotal, {{"reason", "no_slice"}}, D(s.placement.no_slice));
+  for (const store::NumaSliceUsage& slice : s.numa_slices) {
+    const Labels numa{{"numa_node", metrics::NumaNodeLabel(slice.numa_node)}};
+    f.Add(state::kPoolNumaSliceCapacityBytes, numa, D(slice.capacity_bytes));
+    f.Add(state::kPoolNumaSliceUsedBytes, numa, D(slice.used_bytes));
+  }
 }
 
 void AddLink(const LinkInfo& link, Families& f) {
@@ -114,6 +130,7 @@ std::vector<prometheus::MetricFamily> StateFamilies(const CoreStats& stats,
   Families f;
   AddPool(stats.store, pool, f);
   AddSpill(stats, f);
+  AddNumaPlacement(stats.store, f);
   for (const LinkInfo& link : stats.links) AddLink(link, f);
   for (const HostLinkInfo& host : stats.host_links) AddHostLink(host, f);
   return f.Take();

@@ -86,6 +86,62 @@ TEST(CoreMetricsTest, AScrapeRightAfterAnOffloadShowsItsBytes) {
   s->Close(EndCause::kClosed);
 }
 
+// A pool sliced per NUMA node (here one slice, bound to node 0, the node this machine has):
+// each session's offloads go to its GPU's node's slice, found from its Hello's device id; the
+// fallbacks appear in a scrape with their reason.
+TEST(CoreMetricsTest, ASessionsBlocksGoToItsGpusNodeAndFallbacksAreScraped) {
+  pool::ArenaOptions a;
+  a.size_bytes = 8 * kMiB;
+  a.numa_nodes = {0};
+  auto arena = pool::Arena::Create(a);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  CoreOptions options;
+  options.chunk_bytes = kMiB;
+  options.gpu_numa_nodes = {{"gpu0", 0}, {"gpu1", 1}};  // gpu2: node unknown
+  Core core(options, *std::move(arena), std::make_unique<copy::ShmCopyEngine>());
+  auto exposer = metrics::Exposer::Start("127.0.0.1:0");
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  (*exposer)->Register(core.collectable());
+  TestShm shm(kMiB);
+  std::vector<std::shared_ptr<Session>> sessions;
+  std::vector<std::unique_ptr<CompletionCollector>> outs;
+  for (const char* gpu : {"gpu0", "gpu1", "gpu2"}) {
+    outs.push_back(std::make_unique<CompletionCollector>());
+    CompletionCollector& out = *outs.back();
+    sessions.push_back(Session::Create(&core, out.emit()));
+    Session& s = *sessions.back();
+    Request hello = HelloRequest(1, gpu);
+    hello.device_id = gpu;
+    s.Handle(hello);
+    ASSERT_EQ(out.Wait(1).kind, CompletionKind::kHello) << gpu;
+    s.Handle(RegisterRequest(2, shm));
+    Request offload;
+    offload.request_id = 3;
+    offload.kind = RequestKind::kOffload;
+    offload.region_id = out.Wait(2).id;
+    offload.bytes = kMiB;
+    s.Handle(offload);
+    ASSERT_EQ(out.Wait(3).kind, CompletionKind::kOffloadDone) << gpu;
+  }
+  const pool::PlacementCounts counts = core.store().stats().placement;
+  EXPECT_EQ(counts.local, 1u);         // gpu0
+  EXPECT_EQ(counts.no_slice, 1u);      // gpu1: node 1 has no slice
+  EXPECT_EQ(counts.unknown_node, 1u);  // gpu2
+
+  const std::string scrape = HttpGetMetrics((*exposer)->port());
+  EXPECT_NE(scrape.find("offloadd_pool_numa_fallback_total{reason=\"no_slice\"} 1\n"),
+            std::string::npos)
+      << scrape;
+  EXPECT_NE(scrape.find("offloadd_pool_numa_fallback_total{reason=\"unknown_node\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(scrape.find("offloadd_pool_numa_fallback_total{reason=\"slice_full\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(scrape.find("offloadd_pool_numa_slice_used_bytes{numa_node=\"0\"} 3145728\n"),
+            std::string::npos);
+  EXPECT_NE(scrape.find("offloadd_spill_stages_waiting 0\n"), std::string::npos);
+  for (auto& s : sessions) s->Close(EndCause::kClosed);
+}
+
 TEST(CoreMetricsTest, ACoreDestroyedLeavesNothingInTheScrape) {
   auto core = MakeCore(4 * kMiB);
   std::shared_ptr<prometheus::Collectable> collectable = core->collectable();
@@ -161,6 +217,9 @@ TEST(StateFamiliesTest, PoolAndSpillFamiliesArePresentWithoutASpillTier) {
   CoreStats stats;
   stats.store.pool.used_bytes = 5 * kMiB;
   stats.store.offloads_refused_total = 7;
+  stats.store.stages_promoted_total = 2;
+  stats.store.stages_expired_total = 3;
+  stats.store.stages_waiting = 4;
   PoolFacts pool;
   pool.numa_node = -1;
   pool.capacity_bytes = 64 * kMiB;
@@ -174,6 +233,9 @@ TEST(StateFamiliesTest, PoolAndSpillFamiliesArePresentWithoutASpillTier) {
             std::optional<double>(0));
   EXPECT_EQ(Find(f, "offloadd_spill_capacity_bytes", {}), std::optional<double>(0));
   EXPECT_EQ(Find(f, "offloadd_offloads_refused_total", {}), std::optional<double>(7));
+  EXPECT_EQ(Find(f, "offloadd_spill_stages_promoted_total", {}), std::optional<double>(2));
+  EXPECT_EQ(Find(f, "offloadd_spill_stages_expired_total", {}), std::optional<double>(3));
+  EXPECT_EQ(Find(f, "offloadd_spill_stages_waiting", {}), std::optional<double>(4));
   EXPECT_EQ(Find(f, "offloadd_ipc_handle_opens_total", {{"gpu", "gpu3"}}),
             std::optional<double>(4));
   for (const prometheus::MetricFamily& family : f) {

@@ -56,6 +56,10 @@ struct CoreOptions {
   std::vector<HostLinkSpec> host_links;            // each link under at most one
   double offload_min_share = 0.2;                  // see sched/drr.h
   std::map<std::string, std::string> gpu_bus_ids;  // device id -> PCI address, for stats
+  // Device id -> NUMA node of the GPU (sched::TopologyGpu; GPUs of unknown node left out). A
+  // session's offloads go to its GPU's node's slice when the arena is sliced (README
+  // Configuration, numa_placement); a GPU not named here places as "unknown_node".
+  std::map<std::string, int> gpu_numa_nodes;
 
   // Isolation and failure handling (README "Failure modes").
   AccessPolicy access;  // who may open a session / call admin RPCs (session/peer.h)

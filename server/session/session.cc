@@ -112,6 +112,13 @@ void Session::Handle(const Request& r) {
   Dispatch(r);
 }
 
+bool Session::MayBlock(const Request& r) const {
+  const bool offload_without_wait = r.kind == RequestKind::kOffload && r.ready_event.empty();
+  if (!offload_without_wait && r.kind != RequestKind::kReload) return true;
+  base::MutexLock lock(mu_);
+  return closed_ || !hello_done_ || regions_.count(r.region_id) == 0;
+}
+
 void Session::Dispatch(const Request& r) {
   bool hello_done;
   {
@@ -224,6 +231,7 @@ absl::StatusOr<uint64_t> Session::AdmitHelloLocked(const Request& r, const pool:
     blocks_resumed = *resumed;
   }
   core_->store().SetSessionResumeKey(id_, key);
+  core_->store().SetSessionNumaNode(id_, core_->GpuNumaNode(r.device_id));
   hello_done_ = true;
   core_->EndPendingHello(id_);
   client_name_ = r.client_name;

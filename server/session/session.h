@@ -104,6 +104,15 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
   ~Session();
 
   void Handle(const Request& request) EXCLUDES(mu_);
+  // Whether Handle(request) may block the calling thread, asked before handing it so rpc/ can
+  // keep such requests off the gRPC reaction. False only after Hello, for an offload without a
+  // ready event or a reload, each naming a region already registered (Handle then only checks
+  // it and queues the op: the store and the link scheduler call back on their own threads).
+  // True for everything else: Hello (getrandom, resuming blocks), RegisterRegion (opens the
+  // client's memory: shm_open/mmap, a CUDA IPC handle on the device thread), UnregisterRegion
+  // (may close one), Release, an offload waiting for a ready event, an unknown region (it may
+  // be registered by an earlier request not yet handled), and a closed session.
+  bool MayBlock(const Request& request) const EXCLUDES(mu_);
   // Ends the session: releases its blocks, waiting offloads and regions. Idempotent.
   void Close(EndCause cause) EXCLUDES(mu_);
   // Starts no chunk copy of this session from now on (its queued chunks fail with the status

@@ -103,6 +103,42 @@ TEST(SessionTest, OffloadReloadRoundTripsBytesThroughThePool) {
   s->Close(EndCause::kClosed);
 }
 
+// rpc/ handles a request on the gRPC reaction only when MayBlock says false: an offload without
+// a ready event or a reload into a registered region, after Hello.
+TEST(SessionTest, MayBlockIsFalseOnlyForOffloadsAndReloadsIntoARegisteredRegion) {
+  auto core = MakeCore(16 * kMiB);
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  TestShm shm(kMiB);
+  EXPECT_TRUE(s->MayBlock(Hello(1)));
+  EXPECT_TRUE(s->MayBlock(Offload(2, 1, 0, 4096)));  // before Hello
+  s->Handle(Hello(1));
+  ASSERT_EQ(out.Wait(1).kind, CompletionKind::kHello);
+  EXPECT_TRUE(s->MayBlock(RegisterRequest(2, shm)));
+  EXPECT_TRUE(s->MayBlock(Offload(3, 1, 0, 4096)));  // region 1 not registered yet
+  s->Handle(RegisterRequest(2, shm));
+  Completion reg = out.Wait(2);
+  ASSERT_EQ(reg.kind, CompletionKind::kRegionRegistered);
+  EXPECT_FALSE(s->MayBlock(Offload(3, reg.id, 0, 4096)));
+  EXPECT_FALSE(s->MayBlock(Reload(4, 7, reg.id, 0, kPriorityUrgent, true)));
+  EXPECT_TRUE(s->MayBlock(Reload(4, 7, reg.id + 1, 0, kPriorityUrgent, true)));
+  Request waits = Offload(5, reg.id, 0, 4096);
+  waits.ready_event = std::string(64, 'e');
+  EXPECT_TRUE(s->MayBlock(waits));
+  Request release;
+  release.request_id = 6;
+  release.kind = RequestKind::kRelease;
+  release.block_id = 7;
+  EXPECT_TRUE(s->MayBlock(release));
+  Request unregister;
+  unregister.request_id = 7;
+  unregister.kind = RequestKind::kUnregisterRegion;
+  unregister.region_id = reg.id;
+  EXPECT_TRUE(s->MayBlock(unregister));
+  s->Close(EndCause::kClosed);
+  EXPECT_TRUE(s->MayBlock(Offload(8, reg.id, 0, 4096)));  // closed
+}
+
 TEST(SessionTest, ReloadSentRightAfterOffloadReturnsTheOffloadedBytes) {
   auto core = MakeCore(64 * kMiB);
   Collector out;

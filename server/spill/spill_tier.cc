@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
@@ -46,18 +48,6 @@ struct AlignedBuffer {
 
 absl::Status Errno(const std::string& what) {
   return absl::FailedPreconditionError(absl::StrFormat("%s: %s", what, strerror(errno)));
-}
-
-// Removes "*.spill" files a previous daemon left; returns how many.
-int RemoveLeftovers(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return 0;
-  int n = 0;
-  while (dirent* e = readdir(d)) {
-    if (absl::EndsWith(e->d_name, ".spill") && unlink((dir + "/" + e->d_name).c_str()) == 0) ++n;
-  }
-  closedir(d);
-  return n;
 }
 
 // Writes then reads back `bytes` with O_DIRECT; the smaller rate in bytes/s.
@@ -97,6 +87,28 @@ uint64_t SpillTier::FileBytes(uint64_t extent_bytes) {
   return RoundUp(extent_bytes, kDirectAlignment);
 }
 
+// Takes the directory's lock file (flock, held until the daemon exits; the kernel drops it when a
+// daemon dies): a second daemon on the same directory would take the first one's spill files for
+// leftovers and remove them. Returns the lock's descriptor.
+static absl::StatusOr<int> LockSpillDirectory(const std::string& directory) {
+  const std::string path = directory + "/offloadd.lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("cannot create the lock file " + path);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "spill_directory %s is in use by another offloadd (it holds %s): give each daemon its "
+          "own spill_directory, or stop the other one first",
+          directory, path));
+    }
+    errno = err;
+    return Errno("cannot lock " + path);
+  }
+  return fd;
+}
+
 absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions& options,
                                                             uint8_t* pool_base,
                                                             uint64_t pool_bytes) {
@@ -106,11 +118,9 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions&
   if (mkdir(options.directory.c_str(), 0700) != 0 && errno != EEXIST) {
     return Errno("cannot create spill_directory " + options.directory);
   }
-  const int leftovers = RemoveLeftovers(options.directory);
-  if (leftovers > 0) {
-    LOG(WARNING) << "spill: removed " << leftovers << " spill files of a previous daemon in "
-                 << options.directory << " (spilled blocks are not adopted across restarts)";
-  }
+  absl::StatusOr<int> lock_fd = LockSpillDirectory(options.directory);
+  if (!lock_fd.ok()) return lock_fd.status();
+  File lock(*lock_fd);  // closed (unlocked) if start-up fails below
   const std::string probe = options.directory + "/probe.tmp";
   int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -146,6 +156,7 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions&
   }
   std::unique_ptr<SpillTier> tier(new SpillTier(o, std::move(io), pool_base, pool_bytes));
   tier->measured_ = measured;
+  tier->lock_fd_ = lock.Release();
   LOG(INFO) << "spill tier: " << o.directory << ", " << o.capacity_bytes << " bytes, "
             << tier->io_->name() << " + O_DIRECT, "
             << (o.bytes_per_second < 0 ? std::string("unpaced")
@@ -169,7 +180,10 @@ SpillTier::SpillTier(const SpillOptions& options, std::unique_ptr<DiskIo> io,
   link_ = std::make_unique<sched::LinkScheduler>(l);
 }
 
-SpillTier::~SpillTier() { Shutdown(); }
+SpillTier::~SpillTier() {
+  Shutdown();
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
 
 void SpillTier::Shutdown() { link_->Shutdown(); }
 
@@ -195,6 +209,50 @@ void SpillTier::Promote(uint64_t block_id) {
     base::MutexLock lock(mu_);
     promoted_.erase(block_id);
   }
+}
+
+absl::Status SpillTier::AdoptFile(uint64_t block_id, uint64_t extent_bytes) {
+  const uint64_t file_bytes = FileBytes(extent_bytes);
+  {
+    base::MutexLock lock(mu_);
+    used_bytes_ += file_bytes;
+    ++files_;
+  }
+  const std::string path = FilePath(block_id);
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::DataLossError(absl::StrFormat(
+        "spill file %s was missing when offloadd restarted (%s): the block's bytes are lost",
+        path, strerror(errno)));
+  }
+  if (static_cast<uint64_t>(st.st_size) < file_bytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "spill file %s held %d of %d bytes when offloadd restarted (truncated): the block's "
+        "bytes are lost",
+        path, static_cast<int64_t>(st.st_size), file_bytes));
+  }
+  return absl::OkStatus();
+}
+
+int SpillTier::RemoveFilesExcept(const std::unordered_set<uint64_t>& keep) {
+  DIR* d = opendir(options_.directory.c_str());
+  if (d == nullptr) return 0;
+  int n = 0;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (!absl::EndsWith(name, ".spill")) continue;
+    uint64_t id = 0;
+    const bool named = name.size() == 16 + 6 &&
+                       absl::SimpleHexAtoi(absl::string_view(name).substr(0, 16), &id) &&
+                       keep.count(id) != 0;
+    if (!named && unlink((options_.directory + "/" + name).c_str()) == 0) ++n;
+  }
+  closedir(d);
+  if (n > 0) {
+    LOG(WARNING) << "spill: removed " << n << " spill files in " << options_.directory
+                 << " that no record of the shared pool names (a previous daemon's)";
+  }
+  return n;
 }
 
 void SpillTier::Remove(uint64_t block_id, uint64_t extent_bytes) {
@@ -287,7 +345,12 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
   t->copy_chunk = [this, write, file, extent](uint64_t o, uint64_t len) {
     return MoveChunk(write, file->fd, extent, o, len);
   };
-  t->done = [this, write, file_bytes, path, done = std::move(done)](absl::Status st) {
+  t->done = [this, write, file, file_bytes, path, done = std::move(done)](absl::Status st) {
+    // Synced before OK: the store records the block as spilled and frees its extent on OK.
+    if (st.ok() && write && fdatasync(file->fd) != 0) {
+      st = absl::InternalError(
+          absl::StrFormat("cannot sync spill file %s: %s", path, strerror(errno)));
+    }
     if (st.ok()) {
       (write ? spill_bytes_total_ : stage_bytes_total_) += file_bytes;
     } else if (st.code() == absl::StatusCode::kDataLoss) {

@@ -25,9 +25,14 @@
 // Failure: a stage-back of a file that was removed, or truncated (under the daemon), gets
 // DATA_LOSS naming the file; nothing else is affected.
 //
-// Start-up (Create): the directory is created if missing; leftover "*.spill" files of a previous
-// daemon are removed (spilled blocks are not adopted by a restarted daemon: README "Spill
-// tier"); O_DIRECT support is probed (tmpfs before Linux 6.6 lacks it: FAILED_PRECONDITION); capacity 0 means 90%
+// Durability: a spill reports OK only after the file's bytes are synced (fdatasync), so the
+// store may then record the block as spilled in the shared pool and free its extent.
+//
+// Start-up (Create): the directory is created if missing and locked (flock on
+// <directory>/offloadd.lock for the tier's life: a second daemon on the same directory is refused
+// with FAILED_PRECONDITION instead of removing the first one's files); "*.spill" files of a previous daemon
+// are kept until the store has adopted the blocks recorded as spilled (AdoptFile), then the
+// rest are removed (RemoveFilesExcept; README "Spill tier"); O_DIRECT support is probed (tmpfs before Linux 6.6 lacks it: FAILED_PRECONDITION); capacity 0 means 90%
 // of the file system's free space; bytes_per_second 0 means measured (write, then read back,
 // `measure_bytes` with O_DIRECT; the smaller rate).
 //
@@ -111,6 +116,13 @@ class SpillTier {
   // Stage call has not reached the link yet is submitted URGENT. Chunks already being read are
   // not affected. Call only while a stage-back of the block is under way.
   void Promote(uint64_t block_id) EXCLUDES(mu_);
+  // Takes over the file a previous daemon wrote for the block (adoption): its capacity is
+  // counted as reserved whatever the result, so Remove returns it. DATA_LOSS (naming the file)
+  // when the file is missing or shorter than FileBytes(extent_bytes).
+  absl::Status AdoptFile(uint64_t block_id, uint64_t extent_bytes) EXCLUDES(mu_);
+  // Unlinks every "*.spill" file in the directory whose block id is not in `keep` (files of a
+  // previous daemon no record names); returns how many.
+  int RemoveFilesExcept(const std::unordered_set<uint64_t>& keep);
   // Unlinks the block's file (if any) and returns FileBytes(extent_bytes) of capacity.
   void Remove(uint64_t block_id, uint64_t extent_bytes) EXCLUDES(mu_);
   // Finishes queued transfers and stops the link's workers. Idempotent; not from a `done`.
@@ -133,6 +145,9 @@ class SpillTier {
   uint8_t* const pool_base_;
   const uint64_t pool_bytes_;
   bool measured_ = false;  // set by Create before the tier is shared
+  // The directory's offloadd.lock, flock'ed for the tier's life (set by Create before the tier
+  // is shared, closed by the destructor).
+  int lock_fd_ = -1;
   mutable base::Mutex mu_;
   uint64_t used_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t files_ GUARDED_BY(mu_) = 0;

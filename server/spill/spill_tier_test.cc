@@ -157,17 +157,49 @@ TEST_P(SpillTierTest, TruncatedFileIsDataLoss) {
   EXPECT_NE(std::string(lost.message()).find("truncated"), std::string::npos) << lost;
 }
 
-TEST_P(SpillTierTest, LeftoverFilesOfAPreviousDaemonAreRemoved) {
+TEST_P(SpillTierTest, FilesOfAPreviousDaemonAreKeptUntilAdoptedThenOrphansRemoved) {
   {
     auto tier = Make();
     ASSERT_NE(tier, nullptr);
-    ASSERT_TRUE(SpillBlock(*tier, 9, pool::Extent{0, 4096}).ok());
+    for (uint64_t id : {7, 8, 9}) ASSERT_TRUE(SpillBlock(*tier, id, pool::Extent{0, 4096}).ok());
   }
+  ASSERT_EQ(truncate((dir_ + "/0000000000000008.spill").c_str(), 100), 0);
   struct stat st;
-  ASSERT_EQ(stat((dir_ + "/0000000000000009.spill").c_str(), &st), 0);
   auto tier = Make();
   ASSERT_NE(tier, nullptr);
-  EXPECT_NE(stat((dir_ + "/0000000000000009.spill").c_str(), &st), 0);
+  ASSERT_EQ(stat((dir_ + "/0000000000000009.spill").c_str(), &st), 0);  // Create keeps them
+  EXPECT_TRUE(tier->AdoptFile(9, 4096).ok());
+  EXPECT_EQ(tier->AdoptFile(8, 4096).code(), absl::StatusCode::kDataLoss);  // short
+  EXPECT_EQ(tier->AdoptFile(5, 4096).code(), absl::StatusCode::kDataLoss);  // missing
+  EXPECT_EQ(tier->stats().used_bytes, 3u * 4096);  // returned by Remove, like any file
+  EXPECT_EQ(tier->RemoveFilesExcept({9, 8, 5}), 1);  // block 7's file: no record names it
+  EXPECT_NE(stat((dir_ + "/0000000000000007.spill").c_str(), &st), 0);
+  EXPECT_EQ(stat((dir_ + "/0000000000000009.spill").c_str(), &st), 0);
+  ASSERT_TRUE(StageBlock(*tier, 9, pool::Extent{0, 4096}).ok());
+}
+
+// A second daemon on the same directory would take the first one's files for leftovers and
+// remove them (found by the attack round: 14 spilled blocks lost): it is refused, and the
+// directory is free again once the first tier is gone. The first tier's file is untouched.
+TEST_P(SpillTierTest, ASecondTierOnTheSameDirectoryIsRefused) {
+  auto first = Make();
+  ASSERT_NE(first, nullptr);
+  ASSERT_TRUE(SpillBlock(*first, 3, pool::Extent{0, 4096}).ok());
+  SpillOptions o;
+  o.directory = dir_;
+  o.capacity_bytes = 1 << 20;
+  o.bytes_per_second = -1;
+  o.io_uring = GetParam();
+  auto second = SpillTier::Create(o, pool_, kPoolBytes);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("in use by another offloadd"), std::string::npos)
+      << second.status();
+  struct stat st;
+  EXPECT_EQ(stat((dir_ + "/0000000000000003.spill").c_str(), &st), 0);
+  first.reset();
+  auto third = SpillTier::Create(o, pool_, kPoolBytes);
+  EXPECT_TRUE(third.ok()) << third.status();
 }
 
 TEST_P(SpillTierTest, UrgentStageGoesBeforeQueuedSpills) {

@@ -16,11 +16,19 @@ void BlockStore::RunAll(Deferred& deferred) {
 
 BlockStore::BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
                        pool::BlockTable* table, spill::SpillTier* spill)
+    : BlockStore(pool::ArenaSlices(capacity_bytes, {}), options, table, spill) {}
+
+BlockStore::BlockStore(std::vector<pool::ArenaSlice> slices, BlockStoreOptions options,
+                       pool::BlockTable* table, spill::SpillTier* spill)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : base::Clock::Real()),
-      allocator_(capacity_bytes),
+      allocator_(std::move(slices)),
+      capacity_bytes_(allocator_.stats().capacity_bytes),  // no other thread yet: no lock
       table_(table),
       spill_(spill) {
+  for (const pool::ArenaSlice& s : allocator_.slices()) {
+    largest_slice_bytes_ = std::max(largest_slice_bytes_, s.size_bytes);
+  }
   if (table_ != nullptr) {
     free_slots_.reserve(table_->slots());
     for (uint64_t s = table_->slots(); s > 0; --s) free_slots_.push_back(static_cast<uint32_t>(s - 1));
@@ -63,11 +71,6 @@ void BlockStore::Stop() {
   }
 }
 
-uint64_t BlockStore::capacity_bytes() const {
-  base::MutexLock lock(mu_);  // the allocator is not thread-safe: stats() reads its counters
-  return allocator_.stats().capacity_bytes;
-}
-
 int64_t BlockStore::OwnerLocked(uint64_t session_id) const {
   auto it = session_owner_.find(session_id);
   return it == session_owner_.end() ? -1 : static_cast<int64_t>(it->second);
@@ -76,6 +79,16 @@ int64_t BlockStore::OwnerLocked(uint64_t session_id) const {
 void BlockStore::SetSessionOwner(uint64_t session_id, uint32_t uid) {
   base::MutexLock lock(mu_);
   session_owner_[session_id] = uid;
+}
+
+void BlockStore::SetSessionNumaNode(uint64_t session_id, int numa_node) {
+  base::MutexLock lock(mu_);
+  session_numa_node_[session_id] = numa_node;
+}
+
+int BlockStore::NumaNodeLocked(uint64_t session_id) const {
+  auto it = session_numa_node_.find(session_id);
+  return it == session_numa_node_.end() ? -1 : it->second;
 }
 
 void BlockStore::SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey& key) {
@@ -170,7 +183,8 @@ std::string BlockStore::WhyFullLocked(uint64_t session_id, uint64_t bytes) const
 }
 
 BlockRef BlockStore::AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds) {
-  pool::Extent extent = *allocator_.Allocate(ExtentBytes(bytes));  // caller checked FitsLocked
+  // The caller checked FitsLocked: some slice has room.
+  pool::Extent extent = allocator_.Allocate(ExtentBytes(bytes), NumaNodeLocked(session_id))->extent;
   uint64_t id = 0;
   do {
     id = absl::Uniform<uint64_t>(rng_);
@@ -215,6 +229,12 @@ void BlockStore::Reserve(uint64_t session_id, uint64_t bytes, ReserveCallback do
           "offload of %d bytes is larger than the whole pool (%d bytes): split it, or raise "
           "pool_bytes in the daemon config",
           bytes, allocator_.stats().capacity_bytes));
+    } else if (rounded > largest_slice_bytes_) {
+      result = absl::OutOfRangeError(absl::StrFormat(
+          "offload of %d bytes is larger than the pool's largest NUMA slice (%d bytes; a block "
+          "must fit in one node's slice): split it, raise pool_bytes, or set "
+          "numa_placement: off in the daemon config",
+          bytes, largest_slice_bytes_));
     } else if (options_.session_quota_bytes > 0 && rounded > options_.session_quota_bytes) {
       result = absl::OutOfRangeError(absl::StrFormat(
           "offload of %d bytes is larger than the session quota (%d bytes): split it, or raise "
@@ -291,8 +311,9 @@ void BlockStore::FreeLocked(uint64_t block_id, Deferred* deferred) {
     disk_bytes_ -= b.extent.bytes;
     --disk_blocks_;
     // Under the store's lock: a later spill of the same block must not lose its new file
-    // to this unlink (the spill's open runs after the lock is released).
-    spill_->Remove(block_id, b.extent.bytes);
+    // to this unlink (the spill's open runs after the lock is released). After Stop a block
+    // still recorded keeps its file for the next daemon.
+    if (spill_ != nullptr && !b.recorded) spill_->Remove(block_id, b.extent.bytes);
   }
   const uint64_t session_id = b.session_id;
   session_used_bytes_[b.session_id] -= b.extent.bytes;
@@ -478,6 +499,7 @@ uint64_t BlockStore::ReleaseSession(uint64_t session_id) {
     }
     session_owner_.erase(session_id);
     session_resume_key_.erase(session_id);
+    session_numa_node_.erase(session_id);
     session_cursor_.erase(session_id);
     std::vector<uint64_t> ids;
     for (auto& [id, b] : blocks_) {
@@ -543,6 +565,21 @@ void BlockStore::DeadlineLoop() {
   }
 }
 
+void BlockStore::AdoptSpilledLocked(const pool::StoredBlock& r, Block& b) {
+  b.extent = pool::Extent{0, ExtentBytes(r.bytes)};
+  b.tier = Tier::kDisk;
+  if (spill_ == nullptr) {
+    b.tier = Tier::kLost;
+    b.lost_reason = "offloadd restarted without a spill_directory, so its spill file is not read";
+  } else if (absl::Status st = spill_->AdoptFile(r.block_id, b.extent.bytes); !st.ok()) {
+    b.tier = Tier::kLost;
+    b.lost_reason = std::string(st.message());
+  }
+  if (b.tier == Tier::kLost) ++blocks_lost_total_;
+  disk_bytes_ += b.extent.bytes;
+  ++disk_blocks_;
+}
+
 uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double grace_seconds) {
   base::MutexLock lock(mu_);
   if (table_ == nullptr) return 0;
@@ -551,7 +588,7 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
   for (const pool::StoredBlock& r : adopted) {
     const pool::Extent extent{r.extent_offset, pool::ExtentAllocator::RoundUp(r.bytes)};
     if (r.slot >= table_->slots() || blocks_.count(r.block_id) != 0 ||
-        !allocator_.AllocateAt(extent).ok()) {
+        (!r.spilled && !allocator_.AllocateAt(extent).ok())) {
       if (r.slot < table_->slots()) table_->Clear(r.slot);
       if (blocks_.count(r.block_id) == 0) {
         lost_[r.block_id] = pool::DroppedBlock{r.block_id, pool::DropReason::kOverlap, r.resume_key};
@@ -559,18 +596,19 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
       continue;
     }
     Block& b = blocks_[r.block_id];
+    b.extent = extent;
+    if (r.spilled) AdoptSpilledLocked(r, b);
     b.session_id = kAdoptedSession;
     b.owner_uid = r.owner_uid == pool::kUnknownUid ? -1 : static_cast<int64_t>(r.owner_uid);
     b.bytes = r.bytes;
-    b.extent = extent;
     b.state = State::kResident;
     b.slot = r.slot;
     b.recorded = true;
     b.resume_key = r.resume_key;
     slot_used[r.slot] = true;
-    session_used_bytes_[kAdoptedSession] += extent.bytes;
+    session_used_bytes_[kAdoptedSession] += b.extent.bytes;
     session_blocks_[kAdoptedSession] += 1;
-    if (b.owner_uid >= 0) uid_used_bytes_[static_cast<uint32_t>(b.owner_uid)] += extent.bytes;
+    if (b.owner_uid >= 0) uid_used_bytes_[static_cast<uint32_t>(b.owner_uid)] += b.extent.bytes;
     adopted_by_key_[r.resume_key].push_back(r.block_id);
     ++n;
   }
@@ -583,6 +621,16 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
     deadline_cv_.notify_all();
   }
   return n;
+}
+
+int BlockStore::RemoveUnnamedSpillFiles() {
+  base::MutexLock lock(mu_);
+  if (spill_ == nullptr) return 0;
+  std::unordered_set<uint64_t> keep;
+  for (const auto& [id, b] : blocks_) {
+    if (b.tier == Tier::kDisk || b.tier == Tier::kLost) keep.insert(id);
+  }
+  return spill_->RemoveFilesExcept(keep);
 }
 
 absl::StatusOr<uint64_t> BlockStore::ResumeSession(uint64_t session_id,
@@ -683,6 +731,12 @@ StoreStats BlockStore::stats() const {
   s.stages_promoted_total = stages_promoted_total_;
   s.stages_expired_total = stages_expired_total_;
   s.blocks_lost_total = blocks_lost_total_;
+  s.stages_waiting = pending_stages_.size();
+  s.placement = allocator_.placement_counts();
+  for (size_t i = 0; i < allocator_.slices().size(); ++i) {
+    const pool::ArenaSlice& slice = allocator_.slices()[i];
+    s.numa_slices.push_back({slice.numa_node, slice.size_bytes, allocator_.slice_stats(i).used_bytes});
+  }
   return s;
 }
 

@@ -56,8 +56,10 @@
 // daemon makes that block kLost: its reloads get DATA_LOSS until it is released. Disk full
 // (SpillTier::TryReserve fails, or ENOSPC) stops spilling: offloads then wait for pool space
 // up to their deadline (RESOURCE_EXHAUSTED), and nothing stored is lost. With a shared pool a
-// block's record is cleared when its spill starts (its extent will be reused) and written again
-// when it is staged back: a restarted daemon adopts only blocks that were in the pool. Extents
+// block's record keeps naming its extent while the spill runs, is marked spilled once the file
+// is complete and synced (before the extent is freed), and names the new extent once a
+// stage-back completed (before the file is removed): a restarted daemon adopts blocks in both
+// tiers (Adopt), and removes only spill files no record names (RemoveUnnamedSpillFiles). Extents
 // are sized in multiples of 4096 bytes so the disk moves them with O_DIRECT directly.
 //
 // Thread-safety: every method is thread-safe. Callbacks run without the store's lock held, on
@@ -73,6 +75,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/random/random.h"
@@ -81,7 +84,9 @@
 #include "server/base/clock.h"
 #include "server/base/mutex.h"
 #include "server/pool/block_table.h"
+#include "server/pool/arena.h"
 #include "server/pool/extent_allocator.h"
+#include "server/pool/sliced_allocator.h"
 #include "server/spill/spill_tier.h"
 
 namespace offloadd::store {
@@ -118,6 +123,13 @@ struct BlockRef {
   double queued_seconds = 0;  // time spent waiting for space
 };
 
+// One NUMA slice of the pool (pool/arena.h ArenaSlice) and its allocated bytes (rounded extents).
+struct NumaSliceUsage {
+  int numa_node = -1;  // -1: the pool is not sliced
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+};
+
 struct StoreStats {
   pool::AllocatorStats pool;
   uint64_t blocks = 0;
@@ -143,6 +155,13 @@ struct StoreStats {
   uint64_t stages_expired_total = 0;
   double reload_disk_wait_seconds_total = 0;  // their summed wait for the stage-back
   uint64_t blocks_lost_total = 0;  // spill files removed or truncated under the daemon
+  // Urgent stage-backs waiting for pool space now (see the spill policy above).
+  uint64_t stages_waiting = 0;
+  // NUMA placement (issue 16 part 5): allocations per outcome (pool/sliced_allocator.h;
+  // adoption not counted) and each slice's bytes, in pool order (one slice of node -1 when the
+  // pool is not sliced).
+  pool::PlacementCounts placement;
+  std::vector<NumaSliceUsage> numa_slices;
 };
 
 class BlockStore {
@@ -152,7 +171,15 @@ class BlockStore {
 
   // `table`: the shared pool's block records (not owned), or null for an anonymous pool.
   // `spill`: the spill tier (not owned; must outlive the store), or null for none.
+  // A pool of `capacity_bytes` in one unbound slice (no NUMA placement).
   BlockStore(uint64_t capacity_bytes, BlockStoreOptions options,
+             pool::BlockTable* table = nullptr, spill::SpillTier* spill = nullptr);
+  // A pool laid out in `slices` (Arena::slices(): in offset order, covering the pool). With
+  // slices bound to NUMA nodes, each offload and stage-back of a session goes to the slice of
+  // the session's node (SetSessionNumaNode) and falls back to another slice with a counted
+  // reason (pool/sliced_allocator.h); reloads read wherever the block is. A block must fit in
+  // one slice: larger ones get OUT_OF_RANGE.
+  BlockStore(std::vector<pool::ArenaSlice> slices, BlockStoreOptions options,
              pool::BlockTable* table = nullptr, spill::SpillTier* spill = nullptr);
   ~BlockStore();  // Stop()
 
@@ -170,12 +197,24 @@ class BlockStore {
   // before its first Reserve; without one the records carry an all-zero key, which no token
   // hashes to in practice).
   void SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey& key) EXCLUDES(mu_);
+  // Records the NUMA node of the session's GPU (sched::TopologyGpu::numa_node; -1 unknown), whose
+  // slice takes its blocks (call before its first Reserve; without it the node is unknown and
+  // a sliced pool places its blocks as "unknown_node"). Forgotten with ReleaseSession.
+  void SetSessionNumaNode(uint64_t session_id, int numa_node) EXCLUDES(mu_);
 
   // Takes the blocks of a previous daemon (BlockTable::Adopt's valid records) as resident blocks
   // of no session, held `grace_seconds`; then those not resumed are freed (and counted). Call
   // once, before any Reserve. Returns the number adopted (a record whose extent cannot be
   // allocated is cleared and not adopted; BlockTable::Adopt already drops overlaps).
+  // A record marked spilled (pool::StoredBlock::spilled) is adopted on the disk tier when its
+  // spill file exists with the right size (SpillTier::AdoptFile); a missing or short file, or a
+  // daemon without a spill tier, adopts it as lost: its resumed session gets DATA_LOSS for that
+  // block only.
   uint64_t Adopt(const std::vector<pool::StoredBlock>& blocks, double grace_seconds) EXCLUDES(mu_);
+  // Unlinks the spill files no block of this store names (a previous daemon's files whose record
+  // was not adopted). Call once after Adopt (or instead of it), before any Reserve. Returns how
+  // many were removed.
+  int RemoveUnnamedSpillFiles() EXCLUDES(mu_);
   // Remembers the block ids adoption dropped (BlockTable::Adopt's dropped_blocks): a reload or
   // release naming one, from the session resumed with the resume key its record names, then
   // fails with DATA_LOSS (the block was stored and is lost) instead of NOT_FOUND; any other
@@ -228,7 +267,8 @@ class BlockStore {
   // Bytes (rounded extents) held by each uid's sessions, for uids holding any.
   std::map<uint32_t, uint64_t> UidUsedBytes() const EXCLUDES(mu_);
   StoreStats stats() const EXCLUDES(mu_);
-  uint64_t capacity_bytes() const EXCLUDES(mu_);
+  // The pool's bytes (every slice's); fixed at construction, so read without the lock.
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
   // True on a shared pool (constructed with a BlockTable): confirmed blocks outlive the daemon.
   bool survives_restart() const { return table_ != nullptr; }
 
@@ -300,11 +340,16 @@ class BlockStore {
   // Deadline thread: fails the reloads of urgent stage-backs past their deadline while no spill
   // is under way; returns the next such deadline (0 = none).
   double ExpireStagesLocked(double now, Deferred* deferred) REQUIRES(mu_);
-  void WriteRecordLocked(uint64_t block_id, Block& b) REQUIRES(mu_);
+  // (Re)writes the block's record: naming its extent, or marked spilled (its file is synced).
+  void WriteRecordLocked(uint64_t block_id, Block& b, bool spilled = false) REQUIRES(mu_);
+  // Adopt's step for a record marked spilled: the block goes to kDisk, or kLost without its file.
+  void AdoptSpilledLocked(const pool::StoredBlock& r, Block& b) REQUIRES(mu_);
   uint64_t HighWaterBytesLocked() const REQUIRES(mu_);
   // Why a request does not fit now: "the pool is full", "the session quota ... is used", ...
   std::string WhyFullLocked(uint64_t session_id, uint64_t bytes) const REQUIRES(mu_);
   int64_t OwnerLocked(uint64_t session_id) const REQUIRES(mu_);
+  // -1 when not recorded.
+  int NumaNodeLocked(uint64_t session_id) const REQUIRES(mu_);
   BlockRef AdmitLocked(uint64_t session_id, uint64_t bytes, double enqueued_seconds) REQUIRES(mu_);
   void FreeLocked(uint64_t block_id, Deferred* deferred) REQUIRES(mu_);
   // Clears the block's record (shared pool; not after Stop, see above).
@@ -317,7 +362,11 @@ class BlockStore {
   base::Clock* const clock_;  // options_.clock, or the steady clock
   mutable base::Mutex mu_;
   base::CondVar deadline_cv_;
-  pool::ExtentAllocator allocator_ GUARDED_BY(mu_);
+  pool::SlicedExtentAllocator allocator_ GUARDED_BY(mu_);
+  // Set by the constructor from the slices and never changed (read without mu_).
+  const uint64_t capacity_bytes_;
+  uint64_t largest_slice_bytes_ = 0;  // a block must fit in one slice; set by the constructor
+  std::unordered_map<uint64_t, int> session_numa_node_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, Block> blocks_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, uint64_t> session_used_bytes_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, uint64_t> session_blocks_ GUARDED_BY(mu_);

@@ -21,10 +21,11 @@ uint64_t BlockStore::HighWaterBytesLocked() const {
   return static_cast<uint64_t>(static_cast<double>(allocator_.stats().capacity_bytes) * f);
 }
 
-void BlockStore::WriteRecordLocked(uint64_t block_id, Block& b) {
-  if (table_ == nullptr || b.released || b.recorded) return;
+void BlockStore::WriteRecordLocked(uint64_t block_id, Block& b, bool spilled) {
+  if (table_ == nullptr || b.released) return;
   const uint32_t uid = b.owner_uid >= 0 ? static_cast<uint32_t>(b.owner_uid) : pool::kUnknownUid;
-  table_->Write({b.slot, block_id, b.resume_key, b.extent.offset, b.bytes, uid});
+  table_->Write({b.slot, block_id, b.resume_key, spilled ? 0 : b.extent.offset, b.bytes, uid,
+                 spilled});
   b.recorded = true;
 }
 
@@ -72,12 +73,8 @@ void BlockStore::StartSpillLocked(uint64_t block_id, Block& b, Deferred* deferre
   b.tier = Tier::kSpilling;
   b.spill_cancelled = false;
   spilling_bytes_ += b.extent.bytes;
-  // The extent will be reused once the write completes: its record goes first (even after
-  // Stop: a record must never outlive its extent's bytes).
-  if (table_ != nullptr && b.recorded) {
-    table_->Clear(b.slot);
-    b.recorded = false;
-  }
+  // The record keeps naming the extent until the file is complete and synced (a crash
+  // mid-spill leaves the pool copy authoritative); SpillFinished then marks it spilled.
   deferred->push_back([this, block_id, extent = b.extent, flow = absl::StrCat(b.session_id)] {
     spill_->Spill(block_id, extent, flow,
                   [this, block_id](absl::Status st) { SpillFinished(block_id, st); });
@@ -101,7 +98,6 @@ void BlockStore::SpillFinished(uint64_t block_id, const absl::Status& st) {
       // Under the store's lock: a later spill of the same block must not lose its new file
       // to this unlink (the spill's open runs after the lock is released).
       spill_->Remove(block_id, b.extent.bytes);
-      WriteRecordLocked(block_id, b);
       if (b.released && IdleLocked(b)) {
         FreeLocked(block_id, &deferred);
       } else if (st.ok()) {
@@ -111,6 +107,9 @@ void BlockStore::SpillFinished(uint64_t block_id, const absl::Status& st) {
         MaybeSpillLocked(&deferred);
       }
     } else {
+      // The file is synced: the record names it before the extent can be reused (also after
+      // Stop, so the next daemon adopts the block from its file).
+      if (b.recorded) WriteRecordLocked(block_id, b, /*spilled=*/true);
       (void)allocator_.Free(b.extent);
       b.extent.offset = 0;
       b.tier = Tier::kDisk;
@@ -125,8 +124,8 @@ void BlockStore::SpillFinished(uint64_t block_id, const absl::Status& st) {
 
 bool BlockStore::StartStageLocked(uint64_t block_id, Block& b, bool urgent,
                                   Deferred* deferred) {
-  auto extent = allocator_.Allocate(b.extent.bytes);
-  if (!extent.ok()) {
+  auto placed = allocator_.Allocate(b.extent.bytes, NumaNodeLocked(b.session_id));
+  if (!placed.ok()) {
     if (urgent && !b.stage_pending) {
       b.stage_pending = true;
       b.stage_deadline_at = base::SteadyNowSeconds() + options_.admission_deadline_seconds;
@@ -138,9 +137,9 @@ bool BlockStore::StartStageLocked(uint64_t block_id, Block& b, bool urgent,
   }
   b.tier = Tier::kStaging;
   b.stage_urgent = urgent;
-  b.extent = *extent;
+  b.extent = placed->extent;
   staging_bytes_ += b.extent.bytes;
-  deferred->push_back([this, block_id, extent = *extent, urgent,
+  deferred->push_back([this, block_id, extent = placed->extent, urgent,
                        flow = absl::StrCat(b.session_id)] {
     spill_->Stage(block_id, extent, urgent ? spill::DiskClass::kUrgent : spill::DiskClass::kPrefetch,
                   flow, [this, block_id](absl::Status st) { StageFinished(block_id, st); });
@@ -167,10 +166,12 @@ void BlockStore::StageFinished(uint64_t block_id, const absl::Status& st) {
       disk_bytes_ -= b.extent.bytes;
       --disk_blocks_;
       ++staged_total_;
-      // Under the store's lock: a later spill of the same block must not lose its new file
-      // to this unlink (the spill's open runs after the lock is released).
+      // The record names the new extent before the file goes (a crash in between leaves an
+      // orphan file, removed at start-up). Under the store's lock: a later spill of the same
+      // block must not lose its new file to this unlink (its open runs after the lock is
+      // released).
+      WriteRecordLocked(block_id, b, /*spilled=*/false);
       spill_->Remove(block_id, b.extent.bytes);
-      WriteRecordLocked(block_id, b);
       BlockRef ref{block_id, b.bytes, b.extent, 0};
       for (auto& cb : waiting) deferred.push_back([cb, ref] { cb(ref); });
       if (b.released && IdleLocked(b)) {

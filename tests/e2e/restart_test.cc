@@ -3,6 +3,7 @@
 // reloads bit-exact after Client::Resume with its token, and the pool returns to empty once the
 // clients close. AutoResume: the same with the clients recovering by themselves (auto_resume):
 // no request fails, those issued during the outage wait, nothing is stored twice.
+#include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -16,9 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "client/offloadd_client.h"
 #include "client/shm_region.h"
 #include "gtest/gtest.h"
+#include "server/spill/spill_tier.h"
 #include "tests/e2e/child_process.h"
 
 namespace offloadd::testing {
@@ -220,6 +223,76 @@ TEST(RestartTest, SigtermHandsBlocksToTheNextDaemon) {
     EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(dst->data()) + b.offset,
                           static_cast<uint8_t*>(src->data()) + b.offset, b.bytes),
               0);
+  }
+  (*resumed)->Close();
+  EXPECT_EQ(second.Stop(SIGTERM), 0);
+  shm_unlink(("/" + pool).c_str());
+}
+
+// The spill tier across a SIGKILL (issues 15 and 18): offloads of 3x the pool, so most blocks
+// are on disk when the daemon dies; the next daemon on the same pool_shm_name and
+// spill_directory adopts both tiers and every block reloads bit-exact (spilled ones staged back).
+TEST(RestartTest, SpilledBlocksSurviveASigkill) {
+  const char* tmp = getenv("TEST_TMPDIR");
+  const std::string spill_dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/restart_spill";
+  if (!spill::SpillTier::DirectIoSupported(spill_dir)) {
+    GTEST_SKIP() << spill_dir << " does not take O_DIRECT";
+  }
+  const std::string socket = UniqueSocketPath();
+  const std::string pool = "offloadd-restart-spill-" + std::to_string(getpid()) + "-" +
+                           std::to_string(std::random_device{}());
+  const std::vector<std::string> args = {
+      Runfile("server/offloadd"), "--socket_path=" + socket, "--pool_bytes=8MiB",
+      "--metrics_address=", "--pool_shm_name=" + pool, "--resume_grace_seconds=120",
+      "--spill_directory=" + spill_dir, "--spill_capacity_bytes=256MiB",
+      "--spill_bytes_per_second=-1", "--spill_high_water_fraction=0.5"};
+  Daemon first;
+  ASSERT_TRUE(first.Start(args));
+  client::ClientOptions o;
+  o.socket_path = socket;
+  o.device_id = "gpu0";
+  o.auto_resume = false;
+  auto cl = client::Client::Connect(o);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  constexpr int kBlocks = 12;  // of 2 MiB - 5: 24 MiB through an 8 MiB pool
+  auto src = client::ShmRegion::Create(kBlocks * 2 * kMiB);
+  ASSERT_TRUE(src.ok()) << src.status();
+  std::mt19937_64 rng(11);
+  for (uint64_t i = 0; i < kBlocks * 2 * kMiB; ++i) static_cast<uint8_t*>(src->data())[i] = rng();
+  auto region = (*cl)->RegisterShmRegion(*src);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::vector<Confirmed> blocks;
+  for (int i = 0; i < kBlocks; ++i) {
+    auto r = (*cl)->Offload(*region, 2 * BlockOffset(i), 2 * kMiB - 5).get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    blocks.push_back({r->block_id, 2 * BlockOffset(i), 2 * kMiB - 5});
+  }
+  EXPECT_EQ(first.Stop(SIGKILL), 128 + SIGKILL);
+  int spill_files = 0;  // the blocks on disk when the daemon died
+  if (DIR* d = opendir(spill_dir.c_str())) {
+    while (dirent* e = readdir(d)) spill_files += absl::EndsWith(e->d_name, ".spill") ? 1 : 0;
+    closedir(d);
+  }
+  EXPECT_GE(spill_files, kBlocks / 2);
+  const std::string token = (*cl)->resume_token();
+  cl->reset();
+  Daemon second;
+  ASSERT_TRUE(second.Start(args));
+  auto resumed = client::Client::Resume(o, token);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->blocks_resumed(), static_cast<uint64_t>(kBlocks));
+  auto dst = client::ShmRegion::Create(kBlocks * 2 * kMiB);
+  ASSERT_TRUE(dst.ok());
+  auto dst_region = (*resumed)->RegisterShmRegion(*dst);
+  ASSERT_TRUE(dst_region.ok());
+  for (int i = kBlocks - 1; i >= 0; --i) {
+    const Confirmed& b = blocks[i];
+    auto r = (*resumed)->Reload(b.block_id, *dst_region, b.offset, client::Priority::kUrgent,
+                                true).get();
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+    EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(dst->data()) + b.offset,
+                          static_cast<uint8_t*>(src->data()) + b.offset, b.bytes),
+              0) << i;
   }
   (*resumed)->Close();
   EXPECT_EQ(second.Stop(SIGTERM), 0);
