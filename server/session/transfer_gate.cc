@@ -20,11 +20,13 @@ void TransferGate::StopAccepting() {
 }
 
 bool TransferGate::WaitIdle(double seconds) {
-  const auto deadline = base::CondVar::DeadlineIn(seconds);
+  const double deadline_seconds = clock_->NowSeconds() + seconds;
   base::MutexLock lock(mu_);
-  while (in_flight_ != 0 && idle_cv_.WaitUntil(mu_, deadline)) {
+  while (in_flight_ != 0) {
+    if (clock_->NowSeconds() >= deadline_seconds) return false;
+    clock_->WaitUntil(mu_, idle_cv_, deadline_seconds);
   }
-  return in_flight_ == 0;
+  return true;
 }
 
 void TransferGate::WaitIdle() {
