@@ -166,10 +166,14 @@ void LinkScheduler::Impl::WorkerLoop() {
       return stopping && queue.empty() && posted.empty() && completed.empty() &&
              finished_transfers.empty();
     };
-    cv.wait(lock, [&] {
+    const auto has_work = [&] {
       return !completed.empty() || !finished_transfers.empty() ||
              (CanPick() && !parent_turn_pending) || all_done();
-    });
+    };
+    while (!has_work()) {
+      cv.wait(lock);
+      ++stats.worker_wakeups;
+    }
     if (FinishOneCompletion(lock)) continue;
     if (!CanPick() || parent_turn_pending) {
       if (all_done()) return;  // stopping, everything handed out and completed
@@ -314,7 +318,10 @@ void LinkScheduler::Impl::CopyHere(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   Finished finished;
   const bool last = FinishChunk(std::move(chunk), std::move(status), &finished);
-  cv.notify_all();  // Shutdown may wait for it
+  // Wake the workers only when one may have something to do: chunks queued meanwhile (their
+  // Submit woke one already, but the copied chunk may have held a GPU's turn) or Shutdown.
+  // Waking them after every small copy cost two thread switches per request (issue 16).
+  if (!queue.empty() || stopping) cv.notify_all();
   lock.unlock();
   if (last) {
     in_inline_done = true;
