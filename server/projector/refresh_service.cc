@@ -153,85 +153,97 @@ void RefreshService::WorkerLoop(int index) {
       return item.has_value();
     });
     if (!item) return;  // stopping
-    Entry& e = entries_.at(item->id);
-    const double start = Now();
-    e.record.state = RefreshState::kRunning;
-    e.record.queued_seconds = start - e.submitted_at;
-    ServiceRequest request = std::move(e.request);
-    e.request = ServiceRequest();
-    RefreshRecord record = e.record;
-    auto [hit_new, created] = history_.try_emplace(item->parameter);
-    History& h = hit_new->second;
-    if (created) {
-      h.owner = item->owner;
-      ++parameters_by_uid_[h.owner];
-    }
-    h.last_started_step = std::max(h.last_started_step, item->step);
-    h.last_used = ++tick_;
-    UpdateQueueGaugeLocked();
-
-    std::shared_ptr<const std::vector<uint8_t>> previous;
-    History previous_shape;
-    bool skip = false;
-    if (request.lazy && DecideRefresh(request.lazy_policy, h.lazy) == LazyDecision::kSkip) {
-      h.lazy = AfterSkip(h.lazy);
-      skip = true;
-    } else if (h.projector && h.side == record.vector_side &&
-               h.projector_rows == record.projector_rows) {
-      previous = h.projector;
-      previous_shape = h;
-    }
+    Started started = StartLocked(*item);
     lock.unlock();
-
-    std::vector<uint8_t> written;
-    if (skip) {
-      record.state = RefreshState::kDone;
-      record.skipped = true;
-    } else {
-      RefreshRequest refresh;
-      if (previous) {
-        refresh.previous_projector = {
-            previous->data(),
-            previous->size(),
-            {previous_shape.projector_rows, previous_shape.projector_cols},
-            previous_shape.dtype};
-      }
-      ExecuteGuarded(request, buffers, &refresh, &record);
-      if (record.projector_written) written = std::move(record.result.projector_bytes);
-      record.result.projector_bytes.clear();
-    }
-    record.elapsed_seconds = Now() - start;
-    if (record.state == RefreshState::kDone && !skip) {
-      metrics::Get()
-          .projector_refresh_duration_seconds
-          ->Add({{"method", request.method == SvdMethod::kExact ? "exact" : "randomized"},
-                 {"backend", record.backend}},
-                metrics::DurationBuckets())
-          .Observe(record.elapsed_seconds);
-    }
-
+    std::vector<uint8_t> written = Run(started, buffers);
     lock.lock();
-    auto hit = history_.find(item->parameter);
-    if (hit != history_.end() && !skip && record.state == RefreshState::kDone) {
-      History& hh = hit->second;
-      if (!record.result.degenerate) {
-        SetProjectorLocked(hh, std::make_shared<const std::vector<uint8_t>>(std::move(written)));
-        hh.projector_rows = record.projector_rows;
-        hh.projector_cols = record.effective_rank;
-        hh.dtype = record.dtype;
-        hh.side = record.vector_side;
-      }
-      hh.lazy = AfterRefresh(request.lazy_policy, hh.lazy,
-                             record.result.has_similarity
-                                 ? absl::optional<double>(record.result.similarity)
-                                 : absl::nullopt);
-      hh.last_used = ++tick_;
-      EvictHistoryLocked(hh.owner);
-    }
-    queue_.Done(item->parameter);
+    RecordOutcomeLocked(*item, started, std::move(written));
     lock.unlock();
-    Finish(item->id, std::move(record));
+    Finish(item->id, std::move(started.record));
   }
+}
+
+RefreshService::Started RefreshService::StartLocked(const FairRefreshQueue::Item& item) {
+  Entry& e = entries_.at(item.id);
+  Started s;
+  s.start_seconds = Now();
+  e.record.state = RefreshState::kRunning;
+  e.record.queued_seconds = s.start_seconds - e.submitted_at;
+  s.request = std::move(e.request);
+  e.request = ServiceRequest();
+  s.record = e.record;
+  auto [hit, created] = history_.try_emplace(item.parameter);
+  History& h = hit->second;
+  if (created) {
+    h.owner = item.owner;
+    ++parameters_by_uid_[h.owner];
+  }
+  h.last_started_step = std::max(h.last_started_step, item.step);
+  h.last_used = ++tick_;
+  UpdateQueueGaugeLocked();
+  if (s.request.lazy && DecideRefresh(s.request.lazy_policy, h.lazy) == LazyDecision::kSkip) {
+    h.lazy = AfterSkip(h.lazy);
+    s.skip = true;
+  } else if (h.projector && h.side == s.record.vector_side &&
+             h.projector_rows == s.record.projector_rows) {
+    s.previous = h.projector;
+    s.previous_shape = h;
+  }
+  return s;
+}
+
+std::vector<uint8_t> RefreshService::Run(Started& s, WorkerBuffers& buffers) {
+  std::vector<uint8_t> written;
+  RefreshRecord& record = s.record;
+  if (s.skip) {
+    record.state = RefreshState::kDone;
+    record.skipped = true;
+  } else {
+    RefreshRequest refresh;
+    if (s.previous) {
+      refresh.previous_projector = {
+          s.previous->data(),
+          s.previous->size(),
+          {s.previous_shape.projector_rows, s.previous_shape.projector_cols},
+          s.previous_shape.dtype};
+    }
+    ExecuteGuarded(s.request, buffers, &refresh, &record);
+    if (record.projector_written) written = std::move(record.result.projector_bytes);
+    record.result.projector_bytes.clear();
+  }
+  record.elapsed_seconds = Now() - s.start_seconds;
+  if (record.state == RefreshState::kDone && !s.skip) {
+    metrics::Get()
+        .projector_refresh_duration_seconds
+        ->Add({{"method", s.request.method == SvdMethod::kExact ? "exact" : "randomized"},
+               {"backend", record.backend}},
+              metrics::DurationBuckets())
+        .Observe(record.elapsed_seconds);
+  }
+  return written;
+}
+
+void RefreshService::RecordOutcomeLocked(const FairRefreshQueue::Item& item, const Started& s,
+                                         std::vector<uint8_t> written) {
+  const RefreshRecord& record = s.record;
+  auto hit = history_.find(item.parameter);
+  if (hit != history_.end() && !s.skip && record.state == RefreshState::kDone) {
+    History& h = hit->second;
+    if (!record.result.degenerate) {
+      SetProjectorLocked(h, std::make_shared<const std::vector<uint8_t>>(std::move(written)));
+      h.projector_rows = record.projector_rows;
+      h.projector_cols = record.effective_rank;
+      h.dtype = record.dtype;
+      h.side = record.vector_side;
+    }
+    h.lazy =
+        AfterRefresh(s.request.lazy_policy, h.lazy,
+                     record.result.has_similarity ? absl::optional<double>(record.result.similarity)
+                                                  : absl::nullopt);
+    h.last_used = ++tick_;
+    EvictHistoryLocked(h.owner);
+  }
+  queue_.Done(item.parameter);
 }
 
 absl::Status RefreshService::AdmitLocked(const ServiceRequest& request,
@@ -286,32 +298,10 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
   if (options_.gpu_backend_for) {
     if (const SvdBackend* gpu = options_.gpu_backend_for(request.gradient.region)) backend = gpu;
   }
+  absl::StatusOr<uint8_t*> g = ReadGradient(request, *layout, buffers);
+  if (!g.ok()) return fail(g.status());
 
-  // Read G.
-  absl::StatusOr<RegionCache::Opened> g_region = regions_.Open(request.gradient.region);
-  if (!g_region.ok()) return fail(Prefixed(g_region.status(), "gradient_region: "));
-  if (absl::Status s =
-          CheckOwner(*g_region, request.gradient.region, request.caller_uid, "gradient_region");
-      !s.ok()) {
-    return fail(s);
-  }
-  const uint64_t g_offset = request.gradient.offset_bytes;
-  const uint64_t g_size = g_region->region->size_bytes();
-  if (g_offset > g_size || layout->gradient_bytes > g_size - g_offset) {
-    return fail(absl::OutOfRangeError(absl::StrCat("gradient needs ", layout->gradient_bytes,
-                                                   " bytes at offset ", g_offset,
-                                                   " but its region is ", g_size, " bytes")));
-  }
-  uint8_t* g = buffers.Gradient(layout->gradient_bytes);
-  if (absl::Status s = CopyRegion(*g_region, request.gradient.region,
-                                  copy::Direction::kDeviceToHost, g_offset, g,
-                                  layout->gradient_bytes);
-      !s.ok()) {
-    return fail(Prefixed(s, "reading the gradient: "));
-  }
-
-  // Refresh.
-  refresh->gradient = {g, layout->gradient_bytes, {layout->rows, layout->cols}, request.dtype};
+  refresh->gradient = {*g, layout->gradient_bytes, {layout->rows, layout->cols}, request.dtype};
   refresh->rank = request.rank;
   refresh->side = request.side;
   refresh->method = request.method;
@@ -326,31 +316,66 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
 
   // Write P (not for a degenerate G: the caller keeps its projector).
   if (!result->degenerate) {
-    absl::StatusOr<RegionCache::Opened> p_region = regions_.Open(*layout->projector_region);
-    if (!p_region.ok()) return fail(Prefixed(p_region.status(), "projector_region: "));
-    if (absl::Status s = CheckOwner(*p_region, *layout->projector_region, request.caller_uid,
-                                    "projector_region");
-        !s.ok()) {
+    if (absl::Status s = WriteProjector(request, *layout, result->projector_bytes); !s.ok()) {
       return fail(s);
-    }
-    const uint64_t p_offset = request.projector.offset_bytes;
-    const uint64_t p_size = p_region->region->size_bytes();
-    const uint64_t p_bytes = result->projector_bytes.size();
-    if (p_offset > p_size || p_bytes > p_size - p_offset) {
-      return fail(
-          absl::OutOfRangeError(absl::StrCat("projector needs ", p_bytes, " bytes at offset ",
-                                             p_offset, " but its region is ", p_size, " bytes")));
-    }
-    if (absl::Status s =
-            CopyRegion(*p_region, *layout->projector_region, copy::Direction::kHostToDevice,
-                       p_offset, result->projector_bytes.data(), p_bytes);
-        !s.ok()) {
-      return fail(Prefixed(s, "writing the projector: "));
     }
     record->projector_written = true;
   }
   record->state = RefreshState::kDone;
   record->result = *std::move(result);
+}
+
+absl::StatusOr<uint8_t*> RefreshService::ReadGradient(const ServiceRequest& request,
+                                                      const RefreshLayout& layout,
+                                                      WorkerBuffers& buffers) {
+  absl::StatusOr<RegionCache::Opened> g_region = regions_.Open(request.gradient.region);
+  if (!g_region.ok()) return Prefixed(g_region.status(), "gradient_region: ");
+  if (absl::Status s =
+          CheckOwner(*g_region, request.gradient.region, request.caller_uid, "gradient_region");
+      !s.ok()) {
+    return s;
+  }
+  const uint64_t g_offset = request.gradient.offset_bytes;
+  const uint64_t g_size = g_region->region->size_bytes();
+  if (g_offset > g_size || layout.gradient_bytes > g_size - g_offset) {
+    return absl::OutOfRangeError(absl::StrCat("gradient needs ", layout.gradient_bytes,
+                                              " bytes at offset ", g_offset, " but its region is ",
+                                              g_size, " bytes"));
+  }
+  uint8_t* g = buffers.Gradient(layout.gradient_bytes);
+  if (absl::Status s =
+          CopyRegion(*g_region, request.gradient.region, copy::Direction::kDeviceToHost, g_offset,
+                     g, layout.gradient_bytes);
+      !s.ok()) {
+    return Prefixed(s, "reading the gradient: ");
+  }
+  return g;
+}
+
+absl::Status RefreshService::WriteProjector(const ServiceRequest& request,
+                                            const RefreshLayout& layout,
+                                            std::vector<uint8_t>& projector_bytes) {
+  absl::StatusOr<RegionCache::Opened> p_region = regions_.Open(*layout.projector_region);
+  if (!p_region.ok()) return Prefixed(p_region.status(), "projector_region: ");
+  if (absl::Status s =
+          CheckOwner(*p_region, *layout.projector_region, request.caller_uid, "projector_region");
+      !s.ok()) {
+    return s;
+  }
+  const uint64_t p_offset = request.projector.offset_bytes;
+  const uint64_t p_size = p_region->region->size_bytes();
+  const uint64_t p_bytes = projector_bytes.size();
+  if (p_offset > p_size || p_bytes > p_size - p_offset) {
+    return absl::OutOfRangeError(absl::StrCat("projector needs ", p_bytes, " bytes at offset ",
+                                              p_offset, " but its region is ", p_size, " bytes"));
+  }
+  if (absl::Status s =
+          CopyRegion(*p_region, *layout.projector_region, copy::Direction::kHostToDevice, p_offset,
+                     projector_bytes.data(), p_bytes);
+      !s.ok()) {
+    return Prefixed(s, "writing the projector: ");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RefreshService::CopyRegion(const RegionCache::Opened& opened,

@@ -225,8 +225,33 @@ class RefreshService {
     std::vector<int64_t> waiter_uids;  // owners of counted waiters (waiters_by_uid_)
   };
   struct WorkerBuffers;
+  // A refresh taken off the queue, carried from StartLocked through Run to RecordOutcomeLocked.
+  struct Started {
+    ServiceRequest request;
+    RefreshRecord record;  // state kRunning until Run fills the outcome
+    double start_seconds = 0;
+    bool skip = false;                                     // a lazy refresh decided to skip
+    std::shared_ptr<const std::vector<uint8_t>> previous;  // the projector to warm-start from
+    History previous_shape;                                // its shape (when `previous`)
+  };
 
+  // One worker: pops refreshes in the queue's fair order until Shutdown.
   void WorkerLoop(int index);
+  // Marks `item` running, updates its parameter's history and takes the lazy decision; mu_ held.
+  Started StartLocked(const FairRefreshQueue::Item& item);
+  // Runs (or skips) the refresh outside the lock; returns the projector bytes written (empty if
+  // none) and fills s.record's outcome and elapsed time.
+  std::vector<uint8_t> Run(Started& s, WorkerBuffers& buffers);
+  // Keeps a finished refresh's projector and lazy state in the history; mu_ held.
+  void RecordOutcomeLocked(const FairRefreshQueue::Item& item, const Started& s,
+                           std::vector<uint8_t> written);
+  // Opens, checks and reads the gradient into buffers; returns the host copy of G. NOT_FOUND /
+  // PERMISSION_DENIED / OUT_OF_RANGE / the copy's status, each naming the region.
+  absl::StatusOr<uint8_t*> ReadGradient(const ServiceRequest& request, const RefreshLayout& layout,
+                                        WorkerBuffers& buffers);
+  // Opens, checks and writes `projector_bytes` into the projector region; statuses as above.
+  absl::Status WriteProjector(const ServiceRequest& request, const RefreshLayout& layout,
+                              std::vector<uint8_t>& projector_bytes);
   // Runs one refresh outside the lock: reads G, fills and runs *refresh (whose
   // previous_projector the caller has set), writes P; fills *record (state kDone or kFailed).
   void Execute(const ServiceRequest& request, WorkerBuffers& buffers, RefreshRequest* refresh,

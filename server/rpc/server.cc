@@ -508,6 +508,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
       });
   builder.RegisterService(impl->projector_service.get());
   builder.SetMaxReceiveMessageSize(8 << 20);  // 4096 requests fit many times over
+  // No bandwidth-delay-product probing: it grows each stream's HTTP/2 receive window (gRPC
+  // buffers up to that much unread input per stream) toward megabytes when a client writes
+  // faster than its session is handled. Only control messages travel here (tensor bytes move
+  // through shared memory or CUDA IPC), so the default 64 KiB window costs nothing, and with
+  // probing a 32-client flood grew the daemon's RSS by ~210 MiB instead of ~80 (BENCHMARKS.md
+  // "Reliability", flood).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // Streams per connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; applies to the connections
   // handed over by the listener too): one connection cannot open unbounded session streams.
   if (const uint32_t streams = core->options().connections.max_streams_per_connection;

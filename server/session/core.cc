@@ -24,6 +24,7 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
       spill_(std::move(spill)),
       store_(arena_->slices(), options_.store, arena_->block_table(), spill_.get()),
       start_seconds_(options_.clock->NowSeconds()),
+      gate_(options_.clock),
       sessions_(options_),
       links_(options_, gate_),
       metrics_(std::make_shared<CoreMetrics>(this)) {

@@ -22,9 +22,13 @@ void TransferGate::StopAccepting() {
 }
 
 bool TransferGate::WaitIdle(double seconds) {
+  const double deadline_seconds = clock_->NowSeconds() + seconds;
   std::unique_lock<std::mutex> lock(mu_);
-  return idle_cv_.wait_for(lock, std::chrono::duration<double>(seconds),
-                           [this] { return in_flight_ == 0; });
+  while (in_flight_ != 0) {
+    if (clock_->NowSeconds() >= deadline_seconds) return false;
+    clock_->WaitUntil(lock, idle_cv_, deadline_seconds);
+  }
+  return true;
 }
 
 void TransferGate::WaitIdle() {
