@@ -127,7 +127,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   hello->set_pid(options.pid != 0 ? options.pid : static_cast<uint32_t>(getpid()));
   if (!options.resume_token.empty()) hello->set_resume_token(options.resume_token);
   hello->set_transient_device(options.transient_device);
-  std::future<absl::StatusOr<v1::HelloReply>> reply =
+  Reply<absl::StatusOr<v1::HelloReply>> reply =
       client->Submit<absl::StatusOr<v1::HelloReply>>(
           std::move(request), v1::Response::kHello,
           [](const v1::Response& r) { return absl::StatusOr<v1::HelloReply>(r.hello()); },
@@ -194,7 +194,10 @@ void Client::StartWriter() {
   writer_ = std::thread([this] { WriterLoop(); });
 }
 
-Client::~Client() { Close(); }
+Client::~Client() {
+  Close();
+  reply_reader_->Detach();  // a Reply waited on later no longer reaches this Client
+}
 
 void Client::Close() {
   base::MutexLock close_lock(close_mu_);
@@ -284,37 +287,113 @@ void Client::WriterLoop() {
   cv_.notify_all();
 }
 
+void Client::TakeAnswersLocked(v1::ServerMessage* message,
+                               std::vector<std::pair<Completer, v1::Response>>* ready) {
+  ++counters_.messages_received;
+  counters_.responses_received += message->responses_size();
+  for (v1::Response& response : *message->mutable_responses()) {
+    auto it = pending_.find(response.request_id());
+    if (it == pending_.end()) {
+      ++counters_.unknown_responses;
+      LOG(WARNING) << "offloadd answered unknown request id " << response.request_id();
+      continue;
+    }
+    // UNAVAILABLE for one request: the daemon is shutting down (an upgrade). With a session
+    // to resume, the request counts as not answered and is sent again after the resume.
+    if (response.has_error() &&
+        response.error().code() == static_cast<int>(absl::StatusCode::kUnavailable) &&
+        !it->second.internal && options_.auto_resume && hello_.resume_grace_seconds() > 0) {
+      continue;
+    }
+    AccountLocked(it->second, &response);
+    ready->emplace_back(std::move(it->second.done), std::move(response));
+    pending_.erase(it);
+  }
+  if (pending_.empty()) idle_since_ = std::chrono::steady_clock::now();
+}
+
+bool Client::ReaderShouldReadLocked(std::chrono::steady_clock::time_point now) const {
+  using Seconds = std::chrono::duration<double>;
+  if (closing_) return true;
+  if (pending_.size() > (caller_candidate_ != 0 ? 1u : 0u)) return true;
+  if (!pending_.empty()) {  // only the caller's own request: has it come for the answer?
+    return Seconds(now - candidate_since_).count() >= kCallerReadGraceSeconds;
+  }
+  return Seconds(now - idle_since_).count() >= kIdleReadAfterSeconds;
+}
+
 void Client::ReadUntilEnd() {
   v1::ServerMessage message;
   std::vector<std::pair<Completer, v1::Response>> ready;
-  while (stream_->Read(&message)) {
-    ready.clear();
-    {
-      base::MutexLock lock(mu_);
-      ++counters_.messages_received;
-      counters_.responses_received += message.responses_size();
-      for (v1::Response& response : *message.mutable_responses()) {
-        auto it = pending_.find(response.request_id());
-        if (it == pending_.end()) {
-          ++counters_.unknown_responses;
-          LOG(WARNING) << "offloadd answered unknown request id " << response.request_id();
-          continue;
-        }
-        // UNAVAILABLE for one request: the daemon is shutting down (an upgrade). With a session
-        // to resume, the request counts as not answered and is sent again after the resume.
-        if (response.has_error() &&
-            response.error().code() == static_cast<int>(absl::StatusCode::kUnavailable) &&
-            !it->second.internal && options_.auto_resume &&
-            hello_.resume_grace_seconds() > 0) {
-          continue;
-        }
-        AccountLocked(it->second, &response);
-        ready.emplace_back(std::move(it->second.done), std::move(response));
-        pending_.erase(it);
-      }
+  base::MutexLock lock(mu_);
+  for (;;) {
+    // Wait for the read role and a reason to read; time passing is one (see "Threading").
+    while (!stream_ended_ &&
+           (read_role_busy_ || !ReaderShouldReadLocked(std::chrono::steady_clock::now()))) {
+      // Timed: the idle and grace periods end without a notify.
+      cv_.WaitForSeconds(mu_, kCallerReadGraceSeconds / 2);
     }
+    if (stream_ended_) return;
+    read_role_busy_ = true;
+    caller_candidate_ = 0;  // its caller, if it comes, waits for the answer read here
+    lock.Unlock();
+    const bool read = stream_->Read(&message);
+    lock.Lock();
+    read_role_busy_ = false;
+    if (!read) {
+      stream_ended_ = true;
+      return;
+    }
+    ready.clear();
+    TakeAnswersLocked(&message, &ready);
+    if (ready.empty()) continue;
+    lock.Unlock();
     for (auto& [done, response] : ready) done(&response, absl::OkStatus());
+    ready.clear();
+    lock.Lock();
   }
+}
+
+void Client::ReadForCaller(uint64_t request_id) {
+  base::MutexLock lock(mu_);
+  if (caller_candidate_ != request_id) return;
+  caller_candidate_ = 0;
+  // Only the stream's single reader reads, and only for a lone request.
+  if (read_role_busy_ || stream_ended_ || reading_done_ || reconnecting_ ||
+      pending_.size() != 1 || !pending_.contains(request_id)) {
+    cv_.notify_all();  // the reader thread takes it
+    return;
+  }
+  read_role_busy_ = true;
+  v1::ServerMessage message;
+  std::vector<std::pair<Completer, v1::Response>> ready;
+  while (pending_.contains(request_id)) {
+    lock.Unlock();
+    const bool read = stream_->Read(&message);
+    lock.Lock();
+    if (!read) {  // the reader thread handles the end (and a resume) once the role is free
+      stream_ended_ = true;
+      break;
+    }
+    ++counters_.messages_read_by_caller;
+    TakeAnswersLocked(&message, &ready);
+    if (ready.empty()) continue;
+    lock.Unlock();
+    for (auto& [done, response] : ready) done(&response, absl::OkStatus());
+    ready.clear();
+    lock.Lock();
+  }
+  read_role_busy_ = false;
+  if (stream_ended_ || ReaderShouldReadLocked(std::chrono::steady_clock::now())) {
+    cv_.notify_all();
+  }
+}
+
+void Client::GiveUpCallerRead(uint64_t request_id) {
+  base::MutexLock lock(mu_);
+  if (caller_candidate_ != request_id) return;
+  caller_candidate_ = 0;
+  cv_.notify_all();  // the reader thread reads it now
 }
 
 void Client::ReaderLoop() {
@@ -605,6 +684,8 @@ void Client::Install(Stream s) {
     counters_.orphans_released += orphans.size();
     ++counters_.resumes;
     reading_done_ = writer_done_ = false;
+    stream_ended_ = false;
+    caller_candidate_ = 0;
     reconnecting_ = false;
     flush_ = true;
     StartWriter();
@@ -747,6 +828,8 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
   // this thread: no hand-off to the writer. Otherwise the writer coalesces what queues up.
   if (pending_.size() == 1 && !writing_ && batch_depth_ == 0) {
     ++counters_.messages_sent_by_caller;
+    caller_candidate_ = id;  // and its Reply may read the answer (see "Threading")
+    candidate_since_ = std::chrono::steady_clock::now();
     WriteNowLocked();
   } else {
     cv_.notify_all();
@@ -755,7 +838,7 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
 }
 
 template <typename R, typename Convert>
-std::future<R> Client::Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
+Reply<R> Client::Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
                               bool flush, uint64_t region) {
   auto promise = std::make_shared<std::promise<R>>();
   std::future<R> future = promise->get_future();
@@ -776,8 +859,11 @@ std::future<R> Client::Submit(v1::Request request, v1::Response::BodyCase expect
     }
   };
   absl::Status refused = Enqueue(std::move(request), std::move(done), flush, region);
-  if (!refused.ok()) promise->set_value(R(refused));
-  return future;
+  if (!refused.ok()) {
+    promise->set_value(R(refused));
+    return Reply<R>(std::move(future), nullptr, id);
+  }
+  return Reply<R>(std::move(future), reply_reader_, id);
 }
 
 absl::StatusOr<uint64_t> Client::RegisterRegion(const RegionHandle& handle) {
@@ -826,7 +912,7 @@ absl::Status Client::UnregisterRegion(uint64_t region_id) {
       .get();
 }
 
-std::future<absl::StatusOr<OffloadResult>> Client::Offload(uint64_t region_id, uint64_t offset,
+Reply<absl::StatusOr<OffloadResult>> Client::Offload(uint64_t region_id, uint64_t offset,
                                                            uint64_t bytes,
                                                            absl::string_view ready_event,
                                                            uint64_t tag, OrderingHint ordering) {
@@ -851,7 +937,7 @@ std::future<absl::StatusOr<OffloadResult>> Client::Offload(uint64_t region_id, u
       /*flush=*/false);
 }
 
-std::future<absl::StatusOr<ReloadResult>> Client::Reload(uint64_t block_id, uint64_t region_id,
+Reply<absl::StatusOr<ReloadResult>> Client::Reload(uint64_t block_id, uint64_t region_id,
                                                          uint64_t offset, Priority priority,
                                                          bool release_after,
                                                          double deadline_seconds,
@@ -860,7 +946,7 @@ std::future<absl::StatusOr<ReloadResult>> Client::Reload(uint64_t block_id, uint
                       done_event);
 }
 
-std::future<absl::StatusOr<ReloadResult>> Client::ReloadTagged(uint64_t tag, uint64_t region_id,
+Reply<absl::StatusOr<ReloadResult>> Client::ReloadTagged(uint64_t tag, uint64_t region_id,
                                                                uint64_t offset, Priority priority,
                                                                bool release_after,
                                                                double deadline_seconds,
@@ -869,7 +955,7 @@ std::future<absl::StatusOr<ReloadResult>> Client::ReloadTagged(uint64_t tag, uin
                       done_event);
 }
 
-std::future<absl::StatusOr<ReloadResult>> Client::SubmitReload(uint64_t block_id, uint64_t tag,
+Reply<absl::StatusOr<ReloadResult>> Client::SubmitReload(uint64_t block_id, uint64_t tag,
                                                                uint64_t region_id, uint64_t offset,
                                                                Priority priority,
                                                                bool release_after,
@@ -895,11 +981,11 @@ std::future<absl::StatusOr<ReloadResult>> Client::SubmitReload(uint64_t block_id
       /*flush=*/false);
 }
 
-std::future<absl::Status> Client::Release(uint64_t block_id) { return SubmitRelease(block_id, 0); }
+Reply<absl::Status> Client::Release(uint64_t block_id) { return SubmitRelease(block_id, 0); }
 
-std::future<absl::Status> Client::ReleaseTagged(uint64_t tag) { return SubmitRelease(0, tag); }
+Reply<absl::Status> Client::ReleaseTagged(uint64_t tag) { return SubmitRelease(0, tag); }
 
-std::future<absl::Status> Client::SubmitRelease(uint64_t block_id, uint64_t tag) {
+Reply<absl::Status> Client::SubmitRelease(uint64_t block_id, uint64_t tag) {
   v1::Request request;
   request.mutable_release()->set_block_id(block_id);
   request.mutable_release()->set_tag(tag);
@@ -981,5 +1067,39 @@ Client::ScopedBatch::~ScopedBatch() {
   if (--client_.batch_depth_ == 0) client_.cv_.notify_all();
 }
 
+namespace internal {
+
+Client* ReplyReader::Enter() {
+  base::MutexLock lock(mu_);
+  if (client_ != nullptr) ++inside_;
+  return client_;
+}
+
+void ReplyReader::Leave() {
+  base::MutexLock lock(mu_);
+  if (--inside_ == 0) cv_.notify_all();
+}
+
+void ReplyReader::ReadFor(uint64_t request_id) {
+  Client* client = Enter();
+  if (client == nullptr) return;
+  client->ReadForCaller(request_id);
+  Leave();
+}
+
+void ReplyReader::GiveUp(uint64_t request_id) {
+  Client* client = Enter();
+  if (client == nullptr) return;
+  client->GiveUpCallerRead(request_id);
+  Leave();
+}
+
+void ReplyReader::Detach() {
+  base::MutexLock lock(mu_);
+  client_ = nullptr;
+  while (inside_ != 0) cv_.Wait(mu_);
+}
+
+}  // namespace internal
 }  // namespace client
 }  // namespace offloadd

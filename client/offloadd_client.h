@@ -5,13 +5,21 @@
 // Threading: every method is thread-safe. A request submitted to an idle client (no other
 // request pending, no write in flight, no ScopedBatch open) is written on the calling thread,
 // saving the hand-off to the writer (the call returns once gRPC took the message, which may
-// wait for HTTP/2 flow control like any stream write). Each Client runs two threads:
+// wait for HTTP/2 flow control like any stream write). Its Reply is then the caller's to read:
+// get() or wait() on it, while it is still the only request pending, reads the daemon's answer
+// from the stream on the calling thread (no hand-off from the reader thread either). The
+// stream has one reader at a time: that caller, or the reader thread, which takes the role back
+// as soon as another request is pending, when the caller gives its Reply up (wait_for,
+// wait_until, conversion to std::future, destruction), or when it has not come for the answer
+// within kCallerReadGraceSeconds. Each Client runs two threads:
 //   - a writer that drains every request queued since its last write into ONE ClientMessage
 //     (batching; at most kMaxRequestsPerMessage requests / kMaxMessageBytes per message) for
 //     every other request, so bursts are coalesced, and
-//   - a reader that completes each request's future by request id as ServerMessages arrive
-//     (the daemon may answer in any order).
-// Futures are completed on the reader thread; they never call user code.
+//   - a reader that completes each request's Reply by request id as ServerMessages arrive
+//     (the daemon may answer in any order). It reads while requests other than a caller's own
+//     are pending, and while the client has been idle for kIdleReadAfterSeconds (so a daemon
+//     that goes away is seen within that time even when nothing is pending).
+// Replies are completed on whichever thread read the answer; they never call user code.
 //
 // Units: sizes and offsets are uint64 bytes; durations are double seconds.
 //
@@ -54,6 +62,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -61,6 +70,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -144,6 +155,7 @@ struct ReloadResult {
 struct ClientCounters {
   uint64_t messages_sent = 0;       // ClientMessages written on the stream (Hello's included)
   uint64_t messages_sent_by_caller = 0;  // of which written on the submitting thread (idle client)
+  uint64_t messages_read_by_caller = 0;  // ServerMessages read by a thread waiting on its Reply
   uint64_t requests_sent = 0;       // Requests inside them
   uint64_t messages_received = 0;   // ServerMessages read
   uint64_t responses_received = 0;  // Responses inside them
@@ -153,10 +165,108 @@ struct ClientCounters {
   uint64_t orphans_released = 0;    // blocks stored for offloads whose answer a crash swallowed
 };
 
+class Client;
+namespace internal {
+// The link from a Reply to its Client: lets the Reply's waiting thread read its own answer,
+// and outlives the Client (a Reply may be waited on after the Client is gone).
+class ReplyReader {
+ public:
+  explicit ReplyReader(Client* client) : client_(client) {}
+  // Reads from the stream until request `request_id` is answered, if it is still the caller's
+  // to read (see Client); returns at once otherwise.
+  void ReadFor(uint64_t request_id) EXCLUDES(mu_);
+  // The caller will not read request `request_id`'s answer: the reader thread takes it.
+  void GiveUp(uint64_t request_id) EXCLUDES(mu_);
+  // Called by ~Client: no Reply reaches the Client after this returns.
+  void Detach() EXCLUDES(mu_);
+
+ private:
+  // The client (counted as in use until Leave), or nullptr once detached.
+  Client* Enter() EXCLUDES(mu_);
+  void Leave() EXCLUDES(mu_);
+  base::Mutex mu_;
+  base::CondVar cv_;  // inside_ fell to 0
+  Client* client_ GUARDED_BY(mu_);  // nullptr once detached
+  int inside_ GUARDED_BY(mu_) = 0;  // callers using client_
+};
+}  // namespace internal
+
+// A request's answer: std::future-like (get, wait, wait_for, wait_until, valid) and convertible
+// to std::future<T> (an rvalue Reply converts). get() and wait() may read the answer from the
+// stream on the calling thread (see "Threading" above); wait_for, wait_until and the conversion
+// never do, and hand the reading back to the reader thread. Moves only.
+template <typename T>
+class Reply {
+ public:
+  Reply() = default;
+  Reply(Reply&& other) noexcept
+      : future_(std::move(other.future_)),
+        reader_(std::move(other.reader_)),
+        request_id_(other.request_id_) {}
+  Reply& operator=(Reply&& other) noexcept {
+    if (this != &other) {
+      GiveUp();
+      future_ = std::move(other.future_);
+      reader_ = std::move(other.reader_);
+      request_id_ = other.request_id_;
+    }
+    return *this;
+  }
+  ~Reply() { GiveUp(); }
+
+  T get() {
+    ReadOwnAnswer();
+    return future_.get();
+  }
+  void wait() {
+    ReadOwnAnswer();
+    future_.wait();
+  }
+  template <typename Rep, typename Period>
+  std::future_status wait_for(const std::chrono::duration<Rep, Period>& timeout) {
+    GiveUp();
+    return future_.wait_for(timeout);
+  }
+  template <typename Clock, typename Duration>
+  std::future_status wait_until(const std::chrono::time_point<Clock, Duration>& deadline) {
+    GiveUp();
+    return future_.wait_until(deadline);
+  }
+  bool valid() const { return future_.valid(); }
+  operator std::future<T>() && {  // NOLINT(google-explicit-constructor): drop-in for futures
+    GiveUp();
+    return std::move(future_);
+  }
+
+ private:
+  friend class Client;
+  Reply(std::future<T> future, std::shared_ptr<internal::ReplyReader> reader, uint64_t request_id)
+      : future_(std::move(future)), reader_(std::move(reader)), request_id_(request_id) {}
+  void ReadOwnAnswer() {
+    if (reader_ == nullptr) return;
+    reader_->ReadFor(request_id_);
+    reader_.reset();
+  }
+  void GiveUp() {
+    if (reader_ == nullptr) return;
+    reader_->GiveUp(request_id_);
+    reader_.reset();
+  }
+
+  std::future<T> future_;
+  std::shared_ptr<internal::ReplyReader> reader_;  // null once read or given up
+  uint64_t request_id_ = 0;
+};
+
 class Client {
  public:
   static constexpr size_t kMaxRequestsPerMessage = 4096;
   static constexpr size_t kMaxMessageBytes = 1 << 20;  // below gRPC's 4 MiB receive default
+  // How long the reader thread leaves a lone request's answer to its caller (who has not yet
+  // called get()/wait()), and how long a client must be idle before the reader thread reads
+  // again (to see the stream end). Neither changes what a Reply returns, only who reads it.
+  static constexpr double kCallerReadGraceSeconds = 0.02;
+  static constexpr double kIdleReadAfterSeconds = 0.05;
 
   // Connects to the daemon, opens the Session stream, sends Hello and waits for HelloReply.
   // Errors: INVALID_ARGUMENT socket path empty or longer than 107 bytes;
@@ -221,7 +331,7 @@ class Client {
   // for the block, unique among the session's live blocks (0 = none; INVALID_ARGUMENT if in
   // use), so ReloadTagged/ReleaseTagged can be sent before this future resolves.
   // ordering: the block's place in the reload order (spill tier policy; optional).
-  std::future<absl::StatusOr<OffloadResult>> Offload(uint64_t region_id, uint64_t offset,
+  Reply<absl::StatusOr<OffloadResult>> Offload(uint64_t region_id, uint64_t offset,
                                                      uint64_t bytes,
                                                      absl::string_view ready_event = "",
                                                      uint64_t tag = 0,
@@ -230,7 +340,7 @@ class Client {
   // Copies block `block_id` back to `offset` of region `region_id`. release_after: free the
   // block once copied. deadline_seconds: seconds from now by which the data is needed (0: none).
   // done_event: CUDA IPC event handle bytes the daemon records after the copy (cuda backend).
-  std::future<absl::StatusOr<ReloadResult>> Reload(uint64_t block_id, uint64_t region_id,
+  Reply<absl::StatusOr<ReloadResult>> Reload(uint64_t block_id, uint64_t region_id,
                                                    uint64_t offset, Priority priority,
                                                    bool release_after = false,
                                                    double deadline_seconds = 0,
@@ -238,16 +348,16 @@ class Client {
   // Reload of the block offloaded with `tag`; may be sent while that offload is still queued or
   // copying: the daemon runs it after the copy, so it returns the offloaded bytes. NOT_FOUND for
   // a tag with no live block; the offload's error if the tagged offload fails.
-  std::future<absl::StatusOr<ReloadResult>> ReloadTagged(uint64_t tag, uint64_t region_id,
+  Reply<absl::StatusOr<ReloadResult>> ReloadTagged(uint64_t tag, uint64_t region_id,
                                                          uint64_t offset, Priority priority,
                                                          bool release_after = false,
                                                          double deadline_seconds = 0,
                                                          absl::string_view done_event = "");
 
   // Frees block `block_id` in the pool. Errors: the daemon's (NOT_FOUND unknown block, ...).
-  std::future<absl::Status> Release(uint64_t block_id);
+  Reply<absl::Status> Release(uint64_t block_id);
   // Frees the block offloaded with `tag` (NOT_FOUND for a tag with no live block).
-  std::future<absl::Status> ReleaseTagged(uint64_t tag);
+  Reply<absl::Status> ReleaseTagged(uint64_t tag);
 
   // Unary GetStats on the same channel (independent of the session stream).
   // Errors: the RPC's status (UNAVAILABLE daemon gone, DEADLINE_EXCEEDED after
@@ -328,22 +438,33 @@ class Client {
   // Keeps the client's view of its blocks and regions; rewrites region ids to the client's.
   void AccountLocked(const Pending& p, v1::Response* response) REQUIRES(mu_);
   void StartWriter();
-  std::future<absl::StatusOr<ReloadResult>> SubmitReload(uint64_t block_id, uint64_t tag,
+  Reply<absl::StatusOr<ReloadResult>> SubmitReload(uint64_t block_id, uint64_t tag,
                                                          uint64_t region_id, uint64_t offset,
                                                          Priority priority, bool release_after,
                                                          double deadline_seconds,
                                                          absl::string_view done_event);
-  std::future<absl::Status> SubmitRelease(uint64_t block_id, uint64_t tag);
+  Reply<absl::Status> SubmitRelease(uint64_t block_id, uint64_t tag);
   void Start();
   void ReaderLoop() EXCLUDES(mu_);
+  // The reader thread's reading of the current stream: returns once a Read returned false.
   void ReadUntilEnd() EXCLUDES(mu_);
+  // Whether the reader thread should read now (see "Threading").
+  bool ReaderShouldReadLocked(std::chrono::steady_clock::time_point now) const REQUIRES(mu_);
+  // Moves the answers in `message` to *ready, for the caller to run without mu_.
+  void TakeAnswersLocked(v1::ServerMessage* message,
+                         std::vector<std::pair<Completer, v1::Response>>* ready) REQUIRES(mu_);
+  // internal::ReplyReader's: the calling thread reads until `request_id` is answered, when that
+  // request is the only one pending and was written by this caller; else returns at once.
+  friend class internal::ReplyReader;
+  void ReadForCaller(uint64_t request_id) EXCLUDES(mu_);
+  void GiveUpCallerRead(uint64_t request_id) EXCLUDES(mu_);
   void FailAll(const absl::Status& failure) EXCLUDES(mu_);
   void WriterLoop() EXCLUDES(mu_);
   // Queues `request` (its id already set) unless the stream is over; returns why not.
   absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region = 0)
       EXCLUDES(mu_);
   template <typename R, typename Convert>
-  std::future<R> Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
+  Reply<R> Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
                         bool flush, uint64_t region = 0);
   absl::Status StatusWithPath(const grpc::Status& status, absl::string_view rpc) const;
 
@@ -393,9 +514,21 @@ class Client {
   // A Write is in flight, from the writer thread or a caller (WriteNowLocked): one at a time.
   bool writing_ GUARDED_BY(mu_) = false;
   bool finished_ GUARDED_BY(mu_) = false;  // Finish() returned, pending requests failed
+  // The stream's single reader (see "Threading"): a thread is inside stream_->Read.
+  bool read_role_busy_ GUARDED_BY(mu_) = false;
+  bool stream_ended_ GUARDED_BY(mu_) = false;  // a Read on the current stream returned false
+  // The request whose caller may read its answer (written by that caller, alone pending), since
+  // when; 0: none.
+  uint64_t caller_candidate_ GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point candidate_since_ GUARDED_BY(mu_);
+  // When pending_ last became empty.
+  std::chrono::steady_clock::time_point idle_since_ GUARDED_BY(mu_);
   absl::Status stream_status_ GUARDED_BY(mu_);
   ClientCounters counters_ GUARDED_BY(mu_);
 
+  // Set at construction, never reassigned (ReplyReader has its own mutex).
+  const std::shared_ptr<internal::ReplyReader> reply_reader_ =
+      std::make_shared<internal::ReplyReader>(this);
   base::Mutex close_mu_;  // serialises Close()
   std::thread reader_;
   std::thread writer_;

@@ -494,6 +494,56 @@ TEST_F(ClientTest, ARequestToAnIdleClientIsWrittenByTheCaller) {
   EXPECT_EQ(service_->last_batch_size(), 1);
 }
 
+// The stream's reader (issue 16): the answer to a lone request is read by the thread waiting on
+// its Reply (get/wait), no hand-off from the reader thread; with another request pending, after
+// wait_for, or once its Reply is gone, the reader thread reads; a Reply outlives its Client.
+TEST_F(ClientTest, ALoneRequestsAnswerIsReadByItsWaitingCaller) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  RegionHandle cuda;
+  cuda.cuda_ipc_handle = std::string(kCudaIpcHandleBytes, '\x07');
+  absl::StatusOr<uint64_t> region_id = client->RegisterRegion(cuda);
+  ASSERT_TRUE(region_id.ok());
+  const uint64_t read_before = client->counters().messages_read_by_caller;
+  constexpr int kRequests = 50;
+  for (int i = 0; i < kRequests; ++i) {
+    absl::StatusOr<OffloadResult> r = client->Offload(*region_id, i, 64 + i).get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->bytes, static_cast<uint64_t>(64 + i));
+  }
+  uint64_t read = client->counters().messages_read_by_caller;
+  EXPECT_EQ(read - read_before, kRequests);
+
+  // wait_for never reads: the reader thread does, at once (not after the grace period).
+  auto polled = client->Offload(*region_id, 1, 100);
+  ASSERT_EQ(polled.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_EQ(polled.get()->bytes, 100u);
+  // A Reply dropped unread: the reader thread takes its answer; the next caller reads its own.
+  const uint64_t answered = client->counters().responses_received;
+  { auto dropped = client->Offload(*region_id, 2, 101); }
+  for (int i = 0; i < 5000 && client->counters().responses_received == answered; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(client->Offload(*region_id, 3, 102).get()->bytes, 102u);
+  EXPECT_EQ(client->counters().messages_read_by_caller - read, 1u);
+  read = client->counters().messages_read_by_caller;
+
+  // Two requests pending: neither caller reads; answers still reach their own Replies.
+  const int requests_before = service_->requests();
+  auto held = client->Offload(*region_id, kHoldOffset, 64);  // never answered by the fake
+  service_->WaitForRequests(requests_before + 1);
+  auto second = client->Offload(*region_id, 4, 128);
+  auto third = client->Offload(*region_id, 5, 256);
+  EXPECT_EQ(third.get()->bytes, 256u);
+  EXPECT_EQ(second.get()->bytes, 128u);
+  EXPECT_EQ(client->counters().messages_read_by_caller, read);
+  EXPECT_EQ(client->counters().unknown_responses, 0u);
+
+  // The held request's Reply is waited on after its Client is gone.
+  client.reset();
+  EXPECT_EQ(held.get().status().code(), absl::StatusCode::kCancelled);
+}
+
 TEST_F(ClientTest, BurstIsCoalescedIntoFewerMessages) {
   std::unique_ptr<Client> client = MustConnect();
   ASSERT_NE(client, nullptr);

@@ -8,13 +8,16 @@
 //  - direct ping-pong: the calling thread writes a `payload_bytes` message and reads the echo
 //    (gRPC's floor on this machine);
 //  - threaded ping-pong: the same through a writer and a reader thread, the shape of the offloadd
-//    client library (client/offloadd_client.cc): two thread hand-offs more per round trip;
+//    client library (client/offloadd_client.cc) while several requests overlap (a lone one is
+//    written and read by its caller): two thread hand-offs more per round trip;
 //  - hand-off ping-pong: direct on the client, but the server starts each write from a worker
 //    thread it wakes per message (the daemon's shape: a copy worker completes the request);
 //  - with --socket (a running offloadd): a 4 KiB offload, then a 4 KiB URGENT reload with
-//    release, each timed alone, with the daemon's own copy_seconds from the reply (admission or
-//    ready -> the link scheduler's done callback: the hand-off to a copy worker, the copy, the
-//    wake-up); the rest of the round trip is the client's threads, gRPC both ways and the session.
+//    release, each timed alone (each the client's only request: its caller writes it and reads
+//    the answer, counted on the last line), with the daemon's own copy_seconds from the reply
+//    (admission or ready -> the link scheduler's done callback: the copy, inline on the gRPC
+//    thread for a small transfer on an idle link); the rest of the round trip is the client,
+//    gRPC both ways and the session.
 // Prints p50/p99 per kind and the ratio of one request's p50 to the direct ping-pong p50
 // (issue 16's target: <= 1.5).
 //
@@ -293,7 +296,11 @@ int Run(const std::string& path, const std::string& daemon_socket, bool cuda_sim
   hand_off->WritesDone();
   (void)hand_off->Finish();
   (void)threaded_stream->Finish();
-  if (daemon != nullptr) daemon->Close();
+  client::ClientCounters counters;
+  if (daemon != nullptr) {
+    counters = daemon->counters();
+    daemon->Close();
+  }
   std::printf(
       "small requests, %zu of each kind interleaved in blocks of 100; ping-pong messages "
       "of %zu B over a Unix socket:\n",
@@ -307,6 +314,11 @@ int Run(const std::string& path, const std::string& daemon_socket, bool cuda_sim
   Report("  of which daemon admission -> copied (copy_seconds)", s.offload_copy, 0);
   Report("offloadd 4 KiB URGENT reload + release (one request)", s.reload, bare);
   Report("  of which daemon ready -> copied (copy_seconds)", s.reload_copy, 0);
+  // Whose thread read the daemon's answers: the waiting caller's (no hand-off) or the client's
+  // reader thread's.
+  std::printf("offloadd client: %llu of %llu answers written and read by the waiting caller\n",
+              static_cast<unsigned long long>(counters.messages_read_by_caller),
+              static_cast<unsigned long long>(counters.messages_received));
   return 0;
 }
 

@@ -166,9 +166,13 @@ void LinkScheduler::Impl::WorkerLoop() {
       return stopping && queue.empty() && posted.empty() && completed.empty() &&
              finished_transfers.empty();
     };
-    while (completed.empty() && finished_transfers.empty() &&
-           !(CanPick() && !parent_turn_pending) && !all_done()) {
+    const auto has_work = [&]() REQUIRES(mu) {
+      return !completed.empty() || !finished_transfers.empty() ||
+             (CanPick() && !parent_turn_pending) || all_done();
+    };
+    while (!has_work()) {
       cv.Wait(mu);
+      ++stats.worker_wakeups;
     }
     if (FinishOneCompletion()) continue;
     if (!CanPick() || parent_turn_pending) {
@@ -313,7 +317,10 @@ bool LinkScheduler::Impl::CopyHere(Finished* finished) {
   absl::Status status = chunk.transfer->copy_chunk(chunk.offset, chunk.len);
   mu.Lock();
   const bool last = FinishChunk(std::move(chunk), std::move(status), finished);
-  cv.notify_all();  // Shutdown may wait for it
+  // Wake the workers only when one may have something to do: chunks queued meanwhile (their
+  // Submit woke one already, but the copied chunk may have held a GPU's turn) or Shutdown.
+  // Waking them after every small copy cost two thread switches per request (issue 16).
+  if (!queue.empty() || stopping) cv.notify_all();
   return last;
 }
 

@@ -140,6 +140,9 @@ struct LinkSchedulerStats {
   double queue_wait_seconds_max[kNumClasses] = {};
   // Transfers with a deadline that completed (successfully) after it, per GPU.
   std::map<std::string, uint64_t> gpu_deadline_misses;
+  // Times a worker thread was woken from its wait (each costs a thread switch; a small transfer
+  // copied on the submitting thread wakes none).
+  uint64_t worker_wakeups = 0;
 };
 
 class LinkScheduler {

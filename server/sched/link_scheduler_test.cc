@@ -528,6 +528,30 @@ TEST(LinkSchedulerTest, ASmallTransferOnAnIdleLinkIsCopiedOnTheSubmittingThread)
   EXPECT_EQ(sched.stats().bytes, (4 + 128 + 4) * kKiB);
 }
 
+// A small transfer copied on the submitting thread wakes no worker: on a loaded node each
+// needless wake-up is a thread switch in the request's path (issue 16: two per request).
+TEST(LinkSchedulerTest, ASmallTransferCopiedOnTheSubmittingThreadWakesNoWorker) {
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(2);
+  o.inline_copy_max_bytes = 4 * kKiB;
+  LinkScheduler sched(o);
+  for (int i = 0; i < 50; ++i) {
+    sched.Submit(rec.Make(i, "gpu0", TrafficClass::kOffload, 4 * kKiB));
+  }
+  {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    for (int i = 0; i < 50; ++i) ASSERT_EQ(rec.done[i].size(), 1u) << i;  // each copied inline
+  }
+  EXPECT_EQ(sched.stats().bytes, 50 * 4 * kKiB);
+  EXPECT_EQ(sched.stats().worker_wakeups, 0u);
+  // A transfer too large to copy inline still goes to a worker.
+  sched.Submit(rec.Make(50, "gpu0", TrafficClass::kOffload, 2 * 64 * kKiB));
+  sched.Shutdown();
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[50].size(), 1u);
+  EXPECT_TRUE(rec.done[50][0].ok());
+}
+
 // A Submit from inside an inline done (an admission it let in) is queued for a worker, not
 // copied recursively on the same stack.
 TEST(LinkSchedulerTest, ASubmitFromAnInlineDoneGoesToAWorker) {
