@@ -410,6 +410,16 @@ bool Session::ResolveTag(Request& r) {
       return true;
     }
   }
+  if (core_->draining()) {
+    // A tagged offload that arrived during the drain was refused (UNAVAILABLE, which a resuming
+    // client sends again) before it claimed its tag: NOT_FOUND here would fail this request for
+    // good while its offload goes through after the resume.
+    Fail(r.request_id, absl::UnavailableError(absl::StrFormat(
+                           "offloadd is shutting down: the request naming tag %d was not carried "
+                           "out; send it again when the daemon is back",
+                           r.tag)));
+    return false;
+  }
   Fail(r.request_id, absl::NotFoundError(absl::StrFormat(
                          "no live block of this session has tag %d (never offloaded with it, or "
                          "already released)",

@@ -161,7 +161,8 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
   // Region by id, or NOT_FOUND.
   absl::StatusOr<std::shared_ptr<copy::Region>> FindRegion(uint64_t region_id) EXCLUDES(mu_);
   // Fills r.block_id from r.tag. Returns false when the request was queued (offload not yet
-  // admitted) or failed (answered).
+  // admitted) or failed (answered: NOT_FOUND for an unknown tag, UNAVAILABLE for one while the
+  // core drains, since the tagged offload may have been refused by the drain).
   bool ResolveTag(Request& r);
   // The tagged offload was admitted (block_id != 0) or failed: replays or fails its waiters.
   void TagResolved(uint64_t tag, uint64_t block_id, const absl::Status& status) override;

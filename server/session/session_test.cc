@@ -287,6 +287,35 @@ TEST(SessionTagTest, WaitersOfAFailedTaggedOffloadFailToo) {
   s->Close(EndCause::kClosed);
 }
 
+// During a drain (SIGTERM) a tagged offload is refused UNAVAILABLE before it claims its tag; a
+// reload or release by that tag right behind it must be UNAVAILABLE too (a resuming client sends
+// all three again), not NOT_FOUND (make soak failed on this: "tagged reload: NOT_FOUND").
+TEST(SessionTagTest, RequestsByTagDuringADrainAreUnavailableNotNotFound) {
+  auto core = MakeCore(64 * kMiB);
+  Collector out;
+  auto s = Session::Create(core.get(), out.emit());
+  TestShm src(4 * kMiB);
+  s->Handle(Hello(1));
+  s->Handle(RegisterRequest(2, src));
+  uint64_t rs = out.Wait(2).id;
+  core->Drain();
+  Request off = Offload(3, rs, 0, kMiB);
+  off.tag = 21;
+  s->Handle(off);
+  Request rel = Reload(4, 0, rs, 0, kPriorityUrgent, true);
+  rel.tag = 21;
+  s->Handle(rel);
+  Request release;
+  release.request_id = 5;
+  release.kind = RequestKind::kRelease;
+  release.tag = 21;
+  s->Handle(release);
+  EXPECT_EQ(out.Wait(3).status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(out.Wait(4).status.code(), absl::StatusCode::kUnavailable) << out.Wait(4).status;
+  EXPECT_EQ(out.Wait(5).status.code(), absl::StatusCode::kUnavailable) << out.Wait(5).status;
+  s->Close(EndCause::kShutdown);
+}
+
 }  // namespace
 }  // namespace offloadd::session
 
