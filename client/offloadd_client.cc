@@ -616,9 +616,6 @@ absl::StatusOr<Client::Stream> Client::OpenResumed(
 void Client::Install(Stream s) {
   absl::flat_hash_set<uint64_t> resumed(s.hello.resumed_block_ids().begin(),
                                         s.hello.resumed_block_ids().end());
-  const absl::flat_hash_set<uint64_t> lost_at_adoption(s.hello.lost_block_ids().begin(),
-                                                       s.hello.lost_block_ids().end());
-  absl::flat_hash_set<uint64_t> released;  // confirmed, neither resumed nor lost: released
   std::vector<std::pair<Pending, v1::Response>> answered;
   std::vector<std::pair<Pending, absl::Status>> failed;
   {
@@ -630,11 +627,7 @@ void Client::Install(Stream s) {
     for (auto it = confirmed_.begin(); it != confirmed_.end();) {
       auto cur = it++;
       if (!resumed.contains(*cur)) {
-        if (s.hello.reports_lost_blocks() && !lost_at_adoption.contains(*cur)) {
-          released.insert(*cur);
-        } else {
-          lost_.insert(*cur);
-        }
+        lost_.insert(*cur);
         confirmed_.erase(cur);
       }
     }
@@ -656,7 +649,7 @@ void Client::Install(Stream s) {
       }
       v1::Response answer;
       absl::Status failure;
-      if (SettleLocked(it->second.request, resumed, released, &answer, &failure)) {
+      if (SettleLocked(it->second.request, resumed, &answer, &failure)) {
         if (failure.ok()) {
           answer.set_request_id(id);
           AccountLocked(it->second, &answer);
@@ -696,8 +689,7 @@ void Client::Install(Stream s) {
 }
 
 bool Client::SettleLocked(const v1::Request& request,
-                          const absl::flat_hash_set<uint64_t>& resumed,
-                          const absl::flat_hash_set<uint64_t>& released, v1::Response* answer,
+                          const absl::flat_hash_set<uint64_t>& resumed, v1::Response* answer,
                           absl::Status* failure) {
   auto block_of = [this](uint64_t id, uint64_t tag) REQUIRES(mu_) -> uint64_t {
     if (id != 0 || tag == 0) return id;
@@ -715,13 +707,6 @@ bool Client::SettleLocked(const v1::Request& request,
     const uint64_t block = block_of(request.reload().block_id(), request.reload().tag());
     if (block != 0 && lost_.contains(block)) {
       *failure = LostBlock(block, target_);
-      return true;
-    }
-    if (block != 0 && request.reload().release_after() && released.contains(block)) {
-      // The daemon releases after the copy landed: this reload completed before the crash.
-      v1::ReloadDone* done = answer->mutable_reload_done();
-      done->set_block_id(block);
-      done->set_released(true);
       return true;
     }
     if (block != 0 && request.reload().release_after() && !resumed.contains(block)) {

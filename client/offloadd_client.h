@@ -35,12 +35,8 @@
 //     message says "the offloadd daemon at unix:<path> went away". Blocks and regions of the
 //     session are gone (the daemon releases them with the stream).
 //   - DATA_LOSS: after a resume, a request naming a confirmed block the restarted daemon did not
-//     have (its record failed the check at adoption: HelloReply.lost_block_ids). A reload with
-//     release_after unanswered at the crash whose block the restarted daemon neither resumed nor
-//     lost completed before the crash (the daemon releases such a block only after its copy
-//     landed): it succeeds, with ReloadResult.bytes and copy_seconds 0 (the answer carrying them
-//     died with the daemon). Against a daemon that does not report lost blocks
-//     (reports_lost_blocks false) such a reload fails with DATA_LOSS, as nothing can confirm it.
+//     have (its record failed the check at adoption), or a reload with release_after whose block
+//     is gone (it may have been copied before the crash; nothing can confirm it).
 //
 // Resuming by itself (auto_resume, a daemon with pool_shm_name): when the stream breaks the
 // reader thread reconnects with exponential backoff (reconnect_initial/max_backoff_seconds)
@@ -428,11 +424,9 @@ class Client {
   // Installs `s`: settles the pending requests across the restart and re-queues the others.
   void Install(Stream s) EXCLUDES(mu_);
   // What an unanswered request becomes across a restart: false (send it again), or true with
-  // its answer in *answer (body set) or *failure. `released`: confirmed blocks the restarted
-  // daemon says it neither resumed nor lost, i.e. released before the crash.
+  // its answer in *answer (body set) or *failure.
   bool SettleLocked(const v1::Request& request, const absl::flat_hash_set<uint64_t>& resumed,
-                    const absl::flat_hash_set<uint64_t>& released, v1::Response* answer,
-                    absl::Status* failure) REQUIRES(mu_);
+                    v1::Response* answer, absl::Status* failure) REQUIRES(mu_);
   // `request` as the daemon must see it: client region ids mapped, confirmed tags as block ids.
   v1::Request WireLocked(const v1::Request& request) const REQUIRES(mu_);
   // Keeps the client's view of its blocks and regions; rewrites region ids to the client's.

@@ -90,8 +90,6 @@ void ToProto(const session::Completion& c, v1::Response* out) {
       h->set_blocks_resumed(c.blocks_resumed);
       h->set_resume_grace_seconds(c.resume_grace_seconds);
       for (uint64_t id : c.resumed_block_ids) h->add_resumed_block_ids(id);
-      for (uint64_t id : c.lost_block_ids) h->add_lost_block_ids(id);
-      h->set_reports_lost_blocks(true);
       break;
     }
     case session::CompletionKind::kRegionRegistered:

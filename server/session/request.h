@@ -77,7 +77,6 @@ struct Completion {
   uint64_t blocks_resumed = 0;
   double resume_grace_seconds = 0;          // 0: the pool does not outlive the daemon
   std::vector<uint64_t> resumed_block_ids;  // resume only
-  std::vector<uint64_t> lost_block_ids;     // resume only: dropped at adoption (DATA_LOSS)
 };
 
 }  // namespace offloadd::session

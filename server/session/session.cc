@@ -209,9 +209,7 @@ void Session::OnHello(const Request& r) {
   }
   if (!admitted.ok()) return Fail(r.request_id, admitted.status());
   metrics::Get().sessions_open->Increment();
-  Completion reply = HelloReply(r, token, *admitted, std::move(resumed_ids));
-  if (!r.resume_token.empty()) reply.lost_block_ids = core_->store().LostBlocksOf(key);
-  Send(std::move(reply));
+  Send(HelloReply(r, token, *admitted, std::move(resumed_ids)));
 }
 
 absl::StatusOr<uint64_t> Session::AdmitHelloLocked(const Request& r, const pool::ResumeKey& key,

@@ -380,18 +380,6 @@ absl::Status BlockStore::LostLocked(uint64_t session_id, uint64_t block_id) cons
       block_id, pool::DropReasonName(it->second.reason)));
 }
 
-std::vector<uint64_t> BlockStore::LostBlocksOf(const pool::ResumeKey& key) const {
-  std::vector<uint64_t> ids;
-  {
-    base::MutexLock lock(mu_);
-    for (const auto& [id, dropped] : lost_) {
-      if (dropped.resume_key == key) ids.push_back(id);
-    }
-  }
-  std::sort(ids.begin(), ids.end());
-  return ids;
-}
-
 void BlockStore::MarkLost(const std::vector<pool::DroppedBlock>& dropped) {
   base::MutexLock lock(mu_);
   for (const pool::DroppedBlock& d : dropped) {

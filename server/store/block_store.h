@@ -229,9 +229,6 @@ class BlockStore {
   absl::StatusOr<uint64_t> ResumeSession(uint64_t session_id, const pool::ResumeKey& key,
                                          uint32_t uid, std::vector<uint64_t>* block_ids = nullptr)
       EXCLUDES(mu_);
-  // The ids of the blocks recorded under `key` whose records failed the check at adoption
-  // (MarkLost; each answers DATA_LOSS to its session), ascending.
-  std::vector<uint64_t> LostBlocksOf(const pool::ResumeKey& key) const EXCLUDES(mu_);
 
   // Admits an offload of `bytes` for `session_id`; `done` gets the new block (state
   // kOffloading) or an error: INVALID_ARGUMENT for 0 bytes; OUT_OF_RANGE when bytes exceed the

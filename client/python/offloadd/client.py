@@ -23,14 +23,9 @@ not yet answered. Requests issued meanwhile wait. Rules (README "Failure modes")
     re-sent offload never leaves two blocks;
   * a reload not answered is sent again (it rewrites the same bytes to the same place); a
     release not answered is sent again, and counts as done when the block is no longer there;
-  * a confirmed block the restarted daemon lists as lost (``HelloReply.lost_block_ids``: its
-    record failed the daemon's check) is lost: requests naming it fail with DATA_LOSS;
-  * a reload with ``release_after`` unanswered at the crash whose confirmed block the daemon
-    neither resumed nor lost completed before the crash (the daemon releases such a block only
-    after its copy landed): its future resolves to a ``ReloadDone`` with ``released`` true and
-    ``bytes``/``copy_seconds`` 0 (the answer carrying them died with the daemon). Against a
-    daemon that does not report lost blocks (``reports_lost_blocks`` false) every confirmed
-    block missing from the resumed ones counts as lost, and such a reload fails with DATA_LOSS;
+  * a confirmed block missing from the resumed ones (its record failed the daemon's check) is
+    lost: requests naming it fail with DATA_LOSS. So does a reload with ``release_after`` whose
+    block is gone (the copy may have completed before the crash; nothing can confirm it);
   * when the daemon does not come back within ``reconnect_seconds`` (default: the daemon's
     resume_grace_seconds), or it has no blocks for the token while the client holds confirmed
     ones, every waiting and later request fails (DaemonUnavailable, or DATA_LOSS for the blocks).
@@ -460,9 +455,7 @@ class Client:
                 conn.close(0.5)
                 return True
             orphans = resumed - self._confirmed
-            gone = self._confirmed - resumed
-            released = (gone - set(hello.lost_block_ids)) if hello.reports_lost_blocks else set()
-            self._lost |= gone - released
+            self._lost |= self._confirmed - resumed
             self._confirmed &= resumed
             self._daemon_region = mapping
             old, self._conn, self.hello = self._conn, conn, hello
@@ -473,7 +466,7 @@ class Client:
                              if not p.internal and p.conn is not conn)
             settled, resend = [], []
             for rid, p in waiting:
-                verdict = self._settle_locked(p, resumed, released)
+                verdict = self._settle_locked(p, resumed)
                 if verdict is None:
                     p.conn = conn
                     resend.append(self._wire_locked(p.request))
@@ -512,10 +505,9 @@ class Client:
             if unlink is not None:
                 unlink()
 
-    def _settle_locked(self, p, resumed, released):
+    def _settle_locked(self, p, resumed):
         """What a request unanswered across a restart becomes: None (send it again) or its
-        answer (a result or an exception). ``released``: confirmed blocks the restarted daemon
-        neither resumed nor lost, i.e. released before the crash."""
+        answer (a result or an exception)."""
         kind = p.request.WhichOneof("body")
         if kind == "release":
             block = p.request.release.block_id
@@ -526,9 +518,6 @@ class Client:
             r = p.request.reload
             if r.block_id in self._lost:
                 return self._lost_error(r.block_id)
-            if r.release_after and r.block_id in released:
-                # The daemon releases after the copy landed: it completed before the crash.
-                return pb.ReloadDone(block_id=r.block_id, released=True)
             if r.release_after and r.block_id not in resumed:
                 return errors.OffloaddError(
                     errors.DATA_LOSS, "offloadd at %s restarted while this reload with "
