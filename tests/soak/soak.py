@@ -43,7 +43,7 @@ SPILL_COUNTERS = ("spilled_blocks_total", "staged_blocks_total", "reloads_from_d
                   "blocks_lost_total", "spill_failures_total")
 COUNTERS = ("requests", "offloads", "reloads", "releases", "refused", "bytes_offloaded",
             "bytes_verified", "verified", "corrupted", "lost_reported", "lost_unexpectedly",
-            "reconnects", "resumes")
+            "unconfirmed", "reconnects", "resumes")
 
 
 class Soak:
@@ -245,6 +245,8 @@ class Soak:
             "blocks_lost_reported_by_restart": totals["lost_reported"],
             "blocks_corrupted": totals["corrupted"],
             "blocks_lost_without_error": totals["lost_unexpectedly"],
+            # reloads with release_after cut by a SIGKILL, answered DATA_LOSS as documented
+            "release_after_reloads_unconfirmed": totals["unconfirmed"],
             "client_reconnects": totals["reconnects"], "pool_baseline_bytes": baseline,
             "pool_end_bytes": pool_end,
             **({"blocks_spilled": self.spill["spilled_blocks_total"],
