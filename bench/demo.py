@@ -408,6 +408,9 @@ def main():
     else:
         print_plan_check(stats, a, layer_bytes, memcpy_gbps)
 
+    if a.no_fairness:
+        print("fairness scenario: skipped (" + ("it needs the shm backend's paced half-duplex "
+              "link; run without --backend cuda-sim" if sim else "--no-fairness") + ")")
     index, fair_failures = (1.0, 0) if a.no_fairness else fairness(a, sock)
     end = daemon_stats(a.bin, sock)
     daemon.send_signal(signal.SIGTERM)
