@@ -22,6 +22,7 @@ CopyTimingModel::CopyTimingModel(CopyModelOptions options) : options_(options) {
   options_.d2h_share_while_h2d_busy = Share(options_.d2h_share_while_h2d_busy);
   options_.switch_bytes_per_second = std::max(0.0, options_.switch_bytes_per_second);
   options_.gpus_per_numa_node = std::max(0, options_.gpus_per_numa_node);
+  options_.first_gpu = std::max(0, options_.first_gpu);
   options_.cross_node_rate_factor = Share(options_.cross_node_rate_factor);
   engines_.resize(2 * static_cast<size_t>(options_.gpus));
 }
@@ -46,7 +47,8 @@ CopyTimingModel::OpId CopyTimingModel::Enqueue(double now, int gpu, Direction di
 }
 
 int CopyTimingModel::numa_node_of_gpu(int gpu) const {
-  return options_.gpus_per_numa_node > 0 ? gpu / options_.gpus_per_numa_node : 0;
+  return options_.gpus_per_numa_node > 0 ? (options_.first_gpu + gpu) / options_.gpus_per_numa_node
+                                          : 0;
 }
 
 bool CopyTimingModel::HeadReady(const Engine& e) const {

@@ -51,6 +51,10 @@ struct CopyModelOptions {
   double switch_bytes_per_second = 0;     // per switch and direction; 0 = no limit
   int gpus_per_numa_node = 0;             // GPU g on node g / n; 0 = all GPUs on node 0
   double cross_node_rate_factor = 1.0;    // in (0, 1]; rate factor of a cross-node copy
+  // The node-wide ordinal of this model's GPU 0, when a model holds only some of a node's GPUs
+  // (SimCudaApi keeps one model per group of coupled GPUs): NUMA nodes count from it. >= 0; a
+  // multiple of gpus_per_switch when a switch limit is set.
+  int first_gpu = 0;
 };
 
 // What one engine has done since the model started.

@@ -64,15 +64,24 @@ std::string SimMemHandle(uint64_t size_bytes, uint64_t id) {
 SimCudaApi::SimCudaApi(SimCudaOptions options, SimClock* clock)
     : options_(options),
       clock_(clock != nullptr ? clock : SimClock::Real()),
-      model_(options.model),
       next_base_(kFirstDeviceBase) {
-  for (int i = 0; i < model_.options().gpus; ++i) {
+  const int gpus = std::max(1, options_.model.gpus);
+  gpus_per_shard_ = options_.model.switch_bytes_per_second > 0
+                        ? std::max(1, options_.model.gpus_per_switch)
+                        : 1;
+  for (int first = 0; first < gpus; first += gpus_per_shard_) {
+    CopyModelOptions o = options_.model;
+    o.gpus = std::min(gpus_per_shard_, gpus - first);
+    o.first_gpu = first;
+    shards_.push_back(std::make_unique<Shard>(o));
+  }
+  for (int i = 0; i < gpus; ++i) {
     CudaDeviceInfo d;
     d.ordinal = i;
     d.uuid = DeviceUuid(i);
     d.pci_bus_id = absl::StrFormat("0000:%02x:00.0", 0x10 + i);
     d.name = absl::StrFormat("cuda-sim %.1f GB/s per direction (SIMULATED: no bytes moved)",
-                             model_.options().engine_bytes_per_second / 1e9);
+                             shards_[0]->model.options().engine_bytes_per_second / 1e9);
     d.total_bytes = options_.device_total_bytes;
     devices_.push_back(d);
   }
@@ -88,6 +97,18 @@ std::string SimCudaApi::DeviceUuid(int ordinal) {
   return absl::StrFormat("GPU-51300000-0000-0000-0000-%012d", ordinal);
 }
 
+void* SimCudaApi::Handle(size_t shard, uint64_t id) {
+  return reinterpret_cast<void*>((uintptr_t{shard + 1} << kShardShift) | id);
+}
+
+SimCudaApi::Shard* SimCudaApi::ShardOfHandle(void* handle, uint64_t* id) const {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(handle);
+  const uintptr_t s = v >> kShardShift;
+  if (s == 0 || s > shards_.size()) return nullptr;
+  *id = v & ((uintptr_t{1} << kShardShift) - 1);
+  return shards_[s - 1].get();
+}
+
 std::string SimCudaApi::AddAllocation(int ordinal, uint64_t size_bytes) {
   base::MutexLock lock(mu_);
   std::string h = PadIpcHandle(absl::StrFormat("cuda-sim-alloc:%d", next_id_++));
@@ -98,25 +119,38 @@ std::string SimCudaApi::AddAllocation(int ordinal, uint64_t size_bytes) {
 }
 
 ModelEngineStats SimCudaApi::engine_stats(int ordinal, Direction direction) {
-  base::MutexLock lock(mu_);
-  model_.AdvanceTo(Now());
-  return model_.engine_stats(ordinal, direction);
+  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) return {};
+  Shard& sh = ShardOfGpu(ordinal);
+  base::MutexLock lock(sh.mu);
+  sh.model.AdvanceTo(Now());
+  return sh.model.engine_stats(ordinal - sh.first_gpu, direction);
 }
 
 SimCallCounts SimCudaApi::call_counts() {
-  base::MutexLock lock(mu_);
-  return counts_;
+  SimCallCounts total;
+  for (auto& sh : shards_) {
+    base::MutexLock lock(sh->mu);
+    total.memcpys += sh->counts.memcpys;
+    total.memcpy_bytes += sh->counts.memcpy_bytes;
+    total.event_records += sh->counts.event_records;
+    total.event_queries += sh->counts.event_queries;
+    total.host_seconds += sh->counts.host_seconds;
+  }
+  return total;
 }
 
 double SimCudaApi::EventCompletionSeconds(void* event) {
-  base::MutexLock lock(mu_);
-  auto it = events_.find(event);
-  if (it == events_.end()) return -1;
-  model_.AdvanceTo(Now());
+  uint64_t id = 0;
+  Shard* sh = ShardOfHandle(event, &id);
+  if (sh == nullptr) return -1;
+  base::MutexLock lock(sh->mu);
+  auto it = sh->events.find(id);
+  if (it == sh->events.end()) return -1;
+  sh->model.AdvanceTo(Now());
   double latest = -1;
-  for (CopyTimingModel::OpId op : it->second->ops) {
-    if (!model_.Done(op)) return -1;
-    latest = std::max(latest, model_.CompletionSeconds(op));
+  for (CopyTimingModel::OpId op : it->second.ops) {
+    if (!sh->model.Done(op)) return -1;
+    latest = std::max(latest, sh->model.CompletionSeconds(op));
   }
   return latest;
 }
@@ -124,6 +158,11 @@ double SimCudaApi::EventCompletionSeconds(void* event) {
 int SimCudaApi::CurrentLocked() const {
   auto it = current_.find(std::this_thread::get_id());
   return it == current_.end() ? -1 : it->second;
+}
+
+int SimCudaApi::Current() {
+  base::MutexLock lock(mu_);
+  return CurrentLocked();
 }
 
 absl::StatusOr<std::vector<CudaDeviceInfo>> SimCudaApi::ListDevices() { return devices_; }
@@ -138,38 +177,43 @@ absl::Status SimCudaApi::SetDevice(int ordinal) {
 }
 
 absl::StatusOr<CudaMemInfo> SimCudaApi::MemGetInfo() {
-  base::MutexLock lock(mu_);
-  if (CurrentLocked() < 0) return absl::FailedPreconditionError("cudaMemGetInfo: no device set");
+  if (Current() < 0) return absl::FailedPreconditionError("cudaMemGetInfo: no device set");
   return CudaMemInfo{options_.device_total_bytes, options_.device_total_bytes};
 }
 
 absl::StatusOr<void*> SimCudaApi::CreateStream() {
-  base::MutexLock lock(mu_);
-  const int cur = CurrentLocked();
+  const int cur = Current();
   if (cur < 0) return absl::FailedPreconditionError("cudaStreamCreate: no device set");
-  auto s = std::make_unique<Stream>();
-  s->ordinal = cur;
-  void* p = s.get();
-  streams_[p] = std::move(s);
-  return p;
+  Shard& sh = ShardOfGpu(cur);
+  base::MutexLock lock(sh.mu);
+  const uint64_t id = sh.next_handle_id++;
+  sh.streams[id].ordinal = cur;
+  return Handle(ShardIndex(cur), id);
 }
 
 void SimCudaApi::DestroyStream(void* stream) {
-  base::MutexLock lock(mu_);
-  streams_.erase(stream);
+  uint64_t id = 0;
+  Shard* sh = ShardOfHandle(stream, &id);
+  if (sh == nullptr) return;
+  base::MutexLock lock(sh->mu);
+  sh->streams.erase(id);
 }
 
 absl::StatusOr<void*> SimCudaApi::CreateEvent() {
-  base::MutexLock lock(mu_);
-  auto e = std::make_unique<Event>();
-  void* p = e.get();
-  events_[p] = std::move(e);
-  return p;
+  const int cur = std::max(0, Current());  // (an IPC event opened with no device set: GPU 0's)
+  Shard& sh = ShardOfGpu(cur);
+  base::MutexLock lock(sh.mu);
+  const uint64_t id = sh.next_handle_id++;
+  sh.events[id];
+  return Handle(ShardIndex(cur), id);
 }
 
 void SimCudaApi::DestroyEvent(void* event) {
-  base::MutexLock lock(mu_);
-  events_.erase(event);
+  uint64_t id = 0;
+  Shard* sh = ShardOfHandle(event, &id);
+  if (sh == nullptr) return;
+  base::MutexLock lock(sh->mu);
+  sh->events.erase(id);
 }
 
 absl::StatusOr<void*> SimCudaApi::IpcOpenMemHandle(absl::string_view handle) {
@@ -202,6 +246,9 @@ absl::StatusOr<void*> SimCudaApi::IpcOpenMemHandle(absl::string_view handle) {
   a.base = next_base_;
   next_base_ += (a.size_bytes + 2 * kBaseAlign - 1) / kBaseAlign * kBaseAlign;
   mapped_[a.base] = key;
+  Shard& sh = ShardOfGpu(cur);  // (lock order: mu_, then a shard's)
+  base::MutexLock shard_lock(sh.mu);
+  sh.mapped[a.base] = {cur, a.size_bytes};
   return reinterpret_cast<void*>(a.base);
 }
 
@@ -211,7 +258,13 @@ absl::Status SimCudaApi::IpcCloseMemHandle(void* device_ptr) {
   if (it == mapped_.end()) {
     return absl::FailedPreconditionError("cudaIpcCloseMemHandle: cudaErrorInvalidValue (1)");
   }
-  allocations_[it->second].base = 0;
+  Allocation& a = allocations_[it->second];
+  {
+    Shard& sh = ShardOfGpu(a.ordinal);
+    base::MutexLock shard_lock(sh.mu);
+    sh.mapped.erase(a.base);
+  }
+  a.base = 0;
   mapped_.erase(it);
   return absl::OkStatus();
 }
@@ -234,35 +287,65 @@ absl::StatusOr<void*> SimCudaApi::IpcOpenEventHandle(absl::string_view handle) {
 }
 
 absl::Status SimCudaApi::StreamWaitEvent(void* stream, void* event) {
-  base::MutexLock lock(mu_);
-  auto s = streams_.find(stream);
-  auto e = events_.find(event);
-  if (s == streams_.end() || e == events_.end()) {
+  uint64_t sid = 0, eid = 0;
+  Shard* ss = ShardOfHandle(stream, &sid);
+  Shard* es = ShardOfHandle(event, &eid);
+  if (ss == nullptr || es == nullptr) {
     return absl::FailedPreconditionError("cudaStreamWaitEvent: cudaErrorInvalidResourceHandle");
   }
-  for (CopyTimingModel::OpId op : e->second->ops) s->second->waits.push_back(op);
+  std::vector<CopyTimingModel::OpId> ops;
+  {
+    base::MutexLock lock(es->mu);
+    auto e = es->events.find(eid);
+    if (e == es->events.end()) {
+      return absl::FailedPreconditionError("cudaStreamWaitEvent: cudaErrorInvalidResourceHandle");
+    }
+    ops = e->second.ops;
+    if (es != ss) {  // another shard's model: only an event already complete can be waited on
+      es->model.AdvanceTo(Now());
+      for (CopyTimingModel::OpId op : ops) {
+        if (!es->model.Done(op)) {
+          return absl::FailedPreconditionError(
+              "cudaStreamWaitEvent: cuda-sim does not model a wait on a pending event of a GPU "
+              "in another shard (behind another switch, or another GPU without a switch limit)");
+        }
+      }
+      ops.clear();
+    }
+  }
+  base::MutexLock lock(ss->mu);
+  auto s = ss->streams.find(sid);
+  if (s == ss->streams.end()) {
+    return absl::FailedPreconditionError("cudaStreamWaitEvent: cudaErrorInvalidResourceHandle");
+  }
+  for (CopyTimingModel::OpId op : ops) s->second.waits.push_back(op);
   return absl::OkStatus();
 }
 
 absl::Status SimCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes,
                                      Direction direction, void* stream) {
   clock_->SpendHostSeconds(options_.memcpy_host_seconds);
-  base::MutexLock lock(mu_);
-  counts_.host_seconds += options_.memcpy_host_seconds;
-  auto s = streams_.find(stream);
-  if (s == streams_.end()) {
+  uint64_t sid = 0;
+  Shard* sh = ShardOfHandle(stream, &sid);
+  if (sh == nullptr) {
     return absl::FailedPreconditionError("cudaMemcpyAsync: cudaErrorInvalidResourceHandle");
   }
+  base::MutexLock lock(sh->mu);
+  sh->counts.host_seconds += options_.memcpy_host_seconds;
+  auto s = sh->streams.find(sid);
+  if (s == sh->streams.end()) {
+    return absl::FailedPreconditionError("cudaMemcpyAsync: cudaErrorInvalidResourceHandle");
+  }
+  Stream& st = s->second;
   const void* host = direction == Direction::kDeviceToHost ? dst : src;
   const uintptr_t dev =
       reinterpret_cast<uintptr_t>(direction == Direction::kDeviceToHost ? src : dst);
-  auto m = mapped_.upper_bound(dev);
-  bool inside = host != nullptr && m != mapped_.begin();
+  auto m = sh->mapped.upper_bound(dev);
+  bool inside = host != nullptr && m != sh->mapped.begin();
   if (inside) {
     --m;
-    const Allocation& a = allocations_[m->second];
-    inside = a.ordinal == s->second->ordinal && dev - a.base <= a.size_bytes &&
-             bytes <= a.size_bytes - (dev - a.base);
+    const auto [ordinal, size] = m->second;
+    inside = ordinal == st.ordinal && dev - m->first <= size && bytes <= size - (dev - m->first);
   }
   if (!inside) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -270,44 +353,60 @@ absl::Status SimCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes,
         "%#x is outside every allocation mapped on the stream's device (or host is null)",
         DirectionName(direction), bytes, dev));
   }
-  Stream& st = *s->second;
   std::vector<CopyTimingModel::OpId> after = st.waits;
   after.push_back(st.last);
   const int host_node = options_.host_numa_node ? options_.host_numa_node(host) : -1;
-  st.last = model_.Enqueue(Now(), st.ordinal, direction, bytes, after, host_node);
+  st.last = sh->model.Enqueue(Now(), st.ordinal - sh->first_gpu, direction, bytes, after,
+                              host_node);
   st.waits.clear();
-  ++counts_.memcpys;
-  counts_.memcpy_bytes += bytes;
+  ++sh->counts.memcpys;
+  sh->counts.memcpy_bytes += bytes;
   return absl::OkStatus();
 }
 
 absl::Status SimCudaApi::EventRecord(void* event, void* stream) {
   clock_->SpendHostSeconds(options_.event_record_host_seconds);
-  base::MutexLock lock(mu_);
-  counts_.host_seconds += options_.event_record_host_seconds;
-  auto s = streams_.find(stream);
-  auto e = events_.find(event);
-  if (s == streams_.end() || e == events_.end()) {
+  uint64_t sid = 0, eid = 0;
+  Shard* ss = ShardOfHandle(stream, &sid);
+  Shard* es = ShardOfHandle(event, &eid);
+  if (ss == nullptr || es == nullptr) {
     return absl::FailedPreconditionError("cudaEventRecord: cudaErrorInvalidResourceHandle");
   }
-  e->second->ops = s->second->waits;
-  e->second->ops.push_back(s->second->last);
-  ++counts_.event_records;
+  base::MutexLock lock(ss->mu);
+  ss->counts.host_seconds += options_.event_record_host_seconds;
+  if (es != ss) {
+    return absl::FailedPreconditionError(
+        "cudaEventRecord: cudaErrorInvalidResourceHandle (400): the event was created on a "
+        "device of another shard than the stream's");
+  }
+  auto s = ss->streams.find(sid);
+  auto e = ss->events.find(eid);
+  if (s == ss->streams.end() || e == ss->events.end()) {
+    return absl::FailedPreconditionError("cudaEventRecord: cudaErrorInvalidResourceHandle");
+  }
+  e->second.ops = s->second.waits;
+  e->second.ops.push_back(s->second.last);
+  ++ss->counts.event_records;
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> SimCudaApi::EventQuery(void* event) {
   clock_->SpendHostSeconds(options_.event_query_host_seconds);
-  base::MutexLock lock(mu_);
-  counts_.host_seconds += options_.event_query_host_seconds;
-  ++counts_.event_queries;
-  auto e = events_.find(event);
-  if (e == events_.end()) {
+  uint64_t eid = 0;
+  Shard* sh = ShardOfHandle(event, &eid);
+  if (sh == nullptr) {
     return absl::FailedPreconditionError("cudaEventQuery: cudaErrorInvalidResourceHandle");
   }
-  model_.AdvanceTo(Now());
-  for (CopyTimingModel::OpId op : e->second->ops) {
-    if (!model_.Done(op)) return false;
+  base::MutexLock lock(sh->mu);
+  sh->counts.host_seconds += options_.event_query_host_seconds;
+  ++sh->counts.event_queries;
+  auto e = sh->events.find(eid);
+  if (e == sh->events.end()) {
+    return absl::FailedPreconditionError("cudaEventQuery: cudaErrorInvalidResourceHandle");
+  }
+  sh->model.AdvanceTo(Now());
+  for (CopyTimingModel::OpId op : e->second.ops) {
+    if (!sh->model.Done(op)) return false;
   }
   return true;
 }

@@ -19,8 +19,16 @@
 // in-process benchmarks) or SimMemHandle (clients of a cuda-sim daemon); pointers it returns lie
 // in an address range no one maps and are never dereferenced.
 //
-// Threading: every method is thread-safe (one mutex; host costs are spent outside it). Affinity
-// is not checked (FakeCudaApi does that).
+// Threading: every method is thread-safe; host costs are spent outside any lock. The GPUs are
+// split into shards, each with its own model, streams, events and mutex: one shard per switch
+// when a switch limit couples its GPUs (switch_bytes_per_second > 0), else one per GPU. Copies
+// on different shards never wait for one lock, as calls on different GPUs' contexts do not in
+// the driver: with one lock for all GPUs, eight device threads on a small host spent more time
+// waking each other on it than driving their engines, which measured the simulator rather than
+// the daemon (copy_sim_bench, BENCHMARKS.md). A stream or event belongs to the shard of the
+// device current when it was created (its handle says which). A stream may wait only on events
+// of its own shard, or on events already complete (a client's IPC event): other waits fail
+// with FAILED_PRECONDITION ("not modelled"). Affinity is not checked (FakeCudaApi does that).
 #ifndef OFFLOADD_SERVER_COPY_CUDA_API_SIM_H_
 #define OFFLOADD_SERVER_COPY_CUDA_API_SIM_H_
 
@@ -73,7 +81,7 @@ struct SimCudaOptions {
   uint64_t device_total_bytes = 141ull * 1000 * 1000 * 1000;  // H200: 141 GB
   // The NUMA node of a copy's host buffer, for the model's cross-node factor
   // (CopyModelOptions::cross_node_rate_factor); -1 = unknown. Null: every copy unknown. Called
-  // with the api's mutex held: must not call back into the api.
+  // with a shard's mutex held: must not call back into the api.
   std::function<int(const void* host)> host_numa_node;
 };
 
@@ -143,25 +151,46 @@ class SimCudaApi : public CudaApi {
     std::vector<CopyTimingModel::OpId> waits;  // since the last copy
   };
   struct Event {
-    std::vector<CopyTimingModel::OpId> ops;
+    std::vector<CopyTimingModel::OpId> ops;  // in its shard's model
   };
+  // GPUs [first_gpu, first_gpu + gpus) with their own model (see "Threading" above).
+  struct Shard {
+    explicit Shard(const CopyModelOptions& o) : first_gpu(o.first_gpu), model(o) {}
+    const int first_gpu;
+    base::Mutex mu;
+    CopyTimingModel model GUARDED_BY(mu);
+    std::map<uint64_t, Stream> streams GUARDED_BY(mu);  // by handle id
+    std::map<uint64_t, Event> events GUARDED_BY(mu);
+    // Its GPUs' mapped allocations: base -> (ordinal, size in bytes).
+    std::map<uintptr_t, std::pair<int, uint64_t>> mapped GUARDED_BY(mu);
+    uint64_t next_handle_id GUARDED_BY(mu) = 1;
+    SimCallCounts counts GUARDED_BY(mu);
+  };
+  // Stream and event handles: (shard + 1) << kShardShift | id, never dereferenced.
+  static constexpr int kShardShift = 40;
+  static void* Handle(size_t shard, uint64_t id);
+  // The shard a handle names and its id there; null for anything else.
+  Shard* ShardOfHandle(void* handle, uint64_t* id) const;
+  Shard& ShardOfGpu(int ordinal) const { return *shards_[ordinal / gpus_per_shard_]; }
+  size_t ShardIndex(int ordinal) const { return ordinal / gpus_per_shard_; }
   int CurrentLocked() const REQUIRES(mu_);  // -1 when none
+  int Current() EXCLUDES(mu_);
   double Now() { return clock_->NowSeconds(); }
 
   const SimCudaOptions options_;
   SimClock* const clock_;
-  base::Mutex mu_;
-  CopyTimingModel model_ GUARDED_BY(mu_);
+  int gpus_per_shard_ = 1;
+  std::vector<std::unique_ptr<Shard>> shards_;  // fixed after construction
   std::vector<CudaDeviceInfo> devices_;
+  // Rare calls (contexts, IPC handles, registrations) share one lock; copies and events use
+  // only their shard's.
+  base::Mutex mu_;
   std::map<std::thread::id, int> current_ GUARDED_BY(mu_);
   std::map<std::string, Allocation> allocations_ GUARDED_BY(mu_);  // by handle
   std::map<uintptr_t, std::string> mapped_ GUARDED_BY(mu_);        // base -> handle
-  std::map<void*, std::unique_ptr<Stream>> streams_ GUARDED_BY(mu_);
-  std::map<void*, std::unique_ptr<Event>> events_ GUARDED_BY(mu_);
   std::map<uintptr_t, uint64_t> host_registered_ GUARDED_BY(mu_);
   uintptr_t next_base_ GUARDED_BY(mu_);
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
-  SimCallCounts counts_ GUARDED_BY(mu_);
 };
 
 // The cuda copy engine over a SimCudaApi with `options` on the real clock: `--backend=cuda-sim`.

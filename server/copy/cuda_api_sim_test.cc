@@ -195,6 +195,75 @@ TEST(SimCudaApiTest, CudaCopyEngineRunsOnTheSimulator) {
   EXPECT_EQ(api.call_counts().memcpys, 2u);
 }
 
+// Without a switch limit each GPU is its own shard (own model and lock): copies on two GPUs run
+// side by side, a stream may wait on another GPU's event only once it is complete, and handles
+// that name no stream or event fail as in CUDA. With a switch limit the GPUs behind one switch
+// share a shard, so the limit and cross-GPU waits stay modelled.
+TEST(SimCudaApiTest, GpusWithoutASwitchLimitAreSeparateShards) {
+  ManualSimClock clock;
+  SimCudaOptions o = Opts();
+  o.memcpy_host_seconds = o.event_record_host_seconds = o.event_query_host_seconds = 0;
+  SimCudaApi api(o, &clock);
+  uint8_t host[1];
+  std::vector<void*> dev(2), stream(2), event(2);
+  for (int g = 0; g < 2; ++g) {
+    std::string h = api.AddAllocation(g, 10 * kMs);
+    ASSERT_TRUE(api.SetDevice(g).ok());
+    dev[g] = *api.IpcOpenMemHandle(h);
+    stream[g] = *api.CreateStream();
+    event[g] = *api.CreateEvent();
+  }
+  ASSERT_TRUE(api.MemcpyAsync(host, dev[0], 2 * kMs, Direction::kDeviceToHost, stream[0]).ok());
+  ASSERT_TRUE(api.EventRecord(event[0], stream[0]).ok());
+  // GPU 0's copy is pending: GPU 1's stream cannot wait on it (another shard's model).
+  absl::Status wait = api.StreamWaitEvent(stream[1], event[0]);
+  EXPECT_EQ(wait.code(), absl::StatusCode::kFailedPrecondition) << wait;
+  EXPECT_NE(wait.message().find("another shard"), std::string::npos) << wait;
+  // Recording GPU 0's event on GPU 1's stream fails as CUDA does across devices.
+  EXPECT_EQ(api.EventRecord(event[0], stream[1]).code(), absl::StatusCode::kFailedPrecondition);
+  // A copy on GPU 1 is not held behind GPU 0's and ends on its own engine's time.
+  ASSERT_TRUE(api.MemcpyAsync(host, dev[1], kMs, Direction::kDeviceToHost, stream[1]).ok());
+  ASSERT_TRUE(api.EventRecord(event[1], stream[1]).ok());
+  clock.Advance(1);
+  EXPECT_TRUE(*api.EventQuery(event[0]));
+  EXPECT_TRUE(*api.EventQuery(event[1]));
+  EXPECT_NEAR(api.EventCompletionSeconds(event[0]), 0.002, kEps);
+  EXPECT_NEAR(api.EventCompletionSeconds(event[1]), 0.001, kEps);
+  // Complete now: waiting on it costs GPU 1 nothing.
+  EXPECT_TRUE(api.StreamWaitEvent(stream[1], event[0]).ok());
+  EXPECT_EQ(api.engine_stats(0, Direction::kDeviceToHost).bytes_done, 2 * kMs);
+  EXPECT_EQ(api.engine_stats(1, Direction::kDeviceToHost).bytes_done, kMs);
+  EXPECT_EQ(api.call_counts().memcpys, 2u);
+  // Not handles of this api.
+  int not_a_handle = 0;
+  EXPECT_FALSE(api.EventQuery(&not_a_handle).ok());
+  EXPECT_FALSE(api.MemcpyAsync(host, dev[0], 1, Direction::kDeviceToHost, nullptr).ok());
+  api.DestroyEvent(event[1]);
+  EXPECT_FALSE(api.EventQuery(event[1]).ok());
+
+  // Behind one limited switch both GPUs share one shard: the wait holds GPU 1's copy.
+  o.model.switch_bytes_per_second = 2e9;
+  SimCudaApi coupled(o, &clock);
+  std::vector<void*> cdev(2), cstream(2);
+  for (int g = 0; g < 2; ++g) {
+    std::string h = coupled.AddAllocation(g, 10 * kMs);
+    ASSERT_TRUE(coupled.SetDevice(g).ok());
+    cdev[g] = *coupled.IpcOpenMemHandle(h);
+    cstream[g] = *coupled.CreateStream();
+  }
+  void* e0 = *coupled.CreateEvent();  // (created with GPU 1 current: same shard)
+  void* e1 = *coupled.CreateEvent();
+  ASSERT_TRUE(coupled.MemcpyAsync(host, cdev[0], 2 * kMs, Direction::kDeviceToHost, cstream[0]).ok());
+  ASSERT_TRUE(coupled.EventRecord(e0, cstream[0]).ok());
+  ASSERT_TRUE(coupled.StreamWaitEvent(cstream[1], e0).ok());
+  ASSERT_TRUE(coupled.MemcpyAsync(cdev[1], host, kMs, Direction::kHostToDevice, cstream[1]).ok());
+  ASSERT_TRUE(coupled.EventRecord(e1, cstream[1]).ok());
+  clock.Advance(1);
+  EXPECT_TRUE(*coupled.EventQuery(e1));
+  EXPECT_NEAR(coupled.EventCompletionSeconds(e1) - coupled.EventCompletionSeconds(e0), 0.001,
+              kEps);
+}
+
 // Issue 16: the asynchronous engine before it has learned a copy rate (copies under 256 KiB
 // teach none) keeps querying what is still issued after a completion. The clock moves only by
 // the worker's calls, so a worker that went to sleep instead would never see the second copy
