@@ -24,8 +24,9 @@
 // both alike. Figures per engine and chunk size:
 //  - achieved bytes per engine / (window x modelled rate): the median over windows of the mean
 //    over D2H engines (and H2D engines), and the lowest single engine (1.0 = never idle);
-//  - urgent reload latency, submit to done, in chunk-times (chunk_bytes / modelled rate): median
-//    and max over all windows' samples; one chunk-time of it is its own copy;
+//  - urgent reload latency, submit to its `done` callback, in chunk-times (chunk_bytes /
+//    modelled rate): median and max over all windows' samples; one chunk-time of it is its
+//    own copy;
 //  - host CPU seconds (getrusage, the whole process) per GiB moved, and the part of it the model
 //    charged as driver cost (5 us per cudaMemcpyAsync, 1 us per event record, 0.5 us per query).
 //
@@ -363,14 +364,20 @@ Result RunOne(const Flags& f, bool async, uint64_t chunk_bytes, bool interleaved
                TransferNode(f, interleaved, g, i / f.gpus));
       auto done = std::make_shared<std::promise<absl::Status>>();
       auto fut = done->get_future();
-      t->done = [done](absl::Status st) { done->set_value(std::move(st)); };
+      // The latency ends when the daemon learns the reload is done (its `done`, which answers
+      // the client), not when this thread wakes to read the future.
+      auto done_at = std::make_shared<double>(0);
+      t->done = [done, done_at](absl::Status st) {
+        *done_at = SteadyNowSeconds();
+        done->set_value(std::move(st));
+      };
       const double t0 = SteadyNowSeconds();
       h2d[g / f.gpus_per_switch]->Submit(t);
       if (fut.wait_for(std::chrono::seconds(10)) != std::future_status::ready || !fut.get().ok()) {
         ++urgent_lost;
         continue;
       }
-      urgent.push_back(SteadyNowSeconds() - t0);
+      urgent.push_back(*done_at - t0);
     }
   });
 
