@@ -273,6 +273,7 @@ TEST(SimCudaApiTest, AsyncEngineWithoutALearnedRateQueriesUntilEveryCopyComplete
   SimCudaApi api(Opts(), &clock);
   CudaEngineOptions eo;
   eo.asynchronous = true;
+  eo.assumed_bytes_per_second = 0;  // no rate at all until one is learned
   CudaCopyEngine engine(api.Borrow(), eo);
   std::string h = api.AddAllocation(0, kMs);
   RegionSpec spec;

@@ -16,10 +16,9 @@ constexpr double kSpinSeconds = 200e-6;  // past a predicted end: query continuo
 constexpr double kBackoffSeconds = 20e-6;  // then between queries
 constexpr double kWakeEarlySeconds = 5e-6;  // wake this much before a predicted end
 constexpr double kNever = std::numeric_limits<double>::infinity();
-constexpr double kRateWeight = 0.2;  // of a new sample in the learned rate
-// Copies smaller than this teach nothing about the rate: their time is the host's wake-up and
-// query latency (a 4 KiB copy takes 0.07 µs at 55 GB/s).
-constexpr uint64_t kMinRateSampleBytes = 256 << 10;
+// Where an unlearned lane stops doubling its assumed rate (well above any host link today:
+// NVLink-C2C is ~450 GB/s per direction).
+constexpr double kMaxAssumedBytesPerSecond = 4e12;
 
 double Now() { return base::SteadyNowSeconds(); }
 
@@ -30,11 +29,15 @@ DeviceWorker::DeviceWorker(CudaApi* api, CudaDeviceInfo device, DeviceWorkerOpti
         options.streams_per_direction = std::max<uint32_t>(1, options.streams_per_direction);
         options.max_issued_per_direction = std::max<uint32_t>(2, options.max_issued_per_direction);
         options.issue_ahead_seconds = std::max(0.0, options.issue_ahead_seconds);
+        options.assumed_bytes_per_second = std::max(0.0, options.assumed_bytes_per_second);
         options.max_issue_ahead_seconds =
             std::max(options.issue_ahead_seconds, options.max_issue_ahead_seconds);
         return options;
       }()) {
-  for (Lane& l : lanes_) l.ahead_seconds = options_.issue_ahead_seconds;
+  for (Lane& l : lanes_) {
+    l.ahead_seconds = options_.issue_ahead_seconds;
+    l.bytes_per_second = options_.assumed_bytes_per_second;
+  }
 }
 
 DeviceWorker::~DeviceWorker() { Stop(); }
@@ -169,10 +172,11 @@ void DeviceWorker::Poll(Lane& l) {
   // One engine serves a lane's copies in issue order, but several streams may finish out of
   // order: query them all (a lane keeps few issued).
   for (size_t i = 0; i < l.issued.size();) {
+    const double asked_at = Now();
     auto q = api_->EventQuery(l.issued[i].event);
     const double now = Now();
     if (q.ok() && !*q) {
-      l.issued[i].seen_pending_at = now;
+      l.issued[i].seen_pending_at = asked_at;
       ++i;
       continue;
     }
@@ -200,17 +204,17 @@ void DeviceWorker::Complete(Lane& l, double seen_done_at) {
       c.predicted_end <= seen_done_at) {
     end = c.predicted_end;
   }
-  const double start = std::max(c.issued_at, l.last_end);
-  if (end > start && c.bytes >= kMinRateSampleBytes) {
-    const double sample = static_cast<double>(c.bytes) / (end - start);
-    l.bytes_per_second = l.bytes_per_second == 0
-                             ? sample
-                             : (1 - kRateWeight) * l.bytes_per_second + kRateWeight * sample;
-  }
-  l.last_end = end;
+  l.rate.OnCompletion(c.bytes, c.queued_at <= l.last_seen_pending_at, seen_done_at);
+  if (l.rate.samples() > 0) l.bytes_per_second = l.rate.bytes_per_second();
+  l.last_seen_pending_at = c.seen_pending_at;
   if (l.issued.empty() && (!l.urgent.empty() || !l.normal.empty())) {
     ++l.dry_runs;  // the engine idles while copies wait: issue further ahead
     l.ahead_seconds = std::min(2 * l.ahead_seconds, options_.max_issue_ahead_seconds);
+    // An assumed rate below the engine's makes every copy look longer than it is, so the next
+    // one is issued late, the engine idles, and no back-to-back copies teach the real rate.
+    if (l.rate.samples() == 0 && l.bytes_per_second > 0) {
+      l.bytes_per_second = std::min(2 * l.bytes_per_second, kMaxAssumedBytesPerSecond);
+    }
   } else {
     l.ahead_seconds = std::max(options_.issue_ahead_seconds, 0.99 * l.ahead_seconds);
   }
@@ -268,8 +272,8 @@ void DeviceWorker::Issue(Lane& l) {
         std::max(l.free_at, issued_at) +
         (l.bytes_per_second > 0 ? c.bytes / l.bytes_per_second : 0);
     l.free_at = predicted_end;
-    l.issued.push_back(
-        Issued{event, c.bytes, std::move(c.done), issued_at, predicted_end, issued_at});
+    l.issued.push_back(Issued{event, c.bytes, std::move(c.done), issued_at, predicted_end,
+                              issued_at, Now()});
   }
 }
 

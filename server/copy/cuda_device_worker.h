@@ -11,9 +11,10 @@
 // order. A copy is issued (cudaMemcpyAsync + a completion event) only "just in time": while the
 // lane's issued work is predicted to end within `issue_ahead_seconds`, so the copy engine never
 // idles between copies, yet an urgent copy waits for at most the copy running now plus that
-// much. Predictions use the lane's rate, learned from the completions of copies of 256 KiB or
-// more (bytes over the time between the previous completion, or the issue, and this one);
-// until a rate is known a lane keeps two copies issued. Completions are learned by querying the issued events: the
+// much. Predictions use the lane's rate, learned over windows of back-to-back completions
+// (copy_rate_estimator.h: one copy's time, as a late-waking host sees it, is too noisy);
+// until then it plans with `assumed_bytes_per_second`, or, without one, keeps two copies
+// issued. Completions are learned by querying the issued events: the
 // thread sleeps (timer slack 1 µs) until the earliest predicted end or issue time, then queries;
 // past a prediction it spins (yielding) for up to ~200 µs, then sleeps 20 µs between queries.
 // Completion callbacks run on this thread; a copy posted from one of them (IssueAsync on the
@@ -31,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "server/base/mutex.h"
+#include "server/copy/copy_rate_estimator.h"
 #include "server/copy/cuda_api.h"
 
 namespace offloadd::copy {
@@ -46,6 +48,14 @@ struct DeviceWorkerOptions {
   double issue_ahead_seconds = 50e-6;
   double max_issue_ahead_seconds = 1e-3;
   uint32_t max_issued_per_direction = 16;  // a bound whatever the rate says; >= 2
+  // The rate a lane plans with until it has learned its own; 0 = none (keep two copies issued
+  // until then). Learning needs copies that run back to back, which two issued copies give only
+  // when the thread wakes within one copy's time: on a busy host with small copies a lane could
+  // stay unlearned at two copies (copy_sim_bench, 1 MiB chunks, 8 GPUs). An assumed rate below
+  // the engine's issues each copy late (it looks longer than it is), so the engine idles; each
+  // time an unlearned lane runs dry the assumption doubles. The engine's default is 25 GB/s (a
+  // PCIe 4.0 x16 link's order; an H200 reaches 55 GB/s, so two doublings).
+  double assumed_bytes_per_second = 0;
 };
 
 class DeviceWorker {
@@ -86,7 +96,8 @@ class DeviceWorker {
   bool OnThread() const { return std::this_thread::get_id() == thread_id_.load(); }
   // A lane's figures as of the device thread's last pass, for the benchmark and tests: times
   // its copy engine was left idle with copies queued (the thread woke too late), its current
-  // issue-ahead margin, its learned rate (0 = none yet), copies queued and issued.
+  // issue-ahead margin, its rate (learned, else the assumed one; 0 = neither), copies queued
+  // and issued.
   struct LaneStats {
     uint64_t dry_runs = 0;
     double ahead_seconds = 0, bytes_per_second = 0;
@@ -105,7 +116,8 @@ class DeviceWorker {
     uint64_t bytes;
     std::function<void(absl::Status)> done;
     double issued_at, predicted_end;
-    double seen_pending_at;  // last query that said "not yet" (issued_at before any)
+    double seen_pending_at;  // start of the last query that said "not yet" (issued_at before any)
+    double queued_at;        // its copy and event were on the stream by then
   };
   struct Lane {  // one direction; device thread only
     std::vector<void*> streams;
@@ -113,8 +125,10 @@ class DeviceWorker {
     std::deque<Copy> urgent, normal;
     std::deque<Issued> issued;
     double free_at = 0;   // predicted end of the last issued copy
-    double last_end = 0;  // estimated end of the last completed copy
-    double bytes_per_second = 0;  // learned; 0 = not yet
+    CopyRateEstimator rate;
+    double bytes_per_second = 0;  // learned, else assumed; 0 = neither
+    // seen_pending_at of the copy that completed last: a copy queued before it ran back to back.
+    double last_seen_pending_at = -1;
     double ahead_seconds = 0;     // current margin (see DeviceWorkerOptions)
     uint64_t dry_runs = 0;        // completions that left the engine idle with copies waiting
   };

@@ -131,6 +131,7 @@ absl::StatusOr<std::shared_ptr<DeviceWorker>> CudaCopyEngine::Shared::WorkerFor(
   wo.streams_per_direction = options.streams_per_direction;
   wo.issue_ahead_seconds = options.issue_ahead_seconds;
   wo.max_issue_ahead_seconds = options.max_issue_ahead_seconds;
+  wo.assumed_bytes_per_second = options.assumed_bytes_per_second;
   auto w = std::make_shared<DeviceWorker>(api.get(), device, wo);
   absl::Status st = w->Start();
   if (!st.ok()) return st;

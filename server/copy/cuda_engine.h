@@ -58,6 +58,8 @@ struct CudaEngineOptions {
   // at the rate the worker learns); see DeviceWorkerOptions.
   double issue_ahead_seconds = 50e-6;
   double max_issue_ahead_seconds = 1e-3;
+  // The rate a lane plans with until it has learned its own (DeviceWorkerOptions); 0 = none.
+  double assumed_bytes_per_second = 25e9;
 };
 
 struct CudaDeviceStats {

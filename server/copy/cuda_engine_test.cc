@@ -425,7 +425,9 @@ TEST_F(TwoStreamEngineTest, WaitReadyCoversEveryD2HStreamAndEventsAreEvictedLru)
 
 class AsyncEngineTest : public CudaEngineTest {
  protected:
-  AsyncEngineTest() : CudaEngineTest(CudaEngineOptions{1, 64ull << 30, 64, true}) {}
+  // No assumed rate: until it learns one the worker keeps two copies issued, which these tests
+  // hold and count.
+  AsyncEngineTest() : CudaEngineTest(CudaEngineOptions{1, 64ull << 30, 64, true, 50e-6, 1e-3, 0}) {}
 };
 
 // Issue 16: PostChunk returns once the copy is queued; its callback runs once, on the device
