@@ -89,7 +89,10 @@ struct ClientOptions {
   // name on the shm backend. Selects the link the daemon schedules this client's copies on.
   std::string device_id;
   uint32_t pid = 0;                       // 0: getpid()
-  double connect_timeout_seconds = 10.0;  // socket connect + HelloReply, together
+  // Socket connect + HelloReply, together. A missing socket or a daemon not listening yet is
+  // retried for this long (a training process may start before its sidecar daemon), so with no
+  // daemon at all Connect returns UNAVAILABLE only after the whole timeout.
+  double connect_timeout_seconds = 10.0;
   double close_timeout_seconds = 5.0;     // Close(): wait this long for the daemon, then cancel
   double unary_timeout_seconds = 10.0;    // GetStats(), CheckHealth()
   // Resume() / auto_resume: presented in Hello to take over the blocks of the session that token names (a
