@@ -23,7 +23,10 @@
 //
 // Flags (--name=value): socket (offloadd's; empty = ping-pong only), cuda_sim 0 (1: the daemon
 // runs --backend=cuda-sim; register a simulated allocation on its GPU 0), requests 2000 (per kind),
-// warmup 200, payload_bytes 64.
+// warmup 200, payload_bytes 64, bare_server_cpu -1 (>= 0: pin the forked bare server to that CPU,
+// so that it can sit where the daemon is pinned: which cores the client and the server share
+// decides the round trip on a small machine, see BENCHMARKS.md).
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -330,6 +333,7 @@ int main(int argc, char** argv) {
   bool cuda_sim = false;
   int requests = 2000, warmup = 200;
   uint64_t payload = 64;
+  int bare_server_cpu = -1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto eq = a.find('=');
@@ -345,12 +349,14 @@ int main(int argc, char** argv) {
       ok = absl::SimpleAtoi(v, &warmup);
     else if (name == "--payload_bytes")
       ok = absl::SimpleAtoi(v, &payload);
+    else if (name == "--bare_server_cpu")
+      ok = absl::SimpleAtoi(v, &bare_server_cpu) && bare_server_cpu < CPU_SETSIZE;
     else
       ok = false;
     if (!ok) {
       std::fprintf(stderr,
                    "small_request_bench: bad argument '%s' (flags: --socket=PATH "
-                   "--requests=N --warmup=N --payload_bytes=N)\n",
+                   "--requests=N --warmup=N --payload_bytes=N --bare_server_cpu=N)\n",
                    a.c_str());
       return 2;
     }
@@ -359,7 +365,18 @@ int main(int argc, char** argv) {
   unlink(path.c_str());
   const pid_t child = fork();
   if (child < 0) return 2;
-  if (child == 0) offloadd::bench::Serve(path);
+  if (child == 0) {
+    if (bare_server_cpu >= 0) {
+      cpu_set_t cpus;
+      CPU_ZERO(&cpus);
+      CPU_SET(bare_server_cpu, &cpus);
+      if (sched_setaffinity(0, sizeof(cpus), &cpus) != 0) {
+        std::perror("small_request_bench: sched_setaffinity(--bare_server_cpu)");
+        _exit(2);
+      }
+    }
+    offloadd::bench::Serve(path);
+  }
   struct stat st {};
   for (int i = 0; i < 200 && stat(path.c_str(), &st) != 0; ++i) usleep(20000);
   const int rc = offloadd::bench::Run(path, daemon_socket, cuda_sim, requests, warmup, payload);
