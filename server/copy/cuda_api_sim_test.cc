@@ -2,12 +2,16 @@
 // checked pointers, and the real cuda engine running on it.
 #include "server/copy/cuda_api_sim.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/copy/cuda_device_worker.h"
 #include "server/copy/cuda_engine.h"
 
 namespace offloadd::copy {
@@ -301,6 +305,65 @@ TEST(SimCudaApiTest, AsyncEngineWithoutALearnedRateQueriesUntilEveryCopyComplete
   // A bound on a hang, not a speed check: the copies take ~0.1 ms of simulated time.
   EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return done == 2; }));
   EXPECT_EQ(api.engine_stats(0, Direction::kDeviceToHost).bytes_done, 4096u + 100000u);
+}
+
+// A lane that learned its rate while the engine was shared (H2D at a quarter of its rate while
+// D2H ran) relearns the full rate once D2H stops. It stayed at the shared rate before: each copy
+// ended before its prediction, the next was issued late (the margin tops out at 1 ms, less than
+// the misprediction of a 32 MiB copy), the engine idled between copies, and without back-to-back
+// copies no window formed to correct it (0.40 of the engine's rate, every copy a dry run). On
+// the real clock; the bounds below are on a hang, not a speed check.
+TEST(SimCudaApiTest, ARateLearnedUnderContentionRecoversWhenItEnds) {
+  SimCudaOptions o;
+  o.model.gpus = 1;
+  o.model.engine_bytes_per_second = 55e9;
+  o.model.h2d_share_while_d2h_busy = 0.25;
+  SimCudaApi api(o);
+  const uint64_t chunk = 32ull << 20;
+  std::string h = api.AddAllocation(0, chunk);
+  DeviceWorkerOptions wo;
+  wo.assumed_bytes_per_second = 0;  // a rate above 0 is a learned one
+  DeviceWorker worker(&api, (*api.ListDevices())[0], wo);
+  ASSERT_TRUE(worker.Start().ok());
+  void* dev = nullptr;
+  ASSERT_TRUE(worker.Run([&] {
+    auto d = api.IpcOpenMemHandle(h);
+    dev = d.ok() ? *d : nullptr;
+    return d.status();
+  }).ok());
+  std::atomic<bool> d2h_on{true}, stop{false};
+  std::atomic<int> errors{0};
+  uint8_t host[1];
+  std::function<void(Direction)> post = [&](Direction d) {
+    worker.IssueAsync(
+        d, chunk, /*urgent=*/false,
+        [&, d](void* s) {
+          return d == Direction::kDeviceToHost ? api.MemcpyAsync(host, dev, chunk, d, s)
+                                               : api.MemcpyAsync(dev, host, chunk, d, s);
+        },
+        [&, d](absl::Status st) {
+          if (!st.ok()) ++errors;
+          if (!stop && (d == Direction::kHostToDevice || d2h_on)) post(d);
+        });
+  };
+  for (int i = 0; i < 4; ++i) {
+    post(Direction::kDeviceToHost);
+    post(Direction::kHostToDevice);
+  }
+  auto h2d_rate = [&] { return worker.lane_stats(Direction::kHostToDevice).bytes_per_second; };
+  auto wait_for = [&](const std::function<bool()>& cond) {
+    for (int i = 0; i < 2000 && !cond(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return cond();
+  };
+  EXPECT_TRUE(wait_for([&] { return h2d_rate() > 0; }));
+  EXPECT_LT(h2d_rate(), 0.4 * 55e9);  // learned while shared (a quarter of 55 GB/s)
+  d2h_on = false;
+  EXPECT_TRUE(wait_for([&] { return h2d_rate() > 0.6 * 55e9; })) << h2d_rate();
+  stop = true;
+  worker.Stop();
+  EXPECT_EQ(errors.load(), 0);
 }
 
 }  // namespace

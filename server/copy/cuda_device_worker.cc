@@ -205,6 +205,7 @@ void DeviceWorker::Complete(Lane& l, double seen_done_at) {
     end = c.predicted_end;
   }
   l.rate.OnCompletion(c.bytes, c.queued_at <= l.last_seen_pending_at, seen_done_at);
+  l.rate.OnCopySpan(c.bytes, c.issued_at, seen_done_at);  // lifts a rate learned while shared
   if (l.rate.samples() > 0) l.bytes_per_second = l.rate.bytes_per_second();
   l.last_seen_pending_at = c.seen_pending_at;
   if (l.issued.empty() && (!l.urgent.empty() || !l.normal.empty())) {

@@ -12,7 +12,8 @@
 // lane's issued work is predicted to end within `issue_ahead_seconds`, so the copy engine never
 // idles between copies, yet an urgent copy waits for at most the copy running now plus that
 // much. Predictions use the lane's rate, learned over windows of back-to-back completions
-// (copy_rate_estimator.h: one copy's time, as a late-waking host sees it, is too noisy);
+// (copy_rate_estimator.h: one copy's time, as a late-waking host sees it, is too noisy; it
+// only lifts a learned rate it beats, as after the engine stops being shared);
 // until then it plans with `assumed_bytes_per_second`, or, without one, keeps two copies
 // issued. Completions are learned by querying the issued events: the
 // thread sleeps (timer slack 1 µs) until the earliest predicted end or issue time, then queries;
