@@ -366,5 +366,49 @@ TEST(SimCudaApiTest, ARateLearnedUnderContentionRecoversWhenItEnds) {
   EXPECT_EQ(errors.load(), 0);
 }
 
+// A lane that has seen only copies the host issues slower than the engine moves them (4 KiB:
+// ~6 us of driver calls, 0.07 us of copy) runs dry on most completions whatever rate it plans
+// with. Doubling its assumed rate on those drove it to the 4 TB/s ceiling, and the first large
+// copies then went out 16 at once (max_issued_per_direction): an urgent 64 MiB reload waited
+// 20 ms instead of ~2. Only a lane that held a copy back by its rate doubles it now.
+TEST(SimCudaApiTest, HostBoundTinyCopiesDoNotInflateTheAssumedRate) {
+  SimCudaOptions o;
+  o.model.gpus = 1;
+  o.model.engine_bytes_per_second = 55e9;
+  SimCudaApi api(o);
+  std::string h = api.AddAllocation(0, 1 << 20);
+  DeviceWorkerOptions wo;
+  wo.assumed_bytes_per_second = 25e9;
+  DeviceWorker worker(&api, (*api.ListDevices())[0], wo);
+  ASSERT_TRUE(worker.Start().ok());
+  void* dev = nullptr;
+  ASSERT_TRUE(worker.Run([&] {
+    auto d = api.IpcOpenMemHandle(h);
+    dev = d.ok() ? *d : nullptr;
+    return d.status();
+  }).ok());
+  uint8_t host[1];
+  const Direction d = Direction::kHostToDevice;
+  std::atomic<int> pending{0}, errors{0};
+  // Rounds of 4 tiny copies until the lane has run dry 20 times (bounded: a hang, not a speed).
+  for (int round = 0; round < 200000 && worker.lane_stats(d).dry_runs < 20; ++round) {
+    for (int i = 0; i < 4; ++i) {
+      ++pending;
+      worker.IssueAsync(
+          d, 4096, /*urgent=*/false, [&](void* s) { return api.MemcpyAsync(dev, host, 4096, d, s); },
+          [&](absl::Status st) {
+            if (!st.ok()) ++errors;
+            --pending;
+          });
+    }
+    while (pending > 0) std::this_thread::yield();
+  }
+  DeviceWorker::LaneStats ls = worker.lane_stats(d);
+  EXPECT_GE(ls.dry_runs, 20u);
+  EXPECT_LT(ls.bytes_per_second, 2 * 55e9) << "dry runs " << ls.dry_runs;
+  worker.Stop();
+  EXPECT_EQ(errors.load(), 0);
+}
+
 }  // namespace
 }  // namespace offloadd::copy

@@ -54,7 +54,8 @@ struct DeviceWorkerOptions {
   // when the thread wakes within one copy's time: on a busy host with small copies a lane could
   // stay unlearned at two copies (copy_sim_bench, 1 MiB chunks, 8 GPUs). An assumed rate below
   // the engine's issues each copy late (it looks longer than it is), so the engine idles; each
-  // time an unlearned lane runs dry the assumption doubles. The engine's default is 25 GB/s (a
+  // time an unlearned lane runs dry after holding a copy back by that rate the assumption
+  // doubles (copies the host issues slower than the engine moves them run dry at any rate). The engine's default is 25 GB/s (a
   // PCIe 4.0 x16 link's order; an H200 reaches 55 GB/s, so two doublings).
   double assumed_bytes_per_second = 0;
 };
@@ -132,6 +133,10 @@ class DeviceWorker {
     double last_seen_pending_at = -1;
     double ahead_seconds = 0;     // current margin (see DeviceWorkerOptions)
     uint64_t dry_runs = 0;        // completions that left the engine idle with copies waiting
+    // Issue's last pass held a copy back because the lane's work was predicted to run longer
+    // than the margin: only then can an assumed rate below the engine's have made the lane run
+    // dry (host-bound copies run dry at any rate).
+    bool held_by_rate = false;
   };
   struct Incoming {
     Direction direction;
