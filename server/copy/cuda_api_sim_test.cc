@@ -410,5 +410,139 @@ TEST(SimCudaApiTest, HostBoundTinyCopiesDoNotInflateTheAssumedRate) {
   EXPECT_EQ(errors.load(), 0);
 }
 
+// A sim of `gpus` GPUs at 1 GB/s, 2 per switch (limited at `switch_bytes_per_second` when > 0),
+// with no host costs.
+SimCudaOptions ShardOpts(int gpus, double switch_bytes_per_second = 0) {
+  SimCudaOptions o;
+  o.model.gpus = gpus;
+  o.model.gpus_per_switch = 2;
+  o.model.switch_bytes_per_second = switch_bytes_per_second;
+  o.model.engine_bytes_per_second = 1e9;
+  o.memcpy_host_seconds = o.event_record_host_seconds = o.event_query_host_seconds = 0;
+  return o;
+}
+
+// Shard-encoded handles: another api's (more shards), null, garbage, a stream passed as an
+// event, destroyed ones: every call fails or is a no-op, none crashes.
+TEST(SimCudaApiTest, HandlesOfAnotherApiNullGarbageOrDestroyedFailWithoutCrashing) {
+  ManualSimClock clock;
+  SimCudaApi a(ShardOpts(4), &clock), b(ShardOpts(1), &clock);
+  ASSERT_TRUE(a.SetDevice(3).ok());
+  void* s3 = *a.CreateStream();
+  void* e3 = *a.CreateEvent();
+  uint8_t host[1];
+  // a's GPU 3 handles in b (1 shard): not b's
+  EXPECT_FALSE(b.EventQuery(e3).ok());
+  EXPECT_FALSE(b.EventRecord(e3, s3).ok());
+  EXPECT_FALSE(b.StreamWaitEvent(s3, e3).ok());
+  EXPECT_FALSE(b.MemcpyAsync(host, host, 1, Direction::kDeviceToHost, s3).ok());
+  b.DestroyStream(s3);
+  b.DestroyEvent(e3);
+  EXPECT_EQ(b.EventCompletionSeconds(e3), -1);
+  for (uintptr_t v : {uintptr_t{0}, ~uintptr_t{0}, uintptr_t{1} << 40, (uintptr_t{5} << 40) | 7,
+                      uintptr_t{0xdeadbeef}, reinterpret_cast<uintptr_t>(&clock)}) {
+    void* h = reinterpret_cast<void*>(v);
+    EXPECT_FALSE(a.EventQuery(h).ok()) << v;
+    EXPECT_FALSE(a.EventRecord(h, s3).ok()) << v;
+    EXPECT_FALSE(a.EventRecord(e3, h).ok()) << v;
+    EXPECT_FALSE(a.StreamWaitEvent(h, e3).ok()) << v;
+    EXPECT_FALSE(a.StreamWaitEvent(s3, h).ok()) << v;
+    a.DestroyStream(h);
+    a.DestroyEvent(h);
+    EXPECT_EQ(a.EventCompletionSeconds(h), -1);
+  }
+  // stream used as event and vice versa
+  EXPECT_FALSE(a.EventQuery(s3).ok());
+  EXPECT_FALSE(a.EventRecord(s3, e3).ok());
+  a.DestroyStream(s3);
+  EXPECT_FALSE(a.EventRecord(e3, s3).ok());
+  EXPECT_TRUE(*a.EventQuery(e3));  // never recorded: complete
+  a.DestroyEvent(e3);
+  a.DestroyEvent(e3);  // twice
+  EXPECT_FALSE(a.EventQuery(e3).ok());
+}
+
+// 5 GPUs, 2 per limited switch: shards {0,1}, {2,3}, {4}; waits inside a shard work, across fail,
+// and the last GPU alone runs at its engine's rate.
+TEST(SimCudaApiTest, FiveGpusTwoPerSwitchMakeThreeShardsWithTheLimitInsideEach) {
+  ManualSimClock clock;
+  SimCudaApi api(ShardOpts(5, 1.5e9), &clock);  // shards {0,1},{2,3},{4}
+  uint8_t host[1];
+  std::vector<void*> s(5), e(5), d(5);
+  for (int g = 0; g < 5; ++g) {
+    std::string h = api.AddAllocation(g, 10 * kMs);
+    ASSERT_TRUE(api.SetDevice(g).ok());
+    d[g] = *api.IpcOpenMemHandle(h);
+    s[g] = *api.CreateStream();
+    e[g] = *api.CreateEvent();
+    ASSERT_TRUE(api.MemcpyAsync(host, d[g], kMs, Direction::kDeviceToHost, s[g]).ok());
+    ASSERT_TRUE(api.EventRecord(e[g], s[g]).ok());
+  }
+  EXPECT_TRUE(api.StreamWaitEvent(s[1], e[0]).ok());
+  EXPECT_FALSE(api.StreamWaitEvent(s[2], e[1]).ok());
+  EXPECT_FALSE(api.StreamWaitEvent(s[4], e[3]).ok());
+  clock.Advance(1);
+  // pairs share 1.5 GB/s: each 1 MB copy at 0.75 GB/s -> 1.333 ms; GPU 4 alone: 1 ms
+  EXPECT_NEAR(api.EventCompletionSeconds(e[0]), 1e-3 / 0.75, 1e-9);
+  EXPECT_NEAR(api.EventCompletionSeconds(e[2]), 1e-3 / 0.75, 1e-9);
+  EXPECT_NEAR(api.EventCompletionSeconds(e[4]), 1e-3, 1e-9);
+}
+
+// 16 threads on 8 GPUs (with and without a switch limit) copy, record, query, wait on other
+// GPUs' events, open and close IPC handles at once: no lost copy, no deadlock (and, under
+// --config=tsan, no race).
+TEST(SimCudaApiTest, ManyThreadsOnManyGpusAtOnce) {
+  SimCudaOptions o = ShardOpts(8);
+  o.model.engine_bytes_per_second = 1e12;
+  for (double sw : {0.0, 4e12}) {
+    o.model.switch_bytes_per_second = sw;
+    o.memcpy_host_seconds = 1e-7;
+    SimCudaApi api(o);
+    std::vector<void*> streams(8), events(8);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> ts;
+    std::atomic<uint64_t> fails{0};
+    for (int t = 0; t < 16; ++t) {
+      ts.emplace_back([&, t] {
+        const int g = t % 8;
+        std::string h = api.AddAllocation(g, 1 << 30);
+        EXPECT_TRUE(api.SetDevice(g).ok());
+        void* s = *api.CreateStream();
+        void* e = *api.CreateEvent();
+        if (t < 8) {
+          streams[g] = s;
+          events[g] = e;
+        }
+        ++ready;
+        while (ready < 16) std::this_thread::yield();
+        uint8_t host[1];
+        for (int i = 0; i < 3000; ++i) {
+          if (i % 100 == 0) {
+            auto dev = api.IpcOpenMemHandle(h);
+            if (!dev.ok()) { ++fails; continue; }
+            for (int k = 0; k < 50; ++k) {
+              if (!api.MemcpyAsync(host, *dev, 4096, Direction::kDeviceToHost, s).ok()) ++fails;
+              if (!api.EventRecord(e, s).ok()) ++fails;
+              (void)api.EventQuery(e);
+              (void)api.StreamWaitEvent(s, events[(g + k) % 8]);
+              (void)api.EventQuery(events[(g + 3) % 8]);
+              (void)api.EventCompletionSeconds(e);
+            }
+            (void)api.engine_stats((g + 1) % 8, Direction::kHostToDevice);
+            (void)api.call_counts();
+            void* ie = *api.IpcOpenEventHandle(std::string(64, 'a' + t));
+            (void)api.StreamWaitEvent(s, ie);
+            api.DestroyEvent(ie);
+            EXPECT_TRUE(api.IpcCloseMemHandle(*dev).ok());
+          }
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(fails.load(), 0u);
+    EXPECT_EQ(api.call_counts().memcpys, 16u * 30 * 50);
+  }
+}
+
 }  // namespace
 }  // namespace offloadd::copy
