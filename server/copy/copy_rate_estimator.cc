@@ -1,5 +1,7 @@
 #include "server/copy/copy_rate_estimator.h"
 
+#include <algorithm>
+
 namespace offloadd::copy {
 
 void CopyRateEstimator::OnCompletion(uint64_t bytes, bool contiguous, double seen_done_at) {
@@ -22,6 +24,12 @@ void CopyRateEstimator::OnCompletion(uint64_t bytes, bool contiguous, double see
   window_start_ = seen_done_at;  // the next window starts where this one ended
   window_bytes_ = 0;
   window_copies_ = 0;
+}
+
+void CopyRateEstimator::OnCopySpan(uint64_t bytes, double issued_at, double seen_done_at) {
+  const double span = seen_done_at - issued_at;
+  if (samples_ == 0 || !(span > 0)) return;
+  bytes_per_second_ = std::max(bytes_per_second_, static_cast<double>(bytes) / span);
 }
 
 }  // namespace offloadd::copy

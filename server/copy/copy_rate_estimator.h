@@ -38,6 +38,15 @@ class CopyRateEstimator {
   // queued to the engine while the copy before it on the lane was still running (see above).
   void OnCompletion(uint64_t bytes, bool contiguous, double seen_done_at);
 
+  // A copy of `bytes` issued at `issued_at` was seen complete at `seen_done_at` (any copy,
+  // contiguous or not): it cannot have started before it was issued, so the engine moved it at
+  // bytes / (seen_done_at - issued_at) or faster. A learned rate below that bound is raised to
+  // it. Without this a rate learned while the engine was shared (its other direction busy,
+  // other GPUs behind a switch) stays once the sharing ends: copies end before their
+  // predictions, the worker issues each next one late, the engine idles between them, and no
+  // window of back-to-back copies forms to correct it. No effect before the first window.
+  void OnCopySpan(uint64_t bytes, double issued_at, double seen_done_at);
+
   // The learned rate; 0 until the first window closes.
   double bytes_per_second() const { return bytes_per_second_; }
   uint64_t samples() const { return samples_; }

@@ -55,5 +55,24 @@ TEST(CopyRateEstimatorTest, ACopyThatFollowedAnIdleEngineStartsANewWindow) {
   EXPECT_NEAR(e.bytes_per_second(), kRate, 1e-6 * kRate);
 }
 
+// A rate learned while the engine was shared (its other direction busy, or other GPUs on a
+// switch) is a floor once that ends: each copy then ends before its prediction, the worker
+// issues the next one late, the engine idles between copies and no window of back-to-back
+// copies forms to correct it. A single copy's issue-to-seen-done span bounds the rate from
+// below (it cannot have started before it was issued), which lifts the learned rate.
+TEST(CopyRateEstimatorTest, ACopyFasterThanTheLearnedRateRaisesIt) {
+  CopyRateEstimator e({2e-3, 4, 0.3});
+  e.OnCopySpan(kBytes, 0, 1e-6);  // no learned rate yet: nothing to raise
+  EXPECT_EQ(e.bytes_per_second(), 0);
+  for (int i = 1; i <= 5; ++i) e.OnCompletion(kBytes, true, i * 2e-3);  // 0.5 GB/s
+  ASSERT_DOUBLE_EQ(e.bytes_per_second(), kRate / 2);
+  e.OnCopySpan(kBytes, 0.010, 0.0104);  // seen done 0.4 ms after it was issued: >= 2.5 GB/s
+  EXPECT_NEAR(e.bytes_per_second(), 2.5 * kRate, 1e-6 * kRate);
+  e.OnCopySpan(kBytes, 0.011, 0.013);  // slower than learned (late observation): no change
+  EXPECT_NEAR(e.bytes_per_second(), 2.5 * kRate, 1e-6 * kRate);
+  e.OnCopySpan(kBytes, 0.014, 0.014);  // no span: no bound
+  EXPECT_NEAR(e.bytes_per_second(), 2.5 * kRate, 1e-6 * kRate);
+}
+
 }  // namespace
 }  // namespace offloadd::copy

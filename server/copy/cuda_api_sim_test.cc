@@ -2,12 +2,16 @@
 // checked pointers, and the real cuda engine running on it.
 #include "server/copy/cuda_api_sim.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/copy/cuda_device_worker.h"
 #include "server/copy/cuda_engine.h"
 
 namespace offloadd::copy {
@@ -301,6 +305,243 @@ TEST(SimCudaApiTest, AsyncEngineWithoutALearnedRateQueriesUntilEveryCopyComplete
   // A bound on a hang, not a speed check: the copies take ~0.1 ms of simulated time.
   EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return done == 2; }));
   EXPECT_EQ(api.engine_stats(0, Direction::kDeviceToHost).bytes_done, 4096u + 100000u);
+}
+
+// A lane that learned its rate while the engine was shared (H2D at a quarter of its rate while
+// D2H ran) relearns the full rate once D2H stops. It stayed at the shared rate before: each copy
+// ended before its prediction, the next was issued late (the margin tops out at 1 ms, less than
+// the misprediction of a 32 MiB copy), the engine idled between copies, and without back-to-back
+// copies no window formed to correct it (0.40 of the engine's rate, every copy a dry run). On
+// the real clock; the bounds below are on a hang, not a speed check.
+TEST(SimCudaApiTest, ARateLearnedUnderContentionRecoversWhenItEnds) {
+  SimCudaOptions o;
+  o.model.gpus = 1;
+  o.model.engine_bytes_per_second = 55e9;
+  o.model.h2d_share_while_d2h_busy = 0.25;
+  SimCudaApi api(o);
+  const uint64_t chunk = 32ull << 20;
+  std::string h = api.AddAllocation(0, chunk);
+  DeviceWorkerOptions wo;
+  wo.assumed_bytes_per_second = 0;  // a rate above 0 is a learned one
+  DeviceWorker worker(&api, (*api.ListDevices())[0], wo);
+  ASSERT_TRUE(worker.Start().ok());
+  void* dev = nullptr;
+  ASSERT_TRUE(worker.Run([&] {
+    auto d = api.IpcOpenMemHandle(h);
+    dev = d.ok() ? *d : nullptr;
+    return d.status();
+  }).ok());
+  std::atomic<bool> d2h_on{true}, stop{false};
+  std::atomic<int> errors{0};
+  uint8_t host[1];
+  std::function<void(Direction)> post = [&](Direction d) {
+    worker.IssueAsync(
+        d, chunk, /*urgent=*/false,
+        [&, d](void* s) {
+          return d == Direction::kDeviceToHost ? api.MemcpyAsync(host, dev, chunk, d, s)
+                                               : api.MemcpyAsync(dev, host, chunk, d, s);
+        },
+        [&, d](absl::Status st) {
+          if (!st.ok()) ++errors;
+          if (!stop && (d == Direction::kHostToDevice || d2h_on)) post(d);
+        });
+  };
+  for (int i = 0; i < 4; ++i) {
+    post(Direction::kDeviceToHost);
+    post(Direction::kHostToDevice);
+  }
+  auto h2d_rate = [&] { return worker.lane_stats(Direction::kHostToDevice).bytes_per_second; };
+  auto wait_for = [&](const std::function<bool()>& cond) {
+    for (int i = 0; i < 2000 && !cond(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return cond();
+  };
+  EXPECT_TRUE(wait_for([&] { return h2d_rate() > 0; }));
+  EXPECT_LT(h2d_rate(), 0.4 * 55e9);  // learned while shared (a quarter of 55 GB/s)
+  d2h_on = false;
+  EXPECT_TRUE(wait_for([&] { return h2d_rate() > 0.6 * 55e9; })) << h2d_rate();
+  stop = true;
+  worker.Stop();
+  EXPECT_EQ(errors.load(), 0);
+}
+
+// A lane that has seen only copies the host issues slower than the engine moves them (4 KiB:
+// ~6 us of driver calls, 0.07 us of copy) runs dry on most completions whatever rate it plans
+// with. Doubling its assumed rate on those drove it to the 4 TB/s ceiling, and the first large
+// copies then went out 16 at once (max_issued_per_direction): an urgent 64 MiB reload waited
+// 20 ms instead of ~2. Only a lane that held a copy back by its rate doubles it now.
+TEST(SimCudaApiTest, HostBoundTinyCopiesDoNotInflateTheAssumedRate) {
+  SimCudaOptions o;
+  o.model.gpus = 1;
+  o.model.engine_bytes_per_second = 55e9;
+  SimCudaApi api(o);
+  std::string h = api.AddAllocation(0, 1 << 20);
+  DeviceWorkerOptions wo;
+  wo.assumed_bytes_per_second = 25e9;
+  DeviceWorker worker(&api, (*api.ListDevices())[0], wo);
+  ASSERT_TRUE(worker.Start().ok());
+  void* dev = nullptr;
+  ASSERT_TRUE(worker.Run([&] {
+    auto d = api.IpcOpenMemHandle(h);
+    dev = d.ok() ? *d : nullptr;
+    return d.status();
+  }).ok());
+  uint8_t host[1];
+  const Direction d = Direction::kHostToDevice;
+  std::atomic<int> pending{0}, errors{0};
+  // Rounds of 4 tiny copies until the lane has run dry 20 times (bounded: a hang, not a speed).
+  for (int round = 0; round < 200000 && worker.lane_stats(d).dry_runs < 20; ++round) {
+    for (int i = 0; i < 4; ++i) {
+      ++pending;
+      worker.IssueAsync(
+          d, 4096, /*urgent=*/false, [&](void* s) { return api.MemcpyAsync(dev, host, 4096, d, s); },
+          [&](absl::Status st) {
+            if (!st.ok()) ++errors;
+            --pending;
+          });
+    }
+    while (pending > 0) std::this_thread::yield();
+  }
+  DeviceWorker::LaneStats ls = worker.lane_stats(d);
+  EXPECT_GE(ls.dry_runs, 20u);
+  EXPECT_LT(ls.bytes_per_second, 2 * 55e9) << "dry runs " << ls.dry_runs;
+  worker.Stop();
+  EXPECT_EQ(errors.load(), 0);
+}
+
+// A sim of `gpus` GPUs at 1 GB/s, 2 per switch (limited at `switch_bytes_per_second` when > 0),
+// with no host costs.
+SimCudaOptions ShardOpts(int gpus, double switch_bytes_per_second = 0) {
+  SimCudaOptions o;
+  o.model.gpus = gpus;
+  o.model.gpus_per_switch = 2;
+  o.model.switch_bytes_per_second = switch_bytes_per_second;
+  o.model.engine_bytes_per_second = 1e9;
+  o.memcpy_host_seconds = o.event_record_host_seconds = o.event_query_host_seconds = 0;
+  return o;
+}
+
+// Shard-encoded handles: another api's (more shards), null, garbage, a stream passed as an
+// event, destroyed ones: every call fails or is a no-op, none crashes.
+TEST(SimCudaApiTest, HandlesOfAnotherApiNullGarbageOrDestroyedFailWithoutCrashing) {
+  ManualSimClock clock;
+  SimCudaApi a(ShardOpts(4), &clock), b(ShardOpts(1), &clock);
+  ASSERT_TRUE(a.SetDevice(3).ok());
+  void* s3 = *a.CreateStream();
+  void* e3 = *a.CreateEvent();
+  uint8_t host[1];
+  // a's GPU 3 handles in b (1 shard): not b's
+  EXPECT_FALSE(b.EventQuery(e3).ok());
+  EXPECT_FALSE(b.EventRecord(e3, s3).ok());
+  EXPECT_FALSE(b.StreamWaitEvent(s3, e3).ok());
+  EXPECT_FALSE(b.MemcpyAsync(host, host, 1, Direction::kDeviceToHost, s3).ok());
+  b.DestroyStream(s3);
+  b.DestroyEvent(e3);
+  EXPECT_EQ(b.EventCompletionSeconds(e3), -1);
+  for (uintptr_t v : {uintptr_t{0}, ~uintptr_t{0}, uintptr_t{1} << 40, (uintptr_t{5} << 40) | 7,
+                      uintptr_t{0xdeadbeef}, reinterpret_cast<uintptr_t>(&clock)}) {
+    void* h = reinterpret_cast<void*>(v);
+    EXPECT_FALSE(a.EventQuery(h).ok()) << v;
+    EXPECT_FALSE(a.EventRecord(h, s3).ok()) << v;
+    EXPECT_FALSE(a.EventRecord(e3, h).ok()) << v;
+    EXPECT_FALSE(a.StreamWaitEvent(h, e3).ok()) << v;
+    EXPECT_FALSE(a.StreamWaitEvent(s3, h).ok()) << v;
+    a.DestroyStream(h);
+    a.DestroyEvent(h);
+    EXPECT_EQ(a.EventCompletionSeconds(h), -1);
+  }
+  // stream used as event and vice versa
+  EXPECT_FALSE(a.EventQuery(s3).ok());
+  EXPECT_FALSE(a.EventRecord(s3, e3).ok());
+  a.DestroyStream(s3);
+  EXPECT_FALSE(a.EventRecord(e3, s3).ok());
+  EXPECT_TRUE(*a.EventQuery(e3));  // never recorded: complete
+  a.DestroyEvent(e3);
+  a.DestroyEvent(e3);  // twice
+  EXPECT_FALSE(a.EventQuery(e3).ok());
+}
+
+// 5 GPUs, 2 per limited switch: shards {0,1}, {2,3}, {4}; waits inside a shard work, across fail,
+// and the last GPU alone runs at its engine's rate.
+TEST(SimCudaApiTest, FiveGpusTwoPerSwitchMakeThreeShardsWithTheLimitInsideEach) {
+  ManualSimClock clock;
+  SimCudaApi api(ShardOpts(5, 1.5e9), &clock);  // shards {0,1},{2,3},{4}
+  uint8_t host[1];
+  std::vector<void*> s(5), e(5), d(5);
+  for (int g = 0; g < 5; ++g) {
+    std::string h = api.AddAllocation(g, 10 * kMs);
+    ASSERT_TRUE(api.SetDevice(g).ok());
+    d[g] = *api.IpcOpenMemHandle(h);
+    s[g] = *api.CreateStream();
+    e[g] = *api.CreateEvent();
+    ASSERT_TRUE(api.MemcpyAsync(host, d[g], kMs, Direction::kDeviceToHost, s[g]).ok());
+    ASSERT_TRUE(api.EventRecord(e[g], s[g]).ok());
+  }
+  EXPECT_TRUE(api.StreamWaitEvent(s[1], e[0]).ok());
+  EXPECT_FALSE(api.StreamWaitEvent(s[2], e[1]).ok());
+  EXPECT_FALSE(api.StreamWaitEvent(s[4], e[3]).ok());
+  clock.Advance(1);
+  // pairs share 1.5 GB/s: each 1 MB copy at 0.75 GB/s -> 1.333 ms; GPU 4 alone: 1 ms
+  EXPECT_NEAR(api.EventCompletionSeconds(e[0]), 1e-3 / 0.75, 1e-9);
+  EXPECT_NEAR(api.EventCompletionSeconds(e[2]), 1e-3 / 0.75, 1e-9);
+  EXPECT_NEAR(api.EventCompletionSeconds(e[4]), 1e-3, 1e-9);
+}
+
+// 16 threads on 8 GPUs (with and without a switch limit) copy, record, query, wait on other
+// GPUs' events, open and close IPC handles at once: no lost copy, no deadlock (and, under
+// --config=tsan, no race).
+TEST(SimCudaApiTest, ManyThreadsOnManyGpusAtOnce) {
+  SimCudaOptions o = ShardOpts(8);
+  o.model.engine_bytes_per_second = 1e12;
+  for (double sw : {0.0, 4e12}) {
+    o.model.switch_bytes_per_second = sw;
+    o.memcpy_host_seconds = 1e-7;
+    SimCudaApi api(o);
+    std::vector<void*> streams(8), events(8);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> ts;
+    std::atomic<uint64_t> fails{0};
+    for (int t = 0; t < 16; ++t) {
+      ts.emplace_back([&, t] {
+        const int g = t % 8;
+        std::string h = api.AddAllocation(g, 1 << 30);
+        EXPECT_TRUE(api.SetDevice(g).ok());
+        void* s = *api.CreateStream();
+        void* e = *api.CreateEvent();
+        if (t < 8) {
+          streams[g] = s;
+          events[g] = e;
+        }
+        ++ready;
+        while (ready < 16) std::this_thread::yield();
+        uint8_t host[1];
+        for (int i = 0; i < 3000; ++i) {
+          if (i % 100 == 0) {
+            auto dev = api.IpcOpenMemHandle(h);
+            if (!dev.ok()) { ++fails; continue; }
+            for (int k = 0; k < 50; ++k) {
+              if (!api.MemcpyAsync(host, *dev, 4096, Direction::kDeviceToHost, s).ok()) ++fails;
+              if (!api.EventRecord(e, s).ok()) ++fails;
+              (void)api.EventQuery(e);
+              (void)api.StreamWaitEvent(s, events[(g + k) % 8]);
+              (void)api.EventQuery(events[(g + 3) % 8]);
+              (void)api.EventCompletionSeconds(e);
+            }
+            (void)api.engine_stats((g + 1) % 8, Direction::kHostToDevice);
+            (void)api.call_counts();
+            void* ie = *api.IpcOpenEventHandle(std::string(64, 'a' + t));
+            (void)api.StreamWaitEvent(s, ie);
+            api.DestroyEvent(ie);
+            EXPECT_TRUE(api.IpcCloseMemHandle(*dev).ok());
+          }
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(fails.load(), 0u);
+    EXPECT_EQ(api.call_counts().memcpys, 16u * 30 * 50);
+  }
 }
 
 }  // namespace

@@ -205,6 +205,7 @@ void DeviceWorker::Complete(Lane& l, double seen_done_at) {
     end = c.predicted_end;
   }
   l.rate.OnCompletion(c.bytes, c.queued_at <= l.last_seen_pending_at, seen_done_at);
+  l.rate.OnCopySpan(c.bytes, c.issued_at, seen_done_at);  // lifts a rate learned while shared
   if (l.rate.samples() > 0) l.bytes_per_second = l.rate.bytes_per_second();
   l.last_seen_pending_at = c.seen_pending_at;
   if (l.issued.empty() && (!l.urgent.empty() || !l.normal.empty())) {
@@ -212,7 +213,10 @@ void DeviceWorker::Complete(Lane& l, double seen_done_at) {
     l.ahead_seconds = std::min(2 * l.ahead_seconds, options_.max_issue_ahead_seconds);
     // An assumed rate below the engine's makes every copy look longer than it is, so the next
     // one is issued late, the engine idles, and no back-to-back copies teach the real rate.
-    if (l.rate.samples() == 0 && l.bytes_per_second > 0) {
+    // Copies so small that the host's cost of issuing them exceeds their time leave the lane
+    // dry whatever the rate says; doubling on those drove the assumption to its ceiling and then
+    // issued max_issued_per_direction large copies at once, ahead of any urgent one.
+    if (l.rate.samples() == 0 && l.bytes_per_second > 0 && l.held_by_rate) {
       l.bytes_per_second = std::min(2 * l.bytes_per_second, kMaxAssumedBytesPerSecond);
     }
   } else {
@@ -230,12 +234,15 @@ void DeviceWorker::Complete(Lane& l, double seen_done_at) {
 }
 
 void DeviceWorker::Issue(Lane& l) {
+  l.held_by_rate = false;
   while (!l.urgent.empty() || !l.normal.empty()) {
     const double now = Now();
     if (!l.issued.empty()) {
       if (l.issued.size() >= options_.max_issued_per_direction) return;
-      if (l.bytes_per_second == 0 ? l.issued.size() >= 2
-                                  : l.free_at - now > l.ahead_seconds) {
+      if (l.bytes_per_second == 0) {
+        if (l.issued.size() >= 2) return;
+      } else if (l.free_at - now > l.ahead_seconds) {
+        l.held_by_rate = true;
         return;
       }
     }

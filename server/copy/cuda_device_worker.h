@@ -12,7 +12,8 @@
 // lane's issued work is predicted to end within `issue_ahead_seconds`, so the copy engine never
 // idles between copies, yet an urgent copy waits for at most the copy running now plus that
 // much. Predictions use the lane's rate, learned over windows of back-to-back completions
-// (copy_rate_estimator.h: one copy's time, as a late-waking host sees it, is too noisy);
+// (copy_rate_estimator.h: one copy's time, as a late-waking host sees it, is too noisy; it
+// only lifts a learned rate it beats, as after the engine stops being shared);
 // until then it plans with `assumed_bytes_per_second`, or, without one, keeps two copies
 // issued. Completions are learned by querying the issued events: the
 // thread sleeps (timer slack 1 µs) until the earliest predicted end or issue time, then queries;
@@ -53,7 +54,8 @@ struct DeviceWorkerOptions {
   // when the thread wakes within one copy's time: on a busy host with small copies a lane could
   // stay unlearned at two copies (copy_sim_bench, 1 MiB chunks, 8 GPUs). An assumed rate below
   // the engine's issues each copy late (it looks longer than it is), so the engine idles; each
-  // time an unlearned lane runs dry the assumption doubles. The engine's default is 25 GB/s (a
+  // time an unlearned lane runs dry after holding a copy back by that rate the assumption
+  // doubles (copies the host issues slower than the engine moves them run dry at any rate). The engine's default is 25 GB/s (a
   // PCIe 4.0 x16 link's order; an H200 reaches 55 GB/s, so two doublings).
   double assumed_bytes_per_second = 0;
 };
@@ -131,6 +133,10 @@ class DeviceWorker {
     double last_seen_pending_at = -1;
     double ahead_seconds = 0;     // current margin (see DeviceWorkerOptions)
     uint64_t dry_runs = 0;        // completions that left the engine idle with copies waiting
+    // Issue's last pass held a copy back because the lane's work was predicted to run longer
+    // than the margin: only then can an assumed rate below the engine's have made the lane run
+    // dry (host-bound copies run dry at any rate).
+    bool held_by_rate = false;
   };
   struct Incoming {
     Direction direction;
