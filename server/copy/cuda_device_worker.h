@@ -55,8 +55,9 @@ struct DeviceWorkerOptions {
   // stay unlearned at two copies (copy_sim_bench, 1 MiB chunks, 8 GPUs). An assumed rate below
   // the engine's issues each copy late (it looks longer than it is), so the engine idles; each
   // time an unlearned lane runs dry after holding a copy back by that rate the assumption
-  // doubles (copies the host issues slower than the engine moves them run dry at any rate). The engine's default is 25 GB/s (a
-  // PCIe 4.0 x16 link's order; an H200 reaches 55 GB/s, so two doublings).
+  // doubles (copies the host issues slower than the engine moves them run dry at any rate).
+  // The engine's default is 25 GB/s (a PCIe 4.0 x16 link's order; an H200 reaches 55 GB/s, so
+  // two doublings).
   double assumed_bytes_per_second = 0;
 };
 
