@@ -358,7 +358,9 @@ TEST(SimCudaApiTest, ARateLearnedUnderContentionRecoversWhenItEnds) {
     return cond();
   };
   EXPECT_TRUE(wait_for([&] { return h2d_rate() > 0; }));
-  EXPECT_LT(h2d_rate(), 0.4 * 55e9);  // learned while shared (a quarter of 55 GB/s)
+  // Learned while shared: a quarter of 55 GB/s; the bound leaves room for D2H gaps on a loaded
+  // host, and stays below the 0.6 the recovery must reach.
+  EXPECT_LT(h2d_rate(), 0.5 * 55e9);
   d2h_on = false;
   EXPECT_TRUE(wait_for([&] { return h2d_rate() > 0.6 * 55e9; })) << h2d_rate();
   stop = true;
