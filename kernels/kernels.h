@@ -30,6 +30,10 @@ cudaError_t LaunchScatter(const PackSegment* segments, uint32_t count, uint64_t 
 // overwritten). Any alignment; fastest when `data` is 8-byte aligned.
 cudaError_t LaunchChecksum(const void* data, uint64_t bytes, uint64_t* result, cudaStream_t stream);
 
+// One thread that busy-waits `nanoseconds` on the GPU's global timer (%globaltimer), holding
+// `stream` for that long: a long producer kernel for ordering probes. Returns the launch's error.
+cudaError_t LaunchSpin(uint64_t nanoseconds, cudaStream_t stream);
+
 }  // namespace offloadd::kernels
 
 #endif  // OFFLOADD_KERNELS_KERNELS_H_

@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/socket_path.h"
+#include "server/copy/cuda_api_sim.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
@@ -55,7 +56,7 @@ spill_io_threads: 2
 backend: "shm"
 chunk_bytes: 8388608
 copy_threads: 2
-# cuda/cuda-sim: chunks posted to the device worker, issued just in time (issue 16).
+# cuda/cuda-sim: chunks posted to the device worker, issued just in time.
 async_copies: true
 max_chunks_in_flight_per_gpu: 8
 session_quota_bytes: 0
@@ -86,6 +87,8 @@ max_connections_total: 4096
 max_connections_per_uid: 512
 admin_reserved_connections: 32
 unused_connection_timeout_seconds: 30
+keepalive_time_seconds: 60
+keepalive_timeout_seconds: 60
 max_streams_per_connection: 64
 max_pending_hello_streams_total: 4096
 max_pending_hello_streams_per_uid: 256
@@ -93,6 +96,17 @@ hello_timeout_seconds: 10
 shutdown_grace_seconds: 10
 watch_client_pids: true
 pid_exit_grace_seconds: 2
+# cuda/cuda-sim: links without a configured capacity are measured at start-up (each GPU alone,
+# a link's GPUs together) and paced at it, within the budget (README "Link calibration").
+link_calibration: true
+link_calibration_budget_seconds: 5
+# cuda-sim's timing model (SIMULATED): 8 GPUs, 4 per switch, 55 GB/s each, no switch limit.
+cuda_sim {
+  gpus: 8
+  gpus_per_switch: 4
+  engine_bytes_per_second: 55000000000
+  switch_bytes_per_second: 0
+}
 )pb");
   return *text;
 }
@@ -268,7 +282,9 @@ void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
 void CheckLinks(const v1::DaemonConfig& c, Problems* p) {
   for (const auto& l : c.links()) {
     if (l.name().empty()) p->Add("every link needs a name");
-    if (l.gpus().empty() && c.gpus().empty()) {
+    const bool sim_switches =
+        c.backend() == "cuda-sim" && c.cuda_sim().switch_bytes_per_second() > 0;
+    if (l.gpus().empty() && c.gpus().empty() && !sim_switches) {
       p->Add("link " + l.name() +
              " lists no gpus (a link without gpus only sets the capacities of a "
              "discovered link: list the GPUs' pci_bus_id in gpus)");
@@ -284,6 +300,21 @@ void CheckLinks(const v1::DaemonConfig& c, Problems* p) {
   }
   for (const auto& w : c.gpu_weights()) {
     if (w.weight() < 1) p->Add("gpu_weights: weight of " + w.gpu() + " must be >= 1");
+  }
+}
+
+void CheckCalibrationAndSim(const v1::DaemonConfig& c, Problems* p) {
+  if (!(c.link_calibration_budget_seconds() > 0 && c.link_calibration_budget_seconds() <= 600)) {
+    p->Add("link_calibration_budget_seconds must be in (0, 600] (5 by default)");
+  }
+  const v1::CudaSimConfig& s = c.cuda_sim();
+  p->Range(s.gpus(), 1, 64, "cuda_sim.gpus must be between 1 and 64");
+  if (s.gpus_per_switch() < 1) p->Add("cuda_sim.gpus_per_switch must be >= 1");
+  if (!(s.engine_bytes_per_second() > 0) || !std::isfinite(s.engine_bytes_per_second())) {
+    p->Add("cuda_sim.engine_bytes_per_second must be > 0 (e.g. 55GB)");
+  }
+  if (!(s.switch_bytes_per_second() >= 0) || !std::isfinite(s.switch_bytes_per_second())) {
+    p->Add("cuda_sim.switch_bytes_per_second must be >= 0 (0 = no switch limit)");
   }
 }
 
@@ -363,6 +394,17 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
           "max_streams_per_connection must be at most 1000000 (0 = gRPC's default)");
   p.Range(c.unused_connection_timeout_seconds(), 0, 86400,
           "unused_connection_timeout_seconds must be between 0 and 86400 (a day)");
+  if (const std::string& b = c.projector().backend();
+      !b.empty() && b != "lapack" && b != "cusolver" && b != "auto") {
+    p.Add(absl::StrFormat("projector.backend \"%s\" is not known: use \"lapack\" (the host CPU, "
+                          "the default), \"cusolver\" (gradients on a GPU, solved there) or "
+                          "\"auto\"",
+                          b));
+  }
+  p.Range(c.keepalive_time_seconds(), 0, 86400,
+          "keepalive_time_seconds must be between 0 and 86400 (0 = no keepalive pings)");
+  p.Range(c.keepalive_timeout_seconds(), 0, 86400,
+          "keepalive_timeout_seconds must be between 0 and 86400");
   p.PerUidWithinTotal(c.projector().max_queued_refreshes_per_uid(),
                       c.projector().max_queued_refreshes(),
                       "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");
@@ -370,6 +412,7 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (auto g = ResolveSocketGroup(c); !g.ok()) p.Add(std::string(g.status().message()));
   CheckGpus(c, &p);
   CheckHostLinks(c, &p);
+  CheckCalibrationAndSim(c, &p);
   if (p.sentences.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError("invalid config: " + absl::StrJoin(p.sentences, "; "));
 }
@@ -419,7 +462,19 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"max_pending_hello_streams_total", "streams awaiting Hello in all (4096), 0 = no limit"},
       {"max_pending_hello_streams_per_uid", "streams awaiting Hello per uid (256), 0 = no limit"},
       {"max_streams_per_connection", "calls open at once on one connection (64)"},
+      {"keepalive_time_seconds", "ping each client connection this often (60), 0 = never"},
+      {"keepalive_timeout_seconds", "close a connection whose ping is unanswered this long (60)"},
       {"shutdown_grace_seconds", "SIGTERM: how long queued copies may finish (10), 0 = no bound"},
+      {"link_calibration", "cuda/cuda-sim: measure links without a capacity at start-up (true)"},
+      {"link_calibration_budget_seconds", "time one link calibration may take in all (5)"},
+      {"max_shm_mappings_total", "client shm regions mapped at once in all (16384)"},
+      {"max_shm_mappings_per_uid", "client shm regions mapped at once per uid (4096)"},
+      {"max_shm_mapped_bytes_total", "bytes of client shm mapped at once in all (256GiB)"},
+      {"max_shm_mapped_bytes_per_uid", "bytes of client shm mapped at once per uid (64GiB)"},
+      {"max_connections_total", "socket connections open at once (4096)"},
+      {"max_connections_per_uid", "socket connections one non-admin uid may hold (512)"},
+      {"admin_reserved_connections", "connections kept for admins beyond the total (32)"},
+      {"unused_connection_timeout_seconds", "close a connection that makes no call (30)"},
   };
   return *flags;
 }
@@ -483,7 +538,14 @@ const std::map<std::string, FlagValue>& FlagValues() {
       {"max_pending_hello_streams_total", V::kCount},
       {"max_pending_hello_streams_per_uid", V::kCount},
       {"max_streams_per_connection", V::kCount}, {"watch_client_pids", V::kBool},
-      {"pid_exit_grace_seconds", V::kNumber},
+      {"pid_exit_grace_seconds", V::kNumber}, {"keepalive_time_seconds", V::kNumber},
+      {"keepalive_timeout_seconds", V::kNumber}, {"link_calibration", V::kBool},
+      {"link_calibration_budget_seconds", V::kNumber},
+      {"max_shm_mappings_total", V::kCount}, {"max_shm_mappings_per_uid", V::kCount},
+      {"max_shm_mapped_bytes_total", V::kBytes}, {"max_shm_mapped_bytes_per_uid", V::kBytes},
+      {"max_connections_total", V::kCount}, {"max_connections_per_uid", V::kCount},
+      {"admin_reserved_connections", V::kCount},
+      {"unused_connection_timeout_seconds", V::kNumber},
   };
   return *values;
 }
@@ -622,6 +684,7 @@ namespace {
 // Everything but the links and host links.
 session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   session::CoreOptions o;
+  o.backend_label = c.backend();
   o.chunk_bytes = c.chunk_bytes();
   o.copy_threads = c.copy_threads();
   if (c.max_chunks_in_flight_per_gpu() > 0) {
@@ -652,6 +715,8 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.connections.admin_reserved_connections = c.admin_reserved_connections();
   o.connections.unused_connection_timeout_seconds = c.unused_connection_timeout_seconds();
   o.connections.max_streams_per_connection = c.max_streams_per_connection();
+  o.connections.keepalive_time_seconds = c.keepalive_time_seconds();
+  o.connections.keepalive_timeout_seconds = c.keepalive_timeout_seconds();
   o.max_pending_hello_total = c.max_pending_hello_streams_total();
   o.max_pending_hello_per_uid = c.max_pending_hello_streams_per_uid();
   o.hello_timeout_seconds = c.hello_timeout_seconds();
@@ -660,6 +725,9 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.pid_exit_grace_seconds = c.pid_exit_grace_seconds();
   o.resume_grace_seconds = c.resume_grace_seconds();
   o.default_link_bytes_per_second = c.default_link_bytes_per_second();
+  o.link_calibration.at_start =
+      c.link_calibration() && (c.backend() == "cuda" || c.backend() == "cuda-sim");
+  o.link_calibration.budget_seconds = c.link_calibration_budget_seconds();
   o.offload_min_share = c.offload_min_share();
   for (const auto& w : c.gpu_weights()) o.gpu_weights[w.gpu()] = w.weight();
   for (const auto& h : c.host_links()) {
@@ -702,10 +770,42 @@ std::vector<sched::GpuPci> ConfiguredGpuAddresses(const v1::DaemonConfig& c) {
   return gpus;
 }
 
+copy::SimCudaOptions ToSimCudaOptions(const v1::DaemonConfig& c) {
+  copy::SimCudaOptions o;
+  o.model.gpus = static_cast<int>(c.cuda_sim().gpus());
+  o.model.gpus_per_switch = static_cast<int>(c.cuda_sim().gpus_per_switch());
+  o.model.engine_bytes_per_second = c.cuda_sim().engine_bytes_per_second();
+  o.model.switch_bytes_per_second = c.cuda_sim().switch_bytes_per_second();
+  return o;
+}
+
+sched::Topology SimulatedTopology(const v1::DaemonConfig& c) {
+  sched::Topology t;
+  const v1::CudaSimConfig& s = c.cuda_sim();
+  if (s.switch_bytes_per_second() <= 0 || s.gpus_per_switch() < 1) return t;
+  for (uint32_t g = 0; g < s.gpus(); ++g) {
+    const std::string name = absl::StrCat("sim-switch", g / s.gpus_per_switch());
+    if (t.links.empty() || t.links.back().name != name) {
+      sched::TopologyLink link;
+      link.name = name;
+      t.links.push_back(std::move(link));
+    }
+    sched::TopologyGpu gpu;
+    gpu.gpu = copy::SimCudaApi::DeviceUuid(static_cast<int>(g));
+    gpu.bdf = absl::StrFormat("0000:%02x:00.0", 0x10 + g);  // as SimCudaApi lists it
+    gpu.link = name;
+    t.links.back().gpus.push_back(gpu.gpu);
+    t.gpus.push_back(std::move(gpu));
+  }
+  return t;
+}
+
 absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& c,
                                                 const std::vector<sched::GpuPci>& gpus) {
   sched::Topology topology;
-  if (!gpus.empty()) {
+  if (c.backend() == "cuda-sim") {
+    topology = SimulatedTopology(c);  // the model's switches; `gpus` name no simulated GPU
+  } else if (!gpus.empty()) {
     auto discovered = sched::DiscoverTopology(c.sysfs_root(), gpus);
     if (!discovered.ok()) {
       return absl::Status(discovered.status().code(),

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
+#include "server/copy/cuda_api_sim.h"
 #include "server/copy/shm_engine.h"
 #include "server/sched/topology.h"
 #include "server/session/core.h"
@@ -67,11 +68,19 @@ session::CoreOptions ToCoreOptions(const v1::DaemonConfig& config);
 // The config's `gpus` as discovery input.
 std::vector<sched::GpuPci> ConfiguredGpuAddresses(const v1::DaemonConfig& config);
 
-// The links the daemon schedules: with `gpus` (PCI addresses: the config's, plus any the copy
-// engine reports), discovered under config.sysfs_root (sched::DiscoverTopology), then the
-// config's `links` applied over them (sched::ApplyLinkOverrides); without, the config's links
-// alone (the shm backend's usual case). Errors: those two functions' codes, with the message
-// prefixed "topology: ".
+// The cuda-sim backend's model from config.cuda_sim (gpus, gpus_per_switch, rates).
+copy::SimCudaOptions ToSimCudaOptions(const v1::DaemonConfig& config);
+// The cuda-sim backend's switches as links: with cuda_sim.switch_bytes_per_second > 0, one link
+// "sim-switch<k>" per simulated switch with its GPUs (SimCudaApi::DeviceUuid, PCI addresses as
+// SimCudaApi lists them, NUMA node unknown); without a switch limit none (the GPUs share nothing,
+// so each keeps a link of its own).
+sched::Topology SimulatedTopology(const v1::DaemonConfig& config);
+
+// The links the daemon schedules: on cuda-sim, SimulatedTopology's; else, with `gpus` (PCI
+// addresses: the config's, plus any the copy engine reports), discovered under
+// config.sysfs_root (sched::DiscoverTopology); else none (the shm backend's usual case). Then
+// the config's `links` applied over them (sched::ApplyLinkOverrides). Errors: those two
+// functions' codes, with the message prefixed "topology: ".
 absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& config,
                                                 const std::vector<sched::GpuPci>& gpus);
 

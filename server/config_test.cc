@@ -2,9 +2,11 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 
 namespace offloadd {
@@ -60,13 +62,120 @@ TEST(ConfigTest, CudaSimIsABackendButNotTheDefault) {
   EXPECT_EQ(c->backend(), "shm");
   ASSERT_TRUE(ApplyFlag("backend", "cuda-sim", &*c).ok());
   EXPECT_TRUE(ValidateConfig(*c).ok());
-  // Issue 16: the asynchronous engine is the default; the blocking one stays selectable.
+  // The asynchronous engine is the default; the blocking one stays selectable.
   EXPECT_TRUE(c->async_copies());
   EXPECT_EQ(c->max_chunks_in_flight_per_gpu(), 8u);
   ASSERT_TRUE(ApplyFlag("async-copies", "false", &*c).ok());
   ASSERT_TRUE(ApplyFlag("max_chunks_in_flight_per_gpu", "4", &*c).ok());
   EXPECT_FALSE(c->async_copies());
   EXPECT_EQ(c->max_chunks_in_flight_per_gpu(), 4u);
+}
+
+TEST(ConfigTest, ProjectorBackendIsLapackUnlessAsked) {
+  auto c = ParseConfig("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->projector().backend(), "");  // lapack
+  for (const char* name : {"lapack", "cusolver", "auto"}) {
+    auto d = ParseConfig(std::string("projector { backend: \"") + name + "\" }");
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(ValidateConfig(*d).ok()) << name;
+  }
+  auto bad = ParseConfig("projector { backend: \"magma\" }");
+  ASSERT_TRUE(bad.ok());
+  absl::Status st = ValidateConfig(*bad);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("projector.backend \"magma\" is not known"), std::string::npos)
+      << st;
+}
+
+TEST(ConfigTest, LinkCalibrationIsOnForGpuBackendsWithAFiveSecondBudget) {
+  auto c = ParseConfig("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->link_calibration());
+  EXPECT_EQ(c->link_calibration_budget_seconds(), 5);
+  EXPECT_FALSE(ToCoreOptions(*c).link_calibration.at_start);  // shm: nothing to measure
+  ASSERT_TRUE(ApplyFlag("backend", "cuda-sim", &*c).ok());
+  session::CoreOptions o = ToCoreOptions(*c);
+  EXPECT_TRUE(o.link_calibration.at_start);
+  EXPECT_EQ(o.link_calibration.budget_seconds, 5);
+  ASSERT_TRUE(ApplyFlag("link-calibration", "false", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("link_calibration_budget_seconds", "1.5", &*c).ok());
+  o = ToCoreOptions(*c);
+  EXPECT_FALSE(o.link_calibration.at_start);
+  EXPECT_EQ(o.link_calibration.budget_seconds, 1.5);
+  ASSERT_TRUE(ApplyFlag("link_calibration_budget_seconds", "0", &*c).ok());
+  absl::Status st = ValidateConfig(*c);
+  EXPECT_NE(st.message().find("link_calibration_budget_seconds must be in (0, 600]"),
+            std::string::npos)
+      << st;
+}
+
+TEST(ConfigTest, CudaSimModelFromTheConfigAndItsSwitchesAsLinks) {
+  auto c = ParseConfig(
+      "backend: \"cuda-sim\"\n"
+      "cuda_sim { gpus: 5 gpus_per_switch: 2 engine_bytes_per_second: 20GB "
+      "switch_bytes_per_second: 30GB }\n"
+      "links { name: \"sim-switch1\" d2h_bytes_per_second: 25GB }\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);  // a capacity-only override
+  copy::SimCudaOptions sim = ToSimCudaOptions(*c);
+  EXPECT_EQ(sim.model.gpus, 5);
+  EXPECT_EQ(sim.model.gpus_per_switch, 2);
+  EXPECT_EQ(sim.model.engine_bytes_per_second, 20e9);
+  EXPECT_EQ(sim.model.switch_bytes_per_second, 30e9);
+  auto t = ResolveTopology(*c, ConfiguredGpuAddresses(*c));
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->links.size(), 3u);  // GPUs 0-1, 2-3 and 4 (an odd count: a switch of one)
+  EXPECT_EQ(t->links[0].name, "sim-switch0");
+  EXPECT_EQ(t->links[0].gpus, (std::vector<std::string>{copy::SimCudaApi::DeviceUuid(0),
+                                                          copy::SimCudaApi::DeviceUuid(1)}));
+  EXPECT_EQ(t->links[2].gpus, (std::vector<std::string>{copy::SimCudaApi::DeviceUuid(4)}));
+  session::CoreOptions o = ToCoreOptions(*c, *t);
+  ASSERT_EQ(o.links.size(), 3u);
+  EXPECT_EQ(o.links[0].d2h_bytes_per_second, 0);  // to be measured
+  EXPECT_EQ(o.links[1].d2h_bytes_per_second, 25e9);  // configured: wins
+  EXPECT_EQ(o.links[1].h2d_bytes_per_second, 0);
+  EXPECT_EQ(o.gpu_bus_ids[copy::SimCudaApi::DeviceUuid(4)], "0000:14:00.0");
+
+  // Without a switch limit the simulated GPUs share nothing: no links (each its own).
+  auto d = ParseConfig("backend: \"cuda-sim\"");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(ToSimCudaOptions(*d).model.gpus, 8);
+  EXPECT_EQ(ToSimCudaOptions(*d).model.engine_bytes_per_second, 55e9);
+  EXPECT_TRUE(SimulatedTopology(*d).links.empty());
+
+  auto bad = ParseConfig(
+      "cuda_sim { gpus: 0 gpus_per_switch: 0 engine_bytes_per_second: 0 "
+      "switch_bytes_per_second: -1 }");
+  ASSERT_TRUE(bad.ok());
+  const std::string msg(ValidateConfig(*bad).message());
+  for (const char* field : {"cuda_sim.gpus ", "cuda_sim.gpus_per_switch",
+                            "cuda_sim.engine_bytes_per_second", "cuda_sim.switch_bytes"}) {
+    EXPECT_NE(msg.find(field), std::string::npos) << field << " in " << msg;
+  }
+}
+
+// README: every config field can be overridden with a flag of the same name. Fields that are
+// messages (links, gpus, projector, ...) are set in the file only.
+TEST(ConfigTest, EveryScalarFieldHasAFlagOfTheSameName) {
+  std::set<std::string> flags;
+  for (const FlagInfo& f : ConfigFlags()) flags.insert(f.name);
+  const google::protobuf::Descriptor* d = v1::DaemonConfig::descriptor();
+  std::vector<std::string> missing;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (flags.count(std::string(f->name())) == 0) missing.push_back(std::string(f->name()));
+  }
+  EXPECT_TRUE(missing.empty()) << "config fields without a flag: " << absl::StrJoin(missing, ", ");
+  auto c = ParseConfig("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(ApplyFlag("max_connections_total", "100", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("max-shm-mapped-bytes-per-uid", "1GiB", &*c).ok());
+  ASSERT_TRUE(ApplyFlag("unused_connection_timeout_seconds", "2.5", &*c).ok());
+  EXPECT_EQ(c->max_connections_total(), 100u);
+  EXPECT_EQ(c->max_shm_mapped_bytes_per_uid(), 1ull << 30);
+  EXPECT_DOUBLE_EQ(c->unused_connection_timeout_seconds(), 2.5);
 }
 
 TEST(ConfigTest, FlagsOverrideWithSizesAndDashes) {

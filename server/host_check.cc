@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/pool/arena.h"
+#include "server/spill/spill_tier.h"
 
 namespace offloadd {
 namespace {
@@ -140,37 +141,111 @@ bool RaiseIpcLockCapability() {
   return syscall(SYS_capset, &header, data) == 0;
 }
 
-HostFacts ReadHostFacts(bool cuda_in_build, bool probe_cuda) {
+absl::Status CheckSpillDirectory(const std::string& directory) {
+  struct stat st;
+  std::string where = directory;  // the directory, or the parent it is to be created in
+  if (stat(directory.c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "spill_directory %s cannot be reached: %s", directory, std::strerror(errno)));
+    }
+    where = Dirname(directory);
+    if (stat(where.c_str(), &st) != 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "spill_directory %s cannot be created: its parent %s does not exist (%s); create it",
+          directory, where, std::strerror(errno)));
+    }
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("spill_directory %s: %s is not a directory", directory, where));
+  }
+  if (access(where.c_str(), W_OK | X_OK) == 0) return absl::OkStatus();
+  const int err = errno;
+  if (err == EROFS) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "spill_directory %s is on a file system that is read-only for this process (%s): under "
+        "the systemd unit (ProtectSystem=strict) use a directory under /var/lib/offloadd (the "
+        "unit's StateDirectory) or add `ReadWritePaths=%s` to the unit (systemctl edit offloadd)",
+        directory, std::strerror(err), where == directory ? directory : where));
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "spill_directory %s: this process may not create files in %s (%s): give it to the "
+      "daemon's user, or choose another spill_directory",
+      directory, where, std::strerror(err)));
+}
+
+HostFacts ReadHostFacts(const v1::DaemonConfig& config, bool cuda_in_build) {
   HostFacts f;
   f.mem_available_bytes = pool::ReadMemAvailableBytes();
   rlimit rl{};
   getrlimit(RLIMIT_MEMLOCK, &rl);
   f.memlock_limit_bytes = rl.rlim_cur;
   f.memlock_privileged = pool::MemlockPrivileged();
-  if (probe_cuda) {
+  if (config.backend() == "cuda") {
     f.cuda = cuda_in_build ? ProbeCudaDriver()
                            : absl::FailedPreconditionError(
                                  "backend \"cuda\" is not in this build (no CUDA toolkit at build "
                                  "time): rebuild on a machine with /usr/local/cuda, or use "
                                  "backend: \"shm\"");
   }
+  if (!config.spill_directory().empty()) {
+    f.spill_directory = CheckSpillDirectory(config.spill_directory());
+  }
+  if (!config.pool_shm_name().empty()) {
+    f.shared_pool = pool::InspectSharedPool(config.pool_shm_name(), config.pool_bytes());
+    if (config.pool_huge_pages()) f.shm_huge_pages = pool::ShmHugePages();
+  }
   return f;
 }
+
+namespace {
+
+// Check 4: the memory the pool still needs against MemAvailable.
+absl::Status CheckPoolMemory(const v1::DaemonConfig& config, const HostFacts& facts) {
+  if (!facts.mem_available_bytes.ok()) return absl::OkStatus();
+  const uint64_t available = *facts.mem_available_bytes;
+  const pool::SharedPoolObject& object = facts.shared_pool;
+  if (!object.exists) return pool::CheckMemAvailable(config.pool_bytes(), available);
+  const uint64_t resident = object.resident_bytes;
+  const uint64_t need = config.pool_bytes() > resident ? config.pool_bytes() - resident : 0;
+  if (need <= available) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the pool object /dev/shm/%s holds %d MiB of the pool's %d MiB already (a restart adopts "
+      "it and its blocks), but the other %d MiB are more than MemAvailable, %d MiB "
+      "(/proc/meminfo): free host memory. Keep pool_bytes and the object as they are: changing "
+      "the size or removing the object loses its blocks",
+      config.pool_shm_name(), resident >> 20, config.pool_bytes() >> 20, need >> 20,
+      available >> 20));
+}
+
+}  // namespace
 
 std::vector<absl::Status> HostProblems(const v1::DaemonConfig& config, const HostFacts& facts) {
   std::vector<absl::Status> problems;
   const bool cuda = config.backend() == "cuda";
   if (cuda && !facts.cuda.ok()) problems.push_back(facts.cuda);
-  if (cuda || config.pool_mlock()) {
+  if (config.pool_mlock()) {
     absl::Status st = pool::CheckMemlockLimit(config.pool_bytes(), facts.memlock_limit_bytes,
                                               facts.memlock_privileged);
     if (!st.ok()) problems.push_back(st);
   }
-  if (facts.mem_available_bytes.ok()) {
-    absl::Status st = pool::CheckMemAvailable(config.pool_bytes(), *facts.mem_available_bytes);
+  if (!facts.shared_pool.usable.ok()) problems.push_back(facts.shared_pool.usable);
+  if (absl::Status st = CheckPoolMemory(config, facts); !st.ok()) problems.push_back(st);
+  if (!facts.spill_directory.ok()) problems.push_back(facts.spill_directory);
+  if (!config.spill_directory().empty()) {
+    absl::Status st = spill::SpillTier::CheckDirectory(config.spill_directory());
     if (!st.ok()) problems.push_back(st);
   }
   return problems;
+}
+
+std::vector<std::string> HostNotes(const v1::DaemonConfig& config, const HostFacts& facts) {
+  std::vector<std::string> notes;
+  if (config.pool_huge_pages() && !config.pool_shm_name().empty() && !facts.shm_huge_pages.ok()) {
+    notes.emplace_back(facts.shm_huge_pages.message());
+  }
+  return notes;
 }
 
 uint64_t FileDescriptorsNeeded(const v1::DaemonConfig& config) {

@@ -8,9 +8,19 @@
 //   1. socket: path length, its directory creatable and writable, no daemon listening on it;
 //   2. backend cuda: the build has it, the driver library (libcuda.so.1) loads, cuInit succeeds
 //      and finds at least one GPU;
-//   3. memlock: with pool_mlock or backend cuda, pool_bytes within RLIMIT_MEMLOCK (unless the
-//      process holds CAP_IPC_LOCK);
-//   4. memory: pool_bytes within MemAvailable.
+//   3. memlock: with pool_mlock, pool_bytes within RLIMIT_MEMLOCK (unless the process holds
+//      CAP_IPC_LOCK); backend cuda alone does not need it (cudaHostRegister pins through the
+//      NVIDIA driver, outside the limit; a failed registration leaves copies pageable);
+//   4. memory: pool_bytes within MemAvailable, less what a shared pool object that exists holds
+//      already (a restarted daemon adopts it: its memory is not allocated again, and the
+//      advice never asks to shrink or remove a pool that may hold blocks); an object start-up
+//      would refuse (another size, owner or mode) is a problem of its own, in start-up's words.
+//   5. spill_directory: it, or the parent it is created in, writable by this process (a
+//      read-only file system, as ProtectSystem=strict makes every path the unit does not list in
+//      ReadWritePaths=, is named as such with the unit's fix); one that exists is the daemon's
+//      own -- owned by its uid, not writable by group or others -- on a file system that takes
+//      O_DIRECT (spill::SpillTier::CheckDirectory).
+// Notes (HostNotes) do not stop a start: pool_huge_pages on a /dev/shm that gives no huge pages.
 // A socket another daemon listens on is an error at start-up and a warning for --check-config
 // (the unit's ExecStartPre runs after the old daemon stopped).
 #ifndef OFFLOADD_SERVER_HOST_CHECK_H_
@@ -23,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
+#include "server/pool/arena.h"
 
 namespace offloadd {
 
@@ -32,11 +43,20 @@ struct HostFacts {
   uint64_t memlock_limit_bytes = 0;      // RLIMIT_MEMLOCK soft limit; RLIM_INFINITY = none
   bool memlock_privileged = false;       // CAP_IPC_LOCK
   absl::Status cuda = absl::OkStatus();  // the CUDA driver (only read for backend cuda)
+  pool::SharedPoolObject shared_pool;    // /dev/shm/<pool_shm_name> (only read when set)
+  absl::Status shm_huge_pages = absl::OkStatus();  // pool::ShmHugePages (pool_huge_pages + shm)
+  absl::Status spill_directory = absl::OkStatus();  // CheckSpillDirectory (only when set)
 };
 
-// The facts of this host. `cuda_in_build`: whether this binary has the cuda backend; the
-// driver is probed only when `probe_cuda`.
-HostFacts ReadHostFacts(bool cuda_in_build, bool probe_cuda);
+// Check 5 for `directory`, without creating anything: OK when it is a directory this process
+// may create files in, or does not exist and its parent is one (the daemon creates it, one
+// level, mode 0700). FAILED_PRECONDITION naming the path and the errno text otherwise; for a
+// read-only file system (EROFS) the message says how to make it writable under the systemd unit.
+absl::Status CheckSpillDirectory(const std::string& directory);
+
+// The facts of this host for `config`. `cuda_in_build`: whether this binary has the cuda
+// backend; the driver is probed only for backend cuda, the pool object only with pool_shm_name.
+HostFacts ReadHostFacts(const v1::DaemonConfig& config, bool cuda_in_build);
 
 // OK when libcuda.so.1 loads, cuInit(0) succeeds and cuDeviceGetCount finds a GPU; else
 // FAILED_PRECONDITION saying which step failed (dlerror text or the CUDA error's name) and what
@@ -69,6 +89,10 @@ absl::Status RaiseFileLimit(const v1::DaemonConfig& config);
 
 // The checks 2-4 above against `facts`, in that order; empty when the host can run `config`.
 std::vector<absl::Status> HostProblems(const v1::DaemonConfig& config, const HostFacts& facts);
+
+// What start-up would log as warnings about `config` on this host (each a sentence with the
+// fix); they do not stop it.
+std::vector<std::string> HostNotes(const v1::DaemonConfig& config, const HostFacts& facts);
 
 }  // namespace offloadd
 

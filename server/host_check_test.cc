@@ -42,7 +42,7 @@ TEST(HostProblems, InTheOrderTheDaemonMeetsThem) {
   f.mem_available_bytes = 8 * kGiB;
   f.memlock_limit_bytes = 64 << 10;
   f.cuda = absl::FailedPreconditionError("no driver");
-  auto problems = HostProblems(Config("cuda", 16 * kGiB, false), f);
+  auto problems = HostProblems(Config("cuda", 16 * kGiB, true), f);
   ASSERT_EQ(problems.size(), 3u);
   EXPECT_EQ(problems[0].message(), "no driver");
   EXPECT_EQ(problems[1].code(), absl::StatusCode::kFailedPrecondition);
@@ -63,10 +63,107 @@ TEST(HostProblems, MemlockOnlyWhereThePoolIsLocked) {
   EXPECT_TRUE(HostProblems(Config("shm", kGiB, true), f).empty());
 }
 
+// Backend cuda pins with cudaHostRegister, which RLIMIT_MEMLOCK does not govern: a container's
+// 64 KiB limit must not keep the daemon from starting unless pool_mlock asks for a locked pool.
+TEST(HostProblems, CudaBackendNeedsMemlockOnlyWithPoolMlock) {
+  HostFacts f = Roomy();
+  f.memlock_limit_bytes = 64 << 10;
+  f.cuda = absl::OkStatus();
+  EXPECT_TRUE(HostProblems(Config("cuda", 16 * kGiB, false), f).empty());
+  auto problems = HostProblems(Config("cuda", 16 * kGiB, true), f);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].message().find("RLIMIT_MEMLOCK"), std::string::npos) << problems[0];
+}
+
 TEST(HostProblems, UnreadableMeminfoIsNotAProblem) {
   HostFacts f = Roomy();
   f.mem_available_bytes = absl::NotFoundError("old kernel");
   EXPECT_TRUE(HostProblems(Config("shm", 4096 * kGiB, false), f).empty());
+}
+
+v1::DaemonConfig Shared(uint64_t pool_bytes) {
+  v1::DaemonConfig c = Config("shm", pool_bytes, false);
+  c.set_pool_shm_name("offloadd-pool");
+  return c;
+}
+
+// A daemon killed on a shared pool of 16 GiB leaves the object in /dev/shm, which MemAvailable
+// no longer counts: the restart adopts it and needs no new memory.
+TEST(HostProblems, SurvivingSharedPoolIsNotCountedAgainstMemAvailable) {
+  HostFacts f = Roomy();
+  f.mem_available_bytes = 6 * kGiB;
+  f.shared_pool.exists = true;
+  f.shared_pool.size_bytes = 16 * kGiB + (4 << 20);
+  f.shared_pool.resident_bytes = f.shared_pool.size_bytes;
+  EXPECT_TRUE(HostProblems(Shared(16 * kGiB), f).empty());
+  // Without the object the same pool would not fit: the fresh-pool check still applies.
+  f.shared_pool = pool::SharedPoolObject{};
+  ASSERT_EQ(HostProblems(Shared(16 * kGiB), f).size(), 1u);
+}
+
+TEST(HostProblems, PartlyResidentObjectAdviceNeverLosesBlocks) {
+  HostFacts f = Roomy();
+  f.mem_available_bytes = 2 * kGiB;
+  f.shared_pool.exists = true;
+  f.shared_pool.size_bytes = 16 * kGiB;
+  f.shared_pool.resident_bytes = 12 * kGiB;
+  auto problems = HostProblems(Shared(16 * kGiB), f);
+  ASSERT_EQ(problems.size(), 1u);
+  const std::string m(problems[0].message());
+  EXPECT_EQ(problems[0].code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(m.find("holds 12288 MiB of the pool's 16384 MiB already"), std::string::npos) << m;
+  EXPECT_NE(m.find("the other 4096 MiB are more than MemAvailable, 2048 MiB"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("free host memory"), std::string::npos) << m;
+  EXPECT_EQ(m.find("Lower the pool size"), std::string::npos) << m;
+}
+
+TEST(HostProblems, ObjectStartUpWouldRefuseIsAProblem) {
+  HostFacts f = Roomy();
+  f.shared_pool.exists = true;
+  f.shared_pool.usable = absl::FailedPreconditionError("set pool_bytes back");
+  auto problems = HostProblems(Shared(kGiB), f);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].message(), "set pool_bytes back");
+}
+
+TEST(HostNotes, HugePagesTheSharedPoolCannotGet) {
+  HostFacts f = Roomy();
+  f.shm_huge_pages = absl::FailedPreconditionError("huge=never");
+  v1::DaemonConfig c = Shared(kGiB);
+  EXPECT_TRUE(HostNotes(c, f).empty());  // pool_huge_pages not set
+  c.set_pool_huge_pages(true);
+  ASSERT_EQ(HostNotes(c, f).size(), 1u);
+  EXPECT_EQ(HostNotes(c, f)[0], "huge=never");
+  c.clear_pool_shm_name();  // an anonymous pool gets transparent huge pages by madvise
+  EXPECT_TRUE(HostNotes(c, f).empty());
+}
+
+TEST(CheckSpillDirectory, WritableMissingAndRefused) {
+  char tmpl[] = "/tmp/ofd-spillcheck-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  EXPECT_TRUE(CheckSpillDirectory(dir).ok());
+  EXPECT_TRUE(CheckSpillDirectory(dir + "/spill").ok()) << "created by the daemon";
+  absl::Status deep = CheckSpillDirectory(dir + "/a/spill");
+  EXPECT_EQ(deep.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(deep.message().find("its parent " + dir + "/a does not exist"), std::string::npos)
+      << deep;
+  { std::ofstream(dir + "/file") << "x"; }
+  EXPECT_NE(CheckSpillDirectory(dir + "/file").message().find("is not a directory"),
+            std::string::npos);
+  // A read-only file system (EROFS, the unit's ProtectSystem=strict): tests/monitoring
+  // test_manifests and tests/systemd check that message with a real read-only mount.
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(HostProblems, SpillDirectoryComesLast) {
+  HostFacts f = Roomy();
+  f.mem_available_bytes = 1 * kGiB;
+  f.spill_directory = absl::FailedPreconditionError("read-only");
+  auto problems = HostProblems(Config("shm", 2 * kGiB, false), f);
+  ASSERT_EQ(problems.size(), 2u);
+  EXPECT_EQ(problems[1].message(), "read-only");
 }
 
 class SocketPath : public ::testing::Test {

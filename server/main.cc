@@ -3,6 +3,7 @@
 // usage/config errors, 1 for start-up failures (each printed with what to do).
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,10 +16,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "server/config.h"
 #include "server/copy/cuda_api_sim.h"
+#include "server/copy/cuda_engine.h"
+#include "server/copy/link_calibration.h"
 #include "server/copy/shm_engine.h"
 #include "server/host_check.h"
 #include "server/metrics/metrics.h"
@@ -28,9 +32,10 @@
 #include "server/rpc/server.h"
 #include "server/rpc/socket_activation.h"
 #include "server/sched/topology.h"
+#include "server/service_notify.h"
 #include "server/session/core.h"
 #ifdef OFFLOADD_HAVE_CUDA
-#include "server/copy/cuda_engine.h"
+#include "server/projector/cusolver_backend.h"
 #endif
 
 namespace {
@@ -53,9 +58,11 @@ void PrintHelp() {
     std::printf("  --%-30s %s\n", f.name, f.help);
   }
 #ifdef OFFLOADD_HAVE_CUDA
-  std::cout << "Backends in this build: shm, cuda\n";
+  std::cout << "Backends in this build: shm, cuda, cuda-sim (a timing model of GPU copy engines "
+               "that moves no bytes)\n";
 #else
-  std::cout << "Backends in this build: shm (built without the CUDA toolkit)\n";
+  std::cout << "Backends in this build: shm, cuda-sim (a timing model of GPU copy engines that "
+               "moves no bytes; cuda needs a build with the CUDA toolkit)\n";
 #endif
 }
 
@@ -65,16 +72,22 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
     return std::unique_ptr<offloadd::copy::CopyEngine>(
         new offloadd::copy::ShmCopyEngine(offloadd::ToShmMappingLimits(config)));
   }
-  if (config.backend() == "cuda-sim") {  // issue 16: simulated GPUs; no bytes move
-    LOG(WARNING) << "backend cuda-sim: GPUs are a timing model (55 GB/s per direction); copies "
-                 << "move NO bytes and every copy figure is SIMULATED";
+  if (config.backend() == "cuda-sim") {  // simulated GPUs; no bytes move
+    const offloadd::v1::CudaSimConfig& sim = config.cuda_sim();
+    LOG(WARNING) << "backend cuda-sim: " << sim.gpus() << " GPUs are a timing model ("
+                 << sim.engine_bytes_per_second() / 1e9 << " GB/s per direction, "
+                 << sim.gpus_per_switch() << " per switch, "
+                 << (sim.switch_bytes_per_second() > 0
+                         ? absl::StrCat(sim.switch_bytes_per_second() / 1e9, " GB/s per switch")
+                         : std::string("no switch limit"))
+                 << "); copies move NO bytes and every copy figure is SIMULATED";
     offloadd::copy::CudaEngineOptions options;
     options.asynchronous = config.async_copies();
-    return offloadd::copy::NewSimCudaCopyEngine({}, options);
+    return offloadd::copy::NewSimCudaCopyEngine(offloadd::ToSimCudaOptions(config), options);
   }
 #ifdef OFFLOADD_HAVE_CUDA
   offloadd::copy::CudaEngineOptions options;
-  options.asynchronous = config.async_copies();  // issue 16; asynchronous by default
+  options.asynchronous = config.async_copies();  // asynchronous by default
   return offloadd::copy::CreateCudaCopyEngine(options);
 #else
   return absl::FailedPreconditionError(
@@ -83,11 +96,52 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
 #endif
 }
 
+// projector.backend: "lapack" (default, or empty) computes every refresh on the host CPU;
+// "cusolver" computes refreshes of gradients in CUDA IPC regions with cuSOLVER on the GPU that
+// holds them (one stream and handle pair per refresh worker and GPU; cusolver_backend.h), shm
+// gradients still with LAPACK — FAILED_PRECONDITION when this build has no CUDA toolkit or no
+// driver/device is usable; "auto" is cusolver on a cuda daemon with a usable GPU, else lapack.
+absl::Status SetProjectorBackend(const std::string& backend, const std::string& engine,
+                                 offloadd::projector::RefreshServiceOptions* options) {
+  if (backend.empty() || backend == "lapack") return absl::OkStatus();
+#ifdef OFFLOADD_HAVE_CUDA
+  if (backend == "auto" && engine != "cuda") {
+    LOG(INFO) << "projector backend auto: lapack (the " << engine
+              << " backend has no CUDA regions)";
+    return absl::OkStatus();
+  }
+  absl::StatusOr<int> gpus = offloadd::projector::CudaDeviceCount();
+  if (!gpus.ok()) {
+    if (backend == "auto") {
+      LOG(INFO) << "projector backend auto: lapack (" << gpus.status().message() << ")";
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "projector backend cusolver: ", gpus.status().message(),
+        ": use projector { backend: \"lapack\" } (or \"auto\") on a host without a GPU"));
+  }
+  if (engine != "cuda") {
+    LOG(WARNING) << "projector backend cusolver applies to gradients in CUDA IPC regions; this "
+                 << engine << " daemon has none, so every refresh uses lapack";
+  }
+  options->gpu_backend_for = offloadd::projector::MakeCusolverBackendSelector();
+  options->gpu_backend_name = "cusolver";
+  return absl::OkStatus();
+#else
+  (void)engine;
+  (void)options;
+  if (backend == "auto") return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "projector backend cusolver is not in this build (no CUDA toolkit at build time): "
+      "rebuild on a machine with /usr/local/cuda, or use projector { backend: \"lapack\" }");
+#endif
+}
+
 // The GaLore projector refresh service (config `projector`), or nullptr when it is disabled. shm
 // regions open through the daemon's engine when that is shm, else through `own_shm`; CUDA IPC
 // regions through the cuda engine; G and P are copied through the links of `core`
 // (class PROJECTOR). Sets OpenBLAS's process-wide thread count once.
-std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
+absl::StatusOr<std::unique_ptr<offloadd::projector::RefreshService>> MakeProjector(
     const offloadd::v1::ProjectorConfig& config, offloadd::session::Core& core,
     offloadd::copy::CopyEngine* own_shm) {
   offloadd::copy::CopyEngine& engine = core.engine();
@@ -122,11 +176,17 @@ std::unique_ptr<offloadd::projector::RefreshService> MakeProjector(
     return core.CopyOverLink(c.device_id, offloadd::sched::TrafficClass::kProjector, *c.engine,
                              c.direction, c.region, c.region_offset, c.host, c.bytes);
   };
+  if (absl::Status st = SetProjectorBackend(config.backend(), std::string(engine.name()),
+                                            &options);
+      !st.ok()) {
+    return st;
+  }
   const int blas_threads =
       offloadd::projector::SetBlasThreads(offloadd::projector::BlasThreadsFor(options.workers));
   const bool shm_daemon = engine.name() == "shm";
   LOG(INFO) << "projector service: " << options.workers << " refresh workers, " << blas_threads
-            << " OpenBLAS threads each, backend lapack";
+            << " OpenBLAS threads each, backend lapack"
+            << (options.gpu_backend_for ? " (cusolver for CUDA regions)" : "");
   return std::make_unique<offloadd::projector::RefreshService>(
       options, shm_daemon ? &engine : own_shm, shm_daemon ? nullptr : &engine);
 }
@@ -146,6 +206,7 @@ int NextSignal(const sigset_t& signals, double seconds) {
 
 int Fail(const absl::Status& status, int code) {
   std::cerr << "offloadd: " << status.message() << "\n";
+  offloadd::NotifyStatus(absl::StrCat("failed: ", status.message()));
   return code;
 }
 
@@ -169,9 +230,11 @@ int CheckHost(const std::string& file, const offloadd::v1::DaemonConfig& config,
   } else if (!socket.ok()) {
     problems.push_back(socket);
   }
-  const offloadd::HostFacts facts =
-      offloadd::ReadHostFacts(kCudaInBuild, /*probe_cuda=*/config.backend() == "cuda");
+  const offloadd::HostFacts facts = offloadd::ReadHostFacts(config, kCudaInBuild);
   for (absl::Status& st : offloadd::HostProblems(config, facts)) problems.push_back(st);
+  for (const std::string& note : offloadd::HostNotes(config, facts)) {
+    std::cout << "offloadd: note: " << note << "\n";
+  }
   if (problems.empty()) {
     std::cout << "offloadd: " << file << " is valid and this host can run it\n";
     return 0;
@@ -291,16 +354,21 @@ std::vector<int> PoolSlices(const offloadd::v1::DaemonConfig& config,
   return nodes;
 }
 
-// Checks the memlock limit (cuda) and maps the pool, sliced per NUMA node as PoolSlices says.
+// Maps the pool, sliced per NUMA node as PoolSlices says (the memlock limit is checked by the
+// arena, and only with pool_mlock). On the cuda backend a low RLIMIT_MEMLOCK is only noted:
+// cudaHostRegister pins through the NVIDIA driver, which does not charge the limit, and a failed
+// registration is logged by the engine while copies go on from pageable memory.
 absl::StatusOr<std::unique_ptr<offloadd::pool::Arena>> MapPool(
     const offloadd::v1::DaemonConfig& config, const offloadd::sched::Topology& topology) {
-  if (config.backend() == "cuda") {
-    // Pinning the pool needs it locked: fail now, with the fix, rather than half-way.
+  if (config.backend() == "cuda" && !config.pool_mlock()) {
     rlimit rl{};
     getrlimit(RLIMIT_MEMLOCK, &rl);
-    absl::Status st = offloadd::pool::CheckMemlockLimit(config.pool_bytes(), rl.rlim_cur,
-                                                        offloadd::pool::MemlockPrivileged());
-    if (!st.ok()) return st;
+    if (!offloadd::pool::CheckMemlockLimit(config.pool_bytes(), rl.rlim_cur,
+                                           offloadd::pool::MemlockPrivileged())
+             .ok()) {
+      LOG(INFO) << "RLIMIT_MEMLOCK (" << rl.rlim_cur << " bytes) is below the pool; the pool "
+                << "is pinned with cudaHostRegister, which the limit does not govern";
+    }
   }
   offloadd::pool::ArenaOptions arena_options;
   arena_options.size_bytes = config.pool_bytes();
@@ -308,32 +376,60 @@ absl::StatusOr<std::unique_ptr<offloadd::pool::Arena>> MapPool(
   arena_options.huge_pages = config.pool_huge_pages();
   arena_options.shm_name = config.pool_shm_name();
   arena_options.numa_nodes = PoolSlices(config, topology);
-  LOG(INFO) << "mapping and pre-faulting the pool: " << config.pool_bytes() << " bytes"
-            << (arena_options.shm_name.empty()
-                    ? std::string(" (anonymous)")
-                    : " (shared: /dev/shm/" + arena_options.shm_name + ")");
+  const std::string what = absl::StrCat(
+      "mapping and pre-faulting the pool: ", config.pool_bytes(), " bytes",
+      arena_options.shm_name.empty() ? std::string(" (anonymous)")
+                                     : " (shared: /dev/shm/" + arena_options.shm_name + ")");
+  LOG(INFO) << what;
+  offloadd::NotifyStatus(what);
   return offloadd::pool::Arena::Create(arena_options);
 }
 
-// Logs the topology and warns about cuda links without a configured capacity.
+// Logs the topology and warns about cuda links without a configured capacity that start-up
+// calibration will not measure (link_calibration: false).
 void LogLinks(const offloadd::v1::DaemonConfig& config,
               const offloadd::sched::Topology& topology,
               const offloadd::session::CoreOptions& core_options) {
   if (!topology.links.empty()) {
-    LOG(INFO) << "topology (sysfs root " << config.sysfs_root() << "):\n"
+    LOG(INFO) << "topology ("
+              << (config.backend() == "cuda-sim" ? std::string("cuda-sim's simulated switches")
+                                                 : "sysfs root " + config.sysfs_root())
+              << "):\n"
               << offloadd::sched::FormatTopology(topology);
   }
+  const bool gpus = config.backend() == "cuda" || config.backend() == "cuda-sim";
   for (const auto& link : core_options.links) {
-    if (config.backend() == "cuda" &&
+    if (gpus && !core_options.link_calibration.at_start && !link.gpus.empty() &&
         (link.d2h_bytes_per_second <= 0 || link.h2d_bytes_per_second <= 0)) {
-      // Hook for a start-up calibration run (time a few large copies per direction on the
-      // link's GPUs): not implemented yet, so the link is left unpaced.
-      LOG(WARNING) << "link " << link.name << " has no configured capacity in one direction; "
-                   << "start-up calibration is not implemented yet, so it is unpaced and its "
-                   << "utilisation is not reported: set links { name: \"" << link.name
-                   << "\" d2h_bytes_per_second: ... h2d_bytes_per_second: ... } (measure "
-                   << "with `offloadctl bench`)";
+      LOG(WARNING) << "link " << link.name << " has no configured capacity in one direction "
+                   << "and link_calibration is false, so it is unpaced and its utilisation is "
+                   << "not reported until `offloadctl calibrate-links` measures it: or set "
+                   << "links { name: \"" << link.name
+                   << "\" d2h_bytes_per_second: ... h2d_bytes_per_second: ... }";
     }
+  }
+}
+
+// The cuda engine's copy-rate meter (link calibration), or null for a backend without one.
+std::unique_ptr<offloadd::copy::CopyRateMeter> MakeRateMeter(offloadd::copy::CopyEngine* engine) {
+  auto* cuda = dynamic_cast<offloadd::copy::CudaCopyEngine*>(engine);
+  if (cuda == nullptr) return nullptr;
+  return offloadd::copy::NewCudaCopyRateMeter(cuda);
+}
+
+// Start-up link calibration (link_calibration: true on cuda/cuda-sim), before the pool is
+// pinned and before serving: nothing else uses the links yet. A failure leaves links unpaced
+// (each logged) and the daemon serves all the same.
+void CalibrateAtStart(offloadd::session::Core& core) {
+  if (!core.options().link_calibration.at_start) return;
+  absl::StatusOr<offloadd::session::LinkCalibrationReport> report = core.CalibrateLinks();
+  if (!report.ok()) {
+    LOG(WARNING) << "link calibration at start-up failed: " << report.status().message()
+                 << "; links without a configured capacity stay unpaced";
+  } else if (!report->links.empty()) {
+    LOG(INFO) << "link calibration: " << report->links.size() << " link(s) in "
+              << absl::StrFormat("%.2f", report->seconds) << " s (budget "
+              << report->budget_seconds << " s)";
   }
 }
 
@@ -348,6 +444,8 @@ int WaitForShutdownSignal(const sigset_t& signals) {
                    "a changed config";
     }
   }
+  offloadd::NotifyStopping(absl::StrCat("signal ", sig, ": finishing copies in flight, closing "
+                                        "sessions"));
   return sig;
 }
 
@@ -395,11 +493,36 @@ absl::StatusOr<std::unique_ptr<offloadd::spill::SpillTier>> MakeSpillTier(
   return offloadd::spill::SpillTier::Create(options, arena.base(), arena.size_bytes());
 }
 
-void LogServing(const offloadd::v1::DaemonConfig& config, const std::string& socket_path,
-                bool activated, bool metrics_on) {
+// With socket activation the .socket unit's SocketMode=/SocketGroup= make the socket file, not
+// the config: warns when the config asks for another mode or group than the file has, so the
+// setting that is not in force is named rather than silently ignored.
+void WarnIfActivatedSocketDiffers(const offloadd::v1::DaemonConfig& config,
+                                  const std::string& socket_path) {
+  struct stat st;
+  if (stat(socket_path.c_str(), &st) != 0) return;
+  const uint32_t mode = st.st_mode & 0777;
+  const int64_t gid = *offloadd::ResolveSocketGroup(config);
+  const bool mode_differs = mode != config.socket_mode();
+  const bool group_differs = gid >= 0 && static_cast<int64_t>(st.st_gid) != gid;
+  if (!mode_differs && !group_differs) return;
+  LOG(WARNING) << absl::StrFormat(
+      "the socket %s passed by the service manager has mode %04o and gid %d, but the config "
+      "asks for socket_mode %04o%s: with socket activation the .socket unit's SocketMode= and "
+      "SocketGroup= apply (systemctl edit offloadd.socket), socket_mode and socket_group do not",
+      socket_path, mode, st.st_gid, config.socket_mode(),
+      gid >= 0 ? absl::StrFormat(" and socket_group %s (gid %d)", config.socket_group(), gid)
+               : std::string());
+}
+
+// Logs that the daemon serves, prints the ready line for scripts and tests, records the start-up
+// time and tells the service manager (READY=1: `systemctl start` returns now).
+void AnnounceServing(const offloadd::v1::DaemonConfig& config, const std::string& socket_path,
+                     bool activated, bool metrics_on,
+                     std::chrono::steady_clock::time_point process_start) {
   if (activated) {
     LOG(INFO) << "listening socket passed by the service manager (LISTEN_FDS): it stays open "
               << "while offloadd restarts";
+    WarnIfActivatedSocketDiffers(config, socket_path);
   }
   LOG(INFO) << "offloadd " << kVersion << " serving on unix:" << socket_path
             << " backend=" << config.backend() << " pool_bytes=" << config.pool_bytes()
@@ -408,6 +531,14 @@ void LogServing(const offloadd::v1::DaemonConfig& config, const std::string& soc
 #ifndef OFFLOADD_HAVE_CUDA
   LOG(INFO) << "this build has no CUDA backend; the shm backend is available";
 #endif
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - process_start).count();
+  offloadd::metrics::Get().start_to_serving_seconds->Set(seconds);
+  std::cout << "offloadd: ready on " << socket_path << std::endl;
+  offloadd::NotifyReady(absl::StrFormat(
+      "serving on %s: pool %d MiB, backend %s, ready %.1f s after start%s", socket_path,
+      config.pool_bytes() >> 20, config.backend(), seconds,
+      config.backend() == "cuda" ? " (the pool is pinned in the background)" : ""));
 }
 
 }  // namespace
@@ -455,37 +586,36 @@ int main(int argc, char** argv) {
 
   auto arena = MapPool(*config, *topology);
   if (!arena.ok()) return Fail(arena.status(), 1);
-  // cuda: register (pin) the pool with the driver in the background, in chunks <= 64 GiB.
-  if (absl::Status st = (*engine)->PrepareHostPool((*arena)->base(), (*arena)->size_bytes());
-      !st.ok()) {
-    return Fail(st, 1);
-  }
 
   offloadd::metrics::Get()
       .build_info->Add({{"version", kVersion}, {"backend", config->backend()}})
       .Set(1);
 
   offloadd::session::CoreOptions core_options = offloadd::ToCoreOptions(*config, *topology);
+  const std::unique_ptr<offloadd::copy::CopyRateMeter> meter = MakeRateMeter(engine->get());
+  core_options.link_calibration.meter = meter.get();  // outlives the Core (declared first)
   LogLinks(*config, *topology, core_options);
   auto spill = MakeSpillTier(core_options.spill, **arena);
   if (!spill.ok()) return Fail(spill.status(), 1);
   offloadd::session::Core core(std::move(core_options), *std::move(arena), *std::move(engine),
                                *std::move(spill));
+  CalibrateAtStart(core);
+  // cuda: register (pin) the pool with the driver in the background, in chunks <= 64 GiB.
+  if (absl::Status st = core.engine().PrepareHostPool(core.pool_base(), core.arena().size_bytes());
+      !st.ok()) {
+    return Fail(st, 1);
+  }
   // The Core's pool, store, spill and link families are read from its state at each scrape.
   if (*exposer) (*exposer)->Register(core.collectable());
   // shm regions of refreshes on a cuda daemon
   offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
-  std::unique_ptr<offloadd::projector::RefreshService> projector =
-      MakeProjector(config->projector(), core, &projector_shm);
+  auto projector = MakeProjector(config->projector(), core, &projector_shm);
+  if (!projector.ok()) return Fail(projector.status(), 1);
   auto server = offloadd::rpc::Server::Start(&core, socket_path, config->socket_mode(),
                                              *offloadd::ResolveSocketGroup(*config),
-                                             projector.get(), *listen_fd);
+                                             projector->get(), *listen_fd);
   if (!server.ok()) return Fail(server.status(), 1);
-  LogServing(*config, socket_path, *listen_fd >= 0, *exposer != nullptr);
-  offloadd::metrics::Get().start_to_serving_seconds->Set(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - process_start).count());
-  // Ready line for scripts and tests.
-  std::cout << "offloadd: ready on " << socket_path << std::endl;
+  AnnounceServing(*config, socket_path, *listen_fd >= 0, *exposer != nullptr, process_start);
 
   const int sig = WaitForShutdownSignal(signals);
   LOG(INFO) << "signal " << sig << ": finishing copies in flight, closing sessions "

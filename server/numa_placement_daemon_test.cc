@@ -1,4 +1,4 @@
-// NUMA placement in the daemon (issue 16 part 5), on the sysfs fixtures: the config's
+// NUMA placement in the daemon, on the sysfs fixtures: the config's
 // numa_placement picks the pool's slices from the GPUs' nodes, the store puts each session's
 // blocks in its GPU's node's slice and falls back with the reason counted, and a scrape shows
 // the fallback counts and each slice's bytes.

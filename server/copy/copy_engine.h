@@ -26,7 +26,7 @@ inline const char* DirectionName(Direction d) {
   return d == Direction::kDeviceToHost ? "d2h" : "h2d";
 }
 
-// How soon a posted chunk is needed (issue 16). An engine that queues chunks before its copy
+// How soon a posted chunk is needed. An engine that queues chunks before its copy
 // hardware serves urgent ones first (a reload a backward pass is blocked on); the others in the
 // order they were posted.
 enum class ChunkUrgency { kNormal = 0, kUrgent = 1 };
@@ -37,6 +37,25 @@ struct RegionSpec {
   std::string cuda_ipc_handle;  // 64 bytes of cudaIpcMemHandle_t (allocation base)
   uint64_t size_bytes = 0;      // size of the object / allocation
   std::string device_id;        // GPU UUID (cuda) or the session's device name (shm)
+};
+
+// What orders one transfer against the client's GPU work (BeginTransfer). Event handles are
+// cudaIpcEventHandle_t bytes (64) or empty (none).
+struct TransferSpec {
+  Direction direction = Direction::kDeviceToHost;
+  uint64_t bytes = 0;        // the whole transfer; its last chunk ends here
+  std::string ready_event;   // client event: no chunk before it completed
+  std::string done_event;    // reload: recorded right after the last chunk is issued
+  std::function<void()> on_done_recorded;  // after that record was issued (engine thread)
+  // Null, or true once the transfer's owner has gone (its session ended): a transfer still
+  // waiting for its ready event then fails with CANCELLED instead of waiting on.
+  std::function<bool()> cancelled;
+};
+
+// Engine state of one ordered transfer (opaque to callers; see BeginTransfer).
+class TransferOrder {
+ public:
+  virtual ~TransferOrder() = default;
 };
 
 // Client memory opened by the daemon. Closed (unmapped / IPC handle released) when the last
@@ -70,7 +89,7 @@ class CopyEngine {
   virtual absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
                                  uint8_t* host, uint64_t bytes) = 0;
 
-  // The asynchronous form of CopyChunk (issue 16): queues the same copy and returns; `done` runs
+  // The asynchronous form of CopyChunk: queues the same copy and returns; `done` runs
   // exactly once, with CopyChunk's status, when the bytes have landed or the copy failed. It may
   // run inline (an error found before the copy is queued, or an engine without asynchronous
   // copies: the default here runs CopyChunk and then `done`) or on an engine thread, which must
@@ -88,22 +107,43 @@ class CopyEngine {
   // chunks posted). false for shm and for the cuda engine with asynchronous = false.
   virtual bool asynchronous() const { return false; }
 
-  // Before the first chunk of an offload: wait until the client's data is ready (CUDA: the
-  // client's IPC event). No-op for shm.
-  virtual absl::Status WaitReady(Region& region, const std::string& ready_event) {
+  // The ordered form of a transfer (cuda engines; ordering is a no-op for shm). BeginTransfer
+  // is called once per transfer before its first chunk; the chunks then go through
+  // CopyOrderedChunk / PostOrderedChunk with the returned order, which the caller keeps until
+  // the transfer is over (the last chunk's `done` has run) and then drops. What it does on
+  // CUDA (docs/ARCHITECTURE.md, "The event protocol"):
+  //  - the region's mapping is held open from here until the order is dropped (and only then:
+  //    the daemon maps client memory only while a transfer uses it);
+  //  - `ready_event`: no chunk is issued to the hardware before this client event has completed
+  //    (the engine queries it; it never makes a stream wait, so other transfers keep moving);
+  //  - `done_event`: recorded on the stream of the transfer's chunks right after its last chunk
+  //    (the one ending at `bytes`) is issued; then `on_done_recorded` runs, on the engine's
+  //    thread (it must not block: it may only hand an answer on).
+  // Returns null when the engine orders nothing (shm: chunks go through the unordered calls
+  // and `on_done_recorded` never runs). Errors: INVALID_ARGUMENT for malformed event handles
+  // or a region of another engine.
+  virtual absl::StatusOr<std::shared_ptr<TransferOrder>> BeginTransfer(Region& region,
+                                                                      TransferSpec spec) {
     (void)region;
-    (void)ready_event;
-    return absl::OkStatus();
+    (void)spec;
+    return std::shared_ptr<TransferOrder>();
   }
-
-  // After the last chunk of a reload has been copied: record the client's IPC event `done_event`
-  // (cudaIpcEventHandle_t bytes, 64) on the engine's H2D stream so the client's compute stream can
-  // wait on it (cudaStreamWaitEvent) without a host round trip. The event is recorded when this
-  // returns OK, so the session may then tell the client. Empty `done_event`: no-op. No-op for shm.
-  virtual absl::Status SignalDone(Region& region, const std::string& done_event) {
-    (void)region;
-    (void)done_event;
-    return absl::OkStatus();
+  // CopyChunk / PostChunk for a chunk at `transfer_offset` of an ordered transfer; `order`
+  // null: the unordered call.
+  virtual absl::Status CopyOrderedChunk(TransferOrder* order, uint64_t transfer_offset,
+                                        Direction direction, Region& region,
+                                        uint64_t region_offset, uint8_t* host, uint64_t bytes) {
+    (void)order;
+    (void)transfer_offset;
+    return CopyChunk(direction, region, region_offset, host, bytes);
+  }
+  virtual void PostOrderedChunk(TransferOrder* order, uint64_t transfer_offset,
+                                Direction direction, Region& region, uint64_t region_offset,
+                                uint8_t* host, uint64_t bytes, ChunkUrgency urgency,
+                                std::function<void(absl::Status)> done) {
+    (void)order;
+    (void)transfer_offset;
+    PostChunk(direction, region, region_offset, host, bytes, urgency, std::move(done));
   }
 
   // Once at start-up, after the pool's arena is mapped: make host[base, +size_bytes) usable for

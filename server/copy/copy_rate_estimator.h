@@ -1,5 +1,5 @@
 // CopyRateEstimator: a copy engine's rate (bytes per second), learned from the completions the
-// host observes (issue 16). The cuda device worker predicts when its issued copies end from this
+// host observes. The cuda device worker predicts when its issued copies end from this
 // rate, to issue the next copy just in time (cuda_device_worker.h).
 //
 // Why windows, not one sample per copy: the host sees a completion only when its thread next

@@ -1,4 +1,4 @@
-// CopyRateEstimator: rates from late, batched observations of completions (issue 16).
+// CopyRateEstimator: rates from late, batched observations of completions.
 #include "server/copy/copy_rate_estimator.h"
 
 #include <cstdint>

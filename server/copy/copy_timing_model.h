@@ -1,4 +1,4 @@
-// CopyTimingModel: the timing of a node's GPU copy engines, as arithmetic (issue 16). No bytes
+// CopyTimingModel: the timing of a node's GPU copy engines, as arithmetic. No bytes
 // move and no thread runs here: callers say what was queued when, and ask what has completed by
 // a given time. SimCudaApi (cuda_api_sim.h) puts it behind CudaApi so the real cuda engine can be
 // measured on a machine without a GPU. Every figure it produces is SIMULATED.

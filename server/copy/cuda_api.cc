@@ -7,6 +7,20 @@
 
 namespace offloadd::copy {
 
+namespace {
+absl::Status Unimplemented(const char* call) {
+  return absl::UnimplementedError(
+      absl::StrFormat("%s is not available from this CUDA backend", call));
+}
+}  // namespace
+
+absl::StatusOr<void*> CudaApi::DeviceMalloc(uint64_t) { return Unimplemented("cudaMalloc"); }
+absl::Status CudaApi::DeviceFree(void*) { return Unimplemented("cudaFree"); }
+absl::StatusOr<void*> CudaApi::CreateTimingEvent() { return Unimplemented("cudaEventCreate"); }
+absl::StatusOr<double> CudaApi::EventElapsedSeconds(void*, void*) {
+  return Unimplemented("cudaEventElapsedTime");
+}
+
 std::string NormalizeGpuUuid(absl::string_view id) {
   std::string s = absl::AsciiStrToLower(absl::StripAsciiWhitespace(id));
   if (s.size() == 36 && s.rfind("gpu-", 0) != 0) s = "gpu-" + s;

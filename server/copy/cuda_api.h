@@ -68,7 +68,9 @@ class CudaApi {
   virtual void DestroyEvent(void* event) = 0;
 
   // cudaIpcOpenMemHandle(..., cudaIpcMemLazyEnablePeerAccess): the base of the exporter's
-  // allocation. Opening the same handle twice in one process fails: callers cache.
+  // allocation. CUDA counts repeated opens of one handle in a process (the same address comes
+  // back; each needs its close); the engine opens an allocation once per set of overlapping
+  // transfers. Slow (120-270 µs measured elsewhere): the engine calls it on a mapper thread.
   virtual absl::StatusOr<void*> IpcOpenMemHandle(absl::string_view handle) = 0;
   virtual absl::Status IpcCloseMemHandle(void* device_ptr) = 0;
   // Size in bytes of the allocation mapped at `device_ptr` (cuMemGetAddressRange).
@@ -88,6 +90,21 @@ class CudaApi {
   // cudaHostRegister(host, bytes, cudaHostRegisterPortable) / cudaHostUnregister.
   virtual absl::Status HostRegister(void* host, uint64_t bytes) = 0;
   virtual absl::Status HostUnregister(void* host) = 0;
+
+  // For measuring copy rates (link_calibration.h). The defaults answer UNIMPLEMENTED naming
+  // the call, so an implementation without them cannot calibrate and says so.
+  // `bytes` of device memory on the current device (cudaMalloc); released with DeviceFree
+  // (cudaFree). Errors: FAILED_PRECONDITION, e.g. cudaErrorMemoryAllocation (2).
+  virtual absl::StatusOr<void*> DeviceMalloc(uint64_t bytes);
+  virtual absl::Status DeviceFree(void* device_ptr);
+  // An event with timing enabled (cudaEventCreate's default flags), released with
+  // DestroyEvent; EventRecord and EventQuery work on it as on CreateEvent's.
+  virtual absl::StatusOr<void*> CreateTimingEvent();
+  // Seconds between the device-side completions of two timing events' last records, both
+  // complete (cudaEventElapsedTime, milliseconds with ~0.5 µs resolution, / 1000). Negative
+  // when `end` completed first. FAILED_PRECONDITION when either is not complete
+  // (cudaErrorNotReady) or was not created with timing.
+  virtual absl::StatusOr<double> EventElapsedSeconds(void* start, void* end);
 };
 
 // The real implementation over libcudart, or nullptr in a build without the CUDA toolkit.

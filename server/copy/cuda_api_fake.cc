@@ -208,14 +208,83 @@ void FakeCudaApi::DestroyStream(void* stream) {
   if (it != objects_.end()) objects_.erase(it);
 }
 
-absl::StatusOr<void*> FakeCudaApi::CreateEvent() {
-  base::MutexLock lock(mu_);
-  absl::Status st = Enter("CreateEvent", -1, "");
+absl::StatusOr<void*> FakeCudaApi::NewEvent(const char* call, bool timing) {
+  absl::Status st = Enter(call, -1, "");
   if (!st.ok()) return st;
   auto o = std::make_unique<Object>(Object{Current(), true, false, next_id_++});
+  o->timing = timing;
   void* p = o.get();
   objects_[p] = std::move(o);
   return p;
+}
+
+absl::StatusOr<void*> FakeCudaApi::CreateEvent() {
+  base::MutexLock lock(mu_);
+  return NewEvent("CreateEvent", false);
+}
+
+absl::StatusOr<void*> FakeCudaApi::CreateTimingEvent() {
+  base::MutexLock lock(mu_);
+  return NewEvent("CreateTimingEvent", true);
+}
+
+absl::StatusOr<double> FakeCudaApi::EventElapsedSeconds(void* start, void* end) {
+  base::MutexLock lock(mu_);
+  auto a = objects_.find(start);
+  auto b = objects_.find(end);
+  absl::Status st =
+      Enter("EventElapsedSeconds", a == objects_.end() ? -1 : a->second->ordinal, "");
+  if (!st.ok()) return st;
+  if (a == objects_.end() || b == objects_.end() || !a->second->timing || !b->second->timing) {
+    return absl::FailedPreconditionError(
+        "cudaEventElapsedTime: cudaErrorInvalidResourceHandle (400): not timing events");
+  }
+  if (a->second->held || b->second->held) {
+    return absl::FailedPreconditionError("cudaEventElapsedTime: cudaErrorNotReady (600)");
+  }
+  return b->second->seconds - a->second->seconds;
+}
+
+void FakeCudaApi::SetCopyBytesPerSecond(double bytes_per_second) {
+  base::MutexLock lock(mu_);
+  if (bytes_per_second > 0) copy_bytes_per_second_ = bytes_per_second;
+}
+
+int FakeCudaApi::live_device_allocations() const {
+  base::MutexLock lock(mu_);
+  return static_cast<int>(device_malloced_.size());
+}
+
+absl::StatusOr<void*> FakeCudaApi::DeviceMalloc(uint64_t bytes) {
+  base::MutexLock lock(mu_);
+  absl::Status st = Enter("DeviceMalloc", -1, absl::StrFormat("%d", bytes));
+  if (!st.ok()) return st;
+  const int cur = Current();
+  if (cur < 0 || bytes == 0) {
+    return absl::FailedPreconditionError("cudaMalloc: cudaErrorInvalidValue (1)");
+  }
+  const std::string h = MakeHandle("malloc", next_id_++);
+  Allocation& a = allocations_[h];
+  a.ordinal = cur;
+  a.data.assign(bytes, 0);
+  void* p = a.data.data();
+  mapped_[p] = h;
+  device_malloced_.insert(p);
+  return p;
+}
+
+absl::Status FakeCudaApi::DeviceFree(void* device_ptr) {
+  base::MutexLock lock(mu_);
+  auto it = mapped_.find(device_ptr);
+  absl::Status st =
+      Enter("DeviceFree", it == mapped_.end() ? -1 : allocations_[it->second].ordinal, "");
+  if (!st.ok()) return st;
+  if (it == mapped_.end() || device_malloced_.erase(device_ptr) == 0) {
+    return absl::FailedPreconditionError("cudaFree: cudaErrorInvalidDevicePointer (17)");
+  }
+  allocations_.erase(it->second);
+  mapped_.erase(it);
+  return absl::OkStatus();
 }
 
 void FakeCudaApi::DestroyEvent(void* event) {
@@ -234,14 +303,9 @@ absl::StatusOr<void*> FakeCudaApi::IpcOpenMemHandle(absl::string_view handle) {
     return absl::FailedPreconditionError(
         "cudaIpcOpenMemHandle: cudaErrorInvalidResourceHandle (400): invalid resource handle");
   }
-  if (it->second.mapped) {
-    return absl::FailedPreconditionError(
-        "cudaIpcOpenMemHandle: cudaErrorAlreadyMapped (208): already mapped");
-  }
   // Memory of another device is mapped through peer access; the fake allows it.
-  it->second.mapped = true;
   void* p = it->second.data.data();
-  mapped_[p] = it->first;
+  if (it->second.opens++ == 0) mapped_[p] = it->first;
   return p;
 }
 
@@ -254,8 +318,7 @@ absl::Status FakeCudaApi::IpcCloseMemHandle(void* device_ptr) {
   if (it == mapped_.end()) {
     return absl::FailedPreconditionError("cudaIpcCloseMemHandle: cudaErrorInvalidValue (1)");
   }
-  allocations_[it->second].mapped = false;
-  mapped_.erase(it);
+  if (--allocations_[it->second].opens == 0) mapped_.erase(it);
   return absl::OkStatus();
 }
 
@@ -279,10 +342,19 @@ absl::StatusOr<void*> FakeCudaApi::IpcOpenEventHandle(absl::string_view handle) 
     return absl::FailedPreconditionError(
         "cudaIpcOpenEventHandle: cudaErrorInvalidResourceHandle (400): invalid resource handle");
   }
-  auto o = std::make_unique<Object>(Object{Current(), true, false, next_id_++});
+  auto o = std::make_unique<Object>(Object{Current(), true, false, next_id_++, std::string(handle)});
   void* p = o.get();
   objects_[p] = std::move(o);
   return p;
+}
+
+void FakeCudaApi::SetIpcEventPending(const std::string& handle, bool pending) {
+  base::MutexLock lock(mu_);
+  if (pending) {
+    pending_ipc_events_.insert(handle);
+  } else {
+    pending_ipc_events_.erase(handle);
+  }
 }
 
 absl::Status FakeCudaApi::StreamWaitEvent(void* stream, void* event) {
@@ -320,6 +392,7 @@ absl::Status FakeCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes
         "cudaMemcpyAsync: cudaErrorInvalidValue (1): device range outside every mapping");
   }
   std::memcpy(dst, src, bytes);
+  s->second->seconds += static_cast<double>(bytes) / copy_bytes_per_second_;
   ++memcpys_;
   cv_.notify_all();
   return absl::OkStatus();
@@ -336,6 +409,7 @@ absl::Status FakeCudaApi::EventRecord(void* event, void* stream) {
     return absl::FailedPreconditionError("cudaEventRecord: cudaErrorInvalidResourceHandle");
   }
   e->second->held = hold_;
+  e->second->seconds = s->second->seconds;
   return absl::OkStatus();
 }
 
@@ -353,6 +427,9 @@ absl::StatusOr<bool> FakeCudaApi::EventQuery(void* event) {
     absl::Status st = it->second;
     fail_next_.erase(it);
     return st;
+  }
+  if (!e->second->ipc_handle.empty() && pending_ipc_events_.count(e->second->ipc_handle) != 0) {
+    return false;
   }
   return !e->second->held;
 }

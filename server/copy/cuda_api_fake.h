@@ -8,8 +8,13 @@
 // before SetDevice on that thread. Completion can be held back (HoldCompletions) so a test can
 // keep a copy "in flight"; failures are injected per function name (FailNext).
 //
+// Opening a handle already open returns the same address and counts a reference (as CUDA
+// does); the mapping goes with the last close.
+//
 // Not modelled: real asynchrony between streams (every operation has finished when issued;
-// only EventQuery's answer is held), peer access, device memory limits.
+// only EventQuery's answer is held), peer access, device memory limits. Timing events
+// (CreateTimingEvent) see a device clock per stream that each copy on it advances by bytes /
+// SetCopyBytesPerSecond (default 10 GB/s), so EventElapsedSeconds gives that rate exactly.
 #ifndef OFFLOADD_SERVER_COPY_CUDA_API_FAKE_H_
 #define OFFLOADD_SERVER_COPY_CUDA_API_FAKE_H_
 
@@ -53,8 +58,13 @@ class FakeCudaApi : public CudaApi {
   void FailNext(const std::string& function, absl::Status status);
   // While held, EventQuery answers "not ready" for every event recorded after the hold began.
   void HoldCompletions(bool hold);
+  // A client IPC event (AddIpcEvent's handle) that EventQuery reports not complete until
+  // set back to false: a producer kernel still running.
+  void SetIpcEventPending(const std::string& handle, bool pending);
   // Blocks until `n` MemcpyAsync calls have been made in total.
   void WaitForMemcpys(int n);
+  // The rate of the per-stream device clock timing events read (bytes/s, > 0).
+  void SetCopyBytesPerSecond(double bytes_per_second);
 
   // Observation.
   std::vector<Call> calls() const;
@@ -67,6 +77,7 @@ class FakeCudaApi : public CudaApi {
   int contexts_created() const;  // distinct devices ever made current
   std::set<std::thread::id> threads_for_device(int ordinal) const;
   uint64_t registered_host_bytes() const;
+  int live_device_allocations() const;  // DeviceMalloc minus DeviceFree
 
   // CudaApi.
   absl::StatusOr<std::vector<CudaDeviceInfo>> ListDevices() override;
@@ -87,19 +98,27 @@ class FakeCudaApi : public CudaApi {
   absl::StatusOr<bool> EventQuery(void* event) override;
   absl::Status HostRegister(void* host, uint64_t bytes) override;
   absl::Status HostUnregister(void* host) override;
+  absl::StatusOr<void*> DeviceMalloc(uint64_t bytes) override;
+  absl::Status DeviceFree(void* device_ptr) override;
+  absl::StatusOr<void*> CreateTimingEvent() override;
+  absl::StatusOr<double> EventElapsedSeconds(void* start, void* end) override;
 
  private:
   struct Allocation {
     int ordinal;
     std::vector<uint8_t> data;
-    bool mapped = false;
+    int opens = 0;  // CUDA counts a process's opens of one handle and returns one address
   };
   struct Object {  // a stream or event
     int ordinal;
     bool is_event;
     bool held = false;  // event recorded while completions were held
     uint64_t id = 0;    // printed in call details as "s<id>" (stream) / "e<id>" (event)
+    std::string ipc_handle;  // an event opened from a client's handle
+    bool timing = false;        // an event from CreateTimingEvent
+    double seconds = 0;         // stream: its device clock; event: the clock at its record
   };
+  absl::StatusOr<void*> NewEvent(const char* call, bool timing) REQUIRES(mu_);
   std::string Name(void* object) const REQUIRES(mu_);  // "s3", "e7" or "?"
   // Records the call; returns the injected failure for `name`, if any. Caller holds mu_.
   absl::Status Enter(const std::string& name, int object_ordinal, const std::string& detail)
@@ -114,10 +133,13 @@ class FakeCudaApi : public CudaApi {
   std::map<std::string, Allocation> allocations_ GUARDED_BY(mu_);  // by handle
   std::map<void*, std::string> mapped_ GUARDED_BY(mu_);            // mapped pointer -> handle
   std::set<std::string> ipc_events_ GUARDED_BY(mu_);               // handles of client events
+  std::set<std::string> pending_ipc_events_ GUARDED_BY(mu_);
   std::map<void*, std::unique_ptr<Object>> objects_ GUARDED_BY(mu_);
   std::map<std::thread::id, int> current_ GUARDED_BY(mu_);  // thread -> device
   std::set<int> contexts_ GUARDED_BY(mu_);
   std::map<void*, uint64_t> host_registered_ GUARDED_BY(mu_);
+  std::set<void*> device_malloced_ GUARDED_BY(mu_);  // DeviceMalloc'd, in mapped_
+  double copy_bytes_per_second_ GUARDED_BY(mu_) = 10e9;
   bool hold_ GUARDED_BY(mu_) = false;
   int wrong_device_calls_ GUARDED_BY(mu_) = 0;
   int memcpys_ GUARDED_BY(mu_) = 0;

@@ -46,6 +46,19 @@ absl::Status ForwardingCudaApi::HostUnregister(void* host) {
   return target_->HostUnregister(host);
 }
 
+absl::StatusOr<void*> ForwardingCudaApi::DeviceMalloc(uint64_t bytes) {
+  return target_->DeviceMalloc(bytes);
+}
+absl::Status ForwardingCudaApi::DeviceFree(void* device_ptr) {
+  return target_->DeviceFree(device_ptr);
+}
+absl::StatusOr<void*> ForwardingCudaApi::CreateTimingEvent() {
+  return target_->CreateTimingEvent();
+}
+absl::StatusOr<double> ForwardingCudaApi::EventElapsedSeconds(void* start, void* end) {
+  return target_->EventElapsedSeconds(start, end);
+}
+
 std::string PadIpcHandle(absl::string_view text) {
   std::string handle(kIpcHandleBytes, '\0');
   std::memcpy(&handle[0], text.data(), std::min(text.size(), handle.size()));

@@ -41,6 +41,10 @@ class ForwardingCudaApi : public CudaApi {
   absl::StatusOr<bool> EventQuery(void* event) override;
   absl::Status HostRegister(void* host, uint64_t bytes) override;
   absl::Status HostUnregister(void* host) override;
+  absl::StatusOr<void*> DeviceMalloc(uint64_t bytes) override;
+  absl::Status DeviceFree(void* device_ptr) override;
+  absl::StatusOr<void*> CreateTimingEvent() override;
+  absl::StatusOr<double> EventElapsedSeconds(void* start, void* end) override;
 
  private:
   CudaApi* const target_;

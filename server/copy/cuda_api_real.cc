@@ -176,6 +176,30 @@ class RealCudaApi : public CudaApi {
     return Err("cudaHostUnregister", cudaHostUnregister(host));
   }
 
+  absl::StatusOr<void*> DeviceMalloc(uint64_t bytes) override {
+    void* p = nullptr;
+    absl::Status st = Err("cudaMalloc", cudaMalloc(&p, bytes));
+    if (!st.ok()) return st;
+    return p;
+  }
+  absl::Status DeviceFree(void* device_ptr) override {
+    return Err("cudaFree", cudaFree(device_ptr));
+  }
+  absl::StatusOr<void*> CreateTimingEvent() override {
+    cudaEvent_t e = nullptr;
+    absl::Status st = Err("cudaEventCreate", cudaEventCreate(&e));
+    if (!st.ok()) return st;
+    return static_cast<void*>(e);
+  }
+  absl::StatusOr<double> EventElapsedSeconds(void* start, void* end) override {
+    float ms = 0;
+    absl::Status st =
+        Err("cudaEventElapsedTime", cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
+                                                         static_cast<cudaEvent_t>(end)));
+    if (!st.ok()) return st;
+    return static_cast<double>(ms) / 1e3;
+  }
+
  private:
   std::once_flag get_range_once_;
   absl::Status get_range_status_;

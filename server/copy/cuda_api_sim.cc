@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/base/clock.h"
@@ -17,6 +18,7 @@ namespace {
 constexpr uintptr_t kFirstDeviceBase = uintptr_t{0x5100} << 32;
 constexpr uintptr_t kBaseAlign = uintptr_t{2} << 20;
 constexpr char kSimMemPrefix[] = "cuda-sim-mem";
+constexpr char kSimMallocPrefix[] = "cuda-sim-malloc";
 
 class RealSimClock : public SimClock {
  public:
@@ -122,7 +124,7 @@ ModelEngineStats SimCudaApi::engine_stats(int ordinal, Direction direction) {
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) return {};
   Shard& sh = ShardOfGpu(ordinal);
   base::MutexLock lock(sh.mu);
-  sh.model.AdvanceTo(Now());
+  AdvanceLocked(sh);
   return sh.model.engine_stats(ordinal - sh.first_gpu, direction);
 }
 
@@ -146,7 +148,7 @@ double SimCudaApi::EventCompletionSeconds(void* event) {
   base::MutexLock lock(sh->mu);
   auto it = sh->events.find(id);
   if (it == sh->events.end()) return -1;
-  sh->model.AdvanceTo(Now());
+  AdvanceLocked(*sh);
   double latest = -1;
   for (CopyTimingModel::OpId op : it->second.ops) {
     if (!sh->model.Done(op)) return -1;
@@ -216,10 +218,62 @@ void SimCudaApi::DestroyEvent(void* event) {
   sh->events.erase(id);
 }
 
+absl::StatusOr<std::shared_ptr<SimGpuTable>> SimCudaApi::TableLocked(uint32_t pid,
+                                                                   uint64_t instance) {
+  auto it = tables_.find(pid);
+  if (it != tables_.end()) {
+    std::shared_ptr<SimGpuTable> t = it->second.lock();
+    if (t != nullptr && t->instance() == instance) return t;
+  }
+  auto t = SimGpuTable::Open(pid, instance);
+  if (!t.ok()) return t.status();
+  tables_[pid] = *t;
+  return *t;
+}
+
+absl::StatusOr<void*> SimCudaApi::OpenSimSegmentLocked(absl::string_view handle, int cur) {
+  SimMemRef ref;
+  ParseSimMemHandle(handle, &ref);
+  auto table = TableLocked(ref.pid, ref.instance);
+  if (!table.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cudaIpcOpenMemHandle: cudaErrorInvalidResourceHandle (400): ", table.status().message()));
+  }
+  SimSegmentSlot* seg = (*table)->segment(ref.slot);
+  if (seg == nullptr || seg->state.load() != static_cast<uint32_t>(SimSegmentState::kLive) ||
+      seg->generation.load() != ref.generation || (*table)->SegmentMemory(*seg) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cudaIpcOpenMemHandle: cudaErrorInvalidResourceHandle (400): the allocation behind "
+        "this handle (slot %d of %s) is not live: freed, or never allocated",
+        ref.slot, (*table)->name()));
+  }
+  if (static_cast<int>(seg->device) != cur) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cudaIpcOpenMemHandle: cudaErrorInvalidDevice (101): allocation is on device %d, %d is "
+        "current",
+        seg->device, cur));
+  }
+  Allocation& a = allocations_[std::string(handle)];
+  if (a.base != 0) {
+    ++a.opens;
+    return reinterpret_cast<void*>(a.base);
+  }
+  a = Allocation{cur, seg->size, next_base_, 1, *table, seg, ref.generation};
+  next_base_ += (a.size_bytes + 2 * kBaseAlign - 1) / kBaseAlign * kBaseAlign;
+  mapped_[a.base] = std::string(handle);
+  seg->daemon_maps.fetch_add(1);
+  Shard& sh = ShardOfGpu(cur);  // (lock order: mu_, then a shard's)
+  base::MutexLock shard_lock(sh.mu);
+  sh.mapped[a.base] = Mapped{cur, a.size_bytes, a.table, seg, ref.generation};
+  return reinterpret_cast<void*>(a.base);
+}
+
 absl::StatusOr<void*> SimCudaApi::IpcOpenMemHandle(absl::string_view handle) {
   base::MutexLock lock(mu_);
   const int cur = CurrentLocked();
   if (cur < 0) return absl::FailedPreconditionError("cudaIpcOpenMemHandle: no device set");
+  SimMemRef ref;
+  if (ParseSimMemHandle(handle, &ref)) return OpenSimSegmentLocked(handle, cur);
   std::string key(handle);
   auto it = allocations_.find(key);
   if (it == allocations_.end()) {
@@ -227,15 +281,15 @@ absl::StatusOr<void*> SimCudaApi::IpcOpenMemHandle(absl::string_view handle) {
     if (size == 0) {
       return absl::FailedPreconditionError(
           "cudaIpcOpenMemHandle: cudaErrorInvalidResourceHandle (400): not a cuda-sim handle "
-          "(clients of a cuda-sim daemon register SimMemHandle(size, id))");
+          "(clients of a cuda-sim daemon register SimMemHandle(size, id) or a simulated GPU "
+          "table's handles)");
     }
     it = allocations_.emplace(key, Allocation{cur, size, 0}).first;
   }
   Allocation& a = it->second;
-  if (a.base != 0) {
-    return absl::FailedPreconditionError(
-        "cudaIpcOpenMemHandle: cudaErrorInvalidResourceHandle (400): already open in this "
-        "process");
+  if (a.base != 0) {  // CUDA counts references: the same address again
+    ++a.opens;
+    return reinterpret_cast<void*>(a.base);
   }
   if (a.ordinal != cur) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -244,12 +298,67 @@ absl::StatusOr<void*> SimCudaApi::IpcOpenMemHandle(absl::string_view handle) {
         a.ordinal, cur));
   }
   a.base = next_base_;
+  a.opens = 1;
   next_base_ += (a.size_bytes + 2 * kBaseAlign - 1) / kBaseAlign * kBaseAlign;
   mapped_[a.base] = key;
   Shard& sh = ShardOfGpu(cur);  // (lock order: mu_, then a shard's)
   base::MutexLock shard_lock(sh.mu);
-  sh.mapped[a.base] = {cur, a.size_bytes};
+  sh.mapped[a.base] = Mapped{cur, a.size_bytes};
   return reinterpret_cast<void*>(a.base);
+}
+
+void* SimCudaApi::MapLocked(const std::string& key, Allocation& a) {
+  a.base = next_base_;
+  next_base_ += (a.size_bytes + 2 * kBaseAlign - 1) / kBaseAlign * kBaseAlign;
+  mapped_[a.base] = key;
+  Shard& sh = ShardOfGpu(a.ordinal);  // (lock order: mu_, then a shard's)
+  base::MutexLock shard_lock(sh.mu);
+  sh.mapped[a.base] = {a.ordinal, a.size_bytes};
+  return reinterpret_cast<void*>(a.base);
+}
+
+absl::StatusOr<void*> SimCudaApi::DeviceMalloc(uint64_t bytes) {
+  base::MutexLock lock(mu_);
+  const int cur = CurrentLocked();
+  if (cur < 0) return absl::FailedPreconditionError("cudaMalloc: no device set");
+  if (bytes == 0 || bytes > options_.device_total_bytes) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cudaMalloc: cudaErrorMemoryAllocation (2): %d bytes on a device of %d", bytes,
+        options_.device_total_bytes));
+  }
+  const std::string key = PadIpcHandle(absl::StrFormat("%s:%d", kSimMallocPrefix, next_id_++));
+  Allocation& a = allocations_[key];
+  a.ordinal = cur;
+  a.size_bytes = bytes;
+  return MapLocked(key, a);
+}
+
+absl::Status SimCudaApi::DeviceFree(void* device_ptr) {
+  base::MutexLock lock(mu_);
+  auto it = mapped_.find(reinterpret_cast<uintptr_t>(device_ptr));
+  if (it == mapped_.end() || it->second.rfind(kSimMallocPrefix, 0) != 0) {
+    return absl::FailedPreconditionError(
+        "cudaFree: cudaErrorInvalidDevicePointer (17): not a cudaMalloc pointer");
+  }
+  auto a = allocations_.find(it->second);
+  {
+    Shard& sh = ShardOfGpu(a->second.ordinal);
+    base::MutexLock shard_lock(sh.mu);
+    sh.mapped.erase(a->second.base);
+  }
+  allocations_.erase(a);
+  mapped_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> SimCudaApi::EventElapsedSeconds(void* start, void* end) {
+  const double a = EventCompletionSeconds(start), b = EventCompletionSeconds(end);
+  if (a < 0 || b < 0) {
+    return absl::FailedPreconditionError(
+        "cudaEventElapsedTime: cudaErrorNotReady (600): an event has not completed (or its "
+        "completion is no longer remembered)");
+  }
+  return b - a;
 }
 
 absl::Status SimCudaApi::IpcCloseMemHandle(void* device_ptr) {
@@ -259,12 +368,17 @@ absl::Status SimCudaApi::IpcCloseMemHandle(void* device_ptr) {
     return absl::FailedPreconditionError("cudaIpcCloseMemHandle: cudaErrorInvalidValue (1)");
   }
   Allocation& a = allocations_[it->second];
+  if (--a.opens > 0) return absl::OkStatus();
   {
     Shard& sh = ShardOfGpu(a.ordinal);
     base::MutexLock shard_lock(sh.mu);
     sh.mapped.erase(a.base);
   }
   a.base = 0;
+  if (a.segment != nullptr) {  // a client segment: validated again at the next open
+    a.segment->daemon_maps.fetch_sub(1);
+    allocations_.erase(it->second);
+  }
   mapped_.erase(it);
   return absl::OkStatus();
 }
@@ -283,7 +397,35 @@ absl::StatusOr<void*> SimCudaApi::IpcOpenEventHandle(absl::string_view handle) {
     return absl::FailedPreconditionError(
         "cudaIpcOpenEventHandle: cudaErrorInvalidResourceHandle (400)");
   }
-  return CreateEvent();  // a client's event: complete (clients are not modelled)
+  SimEventRef ref;
+  if (!ParseSimEventHandle(handle, &ref)) {
+    return CreateEvent();  // a client that is not modelled: its event is complete
+  }
+  std::shared_ptr<SimGpuTable> table;
+  {
+    base::MutexLock lock(mu_);
+    auto t = TableLocked(ref.pid, ref.instance);
+    if (!t.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cudaIpcOpenEventHandle: cudaErrorInvalidResourceHandle (400): ",
+          t.status().message()));
+    }
+    table = *t;
+  }
+  SimEventSlot* slot = table->event(ref.slot);
+  if (slot == nullptr) {
+    return absl::FailedPreconditionError(
+        "cudaIpcOpenEventHandle: cudaErrorInvalidResourceHandle (400): no such event slot");
+  }
+  auto e = CreateEvent();
+  if (!e.ok()) return e;
+  uint64_t id = 0;
+  Shard* sh = ShardOfHandle(*e, &id);
+  base::MutexLock lock(sh->mu);
+  Event& ev = sh->events[id];
+  ev.table = std::move(table);
+  ev.slot = slot;
+  return e;
 }
 
 absl::Status SimCudaApi::StreamWaitEvent(void* stream, void* event) {
@@ -301,8 +443,14 @@ absl::Status SimCudaApi::StreamWaitEvent(void* stream, void* event) {
       return absl::FailedPreconditionError("cudaStreamWaitEvent: cudaErrorInvalidResourceHandle");
     }
     ops = e->second.ops;
+    if (e->second.slot != nullptr && ops.empty() &&
+        SimNowNanoseconds() < e->second.slot->complete_at_ns.load()) {
+      return absl::FailedPreconditionError(
+          "cudaStreamWaitEvent: cuda-sim does not model a stream waiting on a simulated "
+          "client's pending event (the cuda engine queries client events instead)");
+    }
     if (es != ss) {  // another shard's model: only an event already complete can be waited on
-      es->model.AdvanceTo(Now());
+      AdvanceLocked(*es);
       for (CopyTimingModel::OpId op : ops) {
         if (!es->model.Done(op)) {
           return absl::FailedPreconditionError(
@@ -344,8 +492,9 @@ absl::Status SimCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes,
   bool inside = host != nullptr && m != sh->mapped.begin();
   if (inside) {
     --m;
-    const auto [ordinal, size] = m->second;
-    inside = ordinal == st.ordinal && dev - m->first <= size && bytes <= size - (dev - m->first);
+    const uint64_t size = m->second.size_bytes;
+    inside = m->second.ordinal == st.ordinal && dev - m->first <= size &&
+             bytes <= size - (dev - m->first);
   }
   if (!inside) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -359,6 +508,14 @@ absl::Status SimCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes,
   st.last = sh->model.Enqueue(Now(), st.ordinal - sh->first_gpu, direction, bytes, after,
                               host_node);
   st.waits.clear();
+  if (m->second.table != nullptr) {  // a simulated client's memory: its bytes move later
+    uint8_t* device_bytes = m->second.table->SegmentMemory(*m->second.segment) + (dev - m->first);
+    ByteCopy c{nullptr, nullptr, bytes, m->second.table, m->second.segment,
+               m->second.generation};
+    c.dst = direction == Direction::kDeviceToHost ? static_cast<uint8_t*>(dst) : device_bytes;
+    c.src = direction == Direction::kDeviceToHost ? device_bytes : static_cast<const uint8_t*>(src);
+    sh->byte_copies[st.last] = std::move(c);
+  }
   ++sh->counts.memcpys;
   sh->counts.memcpy_bytes += bytes;
   return absl::OkStatus();
@@ -387,6 +544,11 @@ absl::Status SimCudaApi::EventRecord(void* event, void* stream) {
   e->second.ops = s->second.waits;
   e->second.ops.push_back(s->second.last);
   ++ss->counts.event_records;
+  if (e->second.slot != nullptr) {  // a simulated client's event: pending until its copies end
+    e->second.slot->complete_at_ns.store(kSimPending);
+    e->second.slot->seq.fetch_add(1);
+    ss->pending_records[eid] = {e->second.table, e->second.slot};
+  }
   return absl::OkStatus();
 }
 
@@ -404,11 +566,61 @@ absl::StatusOr<bool> SimCudaApi::EventQuery(void* event) {
   if (e == sh->events.end()) {
     return absl::FailedPreconditionError("cudaEventQuery: cudaErrorInvalidResourceHandle");
   }
-  sh->model.AdvanceTo(Now());
+  AdvanceLocked(*sh);
+  if (e->second.ops.empty() && e->second.slot != nullptr) {  // recorded by the client
+    return SimNowNanoseconds() >= e->second.slot->complete_at_ns.load();
+  }
   for (CopyTimingModel::OpId op : e->second.ops) {
+    if (sh->failed_ops.count(op) != 0) {
+      return absl::FailedPreconditionError(
+          "cudaEventQuery: cudaErrorIllegalAddress (700): a copy before this event touched "
+          "memory the client had freed meanwhile (simulated GPU: nothing was moved)");
+    }
     if (!sh->model.Done(op)) return false;
   }
   return true;
+}
+
+void SimCudaApi::MoveBytesLocked(Shard& sh, CopyTimingModel::OpId op, ByteCopy& c) {
+  if (c.segment->state.load() != static_cast<uint32_t>(SimSegmentState::kLive) ||
+      c.segment->generation.load() != c.generation) {
+    c.table->CountViolation(SimViolation::kCopyOnFreed);
+    sh.failed_ops.insert(op);
+    while (sh.failed_ops.size() > 4096) sh.failed_ops.erase(sh.failed_ops.begin());
+    return;
+  }
+  std::memcpy(c.dst, c.src, c.bytes);
+}
+
+void SimCudaApi::AdvanceLocked(Shard& sh) {
+  sh.model.AdvanceTo(Now());
+  for (auto it = sh.byte_copies.begin(); it != sh.byte_copies.end();) {
+    if (!sh.model.Done(it->first)) {
+      ++it;
+      continue;
+    }
+    MoveBytesLocked(sh, it->first, it->second);
+    it = sh.byte_copies.erase(it);
+  }
+  for (auto it = sh.pending_records.begin(); it != sh.pending_records.end();) {
+    auto e = sh.events.find(it->first);
+    double latest = -1;
+    bool done = true;
+    if (e != sh.events.end()) {
+      for (CopyTimingModel::OpId op : e->second.ops) {
+        if (!sh.model.Done(op)) done = false;
+        latest = std::max(latest, sh.model.CompletionSeconds(op));
+      }
+    }
+    if (!done) {
+      ++it;
+      continue;
+    }
+    // (bytes moved above, before the client can see the completion)
+    const int64_t at = latest >= 0 ? static_cast<int64_t>(latest * 1e9) : SimNowNanoseconds();
+    it->second.second->complete_at_ns.store(at);
+    it = sh.pending_records.erase(it);
+  }
 }
 
 absl::Status SimCudaApi::HostRegister(void* host, uint64_t bytes) {

@@ -1,5 +1,5 @@
 // SimCudaApi: a CudaApi whose GPUs are a timing model (copy_timing_model.h), for measuring the
-// cuda copy engine's scheduling on a machine without a GPU (issue 16; `--backend=cuda-sim`).
+// cuda copy engine's scheduling on a machine without a GPU (`--backend=cuda-sim`).
 // Separate from FakeCudaApi (cuda_api_fake.h), which checks call order and moves real bytes for
 // unit tests: this one MOVES NO BYTES — it checks each copy's pointers and bounds against the
 // mapped allocations and the host range, then only accounts for the time the copy would take.
@@ -14,10 +14,20 @@
 // go to that device's engine of the copy's direction, each queued after the stream's previous
 // operation and after events the stream was told to wait on. EventRecord captures the stream's
 // outstanding operations; EventQuery answers true once the model says they completed. Events
-// opened from IPC handles (clients' events) are complete from the start: clients are not
-// modelled. Device memory: IpcOpenMemHandle accepts handles made by AddAllocation (tests,
-// in-process benchmarks) or SimMemHandle (clients of a cuda-sim daemon); pointers it returns lie
-// in an address range no one maps and are never dereferenced.
+// opened from arbitrary IPC handles are complete from the start. Device memory: IpcOpenMemHandle
+// accepts handles made by AddAllocation (tests, in-process benchmarks) or SimMemHandle (clients
+// of a cuda-sim daemon that model no memory); pointers it returns lie in an address range no
+// one maps and are never dereferenced.
+//
+// Simulated client GPUs (sim_gpu_table.h). Handles of a client's shared table name real memory
+// (the client's simulated device memory) and real events: opening such a memory handle checks
+// that the client's segment is live (and counts the daemon's mapping in the table); a copy on it
+// MOVES THE BYTES when the model says it completed (the first call that advances the model past
+// that time does it, before anything can see the completion); a copy whose segment was freed
+// meanwhile moves nothing, fails its completion event and counts kCopyOnFreed. A client event
+// is complete when the table says so (the client writes the completion time of its modelled
+// stream); a done event this api records is written to the table as pending, then with its
+// completion time once the copies before it completed and their bytes were moved.
 //
 // Threading: every method is thread-safe; host costs are spent outside any lock. The GPUs are
 // split into shards, each with its own model, streams, events and mutex: one shard per switch
@@ -38,6 +48,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +57,7 @@
 #include "server/copy/copy_timing_model.h"
 #include "server/copy/cuda_api.h"
 #include "server/copy/cuda_engine.h"
+#include "server/copy/sim_gpu_table.h"
 
 namespace offloadd::copy {
 
@@ -138,12 +150,42 @@ class SimCudaApi : public CudaApi {
   absl::StatusOr<bool> EventQuery(void* event) override;
   absl::Status HostRegister(void* host, uint64_t bytes) override;
   absl::Status HostUnregister(void* host) override;
+  // Device memory on the current device, in the same never-mapped address range as opened
+  // handles; copies are checked against it like against those.
+  absl::StatusOr<void*> DeviceMalloc(uint64_t bytes) override;
+  absl::Status DeviceFree(void* device_ptr) override;
+  // Every simulated event keeps its completion time: a timing event is an event.
+  absl::StatusOr<void*> CreateTimingEvent() override { return CreateEvent(); }
+  // The model-time difference between the two events' completions (EventCompletionSeconds).
+  absl::StatusOr<double> EventElapsedSeconds(void* start, void* end) override;
 
  private:
   struct Allocation {
     int ordinal = -1;
     uint64_t size_bytes = 0;
     uintptr_t base = 0;  // while mapped; 0 otherwise
+    int opens = 0;       // IpcOpenMemHandle calls not yet closed (CUDA counts references)
+    // A simulated client's segment (sim_gpu_table.h); null for modelled-only memory.
+    std::shared_ptr<SimGpuTable> table;
+    SimSegmentSlot* segment = nullptr;
+    uint64_t generation = 0;
+  };
+  // A mapped allocation as copies see it (per shard).
+  struct Mapped {
+    int ordinal = -1;
+    uint64_t size_bytes = 0;
+    std::shared_ptr<SimGpuTable> table;  // null: no bytes behind it
+    SimSegmentSlot* segment = nullptr;
+    uint64_t generation = 0;
+  };
+  // A copy whose bytes move when its model operation completes.
+  struct ByteCopy {
+    uint8_t* dst = nullptr;
+    const uint8_t* src = nullptr;
+    uint64_t bytes = 0;
+    std::shared_ptr<SimGpuTable> table;
+    SimSegmentSlot* segment = nullptr;
+    uint64_t generation = 0;
   };
   struct Stream {
     int ordinal;
@@ -152,6 +194,9 @@ class SimCudaApi : public CudaApi {
   };
   struct Event {
     std::vector<CopyTimingModel::OpId> ops;  // in its shard's model
+    // Opened from a simulated client's event handle: its slot in the client's table.
+    std::shared_ptr<SimGpuTable> table;
+    SimEventSlot* slot = nullptr;
   };
   // GPUs [first_gpu, first_gpu + gpus) with their own model (see "Threading" above).
   struct Shard {
@@ -161,11 +206,24 @@ class SimCudaApi : public CudaApi {
     CopyTimingModel model GUARDED_BY(mu);
     std::map<uint64_t, Stream> streams GUARDED_BY(mu);  // by handle id
     std::map<uint64_t, Event> events GUARDED_BY(mu);
-    // Its GPUs' mapped allocations: base -> (ordinal, size in bytes).
-    std::map<uintptr_t, std::pair<int, uint64_t>> mapped GUARDED_BY(mu);
+    // Its GPUs' mapped allocations by base.
+    std::map<uintptr_t, Mapped> mapped GUARDED_BY(mu);
     uint64_t next_handle_id GUARDED_BY(mu) = 1;
     SimCallCounts counts GUARDED_BY(mu);
+    std::map<CopyTimingModel::OpId, ByteCopy> byte_copies GUARDED_BY(mu);  // not moved yet
+    std::set<CopyTimingModel::OpId> failed_ops GUARDED_BY(mu);  // their segment was freed
+    // Client-table events recorded here whose completion is not written yet, by event id.
+    std::map<uint64_t, std::pair<std::shared_ptr<SimGpuTable>, SimEventSlot*>> pending_records
+        GUARDED_BY(mu);
   };
+  // Advances the shard's model to now and applies what completed: moves bytes, writes the
+  // completion times of pending client events.
+  void AdvanceLocked(Shard& sh) REQUIRES(sh.mu);
+  void MoveBytesLocked(Shard& sh, CopyTimingModel::OpId op, ByteCopy& c) REQUIRES(sh.mu);
+  // The mapping of a client's table (opened once per client pid).
+  absl::StatusOr<std::shared_ptr<SimGpuTable>> TableLocked(uint32_t pid, uint64_t instance)
+      REQUIRES(mu_);
+  absl::StatusOr<void*> OpenSimSegmentLocked(absl::string_view handle, int cur) REQUIRES(mu_);
   // Stream and event handles: (shard + 1) << kShardShift | id, never dereferenced.
   static constexpr int kShardShift = 40;
   static void* Handle(size_t shard, uint64_t id);
@@ -188,7 +246,10 @@ class SimCudaApi : public CudaApi {
   std::map<std::thread::id, int> current_ GUARDED_BY(mu_);
   std::map<std::string, Allocation> allocations_ GUARDED_BY(mu_);  // by handle
   std::map<uintptr_t, std::string> mapped_ GUARDED_BY(mu_);        // base -> handle
+  // Maps `a` (in allocations_ under `key`) on its device at a fresh base.
+  void* MapLocked(const std::string& key, Allocation& a) REQUIRES(mu_);
   std::map<uintptr_t, uint64_t> host_registered_ GUARDED_BY(mu_);
+  std::map<uint32_t, std::weak_ptr<SimGpuTable>> tables_ GUARDED_BY(mu_);  // by client pid
   uintptr_t next_base_ GUARDED_BY(mu_);
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
 };

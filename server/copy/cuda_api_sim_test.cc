@@ -152,9 +152,13 @@ TEST(SimCudaApiTest, CopiesOutsideAnAllocationOrOnAnotherDeviceFail) {
   EXPECT_FALSE(api.MemcpyAsync(host, d - 1, 1, Direction::kDeviceToHost, s0).ok());
   EXPECT_FALSE(api.MemcpyAsync(nullptr, d, 1, Direction::kDeviceToHost, s0).ok());
   EXPECT_EQ(api.call_counts().memcpys, 1u);
-  // Opening a handle twice fails, as with the driver; an unknown handle fails.
+  // Opening a handle again returns the same address and counts a reference, as the driver
+  // does (the mapping goes with the last close); an unknown handle fails.
   ASSERT_TRUE(api.SetDevice(0).ok());
-  EXPECT_FALSE(api.IpcOpenMemHandle(h).ok());
+  auto again = api.IpcOpenMemHandle(h);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, dev);
+  EXPECT_TRUE(api.IpcCloseMemHandle(dev).ok());
   EXPECT_FALSE(api.IpcOpenMemHandle(std::string(64, 'x')).ok());
   // A client's SimMemHandle opens on the current device with the size it names.
   auto sim = api.IpcOpenMemHandle(SimMemHandle(12345, 7));
@@ -268,7 +272,7 @@ TEST(SimCudaApiTest, GpusWithoutASwitchLimitAreSeparateShards) {
               kEps);
 }
 
-// Issue 16: the asynchronous engine before it has learned a copy rate (copies under 256 KiB
+// The asynchronous engine before it has learned a copy rate (copies under 256 KiB
 // teach none) keeps querying what is still issued after a completion. The clock moves only by
 // the worker's calls, so a worker that went to sleep instead would never see the second copy
 // end (this hung before the fix: the re-prediction divided by the unknown rate).

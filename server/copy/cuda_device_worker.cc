@@ -230,63 +230,113 @@ void DeviceWorker::Complete(Lane& l, double seen_done_at) {
     prev = i.predicted_end;
   }
   l.free_at = prev;
-  c.done(absl::OkStatus());
+  c.done(std::move(c.after_issue_status));
+  c.gate.reset();  // after done: the transfer's owner drops its order only after that
+}
+
+bool DeviceWorker::MayIssueMore(Lane& l) {
+  if (l.issued.empty()) return true;
+  if (l.issued.size() >= options_.max_issued_per_direction) return false;
+  if (l.bytes_per_second == 0) return l.issued.size() < 2;
+  if (l.free_at - Now() > l.ahead_seconds) {
+    l.held_by_rate = true;
+    return false;
+  }
+  return true;
+}
+
+bool DeviceWorker::TakeFrom(Lane& l, std::deque<Copy>& q, Copy* out) {
+  for (auto it = q.begin(); it != q.end();) {
+    IssueGate* g = it->gate.get();
+    if (g == nullptr || g->ready_) {
+      *out = std::move(*it);
+      q.erase(it);
+      return true;
+    }
+    if (g->asked_in_pass_ == pass_) {  // said "not yet" in this pass already
+      ++it;
+      continue;
+    }
+    absl::StatusOr<bool> ready = g->Ready();
+    if (!ready.ok()) {
+      Copy failed = std::move(*it);
+      it = q.erase(it);
+      failed.done(ready.status());
+      continue;
+    }
+    if (*ready) {
+      g->ready_ = true;
+      continue;  // taken on the next iteration
+    }
+    const double now = Now();
+    g->asked_in_pass_ = pass_;
+    if (g->waiting_since_ < 0) g->waiting_since_ = now;
+    l.gated_since = l.gated ? std::min(l.gated_since, g->waiting_since_) : g->waiting_since_;
+    l.gated = true;
+    ++it;
+  }
+  return false;
+}
+
+bool DeviceWorker::TakeIssuable(Lane& l, Copy* out) {
+  return TakeFrom(l, l.urgent, out) || TakeFrom(l, l.normal, out);
 }
 
 void DeviceWorker::Issue(Lane& l) {
   l.held_by_rate = false;
-  while (!l.urgent.empty() || !l.normal.empty()) {
-    const double now = Now();
-    if (!l.issued.empty()) {
-      if (l.issued.size() >= options_.max_issued_per_direction) return;
-      if (l.bytes_per_second == 0) {
-        if (l.issued.size() >= 2) return;
-      } else if (l.free_at - now > l.ahead_seconds) {
-        l.held_by_rate = true;
-        return;
-      }
-    }
-    std::deque<Copy>& q = l.urgent.empty() ? l.normal : l.urgent;
-    Copy c = std::move(q.front());
-    q.pop_front();
-    void* stream = l.streams[l.next_stream++ % l.streams.size()];
-    const double issued_at = Now();
-    absl::Status st = c.issue(stream);
-    if (!st.ok()) {
-      c.done(st);
-      continue;
-    }
-    void* event = nullptr;
-    if (!free_events_.empty()) {
-      event = free_events_.back();
-      free_events_.pop_back();
-    } else {
-      auto e = api_->CreateEvent();
-      if (!e.ok()) {
-        c.done(e.status());
-        continue;
-      }
-      event = *e;
-    }
-    st = api_->EventRecord(event, stream);
-    if (!st.ok()) {
-      free_events_.push_back(event);
-      c.done(st);
-      continue;
-    }
-    if (l.issued.empty()) l.free_at = std::max(l.free_at, issued_at);
-    const double predicted_end =
-        std::max(l.free_at, issued_at) +
-        (l.bytes_per_second > 0 ? c.bytes / l.bytes_per_second : 0);
-    l.free_at = predicted_end;
-    l.issued.push_back(Issued{event, c.bytes, std::move(c.done), issued_at, predicted_end,
-                              issued_at, Now()});
+  l.gated = false;
+  ++pass_;
+  while ((!l.urgent.empty() || !l.normal.empty()) && MayIssueMore(l)) {
+    Copy c;
+    if (!TakeIssuable(l, &c)) return;
+    IssueOne(l, std::move(c));
   }
+}
+
+void DeviceWorker::IssueOne(Lane& l, Copy c) {
+  int index = c.gate != nullptr ? c.gate->stream_ : -1;
+  if (index < 0) {
+    index = static_cast<int>(l.next_stream++ % l.streams.size());
+    if (c.gate != nullptr) c.gate->stream_ = index;
+  }
+  void* stream = l.streams[index];
+  const double issued_at = Now();
+  absl::Status st = c.issue(stream);
+  if (!st.ok()) return c.done(st);
+  void* event = nullptr;
+  if (!free_events_.empty()) {
+    event = free_events_.back();
+    free_events_.pop_back();
+  } else {
+    auto e = api_->CreateEvent();
+    if (!e.ok()) return c.done(e.status());
+    event = *e;
+  }
+  st = api_->EventRecord(event, stream);
+  if (!st.ok()) {
+    free_events_.push_back(event);
+    return c.done(st);
+  }
+  absl::Status after = c.after_issue ? c.after_issue(stream) : absl::OkStatus();
+  if (l.issued.empty()) l.free_at = std::max(l.free_at, issued_at);
+  const double predicted_end =
+      std::max(l.free_at, issued_at) + (l.bytes_per_second > 0 ? c.bytes / l.bytes_per_second : 0);
+  l.free_at = predicted_end;
+  l.issued.push_back(Issued{event, c.bytes, std::move(c.done), issued_at, predicted_end,
+                            issued_at, Now(), std::move(after), std::move(c.gate)});
+}
+
+double DeviceWorker::GateWakeSeconds(const Lane& l, double now) const {
+  if (!l.gated) return kNever;
+  const double waited = std::max(0.0, now - l.gated_since);
+  return now + std::clamp(waited / 16, options_.gate_poll_seconds,
+                          std::max(options_.gate_poll_seconds, options_.max_gate_poll_seconds));
 }
 
 double DeviceWorker::NextWakeSeconds(double now) const {
   double wake = kNever;
   for (const Lane& l : lanes_) {
+    wake = std::min(wake, GateWakeSeconds(l, now));
     if (l.issued.empty()) continue;  // (queued copies are issued at once when nothing is)
     for (const Issued& i : l.issued) {
       // Past its prediction (or no rate yet): query continuously for a while, then back off.
@@ -335,7 +385,19 @@ absl::Status DeviceWorker::Run(const std::function<absl::Status()>& fn) {
 bool DeviceWorker::IssueAsync(Direction direction, uint64_t bytes, bool urgent,
                               std::function<absl::Status(void*)> issue,
                               std::function<void(absl::Status)> done) {
-  Incoming in{direction, urgent, Copy{bytes, std::move(issue), std::move(done)}};
+  CopyRequest r;
+  r.direction = direction;
+  r.bytes = bytes;
+  r.urgent = urgent;
+  r.issue = std::move(issue);
+  r.done = std::move(done);
+  return Submit(std::move(r));
+}
+
+bool DeviceWorker::Submit(CopyRequest r) {
+  Incoming in{r.direction, r.urgent,
+              Copy{r.bytes, std::move(r.issue), std::move(r.done), std::move(r.gate),
+                   std::move(r.after_issue)}};
   if (OnThread()) {  // from a completion callback: no hand-off; the loop issues it
     Enqueue(std::move(in));
     return true;
@@ -349,6 +411,20 @@ bool DeviceWorker::IssueAsync(Direction direction, uint64_t bytes, bool urgent,
   }
   if (notify) cv_.notify_all();
   return true;
+}
+
+absl::Status DeviceWorker::SubmitAndWait(CopyRequest r) {
+  if (OnThread()) {
+    return absl::InternalError("SubmitAndWait called on the device thread (would deadlock)");
+  }
+  auto done = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> f = done->get_future();
+  r.done = [done](absl::Status st) { done->set_value(std::move(st)); };
+  if (!Submit(std::move(r))) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the daemon's worker for %s has stopped", device_.uuid));
+  }
+  return f.get();
 }
 
 absl::Status DeviceWorker::IssueAndWait(Direction direction, uint64_t bytes,

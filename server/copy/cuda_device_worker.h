@@ -6,7 +6,7 @@
 // operations (IssueAsync / IssueAndWait). Stop() (and the destructor) lets queued work and
 // outstanding copies finish, destroys the streams and events, and joins.
 //
-// Copies (issue 16). Each direction is one lane: a software queue of copies not yet issued
+// Copies. Each direction is one lane: a software queue of copies not yet issued
 // (urgent ones first, then FIFO) in front of the CUDA stream(s), which serve what was issued in
 // order. A copy is issued (cudaMemcpyAsync + a completion event) only "just in time": while the
 // lane's issued work is predicted to end within `issue_ahead_seconds`, so the copy engine never
@@ -20,6 +20,16 @@
 // past a prediction it spins (yielding) for up to ~200 µs, then sleeps 20 µs between queries.
 // Completion callbacks run on this thread; a copy posted from one of them (IssueAsync on the
 // device thread) joins its lane without a thread hand-off.
+//
+// Gated copies. A copy may carry an IssueGate shared by the copies of one transfer: it is not
+// issued until the gate says so (the transfer's mapping is open, the client's ready event has
+// completed), and meanwhile the lane issues the copies behind it that are not gated, so one
+// transfer waiting for its producer never holds up another (nothing is put on a stream to
+// wait: a stream wait would hold every copy issued after it). Gates are asked once per pass of
+// the thread, at least every `gate_poll_seconds` (growing to 1/16 of the time waited so far, at
+// most `max_gate_poll_seconds`, so a long wait costs few queries). A transfer's copies all go
+// to one stream (the one its first copy took), so an event recorded after its last copy
+// (`after_issue`) follows every one of them.
 #ifndef OFFLOADD_SERVER_COPY_CUDA_DEVICE_WORKER_H_
 #define OFFLOADD_SERVER_COPY_CUDA_DEVICE_WORKER_H_
 
@@ -59,6 +69,43 @@ struct DeviceWorkerOptions {
   // The engine's default is 25 GB/s (a PCIe 4.0 x16 link's order; an H200 reaches 55 GB/s, so
   // two doublings).
   double assumed_bytes_per_second = 0;
+  // How often a gated copy's gate is asked while it says "not yet" (see "Gated copies").
+  double gate_poll_seconds = 20e-6;
+  double max_gate_poll_seconds = 500e-6;
+};
+
+// What the copies of one transfer wait for before they may be issued (see "Gated copies").
+// Ready() is called on the device thread only.
+class IssueGate {
+ public:
+  virtual ~IssueGate() = default;
+  // true: issue now (never asked again); false: not yet; an error fails each copy of the gate
+  // as the worker reaches it.
+  virtual absl::StatusOr<bool> Ready() = 0;
+
+ private:
+  friend class DeviceWorker;
+  // Device thread only.
+  bool ready_ = false;
+  uint64_t asked_in_pass_ = 0;  // the pass that last got "not yet"
+  double waiting_since_ = -1;   // first "not yet"
+  int stream_ = -1;             // index in the lane's streams, chosen at the first issue
+};
+
+// One copy handed to DeviceWorker::Submit.
+struct CopyRequest {
+  Direction direction = Direction::kDeviceToHost;
+  uint64_t bytes = 0;
+  bool urgent = false;  // ahead of every queued copy that is not urgent
+  // Puts the copy on `stream` (cudaMemcpyAsync); called on the device thread when its turn
+  // comes.
+  std::function<absl::Status(void*)> issue;
+  // Once: when the copy's completion event completed, or with the first error.
+  std::function<void(absl::Status)> done;
+  std::shared_ptr<IssueGate> gate;  // null: issued as soon as the lane's pacing allows
+  // Null, or called right after the copy and its completion event are on `stream` (e.g. to
+  // record a client's event behind it); an error fails the copy when it completes.
+  std::function<absl::Status(void*)> after_issue;
 };
 
 class DeviceWorker {
@@ -85,10 +132,15 @@ class DeviceWorker {
   bool IssueAsync(Direction direction, uint64_t bytes, bool urgent,
                   std::function<absl::Status(void*)> issue, std::function<void(absl::Status)> done)
       EXCLUDES(mu_);
+  // IssueAsync with a gate and an after-issue step (CopyRequest); same contract.
+  bool Submit(CopyRequest request) EXCLUDES(mu_);
   // IssueAsync (not urgent), then blocks until `done`; its status. Must not be called on the
   // device thread.
   absl::Status IssueAndWait(Direction direction, uint64_t bytes,
                             const std::function<absl::Status(void*)>& issue) EXCLUDES(mu_);
+  // Submit (its `done` ignored), then blocks until the copy is done; its status. Not on the
+  // device thread.
+  absl::Status SubmitAndWait(CopyRequest request) EXCLUDES(mu_);
 
   // The device thread's streams of one direction (valid after Start(); use them on the thread).
   const std::vector<void*>& streams(Direction direction) const {
@@ -113,6 +165,8 @@ class DeviceWorker {
     uint64_t bytes;
     std::function<absl::Status(void*)> issue;
     std::function<void(absl::Status)> done;
+    std::shared_ptr<IssueGate> gate;
+    std::function<absl::Status(void*)> after_issue;
   };
   struct Issued {
     void* event;
@@ -121,6 +175,8 @@ class DeviceWorker {
     double issued_at, predicted_end;
     double seen_pending_at;  // start of the last query that said "not yet" (issued_at before any)
     double queued_at;        // its copy and event were on the stream by then
+    absl::Status after_issue_status;  // reported at completion when not OK
+    std::shared_ptr<IssueGate> gate;   // what the copy's transfer holds (its mapping) until done
   };
   struct Lane {  // one direction; device thread only
     std::vector<void*> streams;
@@ -138,6 +194,10 @@ class DeviceWorker {
     // than the margin: only then can an assumed rate below the engine's have made the lane run
     // dry (host-bound copies run dry at any rate).
     bool held_by_rate = false;
+    // Issue's last pass left copies queued whose gate said "not yet"; the longest such wait
+    // began at gated_since.
+    bool gated = false;
+    double gated_since = 0;
   };
   struct Incoming {
     Direction direction;
@@ -152,6 +212,14 @@ class DeviceWorker {
   bool Idle() const;  // nothing queued or issued
   void Poll(Lane& l);   // completes the lane's finished copies
   void Issue(Lane& l);  // issues the lane's queued copies that are due
+  bool MayIssueMore(Lane& l);  // the lane's pacing allows another issue now
+  // Removes and returns the first queued copy that may be issued (urgent first; gates asked
+  // at most once per pass); false when every queued copy waits on its gate. Copies whose gate
+  // fails are completed with the error on the way.
+  bool TakeIssuable(Lane& l, Copy* out);
+  bool TakeFrom(Lane& l, std::deque<Copy>& q, Copy* out);
+  void IssueOne(Lane& l, Copy c);
+  double GateWakeSeconds(const Lane& l, double now) const;
   void Complete(Lane& l, double seen_done_at);  // its oldest issued copy completed
   double NextWakeSeconds(double now) const;  // 0 = now; huge = nothing to wait for
   bool Post(std::function<void()> task) EXCLUDES(mu_);
@@ -175,6 +243,7 @@ class DeviceWorker {
   Lane lanes_[2];  // by Direction
   std::vector<void*> free_events_;
   CudaMemInfo mem_after_context_;
+  uint64_t pass_ = 0;  // Issue passes, for asking each gate once per pass
 };
 
 }  // namespace offloadd::copy

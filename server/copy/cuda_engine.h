@@ -14,26 +14,28 @@
 // copy engine, so the engine never idles while an urgent chunk overtakes the rest; the worker
 // learns completions by querying the events when they are predicted (cuda_device_worker.h).
 //
-// IPC memory handle cache: keyed by (GPU UUID, the 64 handle bytes) — not by address, since a
-// freed and reallocated address gets a new handle. The first registration opens the handle
-// (cudaIpcOpenMemHandle, which fails if the same handle is opened twice in one process) and
-// checks the registered size against the real allocation (cuMemGetAddressRange); each
-// registration holds one reference and copies in flight hold the Region, so 1,000 copies on a
-// region cost one open, and the handle is closed when the last registration is gone and its last
-// copy has finished (unregister, session end or client crash).
+// Client memory: a registration names an allocation (GPU UUID + the 64 handle bytes, not an
+// address: a freed and reallocated address gets a new handle); the first one checks the handle
+// and the registered size against the real allocation (cuMemGetAddressRange). The daemon holds
+// an allocation open (cudaIpcOpenMemHandle) only while a transfer uses it: from BeginTransfer
+// until the transfer's last chunk completed (cuda_engine_shared.h, docs/ARCHITECTURE.md
+// "Mappings that follow the allocator"), so a training process's allocator never frees memory
+// the daemon has mapped. Overlapping transfers of one allocation share one open. Opens and
+// closes (and IPC event opens) run on the GPU's mapper thread (cuda_mapper.h), never on its
+// device thread.
 //
-// Ordering (both ways through CUDA IPC events, opened once per mapping and cached):
-//  - offload: WaitReady makes every D2H stream of the device wait (cudaStreamWaitEvent) on the
-//    client's event, recorded after the kernels that produced the data; chunks are issued after.
-//  - reload: SignalDone records the client's event on the H2D stream after the last chunk; the
-//    client's compute stream waits on it once the daemon has said (on the session stream) that it
-//    was recorded.
+// Ordering (docs/ARCHITECTURE.md, "The event protocol"; BeginTransfer in copy_engine.h):
+//  - a transfer's chunks are not issued before its client ready event has completed (queried
+//    by the device thread; nothing is put on a stream to wait, so other transfers go on);
+//  - a reload's done event is recorded on its chunks' stream right after its last chunk is
+//    issued, and the owner is told at once (TransferSpec::on_done_recorded): the client's
+//    compute stream waits on that event, the host waits for nothing.
 //
-// Host pool: PrepareHostPool registers the arena with cudaHostRegister(Portable) in chunks of at
-// most `host_register_chunk_bytes` (<= 64 GiB: larger single registrations fail on recent
-// drivers) on a background pinner thread with the first device current (pinning runs at
-// ~1-2 GB/s, docs/ARCHITECTURE.md); copies work meanwhile, from pageable memory and slower. The
-// destructor unregisters everything before returning, so the engine must die before the arena.
+// Host pool: PrepareHostPool registers the arena with cudaHostRegister(Portable) in chunks of
+// `host_register_chunk_bytes` (1 GiB: each call holds driver locks other processes wait on) on
+// a background pinner thread, from the context of the first GPU a session uses (no context on
+// a GPU nobody uses); copies work meanwhile, from pageable memory and slower. The destructor
+// unregisters everything before returning, so the engine must die before the arena.
 #ifndef OFFLOADD_SERVER_COPY_CUDA_ENGINE_H_
 #define OFFLOADD_SERVER_COPY_CUDA_ENGINE_H_
 
@@ -44,15 +46,22 @@
 
 #include "server/copy/copy_engine.h"
 #include "server/copy/cuda_api.h"
+#include "server/copy/cuda_device_worker.h"
 
 namespace offloadd::copy {
 
 struct CudaEngineOptions {
   uint32_t streams_per_direction = 1;  // >= 1
-  uint64_t host_register_chunk_bytes = 64ull << 30;
-  uint32_t max_events_per_mapping = 64;  // opened IPC events cached per mapping (LRU)
+  // cudaHostRegister per call: each call holds driver locks that block other processes' CUDA
+  // calls while it pins (tens of seconds for 64 GiB: TensorRT-LLM#17773); vLLM pins ~1 GiB at
+  // a time (vllm#42632).
+  uint64_t host_register_chunk_bytes = 1ull << 30;
+  uint32_t max_cached_events = 1024;  // opened client IPC events kept open (LRU, all GPUs)
+  // A transfer whose ready event has not completed after this long fails (DEADLINE_EXCEEDED):
+  // a bound, not a tuning knob (a producer kernel takes milliseconds).
+  double max_ready_wait_seconds = 600;
   // PostChunk returns once the copy is queued on the device thread and calls back when its
-  // event completes (asynchronous() = true), instead of blocking a caller per chunk (issue 16).
+  // event completes (asynchronous() = true), instead of blocking a caller per chunk.
   bool asynchronous = false;
   // Copy work issued to the hardware ahead of the running copy, per GPU and direction (seconds
   // at the rate the worker learns); see DeviceWorkerOptions.
@@ -104,7 +113,8 @@ class CudaCopyEngine : public CopyEngine {
   // when size_bytes exceeds the allocation.
   absl::StatusOr<std::shared_ptr<Region>> OpenRegion(const RegionSpec& spec) override;
   // Errors: INVALID_ARGUMENT for a region of another engine; OUT_OF_RANGE outside the region;
-  // FAILED_PRECONDITION for CUDA errors or a region whose engine is gone.
+  // FAILED_PRECONDITION for CUDA errors or a region whose engine is gone. Unordered: the chunk
+  // is a transfer of its own (its mapping held for it alone).
   absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
                          uint8_t* host, uint64_t bytes) override;
   // Same checks and errors as CopyChunk (reported through `done`, inline when found before the
@@ -116,22 +126,48 @@ class CudaCopyEngine : public CopyEngine {
                  uint64_t bytes, ChunkUrgency urgency,
                  std::function<void(absl::Status)> done) override;
   bool asynchronous() const override;
-  // `ready_event`: cudaIpcEventHandle_t bytes (64) or empty (no wait).
-  absl::Status WaitReady(Region& region, const std::string& ready_event) override;
-  absl::Status SignalDone(Region& region, const std::string& done_event) override;
-  // Starts the background registration; returns at once. INVALID_ARGUMENT for a null or empty
-  // range; FAILED_PRECONDITION when called twice or when no device is visible.
+  // See CopyEngine::BeginTransfer. INVALID_ARGUMENT for a region of another engine or an event
+  // handle that is not 64 bytes; CUDA failures (opening the handle or an event) and a ready
+  // event that never completes fail the transfer's chunks instead (FAILED_PRECONDITION,
+  // DEADLINE_EXCEEDED after max_ready_wait_seconds; CANCELLED once spec.cancelled()).
+  absl::StatusOr<std::shared_ptr<TransferOrder>> BeginTransfer(Region& region,
+                                                              TransferSpec spec) override;
+  absl::Status CopyOrderedChunk(TransferOrder* order, uint64_t transfer_offset,
+                                Direction direction, Region& region, uint64_t region_offset,
+                                uint8_t* host, uint64_t bytes) override;
+  void PostOrderedChunk(TransferOrder* order, uint64_t transfer_offset, Direction direction,
+                        Region& region, uint64_t region_offset, uint8_t* host, uint64_t bytes,
+                        ChunkUrgency urgency, std::function<void(absl::Status)> done) override;
+  // Records the range; the background registration starts now if a GPU is in use, else with
+  // the first region opened. Returns at once. INVALID_ARGUMENT for a null or empty range;
+  // FAILED_PRECONDITION when called twice.
   absl::Status PrepareHostPool(uint8_t* base, uint64_t size_bytes) override;
-  // Blocks until the background registration has finished; its result.
+  // Blocks until the background registration has finished; its result. FAILED_PRECONDITION
+  // when it has not started (no region opened yet).
   absl::Status WaitHostPoolReady();
+
+  // Runs `fn` on the device thread of GPU `device_id` (a UUID, as RegionSpec::device_id), which
+  // this starts, with the daemon's context on that GPU, when no region has yet. `fn` gets the
+  // engine's CudaApi with the device current and may make any call for that device. The GPU's
+  // copies wait meanwhile: chunks posted then are issued after `fn` returns, those already
+  // issued complete in the hardware. For measurements (link_calibration.h). Errors: as
+  // OpenRegion's for the device, FAILED_PRECONDITION once the engine shuts down, else fn's.
+  absl::Status RunOnDevice(const std::string& device_id,
+                           const std::function<absl::Status(CudaApi&)>& fn);
 
   CudaEngineStats stats() const;
   std::map<std::string, HandleCounts> handle_counts() const override;
   uint64_t pinned_bytes() const override;
 
-  struct Shared;  // internal state, shared with the Regions
+  struct Shared;  // internal state, shared with the Regions (cuda_engine_shared.h)
 
  private:
+  // The device worker's request for one chunk (checks, gate, after-issue step).
+  absl::StatusOr<CopyRequest> ChunkRequest(TransferOrder* order, uint64_t transfer_offset,
+                                           Direction direction, Region& region,
+                                           uint64_t region_offset, uint8_t* host,
+                                           uint64_t bytes, ChunkUrgency urgency);
+
   std::shared_ptr<Shared> shared_;
 };
 

@@ -234,10 +234,17 @@ absl::Status ShmOpenError(const std::string& name, int err) {
         name));
   }
   if (err == EACCES) {
+    struct stat st {};
+    const bool known = stat(("/dev/shm" + name).c_str(), &st) == 0;
     return absl::PermissionDeniedError(absl::StrFormat(
-        "the daemon may not open shared-memory region '%s': create it with mode 0660 and the "
-        "daemon's group",
-        name));
+        "the daemon (uid %d) may not open shared-memory region '%s'%s: create it with mode 0660 "
+        "and a group the daemon is in (the Python client does for a daemon of another uid, with "
+        "the socket's group; OFFLOADD_SHM_MODE and OFFLOADD_SHM_GROUP set them), or run the "
+        "daemon as root",
+        geteuid(), name,
+        known ? absl::StrFormat(" (owner uid %d, gid %d, mode %04o)", st.st_uid, st.st_gid,
+                                st.st_mode & 07777)
+              : std::string()));
   }
   if (err == EINVAL || err == ELOOP || err == EISDIR || err == ENAMETOOLONG) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -113,7 +113,7 @@ int MappingsOf(const std::string& name) {
   return n;
 }
 
-// Issue 13 items 1 and 6: registering one object many times must not map it many times (each
+// Registering one object many times must not map it many times (each
 // mapping counts against vm.max_map_count and, touched, costs page tables).
 TEST(ShmMappingTest, ManyRegistrationsOfOneObjectShareOneMapping) {
   ShmObject obj(1 << 20);

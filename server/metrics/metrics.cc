@@ -40,7 +40,8 @@ const StateFamily kOffloadsRefusedTotal{
     MetricType::Counter};
 const StateFamily kLinkCapacityBytesPerSecond{
     "offloadd_link_capacity_bytes_per_second",
-    "Configured capacity of a link direction (0 = unpaced).", MetricType::Gauge};
+    "Capacity a link direction is paced at, configured or calibrated (0 = unpaced).",
+    MetricType::Gauge};
 const StateFamily kLinkBusySecondsTotal{
     "offloadd_link_busy_seconds_total",
     "Seconds a link direction was copying; its rate is the link's saturation.",
@@ -59,6 +60,18 @@ const StateFamily kLinkGpuBytesTotal{"offloadd_link_gpu_bytes_total",
 const StateFamily kReloadDeadlineMissesTotal{
     "offloadd_reload_deadline_misses_total",
     "Reloads completed after the deadline their client gave.", MetricType::Counter};
+const StateFamily kLinkCalibratedBytesPerSecond{
+    "offloadd_link_calibrated_bytes_per_second",
+    "What a link's GPUs moved together in one direction at its latest calibration; the link is "
+    "paced at it where the config gives no capacity.",
+    MetricType::Gauge};
+const StateFamily kGpuCalibratedBytesPerSecond{
+    "offloadd_gpu_calibrated_bytes_per_second",
+    "What one GPU moved alone in one direction at its link's latest calibration.",
+    MetricType::Gauge};
+const StateFamily kLinkCalibrationTimestampSeconds{
+    "offloadd_link_calibration_timestamp_seconds",
+    "Unix time of a link's latest successful calibration.", MetricType::Gauge};
 const StateFamily kHostLinkCapacityBytesPerSecond{
     "offloadd_host_link_capacity_bytes_per_second",
     "Capacity of a host link (root port / memory node) direction.", MetricType::Gauge};
@@ -78,6 +91,23 @@ const StateFamily kAdoptedBlocksExpiredTotal{
 const StateFamily kSessionsResumedTotal{"offloadd_sessions_resumed_total",
                                         "Sessions resumed with a resume token.",
                                         MetricType::Counter};
+const StateFamily kClientFallbacksTotal{
+    "offloadd_client_fallbacks_total",
+    "Saved tensors clients kept in their own process (daemon unreachable or refusing), as they "
+    "reported them.",
+    MetricType::Counter};
+const StateFamily kClientHostWaitsTotal{
+    "offloadd_client_host_waits_total",
+    "Times clients' training threads blocked on an answer of the daemon, as they reported them.",
+    MetricType::Counter};
+const StateFamily kClientHostWaitSecondsTotal{
+    "offloadd_client_host_wait_seconds_total",
+    "Seconds clients' training threads blocked on the daemon, as they reported them.",
+    MetricType::Counter};
+const StateFamily kClientIdleStepsTotal{
+    "offloadd_client_idle_steps_total",
+    "Training steps that saved tensors but sent none to the daemon, as clients reported them.",
+    MetricType::Counter};
 const StateFamily kTierBytes{"offloadd_tier_bytes",
                              "Bytes held by blocks in each tier (pool, disk), rounded extents.",
                              MetricType::Gauge};
@@ -170,10 +200,21 @@ void RegisterProjectorMetrics(prometheus::Registry& r, Metrics* m) {
       PlainGauge(r, "offloadd_projector_queue_depth", "Projector refreshes queued or running.");
   m->projector_refreshes_total = CounterFamily(r, "offloadd_projector_refreshes_total",
                                                "Projector refreshes finished, by outcome.");
+  m->projector_refresh_sources_total = CounterFamily(
+      r, "offloadd_projector_refresh_sources_total",
+      "Projector refreshes by where their result came from: computed (an SVD ran) or "
+      "deduplicated (a repeated key with a bitwise equal gradient took the first one's).");
+  m->projector_content_mismatches_total =
+      &CounterFamily(r, "offloadd_projector_content_mismatches_total",
+                     "Repeated refresh keys whose gradient or parameters differed from the first "
+                     "submission's, computed on their own.")
+           ->Add({});
   // Series that must exist before the first refresh (dashboards, alerts).
   m->projector_refresh_duration_seconds->Add({{"method", "exact"}, {"backend", "lapack"}},
                                              DurationBuckets());
   m->projector_refreshes_total->Add({{"outcome", "ok"}});
+  m->projector_refresh_sources_total->Add({{"source", "computed"}});
+  m->projector_refresh_sources_total->Add({{"source", "deduplicated"}});
 }
 
 void RegisterTransferMetrics(prometheus::Registry& r, Metrics* m) {

@@ -30,6 +30,9 @@ struct Metrics {
   prometheus::Family<prometheus::Histogram>* projector_refresh_duration_seconds;  // {method, backend}
   prometheus::Gauge* projector_queue_depth;
   prometheus::Family<prometheus::Counter>* projector_refreshes_total;  // {outcome}
+  // {source}: computed | deduplicated (projector/refresh_service.h).
+  prometheus::Family<prometheus::Counter>* projector_refresh_sources_total;
+  prometheus::Counter* projector_content_mismatches_total;
   // Transfers: {direction, gpu, status}.
   prometheus::Family<prometheus::Counter>* transfer_bytes_total;
   prometheus::Family<prometheus::Counter>* transfers_total;
@@ -73,13 +76,22 @@ extern const StateFamily kPoolBlocks, kOffloadsWaiting, kOffloadsRefusedTotal;  
 extern const StateFamily kLinkCapacityBytesPerSecond, kLinkBusySecondsTotal, kLinkBytesTotal;
 extern const StateFamily kLinkQueuedTransfers, kLinkChunksInFlight, kLinkGpuBytesTotal;
 extern const StateFamily kReloadDeadlineMissesTotal;
+// Link calibration (session/link_calibration.h), per link's latest successful measurement:
+// {link, direction} what its GPUs moved together, {link, gpu, direction} one GPU alone, {link}
+// when (Unix seconds).
+extern const StateFamily kLinkCalibratedBytesPerSecond, kGpuCalibratedBytesPerSecond;
+extern const StateFamily kLinkCalibrationTimestampSeconds;
 // Host links (root port / host memory node above several links): {link, direction}.
 extern const StateFamily kHostLinkCapacityBytesPerSecond, kHostLinkBusySecondsTotal;
 extern const StateFamily kHostLinkBytesTotal;
 // Restart survival, no labels.
 extern const StateFamily kAdoptedBlocksWaiting, kAdoptedBlocksExpiredTotal;
 extern const StateFamily kSessionsResumedTotal;
-// Spill tier (issue 18; README "Spill tier"); present (at 0) without one.
+// Clients' reports (session/client_reports.h), summed over the daemon's lifetime by {gpu}
+// (per session: GetStats, `offloadctl sessions`; no session or client label).
+extern const StateFamily kClientFallbacksTotal, kClientHostWaitsTotal;
+extern const StateFamily kClientHostWaitSecondsTotal, kClientIdleStepsTotal;
+// Spill tier (README "Spill tier"); present (at 0) without one.
 extern const StateFamily kTierBytes;         // {tier}: pool, disk
 extern const StateFamily kSpillCapacityBytes;
 extern const StateFamily kSpillBytesTotal;   // {direction}: spill, stage
@@ -88,7 +100,7 @@ extern const StateFamily kSpillFailuresTotal;  // {cause}: write_error, disk_ful
 extern const StateFamily kSpillBlocksLostTotal;
 extern const StateFamily kStagesPromotedTotal, kStagesExpiredTotal;  // no labels
 extern const StateFamily kStagesWaitingForPool;                       // no labels
-// NUMA placement (issue 16 part 5): pool allocations that left their GPU's node, by {reason}:
+// NUMA placement: pool allocations that left their GPU's node, by {reason}:
 // slice_full, unknown_node, no_slice; the bytes of each slice by {numa_node}.
 extern const StateFamily kPoolNumaFallbackTotal;
 extern const StateFamily kPoolNumaSliceCapacityBytes, kPoolNumaSliceUsedBytes;

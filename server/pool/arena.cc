@@ -173,33 +173,51 @@ SharedLayout MakeSharedLayout(const std::string& shm_name, uint64_t bytes) {
   return l;
 }
 
-// Checks the open object `fd` is the daemon's own (uid, mode 0600) and takes its lock.
-absl::Status CheckOwnedAndLock(int fd, const SharedLayout& l) {
-  const std::string& where = l.where;
-  const std::string& name = l.name;
+// Checks the object `owner` describes is the daemon's own: its uid, mode 0600.
+absl::Status CheckOwned(const struct stat& owner, const SharedLayout& l) {
   // The object must be this daemon's own and closed to everyone else: another uid can create a
   // name in /dev/shm before the daemon first starts (or after an operator removed the pool), and
   // would then read and write every offloaded byte, forge block records, or hold the lock.
-  struct stat owner {};
-  if (fstat(fd, &owner) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("fstat of the ", where, ": ", std::strerror(errno)));
-  }
   if (owner.st_uid != geteuid() || (owner.st_mode & 077) != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "the %s belongs to uid %d with mode %04o, but a pool object must belong to the daemon's "
         "uid %d with mode 0600 (no access for group or others): another user may have created "
         "it to read or forge the pool. Remove it (`rm /dev/shm%s`) and start offloadd again, or "
         "use another pool_shm_name",
-        where, owner.st_uid, owner.st_mode & 07777, geteuid(), name));
+        l.where, owner.st_uid, owner.st_mode & 07777, geteuid(), l.name));
   }
+  return absl::OkStatus();
+}
+
+// CheckOwned, then the object's lock.
+absl::Status CheckOwnedAndLock(int fd, const SharedLayout& l) {
+  struct stat owner {};
+  if (fstat(fd, &owner) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("fstat of the ", l.where, ": ", std::strerror(errno)));
+  }
+  if (absl::Status s = CheckOwned(owner, l); !s.ok()) return s;
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "another process holds the ", where,
+        "another process holds the ", l.where,
         " (a second offloadd with the same pool_shm_name?): stop it, or give this daemon "
         "another pool_shm_name"));
   }
   return absl::OkStatus();
+}
+
+// The refusal of an existing object of `size_bytes` that is not l.total: what its header says
+// it holds, and how to proceed without losing blocks (l.policy).
+absl::Status SizeMismatch(int fd, uint64_t size_bytes, const SharedLayout& l) {
+  SharedHeader h{};
+  if (size_bytes < sizeof(h) || pread(fd, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
+    h = SharedHeader{};
+  }
+  const bool ours = std::memcmp(h.magic, kSharedMagic, sizeof(kSharedMagic)) == 0;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ", l.where, " has ", size_bytes, " bytes",
+      ours ? absl::StrCat(" (", DescribeHeader(h), ")") : std::string(" and is not an offloadd pool"),
+      " but the config asks for ", l.config_text, ". ", l.policy));
 }
 
 // Sizes a new (empty) object to l.total, or checks an existing one has that size.
@@ -227,16 +245,7 @@ absl::Status SizeSharedObject(int fd, const SharedLayout& l) {
           "emptyDir medium Memory sizeLimit or docker --shm-size), or lower pool_bytes"));
     }
   } else if (static_cast<uint64_t>(st.st_size) != total) {
-    SharedHeader h{};
-    if (static_cast<uint64_t>(st.st_size) < sizeof(h) ||
-        pread(fd, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
-      h = SharedHeader{};
-    }
-    const bool ours = std::memcmp(h.magic, kSharedMagic, sizeof(kSharedMagic)) == 0;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the ", where, " has ", st.st_size, " bytes",
-        ours ? absl::StrCat(" (", DescribeHeader(h), ")") : std::string(" and is not an offloadd pool"),
-        " but the config asks for ", l.config_text, ". ", l.policy));
+    return SizeMismatch(fd, static_cast<uint64_t>(st.st_size), l);
   }
   return absl::OkStatus();
 }
@@ -305,6 +314,70 @@ uint64_t SharedDataOffset(uint64_t size_bytes) {
   return (meta + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
 }
 
+SharedPoolObject InspectSharedPool(const std::string& shm_name, uint64_t pool_bytes) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const SharedLayout l = MakeSharedLayout(shm_name, (pool_bytes + page - 1) / page * page);
+  SharedPoolObject o;
+  struct stat st {};
+  if (stat(("/dev/shm" + l.name).c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      o.usable = absl::FailedPreconditionError(absl::StrCat(
+          "cannot look at the ", l.where, ": ", std::strerror(errno),
+          ". Run the check as the daemon's user"));
+    }
+    return o;
+  }
+  o.exists = true;
+  o.size_bytes = static_cast<uint64_t>(st.st_size);
+  o.resident_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+  o.usable = CheckOwned(st, l);
+  if (o.usable.ok() && o.size_bytes != l.total) {
+    const int fd = shm_open(l.name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    o.usable = SizeMismatch(fd, o.size_bytes, l);
+    if (fd >= 0) close(fd);
+  }
+  return o;
+}
+
+absl::Status ShmHugePagesFor(absl::string_view mountinfo, absl::string_view shmem_enabled) {
+  // shmem_enabled lists every value with the current one in brackets.
+  const size_t open = shmem_enabled.find('[');
+  const size_t close = shmem_enabled.find(']');
+  const absl::string_view global = open != absl::string_view::npos && close > open
+                                       ? shmem_enabled.substr(open + 1, close - open - 1)
+                                       : absl::string_view();
+  if (global == "force") return absl::OkStatus();
+  // The last mount on /dev/shm is the one a path there reaches; its huge= option decides.
+  std::string huge = "never";
+  bool found = false;
+  for (absl::string_view line : absl::StrSplit(mountinfo, '\n')) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+    const auto dash = std::find(f.begin(), f.end(), "-");
+    if (f.size() < 5 || f[4] != "/dev/shm" || f.end() - dash < 4) continue;
+    found = true;
+    huge = "never";
+    for (absl::string_view opt : absl::StrSplit(dash[3], ',')) {
+      if (absl::ConsumePrefix(&opt, "huge=")) huge = std::string(opt);
+    }
+  }
+  if (found && huge != "never" && huge != "deny" && global != "deny") return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "pool_huge_pages is set, but the shared pool (pool_shm_name) lives in /dev/shm, ",
+      !found ? std::string("which is not a mount point here, ")
+             : absl::StrCat("a tmpfs mounted with huge=", huge, ", "),
+      "where the kernel gives it no huge pages", global == "deny" ? " (shmem_enabled is deny)" : "",
+      ": it runs on 4 KiB pages. Mount /dev/shm with huge=within_size (`mount -o "
+      "remount,huge=within_size /dev/shm`, and in /etc/fstab; pages already in the pool object "
+      "keep their size), or set pool_huge_pages: false"));
+}
+
+absl::Status ShmHugePages() {
+  auto mountinfo = ReadFile("/proc/self/mountinfo");
+  if (!mountinfo.ok()) return mountinfo.status();
+  auto shmem = ReadFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  return ShmHugePagesFor(*mountinfo, shmem.ok() ? *shmem : std::string());
+}
+
 absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& options,
                                                            uint64_t bytes) {
   const SharedLayout l = MakeSharedLayout(options.shm_name, bytes);
@@ -336,6 +409,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateShared(const ArenaOptions& o
     return fail(s);
   }
   uint8_t* base = map + l.data_offset;
+  if (options.huge_pages) {
+    if (absl::Status s = ShmHugePages(); !s.ok()) LOG(WARNING) << s.message();
+  }
   if (options.huge_pages && madvise(base, bytes, MADV_HUGEPAGE) != 0) {
     LOG(WARNING) << "madvise(MADV_HUGEPAGE) on the shared pool failed (" << std::strerror(errno)
                  << "); continuing with 4 KiB pages";

@@ -7,7 +7,7 @@
 // After Create() nothing in the request path maps, allocates host memory or pins: extents are
 // carved out by ExtentAllocator.
 //
-// NUMA placement (issue 16 part 5): with `numa_nodes` set, the pool is split into one slice per
+// NUMA placement: with `numa_nodes` set, the pool is split into one slice per
 // node (ArenaSlices: equal parts, 2 MiB-aligned) and each slice is bound to its node with
 // mbind(MPOL_BIND) before its pages are touched, so the prefault allocates them there. A shared
 // pool's pages may exist already (posix_fallocate, or a previous daemon's): they are faulted in
@@ -70,6 +70,30 @@ std::vector<ArenaSlice> ArenaSlices(uint64_t size_bytes, const std::vector<int>&
 // SharedDataOffset (a multiple of 2 MiB). One record slot per 16 KiB of pool, at least 4096.
 uint64_t SharedRecordSlots(uint64_t size_bytes);
 uint64_t SharedDataOffset(uint64_t size_bytes);
+
+// What is at /dev/shm/<shm_name> before a daemon starts on it (offloadd --check-config): a
+// restarted daemon adopts that object, so its memory is in use already and is not allocated
+// again. Never creates, changes or locks anything.
+struct SharedPoolObject {
+  bool exists = false;
+  uint64_t size_bytes = 0;      // the object's size (header, records and data)
+  uint64_t resident_bytes = 0;  // bytes of memory it holds now (st_blocks x 512)
+  // OK, or the FAILED_PRECONDITION start-up would fail with for it, in the same words: another
+  // owner or a group/other mode, or a size other than `pool_bytes` asks for (the advice names the
+  // way that keeps its blocks first). FAILED_PRECONDITION too when it cannot be looked at.
+  absl::Status usable;
+};
+SharedPoolObject InspectSharedPool(const std::string& shm_name, uint64_t pool_bytes);
+
+// Whether a shared pool in /dev/shm gets huge pages when advised MADV_HUGEPAGE, from
+// /proc/self/mountinfo text and /sys/kernel/mm/transparent_hugepage/shmem_enabled text (the
+// kernel's rules, Documentation/admin-guide/mm/transhuge.rst "Hugepages in tmpfs/shmem"): yes
+// when shmem_enabled is "force", or the last mount on /dev/shm has huge=always, within_size or
+// advise and shmem_enabled is not "deny". Else FAILED_PRECONDITION saying what /dev/shm has and
+// how to change it (mount option huge=within_size, or pool_huge_pages: false).
+absl::Status ShmHugePagesFor(absl::string_view mountinfo, absl::string_view shmem_enabled);
+// ShmHugePagesFor on this host's files; UNAVAILABLE when /proc/self/mountinfo cannot be read.
+absl::Status ShmHugePages();
 
 class Arena {
  public:

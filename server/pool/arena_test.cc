@@ -224,6 +224,52 @@ TEST_F(SharedArenaTest, BlocksAndRecordsOutliveTheArena) {
   for (int i = 0; i < 4096; ++i) ASSERT_EQ((*a)->base()[kMiB + i], 0x5a) << i;
 }
 
+TEST_F(SharedArenaTest, InspectSeesTheSurvivingObjectWithoutTouchingIt) {
+  SharedPoolObject none = InspectSharedPool(name_, 4 * kMiB);
+  EXPECT_FALSE(none.exists);
+  EXPECT_TRUE(none.usable.ok()) << none.usable;
+  {
+    auto a = Arena::Create(Options(4 * kMiB));
+    ASSERT_TRUE(a.ok()) << a.status();
+    (*a)->base()[0] = 0x42;
+  }
+  const uint64_t total = SharedDataOffset(4 * kMiB) + 4 * kMiB;
+  SharedPoolObject o = InspectSharedPool(name_, 4 * kMiB);
+  EXPECT_TRUE(o.exists);
+  EXPECT_TRUE(o.usable.ok()) << o.usable;
+  EXPECT_EQ(o.size_bytes, total);
+  EXPECT_GE(o.resident_bytes, total);  // posix_fallocate put every page in memory
+  SharedPoolObject other = InspectSharedPool(name_, 8 * kMiB);
+  EXPECT_EQ(other.usable.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(other.usable.message(), "set pool_bytes back")) << other.usable;
+  auto a = Arena::Create(Options(4 * kMiB));  // nothing was changed or left locked
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE((*a)->adopted());
+  EXPECT_EQ((*a)->base()[0], 0x42);
+}
+
+TEST(ShmHugePagesTest, FollowsTheMountOptionAndShmemEnabled) {
+  const std::string never =
+      "25 24 0:23 / /dev/shm rw,relatime - tmpfs tmpfs rw,size=24683584k\n"
+      "30 25 0:27 / /dev/shm rw,nosuid shared:4 - tmpfs tmpfs rw,size=24683584k\n";
+  const std::string within =
+      "25 24 0:23 / /dev/shm rw,relatime - tmpfs tmpfs rw,size=24683584k\n"
+      "30 25 0:27 / /dev/shm rw,nosuid shared:4 - tmpfs tmpfs rw,size=1g,huge=within_size\n";
+  const std::string kDefault = "always within_size advise [never] deny force\n";
+  absl::Status s = ShmHugePagesFor(never, kDefault);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "huge=never")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "huge=within_size")) << s;
+  EXPECT_TRUE(ShmHugePagesFor(within, kDefault).ok());
+  // The last mount on /dev/shm decides: the first one's huge= is hidden under the second.
+  EXPECT_FALSE(ShmHugePagesFor(
+      "1 0 0:1 / /dev/shm rw - tmpfs tmpfs rw,huge=always\n2 1 0:2 / /dev/shm rw - tmpfs tmpfs rw\n",
+      kDefault).ok());
+  EXPECT_TRUE(ShmHugePagesFor(never, "always within_size advise never deny [force]").ok());
+  EXPECT_FALSE(ShmHugePagesFor(within, "always within_size advise never [deny] force").ok());
+  EXPECT_TRUE(absl::StrContains(ShmHugePagesFor("", kDefault).message(), "not a mount point"));
+}
+
 TEST_F(SharedArenaTest, SecondHolderIsRefused) {
   auto a = Arena::Create(Options(2 * kMiB));
   ASSERT_TRUE(a.ok()) << a.status();

@@ -1,5 +1,5 @@
 // SlicedExtentAllocator: the pool's extents carved per NUMA slice (arena.h ArenaSlice), so each
-// GPU's offloads land in host memory on that GPU's node (issue 16 part 5).
+// GPU's offloads land in host memory on that GPU's node.
 //
 // Policy of Allocate(bytes, node):
 //  - the slice bound to `node`, when it has a free extent large enough ("local");

@@ -1,8 +1,6 @@
 #include "server/projector/cusolver_backend.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <cusolverDn.h>
 
 #include <algorithm>
 #include <cstring>
@@ -17,9 +15,14 @@
 #include "absl/strings/str_cat.h"
 #include "server/base/mutex.h"
 #include "server/copy/cuda_api.h"
+#include "server/projector/cusolver_loader.h"
+#include "server/projector/gpu_uuid.h"
 
 namespace offloadd::projector {
 namespace {
+
+// The cuSOLVER/cuBLAS routines; valid once ThreadContext has succeeded (it loads them first).
+const CusolverLib& Lib() { return **LoadCusolver(); }
 
 absl::Status CudaStatus(const char* what, cudaError_t e) {
   if (e == cudaSuccess) return absl::OkStatus();
@@ -42,7 +45,7 @@ absl::Status SolverStatus(const char* what, cusolverStatus_t s) {
 
 absl::Status BlasStatus(const char* what, cublasStatus_t s) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  const std::string msg = absl::StrCat(what, ": ", cublasGetStatusString(s));
+  const std::string msg = absl::StrCat(what, ": ", Lib().cublasGetStatusString(s));
   if (s == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
 }
@@ -75,22 +78,23 @@ class DeviceBuffer {
   T* ptr_ = nullptr;
 };
 
-// One call's device context: the device made current, a stream, and solver/BLAS handles on it.
+// A device context: the device made current, a stream, and solver/BLAS handles on it.
 class Context {
  public:
   ~Context() {
-    if (blas_ != nullptr) cublasDestroy(blas_);
-    if (solver_ != nullptr) cusolverDnDestroy(solver_);
+    if (blas_ != nullptr) Lib().cublasDestroy(blas_);
+    if (solver_ != nullptr) Lib().cusolverDnDestroy(solver_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
   absl::Status Init(int device) {
     OFD_RETURN_IF_ERROR(CudaStatus("cudaSetDevice", cudaSetDevice(device)));
     OFD_RETURN_IF_ERROR(
         CudaStatus("cudaStreamCreate", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
-    OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnCreate", cusolverDnCreate(&solver_)));
-    OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnSetStream", cusolverDnSetStream(solver_, stream_)));
-    OFD_RETURN_IF_ERROR(BlasStatus("cublasCreate", cublasCreate(&blas_)));
-    return BlasStatus("cublasSetStream", cublasSetStream(blas_, stream_));
+    OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnCreate", Lib().cusolverDnCreate(&solver_)));
+    OFD_RETURN_IF_ERROR(
+        SolverStatus("cusolverDnSetStream", Lib().cusolverDnSetStream(solver_, stream_)));
+    OFD_RETURN_IF_ERROR(BlasStatus("cublasCreate", Lib().cublasCreate(&blas_)));
+    return BlasStatus("cublasSetStream", Lib().cublasSetStream(blas_, stream_));
   }
   template <typename T>
   absl::Status ToDevice(T* dst, const T* src, size_t count) {
@@ -128,16 +132,32 @@ class Context {
   cublasHandle_t blas_ = nullptr;
 };
 
+// The calling thread's context on `device`: one stream and one cuSOLVER/cuBLAS handle pair per
+// (refresh worker thread, GPU), created at the thread's first refresh on that GPU and kept until
+// the thread exits (creating handles costs milliseconds and allocates device memory; per call it
+// showed in every refresh). The device is made current on every call.
+absl::StatusOr<Context*> ThreadContext(int device) {
+  thread_local std::map<int, std::unique_ptr<Context>> contexts;
+  absl::StatusOr<const CusolverLib*> lib = LoadCusolver();
+  if (!lib.ok()) return lib.status();
+  OFD_RETURN_IF_ERROR(CudaStatus("cudaSetDevice", cudaSetDevice(device)));
+  auto it = contexts.find(device);
+  if (it != contexts.end()) return it->second.get();
+  auto ctx = std::make_unique<Context>();
+  OFD_RETURN_IF_ERROR(ctx->Init(device));
+  return contexts.emplace(device, std::move(ctx)).first->second.get();
+}
+
 // Replaces the column-major rows x c device matrix by the Q factor of its QR.
 absl::Status Orthonormalize(Context& ctx, float* d_y, int rows, int c, float* d_tau,
                             DeviceBuffer<float>& work, int* lwork_capacity, int* d_info) {
   int lw_qr = 0, lw_q = 0;
   OFD_RETURN_IF_ERROR(
       SolverStatus("cusolverDnSgeqrf_bufferSize",
-                   cusolverDnSgeqrf_bufferSize(ctx.solver(), rows, c, d_y, rows, &lw_qr)));
-  OFD_RETURN_IF_ERROR(
-      SolverStatus("cusolverDnSorgqr_bufferSize",
-                   cusolverDnSorgqr_bufferSize(ctx.solver(), rows, c, c, d_y, rows, d_tau, &lw_q)));
+                   Lib().cusolverDnSgeqrf_bufferSize(ctx.solver(), rows, c, d_y, rows, &lw_qr)));
+  OFD_RETURN_IF_ERROR(SolverStatus(
+      "cusolverDnSorgqr_bufferSize",
+      Lib().cusolverDnSorgqr_bufferSize(ctx.solver(), rows, c, c, d_y, rows, d_tau, &lw_q)));
   const int lwork = std::max(lw_qr, lw_q);
   if (lwork > *lwork_capacity) {
     work.Reset();
@@ -146,9 +166,10 @@ absl::Status Orthonormalize(Context& ctx, float* d_y, int rows, int c, float* d_
   }
   OFD_RETURN_IF_ERROR(SolverStatus(
       "cusolverDnSgeqrf",
-      cusolverDnSgeqrf(ctx.solver(), rows, c, d_y, rows, d_tau, work.get(), lwork, d_info)));
-  return SolverStatus("cusolverDnSorgqr", cusolverDnSorgqr(ctx.solver(), rows, c, c, d_y, rows,
-                                                           d_tau, work.get(), lwork, d_info));
+      Lib().cusolverDnSgeqrf(ctx.solver(), rows, c, d_y, rows, d_tau, work.get(), lwork, d_info)));
+  return SolverStatus("cusolverDnSorgqr",
+                      Lib().cusolverDnSorgqr(ctx.solver(), rows, c, c, d_y, rows, d_tau, work.get(),
+                                             lwork, d_info));
 }
 
 // The first k columns of U (device, column-major rows x k or wider, leading dimension rows) into
@@ -181,29 +202,29 @@ absl::Status CopyLeadingRows(Context& ctx, const float* d_vt, int n, int64_t k,
 // cols x l, cols >= l, overwritten): the SVD B^T = U_t S V_t^T gives B's left vectors as the rows
 // of V_t^T (l x l), and P = Q V_t[:, :k]. Singular values: all l of B's.
 absl::StatusOr<TopSingular> ProjectorFromSketch(Context& ctx, const float* d_q, float* d_bt,
-                                                int rows, int cols, int l, int64_t k,
-                                                int* d_info) {
+                                                int rows, int cols, int l, int64_t k, int* d_info) {
   const float one = 1.0f, zero = 0.0f;
   DeviceBuffer<float> d_s, d_vt, d_svd_work, d_rwork, d_p;
   OFD_RETURN_IF_ERROR(d_s.Allocate(l));
   OFD_RETURN_IF_ERROR(d_vt.Allocate(static_cast<size_t>(l) * l));
   OFD_RETURN_IF_ERROR(d_rwork.Allocate(l));
   int lwork = 0;
-  OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnSgesvd_bufferSize",
-                                   cusolverDnSgesvd_bufferSize(ctx.solver(), cols, l, &lwork)));
+  OFD_RETURN_IF_ERROR(
+      SolverStatus("cusolverDnSgesvd_bufferSize",
+                   Lib().cusolverDnSgesvd_bufferSize(ctx.solver(), cols, l, &lwork)));
   OFD_RETURN_IF_ERROR(d_svd_work.Allocate(lwork));
   OFD_RETURN_IF_ERROR(SolverStatus(
       "cusolverDnSgesvd",
-      cusolverDnSgesvd(ctx.solver(), 'N', 'S', cols, l, d_bt, cols, d_s.get(), nullptr, cols,
-                       d_vt.get(), l, d_svd_work.get(), lwork, d_rwork.get(), d_info)));
+      Lib().cusolverDnSgesvd(ctx.solver(), 'N', 'S', cols, l, d_bt, cols, d_s.get(), nullptr, cols,
+                             d_vt.get(), l, d_svd_work.get(), lwork, d_rwork.get(), d_info)));
   OFD_RETURN_IF_ERROR(ctx.CheckInfo("cusolverDnSgesvd", d_info));
 
   // P^T (k x rows, column-major) = V_t^T[:k, :] Q^T: its memory is P row-major rows x k.
   OFD_RETURN_IF_ERROR(d_p.Allocate(static_cast<size_t>(rows) * k));
   OFD_RETURN_IF_ERROR(BlasStatus(
       "cublasSgemm",
-      cublasSgemm(ctx.blas(), CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(k), rows, l, &one,
-                  d_vt.get(), l, d_q, rows, &zero, d_p.get(), static_cast<int>(k))));
+      Lib().cublasSgemm(ctx.blas(), CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(k), rows, l, &one,
+                        d_vt.get(), l, d_q, rows, &zero, d_p.get(), static_cast<int>(k))));
   TopSingular out;
   out.k = k;
   out.side_dim = rows;
@@ -261,8 +282,9 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Exact(DenseMatrix a, VectorSide 
   OFD_RETURN_IF_ERROR(CheckSvdInput(a, k, "cuSOLVER"));
   const int m = static_cast<int>(a.rows), n = static_cast<int>(a.cols);
   const int kk = std::min(m, n);
-  Context ctx;
-  OFD_RETURN_IF_ERROR(ctx.Init(device_));
+  absl::StatusOr<Context*> context = ThreadContext(device_);
+  if (!context.ok()) return context.status();
+  Context& ctx = **context;
   // X: column-major xr x xc with xr >= xc. Wide (n >= m): X = A^T, which is the input's memory.
   // Tall: X = A, the transpose of that memory.
   const bool x_is_at = n >= m;
@@ -275,9 +297,9 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Exact(DenseMatrix a, VectorSide 
     OFD_RETURN_IF_ERROR(d_x.Allocate(static_cast<size_t>(m) * n));
     const float one = 1.0f, zero = 0.0f;
     // X (m x n) = (A^T)^T, A^T being n x m with leading dimension n.
-    OFD_RETURN_IF_ERROR(
-        BlasStatus("cublasSgeam", cublasSgeam(ctx.blas(), CUBLAS_OP_T, CUBLAS_OP_N, m, n, &one,
-                                              d_in.get(), n, &zero, d_x.get(), m, d_x.get(), m)));
+    OFD_RETURN_IF_ERROR(BlasStatus(
+        "cublasSgeam", Lib().cublasSgeam(ctx.blas(), CUBLAS_OP_T, CUBLAS_OP_N, m, n, &one,
+                                         d_in.get(), n, &zero, d_x.get(), m, d_x.get(), m)));
     x = d_x.get();
   }
   // A's left vectors are X's left vectors (columns of U) when X = A, and X's right vectors
@@ -294,14 +316,15 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Exact(DenseMatrix a, VectorSide 
     OFD_RETURN_IF_ERROR(d_vt.Allocate(static_cast<size_t>(xc) * xc));
   }
   int lwork = 0;
-  OFD_RETURN_IF_ERROR(SolverStatus("cusolverDnSgesvd_bufferSize",
-                                   cusolverDnSgesvd_bufferSize(ctx.solver(), xr, xc, &lwork)));
-  OFD_RETURN_IF_ERROR(d_work.Allocate(lwork));
   OFD_RETURN_IF_ERROR(
-      SolverStatus("cusolverDnSgesvd",
-                   cusolverDnSgesvd(ctx.solver(), need_x_left ? 'S' : 'N', need_x_left ? 'N' : 'S',
-                                    xr, xc, x, xr, d_s.get(), d_u.get(), xr, d_vt.get(), xc,
-                                    d_work.get(), lwork, d_rwork.get(), d_info.get())));
+      SolverStatus("cusolverDnSgesvd_bufferSize",
+                   Lib().cusolverDnSgesvd_bufferSize(ctx.solver(), xr, xc, &lwork)));
+  OFD_RETURN_IF_ERROR(d_work.Allocate(lwork));
+  OFD_RETURN_IF_ERROR(SolverStatus(
+      "cusolverDnSgesvd",
+      Lib().cusolverDnSgesvd(ctx.solver(), need_x_left ? 'S' : 'N', need_x_left ? 'N' : 'S', xr, xc,
+                             x, xr, d_s.get(), d_u.get(), xr, d_vt.get(), xc, d_work.get(), lwork,
+                             d_rwork.get(), d_info.get())));
   OFD_RETURN_IF_ERROR(ctx.CheckInfo("cusolverDnSgesvd", d_info.get()));
 
   TopSingular out;
@@ -319,6 +342,16 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Exact(DenseMatrix a, VectorSide 
   return out;
 }
 
+namespace {
+// A warm start must be the previous projector: rows x w, w >= 1.
+absl::Status CheckWarmStart(const DenseMatrix& warm_start, int rows) {
+  if (warm_start.rows == rows && warm_start.cols >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("warm start is ", warm_start.rows, " x ", warm_start.cols,
+                   "; it must be the previous projector, ", rows, " x w"));
+}
+}  // namespace
+
 absl::StatusOr<TopSingular> CusolverSvdBackend::Randomized(DenseMatrix a, VectorSide side,
                                                            int64_t k,
                                                            const RandomizedOptions& options,
@@ -335,8 +368,9 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Randomized(DenseMatrix a, Vector
   std::mt19937_64 rng(options.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
 
-  Context ctx;
-  OFD_RETURN_IF_ERROR(ctx.Init(device_));
+  absl::StatusOr<Context*> context = ThreadContext(device_);
+  if (!context.ok()) return context.status();
+  Context& ctx = **context;
   SketchBuffers b;
   OFD_RETURN_IF_ERROR(AllocateSketch(ctx, a, rows, cols, l, &b));
   DeviceBuffer<float>&d_a = b.a, &d_q = b.q, &d_z = b.z, &d_tau = b.tau, &d_work = b.work;
@@ -345,25 +379,23 @@ absl::StatusOr<TopSingular> CusolverSvdBackend::Randomized(DenseMatrix a, Vector
   const float one = 1.0f, zero = 0.0f;
   // y (rows x c) = op(A) x (cols x c); z (cols x c) = op(A)^T y. Same calls as the CBLAS code.
   auto apply = [&](const float* x, float* y) {
-    return BlasStatus("cublasSgemm",
-                      cublasSgemm(ctx.blas(), transpose ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N,
-                                  rows, l, cols, &one, d_a.get(), ld_a, x, cols, &zero, y, rows));
+    return BlasStatus(
+        "cublasSgemm",
+        Lib().cublasSgemm(ctx.blas(), transpose ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, rows, l,
+                          cols, &one, d_a.get(), ld_a, x, cols, &zero, y, rows));
   };
   auto apply_t = [&](const float* y, float* z) {
-    return BlasStatus("cublasSgemm",
-                      cublasSgemm(ctx.blas(), transpose ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
-                                  cols, l, rows, &one, d_a.get(), ld_a, y, rows, &zero, z, cols));
+    return BlasStatus(
+        "cublasSgemm",
+        Lib().cublasSgemm(ctx.blas(), transpose ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, cols, l,
+                          rows, &one, d_a.get(), ld_a, y, rows, &zero, z, cols));
   };
   auto orth = [&](float* y, int r) {
     return Orthonormalize(ctx, y, r, l, d_tau.get(), d_work, &lwork_capacity, d_info.get());
   };
 
   if (warm_start.data != nullptr) {
-    if (warm_start.rows != rows || warm_start.cols < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("warm start is ", warm_start.rows, " x ", warm_start.cols,
-                       "; it must be the previous projector, ", rows, " x w"));
-    }
+    OFD_RETURN_IF_ERROR(CheckWarmStart(warm_start, rows));
     const std::vector<float> q = WarmStartBasis(warm_start, rows, l, rng, normal);
     OFD_RETURN_IF_ERROR(ctx.ToDevice(d_q.get(), q.data(), q.size()));
     OFD_RETURN_IF_ERROR(ctx.Sync());  // q is freed at the end of this scope
@@ -409,7 +441,8 @@ absl::StatusOr<int> CudaOrdinalForUuid(const std::string& uuid) {
   for (int i = 0; i < *n; ++i) {
     cudaDeviceProp p;
     OFD_RETURN_IF_ERROR(CudaStatus("cudaGetDeviceProperties", cudaGetDeviceProperties(&p, i)));
-    if (copy::FormatGpuUuid(reinterpret_cast<const unsigned char*>(p.uuid.bytes)) == uuid) {
+    if (NormalizeGpuUuid(copy::FormatGpuUuid(
+            reinterpret_cast<const unsigned char*>(p.uuid.bytes))) == NormalizeGpuUuid(uuid)) {
       return i;
     }
   }
@@ -426,11 +459,12 @@ std::function<const SvdBackend*(const copy::RegionSpec&)> MakeCusolverBackendSel
   return [backends](const copy::RegionSpec& spec) -> const SvdBackend* {
     if (spec.cuda_ipc_handle.empty()) return nullptr;
     base::MutexLock lock(backends->mu);
-    auto it = backends->by_uuid.find(spec.device_id);
+    const std::string uuid = NormalizeGpuUuid(spec.device_id);
+    auto it = backends->by_uuid.find(uuid);
     if (it == backends->by_uuid.end()) {
-      absl::StatusOr<int> ordinal = CudaOrdinalForUuid(spec.device_id);
+      absl::StatusOr<int> ordinal = CudaOrdinalForUuid(uuid);
       it = backends->by_uuid
-               .emplace(spec.device_id,
+               .emplace(uuid,
                         ordinal.ok() ? std::make_unique<CusolverSvdBackend>(*ordinal) : nullptr)
                .first;
     }

@@ -19,9 +19,11 @@
 // back. Device memory per call: exact about 2 m n floats (A, its transpose or the factor
 // vectors) plus cuSOLVER's workspace; randomized m n + O((m + n) l) floats.
 //
-// Thread safety: no mutable state. Each call sets its device on the calling thread
-// (cudaSetDevice), creates its own stream and cuSOLVER/cuBLAS handles and frees them before
-// returning, so concurrent calls from several workers are safe (they share the device).
+// Thread safety: the backend object has no mutable state. Each calling thread (a refresh worker)
+// gets one stream and one cuSOLVER/cuBLAS handle pair per GPU at its first call there, kept in
+// thread-local storage until the thread exits, and each call sets the device current
+// (cudaSetDevice); concurrent calls from several workers are safe (they share the device, each on
+// its own stream). Workspaces are allocated per call.
 //
 // Errors: FAILED_PRECONDITION when no CUDA device/driver is usable; INVALID_ARGUMENT for bad
 // shapes or k, or more than 2^31 - 1 elements (32-bit cuSOLVER indices); RESOURCE_EXHAUSTED when
@@ -58,7 +60,8 @@ class CusolverSvdBackend final : public SvdBackend {
 absl::StatusOr<int> CudaDeviceCount();
 
 // The runtime ordinal of the GPU with this UUID ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as
-// clients send device ids). NOT_FOUND when no visible GPU has it.
+// clients send device ids; compared after NormalizeGpuUuid, so case, dashes and a missing "GPU-"
+// prefix do not matter). NOT_FOUND when no visible GPU has it.
 absl::StatusOr<int> CudaOrdinalForUuid(const std::string& uuid);
 
 // For RefreshServiceOptions::gpu_backend_for: a CusolverSvdBackend on the GPU named by the

@@ -1,5 +1,6 @@
 #include "server/projector/refresh_service.h"
 
+#include <openssl/sha.h>
 #include <sys/random.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
 #include "server/metrics/metrics.h"
@@ -31,6 +33,23 @@ const char* OutcomeOf(const RefreshRecord& r) {
   return "ok";
 }
 
+// The request parameters two submissions of one key must share for one to take the other's
+// outcome (everything but the regions and offsets, which are each submitter's own).
+std::string SignatureOf(const ServiceRequest& r) {
+  return absl::StrCat(absl::StrJoin(r.shape, "x"), "|", static_cast<int>(r.dtype), "|", r.rank,
+                      "|", static_cast<int>(r.side), "|", static_cast<int>(r.method), "|",
+                      r.randomized.oversampling, "|", r.randomized.power_iterations, "|",
+                      r.randomized.seed, "|", r.warm_start, "|", r.measure_residual, "|", r.lazy,
+                      "|", r.lazy_policy.similarity_threshold, "|",
+                      r.lazy_policy.stable_refreshes_before_skip, "|",
+                      r.lazy_policy.max_consecutive_skips);
+}
+
+void Fail(RefreshRecord& record, absl::Status status) {
+  record.state = RefreshState::kFailed;
+  record.status = std::move(status);
+}
+
 absl::Status Prefixed(const absl::Status& s, const std::string& prefix) {
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
 }
@@ -47,6 +66,12 @@ absl::Status CheckOwner(const RegionCache::Opened& opened, const copy::RegionSpe
 }
 
 }  // namespace
+
+GradientDigest DigestOf(const uint8_t* data, uint64_t bytes) {
+  GradientDigest d{};
+  SHA256(data, bytes, d.data());
+  return d;
+}
 
 // Per-worker memory reused across refreshes (see projector.h, RefreshScratch).
 struct RefreshService::WorkerBuffers {
@@ -68,7 +93,8 @@ struct RefreshService::WorkerBuffers {
 
 RefreshService::RefreshService(RefreshServiceOptions options, copy::CopyEngine* shm_engine,
                                copy::CopyEngine* cuda_engine)
-    : options_(WithClock(std::move(options))),
+    : cuda_regions_(cuda_engine != nullptr),
+      options_(WithClock(std::move(options))),
       regions_(shm_engine, cuda_engine, options_.region_cache) {
   if (options_.cpu_backend == nullptr) options_.cpu_backend = &own_lapack_;
   const int workers = std::max(1, options_.workers);
@@ -97,12 +123,17 @@ absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& reque
   if (stopping_) {
     return absl::UnavailableError("the projector service is shutting down: resubmit later");
   }
-  const std::string parameter = Scoped(request.caller_uid, request.parameter_id);
+  const std::string parameter =
+      ParameterKey(request.caller_uid, request.job_id, request.parameter_id);
   const auto key = std::make_pair(parameter, request.step);
-  if (auto it = by_key_.find(key); it != by_key_.end()) {
-    return SubmitOutcome{it->second, true, entries_.at(it->second).record.state};
-  }
   if (absl::Status admitted = AdmitLocked(request, *layout); !admitted.ok()) return admitted;
+  if (auto it = by_key_.find(key); it != by_key_.end()) {
+    // A repeated key: queued behind the first (FIFO within a step), compared when it runs.
+    const uint64_t id = AddEntryLocked(request, *layout, parameter, it->second);
+    lock.Unlock();
+    work_cv_.notify_one();
+    return SubmitOutcome{id, true, RefreshState::kQueued};
+  }
   if (request.reset_history) {
     if (auto h = history_.find(parameter); h != history_.end()) EraseHistoryLocked(h);
   } else if (auto h = history_.find(parameter);
@@ -113,33 +144,44 @@ absl::StatusOr<SubmitOutcome> RefreshService::Submit(const ServiceRequest& reque
         ", which has already run (one parameter's refreshes run in increasing step order); "
         "set reset_history to start over, e.g. after loading an older checkpoint"));
   }
+  const uint64_t id = AddEntryLocked(request, *layout, parameter, 0);
+  by_key_[key] = id;
+  lock.Unlock();
+  work_cv_.notify_one();
+  return SubmitOutcome{id, false, RefreshState::kQueued};
+}
+
+uint64_t RefreshService::AddEntryLocked(const ServiceRequest& request,
+                                        const RefreshLayout& layout, const std::string& parameter,
+                                        uint64_t primary_id) {
   const double now = Now();
   const uint64_t id = NewIdLocked();
   Entry& e = entries_[id];
   e.request = request;
   e.submitted_at = now;
   e.caller_uid = request.caller_uid;
+  e.parameter = parameter;
+  e.primary_id = primary_id;
+  e.signature = SignatureOf(request);
   ++unfinished_;
   ++unfinished_by_uid_[request.caller_uid];
   RefreshRecord& r = e.record;
   r.id = id;
+  r.job_id = request.job_id;
   r.parameter_id = request.parameter_id;
   r.step = request.step;
   r.batch_id = request.batch_id;
-  r.vector_side = layout->vector_side;
-  r.projector_rows = layout->projector_rows;
-  r.effective_rank = layout->effective_rank;
+  r.vector_side = layout.vector_side;
+  r.projector_rows = layout.projector_rows;
+  r.effective_rank = layout.effective_rank;
   r.dtype = request.dtype;
-  by_key_[key] = id;
   if (!request.batch_id.empty()) {
     by_batch_[Scoped(request.caller_uid, request.batch_id)].push_back(id);
   }
   queue_.Push(parameter, request.step, id, request.caller_uid);
   UpdateQueueGaugeLocked();
   EvictResultsLocked(now, request.caller_uid);
-  lock.Unlock();
-  work_cv_.notify_one();
-  return SubmitOutcome{id, false, RefreshState::kQueued};
+  return id;
 }
 
 void RefreshService::WorkerLoop(int index) {
@@ -169,6 +211,11 @@ RefreshService::Started RefreshService::StartLocked(const FairRefreshQueue::Item
   s.request = std::move(e.request);
   e.request = ServiceRequest();
   s.record = e.record;
+  if (e.primary_id != 0) {
+    StartAttachedLocked(e, item, s);
+    UpdateQueueGaugeLocked();
+    return s;
+  }
   auto [hit, created] = history_.try_emplace(item.parameter);
   History& h = hit->second;
   if (created) {
@@ -189,12 +236,84 @@ RefreshService::Started RefreshService::StartLocked(const FairRefreshQueue::Item
   return s;
 }
 
+void RefreshService::StartAttachedLocked(const Entry& e, const FairRefreshQueue::Item& item,
+                                         Started& s) {
+  s.attached = true;
+  // The queue runs one refresh of a parameter at a time, equal steps in arrival order, so the
+  // first refresh of this key has finished (Finish records it before the parameter is free).
+  auto p = entries_.find(e.primary_id);
+  if (p == entries_.end() || !Finished(p->second.record.state)) return;  // expired: own SVD
+  s.primary = p->second.record;
+  s.same_signature = p->second.signature == e.signature;
+  auto h = history_.find(item.parameter);
+  if (h != history_.end() && h->second.projector && h->second.projector_step == item.step &&
+      h->second.projector_digest == s.primary->gradient_digest) {
+    s.shared = h->second.projector;
+    h->second.last_used = ++tick_;
+  }
+}
+
+void RefreshService::RunAttached(Started& s, WorkerBuffers& buffers) {
+  RefreshRecord& record = s.record;
+  absl::StatusOr<RefreshLayout> layout = ValidateServiceRequest(s.request);
+  if (!layout.ok()) return Fail(record, layout.status());
+  absl::StatusOr<uint8_t*> g = ReadGradient(s.request, *layout, buffers);
+  if (!g.ok()) return Fail(record, g.status());
+  record.gradient_digest = DigestOf(*g, layout->gradient_bytes);
+  record.digest_known = true;
+  if (s.primary && s.primary->digest_known) {
+    if (s.same_signature && s.primary->gradient_digest == record.gradient_digest) {
+      if (TakePrimaryOutcome(s, *layout)) return;
+    } else {
+      record.content_mismatch = true;
+    }
+  }
+  RefreshRequest refresh;  // on its own: no previous projector, no warm start
+  Compute(s.request, *layout, *g, buffers, &refresh, &record);
+}
+
+bool RefreshService::TakePrimaryOutcome(Started& s, const RefreshLayout& layout) {
+  const RefreshRecord& first = *s.primary;
+  RefreshRecord& record = s.record;
+  if (first.state == RefreshState::kFailed) {
+    // Only a verdict on the gradient itself (NaN/Inf) carries over; anything else (the first
+    // submitter's region, memory) was its own, so this one runs.
+    if (first.status.code() != absl::StatusCode::kInvalidArgument) return false;
+    Fail(record, first.status);
+  } else if (first.skipped) {
+    record.state = RefreshState::kDone;
+    record.skipped = true;
+  } else if (first.result.degenerate) {
+    record.state = RefreshState::kDone;
+    record.result = first.result;
+  } else if (first.projector_written && s.shared) {
+    std::vector<uint8_t> bytes(*s.shared);  // exactly the bytes the first refresh wrote
+    if (absl::Status st = WriteProjector(s.request, layout, bytes); !st.ok()) {
+      Fail(record, st);
+      return true;
+    }
+    record.state = RefreshState::kDone;
+    record.projector_written = true;
+    record.result = first.result;
+    record.backend = first.backend;
+    record.warm_started = first.warm_started;
+  } else {
+    return false;
+  }
+  record.deduplicated = true;
+  record.shared_from_id = first.id;
+  return true;
+}
+
 std::vector<uint8_t> RefreshService::Run(Started& s, WorkerBuffers& buffers) {
   std::vector<uint8_t> written;
   RefreshRecord& record = s.record;
   if (s.skip) {
     record.state = RefreshState::kDone;
     record.skipped = true;
+  } else if (s.attached) {
+    Guarded(&record, [&] { RunAttached(s, buffers); });
+    record.result.projector_bytes.clear();
   } else {
     RefreshRequest refresh;
     if (s.previous) {
@@ -204,12 +323,12 @@ std::vector<uint8_t> RefreshService::Run(Started& s, WorkerBuffers& buffers) {
           {s.previous_shape.projector_rows, s.previous_shape.projector_cols},
           s.previous_shape.dtype};
     }
-    ExecuteGuarded(s.request, buffers, &refresh, &record);
+    Guarded(&record, [&] { Execute(s.request, buffers, &refresh, &record); });
     if (record.projector_written) written = std::move(record.result.projector_bytes);
     record.result.projector_bytes.clear();
   }
   record.elapsed_seconds = Now() - s.start_seconds;
-  if (record.state == RefreshState::kDone && !s.skip) {
+  if (record.state == RefreshState::kDone && !s.skip && !record.deduplicated) {
     metrics::Get()
         .projector_refresh_duration_seconds
         ->Add({{"method", s.request.method == SvdMethod::kExact ? "exact" : "randomized"},
@@ -223,11 +342,16 @@ std::vector<uint8_t> RefreshService::Run(Started& s, WorkerBuffers& buffers) {
 void RefreshService::RecordOutcomeLocked(const FairRefreshQueue::Item& item, const Started& s,
                                          std::vector<uint8_t> written) {
   const RefreshRecord& record = s.record;
+  if (!record.backend.empty() && !record.deduplicated) ++computed_total_;
+  if (record.deduplicated) ++deduplicated_total_;
+  if (record.content_mismatch) ++content_mismatches_total_;
   auto hit = history_.find(item.parameter);
-  if (hit != history_.end() && !s.skip && record.state == RefreshState::kDone) {
+  if (hit != history_.end() && !s.skip && !s.attached && record.state == RefreshState::kDone) {
     History& h = hit->second;
     if (!record.result.degenerate) {
       SetProjectorLocked(h, std::make_shared<const std::vector<uint8_t>>(std::move(written)));
+      h.projector_step = record.step;
+      h.projector_digest = record.gradient_digest;
       h.projector_rows = record.projector_rows;
       h.projector_cols = record.effective_rank;
       h.dtype = record.dtype;
@@ -240,7 +364,6 @@ void RefreshService::RecordOutcomeLocked(const FairRefreshQueue::Item& item, con
     h.last_used = ++tick_;
     EvictHistoryLocked(h.owner);
   }
-  queue_.Done(item.parameter);
 }
 
 absl::Status RefreshService::AdmitLocked(const ServiceRequest& request,
@@ -271,10 +394,9 @@ absl::Status RefreshService::AdmitLocked(const ServiceRequest& request,
   return absl::OkStatus();
 }
 
-void RefreshService::ExecuteGuarded(const ServiceRequest& request, WorkerBuffers& buffers,
-                                    RefreshRequest* refresh, RefreshRecord* record) {
+void RefreshService::Guarded(RefreshRecord* record, const std::function<void()>& body) {
   try {
-    Execute(request, buffers, refresh, record);
+    body();
   } catch (const std::bad_alloc&) {
     record->state = RefreshState::kFailed;
     record->status = absl::ResourceExhaustedError(
@@ -291,14 +413,22 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
   };
   absl::StatusOr<RefreshLayout> layout = ValidateServiceRequest(request);
   if (!layout.ok()) return fail(layout.status());
+  absl::StatusOr<uint8_t*> g = ReadGradient(request, *layout, buffers);
+  if (!g.ok()) return fail(g.status());
+  record->gradient_digest = DigestOf(*g, layout->gradient_bytes);
+  record->digest_known = true;
+  Compute(request, *layout, *g, buffers, refresh, record);
+}
+
+void RefreshService::Compute(const ServiceRequest& request, const RefreshLayout& layout,
+                             uint8_t* g, WorkerBuffers& buffers, RefreshRequest* refresh,
+                             RefreshRecord* record) {
+  auto fail = [record](absl::Status status) { Fail(*record, std::move(status)); };
   const SvdBackend* backend = options_.cpu_backend;
   if (options_.gpu_backend_for) {
     if (const SvdBackend* gpu = options_.gpu_backend_for(request.gradient.region)) backend = gpu;
   }
-  absl::StatusOr<uint8_t*> g = ReadGradient(request, *layout, buffers);
-  if (!g.ok()) return fail(g.status());
-
-  refresh->gradient = {*g, layout->gradient_bytes, {layout->rows, layout->cols}, request.dtype};
+  refresh->gradient = {g, layout.gradient_bytes, {layout.rows, layout.cols}, request.dtype};
   refresh->rank = request.rank;
   refresh->side = request.side;
   refresh->method = request.method;
@@ -313,7 +443,7 @@ void RefreshService::Execute(const ServiceRequest& request, WorkerBuffers& buffe
 
   // Write P (not for a degenerate G: the caller keeps its projector).
   if (!result->degenerate) {
-    if (absl::Status s = WriteProjector(request, *layout, result->projector_bytes); !s.ok()) {
+    if (absl::Status s = WriteProjector(request, layout, result->projector_bytes); !s.ok()) {
       return fail(s);
     }
     record->projector_written = true;
@@ -395,17 +525,26 @@ absl::Status RefreshService::CopyRegion(const RegionCache::Opened& opened,
 
 void RefreshService::Finish(uint64_t id, RefreshRecord record) {
   metrics::Get().projector_refreshes_total->Add({{"outcome", OutcomeOf(record)}}).Increment();
+  if (record.deduplicated) {
+    metrics::Get().projector_refresh_sources_total->Add({{"source", "deduplicated"}}).Increment();
+  } else if (!record.backend.empty()) {
+    metrics::Get().projector_refresh_sources_total->Add({{"source", "computed"}}).Increment();
+  }
+  if (record.content_mismatch) metrics::Get().projector_content_mismatches_total->Increment();
   if (record.state == RefreshState::kFailed &&
       record.status.code() != absl::StatusCode::kInvalidArgument &&
       record.status.code() != absl::StatusCode::kUnavailable) {
     LOG(WARNING) << "projector refresh " << id << " (" << record.parameter_id << ", step "
                  << record.step << ") failed: " << record.status;
   }
-  std::vector<std::function<void(const RefreshRecord&)>> waiters;
+  std::vector<Entry::Waiter> waiters;
   {
     base::MutexLock lock(mu_);
     auto it = entries_.find(id);
     if (it != entries_.end()) {
+      // The parameter is free for its next refresh only once this record is in place, so a
+      // repeated key queued behind this one finds it finished (StartAttachedLocked).
+      if (it->second.record.state == RefreshState::kRunning) queue_.Done(it->second.parameter);
       if (!Finished(it->second.record.state)) {
         --unfinished_;
         auto uid = unfinished_by_uid_.find(it->second.caller_uid);
@@ -414,8 +553,9 @@ void RefreshService::Finish(uint64_t id, RefreshRecord record) {
       it->second.record = record;
       waiters = std::move(it->second.waiters);
       it->second.waiters.clear();
-      for (int64_t uid : it->second.waiter_uids) ForgetWaiterLocked(uid);
-      it->second.waiter_uids.clear();
+      for (const Entry::Waiter& w : waiters) {
+        if (w.owner_uid != kAnyOwner) ForgetWaiterLocked(w.owner_uid);
+      }
       const double now = Now();
       const int64_t owner = it->second.caller_uid;
       finished_by_uid_[owner].emplace_back(now, id);
@@ -424,7 +564,7 @@ void RefreshService::Finish(uint64_t id, RefreshRecord record) {
     }
     UpdateQueueGaugeLocked();
   }
-  for (auto& w : waiters) w(record);
+  for (auto& w : waiters) w.done(record);
   work_cv_.notify_all();  // the parameter may have more queued
 }
 
@@ -433,7 +573,8 @@ void RefreshService::EraseResultLocked(uint64_t id) {
   if (it == entries_.end()) return;
   const RefreshRecord& r = it->second.record;
   const int64_t owner = it->second.caller_uid;
-  by_key_.erase({Scoped(owner, r.parameter_id), r.step});
+  auto key = by_key_.find({ParameterKey(owner, r.job_id, r.parameter_id), r.step});
+  if (key != by_key_.end() && key->second == id) by_key_.erase(key);
   if (!r.batch_id.empty()) {
     auto b = by_batch_.find(Scoped(owner, r.batch_id));
     if (b != by_batch_.end()) {
@@ -546,6 +687,11 @@ std::string RefreshService::Scoped(int64_t owner_uid, const std::string& name) {
   return absl::StrCat(owner_uid, ":", name);
 }
 
+std::string RefreshService::ParameterKey(int64_t owner_uid, const std::string& job_id,
+                                         const std::string& parameter_id) {
+  return absl::StrCat(owner_uid, ":", job_id.size(), ":", job_id, ":", parameter_id);
+}
+
 uint64_t RefreshService::NewIdLocked() const {
   for (;;) {
     uint64_t id = 0;
@@ -576,10 +722,11 @@ absl::StatusOr<RefreshRecord> RefreshService::Get(uint64_t id, int64_t owner_uid
   return e->record;
 }
 
-absl::StatusOr<uint64_t> RefreshService::Find(int64_t owner_uid, const std::string& parameter_id,
+absl::StatusOr<uint64_t> RefreshService::Find(int64_t owner_uid, const std::string& job_id,
+                                              const std::string& parameter_id,
                                               int64_t step) const {
   base::MutexLock lock(mu_);
-  auto it = by_key_.find({Scoped(owner_uid, parameter_id), step});
+  auto it = by_key_.find({ParameterKey(owner_uid, job_id, parameter_id), step});
   if (it == by_key_.end()) {
     return absl::NotFoundError(absl::StrCat("no projector refresh for parameter ", parameter_id,
                                             " at step ", step, ": never submitted, or expired"));
@@ -596,7 +743,9 @@ std::vector<uint64_t> RefreshService::BatchIds(int64_t owner_uid,
 }
 
 absl::Status RefreshService::WhenFinished(uint64_t id, int64_t owner_uid,
-                                          std::function<void(const RefreshRecord&)> done) {
+                                          std::function<void(const RefreshRecord&)> done,
+                                          uint64_t* waiter) {
+  if (waiter != nullptr) *waiter = 0;
   RefreshRecord record;
   {
     base::MutexLock lock(mu_);
@@ -608,15 +757,33 @@ absl::Status RefreshService::WhenFinished(uint64_t id, int64_t owner_uid,
     if (!Finished(it->second.record.state)) {
       if (owner_uid != kAnyOwner) {
         if (absl::Status admitted = AdmitWaiterLocked(owner_uid); !admitted.ok()) return admitted;
-        it->second.waiter_uids.push_back(owner_uid);
       }
-      it->second.waiters.push_back(std::move(done));
+      const uint64_t token = next_waiter_token_++;
+      it->second.waiters.push_back(Entry::Waiter{token, owner_uid, std::move(done)});
+      if (waiter != nullptr) *waiter = token;
       return absl::OkStatus();
     }
     record = it->second.record;
   }
   done(record);
   return absl::OkStatus();
+}
+
+bool RefreshService::CancelWait(uint64_t id, uint64_t waiter) {
+  if (waiter == 0) return false;
+  std::function<void(const RefreshRecord&)> dropped;  // destroyed after the lock is released
+  base::MutexLock lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return false;
+  std::vector<Entry::Waiter>& waiters = it->second.waiters;
+  for (auto w = waiters.begin(); w != waiters.end(); ++w) {
+    if (w->token != waiter) continue;
+    if (w->owner_uid != kAnyOwner) ForgetWaiterLocked(w->owner_uid);
+    dropped = std::move(w->done);
+    waiters.erase(w);
+    return true;
+  }
+  return false;
 }
 
 absl::Status RefreshService::AdmitWaiterLocked(int64_t owner_uid) {
@@ -704,7 +871,15 @@ RefreshService::Stats RefreshService::stats() const {
     s.results_held = entries_.size();
     s.parameters_held = history_.size();
     s.history_bytes = history_bytes_;
+    s.computed_total = computed_total_;
+    s.deduplicated_total = deduplicated_total_;
+    s.content_mismatches_total = content_mismatches_total_;
   }
+  s.backend = std::string(options_.cpu_backend->name());
+  if (options_.gpu_backend_for) {
+    s.backend += "+" + (options_.gpu_backend_name.empty() ? "gpu" : options_.gpu_backend_name);
+  }
+  s.cuda_regions = cuda_regions_;
   s.regions_cached = regions_.size();
   s.region_opens_total = regions_.opens_total();
   return s;

@@ -1,7 +1,13 @@
 // RefreshService: the daemon's GaLore projector refresh service below the RPC layer.
 //
-// Submit() validates a ServiceRequest (service_request.h), de-duplicates it by its key
-// (parameter_id, step) and queues it; it returns at once. Worker threads take refreshes from a
+// Submit() validates a ServiceRequest (service_request.h) and queues it; it returns at once.
+// Keys are (job_id, parameter_id, step) per caller uid. A second submission of a key (the ranks
+// of a data-parallel job on one node, or a micro-batch resubmitting) is queued behind the first
+// and, when its turn comes, its own gradient is read and its SHA-256 compared with the first's:
+// bitwise the same (and the same request parameters) -> it takes the first's outcome, P copied
+// byte for byte into its own region ("deduplicated": one SVD for all of them); different -> it
+// is computed on its own, without the parameter's history ("content mismatch"). So two
+// submissions of one key never share a result unless their gradients are identical. Worker threads take refreshes from a
 // FairRefreshQueue (round robin over parameters, step order within one, one refresh of a
 // parameter at a time), and for each:
 //   1. lazy mode: skips it while the parameter's subspace has stayed stable (lazy_policy.h);
@@ -41,13 +47,17 @@
 // Metrics (metrics.h): offloadd_projector_refresh_duration_seconds{method, backend} per computed
 // refresh (read G to P written), offloadd_projector_queue_depth (queued + running),
 // offloadd_projector_refreshes_total{outcome} with outcome ok | degenerate | skipped |
-// invalid_input (the refresh's INVALID_ARGUMENT, e.g. NaN in G) | error | cancelled.
+// invalid_input (the refresh's INVALID_ARGUMENT, e.g. NaN in G) | error | cancelled,
+// offloadd_projector_refresh_sources_total{source} with source computed (an SVD ran) |
+// deduplicated (took a first submission's outcome), offloadd_projector_content_mismatches_total
+// (a repeated key whose gradient differed, computed on its own).
 //
 // Thread-safe. Callbacks given to WhenFinished run on a worker thread (or the caller's, for a
 // refresh already finished) without the service's lock held; they must not block for long.
 #ifndef OFFLOADD_SERVER_PROJECTOR_REFRESH_SERVICE_H_
 #define OFFLOADD_SERVER_PROJECTOR_REFRESH_SERVICE_H_
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -72,9 +82,14 @@ namespace offloadd::projector {
 
 enum class RefreshState { kQueued = 0, kRunning = 1, kDone = 2, kFailed = 3 };
 
+// SHA-256 of a gradient's bytes as read (row-major, its dtype).
+using GradientDigest = std::array<uint8_t, 32>;
+GradientDigest DigestOf(const uint8_t* data, uint64_t bytes);
+
 // What GetResult reports about one refresh.
 struct RefreshRecord {
   uint64_t id = 0;
+  std::string job_id;
   std::string parameter_id;
   int64_t step = 0;
   std::string batch_id;
@@ -90,6 +105,16 @@ struct RefreshRecord {
   int64_t projector_rows = 0;
   int64_t effective_rank = 0;
   DType dtype = DType::kFloat32;
+
+  // A repeated key (see the top of this file): `deduplicated` when this refresh took the outcome
+  // of refresh `shared_from_id` (its P, skip, degenerate or invalid-input verdict) because its
+  // gradient was bitwise the same; `content_mismatch` when the first submission's gradient (or
+  // request parameters) differed, so this one was computed on its own.
+  bool deduplicated = false;
+  bool content_mismatch = false;
+  uint64_t shared_from_id = 0;
+  bool digest_known = false;        // G was read; gradient_digest is its SHA-256
+  GradientDigest gradient_digest{};
 
   std::string backend;         // backend name ("" when nothing was computed)
   double queued_seconds = 0;   // submit to start
@@ -126,6 +151,7 @@ struct RefreshServiceOptions {
   const SvdBackend* cpu_backend = nullptr;
   // Optional: a backend for gradients in this region (nullptr = cpu_backend).
   std::function<const SvdBackend*(const copy::RegionSpec&)> gpu_backend_for;
+  std::string gpu_backend_name;  // its name for stats ("cusolver")
   uint64_t history_bytes = 256ull << 20;
   uint64_t history_bytes_per_uid = 64ull << 20;  // 0 = only the total
   size_t max_parameters = 65536;
@@ -158,8 +184,9 @@ class RefreshService {
                  copy::CopyEngine* cuda_engine);
   ~RefreshService();  // Shutdown()
 
-  // Queues a refresh, or returns the existing one for a known key (deduplicated = true; the
-  // first request's parameters stand). Errors: ValidateServiceRequest's; OUT_OF_RANGE when the
+  // Queues a refresh; for a key already submitted, a new refresh bound to the first one
+  // (deduplicated = true: it takes the first one's outcome if its gradient is bitwise the same,
+  // see above). Errors: ValidateServiceRequest's; OUT_OF_RANGE when the
   // refresh would need more than max_refresh_bytes; RESOURCE_EXHAUSTED past the queue bounds;
   // FAILED_PRECONDITION
   // when `step` is older than a step of this parameter that has already started (steps must
@@ -175,8 +202,10 @@ class RefreshService {
 
   // NOT_FOUND when unknown, expired, or another owner's (the same message for each).
   absl::StatusOr<RefreshRecord> Get(uint64_t id, int64_t owner_uid = kAnyOwner) const EXCLUDES(mu_);
-  absl::StatusOr<uint64_t> Find(int64_t owner_uid, const std::string& parameter_id,
-                                int64_t step) const EXCLUDES(mu_);
+  // The first refresh submitted for the key.
+  absl::StatusOr<uint64_t> Find(int64_t owner_uid, const std::string& job_id,
+                                const std::string& parameter_id, int64_t step) const
+      EXCLUDES(mu_);
   // Ids `owner_uid` submitted with this batch id and still held (oldest first); empty when none.
   std::vector<uint64_t> BatchIds(int64_t owner_uid, const std::string& batch_id) const
       EXCLUDES(mu_);
@@ -186,7 +215,19 @@ class RefreshService {
   // another owner's); RESOURCE_EXHAUSTED (done is not called) when `owner_uid` already has
   // max_waiters_per_uid callbacks waiting, or the service max_waiters.
   absl::Status WhenFinished(uint64_t id, int64_t owner_uid,
-                            std::function<void(const RefreshRecord&)> done) EXCLUDES(mu_);
+                            std::function<void(const RefreshRecord&)> done) EXCLUDES(mu_) {
+    return WhenFinished(id, owner_uid, std::move(done), nullptr);
+  }
+  // As above; `*waiter` (when not null) is set to a token for CancelWait, or 0 when `done` was
+  // called at once.
+  absl::Status WhenFinished(uint64_t id, int64_t owner_uid,
+                            std::function<void(const RefreshRecord&)> done, uint64_t* waiter)
+      EXCLUDES(mu_);
+  // Withdraws a callback WhenFinished is holding (a call cancelled or past its deadline): its
+  // slot under max_waiters / max_waiters_per_uid is free at once and `done` is never called.
+  // Returns false when it is no longer held (the refresh finished: `done` has run or is
+  // running). Any thread; not from inside `done`.
+  bool CancelWait(uint64_t id, uint64_t waiter) EXCLUDES(mu_);
   absl::Status WhenFinished(uint64_t id, std::function<void(const RefreshRecord&)> done)
       EXCLUDES(mu_) {
     return WhenFinished(id, kAnyOwner, std::move(done));
@@ -203,6 +244,14 @@ class RefreshService {
     uint64_t history_bytes = 0;
     size_t regions_cached = 0;
     uint64_t region_opens_total = 0;
+    // Since start: refreshes whose SVD ran (a first submission, or a repeated key computed on
+    // its own), repeated keys that took the first one's outcome, and repeated keys whose
+    // gradient (or parameters) differed from the first one's (these are in computed_total).
+    uint64_t computed_total = 0;
+    uint64_t deduplicated_total = 0;
+    uint64_t content_mismatches_total = 0;
+    std::string backend;  // "lapack", or "lapack+<gpu backend>" with gpu_backend_for set
+    bool cuda_regions = false;  // CUDA IPC regions can be opened (a cuda engine was given)
   };
   Stats stats() const EXCLUDES(mu_);
 
@@ -213,6 +262,8 @@ class RefreshService {
     DType dtype = DType::kFloat32;
     VectorSide side = VectorSide::kLeft;
     int64_t last_started_step = -1;
+    int64_t projector_step = -1;         // the step whose refresh wrote `projector`
+    GradientDigest projector_digest{};   // and its gradient's SHA-256
     LazyRefreshState lazy;
     uint64_t last_used = 0;  // LRU tick
     int64_t owner = -1;      // caller uid
@@ -221,9 +272,16 @@ class RefreshService {
     RefreshRecord record;
     ServiceRequest request;  // cleared once finished
     double submitted_at = 0;
-    std::vector<std::function<void(const RefreshRecord&)>> waiters;
+    struct Waiter {
+      uint64_t token = 0;     // CancelWait's
+      int64_t owner_uid = kAnyOwner;  // counted in waiters_by_uid_ unless kAnyOwner
+      std::function<void(const RefreshRecord&)> done;
+    };
+    std::vector<Waiter> waiters;
     int64_t caller_uid = -1;  // counted in unfinished_by_uid_ until finished
-    std::vector<int64_t> waiter_uids;  // owners of counted waiters (waiters_by_uid_)
+    std::string parameter;    // ParameterKey: its queue and history name
+    uint64_t primary_id = 0;  // a repeated key: the key's first refresh (0: this is the first)
+    std::string signature;    // the request parameters that must match for sharing
   };
   struct WorkerBuffers;
   // A refresh taken off the queue, carried from StartLocked through Run to RecordOutcomeLocked.
@@ -234,12 +292,30 @@ class RefreshService {
     bool skip = false;                                     // a lazy refresh decided to skip
     std::shared_ptr<const std::vector<uint8_t>> previous;  // the projector to warm-start from
     History previous_shape;                                // its shape (when `previous`)
+    // A repeated key: the first refresh's finished record (when still held), whether the
+    // request parameters match it, and the P it wrote (from the history, when still there).
+    bool attached = false;
+    absl::optional<RefreshRecord> primary;
+    bool same_signature = false;
+    std::shared_ptr<const std::vector<uint8_t>> shared;
   };
 
   // One worker: pops refreshes in the queue's fair order until Shutdown.
   void WorkerLoop(int index) EXCLUDES(mu_);
   // Marks `item` running, updates its parameter's history and takes the lazy decision.
   Started StartLocked(const FairRefreshQueue::Item& item) REQUIRES(mu_);
+  // StartLocked for a repeated key: what the first refresh of the key left.
+  void StartAttachedLocked(const Entry& e, const FairRefreshQueue::Item& item, Started& s)
+      REQUIRES(mu_);
+  // Runs a repeated key: reads its G, takes the first refresh's outcome when G is bitwise the
+  // same (TakePrimaryOutcome), else computes it on its own, without history.
+  void RunAttached(Started& s, WorkerBuffers& buffers) EXCLUDES(mu_);
+  // The first refresh's outcome into s.record (P written to this request's region); false when
+  // it cannot be taken (its P is no longer held, or it failed for a reason of its own).
+  bool TakePrimaryOutcome(Started& s, const RefreshLayout& layout) EXCLUDES(mu_);
+  // Queues an entry for `request` (a repeated key when primary_id != 0); returns its id.
+  uint64_t AddEntryLocked(const ServiceRequest& request, const RefreshLayout& layout,
+                          const std::string& parameter, uint64_t primary_id) REQUIRES(mu_);
   // Runs (or skips) the refresh outside the lock; returns the projector bytes written (empty if
   // none) and fills s.record's outcome and elapsed time.
   std::vector<uint8_t> Run(Started& s, WorkerBuffers& buffers) EXCLUDES(mu_);
@@ -258,6 +334,9 @@ class RefreshService {
   // previous_projector the caller has set), writes P; fills *record (state kDone or kFailed).
   void Execute(const ServiceRequest& request, WorkerBuffers& buffers, RefreshRequest* refresh,
                RefreshRecord* record);
+  // Execute after G was read into `g`: the SVD and P written.
+  void Compute(const ServiceRequest& request, const RefreshLayout& layout, uint8_t* g,
+               WorkerBuffers& buffers, RefreshRequest* refresh, RefreshRecord* record);
   void Finish(uint64_t id, RefreshRecord record) EXCLUDES(mu_);  // lock not held
   // Copies `bytes` between `host` and `opened` at `region_offset` (copy_through_link, else one
   // CopyChunk); lock not held.
@@ -267,11 +346,13 @@ class RefreshService {
   // OUT_OF_RANGE / RESOURCE_EXHAUSTED when a new refresh would pass a bound; lock held.
   absl::Status AdmitLocked(const ServiceRequest& request, const RefreshLayout& layout) const
       REQUIRES(mu_);
-  // Execute, with a failed allocation turned into the refresh's RESOURCE_EXHAUSTED.
-  void ExecuteGuarded(const ServiceRequest& request, WorkerBuffers& buffers,
-                      RefreshRequest* refresh, RefreshRecord* record);
+  // Runs `body`, with a failed allocation turned into the refresh's RESOURCE_EXHAUSTED.
+  static void Guarded(RefreshRecord* record, const std::function<void()>& body);
   // A name as seen by one owner: "<uid>:<name>" (the uid has no ':').
   static std::string Scoped(int64_t owner_uid, const std::string& name);
+  // A parameter's queue and history name: uid, job and parameter id, unambiguously joined.
+  static std::string ParameterKey(int64_t owner_uid, const std::string& job_id,
+                                  const std::string& parameter_id);
   // A random id not in use; mu_ held.
   uint64_t NewIdLocked() const REQUIRES(mu_);
   // The entry `id` when `owner_uid` may see it, else nullptr; mu_ held.
@@ -300,6 +381,7 @@ class RefreshService {
   static RefreshServiceOptions WithClock(RefreshServiceOptions options);
 
   LapackSvdBackend own_lapack_;  // the cpu_backend when none was given
+  const bool cuda_regions_;
   RefreshServiceOptions options_;
   RegionCache regions_;
   base::Mutex shutdown_mu_;  // serialises Shutdown calls
@@ -309,15 +391,18 @@ class RefreshService {
   uint64_t tick_ GUARDED_BY(mu_) = 0;
   FairRefreshQueue queue_ GUARDED_BY(mu_);
   std::map<uint64_t, Entry> entries_ GUARDED_BY(mu_);
-  // (Scoped parameter, step)
+  // (ParameterKey, step) -> the key's first refresh
   std::map<std::pair<std::string, int64_t>, uint64_t> by_key_ GUARDED_BY(mu_);
   // By Scoped batch id, oldest first
   std::map<std::string, std::vector<uint64_t>> by_batch_ GUARDED_BY(mu_);
   // (finish time, id) of finished results held, oldest first, by caller uid.
   std::map<int64_t, std::deque<std::pair<double, uint64_t>>> finished_by_uid_ GUARDED_BY(mu_);
   size_t finished_count_ GUARDED_BY(mu_) = 0;
-  // By Scoped parameter
+  // By ParameterKey
   std::map<std::string, History> history_ GUARDED_BY(mu_);
+  uint64_t computed_total_ GUARDED_BY(mu_) = 0;
+  uint64_t deduplicated_total_ GUARDED_BY(mu_) = 0;
+  uint64_t content_mismatches_total_ GUARDED_BY(mu_) = 0;
   uint64_t history_bytes_ GUARDED_BY(mu_) = 0;
   // Projector bytes held, by owner
   std::map<int64_t, uint64_t> history_bytes_by_uid_ GUARDED_BY(mu_);
@@ -327,6 +412,7 @@ class RefreshService {
   // Counted WhenFinished callbacks, by owner
   std::map<int64_t, size_t> waiters_by_uid_ GUARDED_BY(mu_);
   size_t waiters_total_ GUARDED_BY(mu_) = 0;
+  uint64_t next_waiter_token_ GUARDED_BY(mu_) = 1;
   std::vector<std::thread> workers_ GUARDED_BY(shutdown_mu_);
 };
 

@@ -194,7 +194,7 @@ TEST_F(RefreshServiceTest, ResultsExpireAfterTheirTtlOnTheServiceClock) {
   clock.Advance(0.2);  // 10.1 s after it finished
   ASSERT_EQ(SubmitAndWait(Request(shm, "w", 2, 32, 32, 4)).state, RefreshState::kDone);
   EXPECT_EQ(service_->Get(first->id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(service_->Find(/*owner_uid=*/-1, "w", 0).status().code(),
+  EXPECT_EQ(service_->Find(/*owner_uid=*/-1, "", "w", 0).status().code(),
             absl::StatusCode::kNotFound);
 }
 
@@ -213,26 +213,130 @@ TEST_F(RefreshServiceTest, Bf16GradientGetsABf16Projector) {
   EXPECT_LT(rec.result.orthogonality_error, 2e-2);
 }
 
-TEST_F(RefreshServiceTest, RepeatedKeyIsDeduplicated) {
+// The bytes RefreshProjector writes for G (m x n fp32, std side, exact) at rank r.
+std::vector<uint8_t> DirectProjector(const std::vector<float>& g, int64_t m, int64_t n, int64_t r) {
+  RefreshRequest direct;
+  direct.gradient = {g.data(), g.size() * 4, {m, n}, DType::kFloat32};
+  direct.rank = r;
+  auto expected = RefreshProjector(direct, LapackSvdBackend());
+  EXPECT_TRUE(expected.ok()) << expected.status();
+  return expected.ok() ? expected->projector_bytes : std::vector<uint8_t>{};
+}
+
+bool ProjectorIs(Shm& shm, const std::vector<uint8_t>& bytes) {
+  return !bytes.empty() &&
+         std::memcmp(shm.data() + kProjectorOffset, bytes.data(), bytes.size()) == 0;
+}
+
+TEST_F(RefreshServiceTest, RepeatedKeyWithTheSameGradientTakesTheFirstProjector) {
   Start();
-  Shm shm(2 << 20);
-  WriteG(shm, Decaying(32, 32, 3));
-  ServiceRequest req = Request(shm, "w", 200, 32, 32, 4);
-  auto a = service_->Submit(req);
-  auto b = service_->Submit(req);  // e.g. from a second micro-batch
+  Shm first(2 << 20), second(2 << 20), third(2 << 20);  // three ranks' own regions
+  const std::vector<float> g = Decaying(32, 32, 3);
+  for (Shm* shm : {&first, &second, &third}) WriteG(*shm, g);
+  backend_.Close();
+  auto a = service_->Submit(Request(first, "w", 200, 32, 32, 4));
+  backend_.WaitForCalls(1);  // the first is computing when the second arrives
+  auto b = service_->Submit(Request(second, "w", 200, 32, 32, 4));
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_FALSE(a->deduplicated);
   EXPECT_TRUE(b->deduplicated);
-  EXPECT_EQ(a->id, b->id);
-  ASSERT_TRUE(service_->Wait(a->id).ok());
-  auto c = service_->Submit(req);  // after it finished, too
-  ASSERT_TRUE(c.ok());
-  EXPECT_TRUE(c->deduplicated);
-  EXPECT_EQ(c->state, RefreshState::kDone);
-  EXPECT_EQ(backend_.tags().size(), 1u);
-  auto found = service_->Find(-1, "w", 200);
+  EXPECT_NE(a->id, b->id);  // each submission has its own refresh
+  backend_.Open();
+  auto ra = service_->Wait(a->id);
+  auto rb = service_->Wait(b->id);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  ASSERT_EQ(rb->state, RefreshState::kDone) << rb->status;
+  EXPECT_TRUE(rb->deduplicated);
+  EXPECT_EQ(rb->shared_from_id, a->id);
+  EXPECT_TRUE(rb->projector_written);
+  EXPECT_EQ(rb->result.singular_values, ra->result.singular_values);
+  // After the first finished, too.
+  RefreshRecord rc = SubmitAndWait(Request(third, "w", 200, 32, 32, 4));
+  EXPECT_TRUE(rc.deduplicated);
+  EXPECT_EQ(backend_.tags().size(), 1u);  // one SVD for the three
+  const std::vector<uint8_t> p = DirectProjector(g, 32, 32, 4);
+  EXPECT_TRUE(ProjectorIs(first, p));
+  EXPECT_TRUE(ProjectorIs(second, p));
+  EXPECT_TRUE(ProjectorIs(third, p));
+  auto found = service_->Find(-1, "", "w", 200);
   ASSERT_TRUE(found.ok());
   EXPECT_EQ(*found, a->id);
+  const RefreshService::Stats st = service_->stats();
+  EXPECT_EQ(st.computed_total, 1u);
+  EXPECT_EQ(st.deduplicated_total, 2u);
+  EXPECT_EQ(st.content_mismatches_total, 0u);
+}
+
+// Before the content check, a repeated key returned the first refresh's id and P was written
+// only into the first submitter's region: the second process read its own region, all zeros.
+TEST_F(RefreshServiceTest, RepeatedKeyWithAnotherGradientIsComputedOnItsOwn) {
+  Start();
+  Shm first(2 << 20), second(2 << 20);
+  const std::vector<float> g1 = Decaying(48, 32, 4), g2 = Decaying(48, 32, 5);
+  WriteG(first, g1);
+  WriteG(second, g2);
+  RefreshRecord r1 = SubmitAndWait(Request(first, "layers.0.q_proj.weight", 5, 48, 32, 4));
+  RefreshRecord r2 = SubmitAndWait(Request(second, "layers.0.q_proj.weight", 5, 48, 32, 4));
+  ASSERT_EQ(r2.state, RefreshState::kDone) << r2.status;
+  EXPECT_FALSE(r2.deduplicated);
+  EXPECT_TRUE(r2.content_mismatch);
+  EXPECT_TRUE(r2.projector_written);
+  EXPECT_FALSE(r2.result.has_similarity);  // on its own: not compared with the other's P
+  EXPECT_TRUE(ProjectorIs(first, DirectProjector(g1, 48, 32, 4)));
+  EXPECT_TRUE(ProjectorIs(second, DirectProjector(g2, 48, 32, 4)));
+  // A third with the first one's gradient still takes the first one's P.
+  Shm third(2 << 20);
+  WriteG(third, g1);
+  RefreshRecord r3 = SubmitAndWait(Request(third, "layers.0.q_proj.weight", 5, 48, 32, 4));
+  EXPECT_TRUE(r3.deduplicated);
+  EXPECT_TRUE(ProjectorIs(third, DirectProjector(g1, 48, 32, 4)));
+  // Other request parameters are a mismatch too, even with the same gradient.
+  WriteG(third, g1);
+  RefreshRecord r4 = SubmitAndWait(Request(third, "layers.0.q_proj.weight", 5, 48, 32, 3));
+  EXPECT_FALSE(r4.deduplicated);
+  EXPECT_TRUE(r4.content_mismatch);
+  EXPECT_TRUE(ProjectorIs(third, DirectProjector(g1, 48, 32, 3)));
+  const RefreshService::Stats st = service_->stats();
+  EXPECT_EQ(st.computed_total, 3u);
+  EXPECT_EQ(st.deduplicated_total, 1u);
+  EXPECT_EQ(st.content_mismatches_total, 2u);
+}
+
+TEST_F(RefreshServiceTest, JobsWithTheSameParameterNamesAreSeparateKeys) {
+  Start();
+  Shm first(2 << 20), second(2 << 20);
+  const std::vector<float> g = Decaying(32, 32, 6);
+  WriteG(first, g);
+  WriteG(second, g);
+  ServiceRequest a = Request(first, "w", 0, 32, 32, 4), b = Request(second, "w", 0, 32, 32, 4);
+  a.job_id = "run-a";
+  b.job_id = "run-b";
+  RefreshRecord ra = SubmitAndWait(a), rb = SubmitAndWait(b);
+  EXPECT_FALSE(rb.deduplicated);
+  EXPECT_FALSE(rb.content_mismatch);
+  EXPECT_EQ(backend_.tags().size(), 2u);
+  EXPECT_EQ(service_->Find(-1, "run-a", "w", 0).value_or(0), ra.id);
+  EXPECT_EQ(service_->Find(-1, "run-b", "w", 0).value_or(0), rb.id);
+  // Each job has its own step order.
+  a.step = 5;
+  ASSERT_EQ(SubmitAndWait(a).state, RefreshState::kDone);
+  b.step = 1;
+  EXPECT_EQ(SubmitAndWait(b).state, RefreshState::kDone);
+}
+
+TEST_F(RefreshServiceTest, RepeatedKeyWithTheSameBadGradientGetsTheSameError) {
+  Start();
+  Shm first(2 << 20), second(2 << 20);
+  std::vector<float> g = Decaying(16, 16, 7);
+  g[5 * 16 + 3] = std::numeric_limits<float>::quiet_NaN();
+  WriteG(first, g);
+  WriteG(second, g);
+  RefreshRecord r1 = SubmitAndWait(Request(first, "w", 0, 16, 16, 4));
+  RefreshRecord r2 = SubmitAndWait(Request(second, "w", 0, 16, 16, 4));
+  ASSERT_EQ(r1.state, RefreshState::kFailed);
+  EXPECT_EQ(r1.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r2.status, r1.status);
+  EXPECT_TRUE(r2.deduplicated);
 }
 
 TEST_F(RefreshServiceTest, StepsOfAParameterMustIncreaseUnlessHistoryIsReset) {
@@ -426,7 +530,7 @@ TEST_F(RefreshServiceTest, ResultsAndHistoryAreBounded) {
   RefreshRecord b0 = SubmitAndWait(Request(shm, "b", 0, 24, 16, 2));  // forgets a's projector
   RefreshRecord b1 = SubmitAndWait(Request(shm, "b", 1, 24, 16, 2));
   EXPECT_EQ(service_->Get(a0.id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(service_->Find(-1, "a", 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Find(-1, "", "a", 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(service_->Get(b0.id).ok());
   EXPECT_TRUE(b1.result.has_similarity);
   EXPECT_EQ(service_->stats().history_bytes, 16u * 2 * 4);
@@ -482,7 +586,7 @@ TEST_F(RefreshServiceTest, RepeatedRefreshesReuseTheOpenedRegion) {
 namespace offloadd::projector {
 namespace {
 
-// Issue 13 item 2: a sparse 40 GiB object passes the region checks, but a [100000, 100000]
+// A sparse 40 GiB object passes the region checks, but a [100000, 100000]
 // fp32 refresh would need ~80 GB: refused at Submit, before anything is allocated (it used to
 // throw std::bad_alloc on a worker and terminate the daemon).
 TEST_F(RefreshServiceTest, OversizedGradientIsRefusedBeforeAnythingIsAllocated) {
@@ -565,7 +669,7 @@ TEST_F(RefreshServiceTest, QueuedRefreshesAreBoundedInTotalAndPerUid) {
 namespace offloadd::projector {
 namespace {
 
-// Issue 13 item 3: projector names (parameter, step, batch) and history are scoped by the
+// Projector names (parameter, step, batch) and history are scoped by the
 // caller's uid, and ids cannot be guessed from one's own.
 TEST_F(RefreshServiceTest, AnotherUidsSameKeyIsNotDeduplicatedNorOrdered) {
   Start();
@@ -604,8 +708,8 @@ TEST_F(RefreshServiceTest, ResultsKeysAndBatchesAreVisibleToTheirOwnerOnly) {
   ASSERT_TRUE(service_->Wait(mine->id).ok());
   EXPECT_TRUE(service_->Get(mine->id, -1).ok());
   EXPECT_EQ(service_->Get(mine->id, 2000).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(service_->Find(-1, "layer0.k", 3).value_or(0), mine->id);
-  EXPECT_EQ(service_->Find(2000, "layer0.k", 3).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Find(-1, "", "layer0.k", 3).value_or(0), mine->id);
+  EXPECT_EQ(service_->Find(2000, "", "layer0.k", 3).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(service_->BatchIds(-1, "step-3"), std::vector<uint64_t>{mine->id});
   EXPECT_TRUE(service_->BatchIds(2000, "step-3").empty());
   EXPECT_EQ(service_->WhenFinished(mine->id, 2000, [](const RefreshRecord&) {}).code(),
@@ -638,7 +742,7 @@ TEST_F(RefreshServiceTest, AnotherUidsFloodDoesNotEvictThisUidsResultsOrHistory)
     ASSERT_EQ(as(flooder, "p" + std::to_string(p), 0).state, RefreshState::kDone);
   }
   EXPECT_TRUE(service_->Get(mine.id, victim).ok()) << "another uid's flood evicted this result";
-  EXPECT_EQ(service_->Find(victim, "w", 0).value_or(0), mine.id);
+  EXPECT_EQ(service_->Find(victim, "", "w", 0).value_or(0), mine.id);
   EXPECT_EQ(service_->stats().results_held, 1u + 4u);  // the flooder keeps its own 4
   RefreshRecord next = as(victim, "w", 1);
   EXPECT_TRUE(next.result.has_similarity) << "this uid's projector was forgotten";
@@ -716,6 +820,48 @@ TEST_F(RefreshServiceTest, WaitingCallsAreBoundedPerUidAndInTotal) {
   ASSERT_TRUE(next.ok());
   EXPECT_TRUE(service_->WhenFinished(next->id, me, waiter).ok());
   EXPECT_TRUE(service_->WhenFinished(next->id, me, waiter).ok());
+}
+
+}  // namespace
+}  // namespace offloadd::projector
+
+namespace offloadd::projector {
+namespace {
+
+// A withdrawn waiter (a GetResult whose deadline passed, a cancelled WatchBatch) frees its slot
+// at once, and its callback never runs.
+TEST_F(RefreshServiceTest, CancelledWaitersFreeTheirSlotsAtOnce) {
+  RefreshServiceOptions options;
+  options.max_waiters_per_uid = 2;
+  Start(options);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 13));
+  backend_.Close();
+  const int64_t me = -1;
+  auto submitted = service_->Submit(Request(shm, "w", 0, 24, 16, 2));
+  ASSERT_TRUE(submitted.ok());
+  std::atomic<int> answered{0}, withdrawn_answered{0};
+  auto waiter = [&](const RefreshRecord&) { ++answered; };
+  uint64_t first = 0, second = 0;
+  ASSERT_TRUE(service_->WhenFinished(submitted->id, me,
+                                     [&](const RefreshRecord&) { ++withdrawn_answered; }, &first)
+                  .ok());
+  ASSERT_TRUE(service_->WhenFinished(submitted->id, me, waiter, &second).ok());
+  EXPECT_NE(first, 0u);
+  EXPECT_NE(first, second);
+  EXPECT_EQ(service_->WhenFinished(submitted->id, me, waiter).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(service_->CancelWait(submitted->id, first));
+  EXPECT_FALSE(service_->CancelWait(submitted->id, first));  // already withdrawn
+  EXPECT_TRUE(service_->WhenFinished(submitted->id, me, waiter).ok());
+  backend_.Open();
+  ASSERT_TRUE(service_->Wait(submitted->id).ok());
+  EXPECT_EQ(answered.load(), 2);
+  EXPECT_EQ(withdrawn_answered.load(), 0);
+  EXPECT_FALSE(service_->CancelWait(submitted->id, second));  // answered: nothing to withdraw
+  uint64_t token = 1;  // a finished refresh answers at once: no token
+  ASSERT_TRUE(service_->WhenFinished(submitted->id, me, waiter, &token).ok());
+  EXPECT_EQ(token, 0u);
 }
 
 }  // namespace

@@ -55,7 +55,7 @@ uint64_t EstimateWorkingBytes(const ServiceRequest& request, const RefreshLayout
   return bytes >= 1.8e19 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(bytes);
 }
 
-// parameter_id and step.
+// job_id, parameter_id and step.
 absl::Status CheckNameAndStep(const ServiceRequest& request) {
   if (request.parameter_id.empty()) {
     return absl::InvalidArgumentError(
@@ -65,6 +65,10 @@ absl::Status CheckNameAndStep(const ServiceRequest& request) {
   if (request.parameter_id.size() > kMaxParameterIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("parameter_id is ", request.parameter_id.size(),
                                                    " bytes; use at most ", kMaxParameterIdBytes));
+  }
+  if (request.job_id.size() > kMaxJobIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job_id is ", request.job_id.size(),
+                                                   " bytes; use at most ", kMaxJobIdBytes));
   }
   if (request.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step is ", request.step, "; steps are >= 0"));

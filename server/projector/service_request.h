@@ -29,7 +29,11 @@ struct MatrixLocation {
 };
 
 struct ServiceRequest {
-  // Idempotency key: a second Submit of the same (parameter_id, step) returns the first refresh.
+  // The key (job_id, parameter_id, step), per caller uid. A second Submit of a key shares the
+  // first one's result only when its gradient is bitwise the same (RefreshService).
+  // The training job, shared by all ranks of one run (e.g. drawn by rank 0 and broadcast); empty
+  // is a job of its own name. At most kMaxJobIdBytes.
+  std::string job_id;
   std::string parameter_id;  // non-empty, at most kMaxParameterIdBytes
   int64_t step = 0;          // >= 0; one parameter's refreshes run in increasing step order
 
@@ -65,6 +69,7 @@ struct ServiceRequest {
 };
 
 inline constexpr size_t kMaxParameterIdBytes = 1024;
+inline constexpr size_t kMaxJobIdBytes = 256;
 inline constexpr int kMaxPowerIterations = 64;
 
 // What a valid request implies.
@@ -87,7 +92,7 @@ struct RefreshLayout {
 // RegionSpec::size_bytes bounds the ranges here; the real object size is checked again when the
 // region is opened.
 // Errors:
-//   INVALID_ARGUMENT: empty or oversized parameter_id; negative step; shape not exactly 2-D
+//   INVALID_ARGUMENT: empty or oversized parameter_id; oversized job_id; negative step; shape not exactly 2-D
 //     (a 1-D buffer such as a bias, a shapeless buffer, 3-D) or a dim < 1; rank < 1; negative or
 //     oversized randomized options; warm_start with kExact; lazy threshold outside [0, 1]; a
 //     region with no handle, both handles, or size_bytes 0.

@@ -73,6 +73,11 @@ TEST(ServiceRequestTest, BadScalarsAreInvalidArgument) {
   r.parameter_id = "";
   ExpectError(r, absl::StatusCode::kInvalidArgument, "parameter_id");
   r = Valid();
+  r.job_id = std::string(kMaxJobIdBytes + 1, 'j');
+  ExpectError(r, absl::StatusCode::kInvalidArgument, "job_id");
+  r.job_id = std::string(kMaxJobIdBytes, 'j');
+  EXPECT_TRUE(ValidateServiceRequest(r).ok());
+  r = Valid();
   r.step = -1;
   ExpectError(r, absl::StatusCode::kInvalidArgument, "step");
   r = Valid();

@@ -127,7 +127,8 @@ v1::RefreshState StateToProto(pj::RefreshState s) {
 class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
  public:
   // `caller_uid`: the caller's (-1 = unknown); it sees its own refreshes only.
-  WatchReactor(pj::RefreshService* service, const v1::WatchRequest& request, int64_t caller_uid) {
+  WatchReactor(pj::RefreshService* service, const v1::WatchRequest& request, int64_t caller_uid)
+      : service_(service) {
     std::vector<uint64_t> ids = service->BatchIds(caller_uid, request.batch_id());
     std::set<uint64_t> seen(ids.begin(), ids.end());
     for (uint64_t id : request.refresh_ids()) {
@@ -153,8 +154,13 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
     state_->total = static_cast<uint32_t>(ids.size());
     for (uint64_t id : ids) {
       std::shared_ptr<State> state = state_;
+      uint64_t waiter = 0;
       absl::Status s = service->WhenFinished(
-          id, caller_uid, [state](const pj::RefreshRecord& r) { state->Push(r); });
+          id, caller_uid, [state](const pj::RefreshRecord& r) { state->Push(r); }, &waiter);
+      if (waiter != 0) {
+        base::MutexLock lock(state_->mu);
+        state_->waiters.emplace_back(id, waiter);
+      }
       if (!s.ok()) {  // expired between the lookup and now
         pj::RefreshRecord gone;
         gone.id = id;
@@ -173,9 +179,15 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
   }
   void OnCancel() override {
     if (!state_) return;
-    base::MutexLock lock(state_->mu);
-    state_->broken = true;
-    state_->NextLocked();
+    std::vector<std::pair<uint64_t, uint64_t>> waiters;
+    {
+      base::MutexLock lock(state_->mu);
+      state_->broken = true;
+      waiters.swap(state_->waiters);
+      state_->NextLocked();
+    }
+    // The refreshes not finished yet no longer hold the caller's waiting-call slots.
+    for (const auto& [id, waiter] : waiters) service_->CancelWait(id, waiter);
   }
   void OnDone() override {
     if (state_) {
@@ -196,6 +208,8 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
     bool writing GUARDED_BY(mu) = false;
     bool broken GUARDED_BY(mu) = false;
     bool finished GUARDED_BY(mu) = false;
+    // (refresh id, RefreshService waiter token) of the callbacks registered, for OnCancel.
+    std::vector<std::pair<uint64_t, uint64_t>> waiters GUARDED_BY(mu);
 
     void Push(const pj::RefreshRecord& r) {
       base::MutexLock lock(mu);
@@ -225,6 +239,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
       }
     }
   };
+  pj::RefreshService* const service_;
   std::shared_ptr<State> state_;
 };
 
@@ -232,6 +247,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
 
 absl::StatusOr<pj::ServiceRequest> FromProto(const v1::RefreshRequest& in) {
   pj::ServiceRequest r;
+  r.job_id = in.key().job_id();
   r.parameter_id = in.key().parameter_id();
   r.step = in.key().step();
   absl::StatusOr<copy::RegionSpec> g =
@@ -290,6 +306,10 @@ void ToProto(const pj::RefreshRecord& record, v1::RefreshResult* out) {
   out->set_refresh_id(record.id);
   out->mutable_key()->set_parameter_id(record.parameter_id);
   out->mutable_key()->set_step(record.step);
+  out->mutable_key()->set_job_id(record.job_id);
+  out->set_deduplicated(record.deduplicated);
+  out->set_shared_from_refresh_id(record.shared_from_id);
+  out->set_content_mismatch(record.content_mismatch);
   out->set_state(StateToProto(record.state));
   if (record.state == pj::RefreshState::kFailed) {
     out->mutable_error()->set_code(static_cast<int32_t>(record.status.code()));
@@ -359,49 +379,138 @@ grpc::ServerUnaryReactor* ProjectorService::Submit(grpc::CallbackServerContext* 
   return reactor;
 }
 
+namespace {
+// GetResult with wait: finishes from the worker that completes the refresh (or now, if it has),
+// or, when the call is cancelled or its deadline passes first, withdraws its waiter at once
+// (RefreshService::CancelWait), so the caller's waiting-call slot is free again immediately.
+class WaitReactor : public grpc::ServerUnaryReactor {
+ public:
+  WaitReactor(pj::RefreshService* service, uint64_t id, int64_t caller_uid,
+              v1::RefreshResult* result)
+      : service_(service), id_(id), state_(std::make_shared<State>()) {
+    state_->reactor = this;
+    state_->result = result;
+    std::shared_ptr<State> state = state_;
+    uint64_t waiter = 0;
+    absl::Status s = service->WhenFinished(
+        id, caller_uid, [state](const pj::RefreshRecord& r) { state->Answer(r); }, &waiter);
+    base::MutexLock lock(state_->mu);
+    state_->waiter = waiter;
+    if (!s.ok()) state_->FinishLocked(ToGrpcStatus(s));
+  }
+  void OnCancel() override {
+    uint64_t waiter;
+    {
+      base::MutexLock lock(state_->mu);
+      if (state_->finished) return;
+      waiter = state_->waiter;
+    }
+    // Withdrawn: done will not run. Not withdrawn: it runs (or ran) and finishes the call.
+    if (!service_->CancelWait(id_, waiter)) return;
+    base::MutexLock lock(state_->mu);
+    state_->FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED,
+                                      "the wait was cancelled or its deadline passed"));
+  }
+  void OnDone() override {
+    {
+      base::MutexLock lock(state_->mu);
+      state_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  struct State {
+    base::Mutex mu;
+    WaitReactor* reactor GUARDED_BY(mu) = nullptr;  // null once the call is done
+    v1::RefreshResult* result GUARDED_BY(mu) = nullptr;
+    uint64_t waiter GUARDED_BY(mu) = 0;
+    bool finished GUARDED_BY(mu) = false;
+
+    void Answer(const pj::RefreshRecord& r) {
+      base::MutexLock lock(mu);
+      if (finished || reactor == nullptr) return;
+      if (r.state == pj::RefreshState::kFailed) {
+        FinishLocked(ToGrpcStatus(r.status));
+        return;
+      }
+      ToProto(r, result);
+      FinishLocked(grpc::Status::OK);
+    }
+    void FinishLocked(grpc::Status status) REQUIRES(mu) {
+      if (finished || reactor == nullptr) return;
+      finished = true;
+      reactor->Finish(std::move(status));
+    }
+  };
+  pj::RefreshService* const service_;
+  const uint64_t id_;
+  std::shared_ptr<State> state_;
+};
+}  // namespace
+
 grpc::ServerUnaryReactor* ProjectorService::GetResult(grpc::CallbackServerContext* ctx,
                                                       const v1::GetResultRequest* request,
                                                       v1::RefreshResult* result) {
+  // The refresh id asked for, or the status that answers the call at once.
+  auto lookup = [&]() -> absl::StatusOr<std::pair<uint64_t, int64_t>> {
+    if (service_ == nullptr) return absl::Status(absl::StatusCode::kFailedPrecondition, "");
+    absl::StatusOr<int64_t> caller = Authorize(ctx);
+    if (!caller.ok()) return caller.status();
+    if (request->refresh_id() != 0) return std::make_pair(request->refresh_id(), *caller);
+    absl::StatusOr<uint64_t> found =
+        service_->Find(*caller, request->key().job_id(),
+                       request->key().parameter_id(), request->key().step());
+    if (!found.ok()) return found.status();
+    return std::make_pair(*found, *caller);
+  };
+  absl::StatusOr<std::pair<uint64_t, int64_t>> target = lookup();
+  if (target.ok() && request->wait()) {
+    return new WaitReactor(service_, target->first, target->second, result);
+  }
+  auto* reactor = ctx->DefaultReactor();
+  if (!target.ok()) {
+    reactor->Finish(service_ == nullptr ? Disabled() : ToGrpcStatus(target.status()));
+    return reactor;
+  }
+  absl::StatusOr<pj::RefreshRecord> record = service_->Get(target->first, target->second);
+  if (!record.ok()) {
+    reactor->Finish(ToGrpcStatus(record.status()));
+  } else if (record->state == pj::RefreshState::kFailed) {
+    reactor->Finish(ToGrpcStatus(record->status));
+  } else {
+    ToProto(*record, result);
+    reactor->Finish(grpc::Status::OK);
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ProjectorService::GetProjectorStats(
+    grpc::CallbackServerContext* ctx, const v1::ProjectorStatsRequest* /*request*/,
+    v1::ProjectorStats* reply) {
   auto* reactor = ctx->DefaultReactor();
   if (service_ == nullptr) {
     reactor->Finish(Disabled());
     return reactor;
   }
-  absl::StatusOr<int64_t> caller = Authorize(ctx);
-  if (!caller.ok()) {
+  if (absl::StatusOr<int64_t> caller = Authorize(ctx); !caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  uint64_t id = request->refresh_id();
-  if (id == 0) {
-    absl::StatusOr<uint64_t> found =
-        service_->Find(*caller, request->key().parameter_id(), request->key().step());
-    if (!found.ok()) {
-      reactor->Finish(ToGrpcStatus(found.status()));
-      return reactor;
-    }
-    id = *found;
-  }
-  auto reply = [reactor, result](const pj::RefreshRecord& record) {
-    if (record.state == pj::RefreshState::kFailed) {
-      reactor->Finish(ToGrpcStatus(record.status));
-      return;
-    }
-    ToProto(record, result);
-    reactor->Finish(grpc::Status::OK);
-  };
-  if (request->wait()) {
-    // Finishes from the worker that completes the refresh (or now, if it has).
-    absl::Status s = service_->WhenFinished(id, *caller, reply);
-    if (!s.ok()) reactor->Finish(ToGrpcStatus(s));
-    return reactor;
-  }
-  absl::StatusOr<pj::RefreshRecord> record = service_->Get(id, *caller);
-  if (!record.ok()) {
-    reactor->Finish(ToGrpcStatus(record.status()));
-  } else {
-    reply(*record);
-  }
+  const pj::RefreshService::Stats s = service_->stats();
+  reply->set_queued(s.queued);
+  reply->set_running(s.running);
+  reply->set_results_held(s.results_held);
+  reply->set_parameters_held(s.parameters_held);
+  reply->set_history_bytes(s.history_bytes);
+  reply->set_regions_cached(s.regions_cached);
+  reply->set_region_opens_total(s.region_opens_total);
+  reply->set_computed_total(s.computed_total);
+  reply->set_deduplicated_total(s.deduplicated_total);
+  reply->set_content_mismatches_total(s.content_mismatches_total);
+  reply->set_backend(s.backend);
+  reply->set_cuda_regions(s.cuda_regions);
+  reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 

@@ -46,6 +46,9 @@ class ProjectorService final : public v1::Projector::CallbackService {
                                       v1::RefreshResult* result) override;
   grpc::ServerWriteReactor<v1::RefreshProgress>* WatchBatch(
       grpc::CallbackServerContext* ctx, const v1::WatchRequest* request) override;
+  grpc::ServerUnaryReactor* GetProjectorStats(grpc::CallbackServerContext* ctx,
+                                              const v1::ProjectorStatsRequest* request,
+                                              v1::ProjectorStats* reply) override;
 
  private:
   absl::StatusOr<int64_t> Authorize(grpc::CallbackServerContext* ctx) const;

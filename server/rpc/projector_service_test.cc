@@ -6,13 +6,17 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "grpcpp/grpcpp.h"
@@ -287,9 +291,22 @@ TEST_F(ProjectorRpcTest, RepeatedKeyIsDeduplicatedAndOlderStepRefused) {
   ASSERT_TRUE(Submit(Request("w", 400, 64, 32, 4), &b).ok());
   EXPECT_FALSE(a.deduplicated());
   EXPECT_TRUE(b.deduplicated());
-  EXPECT_EQ(a.refresh_id(), b.refresh_id());
-  v1::RefreshResult res;
+  EXPECT_NE(a.refresh_id(), b.refresh_id());  // each submission has its own refresh
+  v1::RefreshResult res, shared;
   ASSERT_TRUE(Get(a.refresh_id(), true, &res).ok());
+  ASSERT_TRUE(Get(b.refresh_id(), true, &shared).ok());
+  EXPECT_FALSE(res.deduplicated());
+  EXPECT_TRUE(shared.deduplicated());  // the same bytes of G: the first one's P, no SVD
+  EXPECT_EQ(shared.shared_from_refresh_id(), a.refresh_id());
+  EXPECT_FALSE(shared.content_mismatch());
+  {
+    grpc::ClientContext stats_ctx;
+    v1::ProjectorStats stats;
+    ASSERT_TRUE(stub_->GetProjectorStats(&stats_ctx, v1::ProjectorStatsRequest(), &stats).ok());
+    EXPECT_EQ(stats.computed_total(), 1u);
+    EXPECT_EQ(stats.deduplicated_total(), 1u);
+    EXPECT_EQ(stats.backend(), "lapack");
+  }
   v1::SubmitReply old;
   EXPECT_EQ(Submit(Request("w", 200, 64, 32, 4), &old).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
@@ -383,7 +400,95 @@ TEST_F(ProjectorRpcTest, DisabledServiceIsUnavailable) {
 namespace offloadd::rpc {
 namespace {
 
-// Issue 13 item 9: the power_iterations error names the value sent (it used to report the
+// An SVD backend that holds every call until Open(): a refresh stays running while a test
+// makes calls wait for it.
+class GatedLapack : public pj::SvdBackend {
+ public:
+  absl::string_view name() const override { return "gated"; }
+  absl::StatusOr<pj::TopSingular> Exact(pj::DenseMatrix a, pj::VectorSide side,
+                                        int64_t k) const override {
+    Enter();
+    return lapack_.Exact(a, side, k);
+  }
+  absl::StatusOr<pj::TopSingular> Randomized(pj::DenseMatrix a, pj::VectorSide side, int64_t k,
+                                             const pj::RandomizedOptions& o,
+                                             pj::DenseMatrix warm) const override {
+    Enter();
+    return lapack_.Randomized(a, side, k, o, warm);
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  void Enter() const {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+  pj::LapackSvdBackend lapack_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// 256 GetResult(wait) calls cut off by a 20 ms deadline (a "wait with a timeout" loop) used to
+// keep the uid's 256 waiting-call slots (projector.max_waiting_calls_per_uid) until the refresh
+// finished: the next wait got RESOURCE_EXHAUSTED. A cancelled or expired wait, and a cancelled
+// WatchBatch, now frees its slot at once.
+TEST_F(ProjectorRpcTest, ExpiredAndCancelledWaitsFreeTheirSlots) {
+  StopServer();
+  // Outlives the service (TearDown stops it); opened on every way out so its worker ends.
+  static GatedLapack* const backend = new GatedLapack;
+  GatedLapack& gated = *backend;
+  struct OpenAtExit {
+    GatedLapack& g;
+    ~OpenAtExit() { g.Open(); }
+  } open_at_exit{gated};
+  pj::RefreshServiceOptions o;
+  o.cpu_backend = &gated;
+  o.workers = 1;
+  o.max_waiters_per_uid = 256;
+  refresh_ = std::make_unique<pj::RefreshService>(o, &engine_, nullptr);
+  StartServer(/*enabled=*/false);  // the service made here
+  WriteG(std::vector<float>(64 * 32, 1.0f));
+  v1::SubmitReply reply;
+  ASSERT_TRUE(Submit(Request("w", 0, 64, 32, 4), &reply).ok());
+  for (int i = 0; i < 256; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(20));
+    v1::GetResultRequest g;
+    g.set_refresh_id(reply.refresh_id());
+    g.set_wait(true);
+    v1::RefreshResult res;
+    ASSERT_EQ(stub_->GetResult(&ctx, g, &res).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  for (int i = 0; i < 64; ++i) {  // cancelled watches of the same refresh
+    grpc::ClientContext ctx;
+    v1::WatchRequest w;
+    w.add_refresh_ids(reply.refresh_id());
+    auto reader = stub_->WatchBatch(&ctx, w);
+    ctx.TryCancel();
+    v1::RefreshProgress p;
+    while (reader->Read(&p)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // The server learns of each cancellation asynchronously: give the last ones a moment.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::thread open([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    gated.Open();
+  });
+  v1::RefreshResult res;
+  grpc::Status real = Get(reply.refresh_id(), /*wait=*/true, &res);
+  open.join();
+  EXPECT_TRUE(real.ok()) << real.error_message();
+  EXPECT_EQ(res.state(), v1::REFRESH_DONE);
+}
+
+// The power_iterations error names the value sent (it used to report the
 // clamped kMaxPowerIterations + 1).
 TEST_F(ProjectorRpcTest, PowerIterationsErrorNamesTheValueSent) {
   v1::RefreshRequest r = Request("w", 0, 24, 16, 2);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -28,6 +29,7 @@
 #include "server/rpc/request_workers.h"
 #include "server/rpc/stream_flow.h"
 #include "server/rpc/translate.h"
+#include "server/session/audit.h"
 
 namespace offloadd::rpc {
 namespace {
@@ -317,12 +319,31 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
 };
 
 // Session is a raw method (bytes parsed by SessionReactor); the unary calls are typed.
+// FAILED_PRECONDITION when open session `id` holds blocks or has requests in flight (ending it
+// fails its training step), else OK (an unknown id is EndSession's NOT_FOUND).
+absl::Status RefuseBusySession(session::Core& core, uint64_t id) {
+  for (const session::SessionInfo& s : core.Stats().sessions) {
+    if (s.session_id != id || (s.blocks == 0 && s.requests_in_flight == 0)) continue;
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "session %d (%s, device %s, pid %d) holds %d blocks (%d bytes) and has %d requests in "
+        "flight: ending it fails its training step (its next reload gets DATA_LOSS); set force "
+        "(offloadctl end-session --force) to end it anyway",
+        id, s.client_name, s.device_id, s.pid, s.blocks, s.used_bytes, s.requests_in_flight));
+  }
+  return absl::OkStatus();
+}
+
 class OffloadService
     : public v1::Offload::WithRawCallbackMethod_Session<v1::Offload::WithCallbackMethod_GetStats<
-          v1::Offload::WithCallbackMethod_EndSession<v1::Offload::Service>>> {
+          v1::Offload::WithCallbackMethod_EndSession<
+              v1::Offload::WithCallbackMethod_CalibrateLinks<v1::Offload::Service>>>> {
  public:
   OffloadService(session::Core* core, const PeerListener* listener, RequestWorkers* workers)
       : core_(core), listener_(listener), workers_(workers) {}
+  // After the gRPC server (Server::Impl): the calibration thread has finished its call.
+  ~OffloadService() override {
+    if (calibration_thread_.joinable()) calibration_thread_.join();
+  }
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* ctx) override {
@@ -359,20 +380,31 @@ class OffloadService
     auto* reactor = ctx->DefaultReactor();
     const session::PeerCredentials caller = listener_->Lookup(ctx->peer());
     if (!session::IsAdmin(core_->options().access, caller)) {
-      reactor->Finish(grpc::Status(
-          grpc::StatusCode::PERMISSION_DENIED,
-          absl::StrFormat("ending a session needs an admin (root, the daemon's uid, or a uid in "
-                          "admin_uids); this caller is uid %d",
-                          caller.uid)));
+      const std::string why = absl::StrFormat(
+          "ending a session needs an admin (root, the daemon's uid, or a uid in admin_uids); "
+          "this caller is uid %d",
+          caller.uid);
+      session::AuditEndSession(caller, request->session_id(), request->reason(),
+                               absl::PermissionDeniedError(why), session::SessionInfo{});
+      reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, why));
       return reactor;
     }
     const std::string reason = request->reason().empty() ? "no reason given" : request->reason();
+    if (absl::Status busy = request->force() ? absl::OkStatus()
+                                             : RefuseBusySession(*core_, request->session_id());
+        !busy.ok()) {
+      session::AuditEndSession(caller, request->session_id(), reason, busy, {});
+      reactor->Finish(ToGrpcStatus(busy));
+      return reactor;
+    }
     auto ended = core_->EndSession(
         request->session_id(), session::EndCause::kAdmin,
         absl::AbortedError(absl::StrFormat(
             "an administrator (uid %d) ended this offloadd session: %s; its blocks and regions "
             "are released, reconnect to continue",
             caller.uid, reason)));
+    session::AuditEndSession(caller, request->session_id(), reason, ended.status(),
+                             ended.ok() ? *ended : session::SessionInfo{});
     if (!ended.ok()) {
       reactor->Finish(ToGrpcStatus(ended.status()));
       return reactor;
@@ -382,12 +414,54 @@ class OffloadService
     return reactor;
   }
 
+  // Measures on a thread of its own (it takes seconds; a reaction must not block), one at a
+  // time; answers when done.
+  grpc::ServerUnaryReactor* CalibrateLinks(grpc::CallbackServerContext* ctx,
+                                           const v1::CalibrateLinksRequest* request,
+                                           v1::LinkCalibration* reply) override {
+    auto* reactor = ctx->DefaultReactor();
+    const session::PeerCredentials caller = listener_->Lookup(ctx->peer());
+    if (!session::IsAdmin(core_->options().access, caller)) {
+      reactor->Finish(grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrFormat("calibrating links needs an admin (root, the daemon's uid, or a uid in "
+                          "admin_uids): it holds the GPUs' copies while it measures; this caller "
+                          "is uid %d",
+                          caller.uid)));
+      return reactor;
+    }
+    const double budget = request->budget_seconds();
+    base::MutexLock lock(calibration_mu_);
+    if (calibrating_) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::ABORTED,
+                                   "a link calibration is already running: wait for it (it ends "
+                                   "within its budget)"));
+      return reactor;
+    }
+    if (calibration_thread_.joinable()) calibration_thread_.join();  // past its last lock
+    calibrating_ = true;
+    LOG(INFO) << "link calibration asked for by uid " << caller.uid;
+    calibration_thread_ = std::thread([this, reactor, reply, budget] {
+      absl::StatusOr<session::LinkCalibrationReport> report = core_->CalibrateLinks(budget);
+      if (report.ok()) ToProto(*report, reply);
+      {
+        base::MutexLock done(calibration_mu_);
+        calibrating_ = false;
+      }
+      reactor->Finish(report.ok() ? grpc::Status::OK : ToGrpcStatus(report.status()));
+    });
+    return reactor;
+  }
+
   std::atomic<bool> shutting_down_{false};
 
  private:
   session::Core* core_;
   const PeerListener* listener_;
   RequestWorkers* workers_;
+  base::Mutex calibration_mu_;
+  bool calibrating_ GUARDED_BY(calibration_mu_) = false;
+  std::thread calibration_thread_ GUARDED_BY(calibration_mu_);
 };
 
 }  // namespace
@@ -460,6 +534,22 @@ absl::Status PrepareSocketDirectory(const std::string& socket_path) {
   }
   return absl::OkStatus();
 }
+
+// HTTP/2 keepalive (gRPC channel arguments, doc/keepalive.md of gRPC): the daemon pings every
+// connection keepalive_time_seconds after its last ping, also while the session stream is idle,
+// and closes one whose ping is unanswered after keepalive_timeout_seconds (its sessions end as
+// when a client crashes). Clients ping too (10 s): any rate is accepted -- no ping strikes, so
+// a client is never sent GOAWAY for pinging, however short its interval.
+void AddKeepalive(const session::ConnectionLimits& limits, grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 0);
+  if (limits.keepalive_time_seconds <= 0) return;
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(limits.keepalive_time_seconds * 1000));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(limits.keepalive_timeout_seconds * 1000));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
@@ -522,6 +612,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
       streams > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, static_cast<int>(streams));
   }
+  AddKeepalive(core->options().connections, builder);
   impl->server = builder.BuildAndStart();
   if (!impl->server) {
     if (!impl->activated) unlink(socket_path.c_str());

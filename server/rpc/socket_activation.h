@@ -1,5 +1,5 @@
-// Socket activation (systemd's LISTEN_FDS protocol, read by hand: libsystemd is not a
-// dependency): a service manager that holds the listening socket (deploy/offloadd.socket)
+// Socket activation (systemd's LISTEN_FDS protocol, read here so the descriptor's kind is
+// checked and the variables are unset in one place): a service manager that holds the listening socket (deploy/offloadd.socket)
 // passes it to the daemon as file descriptor 3 with LISTEN_PID = the daemon's pid and
 // LISTEN_FDS = 1. The socket then outlives the daemon: while it restarts, clients' connects
 // queue in the socket's backlog instead of being refused.

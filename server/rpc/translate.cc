@@ -12,6 +12,45 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
+namespace {
+
+void OffloadFromProto(const v1::OffloadRequest& o, session::Request& r) {
+  r.kind = session::RequestKind::kOffload;
+  r.region_id = o.region_id();
+  r.offset = o.offset();
+  r.bytes = o.bytes();
+  r.ready_event = o.ready_event();
+  r.tag = o.tag();
+  if (o.has_ordering()) {
+    r.order.valid = true;
+    r.order.step = o.ordering().step();
+    r.order.position = o.ordering().position();
+  }
+}
+
+void ReloadFromProto(const v1::ReloadRequest& l, session::Request& r) {
+  r.kind = session::RequestKind::kReload;
+  r.block_id = l.block_id();
+  r.region_id = l.region_id();
+  r.offset = l.offset();
+  r.priority = static_cast<int>(l.priority());
+  r.release_after = l.release_after();
+  r.timeout_seconds = l.deadline_seconds();
+  r.tag = l.tag();
+  r.done_event = l.done_event();
+  r.ready_event = l.ready_event();
+}
+
+void ClientReportFromProto(const v1::ClientReport& c, session::Request& r) {
+  r.kind = session::RequestKind::kClientReport;
+  r.report.fallbacks_total = c.fallbacks_total();
+  r.report.host_waits_total = c.host_waits_total();
+  r.report.host_wait_seconds_total = c.host_wait_seconds_total();
+  r.report.idle_steps_total = c.idle_steps_total();
+}
+
+}  // namespace
+
 session::Request FromProto(const v1::Request& p) {
   session::Request r;
   r.request_id = p.request_id();
@@ -37,33 +76,18 @@ session::Request FromProto(const v1::Request& p) {
       r.region_id = p.unregister_region().region_id();
       break;
     case v1::Request::kOffload:
-      r.kind = session::RequestKind::kOffload;
-      r.region_id = p.offload().region_id();
-      r.offset = p.offload().offset();
-      r.bytes = p.offload().bytes();
-      r.ready_event = p.offload().ready_event();
-      r.tag = p.offload().tag();
-      if (p.offload().has_ordering()) {
-        r.order.valid = true;
-        r.order.step = p.offload().ordering().step();
-        r.order.position = p.offload().ordering().position();
-      }
+      OffloadFromProto(p.offload(), r);
       break;
     case v1::Request::kReload:
-      r.kind = session::RequestKind::kReload;
-      r.block_id = p.reload().block_id();
-      r.region_id = p.reload().region_id();
-      r.offset = p.reload().offset();
-      r.priority = static_cast<int>(p.reload().priority());
-      r.release_after = p.reload().release_after();
-      r.timeout_seconds = p.reload().deadline_seconds();
-      r.tag = p.reload().tag();
-      r.done_event = p.reload().done_event();
+      ReloadFromProto(p.reload(), r);
       break;
     case v1::Request::kRelease:
       r.kind = session::RequestKind::kRelease;
       r.block_id = p.release().block_id();
       r.tag = p.release().tag();
+      break;
+    case v1::Request::kClientReport:
+      ClientReportFromProto(p.client_report(), r);
       break;
     default:
       r.kind = session::RequestKind::kUnknown;
@@ -112,10 +136,14 @@ void ToProto(const session::Completion& c, v1::Response* out) {
       d->set_bytes(c.bytes);
       d->set_released(c.released);
       d->set_copy_seconds(c.copy_seconds);
+      d->set_done_event_recorded(c.done_event_recorded);
       break;
     }
     case session::CompletionKind::kReleased:
       out->mutable_released()->set_block_id(c.id);
+      break;
+    case session::CompletionKind::kClientReportAck:
+      out->mutable_client_report_ack();
       break;
   }
 }
@@ -182,6 +210,8 @@ void LinkToProto(const session::LinkInfo& l, v1::LinkStats* p) {
   p->set_mean_offload_bytes(l.mean_offload_bytes);
   p->set_measured_offload_copy_seconds(l.measured_offload_copy_seconds);
   p->set_planned_offload_copy_seconds(l.planned_offload_copy_seconds);
+  p->set_d2h_capacity_calibrated(l.d2h_calibrated);
+  p->set_h2d_capacity_calibrated(l.h2d_calibrated);
 }
 
 void HostLinkToProto(const session::HostLinkInfo& h, v1::HostLinkStats* p) {
@@ -196,6 +226,33 @@ void HostLinkToProto(const session::HostLinkInfo& h, v1::HostLinkStats* p) {
   p->set_numa_node(h.numa_node);
 }
 }  // namespace
+
+void ToProto(const session::LinkCalibrationReport& r, v1::LinkCalibration* out) {
+  out->set_started_at_unix_seconds(r.started_at_unix_seconds);
+  out->set_seconds(r.seconds);
+  out->set_budget_seconds(r.budget_seconds);
+  out->set_note(r.note);
+  for (const session::CalibratedLink& c : r.links) {
+    v1::CalibratedLink* p = out->add_links();
+    p->set_name(c.name);
+    for (const session::CalibratedGpu& g : c.gpus) {
+      v1::GpuCopyRates* q = p->add_gpus();
+      q->set_gpu(g.gpu);
+      q->set_d2h_bytes_per_second(g.d2h_bytes_per_second);
+      q->set_h2d_bytes_per_second(g.h2d_bytes_per_second);
+    }
+    p->set_d2h_bytes_per_second(c.d2h_bytes_per_second);
+    p->set_h2d_bytes_per_second(c.h2d_bytes_per_second);
+    p->set_paced_d2h_bytes_per_second(c.paced_d2h_bytes_per_second);
+    p->set_paced_h2d_bytes_per_second(c.paced_h2d_bytes_per_second);
+    p->set_d2h_configured(c.d2h_configured);
+    p->set_h2d_configured(c.h2d_configured);
+    p->set_half_duplex(c.half_duplex);
+    p->set_error(c.error);
+    p->set_measured_at_unix_seconds(c.measured_at_unix_seconds);
+    p->set_seconds(c.seconds);
+  }
+}
 
 void ToProto(const session::CoreStats& s, v1::Stats* out) {
   out->set_backend(s.backend);
@@ -215,6 +272,9 @@ void ToProto(const session::CoreStats& s, v1::Stats* out) {
   out->set_uptime_seconds(s.uptime_seconds);
   out->set_chunk_bytes(s.chunk_bytes);
   if (s.spill_enabled) SpillToProto(s, out->mutable_spill());
+  if (s.link_calibration.started_at_unix_seconds > 0) {
+    ToProto(s.link_calibration, out->mutable_link_calibration());
+  }
   for (const session::LinkInfo& l : s.links) LinkToProto(l, out->add_links());
   for (const session::HostLinkInfo& h : s.host_links) HostLinkToProto(h, out->add_host_links());
   for (const session::SessionInfo& i : s.sessions) ToProto(i, out->add_sessions());
@@ -238,6 +298,11 @@ void ToProto(const session::SessionInfo& i, v1::SessionStats* p) {
   p->set_uid(i.uid);
   p->set_gid(i.gid);
   p->set_requests_in_flight(i.requests_in_flight);
+  v1::ClientReport* r = p->mutable_client_report();
+  r->set_fallbacks_total(i.client_report.fallbacks_total);
+  r->set_host_waits_total(i.client_report.host_waits_total);
+  r->set_host_wait_seconds_total(i.client_report.host_wait_seconds_total);
+  r->set_idle_steps_total(i.client_report.idle_steps_total);
 }
 
 }  // namespace offloadd::rpc

@@ -18,6 +18,7 @@ session::Request FromProto(const v1::Request& request);
 void ToProto(const session::Completion& completion, v1::Response* response);
 void ToProto(const session::CoreStats& stats, v1::Stats* out);
 void ToProto(const session::SessionInfo& info, v1::SessionStats* out);
+void ToProto(const session::LinkCalibrationReport& report, v1::LinkCalibration* out);
 
 }  // namespace offloadd::rpc
 

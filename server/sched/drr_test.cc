@@ -83,7 +83,7 @@ TEST(ChunkQueueTest, EqualWeightsAlternate) {
   EXPECT_EQ(PopGpus(q, 8), want);
 }
 
-// Issue 16: a GPU at its limit of posted chunks is passed over, keeping its deficit, and the
+// A GPU at its limit of posted chunks is passed over, keeping its deficit, and the
 // class order holds among the GPUs that may be served.
 TEST(ChunkQueueTest, FilteredGpusArePassedOverAndKeepTheirDeficit) {
   ChunkQueueOptions o = Options(8 * kMiB, 16 * kMiB);  // two chunks per visit

@@ -90,7 +90,7 @@ struct LinkScheduler::Impl {
   // reported it (no hand-off to a worker per chunk): the link is unpaced and has no parent (both
   // make a worker wait), and every transfer in it posts (copy_chunk blocks).
   bool CompletionMayPick() const REQUIRES(mu) {
-    return options.bytes_per_second <= 0 && options.parent == nullptr && blocking_transfers == 0;
+    return bytes_per_second <= 0 && options.parent == nullptr && blocking_transfers == 0;
   }
   // A chunk taken off the queue and accounted as started, for the caller to post or copy once
   // it has released `mu`.
@@ -133,6 +133,7 @@ struct LinkScheduler::Impl {
   mutable base::Mutex mu;
   base::CondVar cv;
   ChunkQueue queue GUARDED_BY(mu);
+  double bytes_per_second GUARDED_BY(mu) = options.bytes_per_second;  // SetBytesPerSecond
   std::unordered_map<uint64_t, Active> active GUARDED_BY(mu);
   bool stopping GUARDED_BY(mu) = false;
   double link_free_at_seconds GUARDED_BY(mu) = 0;  // virtual finish of the last paced chunk
@@ -210,7 +211,7 @@ bool LinkScheduler::Impl::FinishOneCompletion() {
 }
 
 std::optional<double> LinkScheduler::Impl::NextChunkStart() {
-  const double rate = options.bytes_per_second;
+  const double rate = bytes_per_second;
   HostLink* const parent = options.parent;
   double start = 0;
   if (rate > 0) {
@@ -266,7 +267,7 @@ void LinkScheduler::Impl::RunStarted(Started started) {
 }
 
 LinkScheduler::Impl::Started LinkScheduler::Impl::StartNext(double start) {
-  const double rate = options.bytes_per_second;
+  const double rate = bytes_per_second;
   Started s;
   s.chunk = *queue.Pop(below_limit);
   Chunk& chunk = s.chunk;
@@ -319,7 +320,7 @@ bool LinkScheduler::Impl::CopyHere(Finished* finished) {
   const bool last = FinishChunk(std::move(chunk), std::move(status), finished);
   // Wake the workers only when one may have something to do: chunks queued meanwhile (their
   // Submit woke one already, but the copied chunk may have held a GPU's turn) or Shutdown.
-  // Waking them after every small copy cost two thread switches per request (issue 16).
+  // Waking them after every small copy cost two thread switches per request.
   if (!queue.empty() || stopping) cv.notify_all();
   return last;
 }
@@ -441,8 +442,9 @@ void LinkScheduler::Submit(std::shared_ptr<Transfer> transfer) {
       }
       const LinkSchedulerOptions& o = impl_->options;
       if (was_empty && !a.transfer->post_chunk && a.transfer->bytes <= o.inline_copy_max_bytes &&
-          a.transfer->bytes <= o.chunk_bytes && o.bytes_per_second <= 0 && o.parent == nullptr &&
-          !in_inline_done && !posting_from_completion && impl_->CanPick()) {
+          a.transfer->bytes <= o.chunk_bytes && impl_->bytes_per_second <= 0 &&
+          o.parent == nullptr && !in_inline_done && !posting_from_completion &&
+          impl_->CanPick()) {
         Impl::Finished finished;
         const bool last = impl_->CopyHere(&finished);
         lock.Unlock();
@@ -532,6 +534,19 @@ LinkSchedulerStats LinkScheduler::stats() const {
 }
 
 const LinkSchedulerOptions& LinkScheduler::options() const { return impl_->options; }
+
+void LinkScheduler::SetBytesPerSecond(double bytes_per_second) {
+  {
+    base::MutexLock lock(impl_->mu);
+    impl_->bytes_per_second = std::max(0.0, bytes_per_second);
+  }
+  impl_->cv.notify_all();  // a worker sleeping on the old pace looks again
+}
+
+double LinkScheduler::bytes_per_second() const {
+  base::MutexLock lock(impl_->mu);
+  return impl_->bytes_per_second;
+}
 
 bool LinkScheduler::MutexHeldForTesting() const {
   bool held = false;

@@ -30,7 +30,7 @@
 // so picks happen as late as possible and chunks never exceed the rate in aggregate; a chunk
 // is reported done at its virtual finish (start + bytes / bytes_per_second).
 //
-// Asynchronous copies (issue 16): a Transfer with `post_chunk` instead of `copy_chunk` has its
+// Asynchronous copies: a Transfer with `post_chunk` instead of `copy_chunk` has its
 // chunks posted to an asynchronous copy engine (CopyEngine::PostChunk): a worker picks a chunk,
 // posts it and goes on picking while up to `max_chunks_in_flight_per_gpu` chunks of that GPU are
 // posted; the engine's callback queues the completion and a worker finishes it. The DRR deficit
@@ -41,7 +41,7 @@
 // CancelOwner drops the owner's chunks not yet posted; chunks already posted run to completion,
 // and the transfer's `done` comes after the last of them.
 //
-// Submitting thread (issue 16): on an unpaced link without a parent, Submit posts the chunks of a
+// Submitting thread: on an unpaced link without a parent, Submit posts the chunks of a
 // post_chunk transfer itself (posting does not block), and copies a small copy_chunk transfer
 // itself when nothing else is queued (`inline_copy_max_bytes`); an engine's completion finishes
 // its chunk and posts the next ones on the engine's thread. Only workers run `done` otherwise.
@@ -112,7 +112,7 @@ struct LinkSchedulerOptions {
   uint32_t max_chunks_in_flight_per_gpu = 2;
   // A copy_chunk transfer of at most this many bytes (one chunk) submitted to an unpaced link
   // without a parent whose queue is empty is copied on the submitting thread, and its `done`
-  // runs there, instead of waking a worker (issue 16: the small-request path). Not from inside
+  // runs there, instead of waking a worker (the small-request path). Not from inside
   // another such `done` (no recursion). 0 = never.
   uint64_t inline_copy_max_bytes = 64 * 1024;
   double bytes_per_second = 0;                  // 0 = unpaced
@@ -172,7 +172,14 @@ class LinkScheduler {
   // concurrent caller returns once the workers have stopped.
   void Shutdown();
   LinkSchedulerStats stats() const;
+  // The options it was made with (bytes_per_second as made; see bytes_per_second()).
   const LinkSchedulerOptions& options() const;
+  // Changes the pacing rate from now on (bytes/s; 0 = unpaced), e.g. to a link's capacity
+  // measured at run time (session/link_calibration.h). Chunks already started keep their paced
+  // finish; the next one starts at the new rate. Turning pacing on also moves a post_chunk
+  // link's posting from the engine's threads to the workers (see "Submitting thread").
+  void SetBytesPerSecond(double bytes_per_second);
+  double bytes_per_second() const;
   // For tests: whether any thread holds the scheduler's mutex at this moment. Asked from a
   // thread of its own, so it may be called from a destructor that runs on a worker.
   bool MutexHeldForTesting() const;

@@ -409,7 +409,7 @@ class ManualAsyncEngine {
   std::map<std::string, int> outstanding_, max_outstanding_;
 };
 
-// Issue 16: chunks are posted without a worker per chunk, up to the per-GPU limit; bytes count
+// Chunks are posted without a worker per chunk, up to the per-GPU limit; bytes count
 // at completion; a completion frees a slot of its GPU.
 TEST(LinkSchedulerTest, AsyncChunksArePostedUpToThePerGpuLimitAndCountedAtCompletion) {
   Recorder rec;
@@ -478,7 +478,7 @@ TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAtOnceEvenAtItsGpusLimit) {
   EXPECT_EQ(engine.posts(), 4u);  // the failed offload's remaining chunks were skipped
 }
 
-// Issue 16 (small requests): a one-chunk transfer of at most inline_copy_max_bytes on an idle
+// Small requests: a one-chunk transfer of at most inline_copy_max_bytes on an idle
 // unpaced link is copied, and its done run, on the submitting thread before Submit returns;
 // with chunks queued it waits its turn on a worker like any other.
 TEST(LinkSchedulerTest, ASmallTransferOnAnIdleLinkIsCopiedOnTheSubmittingThread) {
@@ -529,7 +529,7 @@ TEST(LinkSchedulerTest, ASmallTransferOnAnIdleLinkIsCopiedOnTheSubmittingThread)
 }
 
 // A small transfer copied on the submitting thread wakes no worker: on a loaded node each
-// needless wake-up is a thread switch in the request's path (issue 16: two per request).
+// needless wake-up is a thread switch in the request's path (two per request).
 TEST(LinkSchedulerTest, ASmallTransferCopiedOnTheSubmittingThreadWakesNoWorker) {
   Recorder rec;
   LinkSchedulerOptions o = SmallChunks(2);
@@ -785,8 +785,35 @@ TEST(LinkSchedulerTest, PacedLinkRestartsWhenWorkArrivesAfterAnIdleGap) {
   EXPECT_NEAR(clock.NowSeconds(), 13 * chunk, 1e-12);
 }
 
+// A capacity set at run time (a link calibrated after it was made) paces from the next chunk:
+// an unpaced link copies at once, then 1 GB/s, then 2 GB/s.
+TEST(LinkSchedulerTest, SetBytesPerSecondPacesTheNextChunks) {
+  FakeClock clock;
+  Recorder rec;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.chunk_bytes = 1 * kMiB;
+  LinkScheduler sched(o, &clock);
+  EXPECT_EQ(sched.bytes_per_second(), 0);
+  sched.Submit(rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * kMiB));
+  while (sched.stats().bytes < 4 * kMiB) std::this_thread::yield();
+  EXPECT_EQ(clock.NowSeconds(), 0);  // unpaced: no time passes on the fake clock
+  sched.SetBytesPerSecond(1e9);
+  EXPECT_EQ(sched.bytes_per_second(), 1e9);
+  EXPECT_EQ(sched.options().bytes_per_second, 0);  // as made
+  const double chunk = static_cast<double>(kMiB) / 1e9;
+  sched.Submit(rec.Make(1, "gpu0", TrafficClass::kOffload, 3 * kMiB));
+  while (sched.stats().bytes < 7 * kMiB) std::this_thread::yield();
+  while (clock.NowSeconds() < 3 * chunk - 1e-12) std::this_thread::yield();
+  EXPECT_NEAR(clock.NowSeconds(), 3 * chunk, 1e-12);
+  sched.SetBytesPerSecond(2e9);
+  sched.Submit(rec.Make(2, "gpu0", TrafficClass::kOffload, 2 * kMiB));
+  sched.Shutdown();
+  EXPECT_NEAR(clock.NowSeconds(), 3 * chunk + chunk, 1e-12);  // 2 MiB at 2 GB/s
+  EXPECT_EQ(sched.stats().bytes, 9 * kMiB);
+}
+
 // A PREFETCH read a reload now waits on is promoted to URGENT: it goes before the PREFETCH and
-// OFFLOAD transfers queued ahead of it (the spill tier's stage-back, issue 18).
+// OFFLOAD transfers queued ahead of it (the spill tier's stage-back).
 TEST(LinkSchedulerTest, PromoteOwnerLetsAQueuedPrefetchOvertakeQueuedTransfers) {
   Recorder rec;
   LinkSchedulerOptions o = SmallChunks(1);
@@ -875,7 +902,7 @@ TEST(LinkSchedulerCancelTest, CancelOwnerDropsQueuedChunksAndWaitsForRunningOnes
   EXPECT_TRUE(rec.done[3][0].ok());
 }
 
-// Issue 16 with the hardening's cancellation: CancelOwner drops an owner's chunks not yet posted
+// Asynchronous copies with cancellation: CancelOwner drops an owner's chunks not yet posted
 // (a transfer with none posted gets done at once), chunks already posted complete first and
 // their transfer's done follows the last of them, exactly once; other owners keep going.
 TEST(LinkSchedulerCancelTest, CancelOwnerDropsUnpostedAsyncChunksAndWaitsForPostedOnes) {

@@ -1,4 +1,4 @@
-// NUMA placement from sysfs fixtures (issue 16 part 5): the GPUs' nodes found by topology
+// NUMA placement from sysfs fixtures: the GPUs' nodes found by topology
 // discovery give the pool's slices (GpuNumaNodes, ArenaSlices), and each GPU's offloads land in
 // its node's slice (SlicedExtentAllocator), falling back with a counted reason.
 #include <cstdlib>

@@ -1,4 +1,4 @@
-// Issue 16: a session on an asynchronous cuda engine (CudaCopyEngine over FakeCudaApi, which
+// A session on an asynchronous cuda engine (CudaCopyEngine over FakeCudaApi, which
 // moves real bytes): chunks are posted up to the per-GPU limit without a copy thread blocked per
 // chunk, and offload + reload return the client's bytes.
 #include <atomic>
@@ -119,7 +119,7 @@ TEST(AsyncCopyTest, ChunksArePostedUpToTheLimitAndBytesRoundTrip) {
   s->Close(EndCause::kClosed);
 }
 
-// Issue 16 with the hardening's session end: the end waits for the chunks already posted to the
+// Asynchronous copies and the session's end: the end waits for the chunks already posted to the
 // engine (they write client memory), no chunk is posted after it, the stream ends only then, and
 // the cancelled offload's done runs exactly once (its pool space comes back).
 TEST(AsyncCopyTest, SessionEndWaitsForPostedChunksAndPostsNoMore) {

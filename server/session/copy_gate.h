@@ -59,6 +59,10 @@ class CopyGate {
     std::shared_ptr<CopyGate> gate_;  // null when the gate was closed
   };
 
+  bool closed() const {
+    base::MutexLock lock(mu_);
+    return closed_;
+  }
   uint64_t running() const {
     base::MutexLock lock(mu_);
     return running_;

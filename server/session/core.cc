@@ -27,7 +27,13 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
       gate_(options_.clock),
       sessions_(options_),
       links_(options_, gate_),
+      calibrator_(options_, links_),
       metrics_(std::make_shared<CoreMetrics>(this)) {
+  // Every drop reason has a series (at 0 without a shared pool), so rates and alerts have one.
+  for (int r = 0; r < pool::kNumDropReasons; ++r) {
+    metrics::Get().adoption_dropped_blocks_total->Add(
+        {{"reason", pool::DropReasonName(static_cast<pool::DropReason>(r))}});
+  }
   if (arena_->block_table() != nullptr && arena_->adopted()) Adopt();
   // After adoption: spill files no adopted record names are a previous daemon's leftovers.
   store_.RemoveUnnamedSpillFiles();
@@ -97,9 +103,18 @@ void Core::Drain() {
   links_.Shutdown();
 }
 
+absl::StatusOr<LinkCalibrationReport> Core::CalibrateLinks(double budget_seconds) {
+  if (!gate_.Begin()) {
+    return absl::UnavailableError("offloadd is shutting down: no link calibration now");
+  }
+  absl::StatusOr<LinkCalibrationReport> report = calibrator_.Calibrate(budget_seconds);
+  gate_.End();
+  return report;
+}
+
 CoreStats Core::Stats() {
   CoreStats s;
-  s.backend = engine_->name();
+  s.backend = options_.backend_label.empty() ? engine_->name() : options_.backend_label;
   s.store = store_.stats();
   if (spill_ != nullptr) {
     s.spill_enabled = true;
@@ -122,6 +137,9 @@ CoreStats Core::Stats() {
   s.session_quota_bytes = options_.store.session_quota_bytes;
   s.uid_quota_bytes = options_.store.uid_quota_bytes;
   s.uid_used_bytes = store_.UidUsedBytes();
+  s.link_calibration = calibrator_.last();
+  s.calibrated_links = calibrator_.in_effect();
+  s.client_reports_by_gpu = client_reports_.ByGpu();
   return s;
 }
 

@@ -17,9 +17,11 @@
 #include "prometheus/collectable.h"
 #include "server/copy/copy_engine.h"
 #include "server/pool/arena.h"
+#include "server/session/client_reports.h"
 #include "server/sched/link_scheduler.h"
 #include "server/session/core_options.h"
 #include "server/session/core_stats.h"
+#include "server/session/link_calibration.h"
 #include "server/session/link_table.h"
 #include "server/session/peer.h"
 #include "server/session/session_registry.h"
@@ -69,6 +71,13 @@ class Core {
                             copy::CopyEngine& engine, copy::Direction direction,
                             std::shared_ptr<copy::Region> region, uint64_t region_offset,
                             uint8_t* host, uint64_t bytes);
+
+  // Measures the links without a configured capacity and paces them at what their GPUs moved
+  // together (link_calibration.h; main at start-up, `offloadctl calibrate-links` on demand),
+  // within `budget_seconds` (0 = CoreOptions::link_calibration's). Blocks for about that long;
+  // the GPUs of the link being measured hold their copies meanwhile. Counts as a transfer, so
+  // shutdown waits for it. Errors: LinkCalibrator::Calibrate's; UNAVAILABLE while draining.
+  absl::StatusOr<LinkCalibrationReport> CalibrateLinks(double budget_seconds = 0);
 
   // NUMA node of a GPU (CoreOptions::gpu_numa_nodes); -1 when unknown.
   int GpuNumaNode(const std::string& gpu) const;
@@ -123,6 +132,11 @@ class Core {
   // Daemon counters of finished transfers (CoreStats).
   void CountTransfer(bool offload, uint64_t bytes, bool ok);
   void CountError() { errors_total_.fetch_add(1); }
+  // A session's client reported `increase` more fallbacks, host waits or idle steps on
+  // `device_id` (client_reports.h); summed into CoreStats::client_reports_by_gpu.
+  void AddClientReport(const std::string& device_id, const ClientCounters& increase) {
+    client_reports_.Add(device_id, increase, options().max_links);
+  }
 
   CoreStats Stats();
   // The Core's scrape-time metric families (core_metrics.h), for metrics::Exposer::Register.
@@ -145,9 +159,11 @@ class Core {
   // whose destructor removes it from the registry.
   SessionRegistry sessions_;
   LinkTable links_;  // uses options_ and gate_
+  LinkCalibrator calibrator_;  // uses options_ and links_
 
   std::atomic<uint64_t> offload_bytes_total_{0}, reload_bytes_total_{0};
   std::atomic<uint64_t> offloads_total_{0}, reloads_total_{0}, errors_total_{0};
+  ClientReports client_reports_;
   std::shared_ptr<CoreMetrics> metrics_;  // detached first in ~Core
 };
 

@@ -1,6 +1,8 @@
 #include "server/session/core_metrics.h"
 
 #include <algorithm>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "server/metrics/metrics.h"
@@ -111,6 +113,21 @@ void AddLink(const LinkInfo& link, Families& f) {
   }
 }
 
+void AddCalibration(const CalibratedLink& c, Families& f) {
+  const char* dirs[2] = {"d2h", "h2d"};
+  const double together[2] = {c.d2h_bytes_per_second, c.h2d_bytes_per_second};
+  for (int d = 0; d < 2; ++d) {
+    f.Add(state::kLinkCalibratedBytesPerSecond, {{"link", c.name}, {"direction", dirs[d]}},
+          together[d]);
+    for (const CalibratedGpu& g : c.gpus) {
+      f.Add(state::kGpuCalibratedBytesPerSecond,
+            {{"link", c.name}, {"gpu", g.gpu}, {"direction", dirs[d]}},
+            d == 0 ? g.d2h_bytes_per_second : g.h2d_bytes_per_second);
+    }
+  }
+  f.Add(state::kLinkCalibrationTimestampSeconds, {{"link", c.name}}, c.measured_at_unix_seconds);
+}
+
 void AddHostLink(const HostLinkInfo& host, Families& f) {
   for (int d = 0; d < 2; ++d) {
     const double capacity = d == 0 ? host.d2h_bytes_per_second : host.h2d_bytes_per_second;
@@ -123,6 +140,29 @@ void AddHostLink(const HostLinkInfo& host, Families& f) {
   }
 }
 
+// Every GPU a client reported on; every GPU of an open session at 0 before its first report,
+// so rates and alerts have a series from the start.
+void AddClientReports(const CoreStats& stats, Families& f) {
+  for (const auto& [gpu, c] : stats.client_reports_by_gpu) {
+    const Labels labels{{"gpu", gpu}};
+    f.Add(state::kClientFallbacksTotal, labels, D(c.fallbacks_total));
+    f.Add(state::kClientHostWaitsTotal, labels, D(c.host_waits_total));
+    f.Add(state::kClientHostWaitSecondsTotal, labels, c.host_wait_seconds_total);
+    f.Add(state::kClientIdleStepsTotal, labels, D(c.idle_steps_total));
+  }
+  std::set<std::string> unreported;
+  for (const SessionInfo& s : stats.sessions) {
+    if (stats.client_reports_by_gpu.count(s.device_id) == 0) unreported.insert(s.device_id);
+  }
+  for (const std::string& gpu : unreported) {
+    const Labels labels{{"gpu", gpu}};
+    f.Add(state::kClientFallbacksTotal, labels, 0);
+    f.Add(state::kClientHostWaitsTotal, labels, 0);
+    f.Add(state::kClientHostWaitSecondsTotal, labels, 0);
+    f.Add(state::kClientIdleStepsTotal, labels, 0);
+  }
+}
+
 }  // namespace
 
 std::vector<prometheus::MetricFamily> StateFamilies(const CoreStats& stats,
@@ -132,7 +172,9 @@ std::vector<prometheus::MetricFamily> StateFamilies(const CoreStats& stats,
   AddSpill(stats, f);
   AddNumaPlacement(stats.store, f);
   for (const LinkInfo& link : stats.links) AddLink(link, f);
+  for (const CalibratedLink& c : stats.calibrated_links) AddCalibration(c, f);
   for (const HostLinkInfo& host : stats.host_links) AddHostLink(host, f);
+  AddClientReports(stats, f);
   return f.Take();
 }
 

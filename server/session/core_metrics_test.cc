@@ -163,6 +163,40 @@ std::optional<double> Find(const std::vector<prometheus::MetricFamily>& families
   return ScrapedValue(Fixed(families), name, labels);
 }
 
+TEST(StateFamiliesTest, ClientReportsBySummedGpuAndZeroForOpenSessionsNotYetReporting) {
+  CoreStats stats;
+  ClientCounters c;
+  c.fallbacks_total = 5;
+  c.host_waits_total = 3;
+  c.host_wait_seconds_total = 1.25;
+  c.idle_steps_total = 2;
+  stats.client_reports_by_gpu = {{"gpu0", c}};
+  SessionInfo quiet;  // two sessions on gpu1, neither reported yet: one series at 0
+  quiet.device_id = "gpu1";
+  SessionInfo reported;
+  reported.device_id = "gpu0";
+  stats.sessions = {quiet, quiet, reported};
+  const auto f = StateFamilies(stats, PoolFacts{});
+  EXPECT_EQ(Find(f, "offloadd_client_fallbacks_total", {{"gpu", "gpu0"}}),
+            std::optional<double>(5));
+  EXPECT_EQ(Find(f, "offloadd_client_host_waits_total", {{"gpu", "gpu0"}}),
+            std::optional<double>(3));
+  EXPECT_EQ(Find(f, "offloadd_client_host_wait_seconds_total", {{"gpu", "gpu0"}}),
+            std::optional<double>(1.25));
+  EXPECT_EQ(Find(f, "offloadd_client_idle_steps_total", {{"gpu", "gpu0"}}),
+            std::optional<double>(2));
+  EXPECT_EQ(Find(f, "offloadd_client_fallbacks_total", {{"gpu", "gpu1"}}),
+            std::optional<double>(0));
+  size_t gpu1_series = 0;
+  for (const auto& family : f) {
+    if (family.name != "offloadd_client_fallbacks_total") continue;
+    for (const auto& m : family.metric) {
+      for (const auto& l : m.label) gpu1_series += l.name == "gpu" && l.value == "gpu1";
+    }
+  }
+  EXPECT_EQ(gpu1_series, 1u);
+}
+
 TEST(StateFamiliesTest, LinkSeriesFollowTheSchedulersStats) {
   CoreStats stats;
   LinkInfo full;

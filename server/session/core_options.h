@@ -14,6 +14,10 @@
 #include "server/spill/spill_tier.h"
 #include "server/store/block_store.h"
 
+namespace offloadd::copy {
+class CopyRateMeter;
+}
+
 namespace offloadd::session {
 
 // A link as configured or discovered (sched/topology.h): the GPUs (device ids) that share it
@@ -43,15 +47,32 @@ struct HostLinkSpec {
   int numa_node = -1;  // for stats; -1 = unknown
 };
 
+// Link calibration (link_calibration.h): links without a configured capacity are paced at what
+// their GPUs measured together.
+struct LinkCalibrationOptions {
+  // Measure once at start-up (main calls Core::CalibrateLinks before serving; config
+  // link_calibration). Either way `offloadctl calibrate-links` measures on demand.
+  bool at_start = false;
+  double budget_seconds = 5;  // per calibration, everything included (> 0)
+  // The backend's meter (copy/link_calibration.h), not owned, must outlive the Core; null: the
+  // backend has no copy hardware to measure (shm), and calibration is refused.
+  copy::CopyRateMeter* meter = nullptr;
+};
+
 struct CoreOptions {
+  // What Stats call the backend (config `backend`: "cuda-sim" for the timing model, whose engine
+  // is the cuda one); empty = the engine's name. HelloReply keeps the engine's name, which tells
+  // clients the kind of regions to register.
+  std::string backend_label;
   uint64_t chunk_bytes = 8ull << 20;
   uint32_t copy_threads = 2;  // per link and direction
-  // Chunks posted per GPU and direction when the engine is asynchronous (issue 16).
+  // Chunks posted per GPU and direction when the engine is asynchronous.
   uint32_t max_chunks_in_flight_per_gpu = 2;
   store::BlockStoreOptions store;
   std::vector<LinkSpec> links;
   // A GPU not named in `links` gets a link of its own, named after it, at this rate.
   double default_link_bytes_per_second = 0;
+  LinkCalibrationOptions link_calibration;
   std::map<std::string, uint32_t> gpu_weights;     // DRR weights, default 1
   std::vector<HostLinkSpec> host_links;            // each link under at most one
   double offload_min_share = 0.2;                  // see sched/drr.h
@@ -94,7 +115,7 @@ struct CoreOptions {
   // Shared pool (arena with a block table): how long blocks adopted from the previous daemon
   // wait for their session to resume before they are freed.
   double resume_grace_seconds = 60;
-  // Spill tier (issue 18): directory "" = none. main creates the tier (SpillTier::Create) from
+  // Spill tier: directory "" = none. main creates the tier (SpillTier::Create) from
   // these and hands it to the Core.
   spill::SpillOptions spill;
   // The time of everything below the RPC layer that reads or waits for time: sessions'

@@ -12,6 +12,7 @@
 #include "server/sched/host_link.h"
 #include "server/sched/link_scheduler.h"
 #include "server/spill/spill_tier.h"
+#include "server/session/request.h"
 #include "server/store/block_store.h"
 
 namespace offloadd::session {
@@ -21,7 +22,9 @@ struct LinkInfo {
   std::vector<std::string> gpus;
   // Half duplex: d2h holds the one scheduler's stats (both directions), h2d is empty.
   sched::LinkSchedulerStats d2h, h2d;
-  double d2h_bytes_per_second = 0, h2d_bytes_per_second = 0;
+  double d2h_bytes_per_second = 0, h2d_bytes_per_second = 0;  // the capacity paced at
+  // Whether that capacity is a measured one (link_calibration.h), per direction.
+  bool d2h_calibrated = false, h2d_calibrated = false;
   bool half_duplex = false;
   std::string parent;  // host link name; "" = none
   std::string uplink_bdf, root_port;
@@ -36,6 +39,35 @@ struct LinkInfo {
   double mean_offload_bytes = 0;
   double measured_offload_copy_seconds = 0;
   double planned_offload_copy_seconds = 0;
+};
+
+// Link calibration (link_calibration.h): what one run measured and applied.
+struct CalibratedGpu {
+  std::string gpu;
+  double d2h_bytes_per_second = 0, h2d_bytes_per_second = 0;  // alone; 0 = not measured
+};
+
+struct CalibratedLink {
+  std::string name;
+  std::vector<CalibratedGpu> gpus;  // each alone, in the link's order
+  // All its GPUs at once (one GPU: its figures alone); 0 = not measured.
+  double d2h_bytes_per_second = 0, h2d_bytes_per_second = 0;
+  // What the link is paced at after this run, per direction (configured or measured; 0 =
+  // unpaced), and whether the config gives that direction's capacity.
+  double paced_d2h_bytes_per_second = 0, paced_h2d_bytes_per_second = 0;
+  bool d2h_configured = false, h2d_configured = false;
+  bool half_duplex = false;
+  std::string error;  // "" when measured; else why not (the link kept its previous capacity)
+  double measured_at_unix_seconds = 0;  // when this run measured it (wall clock)
+  double seconds = 0;                   // time its measurement took
+};
+
+struct LinkCalibrationReport {
+  double started_at_unix_seconds = 0;  // 0: no calibration has run
+  double seconds = 0;                  // how long the run took
+  double budget_seconds = 0;
+  std::vector<CalibratedLink> links;   // the links measured (or tried), in config order
+  std::string note;                    // when nothing was measured: why
 };
 
 struct HostLinkInfo {
@@ -54,6 +86,7 @@ struct SessionInfo {
   uint32_t uid = 0, gid = 0;  // the peer's, when known
   uint64_t blocks = 0, used_bytes = 0;
   uint64_t requests_in_flight = 0;
+  ClientCounters client_report;  // the client's latest report (zero before one)
 };
 
 struct CoreStats {
@@ -67,10 +100,16 @@ struct CoreStats {
   std::vector<LinkInfo> links;  // configured and discovered ones, and those made on first use
   std::vector<HostLinkInfo> host_links;
   std::vector<SessionInfo> sessions;
+  // Clients' reports summed by device id over the daemon's lifetime (every session's increase
+  // between its reports; sessions that ended included).
+  std::map<std::string, ClientCounters> client_reports_by_gpu;
   uint64_t uid_quota_bytes = 0, session_quota_bytes = 0;
   std::map<uint32_t, uint64_t> uid_used_bytes;  // uids holding pool space
   bool spill_enabled = false;
   spill::SpillStats spill;  // with spill_enabled
+  // The last link calibration, and per link its latest successful measurement.
+  LinkCalibrationReport link_calibration;
+  std::vector<CalibratedLink> calibrated_links;
 };
 
 }  // namespace offloadd::session

@@ -314,7 +314,7 @@ TEST(SessionIsolationTest, NewDeviceIdsBeyondMaxLinksAndLongNamesAreRefused) {
   b->Close(EndCause::kClosed);
 }
 
-// Issue 14, defect 3: max_links was checked at Hello but links are made at the first transfer,
+// max_links used to be checked at Hello but links are made at the first transfer,
 // so Hellos for new devices that all arrived before any copy were all admitted, and their first
 // offloads then made more links than max_links allowed.
 TEST(SessionIsolationTest, ConcurrentHellosForNewDevicesCannotExceedMaxLinks) {

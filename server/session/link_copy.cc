@@ -40,19 +40,32 @@ absl::Status Core::CopyOverLink(const std::string& device_id, sched::TrafficClas
     return absl::UnavailableError(
         "the daemon is shutting down: this copy did not start; retry when it is back");
   }
+  copy::TransferSpec spec;
+  spec.direction = direction;
+  spec.bytes = bytes;
+  // One ordering (one mapping held) for the whole copy, not one per chunk.
+  absl::StatusOr<std::shared_ptr<copy::TransferOrder>> order =
+      engine.BeginTransfer(*region, std::move(spec));
+  if (!order.ok()) {
+    EndTransfer();
+    ReleaseLink(device_id, /*remove_if_unused=*/false);
+    return order.status();
+  }
   auto waiter = std::make_shared<DoneWaiter>();
   auto t = std::make_shared<sched::Transfer>();
   t->gpu = device_id;
   t->cls = cls;
   t->bytes = bytes;
-  t->copy_chunk = [&engine, region, direction, region_offset, host](uint64_t o, uint64_t len) {
-    return engine.CopyChunk(direction, *region, region_offset + o, host + o, len);
+  t->copy_chunk = [&engine, region, order = *order, direction, region_offset, host](
+                      uint64_t o, uint64_t len) {
+    return engine.CopyOrderedChunk(order.get(), o, direction, *region, region_offset + o,
+                                   host + o, len);
   };
   if (engine.asynchronous()) {
-    t->post_chunk = [&engine, region, direction, region_offset, host](
+    t->post_chunk = [&engine, region, order = *order, direction, region_offset, host](
                         uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
-      engine.PostChunk(direction, *region, region_offset + o, host + o, len,
-                       copy::ChunkUrgency::kNormal, std::move(done));
+      engine.PostOrderedChunk(order.get(), o, direction, *region, region_offset + o, host + o,
+                              len, copy::ChunkUrgency::kNormal, std::move(done));
     };
   }
   t->done = [waiter](absl::Status s) { waiter->Set(std::move(s)); };

@@ -147,15 +147,45 @@ void LinkTable::ForgetLinkMetrics(const std::string& name) const {
   }
 }
 
-std::shared_ptr<LinkTable::Link> LinkTable::MakeLink(const std::string& name) const {
-  double d2h = options_.default_link_bytes_per_second;
-  double h2d = options_.default_link_bytes_per_second;
-  bool half_duplex = false;
+LinkTable::Capacity LinkTable::CapacityOf(const std::string& name) const {
+  Capacity c;
+  c.d2h = c.h2d = options_.default_link_bytes_per_second;
   if (const LinkSpec* spec = FindSpec(name)) {
-    d2h = spec->d2h_bytes_per_second;
-    h2d = spec->h2d_bytes_per_second;
-    half_duplex = spec->half_duplex;
+    c.d2h = spec->d2h_bytes_per_second;
+    c.h2d = spec->h2d_bytes_per_second;
   }
+  auto measured = calibrated_.find(name);
+  if (measured != calibrated_.end()) {
+    if (c.d2h <= 0 && measured->second.first > 0) {
+      c.d2h = measured->second.first;
+      c.d2h_calibrated = true;
+    }
+    if (c.h2d <= 0 && measured->second.second > 0) {
+      c.h2d = measured->second.second;
+      c.h2d_calibrated = true;
+    }
+  }
+  return c;
+}
+
+void LinkTable::SetCalibratedCapacity(const std::string& name, double d2h_bytes_per_second,
+                                      double h2d_bytes_per_second) {
+  base::MutexLock lock(links_mu_);
+  std::pair<double, double>& c = calibrated_[name];
+  if (d2h_bytes_per_second > 0) c.first = d2h_bytes_per_second;
+  if (h2d_bytes_per_second > 0) c.second = h2d_bytes_per_second;
+  auto it = links_.find(name);
+  if (it == links_.end()) return;
+  const Capacity now = CapacityOf(name);
+  it->second->d2h->SetBytesPerSecond(now.d2h);
+  if (it->second->h2d != it->second->d2h) it->second->h2d->SetBytesPerSecond(now.h2d);
+}
+
+std::shared_ptr<LinkTable::Link> LinkTable::MakeLink(const std::string& name) const {
+  const Capacity capacity = CapacityOf(name);
+  const double d2h = capacity.d2h, h2d = capacity.h2d;
+  bool half_duplex = false;
+  if (const LinkSpec* spec = FindSpec(name)) half_duplex = spec->half_duplex;
   const Host* host = nullptr;
   if (auto p = link_parent_.find(name); p != link_parent_.end()) host = &hosts_.at(p->second);
   auto make = [&](const char* direction, double rate, sched::HostLink* parent) {
@@ -237,11 +267,13 @@ void LinkTable::Clear() {
 LinkInfo LinkTable::DescribeLink(const std::string& name, const Link* link) const {
   LinkInfo info;
   info.name = name;
-  info.d2h_bytes_per_second = info.h2d_bytes_per_second = options_.default_link_bytes_per_second;
+  const Capacity capacity = CapacityOf(name);
+  info.d2h_bytes_per_second = capacity.d2h;
+  info.h2d_bytes_per_second = capacity.h2d;
+  info.d2h_calibrated = capacity.d2h_calibrated;
+  info.h2d_calibrated = capacity.h2d_calibrated;
   if (const LinkSpec* spec = FindSpec(name)) {
     info.gpus = spec->gpus;
-    info.d2h_bytes_per_second = spec->d2h_bytes_per_second;
-    info.h2d_bytes_per_second = spec->h2d_bytes_per_second;
     info.half_duplex = spec->half_duplex;
     info.uplink_bdf = spec->uplink_bdf;
     info.root_port = spec->root_port;

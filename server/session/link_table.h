@@ -61,6 +61,13 @@ class LinkTable {
   void CancelTransfers(uint64_t owner, const std::string& gpu, const absl::Status& status)
       EXCLUDES(links_mu_);
 
+  // Paces link `name` at a measured capacity (session/link_calibration.h) in each direction
+  // whose configured capacity is 0 (a configured one always wins): from its next chunk when the
+  // link is made, else from when it is made. A rate <= 0 leaves that direction as it is. A
+  // half-duplex link's one scheduler takes `d2h_bytes_per_second`.
+  void SetCalibratedCapacity(const std::string& name, double d2h_bytes_per_second,
+                             double h2d_bytes_per_second) EXCLUDES(links_mu_);
+
   // Stops every link's workers (each finishes the chunk it copies; nothing queued is left
   // when the gate's transfers are done). Idempotent.
   void Shutdown() EXCLUDES(links_mu_);
@@ -81,7 +88,15 @@ class LinkTable {
   };
 
   const LinkSpec* FindSpec(const std::string& link_name) const;
-  std::shared_ptr<Link> MakeLink(const std::string& name) const;
+  // The capacities a link is paced at: configured (LinkSpec, or the default link rate for a
+  // GPU's own link) where > 0, else calibrated, else 0 (unpaced). `calibrated` says, per
+  // direction, whether the measured one applies.
+  struct Capacity {
+    double d2h = 0, h2d = 0;
+    bool d2h_calibrated = false, h2d_calibrated = false;
+  };
+  Capacity CapacityOf(const std::string& name) const REQUIRES(links_mu_);
+  std::shared_ptr<Link> MakeLink(const std::string& name) const REQUIRES(links_mu_);
   // Removes from links_ one link made on first use that no session uses and that has nothing
   // queued or in flight (its series go); null when there is none. links_mu_ held; the caller
   // shuts the returned link's workers down after releasing it.
@@ -104,6 +119,8 @@ class LinkTable {
   // Links in links_ used by a session without transient_device: never removed by a probe's
   // release (a subset of links_' keys; TakeIdleLinkLocked drops a name with its link).
   std::set<std::string> kept_links_ GUARDED_BY(links_mu_);
+  // Link name -> measured capacity (d2h, h2d; 0 = none), from SetCalibratedCapacity.
+  std::map<std::string, std::pair<double, double>> calibrated_ GUARDED_BY(links_mu_);
 };
 
 }  // namespace offloadd::session

@@ -35,47 +35,58 @@ absl::Status SessionEndedBeforeCopy() {
 
 // One chunk copy between client memory and the pool, run only while the session is open
 // (copy_gate.h): after the session ended, queued chunks fail without touching client memory.
-std::function<absl::Status(uint64_t, uint64_t)> GatedCopy(const OpContext& ctx,
-                                                          std::shared_ptr<copy::Region> region,
-                                                          copy::Direction direction,
-                                                          uint64_t region_offset, uint8_t* host) {
-  return [gate = ctx.gate, core = ctx.core, region, direction, region_offset, host](
+std::function<absl::Status(uint64_t, uint64_t)> GatedCopy(
+    const OpContext& ctx, std::shared_ptr<copy::Region> region,
+    std::shared_ptr<copy::TransferOrder> order, copy::Direction direction,
+    uint64_t region_offset, uint8_t* host) {
+  return [gate = ctx.gate, core = ctx.core, region, order, direction, region_offset, host](
              uint64_t o, uint64_t len) {
     CopyGate::Pass pass(gate);
     if (!pass) return SessionEndedBeforeCopy();
-    return core->engine().CopyChunk(direction, *region, region_offset + o, host + o, len);
+    return core->engine().CopyOrderedChunk(order.get(), o, direction, *region, region_offset + o,
+                                           host + o, len);
   };
 }
 
-// The asynchronous form of GatedCopy (issue 16): a chunk is posted only while the session is
+// The asynchronous form of GatedCopy: a chunk is posted only while the session is
 // open, and its pass is held until the engine reports it done, so the session's end waits for
 // the chunks already posted (their copies touch client memory) and no chunk is posted after it.
 std::function<void(uint64_t, uint64_t, std::function<void(absl::Status)>)> GatedPost(
-    const OpContext& ctx, std::shared_ptr<copy::Region> region, copy::Direction direction,
+    const OpContext& ctx, std::shared_ptr<copy::Region> region,
+    std::shared_ptr<copy::TransferOrder> order, copy::Direction direction,
     uint64_t region_offset, uint8_t* host, sched::TrafficClass cls) {
   const copy::ChunkUrgency urgency = cls == sched::TrafficClass::kUrgent
                                          ? copy::ChunkUrgency::kUrgent
                                          : copy::ChunkUrgency::kNormal;
-  return [gate = ctx.gate, core = ctx.core, region, direction, region_offset, host, urgency](
-             uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
+  return [gate = ctx.gate, core = ctx.core, region, order, direction, region_offset, host,
+          urgency](uint64_t o, uint64_t len, std::function<void(absl::Status)> done) {
     auto pass = std::make_shared<CopyGate::Pass>(gate);
     if (!*pass) return done(SessionEndedBeforeCopy());
-    core->engine().PostChunk(direction, *region, region_offset + o, host + o, len, urgency,
-                             [pass, done = std::move(done)](absl::Status st) mutable {
-                               pass.reset();  // the chunk no longer touches client memory
-                               done(std::move(st));
-                             });
+    core->engine().PostOrderedChunk(order.get(), o, direction, *region, region_offset + o,
+                                    host + o, len, urgency,
+                                    [pass, done = std::move(done)](absl::Status st) mutable {
+                                      pass.reset();  // the chunk no longer touches client memory
+                                      done(std::move(st));
+                                    });
   };
 }
 
 // The chunk callbacks of a transfer between `region` at `region_offset` and the pool at `host`.
 void SetChunkCopy(const OpContext& ctx, const std::shared_ptr<copy::Region>& region,
-                  copy::Direction direction, uint64_t region_offset, uint8_t* host,
-                  sched::Transfer* t) {
-  t->copy_chunk = GatedCopy(ctx, region, direction, region_offset, host);
-  if (ctx.core->engine().asynchronous()) {  // issue 16: posted, completion from the engine
-    t->post_chunk = GatedPost(ctx, region, direction, region_offset, host, t->cls);
+                  const std::shared_ptr<copy::TransferOrder>& order, copy::Direction direction,
+                  uint64_t region_offset, uint8_t* host, sched::Transfer* t) {
+  t->copy_chunk = GatedCopy(ctx, region, order, direction, region_offset, host);
+  if (ctx.core->engine().asynchronous()) {  // posted; completion from the engine
+    t->post_chunk = GatedPost(ctx, region, order, direction, region_offset, host, t->cls);
   }
+}
+
+// The engine's ordering of one transfer of `ctx`'s session: it stops waiting for a ready
+// event once the session has ended.
+absl::StatusOr<std::shared_ptr<copy::TransferOrder>> BeginOrderedTransfer(
+    const OpContext& ctx, copy::Region& region, copy::TransferSpec spec) {
+  spec.cancelled = [gate = ctx.gate] { return gate->closed(); };
+  return ctx.core->engine().BeginTransfer(region, std::move(spec));
 }
 
 }  // namespace
@@ -169,8 +180,13 @@ void OffloadOp::Admitted(absl::StatusOr<store::BlockRef> ref) {
   if (ctx_.owner->SessionClosed()) {
     return Finish(absl::CancelledError("session ended"), /*answer=*/false);
   }
-  absl::Status ready = ctx_.core->engine().WaitReady(*region_, request_.ready_event);
-  if (!ready.ok()) return Finish(ready);
+  copy::TransferSpec spec;
+  spec.direction = copy::Direction::kDeviceToHost;
+  spec.bytes = request_.bytes;
+  spec.ready_event = request_.ready_event;  // the first chunk waits for it, nothing else does
+  auto order = BeginOrderedTransfer(ctx_, *region_, std::move(spec));
+  if (!order.ok()) return Finish(order.status());
+  order_ = *std::move(order);
   admitted_seconds_ = ctx_.core->clock().NowSeconds();
   // Reloads and releases that named the block by tag before it existed run now; the store
   // orders reloads after the copy.
@@ -185,7 +201,9 @@ void OffloadOp::SubmitCopy() {
   t->bytes = request_.bytes;
   t->owner_id = ctx_.session_id;
   uint8_t* host = ctx_.core->pool_base() + block_.extent.offset;
-  SetChunkCopy(ctx_, region_, copy::Direction::kDeviceToHost, request_.offset, host, t.get());
+  SetChunkCopy(ctx_, region_, order_, copy::Direction::kDeviceToHost, request_.offset, host,
+               t.get());
+  order_.reset();  // the chunks hold it until the last one completed
   t->done = [self = shared_from_this()](absl::Status st) { self->Finish(std::move(st)); };
   SetState(OpState::kCopying);
   ctx_.core->LinkFor(ctx_.device_id)->d2h->Submit(std::move(t));
@@ -279,17 +297,51 @@ void ReloadOp::SubmitCopy(const store::BlockRef& block) {
   t->bytes = block.bytes;
   t->owner_id = ctx_.session_id;
   uint8_t* host = ctx_.core->pool_base() + block.extent.offset;
-  SetChunkCopy(ctx_, region_, copy::Direction::kHostToDevice, request_.offset, host, t.get());
-  t->done = [self = shared_from_this()](absl::Status st) {
-    if (st.ok()) st = self->ctx_.core->engine().SignalDone(*self->region_, self->request_.done_event);
-    self->Finish(std::move(st));
+  copy::TransferSpec spec;
+  spec.direction = copy::Direction::kHostToDevice;
+  spec.bytes = block.bytes;
+  spec.ready_event = request_.ready_event;  // the destination is free to write
+  spec.done_event = request_.done_event;
+  std::weak_ptr<ReloadOp> weak = shared_from_this();
+  spec.on_done_recorded = [weak] {
+    if (auto self = weak.lock()) self->AnswerRecorded();
   };
+  auto order = BeginOrderedTransfer(ctx_, *region_, std::move(spec));
+  if (!order.ok()) return Finish(order.status());
+  SetChunkCopy(ctx_, region_, *order, copy::Direction::kHostToDevice, request_.offset, host,
+               t.get());
+  t->done = [self = shared_from_this()](absl::Status st) { self->Finish(std::move(st)); };
   SetState(OpState::kCopying);
   ctx_.core->LinkFor(ctx_.device_id)->h2d->Submit(std::move(t));
 }
 
+Completion ReloadOp::DoneCompletion(bool recorded) const {
+  Completion c;
+  c.request_id = request_.request_id;
+  c.kind = CompletionKind::kReloadDone;
+  c.id = request_.block_id;
+  c.bytes = bytes_;
+  c.released = request_.release_after;
+  c.copy_seconds = ctx_.core->clock().NowSeconds() - ready_seconds_;
+  c.done_event_recorded = recorded;
+  return c;
+}
+
+void ReloadOp::AnswerRecorded() {
+  base::MutexLock lock(answer_mu_);
+  if (finishing_ || answered_) return;
+  answered_ = true;
+  ctx_.owner->Answer(DoneCompletion(/*recorded=*/true));
+}
+
 void ReloadOp::Finish(absl::Status status) {
   if (!BeginFinish()) return;
+  bool answered;
+  {
+    base::MutexLock lock(answer_mu_);
+    finishing_ = true;
+    answered = answered_;
+  }
   const bool copied = state() == OpState::kCopying;
   SetState(status.ok() ? OpState::kReloaded : OpState::kFailed);
   Core* core = ctx_.core;
@@ -303,14 +355,11 @@ void ReloadOp::Finish(absl::Status status) {
     RecordTransfer("h2d", ctx_.device_id, bytes_, now - start_seconds_, status.ok());
   }
   if (status.ok()) {
-    Completion c;
-    c.request_id = request_.request_id;
-    c.kind = CompletionKind::kReloadDone;
-    c.id = request_.block_id;
-    c.bytes = bytes_;
-    c.released = release;
-    c.copy_seconds = now - ready_seconds_;
-    ctx_.owner->Answer(std::move(c));
+    if (!answered) ctx_.owner->Answer(DoneCompletion(/*recorded=*/false));
+  } else if (answered) {
+    // The client was told the done event is recorded and may already consume the bytes: only
+    // ending the session reaches it now.
+    ctx_.owner->FailAfterAnswer(request_.request_id, std::move(status));
   } else {
     ctx_.owner->AnswerError(request_.request_id, std::move(status));
   }

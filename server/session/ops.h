@@ -3,7 +3,7 @@
 //
 // Session validates a request (region known, bounds, priority) and hands it to an operation:
 //   OffloadOp: kValidated -> kAdmitting (BlockStore::Reserve) -> kAdmitted (block reserved,
-//              WaitReady) -> kCopying (sched::Transfer on the GPU's d2h link) -> kStored
+//              CopyEngine::BeginTransfer with the ready event) -> kCopying (sched::Transfer on the GPU's d2h link) -> kStored
 //   ReloadOp:  kValidated -> kWaitingForBlock (BlockStore::BeginReload; waits while the block's
 //              offload copies or it is on disk) -> kCopying (h2d link) -> kReloaded
 // Any step may end in kFailed instead. Every exit goes through Finish(status), exactly once,
@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/base/mutex.h"
 #include "server/copy/copy_engine.h"
 #include "server/session/copy_gate.h"
 #include "server/session/core.h"
@@ -54,6 +55,10 @@ class OpOwner {
   virtual void TagResolved(uint64_t tag, uint64_t block_id, const absl::Status& status) = 0;
   // The block is gone (failed copy, released after a reload): drop its tag.
   virtual void ForgetBlock(uint64_t block_id) = 0;
+  // A reload already answered (its done event was recorded) then failed: the client may have
+  // consumed bytes that never landed, so the session must end with `status` (DATA_LOSS to the
+  // client). Must not block or close on the calling thread (a link or device thread).
+  virtual void FailAfterAnswer(uint64_t request_id, absl::Status status) = 0;
 };
 
 // Core::BeginTransfer / EndTransfer as a scoped object: a taken ticket counts one accepted
@@ -139,6 +144,8 @@ class OffloadOp : public Op, public std::enable_shared_from_this<OffloadOp> {
   // `answer` false: the session closed first and answers the request itself.
   void Finish(absl::Status status, bool answer = true);
 
+  std::shared_ptr<copy::TransferOrder> order_;  // from admission until the transfer is built
+
   const std::shared_ptr<copy::Region> region_;
   bool tag_claimed_ = false;
   store::BlockRef block_;  // block_id != 0 once reserved
@@ -159,12 +166,21 @@ class ReloadOp : public Op, public std::enable_shared_from_this<ReloadOp> {
   void Readable(absl::StatusOr<store::BlockRef> ref);
   // Builds the h2d transfer of the block and submits it to the GPU's link.
   void SubmitCopy(const store::BlockRef& block);
-  void Finish(absl::Status status);
+  // The engine recorded the client's done event after the last chunk (CUDA): answer now, before
+  // the copy completes; the client's compute stream waits on the event (the event protocol,
+  // docs/ARCHITECTURE.md). Runs on the device thread.
+  void AnswerRecorded() EXCLUDES(answer_mu_);
+  Completion DoneCompletion(bool recorded) const;
+  void Finish(absl::Status status) EXCLUDES(answer_mu_);
 
   const std::shared_ptr<copy::Region> region_;
   bool store_reload_open_ = false;  // BeginReload accepted: EndReload is owed
   uint64_t bytes_ = 0;               // the block's size once readable
   double ready_seconds_ = 0;
+  // AnswerRecorded (device thread) and Finish (link worker) may race on an error: one answer.
+  base::Mutex answer_mu_;
+  bool answered_ GUARDED_BY(answer_mu_) = false;
+  bool finishing_ GUARDED_BY(answer_mu_) = false;
 };
 
 }  // namespace offloadd::session

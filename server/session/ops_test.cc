@@ -20,18 +20,34 @@ constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kSessionId = 7;
 constexpr char kGpu[] = "gpu0";
 constexpr char kBadEvent[] = "bad-event";
+constexpr char kDoneEvent[] = "done-event";
 
-// The shm engine with failures on demand: WaitReady / SignalDone fail for kBadEvent, and every
+// What the scripted engine keeps of an ordered transfer.
+struct ScriptedOrder : copy::TransferOrder {
+  copy::TransferSpec spec;
+};
+
+// The shm engine with failures on demand: BeginTransfer fails for kBadEvent (as a ready event:
+// INVALID_ARGUMENT; as a done event: INTERNAL), a transfer with kDoneEvent "records" it after its
+// last chunk as a cuda engine does (on_done_recorded, before the chunk completes), and every
 // chunk copy fails while fail_copies is set.
 class ScriptedShmEngine : public copy::ShmCopyEngine {
  public:
-  absl::Status WaitReady(copy::Region&, const std::string& ready_event) override {
-    if (ready_event == kBadEvent) return absl::InvalidArgumentError("bad ready event");
-    return absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<copy::TransferOrder>> BeginTransfer(
+      copy::Region&, copy::TransferSpec spec) override {
+    if (spec.ready_event == kBadEvent) return absl::InvalidArgumentError("bad ready event");
+    if (spec.done_event == kBadEvent) return absl::InternalError("bad done event");
+    if (spec.done_event != kDoneEvent) return std::shared_ptr<copy::TransferOrder>();
+    auto o = std::make_shared<ScriptedOrder>();
+    o->spec = std::move(spec);
+    return std::shared_ptr<copy::TransferOrder>(o);
   }
-  absl::Status SignalDone(copy::Region&, const std::string& done_event) override {
-    if (done_event == kBadEvent) return absl::InternalError("bad done event");
-    return absl::OkStatus();
+  absl::Status CopyOrderedChunk(copy::TransferOrder* order, uint64_t transfer_offset,
+                                copy::Direction direction, copy::Region& region,
+                                uint64_t region_offset, uint8_t* host, uint64_t bytes) override {
+    auto* o = static_cast<ScriptedOrder*>(order);
+    if (o != nullptr && transfer_offset + bytes == o->spec.bytes) o->spec.on_done_recorded();
+    return CopyChunk(direction, region, region_offset, host, bytes);
   }
   absl::Status CopyChunk(copy::Direction direction, copy::Region& region, uint64_t region_offset,
                          uint8_t* host, uint64_t bytes) override {
@@ -69,12 +85,19 @@ class FakeOwner : public OpOwner {
     std::lock_guard<std::mutex> lock(mu);
     forgotten.push_back(block_id);
   }
+  void FailAfterAnswer(uint64_t request_id, absl::Status status) override {
+    std::lock_guard<std::mutex> lock(mu);
+    Completion c;
+    c.request_id = request_id;
+    c.status = std::move(status);
+    failed_after_answer.push_back(std::move(c));
+  }
 
   std::mutex mu;
   std::atomic<bool> closed{false};
   std::set<uint64_t> tags_in_use;
   int claims = 0;
-  std::vector<Completion> answers, errors;
+  std::vector<Completion> answers, errors, failed_after_answer;
   std::vector<uint64_t> tags_admitted, tags_failed, forgotten;
 };
 
@@ -307,6 +330,39 @@ TEST_F(OpsTest, ReloadWhoseDoneEventFailsKeepsTheBlockForARetry) {
   EXPECT_EQ(retry->state(), OpState::kReloaded);
   EXPECT_TRUE(core_->store().Release(kSessionId, block).ok());
   EXPECT_EQ(StoreBlocks(), 0u);  // both reloads were ended in the store
+}
+
+TEST_F(OpsTest, AReloadIsAnsweredWhenItsDoneEventIsRecordedAndOnceOnly) {
+  const uint64_t block = Stored(2);
+  Request r = Reload(2, block);
+  r.done_event = kDoneEvent;
+  r.release_after = true;
+  const size_t before = owner_->answers.size();  // the offload's
+  auto op = Run<ReloadOp>(r);
+  EXPECT_EQ(op->state(), OpState::kReloaded);
+  EXPECT_EQ(op->finish_calls(), 1);
+  ASSERT_EQ(owner_->answers.size(), before + 1);
+  EXPECT_EQ(owner_->answers.back().kind, CompletionKind::kReloadDone);
+  EXPECT_TRUE(owner_->answers.back().done_event_recorded);
+  EXPECT_TRUE(owner_->answers.back().released);
+  EXPECT_TRUE(owner_->errors.empty());
+  EXPECT_EQ(StoreBlocks(), 0u);  // released once the copy completed
+}
+
+TEST_F(OpsTest, AReloadThatFailsAfterItsDoneEventWasRecordedEndsTheSession) {
+  const uint64_t block = Stored(2);
+  Request r = Reload(2, block);
+  r.done_event = kDoneEvent;
+  engine_->fail_copies = true;  // the last chunk fails after the record was issued
+  const size_t before = owner_->answers.size();
+  auto op = Run<ReloadOp>(r);
+  EXPECT_EQ(op->state(), OpState::kFailed);
+  EXPECT_EQ(op->finish_calls(), 1);
+  ASSERT_EQ(owner_->answers.size(), before + 1);  // the early answer...
+  EXPECT_TRUE(owner_->errors.empty());    // ...and no second one
+  ASSERT_EQ(owner_->failed_after_answer.size(), 1u);  // the session must end
+  EXPECT_EQ(owner_->failed_after_answer[0].status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(StoreBlocks(), 1u);  // the block is kept (nothing accepted is lost)
 }
 
 TEST_F(OpsTest, ReloadRefusedWhileDrainingHoldsNothing) {

@@ -59,6 +59,10 @@ struct ConnectionLimits {
   // HTTP/2 streams (calls) open at once on one connection (gRPC's max concurrent streams
   // setting); a client's further calls wait in its own gRPC library. 0 = gRPC's default.
   uint32_t max_streams_per_connection = 64;
+  // HTTP/2 keepalive pings to each client connection every keepalive_time_seconds; one not
+  // answered within keepalive_timeout_seconds closes the connection. 0 = no pings.
+  double keepalive_time_seconds = 60;
+  double keepalive_timeout_seconds = 60;
 };
 
 // Reads SO_PEERCRED and SO_PEERGROUPS of a connected Unix socket. Errors: INTERNAL with errno's

@@ -1,4 +1,4 @@
-// Issue 14, defect 2: a projector refresh's copies go through the device's link (class
+// A projector refresh's copies go through the device's link (class
 // PROJECTOR) — chunked and counted there, and overtaken by an URGENT reload — via the
 // CopyThroughLink the session layer supplies (Core::CopyOverLink), as main wires it.
 #include <algorithm>

@@ -21,12 +21,22 @@ enum class RequestKind {
   kUnregisterRegion,
   kOffload,
   kReload,
-  kRelease
+  kRelease,
+  kClientReport
 };
 
 // Wire values of offloadd.v1.Priority; anything else is rejected.
 inline constexpr int kPriorityUrgent = 1;
 inline constexpr int kPriorityPrefetch = 2;
+
+// What a client did without the daemon (ClientReport in proto/offload.proto): cumulative counts
+// of the client process on the session's device; seconds for the waits.
+struct ClientCounters {
+  uint64_t fallbacks_total = 0;   // saved tensors kept in the process
+  uint64_t host_waits_total = 0;  // times the training thread blocked on the daemon
+  double host_wait_seconds_total = 0;
+  uint64_t idle_steps_total = 0;  // steps that saved tensors but sent none
+};
 
 struct Request {
   uint64_t request_id = 0;
@@ -40,8 +50,10 @@ struct Request {
   copy::RegionSpec region;
   // kOffload / kReload / kUnregisterRegion / kRelease
   uint64_t region_id = 0, offset = 0, bytes = 0, block_id = 0;
-  std::string ready_event;  // kOffload: CUDA IPC event the copy waits on
-  std::string done_event;   // kReload: CUDA IPC event recorded after the copy
+  // CUDA IPC events (the event protocol, docs/ARCHITECTURE.md): kOffload / kReload: no chunk
+  // is issued before it completed; kReload: recorded right after the last chunk is issued.
+  std::string ready_event;
+  std::string done_event;
   int priority = 0;
   bool release_after = false;
   double timeout_seconds = 0;  // relative: seconds from now (the wire's deadline_seconds); 0 = none
@@ -50,6 +62,8 @@ struct Request {
   uint64_t tag = 0;
   // kOffload: where the block falls in the client's reload order (spill tier policy).
   store::OrderHint order;
+  // kClientReport
+  ClientCounters report;
 };
 
 enum class CompletionKind {
@@ -59,7 +73,8 @@ enum class CompletionKind {
   kRegionUnregistered,
   kOffloadDone,
   kReloadDone,
-  kReleased
+  kReleased,
+  kClientReportAck
 };
 
 struct Completion {
@@ -70,6 +85,9 @@ struct Completion {
   uint64_t bytes = 0;
   double queued_seconds = 0, copy_seconds = 0;
   bool released = false;
+  // kReloadDone: the done event was recorded after the last chunk (sent before the copy
+  // completes); false: the copy has completed.
+  bool done_event_recorded = false;
   // kHello
   std::string backend, link;
   uint64_t pool_capacity_bytes = 0, session_quota_bytes = 0, chunk_bytes = 0;

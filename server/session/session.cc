@@ -12,7 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "glog/logging.h"
 #include "server/base/clock.h"
+#include "server/session/audit.h"
 #include "server/metrics/metrics.h"
 
 namespace offloadd::session {
@@ -26,6 +28,7 @@ const char* EndCauseName(EndCause cause) {
     case EndCause::kAdmin: return "admin";
     case EndCause::kBadMessage: return "bad_message";
     case EndCause::kHelloTimeout: return "hello_timeout";
+    case EndCause::kCopyFailed: return "copy_failed";
   }
   return "unknown";
 }
@@ -113,8 +116,10 @@ void Session::Handle(const Request& r) {
 }
 
 bool Session::MayBlock(const Request& r) const {
-  const bool offload_without_wait = r.kind == RequestKind::kOffload && r.ready_event.empty();
-  if (!offload_without_wait && r.kind != RequestKind::kReload) return true;
+  // Offloads and reloads never block the caller (a ready event is waited for by the engine's
+  // device thread, mappings are opened on its mapper thread).
+  if (r.kind == RequestKind::kClientReport) return false;  // a lock and a sum
+  if (r.kind != RequestKind::kOffload && r.kind != RequestKind::kReload) return true;
   base::MutexLock lock(mu_);
   return closed_ || !hello_done_ || regions_.count(r.region_id) == 0;
 }
@@ -136,6 +141,7 @@ void Session::Dispatch(const Request& r) {
     case RequestKind::kRegisterRegion: return OnRegister(r);
     case RequestKind::kUnregisterRegion: return OnUnregister(r);
     case RequestKind::kOffload: return OnOffload(r);
+    case RequestKind::kClientReport: return OnClientReport(r);
     case RequestKind::kReload:
     case RequestKind::kRelease: {
       Request resolved = r;
@@ -147,7 +153,7 @@ void Session::Dispatch(const Request& r) {
                   absl::InvalidArgumentError(
                       "unknown request kind: this daemon speaks offloadd.v1; upgrade it or send "
                       "one of hello, register_region, unregister_region, offload, reload, "
-                      "release"));
+                      "release, client_report"));
   }
 }
 
@@ -209,6 +215,7 @@ void Session::OnHello(const Request& r) {
   }
   if (!admitted.ok()) return Fail(r.request_id, admitted.status());
   metrics::Get().sessions_open->Increment();
+  AuditSessionOpen(info(), *admitted);
   Send(HelloReply(r, token, *admitted, std::move(resumed_ids)));
 }
 
@@ -459,6 +466,21 @@ void Session::ForgetBlock(uint64_t block_id) {
   block_tags_.erase(it);
 }
 
+void Session::FailAfterAnswer(uint64_t request_id, absl::Status status) {
+  const absl::Status end = absl::DataLossError(absl::StrCat(
+      "reload request ", request_id, " failed after the daemon recorded its done event (the ",
+      "destination may hold bytes that never landed): ", status.message(),
+      "; offloadd ended this session: fail the step and reconnect"));
+  LOG(ERROR) << "session " << id_ << ": " << end.message();
+  // Ending waits for the session's copies: not on this (link or device) thread. The transfer
+  // count keeps a shutdown from finishing under it.
+  if (!core_->BeginTransfer()) return;  // shutting down: every session is being closed anyway
+  std::thread([self = shared_from_this(), end] {
+    self->End(EndCause::kCopyFailed, end);
+    self->core_->EndTransfer();
+  }).detach();
+}
+
 void Session::OnRelease(const Request& r) {
   absl::Status st = core_->store().Release(id_, r.block_id);
   if (!st.ok()) return Fail(r.request_id, st);
@@ -467,6 +489,21 @@ void Session::OnRelease(const Request& r) {
   c.request_id = r.request_id;
   c.kind = CompletionKind::kReleased;
   c.id = r.block_id;
+  Send(std::move(c));
+}
+
+void Session::OnClientReport(const Request& r) {
+  absl::StatusOr<ClientCounters> increase;
+  {
+    base::MutexLock lock(mu_);
+    increase = ReportIncrease(client_report_, r.report);
+    if (increase.ok()) client_report_ = r.report;
+  }
+  if (!increase.ok()) return Fail(r.request_id, increase.status());
+  core_->AddClientReport(device_id_, *increase);
+  Completion c;
+  c.request_id = r.request_id;
+  c.kind = CompletionKind::kClientReportAck;
   Send(std::move(c));
 }
 
@@ -525,6 +562,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
     block_tags_.clear();
   }
   if (!counted) core_->EndPendingHello(id_);
+  if (counted) AuditSessionClose(info(), EndCauseName(cause));
   // No copy into the client's memory starts from here on; wait for those running, and drop the
   // queued ones (they must not hold up the link or a shutdown), before the stream ends. Their
   // requests are answered meanwhile (emit_ is still set).
@@ -583,6 +621,7 @@ SessionInfo Session::info() const {
     i.uid = peer_.uid;
     i.gid = peer_.gid;
     i.requests_in_flight = requests_in_flight_;
+    i.client_report = client_report_;
   }
   i.blocks = core_->store().SessionBlocks(id_);
   i.used_bytes = core_->store().SessionUsedBytes(id_);

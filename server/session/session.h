@@ -22,6 +22,10 @@
 //  - Reload priority must be URGENT or PREFETCH (INVALID_ARGUMENT otherwise); blocks are
 //    scoped to the session (NOT_FOUND for unknown, foreign or released ids).
 //  - A request kind the daemon does not know: INVALID_ARGUMENT.
+//  - ClientReport (client_reports.h): cumulative counts that never go down within the session
+//    and finite non-negative seconds (INVALID_ARGUMENT otherwise); kept as the session's latest
+//    report, their increase summed into the Core's per-GPU totals. Session opens and closes are
+//    written to the audit log (audit.h).
 //  - Tags: an offload may name its block with a tag unique among the session's live blocks
 //    (INVALID_ARGUMENT if in use); reloads and releases may use the tag before OffloadDone
 //    (NOT_FOUND for a tag with no live block). If the tagged offload fails, requests waiting on
@@ -82,7 +86,10 @@ absl::StatusOr<std::string> NewResumeToken();
 // stopping), pid_exited (process gone, stream lingered), admin (ended by an admin call),
 // bad_message (the client sent bytes that are not a valid message), hello_timeout (no Hello
 // within hello_timeout_seconds).
-enum class EndCause { kClosed, kCrashed, kShutdown, kPidExited, kAdmin, kBadMessage, kHelloTimeout };
+enum class EndCause {
+  kClosed, kCrashed, kShutdown, kPidExited, kAdmin, kBadMessage, kHelloTimeout,
+  kCopyFailed,  // a reload failed after its done event was recorded (OpOwner::FailAfterAnswer)
+};
 const char* EndCauseName(EndCause cause);
 
 class Session : public OpOwner, public std::enable_shared_from_this<Session> {
@@ -108,7 +115,7 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
   // keep such requests off the gRPC reaction. False only after Hello, for an offload without a
   // ready event or a reload, each naming a region already registered (Handle then only checks
   // it and queues the op: the store and the link scheduler call back on their own threads).
-  // True for everything else: Hello (getrandom, resuming blocks), RegisterRegion (opens the
+  // False for a ClientReport (a lock and a sum). True for everything else: Hello (getrandom, resuming blocks), RegisterRegion (opens the
   // client's memory: shm_open/mmap, a CUDA IPC handle on the device thread), UnregisterRegion
   // (may close one), Release, an offload waiting for a ready event, an unknown region (it may
   // be registered by an earlier request not yet handled), and a closed session.
@@ -158,6 +165,8 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
   bool SessionClosed() const override;
   bool ClaimTag(uint64_t tag) override EXCLUDES(mu_);
   void OnRelease(const Request& r);
+  // Keeps the client's cumulative counts and adds their increase to the Core's sums.
+  void OnClientReport(const Request& r) EXCLUDES(mu_);
   // Region by id, or NOT_FOUND.
   absl::StatusOr<std::shared_ptr<copy::Region>> FindRegion(uint64_t region_id) EXCLUDES(mu_);
   // Fills r.block_id from r.tag. Returns false when the request was queued (offload not yet
@@ -168,6 +177,7 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
   void TagResolved(uint64_t tag, uint64_t block_id, const absl::Status& status) override;
   // The block is gone: drop its tag.
   void ForgetBlock(uint64_t block_id) override;
+  void FailAfterAnswer(uint64_t request_id, absl::Status status) override;
 
   Core* const core_;
   const uint64_t id_;
@@ -191,6 +201,7 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
   // a request passed the hello_done_ check (under mu_), so it is read without the lock.
   std::string device_id_;
   uint32_t pid_ GUARDED_BY(mu_) = 0;
+  ClientCounters client_report_ GUARDED_BY(mu_);  // the latest ClientReport
   std::map<uint64_t, std::shared_ptr<copy::Region>> regions_ GUARDED_BY(mu_);
   uint64_t next_region_id_ GUARDED_BY(mu_) = 1;
   struct TaggedBlock {

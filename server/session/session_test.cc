@@ -103,8 +103,9 @@ TEST(SessionTest, OffloadReloadRoundTripsBytesThroughThePool) {
   s->Close(EndCause::kClosed);
 }
 
-// rpc/ handles a request on the gRPC reaction only when MayBlock says false: an offload without
-// a ready event or a reload into a registered region, after Hello.
+// rpc/ handles a request on the gRPC reaction only when MayBlock says false: an offload or a
+// reload into a registered region, after Hello (a ready event is waited for by the engine's
+// device thread, not by the caller).
 TEST(SessionTest, MayBlockIsFalseOnlyForOffloadsAndReloadsIntoARegisteredRegion) {
   auto core = MakeCore(16 * kMiB);
   Collector out;
@@ -124,7 +125,7 @@ TEST(SessionTest, MayBlockIsFalseOnlyForOffloadsAndReloadsIntoARegisteredRegion)
   EXPECT_TRUE(s->MayBlock(Reload(4, 7, reg.id + 1, 0, kPriorityUrgent, true)));
   Request waits = Offload(5, reg.id, 0, 4096);
   waits.ready_event = std::string(64, 'e');
-  EXPECT_TRUE(s->MayBlock(waits));
+  EXPECT_FALSE(s->MayBlock(waits));
   Request release;
   release.request_id = 6;
   release.kind = RequestKind::kRelease;
@@ -331,7 +332,7 @@ std::unique_ptr<Core> MakeSlowLinkCore() {
   return MakeCore(64 * kMiB, options);
 }
 
-// Issue 13 item 4: once Close()/End() has returned (the stream ends after it), the daemon must
+// Once Close()/End() has returned (the stream ends after it), the daemon must
 // not write into the client's memory: chunks not yet copied are cancelled, the running one is
 // waited for.
 TEST(SessionEndTest, NoReloadChunkLandsInClientMemoryAfterTheSessionEnded) {
@@ -496,7 +497,7 @@ class RegionDropWatchingEngine : public copy::ShmCopyEngine {
   std::atomic<int> drops{0}, drops_under_session_lock{0};
 };
 
-// Issue 14, defect 1: Unregister and Close dropped the session's region references with the
+// Unregister and Close used to drop the session's region references with the
 // session's mutex held.
 TEST(SessionTest, RegionsAreDroppedWithoutTheSessionLock) {
   pool::ArenaOptions a;

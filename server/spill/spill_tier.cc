@@ -8,17 +8,21 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
+#include "server/base/crc32c.h"
 
 namespace offloadd::spill {
 namespace {
@@ -50,19 +54,66 @@ absl::Status Errno(const std::string& what) {
   return absl::FailedPreconditionError(absl::StrFormat("%s: %s", what, strerror(errno)));
 }
 
+// A fresh file `name` in `dir_fd`: a stale file or link of that name is unlinked first, then the
+// file is created with O_EXCL | O_NOFOLLOW (nothing is ever written through a planted link).
+int CreateExclusive(int dir_fd, const std::string& name, int flags) {
+  if (unlinkat(dir_fd, name.c_str(), 0) != 0 && errno != ENOENT) return -1;
+  return openat(dir_fd, name.c_str(), flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+}
+
+// OK for a directory owned by this process's effective uid and not writable by group or others.
+absl::Status CheckOwnedDirectory(const std::string& directory, const struct stat& st) {
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("spill_directory %s is not a directory", directory));
+  }
+  const uid_t me = geteuid();
+  if (st.st_uid != me || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "spill_directory %s is owned by uid %d with mode %04o: it must be the daemon's own "
+        "(owner uid %d, not writable by group or others), since whoever can write it can replace "
+        "or read the blocks spilled there: chown %d and chmod go-w it, or choose another",
+        directory, st.st_uid, st.st_mode & 07777, me, me));
+  }
+  return absl::OkStatus();
+}
+
+// The spill file header: the first kHeaderBytes of a file (the rest zero), little-endian.
+struct SpillHeader {
+  char magic[8];        // "OFDSPIL1"
+  uint32_t version;     // 1
+  uint32_t flags;       // bit 0: data_crc was computed (SpillOptions::checksums)
+  uint64_t block_id;
+  uint64_t data_bytes;  // the extent's bytes data_crc covers
+  uint32_t data_crc;    // CRC32C of block_id and data_bytes (8 bytes each), then the data
+  uint32_t header_crc;  // CRC32C of the fields above
+};
+static_assert(sizeof(SpillHeader) == 40, "packed as written");
+constexpr char kMagic[8] = {'O', 'F', 'D', 'S', 'P', 'I', 'L', '1'};
+
+uint32_t HeaderCrc(const SpillHeader& h) { return base::Crc32c(&h, offsetof(SpillHeader, header_crc)); }
+
+// The data CRC bound to the block's identity: CRC32C(block_id, data_bytes, data) from the
+// data's own CRC.
+uint32_t BoundCrc(uint64_t block_id, uint64_t data_bytes, uint32_t data_crc) {
+  const uint64_t id[2] = {block_id, data_bytes};
+  return base::Crc32cCombine(base::Crc32c(id, sizeof(id)), data_crc, data_bytes);
+}
+
 // Writes then reads back `bytes` with O_DIRECT; the smaller rate in bytes/s.
-absl::StatusOr<double> MeasureBandwidth(DiskIo& io, const std::string& path, uint64_t bytes) {
+absl::StatusOr<double> MeasureBandwidth(DiskIo& io, int dir_fd, const std::string& name,
+                                        uint64_t bytes) {
   bytes = RoundUp(std::max<uint64_t>(bytes, 1 << 20), kDirectAlignment);
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("cannot open " + path + " with O_DIRECT");
+  int fd = CreateExclusive(dir_fd, name, O_RDWR | O_DIRECT);
+  if (fd < 0) return Errno("cannot open " + name + " with O_DIRECT");
   File file(fd);
-  unlink(path.c_str());
+  unlinkat(dir_fd, name.c_str(), 0);
   AlignedBuffer buf(bytes);
   if (buf.p == nullptr) return absl::ResourceExhaustedError("no memory for the measurement");
   memset(buf.p, 0x5a, bytes);
   double t0 = base::SteadyNowSeconds();
   if (absl::Status st = io.Write(fd, buf.p, bytes, 0); !st.ok()) return st;
-  if (fdatasync(fd) != 0) return Errno("fdatasync of " + path);
+  if (fdatasync(fd) != 0) return Errno("fdatasync of " + name);
   double t1 = base::SteadyNowSeconds();
   if (absl::Status st = io.Read(fd, buf.p, bytes, 0); !st.ok()) return st;
   double t2 = base::SteadyNowSeconds();
@@ -72,6 +123,33 @@ absl::StatusOr<double> MeasureBandwidth(DiskIo& io, const std::string& path, uin
 }
 
 }  // namespace
+
+// Per-chunk CRC32Cs of one transfer (chunks run on several workers, in any order), joined in
+// offset order at the end.
+class ChunkChecksums {
+ public:
+  void Add(uint64_t offset, uint64_t bytes, uint32_t crc) {
+    base::MutexLock lock(mu_);
+    pieces_[offset] = {bytes, crc};
+  }
+  // The CRC of [0, total) when the pieces tile it exactly; false otherwise.
+  bool Joined(uint64_t total, uint32_t* crc) {
+    base::MutexLock lock(mu_);
+    uint64_t at = 0;
+    uint32_t c = 0;
+    for (const auto& [offset, piece] : pieces_) {
+      if (offset != at) return false;
+      c = base::Crc32cCombine(c, piece.second, piece.first);
+      at += piece.first;
+    }
+    *crc = c;
+    return at == total;
+  }
+
+ private:
+  base::Mutex mu_;
+  std::map<uint64_t, std::pair<uint64_t, uint32_t>> pieces_ GUARDED_BY(mu_);
+};
 
 bool SpillTier::DirectIoSupported(const std::string& directory) {
   if (mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST) return false;
@@ -84,15 +162,35 @@ bool SpillTier::DirectIoSupported(const std::string& directory) {
 }
 
 uint64_t SpillTier::FileBytes(uint64_t extent_bytes) {
+  return kHeaderBytes + DataBytes(extent_bytes);
+}
+
+uint64_t SpillTier::DataBytes(uint64_t extent_bytes) {
   return RoundUp(extent_bytes, kDirectAlignment);
+}
+
+absl::Status SpillTier::CheckDirectory(const std::string& directory) {
+  struct stat st;
+  if (lstat(directory.c_str(), &st) != 0 && errno == ENOENT) return absl::OkStatus();
+  if (stat(directory.c_str(), &st) != 0) return Errno("cannot stat spill_directory " + directory);
+  if (absl::Status owned = CheckOwnedDirectory(directory, st); !owned.ok()) return owned;
+  const int fd = open(directory.c_str(), O_RDWR | O_TMPFILE | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EINVAL) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the file system of spill_directory %s does not support O_DIRECT (tmpfs?): put it on a "
+        "local disk (ext4, xfs)",
+        directory));
+  }
+  if (fd >= 0) close(fd);
+  return absl::OkStatus();
 }
 
 // Takes the directory's lock file (flock, held until the daemon exits; the kernel drops it when a
 // daemon dies): a second daemon on the same directory would take the first one's spill files for
 // leftovers and remove them. Returns the lock's descriptor.
-static absl::StatusOr<int> LockSpillDirectory(const std::string& directory) {
+static absl::StatusOr<int> LockSpillDirectory(const std::string& directory, int dir_fd) {
   const std::string path = directory + "/offloadd.lock";
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  const int fd = openat(dir_fd, "offloadd.lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return Errno("cannot create the lock file " + path);
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -109,31 +207,44 @@ static absl::StatusOr<int> LockSpillDirectory(const std::string& directory) {
   return fd;
 }
 
+// Opens `directory` (created 0700 if missing) and checks that it is the daemon's own.
+static absl::StatusOr<int> OpenSpillDirectory(const std::string& directory) {
+  if (mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Errno("cannot create spill_directory " + directory);
+  }
+  const int fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open spill_directory " + directory);
+  File dir(fd);
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Errno("cannot stat spill_directory " + directory);
+  if (absl::Status owned = CheckOwnedDirectory(directory, st); !owned.ok()) return owned;
+  const int probe = CreateExclusive(fd, "probe.tmp", O_RDWR | O_DIRECT);
+  if (probe < 0) {
+    if (errno == EINVAL) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the file system of spill_directory %s does not support O_DIRECT (tmpfs?): put it on "
+          "a local disk (ext4, xfs)",
+          directory));
+    }
+    return Errno("cannot write in spill_directory " + directory);
+  }
+  close(probe);
+  unlinkat(fd, "probe.tmp", 0);
+  return dir.Release();
+}
+
 absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions& options,
                                                             uint8_t* pool_base,
                                                             uint64_t pool_bytes) {
   if (options.directory.empty()) {
     return absl::InvalidArgumentError("spill_directory is empty: name a directory on local NVMe");
   }
-  if (mkdir(options.directory.c_str(), 0700) != 0 && errno != EEXIST) {
-    return Errno("cannot create spill_directory " + options.directory);
-  }
-  absl::StatusOr<int> lock_fd = LockSpillDirectory(options.directory);
+  absl::StatusOr<int> dir_fd = OpenSpillDirectory(options.directory);
+  if (!dir_fd.ok()) return dir_fd.status();
+  File dir(*dir_fd);  // closed if start-up fails below
+  absl::StatusOr<int> lock_fd = LockSpillDirectory(options.directory, dir.fd);
   if (!lock_fd.ok()) return lock_fd.status();
   File lock(*lock_fd);  // closed (unlocked) if start-up fails below
-  const std::string probe = options.directory + "/probe.tmp";
-  int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    if (errno == EINVAL) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "the file system of spill_directory %s does not support O_DIRECT (tmpfs?): put it on "
-          "a local disk (ext4, xfs)",
-          options.directory));
-    }
-    return Errno("cannot write in spill_directory " + options.directory);
-  }
-  close(fd);
-  unlink(probe.c_str());
 
   std::string why_not;
   std::unique_ptr<DiskIo> io = MakeDiskIo(options.io_uring, &why_not);
@@ -144,12 +255,12 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions&
   o.chunk_bytes = RoundUp(std::max<uint64_t>(o.chunk_bytes, kDirectAlignment), kDirectAlignment);
   if (o.capacity_bytes == 0) {
     struct statvfs vfs;
-    if (statvfs(o.directory.c_str(), &vfs) != 0) return Errno("statvfs " + o.directory);
+    if (fstatvfs(dir.fd, &vfs) != 0) return Errno("statvfs " + o.directory);
     o.capacity_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize / 10 * 9;
   }
   bool measured = false;
   if (o.bytes_per_second == 0) {
-    auto rate = MeasureBandwidth(*io, o.directory + "/measure.tmp", o.measure_bytes);
+    auto rate = MeasureBandwidth(*io, dir.fd, "measure.tmp", o.measure_bytes);
     if (!rate.ok()) return rate.status();
     o.bytes_per_second = *rate;
     measured = true;
@@ -157,12 +268,17 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const SpillOptions&
   std::unique_ptr<SpillTier> tier(new SpillTier(o, std::move(io), pool_base, pool_bytes));
   tier->measured_ = measured;
   tier->lock_fd_ = lock.Release();
+  tier->dir_fd_ = dir.Release();
   LOG(INFO) << "spill tier: " << o.directory << ", " << o.capacity_bytes << " bytes, "
             << tier->io_->name() << " + O_DIRECT, "
             << (o.bytes_per_second < 0 ? std::string("unpaced")
                                        : absl::StrFormat("paced at %.3f GB/s%s",
                                                          o.bytes_per_second / 1e9,
-                                                         measured ? " (measured)" : ""));
+                                                         measured ? " (measured)" : ""))
+            << (o.checksums ? absl::StrFormat(", CRC32C (%s)", base::Crc32cHardware()
+                                                                   ? "SSE4.2"
+                                                                   : "portable")
+                            : std::string(", no checksums"));
   return tier;
 }
 
@@ -183,12 +299,17 @@ SpillTier::SpillTier(const SpillOptions& options, std::unique_ptr<DiskIo> io,
 SpillTier::~SpillTier() {
   Shutdown();
   if (lock_fd_ >= 0) close(lock_fd_);
+  if (dir_fd_ >= 0) close(dir_fd_);
 }
 
 void SpillTier::Shutdown() { link_->Shutdown(); }
 
+std::string SpillTier::FileName(uint64_t block_id) const {
+  return absl::StrFormat("%016x.spill", block_id);
+}
+
 std::string SpillTier::FilePath(uint64_t block_id) const {
-  return absl::StrFormat("%s/%016x.spill", options_.directory, block_id);
+  return options_.directory + "/" + FileName(block_id);
 }
 
 bool SpillTier::TryReserve(uint64_t extent_bytes) {
@@ -211,6 +332,79 @@ void SpillTier::Promote(uint64_t block_id) {
   }
 }
 
+namespace {
+// Reads and checks the header of an open spill file: DATA_LOSS naming `path` unless it is a
+// valid header of `block_id` with `data_bytes` of data.
+absl::StatusOr<SpillHeader> ReadHeader(DiskIo& io, int fd, const std::string& path,
+                                       uint64_t block_id, uint64_t data_bytes) {
+  AlignedBuffer buf(SpillTier::kHeaderBytes);
+  if (buf.p == nullptr) return absl::ResourceExhaustedError("no memory for a spill header");
+  absl::Status read = io.Read(fd, buf.p, SpillTier::kHeaderBytes, 0);
+  if (!read.ok()) return read;
+  SpillHeader h;
+  memcpy(&h, buf.p, sizeof(h));
+  if (memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.version != 1 || h.header_crc != HeaderCrc(h)) {
+    return absl::DataLossError(absl::StrFormat(
+        "spill file %s has no valid header (magic, version or header CRC32C wrong: its first "
+        "4 KiB were overwritten, or it is not a spill file): the block's bytes are lost",
+        path));
+  }
+  if (h.block_id != block_id || h.data_bytes != data_bytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "spill file %s holds block %016x of %d bytes, not block %016x of %d: it was swapped or "
+        "replaced under the daemon; the block's bytes are lost",
+        path, h.block_id, h.data_bytes, block_id, data_bytes));
+  }
+  return h;
+}
+
+// DATA_LOSS unless `fd` is a regular file of this process's uid holding at least `bytes`.
+absl::Status CheckSpillFile(int fd, const std::string& path, uint64_t bytes, const char* when) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Errno("cannot stat spill file " + path);
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    return absl::DataLossError(absl::StrFormat(
+        "spill file %s is not a regular file of the daemon's uid (owner %d, mode %o) %s: the "
+        "block's bytes are lost",
+        path, st.st_uid, st.st_mode, when));
+  }
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "spill file %s held %d of %d bytes %s (truncated): the block's bytes are lost", path,
+        static_cast<int64_t>(st.st_size), bytes, when));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+// Opens the block's file for reading: DATA_LOSS naming it when it is missing, a symbolic link
+// (O_NOFOLLOW: ELOOP), not the daemon's regular file, or shorter than `file_bytes`.
+absl::StatusOr<int> SpillTier::OpenForRead(uint64_t block_id, uint64_t file_bytes) {
+  const std::string path = FilePath(block_id);
+  const int fd =
+      openat(dir_fd_, FileName(block_id).c_str(), O_RDONLY | O_NOFOLLOW | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return absl::DataLossError(absl::StrFormat(
+          "spill file %s was removed under the daemon: the block's bytes are lost", path));
+    }
+    if (err == ELOOP) {
+      return absl::DataLossError(absl::StrFormat(
+          "spill file %s is a symbolic link, not the daemon's file (not followed): the block's "
+          "bytes are lost",
+          path));
+    }
+    return absl::InternalError(
+        absl::StrFormat("cannot open spill file %s: %s", path, strerror(err)));
+  }
+  File file(fd);
+  if (absl::Status ok = CheckSpillFile(fd, path, file_bytes, "under the daemon"); !ok.ok()) {
+    return ok;
+  }
+  return file.Release();
+}
+
 absl::Status SpillTier::AdoptFile(uint64_t block_id, uint64_t extent_bytes) {
   const uint64_t file_bytes = FileBytes(extent_bytes);
   {
@@ -218,25 +412,30 @@ absl::Status SpillTier::AdoptFile(uint64_t block_id, uint64_t extent_bytes) {
     used_bytes_ += file_bytes;
     ++files_;
   }
-  const std::string path = FilePath(block_id);
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    return absl::DataLossError(absl::StrFormat(
-        "spill file %s was missing when offloadd restarted (%s): the block's bytes are lost",
-        path, strerror(errno)));
+  absl::StatusOr<int> fd = OpenForRead(block_id, file_bytes);
+  if (!fd.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(fd.status().message(), " (found when offloadd restarted)"));
   }
-  if (static_cast<uint64_t>(st.st_size) < file_bytes) {
-    return absl::DataLossError(absl::StrFormat(
-        "spill file %s held %d of %d bytes when offloadd restarted (truncated): the block's "
-        "bytes are lost",
-        path, static_cast<int64_t>(st.st_size), file_bytes));
+  File file(*fd);
+  absl::StatusOr<SpillHeader> h = ReadHeader(*io_, file.fd, FilePath(block_id), block_id,
+                                             extent_bytes);
+  if (!h.ok()) return absl::DataLossError(h.status().message());
+  if (h->flags & 1) {
+    base::MutexLock lock(mu_);
+    crcs_[block_id] = h->data_crc;
   }
   return absl::OkStatus();
 }
 
 int SpillTier::RemoveFilesExcept(const std::unordered_set<uint64_t>& keep) {
-  DIR* d = opendir(options_.directory.c_str());
-  if (d == nullptr) return 0;
+  const int fd = dup(dir_fd_);
+  DIR* d = fd < 0 ? nullptr : fdopendir(fd);
+  if (d == nullptr) {
+    if (fd >= 0) close(fd);
+    return 0;
+  }
+  rewinddir(d);
   int n = 0;
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
@@ -245,7 +444,7 @@ int SpillTier::RemoveFilesExcept(const std::unordered_set<uint64_t>& keep) {
     const bool named = name.size() == 16 + 6 &&
                        absl::SimpleHexAtoi(absl::string_view(name).substr(0, 16), &id) &&
                        keep.count(id) != 0;
-    if (!named && unlink((options_.directory + "/" + name).c_str()) == 0) ++n;
+    if (!named && unlinkat(dir_fd_, name.c_str(), 0) == 0) ++n;
   }
   closedir(d);
   if (n > 0) {
@@ -256,9 +455,10 @@ int SpillTier::RemoveFilesExcept(const std::unordered_set<uint64_t>& keep) {
 }
 
 void SpillTier::Remove(uint64_t block_id, uint64_t extent_bytes) {
-  unlink(FilePath(block_id).c_str());
+  unlinkat(dir_fd_, FileName(block_id).c_str(), 0);
   base::MutexLock lock(mu_);
   promoted_.erase(block_id);
+  crcs_.erase(block_id);
   used_bytes_ -= std::min(used_bytes_, FileBytes(extent_bytes));
   if (files_ > 0) --files_;
 }
@@ -275,46 +475,86 @@ void SpillTier::Stage(uint64_t block_id, pool::Extent extent, DiskClass cls,
          flow, std::move(done));
 }
 
-// Opens the block's spill file for writing (created, truncated and fallocate'd to file_bytes) or
-// reading (checked to hold file_bytes); returns the descriptor or the status the block's
-// transfer finishes with (DATA_LOSS for a removed or truncated file, RESOURCE_EXHAUSTED for a
-// full file system).
-absl::StatusOr<int> SpillTier::OpenSpillFile(bool write, const std::string& path,
-                                             uint64_t file_bytes) {
-  const int flags = write ? (O_WRONLY | O_CREAT | O_TRUNC) : O_RDONLY;
-  const int fd = open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0600);
+// Opens the block's spill file for writing (created anew with O_EXCL, fallocate'd to
+// file_bytes) or reading (OpenForRead); returns the descriptor or the status the block's
+// transfer finishes with (DATA_LOSS for a removed, truncated or linked file, RESOURCE_EXHAUSTED
+// for a full file system).
+absl::StatusOr<int> SpillTier::OpenSpillFile(bool write, uint64_t block_id, uint64_t file_bytes) {
+  if (!write) return OpenForRead(block_id, file_bytes);
+  const std::string path = FilePath(block_id);
+  const int fd = CreateExclusive(dir_fd_, FileName(block_id), O_WRONLY | O_DIRECT);
   if (fd < 0) {
-    const int err = errno;
-    if (!write && err == ENOENT) {
-      return absl::DataLossError(absl::StrFormat(
-          "spill file %s was removed under the daemon: the block's bytes are lost", path));
-    }
     return absl::InternalError(
-        absl::StrFormat("cannot open spill file %s: %s", path, strerror(err)));
+        absl::StrFormat("cannot create spill file %s: %s", path, strerror(errno)));
   }
   File file(fd);  // closes fd on every error below
-  if (write) {
-    // Allocate the whole file first: O_DIRECT writes into allocated blocks run in parallel
-    // (extending writes are serialised by the file system), and a full disk shows here.
-    if (fallocate(fd, 0, 0, static_cast<off_t>(file_bytes)) != 0 && errno != EOPNOTSUPP) {
-      const int err = errno;
-      if (err == ENOSPC || err == EDQUOT) {
-        return absl::ResourceExhaustedError(absl::StrFormat(
-            "the spill directory's file system is full (%s) allocating %s", strerror(err), path));
-      }
-      return absl::InternalError(
-          absl::StrFormat("cannot allocate spill file %s: %s", path, strerror(err)));
+  // Allocate the whole file first: O_DIRECT writes into allocated blocks run in parallel
+  // (extending writes are serialised by the file system), and a full disk shows here.
+  if (fallocate(fd, 0, 0, static_cast<off_t>(file_bytes)) != 0 && errno != EOPNOTSUPP) {
+    const int err = errno;
+    if (err == ENOSPC || err == EDQUOT) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the spill directory's file system is full (%s) allocating %s", strerror(err), path));
     }
-  } else {
-    struct stat st;
-    if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < file_bytes) {
-      return absl::DataLossError(absl::StrFormat(
-          "spill file %s holds %d of %d bytes (truncated under the daemon): the block's bytes "
-          "are lost",
-          path, static_cast<int64_t>(st.st_size), file_bytes));
-    }
+    return absl::InternalError(
+        absl::StrFormat("cannot allocate spill file %s: %s", path, strerror(err)));
   }
   return file.Release();
+}
+
+absl::Status SpillTier::FinishWrite(int fd, uint64_t block_id, pool::Extent extent,
+                                    ChunkChecksums* sums) {
+  SpillHeader h{};
+  memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.version = 1;
+  h.block_id = block_id;
+  h.data_bytes = extent.bytes;
+  uint32_t crc = 0;
+  if (sums != nullptr) {
+    if (!sums->Joined(extent.bytes, &crc)) {
+      return absl::InternalError("spill: the chunks' checksums do not cover the block");
+    }
+    h.flags = 1;
+    h.data_crc = BoundCrc(block_id, extent.bytes, crc);
+  }
+  h.header_crc = HeaderCrc(h);
+  AlignedBuffer buf(kHeaderBytes);
+  if (buf.p == nullptr) return absl::ResourceExhaustedError("no memory for a spill header");
+  memset(buf.p, 0, kHeaderBytes);
+  memcpy(buf.p, &h, sizeof(h));
+  if (absl::Status st = io_->Write(fd, buf.p, kHeaderBytes, 0); !st.ok()) return st;
+  if (sums != nullptr) {
+    base::MutexLock lock(mu_);
+    crcs_[block_id] = h.data_crc;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SpillTier::FinishRead(int fd, uint64_t block_id, pool::Extent extent,
+                                   ChunkChecksums* sums) {
+  const std::string path = FilePath(block_id);
+  absl::StatusOr<SpillHeader> h = ReadHeader(*io_, fd, path, block_id, extent.bytes);
+  if (!h.ok()) return h.status();
+  if (sums == nullptr || (h->flags & 1) == 0) return absl::OkStatus();
+  uint32_t crc = 0;
+  if (!sums->Joined(extent.bytes, &crc)) {
+    return absl::InternalError("stage-back: the chunks' checksums do not cover the block");
+  }
+  const uint32_t read = BoundCrc(block_id, extent.bytes, crc);
+  uint32_t recorded = h->data_crc;
+  {
+    base::MutexLock lock(mu_);
+    auto it = crcs_.find(block_id);
+    if (it != crcs_.end()) recorded = it->second;
+  }
+  if (read != h->data_crc || recorded != h->data_crc) {
+    return absl::DataLossError(absl::StrFormat(
+        "spill file %s failed its CRC32C check (read back %08x, header %08x, written %08x): "
+        "its bytes changed on disk (a stray writer, a misdirected write, bit rot) or it was "
+        "replaced; the block's bytes are lost",
+        path, read, h->data_crc, recorded));
+  }
+  return absl::OkStatus();
 }
 
 void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
@@ -327,7 +567,7 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
         pool_bytes_)));
     return;
   }
-  absl::StatusOr<int> fd = OpenSpillFile(write, path, file_bytes);
+  absl::StatusOr<int> fd = OpenSpillFile(write, block_id, file_bytes);
   if (!fd.ok()) {
     done(fd.status());
     return;
@@ -337,15 +577,21 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
     base::MutexLock lock(mu_);
     if (promoted_.erase(block_id) > 0) cls = sched::TrafficClass::kUrgent;
   }
+  auto sums = options_.checksums ? std::make_shared<ChunkChecksums>() : nullptr;
   auto t = std::make_shared<sched::Transfer>();
   t->gpu = flow;
   t->cls = cls;
   t->owner_id = block_id;  // for Promote
-  t->bytes = file_bytes;
-  t->copy_chunk = [this, write, file, extent](uint64_t o, uint64_t len) {
-    return MoveChunk(write, file->fd, extent, o, len);
+  t->bytes = file_bytes - kHeaderBytes;
+  t->copy_chunk = [this, write, file, extent, sums](uint64_t o, uint64_t len) {
+    return MoveChunk(write, file->fd, extent, o, len, sums.get());
   };
-  t->done = [this, write, file, file_bytes, path, done = std::move(done)](absl::Status st) {
+  t->done = [this, write, file, file_bytes, path, block_id, extent, sums,
+             done = std::move(done)](absl::Status st) {
+    if (st.ok()) {
+      st = write ? FinishWrite(file->fd, block_id, extent, sums.get())
+                 : FinishRead(file->fd, block_id, extent, sums.get());
+    }
     // Synced before OK: the store records the block as spilled and frees its extent on OK.
     if (st.ok() && write && fdatasync(file->fd) != 0) {
       st = absl::InternalError(
@@ -353,7 +599,8 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
     }
     if (st.ok()) {
       (write ? spill_bytes_total_ : stage_bytes_total_) += file_bytes;
-    } else if (st.code() == absl::StatusCode::kDataLoss) {
+    } else if (st.code() == absl::StatusCode::kDataLoss &&
+               !absl::StrContains(st.message(), path)) {
       st = absl::DataLossError(absl::StrFormat("%s: %s", path, st.message()));
     }
     done(st);
@@ -362,20 +609,29 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
 }
 
 absl::Status SpillTier::MoveChunk(bool write, int fd, pool::Extent extent, uint64_t o,
-                                  uint64_t len) {
+                                  uint64_t len, ChunkChecksums* sums) {
   uint8_t* mem = pool_base_ + extent.offset + o;
   const uint64_t in_pool = o >= extent.bytes ? 0 : std::min(len, extent.bytes - o);
+  if (sums != nullptr && write && in_pool > 0) sums->Add(o, in_pool, base::Crc32c(mem, in_pool));
   const bool direct = in_pool == len && reinterpret_cast<uintptr_t>(mem) % kDirectAlignment == 0;
-  if (direct) return write ? io_->Write(fd, mem, len, o) : io_->Read(fd, mem, len, o);
-  AlignedBuffer bounce(len);
-  if (bounce.p == nullptr) return absl::ResourceExhaustedError("no memory for a bounce buffer");
-  if (write) {
-    memcpy(bounce.p, mem, in_pool);
-    memset(static_cast<uint8_t*>(bounce.p) + in_pool, 0, len - in_pool);
-    return io_->Write(fd, bounce.p, len, o);
+  const uint64_t at = kHeaderBytes + o;
+  absl::Status st;
+  if (direct) {
+    st = write ? io_->Write(fd, mem, len, at) : io_->Read(fd, mem, len, at);
+  } else {
+    AlignedBuffer bounce(len);
+    if (bounce.p == nullptr) return absl::ResourceExhaustedError("no memory for a bounce buffer");
+    if (write) {
+      memcpy(bounce.p, mem, in_pool);
+      memset(static_cast<uint8_t*>(bounce.p) + in_pool, 0, len - in_pool);
+      return io_->Write(fd, bounce.p, len, at);
+    }
+    st = io_->Read(fd, bounce.p, len, at);
+    if (st.ok()) memcpy(mem, bounce.p, in_pool);
   }
-  absl::Status st = io_->Read(fd, bounce.p, len, o);
-  if (st.ok()) memcpy(mem, bounce.p, in_pool);
+  if (st.ok() && sums != nullptr && !write && in_pool > 0) {
+    sums->Add(o, in_pool, base::Crc32c(mem, in_pool));
+  }
   return st;
 }
 

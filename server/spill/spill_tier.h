@@ -11,8 +11,15 @@
 // store passes the owning session; the transfer's owner_id is the block), paced at `bytes_per_second` so the queue forms where the
 // priorities apply rather than inside the device.
 //
-// Layout and alignment: a block's file holds its extent rounded up to 4096 bytes. Chunks are
-// 4096-aligned in the file; a chunk whose pool bytes are 4096-aligned in memory and whole is
+// Layout and alignment: a block's file is a 4096-byte header, then its extent rounded up to 4096
+// bytes. The header names the block (id, data bytes) and holds the CRC32C (base/crc32c.h,
+// hardware-accelerated) of the block id and size followed by the data, and a CRC32C of itself.
+// A spill computes the data's CRC chunk by chunk as it writes (pieces joined with
+// Crc32cCombine), a stage-back as it reads; the stage-back answers DATA_LOSS for that block
+// alone when the header is not valid (first 4 KiB overwritten), names another block or size (a
+// file swapped or replaced), or the CRC differs from the header's or from the one this daemon
+// recorded when it wrote the file (bytes changed on disk): never wrong bytes with OK. Chunks
+// are 4096-aligned in the file; a chunk whose pool bytes are 4096-aligned in memory and whole is
 // moved directly between the extent and the file; otherwise (an extent not aligned in the
 // arena, or the tail of an extent that is not a multiple of 4096) through an aligned bounce
 // buffer of one chunk. With the spill tier on, the store sizes extents in multiples of 4096, so
@@ -22,8 +29,15 @@
 // reserves before it spills, so "disk full" is known before any byte moves. A write that still
 // fails (ENOSPC from the file system) reports RESOURCE_EXHAUSTED and the block stays in the pool.
 //
-// Failure: a stage-back of a file that was removed, or truncated (under the daemon), gets
-// DATA_LOSS naming the file; nothing else is affected.
+// Failure: a stage-back of a file that was removed, truncated, damaged, swapped or replaced
+// (under the daemon), or that is a symbolic link, gets DATA_LOSS naming the file; nothing else
+// is affected.
+//
+// Ownership: the directory must be owned by the daemon's effective uid and not writable by
+// group or others (FAILED_PRECONDITION at Create otherwise; CheckDirectory for
+// --check-config), since whoever can write it can replace or read the blocks. Files are
+// opened relative to a descriptor of the directory taken at Create, with O_NOFOLLOW; a spill
+// file is created with O_EXCL (a stale file or link of that name is unlinked first).
 //
 // Durability: a spill reports OK only after the file's bytes are synced (fdatasync), so the
 // store may then record the block as spilled in the shared pool and free its extent.
@@ -46,6 +60,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "absl/status/status.h"
@@ -67,6 +82,9 @@ struct SpillOptions {
   uint32_t io_threads = 2;  // spill link workers (chunks in flight)
   double spill_min_share = 0.2;  // of the disk's bytes for spills while reloads also wait
   uint64_t measure_bytes = 64ull << 20;
+  // CRC32C of every block's data, verified at stage-back (the header is written either way).
+  // Off only for the benchmark that measures its cost (bench/spill_bench).
+  bool checksums = true;
 };
 
 enum class DiskClass { kUrgent, kPrefetch, kSpill };
@@ -98,9 +116,18 @@ class SpillTier {
   // Whether files in `directory` (created if missing) open with O_DIRECT; false on tmpfs. Tests
   // skip where it is false.
   static bool DirectIoSupported(const std::string& directory);
+  // --check-config: OK when `directory` is missing (Create makes it, mode 0700) or is a
+  // directory owned by this process's effective uid, not writable by group or others, whose
+  // file system takes O_DIRECT; else FAILED_PRECONDITION saying what to change. Writes nothing.
+  static absl::Status CheckDirectory(const std::string& directory);
 
-  // Bytes a block of extent `extent_bytes` takes on disk (rounded up to 4096).
+  static constexpr uint64_t kHeaderBytes = 4096;
+  // Bytes a block of extent `extent_bytes` takes on disk: the header, then the extent rounded
+  // up to 4096.
   static uint64_t FileBytes(uint64_t extent_bytes);
+  // The extent rounded up to 4096: what a block's data takes in its file (the store sizes
+  // extents so with the tier on).
+  static uint64_t DataBytes(uint64_t extent_bytes);
   // Reserves FileBytes(extent_bytes) of capacity; false when it does not fit (disk full).
   bool TryReserve(uint64_t extent_bytes) EXCLUDES(mu_);
   // Writes `extent` of the pool to the block's file (class SPILL); `done` gets OK, or the error
@@ -118,7 +145,9 @@ class SpillTier {
   void Promote(uint64_t block_id) EXCLUDES(mu_);
   // Takes over the file a previous daemon wrote for the block (adoption): its capacity is
   // counted as reserved whatever the result, so Remove returns it. DATA_LOSS (naming the file)
-  // when the file is missing or shorter than FileBytes(extent_bytes).
+  // when the file is missing, shorter than FileBytes(extent_bytes), not a regular file of the
+  // daemon's uid (a link), or its header is not valid or names another block or size; its
+  // data is checked at stage-back against the header's CRC.
   absl::Status AdoptFile(uint64_t block_id, uint64_t extent_bytes) EXCLUDES(mu_);
   // Unlinks every "*.spill" file in the directory whose block id is not in `keep` (files of a
   // previous daemon no record names); returns how many.
@@ -137,8 +166,19 @@ class SpillTier {
   void Submit(bool write, uint64_t block_id, pool::Extent extent, sched::TrafficClass cls,
               const std::string& flow, Done done);
   // Moves [o, o + len) of a block's file, `len` and `o` multiples of 4096.
-  absl::StatusOr<int> OpenSpillFile(bool write, const std::string& path, uint64_t file_bytes);
-  absl::Status MoveChunk(bool write, int fd, pool::Extent extent, uint64_t o, uint64_t len);
+  absl::StatusOr<int> OpenSpillFile(bool write, uint64_t block_id, uint64_t file_bytes);
+  absl::StatusOr<int> OpenForRead(uint64_t block_id, uint64_t file_bytes);
+  // Moves [o, o + len) of a block's data (file offset kHeaderBytes + o); with `sums`, records
+  // the CRC32C of the chunk's bytes in the pool.
+  absl::Status MoveChunk(bool write, int fd, pool::Extent extent, uint64_t o, uint64_t len,
+                         class ChunkChecksums* sums);
+  // After the last chunk: writes the header (spill) or reads and checks it and the data's
+  // CRC (stage-back).
+  absl::Status FinishWrite(int fd, uint64_t block_id, pool::Extent extent,
+                           ChunkChecksums* sums) EXCLUDES(mu_);
+  absl::Status FinishRead(int fd, uint64_t block_id, pool::Extent extent, ChunkChecksums* sums)
+      EXCLUDES(mu_);
+  std::string FileName(uint64_t block_id) const;
 
   SpillOptions options_;
   std::unique_ptr<DiskIo> io_;
@@ -148,7 +188,11 @@ class SpillTier {
   // The directory's offloadd.lock, flock'ed for the tier's life (set by Create before the tier
   // is shared, closed by the destructor).
   int lock_fd_ = -1;
+  // The directory, opened at Create; every file is opened relative to it.
+  int dir_fd_ = -1;
   mutable base::Mutex mu_;
+  // The data CRC of each file this tier wrote or adopted (checked against the header's).
+  std::unordered_map<uint64_t, uint32_t> crcs_ GUARDED_BY(mu_);
   uint64_t used_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t files_ GUARDED_BY(mu_) = 0;
   // Promote came before the stage reached the link

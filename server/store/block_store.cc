@@ -97,7 +97,7 @@ void BlockStore::SetSessionResumeKey(uint64_t session_id, const pool::ResumeKey&
 }
 
 uint64_t BlockStore::ExtentBytes(uint64_t bytes) const {
-  return spill_ != nullptr ? spill::SpillTier::FileBytes(bytes)
+  return spill_ != nullptr ? spill::SpillTier::DataBytes(bytes)
                            : pool::ExtentAllocator::RoundUp(bytes);
 }
 

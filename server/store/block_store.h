@@ -28,7 +28,7 @@
 // belong to no session until a session presenting the same resume key takes them
 // (ResumeSession), and those not taken within the grace period are freed.
 //
-// Spill tier (constructed with a spill::SpillTier, issue 18; README "Spill tier"): a block has a
+// Spill tier (constructed with a spill::SpillTier; README "Spill tier"): a block has a
 // tier besides its state —
 //   kPool --(spill starts)--> kSpilling --(write ok)--> kDisk --(stage starts)--> kStaging
 //     ^                           |  (failed, cancelled)           (read ok)  |      |
@@ -157,7 +157,7 @@ struct StoreStats {
   uint64_t blocks_lost_total = 0;  // spill files removed or truncated under the daemon
   // Urgent stage-backs waiting for pool space now (see the spill policy above).
   uint64_t stages_waiting = 0;
-  // NUMA placement (issue 16 part 5): allocations per outcome (pool/sliced_allocator.h;
+  // NUMA placement: allocations per outcome (pool/sliced_allocator.h;
   // adoption not counted) and each slice's bytes, in pool order (one slice of node -1 when the
   // pool is not sliced).
   pool::PlacementCounts placement;

@@ -1,4 +1,4 @@
-// BlockStore's spill-tier policy (issue 18): which blocks go to disk, staging them back, and
+// BlockStore's spill-tier policy: which blocks go to disk, staging them back, and
 // handing freed pool space to pending stage-backs and waiting offloads. See block_store.h.
 #include <algorithm>
 #include <utility>

@@ -252,7 +252,7 @@ TEST(BlockStoreUidQuotaTest, WaiterOfAFullUidIsAdmittedWhenItsUidReleases) {
 namespace offloadd::store {
 namespace {
 
-// Issue 13 item 9: a refusal caused by fragmentation says so, with the largest free extent,
+// A refusal caused by fragmentation says so, with the largest free extent,
 // instead of "the pool is full" while most of it is free.
 TEST(BlockStoreFragmentationTest, RefusalNamesTheLargestFreeExtent) {
   BlockStore s(8 * kMiB, TestStoreOptions(0, /*deadline=*/0.05));

@@ -165,7 +165,8 @@ TEST_F(SpillPolicyTest, QuotaCountsBothTiers) {
 }
 
 TEST_F(SpillPolicyTest, DiskFullMakesOffloadsWaitThenFailAndLosesNothing) {
-  Make(2 * kMiB, 1.0, /*disk_bytes=*/kMiB, TestStoreOptions(0, /*deadline=*/0.3));
+  Make(2 * kMiB, 1.0, /*disk_bytes=*/spill::SpillTier::FileBytes(kMiB),
+       TestStoreOptions(0, /*deadline=*/0.3));
   if (IsSkipped()) return;
   std::vector<uint64_t> ids;
   ids.push_back(Offload(1, kMiB, 0));
@@ -263,7 +264,7 @@ TEST_F(SpillPolicyTest, SharedPoolRecordsSpilledBlocksAsSpilled) {
   EXPECT_TRUE(WaitFor([&] { return scan().empty() && store_->stats().blocks == 0; }));
 }
 
-// A daemon restarted on the same shared pool and spill directory (issue 15 with issue 18).
+// A daemon restarted on the same shared pool and spill directory.
 class SpillRestartTest : public SpillPolicyTest {
  protected:
   static constexpr uint64_t kSlots = 16;
@@ -326,7 +327,7 @@ TEST_F(SpillRestartTest, SpilledBlocksAreAdoptedAndStageBackBitExact) {
   EXPECT_EQ(adopted_, 4u);
   EXPECT_TRUE(OnDisk(ids[0]) && OnDisk(ids[1]));  // named by records: kept
   EXPECT_EQ(store_->stats().disk_blocks, 2u);
-  EXPECT_EQ(tier_->stats().used_bytes, 2 * kMiB);
+  EXPECT_EQ(tier_->stats().used_bytes, 2 * spill::SpillTier::FileBytes(kMiB));
   std::vector<uint64_t> resumed;
   ASSERT_TRUE(store_->ResumeSession(7, key_, 1000, &resumed).ok());
   EXPECT_EQ(resumed.size(), 4u);
@@ -502,7 +503,8 @@ TEST_F(SpillPolicyTest, ReloadOfABlockStagedAheadPromotesItsStageBackToUrgent) {
 // waiting for ever (a client blocked on it may be the one that would release), and the block is
 // kept: once there is room the same reload works.
 TEST_F(SpillPolicyTest, StageBackWithNoRoomAndAFullDiskFailsAfterTheDeadlineAndKeepsTheBlock) {
-  Make(2 * kMiB, 1.0, /*disk_bytes=*/kMiB, TestStoreOptions(0, /*deadline=*/0.3));
+  Make(2 * kMiB, 1.0, /*disk_bytes=*/spill::SpillTier::FileBytes(kMiB),
+       TestStoreOptions(0, /*deadline=*/0.3));
   if (IsSkipped()) return;
   std::vector<uint64_t> ids;
   for (uint8_t i = 0; i < 3; ++i) ids.push_back(Offload(1, kMiB, i));  // ids[0] spills

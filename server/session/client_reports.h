@@ -1,0 +1,44 @@
+// Clients' reports of what they did without the daemon (ClientReport, proto/offload.proto):
+// fallbacks, host waits and idle steps. Each session keeps its client's latest cumulative report
+// (Session::info, `offloadctl sessions`); the Core sums every session's increases by device id
+// over the daemon's lifetime (the offloadd_client_* counters, core_metrics.cc), so a client that
+// fell back stays counted after its session ended.
+#ifndef OFFLOADD_SERVER_SESSION_CLIENT_REPORTS_H_
+#define OFFLOADD_SERVER_SESSION_CLIENT_REPORTS_H_
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/base/mutex.h"
+#include "server/session/request.h"
+
+namespace offloadd::session {
+
+// The most host-wait seconds a report may carry and a sum may reach (about 31,700 years).
+inline constexpr double kMaxReportedSeconds = 1e12;
+
+// How much `now` (a session's new report) adds to `previous` (its last one; zero before one).
+// INVALID_ARGUMENT, saying which count, when a count went down (the totals are cumulative since
+// the client process started) or host_wait_seconds_total is negative or not finite.
+absl::StatusOr<ClientCounters> ReportIncrease(const ClientCounters& previous,
+                                              const ClientCounters& now);
+
+// Increases summed by device id. Thread-safe. At most `max_gpus` device ids (0: no bound) keep
+// their own sums (they outlive the sessions and links that named them); the increases of
+// further ones are summed under kOtherGpus.
+inline constexpr char kOtherGpus[] = "other";
+class ClientReports {
+ public:
+  void Add(const std::string& device_id, const ClientCounters& increase, size_t max_gpus = 0)
+      EXCLUDES(mu_);
+  std::map<std::string, ClientCounters> ByGpu() const EXCLUDES(mu_);
+
+ private:
+  mutable base::Mutex mu_;
+  std::map<std::string, ClientCounters> by_gpu_ GUARDED_BY(mu_);
+};
+
+}  // namespace offloadd::session
+
+#endif  // OFFLOADD_SERVER_SESSION_CLIENT_REPORTS_H_
