@@ -128,6 +128,8 @@ namespace {
 
 absl::Status Err(const char* function, cudaError_t e) {
   if (e == cudaSuccess) return absl::OkStatus();
+  // Clear the thread's last error: the caller's next launch check must not report ours.
+  (void)cudaGetLastError();
   return absl::FailedPreconditionError(absl::StrFormat(
       "%s: %s (%d): %s", function, cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e)));
 }

@@ -9,9 +9,10 @@
 // re-allocated address gets a fresh handle, never a stale one.
 //
 // Memory from VMM allocators (cuMemCreate/cuMemMap, e.g. PyTorch with
-// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) has no legacy IPC handle: Export returns
-// FAILED_PRECONDITION naming that setting. (Exporting such memory needs
-// cuMemExportToShareableHandle and a file descriptor over SCM_RIGHTS, which gRPC cannot carry.)
+// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) or memory pools (cudaMallocAsync) has no
+// legacy IPC handle: Export returns FAILED_PRECONDITION naming that setting. Every failed
+// runtime call here is followed by cudaGetLastError(), so the caller's next kernel launch check
+// does not report offloadd's error as its own.
 //
 // It also keeps a pool of interprocess events (cudaEventInterprocess | cudaEventDisableTiming)
 // with their IPC handles: an offload's ready event is recorded on the producing stream and its
@@ -21,7 +22,9 @@
 //
 // The CUDA calls sit behind ClientCudaApi so the logic is tested with a fake; NewRealClientCudaApi
 // (cudart, plus cuPointerGetAttribute through cudaGetDriverEntryPointByVersion, so nothing links
-// libcuda) exists only in builds with the CUDA toolkit. Not thread-safe internally beyond a
+// libcuda) exists only in builds with the CUDA toolkit; NewSimClientCudaApi
+// (sim_client_cuda_api.h) runs the exporter on a simulated GPU against a cuda-sim daemon, in
+// every build. Not thread-safe internally beyond a
 // mutex per exporter: every method may be called from any thread that has the pointer's device
 // current.
 #ifndef OFFLOADD_CLIENT_CUDA_EXPORT_H_
@@ -99,8 +102,10 @@ class CudaExporter {
   // [ptr, ptr + bytes) does not fit in one allocation; FAILED_PRECONDITION for VMM memory
   // (message names PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False) or CUDA errors.
   absl::StatusOr<ExportedPointer> Export(uint64_t ptr, uint64_t bytes);
-  // Drops cached handles whose allocation ended (call after freeing memory you exported, e.g.
-  // torch.cuda.empty_cache()); returns how many were dropped.
+  // Drops every cached handle; returns how many. Never needed for correctness: handles are
+  // cached by buffer id, which a new allocation never reuses, and the daemon maps an allocation
+  // only while a transfer of it is in flight, so memory can be freed at any time once its
+  // transfers completed (docs/ARCHITECTURE.md, "Mappings that follow the allocator").
   size_t ForgetAll();
 
   // An event of the current device from the pool (created when the pool has none).

@@ -96,6 +96,20 @@ absl::Status LostBlock(uint64_t block, absl::string_view target) {
       " did not have it (its record failed the check at adoption): it is lost"));
 }
 
+// The keepalive channel arguments of ClientOptions (gRPC doc/keepalive.md): pings also
+// without data frames between them, and while no call is open.
+void SetKeepalive(const ClientOptions& options, grpc::ChannelArguments& args) {
+  if (options.keepalive_time_seconds <= 0) return;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options.keepalive_time_seconds * 1000));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+              static_cast<int>(options.keepalive_timeout_seconds * 1000));
+  // Newer gRPC times a keepalive ping out by this one instead (older ones ignore it).
+  args.SetInt("grpc.http2.ping_timeout_ms",
+              static_cast<int>(options.keepalive_timeout_seconds * 1000));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
@@ -105,9 +119,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
         absl::StrCat("socket path \"", path, "\" is empty or longer than ", kMaxSocketPathBytes,
                      " bytes (the Unix socket limit); choose a shorter ClientOptions.socket_path"));
   }
+  // A socket this user may not open is refused at once: waiting for it cannot help.
+  if (const int probe = ProbeUnixSocket(path); probe == EACCES || probe == EPERM) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot connect to offloadd at unix:", path,
+                                                    ": ", PermissionDeniedReason(path)));
+  }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // own connection per Client
   args.SetMaxReceiveMessageSize(-1);                   // Stats grows with sessions and links
+  SetKeepalive(options, args);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel("unix:" + path, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(DeadlineIn(options.connect_timeout_seconds))) {
@@ -515,6 +535,7 @@ absl::StatusOr<Client::Stream> Client::OpenResumed(
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(-1);
+  SetKeepalive(options_, args);
   s.channel = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
   if (!s.channel->WaitForConnected(DeadlineIn(seconds))) {
     return absl::UnavailableError(absl::StrCat("nothing accepted a connection at ", target_,
@@ -926,18 +947,20 @@ Reply<absl::StatusOr<ReloadResult>> Client::Reload(uint64_t block_id, uint64_t r
                                                          uint64_t offset, Priority priority,
                                                          bool release_after,
                                                          double deadline_seconds,
-                                                         absl::string_view done_event) {
+                                                         absl::string_view done_event,
+                                                         absl::string_view ready_event) {
   return SubmitReload(block_id, 0, region_id, offset, priority, release_after, deadline_seconds,
-                      done_event);
+                      done_event, ready_event);
 }
 
 Reply<absl::StatusOr<ReloadResult>> Client::ReloadTagged(uint64_t tag, uint64_t region_id,
                                                                uint64_t offset, Priority priority,
                                                                bool release_after,
                                                                double deadline_seconds,
-                                                               absl::string_view done_event) {
+                                                               absl::string_view done_event,
+                                                               absl::string_view ready_event) {
   return SubmitReload(0, tag, region_id, offset, priority, release_after, deadline_seconds,
-                      done_event);
+                      done_event, ready_event);
 }
 
 Reply<absl::StatusOr<ReloadResult>> Client::SubmitReload(uint64_t block_id, uint64_t tag,
@@ -945,12 +968,14 @@ Reply<absl::StatusOr<ReloadResult>> Client::SubmitReload(uint64_t block_id, uint
                                                                Priority priority,
                                                                bool release_after,
                                                                double deadline_seconds,
-                                                               absl::string_view done_event) {
+                                                               absl::string_view done_event,
+                                                               absl::string_view ready_event) {
   v1::Request request;
   v1::ReloadRequest* r = request.mutable_reload();
   r->set_block_id(block_id);
   r->set_tag(tag);
   if (!done_event.empty()) r->set_done_event(std::string(done_event));
+  if (!ready_event.empty()) r->set_ready_event(std::string(ready_event));
   r->set_region_id(region_id);
   r->set_offset(offset);
   r->set_priority(priority == Priority::kUrgent ? v1::URGENT : v1::PREFETCH);
@@ -961,7 +986,8 @@ Reply<absl::StatusOr<ReloadResult>> Client::SubmitReload(uint64_t block_id, uint
       [](const v1::Response& resp) {
         const v1::ReloadDone& d = resp.reload_done();
         return absl::StatusOr<ReloadResult>(
-            ReloadResult{d.block_id(), d.bytes(), d.released(), d.copy_seconds()});
+            ReloadResult{d.block_id(), d.bytes(), d.released(), d.copy_seconds(),
+                         d.done_event_recorded()});
       },
       /*flush=*/false);
 }

@@ -110,6 +110,12 @@ struct ClientOptions {
   // for at most resume_window_seconds (0: the daemon's resume_grace_seconds).
   bool auto_resume = true;
   double resume_window_seconds = 0;
+  // HTTP/2 keepalive: ping the daemon this often, also while the stream is idle, and drop the
+  // connection when a ping is not answered within the timeout (a frozen daemon: the stream
+  // then ends UNAVAILABLE, and auto_resume reconnects as after a crash). 0 = no pings. The
+  // daemon accepts pings at any rate.
+  double keepalive_time_seconds = 10.0;
+  double keepalive_timeout_seconds = 30.0;
 };
 
 // A region of client memory the daemon may copy from/to. Exactly one of cuda_ipc_handle (the 64
@@ -146,8 +152,12 @@ struct OffloadResult {
 struct ReloadResult {
   uint64_t block_id = 0;
   uint64_t bytes = 0;     // bytes copied host-to-device
-  bool released = false;  // the block was released after the reload (release_after)
+  bool released = false;  // release_after: the block is released once the copy completed
   double copy_seconds = 0;
+  // CUDA with a done_event: answered when the daemon recorded the event after its last chunk;
+  // the copy may still run. Make the consuming stream wait on the event (cudaStreamWaitEvent)
+  // before reading; false: the copy has completed (proto/offload.proto, ReloadRequest).
+  bool done_event_recorded = false;
 };
 
 // Counts since Connect(); batching shows as requests_sent / messages_sent > 1.
@@ -269,6 +279,8 @@ class Client {
 
   // Connects to the daemon, opens the Session stream, sends Hello and waits for HelloReply.
   // Errors: INVALID_ARGUMENT socket path empty or longer than 107 bytes;
+  //         PERMISSION_DENIED at once when this user may not connect to the socket (the
+  //           message names the file that shuts it out, its group and how to join it);
   //         UNAVAILABLE nothing accepted a connection at the socket within the connect timeout
   //           (message says whether the socket file exists and how to start the daemon);
   //         DEADLINE_EXCEEDED connected but no HelloReply within the connect timeout;
@@ -325,8 +337,8 @@ class Client {
   // Copies `bytes` at `offset` of region `region_id` into a new pool block. The client must not
   // modify those bytes until the future resolves: bytes written meanwhile give a block that
   // mixes old and new data (per chunk and within one), silently — the daemon cannot tell.
-  // ready_event: CUDA IPC event handle bytes the
-  // daemon's copy waits on (cuda backend; empty = none, ignored by shm). tag: optional name
+  // ready_event: CUDA IPC event handle bytes recorded after the kernels that wrote the data; the
+  // daemon issues no chunk before it completed (cuda backend; empty = none, ignored by shm). tag: optional name
   // for the block, unique among the session's live blocks (0 = none; INVALID_ARGUMENT if in
   // use), so ReloadTagged/ReleaseTagged can be sent before this future resolves.
   // ordering: the block's place in the reload order (spill tier policy; optional).
@@ -338,12 +350,17 @@ class Client {
 
   // Copies block `block_id` back to `offset` of region `region_id`. release_after: free the
   // block once copied. deadline_seconds: seconds from now by which the data is needed (0: none).
-  // done_event: CUDA IPC event handle bytes the daemon records after the copy (cuda backend).
+  // done_event / ready_event (cuda backend; empty = none): the event protocol of
+  // proto/offload.proto ReloadRequest — the daemon records done_event right after its last chunk
+  // and answers then (ReloadResult::done_event_recorded; wait on the event only after the
+  // answer); it writes nothing before ready_event (recorded after the destination's allocation
+  // on its stream) completed.
   Reply<absl::StatusOr<ReloadResult>> Reload(uint64_t block_id, uint64_t region_id,
                                                    uint64_t offset, Priority priority,
                                                    bool release_after = false,
                                                    double deadline_seconds = 0,
-                                                   absl::string_view done_event = "");
+                                                   absl::string_view done_event = "",
+                                                   absl::string_view ready_event = "");
   // Reload of the block offloaded with `tag`; may be sent while that offload is still queued or
   // copying: the daemon runs it after the copy, so it returns the offloaded bytes. NOT_FOUND for
   // a tag with no live block; the offload's error if the tagged offload fails.
@@ -351,7 +368,8 @@ class Client {
                                                          uint64_t offset, Priority priority,
                                                          bool release_after = false,
                                                          double deadline_seconds = 0,
-                                                         absl::string_view done_event = "");
+                                                         absl::string_view done_event = "",
+                                                         absl::string_view ready_event = "");
 
   // Frees block `block_id` in the pool. Errors: the daemon's (NOT_FOUND unknown block, ...).
   Reply<absl::Status> Release(uint64_t block_id);
@@ -439,7 +457,8 @@ class Client {
                                                          uint64_t region_id, uint64_t offset,
                                                          Priority priority, bool release_after,
                                                          double deadline_seconds,
-                                                         absl::string_view done_event);
+                                                         absl::string_view done_event,
+                                                         absl::string_view ready_event);
   Reply<absl::Status> SubmitRelease(uint64_t block_id, uint64_t tag);
   void Start();
   void ReaderLoop() EXCLUDES(mu_);

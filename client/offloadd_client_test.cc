@@ -494,7 +494,7 @@ TEST_F(ClientTest, ARequestToAnIdleClientIsWrittenByTheCaller) {
   EXPECT_EQ(service_->last_batch_size(), 1);
 }
 
-// The stream's reader (issue 16): the answer to a lone request is read by the thread waiting on
+// The stream's reader: the answer to a lone request is read by the thread waiting on
 // its Reply (get/wait), no hand-off from the reader thread; with another request pending, after
 // wait_for, or once its Reply is gone, the reader thread reads; a Reply outlives its Client.
 TEST_F(ClientTest, ALoneRequestsAnswerIsReadByItsWaitingCaller) {

@@ -1,20 +1,26 @@
 #include "client/shm_region.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace offloadd {
 namespace client {
@@ -51,16 +57,71 @@ absl::Status SyscallError(int err, absl::string_view call, absl::string_view nam
   }
 }
 
+// The inode of this process's PID namespace (/proc/self/ns/pid -> "pid:[4026531836]"), 0 when
+// unreadable. Names carry it because /dev/shm is often shared across PID namespaces (containers,
+// sandboxes): a pid is only meaningful inside its own namespace.
+uint64_t PidNamespaceId() {
+  static const uint64_t id = [] {
+    char buf[64] = {};
+    const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+    absl::string_view v(buf, n > 0 ? static_cast<size_t>(n) : 0);
+    uint64_t out = 0;
+    if (!absl::ConsumePrefix(&v, "pid:[") || !absl::ConsumeSuffix(&v, "]") ||
+        !absl::SimpleAtoi(v, &out)) {
+      return uint64_t{0};
+    }
+    return out;
+  }();
+  return id;
+}
+
 std::string UniqueName() {
   static std::atomic<uint64_t> counter{0};
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  return absl::StrFormat("/offloadd-%d-%d-%016x", static_cast<int>(getpid()),
+  return absl::StrFormat("/offloadd-%d-%d-%d-%016x", static_cast<int>(getpid()), PidNamespaceId(),
                          counter.fetch_add(1, std::memory_order_relaxed), rng());
+}
+
+// For "offloadd-<pid>-<pidns>-<n>-<hex>": true with pid and pidns set; false for other names.
+bool ParseRegionName(absl::string_view name, int* pid, uint64_t* pidns) {
+  if (!absl::ConsumePrefix(&name, "offloadd-")) return false;
+  const std::vector<absl::string_view> parts = absl::StrSplit(name, '-');
+  return parts.size() == 4 && absl::SimpleAtoi(parts[0], pid) && *pid > 0 &&
+         absl::SimpleAtoi(parts[1], pidns);
 }
 
 }  // namespace
 
+int ShmRegion::SweepStaleRegions() {
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return 0;
+  int removed = 0;
+  const uid_t me = geteuid();
+  const uint64_t my_pidns = PidNamespaceId();
+  while (my_pidns != 0) {
+    const dirent* e = readdir(d);
+    if (e == nullptr) break;
+    const absl::string_view name(e->d_name);
+    int pid = 0;
+    uint64_t pidns = 0;
+    // Not a ShmRegion name, or made in another PID namespace (its pid means nothing here).
+    if (!ParseRegionName(name, &pid, &pidns) || pidns != my_pidns) continue;
+    const std::string proc = absl::StrCat("/proc/", pid);
+    struct stat st;
+    if (stat(proc.c_str(), &st) == 0) continue;  // its process lives
+    const std::string path = absl::StrCat("/dev/shm/", name);
+    if (stat(path.c_str(), &st) == 0 && st.st_uid == me &&
+        shm_unlink(absl::StrCat("/", name).c_str()) == 0) {
+      ++removed;
+    }
+  }
+  closedir(d);
+  return removed;
+}
+
 absl::StatusOr<ShmRegion> ShmRegion::Create(uint64_t size_bytes, const ShmRegionOptions& options) {
+  static const int swept = SweepStaleRegions();  // once per process
+  (void)swept;
   if (size_bytes == 0) {
     return absl::InvalidArgumentError("ShmRegion::Create: size_bytes must be > 0");
   }

@@ -7,11 +7,18 @@
 //
 // Ownership:
 //   - Create() makes a new object (shm_open O_CREAT|O_EXCL, mode 0600 by default) with a unique
-//     name "/offloadd-<pid>-<counter>-<random hex>", sizes it (ftruncate, then posix_fallocate so
+//     name "/offloadd-<pid>-<pid namespace inode>-<counter>-<random hex>", sizes it (ftruncate, then posix_fallocate so
 //     a full /dev/shm is reported now rather than as SIGBUS on first touch), and maps it
 //     MAP_SHARED read/write. The owner unmaps AND shm_unlink()s it in the destructor.
 //   - Open(name) maps an existing object (its whole current size, from fstat) without owning it:
 //     the destructor only unmaps. This is how a second process (the daemon) sees the bytes.
+//   - A process killed before its destructors ran leaves its names behind (they are kept while
+//     the region lives, for registering it again with a restarted daemon): the first Create()
+//     of every process removes this uid's "/offloadd-<pid>-..." objects whose process is gone
+//     (SweepStaleRegions; the Python client's staging arena does the same for its names). Only
+//     names made in the sweeper's own PID namespace are candidates: /dev/shm is often shared
+//     between containers or sandboxes whose pids overlap, and a pid from another namespace says
+//     nothing about whether its process lives.
 // Pages are not pre-faulted (first touch costs ~2 GB/s, docs/ARCHITECTURE.md); touch them if that
 // matters. Move-only. Not thread-safe to move/destroy concurrently with use; reading/writing data()
 // from several threads is as safe as any shared memory (no synchronisation is provided).
@@ -54,6 +61,11 @@ class ShmRegion {
   //         PERMISSION_DENIED EACCES; FAILED_PRECONDITION the object has size 0;
   //         INTERNAL other failures.
   static absl::StatusOr<ShmRegion> Open(absl::string_view name);
+
+  // Unlinks this uid's /dev/shm/offloadd-<pid>-<pidns>-<n>-<hex> objects made in this process's
+  // PID namespace whose pid has no process (/proc/<pid> missing); returns how many. Create()
+  // calls it once per process. Removes nothing when /proc/self/ns/pid is unreadable.
+  static int SweepStaleRegions();
 
   ShmRegion(ShmRegion&& other) noexcept;
   ShmRegion& operator=(ShmRegion&& other) noexcept;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -12,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 
 namespace offloadd {
@@ -138,3 +142,50 @@ TEST(ShmRegionTest, OpenOfEmptyObjectIsFailedPrecondition) {
 }  // namespace
 }  // namespace client
 }  // namespace offloadd
+
+namespace offloadd::client {
+namespace {
+
+// This process's PID namespace inode, as ShmRegion names carry it.
+std::string PidNamespace() {
+  char buf[64] = {};
+  EXPECT_GT(readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1), 0);
+  absl::string_view v(buf);
+  EXPECT_TRUE(absl::ConsumePrefix(&v, "pid:[") && absl::ConsumeSuffix(&v, "]")) << buf;
+  return std::string(v);
+}
+
+// Names a killed process left behind are swept by the next process's first Create; names of
+// live processes (this one's), names made in another PID namespace (the same pid there may be a
+// live process: /dev/shm is shared by containers and sandboxes) and other names are kept.
+TEST(ShmRegionSweepTest, NamesOfDeadProcessesAreRemoved) {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);  // its pid is now free
+  const std::string ns = PidNamespace();
+  const std::string dead = absl::StrCat("/offloadd-", child, "-", ns, "-0-00000000deadbeef");
+  const std::string foreign = absl::StrCat("/offloadd-", child, "-1", ns, "-0-00000000deadbeef");
+  const std::string other = absl::StrCat("/offloadd-test-keep-", getpid());
+  for (const std::string& n : {dead, foreign, other}) {
+    const int fd = shm_open(n.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << n;
+    close(fd);
+  }
+  auto mine = ShmRegion::Create(4096);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  ShmRegion::SweepStaleRegions();  // Create swept once already, perhaps before these existed
+  struct stat st;
+  EXPECT_NE(stat(("/dev/shm" + dead).c_str(), &st), 0) << dead << " was not removed";
+  EXPECT_EQ(stat(("/dev/shm" + foreign).c_str(), &st), 0) << foreign << " was removed";
+  EXPECT_EQ(stat(("/dev/shm" + other).c_str(), &st), 0);
+  EXPECT_EQ(stat(("/dev/shm" + mine->name()).c_str(), &st), 0);  // alive: kept
+  EXPECT_TRUE(absl::StartsWith(mine->name(), absl::StrCat("/offloadd-", getpid(), "-", ns, "-")))
+      << mine->name();
+  shm_unlink(foreign.c_str());
+  shm_unlink(other.c_str());
+}
+
+}  // namespace
+}  // namespace offloadd::client

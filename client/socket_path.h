@@ -4,14 +4,20 @@
 //
 // Rule, first match wins:
 //   1. effective uid 0 (root, e.g. the systemd unit):   /run/offloadd/offloadd.sock
-//   2. $XDG_RUNTIME_DIR set and non-empty:               $XDG_RUNTIME_DIR/offloadd/offloadd.sock
-//   3. otherwise:                                        /tmp/offloadd-<euid>/offloadd.sock
+//   2. the directory /run/offloadd exists (a system-wide daemon: the unit's RuntimeDirectory,
+//      the DaemonSet's host path), whoever asks:        /run/offloadd/offloadd.sock
+//   3. $XDG_RUNTIME_DIR set and non-empty:               $XDG_RUNTIME_DIR/offloadd/offloadd.sock
+//   4. otherwise:                                        /tmp/offloadd-<euid>/offloadd.sock
+// So on a node with a system-wide daemon every user finds it without configuration; a user who
+// runs a daemon of their own there gives both sides the path (--socket_path, $OFFLOADD_SOCKET).
 // The gRPC target for a path p is "unix:" + p. Unix socket paths are limited to 107 bytes
 // (sizeof(sockaddr_un::sun_path) - 1); callers that accept a path should check it with
 // SocketPathFits().
 #ifndef OFFLOADD_CLIENT_SOCKET_PATH_H_
 #define OFFLOADD_CLIENT_SOCKET_PATH_H_
 
+#include <fcntl.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -19,6 +25,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -29,18 +36,31 @@ namespace client {
 // Largest usable Unix socket path length in bytes (Linux sun_path is 108 bytes incl. NUL).
 inline constexpr size_t kMaxSocketPathBytes = 107;
 
-// The rule above as a pure function of its inputs; xdg_runtime_dir may be null.
-inline std::string DefaultSocketPathFor(uid_t euid, const char* xdg_runtime_dir) {
-  if (euid == 0) return "/run/offloadd/offloadd.sock";
+// The system-wide daemon's socket directory and socket (rules 1 and 2).
+inline constexpr const char* kSystemSocketDirectory = "/run/offloadd";
+inline constexpr const char* kSystemSocketPath = "/run/offloadd/offloadd.sock";
+
+// The rule above as a pure function of its inputs; xdg_runtime_dir may be null;
+// `system_directory_exists`: whether kSystemSocketDirectory is a directory.
+inline std::string DefaultSocketPathFor(uid_t euid, const char* xdg_runtime_dir,
+                                        bool system_directory_exists = false) {
+  if (euid == 0 || system_directory_exists) return kSystemSocketPath;
   if (xdg_runtime_dir != nullptr && xdg_runtime_dir[0] != '\0') {
     return std::string(xdg_runtime_dir) + "/offloadd/offloadd.sock";
   }
   return "/tmp/offloadd-" + std::to_string(euid) + "/offloadd.sock";
 }
 
-// The rule above for the calling process (geteuid(), getenv("XDG_RUNTIME_DIR")).
+// Whether kSystemSocketDirectory is a directory (readable by everyone: /run is 0755).
+inline bool SystemSocketDirectoryExists() {
+  struct stat st;
+  return stat(kSystemSocketDirectory, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The rule above for the calling process (geteuid(), getenv("XDG_RUNTIME_DIR"), /run/offloadd).
 inline std::string DefaultSocketPath() {
-  return DefaultSocketPathFor(geteuid(), std::getenv("XDG_RUNTIME_DIR"));
+  return DefaultSocketPathFor(geteuid(), std::getenv("XDG_RUNTIME_DIR"),
+                              SystemSocketDirectoryExists());
 }
 
 // True when `path` is non-empty and fits in a sockaddr_un.
@@ -62,21 +82,61 @@ inline int ProbeUnixSocket(const std::string& path) {
   return err;
 }
 
+// "name (gid N)", or "gid N" for a gid without a name here.
+inline std::string GroupText(gid_t gid) {
+  group grp;
+  group* found = nullptr;
+  char buf[4096];
+  if (getgrgid_r(gid, &grp, buf, sizeof(buf), &found) == 0 && found != nullptr) {
+    return std::string(found->gr_name) + " (gid " + std::to_string(gid) + ")";
+  }
+  return "gid " + std::to_string(gid);
+}
+
+// Why connect() to `path` is refused with EACCES/EPERM: which file shuts this process out (the
+// socket, or a directory on the way that it may not search), its group and mode, who this
+// process is, and the remedy (join the group; never a restart: the daemon is fine).
+inline std::string PermissionDeniedReason(const std::string& path) {
+  // The first directory from the root that this process may not search, else the socket.
+  std::string denying = path, kind = "the socket";
+  for (size_t slash = path.find('/', 1); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
+    const std::string dir = path.substr(0, slash);
+    if (faccessat(AT_FDCWD, dir.c_str(), X_OK, AT_EACCESS) != 0) {
+      denying = dir;
+      kind = "its directory";
+      break;
+    }
+  }
+  struct stat st;
+  std::string what = kind + " " + denying;
+  std::string group_name = "the socket's group", usermod_group = "GROUP", gid = "its gid";
+  if (stat(denying.c_str(), &st) == 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    group_name = GroupText(st.st_gid);
+    what += " (group " + group_name + ", mode " + mode + ")";
+    gid = std::to_string(st.st_gid);
+    group grp;
+    group* found = nullptr;
+    char buf[4096];
+    const bool named = getgrgid_r(st.st_gid, &grp, buf, sizeof(buf), &found) == 0 && found;
+    usermod_group = named ? std::string(found->gr_name) : gid;  // usermod takes either
+  }
+  return "permission denied: " + what + " admits only its group, and this process (uid " +
+         std::to_string(geteuid()) + ") is not in it. The daemon is fine; do not restart it. "
+         "Ask its administrator to add this user to group " + group_name + " (usermod -aG " +
+         usermod_group + " USER, then log in again), or in Kubernetes add " + gid +
+         " to the pod's securityContext.supplementalGroups";
+}
+
 // Why no daemon answered at `path`, from ProbeUnixSocket's result: a clause for an error
 // message that tells a permission problem from a dead or stuck daemon.
 inline std::string UnreachableSocketReason(const std::string& path, int probe_errno) {
-  struct stat st;
-  const bool exists = stat(path.c_str(), &st) == 0;
   switch (probe_errno) {
     case EACCES:
-    case EPERM: {
-      std::string owner = exists ? " (owner uid " + std::to_string(st.st_uid) + ", group gid " +
-                                       std::to_string(st.st_gid) + ")"
-                                 : "";
-      return "permission denied: this user may not connect to the socket" + owner +
-             "; the daemon may be fine: ask its administrator to add you to the socket's "
-             "group (socket_group in the daemon config)";
-    }
+    case EPERM:
+      return PermissionDeniedReason(path);
     case ENOENT:
       return "no socket file there";
     case ECONNREFUSED:

@@ -1,5 +1,8 @@
 #include "client/socket_path.h"
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -22,8 +25,16 @@ TEST(SocketPathTest, UserWithoutXdgFallsBackToTmp) {
   EXPECT_EQ(DefaultSocketPathFor(1234, ""), "/tmp/offloadd-1234/offloadd.sock");
 }
 
+TEST(SocketPathTest, SystemWideDaemonDirectoryServesEveryUser) {
+  EXPECT_EQ(DefaultSocketPathFor(1000, "/run/user/1000", true), "/run/offloadd/offloadd.sock");
+  EXPECT_EQ(DefaultSocketPathFor(1234, nullptr, true), "/run/offloadd/offloadd.sock");
+  EXPECT_EQ(DefaultSocketPathFor(1000, "/run/user/1000", false),
+            "/run/user/1000/offloadd/offloadd.sock");
+}
+
 TEST(SocketPathTest, DefaultMatchesRuleForThisProcess) {
-  EXPECT_EQ(DefaultSocketPath(), DefaultSocketPathFor(geteuid(), std::getenv("XDG_RUNTIME_DIR")));
+  EXPECT_EQ(DefaultSocketPath(), DefaultSocketPathFor(geteuid(), std::getenv("XDG_RUNTIME_DIR"),
+                                                      SystemSocketDirectoryExists()));
 }
 
 TEST(SocketPathTest, FitsChecksSunPathLimit) {
@@ -39,7 +50,7 @@ TEST(SocketPathTest, FitsChecksSunPathLimit) {
 namespace offloadd::client {
 namespace {
 
-// Issue 13 item 9: a socket the user may not open is reported as a permission problem, not as
+// A socket the user may not open is reported as a permission problem, not as
 // "daemon stuck or stale socket".
 TEST(UnreachableSocketReasonTest, TellsPermissionFromStaleAndStuck) {
   EXPECT_NE(UnreachableSocketReason("/nonexistent/x.sock", EACCES).find("permission denied"),
@@ -51,6 +62,23 @@ TEST(UnreachableSocketReasonTest, TellsPermissionFromStaleAndStuck) {
   EXPECT_NE(UnreachableSocketReason("/nonexistent/x.sock", 0).find("did not answer"),
             std::string::npos);
   EXPECT_EQ(ProbeUnixSocket("/nonexistent/x.sock"), ENOENT);
+}
+
+TEST(UnreachableSocketReasonTest, PermissionNamesTheFileItsGroupAndTheRemedy) {
+  char tmpl[] = "/tmp/ofd-sockperm-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string sock = std::string(tmpl) + "/offloadd.sock";
+  { std::FILE* f = std::fopen(sock.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  ASSERT_EQ(chmod(sock.c_str(), 0660), 0);
+  const std::string why = UnreachableSocketReason(sock, EACCES);
+  EXPECT_NE(why.find("the socket " + sock + " (group " + GroupText(getegid())), std::string::npos)
+      << why;
+  EXPECT_NE(why.find("mode 0660"), std::string::npos) << why;
+  EXPECT_NE(why.find("do not restart it"), std::string::npos) << why;
+  EXPECT_NE(why.find("usermod -aG"), std::string::npos) << why;
+  EXPECT_NE(why.find("supplementalGroups"), std::string::npos) << why;
+  unlink(sock.c_str());
+  rmdir(tmpl);
 }
 
 }  // namespace

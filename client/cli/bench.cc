@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/query.h"
+#include "client/plan/plan_command.h"
 #include "client/offloadd_client.h"
 #include "server/base/clock.h"
 
@@ -129,23 +130,28 @@ absl::Status SmallRate(Client& c, uint64_t region, int n, int window, uint64_t* 
   return absl::OkStatus();
 }
 
-// Returns "" when the arguments parse, else a sentence naming the bad one.
+// Returns "" when the arguments parse, else a sentence naming the bad one. Flags take
+// `--name=value` or `--name value`, as `offloadctl plan`'s; block_bytes takes a size suffix.
 std::string Parse(const std::vector<std::string>& args, Options* o) {
-  for (const std::string& a : args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
     if (a == "--json") {
       o->json = true;
       continue;
     }
     if (a == "--help" || a == "-h") return "help";
-    size_t eq = a.find('=');
-    if (a.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return "'" + a + "' is not of the form --name=value";
-    }
-    std::string k = a.substr(2, eq - 2);
-    double v;
-    if (!absl::SimpleAtod(a.substr(eq + 1), &v) || v <= 0) {
-      return "--" + k + " takes a positive number of bytes or counts (no suffixes), not '" +
-             a.substr(eq + 1) + "'";
+    if (a.rfind("--", 0) != 0) return "'" + a + "' is not a flag (--name=value or --name value)";
+    const size_t eq = a.find('=');
+    const std::string k = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (eq == std::string::npos && i + 1 == args.size()) return "--" + k + " needs a value";
+    const std::string value = eq == std::string::npos ? args[++i] : a.substr(eq + 1);
+    double v = 0;
+    if (k == "block_bytes") {
+      absl::StatusOr<uint64_t> bytes = plan::ParseSize(k, value);
+      if (!bytes.ok()) return std::string(bytes.status().message());
+      v = static_cast<double>(*bytes);
+    } else if (!absl::SimpleAtod(value, &v) || v < 1) {
+      return "--" + k + " takes a positive count, not '" + value + "'";
     }
     if (k == "block_bytes") o->block_bytes = static_cast<uint64_t>(v);
     else if (k == "blocks") o->blocks = static_cast<uint64_t>(v);
@@ -163,6 +169,21 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// The bench measures the shm data path (shared memory against memcpy, bytes checked): a daemon on
+// another backend is told apart (Stats names cuda-sim) and pointed at the benchmark that fits.
+int RefuseBackend(Client& c, const std::string& socket_path) {
+  absl::StatusOr<v1::Stats> stats = c.GetStats();
+  const std::string backend = stats.ok() ? stats->backend() : c.backend();
+  std::cerr << "offloadctl bench: the daemon at " << socket_path << " runs backend " << backend
+            << "; this bench measures the shm data path (shared memory against memcpy) and "
+            << (backend == "cuda-sim"
+                    ? "cuda-sim moves no bytes: measure its copy engine with bench/copy_sim_bench "
+                      "or `make demo ARGS=\"--backend cuda-sim\"` (SIMULATED figures)"
+                    : "needs a daemon with backend shm; on a GPU node use tests/gpu/run.sh")
+            << "\n";
+  return 1;
+}
+
 }  // namespace
 
 int RunBench(const std::string& socket_path, const std::vector<std::string>& args) {
@@ -171,13 +192,15 @@ int RunBench(const std::string& socket_path, const std::vector<std::string>& arg
   if (!problem.empty()) {
     if (problem != "help") std::cerr << "offloadctl bench: " << problem << "\n";
     std::ostream& out = problem == "help" ? std::cout : std::cerr;
-    out << "usage: offloadctl bench [--block_bytes=67108864] [--blocks=8] [--rounds=5] "
-                 "[--latency_requests=2000] [--rate_requests=20000] [--window=64] [--json]\n";
+    out << "usage: offloadctl bench [--block_bytes 64MiB] [--blocks 8] [--rounds 5] "
+           "[--latency_requests 2000] [--rate_requests 20000] [--window 64] [--json]\n"
+           "       (each flag also as --name=value)\n";
     return problem == "help" ? 0 : 2;
   }
   if (absl::Status st = CheckSocketPresent(socket_path); !st.ok()) return Fail(st);
   auto c = Connect(socket_path, kBenchDevice);
   if (!c.ok()) return Fail(c.status());
+  if ((*c)->backend() != "shm") return RefuseBackend(**c, socket_path);
   auto shm = client::ShmRegion::Create(o.blocks * o.block_bytes);
   if (!shm.ok()) return Fail(shm.status());
   auto* region_bytes = static_cast<uint8_t*>(shm->data());

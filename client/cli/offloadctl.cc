@@ -6,7 +6,10 @@
 //                                               busy share), GPUs with their bytes
 //   offloadctl [--socket PATH] bench [...]      throughput and latency through the daemon
 //   offloadctl [--socket PATH] sessions [--json] sessions with pid/uid/gid and pool usage
-//   offloadctl [--socket PATH] end-session ID [--reason TEXT]   admin: end a session
+//   offloadctl [--socket PATH] end-session ID [--reason TEXT] [--force]   admin: end a session
+//   offloadctl [--socket PATH] calibrate-links [--budget-seconds S] [--json]
+//                                               admin: measure the links again (calibrate.h:
+//                                               the measured link's GPUs hold their copies)
 //   offloadctl plan [...]                       capacity planner (no daemon needed)
 // Exit codes: 0 success, 1 the daemon answered with an error or is unreachable (a socket path
 // with nothing there fails at once), 2 usage: an unknown command, option or argument is named
@@ -27,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/bench.h"
+#include "client/cli/calibrate.h"
 #include "client/cli/query.h"
 #include "client/cli/sessions.h"
 #include "client/offloadd_client.h"
@@ -42,7 +46,11 @@ using offloadd::cli::Bytes;
 int Usage(bool help = false) {
   (help ? std::cout : std::cerr)
       << "usage: offloadctl [--socket PATH] stats [--json] | health | topo | bench [--help]\n"
-         "       offloadctl [--socket PATH] sessions [--json] | end-session ID [--reason T]\n"
+         "       offloadctl [--socket PATH] sessions [--json] | end-session ID [--reason T] [--force]\n"
+         "       offloadctl [--socket PATH] calibrate-links [--budget-seconds S] [--json]\n"
+         "         admin: measure the links without a configured capacity again (each GPU\n"
+         "         alone, then a link's GPUs together) and pace them at it; while a link is\n"
+         "         measured its GPUs' copies wait (other links keep moving): run it idle\n"
          "       offloadctl plan --help\n"
          "The socket is --socket PATH, else $OFFLOADD_SOCKET, else the default path\n"
          "(/run/offloadd/offloadd.sock as root, $XDG_RUNTIME_DIR/offloadd/offloadd.sock,\n"
@@ -102,6 +110,15 @@ int Stats(const std::string& socket, bool json) {
                                  ses.session_id(), ses.client_name(), ses.device_id(), ses.pid(),
                                  ses.blocks(), Bytes(ses.used_bytes()));
   }
+  if (s->has_link_calibration()) {
+    const auto& c = s->link_calibration();
+    int failed = 0;
+    for (const auto& l : c.links()) failed += l.error().empty() ? 0 : 1;
+    std::cout << absl::StrFormat(
+        "link calibration: %d link(s) measured, %d not, in %.2f s (the figures: stats --json, "
+        "link_calibration)\n",
+        c.links_size() - failed, failed, c.seconds());
+  }
   return 0;
 }
 
@@ -136,6 +153,9 @@ int Topo(const std::string& socket) {
       line += absl::StrFormat("d2h %s (busy %s)  h2d %s (busy %s)",
                               rate(l.d2h_capacity_bytes_per_second()), busy(l.d2h_busy_seconds()),
                               rate(l.h2d_capacity_bytes_per_second()), busy(l.h2d_busy_seconds()));
+    }
+    if (l.d2h_capacity_calibrated() || l.h2d_capacity_calibrated()) {
+      line += "  (measured at start-up or by calibrate-links)";
     }
     if (l.pcie_bytes_per_second() > 0) line += "  pcie " + rate(l.pcie_bytes_per_second());
     if (!l.root_port().empty()) line += "  root port " + l.root_port();
@@ -218,13 +238,14 @@ int main(int argc, char** argv) {
   if (cmd == "plan") {
     return offloadd::plan::RunPlanCommand(rest, std::cout, std::cerr);
   }
-  const std::set<std::string> known = {"stats", "health",   "topo",
-                                       "bench", "sessions", "end-session"};
+  const std::set<std::string> known = {"stats",    "health",      "topo",           "bench",
+                                       "sessions", "end-session", "calibrate-links"};
   if (known.count(cmd) == 0) return UsageError("unknown command '" + cmd + "'");
   socket = offloadd::cli::ResolveSocket(socket);
   if (cmd == "bench") return offloadd::cli::RunBench(socket, rest);
   if (cmd == "sessions") return offloadd::cli::RunSessions(socket, rest);
   if (cmd == "end-session") return offloadd::cli::RunEndSession(socket, rest);
+  if (cmd == "calibrate-links") return offloadd::cli::RunCalibrateLinks(socket, rest);
   bool json = false;
   for (const std::string& a : rest) {
     if (cmd == "stats" && a == "--json") {
@@ -242,6 +263,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   absl::Status st = offloadd::cli::CheckHealth(socket);
-  std::cout << (st.ok() ? "SERVING" : std::string(st.message())) << "\n";
-  return st.ok() ? 0 : 1;
+  if (!st.ok()) {
+    std::cerr << "offloadctl: " << st.message() << "\n";
+    return 1;
+  }
+  std::cout << "SERVING\n";
+  return 0;
 }

@@ -32,9 +32,7 @@ absl::Status CheckSocketPresent(const std::string& path) {
     const int err = errno;
     if (err == EACCES) {
       return absl::PermissionDeniedError(absl::StrFormat(
-          "cannot reach unix:%s: %s; a directory on the way is not searchable by this user (ask "
-          "for the daemon's socket group, or use a socket you can reach)",
-          path, std::strerror(err)));
+          "cannot reach unix:%s: %s", path, client::PermissionDeniedReason(path)));
     }
     return absl::UnavailableError(absl::StrFormat("no offloadd socket at unix:%s (%s): %s", path,
                                                   std::strerror(err), kAdvice));
@@ -68,9 +66,15 @@ absl::Status CheckHealth(const std::string& path, double timeout_seconds) {
                     &response, [&done](grpc::Status s) { done.set_value(std::move(s)); });
   const grpc::Status st = done.get_future().get();
   if (!st.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                        absl::StrFormat("health check of unix:%s failed: %s", path,
-                                        st.error_message()));
+    // Say why in words when the socket refuses this user or nobody listens; gRPC's own text
+    // ("failed to connect to all addresses ...") only when the connect itself worked.
+    const int probe = client::ProbeUnixSocket(path);
+    const std::string why = probe == 0 ? st.error_message()
+                                       : client::UnreachableSocketReason(path, probe);
+    const absl::StatusCode code = probe == EACCES || probe == EPERM
+                                      ? absl::StatusCode::kPermissionDenied
+                                      : static_cast<absl::StatusCode>(st.error_code());
+    return absl::Status(code, absl::StrFormat("health check of unix:%s failed: %s", path, why));
   }
   std::vector<grpc::Slice> slices;
   (void)response.Dump(&slices);

@@ -1,5 +1,6 @@
 #include "client/cli/sessions.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -88,14 +89,25 @@ int RunSessions(const std::string& socket, const std::vector<std::string>& args)
   if (s.sessions_filtered()) {
     std::cout << "(not an admin: only this user's sessions are shown)\n";
   }
-  std::cout << absl::StrFormat("%8s %-22s %-14s %8s %6s %6s %7s %12s %9s\n", "SESSION", "CLIENT",
-                               "DEVICE", "PID", "UID", "GID", "BLOCKS", "POOL", "IN-FLIGHT");
+  int client_width = 6, device_width = 6;  // the columns fit the longest name
   for (const auto& x : s.sessions()) {
-    std::cout << absl::StrFormat("%8d %-22s %-14s %8d %6s %6s %7d %12s %9d\n", x.session_id(),
-                                 x.client_name(), x.device_id(), x.pid(),
-                                 x.peer_known() ? std::to_string(x.uid()) : "?",
-                                 x.peer_known() ? std::to_string(x.gid()) : "?", x.blocks(),
-                                 Bytes(x.used_bytes()), x.requests_in_flight());
+    client_width = std::max<int>(client_width, x.client_name().size());
+    device_width = std::max<int>(device_width, x.device_id().size());
+  }
+  std::cout << absl::StrFormat("%8s %-*s %-*s %8s %6s %6s %7s %12s %9s %9s %10s\n", "SESSION",
+                               client_width, "CLIENT", device_width, "DEVICE", "PID", "UID",
+                               "GID", "BLOCKS", "POOL", "IN-FLIGHT", "FALLBACKS", "HOST-WAIT");
+  for (const auto& x : s.sessions()) {
+    const v1::ClientReport& r = x.client_report();
+    std::cout << absl::StrFormat(
+        "%8d %-*s %-*s %8d %6s %6s %7d %12s %9d %9d %9.2fs\n", x.session_id(), client_width,
+        x.client_name(), device_width, x.device_id(), x.pid(),
+        x.peer_known() ? std::to_string(x.uid()) : "?",
+        x.peer_known() ? std::to_string(x.gid()) : "?", x.blocks(), Bytes(x.used_bytes()),
+        x.requests_in_flight(), r.fallbacks_total(), r.host_wait_seconds_total());
+  }
+  if (s.sessions_size() > 0) {
+    std::cout << "(FALLBACKS, HOST-WAIT: as the client reported them for this session)\n";
   }
   for (const auto& u : s.uid_usage()) {
     std::cout << absl::StrFormat(
@@ -107,15 +119,27 @@ int RunSessions(const std::string& socket, const std::vector<std::string>& args)
 
 int RunEndSession(const std::string& socket, const std::vector<std::string>& args) {
   v1::EndSessionRequest req;
-  bool have_id = false;
+  bool have_id = false, force = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--reason" && i + 1 < args.size()) {
+    if (args[i] == "--reason" && i + 1 < args.size() && !args[i + 1].empty() &&
+        args[i + 1].rfind("--", 0) != 0) {
       req.set_reason(args[++i]);
+    } else if (args[i] == "--reason" || args[i] == "--reason=") {
+      std::cerr << "offloadctl end-session: --reason needs a value (--reason TEXT)\n";
+      return 2;
     } else if (args[i].rfind("--reason=", 0) == 0) {
       req.set_reason(args[i].substr(9));
+    } else if (args[i] == "--force") {
+      force = true;
     } else if (!have_id && !args[i].empty() && args[i][0] != '-') {
-      req.set_session_id(std::strtoull(args[i].c_str(), nullptr, 10));
-      have_id = req.session_id() != 0;
+      char* end = nullptr;
+      req.set_session_id(std::strtoull(args[i].c_str(), &end, 10));
+      have_id = req.session_id() != 0 && *end == '\0';
+      if (!have_id) {
+        std::cerr << "offloadctl end-session: '" << args[i]
+                  << "' is not a session id (the SESSION column of `offloadctl sessions`)\n";
+        break;
+      }
     } else {
       std::cerr << "offloadctl end-session: unexpected argument '" << args[i] << "'\n";
       have_id = false;
@@ -123,15 +147,18 @@ int RunEndSession(const std::string& socket, const std::vector<std::string>& arg
     }
   }
   if (!have_id) {
-    std::cerr << "usage: offloadctl [--socket PATH] end-session SESSION_ID [--reason TEXT]\n";
+    std::cerr << "usage: offloadctl [--socket PATH] end-session SESSION_ID [--reason TEXT] "
+                 "[--force]\n";
     return 2;
   }
   if (!SocketPresent(socket)) return 1;
   if (req.reason().empty()) req.set_reason("ended with offloadctl end-session");
+  req.set_force(force);
+  auto stub = Stub(socket);
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   v1::EndSessionReply reply;
-  grpc::Status st = Stub(socket)->EndSession(&ctx, req, &reply);
+  grpc::Status st = stub->EndSession(&ctx, req, &reply);
   if (!st.ok()) return Failed(st, socket);
   const v1::SessionStats& x = reply.session();
   std::cout << absl::StrFormat("ended session %d (%s, device %s, pid %d): released %d blocks, %s\n",

@@ -24,6 +24,9 @@
 namespace offloadd::plan {
 namespace {
 
+// A single plan whose pinned host RAM per node exceeds --host-ram (plan_command.h).
+constexpr int kExitDoesNotFit = 3;
+
 constexpr const char* kValueFlags[] = {
     "layers", "hidden", "attn-width",    "params-per-layer", "hf-config", "batch",     "seq",
     "dtype",  "link",   "gpus-per-node", "gpus-per-link",    "tflops",    "sweep-seqs",
@@ -94,26 +97,6 @@ absl::StatusOr<int64_t> ParseCount(const std::string& flag, std::string text, bo
 }
 
 // Bytes with an optional binary (KiB, MiB, GiB, TiB) or decimal (KB, MB, GB, TB) suffix.
-absl::StatusOr<uint64_t> ParseSize(const std::string& flag, const std::string& text) {
-  static const std::pair<const char*, double> kSuffixes[] = {
-      {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0},
-      {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}};
-  absl::string_view number = absl::StripAsciiWhitespace(text);
-  double scale = 1;
-  for (const auto& [suffix, factor] : kSuffixes) {
-    if (absl::ConsumeSuffix(&number, suffix)) {
-      scale = factor;
-      break;
-    }
-  }
-  double value = 0;
-  if (!absl::SimpleAtod(number, &value) || !(value > 0) || value * scale > 1.8e19) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", flag, " must be a positive size like 2TiB, 1536GiB or 2000GB, got '", text, "'"));
-  }
-  return static_cast<uint64_t>(value * scale);
-}
-
 absl::Status ReadFile(const std::string& path, std::string* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -235,11 +218,14 @@ absl::StatusOr<Request> BuildRequest(const Flags& f) {
   return r;
 }
 
-// A warning on `err` for each plan whose pinned host RAM per node exceeds `host_ram_bytes`.
-void WarnHostRam(const std::vector<Plan>& plans, uint64_t host_ram_bytes, std::ostream& err) {
-  if (host_ram_bytes == 0) return;  // with --nvme-gbps the spill plan says it instead
+// A warning on `err` for each plan whose pinned host RAM per node exceeds `host_ram_bytes`;
+// whether any did.
+bool WarnHostRam(const std::vector<Plan>& plans, uint64_t host_ram_bytes, std::ostream& err) {
+  if (host_ram_bytes == 0) return false;  // with --nvme-gbps the spill plan says it instead
+  bool exceeded = false;
   for (const Plan& p : plans) {
     if (p.pinned_host_bytes_per_node <= host_ram_bytes) continue;
+    exceeded = true;
     err << "offloadctl plan: warning: at seq " << WithThousands(p.inputs.seq_len)
         << " the pinned host RAM per node, " << FormatBytes(p.pinned_host_bytes_per_node) << " ("
         << p.inputs.gpus_per_node << " GPUs x " << FormatBytes(p.checkpoint_bytes_per_gpu)
@@ -247,6 +233,13 @@ void WarnHostRam(const std::vector<Plan>& plans, uint64_t host_ram_bytes, std::o
         << " (--host-ram): the daemon cannot pin it; lower --seq or --batch, offload fewer "
            "layers, plan for more nodes, or give --nvme-gbps to plan the spill tier\n";
   }
+  return exceeded;
+}
+
+// The daemon's config line for a plan: its pool holds every GPU's checkpoints of the node.
+std::string PoolBytesLine(const Plan& p) {
+  return absl::StrCat("offloadd.conf               pool_bytes: ", p.pinned_host_bytes_per_node,
+                      "   (the pinned host RAM per node above)\n");
 }
 
 // The spill tier's plan, as text lines.
@@ -286,6 +279,28 @@ std::string FormatSpillJson(const SpillPlan& s) {
 }
 
 }  // namespace
+
+absl::StatusOr<uint64_t> ParseSize(const std::string& flag, const std::string& text) {
+  static const std::pair<const char*, double> kSuffixes[] = {
+      {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0},
+      {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1},
+      {"T", 1099511627776.0}, {"G", 1073741824.0}, {"M", 1048576.0}, {"K", 1024.0}};
+  absl::string_view number = absl::StripAsciiWhitespace(text);
+  double scale = 1;
+  for (const auto& [suffix, factor] : kSuffixes) {
+    if (absl::ConsumeSuffix(&number, suffix)) {
+      scale = factor;
+      break;
+    }
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(number, &value) || !(value > 0) || value * scale > 1.8e19) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, " must be a positive size like 2TiB, 1536GiB or 2000GB, got '", text, "'"));
+  }
+  return static_cast<uint64_t>(value * scale);
+}
+
 
 const char* PlanUsage() {
   return "usage: offloadctl plan (--hf-config FILE | --layers N --hidden N --params-per-layer N\n"
@@ -345,9 +360,8 @@ int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std:
     }
     return 0;
   }
-  out << (req->json ? FormatPlanJson(*plan) + "\n" : FormatPlanText(*plan));
-  WarnHostRam({*plan}, req->host_ram_bytes, err);
-  return 0;
+  out << (req->json ? FormatPlanJson(*plan) + "\n" : FormatPlanText(*plan) + PoolBytesLine(*plan));
+  return WarnHostRam({*plan}, req->host_ram_bytes, err) ? kExitDoesNotFit : 0;
 }
 
 int RunPlanCommand(int argc, char** argv) {

@@ -14,14 +14,21 @@
 //   --sweep            table over 1K..512K tokens (or over --sweep-seqs a,b,c)
 //   --json             machine-readable output (one JSON object)
 //   --help
-// Exit status: 0 on success; 2 for a usage error or invalid input (message on stderr naming the
-// flag to fix); 1 when --hf-config cannot be read.
+//   --host-ram SIZE    warn when the pinned host RAM per node exceeds it
+//   --nvme-gbps X      with --host-ram: plan the spill tier
+// The text output of one plan ends with its daemon config line, "pool_bytes: N" (bytes).
+// Exit status: 0 on success; 3 when one plan's pinned host RAM per node exceeds --host-ram (the
+// warning on stderr says what to change; a --sweep only warns); 2 for a usage error or invalid
+// input (message on stderr naming the flag to fix); 1 when --hf-config cannot be read.
 #ifndef OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_
 #define OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_
 
+#include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace offloadd::plan {
 
@@ -31,6 +38,11 @@ int RunPlanCommand(int argc, char** argv);
 
 // Same, with the flags only (no argv[0]) and explicit streams; for tests.
 int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+// A size flag's value: a positive number of bytes with an optional suffix, binary (KiB, MiB,
+// GiB, TiB; also K, M, G, T) or decimal (KB, MB, GB, TB, B): "2TiB", "1536GiB", "64M", "2000GB".
+// INVALID_ARGUMENT naming --`flag` and an example otherwise. Shared by offloadctl's subcommands.
+absl::StatusOr<uint64_t> ParseSize(const std::string& flag, const std::string& text);
 
 // Usage text printed by --help and after a usage error.
 const char* PlanUsage();

@@ -167,13 +167,15 @@ TEST(PlanCommand, WarnsWhenHostRamIsShort) {
   small.insert(small.end(), {"--host-ram", "1TiB"});
   large.insert(large.end(), {"--host-ram=2TiB"});
   Result short_ram = RunPlan(small);
-  EXPECT_EQ(short_ram.code, 0) << short_ram.err;
+  EXPECT_EQ(short_ram.code, 3) << short_ram.err;  // the plan does not fit the node
   EXPECT_NE(short_ram.err.find("1280.00 GiB (8 GPUs x 160.00 GiB)"), std::string::npos) << short_ram.err;
   EXPECT_NE(short_ram.err.find("exceeds the node's 1024.00 GiB (--host-ram)"), std::string::npos)
       << short_ram.err;
   Result enough = RunPlan(large);
   EXPECT_EQ(enough.code, 0);
   EXPECT_EQ(enough.err, "");
+  // The config line: 8 x 160 GiB in bytes.
+  EXPECT_NE(enough.out.find("pool_bytes: 1374389534720"), std::string::npos) << enough.out;
   Result sweep = RunPlan({"--hf-config", Fixture("llama-3-70b.json"), "--sweep", "--sweep-seqs",
                           "4K,128K", "--host-ram", "1TiB"});
   EXPECT_EQ(sweep.code, 0);

@@ -123,7 +123,7 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& inputs);
 absl::StatusOr<std::vector<Plan>> Sweep(const PlanInputs& inputs,
                                         const std::vector<int64_t>& seq_lens);
 
-// The spill tier (issue 18; README "Spill tier"): whether the node's checkpoints need local
+// The spill tier (README "Spill tier"): whether the node's checkpoints need local
 // NVMe below a host pool of `host_ram_bytes`, and whether a disk of `nvme_bytes_per_second`
 // (node-wide, one direction at a time) keeps up. Model, first order: the bytes that do not fit
 // the pool are written to disk once per step while forward runs (L forwards) and read back
