@@ -31,6 +31,15 @@ not yet answered. Requests issued meanwhile wait. Rules (README "Failure modes")
     ones, every waiting and later request fails (DaemonUnavailable, or DATA_LOSS for the blocks).
 A daemon whose pool does not outlive it (resume_grace_seconds 0) makes the stream's end final.
 
+Liveness: the channel sends HTTP/2 keepalive pings every ``keepalive_time_seconds`` (10) and drops
+a connection whose daemon does not answer one within ``keepalive_timeout_seconds`` (30): the
+stream then ends as if the daemon had gone away. :meth:`Client.wait` bounds a wait for an answer
+by silence instead: it raises :class:`~offloadd.errors.DaemonUnresponsive` once the daemon has
+sent nothing on the session stream for ``unresponsive_seconds`` (20) while the caller waited
+(README "Failure modes"). While the client reconnects, a daemon whose socket refuses
+connections (down, restarting) does not count as silent -- the reconnect window bounds that
+case -- but one that accepts and does not answer Hello does.
+
 Errors (raised by ``Future.result()`` or directly):
   * :class:`~offloadd.errors.OffloaddError` with the daemon's code and message for ``Error``
     responses (INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED pool or quota full past the
@@ -42,15 +51,19 @@ Errors (raised by ``Future.result()`` or directly):
 """
 
 import concurrent.futures
+import errno
 import itertools
 import os
 import queue
+import socket
 import threading
 import time
 
 import grpc
 
 from . import errors
+from . import socket_path as _socket_path
+from .shm import shm_access
 from .socket_path import default_socket_path, socket_path_fits
 from .v1 import offload_pb2 as pb
 from .v1 import offload_pb2_grpc as pb_grpc
@@ -69,6 +82,7 @@ _EXPECTED = {
     "offload": "offload_done",
     "reload": "reload_done",
     "release": "released",
+    "client_report": "client_report_ack",
 }
 
 
@@ -106,7 +120,7 @@ class _Conn:
     def __init__(self, client, connect_timeout_seconds):
         self.client = client
         self.outbox = queue.SimpleQueue()
-        self.channel = grpc.insecure_channel(client.target)
+        self.channel = grpc.insecure_channel(client.target, options=client.channel_options())
         self.call = None
         self.reader = None
         try:
@@ -178,15 +192,38 @@ class Client:
         daemon's resume_grace_seconds.
       reconnect_initial_backoff_seconds, reconnect_max_backoff_seconds: the wait between
         attempts, doubling from the first to the second.
-    Raises: DaemonUnavailable (no socket, nothing accepting within the timeout), OffloaddError
-      INVALID_ARGUMENT (path too long), DEADLINE_EXCEEDED (no HelloReply in time), or the daemon's
-      Error for Hello.
+      unresponsive_seconds: float > 0; :meth:`wait` gives up (DaemonUnresponsive) after this
+        long without any message from the daemon.
+      keepalive_time_seconds, keepalive_timeout_seconds: float > 0; the channel pings the daemon
+        this often and drops the connection when a ping is not answered within the timeout (keep
+        the timeout above ``unresponsive_seconds``: a dropped connection ends the session).
+      shm_mode, shm_group: access of the shared-memory objects this client's staging creates
+        for the daemon (:func:`offloadd.shm.shm_access`; default: $OFFLOADD_SHM_MODE /
+        $OFFLOADD_SHM_GROUP, else 0600 for a root daemon or one of this uid, 0660 with the
+        socket's group for a daemon of another uid). Read as ``shm_mode`` / ``shm_gid``.
+    Attributes besides the HelloReply fields: ``daemon_uid``, the uid of the process listening
+      on the socket (SO_PEERCRED; the service manager's under socket activation; None when the
+      probe connect timed out).
+    Raises: SocketPermissionDenied at once when this user may not connect to the socket (the
+      message names the socket or directory, its group and how to join it), DaemonUnavailable
+      (no socket, nobody listening, nothing accepting within the timeout), OffloaddError
+      INVALID_ARGUMENT (path too long, bad shm_mode/shm_group), DEADLINE_EXCEEDED (no HelloReply
+      in time), or the daemon's Error for Hello.
     """
 
     def __init__(self, socket_path=None, client_name="", device_id="cpu",
                  connect_timeout_seconds=5.0, pid=None, resume_token=b"", reconnect=True,
                  reconnect_seconds=None, reconnect_initial_backoff_seconds=0.05,
-                 reconnect_max_backoff_seconds=1.0):
+                 reconnect_max_backoff_seconds=1.0, unresponsive_seconds=20.0,
+                 keepalive_time_seconds=10.0, keepalive_timeout_seconds=30.0, shm_mode=None,
+                 shm_group=None):
+        if unresponsive_seconds <= 0 or keepalive_time_seconds <= 0 or \
+                keepalive_timeout_seconds <= 0:
+            raise ValueError("unresponsive_seconds and the keepalive times must be > 0")
+        self.unresponsive_seconds = float(unresponsive_seconds)
+        self.keepalive_time_seconds = float(keepalive_time_seconds)
+        self.keepalive_timeout_seconds = float(keepalive_timeout_seconds)
+        self._last_heard = time.monotonic()  # the daemon's last message (or refused connect)
         self.socket_path = socket_path or default_socket_path()
         self.target = "unix:" + self.socket_path
         self.client_name, self.device_id = client_name, device_id
@@ -213,12 +250,33 @@ class Client:
             raise errors.OffloaddError(
                 errors.INVALID_ARGUMENT, "socket path '%s' is empty or longer than 107 bytes: "
                 "use a shorter path" % self.socket_path)
-        if not os.path.exists(self.socket_path):
-            raise errors.DaemonUnavailable(
-                "no offloadd socket at %s: start the daemon (offloadd --socket_path %s) or point "
-                "OFFLOADD_SOCKET at the right path" % (self.socket_path, self.socket_path))
+        self.daemon_uid = self._probe(min(1.0, connect_timeout_seconds))
+        self.shm_mode, self.shm_gid = shm_access(self.socket_path, self.daemon_uid, shm_mode,
+                                                 shm_group)
         self._conn, self.hello = self._open(resume_token, connect_timeout_seconds)
         self._token = self.hello.resume_token
+
+    def _probe(self, timeout_seconds):
+        """One connect() before gRPC's: a socket this user may not open, or that nobody serves,
+        is reported at once and in words. Returns the listening process's uid (None when the
+        probe timed out: gRPC's connect decides then)."""
+        err, uid = _socket_path.probe(self.socket_path, timeout_seconds)
+        if err == 0 or err == errno.ETIMEDOUT:
+            return uid
+        if err in (errno.EACCES, errno.EPERM):
+            raise errors.SocketPermissionDenied("cannot connect to the offloadd socket %s: %s"
+                                                % (self.socket_path,
+                                                   _socket_path.permission_denied_reason(
+                                                       self.socket_path)))
+        if err == errno.ENOENT:
+            raise errors.DaemonUnavailable(
+                "no offloadd socket at %s: start the daemon (systemctl start offloadd, or "
+                "offloadd --socket_path %s) or point OFFLOADD_SOCKET at the right path"
+                % (self.socket_path, self.socket_path))
+        raise errors.DaemonUnavailable(
+            "cannot connect to the offloadd socket %s: %s; start the daemon (systemctl start "
+            "offloadd) or point OFFLOADD_SOCKET at the right path"
+            % (self.socket_path, _socket_path.unreachable_reason(self.socket_path, err)))
 
     # ---- HelloReply fields -------------------------------------------------------------------
     session_id = property(lambda self: self.hello.session_id)
@@ -259,6 +317,65 @@ class Client:
             time.sleep(backoff)
             backoff = min(backoff * 2, max(max_backoff_seconds, backoff))
 
+    def channel_options(self):
+        """grpcio channel options: keepalive pings (also while the stream is idle, without a
+        cap on pings between data frames; the daemon accepts them: server/rpc/server.cc)."""
+        return [("grpc.keepalive_time_ms", int(self.keepalive_time_seconds * 1000)),
+                ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_seconds * 1000)),
+                # grpcio >= 1.6x times a keepalive ping out by this one (default 60 s)
+                ("grpc.http2.ping_timeout_ms", int(self.keepalive_timeout_seconds * 1000)),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0)]
+
+    def silent_seconds(self):
+        """Seconds since the daemon last sent anything on the session stream (or, while
+        reconnecting, refused a connection: it is down, not frozen)."""
+        return time.monotonic() - self._last_heard
+
+    def wait(self, future, timeout=None, unresponsive_seconds=None, what="an answer"):
+        """``future.result()`` (a Future this client returned), bounded by the daemon's silence.
+
+        Raises :class:`~offloadd.errors.DaemonUnresponsive` once the daemon has sent nothing for
+        ``unresponsive_seconds`` (default: the client's) counted from the later of this call
+        and its last message; TimeoutError after ``timeout`` seconds (None: no limit); else
+        whatever the future raises. ``what`` names the awaited answer in the message."""
+        bound = self.unresponsive_seconds if unresponsive_seconds is None \
+            else float(unresponsive_seconds)
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        while True:
+            now = time.monotonic()
+            quiet_left = max(self._last_heard, start) + bound - now
+            left = quiet_left if deadline is None else min(quiet_left, deadline - now)
+            try:
+                return future.result(max(left, 0.0))
+            except concurrent.futures.TimeoutError:
+                if future.done():
+                    raise
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise TimeoutError("no answer from the offloadd daemon at %s within %.1f s"
+                                   % (self.target, timeout))
+            if now - max(self._last_heard, start) >= bound:
+                raise errors.DaemonUnresponsive(
+                    "the offloadd daemon at %s sent nothing for %.1f s (unresponsive_seconds) "
+                    "while this process waited for %s: it is unresponsive (stopped, frozen by "
+                    "a debugger or cgroup freezer, stuck in a driver call or paging), not "
+                    "known to have lost anything" % (self.target, bound, what))
+
+    def abandon(self, failure):
+        """Gives up on this session without waiting for the daemon: every pending and later
+        request fails with ``failure`` (fresh copies) and the stream is cancelled, so a daemon
+        that resumes ends the session and frees its blocks. Never blocks. Idempotent."""
+        with self._lock:
+            self._closing = True
+            conn = self._conn
+        self._fail_all(failure)
+        if conn is not None:
+            conn.outbox.put(_CLOSE)
+            if conn.call is not None:
+                conn.call.cancel()
+
     @property
     def alive(self):
         """True while the stream is up (or being re-established) and close() has not begun."""
@@ -293,7 +410,7 @@ class Client:
         region = next(self._region_ids)
         future = self._submit(pb.Request(register_region=pb.RegisterRegion(handle=handle)),
                               region=(region, handle, relink))
-        return future.result(timeout).region_id
+        return self.wait(future, timeout, what="a region registration").region_id
 
     def unregister(self, region_id):
         """Future of RegionUnregistered."""
@@ -303,8 +420,9 @@ class Client:
         """Copies ``nbytes`` at ``offset`` of the region into a new pool block.
 
         Returns a Future of ``OffloadDone`` (block_id, bytes, queued_seconds, copy_seconds). The
-        bytes must stay unchanged until it resolves. ``ready_event``: CUDA IPC event handle the
-        daemon's copy waits on (cuda backend; ignored by shm). ``ordering``: optional
+        bytes must stay unchanged until it resolves. ``ready_event``: CUDA IPC event handle
+        recorded after the kernels that produced the bytes: the daemon issues no chunk before
+        it completed (cuda backend; ignored by shm). ``ordering``: optional
         ``(step, position)`` of the block in the reload order, for the daemon's spill tier
         (within a step backward reloads in reverse of position).
         """
@@ -315,19 +433,43 @@ class Client:
         return self._submit(pb.Request(offload=req))
 
     def reload(self, block_id, region_id, offset, priority=URGENT, release_after=False,
-               deadline_seconds=0.0):
+               deadline_seconds=0.0, ready_event=b"", done_event=b""):
         """Copies block ``block_id`` back to ``offset`` of the region; Future of ``ReloadDone``.
 
         May be sent before the block's offload completed (the daemon orders it after).
         priority: URGENT or PREFETCH. release_after: free the block once copied.
+        deadline_seconds: seconds from now by which the data is needed (0 = none).
+        CUDA backend (the event protocol, proto/offload.proto ReloadRequest): ``ready_event``
+        (64 IPC handle bytes) recorded after the destination's allocation on its stream: no byte
+        is written before it completed; ``done_event``: recorded by the daemon right after its
+        last chunk. When ``ReloadDone.done_event_recorded`` is true the copy may still be
+        running: make the consuming stream wait on ``done_event`` before reading (only after
+        this future resolved: before that the event's last record is an older one).
         """
         return self._submit(pb.Request(reload=pb.ReloadRequest(
             block_id=block_id, region_id=region_id, offset=offset, priority=priority,
-            release_after=release_after, deadline_seconds=deadline_seconds)))
+            release_after=release_after, deadline_seconds=deadline_seconds,
+            ready_event=ready_event, done_event=done_event)))
 
     def release(self, block_id):
         """Frees a pool block; Future of ``Released``."""
         return self._submit(pb.Request(release=pb.ReleaseRequest(block_id=block_id)))
+
+    def report(self, fallbacks_total=0, host_waits_total=0, host_wait_seconds_total=0.0,
+               idle_steps_total=0):
+        """Tells the daemon what this process did without it on this session's device, so that
+        operators see it (the ``offloadd_client_*_total`` metrics by gpu, ``offloadctl
+        sessions``): cumulative counts since this session began -- saved tensors kept in
+        process (fallbacks), times and seconds the training thread blocked on the daemon (host
+        waits), steps that sent nothing (idle steps). Sending the same totals again is harmless.
+        Future of ``ClientReportAck``; OffloaddError INVALID_ARGUMENT when a count is lower than
+        this session's previous report or the seconds are negative, not finite or above 1e12,
+        CANCELLED or the session's failure once the client is closed or dead, and
+        INVALID_ARGUMENT "unknown request kind" from a daemon older than the report."""
+        return self._submit(pb.Request(client_report=pb.ClientReport(
+            fallbacks_total=fallbacks_total, host_waits_total=host_waits_total,
+            host_wait_seconds_total=host_wait_seconds_total,
+            idle_steps_total=idle_steps_total)))
 
     def get_stats(self, timeout=10.0):
         """Unary GetStats on the current connection: the daemon's ``Stats`` message.
@@ -413,6 +555,8 @@ class Client:
                 continue  # the new connection broke while re-registering: try again
             except errors.DaemonUnavailable as e:
                 failure = e
+                if _refuses(self.socket_path):  # down or restarting, not frozen: not silence
+                    self._last_heard = time.monotonic()
             except errors.OffloaddError as e:
                 if e.code == errors.DEADLINE_EXCEEDED:
                     failure = e
@@ -559,7 +703,7 @@ class Client:
         internal = internal or conn is not None
         with self._lock:
             if self._dead is not None:
-                future.set_exception(self._dead)
+                future.set_exception(self._dead.fresh())
                 return future
             if self._closing:
                 future.set_exception(errors.OffloaddError(
@@ -582,6 +726,7 @@ class Client:
         failure = None
         try:
             for message in conn.call:
+                self._last_heard = time.monotonic()
                 with self._lock:
                     self.counters.messages_received += 1
                     self.counters.responses_received += len(message.responses)
@@ -616,7 +761,7 @@ class Client:
                 self._reconnecting.start()
         for p in internal:
             if not p.future.done():
-                p.future.set_exception(failure)
+                p.future.set_exception(_fresh(failure))
         if current and not resume:
             self._fail_all(failure)
 
@@ -669,19 +814,51 @@ class Client:
         return result
 
     def _fail_all(self, failure):
+        """Fails every pending request and every later one with ``failure``: each future gets
+        its own copy (OffloaddError.fresh), and the one kept carries no traceback."""
+        failure = _fresh(failure)
         with self._lock:
             if self._dead is None:
                 self._dead = failure
             pending, self._pending = self._pending, {}
         for p in pending.values():
             if not p.future.done():
-                p.future.set_exception(failure)
+                p.future.set_exception(_fresh(failure))
+
+
+def _fresh(e):
+    """A copy of ``e`` without traceback (OffloaddError.fresh), or ``e`` itself, its traceback
+    cleared, for any other exception."""
+    if isinstance(e, errors.OffloaddError):
+        return e.fresh()
+    return e.with_traceback(None)
+
+
+def _refuses(path):
+    """True when nothing listens at the Unix socket ``path`` (no file, or connection refused):
+    the daemon is down. A frozen daemon's socket still accepts (into its backlog)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(0.5)
+        s.connect(path)
+        return False
+    except (FileNotFoundError, ConnectionRefusedError):
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def _rpc_error(e, target, rpc):
     code = e.code() if hasattr(e, "code") else None
     details = e.details() if hasattr(e, "details") else str(e)
     if code in (None, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        if "ping timeout" in str(details) or "keepalive" in str(details):
+            return errors.DaemonUnavailable(
+                "the offloadd daemon at %s did not answer a keepalive ping in time (%s: %s): it "
+                "is frozen or stopped, and the connection was dropped; the daemon frees this "
+                "session's blocks if it resumes" % (target, rpc, details))
         return errors.DaemonUnavailable("the offloadd daemon at %s went away (%s: %s)"
                                         % (target, rpc, details))
     return errors.OffloaddError(code.value[0], "%s at %s: %s" % (rpc, target, details))

@@ -5,10 +5,13 @@ block under cross-process reference counting; a consumer that never decrements t
 daemon) leaves blocks stuck in the training process (docs/ARCHITECTURE.md, "Pitfalls"). Here the
 allocation is exported with the CUDA runtime directly:
 
-* allocation base and size: ``cuMemGetAddressRange_v2`` (driver API, libcuda.so.1): an IPC
-  handle covers a whole cudaMalloc allocation, so the handle is taken of the *base* and each
-  request carries ``offset = ptr - base`` (checked: ``offset + bytes <= size``);
-* ``cudaIpcGetMemHandle(base)`` (runtime API, libcudart): 64 bytes the daemon opens once;
+* allocation base, size, buffer id and IPC capability in one driver call,
+  ``cuPointerGetAttributes`` (RANGE_START_ADDR, RANGE_SIZE, BUFFER_ID,
+  IS_LEGACY_CUDA_IPC_CAPABLE; libcuda.so.1): an IPC handle covers a whole cudaMalloc allocation,
+  so the handle is taken of the *base* and each request carries ``offset = ptr - base``; the
+  buffer id is unique per allocation for the process's lifetime, so the transport caches the
+  handle per buffer id (a freed and reallocated address gets a new id, never a stale handle);
+* ``cudaIpcGetMemHandle(base)`` (runtime API, libcudart): 64 bytes, once per allocation;
 * ready events: ``cudaEventCreateWithFlags(cudaEventInterprocess | cudaEventDisableTiming)``,
   ``cudaIpcGetEventHandle`` (64 bytes), ``cudaEventRecord(event, stream)`` on the producing
   stream; the daemon's copy waits on it. An event must outlive every copy that waits on it:
@@ -16,9 +19,14 @@ allocation is exported with the CUDA runtime directly:
 * device identity: ``cuDeviceGetUuid`` formatted "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
   (ordinals differ between processes under CUDA_VISIBLE_DEVICES; UUIDs do not).
 
-Memory from VMM allocators (PyTorch ``expandable_segments:True``) has no legacy IPC handle (it
-would need cuMemExportToShareableHandle and a file descriptor over SCM_RIGHTS, which gRPC cannot
-carry): :func:`check_allocator_config` and a failing cudaIpcGetMemHandle raise CudaExportError.
+Memory from VMM allocators (PyTorch ``expandable_segments:True``) and from the
+``cudaMallocAsync`` backend's pools has no legacy IPC handle: :func:`check_allocator_config`
+(the environment and PyTorch's current settings, which can change at run time) and memory whose
+IS_LEGACY_CUDA_IPC_CAPABLE attribute is 0 raise OffloadConfigError, naming the setting.
+
+CUDA's error state: a failed runtime call leaves its error as the thread's "last error", which
+torch's next kernel-launch check would report as its own. Every failed runtime call here is
+followed by ``cudaGetLastError()``, which clears it (driver-API calls keep no such state).
 
 Every call must run on a thread whose current device/context owns the pointer (PyTorch's forward
 and autograd device threads do). Not runnable without a GPU: tests/test_cuda_export.py drives it
@@ -28,16 +36,31 @@ with fake libraries.
 import ctypes
 import ctypes.util
 import os
-import queue
 import re
 import sys
 import threading
 
-from .errors import CudaExportError
+from .errors import CudaExportError, OffloadConfigError
 
 CUDA_EVENT_DISABLE_TIMING = 0x02  # cudaEventDisableTiming
 CUDA_EVENT_INTERPROCESS = 0x04    # cudaEventInterprocess
 IPC_HANDLE_BYTES = 64             # sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t)
+# CU_POINTER_ATTRIBUTE_* (cuda.h): RANGE_START_ADDR, RANGE_SIZE, BUFFER_ID,
+# IS_LEGACY_CUDA_IPC_CAPABLE, DEVICE_ORDINAL.
+_POINTER_ATTRIBUTES = (11, 12, 7, 10, 9)
+_CUDA_ERROR_NOT_READY = 600       # cudaErrorNotReady
+
+
+class PointerInfo:
+    """Where a device pointer lies: its allocation's ``base`` and ``size`` (bytes),
+    ``buffer_id`` (unique per allocation for the process's lifetime), ``ipc_capable`` (False for
+    VMM / memory-pool memory, which cudaIpcGetMemHandle cannot export), ``device`` (ordinal)."""
+
+    __slots__ = ("base", "size", "buffer_id", "ipc_capable", "device")
+
+    def __init__(self, base, size, buffer_id, ipc_capable, device):
+        self.base, self.size, self.buffer_id = base, size, buffer_id
+        self.ipc_capable, self.device = ipc_capable, device
 
 
 class _Handle64(ctypes.Structure):
@@ -49,15 +72,64 @@ class _Uuid(ctypes.Structure):
     _fields_ = [("bytes", ctypes.c_ubyte * 16)]
 
 
-def check_allocator_config(environ=None):
-    """Raises CudaExportError when PyTorch's caching allocator is set to expandable segments."""
+ALLOCATOR_REMEDY = (
+    "offloadd's CUDA transport needs memory with a legacy CUDA IPC handle (cudaMalloc "
+    "segments): unset expandable_segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False) "
+    "and keep the native allocator backend for training with offloadd, or train without "
+    "offloadd's hooks")
+
+
+def _torch_allocator_settings():
+    """(settings text, backend name) of PyTorch's CUDA allocator now, or ("", "") without
+    torch/CUDA. The settings follow torch.cuda.memory._set_allocator_settings at run time."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return "", ""
+    settings = ""
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    if getter is not None:
+        try:
+            settings = getter() or ""
+        except Exception:
+            settings = ""
+    backend = ""
+    try:
+        if torch.cuda.is_available():
+            backend = torch.cuda.memory.get_allocator_backend()
+    except Exception:
+        backend = ""
+    return settings, backend
+
+
+def allocator_problem(environ=None, settings=None, backend=None):
+    """Why PyTorch's allocator hands out memory offloadd cannot export, or None."""
     environ = os.environ if environ is None else environ
-    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        if re.search(r"expandable_segments\s*:\s*true", environ.get(var, ""), re.I):
-            raise CudaExportError(
-                "%s sets expandable_segments:True: that memory (CUDA VMM) has no legacy IPC "
-                "handle, so offloadd cannot export it; unset it for training with offloadd"
-                % var)
+    if settings is None or backend is None:
+        s, b = _torch_allocator_settings()
+        settings = s if settings is None else settings
+        backend = b if backend is None else backend
+    sources = [(var, environ.get(var, "")) for var in ("PYTORCH_CUDA_ALLOC_CONF",
+                                                      "PYTORCH_ALLOC_CONF")]
+    sources.append(("PyTorch's current allocator settings", settings))
+    for where, text in sources:
+        if re.search(r"expandable_segments\s*:\s*true", text or "", re.I):
+            return "%s sets expandable_segments:True (CUDA VMM memory)" % where
+        if re.search(r"backend\s*:\s*cudaMallocAsync", text or "", re.I):
+            return "%s selects the cudaMallocAsync backend (CUDA memory pools)" % where
+    if backend == "cudaMallocAsync":
+        return "PyTorch's allocator backend is cudaMallocAsync (CUDA memory pools)"
+    return None
+
+
+def check_allocator_config(environ=None, settings=None, backend=None):
+    """Raises OffloadConfigError when PyTorch's CUDA allocator hands out memory without a
+    legacy IPC handle: expandable segments or the cudaMallocAsync backend, set in the environment
+    or at run time (``settings`` / ``backend`` override what torch reports, for tests)."""
+    problem = allocator_problem(environ, settings, backend)
+    if problem is not None:
+        raise OffloadConfigError("%s: that memory has no legacy CUDA IPC handle. %s"
+                                 % (problem, ALLOCATOR_REMEDY))
 
 
 def format_uuid(raw16):
@@ -117,6 +189,11 @@ class CudaRuntime:
         rt.cudaIpcGetEventHandle.argtypes = [ctypes.POINTER(_Handle64), ctypes.c_void_p]
         rt.cudaEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         rt.cudaEventDestroy.argtypes = [ctypes.c_void_p]
+        rt.cudaStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+        rt.cudaEventQuery.argtypes = [ctypes.c_void_p]
+        rt.cudaGetLastError.argtypes = []
+        drv.cuPointerGetAttributes.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int),
+                                               ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64]
         drv.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
                                                 ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
         drv.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
@@ -125,9 +202,43 @@ class CudaRuntime:
 
     def _rt(self, rc, call):
         if rc != 0:
+            # Clear the thread's last error, or torch's next launch check reports it as its own.
+            self.cudart.cudaGetLastError()
             msg = self.cudart.cudaGetErrorString(rc)
             raise CudaExportError("%s failed: error %d (%s)"
                                   % (call, rc, msg.decode() if msg else "?"))
+
+    def pointer_info(self, ptr):
+        """PointerInfo of device pointer ``ptr`` (one cuPointerGetAttributes call): allocation
+        base and size, buffer id (unique per allocation for the process's lifetime), whether
+        cudaIpcGetMemHandle can export it, device ordinal."""
+        attrs = (ctypes.c_int * 5)(*_POINTER_ATTRIBUTES)
+        base, size, buffer_id = ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_uint64()
+        ipc, ordinal = ctypes.c_int(), ctypes.c_int()
+        data = (ctypes.c_void_p * 5)(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p)
+                                       for v in (base, size, buffer_id, ipc, ordinal)])
+        self._drv(self.libcuda.cuPointerGetAttributes(5, attrs, data, ctypes.c_uint64(ptr)),
+                  "cuPointerGetAttributes(0x%x)" % ptr)
+        if size.value == 0:
+            raise CudaExportError("0x%x is not device memory known to CUDA (no allocation range)"
+                                  % ptr)
+        return PointerInfo(base.value, size.value, buffer_id.value, bool(ipc.value),
+                           ordinal.value)
+
+    def stream_wait_event(self, stream, event):
+        """cudaStreamWaitEvent(stream, event, 0): the stream's later work waits for the event's
+        last record (``stream``: a cudaStream_t as int)."""
+        self._rt(self.cudart.cudaStreamWaitEvent(ctypes.c_void_p(stream), ctypes.c_void_p(event),
+                                                 0), "cudaStreamWaitEvent")
+
+    def event_query(self, event):
+        """True when the work captured by the event's last record has completed."""
+        rc = self.cudart.cudaEventQuery(ctypes.c_void_p(event))
+        if rc == _CUDA_ERROR_NOT_READY:
+            self.cudart.cudaGetLastError()  # not an error, but the runtime records it
+            return False
+        self._rt(rc, "cudaEventQuery")
+        return True
 
     def _drv(self, rc, call):
         if rc != 0:
@@ -145,7 +256,9 @@ class CudaRuntime:
         return base.value, size.value
 
     def ipc_mem_handle(self, base):
-        """64 handle bytes of the allocation at ``base`` (must be an allocation base)."""
+        """64 handle bytes of the allocation at ``base`` (must be an allocation base; a
+        PointerInfo is accepted too)."""
+        base = getattr(base, "base", base)
         h = _Handle64()
         rc = self.cudart.cudaIpcGetMemHandle(ctypes.byref(h), ctypes.c_void_p(base))
         if rc != 0:
@@ -189,6 +302,8 @@ class CudaRuntime:
 
 
 class IpcEvent:
+    """An interprocess event: ``event`` (cudaEvent_t as int) and its 64 ``handle`` bytes."""
+
     __slots__ = ("event", "handle")
 
     def __init__(self, event, handle):
@@ -196,12 +311,14 @@ class IpcEvent:
 
 
 class IpcEventPool:
-    """Interprocess events reused across offloads (creating one costs a driver call and the
-    daemon caches opened handles). ``acquire`` a free event or create one; ``release`` it only
-    after the offload that waits on it completed. Thread-safe."""
+    """Interprocess events reused across requests (creating one costs a driver call and the
+    daemon caches opened handles). ``acquire`` a free event or make one with ``factory()``;
+    ``release`` it only once nothing will use its last record: for an offload's or a reload's
+    ready event once the daemon answered, for a reload's done event once a stream wait on it
+    was enqueued (a wait captures the record it follows). Thread-safe."""
 
-    def __init__(self, runtime):
-        self._runtime = runtime
+    def __init__(self, factory):
+        self._factory = factory
         self._free = []
         self._lock = threading.Lock()
         self.created = 0
@@ -210,40 +327,91 @@ class IpcEventPool:
         with self._lock:
             if self._free:
                 return self._free.pop()
-        event, handle = self._runtime.create_ipc_event()
+        ev = self._factory()
         with self._lock:
             self.created += 1
-        return IpcEvent(event, handle)
+        return ev
 
     def release(self, ev):
         with self._lock:
             self._free.append(ev)
 
 
-class EventGate:
-    """Runs ``then()`` after ``wait()`` returns, on one background thread, in submission order.
+class TorchCudaDevice:
+    """The device side of offloadd's CUDA transport on a real GPU, through torch (streams,
+    allocation) and :class:`CudaRuntime` (IPC handles, events). The transport
+    (offloadd/torch/_transport.py) is written against this interface; offloadd.sim_gpu has the
+    simulated twin. Streams are torch.cuda.Stream objects; events are :class:`IpcEvent`."""
 
-    Used for reloads into freshly allocated device memory: the caching allocator may hand out
-    memory that kernels still queued on the compute stream read or write, so the daemon may only
-    write after an event recorded on that stream has completed (``wait`` = its synchronize).
-    """
+    simulated = False
 
-    def __init__(self):
-        self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="offloadd-cuda-gate", daemon=True)
-        self._thread.start()
+    def __init__(self, runtime=None):
+        self.rt = runtime or CudaRuntime()
+        self._reload_streams = {}
+        self._lock = threading.Lock()
 
-    def submit(self, wait, then):
-        self._queue.put((wait, then))
+    def context(self, device):
+        import torch
+        return torch.cuda.device(device)
 
-    def _run(self):
-        while True:
-            wait, then = self._queue.get()
-            try:
-                wait()
-            except Exception as e:  # the reload then fails in the daemon or times out
-                sys.stderr.write("offloadd: waiting for a CUDA event failed: %r\n" % (e,))
-            try:
-                then()
-            except Exception as e:
-                sys.stderr.write("offloadd: sending a gated request failed: %r\n" % (e,))
+    def adopt(self, t):
+        """The device tensor the daemon reads for ``t`` (``t`` itself on a real GPU)."""
+        return t
+
+    def check_allocator(self):
+        check_allocator_config()
+
+    def describe(self, ptr):
+        info = self.rt.pointer_info(ptr)
+        if not info.ipc_capable:
+            problem = allocator_problem() or "this tensor's memory is not from cudaMalloc"
+            raise OffloadConfigError("%s: that memory has no legacy CUDA IPC handle. %s"
+                                     % (problem, ALLOCATOR_REMEDY))
+        return info
+
+    def mem_handle(self, info):
+        return self.rt.ipc_mem_handle(info.base)
+
+    def new_event(self):
+        return IpcEvent(*self.rt.create_ipc_event())
+
+    def current_stream(self, device):
+        import torch
+        return torch.cuda.current_stream(device)
+
+    def reload_stream(self, device):
+        """A side stream per device that reload destinations are allocated on: it runs no
+        kernels, so memory the caching allocator hands out there is not in use by queued work
+        (what freed blocks the compute stream still used wait for is their record_stream)."""
+        import torch
+        key = torch.device(device).index
+        with self._lock:
+            s = self._reload_streams.get(key)
+            if s is None:
+                s = self._reload_streams[key] = torch.cuda.Stream(device)
+            return s
+
+    def empty_on(self, meta, stream):
+        import torch
+        with torch.cuda.stream(stream):
+            return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype,
+                                       device=meta.device)
+
+    def record(self, ev, stream):
+        self.rt.record_event(ev.event, stream.cuda_stream)
+
+    def wait(self, stream, ev, expect_seq=None):
+        self.rt.stream_wait_event(stream.cuda_stream, ev.event)
+
+    def query(self, ev):
+        return self.rt.event_query(ev.event)
+
+    def event_seq(self, ev):
+        return None  # only the simulation can see how often an event was recorded
+
+    def record_stream(self, t, stream):
+        t.record_stream(stream)
+
+    def before_host_read(self, stream, meta):
+        """Nothing on a real GPU: the stream waits, the host does not."""
+        return 0.0

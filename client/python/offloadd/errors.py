@@ -43,6 +43,15 @@ class OffloaddError(RuntimeError):
     def code_name(self):
         return CODE_NAMES.get(self.code, str(self.code))
 
+    def fresh(self):
+        """A new exception of the same class, code and message, with no traceback, cause or
+        context. The client hands each waiter its own copy of a failure it stores (a dead
+        session's, say): an exception object raised in several places collects every raiser's
+        frames in its traceback, and those frames keep a training step's tensors alive."""
+        e = type(self).__new__(type(self))
+        OffloaddError.__init__(e, self.code, self.message)
+        return e
+
 
 class DaemonUnavailable(OffloaddError):
     """No daemon at the socket, or the session stream ended (daemon stopped or restarted).
@@ -54,9 +63,42 @@ class DaemonUnavailable(OffloaddError):
         super().__init__(UNAVAILABLE, message)
 
 
+class DaemonUnresponsive(OffloaddError):
+    """The daemon answered nothing for ``unresponsive_seconds`` while the caller waited.
+
+    Not known to be lost: a frozen daemon (SIGSTOP, a debugger, a cgroup freezer, a stuck driver
+    call, a page-fault storm) still holds what it held. Code DEADLINE_EXCEEDED. The torch hooks
+    abandon the session after it (the daemon frees its blocks if it resumes).
+    """
+
+    def __init__(self, message):
+        super().__init__(DEADLINE_EXCEEDED, message)
+
+
+class SocketPermissionDenied(OffloaddError):
+    """This user may not connect to the daemon's socket (PERMISSION_DENIED, raised at once).
+
+    The message names the file that shuts the process out (the socket or a directory on the
+    way), its group and mode, and how to join that group. The daemon is fine: restarting it does
+    not help, and on a shared pool would cost every other job's wait.
+    """
+
+    def __init__(self, message):
+        super().__init__(PERMISSION_DENIED, message)
+
+
 class CudaExportError(RuntimeError):
     """A CUDA allocation or event could not be exported through the CUDA runtime (offloadd.cuda).
 
     Raised for memory without a legacy IPC handle (PyTorch ``expandable_segments:True`` / VMM),
     a missing CUDA runtime library, or a failing CUDA call; the message names the call and the fix.
     """
+
+
+class OffloadConfigError(RuntimeError):
+    """The process is configured so that offloadd cannot take its CUDA tensors at all, e.g.
+    PyTorch's caching allocator set to expandable segments (``PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True``, or switched on at run time) or to the ``cudaMallocAsync`` backend:
+    that memory (CUDA VMM / memory pools) has no legacy CUDA IPC handle. Raised at ``enable()``
+    and at the offload that finds it, never turned into a silent per-tensor fallback; the message
+    names the setting and the remedy."""

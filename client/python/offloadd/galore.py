@@ -1,12 +1,19 @@
 """GaLore projector refreshes computed by the offloadd daemon (proto/projector.proto).
 
+One line for galore-torch users (:func:`enable`, in ``offloadd/_galore_optim.py``)::
+
+    import offloadd.galore
+    offloadd.galore.enable()          # before the optimizer's first step
+    # GaLoreAdamW / GaLoreAdamW8bit / GaLoreAdafactor, or TrainingArguments(optim="galore_*")
+
 :class:`ServiceProjector` offers the interface of the reference GaLore projector
-(``GaLoreProjector`` in github.com/jiaweizzhao/GaLore, galore_torch/galore_projector.py; Zhao et
-al. 2024, shared/reference/galore-paper.txt, Alg. 1): ``project(full_rank_grad, iter)`` returns
-the low-rank gradient and refreshes the projection every ``update_proj_gap`` steps;
-``project_back(low_rank_grad)`` maps a low-rank update back to full rank, times ``scale``. The
-top-r SVD runs in the daemon (LAPACK on its host CPU, fp32 whatever the gradient's dtype) instead
-of ``torch.linalg.svd`` in the training process.
+(``GaLoreProjector`` in galore-torch 1.0, galore_torch/galore_projector.py; Zhao et al. 2024,
+shared/reference/galore-paper.txt, Alg. 1): ``project(full_rank_grad, iter)`` returns the low-rank
+gradient and refreshes the projection when ``iter % update_proj_gap == 0`` (and at the first
+call); ``project_back(low_rank_grad)`` maps a low-rank update back to full rank, times ``scale``.
+The top-r SVD runs in the daemon (LAPACK on its host CPU, fp32 whatever the gradient's dtype;
+cuSOLVER on the gradient's GPU with ``projector { backend: "cusolver" }``) instead of
+``torch.linalg.svd`` inside the optimizer step.
 
 Sides (``proj_type``): "std" projects the smaller side (m >= n: right vectors, else left),
 "reverse_std" the larger one, "left"/"right" a fixed one; "full" is not offered.
@@ -15,40 +22,59 @@ Layout: ``ortho_matrix`` is what the reference keeps: ``U[:, :r]`` (m x r) on th
 ``Vh[:r, :]`` (r x n) on the right side, in the gradient's dtype and on its device. The daemon
 writes P as side_dim x r row-major (for the right side ``Vh[:r, :].T``); this module transposes.
 Singular vectors carry arbitrary signs in the reference and here alike; ``project_back(project(G))``
-does not depend on them.
+does not depend on them, but Adam's moments are kept across a refresh, so after the second
+refresh results depend on the signs: they are close to the stock optimizer's, not bitwise equal.
 
 Modes:
-  * default: a refresh step waits for its projector (the reference's results: the same subspace,
-    measured by the tests against ``torch.linalg.svd``);
-  * ``asynchronous=True`` (opt-in): a refresh step submits and returns at once, and the current
-    projector stays in use until the new one is ready; ``project`` adopts it at its next call
-    after the daemon has finished (the first refresh always waits: there is nothing to use yet).
+  * synchronous (default): a refresh step waits for its projector — the reference's semantics.
+  * ``asynchronous=True``: the staleness rule. A refresh due at step s (s % gap == 0) while a
+    projector is in use is submitted at s and adopted at step ``s + k``, k = ``adopt_after_steps``
+    (default ``max(1, gap // 2)``, at most gap); steps s .. s+k-1 project with the previous
+    projector, and at step s+k ``project`` waits for the result if it has not arrived (the only
+    wait). The adopted step depends on the step count only, never on timing, so every
+    data-parallel rank adopts the same projector at the same step. The first refresh of a
+    parameter always waits (there is nothing to use yet).
+  * ``method="randomized"`` (Halko-Martinsson-Tropp range finder; ``oversampling``,
+    ``power_iterations``, ``warm_start``) instead of the exact SVD.
   * ``lazy=True``: the daemon may skip a refresh while this parameter's consecutive projectors
     stay similar (server/projector/lazy_policy.h); the current projector is then kept.
 
-Data path: G is copied into a POSIX shared-memory object this projector owns (offloadd.shm's
-ShmRegion, named while the projector lives, since the daemon opens it by name), P comes back
-through the same object. CUDA tensors are staged through host memory the same way. A gradient of
-another dtype than fp32/bf16/fp16 (e.g. fp64) is sent as fp32 and P is cast back.
+Data path: on the shm daemon G is copied into a POSIX shared-memory object this projector owns
+and P comes back through it. On a cuda daemon (``cuda_regions`` in its projector stats) a CUDA
+gradient is copied device-to-device into a buffer this projector allocates once, exported by CUDA
+IPC handle (offloadd.cuda: the allocation base plus an offset), and P is written back into that
+buffer by the daemon: no host staging on the training thread. A gradient of another dtype than
+fp32/bf16/fp16 (e.g. fp64) is sent as fp32 and P is cast back.
+
+Errors: INVALID_ARGUMENT from the daemon (NaN/Inf in G, naming the first bad row; a 1-D gradient)
+raises :class:`offloadd.errors.OffloaddError` naming the parameter. When the daemon cannot be
+reached (:class:`~offloadd.errors.DaemonUnavailable`, or a deadline): synchronous mode with
+``fallback="local"`` computes that refresh in process with ``torch.linalg.svd`` (the reference's
+own computation; warned once, counted in ``stats.local_fallbacks``), with ``fallback="error"``
+raises; asynchronous mode keeps the current projector (``stats.kept_stale``). An all-zero
+gradient keeps the current projector (the daemon reports it degenerate); with none yet, the first
+r columns of the identity are used.
 
 Results: after each adopted refresh ``last_result`` holds the daemon's RefreshResult (singular
 values, captured energy, residual ratio, orthogonality error after the dtype cast, similarity to
-the previous projector, timings). Errors raise :class:`offloadd.errors.OffloaddError` with the
-daemon's code: INVALID_ARGUMENT for NaN/Inf in G (naming the first bad row) or a 1-D gradient,
-OUT_OF_RANGE, NOT_FOUND, ...; :class:`~offloadd.errors.DaemonUnavailable` when no daemon answers.
-An all-zero gradient keeps the current projector (the daemon reports it degenerate); with none yet,
-the first r columns of the identity are used.
+the previous projector, deduplicated, timings).
 """
 
+import atexit
+import errno as _errno
 import itertools
+import json
 import os
 import threading
 import warnings
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from . import errors
-from .shm import ShmRegion
+from . import socket_path as _socket_path
+from .shm import ShmRegion, shm_access
 from .socket_path import default_socket_path
 
 try:
@@ -61,7 +87,11 @@ except ImportError as e:  # pragma: no cover - depends on the build
         "client/python/gen_proto.sh (%s)" % e) from e
 
 ALIGN_BYTES = 64
+STATE_FORMAT = 1  # of ServiceProjector.state_dict()
 _ids = itertools.count()
+# Test hooks (never set in production): "adopted"(projector, grad or None, p) -> p, called with
+# every projector about to be adopted (tests align singular-vector signs with it).
+_TEST_HOOKS = {}
 
 
 def _grpc_error(e):
@@ -74,19 +104,47 @@ def _grpc_error(e):
     return errors.OffloaddError(number, text)
 
 
+def _unreachable(e):
+    """True for errors that mean "no daemon answered" (the fallback cases), not bad input."""
+    return isinstance(e, errors.DaemonUnavailable) or e.code in (
+        errors.UNAVAILABLE, errors.DEADLINE_EXCEEDED, errors.CANCELLED)
+
+
 class ProjectorConnection:
     """A gRPC channel to the daemon's Projector service; share one among many projectors.
 
     Args:
       socket_path: daemon socket (default :func:`offloadd.socket_path.default_socket_path`).
       timeout_seconds: deadline of each call; a waiting GetResult included.
+      shm_mode, shm_group: access of the shared-memory objects the projectors stage G and P
+        in (:func:`offloadd.shm.shm_access`; default $OFFLOADD_SHM_MODE / $OFFLOADD_SHM_GROUP,
+        else what the daemon's uid needs).
     """
 
-    def __init__(self, socket_path=None, timeout_seconds=600.0):
+    def __init__(self, socket_path=None, timeout_seconds=600.0, shm_mode=None, shm_group=None):
         self.socket_path = socket_path or default_socket_path()
         self.timeout_seconds = float(timeout_seconds)
         self.channel = grpc.insecure_channel("unix:" + self.socket_path)
         self.stub = pb_grpc.ProjectorStub(self.channel)
+        self._cuda_regions = None
+        self._executor = None
+        self._lock = threading.Lock()
+        self._shm = (shm_mode, shm_group)
+        self._access = None
+
+    def shm_access(self):
+        """``(mode, gid)`` for staging objects (:func:`offloadd.shm.shm_access`), found on first
+        use with one connect() to the socket, which also reports a socket this user may not
+        open at once (SocketPermissionDenied, naming its group and how to join it) instead of
+        after the call's deadline."""
+        if self._access is None:
+            err, uid = _socket_path.probe(self.socket_path)
+            if err in (_errno.EACCES, _errno.EPERM):
+                raise errors.SocketPermissionDenied(
+                    "cannot connect to the offloadd socket %s: %s"
+                    % (self.socket_path, _socket_path.permission_denied_reason(self.socket_path)))
+            self._access = shm_access(self.socket_path, uid, *self._shm)
+        return self._access
 
     def submit(self, request):
         """Submit(RefreshRequest) -> SubmitReply. Raises OffloaddError."""
@@ -103,6 +161,30 @@ class ProjectorConnection:
         except grpc.RpcError as e:
             raise _grpc_error(e) from None
 
+    def stats(self):
+        """GetProjectorStats -> ProjectorStats (computed vs deduplicated counts, ...)."""
+        try:
+            return self.stub.GetProjectorStats(pb.ProjectorStatsRequest(),
+                                               timeout=self.timeout_seconds)
+        except grpc.RpcError as e:
+            raise _grpc_error(e) from None
+
+    def cuda_regions(self):
+        """True when the daemon opens CUDA IPC handles (asked once; False if unreachable)."""
+        if self._cuda_regions is None:
+            try:
+                self._cuda_regions = bool(self.stats().cuda_regions)
+            except errors.OffloaddError:
+                return False
+        return self._cuda_regions
+
+    def background(self, fn):
+        """Runs ``fn`` on this connection's one submit thread; returns its Future."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="offloadd-galore")
+            return self._executor.submit(fn)
+
     def watch(self, batch_id="", refresh_ids=()):
         """Yields RefreshProgress as each refresh of the batch finishes."""
         try:
@@ -114,6 +196,8 @@ class ProjectorConnection:
             raise _grpc_error(e) from None
 
     def close(self):
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
         self.channel.close()
 
 
@@ -121,12 +205,12 @@ _shared = {}
 _shared_lock = threading.Lock()
 
 
-def shared_connection(socket_path=None):
+def shared_connection(socket_path=None, timeout_seconds=None):
     """One ProjectorConnection per socket path for the whole process."""
     path = socket_path or default_socket_path()
     with _shared_lock:
         if path not in _shared:
-            _shared[path] = ProjectorConnection(path)
+            _shared[path] = ProjectorConnection(path, timeout_seconds or 600.0)
         return _shared[path]
 
 
@@ -151,25 +235,112 @@ def _round_up(n, k):
     return (n + k - 1) // k * k
 
 
+class ProjectorStats:
+    """Counts of one process's projectors (shared by all projectors :func:`enable` makes).
+
+    projectors, refreshes_submitted, refreshes_adopted, deduplicated (adopted results the daemon
+    took from another rank's identical refresh), local_fallbacks (synchronous refreshes computed
+    in process because no daemon answered), kept_stale (asynchronous refreshes that failed, the
+    previous projector kept), broadcasts (projectors received from or sent to other nodes).
+    """
+
+    FIELDS = ("projectors", "refreshes_submitted", "refreshes_adopted", "deduplicated",
+              "local_fallbacks", "kept_stale", "broadcasts")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        for f in self.FIELDS:
+            setattr(self, f, 0)
+
+    def as_dict(self):
+        return {f: getattr(self, f) for f in self.FIELDS}
+
+    def __repr__(self):
+        return "ProjectorStats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
+
+
+class LocalSharing:
+    """No other ranks: every projector submits its own refreshes, nothing is broadcast."""
+
+    broadcasting = False
+
+    def submits(self, index):  # noqa: ARG002 - the interface of _galore_optim.NodeSharing
+        return True
+
+    def broadcast(self, p, index, shape, dtype, device):  # noqa: ARG002
+        return p
+
+
+_live_staging = weakref.WeakSet()
+
+
+@atexit.register
+def _remove_staging_at_exit():
+    """Projectors inside optimizer states are rarely closed; their shm names go at exit."""
+    for st in list(_live_staging):
+        try:
+            st.close()
+        except Exception:
+            pass
+
+
+class _Staging:
+    """Where one refresh's G and P live: this projector's shm object or its CUDA buffer."""
+
+    def __init__(self):
+        self.region = None     # ShmRegion
+        self.cuda_buf = None   # torch uint8 tensor on the gradient's GPU
+        self.cuda_handle = None  # (RegionHandle, offset of the buffer in it, device uuid)
+        _live_staging.add(self)
+
+    def close(self):
+        if self.region is not None:
+            self.region.close()
+            self.region = None
+        self.cuda_buf = self.cuda_handle = None
+
+
+def cuda_region_fields(runtime, ptr, ordinal):
+    """(RegionHandle, offset_bytes, device_id) naming device pointer ``ptr`` of GPU ``ordinal``
+    by CUDA IPC: the handle of its allocation base (an IPC handle covers a whole cudaMalloc
+    allocation), the pointer's offset in it, the GPU's UUID. ``runtime``: offloadd.cuda's
+    CudaRuntime (or a fake with allocation_range / ipc_mem_handle / device_uuid)."""
+    base, size = runtime.allocation_range(ptr)
+    handle = offload_pb2.RegionHandle(cuda_ipc_handle=runtime.ipc_mem_handle(base),
+                                      size_bytes=size)
+    return handle, ptr - base, runtime.device_uuid(ordinal)
+
+
 class ServiceProjector:
     """The reference GaLore projector's interface, with the SVD done by the offloadd daemon.
 
     Args (the reference's first): rank, verbose, update_proj_gap, scale, proj_type;
       then method ("exact" | "randomized"), oversampling, power_iterations, warm_start
-      (randomized: start from the previous projector), asynchronous, lazy (+ lazy_similarity_
-      threshold), parameter_id (a stable name of the weight; default a unique one), batch_prefix
+      (randomized: start from the previous projector), asynchronous, adopt_after_steps (see the
+      module's staleness rule), lazy (+ lazy_similarity_threshold), parameter_id (a stable name
+      of the weight; default a unique one), job_id (shared by the ranks of one run; keys are
+      (job_id, parameter_id, step)), fallback ("local" | "error", see the module), batch_prefix
       (refreshes of one step share the batch id "<prefix><step>" for WatchBatch), connection
-      (a ProjectorConnection) or socket_path.
+      (a ProjectorConnection) or socket_path; sharing/index/stats/cuda_runtime: set by
+      :func:`enable` (cross-node broadcast, this projector's ordinal, shared counters, the CUDA
+      runtime binding).
+    Raises ValueError for an unknown proj_type, method or fallback.
     """
 
     def __init__(self, rank, verbose=False, update_proj_gap=200, scale=1.0, proj_type="std",
                  *, method="exact", oversampling=None, power_iterations=None, warm_start=False,
-                 asynchronous=False, lazy=False, lazy_similarity_threshold=None,
-                 parameter_id=None, batch_prefix=None, connection=None, socket_path=None):
+                 asynchronous=False, adopt_after_steps=None, lazy=False,
+                 lazy_similarity_threshold=None, parameter_id=None, job_id="", fallback="error",
+                 batch_prefix=None, connection=None, socket_path=None, sharing=None, index=0,
+                 stats=None, cuda_runtime=None):
         if proj_type not in _SIDES:
             _resolve_side(proj_type, 1, 1)  # raises
         if method not in _METHODS:
             raise ValueError("method must be 'exact' or 'randomized', not %r" % (method,))
+        if fallback not in ("local", "error"):
+            raise ValueError("fallback must be 'local' or 'error', not %r" % (fallback,))
         self.rank = int(rank)
         self.verbose = verbose
         self.update_proj_gap = int(update_proj_gap)
@@ -180,17 +351,29 @@ class ServiceProjector:
         self.power_iterations = power_iterations
         self.warm_start = bool(warm_start)
         self.asynchronous = bool(asynchronous)
+        k = adopt_after_steps if adopt_after_steps is not None else self.update_proj_gap // 2
+        self.adopt_after_steps = max(1, min(int(k), max(1, self.update_proj_gap)))
         self.lazy = bool(lazy)
         self.lazy_similarity_threshold = lazy_similarity_threshold
         self.parameter_id = parameter_id or "py-%d-%d" % (os.getpid(), next(_ids))
+        self.job_id = job_id or ""
+        self.fallback = fallback
         self.batch_prefix = batch_prefix
         self.connection = connection or shared_connection(socket_path)
-        self.last_result = None  # the RefreshResult of the projector in use
-        self.last_error = None   # asynchronous mode: the error of a refresh that failed
+        self.sharing = sharing or LocalSharing()
+        self.index = int(index)
+        self.stats = stats or ProjectorStats()
+        self.cuda_runtime = cuda_runtime
+        self.last_result = None  # the RefreshResult of the projector in use (None: none/local)
+        self.last_error = None   # the error of the last refresh that failed and was absorbed
+        # The step whose gradient first used each adopted projector (the staleness rule's record):
+        # the refresh step in synchronous mode, refresh step + adopt_after_steps in asynchronous.
+        self.adopted_steps = []
         self._p = None           # side_dim x r, the gradient's dtype and device
         self._side = None
-        self._region = None
-        self._pending = None     # dict describing a submitted, not yet adopted refresh
+        self._staging = _Staging()
+        self._pending = None     # a submitted asynchronous refresh, not adopted yet
+        self._warned = set()
 
     # ---- the reference interface ----
 
@@ -204,11 +387,17 @@ class ServiceProjector:
 
     def project(self, full_rank_grad, iter):  # noqa: A002 - the reference's argument name
         """The low-rank gradient of ``full_rank_grad`` (r x n on the left side, m x r on the
-        right), refreshing the projection first when ``iter % update_proj_gap == 0``."""
-        self.poll()
-        if self._p is None or iter % self.update_proj_gap == 0:
-            wait = self._p is None or not self.asynchronous
-            self._refresh(full_rank_grad, int(iter), wait)
+        right), refreshing the projection first when due (see the module's modes)."""
+        step = int(iter)
+        if self._pending is not None and step >= self._pending["adopt_at"]:
+            self._adopt_pending(step)
+        if self._p is None or step % self.update_proj_gap == 0:
+            if self._p is None or not self.asynchronous:
+                self._refresh_now(full_rank_grad, step)
+            else:
+                if self._pending is not None:  # adopt_after_steps == gap: adopt, then submit
+                    self._adopt_pending(step)
+                self._submit_async(full_rank_grad, step)
         p = self._p.to(full_rank_grad.device)
         if self._side == "left":
             return p.t() @ full_rank_grad
@@ -230,37 +419,20 @@ class ServiceProjector:
         """True while a submitted refresh has not been adopted (asynchronous mode)."""
         return self._pending is not None
 
-    def poll(self):
-        """Adopts a finished asynchronous refresh; returns True when one was adopted."""
-        if self._pending is None:
-            return False
-        result = None
-        try:
-            result = self.connection.result(self._pending["id"], wait=False)
-        except errors.OffloaddError as e:
-            self._fail_pending(e)
-            return False
-        if result.state not in (pb.REFRESH_DONE, pb.REFRESH_FAILED):
-            return False
-        self._adopt(result)
-        return True
+    @property
+    def pending_adopt_step(self):
+        """The step at which the pending refresh will be adopted (None when none is pending)."""
+        return None if self._pending is None else self._pending["adopt_at"]
 
     def wait(self):
-        """Blocks until a pending refresh is adopted (or raises its error)."""
-        if self._pending is None:
-            return
-        try:
-            result = self.connection.result(self._pending["id"], wait=True)
-        except errors.OffloaddError:
-            self._pending = None
-            raise
-        self._adopt(result)
+        """Adopts a pending refresh now, waiting for it (or raises its error); recorded in
+        ``adopted_steps`` at the step the rule would have adopted it."""
+        if self._pending is not None:
+            self._adopt_pending(self._pending["adopt_at"])
 
     def close(self):
-        """Removes the shared-memory object (the daemon keeps its mapping while it needs it)."""
-        if self._region is not None:
-            self._region.close()
-            self._region = None
+        """Removes the staging memory (the daemon keeps its mapping while it needs it)."""
+        self._staging.close()
 
     def __del__(self):
         try:
@@ -268,52 +440,203 @@ class ServiceProjector:
         except Exception:
             pass
 
-    def _fail_pending(self, error):
-        self._pending = None
-        self.last_error = error
-        warnings.warn("offloadd: projector refresh of %s failed, the previous projector stays in "
-                      "use: %s" % (self.parameter_id, error))
+    # ---- one refresh ----
 
-    def _stage(self, nbytes):
-        if self._region is None or self._region.size_bytes < nbytes:
-            self.close()
-            self._region = ShmRegion(_round_up(nbytes, 1 << 20), prefix="offloadd-galore")
-        return self._region
+    def _named(self, e, step):
+        """``e`` with this projector's parameter and step in front of the daemon's sentence."""
+        cls = errors.DaemonUnavailable if isinstance(e, errors.DaemonUnavailable) else None
+        text = "GaLore projector refresh of %s at step %d: %s" % (self.parameter_id, step,
+                                                                 e.message)
+        return cls(text) if cls else errors.OffloaddError(e.code, text)
 
-    def _refresh(self, grad, step, wait):
+    def _warn_once(self, kind, text):
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn("offloadd: " + text, RuntimeWarning, stacklevel=3)
+
+    def _layout(self, grad):
+        """(side, r, side_dim) of a 2-D gradient; (None, 0, 0) otherwise (the daemon refuses
+        it with INVALID_ARGUMENT)."""
+        shape = list(grad.shape)
+        if len(shape) != 2:
+            return None, 0, 0
+        side = _resolve_side(self.proj_type, shape[0], shape[1])
+        r = min(self.rank, shape[0], shape[1])
+        return side, r, (shape[0] if side == "left" else shape[1])
+
+    def _side_of(self, grad):
+        """"left" or "right" for this gradient (None when it is not 2-D)."""
+        return self._layout(grad)[0]
+
+    def _refresh_now(self, grad, step):
+        """A refresh this step waits for (the first one, or synchronous mode)."""
+        side, r, side_dim = self._layout(grad)
+        p, result = None, None
+        if self.sharing.submits(self.index):
+            try:
+                pending = self._submit(grad, step)
+                p, result = self._collect(pending)
+            except errors.OffloaddError as e:
+                if not _unreachable(e) or self.fallback == "error" or side is None:
+                    raise self._named(e, step) from None
+                self.stats.local_fallbacks += 1
+                self.last_error = e
+                self._warn_once("fallback", "no projector daemon answered (%s); GaLore "
+                                "refreshes are computed in this process with torch.linalg.svd "
+                                "until it is back" % e.message)
+                p = self._local_svd(grad, side, r)
+            hook = _TEST_HOOKS.get("adopted")
+            if hook is not None and p is not None:
+                p = hook(self, grad, p)
+        self._set(p, side, side_dim, r, grad, result, step)
+
+    def _submit_async(self, grad, step):
+        side, r, side_dim = self._layout(grad)
+        pending = {"adopt_at": step + self.adopt_after_steps, "step": step, "side": side,
+                   "side_dim": side_dim, "r": r, "dtype": grad.dtype, "device": grad.device}
+        if self.sharing.submits(self.index):
+            try:
+                pending.update(self._submit(grad, step, background=True))
+            except errors.OffloaddError as e:
+                if not _unreachable(e):
+                    raise self._named(e, step) from None
+                self._absorb(e, step)
+        self._pending = pending
+
+    def _absorb(self, e, step):
+        """An asynchronous refresh that could not be had: the current projector stays."""
+        self.stats.kept_stale += 1
+        self.last_error = e
+        self._warn_once("stale", "asynchronous GaLore refresh of %s at step %d failed, the "
+                        "previous projector stays in use (counted in stats.kept_stale): %s"
+                        % (self.parameter_id, step, e.message))
+
+    def _adopt_pending(self, step):
+        pending, self._pending = self._pending, None
+        p, result = None, None
+        if "future" in pending or "id" in pending:
+            try:
+                p, result = self._collect(pending)
+            except errors.OffloaddError as e:
+                if not _unreachable(e):
+                    raise self._named(e, pending["step"]) from None
+                self._absorb(e, pending["step"])
+        elif "p" in pending:  # restored from a checkpoint taken while it was pending
+            p = pending["p"]
+        hook = _TEST_HOOKS.get("adopted")
+        if hook is not None and p is not None:
+            p = hook(self, None, p)
+        if p is None and self._p is not None and self._side == pending["side"]:
+            p = self._p  # nothing new: keep the current one (and send it, when broadcasting)
+        self._set(p, pending["side"], pending["side_dim"], pending["r"], None, result, step,
+                  dtype=pending["dtype"], device=pending["device"])
+
+    def _set(self, p, side, side_dim, r, grad, result, step, dtype=None, device=None):
+        """Adopts ``p`` (None: keep / identity) at ``step``, exchanging it across nodes when
+        broadcasting."""
         import torch
-        if self._pending is not None:
-            self.wait()  # one refresh in flight per projector: its region holds G and P
+        dtype = dtype if dtype is not None else grad.dtype
+        device = device if device is not None else grad.device
+        if p is None and (self._p is None or self._side != side):
+            p = torch.eye(side_dim, r, dtype=dtype, device=device)  # degenerate, nothing yet
+        if self.sharing.broadcasting:
+            p = self.sharing.broadcast(p if p is not None else self._p, self.index,
+                                       (side_dim, r), dtype, device)
+            self.stats.broadcasts += 1
+        if p is not None:
+            self._p, self._side = p, side
+        self.last_result = result
+        self.adopted_steps.append(step)
+        self.stats.refreshes_adopted += 1
+        if result is not None and result.deduplicated:
+            self.stats.deduplicated += 1
+        if self.verbose:
+            print("offloadd: projector %s adopted the refresh of step %d" %
+                  (self.parameter_id, step))
+
+    @staticmethod
+    def _local_svd(grad, side, r):
+        """The reference's own computation (torch.linalg.svd of G in fp32), as side_dim x r."""
+        import torch
+        u, _, vh = torch.linalg.svd(grad.detach().float(), full_matrices=False)
+        p = u[:, :r] if side == "left" else vh[:r, :].t()
+        return p.contiguous().to(grad.dtype)
+
+    def _stage_shm(self, staged, g_bytes, p_offset, p_bytes):
+        import torch
+        st = self._staging
+        need = p_offset + max(p_bytes, 1)
+        if st.region is None or st.region.size_bytes < need:
+            st.close()
+            mode, gid = self.connection.shm_access()  # readable by a daemon of another uid
+            st.region = ShmRegion(_round_up(need, 1 << 20), prefix="offloadd-galore",
+                                  mode=mode, gid=gid)
+        if g_bytes:
+            dst = torch.frombuffer(st.region.mm, dtype=torch.uint8, count=g_bytes, offset=0)
+            dst.copy_(staged.reshape(-1).view(torch.uint8))
+            del dst
+        handle = offload_pb2.RegionHandle(shm_name=st.region.name,
+                                          size_bytes=st.region.size_bytes)
+        return handle, 0, "", None
+
+    def _stage_cuda(self, staged, g_bytes, p_offset, p_bytes):
+        """G copied device-to-device into this projector's CUDA buffer; an event the submit
+        waits for (the daemon's copy has no event of ours to wait on)."""
+        import torch
+        from . import cuda as ocuda
+        st = self._staging
+        need = p_offset + max(p_bytes, 1)
+        if st.cuda_buf is None or st.cuda_buf.numel() < need:
+            st.cuda_buf = torch.empty(_round_up(need, 1 << 20), dtype=torch.uint8,
+                                      device=staged.device)
+            runtime = self.cuda_runtime or ocuda.CudaRuntime()
+            st.cuda_handle = cuda_region_fields(runtime, st.cuda_buf.data_ptr(),
+                                                staged.device.index or 0)
+        if g_bytes:
+            st.cuda_buf[:g_bytes].copy_(staged.reshape(-1).view(torch.uint8))
+        ready = torch.cuda.Event()
+        ready.record()
+        handle, base_offset, uuid = st.cuda_handle
+        return handle, base_offset, uuid, ready
+
+    def _submit(self, grad, step, background=False):
+        """Stages G and submits; returns the pending dict (refresh id, or a Future of it)."""
+        import torch
         g = grad.detach()
-        shape = list(g.shape)
         dtype_code = {torch.float32: pb.DTYPE_FLOAT32, torch.bfloat16: pb.DTYPE_BFLOAT16,
                       torch.float16: pb.DTYPE_FLOAT16}.get(g.dtype)
         staged = g
         if dtype_code is None:  # e.g. fp64: computed in fp32 anyway
             staged, dtype_code = g.float(), pb.DTYPE_FLOAT32
-        staged = staged.to("cpu").contiguous().reshape(-1)
+        staged = staged.contiguous()
+        side, r, side_dim = self._layout(g)
         g_bytes = staged.numel() * staged.element_size()
-        if len(shape) == 2:
-            side = _resolve_side(self.proj_type, shape[0], shape[1])
-            r = min(self.rank, shape[0], shape[1])
-            side_dim = shape[0] if side == "left" else shape[1]
-        else:
-            side, r, side_dim = None, 0, 0  # the daemon refuses it (INVALID_ARGUMENT)
         p_offset = _round_up(max(g_bytes, 1), ALIGN_BYTES)
         p_bytes = side_dim * r * staged.element_size()
-        region = self._stage(p_offset + max(p_bytes, 1))
-        if g_bytes:
-            dst = torch.frombuffer(region.mm, dtype=torch.uint8, count=g_bytes, offset=0)
-            dst.copy_(staged.view(torch.uint8))
-            del dst
+        use_cuda = staged.is_cuda and self.connection.cuda_regions()
+        if not use_cuda:
+            staged = staged.to("cpu")
+        stage = self._stage_cuda if use_cuda else self._stage_shm
+        handle, base, device_id, ready = stage(staged, g_bytes, p_offset, p_bytes)
+        request = self._request(step, g, dtype_code, handle, base, p_offset, device_id)
+        pending = {"side": side, "side_dim": side_dim, "r": r, "p_offset": p_offset,
+                   "dtype": g.dtype, "staged_dtype": staged.dtype, "device": g.device,
+                   "step": step, "cuda": use_cuda}
+        self.stats.refreshes_submitted += 1
+        if background:
+            pending["future"] = self.connection.background(
+                lambda: self._send(request, ready))
+        else:
+            pending["id"] = self._send(request, ready)
+        return pending
+
+    def _request(self, step, g, dtype_code, handle, base, p_offset, device_id):
         request = pb.RefreshRequest(
-            key=pb.RefreshKey(parameter_id=self.parameter_id, step=step),
-            gradient_region=offload_pb2.RegionHandle(shm_name=region.name,
-                                                     size_bytes=region.size_bytes),
-            gradient_offset=0, shape=shape, dtype=dtype_code, rank=self.rank,
-            side=_SIDES[self.proj_type], method=_METHODS[self.method],
+            key=pb.RefreshKey(parameter_id=self.parameter_id, step=step, job_id=self.job_id),
+            gradient_region=handle, gradient_offset=base, shape=list(g.shape), dtype=dtype_code,
+            rank=self.rank, side=_SIDES[self.proj_type], method=_METHODS[self.method],
             warm_start=self.warm_start and self.method == "randomized",
-            projector_offset=p_offset, lazy=self.lazy)
+            projector_offset=base + p_offset, lazy=self.lazy, device_id=device_id)
         if self.oversampling is not None:
             request.oversampling = int(self.oversampling)
         if self.power_iterations is not None:
@@ -322,6 +645,12 @@ class ServiceProjector:
             request.lazy_similarity_threshold = float(self.lazy_similarity_threshold)
         if self.batch_prefix is not None:
             request.batch_id = "%s%d" % (self.batch_prefix, step)
+        return request
+
+    def _send(self, request, ready):
+        """Submit (after the CUDA copy of G has completed); returns the refresh id."""
+        if ready is not None:
+            ready.synchronize()
         try:
             reply = self.connection.submit(request)
         except errors.OffloaddError as e:
@@ -330,39 +659,136 @@ class ServiceProjector:
             # A step older than one already refreshed: training restarted from a checkpoint.
             request.reset_history = True
             reply = self.connection.submit(request)
-        self._pending = {"id": reply.refresh_id, "side": side, "side_dim": side_dim, "r": r,
-                         "p_offset": p_offset, "dtype": g.dtype, "staged_dtype": staged.dtype,
-                         "device": g.device}
         if self.verbose:
             print("offloadd: projector refresh %d of %s at step %d submitted" %
-                  (reply.refresh_id, self.parameter_id, step))
-        if wait:
-            self.wait()
+                  (reply.refresh_id, self.parameter_id, request.key.step))
+        return reply.refresh_id
 
-    def _adopt(self, result):
+    def _collect(self, pending):
+        """Waits for a submitted refresh; (P as side_dim x r on the gradient's device, or None
+        when the daemon wrote none — degenerate G or a lazy skip; the RefreshResult)."""
         import torch
-        pending, self._pending = self._pending, None
+        refresh_id = pending.get("id")
+        if refresh_id is None:
+            try:
+                refresh_id = pending["future"].result()
+            finally:
+                pending.pop("future", None)
+            pending["id"] = refresh_id
+        result = self.connection.result(refresh_id, wait=True)
         if result.state == pb.REFRESH_FAILED:  # WatchBatch-style result; GetResult raises
-            self._fail_pending(errors.OffloaddError(result.error.code, result.error.message))
-            return
-        if result.projector_written:
-            region = self._region
-            elem = torch.empty((), dtype=pending["staged_dtype"]).element_size()
-            count = pending["side_dim"] * pending["r"] * elem
-            raw = torch.frombuffer(region.mm, dtype=torch.uint8, count=count,
+            raise errors.OffloaddError(result.error.code, result.error.message)
+        if not result.projector_written:
+            return None, result
+        elem = torch.empty((), dtype=pending["staged_dtype"]).element_size()
+        count = pending["side_dim"] * pending["r"] * elem
+        if pending["cuda"]:
+            raw = self._staging.cuda_buf[pending["p_offset"]:pending["p_offset"] + count]
+        else:
+            raw = torch.frombuffer(self._staging.region.mm, dtype=torch.uint8, count=count,
                                    offset=pending["p_offset"])
-            p = raw.view(pending["staged_dtype"]).reshape(pending["side_dim"], pending["r"]).clone()
-            del raw
-            self._p = p.to(device=pending["device"], dtype=pending["dtype"])
-            self._side = pending["side"]
-        elif self._p is None or self._side != pending["side"]:
-            # Degenerate (all-zero G) with no projector yet: identity columns.
-            self._p = torch.eye(pending["side_dim"], pending["r"], dtype=pending["dtype"],
-                                device=pending["device"])
-            self._side = pending["side"]
-        self.last_result = result
-        if self.verbose:
-            print("offloadd: projector %s step %d: %s" % (
-                self.parameter_id, result.key.step,
-                "skipped (lazy)" if result.skipped else "degenerate gradient, kept" if
-                result.degenerate else "similarity %.3f" % result.similarity))
+        p = raw.view(pending["staged_dtype"]).reshape(pending["side_dim"], pending["r"]).clone()
+        del raw
+        return p.to(device=pending["device"], dtype=pending["dtype"]), result
+
+    # ---- checkpoints ----
+
+    def state_dict(self):
+        """This projector as plain data a ``torch.load(weights_only=True)`` accepts: ints and
+        uint8 tensors (JSON metadata, P's bytes, and a pending refresh's P, fetched now so a
+        resumed run adopts it at the same step). See offloadd/_galore_optim.py."""
+        import torch
+        meta = {"format": STATE_FORMAT, "rank": self.rank, "gap": self.update_proj_gap,
+                "scale": self.scale, "proj_type": self.proj_type, "side": self._side,
+                "parameter_id": self.parameter_id, "adopted_steps": self.adopted_steps[-1:]}
+        out = {"offloadd_galore_projector": STATE_FORMAT}
+        if self._p is not None:
+            meta["p"] = _tensor_meta(self._p)
+            out["p"] = _tensor_bytes(self._p)
+        if self._pending is not None:
+            pend = self._pending
+            meta["pending"] = {k: pend[k] for k in ("adopt_at", "step", "side", "side_dim", "r")}
+            meta["pending"]["dtype"] = str(pend["dtype"]).replace("torch.", "")
+            p = pend.get("p")
+            if p is None and ("future" in pend or "id" in pend):
+                try:
+                    p, _ = self._collect(pend)
+                except errors.OffloaddError as e:
+                    if not _unreachable(e):
+                        raise self._named(e, pend["step"]) from None
+                pend.pop("id", None)
+                pend["p"] = p
+            if p is not None:
+                meta["pending"]["p"] = _tensor_meta(p)
+                out["pending_p"] = _tensor_bytes(p)
+        out["meta"] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
+        return out
+
+    def load_state_dict(self, state, device=None):
+        """Restores what :meth:`state_dict` saved (P on ``device``, default where it was).
+        Raises ValueError for a state of another format."""
+        import torch
+        meta = json.loads(_raw_bytes(state["meta"]).numpy().tobytes().decode())
+        if meta.get("format") != STATE_FORMAT:
+            raise ValueError("offloadd GaLore projector state of format %r; this offloadd "
+                             "reads format %d" % (meta.get("format"), STATE_FORMAT))
+        self.parameter_id = meta["parameter_id"]
+        self._side = meta["side"]
+        if "p" in meta:
+            self._p = _tensor_from(state["p"], meta["p"], device)
+        self.adopted_steps = list(meta.get("adopted_steps", []))
+        if "pending" in meta:
+            pend = dict(meta["pending"])
+            pend["dtype"] = getattr(torch, pend["dtype"])
+            pend["device"] = device if device is not None else state["meta"].device
+            pend["p"] = (_tensor_from(state["pending_p"], pend.pop("p"), device)
+                         if "pending_p" in state else None)
+            self._pending = pend
+
+
+def _tensor_meta(t):
+    return {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+            "device": str(t.device)}
+
+
+def _tensor_bytes(t):
+    import torch
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().clone()
+
+
+def _raw_bytes(t):
+    """The uint8 tensor :func:`_tensor_bytes` made, on the CPU. Optimizer.load_state_dict casts
+    every state tensor to its parameter's floating dtype: byte values 0-255 are exact in fp32,
+    fp16 and bf16 (8 significant bits), so rounding gives the bytes back."""
+    import torch
+    t = t.detach().cpu()
+    if t.dtype != torch.uint8:
+        t = t.round().to(torch.uint8)
+    return t.contiguous()
+
+
+def _tensor_from(raw, meta, device):
+    import torch
+    dtype = getattr(torch, meta["dtype"])
+    t = _raw_bytes(raw).view(dtype).reshape(meta["shape"]).clone()
+    return t.to(device if device is not None else meta["device"])
+
+
+def enable(**options):
+    """Routes every galore-torch projector through the daemon: see offloadd._galore_optim.enable
+    (documented there; imported lazily so ``import offloadd.galore`` needs no torch)."""
+    from . import _galore_optim
+    return _galore_optim.enable(**options)
+
+
+def name_parameters(model, prefix=""):
+    """Names ``model``'s parameters (``named_parameters()``) for the projectors :func:`enable`
+    makes; the Trainer's are named by themselves."""
+    from . import _galore_optim
+    return _galore_optim.name_parameters(model, prefix)
+
+
+def disable():
+    """Undoes :func:`enable` (projectors already made keep working)."""
+    from . import _galore_optim
+    return _galore_optim.disable()

@@ -7,7 +7,8 @@ region, sends Offload(region, offset, bytes), and frees the slot when OffloadDon
 reload is the mirror image.
 
 :class:`ShmRegion` creates ``/dev/shm/<name>`` (the Linux home of shm_open objects) with O_EXCL
-and mode 0600, sizes it with ftruncate and maps it; the name can be unlinked as soon as the
+and mode 0600 (or, for a daemon running as another uid, 0660 and a group the daemon is in:
+:func:`shm_access`), sizes it with ftruncate and maps it; the name can be unlinked as soon as the
 daemon has registered it (nothing is left in /dev/shm if the process dies) -- unless the arena
 keeps names (``keep_names``, for a client that re-registers its regions with a restarted daemon:
 a name is the only way the daemon can map the object again); then the names go with
@@ -22,11 +23,15 @@ for frees. Thread-safe. Growth calls ``register`` (a blocking round trip): never
 on the client's reader thread (future callbacks); ``free`` is safe anywhere.
 """
 
+import grp
 import itertools
 import mmap
 import os
 import secrets
 import threading
+import time
+
+from . import errors
 
 ALIGN_BYTES = 64
 _names = itertools.count()
@@ -36,21 +41,83 @@ def _round_up(n, k):
     return (n + k - 1) // k * k
 
 
+def _parse_group(group):
+    """A group name or number -> gid; OffloaddError INVALID_ARGUMENT for an unknown name."""
+    if isinstance(group, int) or str(group).isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise errors.OffloaddError(
+            errors.INVALID_ARGUMENT, "shm group %r is not a group on this machine: give a group "
+            "name or gid the daemon is a member of" % (group,)) from None
+
+
+def shm_access(socket_path, daemon_uid, mode=None, group=None):
+    """``(mode, gid)`` for the shared-memory objects a client of the daemon at ``socket_path``
+    creates, so the daemon (``daemon_uid``, from the socket's SO_PEERCRED) can open them. ``gid``
+    None: leave the group as created (the process's effective gid).
+
+    ``mode`` (int, or an octal string such as "0660") and ``group`` (name or gid) default to
+    $OFFLOADD_SHM_MODE and $OFFLOADD_SHM_GROUP, else:
+      * a daemon running as root or as this uid, or an unknown one: 0600, no group change;
+      * a daemon of another uid (the non-root daemon of the container image, uid 10001): 0660
+        with the socket file's group -- the socket group the daemon gives its socket to, and
+        this process connects through -- when this process is a member, else with ``group``.
+    A 0660 object can be opened by every member of that group, not only by the daemon (the
+    daemon itself registers only objects of the session's own uid): give the daemon a group of
+    its own to share with (``group``), or run it as root, where that matters.
+    Only 0600 and 0660 are accepted (mode INVALID_ARGUMENT otherwise): never world access.
+    """
+    mode = mode if mode is not None else os.environ.get("OFFLOADD_SHM_MODE") or None
+    group = group if group is not None else os.environ.get("OFFLOADD_SHM_GROUP") or None
+    if isinstance(mode, str):
+        try:
+            mode = int(mode, 8)
+        except ValueError:
+            mode = -1
+    if mode is None:
+        mode = 0o600 if daemon_uid in (None, 0, os.geteuid()) and group is None else 0o660
+    if mode not in (0o600, 0o660):
+        raise errors.OffloaddError(
+            errors.INVALID_ARGUMENT, "shm mode must be 0600 (this uid only) or 0660 (and a group "
+            "the daemon is in), not %r" % (mode,))
+    if mode == 0o600:
+        return mode, None
+    if group is not None:
+        return mode, _parse_group(group)
+    try:
+        gid = os.stat(socket_path).st_gid
+    except OSError:
+        return mode, None
+    mine = set([os.getegid()] + os.getgroups())
+    return mode, gid if gid in mine else None
+
+
 class ShmRegion:
     """A shared-memory object created and mapped read-write by this process.
 
-    Attributes: ``name`` ("/offloadd-py-<pid>-<n>-<hex>", the shm_open name the daemon opens),
+    Attributes: ``name`` ("/offloadd-py-<pid>-<pid namespace inode>-<n>-<hex>", the shm_open
+    name the daemon opens),
     ``size_bytes``, ``mm`` (the mmap.mmap), ``region_id`` (set by the arena once registered).
-    Raises OSError (e.g. ENOSPC when /dev/shm is full: its size is a tmpfs mount option).
+    ``mode`` 0600 or 0660 and ``gid`` (None: the process's) as :func:`shm_access` returns them:
+    the object is created 0600, given the group, then the mode, so no other group ever sees it.
+    Raises OSError (e.g. ENOSPC when /dev/shm is full: its size is a tmpfs mount option; EPERM
+    when this process is not a member of ``gid``).
     """
 
-    def __init__(self, size_bytes, prefix="offloadd-py"):
+    def __init__(self, size_bytes, prefix="offloadd-py", mode=0o600, gid=None):
         self.size_bytes = int(size_bytes)
-        self.name = "/%s-%d-%d-%s" % (prefix, os.getpid(), next(_names), secrets.token_hex(4))
+        self.name = "/%s-%d-%d-%d-%s" % (prefix, os.getpid(), pid_namespace_id(), next(_names),
+                                          secrets.token_hex(4))
         self.path = "/dev/shm" + self.name
         self.region_id = None
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
+            if gid is not None:
+                os.fchown(fd, -1, gid)
+            if mode != 0o600:
+                os.fchmod(fd, mode)
             os.ftruncate(fd, self.size_bytes)
             self.mm = mmap.mmap(fd, self.size_bytes, mmap.MAP_SHARED,
                                 mmap.PROT_READ | mmap.PROT_WRITE)
@@ -82,19 +149,35 @@ class ShmRegion:
             pass
 
 
-def sweep_stale(prefix="offloadd-py"):
-    """Removes this uid's ``/dev/shm/<prefix>-<pid>-...`` objects whose process is gone
-    (names kept by an arena with ``keep_names`` whose process was killed). Returns how many."""
-    removed = 0
+def pid_namespace_id():
+    """The inode of this process's PID namespace (``/proc/self/ns/pid`` reads
+    "pid:[4026531836]"), 0 when unreadable. Object names carry it: /dev/shm is often shared
+    between containers or sandboxes whose pids overlap, so a pid alone names no process."""
     try:
-        names = os.listdir("/dev/shm")
+        link = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return 0
+    digits = link[len("pid:["):-1] if link.startswith("pid:[") and link.endswith("]") else ""
+    return int(digits) if digits.isdigit() else 0
+
+
+def sweep_stale(prefix="offloadd-py"):
+    """Removes this uid's ``/dev/shm/<prefix>-<pid>-<pidns>-...`` objects made in this
+    process's PID namespace whose process is gone (names kept by an arena with ``keep_names``
+    whose process was killed). Names from other PID namespaces are left alone. Returns how
+    many were removed."""
+    removed = 0
+    my_ns = pid_namespace_id()
+    try:
+        names = os.listdir("/dev/shm") if my_ns else []
     except OSError:
         return 0
     for name in names:
         if not name.startswith(prefix + "-"):
             continue
-        pid = name[len(prefix) + 1:].split("-", 1)[0]
-        if not pid.isdigit() or os.path.exists("/proc/%s" % pid):
+        parts = name[len(prefix) + 1:].split("-")
+        if (len(parts) != 4 or not parts[0].isdigit() or parts[1] != str(my_ns)
+                or os.path.exists("/proc/%s" % parts[0])):
             continue
         path = "/dev/shm/" + name
         try:
@@ -130,11 +213,13 @@ class StagingArena:
       keep_names: keep each region's name until close() and pass ``relink=region.relink`` to
         ``register`` (Client.register_shm), so a client can register the regions again with a
         restarted daemon; sweeps the names dead processes left (:func:`sweep_stale`).
+      access: ``(mode, gid)`` of the regions (:func:`shm_access`; Client.shm_mode/shm_gid).
     """
 
     def __init__(self, register, grow_bytes=16 << 20, max_bytes=1 << 30, unregister=None,
-                 keep_names=False):
+                 keep_names=False, access=(0o600, None)):
         self._register = register
+        self._access = access
         self._keep_names = keep_names
         if keep_names:
             sweep_stale()
@@ -153,14 +238,17 @@ class StagingArena:
     def regions(self):
         return len(self._regions)
 
-    def alloc(self, nbytes, timeout=None):
+    def alloc(self, nbytes, timeout=None, abort=None):
         """A Slot of at least ``nbytes`` (> 0). Grows when no region has room.
 
         Raises TimeoutError when ``max_bytes`` is reached and nothing was freed within
-        ``timeout`` seconds (None waits forever); OSError / the register callable's errors when a
-        new region cannot be created or registered.
+        ``timeout`` seconds (None waits forever); what ``abort()`` returns when, checked every
+        0.25 s of such a wait, it returns an exception (a daemon that stopped answering);
+        OSError / the register callable's errors when a new region cannot be created or
+        registered (a registration gets ``timeout`` too, where the callable takes one).
         """
         size = _round_up(max(int(nbytes), 1), ALIGN_BYTES)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             while True:
                 slot = self._take(size, nbytes)
@@ -170,21 +258,28 @@ class StagingArena:
                 if not self._growing and (room or not self._regions):
                     self._growing = True
                     break
-                if not self._cv.wait(timeout):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     raise TimeoutError(
                         "offloadd staging arena full (%d of %d bytes in use): raise max_bytes "
                         "or let offloads finish" % (self.used_bytes, self.max_bytes))
+                self._cv.wait(0.25 if left is None else min(left, 0.25))
+                stop = abort() if abort is not None else None
+                if stop is not None:
+                    raise stop
         # Create and register outside the lock: the reader thread frees slots while we wait for
         # the daemon's answer.
         region = None
+        kw = {} if deadline is None else {"timeout": max(deadline - time.monotonic(), 0.001)}
         try:
-            region = ShmRegion(_round_up(max(size, self.grow_bytes), 1 << 20))
+            region = ShmRegion(_round_up(max(size, self.grow_bytes), 1 << 20),
+                               mode=self._access[0], gid=self._access[1])
             if self._keep_names:
                 region.region_id = self._register(region.name, region.size_bytes,
-                                                  relink=region.relink)
+                                                  relink=region.relink, **kw)
             else:
                 try:
-                    region.region_id = self._register(region.name, region.size_bytes)
+                    region.region_id = self._register(region.name, region.size_bytes, **kw)
                 finally:
                     region.unlink()  # the daemon has mapped it (or failed): name not needed
         except BaseException:
@@ -217,9 +312,13 @@ class StagingArena:
         return None
 
     def free(self, slot):
-        """Returns a slot; coalesces with its neighbours. Safe on any thread."""
+        """Returns a slot; coalesces with its neighbours. Safe on any thread. A slot of a region
+        the arena no longer holds (closed: its session ended under an op still in flight, whose
+        completion callback frees its slot late) is dropped: the region is gone with it."""
         with self._cv:
-            spans = self._free[slot.region.name]
+            spans = self._free.get(slot.region.name)
+            if spans is None:
+                return
             lo, hi = 0, len(spans)
             while lo < hi:
                 mid = (lo + hi) // 2

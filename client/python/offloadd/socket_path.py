@@ -1,22 +1,32 @@
-"""The default Unix-socket path of offloadd; the same rule as client/socket_path.h.
+"""The default Unix-socket path of offloadd, and why a socket refuses; the same rules as
+client/socket_path.h.
 
-First match wins:
-  1. effective uid 0:                  /run/offloadd/offloadd.sock
-  2. $XDG_RUNTIME_DIR set, non-empty:  $XDG_RUNTIME_DIR/offloadd/offloadd.sock
-  3. otherwise:                        /tmp/offloadd-<euid>/offloadd.sock
+Default path, first match wins:
+  1. effective uid 0:                          /run/offloadd/offloadd.sock
+  2. the directory /run/offloadd exists (a system-wide daemon: the systemd unit's
+     RuntimeDirectory, the DaemonSet's host path), for every user: /run/offloadd/offloadd.sock
+  3. $XDG_RUNTIME_DIR set, non-empty:          $XDG_RUNTIME_DIR/offloadd/offloadd.sock
+  4. otherwise:                                /tmp/offloadd-<euid>/offloadd.sock
 ``$OFFLOADD_SOCKET`` overrides the rule for the Python client (handy in launch scripts).
 Unix socket paths are limited to 107 bytes (sizeof(sockaddr_un.sun_path) - 1).
 """
 
+import errno
+import grp
 import os
+import socket
+import struct
 
 MAX_SOCKET_PATH_BYTES = 107
+SYSTEM_SOCKET_DIRECTORY = "/run/offloadd"
+SYSTEM_SOCKET_PATH = SYSTEM_SOCKET_DIRECTORY + "/offloadd.sock"
 
 
-def default_socket_path_for(euid, xdg_runtime_dir):
-    """The rule above as a pure function; xdg_runtime_dir may be None."""
-    if euid == 0:
-        return "/run/offloadd/offloadd.sock"
+def default_socket_path_for(euid, xdg_runtime_dir, system_directory_exists=False):
+    """The rule above as a pure function; xdg_runtime_dir may be None;
+    ``system_directory_exists``: whether /run/offloadd is a directory."""
+    if euid == 0 or system_directory_exists:
+        return SYSTEM_SOCKET_PATH
     if xdg_runtime_dir:
         return xdg_runtime_dir + "/offloadd/offloadd.sock"
     return "/tmp/offloadd-%d/offloadd.sock" % euid
@@ -27,9 +37,84 @@ def default_socket_path():
     env = os.environ.get("OFFLOADD_SOCKET")
     if env:
         return env
-    return default_socket_path_for(os.geteuid(), os.environ.get("XDG_RUNTIME_DIR"))
+    return default_socket_path_for(os.geteuid(), os.environ.get("XDG_RUNTIME_DIR"),
+                                   os.path.isdir(SYSTEM_SOCKET_DIRECTORY))
 
 
 def socket_path_fits(path):
     """True when ``path`` is non-empty and fits in a sockaddr_un (<= 107 bytes)."""
     return bool(path) and len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES
+
+
+def probe(path, timeout_seconds=1.0):
+    """One connect() to the socket at ``path``: ``(0, daemon_uid)`` when it accepted (the
+    listening process's uid, SO_PEERCRED: the daemon's, or the service manager's under socket
+    activation), else ``(errno, None)``: ENOENT no file, ECONNREFUSED nobody listens, EACCES no
+    permission, ETIMEDOUT no accept within ``timeout_seconds``."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_seconds)
+    try:
+        s.connect(path)
+        _pid, uid, _gid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                           struct.calcsize("3i")))
+        return 0, uid
+    except socket.timeout:
+        return errno.ETIMEDOUT, None
+    except OSError as e:
+        return e.errno or errno.EIO, None
+    finally:
+        s.close()
+
+
+def group_text(gid):
+    """"name (gid N)", or "gid N" for a gid without a name here."""
+    try:
+        return "%s (gid %d)" % (grp.getgrgid(gid).gr_name, gid)
+    except KeyError:
+        return "gid %d" % gid
+
+
+def permission_denied_reason(path):
+    """Why connect() to ``path`` was refused with EACCES: the file that shuts this process out
+    (the first directory on the way it may not search, else the socket), its group and mode, who
+    this process is, and the remedy (join the group; never a restart: the daemon is fine)."""
+    denying, kind = path, "the socket"
+    parts = path.split("/")
+    for i in range(2, len(parts)):
+        d = "/".join(parts[:i])
+        if not os.access(d, os.X_OK, effective_ids=True):
+            denying, kind = d, "its directory"
+            break
+    what, group, usermod, gid = "%s %s" % (kind, denying), "the socket's group", "GROUP", "its gid"
+    try:
+        st = os.stat(denying)
+        group = group_text(st.st_gid)
+        what += " (group %s, mode %04o)" % (group, st.st_mode & 0o7777)
+        gid = str(st.st_gid)
+        try:
+            usermod = grp.getgrgid(st.st_gid).gr_name
+        except KeyError:
+            usermod = gid  # usermod takes a gid too
+    except OSError:
+        pass
+    groups = sorted(set([os.getegid()] + os.getgroups()))
+    return ("permission denied: %s admits only its group, and this process (uid %d, groups %s) "
+            "is not in it. The daemon is fine; do not restart it. Ask its administrator to add "
+            "this user to group %s (usermod -aG %s USER, then log in again), or in Kubernetes "
+            "add %s to the pod's securityContext.supplementalGroups"
+            % (what, os.geteuid(), ",".join(map(str, groups)), group, usermod, gid))
+
+
+def unreachable_reason(path, probe_errno):
+    """A clause saying why the socket at ``path`` did not accept (``probe_errno`` from
+    :func:`probe`), telling a permission problem from a missing or dead daemon."""
+    if probe_errno in (errno.EACCES, errno.EPERM):
+        return permission_denied_reason(path)
+    if probe_errno == errno.ENOENT:
+        return "no socket file there"
+    if probe_errno == errno.ECONNREFUSED:
+        return ("the socket file exists but no daemon listens on it (the socket of a daemon that "
+                "exited)")
+    if probe_errno == errno.ETIMEDOUT:
+        return "the socket did not accept within the timeout (daemon stuck or overloaded)"
+    return "connect failed: %s" % os.strerror(probe_errno)

@@ -3,8 +3,9 @@
 Transformers (>= 5.17; tested 5.24.0) offloads checkpointed layer inputs when asked with
 ``model.activation_checkpointing_enable(offload=True)`` (``gradient_checkpointing_enable``, its
 deprecated alias until Transformers 6, takes the same argument), or through the Trainer with
-``TrainingArguments(gradient_checkpointing=True,
-gradient_checkpointing_kwargs={"offload": True})``. Either way each checkpointed layer call runs
+``TrainingArguments(activation_checkpointing=True,
+activation_checkpointing_kwargs={"offload": True})`` (``gradient_checkpointing`` /
+``gradient_checkpointing_kwargs``: the deprecated names of the same arguments). Either way each checkpointed layer call runs
 inside ``transformers.modeling_utils.save_on_cpu(pin_memory=True, device_type=...)``, which is
 ``torch.autograd.graph.save_on_cpu``: a device-to-host and a host-to-device copy on the compute
 stream, no prefetch. :func:`enable` swaps that name for :class:`offloadd.torch.save_on_cpu`, so
@@ -12,8 +13,8 @@ the same layer inputs go to the node's offloadd daemon instead (asynchronous off
 reverse-order prefetch, one shared pinned pool per node)::
 
     import offloadd.transformers
-    offloadd.transformers.enable()                 # before the first forward
-    model.activation_checkpointing_enable(offload=True)
+    offloadd.transformers.enable(strict=True)      # before the first forward; strict: raise
+    model.activation_checkpointing_enable(offload=True)  # on a refusal (production)
 
 Only the name Transformers looks up at call time changes; models, the Trainer and torch are not
 patched otherwise. On a host without an accelerator torch's own ``save_on_cpu(pin_memory=True)``
@@ -36,13 +37,21 @@ def enable(**context_args):
         ``strict``, ``socket_path``, ...); without any, the current default context is kept.
     Returns the shared context (``.stats`` for its statistics).
     Raises ImportError when transformers is missing or older than 5.17 (no offload switch), or
-    when torch is outside offloadd.torch's supported range. Idempotent: a second call only
-    reconfigures the context.
+    when torch is outside offloadd.torch's supported range; offloadd.errors.OffloadConfigError
+    when training on CUDA (or a simulated GPU) with an allocator whose memory offloadd cannot
+    export (expandable segments, cudaMallocAsync: README "Troubleshooting"), which is also
+    checked at every offload, as the setting can change at run time. Idempotent: a second call
+    only reconfigures the context.
     """
     import transformers
     import transformers.modeling_utils as mu
 
     import offloadd.torch as ot
+    from offloadd import sim_gpu
+    torch_ = __import__("torch")
+    if torch_.cuda.is_available() or sim_gpu.active() is not None:
+        from offloadd import cuda
+        cuda.check_allocator_config()
     version = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
     if version < (5, 17) or not hasattr(mu, "save_on_cpu"):
         raise ImportError("offloadd.transformers needs transformers >= 5.17 (checkpoint offload "

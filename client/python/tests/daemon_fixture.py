@@ -59,16 +59,17 @@ def daemon_bin():
 
 class Daemon:
     """A started daemon. ``sock``: its socket path (``sock``: a given one, e.g. the socket of a
-    daemon that was killed, to restart on it). ``stop()`` sends SIGTERM and waits; ``kill()``
-    SIGKILLs it."""
+    daemon that was killed, to restart on it); ``prefix``: a command line that execs the daemon
+    command appended to it. ``stop()`` sends SIGTERM and waits; ``kill()`` SIGKILLs it."""
 
-    def __init__(self, pool_bytes="64MiB", extra=(), sock=None):
+    def __init__(self, pool_bytes="64MiB", extra=(), sock=None, prefix=()):
         self.sock = sock or "/tmp/ofd-py-%d-%s.sock" % (os.getpid(), secrets.token_hex(3))
         self.log = tempfile.NamedTemporaryFile(prefix="offloadd-test-", suffix=".log",
                                                delete=False)
+        # prefix: a command that execs the daemon (e.g. in a mount namespace), () for none.
         self.proc = subprocess.Popen(
-            [daemon_bin(), "--socket_path", self.sock, "--pool_bytes", pool_bytes,
-             "--metrics_address", ""] + list(extra),
+            list(prefix) + [daemon_bin(), "--socket_path", self.sock, "--pool_bytes", pool_bytes,
+                            "--metrics_address", ""] + list(extra),
             stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=_die_with_parent)
         ready = threading.Event()
 

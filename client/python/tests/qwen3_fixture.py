@@ -51,8 +51,12 @@ def set_checkpointing(model, mode):
     kwargs = {"use_reentrant": True} if mode == "reentrant" else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # gradient_checkpointing_enable's alias
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs,
-                                              offload=mode == "offload")
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs,
+                                                  offload=mode == "offload")
+        else:  # Transformers releases before the rename take the same switch under the old name
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs,
+                                                offload=mode == "offload")
 
 
 def step(model, ids, between=None):

@@ -69,10 +69,33 @@ class IdleStepTest(DaemonTestCase):
         self.assertIn("sent nothing to offloadd", msg)
         self.assertIn("below threshold_bytes=1048576", msg)
         self.assertIn("the largest small one was 262144 bytes", msg)   # logits 2 x 64 x 512 fp32
-        # A step ends when the next one packs: 3 steps -> 2 counted so far.
+        # A step ends when the next one packs: 3 steps -> 2 counted so far; synchronize()
+        # counts the last one (its backward ran), once.
         self.assertEqual(ctx.stats.idle_steps, 2)
         self.assertEqual(ot.idle_steps_total(), 2)
+        ot.synchronize()
+        ot.synchronize()
+        self.assertEqual(ctx.stats.idle_steps, 3)
+        self.assertEqual(ot.idle_steps_total(), 3)
         self.assertEqual(ctx.stats.offloaded, 0)
+        self.steps(ctx, 1)  # the next step's pack does not count the last one again
+        self.assertEqual(ctx.stats.idle_steps, 3)
+
+    def test_a_one_step_run_warns_at_exit(self):
+        import subprocess
+        import sys
+        from daemon_fixture import PY_ROOT
+        code = ("import sys; sys.path[:0] = %r; import torch, offloadd.torch as ot; "
+                "x = torch.randn(64, 64, requires_grad=True); "
+                "ctx = ot.offload_checkpoints(socket_path=%r)\n"
+                "with ctx:\n    y = (x * 2).sin().sum()\n"
+                "y.backward(); print('idle', ctx.stats.idle_steps)"
+                % ([PY_ROOT], self.daemon.sock))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("idle 0", out.stdout)  # not counted before the process ends
+        self.assertEqual(out.stderr.count("sent nothing to offloadd"), 1, out.stderr)
 
     def test_keep_last_n_keeping_everything_says_so(self):
         ctx = ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=100 << 10,

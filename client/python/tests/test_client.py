@@ -4,6 +4,7 @@ Run: tests/python/run.sh (or /usr/bin/python3 -m unittest discover -s client/pyt
 """
 
 import os
+import socket
 import time
 import unittest
 
@@ -116,6 +117,20 @@ class DaemonLossTest(unittest.TestCase):
         finally:
             daemon.stop()
 
+    def test_dead_socket_fails_fast_and_says_so(self):
+        path = "/tmp/offloadd-dead-%d.sock" % os.getpid()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(path)  # bound, never listening: what a daemon that exited leaves
+        try:
+            t0 = time.monotonic()
+            with self.assertRaises(errors.DaemonUnavailable) as e:
+                Client(path)
+            self.assertLess(time.monotonic() - t0, 1.0)
+            self.assertIn("no daemon listens on it", str(e.exception))
+        finally:
+            s.close()
+            os.unlink(path)
+
     def test_missing_socket_fails_fast(self):
         t0 = time.monotonic()
         with self.assertRaises(errors.DaemonUnavailable) as e:
@@ -128,6 +143,10 @@ class DaemonLossTest(unittest.TestCase):
         self.assertEqual(default_socket_path_for(5, "/run/user/5"),
                          "/run/user/5/offloadd/offloadd.sock")
         self.assertEqual(default_socket_path_for(5, None), "/tmp/offloadd-5/offloadd.sock")
+        # A system-wide daemon's directory: the same path for every user.
+        self.assertEqual(default_socket_path_for(5, "/run/user/5", True),
+                         "/run/offloadd/offloadd.sock")
+        self.assertEqual(default_socket_path_for(7, None, True), "/run/offloadd/offloadd.sock")
         self.assertFalse(socket_path_fits("/tmp/" + "x" * 103))
         self.assertTrue(socket_path_fits("/tmp/" + "x" * 102))
         with self.assertRaises(errors.OffloaddError) as e:

@@ -13,7 +13,7 @@ import unittest
 import daemon_fixture  # noqa: F401  (sys.path)
 
 from offloadd import cuda
-from offloadd.errors import CudaExportError
+from offloadd.errors import CudaExportError, OffloadConfigError
 
 
 def _fn(impl):
@@ -26,16 +26,48 @@ def _fn(impl):
 class FakeCuda:
     """Allocations {base: size}; handles are 64 bytes derived from the base, with NULs inside."""
 
-    def __init__(self, allocations, ipc_error=0):
+    def __init__(self, allocations, ipc_error=0, vmm=()):
         self.allocations = dict(allocations)
+        self.vmm = set(vmm)          # bases of VMM allocations (no legacy IPC handle)
         self.ipc_error = ipc_error
         self.calls = []
         self.next_event = 0x5000
+        self.last_error = 0          # the runtime's per-thread "last error"
+        self.pending = set()         # events cudaEventQuery reports not ready
         for name in ("cudaGetErrorString", "cudaIpcGetMemHandle", "cudaEventCreateWithFlags",
                      "cudaIpcGetEventHandle", "cudaEventRecord", "cudaEventDestroy",
-                     "cuMemGetAddressRange_v2", "cuDeviceGet", "cuDeviceGetUuid",
-                     "cuGetErrorString", "cuInit"):
+                     "cudaStreamWaitEvent", "cudaEventQuery", "cudaGetLastError",
+                     "cuPointerGetAttributes", "cuMemGetAddressRange_v2", "cuDeviceGet",
+                     "cuDeviceGetUuid", "cuGetErrorString", "cuInit"):
             setattr(self, name, _fn(getattr(self, "_" + name)))
+
+    def _fail(self, rc):
+        self.last_error = rc
+        return rc
+
+    def _cudaGetLastError(self):
+        self.calls.append(("cudaGetLastError",))
+        rc, self.last_error = self.last_error, 0
+        return rc
+
+    def _cudaStreamWaitEvent(self, stream, ev, flags):
+        self.calls.append(("cudaStreamWaitEvent", stream.value, ev.value, flags))
+        return 0
+
+    def _cudaEventQuery(self, ev):
+        return self._fail(600) if ev.value in self.pending else 0
+
+    def _cuPointerGetAttributes(self, n, attrs, data, ptr):
+        for base, size in self.allocations.items():
+            if base <= ptr.value < base + size:
+                values = {11: (ctypes.c_uint64, base), 12: (ctypes.c_size_t, size),
+                          7: (ctypes.c_uint64, base >> 12), 10: (ctypes.c_int, base not in self.vmm),
+                          9: (ctypes.c_int, 0)}
+                for i in range(n):
+                    ctype, v = values[attrs[i]]
+                    ctypes.cast(data[i], ctypes.POINTER(ctype))[0] = v
+                return 0
+        return 1  # CUDA_ERROR_INVALID_VALUE (a driver call: no runtime last error)
 
     @staticmethod
     def handle_for(base):
@@ -47,7 +79,7 @@ class FakeCuda:
     def _cudaIpcGetMemHandle(self, href, ptr):
         self.calls.append(("cudaIpcGetMemHandle", ptr.value))
         if self.ipc_error:
-            return self.ipc_error
+            return self._fail(self.ipc_error)
         ctypes.memmove(ctypes.addressof(href._obj), self.handle_for(ptr.value), 64)
         return 0
 
@@ -120,12 +152,38 @@ class CudaRuntimeTest(unittest.TestCase):
         self.assertIn("cuMemGetAddressRange", str(e.exception))
         self.assertIn("CUDA_ERROR_INVALID_VALUE", str(e.exception))
 
-    def test_ipc_handle_failure_names_vmm(self):
-        rt = cuda.CudaRuntime(cudart=FakeCuda({}, ipc_error=1), libcuda=self.fake)
+    def test_ipc_handle_failure_names_vmm_and_clears_the_last_error(self):
+        failing = FakeCuda({}, ipc_error=1)
+        rt = cuda.CudaRuntime(cudart=failing, libcuda=self.fake)
         with self.assertRaises(CudaExportError) as e:
             rt.ipc_mem_handle(0x7F0000000000)
         self.assertIn("expandable_segments", str(e.exception))
         self.assertIn("fake error 1", str(e.exception))
+        # torch's next launch check must not see offloadd's failure.
+        self.assertEqual(failing.last_error, 0)
+        self.assertIn(("cudaGetLastError",), failing.calls)
+
+    def test_pointer_info_in_one_driver_call(self):
+        fake = FakeCuda({0x7F0000000000: 2 << 20}, vmm=[0x7F0000000000])
+        rt = cuda.CudaRuntime(cudart=fake, libcuda=fake)
+        info = self.rt.pointer_info(0x7F0000400000 + 100)
+        self.assertEqual((info.base, info.size, info.buffer_id, info.ipc_capable),
+                         (0x7F0000400000, 1 << 20, 0x7F0000400000 >> 12, True))
+        self.assertFalse(rt.pointer_info(0x7F0000000000).ipc_capable)
+        with self.assertRaises(CudaExportError):
+            self.rt.pointer_info(0x1000)
+        dev = cuda.TorchCudaDevice(rt)
+        with self.assertRaises(OffloadConfigError):  # one clear error, not a fallback
+            dev.describe(0x7F0000000000)
+
+    def test_stream_wait_and_event_query(self):
+        self.rt.stream_wait_event(0xABC, 0x5010)
+        self.assertEqual(self.fake.calls[-1], ("cudaStreamWaitEvent", 0xABC, 0x5010, 0))
+        self.fake.pending.add(0x5010)
+        self.assertFalse(self.rt.event_query(0x5010))
+        self.assertEqual(self.fake.last_error, 0)  # "not ready" is not left as an error
+        self.fake.pending.clear()
+        self.assertTrue(self.rt.event_query(0x5010))
 
     def test_events_are_interprocess_without_timing(self):
         event, handle = self.rt.create_ipc_event()
@@ -135,7 +193,7 @@ class CudaRuntimeTest(unittest.TestCase):
         self.assertEqual(self.fake.calls[-1], ("cudaEventRecord", event, 0xABC))
 
     def test_event_pool_reuses_released_events(self):
-        pool = cuda.IpcEventPool(self.rt)
+        pool = cuda.IpcEventPool(lambda: cuda.IpcEvent(*self.rt.create_ipc_event()))
         a, b = pool.acquire(), pool.acquire()
         self.assertNotEqual(a.event, b.event)
         pool.release(a)
@@ -148,26 +206,35 @@ class CudaRuntimeTest(unittest.TestCase):
         self.assertEqual(cuda.format_uuid(bytes(range(16))),
                          "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f")
 
-    def test_expandable_segments_are_refused(self):
-        cuda.check_allocator_config({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"})
-        for conf in ("expandable_segments:True", "max_split_size_mb:64,expandable_segments:true"):
-            with self.assertRaises(CudaExportError):
-                cuda.check_allocator_config({"PYTORCH_CUDA_ALLOC_CONF": conf})
+    def test_allocator_settings_without_ipc_are_refused(self):
+        cuda.check_allocator_config({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"},
+                                    settings="", backend="native")
+        for conf in ("expandable_segments:True", "max_split_size_mb:64,expandable_segments:true",
+                     "backend:cudaMallocAsync"):
+            with self.assertRaises(OffloadConfigError) as e:
+                cuda.check_allocator_config({"PYTORCH_CUDA_ALLOC_CONF": conf}, settings="",
+                                            backend="native")
+            self.assertIn("PYTORCH_CUDA_ALLOC_CONF", str(e.exception))
+        # Switched on at run time (torch.cuda.memory._set_allocator_settings), or the backend.
+        with self.assertRaises(OffloadConfigError):
+            cuda.check_allocator_config({}, settings="expandable_segments:True", backend="native")
+        with self.assertRaises(OffloadConfigError):
+            cuda.check_allocator_config({}, settings="", backend="cudaMallocAsync")
 
-    def test_event_gate_runs_in_order_after_wait(self):
-        gate = cuda.EventGate()
-        order, done = [], threading.Event()
-        release = threading.Event()
-        gate.submit(lambda: release.wait(5), lambda: order.append(1))
-        gate.submit(lambda: None, lambda: (order.append(2), done.set()))
-        self.assertEqual(order, [])
-        release.set()
-        self.assertTrue(done.wait(5))
-        self.assertEqual(order, [1, 2])
+
+class _Ptr:
+    """A tensor stand-in: only data_ptr() is read by the export path."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def data_ptr(self):
+        return self.ptr
 
 
 class CudaRegionTest(unittest.TestCase):
-    """CudaIpcTransport.region_for: one registration per allocation, offsets from the base."""
+    """CudaIpcTransport's export: one registration (and one IPC handle call) per allocation,
+    cached by buffer id, offsets from the base."""
 
     def setUp(self):
         try:
@@ -176,29 +243,28 @@ class CudaRegionTest(unittest.TestCase):
             self.skipTest(str(e))
         self.fake = FakeCuda({0x7F0000000000: 2 << 20, 0x7F0000400000: 1 << 20})
         self.client = FakeClient()
-        self.transport = CudaIpcTransport(self.client, cuda.CudaRuntime(self.fake, self.fake))
+        self.transport = CudaIpcTransport(
+            self.client, cuda.TorchCudaDevice(cuda.CudaRuntime(self.fake, self.fake)))
 
-    def test_registers_each_allocation_base_once(self):
-        rid, off = self.transport.region_for(0x7F0000000000 + 8192, 4096)
-        self.assertEqual((rid, off), (1, 8192))
-        rid2, off2 = self.transport.region_for(0x7F0000000000 + 65536, 4096)
-        self.assertEqual((rid2, off2), (1, 65536))
-        rid3, off3 = self.transport.region_for(0x7F0000400000, 1 << 20)
-        self.assertEqual((rid3, off3), (2, 0))
+    def test_registers_each_allocation_once_and_asks_for_its_handle_once(self):
+        export = self.transport._export
+        self.assertEqual(export(_Ptr(0x7F0000000000 + 8192), 4096), (1, 8192))
+        self.assertEqual(export(_Ptr(0x7F0000000000 + 65536), 4096), (1, 65536))
+        self.assertEqual(export(_Ptr(0x7F0000400000), 1 << 20), (2, 0))
         self.assertEqual(self.client.registered,
                          [(FakeCuda.handle_for(0x7F0000000000), 2 << 20),
                           (FakeCuda.handle_for(0x7F0000400000), 1 << 20)])
         ipc_bases = [c[1] for c in self.fake.calls if c[0] == "cudaIpcGetMemHandle"]
-        self.assertEqual(set(ipc_bases), {0x7F0000000000, 0x7F0000400000})
+        self.assertEqual(ipc_bases, [0x7F0000000000, 0x7F0000400000])  # cached per allocation
 
     def test_span_past_the_allocation_is_refused(self):
         with self.assertRaises(CudaExportError):
-            self.transport.region_for(0x7F0000400000 + 4096, 1 << 20)
+            self.transport._export(_Ptr(0x7F0000400000 + 4096), 1 << 20)
 
     def test_least_recently_used_regions_are_unregistered(self):
         self.transport.MAX_REGIONS = 1
-        self.transport.region_for(0x7F0000000000, 16)
-        self.transport.region_for(0x7F0000400000, 16)
+        self.transport._export(_Ptr(0x7F0000000000), 16)
+        self.transport._export(_Ptr(0x7F0000400000), 16)
         self.assertEqual(self.client.unregistered, [1])
 
 

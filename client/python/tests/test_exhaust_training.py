@@ -1,4 +1,4 @@
-"""Resource exhaustion beside a training loop (issue 13, "Tests"): attacker processes push every
+"""Resource exhaustion beside a training loop: attacker processes push every
 bound of one daemon at once (connections, pending-Hello streams, sessions, shm mappings and
 regions, request floods, unparsable messages, oversized projector refreshes) while a small torch
 model trains through offloadd's save_on_cpu hooks in this process. Every step's loss and

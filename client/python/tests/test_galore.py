@@ -160,38 +160,36 @@ class ServiceProjectorTest(DaemonTestCase):
         self.assertLess(max_principal_angle_sine(columns(ref.ortho_matrix, "left"),
                                                  columns(ours.ortho_matrix, "left")), 1e-3)
 
-    def test_asynchronous_mode_keeps_the_old_projector_until_the_new_one_is_ready(self):
-        gap = 2
-        ours = self.make(6, update_proj_gap=gap, asynchronous=True)
+    def test_asynchronous_mode_adopts_at_the_rule_step(self):
+        gap = 4
+        ours = self.make(6, update_proj_gap=gap, asynchronous=True)  # k = gap // 2 = 2
+        self.assertEqual(ours.adopt_after_steps, 2)
         g0 = low_rank_plus_noise(64, 40, seed=20)
         ours.project(g0, 0)  # the first refresh waits: there is nothing to use yet
         self.assertFalse(ours.pending)
         p0 = ours.ortho_matrix.clone()
-        ours.project(g0, 1)
         g1 = low_rank_plus_noise(64, 40, seed=21)  # another subspace
         low = ours.project(g1, gap)  # submits and returns at once
         self.assertTrue(ours.pending)
+        self.assertEqual(ours.pending_adopt_step, gap + 2)
         self.assertTrue(torch.equal(ours.ortho_matrix, p0))  # still the old projector
         self.assertTrue(torch.allclose(low, g1 @ p0.t()))
-        ours.wait()
+        import time
+        time.sleep(0.5)  # the result is in long before step gap + 2: still not adopted early
+        ours.project(g1, gap + 1)
+        self.assertTrue(ours.pending)
+        self.assertTrue(torch.equal(ours.ortho_matrix, p0))
+        low = ours.project(g1, gap + 2)  # the rule's step: adopted (waiting if need be)
         self.assertFalse(ours.pending)
+        p1 = ours.ortho_matrix
+        self.assertTrue(torch.allclose(low, g1 @ p1.t()))
         ref = TorchReferenceProjector(6)
         ref.project(g1, 0)
-        p1 = ours.ortho_matrix
         self.assertGreater(max_principal_angle_sine(columns(p0, "right"), columns(p1, "right")),
                            0.5)
         self.assertLess(max_principal_angle_sine(columns(ref.ortho_matrix, "right"),
                                                  columns(p1, "right")), 1e-3)
-        self.assertTrue(torch.allclose(ours.project(g1, gap + 1), g1 @ p1.t()))
-        # poll() adopts a finished refresh without blocking.
-        ours.project(g0, 2 * gap)
-        for _ in range(500):
-            if ours.poll() or not ours.pending:
-                break
-            torch.randn(64, 64) @ torch.randn(64, 64)  # let the daemon work
-        ours.wait()
-        self.assertLess(max_principal_angle_sine(columns(p0, "right"),
-                                                 columns(ours.ortho_matrix, "right")), 1e-3)
+        self.assertEqual(ours.adopted_steps, [0, gap + 2])
 
     def test_randomized_with_warm_start(self):
         g = low_rank_plus_noise(128, 96, k=20, decay=0.85, seed=30)
@@ -263,10 +261,20 @@ class ServiceProjectorTest(DaemonTestCase):
         progress = list(self.connection.watch("watch-step-0"))
         self.assertEqual([p.completed for p in progress], [1, 2])
         self.assertEqual({p.result.key.parameter_id for p in progress}, {"watch-a", "watch-b"})
-        # The same (parameter, step) again, e.g. from another micro-batch: the first refresh.
+        # The same (parameter, step) again with the same gradient (another micro-batch, or
+        # another rank): its own refresh, the first one's P, no second SVD.
         first = a.last_result.refresh_id
         a.project(low_rank_plus_noise(32, 24, seed=80), 0)
-        self.assertEqual(a.last_result.refresh_id, first)
+        self.assertNotEqual(a.last_result.refresh_id, first)
+        self.assertTrue(a.last_result.deduplicated)
+        self.assertEqual(a.last_result.shared_from_refresh_id, first)
+        # With another gradient: computed on its own.
+        a.project(low_rank_plus_noise(32, 24, seed=82), 0)
+        self.assertFalse(a.last_result.deduplicated)
+        self.assertTrue(a.last_result.content_mismatch)
+        stats = self.connection.stats()
+        self.assertGreaterEqual(stats.deduplicated_total, 1)
+        self.assertGreaterEqual(stats.content_mismatches_total, 1)
 
     def test_no_daemon_is_daemon_unavailable(self):
         conn = ProjectorConnection("/tmp/ofd-no-daemon-here.sock", timeout_seconds=5)
@@ -275,6 +283,54 @@ class ServiceProjectorTest(DaemonTestCase):
                 ServiceProjector(4, connection=conn).project(torch.randn(8, 8), 0)
         finally:
             conn.close()
+
+
+class FakeCudaRuntime:
+    """offloadd.cuda.CudaRuntime's three calls the projector's CUDA path makes, on fake pointers:
+    one allocation at 0x7f0000000000 of 64 MiB, handle bytes derived from the base."""
+
+    BASE, SIZE = 0x7F0000000000, 64 << 20
+
+    def __init__(self):
+        self.calls = []
+
+    def allocation_range(self, ptr):
+        self.calls.append(("range", ptr))
+        assert self.BASE <= ptr < self.BASE + self.SIZE
+        return self.BASE, self.SIZE
+
+    def ipc_mem_handle(self, base):
+        self.calls.append(("handle", base))
+        return base.to_bytes(8, "little") * 8
+
+    def device_uuid(self, ordinal):
+        self.calls.append(("uuid", ordinal))
+        return "GPU-00000000-0000-0000-0000-00000000000%d" % ordinal
+
+
+class CudaPathTest(unittest.TestCase):
+    """The CUDA IPC data path on fakes (no GPU here): the request names the allocation base's
+    handle, the buffer's offset in it and the GPU's UUID; G and P sit at that offset."""
+
+    def test_request_names_the_allocation_base_and_offsets(self):
+        from offloadd import galore as og
+        rt = FakeCudaRuntime()
+        ptr = rt.BASE + (3 << 20)  # the projector's buffer, 3 MiB into a caching-allocator segment
+        handle, offset, uuid = og.cuda_region_fields(rt, ptr, 1)
+        self.assertEqual(handle.cuda_ipc_handle, rt.BASE.to_bytes(8, "little") * 8)
+        self.assertEqual(len(handle.cuda_ipc_handle), 64)
+        self.assertEqual(handle.size_bytes, rt.SIZE)
+        self.assertEqual((offset, uuid), (3 << 20, "GPU-00000000-0000-0000-0000-000000000001"))
+        self.assertEqual(rt.calls, [("range", ptr), ("handle", rt.BASE), ("uuid", 1)])
+        proj = og.ServiceProjector(8, parameter_id="w", job_id="job",
+                                   connection=object.__new__(og.ProjectorConnection))
+        g = torch.zeros(96, 40)
+        req = proj._request(10, g, og.pb.DTYPE_FLOAT32, handle, offset, 96 * 40 * 4, uuid)
+        self.assertEqual(req.gradient_region.WhichOneof("kind"), "cuda_ipc_handle")
+        self.assertEqual(req.gradient_offset, 3 << 20)
+        self.assertEqual(req.projector_offset, (3 << 20) + 96 * 40 * 4)
+        self.assertEqual(req.device_id, uuid)
+        self.assertEqual((req.key.job_id, req.key.parameter_id, req.key.step), ("job", "w", 10))
 
 
 if __name__ == "__main__":

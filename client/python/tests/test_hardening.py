@@ -1,4 +1,4 @@
-"""Gaps of issue 13 found by a second adversarial pass (each test failed before its fix):
+"""Hardening gaps found by a second adversarial pass (each test failed before its fix):
 session streams that never send Hello (bounded per connection, per uid and in total, and timed
 out), answers for requests queued when the client half-closes, and a SIGTERM bounded by
 shutdown_grace_seconds while copies are queued on a slow link."""

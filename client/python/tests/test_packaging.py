@@ -25,7 +25,8 @@ class WheelTest(unittest.TestCase):
                 meta = z.read(next(n for n in names if n.endswith("/METADATA"))).decode()
         for module in ("offloadd/v1/offload_pb2.py", "offloadd/v1/offload_pb2_grpc.py",
                        "offloadd/v1/projector_pb2.py", "offloadd/v1/projector_pb2_grpc.py",
-                       "offloadd/torch/_store.py", "offloadd/transformers.py"):
+                       "offloadd/torch/_store.py", "offloadd/transformers.py",
+                       "offloadd/galore.py", "offloadd/_galore_optim.py"):
             self.assertIn(module, names)
         requires = [ln.split(":", 1)[1].strip() for ln in meta.splitlines()
                     if ln.startswith("Requires-Dist:")]
@@ -34,6 +35,8 @@ class WheelTest(unittest.TestCase):
         self.assertIn('torch>=2.4; extra == "torch"', requires)
         self.assertIn('transformers>=5.17; extra == "transformers"', requires)
         self.assertIn('accelerate>=1.1.0; extra == "transformers"', requires)
+        self.assertIn('galore-torch==1.0; extra == "galore"', requires)
+        self.assertIn('bitsandbytes==0.50.2; extra == "galore"', requires)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ import unittest
 
 import daemon_fixture  # noqa: F401  (sys.path)
 
-from offloadd.shm import ALIGN_BYTES, ShmRegion, StagingArena
+from offloadd import errors
+from offloadd.shm import (ALIGN_BYTES, ShmRegion, StagingArena, pid_namespace_id, shm_access,
+                          sweep_stale)
 
 
 class FakeRegistrar:
@@ -33,6 +35,84 @@ class ShmRegionTest(unittest.TestCase):
         self.assertFalse(os.path.exists(r.path))
         self.assertEqual(r.mm[100:105], b"abcde")  # the mapping outlives the name
         r.close()
+
+
+class SweepStaleTest(unittest.TestCase):
+    """Names of dead processes of this PID namespace go; another namespace's names stay (the
+    same pid may be a live process there: /dev/shm is shared by containers and sandboxes)."""
+
+    def test_only_this_namespaces_dead_names_are_removed(self):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)  # its pid is now free
+        ns = pid_namespace_id()
+        self.assertGreater(ns, 0)
+        prefix = "offloadd-pysweep%d" % os.getpid()
+        dead = "/dev/shm/%s-%d-%d-0-deadbeef" % (prefix, pid, ns)
+        foreign = "/dev/shm/%s-%d-%d-0-deadbeef" % (prefix, pid, ns + 1)
+        live = "/dev/shm/%s-%d-%d-0-deadbeef" % (prefix, os.getpid(), ns)
+        for p in (dead, foreign, live):
+            open(p, "w").close()
+            self.addCleanup(lambda p=p: os.path.exists(p) and os.unlink(p))
+        self.assertEqual(sweep_stale(prefix), 1)
+        self.assertFalse(os.path.exists(dead))
+        self.assertTrue(os.path.exists(foreign))
+        self.assertTrue(os.path.exists(live))
+        r = ShmRegion(4096, prefix=prefix)
+        self.addCleanup(r.close)
+        self.assertTrue(r.name.startswith("/%s-%d-%d-" % (prefix, os.getpid(), ns)), r.name)
+
+
+class ShmAccessTest(unittest.TestCase):
+    """Which mode and group the staging objects get, for the daemon's uid."""
+
+    def setUp(self):
+        self.env = {k: os.environ.pop(k) for k in ("OFFLOADD_SHM_MODE", "OFFLOADD_SHM_GROUP")
+                    if k in os.environ}
+        self.sock = "/tmp/ofd-access-%d" % os.getpid()
+        with open(self.sock, "w"):
+            pass
+        os.chown(self.sock, -1, os.getegid())
+
+    def tearDown(self):
+        os.environ.update(self.env)
+        os.unlink(self.sock)
+
+    def test_private_for_a_root_daemon_or_our_own_uid(self):
+        self.assertEqual(shm_access(self.sock, 0), (0o600, None))
+        self.assertEqual(shm_access(self.sock, os.geteuid()), (0o600, None))
+        self.assertEqual(shm_access(self.sock, None), (0o600, None))
+
+    def test_group_of_the_socket_for_a_daemon_of_another_uid(self):
+        self.assertEqual(shm_access(self.sock, 10001), (0o660, os.getegid()))
+        self.assertEqual(shm_access("/nonexistent/x.sock", 10001), (0o660, None))
+
+    def test_explicit_and_environment_settings(self):
+        self.assertEqual(shm_access(self.sock, 0, mode="0660", group=str(os.getegid())),
+                         (0o660, os.getegid()))
+        os.environ["OFFLOADD_SHM_MODE"] = "0600"
+        self.assertEqual(shm_access(self.sock, 10001), (0o600, None))
+        os.environ["OFFLOADD_SHM_MODE"] = "0666"
+        with self.assertRaises(errors.OffloaddError) as e:
+            shm_access(self.sock, 10001)
+        self.assertEqual(e.exception.code, errors.INVALID_ARGUMENT)
+        del os.environ["OFFLOADD_SHM_MODE"]
+        with self.assertRaises(errors.OffloaddError):
+            shm_access(self.sock, 10001, group="no-such-group-offloadd")
+
+    def test_region_gets_the_group_and_mode_before_anyone_can_open_it(self):
+        r = ShmRegion(1 << 20, mode=0o660, gid=os.getegid())
+        try:
+            st = os.stat(r.path)
+            self.assertEqual((st.st_mode & 0o777, st.st_gid), (0o660, os.getegid()))
+        finally:
+            r.close()
+        r = ShmRegion(1 << 20)
+        try:
+            self.assertEqual(os.stat(r.path).st_mode & 0o777, 0o600)
+        finally:
+            r.close()
 
 
 class StagingArenaTest(unittest.TestCase):
@@ -82,6 +162,14 @@ class StagingArenaTest(unittest.TestCase):
         again = self.arena.alloc(900 << 10)
         self.assertEqual(self.arena.regions, 3)  # no growth: freed space is reused
         self.arena.free(again)
+
+    def test_free_after_close_drops_the_slot(self):
+        # A reload abandoned when an admin ended the session frees its slot from the reply's
+        # callback, after the transport closed the arena: no KeyError from a callback thread.
+        s = self.arena.alloc(1000)
+        self.arena.close()
+        self.arena.free(s)
+        self.assertEqual(self.arena.capacity_bytes, 0)
 
     def test_full_arena_waits_then_times_out(self):
         slots = [self.arena.alloc(1 << 20) for _ in range(4)]

@@ -121,6 +121,18 @@ class SocketActivationTest(unittest.TestCase):
         for r in (src, dst):
             r.close()
 
+    def test_config_socket_mode_not_in_force_is_named(self):
+        os.chmod(self.sock, 0o666)  # what the service manager made, not the config's 0660
+        d = ActivatedDaemon(self.listener, self.sock, ("--socket_mode", "0660"))
+        self.daemons.append(d)
+        self.assertEqual(d.stop(), 0)
+        d.log.seek(0)
+        log = d.log.read().decode()
+        self.assertIn("passed by the service manager has mode 0666", log)
+        self.assertIn("asks for socket_mode 0660", log)
+        self.assertIn("SocketMode=", log)
+        self.assertEqual(os.stat(self.sock).st_mode & 0o777, 0o666, "the daemon changed it")
+
     def test_without_activation_connects_are_refused_while_the_daemon_is_down(self):
         self.listener.close()
         os.unlink(self.sock)

@@ -1,4 +1,4 @@
-"""The daemon's spill tier with the seed Qwen3 model (issue 18).
+"""The daemon's spill tier with the seed Qwen3 model.
 
 The seed model (qwen3_fixture.SEED_CONFIG) checkpoints 8 layer inputs of 8 MiB a step; the
 daemon's pool here is 16 MiB, a quarter of them, with a spill directory: forward spills the

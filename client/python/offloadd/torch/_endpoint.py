@@ -7,12 +7,18 @@ again for ``retry_seconds`` (so a training step never waits on connect timeouts 
 endpoint (the daemon stopped) is dropped and reconnected after the same back-off.
 
 Device ids sent in Hello: "cpu" for CPU tensors; for CUDA tensors the GPU's UUID (offloadd.cuda)
-or, when the driver cannot be asked, "cuda:<ordinal>". The transport follows the daemon's
+or, when the driver cannot be asked, "cuda:<ordinal>"; with a simulated GPU active
+(offloadd.sim_gpu.activate) CPU tensors belong to its current device, whose UUID is the one a
+cuda-sim daemon gives it. The transport follows the daemon's
 backend: "shm" -> ShmTransport for any device; "cuda" -> CudaIpcTransport for CUDA tensors (a CPU
 tensor needs a shm daemon and falls back otherwise).
 
 Fallback bookkeeping is process-wide: ``warn_once`` emits one RuntimeWarning per process;
-``fallbacks_total()`` counts every fallback of every context.
+``fallbacks_total()`` counts every fallback of every context. Each endpoint reports its device's
+totals (fallbacks, host waits, idle steps: offloadd.torch._stats.device_totals) to its daemon
+(Client.report) when they changed, at most once per REPORT_INTERVAL_SECONDS from step ends, and
+at once from synchronize() and at exit, so operators see clients that fell back in the daemon's
+metrics (``offloadd_client_fallbacks_total``) and ``offloadctl sessions``.
 """
 
 import atexit
@@ -25,6 +31,7 @@ import warnings
 from .. import errors
 from ..client import Client
 from ..socket_path import default_socket_path
+from . import _stats
 from . import _transport
 
 _lock = threading.Lock()
@@ -34,6 +41,11 @@ _warned = [False]
 _fallbacks = [0]
 _idle_warned = [False]
 _idle_steps = [0]
+_acked_lock = threading.Lock()
+_acked = {}  # (socket path, device key) -> the device totals a session of this process acked
+
+# Seconds between two reports of an endpoint from step ends (synchronize and exit report at once).
+REPORT_INTERVAL_SECONDS = 1.0
 
 # Staging arena sizes for ShmTransport (bytes); tests and benchmarks may change them.
 STAGING_GROW_BYTES = 16 << 20
@@ -45,6 +57,10 @@ def device_key(device):
         import torch
         index = device.index if device.index is not None else torch.cuda.current_device()
         return "cuda:%d" % index
+    if device.type == "cpu":
+        from .. import sim_gpu
+        if sim_gpu.active() is not None:  # CPU tensors stand for a simulated GPU's
+            return "sim:%d" % sim_gpu.current_device()
     return device.type
 
 
@@ -52,11 +68,12 @@ class Endpoint:
     """A connected client and the transport for one device. Raises what Client raises, or
     OffloaddError FAILED_PRECONDITION when the daemon's backend cannot serve this device."""
 
-    def __init__(self, socket_path, key, connect_timeout_seconds):
+    def __init__(self, socket_path, key, connect_timeout_seconds, unresponsive_seconds=20.0):
         self.key = key
         self.pid = os.getpid()  # a forked child must neither use nor close its parent's
         device_id = key
         cuda_runtime = None
+        sim = None
         if key.startswith("cuda:"):
             try:
                 from .. import cuda
@@ -64,16 +81,27 @@ class Endpoint:
                 device_id = cuda_runtime.device_uuid(int(key[5:]))
             except Exception:
                 cuda_runtime = None
+        elif key.startswith("sim:"):
+            from .. import sim_gpu
+            sim = sim_gpu.active()
+            device_id = sim_gpu.device_uuid(int(key[4:]))
         name = "%s pid %d %s" % (os.path.basename(sys.argv[0] or "python"), os.getpid(), key)
         self.client = Client(socket_path, client_name=name, device_id=device_id,
-                             connect_timeout_seconds=connect_timeout_seconds)
+                             connect_timeout_seconds=connect_timeout_seconds,
+                             unresponsive_seconds=unresponsive_seconds)
         backend = self.client.backend
         try:
             if backend == "shm":
                 self.transport = _transport.ShmTransport(self.client, STAGING_GROW_BYTES,
                                                          STAGING_MAX_BYTES)
             elif backend == "cuda" and key.startswith("cuda:"):
-                self.transport = _transport.CudaIpcTransport(self.client, cuda_runtime)
+                from .. import cuda
+                self.transport = _transport.CudaIpcTransport(
+                    self.client, cuda.TorchCudaDevice(cuda_runtime))
+            elif backend == "cuda" and sim is not None:  # a cuda-sim daemon
+                from .. import sim_gpu
+                self.transport = _transport.CudaIpcTransport(
+                    self.client, sim_gpu.SimCudaDevice(sim, int(key[4:])))
             else:
                 raise errors.OffloaddError(
                     errors.FAILED_PRECONDITION,
@@ -82,10 +110,45 @@ class Endpoint:
         except BaseException:
             self.client.close(timeout=1.0)
             raise
+        self.transport.device_key = key
+        # The daemon adds each session's first report in full to its per-GPU counters: a later
+        # endpoint of this process (after end-session, a broken or abandoned one) reports only
+        # what no earlier session of this daemon socket acknowledged.
+        self.socket_path = socket_path
+        with _acked_lock:  # get() holds _lock
+            self.base = dict(_acked.get((socket_path, key)) or _stats.device_totals(None))
+        self.reported = dict(self.base)
+        self.reported_at = 0.0
 
     @property
     def alive(self):
         return self.client.alive
+
+    def report(self, force=False):
+        """Sends this device's totals to the daemon when they changed since the last report,
+        unless one went less than REPORT_INTERVAL_SECONDS ago (``force``: regardless). Never
+        blocks and never raises: the answer is not awaited; a daemon that refuses the report
+        (an older one) only leaves the counts unseen there."""
+        totals = _stats.device_totals(self.key)
+        now = time.monotonic()
+        if totals == self.reported or (not force and
+                                       now - self.reported_at < REPORT_INTERVAL_SECONDS):
+            return
+        self.reported, self.reported_at = totals, now
+        acked_key = (self.socket_path, self.key)
+
+        def acked(future):
+            if future.cancelled() or future.exception() is not None:
+                return
+            with _acked_lock:
+                before = _acked.get(acked_key) or totals
+                _acked[acked_key] = {k: max(before[k], totals[k]) for k in totals}
+
+        try:
+            self.client.report(**{k: totals[k] - self.base[k] for k in totals}) \
+                .add_done_callback(acked)
+        except Exception:
+            pass
 
     def close(self, timeout=2.0):
         self.client.close(timeout=timeout)
@@ -95,9 +158,10 @@ class Endpoint:
             pass
 
 
-def get(socket_path, device, retry_seconds=30.0, connect_timeout_seconds=5.0):
+def get(socket_path, device, retry_seconds=30.0, connect_timeout_seconds=5.0,
+        unresponsive_seconds=20.0):
     """(Endpoint, None) or (None, reason string). Thread-safe; connects under a lock so one
-    thread connects while others wait."""
+    thread connects while others wait. A new endpoint's client gets ``unresponsive_seconds``."""
     socket_path = socket_path or default_socket_path()
     key = (os.getpid(), socket_path, device_key(device))
     with _lock:
@@ -113,7 +177,7 @@ def get(socket_path, device, retry_seconds=30.0, connect_timeout_seconds=5.0):
         if down is not None and time.monotonic() < down[0]:
             return None, down[1]
         try:
-            ep = Endpoint(socket_path, key[2], connect_timeout_seconds)
+            ep = Endpoint(socket_path, key[2], connect_timeout_seconds, unresponsive_seconds)
         except Exception as e:  # any set-up failure (daemon, CUDA runtime) means: fall back
             _down_until[key] = (time.monotonic() + retry_seconds, str(e))
             return None, str(e)
@@ -131,8 +195,25 @@ def mark_broken(ep, reason, retry_seconds=30.0):
                 _down_until[key] = (time.monotonic() + retry_seconds, reason)
 
 
-def count_fallback(reason, warn=True):
-    """Counts one fallback; the first warned one in the process emits one RuntimeWarning."""
+def abandon(ep, failure, retry_seconds=30.0):
+    """Gives up on ``ep`` after the daemon stopped answering (``failure``: a
+    DaemonUnresponsive): its requests fail at once -- offloads still in flight complete as
+    fallbacks from the copies the client holds -- the stream is cancelled (a daemon that resumes
+    frees the session's blocks), and the (socket, device) is not tried again for
+    ``retry_seconds``. Never blocks on the daemon."""
+    mark_broken(ep, str(failure), retry_seconds)
+    ep.client.abandon(failure)
+    try:
+        ep.transport.close()  # its shared-memory names and mappings go now, not at exit
+    except Exception:
+        pass
+
+
+def count_fallback(reason, warn=True, device=None):
+    """Counts one fallback (for ``device``'s totals too, when given); the first warned one in the
+    process emits one RuntimeWarning."""
+    if device is not None:
+        _stats.count_for_device(device_key(device), fallbacks=1)
     with _lock:
         _fallbacks[0] += 1
         first = warn and not _warned[0]
@@ -144,8 +225,11 @@ def count_fallback(reason, warn=True):
                       "process." % reason, RuntimeWarning, stacklevel=3)
 
 
-def count_idle_step(reason):
-    """Counts a step that sent nothing to the daemon; the first one warns (once per process)."""
+def count_idle_step(reason, device=None):
+    """Counts a step that sent nothing to the daemon (for ``device``'s totals too, when given);
+    the first one warns (once per process)."""
+    if device is not None:
+        _stats.count_for_device(device_key(device), idle_steps=1)
     with _lock:
         _idle_steps[0] += 1
         first = not _idle_warned[0]
@@ -166,9 +250,19 @@ def fallbacks_total():
     return _fallbacks[0]
 
 
+def report(force=False):
+    """Each live endpoint of this process reports its device's totals (Endpoint.report)."""
+    for ep in endpoints():
+        ep.report(force)
+
+
 def reset_for_tests():
-    """Closes every endpoint and forgets back-off and the warn-once flag (tests only)."""
+    """Closes every endpoint and forgets back-off, the warn-once flag and the device totals
+    (tests only)."""
     close_all()
+    _stats.reset_device_totals()
+    with _acked_lock:
+        _acked.clear()
     with _lock:
         _down_until.clear()
         _warned[0] = False
@@ -186,13 +280,19 @@ def close_all():
         _endpoints.clear()
     for ep in eps:
         if ep.pid == os.getpid():
+            ep.report(force=True)  # answered before close() ends the stream
             ep.close()
 
 
 def synchronize(timeout=10.0):
     """Waits until every request this process sent (offloads, reloads, releases) is answered:
-    afterwards the daemon's stats reflect everything released so far. True if all completed."""
+    afterwards the daemon's stats reflect everything released so far. True if all completed.
+    Also counts the current step as idle where it sent nothing and its backward has begun
+    (Store.finish_step): a run's last step has no next step to end it."""
     from ._reaper import reaper
+    from ._store import finish_steps
+    finish_steps()
+    report(force=True)
     deadline = time.monotonic() + timeout
     while True:
         # A release can be chained on a reload in flight (a dead handle's prefetch): it is sent

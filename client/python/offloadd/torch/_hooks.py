@@ -37,6 +37,13 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
       name: label of the statistics (``stats``) and of their exit log line.
       log_stats_at_exit: write ``stats.summary()`` to stderr when the process exits.
       retry_seconds: after the daemon was unreachable, do not try it again for this long.
+      connect_timeout_seconds: one connect + Hello.
+      unresponsive_seconds: float > 0 (20). A reload backward waits for gets no answer from
+        the daemon for this long: the session is given up -- tensors whose offload the daemon
+        never confirmed come back from the client's copy, others raise DaemonUnresponsive
+        (an OffloaddError, DEADLINE_EXCEEDED). The packs of one step wait at most this long in
+        all for a daemon that does not answer; then the step keeps the rest in process (one
+        warning). A daemon that answers again within it costs only the wait.
       store: share another context's engine (ordering, keep_last_n, stats) instead of a new one.
     Parameters (and views of them), other leaves that require grad, views of a tensor already
     offloaded and non-dense or non-CPU/CUDA tensors stay in place. The object may be entered
@@ -46,10 +53,10 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
     def __init__(self, threshold_bytes=_DEFAULT_MIN_BYTES, keep_last_n=1, prefetch=1,
                  strict=False, socket_path=None, pin_memory=True, name="",
                  log_stats_at_exit=False, retry_seconds=30.0, connect_timeout_seconds=5.0,
-                 store=None, _small_to_host=False):
+                 store=None, _small_to_host=False, unresponsive_seconds=20.0):
         self.store = store or Store(name, threshold_bytes, keep_last_n, prefetch, strict,
                                     socket_path, pin_memory, _small_to_host, retry_seconds,
-                                    connect_timeout_seconds)
+                                    connect_timeout_seconds, unresponsive_seconds)
         super().__init__(self.store.pack, self.store.unpack)
         if log_stats_at_exit:
             atexit.register(self.store.stats.log)

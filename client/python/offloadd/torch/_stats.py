@@ -21,9 +21,20 @@ Counted by the context's store (offloadd/torch/_store.py):
   lost        offloaded tensors the daemon no longer had when backward asked (it stopped)
   idle_steps  training steps (a step ends when a pack follows an unpack) that saved tensors but
               sent none to the daemon: all below the threshold, parameters, or kept on device
+  host_waits  times the training thread blocked on offloadd: waiting for a reload's answer
+              (ReloadDone not arrived when backward needed the tensor) or for a staging slot;
+              their seconds in ``host_wait_seconds``. On CUDA a reload whose answer arrived costs
+              no host wait: the compute stream waits on the daemon's done event instead
+  served_in_flight  tensors backward needed while their offload was still copying: used from
+              the device as they were (CUDA), no reload
 Every reloaded tensor counts once in exactly one of prefetched_in_time and waited.
+
+Besides each context's statistics the process keeps, per device key ("cuda:0", "cpu",
+"sim:1"; offloadd.torch._endpoint.device_key), the totals its daemon sessions report
+(Client.report): fallbacks, host waits (count and seconds) and idle steps of every context.
 """
 
+import os
 import sys
 import threading
 
@@ -31,18 +42,63 @@ _FIELDS = ("offloaded", "offloaded_bytes", "reloaded", "reloaded_bytes", "prefet
            "prefetched_in_time_bytes", "waited", "waited_bytes", "kept", "kept_bytes",
            "fallbacks", "fallback_bytes", "skipped_small", "skipped_params", "skipped_leaves",
            "skipped_views",
-           "skipped_other", "lost", "idle_steps", "urgent", "prefetched_unused")
+           "skipped_other", "lost", "idle_steps", "urgent", "prefetched_unused", "host_waits",
+           "served_in_flight", "served_in_flight_bytes")
+
+
+_device_lock = threading.Lock()
+_device_totals = {}  # device key -> {"fallbacks_total": n, ...} since the process started
+
+
+def count_for_device(key, fallbacks=0, host_waits=0, host_wait_seconds=0.0, idle_steps=0):
+    """Adds to the process's totals for device ``key`` (counts; seconds for the waits)."""
+    with _device_lock:
+        t = _device_totals.setdefault(key, _zero_totals())
+        t["fallbacks_total"] += fallbacks
+        t["host_waits_total"] += host_waits
+        t["host_wait_seconds_total"] += host_wait_seconds
+        t["idle_steps_total"] += idle_steps
+
+
+def device_totals(key):
+    """A copy of the process's totals for device ``key``: the keyword arguments of
+    Client.report (all zero before anything was counted)."""
+    with _device_lock:
+        return dict(_device_totals.get(key) or _zero_totals())
+
+
+def reset_device_totals():
+    """Forgets every device's totals (tests only)."""
+    with _device_lock:
+        _device_totals.clear()
+
+
+def _after_fork_in_child():
+    """A forked child starts with no totals (its parent reports its own) and a fresh lock."""
+    global _device_lock
+    _device_lock = threading.Lock()
+    _device_totals.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _zero_totals():
+    return {"fallbacks_total": 0, "host_waits_total": 0, "host_wait_seconds_total": 0.0,
+            "idle_steps_total": 0}
 
 
 class OffloadStats:
     """A snapshot (or the live, locked counters) of one context's statistics."""
 
-    __slots__ = _FIELDS + ("waited_seconds", "name", "_lock")
+    __slots__ = _FIELDS + ("waited_seconds", "host_wait_seconds", "name", "_lock")
+    _SECONDS = ("waited_seconds", "host_wait_seconds")
 
     def __init__(self, name=""):
         for f in _FIELDS:
             setattr(self, f, 0)
-        self.waited_seconds = 0.0
+        for f in self._SECONDS:
+            setattr(self, f, 0.0)
         self.name = name
         self._lock = threading.Lock()
 
@@ -55,7 +111,7 @@ class OffloadStats:
         """A consistent copy."""
         s = OffloadStats(self.name)
         with self._lock:
-            for f in _FIELDS + ("waited_seconds",):
+            for f in _FIELDS + self._SECONDS:
                 setattr(s, f, getattr(self, f))
         return s
 
@@ -63,18 +119,18 @@ class OffloadStats:
         with self._lock:
             for f in _FIELDS:
                 setattr(self, f, 0)
-            self.waited_seconds = 0.0
+            for f in self._SECONDS:
+                setattr(self, f, 0.0)
 
     def as_dict(self):
         with self._lock:
-            d = {f: getattr(self, f) for f in _FIELDS}
-            d["waited_seconds"] = self.waited_seconds
+            d = {f: getattr(self, f) for f in _FIELDS + self._SECONDS}
         return d
 
     def __sub__(self, other):
         """Counts between two snapshots (self later)."""
         s = OffloadStats(self.name)
-        for f in _FIELDS + ("waited_seconds",):
+        for f in _FIELDS + self._SECONDS:
             setattr(s, f, getattr(self, f) - getattr(other, f))
         return s
 
@@ -85,12 +141,13 @@ class OffloadStats:
         return ("offloaded %d (%s), reloaded %d (%s): %d prefetched in time, %d waited for "
                 "(%.3f s), %d requested urgently; kept in place (keep_last_n) %d; fallbacks %d "
                 "(%s); lost %d; left in place: %d small, %d params, %d leaves, %d views, %d other; "
-                "idle steps %d"
+                "idle steps %d; host waits %d (%.3f s); served in flight %d"
                 % (d["offloaded"], mib(d["offloaded_bytes"]), d["reloaded"],
                    mib(d["reloaded_bytes"]), d["prefetched_in_time"], d["waited"],
                    d["waited_seconds"], d["urgent"], d["kept"], d["fallbacks"],
                    mib(d["fallback_bytes"]), d["lost"], d["skipped_small"], d["skipped_params"],
-                   d["skipped_leaves"], d["skipped_views"], d["skipped_other"], d["idle_steps"]))
+                   d["skipped_leaves"], d["skipped_views"], d["skipped_other"], d["idle_steps"],
+                   d["host_waits"], d["host_wait_seconds"], d["served_in_flight"]))
 
     def __repr__(self):
         return "OffloadStats(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())

@@ -5,7 +5,8 @@
     leaf that requires grad; a view of (or the base of a view) already offloaded; not a dense
     strided CPU/CUDA tensor. With ``small_to_host`` (save_on_cpu), small CUDA tensors are copied
     to host memory instead, as torch's save_on_cpu does.
-  * the same tensor saved twice shares one handle (one offload, one reload).
+  * the same tensor saved twice in one step shares one handle (one offload, one reload); a
+    handle of an earlier step (a graph still held, a failed step's lost handle) is never reused.
   * otherwise a handle (``Saved``) that holds the tensor while it is among the newest
     ``keep_last_n`` eligible ones, then offloads it (asynchronously: forward never waits).
 ``Store.unpack(handle)`` returns the tensor: from the device when kept, else from the daemon --
@@ -20,7 +21,10 @@ step equal offloads per step (as without hooks, a saved tensor then lives until 
 Idle steps: a step ends when a pack follows an unpack (the next forward after a backward). A step
 that packed saved tensors but sent none to the daemon (all below the threshold, parameters, or
 kept by keep_last_n) is counted in ``stats.idle_steps`` and warned about once per process with
-the reason -- offload "on" that does nothing is a configuration error users otherwise miss.
+the reason -- offload "on" that does nothing is a configuration error users otherwise miss. It
+is counted when the next step's first pack comes, or, for the last step of a run (or a one-step
+run), at ``offloadd.torch.synchronize()`` or when the process exits, once its backward has
+begun (an unpack came after its packs); never twice.
 
 Failures: daemon unreachable or refusing (RESOURCE_EXHAUSTED past its admission deadline,
 OUT_OF_RANGE, registration errors, staging full) -> the tensor is kept in-process (fallback; a
@@ -32,6 +36,7 @@ Errors raised in backward's unpack reach the caller of ``backward()`` as the sam
 (torch >= 2.4 re-raises a hook's exception object; OffloaddError is a RuntimeError).
 """
 
+import atexit
 import collections
 import threading
 import time
@@ -53,6 +58,8 @@ class _BecameFallback(Exception):
     """Completes a reload that was waiting for an offload the daemon then refused."""
 
 
+# Failures that keep a tensor in process (a fallback). Not errors.OffloadConfigError: a process
+# whose allocator hands out memory offloadd cannot export hears it at once, not per tensor.
 _RECOVERABLE = (errors.OffloaddError, errors.CudaExportError, OSError, TimeoutError)
 
 
@@ -60,7 +67,7 @@ class Saved:
     """What pack returns for an eligible tensor (opaque to autograd)."""
 
     __slots__ = ("store", "seq", "offset", "step", "meta", "tensor", "src", "version", "state",
-                 "ep", "op", "block_id", "reload", "result", "unpacked", "dead", "pin",
+                 "ep", "op", "block_id", "reload", "result", "unpacked", "dead", "pin", "served",
                  "__weakref__")
 
     def __init__(self, store, seq, t):
@@ -71,6 +78,7 @@ class Saved:
         self.ep = self.op = self.block_id = self.reload = self.result = None
         self.unpacked = self.dead = False
         self.pin = False  # pinned host memory for an in-process copy on fallback
+        self.served = False  # unpacked from the device tensor while its offload was in flight
         self.step = 0  # the store's step index when packed (the ordering hint's step)
 
     def __del__(self):
@@ -94,9 +102,15 @@ class HostCopy:
 class Store:
     def __init__(self, name="", threshold_bytes=1 << 20, keep_last_n=1, prefetch=1,
                  strict=False, socket_path=None, pin_memory=True, small_to_host=False,
-                 retry_seconds=30.0, connect_timeout_seconds=5.0):
+                 retry_seconds=30.0, connect_timeout_seconds=5.0, unresponsive_seconds=20.0):
         if keep_last_n < 0 or prefetch < 0 or threshold_bytes < 0:
             raise ValueError("keep_last_n, prefetch and threshold_bytes must be >= 0")
+        if unresponsive_seconds <= 0:
+            raise ValueError("unresponsive_seconds must be > 0")
+        self.unresponsive_seconds = float(unresponsive_seconds)
+        # Seconds the packs of the current step may still spend in waits for a daemon that
+        # does not answer (connects, staging room, registrations); reset at each step's end.
+        self._stall_left = self.unresponsive_seconds
         self.threshold_bytes = threshold_bytes
         self.keep_last_n, self.prefetch = keep_last_n, prefetch
         self.strict, self.socket_path, self.pin_memory = strict, socket_path, pin_memory
@@ -118,6 +132,8 @@ class Store:
         # __del__ without a lock (set.add/discard are atomic under the GIL).
         self._unused_offsets = set()
         self._step = _StepCounts()
+        self._step_counted = False  # the current step's idle check already ran
+        _STORES.add(self)
 
     # ---- pack ------------------------------------------------------------------------------
     def pack(self, t, small_to_host=None, pin_memory=None):
@@ -178,7 +194,10 @@ class Store:
         hit = self._seen.get(id(t))
         if hit is not None and hit[0]() is t:
             s = hit[1]()
-            if s is not None:
+            # One handle per tensor within a step; a handle of an earlier step (a graph the
+            # caller still holds, a failed step's LOST handle) is never reused: a tensor saved
+            # again (an input batch or buffer reused across steps) gets a handle of its own.
+            if s is not None and s.step == self._step_index and s.state != LOST:
                 return (None, s) if s.src() is t else ("views", None)
         if base is not None:
             hit = self._seen.get(id(base))
@@ -198,19 +217,44 @@ class Store:
             self._seen[key] = (ref, weakref.ref(s))
 
     def _offload(self, s):
+        """Sends ``s`` to the daemon, or keeps it in process (fallback). The waits for the
+        daemon here (connect, staging room, a region's registration) take at most
+        ``_stall_left`` seconds of the step in all when they fail: past that budget the rest of
+        the step's tensors stay in process without asking the daemon."""
         self._step.sent += 1  # attempted: a refusal or an unreachable daemon warns on its own
+        if self._stall_left <= 0:
+            return self._fallback(s, "the offloadd daemon did not answer within this step's "
+                                  "bound of %.1f s (unresponsive_seconds)"
+                                  % self.unresponsive_seconds)
+        t0 = time.monotonic()
         ep, reason = _endpoint.get(self.socket_path, s.meta.device, self.retry_seconds,
-                                   self.connect_timeout_seconds)
+                                   min(self.connect_timeout_seconds, self._stall_left),
+                                   self.unresponsive_seconds)
         if ep is None:
+            self._stall_left -= time.monotonic() - t0
             return self._fallback(s, "the offloadd daemon is unreachable (%s)" % reason)
+        t0 = time.monotonic()
         try:
             # The ordering hint: backward reloads a step's blocks in reverse of position, so the
             # daemon's spill tier sends the earliest of a step to disk first.
-            op = ep.transport.start_offload(s.tensor, s.meta, ordering=(s.step, s.offset))
+            op = ep.transport.start_offload(s.tensor, s.meta, ordering=(s.step, s.offset),
+                                            timeout=self._stall_left,
+                                            unresponsive_seconds=self._stall_left)
         except _RECOVERABLE as e:
-            if not ep.alive:
-                _endpoint.mark_broken(ep, str(e), self.retry_seconds)
-            return self._fallback(s, "offloadd could not take a tensor (%s)" % e)
+            elapsed = time.monotonic() - t0
+            self._stall_left -= elapsed
+            # Silent: the wait ended without a word from the daemon all along (not a live
+            # daemon whose staging room or pool stays full).
+            silent = isinstance(e, errors.DaemonUnresponsive) or (
+                isinstance(e, TimeoutError) and ep.client.silent_seconds() >= elapsed)
+            why = str(e.with_traceback(None))
+            e = None
+            if silent:
+                self._stall_left = 0.0
+                self._abandon(ep, why)
+            elif not ep.alive:
+                _endpoint.mark_broken(ep, why, self.retry_seconds)
+            return self._fallback(s, "offloadd could not take a tensor (%s)" % why)
         with self._lock:  # the op holds what the transport still needs (a CUDA source tensor)
             s.ep, s.op, s.state, s.tensor = ep, op, OFFLOADING, None
         wref = weakref.ref(s)
@@ -234,10 +278,15 @@ class Store:
         if exc is None:
             done = future.result()
             with self._lock:
-                s.block_id, s.state, s.op = done.block_id, OFFLOADED, None
+                served = s.served
+                s.block_id, s.op = done.block_id, None
+                s.state = KEPT if served else OFFLOADED
                 rl = s.reload
             ep.transport.finish_offload(op)
             self.stats.add(offloaded=1, offloaded_bytes=s.meta.nbytes)
+            if served:  # backward already used the device tensor: the block is not needed
+                ep.client.release(done.block_id)
+                return
             if rl is not None and not rl.sent:
                 ep.transport.send_reload(rl, done.block_id, rl.priority)
             return
@@ -255,16 +304,36 @@ class Store:
             _endpoint.mark_broken(ep, str(exc), self.retry_seconds)
         self._count_fallback(s, "offloadd refused a tensor (%s)" % exc, exc)
 
+    def _abandon(self, ep, why):
+        """The daemon behind ``ep`` stopped answering: give the session up (its offloads still
+        in flight become fallbacks from the client's copies) and do not ask it again for
+        retry_seconds."""
+        _endpoint.abandon(ep, errors.DaemonUnresponsive(_strip_code(why)), self.retry_seconds)
+
     def _end_step(self):
         """A pack followed an unpack: the previous step is over; warn if it sent nothing."""
-        step, self._step = self._step, _StepCounts()
+        self._stall_left = self.unresponsive_seconds
+        if not self._step_counted:
+            self._count_idle(self._step)
+        self._step, self._step_counted = _StepCounts(), False
         self._last_unpacked_seq = None
         self._step_first_seq = self._next_seq
         self._step_index += 1
+
+    def _count_idle(self, step):
         reason = step.idle_reason(self)
         if reason is not None:
             self.stats.add(idle_steps=1)
-            _endpoint.count_idle_step(reason)
+            _endpoint.count_idle_step(reason, step.device)
+        _endpoint.report()
+
+    def finish_step(self):
+        """Runs the idle-step check of the current step now when its backward has begun (the
+        last step of a run has no next pack to end it); a later end of the step does not count
+        it again. Called by synchronize() and at exit."""
+        if self._unpacking and not self._step_counted:
+            self._step_counted = True
+            self._count_idle(self._step)
 
     def _fallback(self, s, reason):
         if self.strict:
@@ -281,7 +350,7 @@ class Store:
         if self.strict and exc is not None:  # raised at the next pack/unpack, not warned
             self._async_error = errors.OffloaddError(getattr(exc, "code", errors.UNKNOWN),
                                                      reason + " (strict=True)")
-        _endpoint.count_fallback(reason, warn=not self.strict)
+        _endpoint.count_fallback(reason, warn=not self.strict, device=s.meta.device)
 
     def _raise_async_error(self):
         err, self._async_error = self._async_error, None
@@ -311,6 +380,11 @@ class Store:
             return t if t.device == s.meta.device else t.to(s.meta.device)
         if state == LOST:
             raise self._lost(s, None)
+        if state == OFFLOADING:
+            t = self._serve_in_flight(s)
+            if t is not None:
+                return t
+        failure = None
         try:
             rl = s.reload
             if rl is None:
@@ -321,15 +395,20 @@ class Store:
             self._prefetch_before(s)
             in_time = rl.done.done() and rl.priority == PREFETCH
             t0 = time.monotonic()
-            t = s.ep.transport.finish_reload(rl, s.meta)
+            t = s.ep.transport.finish_reload(rl, s.meta, self.stats, self.unresponsive_seconds)
         except _BecameFallback:
             with self._lock:
                 s.unpacked = False
             return self.unpack(s)
         except _RECOVERABLE as e:
-            with self._lock:
-                s.state, s.reload = LOST, None
-            raise self._lost(s, e) from None
+            # The future's exception object keeps this frame (and through it the step's
+            # graph) in its traceback: cut it, and raise a fresh error outside this block so
+            # that it has no __context__ either.
+            failure = "%s" % e.with_traceback(None)
+            unresponsive = isinstance(e, errors.DaemonUnresponsive)
+            rl = e = None
+        if failure is not None:
+            return self._reload_failed(s, failure, unresponsive)
         waited = time.monotonic() - t0
         with self._lock:
             s.reload = None
@@ -341,6 +420,48 @@ class Store:
                            waited_bytes=s.meta.nbytes, waited_seconds=waited)
         s.result = t  # later unpacks of this handle get the same tensor, not another reload
         return t
+
+    def _serve_in_flight(self, s):
+        """A tensor still being offloaded when backward needs it: the CUDA transport still holds
+        it on the device, so it is used as it is and the offload's block released once stored.
+        None when the transport holds no such tensor (shm) or the offload just finished."""
+        with self._lock:
+            if s.state != OFFLOADING or s.op is None:
+                return None
+            t = s.ep.transport.in_flight_tensor(s.op)
+            if t is None:
+                return None
+            s.served = True
+            rl, s.reload = s.reload, None
+        if rl is not None:  # a prefetch waiting for OffloadDone: never sent
+            s.ep.transport.abandon_reload(rl)
+        self._prefetch_before(s)
+        self.stats.add(served_in_flight=1, served_in_flight_bytes=s.meta.nbytes)
+        s.result = t
+        return t
+
+    def _reload_failed(self, s, why, unresponsive):
+        """An unpack's reload failed with ``why``. A daemon that stopped answering is given
+        up (Store._abandon): a handle whose offload it never confirmed then holds the client's
+        copy and is returned from it; one whose bytes only the daemon has raises
+        DaemonUnresponsive. Any other failure: DATA_LOSS."""
+        if unresponsive:
+            self._abandon(s.ep, why)
+            with self._lock:
+                fell_back = s.state == FALLBACK
+                s.unpacked = not fell_back
+            if fell_back:
+                return self.unpack(s)
+        with self._lock:
+            s.state, s.reload = LOST, None
+        if unresponsive:
+            self.stats.add(lost=1)
+            raise errors.DaemonUnresponsive(
+                "%s; a saved tensor of %d bytes that only the daemon held cannot be reloaded, "
+                "so this backward cannot finish. The session was given up (the daemon frees its "
+                "blocks if it resumes); later steps keep tensors in process until the daemon "
+                "answers again" % (_strip_code(why), s.meta.nbytes))
+        raise self._lost(s, why)
 
     @staticmethod
     def _check_version(s):
@@ -354,15 +475,17 @@ class Store:
                 "(checked by offloadd, which saved it at that version)"
                 % (s.meta.dtype, list(s.meta.shape), t._version, s.version))
 
-    def _lost(self, s, exc):
+    def _lost(self, s, why):
+        """A new DATA_LOSS error for handle ``s``; ``why``: the failure's text (None: the handle
+        was lost by an earlier unpack)."""
         self.stats.add(lost=1)
-        gone = exc is None or isinstance(exc, errors.DaemonUnavailable)
+        gone = why is None or why.startswith("UNAVAILABLE")
         return errors.OffloaddError(
             errors.DATA_LOSS, "a saved tensor of %d bytes held by the offloadd daemon could not "
             "be reloaded%s (%s): this backward cannot finish; later steps keep tensors in "
             "process until the daemon is back" % (
                 s.meta.nbytes, ": the daemon no longer has it" if gone else "",
-                exc or "lost earlier"))
+                why or "lost earlier"))
 
     def _start_reload(self, s, priority):
         """Prepares a reload (outside the lock: it may register memory) and sends it, or
@@ -469,16 +592,41 @@ class Store:
 
 
 
+# Every Store of the process, for finish_steps (weak: a store dies with its context).
+_STORES = weakref.WeakSet()
+
+
+def finish_steps():
+    """The idle-step check of every store's step whose backward has begun (Store.finish_step)."""
+    for store in list(_STORES):
+        try:
+            store.finish_step()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+atexit.register(finish_steps)
+
+
+def _strip_code(why):
+    """An error's text without its "DEADLINE_EXCEEDED: " prefix."""
+    prefix = errors.CODE_NAMES[errors.DEADLINE_EXCEEDED] + ": "
+    return why[len(prefix):] if why.startswith(prefix) else why
+
+
 class _StepCounts:
     """What one step's packs saw (for the idle-step warning)."""
 
-    __slots__ = ("packs", "eligible", "sent", "largest_bytes", "categories")
+    __slots__ = ("packs", "eligible", "sent", "largest_bytes", "categories", "device")
 
     def __init__(self):
         self.packs = self.eligible = self.sent = self.largest_bytes = 0
         self.categories = collections.Counter()
+        self.device = None  # of the step's first saved tensor: whose totals an idle step joins
 
     def saw(self, t, category):
+        if self.packs == 0:
+            self.device = t.device
         self.packs += 1
         if category is None:
             self.eligible += 1

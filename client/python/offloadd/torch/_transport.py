@@ -11,36 +11,79 @@ ShmTransport (daemon backend "shm"; any device): copy the span into a slot of th
 shared-memory staging arena (offloadd.shm), send Offload, free the slot on OffloadDone; reload
 into a slot, then copy into a new tensor (``.to(device)`` for a non-CPU tensor).
 
-CudaIpcTransport (daemon backend "cuda"; CUDA tensors): the daemon reads the tensor's own memory:
-region = the caching allocator's segment (IPC handle of the allocation base, offset per request),
-ordered after the producing kernels by an interprocess event recorded on the current stream. The
-tensor is held until OffloadDone. Reloads go into a fresh ``torch.empty_strided`` tensor; the
-daemon is told to write only after an event recorded on the current stream after the allocation
-has completed (EventGate), because the caching allocator may hand out memory that queued kernels
-still use. ReloadDone means the copy finished. Not runnable here (no GPU); see offloadd/cuda.py.
+CudaIpcTransport (daemon backend "cuda"; CUDA tensors, or simulated ones): the daemon reads the
+tensor's own memory, and nothing on the training thread waits for the GPU (the event protocol,
+proto/offload.proto and docs/ARCHITECTURE.md):
+
+* offload: region = the caching allocator's segment (IPC handle of the allocation base, cached
+  per allocation buffer id; offset per request); a ready event recorded on the current stream
+  after the producing kernels; the daemon issues no chunk before it completed. The tensor is
+  held until OffloadDone, and a backward that needs it before then gets it back as it is.
+* reload: the destination is allocated on a side stream that runs no kernels (so the caching
+  allocator hands out memory no queued kernel uses), with a ready event recorded there after the
+  allocation; the daemon records the request's done event right after its last chunk and answers
+  at once; the unpack makes the current stream wait on the done event (cudaStreamWaitEvent) and
+  returns -- the host waits only when the answer has not arrived yet (counted in stats).
+* mappings follow the allocator: the daemon holds a segment mapped only while a transfer of it
+  is in flight, and the transport keeps the tensor (or destination) alive until then.
+
+The device calls go through a device object: offloadd.cuda.TorchCudaDevice on a GPU, or
+offloadd.sim_gpu.SimCudaDevice on a simulated one (then every reload's bytes are checked
+against a checksum taken at offload).
 """
 
 import collections
 import concurrent.futures
 import threading
+import time
+import zlib
 
 import torch
 
 from .. import cuda as _cuda
 from .. import errors
 from ..shm import StagingArena
+from . import _stats
 
 
 class Meta:
-    """Layout of a saved tensor: shape, stride, dtype, device, numel, nbytes (int bytes)."""
+    """Layout of a saved tensor: shape, stride, dtype, device, numel, nbytes (int bytes);
+    checksum (CRC-32 of its bytes) on a simulated GPU only."""
 
-    __slots__ = ("shape", "stride", "dtype", "device", "numel", "nbytes")
+    __slots__ = ("shape", "stride", "dtype", "device", "numel", "nbytes", "checksum")
 
     def __init__(self, t):
         self.shape, self.stride = tuple(t.shape), tuple(t.stride())
         self.dtype, self.device = t.dtype, t.device
         self.numel = t.numel()
         self.nbytes = self.numel * t.element_size()
+        self.checksum = None
+
+
+def crc32(t):
+    """CRC-32 of a dense tensor's bytes (host memory)."""
+    return zlib.crc32(flat(t).contiguous().view(torch.uint8).numpy())
+
+
+def note_host_wait(stats, seconds, device_key=None):
+    """Counts one wait of the training thread on offloadd (a daemon answer, a staging slot) in
+    ``stats`` and in the process's totals for ``device_key`` (reported to the daemon)."""
+    if stats is not None:
+        stats.add(host_waits=1, host_wait_seconds=seconds)
+    if device_key is not None:
+        _stats.count_for_device(device_key, host_waits=1, host_wait_seconds=seconds)
+
+
+def wait_for_answer(client, future, stats, unresponsive_seconds, device_key=None):
+    """The future's result (Client.wait, bounded by the daemon's silence), counting a host wait
+    in ``stats`` (and for ``device_key``) when it had not resolved yet."""
+    if future.done():
+        return future.result()
+    t0 = time.monotonic()
+    try:
+        return client.wait(future, unresponsive_seconds=unresponsive_seconds, what="a reload")
+    finally:
+        note_host_wait(stats, time.monotonic() - t0, device_key)
 
 
 def dense_span(t):
@@ -86,13 +129,16 @@ class OffloadOp:
 
 
 class ReloadOp:
-    """A reload's destination and completion (``done``: Future of ReloadDone)."""
+    """A reload's destination and completion (``done``: Future of ReloadDone). CUDA: its ready
+    and done events, and the done event's record count when sent (simulated GPU)."""
 
-    __slots__ = ("slot", "dest", "region_id", "offset", "gate_event", "done", "sent", "priority")
+    __slots__ = ("slot", "dest", "region_id", "offset", "ready_event", "done_event", "done_seq",
+                 "done", "sent", "priority")
 
-    def __init__(self, slot=None, dest=None, region_id=0, offset=0, gate_event=None):
+    def __init__(self, slot=None, dest=None, region_id=0, offset=0, ready_event=None,
+                 done_event=None):
         self.slot, self.dest, self.region_id, self.offset = slot, dest, region_id, offset
-        self.gate_event = gate_event
+        self.ready_event, self.done_event, self.done_seq = ready_event, done_event, None
         self.done = concurrent.futures.Future()
         self.sent = False
         self.priority = 0
@@ -101,19 +147,40 @@ class ReloadOp:
 class ShmTransport:
     """Staging through a per-client shared-memory arena (see module doc)."""
 
+    device_key = None  # set by the Endpoint: host waits count toward this device's totals
+
     def __init__(self, client, grow_bytes=16 << 20, max_bytes=1 << 30, alloc_timeout_seconds=30.0):
         self.client = client
         self._lock = threading.Lock()
         self.alloc_timeout_seconds = alloc_timeout_seconds
         self.arena = StagingArena(client.register_shm, grow_bytes, max_bytes,
                                   unregister=lambda rid: client.unregister(rid),
-                                  keep_names=client.reconnect and client.resume_grace_seconds > 0)
+                                  keep_names=client.reconnect and client.resume_grace_seconds > 0,
+                                  access=(client.shm_mode, client.shm_gid))
 
     def _staged(self, slot, meta):
         return torch.frombuffer(self.arena.view(slot), dtype=meta.dtype, count=meta.numel)
 
-    def start_offload(self, t, meta, ordering=None):
-        slot = self.arena.alloc(meta.nbytes, timeout=self.alloc_timeout_seconds)
+    def _silence(self, bound):
+        """For StagingArena.alloc's ``abort``: DaemonUnresponsive once the daemon has been
+        silent for ``bound`` seconds (None: the client's unresponsive_seconds), else None."""
+        bound = self.client.unresponsive_seconds if bound is None else bound
+        if self.client.silent_seconds() < bound:
+            return None
+        return errors.DaemonUnresponsive(
+            "the offloadd daemon at %s sent nothing for %.1f s (unresponsive_seconds) while "
+            "this process waited for staging room: it is unresponsive, not known to have lost "
+            "anything" % (self.client.target, bound))
+
+    def start_offload(self, t, meta, ordering=None, timeout=None, unresponsive_seconds=None):
+        """Stages ``t`` and sends Offload; an OffloadOp. Waits for staging room (or a new
+        region's registration) at most ``timeout`` seconds (None: alloc_timeout_seconds) and
+        no longer than the daemon stays silent for ``unresponsive_seconds``: TimeoutError,
+        DaemonUnresponsive."""
+        wait = self.alloc_timeout_seconds if timeout is None \
+            else min(timeout, self.alloc_timeout_seconds)
+        slot = self.arena.alloc(meta.nbytes, timeout=wait,
+                                abort=lambda: self._silence(unresponsive_seconds))
         try:
             self._staged(slot, meta).copy_(flat(t))
             future = self.client.offload(slot.region_id, slot.offset, meta.nbytes,
@@ -138,18 +205,26 @@ class ShmTransport:
 
     def prepare_reload(self, meta, wait=True):
         """A reload's staging slot. ``wait=False`` (prefetches) raises TimeoutError at once when
-        the arena is full instead of waiting for room: a prefetch is never worth a stall."""
+        the arena is full instead of waiting for room: a prefetch is never worth a stall. A
+        wait ends with DaemonUnresponsive when the daemon stays silent (Client.wait)."""
         timeout = self.alloc_timeout_seconds if wait else 0
-        return ReloadOp(slot=self.arena.alloc(meta.nbytes, timeout=timeout))
+        return ReloadOp(slot=self.arena.alloc(meta.nbytes, timeout=timeout,
+                                              abort=lambda: self._silence(None)))
 
     def send_reload(self, op, block_id, priority):
         op.sent = True
         chain(self.client.reload(block_id, op.slot.region_id, op.slot.offset, priority), op.done)
 
-    def finish_reload(self, op, meta):
-        """Waits for ReloadDone; returns a new tensor with the saved layout on meta.device."""
+    def in_flight_tensor(self, op):
+        """None: the staged copy is not the saved tensor (see CudaIpcTransport)."""
+        return None
+
+    def finish_reload(self, op, meta, stats=None, unresponsive_seconds=None):
+        """Waits for ReloadDone (a host wait, counted in ``stats``, when it has not arrived;
+        Client.wait: DaemonUnresponsive after ``unresponsive_seconds`` of silence); returns a
+        new tensor with the saved layout on meta.device."""
         try:
-            op.done.result()
+            wait_for_answer(self.client, op.done, stats, unresponsive_seconds, self.device_key)
             out = empty_like_meta(meta, device="cpu")
             flat(out).copy_(self._staged(op.slot, meta))
         finally:
@@ -176,58 +251,84 @@ class ShmTransport:
         self.arena.close()
 
 
-class CudaIpcTransport:
-    """The daemon copies device memory directly through CUDA IPC (see module doc)."""
+# Reload destinations a daemon that stopped answering may still write if it resumes (its session
+# was abandoned, not closed): kept until the process ends, never reused.
+_QUARANTINED = []
 
+
+def _quarantine_unanswered(future, dest):
+    if isinstance(future.exception(), errors.DaemonUnresponsive):
+        _QUARANTINED.append(dest)
+
+
+class CudaIpcTransport:
+    """The daemon copies device memory directly through CUDA IPC (see module doc).
+    ``device``: offloadd.cuda.TorchCudaDevice or offloadd.sim_gpu.SimCudaDevice."""
+
+    device_key = None  # set by the Endpoint: host waits count toward this device's totals
     MAX_REGIONS = 1024     # registered segments kept; the least recently used is unregistered
 
-    def __init__(self, client, runtime=None):
-        self.client = client
-        self.rt = runtime or _cuda.CudaRuntime()
-        self.events = _cuda.IpcEventPool(self.rt)
-        self.gate = _cuda.EventGate()
-        self._regions = collections.OrderedDict()  # IPC handle bytes -> region id
+    def __init__(self, client, device):
+        self.client, self.dev = client, device
+        self.events = _cuda.IpcEventPool(device.new_event)
+        self._regions = collections.OrderedDict()  # allocation buffer id -> region id
         self._lock = threading.Lock()
+        self._abandoned = []  # reloads whose destination waits for the daemon's copy to end
 
-    def region_for(self, ptr, nbytes):
-        """(region id, offset) of device pointer ``ptr``; registers its allocation once
-        (keyed by handle bytes: a freed and reallocated address gets a new handle)."""
-        base, size = self.rt.allocation_range(ptr)
-        offset = ptr - base
-        if offset + nbytes > size:
-            raise errors.CudaExportError("span 0x%x + %d bytes runs past its allocation "
-                                         "(base 0x%x, %d bytes)" % (ptr, nbytes, base, size))
-        handle = self.rt.ipc_mem_handle(base)
+    def region_for(self, info):
+        """The region id of the allocation ``info`` describes; registers it once (keyed by its
+        buffer id: a freed and reallocated address has a new one)."""
         with self._lock:
-            rid = self._regions.get(handle)
+            rid = self._regions.get(info.buffer_id)
             if rid is not None:
-                self._regions.move_to_end(handle)
-                return rid, offset
-        rid = self.client.register_cuda(handle, size)
+                self._regions.move_to_end(info.buffer_id)
+                return rid
+        rid = self.client.register_cuda(self.dev.mem_handle(info), info.size)
         evicted = []
         with self._lock:
-            self._regions[handle] = rid
+            self._regions[info.buffer_id] = rid
             while len(self._regions) > self.MAX_REGIONS:
                 evicted.append(self._regions.popitem(last=False)[1])
-        for old in evicted:
+        for old in evicted:  # the daemon holds no mapping of an idle region anyway
             self.client.unregister(old)
-        return rid, offset
+        return rid
 
-    def start_offload(self, t, meta, ordering=None):
-        """The op holds ``t`` (and the event) until OffloadDone: the daemon reads ``t``.
-        ``ordering``: (step, position) for the daemon's spill tier (``Client.offload``)."""
-        _cuda.check_allocator_config()
-        with torch.cuda.device(t.device):  # CUDA calls on the thread's context of t's device
-            rid, offset = self.region_for(t.data_ptr(), meta.nbytes)
+    def _export(self, t, nbytes):
+        """(region id, offset) of ``t``'s span; OffloadConfigError for memory without IPC."""
+        ptr = t.data_ptr()
+        info = self.dev.describe(ptr)
+        offset = ptr - info.base
+        if offset + nbytes > info.size:
+            raise errors.CudaExportError("span 0x%x + %d bytes runs past its allocation "
+                                         "(base 0x%x, %d bytes)" % (ptr, nbytes, info.base,
+                                                                    info.size))
+        return self.region_for(info), offset
+
+    def start_offload(self, t, meta, ordering=None, timeout=None, unresponsive_seconds=None):
+        """The op holds the device tensor (and the event) until OffloadDone: the daemon reads
+        it. ``ordering``: (step, position) for the daemon's spill tier (``Client.offload``). A
+        segment's first registration waits as Client.wait does (``timeout`` unused here)."""
+        self.dev.check_allocator()  # PyTorch's settings may change at run time
+        self.collect()
+        with self.dev.context(t.device):
+            src = self.dev.adopt(t)
+            if self.dev.simulated:
+                meta.checksum = crc32(src)
+            rid, offset = self._export(src, meta.nbytes)
             ev = self.events.acquire()
             try:
-                self.rt.record_event(ev.event, torch.cuda.current_stream(t.device).cuda_stream)
+                self.dev.record(ev, self.dev.current_stream(t.device))
                 future = self.client.offload(rid, offset, meta.nbytes, ready_event=ev.handle,
                                              ordering=ordering)
             except BaseException:
                 self.events.release(ev)
                 raise
-        return OffloadOp(future, tensor=t, event=ev)
+        return OffloadOp(future, tensor=src, event=ev)
+
+    def in_flight_tensor(self, op):
+        """The device tensor an offload still in flight reads: a backward that needs it before
+        OffloadDone uses it as it is (no reload)."""
+        return op.tensor
 
     def finish_offload(self, op):
         if op.event is not None:
@@ -240,33 +341,88 @@ class CudaIpcTransport:
         return op.tensor
 
     def prepare_reload(self, meta, wait=True):
-        with torch.cuda.device(meta.device):
-            dest = empty_like_meta(meta)
-            rid, offset = self.region_for(dest.data_ptr(), meta.nbytes)
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(meta.device))
-        return ReloadOp(dest=dest, region_id=rid, offset=offset, gate_event=ev)
+        self.collect()
+        with self.dev.context(meta.device):
+            stream = self.dev.reload_stream(meta.device)
+            dest = self.dev.empty_on(meta, stream)
+            rid, offset = self._export(dest, meta.nbytes)
+            ready, done = self.events.acquire(), self.events.acquire()
+            self.dev.record(ready, stream)
+        return ReloadOp(dest=dest, region_id=rid, offset=offset, ready_event=ready,
+                        done_event=done)
 
     def send_reload(self, op, block_id, priority):
         op.sent = True
+        seq = self.dev.event_seq(op.done_event)
+        op.done_seq = None if seq is None else seq + 1  # the daemon's record
+        chain(self.client.reload(block_id, op.region_id, op.offset, priority,
+                                 ready_event=op.ready_event.handle,
+                                 done_event=op.done_event.handle), op.done)
 
-        def send():
-            chain(self.client.reload(block_id, op.region_id, op.offset, priority), op.done)
-        self.gate.submit(op.gate_event.synchronize, send)
-
-    def finish_reload(self, op, meta):
-        op.done.result()
-        # The destination may have been allocated on another stream (a prefetch): tell the
-        # caching allocator it is used on the current one.
-        op.dest.record_stream(torch.cuda.current_stream(meta.device))
+    def finish_reload(self, op, meta, stats=None, unresponsive_seconds=None):
+        """The destination, with the current stream ordered after the daemon's copy. The host
+        waits (counted in ``stats``) only while ReloadDone has not arrived; DaemonUnresponsive
+        after ``unresponsive_seconds`` of silence (the destination is then quarantined: a daemon
+        that resumes may still write it)."""
+        try:
+            reply = wait_for_answer(self.client, op.done, stats, unresponsive_seconds,
+                                    self.device_key)
+        except errors.DaemonUnresponsive:
+            _QUARANTINED.append(op.dest)
+            raise
+        stream = self.dev.current_stream(meta.device)
+        if reply.done_event_recorded:
+            self.dev.wait(stream, op.done_event, op.done_seq)
+        self.dev.record_stream(op.dest, stream)
+        self.events.release(op.ready_event)
+        self.events.release(op.done_event)  # the wait above captured its record
+        if self.dev.simulated:
+            self._check_simulated(op, meta, stream)
         return op.dest
+
+    def _check_simulated(self, op, meta, stream):
+        """Simulated GPU: the bytes the consumer reads are the ones offloaded."""
+        self.dev.before_host_read(stream, meta)
+        if meta.checksum is not None and crc32(op.dest) != meta.checksum:
+            raise errors.OffloaddError(errors.DATA_LOSS,
+                                       "simulated GPU: a reloaded tensor's bytes differ from "
+                                       "the offloaded ones (checksum mismatch)")
 
     def release_dest(self, op):
         pass  # the destination is a tensor: it dies with its last reference
 
     def abandon_reload(self, op):
-        if op.sent:  # keep dest alive until the daemon has written it
-            op.done.add_done_callback(lambda _, keep=op.dest: None)
+        """A reload nobody will consume: its destination is kept until the daemon's copy into
+        it has ended (its done event completed), so the allocator cannot hand the memory out
+        while it is being written."""
+        if not op.sent:
+            self.events.release(op.ready_event)
+            self.events.release(op.done_event)
+            return
+        op.done.add_done_callback(lambda f, op=op: self._park(op, f))
+
+    def _park(self, op, future):
+        if isinstance(future.exception(), errors.DaemonUnresponsive):
+            _QUARANTINED.append(op.dest)  # a daemon that resumes may still write it
+            return
+        with self._lock:
+            self._abandoned.append(op)
+
+    def collect(self):
+        """Lets go of abandoned destinations whose copy has ended. Cheap; called on offload
+        and reload (never on the client's reader thread)."""
+        with self._lock:
+            parked, self._abandoned = self._abandoned, []
+        left = []
+        for op in parked:
+            if op.done.exception() is None and op.done.result().done_event_recorded and \
+                    not self.dev.query(op.done_event):
+                left.append(op)
+                continue
+            self.events.release(op.ready_event)
+            self.events.release(op.done_event)
+        with self._lock:
+            self._abandoned.extend(left)
 
     def close(self):
         pass

@@ -1,0 +1,246 @@
+"""The GPU check scripts (tests/gpu) on this machine, without a GPU, so they cannot rot between
+GPU runs: run.sh's budgets fit its deadline; its no-GPU and SKIPPED-with-a-GPU paths on a bundle
+of stand-in binaries (a daemon deaf to SIGTERM among them); the deadline skipping a step; the GPU
+path with and without CUDA IPC on stand-ins and a real shm daemon; torch_check.py against an shm
+daemon on CPU; cuda_probes.py skipping cleanly without CUDA."""
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from daemon_fixture import PY_ROOT, REPO, DaemonTestCase, daemon_bin
+
+GPU = os.path.join(REPO, "tests", "gpu")
+RUN_SH = os.path.join(GPU, "run.sh")
+
+
+def budgets():
+    text = open(RUN_SH).read()
+    block = re.search(r'BUDGETS="([^"]*)"', text).group(1)
+    return [(n, int(s)) for n, s in (item.split(":") for item in block.split())]
+
+
+def write_exe(path, body):
+    with open(path, "w") as f:
+        f.write("#!/bin/bash\n" + body + "\n")
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+
+
+def write_deaf_daemon(path):
+    """A stand-in offloadd that says it is ready and ignores SIGTERM."""
+    write_exe(path, 'trap "" TERM; for a in "$@"; do case $a in --socket_path=*) '
+                    's=${a#--socket_path=};; esac; done\n'
+                    'echo "offloadd: ready on $s"; while true; do sleep 0.1; done')
+
+
+class RunShTest(unittest.TestCase):
+    def test_budgets_add_up_to_less_than_the_default_deadline(self):
+        b = budgets()
+        total = sum(s for _, s in b)
+        deadline = int(re.search(r"GPU_CHECK_DEADLINE_S:-\$\(\((\d+) \* SCALE",
+                                 open(RUN_SH).read()).group(1))
+        self.assertEqual(deadline, 480)
+        # A reserve for the shell between steps and timeout's 2 s kill grace of overruns.
+        self.assertLessEqual(total, deadline - 40, b)
+        self.assertEqual(len({n for n, _ in b}), len(b), "step names repeat")
+        # Every step run_step is called with has a budget.
+        text = open(RUN_SH).read()
+        called = set(re.findall(r'run_step (\w+) ', text)) | set(re.findall(r'torch_step (\w+) ',
+                                                                              text))
+        called -= {"NAME", "\"$name\"", "\"$1\""}
+        missing = called - {n for n, _ in b}
+        self.assertFalse(missing, missing)
+
+    def fake_bundle(self, kernels_output, gpu_listed, deaf_daemon=False):
+        """A bundle dir with run.sh and stand-ins for its binaries; a PATH whose nvidia-smi
+        lists a GPU (or none)."""
+        d = tempfile.mkdtemp(prefix="ofd-gpu-bundle-")
+        self.addCleanup(shutil.rmtree, d, True)
+        os.makedirs(os.path.join(d, "bin"))
+        os.makedirs(os.path.join(d, "lib"))
+        shutil.copy(RUN_SH, d)
+        shutil.copytree(os.path.join(PY_ROOT, "offloadd"), os.path.join(d, "python", "offloadd"))
+        with open(os.path.join(d, "MANIFEST"), "w") as f:
+            f.write("offloadd gpu bundle test\n")
+        for name in ("cuda_engine_test", "cuda_export_test"):
+            write_exe(os.path.join(d, "bin", name), 'echo "[  PASSED  ] 1 test."')
+        write_exe(os.path.join(d, "bin", "kernels_gpu_check"), "echo '%s'" % kernels_output)
+        if deaf_daemon:
+            write_deaf_daemon(os.path.join(d, "bin", "offloadd"))
+        tools = os.path.join(d, "tools")
+        os.makedirs(tools)
+        if gpu_listed:
+            write_exe(os.path.join(tools, "nvidia-smi"),
+                      'case "$*" in -L*) echo "GPU 0: NVIDIA H200 (UUID: GPU-0)";; '
+                      '--list-gpus*) echo "GPU 0: NVIDIA H200";; *) echo "NVIDIA H200";; esac')
+        # Budgets x3: the env step imports torch, slow on a loaded build machine.
+        env = dict(os.environ, PATH=tools + ":" + os.environ["PATH"], PYTHON=sys.executable,
+                   OUT=os.path.join(d, "out"), GPU_CHECK_BUDGET_SCALE="300")
+        return d, env
+
+    def run_sh(self, d, env):
+        return subprocess.run(["bash", os.path.join(d, "run.sh")], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    def test_without_a_gpu_the_unit_tests_run_and_it_exits_0(self):
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("kernel: %s" % os.uname().release, r.stdout)
+        self.assertIn("budgets (s)", r.stdout)
+        self.assertEqual(r.stdout.count("[  PASSED  ] 1 test."), 2, r.stdout)
+        self.assertIn("SKIPPED: no usable CUDA driver/GPU here", r.stdout)
+        self.assertNotIn("FAIL", r.stdout)
+
+    def test_skipped_while_nvidia_smi_lists_a_gpu_fails(self):
+        # Also: the daemon (shm, as the binaries cannot use the GPU) ignores SIGTERM.
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", True,
+                                  deaf_daemon=True)
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("FAIL: kernels printed SKIPPED while nvidia-smi lists a GPU", r.stdout)
+        self.assertIn("driver is older than the bundle's CUDA runtime", r.stdout)
+        self.assertIn("NOTE: the bundle's CUDA binaries cannot use the listed GPU", r.stdout)
+        self.assertIn("NOT RUN: calibration (the bundle's CUDA binaries cannot use this GPU)",
+                      r.stdout)
+        self.assertIn("starting offloadd (backend shm", r.stdout)
+        self.assertIn("FAIL: offloadd did not exit within 10 s of SIGTERM: killed", r.stdout)
+
+    def test_a_step_that_does_not_fit_the_deadline_is_not_run(self):
+        d, env = self.fake_bundle("PASS kernels", True)
+        env["GPU_CHECK_DEADLINE_S"] = "28"   # budgets x3: unit_engine (30 s) and kernels (45 s)
+        r = self.run_sh(d, env)              # do not fit, unit_export (24 s) does
+        self.assertIn("NOTE: the budgets", r.stdout)
+        self.assertRegex(r.stdout, r"NOT RUN \(budget\): unit_engine needs 30 s, \d+ s left "
+                                   r"before the 28 s deadline")
+        self.assertEqual(r.stdout.count("[  PASSED  ] 1 test."), 1, r.stdout)
+        self.assertRegex(r.stdout, r"NOT RUN \(budget\): kernels needs 45 s")
+        self.assertIn("RESULT: the deadline left no time to find out whether a GPU is usable",
+                      r.stdout)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+
+
+STUB_PY = """import os, sys
+conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "unset")
+print("PASS %s stub with %s" % (os.path.basename(sys.argv[0]), conf))
+print("FIGURE stub_%s_%s 1 x" % (os.path.basename(sys.argv[0]).split(".")[0], conf.split(":")[-1]))
+"""
+
+
+class RunShGpuPathTest(unittest.TestCase):
+    """run.sh's GPU path on stand-ins: nvidia-smi lists a GPU, the check binaries print what the
+    real ones print, the daemon is the real one on backend shm (its cuda flags mapped), the
+    Python checks are stubs that echo the allocator setting they ran under."""
+
+    def bundle(self, ipc):
+        d = tempfile.mkdtemp(prefix="ofd-gpu-path-")
+        self.addCleanup(shutil.rmtree, d, True)
+        b = os.path.join(d, "bin")
+        os.makedirs(b)
+        os.makedirs(os.path.join(d, "lib"))
+        shutil.copy(RUN_SH, d)
+        shutil.copytree(os.path.join(PY_ROOT, "offloadd"), os.path.join(d, "python", "offloadd"))
+        for name in ("torch_check.py", "transformers_check.py", "cuda_probes.py",
+                     "galore_check.py"):
+            with open(os.path.join(d, name), "w") as f:
+                f.write(STUB_PY)
+        for name in ("cuda_engine_test", "cuda_export_test"):
+            write_exe(os.path.join(b, name), 'echo "[  PASSED  ] 1 test."')
+        write_exe(os.path.join(b, "kernels_gpu_check"), 'echo "PASS kernels"')
+        write_exe(os.path.join(b, "copy_sim_bench"),
+                  'k=measured; [[ " $* " == *" --backend=sim "* ]] && k=model\n'
+                  'echo "FIGURE copy_${k}_sync_local_8MiB d2h 50.0 GB/s h2d 49.0 GB/s '
+                  'urgent_reload_median 1.5 chunk-times"')
+        write_exe(os.path.join(b, "gpu_probes"),
+                  'case " $* " in *" --mode=ipc "*)\n'
+                  + ('  echo "FIGURE ipc_open_us 150 us"; echo "PASS ipc";;\n' if ipc else
+                     '  echo "IPC unsupported in this sandbox: cudaIpcOpenMemHandle: x (801)"; '
+                     'exit 3;;\n')
+                  + '*) echo "PASS probe $*";; esac')
+        write_exe(os.path.join(b, "gpu_e2e"),
+                  'echo OFFLOADING; echo "PASS data: e2e $*"; '
+                  'echo "FIGURE daemon_d2h_GBps 40 GB/s"; sleep 0.2')
+        write_exe(os.path.join(b, "offloadd"),
+                  'echo "cuda: host pool pinned: 0 bytes (stand-in)"\n'
+                  'exec "%s" "${@/--backend=cuda/--backend=shm}"' % daemon_bin())
+        tools = os.path.join(d, "tools")
+        os.makedirs(tools)
+        write_exe(os.path.join(tools, "nvidia-smi"),
+                  'case "$*" in -L*|--list-gpus*) echo "GPU 0: NVIDIA H200 (UUID: GPU-0)";; '
+                  '*) echo "NVIDIA H200, GPU-0";; esac')
+        env = dict(os.environ, PATH=tools + ":" + os.environ["PATH"], PYTHON=sys.executable,
+                   OUT=os.path.join(d, "out"), GPU_CHECK_BUDGET_SCALE="300")
+        r = subprocess.run(["bash", os.path.join(d, "run.sh")], env=env, capture_output=True,
+                           text=True, timeout=900)
+        return r, r.stdout
+
+    def test_ipc_supported_runs_every_step(self):
+        r, out = self.bundle(ipc=True)
+        self.assertEqual(r.returncode, 0, out + r.stderr)
+        self.assertIn("RESULT: all GPU checks passed", out)
+        self.assertNotIn("NOT RUN", out)
+        for name in ("context", "data_pair", "rates", "ordering", "spin", "free_mid", "health1",
+                     "killed", "health2"):
+            self.assertRegex(out, r"\(%s: \d+ s of \d+ s\)" % name)
+        self.assertIn("[killed] PASS killed: the blocks of the killed client were released", out)
+        self.assertIn("FIGURE pair_client1_daemon_d2h_GBps 40 GB/s", out)
+        self.assertIn("FIGURE calib_sync_8MiB d2h measured 50.0 model 50.0 GB/s", out)
+        for step, conf in (("torch_off", "False"), ("torch_on", "True"),
+                           ("transformers_off", "False"), ("transformers_on", "True"),
+                           ("probes_off", "False"), ("probes_on", "True")):
+            self.assertRegex(out, r"\[%s\] PASS \w+\.py stub with expandable_segments:%s"
+                             % (step, conf))
+        # GaLore runs while the first daemon still serves (it needs it), before the clean stop.
+        self.assertIn("[galore] PASS galore_check.py stub", out)
+        self.assertLess(out.index("[galore] PASS"), out.index("== stopping offloadd"))
+
+    def test_ipc_unsupported_says_so_and_runs_the_torch_checks_on_shm(self):
+        r, out = self.bundle(ipc=False)
+        self.assertEqual(r.returncode, 2, out + r.stderr)
+        self.assertIn("IPC unsupported in this sandbox: steps that need it are NOT RUN", out)
+        self.assertIn("starting offloadd (backend shm", out)
+        self.assertIn("NOT RUN: spin needs CUDA IPC (IPC unsupported in this sandbox)", out)
+        self.assertIn("[torch_on] PASS torch_check.py stub with expandable_segments:True", out)
+        self.assertIn("RESULT: IPC unsupported in this sandbox", out)
+        self.assertNotIn("FAIL", out)
+
+
+class TorchCheckOnCpuTest(DaemonTestCase):
+    POOL_BYTES = "256MiB"
+
+    def test_torch_check_runs_on_cpu_and_reports_host_waits(self):
+        r = subprocess.run(
+            [sys.executable, os.path.join(GPU, "torch_check.py"), "--socket", self.daemon.sock,
+             "--python-root", PY_ROOT, "--device", "cpu", "--seqs", "64", "--layers", "2",
+             "--hidden", "64", "--heads", "4", "--steps", "2", "--threshold-bytes", "4096"],
+            env=dict(os.environ, PYTHONPATH=PY_ROOT), capture_output=True, text=True,
+            timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        self.assertNotIn("FAIL", r.stdout)
+        self.assertIn("PASS seq 64: gradients bitwise equal", r.stdout)
+        waits = [ln for ln in r.stdout.splitlines()
+                 if ln.startswith("FIGURE host_waits_per_step_seq64_offloadd ")]
+        self.assertEqual(len(waits), 1, r.stdout)
+        # Either the client's counters or "n/a"; the reloads waited for are always counted.
+        self.assertRegex(waits[0], r"offloadd (n/a|[0-9.]+) waits, (n/a|[0-9.]+) s .*"
+                                   r"waited for: [0-9.]+, [0-9.]+ s")
+
+
+class CudaProbesWithoutCudaTest(unittest.TestCase):
+    def test_skips_cleanly_without_cuda(self):
+        r = subprocess.run(
+            [sys.executable, os.path.join(GPU, "cuda_probes.py"), "--socket", "/nonexistent",
+             "--python-root", PY_ROOT],
+            env=dict(os.environ, PYTHONPATH=PY_ROOT), capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertTrue(r.stdout.startswith("SKIPPED: torch.cuda.is_available() is False"),
+                        r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()

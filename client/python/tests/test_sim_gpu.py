@@ -1,0 +1,358 @@
+"""The CUDA data path on a simulated client GPU (offloadd.sim_gpu) against a cuda-sim daemon.
+
+The simulated GPU's memory, segments and interprocess events live in a shared table the daemon's
+SimCudaApi reads and writes (server/copy/sim_gpu_table.h), and the daemon moves the bytes of
+its copies when its timing model says they complete, so everything the CUDA transport does is
+checked here with real bytes: the event protocol both ways (no host wait for a prefetched reload;
+an offload waits for its own producer only), mappings that follow the allocator (empty_cache and
+the retry after a failed allocation between steps, a client freeing memory under a copy),
+expandable segments (one documented error, also when switched on at run time), and CUDA's error
+state after a failed export. Every time figure is SIMULATED.
+"""
+
+import gc
+import time
+import unittest
+import warnings
+
+import torch
+from daemon_fixture import DaemonTestCase
+
+import offloadd.torch as ot
+import offloadd.transformers as otf
+import qwen3_fixture as q
+from offloadd import cuda, errors, sim_gpu
+from offloadd.client import Client, PREFETCH, URGENT
+from offloadd.torch import _transport
+
+torch.set_num_threads(2)
+MIB = 1 << 20
+
+
+class SimAllocatorTest(unittest.TestCase):
+    """The simulated caching allocator and streams, without a daemon."""
+
+    def setUp(self):
+        self.gpu = sim_gpu.SimGpu(devices=1, device_bytes=64 * MIB)
+
+    def tearDown(self):
+        gc.collect()
+        self.gpu.close()
+
+    def segments(self):
+        return sorted(s.size for s in self.gpu.allocators[0].segments.values())
+
+    def test_segment_sizes_follow_torch_and_freed_blocks_are_reused(self):
+        a = self.gpu.empty_strided((1024,), (1,), torch.float32)       # 4 KiB -> 2 MiB segment
+        b = self.gpu.empty_strided((3 * MIB // 4,), (1,), torch.float32)  # 3 MiB -> 20 MiB
+        c = self.gpu.empty_strided((9 * MIB // 2,), (1,), torch.float32)  # 18 MiB: > 17 left
+        self.assertEqual(self.segments(), [2 * MIB, 18 * MIB, 20 * MIB])
+        ptr = b.data_ptr()
+        del b
+        b2 = self.gpu.empty_strided((3 * MIB // 4,), (1,), torch.float32)
+        self.assertEqual(b2.data_ptr(), ptr)  # the cached block, no new segment
+        self.assertEqual(self.segments(), [2 * MIB, 18 * MIB, 20 * MIB])
+        del a, c, b2
+
+    def test_empty_cache_frees_unused_segments_and_an_allocation_that_does_not_fit_retries(self):
+        keep = self.gpu.empty_strided((4 * MIB,), (1,), torch.float32)   # 16 MiB segment
+        t = self.gpu.empty_strided((10 * MIB,), (1,), torch.float32)     # 40 MiB segment
+        del t
+        self.assertEqual(self.segments(), [16 * MIB, 40 * MIB])
+        big = self.gpu.empty_strided((11 * MIB,), (1,), torch.float32)   # 44 MiB: needs the 40
+        alloc = self.gpu.allocators[0]
+        self.assertEqual(alloc.oom_retries, 1)
+        self.assertEqual(self.segments(), [16 * MIB, 44 * MIB])
+        del big
+        self.gpu.empty_cache()
+        self.assertEqual(self.segments(), [16 * MIB])
+        with self.assertRaises(sim_gpu.SimOutOfMemoryError):
+            self.gpu.empty_strided((13 * MIB,), (1,), torch.float32)
+        del keep
+
+    def test_a_block_recorded_on_a_stream_is_reused_only_after_that_stream_passed(self):
+        side = self.gpu.new_stream(0)
+        t = self.gpu.empty_strided((MIB,), (1,), torch.float32)
+        ptr = t.data_ptr()
+        side.kernel(0.2)
+        self.gpu.record_stream(t, side)
+        del t
+        u = self.gpu.empty_strided((MIB,), (1,), torch.float32)
+        self.assertNotEqual(u.data_ptr(), ptr)  # side's kernel may still use it
+        side.synchronize()
+        v = self.gpu.empty_strided((MIB,), (1,), torch.float32)
+        self.assertEqual(v.data_ptr(), ptr)
+        del u, v
+
+    def test_events_follow_modelled_kernels_and_a_wait_on_an_unrecorded_event_counts(self):
+        s = self.gpu.current_stream(0)
+        ev = self.gpu.new_event()
+        s.kernel(0.1)
+        s.record(ev)
+        self.assertFalse(ev.query())
+        other = self.gpu.new_stream(0)
+        other.wait_event(ev, expect_seq=ev.seq)
+        waited = other.synchronize()
+        self.assertTrue(ev.query())
+        self.assertGreater(waited, 0.05)
+        other.wait_event(ev, expect_seq=ev.seq + 1)  # not recorded that far: orders nothing
+        self.assertEqual(self.gpu.violations(sim_gpu.WAIT_UNRECORDED), 1)
+
+    def test_a_failed_export_leaves_no_last_error_and_the_raw_runtime_would(self):
+        dev = sim_gpu.SimCudaDevice(self.gpu)
+        outside = torch.empty(16)
+        with self.assertRaises(errors.CudaExportError):
+            dev.describe(outside.data_ptr())
+        self.assertEqual(dev.rt.peek_last_error(), sim_gpu.CUDA_SUCCESS)
+        with self.assertRaises(errors.CudaExportError):  # the runtime alone keeps it, as CUDA
+            dev.rt.pointer_info(outside.data_ptr())
+        self.assertEqual(dev.rt.peek_last_error(), sim_gpu.CUDA_ERROR_INVALID_VALUE)
+
+    def test_expandable_segments_have_no_ipc_handle(self):
+        self.gpu.set_allocator_settings("expandable_segments:True")
+        dev = sim_gpu.SimCudaDevice(self.gpu)
+        t = self.gpu.empty_strided((1024,), (1,), torch.float32)
+        with self.assertRaises(errors.OffloadConfigError) as cm:
+            dev.describe(t.data_ptr())
+        self.assertIn("expandable_segments", str(cm.exception))
+        self.assertEqual(dev.rt.peek_last_error(), sim_gpu.CUDA_SUCCESS)
+        del t
+
+
+class SimDaemonTestCase(DaemonTestCase):
+    POOL_BYTES = "256MiB"
+    EXTRA = ("--backend", "cuda-sim")
+    DEVICE_BYTES = 256 * MIB
+
+    def setUp(self):
+        super().setUp()
+        self.gpu = sim_gpu.SimGpu(devices=1, device_bytes=self.DEVICE_BYTES)
+        sim_gpu.activate(self.gpu)
+
+    def tearDown(self):
+        from offloadd.torch import _endpoint
+        _endpoint.reset_for_tests()
+        sim_gpu.activate(None)
+        gc.collect()
+        self.gpu.close()
+
+    def transport(self):
+        client = Client(self.daemon.sock, device_id=sim_gpu.device_uuid(0))
+        self.addCleanup(client.close)
+        self.assertEqual(client.backend, "cuda")
+        return _transport.CudaIpcTransport(client, sim_gpu.SimCudaDevice(self.gpu))
+
+    def violations(self):
+        return {k: self.gpu.violations(v) for k, v in (
+            ("freed_while_mapped", sim_gpu.FREED_WHILE_MAPPED),
+            ("copy_on_freed", sim_gpu.COPY_ON_FREED),
+            ("wait_unrecorded", sim_gpu.WAIT_UNRECORDED),
+            ("consumed_early", sim_gpu.CONSUMED_EARLY))}
+
+    def assertNoViolations(self):
+        self.assertEqual(self.violations(), dict.fromkeys(self.violations(), 0))
+
+
+class SimEventProtocolTest(SimDaemonTestCase):
+    def test_offload_then_reload_moves_the_bytes_and_the_stream_waits_on_the_done_event(self):
+        tr = self.transport()
+        t = torch.arange(4 * MIB, dtype=torch.float32)  # 16 MiB: two 8 MiB chunks
+        meta = _transport.Meta(t)
+        op = tr.start_offload(t, meta)
+        block = op.future.result(30).block_id
+        tr.finish_offload(op)
+        rl = tr.prepare_reload(meta)
+        tr.send_reload(rl, block, PREFETCH)
+        reply = rl.done.result(30)
+        self.assertTrue(reply.done_event_recorded)  # answered when the record was issued
+        stats = ot.OffloadStats()
+        out = tr.finish_reload(rl, meta, stats)
+        self.assertEqual(stats.host_waits, 0)  # the answer was there: no host wait
+        self.assertTrue(torch.equal(out, t))
+        self.assertNoViolations()
+
+    def test_a_ready_offload_is_not_held_behind_another_offloads_producer(self):
+        tr = self.transport()
+        compute = self.gpu.current_stream(0)
+        other = self.gpu.new_stream(0, "other")
+        dev = tr.dev
+
+        def offload(t, stream):
+            saved = dev.current_stream
+            dev.current_stream = lambda device=None: stream
+            try:
+                return tr.start_offload(t, _transport.Meta(t))
+            finally:
+                dev.current_stream = saved
+
+        # B first, behind a 50 ms (modelled) producer on the compute stream, plus twice what one
+        # submit takes on this host (measured: the submits must fit before B's producer ends);
+        # then A, whose producer on another stream is done. A must be stored before B's ends.
+        t0 = time.monotonic()
+        warm = offload(torch.full((MIB,), 0.5), other)
+        tr.client.release(warm.future.result(30).block_id)
+        tr.finish_offload(warm)
+        submit_seconds = time.monotonic() - t0
+        b = torch.full((MIB,), 2.0)
+        a = torch.full((MIB,), 1.0)
+        compute.kernel(0.05 + 2 * submit_seconds)
+        b_ready_at = compute.tail_ns
+        op_b = offload(b, compute)
+        a_submitted_at = time.monotonic_ns()
+        op_a = offload(a, other)
+        op_a.future.result(30)
+        a_done_at = time.monotonic_ns()
+        op_b.future.result(30)
+        b_done_at = time.monotonic_ns()
+        for op in (op_a, op_b):
+            tr.client.release(op.future.result().block_id)
+            tr.finish_offload(op)
+        print("SIMULATED: offload A (1 MiB) stored %.1f ms after its submit, %.1f ms before B's "
+              "producer ended; B stored %.1f ms after that (one submit took %.1f ms here)"
+              % ((a_done_at - a_submitted_at) / 1e6, (b_ready_at - a_done_at) / 1e6,
+                 (b_done_at - b_ready_at) / 1e6, submit_seconds * 1e3))
+        self.assertLess(a_done_at, b_ready_at)
+        self.assertGreaterEqual(b_done_at, b_ready_at)  # B's bytes waited for its producer
+        self.assertNoViolations()
+
+    def test_a_reload_waits_for_its_destination_to_be_free(self):
+        tr = self.transport()
+        t = torch.arange(2 * MIB, dtype=torch.float32)
+        meta = _transport.Meta(t)
+        op = tr.start_offload(t, meta)
+        block = op.future.result(30).block_id
+        tr.finish_offload(op)
+        tr.dev.reload_stream().kernel(0.05)  # the destination's stream is still busy
+        rl = tr.prepare_reload(meta)
+        ready_at = rl.ready_event.complete_at_ns()
+        tr.send_reload(rl, block, URGENT)
+        rl.done.result(30)
+        answered_at = time.monotonic_ns()
+        self.assertGreaterEqual(answered_at, ready_at)  # no chunk before the ready event
+        out = tr.finish_reload(rl, meta, ot.OffloadStats())
+        self.assertTrue(torch.equal(out, t))
+        self.assertNoViolations()
+
+
+class SimTransformersTest(SimDaemonTestCase):
+    """The reference study's model shape (qwen3_fixture.SEED_CONFIG) through
+    offloadd.transformers.enable() on simulated device tensors, at a shorter sequence."""
+
+    SEQ = 256
+
+    def make(self):
+        model = q.make_model(seed=0, max_seq=self.SEQ, **q.SEED_CONFIG)
+        ids = q.batch(q.SEED_CONFIG["vocab_size"], q.SEED_BATCH, self.SEQ)
+        return model, ids
+
+    def test_prefetched_reloads_cost_no_host_wait_and_gradients_are_bitwise_equal(self):
+        model, ids = self.make()
+        q.set_checkpointing(model, "ckpt")
+        want = q.step(model, ids)
+        ctx = otf.enable(socket_path=self.daemon.sock)
+        q.set_checkpointing(model, "offload")
+        for _ in range(2):
+            got = q.step(model, ids)
+            self.assertTrue(torch.equal(got[0], want[0]))
+            self.assertTrue(all(torch.equal(x, y) for x, y in zip(got[1], want[1])))
+        st = ctx.stats.snapshot()
+        print("SIMULATED: %s" % st.summary())
+        layers = q.SEED_CONFIG["num_hidden_layers"]
+        self.assertEqual(st.offloaded, 2 * (layers - 1))  # keep_last_n=1 keeps the last layer's
+        self.assertEqual(st.reloaded, st.offloaded)
+        self.assertEqual(st.fallbacks, 0)
+        self.assertEqual(st.prefetched_in_time, st.reloaded)
+        self.assertEqual(st.host_waits, 0)
+        self.assertNoViolations()
+
+    def test_empty_cache_and_an_allocation_retry_between_steps_leave_nothing_mapped(self):
+        model, ids = self.make()
+        q.set_checkpointing(model, "ckpt")
+        want = q.step(model, ids)
+        ctx = otf.enable(socket_path=self.daemon.sock)
+        q.set_checkpointing(model, "offload")
+        q.step(model, ids)
+        ot.synchronize()
+        self.gpu.empty_cache()
+        alloc = self.gpu.allocators[0]
+        freed = alloc.segments_freed
+        self.assertGreater(freed, 0)
+        # Fill the device but for one 2 MiB segment: the forward takes it, and backward's first
+        # reload destination (on the reload stream, which the forward's cached blocks do not
+        # serve) then needs the retry that frees every cached segment.
+        filler = self.gpu.empty_strided(
+            ((self.DEVICE_BYTES - alloc.used_bytes() - 2 * MIB) // 4,), (1,), torch.float32)
+        got = q.step(model, ids)
+        del filler
+        ot.synchronize()
+        self.assertTrue(torch.equal(got[0], want[0]))
+        self.assertTrue(all(torch.equal(x, y) for x, y in zip(got[1], want[1])))
+        print("SIMULATED: segments freed by empty_cache %d, allocation retries %d, stats %s"
+              % (freed, alloc.oom_retries, ctx.stats.snapshot().summary()))
+        self.assertGreater(alloc.oom_retries, 0)
+        self.assertNoViolations()
+
+    def test_expandable_segments_are_one_error_not_a_fallback_also_when_switched_at_run_time(self):
+        model, ids = self.make()
+        ctx = otf.enable(socket_path=self.daemon.sock)
+        q.set_checkpointing(model, "offload")
+        q.step(model, ids)
+        self.gpu.set_allocator_settings("expandable_segments:True")
+        with self.assertRaises(errors.OffloadConfigError) as cm:
+            q.step(model, ids)
+        self.assertIn("expandable_segments", str(cm.exception))
+        self.assertEqual(ctx.stats.fallbacks, 0)
+
+    def test_the_environment_setting_is_refused_at_enable(self):
+        import os
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        try:
+            with self.assertRaises(errors.OffloadConfigError) as cm:
+                otf.enable(socket_path=self.daemon.sock)
+            self.assertIn("PYTORCH_CUDA_ALLOC_CONF", str(cm.exception))
+            with self.assertRaises(errors.OffloadConfigError):
+                cuda.check_allocator_config(environ={}, settings="expandable_segments:True",
+                                            backend="native")
+            with self.assertRaises(errors.OffloadConfigError):
+                cuda.check_allocator_config(environ={}, settings="", backend="cudaMallocAsync")
+        finally:
+            del os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+        cuda.check_allocator_config(environ={}, settings="", backend="native")
+
+
+class SimFreedMemoryTest(SimDaemonTestCase):
+    """A client that frees memory the daemon is copying (a bug, or a killed process)."""
+
+    def test_the_copy_fails_with_a_status_and_the_daemon_serves_others(self):
+        tr = self.transport()
+        compute = self.gpu.current_stream(0)
+        t = torch.full((4 * MIB,), 3.0)
+        compute.kernel(0.2)  # the producer runs; the daemon holds the mapping meanwhile
+        op = tr.start_offload(t, _transport.Meta(t))
+        seg = tr.dev.describe(op.tensor.data_ptr()).segment
+        deadline = time.monotonic() + 5
+        while self.gpu.table.daemon_maps(seg.slot) == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with self.gpu.lock:  # the bug: the segment goes while the daemon still copies from it
+            self.gpu.allocators[0]._release_segment(seg)
+        with self.assertRaises(errors.OffloaddError) as cm:
+            op.future.result(30)
+        print("the offload of freed memory failed: %s" % cm.exception)
+        self.assertGreaterEqual(self.gpu.violations(sim_gpu.FREED_WHILE_MAPPED), 1)
+        self.assertGreaterEqual(self.gpu.violations(sim_gpu.COPY_ON_FREED), 1)
+        tr.finish_offload(op)
+        # Another session on the same daemon is unaffected.
+        tr2 = self.transport()
+        u = torch.arange(MIB, dtype=torch.float32)
+        meta = _transport.Meta(u)
+        op2 = tr2.start_offload(u, meta)
+        block = op2.future.result(30).block_id
+        tr2.finish_offload(op2)
+        rl = tr2.prepare_reload(meta)
+        tr2.send_reload(rl, block, URGENT)
+        self.assertTrue(torch.equal(tr2.finish_reload(rl, meta), u))
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("default")
+    unittest.main()
