@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fails when a function in server/ has more than MAX_BODY_LINES lines of code (issue 14).
+"""Fails when a function in server/ has more than MAX_BODY_LINES lines of code.
 
 Scans server/**/*.cc except *_test.cc (and *.h, whose inline bodies count too). A function's
 length is the number of lines inside its braces that hold code: blank lines and lines with only

@@ -4,10 +4,15 @@
 #      the short chaos soaks of tests/soak: plain ~50 s, with the spill tier active ~30 s), then the
 #      clang thread-safety build (tests/tsa_build.sh, make tsa)
 #   2. Python tests (client/python/tests: protocol client, torch hooks, planner)
-#   3. monitoring/deployment tests (manifests, promtool, live Prometheus scrape)
+#   3. monitoring/deployment tests (manifests, kubernetes-validate, checkov, promtool, live
+#      Prometheus scrape), then the systemd units under a real systemd (tests/systemd; the Debian
+#      rootfs is built once per machine and cached under /var/cache/offloadd-test)
 #   4. a short libFuzzer run over the session request handling (make fuzz, 15 s)
-#   5. a smoke run of `make demo` with a small workload
+#   5. a smoke run of `make demo` with a small workload, and one on cuda-sim (link calibration,
+#      the fairness scenario on a measured switch link)
 #   6. function length: no function in server/ over 60 code lines (tests/function_length.py)
+#   7. /dev/shm hygiene: no shared-memory object that appeared during the run outlives its owner
+#      (tests/shm_hygiene.py; checked last)
 # Exit status is non-zero when anything failed. Stops the Bazel server at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +20,15 @@ BAZEL=${BAZEL:-bazel}
 rc=0
 results=$(mktemp -d)
 trap 'rm -rf "$results"; $BAZEL shutdown >/dev/null 2>&1 || true' EXIT
+/usr/bin/python3 tests/shm_hygiene.py snapshot "$results/shm.before"
+
+# Set-up later suites need, once per machine and mostly downloads (the manifest checkers of
+# deploy/tools.lock, the systemd suite's Debian rootfs): started now so it overlaps the builds
+# and tests below; those suites wait for it (both scripts take a lock) and reuse it next time.
+bash deploy/tools-env.sh > "$results/tools-env.log" 2>&1 &
+if [ "$(id -u)" -eq 0 ] && command -v debootstrap >/dev/null; then
+  bash tests/systemd/rootfs.sh > "$results/rootfs.log" 2>&1 &
+fi
 
 echo "== bazel test"
 $BAZEL test //... --keep_going --test_output=errors 2>&1 | tee "$results/bazel.log" | grep -vE '^\[[0-9,]+ / [0-9,]+\]|^INFO: From|^Loading|^Analyzing'
@@ -46,6 +60,11 @@ bash tests/monitoring/run.sh 2>&1 | tee "$results/monitoring.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 /usr/bin/python3 tests/count_unittest_results.py "$results/monitoring.log" > "$results/monitoring.count" || rc=1
 
+echo "== systemd units under systemd"
+bash tests/systemd/run.sh 2>&1 | tee "$results/systemd.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+/usr/bin/python3 tests/count_unittest_results.py "$results/systemd.log" > "$results/systemd.count" || rc=1
+
 echo "== fuzz (short)"
 # libFuzzer over the session request handling for FUZZ_SECONDS (15) from the seed corpus; the
 # full run is `make fuzz`. The corpus and regressions are also replayed by bazel test above.
@@ -69,6 +88,18 @@ else
   cat "$results/demo.log"; echo "demo: FAILED"; echo "0 1" > "$results/demo.count"; rc=1
 fi
 
+echo "== demo smoke test on cuda-sim (link calibration and the fairness scenario, SIMULATED)"
+# The fairness scenario on a cuda-sim daemon whose switch link has no configured capacity: the
+# daemon measures it at start-up and the scenario must be fair (Jain >= --min-jain).
+if /usr/bin/python3 bench/demo.py --bin build/bin --backend cuda-sim --clients 2 --layers 6 \
+     --layer-bytes 2MiB --steps 2 --pool-bytes 64MiB --quiet > "$results/demo_sim.log" 2>&1; then
+  echo "demo (cuda-sim): PASSED ($(grep -o "Jain's index over served/fair [0-9.]*" \
+    "$results/demo_sim.log"))"; echo "1 0" > "$results/demo_sim.count"
+else
+  cat "$results/demo_sim.log"; echo "demo (cuda-sim): FAILED"; echo "0 1" > "$results/demo_sim.count"
+  rc=1
+fi
+
 echo "== function length"
 if /usr/bin/python3 tests/function_length_test.py > "$results/function_length.log" 2>&1 &&
    /usr/bin/python3 tests/function_length.py >> "$results/function_length.log" 2>&1; then
@@ -82,6 +113,13 @@ if BAZEL=$BAZEL bash tests/layering_check.sh > "$results/layering.log" 2>&1; the
   tail -1 "$results/layering.log"; echo "1 0" > "$results/layering.count"
 else
   cat "$results/layering.log"; echo "0 1" > "$results/layering.count"; rc=1
+fi
+
+echo "== /dev/shm hygiene"
+if /usr/bin/python3 tests/shm_hygiene.py check "$results/shm.before" > "$results/shm.log" 2>&1; then
+  tail -1 "$results/shm.log"; echo "1 0" > "$results/shm_hygiene.count"
+else
+  cat "$results/shm.log"; echo "0 1" > "$results/shm_hygiene.count"; rc=1
 fi
 
 passed=0; failed=0

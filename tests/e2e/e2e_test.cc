@@ -327,7 +327,7 @@ TEST_F(RawStreamTest, LargeReplyBatchesAreSplit) {
   }
 }
 
-// Issue 13 item 8: a message with more requests than the clients send (kMaxRequestsPerMessage)
+// A message with more requests than the clients send (kMaxRequestsPerMessage)
 // is answered request by request, and the session keeps serving (it used to end the stream
 // with RESOURCE_EXHAUSTED and release the session's blocks).
 TEST_F(RawStreamTest, HugeBatchIsAnsweredPerRequestAndTheSessionKeepsServing) {
@@ -406,7 +406,7 @@ TEST(SocketTest, StaleSocketIsReplacedAndLiveOneRefused) {
 namespace offloadd {
 namespace {
 
-// Issue 13 item 5: connections per uid and in total, and connections that never make a call.
+// Bounds on connections per uid and in total, and connections that never make a call.
 // A raw Unix connection (no HTTP/2 from our side); -1 when connect failed.
 int RawConnect(const std::string& path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -525,7 +525,7 @@ TEST(ConnectionLimitTest, ConnectionsThatMakeNoCallAreShutDown) {
 namespace offloadd::testing {
 namespace {
 
-// Issue 13 item 7: a message that does not parse, or one over the receive limit, ends the
+// A message that does not parse, or one over the receive limit, ends the
 // session with a status that says so (it used to end with OK, as if the client had closed).
 class BadMessageTest : public E2ETest {
  protected:
@@ -600,7 +600,7 @@ TEST_F(BadMessageTest, MessageOverTheReceiveLimitEndsTheSessionWithAnError) {
 namespace offloadd::testing {
 namespace {
 
-// Issue 13: bytes before and inside HTTP/2 on the raw socket. Deterministic random inputs
+// Hostile bytes before and inside HTTP/2 on the raw socket. Deterministic random inputs
 // (seeded): plain garbage, a truncated or wrong connection preface, and the real preface
 // followed by random frames (random types, flags, stream ids, lengths and payloads, some
 // claiming more bytes than sent). Each goes on its own connection, which is then half-closed

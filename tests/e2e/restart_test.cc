@@ -229,7 +229,7 @@ TEST(RestartTest, SigtermHandsBlocksToTheNextDaemon) {
   shm_unlink(("/" + pool).c_str());
 }
 
-// The spill tier across a SIGKILL (issues 15 and 18): offloads of 3x the pool, so most blocks
+// The spill tier across a SIGKILL: offloads of 3x the pool, so most blocks
 // are on disk when the daemon dies; the next daemon on the same pool_shm_name and
 // spill_directory adopts both tiers and every block reloads bit-exact (spilled ones staged back).
 TEST(RestartTest, SpilledBlocksSurviveASigkill) {

@@ -1,4 +1,4 @@
-// The spill tier end to end (issue 18): client processes whose checkpoints are 4x the pool run
+// The spill tier end to end: client processes whose checkpoints are 4x the pool run
 // the checkpoint workload (forward offloads layers 0..L-1 with ordering hints, backward reloads
 // L-1..0 with prefetch) against a daemon with a spill directory; every reload is checked
 // byte for byte by the workload.
@@ -178,9 +178,10 @@ TEST_F(SpillFailureTest, RemovedOrTruncatedSpillFileIsDataLossForThoseBlocksOnly
 }
 
 TEST_F(SpillFailureTest, DiskFullOffloadFailsWithResourceExhaustedAndNothingIsLost) {
-  // Pool 2 MiB, disk 1 MiB: three blocks fit in both tiers together, the fourth does not.
+  // Pool 2 MiB, disk one 1 MiB block (and its file's header): three blocks fit in both tiers
+  // together, the fourth does not.
   SKIP_WITHOUT_DIRECT_IO("spill_full");
-  Start("spill_full", 2 * kMiB, 1.0, kMiB, 0.5, 4);
+  Start("spill_full", 2 * kMiB, 1.0, spill::SpillTier::FileBytes(kMiB), 0.5, 4);
   std::vector<uint64_t> ids;
   for (uint64_t i = 0; i < 3; ++i) {
     auto id = Offload(i);

@@ -4,7 +4,7 @@
 # create or write, a metrics port already taken, a socket another daemon serves (reported before
 # the pool: a 1000 TiB pool on a taken socket names the socket). --check-config on a host that
 # cannot run the config: exit 1 with every problem in start-up order; config file errors with
-# the errno text and size suffixes. (The memlock check of the cuda backend and its decisions are
+# the errno text and size suffixes. (The memlock check (pool_mlock only) and its decisions are
 # unit-tested in server/pool/arena_test.cc, the host checks in server/host_check_test.cc.)
 set -uo pipefail
 OFFLOADD=${TEST_SRCDIR:-.}/offloadd/server/offloadd

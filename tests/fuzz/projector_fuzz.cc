@@ -1,4 +1,4 @@
-// libFuzzer target over the Projector service's requests (issue 13): the bytes a caller can send
+// libFuzzer target over the Projector service's requests: the bytes a caller can send
 // to Submit, parsed as offloadd.v1.RefreshRequest, translated (rpc::FromProto) and submitted to
 // a projector::RefreshService on the shm backend and LAPACK, exactly as the gRPC service does.
 //
@@ -120,8 +120,22 @@ struct Harness {
   }
 };
 
+// The harness's shm names, removed when the process exits (the harness itself is never
+// destroyed: libFuzzer ends the process with exit()), so no object outlives the fuzzer.
+std::string g_shm_names[2];
+void UnlinkShmNames() {
+  for (const auto& n : g_shm_names) {
+    if (!n.empty()) shm_unlink(n.c_str());
+  }
+}
+
 Harness& TheHarness() {
-  static Harness* h = new Harness();  // lives for the process: libFuzzer never returns
+  static Harness* h = [] {
+    auto* made = new Harness();
+    for (int i = 0; i < 2; ++i) g_shm_names[i] = made->shm_names[i];
+    std::atexit(UnlinkShmNames);
+    return made;
+  }();  // lives for the process: libFuzzer never returns
   return *h;
 }
 

@@ -9,8 +9,8 @@
 //   data      one client process: --tensors tensors of --tensor_bytes in one cudaMalloc, filled
 //             by kernels; checksums on the device; each offloaded with an IPC ready event
 //             recorded after its producer; device memory wiped; each reloaded (URGENT,
-//             release_after) and checked against its checksum on the compute stream right after
-//             ReloadDone. Then --small_requests offload+reload pairs of 64 KiB on the same
+//             release_after, with a done event) and checked against its checksum on the
+//             compute stream once it has waited on the done event. Then --small_requests offload+reload pairs of 64 KiB on the same
 //             region (the daemon must open its handle once). Prints D2H/H2D GB/s seen by the
 //             client for the large tensors.
 //   ordering  tight loop: overwrite one tensor with pattern i (kernel), record, offload at once
@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,14 +34,18 @@
 #include "client/offloadd_client.h"
 #include "kernels/kernels.h"
 #include "server/base/clock.h"
+#include "tests/gpu/gpu_util.h"
 
 namespace {
 
 using offloadd::base::SteadyNowSeconds;
-using offloadd::client::Client;
-using offloadd::client::CudaExporter;
 using offloadd::client::IpcEvent;
 using offloadd::client::Priority;
+using offloadd::gpucheck::Check;
+using offloadd::gpucheck::DeviceChecksum;
+using offloadd::gpucheck::DoneEvent;
+using offloadd::gpucheck::Fail;
+using offloadd::gpucheck::Session;
 
 struct Args {
   std::string mode = "data", socket;
@@ -48,55 +53,10 @@ struct Args {
   uint64_t tensor_bytes = 64ull << 20;
 };
 
-[[noreturn]] void Fail(const std::string& what) {
-  std::printf("FAIL: %s\n", what.c_str());
-  std::fflush(stdout);
-  std::exit(1);
-}
-
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) Fail(std::string(what) + ": " + cudaGetErrorString(e));
-}
-template <typename T>
-T Check(absl::StatusOr<T> v, const char* what) {
-  if (!v.ok()) Fail(std::string(what) + ": " + std::string(v.status().ToString()));
-  return *std::move(v);
-}
-void Check(const absl::Status& st, const char* what) {
-  if (!st.ok()) Fail(std::string(what) + ": " + st.ToString());
-}
-
-uint64_t DeviceChecksum(const uint8_t* d, uint64_t bytes, uint64_t* d_result, cudaStream_t s) {
-  Check(offloadd::kernels::LaunchChecksum(d, bytes, d_result, s), "LaunchChecksum");
-  uint64_t v = 0;
-  Check(cudaMemcpyAsync(&v, d_result, sizeof(v), cudaMemcpyDeviceToHost, s), "checksum copy");
-  Check(cudaStreamSynchronize(s), "sync");
-  return v;
-}
-
-struct Session {
-  std::unique_ptr<Client> client;
-  CudaExporter exporter{offloadd::client::NewRealClientCudaApi()};
-  uint64_t region_id = 0;
-  uint8_t* base = nullptr;
-  uint64_t bytes = 0;
-};
-
 // Allocates `bytes` on the device, connects and registers the allocation.
 void Open(const Args& a, uint64_t bytes, Session* s) {
-  Check(cudaMalloc(&s->base, bytes), "cudaMalloc");
-  s->bytes = bytes;
-  auto exported = Check(s->exporter.Export(reinterpret_cast<uint64_t>(s->base), bytes), "Export");
-  offloadd::client::ClientOptions o;
-  o.socket_path = a.socket;
-  o.client_name = "gpu_e2e " + a.mode + " seed " + std::to_string(a.seed);
-  o.device_id = exported.device_uuid;
-  s->client = Check(Client::Connect(o), "Connect");
-  if (s->client->backend() != "cuda") Fail("the daemon runs backend " + s->client->backend());
-  offloadd::client::RegionHandle h;
-  h.cuda_ipc_handle = exported.ipc_handle;
-  h.size_bytes = exported.allocation_bytes;
-  s->region_id = Check(s->client->RegisterRegion(h), "RegisterRegion");
+  offloadd::gpucheck::Open(a.socket, "gpu_e2e " + a.mode + " seed " + std::to_string(a.seed),
+                           bytes, s);
 }
 
 int ModeContext(const Args& a) {
@@ -160,11 +120,14 @@ int ModeData(const Args& a) {
   Check(cudaDeviceSynchronize(), "sync");
   t0 = SteadyNowSeconds();
   std::vector<std::future<absl::StatusOr<offloadd::client::ReloadResult>>> reloads;
+  std::vector<std::unique_ptr<DoneEvent>> done;
   for (uint64_t i = 0; i < n; ++i) {
-    reloads.push_back(
-        s.client->Reload(blocks[i], s.region_id, i * each, Priority::kUrgent, true));
+    done.push_back(std::make_unique<DoneEvent>(&s));
+    reloads.push_back(s.client->Reload(blocks[i], s.region_id, i * each, Priority::kUrgent, true,
+                                       0, done.back()->handle()));
   }
   for (auto& f : reloads) Check(f.get(), "Reload");
+  for (auto& d : done) d->Wait(nullptr);  // the bytes are there, not only the answer
   const double h2d_s = SteadyNowSeconds() - t0;
   for (uint64_t i = 0; i < n; ++i) {
     if (DeviceChecksum(s.base + i * each, each, d_sum, compute) != sums[i]) {
@@ -182,8 +145,12 @@ int ModeData(const Args& a) {
     IpcEvent ev = Check(s.exporter.RecordReady(compute), "RecordReady");
     auto r = Check(s.client->Offload(s.region_id, at, small, ev.handle).get(), "small Offload");
     s.exporter.ReleaseEvent(ev);
-    Check(s.client->Reload(r.block_id, s.region_id, at, Priority::kUrgent, true).get().status(),
+    DoneEvent d(&s);
+    Check(s.client->Reload(r.block_id, s.region_id, at, Priority::kUrgent, true, 0, d.handle())
+              .get()
+              .status(),
           "small Reload");
+    d.Wait(compute);  // the next memset on the compute stream comes after the copy
   }
   std::printf("PASS small: %d offload+reload pairs on one region (%d requests)\n",
               a.small_requests, 2 * a.small_requests);
@@ -210,8 +177,11 @@ int ModeOrdering(const Args& a) {
     IpcEvent ev = Check(s.exporter.RecordReady(compute), "RecordReady");
     auto off = Check(s.client->Offload(s.region_id, 0, each, ev.handle).get(), "Offload");
     s.exporter.ReleaseEvent(ev);
-    auto rel = s.client->Reload(off.block_id, s.region_id, each, Priority::kUrgent, true);
+    DoneEvent d(&s);
+    auto rel = s.client->Reload(off.block_id, s.region_id, each, Priority::kUrgent, true, 0,
+                                d.handle());
     Check(rel.get().status(), "Reload");
+    d.Wait(compute);  // the consumer below runs on the compute stream
     // Consumer on the compute stream right after ReloadDone.
     std::memset(pattern.data(), (i * 37 + 11) & 0xff, each);
     const uint64_t want = offloadd::kernels::ChecksumRef(pattern.data(), each);
@@ -268,14 +238,7 @@ int main(int argc, char** argv) {
     else if (k == "--producer_repeats") a.producer_repeats = std::max(1, std::atoi(v.c_str()));
     else Fail("unknown argument " + arg);
   }
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    std::printf("SKIPPED: no CUDA driver or GPU (error %d: %s)\n", static_cast<int>(e),
-                e != cudaSuccess ? cudaGetErrorString(e) : "no device");
-    return 0;
-  }
-  Check(cudaSetDevice(0), "cudaSetDevice");
+  if (!offloadd::gpucheck::UsableGpu()) return 0;
   if (a.mode == "baseline") return ModeBaseline(a);
   if (a.socket.empty()) Fail("--socket=PATH is required");
   if (a.mode == "context") return ModeContext(a);

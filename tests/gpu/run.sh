@@ -1,156 +1,371 @@
 #!/bin/bash
-# offloadd GPU check: runs every GPU test from the bundle made by `make gpu-bundle`
-# (deploy/make_gpu_bundle.sh) and prints the figures, with the copy timing model's figures next
-# to the real engine's (step 1b, calibration). One H200, < 8 minutes.
+# offloadd GPU check: every GPU test and probe from the bundle made by `make gpu-bundle`
+# (deploy/make_gpu_bundle.sh), each figure as a "FIGURE ..." line, under one global deadline.
 #
-#   gpu-bundle/run.sh            # from anywhere; writes logs under $OUT or /tmp/offloadd-gpu-*
+#   gpu-bundle/run.sh        # from anywhere; logs and figures.txt under $OUT (else /tmp/...)
 #
-# The bundle holds prebuilt binaries (bin/), every shared library they load except the driver's
-# libcuda and glibc (lib/; used only by our binaries, through LD_LIBRARY_PATH on their command
-# line, never exported to Python), the pure-Python client (python/) and this script. Without a
-# CUDA driver every check prints SKIPPED and the script exits 0.
+# Time: GPU_CHECK_DEADLINE_S (default 480 s, 8 minutes) for everything; GPU_CHECK_BUDGET_SCALE
+# (percent, default 100) stretches every budget and the default deadline on a slow host. Each step has a budget
+# (the table printed first; the budgets add up to less than the deadline by construction) and
+# runs under `timeout` of it; a step whose budget no longer fits before the deadline is not run
+# ("NOT RUN (budget)"). The daemon gets SIGTERM at the end and SIGKILL (a failure) if it has not
+# exited 10 s later; an EXIT trap stops it on any other way out.
+#
+# Order: environment (kernel, sandbox, driver, memory), fake-based unit tests, kernels, a
+# cross-process CUDA IPC probe (without IPC, "IPC unsupported in this sandbox" and every step
+# that needs it is NOT RUN, the torch checks then run against an shm daemon), calibration of
+# the copy timing model, Python and its packages (torch is imported in the background from the
+# start, so its cold first import is not paid inside a check's budget), the daemon (cuda backend, pool sized from MemAvailable), its probes
+# (context cost, two clients, rates vs cudaMemcpyAsync, urgent reloads under saturation,
+# ordering, an offload behind a spin kernel, a client that frees memory mid-transfer and one
+# killed with copies in flight, then a health run on the same daemon), the Python probes
+# (sticky CUDA errors, memory back after empty_cache, expandable segments switched at run time),
+# torch_check.py and transformers_check.py with expandable segments off and on, a last health
+# run, the handle count and a clean stop.
+#
+# A check that prints SKIPPED while nvidia-smi lists a GPU fails the run (a driver older than the
+# bundle's CUDA runtime does that to every binary: the run then goes on with the Python checks
+# only, on an shm daemon, so the versions and the torch figures still come back). Without a CUDA driver
+# (a build machine) the unit tests run and the script ends "SKIPPED: no GPU", exit 0.
+# Exit: 0 all ran and passed (or no GPU); 1 any failure; 2 no failure but steps not run (IPC
+# unsupported, budget).
+#
+# The bundle: bin/ (our binaries), lib/ (the shared libraries they load except libcuda and glibc;
+# put on their command lines only, never exported to Python), python/ (the client with stubs),
+# pydeps/ (grpcio/protobuf wheels, used only when the machine's python3 lacks them), the check
+# scripts and MANIFEST.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 logs=${OUT:-$(mktemp -d /tmp/offloadd-gpu-XXXXXX)}
 mkdir -p "$logs"
 LIB="$here/lib"
 PY=${PYTHON:-python3}
+SCALE=${GPU_CHECK_BUDGET_SCALE:-100}  # percent: every budget and the default deadline (slow hosts)
+DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$((480 * SCALE / 100))}
+start_s=$(date +%s)
+deadline_s=$((start_s + DEADLINE_S))
 sock=/tmp/offloadd-gpu-$$.sock
-fails=0
 figures="$logs/figures.txt"
 : > "$figures"
-start_s=$(date +%s)
+fails=0 notrun=0 ipc_ok=1 gpu_listed=0 py_ok=1 daemon="" bins_ok=1
+ipc_why="IPC unsupported in this sandbox"
+PYPATH="$here/python"
+
+# Budgets in seconds, in run order. They sum to BUDGET_SUM; DEADLINE_S - BUDGET_SUM (at least
+# 40 s) is the reserve for the shell between steps and timeout's 2 s kill grace of a step that
+# overran.
+BUDGETS="unit_engine:10 unit_export:8 kernels:15 ipc:15 calib_measured:14 calib_model:10
+python_warm:20 python_env:20 daemon_start:25 context:8 data_pair:20 rates:24 ordering:10 spin:10 free_mid:12 health1:10
+killed:13 probes_off:18 torch_off:30 torch_on:16 transformers_off:38 transformers_on:30
+probes_on:12 galore:30 health2:10 stop:12"
+declare -A BUDGET
+BUDGET_SUM=0
+for b in $BUDGETS; do
+  v=$(( ${b##*:} * SCALE / 100 )); BUDGET[${b%%:*}]=$v; BUDGET_SUM=$((BUDGET_SUM + v))
+done
 
 say() { echo "== $*"; }
-run() {  # run NAME TIMEOUT CMD...: our binaries, with the bundled libraries
-  local name=$1 t=$2; shift 2
-  LD_LIBRARY_PATH="$LIB" timeout "$t" "$@" > "$logs/$name.log" 2>&1
-  local rc=$?
-  grep -E "^(PASS|FAIL|SKIPPED|FIGURE|\[  PASSED|\[  FAILED)" "$logs/$name.log"
-  grep "^FIGURE" "$logs/$name.log" >> "$figures"
-  if [ $rc -ne 0 ]; then
-    echo "FAIL: $name exited $rc (log: $logs/$name.log)"; tail -5 "$logs/$name.log"
-    fails=$((fails + 1))
+figure() { echo "FIGURE $*" | tee -a "$figures"; }
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+left() { echo $((deadline_s - $(date +%s))); }
+
+# run_step NAME CMD...: runs CMD (a program, not a shell function) under the step's budget,
+# output to $logs/NAME.log; prints its PASS/FAIL/SKIPPED/FIGURE/NOTE lines and collects the
+# figures. A status other than 0 (or $ok_rc, reset after each step) fails the run. Returns CMD's
+# status, 124 on a timeout, 200 when the step did not fit before the deadline.
+ok_rc=0
+run_step() {
+  local name=$1 b=${BUDGET[$1]}; shift
+  local l; l=$(left)
+  if [ "$b" -gt "$l" ]; then
+    echo "NOT RUN (budget): $name needs $b s, $l s left before the $DEADLINE_S s deadline"
+    notrun=$((notrun + 1)); return 200
   fi
+  local t0; t0=$(date +%s)
+  timeout -k 2 "$b" "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  grep -E "^(PASS|FAIL|SKIPPED|FIGURE|NOTE|IPC unsupported|torch |\[  PASSED|\[  FAILED)" \
+    "$logs/$name.log" | sed "s/^/[$name] /"
+  grep "^FIGURE" "$logs/$name.log" >> "$figures"
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    fail "$name ran past its $b s budget (log: $logs/$name.log)"; tail -5 "$logs/$name.log"
+  elif [ $rc -ne 0 ] && [ $rc -ne "$ok_rc" ]; then
+    if ! grep -q "^FAIL" "$logs/$name.log"; then tail -8 "$logs/$name.log"; fi
+    fail "$name exited $rc (log: $logs/$name.log)"
+  fi
+  if [ $gpu_listed -eq 1 ] && grep -q "^SKIPPED" "$logs/$name.log"; then
+    fail "$name printed SKIPPED while nvidia-smi lists a GPU"
+  fi
+  echo "   ($name: $(( $(date +%s) - t0 )) s of $b s)"
+  ok_rc=0
   return $rc
 }
-figure() { echo "FIGURE $*" | tee -a "$figures"; }
-fig() { awk -v n="$1" '$2 == n { print $3 }' "$figures" | tail -1; }
+BIN=(env LD_LIBRARY_PATH="$LIB")  # our binaries with the bundled libraries
+needs() {  # needs NAME WHAT...: prints NOT RUN (or FAIL) and returns 1 unless every WHAT holds
+  local name=$1 w; shift
+  for w in "$@"; do
+    case $w in
+      ipc) if [ $ipc_ok -ne 1 ]; then
+             echo "NOT RUN: $name needs CUDA IPC ($ipc_why)"
+             notrun=$((notrun + 1)); return 1
+           fi ;;
+      py) if [ $py_ok -ne 1 ]; then
+            echo "NOT RUN: $name needs python3 with torch, grpcio and protobuf (see env)"
+            notrun=$((notrun + 1)); return 1
+          fi ;;
+      daemon) if [ -z "$daemon" ] || ! kill -0 "$daemon" 2>/dev/null; then
+                fail "$name: the daemon is not running"; return 1
+              fi ;;
+    esac
+  done
+}
 
-say "bundle $(cat "$here/MANIFEST" 2>/dev/null | head -1)"
-# 0. Fake-based unit tests of the cuda engine and client export (no GPU needed).
-run unit_engine 60 "$here/bin/cuda_engine_test" --gtest_brief=1
-run unit_export 60 "$here/bin/cuda_export_test" --gtest_brief=1
+stop_daemon() {  # SIGTERM, then SIGKILL after 10 s; returns 0 only for a clean exit 0
+  [ -n "$daemon" ] || return 0
+  kill -TERM "$daemon" 2>/dev/null
+  local i
+  for i in $(seq 1 100); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$daemon" 2>/dev/null; then
+    kill -KILL "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; daemon=""
+    echo "FAIL: offloadd did not exit within 10 s of SIGTERM: killed"; return 1
+  fi
+  wait "$daemon"; local rc=$?; daemon=""
+  [ $rc -eq 0 ] || { echo "FAIL: offloadd exited $rc on SIGTERM"; return 1; }
+}
+warm=""
+trap 'stop_daemon >/dev/null 2>&1; [ -z "$warm" ] || kill "$warm" 2>/dev/null; rm -f "$sock"' EXIT
 
-# 1. Kernels vs CPU references (skips without a driver).
-run kernels 120 "$here/bin/kernels_gpu_check"
-if grep -q "^SKIPPED" "$logs/kernels.log"; then
-  echo "SKIPPED: no usable CUDA driver/GPU here; nothing else to run (unit tests above ran)"
-  exit $(( fails > 0 ))
+say "bundle $(head -1 "$here/MANIFEST" 2>/dev/null)"
+say "deadline $DEADLINE_S s; step budgets (s), $BUDGET_SUM in all, reserve $((DEADLINE_S - BUDGET_SUM)):"
+for b in $BUDGETS; do echo "${b%%:*}:${BUDGET[${b%%:*}]}"; done | paste -sd' ' | fold -s -w 96 |
+  sed 's/^/   /'
+if [ "$BUDGET_SUM" -gt "$DEADLINE_S" ]; then
+  echo "NOTE: the budgets ($BUDGET_SUM s) exceed GPU_CHECK_DEADLINE_S=$DEADLINE_S: later steps will not run"
 fi
-nvidia-smi --query-gpu=name,uuid,pci.bus_id,driver_version,memory.total --format=csv,noheader \
-  2>/dev/null | sed 's/^/gpu: /'
 
-# 1b. Calibration of the copy timing model (issue 16): copy_sim_bench's workload through the
-# real cuda engine on this machine's GPUs (--backend=cuda), then the model (cuda-sim) with the
-# same configuration; per chunk size the achieved GB/s per direction and the urgent reload
-# latency in chunk-times (of CALIB_RATE_GBPS, the model's rate, default 55), side by side.
-# Runs before the daemon starts, on idle GPUs; ~15 s.
+# 0. Environment: kernel, sandbox, driver, CPU/memory limits (Python's packages: step 4b).
+say "environment"
+echo "kernel: $(uname -r) ($(uname -m)); $(nproc) CPUs"
+if dmesg 2>/dev/null | grep -qi gvisor || grep -q "4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016" /proc/version 2>/dev/null; then
+  echo "sandbox: gVisor (CUDA IPC is likely unsupported)"
+fi
+mem_avail_mib=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
+echo "memory: MemAvailable ${mem_avail_mib} MiB; RLIMIT_MEMLOCK $(ulimit -l) KiB; /dev/shm $(df -m /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 " MiB free" }')"
+if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU "; then
+  gpu_listed=1
+  nvidia-smi --query-gpu=name,uuid,pci.bus_id,driver_version,memory.total,memory.used \
+    --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+  echo "driver: $(nvidia-smi 2>/dev/null | grep -o 'Driver Version: [0-9.]*\|CUDA Version: [0-9.]*' | paste -sd' ')"
+else
+  echo "gpu: nvidia-smi lists none"
+fi
+grep -E "^(needs|cuda toolkit)" "$here/MANIFEST" 2>/dev/null | sed 's/^/bundle /'
+pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo none)
+pydeps_probe='import grpc, google.protobuf; print("grpcio", grpc.__version__, "protobuf", google.protobuf.__version__)'
+if ! PYTHONPATH="$PYPATH" "$PY" -c "$pydeps_probe" > /dev/null 2>&1; then
+  tag=cp${pyver/./}
+  wheels=$(ls "$here"/pydeps/*-"$tag"-*.whl "$here"/pydeps/*-abi3-*.whl "$here"/pydeps/*-py3-none-any.whl 2>/dev/null)
+  if [ -n "$wheels" ] && ls "$here"/pydeps/grpcio-*-"$tag"-*.whl > /dev/null 2>&1; then
+    mkdir -p "$logs/pydeps"
+    for w in $wheels; do "$PY" -m zipfile -e "$w" "$logs/pydeps/" 2>/dev/null; done
+    PYPATH="$here/python:$logs/pydeps"
+    echo "python: grpcio/protobuf missing from python3 $pyver: using the bundle's wheels ($tag)"
+  else
+    echo "python: python3 $pyver has no grpcio/protobuf and the bundle has no grpcio wheel for $tag"
+  fi
+fi
+# torch's first import on a fresh machine reads gigabytes of libraries: warm the page cache in
+# the background while the binaries' steps run (python_env below then imports it warm).
+PYTHONPATH="$PYPATH" "$PY" -c 'import torch, transformers' > /dev/null 2>&1 &
+warm=$!
+
+# 1. Fake-based unit tests of the cuda engine and client export (no GPU needed).
+run_step unit_engine "${BIN[@]}" "$here/bin/cuda_engine_test" --gtest_brief=1
+run_step unit_export "${BIN[@]}" "$here/bin/cuda_export_test" --gtest_brief=1
+
+# 2. Kernels vs CPU references; without a driver nothing else can run.
+run_step kernels "${BIN[@]}" "$here/bin/kernels_gpu_check"
+if [ ! -f "$logs/kernels.log" ]; then
+  echo "RESULT: the deadline left no time to find out whether a GPU is usable"; exit 2
+fi
+if grep -q "^SKIPPED" "$logs/kernels.log"; then
+  if [ $gpu_listed -eq 0 ]; then
+    echo "SKIPPED: no usable CUDA driver/GPU here; nothing else to run (unit tests above ran)"
+    exit $(( fails > 0 ))
+  fi
+  grep -q "error 35" "$logs/kernels.log" &&
+    fail "the driver is older than the bundle's CUDA runtime (see 'driver:' and 'bundle needs:'" \
+      "above): rebuild the bundle with a matching toolkit"
+  echo "NOTE: the bundle's CUDA binaries cannot use the listed GPU: only the Python checks run," \
+    "against an shm daemon"
+  bins_ok=0 ipc_ok=0 ipc_why="the bundle's CUDA binaries cannot use this GPU"
+fi
+
+# 3. Cross-process CUDA IPC, before anything relies on it.
+say "CUDA IPC between two processes"
+ipc_rc=0
+if [ $bins_ok -eq 1 ]; then
+  ok_rc=3 run_step ipc "${BIN[@]}" "$here/bin/gpu_probes" --mode=ipc
+  ipc_rc=$?
+fi
+if [ $ipc_rc -eq 3 ]; then
+  ipc_ok=0
+  echo "IPC unsupported in this sandbox: steps that need it are NOT RUN; torch checks use an shm daemon"
+elif [ $ipc_rc -ne 0 ]; then
+  ipc_ok=0 ipc_why="the IPC probe failed"; fail "the IPC probe exited $ipc_rc: treating IPC as unusable"
+fi
+
+# 4. Calibration of the copy timing model: copy_sim_bench's workload through the real cuda
+# engine (--backend=cuda), then the model with the same configuration, on idle GPUs.
 say "calibration: real cuda engine vs the timing model, same workload"
 ngpu=$(nvidia-smi --list-gpus 2>/dev/null | wc -l); [ "$ngpu" -ge 1 ] || ngpu=1
 [ "$ngpu" -le 8 ] || ngpu=8
 calib="--gpus=$ngpu --gpus_per_switch=$ngpu --numa_nodes=1 --placement=local --engine=sync,async \
-  --chunk_mib=1,8,32 --repeats=3 --seconds=0.5 --rate_gbps=${CALIB_RATE_GBPS:-55} --figures=1"
-# shellcheck disable=SC2086
-run calib_measured 120 "$here/bin/copy_sim_bench" --backend=cuda $calib
-# shellcheck disable=SC2086
-run calib_model 120 "$here/bin/copy_sim_bench" --backend=sim $calib
-grep -E "^(sync|async|engine)" "$logs/calib_measured.log" | sed 's/^/measured: /'
-grep -E "^(sync|async|engine)" "$logs/calib_model.log" | sed 's/^/model:    /'
+  --chunk_mib=1,8,32 --repeats=2 --seconds=0.4 --rate_gbps=${CALIB_RATE_GBPS:-55} --figures=1"
+if [ $bins_ok -eq 1 ]; then
+  # shellcheck disable=SC2086
+  run_step calib_measured "${BIN[@]}" "$here/bin/copy_sim_bench" --backend=cuda $calib
+  # shellcheck disable=SC2086
+  run_step calib_model "${BIN[@]}" "$here/bin/copy_sim_bench" --backend=sim $calib
+else
+  echo "NOT RUN: calibration ($ipc_why)"; notrun=$((notrun + 1))
+fi
 for e in sync async; do for c in 1 8 32; do
-  m=$(grep "^FIGURE copy_measured_${e}_local_${c}MiB " "$logs/calib_measured.log")
-  s=$(grep "^FIGURE copy_model_${e}_local_${c}MiB " "$logs/calib_model.log")
+  m=$(grep "^FIGURE copy_measured_${e}_local_${c}MiB " "$logs/calib_measured.log" 2>/dev/null)
+  s=$(grep "^FIGURE copy_model_${e}_local_${c}MiB " "$logs/calib_model.log" 2>/dev/null)
   [ -n "$m" ] && [ -n "$s" ] || continue
   # FIGURE <name> d2h <GB/s> GB/s h2d <GB/s> GB/s urgent_reload_median <chunk-times> ...
-  md=$(echo "$m" | awk '{ print $4 }'); mh=$(echo "$m" | awk '{ print $7 }')
-  mu=$(echo "$m" | awk '{ print $10 }')
-  sd=$(echo "$s" | awk '{ print $4 }'); sh=$(echo "$s" | awk '{ print $7 }')
-  su=$(echo "$s" | awk '{ print $10 }')
-  figure "calib_${e}_${c}MiB d2h measured $md GB/s model $sd GB/s ($(awk -v a="$md" -v b="$sd" \
-    'BEGIN { printf "%.2f", a / b }')x); h2d measured $mh model $sh GB/s ($(awk -v a="$mh" \
-    -v b="$sh" 'BEGIN { printf "%.2f", a / b }')x); urgent reload median measured $mu model $su chunk-times"
+  read -r md mh mu <<< "$(echo "$m" | awk '{ print $4, $7, $10 }')"
+  read -r sd sh su <<< "$(echo "$s" | awk '{ print $4, $7, $10 }')"
+  figure "calib_${e}_${c}MiB d2h measured $md model $sd GB/s; h2d measured $mh model $sh GB/s;" \
+    "urgent reload median measured $mu model $su chunk-times"
 done; done
 
-# 2. The daemon, backend cuda, 16 GiB pool (pinned in the background).
-say "starting offloadd (backend cuda)"
-LD_LIBRARY_PATH="$LIB" "$here/bin/offloadd" --backend=cuda --pool_bytes=16GiB \
-  --socket_path="$sock" --chunk_bytes=8MiB --copy_threads=2 --metrics_address= \
-  > "$logs/daemon.log" 2>&1 &
-daemon=$!
-for _ in $(seq 1 600); do
-  grep -q "ready on" "$logs/daemon.log" && break
-  kill -0 $daemon 2>/dev/null || break
-  sleep 0.1
-done
-if ! grep -q "ready on" "$logs/daemon.log"; then
-  echo "FAIL: offloadd did not start:"; tail -20 "$logs/daemon.log"; exit 1
+# 4b. Python and its packages (torch imported warm by now).
+say "python"
+for _ in $(seq 1 $((BUDGET[python_warm] * 10))); do kill -0 "$warm" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$warm" 2>/dev/null; then
+  echo "NOTE: importing torch and transformers took over ${BUDGET[python_warm]} s (cold disk?)"
+  kill "$warm" 2>/dev/null
 fi
+wait "$warm" 2>/dev/null; warm=""
+run_step python_env env PYTHONPATH="$PYPATH" "$PY" -c '
+import sys
+print("NOTE python", sys.version.split()[0], sys.executable)
+try:
+    import grpc, google.protobuf
+    print("NOTE grpcio", grpc.__version__, "protobuf", google.protobuf.__version__)
+except ImportError as e:
+    print("FAIL: python3 cannot import grpcio/protobuf: %s" % e); sys.exit(1)
+try:
+    import torch
+except ImportError as e:
+    print("FAIL: python3 has no torch: %s" % e); sys.exit(1)
+print("NOTE torch", torch.__version__, "built for CUDA", torch.version.cuda,
+      "cuda available", torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+try:
+    from importlib.metadata import version
+    print("NOTE transformers", version("transformers"))
+except Exception:
+    print("NOTE transformers not installed (transformers_check will fail)")
+sys.path.insert(0, sys.argv[1])
+try:
+    import offloadd.torch as ot
+    print("NOTE offloadd.torch supports torch %s" % (ot.SUPPORTED_TORCH,))
+except ImportError as e:
+    print("FAIL: %s" % e); sys.exit(1)
+ ' "$here/python"
+# Only a missing package disables the Python steps; a slow import (a timeout) does not.
+grep -q "^FAIL" "$logs/python_env.log" 2>/dev/null && py_ok=0
+
+
+# 5. The daemon: cuda backend (shm without IPC), pool sized from MemAvailable.
+pool_mib=$(( mem_avail_mib * 40 / 100 ))
+[ $pool_mib -le 8192 ] || pool_mib=8192
+[ $pool_mib -ge 512 ] || pool_mib=512
+backend=cuda; [ $ipc_ok -eq 1 ] || backend=shm
+mlock_flag=""
+if [ "${POOL_MLOCK:-0}" = 1 ]; then
+  lim=$(ulimit -l)
+  if [ "$lim" = unlimited ] || [ "$lim" -ge $((pool_mib * 1024)) ]; then mlock_flag=--pool_mlock=true
+  else echo "NOTE: POOL_MLOCK=1 but RLIMIT_MEMLOCK is $lim KiB < the ${pool_mib} MiB pool: pool_mlock left off"
+  fi
+fi
+figure "pool_bytes $((pool_mib << 20)) bytes (40% of MemAvailable ${mem_avail_mib} MiB, within 512 MiB-8 GiB)"
+n_pair=$(( pool_mib / 64 / 3 )); [ $n_pair -le 16 ] || n_pair=16; [ $n_pair -ge 2 ] || n_pair=2
+n_rates=$(( (pool_mib - 64) * 2 / 64 / 5 )); [ $n_rates -le 16 ] || n_rates=16; [ $n_rates -ge 2 ] || n_rates=2
+n_seg=$(( pool_mib / 512 / 2 )); [ $n_seg -le 8 ] || n_seg=8; [ $n_seg -ge 1 ] || n_seg=1
+n_kill=$(( pool_mib / 64 / 2 )); [ $n_kill -le 48 ] || n_kill=48; [ $n_kill -ge 4 ] || n_kill=4
+say "starting offloadd (backend $backend, pool ${pool_mib} MiB${mlock_flag:+, mlock})"
+start_daemon() {
+  LD_LIBRARY_PATH="$LIB" "$here/bin/offloadd" --backend=$backend --pool_bytes=${pool_mib}MiB \
+    $mlock_flag --socket_path="$sock" --chunk_bytes=8MiB --metrics_address= \
+    > "$logs/daemon.log" 2>&1 &
+  daemon=$!
+  local t_end=$(( $(date +%s) + ${BUDGET[daemon_start]} ))
+  while [ "$(date +%s)" -lt $t_end ]; do
+    grep -q "ready on" "$logs/daemon.log" && break
+    kill -0 $daemon 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! grep -q "ready on" "$logs/daemon.log"; then
+    fail "offloadd did not start:"; tail -20 "$logs/daemon.log"; stop_daemon; daemon=""; return 1
+  fi
+  # The pool is pinned from the first GPU a session uses (no context on a GPU nobody uses): its
+  # "host pool pinned" line comes after the first client and is printed at the stop.
+  grep -o "calibrat.*" "$logs/daemon.log" | head -4 | sed 's/^/daemon: /'
+}
+start_daemon
 E2E="$here/bin/gpu_e2e"
+PROBES="$here/bin/gpu_probes"
 
-# 3. Device memory of the daemon's own CUDA context (first client: no context before it).
-run context 60 "$E2E" --mode=context --socket="$sock"
-
-# 4. Wait for the pinned pool (reported by the daemon), then two clients moving real memory.
-for _ in $(seq 1 600); do
-  grep -q "host pool pinned\|pinning the host pool failed" "$logs/daemon.log" && break
-  sleep 0.1
-done
-grep -o "host pool pinned.*\|pinning the host pool failed.*" "$logs/daemon.log" | head -1 |
-  sed 's/^/daemon: /' || true
-grep -q "host pool pinned" "$logs/daemon.log" ||
-  echo "NOTE: the daemon did not report a pinned pool (PrepareHostPool not wired in main.cc?):" \
-       "its rates below come from pageable memory"
-say "two clients, 16 x 64 MiB each, checksums on the device"
-LD_LIBRARY_PATH="$LIB" timeout 120 "$E2E" --mode=data --socket="$sock" --seed=1 \
-  > "$logs/data1.log" 2>&1 &
-c1=$!
-LD_LIBRARY_PATH="$LIB" timeout 120 "$E2E" --mode=data --socket="$sock" --seed=2 \
-  > "$logs/data2.log" 2>&1 &
-c2=$!
-wait $c1; r1=$?
-wait $c2; r2=$?
-for n in 1 2; do grep -E "^(PASS|FAIL|FIGURE)" "$logs/data$n.log" | sed "s/^/client $n: /"; done
-[ $r1 -eq 0 ] && [ $r2 -eq 0 ] || { echo "FAIL: data clients exited $r1 $r2"; fails=$((fails+1)); }
-
-# 5. One client alone: the rate through the daemon vs cudaMemcpyAsync on a pinned buffer.
-run data_alone 120 "$E2E" --mode=data --socket="$sock" --seed=3 --small_requests=0
-run baseline 60 "$E2E" --mode=baseline --tensor_mib=64
-for d in d2h h2d; do
-  ours=$(awk -v n="daemon_${d}_GBps" '$2 == n { v = $3 } END { print v }' "$logs/data_alone.log")
-  base=$(fig "baseline_${d}_GBps")
-  [ -n "$ours" ] && [ -n "$base" ] &&
-    figure "ratio_${d}_daemon_vs_cudaMemcpyAsync $(awk -v a="$ours" -v b="$base" \
-      'BEGIN { printf "%.2f", a / b }') (daemon $ours GB/s, cudaMemcpyAsync $base GB/s)"
-done
-
-# 6. Reload-after-offload ordering in a tight loop.
-run ordering 120 "$E2E" --mode=ordering --socket="$sock" --iterations=200 --tensor_mib=64
-
-# 7. A client killed with copies in flight: copies drain, handle closes, extents return.
-say "client killed with copies in flight"
-LD_LIBRARY_PATH="$LIB" "$E2E" --mode=data --socket="$sock" --seed=4 --tensors=48 \
-  > "$logs/killed.log" 2>&1 &
-victim=$!
-for _ in $(seq 1 3000); do
-  grep -q "^OFFLOADING" "$logs/killed.log" && break
-  kill -0 $victim 2>/dev/null || break
-  sleep 0.01
-done
-sleep 0.02  # 48 x 64 MiB take ~60 ms at 50 GB/s: copies are in flight now
-kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
-grep -q "^OFFLOADING" "$logs/killed.log" || { echo "FAIL: the victim never started"; fails=$((fails+1)); }
-sleep 2
-PYTHONPATH="$here/python" timeout 30 "$PY" - "$sock" > "$logs/after_kill.log" 2>&1 <<'PYEOF'
+# 6. Daemon probes that need CUDA IPC.
+if needs context ipc daemon; then
+  run_step context "${BIN[@]}" "$E2E" --mode=context --socket="$sock"
+fi
+if needs data_pair ipc daemon; then
+  say "two clients at once, $n_pair x 64 MiB each, checksums on the device"
+  run_step data_pair bash -c '
+    for c in 1 2; do
+      LD_LIBRARY_PATH="$1" "$2" --mode=data --socket="$3" --seed=$c --tensors="$4" > "$5/pair$c.log" 2>&1 &
+    done
+    wait
+    for c in 1 2; do sed "s/^FIGURE daemon_/FIGURE pair_client${c}_daemon_/" "$5/pair$c.log"; done
+    grep -q "^PASS data" "$5/pair1.log" && grep -q "^PASS data" "$5/pair2.log"' \
+    _ "$LIB" "$E2E" "$sock" "$n_pair" "$logs"
+fi
+if needs rates ipc daemon; then
+  say "rates: daemon vs cudaMemcpyAsync on the same device buffers; urgent reloads under saturation"
+  run_step rates "${BIN[@]}" "$PROBES" --mode=rates --socket="$sock" --tensors=$n_rates --chunk_mib=8
+fi
+if needs ordering ipc daemon; then
+  run_step ordering "${BIN[@]}" "$E2E" --mode=ordering --socket="$sock" --iterations=100 --tensor_mib=64
+fi
+if needs spin ipc daemon; then
+  say "offload A, then B behind a 200 ms spin kernel"
+  run_step spin "${BIN[@]}" "$PROBES" --mode=spin --socket="$sock" --spin_ms=200
+fi
+health() {  # health NAME: a short data run on the same daemon must pass
+  needs "$1" ipc daemon || return
+  run_step "$1" "${BIN[@]}" "$E2E" --mode=data --socket="$sock" --seed=9 --tensors=4 --small_requests=20
+}
+if needs free_mid ipc daemon; then
+  say "a client frees its memory with offloads in flight and exits"
+  run_step free_mid "${BIN[@]}" "$PROBES" --mode=free_mid --socket="$sock" --tensors=8
+  sleep 1
+  health health1
+fi
+if needs killed ipc daemon; then
+  say "a client killed with copies in flight"
+  run_step killed bash -c '
+    LD_LIBRARY_PATH="$1" "$2" --mode=data --socket="$3" --seed=4 --tensors="$4" > "$5/victim.log" 2>&1 &
+    v=$!
+    for _ in $(seq 1 3000); do grep -q "^OFFLOADING" "$5/victim.log" && break; kill -0 $v 2>/dev/null || break; sleep 0.01; done
+    sleep 0.02; kill -9 $v 2>/dev/null; wait $v 2>/dev/null
+    grep -q "^OFFLOADING" "$5/victim.log" || { echo "FAIL: the victim never started"; exit 1; }
+    sleep 2
+    PYTHONPATH="$6" "$7" - "$3" <<EOF
 import sys
 from offloadd.client import Client
 c = Client(socket_path=sys.argv[1], client_name="gpu-check stats", device_id="stats")
@@ -159,44 +374,79 @@ print("FIGURE after_kill_pool_used_bytes %d bytes" % s.pool_used_bytes)
 print("FIGURE after_kill_blocks %d blocks" % s.blocks)
 print("FIGURE after_kill_sessions_open %d sessions (this one included)" % s.sessions_open)
 c.close()
-sys.exit(0 if s.pool_used_bytes == 0 and s.blocks == 0 else 1)
-PYEOF
-rc=$?; cat "$logs/after_kill.log" | grep -E "^FIGURE|Error" ; grep "^FIGURE" "$logs/after_kill.log" >> "$figures"
-[ $rc -eq 0 ] || { echo "FAIL: the killed client's blocks were not released"; fails=$((fails+1)); }
+ok = s.pool_used_bytes == 0 and s.blocks == 0
+print("PASS killed: the blocks of the killed client were released" if ok else
+      "FAIL: the blocks of the killed client were not released")
+sys.exit(0 if ok else 1)
+EOF' _ "$LIB" "$E2E" "$sock" "$n_kill" "$logs" "$PYPATH" "$PY"
+fi
 
-# 8. Handle cache: opens in the daemon vs requests made.
-opens=$(grep -c "opened IPC memory handle" "$logs/daemon.log")
-closes=$(grep -c "closed IPC memory handle" "$logs/daemon.log")
-figure "ipc_handle_opens $opens opens for 6 client processes with 1 region each (~2,600 requests)"
-figure "ipc_handle_closes $closes closes"
-[ "$opens" -eq "$closes" ] || { echo "FAIL: $opens handle opens but $closes closes"; fails=$((fails+1)); }
-[ "$opens" -eq 6 ] || { echo "FAIL: expected 6 handle opens (one per region)"; fails=$((fails+1)); }
+# 7. Python probes and the torch checks, expandable segments off then on. Without IPC the
+# daemon is an shm one: the checks then measure the staging path (figures say so in the log).
+torch_step() {  # torch_step NAME off|on SCRIPT ARGS...
+  local name=$1 mode=$2; shift 2
+  needs "$name" py daemon || return
+  local conf=expandable_segments:False; [ "$mode" = on ] && conf=expandable_segments:True
+  run_step "$name" env PYTORCH_CUDA_ALLOC_CONF=$conf PYTHONPATH="$PYPATH" "$PY" "$@"
+}
+if needs probes_off ipc; then
+  torch_step probes_off off "$here/cuda_probes.py" --socket="$sock" --python-root="$here/python" \
+    --probes=sticky,empty_cache,runtime_expandable --segments=$n_seg
+fi
+torch_step torch_off off "$here/torch_check.py" --socket="$sock" --python-root="$here/python" \
+  --seqs=2048,4096
+torch_step torch_on on "$here/torch_check.py" --socket="$sock" --python-root="$here/python" \
+  --seqs=2048 --steps=2
+torch_step transformers_off off "$here/transformers_check.py" --socket="$sock" --fixture-dir="$here"
+torch_step transformers_on on "$here/transformers_check.py" --socket="$sock" --fixture-dir="$here" \
+  --seqs=2048 --trainer-steps=2 --timed-steps=1
+if needs probes_on ipc; then
+  torch_step probes_on on "$here/cuda_probes.py" --socket="$sock" --python-root="$here/python" \
+    --probes=sticky
+fi
 
-# 9. PyTorch example model on CUDA (the machine's python3 with torch, grpcio, protobuf).
-say "PyTorch example model: gradients, step times, memory"
-PYTHONPATH="$here/python" timeout 300 "$PY" "$here/torch_check.py" --socket="$sock" \
-  --python-root="$here/python" > "$logs/torch.log" 2>&1
-rc=$?
-grep -E "^(torch|PASS|FAIL|SKIPPED|FIGURE)" "$logs/torch.log"; grep "^FIGURE" "$logs/torch.log" >> "$figures"
-[ $rc -eq 0 ] || { echo "FAIL: torch_check exited $rc"; tail -15 "$logs/torch.log"; fails=$((fails+1)); }
+# 7b. GaLore through the Trainer on CUDA: offloadd.galore with projector backend lapack (the
+# daemon above) and cusolver (a second daemon), against stock galore-torch (SKIPPED without it).
+galore_step() {
+  needs galore py daemon || return
+  echo 'projector { backend: "cusolver" }' > "$logs/cusolver.conf"
+  LD_LIBRARY_PATH="$LIB" "$here/bin/offloadd" --backend=$backend --pool_bytes=1GiB \
+    --config="$logs/cusolver.conf" --socket_path="$sock.cusolver" --metrics_address= \
+    > "$logs/daemon-cusolver.log" 2>&1 &
+  local d2=$!
+  for _ in $(seq 1 100); do grep -q "ready on" "$logs/daemon-cusolver.log" && break; sleep 0.1; done
+  run_step galore env PYTHONPATH="$PYPATH" "$PY" "$here/galore_check.py" --socket="$sock" \
+    --cusolver-socket="$sock.cusolver" --fixture-dir="$here"
+  kill -TERM $d2 2>/dev/null  # then SIGKILL after 10 s, as stop_daemon does
+  for _ in $(seq 1 100); do kill -0 $d2 2>/dev/null || break; sleep 0.1; done
+  kill -KILL $d2 2>/dev/null; wait $d2 2>/dev/null
+}
+galore_step
 
-# 9b. The real-stack acceptance on CUDA tensors: the reference study's Qwen3 step at two sequence
-# lengths (peak GPU memory and step time per mode) and 5 Trainer steps, with this machine's
-# torch and Transformers (SKIPPED where Transformers is missing).
-say "Transformers: seed Qwen3 step and Trainer on CUDA"
-PYTHONPATH="$here/python" timeout 600 "$PY" "$here/transformers_check.py" --socket="$sock" \
-  --fixture-dir="$here" > "$logs/transformers.log" 2>&1
-rc=$?
-grep -E "^(torch|PASS|FAIL|SKIPPED|FIGURE)" "$logs/transformers.log"
-grep "^FIGURE" "$logs/transformers.log" >> "$figures"
-[ $rc -eq 0 ] || { echo "FAIL: transformers_check exited $rc"; tail -15 "$logs/transformers.log"; fails=$((fails+1)); }
+# 8. The same daemon still serves after everything above; handle opens and closes; clean stop.
+health health2
+if [ -n "$daemon" ]; then
+  say "stopping offloadd (SIGTERM; killed after 10 s)"
+  l=$(left)
+  if [ "${BUDGET[stop]}" -gt "$l" ]; then echo "NOTE: past the deadline budget; stopping anyway"; fi
+  stop_daemon || fails=$((fails + 1))
+  opens=$(grep -c "opened IPC memory handle" "$logs/daemon.log")
+  closes=$(grep -c "closed IPC memory handle" "$logs/daemon.log")
+  if [ "$opens" -gt 0 ]; then
+    figure "ipc_handle_opens $opens opens, $closes closes over the run"
+    [ "$opens" -eq "$closes" ] || fail "$opens IPC handle opens but $closes closes by the daemon's exit"
+  else
+    figure "ipc_handle_opens n/a (the daemon logged no handle opens)"
+  fi
+  grep -E "context on|host pool pinned" "$logs/daemon.log" | sed 's/^.*cuda: /daemon: /' | head -4
+fi
 
-# 10. Clean stop.
-kill -TERM $daemon; wait $daemon; drc=$?
-[ $drc -eq 0 ] || { echo "FAIL: offloadd exited $drc on SIGTERM"; fails=$((fails+1)); }
-grep -E "context on|host pool pinned" "$logs/daemon.log" | sed 's/^.*cuda: /daemon: /'
 
-say "figures ($(( $(date +%s) - start_s )) s; logs in $logs)"
+say "figures ($(( $(date +%s) - start_s )) s of $DEADLINE_S; logs in $logs)"
 cat "$figures"
-if [ $fails -gt 0 ]; then echo "RESULT: $fails failure(s)"; exit 1; fi
+if [ $fails -gt 0 ]; then echo "RESULT: $fails failure(s), $notrun step(s) not run"; exit 1; fi
+if [ $notrun -gt 0 ]; then
+  [ $ipc_ok -eq 1 ] || echo "RESULT: IPC unsupported in this sandbox"
+  echo "RESULT: no failure, $notrun step(s) not run"; exit 2
+fi
 echo "RESULT: all GPU checks passed"

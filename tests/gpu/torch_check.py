@@ -11,7 +11,16 @@ Checks, at two sequence lengths:
     no fallbacks);
   * step time (forward + backward, ms) of checkpointing alone vs torch's save_on_cpu vs offloadd;
   * GPU memory does not grow over 20 offloadd steps (docs/ARCHITECTURE.md, "Pitfalls": blocks
-    stuck in limbo).
+    stuck in limbo);
+  * host waits on the training thread per offloadd step (``stats.host_waits`` /
+    ``host_wait_seconds`` where the client counts them, else "n/a"; ``waited`` reloads too).
+
+With PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (run.sh runs it both ways) the context is
+made with the default strict=False and the first offloadd step decides: one error naming the
+setting (at the context or the first offload) passes and ends the check; offloads that all reach
+the daemon go on to the full check; any per-tensor fallback fails (a silent fallback).
+An unsupported torch, or any other exception, ends in one "FAIL: ..." line (the traceback goes to
+stderr, which run.sh keeps in the log).
 """
 
 import argparse
@@ -23,7 +32,25 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
 
 
+def expandable_on():
+    return "expandable_segments:true" in \
+        os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+
+
 def main():
+    import traceback
+    try:
+        return run()
+    except Exception as e:
+        traceback.print_exc()
+        import torch
+        print("FAIL: torch_check under torch %s: %s: %s"
+              % (torch.__version__, type(e).__name__, str(e).splitlines()[0][:300] if str(e)
+                 else ""))
+        return 1
+
+
+def run():
     p = argparse.ArgumentParser()
     p.add_argument("--socket", required=True)
     p.add_argument("--python-root", required=True, help="dir holding offloadd/ and examples/")
@@ -47,16 +74,25 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     import tiny_lm
-    import offloadd.torch as ot
+    try:
+        import offloadd.torch as ot
+    except ImportError as e:
+        print("FAIL: torch %s is not supported by this offloadd: %s" % (torch.__version__, e))
+        return 1
 
     dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda *_: None)
     mem = torch.cuda.memory_allocated if a.device == "cuda" else (lambda *_: 0)
     data = tiny_lm.CharData()
-    ctx = ot.offload_checkpoints(threshold_bytes=a.threshold_bytes, socket_path=a.socket,
-                                 strict=True, name="gpu-check")
-    print("torch %s on %s" % (torch.__version__, torch.cuda.get_device_name(dev)
-                              if a.device == "cuda" else "cpu"))
+    expandable = a.device == "cuda" and expandable_on()
+    print("torch %s on %s, expandable segments %s"
+          % (torch.__version__, torch.cuda.get_device_name(dev) if a.device == "cuda" else "cpu",
+             "on" if expandable else "off"))
+    try:
+        ctx = ot.offload_checkpoints(threshold_bytes=a.threshold_bytes, socket_path=a.socket,
+                                     strict=not expandable, name="gpu-check")
+    except Exception as e:
+        return refused(e, "making the context") if expandable else _raise(e)
 
     def step(model, idx, tgt, mode):
         model.zero_grad(set_to_none=True)
@@ -79,8 +115,13 @@ def main():
         step(model, idx, tgt, "checkpoint")
         ref = [q.grad.clone() for q in model.parameters()]
         before = ctx.stats.snapshot()
-        step(model, idx, tgt, "offloadd")
-        ot.synchronize()
+        try:
+            step(model, idx, tgt, "offloadd")
+            ot.synchronize()
+        except Exception as e:
+            if not expandable:
+                raise
+            return refused(e, "the first offloadd step")
         got = [q.grad.clone() for q in model.parameters()]
         d = ctx.stats.snapshot() - before
         for i, (r, o) in enumerate(zip(ref, got)):
@@ -88,6 +129,12 @@ def main():
                 print("FAIL: seq %d: gradient %d differs from no-offload checkpointing "
                       "(max abs diff %g)" % (s, i, (r - o).abs().max().item()))
                 return 1
+        if expandable and d.fallbacks:
+            print("FAIL: with expandable segments on, %d tensors fell back in-process (a silent "
+                  "per-tensor fallback) and %d reached the daemon: enable() must refuse the "
+                  "setting with one error, or the offloads must reach the daemon"
+                  % (d.fallbacks, d.offloaded))
+            return 1
         if d.offloaded == 0 or d.offloaded != d.reloaded or d.fallbacks != 0:
             print("FAIL: seq %d: not every input went through the daemon: %s" % (s, d.summary()))
             return 1
@@ -101,14 +148,24 @@ def main():
             for _ in range(2):
                 step(model, idx, tgt, mode)
             sync()
+            before = ctx.stats.snapshot()
             t0 = time.perf_counter()
             for _ in range(a.steps):
                 step(model, idx, tgt, mode)
             sync()
             times[mode] = (time.perf_counter() - t0) / a.steps * 1e3
+            if mode == "offloadd":
+                ot.synchronize()
+                d = ctx.stats.snapshot() - before
         for mode, ms in times.items():
             print("FIGURE step_ms_seq%d_%s %.1f ms (x%.2f of checkpoint)"
                   % (s, mode, ms, ms / times["checkpoint"]))
+        print("FIGURE host_waits_per_step_seq%d_offloadd %s waits, %s s (checkpoint: 0 by "
+              "construction; reloads waited for: %s, %s s)"
+              % (s, per_step(d, "host_waits", a.steps, "%.1f"),
+                 per_step(d, "host_wait_seconds", a.steps, "%.6f"),
+                 per_step(d, "waited", a.steps, "%.1f"),
+                 per_step(d, "waited_seconds", a.steps, "%.6f")))
 
         # Memory growth over 20 offloadd steps.
         sync()
@@ -127,6 +184,27 @@ def main():
             torch.cuda.empty_cache()
     ot.close()
     return 0
+
+
+def per_step(d, name, steps, fmt):
+    v = getattr(d, name, None)
+    return "n/a" if v is None else fmt % (v / steps)
+
+
+def refused(e, where):
+    """The expandable-segments outcome when offloadd raised: PASS if the error names the
+    setting, FAIL otherwise."""
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if "expandable" in msg.lower():
+        print("PASS expandable segments refused with one error at %s: %s" % (where, msg[:300]))
+        return 0
+    print("FAIL: with expandable segments on, %s raised an error that does not name the "
+          "setting: %s: %s" % (where, type(e).__name__, msg[:300]))
+    return 1
+
+
+def _raise(e):
+    raise e
 
 
 if __name__ == "__main__":

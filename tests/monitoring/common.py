@@ -23,7 +23,7 @@ PROMETHEUS_K8S_YML = os.path.join(MONITORING, "prometheus", "prometheus-kubernet
 ALERTS_YML = os.path.join(MONITORING, "prometheus", "alerts.yml")
 ALERTS_TEST_YML = os.path.join(MONITORING, "prometheus", "alerts_test.yml")
 
-# The metric families issue 7 asks for: (name, type, labels at least one series must carry).
+# The metric families the daemon must export: (name, type, labels at least one series must carry).
 # Histograms are checked through their _bucket/_sum/_count series. Families marked
 # "requested" did not exist in server/metrics/metrics.h when this suite was written.
 ISSUE_METRICS = [
@@ -217,7 +217,7 @@ def http_get(url, timeout=5):
 class Daemon:
     """build/bin/offloadd on a socket under `tmpdir`, the shm backend, a small pool."""
 
-    def __init__(self, tmpdir, metrics_port=None, extra=()):
+    def __init__(self, tmpdir, metrics_port=None, extra=(), env=None):
         self.socket_path = os.path.join(tmpdir, "d.sock")
         self.log_path = os.path.join(tmpdir, "offloadd.log")
         self.metrics_port = metrics_port
@@ -226,7 +226,7 @@ class Daemon:
                 "--metrics_address=" + ("127.0.0.1:%d" % metrics_port if metrics_port else "")]
         args += list(extra)
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout=20):
         deadline = time.monotonic() + timeout

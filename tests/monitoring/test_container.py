@@ -148,6 +148,11 @@ class EntrypointTest(unittest.TestCase):
             self.daemon.terminate()
             self.daemon.wait(timeout=30)
         shutil.rmtree(self.tmp)
+        if getattr(self, "pool", None):
+            try:
+                os.unlink("/dev/shm/" + self.pool)
+            except OSError:
+                pass
 
     def write_conf(self, text):
         path = os.path.join(self.root, "etc", "offloadd", "offloadd.conf")
@@ -196,6 +201,9 @@ class EntrypointTest(unittest.TestCase):
         text = re.sub(r'(?m)^(\s*)backend:.*$', r'\1backend: "shm"', self.conf_text)
         text = re.sub(r'(?m)^(\s*)pool_bytes:.*$', r'\1pool_bytes: 16MiB', text)
         text = re.sub(r'(?m)^(\s*)pool_mlock:.*$', r'\1pool_mlock: false', text)
+        # A pool object of this test's own, removed afterwards (not the node's offloadd-pool).
+        self.pool = "offloadd-ct-%d" % os.getpid()
+        text = re.sub(r'(?m)^(\s*)pool_shm_name:.*$', r'\1pool_shm_name: "%s"' % self.pool, text)
         conf = self.write_conf(text)
         as_daemon = ["setpriv", "--reuid=10001", "--regid=10001", "--groups=%d" % gid]
         self.daemon = subprocess.Popen(as_daemon + [self.entry] + self.args(),
@@ -255,6 +263,39 @@ class InstallTest(unittest.TestCase):
                 self.assertTrue(os.path.isfile(tmp + doc), doc + " not installed")
             self.assertEqual(common.read_text(tmp + docs[0]),
                              common.read_text(os.path.join(common.REPO, "README.md")))
+        finally:
+            shutil.rmtree(tmp)
+
+    def test_advice_names_what_systemd_reads(self):
+        tmp = common.short_tmpdir("ofia")
+        try:
+            for prefix, want in (("/usr/local", "next: systemctl daemon-reload (systemd reads "
+                                                "/usr/local/lib/systemd/system)"),
+                                 ("/opt/offloadd", "next: systemd does not read /opt/offloadd/"
+                                                   "lib/systemd/system: link the units with "
+                                                   "'systemctl link /opt/offloadd/lib/systemd/"
+                                                   "system/offloadd.service'")):
+                r = subprocess.run(["bash", os.path.join(common.DEPLOY, "install.sh"), "--bin",
+                                    common.bin_dir(), prefix, tmp],
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertIn(want, r.stdout)
+        finally:
+            shutil.rmtree(tmp)
+
+    def test_make_install_builds_nothing(self):
+        # `sudo make install` must not run apt, pip or Bazel as root: no prerequisites.
+        text = common.read_text(os.path.join(common.REPO, "Makefile"))
+        rule = re.search(r"(?m)^install:(.*)$", text)
+        self.assertTrue(rule, "no install rule in the Makefile")
+        self.assertEqual(rule.group(1).strip(), "", "install depends on %s" % rule.group(1))
+        tmp = common.short_tmpdir("ofib")
+        try:
+            r = subprocess.run(["bash", os.path.join(common.DEPLOY, "install.sh"), "--bin",
+                                os.path.join(tmp, "none"), "/usr/local", tmp],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("run 'make build' as yourself first (not as root)", r.stderr)
         finally:
             shutil.rmtree(tmp)
 

@@ -11,11 +11,13 @@ import unittest
 import common
 
 ROWS = ["Pool", "Link saturation", "Throughput", "Latency quantiles", "Fairness",
-        "Sessions and IPC", "GaLore refreshes"]
+        "Sessions and IPC", "Clients", "Spill tier, restarts and errors", "GaLore refreshes"]
 # Series labelled by GPU: their panels must follow the gpu variable.
 GPU_METRICS = ("offloadd_transfer_bytes_total", "offloadd_transfers_total",
                "offloadd_reload_deadline_misses_total", "offloadd_ipc_handles_open",
-               "offloadd_ipc_handle_opens_total", "offloadd_link_gpu_bytes_total")
+               "offloadd_ipc_handle_opens_total", "offloadd_link_gpu_bytes_total",
+               "offloadd_client_fallbacks_total", "offloadd_client_host_wait_seconds_total",
+               "offloadd_client_idle_steps_total")
 
 
 class DashboardTest(unittest.TestCase):
@@ -59,7 +61,7 @@ class DashboardTest(unittest.TestCase):
                     self.assertIn('gpu=~"$gpu"', t["expr"], p["title"])
 
     def test_link_gpu_bytes_chunks_in_flight_and_refresh_panels(self):
-        """Issue 17: per-GPU link bytes (fairness), chunks in flight, projector refreshes."""
+        """Per-GPU link bytes (fairness), chunks in flight, projector refreshes."""
         def panel_of(metric):
             return [(p, t["expr"]) for p in self.panels for t in p["targets"]
                     if re.search(r"\b%s\b" % metric, t["expr"])]
@@ -74,6 +76,15 @@ class DashboardTest(unittest.TestCase):
         refreshes = panel_of("offloadd_projector_refreshes_total")
         self.assertTrue(refreshes, "no panel shows offloadd_projector_refreshes_total")
         self.assertIn("outcome", refreshes[0][1])
+
+    def test_clients_and_data_loss_panels(self):
+        exprs = " ".join(t["expr"] for p in self.panels for t in p["targets"])
+        for name in ("offloadd_client_fallbacks_total", "offloadd_client_host_wait_seconds_total",
+                     "offloadd_client_idle_steps_total", "offloadd_spill_blocks_lost_total",
+                     "offloadd_adoption_dropped_blocks_total", "offloadd_spill_failures_total",
+                     "offloadd_adopted_blocks_expired_total", "offloadd_request_errors_total",
+                     "offloadd_pool_numa_fallback_total"):
+            self.assertIn(name, exprs)
 
     def test_units_and_unique_ids(self):
         ids = [p["id"] for p in self.d["panels"]]

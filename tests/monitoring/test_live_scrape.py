@@ -29,6 +29,16 @@ BYTES = TRANSFERS * LAYER_BYTES  # per direction
 DEADLINE_S = 50  # for the whole class
 
 
+# Families the README documents as appearing with their first event, which this workload (one
+# C++ client, no errors, closed before the scrape) has none of: request errors (the first error),
+# the clients' reports by GPU (a session open on the GPU, or its first report). Their names are
+# checked against server/metrics/metrics.cc by test_readme_metrics instead.
+APPEAR_WITH_THEIR_EVENT = {"offloadd_request_errors_total", "offloadd_client_fallbacks_total",
+                           "offloadd_client_host_waits_total",
+                           "offloadd_client_host_wait_seconds_total",
+                           "offloadd_client_idle_steps_total"}
+
+
 class LiveScrapeTest(unittest.TestCase):
     daemon = prom = prom_log = tmp = None
 
@@ -199,7 +209,8 @@ class LiveScrapeTest(unittest.TestCase):
                 uses.setdefault(name, []).append(where)
         self.assertIn("offloadd_transfers_total", uses)  # the extraction found names at all
         missing = sorted(n for n in uses
-                         if n not in names and n not in common.PROMETHEUS_OWN_METRICS)
+                         if n not in names and n not in common.PROMETHEUS_OWN_METRICS
+                         and n not in APPEAR_WITH_THEIR_EVENT)
         if missing:
             self.fail("metrics used by the dashboard/rules but absent from the daemon's /metrics:\n"
                       + "\n".join("  %s  (%s)" % (n, "; ".join(sorted(set(uses[n]))))
@@ -223,7 +234,7 @@ class LiveScrapeTest(unittest.TestCase):
             if lack:
                 problems.append("  %s: no series carries label(s) %s" % (family, ", ".join(lack)))
         if problems:
-            self.fail("issue 7 metric set incomplete:\n" + "\n".join(problems))
+            self.fail("required metric set incomplete:\n" + "\n".join(problems))
 
     def test_naming_rules(self):
         samples, types = self.samples()
@@ -260,7 +271,13 @@ class LiveScrapeTest(unittest.TestCase):
         self.assertEqual({r["name"] for r in got}, want)
         for r in got:
             self.assertEqual(r["health"], "ok", "%s: %s" % (r["name"], r.get("lastError")))
-        # Nothing is wrong with this daemon: no alert may be firing or pending.
+        # Nothing is wrong with this daemon: no alert may be firing or pending once the rules
+        # were evaluated over scraped data (an evaluation before the first scrape finds no
+        # target at all: OffloaddNoTargets pending until the next one, later on a loaded host).
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(r["state"] != "inactive" for r in got):
+            time.sleep(0.5)
+            got = rules()
         self.assertEqual([r["name"] for r in got if r["state"] != "inactive"], [])
 
 

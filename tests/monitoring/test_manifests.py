@@ -91,7 +91,11 @@ class SocketUnitTest(unittest.TestCase):
         self.assertEqual(sock.get("RemoveOnStop"), "no")
         self.assertEqual(svc_unit["Service"].get("RuntimeDirectoryPreserve"), "yes",
                          "the service's RuntimeDirectory would remove the socket at stop")
-        self.assertIn("offloadd.socket", svc_unit["Unit"].get("Wants", ""))
+        # Optional: starting the service must not start the socket unit (then socket_mode and
+        # socket_group would be ignored and a stop undone by the next connect).
+        for key in ("Wants", "Requires", "BindsTo", "Requisite"):
+            self.assertNotIn("offloadd.socket", svc_unit["Unit"].get(key, ""), key)
+        self.assertIn("offloadd.socket", svc_unit["Unit"].get("After", ""))
 
     @unittest.skipUnless(shutil.which("systemd-analyze"), "systemd-analyze not installed")
     def test_systemd_analyze_verify(self):
@@ -126,6 +130,46 @@ class SystemdUnitTest(unittest.TestCase):
         self.assertIn("WantedBy", self.unit["Install"])
         for key in ("NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp"):
             self.assertIn(key, svc, "hardening option %s missing" % key)
+        # Active only once the daemon serves: it sends READY=1 (sd_notify) itself.
+        self.assertEqual(svc.get("Type"), "notify")
+        self.assertEqual(svc.get("NotifyAccess"), "main")
+
+    def test_example_spill_directory_writable_under_protect_system(self):
+        # ProtectSystem=strict makes every path read-only but those the unit names: the
+        # example's spill_directory must be under one (StateDirectory= or ReadWritePaths=).
+        self.assertEqual(self.svc.get("ProtectSystem"), "strict")
+        example = re.search(r'(?m)^# spill_directory: "([^"]+)"', common.read_text(EXAMPLE))
+        spill = example.group(1)
+        writable = ["/var/lib/" + d for d in self.svc.get("StateDirectory", "").split()]
+        writable += [p.lstrip("-") for p in self.svc.get("ReadWritePaths", "").split()]
+        self.assertTrue(any(spill == w or spill.startswith(w + "/") for w in writable),
+                        "spill_directory %s is read-only under the unit (%s)" % (spill, writable))
+
+    @unittest.skipUnless(os.geteuid() == 0 and shutil.which("unshare"),
+                         "needs root for a read-only bind mount (unshare --mount)")
+    def test_check_config_names_a_read_only_spill_directory(self):
+        tmp = common.short_tmpdir("ofmr")
+        try:
+            conf = os.path.join(tmp, "offloadd.conf")
+            spill = os.path.join(tmp, "ro", "spill")
+            os.makedirs(spill)
+            with open(conf, "w") as f:
+                f.write('backend: "shm"\npool_bytes: 16777216\nspill_directory: "%s"\n' % spill)
+            # What ProtectSystem=strict does to a path the unit does not list: read-only.
+            script = ('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && '
+                      'exec "$2" --check-config "$3" --socket_path="$4"')
+            r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                script, "sh", os.path.join(tmp, "ro"), common.binary("offloadd"),
+                                conf, os.path.join(tmp, "d.sock")],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertIn("spill_directory %s is on a file system that is read-only" % spill,
+                          r.stderr)
+            self.assertIn("ReadWritePaths=%s" % spill, r.stderr)
+            ok = check_config(conf, ["--socket_path=" + os.path.join(tmp, "d.sock")])
+            self.assertEqual(ok.returncode, 0, ok.stdout + ok.stderr)
+        finally:
+            shutil.rmtree(tmp)
 
     def test_no_hardening_that_breaks_cuda(self):
         # These hide /dev/nvidia* or forbid the driver's W+X mappings.
@@ -342,6 +386,25 @@ class KubernetesTest(unittest.TestCase):
         finally:
             shutil.rmtree(tmp)
 
+    def test_check_config_notes_huge_pages_dev_shm_cannot_give(self):
+        with open("/proc/self/mountinfo") as f:
+            shm = [l.split(" - ", 1)[1] for l in f if l.split()[4] == "/dev/shm"]
+        if not shm or "huge=" in shm[-1].split()[2]:
+            self.skipTest("/dev/shm here is mounted with huge=...: nothing to note")
+        tmp = common.short_tmpdir("ofmh")
+        try:
+            path = os.path.join(tmp, "offloadd.conf")
+            with open(path, "w") as f:
+                f.write(self.conf_text())
+            flags = [a for a in self.args if common.flag_name(a) != "config"]
+            r = check_config(path, flags + ["--socket_path=" + os.path.join(tmp, "d.sock")])
+            self.assertTrue(config_valid(r), r.stdout + r.stderr)
+            self.assertIn("offloadd: note: pool_huge_pages is set, but the shared pool "
+                          "(pool_shm_name) lives in /dev/shm, a tmpfs mounted with huge=never",
+                          r.stdout)
+        finally:
+            shutil.rmtree(tmp)
+
     def test_readiness_probe_against_live_daemon(self):
         cmd = list(self.container["readinessProbe"]["exec"]["command"])
         tmp = common.short_tmpdir("ofmk")
@@ -370,6 +433,44 @@ def parse_quantity(q):
     mult = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6,
             "G": 1e9, "T": 1e12}[m.group(2)]
     return float(m.group(1)) * mult
+
+
+class VersionAndTargetsTest(unittest.TestCase):
+    """What the deployment files name exists: image tags are the build's version, and every
+    `make TARGET` the docs and deploy files mention is a Makefile target."""
+
+    def test_image_tags_are_the_daemon_version(self):
+        v = subprocess.run([common.binary("offloadd"), "--version"], capture_output=True,
+                           text=True, timeout=20).stdout.split()[1]
+        ds = [d for d in load_k8s_docs() if d.get("kind") == "DaemonSet"][0]
+        spec = ds["spec"]["template"]["spec"]
+        images = [c["image"] for c in spec["containers"] + spec.get("initContainers", [])]
+        self.assertTrue(images)
+        for image in images:
+            self.assertEqual(image.rsplit(":", 1)[1], v, "%s is not version %s" % (image, v))
+        readme = common.read_text(README)
+        for tag in re.findall(r"offloadd:(\d+\.\d+\.\d+)", readme):
+            self.assertEqual(tag, v, "deploy/README.md names offloadd:%s" % tag)
+        build = common.read_text(os.path.join(common.DEPLOY, "container", "build-image.sh"))
+        code = "\n".join(l for l in build.splitlines() if not l.lstrip().startswith("#"))
+        self.assertNotRegex(code, r"\d+\.\d+\.\d+", "build-image.sh hard-codes a version")
+        pyproject = common.read_text(os.path.join(common.REPO, "client", "python",
+                                                  "pyproject.toml"))
+        self.assertRegex(pyproject, r'(?m)^version = "%s"' % re.escape(v))
+
+    def test_every_make_target_mentioned_exists(self):
+        makefile = common.read_text(os.path.join(common.REPO, "Makefile"))
+        targets = set(re.findall(r"(?m)^([a-z][a-z-]*):", makefile))
+        files = [os.path.join(common.REPO, "README.md"), README,
+                 os.path.join(common.DEPLOY, "container", "Containerfile")]
+        files += [os.path.join(common.DEPLOY, n) for n in os.listdir(common.DEPLOY)
+                  if n.endswith(".sh")]
+        files += [os.path.join(common.DEPLOY, "container", n)
+                  for n in os.listdir(os.path.join(common.DEPLOY, "container")) if n.endswith(".sh")]
+        for path in files:
+            for target in re.findall(r"`(?:sudo )?make ([a-z][a-z-]*)", common.read_text(path)):
+                self.assertIn(target, targets, "%s names `make %s`, which the Makefile lacks"
+                              % (os.path.relpath(path, common.REPO), target))
 
 
 class ReadmeTest(unittest.TestCase):

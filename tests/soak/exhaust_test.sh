@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Resource exhaustion (issue 13): attackers push every bound for 30 s beside a well-behaved
+# Resource exhaustion: attackers push every bound for 30 s beside a well-behaved
 # client; see exhaust.py. Ceilings: RSS growth 256 MiB, page tables 64 MiB.
 set -euo pipefail
 R=${TEST_SRCDIR:-.}/offloadd

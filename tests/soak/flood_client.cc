@@ -7,7 +7,8 @@
 // tagged 4 KiB offloads, reloads of those tags with release_after, and a few requests that are
 // wrong on purpose (unknown region). With --read=1 a reader thread counts the answers by code;
 // with --read=0 it never reads them (the daemon must then stop reading this stream rather than
-// queue answers without bound). After T seconds the stream is cancelled. Prints
+// queue answers without bound). After T seconds the stream is cancelled (a
+// non-reading client: once it has been held back, at most 3 T). Prints
 //   sent <requests written> ok <n> exhausted <n> other <n> write_blocked <0|1>
 #include <atomic>
 #include <chrono>
@@ -90,11 +91,16 @@ int main(int argc, char** argv) {
   std::atomic<bool> writing{true};
   std::atomic<uint64_t> sent{0};
   std::atomic<bool> write_blocked{false};
-  // Cancels the stream at the end even if a Write() is blocked by flow control.
+  // Cancels the stream at the end even if a Write() is blocked by flow control. A client that
+  // does not read keeps writing past T (up to 3 T) until it has been held back once, so a loaded
+  // machine that schedules it late still shows whether flow control engages.
   std::thread timer([&] {
-    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    const auto start = std::chrono::steady_clock::now();
+    const auto end = start + std::chrono::duration<double>(seconds);
+    const auto latest = start + std::chrono::duration<double>(read ? seconds : 3 * seconds);
     uint64_t last = 0;
-    while (std::chrono::steady_clock::now() < end) {
+    for (auto t = start; t < end || (!write_blocked && t < latest);
+         t = std::chrono::steady_clock::now()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       uint64_t now = sent.load();
       if (now == last) write_blocked = true;  // no progress for 0.5 s: the daemon holds us

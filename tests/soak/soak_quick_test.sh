@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Short chaos soak for CI (24 s, a client SIGKILLed every ~2 s, the daemon SIGKILLed 3 times and
-# SIGTERMed once on its shared pool, clients resuming by themselves; under a minute with the
-# final grace wait); the full run is `make soak` (tests/soak/soak.py).
+# SIGTERMed once on its shared pool, frozen (SIGSTOP) once for 3 s, clients resuming by themselves;
+# under a minute with the final grace wait); the full run is `make soak` (tests/soak/soak.py).
 set -euo pipefail
 R=${TEST_SRCDIR:-.}/offloadd
 bin=$(mktemp -d /tmp/ofd-soak-bin-XXXXXX)

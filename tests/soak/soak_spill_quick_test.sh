@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Short chaos soak with the spill tier active (issue 18), for CI: a 4 MiB pool under 8 clients
+# Short chaos soak with the spill tier active, for CI: a 4 MiB pool under 8 clients
 # that hold up to 16 blocks of up to 2 MiB each, so blocks keep going to disk and coming back
 # while a client is SIGKILLed every ~2 s; the daemon is SIGTERMed and restarted once (spilled
 # blocks do not survive a restart, so no SIGKILL rounds on a shared pool here). Exit 0 means
