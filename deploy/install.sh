@@ -11,7 +11,9 @@
 #   PREFIX/share/doc/offloadd/README.md, DEPLOY.md,       what the unit's Documentation= names,
 #     offloadd.conf.example                               the deployment notes, the config
 # Everything goes under DESTDIR (default empty) for staging. /etc is left alone: copy the
-# example config to /etc/offloadd/offloadd.conf yourself (deploy/README.md).
+# example config to /etc/offloadd/offloadd.conf yourself (deploy/README.md). Nothing is built:
+# run `make build` as yourself first (then `sudo make install`); binaries older than the
+# sources they come from are installed with a warning.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/build/bin
@@ -23,8 +25,18 @@ fi
 prefix=${1%/}
 dest=${2:-}
 for b in offloadd offloadctl; do
-  [ -x "$bin/$b" ] || { echo "install.sh: $bin/$b missing: run make build first" >&2; exit 1; }
+  [ -x "$bin/$b" ] || {
+    echo "install.sh: $bin/$b missing: run 'make build' as yourself first (not as root), then" \
+         "'sudo make install'" >&2
+    exit 1
+  }
 done
+newer=$(find "$root/server" "$root/client" "$root/proto" -newer "$bin/offloadd" -type f \
+          \( -name '*.cc' -o -name '*.h' -o -name '*.proto' \) -print -quit 2>/dev/null || true)
+if [ -n "$newer" ]; then
+  echo "install.sh: warning: $bin/offloadd is older than ${newer#"$root"/}: run 'make build'" \
+       "again to install the current sources" >&2
+fi
 docdir=$prefix/share/doc/offloadd
 install -d "$dest$prefix/bin" "$dest$prefix/lib/systemd/system" "$dest$docdir"
 install -m 0755 "$bin/offloadd" "$bin/offloadctl" "$dest$prefix/bin/"
@@ -43,5 +55,16 @@ for doc in $(sed -n 's/^Documentation=//p' "$dest$prefix/lib/systemd/system/offl
     file://*) [ -f "$dest${doc#file://}" ] || { echo "install.sh: $doc not installed" >&2; exit 1; } ;;
   esac
 done
-echo "installed offloadd in $dest$prefix (unit: $prefix/lib/systemd/system/offloadd.service;" \
-     "systemctl daemon-reload to see it)"
+unitdir=$prefix/lib/systemd/system
+echo "installed offloadd in $dest$prefix (unit: $unitdir/offloadd.service)"
+# systemd reads system units from these directories only (systemd.unit(5), "System Unit Search
+# Path"); a unit elsewhere must be linked into /etc/systemd/system first.
+case $unitdir in
+  /etc/systemd/system | /usr/local/lib/systemd/system | /usr/lib/systemd/system | \
+  /lib/systemd/system)
+    echo "next: systemctl daemon-reload (systemd reads $unitdir)" ;;
+  *)
+    echo "next: systemd does not read $unitdir: link the units with" \
+         "'systemctl link $unitdir/offloadd.service' (and offloadd.socket for socket" \
+         "activation), then systemctl daemon-reload" ;;
+esac

@@ -5,10 +5,15 @@
 #
 #   deploy/make_gpu_bundle.sh [OUT_DIR]     # default: <repo>/gpu-bundle
 #
-# Layout: bin/ (offloadd with the cuda backend, gpu_e2e, kernels_gpu_check, copy_sim_bench for
-# the timing model's calibration, the fake-based unit tests), lib/ (every shared library those load per ldd, except the driver's libcuda/libnvidia-*
-# and glibc's own libraries), python/ (the offloadd package with generated stubs, examples),
-# run.sh, torch_check.py, MANIFEST (versions, glibc requirement, sizes).
+# Layout: bin/ (offloadd with the cuda backend, gpu_e2e, gpu_probes, kernels_gpu_check,
+# copy_sim_bench for the timing model's calibration, the fake-based unit tests), lib/ (every
+# shared library those load per ldd, except the driver's libcuda/libnvidia-* and glibc's own
+# libraries), python/ (the offloadd package with generated stubs, examples), pydeps/ (grpcio,
+# protobuf and typing_extensions wheels at the pinned versions for the CPython versions that fit
+# under the size limit, newest-common first; run.sh unpacks them only when the GPU machine's
+# python3 lacks grpcio/protobuf), run.sh and the check scripts, MANIFEST (versions, glibc
+# requirement, sizes). The wheels come from PyPI through pip once and are cached in
+# build/gpu-bundle-wheels/; offline, the bundle is made without them (MANIFEST says so).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-"$root/gpu-bundle"}
@@ -19,16 +24,16 @@ if [ ! -x /usr/local/cuda/bin/nvcc ]; then
   echo "make_gpu_bundle.sh: no CUDA toolkit at /usr/local/cuda: the bundle needs the cuda backend" >&2
   exit 1
 fi
-targets="//tests/gpu:offloadd_cuda //tests/gpu:gpu_e2e //kernels:kernels_gpu_check \
+targets="//server:offloadd //tests/gpu:gpu_e2e //tests/gpu:gpu_probes //kernels:kernels_gpu_check \
   //server/copy:cuda_engine_test //client:cuda_export_test //bench:copy_sim_bench_cuda"
 bazel build $targets
 bin=$(bazel info bazel-bin 2>/dev/null)
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/python"
-cp "$bin/tests/gpu/offloadd_cuda" "$out/bin/offloadd"
+cp "$bin/server/offloadd" "$out/bin/offloadd"  # the cuda backend is in where the toolkit is
 cp "$bin/bench/copy_sim_bench_cuda" "$out/bin/copy_sim_bench"  # --backend=cuda|sim: calibration
-cp "$bin/tests/gpu/gpu_e2e" "$bin/kernels/kernels_gpu_check" "$bin/server/copy/cuda_engine_test" \
+cp "$bin/tests/gpu/gpu_e2e" "$bin/tests/gpu/gpu_probes" "$bin/kernels/kernels_gpu_check" "$bin/server/copy/cuda_engine_test" \
   "$bin/client/cuda_export_test" "$out/bin/"
 chmod u+w "$out"/bin/*
 strip --strip-debug "$out"/bin/*
@@ -57,19 +62,48 @@ cp -r client/python/offloadd "$out/python/"
 cp -r client/python/examples "$out/python/"
 sh client/python/gen_proto.sh >/dev/null
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
-cp tests/gpu/run.sh tests/gpu/torch_check.py tests/gpu/transformers_check.py \
-  client/python/tests/qwen3_fixture.py "$out/"
+cp tests/gpu/run.sh tests/gpu/torch_check.py tests/gpu/transformers_check.py tests/gpu/cuda_probes.py \
+  tests/gpu/galore_check.py client/python/tests/qwen3_fixture.py \
+  client/python/tests/galore_fixture.py "$out/"
 chmod +x "$out/run.sh"
+
+# Python packages the client needs beyond torch, for a GPU machine whose python3 lacks them.
+wheel_cache="$root/build/gpu-bundle-wheels"
+mkdir -p "$wheel_cache" "$out/pydeps"
+pins=$(grep -E '^(grpcio|protobuf|typing_extensions)==' client/python/requirements.lock)
+pip="$root/.venv/bin/pip"; [ -x "$pip" ] || pip="python3 -m pip"
+# Wheels are added while the bundle stays 6 MiB under the limit: room for the checkout it may
+# travel with to the GPU machine (64 MiB in all).
+wheel_room=$(( limit_bytes - (6 << 20) ))
+wheels_for=""
+for v in 3.12 3.11 3.10 3.13 3.14; do
+  tag=cp${v/./}
+  if ! ls "$wheel_cache"/grpcio-*-"$tag"-*.whl > /dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    $pip download --quiet --only-binary=:all: --no-deps --python-version "$v" --implementation cp \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$wheel_cache" $pins \
+      > /dev/null 2>&1 || { echo "make_gpu_bundle.sh: no wheels for Python $v (offline?)"; continue; }
+  fi
+  set -- "$wheel_cache"/grpcio-*-"$tag"-*.whl
+  [ -f "$1" ] || continue
+  if [ $(( $(du -sb "$out" | cut -f1) + $(stat -c %s "$1") + (1 << 20) )) -gt $wheel_room ]; then
+    echo "make_gpu_bundle.sh: no room for the Python $v wheels under the 64 MiB limit"; break
+  fi
+  cp "$1" "$out/pydeps/"
+  wheels_for="$wheels_for $v"
+done
+cp "$wheel_cache"/protobuf-*-abi3-*.whl "$wheel_cache"/typing_extensions-*.whl "$out/pydeps/" 2>/dev/null || true
 
 glibc=$(for f in "$out"/bin/* "$out"/lib/*; do objdump -T "$f" 2>/dev/null; done |
   grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -1)
 size=$(du -sb "$out" | cut -f1)
 {
   echo "offloadd gpu bundle $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo +dirty) built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "needs: NVIDIA driver for CUDA 13 (libcuda.so.1), glibc >= ${glibc#GLIBC_}, x86-64, python3 with torch (CUDA), grpcio, protobuf"
+  echo "needs: NVIDIA driver for CUDA 13 (libcuda.so.1), glibc >= ${glibc#GLIBC_}, x86-64, python3 with torch (CUDA); grpcio and protobuf from the machine, else from pydeps/"
   echo "cuda toolkit: $(/usr/local/cuda/bin/nvcc --version | tail -1); kernels: sm_90 + compute_90 PTX"
   echo "size: $size bytes"
   echo "libs: $(ls "$out/lib" | tr '\n' ' ')"
+  echo "pydeps: grpcio/protobuf wheels for CPython${wheels_for:- none (offline build: python3 on the GPU machine must have grpcio and protobuf)}"
 } > "$out/MANIFEST"
 cat "$out/MANIFEST"
 if [ "$size" -gt "$limit_bytes" ]; then

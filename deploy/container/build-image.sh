@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Builds the DaemonSet image from deploy/container/Containerfile (`make image`).
 #
-#   deploy/container/build-image.sh [--stage-only] [IMAGE]     IMAGE default offloadd:0.2.0
+#   deploy/container/build-image.sh [--stage-only] [IMAGE]     IMAGE default offloadd:VERSION,
+#                                                              VERSION from `offloadd --version`
+#   make image [IMAGE=registry.example.com/offloadd:VERSION]
 #
 # 1. builds offloadd (with the cuda backend: needs the CUDA toolkit at /usr/local/cuda) and
 #    offloadctl with Bazel;
 # 2. stages the build context in build/image/: Containerfile and rootfs/ (the binaries, the
 #    entrypoint, libcudart from the toolkit, the documentation);
 # 3. builds IMAGE from it with the first of buildah, podman or docker that works here.
-# --stage-only stops after 2 (tests/monitoring/test_container.sh runs the staged rootfs).
+# --stage-only stops after 2.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 stage_only=false
 if [ "${1:-}" = --stage-only ]; then stage_only=true; shift; fi
-image=${1:-offloadd:0.2.0}
+image=${1:-}
 BAZEL=${BAZEL:-bazel}
 
 if [ ! -x /usr/local/cuda/bin/nvcc ] && [ "${OFFLOADD_IMAGE_ALLOW_NO_CUDA:-}" != 1 ]; then
@@ -24,6 +26,9 @@ if [ ! -x /usr/local/cuda/bin/nvcc ] && [ "${OFFLOADD_IMAGE_ALLOW_NO_CUDA:-}" !=
 fi
 $BAZEL build //server:offloadd //client/cli:offloadctl
 bin=$($BAZEL info bazel-bin 2>/dev/null)
+# The image's tag is the daemon's version (deploy/k8s/daemonset.yaml names the same).
+version=$("$bin/server/offloadd" --version | awk '{ print $2 }')
+image=${image:-offloadd:$version}
 
 ctx=build/image
 rm -rf "$ctx"

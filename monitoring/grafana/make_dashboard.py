@@ -118,8 +118,8 @@ def build():
               "{{instance}} {{link}} {{direction}}")], "percentunit", w=6, minimum=0, maximum=1,
             thresholds=[(None, "green"), (0.9, "red")])
     b.panel("Link throughput and capacity",
-            "Bytes/s copied per link direction, and the configured capacity (0 = unpaced, not "
-            "drawn).",
+            "Bytes/s copied per link direction, and the capacity it is paced at: configured, or "
+            "measured at start-up by link calibration (0 = unpaced, not drawn).",
             [(f"rate(offloadd_link_bytes_total{{{INST}}}{RATE})",
               "{{instance}} {{link}} {{direction}}"),
              (f"offloadd_link_capacity_bytes_per_second{{{INST}}} > 0",
@@ -208,6 +208,52 @@ def build():
             [(f"count by (version, backend) (offloadd_build_info{{{INST}}})",
               "{{version}} {{backend}}")], "short", kind="stat", w=6)
 
+    b.row("Clients")
+    b.panel("Fallbacks per GPU",
+            "Saved tensors the training processes kept in their own process per interval "
+            "(daemon unreachable or refusing), as the clients reported them. Any is a job "
+            "running without the offload it was sized for; `offloadctl sessions` names it.",
+            [(f"sum by (instance, gpu) (increase(offloadd_client_fallbacks_total{{{INST},{GPU}}}"
+              f"{RATE}))", "{{instance}} {{gpu}}")], "short", w=8, minimum=0)
+    b.panel("Training time waiting on reloads per GPU",
+            "Fraction of the time the training thread was blocked on an answer of the daemon "
+            "(a reload not there when backward needed it), as the clients reported it.",
+            [(f"sum by (instance, gpu) (rate(offloadd_client_host_wait_seconds_total"
+              f"{{{INST},{GPU}}}{RATE}))", "{{instance}} {{gpu}}")], "percentunit", w=8,
+            minimum=0)
+    b.panel("Idle steps per GPU",
+            "Training steps that saved tensors but sent none to the daemon (all below "
+            "threshold_bytes, kept by keep_last_n, or no checkpointing), per interval.",
+            [(f"sum by (instance, gpu) (increase(offloadd_client_idle_steps_total"
+              f"{{{INST},{GPU}}}{RATE}))", "{{instance}} {{gpu}}")], "short", w=8, minimum=0)
+
+    b.row("Spill tier, restarts and errors")
+    b.panel("Blocks lost (data loss)",
+            "Spilled blocks whose file was removed or damaged, and block records dropped at a "
+            "restart's adoption: each is a reload answered DATA_LOSS.",
+            [(f"sum by (instance) (increase(offloadd_spill_blocks_lost_total{{{INST}}}{RATE}))",
+              "{{instance}} spill lost"),
+             (f"sum by (instance, reason) (increase(offloadd_adoption_dropped_blocks_total"
+              f"{{{INST}}}{RATE}))", "{{instance}} adoption {{reason}}")], "short", w=6,
+            minimum=0)
+    b.panel("Spill failures by cause",
+            "Spills not done (the block stayed in the pool): write_error, disk_full.",
+            [(f"sum by (instance, cause) (increase(offloadd_spill_failures_total{{{INST}}}"
+              f"{RATE}))", "{{instance}} {{cause}}")], "short", w=6, minimum=0)
+    b.panel("Adopted blocks waiting / expired",
+            "After a restart on a shared pool: blocks not yet taken back by a resumed session, "
+            "and those freed because none resumed them within resume_grace_seconds.",
+            [(f"offloadd_adopted_blocks_waiting{{{INST}}}", "{{instance}} waiting"),
+             (f"increase(offloadd_adopted_blocks_expired_total{{{INST}}}{RATE})",
+              "{{instance}} expired")], "short", w=6, minimum=0)
+    b.panel("Request errors/s by code and NUMA fallbacks",
+            "Requests answered with an error, by gRPC code; pool allocations that left their "
+            "GPU's NUMA node, by reason.",
+            [(f"sum by (instance, code) (rate(offloadd_request_errors_total{{{INST}}}{RATE}))",
+              "{{instance}} {{code}}"),
+             (f"sum by (instance, reason) (rate(offloadd_pool_numa_fallback_total{{{INST}}}"
+              f"{RATE}))", "{{instance}} numa {{reason}}")], "ops", w=6, minimum=0)
+
     b.row("GaLore refreshes")
     b.panel("Projector refresh duration",
             "Time of one GaLore projector refresh (top-r SVD of a gradient); p50 and p99.",
@@ -222,6 +268,14 @@ def build():
             "projector), degenerate, invalid_input, cancelled, error.",
             [(f"sum by (instance, outcome) (rate(offloadd_projector_refreshes_total{{{INST}}}"
               f"{RATE}))", "{{instance}} {{outcome}}")], "ops", w=6, minimum=0, stack=True)
+    b.panel("Projector refreshes/s by source",
+            "computed: an SVD ran; deduplicated: another data-parallel rank's refresh of the "
+            "same key, with a bitwise equal gradient, gave its P; mismatched: a repeated key "
+            "whose gradient differed, computed on its own.",
+            [(f"sum by (instance, source) (rate(offloadd_projector_refresh_sources_total"
+              f"{{{INST}}}{RATE}))", "{{instance}} {{source}}"),
+             (f"sum by (instance) (rate(offloadd_projector_content_mismatches_total{{{INST}}}"
+              f"{RATE}))", "{{instance}} mismatched")], "ops", w=6, minimum=0)
     b.panel("Projector queue depth", "Refresh requests queued or running.",
             [(f"offloadd_projector_queue_depth{{{INST}}}", "{{instance}}")], "short", w=6,
             minimum=0)
