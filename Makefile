@@ -7,7 +7,7 @@ BAZEL ?= bazel
 BIN := build/bin
 TARGETS := //server:offloadd //client/cli:offloadctl //bench:checkpoint_workload
 
-.PHONY: deps venv wheel build run demo demo-torch test bench gpu-bundle fmt clean fuzz soak test-asan test-tsan tsa
+.PHONY: deps venv wheel build run demo demo-torch test bench gpu-bundle image fmt clean fuzz soak test-asan test-tsan tsa
 
 deps:
 	@bash deploy/install-deps.sh
@@ -71,6 +71,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_SRCS := tests/fuzz/session_fuzz.cc \
   $(filter-out %_test.cc,$(wildcard server/session/*.cc server/store/*.cc server/spill/*.cc \
     server/pool/*.cc server/sched/*.cc)) \
+  $(filter-out %_test.cc,$(wildcard server/base/*.cc)) \
   server/copy/shm_engine.cc server/metrics/metrics.cc server/rpc/translate.cc
 build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.h)
 	@mkdir -p build/fuzz/gen build/fuzz/corpus
@@ -96,11 +97,20 @@ test-tsan: deps
 	$(BAZEL) test --config=tsan $(TSAN_TESTS)
 
 # Binaries, the systemd unit and the documentation its Documentation= names, under PREFIX
-# (DESTDIR= for staging): deploy/install.sh.
+# (DESTDIR= for staging): deploy/install.sh. It installs what `make build` left in build/bin and
+# builds nothing, so `sudo make install` runs no apt, pip or Bazel as root and writes nothing
+# into the source tree: `make build` as yourself first.
 PREFIX ?= /usr/local
 .PHONY: install
-install: build
+install:
 	bash deploy/install.sh --bin $(BIN) $(PREFIX) $(DESTDIR)
+
+# The DaemonSet's container image (deploy/container/): binaries built here with Bazel (the cuda
+# backend needs the CUDA toolkit), then buildah, podman or docker. IMAGE defaults to
+# offloadd:<offloadd --version>.
+IMAGE ?=
+image: deps
+	bash deploy/container/build-image.sh $(IMAGE)
 
 gpu-bundle: deps
 	bash deploy/make_gpu_bundle.sh

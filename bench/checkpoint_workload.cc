@@ -9,9 +9,10 @@
 // Checkpoint contents are pseudo-random per (seed, step, layer); each reload is compared word by
 // word with the regenerated pattern.
 //
-// With --cuda_sim=1 the daemon runs --backend=cuda-sim (issue 16): the "device memory" is a
-// simulated allocation registered with SimMemHandle, no bytes move and none are checked, and
-// the JSON says "simulated": true — its rates are those of the timing model.
+// With --cuda_sim=1 the daemon runs --backend=cuda-sim: the "device memory" is a
+// simulated allocation registered with SimMemHandle, no bytes move and none are written or
+// checked (so the client's CPU does not limit the modelled rates), and the JSON says
+// "simulated": true — its rates are those of the timing model.
 //
 // Prints one JSON object on stdout (for the demo driver and tests) and exits 0 when every reload
 // was intact and no request failed, 1 otherwise, 2 for usage errors.
@@ -131,15 +132,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "checkpoint_workload: %s\n", client.status().ToString().c_str());
     return 1;
   }
-  // shm: the daemon maps this object. cuda-sim: the daemon only models a device allocation;
-  // a local buffer stands in for it so the schedule below runs unchanged (its bytes are
-  // written but never checked, since nothing moves them).
+  // shm: the daemon maps this object. cuda-sim: the daemon only models a device allocation, and
+  // nothing stands in for it here (nothing moves its bytes, so none are written or checked).
   absl::StatusOr<offloadd::client::ShmRegion> region = absl::UnknownError("unset");
-  std::vector<uint8_t> sim_memory;
   absl::StatusOr<uint64_t> region_id = absl::UnknownError("unset");
   if (a.cuda_sim) {
-    sim_memory.resize(a.slots * a.layer_bytes);
-    const uint64_t size = sim_memory.size();
+    const uint64_t size = a.slots * a.layer_bytes;
     region_id = (*client)->RegisterRegion(
         {offloadd::copy::SimMemHandle(size, static_cast<uint64_t>(getpid())), "", size});
   } else {
@@ -157,7 +155,7 @@ int main(int argc, char** argv) {
   // The daemon has mapped the object: drop its name now, so a SIGKILLed workload leaves
   // nothing behind in /dev/shm (both mappings stay valid until unmapped).
   if (!a.cuda_sim) shm_unlink(region->name().c_str());
-  auto* dev = a.cuda_sim ? sim_memory.data() : static_cast<uint8_t*>(region->data());
+  auto* dev = a.cuda_sim ? nullptr : static_cast<uint8_t*>(region->data());
   auto slot_offset = [&](uint64_t layer) { return (layer % a.slots) * a.layer_bytes; };
   auto key = [&](uint64_t step, uint64_t layer) { return (a.seed << 40) ^ (step << 20) ^ layer; };
 
@@ -187,7 +185,7 @@ int main(int argc, char** argv) {
     for (uint64_t layer = 0; layer < a.layers; ++layer) {
       if (layer >= a.slots) finish_offload(layer - a.slots);  // its slot is reused now
       Compute(a.forward_seconds);
-      Fill(dev + slot_offset(layer), a.layer_bytes, key(step, layer));
+      if (!a.cuda_sim) Fill(dev + slot_offset(layer), a.layer_bytes, key(step, layer));
       offloadd::client::OrderingHint order{a.ordering, step, layer};
       offloads[layer] =
           (*client)->Offload(*region_id, slot_offset(layer), a.layer_bytes, "", 0, order);

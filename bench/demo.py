@@ -3,7 +3,10 @@
 
 `make demo ARGS="--backend cuda-sim"` runs the same schedule against the cuda-sim backend (issue
 16): the daemon's real cuda copy engine over a timing model of GPU copy engines; no bytes move or
-are checked, every rate is labelled SIMULATED, and steps 2-3 below are skipped.
+are checked, every rate is labelled SIMULATED, and step 2 below is skipped. Step 3 then runs on a
+second cuda-sim daemon whose two simulated GPUs share one switch of --sim-fairness-gbps (their
+engines twice as fast), with no capacity configured: the daemon measures the switch's link at
+start-up (link calibration) and paces it at that, and the scenario's rates are its.
 
 Starts the daemon on its embedded defaults plus a config of the demo's links, written to a
 temporary folder that is removed after a passing run (shm backend, private socket, metrics off;
@@ -25,7 +28,7 @@ simulated GPUs share links --gpus-per-link at a time, paced at --link-gbps per d
     lets the heavy GPU crowd out the light one drives the index down; below --min-jain the demo
     fails.
 With --spill the pool is a quarter of the checkpoints all clients hold after forward and the
-daemon spills to a directory (issue 18; README "Spill tier"): the demo prints the spill tier's
+daemon spills to a directory (README "Spill tier"): the demo prints the spill tier's
 counters (blocks spilled and staged back, reloads that found their block on disk and their wait)
 and, every reload still being checked byte for byte, that nothing was lost.
 Sizes are binary (MiB, GiB = 2^20, 2^30 bytes), rates decimal (GB/s = 10^9 bytes/s, as link
@@ -190,17 +193,33 @@ def print_plan_check(stats, a, layer_bytes, memcpy_gbps):
               "copy chunks in parallel, which a single memcpy does not).")
 
 
-def fairness(a, sock):
-    """The unequal-demand scenario on link "fair" (see the module doc). Returns Jain's index
-    over served / max-min fair share."""
-    common = {"layers": 8, "layer_bytes": 2 * MiB, "steps": 100000,
+class FairLink:
+    """The fairness scenario's link: its name, its heavy and light GPUs, its capacity in bytes/s
+    (one direction), whether offloads and reloads share it (half duplex), the checkpoint size,
+    and whether the daemon is cuda-sim."""
+
+    def __init__(self, name, heavy, light, capacity, half_duplex, layer_bytes, sim):
+        self.name, self.heavy, self.light = name, heavy, light
+        self.capacity, self.half_duplex = capacity, half_duplex
+        self.layer_bytes, self.sim = layer_bytes, sim
+
+
+def fairness(a, sock, link):
+    """The unequal-demand scenario on `link` (a FairLink; see the module doc). Returns Jain's
+    index over served / max-min fair share, and the clients' failures."""
+    common = {"layers": 8, "layer_bytes": link.layer_bytes, "steps": 100000,
               "run_seconds": a.fairness_seconds}
-    # Light: 3 forwards of compute per layer and step; sized to ~1/3 of the link.
-    light_forward = 2 * common["layer_bytes"] / (a.fairness_gbps * GB / 3) / 3
-    specs = {"fair-heavy": dict(common, name="heavy", device="fair-heavy", slots=8,
-                                forward_seconds=0, seed=101),
-             "fair-light": dict(common, name="light", device="fair-light", slots=2,
-                                forward_seconds=light_forward, seed=102)}
+    if link.sim:
+        common["cuda_sim"] = 1
+    # Light: 3 forwards of compute per layer and step, moving one checkpoint each way; sized to
+    # ~1/3 of the link. A GPU's served rate counts both directions (a half-duplex link carries
+    # both; on a full-duplex one a GPU offloads in forward and reloads in backward, so what one
+    # GPU alone moves in both directions together is about one direction's capacity).
+    light_forward = 2 * link.layer_bytes / (link.capacity / 3) / 3
+    heavy, light = link.heavy, link.light
+    specs = {heavy: dict(common, name="heavy", device=heavy, slots=8, forward_seconds=0, seed=101),
+             light: dict(common, name="light", device=light, slots=2,
+                         forward_seconds=light_forward, seed=102)}
 
     def served(names):
         before = daemon_stats(a.bin, sock)
@@ -211,33 +230,90 @@ def fairness(a, sock):
 
         def moved(stats):
             for l in stats.get("links", []):
-                if l["name"] == "fair":
-                    return {g["gpu"]: int(g["d2h_bytes"]) for g in l.get("gpu_bytes", [])}
+                if l["name"] == link.name:  # half duplex: d2h_bytes has both directions
+                    return {g["gpu"]: int(g["d2h_bytes"]) + int(g.get("h2d_bytes", 0))
+                            for g in l.get("gpu_bytes", [])}
             return {}
         b, e = moved(before), moved(after)
         return {n: (e.get(n, 0) - b.get(n, 0)) / dt for n in names}, failures
 
-    heavy_alone, f1 = served(["fair-heavy"])
-    light_alone, f2 = served(["fair-light"])
-    both, f3 = served(["fair-heavy", "fair-light"])
-    capacity = heavy_alone["fair-heavy"]  # what the link gives one GPU that wants all of it
-    demand = {"fair-heavy": capacity, "fair-light": light_alone["fair-light"]}
-    fair = {"fair-light": min(demand["fair-light"], capacity / 2)}
-    fair["fair-heavy"] = capacity - fair["fair-light"]
+    heavy_alone, f1 = served([heavy])
+    light_alone, f2 = served([light])
+    both, f3 = served([heavy, light])
+    capacity = heavy_alone[heavy]  # what the link gives one GPU that wants all of it
+    demand = {heavy: capacity, light: light_alone[light]}
+    fair = {light: min(demand[light], capacity / 2)}
+    fair[heavy] = capacity - fair[light]
     ratio = {n: both[n] / fair[n] if fair[n] > 0 else 0.0 for n in both}
     index = jain(ratio.values())
-    print(f"fairness, unequal demand: one half-duplex link paced at {a.fairness_gbps:.2f} GB/s, "
-          f"{a.fairness_seconds:.1f} s per phase")
+    sim = " SIMULATED" if link.sim else ""
+    kind = "half-duplex link" if link.half_duplex else "full-duplex link"
+    how = "measured at start-up" if link.sim else "configured"
+    print(f"fairness, unequal demand{sim}: one {kind} {link.name} paced at "
+          f"{link.capacity / GB:.2f} GB/s ({how}), {a.fairness_seconds:.1f} s per phase; rates "
+          f"count both directions")
     print(f"  {'gpu':<11} {'alone GB/s':>10} {'fair share GB/s':>15} {'together GB/s':>13} "
           f"{'served/fair':>11}")
-    for n in ("fair-heavy", "fair-light"):
-        alone = heavy_alone if n == "fair-heavy" else light_alone
-        print(f"  {n:<11} {alone[n] / GB:>10.3f} {fair[n] / GB:>15.3f} {both[n] / GB:>13.3f} "
+    for n, label in ((heavy, "heavy"), (light, "light")):
+        alone = heavy_alone if n == heavy else light_alone
+        print(f"  {label:<11} {alone[n] / GB:>10.3f} {fair[n] / GB:>15.3f} {both[n] / GB:>13.3f} "
               f"{ratio[n]:>11.3f}")
     print(f"  fair share: max-min over the demands (rate alone) within the capacity (heavy's "
           f"rate alone, {capacity / GB:.3f} GB/s);\n  Jain's index over served/fair "
           f"{index:.4f} (1 = every GPU got its fair share; pass >= {a.min_jain})")
     return index, f1 + f2 + f3
+
+
+def start_daemon(cmd, log_path):
+    """Starts offloadd with `cmd` (its stderr to `log_path`); returns (process, log file), or
+    (None, log file) after printing why it did not start."""
+    log = open(log_path, "w+")
+    daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+    if "ready" in daemon.stdout.readline():
+        return daemon, log
+    daemon.wait(timeout=10)
+    log.seek(0)
+    sys.stderr.write(log.read())
+    print("demo: the daemon did not start", file=sys.stderr)
+    return None, log
+
+
+def sim_fairness(a, tmp):
+    """Step 3 on cuda-sim: a daemon of its own whose two simulated GPUs share one switch of
+    --sim-fairness-gbps (engines at twice that), no capacity configured; the link is paced at
+    what the daemon measured at start-up. Returns (Jain's index, failures)."""
+    switch = a.sim_fairness_gbps * GB
+    sock = os.path.join(tmp, "fair.sock")
+    conf = os.path.join(tmp, "fair.conf")
+    with open(conf, "w") as f:
+        f.write(f"backend: \"cuda-sim\"\ncuda_sim {{ gpus: 2 gpus_per_switch: 2 "
+                f"engine_bytes_per_second: {2 * switch} switch_bytes_per_second: {switch} }}\n")
+    cmd = [os.path.join(a.bin, "offloadd"), "--socket_path", sock, "--metrics_address=",
+           "--config", conf, "--pool_bytes", str(512 * MiB)]
+    daemon, log = start_daemon(cmd, os.path.join(tmp, "offloadd-fair.log"))
+    if daemon is None:
+        return 0.0, 1
+    try:
+        stats = daemon_stats(a.bin, sock)
+        link = [l for l in stats.get("links", []) if l["name"] == "sim-switch0"][0]
+        capacity = float(link["d2h_capacity_bytes_per_second"])
+        cal = [c for c in stats.get("link_calibration", {}).get("links", [])
+               if c["name"] == "sim-switch0"]
+        alone = [float(g["d2h_bytes_per_second"]) for g in cal[0]["gpus"]] if cal else []
+        print(f"link calibration at start-up (SIMULATED): sim-switch0, modelled {switch / GB:.2f} "
+              f"GB/s per switch and {2 * switch / GB:.2f} per GPU: each GPU alone "
+              + ", ".join(f"{x / GB:.2f}" for x in alone) + f" GB/s d2h, both together "
+              f"{capacity / GB:.2f} GB/s; capacity configured: none")
+        if not link.get("d2h_capacity_calibrated") or capacity <= 0:
+            print("demo: the cuda-sim daemon did not calibrate its switch link", file=sys.stderr)
+            return 0.0, 1
+        uuid = "GPU-51300000-0000-0000-0000-{:012d}"
+        return fairness(a, sock, FairLink("sim-switch0", uuid.format(0), uuid.format(1), capacity,
+                                          False, a.sim_fairness_layer_bytes, True))
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+        log.close()
 
 
 def device_name(a, i):
@@ -256,7 +332,7 @@ def write_config(a, path):
                                 for i in range(k, min(k + a.gpus_per_link, a.clients)))
                 f.write(f'links {{ name: "link{k // a.gpus_per_link}" {gpus} '
                         f"d2h_bytes_per_second: {rate} h2d_bytes_per_second: {rate} }}\n")
-        if not a.no_fairness:
+        if not a.no_fairness and a.backend == "shm":
             f.write(f'links {{ name: "fair" gpus: "fair-heavy" gpus: "fair-light" '
                     f"d2h_bytes_per_second: {a.fairness_gbps * GB} half_duplex: true }}\n")
 
@@ -314,7 +390,13 @@ def main():
     p.add_argument("--backend", choices=("shm", "cuda-sim"), default="shm",
                    help="cuda-sim: the daemon's GPUs are a timing model of copy engines (55 GB/s "
                         "per direction); no bytes move, none are checked, every rate printed is "
-                        "SIMULATED; no plan check and no fairness scenario")
+                        "SIMULATED; no plan check; the fairness scenario runs on a second "
+                        "cuda-sim daemon with a calibrated switch link")
+    p.add_argument("--sim-fairness-gbps", type=float, default=2.0,
+                   help="cuda-sim: the fairness scenario's simulated switch (GB/s per direction; "
+                        "its two GPUs' engines at twice that)")
+    p.add_argument("--sim-fairness-layer-bytes", type=parse_bytes, default=16 * MiB,
+                   help="cuda-sim: the fairness scenario's checkpoint size")
     a = p.parse_args()
     layer_bytes = a.layer_bytes or a.batch * a.seq * a.hidden * 2
 
@@ -331,7 +413,6 @@ def main():
     sim = a.backend == "cuda-sim"
     if sim:
         cmd += ["--backend", "cuda-sim"]
-        a.no_fairness = True  # the fairness scenario is an shm one (paced half-duplex link)
     if a.spill:
         quarter = a.clients * a.layers * layer_bytes // 4
         a.pool_bytes = max(quarter // MiB, 2 * -(-layer_bytes // MiB)) * MiB
@@ -339,14 +420,8 @@ def main():
         cmd += ["--pool_bytes", str(a.pool_bytes), "--spill_directory", spill_dir,
                 "--admission_deadline_seconds", "60"]
     memcpy_gbps = memcpy_gb_per_second()
-    daemon_log = open(os.path.join(tmp, "offloadd.log"), "w+")
-    daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=daemon_log, text=True)
-    line = daemon.stdout.readline()
-    if "ready" not in line:
-        daemon.wait(timeout=10)
-        daemon_log.seek(0)
-        sys.stderr.write(daemon_log.read())
-        print("demo: the daemon did not start", file=sys.stderr)
+    daemon, daemon_log = start_daemon(cmd, os.path.join(tmp, "offloadd.log"))
+    if daemon is None:
         return 1
     if not a.quiet:
         print(f"offloadd ready on {sock}; {a.clients} clients x {a.layers} layers x "
@@ -409,9 +484,14 @@ def main():
         print_plan_check(stats, a, layer_bytes, memcpy_gbps)
 
     if a.no_fairness:
-        print("fairness scenario: skipped (" + ("it needs the shm backend's paced half-duplex "
-              "link; run without --backend cuda-sim" if sim else "--no-fairness") + ")")
-    index, fair_failures = (1.0, 0) if a.no_fairness else fairness(a, sock)
+        print("fairness scenario: skipped (--no-fairness)")
+        index, fair_failures = 1.0, 0
+    elif sim:
+        index, fair_failures = sim_fairness(a, tmp)
+    else:
+        index, fair_failures = fairness(a, sock, FairLink("fair", "fair-heavy", "fair-light",
+                                                          a.fairness_gbps * GB, True, 2 * MiB,
+                                                          False))
     end = daemon_stats(a.bin, sock)
     daemon.send_signal(signal.SIGTERM)
     daemon_rc = daemon.wait(timeout=30)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start-to-serving time of a daemon adopting a shared pool, against a cold start (issue 15).
+"""Start-to-serving time of a daemon adopting a shared pool, against a cold start.
 
     .venv/bin/python bench/restart_bench.py [--bin bazel-bin/server/offloadd] [--pool_gib 1]
         [--blocks 8192] [--fill 0.9]

@@ -21,7 +21,7 @@ $BIN/offloadd --socket_path "$sock" --pool_bytes 1GiB --metrics_address= > "$OUT
 daemon=$!
 for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
 $BIN/offloadctl --socket "$sock" bench | tee "$OUT/daemon_bench.txt" || rc=1
-# Issue 16 part 4: one 4 KiB request vs a bare gRPC ping-pong, interleaved in one process.
+# Small-request path: one 4 KiB request vs a bare gRPC ping-pong, interleaved in one process.
 echo "== small requests vs a bare gRPC ping-pong (small_request_bench, same daemon)"
 $BAZEL build -c opt //bench/small_request:small_request_bench >/dev/null 2>&1 || rc=1
 bazel-out/k8-opt/bin/bench/small_request/small_request_bench --socket="$sock" \
@@ -51,13 +51,17 @@ $BAZEL run -c opt //bench:copy_sim_bench 2>"$OUT/copy_sim_bench.log" | tee "$OUT
 $BAZEL run -c opt //bench:copy_sim_bench -- --gpus=2 --gpus_per_switch=1 --placement=local \
   2>>"$OUT/copy_sim_bench.log" | tee -a "$OUT/copy_sim_bench.txt" || rc=1
 
-echo "== spill tier: spill write and stage-back vs dd O_DIRECT on the same directory (issue 18)"
+echo "== spill tier: spill write and stage-back vs dd O_DIRECT on the same directory"
 $BAZEL build -c opt //bench:spill_bench >/dev/null 2>&1 || rc=1
 SPILL_BENCH_BIN=bazel-out/k8-opt/bin/bench/spill_bench bash bench/spill_bench.sh \
   "${SPILL_BENCH_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/offloadd-spill-bench.XXXXXX")}" 512 \
   2>"$OUT/spill_bench.log" | tee "$OUT/spill_bench.txt" || rc=1
 
-for extra in bench/sched_bench.sh bench/projector_bench.sh bench/torch_bench.sh; do
+echo "== the reference study's table through the daemon (SIMULATED; bench/study_table.py, ~10 min)"
+.venv/bin/python bench/study_table.py --bin "$BIN" --json "$OUT/study_table.json" \
+  | tee "$OUT/study_table.txt" || rc=1
+
+for extra in bench/sched_bench.sh bench/projector_bench.sh bench/torch_bench.sh bench/galore_bench.sh; do
   if [ -f "$extra" ]; then
     echo "== $extra"
     bash "$extra" | tee "$OUT/$(basename "$extra" .sh).txt" || rc=1

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Spill tier throughput against plain O_DIRECT on the same directory, in one run (issue 18):
+# Spill tier throughput against plain O_DIRECT on the same directory, in one run:
 #   1. dd oflag=direct writes BYTES (bs=8M), dd iflag=direct reads them back: the baseline;
 #   2. spill_bench spills the same bytes from a pool buffer and stages them back (SpillTier,
 #      unpaced, io_uring), checking every byte;
-# and prints the ratios spill/dd-write and stage/dd-read (target >= 0.9, BENCHMARKS.md).
+# and prints the ratios spill/dd-write and stage/dd-read (target >= 0.9, BENCHMARKS.md);
+#   3. the CRC32C's cost: spill_bench with checksums off and on, alternating ROUNDS (2) times each,
+#      and the stage-back throughput with / without (target >= 0.97: <= 3 % of it).
 #   bench/spill_bench.sh [DIR] [BYTES_MIB]      (default: a fresh directory under $TMPDIR, 512)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,3 +25,21 @@ echo "$out"
 awk -v dw="$dd_write" -v dr="$dd_read" -v s="$spill" -v t="$stage" -v m="$mib" 'BEGIN {
   printf "{\"mib\": %d, \"dd_write_gbps\": %s, \"dd_read_gbps\": %s, \"spill_gbps\": %s, \"stage_gbps\": %s, \"spill_over_dd\": %.2f, \"stage_over_dd\": %.2f}\n",
          m, dw, dr, s, t, s / dw, t / dr }'
+on_stage=0; off_stage=0; on_spill=0; off_spill=0
+for _ in $(seq "${ROUNDS:-2}"); do
+  for c in 0 1; do
+    o=$("$bin" --dir="$dir" --blocks=$((mib / 64)) --block_bytes=$((64 << 20)) --checksums=$c)
+    echo "$o"
+    s=$(echo "$o" | sed 's/.*"spill_gbps": \([0-9.]*\).*/\1/')
+    t=$(echo "$o" | sed 's/.*"stage_gbps": \([0-9.]*\).*/\1/')
+    if [ "$c" = 1 ]; then
+      on_stage=$(awk -v a="$on_stage" -v b="$t" 'BEGIN{print a + b}')
+      on_spill=$(awk -v a="$on_spill" -v b="$s" 'BEGIN{print a + b}')
+    else
+      off_stage=$(awk -v a="$off_stage" -v b="$t" 'BEGIN{print a + b}')
+      off_spill=$(awk -v a="$off_spill" -v b="$s" 'BEGIN{print a + b}')
+    fi
+  done
+done
+awk -v a="$on_stage" -v b="$off_stage" -v c="$on_spill" -v d="$off_spill" 'BEGIN {
+  printf "{\"checksums_stage_over_none\": %.3f, \"checksums_spill_over_none\": %.3f}\n", a / b, c / d }'

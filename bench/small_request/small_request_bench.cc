@@ -1,4 +1,4 @@
-// small_request_bench (issue 16 part 4): one small daemon request against a bare gRPC round trip,
+// small_request_bench: one small daemon request against a bare gRPC round trip,
 // measured side by side in one process, interleaved, so machine load hits both alike.
 //
 // The process forks before touching gRPC: the child serves offloadd.bench.PingPong
@@ -19,7 +19,7 @@
 //    thread for a small transfer on an idle link); the rest of the round trip is the client,
 //    gRPC both ways and the session.
 // Prints p50/p99 per kind and the ratio of one request's p50 to the direct ping-pong p50
-// (issue 16's target: <= 1.5).
+// (the target: <= 1.5).
 //
 // Flags (--name=value): socket (offloadd's; empty = ping-pong only), cuda_sim 0 (1: the daemon
 // runs --backend=cuda-sim; register a simulated allocation on its GPU 0), requests 2000 (per kind),
