@@ -3,6 +3,7 @@
 #ifndef OFFLOADD_TESTS_E2E_CHILD_PROCESS_H_
 #define OFFLOADD_TESTS_E2E_CHILD_PROCESS_H_
 
+#include <glob.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -46,13 +47,27 @@ struct ChildProcess {
     if (pid > 0) kill(pid, sig);
   }
   // Reaps it: its exit code, 128 + signal number when a signal ended it, -1 when never spawned.
+  // A client killed by a signal, or one that exits without running its destructors, never
+  // unlinks its shared-memory regions ("offloadd-<pid>-..."); whatever is left under its pid is
+  // removed here, however it ended, so that no test leaves names behind in /dev/shm.
   int Wait() {
     int status = 0;
     const bool reaped = pid > 0 && waitpid(pid, &status, 0) == pid;
     if (out) fclose(out);
     out = nullptr;
     if (!reaped) return -1;
+    RemoveRegionsOf(pid);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  // Unlinks /dev/shm/offloadd-<pid>-* (the names ShmRegion gives a process's regions).
+  static void RemoveRegionsOf(pid_t dead) {
+    glob_t g{};
+    const std::string pattern = "/dev/shm/offloadd-" + std::to_string(dead) + "-*";
+    if (glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) unlink(g.gl_pathv[i]);
+    }
+    globfree(&g);
   }
 };
 

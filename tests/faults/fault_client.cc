@@ -7,6 +7,7 @@
 //                              this process leaves the stream open: only the pid is gone.
 //   --mode=hold --socket=S     connect, offload one 1 MiB block, print "ready <session_id>", wait
 //                              until the daemon ends the stream, print "ended <status>", exit 0.
+//   SIGTERM or SIGINT ends linger and hold with exit 0, their region unlinked.
 //   --mode=user --socket=S --uid=U [--end_session=ID]
 //                              setuid(U) (needs root), then try to connect; print
 //                              "connect <code>"; if connected: "stats_sessions <n>",
@@ -25,6 +26,11 @@
 #include "proto/offload.grpc.pb.h"
 
 namespace {
+
+// Set by SIGTERM/SIGINT: hold and linger then return normally, so the region's destructor unlinks
+// its name (a test's cleanup that kills them leaves nothing in /dev/shm).
+volatile sig_atomic_t g_stop = 0;
+void OnStop(int) { g_stop = 1; }
 
 std::string Flag(int argc, char** argv, const std::string& name, const std::string& def = "") {
   const std::string prefix = "--" + name + "=";
@@ -56,11 +62,15 @@ int Linger(const std::string& socket) {
   }
   pid_t child = fork();
   if (child == 0) {
-    // Holds every inherited descriptor, the session's connection included; no gRPC here.
+    // Holds every inherited descriptor, the session's connection included; no gRPC here, and
+    // no return into destructors that would: it lives until killed.
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
     while (true) pause();
   }
   std::cout << "ready " << (*c)->session_id() << " " << child << std::endl;
-  while (true) pause();
+  while (!g_stop) pause();
+  return 0;
 }
 
 int Hold(const std::string& socket) {
@@ -78,7 +88,8 @@ int Hold(const std::string& socket) {
   auto id = (*c)->RegisterShmRegion(*region);
   if (!id.ok() || !(*c)->Offload(*id, 0, 1 << 20).get().ok()) return 1;
   std::cout << "ready " << (*c)->session_id() << std::endl;
-  while ((*c)->stream_status().ok()) usleep(20000);
+  while (!g_stop && (*c)->stream_status().ok()) usleep(20000);
+  if (g_stop) return 0;
   std::cout << "ended " << (*c)->stream_status() << std::endl;
   return 0;
 }
@@ -121,6 +132,11 @@ int User(const std::string& socket, uid_t uid, const std::string& end_session) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  struct sigaction stop = {};
+  stop.sa_handler = OnStop;
+  stop.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &stop, nullptr);
+  sigaction(SIGINT, &stop, nullptr);
   const std::string mode = Flag(argc, argv, "mode");
   const std::string socket = Flag(argc, argv, "socket");
   if (mode == "linger") return Linger(socket);

@@ -3,10 +3,10 @@
 // pid, the admin EndSession RPC, what a non-admin user sees and may do, the socket mode as the
 // first gate, and a session whose process died while a child kept its stream open.
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -20,9 +20,8 @@
 #include "gtest/gtest.h"
 #include "proto/offload.grpc.pb.h"
 #include "server/metrics/metrics.h"
+#include "tests/e2e/child_process.h"
 #include "tests/e2e/daemon_fixture.h"
-
-extern char** environ;
 
 namespace offloadd::testing {
 namespace {
@@ -54,54 +53,23 @@ double Ended(const std::string& cause) {
   return metrics::Get().sessions_ended_total->Add({{"cause", cause}}).Value();
 }
 
-// A fault_client process with its stdout on a pipe.
-struct Child {
-  pid_t pid = -1;
-  FILE* out = nullptr;
-  std::string ReadLine() {
-    char buf[4096];
-    return fgets(buf, sizeof(buf), out) ? std::string(buf) : std::string();
+// "key value" lines a fault_client prints, until it closes stdout.
+std::map<std::string, std::string> ReadPairs(ChildProcess& c) {
+  std::map<std::string, std::string> kv;
+  for (std::string line; !(line = c.ReadLine()).empty();) {
+    std::istringstream in(line);
+    std::string k, v;
+    in >> k;
+    std::getline(in, v);
+    kv[k] = v.empty() ? v : v.substr(1);
   }
-  // "key value" lines until EOF.
-  std::map<std::string, std::string> ReadAll() {
-    std::map<std::string, std::string> kv;
-    for (std::string line; !(line = ReadLine()).empty();) {
-      std::istringstream in(line);
-      std::string k, v;
-      in >> k;
-      std::getline(in, v);
-      kv[k] = v.empty() ? v : v.substr(1);
-    }
-    return kv;
-  }
-  int Wait() {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (out) fclose(out);
-    out = nullptr;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-};
+  return kv;
+}
 
-Child Spawn(std::vector<std::string> args) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  args.insert(args.begin(),
-              std::string(srcdir ? srcdir : ".") + "/offloadd/tests/faults/fault_client");
-  int fds[2];
-  EXPECT_EQ(pipe(fds), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  Child c;
-  EXPECT_EQ(posix_spawn(&c.pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  c.out = fdopen(fds[0], "r");
-  return c;
+// A fault_client process (tests/faults/fault_client.cc) with `args`, its stdout on a pipe.
+ChildProcess Spawn(std::vector<std::string> args) {
+  args.insert(args.begin(), Runfile("tests/faults/fault_client"));
+  return SpawnChild(args);
 }
 
 TEST(FaultsTest, SessionIsBoundToTheConnectionsCredentials) {
@@ -161,7 +129,14 @@ TEST(FaultsTest, AdminEndSessionReleasesBlocksAndTheClientSeesWhy) {
   req.set_session_id(victim->session_id());
   req.set_reason("maintenance test");
   v1::EndSessionReply reply;
+  // Without force a session holding a block is not ended, and says what it holds.
   grpc::Status st = stub->EndSession(&ctx, req, &reply);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_NE(st.error_message().find("holds 1 blocks"), std::string::npos) << st.error_message();
+  EXPECT_EQ(d.core().Stats().sessions_open, 1u);
+  req.set_force(true);
+  grpc::ClientContext ctx_force;
+  st = stub->EndSession(&ctx_force, req, &reply);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_EQ(reply.session().blocks(), 1u);
   EXPECT_GE(reply.session().used_bytes(), 3 * kMiB);
@@ -184,9 +159,9 @@ TEST(FaultsTest, NonAdminUserSeesOnlyItsSessionsAndCannotEndOthers) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
   Daemon open({}, 0666);
   auto root_client = open.Connect("gpu-root");
-  Child user = Spawn({"--mode=user", "--socket=" + open.path(), "--uid=65534",
+  ChildProcess user = Spawn({"--mode=user", "--socket=" + open.path(), "--uid=65534",
                       "--end_session=" + std::to_string(root_client->session_id())});
-  auto kv = user.ReadAll();
+  auto kv = ReadPairs(user);
   EXPECT_EQ(user.Wait(), kv.count("setuid_failed") ? 1 : 0);
   if (kv.count("setuid_failed")) GTEST_SKIP() << "setuid(65534) failed (user namespace sandbox?)";
   EXPECT_EQ(kv["connect"], "0") << kv["connect_message"];
@@ -195,19 +170,26 @@ TEST(FaultsTest, NonAdminUserSeesOnlyItsSessionsAndCannotEndOthers) {
   EXPECT_EQ(kv["end_session"], std::to_string(grpc::StatusCode::PERMISSION_DENIED));
   EXPECT_TRUE(root_client->stream_status().ok());  // untouched
 
-  // The socket mode is the first gate: 0660 root:root keeps uid 65534 out entirely.
+  // The socket mode is the first gate: 0660 root:root keeps uid 65534 out entirely, and the
+  // client says so at once (PERMISSION_DENIED naming the socket and its group), not after the
+  // connect timeout as an unavailable daemon.
   Daemon closed({}, 0660);
-  Child gated = Spawn({"--mode=user", "--socket=" + closed.path(), "--uid=65534"});
-  kv = gated.ReadAll();
+  const auto gate_start = std::chrono::steady_clock::now();
+  ChildProcess gated = Spawn({"--mode=user", "--socket=" + closed.path(), "--uid=65534"});
+  kv = ReadPairs(gated);
   gated.Wait();
-  EXPECT_EQ(kv["connect"], std::to_string(static_cast<int>(absl::StatusCode::kUnavailable)));
+  EXPECT_EQ(kv["connect"], std::to_string(static_cast<int>(absl::StatusCode::kPermissionDenied)));
+  EXPECT_NE(kv["connect_message"].find("the socket " + closed.path()), std::string::npos)
+      << kv["connect_message"];
+  EXPECT_NE(kv["connect_message"].find("do not restart it"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - gate_start, std::chrono::seconds(3));
 
   // allowed_uids: connecting works, Hello is refused with a sentence naming the config field.
   session::CoreOptions o;
   o.access.allowed_uids = {0};
   Daemon restricted(o, 0666);
-  Child denied = Spawn({"--mode=user", "--socket=" + restricted.path(), "--uid=65534"});
-  kv = denied.ReadAll();
+  ChildProcess denied = Spawn({"--mode=user", "--socket=" + restricted.path(), "--uid=65534"});
+  kv = ReadPairs(denied);
   denied.Wait();
   EXPECT_EQ(kv["connect"], std::to_string(static_cast<int>(absl::StatusCode::kPermissionDenied)));
   EXPECT_NE(kv["connect_message"].find("allowed_uids"), std::string::npos);
@@ -218,7 +200,7 @@ TEST(FaultsTest, DeadProcessWhoseChildKeepsTheStreamOpenIsReleased) {
   o.pid_exit_grace_seconds = 0.2;
   Daemon d(o, 0660);
   const double pid_exited = Ended("pid_exited"), crashed = Ended("crashed");
-  Child linger = Spawn({"--mode=linger", "--socket=" + d.path()});
+  ChildProcess linger = Spawn({"--mode=linger", "--socket=" + d.path()});
   std::istringstream ready(linger.ReadLine());
   std::string word;
   uint64_t session_id = 0;
@@ -228,11 +210,10 @@ TEST(FaultsTest, DeadProcessWhoseChildKeepsTheStreamOpenIsReleased) {
   ASSERT_GT(grandchild, 0);
   EXPECT_GE(d.core().store().stats().pool.used_bytes, kMiB);
   EXPECT_EQ(d.core().pids_watched(), 1u);
-  const pid_t linger_pid = linger.pid;
   kill(linger.pid, SIGKILL);
+  // Wait() drops the name of its shm region (never unlinked: SIGKILL), which stays mapped in
+  // the grandchild.
   linger.Wait();
-  // Its shm region (never unlinked: SIGKILL) stays mapped in the grandchild; drop the name.
-  std::system(("rm -f /dev/shm/offloadd-" + std::to_string(linger_pid) + "-*").c_str());
   // The grandchild still holds the connection: no stream break, only the pid is gone.
   EXPECT_TRUE(WaitFor([&] { return d.core().store().stats().pool.used_bytes == 0; }))
       << "the dead process's block was not released";

@@ -12,7 +12,13 @@ CLIENT=$R/tests/faults/fault_client
 dir=$(mktemp -d /tmp/ofd-cli-XXXXXX)
 sock=$dir/d.sock
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$dir"; }
+# SIGTERM, then wait: a fault_client unlinks its shm region as it exits (the sandbox would
+# SIGKILL what still runs when this script ends, leaving the name in /dev/shm).
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
 trap cleanup EXIT
 failures=0
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
@@ -37,8 +43,11 @@ expect stats_unknown_flag 2 "offloadctl stats: unknown argument '--jsn'" --socke
 expect topo_extra_argument 2 "offloadctl topo: unknown argument '--json'" --socket "$sock" topo --json
 expect health_extra_argument 2 "offloadctl health: unknown argument 'now'" --socket "$sock" health now
 expect sessions_unknown_flag 2 "unknown argument '--all'" --socket "$sock" sessions --all
-expect end_session_unknown_flag 2 "unexpected argument '--force'" --socket "$sock" end-session 3 --force
+expect end_session_unknown_flag 2 "unexpected argument '--forse'" --socket "$sock" end-session 3 --forse
+expect end_session_bad_id 2 "'abc' is not a session id" --socket "$sock" end-session abc
 expect bench_unknown_flag 2 "unknown option --blocksize" --socket "$sock" bench --blocksize=4
+expect bench_bad_size 2 "--block_bytes must be a positive size" --socket "$sock" bench --block_bytes 64Mi
+expect bench_missing_value 2 "--rounds needs a value" --socket "$sock" bench --rounds
 expect plan_unknown_flag 2 "unknown flag --sequence" plan --sequence 4K
 
 # Nothing at the path: exit 1 with the advice, from the presence check (the gRPC connect timeout
@@ -90,7 +99,8 @@ assert [x["session_id"] for x in s["sessions"]] == [sys.argv[2]], s["sessions"]
 assert int(s["pool_used_bytes"]) == 1 << 20 and int(s["pool_capacity_bytes"]) == 64 << 20, s
 PY
 
-"$CTL" --socket "$sock" bench --blocks=2 --block_bytes=1048576 --rounds=1 \
+# Both flag forms, and a size suffix, as `plan` takes them.
+"$CTL" --socket "$sock" bench --blocks=2 --block_bytes 1MiB --rounds 1 \
   --latency_requests=10 --rate_requests=40 --window=4 >"$dir/bench.out" 2>&1 \
   || fail "bench: $(cat "$dir/bench.out")"
 "$CTL" --socket "$sock" stats --json | /usr/bin/python3 -c '

@@ -10,7 +10,13 @@ CLIENT=$R/tests/faults/fault_client
 dir=$(mktemp -d /tmp/ofd-ctl-XXXXXX)
 sock=$dir/d.sock
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+# SIGTERM, then wait: a fault_client unlinks its shm region as it exits (the sandbox would
+# SIGKILL what still runs when this script ends, leaving the name in /dev/shm).
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -53,7 +59,19 @@ if [ "$(id -u)" = 0 ]; then
   grep -q "needs an admin" "$dir/err" || fail "non-admin refusal: $(cat "$dir/err")"
 fi
 
-"$CTL" --socket "$sock" end-session "$sid" --reason "drain node for test" | tee "$dir/end.out"
+# A session holding blocks is not ended without --force; a --reason without its text is refused.
+if "$CTL" --socket "$sock" end-session "$sid" --reason "no force" 2>"$dir/err"; then
+  fail "a session holding a block was ended without --force"
+fi
+grep -q "holds 1 blocks" "$dir/err" && grep -q "end-session --force" "$dir/err" \
+  || fail "no-force refusal: $(cat "$dir/err")"
+set +e; "$CTL" --socket "$sock" end-session "$sid" --force --reason 2>"$dir/err"; rc=$?; set -e
+[ "$rc" = 2 ] && grep -q -- "--reason needs a value" "$dir/err" \
+  || fail "--reason without a value: rc $rc, $(cat "$dir/err")"
+"$CTL" --socket "$sock" sessions | grep -Eq "^ +$sid " || fail "the refusals ended the session"
+
+"$CTL" --socket "$sock" end-session "$sid" --force --reason "drain node for test" \
+  | tee "$dir/end.out"
 grep -q "released 1 blocks" "$dir/end.out" || fail "end-session did not report the block"
 wait "$hold" || fail "client exit status"
 grep -q "drain node for test" "$dir/hold.out" || fail "client did not see the reason: $(cat "$dir/hold.out")"
@@ -61,6 +79,20 @@ grep -q "drain node for test" "$dir/hold.out" || fail "client did not see the re
 import json, sys
 s = json.load(sys.stdin)
 assert not s.get("sessions") and int(s["pool_used_bytes"]) == 0, s'
+# The audit log: the session's open and close, the admin's call with its reason, and the refused
+# calls of the non-admin.
+grep -q "audit: session_open session=$sid client=\"fault_client hold\"" "$dir/daemon.log" \
+  || fail "no session_open audit line: $(grep audit "$dir/daemon.log")"
+grep -q "audit: end_session by_uid=$(id -u) by_pid=[0-9]* session=$sid reason=\"drain node for test\" outcome=OK blocks=1" \
+  "$dir/daemon.log" || fail "no end_session audit line: $(grep audit "$dir/daemon.log")"
+grep -q "audit: session_close session=$sid cause=admin blocks=1" "$dir/daemon.log" \
+  || fail "no session_close audit line: $(grep audit "$dir/daemon.log")"
+grep -q "audit: end_session by_uid=$(id -u) .*session=$sid reason=\"no force\" outcome=FAILED_PRECONDITION" \
+  "$dir/daemon.log" || fail "the refused call without --force is not audited"
+if [ "$(id -u)" = 0 ]; then
+  grep -q "audit: end_session by_uid=65534 .*session=$sid .*outcome=PERMISSION_DENIED" \
+    "$dir/daemon.log" || fail "the refused call is not audited: $(grep audit "$dir/daemon.log")"
+fi
 echo "PASS"
 
 # offloadctl health opens no session: with every session slot taken it still answers SERVING

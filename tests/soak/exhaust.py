@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Resource-exhaustion test (issue 13): attackers push every bound of one offloadd at once for
+"""Resource-exhaustion test: attackers push every bound of one offloadd at once for
 --seconds while a well-behaved client (soak_client: offloads and reloads random blocks and checks
 every byte) runs beside them. The daemon must answer health checks throughout, the client must
 finish with every block intact, and the daemon's RSS growth and page tables (VmPTE) must stay
@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import leftover_regions
 
 CONFIG = """
 pool_bytes: 268435456
@@ -157,9 +159,12 @@ def main():
     finally:
         if daemon.poll() is None:
             daemon.kill()
-        for p in list(locals().get("attackers", {}).values()):
+        others = list(locals().get("attackers", {}).values()) + [locals().get("good")]
+        for p in [p for p in others if p is not None]:
             if p.poll() is None:
                 p.kill()
+                p.wait()
+        leftover_regions.remove_dead()  # of attackers killed here or dead on their own
     if problems:
         print("daemon log: " + os.path.join(tmp, "daemon.log"))
         return 1

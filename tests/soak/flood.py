@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+import leftover_regions
+
 
 def rss_bytes(pid):
     with open("/proc/%d/status" % pid) as f:
@@ -124,6 +126,11 @@ def main():
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+        for c in locals().get("clients", []):
+            if c.poll() is None:
+                c.kill()
+                c.wait()
+        leftover_regions.remove_dead()  # of clients that died without unlinking their region
     result["problems"] = problems
     if a.json:
         print(json.dumps(result))

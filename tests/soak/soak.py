@@ -3,14 +3,18 @@
 
     soak.py --bin DIR [--seconds 120] [--clients 8] [--kill_every 3] [--max_requests 5000000]
             [--pool 128MiB] [--max_block_bytes 2097152] [--daemon_kills 3] [--grace 10]
-            [--spill_directory D] [--daemon_arg=--flag=value ...] [--json]
+            [--spill_directory D] [--freezes 1] [--freeze_seconds 3]
+            [--daemon_arg=--flag=value ...] [--json]
 
 DIR holds offloadd, offloadctl and soak_client. `--clients` soak_client processes offload and
 reload blocks of random sizes with checksums (tests/soak/soak_client.cc); a chaos loop SIGKILLs a
 random client every ~kill_every seconds and starts a new one. The daemon keeps its pool in a
 shared-memory object (pool_shm_name, resume_grace_seconds = --grace) and is restarted on the same
 socket and pool --daemon_kills + 1 times, evenly spread: SIGKILLed --daemon_kills times and once
-SIGTERMed (an upgrade); the clients resume by themselves (auto_resume). At the end every client
+SIGTERMed (an upgrade); the clients resume by themselves (auto_resume). --freezes times, between
+the restarts, the daemon is frozen (SIGSTOP) for --freeze_seconds and resumed (SIGCONT), as a
+debugger, a cgroup freezer or a stuck driver call would: below the clients' keepalive bound it
+must cost only time (it must then answer a health check within 10 s). At the end every client
 gets SIGTERM, reloads and verifies what it still holds, and exits. --daemon_kills 0 restarts it
 once with SIGTERM on an anonymous pool instead (blocks are then lost and reported).
 
@@ -28,7 +32,6 @@ and staged back, and no spill file was lost. Spilled blocks do not survive a dae
 anonymous pool, whose blocks are reported lost to their clients).
 """
 import argparse
-import glob
 import json
 import os
 import random
@@ -38,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import leftover_regions
 
 SPILL_COUNTERS = ("spilled_blocks_total", "staged_blocks_total", "reloads_from_disk_total",
                   "blocks_lost_total", "spill_failures_total")
@@ -101,6 +106,20 @@ class Soak:
         if rc != 0:
             self.problems.append("daemon exited %d after SIGTERM" % rc)
 
+    def freeze_daemon(self, seconds):
+        """SIGSTOP for `seconds`, SIGCONT; a problem unless it answers health within 10 s."""
+        self.daemon.send_signal(signal.SIGSTOP)
+        time.sleep(seconds)
+        self.daemon.send_signal(signal.SIGCONT)
+        t0 = time.time()
+        while time.time() - t0 < 10:
+            if subprocess.run([self.bin("offloadctl"), "--socket", self.sock, "health"],
+                              capture_output=True, timeout=15).returncode == 0:
+                return time.time() - t0
+            time.sleep(0.1)
+        self.problems.append("the daemon did not answer a health check within 10 s of SIGCONT")
+        return None
+
     def start_client(self, slot):
         self.incarnations += 1
         stats = os.path.join(self.tmp, "client%d.json" % self.incarnations)
@@ -117,8 +136,7 @@ class Soak:
         p, stats = self.clients.pop(slot)
         p.kill()
         p.wait()
-        for leftover in glob.glob("/dev/shm/offloadd-%d-*" % p.pid):  # its region, never unlinked
-            os.unlink(leftover)
+        leftover_regions.remove_dead()  # its region, never unlinked
         self.finished.append((stats, "killed"))
 
     def read(self, path):
@@ -151,7 +169,9 @@ class Soak:
         signals = [signal.SIGKILL] * a.daemon_kills
         signals.insert(min(1, len(signals)), signal.SIGTERM)
         restart_at = [start + a.seconds * (k + 1) / (len(signals) + 1) for k in range(len(signals))]
-        restarts, daemon_kills, kills = 0, 0, 0
+        # Freezes between the restarts (half-way to the next one).
+        freeze_at = [start + a.seconds * (k + 0.5) / (len(signals) + 1) for k in range(a.freezes)]
+        restarts, daemon_kills, kills, freezes, healthy_after = 0, 0, 0, 0, []
         while time.time() - start < a.seconds and self.requests_so_far() < a.max_requests:
             time.sleep(0.05)
             for slot, (p, stats) in list(self.clients.items()):
@@ -161,6 +181,11 @@ class Soak:
                     self.clients.pop(slot)
                     self.finished.append((stats, "exited"))
                     self.start_client(slot)
+            if freezes < len(freeze_at) and time.time() >= freeze_at[freezes]:
+                took = self.freeze_daemon(a.freeze_seconds)
+                freezes += 1
+                if took is not None:
+                    healthy_after.append(round(took, 2))
             if restarts < len(signals) and time.time() >= restart_at[restarts]:
                 if signals[restarts] == signal.SIGKILL:
                     self.kill_daemon()
@@ -222,6 +247,8 @@ class Soak:
                                  % totals["lost_reported"])
         if kills < 1:
             self.problems.append("no client was killed (run longer than kill_every)")
+        if freezes != a.freezes:
+            self.problems.append("the daemon was frozen %d times, not %d" % (freezes, a.freezes))
         if totals["verified"] == 0:
             self.problems.append("nothing was verified")
         if a.spill_directory:
@@ -236,7 +263,10 @@ class Soak:
         return {
             "seconds": round(elapsed, 1), "clients": a.clients, "client_processes": len(
                 self.finished), "clients_killed": kills, "daemon_restarts": restarts,
-            "daemon_sigkills": daemon_kills, "client_resumes": totals["resumes"],
+            "daemon_sigkills": daemon_kills, "daemon_freezes": freezes,
+            "freeze_seconds_each": a.freeze_seconds,
+            "health_answered_after_sigcont_seconds": healthy_after,
+            "client_resumes": totals["resumes"],
             "requests": totals["requests"], "offloads": totals["offloads"],
             "reloads": totals["reloads"], "releases": totals["releases"],
             "offloads_refused_pool_full": totals["refused"],
@@ -271,6 +301,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--daemon_kills", type=int, default=3)
     ap.add_argument("--grace", type=float, default=10)
+    ap.add_argument("--freezes", type=int, default=1,
+                    help="times the daemon is frozen (SIGSTOP) between restarts")
+    ap.add_argument("--freeze_seconds", type=float, default=3,
+                    help="how long each freeze lasts (below the clients' keepalive bound)")
     ap.add_argument("--spill_directory", default="",
                     help="spill tier directory (must take O_DIRECT); see above")
     ap.add_argument("--daemon_arg", action="append", default=[],
@@ -283,8 +317,10 @@ def main():
     finally:
         for p, _ in soak.clients.values():
             p.kill()
+            p.wait()
         if soak.daemon and soak.daemon.poll() is None:
             soak.daemon.kill()
+        leftover_regions.remove_dead()  # of clients killed here or dead on their own
         if soak.pool_name:
             try:
                 os.unlink("/dev/shm/" + soak.pool_name)
