@@ -158,6 +158,10 @@ class CopyEngine {
 
   // Handles by GPU (device id), for metrics: shm mappings / CUDA IPC memory handles.
   virtual std::map<std::string, HandleCounts> handle_counts() const = 0;
+  // Drops `device_id` from handle_counts() when none of its handles is open (a probe's device,
+  // Hello transient_device, after its last session). No-op otherwise, and on engines that key
+  // the counts by device UUID rather than by the client's device id (cuda).
+  virtual void ForgetDevice(const std::string& device_id) { (void)device_id; }
   // Pool bytes the engine has registered for DMA (CUDA: cudaHostRegister); 0 for shm.
   virtual uint64_t pinned_bytes() const { return 0; }
 };

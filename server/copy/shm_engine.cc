@@ -299,7 +299,8 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
   }
   auto release = [counts = counts_, gpu = spec.device_id] {
     base::MutexLock lock(counts->mu);
-    --counts->by_gpu[gpu].open;
+    auto it = counts->by_gpu.find(gpu);  // present: ForgetDevice keeps a device with open handles
+    if (it != counts->by_gpu.end()) --it->second.open;
   };
   return std::shared_ptr<Region>(
       new ShmRegion(*std::move(mapping), spec.size_bytes, std::move(release)));
@@ -308,6 +309,12 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
 std::map<std::string, HandleCounts> ShmCopyEngine::handle_counts() const {
   base::MutexLock lock(counts_->mu);
   return counts_->by_gpu;
+}
+
+void ShmCopyEngine::ForgetDevice(const std::string& device_id) {
+  base::MutexLock lock(counts_->mu);
+  auto it = counts_->by_gpu.find(device_id);
+  if (it != counts_->by_gpu.end() && it->second.open == 0) counts_->by_gpu.erase(it);
 }
 
 absl::Status ShmCopyEngine::CopyChunk(Direction direction, Region& region, uint64_t region_offset,

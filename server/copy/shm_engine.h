@@ -57,6 +57,7 @@ class ShmCopyEngine : public CopyEngine {
                          uint64_t bytes) override;
   // Mappings by the registering session's device id.
   std::map<std::string, HandleCounts> handle_counts() const override;
+  void ForgetDevice(const std::string& device_id) override;
   ShmMappingStats mapping_stats() const;
 
   struct Mappings;  // shm_engine.cc

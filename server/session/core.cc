@@ -4,6 +4,7 @@
 #include "server/base/clock.h"
 #include "server/metrics/metrics.h"
 #include "server/session/core_metrics.h"
+#include "server/session/ops.h"
 #include "server/session/session.h"
 
 namespace offloadd::session {
@@ -73,6 +74,12 @@ std::shared_ptr<prometheus::Collectable> Core::collectable() const { return metr
 int Core::GpuNumaNode(const std::string& gpu) const {
   auto it = options_.gpu_numa_nodes.find(gpu);
   return it == options_.gpu_numa_nodes.end() ? -1 : it->second;
+}
+
+void Core::ReleaseLink(const std::string& gpu, bool remove_if_unused) {
+  if (!links_.Release(gpu, remove_if_unused)) return;
+  ForgetTransferSeries(gpu);
+  engine_->ForgetDevice(gpu);
 }
 
 void Core::CountTransfer(bool offload, uint64_t bytes, bool ok) {

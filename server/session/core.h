@@ -52,9 +52,10 @@ class Core {
   // between the two), and cancelling a session's queued transfers on it.
   std::string LinkNameFor(const std::string& gpu) const { return links_.LinkNameFor(gpu); }
   absl::Status AcquireLink(const std::string& gpu) { return links_.Acquire(gpu); }
-  void ReleaseLink(const std::string& gpu, bool remove_if_unused) {
-    links_.Release(gpu, remove_if_unused);
-  }
+  // With `remove_if_unused` (Hello's transient_device), the last user's release also drops the
+  // device's transfer counters and handle counts, so a probe (`offloadctl bench`) leaves no
+  // series labelled with its device id.
+  void ReleaseLink(const std::string& gpu, bool remove_if_unused);
   std::shared_ptr<Link> LinkFor(const std::string& gpu) { return links_.LinkFor(gpu); }
   void CancelTransfers(uint64_t session_id, const std::string& gpu, const absl::Status& status) {
     links_.CancelTransfers(session_id, gpu, status);

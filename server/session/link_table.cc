@@ -105,32 +105,35 @@ absl::Status LinkTable::Acquire(const std::string& gpu) {
   return absl::OkStatus();
 }
 
-void LinkTable::Release(const std::string& gpu, bool remove_if_unused) {
+bool LinkTable::Release(const std::string& gpu, bool remove_if_unused) {
   std::shared_ptr<Link> removed;
   {
     base::MutexLock lock(links_mu_);
     const std::string name = LinkNameFor(gpu);
     auto users = link_users_.find(name);
-    if (users == link_users_.end()) return;
+    if (users == link_users_.end()) return false;
     // A link a training session (no transient_device) used is never removed: a probe naming
     // the same device later must not drop that GPU's counters.
     // Only a link that exists is remembered, so the set stays within links_ (max_links): a
     // Hello naming a fresh device id and failing (e.g. a forged resume token) left its name
     // here for good, ~390 bytes each, without bound.
     if (!remove_if_unused && links_.count(name) != 0) kept_links_.insert(name);
-    if (--users->second > 0) return;
+    if (--users->second > 0) return false;
     link_users_.erase(users);
-    if (!remove_if_unused || kept_links_.count(name) != 0) return;
+    if (!remove_if_unused || kept_links_.count(name) != 0 || FindSpec(name) != nullptr) {
+      return false;
+    }
     auto it = links_.find(name);
-    if (it == links_.end() || FindSpec(name) != nullptr) return;
+    if (it == links_.end()) return true;  // it never copied: no link was made
     // Busy: a later Acquire/Release of this name retries; the link stays usable.
-    if (LinkBusy(*it->second)) return;
+    if (LinkBusy(*it->second)) return false;
     removed = std::move(it->second);
     links_.erase(it);
     ForgetLinkMetrics(name);
   }
   // Stop the workers outside links_mu_: Shutdown joins threads.
   ShutdownLink(*removed);
+  return true;
 }
 
 void LinkTable::ForgetLinkMetrics(const std::string& name) const {

@@ -50,8 +50,10 @@ class LinkTable {
   // probe's device name (`offloadctl bench`) leaves nothing behind. A link any session without
   // the flag has used is never removed; a GPU's link otherwise persists (its counters stay
   // continuous across jobs). Must not be called from a transfer callback (it joins the link's
-  // workers).
-  void Release(const std::string& gpu, bool remove_if_unused) EXCLUDES(links_mu_);
+  // workers). True when the device is forgotten: `remove_if_unused`, this was its last user,
+  // no session without the flag used its link, and the link (if one was made) was removed; the
+  // caller then drops the device's other series.
+  bool Release(const std::string& gpu, bool remove_if_unused) EXCLUDES(links_mu_);
   // The link a GPU's copies use, created on first use (so sessions that never copy, like
   // `offloadctl stats`, create none). Never null; call it only between Acquire and Release of
   // that GPU.

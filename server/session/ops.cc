@@ -29,6 +29,22 @@ void RecordTransfer(const char* direction, const std::string& gpu, uint64_t byte
       .Observe(static_cast<double>(bytes));
 }
 
+}  // namespace
+
+void ForgetTransferSeries(const std::string& gpu) {
+  auto& m = metrics::Get();
+  for (const char* direction : {"d2h", "h2d"}) {
+    for (const char* status : {"ok", "error"}) {
+      const prometheus::Labels labels{{"direction", direction}, {"gpu", gpu}, {"status", status}};
+      for (auto* family : {m.transfers_total, m.transfer_bytes_total}) {
+        if (family->Has(labels)) family->Remove(&family->Add(labels));
+      }
+    }
+  }
+}
+
+namespace {
+
 absl::Status SessionEndedBeforeCopy() {
   return absl::CancelledError("the session ended before this copy started");
 }

@@ -34,6 +34,12 @@
 
 namespace offloadd::session {
 
+// Removes the per-GPU transfer series of `gpu` (offloadd_transfers_total and
+// offloadd_transfer_bytes_total, both directions and statuses) from the metrics registry: for a
+// probe's device once its last session ended (Core::ReleaseLink). The unlabelled duration and
+// size histograms keep the probe's observations.
+void ForgetTransferSeries(const std::string& gpu);
+
 // Whether [offset, +bytes) lies inside [0, size_bytes), without overflow.
 inline bool RangeInside(uint64_t offset, uint64_t bytes, uint64_t size_bytes) {
   return offset <= size_bytes && bytes <= size_bytes - offset;

@@ -424,6 +424,14 @@ TEST(SessionLinkTest, TransientDeviceLinkIsRemovedWhenItsLastSessionEnds) {
   OffloadOneMiB(*c, out_c, shm);
   EXPECT_TRUE(HasLink(*core, "probe-dev"));
   const prometheus::Collectable& scrape = *core->collectable();
+  auto& transfers = *metrics::Get().transfers_total;
+  auto& transfer_bytes = *metrics::Get().transfer_bytes_total;
+  const prometheus::Labels probe_ok{{"direction", "d2h"}, {"gpu", "probe-dev"}, {"status", "ok"}};
+  const prometheus::Labels gpu0_ok{{"direction", "d2h"}, {"gpu", "gpu0"}, {"status", "ok"}};
+  ASSERT_TRUE(transfers.Has(probe_ok));
+  ASSERT_TRUE(transfer_bytes.Has(probe_ok));
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_ipc_handle_opens_total", {{"gpu", "probe-dev"}}),
+            std::optional<double>(1));
   const prometheus::Labels probe_d2h{{"link", "probe-dev"}, {"direction", "d2h"}};
   EXPECT_EQ(ScrapedValue(scrape, "offloadd_link_bytes_total", probe_d2h),
             std::optional<double>(kMiB));
@@ -442,6 +450,16 @@ TEST(SessionLinkTest, TransientDeviceLinkIsRemovedWhenItsLastSessionEnds) {
   EXPECT_EQ(ScrapedValue(scrape, "offloadd_link_bytes_total",
                          {{"link", "gpu0"}, {"direction", "d2h"}}),
             std::optional<double>(kMiB));
+  // The probe's per-GPU transfer and handle series went with it; the training GPU's stay.
+  EXPECT_FALSE(transfers.Has(probe_ok));
+  EXPECT_FALSE(transfer_bytes.Has(probe_ok));
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_ipc_handle_opens_total", {{"gpu", "probe-dev"}}),
+            std::nullopt);
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_ipc_handles_open", {{"gpu", "probe-dev"}}),
+            std::nullopt);
+  EXPECT_TRUE(transfers.Has(gpu0_ok));
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_ipc_handle_opens_total", {{"gpu", "gpu0"}}),
+            std::optional<double>(1));
   // A probe that names a training GPU's device (after its sessions ended) must not drop it.
   Collector out_d;
   auto d = Session::Create(core.get(), out_d.emit());
@@ -451,6 +469,9 @@ TEST(SessionLinkTest, TransientDeviceLinkIsRemovedWhenItsLastSessionEnds) {
   ASSERT_EQ(out_d.Wait(1).kind, CompletionKind::kHello);
   d->Close(EndCause::kClosed);
   EXPECT_TRUE(HasLink(*core, "gpu0"));
+  EXPECT_TRUE(transfers.Has(gpu0_ok));
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_ipc_handle_opens_total", {{"gpu", "gpu0"}}),
+            std::optional<double>(1));
 }
 
 // Defect 3 of the structure issue: max_links was checked at Hello but links were made at the
