@@ -2,7 +2,7 @@
 """Start-to-serving time of a daemon adopting a shared pool, against a cold start.
 
     .venv/bin/python bench/restart_bench.py [--bin bazel-bin/server/offloadd] [--pool_gib 1]
-        [--blocks 8192] [--fill 0.9]
+        [--blocks 8192] [--fill 0.9] [--pool_data_checksums]
 
 One run: start offloadd on a new shared pool (pool_shm_name) and time exec -> its "ready" line
 (cold start); fill the pool to --fill with --blocks equal blocks through the Python client;
@@ -11,6 +11,9 @@ block's record, allocator rebuilt, included). Prints both, their ratio, and the 
 from the daemon's log. A second client (auto-resume on) holding one block issues a reload right
 after the SIGKILL: the time from the kill to that reload's answer is how long a client waits
 across the restart (the new daemon is started at once). The pool object is removed at the end.
+--pool_data_checksums runs both daemons with pool_data_checksums: the fill then pays a CRC32C
+per offloaded block (the fill's offload rate is printed in either mode: compare two runs) and
+the adoption checks every block's data (the daemon's "checked the data" line is printed).
 """
 
 import argparse
@@ -44,6 +47,7 @@ def main():
     ap.add_argument("--pool_gib", type=float, default=1)
     ap.add_argument("--blocks", type=int, default=8192)
     ap.add_argument("--fill", type=float, default=0.9)
+    ap.add_argument("--pool_data_checksums", action="store_true")
     a = ap.parse_args()
     pool_bytes = int(a.pool_gib * (1 << 30))
     block_bytes = int(pool_bytes * a.fill / a.blocks) // 4096 * 4096
@@ -51,7 +55,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="ofd-rb-", dir="/tmp")
     sock = os.path.join(tmp, "d.sock")
     args = [a.bin, "--socket_path=" + sock, "--pool_bytes=%d" % pool_bytes,
-            "--metrics_address=", "--pool_shm_name=" + name, "--resume_grace_seconds=600"]
+            "--metrics_address=", "--pool_shm_name=" + name, "--resume_grace_seconds=600",
+            "--pool_data_checksums=%s" % ("true" if a.pool_data_checksums else "false")]
     log = open(os.path.join(tmp, "daemon.log"), "w+")
     daemon = None
     try:
@@ -61,6 +66,7 @@ def main():
         src.mm[:] = os.urandom(block_bytes)
         rid = client.register_shm(src.name, src.size_bytes)
         futures = []
+        t_fill = time.monotonic()
         for _ in range(a.blocks):
             futures.append(client.offload(rid, 0, block_bytes))
             if len(futures) >= 256:
@@ -69,6 +75,7 @@ def main():
                 futures = []
         for f in futures:
             f.result(60)
+        fill = time.monotonic() - t_fill
         waiter = Client(sock, "restart-bench-waiter", "cpu")
         dst = ShmRegion(block_bytes)
         wsrc = waiter.register_shm(src.name, src.size_bytes, relink=src.relink)
@@ -90,6 +97,8 @@ def main():
         log.flush()
         log.seek(mark)
         adopted = [line.strip() for line in log if "adopted" in line]
+        log.seek(mark)
+        checked = [line.strip() for line in log if "checked the data" in line]
     finally:
         if daemon is not None and daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
@@ -100,11 +109,13 @@ def main():
             pass
     print("pool                      %.1f GiB, %d blocks of %d bytes (%.0f %% full, %d bytes)"
           % (a.pool_gib, a.blocks, block_bytes, 100.0 * stored / pool_bytes, stored))
+    print("pool_data_checksums       %s" % ("on" if a.pool_data_checksums else "off"))
+    print("fill: offloads            %.3f s, %.2f GB/s" % (fill, a.blocks * block_bytes / fill / 1e9))
     print("cold start to serving     %.3f s" % cold)
     print("adopting start to serving %.3f s" % adopt)
     print("ratio adopting / cold     %.2f" % (adopt / cold))
     print("client wait, kill -> reload answered  %.3f s (resumed, bytes checked)" % waited)
-    for line in adopted[-1:]:
+    for line in adopted[-1:] + checked[-1:]:
         print("daemon log: " + line[-160:])
 
 

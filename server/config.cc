@@ -45,6 +45,9 @@ pool_huge_pages: false
 # its block records in /dev/shm/<name> for the next daemon (README "Failure modes").
 pool_shm_name: ""
 resume_grace_seconds: 60
+# With pool_shm_name: checksum each block's data so a restart serves no changed bytes (costs a
+# CRC32C pass per offload; README "Failure modes").
+pool_data_checksums: false
 # Spill tier below the pool: a directory on local NVMe ("" = none; README "Spill tier").
 spill_directory: ""
 spill_capacity_bytes: 0
@@ -277,6 +280,10 @@ void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
         "/dev/shm/<pool_shm_name>)",
         c.pool_shm_name()));
   }
+  if (c.pool_data_checksums() && c.pool_shm_name().empty()) {
+    p->Add("pool_data_checksums needs pool_shm_name: an anonymous pool is not adopted after a "
+           "restart, so there is nothing to check; set pool_shm_name or drop pool_data_checksums");
+  }
 }
 
 void CheckLinks(const v1::DaemonConfig& c, Problems* p) {
@@ -426,6 +433,7 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"pool_huge_pages", "true to back the pool with transparent huge pages"},
       {"pool_shm_name", "keep the pool in /dev/shm/<name> across restarts (\"\" = anonymous)"},
       {"resume_grace_seconds", "how long adopted blocks wait for their session to resume"},
+      {"pool_data_checksums", "with pool_shm_name: CRC32C of each block's data, checked on restart"},
       {"spill_directory", "spill tier: directory on local NVMe (\"\" = no spill tier)"},
       {"spill_capacity_bytes", "spill tier: bytes of spill files, e.g. 500GiB; 0 = 90% of free space"},
       {"spill_bytes_per_second", "spill tier: disk rate, e.g. 3GB; 0 = measured; < 0 = unpaced"},
@@ -520,7 +528,8 @@ const std::map<std::string, FlagValue>& FlagValues() {
   static const auto* values = new std::map<std::string, FlagValue>{
       {"socket_path", V::kText}, {"socket_mode", V::kOctal}, {"pool_bytes", V::kBytes},
       {"pool_mlock", V::kBool}, {"pool_huge_pages", V::kBool}, {"pool_shm_name", V::kText},
-      {"resume_grace_seconds", V::kNumber}, {"spill_directory", V::kText},
+      {"resume_grace_seconds", V::kNumber}, {"pool_data_checksums", V::kBool},
+      {"spill_directory", V::kText},
       {"spill_capacity_bytes", V::kBytes}, {"spill_bytes_per_second", V::kSignedBytes},
       {"spill_posix_io", V::kBool}, {"spill_high_water_fraction", V::kNumber},
       {"spill_stage_ahead_blocks", V::kNumber}, {"spill_io_threads", V::kNumber},
@@ -724,6 +733,7 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.watch_pids = c.watch_client_pids();
   o.pid_exit_grace_seconds = c.pid_exit_grace_seconds();
   o.resume_grace_seconds = c.resume_grace_seconds();
+  o.pool_data_checksums = c.pool_data_checksums();
   o.default_link_bytes_per_second = c.default_link_bytes_per_second();
   o.link_calibration.at_start =
       c.link_calibration() && (c.backend() == "cuda" || c.backend() == "cuda-sim");

@@ -56,6 +56,24 @@ TEST(ConfigTest, ValidationListsProblems) {
   EXPECT_NE(msg.find("pool_bytes"), std::string::npos);
 }
 
+TEST(ConfigTest, PoolDataChecksumsNeedASharedPoolAndReachCoreOptions) {
+  auto off = ParseConfig("");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->pool_data_checksums());
+  EXPECT_FALSE(ToCoreOptions(*off).pool_data_checksums);
+  auto anonymous = ParseConfig("pool_data_checksums: true\n");
+  ASSERT_TRUE(anonymous.ok());
+  absl::Status st = ValidateConfig(*anonymous);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("pool_data_checksums needs pool_shm_name"),
+            std::string::npos)
+      << st;
+  auto shared = ParseConfig("pool_data_checksums: true\npool_shm_name: \"p\"\n");
+  ASSERT_TRUE(shared.ok());
+  EXPECT_TRUE(ValidateConfig(*shared).ok()) << ValidateConfig(*shared);
+  EXPECT_TRUE(ToCoreOptions(*shared).pool_data_checksums);
+}
+
 TEST(ConfigTest, CudaSimIsABackendButNotTheDefault) {
   auto c = ParseConfig("");
   ASSERT_TRUE(c.ok());

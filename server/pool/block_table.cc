@@ -6,14 +6,18 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <utility>
 
+#include "server/base/crc32c.h"
 #include "server/pool/extent_allocator.h"
 
 namespace offloadd::pool {
 namespace {
 
 constexpr uint64_t kChecksumOffset = 56;
+constexpr uint16_t kFlagDataCrc = 1;
+constexpr size_t kCheckThreads = 8;
 
 uint64_t Checksum(const uint8_t* record) {
   uint8_t digest[SHA256_DIGEST_LENGTH];
@@ -59,6 +63,7 @@ const char* DropReasonName(DropReason reason) {
     case DropReason::kBounds: return "bounds";
     case DropReason::kOverlap: return "overlap";
     case DropReason::kDuplicate: return "duplicate_id";
+    case DropReason::kData: return "data_checksum";
   }
   return "unknown";
 }
@@ -82,6 +87,10 @@ void BlockTable::Write(const StoredBlock& b) {
   Store<uint64_t>(body, 24, b.spilled ? 0 : b.extent_offset);
   Store<uint16_t>(body, 44, b.spilled ? kRecordSpilled : kRecordStored);
   Store<uint16_t>(body, 46, kLayoutVersion);
+  if (b.has_data_crc32c) {
+    Store<uint32_t>(body, 48, b.data_crc32c);
+    Store<uint16_t>(body, 52, kFlagDataCrc);
+  }
   Store<uint64_t>(body, kChecksumOffset, Checksum(body));
   // Body first, checksum last: a crash in between leaves a record that fails its checksum.
   std::memcpy(p, body, kChecksumOffset);
@@ -115,9 +124,11 @@ std::optional<StoredBlock> BlockTable::ReadRecord(uint32_t slot, AdoptionReport*
     return std::nullopt;
   }
   const uint16_t state = Load<uint16_t>(p, 44);
+  const uint16_t flags = Load<uint16_t>(p, 52);
+  const bool has_crc = (flags & kFlagDataCrc) != 0;
   if ((state != kRecordStored && state != kRecordSpilled) ||
-      Load<uint16_t>(p, 46) != kLayoutVersion ||
-      Load<uint64_t>(p, 48) != 0) {
+      Load<uint16_t>(p, 46) != kLayoutVersion || (flags & ~kFlagDataCrc) != 0 ||
+      Load<uint16_t>(p, 54) != 0 || (!has_crc && Load<uint32_t>(p, 48) != 0)) {
     Drop(slot, DropReason::kVersion, report);
     return std::nullopt;
   }
@@ -129,6 +140,8 @@ std::optional<StoredBlock> BlockTable::ReadRecord(uint32_t slot, AdoptionReport*
   b.bytes = Load<uint64_t>(p, 32);
   b.owner_uid = Load<uint32_t>(p, 40);
   b.spilled = state == kRecordSpilled;
+  b.has_data_crc32c = has_crc;
+  b.data_crc32c = Load<uint32_t>(p, 48);
   if (b.spilled) {
     if (b.block_id == 0 || b.bytes == 0 || b.bytes > data_bytes_ || b.extent_offset != 0) {
       Drop(slot, DropReason::kBounds, report);
@@ -196,7 +209,40 @@ void BlockTable::DropOverlaps(std::vector<StoredBlock> unique, AdoptionReport* r
   report->blocks.insert(report->blocks.end(), spilled.begin(), spilled.end());
 }
 
-AdoptionReport BlockTable::Adopt() {
+void BlockTable::DropDataMismatches(const uint8_t* data, AdoptionReport* report) {
+  const std::vector<StoredBlock>& blocks = report->blocks;
+  // One CRC32C pass over every checked block, on up to kCheckThreads threads (block i on thread
+  // i % n): a restart of a large pool is bound by this pass, not by the records.
+  std::vector<uint8_t> matches(blocks.size(), 1);
+  const size_t n = std::min<size_t>(
+      {kCheckThreads, std::max(1u, std::thread::hardware_concurrency()), blocks.size()});
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < n; ++t) {
+    threads.emplace_back([&blocks, &matches, data, t, n] {
+      for (size_t i = t; i < blocks.size(); i += n) {
+        const StoredBlock& b = blocks[i];
+        if (b.spilled || !b.has_data_crc32c) continue;
+        matches[i] = base::Crc32c(data + b.extent_offset, b.bytes) == b.data_crc32c;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<StoredBlock> kept;
+  kept.reserve(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const StoredBlock& b = blocks[i];
+    if (!matches[i]) {
+      Drop(b.slot, DropReason::kData, report);
+      continue;
+    }
+    if (!b.spilled) ++(b.has_data_crc32c ? report->data_verified_blocks
+                                          : report->data_unchecked_blocks);
+    kept.push_back(b);
+  }
+  report->blocks = std::move(kept);
+}
+
+AdoptionReport BlockTable::Adopt(const uint8_t* data) {
   AdoptionReport report;
   std::vector<StoredBlock> valid;
   for (uint64_t slot = 0; slot < slots_; ++slot) {
@@ -204,6 +250,8 @@ AdoptionReport BlockTable::Adopt() {
     if (auto b = ReadRecord(static_cast<uint32_t>(slot), &report)) valid.push_back(*b);
   }
   DropOverlaps(DropDuplicates(std::move(valid), &report), &report);
+  // After the overlap check: a verified block's extent lies inside the arena and is its own.
+  if (data != nullptr) DropDataMismatches(data, &report);
   return report;
 }
 

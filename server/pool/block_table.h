@@ -11,7 +11,10 @@
 //  44  u16 state               kRecordFree (0), kRecordStored (1: bytes in the extent) or
 //                              kRecordSpilled (2: bytes in the block's spill file, no extent)
 //  46  u16 layout_version      kLayoutVersion
-//  48  u64 reserved            0
+//  48  u32 data_crc32c        CRC32C of the block's `bytes` data bytes (state 1 and 2), valid when
+//                              flags bit 0 is set (pool_data_checksums); else 0
+//  52  u16 flags               bit 0: data_crc32c is set; no other bit is used
+//  54  u16 reserved            0
 //  56  u64 checksum            first 8 bytes of SHA-256 of bytes 0..55
 // A free slot is all zero bytes. Writing a record writes the body, then the checksum; a record
 // torn by a crash mid-write fails its checksum and is dropped (never served), as is one whose
@@ -19,7 +22,8 @@
 // A spilled record is written only after its spill file is complete and synced, before the
 // block's extent is freed; until then the record names the extent (the pool copy is
 // authoritative). Adding state 2 kept layout version 1: a version-1 table without spilled
-// records reads as before.
+// records reads as before. So did the data checksum (bytes 48..55, zero without it): a record
+// carrying one is dropped as kVersion by a daemon built before it.
 //
 // Thread-safety: none; the store serialises calls under its lock.
 #ifndef OFFLOADD_SERVER_POOL_BLOCK_TABLE_H_
@@ -55,6 +59,10 @@ struct StoredBlock {
   uint32_t owner_uid = kUnknownUid;
   // The block's bytes are in its spill file (extent_offset is 0 and names no extent).
   bool spilled = false;
+  // CRC32C (base/crc32c.h) of the block's `bytes` data bytes, when the daemon that stored it ran
+  // with pool_data_checksums; the same value wherever the bytes live (pool or spill file).
+  bool has_data_crc32c = false;
+  uint32_t data_crc32c = 0;
 };
 
 // Why adoption dropped a record (metric label values, DropReasonName).
@@ -64,8 +72,9 @@ enum class DropReason {
   kBounds,     // zero id or size, unaligned, or past the pool's end
   kOverlap,    // its extent overlaps another record's (every overlapping record is dropped)
   kDuplicate,  // two records name the same block id (all of them are dropped)
+  kData,       // its data in the pool fails the record's data_crc32c (Adopt with the data)
 };
-inline constexpr int kNumDropReasons = 5;
+inline constexpr int kNumDropReasons = 6;
 const char* DropReasonName(DropReason reason);
 
 struct DroppedBlock {
@@ -83,6 +92,10 @@ struct AdoptionReport {
   // block is lost (DATA_LOSS) rather than unknown.
   std::vector<DroppedBlock> dropped_blocks;
   std::array<uint64_t, kNumDropReasons> dropped{};  // by DropReason
+  // Adopt with the data: pool blocks whose data matched their data_crc32c, and pool blocks
+  // adopted unchecked because their record has none (stored without pool_data_checksums).
+  uint64_t data_verified_blocks = 0;
+  uint64_t data_unchecked_blocks = 0;
   uint64_t dropped_total() const;
 };
 
@@ -99,7 +112,11 @@ class BlockTable {
   void Clear(uint32_t slot);
   // Validates every non-zero slot: checksum, version and state, bounds, overlap, duplicate ids.
   // Dropped records are cleared, so the table then holds exactly the returned blocks.
-  AdoptionReport Adopt();
+  // With `data` (the arena's base, data_bytes long), also each pool block's bytes against its
+  // record's data_crc32c (kData when they differ; one CRC32C pass over every such block on up
+  // to 8 threads, about 1 s per 7 GiB and thread of the CPU time; spilled blocks are checked by
+  // their spill file's CRC instead).
+  AdoptionReport Adopt(const uint8_t* data = nullptr);
 
  private:
   // Adopt's steps. Drop clears `slot` and reports it (with its id and key when it has an id).
@@ -111,6 +128,8 @@ class BlockTable {
   // Drops every record of a group whose extents overlap; the rest go to report->blocks.
   // Spilled records hold no extent and go to report->blocks as they are.
   void DropOverlaps(std::vector<StoredBlock> unique, AdoptionReport* report);
+  // Drops the pool blocks of report->blocks whose data fails their data_crc32c.
+  void DropDataMismatches(const uint8_t* data, AdoptionReport* report);
 
   uint8_t* const records_;
   const uint64_t slots_;

@@ -41,7 +41,15 @@ Core::Core(CoreOptions options, std::unique_ptr<pool::Arena> arena,
 }
 
 void Core::Adopt() {
-  adoption_ = arena_->block_table()->Adopt();
+  const double start_seconds = base::SteadyNowSeconds();
+  adoption_ = arena_->block_table()->Adopt(options_.pool_data_checksums ? arena_->base() : nullptr);
+  if (options_.pool_data_checksums) {
+    LOG(INFO) << "checked the data of " << adoption_.data_verified_blocks << " adopted blocks in "
+              << base::SteadyNowSeconds() - start_seconds << " s ("
+              << adoption_.dropped[static_cast<int>(pool::DropReason::kData)]
+              << " changed, dropped; " << adoption_.data_unchecked_blocks
+              << " stored without a data checksum, adopted unchecked)";
+  }
   const uint64_t adopted = store_.Adopt(adoption_.blocks, options_.resume_grace_seconds);
   store_.MarkLost(adoption_.dropped_blocks);
   auto& m = metrics::Get();

@@ -115,6 +115,9 @@ struct CoreOptions {
   // Shared pool (arena with a block table): how long blocks adopted from the previous daemon
   // wait for their session to resume before they are freed.
   double resume_grace_seconds = 60;
+  // Shared pool only (config pool_data_checksums): CRC32C of each offloaded block's data in its
+  // record, and adopted blocks' data checked against it at start-up (pool/block_table.h).
+  bool pool_data_checksums = false;
   // Spill tier: directory "" = none. main creates the tier (SpillTier::Create) from
   // these and hands it to the Core.
   spill::SpillOptions spill;

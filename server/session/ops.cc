@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
+#include "server/base/crc32c.h"
 #include "server/metrics/metrics.h"
 
 namespace offloadd::session {
@@ -225,13 +226,23 @@ void OffloadOp::SubmitCopy() {
   ctx_.core->LinkFor(ctx_.device_id)->d2h->Submit(std::move(t));
 }
 
+std::optional<uint32_t> OffloadOp::DataCrc(const absl::Status& status) const {
+  Core* core = ctx_.core;
+  if (!status.ok() || block_.block_id == 0 || !core->options().pool_data_checksums ||
+      !core->store().survives_restart()) {
+    return std::nullopt;
+  }
+  // The copy is over and the block not yet resident: nothing else reads or frees its extent.
+  return base::Crc32c(core->pool_base() + block_.extent.offset, block_.bytes);
+}
+
 void OffloadOp::Finish(absl::Status status, bool answer) {
   if (!BeginFinish()) return;
   const bool copied = state() == OpState::kCopying;
   const bool tag_resolved = copied;  // TagResolved(block) ran just before the copy
   SetState(status.ok() ? OpState::kStored : OpState::kFailed);
   Core* core = ctx_.core;
-  if (block_.block_id != 0) core->store().OffloadFinished(block_.block_id, status);
+  if (block_.block_id != 0) core->store().OffloadFinished(block_.block_id, status, DataCrc(status));
   const double now = ctx_.core->clock().NowSeconds();
   if (copied) {
     core->CountTransfer(/*offload=*/true, request_.bytes, status.ok());

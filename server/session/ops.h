@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -149,6 +150,9 @@ class OffloadOp : public Op, public std::enable_shared_from_this<OffloadOp> {
   void SubmitCopy();
   // `answer` false: the session closed first and answers the request itself.
   void Finish(absl::Status status, bool answer = true);
+  // The CRC32C of the block's bytes in the pool for its record (CoreOptions::pool_data_checksums
+  // on a shared pool, the copy OK); nullopt otherwise.
+  std::optional<uint32_t> DataCrc(const absl::Status& status) const;
 
   std::shared_ptr<copy::TransferOrder> order_;  // from admission until the transfer is built
 

@@ -31,7 +31,7 @@ Request Hello(uint64_t id, const std::string& token) {
   return HelloRequest(id, "resume-test", token);
 }
 
-std::unique_ptr<Core> SharedCore(const std::string& pool_name) {
+std::unique_ptr<Core> SharedCore(const std::string& pool_name, bool data_checksums = false) {
   pool::ArenaOptions a;
   a.size_bytes = kPoolBytes;
   a.shm_name = pool_name;
@@ -42,6 +42,7 @@ std::unique_ptr<Core> SharedCore(const std::string& pool_name) {
   options.chunk_bytes = kMiB;
   options.resume_grace_seconds = 3600;
   options.watch_pids = false;
+  options.pool_data_checksums = data_checksums;
   return std::make_unique<Core>(options, *std::move(arena),
                                 std::make_unique<copy::ShmCopyEngine>());
 }
@@ -67,8 +68,8 @@ struct FirstLife {
 // Child: a daemon with one session that offloads kBlocks blocks (the last one released
 // again), reports to the parent, and dies by SIGKILL with everything still open.
 [[noreturn]] void RunFirstDaemon(const std::string& pool_name, const TestShm& src,
-                                 int report_fd) {
-  auto core = SharedCore(pool_name);
+                                 int report_fd, bool data_checksums = false) {
+  auto core = SharedCore(pool_name, data_checksums);
   if (core == nullptr) _exit(2);
   CompletionCollector out;
   auto s = Session::Create(core.get(), out.emit(), Peer(getuid()));
@@ -123,26 +124,120 @@ void CorruptRecord(const std::string& pool_name, int n) {
   munmap(p, meta);
 }
 
+// Runs RunFirstDaemon in a forked child and returns what its client learnt.
+FirstLife KilledFirstDaemon(const std::string& pool_name, const TestShm& src,
+                            bool data_checksums = false) {
+  FirstLife life{};
+  int fds[2];
+  EXPECT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  EXPECT_GE(child, 0);
+  if (child == 0) {
+    close(fds[0]);
+    RunFirstDaemon(pool_name, src, fds[1], data_checksums);
+  }
+  close(fds[1]);
+  EXPECT_EQ(read(fds[0], &life, sizeof(life)), static_cast<ssize_t>(sizeof(life)));
+  close(fds[0]);
+  int status = 0;
+  EXPECT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  return life;
+}
+
+// Changes the data of block `block_id` in the pool object, as a stray write or a bad DIMM
+// would: XOR `mask` into `bytes` bytes at `offset` of its extent (found through its record).
+void ChangeBlockData(const std::string& pool_name, uint64_t block_id, uint64_t offset,
+                     uint64_t bytes, uint8_t mask) {
+  const int fd = shm_open(("/" + pool_name).c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  const uint64_t meta = pool::SharedDataOffset(kPoolBytes), size = meta + kPoolBytes;
+  auto* p = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  bool found = false;
+  for (uint64_t off = 4096; off + pool::kRecordBytes <= meta && !found; off += pool::kRecordBytes) {
+    uint64_t id, extent;
+    std::memcpy(&id, p + off, 8);
+    std::memcpy(&extent, p + off + 24, 8);
+    if (id != block_id) continue;
+    for (uint64_t i = 0; i < bytes; ++i) p[meta + extent + offset + i] ^= mask;
+    found = true;
+  }
+  munmap(p, size);
+  EXPECT_TRUE(found) << "no record names block " << block_id;
+}
+
+// Resumes `life`'s session on `core` and reloads each of its blocks: by block index, "ok"
+// (bytes equal to `src`), "wrong bytes" (OK with other bytes) or the error code's name.
+std::vector<std::string> ReloadAll(Core* core, const FirstLife& life, const TestShm& src) {
+  CompletionCollector out;
+  auto s = Session::Create(core, out.emit(), Peer(getuid()));
+  s->Handle(Hello(1, std::string(life.token, kResumeTokenBytes)));
+  EXPECT_EQ(out.Wait(1).kind, CompletionKind::kHello);
+  TestShm dst(src.size);
+  s->Handle(RegisterRequest(2, dst));
+  const uint64_t region = out.Wait(2).id;
+  std::vector<std::string> outcomes;
+  for (int i = 0; i < kBlocks; ++i) {
+    Request r;
+    r.request_id = 100 + i;
+    r.kind = RequestKind::kReload;
+    r.block_id = life.ids[i];
+    r.region_id = region;
+    r.offset = BlockOffset(i);
+    r.priority = kPriorityUrgent;
+    r.release_after = true;
+    s->Handle(r);
+    Completion c = out.Wait(100 + i);
+    if (c.kind != CompletionKind::kReloadDone) {
+      outcomes.push_back(absl::StatusCodeToString(c.status.code()));
+    } else {
+      const bool same =
+          std::memcmp(dst.data + BlockOffset(i), src.data + BlockOffset(i), BlockBytes(i)) == 0;
+      outcomes.push_back(same ? "ok" : "wrong bytes");
+    }
+  }
+  s->Close(EndCause::kClosed);
+  return outcomes;
+}
+
+// pool_data_checksums: after a SIGKILL, blocks whose bytes changed in the pool (one bit; the
+// first 4 KiB zeroed) are dropped at adoption and answer DATA_LOSS; the rest reload bit-exact.
+// The same damage without the option is served with OK: the check is what catches it.
+TEST(ResumeTest, ChangedDataIsDroppedAtAdoptionWithDataChecksums) {
+  for (const bool checksums : {true, false}) {
+    SCOPED_TRACE(checksums ? "pool_data_checksums on" : "off");
+    const std::string pool_name = UniqueTestName("pool");
+    TestShm src(2 * kMiB * kBlocks);
+    std::mt19937_64 rng(28);
+    for (uint64_t i = 0; i < src.size; ++i) src.data[i] = static_cast<uint8_t>(rng());
+    const FirstLife life = KilledFirstDaemon(pool_name, src, checksums);
+    ASSERT_FALSE(HasFailure());
+    ChangeBlockData(pool_name, life.ids[2], BlockBytes(2) - 1, 1, 0x10);
+    ChangeBlockData(pool_name, life.ids[5], 0, 4096, 0xff);
+    auto core = SharedCore(pool_name, checksums);
+    ASSERT_NE(core, nullptr);
+    const pool::AdoptionReport& a = core->adoption();
+    EXPECT_EQ(a.dropped[static_cast<int>(pool::DropReason::kData)], checksums ? 2u : 0u);
+    EXPECT_EQ(a.data_verified_blocks, checksums ? static_cast<uint64_t>(kBlocks - 3) : 0u);
+    EXPECT_EQ(a.data_unchecked_blocks, 0u);
+    const std::vector<std::string> outcomes = ReloadAll(core.get(), life, src);
+    const std::string changed = checksums ? "DATA_LOSS" : "wrong bytes";
+    EXPECT_EQ(outcomes, (std::vector<std::string>{"ok", "ok", changed, "ok", "ok", changed, "ok",
+                                                  "NOT_FOUND"}));  // the last: released
+    core.reset();
+    shm_unlink(("/" + pool_name).c_str());
+  }
+}
+
 TEST(ResumeTest, BlocksSurviveSigkillAndResumeBitExact) {
   const std::string pool_name = UniqueTestName("pool");
   TestShm src(2 * kMiB * kBlocks);
   std::mt19937_64 rng(15);
   for (uint64_t i = 0; i < src.size; ++i) src.data[i] = static_cast<uint8_t>(rng());
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    close(fds[0]);
-    RunFirstDaemon(pool_name, src, fds[1]);
-  }
-  close(fds[1]);
-  FirstLife life{};
-  ASSERT_EQ(read(fds[0], &life, sizeof(life)), static_cast<ssize_t>(sizeof(life)));
-  close(fds[0]);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  const FirstLife life = KilledFirstDaemon(pool_name, src);
+  ASSERT_FALSE(HasFailure());
 
   CorruptRecord(pool_name, 2);  // one of the 7 records left (which block is not known here)
   auto core = SharedCore(pool_name);

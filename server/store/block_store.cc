@@ -329,7 +329,8 @@ void BlockStore::FreeLocked(uint64_t block_id, Deferred* deferred) {
   UsePoolSpaceLocked(session_id, deferred);
 }
 
-void BlockStore::OffloadFinished(uint64_t block_id, const absl::Status& copy_status) {
+void BlockStore::OffloadFinished(uint64_t block_id, const absl::Status& copy_status,
+                                 std::optional<uint32_t> data_crc32c) {
   Deferred deferred;
   {
     base::MutexLock lock(mu_);
@@ -340,11 +341,8 @@ void BlockStore::OffloadFinished(uint64_t block_id, const absl::Status& copy_sta
     b.waiting_reloads.clear();
     if (copy_status.ok()) {
       b.state = State::kResident;
-      if (table_ != nullptr && !b.released) {
-        uint32_t uid = b.owner_uid >= 0 ? static_cast<uint32_t>(b.owner_uid) : pool::kUnknownUid;
-        table_->Write({b.slot, block_id, b.resume_key, b.extent.offset, b.bytes, uid});
-        b.recorded = true;
-      }
+      b.data_crc32c = data_crc32c;
+      WriteRecordLocked(block_id, b, /*spilled=*/false);
       BlockRef ref{block_id, b.bytes, b.extent, 0};
       for (auto& cb : waiting) deferred.push_back([cb, ref] { cb(ref); });
       if (b.released && b.reloads_in_flight == 0) {
@@ -605,6 +603,7 @@ uint64_t BlockStore::Adopt(const std::vector<pool::StoredBlock>& adopted, double
     b.slot = r.slot;
     b.recorded = true;
     b.resume_key = r.resume_key;
+    if (r.has_data_crc32c) b.data_crc32c = r.data_crc32c;
     slot_used[r.slot] = true;
     session_used_bytes_[kAdoptedSession] += b.extent.bytes;
     session_blocks_[kAdoptedSession] += 1;

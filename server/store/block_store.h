@@ -71,6 +71,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -240,7 +241,11 @@ class BlockStore {
 
   // The offload copy of a block finished: kResident on success; on failure the block is freed.
   // Runs reloads that were waiting for it (with the block, or the copy's error).
-  void OffloadFinished(uint64_t block_id, const absl::Status& copy_status) EXCLUDES(mu_);
+  // `data_crc32c`: the CRC32C of the block's bytes as they landed in the pool (the caller
+  // computes it outside the store's lock, with pool_data_checksums); kept with the block and
+  // written in its record wherever the block is recorded, so a restart can check the data.
+  void OffloadFinished(uint64_t block_id, const absl::Status& copy_status,
+                       std::optional<uint32_t> data_crc32c = std::nullopt) EXCLUDES(mu_);
 
   // Starts a reload of a block of `session_id`: `ready` is called with the block once its bytes
   // are in the pool (at once if resident). The block stays allocated until EndReload.
@@ -295,6 +300,7 @@ class BlockStore {
     uint32_t slot = 0;      // record slot (shared pool only)
     bool recorded = false;  // its record is written
     pool::ResumeKey resume_key{};
+    std::optional<uint32_t> data_crc32c;  // of its bytes, with pool_data_checksums
     // Spill tier. `extent.bytes` stays the block's rounded size in every tier; `extent.offset`
     // is meaningful in kPool, kSpilling and kStaging only.
     Tier tier = Tier::kPool;

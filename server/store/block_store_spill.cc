@@ -25,7 +25,7 @@ void BlockStore::WriteRecordLocked(uint64_t block_id, Block& b, bool spilled) {
   if (table_ == nullptr || b.released) return;
   const uint32_t uid = b.owner_uid >= 0 ? static_cast<uint32_t>(b.owner_uid) : pool::kUnknownUid;
   table_->Write({b.slot, block_id, b.resume_key, spilled ? 0 : b.extent.offset, b.bytes, uid,
-                 spilled});
+                 spilled, b.data_crc32c.has_value(), b.data_crc32c.value_or(0)});
   b.recorded = true;
 }
 
