@@ -4,6 +4,8 @@
 # per mode, the amortised overhead extrapolated to update_proj_gap 200: the refresh step's extra
 # time (median refresh - median normal) spread over 200 steps, as a fraction of a normal step.
 #   bash bench/galore_bench.sh [STEPS]     (default 60; needs build/bin/offloadd and .venv)
+# MODES (default "stock sync sync-randomized async async-lazy") runs those modes in that order;
+# a mode may repeat, e.g. MODES="stock sync stock sync" to pair two modes against drift.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -23,7 +25,7 @@ daemon=$!
 for _ in $(seq 100); do [ -S "$dir/d.sock" ] && break; sleep 0.1; done
 echo "machine: $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "pinning: training '${pin_train:-none}', daemon '${pin_daemon:-none}'"
-for mode in stock sync sync-randomized async async-lazy; do
+for mode in ${MODES:-stock sync sync-randomized async async-lazy}; do
   PYTHONPATH=client/python OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $pin_train "$PY" \
     bench/galore_bench.py --mode "$mode" --socket "$dir/d.sock" --steps "$STEPS" \
     >> "$dir/results.jsonl" 2> "$dir/$mode.err" || { cat "$dir/$mode.err"; exit 1; }

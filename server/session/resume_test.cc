@@ -168,6 +168,20 @@ void ChangeBlockData(const std::string& pool_name, uint64_t block_id, uint64_t o
   EXPECT_TRUE(found) << "no record names block " << block_id;
 }
 
+// An urgent reload of `block_id` into `region` at `offset` that releases the block after.
+Request UrgentReloadAndRelease(uint64_t request_id, uint64_t block_id, uint64_t region,
+                               uint64_t offset) {
+  Request r;
+  r.request_id = request_id;
+  r.kind = RequestKind::kReload;
+  r.block_id = block_id;
+  r.region_id = region;
+  r.offset = offset;
+  r.priority = kPriorityUrgent;
+  r.release_after = true;
+  return r;
+}
+
 // Resumes `life`'s session on `core` and reloads each of its blocks: by block index, "ok"
 // (bytes equal to `src`), "wrong bytes" (OK with other bytes) or the error code's name.
 std::vector<std::string> ReloadAll(Core* core, const FirstLife& life, const TestShm& src) {
@@ -180,15 +194,7 @@ std::vector<std::string> ReloadAll(Core* core, const FirstLife& life, const Test
   const uint64_t region = out.Wait(2).id;
   std::vector<std::string> outcomes;
   for (int i = 0; i < kBlocks; ++i) {
-    Request r;
-    r.request_id = 100 + i;
-    r.kind = RequestKind::kReload;
-    r.block_id = life.ids[i];
-    r.region_id = region;
-    r.offset = BlockOffset(i);
-    r.priority = kPriorityUrgent;
-    r.release_after = true;
-    s->Handle(r);
+    s->Handle(UrgentReloadAndRelease(100 + i, life.ids[i], region, BlockOffset(i)));
     Completion c = out.Wait(100 + i);
     if (c.kind != CompletionKind::kReloadDone) {
       outcomes.push_back(absl::StatusCodeToString(c.status.code()));
@@ -268,15 +274,7 @@ TEST(ResumeTest, BlocksSurviveSigkillAndResumeBitExact) {
   const uint64_t region = out.Wait(4).id;
   int reloaded = 0, released = 0, lost = 0;
   for (int i = 0; i < kBlocks; ++i) {
-    Request r;
-    r.request_id = 100 + i;
-    r.kind = RequestKind::kReload;
-    r.block_id = life.ids[i];
-    r.region_id = region;
-    r.offset = BlockOffset(i);
-    r.priority = kPriorityUrgent;
-    r.release_after = true;
-    s->Handle(r);
+    s->Handle(UrgentReloadAndRelease(100 + i, life.ids[i], region, BlockOffset(i)));
     Completion c = out.Wait(100 + i);
     if (c.kind == CompletionKind::kReloadDone) {
       ++reloaded;
