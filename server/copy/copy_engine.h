@@ -37,6 +37,9 @@ struct RegionSpec {
   std::string cuda_ipc_handle;  // 64 bytes of cudaIpcMemHandle_t (allocation base)
   uint64_t size_bytes = 0;      // size of the object / allocation
   std::string device_id;        // GPU UUID (cuda) or the session's device name (shm)
+  // The session's Hello said transient_device (a probe): its handle counts may be forgotten
+  // with the device (ForgetDevice); a region of any other session keeps them.
+  bool transient_device = false;
 };
 
 // What orders one transfer against the client's GPU work (BeginTransfer). Event handles are
@@ -158,9 +161,10 @@ class CopyEngine {
 
   // Handles by GPU (device id), for metrics: shm mappings / CUDA IPC memory handles.
   virtual std::map<std::string, HandleCounts> handle_counts() const = 0;
-  // Drops `device_id` from handle_counts() when none of its handles is open (a probe's device,
-  // Hello transient_device, after its last session). No-op otherwise, and on engines that key
-  // the counts by device UUID rather than by the client's device id (cuda).
+  // Drops `device_id` from handle_counts() when none of its handles is open and only sessions
+  // with transient_device ever opened one (a probe's device, after its last session). No-op
+  // otherwise, and on engines that key the counts by device UUID rather than by the client's
+  // device id (cuda).
   virtual void ForgetDevice(const std::string& device_id) { (void)device_id; }
   // Pool bytes the engine has registered for DMA (CUDA: cudaHostRegister); 0 for shm.
   virtual uint64_t pinned_bytes() const { return 0; }

@@ -296,6 +296,7 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
     HandleCounts& c = counts_->by_gpu[spec.device_id];
     ++c.opens_total;
     ++c.open;
+    if (!spec.transient_device) counts_->kept.insert(spec.device_id);
   }
   auto release = [counts = counts_, gpu = spec.device_id] {
     base::MutexLock lock(counts->mu);
@@ -314,7 +315,9 @@ std::map<std::string, HandleCounts> ShmCopyEngine::handle_counts() const {
 void ShmCopyEngine::ForgetDevice(const std::string& device_id) {
   base::MutexLock lock(counts_->mu);
   auto it = counts_->by_gpu.find(device_id);
-  if (it != counts_->by_gpu.end() && it->second.open == 0) counts_->by_gpu.erase(it);
+  if (it != counts_->by_gpu.end() && it->second.open == 0 && counts_->kept.count(device_id) == 0) {
+    counts_->by_gpu.erase(it);
+  }
 }
 
 absl::Status ShmCopyEngine::CopyChunk(Direction direction, Region& region, uint64_t region_offset,

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,6 +67,9 @@ class ShmCopyEngine : public CopyEngine {
   struct Counts {
     base::Mutex mu;
     std::map<std::string, HandleCounts> by_gpu GUARDED_BY(mu);
+    // Devices a session without transient_device opened a region of (a subset of by_gpu's keys):
+    // ForgetDevice keeps them.
+    std::set<std::string> kept GUARDED_BY(mu);
   };
   std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
   std::shared_ptr<Mappings> mappings_;

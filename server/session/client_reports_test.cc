@@ -146,6 +146,25 @@ TEST(SessionClientReportTest, LatestReportInInfoIncreasesSummedAcrossSessions) {
   EXPECT_EQ(core->Stats().client_reports_by_gpu.at("gpu0").fallbacks_total, 15u);
 }
 
+// A probe (Hello transient_device, as offloadctl bench sends) keeps its report on its session but
+// adds nothing to the per-GPU sums: those series would outlive the probe.
+TEST(SessionClientReportTest, ATransientSessionsReportIsNotSummedByGpu) {
+  auto core = MakeCore();
+  CompletionCollector out;
+  auto probe = Session::Create(core.get(), out.emit());
+  Request hello = HelloRequest(1, "probe");
+  hello.device_id = "probe-dev";
+  hello.transient_device = true;
+  probe->Handle(hello);
+  ASSERT_EQ(out.Wait(1).kind, CompletionKind::kHello);
+  probe->Handle(Report(2, Counts(3, 1, 0.5, 2)));
+  EXPECT_EQ(out.Wait(2).kind, CompletionKind::kClientReportAck);
+  EXPECT_EQ(probe->info().client_report.fallbacks_total, 3u);
+  EXPECT_EQ(core->Stats().client_reports_by_gpu.count("probe-dev"), 0u);
+  probe->Close(EndCause::kClosed);
+  EXPECT_TRUE(core->Stats().client_reports_by_gpu.empty());
+}
+
 TEST(AuditTest, LinesNameTheSessionItsPeerAndWhatItHeld) {
   SessionInfo s;
   s.session_id = 7;

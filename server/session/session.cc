@@ -286,6 +286,7 @@ absl::StatusOr<std::shared_ptr<copy::Region>> Session::FindRegion(uint64_t regio
 void Session::OnRegister(const Request& r) {
   copy::RegionSpec spec = r.region;
   spec.device_id = device_id_;
+  spec.transient_device = transient_device_;
   if (spec.shm_name.empty() && spec.cuda_ipc_handle.empty()) {
     return Fail(r.request_id, absl::InvalidArgumentError(
                                   "register_region without a handle: set shm_name (shm backend) "
@@ -500,7 +501,8 @@ void Session::OnClientReport(const Request& r) {
     if (increase.ok()) client_report_ = r.report;
   }
   if (!increase.ok()) return Fail(r.request_id, increase.status());
-  core_->AddClientReport(device_id_, *increase);
+  // A probe's (transient_device) report stays with its session: per-GPU sums are training's.
+  if (!transient_device_) core_->AddClientReport(device_id_, *increase);
   Completion c;
   c.request_id = r.request_id;
   c.kind = CompletionKind::kClientReportAck;

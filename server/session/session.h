@@ -194,12 +194,12 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
   // Set when the session closes: what requests that could not finish are answered with.
   absl::Status close_status_ GUARDED_BY(mu_);
   bool hello_done_ GUARDED_BY(mu_) = false;
-  bool transient_device_ GUARDED_BY(mu_) = false;  // Hello's transient_device
   bool closed_ GUARDED_BY(mu_) = false;
   std::string client_name_ GUARDED_BY(mu_);
   // Written once by the accepted Hello, under mu_ and before hello_done_; every reader runs after
   // a request passed the hello_done_ check (under mu_), so it is read without the lock.
   std::string device_id_;
+  bool transient_device_ = false;  // Hello's transient_device
   uint32_t pid_ GUARDED_BY(mu_) = 0;
   ClientCounters client_report_ GUARDED_BY(mu_);  // the latest ClientReport
   std::map<uint64_t, std::shared_ptr<copy::Region>> regions_ GUARDED_BY(mu_);

@@ -474,6 +474,33 @@ TEST(SessionLinkTest, TransientDeviceLinkIsRemovedWhenItsLastSessionEnds) {
             std::optional<double>(1));
 }
 
+// A training session that registered a region on "gpu1" but never copied (so no link was made
+// for it), then a probe naming "gpu1" that copies: the training session's handle count stays.
+TEST(SessionLinkTest, AProbeKeepsTheHandleCountsOfATrainingSessionThatNeverCopied) {
+  auto core = MakeCore(64 * kMiB);
+  TestShm shm(kMiB);
+  const prometheus::Collectable& scrape = *core->collectable();
+  Collector out_t, out_p;
+  auto training = Session::Create(core.get(), out_t.emit());
+  Request hello = Hello(1);
+  hello.device_id = "gpu1";
+  training->Handle(hello);
+  ASSERT_EQ(out_t.Wait(1).kind, CompletionKind::kHello);
+  training->Handle(RegisterRequest(2, shm));
+  ASSERT_EQ(out_t.Wait(2).kind, CompletionKind::kRegionRegistered);
+  training->Close(EndCause::kClosed);
+  auto probe = Session::Create(core.get(), out_p.emit());
+  hello.transient_device = true;
+  probe->Handle(hello);
+  ASSERT_EQ(out_p.Wait(1).kind, CompletionKind::kHello);
+  OffloadOneMiB(*probe, out_p, shm);
+  probe->Close(EndCause::kClosed);
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_ipc_handle_opens_total", {{"gpu", "gpu1"}}),
+            std::optional<double>(2));
+  EXPECT_EQ(ScrapedValue(scrape, "offloadd_ipc_handles_open", {{"gpu", "gpu1"}}),
+            std::optional<double>(0));
+}
+
 // Defect 3 of the structure issue: max_links was checked at Hello but links were made at the
 // first copy, so Hellos for new devices before any copy all passed. Admission now reserves.
 TEST(SessionLinkTest, HellosBeforeAnyCopyCannotPassMaxLinksTogether) {
