@@ -7,20 +7,34 @@
 #include "glog/logging.h"
 #include "server/base/clock.h"
 #include "server/base/crc32c.h"
+#include "server/base/mutex.h"
 #include "server/metrics/metrics.h"
 
 namespace offloadd::session {
 namespace {
 
+// Held across a per-GPU counter's Add and Increment, and by ForgetTransferSeries: a series
+// removed between the two would be incremented after it was freed (a new probe session on the
+// device the last one's close forgets).
+base::Mutex& TransferSeriesMutex() {
+  static base::Mutex* mu = new base::Mutex;
+  return *mu;
+}
+
 void RecordTransfer(const char* direction, const std::string& gpu, uint64_t bytes,
                     double seconds, bool ok) {
   auto& m = metrics::Get();
   const char* status = ok ? "ok" : "error";
-  m.transfers_total->Add({{"direction", direction}, {"gpu", gpu}, {"status", status}})
-      .Increment();
+  {
+    base::MutexLock lock(TransferSeriesMutex());
+    m.transfers_total->Add({{"direction", direction}, {"gpu", gpu}, {"status", status}})
+        .Increment();
+    if (ok) {
+      m.transfer_bytes_total->Add({{"direction", direction}, {"gpu", gpu}, {"status", status}})
+          .Increment(static_cast<double>(bytes));
+    }
+  }
   if (!ok) return;
-  m.transfer_bytes_total->Add({{"direction", direction}, {"gpu", gpu}, {"status", status}})
-      .Increment(static_cast<double>(bytes));
   m.transfer_duration_seconds->Add({{"direction", direction}}, metrics::DurationBuckets())
       .Observe(seconds);
   m.transfer_size_bytes
@@ -34,6 +48,7 @@ void RecordTransfer(const char* direction, const std::string& gpu, uint64_t byte
 
 void ForgetTransferSeries(const std::string& gpu) {
   auto& m = metrics::Get();
+  base::MutexLock lock(TransferSeriesMutex());
   for (const char* direction : {"d2h", "h2d"}) {
     for (const char* status : {"ok", "error"}) {
       const prometheus::Labels labels{{"direction", direction}, {"gpu", gpu}, {"status", status}};
