@@ -11,7 +11,8 @@
 # libraries), python/ (the offloadd package with generated stubs, examples), pydeps/ (grpcio,
 # protobuf and typing_extensions wheels at the pinned versions for the CPython versions that fit
 # under the size limit, newest-common first; run.sh unpacks them only when the GPU machine's
-# python3 lacks grpcio/protobuf), run.sh and the check scripts, MANIFEST (versions, glibc
+# python3 lacks grpcio/protobuf; pydeps/galore/: galore-torch and bitsandbytes with its CUDA 13
+# library only, for the GaLore check), run.sh and the check scripts, MANIFEST (versions, glibc
 # requirement, sizes). The wheels come from PyPI through pip once and are cached in
 # build/gpu-bundle-wheels/; offline, the bundle is made without them (MANIFEST says so).
 set -euo pipefail
@@ -60,18 +61,52 @@ if [ -n "$missing" ]; then echo "make_gpu_bundle.sh: unresolved: $missing" >&2; 
 OFFLOADD_PROTOC=debian sh client/python/gen_proto.sh >/dev/null
 cp -r client/python/offloadd "$out/python/"
 cp -r client/python/examples "$out/python/"
-sh client/python/gen_proto.sh >/dev/null
+# Without .venv (a bundle made before `make venv`) the tree keeps Debian's stubs until the next
+# `make build`, whose gen_proto.sh replaces them.
+sh client/python/gen_proto.sh >/dev/null 2>&1 ||
+  echo "make_gpu_bundle.sh: no .venv yet: the tree's stubs stay Debian's until 'make build'"
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
 cp tests/gpu/run.sh tests/gpu/torch_check.py tests/gpu/transformers_check.py tests/gpu/cuda_probes.py \
   tests/gpu/galore_check.py client/python/tests/qwen3_fixture.py \
   client/python/tests/galore_fixture.py "$out/"
 chmod +x "$out/run.sh"
 
-# Python packages the client needs beyond torch, for a GPU machine whose python3 lacks them.
+# Wheels from PyPI, cached per machine.
 wheel_cache="$root/build/gpu-bundle-wheels"
 mkdir -p "$wheel_cache" "$out/pydeps"
-pins=$(grep -E '^(grpcio|protobuf|typing_extensions)==' client/python/requirements.lock)
 pip="$root/.venv/bin/pip"; [ -x "$pip" ] || pip="python3 -m pip"
+
+# galore-torch and bitsandbytes (which galore_torch imports) at the pinned versions, for a GPU
+# machine without them: unpacked into pydeps/galore/, bitsandbytes with its Python code and only
+# the CUDA 13 library (the bundle's CUDA major; the whole wheel is over 100 MiB), each with its
+# dist-info (offloadd.galore reads galore-torch's version from it). run.sh puts the
+# folder on the GaLore check's path only when the machine's python3 cannot import galore_torch.
+galore_pins=$(grep -E '^(galore-torch|bitsandbytes)==' client/python/requirements.lock)
+if ! ls "$wheel_cache"/galore_torch-*.whl "$wheel_cache"/bitsandbytes-*.whl > /dev/null 2>&1; then
+  # shellcheck disable=SC2086
+  $pip download --quiet --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
+    --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    -d "$wheel_cache" $galore_pins > /dev/null 2>&1 ||
+    echo "make_gpu_bundle.sh: no galore-torch/bitsandbytes wheels (offline?): the GaLore check needs them on the GPU machine"
+fi
+if ls "$wheel_cache"/galore_torch-*.whl "$wheel_cache"/bitsandbytes-*.whl > /dev/null 2>&1; then
+  mkdir -p "$out/pydeps/galore"
+  python3 -m zipfile -e "$wheel_cache"/galore_torch-*.whl "$out/pydeps/galore/"
+  python3 - "$wheel_cache"/bitsandbytes-*.whl "$out/pydeps/galore" <<'PY'
+import re, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for n in z.namelist():
+        lib = re.search(r"libbitsandbytes_(\w+)\.so$", n)
+        top = n.split("/")[0]
+        if top.startswith("bitsandbytes-") and top.endswith(".dist-info"):
+            z.extract(n, sys.argv[2])  # its version, for importlib.metadata
+        elif top == "bitsandbytes" and (lib is None or lib.group(1) in ("cpu", "cuda130")):
+            z.extract(n, sys.argv[2])
+PY
+fi
+
+# Python packages the client needs beyond torch, for a GPU machine whose python3 lacks them.
+pins=$(grep -E '^(grpcio|protobuf|typing_extensions)==' client/python/requirements.lock)
 # Wheels are added while the bundle stays 6 MiB under the limit: room for the checkout it may
 # travel with to the GPU machine (64 MiB in all).
 wheel_room=$(( limit_bytes - (6 << 20) ))
@@ -93,6 +128,7 @@ for v in 3.12 3.11 3.10 3.13 3.14; do
   wheels_for="$wheels_for $v"
 done
 cp "$wheel_cache"/protobuf-*-abi3-*.whl "$wheel_cache"/typing_extensions-*.whl "$out/pydeps/" 2>/dev/null || true
+
 
 glibc=$(for f in "$out"/bin/* "$out"/lib/*; do objdump -T "$f" 2>/dev/null; done |
   grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -1)

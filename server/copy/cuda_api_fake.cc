@@ -135,6 +135,11 @@ std::set<std::thread::id> FakeCudaApi::threads_for_device(int ordinal) const {
   return ids;
 }
 
+int FakeCudaApi::split_registration_copies() const {
+  base::MutexLock lock(mu_);
+  return split_registration_copies_;
+}
+
 uint64_t FakeCudaApi::registered_host_bytes() const {
   base::MutexLock lock(mu_);
   uint64_t n = 0;
@@ -390,6 +395,18 @@ absl::Status FakeCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes
   if (!inside) {
     return absl::FailedPreconditionError(
         "cudaMemcpyAsync: cudaErrorInvalidValue (1): device range outside every mapping");
+  }
+  // As the driver does (seen on an H200): a host range that overlaps cudaHostRegister'ed
+  // memory must lie inside one registration, else cudaErrorInvalidValue.
+  const uint8_t* host = static_cast<const uint8_t*>(direction == Direction::kDeviceToHost ? dst : src);
+  for (const auto& [p, size] : host_registered_) {
+    const uint8_t* base = static_cast<const uint8_t*>(p);
+    const bool overlaps = host < base + size && base < host + bytes;
+    if (overlaps && (host < base || host + bytes > base + size)) {
+      ++split_registration_copies_;
+      return absl::FailedPreconditionError(
+          "cudaMemcpyAsync: cudaErrorInvalidValue (1): host range spans two host registrations");
+    }
   }
   std::memcpy(dst, src, bytes);
   s->second->seconds += static_cast<double>(bytes) / copy_bytes_per_second_;

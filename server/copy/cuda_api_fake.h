@@ -77,6 +77,8 @@ class FakeCudaApi : public CudaApi {
   int contexts_created() const;  // distinct devices ever made current
   std::set<std::thread::id> threads_for_device(int ordinal) const;
   uint64_t registered_host_bytes() const;
+  // MemcpyAsync calls refused because their host range spanned two HostRegister ranges.
+  int split_registration_copies() const;
   int live_device_allocations() const;  // DeviceMalloc minus DeviceFree
 
   // CudaApi.
@@ -143,6 +145,7 @@ class FakeCudaApi : public CudaApi {
   bool hold_ GUARDED_BY(mu_) = false;
   int wrong_device_calls_ GUARDED_BY(mu_) = 0;
   int memcpys_ GUARDED_BY(mu_) = 0;
+  int split_registration_copies_ GUARDED_BY(mu_) = 0;
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
 };
 

@@ -183,6 +183,38 @@ absl::Status ChunkError(const std::string& uuid, const absl::Status& st, Directi
                                   DirectionName(direction), bytes, region_offset));
 }
 
+// The host pool as cudaHostRegister'ed pieces (StartPinning): one copy's host range must lie
+// inside one registration (the driver answers cudaErrorInvalidValue otherwise, seen on an
+// H200 when a chunk of a block straddled two 1 GiB pieces), so a chunk crossing a piece
+// boundary is issued as one cudaMemcpyAsync per piece, on the same stream.
+struct HostPieces {
+  const uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  uint64_t piece_bytes = 0;  // 0: not split
+
+  // Bytes from `host` to the end of its piece (all of `want` outside the pool).
+  uint64_t Run(const uint8_t* host, uint64_t want) const {
+    if (piece_bytes == 0 || host < base || host >= base + bytes) return want;
+    const uint64_t to_end = piece_bytes - static_cast<uint64_t>(host - base) % piece_bytes;
+    return std::min(want, to_end);
+  }
+};
+
+absl::Status IssueCopy(CudaApi& api, const HostPieces& pieces, Direction direction,
+                       uint8_t* dev, uint8_t* host, uint64_t bytes, void* stream) {
+  while (bytes > 0) {
+    const uint64_t n = pieces.Run(host, bytes);
+    absl::Status st = direction == Direction::kDeviceToHost
+                          ? api.MemcpyAsync(host, dev, n, direction, stream)
+                          : api.MemcpyAsync(dev, host, n, direction, stream);
+    if (!st.ok()) return st;
+    dev += n;
+    host += n;
+    bytes -= n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckBounds(const Region& region, uint64_t region_offset, uint64_t bytes) {
   if (region_offset > region.size_bytes() || bytes > region.size_bytes() - region_offset) {
     return absl::OutOfRangeError(absl::StrFormat(
@@ -273,12 +305,15 @@ absl::StatusOr<CopyRequest> CudaCopyEngine::ChunkRequest(TransferOrder* order,
   r.direction = direction;
   r.bytes = bytes;
   r.urgent = urgency == ChunkUrgency::kUrgent;
+  HostPieces pieces;
+  {
+    base::MutexLock lock(shared_->mu);
+    pieces = {shared_->pool_base, shared_->pool_bytes, shared_->PieceBytes()};
+  }
   // The chunk keeps its transfer (so the mapping's use) until it completed.
-  r.issue = [api, transfer, direction, region_offset, host, bytes](void* stream) {
-    uint8_t* dev = transfer->base() + region_offset;
-    return direction == Direction::kDeviceToHost
-               ? api->MemcpyAsync(host, dev, bytes, direction, stream)
-               : api->MemcpyAsync(dev, host, bytes, direction, stream);
+  r.issue = [api, transfer, direction, region_offset, host, bytes, pieces](void* stream) {
+    return IssueCopy(*api, pieces, direction, transfer->base() + region_offset, host, bytes,
+                     stream);
   };
   r.gate = transfer;
   if (transfer->has_done_event() && transfer_offset + bytes == transfer->spec().bytes) {
@@ -367,6 +402,11 @@ absl::Status CudaCopyEngine::PrepareHostPool(uint8_t* base, uint64_t size_bytes)
   return absl::OkStatus();
 }
 
+uint64_t CudaCopyEngine::Shared::PieceBytes() const {
+  return std::max<uint64_t>(4096, std::min<uint64_t>(options.host_register_chunk_bytes,
+                                                     64ull << 30));
+}
+
 void CudaCopyEngine::Shared::StartPinning(int ordinal) {
   uint8_t* base;
   uint64_t size_bytes;
@@ -377,8 +417,7 @@ void CudaCopyEngine::Shared::StartPinning(int ordinal) {
     base = pool_base;
     size_bytes = pool_bytes;
   }
-  const uint64_t chunk = std::max<uint64_t>(
-      4096, std::min<uint64_t>(options.host_register_chunk_bytes, 64ull << 30));
+  const uint64_t chunk = PieceBytes();
   LOG(INFO) << "cuda: pinning the host pool (" << size_bytes << " bytes) in pieces of " << chunk
             << " bytes from the context of device ordinal " << ordinal;
   pinner = std::thread([this, base, size_bytes, ordinal, chunk] {

@@ -94,7 +94,9 @@ struct CudaCopyEngine::Shared {
   std::vector<uint8_t*> registered;  // chunk bases (pinner thread, then destructor)
   base::CondVar pinned_cv;
   absl::Status pin_status GUARDED_BY(mu);
-  uint8_t* pool_base GUARDED_BY(mu) = nullptr;  // PrepareHostPool's range, until pinning starts
+  uint8_t* pool_base GUARDED_BY(mu) = nullptr;  // PrepareHostPool's range
+  // The bytes of one cudaHostRegister piece of the pool (options, within [4 KiB, 64 GiB]).
+  uint64_t PieceBytes() const;
   uint64_t pool_bytes GUARDED_BY(mu) = 0;
   bool pinning_started GUARDED_BY(mu) = false;
 

@@ -521,6 +521,31 @@ TEST_F(CudaEngineTest, HostPoolIsRegisteredInChunksInTheBackgroundAndUnregistere
   EXPECT_EQ(fake_.count("HostUnregister"), 6);
 }
 
+TEST_F(CudaEngineTest, AChunkAcrossTwoPinnedPiecesIsCopiedPieceByPiece) {
+  // 4 KiB pieces (the option's floor): a 6000-byte chunk at pool offset 3000 spans pieces 0,
+  // 1 and 2, and one cudaMemcpyAsync over them is refused by the driver (and the fake).
+  engine_ = std::make_unique<CudaCopyEngine>(fake_.Borrow(), Options(1, false, 64, 4096));
+  std::vector<uint8_t> pool(4 * 4096);
+  ASSERT_TRUE(engine_->PrepareHostPool(pool.data(), pool.size()).ok());
+  std::string h = Alloc(1, 16384);
+  auto r = Open(h, 16384, kUuid1);
+  ASSERT_TRUE(engine_->WaitHostPoolReady().ok());
+  ASSERT_EQ(fake_.count("HostRegister"), 4);
+  const int before = fake_.count("MemcpyAsync");
+  ASSERT_TRUE(engine_->CopyChunk(Direction::kDeviceToHost, *r, 100, pool.data() + 3000, 6000).ok());
+  EXPECT_EQ(std::memcmp(pool.data() + 3000, fake_.allocation_data(h) + 100, 6000), 0);
+  EXPECT_EQ(fake_.count("MemcpyAsync") - before, 3);  // 1096 bytes, 4096, then 808
+  for (size_t i = 0; i < 6000; ++i) pool[3000 + i] = static_cast<uint8_t>(i % 253);
+  ASSERT_TRUE(engine_->CopyChunk(Direction::kHostToDevice, *r, 9000, pool.data() + 3000, 6000).ok());
+  EXPECT_EQ(std::memcmp(fake_.allocation_data(h) + 9000, pool.data() + 3000, 6000), 0);
+  // A chunk inside one piece is one copy; host memory outside the pool is never split.
+  ASSERT_TRUE(engine_->CopyChunk(Direction::kDeviceToHost, *r, 0, pool.data() + 4096, 4096).ok());
+  std::vector<uint8_t> outside(6000);
+  ASSERT_TRUE(engine_->CopyChunk(Direction::kDeviceToHost, *r, 0, outside.data(), 6000).ok());
+  EXPECT_EQ(fake_.count("MemcpyAsync") - before, 8);
+  EXPECT_EQ(fake_.split_registration_copies(), 0);
+}
+
 TEST_F(CudaEngineTest, HostPoolRegistrationFailureIsReportedWithAHint) {
   fake_.FailNext("HostRegister", absl::FailedPreconditionError("cudaHostRegister: oom (2)"));
   std::vector<uint8_t> pool(1 << 16);

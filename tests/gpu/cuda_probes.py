@@ -65,8 +65,8 @@ def probe_sticky(torch, sock):
             export(t.data_ptr())
             say("NOTE: exporting %s succeeded (nothing to check for it)" % what)
             continue
-        except errors.CudaExportError as e:
-            reason = str(e)
+        except (errors.CudaExportError, errors.OffloadConfigError) as e:
+            reason = str(e)  # the allocator's error names the setting (expandable segments)
         peek = getattr(rt.cudart, "cudaPeekAtLastError", None)
         left = peek() if peek is not None else None
         try:
@@ -97,6 +97,13 @@ def _round(torch, ot, ctx, n, mib):
             x = torch.full((mib * MIB // 4,), float(i + 1), device="cuda")
             loss = loss + (x * w).sin().sum()  # sin saves x * w: a fresh segment
             del x
+    # The host runs ahead of the GPU: without this, backward would use the last tensors from
+    # the device while their offloads still wait on their producers (served in flight), and
+    # those segments would never be reloaded into. Wait (bounded) until all n are stored.
+    torch.cuda.synchronize()
+    end = time.monotonic() + 10.0
+    while (ctx.stats.snapshot() - before).offloaded < n and time.monotonic() < end:
+        time.sleep(0.005)
     loss.backward()
     ot.synchronize()
     torch.cuda.synchronize()

@@ -46,7 +46,7 @@ start_s=$(date +%s)
 deadline_s=$((start_s + DEADLINE_S))
 sock=/tmp/offloadd-gpu-$$.sock
 figures="$logs/figures.txt"
-: > "$figures"
+: > "$figures"; : > "$logs/failures.txt"
 fails=0 notrun=0 ipc_ok=1 gpu_listed=0 py_ok=1 daemon="" bins_ok=1
 ipc_why="IPC unsupported in this sandbox"
 PYPATH="$here/python"
@@ -56,7 +56,7 @@ PYPATH="$here/python"
 # overran.
 BUDGETS="unit_engine:10 unit_export:8 kernels:15 ipc:15 calib_measured:14 calib_model:10
 python_warm:20 python_env:20 daemon_start:25 context:8 data_pair:20 rates:24 ordering:10 spin:10 free_mid:12 health1:10
-killed:13 probes_off:18 torch_off:30 torch_on:16 transformers_off:38 transformers_on:30
+killed:13 probes_off:18 torch_off:45 torch_on:16 transformers_off:38 transformers_on:30
 probes_on:12 galore:30 health2:10 stop:12"
 declare -A BUDGET
 BUDGET_SUM=0
@@ -66,7 +66,7 @@ done
 
 say() { echo "== $*"; }
 figure() { echo "FIGURE $*" | tee -a "$figures"; }
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+fail() { echo "FAIL: $*" | tee -a "$logs/failures.txt"; fails=$((fails + 1)); }
 left() { echo $((deadline_s - $(date +%s))); }
 
 # run_step NAME CMD...: runs CMD (a program, not a shell function) under the step's budget,
@@ -298,9 +298,19 @@ n_rates=$(( (pool_mib - 64) * 2 / 64 / 5 )); [ $n_rates -le 16 ] || n_rates=16; 
 n_seg=$(( pool_mib / 512 / 2 )); [ $n_seg -le 8 ] || n_seg=8; [ $n_seg -ge 1 ] || n_seg=1
 n_kill=$(( pool_mib / 64 / 2 )); [ $n_kill -le 48 ] || n_kill=48; [ $n_kill -ge 4 ] || n_kill=4
 say "starting offloadd (backend $backend, pool ${pool_mib} MiB${mlock_flag:+, mlock})"
+metrics_port=$(( 20000 + $$ % 20000 ))
+scrape_sum() {  # scrape_sum FAMILY: "<series> <sum>" of the family on the daemon's /metrics
+  "$PY" - "$metrics_port" "$1" <<'EOF'
+import sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read()
+vals = [float(l.split()[-1]) for l in text.decode().splitlines()
+        if l.startswith(sys.argv[2] + "{") or l.startswith(sys.argv[2] + " ")]
+print("%d %d" % (len(vals), sum(vals)))
+EOF
+}
 start_daemon() {
   LD_LIBRARY_PATH="$LIB" "$here/bin/offloadd" --backend=$backend --pool_bytes=${pool_mib}MiB \
-    $mlock_flag --socket_path="$sock" --chunk_bytes=8MiB --metrics_address= \
+    $mlock_flag --socket_path="$sock" --chunk_bytes=8MiB --metrics_address=127.0.0.1:$metrics_port \
     > "$logs/daemon.log" 2>&1 &
   daemon=$!
   local t_end=$(( $(date +%s) + ${BUDGET[daemon_start]} ))
@@ -415,7 +425,12 @@ galore_step() {
     > "$logs/daemon-cusolver.log" 2>&1 &
   local d2=$!
   for _ in $(seq 1 100); do grep -q "ready on" "$logs/daemon-cusolver.log" && break; sleep 0.1; done
-  run_step galore env PYTHONPATH="$PYPATH" "$PY" "$here/galore_check.py" --socket="$sock" \
+  local gpath=$PYPATH
+  if ! "$PY" -c 'import galore_torch' > /dev/null 2>&1 && [ -d "$here/pydeps/galore" ]; then
+    gpath="$PYPATH:$here/pydeps/galore"
+    echo "NOTE: galore-torch/bitsandbytes from the bundle (pydeps/galore: pinned versions)"
+  fi
+  run_step galore env PYTHONPATH="$gpath" "$PY" "$here/galore_check.py" --socket="$sock" \
     --cusolver-socket="$sock.cusolver" --fixture-dir="$here"
   kill -TERM $d2 2>/dev/null  # then SIGKILL after 10 s, as stop_daemon does
   for _ in $(seq 1 100); do kill -0 $d2 2>/dev/null || break; sleep 0.1; done
@@ -426,25 +441,30 @@ galore_step
 # 8. The same daemon still serves after everything above; handle opens and closes; clean stop.
 health health2
 if [ -n "$daemon" ]; then
+  # Every session is closed: no client mapping may be left open (a freed segment still mapped).
+  read -r n_open open_now <<< "$(scrape_sum offloadd_ipc_handles_open 2>/dev/null || echo "x x")"
+  read -r n_opens opens <<< "$(scrape_sum offloadd_ipc_handle_opens_total 2>/dev/null || echo "x x")"
+  if [ "$n_open" = x ]; then
+    echo "NOTE: could not scrape the daemon's metrics on 127.0.0.1:$metrics_port"
+  else
+    figure "ipc_handles_open_after_all_sessions $open_now handles ($n_open series);" \
+      "ipc_handle_opens_total $opens ($n_opens series; a device's series go with its last session)"
+    [ "$open_now" -eq 0 ] || fail "$open_now client memory handles still open after every session closed"
+  fi
   say "stopping offloadd (SIGTERM; killed after 10 s)"
   l=$(left)
   if [ "${BUDGET[stop]}" -gt "$l" ]; then echo "NOTE: past the deadline budget; stopping anyway"; fi
   stop_daemon || fails=$((fails + 1))
-  opens=$(grep -c "opened IPC memory handle" "$logs/daemon.log")
-  closes=$(grep -c "closed IPC memory handle" "$logs/daemon.log")
-  if [ "$opens" -gt 0 ]; then
-    figure "ipc_handle_opens $opens opens, $closes closes over the run"
-    [ "$opens" -eq "$closes" ] || fail "$opens IPC handle opens but $closes closes by the daemon's exit"
-  else
-    figure "ipc_handle_opens n/a (the daemon logged no handle opens)"
-  fi
   grep -E "context on|host pool pinned" "$logs/daemon.log" | sed 's/^.*cuda: /daemon: /' | head -4
 fi
 
 
 say "figures ($(( $(date +%s) - start_s )) s of $DEADLINE_S; logs in $logs)"
 cat "$figures"
-if [ $fails -gt 0 ]; then echo "RESULT: $fails failure(s), $notrun step(s) not run"; exit 1; fi
+if [ $fails -gt 0 ]; then
+  echo "failures:"; sed 's/^/   /' "$logs/failures.txt"
+  echo "RESULT: $fails failure(s), $notrun step(s) not run"; exit 1
+fi
 if [ $notrun -gt 0 ]; then
   [ $ipc_ok -eq 1 ] || echo "RESULT: IPC unsupported in this sandbox"
   echo "RESULT: no failure, $notrun step(s) not run"; exit 2

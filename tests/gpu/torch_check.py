@@ -135,9 +135,16 @@ def run():
                   "setting with one error, or the offloads must reach the daemon"
                   % (d.fallbacks, d.offloaded))
             return 1
-        if d.offloaded == 0 or d.offloaded != d.reloaded or d.fallbacks != 0:
+        # Each tensor sent is reloaded, or served from the device because backward needed it
+        # while its offload was still copying (the host runs ahead of the GPU: the last layers'
+        # offloads can still wait on their ready events when backward starts); an offload
+        # completes for every reloaded one and for some served ones.
+        if (d.reloaded == 0 or d.fallbacks != 0 or d.lost != 0
+                or not d.reloaded <= d.offloaded <= d.reloaded + d.served_in_flight):
             print("FAIL: seq %d: not every input went through the daemon: %s" % (s, d.summary()))
             return 1
+        print("FIGURE served_in_flight_per_step_seq%d %d tensors (backward needed them while "
+              "their offload was still copying: used from the device)" % (s, d.served_in_flight))
         act_mib = a.batch * s * a.hidden * 4 / 2.0 ** 20
         print("PASS seq %d: gradients bitwise equal; %s (layer input %.0f MiB)"
               % (s, d.summary(), act_mib))

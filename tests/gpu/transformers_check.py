@@ -185,10 +185,16 @@ def seed_step(q, cfg, seq, args):
                            "in-process (a silent per-tensor fallback), %d reached the daemon"
                            % (seq, s.fallbacks, s.offloaded))
                 continue
-            ok = check((s.offloaded, s.reloaded, s.fallbacks) == (n * layers, n * layers, 0),
-                       "seq %d: offloadd offloaded %d, reloaded %d, fallbacks %d over %d steps "
-                       "(want %d, %d, 0)" % (seq, s.offloaded, s.reloaded, s.fallbacks, n,
-                                             n * layers, n * layers)) and ok
+            # Every layer's input is reloaded or, when backward needs it while its offload is
+            # still copying (the host runs ahead of the GPU), served from the device.
+            figure("transformers_served_in_flight seq=%d %d of %d tensors" %
+                   (seq, s.served_in_flight, n * layers))
+            ok = check((s.reloaded + s.served_in_flight, s.fallbacks, s.lost) == (n * layers, 0, 0)
+                       and s.reloaded <= s.offloaded <= n * layers,
+                       "seq %d: offloadd offloaded %d, reloaded %d, served in flight %d, "
+                       "fallbacks %d over %d steps (want reloaded + served = %d, 0 fallbacks)"
+                       % (seq, s.offloaded, s.reloaded, s.served_in_flight, s.fallbacks, n,
+                          n * layers)) and ok
     for mode in ("ckpt", "torch_save_on_cpu"):
         if results.get(mode) is not None:
             ok = check(q.bitwise_equal(results["offloadd"], results[mode]),

@@ -262,6 +262,8 @@ class CudaRuntime:
         h = _Handle64()
         rc = self.cudart.cudaIpcGetMemHandle(ctypes.byref(h), ctypes.c_void_p(base))
         if rc != 0:
+            # The last error is cleared before any error is raised, the allocator's one included.
+            self.cudart.cudaGetLastError()
             check_allocator_config()
             self._rt(rc, "cudaIpcGetMemHandle(0x%x) (memory from a VMM allocator, e.g. "
                          "expandable_segments, has no IPC handle)" % base)

@@ -7,8 +7,10 @@ calls run only on a GPU machine.
 """
 
 import ctypes
+import os
 import threading
 import unittest
+from unittest import mock
 
 import daemon_fixture  # noqa: F401  (sys.path)
 
@@ -162,6 +164,17 @@ class CudaRuntimeTest(unittest.TestCase):
         # torch's next launch check must not see offloadd's failure.
         self.assertEqual(failing.last_error, 0)
         self.assertIn(("cudaGetLastError",), failing.calls)
+
+    def test_export_refused_for_expandable_segments_clears_the_last_error(self):
+        # With expandable segments on, the failed export raises the allocator's error, and
+        # that error too must leave no last error for torch's next launch check.
+        failing = FakeCuda({}, ipc_error=1)
+        rt = cuda.CudaRuntime(cudart=failing, libcuda=self.fake)
+        with mock.patch.dict(os.environ, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}):
+            with self.assertRaises(OffloadConfigError) as e:
+                rt.ipc_mem_handle(0x7F0000000000)
+        self.assertIn("expandable_segments:True", str(e.exception))
+        self.assertEqual(failing.last_error, 0)
 
     def test_pointer_info_in_one_driver_call(self):
         fake = FakeCuda({0x7F0000000000: 2 << 20}, vmm=[0x7F0000000000])
