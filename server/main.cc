@@ -34,6 +34,7 @@
 #include "server/sched/topology.h"
 #include "server/service_notify.h"
 #include "server/session/core.h"
+#include "server/session/link_calibration.h"
 #ifdef OFFLOADD_HAVE_CUDA
 #include "server/projector/cusolver_backend.h"
 #endif
@@ -410,6 +411,23 @@ void LogLinks(const offloadd::v1::DaemonConfig& config,
   }
 }
 
+// On the cuda engine, a link of its own for every GPU no link names, so start-up calibration
+// measures it (session/link_calibration.h, AddLinksForUnlinkedGpus).
+void AddOwnLinksForUnlinkedGpus(offloadd::copy::CopyEngine* engine,
+                                offloadd::session::CoreOptions& options) {
+  auto* cuda = dynamic_cast<offloadd::copy::CudaCopyEngine*>(engine);
+  if (cuda == nullptr) return;
+  auto devices = cuda->Devices();
+  if (!devices.ok()) return;
+  std::vector<std::string> uuids;
+  for (const auto& d : *devices) uuids.push_back(d.uuid);
+  const int added = offloadd::session::AddLinksForUnlinkedGpus(uuids, options);
+  if (added > 0) {
+    LOG(INFO) << "links: " << added << " GPU(s) in no configured or discovered link get a link "
+              << "of their own, measured by link calibration";
+  }
+}
+
 // The cuda engine's copy-rate meter (link calibration), or null for a backend without one.
 std::unique_ptr<offloadd::copy::CopyRateMeter> MakeRateMeter(offloadd::copy::CopyEngine* engine) {
   auto* cuda = dynamic_cast<offloadd::copy::CudaCopyEngine*>(engine);
@@ -594,6 +612,7 @@ int main(int argc, char** argv) {
   offloadd::session::CoreOptions core_options = offloadd::ToCoreOptions(*config, *topology);
   const std::unique_ptr<offloadd::copy::CopyRateMeter> meter = MakeRateMeter(engine->get());
   core_options.link_calibration.meter = meter.get();  // outlives the Core (declared first)
+  AddOwnLinksForUnlinkedGpus(engine->get(), core_options);
   LogLinks(*config, *topology, core_options);
   auto spill = MakeSpillTier(core_options.spill, **arena);
   if (!spill.ok()) return Fail(spill.status(), 1);

@@ -41,19 +41,23 @@ constexpr char kOpenHint[] =
 
 }  // namespace
 
+absl::Status CudaCopyEngine::Shared::ListLocked() {
+  if (listed) return absl::OkStatus();
+  auto list = api->ListDevices();
+  if (!list.ok()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "no usable CUDA driver or device (%s): run offloadd on a node with the NVIDIA driver "
+        "and GPUs visible to it, or use backend: \"shm\"",
+        list.status().message()));
+  }
+  devices = *list;
+  listed = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CudaDeviceInfo> CudaCopyEngine::Shared::FindDevice(const std::string& device_id) {
   base::MutexLock lock(mu);
-  if (!listed) {
-    auto list = api->ListDevices();
-    if (!list.ok()) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "no usable CUDA driver or device (%s): run offloadd on a node with the NVIDIA driver "
-          "and GPUs visible to it, or use backend: \"shm\"",
-          list.status().message()));
-    }
-    devices = *list;
-    listed = true;
-  }
+  if (absl::Status st = ListLocked(); !st.ok()) return st;
   const std::string want = NormalizeGpuUuid(device_id);
   std::vector<std::string> seen;
   for (const CudaDeviceInfo& d : devices) {
@@ -381,6 +385,13 @@ void CudaCopyEngine::PostChunk(Direction direction, Region& region, uint64_t reg
 }
 
 bool CudaCopyEngine::asynchronous() const { return shared_->options.asynchronous; }
+
+absl::StatusOr<std::vector<CudaDeviceInfo>> CudaCopyEngine::Devices() {
+  Shared& s = *shared_;
+  base::MutexLock lock(s.mu);
+  if (absl::Status st = s.ListLocked(); !st.ok()) return st;
+  return s.devices;
+}
 
 absl::Status CudaCopyEngine::PrepareHostPool(uint8_t* base, uint64_t size_bytes) {
   if (base == nullptr || size_bytes == 0) {

@@ -155,6 +155,9 @@ class CudaCopyEngine : public CopyEngine {
   absl::Status RunOnDevice(const std::string& device_id,
                            const std::function<absl::Status(CudaApi&)>& fn);
 
+  // The GPUs the driver lists (no context is created). FAILED_PRECONDITION without a driver.
+  absl::StatusOr<std::vector<CudaDeviceInfo>> Devices();
+
   CudaEngineStats stats() const;
   std::map<std::string, HandleCounts> handle_counts() const override;
   uint64_t pinned_bytes() const override;

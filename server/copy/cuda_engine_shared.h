@@ -78,6 +78,8 @@ struct CudaCopyEngine::Shared {
   base::CondVar mapping_cv;  // a mapping left kOpening
   bool listed GUARDED_BY(mu) = false;
   std::vector<CudaDeviceInfo> devices GUARDED_BY(mu);
+  // Lists the driver's devices into `devices` once (FAILED_PRECONDITION without a driver).
+  absl::Status ListLocked() REQUIRES(mu);
   std::map<std::string, GpuThreads> gpus GUARDED_BY(mu);  // by uuid
   std::map<std::string, std::shared_ptr<Mapping>> mappings GUARDED_BY(mu);  // by key
   std::map<std::string, std::shared_ptr<OpenedEvent>> events GUARDED_BY(mu);  // by uuid+handle

@@ -54,6 +54,25 @@ std::vector<copy::RateGroup> CalibrationGroups(const std::vector<LinkSpec>& link
   return groups;
 }
 
+int AddLinksForUnlinkedGpus(const std::vector<std::string>& gpus, CoreOptions& options) {
+  if (!options.link_calibration.at_start || options.default_link_bytes_per_second > 0) return 0;
+  int added = 0;
+  for (const std::string& gpu : gpus) {
+    const bool named = std::any_of(options.links.begin(), options.links.end(),
+                                   [&](const LinkSpec& l) {
+                                     return l.name == gpu || std::find(l.gpus.begin(), l.gpus.end(),
+                                                                       gpu) != l.gpus.end();
+                                   });
+    if (named) continue;
+    LinkSpec spec;
+    spec.name = gpu;
+    spec.gpus = {gpu};
+    options.links.push_back(std::move(spec));
+    ++added;
+  }
+  return added;
+}
+
 LinkCalibrator::LinkCalibrator(const CoreOptions& options, LinkTable& links)
     : options_(options), links_(links) {}
 

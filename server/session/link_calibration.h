@@ -5,7 +5,8 @@
 // Which links: every link of CoreOptions::links (configured, discovered from sysfs, or the
 // cuda-sim backend's simulated switches) with at least one GPU and a direction whose configured
 // capacity is 0 (a half-duplex link: its one capacity, d2h_bytes_per_second). A GPU in no link
-// gets a link of its own at default_link_bytes_per_second and is not measured.
+// gets a link of its own (AddLinksForUnlinkedGpus, at start-up): measured like the others
+// where no default_link_bytes_per_second is configured, else paced at that default.
 //
 // What: the backend's copy::CopyRateMeter (copy/link_calibration.h) times each of the link's
 // GPUs alone and then all of them together, per direction, within a budget; the link is paced
@@ -37,6 +38,13 @@ namespace offloadd::session {
 
 // The links `links` asks to measure (see above), as the meter's groups, in order.
 std::vector<copy::RateGroup> CalibrationGroups(const std::vector<LinkSpec>& links);
+
+// Gives each of `gpus` (UUIDs, as the engine lists them) that no link of `options` names a
+// link of its own, named after it and without a capacity, so that calibration measures it: a
+// single GPU on a node, or GPUs sysfs placed under no switch (a VM's flat PCI bus), would
+// otherwise stay unpaced. Only with start-up calibration on and no
+// default_link_bytes_per_second (a configured default is a capacity). Returns how many it added.
+int AddLinksForUnlinkedGpus(const std::vector<std::string>& gpus, CoreOptions& options);
 
 class LinkCalibrator {
  public:

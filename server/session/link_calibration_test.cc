@@ -112,6 +112,33 @@ TEST(CalibrationGroupsTest, LinksWithADirectionWithoutCapacityAndWithGpus) {
   EXPECT_EQ(g[2].name, "half-open");  // a half-duplex link's one capacity is d2h's
 }
 
+TEST(AddLinksForUnlinkedGpusTest, AGpuInNoLinkGetsAnUnpacedLinkOfItsOwnToMeasure) {
+  CoreOptions o;
+  o.link_calibration.at_start = true;
+  LinkSpec sw;
+  sw.name = "switch0";
+  sw.gpus = {"GPU-a", "GPU-b"};
+  o.links.push_back(sw);
+  EXPECT_EQ(AddLinksForUnlinkedGpus({"GPU-a", "GPU-b", "GPU-c"}, o), 1);
+  ASSERT_EQ(o.links.size(), 2u);
+  EXPECT_EQ(o.links[1].name, "GPU-c");
+  EXPECT_EQ(o.links[1].gpus, std::vector<std::string>{"GPU-c"});
+  EXPECT_EQ(o.links[1].d2h_bytes_per_second, 0);
+  EXPECT_EQ(o.links[1].h2d_bytes_per_second, 0);
+  std::vector<copy::RateGroup> g = CalibrationGroups(o.links);
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_EQ(g[1].name, "GPU-c");
+  EXPECT_EQ(AddLinksForUnlinkedGpus({"GPU-c"}, o), 0);  // idempotent
+
+  CoreOptions paced = o;  // a configured default is a capacity: nothing to measure
+  paced.default_link_bytes_per_second = 25e9;
+  EXPECT_EQ(AddLinksForUnlinkedGpus({"GPU-d"}, paced), 0);
+  CoreOptions off = o;  // calibration off: no link is added
+  off.link_calibration.at_start = false;
+  EXPECT_EQ(AddLinksForUnlinkedGpus({"GPU-d"}, off), 0);
+  EXPECT_EQ(off.links.size(), 2u);
+}
+
 TEST(LinkCalibratorTest, MeasuredCapacitiesPaceLinksWhereTheConfigGivesNone) {
   FakeMeter meter;
   meter.by_link["sw0"] = {{{"g0", {20e9, 19e9}}, {"g1", {21e9, 18e9}}}, 30e9, 28e9, {}};

@@ -55,9 +55,9 @@ PYPATH="$here/python"
 # 40 s) is the reserve for the shell between steps and timeout's 2 s kill grace of a step that
 # overran.
 BUDGETS="unit_engine:10 unit_export:8 kernels:15 ipc:15 calib_measured:14 calib_model:10
-python_warm:20 python_env:20 daemon_start:25 context:8 data_pair:20 rates:24 ordering:10 spin:10 free_mid:12 health1:10
-killed:13 probes_off:18 torch_off:45 torch_on:16 transformers_off:38 transformers_on:30
-probes_on:12 galore:30 health2:10 stop:12"
+python_warm:15 python_env:15 daemon_start:15 context:6 data_pair:25 rates:15 ordering:20 spin:8
+free_mid:8 health1:8 killed:13 probes_off:15 torch_off:47 torch_on:16 transformers_off:38
+transformers_on:20 probes_on:10 galore:55 health2:7 stop:12"
 declare -A BUDGET
 BUDGET_SUM=0
 for b in $BUDGETS; do

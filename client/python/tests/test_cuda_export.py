@@ -140,6 +140,11 @@ class FakeClient:
 
 class CudaRuntimeTest(unittest.TestCase):
     def setUp(self):
+        # Torch's process-wide allocator settings are whatever an earlier test in this worker
+        # left (PYTORCH_CUDA_ALLOC_CONF read once): these tests name their own.
+        patcher = mock.patch.object(cuda, "_torch_allocator_settings", return_value=("", ""))
+        patcher.start()
+        self.addCleanup(patcher.stop)
         self.fake = FakeCuda({0x7F0000000000: 2 << 20, 0x7F0000400000: 1 << 20})
         self.rt = cuda.CudaRuntime(cudart=self.fake, libcuda=self.fake)
 
