@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <iostream>
 #include <chrono>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -411,16 +412,25 @@ void LogLinks(const offloadd::v1::DaemonConfig& config,
   }
 }
 
-// On the cuda engine, a link of its own for every GPU no link names, so start-up calibration
-// measures it (session/link_calibration.h, AddLinksForUnlinkedGpus).
-void AddOwnLinksForUnlinkedGpus(offloadd::copy::CopyEngine* engine,
+// On the cuda backend, a link of its own for every GPU no link names, so start-up calibration
+// measures it (session/link_calibration.h, AddLinksForUnlinkedGpus). Not on cuda-sim: its
+// topology is the simulated switches, and a simulated GPU's own rate is the model's.
+void AddOwnLinksForUnlinkedGpus(const offloadd::v1::DaemonConfig& config,
+                                offloadd::copy::CopyEngine* engine,
                                 offloadd::session::CoreOptions& options) {
   auto* cuda = dynamic_cast<offloadd::copy::CudaCopyEngine*>(engine);
-  if (cuda == nullptr) return;
+  if (cuda == nullptr || config.backend() != "cuda") return;
   auto devices = cuda->Devices();
   if (!devices.ok()) return;
+  // A link that names a GPU in another spelling (case, no "GPU-") names it all the same.
+  std::set<std::string> named;
+  for (const auto& link : options.links) {
+    for (const auto& g : link.gpus) named.insert(offloadd::copy::NormalizeGpuUuid(g));
+  }
   std::vector<std::string> uuids;
-  for (const auto& d : *devices) uuids.push_back(d.uuid);
+  for (const auto& d : *devices) {
+    if (named.count(offloadd::copy::NormalizeGpuUuid(d.uuid)) == 0) uuids.push_back(d.uuid);
+  }
   const int added = offloadd::session::AddLinksForUnlinkedGpus(uuids, options);
   if (added > 0) {
     LOG(INFO) << "links: " << added << " GPU(s) in no configured or discovered link get a link "
@@ -612,7 +622,7 @@ int main(int argc, char** argv) {
   offloadd::session::CoreOptions core_options = offloadd::ToCoreOptions(*config, *topology);
   const std::unique_ptr<offloadd::copy::CopyRateMeter> meter = MakeRateMeter(engine->get());
   core_options.link_calibration.meter = meter.get();  // outlives the Core (declared first)
-  AddOwnLinksForUnlinkedGpus(engine->get(), core_options);
+  AddOwnLinksForUnlinkedGpus(*config, engine->get(), core_options);
   LogLinks(*config, *topology, core_options);
   auto spill = MakeSpillTier(core_options.spill, **arena);
   if (!spill.ok()) return Fail(spill.status(), 1);

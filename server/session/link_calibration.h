@@ -5,7 +5,8 @@
 // Which links: every link of CoreOptions::links (configured, discovered from sysfs, or the
 // cuda-sim backend's simulated switches) with at least one GPU and a direction whose configured
 // capacity is 0 (a half-duplex link: its one capacity, d2h_bytes_per_second). A GPU in no link
-// gets a link of its own (AddLinksForUnlinkedGpus, at start-up): measured like the others
+// gets a link of its own (AddLinksForUnlinkedGpus, at start-up on the cuda backend; on cuda-sim
+// it keeps the unpaced default link of its own): measured like the others
 // where no default_link_bytes_per_second is configured, else paced at that default.
 //
 // What: the backend's copy::CopyRateMeter (copy/link_calibration.h) times each of the link's
