@@ -264,7 +264,7 @@ void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
   if (c.backend() != "shm" && c.backend() != "cuda" && c.backend() != "cuda-sim") {
     p->Add(absl::StrFormat(
         "backend \"%s\" is not known: use \"shm\" or \"cuda\" (or \"cuda-sim\", a timing model "
-        "of GPU copy engines that moves no bytes, for benchmarks)",
+        "of GPU copy engines for simulated clients and benchmarks)",
         c.backend()));
   }
   if (c.numa_placement() != "auto" && c.numa_placement() != "off") {
@@ -441,7 +441,7 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"spill_high_water_fraction", "spill tier: spill above this pool fraction (0.9)"},
       {"spill_stage_ahead_blocks", "spill tier: blocks staged back ahead of each reload (2)"},
       {"spill_io_threads", "spill tier: disk chunks in flight (2)"},
-      {"backend", "shm | cuda | cuda-sim (simulated GPUs, moves no bytes)"},
+      {"backend", "shm | cuda | cuda-sim (simulated GPUs: offloadd.sim_gpu clients, timing model)"},
       {"chunk_bytes", "copy chunk size, e.g. 8MiB"},
       {"copy_threads", "copy worker threads per link and direction"},
       {"async_copies", "cuda/cuda-sim: post chunks and learn completion from events (true|false)"},

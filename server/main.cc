@@ -52,7 +52,8 @@ void PrintHelp() {
                "  --print-default-config   print the embedded defaults and exit\n"
                "  --check-config FILE      validate FILE (with flags applied) and check that this\n"
                "                           host can run it (socket, CUDA driver, memlock,\n"
-               "                           MemAvailable); exit 0, 2 invalid config, 1 host problem\n"
+               "                           MemAvailable, spill directory, shared pool object);\n"
+               "                           exit 0, 2 invalid config, 1 host problem\n"
                "  --version                print the version and exit\n"
                "  --help                   this text\n"
                "Config overrides (dashes and underscores are interchangeable):\n";
@@ -60,11 +61,12 @@ void PrintHelp() {
     std::printf("  --%-30s %s\n", f.name, f.help);
   }
 #ifdef OFFLOADD_HAVE_CUDA
-  std::cout << "Backends in this build: shm, cuda, cuda-sim (a timing model of GPU copy engines "
-               "that moves no bytes)\n";
+  std::cout << "Backends in this build: shm, cuda, cuda-sim (a timing model of GPU copy engines; "
+               "it moves the bytes of offloadd.sim_gpu clients only, its timings are simulated)\n";
 #else
-  std::cout << "Backends in this build: shm, cuda-sim (a timing model of GPU copy engines that "
-               "moves no bytes; cuda needs a build with the CUDA toolkit)\n";
+  std::cout << "Backends in this build: shm, cuda-sim (a timing model of GPU copy engines; it "
+               "moves the bytes of offloadd.sim_gpu clients only, its timings are simulated; cuda "
+               "needs a build with the CUDA toolkit)\n";
 #endif
 }
 

@@ -177,8 +177,9 @@ int RefuseBackend(Client& c, const std::string& socket_path) {
   std::cerr << "offloadctl bench: the daemon at " << socket_path << " runs backend " << backend
             << "; this bench measures the shm data path (shared memory against memcpy) and "
             << (backend == "cuda-sim"
-                    ? "cuda-sim moves no bytes: measure its copy engine with bench/copy_sim_bench "
-                      "or `make demo ARGS=\"--backend cuda-sim\"` (SIMULATED figures)"
+                    ? "cuda-sim's timings are simulated: measure its copy engine with "
+                      "bench/copy_sim_bench or `make demo ARGS=\"--backend cuda-sim\"` "
+                      "(SIMULATED figures)"
                     : "needs a daemon with backend shm; on a GPU node use tests/gpu/run.sh")
             << "\n";
   return 1;

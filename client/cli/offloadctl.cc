@@ -53,8 +53,8 @@ int Usage(bool help = false) {
          "         measured its GPUs' copies wait (other links keep moving): run it idle\n"
          "       offloadctl plan --help\n"
          "The socket is --socket PATH, else $OFFLOADD_SOCKET, else the default path\n"
-         "(/run/offloadd/offloadd.sock as root, $XDG_RUNTIME_DIR/offloadd/offloadd.sock,\n"
-         "/tmp/offloadd-$UID/offloadd.sock).\n";
+         "(/run/offloadd/offloadd.sock as root, or for anyone where /run/offloadd exists;\n"
+         "else $XDG_RUNTIME_DIR/offloadd/offloadd.sock, else /tmp/offloadd-$UID/offloadd.sock).\n";
   return help ? 0 : 2;
 }
 

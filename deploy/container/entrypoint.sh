@@ -4,7 +4,8 @@
 #
 #   offloadd-entrypoint [OFFLOADD_FLAGS...]
 #       checks the config and the host (offloadd --check-config: socket directory, CUDA driver,
-#       memlock, MemAvailable; what ExecStartPre does in the systemd unit), then execs the
+#       memlock, MemAvailable, spill directory, shared pool object; what ExecStartPre does in
+#       the systemd unit), then execs the
 #       daemon with the same flags. A failed check exits with its status (2 invalid config,
 #       1 the host cannot run it) and its reasons on stderr, so the pod's log says why.
 #   offloadd-entrypoint prepare-socket-dir DIR UID GID
