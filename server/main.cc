@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <iostream>
 #include <chrono>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -424,15 +423,8 @@ void AddOwnLinksForUnlinkedGpus(const offloadd::v1::DaemonConfig& config,
   if (cuda == nullptr || config.backend() != "cuda") return;
   auto devices = cuda->Devices();
   if (!devices.ok()) return;
-  // A link that names a GPU in another spelling (case, no "GPU-") names it all the same.
-  std::set<std::string> named;
-  for (const auto& link : options.links) {
-    for (const auto& g : link.gpus) named.insert(offloadd::copy::NormalizeGpuUuid(g));
-  }
   std::vector<std::string> uuids;
-  for (const auto& d : *devices) {
-    if (named.count(offloadd::copy::NormalizeGpuUuid(d.uuid)) == 0) uuids.push_back(d.uuid);
-  }
+  for (const auto& d : *devices) uuids.push_back(d.uuid);
   const int added = offloadd::session::AddLinksForUnlinkedGpus(uuids, options);
   if (added > 0) {
     LOG(INFO) << "links: " << added << " GPU(s) in no configured or discovered link get a link "

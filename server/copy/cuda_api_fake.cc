@@ -60,9 +60,21 @@ std::string FakeCudaApi::AddIpcEvent(int ordinal) {
   return h;
 }
 
-void FakeCudaApi::FailNext(const std::string& function, absl::Status status) {
+void FakeCudaApi::FailNext(const std::string& function, absl::Status status, int after) {
   base::MutexLock lock(mu_);
-  fail_next_[function] = std::move(status);
+  fail_next_[function] = Failure{std::move(status), after};
+}
+
+absl::Status FakeCudaApi::TakeFailure(const std::string& name) {
+  auto it = fail_next_.find(name);
+  if (it == fail_next_.end()) return absl::OkStatus();
+  if (it->second.after > 0) {
+    --it->second.after;
+    return absl::OkStatus();
+  }
+  absl::Status st = std::move(it->second.status);
+  fail_next_.erase(it);
+  return st;
 }
 
 void FakeCudaApi::HoldCompletions(bool hold) {
@@ -159,13 +171,7 @@ absl::Status FakeCudaApi::Enter(const std::string& name, int object_ordinal,
   if (name != "ListDevices" && name != "SetDevice") {
     if (cur < 0 || (object_ordinal >= 0 && object_ordinal != cur)) ++wrong_device_calls_;
   }
-  auto it = fail_next_.find(name);
-  if (it != fail_next_.end()) {
-    absl::Status st = it->second;
-    fail_next_.erase(it);
-    return st;
-  }
-  return absl::OkStatus();
+  return TakeFailure(name);
 }
 
 absl::StatusOr<std::vector<CudaDeviceInfo>> FakeCudaApi::ListDevices() {
@@ -439,12 +445,7 @@ absl::StatusOr<bool> FakeCudaApi::EventQuery(void* event) {
   }
   int cur = Current();
   if (cur < 0 || cur != e->second->ordinal) ++wrong_device_calls_;
-  auto it = fail_next_.find("EventQuery");
-  if (it != fail_next_.end()) {
-    absl::Status st = it->second;
-    fail_next_.erase(it);
-    return st;
-  }
+  if (absl::Status st = TakeFailure("EventQuery"); !st.ok()) return st;
   if (!e->second->ipc_handle.empty() && pending_ipc_events_.count(e->second->ipc_handle) != 0) {
     return false;
   }

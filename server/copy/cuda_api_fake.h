@@ -54,8 +54,9 @@ class FakeCudaApi : public CudaApi {
   uint8_t* allocation_data(const std::string& handle);
   // An interprocess event on `ordinal`; returns its IPC handle (64 bytes).
   std::string AddIpcEvent(int ordinal);
-  // The next call to `function` (e.g. "IpcOpenMemHandle") returns `status` instead of running.
-  void FailNext(const std::string& function, absl::Status status);
+  // The next call to `function` (e.g. "IpcOpenMemHandle") returns `status` instead of running;
+  // with `after`, the call after `after` more calls that run.
+  void FailNext(const std::string& function, absl::Status status, int after = 0);
   // While held, EventQuery answers "not ready" for every event recorded after the hold began.
   void HoldCompletions(bool hold);
   // A client IPC event (AddIpcEvent's handle) that EventQuery reports not complete until
@@ -131,7 +132,13 @@ class FakeCudaApi : public CudaApi {
   mutable base::Mutex mu_;
   base::CondVar cv_;
   std::vector<Call> calls_ GUARDED_BY(mu_);
-  std::map<std::string, absl::Status> fail_next_ GUARDED_BY(mu_);
+  struct Failure {
+    absl::Status status;
+    int after = 0;  // calls still to run before it
+  };
+  // The injected failure for a call of `name`, if its turn has come (else OK).
+  absl::Status TakeFailure(const std::string& name) REQUIRES(mu_);
+  std::map<std::string, Failure> fail_next_ GUARDED_BY(mu_);
   std::map<std::string, Allocation> allocations_ GUARDED_BY(mu_);  // by handle
   std::map<void*, std::string> mapped_ GUARDED_BY(mu_);            // mapped pointer -> handle
   std::set<std::string> ipc_events_ GUARDED_BY(mu_);               // handles of client events

@@ -204,7 +204,8 @@ void DeviceWorker::Complete(Lane& l, double seen_done_at) {
       c.predicted_end <= seen_done_at) {
     end = c.predicted_end;
   }
-  l.rate.OnCompletion(c.bytes, c.queued_at <= l.last_seen_pending_at, seen_done_at);
+  // A failed issue (0 bytes) moved an unknown part of its copy: a window starts after it.
+  l.rate.OnCompletion(c.bytes, c.bytes > 0 && c.queued_at <= l.last_seen_pending_at, seen_done_at);
   l.rate.OnCopySpan(c.bytes, c.issued_at, seen_done_at);  // lifts a rate learned while shared
   if (l.rate.samples() > 0) l.bytes_per_second = l.rate.bytes_per_second();
   l.last_seen_pending_at = c.seen_pending_at;
@@ -301,29 +302,36 @@ void DeviceWorker::IssueOne(Lane& l, Copy c) {
   }
   void* stream = l.streams[index];
   const double issued_at = Now();
-  absl::Status st = c.issue(stream);
-  if (!st.ok()) return c.done(st);
+  // A failed issue may have put part of the copy on the stream (a chunk across two pieces of
+  // the host pool is one cudaMemcpyAsync per piece): it too ends behind its completion event,
+  // with its error, so its gate (the transfer's mapping) and the host range stay held until
+  // what was queued has run.
+  const absl::Status issue_status = c.issue(stream);
   void* event = nullptr;
   if (!free_events_.empty()) {
     event = free_events_.back();
     free_events_.pop_back();
   } else {
     auto e = api_->CreateEvent();
-    if (!e.ok()) return c.done(e.status());
+    if (!e.ok()) return c.done(issue_status.ok() ? e.status() : issue_status);
     event = *e;
   }
-  st = api_->EventRecord(event, stream);
+  absl::Status st = api_->EventRecord(event, stream);
   if (!st.ok()) {
     free_events_.push_back(event);
-    return c.done(st);
+    return c.done(issue_status.ok() ? st : issue_status);
   }
-  absl::Status after = c.after_issue ? c.after_issue(stream) : absl::OkStatus();
+  absl::Status after = !issue_status.ok() ? issue_status
+                       : c.after_issue    ? c.after_issue(stream)
+                                          : absl::OkStatus();
+  // A failed copy's bytes did not all move: it teaches the lane no rate (Complete).
+  const uint64_t bytes = issue_status.ok() ? c.bytes : 0;
   if (l.issued.empty()) l.free_at = std::max(l.free_at, issued_at);
   const double predicted_end =
-      std::max(l.free_at, issued_at) + (l.bytes_per_second > 0 ? c.bytes / l.bytes_per_second : 0);
+      std::max(l.free_at, issued_at) + (l.bytes_per_second > 0 ? bytes / l.bytes_per_second : 0);
   l.free_at = predicted_end;
-  l.issued.push_back(Issued{event, c.bytes, std::move(c.done), issued_at, predicted_end,
-                            issued_at, Now(), std::move(after), std::move(c.gate)});
+  l.issued.push_back(Issued{event, bytes, std::move(c.done), issued_at, predicted_end, issued_at,
+                            Now(), std::move(after), std::move(c.gate)});
 }
 
 double DeviceWorker::GateWakeSeconds(const Lane& l, double now) const {

@@ -98,7 +98,8 @@ struct CopyRequest {
   uint64_t bytes = 0;
   bool urgent = false;  // ahead of every queued copy that is not urgent
   // Puts the copy on `stream` (cudaMemcpyAsync); called on the device thread when its turn
-  // comes.
+  // comes. Its error fails the copy once what it may have put on the stream before failing has
+  // run (a completion event is recorded behind it all the same).
   std::function<absl::Status(void*)> issue;
   // Once: when the copy's completion event completed, or with the first error.
   std::function<void(absl::Status)> done;

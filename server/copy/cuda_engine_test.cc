@@ -546,6 +546,35 @@ TEST_F(CudaEngineTest, AChunkAcrossTwoPinnedPiecesIsCopiedPieceByPiece) {
   EXPECT_EQ(fake_.split_registration_copies(), 0);
 }
 
+// A chunk across two pieces whose second cudaMemcpyAsync fails has put its first one on the
+// stream: it fails only once that copy ran, holding its mapping (and the pool range it writes,
+// which its failure hands back) until then.
+TEST_F(CudaEngineTest, AChunkWhoseLaterPieceFailsEndsOnlyAfterItsEarlierPiecesRan) {
+  engine_ = std::make_unique<CudaCopyEngine>(fake_.Borrow(), Options(1, true, 64, 4096));
+  std::vector<uint8_t> pool(4 * 4096);
+  ASSERT_TRUE(engine_->PrepareHostPool(pool.data(), pool.size()).ok());
+  auto r = Open(Alloc(0, 16384), 16384);
+  ASSERT_TRUE(engine_->WaitHostPoolReady().ok());
+  EXPECT_TRUE(Eventually([&] { return fake_.open_mappings() == 0; }));
+  fake_.HoldCompletions(true);
+  fake_.FailNext("MemcpyAsync", absl::FailedPreconditionError("cudaMemcpyAsync: boom (1)"), 1);
+  std::promise<absl::Status> got;
+  std::future<absl::Status> f = got.get_future();
+  engine_->PostChunk(Direction::kDeviceToHost, *r, 0, pool.data() + 3000, 2000,
+                     ChunkUrgency::kNormal, [&](absl::Status st) { got.set_value(st); });
+  fake_.WaitForMemcpys(1);  // 1096 bytes on the stream; the 904 after the boundary refused
+  EXPECT_EQ(f.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  EXPECT_EQ(fake_.open_mappings(), 1);
+  fake_.HoldCompletions(false);
+  absl::Status st = f.get();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("boom"), std::string::npos) << st;
+  EXPECT_TRUE(Eventually([&] { return fake_.open_mappings() == 0; }));
+  EXPECT_EQ(engine_->stats().chunks_total, 0u);
+  // The engine keeps working.
+  ASSERT_TRUE(engine_->CopyChunk(Direction::kDeviceToHost, *r, 0, pool.data() + 3000, 2000).ok());
+}
+
 TEST_F(CudaEngineTest, HostPoolRegistrationFailureIsReportedWithAHint) {
   fake_.FailNext("HostRegister", absl::FailedPreconditionError("cudaHostRegister: oom (2)"));
   std::vector<uint8_t> pool(1 << 16);

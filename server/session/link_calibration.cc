@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
+#include "server/copy/cuda_api.h"
 
 namespace offloadd::session {
 namespace {
@@ -58,11 +59,14 @@ int AddLinksForUnlinkedGpus(const std::vector<std::string>& gpus, CoreOptions& o
   if (!options.link_calibration.at_start || options.default_link_bytes_per_second > 0) return 0;
   int added = 0;
   for (const std::string& gpu : gpus) {
-    const bool named = std::any_of(options.links.begin(), options.links.end(),
-                                   [&](const LinkSpec& l) {
-                                     return l.name == gpu || std::find(l.gpus.begin(), l.gpus.end(),
-                                                                       gpu) != l.gpus.end();
-                                   });
+    // In any spelling, as the LinkTable maps a session's GPU to its link.
+    const std::string id = copy::NormalizeGpuUuid(gpu);
+    const bool named = std::any_of(
+        options.links.begin(), options.links.end(), [&](const LinkSpec& l) {
+          return l.name == gpu || std::any_of(l.gpus.begin(), l.gpus.end(), [&](const auto& g) {
+                   return copy::NormalizeGpuUuid(g) == id;
+                 });
+        });
     if (named) continue;
     LinkSpec spec;
     spec.name = gpu;

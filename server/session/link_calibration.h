@@ -40,7 +40,8 @@ namespace offloadd::session {
 // The links `links` asks to measure (see above), as the meter's groups, in order.
 std::vector<copy::RateGroup> CalibrationGroups(const std::vector<LinkSpec>& links);
 
-// Gives each of `gpus` (UUIDs, as the engine lists them) that no link of `options` names a
+// Gives each of `gpus` (UUIDs, as the engine lists them) that no link of `options` names (in
+// any spelling of its UUID, as LinkTable::LinkNameFor matches a session's device id) a
 // link of its own, named after it and without a capacity, so that calibration measures it: a
 // single GPU on a node, or GPUs sysfs placed under no switch (a VM's flat PCI bus), would
 // otherwise stay unpaced. Only with start-up calibration on and no

@@ -139,6 +139,22 @@ TEST(AddLinksForUnlinkedGpusTest, AGpuInNoLinkGetsAnUnpacedLinkOfItsOwnToMeasure
   EXPECT_EQ(off.links.size(), 2u);
 }
 
+// A configured link that names a GPU in another spelling (case, no "GPU-") names it: the GPU
+// gets no link of its own, and its sessions (which send the engine's spelling) use that link,
+// the one calibration measures.
+TEST(AddLinksForUnlinkedGpusTest, AGpuConfiguredInAnotherSpellingUsesItsConfiguredLink) {
+  const std::string listed = "GPU-abcdef01-2345-6789-abcd-ef0123456789";
+  CoreOptions o;
+  o.link_calibration.at_start = true;
+  o.links.push_back(Spec("pcie0", {"ABCDEF01-2345-6789-ABCD-EF0123456789"}));
+  EXPECT_EQ(AddLinksForUnlinkedGpus({listed}, o), 0);
+  ASSERT_EQ(o.links.size(), 1u);
+  auto core = MakeCore(o.links, nullptr);
+  EXPECT_EQ(core->LinkNameFor(listed), "pcie0");
+  EXPECT_EQ(core->LinkNameFor("gpu-ABCDEF01-2345-6789-abcd-ef0123456789"), "pcie0");
+  EXPECT_EQ(core->LinkNameFor("gpu0"), "gpu0");  // not a UUID: its own link, as spelled
+}
+
 TEST(LinkCalibratorTest, MeasuredCapacitiesPaceLinksWhereTheConfigGivesNone) {
   FakeMeter meter;
   meter.by_link["sw0"] = {{{"g0", {20e9, 19e9}}, {"g1", {21e9, 18e9}}}, 30e9, 28e9, {}};

@@ -3,6 +3,7 @@
 #include <array>
 
 #include "absl/strings/str_format.h"
+#include "server/copy/cuda_api.h"
 #include "server/metrics/metrics.h"
 
 namespace offloadd::session {
@@ -27,7 +28,7 @@ void ShutdownLink(const LinkTable::Link& link) {
 LinkTable::LinkTable(const CoreOptions& options, const TransferGate& gate)
     : options_(options), gate_(gate) {
   for (const LinkSpec& spec : options_.links) {
-    for (const std::string& gpu : spec.gpus) gpu_link_[gpu] = spec.name;
+    for (const std::string& gpu : spec.gpus) gpu_link_[copy::NormalizeGpuUuid(gpu)] = spec.name;
   }
   for (const HostLinkSpec& spec : options_.host_links) {
     Host& host = hosts_[spec.name];
@@ -57,7 +58,8 @@ const LinkSpec* LinkTable::FindSpec(const std::string& link_name) const {
 }
 
 std::string LinkTable::LinkNameFor(const std::string& gpu) const {
-  auto named = gpu_link_.find(gpu);
+  // A UUID in any spelling (case, "GPU-" or not), as the cuda engine finds a session's device.
+  auto named = gpu_link_.find(copy::NormalizeGpuUuid(gpu));
   return named != gpu_link_.end() ? named->second : gpu;
 }
 

@@ -36,7 +36,8 @@ class LinkTable {
   LinkTable(const CoreOptions& options, const TransferGate& gate);
   ~LinkTable();  // Clear()
 
-  // The name of the link a GPU's copies use (config, else the GPU's own name).
+  // The name of the link a GPU's copies use (config, a UUID matched in any spelling, else the
+  // GPU's own name).
   std::string LinkNameFor(const std::string& gpu) const;
   // Admits a session on `gpu` to its link in one step (so concurrent Hellos cannot pass
   // max_links together): OK when the link is configured, already in use or made, or when fewer
@@ -112,7 +113,8 @@ class LinkTable {
   const TransferGate& gate_;
   std::map<std::string, Host> hosts_;               // by host link name; fixed after the ctor
   std::map<std::string, std::string> link_parent_;  // link name -> host link name; fixed
-  std::map<std::string, std::string> gpu_link_;     // gpu -> configured link name; fixed
+  // gpu (copy::NormalizeGpuUuid) -> configured link name; fixed
+  std::map<std::string, std::string> gpu_link_;
 
   base::Mutex links_mu_;
   std::map<std::string, std::shared_ptr<Link>> links_ GUARDED_BY(links_mu_);  // by link name

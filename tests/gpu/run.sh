@@ -298,8 +298,12 @@ n_rates=$(( (pool_mib - 64) * 2 / 64 / 5 )); [ $n_rates -le 16 ] || n_rates=16; 
 n_seg=$(( pool_mib / 512 / 2 )); [ $n_seg -le 8 ] || n_seg=8; [ $n_seg -ge 1 ] || n_seg=1
 n_kill=$(( pool_mib / 64 / 2 )); [ $n_kill -le 48 ] || n_kill=48; [ $n_kill -ge 4 ] || n_kill=4
 say "starting offloadd (backend $backend, pool ${pool_mib} MiB${mlock_flag:+, mlock})"
-metrics_port=$(( 20000 + $$ % 20000 ))
+# The daemon's metrics port: one the kernel finds free now (a fixed one may be taken, and a
+# daemon that cannot bind its metrics port does not start); none (metrics off) without Python.
+metrics_port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])' 2>/dev/null)
 scrape_sum() {  # scrape_sum FAMILY: "<series> <sum>" of the family on the daemon's /metrics
+  [ -n "$metrics_port" ] || return 1
   "$PY" - "$metrics_port" "$1" <<'EOF'
 import sys, urllib.request
 text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read()
@@ -310,8 +314,8 @@ EOF
 }
 start_daemon() {
   LD_LIBRARY_PATH="$LIB" "$here/bin/offloadd" --backend=$backend --pool_bytes=${pool_mib}MiB \
-    $mlock_flag --socket_path="$sock" --chunk_bytes=8MiB --metrics_address=127.0.0.1:$metrics_port \
-    > "$logs/daemon.log" 2>&1 &
+    $mlock_flag --socket_path="$sock" --chunk_bytes=8MiB \
+    --metrics_address=${metrics_port:+127.0.0.1:$metrics_port} > "$logs/daemon.log" 2>&1 &
   daemon=$!
   local t_end=$(( $(date +%s) + ${BUDGET[daemon_start]} ))
   while [ "$(date +%s)" -lt $t_end ]; do
@@ -320,6 +324,11 @@ start_daemon() {
     sleep 0.1
   done
   if ! grep -q "ready on" "$logs/daemon.log"; then
+    if [ -n "$metrics_port" ] && grep -q "cannot serve metrics" "$logs/daemon.log"; then
+      # Taken since it was found free: the checks need the daemon more than its metrics.
+      echo "NOTE: metrics port $metrics_port taken: the daemon runs without metrics"
+      stop_daemon > /dev/null; metrics_port=""; start_daemon; return
+    fi
     fail "offloadd did not start:"; tail -20 "$logs/daemon.log"; stop_daemon; daemon=""; return 1
   fi
   # The pool is pinned from the first GPU a session uses (no context on a GPU nobody uses): its
@@ -445,7 +454,7 @@ if [ -n "$daemon" ]; then
   read -r n_open open_now <<< "$(scrape_sum offloadd_ipc_handles_open 2>/dev/null || echo "x x")"
   read -r n_opens opens <<< "$(scrape_sum offloadd_ipc_handle_opens_total 2>/dev/null || echo "x x")"
   if [ "$n_open" = x ]; then
-    echo "NOTE: could not scrape the daemon's metrics on 127.0.0.1:$metrics_port"
+    echo "NOTE: could not scrape the daemon's metrics (${metrics_port:+127.0.0.1:$metrics_port}${metrics_port:-metrics off})"
   else
     figure "ipc_handles_open_after_all_sessions $open_now handles ($n_open series);" \
       "ipc_handle_opens_total $opens ($n_opens series; a device's series go with its last session)"

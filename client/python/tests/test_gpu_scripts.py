@@ -7,6 +7,7 @@ daemon on CPU; cuda_probes.py skipping cleanly without CUDA."""
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -137,7 +138,7 @@ class RunShGpuPathTest(unittest.TestCase):
     real ones print, the daemon is the real one on backend shm (its cuda flags mapped), the
     Python checks are stubs that echo the allocator setting they ran under."""
 
-    def bundle(self, ipc):
+    def bundle(self, ipc, busy_port=None, metrics_taken_once=False):
         d = tempfile.mkdtemp(prefix="ofd-gpu-path-")
         self.addCleanup(shutil.rmtree, d, True)
         b = os.path.join(d, "bin")
@@ -165,7 +166,13 @@ class RunShGpuPathTest(unittest.TestCase):
         write_exe(os.path.join(b, "gpu_e2e"),
                   'echo OFFLOADING; echo "PASS data: e2e $*"; '
                   'echo "FIGURE daemon_d2h_GBps 40 GB/s"; sleep 0.2')
+        taken = os.path.join(d, "metrics-taken")
+        if metrics_taken_once:  # the first start finds its metrics port taken, as offloadd says
+            open(taken, "w").close()
         write_exe(os.path.join(b, "offloadd"),
+                  ('[ -e %s ] && [[ " $* " != *" --metrics_address= "* ]] && { rm %s; '
+                   'echo "cannot serve metrics on x: in use" >&2; exit 1; }\n' % (taken, taken)
+                   if metrics_taken_once else "") +
                   'echo "cuda: host pool pinned: 0 bytes (stand-in)"\n'
                   'exec "%s" "${@/--backend=cuda/--backend=shm}"' % daemon_bin())
         tools = os.path.join(d, "tools")
@@ -175,9 +182,19 @@ class RunShGpuPathTest(unittest.TestCase):
                   '*) echo "NVIDIA H200, GPU-0";; esac')
         env = dict(os.environ, PATH=tools + ":" + os.environ["PATH"], PYTHON=sys.executable,
                    OUT=os.path.join(d, "out"), GPU_CHECK_BUDGET_SCALE="300")
-        r = subprocess.run(["bash", os.path.join(d, "run.sh")], env=env, capture_output=True,
-                           text=True, timeout=900)
-        return r, r.stdout
+        p = subprocess.Popen(["bash", os.path.join(d, "run.sh")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        held = None
+        if busy_port is not None:  # taken long before run.sh starts its daemon
+            held = socket.socket()
+            held.bind(("127.0.0.1", busy_port(p.pid)))
+            held.listen(1)
+        try:
+            out, err = p.communicate(timeout=900)
+        finally:
+            if held is not None:
+                held.close()
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err), out
 
     def test_ipc_supported_runs_every_step(self):
         r, out = self.bundle(ipc=True)
@@ -198,6 +215,20 @@ class RunShGpuPathTest(unittest.TestCase):
         # GaLore runs while the first daemon still serves (it needs it), before the clean stop.
         self.assertIn("[galore] PASS galore_check.py stub", out)
         self.assertLess(out.index("[galore] PASS"), out.index("== stopping offloadd"))
+
+    def test_a_taken_port_does_not_keep_the_daemon_from_starting(self):
+        # The port run.sh once derived from its PID, taken by another program.
+        r, out = self.bundle(ipc=True, busy_port=lambda pid: 20000 + pid % 20000)
+        self.assertEqual(r.returncode, 0, out + r.stderr)
+        self.assertNotIn("did not start", out)
+        self.assertIn("FIGURE ipc_handles_open_after_all_sessions 0 handles", out)
+
+    def test_a_metrics_port_taken_at_the_start_leaves_the_daemon_without_metrics(self):
+        r, out = self.bundle(ipc=True, metrics_taken_once=True)
+        self.assertEqual(r.returncode, 0, out + r.stderr)
+        self.assertRegex(out, r"NOTE: metrics port \d+ taken: the daemon runs without metrics")
+        self.assertIn("NOTE: could not scrape the daemon's metrics (metrics off)", out)
+        self.assertNotIn("FAIL", out)
 
     def test_ipc_unsupported_says_so_and_runs_the_torch_checks_on_shm(self):
         r, out = self.bundle(ipc=False)
