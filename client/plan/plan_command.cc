@@ -242,6 +242,17 @@ std::string PoolBytesLine(const Plan& p) {
                       "   (the pinned host RAM per node above)\n");
 }
 
+// The daemon's config lines for a plan with a spill tier: the pool is the host RAM given and
+// the spill tier takes the rest (spill_capacity_bytes at least what a step spills).
+std::string SpillConfigLines(const Plan& p, const SpillPlan& s) {
+  if (!s.needs_spill) return PoolBytesLine(p);
+  return absl::StrCat("offloadd.conf               pool_bytes: ", s.host_ram_bytes,
+                      "   (the host RAM per node given)\n",
+                      "                            spill_directory: \"/var/lib/offloadd/spill\"",
+                      "   spill_capacity_bytes: ", s.spill_bytes_per_node,
+                      "   (a local NVMe of at least that)\n");
+}
+
 // The spill tier's plan, as text lines.
 std::string FormatSpillText(const SpillPlan& s) {
   std::ostringstream o;
@@ -356,9 +367,13 @@ int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std:
       json.insert(json.rfind('}'), ", \"spill\": " + FormatSpillJson(*spill));
       out << json << "\n";
     } else {
-      out << FormatPlanText(*plan) << FormatSpillText(*spill);
+      out << FormatPlanText(*plan) << FormatSpillText(*spill) << SpillConfigLines(*plan, *spill);
     }
-    return 0;
+    if (spill->disk_keeps_up) return 0;
+    err << "offloadctl plan: warning: the disk does not keep up with the spill this plan needs "
+        << "(busy " << absl::StrFormat("%.0f", 100 * spill->disk_utilisation)
+        << "% of a phase): add host RAM, a faster disk, or lower --seq\n";
+    return kExitDoesNotFit;
   }
   out << (req->json ? FormatPlanJson(*plan) + "\n" : FormatPlanText(*plan) + PoolBytesLine(*plan));
   return WarnHostRam({*plan}, req->host_ram_bytes, err) ? kExitDoesNotFit : 0;

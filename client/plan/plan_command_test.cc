@@ -114,7 +114,8 @@ TEST(PlanCommand, SpillTierNeededAndWhetherTheDiskKeepsUp) {
                    224.0 * (1ull << 30) / 1000e9);
   EXPECT_TRUE(spill->Find("disk_keeps_up")->bool_value());
   r = RunPlan(slow);  // 1 GB/s: 240 s of writes per step cannot hide behind forward
-  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.code, 3) << r.err;  // the plan does not fit, as with --host-ram alone
+  EXPECT_NE(r.err.find("the disk does not keep up"), std::string::npos) << r.err;
   v = ParseJson(r.out);
   ASSERT_TRUE(v.ok());
   EXPECT_FALSE(v->Find("spill")->Find("disk_keeps_up")->bool_value());
@@ -122,10 +123,17 @@ TEST(PlanCommand, SpillTierNeededAndWhetherTheDiskKeepsUp) {
   text.insert(text.end(), {"--nvme-gbps", "1"});
   r = RunPlan(text);
   EXPECT_NE(r.out.find("the disk does NOT keep up"), std::string::npos) << r.out;
-  // Fits the host RAM: no spill tier needed.
+  // The config lines: the pool is the host RAM, the spill tier the rest.
+  EXPECT_NE(r.out.find("pool_bytes: " + std::to_string(64ull << 30)), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("spill_capacity_bytes: " + std::to_string(224ull << 30)),
+            std::string::npos)
+      << r.out;
+  // Fits the host RAM: no spill tier needed, the plain pool line.
   r = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--host-ram", "2TiB",
                "--nvme-gbps", "7"});
+  EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("not needed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("offloadd.conf               pool_bytes: "), std::string::npos) << r.out;
   r = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--nvme-gbps", "7"});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--nvme-gbps needs --host-ram"), std::string::npos) << r.err;
