@@ -509,17 +509,24 @@ struct Server::Impl {
   session::Core* core = nullptr;
   bool activated = false;  // the socket belongs to the service manager
   bool stopped = false;
+  // Socket directories this daemon created (outermost first): removed at the stop when empty,
+  // so a foreground run leaves no /run/offloadd behind (clients' default path follows it).
+  std::vector<std::string> created_dirs;
 };
 
 namespace {
-// mkdir -p of socket_path's directory; it must be writable by this user.
-absl::Status PrepareSocketDirectory(const std::string& socket_path) {
+// mkdir -p of socket_path's directory; it must be writable by this user. Appends the
+// directories it created to `created`.
+absl::Status PrepareSocketDirectory(const std::string& socket_path,
+                                    std::vector<std::string>& created) {
   const std::string dir = socket_path.substr(0, socket_path.rfind('/'));
   if (dir.empty()) return absl::OkStatus();
   for (size_t i = 1; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
       std::string part = dir.substr(0, i);
-      if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+      if (mkdir(part.c_str(), 0755) == 0) {
+        created.push_back(part);
+      } else if (errno != EEXIST) {
         return absl::PermissionDeniedError(absl::StrFormat(
             "cannot create socket directory %s: %s; create it or choose another socket_path",
             part, strerror(errno)));
@@ -563,13 +570,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
         "socket_path",
         socket_path, socket_path.size()));
   }
+  std::vector<std::string> created_dirs;
   if (listen_fd < 0) {
-    if (absl::Status st = PrepareSocketDirectory(socket_path); !st.ok()) return st;
+    if (absl::Status st = PrepareSocketDirectory(socket_path, created_dirs); !st.ok()) return st;
     if (absl::Status st = ClearStaleSocket(socket_path); !st.ok()) return st;
   }
   google::protobuf::SetLogHandler(&RateLimitedProtobufLog);  // process-wide; see above
 
   auto impl = std::make_unique<Impl>();
+  impl->created_dirs = std::move(created_dirs);
   impl->core = core;
   impl->activated = listen_fd >= 0;
   if (impl->activated) {
@@ -655,7 +664,11 @@ void Server::Shutdown() {
   // Give streams a moment to flush their last completions, then cancel what remains.
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   impl_->server->Wait();
-  if (!impl_->activated) unlink(socket_path_.c_str());
+  if (impl_->activated) return;
+  unlink(socket_path_.c_str());
+  for (auto it = impl_->created_dirs.rbegin(); it != impl_->created_dirs.rend(); ++it) {
+    if (rmdir(it->c_str()) != 0) break;  // not empty: someone else uses it now
+  }
 }
 
 bool Server::socket_activated() const { return impl_->activated; }

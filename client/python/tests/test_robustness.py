@@ -1,15 +1,18 @@
 """What an adversarial pass over the torch client found (each test failed before its fix):
 a saved tensor modified in place after saving, prefetches of tensors backward never uses, a
-prefetch waiting for staging room, and processes forked with an endpoint open."""
+prefetch waiting for staging room, processes forked with an endpoint open; and a daemon that left
+the socket directories it created behind (clients' default socket path follows /run/offloadd)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import torch
-from daemon_fixture import THRESHOLD, DaemonTestCase
+from daemon_fixture import THRESHOLD, Daemon, DaemonTestCase
 
 import offloadd.torch as ot
 from offloadd.torch._transport import Meta
@@ -109,3 +112,20 @@ class ForkTest(DaemonTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SocketDirectoryTest(unittest.TestCase):
+    def test_directories_the_daemon_created_go_at_its_stop_and_others_stay(self):
+        base = tempfile.mkdtemp(prefix="ofd-dir-")
+        self.addCleanup(shutil.rmtree, base, True)
+        made = os.path.join(base, "a")
+        sock = os.path.join(made, "b", "s.sock")
+        Daemon(sock=sock).stop()
+        self.assertFalse(os.path.exists(made))  # both levels it made are gone
+        self.assertTrue(os.path.isdir(base))    # it existed before: stays
+        d = Daemon(sock=sock)
+        keep = os.path.join(made, "keep")
+        open(keep, "w").close()  # someone else uses the outer one meanwhile
+        d.stop()
+        self.assertFalse(os.path.exists(os.path.join(made, "b")))
+        self.assertTrue(os.path.exists(keep))
