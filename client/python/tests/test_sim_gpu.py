@@ -330,8 +330,14 @@ class SimFreedMemoryTest(SimDaemonTestCase):
         compute.kernel(0.2)  # the producer runs; the daemon holds the mapping meanwhile
         op = tr.start_offload(t, _transport.Meta(t))
         seg = tr.dev.describe(op.tensor.data_ptr()).segment
+        # The transfer's mapping, held while it waits 0.2 s for the producer: seen mapped twice
+        # 20 ms apart, not the registration's check (an open and a close microseconds apart).
         deadline = time.monotonic() + 5
-        while self.gpu.table.daemon_maps(seg.slot) == 0 and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            if self.gpu.table.daemon_maps(seg.slot) > 0:
+                time.sleep(0.02)
+                if self.gpu.table.daemon_maps(seg.slot) > 0:
+                    break
             time.sleep(0.001)
         with self.gpu.lock:  # the bug: the segment goes while the daemon still copies from it
             self.gpu.allocators[0]._release_segment(seg)
