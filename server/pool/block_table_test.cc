@@ -135,9 +135,15 @@ TEST_F(BlockTableTest, DataChecksumKeepsMatchingBlocksAndDropsChangedOnes) {
     for (uint64_t i = 0; i < kRecordBytes; ++i) ASSERT_EQ(slot(s)[i], 0) << "slot " << s;
   }
   for (const StoredBlock& b : r.blocks) {
-    if (b.block_id == 10) EXPECT_TRUE(b.has_data_crc32c);
-    if (b.block_id == 13) EXPECT_FALSE(b.has_data_crc32c);
-    if (b.block_id == 14) EXPECT_EQ(b.data_crc32c, 0x12345678u);
+    if (b.block_id == 10) {
+      EXPECT_TRUE(b.has_data_crc32c);
+    }
+    if (b.block_id == 13) {
+      EXPECT_FALSE(b.has_data_crc32c);
+    }
+    if (b.block_id == 14) {
+      EXPECT_EQ(b.data_crc32c, 0x12345678u);
+    }
   }
   EXPECT_STREQ(DropReasonName(DropReason::kData), "data_checksum");
 }

@@ -75,6 +75,23 @@ class SpillTierTest : public ::testing::TestWithParam<bool> {
         [&](SpillTier::Done d) { t.Stage(id, e, DiskClass::kUrgent, "s1", std::move(d)); });
   }
 
+  // Holds the tier's only I/O worker inside the completion of a spill (block 99, pool bytes
+  // [28 MiB, +2 MiB): two chunks, so it is not copied inline on this thread) until the returned promise is set: whatever is submitted meanwhile is
+  // queued, so the order the worker then takes it in depends on the scheduler only, not on
+  // how fast this thread submits (a loaded machine reordered a paced version of these tests).
+  std::shared_ptr<std::promise<void>> HoldWorker(SpillTier& t) {
+    auto release = std::make_shared<std::promise<void>>();
+    auto entered = std::make_shared<std::promise<void>>();
+    std::shared_future<void> go = release->get_future().share();
+    t.Spill(99, pool::Extent{28ull << 20, 2 << 20}, "hold", [entered, go](absl::Status st) {
+      EXPECT_TRUE(st.ok()) << st;
+      entered->set_value();
+      go.wait();
+    });
+    entered->get_future().wait();
+    return release;
+  }
+
   std::string dir_;
   uint8_t* pool_ = nullptr;
 };
@@ -327,10 +344,9 @@ TEST_P(SpillTierTest, ASecondTierOnTheSameDirectoryIsRefused) {
 }
 
 TEST_P(SpillTierTest, UrgentStageGoesBeforeQueuedSpills) {
-  // One worker, paced at 4 MiB/s: each 1 MiB chunk takes ~250 ms of link time, so the urgent
-  // stage submitted after six spills is picked as soon as the first spill's chunk is done (the
-  // slow pace leaves room for a test thread descheduled on a loaded machine).
-  auto tier = Make(64ull << 20, 4.0 * (1 << 20), /*threads=*/1);
+  // One worker, held while six spills and then an urgent stage are queued: the urgent stage
+  // goes first.
+  auto tier = Make(64ull << 20, -1, /*threads=*/1);
   ASSERT_NE(tier, nullptr);
   Fill({20ull << 20, 1 << 20}, 5);
   ASSERT_TRUE(SpillBlock(*tier, 100, {20ull << 20, 1 << 20}).ok());
@@ -349,22 +365,24 @@ TEST_P(SpillTierTest, UrgentStageGoesBeforeQueuedSpills) {
       p->set_value();
     };
   };
+  auto release = HoldWorker(*tier);
   for (int i = 0; i < 6; ++i) {
     tier->Spill(200 + i, {static_cast<uint64_t>(i) << 20, 1 << 20}, "s1",
                 note("spill" + std::to_string(i)));
   }
   tier->Stage(100, {24ull << 20, 1 << 20}, DiskClass::kUrgent, "s2", note("urgent"));
+  release->set_value();
   for (auto& w : waits) w.wait();
   ASSERT_EQ(order.size(), 7u);
-  const size_t urgent = std::find(order.begin(), order.end(), "urgent") - order.begin();
-  EXPECT_LE(urgent, 2u) << "the urgent stage waited behind queued spills";
+  EXPECT_EQ(order[0], "urgent") << "the urgent stage waited behind queued spills";
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(order[1 + i], "spill" + std::to_string(i));
   EXPECT_TRUE(Matches({24ull << 20, 1 << 20}, 5));
 }
 
 TEST_P(SpillTierTest, PromotedPrefetchStageOvertakesQueuedStagesAndSpills) {
-  // One worker, paced at 4 MiB/s (~250 ms a 1 MiB chunk): the stage submitted last, at
-  // PREFETCH behind three PREFETCH stages and three spills, is promoted and goes next.
-  auto tier = Make(64ull << 20, 4.0 * (1 << 20), /*threads=*/1);
+  // One worker, held while four PREFETCH stages, three spills and a last PREFETCH stage are
+  // queued: the last stage, promoted, goes first.
+  auto tier = Make(64ull << 20, -1, /*threads=*/1);
   ASSERT_NE(tier, nullptr);
   for (uint64_t b = 0; b < 5; ++b) {
     const pool::Extent e{(20 + b) << 20, 1 << 20};
@@ -386,6 +404,7 @@ TEST_P(SpillTierTest, PromotedPrefetchStageOvertakesQueuedStagesAndSpills) {
       p->set_value();
     };
   };
+  auto release = HoldWorker(*tier);
   for (uint64_t b = 0; b < 4; ++b) {
     tier->Stage(100 + b, {b << 20, 1 << 20}, DiskClass::kPrefetch, "s" + std::to_string(b),
                 note("prefetch" + std::to_string(b)));
@@ -396,10 +415,10 @@ TEST_P(SpillTierTest, PromotedPrefetchStageOvertakesQueuedStagesAndSpills) {
   }
   tier->Stage(104, {12ull << 20, 1 << 20}, DiskClass::kPrefetch, "s4", note("promoted"));
   tier->Promote(104);
+  release->set_value();
   for (auto& w : waits) w.wait();
   ASSERT_EQ(order.size(), 8u);
-  const size_t promoted = std::find(order.begin(), order.end(), "promoted") - order.begin();
-  EXPECT_LE(promoted, 1u) << "the promoted stage waited behind queued stages and spills";
+  EXPECT_EQ(order[0], "promoted") << "the promoted stage waited behind queued stages and spills";
   EXPECT_TRUE(Matches({12ull << 20, 1 << 20}, 14));
   for (uint64_t b = 0; b < 4; ++b) EXPECT_TRUE(Matches({b << 20, 1 << 20}, 10 + b)) << b;
 }
