@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "server/base/mutex.h"
@@ -47,7 +49,8 @@ class PosixDiskIo : public DiskIo {
     }
     return absl::OkStatus();
   }
-  absl::Status Read(int fd, void* buf, uint64_t len, uint64_t offset) override {
+  absl::Status Read(int fd, void* buf, uint64_t len, uint64_t offset,
+                    const PieceRead* on_piece) override {
     char* p = static_cast<char*>(buf);
     uint64_t done = 0;
     while (done < len) {
@@ -57,44 +60,95 @@ class PosixDiskIo : public DiskIo {
       if (n == 0) return ShortRead(done, len, offset);
       done += static_cast<uint64_t>(n);
     }
+    if (on_piece != nullptr && *on_piece) (*on_piece)(0, len);
     return absl::OkStatus();
   }
   const char* name() const override { return "posix"; }
 };
 
+// One io_uring instance (kQueueDepth entries), used by one call at a time.
+struct Ring {
+  io_uring ring{};
+  bool initialized = false;
+  ~Ring() {
+    if (initialized) io_uring_queue_exit(&ring);
+  }
+};
+
 class UringDiskIo : public DiskIo {
  public:
-  ~UringDiskIo() override {
-    if (initialized_) io_uring_queue_exit(&ring_);
-  }
-  // Returns 0 or -errno from io_uring_queue_init.
+  // Returns 0 or -errno from io_uring_queue_init (the first ring of the pool).
   int Init() EXCLUDES(mu_) {
-    base::MutexLock lock(mu_);  // before the reader is shared; keeps the analysis exact
-    const int rc = io_uring_queue_init(kQueueDepth, &ring_, 0);
-    initialized_ = rc == 0;
+    int rc = 0;
+    std::unique_ptr<Ring> ring = NewRing(&rc);
+    if (ring != nullptr) Put(std::move(ring));
     return rc;
   }
 
   absl::Status Write(int fd, const void* buf, uint64_t len, uint64_t offset) override {
-    return Run(true, fd, const_cast<void*>(buf), len, offset);
+    return Run(true, fd, const_cast<void*>(buf), len, offset, nullptr);
   }
-  absl::Status Read(int fd, void* buf, uint64_t len, uint64_t offset) override {
-    return Run(false, fd, buf, len, offset);
+  absl::Status Read(int fd, void* buf, uint64_t len, uint64_t offset,
+                    const PieceRead* on_piece) override {
+    return Run(false, fd, buf, len, offset, on_piece != nullptr && *on_piece ? on_piece : nullptr);
   }
   const char* name() const override { return "io_uring"; }
 
  private:
+  static std::unique_ptr<Ring> NewRing(int* rc) {
+    auto ring = std::make_unique<Ring>();
+    *rc = io_uring_queue_init(kQueueDepth, &ring->ring, 0);
+    ring->initialized = *rc == 0;
+    return ring->initialized ? std::move(ring) : nullptr;
+  }
+  // A ring of the pool, or a new one when every ring is in use (so each concurrent caller, a
+  // spill link worker, ends up with its own and nobody waits for another's pieces or callback).
+  std::unique_ptr<Ring> Take(int* rc) EXCLUDES(mu_) {
+    {
+      base::MutexLock lock(mu_);
+      if (!free_.empty()) {
+        std::unique_ptr<Ring> ring = std::move(free_.back());
+        free_.pop_back();
+        return ring;
+      }
+    }
+    return NewRing(rc);
+  }
+  void Put(std::unique_ptr<Ring> ring) EXCLUDES(mu_) {
+    base::MutexLock lock(mu_);
+    free_.push_back(std::move(ring));
+  }
+
+  absl::Status Run(bool write, int fd, void* buf, uint64_t len, uint64_t offset,
+                   const PieceRead* on_piece) {
+    int rc = 0;
+    std::unique_ptr<Ring> ring = Take(&rc);
+    if (ring == nullptr) return IoError(write, -rc, len, offset);
+    bool broken = false;
+    absl::Status status = RunOn(&ring->ring, write, fd, buf, len, offset, on_piece, &broken);
+    if (!broken) {
+      Put(std::move(ring));
+    } else {
+      // Its completions can no longer be learned and pieces may still land in their buffers:
+      // neither reused nor torn down (one ring and its descriptor, on a path never seen).
+      ring.release();
+    }
+    return status;
+  }
+
   // Submits pieces of [0, len) keeping up to kQueueDepth in flight; a short piece is finished
   // with the posix path (rare: signals, end of file), which also reports a truncated file.
-  absl::Status Run(bool write, int fd, void* buf, uint64_t len, uint64_t offset) EXCLUDES(mu_) {
-    base::MutexLock lock(mu_);
+  // A read piece, once whole, goes to `on_piece` (null for none) while the others fly.
+  // Sets *broken when the ring cannot be used again.
+  static absl::Status RunOn(io_uring* ring, bool write, int fd, void* buf, uint64_t len,
+                            uint64_t offset, const PieceRead* on_piece, bool* broken) {
     char* p = static_cast<char*>(buf);
     uint64_t next = 0;
     unsigned in_flight = 0;
     absl::Status status;
     while (next < len || in_flight > 0) {
       while (next < len && in_flight < kQueueDepth && status.ok()) {
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        io_uring_sqe* sqe = io_uring_get_sqe(ring);
         if (sqe == nullptr) break;
         const uint64_t n = std::min(kPieceBytes, len - next);
         if (write) {
@@ -108,20 +162,21 @@ class UringDiskIo : public DiskIo {
       }
       if (!status.ok() && in_flight == 0) break;
       if (!status.ok()) next = len;  // stop submitting; drain
-      int rc = io_uring_submit(&ring_);
+      int rc = io_uring_submit(ring);
       if (rc < 0 && rc != -EINTR && rc != -EBUSY) {
         if (status.ok()) status = IoError(write, -rc, len, offset);
       }
       io_uring_cqe* cqe = nullptr;
-      rc = io_uring_wait_cqe(&ring_, &cqe);
+      rc = io_uring_wait_cqe(ring, &cqe);
       if (rc == -EINTR) continue;
       if (rc < 0) {
         if (status.ok()) status = IoError(write, -rc, len, offset);
+        *broken = true;
         break;  // cannot learn completions: give up on the ring (pieces keep their buffers)
       }
       const uint64_t start = io_uring_cqe_get_data64(cqe);
       const int res = cqe->res;
-      io_uring_cqe_seen(&ring_, cqe);
+      io_uring_cqe_seen(ring, cqe);
       --in_flight;
       if (!status.ok()) continue;
       const uint64_t want = std::min(kPieceBytes, len - start);
@@ -131,15 +186,16 @@ class UringDiskIo : public DiskIo {
         PosixDiskIo rest;
         const uint64_t got = static_cast<uint64_t>(res);
         status = write ? rest.Write(fd, p + start + got, want - got, offset + start + got)
-                       : rest.Read(fd, p + start + got, want - got, offset + start + got);
+                       : rest.Read(fd, p + start + got, want - got, offset + start + got,
+                                   nullptr);
       }
+      if (status.ok() && on_piece != nullptr) (*on_piece)(start, want);
     }
     return status;
   }
 
   base::Mutex mu_;
-  io_uring ring_ GUARDED_BY(mu_){};
-  bool initialized_ = false;
+  std::vector<std::unique_ptr<Ring>> free_ GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -115,7 +115,7 @@ absl::StatusOr<double> MeasureBandwidth(DiskIo& io, int dir_fd, const std::strin
   if (absl::Status st = io.Write(fd, buf.p, bytes, 0); !st.ok()) return st;
   if (fdatasync(fd) != 0) return Errno("fdatasync of " + name);
   double t1 = base::SteadyNowSeconds();
-  if (absl::Status st = io.Read(fd, buf.p, bytes, 0); !st.ok()) return st;
+  if (absl::Status st = io.Read(fd, buf.p, bytes, 0, nullptr); !st.ok()) return st;
   double t2 = base::SteadyNowSeconds();
   const double write_rate = bytes / std::max(t1 - t0, 1e-6);
   const double read_rate = bytes / std::max(t2 - t1, 1e-6);
@@ -339,7 +339,7 @@ absl::StatusOr<SpillHeader> ReadHeader(DiskIo& io, int fd, const std::string& pa
                                        uint64_t block_id, uint64_t data_bytes) {
   AlignedBuffer buf(SpillTier::kHeaderBytes);
   if (buf.p == nullptr) return absl::ResourceExhaustedError("no memory for a spill header");
-  absl::Status read = io.Read(fd, buf.p, SpillTier::kHeaderBytes, 0);
+  absl::Status read = io.Read(fd, buf.p, SpillTier::kHeaderBytes, 0, nullptr);
   if (!read.ok()) return read;
   SpillHeader h;
   memcpy(&h, buf.p, sizeof(h));
@@ -615,24 +615,35 @@ absl::Status SpillTier::MoveChunk(bool write, int fd, pool::Extent extent, uint6
   if (sums != nullptr && write && in_pool > 0) sums->Add(o, in_pool, base::Crc32c(mem, in_pool));
   const bool direct = in_pool == len && reinterpret_cast<uintptr_t>(mem) % kDirectAlignment == 0;
   const uint64_t at = kHeaderBytes + o;
-  absl::Status st;
   if (direct) {
-    st = write ? io_->Write(fd, mem, len, at) : io_->Read(fd, mem, len, at);
-  } else {
-    AlignedBuffer bounce(len);
-    if (bounce.p == nullptr) return absl::ResourceExhaustedError("no memory for a bounce buffer");
-    if (write) {
-      memcpy(bounce.p, mem, in_pool);
-      memset(static_cast<uint8_t*>(bounce.p) + in_pool, 0, len - in_pool);
-      return io_->Write(fd, bounce.p, len, at);
-    }
-    st = io_->Read(fd, bounce.p, len, at);
-    if (st.ok()) memcpy(mem, bounce.p, in_pool);
+    if (write) return io_->Write(fd, mem, len, at);
+    const DiskIo::PieceRead check = ReadChecker(mem, o, in_pool, sums);
+    return io_->Read(fd, mem, len, at, &check);
   }
-  if (st.ok() && sums != nullptr && !write && in_pool > 0) {
-    sums->Add(o, in_pool, base::Crc32c(mem, in_pool));
+  AlignedBuffer bounce(len);
+  if (bounce.p == nullptr) return absl::ResourceExhaustedError("no memory for a bounce buffer");
+  uint8_t* b = static_cast<uint8_t*>(bounce.p);
+  if (write) {
+    memcpy(b, mem, in_pool);
+    memset(b + in_pool, 0, len - in_pool);
+    return io_->Write(fd, b, len, at);
   }
+  const DiskIo::PieceRead check = ReadChecker(b, o, in_pool, sums);
+  absl::Status st = io_->Read(fd, b, len, at, &check);
+  if (st.ok()) memcpy(mem, b, in_pool);
   return st;
+}
+
+DiskIo::PieceRead SpillTier::ReadChecker(const uint8_t* buf, uint64_t o, uint64_t in_pool,
+                                         ChunkChecksums* sums) {
+  if (sums == nullptr || in_pool == 0) return nullptr;
+  // Each piece's CRC32C as it lands, while the rest of the chunk is still being read; the
+  // padding past the block's end (the last chunk's tail) is not part of the data's CRC.
+  return [buf, o, in_pool, sums](uint64_t start, uint64_t n) {
+    if (start >= in_pool) return;
+    n = std::min(n, in_pool - start);
+    sums->Add(o + start, n, base::Crc32c(buf + start, n));
+  };
 }
 
 SpillStats SpillTier::stats() const {

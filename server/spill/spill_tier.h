@@ -172,6 +172,10 @@ class SpillTier {
   // the CRC32C of the chunk's bytes in the pool.
   absl::Status MoveChunk(bool write, int fd, pool::Extent extent, uint64_t o, uint64_t len,
                          class ChunkChecksums* sums);
+  // The stage-back's per-piece check for a chunk at `o` read into `buf` (`in_pool` of its
+  // bytes are the block's): adds each piece's CRC32C to `sums`. Null without checksums.
+  static DiskIo::PieceRead ReadChecker(const uint8_t* buf, uint64_t o, uint64_t in_pool,
+                                       class ChunkChecksums* sums);
   // After the last chunk: writes the header (spill) or reads and checks it and the data's
   // CRC (stage-back).
   absl::Status FinishWrite(int fd, uint64_t block_id, pool::Extent extent,
