@@ -7,7 +7,9 @@
 #   3. the CRC32C's cost: spill_bench with checksums off and on, ROUNDS (2) times each, the order
 #      swapped every round (off-on, on-off, ...: a disk whose rate drifts during the run favours
 #      neither side), and the stage-back throughput with / without (target >= 0.97: <= 3 % of
-#      it), summed over the rounds and as the median of the rounds' ratios.
+#      it), summed over the rounds and as the median of the rounds' ratios;
+#   4. the same cost in one process (spill_bench --paired_rounds, PAIRED_ROUNDS=20): stage-backs
+#      with and without checksums back to back, the steadier figure on a disk whose rate drifts.
 #   bench/spill_bench.sh [DIR] [BYTES_MIB]      (default: a fresh directory under $TMPDIR, 512)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,3 +56,6 @@ median=$(printf '%s\n' "${stage_ratios[@]}" | sort -n | awk '{v[NR] = $1} END {
 awk -v a="$on_stage" -v b="$off_stage" -v c="$on_spill" -v d="$off_spill" -v m="$median" \
     -v rs="${stage_ratios[*]}" 'BEGIN {
   printf "{\"checksums_stage_over_none\": %.3f, \"checksums_spill_over_none\": %.3f, \"checksums_stage_round_ratios\": \"%s\", \"checksums_stage_median_round\": %.3f}\n", a / b, c / d, rs, m }'
+mkdir -p "$dir/paired"
+"$bin" --dir="$dir/paired" --blocks=$((mib / 64)) --block_bytes=$((64 << 20)) \
+    --paired_rounds="${PAIRED_ROUNDS:-20}"
