@@ -233,6 +233,37 @@ class SimEventProtocolTest(SimDaemonTestCase):
         self.assertTrue(torch.equal(out, t))
         self.assertNoViolations()
 
+    def test_a_prefetch_of_a_tensor_still_offloading_keeps_it_on_the_device_instead_of_a_reload(self):
+        from offloadd.torch._store import Store
+        store = Store(name="keep", threshold_bytes=4096, keep_last_n=0, prefetch=1, strict=True,
+                      socket_path=self.daemon.sock)
+        compute = self.gpu.current_stream(0)
+        compute.kernel(0.3)  # both offloads wait for this (modelled) producer
+        ha = store.pack(torch.full((MIB,), 1.0))
+        hb = store.pack(torch.full((MIB,), 2.0))
+        # b is still offloading: served from the device; its unpack prefetches a, which is
+        # still offloading too: that PREFETCH waits for a's OffloadDone.
+        tb = store.unpack(hb)
+        self.assertEqual(store.stats.snapshot().served_in_flight, 1)
+        deadline = time.monotonic() + 30
+        while ha.op is not None and time.monotonic() < deadline:  # a's OffloadDone
+            time.sleep(0.01)
+        ta = store.unpack(ha)
+        st = store.stats.snapshot()
+        print("SIMULATED: %s" % st.summary())
+        self.assertTrue(torch.equal(tb, torch.full((MIB,), 2.0)))
+        self.assertTrue(torch.equal(ta, torch.full((MIB,), 1.0)))
+        # a was kept on the device when its offload finished, not reloaded
+        self.assertEqual((st.offloaded, st.served_in_flight, st.reloaded, st.kept), (2, 2, 0, 0))
+        self.assertEqual(st.host_waits, 0)
+        del ta, tb, ha, hb
+        ot.synchronize()
+        deadline = time.monotonic() + 10
+        while self.daemon.stats().blocks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.daemon.stats().blocks, 0)  # both blocks released
+        self.assertNoViolations()
+
 
 class SimTransformersTest(SimDaemonTestCase):
     """The reference study's model shape (qwen3_fixture.SEED_CONFIG) through

@@ -25,8 +25,9 @@ Counted by the context's store (offloadd/torch/_store.py):
               (ReloadDone not arrived when backward needed the tensor) or for a staging slot;
               their seconds in ``host_wait_seconds``. On CUDA a reload whose answer arrived costs
               no host wait: the compute stream waits on the daemon's done event instead
-  served_in_flight  tensors backward needed while their offload was still copying: used from
-              the device as they were (CUDA), no reload
+  served_in_flight  tensors backward needed while their offload was still copying, or
+              prefetched then and kept when that offload finished: used from the device as
+              they were (CUDA), no reload
 Every reloaded tensor counts once in exactly one of prefetched_in_time and waited.
 
 Besides each context's statistics the process keeps, per device key ("cuda:0", "cpu",

@@ -278,13 +278,18 @@ class Store:
         if exc is None:
             done = future.result()
             with self._lock:
-                served = s.served
+                served, kept = s.served, self._keep_for_prefetch(s, ep, op)
                 s.block_id, s.op = done.block_id, None
-                s.state = KEPT if served else OFFLOADED
+                s.state = KEPT if served or kept is not None else OFFLOADED
                 rl = s.reload
+                if kept is not None:
+                    s.tensor, s.served, s.reload = kept, True, None
             ep.transport.finish_offload(op)
             self.stats.add(offloaded=1, offloaded_bytes=s.meta.nbytes)
-            if served:  # backward already used the device tensor: the block is not needed
+            if kept is not None:
+                ep.transport.abandon_reload(rl)
+                self.stats.add(served_in_flight=1, served_in_flight_bytes=s.meta.nbytes)
+            if served or kept is not None:  # backward uses the device tensor: block not needed
                 ep.client.release(done.block_id)
                 return
             if rl is not None and not rl.sent:
@@ -373,7 +378,7 @@ class Store:
             state, first = s.state, not s.unpacked
             s.unpacked = True
         if state in (KEPT, FALLBACK):
-            if first and state == KEPT:
+            if first and state == KEPT and not s.served:
                 self.stats.add(kept=1, kept_bytes=s.meta.nbytes)
             self._prefetch_before(s)
             t = s.tensor
@@ -420,6 +425,19 @@ class Store:
                            waited_bytes=s.meta.nbytes, waited_seconds=waited)
         s.result = t  # later unpacks of this handle get the same tensor, not another reload
         return t
+
+    @staticmethod
+    def _keep_for_prefetch(s, ep, op):
+        """Under the lock, as ``s``'s offload completes: the device tensor it read when backward
+        has already asked for it back (a PREFETCH waiting for this OffloadDone) and the
+        transport still holds it (CUDA), else None. Keeping it costs no more device memory than
+        the reload's destination it replaces, and saves a copy that backward would wait for:
+        the offload finished only just before backward needs the tensor (a link shared by many
+        GPUs drains forward's offloads into backward)."""
+        rl = s.reload
+        if s.served or rl is None or rl.sent or rl.priority != PREFETCH:
+            return None
+        return ep.transport.in_flight_tensor(op)
 
     def _serve_in_flight(self, s):
         """A tensor still being offloaded when backward needs it: the CUDA transport still holds
