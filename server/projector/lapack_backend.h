@@ -1,6 +1,7 @@
 // LapackSvdBackend: SvdBackend on the host CPU through LAPACKE + CBLAS (Debian's OpenBLAS).
 //
-//   Exact:      LAPACKE_sgesdd (divide and conquer), thin SVD in fp32.
+//   Exact:      LAPACKE_sgesdd (divide and conquer), thin SVD in fp32; for the short side of a
+//               rectangular matrix, sgeqrf first and sgesdd of the square triangular factor.
 //   Randomized: Halko, Martinsson, Tropp (2011) Alg. 4.4 — Y = A·Omega with a Gaussian Omega
 //               (n x l), then q power iterations Y = A·orth(A^T·orth(Y)), re-orthonormalising
 //               with Householder QR (sgeqrf + sorgqr) after every product; then Alg. 5.1: the SVD
