@@ -249,6 +249,9 @@ class SimEventProtocolTest(SimDaemonTestCase):
         while ha.op is not None and time.monotonic() < deadline:  # a's OffloadDone
             time.sleep(0.01)
         ta = store.unpack(ha)
+        deadline = time.monotonic() + 10  # b's OffloadDone may come after a's
+        while store.stats.snapshot().offloaded < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         st = store.stats.snapshot()
         print("SIMULATED: %s" % st.summary())
         self.assertTrue(torch.equal(tb, torch.full((MIB,), 2.0)))
@@ -262,6 +265,32 @@ class SimEventProtocolTest(SimDaemonTestCase):
         while self.daemon.stats().blocks and time.monotonic() < deadline:
             time.sleep(0.05)
         self.assertEqual(self.daemon.stats().blocks, 0)  # both blocks released
+        self.assertNoViolations()
+
+    def test_a_kept_tensor_never_unpacked_counts_as_an_unused_prefetch_not_as_served(self):
+        from offloadd.torch._store import Store
+        store = Store(name="keep-unused", threshold_bytes=4096, keep_last_n=0, prefetch=1,
+                      strict=True, socket_path=self.daemon.sock)
+        self.gpu.current_stream(0).kernel(0.3)
+        ha = store.pack(torch.full((MIB,), 1.0))
+        hb = store.pack(torch.full((MIB,), 2.0))
+        tb = store.unpack(hb)  # served; prefetches a, still offloading
+        deadline = time.monotonic() + 30
+        while ha.op is not None and time.monotonic() < deadline:  # a kept at its OffloadDone
+            time.sleep(0.01)
+        del ha  # a branch backward never reached: a is never unpacked
+        gc.collect()
+        del tb, hb
+        gc.collect()
+        ot.synchronize()
+        deadline = time.monotonic() + 10
+        while (self.daemon.stats().blocks or store.stats.snapshot().prefetched_unused == 0 or
+               store.stats.snapshot().offloaded < 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        st = store.stats.snapshot()
+        self.assertEqual((st.offloaded, st.served_in_flight, st.reloaded, st.prefetched_unused),
+                         (2, 1, 0, 1))
+        self.assertEqual(self.daemon.stats().blocks, 0)
         self.assertNoViolations()
 
 

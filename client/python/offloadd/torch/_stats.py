@@ -9,7 +9,8 @@ Counted by the context's store (offloadd/torch/_store.py):
   urgent      reloads requested only when backward asked for the tensor (no prefetch had been
               issued for it): the first of each step in eager backward, plus the first of each
               compiled graph's backward node under torch.compile (see README, torch.compile)
-  prefetched_unused  tensors reloaded ahead of need whose handle died without being unpacked
+  prefetched_unused  tensors reloaded (or kept on the device, see served_in_flight) ahead of
+              need whose handle died without being unpacked
               (saved by a branch backward never reached): link traffic for nothing
   kept        tensors eligible for offload kept on their device (the newest keep_last_n)
   fallbacks   tensors kept in-process because the daemon was unreachable or refused

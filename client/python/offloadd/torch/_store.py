@@ -68,7 +68,7 @@ class Saved:
 
     __slots__ = ("store", "seq", "offset", "step", "meta", "tensor", "src", "version", "state",
                  "ep", "op", "block_id", "reload", "result", "unpacked", "dead", "pin", "served",
-                 "__weakref__")
+                 "prefetch_kept", "__weakref__")
 
     def __init__(self, store, seq, t):
         self.store, self.seq, self.meta, self.tensor = store, seq, Meta(t), t
@@ -79,6 +79,7 @@ class Saved:
         self.unpacked = self.dead = False
         self.pin = False  # pinned host memory for an in-process copy on fallback
         self.served = False  # unpacked from the device tensor while its offload was in flight
+        self.prefetch_kept = False  # device tensor kept at OffloadDone for a prefetch (below)
         self.step = 0  # the store's step index when packed (the ordering hint's step)
 
     def __del__(self):
@@ -283,12 +284,11 @@ class Store:
                 s.state = KEPT if served or kept is not None else OFFLOADED
                 rl = s.reload
                 if kept is not None:
-                    s.tensor, s.served, s.reload = kept, True, None
+                    s.tensor, s.served, s.prefetch_kept, s.reload = kept, True, True, None
             ep.transport.finish_offload(op)
             self.stats.add(offloaded=1, offloaded_bytes=s.meta.nbytes)
-            if kept is not None:
+            if kept is not None:  # counted served_in_flight at its unpack, if it comes
                 ep.transport.abandon_reload(rl)
-                self.stats.add(served_in_flight=1, served_in_flight_bytes=s.meta.nbytes)
             if served or kept is not None:  # backward uses the device tensor: block not needed
                 ep.client.release(done.block_id)
                 return
@@ -304,7 +304,7 @@ class Store:
             rl, s.reload = s.reload, None
         if rl is not None:  # never sent: wake an unpack waiting on it, free its destination
             rl.done.set_exception(_BecameFallback())
-            ep.transport.release_dest(rl)
+            ep.transport.abandon_reload(rl)  # and, on CUDA, its events
         if isinstance(exc, errors.DaemonUnavailable):
             _endpoint.mark_broken(ep, str(exc), self.retry_seconds)
         self._count_fallback(s, "offloadd refused a tensor (%s)" % exc, exc)
@@ -378,7 +378,9 @@ class Store:
             state, first = s.state, not s.unpacked
             s.unpacked = True
         if state in (KEPT, FALLBACK):
-            if first and state == KEPT and not s.served:
+            if first and state == KEPT and s.prefetch_kept:
+                self.stats.add(served_in_flight=1, served_in_flight_bytes=s.meta.nbytes)
+            elif first and state == KEPT and not s.served:
                 self.stats.add(kept=1, kept_bytes=s.meta.nbytes)
             self._prefetch_before(s)
             t = s.tensor
@@ -589,7 +591,7 @@ class Store:
         """From Saved.__del__: marks the handle dead and queues its cleanup (see _Reaper)."""
         if not s.unpacked:
             self._unused_offsets.add(s.offset)
-            if s.reload is not None:  # counted on the reaper: no locks in __del__
+            if s.reload is not None or s.prefetch_kept:  # counted on the reaper: no locks here
                 stats = self.stats
                 reaper.put(lambda: stats.add(prefetched_unused=1))
         else:
