@@ -123,7 +123,12 @@ class UringDiskIo : public DiskIo {
                    const PieceRead* on_piece) {
     int rc = 0;
     std::unique_ptr<Ring> ring = Take(&rc);
-    if (ring == nullptr) return IoError(write, -rc, len, offset);
+    if (ring == nullptr) {
+      // No ring free and no new one (out of descriptors, or locked-memory limits on older
+      // kernels): this call goes through pread / pwrite rather than fail a stage-back.
+      PosixDiskIo posix;
+      return write ? posix.Write(fd, buf, len, offset) : posix.Read(fd, buf, len, offset, on_piece);
+    }
     bool broken = false;
     absl::Status status = RunOn(&ring->ring, write, fd, buf, len, offset, on_piece, &broken);
     if (!broken) {

@@ -4,7 +4,9 @@
 //  - io_uring (liburing): a buffer is cut into pieces of kPieceBytes submitted together (up to
 //    kQueueDepth in flight), so one call keeps several requests queued at the device. Each
 //    call takes a ring of its own from a small pool (a new ring when all are in use: one per
-//    concurrent caller at most), so calls from several threads never wait for each other.
+//    concurrent caller at most), so calls from several threads never wait for each other; a
+//    call that finds none free and cannot make one (no descriptor left, locked-memory limits)
+//    runs as posix does.
 //  - posix: pread / pwrite loops, for kernels or sandboxes where io_uring_queue_init fails
 //    (seccomp filters, io_uring_disabled sysctl).
 // O_DIRECT rules the caller must follow: `buf`, `len` and `offset` multiples of kDirectAlignment

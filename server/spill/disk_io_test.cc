@@ -1,13 +1,17 @@
 #include "server/spill/disk_io.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -63,6 +67,62 @@ TEST_P(DiskIoTest, ReadReportsEveryPieceOnceWithItsBytesInPlace) {
   for (const auto& [start, n] : pieces) EXPECT_LT(start + n, len + 1);
   free(buf);
   close(fd);
+  unlink(path.c_str());
+}
+
+// While one call holds the only io_uring ring (a read of a pipe nobody has written yet), a second
+// call that cannot create a ring of its own (no file descriptor left) still reads its bytes, through
+// pread, instead of failing a stage-back.
+TEST(DiskIoRingPool, ACallThatCannotGetARingReadsThroughPread) {
+  std::string why_not;
+  std::unique_ptr<DiskIo> io = MakeDiskIo(true, &why_not);
+  if (std::string(io->name()) != "io_uring") GTEST_SKIP() << why_not;
+  const char* tmp = getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/disk_io_pool";
+  std::vector<uint8_t> want(1 << 20);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<uint8_t>(i * 7 + 1);
+  const int wfd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(wfd, 0);
+  ASSERT_EQ(pwrite(wfd, want.data(), want.size(), 0), static_cast<ssize_t>(want.size()));
+  close(wfd);
+  const int fd = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) GTEST_SKIP() << path << " does not take O_DIRECT";
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  std::atomic<bool> started{false};
+  absl::Status held;
+  std::thread holder([&] {
+    std::vector<uint8_t> b(4096);
+    started = true;
+    held = io->Read(pipefd[0], b.data(), b.size(), 0, nullptr);  // until the pipe has data
+  });
+  while (!started) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // holder's ring is in use
+  struct rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  const int lowest_free = dup(0);
+  ASSERT_GE(lowest_free, 0);
+  close(lowest_free);
+  struct rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(lowest_free);  // no descriptor left for a new ring
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  void* buf = nullptr;
+  ASSERT_EQ(posix_memalign(&buf, kDirectAlignment, want.size()), 0);
+  uint64_t reported = 0;
+  const DiskIo::PieceRead on_piece = [&](uint64_t, uint64_t n) { reported += n; };
+  const absl::Status st = io->Read(fd, buf, want.size(), 0, &on_piece);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  std::vector<uint8_t> wake(4096, 1);
+  ASSERT_EQ(write(pipefd[1], wake.data(), wake.size()), 4096);
+  holder.join();
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(memcmp(buf, want.data(), want.size()), 0);
+  EXPECT_EQ(reported, want.size());
+  EXPECT_TRUE(held.ok()) << held;
+  free(buf);
+  close(fd);
+  close(pipefd[0]);
+  close(pipefd[1]);
   unlink(path.c_str());
 }
 
