@@ -4,6 +4,8 @@
 
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -61,6 +63,18 @@ void FillGaussian(std::mt19937_64& rng, float* out, size_t count) {
   for (size_t i = 0; i < count; ++i) out[i] = normal(rng);
 }
 
+// The factor that brings the largest |entry| of `t` into [smlnum, 1 / smlnum], with smlnum =
+// sqrt(FLT_MIN) / FLT_EPSILON, LAPACK's own bounds in sgesdd (slamch 'S' and 'P'); 1 when it is
+// there already or `t` is all zeros.
+double SafeRangeScale(const std::vector<float>& t) {
+  double amax = 0;
+  for (float x : t) amax = std::max(amax, static_cast<double>(std::fabs(x)));
+  const double smlnum = std::sqrt(static_cast<double>(FLT_MIN)) / FLT_EPSILON;
+  if (amax > 0 && amax < smlnum) return smlnum / amax;
+  if (amax > 1 / smlnum) return (1 / smlnum) / amax;
+  return 1.0;
+}
+
 // Exact top-k vectors of the short side of a rectangular A (row-major m x n, m != n; the
 // side whose vectors have length d = min(m, n): right when m > n, left when m < n; GaLore's
 // std projection always asks for these). The tall orientation T (rows x d, column-major: A
@@ -76,6 +90,13 @@ absl::StatusOr<TopSingular> ShortSideExact(DenseMatrix a, int64_t k) {
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t c = 0; c < n; ++c) t[r + c * m] = a.data[r * n + c];
     }
+  }
+  // sgesdd scales a matrix whose largest entry is near underflow or overflow into a safe range
+  // first (LAPACK's slange / slascl); sgeqrf does not, so do it here: the vectors do not change,
+  // the singular values are scaled back below.
+  const double scale = SafeRangeScale(t);
+  if (scale != 1.0) {
+    for (float& x : t) x = static_cast<float>(x * scale);
   }
   std::vector<float> tau(d);
   absl::Status status =
@@ -96,6 +117,9 @@ absl::StatusOr<TopSingular> ShortSideExact(DenseMatrix a, int64_t k) {
                                                   out.singular_values.data(), u_r.data(), d,
                                                   vt_r.data(), d));
   if (!status.ok()) return status;
+  if (scale != 1.0) {
+    for (float& sv : out.singular_values) sv = static_cast<float>(sv / scale);
+  }
   // V_R^T is column-major d x d: entry j of vector i is vt_r[i + j * d].
   out.vectors.resize(d * k);
   for (int64_t j = 0; j < d; ++j) std::memcpy(&out.vectors[j * k], &vt_r[j * d], k * sizeof(float));

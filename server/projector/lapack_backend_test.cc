@@ -3,10 +3,13 @@
 #include <cblas.h>
 
 #include <cmath>
+#include <tuple>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/projector/blas.h"
 #include "server/projector/subspace_metrics.h"
 #include "server/projector/synthetic.h"
 
@@ -59,6 +62,50 @@ TEST(LapackBackendTest, ExactRecoversAKnownSpectrumOnBothSides) {
 // Decaying spectrum plus a noise floor, the shape of real gradients (GaLore paper §3.2).
 std::vector<float> DecayingWithNoise(int64_t m, int64_t n, uint64_t seed) {
   return LowRankPlusNoise(m, n, GeometricSpectrum(std::min(m, n) / 2, 10.0, 0.93), 0.002, seed);
+}
+
+// The short side's vectors of a matrix whose entries are near float's underflow (subnormal)
+// or overflow: the QR path scales into a safe range first, as sgesdd does, so the subspace is
+// that of a float64 SVD of the same float data.
+TEST(LapackBackendTest, ShortSideSurvivesEntriesNearUnderflowAndOverflow) {
+  const LapackSvdBackend backend;
+  for (const auto& [m, n, k, scale] : {std::tuple<int64_t, int64_t, int64_t, double>{60, 12, 3, 1e-42},
+                                       {12, 60, 3, 1e-43}, {4096, 4, 2, 1e37}}) {
+    std::mt19937_64 rng(11);
+    std::normal_distribution<double> normal;
+    std::vector<float> g(m * n);
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t c = 0; c < n; ++c) {  // distinct singular values: scale the short side
+        g[r * n + c] = static_cast<float>(normal(rng) * std::pow(0.5, m > n ? c : r) * scale);
+      }
+    }
+    const VectorSide side = m > n ? VectorSide::kRight : VectorSide::kLeft;
+    absl::StatusOr<TopSingular> t = backend.Exact({g.data(), m, n}, side, k);
+    ASSERT_TRUE(t.ok()) << m << "x" << n << " scale " << scale << ": " << t.status();
+    // float64 reference of the same float data (normalised so double has room to spare).
+    const int64_t d = std::min(m, n);
+    std::vector<double> at(g.begin(), g.end()), s(d), u(n * d), vt(d * m);
+    for (double& x : at) x /= scale;
+    ASSERT_EQ(LAPACKE_dgesdd(LAPACK_COL_MAJOR, 'S', n, m, at.data(), n, s.data(), u.data(), n,
+                             vt.data(), d), 0);
+    double worst = 0;  // max entry of P P^T - Q Q^T
+    for (int64_t a = 0; a < d; ++a) {
+      for (int64_t b = 0; b < d; ++b) {
+        double x = 0, y = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          x += static_cast<double>(t->vectors[a * k + i]) * t->vectors[b * k + i];
+          const double qa = side == VectorSide::kLeft ? vt[i + a * d] : u[a + i * n];
+          const double qb = side == VectorSide::kLeft ? vt[i + b * d] : u[b + i * n];
+          y += qa * qb;
+        }
+        worst = std::max(worst, std::fabs(x - y));
+      }
+    }
+    EXPECT_LT(worst, 1e-4) << m << "x" << n << " scale " << scale;
+    if (scale < 1) {
+      EXPECT_NEAR(t->singular_values[0] / scale, s[0], 1e-3 * s[0]) << m << "x" << n;
+    }
+  }
 }
 
 TEST(LapackBackendTest, EveryMethodReachesRhoWithinFivePercent) {
