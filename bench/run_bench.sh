@@ -61,11 +61,12 @@ echo "== the reference study's table through the daemon (SIMULATED; bench/study_
 .venv/bin/python bench/study_table.py --bin "$BIN" --json "$OUT/study_table.json" \
   | tee "$OUT/study_table.txt" || rc=1
 
-for extra in bench/sched_bench.sh bench/projector_bench.sh bench/torch_bench.sh bench/galore_bench.sh; do
-  if [ -f "$extra" ]; then
-    echo "== $extra"
-    bash "$extra" | tee "$OUT/$(basename "$extra" .sh).txt" || rc=1
-  fi
+echo "== GaLore projector refresh on the CPU backend (LAPACK, exact and randomized)"
+$BAZEL run -c opt //bench:projector_bench 2>/dev/null | tee "$OUT/projector_bench.txt" || rc=1
+
+for extra in bench/sched_bench.sh bench/torch_bench.sh bench/galore_bench.sh; do
+  echo "== $extra"
+  bash "$extra" | tee "$OUT/$(basename "$extra" .sh).txt" || rc=1
 done
 $BAZEL shutdown >/dev/null 2>&1 || true
 exit $rc

@@ -178,7 +178,8 @@ int RefuseBackend(Client& c, const std::string& socket_path) {
             << "; this bench measures the shm data path (shared memory against memcpy) and "
             << (backend == "cuda-sim"
                     ? "cuda-sim's timings are simulated: measure its copy engine with "
-                      "bench/copy_sim_bench or `make demo ARGS=\"--backend cuda-sim\"` "
+                      "`bazel run -c opt //bench:copy_sim_bench` or "
+                      "`make demo ARGS=\"--backend cuda-sim\"` "
                       "(SIMULATED figures)"
                     : "needs a daemon with backend shm; on a GPU node use tests/gpu/run.sh")
             << "\n";

@@ -40,6 +40,7 @@ What is modelled, and how it maps to CUDA:
 Thread-safety: every object here is safe to use from several threads (one lock per SimGpu).
 """
 
+import atexit
 import bisect
 import ctypes
 import mmap
@@ -75,6 +76,14 @@ CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_MEMORY_ALLOCATION = 2
 CUDA_ERROR_INVALID_RESOURCE_HANDLE = 400
+
+
+def _unlink_quietly(path):
+    """Removes a simulated device's table from /dev/shm if it is still there."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 class SimOutOfMemoryError(RuntimeError):
@@ -116,6 +125,7 @@ class _Table:
             os.unlink(self.path)
             raise
         os.close(fd)
+        atexit.register(_unlink_quietly, self.path)  # a process that never called close()
         self.words = memoryview(self.mm)[:self.memory_offset].cast("Q")
         self.signed = memoryview(self.mm)[:self.memory_offset].cast("q")
         self.instance = int.from_bytes(os.urandom(8), "little") | 1
@@ -175,10 +185,7 @@ class _Table:
             self.mm.close()
         except BufferError:  # tensors still view the memory: leave the mapping to the process
             pass
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        _unlink_quietly(self.path)
 
 
 class SimEvent:
