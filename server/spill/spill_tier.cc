@@ -23,6 +23,7 @@
 #include "glog/logging.h"
 #include "server/base/clock.h"
 #include "server/base/crc32c.h"
+#include "server/spill/chunk_checksums.h"
 
 namespace offloadd::spill {
 namespace {
@@ -123,33 +124,6 @@ absl::StatusOr<double> MeasureBandwidth(DiskIo& io, int dir_fd, const std::strin
 }
 
 }  // namespace
-
-// Per-chunk CRC32Cs of one transfer (chunks run on several workers, in any order), joined in
-// offset order at the end.
-class ChunkChecksums {
- public:
-  void Add(uint64_t offset, uint64_t bytes, uint32_t crc) {
-    base::MutexLock lock(mu_);
-    pieces_[offset] = {bytes, crc};
-  }
-  // The CRC of [0, total) when the pieces tile it exactly; false otherwise.
-  bool Joined(uint64_t total, uint32_t* crc) {
-    base::MutexLock lock(mu_);
-    uint64_t at = 0;
-    uint32_t c = 0;
-    for (const auto& [offset, piece] : pieces_) {
-      if (offset != at) return false;
-      c = base::Crc32cCombine(c, piece.second, piece.first);
-      at += piece.first;
-    }
-    *crc = c;
-    return at == total;
-  }
-
- private:
-  base::Mutex mu_;
-  std::map<uint64_t, std::pair<uint64_t, uint32_t>> pieces_ GUARDED_BY(mu_);
-};
 
 bool SpillTier::DirectIoSupported(const std::string& directory) {
   if (mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST) return false;
@@ -294,6 +268,7 @@ SpillTier::SpillTier(const SpillOptions& options, std::unique_ptr<DiskIo> io,
   l.bytes_per_second = std::max(options_.bytes_per_second, 0.0);
   l.offload_min_share = options_.spill_min_share;
   link_ = std::make_unique<sched::LinkScheduler>(l);
+  if (options_.checksums) checksum_ = std::make_unique<ChecksumWorkers>(l.worker_threads);
 }
 
 SpillTier::~SpillTier() {
@@ -302,7 +277,10 @@ SpillTier::~SpillTier() {
   if (dir_fd_ >= 0) close(dir_fd_);
 }
 
-void SpillTier::Shutdown() { link_->Shutdown(); }
+void SpillTier::Shutdown() {
+  link_->Shutdown();      // every chunk read or written; their checksums may still be queued
+  if (checksum_ != nullptr) checksum_->Shutdown();  // computes them, finishes the transfers
+}
 
 std::string SpillTier::FileName(uint64_t block_id) const {
   return absl::StrFormat("%016x.spill", block_id);
@@ -559,7 +537,6 @@ absl::Status SpillTier::FinishRead(int fd, uint64_t block_id, pool::Extent exten
 
 void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
                        sched::TrafficClass cls, const std::string& flow, Done done) {
-  const std::string path = FilePath(block_id);
   const uint64_t file_bytes = FileBytes(extent.bytes);
   if (extent.bytes == 0 || extent.offset + extent.bytes > pool_bytes_) {
     done(absl::InvalidArgumentError(absl::StrFormat(
@@ -577,7 +554,7 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
     base::MutexLock lock(mu_);
     if (promoted_.erase(block_id) > 0) cls = sched::TrafficClass::kUrgent;
   }
-  auto sums = options_.checksums ? std::make_shared<ChunkChecksums>() : nullptr;
+  auto sums = options_.checksums ? std::make_shared<ChunkChecksums>(checksum_.get()) : nullptr;
   auto t = std::make_shared<sched::Transfer>();
   t->gpu = flow;
   t->cls = cls;
@@ -586,33 +563,46 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
   t->copy_chunk = [this, write, file, extent, sums](uint64_t o, uint64_t len) {
     return MoveChunk(write, file->fd, extent, o, len, sums.get());
   };
-  t->done = [this, write, file, file_bytes, path, block_id, extent, sums,
-             done = std::move(done)](absl::Status st) {
-    if (st.ok()) {
-      st = write ? FinishWrite(file->fd, block_id, extent, sums.get())
-                 : FinishRead(file->fd, block_id, extent, sums.get());
-    }
-    // Synced before OK: the store records the block as spilled and frees its extent on OK.
-    if (st.ok() && write && fdatasync(file->fd) != 0) {
-      st = absl::InternalError(
-          absl::StrFormat("cannot sync spill file %s: %s", path, strerror(errno)));
-    }
-    if (st.ok()) {
-      (write ? spill_bytes_total_ : stage_bytes_total_) += file_bytes;
-    } else if (st.code() == absl::StatusCode::kDataLoss &&
-               !absl::StrContains(st.message(), path)) {
+  // The end of the transfer waits for its last checksums (computed off the link's workers)
+  // before it reads the verdict and reports: until then the extent's bytes are still read.
+  auto finish = [this, write, file, block_id, extent, sums,
+                 done = std::move(done)](absl::Status st) {
+    if (st.ok()) st = Finish(write, file->fd, block_id, extent, sums.get());
+    const std::string path = FilePath(block_id);
+    if (st.code() == absl::StatusCode::kDataLoss && !absl::StrContains(st.message(), path)) {
       st = absl::DataLossError(absl::StrFormat("%s: %s", path, st.message()));
     }
-    done(st);
+    done(std::move(st));
+  };
+  // The status moves along, so no copy of it is left on the thread that finishes.
+  t->done = [sums, finish = std::move(finish)](absl::Status st) {
+    if (sums == nullptr) {
+      finish(std::move(st));
+    } else {
+      sums->WhenSettled([finish, st = std::move(st)]() mutable { finish(std::move(st)); });
+    }
   };
   link_->Submit(std::move(t));
+}
+
+absl::Status SpillTier::Finish(bool write, int fd, uint64_t block_id, pool::Extent extent,
+                               ChunkChecksums* sums) {
+  absl::Status st = write ? FinishWrite(fd, block_id, extent, sums)
+                          : FinishRead(fd, block_id, extent, sums);
+  // Synced before OK: the store records the block as spilled and frees its extent on OK.
+  if (st.ok() && write && fdatasync(fd) != 0) {
+    st = absl::InternalError(absl::StrFormat("cannot sync spill file %s: %s",
+                                             FilePath(block_id), strerror(errno)));
+  }
+  if (st.ok()) (write ? spill_bytes_total_ : stage_bytes_total_) += FileBytes(extent.bytes);
+  return st;
 }
 
 absl::Status SpillTier::MoveChunk(bool write, int fd, pool::Extent extent, uint64_t o,
                                   uint64_t len, ChunkChecksums* sums) {
   uint8_t* mem = pool_base_ + extent.offset + o;
   const uint64_t in_pool = o >= extent.bytes ? 0 : std::min(len, extent.bytes - o);
-  if (sums != nullptr && write && in_pool > 0) sums->Add(o, in_pool, base::Crc32c(mem, in_pool));
+  if (sums != nullptr && write && in_pool > 0) sums->Compute(o, mem, in_pool);  // beside the write
   const bool direct = in_pool == len && reinterpret_cast<uintptr_t>(mem) % kDirectAlignment == 0;
   const uint64_t at = kHeaderBytes + o;
   if (direct) {
@@ -628,21 +618,22 @@ absl::Status SpillTier::MoveChunk(bool write, int fd, pool::Extent extent, uint6
     memset(b + in_pool, 0, len - in_pool);
     return io_->Write(fd, b, len, at);
   }
-  const DiskIo::PieceRead check = ReadChecker(b, o, in_pool, sums);
-  absl::Status st = io_->Read(fd, b, len, at, &check);
-  if (st.ok()) memcpy(mem, b, in_pool);
+  absl::Status st = io_->Read(fd, b, len, at, nullptr);
+  if (!st.ok()) return st;
+  memcpy(mem, b, in_pool);
+  if (sums != nullptr && in_pool > 0) sums->Compute(o, mem, in_pool);  // the extent's copy
   return st;
 }
 
 DiskIo::PieceRead SpillTier::ReadChecker(const uint8_t* buf, uint64_t o, uint64_t in_pool,
                                          ChunkChecksums* sums) {
   if (sums == nullptr || in_pool == 0) return nullptr;
-  // Each piece's CRC32C as it lands, while the rest of the chunk is still being read; the
-  // padding past the block's end (the last chunk's tail) is not part of the data's CRC.
+  // Each piece's CRC32C queued as it lands (the worker goes on with the chunk's other pieces,
+  // then its next chunk); the padding past the block's end (the last chunk's tail) is not part
+  // of the data's CRC.
   return [buf, o, in_pool, sums](uint64_t start, uint64_t n) {
     if (start >= in_pool) return;
-    n = std::min(n, in_pool - start);
-    sums->Add(o + start, n, base::Crc32c(buf + start, n));
+    sums->Compute(o + start, buf + start, std::min(n, in_pool - start));
   };
 }
 

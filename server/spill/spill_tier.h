@@ -15,7 +15,9 @@
 // bytes. The header names the block (id, data bytes) and holds the CRC32C (base/crc32c.h,
 // hardware-accelerated) of the block id and size followed by the data, and a CRC32C of itself.
 // A spill computes the data's CRC chunk by chunk as it writes (pieces joined with
-// Crc32cCombine), a stage-back as it reads; the stage-back answers DATA_LOSS for that block
+// Crc32cCombine), a stage-back piece by piece as it reads, on threads beside the link's I/O
+// workers (chunk_checksums.h: a worker never leaves the disk idle while it checksums), and
+// the transfer reports only when its last CRC is in; the stage-back answers DATA_LOSS for that block
 // alone when the header is not valid (first 4 KiB overwritten), names another block or size (a
 // file swapped or replaced), or the CRC differs from the header's or from the one this daemon
 // recorded when it wrote the file (bytes changed on disk): never wrong bytes with OK. Chunks
@@ -51,7 +53,8 @@
 // `measure_bytes` with O_DIRECT; the smaller rate).
 //
 // Thread-safety: every method is thread-safe. `done` callbacks run on the spill link's worker
-// threads (or inline in Spill/Stage when the transfer is refused), without locks of this class.
+// threads or, with checksums, the checksum threads (or inline in Spill/Stage when the transfer
+// is refused), without locks of this class.
 #ifndef OFFLOADD_SERVER_SPILL_SPILL_TIER_H_
 #define OFFLOADD_SERVER_SPILL_SPILL_TIER_H_
 
@@ -68,6 +71,7 @@
 #include "server/base/mutex.h"
 #include "server/pool/extent_allocator.h"
 #include "server/sched/link_scheduler.h"
+#include "server/spill/chunk_checksums.h"
 #include "server/spill/disk_io.h"
 
 namespace offloadd::spill {
@@ -171,17 +175,20 @@ class SpillTier {
   // Moves [o, o + len) of a block's data (file offset kHeaderBytes + o); with `sums`, records
   // the CRC32C of the chunk's bytes in the pool.
   absl::Status MoveChunk(bool write, int fd, pool::Extent extent, uint64_t o, uint64_t len,
-                         class ChunkChecksums* sums);
+                         ChunkChecksums* sums);
   // The stage-back's per-piece check for a chunk at `o` read into `buf` (`in_pool` of its
   // bytes are the block's): adds each piece's CRC32C to `sums`. Null without checksums.
   static DiskIo::PieceRead ReadChecker(const uint8_t* buf, uint64_t o, uint64_t in_pool,
-                                       class ChunkChecksums* sums);
+                                       ChunkChecksums* sums);
   // After the last chunk: writes the header (spill) or reads and checks it and the data's
   // CRC (stage-back).
   absl::Status FinishWrite(int fd, uint64_t block_id, pool::Extent extent,
                            ChunkChecksums* sums) EXCLUDES(mu_);
   absl::Status FinishRead(int fd, uint64_t block_id, pool::Extent extent, ChunkChecksums* sums)
       EXCLUDES(mu_);
+  // FinishWrite (then fdatasync) or FinishRead, and the byte counters on OK.
+  absl::Status Finish(bool write, int fd, uint64_t block_id, pool::Extent extent,
+                      ChunkChecksums* sums);
   std::string FileName(uint64_t block_id) const;
 
   SpillOptions options_;
@@ -203,6 +210,9 @@ class SpillTier {
   std::unordered_set<uint64_t> promoted_ GUARDED_BY(mu_);
   std::atomic<uint64_t> spill_bytes_total_{0}, stage_bytes_total_{0};
   std::unique_ptr<sched::LinkScheduler> link_;
+  // Computes the CRC32Cs of the link's chunks beside its I/O (chunk_checksums.h): one thread
+  // per link worker; null without checksums.
+  std::unique_ptr<ChecksumWorkers> checksum_;
 };
 
 }  // namespace offloadd::spill
