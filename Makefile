@@ -89,7 +89,7 @@ fuzz: deps build/fuzz/session_fuzz
 # with TSan, so every test that runs gRPC reports races inside them (README "Failure modes").
 ASAN_TESTS := //server/... //client:all //tests/e2e:e2e_test //tests/e2e:multiprocess_test \
   //tests/faults/... //tests/fuzz/... //tests/soak:soak_quick_test
-TSAN_TESTS := //server/session/... //server/store/... //server/sched/... //server/pool/... //server/spill/... \
+TSAN_TESTS := //server/base/... //server/session/... //server/store/... //server/sched/... //server/pool/... //server/spill/... \
   //server/copy:shm_engine_test //server/copy:cuda_engine_test //server/copy:cuda_api_sim_test \
   //server/copy:copy_timing_model_test //tests/fuzz/...
 test-asan: deps

@@ -24,9 +24,9 @@
 #include "proto/offload.grpc.pb.h"
 #include "server/base/clock.h"
 #include "server/base/mutex.h"
+#include "server/base/worker_threads.h"
 #include "server/rpc/peer_listener.h"
 #include "server/rpc/projector_service.h"
-#include "server/rpc/request_workers.h"
 #include "server/rpc/stream_flow.h"
 #include "server/rpc/translate.h"
 #include "server/session/audit.h"
@@ -70,7 +70,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
  public:
   SessionReactor(session::Core* core, grpc::CallbackServerContext* ctx,
                  const std::atomic<bool>* shutting_down, session::PeerCredentials peer,
-                 RequestWorkers* workers)
+                 base::WorkerThreads* workers)
       : ctx_(ctx), shutting_down_(shutting_down), workers_(workers) {
     auto opened = session::Session::Open(
         core, [this](session::Completion c) { Enqueue(std::move(c)); }, std::move(peer),
@@ -303,7 +303,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
 
   grpc::CallbackServerContext* ctx_;
   const std::atomic<bool>* shutting_down_;
-  RequestWorkers* workers_;
+  base::WorkerThreads* workers_;
   std::shared_ptr<session::Session> session_;
   grpc::ByteBuffer in_bytes_;  // being read
   v1::ClientMessage in_;       // parsed from in_bytes_
@@ -338,7 +338,8 @@ class OffloadService
           v1::Offload::WithCallbackMethod_EndSession<
               v1::Offload::WithCallbackMethod_CalibrateLinks<v1::Offload::Service>>>> {
  public:
-  OffloadService(session::Core* core, const PeerListener* listener, RequestWorkers* workers)
+  OffloadService(session::Core* core, const PeerListener* listener,
+                 base::WorkerThreads* workers)
       : core_(core), listener_(listener), workers_(workers) {}
   // After the gRPC server (Server::Impl): the calibration thread has finished its call.
   ~OffloadService() override {
@@ -458,7 +459,7 @@ class OffloadService
  private:
   session::Core* core_;
   const PeerListener* listener_;
-  RequestWorkers* workers_;
+  base::WorkerThreads* workers_;
   base::Mutex calibration_mu_;
   bool calibrating_ GUARDED_BY(calibration_mu_) = false;
   std::thread calibration_thread_ GUARDED_BY(calibration_mu_);
@@ -500,7 +501,7 @@ absl::Status ClearStaleSocket(const std::string& path) {
 struct Server::Impl {
   // First, so destroyed last: after the gRPC server, it runs the tasks still queued (each may
   // delete its reactor) and joins.
-  std::unique_ptr<RequestWorkers> workers;
+  std::unique_ptr<base::WorkerThreads> workers;
   std::unique_ptr<PeerListener> listener;
   std::unique_ptr<OffloadService> service;
   std::unique_ptr<ProjectorService> projector_service;
@@ -588,7 +589,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(session::Core* core,
     if (!listener.ok()) return listener.status();
     impl->listener = *std::move(listener);
   }
-  impl->workers = std::make_unique<RequestWorkers>(Server::kRequestWorkerThreads);
+  impl->workers = std::make_unique<base::WorkerThreads>(Server::kRequestWorkerThreads);
   impl->service =
       std::make_unique<OffloadService>(core, impl->listener.get(), impl->workers.get());
   grpc::EnableDefaultHealthCheckService(true);

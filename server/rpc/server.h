@@ -47,8 +47,8 @@ class Server {
   // written.
   static constexpr int kMaxRequestsPerMessage = 4096;
   static constexpr int kMaxResponsesPerMessage = 4096;
-  // Threads that hand requests to sessions (rpc/request_workers.h), off the gRPC callback
-  // threads; a stream's requests are handled in order on one of them at a time.
+  // Threads that hand requests to sessions (base/worker_threads.h), off the gRPC callback
+  // threads (a reaction must not block: opening a client's memory, waiting for its ready event); a stream's requests are handled in order on one of them at a time.
   static constexpr int kRequestWorkerThreads = 4;
   ~Server();  // Shutdown()
 

@@ -1,55 +1,8 @@
 #include "server/spill/chunk_checksums.h"
 
-#include <algorithm>
-
 #include "server/base/crc32c.h"
 
 namespace offloadd::spill {
-
-ChecksumWorkers::ChecksumWorkers(uint32_t threads) {
-  for (uint32_t i = 0; i < std::max<uint32_t>(threads, 1); ++i) {
-    threads_.emplace_back([this] { Loop(); });
-  }
-}
-
-ChecksumWorkers::~ChecksumWorkers() { Shutdown(); }
-
-void ChecksumWorkers::Post(std::function<void()> job) {
-  {
-    base::MutexLock lock(mu_);
-    if (!stopping_) {
-      jobs_.push_back(std::move(job));
-      cv_.NotifyOne();
-      return;
-    }
-  }
-  job();
-}
-
-void ChecksumWorkers::Shutdown() {
-  {
-    base::MutexLock lock(mu_);
-    stopping_ = true;
-    cv_.NotifyAll();
-  }
-  for (std::thread& t : threads_) {
-    if (t.joinable()) t.join();
-  }
-}
-
-void ChecksumWorkers::Loop() {
-  for (;;) {
-    std::function<void()> job;
-    {
-      base::MutexLock lock(mu_);
-      while (jobs_.empty() && !stopping_) cv_.Wait(mu_);
-      if (jobs_.empty()) return;  // stopping, and every queued job has run
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
-    job();
-  }
-}
 
 void ChunkChecksums::Compute(uint64_t offset, const uint8_t* data, uint64_t bytes) {
   if (workers_ == nullptr) {

@@ -6,56 +6,31 @@
 // the chunk's CRC time. Measured with `spill_bench --paired_rounds=20` (8 x 64 MiB, 8 MiB
 // chunks, two workers, a virtual disk at 3.9 GB/s): the CRC on the worker cost 10-11 % of
 // stage-back throughput, a do-nothing callback 2 %, a busy-wait as long as the CRC 15 %. So a
-// worker hands the bytes to ChecksumWorkers and goes on to its next chunk; the transfer's end
-// waits for the last of its checksums (ChunkChecksums::WhenSettled) before it reports.
+// worker hands the bytes to checksum threads (base::WorkerThreads) and goes on to its next
+// chunk; the transfer's end waits for the last of its checksums (ChunkChecksums::WhenSettled)
+// before it reports.
 //
-// Thread-safety: both classes are thread-safe.
+// Thread-safe.
 #ifndef OFFLOADD_SERVER_SPILL_CHUNK_CHECKSUMS_H_
 #define OFFLOADD_SERVER_SPILL_CHUNK_CHECKSUMS_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <thread>
 #include <utility>
-#include <vector>
 
 #include "server/base/mutex.h"
+#include "server/base/worker_threads.h"
 
 namespace offloadd::spill {
-
-// A fixed set of threads that run posted jobs, oldest first.
-class ChecksumWorkers {
- public:
-  // `threads` >= 1 (0 is taken as 1).
-  explicit ChecksumWorkers(uint32_t threads);
-  ~ChecksumWorkers();  // Shutdown()
-  ChecksumWorkers(const ChecksumWorkers&) = delete;
-  ChecksumWorkers& operator=(const ChecksumWorkers&) = delete;
-
-  // Queues `job`; after Shutdown began, runs it on the calling thread instead.
-  void Post(std::function<void()> job) EXCLUDES(mu_);
-  // Runs every job already queued, then joins the threads. Idempotent; not from a job.
-  void Shutdown() EXCLUDES(mu_);
-
- private:
-  void Loop() EXCLUDES(mu_);
-
-  base::Mutex mu_;
-  base::CondVar cv_;
-  std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);
-  bool stopping_ GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
-};
 
 // The CRC32Cs of one transfer's byte ranges (chunks run on several workers and their pieces
 // complete in any order), joined in offset order at the end with Crc32cCombine.
 class ChunkChecksums : public std::enable_shared_from_this<ChunkChecksums> {
  public:
   // `workers` null: each CRC is computed on the thread that calls Compute.
-  explicit ChunkChecksums(ChecksumWorkers* workers) : workers_(workers) {}
+  explicit ChunkChecksums(base::WorkerThreads* workers) : workers_(workers) {}
 
   // Queues the CRC32C of [data, data + bytes) as the transfer's bytes [offset, offset + bytes).
   // The bytes must stay as they are, and mapped, until WhenSettled's `then` runs. Hold the
@@ -72,7 +47,7 @@ class ChunkChecksums : public std::enable_shared_from_this<ChunkChecksums> {
  private:
   void Add(uint64_t offset, uint64_t bytes, uint32_t crc) EXCLUDES(mu_);
 
-  ChecksumWorkers* const workers_;
+  base::WorkerThreads* const workers_;
   base::Mutex mu_;
   std::map<uint64_t, std::pair<uint64_t, uint32_t>> pieces_ GUARDED_BY(mu_);  // offset -> bytes, crc
   uint64_t pending_ GUARDED_BY(mu_) = 0;

@@ -24,7 +24,7 @@ std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
 
 TEST(ChunkChecksums, PiecesComputedOnWorkersInAnyOrderJoinToTheWholeCrc) {
   const std::vector<uint8_t> data = RandomBytes(1 << 20, 7);
-  ChecksumWorkers workers(3);
+  base::WorkerThreads workers(3);
   auto sums = std::make_shared<ChunkChecksums>(&workers);
   std::vector<uint64_t> starts;
   for (uint64_t o = 0; o < data.size(); o += 40960) starts.push_back(o);
@@ -42,7 +42,7 @@ TEST(ChunkChecksums, PiecesComputedOnWorkersInAnyOrderJoinToTheWholeCrc) {
 
 TEST(ChunkChecksums, WhenSettledWaitsForTheLastPendingCrcThenRunsOnce) {
   const std::vector<uint8_t> data = RandomBytes(64 << 10, 11);
-  ChecksumWorkers workers(1);
+  base::WorkerThreads workers(1);
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   workers.Post([released] { released.wait(); });  // holds the only worker
@@ -66,7 +66,7 @@ TEST(ChunkChecksums, WhenSettledWaitsForTheLastPendingCrcThenRunsOnce) {
 }
 
 TEST(ChunkChecksums, WhenSettledWithNothingPendingRunsOnTheCallersThread) {
-  ChecksumWorkers workers(1);
+  base::WorkerThreads workers(1);
   auto sums = std::make_shared<ChunkChecksums>(&workers);
   std::thread::id ran_on;
   sums->WhenSettled([&] { ran_on = std::this_thread::get_id(); });
@@ -84,18 +84,6 @@ TEST(ChunkChecksums, AGapOrAShortTotalIsNotJoined) {
   EXPECT_FALSE(sums->Joined(16384, &crc));  // covers only 12288
   ASSERT_TRUE(sums->Joined(12288, &crc));
   EXPECT_EQ(crc, base::Crc32c(data.data(), data.size()));
-}
-
-TEST(ChecksumWorkers, ShutdownRunsEveryQueuedJobAndLaterPostsRunInline) {
-  ChecksumWorkers workers(2);
-  std::atomic<int> ran{0};
-  for (int i = 0; i < 100; ++i) workers.Post([&] { ++ran; });
-  workers.Shutdown();
-  EXPECT_EQ(ran.load(), 100);
-  std::thread::id ran_on;
-  workers.Post([&] { ran_on = std::this_thread::get_id(); });
-  EXPECT_EQ(ran_on, std::this_thread::get_id());
-  workers.Shutdown();  // idempotent
 }
 
 }  // namespace

@@ -268,7 +268,7 @@ SpillTier::SpillTier(const SpillOptions& options, std::unique_ptr<DiskIo> io,
   l.bytes_per_second = std::max(options_.bytes_per_second, 0.0);
   l.offload_min_share = options_.spill_min_share;
   link_ = std::make_unique<sched::LinkScheduler>(l);
-  if (options_.checksums) checksum_ = std::make_unique<ChecksumWorkers>(l.worker_threads);
+  if (options_.checksums) checksum_ = std::make_unique<base::WorkerThreads>(static_cast<int>(l.worker_threads));
 }
 
 SpillTier::~SpillTier() {

@@ -212,7 +212,7 @@ class SpillTier {
   std::unique_ptr<sched::LinkScheduler> link_;
   // Computes the CRC32Cs of the link's chunks beside its I/O (chunk_checksums.h): one thread
   // per link worker; null without checksums.
-  std::unique_ptr<ChecksumWorkers> checksum_;
+  std::unique_ptr<base::WorkerThreads> checksum_;
 };
 
 }  // namespace offloadd::spill
