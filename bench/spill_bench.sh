@@ -14,6 +14,11 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${SPILL_BENCH_BIN:-$root/bazel-bin/bench/spill_bench}
+if [ -z "${SPILL_BENCH_BIN:-}" ]; then
+  # `make build` builds the daemon, not the benchmarks: build this one (seconds, cached).
+  (cd "$root" && bazel build -c opt //bench:spill_bench >/dev/null 2>&1) ||
+    { echo "spill_bench.sh: cannot build //bench:spill_bench; run: bazel build -c opt //bench:spill_bench" >&2; exit 1; }
+fi
 dir=${1:-$(mktemp -d "${TMPDIR:-/tmp}/offloadd-spill-bench.XXXXXX")}
 mib=${2:-512}
 mkdir -p "$dir"

@@ -20,7 +20,9 @@
 //      ReadWritePaths=, is named as such with the unit's fix); one that exists is the daemon's
 //      own -- owned by its uid, not writable by group or others -- on a file system that takes
 //      O_DIRECT (spill::SpillTier::CheckDirectory).
-// Notes (HostNotes) do not stop a start: pool_huge_pages on a /dev/shm that gives no huge pages.
+// Notes (HostNotes) do not stop a start: pool_huge_pages on a /dev/shm that gives no huge pages;
+// a spill_directory start-up will create, or whose lock a running offloadd holds
+// (spill::SpillTier::DirectoryNote).
 // A socket another daemon listens on is an error at start-up and a warning for --check-config
 // (the unit's ExecStartPre runs after the old daemon stopped).
 #ifndef OFFLOADD_SERVER_HOST_CHECK_H_

@@ -159,6 +159,27 @@ absl::Status SpillTier::CheckDirectory(const std::string& directory) {
   return absl::OkStatus();
 }
 
+std::string SpillTier::DirectoryNote(const std::string& directory) {
+  struct stat st;
+  if (lstat(directory.c_str(), &st) != 0 && errno == ENOENT) {
+    return absl::StrFormat("spill_directory %s does not exist yet: start-up creates it (mode "
+                           "0700, owned by the daemon's user)",
+                           directory);
+  }
+  const std::string path = directory + "/offloadd.lock";
+  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return "";
+  File lock(fd);
+  // A shared lock is refused only while a daemon holds its exclusive one; released at close.
+  if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    return absl::StrFormat("spill_directory %s is in use by a running offloadd (it holds %s): a "
+                           "daemon started with this configuration now is refused until that "
+                           "one stops",
+                           directory, path);
+  }
+  return "";
+}
+
 // Takes the directory's lock file (flock, held until the daemon exits; the kernel drops it when a
 // daemon dies): a second daemon on the same directory would take the first one's spill files for
 // leftovers and remove them. Returns the lock's descriptor.
@@ -571,6 +592,12 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
     const std::string path = FilePath(block_id);
     if (st.code() == absl::StatusCode::kDataLoss && !absl::StrContains(st.message(), path)) {
       st = absl::DataLossError(absl::StrFormat("%s: %s", path, st.message()));
+    }
+    // For the operator's journal (the client gets the status): a lost block, a full or failing
+    // disk. UNAVAILABLE is the shutdown's, not a fault.
+    if (!st.ok() && st.code() != absl::StatusCode::kUnavailable) {
+      LOG(WARNING) << "spill: " << (write ? "spill" : "stage-back") << " of block " << block_id
+                   << " failed: " << st;
     }
     done(std::move(st));
   };

@@ -124,6 +124,10 @@ class SpillTier {
   // directory owned by this process's effective uid, not writable by group or others, whose
   // file system takes O_DIRECT; else FAILED_PRECONDITION saying what to change. Writes nothing.
   static absl::Status CheckDirectory(const std::string& directory);
+  // --check-config's note on a directory CheckDirectory accepts, "" when none: that it does not
+  // exist yet (start-up creates it), or that a running offloadd holds its lock (a daemon
+  // started now on it is refused until that one stops). Writes nothing.
+  static std::string DirectoryNote(const std::string& directory);
 
   static constexpr uint64_t kHeaderBytes = 4096;
   // Bytes a block of extent `extent_bytes` takes on disk: the header, then the extent rounded

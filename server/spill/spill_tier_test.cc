@@ -349,6 +349,25 @@ TEST_P(SpillTierTest, ASecondTierOnTheSameDirectoryIsRefused) {
   EXPECT_TRUE(third.ok()) << third.status();
 }
 
+TEST_P(SpillTierTest, CheckConfigNotesAMissingDirectoryAndOneARunningTierHolds) {
+  const std::string missing = dir_ + "/not_yet";
+  EXPECT_TRUE(SpillTier::CheckDirectory(missing).ok());
+  EXPECT_NE(SpillTier::DirectoryNote(missing).find("does not exist yet"), std::string::npos)
+      << SpillTier::DirectoryNote(missing);
+  struct stat st;
+  EXPECT_NE(stat(missing.c_str(), &st), 0);  // the note creates nothing
+  {
+    auto tier = Make();
+    ASSERT_NE(tier, nullptr);
+    const std::string note = SpillTier::DirectoryNote(dir_);
+    EXPECT_NE(note.find("in use by a running offloadd"), std::string::npos) << note;
+    EXPECT_NE(note.find(dir_ + "/offloadd.lock"), std::string::npos) << note;
+  }
+  EXPECT_EQ(SpillTier::DirectoryNote(dir_), "");  // the lock went with the tier
+  auto again = Make();  // and the note's own look at the lock left it free
+  EXPECT_NE(again, nullptr);
+}
+
 TEST_P(SpillTierTest, UrgentStageGoesBeforeQueuedSpills) {
   // One worker, held while six spills and then an urgent stage are queued: the urgent stage
   // goes first.

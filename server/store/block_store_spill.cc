@@ -189,9 +189,14 @@ void BlockStore::StageFinished(uint64_t block_id, const absl::Status& st) {
       } else {
         b.tier = Tier::kDisk;
       }
-      absl::Status err(st.code(), absl::StrFormat("block %d could not be read back from the "
-                                                  "spill disk: %s",
-                                                  block_id, st.message()));
+      absl::Status err(
+          st.code(),
+          absl::StrFormat("block %d (spill file %016x.spill) could not be read back from the "
+                          "spill disk: %s%s",
+                          block_id, block_id, st.message(),
+                          st.code() == absl::StatusCode::kDataLoss
+                              ? "; release the block and recompute what it held"
+                              : ""));
       for (auto& cb : waiting) deferred.push_back([cb, err] { cb(err); });
       if (b.released && IdleLocked(b)) {
         FreeLocked(block_id, &deferred);
