@@ -82,6 +82,25 @@ std::optional<offloadd::v1::Stats> QueryStats(const std::string& socket) {
   return stats;
 }
 
+// The spill tier's line of `stats` ("" without a tier): disk use, traffic, losses, pacing.
+std::string SpillLine(const offloadd::v1::Stats& s) {
+  if (!s.has_spill()) return "";
+  const auto& sp = s.spill();
+  const std::string pace =
+      sp.bytes_per_second() > 0
+          ? absl::StrFormat("paced %.2f GB/s%s", sp.bytes_per_second() / 1e9,
+                            sp.bytes_per_second_measured() ? " (measured)" : "")
+          : std::string("unpaced");
+  return absl::StrFormat(
+      "spill: %s on disk of %s (%d blocks), spilled %d (%s), staged back %d (%s), reloads "
+      "from disk %d (waited %.2f s), lost %d, write failures %d; %s, %s\n",
+      Bytes(sp.disk_bytes()), Bytes(sp.capacity_bytes()), sp.disk_blocks(),
+      sp.spilled_blocks_total(), Bytes(sp.spill_bytes_total()), sp.staged_blocks_total(),
+      Bytes(sp.stage_bytes_total()), sp.reloads_from_disk_total(),
+      sp.reload_disk_wait_seconds_total(), sp.blocks_lost_total(), sp.spill_failures_total(),
+      sp.io(), pace);
+}
+
 int Stats(const std::string& socket, bool json) {
   auto s = QueryStats(socket);
   if (!s) return 1;
@@ -105,6 +124,7 @@ int Stats(const std::string& socket, bool json) {
       Bytes(s->offload_bytes_total()), s->reloads_total(), Bytes(s->reload_bytes_total()),
       s->errors_total(), s->offloads_waiting(), s->sessions_size(),
       s->sessions_filtered() ? " (not an admin: only this user's sessions)" : "");
+  std::cout << SpillLine(*s);
   for (const auto& ses : s->sessions()) {
     std::cout << absl::StrFormat("  session %d  %-20s device %-12s pid %-7d %d blocks, %s\n",
                                  ses.session_id(), ses.client_name(), ses.device_id(), ses.pid(),
@@ -135,6 +155,13 @@ int Topo(const std::string& socket) {
   auto busy = [up](double seconds) { return absl::StrFormat("%.1f%%", 100 * seconds / up); };
   std::cout << absl::StrFormat("offloadd topology: backend %s, pool %s, uptime %.1f s\n",
                                s->backend(), Bytes(s->pool_capacity_bytes()), up);
+  if (s->has_spill()) {
+    const auto& sp = s->spill();
+    std::cout << absl::StrFormat(
+        "disk link spill  both directions %s%s  %s, %s moved (the spill tier: stats)\n",
+        rate(sp.bytes_per_second()), sp.bytes_per_second_measured() ? " (measured)" : "",
+        sp.io(), Bytes(sp.spill_bytes_total() + sp.stage_bytes_total()));
+  }
   if (s->links().empty() && s->host_links().empty()) {
     std::cout << "no links yet: a link appears when a GPU's first copy is scheduled (each device "
                  "id gets one of its own), or at start-up for the links and gpus the config "
