@@ -29,6 +29,9 @@ void WorkerThreads::Shutdown() {
     stopping_ = true;
     cv_.NotifyAll();
   }
+  // One joiner at a time: a second Shutdown waits here until the threads are gone (two
+  // joins of one thread would hang).
+  MutexLock join(join_mu_);
   for (std::thread& t : threads_) {
     if (t.joinable()) t.join();
   }

@@ -28,7 +28,8 @@ class WorkerThreads {
 
   // Queues `task`; once Shutdown has begun, runs it on the calling thread instead.
   void Post(std::function<void()> task) EXCLUDES(mu_);
-  // Runs every task already queued, then joins the threads. Idempotent; not from a task.
+  // Runs every task already queued, then joins the threads; returns when they are gone, also
+  // when another thread's Shutdown is joining them. Idempotent; not from a task.
   void Shutdown() EXCLUDES(mu_);
 
  private:
@@ -38,7 +39,8 @@ class WorkerThreads {
   CondVar cv_;
   std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
+  Mutex join_mu_;  // held while joining (not mu_: the threads take mu_ until they leave)
+  std::vector<std::thread> threads_ GUARDED_BY(join_mu_);
 };
 
 }  // namespace offloadd::base

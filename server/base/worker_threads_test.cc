@@ -1,6 +1,7 @@
 #include "server/base/worker_threads.h"
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <set>
 #include <thread>
@@ -60,6 +61,30 @@ TEST(WorkerThreads, ShutdownRunsEveryQueuedTaskAndLaterPostsRunInline) {
   workers.Post([&] { ran_on = std::this_thread::get_id(); });
   EXPECT_EQ(ran_on, std::this_thread::get_id());
   workers.Shutdown();  // idempotent
+}
+
+TEST(WorkerThreads, ShutdownsFromSeveralThreadsAllReturnAfterEveryTaskRan) {
+  for (int round = 0; round < 20; ++round) {
+    WorkerThreads workers(2);
+    std::atomic<int> ran{0};
+    for (int i = 0; i < 8; ++i) {
+      workers.Post([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        ++ran;
+      });
+    }
+    std::vector<std::thread> stoppers;
+    std::atomic<int> returned{0};
+    for (int i = 0; i < 3; ++i) {
+      stoppers.emplace_back([&] {
+        workers.Shutdown();
+        EXPECT_EQ(ran.load(), 8);  // none returns before the queue is drained
+        ++returned;
+      });
+    }
+    for (std::thread& t : stoppers) t.join();  // hung before: two joins of one thread
+    EXPECT_EQ(returned.load(), 3);
+  }
 }
 
 TEST(WorkerThreads, TheDestructorRunsQueuedTasks) {

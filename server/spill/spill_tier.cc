@@ -8,12 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <cerrno>
-#include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -534,24 +533,32 @@ absl::Status SpillTier::FinishRead(int fd, uint64_t block_id, pool::Extent exten
   const std::string path = FilePath(block_id);
   absl::StatusOr<SpillHeader> h = ReadHeader(*io_, fd, path, block_id, extent.bytes);
   if (!h.ok()) return h.status();
-  if (sums == nullptr || (h->flags & 1) == 0) return absl::OkStatus();
-  uint32_t crc = 0;
-  if (!sums->Joined(extent.bytes, &crc)) {
-    return absl::InternalError("stage-back: the chunks' checksums do not cover the block");
-  }
-  const uint32_t read = BoundCrc(block_id, extent.bytes, crc);
-  uint32_t recorded = h->data_crc;
+  if (sums == nullptr) return absl::OkStatus();
+  std::optional<uint32_t> recorded;  // the CRC this tier wrote or adopted the file with
   {
     base::MutexLock lock(mu_);
     auto it = crcs_.find(block_id);
     if (it != crcs_.end()) recorded = it->second;
   }
-  if (read != h->data_crc || recorded != h->data_crc) {
+  if ((h->flags & 1) == 0) {
+    if (!recorded.has_value()) return absl::OkStatus();  // adopted, written without checksums
+    // The header CRC is no secret: a header rewritten to say "no checksum" is not believed.
+    return absl::DataLossError(absl::StrFormat(
+        "spill file %s says it carries no CRC32C, but it was written with one (%08x): its header "
+        "was rewritten; the block's bytes are lost",
+        path, *recorded));
+  }
+  uint32_t crc = 0;
+  if (!sums->Joined(extent.bytes, &crc)) {
+    return absl::InternalError("stage-back: the chunks' checksums do not cover the block");
+  }
+  const uint32_t read = BoundCrc(block_id, extent.bytes, crc);
+  if (read != h->data_crc || recorded.value_or(h->data_crc) != h->data_crc) {
     return absl::DataLossError(absl::StrFormat(
         "spill file %s failed its CRC32C check (read back %08x, header %08x, written %08x): "
         "its bytes changed on disk (a stray writer, a misdirected write, bit rot) or it was "
         "replaced; the block's bytes are lost",
-        path, read, h->data_crc, recorded));
+        path, read, h->data_crc, recorded.value_or(h->data_crc)));
   }
   return absl::OkStatus();
 }
@@ -559,7 +566,8 @@ absl::Status SpillTier::FinishRead(int fd, uint64_t block_id, pool::Extent exten
 void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
                        sched::TrafficClass cls, const std::string& flow, Done done) {
   const uint64_t file_bytes = FileBytes(extent.bytes);
-  if (extent.bytes == 0 || extent.offset + extent.bytes > pool_bytes_) {
+  if (extent.bytes == 0 || extent.bytes > pool_bytes_ ||
+      extent.offset > pool_bytes_ - extent.bytes) {  // no uint64 wrap-around
     done(absl::InvalidArgumentError(absl::StrFormat(
         "extent [%d, +%d) is outside the pool of %d bytes", extent.offset, extent.bytes,
         pool_bytes_)));
@@ -589,6 +597,10 @@ void SpillTier::Submit(bool write, uint64_t block_id, pool::Extent extent,
   auto finish = [this, write, file, block_id, extent, sums,
                  done = std::move(done)](absl::Status st) {
     if (st.ok()) st = Finish(write, file->fd, block_id, extent, sums.get());
+    if (!write) {  // a Promote that came after the link let go of the transfer
+      base::MutexLock lock(mu_);
+      promoted_.erase(block_id);
+    }
     const std::string path = FilePath(block_id);
     if (st.code() == absl::StatusCode::kDataLoss && !absl::StrContains(st.message(), path)) {
       st = absl::DataLossError(absl::StrFormat("%s: %s", path, st.message()));

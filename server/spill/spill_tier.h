@@ -20,7 +20,9 @@
 // the transfer reports only when its last CRC is in; the stage-back answers DATA_LOSS for that block
 // alone when the header is not valid (first 4 KiB overwritten), names another block or size (a
 // file swapped or replaced), or the CRC differs from the header's or from the one this daemon
-// recorded when it wrote the file (bytes changed on disk): never wrong bytes with OK. Chunks
+// recorded when it wrote the file (bytes changed on disk), or the header says the file has no
+// data CRC when this daemon wrote or adopted it with one (a rewritten header): never wrong bytes
+// with OK. Chunks
 // are 4096-aligned in the file; a chunk whose pool bytes are 4096-aligned in memory and whole is
 // moved directly between the extent and the file; otherwise (an extent not aligned in the
 // arena, or the tail of an extent that is not a multiple of 4096) through an aligned bounce

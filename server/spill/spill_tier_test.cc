@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/base/crc32c.h"
 
 namespace offloadd::spill {
 namespace {
@@ -347,6 +348,51 @@ TEST_P(SpillTierTest, ASecondTierOnTheSameDirectoryIsRefused) {
   first.reset();
   auto third = SpillTier::Create(o, pool_, kPoolBytes);
   EXPECT_TRUE(third.ok()) << third.status();
+}
+
+// The header's own CRC32C is no secret: a header rewritten to say "no data checksum" (flags 0,
+// header CRC recomputed) over changed data is still DATA_LOSS, since this tier wrote the file
+// with a checksum.
+TEST_P(SpillTierTest, AHeaderRewrittenToCarryNoChecksumIsNotBelieved) {
+  auto tier = Make();
+  ASSERT_NE(tier, nullptr);
+  const pool::Extent e{0, 2 << 20};
+  Fill(e, 3);
+  ASSERT_TRUE(tier->TryReserve(e.bytes));
+  ASSERT_TRUE(SpillBlock(*tier, 77, e).ok());
+  const std::string path = tier->FilePath(77);
+  const int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t h[40];
+  ASSERT_EQ(pread(fd, h, sizeof(h), 0), 40);
+  const uint32_t no_flags = 0;
+  memcpy(h + 12, &no_flags, 4);  // SpillHeader::flags
+  const uint32_t header_crc = base::Crc32c(h, 36);
+  memcpy(h + 36, &header_crc, 4);  // SpillHeader::header_crc
+  ASSERT_EQ(pwrite(fd, h, sizeof(h), 0), 40);
+  const std::vector<uint8_t> junk(4096, 0x11);
+  ASSERT_EQ(pwrite(fd, junk.data(), junk.size(), SpillTier::kHeaderBytes + 8192), 4096);
+  ASSERT_EQ(fsync(fd), 0);
+  close(fd);
+  memset(pool_, 0, e.bytes);
+  const absl::Status st = StageBlock(*tier, 77, e);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(std::string(st.message()).find("header was rewritten"), std::string::npos) << st;
+}
+
+TEST_P(SpillTierTest, AnExtentPastThePoolIsRefusedEvenWhenItsEndWrapsAround) {
+  auto tier = Make();
+  ASSERT_NE(tier, nullptr);
+  const pool::Extent wraps{~uint64_t{0} - 4095, 8192};  // offset + bytes wraps to 4096
+  EXPECT_EQ(Wait([&](SpillTier::Done d) { tier->Spill(5, wraps, "s1", std::move(d)); }).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Wait([&](SpillTier::Done d) {
+              tier->Stage(5, wraps, DiskClass::kUrgent, "s1", std::move(d));
+            }).code(),
+            absl::StatusCode::kInvalidArgument);
+  const pool::Extent too_big{0, kPoolBytes + 4096};
+  EXPECT_EQ(Wait([&](SpillTier::Done d) { tier->Spill(6, too_big, "s1", std::move(d)); }).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(SpillTierTest, CheckConfigNotesAMissingDirectoryAndOneARunningTierHolds) {
