@@ -245,7 +245,7 @@ std::vector<std::string> HostNotes(const v1::DaemonConfig& config, const HostFac
   if (config.pool_huge_pages() && !config.pool_shm_name().empty() && !facts.shm_huge_pages.ok()) {
     notes.emplace_back(facts.shm_huge_pages.message());
   }
-  if (!config.spill_directory().empty() &&
+  if (!config.spill_directory().empty() && facts.spill_directory.ok() &&
       spill::SpillTier::CheckDirectory(config.spill_directory()).ok()) {
     std::string note = spill::SpillTier::DirectoryNote(config.spill_directory());
     if (!note.empty()) notes.push_back(std::move(note));

@@ -129,7 +129,7 @@ const StateFamily kSpillFailuresTotal{"offloadd_spill_failures_total",
                                       MetricType::Counter};
 const StateFamily kSpillBlocksLostTotal{
     "offloadd_spill_blocks_lost_total",
-    "Spilled blocks whose file was removed or truncated under the daemon (DATA_LOSS).",
+    "Spilled blocks whose file was removed, truncated, damaged or replaced (DATA_LOSS).",
     MetricType::Counter};
 const StateFamily kStagesPromotedTotal{
     "offloadd_spill_stages_promoted_total",

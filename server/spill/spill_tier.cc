@@ -155,6 +155,32 @@ absl::Status SpillTier::CheckDirectory(const std::string& directory) {
         directory));
   }
   if (fd >= 0) close(fd);
+  bool held = false;
+  return ProbeLockFile(directory, &held);
+}
+
+absl::Status SpillTier::ProbeLockFile(const std::string& directory, bool* held) {
+  *held = false;
+  const std::string path = directory + "/offloadd.lock";
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    return errno == ENOENT ? absl::OkStatus() : Errno("cannot stat the lock file " + path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the spill directory's lock file %s is not a regular file (a link, directory or fifo): "
+        "start-up cannot lock it; remove it (offloadd creates it)",
+        path));
+  }
+  // As start-up opens it, without creating it; O_NONBLOCK so nothing waits on the open.
+  const int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    return Errno("start-up cannot open the lock file " + path +
+                 " (make it the daemon user's, mode 0600, or remove it)");
+  }
+  File lock(fd);
+  // A shared lock is refused only while a daemon holds its exclusive one; released at close.
+  *held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
   return absl::OkStatus();
 }
 
@@ -165,18 +191,12 @@ std::string SpillTier::DirectoryNote(const std::string& directory) {
                            "0700, owned by the daemon's user)",
                            directory);
   }
-  const std::string path = directory + "/offloadd.lock";
-  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return "";
-  File lock(fd);
-  // A shared lock is refused only while a daemon holds its exclusive one; released at close.
-  if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-    return absl::StrFormat("spill_directory %s is in use by a running offloadd (it holds %s): a "
-                           "daemon started with this configuration now is refused until that "
-                           "one stops",
-                           directory, path);
-  }
-  return "";
+  bool held = false;
+  if (!ProbeLockFile(directory, &held).ok() || !held) return "";  // CheckDirectory says why
+  return absl::StrFormat("spill_directory %s is in use by a running offloadd (it holds %s/"
+                         "offloadd.lock): a daemon started with this configuration now is "
+                         "refused until that one stops",
+                         directory, directory);
 }
 
 // Takes the directory's lock file (flock, held until the daemon exits; the kernel drops it when a
@@ -541,12 +561,12 @@ absl::Status SpillTier::FinishRead(int fd, uint64_t block_id, pool::Extent exten
     if (it != crcs_.end()) recorded = it->second;
   }
   if ((h->flags & 1) == 0) {
-    if (!recorded.has_value()) return absl::OkStatus();  // adopted, written without checksums
-    // The header CRC is no secret: a header rewritten to say "no checksum" is not believed.
+    // A daemon always writes the data CRC, and the header's own CRC is no secret: a header
+    // saying "no data CRC" was rewritten (while this daemon ran, or before it adopted the file).
     return absl::DataLossError(absl::StrFormat(
-        "spill file %s says it carries no CRC32C, but it was written with one (%08x): its header "
-        "was rewritten; the block's bytes are lost",
-        path, *recorded));
+        "spill file %s says it carries no CRC32C of its data, but offloadd writes one into every "
+        "spill file%s: its header was rewritten; the block's bytes are lost",
+        path, recorded.has_value() ? absl::StrFormat(" (this one's was %08x)", *recorded) : ""));
   }
   uint32_t crc = 0;
   if (!sums->Joined(extent.bytes, &crc)) {

@@ -21,8 +21,8 @@
 // alone when the header is not valid (first 4 KiB overwritten), names another block or size (a
 // file swapped or replaced), or the CRC differs from the header's or from the one this daemon
 // recorded when it wrote the file (bytes changed on disk), or the header says the file has no
-// data CRC when this daemon wrote or adopted it with one (a rewritten header): never wrong bytes
-// with OK. Chunks
+// data CRC (a daemon writes one into every file, so its header was rewritten): never wrong
+// bytes with OK. Chunks
 // are 4096-aligned in the file; a chunk whose pool bytes are 4096-aligned in memory and whole is
 // moved directly between the extent and the file; otherwise (an extent not aligned in the
 // arena, or the tail of an extent that is not a multiple of 4096) through an aligned bounce
@@ -124,7 +124,8 @@ class SpillTier {
   static bool DirectIoSupported(const std::string& directory);
   // --check-config: OK when `directory` is missing (Create makes it, mode 0700) or is a
   // directory owned by this process's effective uid, not writable by group or others, whose
-  // file system takes O_DIRECT; else FAILED_PRECONDITION saying what to change. Writes nothing.
+  // file system takes O_DIRECT, and whose lock file (if any) start-up can open and lock; else
+  // FAILED_PRECONDITION saying what to change. Writes nothing.
   static absl::Status CheckDirectory(const std::string& directory);
   // --check-config's note on a directory CheckDirectory accepts, "" when none: that it does not
   // exist yet (start-up creates it), or that a running offloadd holds its lock (a daemon
@@ -171,6 +172,11 @@ class SpillTier {
   SpillStats stats() const EXCLUDES(mu_);
 
  private:
+  // The directory's lock file as start-up will use it: OK when missing, or a regular file this
+  // process can open read-write (then *held says whether a running daemon holds its lock);
+  // FAILED_PRECONDITION for a link, directory or fifo, or one it cannot open. Opens without
+  // creating, never blocks.
+  static absl::Status ProbeLockFile(const std::string& directory, bool* held);
   SpillTier(const SpillOptions& options, std::unique_ptr<DiskIo> io, uint8_t* pool_base,
             uint64_t pool_bytes);
   void Submit(bool write, uint64_t block_id, pool::Extent extent, sched::TrafficClass cls,

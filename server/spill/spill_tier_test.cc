@@ -378,6 +378,14 @@ TEST_P(SpillTierTest, AHeaderRewrittenToCarryNoChecksumIsNotBelieved) {
   const absl::Status st = StageBlock(*tier, 77, e);
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
   EXPECT_NE(std::string(st.message()).find("header was rewritten"), std::string::npos) << st;
+  // The same file adopted by the next daemon (the rewrite happened while none ran: no CRC of
+  // it is remembered anywhere but the header) is not believed either.
+  tier.reset();
+  auto next = Make();
+  ASSERT_NE(next, nullptr);
+  ASSERT_TRUE(next->AdoptFile(77, e.bytes).ok());
+  const absl::Status adopted = StageBlock(*next, 77, e);
+  EXPECT_EQ(adopted.code(), absl::StatusCode::kDataLoss) << adopted;
 }
 
 TEST_P(SpillTierTest, AnExtentPastThePoolIsRefusedEvenWhenItsEndWrapsAround) {
@@ -412,6 +420,26 @@ TEST_P(SpillTierTest, CheckConfigNotesAMissingDirectoryAndOneARunningTierHolds) 
   EXPECT_EQ(SpillTier::DirectoryNote(dir_), "");  // the lock went with the tier
   auto again = Make();  // and the note's own look at the lock left it free
   EXPECT_NE(again, nullptr);
+}
+
+// A lock file start-up could not open or lock fails the check (it passed, then start-up
+// refused); a fifo there does not hang it.
+TEST_P(SpillTierTest, CheckConfigRefusesALockFileThatIsNotARegularFile) {
+  const std::string lock = dir_ + "/offloadd.lock";
+  unlink(lock.c_str());
+  ASSERT_EQ(mkfifo(lock.c_str(), 0600), 0);
+  absl::Status st = SpillTier::CheckDirectory(dir_);  // returns: no open waits for a writer
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(std::string(st.message()).find("not a regular file"), std::string::npos) << st;
+  EXPECT_EQ(SpillTier::DirectoryNote(dir_), "");
+  unlink(lock.c_str());
+  ASSERT_EQ(symlink("/etc/hostname", lock.c_str()), 0);
+  EXPECT_EQ(SpillTier::CheckDirectory(dir_).code(), absl::StatusCode::kFailedPrecondition);
+  unlink(lock.c_str());
+  ASSERT_EQ(mkdir(lock.c_str(), 0700), 0);
+  EXPECT_EQ(SpillTier::CheckDirectory(dir_).code(), absl::StatusCode::kFailedPrecondition);
+  rmdir(lock.c_str());
+  EXPECT_TRUE(SpillTier::CheckDirectory(dir_).ok());  // missing: start-up creates it
 }
 
 TEST_P(SpillTierTest, UrgentStageGoesBeforeQueuedSpills) {

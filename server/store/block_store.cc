@@ -405,9 +405,9 @@ absl::Status BlockStore::BeginReload(uint64_t session_id, uint64_t block_id,
     }
     if (b.tier == Tier::kLost) {
       return absl::DataLossError(absl::StrFormat(
-          "block %d was spilled to disk and its spill file was removed or truncated under the "
-          "daemon (%s): its bytes are lost; release it and recompute the tensor",
-          block_id, b.lost_reason));
+          "block %d (spill file %016x.spill) was lost on the spill disk (%s): its bytes are "
+          "lost; release the block and recompute what it held",
+          block_id, block_id, b.lost_reason));
     }
     ++b.reloads_in_flight;
     if (spill_ != nullptr) session_cursor_[session_id] = b.key;
