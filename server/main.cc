@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
+#include "server/base/version.h"
 #include "server/config.h"
 #include "server/copy/cuda_api_sim.h"
 #include "server/copy/cuda_engine.h"
@@ -41,7 +42,7 @@
 
 namespace {
 
-constexpr const char* kVersion = "0.2.0";  // the Python package (client/python) has the same
+using offloadd::base::kVersion;  // server/base/version.h
 
 void PrintHelp() {
   std::cout << "usage: offloadd [--config FILE] [--FLAG=VALUE ...]\n"

@@ -11,6 +11,7 @@
 //                                               admin: measure the links again (calibrate.h:
 //                                               the measured link's GPUs hold their copies)
 //   offloadctl plan [...]                       capacity planner (no daemon needed)
+//   offloadctl --version                        the release (base/version.h), as offloadd --version
 // Exit codes: 0 success, 1 the daemon answered with an error or is unreachable (a socket path
 // with nothing there fails at once), 2 usage: an unknown command, option or argument is named
 // on stderr and refused.
@@ -37,6 +38,7 @@
 #include "client/plan/plan_command.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "server/base/version.h"
 
 namespace {
 
@@ -51,7 +53,7 @@ int Usage(bool help = false) {
          "         admin: measure the links without a configured capacity again (each GPU\n"
          "         alone, then a link's GPUs together) and pace them at it; while a link is\n"
          "         measured its GPUs' copies wait (other links keep moving): run it idle\n"
-         "       offloadctl plan --help\n"
+         "       offloadctl plan --help | --version\n"
          "The socket is --socket PATH, else $OFFLOADD_SOCKET, else the default path\n"
          "(/run/offloadd/offloadd.sock as root, or for anyone where /run/offloadd exists;\n"
          "else $XDG_RUNTIME_DIR/offloadd/offloadd.sock, else /tmp/offloadd-$UID/offloadd.sock).\n";
@@ -253,6 +255,9 @@ int main(int argc, char** argv) {
       socket = a.substr(9);
     } else if (a == "--help" || a == "-h" || a == "help") {
       return Usage(/*help=*/true);
+    } else if (a == "--version") {
+      std::cout << "offloadctl " << offloadd::base::kVersion << "\n";
+      return 0;
     } else if (a.rfind("-", 0) == 0) {
       return UsageError("unknown option '" + a + "'");
     } else {
