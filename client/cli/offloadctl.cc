@@ -53,7 +53,8 @@ int Usage(bool help = false) {
          "         admin: measure the links without a configured capacity again (each GPU\n"
          "         alone, then a link's GPUs together) and pace them at it; while a link is\n"
          "         measured its GPUs' copies wait (other links keep moving): run it idle\n"
-         "       offloadctl plan --help | --version\n"
+         "       offloadctl plan --help\n"
+         "       offloadctl --version\n"
          "The socket is --socket PATH, else $OFFLOADD_SOCKET, else the default path\n"
          "(/run/offloadd/offloadd.sock as root, or for anyone where /run/offloadd exists;\n"
          "else $XDG_RUNTIME_DIR/offloadd/offloadd.sock, else /tmp/offloadd-$UID/offloadd.sock).\n";
