@@ -30,7 +30,7 @@ constexpr int kExitDoesNotFit = 3;
 constexpr const char* kValueFlags[] = {
     "layers", "hidden", "attn-width",    "params-per-layer", "hf-config", "batch",     "seq",
     "dtype",  "link",   "gpus-per-node", "gpus-per-link",    "tflops",    "sweep-seqs",
-    "host-ram", "nvme-gbps"};
+    "host-ram", "nvme-gbps", "keep-last-n", "gpu-memory", "gpu-peak"};
 constexpr const char* kBoolFlags[] = {"sweep", "json", "help"};
 
 bool IsOneOf(absl::string_view name, const char* const* begin, const char* const* end) {
@@ -166,6 +166,23 @@ absl::StatusOr<Request> BuildRequest(const Flags& f) {
     }
   }
   if (m.attention_width == 0) m.attention_width = m.hidden;  // documented default
+  if (const std::string* v = get("keep-last-n")) {
+    int64_t n = -1;
+    if (!absl::SimpleAtoi(*v, &n) || n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--keep-last-n must be 0 or a positive integer, got '", *v, "'"));
+    }
+    r.inputs.keep_last_n = n;
+  }
+  for (auto [flag, target] : {std::pair<const char*, uint64_t*>{"gpu-memory",
+                                                                &r.inputs.gpu_memory_bytes},
+                              {"gpu-peak", &r.inputs.gpu_peak_bytes}}) {
+    if (const std::string* v = get(flag)) {
+      absl::StatusOr<uint64_t> bytes = ParseSize(flag, *v);
+      if (!bytes.ok()) return bytes.status();
+      *target = *bytes;
+    }
+  }
   if (const std::string* v = get("dtype")) {
     absl::StatusOr<CheckpointDtype> d = ParseDtype(*v);
     if (!d.ok()) return d.status();
@@ -210,6 +227,10 @@ absl::StatusOr<Request> BuildRequest(const Flags& f) {
   } else if (r.sweep) {
     r.sweep_seqs = DefaultSweepSeqLens();
   }
+  if (r.sweep && r.inputs.gpu_peak_bytes > 0) {
+    return absl::InvalidArgumentError(
+        "--gpu-peak is one run's measured peak, at one --seq: drop --sweep or --gpu-peak");
+  }
   if (r.sweep) {
     r.inputs.seq_len = r.sweep_seqs.empty() ? 0 : r.sweep_seqs.front();
   } else if (get("seq") == nullptr) {
@@ -224,31 +245,36 @@ bool WarnHostRam(const std::vector<Plan>& plans, uint64_t host_ram_bytes, std::o
   if (host_ram_bytes == 0) return false;  // with --nvme-gbps the spill plan says it instead
   bool exceeded = false;
   for (const Plan& p : plans) {
-    if (p.pinned_host_bytes_per_node <= host_ram_bytes) continue;
+    if (p.pinned_host_bytes_per_node <= host_ram_bytes) {
+      if (p.pool_bytes > host_ram_bytes) {  // fits live, not with the allocator headroom
+        err << "offloadctl plan: note: at seq " << WithThousands(p.inputs.seq_len)
+            << " pool_bytes with the allocator headroom, " << FormatBytes(p.pool_bytes)
+            << ", exceeds the node's " << FormatBytes(host_ram_bytes)
+            << " (--host-ram): set pool_bytes to what the node can pin; a step whose pool "
+               "fragments may then wait for space\n";
+      }
+      continue;
+    }
     exceeded = true;
     err << "offloadctl plan: warning: at seq " << WithThousands(p.inputs.seq_len)
         << " the pinned host RAM per node, " << FormatBytes(p.pinned_host_bytes_per_node) << " ("
-        << p.inputs.gpus_per_node << " GPUs x " << FormatBytes(p.checkpoint_bytes_per_gpu)
+        << p.inputs.gpus_per_node << " GPUs x " << FormatBytes(p.gpu_bytes_freed_per_gpu)
         << "), exceeds the node's " << FormatBytes(host_ram_bytes)
-        << " (--host-ram): the daemon cannot pin it; lower --seq or --batch, offload fewer "
-           "layers, plan for more nodes, or give --nvme-gbps to plan the spill tier\n";
+        << " (--host-ram): the daemon cannot pin it; lower --seq or --batch, keep more layers "
+           "on the GPU (--keep-last-n), plan for more nodes, or give --nvme-gbps to plan the "
+           "spill tier\n";
   }
   return exceeded;
 }
 
-// The daemon's config line for a plan: its pool holds every GPU's checkpoints of the node.
-std::string PoolBytesLine(const Plan& p) {
-  return absl::StrCat("offloadd.conf               pool_bytes: ", p.pinned_host_bytes_per_node,
-                      "   (the pinned host RAM per node above)\n");
-}
-
 // The daemon's config lines for a plan with a spill tier: the pool is the host RAM given and
-// the spill tier takes the rest (spill_capacity_bytes at least what a step spills).
-std::string SpillConfigLines(const Plan& p, const SpillPlan& s) {
-  if (!s.needs_spill) return PoolBytesLine(p);
-  return absl::StrCat("offloadd.conf               pool_bytes: ", s.host_ram_bytes,
+// the spill tier takes the rest (spill_capacity_bytes at least what a step spills). Empty when
+// no spill is needed: FormatSettingsText's pool_bytes line holds.
+std::string SpillConfigLines(const SpillPlan& s) {
+  if (!s.needs_spill) return "";
+  return absl::StrCat("offloadd.conf                pool_bytes: ", s.host_ram_bytes,
                       "   (the host RAM per node given)\n",
-                      "                            spill_directory: \"/var/lib/offloadd/spill\"",
+                      "                             spill_directory: \"/var/lib/offloadd/spill\"",
                       "   spill_capacity_bytes: ", s.spill_bytes_per_node,
                       "   (a local NVMe of at least that)\n");
 }
@@ -317,12 +343,15 @@ const char* PlanUsage() {
   return "usage: offloadctl plan (--hf-config FILE | --layers N --hidden N --params-per-layer N\n"
          "                        [--attn-width N]) --seq N [--batch N] [--dtype bf16|fp16|fp32]\n"
          "                       [--gpus-per-node N] [--gpus-per-link N]\n"
-         "                       [--link pcie4|pcie5|h200|nvlink-c2c|GB/s] [--tflops X]\n"
+         "                       [--link pcie4|pcie5|h200|nvlink-c2c|h100|a100|b200|gh200|GB/s]\n"
+         "                       [--tflops X] [--keep-last-n N (default 1)]\n"
+         "                       [--gpu-memory SIZE [--gpu-peak SIZE (measured, offload off)]]\n"
          "                       [--host-ram SIZE (e.g. 2TiB: warn when the pool exceeds it)]\n"
          "                       [--nvme-gbps X (with --host-ram: plan the spill tier)]\n"
          "                       [--sweep [--sweep-seqs 4K,32K,...]] [--json]\n"
-         "Plans activation-checkpoint offload: host RAM, copy vs forward time per layer, and\n"
-         "the step slowdown of a synchronous and of an overlapped (prefetching) copy.\n";
+         "Plans activation-checkpoint offload: host RAM, GPU memory freed, copy vs forward time\n"
+         "per layer, the step slowdown of a synchronous and of an overlapped (prefetching) copy,\n"
+         "whether to offload at all, and the enable() call and pool_bytes line that follow.\n";
 }
 
 int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -367,7 +396,8 @@ int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std:
       json.insert(json.rfind('}'), ", \"spill\": " + FormatSpillJson(*spill));
       out << json << "\n";
     } else {
-      out << FormatPlanText(*plan) << FormatSpillText(*spill) << SpillConfigLines(*plan, *spill);
+      out << FormatPlanText(*plan) << FormatSpillText(*spill)
+          << FormatSettingsText(*plan, SpillConfigLines(*spill));
     }
     if (spill->disk_keeps_up) return 0;
     err << "offloadctl plan: warning: the disk does not keep up with the spill this plan needs "
@@ -375,7 +405,8 @@ int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std:
         << "% of a phase): add host RAM, a faster disk, or lower --seq\n";
     return kExitDoesNotFit;
   }
-  out << (req->json ? FormatPlanJson(*plan) + "\n" : FormatPlanText(*plan) + PoolBytesLine(*plan));
+  out << (req->json ? FormatPlanJson(*plan) + "\n"
+                    : FormatPlanText(*plan) + FormatSettingsText(*plan));
   return WarnHostRam({*plan}, req->host_ram_bytes, err) ? kExitDoesNotFit : 0;
 }
 

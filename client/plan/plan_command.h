@@ -9,14 +9,25 @@
 //                      M = 1048576 ("4K", "128K"). Required unless --sweep.
 //   --dtype D          checkpoint dtype bf16 | fp16 | fp32 (default bf16)
 //   --gpus-per-node N  (default 8)    --gpus-per-link N (default 1)
-//   --link L           pcie4 | pcie5 | h200 | nvlink-c2c | a GB/s number (default h200)
+//   --link L           a link: pcie4 | pcie5 | h200 | nvlink-c2c; a GPU, for its host link:
+//                      h100 | a100 | b200 (pcie5, pcie4, pcie5) | gh200 (nvlink-c2c) | h200;
+//                      or a GB/s number (default h200; planner.h gives the sources)
 //   --tflops X         sustained compute rate, TFLOP/s (default 500)
+//   --keep-last-n N    offloadd.torch's keep_last_n: the newest N checkpoints stay on the GPU
+//                      and are not offloaded (default 1, as offloadd.torch)
+//   --gpu-memory SIZE  GPU memory the run may use per GPU ("80GB", "141GB")
+//   --gpu-peak SIZE    with --gpu-memory: the run's measured peak per GPU with checkpointing on
+//                      and offload off (torch.cuda.max_memory_allocated()); decides whether
+//                      offload is needed ("offload not needed" when it fits). Not with --sweep.
 //   --sweep            table over 1K..512K tokens (or over --sweep-seqs a,b,c)
 //   --json             machine-readable output (one JSON object)
 //   --help
 //   --host-ram SIZE    warn when the pinned host RAM per node exceeds it
 //   --nvme-gbps X      with --host-ram: plan the spill tier
-// The text output of one plan ends with its daemon config line, "pool_bytes: N" (bytes).
+// The text output of one plan ends with its decision line (offload / offload not needed /
+// offload cannot hide the copy / offload alone does not fit / nothing to offload) and the
+// settings that follow: the enable() call and the daemon config line "pool_bytes: N" (bytes,
+// the pinned host RAM per node with the pool allocator's headroom).
 // Exit status: 0 on success; 3 when one plan's pinned host RAM per node exceeds --host-ram (the
 // warning on stderr says what to change; a --sweep only warns); 2 for a usage error or invalid
 // input (message on stderr naming the flag to fix); 1 when --hf-config cannot be read.

@@ -1,5 +1,6 @@
 #include "client/plan/plan_format.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,12 @@ std::string JsonString(const std::string& s) {
 
 std::string JsonDouble(double d) { return absl::StrFormat("%.17g", d); }
 
+// "h100 (pcie5)" for a GPU name, else the link's name.
+std::string LinkName(const Link& link) {
+  if (link.host_link.empty() || link.host_link == link.name) return link.name;
+  return absl::StrCat(link.name, " (", link.host_link, ")");
+}
+
 std::string Header(const Plan& p) {
   const PlanInputs& in = p.inputs;
   const ModelShape& m = in.model;
@@ -43,7 +50,7 @@ std::string Header(const Plan& p) {
       ", attention width ", m.attention_width, ", ", WithThousands(m.params_per_layer),
       " params/layer\n", "  micro-batch ", in.micro_batch, ", ", DtypeName(in.dtype),
       " checkpoints (", p.checkpoint_bytes_per_element, " bytes/element), ", in.gpus_per_node,
-      " GPUs/node, ", in.gpus_per_link, " GPU(s) per link\n", "  link ", in.link.name, " ",
+      " GPUs/node, ", in.gpus_per_link, " GPU(s) per link\n", "  link ", LinkName(in.link), " ",
       GBps(in.link.bytes_per_second), " per direction = ", GBps(p.link_bytes_per_second_per_gpu),
       " per GPU; compute ", absl::StrFormat("%g", in.compute_flops_per_second / 1e12),
       " TFLOP/s sustained\n");
@@ -60,7 +67,100 @@ std::string OverlapLine(const Plan& p) {
                       " tokens (copy/forward falls as s grows: no largest s)");
 }
 
+// One "label value note" line: label in 28 columns, value in 14, trailing spaces trimmed.
+std::string Row(absl::string_view label, const std::string& value, const std::string& note) {
+  std::string line = absl::StrFormat("%-28s %-14s", label, value);
+  if (!note.empty()) absl::StrAppend(&line, " ", note);
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  return line + "\n";
+}
+
+// The GPU memory lines, with --gpu-memory (and --gpu-peak).
+std::string GpuMemoryText(const Plan& p) {
+  const PlanInputs& in = p.inputs;
+  if (in.gpu_memory_bytes == 0) return "";
+  std::string note = "(--gpu-memory)";
+  if (in.gpu_peak_bytes == 0) {
+    note = absl::StrFormat(
+        "(--gpu-memory; the checkpoints alone are %.1f %% of it; give --gpu-peak to decide "
+        "whether offload is needed)",
+        100.0 * p.checkpoint_bytes_per_gpu / in.gpu_memory_bytes);
+  }
+  std::string out = Row("GPU memory per GPU", FormatBytes(in.gpu_memory_bytes), note);
+  if (in.gpu_peak_bytes == 0) return out;
+  absl::StrAppend(&out,
+                  Row("peak without offload", FormatBytes(in.gpu_peak_bytes),
+                      "(--gpu-peak: measured with checkpointing, offload off)"),
+                  Row("peak with offload", FormatBytes(p.gpu_peak_with_offload_min_bytes),
+                      absl::StrCat("at best, up to ", FormatBytes(in.gpu_peak_bytes),
+                                   " (the low end when every checkpoint is held at the peak)")));
+  return out;
+}
+
+// The decision line (planner.h Decision) with the figures behind it.
+std::string DecisionText(const Plan& p) {
+  const PlanInputs& in = p.inputs;
+  std::string why;
+  switch (p.decision) {
+    case Decision::kNothingToOffload:
+      why = absl::StrCat("keep_last_n=", in.keep_last_n, " keeps all ", in.model.layers,
+                         " checkpoints on the GPU; lower --keep-last-n to offload");
+      break;
+    case Decision::kNotNeeded:
+      why = absl::StrCat("the peak ", FormatBytes(in.gpu_peak_bytes), " fits the GPU's ",
+                         FormatBytes(in.gpu_memory_bytes),
+                         "; keep checkpointing and leave offload off");
+      break;
+    case Decision::kDoesNotFit:
+      why =
+          absl::StrCat("at best the peak falls to ", FormatBytes(p.gpu_peak_with_offload_min_bytes),
+                       ", above the GPU's ", FormatBytes(in.gpu_memory_bytes),
+                       "; shard further, lower --seq or --batch as well");
+      break;
+    case Decision::kCannotHide:
+      why = absl::StrCat("a reload takes ", Ms(p.copy_seconds_per_layer), " against ",
+                         Ms(p.overlap_budget_seconds), " of recompute + backward: the step is ",
+                         Pct(p.overlap_slowdown),
+                         " slower; a faster link, fewer GPUs per link or a longer --seq hides it");
+      break;
+    case Decision::kOffload:
+      why = absl::StrCat("a reload takes ", Ms(p.copy_seconds_per_layer), ", hidden behind ",
+                         Ms(p.overlap_budget_seconds), " of recompute + backward; frees ",
+                         FormatBytes(p.gpu_bytes_freed_per_gpu), " per GPU");
+      break;
+  }
+  static const char* const kHeadline[] = {"nothing to offload", "offload not needed",
+                                          "offload alone does not fit",
+                                          "offload cannot hide the copy", "offload"};
+  return Row("decision", kHeadline[static_cast<int>(p.decision)], absl::StrCat("(", why, ")"));
+}
+
 }  // namespace
+
+std::string EnableCall(const Plan& p) {
+  std::string args = absl::StrCat("keep_last_n=", p.inputs.keep_last_n, ", prefetch=1");
+  if (p.checkpoint_bytes_per_layer < kDefaultThresholdBytes) {
+    absl::StrAppend(&args, ", threshold_bytes=", p.checkpoint_bytes_per_layer);
+  }
+  return absl::StrCat("offloadd.transformers.enable(", args, ")");
+}
+
+std::string FormatSettingsText(const Plan& p, const std::string& config_lines) {
+  if (p.decision == Decision::kNotNeeded || p.decision == Decision::kNothingToOffload) {
+    return Row("settings", "none", "(no enable() call and no pool: offload stays off)");
+  }
+  std::string torch_call = EnableCall(p);
+  torch_call.replace(0, torch_call.find('('), "offloadd.torch.offload_checkpoints");
+  return absl::StrCat(
+      Row("enable()", EnableCall(p), "then model.activation_checkpointing_enable(offload=True)"),
+      Row("", absl::StrCat("(plain torch: `with ", torch_call, ":` around forward)"), ""),
+      config_lines.empty()
+          ? Row("offloadd.conf", absl::StrCat("pool_bytes: ", p.pool_bytes),
+                absl::StrFormat("(pinned host RAM per node x %.2f allocator headroom, %d "
+                                "rank(s) sharing the pool)",
+                                p.pool_headroom, p.inputs.gpus_per_node))
+          : config_lines);
+}
 
 std::string WithThousands(uint64_t n) {
   std::string digits = absl::StrCat(n);
@@ -80,33 +180,33 @@ std::string FormatBytes(uint64_t bytes) {
 }
 
 std::string FormatPlanText(const Plan& p) {
-  auto row = [](absl::string_view label, const std::string& value, const std::string& note) {
-    std::string line = absl::StrFormat("%-28s %-14s", label, value);
-    if (!note.empty()) absl::StrAppend(&line, " ", note);
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    return line + "\n";
-  };
+  const auto& row = Row;
   const double fwd = p.forward_seconds_per_layer;
   const double matmul_s = p.matmul_flops_per_layer / p.inputs.compute_flops_per_second;
   const double attn_s = p.attention_flops_per_layer / p.inputs.compute_flops_per_second;
   std::string out = Header(p);
   absl::StrAppend(&out, "  sequence ", WithThousands(p.inputs.seq_len), " tokens per GPU\n");
-  absl::StrAppend(&out,
-                  row("checkpoint per layer", FormatBytes(p.checkpoint_bytes_per_layer),
-                      absl::StrCat("(", WithThousands(p.checkpoint_bytes_per_layer), " bytes)")),
-                  row("checkpoint per GPU", FormatBytes(p.checkpoint_bytes_per_gpu),
-                      absl::StrCat("(", WithThousands(p.checkpoint_bytes_per_gpu), " bytes)")),
-                  row("pinned host RAM per node", FormatBytes(p.pinned_host_bytes_per_node),
-                      absl::StrCat("(", WithThousands(p.pinned_host_bytes_per_node), " bytes)")),
-                  row("copy per layer, each way", Ms(p.copy_seconds_per_layer), ""),
-                  row("forward per layer", Ms(fwd),
-                      absl::StrCat("(matmul ", Ms(matmul_s), " + attention ", Ms(attn_s), ")")));
+  absl::StrAppend(
+      &out,
+      row("checkpoint per layer", FormatBytes(p.checkpoint_bytes_per_layer),
+          absl::StrCat("(", WithThousands(p.checkpoint_bytes_per_layer), " bytes)")),
+      row("checkpoint per GPU", FormatBytes(p.checkpoint_bytes_per_gpu),
+          absl::StrCat("(", WithThousands(p.checkpoint_bytes_per_gpu), " bytes)")),
+      row("GPU memory freed per GPU", FormatBytes(p.gpu_bytes_freed_per_gpu),
+          absl::StrCat("(", p.offloaded_layers, " of ", p.inputs.model.layers,
+                       " layers offloaded; keep_last_n=", p.inputs.keep_last_n, " keeps ",
+                       std::min(p.inputs.keep_last_n, p.inputs.model.layers), " on the GPU)")),
+      row("pinned host RAM per node", FormatBytes(p.pinned_host_bytes_per_node),
+          absl::StrCat("(", WithThousands(p.pinned_host_bytes_per_node), " bytes)")),
+      row("copy per layer, each way", Ms(p.copy_seconds_per_layer), ""),
+      row("forward per layer", Ms(fwd),
+          absl::StrCat("(matmul ", Ms(matmul_s), " + attention ", Ms(attn_s), ")")));
   absl::StrAppend(
       &out, row("copy / forward", Pct(p.copy_to_forward_ratio), ""),
       row("synchronous slowdown", Pct(p.sync_slowdown), "(2 copies over 4 forwards per layer)"),
       row("overlapped slowdown", Pct(p.overlap_slowdown),
           absl::StrCat("(reload hides behind 3 forwards = ", Ms(p.overlap_budget_seconds), ")")),
-      row("reload overlaps fully", OverlapLine(p), ""));
+      row("reload overlaps fully", OverlapLine(p), ""), GpuMemoryText(p), DecisionText(p));
   return out;
 }
 
@@ -121,14 +221,20 @@ std::string FormatPlanJson(const Plan& p) {
       "{\"micro_batch\": ", in.micro_batch, ", \"seq_len\": ", in.seq_len, ", \"dtype\": \"",
       DtypeName(in.dtype), "\", \"gpus_per_node\": ", in.gpus_per_node,
       ", \"gpus_per_link\": ", in.gpus_per_link, ", \"link\": ", JsonString(in.link.name),
+      ", \"host_link\": ", JsonString(in.link.host_link),
       ", \"link_bytes_per_second\": ", JsonDouble(in.link.bytes_per_second),
-      ", \"compute_flops_per_second\": ", JsonDouble(in.compute_flops_per_second), "}");
+      ", \"compute_flops_per_second\": ", JsonDouble(in.compute_flops_per_second),
+      ", \"keep_last_n\": ", in.keep_last_n, ", \"gpu_memory_bytes\": ", in.gpu_memory_bytes,
+      ", \"gpu_peak_bytes\": ", in.gpu_peak_bytes, "}");
   return absl::StrCat(
       "{\"model\": ", model, ", \"inputs\": ", inputs,
       ", \"checkpoint_bytes_per_element\": ", p.checkpoint_bytes_per_element,
       ", \"checkpoint_bytes_per_layer\": ", p.checkpoint_bytes_per_layer,
       ", \"checkpoint_bytes_per_gpu\": ", p.checkpoint_bytes_per_gpu,
+      ", \"offloaded_layers\": ", p.offloaded_layers,
+      ", \"gpu_bytes_freed_per_gpu\": ", p.gpu_bytes_freed_per_gpu,
       ", \"pinned_host_bytes_per_node\": ", p.pinned_host_bytes_per_node,
+      ", \"pool_headroom\": ", JsonDouble(p.pool_headroom), ", \"pool_bytes\": ", p.pool_bytes,
       ", \"link_bytes_per_second_per_gpu\": ", JsonDouble(p.link_bytes_per_second_per_gpu),
       ", \"copy_seconds_per_layer\": ", JsonDouble(p.copy_seconds_per_layer),
       ", \"matmul_flops_per_layer\": ", JsonDouble(p.matmul_flops_per_layer),
@@ -139,7 +245,10 @@ std::string FormatPlanJson(const Plan& p) {
       ", \"overlap_budget_seconds\": ", JsonDouble(p.overlap_budget_seconds),
       ", \"overlap_slowdown\": ", JsonDouble(p.overlap_slowdown),
       ", \"overlaps_fully\": ", p.overlaps_fully ? "true" : "false",
-      ", \"full_overlap_min_seq_len\": ", p.full_overlap_min_seq_len, "}");
+      ", \"full_overlap_min_seq_len\": ", p.full_overlap_min_seq_len,
+      ", \"gpu_peak_with_offload_min_bytes\": ", p.gpu_peak_with_offload_min_bytes,
+      ", \"decision\": \"", DecisionName(p.decision),
+      "\", \"enable_call\": ", JsonString(EnableCall(p)), "}");
 }
 
 std::string FormatSweepText(const std::vector<Plan>& rows) {

@@ -15,8 +15,19 @@
 
 namespace offloadd::plan {
 
-// Human-readable report of one plan, one quantity per line, ending in '\n'.
+// Human-readable report of one plan, one quantity per line, ending in '\n': the figures, the
+// GPU memory lines (with --gpu-memory) and the decision line (planner.h Decision).
 std::string FormatPlanText(const Plan& plan);
+
+// The settings that follow from a plan, to paste: the enable() call (offloadd.transformers, and
+// offloadd.torch's context for plain torch) and the daemon's pool_bytes config line; for
+// kNotNeeded / kNothingToOffload one line saying no offload is set up. Ends in '\n'.
+// `config_lines`, when not empty, replaces the pool_bytes line (the spill tier's lines).
+std::string FormatSettingsText(const Plan& plan, const std::string& config_lines = "");
+
+// "offloadd.transformers.enable(keep_last_n=1, prefetch=1)", with threshold_bytes when a
+// checkpoint is below offloadd.torch's default threshold (it would not be offloaded otherwise).
+std::string EnableCall(const Plan& plan);
 
 // One JSON object (no trailing newline).
 std::string FormatPlanJson(const Plan& plan);

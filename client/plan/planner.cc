@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -103,6 +104,44 @@ absl::Status Validate(const PlanInputs& in) {
   if (!(in.compute_flops_per_second > 0) || !std::isfinite(in.compute_flops_per_second)) {
     return Invalid("compute rate must be a positive number of TFLOP/s: set --tflops");
   }
+  if (in.keep_last_n < 0) return Invalid("--keep-last-n must be 0 or more");
+  if (in.gpu_peak_bytes > 0 && in.gpu_memory_bytes == 0) {
+    return Invalid("--gpu-peak needs --gpu-memory (the GPU memory the run may use per GPU)");
+  }
+  return absl::OkStatus();
+}
+
+// README "Pool": the one-rank figure alone, the several-rank worst seen otherwise.
+uint64_t PoolBytesWithHeadroom(uint64_t live_bytes, double headroom) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const double mib = std::ceil(static_cast<double>(live_bytes) * headroom / kMiB);
+  return static_cast<uint64_t>(mib) * (1u << 20);
+}
+
+// The fields that follow from keep_last_n and the GPU memory figures (planner.h Decision).
+absl::Status Decide(Plan* p) {
+  const PlanInputs& in = p->inputs;
+  if (in.gpu_peak_bytes > 0) {
+    if (in.gpu_peak_bytes < p->checkpoint_bytes_per_gpu) {
+      return Invalid(absl::StrCat(
+          "--gpu-peak (", in.gpu_peak_bytes, " bytes) is below the checkpoints alone (",
+          p->checkpoint_bytes_per_gpu,
+          " bytes per GPU): measure the peak with checkpointing on and offload off, at the same "
+          "--seq and --batch"));
+    }
+    p->gpu_peak_with_offload_min_bytes = in.gpu_peak_bytes - p->gpu_bytes_freed_per_gpu;
+  }
+  if (p->offloaded_layers == 0) {
+    p->decision = Decision::kNothingToOffload;
+  } else if (in.gpu_peak_bytes > 0 && in.gpu_peak_bytes <= in.gpu_memory_bytes) {
+    p->decision = Decision::kNotNeeded;
+  } else if (in.gpu_peak_bytes > 0 && p->gpu_peak_with_offload_min_bytes > in.gpu_memory_bytes) {
+    p->decision = Decision::kDoesNotFit;
+  } else if (!p->overlaps_fully) {
+    p->decision = Decision::kCannotHide;
+  } else {
+    p->decision = Decision::kOffload;
+  }
   return absl::OkStatus();
 }
 
@@ -131,18 +170,49 @@ const char* DtypeName(CheckpointDtype dtype) {
 }
 
 absl::StatusOr<Link> ResolveLink(absl::string_view text) {
-  // Figures: [ref] "When the copy is free" (reported from the ml-engineering book).
-  const std::string t = absl::AsciiStrToLower(text);
-  if (t == "pcie4") return Link{"pcie4", 31e9};
-  if (t == "pcie5") return Link{"pcie5", 63e9};
-  if (t == "h200") return Link{"h200", 55.43e9};
-  if (t == "nvlink-c2c" || t == "c2c") return Link{"nvlink-c2c", 450e9};
+  // Link figures: [ref] "When the copy is free" (reported from the ml-engineering book); GPU
+  // names and their sources: planner.h.
+  static const std::pair<const char*, double> kLinks[] = {
+      {"pcie4", 31e9}, {"pcie5", 63e9}, {"h200", 55.43e9}, {"nvlink-c2c", 450e9}};
+  static const std::pair<const char*, const char*> kGpus[] = {
+      {"h100", "pcie5"}, {"a100", "pcie4"}, {"b200", "pcie5"}, {"gh200", "nvlink-c2c"},
+      {"c2c", "nvlink-c2c"}};
+  std::string t = absl::AsciiStrToLower(text);
+  std::string name = t;
+  for (const auto& [gpu, link] : kGpus) {
+    if (t == gpu) t = link;
+  }
+  if (name == "c2c") name = "nvlink-c2c";
+  for (const auto& [link, rate] : kLinks) {
+    if (t == link) return Link{name, link, rate};
+  }
   double gb_per_second = 0;
   if (absl::SimpleAtod(t, &gb_per_second) && gb_per_second > 0 && std::isfinite(gb_per_second)) {
-    return Link{"custom", gb_per_second * 1e9};
+    return Link{"custom", "custom", gb_per_second * 1e9};
   }
   return Invalid(absl::StrCat("unknown link '", text,
-                              "': use pcie4, pcie5, h200, nvlink-c2c or a positive GB/s number"));
+                              "': use a link (pcie4, pcie5, h200, nvlink-c2c), a GPU (h100, "
+                              "a100, b200, gh200, h200) or a positive GB/s number"));
+}
+
+double PoolHeadroom(int64_t ranks_sharing_pool) {
+  return ranks_sharing_pool <= 1 ? kPoolHeadroomOneRank : kPoolHeadroomSeveralRanks;
+}
+
+const char* DecisionName(Decision decision) {
+  switch (decision) {
+    case Decision::kNothingToOffload:
+      return "nothing_to_offload";
+    case Decision::kNotNeeded:
+      return "not_needed";
+    case Decision::kDoesNotFit:
+      return "does_not_fit";
+    case Decision::kCannotHide:
+      return "cannot_hide";
+    case Decision::kOffload:
+      return "offload";
+  }
+  return "?";
 }
 
 absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
@@ -151,13 +221,18 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
   p.inputs = in;
   p.checkpoint_bytes_per_element = DtypeBytes(in.dtype);
   uint64_t tokens = 0, per_token = 0;
+  p.offloaded_layers = std::max<int64_t>(0, in.model.layers - in.keep_last_n);
   if (!MulU64(in.micro_batch, in.seq_len, &tokens) ||
       !MulU64(in.model.hidden, p.checkpoint_bytes_per_element, &per_token) ||
       !MulU64(tokens, per_token, &p.checkpoint_bytes_per_layer) ||
       !MulU64(p.checkpoint_bytes_per_layer, in.model.layers, &p.checkpoint_bytes_per_gpu) ||
-      !MulU64(p.checkpoint_bytes_per_gpu, in.gpus_per_node, &p.pinned_host_bytes_per_node)) {
+      !MulU64(p.checkpoint_bytes_per_layer, p.offloaded_layers, &p.gpu_bytes_freed_per_gpu) ||
+      !MulU64(p.gpu_bytes_freed_per_gpu, in.gpus_per_node, &p.pinned_host_bytes_per_node) ||
+      p.pinned_host_bytes_per_node > (uint64_t{1} << 62)) {
     return Invalid("checkpoint bytes overflow 64 bits: check --layers/--hidden/--batch/--seq");
   }
+  p.pool_headroom = PoolHeadroom(in.gpus_per_node);
+  p.pool_bytes = PoolBytesWithHeadroom(p.pinned_host_bytes_per_node, p.pool_headroom);
   p.link_bytes_per_second_per_gpu = PerGpuLinkRate(in);
   p.copy_seconds_per_layer = CopySeconds(in, in.seq_len);
   p.matmul_flops_per_layer = MatmulFlops(in, in.seq_len);
@@ -171,6 +246,7 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
   p.overlap_slowdown =
       p.overlaps_fully ? 0.0 : (p.copy_seconds_per_layer - p.overlap_budget_seconds) / step_seconds;
   p.full_overlap_min_seq_len = FullOverlapMinSeqLen(in);
+  if (absl::Status s = Decide(&p); !s.ok()) return s;
   return p;
 }
 

@@ -61,18 +61,47 @@ const char* DtypeName(CheckpointDtype dtype);
 
 // Host link bandwidth per direction for one GPU alone.
 struct Link {
-  std::string name;               // preset name, or "custom"
+  std::string name;               // preset or GPU name as given (lower case), or "custom"
+  std::string host_link;          // the link preset it stands for ("pcie5" for "h100")
   double bytes_per_second = 0.0;  // per direction
 };
 
-// Presets, all "reported" in [ref] "When the copy is free" (from the ml-engineering book):
+// Link presets, all "reported" in [ref] "When the copy is free" (from the ml-engineering book):
 //   pcie4       31 GB/s    PCIe 4 x16, one direction
 //   pcie5       63 GB/s    PCIe 5 x16, one direction
 //   h200        55.43 GB/s host-to-device measured with nvbandwidth on an 8x H200 node
 //                          (device-to-host measured 55.06; [ref]'s worked figures use 55.43)
 //   nvlink-c2c  450 GB/s   Grace CPU to its GPU, one direction (no official spec, per [ref])
-// `text` is a preset name or a positive number of GB/s ("40", "12.5"); else INVALID_ARGUMENT.
+// GPU names, each standing for its host link (sources: vendor documents as published):
+//   h100   pcie5       H100 SXM5 and H100 PCIe both reach the host over PCIe Gen5 x16 (NVIDIA
+//                      H100 PCIe product brief PB-11133-001: "a dual-slot 10.5 inch PCI Express
+//                      Gen5 card"; H100 SXM5: PCIe Gen5 128 GB/s both directions together)
+//   a100   pcie4       A100 PCIe and SXM4 use PCIe Gen4 x16 (NVIDIA A100 PCIe product brief
+//                      PB-10137-001: "a dual-slot 10.5 inch PCI Express Gen4 card"; SXM4:
+//                      32+32 GB/s PCIe Gen4 host-to-device)
+//   b200   pcie5       the B200 itself has a PCIe Gen6 interface, but the host CPUs of a DGX
+//                      B200 are "2 x Intel Xeon 8570 PCIe Gen5 CPUs" (NVIDIA DGX B200 user
+//                      guide, hardware overview), so the link runs at Gen5; a Gen6 host: give
+//                      its measured GB/s
+//   gh200  nvlink-c2c  Grace Hopper's NVLink-C2C, 900 GB/s both directions together = 450 each
+//   h200   the measured preset above
+// `text` is a preset, a GPU name or a positive number of GB/s ("40", "12.5"); case is ignored.
+// Else INVALID_ARGUMENT listing the accepted names.
 absl::StatusOr<Link> ResolveLink(absl::string_view text);
+
+// Allocator headroom of the pool: the arena's high-water mark over the peak live bytes, as
+// README "Pool" documents it for the daemon's extent allocator on a variable-size checkpoint
+// trace: ~1.05x for one rank, ~1.1x (worst seen 1.3x) for four ranks sharing the pool. A pool
+// sized for the worst seen does not make a bad step's offloads wait for space; with one GPU per
+// node (one rank) the one-rank figure is used, with several the several-rank worst.
+inline constexpr double kPoolHeadroomOneRank = 1.05;
+inline constexpr double kPoolHeadroomSeveralRanks = 1.3;
+double PoolHeadroom(int64_t ranks_sharing_pool);
+
+// offloadd.torch's default threshold_bytes: smaller saved tensors stay on the GPU.
+inline constexpr uint64_t kDefaultThresholdBytes = 1 << 20;
+// offloadd.torch's default keep_last_n.
+inline constexpr int64_t kDefaultKeepLastN = 1;
 
 // Default sustained compute rate: [ref] uses 500 TFLOP/s ("I use 500 below"), below ALST's
 // reported 548.7-590.6 TFLOPS on H100s.
@@ -85,16 +114,43 @@ struct PlanInputs {
   CheckpointDtype dtype = CheckpointDtype::kBf16;
   int64_t gpus_per_node = 8;  // GPUs whose checkpoints share the node's pinned host RAM
   int64_t gpus_per_link = 1;  // GPUs behind one link (PCIe switch / host memory controller)
-  Link link = {"h200", 55.43e9};
+  Link link = {"h200", "h200", 55.43e9};
   double compute_flops_per_second = kDefaultComputeFlopsPerSecond;
+  // offloadd.torch's keep_last_n: the newest n checkpoints of a step stay on the GPU (backward
+  // needs them first) and are never offloaded. 0..; >= layers offloads nothing.
+  int64_t keep_last_n = kDefaultKeepLastN;
+  // GPU memory the run may use per GPU (bytes; 0 = not given) and the run's measured peak per
+  // GPU with checkpointing and without offload (bytes, e.g. torch.cuda.max_memory_allocated();
+  // 0 = not given). They decide whether offload is needed at all.
+  uint64_t gpu_memory_bytes = 0;
+  uint64_t gpu_peak_bytes = 0;
 };
+
+// What the plan advises, first match wins:
+//   kNothingToOffload  keep_last_n >= layers: every checkpoint stays on the GPU
+//   kNotNeeded         the measured peak (--gpu-peak) fits --gpu-memory: leave offload off
+//   kDoesNotFit        even freeing every offloaded checkpoint at the peak leaves more than
+//                      --gpu-memory: offload alone does not make the run fit
+//   kCannotHide        the reload takes longer than the 3 forwards it hides behind: offload
+//                      works but costs overlap_slowdown of the step
+//   kOffload           offload, and the overlapped copy costs nothing to first order
+enum class Decision { kNothingToOffload, kNotNeeded, kDoesNotFit, kCannotHide, kOffload };
+// "nothing_to_offload", "not_needed", "does_not_fit", "cannot_hide", "offload".
+const char* DecisionName(Decision decision);
 
 struct Plan {
   PlanInputs inputs;
   int64_t checkpoint_bytes_per_element = 0;
   uint64_t checkpoint_bytes_per_layer = 0;  // b*s*h*dtype
-  uint64_t checkpoint_bytes_per_gpu = 0;    // L * per layer
-  uint64_t pinned_host_bytes_per_node = 0;  // gpus_per_node * per GPU
+  uint64_t checkpoint_bytes_per_gpu = 0;    // L * per layer: held on the GPU without offload
+  int64_t offloaded_layers = 0;             // max(0, L - keep_last_n)
+  // offloaded_layers * per layer: the GPU memory offload frees per GPU at the end of forward,
+  // where every checkpoint is held; an upper bound on how far the peak falls ([ref]: offload
+  // lowers the peak only if the checkpoints are part of what is held at the peak).
+  uint64_t gpu_bytes_freed_per_gpu = 0;
+  uint64_t pinned_host_bytes_per_node = 0;  // gpus_per_node * freed per GPU: the pool's live peak
+  double pool_headroom = 0.0;               // PoolHeadroom(gpus_per_node)
+  uint64_t pool_bytes = 0;  // pinned host * headroom, rounded up to a MiB: the pool_bytes line
   double link_bytes_per_second_per_gpu = 0.0;
   double copy_seconds_per_layer = 0.0;     // one direction; offload and reload each take this
   double matmul_flops_per_layer = 0.0;     // 2 * b*s * params_per_layer
@@ -110,13 +166,19 @@ struct Plan {
   // s grows (copy ~ s, attention ~ s^2, [ref]), so full overlap holds for every s >= this value
   // and there is no largest overlapping length.
   int64_t full_overlap_min_seq_len = 0;
+  // With gpu_peak_bytes: the peak with offload lies in [peak - freed, peak]; 0 without it.
+  uint64_t gpu_peak_with_offload_min_bytes = 0;
+  Decision decision = Decision::kOffload;
 };
 
 inline constexpr int64_t kNeverOverlaps = -1;
 
 // Checks `inputs` and computes the plan. INVALID_ARGUMENT (naming the flag to fix) when a count
-// is not positive, gpus_per_link > gpus_per_node, a rate is not positive and finite, or the
-// byte totals overflow 64 bits.
+// is not positive (keep_last_n: negative), gpus_per_link > gpus_per_node, a rate is not
+// positive and finite, gpu_peak_bytes is given without gpu_memory_bytes or is below the
+// checkpoints per GPU alone (then it was not measured with checkpointing on and offload off at
+// these inputs), or the byte totals overflow 64 bits. Without gpu_peak_bytes the decision is
+// kOffload or kCannotHide (or kNothingToOffload): whether the run fits needs its peak.
 absl::StatusOr<Plan> ComputePlan(const PlanInputs& inputs);
 
 // The plan at each of `seq_lens` (other inputs unchanged), in the given order.

@@ -71,6 +71,10 @@ PlanInputs VectorInputs(const ModelShape& model, const JsonValue& in) {
   p.gpus_per_link = Int(in, "gpus_per_link");
   p.link = *ResolveLink(in.Find("link")->string_value());
   p.compute_flops_per_second = in.Find("tflops")->number() * 1e12;
+  // Optional inputs (plan_vectors.json "about"): absent = the planner's defaults.
+  if (in.Find("keep_last_n") != nullptr) p.keep_last_n = Int(in, "keep_last_n");
+  if (in.Find("gpu_memory") != nullptr) p.gpu_memory_bytes = Int(in, "gpu_memory");
+  if (in.Find("gpu_peak") != nullptr) p.gpu_peak_bytes = Int(in, "gpu_peak");
   return p;
 }
 
@@ -89,6 +93,16 @@ double Quantity(const Plan& p, const std::string& key) {
       {"checkpoint_gib_per_gpu", p.checkpoint_bytes_per_gpu / kGiB},
       {"pinned_host_gib_per_node", p.pinned_host_bytes_per_node / kGiB},
       {"full_overlap_min_seq_len", static_cast<double>(p.full_overlap_min_seq_len)},
+      {"link_gbps", p.inputs.link.bytes_per_second / 1e9},
+      {"offloaded_layers", static_cast<double>(p.offloaded_layers)},
+      {"gpu_freed_bytes_per_gpu", static_cast<double>(p.gpu_bytes_freed_per_gpu)},
+      {"gpu_freed_gib_per_gpu", p.gpu_bytes_freed_per_gpu / kGiB},
+      {"pool_headroom", p.pool_headroom},
+      {"pool_bytes", static_cast<double>(p.pool_bytes)},
+      {"pool_gib", p.pool_bytes / kGiB},
+      {"checkpoint_pct_of_gpu_memory",
+       100.0 * p.checkpoint_bytes_per_gpu / static_cast<double>(p.inputs.gpu_memory_bytes)},
+      {"gpu_peak_with_offload_min_bytes", static_cast<double>(p.gpu_peak_with_offload_min_bytes)},
   };
   auto it = q.find(key);
   EXPECT_NE(it, q.end()) << "unknown vector key " << key;
@@ -113,6 +127,33 @@ TEST(PlannerVectors, WorkedFiguresAtPrintedPrecision) {
   }
 }
 
+// The decision, the enable() call and the peak bracket each case states (plan_vectors.json).
+TEST(PlannerVectors, DecisionsEnableCallsAndPeakBrackets) {
+  int decisions = 0, calls = 0, brackets = 0;
+  for (const JsonValue& c : Vectors().Find("cases")->items()) {
+    const std::string name = c.Find("name")->string_value();
+    absl::StatusOr<Plan> p =
+        ComputePlan(VectorInputs(VectorModel(c.Find("model")->string_value()), *c.Find("inputs")));
+    ASSERT_TRUE(p.ok()) << name << ": " << p.status();
+    if (const JsonValue* d = c.Find("expect_decision")) {
+      ++decisions;
+      EXPECT_EQ(DecisionName(p->decision), d->string_value()) << name;
+    }
+    if (const JsonValue* call = c.Find("expect_enable_call")) {
+      ++calls;
+      EXPECT_EQ(EnableCall(*p), call->string_value()) << name;
+    }
+    if (const JsonValue* measured = c.Find("measured_peak_with_offload_bytes")) {
+      ++brackets;
+      EXPECT_LE(p->gpu_peak_with_offload_min_bytes, measured->number()) << name;
+      EXPECT_GE(p->inputs.gpu_peak_bytes, measured->number()) << name;
+    }
+  }
+  EXPECT_GE(decisions, 8);  // every decision name is exercised by the vectors
+  EXPECT_GE(calls, 2);
+  EXPECT_GE(brackets, 3);
+}
+
 TEST(PlannerVectors, HfConfigFixturesParseToVectorModels) {
   for (const JsonValue& entry : Vectors().Find("hf_configs")->items()) {
     const std::string file = entry.Find("file")->string_value();
@@ -133,13 +174,17 @@ TEST(PlannerVectors, HfConfigFixturesParseToVectorModels) {
 }
 
 TEST(PlannerVectors, TextMatchesGoldenSharedWithPython) {
-  const JsonValue& g = *Vectors().Find("golden_text");
-  absl::StatusOr<ModelShape> m =
-      ModelFromHfConfig(ReadRunfile(g.Find("hf_config")->string_value()));
-  ASSERT_TRUE(m.ok()) << m.status();
-  absl::StatusOr<Plan> p = ComputePlan(VectorInputs(*m, *g.Find("inputs")));
-  ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(FormatPlanText(*p), ReadRunfile(g.Find("file")->string_value()));
+  ASSERT_GE(Vectors().Find("golden_texts")->items().size(), 3u);
+  for (const JsonValue& g : Vectors().Find("golden_texts")->items()) {
+    absl::StatusOr<ModelShape> m =
+        ModelFromHfConfig(ReadRunfile(g.Find("hf_config")->string_value()));
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<Plan> p = ComputePlan(VectorInputs(*m, *g.Find("inputs")));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(FormatPlanText(*p) + FormatSettingsText(*p),
+              ReadRunfile(g.Find("file")->string_value()))
+        << g.Find("file")->string_value();
+  }
 }
 
 TEST(PlannerVectors, JsonOutputHasTheSharedKeys) {
@@ -176,7 +221,8 @@ TEST(Planner, FormulaPieces) {
                    2 * p->copy_seconds_per_layer / (4 * p->forward_seconds_per_layer));
   EXPECT_DOUBLE_EQ(p->overlap_budget_seconds, 3 * p->forward_seconds_per_layer);
   EXPECT_EQ(p->inputs.link.bytes_per_second, 55.43e9);  // default link: the H200 figure
-  EXPECT_EQ(p->pinned_host_bytes_per_node, uint64_t{8} * 36 * 33554432);
+  // keep_last_n=1 (the default) keeps the newest of 36 layers on the GPU.
+  EXPECT_EQ(p->pinned_host_bytes_per_node, uint64_t{8} * 35 * 33554432);
   EXPECT_EQ(DenseLayerParams(4096, 32, 8, 128, 12288), 192937984);  // [ref]'s Qwen3-8B figure
 }
 
@@ -241,6 +287,72 @@ TEST(Planner, LinksAndDtypes) {
   EXPECT_EQ(ParseDtype("int8").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(Planner, GpuNamesStandForTheirHostLinks) {
+  const std::pair<const char*, const char*> gpus[] = {
+      {"h100", "pcie5"}, {"A100", "pcie4"}, {"b200", "pcie5"}, {"gh200", "nvlink-c2c"},
+      {"h200", "h200"}};
+  for (const auto& [gpu, link] : gpus) {
+    absl::StatusOr<Link> by_gpu = ResolveLink(gpu);
+    absl::StatusOr<Link> by_link = ResolveLink(link);
+    ASSERT_TRUE(by_gpu.ok() && by_link.ok()) << gpu;
+    EXPECT_EQ(by_gpu->bytes_per_second, by_link->bytes_per_second) << gpu;
+    EXPECT_EQ(by_gpu->host_link, link) << gpu;
+  }
+  EXPECT_EQ(ResolveLink("H100")->name, "h100");
+  absl::StatusOr<Link> unknown = ResolveLink("v100");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(unknown.status().message()).find("a GPU (h100, a100, b200, gh200, h200)"),
+            std::string::npos)
+      << unknown.status().message();
+}
+
+TEST(Planner, KeepLastNAndPoolHeadroom) {
+  PlanInputs in;
+  in.model = VectorModel("qwen3-8b");
+  in.seq_len = 4096;
+  in.gpus_per_node = 4;
+  in.keep_last_n = 0;
+  absl::StatusOr<Plan> all = ComputePlan(in);
+  in.keep_last_n = 3;
+  absl::StatusOr<Plan> kept = ComputePlan(in);
+  ASSERT_TRUE(all.ok() && kept.ok());
+  EXPECT_EQ(all->pinned_host_bytes_per_node, uint64_t{4} * 36 * 33554432);
+  EXPECT_EQ(kept->pinned_host_bytes_per_node, uint64_t{4} * 33 * 33554432);
+  EXPECT_EQ(kept->gpu_bytes_freed_per_gpu, uint64_t{33} * 33554432);
+  EXPECT_EQ(kept->checkpoint_bytes_per_gpu, uint64_t{36} * 33554432);  // unchanged by it
+  EXPECT_EQ(kept->pool_bytes, uint64_t{5492} << 20);  // 4224 MiB x 1.3 = 5491.2, up to a MiB
+  EXPECT_EQ(PoolHeadroom(1), 1.05);
+  EXPECT_EQ(PoolHeadroom(2), 1.3);
+  EXPECT_NE(EnableCall(*kept).find("keep_last_n=3"), std::string::npos) << EnableCall(*kept);
+}
+
+TEST(Planner, GpuMemoryDecides) {
+  PlanInputs in;
+  in.model = VectorModel("qwen3-1.7b");
+  in.seq_len = 32768;
+  in.keep_last_n = 0;
+  in.gpu_memory_bytes = 12'000'000'000;
+  in.gpu_peak_bytes = 12'000'000'000;
+  EXPECT_EQ(ComputePlan(in)->decision, Decision::kNotNeeded);  // equal fits
+  in.gpu_peak_bytes += 1;
+  EXPECT_EQ(ComputePlan(in)->decision, Decision::kOffload);
+  in.gpu_peak_bytes = 0;  // no peak: whether it fits is not known
+  absl::StatusOr<Plan> no_peak = ComputePlan(in);
+  ASSERT_TRUE(no_peak.ok());
+  EXPECT_EQ(no_peak->decision, Decision::kOffload);
+  EXPECT_NE(FormatPlanText(*no_peak).find("give --gpu-peak to decide"), std::string::npos);
+  in.gpu_peak_bytes = 1'000'000'000;  // below the 3.5 GiB of checkpoints: not that run's peak
+  absl::StatusOr<Plan> low = ComputePlan(in);
+  EXPECT_EQ(low.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(low.status().message()).find("below the checkpoints alone"),
+            std::string::npos)
+      << low.status().message();
+  in.gpu_memory_bytes = 0;
+  in.gpu_peak_bytes = 11'130'000'000;
+  EXPECT_NE(std::string(ComputePlan(in).status().message()).find("--gpu-peak needs --gpu-memory"),
+            std::string::npos);
+}
+
 TEST(Planner, BadInputsAreInvalidArgumentWithTheFlagToFix) {
   PlanInputs good;
   good.model = VectorModel("qwen3-8b");
@@ -262,6 +374,7 @@ TEST(Planner, BadInputsAreInvalidArgumentWithTheFlagToFix) {
       {[](PlanInputs* p) { p->link.bytes_per_second = 0; }, "--link"},
       {[](PlanInputs* p) { p->compute_flops_per_second = NAN; }, "--tflops"},
       {[](PlanInputs* p) { p->seq_len = int64_t{1} << 50; }, "overflow"},
+      {[](PlanInputs* p) { p->keep_last_n = -1; }, "--keep-last-n"},
   };
   for (const Bad& b : cases) {
     PlanInputs in = good;

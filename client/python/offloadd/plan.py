@@ -38,6 +38,38 @@ LINK_PRESETS: Dict[str, float] = {
     "nvlink-c2c": 450e9,
 }
 
+# GPU names standing for their host link (sources as in client/plan/planner.h):
+# h100: H100 SXM5 and PCIe reach the host over PCIe Gen5 x16 (NVIDIA H100 PCIe product brief
+#   PB-11133-001, "PCI Express Gen5 card"); a100: PCIe Gen4 x16 (NVIDIA A100 PCIe product brief
+#   PB-10137-001, "PCI Express Gen4 card"; SXM4 32+32 GB/s Gen4); b200: the GPU has a PCIe Gen6
+#   interface but DGX B200's host CPUs are "Intel Xeon 8570 PCIe Gen5 CPUs" (NVIDIA DGX B200
+#   user guide), so the link runs at Gen5; gh200: NVLink-C2C, 900 GB/s both directions together.
+#   h200 is the measured link preset itself.
+GPU_HOST_LINKS: Dict[str, str] = {
+    "h100": "pcie5",
+    "a100": "pcie4",
+    "b200": "pcie5",
+    "gh200": "nvlink-c2c",
+}
+
+# Pool allocator headroom, as README "Pool" documents the extent allocator's high-water mark
+# over the peak live bytes: ~1.05x for one rank; ~1.1x, worst seen 1.3x, for several ranks
+# sharing the pool (the worst is used so a bad step's offloads do not wait for space).
+POOL_HEADROOM_ONE_RANK = 1.05
+POOL_HEADROOM_SEVERAL_RANKS = 1.3
+
+DEFAULT_THRESHOLD_BYTES = 1 << 20  # offloadd.torch's threshold_bytes default
+DEFAULT_KEEP_LAST_N = 1            # offloadd.torch's keep_last_n default
+
+# Decisions, first match wins (same names as the C++ planner's DecisionName):
+#   nothing_to_offload  keep_last_n >= layers: every checkpoint stays on the GPU
+#   not_needed          the measured peak (gpu_peak) fits gpu_memory: leave offload off
+#   does_not_fit        even freeing every offloaded checkpoint at the peak leaves more than
+#                       gpu_memory: offload alone does not make the run fit
+#   cannot_hide         a reload takes longer than the 3 forwards it hides behind
+#   offload             offload; the overlapped copy costs nothing to first order
+DECISIONS = ("nothing_to_offload", "not_needed", "does_not_fit", "cannot_hide", "offload")
+
 # [ref]: "The sustained rate is whatever your training achieves ... I use 500 below."
 DEFAULT_COMPUTE_FLOPS_PER_SECOND = 500e12
 
@@ -98,6 +130,16 @@ class Plan:
     overlap_slowdown: float
     overlaps_fully: bool
     full_overlap_min_seq_len: int
+    host_link: str = ""
+    keep_last_n: int = DEFAULT_KEEP_LAST_N
+    gpu_memory_bytes: int = 0
+    gpu_peak_bytes: int = 0
+    offloaded_layers: int = 0
+    gpu_bytes_freed_per_gpu: int = 0
+    pool_headroom: float = 0.0
+    pool_bytes: int = 0
+    gpu_peak_with_offload_min_bytes: int = 0
+    decision: str = "offload"
 
     def to_dict(self) -> dict:
         """The same JSON object shape as ``offloadctl plan --json``."""
@@ -108,24 +150,40 @@ class Plan:
                       "params_per_layer": m.params_per_layer}
         d["inputs"] = {k: d.pop(k) for k in (
             "micro_batch", "seq_len", "dtype", "gpus_per_node", "gpus_per_link", "link",
-            "link_bytes_per_second", "compute_flops_per_second")}
+            "host_link", "link_bytes_per_second", "compute_flops_per_second", "keep_last_n",
+            "gpu_memory_bytes", "gpu_peak_bytes")}
+        d["enable_call"] = enable_call(self)
         return d
 
 
+def host_link(name: str) -> str:
+    """The link preset a resolved link name stands for: "pcie5" for "h100", the name itself for
+    a link preset or "custom"."""
+    return GPU_HOST_LINKS.get(name, name)
+
+
+def pool_headroom(ranks_sharing_pool: int) -> float:
+    """README "Pool": 1.05 for one rank, 1.3 (the worst seen) for several."""
+    return POOL_HEADROOM_ONE_RANK if ranks_sharing_pool <= 1 else POOL_HEADROOM_SEVERAL_RANKS
+
+
 def resolve_link(link: Union[str, float, int]) -> Tuple[str, float]:
-    """Preset name or a number of GB/s -> (name, bytes per second per direction)."""
+    """Link preset, GPU name (its host link: GPU_HOST_LINKS) or a number of GB/s -> (name,
+    bytes per second per direction); the name is lower case ("h100"; host_link() gives its
+    link). Raises ValueError listing the accepted names."""
     if isinstance(link, (int, float)) and not isinstance(link, bool):
         rate, name = float(link), "custom"
     else:
         key = str(link).lower()
         key = "nvlink-c2c" if key == "c2c" else key
-        if key in LINK_PRESETS:
-            return key, LINK_PRESETS[key]
+        if key in LINK_PRESETS or key in GPU_HOST_LINKS:
+            return key, LINK_PRESETS[host_link(key)]
         try:
             rate, name = float(key), "custom"
         except ValueError:
-            raise ValueError(f"unknown link {link!r}: use pcie4, pcie5, h200, nvlink-c2c or a "
-                             "positive GB/s number") from None
+            raise ValueError(f"unknown link {link!r}: use a link (pcie4, pcie5, h200, "
+                             "nvlink-c2c), a GPU (h100, a100, b200, gh200, h200) or a positive "
+                             "GB/s number") from None
     if not (rate > 0 and math.isfinite(rate)):
         raise ValueError(f"link bandwidth must be a positive number of GB/s, got {link!r}")
     return name, rate * 1e9
@@ -182,12 +240,45 @@ def _full_overlap_min_seq_len(m, b, dbytes, per_gpu_rate, rate) -> int:
     return s
 
 
+def _decide(m: ModelShape, offloaded_layers: int, gpu_memory_bytes: int, gpu_peak_bytes: int,
+            peak_min: int, overlaps: bool) -> str:
+    """The decision (DECISIONS), first match wins."""
+    if offloaded_layers == 0:
+        return "nothing_to_offload"
+    if gpu_peak_bytes and gpu_peak_bytes <= gpu_memory_bytes:
+        return "not_needed"
+    if gpu_peak_bytes and peak_min > gpu_memory_bytes:
+        return "does_not_fit"
+    return "offload" if overlaps else "cannot_hide"
+
+
+def _check_gpu_memory(gpu_memory_bytes, gpu_peak_bytes, checkpoint_bytes_per_gpu):
+    for value, what in ((gpu_memory_bytes, "gpu_memory_bytes"), (gpu_peak_bytes,
+                                                                 "gpu_peak_bytes")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{what} must be a non-negative integer of bytes, got {value!r}")
+    if gpu_peak_bytes and not gpu_memory_bytes:
+        raise ValueError("gpu_peak_bytes needs gpu_memory_bytes (the GPU memory the run may use "
+                         "per GPU)")
+    if gpu_peak_bytes and gpu_peak_bytes < checkpoint_bytes_per_gpu:
+        raise ValueError(f"gpu_peak_bytes ({gpu_peak_bytes} bytes) is below the checkpoints "
+                         f"alone ({checkpoint_bytes_per_gpu} bytes per GPU): measure the peak "
+                         "with checkpointing on and offload off, at the same seq and batch")
+
+
 def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
          gpus_per_node: int = 8, gpus_per_link: int = 1,
-         link: Union[str, float] = "h200", tflops: float = 500.0) -> Plan:
+         link: Union[str, float] = "h200", tflops: float = 500.0,
+         keep_last_n: int = DEFAULT_KEEP_LAST_N, gpu_memory_bytes: int = 0,
+         gpu_peak_bytes: int = 0) -> Plan:
     """Plans checkpoint offload for ``model`` at micro-batch ``batch`` and ``seq`` tokens per GPU
-    (after any sequence-parallel split). ``link``: preset name or GB/s per direction;
-    ``tflops``: sustained compute rate in TFLOP/s. Raises ValueError naming the bad input."""
+    (after any sequence-parallel split). ``link``: link preset, GPU name (its host link) or GB/s
+    per direction; ``tflops``: sustained compute rate in TFLOP/s; ``keep_last_n``: offloadd.torch's
+    keep_last_n, the newest n checkpoints stay on the GPU (not offloaded, not in the pool);
+    ``gpu_memory_bytes``: GPU memory the run may use per GPU (0: not given); ``gpu_peak_bytes``:
+    the run's measured peak per GPU with checkpointing on and offload off (0: not given; needs
+    gpu_memory_bytes), which decides whether offload is needed (``decision``). Raises ValueError
+    naming the bad input."""
     _positive_int(model.layers, "layers")
     _positive_int(model.hidden, "hidden size")
     _positive_int(model.attention_width, "attention width")
@@ -202,6 +293,8 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
     if isinstance(tflops, bool) or not (isinstance(tflops, (int, float)) and tflops > 0
                                         and math.isfinite(tflops)):
         raise ValueError(f"compute rate must be a positive number of TFLOP/s, got {tflops!r}")
+    if isinstance(keep_last_n, bool) or not isinstance(keep_last_n, int) or keep_last_n < 0:
+        raise ValueError(f"keep_last_n must be 0 or more, got {keep_last_n!r}")
     link_name, link_rate = resolve_link(link)
     d = _dtype(dtype)
     dbytes = DTYPE_BYTES[d]
@@ -209,9 +302,15 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
     per_gpu_rate = link_rate / gpus_per_link
     per_layer = batch * seq * model.hidden * dbytes
     per_gpu = per_layer * model.layers
-    per_node = per_gpu * gpus_per_node
-    if per_node >= 2 ** 64:
+    offloaded_layers = max(0, model.layers - keep_last_n)
+    freed = per_layer * offloaded_layers
+    per_node = freed * gpus_per_node
+    if per_gpu >= 2 ** 64 or per_node > 2 ** 62:
         raise ValueError("checkpoint bytes overflow 64 bits: check layers/hidden/batch/seq")
+    _check_gpu_memory(gpu_memory_bytes, gpu_peak_bytes, per_gpu)
+    headroom = pool_headroom(gpus_per_node)
+    pool = math.ceil(per_node * headroom / 2**20) * 2**20
+    peak_min = gpu_peak_bytes - freed if gpu_peak_bytes else 0
     copy_s = _copy_s(model, batch, seq, dbytes, per_gpu_rate)
     matmul = 2.0 * batch * seq * model.params_per_layer
     attention = 2.0 * batch * float(seq) * seq * model.attention_width
@@ -233,7 +332,13 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
         overlap_slowdown=0.0 if overlaps else (copy_s - budget) / step_s,
         overlaps_fully=overlaps,
         full_overlap_min_seq_len=_full_overlap_min_seq_len(model, batch, dbytes, per_gpu_rate,
-                                                           rate))
+                                                           rate),
+        host_link=host_link(link_name), keep_last_n=keep_last_n,
+        gpu_memory_bytes=gpu_memory_bytes, gpu_peak_bytes=gpu_peak_bytes,
+        offloaded_layers=offloaded_layers, gpu_bytes_freed_per_gpu=freed,
+        pool_headroom=headroom, pool_bytes=pool, gpu_peak_with_offload_min_bytes=peak_min,
+        decision=_decide(model, offloaded_layers, gpu_memory_bytes, gpu_peak_bytes, peak_min,
+                         overlaps))
 
 
 def default_sweep_seq_lens() -> List[int]:
@@ -324,16 +429,102 @@ def _overlap_line(p: Plan) -> str:
             "no largest s)")
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def _row(label: str, value: str, note: str) -> str:
+    return f"{label:<28} {value:<14} {note}".rstrip()
+
+
+def _gpu_memory_rows(p: Plan) -> List[str]:
+    if not p.gpu_memory_bytes:
+        return []
+    note = "(--gpu-memory)"
+    if not p.gpu_peak_bytes:
+        note = (f"(--gpu-memory; the checkpoints alone are "
+                f"{100.0 * p.checkpoint_bytes_per_gpu / p.gpu_memory_bytes:.1f} % of it; give "
+                "--gpu-peak to decide whether offload is needed)")
+    rows = [_row("GPU memory per GPU", _bytes(p.gpu_memory_bytes), note)]
+    if p.gpu_peak_bytes:
+        rows += [_row("peak without offload", _bytes(p.gpu_peak_bytes),
+                      "(--gpu-peak: measured with checkpointing, offload off)"),
+                 _row("peak with offload", _bytes(p.gpu_peak_with_offload_min_bytes),
+                      f"at best, up to {_bytes(p.gpu_peak_bytes)} (the low end when every "
+                      "checkpoint is held at the peak)")]
+    return rows
+
+
+_HEADLINES = {"nothing_to_offload": "nothing to offload", "not_needed": "offload not needed",
+              "does_not_fit": "offload alone does not fit",
+              "cannot_hide": "offload cannot hide the copy", "offload": "offload"}
+
+
+def _decision_row(p: Plan) -> str:
+    if p.decision == "nothing_to_offload":
+        why = (f"keep_last_n={p.keep_last_n} keeps all {p.model.layers} checkpoints on the GPU; "
+               "lower --keep-last-n to offload")
+    elif p.decision == "not_needed":
+        why = (f"the peak {_bytes(p.gpu_peak_bytes)} fits the GPU's "
+               f"{_bytes(p.gpu_memory_bytes)}; keep checkpointing and leave offload off")
+    elif p.decision == "does_not_fit":
+        why = (f"at best the peak falls to {_bytes(p.gpu_peak_with_offload_min_bytes)}, above "
+               f"the GPU's {_bytes(p.gpu_memory_bytes)}; shard further, lower --seq or --batch "
+               "as well")
+    elif p.decision == "cannot_hide":
+        why = (f"a reload takes {_ms(p.copy_seconds_per_layer)} against "
+               f"{_ms(p.overlap_budget_seconds)} of recompute + backward: the step is "
+               f"{p.overlap_slowdown * 100:.1f} % slower; a faster link, fewer GPUs per link or "
+               "a longer --seq hides it")
+    else:
+        why = (f"a reload takes {_ms(p.copy_seconds_per_layer)}, hidden behind "
+               f"{_ms(p.overlap_budget_seconds)} of recompute + backward; frees "
+               f"{_bytes(p.gpu_bytes_freed_per_gpu)} per GPU")
+    return _row("decision", _HEADLINES[p.decision], f"({why})")
+
+
+def enable_call(p: Plan) -> str:
+    """The ``offloadd.transformers.enable(...)`` call that follows from the plan: its
+    keep_last_n, prefetch=1 (the reload of one layer hides behind the next layer's recompute and
+    backward), and threshold_bytes when a checkpoint is below offloadd.torch's default
+    threshold (it would stay on the GPU otherwise)."""
+    args = f"keep_last_n={p.keep_last_n}, prefetch=1"
+    if p.checkpoint_bytes_per_layer < DEFAULT_THRESHOLD_BYTES:
+        args += f", threshold_bytes={p.checkpoint_bytes_per_layer}"
+    return f"offloadd.transformers.enable({args})"
+
+
+def format_settings(p: Plan) -> str:
+    """The settings to paste, as ``offloadctl plan`` prints them after the figures: the enable()
+    call (and offloadd.torch's context for plain torch) and the daemon's pool_bytes line
+    (pinned host RAM per node x pool_headroom); one "none" line when offload stays off."""
+    if p.decision in ("not_needed", "nothing_to_offload"):
+        return _row("settings", "none", "(no enable() call and no pool: offload stays off)") + "\n"
+    call = enable_call(p)
+    torch_call = "offloadd.torch.offload_checkpoints" + call[call.index("("):]
+    return "\n".join([
+        _row("enable()", call, "then model.activation_checkpointing_enable(offload=True)"),
+        _row("", f"(plain torch: `with {torch_call}:` around forward)", ""),
+        _row("offloadd.conf", f"pool_bytes: {p.pool_bytes}",
+             f"(pinned host RAM per node x {p.pool_headroom:.2f} allocator headroom, "
+             f"{p.gpus_per_node} rank(s) sharing the pool)"),
+    ]) + "\n"
+
+
 def format_plan(p: Plan) -> str:
-    """Human-readable report; same precision as the C++ text output (ms 2 decimals, % 1
-    decimal, MiB/GiB 2 decimals)."""
+    """Human-readable report, the same text as ``offloadctl plan`` prints for one plan (without
+    --nvme-gbps): the figures (ms 2 decimals, % 1 decimal, MiB/GiB 2 decimals), the GPU memory
+    lines, the decision line, then :func:`format_settings`."""
     m = p.model
-    ms = lambda s: f"{s * 1e3:.2f} ms"  # noqa: E731
+    ms = _ms
     rows = [
         ("checkpoint per layer", _bytes(p.checkpoint_bytes_per_layer),
          f"({p.checkpoint_bytes_per_layer:,} bytes)"),
         ("checkpoint per GPU", _bytes(p.checkpoint_bytes_per_gpu),
          f"({p.checkpoint_bytes_per_gpu:,} bytes)"),
+        ("GPU memory freed per GPU", _bytes(p.gpu_bytes_freed_per_gpu),
+         f"({p.offloaded_layers} of {m.layers} layers offloaded; keep_last_n={p.keep_last_n} "
+         f"keeps {min(p.keep_last_n, m.layers)} on the GPU)"),
         ("pinned host RAM per node", _bytes(p.pinned_host_bytes_per_node),
          f"({p.pinned_host_bytes_per_node:,} bytes)"),
         ("copy per layer, each way", ms(p.copy_seconds_per_layer), ""),
@@ -352,13 +543,21 @@ def format_plan(p: Plan) -> str:
            f"  micro-batch {p.micro_batch}, {p.dtype} checkpoints "
            f"({p.checkpoint_bytes_per_element} bytes/element), {p.gpus_per_node} GPUs/node, "
            f"{p.gpus_per_link} GPU(s) per link",
-           f"  link {p.link} {p.link_bytes_per_second / 1e9:.2f} GB/s per direction = "
+           f"  link {_link_name(p)} {p.link_bytes_per_second / 1e9:.2f} GB/s per direction = "
            f"{p.link_bytes_per_second_per_gpu / 1e9:.2f} GB/s per GPU; compute "
            f"{p.compute_flops_per_second / 1e12:g} TFLOP/s sustained",
            f"  sequence {p.seq_len:,} tokens per GPU"]
     for label, value, note in rows:
-        out.append(f"{label:<28} {value:<14} {note}".rstrip())
-    return "\n".join(out) + "\n"
+        out.append(_row(label, value, note))
+    out += _gpu_memory_rows(p)
+    out.append(_decision_row(p))
+    return "\n".join(out) + "\n" + format_settings(p)
+
+
+def _link_name(p: Plan) -> str:
+    if not p.host_link or p.host_link == p.link:
+        return p.link
+    return f"{p.link} ({p.host_link})"
 
 
 def format_plan_json(p: Plan) -> str:

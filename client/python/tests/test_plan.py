@@ -27,9 +27,13 @@ def _model(name):
 
 
 def _plan(model, inputs):
+    # Optional inputs (plan_vectors.json "about"): absent = the planner's defaults.
+    extra = {k: inputs[v] for k, v in (("keep_last_n", "keep_last_n"),
+                                        ("gpu_memory_bytes", "gpu_memory"),
+                                        ("gpu_peak_bytes", "gpu_peak")) if v in inputs}
     return P.plan(model, seq=inputs["seq"], batch=inputs["batch"], dtype=inputs["dtype"],
                   gpus_per_node=inputs["gpus_per_node"], gpus_per_link=inputs["gpus_per_link"],
-                  link=inputs["link"], tflops=inputs["tflops"])
+                  link=inputs["link"], tflops=inputs["tflops"], **extra)
 
 
 def _quantity(p, key):
@@ -46,6 +50,16 @@ def _quantity(p, key):
         "checkpoint_gib_per_gpu": p.checkpoint_bytes_per_gpu / 2**30,
         "pinned_host_gib_per_node": p.pinned_host_bytes_per_node / 2**30,
         "full_overlap_min_seq_len": p.full_overlap_min_seq_len,
+        "link_gbps": p.link_bytes_per_second / 1e9,
+        "offloaded_layers": p.offloaded_layers,
+        "gpu_freed_bytes_per_gpu": p.gpu_bytes_freed_per_gpu,
+        "gpu_freed_gib_per_gpu": p.gpu_bytes_freed_per_gpu / 2**30,
+        "pool_headroom": p.pool_headroom,
+        "pool_bytes": p.pool_bytes,
+        "pool_gib": p.pool_bytes / 2**30,
+        "checkpoint_pct_of_gpu_memory": (100.0 * p.checkpoint_bytes_per_gpu / p.gpu_memory_bytes
+                                         if p.gpu_memory_bytes else float("nan")),
+        "gpu_peak_with_offload_min_bytes": p.gpu_peak_with_offload_min_bytes,
     }[key]
 
 
@@ -60,6 +74,28 @@ class VectorTest(unittest.TestCase):
                     tol = 0.5 * 10 ** -want["decimals"] * (1 + 1e-12)
                     self.assertLessEqual(abs(got - want["value"]), tol,
                                          f"{case['name']}: {key} = {got}, want {want['value']}")
+
+    def test_decisions_enable_calls_and_peak_brackets(self):
+        counts = {"decision": 0, "call": 0, "bracket": 0}
+        for case in VECTORS["cases"]:
+            p = _plan(_model(case["model"]), case["inputs"])
+            with self.subTest(case=case["name"]):
+                if "expect_decision" in case:
+                    counts["decision"] += 1
+                    self.assertEqual(p.decision, case["expect_decision"])
+                if "expect_enable_call" in case:
+                    counts["call"] += 1
+                    self.assertEqual(P.enable_call(p), case["expect_enable_call"])
+                if "measured_peak_with_offload_bytes" in case:
+                    counts["bracket"] += 1
+                    measured = case["measured_peak_with_offload_bytes"]
+                    self.assertLessEqual(p.gpu_peak_with_offload_min_bytes, measured)
+                    self.assertGreaterEqual(p.gpu_peak_bytes, measured)
+        self.assertGreaterEqual(counts["decision"], 8)
+        self.assertGreaterEqual(counts["call"], 2)
+        self.assertGreaterEqual(counts["bracket"], 3)
+        decided = {c["expect_decision"] for c in VECTORS["cases"] if "expect_decision" in c}
+        self.assertEqual(decided, set(P.DECISIONS))
 
     def test_hf_configs_parse_to_the_vector_models(self):
         for entry in VECTORS["hf_configs"]:
@@ -93,10 +129,12 @@ class VectorTest(unittest.TestCase):
         self.assertEqual(d["inputs"]["link"], "h200")
 
     def test_golden_text_matches_cpp(self):
-        g = VECTORS["golden_text"]
-        m = P.model_from_hf_config(os.path.join(_ROOT, g["hf_config"]))
-        with open(os.path.join(_ROOT, g["file"])) as f:
-            self.assertEqual(P.format_plan(_plan(m, g["inputs"])), f.read())
+        self.assertGreaterEqual(len(VECTORS["golden_texts"]), 3)
+        for g in VECTORS["golden_texts"]:
+            with self.subTest(file=g["file"]):
+                m = P.model_from_hf_config(os.path.join(_ROOT, g["hf_config"]))
+                with open(os.path.join(_ROOT, g["file"])) as f:
+                    self.assertEqual(P.format_plan(_plan(m, g["inputs"])), f.read())
 
 
 class PlannerTest(unittest.TestCase):
@@ -143,6 +181,50 @@ class PlannerTest(unittest.TestCase):
         self.assertEqual(P.plan(_model("toy-qwen3"), seq=8, dtype="fp16")
                          .checkpoint_bytes_per_layer, 8 * 512 * 2)
 
+    def test_gpu_names_stand_for_their_host_links(self):
+        for gpu, link in (("h100", "pcie5"), ("A100", "pcie4"), ("b200", "pcie5"),
+                          ("gh200", "nvlink-c2c"), ("h200", "h200")):
+            with self.subTest(gpu=gpu):
+                name, rate = P.resolve_link(gpu)
+                self.assertEqual(name, gpu.lower())
+                self.assertEqual(rate, P.LINK_PRESETS[link])
+                self.assertEqual(P.host_link(name), link)
+        p = P.plan(_model("qwen3-8b"), seq=4096, link="h100")
+        self.assertEqual((p.link, p.host_link), ("h100", "pcie5"))
+        self.assertIn("link h100 (pcie5) 63.00 GB/s", P.format_plan(p))
+        with self.assertRaisesRegex(ValueError, "a GPU \\(h100, a100, b200, gh200, h200\\)"):
+            P.resolve_link("v100")
+
+    def test_keep_last_n_and_pool_headroom(self):
+        m = _model("qwen3-8b")
+        p0 = P.plan(m, seq=4096, keep_last_n=0, gpus_per_node=4)
+        p3 = P.plan(m, seq=4096, keep_last_n=3, gpus_per_node=4)
+        self.assertEqual(p0.pinned_host_bytes_per_node, 4 * 36 * 33554432)
+        self.assertEqual(p3.pinned_host_bytes_per_node, 4 * 33 * 33554432)
+        self.assertEqual(p3.gpu_bytes_freed_per_gpu, 33 * 33554432)
+        self.assertEqual(p3.checkpoint_bytes_per_gpu, 36 * 33554432)  # unchanged by keep_last_n
+        self.assertEqual(p3.pool_bytes, 4 * 33 * 32 * 13 // 10 * 2**20 + 2**20)  # ceil to a MiB
+        self.assertEqual(P.pool_headroom(1), 1.05)
+        self.assertEqual(P.pool_headroom(2), 1.3)
+        self.assertIn("keep_last_n=3", P.enable_call(p3))
+
+    def test_gpu_memory_decisions(self):
+        m = _model("qwen3-1.7b")
+        kw = dict(seq=32768, keep_last_n=0, gpu_memory_bytes=12 * 10**9)
+        self.assertEqual(P.plan(m, **kw, gpu_peak_bytes=12 * 10**9).decision, "not_needed")
+        self.assertEqual(P.plan(m, **kw, gpu_peak_bytes=12 * 10**9 + 1).decision, "offload")
+        self.assertEqual(P.plan(m, **kw).decision, "offload")  # no peak: cannot tell it fits
+        text = P.format_plan(P.plan(m, **kw))
+        self.assertIn("give --gpu-peak to decide", text)
+        self.assertIn("pool_bytes: ", text)
+        text = P.format_plan(P.plan(m, **kw, gpu_peak_bytes=11130000000))
+        self.assertIn("offload not needed", text)
+        self.assertNotIn("pool_bytes", text)
+        with self.assertRaisesRegex(ValueError, "needs gpu_memory_bytes"):
+            P.plan(m, seq=32768, gpu_peak_bytes=10**10)
+        with self.assertRaisesRegex(ValueError, "below the checkpoints alone"):
+            P.plan(m, **kw, gpu_peak_bytes=10**9)
+
     def test_bad_inputs(self):
         m = _model("qwen3-8b")
         for kwargs, needle in [
@@ -154,6 +236,8 @@ class PlannerTest(unittest.TestCase):
             (dict(seq=4096, dtype="int8"), "dtype"),
             (dict(seq=4096, tflops=0), "compute rate"),
             (dict(seq=4.5), "sequence length"),
+            (dict(seq=4096, keep_last_n=-1), "keep_last_n"),
+            (dict(seq=4096, gpu_memory_bytes=-5), "gpu_memory_bytes"),
         ]:
             with self.subTest(kwargs=kwargs):
                 with self.assertRaisesRegex(ValueError, needle):
