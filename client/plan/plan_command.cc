@@ -267,6 +267,17 @@ bool WarnHostRam(const std::vector<Plan>& plans, uint64_t host_ram_bytes, std::o
   return exceeded;
 }
 
+// A warning on `err` when offload alone does not make the run fit --gpu-memory; whether so.
+bool WarnGpuShort(const Plan& p, std::ostream& err) {
+  if (p.decision != Decision::kDoesNotFit) return false;
+  err << "offloadctl plan: warning: offload alone does not make the run fit: at best the peak "
+         "falls to "
+      << FormatBytes(p.gpu_peak_with_offload_min_bytes) << ", above the "
+      << FormatBytes(p.inputs.gpu_memory_bytes)
+      << " of --gpu-memory; shard further, or lower --seq or --batch as well\n";
+  return true;
+}
+
 // The daemon's config lines for a plan with a spill tier: the pool is the host RAM given and
 // the spill tier takes the rest (spill_capacity_bytes at least what a step spills). Empty when
 // no spill is needed: FormatSettingsText's pool_bytes line holds.
@@ -399,7 +410,7 @@ int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std:
       out << FormatPlanText(*plan) << FormatSpillText(*spill)
           << FormatSettingsText(*plan, SpillConfigLines(*spill));
     }
-    if (spill->disk_keeps_up) return 0;
+    if (spill->disk_keeps_up) return WarnGpuShort(*plan, err) ? kExitDoesNotFit : 0;
     err << "offloadctl plan: warning: the disk does not keep up with the spill this plan needs "
         << "(busy " << absl::StrFormat("%.0f", 100 * spill->disk_utilisation)
         << "% of a phase): add host RAM, a faster disk, or lower --seq\n";
@@ -407,7 +418,8 @@ int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std:
   }
   out << (req->json ? FormatPlanJson(*plan) + "\n"
                     : FormatPlanText(*plan) + FormatSettingsText(*plan));
-  return WarnHostRam({*plan}, req->host_ram_bytes, err) ? kExitDoesNotFit : 0;
+  const bool host_short = WarnHostRam({*plan}, req->host_ram_bytes, err);
+  return WarnGpuShort(*plan, err) || host_short ? kExitDoesNotFit : 0;
 }
 
 int RunPlanCommand(int argc, char** argv) {

@@ -28,8 +28,10 @@
 // offload cannot hide the copy / offload alone does not fit / nothing to offload) and the
 // settings that follow: the enable() call and the daemon config line "pool_bytes: N" (bytes,
 // the pinned host RAM per node with the pool allocator's headroom).
-// Exit status: 0 on success; 3 when one plan's pinned host RAM per node exceeds --host-ram (the
-// warning on stderr says what to change; a --sweep only warns); 2 for a usage error or invalid
+// Exit status: 0 on success; 3 when one plan does not fit: its pinned host RAM per node exceeds
+// --host-ram (a --sweep only warns), its spill disk does not keep up, or offload alone does not
+// bring the --gpu-peak under --gpu-memory (decision "does_not_fit") -- the warning on stderr
+// says what to change; 2 for a usage error or invalid
 // input (message on stderr naming the flag to fix); 1 when --hf-config cannot be read.
 #ifndef OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_
 #define OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_

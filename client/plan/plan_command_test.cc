@@ -230,7 +230,11 @@ TEST(PlanCommand, DecidesAndPrintsTheSettings) {
   Result json = RunPlan({"--hf-config", Fixture("qwen3-1.7b.json"), "--seq", "32K", "--link",
                          "gh200", "--gpu-memory", "7GB", "--gpu-peak", "11.13GB",
                          "--keep-last-n", "0", "--json"});
-  ASSERT_EQ(json.code, 0) << json.err;
+  ASSERT_EQ(json.code, 3) << json.err;  // the run does not fit, as with --host-ram
+  EXPECT_NE(json.err.find("offload alone does not make the run fit: at best the peak falls to "
+                          "6.87 GiB, above the 6.52 GiB of --gpu-memory"),
+            std::string::npos)
+      << json.err;
   absl::StatusOr<JsonValue> v = ParseJson(json.out);
   ASSERT_TRUE(v.ok()) << v.status() << "\n" << json.out;
   EXPECT_EQ(v->Find("decision")->string_value(), "does_not_fit");
