@@ -258,7 +258,7 @@ bool WarnHostRam(const std::vector<Plan>& plans, uint64_t host_ram_bytes, std::o
     exceeded = true;
     err << "offloadctl plan: warning: at seq " << WithThousands(p.inputs.seq_len)
         << " the pinned host RAM per node, " << FormatBytes(p.pinned_host_bytes_per_node) << " ("
-        << p.inputs.gpus_per_node << " GPUs x " << FormatBytes(p.gpu_bytes_freed_per_gpu)
+        << p.inputs.gpus_per_node << " GPUs x " << FormatBytes(p.offloaded_bytes_per_gpu)
         << "), exceeds the node's " << FormatBytes(host_ram_bytes)
         << " (--host-ram): the daemon cannot pin it; lower --seq or --batch, keep more layers "
            "on the GPU (--keep-last-n), plan for more nodes, or give --nvme-gbps to plan the "

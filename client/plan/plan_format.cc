@@ -75,6 +75,13 @@ std::string Row(absl::string_view label, const std::string& value, const std::st
   return line + "\n";
 }
 
+// ", 22 still copying when backward starts: ..." when offloads fall behind forward, else "".
+std::string InFlight(const Plan& p) {
+  if (p.offloads_in_flight_at_backward == 0) return "";
+  return absl::StrCat(", ", p.offloads_in_flight_at_backward,
+                      " still copying when backward starts: copy > forward");
+}
+
 // The GPU memory lines, with --gpu-memory (and --gpu-peak).
 std::string GpuMemoryText(const Plan& p) {
   const PlanInputs& in = p.inputs;
@@ -193,8 +200,8 @@ std::string FormatPlanText(const Plan& p) {
       row("checkpoint per GPU", FormatBytes(p.checkpoint_bytes_per_gpu),
           absl::StrCat("(", WithThousands(p.checkpoint_bytes_per_gpu), " bytes)")),
       row("GPU memory freed per GPU", FormatBytes(p.gpu_bytes_freed_per_gpu),
-          absl::StrCat("(", p.offloaded_layers, " of ", p.inputs.model.layers,
-                       " layers offloaded; keep_last_n=", p.inputs.keep_last_n, " keeps ",
+          absl::StrCat("(", p.offloaded_layers, " of ", p.inputs.model.layers, " layers offloaded",
+                       InFlight(p), "; keep_last_n=", p.inputs.keep_last_n, " keeps ",
                        std::min(p.inputs.keep_last_n, p.inputs.model.layers), " on the GPU)")),
       row("pinned host RAM per node", FormatBytes(p.pinned_host_bytes_per_node),
           absl::StrCat("(", WithThousands(p.pinned_host_bytes_per_node), " bytes)")),
@@ -232,6 +239,8 @@ std::string FormatPlanJson(const Plan& p) {
       ", \"checkpoint_bytes_per_layer\": ", p.checkpoint_bytes_per_layer,
       ", \"checkpoint_bytes_per_gpu\": ", p.checkpoint_bytes_per_gpu,
       ", \"offloaded_layers\": ", p.offloaded_layers,
+      ", \"offloaded_bytes_per_gpu\": ", p.offloaded_bytes_per_gpu,
+      ", \"offloads_in_flight_at_backward\": ", p.offloads_in_flight_at_backward,
       ", \"gpu_bytes_freed_per_gpu\": ", p.gpu_bytes_freed_per_gpu,
       ", \"pinned_host_bytes_per_node\": ", p.pinned_host_bytes_per_node,
       ", \"pool_headroom\": ", JsonDouble(p.pool_headroom), ", \"pool_bytes\": ", p.pool_bytes,

@@ -118,6 +118,14 @@ uint64_t PoolBytesWithHeadroom(uint64_t live_bytes, double headroom) {
   return static_cast<uint64_t>(mib) * (1u << 20);
 }
 
+// planner.h Plan::offloads_in_flight_at_backward: the serial copy queue of forward's offloads.
+int64_t OffloadsInFlightAtBackward(const Plan& p) {
+  if (p.copy_seconds_per_layer <= p.forward_seconds_per_layer) return 0;
+  const double done = std::floor(static_cast<double>(p.offloaded_layers) *
+                                 p.forward_seconds_per_layer / p.copy_seconds_per_layer);
+  return p.offloaded_layers - static_cast<int64_t>(done);
+}
+
 // The fields that follow from keep_last_n and the GPU memory figures (planner.h Decision).
 absl::Status Decide(Plan* p) {
   const PlanInputs& in = p->inputs;
@@ -226,8 +234,8 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
       !MulU64(in.model.hidden, p.checkpoint_bytes_per_element, &per_token) ||
       !MulU64(tokens, per_token, &p.checkpoint_bytes_per_layer) ||
       !MulU64(p.checkpoint_bytes_per_layer, in.model.layers, &p.checkpoint_bytes_per_gpu) ||
-      !MulU64(p.checkpoint_bytes_per_layer, p.offloaded_layers, &p.gpu_bytes_freed_per_gpu) ||
-      !MulU64(p.gpu_bytes_freed_per_gpu, in.gpus_per_node, &p.pinned_host_bytes_per_node) ||
+      !MulU64(p.checkpoint_bytes_per_layer, p.offloaded_layers, &p.offloaded_bytes_per_gpu) ||
+      !MulU64(p.offloaded_bytes_per_gpu, in.gpus_per_node, &p.pinned_host_bytes_per_node) ||
       p.pinned_host_bytes_per_node > (uint64_t{1} << 62)) {
     return Invalid("checkpoint bytes overflow 64 bits: check --layers/--hidden/--batch/--seq");
   }
@@ -246,6 +254,10 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
   p.overlap_slowdown =
       p.overlaps_fully ? 0.0 : (p.copy_seconds_per_layer - p.overlap_budget_seconds) / step_seconds;
   p.full_overlap_min_seq_len = FullOverlapMinSeqLen(in);
+  p.offloads_in_flight_at_backward = OffloadsInFlightAtBackward(p);
+  p.gpu_bytes_freed_per_gpu =
+      p.checkpoint_bytes_per_layer *
+      static_cast<uint64_t>(p.offloaded_layers - p.offloads_in_flight_at_backward);
   if (absl::Status s = Decide(&p); !s.ok()) return s;
   return p;
 }

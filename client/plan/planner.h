@@ -144,11 +144,19 @@ struct Plan {
   uint64_t checkpoint_bytes_per_layer = 0;  // b*s*h*dtype
   uint64_t checkpoint_bytes_per_gpu = 0;    // L * per layer: held on the GPU without offload
   int64_t offloaded_layers = 0;             // max(0, L - keep_last_n)
-  // offloaded_layers * per layer: the GPU memory offload frees per GPU at the end of forward,
-  // where every checkpoint is held; an upper bound on how far the peak falls ([ref]: offload
-  // lowers the peak only if the checkpoints are part of what is held at the peak).
+  uint64_t offloaded_bytes_per_gpu = 0;     // offloaded_layers * per layer
+  // Offloads still copying when forward ends. Forward never waits for an offload ([ref],
+  // Arctic's design): with a copy slower than a forward they queue on the link and the
+  // checkpoints wait on the GPU ("the cost shows up as memory"). Offload j (1-based) is issued
+  // when layer j + keep_last_n saves its input and the link copies one at a time, so when
+  // copy > forward the ones not done by the end of forward are offloaded_layers -
+  // floor(offloaded_layers * forward / copy); 0 when copy <= forward.
+  int64_t offloads_in_flight_at_backward = 0;
+  // (offloaded_layers - in flight) * per layer: the GPU memory offload frees per GPU at the end
+  // of forward, where every checkpoint is held; an upper bound on how far the peak falls ([ref]:
+  // offload lowers the peak only if the checkpoints are part of what is held at the peak).
   uint64_t gpu_bytes_freed_per_gpu = 0;
-  uint64_t pinned_host_bytes_per_node = 0;  // gpus_per_node * freed per GPU: the pool's live peak
+  uint64_t pinned_host_bytes_per_node = 0;  // gpus_per_node * offloaded per GPU: the pool's peak
   double pool_headroom = 0.0;               // PoolHeadroom(gpus_per_node)
   uint64_t pool_bytes = 0;  // pinned host * headroom, rounded up to a MiB: the pool_bytes line
   double link_bytes_per_second_per_gpu = 0.0;

@@ -95,6 +95,7 @@ double Quantity(const Plan& p, const std::string& key) {
       {"full_overlap_min_seq_len", static_cast<double>(p.full_overlap_min_seq_len)},
       {"link_gbps", p.inputs.link.bytes_per_second / 1e9},
       {"offloaded_layers", static_cast<double>(p.offloaded_layers)},
+      {"offloads_in_flight_at_backward", static_cast<double>(p.offloads_in_flight_at_backward)},
       {"gpu_freed_bytes_per_gpu", static_cast<double>(p.gpu_bytes_freed_per_gpu)},
       {"gpu_freed_gib_per_gpu", p.gpu_bytes_freed_per_gpu / kGiB},
       {"pool_headroom", p.pool_headroom},

@@ -135,6 +135,8 @@ class Plan:
     gpu_memory_bytes: int = 0
     gpu_peak_bytes: int = 0
     offloaded_layers: int = 0
+    offloaded_bytes_per_gpu: int = 0
+    offloads_in_flight_at_backward: int = 0
     gpu_bytes_freed_per_gpu: int = 0
     pool_headroom: float = 0.0
     pool_bytes: int = 0
@@ -240,6 +242,18 @@ def _full_overlap_min_seq_len(m, b, dbytes, per_gpu_rate, rate) -> int:
     return s
 
 
+def _offloads_in_flight_at_backward(offloaded_layers: int, copy_s: float,
+                                    forward_s: float) -> int:
+    """Offloads still copying when forward ends. Forward never waits for an offload ([ref],
+    Arctic's design): with a copy slower than a forward they queue on the link (one at a time;
+    offload j is issued when layer j + keep_last_n saves its input) and their checkpoints wait
+    on the GPU, "the cost shows up as memory". 0 when copy <= forward, else offloaded_layers -
+    floor(offloaded_layers * forward / copy)."""
+    if copy_s <= forward_s:
+        return 0
+    return offloaded_layers - int(math.floor(float(offloaded_layers) * forward_s / copy_s))
+
+
 def _decide(m: ModelShape, offloaded_layers: int, gpu_memory_bytes: int, gpu_peak_bytes: int,
             peak_min: int, overlaps: bool) -> str:
     """The decision (DECISIONS), first match wins."""
@@ -303,14 +317,13 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
     per_layer = batch * seq * model.hidden * dbytes
     per_gpu = per_layer * model.layers
     offloaded_layers = max(0, model.layers - keep_last_n)
-    freed = per_layer * offloaded_layers
-    per_node = freed * gpus_per_node
+    offloaded = per_layer * offloaded_layers
+    per_node = offloaded * gpus_per_node
     if per_gpu >= 2 ** 64 or per_node > 2 ** 62:
         raise ValueError("checkpoint bytes overflow 64 bits: check layers/hidden/batch/seq")
     _check_gpu_memory(gpu_memory_bytes, gpu_peak_bytes, per_gpu)
     headroom = pool_headroom(gpus_per_node)
     pool = math.ceil(per_node * headroom / 2**20) * 2**20
-    peak_min = gpu_peak_bytes - freed if gpu_peak_bytes else 0
     copy_s = _copy_s(model, batch, seq, dbytes, per_gpu_rate)
     matmul = 2.0 * batch * seq * model.params_per_layer
     attention = 2.0 * batch * float(seq) * seq * model.attention_width
@@ -318,6 +331,9 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
     step_s = FORWARDS_PER_STEP * forward_s
     budget = FORWARDS_TO_HIDE_RELOAD * forward_s
     overlaps = copy_s <= budget
+    in_flight = _offloads_in_flight_at_backward(offloaded_layers, copy_s, forward_s)
+    freed = per_layer * (offloaded_layers - in_flight)
+    peak_min = gpu_peak_bytes - freed if gpu_peak_bytes else 0
     return Plan(
         model=model, micro_batch=batch, seq_len=seq, dtype=d, gpus_per_node=gpus_per_node,
         gpus_per_link=gpus_per_link, link=link_name, link_bytes_per_second=link_rate,
@@ -335,7 +351,8 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
                                                            rate),
         host_link=host_link(link_name), keep_last_n=keep_last_n,
         gpu_memory_bytes=gpu_memory_bytes, gpu_peak_bytes=gpu_peak_bytes,
-        offloaded_layers=offloaded_layers, gpu_bytes_freed_per_gpu=freed,
+        offloaded_layers=offloaded_layers, offloaded_bytes_per_gpu=offloaded,
+        offloads_in_flight_at_backward=in_flight, gpu_bytes_freed_per_gpu=freed,
         pool_headroom=headroom, pool_bytes=pool, gpu_peak_with_offload_min_bytes=peak_min,
         decision=_decide(model, offloaded_layers, gpu_memory_bytes, gpu_peak_bytes, peak_min,
                          overlaps))
@@ -523,8 +540,8 @@ def format_plan(p: Plan) -> str:
         ("checkpoint per GPU", _bytes(p.checkpoint_bytes_per_gpu),
          f"({p.checkpoint_bytes_per_gpu:,} bytes)"),
         ("GPU memory freed per GPU", _bytes(p.gpu_bytes_freed_per_gpu),
-         f"({p.offloaded_layers} of {m.layers} layers offloaded; keep_last_n={p.keep_last_n} "
-         f"keeps {min(p.keep_last_n, m.layers)} on the GPU)"),
+         f"({p.offloaded_layers} of {m.layers} layers offloaded{_in_flight(p)}; "
+         f"keep_last_n={p.keep_last_n} keeps {min(p.keep_last_n, m.layers)} on the GPU)"),
         ("pinned host RAM per node", _bytes(p.pinned_host_bytes_per_node),
          f"({p.pinned_host_bytes_per_node:,} bytes)"),
         ("copy per layer, each way", ms(p.copy_seconds_per_layer), ""),
@@ -552,6 +569,13 @@ def format_plan(p: Plan) -> str:
     out += _gpu_memory_rows(p)
     out.append(_decision_row(p))
     return "\n".join(out) + "\n" + format_settings(p)
+
+
+def _in_flight(p: Plan) -> str:
+    if not p.offloads_in_flight_at_backward:
+        return ""
+    return (f", {p.offloads_in_flight_at_backward} still copying when backward starts: "
+            "copy > forward")
 
 
 def _link_name(p: Plan) -> str:

@@ -52,6 +52,7 @@ def _quantity(p, key):
         "full_overlap_min_seq_len": p.full_overlap_min_seq_len,
         "link_gbps": p.link_bytes_per_second / 1e9,
         "offloaded_layers": p.offloaded_layers,
+        "offloads_in_flight_at_backward": p.offloads_in_flight_at_backward,
         "gpu_freed_bytes_per_gpu": p.gpu_bytes_freed_per_gpu,
         "gpu_freed_gib_per_gpu": p.gpu_bytes_freed_per_gpu / 2**30,
         "pool_headroom": p.pool_headroom,
