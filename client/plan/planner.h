@@ -11,7 +11,8 @@
 // free: the bandwidth arithmetic":
 //   checkpoint per layer = b * s * h * dtype_bytes                 ("b*s*h*2 bytes" in bf16)
 //   checkpoint per GPU   = L * checkpoint per layer    ([ref] "What it costs": L x b x s x h x 2)
-//   pinned host per node = GPUs per node * checkpoint per GPU                     (same section)
+//   pinned host per node = GPUs per node * (L - keep_last_n) * checkpoint per layer (same
+//                          section, less the checkpoints keep_last_n leaves on the GPU)
 //   copy per layer       = checkpoint per layer / (link rate / GPUs sharing the link)
 //   forward per layer    = (2 * b*s * params_per_layer + 2 * b * s^2 * attention_width) / rate
 //   sync slowdown        = 2 copies / 4 forwards  (forward, recompute, backward counting as 2)
@@ -21,7 +22,10 @@
 // contention, no embedding or loss layers, no first-step pinning cost. Added here: GPUs that
 // share a link copy at the same time and split it evenly; in the overlapped schedule forward
 // never waits for an offload (Arctic's design per [ref]: a slow link costs memory, not time),
-// so only the backward reload can cost time.
+// so only the backward reload can cost time, and offloads that fall behind forward stay on the
+// GPU into backward (Plan::offloads_in_flight_at_backward). Also added: the pool's allocator
+// headroom (PoolHeadroom), the GPU memory decision (Decision) and the settings that follow
+// (plan_format.h).
 //
 // Units: bytes are exact integers; "GB/s" in names and presets means 1e9 bytes/s (the GBps of
 // [ref]); GiB in printed output is 2^30 bytes; times are seconds; slowdowns are fractions of the

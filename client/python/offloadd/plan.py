@@ -7,8 +7,9 @@ Source of every formula and figure: shared/reference/activation-checkpoint-offlo
 section "When the copy is free: the bandwidth arithmetic" unless noted:
 
 * checkpoint per layer = b * s * h * dtype_bytes bytes ("b·s·h·2 bytes" in bf16)
-* checkpoint per GPU = L * (per layer); pinned host RAM per node = GPUs per node * (per GPU)
-  ([ref] "What it costs": "L x b x s x h x 2 bytes per GPU, times the GPUs in a node")
+* checkpoint per GPU = L * (per layer); pinned host RAM per node = GPUs per node * (L -
+  keep_last_n) * (per layer) ([ref] "What it costs": "L x b x s x h x 2 bytes per GPU, times the
+  GPUs in a node", less what keep_last_n leaves on the GPU)
 * copy per layer (each direction) = per-layer bytes / (link rate / GPUs sharing the link)
 * forward per layer = (2 * b*s * params_per_layer + 2 * b * s**2 * attention_width) / rate
 * synchronous slowdown = 2 copies / 4 forwards per layer (forward, recompute, backward = 2)
@@ -17,7 +18,10 @@ section "When the copy is free: the bandwidth arithmetic" unless noted:
 
 First order, as [ref] states: full link rate, no HBM contention, no embedding or loss layers, no
 first-step pinning cost. Added here: GPUs sharing a link copy at once and split it evenly; in the
-overlapped schedule forward never waits for an offload (Arctic's design per [ref]).
+overlapped schedule forward never waits for an offload (Arctic's design per [ref]), so offloads
+that fall behind forward stay on the GPU into backward (``offloads_in_flight_at_backward``); the
+pool's allocator headroom (``pool_headroom``), the decision (``DECISIONS``) and the settings that
+follow (``enable_call``, ``format_settings``).
 
 Units: bytes are ints; GB/s means 1e9 bytes/s ([ref]'s GBps); GiB is 2**30 bytes; seconds;
 slowdowns are fractions of the checkpointed step time without offload (0.157 = 15.7%).
