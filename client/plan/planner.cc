@@ -111,7 +111,7 @@ absl::Status Validate(const PlanInputs& in) {
   return absl::OkStatus();
 }
 
-// README "Pool": the one-rank figure alone, the several-rank worst seen otherwise.
+// The pool_bytes line: the live bytes times the headroom (PoolHeadroom), up to a whole MiB.
 uint64_t PoolBytesWithHeadroom(uint64_t live_bytes, double headroom) {
   constexpr double kMiB = 1024.0 * 1024.0;
   const double mib = std::ceil(static_cast<double>(live_bytes) * headroom / kMiB);
@@ -182,6 +182,7 @@ absl::StatusOr<Link> ResolveLink(absl::string_view text) {
   // names and their sources: planner.h.
   static const std::pair<const char*, double> kLinks[] = {
       {"pcie4", 31e9}, {"pcie5", 63e9}, {"h200", 55.43e9}, {"nvlink-c2c", 450e9}};
+  // GPU names (and the "c2c" alias) -> the link preset they stand for.
   static const std::pair<const char*, const char*> kGpus[] = {
       {"h100", "pcie5"}, {"a100", "pcie4"}, {"b200", "pcie5"}, {"gh200", "nvlink-c2c"},
       {"c2c", "nvlink-c2c"}};
