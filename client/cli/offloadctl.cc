@@ -1,6 +1,8 @@
 // offloadctl: command-line tool for offloadd.
 //
-//   offloadctl [--socket PATH] stats [--json]   pool, sessions, links and counters (GetStats)
+//   offloadctl [--socket PATH] stats [--json]   pool, sessions, links and counters (GetStats),
+//                                               GaLore projector refreshes (GetProjectorStats;
+//                                               JSON: the "projector" member)
 //   offloadctl [--socket PATH] health           gRPC health check; exit 0 when SERVING
 //   offloadctl [--socket PATH] topo             NUMA nodes, host links, links (capacities,
 //                                               busy share), GPUs with their bytes
@@ -32,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli/bench.h"
 #include "client/cli/calibrate.h"
+#include "client/cli/projector_stats.h"
 #include "client/cli/query.h"
 #include "client/cli/sessions.h"
 #include "client/offloadd_client.h"
@@ -113,7 +116,8 @@ int Stats(const std::string& socket, bool json) {
     opts.always_print_primitive_fields = true;
     opts.preserve_proto_field_names = true;
     (void)google::protobuf::util::MessageToJsonString(*s, &out, opts);
-    std::cout << out << "\n";
+    std::cout << offloadd::cli::WithProjectorJson(out, offloadd::cli::QueryProjectorStats(socket))
+              << "\n";
     return 0;
   }
   std::cout << absl::StrFormat(
@@ -128,6 +132,7 @@ int Stats(const std::string& socket, bool json) {
       s->errors_total(), s->offloads_waiting(), s->sessions_size(),
       s->sessions_filtered() ? " (not an admin: only this user's sessions)" : "");
   std::cout << SpillLine(*s);
+  std::cout << offloadd::cli::ProjectorLine(offloadd::cli::QueryProjectorStats(socket));
   for (const auto& ses : s->sessions()) {
     std::cout << absl::StrFormat("  session %d  %-20s device %-12s pid %-7d %d blocks, %s\n",
                                  ses.session_id(), ses.client_name(), ses.device_id(), ses.pid(),

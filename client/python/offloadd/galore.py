@@ -238,24 +238,35 @@ def _round_up(n, k):
 class ProjectorStats:
     """Counts of one process's projectors (shared by all projectors :func:`enable` makes).
 
-    projectors, refreshes_submitted, refreshes_adopted, deduplicated (adopted results the daemon
-    took from another rank's identical refresh), local_fallbacks (synchronous refreshes computed
-    in process because no daemon answered), kept_stale (asynchronous refreshes that failed, the
-    previous projector kept), broadcasts (projectors received from or sent to other nodes).
+    projectors, refreshes_submitted (refreshes the daemon accepted: a Submit it answered; one
+    no daemon took is not counted), refreshes_adopted, computed (adopted results the daemon
+    computed for this process: neither deduplicated nor skipped by the lazy policy),
+    deduplicated (adopted results the daemon took from another rank's identical refresh),
+    local_fallbacks (synchronous refreshes computed in process because no daemon answered),
+    kept_stale (asynchronous refreshes that failed, the previous projector kept), broadcasts
+    (projectors received from or sent to other nodes).
     """
 
-    FIELDS = ("projectors", "refreshes_submitted", "refreshes_adopted", "deduplicated",
-              "local_fallbacks", "kept_stale", "broadcasts")
+    FIELDS = ("projectors", "refreshes_submitted", "refreshes_adopted", "computed",
+              "deduplicated", "local_fallbacks", "kept_stale", "broadcasts")
 
     def __init__(self):
+        self._lock = threading.Lock()
         self.reset()
 
     def reset(self):
-        for f in self.FIELDS:
-            setattr(self, f, 0)
+        with self._lock:
+            for f in self.FIELDS:
+                setattr(self, f, 0)
+
+    def count(self, field, n=1):
+        """Adds ``n`` to ``field`` (safe from the asynchronous submit thread)."""
+        with self._lock:
+            setattr(self, field, getattr(self, field) + n)
 
     def as_dict(self):
-        return {f: getattr(self, f) for f in self.FIELDS}
+        with self._lock:
+            return {f: getattr(self, f) for f in self.FIELDS}
 
     def __repr__(self):
         return "ProjectorStats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
@@ -547,9 +558,11 @@ class ServiceProjector:
             self._p, self._side = p, side
         self.last_result = result
         self.adopted_steps.append(step)
-        self.stats.refreshes_adopted += 1
+        self.stats.count("refreshes_adopted")
         if result is not None and result.deduplicated:
-            self.stats.deduplicated += 1
+            self.stats.count("deduplicated")
+        elif result is not None and not result.skipped:
+            self.stats.count("computed")
         if self.verbose:
             print("offloadd: projector %s adopted the refresh of step %d" %
                   (self.parameter_id, step))
@@ -622,7 +635,6 @@ class ServiceProjector:
         pending = {"side": side, "side_dim": side_dim, "r": r, "p_offset": p_offset,
                    "dtype": g.dtype, "staged_dtype": staged.dtype, "device": g.device,
                    "step": step, "cuda": use_cuda}
-        self.stats.refreshes_submitted += 1
         if background:
             pending["future"] = self.connection.background(
                 lambda: self._send(request, ready))
@@ -659,6 +671,7 @@ class ServiceProjector:
             # A step older than one already refreshed: training restarted from a checkpoint.
             request.reset_history = True
             reply = self.connection.submit(request)
+        self.stats.count("refreshes_submitted")  # only what the daemon took
         if self.verbose:
             print("offloadd: projector refresh %d of %s at step %d submitted" %
                   (reply.refresh_id, self.parameter_id, request.key.step))

@@ -10,28 +10,43 @@ inside ``transformers.modeling_utils.save_on_cpu(pin_memory=True, device_type=..
 ``torch.autograd.graph.save_on_cpu``: a device-to-host and a host-to-device copy on the compute
 stream, no prefetch. :func:`enable` swaps that name for :class:`offloadd.torch.save_on_cpu`, so
 the same layer inputs go to the node's offloadd daemon instead (asynchronous offload,
-reverse-order prefetch, one shared pinned pool per node)::
+reverse-order prefetch, one shared pinned pool per node); it calls :func:`offloadd.torch.enable`
+first, so torch's own entry points (``torch.autograd.graph.save_on_cpu``, torch.distributed's
+``offload_wrapper``, which accelerate's FSDP2 activation offload uses) go there too::
 
     import offloadd.transformers
     offloadd.transformers.enable(strict=True)      # before the first forward; strict: raise
     model.activation_checkpointing_enable(offload=True)  # on a refusal (production)
 
-Only the name Transformers looks up at call time changes; models, the Trainer and torch are not
-patched otherwise. On a host without an accelerator torch's own ``save_on_cpu(pin_memory=True)``
-raises (torch asks ``torch.cpu`` whether it can pin, and it cannot); offloadd's pins only where
-CUDA is available, so the same code runs on CPU-only test machines.
+Every ``transformers.Trainer`` made after :func:`enable` logs offloadd's figures with the loss
+(``offloadd/offloaded_gib``, ``offloadd/reloads_in_time``, ``offloadd/reloads_waited``,
+``offloadd/host_wait_seconds``, ``offloadd/fallbacks``, GaLore refreshes while
+``offloadd.galore.enable()`` routes them), so they reach TensorBoard or W&B, and ends training
+with one "offloadd: training summary" line; ``enable(trainer_callback=False)`` leaves the
+Trainer's callbacks alone.
+
+Only the names Transformers and torch look up at call time change, and the Trainer's default
+callbacks gain offloadd's; models, the Trainer and torch are not patched otherwise. On a host
+without an accelerator torch's own ``save_on_cpu(pin_memory=True)`` raises (torch asks
+``torch.cpu`` whether it can pin, and it cannot); offloadd's pins only where CUDA is available,
+so the same code runs on CPU-only test machines.
 """
 
+import sys
 import threading
 
 _lock = threading.Lock()
 _saved = []  # the save_on_cpu that enable() replaced (empty when not enabled)
 
 
-def enable(**context_args):
+def enable(*, trainer_callback=True, **context_args):
     """Routes Transformers' checkpoint offload through offloadd.
 
     Args:
+      trainer_callback: add offloadd's figures to the logs of every ``transformers.Trainer``
+        made from now on (offloaded GiB, reloads in time / waited, host-wait seconds,
+        fallbacks, GaLore refreshes; a summary line at the end of training: see
+        offloadd._trainer_log). False removes the callback again.
       context_args: optional :class:`offloadd.torch.offload_checkpoints` arguments for the
         process's shared context (``keep_last_n``, ``prefetch``, ``threshold_bytes``,
         ``strict``, ``socket_path``, ...); without any, the current default context is kept.
@@ -47,29 +62,33 @@ def enable(**context_args):
     import transformers.modeling_utils as mu
 
     import offloadd.torch as ot
-    from offloadd import sim_gpu
-    torch_ = __import__("torch")
-    if torch_.cuda.is_available() or sim_gpu.active() is not None:
-        from offloadd import cuda
-        cuda.check_allocator_config()
     version = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
     if version < (5, 17) or not hasattr(mu, "save_on_cpu"):
         raise ImportError("offloadd.transformers needs transformers >= 5.17 (checkpoint offload "
                           "through modeling_utils.save_on_cpu); this process has %s"
                           % transformers.__version__)
+    from offloadd import _trainer_log
+    context = ot.enable(**context_args)   # torch's own names, and the allocator check
     with _lock:
         if not _saved:
             _saved.append(mu.save_on_cpu)
         mu.save_on_cpu = ot.save_on_cpu
-    return ot.default_context(**context_args)
+        _trainer_log.install(bool(trainer_callback))
+    return context
 
 
 def disable():
-    """Puts back the ``save_on_cpu`` that :func:`enable` replaced (no-op when not enabled)."""
+    """Puts back the ``save_on_cpu`` that :func:`enable` replaced, and torch's names
+    (:func:`offloadd.torch.disable`); a no-op when not enabled."""
     import transformers.modeling_utils as mu
+
+    import offloadd.torch as ot
     with _lock:
         if _saved:
             mu.save_on_cpu = _saved.pop()
+        if "offloadd._trainer_log" in sys.modules:
+            sys.modules["offloadd._trainer_log"].install(False)
+    ot.disable()
 
 
 def enabled():

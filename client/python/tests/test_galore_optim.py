@@ -275,6 +275,9 @@ class GaloreBadInputTest(OneThread, unittest.TestCase):
                 warnings.simplefilter("always")
                 self.steps(opt, model, 2)  # refresh at 2: no daemon
             self.assertEqual(routing.stats.local_fallbacks, 14)
+            # Only the refreshes of step 0 reached a daemon: those of step 2 are not counted.
+            self.assertEqual(routing.stats.refreshes_submitted, 14)
+            self.assertEqual(routing.stats.computed, 14)
             self.assertEqual(sum("computed in this process" in str(w.message) for w in caught), 14)
             og.enable(socket_path=down.sock, timeout_seconds=5, fallback="error")
             model2 = gf.make_model()
@@ -300,6 +303,7 @@ class GaloreBadInputTest(OneThread, unittest.TestCase):
                 warnings.simplefilter("ignore")
                 self.steps(opt, model, 5)  # refreshes at 2 and 4 fail, found at 3 and 5: kept
             self.assertEqual(routing.stats.kept_stale, 28)
+            self.assertEqual(routing.stats.refreshes_submitted, 14)  # step 0's, not 2's and 4's
             self.assertEqual(routing.stats.local_fallbacks, 0)
             after = [p.ortho_matrix for p in routing.projectors()]
             self.assertTrue(all(torch.equal(a, b) for a, b in zip(before, after)))

@@ -300,6 +300,10 @@ class SimTransformersTest(SimDaemonTestCase):
 
     SEQ = 256
 
+    def tearDown(self):
+        otf.disable()   # enable() swaps process-wide names (torch's too): leave them as found
+        super().tearDown()
+
     def make(self):
         model = q.make_model(seed=0, max_seq=self.SEQ, **q.SEED_CONFIG)
         ids = q.batch(q.SEED_CONFIG["vocab_size"], q.SEED_BATCH, self.SEQ)

@@ -8,6 +8,10 @@
   ``gradient_checkpointing_enable(offload=True)``: see client/python/README.md).
 * :func:`checkpoint` -- drop-in for ``torch.utils.checkpoint.checkpoint`` that offloads the
   layer input itself (torch's checkpoint inside the context's hooks).
+* :func:`enable` / :func:`disable` / :func:`enabled` -- torch's own offload entry points
+  (``torch.autograd.graph.save_on_cpu`` and the ``save_on_cpu`` that torch.distributed's
+  ``offload_wrapper`` uses, which accelerate's FSDP2 activation offload calls) go through
+  offloadd; torch's class constructed through another name warns, naming the caller.
 * :class:`OffloadStats`, :func:`default_context`, :func:`fallbacks_total`,
   :func:`idle_steps_total`, :func:`synchronize` (wait for every request sent so far),
   :func:`close`.
@@ -43,6 +47,7 @@ def _check_torch_version(version):
 _check_torch_version(_torch.__version__)
 
 from ._checkpoint import checkpoint  # noqa: E402
+from ._enable import disable, enable, enabled  # noqa: E402
 from ._endpoint import close_all as close  # noqa: E402
 from ._endpoint import fallbacks_total, idle_steps_total, synchronize  # noqa: E402
 from ._hooks import default_context, offload_checkpoints, save_on_cpu  # noqa: E402
@@ -50,4 +55,4 @@ from ._stats import OffloadStats  # noqa: E402
 
 __all__ = ["offload_checkpoints", "save_on_cpu", "checkpoint", "OffloadStats",
            "default_context", "fallbacks_total", "idle_steps_total", "synchronize", "close",
-           "SUPPORTED_TORCH"]
+           "enable", "disable", "enabled", "SUPPORTED_TORCH"]
