@@ -19,10 +19,13 @@
 // The text output of one plan ends with its daemon config line, "pool_bytes: N" (bytes).
 // Exit status: 0 on success; 3 when one plan's pinned host RAM per node exceeds --host-ram (the
 // warning on stderr says what to change; a --sweep only warns); 2 for a usage error or invalid
-// input (message on stderr naming the flag to fix); 1 when --hf-config cannot be read.
+// input (message on stderr naming the flag to fix); 1 when --hf-config cannot be read (missing,
+// unreadable, not a regular file -- a FIFO or device such as /dev/zero -- or larger than
+// kMaxHfConfigBytes).
 #ifndef OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_
 #define OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -31,6 +34,9 @@
 #include "absl/status/statusor.h"
 
 namespace offloadd::plan {
+
+// The most bytes --hf-config may hold (16 MiB; a model's config.json is a few KiB).
+inline constexpr size_t kMaxHfConfigBytes = 16 << 20;
 
 // argv[0] is the program or subcommand name and is skipped: offloadctl's main passes
 // (argc - 1, argv + 1) so that argv[0] is "plan". Prints to stdout/stderr.
