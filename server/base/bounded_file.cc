@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,6 +56,10 @@ absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, size_t max_
     const int err = errno;
     close(fd);
     return OpenError(path, what, err);
+  }
+  if (S_ISCHR(st.st_mode) && major(st.st_rdev) == 1 && minor(st.st_rdev) == 3) {
+    close(fd);
+    return std::string();  // /dev/null: empty, as `--check-config /dev/null` means
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);

@@ -13,8 +13,9 @@ namespace offloadd::base {
 
 // The whole content of the regular file at `path`, at most `max_bytes` bytes. The file is opened
 // non-blocking (a FIFO without a writer does not block the open) and checked with fstat on the
-// opened descriptor before anything is read. `what` names the input in messages ("config file",
-// "--hf-config file"). Errors, each a sentence naming `what` and `path`:
+// opened descriptor before anything is read; the null device (/dev/null) reads as empty. `what`
+// names the input in messages ("config file", "--hf-config file"). Errors, each a sentence
+// naming `what` and `path`:
 //  - NOT_FOUND (no such file, or another open error) or PERMISSION_DENIED, with strerror's text;
 //  - FAILED_PRECONDITION for a directory, FIFO, socket or device (not a regular file);
 //  - OUT_OF_RANGE when the file holds more than `max_bytes` bytes (read stops at max_bytes + 1);

@@ -52,6 +52,12 @@ TEST(ReadBoundedFile, DevZeroIsRefusedNotRead) {
       << text.status();
 }
 
+TEST(ReadBoundedFile, DevNullReadsAsEmpty) {
+  auto text = ReadBoundedFile("/dev/null", 1 << 20, "config file");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "");
+}
+
 TEST(ReadBoundedFile, AFifoWithoutAWriterIsRefusedWithoutBlocking) {
   const std::string path = TempPath("fifo");
   unlink(path.c_str());
