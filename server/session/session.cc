@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
+#include "server/base/log_text.h"
 #include "server/session/audit.h"
 #include "server/metrics/metrics.h"
 
@@ -472,7 +473,7 @@ void Session::FailAfterAnswer(uint64_t request_id, absl::Status status) {
       "reload request ", request_id, " failed after the daemon recorded its done event (the ",
       "destination may hold bytes that never landed): ", status.message(),
       "; offloadd ended this session: fail the step and reconnect"));
-  LOG(ERROR) << "session " << id_ << ": " << end.message();
+  LOG(ERROR) << "session " << id_ << ": " << base::LogText(end.message(), 2048);
   // Ending waits for the session's copies: not on this (link or device) thread. The transfer
   // count keeps a shutdown from finishing under it.
   if (!core_->BeginTransfer()) return;  // shutting down: every session is being closed anyway
