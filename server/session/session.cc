@@ -246,6 +246,7 @@ absl::StatusOr<uint64_t> Session::AdmitHelloLocked(const Request& r, const pool:
   device_id_ = r.device_id;
   transient_device_ = r.transient_device;
   pid_ = peer_.known && peer_.pid > 0 ? static_cast<uint32_t>(peer_.pid) : r.pid;
+  hello_seconds_ = core_->clock().NowSeconds();  // bounds the session's reports
   if (peer_.known) {
     core_->store().SetSessionOwner(id_, peer_.uid);
     core_->WatchPid(id_, peer_.pid);
@@ -498,7 +499,8 @@ void Session::OnClientReport(const Request& r) {
   absl::StatusOr<ClientCounters> increase;
   {
     base::MutexLock lock(mu_);
-    increase = ReportIncrease(client_report_, r.report);
+    increase = ReportIncrease(client_report_, r.report,
+                              core_->clock().NowSeconds() - hello_seconds_);
     if (increase.ok()) client_report_ = r.report;
   }
   if (!increase.ok()) return Fail(r.request_id, increase.status());
