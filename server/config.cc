@@ -268,7 +268,9 @@ void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
         "GPUs when there are two or more) or \"off\"",
         c.numa_placement()));
   }
-  if (c.chunk_bytes() < 4096) p->Add("chunk_bytes must be at least 4096");
+  // Above 1 GiB, rounding a chunk up to the spill tier's alignment could wrap.
+  p->Range(static_cast<double>(c.chunk_bytes()), 4096, 1 << 30,
+           "chunk_bytes must be between 4096 and 1073741824 (1 GiB)");
   if (!ValidShmName(c.pool_shm_name())) {
     p->Add(absl::StrFormat(
         "pool_shm_name \"%s\" must be at most 200 letters, digits, '.', '_' or '-' (it names "
@@ -311,7 +313,8 @@ void CheckCalibrationAndSim(const v1::DaemonConfig& c, Problems* p) {
   }
   const v1::CudaSimConfig& s = c.cuda_sim();
   p->Range(s.gpus(), 1, 64, "cuda_sim.gpus must be between 1 and 64");
-  if (s.gpus_per_switch() < 1) p->Add("cuda_sim.gpus_per_switch must be >= 1");
+  // Narrowed to int for the model: bounded first.
+  p->Range(s.gpus_per_switch(), 1, 64, "cuda_sim.gpus_per_switch must be between 1 and 64");
   if (!(s.engine_bytes_per_second() > 0) || !std::isfinite(s.engine_bytes_per_second())) {
     p->Add("cuda_sim.engine_bytes_per_second must be > 0 (e.g. 55GB)");
   }

@@ -516,6 +516,22 @@ TEST(ConfigFlagRanges, SocketModeMustBeAnOctalModeUpTo0777) {
   EXPECT_FALSE(ValidateConfig(*ParseConfig("socket_mode: 01777")).ok());
 }
 
+// Fields narrowed or rounded later are bounded where the config is validated.
+TEST(ConfigFlagRanges, FieldsNarrowedLaterAreBounded) {
+  v1::DaemonConfig c = *ParseConfig("");
+  ASSERT_EQ(FlagOutcome("chunk_bytes", "18446744073709551615", &c), "OK");
+  absl::Status st = ValidateConfig(c);
+  EXPECT_NE(st.message().find("chunk_bytes must be between 4096 and 1073741824"),
+            std::string::npos)
+      << st;
+  c = *ParseConfig("cuda_sim { gpus_per_switch: 4294967295 }");
+  st = ValidateConfig(c);
+  EXPECT_NE(st.message().find("cuda_sim.gpus_per_switch must be between 1 and 64"),
+            std::string::npos)
+      << st;
+  EXPECT_TRUE(ValidateConfig(*ParseConfig("chunk_bytes: 1GiB")).ok());
+}
+
 // --socket_path rel.sock made a directory rel.sock (mkdir -p of the path without a slash).
 TEST(ConfigSocketPath, ARelativePathResolvesAgainstTheCurrentDirectory) {
   char cwd[4096];
