@@ -2,12 +2,16 @@
 
 #include <grp.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
 
 #include <cerrno>
 #include <cstring>
 #include <regex>
 
 #include <cmath>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <set>
@@ -23,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/socket_path.h"
+#include "server/base/bounded_file.h"
 #include "server/copy/cuda_api_sim.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -210,20 +215,10 @@ absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
         "cannot read config file %s: it is a directory; give the file (e.g. %s/offloadd.conf)",
         path, path));
   }
-  std::ifstream in(path);
-  if (!in) {
-    const int err = errno;
-    const std::string why = err == ENOENT  ? "check the path"
-                            : err == EACCES ? "make it readable by the daemon's user"
-                                            : "check the file";
-    auto status = absl::StrFormat("cannot read config file %s: %s; %s", path, std::strerror(err),
-                                  why);
-    if (err == EACCES) return absl::PermissionDeniedError(status);
-    return absl::NotFoundError(status);
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto config = ParseConfig(ss.str());
+  absl::StatusOr<std::string> text = base::ReadBoundedFile(path, kMaxConfigFileBytes,
+                                                           "config file");
+  if (!text.ok()) return text.status();
+  auto config = ParseConfig(*text);
   if (!config.ok()) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: %s", path, config.status().message()));
   }
@@ -273,7 +268,9 @@ void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
         "GPUs when there are two or more) or \"off\"",
         c.numa_placement()));
   }
-  if (c.chunk_bytes() < 4096) p->Add("chunk_bytes must be at least 4096");
+  // Above 1 GiB, rounding a chunk up to the spill tier's alignment could wrap.
+  p->Range(static_cast<double>(c.chunk_bytes()), 4096, 1 << 30,
+           "chunk_bytes must be between 4096 and 1073741824 (1 GiB)");
   if (!ValidShmName(c.pool_shm_name())) {
     p->Add(absl::StrFormat(
         "pool_shm_name \"%s\" must be at most 200 letters, digits, '.', '_' or '-' (it names "
@@ -316,7 +313,8 @@ void CheckCalibrationAndSim(const v1::DaemonConfig& c, Problems* p) {
   }
   const v1::CudaSimConfig& s = c.cuda_sim();
   p->Range(s.gpus(), 1, 64, "cuda_sim.gpus must be between 1 and 64");
-  if (s.gpus_per_switch() < 1) p->Add("cuda_sim.gpus_per_switch must be >= 1");
+  // Narrowed to int for the model: bounded first.
+  p->Range(s.gpus_per_switch(), 1, 64, "cuda_sim.gpus_per_switch must be between 1 and 64");
   if (!(s.engine_bytes_per_second() > 0) || !std::isfinite(s.engine_bytes_per_second())) {
     p->Add("cuda_sim.engine_bytes_per_second must be > 0 (e.g. 55GB)");
   }
@@ -501,12 +499,25 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
       break;
     }
   }
+  const auto too_large = [&text] {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "\"%s\" is more bytes than a 64-bit count holds (at most 18446744073709551615, 16 EiB): "
+        "give a smaller size",
+        text));
+  };
+  uint64_t exact = 0;
+  if (!t.empty() && t.find_first_not_of("0123456789") == std::string::npos) {
+    if (!absl::SimpleAtoi(t, &exact)) return too_large();  // more than 20 digits' worth
+    if (mult == 1) return exact;                           // exact, without a double's rounding
+  }
   double v;
   if (!absl::SimpleAtod(t, &v) || v < 0 || !std::isfinite(v)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "\"%s\" is not a size: write bytes, optionally with a suffix (64MiB, 1.5GiB)", text));
   }
-  return static_cast<uint64_t>(std::llround(v * mult));
+  const double bytes = std::round(v * mult);
+  if (!(bytes < 18446744073709551616.0)) return too_large();  // 2^64: checked before narrowing
+  return static_cast<uint64_t>(bytes);
 }
 
 namespace {
@@ -518,8 +529,8 @@ enum class FlagValue {
   kBool,         // true|1|(empty) or false|0
   kBytes,        // ParseBytes; into a uint64 or double field
   kSignedBytes,  // ParseBytes, or a negative number as is (spill_bytes_per_second < 0 = unpaced)
-  kNumber,       // a number; into a double or (truncated) uint32 field
-  kCount,        // a number >= 0 into a uint32 field
+  kNumber,       // a number; into a double field, or a uint32 field in range (fraction dropped)
+  kCount,        // a whole number into a uint32 or uint64 field, in the field's range
   kIds,          // comma-separated numeric ids, replacing the repeated field
 };
 
@@ -559,14 +570,11 @@ const std::map<std::string, FlagValue>& FlagValues() {
   return *values;
 }
 
-// Sets `field` (a singular double, uint32 or uint64 field) of `c` to `v`.
-void SetNumber(google::protobuf::Message* c, const google::protobuf::FieldDescriptor* field,
-               double v) {
-  const auto* r = c->GetReflection();
-  using F = google::protobuf::FieldDescriptor;
-  if (field->cpp_type() == F::CPPTYPE_DOUBLE) r->SetDouble(c, field, v);
-  else if (field->cpp_type() == F::CPPTYPE_UINT64) r->SetUInt64(c, field, static_cast<uint64_t>(v));
-  else r->SetUInt32(c, field, static_cast<uint32_t>(v));
+// The largest value `field` (a uint32 or uint64 field) holds.
+uint64_t MaxOf(const google::protobuf::FieldDescriptor* field) {
+  return field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64
+             ? std::numeric_limits<uint64_t>::max()
+             : std::numeric_limits<uint32_t>::max();
 }
 
 // Applies one flag of a known field; `name` is the normalized flag (and field) name.
@@ -580,10 +588,7 @@ class FlagSetter {
   absl::Status Apply(FlagValue kind) {
     switch (kind) {
       case FlagValue::kText: reflection_->SetString(c_, field_, value_); return absl::OkStatus();
-      case FlagValue::kOctal:
-        reflection_->SetUInt32(c_, field_,
-                               static_cast<uint32_t>(std::strtoul(value_.c_str(), nullptr, 8)));
-        return absl::OkStatus();
+      case FlagValue::kOctal: return Octal();
       case FlagValue::kBool: return Bool();
       case FlagValue::kBytes: return Bytes();
       case FlagValue::kSignedBytes: return absl::StartsWith(value_, "-") ? Number(false) : Bytes();
@@ -607,7 +612,7 @@ class FlagSetter {
   }
   absl::Status Bytes() {
     auto b = ParseBytes(value_);
-    if (!b.ok()) return b.status();
+    if (!b.ok()) return absl::InvalidArgumentError("--" + name_ + ": " + b.status().ToString());
     if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
       reflection_->SetUInt64(c_, field_, *b);
     } else {
@@ -615,13 +620,46 @@ class FlagSetter {
     }
     return absl::OkStatus();
   }
-  absl::Status Number(bool non_negative) {
+  // A file mode: 1 to 4 octal digits, at most 0777 (strtoul would read "0999" as 0).
+  absl::Status Octal() {
+    if (value_.empty() || value_.size() > 4 ||
+        value_.find_first_not_of("01234567") != std::string::npos ||
+        std::strtoul(value_.c_str(), nullptr, 8) > 0777) {
+      return absl::InvalidArgumentError("--" + name_ + " takes an octal file mode from 0000 to "
+                                        "0777, like 0660, not \"" + value_ + "\"");
+    }
+    reflection_->SetUInt32(c_, field_,
+                           static_cast<uint32_t>(std::strtoul(value_.c_str(), nullptr, 8)));
+    return absl::OkStatus();
+  }
+  // A number into a double field, or into a uint32/uint64 field after a range check (a count
+  // must be whole; another number's fraction is dropped).
+  absl::Status Number(bool count) {
     double d = 0;
-    if (!absl::SimpleAtod(value_, &d)) {
+    uint64_t whole = 0;
+    const bool is_whole = absl::SimpleAtoi(value_, &whole);
+    if (!is_whole && !absl::SimpleAtod(value_, &d)) {
       return absl::InvalidArgumentError("--" + name_ + " takes a number, not \"" + value_ + "\"");
     }
-    if (non_negative && d < 0) return absl::InvalidArgumentError("--" + name_ + " must be >= 0");
-    SetNumber(c_, field_, d);
+    if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) {
+      if (is_whole) d = static_cast<double>(whole);
+      if (count && d < 0) return absl::InvalidArgumentError("--" + name_ + " must be >= 0");
+      reflection_->SetDouble(c_, field_, d);
+      return absl::OkStatus();
+    }
+    const uint64_t max = MaxOf(field_);
+    // max + 1 is a power of two, so the double comparison is exact.
+    const bool in_range = is_whole ? whole <= max : (d >= 0 && d < static_cast<double>(max) + 1);
+    if (!in_range || (count && !is_whole && d != std::floor(d))) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--%s takes a whole number from 0 to %d, not \"%s\"", name_, max, value_));
+    }
+    const uint64_t v = is_whole ? whole : static_cast<uint64_t>(d);
+    if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
+      reflection_->SetUInt64(c_, field_, v);
+    } else {
+      reflection_->SetUInt32(c_, field_, static_cast<uint32_t>(v));
+    }
     return absl::OkStatus();
   }
   absl::Status Ids() {
@@ -668,7 +706,13 @@ copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config) {
 }
 
 std::string ResolveSocketPath(const v1::DaemonConfig& config) {
-  return config.socket_path().empty() ? client::DefaultSocketPath() : config.socket_path();
+  std::string path =
+      config.socket_path().empty() ? client::DefaultSocketPath() : config.socket_path();
+  if (!path.empty() && path[0] != '/') {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) != nullptr) path = absl::StrCat(cwd, "/", path);
+  }
+  return path;
 }
 
 absl::StatusOr<int64_t> ResolveSocketGroup(const v1::DaemonConfig& config) {

@@ -26,9 +26,12 @@ const std::string& DefaultConfigText();
 // Errors: INVALID_ARGUMENT naming the line and column of a syntax error or unknown field; for a
 // value that is not a number it also lists the suffixes.
 absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text);
-// The file's config. Errors: NOT_FOUND or PERMISSION_DENIED with the errno text (strerror) when
-// it cannot be read, FAILED_PRECONDITION for a directory, else as ParseConfig, prefixed with
-// the path.
+// The most bytes a config file may hold (1 MiB; the defaults are about 3 KiB).
+inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
+// The file's config, read with base::ReadBoundedFile (opened non-blocking, checked with fstat).
+// Errors: NOT_FOUND or PERMISSION_DENIED with the errno text (strerror) when it cannot be read,
+// FAILED_PRECONDITION for a directory, FIFO, socket or device, OUT_OF_RANGE for a file over
+// kMaxConfigFileBytes, else as ParseConfig, prefixed with the path.
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
 
 // `text` with every "<name>_bytes[_per_second]: <number><suffix>" value (suffixes as
@@ -56,7 +59,9 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& text);
 // The shm backend's mapping bounds (max_shm_*).
 copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config);
 
-// Resolves an empty socket_path to the default location (see client/socket_path.h).
+// Resolves an empty socket_path to the default location (see client/socket_path.h), and a
+// relative one ("rel.sock", "run/x.sock") against the current directory, so the daemon's
+// checks, its log and the path clients are told all name the same absolute file.
 std::string ResolveSocketPath(const v1::DaemonConfig& config);
 // The socket file's group: -1 for "" (the daemon's), else the gid of the name or number.
 // INVALID_ARGUMENT for a group name this machine does not know.

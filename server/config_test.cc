@@ -1,11 +1,15 @@
 #include "server/config.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 
@@ -430,6 +434,150 @@ TEST(ConfigBoundsTest, PerUidBoundsMayNotExceedTheirTotals) {
   ASSERT_TRUE(defaults.ok());
   EXPECT_EQ(defaults->max_shm_mappings_total(), 16384u);
   EXPECT_EQ(defaults->max_shm_mapped_bytes_per_uid(), 64ull << 30);
+}
+
+}  // namespace
+}  // namespace offloadd
+
+namespace offloadd {
+namespace {
+
+// What ApplyFlag says about `value` for `flag`, on the defaults ("OK" when it is accepted).
+std::string FlagOutcome(const std::string& flag, const std::string& value,
+                        v1::DaemonConfig* c = nullptr) {
+  v1::DaemonConfig defaults = *ParseConfig("");
+  absl::Status st = ApplyFlag(flag, value, c != nullptr ? c : &defaults);
+  return st.ok() ? "OK" : std::string(st.message());
+}
+
+// Counts narrowed to uint32 wrapped: 4294967297 became 1, 4294967296 became 0 (no bound).
+TEST(ConfigFlagRanges, CountsBeyondTheirFieldAreRefusedNotWrapped) {
+  for (const char* flag : {"max_connections_total", "max_sessions", "max_requests_in_flight",
+                           "max_links", "admin_reserved_connections"}) {
+    for (const char* value : {"4294967296", "4294967297", "4294967301", "1e30", "-1"}) {
+      EXPECT_EQ(FlagOutcome(flag, value),
+                absl::StrCat("--", flag, " takes a whole number from 0 to 4294967295, not \"",
+                             value, "\""));
+    }
+  }
+  v1::DaemonConfig c = *ParseConfig("");
+  ASSERT_EQ(FlagOutcome("max_connections_total", "4294967295", &c), "OK");
+  EXPECT_EQ(c.max_connections_total(), 4294967295u);
+  ASSERT_EQ(FlagOutcome("max_sessions", "2e3", &c), "OK");
+  EXPECT_EQ(c.max_sessions(), 2000u);
+  EXPECT_NE(FlagOutcome("max_sessions", "2.5"), "OK");  // a count is whole
+}
+
+TEST(ConfigFlagRanges, NumbersIntoUnsignedFieldsAreRangeChecked) {
+  EXPECT_EQ(FlagOutcome("spill_io_threads", "-1"),
+            "--spill_io_threads takes a whole number from 0 to 4294967295, not \"-1\"");
+  EXPECT_EQ(FlagOutcome("copy_threads", "5e9"),
+            "--copy_threads takes a whole number from 0 to 4294967295, not \"5e9\"");
+  v1::DaemonConfig c = *ParseConfig("");
+  ASSERT_EQ(FlagOutcome("max_shm_mappings_total", "18446744073709551615", &c), "OK");
+  EXPECT_EQ(c.max_shm_mappings_total(), 18446744073709551615ull);  // exact, not via a double
+  EXPECT_EQ(FlagOutcome("max_shm_mappings_total", "18446744073709551616"),
+            "--max_shm_mappings_total takes a whole number from 0 to 18446744073709551615, not "
+            "\"18446744073709551616\"");
+}
+
+// --pool_bytes=2^64 or 1e30 was reported as 9223372036854775808 bytes (llround overflowed).
+TEST(ConfigFlagRanges, SizesBeyond64BitsAreRefused) {
+  for (const char* value : {"18446744073709551616", "1e30", "16777216TiB", "99999999999999999999"}) {
+    const std::string outcome = FlagOutcome("pool_bytes", value);
+    EXPECT_NE(outcome.find("--pool_bytes: INVALID_ARGUMENT: \""), std::string::npos) << outcome;
+    EXPECT_NE(outcome.find("more bytes than a 64-bit count holds"), std::string::npos) << outcome;
+  }
+  EXPECT_EQ(*ParseBytes("18446744073709551615"), 18446744073709551615ull);
+  EXPECT_EQ(*ParseBytes("9223372036854775808"), 9223372036854775808ull);
+  EXPECT_EQ(*ParseBytes("9223372036854775809"), 9223372036854775809ull);
+  EXPECT_EQ(*ParseBytes("8TiB"), 8ull << 40);
+  EXPECT_EQ(*ParseBytes("1e12"), 1000000000000ull);
+  EXPECT_FALSE(ParseConfig("pool_bytes: 16777216TiB").ok());  // left as written; parser refuses
+}
+
+// socket_mode=0999 was read by strtoul as 0 and created the socket with mode 0.
+TEST(ConfigFlagRanges, SocketModeMustBeAnOctalModeUpTo0777) {
+  for (const char* value : {"0999", "0789", "8", "01777", "0x1ff", "rw", "", "-0660", "000660"}) {
+    EXPECT_EQ(FlagOutcome("socket_mode", value),
+              absl::StrCat("--socket_mode takes an octal file mode from 0000 to 0777, like 0660, "
+                           "not \"",
+                           value, "\""));
+  }
+  v1::DaemonConfig c = *ParseConfig("");
+  ASSERT_EQ(FlagOutcome("socket_mode", "0777", &c), "OK");
+  EXPECT_EQ(c.socket_mode(), 0777u);
+  ASSERT_EQ(FlagOutcome("socket_mode", "600", &c), "OK");
+  EXPECT_EQ(c.socket_mode(), 0600u);
+  // In the file, protobuf's text format refuses a non-octal number with a leading zero and
+  // integers beyond the field; ValidateConfig refuses modes above 0777.
+  EXPECT_FALSE(ParseConfig("socket_mode: 0999").ok());
+  EXPECT_FALSE(ParseConfig("max_connections_total: 4294967297").ok());
+  EXPECT_FALSE(ValidateConfig(*ParseConfig("socket_mode: 01777")).ok());
+}
+
+// Fields narrowed or rounded later are bounded where the config is validated.
+TEST(ConfigFlagRanges, FieldsNarrowedLaterAreBounded) {
+  v1::DaemonConfig c = *ParseConfig("");
+  ASSERT_EQ(FlagOutcome("chunk_bytes", "18446744073709551615", &c), "OK");
+  absl::Status st = ValidateConfig(c);
+  EXPECT_NE(st.message().find("chunk_bytes must be between 4096 and 1073741824"),
+            std::string::npos)
+      << st;
+  c = *ParseConfig("cuda_sim { gpus_per_switch: 4294967295 }");
+  st = ValidateConfig(c);
+  EXPECT_NE(st.message().find("cuda_sim.gpus_per_switch must be between 1 and 64"),
+            std::string::npos)
+      << st;
+  EXPECT_TRUE(ValidateConfig(*ParseConfig("chunk_bytes: 1GiB")).ok());
+}
+
+// --socket_path rel.sock made a directory rel.sock (mkdir -p of the path without a slash).
+TEST(ConfigSocketPath, ARelativePathResolvesAgainstTheCurrentDirectory) {
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
+  v1::DaemonConfig c = *ParseConfig("socket_path: \"rel.sock\"");
+  EXPECT_EQ(ResolveSocketPath(c), std::string(cwd) + "/rel.sock");
+  c = *ParseConfig("socket_path: \"run/x.sock\"");
+  EXPECT_EQ(ResolveSocketPath(c), std::string(cwd) + "/run/x.sock");
+  c = *ParseConfig("socket_path: \"/tmp/a.sock\"");
+  EXPECT_EQ(ResolveSocketPath(c), "/tmp/a.sock");
+}
+
+std::string TestTmp(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/config_test_" + name;
+}
+
+// /dev/zero grew until the OOM killer; a FIFO without a writer blocked start-up for good.
+TEST(ConfigFileInput, DevicesFifosAndHugeFilesAreRefusedBeforeReading) {
+  for (const char* device : {"/dev/zero", "/dev/urandom"}) {
+    absl::Status st = LoadConfigFile(device).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("it is a character device; give a regular file"),
+              std::string::npos)
+        << st;
+  }
+  const std::string fifo = TestTmp("fifo.conf");
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  absl::Status st = LoadConfigFile(fifo).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("it is a FIFO"), std::string::npos) << st;
+  unlink(fifo.c_str());
+  const std::string big = TestTmp("big.conf");
+  {
+    std::ofstream f(big);
+    f << "# " << std::string(kMaxConfigFileBytes, 'x') << "\npool_bytes: 64MiB\n";
+  }
+  st = LoadConfigFile(big).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
+  EXPECT_NE(st.message().find("larger than 1048576 bytes"), std::string::npos) << st;
+  const std::string small = TestTmp("small.conf");
+  std::ofstream(small) << "pool_bytes: 64MiB\n";
+  auto c = LoadConfigFile(small);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->pool_bytes(), 64ull << 20);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/query.h"
@@ -132,14 +133,17 @@ int RunEndSession(const std::string& socket, const std::vector<std::string>& arg
     } else if (args[i] == "--force") {
       force = true;
     } else if (!have_id && !args[i].empty() && args[i][0] != '-') {
-      char* end = nullptr;
-      req.set_session_id(std::strtoull(args[i].c_str(), &end, 10));
-      have_id = req.session_id() != 0 && *end == '\0';
+      // Digits only, within 64 bits: strtoull made 18446744073709551616 the id ...615.
+      uint64_t id = 0;
+      have_id = args[i].find_first_not_of("0123456789") == std::string::npos &&
+                absl::SimpleAtoi(args[i], &id) && id != 0;
       if (!have_id) {
         std::cerr << "offloadctl end-session: '" << args[i]
-                  << "' is not a session id (the SESSION column of `offloadctl sessions`)\n";
+                  << "' is not a session id: a whole number from 1 to 18446744073709551615 (the "
+                     "SESSION column of `offloadctl sessions`)\n";
         break;
       }
+      req.set_session_id(id);
     } else {
       std::cerr << "offloadctl end-session: unexpected argument '" << args[i] << "'\n";
       have_id = false;

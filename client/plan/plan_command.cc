@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "client/plan/plan_format.h"
 #include "client/plan/planner.h"
+#include "server/base/bounded_file.h"
 
 namespace offloadd::plan {
 namespace {
@@ -98,16 +99,16 @@ absl::StatusOr<int64_t> ParseCount(const std::string& flag, std::string text, bo
 
 // Bytes with an optional binary (KiB, MiB, GiB, TiB) or decimal (KB, MB, GB, TB) suffix.
 absl::Status ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  absl::StatusOr<std::string> text =
+      base::ReadBoundedFile(path, kMaxHfConfigBytes, "--hf-config file");
+  if (!text.ok()) {
+    // NOT_FOUND whatever the cause: every file that cannot be read exits 1 (plan_command.h).
     return absl::NotFoundError(absl::StrCat(
-        "cannot open --hf-config file '", path, "': ", std::strerror(errno),
-        "; pass a Hugging Face config.json (the model's, or one in tests/fixtures/hf/, e.g. "
+        text.status().message(),
+        " (pass a Hugging Face config.json: the model's, or one in tests/fixtures/hf/, e.g. "
         "tests/fixtures/hf/llama-3-70b.json)"));
   }
-  std::stringstream buf;
-  buf << in.rdbuf();
-  *out = buf.str();
+  *out = *std::move(text);
   return absl::OkStatus();
 }
 

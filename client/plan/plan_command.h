@@ -32,10 +32,13 @@
 // --host-ram (a --sweep only warns), its spill disk does not keep up, or offload alone does not
 // bring the --gpu-peak under --gpu-memory (decision "does_not_fit") -- the warning on stderr
 // says what to change; 2 for a usage error or invalid
-// input (message on stderr naming the flag to fix); 1 when --hf-config cannot be read.
+// input (message on stderr naming the flag to fix); 1 when --hf-config cannot be read (missing,
+// unreadable, not a regular file -- a FIFO or device such as /dev/zero -- or larger than
+// kMaxHfConfigBytes).
 #ifndef OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_
 #define OFFLOADD_CLIENT_PLAN_PLAN_COMMAND_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -44,6 +47,9 @@
 #include "absl/status/statusor.h"
 
 namespace offloadd::plan {
+
+// The most bytes --hf-config may hold (16 MiB; a model's config.json is a few KiB).
+inline constexpr size_t kMaxHfConfigBytes = 16 << 20;
 
 // argv[0] is the program or subcommand name and is skipped: offloadctl's main passes
 // (argc - 1, argv + 1) so that argv[0] is "plan". Prints to stdout/stderr.

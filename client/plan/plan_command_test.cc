@@ -1,6 +1,10 @@
 #include "client/plan/plan_command.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -166,7 +170,34 @@ TEST(PlanCommand, ErrorsSayWhatToFix) {
   }
   Result missing = RunPlan({"--hf-config", "/nonexistent/config.json", "--seq", "4K"});
   EXPECT_EQ(missing.code, 1);
-  EXPECT_NE(missing.err.find("cannot open"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("cannot read --hf-config file"), std::string::npos) << missing.err;
+}
+
+// /dev/zero, /dev/urandom and a FIFO with no writer are refused before a byte is read (they
+// grew until the OOM killer, or blocked for good); a file over the bound is refused too.
+TEST(PlanCommand, HfConfigThatIsNotASmallRegularFileIsRefused) {
+  for (const char* device : {"/dev/zero", "/dev/urandom"}) {
+    Result r = RunPlan({"--hf-config", device, "--seq", "4K"});
+    EXPECT_EQ(r.code, 1) << device;
+    EXPECT_NE(r.err.find("a character device; give a regular file"), std::string::npos) << r.err;
+  }
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  const std::string fifo = dir + "/plan_hf_config.fifo";
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  Result r = RunPlan({"--hf-config", fifo, "--seq", "4K"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("a FIFO; give a regular file"), std::string::npos) << r.err;
+  unlink(fifo.c_str());
+  const std::string big = dir + "/plan_hf_config_big.json";
+  {
+    std::ofstream f(big, std::ios::binary);
+    f << "{\"pad\": \"" << std::string(kMaxHfConfigBytes, ' ') << "\"}";
+  }
+  r = RunPlan({"--hf-config", big, "--seq", "4K"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("is larger than 16777216 bytes"), std::string::npos) << r.err;
 }
 
 // llama-3-70b at 128K tokens on 8 GPUs pins 8 x 160 GiB = 1,280 GiB per node.

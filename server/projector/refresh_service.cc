@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
+#include "server/base/log_text.h"
 #include "server/metrics/metrics.h"
 
 namespace offloadd::projector {
@@ -534,8 +535,11 @@ void RefreshService::Finish(uint64_t id, RefreshRecord record) {
   if (record.state == RefreshState::kFailed &&
       record.status.code() != absl::StatusCode::kInvalidArgument &&
       record.status.code() != absl::StatusCode::kUnavailable) {
-    LOG(WARNING) << "projector refresh " << id << " (" << record.parameter_id << ", step "
-                 << record.step << ") failed: " << record.status;
+    // Both may carry client text (the parameter id, a region's name): escaped, so a client
+    // cannot write a line of its own into the log.
+    LOG(WARNING) << "projector refresh " << id << " (" << base::LogText(record.parameter_id)
+                 << ", step " << record.step << ") failed: "
+                 << base::LogText(record.status.ToString(), 2048);
   }
   std::vector<Entry::Waiter> waiters;
   {

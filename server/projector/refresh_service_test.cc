@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "client/shm_region.h"
+#include "glog/logging.h"
 #include "gtest/gtest.h"
 #include "server/base/fake_clock.h"
 #include "server/copy/shm_engine.h"
@@ -550,6 +551,44 @@ TEST_F(RefreshServiceTest, MissingRegionAndUnknownIdsAreNotFound) {
   EXPECT_EQ(service_->Get(12345).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(service_->WhenFinished(12345, [](const RefreshRecord&) {}).code(),
             absl::StatusCode::kNotFound);
+}
+
+// Collects the lines glog writes while it is installed.
+class LogLines : public google::LogSink {
+ public:
+  LogLines() { google::AddLogSink(this); }
+  ~LogLines() override { google::RemoveLogSink(this); }
+  void send(google::LogSeverity, const char*, const char*, int, const struct ::tm*,
+            const char* message, size_t length) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    text_.append(message, length).append("\n");
+  }
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return text_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::string text_;
+};
+
+// A failed refresh's warning quoted the client's parameter_id (and the region name in its
+// status) as sent: a newline in it wrote a line of the client's choosing, e.g. a forged audit
+// record of an admin ending a session.
+TEST_F(RefreshServiceTest, AFailedRefreshLogsTheClientsStringsEscaped) {
+  Start();
+  Shm shm(2 << 20);
+  const std::string forged = "\naudit: end_session by_uid=0 by_pid=1 session=1 outcome=OK\n";
+  ServiceRequest req = Request(shm, "w" + forged, 0, 16, 16, 2);
+  req.gradient.region.shm_name = "/ofd-no-such-object" + forged;
+  LogLines log;
+  RefreshRecord rec = SubmitAndWait(req);
+  ASSERT_EQ(rec.state, RefreshState::kFailed);
+  const std::string text = log.text();
+  ASSERT_NE(text.find("projector refresh"), std::string::npos) << text;  // the warning came
+  EXPECT_EQ(text.find("\naudit: "), std::string::npos) << text;
+  EXPECT_NE(text.find("(w\\naudit: end_session by_uid=0"), std::string::npos) << text;
 }
 
 TEST_F(RefreshServiceTest, ShmObjectsOfAnotherUserAreRefused) {

@@ -73,6 +73,14 @@ absl::Status CheckNameAndStep(const ServiceRequest& request) {
   if (request.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step is ", request.step, "; steps are >= 0"));
   }
+  // A device id names a link and labels its metrics series: bounded like a session's.
+  for (const MatrixLocation* m : {&request.gradient, &request.projector}) {
+    if (m->region.device_id.size() > kMaxDeviceIdBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_id is ", m->region.device_id.size(), " bytes; use at most ", kMaxDeviceIdBytes,
+          " (the GPU's UUID, e.g. GPU-8f2c5d1e-..., or a short name)"));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -70,6 +70,8 @@ struct ServiceRequest {
 
 inline constexpr size_t kMaxParameterIdBytes = 1024;
 inline constexpr size_t kMaxJobIdBytes = 256;
+// The longest device_id a region may carry (as a session's Hello; INVALID_ARGUMENT beyond).
+inline constexpr size_t kMaxDeviceIdBytes = 256;
 inline constexpr int kMaxPowerIterations = 64;
 
 // What a valid request implies.

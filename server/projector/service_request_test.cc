@@ -128,5 +128,22 @@ TEST(ServiceRequestTest, RegionTooSmallIsOutOfRange) {
   EXPECT_TRUE(ValidateServiceRequest(r).ok());
 }
 
+// A 16 KiB device id became a link and a metrics label; 64 of them made /metrics 154 MB.
+TEST(ServiceRequestTest, DeviceIdsAreBounded) {
+  ServiceRequest r = Valid();
+  r.gradient.region.device_id = std::string(kMaxDeviceIdBytes, 'g');
+  EXPECT_TRUE(ValidateServiceRequest(r).ok());
+  r.gradient.region.device_id = std::string(16 << 10, 'g');
+  absl::Status st = ValidateServiceRequest(r).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("device_id is 16384 bytes; use at most 256"), std::string::npos)
+      << st;
+  r = Valid();
+  r.has_projector_region = true;
+  r.projector.region = r.gradient.region;
+  r.projector.region.device_id = std::string(kMaxDeviceIdBytes + 1, 'p');
+  EXPECT_EQ(ValidateServiceRequest(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace offloadd::projector

@@ -520,8 +520,11 @@ namespace {
 // directories it created to `created`.
 absl::Status PrepareSocketDirectory(const std::string& socket_path,
                                     std::vector<std::string>& created) {
-  const std::string dir = socket_path.substr(0, socket_path.rfind('/'));
-  if (dir.empty()) return absl::OkStatus();
+  const size_t slash = socket_path.rfind('/');
+  // No directory part ("rel.sock"): the current directory, nothing to create (substr(0, npos)
+  // would have been the socket path itself, made a directory).
+  if (slash == std::string::npos || slash == 0) return absl::OkStatus();
+  const std::string dir = socket_path.substr(0, slash);
   for (size_t i = 1; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
       std::string part = dir.substr(0, i);

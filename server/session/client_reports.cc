@@ -12,7 +12,7 @@ namespace {
 absl::Status WentDown(const char* what, double before, double now) {
   return absl::InvalidArgumentError(absl::StrCat(
       "client report: ", what, " went down from ", before, " to ", now,
-      " within one session; report cumulative totals since the client process started"));
+      " within one session; report cumulative totals since the session began"));
 }
 
 // Sums of many sessions' reports stay at the largest value instead of wrapping (a counter that
@@ -23,10 +23,35 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
 }
 double SaturatingAdd(double a, double b) { return std::min(a + b, kMaxReportedSeconds); }
 
+// The bounds of a report of a session `age_seconds` old (client_reports.h).
+absl::Status CheckAgainstSessionAge(const ClientCounters& now, double age_seconds) {
+  const double seconds = std::max(0.0, age_seconds) + kReportSlackSeconds;
+  if (now.host_wait_seconds_total > seconds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "client report: host_wait_seconds_total is ", now.host_wait_seconds_total,
+        " but this session began ", age_seconds,
+        " s ago; report the seconds the training thread waited since the session began"));
+  }
+  const double max_events = seconds * kMaxClientEventsPerSecond;
+  const std::pair<const char*, uint64_t> counts[] = {{"fallbacks_total", now.fallbacks_total},
+                                                     {"host_waits_total", now.host_waits_total},
+                                                     {"idle_steps_total", now.idle_steps_total}};
+  for (const auto& [name, count] : counts) {
+    if (static_cast<double>(count) > max_events) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "client report: ", name, " is ", count, ", more than ", kMaxClientEventsPerSecond,
+          " a second since this session began ", age_seconds,
+          " s ago; report counts since the session began"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ClientCounters> ReportIncrease(const ClientCounters& previous,
-                                              const ClientCounters& now) {
+                                              const ClientCounters& now,
+                                              double session_age_seconds) {
   // Near DBL_MAX the exposition's 16 digits round past it: Prometheus then fails the scrape.
   if (!std::isfinite(now.host_wait_seconds_total) || now.host_wait_seconds_total < 0 ||
       now.host_wait_seconds_total > kMaxReportedSeconds) {
@@ -35,6 +60,7 @@ absl::StatusOr<ClientCounters> ReportIncrease(const ClientCounters& previous,
         "; send the seconds the training thread waited, a finite number >= 0 and <= ",
         kMaxReportedSeconds));
   }
+  if (absl::Status st = CheckAgainstSessionAge(now, session_age_seconds); !st.ok()) return st;
   if (now.fallbacks_total < previous.fallbacks_total) {
     return WentDown("fallbacks_total", previous.fallbacks_total, now.fallbacks_total);
   }

@@ -18,11 +18,21 @@ namespace offloadd::session {
 // The most host-wait seconds a report may carry and a sum may reach (about 31,700 years).
 inline constexpr double kMaxReportedSeconds = 1e12;
 
-// How much `now` (a session's new report) adds to `previous` (its last one; zero before one).
-// INVALID_ARGUMENT, saying which count, when a count went down (the totals are cumulative since
-// the client process started) or host_wait_seconds_total is negative or not finite.
+// A session's report is bounded by the session's age (seconds since its Hello): its
+// host_wait_seconds_total by the age plus kReportSlackSeconds (the session's training thread
+// cannot have waited longer), each count by kMaxClientEventsPerSecond per second of the same.
+// So no session can claim more than its share of real time: the per-GPU sums cannot be
+// saturated (1e12 seconds, 2^64 counts) by reports, from one session or from many.
+inline constexpr double kReportSlackSeconds = 1.0;
+inline constexpr double kMaxClientEventsPerSecond = 1e6;
+
+// How much `now` (a session's new report) adds to `previous` (its last one; zero before one),
+// for a session `session_age_seconds` old. INVALID_ARGUMENT, saying which count, when a count
+// went down (the totals are cumulative since the session began), host_wait_seconds_total is
+// negative or not finite, or a value is beyond the bound of a session of that age (above).
 absl::StatusOr<ClientCounters> ReportIncrease(const ClientCounters& previous,
-                                              const ClientCounters& now);
+                                              const ClientCounters& now,
+                                              double session_age_seconds);
 
 // Increases summed by device id. Thread-safe. At most `max_gpus` device ids (0: no bound) keep
 // their own sums (they outlive the sessions and links that named them); the increases of

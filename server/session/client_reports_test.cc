@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "server/base/fake_clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/session/audit.h"
 #include "server/session/completion_collector.h"
@@ -29,7 +30,7 @@ ClientCounters Counts(uint64_t fallbacks, uint64_t waits, double seconds, uint64
 }
 
 TEST(ReportIncreaseTest, IsTheDifferenceOfTwoReports) {
-  auto inc = ReportIncrease(Counts(2, 5, 1.5, 1), Counts(7, 5, 2.25, 4));
+  auto inc = ReportIncrease(Counts(2, 5, 1.5, 1), Counts(7, 5, 2.25, 4), 10);
   ASSERT_TRUE(inc.ok()) << inc.status();
   EXPECT_EQ(inc->fallbacks_total, 5u);
   EXPECT_EQ(inc->host_waits_total, 0u);
@@ -38,20 +39,44 @@ TEST(ReportIncreaseTest, IsTheDifferenceOfTwoReports) {
 }
 
 TEST(ReportIncreaseTest, ACountGoingDownOrBadSecondsIsRefusedNamingTheField) {
-  auto down = ReportIncrease(Counts(3, 0, 0, 0), Counts(2, 0, 0, 0));
+  auto down = ReportIncrease(Counts(3, 0, 0, 0), Counts(2, 0, 0, 0), 10);
   EXPECT_EQ(down.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(down.status().message().find("fallbacks_total went down from 3 to 2"),
             std::string::npos)
       << down.status();
-  auto idle = ReportIncrease(Counts(0, 0, 0, 9), Counts(0, 0, 0, 8));
+  auto idle = ReportIncrease(Counts(0, 0, 0, 9), Counts(0, 0, 0, 8), 10);
   EXPECT_NE(idle.status().message().find("idle_steps_total"), std::string::npos);
   for (double bad : {-1.0, std::numeric_limits<double>::quiet_NaN(),
                      std::numeric_limits<double>::infinity(), kMaxReportedSeconds * 2,
                      std::numeric_limits<double>::max()}) {
-    auto st = ReportIncrease({}, Counts(0, 0, bad, 0)).status();
+    auto st = ReportIncrease({}, Counts(0, 0, bad, 0), 10).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(st.message().find("host_wait_seconds_total"), std::string::npos) << st;
   }
+}
+
+// host_wait_seconds_total=1e12 and fallbacks_total=2^64-1 in one report saturated a GPU's sums
+// for good, so its fallback and host-wait alerts could never fire again.
+TEST(ReportIncreaseTest, AReportIsBoundedByTheSessionsAge) {
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  auto seconds = ReportIncrease({}, Counts(0, 0, kMaxReportedSeconds, 0), 10).status();
+  EXPECT_EQ(seconds.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(seconds.message().find("host_wait_seconds_total is 1e+12 but this session began 10 s"),
+            std::string::npos)
+      << seconds;
+  EXPECT_TRUE(ReportIncrease({}, Counts(0, 0, 11.0, 0), 10).ok());  // age + 1 s
+  EXPECT_FALSE(ReportIncrease({}, Counts(0, 0, 11.5, 0), 10).ok());
+  for (const ClientCounters& c : {Counts(max, 0, 0, 0), Counts(0, max, 0, 0), Counts(0, 0, 0, max),
+                                  Counts(11000001, 0, 0, 0)}) {
+    auto st = ReportIncrease({}, c, 10).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("a second since this session began 10 s ago"), std::string::npos)
+        << st;
+  }
+  EXPECT_TRUE(ReportIncrease({}, Counts(11000000, 11000000, 0, 11000000), 10).ok());
+  // A report too early stays refusable, and a later one with the same totals passes.
+  EXPECT_FALSE(ReportIncrease({}, Counts(0, 0, 30, 0), 10).ok());
+  EXPECT_TRUE(ReportIncrease({}, Counts(0, 0, 30, 0), 29).ok());
 }
 
 TEST(ClientReportsTest, SumsIncreasesByGpu) {
@@ -94,11 +119,12 @@ TEST(ClientReportsTest, ZeroIncreasesMakeNoSeriesAndDeviceIdsPastTheBoundShareOn
   EXPECT_EQ(by_gpu.at(kOtherGpus).fallbacks_total, 100u);
 }
 
-std::unique_ptr<Core> MakeCore() {
+std::unique_ptr<Core> MakeCore(base::Clock* clock = nullptr) {
   pool::ArenaOptions a;
   a.size_bytes = 16ull << 20;
   CoreOptions options;
   options.chunk_bytes = 1ull << 20;
+  options.clock = clock;
   return std::make_unique<Core>(options, *pool::Arena::Create(a),
                                 std::make_unique<copy::ShmCopyEngine>());
 }
@@ -112,7 +138,8 @@ Request Report(uint64_t id, const ClientCounters& c) {
 }
 
 TEST(SessionClientReportTest, LatestReportInInfoIncreasesSummedAcrossSessions) {
-  auto core = MakeCore();
+  base::FakeClock clock(100);
+  auto core = MakeCore(&clock);
   CompletionCollector out_a, out_b;
   auto a = Session::Create(core.get(), out_a.emit());
   auto b = Session::Create(core.get(), out_b.emit());
@@ -122,6 +149,7 @@ TEST(SessionClientReportTest, LatestReportInInfoIncreasesSummedAcrossSessions) {
   b->Handle(HelloRequest(2, "b"));
   ASSERT_EQ(out_a.Wait(2).kind, CompletionKind::kHello);
   ASSERT_EQ(out_b.Wait(2).kind, CompletionKind::kHello);
+  clock.Advance(5);
   a->Handle(Report(3, Counts(2, 4, 1.0, 1)));
   EXPECT_EQ(out_a.Wait(3).kind, CompletionKind::kClientReportAck);
   a->Handle(Report(4, Counts(5, 4, 1.5, 1)));  // the same process, later
@@ -163,6 +191,36 @@ TEST(SessionClientReportTest, ATransientSessionsReportIsNotSummedByGpu) {
   EXPECT_EQ(core->Stats().client_reports_by_gpu.count("probe-dev"), 0u);
   probe->Close(EndCause::kClosed);
   EXPECT_TRUE(core->Stats().client_reports_by_gpu.empty());
+}
+
+// Any uid could say Hello with another GPU's device id and report 1e12 seconds and 2^64-1
+// fallbacks: that GPU's sums stayed saturated, so its alerts never fired again. Now such a
+// report is refused, the sums stay as they were, and the GPU's own sessions still move them.
+TEST(SessionClientReportTest, AForgedReportCannotSaturateAnotherGpusSums) {
+  base::FakeClock clock(100);
+  auto core = MakeCore(&clock);
+  CompletionCollector out_victim, out_attacker;
+  auto victim = Session::Create(core.get(), out_victim.emit());
+  auto attacker = Session::Create(core.get(), out_attacker.emit());
+  victim->Handle(HelloRequest(1, "train"));      // device gpu0
+  attacker->Handle(HelloRequest(1, "forger"));  // says gpu0 too
+  ASSERT_EQ(out_victim.Wait(1).kind, CompletionKind::kHello);
+  ASSERT_EQ(out_attacker.Wait(1).kind, CompletionKind::kHello);
+  clock.Advance(60);
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  attacker->Handle(Report(2, Counts(max, max, kMaxReportedSeconds, max)));
+  EXPECT_EQ(out_attacker.Wait(2).status.code(), absl::StatusCode::kInvalidArgument);
+  // What a 61-second allowance lets through is real-time bounded, not a saturated sum.
+  attacker->Handle(Report(3, Counts(0, 0, 61, 0)));
+  EXPECT_EQ(out_attacker.Wait(3).kind, CompletionKind::kClientReportAck);
+  victim->Handle(Report(2, Counts(3, 2, 0.5, 0)));
+  EXPECT_EQ(out_victim.Wait(2).kind, CompletionKind::kClientReportAck);
+  const ClientCounters sum = core->Stats().client_reports_by_gpu.at("gpu0");
+  EXPECT_EQ(sum.fallbacks_total, 3u);  // the victim's fallbacks still count
+  EXPECT_EQ(sum.host_waits_total, 2u);
+  EXPECT_DOUBLE_EQ(sum.host_wait_seconds_total, 61.5);
+  victim->Close(EndCause::kClosed);
+  attacker->Close(EndCause::kClosed);
 }
 
 TEST(AuditTest, LinesNameTheSessionItsPeerAndWhatItHeld) {

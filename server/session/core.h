@@ -65,7 +65,9 @@ class Core {
   // `cls`: cut into chunk_bytes chunks, paced, DRR-fair with the device's other traffic and
   // counted in the link's stats and metrics. Blocks until the last chunk has landed (or the
   // first fails: its status). For callers outside the session layer (main wires the projector
-  // refresh service to it, class PROJECTOR). Errors: RESOURCE_EXHAUSTED naming max_links as
+  // refresh service to it, class PROJECTOR). A link made for the copy on a device id that no
+  // session (other than a probe) used is removed with its series when the copy ends, as a
+  // probe's (ReleaseLink with remove_if_unused). Errors: RESOURCE_EXHAUSTED naming max_links as
   // AcquireLink; UNAVAILABLE while draining; the engine's copy error. `engine` opened `region`
   // and must outlive the call. Not from a transfer callback. (link_copy.cc)
   absl::Status CopyOverLink(const std::string& device_id, sched::TrafficClass cls,

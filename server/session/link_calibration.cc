@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
+#include "server/base/log_text.h"
 #include "server/copy/cuda_api.h"
 
 namespace offloadd::session {
@@ -120,7 +121,8 @@ namespace {
 
 void LogLink(const CalibratedLink& c) {
   for (const CalibratedGpu& g : c.gpus) {
-    LOG(INFO) << "link calibration: link " << c.name << ", GPU " << g.gpu << " alone: d2h "
+    LOG(INFO) << "link calibration: link " << base::LogText(c.name) << ", GPU "
+              << base::LogText(g.gpu) << " alone: d2h "
               << Gbps(g.d2h_bytes_per_second) << ", h2d " << Gbps(g.h2d_bytes_per_second);
   }
   const std::string paced =
@@ -128,13 +130,15 @@ void LogLink(const CalibratedLink& c) {
                     : "d2h " + Paced(c.paced_d2h_bytes_per_second, c.d2h_configured) +
                           ", h2d " + Paced(c.paced_h2d_bytes_per_second, c.h2d_configured);
   if (!c.error.empty()) {
-    LOG(WARNING) << "link calibration: link " << c.name << " not measured (" << c.error
-                 << "); it keeps its capacity: " << paced << ". Configure it (links { name: \""
-                 << c.name << "\" d2h_bytes_per_second: ... h2d_bytes_per_second: ... }) or "
+    // Link names of GPUs no link names are device ids a client sent: escaped.
+    LOG(WARNING) << "link calibration: link " << base::LogText(c.name) << " not measured ("
+                 << base::LogText(c.error, 2048) << "); it keeps its capacity: " << paced
+                 << ". Configure it (links { name: \"" << base::LogText(c.name)
+                 << "\" d2h_bytes_per_second: ... h2d_bytes_per_second: ... }) or "
                  << "measure again with `offloadctl calibrate-links`";
     return;
   }
-  LOG(INFO) << "link calibration: link " << c.name << ", its " << c.gpus.size()
+  LOG(INFO) << "link calibration: link " << base::LogText(c.name) << ", its " << c.gpus.size()
             << (c.gpus.size() == 1 ? " GPU" : " GPUs together") << ": d2h "
             << Gbps(c.d2h_bytes_per_second) << ", h2d " << Gbps(c.h2d_bytes_per_second)
             << " in " << absl::StrFormat("%.2f", c.seconds) << " s; paced at " << paced;

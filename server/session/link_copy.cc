@@ -1,5 +1,8 @@
 // Core::CopyOverLink: a copy for a caller outside the session layer (the projector refresh
-// service), scheduled on a device's link like a session's offload or reload.
+// service), scheduled on a device's link like a session's offload or reload. The link is
+// released as a probe's is (remove_if_unused): one made for the copy alone, on a device id no
+// session used, goes with its series when the copy ends, so refreshes naming ever new device
+// ids leave no links, threads or metrics series behind.
 #include "absl/status/status.h"
 #include "server/base/mutex.h"
 #include "server/session/core.h"
@@ -36,7 +39,7 @@ absl::Status Core::CopyOverLink(const std::string& device_id, sched::TrafficClas
   if (bytes == 0) return absl::OkStatus();
   if (absl::Status admitted = AcquireLink(device_id); !admitted.ok()) return admitted;
   if (!BeginTransfer()) {
-    ReleaseLink(device_id, /*remove_if_unused=*/false);
+    ReleaseLink(device_id, /*remove_if_unused=*/true);
     return absl::UnavailableError(
         "the daemon is shutting down: this copy did not start; retry when it is back");
   }
@@ -48,7 +51,7 @@ absl::Status Core::CopyOverLink(const std::string& device_id, sched::TrafficClas
       engine.BeginTransfer(*region, std::move(spec));
   if (!order.ok()) {
     EndTransfer();
-    ReleaseLink(device_id, /*remove_if_unused=*/false);
+    ReleaseLink(device_id, /*remove_if_unused=*/true);
     return order.status();
   }
   auto waiter = std::make_shared<DoneWaiter>();
@@ -73,7 +76,7 @@ absl::Status Core::CopyOverLink(const std::string& device_id, sched::TrafficClas
   (direction == copy::Direction::kDeviceToHost ? link->d2h : link->h2d)->Submit(std::move(t));
   absl::Status status = waiter->Wait();
   EndTransfer();
-  ReleaseLink(device_id, /*remove_if_unused=*/false);
+  ReleaseLink(device_id, /*remove_if_unused=*/true);
   return status;
 }
 

@@ -228,5 +228,42 @@ TEST_F(ProjectorLinkTest, AnUrgentReloadOvertakesAGradientReadInProgress) {
   EXPECT_GE(LinkStats().class_bytes[kProjector], kGradientBytes);
 }
 
+// Refreshes naming ever new device ids each left a link (two schedulers, their threads and
+// series) behind: 64 refreshes with new ids, 256 more threads and /metrics grown by each id.
+TEST_F(ProjectorLinkTest, ALinkMadeForRefreshesAloneIsRemovedAfterThem) {
+  for (int i = 0; i < 3; ++i) {
+    projector::ServiceRequest r = Request();
+    r.step = i;
+    r.gradient.region.device_id = "refresh-gpu-" + std::to_string(i);
+    auto submitted = service_->Submit(r);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    auto record = service_->Wait(submitted->id);
+    ASSERT_TRUE(record.ok()) << record.status();
+    ASSERT_EQ(record->state, projector::RefreshState::kDone) << record->status;
+  }
+  for (const LinkInfo& l : core_->Stats().links) {
+    EXPECT_EQ(l.name.rfind("refresh-gpu-", 0), std::string::npos) << "left behind: " << l.name;
+  }
+  // A device a session used keeps its link, and the refresh's bytes count on it.
+  ASSERT_TRUE(core_->AcquireLink("gpu9").ok());
+  core_->LinkFor("gpu9");
+  core_->ReleaseLink("gpu9", /*remove_if_unused=*/false);
+  projector::ServiceRequest r = Request();
+  r.step = 3;
+  r.gradient.region.device_id = "gpu9";
+  auto submitted = service_->Submit(r);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto record = service_->Wait(submitted->id);
+  ASSERT_TRUE(record.ok()) << record.status();
+  ASSERT_EQ(record->state, projector::RefreshState::kDone) << record->status;
+  bool kept = false;
+  for (const LinkInfo& l : core_->Stats().links) {
+    if (l.name != "gpu9") continue;
+    kept = true;
+    EXPECT_EQ(l.d2h.class_bytes[kProjector], kGradientBytes);
+  }
+  EXPECT_TRUE(kept) << "the link of a device a session used was removed";
+}
+
 }  // namespace
 }  // namespace offloadd::session

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
+#include "server/base/log_text.h"
 #include "server/session/audit.h"
 #include "server/metrics/metrics.h"
 
@@ -245,6 +246,7 @@ absl::StatusOr<uint64_t> Session::AdmitHelloLocked(const Request& r, const pool:
   device_id_ = r.device_id;
   transient_device_ = r.transient_device;
   pid_ = peer_.known && peer_.pid > 0 ? static_cast<uint32_t>(peer_.pid) : r.pid;
+  hello_seconds_ = core_->clock().NowSeconds();  // bounds the session's reports
   if (peer_.known) {
     core_->store().SetSessionOwner(id_, peer_.uid);
     core_->WatchPid(id_, peer_.pid);
@@ -472,7 +474,7 @@ void Session::FailAfterAnswer(uint64_t request_id, absl::Status status) {
       "reload request ", request_id, " failed after the daemon recorded its done event (the ",
       "destination may hold bytes that never landed): ", status.message(),
       "; offloadd ended this session: fail the step and reconnect"));
-  LOG(ERROR) << "session " << id_ << ": " << end.message();
+  LOG(ERROR) << "session " << id_ << ": " << base::LogText(end.message(), 2048);
   // Ending waits for the session's copies: not on this (link or device) thread. The transfer
   // count keeps a shutdown from finishing under it.
   if (!core_->BeginTransfer()) return;  // shutting down: every session is being closed anyway
@@ -497,7 +499,8 @@ void Session::OnClientReport(const Request& r) {
   absl::StatusOr<ClientCounters> increase;
   {
     base::MutexLock lock(mu_);
-    increase = ReportIncrease(client_report_, r.report);
+    increase = ReportIncrease(client_report_, r.report,
+                              core_->clock().NowSeconds() - hello_seconds_);
     if (increase.ok()) client_report_ = r.report;
   }
   if (!increase.ok()) return Fail(r.request_id, increase.status());

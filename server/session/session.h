@@ -22,10 +22,11 @@
 //  - Reload priority must be URGENT or PREFETCH (INVALID_ARGUMENT otherwise); blocks are
 //    scoped to the session (NOT_FOUND for unknown, foreign or released ids).
 //  - A request kind the daemon does not know: INVALID_ARGUMENT.
-//  - ClientReport (client_reports.h): cumulative counts that never go down within the session
-//    and finite non-negative seconds (INVALID_ARGUMENT otherwise); kept as the session's latest
-//    report, their increase summed into the Core's per-GPU totals. Session opens and closes are
-//    written to the audit log (audit.h).
+//  - ClientReport (client_reports.h): cumulative counts that never go down within the session,
+//    finite non-negative seconds, all within what a session of its age can have seen (seconds
+//    up to its age + 1 s, counts up to 1e6 a second; INVALID_ARGUMENT otherwise); kept as its
+//    latest report, their increase summed into the Core's per-GPU totals. Session opens and
+//    closes are written to the audit log (audit.h).
 //  - Tags: an offload may name its block with a tag unique among the session's live blocks
 //    (INVALID_ARGUMENT if in use); reloads and releases may use the tag before OffloadDone
 //    (NOT_FOUND for a tag with no live block). If the tagged offload fails, requests waiting on
@@ -202,6 +203,7 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
   bool transient_device_ = false;  // Hello's transient_device
   uint32_t pid_ GUARDED_BY(mu_) = 0;
   ClientCounters client_report_ GUARDED_BY(mu_);  // the latest ClientReport
+  double hello_seconds_ GUARDED_BY(mu_) = 0;       // core clock at Hello: a report's bound
   std::map<uint64_t, std::shared_ptr<copy::Region>> regions_ GUARDED_BY(mu_);
   uint64_t next_region_id_ GUARDED_BY(mu_) = 1;
   struct TaggedBlock {
