@@ -1,8 +1,9 @@
 // A producer that never finishes must not stall anyone else on its GPU. Against the real daemon
 // on --backend=cuda-sim (the cuda engine over the simulated copy engines) with 8 MiB chunks and
 // 8 chunks in flight per GPU: one session offloads 2 x 64 MiB (16 chunks, twice the GPU's
-// slots) whose ready events are recorded behind a kernel that never ends; another session's
-// ready offloads and reloads on the same GPU must still complete, with their bytes. The waits
+// slots) whose ready events are recorded behind a kernel that never ends, or reloads 64 MiB into
+// memory such a kernel still uses; another session's ready offloads and reloads on the same
+// GPU must still complete, with their bytes. The waits
 // are bounded only to turn a hang into a failure. Every time figure is SIMULATED.
 #include <signal.h>
 #include <unistd.h>
@@ -203,6 +204,50 @@ TEST_F(SlowProducerTest, AReadyOffloadAndReloadOfAnotherSessionCompleteWhileAPro
   auto reply = StartOffload(*victim_, src, kReadyBytes, ready_stream_);
   ASSERT_TRUE(Answered(reply));
   EXPECT_TRUE(reply.get().ok());
+}
+
+// The same on the host-to-device side: a reload whose destination's ready event never
+// completes (8 chunks, all of the GPU's slots) and another session's ready reload.
+TEST_F(SlowProducerTest, AReadyReloadOfAnotherSessionCompletesWhileAnotherWaitsForever) {
+  const uint64_t src = Malloc(kWaitingBytes), dst = Malloc(kWaitingBytes);
+  auto offloaded = StartOffload(*producer_, src, kWaitingBytes, ready_stream_);
+  ASSERT_TRUE(Answered(offloaded));
+  auto block = offloaded.get();
+  ASSERT_TRUE(block.ok()) << block.status();
+  ASSERT_EQ(gpu_->LaunchKernel(stuck_stream_, kNeverSeconds), client::kSimCudaSuccess);
+  auto [region, offset] = Region(*producer_, dst, kWaitingBytes);
+  auto never = exporter_->RecordReady(stuck_stream_);  // dst stays in use for ever
+  ASSERT_TRUE(never.ok()) << never.status();
+  auto stuck = producer_->Reload(block->block_id, region, offset, client::Priority::kPrefetch,
+                                 /*release_after=*/false, 0, "", never->handle);
+  for (int spins = 0; spins < 30000 && gpu_->DaemonMaps(dst) == 0; ++spins) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GT(gpu_->DaemonMaps(dst), 0u) << "the stuck reload never started";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let its chunks post
+
+  const std::string data = Pattern(kReadyBytes, 20);
+  const uint64_t mine = Malloc(kReadyBytes), back = Malloc(kReadyBytes);
+  std::memcpy(gpu_->HostBytes(mine), data.data(), kReadyBytes);
+  auto stored = StartOffload(*victim_, mine, kReadyBytes, ready_stream_);
+  ASSERT_TRUE(Answered(stored));
+  auto r = stored.get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto [back_region, back_offset] = Region(*victim_, back, kReadyBytes);
+  auto ready = exporter_->RecordReady(ready_stream_);
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  auto reload = victim_->Reload(r->block_id, back_region, back_offset,
+                                client::Priority::kPrefetch, /*release_after=*/true, 0, "",
+                                ready->handle);
+  ASSERT_TRUE(Answered(reload)) << "a ready reload is stuck behind the waiting one";
+  auto done = reload.get();
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_TRUE(gpu_->StreamSynchronize(ready_stream_).ok());
+  EXPECT_EQ(std::memcmp(gpu_->HostBytes(back), data.data(), kReadyBytes), 0);
+  EXPECT_NE(stuck.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  producer_->Close();
+  ASSERT_TRUE(Answered(stuck));
+  EXPECT_EQ(stuck.get().status().code(), absl::StatusCode::kCancelled);
 }
 
 }  // namespace
