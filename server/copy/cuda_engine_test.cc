@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <future>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
