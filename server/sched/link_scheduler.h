@@ -46,9 +46,9 @@
 // (SetWaitingForProducer), its posted chunks do not count towards its GPU's limit and its
 // queued chunks are parked (ChunkQueue::Park: passed over, their place kept), so a transfer
 // whose producer runs for seconds, or never ends, holds none of its GPU's slots and a ready
-// transfer of another session is posted at once. A transfer thus has at most
-// `max_chunks_in_flight_per_gpu` chunks posted while it waits (those posted before the engine
-// saw it wait). When the wait ends its posted chunks count again and its queued ones compete
+// transfer of another session is posted at once. A transfer that is not URGENT thus has at
+// most `max_chunks_in_flight_per_gpu` chunks posted while it waits (those posted before the
+// engine saw it wait). When the wait ends its posted chunks count again and its queued ones compete
 // from their old place; a GPU may then briefly have more chunks posted than its limit (its
 // next chunks wait until it is back below).
 //
