@@ -536,6 +536,7 @@ size_t LinkScheduler::CancelOwner(uint64_t owner_id, const absl::Status& status)
 
 bool LinkScheduler::SetWaitingForProducer(const Transfer* transfer, bool waiting) {
   if (transfer == nullptr) return false;
+  bool wake = false;
   {
     base::MutexLock lock(impl_->mu);
     auto it = std::find_if(impl_->active.begin(), impl_->active.end(),
@@ -544,9 +545,11 @@ bool LinkScheduler::SetWaitingForProducer(const Transfer* transfer, bool waiting
     Impl::Active& a = it->second;
     if (!a.transfer->post_chunk || a.waiting_for_producer == waiting) return false;
     impl_->MarkWaiting(it->first, a, waiting);
+    wake = impl_->CanPick();
   }
-  // Never posts here (the caller may be inside the engine's issue loop): a worker does.
-  impl_->cv.notify_all();
+  // Never posts here (the caller may be inside the engine's issue loop): a worker does, when
+  // there is something to post now.
+  if (wake) impl_->cv.notify_all();
   return true;
 }
 
