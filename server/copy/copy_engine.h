@@ -53,6 +53,12 @@ struct TransferSpec {
   // Null, or true once the transfer's owner has gone (its session ended): a transfer still
   // waiting for its ready event then fails with CANCELLED instead of waiting on.
   std::function<bool()> cancelled;
+  // Null, or told when the transfer's chunks start waiting for `ready_event` (true: the engine
+  // found the event not yet completed; the client's producer still runs) and when that wait
+  // ends (false: it completed, or the transfer failed while waiting); false comes only after
+  // true, each at most once. Runs on the engine's thread while it picks copies to issue: it
+  // must not block or post chunks (LinkScheduler::SetWaitingForProducer is made for it).
+  std::function<void(bool waiting)> on_producer_wait;
 };
 
 // Engine state of one ordered transfer (opaque to callers; see BeginTransfer).

@@ -24,12 +24,13 @@
 // Gated copies. A copy may carry an IssueGate shared by the copies of one transfer: it is not
 // issued until the gate says so (the transfer's mapping is open, the client's ready event has
 // completed), and meanwhile the lane issues the copies behind it that are not gated, so one
-// transfer waiting for its producer never holds up another (nothing is put on a stream to
-// wait: a stream wait would hold every copy issued after it). Gates are asked once per pass of
-// the thread, at least every `gate_poll_seconds` (growing to 1/16 of the time waited so far, at
-// most `max_gate_poll_seconds`, so a long wait costs few queries). A transfer's copies all go
-// to one stream (the one its first copy took), so an event recorded after its last copy
-// (`after_issue`) follows every one of them.
+// transfer waiting for its producer never holds up another here (nothing is put on a stream to
+// wait: a stream wait would hold every copy issued after it; and the link scheduler, told of
+// the wait through TransferSpec::on_producer_wait, keeps posting other transfers' copies).
+// Gates are asked once per pass of the thread, at least every `gate_poll_seconds` (growing to
+// 1/16 of the time waited so far, at most `max_gate_poll_seconds`, so a long wait costs few
+// queries). A transfer's copies all go to one stream (the one its first copy took), so an event
+// recorded after its last copy (`after_issue`) follows every one of them.
 #ifndef OFFLOADD_SERVER_COPY_CUDA_DEVICE_WORKER_H_
 #define OFFLOADD_SERVER_COPY_CUDA_DEVICE_WORKER_H_
 

@@ -140,7 +140,8 @@ class CudaTransfer : public TransferOrder,
 
   // IssueGate: the mapping is open, the events are open and the ready event has completed.
   // CANCELLED once spec.cancelled() says so while waiting; DEADLINE_EXCEEDED after
-  // options.max_ready_wait_seconds; FAILED_PRECONDITION for CUDA errors.
+  // options.max_ready_wait_seconds; FAILED_PRECONDITION for CUDA errors. Tells
+  // spec.on_producer_wait when the ready event is first found running and when that ends.
   absl::StatusOr<bool> Ready() override;
   // Device thread, after Ready() said true: the device address of the mapping's base.
   uint8_t* base() const { return base_; }
@@ -152,6 +153,8 @@ class CudaTransfer : public TransferOrder,
 
  private:
   absl::StatusOr<bool> OpenedLocked() REQUIRES(shared_->mu);
+  // Ready() without the report; *producer_running: the ready event was found not completed.
+  absl::StatusOr<bool> Query(bool* producer_running);
 
   const std::shared_ptr<CudaCopyEngine::Shared> shared_;
   const std::shared_ptr<Mapping> mapping_;
@@ -159,6 +162,7 @@ class CudaTransfer : public TransferOrder,
   std::shared_ptr<OpenedEvent> ready_, done_;
   const double created_at_;
   uint8_t* base_ = nullptr;  // device thread
+  bool reported_waiting_ = false;  // device thread: on_producer_wait(true) was called last
 };
 
 }  // namespace offloadd::copy

@@ -8,8 +8,10 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -412,6 +414,71 @@ TEST_F(CudaEngineTest, ATransferWaitingForItsReadyEventStopsWhenCancelled) {
   copier.join();
   EXPECT_EQ(got.get_future().get().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(fake_.count("MemcpyAsync"), 0);
+}
+
+// The engine says when a transfer's chunks start and stop waiting for its producer (the link
+// scheduler then lets other transfers use the GPU's slots): once each, only for a ready event
+// found running, and also when a wait ends in failure.
+TEST_F(CudaEngineTest, ATransferReportsWhenItsChunksWaitForItsProducer) {
+  std::string h = Alloc(0, 8192);
+  auto r = Open(h, 8192);
+  std::string ev = fake_.AddIpcEvent(0);
+  std::mutex mu;
+  std::map<std::string, std::vector<bool>> reports;
+  std::atomic<bool> cancelled{false};
+  auto begin = [&](const std::string& name, const std::string& ready) {
+    TransferSpec spec;
+    spec.direction = Direction::kDeviceToHost;
+    spec.bytes = 4096;
+    spec.ready_event = ready;
+    spec.cancelled = [&] { return cancelled.load(); };
+    spec.on_producer_wait = [&, name](bool waiting) {
+      std::lock_guard<std::mutex> lock(mu);
+      reports[name].push_back(waiting);
+    };
+    auto o = engine_->BeginTransfer(*r, std::move(spec));
+    EXPECT_TRUE(o.ok()) << o.status();
+    return o.ok() ? *o : nullptr;
+  };
+  auto reported = [&](const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu);
+    return reports[name];
+  };
+  std::vector<uint8_t> host(8192);
+  // Its event completed already: no wait to report.
+  auto done = begin("done", ev);
+  ASSERT_TRUE(engine_->CopyOrderedChunk(done.get(), 0, Direction::kDeviceToHost, *r, 0,
+                                        host.data(), 4096)
+                  .ok());
+  EXPECT_TRUE(reported("done").empty());
+  // Its producer runs: reported waiting once, however often the gate is asked, then done.
+  fake_.SetIpcEventPending(ev, true);
+  auto slow = begin("slow", ev);
+  std::thread copier([&] {
+    EXPECT_TRUE(engine_->CopyOrderedChunk(slow.get(), 0, Direction::kDeviceToHost, *r, 0,
+                                          host.data(), 4096)
+                    .ok());
+  });
+  EXPECT_TRUE(Eventually([&] { return !reported("slow").empty(); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the gate is asked again
+  EXPECT_EQ(reported("slow"), std::vector<bool>{true});
+  fake_.SetIpcEventPending(ev, false);
+  copier.join();
+  EXPECT_EQ(reported("slow"), (std::vector<bool>{true, false}));
+  // A wait that ends because the session ended is reported over too.
+  fake_.SetIpcEventPending(ev, true);
+  auto ended = begin("ended", ev);
+  std::thread waiter([&] {
+    EXPECT_EQ(engine_->CopyOrderedChunk(ended.get(), 0, Direction::kDeviceToHost, *r, 4096,
+                                        host.data() + 4096, 4096)
+                  .code(),
+              absl::StatusCode::kCancelled);
+  });
+  EXPECT_TRUE(Eventually([&] { return !reported("ended").empty(); }));
+  cancelled = true;
+  waiter.join();
+  EXPECT_EQ(reported("ended"), (std::vector<bool>{true, false}));
+  EXPECT_EQ(fake_.count("MemcpyAsync"), 2);
 }
 
 TEST_F(CudaEngineTest, CopiesInFlightDrainBeforeTheHandleCloses) {

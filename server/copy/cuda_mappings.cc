@@ -246,6 +246,16 @@ absl::StatusOr<bool> CudaTransfer::OpenedLocked() {
 }
 
 absl::StatusOr<bool> CudaTransfer::Ready() {
+  bool producer_running = false;
+  absl::StatusOr<bool> ready = Query(&producer_running);
+  if (producer_running != reported_waiting_ && spec_.on_producer_wait) {
+    reported_waiting_ = producer_running;
+    spec_.on_producer_wait(producer_running);
+  }
+  return ready;
+}
+
+absl::StatusOr<bool> CudaTransfer::Query(bool* producer_running) {
   if (spec_.cancelled && spec_.cancelled()) {
     return absl::CancelledError(
         "the session ended while this transfer waited for its mapping or ready event");
@@ -265,6 +275,7 @@ absl::StatusOr<bool> CudaTransfer::Ready() {
         "kernels that produce the data, on a stream that makes progress",
         waited));
   }
+  *producer_running = true;
   return false;
 }
 

@@ -200,7 +200,7 @@ uint64_t ChunkQueue::Cancel(uint64_t transfer_id) {
   auto it = transfers_.find(transfer_id);
   if (it == transfers_.end()) return 0;
   const uint64_t dropped = it->second.transfer->bytes - it->second.next_offset;
-  Dequeue(transfer_id, it->second, dropped);
+  if (!it->second.parked) Dequeue(transfer_id, it->second, dropped);
   transfers_.erase(it);
   return dropped;
 }
@@ -211,10 +211,30 @@ uint64_t ChunkQueue::Promote(uint64_t transfer_id, TrafficClass cls) {
   Queued& t = it->second;
   if (static_cast<int>(cls) >= static_cast<int>(t.transfer->cls)) return 0;
   const uint64_t moved = t.transfer->bytes - t.next_offset;
-  Dequeue(transfer_id, t, moved);
+  if (!t.parked) Dequeue(transfer_id, t, moved);
   t.transfer->cls = cls;
-  Enqueue(transfer_id, t, moved);
+  if (!t.parked) Enqueue(transfer_id, t, moved);  // a parked one joins its new class at Unpark
   return moved;
+}
+
+uint64_t ChunkQueue::Park(uint64_t transfer_id) {
+  auto it = transfers_.find(transfer_id);
+  if (it == transfers_.end() || it->second.parked) return 0;
+  Queued& t = it->second;
+  const uint64_t parked = t.transfer->bytes - t.next_offset;
+  Dequeue(transfer_id, t, parked);
+  t.parked = true;
+  return parked;
+}
+
+uint64_t ChunkQueue::Unpark(uint64_t transfer_id) {
+  auto it = transfers_.find(transfer_id);
+  if (it == transfers_.end() || !it->second.parked) return 0;
+  Queued& t = it->second;
+  const uint64_t back = t.transfer->bytes - t.next_offset;
+  t.parked = false;
+  Enqueue(transfer_id, t, back);
+  return back;
 }
 
 uint64_t ChunkQueue::queued_bytes(TrafficClass cls) const {

@@ -23,6 +23,9 @@
 //  3. the transfer within (class, GPU): earliest deadline first (deadline 0 = none = last),
 //     then FIFO by push order. A newly pushed earlier-deadline transfer overtakes the remaining
 //     chunks of a transfer in progress.
+// A parked transfer (Park: LinkScheduler parks one whose chunks wait for its producer) keeps
+// its place but offers no chunk: its flow is served as if it were not queued, and an emptied
+// flow leaves the round like any idle one. Unpark puts it back at its (deadline, push order).
 //
 // Not thread-safe: the caller (LinkScheduler) holds its mutex around every call.
 #ifndef OFFLOADD_SERVER_SCHED_DRR_H_
@@ -90,9 +93,17 @@ class ChunkQueue {
   // the bytes moved: 0 for an unknown id, a transfer whose chunks were all popped, or `cls` not
   // above the transfer's class (never demotes).
   uint64_t Promote(uint64_t transfer_id, TrafficClass cls);
+  // Takes the not-yet-popped chunks of a transfer out of its flow until Unpark (see above);
+  // Pop never returns them meanwhile. Cancel and Promote work on a parked transfer (a promoted
+  // one stays parked and comes back in its new class). Returns the bytes parked: 0 for an unknown id, a
+  // transfer whose chunks were all popped, or one already parked.
+  uint64_t Park(uint64_t transfer_id);
+  // Puts a parked transfer's chunks back in its flow, ordered by its deadline and push order as
+  // before. Returns the bytes put back (0 for an unknown or unparked transfer).
+  uint64_t Unpark(uint64_t transfer_id);
 
   bool empty() const { return transfers_.empty(); }
-  // Transfers with at least one chunk still queued.
+  // Transfers with at least one chunk still queued (parked ones included).
   uint64_t queued_transfers() const { return transfers_.size(); }
   uint64_t queued_bytes(TrafficClass cls) const;
   // Current DRR deficit of a flow (0 when the flow is idle). For tests and debugging.
@@ -108,6 +119,7 @@ class ChunkQueue {
     std::shared_ptr<Transfer> transfer;
     uint64_t next_offset = 0;
     double deadline_key = 0;  // deadline, or +inf for none
+    bool parked = false;      // out of its flow (Park)
   };
   using OrderKey = std::pair<double, uint64_t>;  // (deadline_key, id)
   struct Flow {

@@ -365,5 +365,49 @@ TEST(ChunkQueueTest, PromotingAPartlyPoppedTransferMovesOnlyItsRemainder) {
   EXPECT_EQ(q.Promote(id, TrafficClass::kUrgent), 0u);  // all popped
 }
 
+// A parked transfer (its producer has not finished) offers no chunk: a later transfer of the
+// same GPU and class goes instead; unparked, it is back ahead of transfers pushed after it.
+TEST(ChunkQueueTest, AParkedTransferLetsLaterOnesOfItsGpuGoAndKeepsItsPlace) {
+  ChunkQueue q(Options());
+  const uint64_t waiting = PushOk(q, MakeTransfer("g", TrafficClass::kOffload, 64 * kMiB));
+  ASSERT_EQ(q.Pop()->transfer_id, waiting);  // one chunk went before the producer was seen
+  EXPECT_EQ(q.Park(waiting), 56 * kMiB);
+  EXPECT_EQ(q.Park(waiting), 0u);
+  EXPECT_EQ(q.queued_bytes(TrafficClass::kOffload), 0u);
+  EXPECT_FALSE(q.Pop().has_value());
+  EXPECT_FALSE(q.HasEligible(nullptr));
+  EXPECT_EQ(q.queued_transfers(), 1u);
+  const uint64_t ready = PushOk(q, MakeTransfer("g", TrafficClass::kOffload, 4 * kMiB));
+  const uint64_t later = PushOk(q, MakeTransfer("g", TrafficClass::kOffload, 8 * kMiB));
+  ASSERT_EQ(q.Pop()->transfer_id, ready);
+  EXPECT_EQ(q.Unpark(waiting), 56 * kMiB);
+  EXPECT_EQ(q.Unpark(waiting), 0u);
+  std::vector<uint64_t> order;
+  while (std::optional<Chunk> c = q.Pop()) order.push_back(c->transfer_id);
+  std::vector<uint64_t> want(7, waiting);
+  want.push_back(later);
+  EXPECT_EQ(order, want);
+  EXPECT_TRUE(q.empty());
+}
+
+TEST(ChunkQueueTest, AParkedTransferCanBeCancelledOrPromoted) {
+  ChunkQueue q(Options());
+  const uint64_t a = PushOk(q, MakeTransfer("g", TrafficClass::kPrefetch, 16 * kMiB));
+  auto t = MakeTransfer("g", TrafficClass::kPrefetch, 8 * kMiB);
+  const uint64_t b = PushOk(q, t);
+  EXPECT_EQ(q.Park(a), 16 * kMiB);
+  EXPECT_EQ(q.Park(b), 8 * kMiB);
+  EXPECT_EQ(q.Cancel(a), 16 * kMiB);
+  EXPECT_EQ(q.Promote(b, TrafficClass::kUrgent), 8 * kMiB);
+  EXPECT_EQ(t->cls, TrafficClass::kUrgent);
+  EXPECT_FALSE(q.Pop().has_value());  // still parked
+  EXPECT_EQ(q.Unpark(b), 8 * kMiB);
+  EXPECT_EQ(q.queued_bytes(TrafficClass::kUrgent), 8 * kMiB);
+  std::optional<Chunk> c = q.Pop();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->transfer_id, b);
+  EXPECT_TRUE(q.empty());
+}
+
 }  // namespace
 }  // namespace offloadd::sched

@@ -57,6 +57,8 @@ struct LinkScheduler::Impl {
     uint32_t chunks_in_flight = 0;
     bool all_popped = false;  // no chunk of it remains queued (popped or cancelled)
     double submit_seconds = 0;
+    uint32_t posted = 0;  // chunks posted, not yet reported by the engine
+    bool waiting_for_producer = false;  // SetWaitingForProducer: parked, posted ones uncounted
   };
 
   Impl(LinkSchedulerOptions opts, Clock* c)
@@ -80,11 +82,19 @@ struct LinkScheduler::Impl {
   static void Complete(Finished finished);
   // Posted chunks (post_chunk transfers). Called with `mu` held. An URGENT chunk is never held
   // back by its GPU's limit: it is one chunk, and the engine serves it ahead of queued ones.
+  // Chunks of a transfer waiting for its producer hold no slot (SetWaitingForProducer).
   bool MayPost(TrafficClass cls, const std::string& gpu) const REQUIRES(mu) {
     if (cls == TrafficClass::kUrgent) return true;
     auto it = posted_per_gpu.find(gpu);
-    return it == posted_per_gpu.end() || it->second < max_posted_per_gpu;
+    if (it == posted_per_gpu.end()) return true;
+    auto waiting = waiting_posted_per_gpu.find(gpu);
+    const uint32_t held =
+        it->second - (waiting == waiting_posted_per_gpu.end() ? 0 : waiting->second);
+    return held < max_posted_per_gpu;
   }
+  // Moves `a`'s posted chunks in or out of its GPU's waiting count and parks or unparks its
+  // queued chunks. Called with `mu` held.
+  void MarkWaiting(uint64_t id, Active& a, bool waiting) REQUIRES(mu);
   bool CanPick() const REQUIRES(mu) { return !queue.empty() && queue.HasEligible(below_limit); }
   // Whether a completion may pick and post the next chunks itself, on the engine's thread that
   // reported it (no hand-off to a worker per chunk): the link is unpaced and has no parent (both
@@ -148,6 +158,8 @@ struct LinkScheduler::Impl {
   const ChunkQueue::GpuFilter below_limit = [this](TrafficClass cls, const std::string& gpu)
                                                 REQUIRES(mu) { return MayPost(cls, gpu); };
   std::unordered_map<std::string, uint32_t> posted_per_gpu GUARDED_BY(mu);
+  // Of those, the chunks of transfers waiting for their producer (they hold no slot).
+  std::unordered_map<std::string, uint32_t> waiting_posted_per_gpu GUARDED_BY(mu);
   std::unordered_map<uint64_t, Chunk> posted GUARDED_BY(mu);  // by post id
   uint64_t next_post_id GUARDED_BY(mu) = 1;
   std::deque<std::pair<Chunk, absl::Status>> completed GUARDED_BY(mu);  // for a worker to finish
@@ -295,6 +307,8 @@ LinkScheduler::Impl::Started LinkScheduler::Impl::StartNext(double start) {
   }
   if (chunk.transfer->post_chunk) {
     ++posted_per_gpu[chunk.transfer->gpu];
+    ++a.posted;
+    if (a.waiting_for_producer) ++waiting_posted_per_gpu[chunk.transfer->gpu];
     s.post_id = next_post_id++;
     posted[s.post_id] = chunk;  // `active` holds the transfer too: this copy destroys nothing
   }
@@ -343,6 +357,12 @@ void LinkScheduler::Impl::OnPosted(uint64_t id, absl::Status status) {
   posted.erase(it);
   auto per_gpu = posted_per_gpu.find(chunk.transfer->gpu);
   if (--per_gpu->second == 0) posted_per_gpu.erase(per_gpu);
+  Active& a = active.at(chunk.transfer_id);  // its FinishChunk has not run yet
+  --a.posted;
+  if (a.waiting_for_producer) {
+    auto waiting = waiting_posted_per_gpu.find(chunk.transfer->gpu);
+    if (--waiting->second == 0) waiting_posted_per_gpu.erase(waiting);
+  }
   if (posting_from_completion || !CompletionMayPick()) {
     completed.emplace_back(std::move(chunk), std::move(status));
     // Under the lock: once it is released, Shutdown may finish and the scheduler go.
@@ -362,6 +382,23 @@ void LinkScheduler::Impl::OnPosted(uint64_t id, absl::Status status) {
   } else if (wake_worker) {
     cv.notify_one();
   }
+}
+
+void LinkScheduler::Impl::MarkWaiting(uint64_t id, Active& a, bool waiting) {
+  a.waiting_for_producer = waiting;
+  const std::string& gpu = a.transfer->gpu;
+  if (waiting) {
+    if (a.posted > 0) waiting_posted_per_gpu[gpu] += a.posted;
+    if (!a.all_popped) queue.Park(id);
+    ++stats.producer_waits;
+    return;
+  }
+  auto it = waiting_posted_per_gpu.find(gpu);
+  if (it != waiting_posted_per_gpu.end()) {
+    it->second -= a.posted;
+    if (it->second == 0) waiting_posted_per_gpu.erase(it);
+  }
+  if (!a.all_popped) queue.Unpark(id);
 }
 
 bool LinkScheduler::Impl::FinishChunk(Chunk chunk, absl::Status status, Finished* finished) {
@@ -497,6 +534,25 @@ size_t LinkScheduler::CancelOwner(uint64_t owner_id, const absl::Status& status)
   return cancelled;
 }
 
+bool LinkScheduler::SetWaitingForProducer(const Transfer* transfer, bool waiting) {
+  if (transfer == nullptr) return false;
+  bool wake = false;
+  {
+    base::MutexLock lock(impl_->mu);
+    auto it = std::find_if(impl_->active.begin(), impl_->active.end(),
+                           [&](const auto& e) { return e.second.transfer.get() == transfer; });
+    if (it == impl_->active.end()) return false;
+    Impl::Active& a = it->second;
+    if (!a.transfer->post_chunk || a.waiting_for_producer == waiting) return false;
+    impl_->MarkWaiting(it->first, a, waiting);
+    wake = impl_->CanPick();
+  }
+  // Never posts here (the caller may be inside the engine's issue loop): a worker does, when
+  // there is something to post now.
+  if (wake) impl_->cv.notify_all();
+  return true;
+}
+
 size_t LinkScheduler::PromoteOwner(uint64_t owner_id, TrafficClass cls) {
   if (owner_id == 0) return 0;
   size_t promoted = 0;
@@ -527,6 +583,7 @@ LinkSchedulerStats LinkScheduler::stats() const {
   base::MutexLock lock(impl_->mu);
   LinkSchedulerStats s = impl_->stats;
   s.queued_transfers = impl_->queue.queued_transfers();
+  for (const auto& [gpu, n] : impl_->waiting_posted_per_gpu) s.chunks_waiting_for_producer += n;
   if (s.chunks_in_flight > 0) {
     s.busy_seconds += impl_->clock->NowSeconds() - impl_->busy_since_seconds;
   }

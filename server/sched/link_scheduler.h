@@ -41,6 +41,17 @@
 // CancelOwner drops the owner's chunks not yet posted; chunks already posted run to completion,
 // and the transfer's `done` comes after the last of them.
 //
+// Producer waits: an engine holds a posted chunk until its transfer's ready event has completed
+// (the client's producer kernels are done). While the engine reports a transfer waiting
+// (SetWaitingForProducer), its posted chunks do not count towards its GPU's limit and its
+// queued chunks are parked (ChunkQueue::Park: passed over, their place kept), so a transfer
+// whose producer runs for seconds, or never ends, holds none of its GPU's slots and a ready
+// transfer of another session is posted at once. A transfer that is not URGENT thus has at
+// most `max_chunks_in_flight_per_gpu` chunks posted while it waits (those posted before the
+// engine saw it wait). When the wait ends its posted chunks count again and its queued ones compete
+// from their old place; a GPU may then briefly have more chunks posted than its limit (its
+// next chunks wait until it is back below).
+//
 // Submitting thread: on an unpaced link without a parent, Submit posts the chunks of a
 // post_chunk transfer itself (posting does not block), and copies a small copy_chunk transfer
 // itself when nothing else is queued (`inline_copy_max_bytes`); an engine's completion finishes
@@ -143,6 +154,10 @@ struct LinkSchedulerStats {
   // Times a worker thread was woken from its wait (each costs a thread switch; a small transfer
   // copied on the submitting thread wakes none).
   uint64_t worker_wakeups = 0;
+  // Posted chunks of transfers waiting for their producer now (they hold no slot), and the
+  // times a transfer was reported waiting (SetWaitingForProducer).
+  uint64_t chunks_waiting_for_producer = 0;
+  uint64_t producer_waits = 0;
 };
 
 class LinkScheduler {
@@ -168,6 +183,12 @@ class LinkScheduler {
   // picked are not affected. Returns the number of transfers promoted (0: none queued with that
   // owner below `cls`).
   size_t PromoteOwner(uint64_t owner_id, TrafficClass cls);
+  // The engine's word that the posted chunks of `transfer` (submitted here, with post_chunk)
+  // wait for its producer (`waiting`), or no longer do (see "Producer waits"). Never posts or
+  // copies on the calling thread and never calls the transfer's callbacks, so an engine may
+  // call it from its issue loop; it wakes a worker to post what may go now. Returns false (and
+  // does nothing) for a transfer not in flight here, one without post_chunk, or no change.
+  bool SetWaitingForProducer(const Transfer* transfer, bool waiting);
   // Finishes every queued and in-flight transfer, then stops the workers. Idempotent; a second
   // concurrent caller returns once the workers have stopped.
   void Shutdown();

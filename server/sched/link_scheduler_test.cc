@@ -478,6 +478,106 @@ TEST(LinkSchedulerTest, AsyncUrgentChunkIsPostedAtOnceEvenAtItsGpusLimit) {
   EXPECT_EQ(engine.posts(), 4u);  // the failed offload's remaining chunks were skipped
 }
 
+// A transfer whose posted chunks wait for its producer (the engine says so) holds none of its
+// GPU's slots: a ready transfer of another owner on the same GPU and class, queued behind it, is
+// posted and completes while the producer still runs; the waiting transfer's queued chunks are
+// not posted meanwhile, and once its producer is done it goes on from where it was.
+TEST(LinkSchedulerTest, ATransferWaitingForItsProducerHoldsNoSlotOfItsGpu) {
+  Recorder rec;
+  ManualAsyncEngine engine;
+  LinkSchedulerOptions o = SmallChunks(2);
+  o.max_chunks_in_flight_per_gpu = 2;
+  LinkScheduler sched(o);
+  auto waiting = rec.Make(0, "gpu0", TrafficClass::kOffload, 4 * 64 * kKiB);
+  waiting->owner_id = 1;
+  engine.Attach(*waiting, 0);
+  sched.Submit(waiting);
+  engine.WaitForPosts(2);  // gpu0 at its limit with the waiting transfer's chunks
+  auto ready = rec.Make(1, "gpu0", TrafficClass::kOffload, 64 * kKiB);
+  ready->owner_id = 2;
+  engine.Attach(*ready, 1);
+  sched.Submit(ready);
+  EXPECT_EQ(engine.posts(), 2u);  // behind the limit, as before the engine's word
+  EXPECT_TRUE(sched.SetWaitingForProducer(waiting.get(), true));
+  EXPECT_FALSE(sched.SetWaitingForProducer(waiting.get(), true));  // no change
+  engine.WaitForPosts(3);
+  EXPECT_EQ(engine.post(2).transfer, 1);
+  EXPECT_EQ(sched.stats().chunks_waiting_for_producer, 2u);
+  engine.Complete(2);
+  for (;;) {  // the ready transfer's done runs on a worker
+    {
+      std::lock_guard<std::mutex> lock(rec.mu);
+      if (!rec.done[1].empty()) break;
+    }
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(engine.posts(), 3u);  // the waiting transfer's last two chunks stay queued
+  EXPECT_EQ(sched.stats().producer_waits, 1u);
+  // The producer is done: its posted chunks hold their slots again, and its queued ones follow
+  // as they free up.
+  EXPECT_TRUE(sched.SetWaitingForProducer(waiting.get(), false));
+  EXPECT_EQ(sched.stats().chunks_waiting_for_producer, 0u);
+  engine.Complete(0);
+  engine.WaitForPosts(4);
+  EXPECT_EQ(engine.post(3).transfer, 0);
+  EXPECT_EQ(engine.post(3).offset, 2 * 64 * kKiB);
+  engine.Complete(1);
+  engine.WaitForPosts(5);
+  engine.Complete(3);
+  engine.Complete(4);
+  sched.Shutdown();
+  EXPECT_FALSE(sched.SetWaitingForProducer(waiting.get(), true));  // finished
+  EXPECT_EQ(engine.posts(), 5u);
+  EXPECT_EQ(engine.max_outstanding("gpu0"), 3);
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[0].size(), 1u);
+  EXPECT_TRUE(rec.done[0][0].ok());
+  ASSERT_EQ(rec.done[1].size(), 1u);
+  EXPECT_TRUE(rec.done[1][0].ok());
+  EXPECT_EQ(sched.stats().gpu_bytes.at("gpu0"), 5 * 64 * kKiB);
+}
+
+// Many transfers waiting at once hold no slot between them, and a waiting transfer cancelled
+// (its session ended) is dropped with its queued chunks.
+TEST(LinkSchedulerTest, ManyWaitingTransfersLeaveTheirGpuToAReadyOne) {
+  Recorder rec;
+  ManualAsyncEngine engine;
+  LinkSchedulerOptions o = SmallChunks(1);
+  o.max_chunks_in_flight_per_gpu = 2;
+  LinkScheduler sched(o);
+  std::vector<std::shared_ptr<Transfer>> waiting;
+  for (int i = 0; i < 4; ++i) {
+    auto t = rec.Make(i, "gpu0", TrafficClass::kOffload, 3 * 64 * kKiB);
+    t->owner_id = 10 + i;
+    engine.Attach(*t, i);
+    sched.Submit(t);
+    engine.WaitForPosts(2 * (i + 1));  // each fills the two slots, then is seen waiting
+    EXPECT_TRUE(sched.SetWaitingForProducer(t.get(), true));
+    waiting.push_back(t);
+  }
+  auto ready = rec.Make(9, "gpu0", TrafficClass::kOffload, 2 * 64 * kKiB);
+  engine.Attach(*ready, 9);
+  sched.Submit(ready);
+  engine.WaitForPosts(10);
+  EXPECT_EQ(engine.post(8).transfer, 9);
+  EXPECT_EQ(engine.post(9).transfer, 9);
+  EXPECT_EQ(sched.stats().chunks_waiting_for_producer, 8u);
+  engine.Complete(8);
+  engine.Complete(9);
+  EXPECT_EQ(sched.CancelOwner(10, absl::CancelledError("session ended")), 1u);
+  for (size_t i = 0; i < 8; ++i) engine.Complete(i, absl::CancelledError("producer gone"));
+  sched.Shutdown();
+  EXPECT_EQ(engine.posts(), 10u);
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.done[9].size(), 1u);
+  EXPECT_TRUE(rec.done[9][0].ok());
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(rec.done[i].size(), 1u) << i;
+    EXPECT_EQ(rec.done[i][0].code(), absl::StatusCode::kCancelled);
+  }
+  EXPECT_EQ(sched.stats().chunks_waiting_for_producer, 0u);
+}
+
 // Small requests: a one-chunk transfer of at most inline_copy_max_bytes on an idle
 // unpaced link is copied, and its done run, on the submitting thread before Submit returns;
 // with chunks queued it waits its turn on a worker like any other.

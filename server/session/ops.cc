@@ -121,6 +121,20 @@ absl::StatusOr<std::shared_ptr<copy::TransferOrder>> BeginOrderedTransfer(
   return ctx.core->engine().BeginTransfer(region, std::move(spec));
 }
 
+// Tells the link carrying `t` when the engine holds its chunks for the client's producer
+// (LinkScheduler::SetWaitingForProducer), so that a producer running for seconds, or never
+// ending, holds none of the GPU's chunk slots. The transfer is named by address only: the
+// engine reports while one of its chunks is posted, so it is then in flight on that link.
+void ReportProducerWaits(const OpContext& ctx, copy::Direction direction,
+                         const sched::Transfer* t, copy::TransferSpec* spec) {
+  std::shared_ptr<Core::Link> link = ctx.core->LinkFor(ctx.device_id);
+  std::weak_ptr<sched::LinkScheduler> scheduler =
+      direction == copy::Direction::kDeviceToHost ? link->d2h : link->h2d;
+  spec->on_producer_wait = [scheduler, t](bool waiting) {
+    if (auto s = scheduler.lock()) s->SetWaitingForProducer(t, waiting);
+  };
+}
+
 }  // namespace
 
 const char* OpStateName(OpState state) {
@@ -212,10 +226,12 @@ void OffloadOp::Admitted(absl::StatusOr<store::BlockRef> ref) {
   if (ctx_.owner->SessionClosed()) {
     return Finish(absl::CancelledError("session ended"), /*answer=*/false);
   }
+  auto t = std::make_shared<sched::Transfer>();
   copy::TransferSpec spec;
   spec.direction = copy::Direction::kDeviceToHost;
   spec.bytes = request_.bytes;
   spec.ready_event = request_.ready_event;  // the first chunk waits for it, nothing else does
+  ReportProducerWaits(ctx_, spec.direction, t.get(), &spec);
   auto order = BeginOrderedTransfer(ctx_, *region_, std::move(spec));
   if (!order.ok()) return Finish(order.status());
   order_ = *std::move(order);
@@ -223,11 +239,10 @@ void OffloadOp::Admitted(absl::StatusOr<store::BlockRef> ref) {
   // Reloads and releases that named the block by tag before it existed run now; the store
   // orders reloads after the copy.
   if (tag_claimed_) ctx_.owner->TagResolved(request_.tag, block_.block_id, absl::OkStatus());
-  SubmitCopy();
+  SubmitCopy(std::move(t));
 }
 
-void OffloadOp::SubmitCopy() {
-  auto t = std::make_shared<sched::Transfer>();
+void OffloadOp::SubmitCopy(std::shared_ptr<sched::Transfer> t) {
   t->gpu = ctx_.device_id;
   t->cls = sched::TrafficClass::kOffload;
   t->bytes = request_.bytes;
@@ -348,6 +363,7 @@ void ReloadOp::SubmitCopy(const store::BlockRef& block) {
   spec.on_done_recorded = [weak] {
     if (auto self = weak.lock()) self->AnswerRecorded();
   };
+  ReportProducerWaits(ctx_, spec.direction, t.get(), &spec);
   auto order = BeginOrderedTransfer(ctx_, *region_, std::move(spec));
   if (!order.ok()) return Finish(order.status());
   SetChunkCopy(ctx_, region_, *order, copy::Direction::kHostToDevice, request_.offset, host,

@@ -146,8 +146,8 @@ class OffloadOp : public Op, public std::enable_shared_from_this<OffloadOp> {
  private:
   OffloadOp(OpContext context, Request request, std::shared_ptr<copy::Region> region);
   void Admitted(absl::StatusOr<store::BlockRef> ref);
-  // Builds the d2h transfer of the reserved block and submits it to the GPU's link.
-  void SubmitCopy();
+  // Fills in `t`, the d2h transfer of the reserved block, and submits it to the GPU's link.
+  void SubmitCopy(std::shared_ptr<sched::Transfer> t);
   // `answer` false: the session closed first and answers the request itself.
   void Finish(absl::Status status, bool answer = true);
   // The CRC32C of the block's bytes in the pool for its record (CoreOptions::pool_data_checksums
