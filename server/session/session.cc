@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "server/base/clock.h"
+#include "server/copy/sim_gpu_table.h"
 #include "server/session/audit.h"
 #include "server/metrics/metrics.h"
 
@@ -245,6 +246,7 @@ absl::StatusOr<uint64_t> Session::AdmitHelloLocked(const Request& r, const pool:
   device_id_ = r.device_id;
   transient_device_ = r.transient_device;
   pid_ = peer_.known && peer_.pid > 0 ? static_cast<uint32_t>(peer_.pid) : r.pid;
+  hello_pid_ = r.pid;
   if (peer_.known) {
     core_->store().SetSessionOwner(id_, peer_.uid);
     core_->WatchPid(id_, peer_.pid);
@@ -295,6 +297,7 @@ void Session::OnRegister(const Request& r) {
   if (absl::Status st = CheckShmOwner(peer_, spec.shm_name); !st.ok()) {
     return Fail(r.request_id, st);
   }
+  if (absl::Status st = CheckHandleOwners(r); !st.ok()) return Fail(r.request_id, st);
   {
     base::MutexLock lock(mu_);
     if (regions_.size() >= kMaxRegionsPerSession) {
@@ -318,6 +321,21 @@ void Session::OnRegister(const Request& r) {
   c.kind = CompletionKind::kRegionRegistered;
   c.id = region_id;
   Send(std::move(c));
+}
+
+absl::Status Session::CheckHandleOwners(const Request& r) const {
+  if (!peer_.known) return absl::OkStatus();
+  std::vector<uint32_t> pids;
+  {
+    base::MutexLock lock(mu_);
+    pids = {pid_, hello_pid_};
+  }
+  if (peer_.pid > 0) pids.push_back(static_cast<uint32_t>(peer_.pid));
+  for (const std::string* handle : {&r.region.cuda_ipc_handle, &r.ready_event, &r.done_event}) {
+    absl::Status st = copy::CheckSimHandleOwner(*handle, pids, peer_.uid);
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
 }
 
 void Session::OnUnregister(const Request& r) {
@@ -360,6 +378,7 @@ OpContext Session::OpContextFor() {
 }
 
 void Session::OnOffload(const Request& r) {
+  if (absl::Status st = CheckHandleOwners(r); !st.ok()) return Fail(r.request_id, st);
   auto region = FindRegion(r.region_id);
   if (!region.ok()) return Fail(r.request_id, region.status());
   if (r.bytes == 0) {
@@ -384,6 +403,7 @@ void Session::OnReload(const Request& r) {
                                   "needed soon",
                                   r.priority)));
   }
+  if (absl::Status st = CheckHandleOwners(r); !st.ok()) return Fail(r.request_id, st);
   auto region = FindRegion(r.region_id);
   if (!region.ok()) return Fail(r.request_id, region.status());
   ReloadOp::Create(OpContextFor(), r, *std::move(region))->Start();
@@ -577,6 +597,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
     core_->ReleaseLink(device_id, transient_device);
   }
   core_->store().ReleaseSession(id_);
+  core_->engine().ReleaseOwner(id_);  // (cached client events; a simulated client's table)
   {
     // Every request still unanswered gets its answer now, then nothing more is sent.
     base::MutexLock lock(mu_);
