@@ -53,6 +53,9 @@ struct TransferSpec {
   // Null, or true once the transfer's owner has gone (its session ended): a transfer still
   // waiting for its ready event then fails with CANCELLED instead of waiting on.
   std::function<bool()> cancelled;
+  // The session the transfer is for (0: none). What the engine keeps for it beyond the
+  // transfer (opened client events) is released by ReleaseOwner(owner_id).
+  uint64_t owner_id = 0;
 };
 
 // Engine state of one ordered transfer (opaque to callers; see BeginTransfer).
@@ -166,6 +169,11 @@ class CopyEngine {
   // otherwise, and on engines that key the counts by device UUID rather than by the client's
   // device id (cuda).
   virtual void ForgetDevice(const std::string& device_id) { (void)device_id; }
+  // The owner's (TransferSpec::owner_id's) session ended: release what the engine kept for its
+  // transfers and no other owner uses (cuda: cached client IPC events; a simulated client's
+  // table stays mapped only while something holds it). Transfers still running keep theirs
+  // until they end. No-op for shm.
+  virtual void ReleaseOwner(uint64_t owner_id) { (void)owner_id; }
   // Pool bytes the engine has registered for DMA (CUDA: cudaHostRegister); 0 for shm.
   virtual uint64_t pinned_bytes() const { return 0; }
 };

@@ -509,6 +509,30 @@ std::map<std::string, HandleCounts> CudaCopyEngine::handle_counts() const {
   return shared_->stats.handles_by_gpu;
 }
 
+void CudaCopyEngine::ReleaseOwner(uint64_t owner_id) {
+  if (owner_id == 0) return;
+  std::vector<std::shared_ptr<OpenedEvent>> dropped;  // destroyed after the lock is released
+  base::MutexLock lock(shared_->mu);
+  for (auto it = shared_->event_owners.begin(); it != shared_->event_owners.end();) {
+    if (it->second.erase(owner_id) == 0 || !it->second.empty()) {
+      ++it;
+      continue;
+    }
+    auto e = shared_->events.find(it->first);
+    if (e != shared_->events.end()) {
+      dropped.push_back(std::move(e->second));
+      shared_->events.erase(e);
+    }
+    shared_->event_lru.remove(it->first);
+    it = shared_->event_owners.erase(it);
+  }
+}
+
+size_t CudaCopyEngine::cached_events() const {
+  base::MutexLock lock(shared_->mu);
+  return shared_->events.size();
+}
+
 uint64_t CudaCopyEngine::pinned_bytes() const {
   base::MutexLock lock(shared_->mu);
   return shared_->stats.host_registered_bytes;

@@ -24,6 +24,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,6 +85,9 @@ struct CudaCopyEngine::Shared {
   std::map<std::string, std::shared_ptr<Mapping>> mappings GUARDED_BY(mu);  // by key
   std::map<std::string, std::shared_ptr<OpenedEvent>> events GUARDED_BY(mu);  // by uuid+handle
   std::list<std::string> event_lru GUARDED_BY(mu);
+  // The owners (TransferSpec::owner_id) whose transfers used a cached event, by its key; an
+  // event used only with owner 0 has no entry and leaves by the LRU alone.
+  std::map<std::string, std::set<uint64_t>> event_owners GUARDED_BY(mu);
   bool shut_down GUARDED_BY(mu) = false;
   CudaEngineStats stats GUARDED_BY(mu);  // chunk counts: the atomics below
   // Counted per chunk from every device thread, so not under `mu`.
@@ -116,8 +120,10 @@ struct CudaCopyEngine::Shared {
   void Unregister(const std::shared_ptr<Mapping>& m) EXCLUDES(mu);
   // Blocks until `m` (acquired) has left kOpening; its allocation size, or the open's error.
   absl::StatusOr<uint64_t> WaitOpen(const std::shared_ptr<Mapping>& m) EXCLUDES(mu);
+  // The cached opened event for `handle` on the GPU (opened on its mapper when not cached),
+  // noted as used by `owner` (0: none).
   std::shared_ptr<OpenedEvent> EventFor(const std::string& uuid, const GpuThreads& gpu,
-                                        const std::string& handle) EXCLUDES(mu);
+                                        const std::string& handle, uint64_t owner) EXCLUDES(mu);
   // Closes every open mapping now (engine shutdown); regions left behind become inert.
   void CloseAll() EXCLUDES(mu);
 

@@ -133,9 +133,11 @@ absl::StatusOr<uint64_t> CudaCopyEngine::Shared::WaitOpen(const std::shared_ptr<
 
 std::shared_ptr<OpenedEvent> CudaCopyEngine::Shared::EventFor(const std::string& uuid,
                                                               const GpuThreads& gpu,
-                                                              const std::string& handle) {
+                                                              const std::string& handle,
+                                                              uint64_t owner) {
   const std::string key = uuid + std::string(1, '\0') + handle;
   base::MutexLock lock(mu);
+  if (owner != 0) event_owners[key].insert(owner);
   auto it = events.find(key);
   if (it != events.end() && it->second->state != OpenedEvent::State::kFailed) {
     event_lru.remove(key);
@@ -170,6 +172,7 @@ std::shared_ptr<OpenedEvent> CudaCopyEngine::Shared::EventFor(const std::string&
   event_lru.push_back(key);
   while (event_lru.size() > std::max<uint32_t>(1, options.max_cached_events)) {
     events.erase(event_lru.front());  // transfers using it keep their reference
+    event_owners.erase(event_lru.front());
     event_lru.pop_front();
   }
   return e;
@@ -190,6 +193,7 @@ void CudaCopyEngine::Shared::CloseAll() {
     }
     events.clear();
     event_lru.clear();
+    event_owners.clear();
   }
   if (!open.empty()) {
     LOG(WARNING) << "cuda: engine stopping with " << open.size()
@@ -217,10 +221,10 @@ CudaTransfer::CudaTransfer(std::shared_ptr<CudaCopyEngine::Shared> shared,
       created_at_(base::SteadyNowSeconds()) {
   shared_->Acquire(mapping_);
   if (!spec_.ready_event.empty()) {
-    ready_ = shared_->EventFor(mapping_->uuid, mapping_->gpu, spec_.ready_event);
+    ready_ = shared_->EventFor(mapping_->uuid, mapping_->gpu, spec_.ready_event, spec_.owner_id);
   }
   if (!spec_.done_event.empty()) {
-    done_ = shared_->EventFor(mapping_->uuid, mapping_->gpu, spec_.done_event);
+    done_ = shared_->EventFor(mapping_->uuid, mapping_->gpu, spec_.done_event, spec_.owner_id);
   }
 }
 
