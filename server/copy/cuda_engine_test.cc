@@ -89,8 +89,10 @@ class CudaEngineTest : public ::testing::Test {
   std::shared_ptr<TransferOrder> Begin(Region& r, Direction d, uint64_t bytes,
                                        const std::string& ready = "",
                                        const std::string& done = "",
-                                       std::function<void()> recorded = nullptr) {
+                                       std::function<void()> recorded = nullptr,
+                                       uint64_t owner = 0) {
     TransferSpec spec;
+    spec.owner_id = owner;
     spec.direction = d;
     spec.bytes = bytes;
     spec.ready_event = ready;
@@ -615,6 +617,34 @@ TEST_F(TwoStreamEngineTest, ATransferKeepsOneStreamTransfersAlternateAndEventsAr
     copy(t.get(), 0);
   }
   EXPECT_EQ(fake_.count("IpcOpenEventHandle"), 4);  // e1, e2, e3, then e2 again
+}
+
+// A cached client event stays while a session that used it lives, and goes (destroyed on the
+// mapper) when the last of them ends, without waiting for the cache to fill.
+TEST_F(CudaEngineTest, CachedEventsGoWithTheLastSessionThatUsedThem) {
+  std::string h = Alloc(0, 4096);
+  auto r = Open(h, 4096);
+  std::vector<uint8_t> host(4096);
+  std::string e1 = fake_.AddIpcEvent(0), e2 = fake_.AddIpcEvent(0);
+  auto run = [&](const std::string& e, uint64_t owner) {
+    auto t = Begin(*r, Direction::kDeviceToHost, 16, e, "", nullptr, owner);
+    ASSERT_TRUE(engine_->CopyOrderedChunk(t.get(), 0, Direction::kDeviceToHost, *r, 0,
+                                          host.data(), 16)
+                    .ok());
+  };
+  run(e1, 1);
+  run(e1, 2);
+  run(e2, 2);
+  run(e2, 0);  // (a transfer of no session adds no owner)
+  EXPECT_EQ(engine_->cached_events(), 2u);
+  const int destroyed = fake_.count("DestroyEvent");
+  engine_->ReleaseOwner(1);
+  EXPECT_EQ(engine_->cached_events(), 2u);  // session 2 still uses e1
+  engine_->ReleaseOwner(2);
+  EXPECT_EQ(engine_->cached_events(), 0u);
+  EXPECT_TRUE(Eventually([&] { return fake_.count("DestroyEvent") == destroyed + 2; }));
+  run(e1, 3);  // opened again when used again
+  EXPECT_EQ(fake_.count("IpcOpenEventHandle"), 3);
 }
 
 class AsyncEngineTest : public CudaEngineTest {

@@ -150,8 +150,9 @@ TEST_F(SimGpuAttacksTest, ForgedHandlesOfAnotherUidsTableAreRefused) {
   }
   EXPECT_EQ(kv.count("offload_code"), 0u) << "a forged region registered and was read";
   EXPECT_EQ(kv.count("reload_code"), 0u) << "a forged region registered and was written";
-  EXPECT_EQ(std::string(reinterpret_cast<char*>(victim->HostBytes(ptr)), kBytes),
-            std::string(kBytes, '\xc3'));
+  uint64_t changed = 0;  // victim bytes no longer what it wrote
+  for (uint64_t i = 0; i < kBytes; ++i) changed += victim->HostBytes(ptr)[i] != 0xc3;
+  EXPECT_EQ(changed, 0u);
   EXPECT_EQ(victim->EventCompleteAtNanoseconds(event), complete_at);
   EXPECT_EQ(victim->EventSeq(event), seq);
   ExpectDaemonServes();
