@@ -40,6 +40,9 @@ struct RegionSpec {
   // The session's Hello said transient_device (a probe): its handle counts may be forgotten
   // with the device (ForgetDevice); a region of any other session keeps them.
   bool transient_device = false;
+  // The registering session's uid; -1 when unknown. A CUDA IPC handle registered by one uid is
+  // refused to sessions of another uid while any of the first uid's registrations of it lasts.
+  int64_t owner_uid = -1;
 };
 
 // What orders one transfer against the client's GPU work (BeginTransfer). Event handles are
@@ -56,6 +59,9 @@ struct TransferSpec {
   // The session the transfer is for (0: none). What the engine keeps for it beyond the
   // transfer (opened client events) is released by ReleaseOwner(owner_id).
   uint64_t owner_id = 0;
+  // The owner's uid (-1: unknown): an event handle opened for one uid's transfers is refused
+  // (PERMISSION_DENIED) to another uid's while it stays opened for the first.
+  int64_t owner_uid = -1;
 };
 
 // Engine state of one ordered transfer (opaque to callers; see BeginTransfer).

@@ -240,7 +240,7 @@ absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionS
   std::shared_ptr<Mapping> m = s.MappingFor(*device, *gpu, spec.cuda_ipc_handle);
   {
     base::MutexLock lock(s.mu);
-    ++m->registrations;
+    if (absl::Status st = s.RegisterLocked(*m, spec.owner_uid); !st.ok()) return st;
   }
   // Open it once now to check the handle and the size; it closes again unless a transfer uses it.
   s.Acquire(m);

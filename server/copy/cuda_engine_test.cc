@@ -619,6 +619,55 @@ TEST_F(TwoStreamEngineTest, ATransferKeepsOneStreamTransfersAlternateAndEventsAr
   EXPECT_EQ(fake_.count("IpcOpenEventHandle"), 4);  // e1, e2, e3, then e2 again
 }
 
+// A CUDA IPC handle in use for one uid is refused to another uid's sessions: a memory handle
+// while the first uid has a registration of it, an event handle while it is opened for the first
+// uid's transfers. Unknown uids (-1) are not compared.
+TEST_F(CudaEngineTest, HandlesInUseForOneUidAreRefusedToAnother) {
+  std::string h = Alloc(0, 4096);
+  auto open_as = [&](int64_t uid) {
+    RegionSpec spec;
+    spec.cuda_ipc_handle = h;
+    spec.size_bytes = 4096;
+    spec.device_id = kUuid0;
+    spec.owner_uid = uid;
+    return engine_->OpenRegion(spec);
+  };
+  auto a = open_as(1000);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto a2 = open_as(1000);  // the same uid again: fine
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  auto b = open_as(2000);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kPermissionDenied) << b.status();
+  EXPECT_NE(b.status().message().find("uid 1000"), std::string::npos) << b.status();
+  EXPECT_TRUE(open_as(-1).ok());
+  a->reset();
+  a2->reset();
+  EXPECT_TRUE(Eventually([&] { return open_as(2000).ok(); }));  // its registrations are gone
+
+  auto r = Open(Alloc(0, 4096), 4096);
+  std::vector<uint8_t> host(4096);
+  std::string e = fake_.AddIpcEvent(0);
+  auto copy_as = [&](uint64_t session, int64_t uid) {
+    TransferSpec spec;
+    spec.direction = Direction::kDeviceToHost;
+    spec.bytes = 16;
+    spec.ready_event = e;
+    spec.owner_id = session;
+    spec.owner_uid = uid;
+    auto t = engine_->BeginTransfer(*r, std::move(spec));
+    EXPECT_TRUE(t.ok()) << t.status();
+    return engine_->CopyOrderedChunk(t->get(), 0, Direction::kDeviceToHost, *r, 0, host.data(),
+                                     16);
+  };
+  EXPECT_TRUE(copy_as(1, 1000).ok());
+  absl::Status other = copy_as(2, 2000);
+  EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied) << other;
+  EXPECT_TRUE(copy_as(3, 1000).ok());
+  engine_->ReleaseOwner(1);
+  engine_->ReleaseOwner(3);
+  EXPECT_TRUE(copy_as(4, 2000).ok());  // no longer opened for uid 1000
+}
+
 // A cached client event stays while a session that used it lives, and goes (destroyed on the
 // mapper) when the last of them ends, without waiting for the cache to fill.
 TEST_F(CudaEngineTest, CachedEventsGoWithTheLastSessionThatUsedThem) {

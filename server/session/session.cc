@@ -289,6 +289,7 @@ void Session::OnRegister(const Request& r) {
   copy::RegionSpec spec = r.region;
   spec.device_id = device_id_;
   spec.transient_device = transient_device_;
+  spec.owner_uid = peer_.known ? static_cast<int64_t>(peer_.uid) : -1;
   if (spec.shm_name.empty() && spec.cuda_ipc_handle.empty()) {
     return Fail(r.request_id, absl::InvalidArgumentError(
                                   "register_region without a handle: set shm_name (shm backend) "
@@ -371,6 +372,7 @@ OpContext Session::OpContextFor() {
   ctx.core = core_;
   ctx.owner = shared_from_this();
   ctx.session_id = id_;
+  ctx.uid = peer_.known ? static_cast<int64_t>(peer_.uid) : -1;
   ctx.gate = gate_;
   base::MutexLock lock(mu_);
   ctx.device_id = device_id_;
