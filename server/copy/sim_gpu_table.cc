@@ -1,10 +1,12 @@
 #include "server/copy/sim_gpu_table.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -20,6 +22,75 @@ constexpr uint64_t kEventSlotBytes = sizeof(SimEventSlot);
 constexpr uint64_t kSegmentSlotBytes = sizeof(SimSegmentSlot);
 
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// A client may truncate its table's object while the daemon has it mapped; touching the pages
+// that vanished raises SIGBUS. The daemon's mappings of tables are registered here, and the
+// handler replaces the whole mapping of the table it faulted in by zero-filled private memory,
+// so the access is retried and reads zeros (events complete at 0, segments free: copies on it
+// fail as copies on freed memory) instead of killing the daemon. A SIGBUS anywhere else goes to
+// the handler that was installed before (the shm engine's copy guard), else kills as before.
+constexpr int kMaxGuardedTables = 4096;
+struct GuardedRange {
+  std::atomic<uintptr_t> base{0};
+  std::atomic<uint64_t> size_bytes{0};
+};
+GuardedRange g_guarded[kMaxGuardedTables];
+struct sigaction g_previous_sigbus;
+std::atomic<uint64_t> g_tables_zeroed{0};
+
+void OnTableSigbus(int sig, siginfo_t* info, void* context) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (GuardedRange& r : g_guarded) {
+    const uintptr_t base = r.base.load(std::memory_order_acquire);
+    const uint64_t size = r.size_bytes.load(std::memory_order_acquire);
+    if (base == 0 || addr < base || addr - base >= size) continue;
+    void* p = mmap(reinterpret_cast<void*>(base), size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p != MAP_FAILED) {
+      g_tables_zeroed.fetch_add(1);
+      return;
+    }
+  }
+  if ((g_previous_sigbus.sa_flags & SA_SIGINFO) != 0 && g_previous_sigbus.sa_sigaction != nullptr) {
+    g_previous_sigbus.sa_sigaction(sig, info, context);
+    return;
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+bool InstallTableSigbusGuard() {
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnTableSigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGBUS, &sa, &g_previous_sigbus) == 0;
+  }();
+  return installed;
+}
+
+// Registers [base, +size) with the guard; false when every place is taken.
+bool GuardRange(uint8_t* base, uint64_t size) {
+  for (GuardedRange& r : g_guarded) {
+    uintptr_t expected = 0;
+    if (r.base.compare_exchange_strong(expected, reinterpret_cast<uintptr_t>(base))) {
+      r.size_bytes.store(size, std::memory_order_release);
+      return true;
+    }
+  }
+  return false;
+}
+
+void UnguardRange(uint8_t* base) {
+  for (GuardedRange& r : g_guarded) {
+    if (r.base.load() == reinterpret_cast<uintptr_t>(base)) {
+      r.size_bytes.store(0, std::memory_order_release);
+      r.base.store(0, std::memory_order_release);
+      return;
+    }
+  }
+}
 
 std::string Handle(const char magic[8], uint32_t pid, uint32_t slot, uint64_t generation,
                    uint64_t instance) {
@@ -62,6 +133,8 @@ std::string MakeSimEventHandle(const SimEventRef& ref) {
 }
 
 std::string SimTableName(uint32_t pid) { return absl::StrFormat("/ofd-simgpu-%d", pid); }
+
+uint64_t SimTablesZeroedTotal() { return g_tables_zeroed.load(); }
 
 int64_t SimNowNanoseconds() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -159,6 +232,13 @@ absl::StatusOr<std::shared_ptr<SimGpuTable>> SimGpuTable::Open(uint32_t pid, uin
   t->size_ = st.st_size;
   t->header_ = reinterpret_cast<SimTableHeader*>(p);
   t->owner_uid_ = st.st_uid;
+  // Before the first read: the client may truncate the object from now on.
+  t->guarded_ = InstallTableSigbusGuard() && GuardRange(t->base_, t->size_);
+  if (!t->guarded_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the daemon already maps %d simulated GPU tables: end sessions of exited clients",
+        kMaxGuardedTables));
+  }
   if (!t->ReadLayout()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s is not a simulated GPU table of version %d (or is damaged)", name,
@@ -224,6 +304,7 @@ absl::StatusOr<std::shared_ptr<SimGpuTable>> SimGpuTable::Create(uint32_t pid, u
 }
 
 SimGpuTable::~SimGpuTable() {
+  if (guarded_) UnguardRange(base_);
   if (base_ != nullptr) munmap(base_, size_);
   if (owner_) shm_unlink(name_.c_str());
 }

@@ -152,7 +152,11 @@ class SimGpuTable {
  public:
   // Maps "/ofd-simgpu-<pid>". NOT_FOUND when it does not exist (the client is gone);
   // FAILED_PRECONDITION when it is not a table of this version, when `instance` is 0, or when
-  // it is not the table of that instance.
+  // it is not the table of that instance; RESOURCE_EXHAUSTED past 4096 tables mapped at once.
+  // The mapping is guarded: if the client truncates the object, the first access to a vanished
+  // page (SIGBUS) replaces the whole mapping by zero-filled private memory and retries, so the
+  // daemon reads zeros (every event complete, every segment free) instead of dying. Installs a
+  // process-wide SIGBUS handler on first use that passes other faults to the one before it.
   static absl::StatusOr<std::shared_ptr<SimGpuTable>> Open(uint32_t pid, uint64_t instance);
   // Creates one (tests and the C++ simulated client): `devices` x `device_bytes` of memory.
   static absl::StatusOr<std::shared_ptr<SimGpuTable>> Create(uint32_t pid, uint32_t devices,
@@ -193,8 +197,13 @@ class SimGpuTable {
   SimTableHeader* header_ = nullptr;
   Layout layout_;
   uint32_t owner_uid_ = 0;
-  bool owner_ = false;  // created it: unlinks it
+  bool owner_ = false;    // created it: unlinks it
+  bool guarded_ = false;  // registered with the truncation guard (opened, not created)
 };
+
+// Tables the daemon found truncated under it (a SIGBUS in its mapping of one, which then reads
+// as zeros: see SimGpuTable::Open), since start.
+uint64_t SimTablesZeroedTotal();
 
 // CLOCK_MONOTONIC now in nanoseconds (what complete_at_ns is compared with).
 int64_t SimNowNanoseconds();

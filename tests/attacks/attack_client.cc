@@ -17,12 +17,19 @@
 //     then, while the daemon waits for it, rewrites its table's header layout fields and the
 //     segment's device, offset and size to values far outside the table. Prints offload_code,
 //     then reload_code (a reload into the rewritten segment), then "done 1".
+//   --mode=truncate --socket=S --uid=U --bytes=N
+//     As rewrite, but truncates its table's shared-memory object to 0 bytes instead (the
+//     daemon's mapping of it then has no pages behind it). Prints offload_code, then "done 1".
 //   --mode=events --socket=S --uid=U --bytes=N
 //     An offload with a ready event and a reload with a done event (the daemon opens both),
 //     then "ready <pid>"; then waits for SIGTERM and exits cleanly (closes its session, removes
 //     its table) — or is killed meanwhile.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cstdint>
@@ -191,6 +198,23 @@ int Rewrite(Client& c, Gpu& g, uint64_t bytes) {
   return 0;
 }
 
+int Truncate(Client& c, Gpu& g, uint64_t bytes) {
+  auto region = c.RegisterRegion({g.mem_handle, "", bytes});
+  Print("register_own_code", region.status());
+  if (!region.ok()) return 1;
+  auto offload = c.Offload(*region, 0, bytes, RecordedEvent(g, 1.5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the daemon waits on `ready`
+  const int fd = shm_open(copy::SimTableName(getpid()).c_str(), O_RDWR, 0);
+  if (fd < 0 || ftruncate(fd, 0) != 0) {
+    std::cout << "error truncating the table: " << std::strerror(errno) << std::endl;
+    return 1;
+  }
+  close(fd);
+  Print("offload_code", offload.get().status());
+  std::cout << "done 1" << std::endl;
+  std::_Exit(0);  // (this process's own table is gone too: no destructors touching it)
+}
+
 int Events(Client& c, Gpu& g, uint64_t bytes) {
   auto region = c.RegisterRegion({g.mem_handle, "", bytes});
   if (!region.ok()) return 1;
@@ -228,6 +252,7 @@ int main(int argc, char** argv) {
   if (mode == "forge") return Forge(argc, argv, *c, g, bytes);
   if (mode == "rewrite") return Rewrite(*c, g, bytes);
   if (mode == "events") return Events(*c, g, bytes);
+  if (mode == "truncate") return Truncate(*c, g, bytes);
   std::cerr << "usage: attack_client --mode=forge|rewrite|events --socket=PATH [--uid=U] ...\n";
   return 2;
 }

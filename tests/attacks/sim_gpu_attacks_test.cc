@@ -178,6 +178,19 @@ TEST_F(SimGpuAttacksTest, TableRewrittenUnderAWaitingOffloadDoesNotCrashTheDaemo
   ExpectDaemonServes();
 }
 
+TEST_F(SimGpuAttacksTest, TableTruncatedUnderAWaitingOffloadDoesNotCrashTheDaemon) {
+  int code = 0;
+  auto kv = Attack({"--mode=truncate"}, &code);
+  if (kv.count("setuid_failed")) GTEST_SKIP() << "setuid(65534) failed (user namespace?)";
+  EXPECT_EQ(kv["register_own_code"], "0") << kv["register_own_code_message"];
+  EXPECT_EQ(kv["done"], "1") << "the attacker did not finish: " << kv["error"];
+  // The table reads as zeros from then on: the ready event complete, the segment free, so the
+  // copy fails as one on freed memory.
+  EXPECT_NE(kv["offload_code"], "0");
+  EXPECT_NE(kv["offload_code"], "14") << "UNAVAILABLE: the daemon went away";
+  ExpectDaemonServes();
+}
+
 // Runs the events client as uid 65534, lets it exit cleanly (SIGTERM: it closes its session and
 // removes its table) or kills it, and expects its table unmapped from the daemon.
 void ExpectTableReleased(pid_t daemon, const std::string& socket, bool kill_it) {
