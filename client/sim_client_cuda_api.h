@@ -81,8 +81,9 @@ struct SimClientGpuOptions {
   uint64_t device_bytes = 256ull << 20;  // per device; rounded up to 2 MiB
   uint32_t event_slots = 1024, segment_slots = 1024;
   // The number the table is named by ("/ofd-simgpu-<pid>") and that its handles carry; 0:
-  // getpid(). Tests whose processes may share a pid with another one (Bazel runs tests in PID
-  // namespaces sharing /dev/shm) pass a number of their own.
+  // getpid(). A daemon accepts a table's handles only from a session of that pid (and of the
+  // table's owner uid), so a number of one's own serves only tests without a daemon (Bazel
+  // runs tests in PID namespaces sharing /dev/shm; tests with a daemon run unsandboxed).
   uint32_t pid = 0;
 };
 

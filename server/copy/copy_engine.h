@@ -40,6 +40,9 @@ struct RegionSpec {
   // The session's Hello said transient_device (a probe): its handle counts may be forgotten
   // with the device (ForgetDevice); a region of any other session keeps them.
   bool transient_device = false;
+  // The registering session's uid; -1 when unknown. A CUDA IPC handle registered by one uid is
+  // refused to sessions of another uid while any of the first uid's registrations of it lasts.
+  int64_t owner_uid = -1;
 };
 
 // What orders one transfer against the client's GPU work (BeginTransfer). Event handles are
@@ -59,6 +62,12 @@ struct TransferSpec {
   // true, each at most once. Runs on the engine's thread while it picks copies to issue: it
   // must not block or post chunks (LinkScheduler::SetWaitingForProducer is made for it).
   std::function<void(bool waiting)> on_producer_wait;
+  // The session the transfer is for (0: none). What the engine keeps for it beyond the
+  // transfer (opened client events) is released by ReleaseOwner(owner_id).
+  uint64_t owner_id = 0;
+  // The owner's uid (-1: unknown): an event handle opened for one uid's transfers is refused
+  // (PERMISSION_DENIED) to another uid's while it stays opened for the first.
+  int64_t owner_uid = -1;
 };
 
 // Engine state of one ordered transfer (opaque to callers; see BeginTransfer).
@@ -172,6 +181,11 @@ class CopyEngine {
   // otherwise, and on engines that key the counts by device UUID rather than by the client's
   // device id (cuda).
   virtual void ForgetDevice(const std::string& device_id) { (void)device_id; }
+  // The owner's (TransferSpec::owner_id's) session ended: release what the engine kept for its
+  // transfers and no other owner uses (cuda: cached client IPC events; a simulated client's
+  // table stays mapped only while something holds it). Transfers still running keep theirs
+  // until they end. No-op for shm.
+  virtual void ReleaseOwner(uint64_t owner_id) { (void)owner_id; }
   // Pool bytes the engine has registered for DMA (CUDA: cudaHostRegister); 0 for shm.
   virtual uint64_t pinned_bytes() const { return 0; }
 };

@@ -215,11 +215,17 @@ void SimCudaApi::DestroyEvent(void* event) {
   Shard* sh = ShardOfHandle(event, &id);
   if (sh == nullptr) return;
   base::MutexLock lock(sh->mu);
+  // Completions due by now are written first, so that a client's done event recorded here is
+  // not left pending, nor its table held, for want of a later call on this shard.
+  AdvanceLocked(*sh);
   sh->events.erase(id);
 }
 
 absl::StatusOr<std::shared_ptr<SimGpuTable>> SimCudaApi::TableLocked(uint32_t pid,
                                                                    uint64_t instance) {
+  for (auto e = tables_.begin(); e != tables_.end();) {  // forget tables no one holds
+    e = e->second.expired() ? tables_.erase(e) : std::next(e);
+  }
   auto it = tables_.find(pid);
   if (it != tables_.end()) {
     std::shared_ptr<SimGpuTable> t = it->second.lock();
@@ -240,31 +246,32 @@ absl::StatusOr<void*> SimCudaApi::OpenSimSegmentLocked(absl::string_view handle,
         "cudaIpcOpenMemHandle: cudaErrorInvalidResourceHandle (400): ", table.status().message()));
   }
   SimSegmentSlot* seg = (*table)->segment(ref.slot);
+  SimSegmentGeometry g;  // read once: the client may rewrite the slot from here on
   if (seg == nullptr || seg->state.load() != static_cast<uint32_t>(SimSegmentState::kLive) ||
-      seg->generation.load() != ref.generation || (*table)->SegmentMemory(*seg) == nullptr) {
+      seg->generation.load() != ref.generation || !(*table)->Geometry(*seg, &g)) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cudaIpcOpenMemHandle: cudaErrorInvalidResourceHandle (400): the allocation behind "
         "this handle (slot %d of %s) is not live: freed, or never allocated",
         ref.slot, (*table)->name()));
   }
-  if (static_cast<int>(seg->device) != cur) {
+  if (static_cast<int>(g.device) != cur) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cudaIpcOpenMemHandle: cudaErrorInvalidDevice (101): allocation is on device %d, %d is "
         "current",
-        seg->device, cur));
+        g.device, cur));
   }
   Allocation& a = allocations_[std::string(handle)];
   if (a.base != 0) {
     ++a.opens;
     return reinterpret_cast<void*>(a.base);
   }
-  a = Allocation{cur, seg->size, next_base_, 1, *table, seg, ref.generation};
+  a = Allocation{cur, g.size_bytes, next_base_, 1, *table, seg, ref.generation, g.memory};
   next_base_ += (a.size_bytes + 2 * kBaseAlign - 1) / kBaseAlign * kBaseAlign;
   mapped_[a.base] = std::string(handle);
   seg->daemon_maps.fetch_add(1);
   Shard& sh = ShardOfGpu(cur);  // (lock order: mu_, then a shard's)
   base::MutexLock shard_lock(sh.mu);
-  sh.mapped[a.base] = Mapped{cur, a.size_bytes, a.table, seg, ref.generation};
+  sh.mapped[a.base] = Mapped{cur, a.size_bytes, a.table, seg, ref.generation, g.memory};
   return reinterpret_cast<void*>(a.base);
 }
 
@@ -509,7 +516,8 @@ absl::Status SimCudaApi::MemcpyAsync(void* dst, const void* src, uint64_t bytes,
                               host_node);
   st.waits.clear();
   if (m->second.table != nullptr) {  // a simulated client's memory: its bytes move later
-    uint8_t* device_bytes = m->second.table->SegmentMemory(*m->second.segment) + (dev - m->first);
+    // (the address the open computed and checked; dev - base <= size - bytes was checked above)
+    uint8_t* device_bytes = m->second.memory + (dev - m->first);
     ByteCopy c{nullptr, nullptr, bytes, m->second.table, m->second.segment,
                m->second.generation};
     c.dst = direction == Direction::kDeviceToHost ? static_cast<uint8_t*>(dst) : device_bytes;

@@ -169,6 +169,7 @@ class SimCudaApi : public CudaApi {
     std::shared_ptr<SimGpuTable> table;
     SimSegmentSlot* segment = nullptr;
     uint64_t generation = 0;
+    uint8_t* memory = nullptr;  // the segment's first byte, as checked when opened
   };
   // A mapped allocation as copies see it (per shard).
   struct Mapped {
@@ -177,6 +178,9 @@ class SimCudaApi : public CudaApi {
     std::shared_ptr<SimGpuTable> table;  // null: no bytes behind it
     SimSegmentSlot* segment = nullptr;
     uint64_t generation = 0;
+    // The segment's first byte, from the device, offset and size read once when it was opened
+    // (size_bytes is that size): copies never read the client-writable slot for an address.
+    uint8_t* memory = nullptr;
   };
   // A copy whose bytes move when its model operation completes.
   struct ByteCopy {

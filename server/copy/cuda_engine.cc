@@ -240,7 +240,7 @@ absl::StatusOr<std::shared_ptr<Region>> CudaCopyEngine::OpenRegion(const RegionS
   std::shared_ptr<Mapping> m = s.MappingFor(*device, *gpu, spec.cuda_ipc_handle);
   {
     base::MutexLock lock(s.mu);
-    ++m->registrations;
+    if (absl::Status st = s.RegisterLocked(*m, spec.owner_uid); !st.ok()) return st;
   }
   // Open it once now to check the handle and the size; it closes again unless a transfer uses it.
   s.Acquire(m);
@@ -507,6 +507,30 @@ CudaEngineStats CudaCopyEngine::stats() const {
 std::map<std::string, HandleCounts> CudaCopyEngine::handle_counts() const {
   base::MutexLock lock(shared_->mu);
   return shared_->stats.handles_by_gpu;
+}
+
+void CudaCopyEngine::ReleaseOwner(uint64_t owner_id) {
+  if (owner_id == 0) return;
+  std::vector<std::shared_ptr<OpenedEvent>> dropped;  // destroyed after the lock is released
+  base::MutexLock lock(shared_->mu);
+  for (auto it = shared_->event_owners.begin(); it != shared_->event_owners.end();) {
+    if (it->second.erase(owner_id) == 0 || !it->second.empty()) {
+      ++it;
+      continue;
+    }
+    auto e = shared_->events.find(it->first);
+    if (e != shared_->events.end()) {
+      dropped.push_back(std::move(e->second));
+      shared_->events.erase(e);
+    }
+    shared_->event_lru.remove(it->first);
+    it = shared_->event_owners.erase(it);
+  }
+}
+
+size_t CudaCopyEngine::cached_events() const {
+  base::MutexLock lock(shared_->mu);
+  return shared_->events.size();
 }
 
 uint64_t CudaCopyEngine::pinned_bytes() const {

@@ -161,6 +161,10 @@ class CudaCopyEngine : public CopyEngine {
   CudaEngineStats stats() const;
   std::map<std::string, HandleCounts> handle_counts() const override;
   uint64_t pinned_bytes() const override;
+  // Drops the cached client events only `owner_id`'s transfers used (CopyEngine::ReleaseOwner).
+  void ReleaseOwner(uint64_t owner_id) override;
+  // Client events in the cache now (tests).
+  size_t cached_events() const;
 
   struct Shared;  // internal state, shared with the Regions (cuda_engine_shared.h)
 

@@ -24,6 +24,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +55,7 @@ struct Mapping {
   uint64_t allocation_bytes = 0;  // from the last open
   int registrations = 0;
   int uses = 0;
+  int64_t owner_uid = -1;  // the uid of its registrations while it has any; -1: unknown
 };
 
 // A client IPC event opened in the daemon (cudaIpcOpenEventHandle on the mapper thread),
@@ -67,6 +69,7 @@ struct OpenedEvent {
   State state = State::kOpening;
   absl::Status error;
   void* event = nullptr;
+  int64_t owner_uid = -1;  // of the transfers it was opened for; -1: unknown
   ~OpenedEvent();
 };
 
@@ -84,6 +87,9 @@ struct CudaCopyEngine::Shared {
   std::map<std::string, std::shared_ptr<Mapping>> mappings GUARDED_BY(mu);  // by key
   std::map<std::string, std::shared_ptr<OpenedEvent>> events GUARDED_BY(mu);  // by uuid+handle
   std::list<std::string> event_lru GUARDED_BY(mu);
+  // The owners (TransferSpec::owner_id) whose transfers used a cached event, by its key; an
+  // event used only with owner 0 has no entry and leaves by the LRU alone.
+  std::map<std::string, std::set<uint64_t>> event_owners GUARDED_BY(mu);
   bool shut_down GUARDED_BY(mu) = false;
   CudaEngineStats stats GUARDED_BY(mu);  // chunk counts: the atomics below
   // Counted per chunk from every device thread, so not under `mu`.
@@ -116,8 +122,15 @@ struct CudaCopyEngine::Shared {
   void Unregister(const std::shared_ptr<Mapping>& m) EXCLUDES(mu);
   // Blocks until `m` (acquired) has left kOpening; its allocation size, or the open's error.
   absl::StatusOr<uint64_t> WaitOpen(const std::shared_ptr<Mapping>& m) EXCLUDES(mu);
+  // The cached opened event for `handle` on the GPU (opened on its mapper when not cached),
+  // noted as used by `owner` (0: none); a failed one (PERMISSION_DENIED) when it is cached for
+  // another uid than `owner_uid` (-1: unknown).
   std::shared_ptr<OpenedEvent> EventFor(const std::string& uuid, const GpuThreads& gpu,
-                                        const std::string& handle) EXCLUDES(mu);
+                                        const std::string& handle, uint64_t owner,
+                                        int64_t owner_uid) EXCLUDES(mu);
+  // PERMISSION_DENIED when `m` has registrations of another uid than `uid`; else binds it to
+  // `uid` (when known) and counts the registration.
+  absl::Status RegisterLocked(Mapping& m, int64_t uid) REQUIRES(mu);
   // Closes every open mapping now (engine shutdown); regions left behind become inert.
   void CloseAll() EXCLUDES(mu);
 

@@ -91,8 +91,10 @@ class CudaEngineTest : public ::testing::Test {
   std::shared_ptr<TransferOrder> Begin(Region& r, Direction d, uint64_t bytes,
                                        const std::string& ready = "",
                                        const std::string& done = "",
-                                       std::function<void()> recorded = nullptr) {
+                                       std::function<void()> recorded = nullptr,
+                                       uint64_t owner = 0) {
     TransferSpec spec;
+    spec.owner_id = owner;
     spec.direction = d;
     spec.bytes = bytes;
     spec.ready_event = ready;
@@ -682,6 +684,83 @@ TEST_F(TwoStreamEngineTest, ATransferKeepsOneStreamTransfersAlternateAndEventsAr
     copy(t.get(), 0);
   }
   EXPECT_EQ(fake_.count("IpcOpenEventHandle"), 4);  // e1, e2, e3, then e2 again
+}
+
+// A CUDA IPC handle in use for one uid is refused to another uid's sessions: a memory handle
+// while the first uid has a registration of it, an event handle while it is opened for the first
+// uid's transfers. Unknown uids (-1) are not compared.
+TEST_F(CudaEngineTest, HandlesInUseForOneUidAreRefusedToAnother) {
+  std::string h = Alloc(0, 4096);
+  auto open_as = [&](int64_t uid) {
+    RegionSpec spec;
+    spec.cuda_ipc_handle = h;
+    spec.size_bytes = 4096;
+    spec.device_id = kUuid0;
+    spec.owner_uid = uid;
+    return engine_->OpenRegion(spec);
+  };
+  auto a = open_as(1000);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto a2 = open_as(1000);  // the same uid again: fine
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  auto b = open_as(2000);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kPermissionDenied) << b.status();
+  EXPECT_NE(b.status().message().find("uid 1000"), std::string::npos) << b.status();
+  EXPECT_TRUE(open_as(-1).ok());
+  a->reset();
+  a2->reset();
+  EXPECT_TRUE(Eventually([&] { return open_as(2000).ok(); }));  // its registrations are gone
+
+  auto r = Open(Alloc(0, 4096), 4096);
+  std::vector<uint8_t> host(4096);
+  std::string e = fake_.AddIpcEvent(0);
+  auto copy_as = [&](uint64_t session, int64_t uid) {
+    TransferSpec spec;
+    spec.direction = Direction::kDeviceToHost;
+    spec.bytes = 16;
+    spec.ready_event = e;
+    spec.owner_id = session;
+    spec.owner_uid = uid;
+    auto t = engine_->BeginTransfer(*r, std::move(spec));
+    EXPECT_TRUE(t.ok()) << t.status();
+    return engine_->CopyOrderedChunk(t->get(), 0, Direction::kDeviceToHost, *r, 0, host.data(),
+                                     16);
+  };
+  EXPECT_TRUE(copy_as(1, 1000).ok());
+  absl::Status other = copy_as(2, 2000);
+  EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied) << other;
+  EXPECT_TRUE(copy_as(3, 1000).ok());
+  engine_->ReleaseOwner(1);
+  engine_->ReleaseOwner(3);
+  EXPECT_TRUE(copy_as(4, 2000).ok());  // no longer opened for uid 1000
+}
+
+// A cached client event stays while a session that used it lives, and goes (destroyed on the
+// mapper) when the last of them ends, without waiting for the cache to fill.
+TEST_F(CudaEngineTest, CachedEventsGoWithTheLastSessionThatUsedThem) {
+  std::string h = Alloc(0, 4096);
+  auto r = Open(h, 4096);
+  std::vector<uint8_t> host(4096);
+  std::string e1 = fake_.AddIpcEvent(0), e2 = fake_.AddIpcEvent(0);
+  auto run = [&](const std::string& e, uint64_t owner) {
+    auto t = Begin(*r, Direction::kDeviceToHost, 16, e, "", nullptr, owner);
+    ASSERT_TRUE(engine_->CopyOrderedChunk(t.get(), 0, Direction::kDeviceToHost, *r, 0,
+                                          host.data(), 16)
+                    .ok());
+  };
+  run(e1, 1);
+  run(e1, 2);
+  run(e2, 2);
+  run(e2, 0);  // (a transfer of no session adds no owner)
+  EXPECT_EQ(engine_->cached_events(), 2u);
+  const int destroyed = fake_.count("DestroyEvent");
+  engine_->ReleaseOwner(1);
+  EXPECT_EQ(engine_->cached_events(), 2u);  // session 2 still uses e1
+  engine_->ReleaseOwner(2);
+  EXPECT_EQ(engine_->cached_events(), 0u);
+  EXPECT_TRUE(Eventually([&] { return fake_.count("DestroyEvent") == destroyed + 2; }));
+  run(e1, 3);  // opened again when used again
+  EXPECT_EQ(fake_.count("IpcOpenEventHandle"), 3);
 }
 
 class AsyncEngineTest : public CudaEngineTest {

@@ -114,7 +114,7 @@ void CudaCopyEngine::Shared::Release(const std::shared_ptr<Mapping>& m) {
 
 void CudaCopyEngine::Shared::Unregister(const std::shared_ptr<Mapping>& m) {
   base::MutexLock lock(mu);
-  --m->registrations;
+  if (--m->registrations == 0) m->owner_uid = -1;
   EraseIfUnusedLocked(m);
 }
 
@@ -131,18 +131,44 @@ absl::StatusOr<uint64_t> CudaCopyEngine::Shared::WaitOpen(const std::shared_ptr<
   return m->allocation_bytes;
 }
 
+absl::Status CudaCopyEngine::Shared::RegisterLocked(Mapping& m, int64_t uid) {
+  if (m.registrations > 0 && m.owner_uid >= 0 && uid >= 0 && m.owner_uid != uid) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "this CUDA IPC memory handle is registered by a session of uid %d, not this session's "
+        "uid %d: register memory your own process allocated and exported",
+        m.owner_uid, uid));
+  }
+  if (m.registrations == 0 || m.owner_uid < 0) m.owner_uid = uid;
+  ++m.registrations;
+  return absl::OkStatus();
+}
+
 std::shared_ptr<OpenedEvent> CudaCopyEngine::Shared::EventFor(const std::string& uuid,
                                                               const GpuThreads& gpu,
-                                                              const std::string& handle) {
+                                                              const std::string& handle,
+                                                              uint64_t owner,
+                                                              int64_t owner_uid) {
   const std::string key = uuid + std::string(1, '\0') + handle;
   base::MutexLock lock(mu);
   auto it = events.find(key);
+  if (it != events.end() && it->second->owner_uid >= 0 && owner_uid >= 0 &&
+      it->second->owner_uid != owner_uid) {
+    auto refused = std::make_shared<OpenedEvent>();
+    refused->state = OpenedEvent::State::kFailed;
+    refused->error = absl::PermissionDeniedError(absl::StrFormat(
+        "this CUDA IPC event handle is in use by a session of uid %d, not this session's uid "
+        "%d: name events your own process created and exported",
+        it->second->owner_uid, owner_uid));
+    return refused;
+  }
+  if (owner != 0) event_owners[key].insert(owner);
   if (it != events.end() && it->second->state != OpenedEvent::State::kFailed) {
     event_lru.remove(key);
     event_lru.push_back(key);
     return it->second;
   }
   auto e = std::make_shared<OpenedEvent>();
+  e->owner_uid = owner_uid;
   e->api = api.get();
   e->mapper = gpu.mapper;
   std::weak_ptr<OpenedEvent> weak = e;
@@ -170,6 +196,7 @@ std::shared_ptr<OpenedEvent> CudaCopyEngine::Shared::EventFor(const std::string&
   event_lru.push_back(key);
   while (event_lru.size() > std::max<uint32_t>(1, options.max_cached_events)) {
     events.erase(event_lru.front());  // transfers using it keep their reference
+    event_owners.erase(event_lru.front());
     event_lru.pop_front();
   }
   return e;
@@ -190,6 +217,7 @@ void CudaCopyEngine::Shared::CloseAll() {
     }
     events.clear();
     event_lru.clear();
+    event_owners.clear();
   }
   if (!open.empty()) {
     LOG(WARNING) << "cuda: engine stopping with " << open.size()
@@ -217,10 +245,12 @@ CudaTransfer::CudaTransfer(std::shared_ptr<CudaCopyEngine::Shared> shared,
       created_at_(base::SteadyNowSeconds()) {
   shared_->Acquire(mapping_);
   if (!spec_.ready_event.empty()) {
-    ready_ = shared_->EventFor(mapping_->uuid, mapping_->gpu, spec_.ready_event);
+    ready_ = shared_->EventFor(mapping_->uuid, mapping_->gpu, spec_.ready_event, spec_.owner_id,
+                               spec_.owner_uid);
   }
   if (!spec_.done_event.empty()) {
-    done_ = shared_->EventFor(mapping_->uuid, mapping_->gpu, spec_.done_event);
+    done_ = shared_->EventFor(mapping_->uuid, mapping_->gpu, spec_.done_event, spec_.owner_id,
+                              spec_.owner_uid);
   }
 }
 

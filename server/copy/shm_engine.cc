@@ -51,14 +51,18 @@ class ShmRegion : public Region {
 // A client may truncate its shared-memory object while the daemon copies from or to it; touching
 // the vanished pages raises SIGBUS. Copies run under a per-thread guard: the handler jumps back
 // out of the copy, which then fails instead of killing the daemon. SIGBUS outside a guarded
-// copy keeps its default action.
+// copy goes to the handler installed before this one (the simulated GPU tables' guard), else
+// keeps its default action.
 // volatile + signal fences: the compiler must not drop or move the stores around memcpy.
 thread_local sigjmp_buf* volatile t_copy_guard = nullptr;
+struct sigaction g_previous_sigbus;  // (another guard's, e.g. the simulated GPU tables')
 
 void OnSigbus(int sig, siginfo_t* info, void* ctx) {
-  (void)info;
-  (void)ctx;
   if (t_copy_guard != nullptr) siglongjmp(*t_copy_guard, 1);
+  if ((g_previous_sigbus.sa_flags & SA_SIGINFO) != 0 && g_previous_sigbus.sa_sigaction != nullptr) {
+    g_previous_sigbus.sa_sigaction(sig, info, ctx);
+    return;
+  }
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -69,7 +73,7 @@ void InstallSigbusGuard() {
     sa.sa_sigaction = OnSigbus;
     sa.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
-    return sigaction(SIGBUS, &sa, nullptr) == 0;
+    return sigaction(SIGBUS, &sa, &g_previous_sigbus) == 0;
   }();
   (void)installed;
 }

@@ -25,7 +25,16 @@
 //
 // Handles (64 bytes each, zero-padded): memory "OFDSIMM1" | pid u32 | segment slot u32 |
 // generation u64 | instance u64; event "OFDSIME1" | pid u32 | event slot u32 | 0 u64 |
-// instance u64. The instance tells a table from an earlier one of the same pid.
+// instance u64. The instance (random, never 0) tells a table from an earlier one of the same
+// pid; the daemon opens a handle only when it equals the table's, so a handle also proves that
+// its sender has read the table (mode 0600: its owner).
+//
+// Whose table (CheckSimHandleOwner): a session may name only the table of its own process (the
+// handle's pid is the session's peer pid, or the pid the client sees for itself in a PID
+// namespace) and only one its own uid owns. There is no sharing between processes: every
+// process registers its own memory. The daemon reads the header and every slot field it uses
+// once, checks it against the table's size, and keeps its own copy: a client that rewrites its
+// table afterwards changes nothing the daemon computes addresses from.
 //
 // Events. complete_at_ns is CLOCK_MONOTONIC nanoseconds (std::chrono::steady_clock; Python's
 // time.monotonic_ns()); kSimNever (-1) = never recorded; kSimPending (INT64_MAX) = recorded,
@@ -46,7 +55,9 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -117,14 +128,36 @@ std::string MakeSimMemHandle(const SimMemRef& ref);
 std::string MakeSimEventHandle(const SimEventRef& ref);
 std::string SimTableName(uint32_t pid);  // "/ofd-simgpu-<pid>"
 
+// PERMISSION_DENIED when `handle` (a memory or event handle of a simulated table) names a table
+// that is not the session's own: its pid is none of `session_pids` (the peer pid and the pid
+// the client sent in Hello), or the object "/ofd-simgpu-<pid>" under `shm_dir` is not a regular
+// file owned by `session_uid`. OK for a handle of any other kind (not a simulated table's) and
+// for a table that does not exist (opening it then fails with NOT_FOUND).
+absl::Status CheckSimHandleOwner(absl::string_view handle,
+                                 const std::vector<uint32_t>& session_pids, uint32_t session_uid,
+                                 const std::string& shm_dir = "/dev/shm");
+
+// Where a segment's bytes are, as the daemon read and checked them once (SimGpuTable::Geometry).
+struct SimSegmentGeometry {
+  uint32_t device = 0;
+  uint64_t offset = 0, size_bytes = 0;
+  uint8_t* memory = nullptr;  // host address of its first byte, inside the table's mapping
+};
+
 // A mapping of one client's table (read and written by the daemon side). Thread-safe: fields
-// are atomics or fixed after Open.
+// are atomics or fixed after Open. The layout (header fields and slot counts) is read once by
+// Open, checked against the object's size, and kept: event(), segment() and Geometry() use that
+// copy, never the client-writable header again.
 class SimGpuTable {
  public:
   // Maps "/ofd-simgpu-<pid>". NOT_FOUND when it does not exist (the client is gone);
-  // FAILED_PRECONDITION when it is not a table of this version, or (instance != 0) not the
-  // table of that instance.
-  static absl::StatusOr<std::shared_ptr<SimGpuTable>> Open(uint32_t pid, uint64_t instance = 0);
+  // FAILED_PRECONDITION when it is not a table of this version, when `instance` is 0, or when
+  // it is not the table of that instance; RESOURCE_EXHAUSTED past 4096 tables mapped at once.
+  // The mapping is guarded: if the client truncates the object, the first access to a vanished
+  // page (SIGBUS) replaces the whole mapping by zero-filled private memory and retries, so the
+  // daemon reads zeros (every event complete, every segment free) instead of dying. Installs a
+  // process-wide SIGBUS handler on first use that passes other faults to the one before it.
+  static absl::StatusOr<std::shared_ptr<SimGpuTable>> Open(uint32_t pid, uint64_t instance);
   // Creates one (tests and the C++ simulated client): `devices` x `device_bytes` of memory.
   static absl::StatusOr<std::shared_ptr<SimGpuTable>> Create(uint32_t pid, uint32_t devices,
                                                             uint64_t device_bytes,
@@ -133,24 +166,44 @@ class SimGpuTable {
   ~SimGpuTable();
 
   SimTableHeader& header() const { return *header_; }
-  uint64_t instance() const { return header_->instance; }
+  uint64_t instance() const { return layout_.instance; }
   SimEventSlot* event(uint32_t slot) const;      // null when out of range
   SimSegmentSlot* segment(uint32_t slot) const;  // null when out of range
   // Host address of a segment's first byte; null when the slot's range is out of bounds.
+  // Reads the slot's fields once.
   uint8_t* SegmentMemory(const SimSegmentSlot& s) const;
+  // The slot's device, offset and size read once, and the address they give; false when they
+  // lie outside the table (the copy to use from then on: the client may rewrite the slot).
+  bool Geometry(const SimSegmentSlot& s, SimSegmentGeometry* out) const;
   void CountViolation(SimViolation v) const;
   uint64_t violations(SimViolation v) const;
   const std::string& name() const { return name_; }
   bool owner() const { return owner_; }
+  uint32_t owner_uid() const { return owner_uid_; }  // of the shared-memory object
 
  private:
+  // The header's layout fields as read (and checked) once.
+  struct Layout {
+    uint32_t devices = 0, event_slots = 0, segment_slots = 0;
+    uint64_t device_bytes = 0, events_offset = 0, segments_offset = 0, memory_offset = 0;
+    uint64_t instance = 0;
+  };
   SimGpuTable() = default;
+  // Copies the header's layout into layout_; false when it does not fit in size_.
+  bool ReadLayout();
   std::string name_;
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   SimTableHeader* header_ = nullptr;
-  bool owner_ = false;  // created it: unlinks it
+  Layout layout_;
+  uint32_t owner_uid_ = 0;
+  bool owner_ = false;    // created it: unlinks it
+  bool guarded_ = false;  // registered with the truncation guard (opened, not created)
 };
+
+// Tables the daemon found truncated under it (a SIGBUS in its mapping of one, which then reads
+// as zeros: see SimGpuTable::Open), since start.
+uint64_t SimTablesZeroedTotal();
 
 // CLOCK_MONOTONIC now in nanoseconds (what complete_at_ns is compared with).
 int64_t SimNowNanoseconds();

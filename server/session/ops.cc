@@ -118,6 +118,8 @@ void SetChunkCopy(const OpContext& ctx, const std::shared_ptr<copy::Region>& reg
 absl::StatusOr<std::shared_ptr<copy::TransferOrder>> BeginOrderedTransfer(
     const OpContext& ctx, copy::Region& region, copy::TransferSpec spec) {
   spec.cancelled = [gate = ctx.gate] { return gate->closed(); };
+  spec.owner_id = ctx.session_id;
+  spec.owner_uid = ctx.uid;
   return ctx.core->engine().BeginTransfer(region, std::move(spec));
 }
 

@@ -94,6 +94,7 @@ struct OpContext {
   Core* core = nullptr;
   std::shared_ptr<OpOwner> owner;  // kept alive until the op finishes
   uint64_t session_id = 0;
+  int64_t uid = -1;  // the session's peer uid; -1 when unknown
   std::string device_id;  // the session's GPU: its link carries the copy (AcquireLink done)
   std::shared_ptr<CopyGate> gate;  // every chunk copy passes it
 };

@@ -15,6 +15,7 @@
 #include "glog/logging.h"
 #include "server/base/clock.h"
 #include "server/base/log_text.h"
+#include "server/copy/sim_gpu_table.h"
 #include "server/session/audit.h"
 #include "server/metrics/metrics.h"
 
@@ -247,6 +248,7 @@ absl::StatusOr<uint64_t> Session::AdmitHelloLocked(const Request& r, const pool:
   transient_device_ = r.transient_device;
   pid_ = peer_.known && peer_.pid > 0 ? static_cast<uint32_t>(peer_.pid) : r.pid;
   hello_seconds_ = core_->clock().NowSeconds();  // bounds the session's reports
+  hello_pid_ = r.pid;
   if (peer_.known) {
     core_->store().SetSessionOwner(id_, peer_.uid);
     core_->WatchPid(id_, peer_.pid);
@@ -289,6 +291,7 @@ void Session::OnRegister(const Request& r) {
   copy::RegionSpec spec = r.region;
   spec.device_id = device_id_;
   spec.transient_device = transient_device_;
+  spec.owner_uid = peer_.known ? static_cast<int64_t>(peer_.uid) : -1;
   if (spec.shm_name.empty() && spec.cuda_ipc_handle.empty()) {
     return Fail(r.request_id, absl::InvalidArgumentError(
                                   "register_region without a handle: set shm_name (shm backend) "
@@ -297,6 +300,7 @@ void Session::OnRegister(const Request& r) {
   if (absl::Status st = CheckShmOwner(peer_, spec.shm_name); !st.ok()) {
     return Fail(r.request_id, st);
   }
+  if (absl::Status st = CheckHandleOwners(r); !st.ok()) return Fail(r.request_id, st);
   {
     base::MutexLock lock(mu_);
     if (regions_.size() >= kMaxRegionsPerSession) {
@@ -320,6 +324,21 @@ void Session::OnRegister(const Request& r) {
   c.kind = CompletionKind::kRegionRegistered;
   c.id = region_id;
   Send(std::move(c));
+}
+
+absl::Status Session::CheckHandleOwners(const Request& r) const {
+  if (!peer_.known) return absl::OkStatus();
+  std::vector<uint32_t> pids;
+  {
+    base::MutexLock lock(mu_);
+    pids = {pid_, hello_pid_};
+  }
+  if (peer_.pid > 0) pids.push_back(static_cast<uint32_t>(peer_.pid));
+  for (const std::string* handle : {&r.region.cuda_ipc_handle, &r.ready_event, &r.done_event}) {
+    absl::Status st = copy::CheckSimHandleOwner(*handle, pids, peer_.uid);
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
 }
 
 void Session::OnUnregister(const Request& r) {
@@ -355,6 +374,7 @@ OpContext Session::OpContextFor() {
   ctx.core = core_;
   ctx.owner = shared_from_this();
   ctx.session_id = id_;
+  ctx.uid = peer_.known ? static_cast<int64_t>(peer_.uid) : -1;
   ctx.gate = gate_;
   base::MutexLock lock(mu_);
   ctx.device_id = device_id_;
@@ -362,6 +382,7 @@ OpContext Session::OpContextFor() {
 }
 
 void Session::OnOffload(const Request& r) {
+  if (absl::Status st = CheckHandleOwners(r); !st.ok()) return Fail(r.request_id, st);
   auto region = FindRegion(r.region_id);
   if (!region.ok()) return Fail(r.request_id, region.status());
   if (r.bytes == 0) {
@@ -386,6 +407,7 @@ void Session::OnReload(const Request& r) {
                                   "needed soon",
                                   r.priority)));
   }
+  if (absl::Status st = CheckHandleOwners(r); !st.ok()) return Fail(r.request_id, st);
   auto region = FindRegion(r.region_id);
   if (!region.ok()) return Fail(r.request_id, region.status());
   ReloadOp::Create(OpContextFor(), r, *std::move(region))->Start();
@@ -580,6 +602,7 @@ void Session::CloseWith(EndCause cause, const absl::Status* end_status) {
     core_->ReleaseLink(device_id, transient_device);
   }
   core_->store().ReleaseSession(id_);
+  core_->engine().ReleaseOwner(id_);  // (cached client events; a simulated client's table)
   {
     // Every request still unanswered gets its answer now, then nothing more is sent.
     base::MutexLock lock(mu_);

@@ -155,6 +155,10 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
   Completion HelloReply(const Request& r, const std::string& token, uint64_t blocks_resumed,
                         std::vector<uint64_t> resumed_ids);
   void OnRegister(const Request& r);
+  // PERMISSION_DENIED when a handle of `r` (region, ready and done events) is a simulated GPU
+  // table's and names a table that is not this session's process's and uid's
+  // (copy::CheckSimHandleOwner). OK without known peer credentials.
+  absl::Status CheckHandleOwners(const Request& r) const EXCLUDES(mu_);
   void OnUnregister(const Request& r);
   // Offload and reload: validated here, carried out by an OffloadOp / ReloadOp (ops.h).
   void OnOffload(const Request& r);
@@ -202,6 +206,7 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
   std::string device_id_;
   bool transient_device_ = false;  // Hello's transient_device
   uint32_t pid_ GUARDED_BY(mu_) = 0;
+  uint32_t hello_pid_ GUARDED_BY(mu_) = 0;  // the pid the client named (its own view)
   ClientCounters client_report_ GUARDED_BY(mu_);  // the latest ClientReport
   double hello_seconds_ GUARDED_BY(mu_) = 0;       // core clock at Hello: a report's bound
   std::map<uint64_t, std::shared_ptr<copy::Region>> regions_ GUARDED_BY(mu_);

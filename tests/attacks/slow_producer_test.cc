@@ -6,6 +6,7 @@
 // GPU must still complete, with their bytes. The waits
 // are bounded only to turn a hang into a failure. Every time figure is SIMULATED.
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -23,6 +24,7 @@
 #include "client/offloadd_client.h"
 #include "client/sim_client_cuda_api.h"
 #include "gtest/gtest.h"
+#include "server/copy/sim_gpu_table.h"
 #include "tests/e2e/child_process.h"
 
 namespace offloadd::testing {
@@ -73,13 +75,13 @@ class SlowProducerTest : public ::testing::Test {
     ASSERT_TRUE(ready_) << "the daemon did not start on --backend=cuda-sim";
     client::SimClientGpuOptions o;
     o.device_bytes = 256 * kMiB;
-    std::mt19937 rng(std::random_device{}());
-    for (int i = 0; i < 8 && gpu_ == nullptr; ++i) {  // a table name no other sandbox uses
-      o.pid = (1u << 30) | (rng() & 0x3fffffff);
-      auto g = SimClientGpu::Create(o);
-      if (g.ok()) gpu_ = *g;
-    }
-    ASSERT_NE(gpu_, nullptr);
+    // The table of this process's own pid: the daemon accepts a table's handles only from a
+    // session of that process (this test runs outside the sandbox's PID namespace, so its pid
+    // is no other test's). A table left by a killed earlier run of this pid is removed first.
+    shm_unlink(copy::SimTableName(getpid()).c_str());
+    auto g = SimClientGpu::Create(o);
+    ASSERT_TRUE(g.ok()) << g.status();
+    gpu_ = *g;
     exporter_ = std::make_unique<client::CudaExporter>(client::NewSimClientCudaApi(gpu_));
     for (void** s : {&stuck_stream_, &ready_stream_}) {
       ASSERT_EQ(gpu_->StreamCreate(s), client::kSimCudaSuccess);

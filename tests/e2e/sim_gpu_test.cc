@@ -7,6 +7,7 @@
 // segment freed while the daemon copies from it, VMM memory, and CUDA's error state after a
 // failed export. Every time figure is SIMULATED.
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,13 +73,13 @@ class SimGpuTest : public ::testing::Test {
     ASSERT_TRUE(ready_) << "the daemon did not start on --backend=cuda-sim";
     client::SimClientGpuOptions o;
     o.device_bytes = 128 * kMiB;
-    std::mt19937 rng(std::random_device{}());
-    for (int i = 0; i < 8 && gpu_ == nullptr; ++i) {  // a table name no other sandbox uses
-      o.pid = (1u << 30) | (rng() & 0x3fffffff);
-      auto g = SimClientGpu::Create(o);
-      if (g.ok()) gpu_ = *g;
-    }
-    ASSERT_NE(gpu_, nullptr);
+    // The table of this process's own pid: the daemon accepts handles of the session's process
+    // only (this test runs outside the sandbox's PID namespace, so its pid is no other test's).
+    // A table left by a killed earlier run of this pid is removed first.
+    shm_unlink(copy::SimTableName(getpid()).c_str());
+    auto g = SimClientGpu::Create(o);
+    ASSERT_TRUE(g.ok()) << g.status();
+    gpu_ = *g;
     exporter_ = std::make_unique<client::CudaExporter>(client::NewSimClientCudaApi(gpu_));
     api_ = client::NewSimClientCudaApi(gpu_);
     for (void** s : {&compute_, &reload_, &other_}) {

@@ -11,12 +11,18 @@
 //             reloads idle and while offloads and prefetch reloads saturate both directions.
 //   spin      offload A (ready at once), then B whose producer is a --spin_ms spin kernel:
 //             A's latency must not include B's producer; B's bytes must be B's final ones.
+//   ipc_cross_uid (root) whether CUDA IPC handles cross users: a process of uid 65534 exports
+//             a memory and an event handle (--mode=ipc_export, --uid); a process of uid 65533 and
+//             one of root then try to open them (--mode=ipc_import --uid); and whether the
+//             handle bytes carry the exporter's pid. Prints FIGURE lines, never fails on what it
+//             finds (README "Failure modes" states the guarantee); SKIPPED when not root.
 //   free_mid  offloads --tensors tensors, frees the allocation with the copies in flight and
 //             exits without closing (a client bug or a crash): run.sh then checks the daemon
 //             still serves everyone else.
 #include <cuda_runtime.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,6 +58,7 @@ constexpr uint64_t kMiB = 1ull << 20;
 
 struct Args {
   std::string mode, socket, self, handle_hex, event_hex;
+  int uid = -1;  // ipc_export / ipc_import: run as this uid (setuid before any CUDA call)
   int tensors = 16, spin_ms = 200, samples = 15;
   uint64_t tensor_bytes = 64 * kMiB, chunk_bytes = 8 * kMiB;
 };
@@ -149,6 +156,113 @@ int ModeIpc(const Args& a) {
   }
   std::printf("PASS ipc: a second process opened this one's memory and event handles and read "
               "the bytes written before the event\n");
+  return 0;
+}
+
+// The exporting side of ipc_cross_uid: prints "HANDLES <mem hex> <event hex> <pid>", then keeps
+// the allocation and event alive until its stdin closes.
+int ModeIpcExport() {
+  void* p = nullptr;
+  Check(cudaMalloc(&p, 4 * kMiB), "cudaMalloc");
+  Check(cudaMemset(p, 0x5a, 4 * kMiB), "memset");
+  cudaEvent_t ev;
+  Check(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming), "event");
+  Check(cudaEventRecord(ev, 0), "record");
+  Check(cudaDeviceSynchronize(), "sync");
+  cudaIpcMemHandle_t mh;
+  cudaIpcEventHandle_t eh;
+  cudaError_t e = cudaIpcGetMemHandle(&mh, p);
+  if (e != cudaSuccess) IpcUnsupported("cudaIpcGetMemHandle", e);
+  e = cudaIpcGetEventHandle(&eh, ev);
+  if (e != cudaSuccess) IpcUnsupported("cudaIpcGetEventHandle", e);
+  std::printf("HANDLES %s %s %d\n", Hex(&mh, sizeof(mh)).c_str(), Hex(&eh, sizeof(eh)).c_str(),
+              static_cast<int>(getpid()));
+  std::fflush(stdout);
+  char buf[16];
+  while (read(0, buf, sizeof(buf)) > 0) {
+  }
+  return 0;
+}
+
+// Runs `args` (after the binary) with stdin and stdout on pipes when `in` / `out` are given.
+pid_t SpawnSelf(const Args& a, std::vector<std::string> args, int* in, int* out) {
+  int pin[2] = {-1, -1}, pout[2] = {-1, -1};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (in != nullptr && pipe(pin) == 0) {
+    posix_spawn_file_actions_adddup2(&fa, pin[0], 0);
+    posix_spawn_file_actions_addclose(&fa, pin[1]);
+  }
+  if (out != nullptr && pipe(pout) == 0) {
+    posix_spawn_file_actions_adddup2(&fa, pout[1], 1);
+    posix_spawn_file_actions_addclose(&fa, pout[0]);
+  }
+  args.insert(args.begin(), a.self);
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  std::fflush(stdout);
+  if (posix_spawn(&pid, a.self.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  if (in != nullptr) close(pin[0]), *in = pin[1];
+  if (out != nullptr) close(pout[1]), *out = pout[0];
+  return pid;
+}
+
+// "opened" when a process of `uid` opened both handles and read the exporter's bytes, else
+// what the import said (its exit status).
+std::string ImportAs(const Args& a, int uid, const std::string& mem, const std::string& event) {
+  pid_t pid = SpawnSelf(a, {"--mode=ipc_import", "--uid=" + std::to_string(uid),
+                            "--handle=" + mem, "--event=" + event},
+                        nullptr, nullptr);
+  int status = 0;
+  if (pid <= 0 || waitpid(pid, &status, 0) != pid) return "not_started";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "opened";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kIpcUnsupportedExit) return "refused";
+  return "failed_status_" + std::to_string(status);
+}
+
+int ModeIpcCrossUid(const Args& a) {
+  if (geteuid() != 0) {
+    std::printf("NOTE: ipc_cross_uid not run: it needs root (it runs processes as uids 65534 and "
+                "65533)\n");
+    return 0;
+  }
+  int in = -1, out = -1;
+  pid_t exporter = SpawnSelf(a, {"--mode=ipc_export", "--uid=65534"}, &in, &out);
+  if (exporter <= 0) Fail("cannot start the exporting process");
+  std::string line;
+  char c;
+  while (read(out, &c, 1) == 1 && c != '\n') line += c;
+  char mem[200] = {0}, event[200] = {0};
+  int pid = 0;
+  if (std::sscanf(line.c_str(), "HANDLES %199s %199s %d", mem, event, &pid) != 3) {
+    close(in);
+    waitpid(exporter, nullptr, 0);
+    std::printf("NOTE: ipc_cross_uid: the exporting process (uid 65534) gave no handles: %s\n",
+                line.c_str());
+    return 0;
+  }
+  const std::string other = ImportAs(a, 65533, mem, event), root = ImportAs(a, 0, mem, event);
+  close(in);
+  close(out);
+  waitpid(exporter, nullptr, 0);
+  cudaIpcMemHandle_t mh;
+  Unhex(mem, &mh, sizeof(mh));
+  std::string at = "none";
+  for (size_t i = 0; i + 4 <= sizeof(mh); ++i) {
+    if (std::memcmp(reinterpret_cast<const char*>(&mh) + i, &pid, 4) == 0) {
+      at = std::to_string(i);
+      break;
+    }
+  }
+  std::printf("FIGURE ipc_cross_uid_other_user %s (uid 65533 opening uid 65534's handles)\n",
+              other.c_str());
+  std::printf("FIGURE ipc_cross_uid_root %s (root opening uid 65534's handles)\n", root.c_str());
+  std::printf("FIGURE ipc_handle_exporter_pid_offset %s (byte offset of the exporter's pid %d "
+              "in the memory handle, little-endian u32; none: not found)\n",
+              at.c_str(), pid);
   return 0;
 }
 
@@ -419,12 +533,17 @@ int main(int argc, char** argv) {
     else if (k == "--socket") a.socket = v;
     else if (k == "--handle") a.handle_hex = v;
     else if (k == "--event") a.event_hex = v;
+    else if (k == "--uid") a.uid = std::atoi(v.c_str());
     else if (k == "--tensors") a.tensors = std::max(1, std::atoi(v.c_str()));
     else if (k == "--tensor_mib") a.tensor_bytes = std::strtoull(v.c_str(), nullptr, 10) * kMiB;
     else if (k == "--chunk_mib") a.chunk_bytes = std::strtoull(v.c_str(), nullptr, 10) * kMiB;
     else if (k == "--spin_ms") a.spin_ms = std::max(1, std::atoi(v.c_str()));
     else if (k == "--samples") a.samples = std::max(1, std::atoi(v.c_str()));
     else Fail("unknown argument " + arg);
+  }
+  if (a.uid >= 0 && (setgid(a.uid) != 0 || setuid(a.uid) != 0)) {
+    std::printf("IPC unsupported in this sandbox: setuid(%d) failed\n", a.uid);
+    return kIpcUnsupportedExit;
   }
   if (a.mode == "ipc_import") {  // the second process must see the GPU the first one uses
     int count = 0;
@@ -435,6 +554,8 @@ int main(int argc, char** argv) {
   if (!offloadd::gpucheck::UsableGpu()) return 0;
   if (a.mode == "ipc") return ModeIpc(a);
   if (a.mode == "ipc_import") return ModeIpcImport(a);
+  if (a.mode == "ipc_export") return ModeIpcExport();
+  if (a.mode == "ipc_cross_uid") return ModeIpcCrossUid(a);
   if (a.socket.empty()) Fail("--socket=PATH is required");
   if (a.mode == "rates") return ModeRates(a);
   if (a.mode == "spin") return ModeSpin(a);
