@@ -4,10 +4,10 @@ The path the README's training-stacks table recommends for TRL: ``SFTConfig`` wi
 arguments it inherits, ``activation_checkpointing=True, activation_checkpointing_kwargs=
 {"offload": True}``, TRL's own ``activation_offloading`` left off, and
 ``offloadd.transformers.enable()`` before the trainer is built. A random tiny Qwen3 (2 layers,
-hidden 256) on CPU, an already tokenized data set (TRL skips its own tokenization), 3 optimizer
+hidden 256) on CPU, an already tokenized data set (TRL skips its own tokenization), 2 optimizer
 steps of batch 2 x 128 tokens: each layer's input, 2 x 128 x 256 fp32 = 256 KiB, is offloaded
 (threshold 64 KiB), so the daemon's GetStats counts 2 offloads of 256 KiB and 2 reloads per
-step, 6 of each in all, and holds nothing afterwards. The logged losses and the trained
+step, 4 of each in all, and holds nothing afterwards. The logged losses and the trained
 parameters are bitwise those of the same SFTTrainer run with checkpointing and no offload.
 """
 
@@ -26,7 +26,7 @@ import offloadd.transformers as otf
 import qwen3_fixture as q
 
 CONFIG = dict(q.SMALL_CONFIG, num_hidden_layers=2)
-STEPS, BATCH, SEQ = 3, 2, 128
+STEPS, BATCH, SEQ = 2, 2, 128
 LAYER_INPUT_BYTES = BATCH * SEQ * CONFIG["hidden_size"] * 4   # 256 KiB
 THRESHOLD_BYTES = 64 * 1024   # above the rotary tables (1 x 128 x 64 fp32 = 32 KiB)
 
