@@ -49,8 +49,8 @@ def run(sock, cpu_checkpointing, reference=None):
     import deepspeed
     deepspeed.checkpointing.configure(None, deepspeed_config=ds_config(cpu_checkpointing))
     model = q.make_model(seed=0, max_seq=SEQ, **CONFIG)
-    model._set_gradient_checkpointing(enable=True,
-                                      gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
+    model._set_gradient_checkpointing(
+        enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
     ids = q.batch(CONFIG["vocab_size"], BATCH, SEQ, seed=7)
     before = daemon_stats(sock)
     seen = {}
