@@ -26,7 +26,8 @@ class WheelTest(unittest.TestCase):
         for module in ("offloadd/v1/offload_pb2.py", "offloadd/v1/offload_pb2_grpc.py",
                        "offloadd/v1/projector_pb2.py", "offloadd/v1/projector_pb2_grpc.py",
                        "offloadd/torch/_store.py", "offloadd/transformers.py",
-                       "offloadd/galore.py", "offloadd/_galore_optim.py"):
+                       "offloadd/galore.py", "offloadd/_galore_optim.py",
+                       "offloadd/deepspeed.py"):
             self.assertIn(module, names)
         requires = [ln.split(":", 1)[1].strip() for ln in meta.splitlines()
                     if ln.startswith("Requires-Dist:")]
@@ -37,6 +38,7 @@ class WheelTest(unittest.TestCase):
         self.assertIn('accelerate>=1.1.0; extra == "transformers"', requires)
         self.assertIn('galore-torch==1.0; extra == "galore"', requires)
         self.assertIn('bitsandbytes==0.50.2; extra == "galore"', requires)
+        self.assertIn('deepspeed==0.19.8; extra == "deepspeed"', requires)
 
 
 if __name__ == "__main__":
