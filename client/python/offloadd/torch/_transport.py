@@ -312,8 +312,8 @@ class CudaIpcTransport:
         self.collect()
         with self.dev.context(t.device):
             src = self.dev.adopt(t)
-            if self.dev.simulated:
-                meta.checksum = crc32(src)
+            if self.dev.simulated and self.dev.checksums:
+                meta.checksum = self.dev.checksum(src)
             rid, offset = self._export(src, meta.nbytes)
             ev = self.events.acquire()
             try:
@@ -376,14 +376,14 @@ class CudaIpcTransport:
         self.dev.record_stream(op.dest, stream)
         self.events.release(op.ready_event)
         self.events.release(op.done_event)  # the wait above captured its record
-        if self.dev.simulated:
+        if self.dev.simulated and self.dev.checksums:
             self._check_simulated(op, meta, stream)
         return op.dest
 
     def _check_simulated(self, op, meta, stream):
         """Simulated GPU: the bytes the consumer reads are the ones offloaded."""
         self.dev.before_host_read(stream, meta)
-        if meta.checksum is not None and crc32(op.dest) != meta.checksum:
+        if meta.checksum is not None and self.dev.checksum(op.dest) != meta.checksum:
             raise errors.OffloaddError(errors.DATA_LOSS,
                                        "simulated GPU: a reloaded tensor's bytes differ from "
                                        "the offloaded ones (checksum mismatch)")
