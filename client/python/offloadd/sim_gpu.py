@@ -58,6 +58,7 @@ Thread-safety: every object here is safe to use from several threads (one lock p
 
 import atexit
 import bisect
+import contextlib
 import ctypes
 import mmap
 import os
@@ -738,8 +739,7 @@ class SimCudaDevice:
         self.device_wait_seconds = 0.0
 
     def context(self, device):
-        import contextlib
-        return contextlib.nullcontext()
+        return _NO_CONTEXT
 
     @property
     def checksums(self):
@@ -830,6 +830,7 @@ class SimCudaDevice:
         return waited
 
 
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: it holds no state
 _active = {"gpu": None}
 _local = threading.local()
 
