@@ -267,6 +267,9 @@ class Store:
                                             timeout=self._stall_left,
                                             unresponsive_seconds=self._stall_left,
                                             check_allocator=first)
+        except errors.OffloadConfigError:
+            self._step_eps.pop(key, None)  # the next offload checks the allocator again
+            raise
         except _RECOVERABLE as e:
             elapsed = time.monotonic() - t0
             self._stall_left -= elapsed
