@@ -61,6 +61,10 @@ echo "== the reference study's table through the daemon (SIMULATED; bench/study_
 .venv/bin/python bench/study_table.py --bin "$BIN" --json "$OUT/study_table.json" \
   | tee "$OUT/study_table.txt" || rc=1
 
+echo "== the hooks' cost per saved tensor: training thread, client threads, requests (bench/hook_overhead.py)"
+.venv/bin/python bench/hook_overhead.py --bin "$BIN" --json "$OUT/hook_overhead.json" \
+  | tee "$OUT/hook_overhead.txt" || rc=1
+
 echo "== GaLore projector refresh on the CPU backend (LAPACK, exact and randomized)"
 $BAZEL run -c opt //bench:projector_bench 2>/dev/null | tee "$OUT/projector_bench.txt" || rc=1
 

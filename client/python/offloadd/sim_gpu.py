@@ -37,11 +37,28 @@ What is modelled, and how it maps to CUDA:
   daemon had it mapped, a daemon copy on freed memory, a stream wait on an event not recorded
   since the request (CUDA would order nothing), a reload read before its done event completed.
 
+Benchmark knobs (attributes of :class:`SimGpu`, also constructor arguments), so that the simulated
+device's own work neither hides nor inflates the cost of the client around it:
+
+* ``checksums`` (True): the CUDA transport takes a CRC-32 of every offloaded tensor and checks
+  the reloaded bytes against it, after making the host wait for the reload's stream. False: no
+  CRC and no host wait (as on a GPU, where the host never reads a reloaded tensor); the bytes
+  are still moved by the daemon.
+* ``count_own_cpu`` (False): True adds the thread CPU time the simulation spends on its own work
+  -- its caching allocator (allocations, frees, record_stream), copying a tensor into
+  simulated memory (``SimCudaDevice.adopt``) and the checksums -- per thread, read with
+  :meth:`SimGpu.own_cpu_seconds`. The work a real GPU's driver would do for the client (events,
+  streams, pointer queries, IPC handles) is not counted there: it stays the client's.
+
+A tensor that already lies in simulated device memory (made by :meth:`SimGpu.empty_strided`) is
+used as it is by the transport; other CPU tensors are first copied in (``adopt``).
+
 Thread-safety: every object here is safe to use from several threads (one lock per SimGpu).
 """
 
 import atexit
 import bisect
+import contextlib
 import ctypes
 import mmap
 import os
@@ -465,7 +482,9 @@ class SimGpu:
     """The simulated GPUs of this process (see module doc). Close it when done."""
 
     def __init__(self, devices=1, device_bytes=256 * MIB, event_slots=4096, segment_slots=4096,
-                 expandable_segments=False):
+                 expandable_segments=False, checksums=True, count_own_cpu=False):
+        self.checksums, self.count_own_cpu = checksums, count_own_cpu
+        self._own_ns = {}  # threading.get_ident() -> ns of the simulation's own work (knob)
         self.device_bytes = _align(device_bytes, 2 * MIB)
         self.table = _Table(devices, self.device_bytes, event_slots, segment_slots)
         self.lock = threading.RLock()
@@ -480,6 +499,24 @@ class SimGpu:
         self._deferred = []  # (event, stream, waits, tail) records behind pending events
         self._resolver = None
         self.closed = False
+
+    # -- the simulation's own CPU time (the count_own_cpu knob) --
+    def own_start(self):
+        """A start mark for :meth:`own_end` (0 when the knob is off)."""
+        return time.thread_time_ns() if self.count_own_cpu else 0
+
+    def own_end(self, start_ns):
+        """Adds this thread's CPU time since ``own_start``'s mark to its own-work total."""
+        if start_ns:
+            key = threading.get_ident()
+            self._own_ns[key] = self._own_ns.get(key, 0) + time.thread_time_ns() - start_ns
+
+    def own_cpu_seconds(self, thread_ident=None):
+        """Float seconds of thread CPU the simulation spent on its own work (``count_own_cpu``)
+        on thread ``thread_ident`` (threading.get_ident(); None: all threads)."""
+        if thread_ident is not None:
+            return self._own_ns.get(thread_ident, 0) / 1e9
+        return sum(self._own_ns.values()) / 1e9
 
     # -- allocator settings (torch.cuda.memory._set_allocator_settings) --
     def set_allocator_settings(self, text):
@@ -516,6 +553,7 @@ class SimGpu:
         span = 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
         nbytes = max(span, 1) * itemsize
         stream = stream or self.current_stream(device)
+        own = self.own_start()
         with self.lock:
             b = self.allocators[device].malloc(nbytes, stream)
             start = self.table.memory_offset + device * self.device_bytes + \
@@ -523,24 +561,29 @@ class SimGpu:
         arr = np.frombuffer(self.table.mm, dtype=np.uint8, count=nbytes, offset=start)
         weakref.finalize(arr, self._on_block_dead, b)
         flat = torch.from_numpy(arr).view(dtype)
-        return flat.as_strided(tuple(shape), tuple(stride))
+        out = flat.as_strided(tuple(shape), tuple(stride))
+        self.own_end(own)
+        return out
 
     def _on_block_dead(self, b):
         if self.closed:
             return
+        own = self.own_start()
         with self.lock:
             self.allocators[b.segment.device].free(b)
+        self.own_end(own)
 
     def record_stream(self, t, stream):
         """Tensor.record_stream: ``t``'s block is not reused before ``stream`` passes its free."""
+        own = self.own_start()
         info = self.describe(t.data_ptr())
-        if info is None:
-            return
-        with self.lock:
-            seg = self.allocators[info.device].find(info.offset)
-            for b in seg.blocks:
-                if b.offset <= info.offset - seg.offset < b.offset + b.size and b.allocated:
-                    b.uses.add(stream)
+        if info is not None:
+            with self.lock:
+                seg = self.allocators[info.device].find(info.offset)
+                for b in seg.blocks:
+                    if b.offset <= info.offset - seg.offset < b.offset + b.size and b.allocated:
+                        b.uses.add(stream)
+        self.own_end(own)
 
     def empty_cache(self):
         for d in range(self.devices):
@@ -696,15 +739,34 @@ class SimCudaDevice:
         self.device_wait_seconds = 0.0
 
     def context(self, device):
-        import contextlib
-        return contextlib.nullcontext()
+        return _NO_CONTEXT
+
+    @property
+    def checksums(self):
+        """The SimGpu's ``checksums`` knob (see module doc)."""
+        return self.gpu.checksums
 
     def adopt(self, t):
+        """``t`` itself when it lies in this device's simulated memory, else a copy there."""
+        info = self.gpu.describe(t.data_ptr())
+        if info is not None and info.device == self.ordinal:
+            return t
+        own = self.gpu.own_start()
         dst = self.gpu.empty_strided(t.shape, t.stride(), t.dtype, self.ordinal)
         n = t.numel()
         dst.as_strided((n,), (1,), dst.storage_offset()).copy_(
             t.as_strided((n,), (1,), t.storage_offset()))
+        self.gpu.own_end(own)
         return dst
+
+    def checksum(self, t):
+        """CRC-32 of ``t``'s bytes, counted as the simulation's own work."""
+        from .torch._transport import crc32
+        own = self.gpu.own_start()
+        try:
+            return crc32(t)
+        finally:
+            self.gpu.own_end(own)
 
     def check_allocator(self):
         if self.gpu.expandable_segments:
@@ -768,6 +830,7 @@ class SimCudaDevice:
         return waited
 
 
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: it holds no state
 _active = {"gpu": None}
 _local = threading.local()
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import unittest
 import weakref
+from unittest import mock
 
 import torch
 from daemon_fixture import (B, H, L, LAYER_BYTES, PY_ROOT, S, THRESHOLD, DaemonTestCase,
@@ -21,6 +22,7 @@ import offloadd.torch as ot
 import tiny_lm
 from offloadd.torch import _endpoint
 from offloadd.torch._store import HostCopy, Saved
+from offloadd.torch._transport import Completion
 
 torch.set_num_threads(2)
 
@@ -87,6 +89,48 @@ class OffloadCheckpointsTest(DaemonTestCase):
             del loss, handles
             self.assertTrue(ot.synchronize())
             self.assertEqual(self.daemon.stats().blocks, 0)
+
+    def test_an_offloaded_tensor_costs_its_offload_and_its_reload_and_no_release(self):
+        ctx = self.context()
+        ref = run_step("plain")
+        run_step("hooks-reentrant", ctx)  # connects and registers the staging arena
+        self.assertTrue(ot.synchronize())
+        (ep,) = _endpoint.endpoints()
+        kinds, release_after = [], []
+        submit = ep.client._submit
+
+        def counting(request, *args, **kwargs):
+            kinds.append(request.WhichOneof("body"))
+            if kinds[-1] == "reload":
+                release_after.append(request.reload.release_after)
+            return submit(request, *args, **kwargs)
+        ep.client._submit = counting
+        out = run_step("hooks-reentrant", ctx)
+        self.assertTrue(ot.synchronize())
+        self.assertEqual(ctx.store.live_handles(), 0)
+        self.assertEqual((kinds.count("offload"), kinds.count("reload"), kinds.count("release")),
+                         (L, L, 0))
+        self.assertEqual(release_after, [True] * L)  # each reload frees its block
+        self.assertEqual(self.daemon.stats().blocks, 0)
+        self.assertTrue(bitwise_equal(out, ref))
+
+    def test_a_step_looks_up_its_endpoint_and_asks_about_cuda_once(self):
+        ctx = self.context(pin_memory=True)
+        run_step("hooks-reentrant", ctx)
+        from_store = []
+        real = torch.cuda.is_available
+
+        def is_available():
+            if sys._getframe(1).f_code.co_filename.endswith("_store.py"):
+                from_store.append(1)
+            return real()
+        with mock.patch.object(torch.cuda, "is_available", is_available), \
+                mock.patch.object(_endpoint, "get", wraps=_endpoint.get) as get:
+            run_step("hooks-reentrant", ctx)
+            run_step("hooks-reentrant", ctx)
+        self.assertEqual(ctx.stats.offloaded, 3 * L)
+        self.assertEqual(len(from_store), 2)  # once per step, not once per pack
+        self.assertEqual(get.call_count, 2)   # the step's first offload only
 
     def test_keep_last_n_keeps_the_newest_on_the_device(self):
         ref = run_step("plain")
@@ -245,3 +289,26 @@ class StatsAtExitTest(DaemonTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CompletionTest(unittest.TestCase):
+    """The reload completion the hooks use instead of a concurrent.futures.Future."""
+
+    def test_outcome_callbacks_and_timeout(self):
+        import concurrent.futures
+        import threading
+        c, seen = Completion(), []
+        c.add_done_callback(lambda f: seen.append(("early", f.result())))
+        with self.assertRaises(concurrent.futures.TimeoutError):
+            c.result(0.01)
+        self.assertFalse(c.done())
+        threading.Timer(0.05, c.set_result, (7,)).start()
+        self.assertEqual(c.result(10), 7)
+        c.set_exception(RuntimeError("late"))  # a second outcome is ignored
+        c.add_done_callback(lambda f: seen.append(("late", f.exception())))
+        self.assertEqual(seen, [("early", 7), ("late", None)])
+        failed = Completion()
+        failed.set_exception(KeyError(3))
+        self.assertIsInstance(failed.exception(0), KeyError)
+        with self.assertRaises(KeyError):
+            failed.result()

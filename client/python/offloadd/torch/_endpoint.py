@@ -52,16 +52,27 @@ STAGING_GROW_BYTES = 16 << 20
 STAGING_MAX_BYTES = 4 << 30
 
 
+_sim_gpu = []  # the offloadd.sim_gpu module, imported at the first CPU tensor
+
+
 def device_key(device):
-    if device.type == "cuda":
-        import torch
-        index = device.index if device.index is not None else torch.cuda.current_device()
+    """"cuda:<ordinal>", "sim:<ordinal>" (a CPU tensor while a simulated GPU is active) or the
+    device type (e.g. "cpu")."""
+    kind = device.type
+    if kind == "cuda":
+        index = device.index
+        if index is None:
+            import torch
+            index = torch.cuda.current_device()
         return "cuda:%d" % index
-    if device.type == "cpu":
-        from .. import sim_gpu
-        if sim_gpu.active() is not None:  # CPU tensors stand for a simulated GPU's
-            return "sim:%d" % sim_gpu.current_device()
-    return device.type
+    if kind == "cpu":
+        if not _sim_gpu:
+            from .. import sim_gpu
+            _sim_gpu.append(sim_gpu)
+        sim = _sim_gpu[0]
+        if sim.active() is not None:  # CPU tensors stand for a simulated GPU's
+            return "sim:%d" % sim.current_device()
+    return kind
 
 
 class Endpoint:

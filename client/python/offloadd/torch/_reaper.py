@@ -66,7 +66,9 @@ def _release(ep, block_id, rl):
         return
     if rl is not None:
         ep.transport.abandon_reload(rl)
-        if rl.sent:
-            rl.done.add_done_callback(lambda _: ep.client.release(block_id))
+        if rl.sent:  # a reload with release_after frees the block itself when it succeeds
+            after = rl.release_after
+            rl.done.add_done_callback(
+                lambda f: None if after and f.exception() is None else ep.client.release(block_id))
             return
     ep.client.release(block_id)

@@ -12,11 +12,18 @@
 ``Store.unpack(handle)`` returns the tensor: from the device when kept, else from the daemon --
 prefetched (issued PREFETCH when a later tensor was unpacked: backward runs in reverse order, so
 unpacking entry k prefetches the ``prefetch`` offloaded entries before it) or fetched URGENT.
-A block is released when its handle dies (autograd frees saved variables after use), so a graph
-can be run backward twice (retain_graph) and nothing stays in the pool after a step. The reloaded
-tensor is kept by the handle until the handle dies, so a tensor that several autograd nodes saved
-(one handle, de-duplicated at pack) is reloaded once however often it is unpacked: reloads per
-step equal offloads per step (as without hooks, a saved tensor then lives until its last user).
+The reloaded tensor is kept by the handle until the handle dies, so a tensor that several
+autograd nodes saved (one handle, de-duplicated at pack) is reloaded once however often it is
+unpacked, and a graph can be run backward twice (retain_graph): reloads per step equal offloads
+per step (as without hooks, a saved tensor then lives until its last user). A block is therefore
+never read twice, and every reload asks the daemon to free the block once copied
+(``release_after``): an offloaded tensor costs two requests, its offload and its reload. A handle
+that dies without a reload (never unpacked, or used from the device while its offload was in
+flight) releases its block with a request of its own; nothing stays in the pool after a step.
+
+Per step the store keeps what does not change per tensor: the endpoint of each device (looked up
+again when its session ends), whether pinned host memory is possible, and the allocator check
+(once per step and device), so a pack asks none of them per tensor.
 
 Idle steps: a step ends when a pack follows an unpack (the next forward after a backward). A step
 that packed saved tensors but sent none to the daemon (all below the threshold, parameters, or
@@ -38,6 +45,7 @@ Errors raised in backward's unpack reach the caller of ``backward()`` as the sam
 
 import atexit
 import collections
+import os
 import threading
 import time
 import weakref
@@ -52,6 +60,8 @@ from ._stats import OffloadStats
 from ._transport import Meta, dense_span, empty_like_meta
 
 KEPT, OFFLOADING, OFFLOADED, FALLBACK, LOST = range(5)
+_Tensor, _Parameter, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.strided
+_getpid = os.getpid
 
 
 class _BecameFallback(Exception):
@@ -134,6 +144,8 @@ class Store:
         self._unused_offsets = set()
         self._step = _StepCounts()
         self._step_counted = False  # the current step's idle check already ran
+        self._step_eps = {}    # device key -> Endpoint of this step (checked alive per use)
+        self._can_pin = None   # pin_memory possible (torch.cuda.is_available()), per step
         _STORES.add(self)
 
     # ---- pack ------------------------------------------------------------------------------
@@ -145,7 +157,10 @@ class Store:
             self._unpacking = False
             self._end_step()
         pin = self.pin_memory if pin_memory is None else pin_memory
-        pin = pin and torch.cuda.is_available()
+        if pin:
+            pin = self._can_pin
+            if pin is None:
+                pin = self._can_pin = torch.cuda.is_available()
         category, existing = self._classify(t)
         self._step.saw(t, category)
         if existing is not None:
@@ -181,16 +196,18 @@ class Store:
 
     def _classify(self, t):
         """(category or None, existing Saved or None)."""
-        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+        kind = type(t)
+        if kind is not _Tensor and kind is not _Parameter:
             return "other", None
         base = t._base
-        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter):
+        if kind is _Parameter or getattr(t, "_is_param", False) or \
+                (base is not None and isinstance(base, _Parameter)):
             return "params", None
-        if t.is_leaf and t.requires_grad:
+        if t.requires_grad and t.is_leaf:
             return "leaves", None
-        if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
+        if t.layout != _STRIDED or t.is_quantized or not (t.is_cuda or t.is_cpu):
             return "other", None
-        if t.numel() * t.element_size() < max(self.threshold_bytes, 1):
+        if t.nbytes < max(self.threshold_bytes, 1):
             return "small", None
         hit = self._seen.get(id(t))
         if hit is not None and hit[0]() is t:
@@ -227,20 +244,32 @@ class Store:
             return self._fallback(s, "the offloadd daemon did not answer within this step's "
                                   "bound of %.1f s (unresponsive_seconds)"
                                   % self.unresponsive_seconds)
-        t0 = time.monotonic()
-        ep, reason = _endpoint.get(self.socket_path, s.meta.device, self.retry_seconds,
-                                   min(self.connect_timeout_seconds, self._stall_left),
-                                   self.unresponsive_seconds)
-        if ep is None:
-            self._stall_left -= time.monotonic() - t0
-            return self._fallback(s, "the offloadd daemon is unreachable (%s)" % reason)
+        key = _endpoint.device_key(s.meta.device)
+        ep = self._step_eps.get(key)
+        first = ep is None or not ep.alive or ep.pid != _getpid()
+        if first:
+            t0 = time.monotonic()
+            ep, reason = _endpoint.get(self.socket_path, s.meta.device, self.retry_seconds,
+                                       min(self.connect_timeout_seconds, self._stall_left),
+                                       self.unresponsive_seconds)
+            if ep is None:
+                self._step_eps.pop(key, None)
+                self._stall_left -= time.monotonic() - t0
+                return self._fallback(s, "the offloadd daemon is unreachable (%s)" % reason)
+            self._step_eps[key] = ep
         t0 = time.monotonic()
         try:
             # The ordering hint: backward reloads a step's blocks in reverse of position, so the
-            # daemon's spill tier sends the earliest of a step to disk first.
+            # daemon's spill tier sends the earliest of a step to disk first. The allocator's
+            # settings are checked at a step's first offload per device (they may change at run
+            # time, between steps).
             op = ep.transport.start_offload(s.tensor, s.meta, ordering=(s.step, s.offset),
                                             timeout=self._stall_left,
-                                            unresponsive_seconds=self._stall_left)
+                                            unresponsive_seconds=self._stall_left,
+                                            check_allocator=first)
+        except errors.OffloadConfigError:
+            self._step_eps.pop(key, None)  # the next offload checks the allocator again
+            raise
         except _RECOVERABLE as e:
             elapsed = time.monotonic() - t0
             self._stall_left -= elapsed
@@ -264,6 +293,8 @@ class Store:
     def _offload_done(self, wref, ep, op, future):
         """Reader thread: OffloadDone or the error that refused the offload."""
         exc = future.exception()
+        if exc is not None:
+            self._step_eps.clear()  # look the endpoint up again (it may be broken now)
         s = wref()
         if s is not None:
             with self._lock:
@@ -293,7 +324,7 @@ class Store:
                 ep.client.release(done.block_id)
                 return
             if rl is not None and not rl.sent:
-                ep.transport.send_reload(rl, done.block_id, rl.priority)
+                ep.transport.send_reload(rl, done.block_id, rl.priority, release_after=True)
             return
         try:
             rescued = ep.transport.rescue(op, s.meta, s.pin)
@@ -321,6 +352,8 @@ class Store:
         if not self._step_counted:
             self._count_idle(self._step)
         self._step, self._step_counted = _StepCounts(), False
+        self._step_eps.clear()
+        self._can_pin = None
         self._last_unpacked_seq = None
         self._step_first_seq = self._next_seq
         self._step_index += 1
@@ -419,6 +452,8 @@ class Store:
         waited = time.monotonic() - t0
         with self._lock:
             s.reload = None
+            if rl.release_after:
+                s.block_id = None  # the daemon freed it after the copy
         if in_time:
             self.stats.add(reloaded=1, reloaded_bytes=s.meta.nbytes, prefetched_in_time=1,
                            prefetched_in_time_bytes=s.meta.nbytes)
@@ -525,7 +560,7 @@ class Store:
             ep.transport.abandon_reload(rl)
             return s.reload
         if send_now:
-            ep.transport.send_reload(rl, s.block_id, priority)
+            ep.transport.send_reload(rl, s.block_id, priority, release_after=True)
         return rl
 
     def _awaits_unpack(self, o):
@@ -602,7 +637,7 @@ class Store:
             if state == OFFLOADING and s.op is not None:
                 s.op.orphan_reload = rl  # _offload_done frees the block and the reload
                 return
-        if state == OFFLOADED:
+        if state == OFFLOADED and block_id is not None:  # None: freed by its reload
             release_later(ep, block_id, rl)
 
     def live_handles(self):

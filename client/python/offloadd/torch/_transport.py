@@ -55,8 +55,7 @@ class Meta:
     def __init__(self, t):
         self.shape, self.stride = tuple(t.shape), tuple(t.stride())
         self.dtype, self.device = t.dtype, t.device
-        self.numel = t.numel()
-        self.nbytes = self.numel * t.element_size()
+        self.numel, self.nbytes = t.numel(), t.nbytes
         self.checksum = None
 
 
@@ -109,15 +108,82 @@ def empty_like_meta(meta, device=None, pin_memory=False):
                                pin_memory=pin_memory)
 
 
-def chain(src, dst):
-    """Completes Future ``dst`` with ``src``'s outcome."""
-    def done(f):
-        exc = f.exception()
-        if exc is not None:
-            dst.set_exception(exc)
-        else:
-            dst.set_result(f.result())
-    src.add_done_callback(done)
+class Completion:
+    """A reload's outcome, for the hooks: the subset of ``concurrent.futures.Future`` they use
+    (``done``, ``result(timeout)``, ``exception(timeout)``, ``add_done_callback``,
+    ``set_result``, ``set_exception``, ``cancelled``) without a Condition per request: a lock
+    and an Event are made only when a thread must wait for an outcome not there yet.
+    ``result``/``exception`` raise TimeoutError after ``timeout`` seconds. Callbacks run on
+    the thread that completes it (the client's reader), or at once when already complete."""
+
+    __slots__ = ("_done", "_value", "_exc", "_callbacks", "_event")
+    _lock = threading.Lock()  # shared: held only to hand over callbacks and the event
+
+    def __init__(self):
+        self._done, self._value, self._exc = False, None, None
+        self._callbacks = self._event = None
+
+    def done(self):
+        return self._done
+
+    def cancelled(self):
+        return False
+
+    def _wait(self, timeout):
+        if self._done:
+            return
+        with Completion._lock:
+            if not self._done and self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if event is not None and not event.wait(timeout) and not self._done:
+            raise concurrent.futures.TimeoutError("no outcome within %s s" % timeout)
+
+    def result(self, timeout=None):
+        self._wait(timeout)
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def exception(self, timeout=None):
+        self._wait(timeout)
+        return self._exc
+
+    def add_done_callback(self, fn):
+        with Completion._lock:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _finish(self, value, exc):
+        with Completion._lock:
+            if self._done:
+                return
+            self._value, self._exc, self._done = value, exc, True
+            callbacks, self._callbacks, event = self._callbacks, None, self._event
+        if event is not None:
+            event.set()
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:  # as concurrent.futures does: a callback's failure stays its own
+                pass
+
+    def set_result(self, value):
+        self._finish(value, None)
+
+    def set_exception(self, exc):
+        self._finish(None, exc)
+
+    def follow(self, future):
+        """Completes this with the outcome of ``future`` (a client request's Future)."""
+        def done(f):
+            exc = f.exception()
+            self._finish(None if exc is not None else f.result(), exc)
+        future.add_done_callback(done)
 
 
 class OffloadOp:
@@ -133,15 +199,16 @@ class ReloadOp:
     and done events, and the done event's record count when sent (simulated GPU)."""
 
     __slots__ = ("slot", "dest", "region_id", "offset", "ready_event", "done_event", "done_seq",
-                 "done", "sent", "priority")
+                 "done", "sent", "priority", "release_after")
 
     def __init__(self, slot=None, dest=None, region_id=0, offset=0, ready_event=None,
                  done_event=None):
         self.slot, self.dest, self.region_id, self.offset = slot, dest, region_id, offset
         self.ready_event, self.done_event, self.done_seq = ready_event, done_event, None
-        self.done = concurrent.futures.Future()
+        self.done = Completion()
         self.sent = False
         self.priority = 0
+        self.release_after = False  # the daemon frees the block once this reload copied it
 
 
 class ShmTransport:
@@ -172,11 +239,12 @@ class ShmTransport:
             "this process waited for staging room: it is unresponsive, not known to have lost "
             "anything" % (self.client.target, bound))
 
-    def start_offload(self, t, meta, ordering=None, timeout=None, unresponsive_seconds=None):
+    def start_offload(self, t, meta, ordering=None, timeout=None, unresponsive_seconds=None,
+                      check_allocator=True):
         """Stages ``t`` and sends Offload; an OffloadOp. Waits for staging room (or a new
         region's registration) at most ``timeout`` seconds (None: alloc_timeout_seconds) and
         no longer than the daemon stays silent for ``unresponsive_seconds``: TimeoutError,
-        DaemonUnresponsive."""
+        DaemonUnresponsive. ``check_allocator``: unused (no device allocator involved)."""
         wait = self.alloc_timeout_seconds if timeout is None \
             else min(timeout, self.alloc_timeout_seconds)
         slot = self.arena.alloc(meta.nbytes, timeout=wait,
@@ -211,9 +279,12 @@ class ShmTransport:
         return ReloadOp(slot=self.arena.alloc(meta.nbytes, timeout=timeout,
                                               abort=lambda: self._silence(None)))
 
-    def send_reload(self, op, block_id, priority):
-        op.sent = True
-        chain(self.client.reload(block_id, op.slot.region_id, op.slot.offset, priority), op.done)
+    def send_reload(self, op, block_id, priority, release_after=False):
+        """Sends the reload of ``block_id`` into ``op``'s slot; ``release_after``: the daemon
+        frees the block once copied (the hooks' reloads: a handle keeps what it reloaded)."""
+        op.sent, op.release_after = True, release_after
+        op.done.follow(self.client.reload(block_id, op.slot.region_id, op.slot.offset, priority,
+                                          release_after=release_after))
 
     def in_flight_tensor(self, op):
         """None: the staged copy is not the saved tensor (see CudaIpcTransport)."""
@@ -304,16 +375,20 @@ class CudaIpcTransport:
                                                                     info.size))
         return self.region_for(info), offset
 
-    def start_offload(self, t, meta, ordering=None, timeout=None, unresponsive_seconds=None):
+    def start_offload(self, t, meta, ordering=None, timeout=None, unresponsive_seconds=None,
+                      check_allocator=True):
         """The op holds the device tensor (and the event) until OffloadDone: the daemon reads
         it. ``ordering``: (step, position) for the daemon's spill tier (``Client.offload``). A
-        segment's first registration waits as Client.wait does (``timeout`` unused here)."""
-        self.dev.check_allocator()  # PyTorch's settings may change at run time
+        segment's first registration waits as Client.wait does (``timeout`` unused here).
+        ``check_allocator``: check PyTorch's allocator settings first (they may change at run
+        time; the hooks do it at a step's first offload: OffloadConfigError)."""
+        if check_allocator:
+            self.dev.check_allocator()
         self.collect()
         with self.dev.context(t.device):
             src = self.dev.adopt(t)
-            if self.dev.simulated:
-                meta.checksum = crc32(src)
+            if self.dev.simulated and self.dev.checksums:
+                meta.checksum = self.dev.checksum(src)
             rid, offset = self._export(src, meta.nbytes)
             ev = self.events.acquire()
             try:
@@ -351,13 +426,15 @@ class CudaIpcTransport:
         return ReloadOp(dest=dest, region_id=rid, offset=offset, ready_event=ready,
                         done_event=done)
 
-    def send_reload(self, op, block_id, priority):
-        op.sent = True
+    def send_reload(self, op, block_id, priority, release_after=False):
+        """As ShmTransport.send_reload, with the event protocol's two events."""
+        op.sent, op.release_after = True, release_after
         seq = self.dev.event_seq(op.done_event)
         op.done_seq = None if seq is None else seq + 1  # the daemon's record
-        chain(self.client.reload(block_id, op.region_id, op.offset, priority,
-                                 ready_event=op.ready_event.handle,
-                                 done_event=op.done_event.handle), op.done)
+        op.done.follow(self.client.reload(block_id, op.region_id, op.offset, priority,
+                                          release_after=release_after,
+                                          ready_event=op.ready_event.handle,
+                                          done_event=op.done_event.handle))
 
     def finish_reload(self, op, meta, stats=None, unresponsive_seconds=None):
         """The destination, with the current stream ordered after the daemon's copy. The host
@@ -376,14 +453,14 @@ class CudaIpcTransport:
         self.dev.record_stream(op.dest, stream)
         self.events.release(op.ready_event)
         self.events.release(op.done_event)  # the wait above captured its record
-        if self.dev.simulated:
+        if self.dev.simulated and self.dev.checksums:
             self._check_simulated(op, meta, stream)
         return op.dest
 
     def _check_simulated(self, op, meta, stream):
         """Simulated GPU: the bytes the consumer reads are the ones offloaded."""
         self.dev.before_host_read(stream, meta)
-        if meta.checksum is not None and crc32(op.dest) != meta.checksum:
+        if meta.checksum is not None and self.dev.checksum(op.dest) != meta.checksum:
             raise errors.OffloaddError(errors.DATA_LOSS,
                                        "simulated GPU: a reloaded tensor's bytes differ from "
                                        "the offloaded ones (checksum mismatch)")

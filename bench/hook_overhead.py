@@ -1,0 +1,505 @@
+#!/usr/bin/env python3
+"""What the offloadd hooks cost the training process per saved tensor, in a training-shaped step.
+
+One step: N packs of 16 MiB tensors, then N unpacks in reverse order (backward), with model-like
+busy work between every two hook calls (a fixed number of tiny torch ops, as a training thread
+launching kernels does: work that holds the GIL, calibrated once to --gap-us). The tensors lie
+in a simulated GPU's memory (offloadd.sim_gpu, active, so the hooks treat them as GPU tensors).
+Variants, interleaved step by step in one process (the order rotates every repetition):
+
+  noop         a no-op ``saved_tensors_hooks`` pair (the floor every difference is taken from)
+  sidestream   a minimal in-process pure-Python side-stream offloader written here (a pool of
+               host buffers, one worker thread, a future per request), the in-process anchor
+  cuda-sim     offloadd's public hooks (offload_checkpoints, keep_last_n=0, prefetch=1) against
+               a daemon on --backend cuda-sim (the CUDA IPC path on the simulated GPU)
+  shm          the same hooks against a daemon on the shm backend (staging copies: 2 x 16 MiB
+               memcpy per tensor on the training thread, real data movement of that backend)
+
+Per variant and step: wall time; CPU of every thread of this process (/proc/self/task/*/
+schedstat: the training thread, each Python thread by name, native threads -- gRPC's, torch's
+-- together); the training thread's CPU inside each pack and each unpack (thread CPU time);
+requests sent to the daemon. The simulated device's own work (its caching allocator, checksums
+-- off here, ``SimGpu(checksums=False)`` -- and copies into its memory -- none here: the tensors
+already lie there) is counted apart (``SimGpu(count_own_cpu=True)``), reported, and taken out of
+the client's figures. Figures are medians over --reps repetitions of per-repetition differences
+against the noop step of the same repetition; ops = 2N per step (N packs + N unpacks). "All
+client CPU per op" is the whole-step difference of the CPU of every thread of this process
+(training thread, Python threads, native threads) against the noop step; the wall-time
+difference is printed beside it but swings by milliseconds on a machine shared with other work.
+The daemon's own CPU per op is printed too (it is not the client's).
+
+Layouts: "split" runs this process on CPU 0 and the daemons on CPU 1; "one" runs everything on
+CPU 0 (the daemons' CPU then lands in the step's wall time too). Needs taskset and 2 CPUs for
+"split". The budgets (all client CPU per op <= 39 us; training thread <= 15 us per pack and
+<= 25 us per unpack including the next prefetch's preparation; <= 1.1 requests per op) are
+printed as met / not met, never asserted.
+
+  .venv/bin/python bench/hook_overhead.py [--bin build/bin] [--reps 60] [--layouts split,one]
+"""
+
+import argparse
+import collections
+import json
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+
+MIB = 1 << 20
+BUDGET_ALL_US, BUDGET_PACK_US, BUDGET_UNPACK_US, BUDGET_MSGS = 39.0, 15.0, 25.0, 1.1
+
+
+# ---- process threads' CPU ---------------------------------------------------------------------
+def thread_cpu_ns(pid="self"):
+    """{tid: ns of CPU run so far} for every thread of process ``pid`` (schedstat)."""
+    out = {}
+    base = "/proc/%s/task" % pid
+    for tid in os.listdir(base):
+        try:
+            with open("%s/%s/schedstat" % (base, tid)) as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def thread_groups():
+    """{tid: group name}: the training thread, Python threads by name (numbers stripped)."""
+    names = {}
+    for t in threading.enumerate():
+        if t.native_id is None:
+            continue
+        if t is threading.main_thread():
+            names[t.native_id] = "training thread"
+        else:
+            name = t.name
+            if name.startswith("Thread-"):  # threading's default name, "Thread-N (target)"
+                name = "python thread " + name.partition(" ")[2].strip("()")
+            names[t.native_id] = name
+    return names
+
+
+# ---- the in-process anchor --------------------------------------------------------------------
+class _Rec:
+    __slots__ = ("t", "host", "offloaded", "reload", "dest", "index")
+
+
+class SideStream:
+    """A minimal in-process side-stream offloader in pure Python: pack hands the tensor to a
+    worker thread that issues its device-to-host copy on a side stream of the simulated GPU into
+    a buffer of a host pool (modelled copy time, no bytes moved: the device's work is not the
+    client's), completing a future; unpack prefetches the previous tensor and waits for its own
+    reload's future, then orders the current stream after the copy."""
+
+    def __init__(self, gpu, nbytes, slots, link_bytes_per_second=50e9):
+        import concurrent.futures
+        self.gpu, self.futures = gpu, concurrent.futures
+        self.copy_seconds = nbytes / link_bytes_per_second
+        self.side = gpu.new_stream(0, "anchor-copy")
+        self.compute = gpu.current_stream(0)
+        self.pool = collections.deque(range(slots))  # host buffer slots ("pinned pool")
+        self.dests = {}  # shape -> free device buffers reused as reload destinations
+        self.q = queue.SimpleQueue()
+        self.order = []
+        self.unpacking = False
+        threading.Thread(target=self._run, name="anchor-worker", daemon=True).start()
+
+    def _run(self):
+        while True:
+            kind, rec, fut, ready = self.q.get()
+            self.side.wait_event(ready)  # after the producer (d2h) or the consumer's stream
+            self.gpu.destroy_event(ready)
+            self.side.kernel(self.copy_seconds)
+            ev = self.gpu.new_event(0)
+            self.side.record(ev)
+            if kind == "d2h":
+                rec.t = None  # the device tensor's bytes are on the host once ev completes
+            fut.set_result(ev)
+
+    def _submit(self, kind, rec, fut):
+        ready = self.gpu.new_event(0)
+        self.compute.record(ready)
+        self.q.put((kind, rec, fut, ready))
+
+    def pack(self, t):
+        if self.unpacking:
+            self.unpacking, self.order = False, []
+        rec = _Rec()
+        rec.t, rec.host, rec.reload, rec.dest = t, self.pool.popleft(), None, t
+        rec.index = len(self.order)
+        self.order.append(rec)
+        rec.offloaded = self.futures.Future()
+        self._submit("d2h", rec, rec.offloaded)
+        return rec
+
+    def _start_reload(self, rec):
+        rec.reload = self.futures.Future()
+        self._submit("h2d", rec, rec.reload)
+
+    def unpack(self, rec):
+        self.unpacking = True
+        if rec.reload is None:
+            self._start_reload(rec)
+        if rec.index > 0:
+            prev = self.order[rec.index - 1]
+            if prev.reload is None:
+                self._start_reload(prev)
+        ev = rec.reload.result()
+        self.gpu.destroy_event(rec.offloaded.result())
+        self.compute.wait_event(ev)
+        self.gpu.destroy_event(ev)
+        self.pool.append(rec.host)
+        return rec.dest
+
+
+# ---- the step -----------------------------------------------------------------------------------
+def make_busy(torch, gap_us):
+    """A work-based busy function taking ~gap_us of this thread now (tiny torch ops)."""
+    s = torch.zeros(4)
+
+    def run(n):
+        for _ in range(n):
+            s.add_(1.0)
+    n = 200
+    while True:
+        t0 = time.thread_time()
+        run(n)
+        took = time.thread_time() - t0
+        if took > 0.005:
+            break
+        n *= 2
+    count = max(1, int(n * gap_us * 1e-6 / took))
+    spent = [0]  # ns of thread CPU inside the busy work so far
+
+    def busy():
+        t0 = time.thread_time_ns()
+        run(count)
+        spent[0] += time.thread_time_ns() - t0
+    busy.spent = spent
+    return busy
+
+
+def make_save(torch, busy):
+    class Save(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, dep):
+            ctx.save_for_backward(x)
+            return dep * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            busy()
+            return None, g
+    return Save
+
+
+class Timed:
+    """Wraps a pack/unpack pair, adding up the training thread's CPU time in each."""
+
+    def __init__(self, pack, unpack, gpu):
+        self.pack_fn, self.unpack_fn, self.gpu = pack, unpack, gpu
+        self.pack_ns = self.unpack_ns = self.packs = self.unpacks = 0
+        self.pack_sim_ns = self.unpack_sim_ns = 0  # the simulated device's own work inside
+
+    def pack(self, t):
+        s0 = self.gpu._own_ns.get(threading.get_ident(), 0)
+        t0 = time.thread_time_ns()
+        r = self.pack_fn(t)
+        self.pack_ns += time.thread_time_ns() - t0
+        self.pack_sim_ns += self.gpu._own_ns.get(threading.get_ident(), 0) - s0
+        self.packs += 1
+        return r
+
+    def unpack(self, r):
+        s0 = self.gpu._own_ns.get(threading.get_ident(), 0)
+        t0 = time.thread_time_ns()
+        t = self.unpack_fn(r)
+        self.unpack_ns += time.thread_time_ns() - t0
+        self.unpack_sim_ns += self.gpu._own_ns.get(threading.get_ident(), 0) - s0
+        self.unpacks += 1
+        return t
+
+
+def worker(args):
+    import torch
+    torch.set_num_threads(1)
+    from offloadd import sim_gpu
+    import offloadd.torch as ot
+    from offloadd.torch import _endpoint
+    sys.path.insert(0, os.path.join(REPO, "client", "python", "tests"))
+    from daemon_fixture import Daemon
+
+    prefix = ("taskset", "-c", "1") if args.layout == "split" else ("taskset", "-c", "0")
+    sim_d = Daemon(pool_bytes="512MiB", extra=("--backend", "cuda-sim"), prefix=prefix)
+    shm_d = Daemon(pool_bytes="512MiB", prefix=prefix)
+    gpu = sim_gpu.SimGpu(devices=1, device_bytes=1024 * MIB, checksums=False, count_own_cpu=True)
+    sim_gpu.activate(gpu)
+    n, nbytes = args.ops, args.mib * MIB
+    xs = [gpu.empty_strided((nbytes // 4,), (1,), torch.float32) for _ in range(n)]
+    for x in xs:
+        x.fill_(1.0)
+    busy = make_busy(torch, args.gap_us)
+    Save = make_save(torch, busy)
+    anchor = SideStream(gpu, nbytes, 4 * n)
+
+    def hooks_for(variant):
+        if variant == "noop":
+            return (lambda t: t), (lambda t: t), None
+        if variant == "sidestream":
+            return anchor.pack, anchor.unpack, None
+        sock = sim_d.sock if variant == "cuda-sim" else shm_d.sock
+        ctx = ot.offload_checkpoints(socket_path=sock, keep_last_n=0, prefetch=1, strict=True,
+                                     name=variant)
+        return ctx.store.pack, ctx.store.unpack, sock
+
+    variants = ["noop", "sidestream", "cuda-sim", "shm"]
+    timed = {}
+    socks = {}
+    for v in variants:
+        pack, unpack, sock = hooks_for(v)
+        timed[v] = Timed(pack, unpack, gpu)
+        socks[v] = sock
+
+    daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid}
+
+    def daemon_cpu_ns(v):
+        pid = daemon_pid.get(v)
+        return sum(thread_cpu_ns(pid).values()) if pid else 0
+
+    def requests_sent(v):
+        if socks[v] is None:
+            return 0
+        return sum(ep.client.counters.requests_sent for ep in _endpoint.endpoints()
+                   if ep.socket_path == socks[v])
+
+    def step(v):
+        tm = timed[v]
+        dep = torch.zeros(1, requires_grad=True)
+        y = dep
+        with torch.autograd.graph.saved_tensors_hooks(tm.pack, tm.unpack):
+            for i in range(n):
+                busy()
+                y = Save.apply(xs[i], y)
+        y.sum().backward()
+        busy()
+
+    rows = collections.defaultdict(list)
+    main_ident = threading.get_ident()
+    for rep in range(args.warmup + args.reps):
+        order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+        for v in order:
+            tm = timed[v]
+            p0, u0, pn0, un0 = tm.pack_ns, tm.unpack_ns, tm.packs, tm.unpacks
+            ps0, us0 = tm.pack_sim_ns, tm.unpack_sim_ns
+            req0 = requests_sent(v)
+            own_main0, own_all0 = gpu.own_cpu_seconds(main_ident), gpu.own_cpu_seconds()
+            groups = thread_groups()
+            b0 = busy.spent[0]
+            dc0 = daemon_cpu_ns(v)
+            c0 = thread_cpu_ns()
+            w0 = time.perf_counter()
+            step(v)
+            w1 = time.perf_counter()
+            c1 = thread_cpu_ns()
+            dc1 = daemon_cpu_ns(v)
+            groups.update(thread_groups())
+            if v in ("cuda-sim", "shm"):
+                ot.synchronize(5.0)  # the step's releases, outside its timing
+            if rep < args.warmup:
+                continue
+            per_group = collections.Counter()
+            for tid in set(c0) | set(c1):
+                per_group[groups.get(tid, "native threads")] += c1.get(tid, 0) - c0.get(tid, 0)
+            rows[v].append({
+                "wall_s": w1 - w0,
+                "cpu_s": sum(per_group.values()) / 1e9,
+                "groups": {k: x / 1e9 for k, x in per_group.items()},
+                "pack_s": (tm.pack_ns - p0) / 1e9 / max(tm.packs - pn0, 1),
+                "unpack_s": (tm.unpack_ns - u0) / 1e9 / max(tm.unpacks - un0, 1),
+                "pack_sim_s": (tm.pack_sim_ns - ps0) / 1e9 / max(tm.packs - pn0, 1),
+                "unpack_sim_s": (tm.unpack_sim_ns - us0) / 1e9 / max(tm.unpacks - un0, 1),
+                "requests": requests_sent(v) - req0,
+                "daemon_cpu_s": (dc1 - dc0) / 1e9,
+                "busy_s": (busy.spent[0] - b0) / 1e9,
+                "sim_own_main_s": gpu.own_cpu_seconds(main_ident) - own_main0,
+                "sim_own_all_s": gpu.own_cpu_seconds() - own_all0,
+            })
+    for d in (sim_d, shm_d):
+        d.stop()
+    return rows
+
+
+# ---- reporting ----------------------------------------------------------------------------------
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(rows, ops):
+    """Per variant: the figures (us per op unless named), medians of per-rep differences."""
+    noop = rows["noop"]
+    out = {}
+    for v, rs in rows.items():
+        d_wall = [(r["wall_s"] - b["wall_s"] - (r["sim_own_all_s"] - b["sim_own_all_s"]))
+                  / ops * 1e6 for r, b in zip(rs, noop)]
+        d_cpu = [(r["cpu_s"] - b["cpu_s"] - (r["sim_own_all_s"] - b["sim_own_all_s"]))
+                 / ops * 1e6 for r, b in zip(rs, noop)]
+        d_cpu_nb = [(r["cpu_s"] - r["busy_s"] - b["cpu_s"] + b["busy_s"] -
+                     (r["sim_own_all_s"] - b["sim_own_all_s"])) / ops * 1e6
+                    for r, b in zip(rs, noop)]
+        groups = sorted({g for r in rs + noop for g in r["groups"]})
+        d_groups = {}
+        for g in groups:
+            d = [(r["groups"].get(g, 0) - b["groups"].get(g, 0)) / ops * 1e6
+                 for r, b in zip(rs, noop)]
+            if abs(med(d)) >= 0.5:
+                d_groups[g] = med(d)
+        pack = [(r["pack_s"] - r["pack_sim_s"]) * 1e6 for r in rs]
+        unpack = [(r["unpack_s"] - r["unpack_sim_s"]) * 1e6 for r in rs]
+        # The simulated device's own work on the training thread, per pack and unpack together.
+        own_main = [r["sim_own_main_s"] / ops * 1e6 for r in rs]
+        out[v] = {
+            "step_ms": med([r["wall_s"] * 1e3 for r in rs]),
+            "all_client_us_per_op_wall": med(d_wall),
+            "all_client_us_per_op_cpu": med(d_cpu),
+            "all_client_us_per_op_cpu_less_busy": med(d_cpu_nb),
+            "busy_ms_per_step": med([r["busy_s"] * 1e3 for r in rs]),
+            "cpu_by_thread_us_per_op": d_groups,
+            "train_pack_us": med(pack),
+            "train_unpack_us": med(unpack),
+            "train_pack_sim_us": med([r["pack_sim_s"] * 1e6 for r in rs]),
+            "train_unpack_sim_us": med([r["unpack_sim_s"] * 1e6 for r in rs]),
+            "sim_own_train_us_per_op": med(own_main),
+            "sim_own_all_us_per_op": med([r["sim_own_all_s"] / ops * 1e6 for r in rs]),
+            "requests_per_op": med([r["requests"] / ops for r in rs]),
+            "daemon_us_per_op": med([r["daemon_cpu_s"] / ops * 1e6 for r in rs]),
+            "reps": len(rs),
+        }
+    return out
+
+
+def budget(value, limit):
+    return "met" if value <= limit else "NOT met"
+
+
+def report(layout, summary, args):
+    print("-- layout %s: %s; %d x %d MiB saved per step, busy gap %.0f us; medians of %d reps"
+          % (layout, "training process on CPU 0, daemons on CPU 1" if layout == "split"
+             else "everything on CPU 0", args.ops, args.mib, args.gap_us,
+             summary["noop"]["reps"]))
+    print("%-11s %8s %8s %10s %10s %10s %8s %10s %7s %7s %7s %10s" % (
+        "variant", "step ms", "busy ms", "cpu/op us", "cpu-b/op", "wall/op us", "pack us",
+        "unpack us", "req/op", "sim/op", "sim p/u", "daemon/op"))
+    for v in ("noop", "sidestream", "cuda-sim", "shm"):
+        s = summary[v]
+        print("%-11s %8.2f %8.2f %10.1f %10.1f %10.1f %8.1f %10.1f %7.2f %7.1f %3.0f/%-3.0f %10.1f"
+              % (v, s["step_ms"], s["busy_ms_per_step"], s["all_client_us_per_op_cpu"],
+                 s["all_client_us_per_op_cpu_less_busy"], s["all_client_us_per_op_wall"],
+            s["train_pack_us"], s["train_unpack_us"], s["requests_per_op"],
+            s["sim_own_all_us_per_op"], s["train_pack_sim_us"], s["train_unpack_sim_us"],
+            s["daemon_us_per_op"]))
+    print("  cpu/op: all client CPU per op -- the CPU of every thread of the training process "
+          "(native ones included) over the step, minus the noop step's, per op (ops = packs + "
+          "unpacks); cpu-b/op: the same with the busy work's own thread CPU (busy ms per step, "
+          "measured around each busy call) taken out of both steps -- far less noisy (the busy "
+          "work's cost swings by milliseconds a step here), but it leaves out whatever the "
+          "client's threads slow the busy work by; wall/op: the same difference of the step's "
+          "wall time (on a machine shared with other work this one swings by milliseconds: read "
+          "cpu/op); all three less the simulated "
+          "device's own work (sim/op, all threads). pack/unpack: training-thread CPU inside one "
+          "hook call, less the simulated device's own work there (sim p/u, us per pack / "
+          "unpack). req/op: requests sent to the daemon per op. daemon/op: the daemon's CPU.")
+    for v in ("sidestream", "cuda-sim", "shm"):
+        g = summary[v]["cpu_by_thread_us_per_op"]
+        print("  %s CPU per op by thread, us (vs noop): %s" % (
+            v, ", ".join("%s %.1f" % (k, x) for k, x in sorted(g.items(), key=lambda i: -i[1]))))
+    for v in ("cuda-sim", "shm"):
+        s = summary[v]
+        pack = s["train_pack_us"]
+        unpack = s["train_unpack_us"]
+        print("  budgets, %s: all client CPU per op %.1f us (busy work taken out: %.1f) "
+              "(<= %.0f): %s; training thread per "
+              "pack %.1f us (<= %.0f): %s; per unpack %.1f us (<= %.0f): %s; requests per op "
+              "%.2f (<= %.1f): %s" % (
+                  v, s["all_client_us_per_op_cpu"], s["all_client_us_per_op_cpu_less_busy"],
+                  BUDGET_ALL_US,
+                  budget(s["all_client_us_per_op_cpu"], BUDGET_ALL_US), pack, BUDGET_PACK_US,
+                  budget(pack, BUDGET_PACK_US), unpack, BUDGET_UNPACK_US,
+                  budget(unpack, BUDGET_UNPACK_US), s["requests_per_op"], BUDGET_MSGS,
+                  budget(s["requests_per_op"], BUDGET_MSGS)))
+    sys.stdout.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=None, help="directory of the offloadd binary")
+    ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--ops", type=int, default=8, help="tensors saved per step (N)")
+    ap.add_argument("--mib", type=int, default=16)
+    ap.add_argument("--gap-us", type=float, default=4000.0,
+                    help="busy work between two hook calls, us of the training thread")
+    ap.add_argument("--layouts", default="split,one")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.bin:
+        os.environ["OFFLOADD_BIN"] = os.path.join(os.path.abspath(args.bin), "offloadd")
+    if args.worker:
+        args.layout = args.worker
+        rows = worker(args)
+        json.dump(rows, sys.stdout)
+        return 0
+    print("== hook overhead per saved tensor (bench/hook_overhead.py); machine: %d CPUs, %s; %s"
+          % (os.cpu_count(), _cpu_model(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
+    print("   load average %s" % " ".join(open("/proc/loadavg").read().split()[:3]))
+    results = {}
+    for layout in args.layouts.split(","):
+        if layout == "split" and (os.cpu_count() or 1) < 2:
+            print("-- layout split skipped: one CPU")
+            continue
+        cmd = ["taskset", "-c", "0", sys.executable, os.path.abspath(__file__),
+               "--worker", layout] + _passthrough(args)
+        with tempfile.TemporaryFile("w+") as out:
+            rc = subprocess.call(cmd, stdout=out)
+            out.seek(0)
+            text = out.read()
+        if rc != 0:
+            print("-- layout %s failed (exit %d)" % (layout, rc))
+            return rc
+        summary = summarize(json.loads(text), 2 * args.ops)
+        results[layout] = summary
+        report(layout, summary, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+def _passthrough(args):
+    out = ["--reps", str(args.reps), "--warmup", str(args.warmup), "--ops", str(args.ops),
+           "--mib", str(args.mib), "--gap-us", str(args.gap_us)]
+    if args.bin:
+        out += ["--bin", args.bin]
+    return out
+
+
+def _cpu_model():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
