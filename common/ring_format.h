@@ -40,7 +40,7 @@
 
 namespace offloadd::common {
 
-inline constexpr uint64_t kRingMagic = 0x31474e49'52444f4full;  // "ODRING1" little-endian
+inline constexpr uint64_t kRingMagic = 0x31474e49'52444f4full;  // "OODRING1" in memory (little-endian)
 inline constexpr uint32_t kRingVersion = 1;
 inline constexpr uint32_t kMinRingEntries = 8;
 inline constexpr uint32_t kMaxRingEntries = 1u << 16;

@@ -64,6 +64,8 @@ class RingProducer {
     if (Refresh() != RingResult::kOk) return 0;
     return mask_ + 1 - (tail_ - head_);
   }
+  // Whether the consumer's head is impossible now (TryPush would return kCorrupt).
+  bool Corrupt() { return Refresh() == RingResult::kCorrupt; }
   uint32_t tail() const { return tail_; }
 
  private:
