@@ -212,6 +212,7 @@ int RingFrontEnd::TakeSubmissions() {
     }
     handle_(FromRing(entry));
   }
+  if (taken != 0) control_->client_doorbell.Ring();  // slots freed for a client waiting on them
   base::MutexLock lock(mu_);
   counters_.submissions += taken;
   return taken;

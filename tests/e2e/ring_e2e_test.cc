@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "client/core/offloadd_core.h"
 #include "client/shm_region.h"
 #include "common/ring_memfd.h"
 #include "gtest/gtest.h"
@@ -306,6 +307,64 @@ TEST_F(RingE2ETest, AClientThatNeverDrainsCompletionsDoesNotHoldTheDaemon) {
   EXPECT_TRUE(idle.Finish().ok());
   ASSERT_TRUE(InProcessDaemon::WaitFor(
       [&]() -> bool { return daemon_->core().Stats().sessions_open == 0; }));
+}
+
+// The native core's C ABI (client/core/offloadd_core.h) on a ring the daemon attached: the
+// stream carries Hello and the region, the core everything per tensor.
+TEST_F(RingE2ETest, TheNativeCoreDrivesTheRingThroughItsCAbi) {
+  offloadd_ring* ring = offloadd_ring_create(64, 64, nullptr, 0);
+  ASSERT_NE(ring, nullptr);
+  auto channel = grpc::CreateChannel("unix:" + daemon_->socket_path(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Offload::NewStub(channel);
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  v1::ClientMessage m;
+  v1::Request* hello = m.add_requests();
+  hello->set_request_id(1);
+  hello->mutable_hello()->set_device_id("gpu0");
+  hello->mutable_hello()->set_pid(getpid());
+  hello->mutable_hello()->mutable_ring()->set_fd(offloadd_ring_fd(ring));
+  v1::Request* reg = m.add_requests();
+  reg->set_request_id(2);
+  reg->mutable_register_region()->mutable_handle()->set_shm_name(region_->name());
+  reg->mutable_register_region()->mutable_handle()->set_size_bytes(region_->size_bytes());
+  ASSERT_TRUE(stream->Write(m));
+  v1::ServerMessage reply;
+  uint64_t region = 0;
+  while (region == 0 && stream->Read(&reply)) {
+    for (const v1::Response& r : reply.responses()) {
+      if (r.has_hello()) ASSERT_TRUE(r.hello().ring_attached()) << r.hello().ring_error();
+      if (r.has_region_registered()) region = r.region_registered().region_id();
+    }
+  }
+  ASSERT_NE(region, 0u);
+  uint8_t* bytes = static_cast<uint8_t*>(region_->data());
+  for (uint64_t i = 0; i < 65536; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3);
+
+  offloadd_completion out;
+  const uint64_t off = offloadd_ring_offload(ring, region, 0, 65536, /*tag=*/9, nullptr, 0, 0, 0,
+                                             -1);
+  // The reload names the block by its tag before the offload's answer is read.
+  const uint64_t back = offloadd_ring_reload(ring, 0, 9, region, 65536, 1, 1, 0, nullptr,
+                                             nullptr, -1);
+  ASSERT_EQ(offloadd_ring_wait(ring, off, 10, &out), OFFLOADD_DONE);
+  EXPECT_EQ(out.kind, 1u) << std::string(out.message, out.message_bytes);
+  const uint64_t block = out.block_id;
+  ASSERT_EQ(offloadd_ring_wait(ring, back, 10, &out), OFFLOADD_DONE);
+  EXPECT_EQ(out.kind, 2u) << std::string(out.message, out.message_bytes);
+  EXPECT_EQ(out.block_id, block);
+  EXPECT_EQ(out.flags & 1u, 1u);  // released
+  EXPECT_EQ(std::memcmp(bytes, bytes + 65536, 65536), 0);
+  const uint64_t gone = offloadd_ring_release(ring, block, 0, -1);
+  ASSERT_EQ(offloadd_ring_wait(ring, gone, 10, &out), OFFLOADD_DONE);
+  EXPECT_EQ(out.kind, 4u);
+  EXPECT_EQ(out.status_code, static_cast<int32_t>(grpc::StatusCode::NOT_FOUND));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  // The session ended: the daemon closed the ring.
+  ASSERT_TRUE(InProcessDaemon::WaitFor([&]() -> bool { return offloadd_ring_closed(ring) == 1; }));
+  offloadd_ring_destroy(ring);
 }
 
 }  // namespace
