@@ -367,5 +367,43 @@ TEST_F(RingE2ETest, TheNativeCoreDrivesTheRingThroughItsCAbi) {
   offloadd_ring_destroy(ring);
 }
 
+// The C++ client puts offloads, reloads and releases on the ring when the daemon attaches it
+// (the stream then carries only Hello and the region), and on the stream when asked not to.
+TEST_F(RingE2ETest, TheCppClientSendsPerTensorRequestsOnTheRing) {
+  for (const bool use_ring : {true, false}) {
+    client::ClientOptions o;
+    o.socket_path = daemon_->socket_path();
+    o.device_id = "gpu0";
+    o.use_ring = use_ring;
+    auto connected = client::Client::Connect(o);
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    std::unique_ptr<client::Client> c = *std::move(connected);
+    EXPECT_EQ(c->ring_attached(), use_ring) << c->ring_error();
+    auto region = c->RegisterShmRegion(*region_);
+    ASSERT_TRUE(region.ok()) << region.status();
+    uint8_t* bytes = static_cast<uint8_t*>(region_->data());
+    for (uint64_t i = 0; i < 8192; ++i) bytes[i] = static_cast<uint8_t>(i * 13 + use_ring);
+    auto offload = c->Offload(*region, 0, 8192, "", /*tag=*/3);
+    // By tag, before the offload's answer: the reload with release_after frees the block.
+    auto reload = c->ReloadTagged(3, *region, 8192, client::Priority::kUrgent, true);
+    auto stored = offload.get();
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    auto back = reload.get();
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->block_id, stored->block_id);
+    EXPECT_TRUE(back->released);
+    EXPECT_EQ(std::memcmp(bytes, bytes + 8192, 8192), 0);
+    absl::Status gone = c->Release(stored->block_id).get();
+    EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
+    const client::ClientCounters n = c->counters();
+    EXPECT_EQ(n.ring_requests_sent, use_ring ? 3u : 0u);
+    EXPECT_EQ(n.ring_responses_received, use_ring ? 3u : 0u);
+    EXPECT_EQ(n.requests_sent, use_ring ? 2u : 5u);  // Hello and the region (+ the three)
+    c->Close();
+    EXPECT_TRUE(InProcessDaemon::WaitFor(
+        [&]() -> bool { return daemon_->core().Stats().sessions_open == 0; }));
+  }
+}
+
 }  // namespace
 }  // namespace offloadd::testing
