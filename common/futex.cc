@@ -12,7 +12,9 @@ namespace offloadd::common {
 void FutexWait(const std::atomic<uint32_t>* word, uint32_t expected, double timeout_seconds) {
   struct timespec ts;
   struct timespec* timeout = nullptr;
-  if (timeout_seconds >= 0) {
+  // Beyond a year is no limit (a timespec cannot hold every double: 1e300 would overflow it and
+  // make the wait fail at once, turning a caller's sleep into a busy loop).
+  if (timeout_seconds >= 0 && timeout_seconds < kFutexNoLimitSeconds) {
     const double whole = std::floor(timeout_seconds);
     ts.tv_sec = static_cast<time_t>(whole);
     ts.tv_nsec = static_cast<long>((timeout_seconds - whole) * 1e9);

@@ -8,6 +8,9 @@
 
 namespace offloadd::common {
 
+// Timeouts at or above this (and negative ones) mean no limit.
+inline constexpr double kFutexNoLimitSeconds = 365.0 * 24 * 3600;
+
 // Sleeps while *word == expected, for at most timeout_seconds (< 0: no limit). Returns at once
 // when the word differs (the kernel compares atomically with the sleep, so a wake between the
 // caller's check and the sleep is not lost), on a wake, on a signal, or on the timeout; the

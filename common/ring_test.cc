@@ -1,5 +1,6 @@
 // The SPSC ring and its doorbell: order, wrap-around, full and empty, corrupt indices, and a
 // producer and consumer on two threads sleeping on the doorbells.
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -148,6 +149,26 @@ TEST(FutexTest, WaitReturnsAtOnceWhenTheWordDiffers) {
   FutexWait(&word, 4, -1);  // would hang if it slept
   FutexWait(&word, 5, 0.001);  // times out
   EXPECT_EQ(FutexWake(&word, 1), 0);
+}
+
+// A wait with a huge timeout (a caller's "no deadline" as 1e300 seconds) sleeps until woken,
+// instead of failing at once on an unrepresentable timespec.
+TEST(FutexTest, AHugeTimeoutSleepsUntilWoken) {
+  for (const double timeout : {1e300, 1e12, -1.0}) {
+    std::atomic<uint32_t> word{0};
+    std::atomic<int> returned{0};
+    std::thread waiter([&] {
+      while (word.load() == 0) {
+        FutexWait(&word, 0, timeout);
+        returned.fetch_add(1);
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(returned.load(), 0) << "timeout " << timeout;  // a failing wait returns at once
+    word.store(1);
+    FutexWake(&word, 1);
+    waiter.join();
+  }
 }
 
 }  // namespace
