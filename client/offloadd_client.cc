@@ -967,7 +967,8 @@ void Client::RingLoop() {
   for (;;) {
     const bool stopping = ring_stop_.load();
     common::CompletionEntry c;
-    const RingCore::WaitResult r = ring_->WaitAny(stopping ? 0 : 0.05, &c);
+    // Asleep until an answer, the ring's close, or StopRing's wake-up.
+    const RingCore::WaitResult r = ring_->WaitAny(stopping ? 0 : -1, &c, &ring_stop_);
     if (r == RingCore::WaitResult::kDone) {
       CompleteFromRing(ResponseFromRing(c));
       continue;
@@ -1007,6 +1008,7 @@ void Client::StopRing() {
     ring_active_ = false;
   }
   ring_stop_ = true;
+  if (ring_ != nullptr) ring_->WakeWaiters();
   if (ring_thread_.joinable()) ring_thread_.join();
 }
 

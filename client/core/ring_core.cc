@@ -192,7 +192,8 @@ RingCore::WaitResult RingCore::Wait(uint64_t request_id, double timeout_seconds,
   return result;
 }
 
-RingCore::WaitResult RingCore::WaitAny(double timeout_seconds, common::CompletionEntry* out) {
+RingCore::WaitResult RingCore::WaitAny(double timeout_seconds, common::CompletionEntry* out,
+                                       const std::atomic<bool>* cancel) {
   const double deadline = timeout_seconds < 0 ? 1e300 : NowSeconds() + timeout_seconds;
   WaitResult result = WaitResult::kTimeout;
   SleepUntil(
@@ -206,7 +207,7 @@ RingCore::WaitResult RingCore::WaitAny(double timeout_seconds, common::Completio
         } else if (corrupt_ || control_->closed.value.load() != 0) {
           result = WaitResult::kClosed;
         }
-        return result != WaitResult::kTimeout;
+        return result != WaitResult::kTimeout || (cancel != nullptr && cancel->load());
       },
       deadline);
   return result;

@@ -11,6 +11,7 @@
 #ifndef OFFLOADD_CLIENT_CORE_RING_CORE_H_
 #define OFFLOADD_CLIENT_CORE_RING_CORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -59,9 +60,15 @@ class RingCore {
   // Poll, sleeping until the answer arrives, the ring closes or timeout_seconds pass (< 0: no
   // limit).
   WaitResult Wait(uint64_t request_id, double timeout_seconds, common::CompletionEntry* out);
-  // Any one answer that arrived (removed from the table), waiting as Wait does.
-  WaitResult WaitAny(double timeout_seconds, common::CompletionEntry* out);
+  // Any one answer that arrived (removed from the table), waiting as Wait does. `cancel`
+  // (optional): returns kTimeout once it is true and WakeWaiters() was called.
+  WaitResult WaitAny(double timeout_seconds, common::CompletionEntry* out,
+                     const std::atomic<bool>* cancel = nullptr);
 
+  // Wakes every thread waiting in Wait / WaitAny / a submission (they re-check and go on
+  // waiting unless their condition changed): a caller that stops a waiting thread sets the
+  // flag it passed as WaitAny's `cancel`, then calls this.
+  void WakeWaiters() { control_->client_doorbell.RingAlways(); }
   bool closed() const;
   // Requests submitted and not yet taken by Poll / Wait / WaitAny.
   size_t pending() const;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "client/core/offloadd_core.h"
+#include "client/core/ring_core.h"
 #include "common/ring_format.h"
 #include "gtest/gtest.h"
 
@@ -177,6 +178,24 @@ TEST(RingCoreTest, AFullRingTimesOutAndBadSizesAreRefused) {
   char error[128];
   EXPECT_EQ(offloadd_ring_create(6, 8, error, sizeof(error)), nullptr);
   EXPECT_NE(std::string(error).find("powers of two"), std::string::npos);
+}
+
+// A thread asleep in WaitAny with no deadline returns once its cancel flag is set and the
+// waiters are woken (how the C++ client stops its ring thread).
+TEST(RingCoreTest, WaitAnyReturnsWhenCancelled) {
+  std::string error;
+  std::unique_ptr<RingCore> core = RingCore::Create(8, 8, &error);
+  ASSERT_NE(core, nullptr) << error;
+  std::atomic<bool> cancel{false};
+  std::atomic<int> result{-1};
+  std::thread waiter([&] {
+    common::CompletionEntry c;
+    result = static_cast<int>(core->WaitAny(-1, &c, &cancel));
+  });
+  cancel = true;
+  core->WakeWaiters();
+  waiter.join();  // hangs if the wake were lost
+  EXPECT_EQ(result.load(), static_cast<int>(RingCore::WaitResult::kTimeout));
 }
 
 }  // namespace
