@@ -132,7 +132,10 @@ RingFrontEnd::RingFrontEnd(void* base, const common::RingLayout& layout, Handle 
         common::CompletionSlots(base, layout), layout.completion_entries,
         &control_->completion_tail, &control_->completion_head);
   }
-  thread_ = std::thread([this] { Run(); });
+}
+
+void RingFrontEnd::Start() {
+  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
 }
 
 RingFrontEnd::~RingFrontEnd() {

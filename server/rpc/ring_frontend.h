@@ -77,6 +77,10 @@ class RingFrontEnd {
       double spin_seconds = kDefaultSpinSeconds);
   ~RingFrontEnd();  // Stop()
 
+  // Starts the ring thread (once; Attach does not, so the caller can first make Complete
+  // reachable from the session's answers: a client may submit before it was told the ring is
+  // attached).
+  void Start();
   // Stops the thread (joins it; not from the ring thread), marks the ring closed and wakes the
   // client's waiters. Completions after it are dropped. Idempotent.
   void Stop() EXCLUDES(mu_);

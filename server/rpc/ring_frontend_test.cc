@@ -53,8 +53,10 @@ struct Fixture {
         });
     if (!attached.ok()) abort();
     front = *std::move(attached);
+    front->Start();
   }
   ~Fixture() {
+    front->Stop();  // joins the ring thread, which reads `front` in OnRequest
     front.reset();
     common::DestroyRingMemfd(&ring);
   }

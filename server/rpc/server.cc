@@ -344,6 +344,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     if (!ring.ok()) return {true, std::string(ring.status().message())};
     ring_owner_ = *std::move(ring);
     ring_.store(ring_owner_.get());
+    ring_owner_->Start();  // after ring_ is set: every ring answer finds the ring
     return {true, ""};
   }
   // Writes what is queued, at most kMaxResponsesPerMessage responses per message so no reply
