@@ -80,9 +80,18 @@ build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.
 	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  -I. -Ibuild/fuzz/gen $(FUZZ_SRCS) build/fuzz/gen/proto/offload.pb.cc -o $@ \
 	  $$(pkg-config --libs grpc++ protobuf prometheus-cpp-pull prometheus-cpp-core) -lglog -lcrypto -luring -lnuma -lrt -lpthread
-fuzz: deps build/fuzz/session_fuzz
+# The request ring's descriptor parsing (tests/fuzz/ring_fuzz.cc): what the daemon reads from
+# memory a client can write.
+RING_FUZZ_SRCS := tests/fuzz/ring_fuzz.cc $(wildcard common/*.cc) server/rpc/ring_translate.cc
+build/fuzz/ring_fuzz: $(filter-out %_test.cc,$(RING_FUZZ_SRCS)) $(wildcard common/*.h) server/rpc/ring_translate.h
+	@mkdir -p build/fuzz/ring_corpus
+	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -I. $(filter-out %_test.cc,$(RING_FUZZ_SRCS)) -o $@ $$(pkg-config --libs grpc++) -lpthread
+fuzz: deps build/fuzz/session_fuzz build/fuzz/ring_fuzz
 	cd build/fuzz && ./session_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	  -artifact_prefix=./ corpus ../../tests/fuzz/corpus
+	cd build/fuzz && ./ring_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	  -artifact_prefix=./ring- ring_corpus ../../tests/fuzz/ring_corpus
 
 # The daemon and its tests under sanitizers (.bazelrc configs; each keeps its own output tree).
 # TSan runs the layers below rpc only: Debian's gRPC, protobuf, absl and OpenBLAS are not built

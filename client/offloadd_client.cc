@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -90,6 +92,84 @@ absl::StatusOr<int> DecodeHealthCheckResponse(absl::string_view in) {
   return status;
 }
 
+// The ring entry of a per-tensor request as the daemon must see it (WireLocked applied).
+common::SubmissionEntry RingEntry(const v1::Request& wire) {
+  common::SubmissionEntry e;
+  std::memset(&e, 0, sizeof(e));
+  e.request_id = wire.request_id();
+  auto event = [](const std::string& bytes, uint8_t* out, uint8_t* length) {
+    if (bytes.size() != common::kRingEventBytes) return;
+    std::memcpy(out, bytes.data(), bytes.size());
+    *length = common::kRingEventBytes;
+  };
+  if (wire.has_offload()) {
+    const v1::OffloadRequest& o = wire.offload();
+    e.kind = static_cast<uint32_t>(common::SubmissionKind::kOffload);
+    e.region_id = o.region_id();
+    e.offset_bytes = o.offset();
+    e.size_bytes = o.bytes();
+    e.tag = o.tag();
+    event(o.ready_event(), e.ready_event, &e.ready_event_bytes);
+    if (o.has_ordering()) {
+      e.flags = common::kSubmitOrdering;
+      e.order_step = o.ordering().step();
+      e.order_position = o.ordering().position();
+    }
+  } else if (wire.has_reload()) {
+    const v1::ReloadRequest& r = wire.reload();
+    e.kind = static_cast<uint32_t>(common::SubmissionKind::kReload);
+    e.block_id = r.block_id();
+    e.tag = r.tag();
+    e.region_id = r.region_id();
+    e.offset_bytes = r.offset();
+    e.priority = static_cast<uint32_t>(r.priority());
+    e.flags = r.release_after() ? common::kSubmitReleaseAfter : 0;
+    e.deadline_seconds = r.deadline_seconds();
+    event(r.ready_event(), e.ready_event, &e.ready_event_bytes);
+    event(r.done_event(), e.done_event, &e.done_event_bytes);
+  } else {
+    e.kind = static_cast<uint32_t>(common::SubmissionKind::kRelease);
+    e.block_id = wire.release().block_id();
+    e.tag = wire.release().tag();
+  }
+  return e;
+}
+
+// The Response a ring answer stands for (the same bodies the stream carries).
+v1::Response ResponseFromRing(const common::CompletionEntry& c) {
+  v1::Response r;
+  r.set_request_id(c.request_id);
+  switch (static_cast<common::CompletionKind>(c.kind)) {
+    case common::CompletionKind::kOffloadDone: {
+      v1::OffloadDone* d = r.mutable_offload_done();
+      d->set_block_id(c.block_id);
+      d->set_bytes(c.bytes);
+      d->set_queued_seconds(c.queued_seconds);
+      d->set_copy_seconds(c.copy_seconds);
+      break;
+    }
+    case common::CompletionKind::kReloadDone: {
+      v1::ReloadDone* d = r.mutable_reload_done();
+      d->set_block_id(c.block_id);
+      d->set_bytes(c.bytes);
+      d->set_released((c.flags & common::kCompleteReleased) != 0);
+      d->set_copy_seconds(c.copy_seconds);
+      d->set_done_event_recorded((c.flags & common::kCompleteDoneEventRecorded) != 0);
+      break;
+    }
+    case common::CompletionKind::kReleased:
+      r.mutable_released()->set_block_id(c.block_id);
+      break;
+    default:
+      r.mutable_error()->set_code(c.kind == static_cast<uint32_t>(common::CompletionKind::kError)
+                                      ? c.status_code
+                                      : static_cast<int>(absl::StatusCode::kInternal));
+      r.mutable_error()->set_message(
+          std::string(c.message, std::min<size_t>(c.message_bytes, sizeof(c.message))));
+  }
+  return r;
+}
+
 absl::Status LostBlock(uint64_t block, absl::string_view target) {
   return absl::DataLossError(absl::StrCat(
       "block ", block, " was confirmed stored, but the restarted offloadd daemon at ", target,
@@ -147,6 +227,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   hello->set_pid(options.pid != 0 ? options.pid : static_cast<uint32_t>(getpid()));
   if (!options.resume_token.empty()) hello->set_resume_token(options.resume_token);
   hello->set_transient_device(options.transient_device);
+  std::string ring_error;
+  if (options.use_ring) {
+    client->ring_ = RingCore::Create(options.ring_entries, options.ring_entries, &ring_error);
+    if (client->ring_ != nullptr) hello->mutable_ring()->set_fd(client->ring_->fd());
+  }
   Reply<absl::StatusOr<v1::HelloReply>> reply =
       client->Submit<absl::StatusOr<v1::HelloReply>>(
           std::move(request), v1::Response::kHello,
@@ -164,6 +249,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   base::MutexLock lock(client->mu_);
   client->hello_ = *std::move(result);
   client->token_ = client->hello_.resume_token();
+  if (!ring_error.empty()) client->hello_.set_ring_error(ring_error);  // not even offered
+  if (client->ring_ != nullptr && client->hello_.ring_attached()) {
+    client->ring_active_ = true;
+    Client* c = client.get();
+    client->ring_thread_ = std::thread([c] { c->RingLoop(); });
+  }
   return client;
 }
 
@@ -419,6 +510,7 @@ void Client::GiveUpCallerRead(uint64_t request_id) {
 void Client::ReaderLoop() {
   for (;;) {
     ReadUntilEnd();
+    StopRing();  // the daemon answered on the ring before it ended the stream
     {
       base::MutexLock lock(mu_);
       reading_done_ = true;
@@ -824,6 +916,19 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
   // pending_ (it fails with the others, or is sent once a resume installed a new stream); it is
   // not written.
   const bool write = !reading_done_ && !reconnecting_;
+  if (write && OnRingLocked(request)) {
+    request.set_request_id(request.request_id() | common::kRingRequestIdBit);
+    const common::SubmissionEntry entry = RingEntry(WireLocked(request));
+    pending_.emplace(entry.request_id, Pending{std::move(done), std::move(request), false, region});
+    ++counters_.ring_requests_sent;
+    lock.Unlock();
+    // A full ring waits for the daemon to take entries; a ring that closes or a stream that
+    // ends leaves the request pending, settled with the others when the reader sees the end.
+    while (!ring_->SubmitEntry(entry, 0.05) && !ring_->closed() && !ring_stop_.load()) {
+    }
+    lock.Lock();
+    return absl::OkStatus();
+  }
   v1::Request wire = write ? WireLocked(request) : v1::Request();
   const uint64_t id = request.request_id();
   pending_.emplace(id, Pending{std::move(done), std::move(request), false, region});
@@ -841,6 +946,70 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
     cv_.notify_all();
   }
   return absl::OkStatus();
+}
+
+bool Client::OnRingLocked(const v1::Request& request) const {
+  if (!ring_active_) return false;
+  auto event_fits = [](const std::string& event) {
+    return event.empty() || event.size() == common::kRingEventBytes;
+  };
+  if (request.has_offload()) return event_fits(request.offload().ready_event());
+  if (request.has_reload()) {
+    const v1::ReloadRequest& r = request.reload();
+    return event_fits(r.ready_event()) && event_fits(r.done_event()) &&
+           std::isfinite(r.deadline_seconds()) && r.deadline_seconds() >= 0 &&
+           r.deadline_seconds() <= 1e9;
+  }
+  return request.has_release();
+}
+
+void Client::RingLoop() {
+  for (;;) {
+    const bool stopping = ring_stop_.load();
+    common::CompletionEntry c;
+    // Asleep until an answer, the ring's close, or StopRing's wake-up.
+    const RingCore::WaitResult r = ring_->WaitAny(stopping ? 0 : -1, &c, &ring_stop_);
+    if (r == RingCore::WaitResult::kDone) {
+      CompleteFromRing(ResponseFromRing(c));
+      continue;
+    }
+    if (r == RingCore::WaitResult::kClosed || stopping) return;
+  }
+}
+
+void Client::CompleteFromRing(v1::Response response) {
+  Completer done;
+  {
+    base::MutexLock lock(mu_);
+    ++counters_.ring_responses_received;
+    auto it = pending_.find(response.request_id());
+    if (it == pending_.end()) {
+      ++counters_.unknown_responses;
+      return;
+    }
+    // As on the stream: UNAVAILABLE from a daemon shutting down, with a session to resume,
+    // leaves the request to be sent again after the resume.
+    if (response.has_error() &&
+        response.error().code() == static_cast<int>(absl::StatusCode::kUnavailable) &&
+        !it->second.internal && options_.auto_resume && hello_.resume_grace_seconds() > 0) {
+      return;
+    }
+    AccountLocked(it->second, &response);
+    done = std::move(it->second.done);
+    pending_.erase(it);
+    if (pending_.empty()) idle_since_ = std::chrono::steady_clock::now();
+  }
+  done(&response, absl::OkStatus());
+}
+
+void Client::StopRing() {
+  {
+    base::MutexLock lock(mu_);
+    ring_active_ = false;
+  }
+  ring_stop_ = true;
+  if (ring_ != nullptr) ring_->WakeWaiters();
+  if (ring_thread_.joinable()) ring_thread_.join();
 }
 
 template <typename R, typename Convert>

@@ -20,6 +20,13 @@
 //     are pending, and while the client has been idle for kIdleReadAfterSeconds (so a daemon
 //     that goes away is seen within that time even when nothing is pending).
 // Replies are completed on whichever thread read the answer; they never call user code.
+// The request ring (ClientOptions::use_ring, on by default): when the daemon attaches it,
+// Offload, Reload(Tagged) and Release(Tagged) are submitted into shared memory on the calling
+// thread (client/core/ring_core.h; their ids carry bit 63) and answered there, and a third
+// thread completes their Replies, sleeping on a futex while nothing is answered; the stream
+// keeps everything else. Requests on the ring and on the stream are not ordered with each
+// other (wait for a region's requests before unregistering it). When the stream breaks the ring
+// is given up: requests still pending settle or are re-sent on the resumed stream as usual.
 //
 // Units: sizes and offsets are uint64 bytes; durations are double seconds.
 //
@@ -74,6 +81,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/core/ring_core.h"
 #include "client/shm_region.h"
 #include "proto/offload.grpc.pb.h"
 #include "proto/offload.pb.h"
@@ -116,6 +124,13 @@ struct ClientOptions {
   // daemon accepts pings at any rate.
   double keepalive_time_seconds = 10.0;
   double keepalive_timeout_seconds = 30.0;
+  // Offer the daemon a request ring in Hello (client/core/ring_core.h, docs/ARCHITECTURE.md
+  // "The request ring"). When it attaches it, offloads, reloads and releases (and their
+  // answers) travel through shared memory with futex wake-ups instead of gRPC messages; a
+  // daemon that refuses it or predates it is used through the stream alone. A session resumed
+  // after the stream broke uses the stream alone.
+  bool use_ring = true;
+  uint32_t ring_entries = 1024;  // submission and completion slots each (a power of two)
 };
 
 // A region of client memory the daemon may copy from/to. Exactly one of cuda_ipc_handle (the 64
@@ -172,6 +187,8 @@ struct ClientCounters {
   uint64_t resumes = 0;             // sessions resumed by auto_resume after the stream broke
   uint64_t resent = 0;              // requests sent again after a resume
   uint64_t orphans_released = 0;    // blocks stored for offloads whose answer a crash swallowed
+  uint64_t ring_requests_sent = 0;  // requests submitted on the request ring (not in the above)
+  uint64_t ring_responses_received = 0;  // answers taken from it
 };
 
 class Client;
@@ -308,6 +325,10 @@ class Client {
 
   // HelloReply fields.
   uint64_t session_id() const { return hello_.session_id(); }
+  // Whether the daemon attached the request ring offered (ClientOptions::use_ring); when not,
+  // ring_error() says why ("" when none was offered or the daemon predates rings).
+  bool ring_attached() const { return hello_.ring_attached(); }
+  const std::string& ring_error() const { return hello_.ring_error(); }
   const std::string& backend() const { return hello_.backend(); }  // "shm" or "cuda"
   uint64_t pool_capacity_bytes() const { return hello_.pool_capacity_bytes(); }
   uint64_t session_quota_bytes() const { return hello_.session_quota_bytes(); }  // 0: none
@@ -453,6 +474,17 @@ class Client {
   // Keeps the client's view of its blocks and regions; rewrites region ids to the client's.
   void AccountLocked(const Pending& p, v1::Response* response) REQUIRES(mu_);
   void StartWriter();
+  // Whether `request` goes on the request ring (attached, still in use, and a per-tensor
+  // request the ring can carry); mu_ held.
+  bool OnRingLocked(const v1::Request& request) const REQUIRES(mu_);
+  // The ring thread: takes the ring's answers and completes their requests, until the stream
+  // ended (ring_stop_) and every answer already in the ring was taken.
+  void RingLoop() EXCLUDES(mu_);
+  // Completes the request `response` answers, if still pending (taken off pending_ under mu_,
+  // completed without it).
+  void CompleteFromRing(v1::Response response) EXCLUDES(mu_);
+  // Stops and joins the ring thread (the stream ended); the ring is not used again.
+  void StopRing() EXCLUDES(mu_);
   Reply<absl::StatusOr<ReloadResult>> SubmitReload(uint64_t block_id, uint64_t tag,
                                                          uint64_t region_id, uint64_t offset,
                                                          Priority priority, bool release_after,
@@ -545,6 +577,12 @@ class Client {
   // Set at construction, never reassigned (ReplyReader has its own mutex).
   const std::shared_ptr<internal::ReplyReader> reply_reader_ =
       std::make_shared<internal::ReplyReader>(this);
+  // The request ring (null: not offered, or refused). Set by Connect before any request but
+  // Hello; its RingCore is thread-safe on its own.
+  std::unique_ptr<RingCore> ring_;
+  bool ring_active_ GUARDED_BY(mu_) = false;  // attached, and the stream has not broken
+  std::atomic<bool> ring_stop_{false};
+  std::thread ring_thread_;
   base::Mutex close_mu_;  // serialises Close()
   std::thread reader_;
   std::thread writer_;

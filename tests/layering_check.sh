@@ -39,9 +39,20 @@ for pkg in "${!ALLOWED[@]}"; do
     bad=1
   fi
 done
+# common/ (the wire formats the daemon and its clients share beside protobuf) sits below every
+# server layer and the client libraries: it may depend on nothing of ours.
+if ! out=$($BAZEL query --noshow_progress \
+    "kind('cc_library', deps(//common:all)) intersect (//server/... + //client/... + //proto/...)" \
+    2>&1); then
+  echo "layering: bazel query failed for //common:"; echo "$out" | tail -5; exit 1
+fi
+if [ -n "$(echo "$out" | grep '^//')" ]; then
+  echo "layering: //common uses [$(echo "$out" | grep '^//' | tr '\n' ' ')], it may use nothing of ours"
+  bad=1
+fi
 if [ "$bad" -ne 0 ]; then
   echo "layering: FAILED — restore server/BUILD's package groups, or change the order in this"
   echo "table and docs/ARCHITECTURE.md \"Layers\" together"
   exit 1
 fi
-echo "layering: OK (${#ALLOWED[@]} packages)"
+echo "layering: OK (${#ALLOWED[@]} packages and common/)"

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "common/ring_format.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -27,6 +28,7 @@
 #include "server/base/worker_threads.h"
 #include "server/rpc/peer_listener.h"
 #include "server/rpc/projector_service.h"
+#include "server/rpc/ring_frontend.h"
 #include "server/rpc/stream_flow.h"
 #include "server/rpc/translate.h"
 #include "server/session/audit.h"
@@ -152,7 +154,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     for (;;) {
       const int end = std::min(in_.requests_size(), next_request_ + Server::kMaxRequestsPerMessage);
       for (; next_request_ < end; ++next_request_) {
-        session_->Handle(FromProto(in_.requests(next_request_)));
+        HandleOne(in_.requests(next_request_));
       }
       base::MutexLock lock(mu_);
       switch (flow_.SliceDone(next_request_ < in_.requests_size(),
@@ -168,6 +170,26 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
           return;
       }
     }
+  }
+
+  // One request of the stream to the session. A Hello offering a request ring is remembered
+  // (the ring is attached when the Hello is answered, Enqueue); a ring request id on the stream
+  // of a session with a ring is refused, since its answer would go to the ring.
+  void HandleOne(const v1::Request& request) {
+    if (request.has_hello() && request.hello().has_ring()) {
+      base::MutexLock lock(mu_);
+      ring_offer_ = RingOffer{true, request.request_id(), request.hello().ring().fd()};
+    }
+    if ((request.request_id() & common::kRingRequestIdBit) != 0 && ring_.load() != nullptr) {
+      session::Completion refused;
+      refused.request_id = request.request_id();
+      refused.status = absl::InvalidArgumentError(
+          "request ids with bit 63 set belong to the session's request ring: send this request "
+          "on the ring, or clear bit 63 to send it on the stream");
+      EnqueueOnStream(refused, nullptr);
+      return;
+    }
+    session_->Handle(FromProto(request));
   }
 
   // Runs `task` on a request worker. At most one is queued or running per stream: one after a
@@ -263,11 +285,67 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   }
 
  private:
+  struct RingOffer {
+    bool offered = false;
+    uint64_t request_id = 0;  // the Hello's
+    uint32_t fd = 0;
+  };
+  struct RingAnswer {
+    bool offered = false;
+    std::string error;  // empty: attached
+  };
+
+  // Called by the session (with its lock held) for every completion: those of ring requests go
+  // to the ring once one is attached, the rest to the stream. Hello's answer attaches the ring
+  // it offered first, so the ring serves before the client learns it may use it.
   void Enqueue(session::Completion c) {
+    if ((c.request_id & common::kRingRequestIdBit) != 0) {
+      if (RingFrontEnd* ring = ring_.load(); ring != nullptr) {
+        ring->Complete(c);
+        return;
+      }
+    }
+    RingAnswer answer;
+    if (c.kind == session::CompletionKind::kHello) answer = MaybeAttachRing(c.request_id);
+    EnqueueOnStream(c, answer.offered ? &answer : nullptr);
+  }
+
+  void EnqueueOnStream(const session::Completion& c, const RingAnswer* ring) {
     base::MutexLock lock(mu_);
     if (!flow_.AcceptsAnswers()) return;
-    ToProto(c, out_pending_.add_responses());
+    v1::Response* response = out_pending_.add_responses();
+    ToProto(c, response);
+    if (ring != nullptr) {
+      response->mutable_hello()->set_ring_attached(ring->error.empty());
+      response->mutable_hello()->set_ring_error(ring->error);
+    }
     if (flow_.AnswerQueued()) StartBatchLocked();
+  }
+
+  // Hello `request_id` was accepted: attaches the ring it offered, if any (RingFrontEnd::Attach
+  // checks the object; its refusal is the answer's ring_error and the session goes on without).
+  RingAnswer MaybeAttachRing(uint64_t request_id) {
+    RingOffer offer;
+    {
+      base::MutexLock lock(mu_);
+      if (!ring_offer_.offered || ring_offer_.request_id != request_id) return {};
+      offer = ring_offer_;
+      ring_offer_ = RingOffer{};
+    }
+    const session::PeerCredentials& peer = session_->peer();
+    if (!peer.known) {
+      return {true, "the daemon does not know this connection's process (no peer credentials), "
+                    "so it cannot open its ring: requests go on the stream"};
+    }
+    std::shared_ptr<session::Session> s = session_;
+    auto ring = RingFrontEnd::Attach(
+        peer.pid, offer.fd, peer.uid, [s](const session::Request& r) { s->Handle(r); },
+        [s](const absl::Status& why) { s->End(session::EndCause::kBadMessage, why); });
+    if (!ring.ok()) return {true, std::string(ring.status().message())};
+    ring_owner_ = *std::move(ring);
+    ring_.store(ring_owner_.get());
+    ring_owner_->Start();  // after ring_ is set: every ring answer finds the ring
+    return {true, ""};
   }
   // Writes what is queued, at most kMaxResponsesPerMessage responses per message so no reply
   // exceeds a client's receive limit (gRPC's default is 4 MiB).
@@ -305,6 +383,10 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   const std::atomic<bool>* shutting_down_;
   base::WorkerThreads* workers_;
   std::shared_ptr<session::Session> session_;
+  // The session's request ring (ring_frontend.h), once attached: set once, by the Hello's
+  // answer; destroyed (its thread stopped) with the reactor, after the session closed.
+  std::unique_ptr<RingFrontEnd> ring_owner_;
+  std::atomic<RingFrontEnd*> ring_{nullptr};
   grpc::ByteBuffer in_bytes_;  // being read
   v1::ClientMessage in_;       // parsed from in_bytes_
   int next_request_ = 0;       // in_'s next request to hand to the session
@@ -314,6 +396,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   v1::ServerMessage out_pending_ GUARDED_BY(mu_);  // responses queued since the last write started
   // Reading / writing / finishing states and the worker task count (stream_flow.h).
   StreamFlow flow_ GUARDED_BY(mu_);
+  RingOffer ring_offer_ GUARDED_BY(mu_);  // the Hello being handled offered a ring
   bool done_ GUARDED_BY(mu_) = false;  // OnDone came: the last task deletes the reactor
   grpc::Status finish_status_ GUARDED_BY(mu_) = grpc::Status::OK;
 };

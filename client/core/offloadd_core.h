@@ -1,0 +1,82 @@
+/* offloadd native client core, C ABI: the per-tensor path of a session's request ring
+ * (client/core/ring_core.h; docs/ARCHITECTURE.md "The request ring"), callable from any
+ * language without its runtime's ABI (Python loads liboffloadd_core.so with ctypes, which
+ * releases the GIL during each call). It links no gRPC: the caller says Hello on its own
+ * Session stream naming offloadd_ring_fd() in Hello.ring.fd, and uses the ring once
+ * HelloReply.ring_attached is true; region ids are the daemon's.
+ *
+ * Units: bytes, seconds. Request ids returned have bit 63 set; 0 means the request was not
+ * submitted (the ring is closed: the session ended; or no slot freed within the timeout).
+ * Event handles: NULL or 64 bytes (cudaIpcEventHandle_t). Every function is thread-safe. */
+#ifndef OFFLOADD_CLIENT_CORE_OFFLOADD_CORE_H_
+#define OFFLOADD_CLIENT_CORE_OFFLOADD_CORE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct offloadd_ring offloadd_ring;
+
+/* One answer; the layout of common::CompletionEntry (256 bytes). kind: 1 offload done,
+ * 2 reload done, 3 released, 4 error (status_code a google.rpc.Code, message_bytes of message,
+ * not NUL-terminated). flags: 1 released (reload with release_after), 2 done event recorded. */
+typedef struct offloadd_completion {
+  uint64_t request_id;
+  uint32_t kind;
+  int32_t status_code;
+  uint64_t block_id;
+  uint64_t bytes;
+  double queued_seconds;
+  double copy_seconds;
+  uint32_t flags;
+  uint32_t message_bytes;
+  char message[200];
+} offloadd_completion;
+
+/* Results of poll and wait. */
+#define OFFLOADD_DONE 1
+#define OFFLOADD_PENDING 0 /* not yet (poll), or the timeout passed (wait) */
+#define OFFLOADD_CLOSED -1 /* the ring closed without this answer: the session ended */
+#define OFFLOADD_UNKNOWN -2 /* no such request pending (never submitted, or already taken) */
+
+/* A new ring (entry counts: powers of two from 8 to 65536). NULL on failure, with a sentence in
+ * error (NUL-terminated, at most error_bytes). Free with offloadd_ring_destroy. */
+offloadd_ring* offloadd_ring_create(uint32_t submission_entries, uint32_t completion_entries,
+                                    char* error, size_t error_bytes);
+void offloadd_ring_destroy(offloadd_ring* ring);
+/* The memfd's descriptor to name in Hello.ring.fd. */
+int offloadd_ring_fd(const offloadd_ring* ring);
+
+/* Submissions; timeout_seconds < 0 waits for a free slot as long as it takes. */
+uint64_t offloadd_ring_offload(offloadd_ring* ring, uint64_t region_id, uint64_t offset_bytes,
+                               uint64_t size_bytes, uint64_t tag, const uint8_t* ready_event,
+                               int has_ordering, uint64_t order_step, uint64_t order_position,
+                               double timeout_seconds);
+/* priority: 1 urgent, 2 prefetch. block_id 0: the block offloaded with `tag`. */
+uint64_t offloadd_ring_reload(offloadd_ring* ring, uint64_t block_id, uint64_t tag,
+                              uint64_t region_id, uint64_t offset_bytes, uint32_t priority,
+                              int release_after, double deadline_seconds,
+                              const uint8_t* ready_event, const uint8_t* done_event,
+                              double timeout_seconds);
+uint64_t offloadd_ring_release(offloadd_ring* ring, uint64_t block_id, uint64_t tag,
+                               double timeout_seconds);
+
+/* The answer of request_id into *out if it arrived (OFFLOADD_DONE), else OFFLOADD_PENDING,
+ * OFFLOADD_CLOSED or OFFLOADD_UNKNOWN. */
+int offloadd_ring_poll(offloadd_ring* ring, uint64_t request_id, offloadd_completion* out);
+/* As poll, sleeping (futex) until the answer, the ring's end or timeout_seconds (< 0: none). */
+int offloadd_ring_wait(offloadd_ring* ring, uint64_t request_id, double timeout_seconds,
+                       offloadd_completion* out);
+/* Requests submitted whose answers were not yet taken. */
+size_t offloadd_ring_pending(const offloadd_ring* ring);
+/* 1 once the daemon closed the ring (the session ended), else 0. */
+int offloadd_ring_closed(const offloadd_ring* ring);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OFFLOADD_CLIENT_CORE_OFFLOADD_CORE_H_ */

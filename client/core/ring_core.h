@@ -1,0 +1,97 @@
+// RingCore: the client side of a session's request ring (common/ring_format.h), the native
+// per-tensor path every client binds: it creates the ring (a sealed memfd whose descriptor the
+// client names in Hello.ring), submits offloads, reloads and releases, takes completions into
+// a table of answers by request id, and lets a thread wait for one answer (a futex sleep, no
+// lock held) or poll. It links no gRPC: Hello and everything else of the session travel on
+// the client's own stream, and the client tells the core when the daemon attached the ring.
+//
+// Request ids: the core numbers its requests (bit 63 set, counting up from 1) unless the caller
+// gives one (SubmitEntry). Units: bytes, seconds. Every method is thread-safe; waits release
+// the core's mutex. Completion entries are copied out of the ring once into the table.
+#ifndef OFFLOADD_CLIENT_CORE_RING_CORE_H_
+#define OFFLOADD_CLIENT_CORE_RING_CORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "common/ring_format.h"
+#include "common/ring_memfd.h"
+
+namespace offloadd::client {
+
+class RingCore {
+ public:
+  enum class WaitResult { kDone, kTimeout, kClosed, kUnknown };
+
+  // A ring of the given entry counts (powers of two, common::kMinRingEntries to
+  // kMaxRingEntries). nullptr and *error (a sentence) when it cannot be made.
+  static std::unique_ptr<RingCore> Create(uint32_t submission_entries,
+                                          uint32_t completion_entries, std::string* error);
+  ~RingCore();
+  RingCore(const RingCore&) = delete;
+  RingCore& operator=(const RingCore&) = delete;
+
+  // The descriptor to name in Hello.ring.fd (kept open until the core is destroyed).
+  int fd() const { return memfd_.fd; }
+
+  // Submits a request; returns its id (bit 63 set), or 0 when the ring is closed (the daemon
+  // ended the session) or no slot freed within timeout_seconds (< 0: wait as long as it takes).
+  // Events: nullptr or kRingEventBytes bytes.
+  uint64_t Offload(uint64_t region_id, uint64_t offset_bytes, uint64_t size_bytes, uint64_t tag,
+                   const uint8_t* ready_event, bool ordering, uint64_t order_step,
+                   uint64_t order_position, double timeout_seconds = -1);
+  uint64_t Reload(uint64_t block_id, uint64_t tag, uint64_t region_id, uint64_t offset_bytes,
+                  uint32_t priority, bool release_after, double deadline_seconds,
+                  const uint8_t* ready_event, const uint8_t* done_event,
+                  double timeout_seconds = -1);
+  uint64_t Release(uint64_t block_id, uint64_t tag, double timeout_seconds = -1);
+  // Submits `entry` as it is (its request_id the caller's, bit 63 set). False when closed or
+  // timed out.
+  bool SubmitEntry(const common::SubmissionEntry& entry, double timeout_seconds = -1);
+
+  // The answer of request `request_id` if it arrived (removed from the table): kDone; kTimeout
+  // when not yet; kUnknown for an id not pending; kClosed when the ring closed without it.
+  WaitResult Poll(uint64_t request_id, common::CompletionEntry* out);
+  // Poll, sleeping until the answer arrives, the ring closes or timeout_seconds pass (< 0: no
+  // limit).
+  WaitResult Wait(uint64_t request_id, double timeout_seconds, common::CompletionEntry* out);
+  // Any one answer that arrived (removed from the table), waiting as Wait does. `cancel`
+  // (optional): returns kTimeout once it is true and WakeWaiters() was called.
+  WaitResult WaitAny(double timeout_seconds, common::CompletionEntry* out,
+                     const std::atomic<bool>* cancel = nullptr);
+
+  // Wakes every thread waiting in Wait / WaitAny / a submission (they re-check and go on
+  // waiting unless their condition changed): a caller that stops a waiting thread sets the
+  // flag it passed as WaitAny's `cancel`, then calls this.
+  void WakeWaiters() { control_->client_doorbell.RingAlways(); }
+  bool closed() const;
+  // Requests submitted and not yet taken by Poll / Wait / WaitAny.
+  size_t pending() const;
+
+ private:
+  explicit RingCore(common::RingMemfd memfd);
+  // Moves every completion in the ring into answers_; mu_ held. Corrupt: marks closed.
+  void DrainLocked();
+  // Sleeps on the client doorbell until `ready` (checked with mu_ held) or the deadline.
+  template <typename Ready>
+  bool SleepUntil(Ready ready, double deadline_seconds);
+
+  common::RingMemfd memfd_;
+  common::RingControl* control_;
+  mutable std::mutex mu_;
+  common::RingProducer<common::SubmissionEntry> submit_;
+  common::RingConsumer<common::CompletionEntry> take_;
+  uint64_t next_id_ = 1;
+  bool corrupt_ = false;
+  std::unordered_set<uint64_t> pending_;                          // submitted, not answered
+  std::unordered_map<uint64_t, common::CompletionEntry> answers_;  // answered, not yet taken
+};
+
+}  // namespace offloadd::client
+
+#endif  // OFFLOADD_CLIENT_CORE_RING_CORE_H_

@@ -1,0 +1,203 @@
+"""ctypes binding of the native client core (client/core/offloadd_core.h): the request ring of a
+session, without a Python thread per request or per answer.
+
+The core is liboffloadd_core.so (``bazel build //client/core:liboffloadd_core.so``); it links no
+gRPC and no Python: ctypes releases the GIL during every call, so :meth:`NativeRing.wait`
+sleeps in a futex with the GIL released. The library is found at $OFFLOADD_CORE_LIB, beside
+this file, or where a Bazel build of the repository leaves it; :func:`load` raises OSError
+naming the places it looked.
+
+Use: create a :class:`NativeRing`, name ``ring.fd`` in Hello (``Hello.ring.fd``) on the
+session's stream, and once ``HelloReply.ring_attached`` submit offloads, reloads and releases
+here (region ids are the daemon's). Sizes and offsets are int bytes, times float seconds;
+request ids are ints with bit 63 set. Event handles: None or 64 bytes.
+"""
+
+import ctypes
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.abspath(os.path.join(_HERE, "..", "..", ".."))
+_CANDIDATES = (
+    os.path.join(_HERE, "liboffloadd_core.so"),
+    os.path.join(_REPO, "bazel-bin", "client", "core", "liboffloadd_core.so"),
+    os.path.join(_REPO, "bazel-out", "k8-opt", "bin", "client", "core", "liboffloadd_core.so"),
+    os.path.join(_REPO, "bazel-out", "k8-fastbuild", "bin", "client", "core",
+                 "liboffloadd_core.so"),
+)
+
+# Results of poll and wait (offloadd_core.h).
+DONE, PENDING, CLOSED, UNKNOWN = 1, 0, -1, -2
+# Completion kinds and flags.
+OFFLOAD_DONE, RELOAD_DONE, RELEASED, ERROR = 1, 2, 3, 4
+FLAG_RELEASED, FLAG_DONE_EVENT_RECORDED = 1, 2
+URGENT, PREFETCH = 1, 2
+
+
+class Completion(ctypes.Structure):
+    """One answer (offloadd_completion, 256 bytes): ``kind`` one of OFFLOAD_DONE, RELOAD_DONE,
+    RELEASED, ERROR; ``status_code`` a google.rpc.Code when ERROR; ``message`` (bytes) why."""
+    _fields_ = [("request_id", ctypes.c_uint64), ("kind", ctypes.c_uint32),
+                ("status_code", ctypes.c_int32), ("block_id", ctypes.c_uint64),
+                ("bytes", ctypes.c_uint64), ("queued_seconds", ctypes.c_double),
+                ("copy_seconds", ctypes.c_double), ("flags", ctypes.c_uint32),
+                ("message_bytes", ctypes.c_uint32), ("message_raw", ctypes.c_char * 200)]
+
+    @property
+    def message(self):
+        return bytes(self.message_raw)[:min(self.message_bytes, 200)].decode("utf-8", "replace")
+
+
+_lib = None
+
+
+def load():
+    """The loaded core (cached). Raises OSError when no candidate loads."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    env = os.environ.get("OFFLOADD_CORE_LIB")
+    paths = [env] if env else list(_CANDIDATES)
+    errors = []
+    for path in paths:
+        if not os.path.exists(path):
+            errors.append("%s: missing" % path)
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            errors.append("%s: %s" % (path, e))
+            continue
+        _declare(lib)
+        _lib = lib
+        return lib
+    raise OSError("the offloadd native core (liboffloadd_core.so) was not found: build it with "
+                  "'bazel build //client/core:liboffloadd_core.so' or set OFFLOADD_CORE_LIB ("
+                  + "; ".join(errors) + ")")
+
+
+def _declare(lib):
+    u64, u32, dbl, p = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_double, ctypes.c_void_p
+    ev = ctypes.c_char_p
+    lib.offloadd_ring_create.restype = p
+    lib.offloadd_ring_create.argtypes = [u32, u32, ctypes.c_char_p, ctypes.c_size_t]
+    lib.offloadd_ring_destroy.argtypes = [p]
+    lib.offloadd_ring_fd.restype = ctypes.c_int
+    lib.offloadd_ring_fd.argtypes = [p]
+    lib.offloadd_ring_offload.restype = u64
+    lib.offloadd_ring_offload.argtypes = [p, u64, u64, u64, u64, ev, ctypes.c_int, u64, u64, dbl]
+    lib.offloadd_ring_reload.restype = u64
+    lib.offloadd_ring_reload.argtypes = [p, u64, u64, u64, u64, u32, ctypes.c_int, dbl, ev, ev,
+                                         dbl]
+    lib.offloadd_ring_release.restype = u64
+    lib.offloadd_ring_release.argtypes = [p, u64, u64, dbl]
+    for name in ("offloadd_ring_poll",):
+        getattr(lib, name).restype = ctypes.c_int
+        getattr(lib, name).argtypes = [p, u64, ctypes.POINTER(Completion)]
+    lib.offloadd_ring_wait.restype = ctypes.c_int
+    lib.offloadd_ring_wait.argtypes = [p, u64, dbl, ctypes.POINTER(Completion)]
+    lib.offloadd_ring_pending.restype = ctypes.c_size_t
+    lib.offloadd_ring_pending.argtypes = [p]
+    lib.offloadd_ring_closed.restype = ctypes.c_int
+    lib.offloadd_ring_closed.argtypes = [p]
+
+
+def _event(event):
+    if event is None:
+        return None
+    if len(event) != 64:
+        raise ValueError("an event handle is 64 bytes (cudaIpcEventHandle_t), not %d" % len(event))
+    return bytes(event)
+
+
+class NativeRing:
+    """A session's request ring. ``entries``: submission and completion slots each (a power of
+    two from 8 to 65536). Raises OSError when the core is missing or the ring cannot be made.
+    Thread-safe. :meth:`close` (or garbage collection) frees it; keep it until the session ends.
+    """
+
+    def __init__(self, entries=256):
+        self._lib = load()
+        error = ctypes.create_string_buffer(256)
+        self._ring = self._lib.offloadd_ring_create(entries, entries, error, len(error))
+        if not self._ring:
+            raise OSError("offloadd ring: " + error.value.decode("utf-8", "replace"))
+
+    @property
+    def fd(self):
+        """The memfd descriptor to name in Hello.ring.fd."""
+        return self._lib.offloadd_ring_fd(self._ring)
+
+    def _submitted(self, request_id):
+        if request_id == 0:
+            raise ConnectionError("the offloadd session's ring is closed (the session ended) or "
+                                  "no slot freed in time: reconnect")
+        return request_id
+
+    def offload(self, region_id, offset, nbytes, tag=0, ready_event=None, ordering=None,
+                timeout=-1.0):
+        """Submits an offload of ``nbytes`` at ``offset`` of region ``region_id``; its request
+        id. ``ordering``: (step, position) or None. Raises ConnectionError when not submitted."""
+        step, position = ordering if ordering is not None else (0, 0)
+        return self._submitted(self._lib.offloadd_ring_offload(
+            self._ring, region_id, offset, nbytes, tag, _event(ready_event),
+            int(ordering is not None), step, position, timeout))
+
+    def reload(self, block_id, region_id, offset, priority=URGENT, release_after=False,
+               deadline_seconds=0.0, tag=0, ready_event=None, done_event=None, timeout=-1.0):
+        """Submits a reload of block ``block_id`` (0: the block offloaded with ``tag``) to
+        ``offset`` of region ``region_id``; its request id."""
+        return self._submitted(self._lib.offloadd_ring_reload(
+            self._ring, block_id, tag, region_id, offset, priority, int(release_after),
+            deadline_seconds, _event(ready_event), _event(done_event), timeout))
+
+    def release(self, block_id, tag=0, timeout=-1.0):
+        """Submits a release of block ``block_id`` (0: by ``tag``); its request id."""
+        return self._submitted(self._lib.offloadd_ring_release(self._ring, block_id, tag,
+                                                               timeout))
+
+    def poll(self, request_id):
+        """``(result, Completion or None)``: DONE with the answer (taken), or PENDING, CLOSED,
+        UNKNOWN."""
+        out = Completion()
+        result = self._lib.offloadd_ring_poll(self._ring, request_id, ctypes.byref(out))
+        return result, (out if result == DONE else None)
+
+    def wait(self, request_id, timeout=None):
+        """The answer of ``request_id`` (a Completion), waiting with the GIL released. Raises
+        TimeoutError after ``timeout`` seconds (None: no limit), ConnectionError when the ring
+        closed without it, KeyError for an id not pending."""
+        out = Completion()
+        result = self._lib.offloadd_ring_wait(self._ring, request_id,
+                                              -1.0 if timeout is None else float(timeout),
+                                              ctypes.byref(out))
+        if result == DONE:
+            return out
+        if result == PENDING:
+            raise TimeoutError("no answer to offloadd ring request %#x within %s s"
+                               % (request_id, timeout))
+        if result == CLOSED:
+            raise ConnectionError("the offloadd session ended before answering ring request "
+                                  "%#x" % request_id)
+        raise KeyError(request_id)
+
+    @property
+    def pending(self):
+        """Requests submitted whose answers were not taken."""
+        return self._lib.offloadd_ring_pending(self._ring)
+
+    @property
+    def closed(self):
+        """True once the daemon closed the ring (the session ended)."""
+        return bool(self._lib.offloadd_ring_closed(self._ring))
+
+    def close(self):
+        if self._ring:
+            self._lib.offloadd_ring_destroy(self._ring)
+            self._ring = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

@@ -1,0 +1,311 @@
+#include "server/rpc/ring_frontend.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "server/rpc/ring_translate.h"
+
+namespace offloadd::rpc {
+namespace {
+
+using common::RingResult;
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The largest object a ring of kMaxRingEntries each way takes.
+uint64_t MaxRingBytes() {
+  common::RingLayout l;
+  common::MakeRingLayout(common::kMaxRingEntries, common::kMaxRingEntries, &l, nullptr);
+  return l.total_bytes;
+}
+
+// Checks the opened object (its descriptor `fd`) is one the daemon may map as a ring.
+absl::Status CheckRingObject(int fd, const struct stat& st, uid_t uid, const std::string& path) {
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the ring %s is not a regular memory object: offer a memfd", path));
+  }
+  if (st.st_uid != uid) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "the ring %s belongs to uid %d, not to the session's uid %d: offer a ring the "
+        "connecting process created",
+        path, st.st_uid, uid));
+  }
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the ring %s is not sealed against shrinking: create it with memfd_create("
+        "MFD_ALLOW_SEALING) and add F_SEAL_SHRINK after sizing it",
+        path));
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < sizeof(common::RingControl) || size > MaxRingBytes()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the ring %s is %d bytes, not the size of any ring (%d to %d)", path, size,
+        sizeof(common::RingControl), MaxRingBytes()));
+  }
+  return absl::OkStatus();
+}
+
+// Maps the ring at `path` and checks its header; on success *base / *layout describe it.
+absl::Status MapRing(const std::string& path, uid_t uid, void** base,
+                     common::RingLayout* layout) {
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "the daemon (uid %d) cannot open the ring %s: %s; run the daemon as root or as the "
+        "client's uid to use the ring (requests go on the stream meanwhile)",
+        geteuid(), path, strerror(err)));
+  }
+  struct stat st;
+  absl::Status ok = fstat(fd, &st) == 0
+                        ? CheckRingObject(fd, st, uid, path)
+                        : absl::InternalError(absl::StrFormat("fstat(%s): %s", path,
+                                                              strerror(errno)));
+  void* p = MAP_FAILED;
+  if (ok.ok()) {
+    p = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      ok = absl::ResourceExhaustedError(
+          absl::StrFormat("the daemon cannot map the ring %s: %s", path, strerror(errno)));
+    }
+  }
+  close(fd);
+  if (!ok.ok()) return ok;
+  common::RingHeader header;
+  std::memcpy(&header, p, sizeof(header));  // read once, checked as a copy
+  std::string why;
+  if (!common::ParseRingHeader(header, st.st_size, layout, &why)) {
+    munmap(p, st.st_size);
+    return absl::InvalidArgumentError("the ring " + path + " was refused: " + why);
+  }
+  *base = p;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::Attach(int32_t pid, uint32_t fd,
+                                                                   uid_t uid, Handle handle,
+                                                                   End end,
+                                                                   double spin_seconds) {
+  return AttachPath(absl::StrFormat("/proc/%d/fd/%d", pid, fd), uid, std::move(handle),
+                    std::move(end), spin_seconds);
+}
+
+absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::AttachPath(const std::string& path,
+                                                                       uid_t uid, Handle handle,
+                                                                       End end,
+                                                                       double spin_seconds) {
+  void* base = nullptr;
+  common::RingLayout layout;
+  if (absl::Status st = MapRing(path, uid, &base, &layout); !st.ok()) return st;
+  return std::unique_ptr<RingFrontEnd>(
+      new RingFrontEnd(base, layout, std::move(handle), std::move(end), spin_seconds));
+}
+
+RingFrontEnd::RingFrontEnd(void* base, const common::RingLayout& layout, Handle handle, End end,
+                           double spin_seconds)
+    : base_(base),
+      layout_(layout),
+      control_(common::ControlOf(base)),
+      handle_(std::move(handle)),
+      end_(std::move(end)),
+      spin_seconds_(spin_seconds),
+      submissions_(common::SubmissionSlots(base, layout), layout.submission_entries,
+                   &control_->submission_tail, &control_->submission_head) {
+  {
+    base::MutexLock lock(mu_);
+    completions_ = common::RingProducer<common::CompletionEntry>(
+        common::CompletionSlots(base, layout), layout.completion_entries,
+        &control_->completion_tail, &control_->completion_head);
+  }
+}
+
+void RingFrontEnd::Start() {
+  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+}
+
+RingFrontEnd::~RingFrontEnd() {
+  Stop();
+  munmap(base_, layout_.total_bytes);
+}
+
+void RingFrontEnd::Stop() {
+  {
+    base::MutexLock lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  stop_ = true;
+  control_->daemon_doorbell.RingAlways();
+  if (thread_.joinable()) thread_.join();
+  control_->closed.value.store(1, std::memory_order_seq_cst);
+  control_->client_doorbell.RingAlways();
+}
+
+void RingFrontEnd::Run() {
+  int idle_wakes = 0;  // wake-ups in a row that found no work (a client ringing for nothing)
+  for (;;) {
+    std::string corrupt;
+    {
+      base::MutexLock lock(mu_);
+      corrupt = corrupt_;
+    }
+    if (!corrupt.empty()) {
+      end_(absl::InvalidArgumentError(absl::StrFormat(
+          "the request ring's %s: the client corrupted its ring (a client must only advance "
+          "its own indices, by the entries it wrote or took); the session has ended and its "
+          "blocks and regions were released",
+          corrupt)));
+      return;
+    }
+    if (stop_) return;
+    const size_t moved = FlushQueued();
+    const int taken = TakeSubmissions();
+    if (moved != 0 || taken != 0) {
+      idle_wakes = 0;
+      continue;
+    }
+    if (++idle_wakes > 64) {  // rung with nothing to do, again and again: back off
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      idle_wakes = 0;
+    }
+    WaitForWork();
+  }
+}
+
+int RingFrontEnd::TakeSubmissions() {
+  {
+    base::MutexLock lock(mu_);
+    if (queued_.size() >= kMaxQueuedCompletions || !corrupt_.empty()) return 0;
+  }
+  int taken = 0;
+  for (; taken < kTakeBatch && !stop_; ++taken) {
+    common::SubmissionEntry entry;  // the one copy of the slot the daemon reads
+    const RingResult r = submissions_.TryPop(&entry);
+    if (r == RingResult::kEmpty) break;
+    if (r == RingResult::kCorrupt) {
+      MarkCorrupt("submission tail is out of range (past the free slots, or behind the head)");
+      break;
+    }
+    std::string why;
+    if (!common::ValidateSubmission(entry, &why)) {
+      {
+        base::MutexLock lock(mu_);
+        ++counters_.malformed;
+      }
+      const session::Completion refused{
+          .request_id = entry.request_id,
+          .kind = session::CompletionKind::kError,
+          .status = absl::InvalidArgumentError(why)};
+      Complete(refused);
+      continue;
+    }
+    handle_(FromRing(entry));
+  }
+  if (taken != 0) control_->client_doorbell.Ring();  // slots freed for a client waiting on them
+  base::MutexLock lock(mu_);
+  counters_.submissions += taken;
+  return taken;
+}
+
+void RingFrontEnd::Complete(const session::Completion& completion) {
+  const common::CompletionEntry entry = ToRing(completion);
+  bool wake = false;
+  {
+    base::MutexLock lock(mu_);
+    if (stopped_ || !corrupt_.empty()) return;  // nobody will read it
+    if (queued_.empty()) {
+      switch (completions_.TryPush(entry)) {
+        case RingResult::kOk:
+          ++counters_.completions;
+          wake = true;
+          break;
+        case RingResult::kCorrupt:
+          corrupt_ = "completion head is out of range (past the tail, or moved backwards)";
+          break;
+        default:
+          queued_.push_back(entry);
+      }
+    } else {
+      queued_.push_back(entry);
+    }
+    if (queued_.size() > counters_.queued_peak) counters_.queued_peak = queued_.size();
+  }
+  if (wake) control_->client_doorbell.Ring();
+  if (!wake) control_->daemon_doorbell.Ring();  // the ring thread flushes or ends the session
+}
+
+size_t RingFrontEnd::FlushQueued() {
+  size_t moved = 0;
+  {
+    base::MutexLock lock(mu_);
+    while (!queued_.empty() && corrupt_.empty()) {
+      const RingResult r = completions_.TryPush(queued_.front());
+      if (r == RingResult::kCorrupt) {
+        corrupt_ = "completion head is out of range (past the tail, or moved backwards)";
+      }
+      if (r != RingResult::kOk) break;
+      queued_.pop_front();
+      ++moved;
+    }
+    counters_.completions += moved;
+  }
+  if (moved != 0) control_->client_doorbell.Ring();
+  return moved;
+}
+
+bool RingFrontEnd::WorkReady() {
+  if (stop_) return true;
+  {
+    base::MutexLock lock(mu_);
+    if (!corrupt_.empty()) return true;
+    if (!queued_.empty() && (completions_.Free() != 0 || completions_.Corrupt())) return true;
+    if (queued_.size() >= kMaxQueuedCompletions) return false;  // paused: submissions wait
+  }
+  return submissions_.Available() != RingResult::kEmpty;
+}
+
+void RingFrontEnd::WaitForWork() {
+  const double spin_until = NowSeconds() + spin_seconds_;
+  while (NowSeconds() < spin_until) {
+    if (WorkReady()) return;
+    // Polling must not keep a client that shares this core from running (its submission is
+    // what the poll waits for): give the core up between polls.
+    sched_yield();
+  }
+  const uint32_t seen = control_->daemon_doorbell.Arm();
+  if (!WorkReady()) {
+    {
+      base::MutexLock lock(mu_);
+      ++counters_.sleeps;
+    }
+    control_->daemon_doorbell.Sleep(seen, 1.0);
+  }
+  control_->daemon_doorbell.Disarm();
+}
+
+void RingFrontEnd::MarkCorrupt(const std::string& what) {
+  base::MutexLock lock(mu_);
+  if (corrupt_.empty()) corrupt_ = what;
+}
+
+RingFrontEnd::Counters RingFrontEnd::counters() const {
+  base::MutexLock lock(mu_);
+  return counters_;
+}
+
+}  // namespace offloadd::rpc

@@ -1,0 +1,126 @@
+// RingFrontEnd: the daemon's side of one session's request ring (common/ring_format.h,
+// docs/ARCHITECTURE.md "The request ring"), beside the session's stream reactor (server.cc).
+//
+// One thread per attached ring takes submissions in order, copies each entry once into its own
+// memory, validates the copy (common::ValidateSubmission; a malformed entry is answered on the
+// completion ring with INVALID_ARGUMENT, the session keeps serving) and hands the request to the
+// session like a stream request (`handle`, i.e. Session::Handle). Requests that may block
+// (Session::MayBlock: a release, an offload waiting for its ready event) block only this
+// session's ring thread, as they would block only the stream's worker task; the requests of one
+// ring are handled in order. Completions of ring requests (Complete, from any thread) go into
+// the completion ring; when it is full they wait in daemon memory and the thread stops taking
+// submissions while kMaxQueuedCompletions wait (back-pressure: the client's submissions then
+// wait in its own ring). The client is woken through its doorbell.
+//
+// Hostile clients: the daemon never reads a slot twice nor trusts an index it does not own;
+// an impossible index (a submission tail or completion head out of range, or moving backwards)
+// ends the session through `end` with INVALID_ARGUMENT saying which, and the ring is not
+// touched again. The object is a sealed memfd (cannot shrink: no SIGBUS in the daemon). A
+// client that rings the daemon's doorbell with no work costs its own ring thread's wake-ups,
+// bounded by a back-off.
+//
+// Idle: the thread polls for spin_seconds after its last work, then sleeps on the daemon
+// doorbell (futex) until the client rings it: an idle session uses no CPU.
+#ifndef OFFLOADD_SERVER_RPC_RING_FRONTEND_H_
+#define OFFLOADD_SERVER_RPC_RING_FRONTEND_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/ring_format.h"
+#include "server/base/mutex.h"
+#include "server/session/request.h"
+
+namespace offloadd::rpc {
+
+class RingFrontEnd {
+ public:
+  using Handle = std::function<void(const session::Request&)>;
+  // Ends the session (the ring is corrupt); called at most once, on the ring thread.
+  using End = std::function<void(const absl::Status&)>;
+
+  // Completions waiting in daemon memory (completion ring full) before the thread stops taking
+  // submissions.
+  static constexpr size_t kMaxQueuedCompletions = 2048;
+  // Submissions taken before the thread flushes waiting completions again.
+  static constexpr int kTakeBatch = 64;
+  static constexpr double kDefaultSpinSeconds = 20e-6;
+
+  struct Counters {
+    uint64_t submissions = 0;    // entries taken
+    uint64_t malformed = 0;      // of which refused by ValidateSubmission
+    uint64_t completions = 0;    // entries written into the completion ring
+    uint64_t sleeps = 0;         // times the thread slept on its doorbell
+    uint64_t queued_peak = 0;    // most completions waiting in daemon memory at once
+  };
+
+  // Opens the ring a client offered in Hello: descriptor `fd` of process `pid` (the
+  // connection's, /proc/<pid>/fd/<fd>), which must be owned by `uid`. Errors (the sentence goes
+  // into HelloReply.ring_error): PERMISSION_DENIED (the daemon may not open it, or its owner is
+  // not `uid`), FAILED_PRECONDITION (not a regular sealed memfd of a ring's size),
+  // INVALID_ARGUMENT (a header the daemon does not accept).
+  static absl::StatusOr<std::unique_ptr<RingFrontEnd>> Attach(
+      int32_t pid, uint32_t fd, uid_t uid, Handle handle, End end,
+      double spin_seconds = kDefaultSpinSeconds);
+  // The same for a path (tests).
+  static absl::StatusOr<std::unique_ptr<RingFrontEnd>> AttachPath(
+      const std::string& path, uid_t uid, Handle handle, End end,
+      double spin_seconds = kDefaultSpinSeconds);
+  ~RingFrontEnd();  // Stop()
+
+  // Starts the ring thread (once; Attach does not, so the caller can first make Complete
+  // reachable from the session's answers: a client may submit before it was told the ring is
+  // attached).
+  void Start();
+  // Stops the thread (joins it; not from the ring thread), marks the ring closed and wakes the
+  // client's waiters. Completions after it are dropped. Idempotent.
+  void Stop() EXCLUDES(mu_);
+  // A completion of a ring request (request_id with common::kRingRequestIdBit), from any thread.
+  void Complete(const session::Completion& completion) EXCLUDES(mu_);
+  Counters counters() const EXCLUDES(mu_);
+  uint64_t object_bytes() const { return layout_.total_bytes; }
+
+ private:
+  RingFrontEnd(void* base, const common::RingLayout& layout, Handle handle, End end,
+               double spin_seconds);
+  void Run();
+  // Takes up to kTakeBatch submissions; returns how many (0 also when paused or corrupt).
+  int TakeSubmissions() EXCLUDES(mu_);
+  // Moves waiting completions into the ring; returns how many.
+  size_t FlushQueued() EXCLUDES(mu_);
+  // Whether there is work for the thread now (checked after arming the doorbell).
+  bool WorkReady() EXCLUDES(mu_);
+  // Waits for work: polls for spin_seconds_, then sleeps on the doorbell.
+  void WaitForWork();
+  // Records a corrupt index (`what`) once; the thread ends the session.
+  void MarkCorrupt(const std::string& what) EXCLUDES(mu_);
+
+  void* const base_;
+  const common::RingLayout layout_;
+  common::RingControl* const control_;
+  const Handle handle_;
+  const End end_;
+  const double spin_seconds_;
+  common::RingConsumer<common::SubmissionEntry> submissions_;  // the ring thread's alone
+  mutable base::Mutex mu_;
+  common::RingProducer<common::CompletionEntry> completions_ GUARDED_BY(mu_);
+  std::deque<common::CompletionEntry> queued_ GUARDED_BY(mu_);  // ring full: wait here
+  std::string corrupt_ GUARDED_BY(mu_);  // non-empty: which index was impossible
+  bool stopped_ GUARDED_BY(mu_) = false;
+  Counters counters_ GUARDED_BY(mu_);
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace offloadd::rpc
+
+#endif  // OFFLOADD_SERVER_RPC_RING_FRONTEND_H_

@@ -1,0 +1,250 @@
+// RingFrontEnd without gRPC: a memfd ring made as a client makes it, a fake session (`handle`
+// records requests and answers them), and the hostile cases: malformed entries, impossible
+// indices, a client that never takes its completions, objects the daemon must refuse.
+#include "server/rpc/ring_frontend.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/ring_memfd.h"
+#include "gtest/gtest.h"
+
+namespace offloadd::rpc {
+namespace {
+
+using common::CompletionEntry;
+using common::RingResult;
+using common::SubmissionEntry;
+
+bool WaitFor(const std::function<bool()>& pred, double seconds = 10) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return pred();
+}
+
+std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+
+// A client's view of a ring, and a front-end serving it with a fake session.
+struct Fixture {
+  explicit Fixture(uint32_t entries = 16, bool answer = true) : answer(answer) {
+    std::string error;
+    if (!common::CreateRingMemfd(entries, entries, &ring, &error)) abort();
+    control = common::ControlOf(ring.base);
+    submit = {common::SubmissionSlots(ring.base, ring.layout), entries, &control->submission_tail,
+              &control->submission_head};
+    take = {common::CompletionSlots(ring.base, ring.layout), entries, &control->completion_tail,
+            &control->completion_head};
+    auto attached = RingFrontEnd::AttachPath(
+        ProcPath(ring.fd), getuid(),
+        [this](const session::Request& r) { OnRequest(r); },
+        [this](const absl::Status& why) {
+          std::lock_guard<std::mutex> lock(mu);
+          ended = why;
+        });
+    if (!attached.ok()) abort();
+    front = *std::move(attached);
+    front->Start();
+  }
+  ~Fixture() {
+    front->Stop();  // joins the ring thread, which reads `front` in OnRequest
+    front.reset();
+    common::DestroyRingMemfd(&ring);
+  }
+  void OnRequest(const session::Request& r) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      requests.push_back(r);
+    }
+    if (!answer) return;
+    session::Completion c;
+    c.request_id = r.request_id;
+    c.kind = session::CompletionKind::kOffloadDone;
+    c.id = 1000 + (r.request_id & ~common::kRingRequestIdBit);
+    c.bytes = r.bytes;
+    front->Complete(c);
+  }
+  void Submit(const SubmissionEntry& e) {
+    ASSERT_EQ(submit.TryPush(e), RingResult::kOk);
+    control->daemon_doorbell.Ring();
+  }
+  // Waits for the next completion (as a client does, on its doorbell).
+  CompletionEntry Take() {
+    CompletionEntry c{};
+    for (;;) {
+      if (take.TryPop(&c) == RingResult::kOk) break;
+      const uint32_t seen = control->client_doorbell.Arm();
+      if (take.Available() == RingResult::kEmpty) control->client_doorbell.Sleep(seen, 0.05);
+      control->client_doorbell.Disarm();
+    }
+    control->daemon_doorbell.Ring();
+    return c;
+  }
+  size_t request_count() {
+    std::lock_guard<std::mutex> lock(mu);
+    return requests.size();
+  }
+  absl::Status end_status() {
+    std::lock_guard<std::mutex> lock(mu);
+    return ended;
+  }
+
+  bool answer;
+  common::RingMemfd ring;
+  common::RingControl* control;
+  common::RingProducer<SubmissionEntry> submit;
+  common::RingConsumer<CompletionEntry> take;
+  std::unique_ptr<RingFrontEnd> front;
+  std::mutex mu;
+  std::vector<session::Request> requests;
+  absl::Status ended;
+};
+
+SubmissionEntry Offload(uint64_t n) {
+  SubmissionEntry e;
+  std::memset(&e, 0, sizeof(e));
+  e.kind = static_cast<uint32_t>(common::SubmissionKind::kOffload);
+  e.request_id = common::kRingRequestIdBit | n;
+  e.region_id = 3;
+  e.offset_bytes = 4096 * n;
+  e.size_bytes = 4096;
+  e.tag = n;
+  return e;
+}
+
+TEST(RingFrontEndTest, HandsEachSubmissionToTheSessionAndAnswersOnTheRing) {
+  Fixture f;
+  for (uint64_t n = 1; n <= 100; ++n) {  // 100 through 16 slots
+    f.Submit(Offload(n));
+    const CompletionEntry c = f.Take();
+    EXPECT_EQ(c.request_id, common::kRingRequestIdBit | n);
+    EXPECT_EQ(c.kind, static_cast<uint32_t>(common::CompletionKind::kOffloadDone));
+    EXPECT_EQ(c.block_id, 1000 + n);
+    EXPECT_EQ(c.bytes, 4096u);
+  }
+  ASSERT_EQ(f.request_count(), 100u);
+  const session::Request& r = f.requests[41];
+  EXPECT_EQ(r.kind, session::RequestKind::kOffload);
+  EXPECT_EQ(r.region_id, 3u);
+  EXPECT_EQ(r.offset, 4096u * 42);
+  EXPECT_EQ(r.tag, 42u);
+  EXPECT_TRUE(f.end_status().ok());
+}
+
+TEST(RingFrontEndTest, RefusesAMalformedEntryOnTheRingAndKeepsServing) {
+  Fixture f;
+  SubmissionEntry bad = Offload(1);
+  bad.reserved[3] = 0xff;
+  f.Submit(bad);
+  CompletionEntry c = f.Take();
+  EXPECT_EQ(c.kind, static_cast<uint32_t>(common::CompletionKind::kError));
+  EXPECT_EQ(c.status_code, static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(std::string(c.message, c.message_bytes).find("reserved"), std::string::npos);
+  f.Submit(Offload(2));
+  c = f.Take();
+  EXPECT_EQ(c.kind, static_cast<uint32_t>(common::CompletionKind::kOffloadDone));
+  EXPECT_EQ(f.request_count(), 1u);  // the malformed entry never reached the session
+  EXPECT_EQ(f.front->counters().malformed, 1u);
+}
+
+TEST(RingFrontEndTest, ASubmissionTailOutOfRangeEndsTheSessionSayingSo) {
+  Fixture f;
+  f.control->submission_tail.value.store(1000);  // 1000 entries in 16 slots
+  f.control->daemon_doorbell.RingAlways();
+  ASSERT_TRUE(WaitFor([&] { return !f.end_status().ok(); }));
+  EXPECT_EQ(f.end_status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(f.end_status().message().find("submission tail"), std::string::npos);
+  EXPECT_EQ(f.request_count(), 0u);
+}
+
+TEST(RingFrontEndTest, ACompletionHeadMovedBackwardsEndsTheSession) {
+  Fixture f;
+  f.Submit(Offload(1));
+  f.Take();
+  f.control->completion_head.value.store(0xfffffff0u);  // behind what the daemon wrote
+  f.Submit(Offload(2));
+  ASSERT_TRUE(WaitFor([&] { return !f.end_status().ok(); }));
+  EXPECT_NE(f.end_status().message().find("completion head"), std::string::npos);
+}
+
+// A client that submits without ever taking a completion: the daemon queues at most
+// kMaxQueuedCompletions in its own memory and then stops taking submissions.
+TEST(RingFrontEndTest, AClientThatNeverTakesCompletionsIsHeldAtTheBound) {
+  Fixture f(/*entries=*/1024);
+  uint64_t n = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  // Keep the submission ring full until the front-end stops taking (paused).
+  uint64_t last_taken = ~0ull;
+  int stable = 0;
+  while (stable < 50 && std::chrono::steady_clock::now() < until) {
+    while (f.submit.TryPush(Offload(++n)) == RingResult::kOk) {
+    }
+    f.control->daemon_doorbell.Ring();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const uint64_t taken = f.front->counters().submissions;
+    stable = taken == last_taken ? stable + 1 : 0;
+    last_taken = taken;
+  }
+  const RingFrontEnd::Counters c = f.front->counters();
+  EXPECT_EQ(c.completions, 1024u);  // the completion ring is full
+  EXPECT_GE(c.queued_peak, RingFrontEnd::kMaxQueuedCompletions);
+  EXPECT_LE(c.queued_peak, RingFrontEnd::kMaxQueuedCompletions + RingFrontEnd::kTakeBatch);
+  EXPECT_EQ(c.submissions, c.completions + c.queued_peak);
+  EXPECT_TRUE(f.end_status().ok());  // not an error: the client is only slow
+  // Taking completions lets it go on.
+  for (int i = 0; i < 1024; ++i) f.Take();
+  ASSERT_TRUE(WaitFor([&] { return f.front->counters().submissions > c.submissions; }));
+}
+
+TEST(RingFrontEndTest, StopMarksTheRingClosedAndWakesTheClient) {
+  Fixture f;
+  std::thread waiter([&] {
+    for (;;) {
+      const uint32_t seen = f.control->client_doorbell.Arm();
+      const bool closed = f.control->closed.value.load() != 0;
+      if (!closed) f.control->client_doorbell.Sleep(seen, -1);
+      f.control->client_doorbell.Disarm();
+      if (closed) return;
+    }
+  });
+  f.front->Stop();
+  waiter.join();  // hangs if the wake were lost
+  EXPECT_EQ(f.control->closed.value.load(), 1u);
+}
+
+TEST(RingFrontEndTest, RefusesObjectsThatAreNotSealedRingsOfTheSessionsUid) {
+  auto handle = [](const session::Request&) {};
+  auto end = [](const absl::Status&) {};
+  common::RingMemfd ring;
+  std::string error;
+  ASSERT_TRUE(common::CreateRingMemfd(16, 16, &ring, &error)) << error;
+  auto other_uid = RingFrontEnd::AttachPath(ProcPath(ring.fd), getuid() + 1, handle, end);
+  EXPECT_EQ(other_uid.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(other_uid.status().message().find("belongs to uid"), std::string::npos);
+  common::ControlOf(ring.base)->header.magic ^= 1;
+  auto bad_magic = RingFrontEnd::AttachPath(ProcPath(ring.fd), getuid(), handle, end);
+  EXPECT_EQ(bad_magic.status().code(), absl::StatusCode::kInvalidArgument);
+  common::DestroyRingMemfd(&ring);
+
+  const int unsealed = memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(ftruncate(unsealed, 512 + 16 * 256 * 2), 0);
+  auto not_sealed = RingFrontEnd::AttachPath(ProcPath(unsealed), getuid(), handle, end);
+  EXPECT_EQ(not_sealed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(not_sealed.status().message().find("F_SEAL_SHRINK"), std::string::npos);
+  close(unsealed);
+  auto missing = RingFrontEnd::AttachPath("/proc/self/fd/100000", getuid(), handle, end);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+}  // namespace
+}  // namespace offloadd::rpc
