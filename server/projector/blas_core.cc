@@ -41,30 +41,37 @@ uint64_t Xcr0() {
 
 }  // namespace
 
-CpuIsa ReadCpuIsa() {
+CpuIsa DecodeCpuid(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint64_t xcr0) {
   CpuIsa isa;
+  isa.sse3 = leaf1_ecx & (1u << 0);
+  isa.ssse3 = leaf1_ecx & (1u << 9);
+  isa.sse4_2 = leaf1_ecx & (1u << 20);
+  const bool osxsave = leaf1_ecx & (1u << 27);
+  const bool ymm = osxsave && (xcr0 & 0x6) == 0x6;    // SSE and AVX state
+  const bool zmm = osxsave && (xcr0 & 0xe6) == 0xe6;  // plus opmask, ZMM0-15 upper, ZMM16-31
+  isa.avx = ymm && (leaf1_ecx & (1u << 28));
+  isa.fma = ymm && (leaf1_ecx & (1u << 12));
+  isa.avx2 = ymm && (leaf7_ebx & (1u << 5));
+  isa.avx512f = zmm && (leaf7_ebx & (1u << 16));
+  isa.avx512dq = zmm && (leaf7_ebx & (1u << 17));
+  isa.avx512cd = zmm && (leaf7_ebx & (1u << 28));
+  isa.avx512bw = zmm && (leaf7_ebx & (1u << 30));
+  isa.avx512vl = zmm && (leaf7_ebx & (1u << 31));
+  return isa;
+}
+
+CpuIsa ReadCpuIsa() {
 #if defined(__x86_64__)
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return isa;
-  isa.sse3 = c & bit_SSE3;
-  isa.ssse3 = c & bit_SSSE3;
-  isa.sse4_2 = c & bit_SSE4_2;
-  const bool osxsave = c & bit_OSXSAVE;
-  const uint64_t xcr0 = osxsave ? Xcr0() : 0;
-  const bool ymm = (xcr0 & 0x6) == 0x6;    // SSE and AVX state
-  const bool zmm = (xcr0 & 0xe6) == 0xe6;  // plus opmask, ZMM0-15 upper halves, ZMM16-31
-  isa.avx = ymm && (c & bit_AVX);
-  isa.fma = ymm && (c & bit_FMA);
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
-    isa.avx2 = ymm && (b & bit_AVX2);
-    isa.avx512f = zmm && (b & bit_AVX512F);
-    isa.avx512cd = zmm && (b & bit_AVX512CD);
-    isa.avx512bw = zmm && (b & bit_AVX512BW);
-    isa.avx512dq = zmm && (b & bit_AVX512DQ);
-    isa.avx512vl = zmm && (b & bit_AVX512VL);
-  }
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return {};
+  const uint32_t leaf1_ecx = c;
+  const uint64_t xcr0 = (c & bit_OSXSAVE) ? Xcr0() : 0;
+  b = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) b = 0;
+  return DecodeCpuid(leaf1_ecx, b, xcr0);
+#else
+  return {};
 #endif
-  return isa;
 }
 
 IsaLevel IsaLevelOf(const CpuIsa& i) {

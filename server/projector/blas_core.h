@@ -22,6 +22,7 @@
 #ifndef OFFLOADD_SERVER_PROJECTOR_BLAS_CORE_H_
 #define OFFLOADD_SERVER_PROJECTOR_BLAS_CORE_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,7 +51,11 @@ struct CpuIsa {
   bool avx512f = false, avx512cd = false, avx512bw = false, avx512dq = false, avx512vl = false;
 };
 
-// This CPU's features (cpuid leaves 1 and 7, xgetbv). All false off x86-64.
+// The features in cpuid leaf 1's ECX, leaf 7 (subleaf 0)'s EBX and XCR0 (xgetbv 0; 0 when
+// leaf 1 has no OSXSAVE). Pure: tests pass a fake CPU's registers.
+CpuIsa DecodeCpuid(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint64_t xcr0);
+
+// This CPU's features (DecodeCpuid of its own registers). All false off x86-64.
 CpuIsa ReadCpuIsa();
 
 // The highest level all of whose features `isa` has.

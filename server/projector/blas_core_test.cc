@@ -57,6 +57,31 @@ TEST(BlasCoreTest, PrescottOnAnAvx512CpuSelectsSkylakeX) {
   EXPECT_NE(c.notes[0].find("OpenBLAS picks Prescott"), std::string::npos) << c.notes[0];
 }
 
+// The registers of a masked AVX-512 VM ("Intel(R) Xeon(R) Processor"): leaf 1 ECX, leaf 7 EBX,
+// XCR0.
+constexpr uint32_t kVmLeaf1Ecx = 0xfffa3203;
+constexpr uint32_t kVmLeaf7Ebx = 0xf1bf2ffb;
+constexpr uint64_t kVmXcr0 = 0x600e7;
+
+TEST(BlasCoreTest, FakeCpuidOfTheMaskedVmWithPrescottSelectsSkylakeX) {
+  const CpuIsa isa = DecodeCpuid(kVmLeaf1Ecx, kVmLeaf7Ebx, kVmXcr0);
+  ASSERT_EQ(IsaLevelOf(isa), IsaLevel::kAvx512);
+  BlasCoreChoice c = ChooseBlasCore(IsaLevelOf(isa), Dynamic("Prescott"), std::nullopt);
+  EXPECT_EQ(c.core, "SkylakeX");
+  EXPECT_EQ(c.source, "selected");
+}
+
+TEST(BlasCoreTest, FakeCpuidWithoutOsSupportForZmmIsAvx2) {
+  // The CPU has AVX-512 but the OS does not save ZMM/opmask state (XCR0 bits 5-7 clear).
+  const CpuIsa isa = DecodeCpuid(kVmLeaf1Ecx, kVmLeaf7Ebx, kVmXcr0 & ~uint64_t{0xe0});
+  EXPECT_FALSE(isa.avx512f);
+  EXPECT_EQ(IsaLevelOf(isa), IsaLevel::kAvx2);
+  EXPECT_EQ(ChooseBlasCore(IsaLevelOf(isa), Dynamic("Prescott"), std::nullopt).core, "Haswell");
+  // No OSXSAVE: no AVX at all, whatever XCR0 says.
+  EXPECT_EQ(IsaLevelOf(DecodeCpuid(kVmLeaf1Ecx & ~(1u << 27), kVmLeaf7Ebx, kVmXcr0)),
+            IsaLevel::kSse42);
+}
+
 TEST(BlasCoreTest, PrescottOnAnAvx2CpuSelectsHaswellNeverSkylakeX) {
   CpuIsa isa = AllOf(IsaLevel::kAvx512);
   isa.avx512bw = false;  // AVX-512F without BW: SkylakeX kernels would fault
