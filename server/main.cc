@@ -29,6 +29,7 @@
 #include "server/metrics/metrics.h"
 #include "server/pool/arena.h"
 #include "server/spill/spill_tier.h"
+#include "server/projector/blas_core.h"
 #include "server/projector/refresh_service.h"
 #include "server/rpc/server.h"
 #include "server/rpc/socket_activation.h"
@@ -193,6 +194,18 @@ absl::StatusOr<std::unique_ptr<offloadd::projector::RefreshService>> MakeProject
             << (options.gpu_backend_for ? " (cusolver for CUDA regions)" : "");
   return std::make_unique<offloadd::projector::RefreshService>(
       options, shm_daemon ? &engine : own_shm, shm_daemon ? nullptr : &engine);
+}
+
+// The OpenBLAS kernels projector refreshes run on (projector/blas_core.h): called before any
+// thread starts and before OpenBLAS loads; --check-config prints the mismatches instead of
+// setting OPENBLAS_CORETYPE. Nothing without a projector.
+offloadd::projector::BlasCoreChoice SelectBlasCore(const offloadd::v1::DaemonConfig& config,
+                                                   bool checking) {
+  if (config.projector().has_enabled() && !config.projector().enabled()) return {};
+  offloadd::projector::BlasCoreChoice choice =
+      offloadd::projector::SelectBlasCoreAtStart(/*apply=*/!checking);
+  if (checking) offloadd::projector::PrintBlasCoreNotes(choice);
+  return choice;
 }
 
 std::atomic<int> g_signal{0};
@@ -577,6 +590,7 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<offloadd::v1::DaemonConfig> config = LoadConfig(cl);
   if (!config.ok()) return Fail(config.status(), 2);
+  const offloadd::projector::BlasCoreChoice blas_core = SelectBlasCore(*config, checking);
   // Topology: GPUs with a PCI address are found in sysfs; the config's links apply over them.
   // Hook: the cuda backend can report each GPU's UUID and PCI bus id itself
   // (cudaDeviceGetPCIBusId); once CopyEngine exposes them, append them here so `gpus` need not
@@ -635,6 +649,7 @@ int main(int argc, char** argv) {
   offloadd::copy::ShmCopyEngine projector_shm(offloadd::ToShmMappingLimits(*config));
   auto projector = MakeProjector(config->projector(), core, &projector_shm);
   if (!projector.ok()) return Fail(projector.status(), 1);
+  if (*projector) offloadd::projector::CheckBlasCoreAtStart(blas_core);  // logs; self-check
   auto server = offloadd::rpc::Server::Start(&core, socket_path, config->socket_mode(),
                                              *offloadd::ResolveSocketGroup(*config),
                                              projector->get(), *listen_fd);

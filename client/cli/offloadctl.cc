@@ -107,6 +107,21 @@ std::string SpillLine(const offloadd::v1::Stats& s) {
       sp.io(), pace);
 }
 
+// The projector's BLAS line of `stats` ("" without a projector): the OpenBLAS core refreshes run
+// on, who chose it, and the start-up self-check.
+std::string ProjectorBlasLine(const offloadd::v1::Stats& s) {
+  if (!s.has_projector_blas()) return "";
+  const auto& b = s.projector_blas();
+  std::string line = absl::StrFormat(
+      "projector BLAS: OpenBLAS core %s (%s; OpenBLAS alone picks %s; CPU %s), self-check SGEMM "
+      "%.1f GFLOP/s of about %.0f expected%s\n",
+      b.core(), b.source(), b.openblas_core().empty() ? "?" : b.openblas_core(), b.isa(),
+      b.self_check_gflops(), b.self_check_expected_gflops(),
+      b.self_check_slow() ? " (SLOW: refreshes run far below this CPU's rate)" : "");
+  for (const auto& note : b.notes()) line += "  note: " + note + "\n";
+  return line;
+}
+
 int Stats(const std::string& socket, bool json) {
   auto s = QueryStats(socket);
   if (!s) return 1;
@@ -138,6 +153,7 @@ int Stats(const std::string& socket, bool json) {
                                  ses.session_id(), ses.client_name(), ses.device_id(), ses.pid(),
                                  ses.blocks(), Bytes(ses.used_bytes()));
   }
+  std::cout << ProjectorBlasLine(*s);
   if (s->has_link_calibration()) {
     const auto& c = s->link_calibration();
     int failed = 0;

@@ -209,6 +209,12 @@ void RegisterProjectorMetrics(prometheus::Registry& r, Metrics* m) {
                      "Repeated refresh keys whose gradient or parameters differed from the first "
                      "submission's, computed on their own.")
            ->Add({});
+  m->projector_blas_info =
+      &prometheus::BuildGauge()
+           .Name("offloadd_projector_blas_info")
+           .Help("Always 1; labels: the CPU's ISA level, the OpenBLAS core refreshes run on, the "
+                 "core OpenBLAS picks by itself, and who chose (auto, selected, operator).")
+           .Register(r);
   // Series that must exist before the first refresh (dashboards, alerts).
   m->projector_refresh_duration_seconds->Add({{"method", "exact"}, {"backend", "lapack"}},
                                              DurationBuckets());

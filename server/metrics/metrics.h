@@ -33,6 +33,9 @@ struct Metrics {
   // {source}: computed | deduplicated (projector/refresh_service.h).
   prometheus::Family<prometheus::Counter>* projector_refresh_sources_total;
   prometheus::Counter* projector_content_mismatches_total;
+  // Always 1; {isa, core, openblas_core, source}: the OpenBLAS kernels refreshes run on
+  // (projector/blas_core.h). Set once at start-up when the projector is enabled.
+  prometheus::Family<prometheus::Gauge>* projector_blas_info;
   // Transfers: {direction, gpu, status}.
   prometheus::Family<prometheus::Counter>* transfer_bytes_total;
   prometheus::Family<prometheus::Counter>* transfers_total;

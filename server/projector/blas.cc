@@ -43,6 +43,7 @@ const Table& Get() {
     Load(blas, "cblas_sgemv", &table.cblas_sgemv);
     Load(blas, "openblas_set_num_threads", &table.openblas_set_num_threads);
     Load(blas, "openblas_get_num_threads", &table.openblas_get_num_threads);
+    Load(blas, "openblas_get_corename", &table.openblas_get_corename);
     Load(lapacke, "LAPACKE_sgesdd", &table.LAPACKE_sgesdd);
     Load(lapacke, "LAPACKE_dgesdd", &table.LAPACKE_dgesdd);
     Load(lapacke, "LAPACKE_sgeqrf", &table.LAPACKE_sgeqrf);

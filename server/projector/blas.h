@@ -11,6 +11,9 @@
 // Errors: if liblapacke.so.3 or libopenblas.so.0 cannot be loaded the process exits with a
 // message naming the Debian packages (liblapacke, libopenblas0), which deploy/install-deps.sh
 // installs.
+//
+// OpenBLAS picks its kernels when it is loaded (the first call here), reading OPENBLAS_CORETYPE
+// then: blas_core.h sets it in main() before that where the CPU can run better kernels.
 #ifndef OFFLOADD_SERVER_PROJECTOR_BLAS_H_
 #define OFFLOADD_SERVER_PROJECTOR_BLAS_H_
 
@@ -26,6 +29,7 @@ struct Table {
   decltype(&::cblas_sgemv) cblas_sgemv;
   decltype(&::openblas_set_num_threads) openblas_set_num_threads;
   decltype(&::openblas_get_num_threads) openblas_get_num_threads;
+  decltype(&::openblas_get_corename) openblas_get_corename;
   decltype(&::LAPACKE_sgesdd) LAPACKE_sgesdd;
   decltype(&::LAPACKE_dgesdd) LAPACKE_dgesdd;
   decltype(&::LAPACKE_sgeqrf) LAPACKE_sgeqrf;
@@ -47,6 +51,7 @@ OFFLOADD_BLAS_FORWARD(cblas_dgemm)
 OFFLOADD_BLAS_FORWARD(cblas_sgemv)
 OFFLOADD_BLAS_FORWARD(openblas_set_num_threads)
 OFFLOADD_BLAS_FORWARD(openblas_get_num_threads)
+OFFLOADD_BLAS_FORWARD(openblas_get_corename)
 OFFLOADD_BLAS_FORWARD(LAPACKE_sgesdd)
 OFFLOADD_BLAS_FORWARD(LAPACKE_dgesdd)
 OFFLOADD_BLAS_FORWARD(LAPACKE_sgeqrf)

@@ -453,6 +453,9 @@ class OffloadService
       out->set_sessions_filtered(true);
     }
     ToProto(stats, out);
+    if (const projector::BlasCoreReport* blas = projector::BlasCoreInUse()) {
+      ToProto(*blas, out->mutable_projector_blas());
+    }
     auto* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;

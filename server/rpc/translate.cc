@@ -305,4 +305,15 @@ void ToProto(const session::SessionInfo& i, v1::SessionStats* p) {
   r->set_idle_steps_total(i.client_report.idle_steps_total);
 }
 
+void ToProto(const projector::BlasCoreReport& r, v1::ProjectorBlas* p) {
+  p->set_isa(std::string(projector::IsaLevelName(r.choice.isa)));
+  p->set_core(r.loaded_core);
+  p->set_openblas_core(r.choice.openblas_core);
+  p->set_source(r.choice.source);
+  p->set_self_check_gflops(r.self_check.gflops);
+  p->set_self_check_expected_gflops(r.self_check.expected_gflops);
+  p->set_self_check_slow(r.self_check.slow);
+  for (const std::string& note : r.choice.notes) p->add_notes(note);
+}
+
 }  // namespace offloadd::rpc

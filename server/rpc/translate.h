@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "grpcpp/support/status.h"
 #include "proto/offload.pb.h"
+#include "server/projector/blas_core.h"
 #include "server/session/core.h"
 #include "server/session/session.h"
 
@@ -19,6 +20,7 @@ void ToProto(const session::Completion& completion, v1::Response* response);
 void ToProto(const session::CoreStats& stats, v1::Stats* out);
 void ToProto(const session::SessionInfo& info, v1::SessionStats* out);
 void ToProto(const session::LinkCalibrationReport& report, v1::LinkCalibration* out);
+void ToProto(const projector::BlasCoreReport& report, v1::ProjectorBlas* out);
 
 }  // namespace offloadd::rpc
 

@@ -190,6 +190,9 @@ class Routing:
                         state["projector"] = made
                 elif isinstance(entry, dict) and entry.get("offloadd_galore_projector"):
                     state["projector"] = self._restore(group, p, entry)
+                proj = state.get("projector")
+                if isinstance(proj, og.ServiceProjector):
+                    proj.prefetch(p.grad, state.get("step", 0))
         return None
 
     def _make(self, group, p, parameter_id=None):

@@ -384,6 +384,7 @@ class ServiceProjector:
         self._side = None
         self._staging = _Staging()
         self._pending = None     # a submitted asynchronous refresh, not adopted yet
+        self._prefetched = None  # a waited-for refresh submitted early by prefetch()
         self._warned = set()
 
     # ---- the reference interface ----
@@ -422,6 +423,21 @@ class ServiceProjector:
         else:
             full = low_rank_grad @ p.t()
         return full * self.scale
+
+    def prefetch(self, full_rank_grad, iter):  # noqa: A002 - project()'s argument name
+        """Submits now, in the background, the refresh that ``project(full_rank_grad, iter)``
+        will wait for (the first one, or a synchronous refresh step), so the daemon computes it
+        while the optimizer updates the parameters before this one. Nothing when no refresh is
+        due or this rank does not compute it; an error is left for ``project`` to meet.
+        :func:`offloadd.galore.enable`'s step pre-hook calls it for every projector."""
+        step = int(iter)
+        due = self._p is None or (not self.asynchronous and step % self.update_proj_gap == 0)
+        if not due or self._prefetched is not None or not self.sharing.submits(self.index):
+            return
+        try:
+            self._prefetched = self._submit(full_rank_grad, step, background=True)
+        except errors.OffloaddError:
+            self._prefetched = None  # project() submits again and handles the error
 
     # ---- service details ----
 
@@ -485,7 +501,9 @@ class ServiceProjector:
         p, result = None, None
         if self.sharing.submits(self.index):
             try:
-                pending = self._submit(grad, step)
+                pending, self._prefetched = self._prefetched, None
+                if pending is None or pending["step"] != step:
+                    pending = self._submit(grad, step)
                 p, result = self._collect(pending)
             except errors.OffloaddError as e:
                 if not _unreachable(e) or self.fallback == "error" or side is None:

@@ -191,6 +191,42 @@ class ServiceProjectorTest(DaemonTestCase):
                                                  columns(p1, "right")), 1e-3)
         self.assertEqual(ours.adopted_steps, [0, gap + 2])
 
+    def test_prefetch_submits_each_waited_refresh_once_and_nothing_else(self):
+        gap = 3
+        ours = self.make(6, update_proj_gap=gap)  # synchronous: steps 0, 3, 6 wait
+        ref = TorchReferenceProjector(6, update_proj_gap=gap)
+        for step in range(7):
+            g = low_rank_plus_noise(64, 40, seed=40 + step)
+            before = ours.stats.refreshes_submitted
+            ours.prefetch(g, step)
+            due = step % gap == 0
+            self.assertEqual(ours.stats.refreshes_submitted, before + int(due), step)
+            ours.prefetch(g, step)  # a second call submits nothing more
+            back = ours.project_back(ours.project(g, step))  # takes the prefetched refresh
+            self.assertEqual(ours.stats.refreshes_submitted, before + int(due), step)
+            back_ref = ref.project_back(ref.project(g, step))
+            self.assertLess((back - back_ref).abs().max().item(), 1e-3, step)
+        # Prefetched for another step than project() is called with: submitted again for it.
+        g = low_rank_plus_noise(64, 40, seed=60)
+        ours.prefetch(low_rank_plus_noise(64, 40, seed=61), 9)
+        before = ours.stats.refreshes_submitted
+        ours.project(g, 12)
+        self.assertEqual(ours.stats.refreshes_submitted, before + 1)
+        ref.project(g, 12)
+        self.assertLess(max_principal_angle_sine(columns(ref.ortho_matrix, "right"),
+                                                 columns(ours.ortho_matrix, "right")), 1e-3)
+        # Asynchronous: only the first refresh waits, so only it is prefetched.
+        later = self.make(6, update_proj_gap=gap, asynchronous=True)
+        g = low_rank_plus_noise(64, 40, seed=70)
+        later.prefetch(g, 0)
+        self.assertEqual(later.stats.refreshes_submitted, 1)
+        later.project(g, 0)
+        self.assertEqual(later.adopted_steps, [0])
+        later.prefetch(g, gap)
+        self.assertEqual(later.stats.refreshes_submitted, 1)
+        later.project(g, gap)  # submitted here, adopted later
+        self.assertEqual(later.stats.refreshes_submitted, 2)
+
     def test_randomized_with_warm_start(self):
         g = low_rank_plus_noise(128, 96, k=20, decay=0.85, seed=30)
         ours = self.make(8, method="randomized", warm_start=True, update_proj_gap=1)
