@@ -72,7 +72,8 @@ FUZZ_SRCS := tests/fuzz/session_fuzz.cc \
   $(filter-out %_test.cc,$(wildcard server/session/*.cc server/store/*.cc server/spill/*.cc \
     server/pool/*.cc server/sched/*.cc)) \
   $(filter-out %_test.cc,$(wildcard server/base/*.cc)) \
-  server/copy/shm_engine.cc server/copy/cuda_api.cc server/metrics/metrics.cc \
+  server/copy/shm_engine.cc server/copy/cuda_api.cc server/copy/sim_gpu_table.cc \
+  server/projector/blas_core.cc server/metrics/metrics.cc \
   server/rpc/translate.cc
 build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.h)
 	@mkdir -p build/fuzz/gen build/fuzz/corpus

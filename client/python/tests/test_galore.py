@@ -200,6 +200,9 @@ class ServiceProjectorTest(DaemonTestCase):
             before = ours.stats.refreshes_submitted
             ours.prefetch(g, step)
             due = step % gap == 0
+            self.assertEqual(ours._prefetched is not None, due, step)
+            if due:  # counted once the daemon answered the Submit (in the background)
+                ours._prefetched["future"].result(timeout=30)
             self.assertEqual(ours.stats.refreshes_submitted, before + int(due), step)
             ours.prefetch(g, step)  # a second call submits nothing more
             back = ours.project_back(ours.project(g, step))  # takes the prefetched refresh
@@ -209,6 +212,7 @@ class ServiceProjectorTest(DaemonTestCase):
         # Prefetched for another step than project() is called with: submitted again for it.
         g = low_rank_plus_noise(64, 40, seed=60)
         ours.prefetch(low_rank_plus_noise(64, 40, seed=61), 9)
+        ours._prefetched["future"].result(timeout=30)  # its Submit answered and counted
         before = ours.stats.refreshes_submitted
         ours.project(g, 12)
         self.assertEqual(ours.stats.refreshes_submitted, before + 1)
@@ -219,12 +223,14 @@ class ServiceProjectorTest(DaemonTestCase):
         later = self.make(6, update_proj_gap=gap, asynchronous=True)
         g = low_rank_plus_noise(64, 40, seed=70)
         later.prefetch(g, 0)
+        later._prefetched["future"].result(timeout=30)
         self.assertEqual(later.stats.refreshes_submitted, 1)
         later.project(g, 0)
         self.assertEqual(later.adopted_steps, [0])
         later.prefetch(g, gap)
         self.assertEqual(later.stats.refreshes_submitted, 1)
-        later.project(g, gap)  # submitted here, adopted later
+        later.project(g, gap)  # submitted here (in the background), adopted later
+        later._pending["future"].result(timeout=30)
         self.assertEqual(later.stats.refreshes_submitted, 2)
 
     def test_randomized_with_warm_start(self):

@@ -45,7 +45,7 @@ class RunShTest(unittest.TestCase):
         total = sum(s for _, s in b)
         deadline = int(re.search(r"GPU_CHECK_DEADLINE_S:-\$\(\((\d+) \* SCALE",
                                  open(RUN_SH).read()).group(1))
-        self.assertEqual(deadline, 480)
+        self.assertEqual(deadline, 486)
         # A reserve for the shell between steps and timeout's 2 s kill grace of overruns.
         self.assertLessEqual(total, deadline - 40, b)
         self.assertEqual(len({n for n, _ in b}), len(b), "step names repeat")
