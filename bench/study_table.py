@@ -40,10 +40,26 @@ The host runs at most --lead_ms ahead of the simulated GPU (it waits before each
 unpack until the GPU's queued work ends within that), so a prefetch is issued when the GPU
 reaches the layer before, as the study's schedule has it, plus that lead.
 
-Usage: bench/study_table.py [--rows all|quick|NAME,...] [--pairs N] [--json FILE] [--bin DIR]
-Rows: 8b-4k, 8b-32k, 8b-128k, 1.7b-4k, each x1 and x8 GPUs ("8b-4k-x8"). --rows quick (or
---quick): one short row (a 12-layer Qwen3-8B at 32K on 1 GPU, one pair of steps), for the test
-suite.
+Rows at real time scale (T = 1), where the host's per-request and per-launch costs are not
+hidden behind a 40 ms layer: seed-2k and seed-4k, the GPU check's Qwen3 seed model
+(client/python/tests/qwen3_fixture.py: 8 layers, hidden 512, fp32, batch 2; each checkpoint
+2 x seq x 512 x 4 bytes) at seq 2048 and 4096. F is the H200's measured checkpointed step
+(BENCHMARKS.md, GPU: the middle of its range of medians) over 4 x 8 forwards, so everything else
+in that step (embedding, head, loss, optimizer) is folded into the layers. Each forward is
+--kernels_per_forward launches of F / K (recompute and backward 3 K of them), and the simulated
+GPU charges --launch_us of host CPU per launch (sim_gpu's launch_host_seconds: the launching
+thread spins, the kernel starts after its launch); "bound" sets it to F / K, the launch-bound
+limit, where host and GPU take equally long and any further host cost lengthens the step. These
+rows also run torch's save_on_cpu schedule: a blocking D2H copy on the compute stream at each
+pack (the host waits for the GPU to drain), an asynchronous H2D at each unpack; the copies take
+checkpoint / 55.43 GB/s. Each seed row reports offloadd / checkpointing and save_on_cpu /
+checkpointing beside the H200's measured ratios.
+
+Usage: bench/study_table.py [--rows all|quick|seed|NAME,...] [--pairs N] [--json FILE] [--bin DIR]
+             [--launch_us US|bound] [--kernels_per_forward K]
+Rows: 8b-4k, 8b-32k, 8b-128k, 1.7b-4k, each x1 and x8 GPUs ("8b-4k-x8"); seed-2k, seed-4k
+(--rows seed: both; not in "all"). --rows quick (or --quick): one short row (a 12-layer
+Qwen3-8B at 32K on 1 GPU, one pair of steps), for the test suite.
 """
 
 import argparse
@@ -76,6 +92,12 @@ MODELS = {
 }
 ROWS = [("8b-4k", "Qwen3-8B", 4096), ("8b-32k", "Qwen3-8B", 32768),
         ("8b-128k", "Qwen3-8B", 131072), ("1.7b-4k", "Qwen3-1.7B", 4096)]
+# The Qwen3 seed model on one H200 (BENCHMARKS.md, GPU, 2026-12-04): seq -> (checkpointed step
+# seconds, the middle of the run's medians 0.0620-0.0797 / 0.1710-0.1736; measured offloadd /
+# checkpointing; measured save_on_cpu / checkpointing, at 4096 from the ranges of step times).
+SEED_LAYERS, SEED_HIDDEN, SEED_BATCH, SEED_DTYPE_BYTES = 8, 512, 2, 4
+SEED_H200 = {2048: (0.07085, "1.10-1.55", "1.10-1.25"), 4096: (0.1723, "1.01", "1.05-1.10")}
+SEED_ROWS = [("seed-2k", 2048), ("seed-4k", 4096)]
 
 
 # ---- the study's arithmetic ---------------------------------------------------------------
@@ -138,8 +160,36 @@ class Row:
                 "  switch_bytes_per_second: %d\n}\n"
                 % (self.chunk_bytes, self.gpus, self.gpus, rate, rate if self.gpus > 1 else 0))
 
+    kernels_per_forward, launch_s, save_on_cpu_copy_s = 1, 0.0, 0.0
+    measured = None
+
     def step_estimate_s(self):
         return 4 * self.layers * self.forward_sim_s * (1 + self.arith["sync"])
+
+
+class SeedRow(Row):
+    """The Qwen3 seed model at real time scale (T = 1; see module doc): checkpoints of 1 MiB
+    standing for 2 x seq x 512 x 4 bytes (S), F from the H200's measured step."""
+
+    def __init__(self, name, seq, kernels_per_forward, launch_us):
+        self.name, self.model, self.seq, self.gpus = name, "Qwen3-seed", seq, 1
+        self.layers = SEED_LAYERS
+        step_s, ratio_offloadd, ratio_save = SEED_H200[seq]
+        self.measured = {"step_ckpt_s": step_s, "offloadd": ratio_offloadd,
+                         "save_on_cpu": ratio_save}
+        f = step_s / (4 * self.layers)
+        real_bytes = SEED_BATCH * seq * SEED_HIDDEN * SEED_DTYPE_BYTES
+        c = real_bytes / LINK_BYTES_PER_SECOND
+        self.arith = {"forward_s": f, "copy_s": c, "copy_over_forward": c / f,
+                      "sync": 2 * c / (4 * f), "overlap": max(0.0, c - 3 * f) / (4 * f),
+                      "layers": self.layers}
+        self.scale_bytes, self.scale_time = real_bytes / CHECKPOINT_BYTES, 1.0
+        self.forward_sim_s = f
+        self.link_sim = LINK_BYTES_PER_SECOND / self.scale_bytes
+        self.chunk_bytes = max(4096, int(REAL_CHUNK_BYTES / self.scale_bytes) // 4096 * 4096)
+        self.kernels_per_forward = kernels_per_forward
+        self.launch_s = f / kernels_per_forward if launch_us == "bound" else float(launch_us) / 1e6
+        self.save_on_cpu_copy_s = c
 
 
 def daemon_binary(bin_dir):
@@ -190,7 +240,9 @@ def run_row(row, binary, modes, lead_ms):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "client", "python"),
                OMP_NUM_THREADS="1")
     spec = {"socket": daemon.sock, "layers": row.layers, "forward_s": row.forward_sim_s,
-            "modes": modes, "lead_s": lead_ms / 1e3,
+            "modes": modes, "lead_s": lead_ms / 1e3, "kernels": row.kernels_per_forward,
+            "launch_s": row.launch_s, "copy_s": row.save_on_cpu_copy_s,
+            "lean_sim": row.measured is not None,
             "period_s": 1.3 * row.step_estimate_s() + 0.5}
     workers = []
     try:
@@ -236,7 +288,11 @@ def worker_main(spec):
 
     torch.set_num_threads(1)
     g = spec["gpu"]
-    gpu = sim_gpu.SimGpu(devices=g + 1, device_bytes=DEVICE_BYTES)
+    # The seed rows leave out the simulation's own per-tensor work (no CRC-32 and no host
+    # read of reloads; tensors made in simulated memory), as the hook-cost benchmark does.
+    lean = spec.get("lean_sim", False)
+    gpu = sim_gpu.SimGpu(devices=g + 1, device_bytes=DEVICE_BYTES, checksums=not lean,
+                         launch_host_seconds=spec.get("launch_s", 0.0))
     sim_gpu.activate(gpu)
     sim_gpu.set_device(g)
     store = Store(name="gpu%d" % g, threshold_bytes=4096, keep_last_n=1, prefetch=1,
@@ -248,7 +304,7 @@ def worker_main(spec):
     try:
         for i, mode in enumerate(spec["modes"]):
             wait_until(start_at + i * spec["period_s"])
-            records.append(loop.step(mode == "offload") | {"mode": mode, "index": i})
+            records.append(loop.step(mode) | {"mode": mode, "index": i})
         from offloadd.torch import _endpoint
         _endpoint.synchronize()
     finally:
@@ -273,6 +329,8 @@ class StepLoop:
     def __init__(self, gpu, compute, store, spec):
         self.gpu, self.compute, self.store = gpu, compute, store
         self.layers, self.f = spec["layers"], spec["forward_s"]
+        self.launches_per_forward, self.copy_s = spec.get("kernels", 1), spec.get("copy_s", 0.0)
+        self.lean_sim = spec.get("lean_sim", False)
         self.lead_ns = int(spec["lead_s"] * 1e9)
         self.elems = CHECKPOINT_BYTES // 4
         self.host_gap_s = 0.0
@@ -300,31 +358,61 @@ class StepLoop:
             self.first_done = True
             self.start_ns = self.compute.tail_ns - int(seconds * 1e9)
 
-    def step(self, offload):
-        store = self.store
+    def forwards(self, n):
+        """n forwards' worth of modelled kernels, launches_per_forward launches each."""
+        k = self.launches_per_forward
+        for _ in range(n * k):
+            self.kernel(self.f / k)
+
+    def layer_input(self, value):
+        """A checkpoint: in simulated device memory when lean_sim, else a CPU tensor that the
+        transport copies in."""
+        if not self.lean_sim:
+            return torch_full(self.elems, value)
+        import torch
+        x = self.gpu.empty_strided((self.elems,), (1,), torch.float32, sim_device(self.gpu))
+        return x.fill_(float(value))
+
+    def save_on_cpu_pack(self, x):
+        """torch's save_on_cpu pack: a blocking copy to host memory on the compute stream."""
+        self.kernel(self.copy_s)
+        self.compute.synchronize()
+        return x
+
+    def step(self, mode):
+        """One step; mode "none" (checkpointing alone), "offload" (offloadd's Store) or
+        "save_on_cpu" (see module doc)."""
+        store, offload = self.store, mode == "offload"
         before = store.stats.snapshot()
+        launches0, cpu0 = self.gpu.launches, time.thread_time()
         self.first_done, self.host_gap_s = False, 0.0
         handles = []
         for layer in range(self.layers):
             self.pace()
-            x = torch_full(self.elems, layer + 1)
+            x = self.layer_input(layer + 1)
+            if mode == "save_on_cpu":
+                x = self.save_on_cpu_pack(x)
             handles.append(store.pack(x) if offload else x)
             del x
-            self.kernel(self.f)
+            self.forwards(1)
             self.peak_used = self.gpu.allocators[sim_device(self.gpu)].used_bytes()
         for _ in range(self.layers):
             self.pace()
             h = handles.pop()
             t = store.unpack(h) if offload else h
-            self.kernel(3 * self.f)
+            if mode == "save_on_cpu":
+                self.kernel(self.copy_s)  # the asynchronous H2D on the compute stream
+            self.forwards(3)
             del t, h
+        cpu_s, launches = time.thread_time() - cpu0, self.gpu.launches - launches0
         forward_used = self.peak_used
         self.compute.synchronize()
         span = (self.compute.tail_ns - self.start_ns) / 1e9
         d = (store.stats.snapshot() - before).as_dict()
         keys = ("host_waits", "host_wait_seconds", "offloaded", "reloaded", "prefetched_in_time",
                 "waited", "urgent", "served_in_flight", "fallbacks", "kept")
-        return {"span_s": span, "host_gap_s": self.host_gap_s, "used_mib": forward_used / MIB} | {k: d[k] for k in keys}
+        return {"span_s": span, "host_gap_s": self.host_gap_s, "used_mib": forward_used / MIB,
+                "launches": launches, "thread_cpu_s": cpu_s} | {k: d[k] for k in keys}
 
 
 def sim_device(gpu):
@@ -366,10 +454,46 @@ def summarize(row, results, warmup):
             "served_in_flight", "fallbacks")},
         "device_mib_after_forward": max(s["used_mib"] for s in on),
         "violations": [sum(r["violations"][k] for r in results) for k in range(4)],
-    }
+    } | seed_figures(row, steps("save_on_cpu"), off, span_off, mean, on)
+
+
+def seed_figures(row, save, none, span_none, mean, offload):
+    """The seed rows' extra figures: save_on_cpu / checkpointing, the launch model, and the
+    training thread's CPU per launch in the checkpointed step (the simulation's own Python per
+    launch included)."""
+    if row.measured is None:
+        return {}
+    span_save = mean([s["span_s"] for s in save])
+    return {"measured_h200": row.measured, "launch_us": row.launch_s * 1e6,
+            "kernels_per_forward": row.kernels_per_forward, "step_save_on_cpu_s": span_save,
+            "ratio_save_on_cpu": span_save / span_none,
+            "host_cpu_us_per_launch_none": 1e6 * mean(
+                [s["thread_cpu_s"] / s["launches"] for s in none]),
+            "training_thread_cpu_ms": {m: 1e3 * mean([s["thread_cpu_s"] for s in steps])
+                                       for m, steps in (("none", none), ("save_on_cpu", save),
+                                                        ("offload", offload))}}
+
+
+def print_seed_row(s):
+    m = s["measured_h200"]
+    print("SIMULATED %-8s seq %d, F %.2f ms as %d launches, launch cost %.1f us (training thread "
+          "CPU per launch in the checkpointed step, simulation included: %.1f us) | step ms: "
+          "checkpointing %.1f (H200 %.1f), offloadd %.1f, save_on_cpu %.1f | offloadd / ckpt "
+          "x%.3f (H200 x%s), save_on_cpu / ckpt x%.3f (H200 x%s) | host waits/step %.1f (%.2f "
+          "ms), host gaps none / offloadd %.1f / %.1f ms | training thread CPU ms/step none / "
+          "offloadd / save_on_cpu %.1f / %.1f / %.1f"
+          % (s["row"], s["seq"], s["forward_ms"], s["kernels_per_forward"], s["launch_us"],
+             s["host_cpu_us_per_launch_none"], s["step_none_s"] * 1e3,
+             m["step_ckpt_s"] * 1e3, s["step_offload_s"] * 1e3, s["step_save_on_cpu_s"] * 1e3,
+             1 + s["overhead"], m["offloadd"], s["ratio_save_on_cpu"], m["save_on_cpu"],
+             s["host_waits_per_step"], s["host_wait_ms_per_step"], s["host_gap_ms_none"],
+             s["host_gap_ms_offload"], *(s["training_thread_cpu_ms"][m] for m in (
+                 "none", "offload", "save_on_cpu"))), flush=True)
 
 
 def print_row(s):
+    if "measured_h200" in s:
+        return print_seed_row(s)
     print("SIMULATED %-10s %-10s %6d tok x%d GPU: F %8.2f ms, copy %7.2f ms | arithmetic: sync "
           "%6.1f %%, overlapped %5.1f %% | offloadd: step %.3f s vs %.3f s without offload "
           "(scaled), overhead %+6.2f %% (target <= %.1f %%: %s) | host waits/step %.1f "
@@ -388,12 +512,16 @@ def select_rows(args):
         return [Row("quick-8b-32k", "Qwen3-8B", 32768, 1, layers=12, forward_ms=args.forward_ms)]
     rows = [Row("%s-x%d" % (n, g), m, s, g, forward_ms=args.forward_ms)
             for g in (1, 8) for n, m, s in ROWS]
+    seed = [SeedRow(n, s, args.kernels_per_forward, args.launch_us) for n, s in SEED_ROWS]
+    if args.rows == "seed":
+        return seed
     if args.rows != "all":
         want = set(args.rows.split(","))
-        rows = [r for r in rows if r.name in want]
+        rows = [r for r in rows + seed if r.name in want]
         if len(rows) != len(want):
-            raise SystemExit("study_table: unknown row in --rows %s (names: quick, %s)"
-                             % (args.rows, ", ".join("%s-x1, %s-x8" % (n, n) for n, _, _ in ROWS)))
+            raise SystemExit("study_table: unknown row in --rows %s (names: quick, seed, %s, %s)"
+                             % (args.rows, ", ".join("%s-x1, %s-x8" % (n, n) for n, _, _ in ROWS),
+                                ", ".join(n for n, _ in SEED_ROWS)))
     return rows
 
 
@@ -406,6 +534,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=1, help="offload steps first, not counted")
     ap.add_argument("--forward_ms", type=float, default=40.0)
     ap.add_argument("--lead_ms", type=float, default=4.0)
+    ap.add_argument("--launch_us", default="20",
+                    help="seed rows: host CPU per kernel launch, µs, or 'bound' (F / K)")
+    ap.add_argument("--kernels_per_forward", type=int, default=40,
+                    help="seed rows: kernel launches per layer forward (K)")
     ap.add_argument("--bin")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -419,9 +551,10 @@ def main():
     for text, ok in arithmetic_checks():
         print("arithmetic check: %s: %s" % (text, "ok" if ok else "MISMATCH"))
     binary = daemon_binary(args.bin)
-    modes = ["offload"] * args.warmup + ["none", "offload"] * args.pairs
     table = []
     for row in select_rows(args):
+        cycle = ["none", "offload"] + (["save_on_cpu"] if row.measured else [])
+        modes = ["offload"] * args.warmup + cycle * args.pairs
         results = run_row(row, binary, modes, args.lead_ms)
         s = summarize(row, results, args.warmup)
         print_row(s)

@@ -84,6 +84,21 @@ class SimAllocatorTest(unittest.TestCase):
         self.assertEqual(v.data_ptr(), ptr)
         del u, v
 
+    def test_the_launch_cost_knob_spins_the_launching_thread_and_delays_the_kernel(self):
+        s = self.gpu.current_stream(0)
+        self.assertEqual(self.gpu.launch_host_seconds, 0.0)  # off unless asked for
+        s.kernel(0.0)
+        self.assertEqual(self.gpu.launches, 1)
+        self.gpu.launch_host_seconds = 0.02
+        cpu0, wall0 = time.thread_time_ns(), time.monotonic_ns()
+        for _ in range(5):
+            s.kernel(0.0)
+        # each launch used at least 20 ms of this thread's CPU, and a kernel (0 s long) ends
+        # no earlier than its launch: the stream's tail is past all five launches' CPU
+        self.assertGreaterEqual(time.thread_time_ns() - cpu0, 5 * 20_000_000)
+        self.assertGreaterEqual(s.tail_ns - wall0, 5 * 20_000_000)
+        self.assertEqual(self.gpu.launches, 6)
+
     def test_events_follow_modelled_kernels_and_a_wait_on_an_unrecorded_event_counts(self):
         s = self.gpu.current_stream(0)
         ev = self.gpu.new_event()
