@@ -82,15 +82,9 @@ absl::StatusOr<ClientCounters> ReportIncrease(const ClientCounters& previous,
   return inc;
 }
 
-void ClientReports::Add(const std::string& device_id, const ClientCounters& increase,
-                        size_t max_gpus) {
-  if (increase.fallbacks_total == 0 && increase.host_waits_total == 0 &&
-      increase.host_wait_seconds_total == 0 && increase.idle_steps_total == 0) {
-    return;  // no series for a GPU on which nothing was reported
-  }
-  base::MutexLock lock(mu_);
-  const bool full = max_gpus > 0 && by_gpu_.size() >= max_gpus && by_gpu_.count(device_id) == 0;
-  ClientCounters& sum = by_gpu_[full ? std::string(kOtherGpus) : device_id];
+namespace {
+
+void AddInto(ClientCounters& sum, const ClientCounters& increase) {
   sum.fallbacks_total = SaturatingAdd(sum.fallbacks_total, increase.fallbacks_total);
   sum.host_waits_total = SaturatingAdd(sum.host_waits_total, increase.host_waits_total);
   sum.host_wait_seconds_total =
@@ -98,9 +92,30 @@ void ClientReports::Add(const std::string& device_id, const ClientCounters& incr
   sum.idle_steps_total = SaturatingAdd(sum.idle_steps_total, increase.idle_steps_total);
 }
 
+}  // namespace
+
+void ClientReports::Add(const ReportSeries& series, const ClientCounters& increase,
+                        size_t max_series) {
+  if (increase.fallbacks_total == 0 && increase.host_waits_total == 0 &&
+      increase.host_wait_seconds_total == 0 && increase.idle_steps_total == 0) {
+    return;  // no series for a GPU on which nothing was reported
+  }
+  base::MutexLock lock(mu_);
+  const bool full =
+      max_series > 0 && by_series_.size() >= max_series && by_series_.count(series) == 0;
+  AddInto(by_series_[full ? ReportSeries{kOtherGpus, kOtherGpus} : series], increase);
+}
+
+std::map<ReportSeries, ClientCounters> ClientReports::BySeries() const {
+  base::MutexLock lock(mu_);
+  return by_series_;
+}
+
 std::map<std::string, ClientCounters> ClientReports::ByGpu() const {
   base::MutexLock lock(mu_);
-  return by_gpu_;
+  std::map<std::string, ClientCounters> by_gpu;
+  for (const auto& [series, sum] : by_series_) AddInto(by_gpu[series.gpu], sum);
+  return by_gpu;
 }
 
 }  // namespace offloadd::session

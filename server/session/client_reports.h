@@ -34,19 +34,35 @@ absl::StatusOr<ClientCounters> ReportIncrease(const ClientCounters& previous,
                                               const ClientCounters& now,
                                               double session_age_seconds);
 
-// Increases summed by device id. Thread-safe. At most `max_gpus` device ids (0: no bound) keep
-// their own sums (they outlive the sessions and links that named them); the increases of
-// further ones are summed under kOtherGpus.
+// One series of reported increases: the device id a session named in Hello and the uid the
+// session runs as (its peer credentials; kUnknownUid when the daemon could not read them). A
+// device id is the client's word, so the uid keeps each user's reports apart: a session of one
+// uid naming another user's GPU adds to a series of its own uid, never to that user's.
+inline constexpr char kUnknownUid[] = "unknown";
+struct ReportSeries {
+  std::string gpu;  // device id
+  std::string uid;  // decimal uid, or kUnknownUid
+  bool operator<(const ReportSeries& o) const {
+    return gpu != o.gpu ? gpu < o.gpu : uid < o.uid;
+  }
+  bool operator==(const ReportSeries& o) const { return gpu == o.gpu && uid == o.uid; }
+};
+
+// Increases summed by (device id, uid). Thread-safe. At most `max_series` pairs (0: no bound)
+// keep their own sums (they outlive the sessions and links that named them); the increases of
+// further ones are summed under {kOtherGpus, kOtherGpus}.
 inline constexpr char kOtherGpus[] = "other";
 class ClientReports {
  public:
-  void Add(const std::string& device_id, const ClientCounters& increase, size_t max_gpus = 0)
+  void Add(const ReportSeries& series, const ClientCounters& increase, size_t max_series = 0)
       EXCLUDES(mu_);
+  std::map<ReportSeries, ClientCounters> BySeries() const EXCLUDES(mu_);
+  // The same sums added up over uids (saturating), by device id.
   std::map<std::string, ClientCounters> ByGpu() const EXCLUDES(mu_);
 
  private:
   mutable base::Mutex mu_;
-  std::map<std::string, ClientCounters> by_gpu_ GUARDED_BY(mu_);
+  std::map<ReportSeries, ClientCounters> by_series_ GUARDED_BY(mu_);
 };
 
 }  // namespace offloadd::session

@@ -81,9 +81,9 @@ TEST(ReportIncreaseTest, AReportIsBoundedByTheSessionsAge) {
 
 TEST(ClientReportsTest, SumsIncreasesByGpu) {
   ClientReports r;
-  r.Add("gpu0", Counts(1, 2, 0.5, 0));
-  r.Add("gpu1", Counts(4, 0, 0, 1));
-  r.Add("gpu0", Counts(2, 1, 0.25, 3));
+  r.Add({"gpu0", "1000"}, Counts(1, 2, 0.5, 0));
+  r.Add({"gpu1", "1000"}, Counts(4, 0, 0, 1));
+  r.Add({"gpu0", "1000"}, Counts(2, 1, 0.25, 3));
   const auto by_gpu = r.ByGpu();
   ASSERT_EQ(by_gpu.size(), 2u);
   EXPECT_EQ(by_gpu.at("gpu0").fallbacks_total, 3u);
@@ -93,11 +93,28 @@ TEST(ClientReportsTest, SumsIncreasesByGpu) {
   EXPECT_EQ(by_gpu.at("gpu1").fallbacks_total, 4u);
 }
 
+TEST(ClientReportsTest, EachUidKeepsItsOwnSeriesOfAGpuAndByGpuAddsThemUp) {
+  ClientReports r;
+  r.Add({"gpu0", "1000"}, Counts(1, 2, 0.5, 0));
+  r.Add({"gpu0", "65534"}, Counts(7, 0, 30, 0));
+  r.Add({"gpu0", "1000"}, Counts(2, 0, 0.25, 1));
+  const auto by_series = r.BySeries();
+  ASSERT_EQ(by_series.size(), 2u);
+  const ClientCounters own = by_series.at({"gpu0", "1000"});
+  EXPECT_EQ(own.fallbacks_total, 3u);
+  EXPECT_DOUBLE_EQ(own.host_wait_seconds_total, 0.75);
+  EXPECT_EQ(by_series.at({"gpu0", "65534"}).fallbacks_total, 7u);
+  const ClientCounters sum = r.ByGpu().at("gpu0");
+  EXPECT_EQ(sum.fallbacks_total, 10u);
+  EXPECT_DOUBLE_EQ(sum.host_wait_seconds_total, 30.75);
+  EXPECT_EQ(sum.idle_steps_total, 1u);
+}
+
 TEST(ClientReportsTest, SumsSaturateInsteadOfWrappingOrReachingInfinity) {
   ClientReports r;
   const uint64_t max = std::numeric_limits<uint64_t>::max();
-  r.Add("gpu0", Counts(max, max, kMaxReportedSeconds, max));
-  r.Add("gpu0", Counts(2, 2, kMaxReportedSeconds, 2));
+  r.Add({"gpu0", "1000"}, Counts(max, max, kMaxReportedSeconds, max));
+  r.Add({"gpu0", "1000"}, Counts(2, 2, kMaxReportedSeconds, 2));
   const ClientCounters sum = r.ByGpu().at("gpu0");
   EXPECT_EQ(sum.fallbacks_total, max);
   EXPECT_EQ(sum.host_waits_total, max);
@@ -107,16 +124,17 @@ TEST(ClientReportsTest, SumsSaturateInsteadOfWrappingOrReachingInfinity) {
 
 TEST(ClientReportsTest, ZeroIncreasesMakeNoSeriesAndDeviceIdsPastTheBoundShareOne) {
   ClientReports r;
-  r.Add("idle-gpu", Counts(0, 0, 0, 0), 2);
+  r.Add({"idle-gpu", "1000"}, Counts(0, 0, 0, 0), 2);
   EXPECT_TRUE(r.ByGpu().empty());
-  r.Add("gpu0", Counts(1, 0, 0, 0), 2);
-  r.Add("gpu1", Counts(1, 0, 0, 0), 2);
-  for (int i = 0; i < 100; ++i) r.Add("gpu-x" + std::to_string(i), Counts(1, 0, 0, 0), 2);
-  r.Add("gpu0", Counts(1, 0, 0, 0), 2);  // a known one keeps its own series
+  r.Add({"gpu0", "1000"}, Counts(1, 0, 0, 0), 2);
+  r.Add({"gpu1", "1000"}, Counts(1, 0, 0, 0), 2);
+  for (int i = 0; i < 100; ++i) r.Add({"gpu-x" + std::to_string(i), "1000"}, Counts(1, 0, 0, 0), 2);
+  r.Add({"gpu0", "1000"}, Counts(1, 0, 0, 0), 2);  // a known one keeps its own series
   const auto by_gpu = r.ByGpu();
   ASSERT_EQ(by_gpu.size(), 3u);
   EXPECT_EQ(by_gpu.at("gpu0").fallbacks_total, 2u);
   EXPECT_EQ(by_gpu.at(kOtherGpus).fallbacks_total, 100u);
+  EXPECT_EQ(r.BySeries().at({kOtherGpus, kOtherGpus}).fallbacks_total, 100u);
 }
 
 std::unique_ptr<Core> MakeCore(base::Clock* clock = nullptr) {
@@ -127,6 +145,16 @@ std::unique_ptr<Core> MakeCore(base::Clock* clock = nullptr) {
   options.clock = clock;
   return std::make_unique<Core>(options, *pool::Arena::Create(a),
                                 std::make_unique<copy::ShmCopyEngine>());
+}
+
+// Credentials as the listener reads them, of this process's pid (the pid watcher's).
+PeerCredentials Peer(uint32_t uid) {
+  PeerCredentials p;
+  p.known = true;
+  p.pid = getpid();
+  p.uid = uid;
+  p.gid = uid;
+  return p;
 }
 
 Request Report(uint64_t id, const ClientCounters& c) {
@@ -200,8 +228,8 @@ TEST(SessionClientReportTest, AForgedReportCannotSaturateAnotherGpusSums) {
   base::FakeClock clock(100);
   auto core = MakeCore(&clock);
   CompletionCollector out_victim, out_attacker;
-  auto victim = Session::Create(core.get(), out_victim.emit());
-  auto attacker = Session::Create(core.get(), out_attacker.emit());
+  auto victim = Session::Create(core.get(), out_victim.emit(), Peer(1000));
+  auto attacker = Session::Create(core.get(), out_attacker.emit(), Peer(65534));
   victim->Handle(HelloRequest(1, "train"));      // device gpu0
   attacker->Handle(HelloRequest(1, "forger"));  // says gpu0 too
   ASSERT_EQ(out_victim.Wait(1).kind, CompletionKind::kHello);
@@ -219,6 +247,13 @@ TEST(SessionClientReportTest, AForgedReportCannotSaturateAnotherGpusSums) {
   EXPECT_EQ(sum.fallbacks_total, 3u);  // the victim's fallbacks still count
   EXPECT_EQ(sum.host_waits_total, 2u);
   EXPECT_DOUBLE_EQ(sum.host_wait_seconds_total, 61.5);
+  // The metrics' series keep the two uids apart: the victim's shows only its own report.
+  const auto by_series = core->Stats().client_reports_by_series;
+  ASSERT_EQ(by_series.size(), 2u);
+  const ClientCounters victims = by_series.at({"gpu0", "1000"});
+  EXPECT_EQ(victims.fallbacks_total, 3u);
+  EXPECT_DOUBLE_EQ(victims.host_wait_seconds_total, 0.5);
+  EXPECT_DOUBLE_EQ(by_series.at({"gpu0", "65534"}).host_wait_seconds_total, 61);
   victim->Close(EndCause::kClosed);
   attacker->Close(EndCause::kClosed);
 }

@@ -155,6 +155,7 @@ CoreStats Core::Stats() {
   s.link_calibration = calibrator_.last();
   s.calibrated_links = calibrator_.in_effect();
   s.client_reports_by_gpu = client_reports_.ByGpu();
+  s.client_reports_by_series = client_reports_.BySeries();
   return s;
 }
 

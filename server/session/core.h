@@ -135,10 +135,13 @@ class Core {
   // Daemon counters of finished transfers (CoreStats).
   void CountTransfer(bool offload, uint64_t bytes, bool ok);
   void CountError() { errors_total_.fetch_add(1); }
-  // A session's client reported `increase` more fallbacks, host waits or idle steps on
-  // `device_id` (client_reports.h); summed into CoreStats::client_reports_by_gpu.
-  void AddClientReport(const std::string& device_id, const ClientCounters& increase) {
-    client_reports_.Add(device_id, increase, options().max_links);
+  // A session of `uid` (decimal, or kUnknownUid) reported `increase` more fallbacks, host waits
+  // or idle steps on `device_id` (client_reports.h); summed into
+  // CoreStats::client_reports_by_series (and, over uids, client_reports_by_gpu). At most
+  // 4 x max_links (device id, uid) series.
+  void AddClientReport(const std::string& device_id, const std::string& uid,
+                       const ClientCounters& increase) {
+    client_reports_.Add({device_id, uid}, increase, 4 * size_t{options().max_links});
   }
 
   CoreStats Stats();

@@ -140,22 +140,23 @@ void AddHostLink(const HostLinkInfo& host, Families& f) {
   }
 }
 
-// Every GPU a client reported on; every GPU of an open session at 0 before its first report,
-// so rates and alerts have a series from the start.
+// Every (GPU, uid) a client reported on; every (GPU, uid) of an open session at 0 before its
+// first report, so rates and alerts have a series from the start.
 void AddClientReports(const CoreStats& stats, Families& f) {
-  for (const auto& [gpu, c] : stats.client_reports_by_gpu) {
-    const Labels labels{{"gpu", gpu}};
+  for (const auto& [series, c] : stats.client_reports_by_series) {
+    const Labels labels{{"gpu", series.gpu}, {"uid", series.uid}};
     f.Add(state::kClientFallbacksTotal, labels, D(c.fallbacks_total));
     f.Add(state::kClientHostWaitsTotal, labels, D(c.host_waits_total));
     f.Add(state::kClientHostWaitSecondsTotal, labels, c.host_wait_seconds_total);
     f.Add(state::kClientIdleStepsTotal, labels, D(c.idle_steps_total));
   }
-  std::set<std::string> unreported;
+  std::set<ReportSeries> unreported;
   for (const SessionInfo& s : stats.sessions) {
-    if (stats.client_reports_by_gpu.count(s.device_id) == 0) unreported.insert(s.device_id);
+    ReportSeries series{s.device_id, s.peer_known ? std::to_string(s.uid) : kUnknownUid};
+    if (stats.client_reports_by_series.count(series) == 0) unreported.insert(std::move(series));
   }
-  for (const std::string& gpu : unreported) {
-    const Labels labels{{"gpu", gpu}};
+  for (const ReportSeries& series : unreported) {
+    const Labels labels{{"gpu", series.gpu}, {"uid", series.uid}};
     f.Add(state::kClientFallbacksTotal, labels, 0);
     f.Add(state::kClientHostWaitsTotal, labels, 0);
     f.Add(state::kClientHostWaitSecondsTotal, labels, 0);

@@ -171,21 +171,26 @@ TEST(StateFamiliesTest, ClientReportsBySummedGpuAndZeroForOpenSessionsNotYetRepo
   c.host_wait_seconds_total = 1.25;
   c.idle_steps_total = 2;
   stats.client_reports_by_gpu = {{"gpu0", c}};
+  stats.client_reports_by_series = {{{"gpu0", "1000"}, c}};
   SessionInfo quiet;  // two sessions on gpu1, neither reported yet: one series at 0
   quiet.device_id = "gpu1";
+  quiet.peer_known = true;
+  quiet.uid = 1000;
   SessionInfo reported;
   reported.device_id = "gpu0";
+  reported.peer_known = true;
+  reported.uid = 1000;
   stats.sessions = {quiet, quiet, reported};
   const auto f = StateFamilies(stats, PoolFacts{});
-  EXPECT_EQ(Find(f, "offloadd_client_fallbacks_total", {{"gpu", "gpu0"}}),
+  EXPECT_EQ(Find(f, "offloadd_client_fallbacks_total", {{"gpu", "gpu0"}, {"uid", "1000"}}),
             std::optional<double>(5));
-  EXPECT_EQ(Find(f, "offloadd_client_host_waits_total", {{"gpu", "gpu0"}}),
+  EXPECT_EQ(Find(f, "offloadd_client_host_waits_total", {{"gpu", "gpu0"}, {"uid", "1000"}}),
             std::optional<double>(3));
-  EXPECT_EQ(Find(f, "offloadd_client_host_wait_seconds_total", {{"gpu", "gpu0"}}),
+  EXPECT_EQ(Find(f, "offloadd_client_host_wait_seconds_total", {{"gpu", "gpu0"}, {"uid", "1000"}}),
             std::optional<double>(1.25));
-  EXPECT_EQ(Find(f, "offloadd_client_idle_steps_total", {{"gpu", "gpu0"}}),
+  EXPECT_EQ(Find(f, "offloadd_client_idle_steps_total", {{"gpu", "gpu0"}, {"uid", "1000"}}),
             std::optional<double>(2));
-  EXPECT_EQ(Find(f, "offloadd_client_fallbacks_total", {{"gpu", "gpu1"}}),
+  EXPECT_EQ(Find(f, "offloadd_client_fallbacks_total", {{"gpu", "gpu1"}, {"uid", "1000"}}),
             std::optional<double>(0));
   size_t gpu1_series = 0;
   for (const auto& family : f) {

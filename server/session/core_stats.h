@@ -12,6 +12,7 @@
 #include "server/sched/host_link.h"
 #include "server/sched/link_scheduler.h"
 #include "server/spill/spill_tier.h"
+#include "server/session/client_reports.h"
 #include "server/session/request.h"
 #include "server/store/block_store.h"
 
@@ -103,6 +104,8 @@ struct CoreStats {
   // Clients' reports summed by device id over the daemon's lifetime (every session's increase
   // between its reports; sessions that ended included).
   std::map<std::string, ClientCounters> client_reports_by_gpu;
+  // The same by (device id, uid of the reporting sessions): the metrics' series.
+  std::map<ReportSeries, ClientCounters> client_reports_by_series;
   uint64_t uid_quota_bytes = 0, session_quota_bytes = 0;
   std::map<uint32_t, uint64_t> uid_used_bytes;  // uids holding pool space
   bool spill_enabled = false;

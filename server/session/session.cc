@@ -527,7 +527,10 @@ void Session::OnClientReport(const Request& r) {
   }
   if (!increase.ok()) return Fail(r.request_id, increase.status());
   // A probe's (transient_device) report stays with its session: per-GPU sums are training's.
-  if (!transient_device_) core_->AddClientReport(device_id_, *increase);
+  if (!transient_device_) {
+    core_->AddClientReport(device_id_, peer_.known ? std::to_string(peer_.uid) : kUnknownUid,
+                           *increase);
+  }
   Completion c;
   c.request_id = r.request_id;
   c.kind = CompletionKind::kClientReportAck;
