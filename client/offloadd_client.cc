@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/socket_path.h"
 
 namespace offloadd {
@@ -731,6 +732,7 @@ void Client::Install(Stream s) {
                                         s.hello.resumed_block_ids().end());
   std::vector<std::pair<Pending, v1::Response>> answered;
   std::vector<std::pair<Pending, absl::Status>> failed;
+  std::vector<uint64_t> missing;  // confirmed blocks the restarted daemon did not hand back
   {
     base::MutexLock lock(mu_);
     std::vector<uint64_t> orphans;
@@ -740,6 +742,7 @@ void Client::Install(Stream s) {
     for (auto it = confirmed_.begin(); it != confirmed_.end();) {
       auto cur = it++;
       if (!resumed.contains(*cur)) {
+        missing.push_back(*cur);
         lost_.insert(*cur);
         confirmed_.erase(cur);
       }
@@ -797,6 +800,15 @@ void Client::Install(Stream s) {
     StartWriter();
     cv_.notify_all();
   }
+  // A release that was pending settles such a block as released; any other is lost (a reload
+  // of it is answered DATA_LOSS): said once here, with the ids, for whoever reads the logs.
+  if (!missing.empty()) {
+    LOG(WARNING) << "resumed session at " << target_ << ": " << missing.size()
+                 << " confirmed blocks were not handed back by the restarted daemon (released "
+                 << "if a release of them was pending, else lost), e.g. block "
+                 << absl::StrJoin(missing.begin(),
+                                  missing.begin() + std::min<size_t>(missing.size(), 8), ", ");
+  }
   for (auto& [p, response] : answered) p.done(&response, absl::OkStatus());
   for (auto& [p, failure] : failed) p.done(nullptr, failure);
 }
@@ -818,15 +830,19 @@ bool Client::SettleLocked(const v1::Request& request,
     }
   } else if (request.has_reload()) {
     const uint64_t block = block_of(request.reload().block_id(), request.reload().tag());
-    if (block != 0 && lost_.contains(block)) {
-      *failure = LostBlock(block, target_);
-      return true;
-    }
+    // First: a confirmed block missing after the restart is in lost_ by now, but this reload
+    // was releasing it, and the dead daemon may have done so (copy and release) just before the
+    // crash. Either way the block is no longer the client's: it leaves lost_.
     if (block != 0 && request.reload().release_after() && !resumed.contains(block)) {
+      lost_.erase(block);
       *failure = absl::DataLossError(absl::StrCat(
           "offloadd at ", target_, " restarted while this reload with release_after of block ",
           block, " was in flight, and the block is gone: the copy may have completed before "
           "the crash, but nothing can confirm it"));
+      return true;
+    }
+    if (block != 0 && lost_.contains(block)) {
+      *failure = LostBlock(block, target_);
       return true;
     }
   }

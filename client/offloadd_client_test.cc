@@ -30,6 +30,9 @@ namespace {
 constexpr uint64_t kHoldOffset = 0xdead0000;  // offload never answered
 constexpr uint64_t kKillOffset = 0xdead0001;  // the fake ends the stream with an error status
 constexpr uint64_t kWrongKindBlock = 424242;  // Release answered with a HelloReply
+// A reload at this offset releases its block (release_after) and the stream then ends
+// UNAVAILABLE without an answer: a daemon killed after the release, before its answer went out.
+constexpr uint64_t kReleaseThenDieOffset = 0xdead0002;
 
 void SetError(v1::Response* r, grpc::StatusCode code, const std::string& message) {
   r->mutable_error()->set_code(static_cast<int>(code));
@@ -45,6 +48,7 @@ class FakeOffload final : public v1::Offload::Service {
     while (stream->Read(&in)) {
       v1::ServerMessage out;
       bool kill = false;
+      bool unavailable = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++messages_;
@@ -55,6 +59,11 @@ class FakeOffload final : public v1::Offload::Service {
         for (int i = in.requests_size() - 1; i >= 0; --i) {
           kill |= Handle(in.requests(i), &out);
         }
+        unavailable = die_unavailable_;
+        die_unavailable_ = false;
+      }
+      if (kill && unavailable) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "daemon killed by the test");
       }
       if (kill) return grpc::Status(grpc::StatusCode::INTERNAL, "killed by the test");
       if (out.responses_size() > 0 && !stream->Write(out)) break;
@@ -95,6 +104,16 @@ class FakeOffload final : public v1::Offload::Service {
     std::lock_guard<std::mutex> l(mu_);
     hello_error_ = v;
   }
+  // Hello replies offer resuming (as a daemon on a shared pool does); a Hello presenting the
+  // token is handed every block the fake still holds.
+  void set_resumable(bool v) {
+    std::lock_guard<std::mutex> l(mu_);
+    resumable_ = v;
+  }
+  int resumed_hellos() {
+    std::lock_guard<std::mutex> l(mu_);
+    return resumed_hellos_;
+  }
   void set_hello_silent(bool v) {
     std::lock_guard<std::mutex> l(mu_);
     hello_silent_ = v;
@@ -124,6 +143,14 @@ class FakeOffload final : public v1::Offload::Service {
         resp.mutable_hello()->set_session_quota_bytes(1ull << 28);
         resp.mutable_hello()->set_chunk_bytes(4 << 20);
         resp.mutable_hello()->set_link(r.hello().device_id() + "-link");
+        if (resumable_) {
+          resp.mutable_hello()->set_resume_token("token-of-the-test");
+          resp.mutable_hello()->set_resume_grace_seconds(30);
+          if (!r.hello().resume_token().empty()) {
+            ++resumed_hellos_;
+            for (const auto& [id, data] : blocks_) resp.mutable_hello()->add_resumed_block_ids(id);
+          }
+        }
         break;
       case v1::Request::kRegisterRegion: {
         const v1::RegionHandle& h = r.register_region().handle();
@@ -193,6 +220,11 @@ class FakeOffload final : public v1::Offload::Service {
           SetError(&resp, grpc::StatusCode::NOT_FOUND, "unknown block or region");
           break;
         }
+        if (rl.offset() == kReleaseThenDieOffset && rl.release_after()) {
+          blocks_.erase(block);
+          die_unavailable_ = true;
+          return true;
+        }
         if (region->second != nullptr) {
           if (rl.offset() + block->second.size() > region->second->size_bytes()) {
             SetError(&resp, grpc::StatusCode::OUT_OF_RANGE, "past the region");
@@ -231,6 +263,9 @@ class FakeOffload final : public v1::Offload::Service {
   int last_batch_size_ = 0;
   bool hello_error_ = false;
   bool hello_silent_ = false;
+  bool resumable_ = false;
+  bool die_unavailable_ = false;
+  int resumed_hellos_ = 0;
   v1::Hello last_hello_;
   v1::ReloadRequest last_reload_;
   uint64_t next_region_ = 100;
@@ -650,6 +685,46 @@ TEST_F(ClientTest, DaemonShutdownFailsPendingThenReconnectWorks) {
   std::unique_ptr<Client> again = MustConnect();
   ASSERT_NE(again, nullptr);
   EXPECT_EQ(again->session_id(), 7u);
+}
+
+// A reload with release_after whose daemon released the block and died before answering: after
+// the resume the block is gone, and the reload's answer is the documented DATA_LOSS of a
+// release_after cut by a crash ("nothing can confirm it"), not that of a confirmed block the
+// restarted daemon lost.
+TEST_F(ClientTest, ReleaseAfterReloadCutByARestartIsUnconfirmedNotLost) {
+  service_->set_resumable(true);
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<ShmRegion> region = ShmRegion::Create(64 << 10);
+  ASSERT_TRUE(region.ok()) << region.status();
+  absl::StatusOr<uint64_t> region_id = client->RegisterShmRegion(*region);
+  ASSERT_TRUE(region_id.ok()) << region_id.status();
+  absl::StatusOr<OffloadResult> kept = client->Offload(*region_id, 0, 4096).get();
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  absl::StatusOr<OffloadResult> offload = client->Offload(*region_id, 4096, 4096).get();
+  ASSERT_TRUE(offload.ok()) << offload.status();
+
+  absl::StatusOr<ReloadResult> reload =
+      client
+          ->Reload(offload->block_id, *region_id, kReleaseThenDieOffset, Priority::kUrgent,
+                   /*release_after=*/true)
+          .get();
+  ASSERT_FALSE(reload.ok());
+  EXPECT_EQ(reload.status().code(), absl::StatusCode::kDataLoss) << reload.status();
+  EXPECT_NE(reload.status().message().find("release_after"), absl::string_view::npos)
+      << reload.status();
+  EXPECT_EQ(reload.status().message().find("confirmed stored"), absl::string_view::npos)
+      << reload.status();
+  EXPECT_EQ(service_->resumed_hellos(), 1);
+  EXPECT_EQ(client->counters().resumes, 1u);
+  // The block the reload released is not reported lost later either: the daemon's own answer
+  // (NOT_FOUND, released) is what a second reload gets. The other block is still there.
+  absl::StatusOr<ReloadResult> again =
+      client->Reload(offload->block_id, *region_id, 0, Priority::kUrgent).get();
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound) << again.status();
+  absl::StatusOr<ReloadResult> other =
+      client->Reload(kept->block_id, *region_id, 8192, Priority::kUrgent).get();
+  EXPECT_TRUE(other.ok()) << other.status();
 }
 
 TEST_F(ClientTest, CloseCancelsPendingAndRejectsNewRequests) {

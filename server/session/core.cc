@@ -59,13 +59,16 @@ void Core::Adopt() {
         ->Add({{"reason", pool::DropReasonName(static_cast<pool::DropReason>(r))}})
         .Increment(static_cast<double>(adoption_.dropped[r]));
   }
-  if (adopted < adoption_.blocks.size()) {
+  // Records that passed the table's checks but whose extent or id the store could not take.
+  const uint64_t unplaced = adoption_.blocks.size() - adopted;
+  if (unplaced > 0) {
     m.adoption_dropped_blocks_total->Add({{"reason", "extent"}})
-        .Increment(static_cast<double>(adoption_.blocks.size() - adopted));
+        .Increment(static_cast<double>(unplaced));
   }
   LOG(INFO) << "adopted " << adopted << " blocks from the previous daemon's pool ("
-            << adoption_.dropped_total() << " records dropped); they wait "
-            << options_.resume_grace_seconds << " s for their sessions to resume";
+            << adoption_.dropped_total() << " records dropped at the check, " << unplaced
+            << " not placed); they wait " << options_.resume_grace_seconds
+            << " s for their sessions to resume";
 }
 
 Core::~Core() {

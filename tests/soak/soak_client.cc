@@ -126,6 +126,11 @@ void WriteStats(const std::string& path, const Counters& c, bool final_pass_done
 
 struct Block {
   uint64_t block_id = 0, bytes = 0, checksum = 0;
+  // When its offload was confirmed (seconds since the client started) and how many times the
+  // client had resumed by then: a problem with the block names the daemon incarnation it came
+  // from.
+  double confirmed_seconds = 0;
+  uint64_t resumes_at_confirm = 0;
 };
 
 class SoakClient {
@@ -230,7 +235,7 @@ class SoakClient {
         DaemonGone(st);
       } else {
         c_.lost_unexpectedly++;
-        c_.last_problem = "release: " + st.ToString();
+        c_.last_problem = "release: " + st.ToString() + History(held_.at(id));
         held_.erase(id);
       }
     }
@@ -263,6 +268,8 @@ class SoakClient {
       auto r = futures[i].get();
       if (r.ok()) {
         blocks[i].block_id = r->block_id;
+        blocks[i].confirmed_seconds = SteadyNowSeconds() - start_seconds_;
+        blocks[i].resumes_at_confirm = Resumes();
         held_[r->block_id] = blocks[i];
         c_.offloads++;
         c_.bytes_offloaded += blocks[i].bytes;
@@ -283,7 +290,7 @@ class SoakClient {
         gone = r.status();
       } else if (blocks[0].block_id != 0) {  // the offload succeeded, its tagged reload did not
         c_.lost_unexpectedly++;
-        c_.last_problem = "tagged reload: " + r.status().ToString();
+        c_.last_problem = "tagged reload: " + r.status().ToString() + History(blocks[0]);
       }  // else: the offload was refused and the reload failed with it, as documented
       c_.reloads += r.ok();
     }
@@ -318,14 +325,29 @@ class SoakClient {
       held_.erase(id);
     } else {
       c_.lost_unexpectedly++;
-      c_.last_problem = "reload: " + r.status().ToString();
+      c_.last_problem = "reload: " + r.status().ToString() + History(b);
       held_.erase(id);
     }
   }
 
+  uint64_t Resumes() const {
+    return resumes_before_ + (client_ ? client_->counters().resumes : 0);
+  }
+
+  // Where a block came from, for a problem's message (and stderr, kept with the run's logs).
+  std::string History(const Block& b) const {
+    std::string h = absl::StrFormat(
+        " [block %d confirmed %.3f s after the client started, after %d resumes; now %.3f s, "
+        "%d resumes]",
+        b.block_id, b.confirmed_seconds, b.resumes_at_confirm,
+        SteadyNowSeconds() - start_seconds_, Resumes());
+    std::fprintf(stderr, "soak_client %s: problem with%s\n", name_.c_str(), h.c_str());
+    return h;
+  }
+
   void Flush(bool final_pass_done) {
     c_.held = held_.size();
-    c_.resumes = resumes_before_ + (client_ ? client_->counters().resumes : 0);
+    c_.resumes = Resumes();
     WriteStats(stats_path_, c_, final_pass_done);
   }
 
@@ -344,6 +366,7 @@ class SoakClient {
   const int max_blocks_;
   const std::string stats_path_;
   const double reconnect_seconds_;
+  const double start_seconds_ = SteadyNowSeconds();
   std::unique_ptr<offloadd::client::ShmRegion> region_;
   std::unique_ptr<Client> client_;
   uint64_t region_id_ = 0, next_tag_ = 0, resumes_before_ = 0;

@@ -661,14 +661,18 @@ class Client:
                 return pb.Released(block_id=block)  # released before the crash, or lost anyway
         elif kind == "reload":
             r = p.request.reload
-            if r.block_id in self._lost:
-                return self._lost_error(r.block_id)
+            # First: a confirmed block missing after the restart is in _lost by now, but this
+            # reload was releasing it, and the dead daemon may have done so (copy and release)
+            # just before the crash. Either way the block is no longer the client's.
             if r.release_after and r.block_id not in resumed:
+                self._lost.discard(r.block_id)
                 return errors.OffloaddError(
                     errors.DATA_LOSS, "offloadd at %s restarted while this reload with "
                     "release_after of block %d was in flight, and the block is gone: the copy may "
                     "have completed before the crash, but nothing can confirm it"
                     % (self.target, r.block_id))
+            if r.block_id in self._lost:
+                return self._lost_error(r.block_id)
         return None
 
     def _lost_error(self, block_id):
