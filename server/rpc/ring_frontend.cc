@@ -30,18 +30,9 @@ uint64_t MaxRingBytes() {
   return l.total_bytes;
 }
 
-// Checks the opened object (its descriptor `fd`) is one the daemon may map as a ring.
-absl::Status CheckRingObject(int fd, const struct stat& st, uid_t uid, const std::string& path) {
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "the ring %s is not a regular memory object: offer a memfd", path));
-  }
-  if (st.st_uid != uid) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "the ring %s belongs to uid %d, not to the session's uid %d: offer a ring the "
-        "connecting process created",
-        path, st.st_uid, uid));
-  }
+// Checks the opened object (its descriptor `fd`; a regular file of the session's uid, as
+// OpenRingObject checked) is sealed against shrinking and of a ring's size.
+absl::Status CheckRingObject(int fd, const struct stat& st, const std::string& path) {
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -59,19 +50,54 @@ absl::Status CheckRingObject(int fd, const struct stat& st, uid_t uid, const std
 }
 
 // Maps the ring at `path` and checks its header; on success *base / *layout describe it.
+absl::Status CannotOpen(const std::string& path, int err) {
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "the daemon (uid %d) cannot open the ring %s: %s; run the daemon as root or as the "
+      "client's uid to use the ring (requests go on the stream meanwhile)",
+      geteuid(), path, strerror(err)));
+}
+
+// Opens the client's object for reading and writing only once it is known to be a regular file
+// of the session's uid. The first open is O_PATH: it runs no driver's open and cannot make a
+// terminal the daemon's controlling terminal (a client offering a pty slave would otherwise
+// send the root daemon SIGINT through the master). The object is then reopened through that
+// descriptor, so the checked inode is the one opened; O_NOCTTY and O_NONBLOCK guard the reopen.
+absl::StatusOr<int> OpenRingObject(const std::string& path, uid_t uid) {
+  const int handle = open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (handle < 0) return CannotOpen(path, errno);
+  struct stat st;
+  absl::Status ok = fstat(handle, &st) == 0
+                        ? absl::OkStatus()
+                        : absl::InternalError(absl::StrFormat("fstat(%s): %s", path,
+                                                              strerror(errno)));
+  if (ok.ok() && !S_ISREG(st.st_mode)) {
+    ok = absl::FailedPreconditionError(absl::StrFormat(
+        "the ring %s is not a regular memory object: offer a memfd", path));
+  } else if (ok.ok() && st.st_uid != uid) {
+    ok = absl::PermissionDeniedError(absl::StrFormat(
+        "the ring %s belongs to uid %d, not to the session's uid %d: offer a ring the "
+        "connecting process created",
+        path, st.st_uid, uid));
+  }
+  int fd = -1;
+  if (ok.ok()) {
+    fd = open(absl::StrFormat("/proc/self/fd/%d", handle).c_str(),
+              O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) ok = CannotOpen(path, errno);
+  }
+  close(handle);
+  if (!ok.ok()) return ok;
+  return fd;
+}
+
 absl::Status MapRing(const std::string& path, uid_t uid, void** base,
                      common::RingLayout* layout) {
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "the daemon (uid %d) cannot open the ring %s: %s; run the daemon as root or as the "
-        "client's uid to use the ring (requests go on the stream meanwhile)",
-        geteuid(), path, strerror(err)));
-  }
+  absl::StatusOr<int> opened = OpenRingObject(path, uid);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   struct stat st;
   absl::Status ok = fstat(fd, &st) == 0
-                        ? CheckRingObject(fd, st, uid, path)
+                        ? CheckRingObject(fd, st, path)
                         : absl::InternalError(absl::StrFormat("fstat(%s): %s", path,
                                                               strerror(errno)));
   void* p = MAP_FAILED;

@@ -5,6 +5,8 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -244,6 +246,41 @@ TEST(RingFrontEndTest, RefusesObjectsThatAreNotSealedRingsOfTheSessionsUid) {
   close(unsealed);
   auto missing = RingFrontEnd::AttachPath("/proc/self/fd/100000", getuid(), handle, end);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+// A client offering a pty slave as its ring: a daemon that opened it without O_NOCTTY, as a
+// session leader with no terminal (as systemd runs it), took it as its controlling terminal,
+// and the client could then send it SIGINT through the master. The object must be refused
+// without that side effect. Runs in a child that makes itself such a session leader.
+TEST(RingFrontEndTest, APtyOfferedAsTheRingIsRefusedWithoutBecomingTheDaemonsTerminal) {
+  const int master = posix_openpt(O_RDWR | O_NOCTTY);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(grantpt(master), 0);
+  ASSERT_EQ(unlockpt(master), 0);
+  const std::string slave_path = ptsname(master);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (setsid() < 0) _exit(10);
+    const int slave = open(slave_path.c_str(), O_RDWR | O_NOCTTY);  // the client's fd
+    if (slave < 0) _exit(11);
+    auto attached = RingFrontEnd::AttachPath(
+        ProcPath(slave), getuid(), [](const session::Request&) {},
+        [](const absl::Status&) {});
+    if (attached.ok() || attached.status().code() != absl::StatusCode::kFailedPrecondition) {
+      _exit(12);
+    }
+    // /dev/tty opens only for a process with a controlling terminal.
+    const int tty = open("/dev/tty", O_RDWR | O_NOCTTY);
+    _exit(tty >= 0 ? 13 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  close(master);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "10/11: set-up failed; 12: not refused as not a memory object; 13: the pty became "
+         "the controlling terminal";
 }
 
 }  // namespace
