@@ -95,15 +95,24 @@ void AddInto(ClientCounters& sum, const ClientCounters& increase) {
 }  // namespace
 
 void ClientReports::Add(const ReportSeries& series, const ClientCounters& increase,
-                        size_t max_series) {
+                        ReportBounds bounds) {
   if (increase.fallbacks_total == 0 && increase.host_waits_total == 0 &&
       increase.host_wait_seconds_total == 0 && increase.idle_steps_total == 0) {
     return;  // no series for a GPU on which nothing was reported
   }
   base::MutexLock lock(mu_);
-  const bool full =
-      max_series > 0 && by_series_.size() >= max_series && by_series_.count(series) == 0;
-  AddInto(by_series_[full ? ReportSeries{kOtherGpus, kOtherGpus} : series], increase);
+  ReportSeries into = series;
+  if (by_series_.count(series) == 0) {
+    size_t& uids = series_per_uid_[series.uid];
+    if (bounds.max_per_uid > 0 && uids >= bounds.max_per_uid) {
+      into = {kOtherGpus, series.uid};
+    } else if (bounds.max_series > 0 && by_series_.size() >= bounds.max_series) {
+      into = {kOtherGpus, kOtherGpus};
+    } else {
+      ++uids;
+    }
+  }
+  AddInto(by_series_[into], increase);
 }
 
 std::map<ReportSeries, ClientCounters> ClientReports::BySeries() const {

@@ -48,13 +48,19 @@ struct ReportSeries {
   bool operator==(const ReportSeries& o) const { return gpu == o.gpu && uid == o.uid; }
 };
 
-// Increases summed by (device id, uid). Thread-safe. At most `max_series` pairs (0: no bound)
-// keep their own sums (they outlive the sessions and links that named them); the increases of
-// further ones are summed under {kOtherGpus, kOtherGpus}.
+// Increases summed by (device id, uid). Thread-safe. The pairs keep their own sums (they
+// outlive the sessions and links that named them) within two bounds (0: none): each uid has at
+// most `max_per_uid` pairs, its further device ids summed under {kOtherGpus, uid}, so one user
+// naming many device ids uses up only its own share; and at most `max_series` pairs in all,
+// further ones summed under {kOtherGpus, kOtherGpus}.
 inline constexpr char kOtherGpus[] = "other";
+struct ReportBounds {
+  size_t max_per_uid = 0;
+  size_t max_series = 0;
+};
 class ClientReports {
  public:
-  void Add(const ReportSeries& series, const ClientCounters& increase, size_t max_series = 0)
+  void Add(const ReportSeries& series, const ClientCounters& increase, ReportBounds bounds = {})
       EXCLUDES(mu_);
   std::map<ReportSeries, ClientCounters> BySeries() const EXCLUDES(mu_);
   // The same sums added up over uids (saturating), by device id.
@@ -63,6 +69,7 @@ class ClientReports {
  private:
   mutable base::Mutex mu_;
   std::map<ReportSeries, ClientCounters> by_series_ GUARDED_BY(mu_);
+  std::map<std::string, size_t> series_per_uid_ GUARDED_BY(mu_);  // kOtherGpus ones not counted
 };
 
 }  // namespace offloadd::session

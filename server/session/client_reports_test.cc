@@ -124,17 +124,37 @@ TEST(ClientReportsTest, SumsSaturateInsteadOfWrappingOrReachingInfinity) {
 
 TEST(ClientReportsTest, ZeroIncreasesMakeNoSeriesAndDeviceIdsPastTheBoundShareOne) {
   ClientReports r;
-  r.Add({"idle-gpu", "1000"}, Counts(0, 0, 0, 0), 2);
+  const ReportBounds total_of_two{0, 2};
+  r.Add({"idle-gpu", "1000"}, Counts(0, 0, 0, 0), total_of_two);
   EXPECT_TRUE(r.ByGpu().empty());
-  r.Add({"gpu0", "1000"}, Counts(1, 0, 0, 0), 2);
-  r.Add({"gpu1", "1000"}, Counts(1, 0, 0, 0), 2);
-  for (int i = 0; i < 100; ++i) r.Add({"gpu-x" + std::to_string(i), "1000"}, Counts(1, 0, 0, 0), 2);
-  r.Add({"gpu0", "1000"}, Counts(1, 0, 0, 0), 2);  // a known one keeps its own series
+  r.Add({"gpu0", "1000"}, Counts(1, 0, 0, 0), total_of_two);
+  r.Add({"gpu1", "1000"}, Counts(1, 0, 0, 0), total_of_two);
+  for (int i = 0; i < 100; ++i) {
+    r.Add({"gpu-x" + std::to_string(i), "1000"}, Counts(1, 0, 0, 0), total_of_two);
+  }
+  r.Add({"gpu0", "1000"}, Counts(1, 0, 0, 0), total_of_two);  // a known one keeps its series
   const auto by_gpu = r.ByGpu();
   ASSERT_EQ(by_gpu.size(), 3u);
   EXPECT_EQ(by_gpu.at("gpu0").fallbacks_total, 2u);
   EXPECT_EQ(by_gpu.at(kOtherGpus).fallbacks_total, 100u);
   EXPECT_EQ(r.BySeries().at({kOtherGpus, kOtherGpus}).fallbacks_total, 100u);
+}
+
+// One uid naming a thousand device ids took every series of the bound, so another user's GPU
+// got none of its own (its reports went to "other"): now each uid uses up only its own share.
+TEST(ClientReportsTest, OneUidNamingManyDeviceIdsLeavesAnotherUidItsOwnSeries) {
+  ClientReports r;
+  const ReportBounds bounds{4, 16};
+  for (int i = 0; i < 1000; ++i) {
+    r.Add({"GPU-adv-" + std::to_string(i), "65534"}, Counts(1, 0, 0, 0), bounds);
+  }
+  r.Add({"GPU-real", "1000"}, Counts(7, 0, 0, 0), bounds);
+  const auto by_series = r.BySeries();
+  ASSERT_EQ(by_series.count({"GPU-real", "1000"}), 1u);
+  EXPECT_EQ(by_series.at({"GPU-real", "1000"}).fallbacks_total, 7u);
+  EXPECT_EQ(by_series.at({kOtherGpus, "65534"}).fallbacks_total, 996u);
+  EXPECT_EQ(by_series.size(), 4u + 1u + 1u);  // the attacker's 4, its "other", the victim's
+  EXPECT_EQ(by_series.count({kOtherGpus, kOtherGpus}), 0u);
 }
 
 std::unique_ptr<Core> MakeCore(base::Clock* clock = nullptr) {

@@ -138,10 +138,11 @@ class Core {
   // A session of `uid` (decimal, or kUnknownUid) reported `increase` more fallbacks, host waits
   // or idle steps on `device_id` (client_reports.h); summed into
   // CoreStats::client_reports_by_series (and, over uids, client_reports_by_gpu). At most
-  // 4 x max_links (device id, uid) series.
+  // max_links (device id, uid) series per uid and 16 x max_links in all.
   void AddClientReport(const std::string& device_id, const std::string& uid,
                        const ClientCounters& increase) {
-    client_reports_.Add({device_id, uid}, increase, 4 * size_t{options().max_links});
+    const size_t links = options().max_links;
+    client_reports_.Add({device_id, uid}, increase, ReportBounds{links, 16 * links});
   }
 
   CoreStats Stats();
