@@ -67,7 +67,9 @@ uint64_t offloadd_ring_release(offloadd_ring* ring, uint64_t block_id, uint64_t 
 /* The answer of request_id into *out if it arrived (OFFLOADD_DONE), else OFFLOADD_PENDING,
  * OFFLOADD_CLOSED or OFFLOADD_UNKNOWN. */
 int offloadd_ring_poll(offloadd_ring* ring, uint64_t request_id, offloadd_completion* out);
-/* As poll, sleeping (futex) until the answer, the ring's end or timeout_seconds (< 0: none). */
+/* As poll, sleeping (futex) until the answer, the ring's end or timeout_seconds (< 0: none).
+ * Only a live daemon ends the ring: one that was killed leaves it open, so wait with a timeout
+ * and check the session's stream (which ends at once) between waits. */
 int offloadd_ring_wait(offloadd_ring* ring, uint64_t request_id, double timeout_seconds,
                        offloadd_completion* out);
 /* Requests submitted whose answers were not yet taken. */

@@ -166,7 +166,10 @@ class NativeRing:
     def wait(self, request_id, timeout=None):
         """The answer of ``request_id`` (a Completion), waiting with the GIL released. Raises
         TimeoutError after ``timeout`` seconds (None: no limit), ConnectionError when the ring
-        closed without it, KeyError for an id not pending."""
+        closed without it, KeyError for an id not pending. Only a live daemon closes the ring:
+        a daemon that was killed (SIGKILL, a crash) leaves it open, so wait with a timeout
+        and check the session's gRPC stream (which ends at once) between waits: with
+        ``timeout=None`` such a wait never returns."""
         out = Completion()
         result = self._lib.offloadd_ring_wait(self._ring, request_id,
                                               -1.0 if timeout is None else float(timeout),
