@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "server/copy/sim_gpu_table.h"
 #include "tests/e2e/child_process.h"
+#include "tests/e2e/sim_gpu_daemon.h"
 
 namespace offloadd::testing {
 namespace {
@@ -54,32 +55,17 @@ bool Answered(client::Reply<T>& reply) {
 class SlowProducerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    std::string dir = "/tmp/ofd-slowprod-XXXXXX";  // mkdtemp: pids repeat across sandboxes
-    if (mkdtemp(dir.data()) == nullptr) abort();
-    socket_ = new std::string(dir + "/d.sock");
-    daemon_ = new ChildProcess(SpawnChild(
-        {Runfile("server/offloadd"), "--socket_path=" + *socket_, "--pool_bytes=512MiB",
-         "--metrics_address=", "--backend=cuda-sim", "--chunk_bytes=8MiB",
-         "--max_chunks_in_flight_per_gpu=8"}));
-    ready_ = daemon_->pid > 0 && daemon_->ReadLine().find("ready") != std::string::npos;
+    daemon_ = new SimGpuDaemon("slowprod", {"--pool_bytes=512MiB", "--chunk_bytes=8MiB",
+                                            "--max_chunks_in_flight_per_gpu=8"});
   }
   static void TearDownTestSuite() {
-    daemon_->Signal(SIGTERM);
-    EXPECT_EQ(daemon_->Wait(), 0);  // it stops although a producer never ended
-    rmdir(socket_->substr(0, socket_->rfind('/')).c_str());
+    EXPECT_EQ(daemon_->Stop(), 0);  // it stops although a producer never ended
     delete daemon_;
-    delete socket_;
   }
 
   void SetUp() override {
-    ASSERT_TRUE(ready_) << "the daemon did not start on --backend=cuda-sim";
-    client::SimClientGpuOptions o;
-    o.device_bytes = 256 * kMiB;
-    // The table of this process's own pid: the daemon accepts a table's handles only from a
-    // session of that process (this test runs outside the sandbox's PID namespace, so its pid
-    // is no other test's). A table left by a killed earlier run of this pid is removed first.
-    shm_unlink(copy::SimTableName(getpid()).c_str());
-    auto g = SimClientGpu::Create(o);
+    ASSERT_TRUE(daemon_->ready()) << "the daemon did not start on --backend=cuda-sim";
+    auto g = CreateOwnSimGpu(256 * kMiB);
     ASSERT_TRUE(g.ok()) << g.status();
     gpu_ = *g;
     exporter_ = std::make_unique<client::CudaExporter>(client::NewSimClientCudaApi(gpu_));
@@ -100,7 +86,7 @@ class SlowProducerTest : public ::testing::Test {
 
   std::unique_ptr<client::Client> Connect(const std::string& name) {
     client::ClientOptions o;
-    o.socket_path = *socket_;
+    o.socket_path = daemon_->socket();
     o.client_name = name;
     o.device_id = client::SimDeviceUuid(0);
     auto c = client::Client::Connect(o);
@@ -149,9 +135,7 @@ class SlowProducerTest : public ::testing::Test {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let their chunks post
   }
 
-  static std::string* socket_;
-  static ChildProcess* daemon_;
-  static bool ready_;
+  static SimGpuDaemon* daemon_;
   std::shared_ptr<SimClientGpu> gpu_;
   std::unique_ptr<client::CudaExporter> exporter_;
   void* stuck_stream_ = nullptr;  // the never-ending producer's stream
@@ -160,9 +144,7 @@ class SlowProducerTest : public ::testing::Test {
   std::vector<client::Reply<absl::StatusOr<client::OffloadResult>>> stuck_;  // its offloads
 };
 
-std::string* SlowProducerTest::socket_ = nullptr;
-ChildProcess* SlowProducerTest::daemon_ = nullptr;
-bool SlowProducerTest::ready_ = false;
+SimGpuDaemon* SlowProducerTest::daemon_ = nullptr;
 
 TEST_F(SlowProducerTest, AReadyOffloadAndReloadOfAnotherSessionCompleteWhileAProducerNeverEnds) {
   StartStuckOffloads();

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "server/copy/sim_gpu_table.h"
 #include "tests/e2e/child_process.h"
+#include "tests/e2e/sim_gpu_daemon.h"
 
 namespace offloadd::testing {
 namespace {
@@ -53,31 +54,16 @@ T Await(client::Reply<T>& reply) {
 class SimGpuTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    std::string dir = "/tmp/ofd-simgpu-XXXXXX";  // mkdtemp: pids repeat across Bazel sandboxes
-    if (mkdtemp(dir.data()) == nullptr) abort();
-    socket_ = new std::string(dir + "/d.sock");
-    daemon_ = new ChildProcess(SpawnChild({Runfile("server/offloadd"), "--socket_path=" + *socket_,
-                                           "--pool_bytes=256MiB", "--metrics_address=",
-                                           "--backend=cuda-sim"}));
-    ready_ = daemon_->pid > 0 && daemon_->ReadLine().find("ready") != std::string::npos;
+    daemon_ = new SimGpuDaemon("simgpu", {"--pool_bytes=256MiB"});
   }
   static void TearDownTestSuite() {
-    daemon_->Signal(SIGTERM);
-    EXPECT_EQ(daemon_->Wait(), 0);
-    rmdir(socket_->substr(0, socket_->rfind('/')).c_str());
+    EXPECT_EQ(daemon_->Stop(), 0);
     delete daemon_;
-    delete socket_;
   }
 
   void SetUp() override {
-    ASSERT_TRUE(ready_) << "the daemon did not start on --backend=cuda-sim";
-    client::SimClientGpuOptions o;
-    o.device_bytes = 128 * kMiB;
-    // The table of this process's own pid: the daemon accepts handles of the session's process
-    // only (this test runs outside the sandbox's PID namespace, so its pid is no other test's).
-    // A table left by a killed earlier run of this pid is removed first.
-    shm_unlink(copy::SimTableName(getpid()).c_str());
-    auto g = SimClientGpu::Create(o);
+    ASSERT_TRUE(daemon_->ready()) << "the daemon did not start on --backend=cuda-sim";
+    auto g = CreateOwnSimGpu(128 * kMiB);
     ASSERT_TRUE(g.ok()) << g.status();
     gpu_ = *g;
     exporter_ = std::make_unique<client::CudaExporter>(client::NewSimClientCudaApi(gpu_));
@@ -97,7 +83,7 @@ class SimGpuTest : public ::testing::Test {
 
   std::unique_ptr<client::Client> Connect(const std::string& name) {
     client::ClientOptions o;
-    o.socket_path = *socket_;
+    o.socket_path = daemon_->socket();
     o.client_name = name;
     o.device_id = client::SimDeviceUuid(0);
     auto c = client::Client::Connect(o);
@@ -192,9 +178,7 @@ class SimGpuTest : public ::testing::Test {
     for (const auto& [name, n] : Violations()) EXPECT_EQ(n, 0u) << name;
   }
 
-  static std::string* socket_;
-  static ChildProcess* daemon_;
-  static bool ready_;
+  static SimGpuDaemon* daemon_;
   std::shared_ptr<SimClientGpu> gpu_;
   std::unique_ptr<client::CudaExporter> exporter_;
   std::unique_ptr<client::ClientCudaApi> api_;  // the test's own calls (stream waits)
@@ -205,9 +189,7 @@ class SimGpuTest : public ::testing::Test {
   std::map<client::Client*, std::map<uint64_t, uint64_t>> regions_;  // buffer id -> region
 };
 
-std::string* SimGpuTest::socket_ = nullptr;
-ChildProcess* SimGpuTest::daemon_ = nullptr;
-bool SimGpuTest::ready_ = false;
+SimGpuDaemon* SimGpuTest::daemon_ = nullptr;
 
 TEST_F(SimGpuTest, OffloadThenReloadIsBitwiseEqualAndTheConsumerWaitsOnlyAfterTheAnswer) {
   const uint64_t n = 16 * kMiB + 12345;  // three chunks, the last one short
