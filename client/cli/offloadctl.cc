@@ -1,6 +1,6 @@
 // offloadctl: command-line tool for offloadd.
 //
-//   offloadctl [--socket PATH] stats [--json]   pool, sessions, links and counters (GetStats),
+//   offloadctl [--socket PATH] stats [--json]   pool, sessions and counters (GetStats; links: topo),
 //                                               GaLore projector refreshes (GetProjectorStats;
 //                                               JSON: the "projector" member)
 //   offloadctl [--socket PATH] health           gRPC health check; exit 0 when SERVING

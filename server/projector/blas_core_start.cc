@@ -139,7 +139,7 @@ double CpuMhz() {
 BlasSelfCheck TimeSgemm(IsaLevel isa) {
   constexpr int n = 320;
   std::vector<float> a(n * n), b(n * n), c(n * n);
-  for (int i = 0; i < n * n; ++i) {
+  for (int64_t i = 0; i < n * n; ++i) {  // 64-bit: i * 104729 passes 2^31
     a[i] = static_cast<float>((i * 7919) % 1000) / 1000.0f - 0.5f;
     b[i] = static_cast<float>((i * 104729) % 1000) / 1000.0f - 0.5f;
   }
