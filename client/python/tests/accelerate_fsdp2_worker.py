@@ -35,7 +35,7 @@ def main():
     sock = sys.argv[1]
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", FutureWarning)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(daemon_fixture.free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     from accelerate.utils import FullyShardedDataParallelPlugin, fsdp2_apply_ac
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import OffloadWrapper
@@ -57,12 +57,12 @@ def main():
         fully_shard(layer)
     fully_shard(model)
 
-    before = daemon_stats(sock)
+    before = daemon_fixture.daemon_stats(sock)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         out = model(input_ids=ids, labels=ids)
         assert ot.synchronize()
-        d = daemon_stats(sock)
+        d = daemon_fixture.daemon_stats(sock)
         during = [d.offloads_total - before.offloads_total, d.blocks - before.blocks]
         out.loss.backward()
         assert ot.synchronize()
@@ -75,19 +75,6 @@ def main():
     dist.destroy_process_group()
 
 
-def daemon_stats(sock):
-    """The daemon's GetStats (no session opened)."""
-    import grpc
-    with grpc.insecure_channel("unix:" + sock) as channel:
-        return daemon_fixture.pb_grpc.OffloadStub(channel).GetStats(
-            daemon_fixture.pb.GetStatsRequest(), timeout=10)
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

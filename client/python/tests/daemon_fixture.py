@@ -46,6 +46,20 @@ BIN_CANDIDATES = ("bazel-bin/server/offloadd", "build/bin/offloadd",
                   "bazel-out/k8-dbg/bin/server/offloadd")
 
 
+def daemon_stats(sock):
+    """The Stats of the daemon on socket path ``sock`` via a unary GetStats (no session)."""
+    with grpc.insecure_channel("unix:" + sock) as channel:
+        return pb_grpc.OffloadStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 free at the time of asking (for metrics or a process group)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def daemon_bin():
     """$OFFLOADD_BIN, else the first executable of BIN_CANDIDATES under the repository."""
     env = os.environ.get("OFFLOADD_BIN")
@@ -87,8 +101,7 @@ class Daemon:
 
     def stats(self):
         """The daemon's Stats via a unary GetStats (no session is opened)."""
-        with grpc.insecure_channel("unix:" + self.sock) as channel:
-            return pb_grpc.OffloadStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
+        return daemon_stats(self.sock)
 
     def kill(self):
         """SIGKILL (a crash): the socket file and the shared pool object stay."""

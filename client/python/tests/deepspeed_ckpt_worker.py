@@ -52,17 +52,17 @@ def run(sock, cpu_checkpointing, reference=None):
     model._set_gradient_checkpointing(
         enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
     ids = q.batch(CONFIG["vocab_size"], BATCH, SEQ, seed=7)
-    before = daemon_stats(sock)
+    before = daemon_fixture.daemon_stats(sock)
     seen = {}
 
     def between():
         ot.synchronize()
-        d = daemon_stats(sock)
+        d = daemon_fixture.daemon_stats(sock)
         seen["during"] = [d.offloads_total - before.offloads_total,
                           d.offload_bytes_total - before.offload_bytes_total, d.blocks]
     result = q.step(model, ids, between)
     ot.synchronize()
-    a = daemon_stats(sock)
+    a = daemon_fixture.daemon_stats(sock)
     out = {"during": seen["during"], "after": [a.reloads_total - before.reloads_total, a.blocks]}
     if reference is not None:
         out["equal"] = q.bitwise_equal(result, reference)
@@ -73,7 +73,7 @@ def main():
     sock = sys.argv[1]
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(daemon_fixture.free_port()), RANK="0",
                       LOCAL_RANK="0", WORLD_SIZE="1")
     import deepspeed
     import deepspeed.comm.torch
@@ -113,19 +113,6 @@ def engine_lookup(od):
     return out
 
 
-def daemon_stats(sock):
-    """The daemon's GetStats (no session opened)."""
-    import grpc
-    with grpc.insecure_channel("unix:" + sock) as channel:
-        return daemon_fixture.pb_grpc.OffloadStub(channel).GetStats(
-            daemon_fixture.pb.GetStatsRequest(), timeout=10)
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -6,13 +6,12 @@ step (between forward and backward). The ranks are fsdp2_worker.py processes.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import unittest
 
-from daemon_fixture import REPO, DaemonTestCase
+from daemon_fixture import REPO, DaemonTestCase, free_port
 
 import qwen3_fixture as q
 
@@ -27,11 +26,6 @@ def offloadctl():
             return path
     raise RuntimeError("offloadctl not built (bazel build //client/cli:offloadctl)")
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Fsdp2Test(DaemonTestCase):

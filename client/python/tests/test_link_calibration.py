@@ -9,7 +9,6 @@ configured capacity must win; `link_calibration: false` must leave the links unp
 asked; the shm backend must refuse with FAILED_PRECONDITION.
 """
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,7 +17,7 @@ import urllib.request
 
 import grpc
 
-from daemon_fixture import Daemon, daemon_bin, pb, pb_grpc
+from daemon_fixture import Daemon, daemon_bin, free_port, pb, pb_grpc
 
 MODEL = ('backend: "cuda-sim"\n'
          "cuda_sim { gpus: 4 gpus_per_switch: 2 engine_bytes_per_second: 20GB "
@@ -29,11 +28,6 @@ GPU, SWITCH = 20e9, 30e9
 def sim_uuid(i):
     return "GPU-51300000-0000-0000-0000-%012d" % i
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(text):

@@ -10,13 +10,12 @@ Run: tests/python/run.sh -k projector_blas.
 """
 
 import os
-import socket
 import subprocess
 import tempfile
 import unittest
 import urllib.request
 
-from daemon_fixture import Daemon, daemon_bin
+from daemon_fixture import Daemon, daemon_bin, free_port
 from test_cli_backends import offloadctl_bin
 
 CORES = {"Prescott", "Opteron_SSE3", "Opteron", "Barcelona", "Bobcat", "Core2", "Penryn",
@@ -24,11 +23,6 @@ CORES = {"Prescott", "Opteron_SSE3", "Opteron", "Barcelona", "Bobcat", "Core2", 
          "Steamroller", "Excavator", "Haswell", "Zen", "SkylakeX", "Cooperlake",
          "SapphireRapids"}
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ProjectorBlasTest(unittest.TestCase):
