@@ -293,6 +293,8 @@ class SimEventProtocolTest(SimDaemonTestCase):
         deadline = time.monotonic() + 30
         while ha.op is not None and time.monotonic() < deadline:  # a kept at its OffloadDone
             time.sleep(0.01)
+        while hb.op is not None and time.monotonic() < deadline:  # b counted at its OffloadDone
+            time.sleep(0.01)
         del ha  # a branch backward never reached: a is never unpacked
         gc.collect()
         del tb, hb
