@@ -10,8 +10,10 @@
 #   4. a short libFuzzer run over the session request handling (make fuzz, 15 s)
 #   5. a smoke run of `make demo` with a small workload, and one on cuda-sim (link calibration,
 #      the fairness scenario on a measured switch link)
-#   6. function length: no function in server/ over 60 code lines (tests/function_length.py)
-#   7. /dev/shm hygiene: no shared-memory object that appeared during the run outlives its owner
+#   6. the README's quick-start blocks against a daemon, and relative links in *.md
+#      (tests/readme_blocks.py, tests/md_links.py)
+#   7. function length: no function in server/ over 60 code lines (tests/function_length.py)
+#   8. /dev/shm hygiene: no shared-memory object that appeared during the run outlives its owner
 #      (tests/shm_hygiene.py; checked last)
 # Exit status is non-zero when anything failed. Stops the Bazel server at the end.
 set -uo pipefail
@@ -99,6 +101,18 @@ else
   cat "$results/demo_sim.log"; echo "demo (cuda-sim): FAILED"; echo "0 1" > "$results/demo_sim.count"
   rc=1
 fi
+
+echo "== README blocks and Markdown links"
+# The shell and Python blocks of README.md's quick starts, run against a daemon the script starts
+# (blocks marked "<!-- not run here" are skipped), and every relative link and #anchor in the
+# repository's Markdown files.
+for check in readme_blocks md_links; do
+  /usr/bin/python3 tests/$check.py > "$results/$check.log" 2>&1
+  [ $? -eq 0 ] || { cat "$results/$check.log"; rc=1; }
+  counts=$(tail -1 "$results/$check.log" | sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p')
+  echo "$check: $(tail -1 "$results/$check.log")"
+  echo "${counts:-0 1}" > "$results/$check.count"
+done
 
 echo "== function length"
 if /usr/bin/python3 tests/function_length_test.py > "$results/function_length.log" 2>&1 &&
