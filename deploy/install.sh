@@ -11,6 +11,7 @@
 #   PREFIX/share/doc/offloadd/README.md, DEPLOY.md,       what the unit's Documentation= names,
 #     ARCHITECTURE.md, offloadd.conf.example              the deployment notes, the design, the
 #                                                         config (README's links rewritten)
+#   PREFIX/share/doc/offloadd/docs/*.md                   the reference pages the README links
 # Everything goes under DESTDIR (default empty) for staging. /etc is left alone: copy the
 # example config to /etc/offloadd/offloadd.conf yourself (deploy/README.md). Nothing is built:
 # run `make build` as yourself first (then `sudo make install`); binaries older than the
@@ -53,6 +54,8 @@ sed -e 's|docs/ARCHITECTURE.md|ARCHITECTURE.md|g' -e 's|deploy/README.md|DEPLOY.
 chmod 0644 "$dest$docdir/README.md"
 install -m 0644 "$root/deploy/README.md" "$dest$docdir/DEPLOY.md"
 install -m 0644 "$root/docs/ARCHITECTURE.md" "$dest$docdir/ARCHITECTURE.md"
+install -d "$dest$docdir/docs"
+install -m 0644 "$root"/docs/*.md "$dest$docdir/docs/"
 install -m 0644 "$root/deploy/offloadd.conf.example" "$dest$docdir/offloadd.conf.example"
 # Every file:// the unit's Documentation= names must now exist.
 for doc in $(sed -n 's/^Documentation=//p' "$dest$prefix/lib/systemd/system/offloadd.service"); do

@@ -269,6 +269,9 @@ class InstallTest(unittest.TestCase):
             docdir = os.path.dirname(tmp + docs[0])
             for name in ("ARCHITECTURE.md", "DEPLOY.md"):
                 self.assertTrue(os.path.isfile(os.path.join(docdir, name)), name)
+            # The reference pages the README links (docs/<page>.md), beside it.
+            for page in re.findall(r"\]\((docs/[a-z-]+\.md)[)#]", want):
+                self.assertTrue(os.path.isfile(os.path.join(docdir, page)), page + " not installed")
         finally:
             shutil.rmtree(tmp)
 

@@ -461,7 +461,9 @@ class VersionAndTargetsTest(unittest.TestCase):
     def test_every_make_target_mentioned_exists(self):
         makefile = common.read_text(os.path.join(common.REPO, "Makefile"))
         targets = set(re.findall(r"(?m)^([a-z][a-z-]*):", makefile))
-        files = [os.path.join(common.REPO, "README.md"), README,
+        docs = os.path.join(common.REPO, "docs")
+        files = [os.path.join(common.REPO, "README.md"), README] + [
+            os.path.join(docs, n) for n in sorted(os.listdir(docs)) if n.endswith(".md")] + [
                  os.path.join(common.DEPLOY, "container", "Containerfile")]
         files += [os.path.join(common.DEPLOY, n) for n in os.listdir(common.DEPLOY)
                   if n.endswith(".sh")]

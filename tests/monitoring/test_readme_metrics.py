@@ -1,7 +1,8 @@
-"""The README's metrics table lists exactly the metric families the daemon defines.
+"""The metrics table of docs/metrics-and-alerts.md lists exactly the metric families the daemon
+defines.
 
 Reads the family names from server/metrics/metrics.cc (every Name("offloadd_...") call) and the
-names in the README's "Metrics" table, and fails naming the ones that are missing on either side.
+names in that page's table, and fails naming the ones that are missing on either side.
 """
 import os
 import re
@@ -14,12 +15,12 @@ class ReadmeMetricsTest(unittest.TestCase):
     def test_table_matches_code(self):
         code = open(os.path.join(ROOT, "server", "metrics", "metrics.cc")).read()
         defined = set(re.findall(r'"(offloadd_[a-z0-9_]+)"', code))
-        readme = open(os.path.join(ROOT, "README.md")).read()
-        section = readme[readme.index("## Metrics"):readme.index("## Protocol")]
-        documented = set(re.findall(r"^\| `(offloadd_[a-z0-9_]+)`", section, re.M))
+        page = open(os.path.join(ROOT, "docs", "metrics-and-alerts.md")).read()
+        documented = set(re.findall(r"^\| `(offloadd_[a-z0-9_]+)`", page, re.M))
         self.assertGreater(len(defined), 20)
-        self.assertEqual(sorted(defined - documented), [], "defined but not in the README table")
-        self.assertEqual(sorted(documented - defined), [], "in the README table but not defined")
+        page_name = "docs/metrics-and-alerts.md"
+        self.assertEqual(sorted(defined - documented), [], "defined but not in " + page_name)
+        self.assertEqual(sorted(documented - defined), [], "in %s but not defined" % page_name)
 
 
 if __name__ == "__main__":
