@@ -27,9 +27,12 @@ Trainer's callbacks alone.
 
 Only the names Transformers and torch look up at call time change, and the Trainer's default
 callbacks gain offloadd's; models, the Trainer and torch are not patched otherwise. On a host
-without an accelerator torch's own ``save_on_cpu(pin_memory=True)`` raises (torch asks
-``torch.cpu`` whether it can pin, and it cannot); offloadd's pins only where CUDA is available,
-so the same code runs on CPU-only test machines.
+without an accelerator Transformers calls torch's ``save_on_cpu(pin_memory=True,
+device_type="cpu")``, which fails: torch asks ``torch.cpu.is_available()`` (true), allocates
+pinned host memory for the first saved tensor and raises a RuntimeError in forward ("Found no
+NVIDIA driver on your system" with torch 2.15.0's CUDA build; with its default
+``device_type="cuda"`` torch's class copies unpinned there instead). offloadd's pins only where
+CUDA is available, so the same code runs on CPU-only test machines.
 """
 
 import sys
@@ -54,7 +57,7 @@ def enable(*, trainer_callback=True, **context_args):
     Raises ImportError when transformers is missing or older than 5.17 (no offload switch), or
     when torch is outside offloadd.torch's supported range; offloadd.errors.OffloadConfigError
     when training on CUDA (or a simulated GPU) with an allocator whose memory offloadd cannot
-    export (expandable segments, cudaMallocAsync: README "Troubleshooting"), which is also
+    export (expandable segments, cudaMallocAsync: docs/pytorch.md "Troubleshooting"), which is also
     checked at every offload, as the setting can change at run time. Idempotent: a second call
     only reconfigures the context.
     """
