@@ -53,9 +53,9 @@ tsa: deps
 bench: build
 	bash bench/run_bench.sh
 
-# Chaos soak (README "Failure modes"): 8 clients with checksums, a SIGKILL every ~3 s, the daemon
-# SIGKILLed 3 times and SIGTERMed once on a shared pool (0 lost); SOAK_SECONDS (120) and SOAK_ARGS
-# pass through. A 24 s run is in `make test`.
+# Chaos soak (docs/bounds-and-failure-tests.md): 8 clients with checksums, a SIGKILL every ~3 s,
+# the daemon SIGKILLed 3 times and SIGTERMed once on a shared pool (0 lost); SOAK_SECONDS (120)
+# and SOAK_ARGS pass through. A 24 s run is in `make test`.
 SOAK_SECONDS ?= 120
 soak: build
 	$(BAZEL) build //tests/soak:soak_client
@@ -96,7 +96,8 @@ fuzz: deps build/fuzz/session_fuzz build/fuzz/ring_fuzz
 
 # The daemon and its tests under sanitizers (.bazelrc configs; each keeps its own output tree).
 # TSan runs the layers below rpc only: Debian's gRPC, protobuf, absl and OpenBLAS are not built
-# with TSan, so every test that runs gRPC reports races inside them (README "Failure modes").
+# with TSan, so every test that runs gRPC reports races inside them
+# (docs/bounds-and-failure-tests.md).
 ASAN_TESTS := //server/... //client:all //tests/e2e:e2e_test //tests/e2e:multiprocess_test \
   //tests/faults/... //tests/fuzz/... //tests/soak:soak_quick_test
 TSAN_TESTS := //server/base/... //server/session/... //server/store/... //server/sched/... //server/pool/... //server/spill/... \

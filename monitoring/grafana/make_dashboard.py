@@ -5,7 +5,7 @@ The JSON is committed; edit this script and rerun it (`/usr/bin/python3 make_das
 rather than editing the JSON: tests/monitoring/test_dashboard.py checks the two agree.
 Variables: datasource (Prometheus), instance (a daemon), gpu. Every query selects
 instance=~"$instance"; per-GPU series also gpu=~"$gpu". Metric names are the daemon's
-(README "Metrics"); tests/monitoring/test_live_scrape.py checks each exists in a live scrape.
+(docs/metrics-and-alerts.md); tests/monitoring/test_live_scrape.py checks each exists in a live scrape.
 """
 import json
 import os
