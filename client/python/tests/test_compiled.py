@@ -9,10 +9,12 @@ checkpointing, compiled whole with ``torch.compile(model, backend=...)``, one fo
   Dynamo counts (``torch._dynamo.utils.counters["graph_break"]``) with offloadd are at most those
   of checkpointing alone, and none names a lock or saved_tensors_hooks (offloadd's contexts step
   aside while Dynamo traces);
-* the loss and every gradient equal the uncompiled run: bitwise with backend "aot_eager" (no
-  fusion, the eager kernels), and bitwise equal to checkpointing alone compiled the same way
-  with "inductor" (fused kernels round differently from eager: that comparison to eager is to
-  1e-5 relative);
+* the loss and every gradient: with backend "aot_eager" (the eager kernels) bitwise equal to
+  checkpointing alone compiled alike, and, with only the attention and MLP compiled, to the
+  uncompiled run; whole-model compiled checkpointing itself (with or without offloadd) differs
+  from uncompiled checkpointing in the last bits of some gradients (~3e-8, also with backend
+  "eager"), so that comparison is to 1e-4 relative. With "inductor" (fused kernels, not bitwise
+  reproducible from one compilation to the next) everything is compared to tolerance;
 * what reaches the daemon, from its own GetStats: with the whole model compiled, the layer calls
   run inside the compiled graph, where the contexts step aside: 0 offloads. With each decoder
   layer compiled on its own (``layer.compile()``), Transformers' offload context is entered in
@@ -50,7 +52,8 @@ def graph_breaks(fn):
     return result, dict(counters["graph_break"])
 
 
-class _CompiledCase(DaemonTestCase):
+class _Compiled:
+    """The runs and checks of one backend (BACKEND); mixed into a DaemonTestCase per backend."""
     POOL_BYTES = "64MiB"
     BACKEND = None
 
@@ -141,10 +144,6 @@ class _CompiledCase(DaemonTestCase):
         self.assertEqual(LAYER_BYTES, 524288)
 
 
-    def test_offloadd_bitwise_equal_to_checkpointing_compiled_alike(self):
-        self.assertTrue(q.bitwise_equal(self.offloadd, self.ckpt), "whole model")
-        self.assertTrue(q.bitwise_equal(self.regional, self.ckpt_regions), "regions")
-
     def test_loss_and_gradients_close_to_the_uncompiled_run(self):
         # Compiled checkpointing itself differs from eager checkpointing in the last bits of
         # some gradients (~3e-8 here, also with backend "eager": Dynamo's checkpoint operator
@@ -157,8 +156,12 @@ class _CompiledCase(DaemonTestCase):
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-class AotEagerTest(_CompiledCase):
+class AotEagerTest(_Compiled, DaemonTestCase):
     BACKEND = "aot_eager"
+
+    def test_offloadd_bitwise_equal_to_checkpointing_compiled_alike(self):
+        self.assertTrue(q.bitwise_equal(self.offloadd, self.ckpt), "whole model")
+        self.assertTrue(q.bitwise_equal(self.regional, self.ckpt_regions), "regions")
 
     def test_regions_compiled_with_offloadd_bitwise_equal_to_the_uncompiled_run(self):
         # aot_eager runs the eager kernels; the checkpointed call itself stays eager here.
@@ -167,8 +170,17 @@ class AotEagerTest(_CompiledCase):
 
 @unittest.skipUnless(shutil.which("g++") or shutil.which("c++"),
                      "inductor needs a C++ compiler on this host")
-class InductorTest(_CompiledCase):
+class InductorTest(_Compiled, DaemonTestCase):
+    """Inductor's fused kernels are not bitwise reproducible from one compilation to the next
+    here (two compilations of checkpointing alone differ by up to ~2e-9 in some gradients), so
+    it is held to tolerance, against the uncompiled run and against checkpointing alone."""
     BACKEND = "inductor"
+
+    def test_offloadd_equal_to_checkpointing_compiled_alike_within_float_tolerance(self):
+        for got, want in ((self.offloadd, self.ckpt), (self.regional, self.ckpt_regions)):
+            torch.testing.assert_close(got[0], want[0])
+            for g, w in zip(got[1], want[1]):
+                torch.testing.assert_close(g, w)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ def _tracing():
     """True while Dynamo traces the calling code (torch.compile): the contexts step aside."""
     return torch.compiler.is_compiling()
 
+
 _DEFAULT_MIN_BYTES = 1 << 20  # 1 MiB: smaller tensors are not worth a round trip
 
 
