@@ -183,5 +183,67 @@ class InductorTest(_Compiled, DaemonTestCase):
                 torch.testing.assert_close(g, w)
 
 
+class CompiledBackendTest(DaemonTestCase):
+    """offloadd.torch.compiled.backend: the whole model compiled, offload inside the graph.
+
+    torch's compiled offload pass picks the saved forward tensors of at least THRESHOLD_BYTES;
+    offloadd's ops send them to the daemon in forward and bring them back in backward. Against
+    checkpointing alone compiled with aot_eager: the same graph breaks, loss and gradients
+    bitwise equal, every offload reloaded and the pool back to its baseline."""
+
+    POOL_BYTES = "64MiB"
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        import offloadd.torch.compiled as oc
+        cls.model = q.make_model(seed=0, max_seq=SEQ, **q.SMALL_CONFIG)
+        cls.ids = q.batch(q.SMALL_CONFIG["vocab_size"], BATCH, SEQ)
+        q.set_checkpointing(cls.model, "ckpt")
+        cls.eager = q.step(cls.model, cls.ids)
+        cls.ckpt, cls.ckpt_breaks = graph_breaks(
+            lambda: q.step(torch.compile(cls.model, backend="aot_eager"), cls.ids))
+        ot._endpoint.reset_for_tests()
+        ctx = ot.offload_checkpoints(keep_last_n=0, threshold_bytes=THRESHOLD_BYTES, strict=True,
+                                     socket_path=cls.daemon.sock)
+        cls.backend = oc.backend(threshold_bytes=THRESHOLD_BYTES, context=ctx)
+        cls.before = cls.daemon.stats()
+        with q.spy_on_store(ctx.store) as seen:
+            cls.offloadd, cls.offloadd_breaks = graph_breaks(
+                lambda: q.step(torch.compile(cls.model, backend=cls.backend), cls.ids))
+        cls.seen = seen
+        assert ot.synchronize(), "offloads or releases did not complete"
+        cls.after = cls.daemon.stats()
+        cls.ctx_stats = ctx.stats.snapshot()
+        cls.pending = oc.release_pending()
+        print("\n[offloadd.torch.compiled] graph breaks %d (checkpointing alone %d); per graph "
+              "(offloads, reloads) inserted %s; offloads reaching the daemon %d, reloads %d; "
+              "packed %s"
+              % (sum(cls.offloadd_breaks.values()), sum(cls.ckpt_breaks.values()),
+                 cls.backend.graphs, cls.after.offloads_total - cls.before.offloads_total,
+                 cls.after.reloads_total - cls.before.reloads_total, cls.seen))
+
+    def test_the_same_graph_breaks_as_checkpointing_alone(self):
+        self.assertEqual(sum(self.offloadd_breaks.values()), sum(self.ckpt_breaks.values()))
+
+    def test_loss_and_gradients_bitwise_equal_to_checkpointing_compiled_alike(self):
+        self.assertTrue(q.bitwise_equal(self.offloadd, self.ckpt))
+
+    def test_the_layer_inputs_go_to_the_daemon_and_come_back(self):
+        inserted = sum(f for f, _ in self.backend.graphs)
+        self.assertEqual(inserted, sum(b for _, b in self.backend.graphs))
+        offloads = self.after.offloads_total - self.before.offloads_total
+        self.assertGreaterEqual(offloads, LAYERS)   # each checkpointed layer's input at least
+        self.assertEqual(offloads, inserted)
+        self.assertEqual(self.after.reloads_total - self.before.reloads_total, offloads)
+        s = self.ctx_stats
+        self.assertEqual((s.offloaded, s.reloaded, s.fallbacks, s.lost), (offloads, offloads, 0, 0))
+        self.assertEqual((self.after.blocks, self.after.pool_used_bytes),
+                         (self.before.blocks, self.before.pool_used_bytes))
+        self.assertEqual(self.pending, 0)
+        layer_input = ((BATCH, SEQ, q.SMALL_CONFIG["hidden_size"]), torch.float32)
+        self.assertGreaterEqual(self.seen.count(layer_input), LAYERS, self.seen)
+
+
 if __name__ == "__main__":
     unittest.main()
