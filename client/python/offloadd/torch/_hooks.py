@@ -16,7 +16,8 @@ taken -- so they add no graph break of their own and the compiled graph is the o
 alone gives. Tensors saved inside a compiled region are then kept by the compiled graph, not
 offloaded; a context entered in eager code (outside any compiled region) still offloads, also
 the tensors a compiled region called inside it saves for backward (torch defers saved-tensor
-hooks to run time). docs/compiled-graphs.md has the details.
+hooks to run time). To offload inside compiled graphs, compile with
+``offloadd.torch.compiled.backend``. docs/compiled-graphs.md has the details.
 """
 
 import atexit
