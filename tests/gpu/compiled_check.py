@@ -15,7 +15,12 @@ CPU test of this script does); "PASS ..." / "FAIL: ..." / "NOTE ..." lines, figu
    (``activation_offload_separate_stream``) inserts ao::offload / ao::reload / ao::wait_tensor
    on a transfer stream. For each: the ops found in the forward and backward graphs, and whether
    the gradients equal the uncompiled function's (PASS when they do).
-2. cuda_graph_plain / cuda_graph_offloadd: torch.cuda.graph capture of forward + backward of a
+2. compiled_backend: offloadd.torch.compiled.backend (offloadd's ops in place of the pass's
+   device_put nodes) on the same MLP under torch.compile, through the daemon: PASS when the
+   gradients equal the uncompiled function's and every offload the backend inserted was
+   packed (offloaded, or kept in process as a fallback without a daemon); the counts as
+   figures.
+3. cuda_graph_plain / cuda_graph_offloadd: torch.cuda.graph capture of forward + backward of a
    checkpointed block (torch.utils.checkpoint, non-reentrant), without offload (PASS when the
    replayed gradients equal eager ones) and inside offloadd.torch.offload_checkpoints (its pack
    hook runs Python and talks to the daemon during capture: what happens is reported, NOTE, and
@@ -91,6 +96,36 @@ def check_ao(torch, device):
         else:
             say("FAIL: %s: %s" % (name, "gradients differ" if ops else "no offload op inserted"))
             ok = False
+    return ok
+
+
+def check_backend(torch, device, sock):
+    import offloadd.torch as ot
+    import offloadd.torch.compiled as oc
+    f = mlp(torch)
+    g = torch.Generator(device="cpu").manual_seed(2)
+    x = torch.randn(512, 512, generator=g).to(device)
+    w = [torch.randn(512, 512, generator=g).to(device).requires_grad_() for _ in range(2)]
+    ctx = ot.offload_checkpoints(threshold_bytes=1 << 20, keep_last_n=0,
+                                 socket_path=sock or None, connect_timeout_seconds=2.0,
+                                 unresponsive_seconds=5.0)
+    be = oc.backend(threshold_bytes=1 << 20, context=ctx)
+    torch.compile(f, backend=be)(x, *w).backward()
+    compiled = [p.grad.clone() for p in w]
+    for p in w:
+        p.grad = None
+    f(x, *w).backward()
+    equal = all(torch.equal(a, p.grad) for a, p in zip(compiled, w))
+    ot.synchronize()
+    s = ctx.stats.snapshot()
+    inserted = sum(n for n, _ in be.graphs)
+    say("FIGURE compiled_backend_offloads %d inserted %d offloaded %d reloaded %d fallbacks"
+        % (inserted, s.offloaded, s.reloaded, s.fallbacks))
+    ok = equal and inserted >= 1 and s.offloaded + s.fallbacks == inserted
+    say("PASS compiled_backend: %d offload(s) inserted, gradients equal the uncompiled "
+        "function's" % inserted if ok else
+        "FAIL: compiled_backend: gradients %s, %d inserted, %d offloaded, %d fallbacks"
+        % ("equal" if equal else "differ", inserted, s.offloaded, s.fallbacks))
     return ok
 
 
@@ -189,6 +224,7 @@ def main():
     ok = True
     try:
         ok = check_ao(torch, a.device) and ok
+        ok = check_backend(torch, a.device, a.socket) and ok
         if a.device == "cuda":
             ok = check_cuda_graphs(torch, a.socket) and ok
         else:

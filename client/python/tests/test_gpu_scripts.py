@@ -266,7 +266,8 @@ class TorchCheckOnCpuTest(DaemonTestCase):
 class CompiledCheckTest(unittest.TestCase):
     """compiled_check.py: skips cleanly without CUDA; on CPU (--device cpu) torch's compiled
     offload pass runs in its device_put form and its ao:: form raises (ao::offload asks
-    torch.accelerator for the CPU device's stream), which the script reports without failing."""
+    torch.accelerator for the CPU device's stream), which the script reports without failing;
+    offloadd.torch.compiled.backend runs with its gradients equal to the uncompiled function's."""
 
     def run_check(self, *extra):
         return subprocess.run(
@@ -288,6 +289,8 @@ class CompiledCheckTest(unittest.TestCase):
         self.assertIn("NOTE ao_pass_sync on cpu: graph ops prims.device_put.default", r.stdout)
         self.assertIn("PASS ao_pass_sync: gradients equal the uncompiled function's", r.stdout)
         self.assertRegex(r.stdout, r"NOTE ao_pass_async on cpu: \w+Error: ")
+        # No daemon at /nonexistent: the backend's offloads are kept in process (fallbacks).
+        self.assertIn("PASS compiled_backend: 1 offload(s) inserted", r.stdout)
         self.assertNotIn("FAIL", r.stdout)
 
 
