@@ -31,7 +31,7 @@ constexpr int kExitDoesNotFit = 3;
 constexpr const char* kValueFlags[] = {
     "layers", "hidden", "attn-width",    "params-per-layer", "hf-config", "batch",     "seq",
     "dtype",  "link",   "gpus-per-node", "gpus-per-link",    "tflops",    "sweep-seqs",
-    "host-ram", "nvme-gbps", "keep-last-n", "gpu-memory", "gpu-peak"};
+    "host-ram", "nvme-gbps", "keep-last-n", "gpu-memory", "gpu-peak", "tp"};
 constexpr const char* kBoolFlags[] = {"sweep", "json", "help"};
 
 bool IsOneOf(absl::string_view name, const char* const* begin, const char* const* end) {
@@ -159,7 +159,8 @@ absl::StatusOr<Request> BuildRequest(const Flags& f) {
         CountFlag{"params-per-layer", &m.params_per_layer, false},
         CountFlag{"batch", &r.inputs.micro_batch, false}, CountFlag{"seq", &r.inputs.seq_len, true},
         CountFlag{"gpus-per-node", &r.inputs.gpus_per_node, false},
-        CountFlag{"gpus-per-link", &r.inputs.gpus_per_link, false}}) {
+        CountFlag{"gpus-per-link", &r.inputs.gpus_per_link, false},
+        CountFlag{"tp", &r.inputs.tensor_parallel_size, false}}) {
     if (const std::string* v = get(c.name)) {
       absl::StatusOr<int64_t> n = ParseCount(c.name, *v, c.suffix);
       if (!n.ok()) return n.status();
@@ -219,6 +220,9 @@ absl::StatusOr<Request> BuildRequest(const Flags& f) {
     }
     r.nvme_bytes_per_second = gbps * 1e9;
   }
+  // Without a spill tier the pool is bounded by the host RAM (planner.h host_ram_bytes); with
+  // one, the spill plan sizes the pool and the disk takes the rest.
+  if (r.nvme_bytes_per_second == 0) r.inputs.host_ram_bytes = r.host_ram_bytes;
   if (const std::string* v = get("sweep-seqs")) {
     for (absl::string_view part : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
       absl::StatusOr<int64_t> n = ParseCount("sweep-seqs", std::string(part), true);
@@ -247,12 +251,13 @@ bool WarnHostRam(const std::vector<Plan>& plans, uint64_t host_ram_bytes, std::o
   bool exceeded = false;
   for (const Plan& p : plans) {
     if (p.pinned_host_bytes_per_node <= host_ram_bytes) {
-      if (p.pool_bytes > host_ram_bytes) {  // fits live, not with the allocator headroom
+      if (p.pool_bytes_with_headroom > host_ram_bytes) {  // fits live, not with the headroom
         err << "offloadctl plan: note: at seq " << WithThousands(p.inputs.seq_len)
-            << " pool_bytes with the allocator headroom, " << FormatBytes(p.pool_bytes)
-            << ", exceeds the node's " << FormatBytes(host_ram_bytes)
-            << " (--host-ram): set pool_bytes to what the node can pin; a step whose pool "
-               "fragments may then wait for space\n";
+            << " pool_bytes with the allocator headroom, "
+            << FormatBytes(p.pool_bytes_with_headroom) << ", exceeds the node's "
+            << FormatBytes(host_ram_bytes)
+            << " (--host-ram): pool_bytes is capped at what the node can pin; a step whose "
+               "pool fragments may then wait for space\n";
       }
       continue;
     }
@@ -354,11 +359,11 @@ absl::StatusOr<uint64_t> ParseSize(const std::string& flag, const std::string& t
 const char* PlanUsage() {
   return "usage: offloadctl plan (--hf-config FILE | --layers N --hidden N --params-per-layer N\n"
          "                        [--attn-width N]) --seq N [--batch N] [--dtype bf16|fp16|fp32]\n"
-         "                       [--gpus-per-node N] [--gpus-per-link N]\n"
+         "                       [--gpus-per-node N] [--gpus-per-link N] [--tp N]\n"
          "                       [--link pcie4|pcie5|h200|nvlink-c2c|h100|a100|b200|gh200|GB/s]\n"
          "                       [--tflops X] [--keep-last-n N (default 1)]\n"
          "                       [--gpu-memory SIZE [--gpu-peak SIZE (measured, offload off)]]\n"
-         "                       [--host-ram SIZE (e.g. 2TiB: warn when the pool exceeds it)]\n"
+         "                       [--host-ram SIZE (e.g. 2TiB: the pool never exceeds it)]\n"
          "                       [--nvme-gbps X (with --host-ram: plan the spill tier)]\n"
          "                       [--sweep [--sweep-seqs 4K,32K,...]] [--json]\n"
          "Plans activation-checkpoint offload: host RAM, GPU memory freed, copy vs forward time\n"

@@ -5,10 +5,15 @@
 //   or                 --layers N --hidden N --params-per-layer N [--attn-width N (default:
 //                      hidden)]; given with --hf-config these override the derived values
 //   --batch N          micro-batch b (default 1)
-//   --seq N            tokens per GPU after any sequence-parallel split; suffix K = 1024,
+//   --seq N            tokens per GPU after any context-parallel split (before --tp's);
+//                      suffix K = 1024,
 //                      M = 1048576 ("4K", "128K"). Required unless --sweep.
 //   --dtype D          checkpoint dtype bf16 | fp16 | fp32 (default bf16)
 //   --gpus-per-node N  (default 8)    --gpus-per-link N (default 1)
+//   --tp N             tensor-parallel degree (default 1), with Megatron sequence parallelism:
+//                      each GPU holds and offloads 1/N of every checkpoint and computes 1/N of
+//                      each layer (planner.h PlanInputs::tensor_parallel_size); --seq must be
+//                      a multiple of N
 //   --link L           a link: pcie4 | pcie5 | h200 | nvlink-c2c; a GPU, for its host link:
 //                      h100 | a100 | b200 (pcie5, pcie4, pcie5) | gh200 (nvlink-c2c) | h200;
 //                      or a GB/s number (default h200; planner.h gives the sources)
@@ -22,10 +27,14 @@
 //   --sweep            table over 1K..512K tokens (or over --sweep-seqs a,b,c)
 //   --json             machine-readable output (one JSON object)
 //   --help
-//   --host-ram SIZE    warn when the pinned host RAM per node exceeds it
+//   --host-ram SIZE    the host RAM the node can pin: pool_bytes is capped at it; when the
+//                      checkpoints alone exceed it the decision is "host RAM short", no
+//                      pool_bytes is printed (a sentence says what to change) and a warning
+//                      goes to stderr
 //   --nvme-gbps X      with --host-ram: plan the spill tier
 // The text output of one plan ends with its decision line (offload / offload not needed /
-// offload cannot hide the copy / offload alone does not fit / nothing to offload) and the
+// offload cannot hide the copy / offload alone does not fit / host RAM short / cannot decide,
+// without --gpu-peak / nothing to offload) and the
 // settings that follow: the enable() call and the daemon config line "pool_bytes: N" (bytes,
 // the pinned host RAM per node with the pool allocator's headroom).
 // Exit status: 0 on success; 3 when one plan does not fit: its pinned host RAM per node exceeds

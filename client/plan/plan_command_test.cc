@@ -209,6 +209,16 @@ TEST(PlanCommand, WarnsWhenHostRamIsShort) {
   large.insert(large.end(), {"--host-ram=2TiB"});
   Result short_ram = RunPlan(small);
   EXPECT_EQ(short_ram.code, 3) << short_ram.err;  // the plan does not fit the node
+  // No pool_bytes above the host RAM is printed: a sentence says what to change instead.
+  EXPECT_EQ(short_ram.out.find("pool_bytes: 1"), std::string::npos) << short_ram.out;
+  EXPECT_NE(short_ram.out.find("pool_bytes: none (no pool fits: the checkpoints need 1264.00 GiB "
+                               "pinned per node, the node has 1024.00 GiB (--host-ram); lower "
+                               "--seq or --batch"),
+            std::string::npos)
+      << short_ram.out;
+  EXPECT_NE(short_ram.out.find("decision                     host RAM short"),
+            std::string::npos)
+      << short_ram.out;
   // keep_last_n=1 (the default) keeps one of the 80 layers: 8 x 79 x 2 GiB = 1,264 GiB.
   EXPECT_NE(short_ram.err.find("1264.00 GiB (8 GPUs x 158.00 GiB)"), std::string::npos)
       << short_ram.err;
@@ -226,6 +236,11 @@ TEST(PlanCommand, WarnsWhenHostRamIsShort) {
   EXPECT_EQ(tight.code, 0) << tight.err;
   EXPECT_NE(tight.err.find("pool_bytes with the allocator headroom"), std::string::npos)
       << tight.err;
+  // The pool line is the host RAM, not the 1643.2 GiB the headroom wants.
+  EXPECT_NE(tight.out.find("pool_bytes: " + std::to_string(1300ull << 30) +
+                           " (capped at the node's host RAM"),
+            std::string::npos)
+      << tight.out;
   Result sweep = RunPlan({"--hf-config", Fixture("llama-3-70b.json"), "--sweep", "--sweep-seqs",
                           "4K,128K", "--host-ram", "1TiB"});
   EXPECT_EQ(sweep.code, 0);
@@ -249,9 +264,14 @@ TEST(PlanCommand, DecidesAndPrintsTheSettings) {
   r = RunPlan({"--hf-config", Fixture("qwen3-1.7b.json"), "--seq", "4K", "--link", "a100",
                "--gpus-per-link", "8", "--keep-last-n", "2"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("offload cannot hide the copy (a reload takes 4.33 ms against 2.89 ms"),
+  // Without --gpu-memory/--gpu-peak it cannot tell whether offload is needed, and says so.
+  EXPECT_NE(r.out.find("decision                     cannot decide  (whether offload is needed: "
+                       "without the run's peak the planner cannot tell; pass --gpu-memory SIZE "
+                       "and --gpu-peak SIZE"),
             std::string::npos)
       << r.out;
+  EXPECT_EQ(r.out.find("decision                     offload"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a reload takes 4.33 ms against 2.89 ms"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("offloadd.transformers.enable(keep_last_n=2, prefetch=1)"),
             std::string::npos)
       << r.out;
@@ -287,6 +307,25 @@ TEST(PlanCommand, DecidesAndPrintsTheSettings) {
     EXPECT_EQ(e.code, 2) << needle;
     EXPECT_NE(e.err.find(needle), std::string::npos) << e.err;
   }
+}
+
+// --tp divides each GPU's checkpoint share (sequence parallelism) and must divide --seq.
+TEST(PlanCommand, TensorParallelDegree) {
+  Result r = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "128K", "--tp", "8",
+                      "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  absl::StatusOr<JsonValue> v = ParseJson(r.out);
+  ASSERT_TRUE(v.ok()) << v.status() << "\n" << r.out;
+  EXPECT_EQ(v->Find("checkpoint_bytes_per_layer")->number(), 134217728.0);
+  EXPECT_EQ(v->Find("inputs")->Find("tensor_parallel_size")->number(), 8);
+  EXPECT_EQ(v->Find("decision")->string_value(), "undecided");
+  Result bad = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "1000", "--tp", "3"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--seq (1000) must be a multiple of --tp (3)"), std::string::npos)
+      << bad.err;
+  bad = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--tp", "0"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--tp must be a positive integer"), std::string::npos) << bad.err;
 }
 
 TEST(PlanCommand, Help) {

@@ -42,6 +42,12 @@ std::string LinkName(const Link& link) {
   return absl::StrCat(link.name, " (", link.host_link, ")");
 }
 
+// ", tensor-parallel 8 (sequence-parallel)" with --tp above 1, else "".
+std::string TensorParallelNote(const PlanInputs& in) {
+  if (in.tensor_parallel_size <= 1) return "";
+  return absl::StrCat(", tensor-parallel ", in.tensor_parallel_size, " (sequence-parallel)");
+}
+
 std::string Header(const Plan& p) {
   const PlanInputs& in = p.inputs;
   const ModelShape& m = in.model;
@@ -50,7 +56,7 @@ std::string Header(const Plan& p) {
       ", attention width ", m.attention_width, ", ", WithThousands(m.params_per_layer),
       " params/layer\n", "  micro-batch ", in.micro_batch, ", ", DtypeName(in.dtype),
       " checkpoints (", p.checkpoint_bytes_per_element, " bytes/element), ", in.gpus_per_node,
-      " GPUs/node, ", in.gpus_per_link, " GPU(s) per link\n", "  link ", LinkName(in.link), " ",
+      " GPUs/node, ", in.gpus_per_link, " GPU(s) per link", TensorParallelNote(in), "\n", "  link ", LinkName(in.link), " ",
       GBps(in.link.bytes_per_second), " per direction = ", GBps(p.link_bytes_per_second_per_gpu),
       " per GPU; compute ", absl::StrFormat("%g", in.compute_flops_per_second / 1e12),
       " TFLOP/s sustained\n");
@@ -104,6 +110,44 @@ std::string GpuMemoryText(const Plan& p) {
   return out;
 }
 
+// What to change when the checkpoints do not fit the host RAM.
+constexpr const char* kHostRamAdvice =
+    "lower --seq or --batch, raise --keep-last-n, or give --nvme-gbps to plan the spill tier";
+
+// "a reload takes 0.61 ms, hidden behind ..." or "... against ...: the step is 4.0 % slower".
+std::string ReloadClause(const Plan& p) {
+  if (p.overlaps_fully) {
+    return absl::StrCat("a reload takes ", Ms(p.copy_seconds_per_layer), ", hidden behind ",
+                        Ms(p.overlap_budget_seconds), " of recompute + backward");
+  }
+  return absl::StrCat("a reload takes ", Ms(p.copy_seconds_per_layer), " against ",
+                      Ms(p.overlap_budget_seconds), " of recompute + backward: the step is ",
+                      Pct(p.overlap_slowdown), " slower");
+}
+
+// The daemon's pool_bytes line (planner.h Plan::pool_bytes): as planned, capped at --host-ram,
+// or none when the checkpoints alone exceed it.
+std::string PoolLine(const Plan& p) {
+  const PlanInputs& in = p.inputs;
+  if (in.host_ram_bytes > 0 && p.pinned_host_bytes_per_node > in.host_ram_bytes) {
+    return Row("offloadd.conf", "pool_bytes: none",
+               absl::StrCat("(no pool fits: the checkpoints need ",
+                            FormatBytes(p.pinned_host_bytes_per_node), " pinned per node, the "
+                            "node has ", FormatBytes(in.host_ram_bytes), " (--host-ram); ",
+                            kHostRamAdvice, ")"));
+  }
+  if (p.pool_bytes < p.pool_bytes_with_headroom) {
+    return Row("offloadd.conf", absl::StrCat("pool_bytes: ", p.pool_bytes),
+               absl::StrCat("(capped at the node's host RAM, --host-ram; the allocator "
+                            "headroom wants ", p.pool_bytes_with_headroom,
+                            ": a step whose pool fragments may wait for space)"));
+  }
+  return Row("offloadd.conf", absl::StrCat("pool_bytes: ", p.pool_bytes),
+             absl::StrFormat("(pinned host RAM per node x %.2f allocator headroom, %d "
+                             "rank(s) sharing the pool)",
+                             p.pool_headroom, in.gpus_per_node));
+}
+
 // The decision line (planner.h Decision) with the figures behind it.
 std::string DecisionText(const Plan& p) {
   const PlanInputs& in = p.inputs;
@@ -124,6 +168,19 @@ std::string DecisionText(const Plan& p) {
                        ", above the GPU's ", FormatBytes(in.gpu_memory_bytes),
                        "; shard further, lower --seq or --batch as well");
       break;
+    case Decision::kHostRamShort:
+      why = absl::StrCat("the offloaded checkpoints need ",
+                         FormatBytes(p.pinned_host_bytes_per_node), " of pinned host RAM per node, "
+                         "above the node's ", FormatBytes(in.host_ram_bytes), " (--host-ram); ",
+                         kHostRamAdvice);
+      break;
+    case Decision::kUndecided:
+      why = absl::StrCat(
+          "whether offload is needed: without the run's peak the planner cannot tell; pass ",
+          in.gpu_memory_bytes == 0 ? "--gpu-memory SIZE and " : "",
+          "--gpu-peak SIZE (measured with checkpointing on, offload off); if needed, ",
+          ReloadClause(p));
+      break;
     case Decision::kCannotHide:
       why = absl::StrCat("a reload takes ", Ms(p.copy_seconds_per_layer), " against ",
                          Ms(p.overlap_budget_seconds), " of recompute + backward: the step is ",
@@ -136,9 +193,10 @@ std::string DecisionText(const Plan& p) {
                          FormatBytes(p.gpu_bytes_freed_per_gpu), " per GPU");
       break;
   }
-  static const char* const kHeadline[] = {"nothing to offload", "offload not needed",
-                                          "offload alone does not fit",
-                                          "offload cannot hide the copy", "offload"};
+  static const char* const kHeadline[] = {
+      "nothing to offload",           "offload not needed", "offload alone does not fit",
+      "host RAM short",               "cannot decide",      "offload cannot hide the copy",
+      "offload"};
   return Row("decision", kHeadline[static_cast<int>(p.decision)], absl::StrCat("(", why, ")"));
 }
 
@@ -161,12 +219,7 @@ std::string FormatSettingsText(const Plan& p, const std::string& config_lines) {
   return absl::StrCat(
       Row("enable()", EnableCall(p), "then model.activation_checkpointing_enable(offload=True)"),
       Row("", absl::StrCat("(plain torch: `with ", torch_call, ":` around forward)"), ""),
-      config_lines.empty()
-          ? Row("offloadd.conf", absl::StrCat("pool_bytes: ", p.pool_bytes),
-                absl::StrFormat("(pinned host RAM per node x %.2f allocator headroom, %d "
-                                "rank(s) sharing the pool)",
-                                p.pool_headroom, p.inputs.gpus_per_node))
-          : config_lines);
+      config_lines.empty() ? PoolLine(p) : config_lines);
 }
 
 std::string WithThousands(uint64_t n) {
@@ -192,7 +245,13 @@ std::string FormatPlanText(const Plan& p) {
   const double matmul_s = p.matmul_flops_per_layer / p.inputs.compute_flops_per_second;
   const double attn_s = p.attention_flops_per_layer / p.inputs.compute_flops_per_second;
   std::string out = Header(p);
-  absl::StrAppend(&out, "  sequence ", WithThousands(p.inputs.seq_len), " tokens per GPU\n");
+  absl::StrAppend(&out, "  sequence ", WithThousands(p.inputs.seq_len), " tokens per GPU");
+  if (p.inputs.tensor_parallel_size > 1) {
+    absl::StrAppend(&out, " group, ",
+                    WithThousands(p.inputs.seq_len / p.inputs.tensor_parallel_size),
+                    " in each GPU's checkpoint share");
+  }
+  absl::StrAppend(&out, "\n");
   absl::StrAppend(
       &out,
       row("checkpoint per layer", FormatBytes(p.checkpoint_bytes_per_layer),
@@ -232,7 +291,9 @@ std::string FormatPlanJson(const Plan& p) {
       ", \"link_bytes_per_second\": ", JsonDouble(in.link.bytes_per_second),
       ", \"compute_flops_per_second\": ", JsonDouble(in.compute_flops_per_second),
       ", \"keep_last_n\": ", in.keep_last_n, ", \"gpu_memory_bytes\": ", in.gpu_memory_bytes,
-      ", \"gpu_peak_bytes\": ", in.gpu_peak_bytes, "}");
+      ", \"gpu_peak_bytes\": ", in.gpu_peak_bytes,
+      ", \"tensor_parallel_size\": ", in.tensor_parallel_size,
+      ", \"host_ram_bytes\": ", in.host_ram_bytes, "}");
   return absl::StrCat(
       "{\"model\": ", model, ", \"inputs\": ", inputs,
       ", \"checkpoint_bytes_per_element\": ", p.checkpoint_bytes_per_element,
@@ -243,7 +304,9 @@ std::string FormatPlanJson(const Plan& p) {
       ", \"offloads_in_flight_at_backward\": ", p.offloads_in_flight_at_backward,
       ", \"gpu_bytes_freed_per_gpu\": ", p.gpu_bytes_freed_per_gpu,
       ", \"pinned_host_bytes_per_node\": ", p.pinned_host_bytes_per_node,
-      ", \"pool_headroom\": ", JsonDouble(p.pool_headroom), ", \"pool_bytes\": ", p.pool_bytes,
+      ", \"pool_headroom\": ", JsonDouble(p.pool_headroom),
+      ", \"pool_bytes_with_headroom\": ", p.pool_bytes_with_headroom,
+      ", \"pool_bytes\": ", p.pool_bytes,
       ", \"link_bytes_per_second_per_gpu\": ", JsonDouble(p.link_bytes_per_second_per_gpu),
       ", \"copy_seconds_per_layer\": ", JsonDouble(p.copy_seconds_per_layer),
       ", \"matmul_flops_per_layer\": ", JsonDouble(p.matmul_flops_per_layer),

@@ -27,22 +27,25 @@ double PerGpuLinkRate(const PlanInputs& in) {
   return in.link.bytes_per_second / static_cast<double>(in.gpus_per_link);
 }
 
-// One direction's copy of one layer's checkpoint: b*s*h*dtype bytes at the per-GPU link rate.
+// One direction's copy of one GPU's share of a layer's checkpoint: b*s*h*dtype/tp bytes
+// (planner.h PlanInputs::tensor_parallel_size) at the per-GPU link rate.
 double CopySeconds(const PlanInputs& in, int64_t seq_len) {
-  const double bytes =
-      static_cast<double>(in.micro_batch) * seq_len * in.model.hidden * DtypeBytes(in.dtype);
+  const double bytes = static_cast<double>(in.micro_batch) * seq_len * in.model.hidden *
+                       DtypeBytes(in.dtype) / static_cast<double>(in.tensor_parallel_size);
   return bytes / PerGpuLinkRate(in);
 }
 
-// [ref]: "2 x tokens x (layer parameters) for the matmuls".
+// [ref]: "2 x tokens x (layer parameters) for the matmuls"; one GPU computes 1/tp of them.
 double MatmulFlops(const PlanInputs& in, int64_t seq_len) {
-  return 2.0 * static_cast<double>(in.micro_batch) * seq_len * in.model.params_per_layer;
+  return 2.0 * static_cast<double>(in.micro_batch) * seq_len * in.model.params_per_layer /
+         static_cast<double>(in.tensor_parallel_size);
 }
 
-// [ref]: "2 x b x s² x (attention width) for causal attention".
+// [ref]: "2 x b x s² x (attention width) for causal attention"; heads are split over tp.
 double AttentionFlops(const PlanInputs& in, int64_t seq_len) {
   const double s = static_cast<double>(seq_len);
-  return 2.0 * in.micro_batch * s * s * in.model.attention_width;
+  return 2.0 * in.micro_batch * s * s * in.model.attention_width /
+         static_cast<double>(in.tensor_parallel_size);
 }
 
 double ForwardSeconds(const PlanInputs& in, int64_t seq_len) {
@@ -108,6 +111,16 @@ absl::Status Validate(const PlanInputs& in) {
   if (in.gpu_peak_bytes > 0 && in.gpu_memory_bytes == 0) {
     return Invalid("--gpu-peak needs --gpu-memory (the GPU memory the run may use per GPU)");
   }
+  if (in.tensor_parallel_size <= 0) {
+    return Invalid("tensor-parallel degree must be positive: set --tp (1 without tensor "
+                   "parallelism)");
+  }
+  if (in.seq_len % in.tensor_parallel_size != 0) {
+    return Invalid(absl::StrCat("--seq (", in.seq_len, ") must be a multiple of --tp (",
+                                in.tensor_parallel_size,
+                                "): sequence parallelism splits each layer's input along the "
+                                "sequence over the tensor-parallel ranks"));
+  }
   return absl::OkStatus();
 }
 
@@ -124,6 +137,14 @@ int64_t OffloadsInFlightAtBackward(const Plan& p) {
   const double done = std::floor(static_cast<double>(p.offloaded_layers) *
                                  p.forward_seconds_per_layer / p.copy_seconds_per_layer);
   return p.offloaded_layers - static_cast<int64_t>(done);
+}
+
+// pool_bytes: the pool with its headroom, capped at the host RAM given (planner.h Plan).
+uint64_t PoolBytes(const Plan& p) {
+  const uint64_t host_ram = p.inputs.host_ram_bytes;
+  if (host_ram == 0) return p.pool_bytes_with_headroom;
+  if (p.pinned_host_bytes_per_node > host_ram) return 0;
+  return std::min(p.pool_bytes_with_headroom, host_ram);
 }
 
 // The fields that follow from keep_last_n and the GPU memory figures (planner.h Decision).
@@ -145,6 +166,10 @@ absl::Status Decide(Plan* p) {
     p->decision = Decision::kNotNeeded;
   } else if (in.gpu_peak_bytes > 0 && p->gpu_peak_with_offload_min_bytes > in.gpu_memory_bytes) {
     p->decision = Decision::kDoesNotFit;
+  } else if (in.host_ram_bytes > 0 && p->pinned_host_bytes_per_node > in.host_ram_bytes) {
+    p->decision = Decision::kHostRamShort;
+  } else if (in.gpu_peak_bytes == 0) {
+    p->decision = Decision::kUndecided;
   } else if (!p->overlaps_fully) {
     p->decision = Decision::kCannotHide;
   } else {
@@ -216,6 +241,10 @@ const char* DecisionName(Decision decision) {
       return "not_needed";
     case Decision::kDoesNotFit:
       return "does_not_fit";
+    case Decision::kHostRamShort:
+      return "host_ram_short";
+    case Decision::kUndecided:
+      return "undecided";
     case Decision::kCannotHide:
       return "cannot_hide";
     case Decision::kOffload:
@@ -231,7 +260,8 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
   p.checkpoint_bytes_per_element = DtypeBytes(in.dtype);
   uint64_t tokens = 0, per_token = 0;
   p.offloaded_layers = std::max<int64_t>(0, in.model.layers - in.keep_last_n);
-  if (!MulU64(in.micro_batch, in.seq_len, &tokens) ||
+  const int64_t tokens_per_gpu = in.seq_len / in.tensor_parallel_size;  // Validate: divides
+  if (!MulU64(in.micro_batch, tokens_per_gpu, &tokens) ||
       !MulU64(in.model.hidden, p.checkpoint_bytes_per_element, &per_token) ||
       !MulU64(tokens, per_token, &p.checkpoint_bytes_per_layer) ||
       !MulU64(p.checkpoint_bytes_per_layer, in.model.layers, &p.checkpoint_bytes_per_gpu) ||
@@ -241,7 +271,8 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
     return Invalid("checkpoint bytes overflow 64 bits: check --layers/--hidden/--batch/--seq");
   }
   p.pool_headroom = PoolHeadroom(in.gpus_per_node);
-  p.pool_bytes = PoolBytesWithHeadroom(p.pinned_host_bytes_per_node, p.pool_headroom);
+  p.pool_bytes_with_headroom = PoolBytesWithHeadroom(p.pinned_host_bytes_per_node, p.pool_headroom);
+  p.pool_bytes = PoolBytes(p);
   p.link_bytes_per_second_per_gpu = PerGpuLinkRate(in);
   p.copy_seconds_per_layer = CopySeconds(in, in.seq_len);
   p.matmul_flops_per_layer = MatmulFlops(in, in.seq_len);

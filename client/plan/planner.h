@@ -9,12 +9,13 @@
 // below as [ref], by section), which itself takes link figures from Stas Bekman's ml-engineering
 // book and the compute rate from the ALST paper. The model, quoted from [ref] "When the copy is
 // free: the bandwidth arithmetic":
-//   checkpoint per layer = b * s * h * dtype_bytes                 ("b*s*h*2 bytes" in bf16)
+//   checkpoint per layer = b * s * h * dtype_bytes / tp            ("b*s*h*2 bytes" in bf16)
 //   checkpoint per GPU   = L * checkpoint per layer    ([ref] "What it costs": L x b x s x h x 2)
 //   pinned host per node = GPUs per node * (L - keep_last_n) * checkpoint per layer (same
 //                          section, less the checkpoints keep_last_n leaves on the GPU)
 //   copy per layer       = checkpoint per layer / (link rate / GPUs sharing the link)
-//   forward per layer    = (2 * b*s * params_per_layer + 2 * b * s^2 * attention_width) / rate
+//   forward per layer    = (2 * b*s * params_per_layer + 2 * b * s^2 * attention_width) / tp
+//                          / rate
 //   sync slowdown        = 2 copies / 4 forwards  (forward, recompute, backward counting as 2)
 //   overlapped slowdown  = max(0, copy - 3 forwards) / 4 forwards
 //                          (the reload of layer k-1 hides behind layer k's recompute + backward)
@@ -25,7 +26,8 @@
 // so only the backward reload can cost time, and offloads that fall behind forward stay on the
 // GPU into backward (Plan::offloads_in_flight_at_backward). Also added: the pool's allocator
 // headroom (PoolHeadroom), the GPU memory decision (Decision) and the settings that follow
-// (plan_format.h).
+// (plan_format.h), the host RAM cap on the pool (PlanInputs::host_ram_bytes) and tensor
+// parallelism (PlanInputs::tensor_parallel_size).
 //
 // Units: bytes are exact integers; "GB/s" in names and presets means 1e9 bytes/s (the GBps of
 // [ref]); GiB in printed output is 2^30 bytes; times are seconds; slowdowns are fractions of the
@@ -114,7 +116,9 @@ inline constexpr double kDefaultComputeFlopsPerSecond = 500e12;
 struct PlanInputs {
   ModelShape model;
   int64_t micro_batch = 1;  // b
-  int64_t seq_len = 0;      // s: tokens per GPU, after any sequence-parallel split
+  // s: tokens per GPU after any context-parallel (Ulysses, ring attention) split, before the
+  // tensor-parallel split below (the sequence the tensor-parallel group works on).
+  int64_t seq_len = 0;
   CheckpointDtype dtype = CheckpointDtype::kBf16;
   int64_t gpus_per_node = 8;  // GPUs whose checkpoints share the node's pinned host RAM
   int64_t gpus_per_link = 1;  // GPUs behind one link (PCIe switch / host memory controller)
@@ -128,6 +132,22 @@ struct PlanInputs {
   // 0 = not given). They decide whether offload is needed at all.
   uint64_t gpu_memory_bytes = 0;
   uint64_t gpu_peak_bytes = 0;
+  // Tensor-parallel degree tp (Megatron-LM's tensor_model_parallel_size; 1 = none). Assumed
+  // with Megatron sequence parallelism (--sequence-parallel), the setting Megatron pairs with
+  // tensor parallelism: Korthikanti et al., "Reducing Activation Recomputation in Large
+  // Transformer Models" (2022), section 4.2.2, split the activations of the layer-norm/dropout
+  // regions, the layer input among them, along the sequence over the tp ranks, so each GPU
+  // holds (and offloads) b*s*h/tp of every checkpoint. The matmuls are split over the ranks
+  // (column/row parallel) and attention over heads, so each GPU's forward is 1/tp of the
+  // layer's FLOPs. Without sequence parallelism every rank holds the whole layer input (b*s*h,
+  // replicated): this model then understates the checkpoint bytes per GPU tp times. seq_len
+  // must be a multiple of tp (Megatron's own requirement with sequence parallelism).
+  int64_t tensor_parallel_size = 1;
+  // The host RAM the node can pin for the pool (bytes; 0 = not given). When given, pool_bytes
+  // never exceeds it: capped at it when the live checkpoints fit but the allocator headroom
+  // does not, 0 (no pool that works) and Decision::kHostRamShort when the checkpoints alone do
+  // not fit.
+  uint64_t host_ram_bytes = 0;
 };
 
 // What the plan advises, first match wins:
@@ -135,17 +155,32 @@ struct PlanInputs {
 //   kNotNeeded         the measured peak (--gpu-peak) fits --gpu-memory: leave offload off
 //   kDoesNotFit        even freeing every offloaded checkpoint at the peak leaves more than
 //                      --gpu-memory: offload alone does not make the run fit
+//   kHostRamShort      the pinned host RAM per node the offloaded checkpoints need exceeds
+//                      --host-ram: the pool cannot hold them (lower --seq or --batch, raise
+//                      --keep-last-n, or plan the spill tier with --nvme-gbps)
+//   kUndecided         no --gpu-peak (and so no way to tell whether the run fits the GPU
+//                      without offload): whether offload is needed cannot be decided; the
+//                      figures and settings hold if it is
 //   kCannotHide        the reload takes longer than the 3 forwards it hides behind: offload
 //                      works but costs overlap_slowdown of the step
 //   kOffload           offload, and the overlapped copy costs nothing to first order
-enum class Decision { kNothingToOffload, kNotNeeded, kDoesNotFit, kCannotHide, kOffload };
-// "nothing_to_offload", "not_needed", "does_not_fit", "cannot_hide", "offload".
+enum class Decision {
+  kNothingToOffload,
+  kNotNeeded,
+  kDoesNotFit,
+  kHostRamShort,
+  kUndecided,
+  kCannotHide,
+  kOffload
+};
+// "nothing_to_offload", "not_needed", "does_not_fit", "host_ram_short", "undecided",
+// "cannot_hide", "offload".
 const char* DecisionName(Decision decision);
 
 struct Plan {
   PlanInputs inputs;
   int64_t checkpoint_bytes_per_element = 0;
-  uint64_t checkpoint_bytes_per_layer = 0;  // b*s*h*dtype
+  uint64_t checkpoint_bytes_per_layer = 0;  // b*s*h*dtype / tp: one GPU's share
   uint64_t checkpoint_bytes_per_gpu = 0;    // L * per layer: held on the GPU without offload
   int64_t offloaded_layers = 0;             // max(0, L - keep_last_n)
   uint64_t offloaded_bytes_per_gpu = 0;     // offloaded_layers * per layer
@@ -162,11 +197,15 @@ struct Plan {
   uint64_t gpu_bytes_freed_per_gpu = 0;
   uint64_t pinned_host_bytes_per_node = 0;  // gpus_per_node * offloaded per GPU: the pool's peak
   double pool_headroom = 0.0;               // PoolHeadroom(gpus_per_node)
-  uint64_t pool_bytes = 0;  // pinned host * headroom, rounded up to a MiB: the pool_bytes line
+  // Pinned host * headroom, rounded up to a MiB: the pool the checkpoints want.
+  uint64_t pool_bytes_with_headroom = 0;
+  // The pool_bytes line: pool_bytes_with_headroom, at most host_ram_bytes when that is given;
+  // 0 when the checkpoints alone exceed host_ram_bytes (kHostRamShort).
+  uint64_t pool_bytes = 0;
   double link_bytes_per_second_per_gpu = 0.0;
   double copy_seconds_per_layer = 0.0;     // one direction; offload and reload each take this
-  double matmul_flops_per_layer = 0.0;     // 2 * b*s * params_per_layer
-  double attention_flops_per_layer = 0.0;  // 2 * b * s^2 * attention_width
+  double matmul_flops_per_layer = 0.0;     // 2 * b*s * params_per_layer / tp (one GPU's)
+  double attention_flops_per_layer = 0.0;  // 2 * b * s^2 * attention_width / tp
   double forward_seconds_per_layer = 0.0;
   double copy_to_forward_ratio = 0.0;
   double sync_slowdown = 0.0;           // 2*copy / (4*forward)
@@ -189,8 +228,9 @@ inline constexpr int64_t kNeverOverlaps = -1;
 // is not positive (keep_last_n: negative), gpus_per_link > gpus_per_node, a rate is not
 // positive and finite, gpu_peak_bytes is given without gpu_memory_bytes or is below the
 // checkpoints per GPU alone (then it was not measured with checkpointing on and offload off at
-// these inputs), or the byte totals overflow 64 bits. Without gpu_peak_bytes the decision is
-// kOffload or kCannotHide (or kNothingToOffload): whether the run fits needs its peak.
+// these inputs), tensor_parallel_size is below 1 or does not divide seq_len, or the byte totals
+// overflow 64 bits. Without gpu_peak_bytes the decision is kUndecided (or kNothingToOffload,
+// kHostRamShort): whether offload is needed takes the run's measured peak.
 absl::StatusOr<Plan> ComputePlan(const PlanInputs& inputs);
 
 // The plan at each of `seq_lens` (other inputs unchanged), in the given order.

@@ -75,6 +75,8 @@ PlanInputs VectorInputs(const ModelShape& model, const JsonValue& in) {
   if (in.Find("keep_last_n") != nullptr) p.keep_last_n = Int(in, "keep_last_n");
   if (in.Find("gpu_memory") != nullptr) p.gpu_memory_bytes = Int(in, "gpu_memory");
   if (in.Find("gpu_peak") != nullptr) p.gpu_peak_bytes = Int(in, "gpu_peak");
+  if (in.Find("tp") != nullptr) p.tensor_parallel_size = Int(in, "tp");
+  if (in.Find("host_ram") != nullptr) p.host_ram_bytes = Int(in, "host_ram");
   return p;
 }
 
@@ -100,6 +102,7 @@ double Quantity(const Plan& p, const std::string& key) {
       {"gpu_freed_gib_per_gpu", p.gpu_bytes_freed_per_gpu / kGiB},
       {"pool_headroom", p.pool_headroom},
       {"pool_bytes", static_cast<double>(p.pool_bytes)},
+      {"pool_bytes_with_headroom", static_cast<double>(p.pool_bytes_with_headroom)},
       {"pool_gib", p.pool_bytes / kGiB},
       {"checkpoint_pct_of_gpu_memory",
        100.0 * p.checkpoint_bytes_per_gpu / static_cast<double>(p.inputs.gpu_memory_bytes)},
@@ -327,6 +330,54 @@ TEST(Planner, KeepLastNAndPoolHeadroom) {
   EXPECT_NE(EnableCall(*kept).find("keep_last_n=3"), std::string::npos) << EnableCall(*kept);
 }
 
+// --host-ram bounds pool_bytes: capped when only the headroom does not fit, none (and the
+// decision says so) when the checkpoints alone do not.
+TEST(Planner, HostRamCapsThePool) {
+  PlanInputs in;
+  in.model = VectorModel("qwen3-8b");
+  in.seq_len = 131072;  // 8 GPUs x 35 x 1 GiB = 280 GiB per node, 364 GiB with the headroom
+  absl::StatusOr<Plan> free_pool = ComputePlan(in);
+  ASSERT_TRUE(free_pool.ok());
+  EXPECT_EQ(free_pool->pool_bytes, uint64_t{364} << 30);
+  in.host_ram_bytes = uint64_t{300} << 30;
+  absl::StatusOr<Plan> capped = ComputePlan(in);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(capped->pool_bytes, uint64_t{300} << 30);
+  EXPECT_EQ(capped->pool_bytes_with_headroom, uint64_t{364} << 30);
+  EXPECT_EQ(capped->decision, Decision::kUndecided);
+  EXPECT_NE(FormatSettingsText(*capped).find("pool_bytes: 322122547200 (capped at the node's "
+                                             "host RAM"),
+            std::string::npos)
+      << FormatSettingsText(*capped);
+  in.host_ram_bytes = uint64_t{256} << 30;
+  absl::StatusOr<Plan> short_ram = ComputePlan(in);
+  ASSERT_TRUE(short_ram.ok());
+  EXPECT_EQ(short_ram->pool_bytes, 0u);
+  EXPECT_EQ(short_ram->decision, Decision::kHostRamShort);
+  const std::string settings = FormatSettingsText(*short_ram);
+  EXPECT_EQ(settings.find("pool_bytes: 3"), std::string::npos) << settings;
+  EXPECT_NE(settings.find("pool_bytes: none (no pool fits"), std::string::npos) << settings;
+}
+
+// --tp with sequence parallelism: each GPU holds and copies 1/tp of a checkpoint and computes
+// 1/tp of the layer, so the copy/forward ratio stays and the bytes per GPU fall tp times.
+TEST(Planner, TensorParallelSplitsTheCheckpoint) {
+  PlanInputs in;
+  in.model = VectorModel("qwen3-8b");
+  in.seq_len = 131072;
+  absl::StatusOr<Plan> one = ComputePlan(in);
+  in.tensor_parallel_size = 8;
+  absl::StatusOr<Plan> eight = ComputePlan(in);
+  ASSERT_TRUE(one.ok() && eight.ok());
+  EXPECT_EQ(eight->checkpoint_bytes_per_layer * 8, one->checkpoint_bytes_per_layer);
+  EXPECT_EQ(eight->pinned_host_bytes_per_node * 8, one->pinned_host_bytes_per_node);
+  EXPECT_DOUBLE_EQ(eight->copy_seconds_per_layer * 8, one->copy_seconds_per_layer);
+  EXPECT_DOUBLE_EQ(eight->forward_seconds_per_layer * 8, one->forward_seconds_per_layer);
+  EXPECT_DOUBLE_EQ(eight->copy_to_forward_ratio, one->copy_to_forward_ratio);
+  EXPECT_NE(FormatPlanText(*eight).find("tensor-parallel 8 (sequence-parallel)"),
+            std::string::npos);
+}
+
 TEST(Planner, GpuMemoryDecides) {
   PlanInputs in;
   in.model = VectorModel("qwen3-1.7b");
@@ -337,11 +388,20 @@ TEST(Planner, GpuMemoryDecides) {
   EXPECT_EQ(ComputePlan(in)->decision, Decision::kNotNeeded);  // equal fits
   in.gpu_peak_bytes += 1;
   EXPECT_EQ(ComputePlan(in)->decision, Decision::kOffload);
-  in.gpu_peak_bytes = 0;  // no peak: whether it fits is not known
+  in.gpu_peak_bytes = 0;  // no peak: whether it fits is not known, so no "offload" either
   absl::StatusOr<Plan> no_peak = ComputePlan(in);
   ASSERT_TRUE(no_peak.ok());
-  EXPECT_EQ(no_peak->decision, Decision::kOffload);
-  EXPECT_NE(FormatPlanText(*no_peak).find("give --gpu-peak to decide"), std::string::npos);
+  EXPECT_EQ(no_peak->decision, Decision::kUndecided);
+  const std::string text = FormatPlanText(*no_peak);
+  EXPECT_NE(text.find("give --gpu-peak to decide"), std::string::npos);
+  EXPECT_NE(text.find("decision                     cannot decide  (whether offload is needed: "
+                      "without the run's peak the planner cannot tell; pass --gpu-peak SIZE"),
+            std::string::npos)
+      << text;
+  in.gpu_memory_bytes = 0;  // neither figure: both flags are named
+  EXPECT_NE(FormatPlanText(*ComputePlan(in)).find("pass --gpu-memory SIZE and --gpu-peak SIZE"),
+            std::string::npos);
+  in.gpu_memory_bytes = 12'000'000'000;
   in.gpu_peak_bytes = 1'000'000'000;  // below the 3.5 GiB of checkpoints: not that run's peak
   absl::StatusOr<Plan> low = ComputePlan(in);
   EXPECT_EQ(low.status().code(), absl::StatusCode::kInvalidArgument);
@@ -376,6 +436,8 @@ TEST(Planner, BadInputsAreInvalidArgumentWithTheFlagToFix) {
       {[](PlanInputs* p) { p->compute_flops_per_second = NAN; }, "--tflops"},
       {[](PlanInputs* p) { p->seq_len = int64_t{1} << 50; }, "overflow"},
       {[](PlanInputs* p) { p->keep_last_n = -1; }, "--keep-last-n"},
+      {[](PlanInputs* p) { p->tensor_parallel_size = 0; }, "--tp"},
+      {[](PlanInputs* p) { p->tensor_parallel_size = 3; }, "must be a multiple of --tp (3)"},
   };
   for (const Bad& b : cases) {
     PlanInputs in = good;

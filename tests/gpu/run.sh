@@ -20,7 +20,8 @@
 # ordering, an offload behind a spin kernel, a client that frees memory mid-transfer and one
 # killed with copies in flight, then a health run on the same daemon), the Python probes
 # (sticky CUDA errors, memory back after empty_cache, expandable segments switched at run time),
-# torch_check.py and transformers_check.py with expandable segments off and on, a last health
+# torch_check.py and transformers_check.py with expandable segments off and on, compiled_check.py
+# (torch's compiled offload pass and CUDA graph capture of a checkpointed block, reported), a last health
 # run, the handle count and a clean stop.
 #
 # A check that prints SKIPPED while nvidia-smi lists a GPU fails the run (a driver older than the
@@ -55,9 +56,9 @@ PYPATH="$here/python"
 # 40 s) is the reserve for the shell between steps and timeout's 2 s kill grace of a step that
 # overran.
 BUDGETS="unit_engine:10 unit_export:8 kernels:15 ipc:15 ipc_cross_uid:6 calib_measured:14 calib_model:10
-python_warm:15 python_env:15 daemon_start:15 context:6 data_pair:25 rates:15 ordering:20 spin:8
+python_warm:15 python_env:15 daemon_start:15 context:6 data_pair:25 rates:15 ordering:16 spin:8
 free_mid:8 health1:8 killed:13 probes_off:15 torch_off:47 torch_on:16 transformers_off:38
-transformers_on:20 probes_on:10 galore:55 health2:7 stop:12"
+transformers_on:20 compiled:12 probes_on:10 galore:47 health2:7 stop:12"
 declare -A BUDGET
 BUDGET_SUM=0
 for b in $BUDGETS; do
@@ -424,6 +425,7 @@ torch_step torch_on on "$here/torch_check.py" --socket="$sock" --python-root="$h
 torch_step transformers_off off "$here/transformers_check.py" --socket="$sock" --fixture-dir="$here"
 torch_step transformers_on on "$here/transformers_check.py" --socket="$sock" --fixture-dir="$here" \
   --seqs=2048 --trainer-steps=2 --timed-steps=1
+torch_step compiled off "$here/compiled_check.py" --socket="$sock" --python-root="$here/python"
 if needs probes_on ipc; then
   torch_step probes_on on "$here/cuda_probes.py" --socket="$sock" --python-root="$here/python" \
     --probes=sticky

@@ -6,12 +6,13 @@ tested against one set of vectors (client/plan/testdata/plan_vectors.json).
 Source of every formula and figure: shared/reference/activation-checkpoint-offload.txt ("[ref]"),
 section "When the copy is free: the bandwidth arithmetic" unless noted:
 
-* checkpoint per layer = b * s * h * dtype_bytes bytes ("b·s·h·2 bytes" in bf16)
+* checkpoint per layer = b * s * h * dtype_bytes / tp bytes ("b·s·h·2 bytes" in bf16; tp: the
+  tensor-parallel degree, see ``plan``)
 * checkpoint per GPU = L * (per layer); pinned host RAM per node = GPUs per node * (L -
   keep_last_n) * (per layer) ([ref] "What it costs": "L x b x s x h x 2 bytes per GPU, times the
   GPUs in a node", less what keep_last_n leaves on the GPU)
 * copy per layer (each direction) = per-layer bytes / (link rate / GPUs sharing the link)
-* forward per layer = (2 * b*s * params_per_layer + 2 * b * s**2 * attention_width) / rate
+* forward per layer = (2 * b*s * params_per_layer + 2 * b * s**2 * attention_width) / tp / rate
 * synchronous slowdown = 2 copies / 4 forwards per layer (forward, recompute, backward = 2)
 * overlapped slowdown = max(0, copy - 3 forwards) / 4 forwards: the reload of layer k-1 hides
   behind layer k's recompute and backward, "three forwards' worth of time"
@@ -20,8 +21,9 @@ First order, as [ref] states: full link rate, no HBM contention, no embedding or
 first-step pinning cost. Added here: GPUs sharing a link copy at once and split it evenly; in the
 overlapped schedule forward never waits for an offload (Arctic's design per [ref]), so offloads
 that fall behind forward stay on the GPU into backward (``offloads_in_flight_at_backward``); the
-pool's allocator headroom (``pool_headroom``), the decision (``DECISIONS``) and the settings that
-follow (``enable_call``, ``format_settings``).
+pool's allocator headroom (``pool_headroom``), the host RAM cap on the pool (``host_ram_bytes``),
+tensor parallelism (``tp``), the decision (``DECISIONS``) and the settings that follow
+(``enable_call``, ``format_settings``).
 
 Units: bytes are ints; GB/s means 1e9 bytes/s ([ref]'s GBps); GiB is 2**30 bytes; seconds;
 slowdowns are fractions of the checkpointed step time without offload (0.157 = 15.7%).
@@ -70,9 +72,14 @@ DEFAULT_KEEP_LAST_N = 1            # offloadd.torch's keep_last_n default
 #   not_needed          the measured peak (gpu_peak) fits gpu_memory: leave offload off
 #   does_not_fit        even freeing every offloaded checkpoint at the peak leaves more than
 #                       gpu_memory: offload alone does not make the run fit
+#   host_ram_short      the pinned host RAM per node exceeds host_ram_bytes: no pool holds the
+#                       checkpoints (lower seq or batch, raise keep_last_n, or a spill tier)
+#   undecided           no gpu_peak: whether offload is needed cannot be decided (the figures
+#                       and settings hold if it is)
 #   cannot_hide         a reload takes longer than the 3 forwards it hides behind
 #   offload             offload; the overlapped copy costs nothing to first order
-DECISIONS = ("nothing_to_offload", "not_needed", "does_not_fit", "cannot_hide", "offload")
+DECISIONS = ("nothing_to_offload", "not_needed", "does_not_fit", "host_ram_short", "undecided",
+             "cannot_hide", "offload")
 
 # [ref]: "The sustained rate is whatever your training achieves ... I use 500 below."
 DEFAULT_COMPUTE_FLOPS_PER_SECOND = 500e12
@@ -142,7 +149,10 @@ class Plan:
     offloaded_bytes_per_gpu: int = 0
     offloads_in_flight_at_backward: int = 0
     gpu_bytes_freed_per_gpu: int = 0
+    tensor_parallel_size: int = 1
+    host_ram_bytes: int = 0
     pool_headroom: float = 0.0
+    pool_bytes_with_headroom: int = 0
     pool_bytes: int = 0
     gpu_peak_with_offload_min_bytes: int = 0
     decision: str = "offload"
@@ -157,7 +167,7 @@ class Plan:
         d["inputs"] = {k: d.pop(k) for k in (
             "micro_batch", "seq_len", "dtype", "gpus_per_node", "gpus_per_link", "link",
             "host_link", "link_bytes_per_second", "compute_flops_per_second", "keep_last_n",
-            "gpu_memory_bytes", "gpu_peak_bytes")}
+            "gpu_memory_bytes", "gpu_peak_bytes", "tensor_parallel_size", "host_ram_bytes")}
         d["enable_call"] = enable_call(self)
         return d
 
@@ -217,20 +227,28 @@ def dense_layer_params(hidden: int, heads: int, kv_heads: int, head_dim: int,
             + 3 * hidden * intermediate)
 
 
-def _copy_s(m, b, s, dbytes, per_gpu_rate):
-    return b * s * m.hidden * dbytes / per_gpu_rate
+def _copy_s(m, b, s, dbytes, per_gpu_rate, tp=1):
+    return b * s * m.hidden * dbytes / tp / per_gpu_rate
 
 
-def _forward_s(m, b, s, rate):
-    return (2.0 * b * s * m.params_per_layer + 2.0 * b * s * s * m.attention_width) / rate
+def _matmul_flops(m, b, s, tp):
+    return 2.0 * b * s * m.params_per_layer / tp
 
 
-def _overlaps(m, b, s, dbytes, per_gpu_rate, rate) -> bool:
-    return _copy_s(m, b, s, dbytes, per_gpu_rate) <= FORWARDS_TO_HIDE_RELOAD * _forward_s(
-        m, b, s, rate)
+def _attention_flops(m, b, s, tp):
+    return 2.0 * b * float(s) * s * m.attention_width / tp
 
 
-def _full_overlap_min_seq_len(m, b, dbytes, per_gpu_rate, rate) -> int:
+def _forward_s(m, b, s, rate, tp=1):
+    return (_matmul_flops(m, b, s, tp) + _attention_flops(m, b, s, tp)) / rate
+
+
+def _overlaps(m, b, s, dbytes, per_gpu_rate, rate, tp=1) -> bool:
+    return _copy_s(m, b, s, dbytes, per_gpu_rate, tp) <= FORWARDS_TO_HIDE_RELOAD * _forward_s(
+        m, b, s, rate, tp)
+
+
+def _full_overlap_min_seq_len(m, b, dbytes, per_gpu_rate, rate, tp=1) -> int:
     # Per token the copy costs h*d/rate_per_gpu while the forward costs (2P + 2sw)/R, growing
     # with s ([ref]: "the ratio improves as the sequence grows"), so full overlap holds from the
     # crossover s* = (R*h*d/(3*rate_per_gpu) - 2P) / (2w) on, and there is no largest s.
@@ -239,9 +257,9 @@ def _full_overlap_min_seq_len(m, b, dbytes, per_gpu_rate, rate) -> int:
     if not crossover < 1e18:
         return NEVER_OVERLAPS
     s = 1 if crossover <= 1.0 else int(math.ceil(crossover))
-    while s > 1 and _overlaps(m, b, s - 1, dbytes, per_gpu_rate, rate):
+    while s > 1 and _overlaps(m, b, s - 1, dbytes, per_gpu_rate, rate, tp):
         s -= 1
-    while not _overlaps(m, b, s, dbytes, per_gpu_rate, rate):
+    while not _overlaps(m, b, s, dbytes, per_gpu_rate, rate, tp):
         s += 1
     return s
 
@@ -258,8 +276,8 @@ def _offloads_in_flight_at_backward(offloaded_layers: int, copy_s: float,
     return offloaded_layers - int(math.floor(float(offloaded_layers) * forward_s / copy_s))
 
 
-def _decide(m: ModelShape, offloaded_layers: int, gpu_memory_bytes: int, gpu_peak_bytes: int,
-            peak_min: int, overlaps: bool) -> str:
+def _decide(offloaded_layers: int, gpu_memory_bytes: int, gpu_peak_bytes: int, peak_min: int,
+            overlaps: bool, host_ram_short: bool) -> str:
     """The decision (DECISIONS), first match wins."""
     if offloaded_layers == 0:
         return "nothing_to_offload"
@@ -267,7 +285,33 @@ def _decide(m: ModelShape, offloaded_layers: int, gpu_memory_bytes: int, gpu_pea
         return "not_needed"
     if gpu_peak_bytes and peak_min > gpu_memory_bytes:
         return "does_not_fit"
+    if host_ram_short:
+        return "host_ram_short"
+    if not gpu_peak_bytes:
+        return "undecided"
     return "offload" if overlaps else "cannot_hide"
+
+
+def _check_tp_and_host_ram(tp, seq, host_ram_bytes):
+    _positive_int(tp, "tensor-parallel degree (tp)")
+    if seq % tp:
+        raise ValueError(f"seq ({seq}) must be a multiple of tp ({tp}): sequence parallelism "
+                         "splits each layer's input along the sequence over the tensor-parallel "
+                         "ranks")
+    if isinstance(host_ram_bytes, bool) or not isinstance(host_ram_bytes, int) or \
+            host_ram_bytes < 0:
+        raise ValueError(f"host_ram_bytes must be a non-negative integer of bytes, got "
+                         f"{host_ram_bytes!r}")
+
+
+def _pool_bytes(with_headroom: int, pinned: int, host_ram_bytes: int) -> int:
+    """pool_bytes: the pool with its headroom, at most the host RAM given; 0 when the
+    checkpoints alone exceed it."""
+    if not host_ram_bytes:
+        return with_headroom
+    if pinned > host_ram_bytes:
+        return 0
+    return min(with_headroom, host_ram_bytes)
 
 
 def _check_gpu_memory(gpu_memory_bytes, gpu_peak_bytes, checkpoint_bytes_per_gpu):
@@ -288,15 +332,25 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
          gpus_per_node: int = 8, gpus_per_link: int = 1,
          link: Union[str, float] = "h200", tflops: float = 500.0,
          keep_last_n: int = DEFAULT_KEEP_LAST_N, gpu_memory_bytes: int = 0,
-         gpu_peak_bytes: int = 0) -> Plan:
+         gpu_peak_bytes: int = 0, tp: int = 1, host_ram_bytes: int = 0) -> Plan:
     """Plans checkpoint offload for ``model`` at micro-batch ``batch`` and ``seq`` tokens per GPU
-    (after any sequence-parallel split). ``link``: link preset, GPU name (its host link) or GB/s
+    (after any context-parallel split, before the tensor-parallel one). ``link``: link preset, GPU name (its host link) or GB/s
     per direction; ``tflops``: sustained compute rate in TFLOP/s; ``keep_last_n``: offloadd.torch's
     keep_last_n, the newest n checkpoints stay on the GPU (not offloaded, not in the pool);
     ``gpu_memory_bytes``: GPU memory the run may use per GPU (0: not given); ``gpu_peak_bytes``:
     the run's measured peak per GPU with checkpointing on and offload off (0: not given; needs
-    gpu_memory_bytes), which decides whether offload is needed (``decision``). Raises ValueError
-    naming the bad input."""
+    gpu_memory_bytes), which decides whether offload is needed (``decision``; "undecided"
+    without it). ``tp``: tensor-parallel degree (Megatron-LM's tensor_model_parallel_size), with
+    Megatron sequence parallelism, which Megatron pairs with it: Korthikanti et al., "Reducing
+    Activation Recomputation in Large Transformer Models" (2022), section 4.2.2, split the
+    layer-norm/dropout regions' activations, the layer input among them, along the sequence
+    over the tp ranks, so each GPU holds and offloads b*s*h/tp of every checkpoint and computes
+    1/tp of the layer (column/row-parallel matmuls, attention heads split). Without sequence
+    parallelism every rank holds the whole layer input (replicated) and this understates the
+    bytes per GPU tp times; ``seq`` must be a multiple of tp. ``host_ram_bytes``: the host RAM
+    the node can pin (0: not given): ``pool_bytes`` never exceeds it (capped; 0 and decision
+    "host_ram_short" when the checkpoints alone exceed it). Raises ValueError naming the bad
+    input."""
     _positive_int(model.layers, "layers")
     _positive_int(model.hidden, "hidden size")
     _positive_int(model.attention_width, "attention width")
@@ -313,12 +367,13 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
         raise ValueError(f"compute rate must be a positive number of TFLOP/s, got {tflops!r}")
     if isinstance(keep_last_n, bool) or not isinstance(keep_last_n, int) or keep_last_n < 0:
         raise ValueError(f"keep_last_n must be 0 or more, got {keep_last_n!r}")
+    _check_tp_and_host_ram(tp, seq, host_ram_bytes)
     link_name, link_rate = resolve_link(link)
     d = _dtype(dtype)
     dbytes = DTYPE_BYTES[d]
     rate = float(tflops) * 1e12
     per_gpu_rate = link_rate / gpus_per_link
-    per_layer = batch * seq * model.hidden * dbytes
+    per_layer = batch * (seq // tp) * model.hidden * dbytes
     per_gpu = per_layer * model.layers
     offloaded_layers = max(0, model.layers - keep_last_n)
     offloaded = per_layer * offloaded_layers
@@ -328,9 +383,9 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
     _check_gpu_memory(gpu_memory_bytes, gpu_peak_bytes, per_gpu)
     headroom = pool_headroom(gpus_per_node)
     pool = math.ceil(per_node * headroom / 2**20) * 2**20
-    copy_s = _copy_s(model, batch, seq, dbytes, per_gpu_rate)
-    matmul = 2.0 * batch * seq * model.params_per_layer
-    attention = 2.0 * batch * float(seq) * seq * model.attention_width
+    copy_s = _copy_s(model, batch, seq, dbytes, per_gpu_rate, tp)
+    matmul = _matmul_flops(model, batch, seq, tp)
+    attention = _attention_flops(model, batch, seq, tp)
     forward_s = (matmul + attention) / rate
     step_s = FORWARDS_PER_STEP * forward_s
     budget = FORWARDS_TO_HIDE_RELOAD * forward_s
@@ -352,14 +407,16 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
         overlap_slowdown=0.0 if overlaps else (copy_s - budget) / step_s,
         overlaps_fully=overlaps,
         full_overlap_min_seq_len=_full_overlap_min_seq_len(model, batch, dbytes, per_gpu_rate,
-                                                           rate),
+                                                           rate, tp),
         host_link=host_link(link_name), keep_last_n=keep_last_n,
         gpu_memory_bytes=gpu_memory_bytes, gpu_peak_bytes=gpu_peak_bytes,
         offloaded_layers=offloaded_layers, offloaded_bytes_per_gpu=offloaded,
         offloads_in_flight_at_backward=in_flight, gpu_bytes_freed_per_gpu=freed,
-        pool_headroom=headroom, pool_bytes=pool, gpu_peak_with_offload_min_bytes=peak_min,
-        decision=_decide(model, offloaded_layers, gpu_memory_bytes, gpu_peak_bytes, peak_min,
-                         overlaps))
+        tensor_parallel_size=tp, host_ram_bytes=host_ram_bytes, pool_headroom=headroom,
+        pool_bytes_with_headroom=pool, pool_bytes=_pool_bytes(pool, per_node, host_ram_bytes),
+        gpu_peak_with_offload_min_bytes=peak_min,
+        decision=_decide(offloaded_layers, gpu_memory_bytes, gpu_peak_bytes, peak_min, overlaps,
+                         bool(host_ram_bytes) and per_node > host_ram_bytes))
 
 
 def default_sweep_seq_lens() -> List[int]:
@@ -477,8 +534,21 @@ def _gpu_memory_rows(p: Plan) -> List[str]:
 
 
 _HEADLINES = {"nothing_to_offload": "nothing to offload", "not_needed": "offload not needed",
-              "does_not_fit": "offload alone does not fit",
-              "cannot_hide": "offload cannot hide the copy", "offload": "offload"}
+              "does_not_fit": "offload alone does not fit", "host_ram_short": "host RAM short",
+              "undecided": "cannot decide", "cannot_hide": "offload cannot hide the copy",
+              "offload": "offload"}
+
+_HOST_RAM_ADVICE = ("lower --seq or --batch, raise --keep-last-n, or give --nvme-gbps to plan "
+                    "the spill tier")
+
+
+def _reload_clause(p: Plan) -> str:
+    if p.overlaps_fully:
+        return (f"a reload takes {_ms(p.copy_seconds_per_layer)}, hidden behind "
+                f"{_ms(p.overlap_budget_seconds)} of recompute + backward")
+    return (f"a reload takes {_ms(p.copy_seconds_per_layer)} against "
+            f"{_ms(p.overlap_budget_seconds)} of recompute + backward: the step is "
+            f"{p.overlap_slowdown * 100:.1f} % slower")
 
 
 def _decision_row(p: Plan) -> str:
@@ -492,6 +562,15 @@ def _decision_row(p: Plan) -> str:
         why = (f"at best the peak falls to {_bytes(p.gpu_peak_with_offload_min_bytes)}, above "
                f"the GPU's {_bytes(p.gpu_memory_bytes)}; shard further, lower --seq or --batch "
                "as well")
+    elif p.decision == "host_ram_short":
+        why = (f"the offloaded checkpoints need {_bytes(p.pinned_host_bytes_per_node)} of pinned "
+               f"host RAM per node, above the node's {_bytes(p.host_ram_bytes)} (--host-ram); "
+               f"{_HOST_RAM_ADVICE}")
+    elif p.decision == "undecided":
+        memory = "" if p.gpu_memory_bytes else "--gpu-memory SIZE and "
+        why = ("whether offload is needed: without the run's peak the planner cannot tell; pass "
+               f"{memory}--gpu-peak SIZE (measured with checkpointing on, offload off); if "
+               f"needed, {_reload_clause(p)}")
     elif p.decision == "cannot_hide":
         why = (f"a reload takes {_ms(p.copy_seconds_per_layer)} against "
                f"{_ms(p.overlap_budget_seconds)} of recompute + backward: the step is "
@@ -526,10 +605,25 @@ def format_settings(p: Plan) -> str:
     return "\n".join([
         _row("enable()", call, "then model.activation_checkpointing_enable(offload=True)"),
         _row("", f"(plain torch: `with {torch_call}:` around forward)", ""),
-        _row("offloadd.conf", f"pool_bytes: {p.pool_bytes}",
-             f"(pinned host RAM per node x {p.pool_headroom:.2f} allocator headroom, "
-             f"{p.gpus_per_node} rank(s) sharing the pool)"),
+        _pool_line(p),
     ]) + "\n"
+
+
+def _pool_line(p: Plan) -> str:
+    """The daemon's pool_bytes line: as planned, capped at host_ram_bytes, or none."""
+    if p.host_ram_bytes and p.pinned_host_bytes_per_node > p.host_ram_bytes:
+        return _row("offloadd.conf", "pool_bytes: none",
+                    f"(no pool fits: the checkpoints need {_bytes(p.pinned_host_bytes_per_node)} "
+                    f"pinned per node, the node has {_bytes(p.host_ram_bytes)} (--host-ram); "
+                    f"{_HOST_RAM_ADVICE})")
+    if p.pool_bytes < p.pool_bytes_with_headroom:
+        return _row("offloadd.conf", f"pool_bytes: {p.pool_bytes}",
+                    "(capped at the node's host RAM, --host-ram; the allocator headroom wants "
+                    f"{p.pool_bytes_with_headroom}: a step whose pool fragments may wait for "
+                    "space)")
+    return _row("offloadd.conf", f"pool_bytes: {p.pool_bytes}",
+                f"(pinned host RAM per node x {p.pool_headroom:.2f} allocator headroom, "
+                f"{p.gpus_per_node} rank(s) sharing the pool)")
 
 
 def format_plan(p: Plan) -> str:
@@ -563,16 +657,28 @@ def format_plan(p: Plan) -> str:
            f"{m.attention_width}, {m.params_per_layer:,} params/layer",
            f"  micro-batch {p.micro_batch}, {p.dtype} checkpoints "
            f"({p.checkpoint_bytes_per_element} bytes/element), {p.gpus_per_node} GPUs/node, "
-           f"{p.gpus_per_link} GPU(s) per link",
+           f"{p.gpus_per_link} GPU(s) per link{_tp_note(p)}",
            f"  link {_link_name(p)} {p.link_bytes_per_second / 1e9:.2f} GB/s per direction = "
            f"{p.link_bytes_per_second_per_gpu / 1e9:.2f} GB/s per GPU; compute "
            f"{p.compute_flops_per_second / 1e12:g} TFLOP/s sustained",
-           f"  sequence {p.seq_len:,} tokens per GPU"]
+           f"  sequence {p.seq_len:,} tokens per GPU{_tp_sequence(p)}"]
     for label, value, note in rows:
         out.append(_row(label, value, note))
     out += _gpu_memory_rows(p)
     out.append(_decision_row(p))
     return "\n".join(out) + "\n" + format_settings(p)
+
+
+def _tp_note(p: Plan) -> str:
+    if p.tensor_parallel_size <= 1:
+        return ""
+    return f", tensor-parallel {p.tensor_parallel_size} (sequence-parallel)"
+
+
+def _tp_sequence(p: Plan) -> str:
+    if p.tensor_parallel_size <= 1:
+        return ""
+    return f" group, {p.seq_len // p.tensor_parallel_size:,} in each GPU's checkpoint share"
 
 
 def _in_flight(p: Plan) -> str:

@@ -147,7 +147,7 @@ class RunShGpuPathTest(unittest.TestCase):
         shutil.copy(RUN_SH, d)
         shutil.copytree(os.path.join(PY_ROOT, "offloadd"), os.path.join(d, "python", "offloadd"))
         for name in ("torch_check.py", "transformers_check.py", "cuda_probes.py",
-                     "galore_check.py"):
+                     "galore_check.py", "compiled_check.py"):
             with open(os.path.join(d, name), "w") as f:
                 f.write(STUB_PY)
         for name in ("cuda_engine_test", "cuda_export_test"):
@@ -214,6 +214,7 @@ class RunShGpuPathTest(unittest.TestCase):
                              % (step, conf))
         # GaLore runs while the first daemon still serves (it needs it), before the clean stop.
         self.assertIn("[galore] PASS galore_check.py stub", out)
+        self.assertIn("[compiled] PASS compiled_check.py stub with expandable_segments:False", out)
         self.assertLess(out.index("[galore] PASS"), out.index("== stopping offloadd"))
 
     def test_a_taken_port_does_not_keep_the_daemon_from_starting(self):
@@ -260,6 +261,37 @@ class TorchCheckOnCpuTest(DaemonTestCase):
         # Either the client's counters or "n/a"; the reloads waited for are always counted.
         self.assertRegex(waits[0], r"offloadd (n/a|[0-9.]+) waits, (n/a|[0-9.]+) s .*"
                                    r"waited for: [0-9.]+, [0-9.]+ s")
+
+
+class CompiledCheckTest(unittest.TestCase):
+    """compiled_check.py: skips cleanly without CUDA; on CPU (--device cpu) torch's compiled
+    offload pass runs in its device_put form and its ao:: form raises (ao::offload asks
+    torch.accelerator for the CPU device's stream), which the script reports without failing;
+    offloadd.torch.compiled.backend runs with its gradients equal to the uncompiled function's."""
+
+    def run_check(self, *extra):
+        return subprocess.run(
+            [sys.executable, os.path.join(GPU, "compiled_check.py"), "--socket", "/nonexistent",
+             "--python-root", PY_ROOT] + list(extra),
+            env=dict(os.environ, PYTHONPATH=PY_ROOT), capture_output=True, text=True, timeout=300)
+
+    def test_skips_cleanly_without_cuda(self):
+        import torch
+        if torch.cuda.is_available():
+            self.skipTest("CUDA is available here")
+        r = self.run_check()
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("SKIPPED: torch.cuda.is_available() is False", r.stdout)
+
+    def test_on_cpu_the_device_put_pass_runs_and_the_ao_ops_are_reported(self):
+        r = self.run_check("--device", "cpu")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("NOTE ao_pass_sync on cpu: graph ops prims.device_put.default", r.stdout)
+        self.assertIn("PASS ao_pass_sync: gradients equal the uncompiled function's", r.stdout)
+        self.assertRegex(r.stdout, r"NOTE ao_pass_async on cpu: \w+Error: ")
+        # No daemon at /nonexistent: the backend's offloads are kept in process (fallbacks).
+        self.assertIn("PASS compiled_backend: 1 offload(s) inserted", r.stdout)
+        self.assertNotIn("FAIL", r.stdout)
 
 
 class CudaProbesWithoutCudaTest(unittest.TestCase):

@@ -30,7 +30,8 @@ def _plan(model, inputs):
     # Optional inputs (plan_vectors.json "about"): absent = the planner's defaults.
     extra = {k: inputs[v] for k, v in (("keep_last_n", "keep_last_n"),
                                         ("gpu_memory_bytes", "gpu_memory"),
-                                        ("gpu_peak_bytes", "gpu_peak")) if v in inputs}
+                                        ("gpu_peak_bytes", "gpu_peak"), ("tp", "tp"),
+                                        ("host_ram_bytes", "host_ram")) if v in inputs}
     return P.plan(model, seq=inputs["seq"], batch=inputs["batch"], dtype=inputs["dtype"],
                   gpus_per_node=inputs["gpus_per_node"], gpus_per_link=inputs["gpus_per_link"],
                   link=inputs["link"], tflops=inputs["tflops"], **extra)
@@ -57,6 +58,7 @@ def _quantity(p, key):
         "gpu_freed_gib_per_gpu": p.gpu_bytes_freed_per_gpu / 2**30,
         "pool_headroom": p.pool_headroom,
         "pool_bytes": p.pool_bytes,
+        "pool_bytes_with_headroom": p.pool_bytes_with_headroom,
         "pool_gib": p.pool_bytes / 2**30,
         "checkpoint_pct_of_gpu_memory": (100.0 * p.checkpoint_bytes_per_gpu / p.gpu_memory_bytes
                                          if p.gpu_memory_bytes else float("nan")),
@@ -214,10 +216,16 @@ class PlannerTest(unittest.TestCase):
         kw = dict(seq=32768, keep_last_n=0, gpu_memory_bytes=12 * 10**9)
         self.assertEqual(P.plan(m, **kw, gpu_peak_bytes=12 * 10**9).decision, "not_needed")
         self.assertEqual(P.plan(m, **kw, gpu_peak_bytes=12 * 10**9 + 1).decision, "offload")
-        self.assertEqual(P.plan(m, **kw).decision, "offload")  # no peak: cannot tell it fits
+        # No peak: it cannot tell whether the run fits, so it does not say "offload".
+        self.assertEqual(P.plan(m, **kw).decision, "undecided")
         text = P.format_plan(P.plan(m, **kw))
         self.assertIn("give --gpu-peak to decide", text)
-        self.assertIn("pool_bytes: ", text)
+        self.assertIn("decision                     cannot decide  (whether offload is needed: "
+                      "without the run's peak the planner cannot tell; pass --gpu-peak SIZE", text)
+        self.assertNotIn("decision                     offload", text)
+        self.assertIn("pool_bytes: ", text)   # the settings if it is needed
+        self.assertIn("pass --gpu-memory SIZE and --gpu-peak SIZE",
+                      P.format_plan(P.plan(m, seq=32768)))
         text = P.format_plan(P.plan(m, **kw, gpu_peak_bytes=11130000000))
         self.assertIn("offload not needed", text)
         self.assertNotIn("pool_bytes", text)
@@ -225,6 +233,33 @@ class PlannerTest(unittest.TestCase):
             P.plan(m, seq=32768, gpu_peak_bytes=10**10)
         with self.assertRaisesRegex(ValueError, "below the checkpoints alone"):
             P.plan(m, **kw, gpu_peak_bytes=10**9)
+
+    def test_host_ram_caps_the_pool(self):
+        m = _model("qwen3-8b")   # 8 GPUs x 35 x 1 GiB = 280 GiB per node, 364 GiB with headroom
+        self.assertEqual(P.plan(m, seq=131072).pool_bytes, 364 << 30)
+        capped = P.plan(m, seq=131072, host_ram_bytes=300 << 30)
+        self.assertEqual((capped.pool_bytes, capped.pool_bytes_with_headroom),
+                         (300 << 30, 364 << 30))
+        self.assertIn("pool_bytes: 322122547200 (capped at the node's host RAM",
+                      P.format_settings(capped))
+        short = P.plan(m, seq=131072, host_ram_bytes=256 << 30)
+        self.assertEqual((short.pool_bytes, short.decision), (0, "host_ram_short"))
+        settings = P.format_settings(short)
+        self.assertNotIn("pool_bytes: 3", settings)
+        self.assertIn("pool_bytes: none (no pool fits", settings)
+
+    def test_tensor_parallel_splits_the_checkpoint(self):
+        m = _model("qwen3-8b")
+        one, eight = P.plan(m, seq=131072), P.plan(m, seq=131072, tp=8)
+        self.assertEqual(eight.checkpoint_bytes_per_layer * 8, one.checkpoint_bytes_per_layer)
+        self.assertEqual(eight.pinned_host_bytes_per_node * 8, one.pinned_host_bytes_per_node)
+        self.assertAlmostEqual(eight.copy_seconds_per_layer * 8, one.copy_seconds_per_layer,
+                               places=15)
+        self.assertAlmostEqual(eight.forward_seconds_per_layer * 8,
+                               one.forward_seconds_per_layer, places=14)
+        self.assertAlmostEqual(eight.copy_to_forward_ratio, one.copy_to_forward_ratio, places=15)
+        self.assertEqual(json.loads(P.format_plan_json(eight))["inputs"]["tensor_parallel_size"],
+                         8)
 
     def test_bad_inputs(self):
         m = _model("qwen3-8b")
@@ -239,6 +274,9 @@ class PlannerTest(unittest.TestCase):
             (dict(seq=4.5), "sequence length"),
             (dict(seq=4096, keep_last_n=-1), "keep_last_n"),
             (dict(seq=4096, gpu_memory_bytes=-5), "gpu_memory_bytes"),
+            (dict(seq=4096, tp=0), "tensor-parallel degree"),
+            (dict(seq=1000, tp=3), "must be a multiple of tp \\(3\\)"),
+            (dict(seq=4096, host_ram_bytes=-1), "host_ram_bytes"),
         ]:
             with self.subTest(kwargs=kwargs):
                 with self.assertRaisesRegex(ValueError, needle):

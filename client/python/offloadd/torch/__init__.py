@@ -12,6 +12,8 @@
   (``torch.autograd.graph.save_on_cpu`` and the ``save_on_cpu`` that torch.distributed's
   ``offload_wrapper`` uses, which accelerate's FSDP2 activation offload calls) go through
   offloadd; torch's class constructed through another name warns, naming the caller.
+* :mod:`offloadd.torch.compiled` -- ``backend()``: a ``torch.compile`` backend that offloads
+  inside the compiled graph (the contexts above step aside while Dynamo traces); imported on use.
 * :class:`OffloadStats`, :func:`default_context`, :func:`fallbacks_total`,
   :func:`idle_steps_total`, :func:`synchronize` (wait for every request sent so far),
   :func:`close`.

@@ -9,6 +9,15 @@ too.
 What reaches the hooks: on torch >= 2.4 (the supported range) both reentrant and non-reentrant
 ``torch.utils.checkpoint.checkpoint`` save each layer's input as an ordinary saved tensor, which
 these hooks see; the tensors inside a checkpointed layer go to checkpoint's own inner hooks.
+
+Under ``torch.compile``: while Dynamo traces (``torch.compiler.is_compiling()``), making and
+entering these contexts does nothing -- no hook is pushed, the shared context's lock is not
+taken -- so they add no graph break of their own and the compiled graph is the one checkpointing
+alone gives. Tensors saved inside a compiled region are then kept by the compiled graph, not
+offloaded; a context entered in eager code (outside any compiled region) still offloads, also
+the tensors a compiled region called inside it saves for backward (torch defers saved-tensor
+hooks to run time). To offload inside compiled graphs, compile with
+``offloadd.torch.compiled.backend``. docs/compiled-graphs.md has the details.
 """
 
 import atexit
@@ -17,6 +26,12 @@ import threading
 import torch
 
 from ._store import Store
+
+
+def _tracing():
+    """True while Dynamo traces the calling code (torch.compile): the contexts step aside."""
+    return torch.compiler.is_compiling()
+
 
 _DEFAULT_MIN_BYTES = 1 << 20  # 1 MiB: smaller tensors are not worth a round trip
 
@@ -54,6 +69,7 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
                  strict=False, socket_path=None, pin_memory=True, name="",
                  log_stats_at_exit=False, retry_seconds=30.0, connect_timeout_seconds=5.0,
                  store=None, _small_to_host=False, unresponsive_seconds=20.0):
+        self._pushed = []   # per __enter__: whether it pushed the hooks (not while tracing)
         self.store = store or Store(name, threshold_bytes, keep_last_n, prefetch, strict,
                                     socket_path, pin_memory, _small_to_host, retry_seconds,
                                     connect_timeout_seconds, unresponsive_seconds)
@@ -62,8 +78,17 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
             atexit.register(self.store.stats.log)
 
     def __enter__(self):
+        if _tracing():
+            return self   # step aside: see the module's "Under torch.compile"
         super().__enter__()
+        self._pushed.append(True)
         return self
+
+    def __exit__(self, *exc_info):
+        if _tracing() or not self._pushed:
+            return None
+        self._pushed.pop()
+        return super().__exit__(*exc_info)
 
     @property
     def stats(self):
@@ -109,9 +134,12 @@ class save_on_cpu(offload_checkpoints):
     """
 
     def __init__(self, pin_memory=False, device_type="cuda"):
-        shared = default_context().store
         self.device_type = device_type
         self._pin = bool(pin_memory)
+        if _tracing():   # step aside under Dynamo (no lock, no store): __enter__ is a no-op too
+            self._pushed, self.store = [], None
+            return
+        shared = default_context().store
         super().__init__(store=_PinView(shared, self._pin))
 
     @staticmethod
