@@ -138,6 +138,22 @@ class RunShGpuPathTest(unittest.TestCase):
     real ones print, the daemon is the real one on backend shm (its cuda flags mapped), the
     Python checks are stubs that echo the allocator setting they ran under."""
 
+    def build_wheel(self, d):
+        """The wheel as `make wheel` builds it, in d/wheel, from a copy of client/python with its
+        stubs (test_packaging builds one in the tree meanwhile: setuptools' build/ is there)."""
+        src = os.path.join(d, "src")
+        shutil.copytree(PY_ROOT, src, ignore=shutil.ignore_patterns(
+            "build", "*.egg-info", "__pycache__", "tests", "examples"))
+        cores = [os.path.join(REPO, p, "client", "core", "liboffloadd_core.so")
+                 for p in ("bazel-bin", os.path.join("bazel-out", "k8-opt", "bin"))]
+        core = next((c for c in cores if os.path.exists(c)), cores[0])
+        w = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", os.path.join(d, "wheel"), src],
+                           capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OFFLOADD_CORE_LIB=core))
+        self.assertEqual(w.returncode, 0, w.stderr[-3000:])
+        shutil.rmtree(src)
+
     def bundle(self, ipc, busy_port=None, metrics_taken_once=False, wheel=False):
         """``wheel``: the client as make_gpu_bundle.sh ships it, a wheel in wheel/ (built here
         as `make wheel` does), instead of the package in python/."""
@@ -148,10 +164,7 @@ class RunShGpuPathTest(unittest.TestCase):
         os.makedirs(os.path.join(d, "lib"))
         shutil.copy(RUN_SH, d)
         if wheel:
-            w = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                                "--no-build-isolation", "-w", os.path.join(d, "wheel"), PY_ROOT],
-                               capture_output=True, text=True, timeout=300)
-            self.assertEqual(w.returncode, 0, w.stderr[-3000:])
+            self.build_wheel(d)
             os.makedirs(os.path.join(d, "python"))
         else:
             shutil.copytree(os.path.join(PY_ROOT, "offloadd"),
