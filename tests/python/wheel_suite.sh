@@ -5,7 +5,8 @@
 # and runs there, against a real daemon, the tests of the offloadd.torch hooks
 # (offload_checkpoints, save_on_cpu, checkpoint, a lost step), of the native core's
 # ring, and test_installed_wheel.py (offloadd, its stubs and liboffloadd_core.so load from the
-# environment). Prints pytest's summary line; exits non-zero on failure.
+# environment; auditwheel finds the platform tag the wheel's name claims). Prints pytest's
+# summary line; exits non-zero on failure.
 #
 #   bash tests/python/wheel_suite.sh            # daemon as tests/python/run.sh finds it
 #   OFFLOADD_BIN=build/bin/offloadd bash tests/python/wheel_suite.sh -k native   # pytest args
@@ -54,7 +55,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # -P: the working directory (the repository) stays off sys.path; daemon_fixture leaves the source
 # tree off it too (OFFLOADD_TEST_INSTALLED). Two workers, one test file each at a time, as
 # tests/python/run.sh.
-exec env -u OFFLOADD_CORE_LIB -u PYTHONPATH OFFLOADD_TEST_INSTALLED=1 \
+exec env -u OFFLOADD_CORE_LIB -u PYTHONPATH OFFLOADD_TEST_INSTALLED=1 OFFLOADD_WHEEL="$wheel" \
   OFFLOADD_EXPECT_TORCH="$torch_version" "$venv/bin/python" -P -m pytest -p no:cacheprovider -q \
   -rs --durations=5 -n "${OFFLOADD_PYTEST_WORKERS:-2}" --dist loadfile \
   $tests/test_installed_wheel.py $tests/test_hooks.py $tests/test_checkpoint.py \

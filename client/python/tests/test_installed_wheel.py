@@ -1,10 +1,13 @@
 """The offloadd these tests import is the wheel installed in this Python, not the source tree:
 run by tests/python/wheel_suite.sh (OFFLOADD_TEST_INSTALLED=1) in its second environment, next
 to the hook tests; skipped in the source-tree run. OFFLOADD_EXPECT_TORCH names the torch version
-that environment's lock pins."""
+that environment's lock pins, OFFLOADD_WHEEL the wheel file installed."""
 
 import importlib.metadata
+import json
 import os
+import re
+import subprocess
 import sys
 import unittest
 
@@ -49,6 +52,19 @@ class InstalledWheelTest(unittest.TestCase):
         self.assertIn("offloadd/v1/offload_pb2.py", files)
         wheel = dist.read_text("WHEEL")
         self.assertRegex(wheel, r"Tag: py3-none-manylinux_2_\d+_x86_64")
+
+    def test_auditwheel_finds_the_platform_tag_the_wheel_claims(self):
+        wheel = os.environ.get("OFFLOADD_WHEEL")
+        if not wheel:
+            self.skipTest("OFFLOADD_WHEEL not set")
+        auditwheel = os.path.join(os.path.dirname(sys.executable), "auditwheel")
+        r = subprocess.run([auditwheel, "show", "--json", wheel], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = json.loads(r.stdout)
+        claimed = re.search(r"-py3-none-(.+)\.whl$", os.path.basename(wheel)).group(1)
+        self.assertEqual(report["overall_tag"], claimed)
+        self.assertEqual(report["external_libs"], {})  # nothing beyond what manylinux allows
 
     def test_torch_is_the_locked_release(self):
         import torch
