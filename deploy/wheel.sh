@@ -25,7 +25,9 @@ if [ ! -f "$core" ]; then
   exit 1
 fi
 rm -rf "$out" && mkdir -p "$out"
-# setuptools builds in client/python/build and writes the egg-info there: both are removed after.
+# setuptools builds in client/python/build and writes the egg-info there: both are removed before
+# (a file left from an earlier build would go into the wheel) and after.
+rm -rf "$root/client/python/build" "$root"/client/python/*.egg-info
 trap 'rm -rf "$root/client/python/build" "$root"/client/python/*.egg-info' EXIT
 OFFLOADD_CORE_LIB=$core PYTHON="$PY" "$PY" -m pip wheel -q --no-deps --no-build-isolation \
   --disable-pip-version-check -w "$out" client/python
