@@ -16,10 +16,11 @@ PY := .venv/bin/python
 venv: deps
 	@bash deploy/python-env.sh
 
-# The Python package as a wheel in build/wheel (stubs included; depends on grpcio and protobuf).
+# The Python package as a wheel in build/wheel, its path printed last: stubs and the native core
+# liboffloadd_core.so inside, py3-none-manylinux_2_N (deploy/wheel.sh; depends on grpcio and
+# protobuf). pip install it where the training runs: docs/install-wheel.md.
 wheel: venv
-	@rm -rf build/wheel && mkdir -p build/wheel
-	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel client/python
+	@bash deploy/wheel.sh
 
 build: venv
 	$(BAZEL) build $(TARGETS)

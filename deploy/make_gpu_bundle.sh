@@ -8,7 +8,8 @@
 # Layout: bin/ (offloadd with the cuda backend, gpu_e2e, gpu_probes, kernels_gpu_check,
 # copy_sim_bench for the timing model's calibration, the fake-based unit tests), lib/ (every
 # shared library those load per ldd, except the driver's libcuda/libnvidia-* and glibc's own
-# libraries), python/ (the offloadd package with generated stubs, examples), pydeps/ (grpcio,
+# libraries), wheel/ (the offloadd wheel of `make wheel`, with Debian protoc's stubs), python/
+# (examples; the offloadd package itself only when the wheel could not be built), pydeps/ (grpcio,
 # protobuf and typing_extensions wheels at the pinned versions for the CPython versions that fit
 # under the size limit, newest-common first; run.sh unpacks them only when the GPU machine's
 # python3 lacks grpcio/protobuf; pydeps/galore/: galore-torch and bitsandbytes with its CUDA 13
@@ -58,8 +59,17 @@ if [ -n "$missing" ]; then echo "make_gpu_bundle.sh: unresolved: $missing" >&2; 
 # machine has its own torch/grpcio/protobuf (versions unknown here): the bundle's stubs come from
 # Debian's protoc 3.21, whose generated code carries no runtime-version check; the tree's own
 # stubs (for .venv's protobuf 7) are regenerated right after.
+# The client goes as its wheel (deploy/wheel.sh: native core inside, platform-tagged), which
+# run.sh installs with pip --no-deps; setup.py's gen_proto.sh run inherits OFFLOADD_PROTOC.
 OFFLOADD_PROTOC=debian sh client/python/gen_proto.sh >/dev/null
-cp -r client/python/offloadd "$out/python/"
+if OFFLOADD_PROTOC=debian bash deploy/wheel.sh "$out/wheel" > "$out/wheel.log" 2>&1; then
+  wheel_name=$(basename "$(tail -1 "$out/wheel.log")")
+else
+  tail -5 "$out/wheel.log"
+  echo "make_gpu_bundle.sh: no wheel (see above): the bundle carries the source package instead"
+  rm -rf "$out/wheel"; cp -r client/python/offloadd "$out/python/"; wheel_name=""
+fi
+rm -f "$out/wheel.log"
 cp -r client/python/examples "$out/python/"
 # Without .venv (a bundle made before `make venv`) the tree keeps Debian's stubs until the next
 # `make build`, whose gen_proto.sh replaces them.
@@ -139,6 +149,7 @@ size=$(du -sb "$out" | cut -f1)
   echo "cuda toolkit: $(/usr/local/cuda/bin/nvcc --version | tail -1); kernels: sm_90 + compute_90 PTX"
   echo "size: $size bytes"
   echo "libs: $(ls "$out/lib" | tr '\n' ' ')"
+  echo "client: ${wheel_name:-the source package in python/ (no wheel)}"
   echo "pydeps: grpcio/protobuf wheels for CPython${wheels_for:- none (offline build: python3 on the GPU machine must have grpcio and protobuf)}"
 } > "$out/MANIFEST"
 cat "$out/MANIFEST"

@@ -3,7 +3,9 @@
 #   1. Bazel tests (C++ unit tests beside the code, tests/e2e integration and multi-process tests,
 #      the short chaos soaks of tests/soak: plain ~50 s, with the spill tier active ~30 s), then the
 #      clang thread-safety build (tests/tsa_build.sh, make tsa)
-#   2. Python tests (client/python/tests: protocol client, torch hooks, planner)
+#   2. Python tests (client/python/tests: protocol client, torch hooks, planner), then the wheel
+#      (make wheel) installed into a second environment with torch 2.4.1 running the hook tests
+#      (tests/python/wheel_suite.sh; the environment is made once per machine, started below)
 #   3. monitoring/deployment tests (manifests, kubernetes-validate, checkov, promtool, live
 #      Prometheus scrape), then the systemd units under a real systemd (tests/systemd; the Debian
 #      rootfs is built once per machine and cached under /var/cache/offloadd-test)
@@ -25,12 +27,14 @@ trap 'rm -rf "$results"; $BAZEL shutdown >/dev/null 2>&1 || true' EXIT
 /usr/bin/python3 tests/shm_hygiene.py snapshot "$results/shm.before"
 
 # Set-up later suites need, once per machine and mostly downloads (the manifest checkers of
-# deploy/tools.lock, the systemd suite's Debian rootfs): started now so it overlaps the builds
-# and tests below; those suites wait for it (both scripts take a lock) and reuse it next time.
+# deploy/tools.lock, the systemd suite's Debian rootfs, the wheel suite's torch 2.4.1
+# environment): started now so it overlaps the builds
+# and tests below; those suites wait for it (each script takes a lock) and reuse it next time.
 bash deploy/tools-env.sh > "$results/tools-env.log" 2>&1 &
 if [ "$(id -u)" -eq 0 ] && command -v debootstrap >/dev/null; then
   bash tests/systemd/rootfs.sh > "$results/rootfs.log" 2>&1 &
 fi
+bash tests/python/wheel_suite.sh --prepare > "$results/wheel-env.log" 2>&1 &
 
 echo "== bazel test"
 $BAZEL test //... --keep_going --test_output=errors 2>&1 | tee "$results/bazel.log" | grep -vE '^\[[0-9,]+ / [0-9,]+\]|^INFO: From|^Loading|^Analyzing'
@@ -56,6 +60,11 @@ if [ -x tests/python/run.sh ] || [ -f tests/python/run.sh ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 /usr/bin/python3 tests/count_unittest_results.py "$results/python.log" > "$results/python.count" || rc=1
+
+echo "== python client from its wheel (torch 2.4.1 environment)"
+bash tests/python/wheel_suite.sh 2>&1 | tee "$results/wheel.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+/usr/bin/python3 tests/count_unittest_results.py "$results/wheel.log" > "$results/wheel.count" || rc=1
 
 echo "== monitoring and deployment tests"
 bash tests/monitoring/run.sh 2>&1 | tee "$results/monitoring.log"

@@ -32,7 +32,10 @@
 # unsupported, budget).
 #
 # The bundle: bin/ (our binaries), lib/ (the shared libraries they load except libcuda and glibc;
-# put on their command lines only, never exported to Python), python/ (the client with stubs),
+# put on their command lines only, never exported to Python), wheel/ (the client's wheel, made
+# by `make wheel` with the stubs of Debian's protoc: pip installs it with --no-deps, offline, into
+# $OUT/site, which goes on the Python steps' path), python/ (the client's examples; the client
+# package itself only in a bundle made without the wheel),
 # pydeps/ (grpcio/protobuf wheels, used only when the machine's python3 lacks them), the check
 # scripts and MANIFEST.
 set -u
@@ -162,6 +165,22 @@ else
 fi
 grep -E "^(needs|cuda toolkit)" "$here/MANIFEST" 2>/dev/null | sed 's/^/bundle /'
 pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo none)
+# The client as users install it: the bundle's wheel, installed by the machine's pip (no
+# dependencies, no index) into $logs/site, ahead of python/ on the path; unpacked there if pip
+# fails (a wheel is a zip of the installed files). A bundle without a wheel uses python/.
+for whl in "$here"/wheel/offloadd-*.whl; do
+  [ -f "$whl" ] || continue
+  rm -rf "$logs/site"
+  if "$PY" -m pip install -q --no-deps --no-index --disable-pip-version-check \
+      --target "$logs/site" "$whl" > "$logs/wheel_install.log" 2>&1; then
+    echo "python: $(basename "$whl") installed with pip --no-deps into $logs/site"
+  else
+    "$PY" -m zipfile -e "$whl" "$logs/site"
+    echo "python: pip could not install $(basename "$whl") ($(tail -1 "$logs/wheel_install.log")):" \
+      "unpacked into $logs/site"
+  fi
+  PYPATH="$logs/site:$here/python"
+done
 pydeps_probe='import grpc, google.protobuf; print("grpcio", grpc.__version__, "protobuf", google.protobuf.__version__)'
 if ! PYTHONPATH="$PYPATH" "$PY" -c "$pydeps_probe" > /dev/null 2>&1; then
   tag=cp${pyver/./}
@@ -169,7 +188,7 @@ if ! PYTHONPATH="$PYPATH" "$PY" -c "$pydeps_probe" > /dev/null 2>&1; then
   if [ -n "$wheels" ] && ls "$here"/pydeps/grpcio-*-"$tag"-*.whl > /dev/null 2>&1; then
     mkdir -p "$logs/pydeps"
     for w in $wheels; do "$PY" -m zipfile -e "$w" "$logs/pydeps/" 2>/dev/null; done
-    PYPATH="$here/python:$logs/pydeps"
+    PYPATH="$PYPATH:$logs/pydeps"
     echo "python: grpcio/protobuf missing from python3 $pyver: using the bundle's wheels ($tag)"
   else
     echo "python: python3 $pyver has no grpcio/protobuf and the bundle has no grpcio wheel for $tag"
@@ -281,6 +300,14 @@ try:
     print("NOTE offloadd.torch supports torch %s" % (ot.SUPPORTED_TORCH,))
 except ImportError as e:
     print("FAIL: %s" % e); sys.exit(1)
+import os, offloadd
+print("NOTE offloadd from", os.path.dirname(offloadd.__file__))
+if os.path.exists(os.path.join(os.path.dirname(offloadd.__file__), "liboffloadd_core.so")):
+    from offloadd import _native
+    try:
+        print("NOTE offloadd native core", _native.load()._name)
+    except OSError as e:
+        print("FAIL: the wheel'"'"'s native core does not load: %s" % e); sys.exit(1)
  ' "$here/python"
 # Only a missing package disables the Python steps; a slow import (a timeout) does not.
 grep -q "^FAIL" "$logs/python_env.log" 2>/dev/null && py_ok=0

@@ -19,7 +19,20 @@ import unittest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 PY_ROOT = os.path.join(REPO, "client", "python")
 EXAMPLES = os.path.join(PY_ROOT, "examples")
-for _p in (PY_ROOT, EXAMPLES):
+_import_paths = (PY_ROOT, EXAMPLES)
+# OFFLOADD_TEST_INSTALLED=1 (tests/python/wheel_suite.sh): the tests import the offloadd installed
+# in this Python (from the wheel), never the source tree; PY_ROOT is then the folder holding the
+# installed package (site-packages), for tests that start child Pythons with it on sys.path.
+if os.environ.get("OFFLOADD_TEST_INSTALLED") == "1":
+    import importlib.util
+    _spec = importlib.util.find_spec("offloadd")
+    if _spec is None or os.path.dirname(os.path.dirname(_spec.origin)) == PY_ROOT:
+        raise ImportError("OFFLOADD_TEST_INSTALLED=1 but offloadd is %s, not an installed copy: "
+                          "pip install the wheel (make wheel) into %s"
+                          % (_spec and _spec.origin, sys.prefix))
+    PY_ROOT = os.path.dirname(os.path.dirname(_spec.origin))
+    _import_paths = (EXAMPLES,)
+for _p in _import_paths:
     if _p not in sys.path:
         sys.path.insert(0, _p)
 

@@ -138,14 +138,37 @@ class RunShGpuPathTest(unittest.TestCase):
     real ones print, the daemon is the real one on backend shm (its cuda flags mapped), the
     Python checks are stubs that echo the allocator setting they ran under."""
 
-    def bundle(self, ipc, busy_port=None, metrics_taken_once=False):
+    def build_wheel(self, d):
+        """The wheel as `make wheel` builds it, in d/wheel, from a copy of client/python with its
+        stubs (test_packaging builds one in the tree meanwhile: setuptools' build/ is there)."""
+        src = os.path.join(d, "src")
+        shutil.copytree(PY_ROOT, src, ignore=shutil.ignore_patterns(
+            "build", "*.egg-info", "__pycache__", "tests", "examples"))
+        cores = [os.path.join(REPO, p, "client", "core", "liboffloadd_core.so")
+                 for p in ("bazel-bin", os.path.join("bazel-out", "k8-opt", "bin"))]
+        core = next((c for c in cores if os.path.exists(c)), cores[0])
+        w = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", os.path.join(d, "wheel"), src],
+                           capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OFFLOADD_CORE_LIB=core))
+        self.assertEqual(w.returncode, 0, w.stderr[-3000:])
+        shutil.rmtree(src)
+
+    def bundle(self, ipc, busy_port=None, metrics_taken_once=False, wheel=False):
+        """``wheel``: the client as make_gpu_bundle.sh ships it, a wheel in wheel/ (built here
+        as `make wheel` does), instead of the package in python/."""
         d = tempfile.mkdtemp(prefix="ofd-gpu-path-")
         self.addCleanup(shutil.rmtree, d, True)
         b = os.path.join(d, "bin")
         os.makedirs(b)
         os.makedirs(os.path.join(d, "lib"))
         shutil.copy(RUN_SH, d)
-        shutil.copytree(os.path.join(PY_ROOT, "offloadd"), os.path.join(d, "python", "offloadd"))
+        if wheel:
+            self.build_wheel(d)
+            os.makedirs(os.path.join(d, "python"))
+        else:
+            shutil.copytree(os.path.join(PY_ROOT, "offloadd"),
+                            os.path.join(d, "python", "offloadd"))
         for name in ("torch_check.py", "transformers_check.py", "cuda_probes.py",
                      "galore_check.py", "compiled_check.py"):
             with open(os.path.join(d, name), "w") as f:
@@ -197,9 +220,16 @@ class RunShGpuPathTest(unittest.TestCase):
         return subprocess.CompletedProcess(p.args, p.returncode, out, err), out
 
     def test_ipc_supported_runs_every_step(self):
-        r, out = self.bundle(ipc=True)
+        r, out = self.bundle(ipc=True, wheel=True)
         self.assertEqual(r.returncode, 0, out + r.stderr)
         self.assertIn("RESULT: all GPU checks passed", out)
+        # The client is the bundle's wheel, installed by pip into $OUT/site, native core included.
+        site = os.path.join(re.search(r"logs in (\S+)\)", out).group(1), "site")
+        self.assertRegex(out, r"python: offloadd-[0-9.]+-py3-none-manylinux_2_\d+_x86_64\.whl "
+                              r"installed with pip --no-deps into " + re.escape(site))
+        self.assertIn("[python_env] NOTE offloadd from %s/offloadd\n" % site, out)
+        self.assertIn("[python_env] NOTE offloadd native core %s/offloadd/liboffloadd_core.so\n"
+                      % site, out)
         self.assertNotIn("NOT RUN", out)
         for name in ("context", "data_pair", "rates", "ordering", "spin", "free_mid", "health1",
                      "killed", "health2"):

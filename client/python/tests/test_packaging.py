@@ -1,8 +1,13 @@
 """The package as Python users install it: a wheel built from client/python carries the
-generated protocol stubs, the torch and transformers integrations, and declares grpcio and
-protobuf (the versions the stubs check at import) as dependencies."""
+generated protocol stubs, the torch and transformers integrations and the native core
+(liboffloadd_core.so beside _native.py), is tagged py3-none-manylinux_2_N_<arch>, and declares
+grpcio and protobuf (the versions the stubs check at import) as dependencies. The wheel installed
+into a second environment runs the hook tests in tests/python/wheel_suite.sh."""
 
+import glob
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -10,6 +15,18 @@ import unittest
 import zipfile
 
 from daemon_fixture import PY_ROOT
+
+
+def _setup_module():
+    spec = importlib.util.spec_from_file_location("offloadd_setup", os.path.join(PY_ROOT,
+                                                                                 "setup.py"))
+    module = importlib.util.module_from_spec(spec)
+    argv, sys.argv = sys.argv, ["setup.py", "--name"]  # setup() prints the name and returns
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.argv = argv
+    return module
 
 
 class WheelTest(unittest.TestCase):
@@ -23,7 +40,10 @@ class WheelTest(unittest.TestCase):
             with zipfile.ZipFile(os.path.join(out, wheel)) as z:
                 names = set(z.namelist())
                 meta = z.read(next(n for n in names if n.endswith("/METADATA"))).decode()
-        for module in ("offloadd/v1/offload_pb2.py", "offloadd/v1/offload_pb2_grpc.py",
+                info = z.read(next(n for n in names if n.endswith("/WHEEL"))).decode()
+        self.assertRegex(wheel, r"^offloadd-[0-9.]+-py3-none-manylinux_2_\d+_x86_64\.whl$")
+        self.assertIn("Root-Is-Purelib: false", info)
+        for module in ("offloadd/liboffloadd_core.so", "offloadd/_native.py","offloadd/v1/offload_pb2.py", "offloadd/v1/offload_pb2_grpc.py",
                        "offloadd/v1/projector_pb2.py", "offloadd/v1/projector_pb2_grpc.py",
                        "offloadd/torch/_store.py", "offloadd/transformers.py",
                        "offloadd/galore.py", "offloadd/_galore_optim.py",
@@ -39,6 +59,28 @@ class WheelTest(unittest.TestCase):
         self.assertIn('galore-torch==1.0; extra == "galore"', requires)
         self.assertIn('bitsandbytes==0.50.2; extra == "galore"', requires)
         self.assertIn('deepspeed==0.19.8; extra == "deepspeed"', requires)
+
+
+class CorePlatformTagTest(unittest.TestCase):
+    """setup.py's core_platform_tag: the tag follows the core's glibc needs, and a library that
+    links anything beyond glibc, libstdc++ and libgcc_s is refused."""
+
+    def test_core_tag_is_its_newest_glibc(self):
+        setup = _setup_module()
+        core = setup.find_core()
+        dump = subprocess.run(["objdump", "-T", core], capture_output=True, text=True,
+                              check=True).stdout
+        newest = max(int(m) for m in re.findall(r"\(GLIBC_2\.(\d+)", dump))
+        self.assertEqual(setup.core_platform_tag(core), "manylinux_2_%d_x86_64" % max(newest, 17))
+        self.assertNotRegex(dump, r"GLIBCXX_3\.4\.(2[6-9]|[3-9]\d)")
+
+    def test_library_linking_others_is_refused(self):
+        setup = _setup_module()
+        (libssl,) = glob.glob("/usr/lib/x86_64-linux-gnu/libssl.so.3")[:1] or [None]
+        if libssl is None:
+            self.skipTest("no /usr/lib/x86_64-linux-gnu/libssl.so.3 to try")
+        with self.assertRaisesRegex(RuntimeError, r"links libcrypto\.so\.3"):
+            setup.core_platform_tag(libssl)
 
 
 if __name__ == "__main__":
