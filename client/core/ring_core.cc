@@ -213,4 +213,26 @@ RingCore::WaitResult RingCore::WaitAny(double timeout_seconds, common::Completio
   return result;
 }
 
+int RingCore::TakeAny(common::CompletionEntry* out, size_t max, double timeout_seconds) {
+  int taken = 0;
+  bool closed = false;
+  auto take = [&] {
+    DrainLocked();
+    while (!answers_.empty() && static_cast<size_t>(taken) < max) {
+      auto it = answers_.begin();
+      out[taken++] = it->second;
+      answers_.erase(it);
+    }
+    closed = taken == 0 && (corrupt_ || control_->closed.value.load() != 0);
+    return taken > 0 || closed || max == 0;
+  };
+  if (timeout_seconds == 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    take();
+  } else {
+    SleepUntil(take, timeout_seconds < 0 ? 1e300 : NowSeconds() + timeout_seconds);
+  }
+  return closed ? -1 : taken;
+}
+
 }  // namespace offloadd::client

@@ -198,5 +198,49 @@ TEST(RingCoreTest, WaitAnyReturnsWhenCancelled) {
   EXPECT_EQ(result.load(), static_cast<int>(RingCore::WaitResult::kTimeout));
 }
 
+// drain takes every answer that arrived, of any ids, in one call (at most `max`), returns 0
+// at once when none is there, sleeps for the first one, and reports a closed ring once empty;
+// wake ends nothing by itself (the sleeper re-checks).
+TEST(RingCoreTest, DrainTakesEveryAnswerOfAnyIdThenReportsTheClose) {
+  Ring r;
+  FakeDaemon daemon(r.ring);
+  uint64_t ids[3];
+  for (int i = 0; i < 3; ++i) ids[i] = offloadd_ring_release(r.ring, 10 + i, 0, -1);
+  offloadd_completion out[4];
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 4, 0), 0);  // nothing answered yet
+  SubmissionEntry e;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(daemon.Take(&e));
+  for (int i : {2, 0, 1}) {
+    CompletionEntry c = common::MakeCompletion(ids[i], common::CompletionKind::kReleased, 0, "");
+    c.block_id = 10 + i;
+    daemon.Answer(c);
+  }
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 2, 0), 2);  // at most max
+  offloadd_completion rest;
+  EXPECT_EQ(offloadd_ring_drain(r.ring, &rest, 1, 0), 1);
+  uint64_t seen = 0;
+  for (const offloadd_completion& c : {out[0], out[1], rest}) {
+    EXPECT_EQ(c.kind, 3u);
+    EXPECT_EQ(c.request_id, ids[c.block_id - 10]);
+    seen |= 1u << (c.block_id - 10);
+  }
+  EXPECT_EQ(seen, 7u);
+  EXPECT_EQ(offloadd_ring_pending(r.ring), 0u);
+
+  const uint64_t late = offloadd_ring_release(r.ring, 20, 0, -1);
+  std::thread answerer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    offloadd_ring_wake(r.ring);  // a wake alone: the drain sleeps on
+    SubmissionEntry taken;
+    while (!daemon.Take(&taken)) std::this_thread::yield();
+    daemon.Answer(common::MakeCompletion(late, common::CompletionKind::kReleased, 0, ""));
+  });
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 4, -1), 1);  // hangs if the answer's ring is lost
+  EXPECT_EQ(out[0].request_id, late);
+  answerer.join();
+  daemon.Close();
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 4, -1), OFFLOADD_CLOSED);
+}
+
 }  // namespace
 }  // namespace offloadd::client

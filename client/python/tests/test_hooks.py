@@ -104,7 +104,15 @@ class OffloadCheckpointsTest(DaemonTestCase):
             if kinds[-1] == "reload":
                 release_after.append(request.reload.release_after)
             return submit(request, *args, **kwargs)
+        ring_submit = ep.client._ring_submit
+
+        def counting_ring(kind, args):  # the request ring (the native core), when attached
+            kinds.append(kind)
+            if kind == "reload":
+                release_after.append(args[4])
+            return ring_submit(kind, args)
         ep.client._submit = counting
+        ep.client._ring_submit = counting_ring
         out = run_step("hooks-reentrant", ctx)
         self.assertTrue(ot.synchronize())
         self.assertEqual(ctx.store.live_handles(), 0)
