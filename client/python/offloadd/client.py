@@ -663,7 +663,7 @@ class Client:
             self._closing = True
             conn = self._conn
         if conn is not None:
-            conn.close(timeout)
+            conn.close(max(deadline - time.monotonic(), 0.5))
         reconnecting = self._reconnecting
         if reconnecting is not None and reconnecting is not threading.current_thread():
             reconnecting.join(timeout)
