@@ -113,8 +113,11 @@ class OffloadCheckpointsTest(DaemonTestCase):
             return ring_submit(kind, args)
         ep.client._submit = counting
         ep.client._ring_submit = counting_ring
+        self.assertTrue(ep.client.ring_active, ep.client.ring_error)  # through the native core
+        on_ring = ep.client.counters.ring_answers_received
         out = run_step("hooks-reentrant", ctx)
         self.assertTrue(ot.synchronize())
+        self.assertEqual(ep.client.counters.ring_answers_received - on_ring, 2 * L)
         self.assertEqual(ctx.store.live_handles(), 0)
         self.assertEqual((kinds.count("offload"), kinds.count("reload"), kinds.count("release")),
                          (L, L, 0))
