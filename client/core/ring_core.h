@@ -81,7 +81,8 @@ class RingCore {
 
  private:
   explicit RingCore(common::RingMemfd memfd);
-  // Moves every completion in the ring into answers_; mu_ held. Corrupt: marks closed.
+  // Moves every completion in the ring into answers_; mu_ held. Corrupt: marks closed. Wakes
+  // the daemon's ring thread only when it took a full ring (the daemon may hold answers back).
   void DrainLocked();
   // Sleeps on the client doorbell until `ready` (checked with mu_ held) or the deadline.
   template <typename Ready>
@@ -92,6 +93,7 @@ class RingCore {
   mutable std::mutex mu_;
   common::RingProducer<common::SubmissionEntry> submit_;
   common::RingConsumer<common::CompletionEntry> take_;
+  const uint32_t completion_entries_;
   uint64_t next_id_ = 1;
   bool corrupt_ = false;
   std::unordered_set<uint64_t> pending_;                          // submitted, not answered
