@@ -4,7 +4,8 @@ session, without a Python thread per request or per answer.
 The core is liboffloadd_core.so (``bazel build //client/core:liboffloadd_core.so``); it links no
 gRPC and no Python: ctypes releases the GIL during every call, so :meth:`NativeRing.wait`
 sleeps in a futex with the GIL released. The library is found at $OFFLOADD_CORE_LIB, beside
-this file, or where a Bazel build of the repository leaves it; :func:`load` raises OSError
+this file, in the repository's build/bin (``make build``) or where a Bazel build of the
+repository leaves it; :func:`load` raises OSError
 naming the places it looked.
 
 Use: create a :class:`NativeRing`, name ``ring.fd`` in Hello (``Hello.ring.fd``) on the
@@ -22,6 +23,7 @@ _REPO = os.path.abspath(os.path.join(_HERE, "..", "..", ".."))
 _CANDIDATES = (
     os.path.join(_HERE, "liboffloadd_core.so"),
     os.path.join(_REPO, "bazel-bin", "client", "core", "liboffloadd_core.so"),
+    os.path.join(_REPO, "build", "bin", "liboffloadd_core.so"),  # make build
     os.path.join(_REPO, "bazel-out", "k8-opt", "bin", "client", "core", "liboffloadd_core.so"),
     os.path.join(_REPO, "bazel-out", "k8-fastbuild", "bin", "client", "core",
                  "liboffloadd_core.so"),
