@@ -277,7 +277,8 @@ def worker(args):
     def requests_sent(v):
         if socks[v] is None:
             return 0
-        return sum(ep.client.counters.requests_sent for ep in _endpoint.endpoints()
+        return sum(ep.client.counters.requests_sent + ep.client.counters.ring_requests_sent
+                   for ep in _endpoint.endpoints()
                    if ep.socket_path == socks[v])
 
     def step(v):

@@ -56,7 +56,8 @@ fi
 
 echo "== python tests"
 if [ -x tests/python/run.sh ] || [ -f tests/python/run.sh ]; then
-  OFFLOADD_BIN="$PWD/build/bin/offloadd" bash tests/python/run.sh 2>&1 | tee "$results/python.log"
+  OFFLOADD_BIN="$PWD/build/bin/offloadd" OFFLOADD_CORE_LIB="$PWD/build/bin/liboffloadd_core.so" \
+    bash tests/python/run.sh 2>&1 | tee "$results/python.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 /usr/bin/python3 tests/count_unittest_results.py "$results/python.log" > "$results/python.count" || rc=1

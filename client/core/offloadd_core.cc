@@ -33,6 +33,9 @@ int ToC(RingCore::WaitResult r) {
   }
 }
 
+// Answers one drain call takes at most (a stack buffer; the caller calls again for more).
+constexpr size_t kDrainBatch = 64;
+
 int Copied(RingCore::WaitResult r, const offloadd::common::CompletionEntry& c,
            offloadd_completion* out) {
   if (r == RingCore::WaitResult::kDone && out != nullptr) std::memcpy(out, &c, sizeof(c));
@@ -93,6 +96,17 @@ int offloadd_ring_wait(offloadd_ring* ring, uint64_t request_id, double timeout_
   offloadd::common::CompletionEntry c;
   return Copied(ring->core->Wait(request_id, timeout_seconds, &c), c, out);
 }
+
+int offloadd_ring_drain(offloadd_ring* ring, offloadd_completion* out, size_t max,
+                        double timeout_seconds) {
+  offloadd::common::CompletionEntry batch[kDrainBatch];
+  const int n = ring->core->TakeAny(batch, max < kDrainBatch ? max : kDrainBatch,
+                                    timeout_seconds);
+  for (int i = 0; i < n; ++i) std::memcpy(&out[i], &batch[i], sizeof(batch[i]));
+  return n;
+}
+
+void offloadd_ring_wake(offloadd_ring* ring) { ring->core->WakeWaiters(); }
 
 size_t offloadd_ring_pending(const offloadd_ring* ring) { return ring->core->pending(); }
 

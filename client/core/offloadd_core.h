@@ -72,6 +72,17 @@ int offloadd_ring_poll(offloadd_ring* ring, uint64_t request_id, offloadd_comple
  * and check the session's stream (which ends at once) between waits. */
 int offloadd_ring_wait(offloadd_ring* ring, uint64_t request_id, double timeout_seconds,
                        offloadd_completion* out);
+/* Up to `max` (and at most 64) answers of any requests into out[0..n) (taken from the core, in
+ * no particular order; call again while it returns a full batch), sleeping up to timeout_seconds (0: not at all; < 0: no limit) for the first. Returns
+ * n (0: none within the timeout), or OFFLOADD_CLOSED when none was there and the ring closed.
+ * For a caller that owns every request of the ring: one call takes every answer that arrived,
+ * instead of a poll per pending id. */
+int offloadd_ring_drain(offloadd_ring* ring, offloadd_completion* out, size_t max,
+                        double timeout_seconds);
+/* Wakes every thread sleeping in wait, drain or a submission of this ring; they re-check and
+ * sleep again unless what they wait for changed (a caller that stops waiting for a reason of
+ * its own, such as its session's stream ending, wakes them so that they notice at once). */
+void offloadd_ring_wake(offloadd_ring* ring);
 /* Requests submitted whose answers were not yet taken. */
 size_t offloadd_ring_pending(const offloadd_ring* ring);
 /* 1 once the daemon closed the ring (the session ended), else 0. */

@@ -41,7 +41,8 @@ RingCore::RingCore(common::RingMemfd memfd)
       submit_(common::SubmissionSlots(memfd.base, memfd.layout), memfd.layout.submission_entries,
               &control_->submission_tail, &control_->submission_head),
       take_(common::CompletionSlots(memfd.base, memfd.layout), memfd.layout.completion_entries,
-            &control_->completion_tail, &control_->completion_head) {}
+            &control_->completion_tail, &control_->completion_head),
+      completion_entries_(memfd.layout.completion_entries) {}
 
 RingCore::~RingCore() { common::DestroyRingMemfd(&memfd_); }
 
@@ -143,16 +144,21 @@ uint64_t RingCore::Release(uint64_t block_id, uint64_t tag, double timeout_secon
 
 void RingCore::DrainLocked() {
   common::CompletionEntry c;
-  bool took = false;
+  uint32_t taken = 0;
   for (;;) {
     const common::RingResult r = take_.TryPop(&c);
     if (r == common::RingResult::kCorrupt) corrupt_ = true;
     if (r != common::RingResult::kOk) break;
-    took = true;
+    ++taken;
     if (pending_.erase(c.request_id) == 0) continue;  // not ours (or answered twice): dropped
     answers_[c.request_id] = c;
   }
-  if (took) control_->daemon_doorbell.Ring();  // slots freed: the daemon may flush its queue
+  // The daemon keeps an answer it could not push (the ring was full) and then pushes none
+  // directly until its thread flushes them: the ring holds exactly `completion_entries_`
+  // answers from that moment until a drain, which pops until empty. So only a drain that took
+  // a full ring's worth can have freed slots such an answer waits for: that one wakes the
+  // daemon's thread; any other would wake it for nothing (a futex wake per drain).
+  if (taken >= completion_entries_) control_->daemon_doorbell.Ring();
 }
 
 RingCore::WaitResult RingCore::Poll(uint64_t request_id, common::CompletionEntry* out) {
@@ -211,6 +217,28 @@ RingCore::WaitResult RingCore::WaitAny(double timeout_seconds, common::Completio
       },
       deadline);
   return result;
+}
+
+int RingCore::TakeAny(common::CompletionEntry* out, size_t max, double timeout_seconds) {
+  int taken = 0;
+  bool closed = false;
+  auto take = [&] {
+    DrainLocked();
+    while (!answers_.empty() && static_cast<size_t>(taken) < max) {
+      auto it = answers_.begin();
+      out[taken++] = it->second;
+      answers_.erase(it);
+    }
+    closed = taken == 0 && (corrupt_ || control_->closed.value.load() != 0);
+    return taken > 0 || closed || max == 0;
+  };
+  if (timeout_seconds == 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    take();
+  } else {
+    SleepUntil(take, timeout_seconds < 0 ? 1e300 : NowSeconds() + timeout_seconds);
+  }
+  return closed ? -1 : taken;
 }
 
 }  // namespace offloadd::client

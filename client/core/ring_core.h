@@ -64,6 +64,12 @@ class RingCore {
   // (optional): returns kTimeout once it is true and WakeWaiters() was called.
   WaitResult WaitAny(double timeout_seconds, common::CompletionEntry* out,
                      const std::atomic<bool>* cancel = nullptr);
+  // Up to `max` answers that arrived, of any requests (removed from the table, in no particular
+  // order), waiting as WaitAny does for the first (timeout_seconds 0: not at all; < 0: no
+  // limit). Returns how many it took; -1 when none was there and the ring is closed. A caller
+  // that owns every request of the core (a language binding) drains with it instead of polling
+  // each id.
+  int TakeAny(common::CompletionEntry* out, size_t max, double timeout_seconds);
 
   // Wakes every thread waiting in Wait / WaitAny / a submission (they re-check and go on
   // waiting unless their condition changed): a caller that stops a waiting thread sets the
@@ -75,7 +81,8 @@ class RingCore {
 
  private:
   explicit RingCore(common::RingMemfd memfd);
-  // Moves every completion in the ring into answers_; mu_ held. Corrupt: marks closed.
+  // Moves every completion in the ring into answers_; mu_ held. Corrupt: marks closed. Wakes
+  // the daemon's ring thread only when it took a full ring (the daemon may hold answers back).
   void DrainLocked();
   // Sleeps on the client doorbell until `ready` (checked with mu_ held) or the deadline.
   template <typename Ready>
@@ -86,6 +93,7 @@ class RingCore {
   mutable std::mutex mu_;
   common::RingProducer<common::SubmissionEntry> submit_;
   common::RingConsumer<common::CompletionEntry> take_;
+  const uint32_t completion_entries_;
   uint64_t next_id_ = 1;
   bool corrupt_ = false;
   std::unordered_set<uint64_t> pending_;                          // submitted, not answered

@@ -47,6 +47,9 @@ class FakeDaemon {
     while (answer_.TryPush(c) == RingResult::kFull) std::this_thread::yield();
     control_->client_doorbell.Ring();
   }
+  // The daemon's doorbell as the daemon's ring thread would wait on it.
+  uint32_t ArmDoorbell() { return control_->daemon_doorbell.Arm(); }
+  uint32_t Bell() const { return control_->daemon_doorbell.bell.load(); }
   void Close() {
     control_->closed.value.store(1);
     control_->client_doorbell.RingAlways();
@@ -196,6 +199,89 @@ TEST(RingCoreTest, WaitAnyReturnsWhenCancelled) {
   core->WakeWaiters();
   waiter.join();  // hangs if the wake were lost
   EXPECT_EQ(result.load(), static_cast<int>(RingCore::WaitResult::kTimeout));
+}
+
+// drain takes every answer that arrived, of any ids, in one call (at most `max`), returns 0
+// at once when none is there, sleeps for the first one, and reports a closed ring once empty;
+// wake ends nothing by itself (the sleeper re-checks).
+TEST(RingCoreTest, DrainTakesEveryAnswerOfAnyIdThenReportsTheClose) {
+  Ring r;
+  FakeDaemon daemon(r.ring);
+  uint64_t ids[3];
+  for (int i = 0; i < 3; ++i) ids[i] = offloadd_ring_release(r.ring, 10 + i, 0, -1);
+  offloadd_completion out[4];
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 4, 0), 0);  // nothing answered yet
+  SubmissionEntry e;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(daemon.Take(&e));
+  for (int i : {2, 0, 1}) {
+    CompletionEntry c = common::MakeCompletion(ids[i], common::CompletionKind::kReleased, 0, "");
+    c.block_id = 10 + i;
+    daemon.Answer(c);
+  }
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 2, 0), 2);  // at most max
+  offloadd_completion rest;
+  EXPECT_EQ(offloadd_ring_drain(r.ring, &rest, 1, 0), 1);
+  uint64_t seen = 0;
+  for (const offloadd_completion& c : {out[0], out[1], rest}) {
+    EXPECT_EQ(c.kind, 3u);
+    EXPECT_EQ(c.request_id, ids[c.block_id - 10]);
+    seen |= 1u << (c.block_id - 10);
+  }
+  EXPECT_EQ(seen, 7u);
+  EXPECT_EQ(offloadd_ring_pending(r.ring), 0u);
+
+  const uint64_t late = offloadd_ring_release(r.ring, 20, 0, -1);
+  std::thread answerer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    offloadd_ring_wake(r.ring);  // a wake alone: the drain sleeps on
+    SubmissionEntry taken;
+    while (!daemon.Take(&taken)) std::this_thread::yield();
+    daemon.Answer(common::MakeCompletion(late, common::CompletionKind::kReleased, 0, ""));
+  });
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 4, -1), 1);  // hangs if the answer's ring is lost
+  EXPECT_EQ(out[0].request_id, late);
+  answerer.join();
+  daemon.Close();
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 4, -1), OFFLOADD_CLOSED);
+}
+
+// Taking answers wakes the daemon's ring thread only after a full completion ring (the daemon
+// may then hold answers it could not push); a drain of fewer wakes nobody.
+TEST(RingCoreTest, OnlyADrainOfAFullCompletionRingRingsTheDaemon) {
+  Ring r(8);
+  FakeDaemon daemon(r.ring);
+  uint64_t ids[8];
+  for (int i = 0; i < 8; ++i) ids[i] = offloadd_ring_release(r.ring, 1 + i, 0, -1);
+  SubmissionEntry e;
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(daemon.Take(&e));
+  daemon.ArmDoorbell();  // the daemon's thread is (about to be) asleep
+  const uint32_t bell = daemon.Bell();
+  for (int i = 0; i < 3; ++i) {
+    daemon.Answer(common::MakeCompletion(ids[i], common::CompletionKind::kReleased, 0, ""));
+  }
+  offloadd_completion out[8];
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 8, 0), 3);
+  EXPECT_EQ(daemon.Bell(), bell);  // three slots freed: no wake
+  for (int i = 3; i < 8; ++i) {
+    daemon.Answer(common::MakeCompletion(ids[i], common::CompletionKind::kReleased, 0, ""));
+  }
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 8, 0), 5);
+  EXPECT_EQ(daemon.Bell(), bell);
+  const uint64_t more[8] = {offloadd_ring_release(r.ring, 20, 0, -1),
+                            offloadd_ring_release(r.ring, 21, 0, -1),
+                            offloadd_ring_release(r.ring, 22, 0, -1),
+                            offloadd_ring_release(r.ring, 23, 0, -1),
+                            offloadd_ring_release(r.ring, 24, 0, -1),
+                            offloadd_ring_release(r.ring, 25, 0, -1),
+                            offloadd_ring_release(r.ring, 26, 0, -1),
+                            offloadd_ring_release(r.ring, 27, 0, -1)};
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(daemon.Take(&e));
+  const uint32_t before_full = daemon.Bell();  // submissions rang it
+  for (uint64_t id : more) {
+    daemon.Answer(common::MakeCompletion(id, common::CompletionKind::kReleased, 0, ""));
+  }
+  EXPECT_EQ(offloadd_ring_drain(r.ring, out, 8, 0), 8);  // the ring was full
+  EXPECT_EQ(daemon.Bell(), before_full + 1);
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 #
 # Generates the protocol stubs first (client/python/gen_proto.sh). The tests start their own
 # daemons on short unique sockets under /tmp; they need the daemon binary (bazel build
-# //server:offloadd). PYTHON overrides the interpreter (it needs the packages of
+# //server:offloadd) and the native client core (bazel build //client/core:liboffloadd_core.so;
+# OFFLOADD_CORE_LIB overrides where it is looked for). PYTHON overrides the interpreter (it needs the packages of
 # client/python/requirements.lock).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,6 +36,23 @@ if [ ! -x "$OFFLOADD_BIN" ]; then
        "run 'bazel build //server:offloadd' or set OFFLOADD_BIN" >&2
   exit 1
 fi
+# The native client core (liboffloadd_core.so, bazel build //client/core:liboffloadd_core.so):
+# the Python client's request ring; the tests expect it (they check both the ring and the
+# stream paths). Found as the daemon is, unless OFFLOADD_CORE_LIB names it.
+if [ -z "${OFFLOADD_CORE_LIB:-}" ]; then
+  for candidate in bazel-bin/client/core build/bin bazel-out/k8-opt/bin/client/core \
+      bazel-out/k8-fastbuild/bin/client/core bazel-out/k8-dbg/bin/client/core; do
+    if [ -f "$candidate/liboffloadd_core.so" ]; then
+      OFFLOADD_CORE_LIB=$root/$candidate/liboffloadd_core.so; break
+    fi
+  done
+fi
+if [ -z "${OFFLOADD_CORE_LIB:-}" ] || [ ! -f "$OFFLOADD_CORE_LIB" ]; then
+  echo "tests/python/run.sh: no native client core (liboffloadd_core.so):" \
+       "run 'bazel build //client/core:liboffloadd_core.so' or set OFFLOADD_CORE_LIB" >&2
+  exit 1
+fi
+export OFFLOADD_CORE_LIB
 export PYTHON="$PY"
 bash client/python/gen_proto.sh
 # At most two OpenMP threads per test process (the CI machine has 2 cores; some tests run two

@@ -4,7 +4,8 @@ session, without a Python thread per request or per answer.
 The core is liboffloadd_core.so (``bazel build //client/core:liboffloadd_core.so``); it links no
 gRPC and no Python: ctypes releases the GIL during every call, so :meth:`NativeRing.wait`
 sleeps in a futex with the GIL released. The library is found at $OFFLOADD_CORE_LIB, beside
-this file, or where a Bazel build of the repository leaves it; :func:`load` raises OSError
+this file, in the repository's build/bin (``make build``) or where a Bazel build of the
+repository leaves it; :func:`load` raises OSError
 naming the places it looked.
 
 Use: create a :class:`NativeRing`, name ``ring.fd`` in Hello (``Hello.ring.fd``) on the
@@ -15,12 +16,14 @@ request ids are ints with bit 63 set. Event handles: None or 64 bytes.
 
 import ctypes
 import os
+import threading
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.abspath(os.path.join(_HERE, "..", "..", ".."))
 _CANDIDATES = (
     os.path.join(_HERE, "liboffloadd_core.so"),
     os.path.join(_REPO, "bazel-bin", "client", "core", "liboffloadd_core.so"),
+    os.path.join(_REPO, "build", "bin", "liboffloadd_core.so"),  # make build
     os.path.join(_REPO, "bazel-out", "k8-opt", "bin", "client", "core", "liboffloadd_core.so"),
     os.path.join(_REPO, "bazel-out", "k8-fastbuild", "bin", "client", "core",
                  "liboffloadd_core.so"),
@@ -28,6 +31,8 @@ _CANDIDATES = (
 
 # Results of poll and wait (offloadd_core.h).
 DONE, PENDING, CLOSED, UNKNOWN = 1, 0, -1, -2
+# Answers one drain call takes at most (offloadd_ring_drain).
+DRAIN_BATCH = 64
 # Completion kinds and flags.
 OFFLOAD_DONE, RELOAD_DONE, RELEASED, ERROR = 1, 2, 3, 4
 FLAG_RELEASED, FLAG_DONE_EVENT_RECORDED = 1, 2
@@ -96,6 +101,9 @@ def _declare(lib):
         getattr(lib, name).argtypes = [p, u64, ctypes.POINTER(Completion)]
     lib.offloadd_ring_wait.restype = ctypes.c_int
     lib.offloadd_ring_wait.argtypes = [p, u64, dbl, ctypes.POINTER(Completion)]
+    lib.offloadd_ring_drain.restype = ctypes.c_int
+    lib.offloadd_ring_drain.argtypes = [p, ctypes.POINTER(Completion), ctypes.c_size_t, dbl]
+    lib.offloadd_ring_wake.argtypes = [p]
     lib.offloadd_ring_pending.restype = ctypes.c_size_t
     lib.offloadd_ring_pending.argtypes = [p]
     lib.offloadd_ring_closed.restype = ctypes.c_int
@@ -122,6 +130,7 @@ class NativeRing:
         self._ring = self._lib.offloadd_ring_create(entries, entries, error, len(error))
         if not self._ring:
             raise OSError("offloadd ring: " + error.value.decode("utf-8", "replace"))
+        self._local = threading.local()  # per thread: the buffer drain fills
 
     @property
     def fd(self):
@@ -183,6 +192,33 @@ class NativeRing:
             raise ConnectionError("the offloadd session ended before answering ring request "
                                   "%#x" % request_id)
         raise KeyError(request_id)
+
+    def drain(self, timeout=0.0):
+        """The answers that arrived, of any requests (taken; at most DRAIN_BATCH per call: call
+        again while it returns that many), as a list of ``(request_id, kind, status_code,
+        block_id, bytes, queued_seconds, copy_seconds, flags, message)`` tuples (``message`` a
+        str, "" unless ERROR). Sleeps (GIL released) up to ``timeout`` seconds for the first (0:
+        not at all; None: no limit). None when none was there and the ring is closed (the
+        session ended). A killed daemon leaves the ring open: bound the wait."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = (Completion * DRAIN_BATCH)()
+        n = self._lib.offloadd_ring_drain(self._ring, buf, DRAIN_BATCH,
+                                          -1.0 if timeout is None else float(timeout))
+        if n < 0:
+            return None
+        out = []
+        for i in range(n):
+            c = buf[i]
+            out.append((c.request_id, c.kind, c.status_code, c.block_id, c.bytes,
+                        c.queued_seconds, c.copy_seconds, c.flags,
+                        c.message if c.kind == ERROR else ""))
+        return out
+
+    def wake(self):
+        """Wakes every thread sleeping in :meth:`wait`, :meth:`drain` or a submission of this
+        ring (they re-check what they wait for)."""
+        self._lib.offloadd_ring_wake(self._ring)
 
     @property
     def pending(self):

@@ -61,6 +61,7 @@ import time
 
 import grpc
 
+from . import _native
 from . import errors
 from . import socket_path as _socket_path
 from .shm import shm_access
@@ -72,6 +73,7 @@ URGENT = pb.URGENT      # the caller is blocked on this reload (backward is wait
 PREFETCH = pb.PREFETCH  # needed soon; scheduled after urgent reloads, before offloads
 
 MAX_REQUESTS_PER_MESSAGE = 4096
+RING_ENTRIES = 1024  # submission and completion slots of the request ring each
 _CLOSE = object()
 
 # Request field -> the Response field that answers it.
@@ -87,12 +89,15 @@ _EXPECTED = {
 
 
 class Counters:
-    """Counts since connect; batching shows as requests_sent / messages_sent > 1. ``resumes``:
-    reconnects that resumed the session; ``resent``: requests sent again after one;
+    """Counts since connect; batching shows as requests_sent / messages_sent > 1 (requests on
+    the stream). ``ring_requests_sent`` / ``ring_answers_received``: offloads, reloads and
+    releases submitted on the request ring and answers taken from it. ``resumes``: reconnects
+    that resumed the session; ``resent``: requests sent again after one (on the stream);
     ``orphans_released``: blocks stored for an offload whose answer the crash swallowed."""
 
     __slots__ = ("messages_sent", "requests_sent", "messages_received", "responses_received",
-                 "unknown_responses", "resumes", "resent", "orphans_released")
+                 "unknown_responses", "resumes", "resent", "orphans_released",
+                 "ring_requests_sent", "ring_answers_received")
 
     def __init__(self):
         for k in self.__slots__:
@@ -112,6 +117,95 @@ class _Pending:
     def __init__(self, future, expected, request, internal=False, region=None):
         self.future, self.expected, self.request = future, expected, request
         self.conn, self.internal, self.region = None, internal, region
+
+
+# Ring completion kinds -> (the Response field the stream would have answered with, its type).
+_RING_KIND = {_native.OFFLOAD_DONE: "offload_done", _native.RELOAD_DONE: "reload_done",
+              _native.RELEASED: "released"}
+_RING_REQUEST = {"offload": "offload_done", "reload": "reload_done", "release": "released"}
+
+
+class _RingOp:
+    """An offload, reload or release submitted on the request ring: what the caller holds in
+    place of a Future (``done``, ``result(timeout)``, ``exception(timeout)``,
+    ``add_done_callback``, ``cancelled``, ``set_result``, ``set_exception``). No thread of the
+    client completes it: the thread that takes its answer from the ring does (``Client.pump``,
+    or a wait for it), and its callbacks run there. ``args``: the request's fields with the
+    client's region id (for a re-send on the stream after the session resumed)."""
+
+    __slots__ = ("client", "kind", "args", "request_id", "_done", "_value", "_exc",
+                 "_callbacks")
+
+    def __init__(self, client, kind, args):
+        self.client, self.kind, self.args = client, kind, args
+        self.request_id = 0
+        self._done, self._value, self._exc, self._callbacks = False, None, None, None
+
+    def done(self):
+        return self._done
+
+    def cancelled(self):
+        return False
+
+    def result(self, timeout=None):
+        if not self._done:
+            self.client._await_ring(self, timeout)
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def exception(self, timeout=None):
+        if not self._done:
+            self.client._await_ring(self, timeout)
+        return self._exc
+
+    def add_done_callback(self, fn):
+        with _RING_OP_LOCK:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _finish(self, value, exc):
+        with _RING_OP_LOCK:
+            if self._done:
+                return
+            self._value, self._exc, self._done = value, exc, True
+            callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:  # as concurrent.futures does: a callback's failure stays its own
+                pass
+
+    def set_result(self, value):
+        self._finish(value, None)
+
+    def set_exception(self, exc):
+        self._finish(None, exc)
+
+    def request(self):
+        """The request as it would travel on the stream (client region id, no request id)."""
+        a = self.args
+        if self.kind == "offload":
+            region, offset, nbytes, ready_event, ordering = a
+            req = pb.OffloadRequest(region_id=region, offset=offset, bytes=nbytes,
+                                    ready_event=ready_event or b"")
+            if ordering is not None:
+                req.ordering.step, req.ordering.position = ordering
+            return pb.Request(offload=req)
+        if self.kind == "reload":
+            block, region, offset, priority, release_after, deadline, ready, done = a
+            return pb.Request(reload=pb.ReloadRequest(
+                block_id=block, region_id=region, offset=offset, priority=priority,
+                release_after=release_after, deadline_seconds=deadline,
+                ready_event=ready or b"", done_event=done or b""))
+        return pb.Request(release=pb.ReleaseRequest(block_id=a[0]))
+
+
+_RING_OP_LOCK = threading.Lock()  # shared: held only to hand over an op's callbacks
 
 
 class _Conn:
@@ -201,6 +295,10 @@ class Client:
         for the daemon (:func:`offloadd.shm.shm_access`; default: $OFFLOADD_SHM_MODE /
         $OFFLOADD_SHM_GROUP, else 0600 for a root daemon or one of this uid, 0660 with the
         socket's group for a daemon of another uid). Read as ``shm_mode`` / ``shm_gid``.
+      ring: offer the daemon a request ring (the native core, offloadd/_native.py) for
+        offloads, reloads and releases; None: unless $OFFLOADD_RING is "0". Without the core
+        (liboffloadd_core.so not found) or when the daemon does not attach it, every request
+        travels on the stream; ``ring_active`` says which, ``ring_error`` why not.
     Attributes besides the HelloReply fields: ``daemon_uid``, the uid of the process listening
       on the socket (SO_PEERCRED; the service manager's under socket activation; None when the
       probe connect timed out).
@@ -216,7 +314,7 @@ class Client:
                  reconnect_seconds=None, reconnect_initial_backoff_seconds=0.05,
                  reconnect_max_backoff_seconds=1.0, unresponsive_seconds=20.0,
                  keepalive_time_seconds=10.0, keepalive_timeout_seconds=30.0, shm_mode=None,
-                 shm_group=None):
+                 shm_group=None, ring=None):
         if unresponsive_seconds <= 0 or keepalive_time_seconds <= 0 or \
                 keepalive_timeout_seconds <= 0:
             raise ValueError("unresponsive_seconds and the keepalive times must be > 0")
@@ -246,6 +344,12 @@ class Client:
         self._dead = None  # the exception pending and later requests fail with
         self._conn = None
         self._reconnecting = None  # the reconnect thread while the daemon is away
+        self._ring = None        # the NativeRing while requests go on it (attached, stream up)
+        self._ring_native = None  # the NativeRing offered, kept until close
+        self._ring_conn = None   # the connection whose Hello attached it
+        self._ring_ops = {}      # ring request id -> _RingOp not yet answered
+        self._ring_moved = {}    # ring request id -> its stream request id, once moved there
+        self.ring_error = ""
         if not socket_path_fits(self.socket_path):
             raise errors.OffloaddError(
                 errors.INVALID_ARGUMENT, "socket path '%s' is empty or longer than 107 bytes: "
@@ -253,8 +357,37 @@ class Client:
         self.daemon_uid = self._probe(min(1.0, connect_timeout_seconds))
         self.shm_mode, self.shm_gid = shm_access(self.socket_path, self.daemon_uid, shm_mode,
                                                  shm_group)
-        self._conn, self.hello = self._open(resume_token, connect_timeout_seconds)
+        offer = self._offer_ring(ring)
+        self._conn, self.hello = self._open(resume_token, connect_timeout_seconds, offer)
         self._token = self.hello.resume_token
+        if offer is not None:
+            if self.hello.ring_attached:
+                self._ring, self._ring_conn = offer, self._conn
+            else:
+                self.ring_error = self.hello.ring_error or "the daemon did not attach the ring"
+                offer.close()
+                self._ring_native = None
+
+    def _offer_ring(self, ring):
+        """The NativeRing to offer in Hello, or None (``ring_error`` says why)."""
+        if ring is None:
+            ring = os.environ.get("OFFLOADD_RING", "1") != "0"
+        if not ring:
+            self.ring_error = "not offered (ring=False or OFFLOADD_RING=0)"
+            return None
+        try:
+            self._ring_native = _native.NativeRing(RING_ENTRIES)
+        except OSError as e:
+            self.ring_error = str(e)
+            return None
+        return self._ring_native
+
+    @property
+    def ring_active(self):
+        """True while offloads, reloads and releases go on the request ring (attached in
+        Hello; the ring ends with the connection that attached it: after a reconnect every
+        request travels on the stream)."""
+        return self._ring is not None
 
     def _probe(self, timeout_seconds):
         """One connect() before gRPC's: a socket this user may not open, or that nobody serves,
@@ -348,6 +481,11 @@ class Client:
             quiet_left = max(self._last_heard, start) + bound - now
             left = quiet_left if deadline is None else min(quiet_left, deadline - now)
             try:
+                if self._ring_native is not None and \
+                        not isinstance(future, concurrent.futures.Future):
+                    # Completed by an answer on the request ring, taken on this thread.
+                    self._await_ring(future, max(left, 0.0))
+                    return future.result()
                 return future.result(max(left, 0.0))
             except concurrent.futures.TimeoutError:
                 if future.done():
@@ -419,13 +557,19 @@ class Client:
     def offload(self, region_id, offset, nbytes, ready_event=b"", ordering=None):
         """Copies ``nbytes`` at ``offset`` of the region into a new pool block.
 
-        Returns a Future of ``OffloadDone`` (block_id, bytes, queued_seconds, copy_seconds). The
+        Returns a Future of ``OffloadDone`` (block_id, bytes, queued_seconds, copy_seconds; on
+        the request ring a future-like op completed by :meth:`pump` or a wait for it). The
         bytes must stay unchanged until it resolves. ``ready_event``: CUDA IPC event handle
         recorded after the kernels that produced the bytes: the daemon issues no chunk before
         it completed (cuda backend; ignored by shm). ``ordering``: optional
         ``(step, position)`` of the block in the reload order, for the daemon's spill tier
         (within a step backward reloads in reverse of position).
         """
+        if self._ring is not None:
+            op = self._ring_submit("offload", (region_id, offset, nbytes, ready_event or None,
+                                               ordering))
+            if op is not None:
+                return op
         req = pb.OffloadRequest(region_id=region_id, offset=offset, bytes=nbytes,
                                 ready_event=ready_event)
         if ordering is not None:
@@ -446,6 +590,12 @@ class Client:
         running: make the consuming stream wait on ``done_event`` before reading (only after
         this future resolved: before that the event's last record is an older one).
         """
+        if self._ring is not None:
+            op = self._ring_submit("reload", (block_id, region_id, offset, priority,
+                                              release_after, deadline_seconds,
+                                              ready_event or None, done_event or None))
+            if op is not None:
+                return op
         return self._submit(pb.Request(reload=pb.ReloadRequest(
             block_id=block_id, region_id=region_id, offset=offset, priority=priority,
             release_after=release_after, deadline_seconds=deadline_seconds,
@@ -453,6 +603,10 @@ class Client:
 
     def release(self, block_id):
         """Frees a pool block; Future of ``Released``."""
+        if self._ring is not None:
+            op = self._ring_submit("release", (block_id,))
+            if op is not None:
+                return op
         return self._submit(pb.Request(release=pb.ReleaseRequest(block_id=block_id)))
 
     def report(self, fallbacks_total=0, host_waits_total=0, host_wait_seconds_total=0.0,
@@ -484,26 +638,42 @@ class Client:
     def drain(self, timeout=10.0):
         """Waits until every request submitted so far has its response (or failed).
         Returns True when all completed within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self._ring_ops and time.monotonic() < deadline:
+            self.pump(min(0.05, max(deadline - time.monotonic(), 0.0)))
         with self._lock:
             futures = [p.future for p in self._pending.values()]
-        done, not_done = concurrent.futures.wait(futures, timeout=timeout)
-        return not not_done
+        streamed = [f for f in futures if isinstance(f, concurrent.futures.Future)]
+        done, not_done = concurrent.futures.wait(
+            streamed, timeout=max(deadline - time.monotonic(), 0.0))
+        while not all(f.done() for f in futures) and time.monotonic() < deadline:
+            time.sleep(0.005)  # ring requests re-sent on the stream after a resume
+        return not not_done and all(f.done() for f in futures) and not self._ring_ops
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def close(self, timeout=5.0):
         """Half-closes the stream after the queued requests, waits up to ``timeout`` seconds for
         the daemon to end it (then cancels), and joins the reader. Pending requests fail with
-        CANCELLED. The daemon releases the session's blocks and regions. Idempotent."""
+        CANCELLED (requests on the request ring are given their answers first, for at most
+        ``timeout`` seconds). The daemon releases the session's blocks and regions. Idempotent."""
+        deadline = time.monotonic() + timeout
+        while self._ring_ops and self._dead is None and time.monotonic() < deadline:
+            self.pump(min(0.05, max(deadline - time.monotonic(), 0.0)))
         with self._lock:
             self._closing = True
             conn = self._conn
         if conn is not None:
-            conn.close(timeout)
+            conn.close(max(deadline - time.monotonic(), 0.5))
         reconnecting = self._reconnecting
         if reconnecting is not None and reconnecting is not threading.current_thread():
             reconnecting.join(timeout)
         self._fail_all(errors.OffloaddError(errors.CANCELLED, "the client closed its session "
                                             "with %s" % self.target))
+        with self._lock:
+            self._ring = self._ring_conn = None
+        # The NativeRing itself is freed when the last reference (a thread inside a call on it)
+        # lets go of it.
+        self._ring_native = None
 
     def __enter__(self):
         return self
@@ -512,13 +682,16 @@ class Client:
         self.close()
 
     # ---- connecting --------------------------------------------------------------------------
-    def _open(self, token, timeout):
-        """A new connection that said Hello (with ``token`` when not empty): (conn, HelloReply).
-        Raises as the constructor; the connection is closed on failure."""
+    def _open(self, token, timeout, ring=None):
+        """A new connection that said Hello (with ``token`` when not empty, offering ``ring``
+        when not None): (conn, HelloReply). Raises as the constructor; the connection is closed
+        on failure."""
         conn = _Conn(self, timeout)
-        hello = self._submit(pb.Request(hello=pb.Hello(
-            client_name=self.client_name, device_id=self.device_id, pid=self.pid,
-            resume_token=token)), conn=conn)
+        hello = pb.Hello(client_name=self.client_name, device_id=self.device_id, pid=self.pid,
+                         resume_token=token)
+        if ring is not None:
+            hello.ring.fd = ring.fd
+        hello = self._submit(pb.Request(hello=hello), conn=conn)
         conn.start()
         try:
             return conn, hello.result(timeout=timeout)
@@ -749,6 +922,8 @@ class Client:
 
     def _conn_ended(self, conn, failure):
         """A connection's stream ended: fail what only it could answer; reconnect or give up."""
+        if conn is self._ring_conn:
+            self._retire_ring()
         with self._lock:
             if self._closing:
                 failure = errors.OffloaddError(errors.CANCELLED, "the client closed its "
@@ -794,6 +969,177 @@ class Client:
         else:
             p.future.set_result(result)
 
+    # ---- the request ring ---------------------------------------------------------------------
+    def _ring_submit(self, kind, args):
+        """Submits ``kind`` ("offload", "reload", "release") with ``args`` (see _RingOp) on the
+        ring: its _RingOp (failed at once as _submit fails a request), or None when the ring is
+        no longer in use (the caller sends it on the stream). A full ring (the daemon stopped
+        taking submissions until answers are taken) is drained here while it waits."""
+        op = _RingOp(self, kind, args)
+        start = time.monotonic()
+        while True:
+            with self._lock:
+                ring = self._ring
+                if ring is None:
+                    return None
+                failure = self._refusal_locked(kind, args)
+                if failure is not None:
+                    op.set_exception(failure)
+                    return op
+                rid = self._ring_send_locked(ring, kind, args)
+                if rid:
+                    op.request_id = rid
+                    self._ring_ops[rid] = op
+                    self.counters.ring_requests_sent += 1
+                    return op
+            if ring.closed:
+                return None  # the session ended: the stream's end retires the ring
+            if time.monotonic() - max(self._last_heard, start) >= self.unresponsive_seconds:
+                op.set_exception(errors.DaemonUnresponsive(
+                    "the offloadd daemon at %s took no request from its ring for %.1f s "
+                    "(unresponsive_seconds): it is unresponsive" % (self.target,
+                                                                    self.unresponsive_seconds)))
+                return op
+            self.pump(0.005)  # answers taken let the daemon take submissions again
+
+    def _refusal_locked(self, kind, args):
+        """The error a request fails with at once (dead, closing, a lost block), or None."""
+        if self._dead is not None:
+            return self._dead.fresh()
+        if self._closing:
+            return errors.OffloaddError(errors.FAILED_PRECONDITION,
+                                        "request issued after close() began")
+        if kind == "reload" and args[0] in self._lost:
+            return self._lost_error(args[0])
+        return None
+
+    def _ring_send_locked(self, ring, kind, args):
+        """One submission (never waits for a slot): its ring request id, 0 when not taken."""
+        try:
+            if kind == "offload":
+                region, offset, nbytes, ready_event, ordering = args
+                return ring.offload(self._daemon_region.get(region, region), offset, nbytes,
+                                    ready_event=ready_event, ordering=ordering, timeout=0.0)
+            if kind == "reload":
+                block, region, offset, priority, release_after, deadline, ready, done = args
+                return ring.reload(block, self._daemon_region.get(region, region), offset,
+                                   priority=priority, release_after=release_after,
+                                   deadline_seconds=deadline, ready_event=ready,
+                                   done_event=done, timeout=0.0)
+            return ring.release(args[0], timeout=0.0)
+        except ConnectionError:
+            return 0
+
+    def pump(self, timeout=0.0):
+        """Takes the answers the request ring holds and completes their requests on this thread
+        (their done-callbacks run here, outside the client's lock); sleeps (GIL released) up to
+        ``timeout`` seconds for the first. Returns how many it took. Costs one attribute test
+        when nothing is in flight on the ring. The torch hooks call it at every pack and
+        unpack; waits for a ring request call it."""
+        ring = self._ring_native
+        if ring is None or not self._ring_ops:
+            return 0
+        taken = 0
+        while True:
+            answers = ring.drain(timeout)
+            if not answers:
+                return taken
+            taken += len(answers)
+            self._last_heard = time.monotonic()
+            outcomes = []
+            with self._lock:
+                self.counters.ring_answers_received += len(answers)
+                for answer in answers:
+                    op = self._ring_ops.pop(answer[0], None)
+                    if op is None:
+                        op = self._moved_op_locked(answer[0])
+                    if op is None:
+                        self.counters.unknown_responses += 1
+                        continue
+                    outcome = self._ring_outcome_locked(op, answer)
+                    if outcome is not None:
+                        outcomes.append((op, outcome))
+            for op, (value, exc) in outcomes:
+                op._finish(value, exc)
+            if len(answers) < _native.DRAIN_BATCH:
+                return taken
+            timeout = 0.0
+
+    def _moved_op_locked(self, ring_id):
+        """The op of a ring answer taken by a thread while the ring was being retired (the op
+        had moved to the stream): taken back from the stream's pending requests."""
+        stream_id = self._ring_moved.pop(ring_id, None)
+        p = self._pending.pop(stream_id, None) if stream_id is not None else None
+        return p.future if p is not None else None
+
+    def _ring_outcome_locked(self, op, answer):
+        """(result, exception) of ``op`` from its ring answer, the client's view of its blocks
+        kept as for the stream (_account_locked); None when the request waits for a resume
+        (the daemon is shutting down for an upgrade: re-sent on the stream after it)."""
+        _, kind, code, block, nbytes, queued, copy, flags, message = answer
+        if kind == _native.ERROR:
+            if code == errors.UNAVAILABLE and self._resumable_locked():
+                self._ring_to_stream_locked(op)
+                return None
+            return None, errors.OffloaddError(code, message)
+        expected = _RING_REQUEST[op.kind]
+        if _RING_KIND.get(kind) != expected:
+            return None, errors.OffloaddError(
+                errors.INTERNAL, "protocol mismatch: expected %s, the daemon's ring answered "
+                "kind %d" % (expected, kind))
+        if kind == _native.OFFLOAD_DONE:
+            self._confirmed.add(block)
+            return pb.OffloadDone(block_id=block, bytes=nbytes, queued_seconds=queued,
+                                  copy_seconds=copy), None
+        if kind == _native.RELOAD_DONE:
+            released = bool(flags & _native.FLAG_RELEASED)
+            if released:
+                self._confirmed.discard(block)
+            return pb.ReloadDone(block_id=block, bytes=nbytes, released=released,
+                                 copy_seconds=copy, done_event_recorded=bool(
+                                     flags & _native.FLAG_DONE_EVENT_RECORDED)), None
+        self._confirmed.discard(op.args[0])
+        return pb.Released(block_id=op.args[0]), None
+
+    def _ring_to_stream_locked(self, op):
+        """Makes ``op`` a stream request waiting to be sent (after a resume, like every request
+        the broken stream left unanswered); its answer completes ``op``."""
+        request = op.request()
+        request.request_id = next(self._ids)
+        if op.request_id:
+            self._ring_moved[op.request_id] = request.request_id
+        self._pending[request.request_id] = _Pending(op, _RING_REQUEST[op.kind], request)
+
+    def _retire_ring(self):
+        """The connection that attached the ring ended: later requests go on the stream; the
+        answers the ring holds are taken, and the requests still unanswered wait on the stream
+        for a resume (or fail with the session)."""
+        with self._lock:
+            self._ring = self._ring_conn = None
+        self.pump(0.0)
+        with self._lock:
+            ops, self._ring_ops = self._ring_ops, {}
+            for op in ops.values():
+                self._ring_to_stream_locked(op)
+        ring = self._ring_native
+        if ring is not None:
+            ring.wake()
+
+    def _await_ring(self, future, timeout):
+        """Takes ring answers on this thread until ``future`` (a _RingOp, or anything a ring
+        answer completes) is done; TimeoutError after ``timeout`` seconds (None: no limit).
+        Sleeps in slices of at most 50 ms (GIL released), so a stream that ends (it fails or
+        moves the ring's requests, and wakes the ring) is noticed at once."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not future.done():
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                raise concurrent.futures.TimeoutError("no answer within %s s" % timeout)
+            if self._ring_ops:
+                self.pump(left)
+            else:
+                time.sleep(min(left, 0.005))  # re-sent on the stream: the reader completes it
+
     def _resumable_locked(self):
         hello = getattr(self, "hello", None)
         return self.reconnect and hello is not None and hello.resume_grace_seconds > 0
@@ -826,9 +1172,15 @@ class Client:
             if self._dead is None:
                 self._dead = failure
             pending, self._pending = self._pending, {}
+            ring_ops, self._ring_ops = self._ring_ops, {}
         for p in pending.values():
             if not p.future.done():
                 p.future.set_exception(_fresh(failure))
+        for op in ring_ops.values():
+            op.set_exception(_fresh(failure))
+        ring = self._ring_native
+        if ring is not None:
+            ring.wake()  # threads asleep on the ring see their requests failed
 
 
 def _fresh(e):

@@ -238,12 +238,15 @@ class StagingArena:
     def regions(self):
         return len(self._regions)
 
-    def alloc(self, nbytes, timeout=None, abort=None):
+    def alloc(self, nbytes, timeout=None, abort=None, pump=None):
         """A Slot of at least ``nbytes`` (> 0). Grows when no region has room.
 
         Raises TimeoutError when ``max_bytes`` is reached and nothing was freed within
         ``timeout`` seconds (None waits forever); what ``abort()`` returns when, checked every
         0.25 s of such a wait, it returns an exception (a daemon that stopped answering);
+        ``pump(seconds)``, when given, is called (without the arena's lock) instead of waiting
+        for a free: it waits up to ``seconds`` for answers that free slots, and returns False
+        when it had nothing to wait for (the arena then waits as without it);
         OSError / the register callable's errors when a new region cannot be created or
         registered (a registration gets ``timeout`` too, where the callable takes one).
         """
@@ -263,7 +266,17 @@ class StagingArena:
                     raise TimeoutError(
                         "offloadd staging arena full (%d of %d bytes in use): raise max_bytes "
                         "or let offloads finish" % (self.used_bytes, self.max_bytes))
-                self._cv.wait(0.25 if left is None else min(left, 0.25))
+                wait = 0.25 if left is None else min(left, 0.25)
+                if pump is None:
+                    self._cv.wait(wait)
+                else:  # answers taken on this thread free slots: outside the lock
+                    self._cv.release()
+                    try:
+                        waited = pump(wait)
+                    finally:
+                        self._cv.acquire()
+                    if not waited:
+                        self._cv.wait(wait)
                 stop = abort() if abort is not None else None
                 if stop is not None:
                     raise stop

@@ -1,25 +1,36 @@
-"""offloadd.client against a real daemon (shm backend): bytes, batching, errors, daemon loss.
+"""offloadd.client against a real daemon (shm backend): bytes, batching, errors, daemon loss --
+with the request ring (the native core, the default) and on the stream alone (ring=False), and
+a client whose ring cannot be had (no core, a daemon that refuses it) on the stream.
 
 Run: tests/python/run.sh (or /usr/bin/python3 -m unittest discover -s client/python/tests).
 """
 
 import os
+import signal
 import socket
+import threading
 import time
 import unittest
 
 from daemon_fixture import Daemon, DaemonTestCase
 
-from offloadd import errors
+from offloadd import _native, errors
+from offloadd import client as client_module
 from offloadd.client import PREFETCH, URGENT, Client
 from offloadd.shm import ShmRegion
 from offloadd.socket_path import default_socket_path_for, socket_path_fits
 
 
 class ClientTest(DaemonTestCase):
+    """Offloads, reloads and releases on the request ring (the native core must be built:
+    bazel build //client/core:liboffloadd_core.so)."""
+
+    RING = True
+
     def setUp(self):
         super().setUp()
-        self.client = Client(self.daemon.sock, "test_client", "cpu")
+        self.client = Client(self.daemon.sock, "test_client", "cpu", ring=self.RING)
+        self.assertEqual(self.client.ring_active, self.RING, self.client.ring_error)
         self.region = ShmRegion(1 << 20)
         self.region_id = self.client.register_shm(self.region.name, self.region.size_bytes)
         self.region.unlink()
@@ -61,9 +72,16 @@ class ClientTest(DaemonTestCase):
         for f in [self.client.release(b) for b in blocks]:
             f.result(10)
         c = self.client.counters
-        self.assertEqual(c.requests_sent, 2 + 600)  # hello + register + 300 + 300
-        self.assertLess(c.messages_sent, c.requests_sent / 2)
-        self.assertEqual(c.responses_received, c.requests_sent)
+        if self.RING:  # the stream carried Hello and the registration only
+            self.assertEqual((c.requests_sent, c.responses_received), (2, 2))
+            self.assertEqual((c.ring_requests_sent, c.ring_answers_received), (600, 600))
+        else:
+            self.assertEqual(c.requests_sent, 2 + 600)  # hello + register + 300 + 300
+            self.assertLess(c.messages_sent, c.requests_sent / 2)
+            self.assertEqual(c.responses_received, c.requests_sent)
+            self.assertEqual(c.ring_requests_sent, 0)
+        self.assertEqual(c.unknown_responses, 0)
+        self.assertEqual(self.daemon.stats().blocks, 0)
 
     def test_daemon_errors_carry_codes(self):
         with self.assertRaises(errors.OffloaddError) as e:
@@ -97,7 +115,102 @@ class ClientTest(DaemonTestCase):
         self.assertEqual(self.client.get_stats().blocks, 0)
 
 
+class StreamClientTest(ClientTest):
+    """The same on the stream alone (ring=False)."""
+
+    RING = False
+
+
+class NoRingTest(DaemonTestCase):
+    """A ring that cannot be had leaves every request on the stream, and says why."""
+
+    def check_on_the_stream(self, client):
+        region = ShmRegion(1 << 20)
+        try:
+            rid = client.register_shm(region.name, region.size_bytes)
+            region.unlink()
+            region.mm[0:4096] = b"\x5a" * 4096
+            block = client.offload(rid, 0, 4096).result(10).block_id
+            region.mm[0:4096] = b"\0" * 4096
+            self.assertTrue(client.reload(block, rid, 0, URGENT, release_after=True)
+                            .result(10).released)
+            self.assertEqual(bytes(region.mm[0:4096]), b"\x5a" * 4096)
+            self.assertEqual(client.counters.ring_requests_sent, 0)
+            self.assertEqual(client.counters.requests_sent, 2 + 2)  # hello, register, 2
+        finally:
+            client.close()
+            region.close()
+
+    def test_without_the_native_core(self):
+        def missing():
+            raise OSError("the offloadd native core (liboffloadd_core.so) was not found")
+        saved, _native.load = _native.load, missing
+        try:
+            client = Client(self.daemon.sock, "no-core", "cpu")
+        finally:
+            _native.load = saved
+        self.assertFalse(client.ring_active)
+        self.assertIn("liboffloadd_core.so", client.ring_error)
+        self.check_on_the_stream(client)
+
+    def test_a_ring_the_daemon_refuses(self):
+        class NotARing:  # a descriptor that is no sealed memfd: the daemon refuses it
+            def __init__(self, entries):
+                self.fd = os.open("/dev/null", os.O_RDONLY)
+
+            def close(self):
+                os.close(self.fd)
+        saved, client_module._native.NativeRing = _native.NativeRing, NotARing
+        try:
+            client = Client(self.daemon.sock, "refused", "cpu")
+        finally:
+            client_module._native.NativeRing = saved
+        self.assertFalse(client.ring_active)
+        self.assertTrue(client.ring_error)
+        self.check_on_the_stream(client)
+
+    def test_off_by_environment(self):
+        os.environ["OFFLOADD_RING"] = "0"
+        try:
+            client = Client(self.daemon.sock, "env-off", "cpu")
+        finally:
+            del os.environ["OFFLOADD_RING"]
+        self.assertFalse(client.ring_active)
+        self.check_on_the_stream(client)
+
+
 class DaemonLossTest(unittest.TestCase):
+    def test_a_killed_daemon_ends_a_wait_on_the_ring(self):
+        """A daemon SIGKILLed with a ring request unanswered leaves the ring open: the wait
+        notices the stream's end (DaemonUnavailable) instead of sleeping on."""
+        daemon = Daemon("8MiB")
+        try:
+            client = Client(daemon.sock, "ring-loss", "cpu", reconnect=False)
+            self.assertTrue(client.ring_active, client.ring_error)
+            region = ShmRegion(1 << 20)
+            rid = client.register_shm(region.name, region.size_bytes)
+            region.unlink()
+            os.kill(daemon.proc.pid, signal.SIGSTOP)  # takes nothing from the ring any more
+            op = client.offload(rid, 0, 4096)
+            outcome = []
+            waiter = threading.Thread(target=lambda: outcome.append(op.exception(60)))
+            t0 = time.monotonic()
+            waiter.start()
+            time.sleep(0.2)
+            self.assertFalse(op.done())
+            daemon.kill()
+            waiter.join(30)
+            self.assertFalse(waiter.is_alive())
+            self.assertLess(time.monotonic() - t0, 30)
+            self.assertIsInstance(outcome[0], errors.DaemonUnavailable)
+            with self.assertRaises(errors.DaemonUnavailable):
+                client.offload(rid, 0, 4096).result(10)
+            client.close()
+            region.close()
+        finally:
+            daemon.stop()
+
+
     def test_stream_end_fails_pending_and_later_requests(self):
         daemon = Daemon("8MiB")
         try:

@@ -104,9 +104,20 @@ class OffloadCheckpointsTest(DaemonTestCase):
             if kinds[-1] == "reload":
                 release_after.append(request.reload.release_after)
             return submit(request, *args, **kwargs)
+        ring_submit = ep.client._ring_submit
+
+        def counting_ring(kind, args):  # the request ring (the native core), when attached
+            kinds.append(kind)
+            if kind == "reload":
+                release_after.append(args[4])
+            return ring_submit(kind, args)
         ep.client._submit = counting
+        ep.client._ring_submit = counting_ring
+        self.assertTrue(ep.client.ring_active, ep.client.ring_error)  # through the native core
+        on_ring = ep.client.counters.ring_answers_received
         out = run_step("hooks-reentrant", ctx)
         self.assertTrue(ot.synchronize())
+        self.assertEqual(ep.client.counters.ring_answers_received - on_ring, 2 * L)
         self.assertEqual(ctx.store.live_handles(), 0)
         self.assertEqual((kinds.count("offload"), kinds.count("reload"), kinds.count("release")),
                          (L, L, 0))

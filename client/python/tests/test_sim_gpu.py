@@ -23,11 +23,18 @@ import offloadd.transformers as otf
 import qwen3_fixture as q
 from offloadd import cuda, errors, sim_gpu
 from offloadd.client import Client, PREFETCH, URGENT
-from offloadd.torch import _transport
+from offloadd.torch import _endpoint, _transport
 
 torch.set_num_threads(2)
 MIB = 1 << 20
 
+
+
+def settle(seconds):
+    """A pause in a test's wait for the store to learn of answers: the answers on the request
+    rings are taken first (as the next hook call would), then ``seconds`` pass."""
+    _endpoint.pump()
+    time.sleep(seconds)
 
 class SimAllocatorTest(unittest.TestCase):
     """The simulated caching allocator and streams, without a daemon."""
@@ -262,11 +269,11 @@ class SimEventProtocolTest(SimDaemonTestCase):
         self.assertEqual(store.stats.snapshot().served_in_flight, 1)
         deadline = time.monotonic() + 30
         while ha.op is not None and time.monotonic() < deadline:  # a's OffloadDone
-            time.sleep(0.01)
+            settle(0.01)
         ta = store.unpack(ha)
         deadline = time.monotonic() + 10  # b's OffloadDone may come after a's
         while store.stats.snapshot().offloaded < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+            settle(0.01)
         st = store.stats.snapshot()
         print("SIMULATED: %s" % st.summary())
         self.assertTrue(torch.equal(tb, torch.full((MIB,), 2.0)))
@@ -278,7 +285,7 @@ class SimEventProtocolTest(SimDaemonTestCase):
         ot.synchronize()
         deadline = time.monotonic() + 10
         while self.daemon.stats().blocks and time.monotonic() < deadline:
-            time.sleep(0.05)
+            settle(0.05)
         self.assertEqual(self.daemon.stats().blocks, 0)  # both blocks released
         self.assertNoViolations()
 
@@ -292,9 +299,9 @@ class SimEventProtocolTest(SimDaemonTestCase):
         tb = store.unpack(hb)  # served; prefetches a, still offloading
         deadline = time.monotonic() + 30
         while ha.op is not None and time.monotonic() < deadline:  # a kept at its OffloadDone
-            time.sleep(0.01)
+            settle(0.01)
         while hb.op is not None and time.monotonic() < deadline:  # b counted at its OffloadDone
-            time.sleep(0.01)
+            settle(0.01)
         del ha  # a branch backward never reached: a is never unpacked
         gc.collect()
         del tb, hb
@@ -303,7 +310,7 @@ class SimEventProtocolTest(SimDaemonTestCase):
         deadline = time.monotonic() + 10
         while (self.daemon.stats().blocks or store.stats.snapshot().prefetched_unused == 0 or
                store.stats.snapshot().offloaded < 2) and time.monotonic() < deadline:
-            time.sleep(0.05)
+            settle(0.05)
         st = store.stats.snapshot()
         self.assertEqual((st.offloaded, st.served_in_flight, st.reloaded, st.prefetched_unused),
                          (2, 1, 0, 1))

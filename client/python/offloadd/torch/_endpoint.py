@@ -308,15 +308,36 @@ def synchronize(timeout=10.0):
     while True:
         # A release can be chained on a reload in flight (a dead handle's prefetch): it is sent
         # when that reload completes, after a drain began. Repeat until a round sent nothing.
-        sent = sum(ep.client.counters.requests_sent for ep in endpoints())
+        sent = _requests_sent()
         left = max(deadline - time.monotonic(), 0.0)
         ok = reaper.flush(left)
         for ep in endpoints():
             ok = ep.client.drain(max(deadline - time.monotonic(), 0.0)) and ok
-        if not ok or sum(ep.client.counters.requests_sent for ep in endpoints()) == sent:
+        if not ok or _requests_sent() == sent:
             return ok
         if time.monotonic() >= deadline:
             return False
+
+
+def pump():
+    """Takes the answers waiting on the request rings of this process's endpoints and completes
+    their requests on the calling thread (Client.pump: their callbacks, such as the store's
+    OffloadDone handling, run here). The hooks call it at every pack and unpack; it costs a few
+    attribute tests when nothing is in flight on a ring. Endpoints inherited through fork are
+    the parent's: left alone."""
+    pid = _getpid()
+    for ep in tuple(_endpoints.values()):
+        if ep.pid == pid:
+            ep.client.pump()
+
+
+_getpid = os.getpid
+
+
+def _requests_sent():
+    """Requests this process's endpoints sent so far, on their streams and rings."""
+    return sum(ep.client.counters.requests_sent + ep.client.counters.ring_requests_sent
+               for ep in endpoints())
 
 
 def endpoints():

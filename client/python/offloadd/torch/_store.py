@@ -62,6 +62,7 @@ from ._transport import Meta, dense_span, empty_like_meta
 KEPT, OFFLOADING, OFFLOADED, FALLBACK, LOST = range(5)
 _Tensor, _Parameter, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.strided
 _getpid = os.getpid
+_pump = _endpoint.pump
 
 
 class _BecameFallback(Exception):
@@ -152,6 +153,7 @@ class Store:
     def pack(self, t, small_to_host=None, pin_memory=None):
         """The pack hook. ``small_to_host`` / ``pin_memory`` override the store's policy for
         this call (save_on_cpu instances sharing the default store)."""
+        _pump()  # answers on the request rings: completes offloads (callbacks run here)
         self._raise_async_error()
         if self._unpacking:
             self._unpacking = False
@@ -291,7 +293,9 @@ class Store:
         op.future.add_done_callback(lambda f: self._offload_done(wref, ep, op, f))
 
     def _offload_done(self, wref, ep, op, future):
-        """Reader thread: OffloadDone or the error that refused the offload."""
+        """OffloadDone or the error that refused the offload, on the thread that took the
+        answer: the client's reader (stream), or a hook, wait or synchronize that pumped the
+        request ring."""
         exc = future.exception()
         if exc is not None:
             self._step_eps.clear()  # look the endpoint up again (it may be broken now)
@@ -402,6 +406,7 @@ class Store:
             return s.host.to(s.device, non_blocking=s.non_blocking)
         if not isinstance(s, Saved):
             return s
+        _pump()
         self._raise_async_error()
         self._check_version(s)
         r = s.result

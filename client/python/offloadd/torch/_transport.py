@@ -114,14 +114,17 @@ class Completion:
     ``set_result``, ``set_exception``, ``cancelled``) without a Condition per request: a lock
     and an Event are made only when a thread must wait for an outcome not there yet.
     ``result``/``exception`` raise TimeoutError after ``timeout`` seconds. Callbacks run on
-    the thread that completes it (the client's reader), or at once when already complete."""
+    the thread that completes it (the client's reader for a request on the stream; the thread
+    that took the answer from the request ring, Client.pump, for one on the ring), or at once
+    when already complete. Wait through Client.wait, which takes ring answers meanwhile."""
 
-    __slots__ = ("_done", "_value", "_exc", "_callbacks", "_event")
+    __slots__ = ("_done", "_value", "_exc", "_callbacks", "_event", "_client")
     _lock = threading.Lock()  # shared: held only to hand over callbacks and the event
 
-    def __init__(self):
+    def __init__(self, client=None):
         self._done, self._value, self._exc = False, None, None
         self._callbacks = self._event = None
+        self._client = client  # whose request ring's answers complete it (waits take them)
 
     def done(self):
         return self._done
@@ -131,6 +134,10 @@ class Completion:
 
     def _wait(self, timeout):
         if self._done:
+            return
+        client = self._client
+        if client is not None and client._ring_native is not None:
+            client._await_ring(self, timeout)  # takes the ring's answers on this thread
             return
         with Completion._lock:
             if not self._done and self._event is None:
@@ -202,10 +209,10 @@ class ReloadOp:
                  "done", "sent", "priority", "release_after")
 
     def __init__(self, slot=None, dest=None, region_id=0, offset=0, ready_event=None,
-                 done_event=None):
+                 done_event=None, client=None):
         self.slot, self.dest, self.region_id, self.offset = slot, dest, region_id, offset
         self.ready_event, self.done_event, self.done_seq = ready_event, done_event, None
-        self.done = Completion()
+        self.done = Completion(client)
         self.sent = False
         self.priority = 0
         self.release_after = False  # the daemon frees the block once this reload copied it
@@ -228,6 +235,15 @@ class ShmTransport:
     def _staged(self, slot, meta):
         return torch.frombuffer(self.arena.view(slot), dtype=meta.dtype, count=meta.numel)
 
+    def _pump(self, seconds):
+        """For StagingArena.alloc: staging slots are freed by the answers of the offloads that
+        read them; on the request ring those are taken by a thread that asks (Client.pump):
+        this one, while it waits for room. False when nothing is in flight on the ring."""
+        if not self.client._ring_ops:
+            return False
+        self.client.pump(seconds)
+        return True
+
     def _silence(self, bound):
         """For StagingArena.alloc's ``abort``: DaemonUnresponsive once the daemon has been
         silent for ``bound`` seconds (None: the client's unresponsive_seconds), else None."""
@@ -248,7 +264,8 @@ class ShmTransport:
         wait = self.alloc_timeout_seconds if timeout is None \
             else min(timeout, self.alloc_timeout_seconds)
         slot = self.arena.alloc(meta.nbytes, timeout=wait,
-                                abort=lambda: self._silence(unresponsive_seconds))
+                                abort=lambda: self._silence(unresponsive_seconds),
+                                pump=self._pump)
         try:
             self._staged(slot, meta).copy_(flat(t))
             future = self.client.offload(slot.region_id, slot.offset, meta.nbytes,
@@ -277,7 +294,8 @@ class ShmTransport:
         wait ends with DaemonUnresponsive when the daemon stays silent (Client.wait)."""
         timeout = self.alloc_timeout_seconds if wait else 0
         return ReloadOp(slot=self.arena.alloc(meta.nbytes, timeout=timeout,
-                                              abort=lambda: self._silence(None)))
+                                              abort=lambda: self._silence(None),
+                                              pump=self._pump), client=self.client)
 
     def send_reload(self, op, block_id, priority, release_after=False):
         """Sends the reload of ``block_id`` into ``op``'s slot; ``release_after``: the daemon
@@ -424,7 +442,7 @@ class CudaIpcTransport:
             ready, done = self.events.acquire(), self.events.acquire()
             self.dev.record(ready, stream)
         return ReloadOp(dest=dest, region_id=rid, offset=offset, ready_event=ready,
-                        done_event=done)
+                        done_event=done, client=self.client)
 
     def send_reload(self, op, block_id, priority, release_after=False):
         """As ShmTransport.send_reload, with the event protocol's two events."""
