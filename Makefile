@@ -73,6 +73,7 @@ FUZZ_SRCS := tests/fuzz/session_fuzz.cc \
     server/pool/*.cc server/sched/*.cc)) \
   $(filter-out %_test.cc,$(wildcard server/base/*.cc)) \
   server/copy/shm_engine.cc server/copy/cuda_api.cc server/copy/sim_gpu_table.cc \
+  common/sim_gpu_table.cc \
   server/projector/blas_core.cc server/metrics/metrics.cc \
   server/rpc/translate.cc
 build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.h)
@@ -83,7 +84,8 @@ build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.
 	  $$(pkg-config --libs grpc++ protobuf prometheus-cpp-pull prometheus-cpp-core) -lglog -lcrypto -luring -lnuma -lrt -lpthread
 # The request ring's descriptor parsing (tests/fuzz/ring_fuzz.cc): what the daemon reads from
 # memory a client can write.
-RING_FUZZ_SRCS := tests/fuzz/ring_fuzz.cc $(wildcard common/*.cc) server/rpc/ring_translate.cc
+RING_FUZZ_SRCS := tests/fuzz/ring_fuzz.cc common/futex.cc common/ring_format.cc common/ring_memfd.cc \
+  server/rpc/ring_translate.cc
 build/fuzz/ring_fuzz: $(filter-out %_test.cc,$(RING_FUZZ_SRCS)) $(wildcard common/*.h) server/rpc/ring_translate.h
 	@mkdir -p build/fuzz/ring_corpus
 	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

@@ -24,7 +24,7 @@
 #include "client/offloadd_client.h"
 #include "client/sim_client_cuda_api.h"
 #include "gtest/gtest.h"
-#include "server/copy/sim_gpu_table.h"
+#include "common/sim_gpu_table.h"
 #include "tests/e2e/child_process.h"
 #include "tests/e2e/sim_gpu_daemon.h"
 
