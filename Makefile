@@ -71,7 +71,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_SRCS := tests/fuzz/session_fuzz.cc \
   $(filter-out %_test.cc,$(wildcard server/session/*.cc server/store/*.cc server/spill/*.cc \
     server/pool/*.cc server/sched/*.cc)) \
-  $(filter-out %_test.cc,$(wildcard server/base/*.cc)) \
+  $(filter-out %_test.cc,$(wildcard server/base/*.cc common/base/*.cc)) \
   server/copy/shm_engine.cc server/copy/cuda_api.cc server/copy/sim_gpu_table.cc \
   common/sim_gpu_table.cc \
   server/projector/blas_core.cc server/metrics/metrics.cc \
@@ -99,9 +99,9 @@ fuzz: deps build/fuzz/session_fuzz build/fuzz/ring_fuzz
 # The daemon and its tests under sanitizers (.bazelrc configs; each keeps its own output tree).
 # TSan runs the layers below rpc only: Debian's gRPC, protobuf, absl and OpenBLAS are not built
 # with TSan, so every test that runs gRPC reports races inside them (README "Failure modes").
-ASAN_TESTS := //server/... //client:all //tests/e2e:e2e_test //tests/e2e:multiprocess_test \
+ASAN_TESTS := //server/... //client:all //common/... //tests/e2e:e2e_test //tests/e2e:multiprocess_test \
   //tests/faults/... //tests/fuzz/... //tests/soak:soak_quick_test
-TSAN_TESTS := //server/base/... //server/session/... //server/store/... //server/sched/... //server/pool/... //server/spill/... \
+TSAN_TESTS := //common/base/... //server/base/... //server/session/... //server/store/... //server/sched/... //server/pool/... //server/spill/... \
   //server/copy:shm_engine_test //server/copy:cuda_engine_test //server/copy:cuda_api_sim_test \
   //server/copy:copy_timing_model_test //tests/fuzz/...
 test-asan: deps

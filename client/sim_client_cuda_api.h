@@ -58,7 +58,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/cuda_export.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "common/sim_gpu_table.h"
 
 namespace offloadd::client {

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "client/cuda_export.h"
-#include "gtest/gtest.h"
 #include "common/sim_gpu_table.h"
+#include "gtest/gtest.h"
 
 namespace offloadd::client {
 namespace {

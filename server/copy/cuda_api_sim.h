@@ -53,7 +53,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/copy_timing_model.h"
 #include "server/copy/cuda_api.h"
 #include "server/copy/cuda_engine.h"

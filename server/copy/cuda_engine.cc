@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 #include "glog/logging.h"
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
 #include "server/copy/cuda_engine_shared.h"
 
 namespace offloadd::copy {

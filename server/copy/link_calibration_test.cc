@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "common/base/clock.h"
 #include "gtest/gtest.h"
-#include "server/base/clock.h"
 #include "server/copy/cuda_api_fake.h"
 #include "server/copy/cuda_api_sim.h"
 #include "server/copy/cuda_engine.h"

@@ -14,7 +14,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::copy {
 namespace {

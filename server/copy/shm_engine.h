@@ -23,7 +23,7 @@
 #include <mutex>
 #include <string>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/copy_engine.h"
 
 namespace offloadd::copy {

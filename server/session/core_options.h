@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 #include "server/session/peer.h"
 #include "server/spill/spill_tier.h"
 #include "server/store/block_store.h"

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/copy_rate_meter.h"
 #include "server/session/core_options.h"
 #include "server/session/core_stats.h"

@@ -21,9 +21,9 @@
 
 #include "client/offloadd_client.h"
 #include "client/sim_client_cuda_api.h"
-#include "gtest/gtest.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 #include "common/sim_gpu_table.h"
+#include "gtest/gtest.h"
 #include "tests/e2e/child_process.h"
 
 namespace offloadd::testing {
