@@ -23,7 +23,7 @@
 #include "server/config.h"
 #include "server/copy/cuda_api_sim.h"
 #include "server/copy/cuda_engine.h"
-#include "server/copy/link_calibration.h"
+#include "server/copy/cuda_rate_meter.h"
 #include "server/copy/shm_engine.h"
 #include "server/host_check.h"
 #include "server/metrics/metrics.h"

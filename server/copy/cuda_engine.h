@@ -150,7 +150,7 @@ class CudaCopyEngine : public CopyEngine {
   // this starts, with the daemon's context on that GPU, when no region has yet. `fn` gets the
   // engine's CudaApi with the device current and may make any call for that device. The GPU's
   // copies wait meanwhile: chunks posted then are issued after `fn` returns, those already
-  // issued complete in the hardware. For measurements (link_calibration.h). Errors: as
+  // issued complete in the hardware. For measurements (cuda_rate_meter.h). Errors: as
   // OpenRegion's for the device, FAILED_PRECONDITION once the engine shuts down, else fn's.
   absl::Status RunOnDevice(const std::string& device_id,
                            const std::function<absl::Status(CudaApi&)>& fn);

@@ -1,4 +1,4 @@
-#include "server/copy/link_calibration.h"
+#include "server/copy/cuda_rate_meter.h"
 
 #include <algorithm>
 #include <cmath>
