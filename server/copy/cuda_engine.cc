@@ -384,7 +384,14 @@ void CudaCopyEngine::PostChunk(Direction direction, Region& region, uint64_t reg
                    std::move(done));
 }
 
-bool CudaCopyEngine::asynchronous() const { return shared_->options.asynchronous; }
+CopyCapabilities CudaCopyEngine::capabilities() const {
+  CopyCapabilities c;
+  c.asynchronous = shared_->options.asynchronous;
+  c.orders_transfers = true;
+  return c;
+}
+
+void CudaCopyEngine::ForgetDevice(const std::string& device_id) { (void)device_id; }
 
 absl::StatusOr<std::vector<CudaDeviceInfo>> CudaCopyEngine::Devices() {
   Shared& s = *shared_;

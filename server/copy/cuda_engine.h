@@ -125,7 +125,8 @@ class CudaCopyEngine : public CopyEngine {
   void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
                  uint64_t bytes, ChunkUrgency urgency,
                  std::function<void(absl::Status)> done) override;
-  bool asynchronous() const override;
+  // asynchronous: options.asynchronous; orders_transfers: always (BeginTransfer below).
+  CopyCapabilities capabilities() const override;
   // See CopyEngine::BeginTransfer. INVALID_ARGUMENT for a region of another engine or an event
   // handle that is not 64 bytes; CUDA failures (opening the handle or an event) and a ready
   // event that never completes fail the transfer's chunks instead (FAILED_PRECONDITION,
@@ -163,6 +164,8 @@ class CudaCopyEngine : public CopyEngine {
   uint64_t pinned_bytes() const override;
   // Drops the cached client events only `owner_id`'s transfers used (CopyEngine::ReleaseOwner).
   void ReleaseOwner(uint64_t owner_id) override;
+  // No-op: handle counts are keyed by GPU UUID, not by a session's device id.
+  void ForgetDevice(const std::string& device_id) override;
   // Client events in the cache now (tests).
   size_t cached_events() const;
 

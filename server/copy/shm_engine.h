@@ -24,6 +24,7 @@
 #include <string>
 
 #include "common/base/mutex.h"
+#include "server/copy/blocking_copy_engine.h"
 #include "server/copy/copy_engine.h"
 
 namespace offloadd::copy {
@@ -42,7 +43,9 @@ struct ShmMappingStats {
   uint64_t mappings = 0, mapped_bytes = 0;  // live, all uids
 };
 
-class ShmCopyEngine : public CopyEngine {
+// A BlockingCopyEngine: PostChunk and the ordered calls run CopyChunk on the calling thread;
+// transfers are not ordered against client GPU work (there is none).
+class ShmCopyEngine : public BlockingCopyEngine {
  public:
   // Installs the process-wide SIGBUS guard used by CopyChunk (once).
   explicit ShmCopyEngine(ShmMappingLimits limits = {});

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/copy/blocking_copy_engine.h"
 #include "server/copy/shm_engine.h"
 #include "server/pool/arena.h"
 #include "server/projector/refresh_service.h"
@@ -29,7 +30,7 @@ constexpr uint64_t kGradientBytes = kRows * kCols * sizeof(float);
 constexpr uint64_t kProjectorOffset = 4 * kMiB;
 
 // The shm engine, recording every CopyChunk; while closed, reads (d2h) wait at a gate.
-class GatedShmEngine : public copy::CopyEngine {
+class GatedShmEngine : public copy::BlockingCopyEngine {
  public:
   struct Call {
     copy::Direction direction;
@@ -52,6 +53,7 @@ class GatedShmEngine : public copy::CopyEngine {
   std::map<std::string, copy::HandleCounts> handle_counts() const override {
     return shm_.handle_counts();
   }
+  void ForgetDevice(const std::string& device_id) override { (void)device_id; }
   void Close() {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
