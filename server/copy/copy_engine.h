@@ -8,10 +8,12 @@
 //  - cuda (cuda_engine.h): the region is a CUDA IPC memory handle of an allocation base; chunk
 //         copies are cudaMemcpyAsync on per-GPU D2H/H2D streams (cuda-sim: the same engine over
 //         a timing model).
-// Every method is pure virtual: a backend implements each one, and says in capabilities() what
-// it does beyond a blocking copy, so callers ask instead of relying on silent defaults.
+// Every virtual method is pure: a backend implements each one (three copy calls: BeginTransfer,
+// CopyOrderedChunk, PostOrderedChunk; CopyChunk and PostChunk are the latter two with a null
+// order), and says in capabilities() what it does beyond a blocking copy, so callers ask
+// instead of relying on silent defaults.
 // Pacing, chunking and ordering between clients are the scheduler's job (sched/), not the
-// engine's: CopyChunk moves exactly the bytes it is given.
+// engine's: a chunk copy moves exactly the bytes it is given.
 #ifndef OFFLOADD_SERVER_COPY_COPY_ENGINE_H_
 #define OFFLOADD_SERVER_COPY_COPY_ENGINE_H_
 
@@ -20,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -119,31 +122,15 @@ class CopyEngine {
   // size_bytes exceeds the object's real size; FAILED_PRECONDITION for CUDA handle failures.
   virtual absl::StatusOr<std::shared_ptr<Region>> OpenRegion(const RegionSpec& spec) = 0;
 
-  // Copies `bytes` between region[region_offset, +bytes) and host[0, bytes), blocking until the
-  // bytes have landed. Called concurrently from several worker threads. The caller has checked
-  // bounds against region.size_bytes().
-  virtual absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
-                                 uint8_t* host, uint64_t bytes) = 0;
+  // A backend implements three copy calls: BeginTransfer, CopyOrderedChunk and
+  // PostOrderedChunk. CopyChunk and PostChunk are those calls with a null order (a chunk that is
+  // a transfer of its own), not separate entry points.
 
-  // The asynchronous form of CopyChunk: queues the same copy and returns; `done` runs
-  // exactly once, with CopyChunk's status, when the bytes have landed or the copy failed. It may
-  // run inline (an error found before the copy is queued, or an engine without
-  // capabilities().asynchronous: CopyChunk and then `done`) or on an engine thread, which must
-  // not block in it: it may post further chunks (PostChunk) and otherwise only hand the
-  // completion on. The caller keeps `region` and host[0, bytes) alive until `done` has run.
-  // `urgency`: kUrgent chunks go ahead of every queued chunk that is not (never ahead of a copy
-  // already issued to the hardware).
-  virtual void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
-                         uint64_t bytes, ChunkUrgency urgency,
-                         std::function<void(absl::Status)> done) = 0;
-  // capabilities().asynchronous: false for shm and for the cuda engine with asynchronous = false.
-  bool asynchronous() const { return capabilities().asynchronous; }
-
-  // The ordered form of a transfer (cuda engines; ordering is a no-op for shm). BeginTransfer
+  // The ordered form of a transfer (docs/ARCHITECTURE.md, "The event protocol"). BeginTransfer
   // is called once per transfer before its first chunk; the chunks then go through
   // CopyOrderedChunk / PostOrderedChunk with the returned order, which the caller keeps until
-  // the transfer is over (the last chunk's `done` has run) and then drops. What it does on
-  // CUDA (docs/ARCHITECTURE.md, "The event protocol"):
+  // the transfer is over (the last chunk's `done` has run) and then drops. With
+  // capabilities().orders_transfers (cuda):
   //  - the region's mapping is held open from here until the order is dropped (and only then:
   //    the daemon maps client memory only while a transfer uses it);
   //  - `ready_event`: no chunk is issued to the hardware before this client event has completed
@@ -152,20 +139,44 @@ class CopyEngine {
   //    (the one ending at `bytes`) is issued; then `on_done_recorded` runs, on the engine's
   //    thread (it must not block: it may only hand an answer on).
   // Returns null when the engine orders nothing (!capabilities().orders_transfers, shm:
-  // chunks go through the unordered calls and `on_done_recorded` never runs). Errors:
-  // INVALID_ARGUMENT for malformed event handles or a region of another engine.
+  // `on_done_recorded` never runs). Errors: INVALID_ARGUMENT for malformed event handles or a
+  // region of another engine.
   virtual absl::StatusOr<std::shared_ptr<TransferOrder>> BeginTransfer(Region& region,
                                                                       TransferSpec spec) = 0;
-  // CopyChunk / PostChunk for a chunk at `transfer_offset` of an ordered transfer; `order`
-  // null (or an engine that orders nothing): the unordered call.
+
+  // Copies `bytes` between region[region_offset, +bytes) and host[0, bytes), the chunk at
+  // `transfer_offset` of the transfer `order` (null: a chunk that is a transfer of its own),
+  // blocking until the bytes have landed. Called concurrently from several worker threads. The
+  // caller has checked bounds against region.size_bytes().
   virtual absl::Status CopyOrderedChunk(TransferOrder* order, uint64_t transfer_offset,
                                         Direction direction, Region& region,
                                         uint64_t region_offset, uint8_t* host,
                                         uint64_t bytes) = 0;
+  // The asynchronous form of CopyOrderedChunk: queues the same copy and returns; `done` runs
+  // exactly once, with CopyOrderedChunk's status, when the bytes have landed or the copy failed.
+  // It may run inline (an error found before the copy is queued, or an engine without
+  // capabilities().asynchronous: the copy and then `done`) or on an engine thread, which must
+  // not block in it: it may post further chunks and otherwise only hand the completion on. The
+  // caller keeps `region` and host[0, bytes) alive until `done` has run. `urgency`: kUrgent
+  // chunks go ahead of every queued chunk that is not (never ahead of a copy already issued to
+  // the hardware).
   virtual void PostOrderedChunk(TransferOrder* order, uint64_t transfer_offset,
                                 Direction direction, Region& region, uint64_t region_offset,
                                 uint8_t* host, uint64_t bytes, ChunkUrgency urgency,
                                 std::function<void(absl::Status)> done) = 0;
+
+  // CopyOrderedChunk / PostOrderedChunk for a chunk that is a transfer of its own (null order).
+  absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
+                         uint8_t* host, uint64_t bytes) {
+    return CopyOrderedChunk(nullptr, 0, direction, region, region_offset, host, bytes);
+  }
+  void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
+                 uint64_t bytes, ChunkUrgency urgency, std::function<void(absl::Status)> done) {
+    PostOrderedChunk(nullptr, 0, direction, region, region_offset, host, bytes, urgency,
+                     std::move(done));
+  }
+  // capabilities().asynchronous: false for shm and for the cuda engine with asynchronous = false.
+  bool asynchronous() const { return capabilities().asynchronous; }
 
   // Once at start-up, after the pool's arena is mapped: make host[base, +size_bytes) usable for
   // asynchronous DMA (CUDA: cudaHostRegister(Portable) in chunks, in the background; copies work

@@ -372,18 +372,6 @@ void CudaCopyEngine::PostOrderedChunk(TransferOrder* order, uint64_t transfer_of
   }
 }
 
-absl::Status CudaCopyEngine::CopyChunk(Direction direction, Region& region, uint64_t region_offset,
-                                       uint8_t* host, uint64_t bytes) {
-  return CopyOrderedChunk(nullptr, 0, direction, region, region_offset, host, bytes);
-}
-
-void CudaCopyEngine::PostChunk(Direction direction, Region& region, uint64_t region_offset,
-                               uint8_t* host, uint64_t bytes, ChunkUrgency urgency,
-                               std::function<void(absl::Status)> done) {
-  PostOrderedChunk(nullptr, 0, direction, region, region_offset, host, bytes, urgency,
-                   std::move(done));
-}
-
 CopyCapabilities CudaCopyEngine::capabilities() const {
   CopyCapabilities c;
   c.asynchronous = shared_->options.asynchronous;

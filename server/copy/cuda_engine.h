@@ -112,19 +112,6 @@ class CudaCopyEngine : public CopyEngine {
   // driver, or when the handle cannot be opened (message says why and what to do); OUT_OF_RANGE
   // when size_bytes exceeds the allocation.
   absl::StatusOr<std::shared_ptr<Region>> OpenRegion(const RegionSpec& spec) override;
-  // Errors: INVALID_ARGUMENT for a region of another engine; OUT_OF_RANGE outside the region;
-  // FAILED_PRECONDITION for CUDA errors or a region whose engine is gone. Unordered: the chunk
-  // is a transfer of its own (its mapping held for it alone).
-  absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
-                         uint8_t* host, uint64_t bytes) override;
-  // Same checks and errors as CopyChunk (reported through `done`, inline when found before the
-  // copy is queued). `done` runs on the GPU's device thread when the copy's event completes; it
-  // may post more chunks (they join the queue without a thread hand-off) and must otherwise
-  // only hand the completion on (no other CUDA calls through this engine, no blocking). With
-  // options.asynchronous = false this is CopyChunk followed by `done`.
-  void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
-                 uint64_t bytes, ChunkUrgency urgency,
-                 std::function<void(absl::Status)> done) override;
   // asynchronous: options.asynchronous; orders_transfers: always (BeginTransfer below).
   CopyCapabilities capabilities() const override;
   // See CopyEngine::BeginTransfer. INVALID_ARGUMENT for a region of another engine or an event
@@ -133,9 +120,17 @@ class CudaCopyEngine : public CopyEngine {
   // DEADLINE_EXCEEDED after max_ready_wait_seconds; CANCELLED once spec.cancelled()).
   absl::StatusOr<std::shared_ptr<TransferOrder>> BeginTransfer(Region& region,
                                                               TransferSpec spec) override;
+  // Errors: INVALID_ARGUMENT for a region of another engine; OUT_OF_RANGE outside the region;
+  // FAILED_PRECONDITION for CUDA errors or a region whose engine is gone. A null order: the
+  // chunk is a transfer of its own (its mapping held for it alone).
   absl::Status CopyOrderedChunk(TransferOrder* order, uint64_t transfer_offset,
                                 Direction direction, Region& region, uint64_t region_offset,
                                 uint8_t* host, uint64_t bytes) override;
+  // Same checks and errors as CopyOrderedChunk (reported through `done`, inline when found
+  // before the copy is queued). `done` runs on the GPU's device thread when the copy's event
+  // completes; it may post more chunks (they join the queue without a thread hand-off) and must
+  // otherwise only hand the completion on (no other CUDA calls through this engine, no
+  // blocking). With options.asynchronous = false this is CopyOrderedChunk followed by `done`.
   void PostOrderedChunk(TransferOrder* order, uint64_t transfer_offset, Direction direction,
                         Region& region, uint64_t region_offset, uint8_t* host, uint64_t bytes,
                         ChunkUrgency urgency, std::function<void(absl::Status)> done) override;

@@ -29,7 +29,7 @@ constexpr int64_t kRows = 2048, kCols = 512;  // fp32 G: 4 MiB = 16 chunks
 constexpr uint64_t kGradientBytes = kRows * kCols * sizeof(float);
 constexpr uint64_t kProjectorOffset = 4 * kMiB;
 
-// The shm engine, recording every CopyChunk; while closed, reads (d2h) wait at a gate.
+// The shm engine, recording every chunk copy; while closed, reads (d2h) wait at a gate.
 class GatedShmEngine : public copy::BlockingCopyEngine {
  public:
   struct Call {
@@ -40,8 +40,8 @@ class GatedShmEngine : public copy::BlockingCopyEngine {
   absl::StatusOr<std::shared_ptr<copy::Region>> OpenRegion(const copy::RegionSpec& s) override {
     return shm_.OpenRegion(s);
   }
-  absl::Status CopyChunk(copy::Direction direction, copy::Region& region, uint64_t offset,
-                         uint8_t* host, uint64_t bytes) override {
+  absl::Status BlockingCopyChunk(copy::Direction direction, copy::Region& region,
+                                 uint64_t offset, uint8_t* host, uint64_t bytes) override {
     {
       std::unique_lock<std::mutex> lock(mu_);
       calls_.push_back({direction, offset, bytes});
