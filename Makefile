@@ -74,8 +74,9 @@ FUZZ_SECONDS ?= 60
 FUZZ_SRCS := tests/fuzz/session_fuzz.cc \
   $(filter-out %_test.cc,$(wildcard server/session/*.cc server/store/*.cc server/spill/*.cc \
     server/pool/*.cc server/sched/*.cc)) \
-  $(filter-out %_test.cc,$(wildcard server/base/*.cc)) \
+  $(filter-out %_test.cc,$(wildcard server/base/*.cc common/base/*.cc)) \
   server/copy/shm_engine.cc server/copy/cuda_api.cc server/copy/sim_gpu_table.cc \
+  common/sim_gpu_table.cc \
   server/projector/blas_core.cc server/metrics/metrics.cc \
   server/rpc/translate.cc
 build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.h)
@@ -86,7 +87,8 @@ build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.
 	  $$(pkg-config --libs grpc++ protobuf prometheus-cpp-pull prometheus-cpp-core) -lglog -lcrypto -luring -lnuma -lrt -lpthread
 # The request ring's descriptor parsing (tests/fuzz/ring_fuzz.cc): what the daemon reads from
 # memory a client can write.
-RING_FUZZ_SRCS := tests/fuzz/ring_fuzz.cc $(wildcard common/*.cc) server/rpc/ring_translate.cc
+RING_FUZZ_SRCS := tests/fuzz/ring_fuzz.cc common/futex.cc common/ring_format.cc common/ring_memfd.cc \
+  server/rpc/ring_translate.cc
 build/fuzz/ring_fuzz: $(filter-out %_test.cc,$(RING_FUZZ_SRCS)) $(wildcard common/*.h) server/rpc/ring_translate.h
 	@mkdir -p build/fuzz/ring_corpus
 	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
@@ -101,9 +103,9 @@ fuzz: deps build/fuzz/session_fuzz build/fuzz/ring_fuzz
 # TSan runs the layers below rpc only: Debian's gRPC, protobuf, absl and OpenBLAS are not built
 # with TSan, so every test that runs gRPC reports races inside them
 # (docs/bounds-and-failure-tests.md).
-ASAN_TESTS := //server/... //client:all //tests/e2e:e2e_test //tests/e2e:multiprocess_test \
+ASAN_TESTS := //server/... //client:all //common/... //tests/e2e:e2e_test //tests/e2e:multiprocess_test \
   //tests/faults/... //tests/fuzz/... //tests/soak:soak_quick_test
-TSAN_TESTS := //server/base/... //server/session/... //server/store/... //server/sched/... //server/pool/... //server/spill/... \
+TSAN_TESTS := //common/base/... //server/base/... //server/session/... //server/store/... //server/sched/... //server/pool/... //server/spill/... \
   //server/copy:shm_engine_test //server/copy:cuda_engine_test //server/copy:cuda_api_sim_test \
   //server/copy:copy_timing_model_test //tests/fuzz/...
 test-asan: deps

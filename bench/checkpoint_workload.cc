@@ -31,7 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "client/offloadd_client.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 #include "server/copy/cuda_api_sim.h"
 
 namespace {

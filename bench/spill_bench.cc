@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 #include "server/base/crc32c.h"
 #include "server/spill/spill_tier.h"
 

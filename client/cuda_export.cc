@@ -10,7 +10,7 @@
 
 #include <cstring>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #endif
 
 namespace offloadd::client {

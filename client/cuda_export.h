@@ -39,7 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::client {
 

@@ -83,9 +83,9 @@
 #include "absl/strings/string_view.h"
 #include "client/core/ring_core.h"
 #include "client/shm_region.h"
+#include "common/base/mutex.h"
 #include "proto/offload.grpc.pb.h"
 #include "proto/offload.pb.h"
-#include "server/base/mutex.h"
 
 namespace offloadd {
 namespace client {

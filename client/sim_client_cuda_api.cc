@@ -13,9 +13,9 @@
 namespace offloadd::client {
 namespace {
 
-using copy::kSimNever;
-using copy::kSimPending;
-using copy::SimNowNanoseconds;
+using common::kSimNever;
+using common::kSimPending;
+using common::SimNowNanoseconds;
 
 constexpr uint64_t kGranuleBytes = 2ull << 20;  // cudaMalloc's granularity for large sizes
 constexpr double kLaunchWaitSeconds = 60;
@@ -50,7 +50,7 @@ absl::StatusOr<std::shared_ptr<SimClientGpu>> SimClientGpu::Create(
   }
   const uint32_t pid = options.pid != 0 ? options.pid : static_cast<uint32_t>(getpid());
   const uint64_t device_bytes = AlignUp(options.device_bytes, kGranuleBytes);
-  auto table = copy::SimGpuTable::Create(pid, options.devices, device_bytes,
+  auto table = common::SimGpuTable::Create(pid, options.devices, device_bytes,
                                          options.event_slots, options.segment_slots);
   if (!table.ok()) return table.status();
   std::shared_ptr<SimClientGpu> gpu(new SimClientGpu());
@@ -150,7 +150,7 @@ int SimClientGpu::DeviceUuid(int device, std::string* uuid) {
 // ---- memory ----
 
 uint8_t* SimClientGpu::DeviceBase(uint32_t device) const {
-  copy::SimSegmentSlot first{};  // offset 0, size 0 of `device`: where its memory starts
+  common::SimSegmentSlot first{};  // offset 0, size 0 of `device`: where its memory starts
   first.device = device;
   return table_->SegmentMemory(first);
 }
@@ -186,14 +186,14 @@ int SimClientGpu::Malloc(uint64_t* ptr, uint64_t bytes, bool vmm) {
   seg.buffer_id = next_buffer_id_++;
   seg.generation = ++generations_[seg.slot];
   seg.vmm = vmm;
-  copy::SimSegmentSlot& slot = *table_->segment(seg.slot);
+  common::SimSegmentSlot& slot = *table_->segment(seg.slot);
   slot.device = device;
   slot.offset = offset;
   slot.size = size;
-  slot.flags = vmm ? copy::kSimSegmentVmm : 0;
+  slot.flags = vmm ? common::kSimSegmentVmm : 0;
   slot.buffer_id = seg.buffer_id;
   slot.generation.store(seg.generation);
-  slot.state.store(static_cast<uint32_t>(copy::SimSegmentState::kLive));  // last: it is usable
+  slot.state.store(static_cast<uint32_t>(common::SimSegmentState::kLive));  // last: it is usable
   *ptr = reinterpret_cast<uint64_t>(DeviceBase(device) + offset);
   segments_[*ptr] = seg;
   return kSimCudaSuccess;
@@ -206,9 +206,9 @@ int SimClientGpu::Free(uint64_t ptr) {
   if (it == segments_.end()) return FailLocked(kSimCudaErrorInvalidValue);
   const Segment seg = it->second;
   segments_.erase(it);
-  copy::SimSegmentSlot& slot = *table_->segment(seg.slot);
-  if (slot.daemon_maps.load() > 0) table_->CountViolation(copy::SimViolation::kFreedWhileMapped);
-  slot.state.store(static_cast<uint32_t>(copy::SimSegmentState::kFreed));
+  common::SimSegmentSlot& slot = *table_->segment(seg.slot);
+  if (slot.daemon_maps.load() > 0) table_->CountViolation(common::SimViolation::kFreedWhileMapped);
+  slot.state.store(static_cast<uint32_t>(common::SimSegmentState::kFreed));
   free_segment_slots_.push_front(seg.slot);  // reused last: a stale handle stays detectable
   auto& ranges = free_ranges_[seg.device];
   auto next = ranges.emplace(seg.offset, seg.size).first;  // merged with free neighbours
@@ -244,7 +244,7 @@ int SimClientGpu::IpcGetMemHandle(uint64_t base, std::string* handle) {
   if (int e = InjectedLocked("cudaIpcGetMemHandle")) return e;
   const Segment* seg = FindLocked(base);
   if (seg == nullptr || seg->vmm) return FailLocked(kSimCudaErrorInvalidValue);
-  *handle = copy::MakeSimMemHandle({pid_, seg->slot, seg->generation, table_->instance()});
+  *handle = common::MakeSimMemHandle({pid_, seg->slot, seg->generation, table_->instance()});
   return kSimCudaSuccess;
 }
 
@@ -293,7 +293,7 @@ int SimClientGpu::EventCreateIpc(void** event) {
   } else {
     return FailLocked(kSimCudaErrorMemoryAllocation);
   }
-  copy::SimEventSlot& s = *table_->event(slot);
+  common::SimEventSlot& s = *table_->event(slot);
   s.device = static_cast<uint32_t>(CurrentLocked());
   s.in_use = 1;
   s.complete_at_ns.store(kSimNever);  // a new event: never recorded (seq keeps counting)
@@ -322,12 +322,12 @@ int SimClientGpu::IpcGetEventHandle(void* event, std::string* handle) {
   if (int e = InjectedLocked("cudaIpcGetEventHandle")) return e;
   Event* ev = EventLocked(event);
   if (ev == nullptr) return FailLocked(kSimCudaErrorInvalidResourceHandle);
-  *handle = copy::MakeSimEventHandle({pid_, ev->slot, table_->instance()});
+  *handle = common::MakeSimEventHandle({pid_, ev->slot, table_->instance()});
   return kSimCudaSuccess;
 }
 
 int64_t SimClientGpu::WaitResolvedLocked(const Wait& w) const {
-  const copy::SimEventSlot& slot = *table_->event(w.slot);
+  const common::SimEventSlot& slot = *table_->event(w.slot);
   // Recorded again since the wait: the record it captured is over (its time is unknown here).
   if (slot.seq.load() != w.seq) return 0;
   return slot.complete_at_ns.load();
@@ -348,7 +348,7 @@ bool SimClientGpu::ResolveLocked(Stream& s) {
 }
 
 void SimClientGpu::RecordEventLocked(uint32_t slot, int64_t complete_at_ns) {
-  copy::SimEventSlot& e = *table_->event(slot);
+  common::SimEventSlot& e = *table_->event(slot);
   e.complete_at_ns.store(complete_at_ns);  // the time first, then the sequence number
   e.seq.fetch_add(1);
 }
@@ -443,12 +443,12 @@ int SimClientGpu::StreamWaitEvent(void* stream, void* event) {
   Stream* s = StreamLocked(stream);
   Event* ev = EventLocked(event);
   if (s == nullptr || ev == nullptr) return FailLocked(kSimCudaErrorInvalidResourceHandle);
-  const copy::SimEventSlot& slot = *table_->event(ev->slot);
+  const common::SimEventSlot& slot = *table_->event(ev->slot);
   const uint64_t seq = slot.seq.load();
   for (const ReloadNote& n : notes_) {
     if (n.slot == ev->slot && seq <= n.seq_at_send) {
       // The daemon has not recorded it yet: CUDA would capture the older record (or none).
-      table_->CountViolation(copy::SimViolation::kWaitUnrecorded);
+      table_->CountViolation(common::SimViolation::kWaitUnrecorded);
       return kSimCudaSuccess;
     }
   }
@@ -504,11 +504,11 @@ absl::Status SimClientGpu::ReadOnStream(void* stream, uint64_t ptr, uint64_t byt
   const int64_t now = SimNowNanoseconds();
   std::vector<ReloadNote> left;
   for (const ReloadNote& n : notes_) {
-    const copy::SimEventSlot& slot = *table_->event(n.slot);
+    const common::SimEventSlot& slot = *table_->event(n.slot);
     const int64_t at = slot.complete_at_ns.load();
     const bool complete = slot.seq.load() > n.seq_at_send && at != kSimPending && now >= at;
     if (!complete && ptr < n.dst + n.bytes && n.dst < ptr + bytes) {
-      table_->CountViolation(copy::SimViolation::kConsumedEarly);
+      table_->CountViolation(common::SimViolation::kConsumedEarly);
     }
     if (!complete) left.push_back(n);
   }
@@ -564,7 +564,7 @@ int64_t SimClientGpu::ProgressLocked(bool* records_pending) {
   }
   std::vector<DeferredRecord> left;
   for (DeferredRecord& d : deferred_) {
-    copy::SimEventSlot& slot = *table_->event(d.slot);
+    common::SimEventSlot& slot = *table_->event(d.slot);
     if (slot.seq.load() != d.seq) continue;  // recorded again since: this record is over
     bool ready = d.write == 0 || writes_.count(d.write) == 0;
     int64_t latest = d.tail_ns;

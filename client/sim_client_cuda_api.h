@@ -1,6 +1,6 @@
 // A simulated client GPU for the C++ client library: the twin of client/python/offloadd/sim_gpu.py.
 // SimClientGpu is a small CUDA runtime over a SimGpuTable this process creates
-// (server/copy/sim_gpu_table.h: device memory, segments with generations, interprocess event
+// (common/sim_gpu_table.h: device memory, segments with generations, interprocess event
 // slots, violation counters), and NewSimClientCudaApi gives the ClientCudaApi (cuda_export.h)
 // that CudaExporter uses on it. A daemon on `--backend=cuda-sim` opens the table's handles,
 // moves the bytes of its copies when its timing model says they complete and records done
@@ -58,8 +58,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/cuda_export.h"
-#include "server/base/mutex.h"
-#include "server/copy/sim_gpu_table.h"
+#include "common/base/mutex.h"
+#include "common/sim_gpu_table.h"
 
 namespace offloadd::client {
 
@@ -149,8 +149,8 @@ class SimClientGpu {
   // The next call of runtime function `function` ("cudaIpcGetMemHandle", "cudaEventRecord", ...,
   // the CUDA names) fails with `error`, as a driver fault would.
   void InjectFailure(const std::string& function, int error) EXCLUDES(mu_);
-  uint64_t violations(copy::SimViolation v) const { return table_->violations(v); }
-  const copy::SimGpuTable& table() const { return *table_; }
+  uint64_t violations(common::SimViolation v) const { return table_->violations(v); }
+  const common::SimGpuTable& table() const { return *table_; }
   uint32_t pid() const { return pid_; }
   uint32_t devices() const { return devices_; }
 
@@ -213,7 +213,7 @@ class SimClientGpu {
   void StartResolverLocked() REQUIRES(mu_);
   void ResolverLoop() EXCLUDES(mu_);
 
-  std::shared_ptr<copy::SimGpuTable> table_;
+  std::shared_ptr<common::SimGpuTable> table_;
   uint32_t pid_ = 0, devices_ = 0;
   uint64_t device_bytes_ = 0;
 

@@ -12,16 +12,16 @@
 #include <thread>
 
 #include "client/cuda_export.h"
+#include "common/sim_gpu_table.h"
 #include "gtest/gtest.h"
-#include "server/copy/sim_gpu_table.h"
 
 namespace offloadd::client {
 namespace {
 
-using copy::SimViolation;
+using common::SimViolation;
 constexpr uint64_t kMiB = 1ull << 20;
 
-int64_t NowNs() { return copy::SimNowNanoseconds(); }
+int64_t NowNs() { return common::SimNowNanoseconds(); }
 
 class SimClientGpuTest : public ::testing::Test {
  protected:
@@ -58,8 +58,8 @@ class SimClientGpuTest : public ::testing::Test {
   uint32_t EventSlot(void* e) {
     std::string h;
     EXPECT_EQ(gpu_->IpcGetEventHandle(e, &h), kSimCudaSuccess);
-    copy::SimEventRef ref;
-    EXPECT_TRUE(copy::ParseSimEventHandle(h, &ref));
+    common::SimEventRef ref;
+    EXPECT_TRUE(common::ParseSimEventHandle(h, &ref));
     EXPECT_EQ(ref.pid, gpu_->pid());
     EXPECT_EQ(ref.instance, gpu_->table().instance());
     return ref.slot;
@@ -78,10 +78,10 @@ TEST_F(SimClientGpuTest, SegmentsAreTableSlotsWithGenerationsAndFreedSlotsAreReu
   EXPECT_TRUE(info.legacy_ipc_capable);
   std::string h;
   ASSERT_EQ(gpu_->IpcGetMemHandle(a, &h), kSimCudaSuccess);
-  copy::SimMemRef ref;
-  ASSERT_TRUE(copy::ParseSimMemHandle(h, &ref));
-  const copy::SimSegmentSlot& slot = *gpu_->table().segment(ref.slot);
-  EXPECT_EQ(slot.state.load(), static_cast<uint32_t>(copy::SimSegmentState::kLive));
+  common::SimMemRef ref;
+  ASSERT_TRUE(common::ParseSimMemHandle(h, &ref));
+  const common::SimSegmentSlot& slot = *gpu_->table().segment(ref.slot);
+  EXPECT_EQ(slot.state.load(), static_cast<uint32_t>(common::SimSegmentState::kLive));
   EXPECT_EQ(slot.generation.load(), ref.generation);
   EXPECT_EQ(slot.size, 4 * kMiB);
   EXPECT_EQ(slot.buffer_id, info.buffer_id);
@@ -92,7 +92,7 @@ TEST_F(SimClientGpuTest, SegmentsAreTableSlotsWithGenerationsAndFreedSlotsAreReu
   EXPECT_EQ(gpu_->Free(a), kSimCudaSuccess);
   EXPECT_EQ(gpu_->violations(SimViolation::kFreedWhileMapped), 1u);
   gpu_->table().segment(ref.slot)->daemon_maps.fetch_sub(1);
-  EXPECT_EQ(slot.state.load(), static_cast<uint32_t>(copy::SimSegmentState::kFreed));
+  EXPECT_EQ(slot.state.load(), static_cast<uint32_t>(common::SimSegmentState::kFreed));
   EXPECT_FALSE(gpu_->PointerGetInfo(a, &info));
 
   const uint64_t b = Malloc(kMiB);  // the same memory again, a new slot and buffer id
@@ -102,8 +102,8 @@ TEST_F(SimClientGpuTest, SegmentsAreTableSlotsWithGenerationsAndFreedSlotsAreReu
   EXPECT_NE(binfo.buffer_id, info.buffer_id);
   std::string hb;
   ASSERT_EQ(gpu_->IpcGetMemHandle(b, &hb), kSimCudaSuccess);
-  copy::SimMemRef bref;
-  ASSERT_TRUE(copy::ParseSimMemHandle(hb, &bref));
+  common::SimMemRef bref;
+  ASSERT_TRUE(common::ParseSimMemHandle(hb, &bref));
   EXPECT_NE(bref.slot, ref.slot);
 
   uint64_t none = 0;  // 64 MiB device, 2 MiB used
@@ -140,14 +140,14 @@ TEST_F(SimClientGpuTest, AWritesBytesLandAtItsEndAndRecordsBehindItArePendingUnt
   const int64_t t0 = NowNs();
   ASSERT_EQ(gpu_->LaunchWrite(s, 0.05, p + 100, data), kSimCudaSuccess);
   ASSERT_EQ(gpu_->EventRecord(ev, s), kSimCudaSuccess);
-  EXPECT_EQ(gpu_->EventCompleteAtNanoseconds(ev), copy::kSimPending);
+  EXPECT_EQ(gpu_->EventCompleteAtNanoseconds(ev), common::kSimPending);
   EXPECT_EQ(gpu_->HostBytes(p + 100)[0], 0);  // not yet
   std::string got;
   ASSERT_TRUE(gpu_->ReadOnStream(s, p + 100, data.size(), &got).ok());
   EXPECT_EQ(got, data);
   EXPECT_GE(NowNs() - t0, 50'000'000);
   const int64_t at = gpu_->EventCompleteAtNanoseconds(ev);  // written once the bytes landed
-  EXPECT_NE(at, copy::kSimPending);
+  EXPECT_NE(at, common::kSimPending);
   EXPECT_GE(at, t0 + 50'000'000);
   EXPECT_EQ(gpu_->EventQuery(ev), kSimCudaSuccess);
   EXPECT_EQ(gpu_->LaunchWrite(s, 0, p + 2 * kMiB - 1, "xy"), kSimCudaErrorInvalidValue);  // past the end
@@ -162,20 +162,20 @@ TEST_F(SimClientGpuTest, WaitingBeforeTheDaemonsRecordOrReadingBeforeItCompleted
   void* done = Event();
   void* after = Event();
   const uint64_t dst = Malloc(kMiB);
-  copy::SimEventSlot& slot = *gpu_->table().event(EventSlot(done));
+  common::SimEventSlot& slot = *gpu_->table().event(EventSlot(done));
   gpu_->NoteReloadSent(done, dst, kMiB);
 
   ASSERT_EQ(gpu_->StreamWaitEvent(compute, done), kSimCudaSuccess);  // too early
   EXPECT_EQ(gpu_->violations(SimViolation::kWaitUnrecorded), 1u);
   EXPECT_LE(gpu_->StreamTailNanoseconds(compute), NowNs());  // it ordered nothing
 
-  slot.complete_at_ns.store(copy::kSimPending);  // the daemon's record
+  slot.complete_at_ns.store(common::kSimPending);  // the daemon's record
   slot.seq.fetch_add(1);
   ASSERT_EQ(gpu_->StreamWaitEvent(compute, done), kSimCudaSuccess);
   EXPECT_EQ(gpu_->violations(SimViolation::kWaitUnrecorded), 1u);
   ASSERT_EQ(gpu_->LaunchKernel(compute, 0.02), kSimCudaSuccess);  // queued behind the wait
   ASSERT_EQ(gpu_->EventRecord(after, compute), kSimCudaSuccess);
-  EXPECT_EQ(gpu_->EventCompleteAtNanoseconds(after), copy::kSimPending);
+  EXPECT_EQ(gpu_->EventCompleteAtNanoseconds(after), common::kSimPending);
   std::string got;
   ASSERT_TRUE(gpu_->ReadOnStream(other, dst, 16, &got).ok());  // other never waited
   EXPECT_EQ(gpu_->violations(SimViolation::kConsumedEarly), 1u);
@@ -237,8 +237,8 @@ TEST_F(SimClientGpuTest, CudaExporterExportsSegmentsAndRefusesVmmMemoryWithoutAL
   EXPECT_EQ(x->offset, 4096u);
   EXPECT_EQ(x->allocation_bytes, 8 * kMiB);
   EXPECT_EQ(x->device_uuid, SimDeviceUuid(0));
-  copy::SimMemRef ref;
-  ASSERT_TRUE(copy::ParseSimMemHandle(x->ipc_handle, &ref));
+  common::SimMemRef ref;
+  ASSERT_TRUE(common::ParseSimMemHandle(x->ipc_handle, &ref));
   EXPECT_EQ(ref.pid, gpu_->pid());
   ASSERT_TRUE(exporter.Export(a, 8 * kMiB).ok());
   EXPECT_EQ(exporter.stats().handles_created_total, 1u);  // cached per buffer id
@@ -266,8 +266,8 @@ TEST_F(SimClientGpuTest, CudaExporterExportsSegmentsAndRefusesVmmMemoryWithoutAL
 
   auto ev = exporter.AcquireEvent();
   ASSERT_TRUE(ev.ok());
-  copy::SimEventRef eref;
-  ASSERT_TRUE(copy::ParseSimEventHandle(ev->handle, &eref));
+  common::SimEventRef eref;
+  ASSERT_TRUE(common::ParseSimEventHandle(ev->handle, &eref));
   EXPECT_EQ(eref.instance, gpu_->table().instance());
   exporter.ReleaseEvent(*ev);
 }

@@ -27,12 +27,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/socket_path.h"
-#include "server/base/bounded_file.h"
-#include "server/copy/cuda_api_sim.h"
+#include "common/base/bounded_file.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
+#include "server/copy/cuda_api_sim.h"
 
 namespace offloadd {
 

@@ -18,17 +18,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/base/version.h"
 #include "glog/logging.h"
-#include "server/base/version.h"
 #include "server/config.h"
 #include "server/copy/cuda_api_sim.h"
 #include "server/copy/cuda_engine.h"
-#include "server/copy/link_calibration.h"
+#include "server/copy/cuda_rate_meter.h"
 #include "server/copy/shm_engine.h"
 #include "server/host_check.h"
 #include "server/metrics/metrics.h"
 #include "server/pool/arena.h"
-#include "server/spill/spill_tier.h"
 #include "server/projector/blas_core.h"
 #include "server/projector/refresh_service.h"
 #include "server/rpc/server.h"
@@ -37,13 +36,14 @@
 #include "server/service_notify.h"
 #include "server/session/core.h"
 #include "server/session/link_calibration.h"
+#include "server/spill/spill_tier.h"
 #ifdef OFFLOADD_HAVE_CUDA
 #include "server/projector/cusolver_backend.h"
 #endif
 
 namespace {
 
-using offloadd::base::kVersion;  // server/base/version.h
+using offloadd::base::kVersion;  // common/base/version.h
 
 void PrintHelp() {
   std::cout << "usage: offloadd [--config FILE] [--FLAG=VALUE ...]\n"

@@ -5,7 +5,8 @@
 # compares that with the table below. A visibility change that lets a layer reach up or
 # sideways (store -> session, pool -> copy, metrics -> anything, projector -> sched) fails here
 # with the package pair, so the layering cannot loosen without this table and the architecture
-# document changing with it. Prints "layering: OK (N packages)" or the differences; exit 1 on any.
+# document changing with it. Also checks that common/ uses nothing of ours and that nothing
+# under client/ uses anything under server/. Prints "layering: OK (N packages)" or the differences; exit 1 on any.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BAZEL=${BAZEL:-bazel}
@@ -39,10 +40,11 @@ for pkg in "${!ALLOWED[@]}"; do
     bad=1
   fi
 done
-# common/ (the wire formats the daemon and its clients share beside protobuf) sits below every
-# server layer and the client libraries: it may depend on nothing of ours.
+# common/ (the wire formats the daemon and its clients share beside protobuf, and common/base/'s
+# leaf helpers) sits below every server layer and the client libraries: it may depend on
+# nothing of ours.
 if ! out=$($BAZEL query --noshow_progress \
-    "kind('cc_library', deps(//common:all)) intersect (//server/... + //client/... + //proto/...)" \
+    "kind('cc_library', deps(//common/...)) intersect (//server/... + //client/... + //proto/...)" \
     2>&1); then
   echo "layering: bazel query failed for //common:"; echo "$out" | tail -5; exit 1
 fi
@@ -50,9 +52,20 @@ if [ -n "$(echo "$out" | grep '^//')" ]; then
   echo "layering: //common uses [$(echo "$out" | grep '^//' | tr '\n' ' ')], it may use nothing of ours"
   bad=1
 fi
+# client/ (the C++ client library, offloadctl, the planner, their tests) is not a daemon layer:
+# what it shares with the daemon is in common/ and proto/, so no target under it, test or not,
+# may depend on anything under server/.
+if ! out=$($BAZEL query --noshow_progress "deps(//client/...) intersect //server/..." 2>&1); then
+  echo "layering: bazel query failed for //client:"; echo "$out" | tail -5; exit 1
+fi
+if [ -n "$(echo "$out" | grep '^//')" ]; then
+  echo "layering: //client uses [$(echo "$out" | grep '^//' | tr '\n' ' ')], it may use nothing" \
+       "under //server (move what both need to common/)"
+  bad=1
+fi
 if [ "$bad" -ne 0 ]; then
   echo "layering: FAILED — restore server/BUILD's package groups, or change the order in this"
   echo "table and docs/ARCHITECTURE.md \"Layers\" together"
   exit 1
 fi
-echo "layering: OK (${#ALLOWED[@]} packages and common/)"
+echo "layering: OK (${#ALLOWED[@]} packages, common/ and client/)"

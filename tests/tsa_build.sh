@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Clang thread-safety analysis: builds every cc_library and cc_binary under server/ and client/
+# Clang thread-safety analysis: builds every cc_library and cc_binary under server/, client/ and common/
 # (and the annotated wrapper's own test) with .bazelrc's --config=tsa — /usr/bin/clang,
 # -Wthread-safety -Werror on our sources — so a member read without its GUARDED_BY mutex, a
 # REQUIRES function called without the lock or an EXCLUDES one called with it fails the build.
@@ -16,7 +16,7 @@ probe_dir=$(mktemp -d)
 trap 'rm -rf "$probe_dir"' EXIT
 probe() {  # $1: the body of Read(Box& b); prints clang's diagnostics, returns its status
   cat > "$probe_dir/probe.cc" <<PROBE
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 struct Box {
   offloadd::base::Mutex mu;
   int value GUARDED_BY(mu) = 0;
@@ -36,6 +36,6 @@ if ! grep -q "requires holding mutex 'b.mu'" <<<"$out"; then
 fi
 echo "tsa_build: probe refused as expected (reading variable 'value' requires holding mutex)"
 
-targets=$($BAZEL query 'kind("cc_library|cc_binary", //server/... + //client/...)' 2>/dev/null)
+targets=$($BAZEL query 'kind("cc_library|cc_binary", //server/... + //client/... + //common/...)' 2>/dev/null)
 # shellcheck disable=SC2086
-$BAZEL build --config=tsa "$@" $targets //server/base:mutex_test
+$BAZEL build --config=tsa "$@" $targets //common/base:mutex_test

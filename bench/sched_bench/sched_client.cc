@@ -28,7 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/offloadd_client.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 
 namespace {
 

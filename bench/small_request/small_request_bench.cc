@@ -49,7 +49,7 @@
 #include "bench/small_request/pingpong.grpc.pb.h"
 #include "client/offloadd_client.h"
 #include "client/shm_region.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "server/copy/cuda_api_sim.h"
 

@@ -9,9 +9,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/query.h"
-#include "client/plan/plan_command.h"
 #include "client/offloadd_client.h"
-#include "server/base/clock.h"
+#include "client/plan/plan_command.h"
+#include "common/base/clock.h"
 
 namespace offloadd::cli {
 namespace {

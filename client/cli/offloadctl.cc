@@ -13,7 +13,7 @@
 //                                               admin: measure the links again (calibrate.h:
 //                                               the measured link's GPUs hold their copies)
 //   offloadctl plan [...]                       capacity planner (no daemon needed)
-//   offloadctl --version                        the release (base/version.h), as offloadd --version
+//   offloadctl --version                        the release (common/base/version.h), as offloadd --version
 // Exit codes: 0 success, 1 the daemon answered with an error or is unreachable (a socket path
 // with nothing there fails at once), 2 usage: an unknown command, option or argument is named
 // on stderr and refused.
@@ -39,9 +39,9 @@
 #include "client/cli/sessions.h"
 #include "client/offloadd_client.h"
 #include "client/plan/plan_command.h"
+#include "common/base/version.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
-#include "server/base/version.h"
 
 namespace {
 

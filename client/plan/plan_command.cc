@@ -20,7 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "client/plan/plan_format.h"
 #include "client/plan/planner.h"
-#include "server/base/bounded_file.h"
+#include "common/base/bounded_file.h"
 
 namespace offloadd::plan {
 namespace {

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::base {
 

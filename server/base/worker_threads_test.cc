@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/mutex.h"
 #include "gtest/gtest.h"
-#include "server/base/mutex.h"
 
 namespace offloadd::base {
 namespace {

@@ -2,11 +2,18 @@
 //
 // Two backends implement it (docs/ARCHITECTURE.md, "Copy backends"):
 //  - shm  (shm_engine.h): the client's "device memory" is a POSIX shared-memory object; a chunk
-//         copy is a memcpy on the calling worker thread.
+//         copy is a memcpy on the calling worker thread. It derives from BlockingCopyEngine
+//         (blocking_copy_engine.h), the adapter that builds every other entry point from its one
+//         blocking copy.
 //  - cuda (cuda_engine.h): the region is a CUDA IPC memory handle of an allocation base; chunk
-//         copies are cudaMemcpyAsync on per-GPU D2H/H2D streams.
+//         copies are cudaMemcpyAsync on per-GPU D2H/H2D streams (cuda-sim: the same engine over
+//         a timing model).
+// Every virtual method is pure: a backend implements each one (three copy calls: BeginTransfer,
+// CopyOrderedChunk, PostOrderedChunk; CopyChunk and PostChunk are the latter two with a null
+// order), and says in capabilities() what it does beyond a blocking copy, so callers ask
+// instead of relying on silent defaults.
 // Pacing, chunking and ordering between clients are the scheduler's job (sched/), not the
-// engine's: CopyChunk moves exactly the bytes it is given.
+// engine's: a chunk copy moves exactly the bytes it is given.
 #ifndef OFFLOADD_SERVER_COPY_COPY_ENGINE_H_
 #define OFFLOADD_SERVER_COPY_COPY_ENGINE_H_
 
@@ -15,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -90,9 +98,22 @@ struct HandleCounts {
   uint64_t open = 0;         // open now
 };
 
+// What an engine does beyond moving the bytes of a chunk (CopyEngine::capabilities()).
+struct CopyCapabilities {
+  // PostChunk returns before the copy completes, so a caller gains from keeping several chunks
+  // posted. false: PostChunk runs the copy on the calling thread and then `done`.
+  bool asynchronous = false;
+  // BeginTransfer returns an order that honours the transfer's ready and done events and holds
+  // the region's mapping. false: BeginTransfer returns null, the ordered calls are the
+  // unordered ones and `on_done_recorded` never runs.
+  bool orders_transfers = false;
+};
+
 class CopyEngine {
  public:
   virtual ~CopyEngine() = default;
+  // See CopyCapabilities; fixed for the engine's lifetime.
+  virtual CopyCapabilities capabilities() const = 0;
   // "shm" or "cuda".
   virtual std::string name() const = 0;
 
@@ -101,35 +122,15 @@ class CopyEngine {
   // size_bytes exceeds the object's real size; FAILED_PRECONDITION for CUDA handle failures.
   virtual absl::StatusOr<std::shared_ptr<Region>> OpenRegion(const RegionSpec& spec) = 0;
 
-  // Copies `bytes` between region[region_offset, +bytes) and host[0, bytes), blocking until the
-  // bytes have landed. Called concurrently from several worker threads. The caller has checked
-  // bounds against region.size_bytes().
-  virtual absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
-                                 uint8_t* host, uint64_t bytes) = 0;
+  // A backend implements three copy calls: BeginTransfer, CopyOrderedChunk and
+  // PostOrderedChunk. CopyChunk and PostChunk are those calls with a null order (a chunk that is
+  // a transfer of its own), not separate entry points.
 
-  // The asynchronous form of CopyChunk: queues the same copy and returns; `done` runs
-  // exactly once, with CopyChunk's status, when the bytes have landed or the copy failed. It may
-  // run inline (an error found before the copy is queued, or an engine without asynchronous
-  // copies: the default here runs CopyChunk and then `done`) or on an engine thread, which must
-  // not block in it: it may post further chunks (PostChunk) and otherwise only hand the
-  // completion on. The caller keeps `region` and host[0, bytes) alive until `done` has run.
-  // `urgency`: kUrgent chunks go ahead of every queued chunk that is not (never ahead of a copy
-  // already issued to the hardware).
-  virtual void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
-                         uint64_t bytes, ChunkUrgency urgency,
-                         std::function<void(absl::Status)> done) {
-    (void)urgency;
-    done(CopyChunk(direction, region, region_offset, host, bytes));
-  }
-  // Whether PostChunk returns before the copy completes (so a caller gains from keeping several
-  // chunks posted). false for shm and for the cuda engine with asynchronous = false.
-  virtual bool asynchronous() const { return false; }
-
-  // The ordered form of a transfer (cuda engines; ordering is a no-op for shm). BeginTransfer
+  // The ordered form of a transfer (docs/ARCHITECTURE.md, "The event protocol"). BeginTransfer
   // is called once per transfer before its first chunk; the chunks then go through
   // CopyOrderedChunk / PostOrderedChunk with the returned order, which the caller keeps until
-  // the transfer is over (the last chunk's `done` has run) and then drops. What it does on
-  // CUDA (docs/ARCHITECTURE.md, "The event protocol"):
+  // the transfer is over (the last chunk's `done` has run) and then drops. With
+  // capabilities().orders_transfers (cuda):
   //  - the region's mapping is held open from here until the order is dropped (and only then:
   //    the daemon maps client memory only while a transfer uses it);
   //  - `ready_event`: no chunk is issued to the hardware before this client event has completed
@@ -137,42 +138,51 @@ class CopyEngine {
   //  - `done_event`: recorded on the stream of the transfer's chunks right after its last chunk
   //    (the one ending at `bytes`) is issued; then `on_done_recorded` runs, on the engine's
   //    thread (it must not block: it may only hand an answer on).
-  // Returns null when the engine orders nothing (shm: chunks go through the unordered calls
-  // and `on_done_recorded` never runs). Errors: INVALID_ARGUMENT for malformed event handles
-  // or a region of another engine.
+  // Returns null when the engine orders nothing (!capabilities().orders_transfers, shm:
+  // `on_done_recorded` never runs). Errors: INVALID_ARGUMENT for malformed event handles or a
+  // region of another engine.
   virtual absl::StatusOr<std::shared_ptr<TransferOrder>> BeginTransfer(Region& region,
-                                                                      TransferSpec spec) {
-    (void)region;
-    (void)spec;
-    return std::shared_ptr<TransferOrder>();
-  }
-  // CopyChunk / PostChunk for a chunk at `transfer_offset` of an ordered transfer; `order`
-  // null: the unordered call.
+                                                                      TransferSpec spec) = 0;
+
+  // Copies `bytes` between region[region_offset, +bytes) and host[0, bytes), the chunk at
+  // `transfer_offset` of the transfer `order` (null: a chunk that is a transfer of its own),
+  // blocking until the bytes have landed. Called concurrently from several worker threads. The
+  // caller has checked bounds against region.size_bytes().
   virtual absl::Status CopyOrderedChunk(TransferOrder* order, uint64_t transfer_offset,
                                         Direction direction, Region& region,
-                                        uint64_t region_offset, uint8_t* host, uint64_t bytes) {
-    (void)order;
-    (void)transfer_offset;
-    return CopyChunk(direction, region, region_offset, host, bytes);
-  }
+                                        uint64_t region_offset, uint8_t* host,
+                                        uint64_t bytes) = 0;
+  // The asynchronous form of CopyOrderedChunk: queues the same copy and returns; `done` runs
+  // exactly once, with CopyOrderedChunk's status, when the bytes have landed or the copy failed.
+  // It may run inline (an error found before the copy is queued, or an engine without
+  // capabilities().asynchronous: the copy and then `done`) or on an engine thread, which must
+  // not block in it: it may post further chunks and otherwise only hand the completion on. The
+  // caller keeps `region` and host[0, bytes) alive until `done` has run. `urgency`: kUrgent
+  // chunks go ahead of every queued chunk that is not (never ahead of a copy already issued to
+  // the hardware).
   virtual void PostOrderedChunk(TransferOrder* order, uint64_t transfer_offset,
                                 Direction direction, Region& region, uint64_t region_offset,
                                 uint8_t* host, uint64_t bytes, ChunkUrgency urgency,
-                                std::function<void(absl::Status)> done) {
-    (void)order;
-    (void)transfer_offset;
-    PostChunk(direction, region, region_offset, host, bytes, urgency, std::move(done));
+                                std::function<void(absl::Status)> done) = 0;
+
+  // CopyOrderedChunk / PostOrderedChunk for a chunk that is a transfer of its own (null order).
+  absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
+                         uint8_t* host, uint64_t bytes) {
+    return CopyOrderedChunk(nullptr, 0, direction, region, region_offset, host, bytes);
   }
+  void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
+                 uint64_t bytes, ChunkUrgency urgency, std::function<void(absl::Status)> done) {
+    PostOrderedChunk(nullptr, 0, direction, region, region_offset, host, bytes, urgency,
+                     std::move(done));
+  }
+  // capabilities().asynchronous: false for shm and for the cuda engine with asynchronous = false.
+  bool asynchronous() const { return capabilities().asynchronous; }
 
   // Once at start-up, after the pool's arena is mapped: make host[base, +size_bytes) usable for
   // asynchronous DMA (CUDA: cudaHostRegister(Portable) in chunks, in the background; copies work
   // meanwhile, slower). Must be undone before the arena is unmapped: the engine's destructor
   // does it, so the engine must be destroyed before the arena. No-op for shm.
-  virtual absl::Status PrepareHostPool(uint8_t* base, uint64_t size_bytes) {
-    (void)base;
-    (void)size_bytes;
-    return absl::OkStatus();
-  }
+  virtual absl::Status PrepareHostPool(uint8_t* base, uint64_t size_bytes) = 0;
 
   // Handles by GPU (device id), for metrics: shm mappings / CUDA IPC memory handles.
   virtual std::map<std::string, HandleCounts> handle_counts() const = 0;
@@ -180,14 +190,14 @@ class CopyEngine {
   // with transient_device ever opened one (a probe's device, after its last session). No-op
   // otherwise, and on engines that key the counts by device UUID rather than by the client's
   // device id (cuda).
-  virtual void ForgetDevice(const std::string& device_id) { (void)device_id; }
+  virtual void ForgetDevice(const std::string& device_id) = 0;
   // The owner's (TransferSpec::owner_id's) session ended: release what the engine kept for its
   // transfers and no other owner uses (cuda: cached client IPC events; a simulated client's
   // table stays mapped only while something holds it). Transfers still running keep theirs
   // until they end. No-op for shm.
-  virtual void ReleaseOwner(uint64_t owner_id) { (void)owner_id; }
+  virtual void ReleaseOwner(uint64_t owner_id) = 0;
   // Pool bytes the engine has registered for DMA (CUDA: cudaHostRegister); 0 for shm.
-  virtual uint64_t pinned_bytes() const { return 0; }
+  virtual uint64_t pinned_bytes() const = 0;
 };
 
 }  // namespace offloadd::copy

@@ -1,6 +1,6 @@
 // CopyRateMeter: the interface the session layer calibrates links through
 // (session/link_calibration.h), and the figures it returns. The cuda backend's meter, and how it
-// measures, is in link_calibration.h; tests give the session layer a fake one.
+// measures, is in cuda_rate_meter.h; tests give the session layer a fake one.
 #ifndef OFFLOADD_SERVER_COPY_COPY_RATE_METER_H_
 #define OFFLOADD_SERVER_COPY_COPY_RATE_METER_H_
 
@@ -30,7 +30,7 @@ struct RateMeasurementOptions {
   double max_window_seconds = 0.1;   // per measurement
   double min_window_seconds = 0.01;  // a shorter one is not run
   uint64_t copy_bytes = 8ull << 20;  // per copy; >= 4096
-  double queue_seconds = 0.05;       // copy work kept queued ahead (link_calibration.h)
+  double queue_seconds = 0.05;       // copy work kept queued ahead (cuda_rate_meter.h)
 };
 
 struct GroupRates {
@@ -47,7 +47,7 @@ struct GroupRates {
 class CopyRateMeter {
  public:
   virtual ~CopyRateMeter() = default;
-  // Measures `groups` in order (link_calibration.h: each GPU alone, then all together, per
+  // Measures `groups` in order (cuda_rate_meter.h: each GPU alone, then all together, per
   // direction); one GroupRates per group, in order. Blocks for at most about
   // options.budget_seconds. Not thread-safe: one Measure at a time (the caller serialises).
   virtual std::vector<GroupRates> Measure(const std::vector<RateGroup>& groups,

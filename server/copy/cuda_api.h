@@ -91,7 +91,7 @@ class CudaApi {
   virtual absl::Status HostRegister(void* host, uint64_t bytes) = 0;
   virtual absl::Status HostUnregister(void* host) = 0;
 
-  // For measuring copy rates (link_calibration.h). The defaults answer UNIMPLEMENTED naming
+  // For measuring copy rates (cuda_rate_meter.h). The defaults answer UNIMPLEMENTED naming
   // the call, so an implementation without them cannot calibrate and says so.
   // `bytes` of device memory on the current device (cudaMalloc); released with DeviceFree
   // (cudaFree). Errors: FAILED_PRECONDITION, e.g. cudaErrorMemoryAllocation (2).

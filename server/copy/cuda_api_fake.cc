@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/cuda_api_forwarding.h"
 
 namespace offloadd::copy {

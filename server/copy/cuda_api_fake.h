@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/cuda_api.h"
 
 namespace offloadd::copy {

@@ -6,11 +6,25 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 #include "server/copy/cuda_api_forwarding.h"
 
 namespace offloadd::copy {
+
+using common::kSimPending;
+using common::ParseSimEventHandle;
+using common::ParseSimMemHandle;
+using common::SimEventRef;
+using common::SimEventSlot;
+using common::SimGpuTable;
+using common::SimMemRef;
+using common::SimNowNanoseconds;
+using common::SimSegmentGeometry;
+using common::SimSegmentSlot;
+using common::SimSegmentState;
+using common::SimViolation;
+
 namespace {
 
 // Simulated device pointers start here (user space on x86-64 ends at 2^47; nothing maps this
@@ -231,7 +245,7 @@ absl::StatusOr<std::shared_ptr<SimGpuTable>> SimCudaApi::TableLocked(uint32_t pi
     std::shared_ptr<SimGpuTable> t = it->second.lock();
     if (t != nullptr && t->instance() == instance) return t;
   }
-  auto t = SimGpuTable::Open(pid, instance);
+  auto t = OpenSimGpuTable(pid, instance);
   if (!t.ok()) return t.status();
   tables_[pid] = *t;
   return *t;

@@ -53,7 +53,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/copy_timing_model.h"
 #include "server/copy/cuda_api.h"
 #include "server/copy/cuda_engine.h"
@@ -166,8 +166,8 @@ class SimCudaApi : public CudaApi {
     uintptr_t base = 0;  // while mapped; 0 otherwise
     int opens = 0;       // IpcOpenMemHandle calls not yet closed (CUDA counts references)
     // A simulated client's segment (sim_gpu_table.h); null for modelled-only memory.
-    std::shared_ptr<SimGpuTable> table;
-    SimSegmentSlot* segment = nullptr;
+    std::shared_ptr<common::SimGpuTable> table;
+    common::SimSegmentSlot* segment = nullptr;
     uint64_t generation = 0;
     uint8_t* memory = nullptr;  // the segment's first byte, as checked when opened
   };
@@ -175,8 +175,8 @@ class SimCudaApi : public CudaApi {
   struct Mapped {
     int ordinal = -1;
     uint64_t size_bytes = 0;
-    std::shared_ptr<SimGpuTable> table;  // null: no bytes behind it
-    SimSegmentSlot* segment = nullptr;
+    std::shared_ptr<common::SimGpuTable> table;  // null: no bytes behind it
+    common::SimSegmentSlot* segment = nullptr;
     uint64_t generation = 0;
     // The segment's first byte, from the device, offset and size read once when it was opened
     // (size_bytes is that size): copies never read the client-writable slot for an address.
@@ -187,8 +187,8 @@ class SimCudaApi : public CudaApi {
     uint8_t* dst = nullptr;
     const uint8_t* src = nullptr;
     uint64_t bytes = 0;
-    std::shared_ptr<SimGpuTable> table;
-    SimSegmentSlot* segment = nullptr;
+    std::shared_ptr<common::SimGpuTable> table;
+    common::SimSegmentSlot* segment = nullptr;
     uint64_t generation = 0;
   };
   struct Stream {
@@ -199,8 +199,8 @@ class SimCudaApi : public CudaApi {
   struct Event {
     std::vector<CopyTimingModel::OpId> ops;  // in its shard's model
     // Opened from a simulated client's event handle: its slot in the client's table.
-    std::shared_ptr<SimGpuTable> table;
-    SimEventSlot* slot = nullptr;
+    std::shared_ptr<common::SimGpuTable> table;
+    common::SimEventSlot* slot = nullptr;
   };
   // GPUs [first_gpu, first_gpu + gpus) with their own model (see "Threading" above).
   struct Shard {
@@ -217,7 +217,7 @@ class SimCudaApi : public CudaApi {
     std::map<CopyTimingModel::OpId, ByteCopy> byte_copies GUARDED_BY(mu);  // not moved yet
     std::set<CopyTimingModel::OpId> failed_ops GUARDED_BY(mu);  // their segment was freed
     // Client-table events recorded here whose completion is not written yet, by event id.
-    std::map<uint64_t, std::pair<std::shared_ptr<SimGpuTable>, SimEventSlot*>> pending_records
+    std::map<uint64_t, std::pair<std::shared_ptr<common::SimGpuTable>, common::SimEventSlot*>> pending_records
         GUARDED_BY(mu);
   };
   // Advances the shard's model to now and applies what completed: moves bytes, writes the
@@ -225,7 +225,7 @@ class SimCudaApi : public CudaApi {
   void AdvanceLocked(Shard& sh) REQUIRES(sh.mu);
   void MoveBytesLocked(Shard& sh, CopyTimingModel::OpId op, ByteCopy& c) REQUIRES(sh.mu);
   // The mapping of a client's table (opened once per client pid).
-  absl::StatusOr<std::shared_ptr<SimGpuTable>> TableLocked(uint32_t pid, uint64_t instance)
+  absl::StatusOr<std::shared_ptr<common::SimGpuTable>> TableLocked(uint32_t pid, uint64_t instance)
       REQUIRES(mu_);
   absl::StatusOr<void*> OpenSimSegmentLocked(absl::string_view handle, int cur) REQUIRES(mu_);
   // Stream and event handles: (shard + 1) << kShardShift | id, never dereferenced.
@@ -253,7 +253,7 @@ class SimCudaApi : public CudaApi {
   // Maps `a` (in allocations_ under `key`) on its device at a fresh base.
   void* MapLocked(const std::string& key, Allocation& a) REQUIRES(mu_);
   std::map<uintptr_t, uint64_t> host_registered_ GUARDED_BY(mu_);
-  std::map<uint32_t, std::weak_ptr<SimGpuTable>> tables_ GUARDED_BY(mu_);  // by client pid
+  std::map<uint32_t, std::weak_ptr<common::SimGpuTable>> tables_ GUARDED_BY(mu_);  // by client pid
   uintptr_t next_base_ GUARDED_BY(mu_);
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
 };

@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_format.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 
 namespace offloadd::copy {
 namespace {

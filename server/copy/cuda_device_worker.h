@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/copy_rate_estimator.h"
 #include "server/copy/cuda_api.h"
 

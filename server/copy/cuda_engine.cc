@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 #include "glog/logging.h"
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
 #include "server/copy/cuda_engine_shared.h"
 
 namespace offloadd::copy {
@@ -372,19 +372,14 @@ void CudaCopyEngine::PostOrderedChunk(TransferOrder* order, uint64_t transfer_of
   }
 }
 
-absl::Status CudaCopyEngine::CopyChunk(Direction direction, Region& region, uint64_t region_offset,
-                                       uint8_t* host, uint64_t bytes) {
-  return CopyOrderedChunk(nullptr, 0, direction, region, region_offset, host, bytes);
+CopyCapabilities CudaCopyEngine::capabilities() const {
+  CopyCapabilities c;
+  c.asynchronous = shared_->options.asynchronous;
+  c.orders_transfers = true;
+  return c;
 }
 
-void CudaCopyEngine::PostChunk(Direction direction, Region& region, uint64_t region_offset,
-                               uint8_t* host, uint64_t bytes, ChunkUrgency urgency,
-                               std::function<void(absl::Status)> done) {
-  PostOrderedChunk(nullptr, 0, direction, region, region_offset, host, bytes, urgency,
-                   std::move(done));
-}
-
-bool CudaCopyEngine::asynchronous() const { return shared_->options.asynchronous; }
+void CudaCopyEngine::ForgetDevice(const std::string& device_id) { (void)device_id; }
 
 absl::StatusOr<std::vector<CudaDeviceInfo>> CudaCopyEngine::Devices() {
   Shared& s = *shared_;

@@ -112,29 +112,25 @@ class CudaCopyEngine : public CopyEngine {
   // driver, or when the handle cannot be opened (message says why and what to do); OUT_OF_RANGE
   // when size_bytes exceeds the allocation.
   absl::StatusOr<std::shared_ptr<Region>> OpenRegion(const RegionSpec& spec) override;
-  // Errors: INVALID_ARGUMENT for a region of another engine; OUT_OF_RANGE outside the region;
-  // FAILED_PRECONDITION for CUDA errors or a region whose engine is gone. Unordered: the chunk
-  // is a transfer of its own (its mapping held for it alone).
-  absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset,
-                         uint8_t* host, uint64_t bytes) override;
-  // Same checks and errors as CopyChunk (reported through `done`, inline when found before the
-  // copy is queued). `done` runs on the GPU's device thread when the copy's event completes; it
-  // may post more chunks (they join the queue without a thread hand-off) and must otherwise
-  // only hand the completion on (no other CUDA calls through this engine, no blocking). With
-  // options.asynchronous = false this is CopyChunk followed by `done`.
-  void PostChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
-                 uint64_t bytes, ChunkUrgency urgency,
-                 std::function<void(absl::Status)> done) override;
-  bool asynchronous() const override;
+  // asynchronous: options.asynchronous; orders_transfers: always (BeginTransfer below).
+  CopyCapabilities capabilities() const override;
   // See CopyEngine::BeginTransfer. INVALID_ARGUMENT for a region of another engine or an event
   // handle that is not 64 bytes; CUDA failures (opening the handle or an event) and a ready
   // event that never completes fail the transfer's chunks instead (FAILED_PRECONDITION,
   // DEADLINE_EXCEEDED after max_ready_wait_seconds; CANCELLED once spec.cancelled()).
   absl::StatusOr<std::shared_ptr<TransferOrder>> BeginTransfer(Region& region,
                                                               TransferSpec spec) override;
+  // Errors: INVALID_ARGUMENT for a region of another engine; OUT_OF_RANGE outside the region;
+  // FAILED_PRECONDITION for CUDA errors or a region whose engine is gone. A null order: the
+  // chunk is a transfer of its own (its mapping held for it alone).
   absl::Status CopyOrderedChunk(TransferOrder* order, uint64_t transfer_offset,
                                 Direction direction, Region& region, uint64_t region_offset,
                                 uint8_t* host, uint64_t bytes) override;
+  // Same checks and errors as CopyOrderedChunk (reported through `done`, inline when found
+  // before the copy is queued). `done` runs on the GPU's device thread when the copy's event
+  // completes; it may post more chunks (they join the queue without a thread hand-off) and must
+  // otherwise only hand the completion on (no other CUDA calls through this engine, no
+  // blocking). With options.asynchronous = false this is CopyOrderedChunk followed by `done`.
   void PostOrderedChunk(TransferOrder* order, uint64_t transfer_offset, Direction direction,
                         Region& region, uint64_t region_offset, uint8_t* host, uint64_t bytes,
                         ChunkUrgency urgency, std::function<void(absl::Status)> done) override;
@@ -150,7 +146,7 @@ class CudaCopyEngine : public CopyEngine {
   // this starts, with the daemon's context on that GPU, when no region has yet. `fn` gets the
   // engine's CudaApi with the device current and may make any call for that device. The GPU's
   // copies wait meanwhile: chunks posted then are issued after `fn` returns, those already
-  // issued complete in the hardware. For measurements (link_calibration.h). Errors: as
+  // issued complete in the hardware. For measurements (cuda_rate_meter.h). Errors: as
   // OpenRegion's for the device, FAILED_PRECONDITION once the engine shuts down, else fn's.
   absl::Status RunOnDevice(const std::string& device_id,
                            const std::function<absl::Status(CudaApi&)>& fn);
@@ -163,6 +159,8 @@ class CudaCopyEngine : public CopyEngine {
   uint64_t pinned_bytes() const override;
   // Drops the cached client events only `owner_id`'s transfers used (CopyEngine::ReleaseOwner).
   void ReleaseOwner(uint64_t owner_id) override;
+  // No-op: handle counts are keyed by GPU UUID, not by a session's device id.
+  void ForgetDevice(const std::string& device_id) override;
   // Client events in the cache now (tests).
   size_t cached_events() const;
 

@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/cuda_device_worker.h"
 #include "server/copy/cuda_engine.h"
 #include "server/copy/cuda_mapper.h"

@@ -117,6 +117,16 @@ class CudaEngineTest : public ::testing::Test {
   std::unique_ptr<CudaCopyEngine> engine_;
 };
 
+// The engine says what it does beyond a blocking copy: it orders transfers, and posts
+// asynchronously only when configured to.
+TEST_F(CudaEngineTest, CapabilitiesFollowTheOptions) {
+  EXPECT_TRUE(engine_->capabilities().orders_transfers);
+  EXPECT_FALSE(engine_->capabilities().asynchronous);
+  CudaCopyEngine async_engine(fake_.Borrow(), Options(1, true));
+  EXPECT_TRUE(async_engine.capabilities().asynchronous);
+  EXPECT_TRUE(async_engine.capabilities().orders_transfers);
+}
+
 TEST_F(CudaEngineTest, ThousandChunksOfOneTransferOpenTheHandleOnce) {
   const uint64_t size = 1 << 20;
   std::string h = Alloc(0, size);

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/cuda_api.h"
 
 namespace offloadd::copy {

@@ -1,8 +1,8 @@
 // When the cuda engine maps client memory, its event cache and its ordered transfers
 // (cuda_engine_shared.h has the lifetime rules).
 #include "absl/strings/str_format.h"
+#include "common/base/clock.h"
 #include "glog/logging.h"
-#include "server/base/clock.h"
 #include "server/copy/cuda_engine_shared.h"
 
 namespace offloadd::copy {

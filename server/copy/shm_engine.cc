@@ -14,7 +14,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::copy {
 namespace {
@@ -324,8 +324,9 @@ void ShmCopyEngine::ForgetDevice(const std::string& device_id) {
   }
 }
 
-absl::Status ShmCopyEngine::CopyChunk(Direction direction, Region& region, uint64_t region_offset,
-                                      uint8_t* host, uint64_t bytes) {
+absl::Status ShmCopyEngine::BlockingCopyChunk(Direction direction, Region& region,
+                                              uint64_t region_offset, uint8_t* host,
+                                              uint64_t bytes) {
   auto& shm = static_cast<ShmRegion&>(region);
   if (region_offset > shm.size_bytes() || bytes > shm.size_bytes() - region_offset) {
     return absl::OutOfRangeError("chunk outside the region");

@@ -23,7 +23,8 @@
 #include <mutex>
 #include <string>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
+#include "server/copy/blocking_copy_engine.h"
 #include "server/copy/copy_engine.h"
 
 namespace offloadd::copy {
@@ -42,9 +43,11 @@ struct ShmMappingStats {
   uint64_t mappings = 0, mapped_bytes = 0;  // live, all uids
 };
 
-class ShmCopyEngine : public CopyEngine {
+// A BlockingCopyEngine: every chunk, posted or ordered, is a memcpy (BlockingCopyChunk) on the
+// calling thread; transfers are not ordered against client GPU work (there is none).
+class ShmCopyEngine : public BlockingCopyEngine {
  public:
-  // Installs the process-wide SIGBUS guard used by CopyChunk (once).
+  // Installs the process-wide SIGBUS guard used by BlockingCopyChunk (once).
   explicit ShmCopyEngine(ShmMappingLimits limits = {});
   std::string name() const override { return "shm"; }
   // Errors: INVALID_ARGUMENT for a CUDA handle, an empty or malformed name (must be "/name"
@@ -54,8 +57,8 @@ class ShmCopyEngine : public CopyEngine {
   absl::StatusOr<std::shared_ptr<Region>> OpenRegion(const RegionSpec& spec) override;
   // Errors: OUT_OF_RANGE outside the mapping; DATA_LOSS when the client truncated its object
   // under the copy (the SIGBUS is caught; the daemon keeps serving).
-  absl::Status CopyChunk(Direction direction, Region& region, uint64_t region_offset, uint8_t* host,
-                         uint64_t bytes) override;
+  absl::Status BlockingCopyChunk(Direction direction, Region& region, uint64_t region_offset,
+                                 uint8_t* host, uint64_t bytes) override;
   // Mappings by the registering session's device id.
   std::map<std::string, HandleCounts> handle_counts() const override;
   void ForgetDevice(const std::string& device_id) override;

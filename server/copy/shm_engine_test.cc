@@ -52,6 +52,38 @@ TEST(ShmCopyEngineTest, CopiesBothWaysThroughTheMapping) {
   EXPECT_EQ(engine.handle_counts()["gpu0"].opens_total, 2u);
 }
 
+// The blocking adapter: nothing asynchronous or ordered, a null order, and a posted chunk
+// copied and completed on the calling thread before PostChunk returns.
+TEST(ShmCopyEngineTest, PostedAndOrderedChunksAreBlockingCopies) {
+  ShmObject obj(1 << 16);
+  for (int i = 0; i < (1 << 16); ++i) obj.data()[i] = static_cast<uint8_t>(i * 5 + 1);
+  ShmCopyEngine engine;
+  EXPECT_FALSE(engine.capabilities().asynchronous);
+  EXPECT_FALSE(engine.capabilities().orders_transfers);
+  auto region = engine.OpenRegion({obj.name(), "", 1 << 16, "gpu0"});
+  ASSERT_TRUE(region.ok()) << region.status();
+  TransferSpec spec;
+  spec.bytes = 4096;
+  bool recorded = false;
+  spec.on_done_recorded = [&recorded] { recorded = true; };
+  auto order = engine.BeginTransfer(**region, std::move(spec));
+  ASSERT_TRUE(order.ok());
+  EXPECT_EQ(order->get(), nullptr);
+  std::vector<uint8_t> host(4096);
+  int calls = 0;
+  absl::Status got = absl::UnknownError("not run");
+  engine.PostOrderedChunk(order->get(), 0, Direction::kDeviceToHost, **region, 4096, host.data(),
+                          4096, ChunkUrgency::kNormal, [&](absl::Status s) {
+                            ++calls;
+                            got = std::move(s);
+                          });
+  EXPECT_EQ(calls, 1);  // inline, before PostOrderedChunk returned
+  EXPECT_TRUE(got.ok()) << got;
+  EXPECT_EQ(std::memcmp(host.data(), obj.data() + 4096, 4096), 0);
+  EXPECT_FALSE(recorded);
+  EXPECT_EQ(engine.pinned_bytes(), 0u);
+}
+
 TEST(ShmCopyEngineTest, BadRegistrationsHaveSpecificCodes) {
   ShmCopyEngine engine;
   EXPECT_EQ(engine.OpenRegion({"/offloadd-does-not-exist-x", "", 10, ""}).status().code(),

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/cuda_api.h"
 #include "server/projector/cusolver_loader.h"
 #include "server/projector/gpu_uuid.h"

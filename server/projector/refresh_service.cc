@@ -11,8 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/clock.h"
 #include "glog/logging.h"
-#include "server/base/clock.h"
 #include "server/base/log_text.h"
 #include "server/metrics/metrics.h"
 

@@ -69,8 +69,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 #include "server/copy/copy_engine.h"
 #include "server/projector/lapack_backend.h"
 #include "server/projector/projector.h"

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "client/shm_region.h"
+#include "common/base/fake_clock.h"
 #include "glog/logging.h"
 #include "gtest/gtest.h"
-#include "server/base/fake_clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/projector/dtype.h"
 #include "server/projector/lapack_backend.h"

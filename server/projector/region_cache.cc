@@ -6,8 +6,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::projector {
 namespace {

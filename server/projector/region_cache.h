@@ -27,7 +27,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/copy_engine.h"
 
 namespace offloadd::projector {

@@ -14,9 +14,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 #include "glog/logging.h"
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
 
 namespace offloadd::rpc {
 namespace {

@@ -28,7 +28,7 @@
 #include <unordered_map>
 
 #include "absl/status/statusor.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/session/peer.h"
 
 namespace offloadd::rpc {

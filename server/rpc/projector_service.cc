@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/rpc/translate.h"
 
 namespace offloadd::rpc {

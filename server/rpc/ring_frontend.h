@@ -36,8 +36,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/base/mutex.h"
 #include "common/ring_format.h"
-#include "server/base/mutex.h"
 #include "server/session/request.h"
 
 namespace offloadd::rpc {

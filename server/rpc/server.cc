@@ -16,15 +16,15 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "glog/logging.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 #include "common/ring_format.h"
+#include "glog/logging.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_posix.h"
 #include "proto/offload.grpc.pb.h"
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
 #include "server/base/worker_threads.h"
 #include "server/rpc/peer_listener.h"
 #include "server/rpc/projector_service.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::sched {
 namespace {

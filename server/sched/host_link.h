@@ -32,7 +32,7 @@
 #include <optional>
 #include <string>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/sched/link_scheduler.h"
 
 namespace offloadd::sched {

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "common/base/fake_clock.h"
 #include "gtest/gtest.h"
-#include "server/base/fake_clock.h"
 
 namespace offloadd::sched {
 namespace {

@@ -72,7 +72,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 
 namespace offloadd::sched {
 
@@ -85,7 +85,7 @@ enum class TrafficClass { kUrgent = 0, kPrefetch = 1, kOffload = 2, kProjector =
 inline constexpr int kNumClasses = 4;
 const char* TrafficClassName(TrafficClass c);
 
-// The injectable monotonic time source (server/base/clock.h; tests: base::FakeClock).
+// The injectable monotonic time source (common/base/clock.h; tests: base::FakeClock).
 using Clock = base::Clock;
 
 struct Transfer {

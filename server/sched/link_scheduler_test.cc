@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/fake_clock.h"
 #include "gtest/gtest.h"
-#include "server/base/fake_clock.h"
 
 namespace offloadd::sched {
 namespace {

@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "common/base/fake_clock.h"
 #include "gtest/gtest.h"
-#include "server/base/fake_clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/session/audit.h"
 #include "server/session/completion_collector.h"

@@ -13,7 +13,7 @@
 #include <memory>
 #include <utility>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::session {
 

@@ -1,7 +1,7 @@
 #include "server/session/core.h"
 
+#include "common/base/clock.h"
 #include "glog/logging.h"
-#include "server/base/clock.h"
 #include "server/metrics/metrics.h"
 #include "server/session/core_metrics.h"
 #include "server/session/ops.h"

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "common/base/mutex.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
-#include "server/base/mutex.h"
 #include "server/copy/copy_engine.h"
 #include "server/session/core_stats.h"
 

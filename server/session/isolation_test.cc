@@ -23,9 +23,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/base/clock.h"
+#include "common/base/fake_clock.h"
 #include "gtest/gtest.h"
-#include "server/base/clock.h"
-#include "server/base/fake_clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/session/peer.h"
 #include "server/session/pid_watcher.h"

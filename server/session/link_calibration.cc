@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "common/base/clock.h"
 #include "glog/logging.h"
-#include "server/base/clock.h"
 #include "server/base/log_text.h"
 #include "server/copy/cuda_api.h"
 

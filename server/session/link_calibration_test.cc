@@ -14,7 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "server/copy/cuda_api_sim.h"
-#include "server/copy/link_calibration.h"
+#include "server/copy/cuda_rate_meter.h"
 #include "server/copy/shm_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/session/core.h"

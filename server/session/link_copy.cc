@@ -4,7 +4,7 @@
 // session used, goes with its series when the copy ends, so refreshes naming ever new device
 // ids leave no links, threads or metrics series behind.
 #include "absl/status/status.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/session/core.h"
 
 namespace offloadd::session {

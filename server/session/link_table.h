@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/sched/host_link.h"
 #include "server/sched/link_scheduler.h"
 #include "server/session/core_options.h"

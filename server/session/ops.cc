@@ -4,10 +4,10 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 #include "glog/logging.h"
-#include "server/base/clock.h"
 #include "server/base/crc32c.h"
-#include "server/base/mutex.h"
 #include "server/metrics/metrics.h"
 
 namespace offloadd::session {

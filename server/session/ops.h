@@ -27,7 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/copy/copy_engine.h"
 #include "server/session/copy_gate.h"
 #include "server/session/core.h"

@@ -47,12 +47,12 @@ class ScriptedShmEngine : public copy::ShmCopyEngine {
                                 uint64_t region_offset, uint8_t* host, uint64_t bytes) override {
     auto* o = static_cast<ScriptedOrder*>(order);
     if (o != nullptr && transfer_offset + bytes == o->spec.bytes) o->spec.on_done_recorded();
-    return CopyChunk(direction, region, region_offset, host, bytes);
+    return BlockingCopyChunk(direction, region, region_offset, host, bytes);
   }
-  absl::Status CopyChunk(copy::Direction direction, copy::Region& region, uint64_t region_offset,
-                         uint8_t* host, uint64_t bytes) override {
+  absl::Status BlockingCopyChunk(copy::Direction direction, copy::Region& region,
+                                 uint64_t region_offset, uint8_t* host, uint64_t bytes) override {
     if (fail_copies) return absl::DataLossError("scripted copy failure");
-    return ShmCopyEngine::CopyChunk(direction, region, region_offset, host, bytes);
+    return ShmCopyEngine::BlockingCopyChunk(direction, region, region_offset, host, bytes);
   }
   std::atomic<bool> fail_copies{false};
 };

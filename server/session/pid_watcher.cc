@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434

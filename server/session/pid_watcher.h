@@ -31,8 +31,8 @@
 #include <string>
 #include <thread>
 
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::session {
 

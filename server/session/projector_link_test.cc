@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/copy/blocking_copy_engine.h"
 #include "server/copy/shm_engine.h"
 #include "server/pool/arena.h"
 #include "server/projector/refresh_service.h"
@@ -28,8 +29,8 @@ constexpr int64_t kRows = 2048, kCols = 512;  // fp32 G: 4 MiB = 16 chunks
 constexpr uint64_t kGradientBytes = kRows * kCols * sizeof(float);
 constexpr uint64_t kProjectorOffset = 4 * kMiB;
 
-// The shm engine, recording every CopyChunk; while closed, reads (d2h) wait at a gate.
-class GatedShmEngine : public copy::CopyEngine {
+// The shm engine, recording every chunk copy; while closed, reads (d2h) wait at a gate.
+class GatedShmEngine : public copy::BlockingCopyEngine {
  public:
   struct Call {
     copy::Direction direction;
@@ -39,8 +40,8 @@ class GatedShmEngine : public copy::CopyEngine {
   absl::StatusOr<std::shared_ptr<copy::Region>> OpenRegion(const copy::RegionSpec& s) override {
     return shm_.OpenRegion(s);
   }
-  absl::Status CopyChunk(copy::Direction direction, copy::Region& region, uint64_t offset,
-                         uint8_t* host, uint64_t bytes) override {
+  absl::Status BlockingCopyChunk(copy::Direction direction, copy::Region& region,
+                                 uint64_t offset, uint8_t* host, uint64_t bytes) override {
     {
       std::unique_lock<std::mutex> lock(mu_);
       calls_.push_back({direction, offset, bytes});
@@ -52,6 +53,7 @@ class GatedShmEngine : public copy::CopyEngine {
   std::map<std::string, copy::HandleCounts> handle_counts() const override {
     return shm_.handle_counts();
   }
+  void ForgetDevice(const std::string& device_id) override { (void)device_id; }
   void Close() {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;

@@ -12,12 +12,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/clock.h"
 #include "glog/logging.h"
-#include "server/base/clock.h"
 #include "server/base/log_text.h"
 #include "server/copy/sim_gpu_table.h"
-#include "server/session/audit.h"
 #include "server/metrics/metrics.h"
+#include "server/session/audit.h"
 
 namespace offloadd::session {
 

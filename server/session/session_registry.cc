@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 #include "server/session/session.h"
 
 namespace offloadd::session {

@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/session/core_options.h"
 #include "server/session/core_stats.h"
 #include "server/session/peer.h"
@@ -74,7 +74,7 @@ class SessionRegistry {
 
  private:
   struct PendingHello {
-    double deadline_seconds = 0;  // steady clock (base/clock.h)
+    double deadline_seconds = 0;  // steady clock (common/base/clock.h)
     bool per_uid = false;         // counted in pending_per_uid_
     uint32_t uid = 0;
   };

@@ -9,8 +9,8 @@
 #include <atomic>
 #include <cstdint>
 
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::session {
 

@@ -6,8 +6,8 @@
 #include <future>
 #include <thread>
 
+#include "common/base/fake_clock.h"
 #include "gtest/gtest.h"
-#include "server/base/fake_clock.h"
 
 namespace offloadd::session {
 namespace {

@@ -20,7 +20,7 @@
 #include <memory>
 #include <utility>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/base/worker_threads.h"
 
 namespace offloadd::spill {

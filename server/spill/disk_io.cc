@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::spill {
 namespace {

@@ -16,11 +16,11 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/clock.h"
 #include "glog/logging.h"
-#include "server/base/clock.h"
 #include "server/base/crc32c.h"
 #include "server/spill/chunk_checksums.h"
 

@@ -70,7 +70,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 #include "server/pool/extent_allocator.h"
 #include "server/sched/link_scheduler.h"
 #include "server/spill/chunk_checksums.h"

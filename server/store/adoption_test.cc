@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/fake_clock.h"
 #include "gtest/gtest.h"
-#include "server/base/fake_clock.h"
 #include "server/pool/block_table.h"
 #include "server/store/block_store.h"
 #include "server/store/block_store_test_util.h"

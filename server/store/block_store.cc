@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 
 namespace offloadd::store {
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 #include "server/store/block_store.h"
 
 namespace offloadd::store {

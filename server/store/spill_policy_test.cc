@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/clock.h"
 #include "gtest/gtest.h"
-#include "server/base/clock.h"
 #include "server/pool/block_table.h"
 #include "server/spill/spill_tier.h"
 #include "server/store/block_store.h"

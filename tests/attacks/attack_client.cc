@@ -42,7 +42,7 @@
 
 #include "client/offloadd_client.h"
 #include "client/sim_client_cuda_api.h"
-#include "server/copy/sim_gpu_table.h"
+#include "common/sim_gpu_table.h"
 
 namespace {
 
@@ -51,7 +51,7 @@ void OnStop(int) { g_stop = 1; }
 
 using offloadd::client::Client;
 using offloadd::client::SimClientGpu;
-namespace copy = offloadd::copy;
+namespace common = offloadd::common;
 
 std::string Flag(int argc, char** argv, const std::string& name, const std::string& def = "") {
   const std::string prefix = "--" + name + "=";
@@ -130,9 +130,9 @@ int Forge(int argc, char** argv, Client& c, Gpu& g, uint64_t bytes) {
   const uint64_t generation = Num(argc, argv, "victim_generation", 1);
   const uint64_t instance = Num(argc, argv, "victim_instance");
   const auto event_slot = static_cast<uint32_t>(Num(argc, argv, "victim_event_slot"));
-  auto zero = c.RegisterRegion({copy::MakeSimMemHandle({pid, 0, generation, 0}), "", bytes});
+  auto zero = c.RegisterRegion({common::MakeSimMemHandle({pid, 0, generation, 0}), "", bytes});
   Print("register_zero_code", zero.status());
-  auto forged = c.RegisterRegion({copy::MakeSimMemHandle({pid, 0, generation, instance}), "",
+  auto forged = c.RegisterRegion({common::MakeSimMemHandle({pid, 0, generation, instance}), "",
                                   bytes});
   Print("register_code", forged.status());
   auto own = c.RegisterRegion({g.mem_handle, "", bytes});
@@ -150,23 +150,23 @@ int Forge(int argc, char** argv, Client& c, Gpu& g, uint64_t bytes) {
   }
   if (!block.ok()) return 1;
   for (uint64_t inst : {uint64_t{0}, instance}) {
-    const std::string done = copy::MakeSimEventHandle({pid, event_slot, inst});
+    const std::string done = common::MakeSimEventHandle({pid, event_slot, inst});
     auto r = c.Reload(block->block_id, *own, 0, offloadd::client::Priority::kUrgent, false, 0,
                       done).get();
     Print(inst == 0 ? "done_zero_code" : "done_code", r.status());
   }
-  const std::string ready = copy::MakeSimEventHandle({pid, event_slot, instance});
+  const std::string ready = common::MakeSimEventHandle({pid, event_slot, instance});
   Print("ready_code", c.Offload(*own, 0, bytes, ready).get().status());
   return 0;
 }
 
 // Rewrites every layout field the daemon once trusted, far outside the table.
 void RewriteTable(Gpu& g) {
-  copy::SimMemRef ref;
-  copy::ParseSimMemHandle(g.mem_handle, &ref);
-  const copy::SimGpuTable& t = g.gpu->table();
-  copy::SimSegmentSlot* seg = t.segment(ref.slot);
-  copy::SimTableHeader& h = t.header();
+  common::SimMemRef ref;
+  common::ParseSimMemHandle(g.mem_handle, &ref);
+  const common::SimGpuTable& t = g.gpu->table();
+  common::SimSegmentSlot* seg = t.segment(ref.slot);
+  common::SimTableHeader& h = t.header();
   constexpr uint64_t kFar = uint64_t{1} << 46;
   h.memory_offset = kFar;
   h.events_offset = kFar;
@@ -204,7 +204,7 @@ int Truncate(Client& c, Gpu& g, uint64_t bytes) {
   if (!region.ok()) return 1;
   auto offload = c.Offload(*region, 0, bytes, RecordedEvent(g, 1.5));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the daemon waits on `ready`
-  const int fd = shm_open(copy::SimTableName(getpid()).c_str(), O_RDWR, 0);
+  const int fd = shm_open(common::SimTableName(getpid()).c_str(), O_RDWR, 0);
   if (fd < 0 || ftruncate(fd, 0) != 0) {
     std::cout << "error truncating the table: " << std::strerror(errno) << std::endl;
     return 1;

@@ -21,9 +21,9 @@
 
 #include "client/offloadd_client.h"
 #include "client/sim_client_cuda_api.h"
+#include "common/base/clock.h"
+#include "common/sim_gpu_table.h"
 #include "gtest/gtest.h"
-#include "server/base/clock.h"
-#include "server/copy/sim_gpu_table.h"
 #include "tests/e2e/child_process.h"
 
 namespace offloadd::testing {
@@ -78,7 +78,7 @@ class SimGpuAttacksTest : public ::testing::Test {
     ChildProcess c = SpawnChild(args);
     auto kv = ReadPairs(c);
     *exit_code = c.Wait();
-    shm_unlink(copy::SimTableName(c.pid).c_str());  // left by a client that did not finish
+    shm_unlink(common::SimTableName(c.pid).c_str());  // left by a client that did not finish
     return kv;
   }
 
@@ -107,7 +107,7 @@ class SimGpuAttacksTest : public ::testing::Test {
 
 TEST_F(SimGpuAttacksTest, ForgedHandlesOfAnotherUidsTableAreRefused) {
   // The victim: this process (uid 0), a table of mode 0600, a segment and a pending event.
-  shm_unlink(copy::SimTableName(getpid()).c_str());
+  shm_unlink(common::SimTableName(getpid()).c_str());
   client::SimClientGpuOptions o;
   o.device_bytes = 16ull << 20;
   auto made = client::SimClientGpu::Create(o);
@@ -126,10 +126,10 @@ TEST_F(SimGpuAttacksTest, ForgedHandlesOfAnotherUidsTableAreRefused) {
   ASSERT_EQ(victim->EventRecord(event, stream), 0);
   ASSERT_EQ(victim->IpcGetEventHandle(event, &ev_handle), 0);
   std::memset(victim->HostBytes(ptr), 0xc3, kBytes);
-  copy::SimMemRef mref;
-  copy::SimEventRef eref;
-  ASSERT_TRUE(copy::ParseSimMemHandle(mem, &mref));
-  ASSERT_TRUE(copy::ParseSimEventHandle(ev_handle, &eref));
+  common::SimMemRef mref;
+  common::SimEventRef eref;
+  ASSERT_TRUE(common::ParseSimMemHandle(mem, &mref));
+  ASSERT_TRUE(common::ParseSimEventHandle(ev_handle, &eref));
   const int64_t complete_at = victim->EventCompleteAtNanoseconds(event);
   const uint64_t seq = victim->EventSeq(event);
 
@@ -203,7 +203,7 @@ void ExpectTableReleased(pid_t daemon, const std::string& socket, bool kill_it) 
     c.Wait();
     GTEST_SKIP() << "setuid(65534) failed (user namespace?)";
   }
-  const std::string name = copy::SimTableName(c.pid);  // "/ofd-simgpu-<pid>"
+  const std::string name = common::SimTableName(c.pid);  // "/ofd-simgpu-<pid>"
   if (line.rfind("ready", 0) != 0) {
     c.Signal(SIGKILL);
     c.Wait();

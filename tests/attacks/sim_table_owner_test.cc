@@ -13,6 +13,16 @@
 namespace offloadd::copy {
 namespace {
 
+using common::MakeSimEventHandle;
+using common::MakeSimMemHandle;
+using common::SimEventSlot;
+using common::SimGpuTable;
+using common::SimSegmentGeometry;
+using common::SimSegmentSlot;
+using common::SimSegmentState;
+using common::SimTableHeader;
+using common::SimTableName;
+
 class SimTableOwnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -54,15 +64,15 @@ TEST_F(SimTableOwnerTest, OnlyTheSessionsOwnProcessAndUid) {
 }
 
 TEST_F(SimTableOwnerTest, OpenNeedsTheTablesInstance) {
-  EXPECT_EQ(SimGpuTable::Open(pid_, 0).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(SimGpuTable::Open(pid_, table_->instance() ^ 1).status().code(),
+  EXPECT_EQ(OpenSimGpuTable(pid_, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(OpenSimGpuTable(pid_, table_->instance() ^ 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(SimGpuTable::Open(pid_, table_->instance()).ok());
+  EXPECT_TRUE(OpenSimGpuTable(pid_, table_->instance()).ok());
   EXPECT_NE(table_->instance(), 0u);
 }
 
 TEST_F(SimTableOwnerTest, LayoutIsReadOnceAndRewritesChangeNothing) {
-  auto opened = SimGpuTable::Open(pid_, table_->instance());
+  auto opened = OpenSimGpuTable(pid_, table_->instance());
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::shared_ptr<SimGpuTable> daemon = *opened;
   SimSegmentGeometry before;
@@ -87,14 +97,14 @@ TEST_F(SimTableOwnerTest, LayoutIsReadOnceAndRewritesChangeNothing) {
   EXPECT_FALSE(daemon->Geometry(*daemon->segment(0), &after));
   EXPECT_EQ(daemon->SegmentMemory(*daemon->segment(0)), nullptr);
   // A table whose header wraps past 2^64 does not open.
-  EXPECT_EQ(SimGpuTable::Open(pid_, table_->instance()).status().code(),
+  EXPECT_EQ(OpenSimGpuTable(pid_, table_->instance()).status().code(),
             absl::StatusCode::kFailedPrecondition);
   h.memory_offset = std::numeric_limits<uint64_t>::max() - 4095;
   h.events_offset = 4096;
   h.segments_offset = 8192;
   h.segment_slots = h.event_slots = 16;
   h.devices = 1;
-  EXPECT_EQ(SimGpuTable::Open(pid_, table_->instance()).status().code(),
+  EXPECT_EQ(OpenSimGpuTable(pid_, table_->instance()).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 

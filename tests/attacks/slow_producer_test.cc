@@ -23,8 +23,8 @@
 #include "client/cuda_export.h"
 #include "client/offloadd_client.h"
 #include "client/sim_client_cuda_api.h"
+#include "common/sim_gpu_table.h"
 #include "gtest/gtest.h"
-#include "server/copy/sim_gpu_table.h"
 #include "tests/e2e/child_process.h"
 #include "tests/e2e/sim_gpu_daemon.h"
 

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "client/offloadd_client.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/pool/arena.h"
 #include "server/rpc/server.h"

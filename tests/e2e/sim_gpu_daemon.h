@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/sim_client_cuda_api.h"
-#include "server/copy/sim_gpu_table.h"
+#include "common/sim_gpu_table.h"
 #include "tests/e2e/child_process.h"
 
 namespace offloadd::testing {
@@ -56,7 +56,7 @@ class SimGpuDaemon {
 // removed first.
 inline absl::StatusOr<std::shared_ptr<client::SimClientGpu>> CreateOwnSimGpu(
     uint64_t device_bytes) {
-  shm_unlink(copy::SimTableName(getpid()).c_str());
+  shm_unlink(common::SimTableName(getpid()).c_str());
   client::SimClientGpuOptions o;
   o.device_bytes = device_bytes;
   return client::SimClientGpu::Create(o);

@@ -22,8 +22,8 @@
 #include "client/cuda_export.h"
 #include "client/offloadd_client.h"
 #include "client/sim_client_cuda_api.h"
+#include "common/sim_gpu_table.h"
 #include "gtest/gtest.h"
-#include "server/copy/sim_gpu_table.h"
 #include "tests/e2e/child_process.h"
 #include "tests/e2e/sim_gpu_daemon.h"
 
@@ -32,11 +32,11 @@ namespace {
 
 using client::IpcEvent;
 using client::SimClientGpu;
-using copy::SimViolation;
+using common::SimViolation;
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr auto kAnswerTimeout = std::chrono::seconds(30);
 
-int64_t NowNs() { return copy::SimNowNanoseconds(); }
+int64_t NowNs() { return common::SimNowNanoseconds(); }
 
 std::string Pattern(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);

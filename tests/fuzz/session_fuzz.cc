@@ -30,8 +30,8 @@
 #include <string>
 #include <thread>
 
+#include "common/base/clock.h"
 #include "proto/offload.pb.h"
-#include "server/base/clock.h"
 #include "server/copy/shm_engine.h"
 #include "server/pool/arena.h"
 #include "server/rpc/translate.h"

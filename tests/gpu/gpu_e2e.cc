@@ -32,8 +32,8 @@
 
 #include "client/cuda_export.h"
 #include "client/offloadd_client.h"
+#include "common/base/clock.h"
 #include "kernels/kernels.h"
-#include "server/base/clock.h"
 #include "tests/gpu/gpu_util.h"
 
 namespace {

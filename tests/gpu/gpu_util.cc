@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/base/clock.h"
 #include "kernels/kernels.h"
-#include "server/base/clock.h"
 
 namespace offloadd::gpucheck {
 

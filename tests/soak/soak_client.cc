@@ -40,7 +40,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "client/offloadd_client.h"
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 
 namespace {
 

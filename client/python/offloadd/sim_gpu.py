@@ -1,6 +1,6 @@
 """A simulated CUDA GPU for the client side: device memory, a caching allocator, streams with
 modelled kernel times, interprocess memory and event handles -- in one shared-memory table that a
-daemon running ``--backend=cuda-sim`` reads and writes (layout: server/copy/sim_gpu_table.h).
+daemon running ``--backend=cuda-sim`` reads and writes (layout: common/sim_gpu_table.h).
 
 With it the CUDA data path -- IPC handles, the event protocol (proto/offload.proto, ReloadRequest),
 mappings that follow the allocator, expandable segments, the CUDA error state -- runs and is

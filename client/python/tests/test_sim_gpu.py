@@ -1,7 +1,7 @@
 """The CUDA data path on a simulated client GPU (offloadd.sim_gpu) against a cuda-sim daemon.
 
 The simulated GPU's memory, segments and interprocess events live in a shared table the daemon's
-SimCudaApi reads and writes (server/copy/sim_gpu_table.h), and the daemon moves the bytes of
+SimCudaApi reads and writes (common/sim_gpu_table.h), and the daemon moves the bytes of
 its copies when its timing model says they complete, so everything the CUDA transport does is
 checked here with real bytes: the event protocol both ways (no host wait for a prefetched reload;
 an offload waits for its own producer only), mappings that follow the allocator (empty_cache and

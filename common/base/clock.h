@@ -9,14 +9,14 @@
 // admission times) take a `Clock*` instead of calling these functions, so tests give them a
 // FakeClock (fake_clock.h) and move time themselves instead of sleeping. Production passes
 // Clock::Real(), the steady clock.
-#ifndef OFFLOADD_SERVER_BASE_CLOCK_H_
-#define OFFLOADD_SERVER_BASE_CLOCK_H_
+#ifndef OFFLOADD_COMMON_BASE_CLOCK_H_
+#define OFFLOADD_COMMON_BASE_CLOCK_H_
 
 #include <chrono>
 #include <functional>
 #include <thread>
 
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::base {
 
@@ -81,4 +81,4 @@ inline Clock* Clock::Real() {
 
 }  // namespace offloadd::base
 
-#endif  // OFFLOADD_SERVER_BASE_CLOCK_H_
+#endif  // OFFLOADD_COMMON_BASE_CLOCK_H_

@@ -8,14 +8,14 @@
 // notification cannot take the waiter's own mutex, one that lands between the waiter's check
 // and its wait would be lost; each wait is therefore also bounded by 2 ms of real time, after
 // which the caller re-checks (correctness never depends on real time, only promptness).
-#ifndef OFFLOADD_SERVER_BASE_FAKE_CLOCK_H_
-#define OFFLOADD_SERVER_BASE_FAKE_CLOCK_H_
+#ifndef OFFLOADD_COMMON_BASE_FAKE_CLOCK_H_
+#define OFFLOADD_COMMON_BASE_FAKE_CLOCK_H_
 
 #include <cstdint>
 #include <map>
 
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 
 namespace offloadd::base {
 
@@ -78,4 +78,4 @@ class FakeClock : public Clock {
 
 }  // namespace offloadd::base
 
-#endif  // OFFLOADD_SERVER_BASE_FAKE_CLOCK_H_
+#endif  // OFFLOADD_COMMON_BASE_FAKE_CLOCK_H_

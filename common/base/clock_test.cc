@@ -1,11 +1,11 @@
-#include "server/base/clock.h"
+#include "common/base/clock.h"
 
 #include <chrono>
 #include <thread>
 
+#include "common/base/fake_clock.h"
+#include "common/base/mutex.h"
 #include "gtest/gtest.h"
-#include "server/base/fake_clock.h"
-#include "server/base/mutex.h"
 
 namespace offloadd::base {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/base/bounded_file.h"
+#include "common/base/bounded_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "server/copy/link_calibration.h"
+#include "server/copy/cuda_rate_meter.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
-#include "server/base/clock.h"
-#include "server/base/mutex.h"
+#include "common/base/clock.h"
+#include "common/base/mutex.h"
 #include "server/copy/cuda_engine.h"
 
 namespace offloadd::copy {

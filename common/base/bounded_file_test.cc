@@ -1,4 +1,4 @@
-#include "server/base/bounded_file.h"
+#include "common/base/bounded_file.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

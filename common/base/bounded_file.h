@@ -1,8 +1,8 @@
 // Reading a small input file (a config, a model's config.json) with a size bound, so that a
 // path naming /dev/zero, a FIFO with no writer or a huge file is refused with a sentence
 // instead of filling memory or blocking start-up.
-#ifndef OFFLOADD_SERVER_BASE_BOUNDED_FILE_H_
-#define OFFLOADD_SERVER_BASE_BOUNDED_FILE_H_
+#ifndef OFFLOADD_COMMON_BASE_BOUNDED_FILE_H_
+#define OFFLOADD_COMMON_BASE_BOUNDED_FILE_H_
 
 #include <cstddef>
 #include <string>
@@ -25,4 +25,4 @@ absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, size_t max_
 
 }  // namespace offloadd::base
 
-#endif  // OFFLOADD_SERVER_BASE_BOUNDED_FILE_H_
+#endif  // OFFLOADD_COMMON_BASE_BOUNDED_FILE_H_

@@ -11,8 +11,8 @@
 // built with ThreadSanitizer, so TSan (make test-tsan) would not see absl::Mutex's lock
 // operations and would report false races; std::mutex's inline calls reach pthread, which TSan
 // intercepts. Under GCC the macros expand to nothing.
-#ifndef OFFLOADD_SERVER_BASE_MUTEX_H_
-#define OFFLOADD_SERVER_BASE_MUTEX_H_
+#ifndef OFFLOADD_COMMON_BASE_MUTEX_H_
+#define OFFLOADD_COMMON_BASE_MUTEX_H_
 
 #include <chrono>
 #include <condition_variable>
@@ -147,4 +147,4 @@ class CondVar {
 
 }  // namespace offloadd::base
 
-#endif  // OFFLOADD_SERVER_BASE_MUTEX_H_
+#endif  // OFFLOADD_COMMON_BASE_MUTEX_H_

@@ -1,7 +1,8 @@
-// Link calibration, the measuring half: the copy rate of each GPU of a group alone and of the
-// group's GPUs together (one link's GPUs: the aggregate is the link's capacity), per direction,
-// timed on the devices, within a time budget. What to measure and what to do with the figures
-// is the session layer's (session/link_calibration.h); this file only measures.
+// The cuda backend's CopyRateMeter (copy_rate_meter.h): the copy rate of each GPU of a group
+// alone and of the group's GPUs together (one link's GPUs: the aggregate is the link's
+// capacity), per direction, timed on the devices, within a time budget. What to measure and what to do with the figures
+// is link calibration's (session/link_calibration.h, the one place that decides which links
+// are measured and how they are paced); this file only measures, on the devices.
 //
 // One measurement (a "window") on one GPU runs on its device thread (CudaCopyEngine::RunOnDevice):
 // copies of `copy_bytes` between a device buffer (cudaMalloc) and a page-aligned, touched,
@@ -33,8 +34,8 @@
 // Sources: the 55 GB/s per direction that a PCIe 5 x16 H200 reaches is nvbandwidth's figure
 // (docs/ARCHITECTURE.md, "Links"); measuring each GPU alone and then all at once, as here, is
 // what nvbandwidth's host_to_device_memcpy_ce and its all-to-host variants do.
-#ifndef OFFLOADD_SERVER_COPY_LINK_CALIBRATION_H_
-#define OFFLOADD_SERVER_COPY_LINK_CALIBRATION_H_
+#ifndef OFFLOADD_SERVER_COPY_CUDA_RATE_METER_H_
+#define OFFLOADD_SERVER_COPY_CUDA_RATE_METER_H_
 
 #include <memory>
 
@@ -49,4 +50,4 @@ std::unique_ptr<CopyRateMeter> NewCudaCopyRateMeter(CudaCopyEngine* engine);
 
 }  // namespace offloadd::copy
 
-#endif  // OFFLOADD_SERVER_COPY_LINK_CALIBRATION_H_
+#endif  // OFFLOADD_SERVER_COPY_CUDA_RATE_METER_H_

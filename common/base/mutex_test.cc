@@ -1,6 +1,6 @@
 // base::Mutex / MutexLock / CondVar: a hand-off between two threads, relocking inside a scope,
 // and WaitUntil reporting a passed deadline.
-#include "server/base/mutex.h"
+#include "common/base/mutex.h"
 
 #include <chrono>
 #include <thread>

@@ -1,15 +1,15 @@
-// The copy-rate meter (link_calibration.h) against the timing model (SimCudaApi on the real
+// The cuda copy-rate meter (cuda_rate_meter.h) against the timing model (SimCudaApi on the real
 // clock: the figures must come out within 5 % of the modelled ones) and against FakeCudaApi
 // (device affinity, every buffer and event released, errors naming the GPU).
-#include "server/copy/link_calibration.h"
+#include "server/copy/cuda_rate_meter.h"
 
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/base/clock.h"
 #include "gtest/gtest.h"
-#include "server/base/clock.h"
 #include "server/copy/cuda_api_fake.h"
 #include "server/copy/cuda_api_sim.h"
 #include "server/copy/cuda_engine.h"
