@@ -28,7 +28,7 @@ simulated GPUs share links --gpus-per-link at a time, paced at --link-gbps per d
     lets the heavy GPU crowd out the light one drives the index down; below --min-jain the demo
     fails.
 With --spill the pool is a quarter of the checkpoints all clients hold after forward and the
-daemon spills to a directory (README "Spill tier"): the demo prints the spill tier's
+daemon spills to a directory (docs/spill.md): the demo prints the spill tier's
 counters (blocks spilled and staged back, reloads that found their block on disk and their wait)
 and, every reload still being checked byte for byte, that nothing was lost.
 Sizes are binary (MiB, GiB = 2^20, 2^30 bytes), rates decimal (GB/s = 10^9 bytes/s, as link

@@ -25,7 +25,7 @@ daemon=$!
 for _ in $(seq 100); do [ -S "$dir/d.sock" ] && break; sleep 0.1; done
 echo "machine: $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "pinning: training '${pin_train:-none}', daemon '${pin_daemon:-none}'"
-# The daemon's OpenBLAS kernels (README "Projector BLAS kernels"). An OPENBLAS_CORETYPE in this
+# The daemon's OpenBLAS kernels (docs/galore.md "Projector BLAS kernels"). An OPENBLAS_CORETYPE in this
 # environment reaches the daemon and is taken as the operator's pin: it is shown here, not changed.
 grep -o 'projector BLAS: .*' "$dir/daemon.log" | sed 's/^/daemon /'
 env | grep '^OPENBLAS_' | sed 's/^/environment (the daemon inherits it): /'

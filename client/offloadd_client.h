@@ -104,7 +104,7 @@ struct ClientOptions {
   double close_timeout_seconds = 5.0;     // Close(): wait this long for the daemon, then cancel
   double unary_timeout_seconds = 10.0;    // GetStats(), CheckHealth()
   // Resume() / auto_resume: presented in Hello to take over the blocks of the session that token names (a
-  // daemon restarted on a shared pool, README "Failure modes"). Empty: a new session.
+  // daemon restarted on a shared pool, docs/failure-modes.md). Empty: a new session.
   std::string resume_token;
   // The device_id is not a GPU whose link should persist (a benchmark or probe): the daemon
   // removes the link it made for it when the last session naming it ends (proto Hello).

@@ -47,13 +47,13 @@ pool_bytes: 1073741824
 pool_mlock: false
 pool_huge_pages: false
 # Restart survival: "" = anonymous pool (lost when the daemon exits); a name keeps the pool and
-# its block records in /dev/shm/<name> for the next daemon (README "Failure modes").
+# its block records in /dev/shm/<name> for the next daemon (docs/failure-modes.md).
 pool_shm_name: ""
 resume_grace_seconds: 60
 # With pool_shm_name: checksum each block's data so a restart serves no changed bytes (costs a
-# CRC32C pass per offload; README "Failure modes").
+# CRC32C pass per offload; docs/failure-modes.md).
 pool_data_checksums: false
-# Spill tier below the pool: a directory on local NVMe ("" = none; README "Spill tier").
+# Spill tier below the pool: a directory on local NVMe ("" = none; docs/spill.md).
 spill_directory: ""
 spill_capacity_bytes: 0
 spill_bytes_per_second: 0
@@ -105,7 +105,7 @@ shutdown_grace_seconds: 10
 watch_client_pids: true
 pid_exit_grace_seconds: 2
 # cuda/cuda-sim: links without a configured capacity are measured at start-up (each GPU alone,
-# a link's GPUs together) and paced at it, within the budget (README "Link calibration").
+# a link's GPUs together) and paced at it, within the budget (docs/link-calibration.md).
 link_calibration: true
 link_calibration_budget_seconds: 5
 # cuda-sim's timing model (SIMULATED): 8 GPUs, 4 per switch, 55 GB/s each, no switch limit.
@@ -424,7 +424,7 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
 
 const std::vector<FlagInfo>& ConfigFlags() {
   static const std::vector<FlagInfo>* flags = new std::vector<FlagInfo>{
-      {"socket_path", "Unix socket path (default: see README)"},
+      {"socket_path", "Unix socket path (default: docs/configuration.md, Default socket path)"},
       {"socket_mode", "socket file mode, octal (default 0660)"},
       {"pool_bytes", "host pool size, e.g. 64GiB (default 1GiB)"},
       {"pool_mlock", "true to mlock the pool"},

@@ -96,7 +96,7 @@ struct Link {
 absl::StatusOr<Link> ResolveLink(absl::string_view text);
 
 // Allocator headroom of the pool: the arena's high-water mark over the peak live bytes, as
-// README "Pool" documents it for the daemon's extent allocator on a variable-size checkpoint
+// docs/overview.md "Pool" documents it for the daemon's extent allocator on a variable-size checkpoint
 // trace: ~1.05x for one rank, ~1.1x (worst seen 1.3x) for four ranks sharing the pool. A pool
 // sized for the worst seen does not make a bad step's offloads wait for space; with one GPU per
 // node (one rank) the one-rank figure is used, with several the several-rank worst.
@@ -237,7 +237,7 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& inputs);
 absl::StatusOr<std::vector<Plan>> Sweep(const PlanInputs& inputs,
                                         const std::vector<int64_t>& seq_lens);
 
-// The spill tier (README "Spill tier"): whether the node's checkpoints need local
+// The spill tier (docs/spill.md): whether the node's checkpoints need local
 // NVMe below a host pool of `host_ram_bytes`, and whether a disk of `nvme_bytes_per_second`
 // (node-wide, one direction at a time) keeps up. Model, first order: the bytes that do not fit
 // the pool are written to disk once per step while forward runs (L forwards) and read back

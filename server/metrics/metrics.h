@@ -49,7 +49,7 @@ struct Metrics {
   // {link, direction, class}: from a transfer's submission to its link to the start of its
   // first chunk.
   prometheus::Family<prometheus::Histogram>* link_queue_wait_seconds;
-  // Restart survival (shared pool, README "Failure modes").
+  // Restart survival (shared pool, docs/failure-modes.md).
   prometheus::Counter* adopted_blocks_total;  // taken from the previous daemon's pool at start
   // {reason}: records dropped at adoption (checksum, version, bounds, overlap, duplicate_id).
   prometheus::Family<prometheus::Counter>* adoption_dropped_blocks_total;
@@ -94,7 +94,7 @@ extern const StateFamily kSessionsResumedTotal;
 // (per session: GetStats, `offloadctl sessions`; no session or client label).
 extern const StateFamily kClientFallbacksTotal, kClientHostWaitsTotal;
 extern const StateFamily kClientHostWaitSecondsTotal, kClientIdleStepsTotal;
-// Spill tier (README "Spill tier"); present (at 0) without one.
+// Spill tier (docs/spill.md); present (at 0) without one.
 extern const StateFamily kTierBytes;         // {tier}: pool, disk
 extern const StateFamily kSpillCapacityBytes;
 extern const StateFamily kSpillBytesTotal;   // {direction}: spill, stage

@@ -105,8 +105,8 @@ class Arena {
   // securityContext / container ulimits); RESOURCE_EXHAUSTED when mlock fails for lack of memory.
   // Nothing stays mapped after an error.
   // With shm_name, the object is created when missing and adopted when it exists (the caller
-  // reads block_table()->Adopt()). Policy for an object that does not match (README "Failure
-  // modes"): refuse to start, FAILED_PRECONDITION, naming the object's and the config's size and
+  // reads block_table()->Adopt()). Policy for an object that does not match (docs/failure-modes.md):
+  // refuse to start, FAILED_PRECONDITION, naming the object's and the config's size and
   // layout and how to proceed (set pool_bytes back, or remove the object, losing its blocks) —
   // never re-initialise a pool that may hold confirmed blocks. Also FAILED_PRECONDITION when
   // another process holds the object (flock) or it is not an offloadd pool; RESOURCE_EXHAUSTED

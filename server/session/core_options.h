@@ -82,7 +82,7 @@ struct CoreOptions {
   // Configuration, numa_placement); a GPU not named here places as "unknown_node".
   std::map<std::string, int> gpu_numa_nodes;
 
-  // Isolation and failure handling (README "Failure modes").
+  // Isolation and failure handling (docs/failure-modes.md).
   AccessPolicy access;  // who may open a session / call admin RPCs (session/peer.h)
   ConnectionLimits connections;  // applied by rpc/'s listener (session/peer.h)
   // Requests of one session accepted and not yet answered; more get RESOURCE_EXHAUSTED at once.

@@ -1,5 +1,5 @@
-// LinkCalibrator: link capacities measured at start-up and on demand (README "Link
-// calibration"), so the link scheduler can share a PCIe switch's uplink among its GPUs without
+// LinkCalibrator: link capacities measured at start-up and on demand (docs/link-calibration.md),
+// so the link scheduler can share a PCIe switch's uplink among its GPUs without
 // an operator measuring and typing the figures.
 //
 // Which links: every link of CoreOptions::links (configured, discovered from sysfs, or the

@@ -50,7 +50,7 @@
 // <directory>/offloadd.lock for the tier's life: a second daemon on the same directory is refused
 // with FAILED_PRECONDITION instead of removing the first one's files); "*.spill" files of a previous daemon
 // are kept until the store has adopted the blocks recorded as spilled (AdoptFile), then the
-// rest are removed (RemoveFilesExcept; README "Spill tier"); O_DIRECT support is probed (tmpfs before Linux 6.6 lacks it: FAILED_PRECONDITION); capacity 0 means 90%
+// rest are removed (RemoveFilesExcept; docs/spill.md); O_DIRECT support is probed (tmpfs before Linux 6.6 lacks it: FAILED_PRECONDITION); capacity 0 means 90%
 // of the file system's free space; bytes_per_second 0 means measured (write, then read back,
 // `measure_bytes` with O_DIRECT; the smaller rate).
 //

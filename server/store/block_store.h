@@ -28,7 +28,7 @@
 // belong to no session until a session presenting the same resume key takes them
 // (ResumeSession), and those not taken within the grace period are freed.
 //
-// Spill tier (constructed with a spill::SpillTier; README "Spill tier"): a block has a
+// Spill tier (constructed with a spill::SpillTier; docs/spill.md): a block has a
 // tier besides its state —
 //   kPool --(spill starts)--> kSpilling --(write ok)--> kDisk --(stage starts)--> kStaging
 //     ^                           |  (failed, cancelled)           (read ok)  |      |

@@ -15,7 +15,7 @@
 //             a memory and an event handle (--mode=ipc_export, --uid); a process of uid 65533 and
 //             one of root then try to open them (--mode=ipc_import --uid); and whether the
 //             handle bytes carry the exporter's pid. Prints FIGURE lines, never fails on what it
-//             finds (README "Failure modes" states the guarantee); SKIPPED when not root.
+//             finds (docs/failure-modes.md states the guarantee); SKIPPED when not root.
 //   free_mid  offloads --tensors tensors, frees the allocation with the copies in flight and
 //             exits without closing (a client bug or a crash): run.sh then checks the daemon
 //             still serves everyone else.

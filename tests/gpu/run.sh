@@ -234,7 +234,7 @@ if [ $ipc_rc -eq 3 ]; then
 elif [ $ipc_rc -ne 0 ]; then
   ipc_ok=0 ipc_why="the IPC probe failed"; fail "the IPC probe exited $ipc_rc: treating IPC as unusable"
 fi
-# Whether IPC handles cross users (README "Failure modes"): observed, never a failure by itself.
+# Whether IPC handles cross users (docs/failure-modes.md): observed, never a failure by itself.
 if [ $ipc_ok -eq 1 ]; then
   say "CUDA IPC across users (figures only)"
   run_step ipc_cross_uid "${BIN[@]}" "$here/bin/gpu_probes" --mode=ipc_cross_uid

@@ -24,7 +24,7 @@ every surviving client finished its final pass; the daemon exited 0 after each S
 pool returned to its baseline (0 bytes, no session) once the clients were gone (blocks of clients
 killed while the daemon was down are freed resume_grace_seconds after the restart).
 
-With --spill_directory the daemon spills to that directory (README "Spill tier"; it must take
+With --spill_directory the daemon spills to that directory (docs/spill.md; it must take
 O_DIRECT, so not tmpfs): with a pool much smaller than the clients hold (e.g. --pool 4MiB) blocks
 go to disk and come back while clients are killed. It must then also hold: blocks were spilled
 and staged back, and no spill file was lost. Spilled blocks do not survive a daemon restart

@@ -16,7 +16,7 @@ Reconnecting (a daemon with ``pool_shm_name``, which says so in HelloReply.resum
 when the session stream breaks (daemon killed, crashed or upgraded) the Client reconnects by
 itself with exponential backoff, presents its resume token, registers its regions again (region
 ids returned by ``register_*`` are the client's own and stay valid) and re-sends every request
-not yet answered. Requests issued meanwhile wait. Rules (README "Failure modes"):
+not yet answered. Requests issued meanwhile wait. Rules (docs/failure-modes.md):
   * an offload not answered is sent again from the same source bytes (the caller keeps them
     until its future resolves); a block the dead daemon had stored for it but could not confirm
     (it is among the resumed blocks yet was never acknowledged) is released by the client, so a
@@ -36,7 +36,7 @@ a connection whose daemon does not answer one within ``keepalive_timeout_seconds
 stream then ends as if the daemon had gone away. :meth:`Client.wait` bounds a wait for an answer
 by silence instead: it raises :class:`~offloadd.errors.DaemonUnresponsive` once the daemon has
 sent nothing on the session stream for ``unresponsive_seconds`` (20) while the caller waited
-(README "Failure modes"). While the client reconnects, a daemon whose socket refuses
+(docs/failure-modes.md). While the client reconnects, a daemon whose socket refuses
 connections (down, restarting) does not count as silent -- the reconnect window bounds that
 case -- but one that accepts and does not answer Hello does.
 
@@ -419,7 +419,7 @@ class Client:
     chunk_bytes = property(lambda self: self.hello.chunk_bytes)
     link = property(lambda self: self.hello.link)
     # The claim on this session's blocks across a daemon restart (bytes; keep it secret) and,
-    # for a resumed session, how many blocks it took over (README "Failure modes").
+    # for a resumed session, how many blocks it took over (docs/failure-modes.md).
     resume_token = property(lambda self: self.hello.resume_token)
     blocks_resumed = property(lambda self: self.hello.blocks_resumed)
     resume_grace_seconds = property(lambda self: self.hello.resume_grace_seconds)

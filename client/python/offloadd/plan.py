@@ -58,7 +58,7 @@ GPU_HOST_LINKS: Dict[str, str] = {
     "gh200": "nvlink-c2c",
 }
 
-# Pool allocator headroom, as README "Pool" documents the extent allocator's high-water mark
+# Pool allocator headroom, as docs/overview.md "Pool" documents the extent allocator's high-water mark
 # over the peak live bytes: ~1.05x for one rank; ~1.1x, worst seen 1.3x, for several ranks
 # sharing the pool (the worst is used so a bad step's offloads do not wait for space).
 POOL_HEADROOM_ONE_RANK = 1.05
@@ -179,7 +179,7 @@ def host_link(name: str) -> str:
 
 
 def pool_headroom(ranks_sharing_pool: int) -> float:
-    """README "Pool": 1.05 for one rank, 1.3 (the worst seen) for several."""
+    """docs/overview.md "Pool": 1.05 for one rank, 1.3 (the worst seen) for several."""
     return POOL_HEADROOM_ONE_RANK if ranks_sharing_pool <= 1 else POOL_HEADROOM_SEVERAL_RANKS
 
 

@@ -1,7 +1,7 @@
 """A frozen daemon (SIGSTOP) costs a training step a bounded time, never an unbounded hang.
 
 The hooks' ``unresponsive_seconds`` (20 by default; small here) bounds every wait for a daemon
-that answers nothing (README "Failure modes"):
+that answers nothing (docs/failure-modes.md):
   * frozen between forward and backward, past the bound: backward raises DaemonUnresponsive
     (DEADLINE_EXCEEDED, saying the daemon is unresponsive, not that it lost anything) after
     about the bound; the next step keeps its tensors in process and is bitwise equal to the

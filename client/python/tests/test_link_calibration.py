@@ -1,4 +1,4 @@
-"""Link calibration through the daemon (README "Link calibration"), on cuda-sim (SIMULATED).
+"""Link calibration through the daemon (docs/link-calibration.md), on cuda-sim (SIMULATED).
 
 The model: 4 GPUs, 2 per switch, 20 GB/s per GPU and direction, 30 GB/s per switch, so the
 daemon's topology has the links sim-switch0 and sim-switch1 with no configured capacity. At

@@ -1,4 +1,4 @@
-"""A lost step is one lost step (README "Failure modes").
+"""A lost step is one lost step (docs/failure-modes.md).
 
 With the default anonymous pool a daemon SIGKILLed between forward and backward takes the step's
 saved tensors with it: that backward raises OffloaddError DATA_LOSS. What must not follow:

@@ -1,6 +1,6 @@
 """The Python Client recovers by itself from a daemon SIGKILLed and restarted on its shared pool:
 it reconnects, resumes, registers its regions again, re-sends what was not answered and lets
-requests made during the outage wait (README "Failure modes").
+requests made during the outage wait (docs/failure-modes.md).
 
 Run: tests/python/run.sh -k reconnect.
 """

@@ -1,7 +1,7 @@
 """A training step of the seed's random Qwen3 survives a daemon SIGKILLed and restarted on its
 shared pool (pool_shm_name): between forward and backward, and in the middle of forward. The
 torch hooks' client reconnects and resumes by itself; loss and every gradient are bitwise equal
-to the run without offload, with 0 fallbacks and 0 lost (README "Failure modes").
+to the run without offload, with 0 fallbacks and 0 lost (docs/failure-modes.md).
 
 qwen3_fixture.SEED_CONFIG at batch 2 x sequence 2048, fp32, Transformers' checkpoint offload
 through offloadd.transformers.enable (keep_last_n=0): 8 layer inputs of 8 MiB go to the daemon.
