@@ -218,10 +218,11 @@ class CompiledBackendTest(DaemonTestCase):
         cls.pending = oc.release_pending()
         print("\n[offloadd.torch.compiled] graph breaks %d (checkpointing alone %d); per graph "
               "(offloads, reloads) inserted %s; offloads reaching the daemon %d, reloads %d; "
-              "packed %s"
+              "packed %s; reloads prefetched in time %d, waited for %d"
               % (sum(cls.offloadd_breaks.values()), sum(cls.ckpt_breaks.values()),
                  cls.backend.graphs, cls.after.offloads_total - cls.before.offloads_total,
-                 cls.after.reloads_total - cls.before.reloads_total, cls.seen))
+                 cls.after.reloads_total - cls.before.reloads_total, cls.seen,
+                 cls.ctx_stats.prefetched_in_time, cls.ctx_stats.waited))
 
     def test_the_same_graph_breaks_as_checkpointing_alone(self):
         self.assertEqual(sum(self.offloadd_breaks.values()), sum(self.ckpt_breaks.values()))
