@@ -93,9 +93,30 @@ inline std::string GroupText(gid_t gid) {
   return "gid " + std::to_string(gid);
 }
 
+// The remedy once a file's group shuts this process out: join that group (`usermod_group` is
+// its name or gid, `gid` its gid as text; "GROUP" / "its gid" when unknown). Group root (gid 0)
+// is never one to add users to (it opens root's files to them): then the daemon's socket needs a
+// dedicated group first, set by socket_group (config or --socket_group) and a restart.
+inline std::string JoinGroupRemedy(const std::string& group_name, const std::string& usermod_group,
+                                   const std::string& gid) {
+  if (gid == "0") {
+    return "The daemon is fine, but its group is root (gid 0), and users must not be added to "
+           "group root. Ask its administrator to create a dedicated group (groupadd offloadd), "
+           "set the daemon's socket group to it (socket_group: offloadd in the config, or "
+           "--socket_group=offloadd; SocketGroup=offloadd in offloadd.socket under socket "
+           "activation), restart the daemon, and add this user to that group (usermod -aG "
+           "offloadd USER, then log in again), or in Kubernetes add that group's gid to the "
+           "pod's securityContext.supplementalGroups";
+  }
+  return "The daemon is fine; do not restart it. Ask its administrator to add this user to "
+         "group " + group_name + " (usermod -aG " + usermod_group + " USER, then log in again), "
+         "or in Kubernetes add " + gid + " to the pod's securityContext.supplementalGroups";
+}
+
 // Why connect() to `path` is refused with EACCES/EPERM: which file shuts this process out (the
 // socket, or a directory on the way that it may not search), its group and mode, who this
-// process is, and the remedy (join the group; never a restart: the daemon is fine).
+// process is, and the remedy (JoinGroupRemedy: join the group; never a restart unless the group
+// is root).
 inline std::string PermissionDeniedReason(const std::string& path) {
   // The first directory from the root that this process may not search, else the socket.
   std::string denying = path, kind = "the socket";
@@ -124,10 +145,8 @@ inline std::string PermissionDeniedReason(const std::string& path) {
     usermod_group = named ? std::string(found->gr_name) : gid;  // usermod takes either
   }
   return "permission denied: " + what + " admits only its group, and this process (uid " +
-         std::to_string(geteuid()) + ") is not in it. The daemon is fine; do not restart it. "
-         "Ask its administrator to add this user to group " + group_name + " (usermod -aG " +
-         usermod_group + " USER, then log in again), or in Kubernetes add " + gid +
-         " to the pod's securityContext.supplementalGroups";
+         std::to_string(geteuid()) + ") is not in it. " +
+         JoinGroupRemedy(group_name, usermod_group, gid);
 }
 
 // Why no daemon answered at `path`, from ProbeUnixSocket's result: a clause for an error

@@ -69,14 +69,55 @@ TEST(UnreachableSocketReasonTest, PermissionNamesTheFileItsGroupAndTheRemedy) {
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string sock = std::string(tmpl) + "/offloadd.sock";
   { std::FILE* f = std::fopen(sock.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  // Group root gets other advice (tests below): as root, give the file another group where a
+  // sandbox's user namespace allows it.
+  gid_t gid = getegid();
+  if (gid == 0 && chown(sock.c_str(), static_cast<uid_t>(-1), 2000) == 0) gid = 2000;
   ASSERT_EQ(chmod(sock.c_str(), 0660), 0);
   const std::string why = UnreachableSocketReason(sock, EACCES);
-  EXPECT_NE(why.find("the socket " + sock + " (group " + GroupText(getegid())), std::string::npos)
+  EXPECT_NE(why.find("the socket " + sock + " (group " + GroupText(gid)), std::string::npos)
       << why;
   EXPECT_NE(why.find("mode 0660"), std::string::npos) << why;
-  EXPECT_NE(why.find("do not restart it"), std::string::npos) << why;
+  if (gid != 0) EXPECT_NE(why.find("do not restart it"), std::string::npos) << why;
   EXPECT_NE(why.find("usermod -aG"), std::string::npos) << why;
   EXPECT_NE(why.find("supplementalGroups"), std::string::npos) << why;
+  unlink(sock.c_str());
+  rmdir(tmpl);
+}
+
+// Group root is never the advice: a socket in gid 0 gets a dedicated group via socket_group.
+TEST(UnreachableSocketReasonTest, GroupRootAdvisesADedicatedSocketGroup) {
+  const std::string why = JoinGroupRemedy("root (gid 0)", "root", "0");
+  EXPECT_EQ(why.find("usermod -aG root"), std::string::npos) << why;
+  EXPECT_EQ(why.find("add this user to group root"), std::string::npos) << why;
+  EXPECT_NE(why.find("socket_group: offloadd in the config"), std::string::npos) << why;
+  EXPECT_NE(why.find("--socket_group=offloadd"), std::string::npos) << why;
+  EXPECT_NE(why.find("usermod -aG offloadd USER"), std::string::npos) << why;
+  // Any other group is still the one to join.
+  const std::string other = JoinGroupRemedy("offloadd (gid 2000)", "offloadd", "2000");
+  EXPECT_NE(other.find("add this user to group offloadd (gid 2000) (usermod -aG offloadd USER"),
+            std::string::npos) << other;
+  EXPECT_EQ(other.find("socket_group"), std::string::npos) << other;
+}
+
+// End to end through the file: a socket whose group is gid 0 (made so by chown when this test
+// may; skipped otherwise).
+TEST(UnreachableSocketReasonTest, SocketInGroupRootNamesSocketGroupNotRoot) {
+  char tmpl[] = "/tmp/ofd-sockroot-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string sock = std::string(tmpl) + "/offloadd.sock";
+  { std::FILE* f = std::fopen(sock.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  if (chown(sock.c_str(), static_cast<uid_t>(-1), 0) != 0) {
+    unlink(sock.c_str());
+    rmdir(tmpl);
+    GTEST_SKIP() << "cannot give a file group 0 here";
+  }
+  ASSERT_EQ(chmod(sock.c_str(), 0660), 0);
+  const std::string why = UnreachableSocketReason(sock, EACCES);
+  EXPECT_NE(why.find("(group " + GroupText(0) + ", mode 0660)"), std::string::npos) << why;
+  EXPECT_EQ(why.find("usermod -aG root"), std::string::npos) << why;
+  EXPECT_EQ(why.find("usermod -aG 0 "), std::string::npos) << why;
+  EXPECT_NE(why.find("--socket_group=offloadd"), std::string::npos) << why;
   unlink(sock.c_str());
   rmdir(tmpl);
 }

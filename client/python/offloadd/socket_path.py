@@ -74,10 +74,29 @@ def group_text(gid):
         return "gid %d" % gid
 
 
+def join_group_remedy(group, usermod, gid):
+    """The remedy once a file's group shuts this process out: join that group (``group`` as
+    :func:`group_text` writes it, ``usermod`` its name or gid, ``gid`` its gid as text). Group
+    root (gid 0) is never one to add users to (it opens root's files to them): then the daemon's
+    socket needs a dedicated group first, set by socket_group (config or --socket_group)."""
+    if gid == "0":
+        return ("The daemon is fine, but its group is root (gid 0), and users must not be added "
+                "to group root. Ask its administrator to create a dedicated group (groupadd "
+                "offloadd), set the daemon's socket group to it (socket_group: offloadd in the "
+                "config, or --socket_group=offloadd; SocketGroup=offloadd in offloadd.socket "
+                "under socket activation), restart the daemon, and add this user to that group "
+                "(usermod -aG offloadd USER, then log in again), or in Kubernetes add that "
+                "group's gid to the pod's securityContext.supplementalGroups")
+    return ("The daemon is fine; do not restart it. Ask its administrator to add this user to "
+            "group %s (usermod -aG %s USER, then log in again), or in Kubernetes add %s to the "
+            "pod's securityContext.supplementalGroups" % (group, usermod, gid))
+
+
 def permission_denied_reason(path):
     """Why connect() to ``path`` was refused with EACCES: the file that shuts this process out
     (the first directory on the way it may not search, else the socket), its group and mode, who
-    this process is, and the remedy (join the group; never a restart: the daemon is fine)."""
+    this process is, and the remedy (:func:`join_group_remedy`: join the group; never a restart
+    unless the group is root)."""
     denying, kind = path, "the socket"
     parts = path.split("/")
     for i in range(2, len(parts)):
@@ -99,10 +118,8 @@ def permission_denied_reason(path):
         pass
     groups = sorted(set([os.getegid()] + os.getgroups()))
     return ("permission denied: %s admits only its group, and this process (uid %d, groups %s) "
-            "is not in it. The daemon is fine; do not restart it. Ask its administrator to add "
-            "this user to group %s (usermod -aG %s USER, then log in again), or in Kubernetes "
-            "add %s to the pod's securityContext.supplementalGroups"
-            % (what, os.geteuid(), ",".join(map(str, groups)), group, usermod, gid))
+            "is not in it. %s" % (what, os.geteuid(), ",".join(map(str, groups)),
+                                  join_group_remedy(group, usermod, gid)))
 
 
 def unreachable_reason(path, probe_errno):

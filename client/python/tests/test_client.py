@@ -8,6 +8,7 @@ Run: tests/python/run.sh (or /usr/bin/python3 -m unittest discover -s client/pyt
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
 import unittest
@@ -18,7 +19,8 @@ from offloadd import _native, errors
 from offloadd import client as client_module
 from offloadd.client import PREFETCH, URGENT, Client
 from offloadd.shm import ShmRegion
-from offloadd.socket_path import default_socket_path_for, socket_path_fits
+from offloadd.socket_path import (default_socket_path_for, join_group_remedy,
+                                  permission_denied_reason, socket_path_fits)
 
 
 class ClientTest(DaemonTestCase):
@@ -265,6 +267,34 @@ class DaemonLossTest(unittest.TestCase):
         with self.assertRaises(errors.OffloaddError) as e:
             Client("/tmp/" + "x" * 200)
         self.assertEqual(e.exception.code, errors.INVALID_ARGUMENT)
+
+    def test_group_root_is_never_the_group_to_join(self):
+        # A socket in group root (a daemon started by hand as root): the remedy is a dedicated
+        # socket group, never adding users to root.
+        why = join_group_remedy("root (gid 0)", "root", "0")
+        self.assertNotIn("usermod -aG root", why)
+        self.assertNotIn("add this user to group root", why)
+        self.assertIn("socket_group: offloadd in the config, or --socket_group=offloadd", why)
+        self.assertIn("usermod -aG offloadd USER", why)
+        other = join_group_remedy("offloadd (gid 2000)", "offloadd", "2000")
+        self.assertIn("add this user to group offloadd (gid 2000) (usermod -aG offloadd USER",
+                      other)
+        self.assertNotIn("socket_group", other)
+
+    def test_permission_denied_on_a_socket_in_group_root(self):
+        with tempfile.TemporaryDirectory() as d:
+            sock = os.path.join(d, "offloadd.sock")
+            open(sock, "w").close()
+            os.chmod(sock, 0o660)
+            try:
+                os.chown(sock, -1, 0)
+            except OSError:
+                self.skipTest("cannot give a file group 0 here")
+            why = permission_denied_reason(sock)
+            self.assertIn("the socket %s (group root (gid 0), mode 0660)" % sock, why)
+            self.assertNotIn("usermod -aG root", why)
+            self.assertNotIn("usermod -aG 0 ", why)
+            self.assertIn("--socket_group=offloadd", why)
 
 
 if __name__ == "__main__":
