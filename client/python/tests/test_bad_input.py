@@ -29,6 +29,19 @@ class TorchVersionTest(unittest.TestCase):
                                         r"has torch " + v.replace(".", r"\.")):
                 ot._check_torch_version(v)
 
+    def test_import_without_torch_says_to_install_it(self):
+        # No torch in this Python: a None in sys.modules makes `import torch` fail as a missing
+        # module does.
+        code = "import sys; sys.modules['torch'] = None; import offloadd.torch"
+        env = dict(os.environ, PYTHONPATH=PY_ROOT)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        last = r.stderr.strip().splitlines()[-1]
+        self.assertTrue(last.startswith("ImportError: offloadd.torch needs PyTorch"), r.stderr)
+        self.assertIn("install torch >= 2.4 and < 3 (pip install 'offloadd[torch]'", last)
+        self.assertNotIn("ModuleNotFoundError", r.stderr)
+
     def test_import_under_torch_1_13_fails_with_one_clear_error(self):
         with tempfile.TemporaryDirectory() as fake:
             os.mkdir(os.path.join(fake, "torch"))

@@ -53,7 +53,7 @@ class WheelTest(unittest.TestCase):
                     if ln.startswith("Requires-Dist:")]
         self.assertIn("grpcio>=1.85.1", requires)
         self.assertIn("protobuf<8,>=7.35.1", requires)
-        self.assertIn('torch>=2.4; extra == "torch"', requires)
+        self.assertIn('torch<3,>=2.4; extra == "torch"', requires)
         self.assertIn('transformers>=5.17; extra == "transformers"', requires)
         self.assertIn('accelerate>=1.1.0; extra == "transformers"', requires)
         self.assertIn('galore-torch==1.0; extra == "galore"', requires)

@@ -19,7 +19,8 @@
   :func:`close`.
 
 Supported torch: 2.4 <= version < 3 (tested: 2.15.0, client/python/requirements.lock); importing
-this module under another torch raises ImportError naming the range. Hugging Face Transformers
+this module under another torch, or with no torch installed, raises ImportError naming the range
+and how to install it. Hugging Face Transformers
 (>= 5.17, tested 5.24.0): see :mod:`offloadd.transformers`.
 
 CPU tensors are staged through POSIX shared memory (daemon backend "shm"); CUDA tensors are
@@ -27,7 +28,15 @@ exported through the CUDA runtime (IPC handle of the allocation base + offset, i
 events) on a "cuda" daemon, or staged through shared memory on a "shm" one.
 """
 
-import torch as _torch
+try:
+    import torch as _torch
+except ModuleNotFoundError as _missing:
+    if _missing.name != "torch":
+        raise
+    raise ImportError(
+        "offloadd.torch needs PyTorch, which this Python does not have: install torch >= 2.4 "
+        "and < 3 (pip install 'offloadd[torch]', or pip install 'torch>=2.4,<3'), or use "
+        "offloadd.client directly without the PyTorch hooks.", name="torch") from None
 
 SUPPORTED_TORCH = ((2, 4), (3, 0))  # [lowest, first unsupported): saved-tensor hooks as tested
 
