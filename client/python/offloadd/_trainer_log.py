@@ -25,7 +25,8 @@ and, while ``offloadd.galore.enable()`` routes GaLore projectors (the process's
 The offload figures are those of the process's shared context (offloadd.torch.default_context(),
 which offloadd.torch.save_on_cpu, Transformers' offload and torch's offload entry points use
 once enabled). At the end of training it writes one line to stderr (on the local main process):
-"offloadd: training summary: ..." with the totals since training began.
+"offloadd: training summary: ..." with the totals since training began, ending in a warning
+when no saved tensor reached offloadd's hooks (activation checkpointing with offload not on).
 """
 
 import sys
@@ -37,6 +38,14 @@ _GIB = float(1 << 30)
 _OFFLOAD = (("offloaded", "offloaded"), ("reloads_in_time", "prefetched_in_time"),
             ("reloads_waited", "waited"), ("host_wait_seconds", "host_wait_seconds"),
             ("fallbacks", "fallbacks"))
+# Every saved tensor the context's hooks see counts in exactly one of these: all zero over a
+# training run means offload was never requested (no checkpointing with offload turned on).
+_PACKED = ("offloaded", "kept", "fallbacks", "skipped_small", "skipped_params", "skipped_leaves",
+           "skipped_views", "skipped_other")
+NOT_REQUESTED = ("offloadd saw no saved tensor during training, so nothing was offloaded: turn on "
+                 "activation checkpointing with offload (TrainingArguments("
+                 "activation_checkpointing=True, activation_checkpointing_kwargs={\"offload\": "
+                 "True}), or model.gradient_checkpointing_enable(offload=True))")
 _GALORE = (("galore_refreshes_computed", "computed"),
            ("galore_refreshes_deduplicated", "deduplicated"),
            ("galore_kept_stale", "kept_stale"), ("galore_local_fallbacks", "local_fallbacks"))
@@ -47,7 +56,8 @@ def _offload_counts():
     import offloadd.torch as ot
     ctx = ot.default_context()
     d = ctx.stats.as_dict()
-    return ctx, {f: d[f] for _, f in _OFFLOAD + (("", "offloaded_bytes"),)}
+    fields = set(f for _, f in _OFFLOAD) | set(_PACKED) | {"offloaded_bytes"}
+    return ctx, {f: d[f] for f in fields}
 
 
 def _galore_counts():
@@ -117,7 +127,9 @@ class OffloaddLogCallback(transformers.TrainerCallback):
 
 def summary(total, galore):
     """"offloadd: training summary: ..." for totals ``total`` (offloadd.torch stats fields) and
-    ``galore`` (ProjectorStats fields; {} without GaLore routing)."""
+    ``galore`` (ProjectorStats fields; {} without GaLore routing). When the hooks saw no saved
+    tensor at all (every field of _PACKED zero: offload never requested), the line ends with
+    the warning NOT_REQUESTED."""
     line = ("offloadd: training summary: offloaded %d tensors (%.3f GiB), reloaded %d (%d in "
             "time, %d waited), host waits %.3f s, fallbacks %d"
             % (total["offloaded"], total["offloaded_bytes"] / _GIB,
@@ -127,6 +139,8 @@ def summary(total, galore):
         line += ("; GaLore refreshes: %d computed by the daemon, %d deduplicated, %d kept stale, "
                  "%d local fallbacks" % (galore["computed"], galore["deduplicated"],
                                          galore["kept_stale"], galore["local_fallbacks"]))
+    if not any(total.get(f, 0) for f in _PACKED):
+        line += ". Warning: " + NOT_REQUESTED
     return line
 
 

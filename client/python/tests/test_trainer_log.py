@@ -106,6 +106,30 @@ class LogTest(DaemonTestCase):
                       % (n, n * self.LAYER_BYTES / 2 ** 30, n, total["offloadd/reloads_in_time"],
                          total["offloadd/reloads_waited"]), lines[0])
         self.assertIn("fallbacks 0", lines[0])
+        self.assertNotIn("Warning", lines[0])
+        self.assertNotIn("activation checkpointing with offload", lines[0])
+
+    def test_summary_warns_when_offload_was_never_requested(self):
+        # The Trainer without activation_checkpointing_kwargs={"offload": True}: the hooks see
+        # no saved tensor, and the summary says which setting is missing.
+        ot._endpoint.reset_for_tests()
+        otf.enable(keep_last_n=0, socket_path=self.daemon.sock)
+        try:
+            model = q.make_model(seed=0, max_seq=self.SEQ, **q.SMALL_CONFIG)
+            ids = q.batch(q.SMALL_CONFIG["vocab_size"], self.BATCH * 2, self.SEQ, seed=5)
+            data = [{"input_ids": row, "labels": row} for row in ids]
+            received, _, err = run_trainer(model, data, 2, self.BATCH,
+                                           activation_checkpointing=True)
+        finally:
+            otf.disable()
+        self.assertEqual([logs["offloadd/offloaded"] for logs in received], [0, 0])
+        lines = [ln for ln in err.splitlines() if ln.startswith("offloadd: training summary")]
+        self.assertEqual(len(lines), 1, err[-2000:])
+        self.assertIn("offloaded 0 tensors", lines[0])
+        self.assertIn("Warning: offloadd saw no saved tensor during training, so nothing was "
+                      "offloaded: turn on activation checkpointing with offload "
+                      "(TrainingArguments(activation_checkpointing=True, "
+                      "activation_checkpointing_kwargs={\"offload\": True})", lines[0])
 
     def test_opt_out_leaves_the_logs_alone(self):
         import transformers.trainer as tt
