@@ -26,6 +26,7 @@ on this host (a C++ compiler); each backend takes ~10-60 s on 2 cores.
 
 import shutil
 import unittest
+import warnings
 
 import torch
 from daemon_fixture import DaemonTestCase
@@ -244,6 +245,30 @@ class CompiledBackendTest(DaemonTestCase):
         self.assertEqual(self.pending, 0)
         layer_input = ((BATCH, SEQ, q.SMALL_CONFIG["hidden_size"]), torch.float32)
         self.assertGreaterEqual(self.seen.count(layer_input), LAYERS, self.seen)
+
+
+class BackendThresholdTest(unittest.TestCase):
+    """A context whose threshold_bytes is above the backend's would refuse offloads the backend
+    inserts: backend() warns, naming both; equal or lower thresholds are silent."""
+
+    def backend_warnings(self, context_bytes, backend_bytes):
+        import offloadd.torch.compiled as oc
+        ctx = ot.offload_checkpoints(threshold_bytes=context_bytes,
+                                     socket_path="/tmp/offloadd-unused.sock")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            oc.backend(threshold_bytes=backend_bytes, context=ctx)
+        return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+    def test_a_context_threshold_above_the_backends_warns(self):
+        msgs = self.backend_warnings(1 << 20, 256 << 10)
+        self.assertEqual(len(msgs), 1, msgs)
+        self.assertIn("backend(threshold_bytes=262144): the context's threshold_bytes=1048576 "
+                      "is larger", msgs[0])
+
+    def test_equal_or_lower_context_thresholds_are_silent(self):
+        self.assertEqual(self.backend_warnings(256 << 10, 256 << 10), [])
+        self.assertEqual(self.backend_warnings(0, 256 << 10), [])
 
 
 if __name__ == "__main__":

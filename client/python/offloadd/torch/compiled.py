@@ -31,6 +31,7 @@ exits, when the daemon releases the session's blocks).
 
 import itertools
 import threading
+import warnings
 
 import torch
 
@@ -114,13 +115,15 @@ def backend(threshold_bytes=1 << 20, context=None):
     Args:
       threshold_bytes: int; forward tensors of at least this many bytes (numel * element_size)
         that the compiled graph saves for backward are offloaded; the context's own
-        threshold_bytes applies on top (smaller ones stay in place).
+        threshold_bytes (default 1 MiB) applies on top: smaller ones stay on their device.
       context: an :class:`offloadd.torch.offload_checkpoints` whose store packs and unpacks
         (keep_last_n, prefetch, strict, statistics); default the process's shared context
         (:func:`offloadd.torch.default_context`).
     Returns a callable for ``torch.compile(model, backend=...)``. ``.graphs`` lists, per compiled
     graph, ``(forward offloads inserted, backward reloads inserted)``.
-    Raises ImportError when torch has no compiled offload pass (torch < 2.10).
+    Raises ImportError when torch has no compiled offload pass (torch < 2.10). Warns
+    (RuntimeWarning) when the context's threshold_bytes is above ``threshold_bytes``: the graph
+    then gets offloads for tensors the context keeps on the device (counted as skipped_small).
     """
     import torch._functorch.config as fc
     from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
@@ -131,6 +134,14 @@ def backend(threshold_bytes=1 << 20, context=None):
     from ._hooks import default_context
     ops = _register_ops()
     store = (context or default_context()).store
+    if store.threshold_bytes > threshold_bytes:
+        warnings.warn(
+            "offloadd.torch.compiled.backend(threshold_bytes=%d): the context's threshold_bytes=%d "
+            "is larger, so saved tensors between the two stay on the device; pass a context "
+            "with threshold_bytes <= %d (offloadd.torch.offload_checkpoints(threshold_bytes=...) "
+            "or offloadd.transformers.enable(threshold_bytes=...))"
+            % (threshold_bytes, store.threshold_bytes, threshold_bytes),
+            RuntimeWarning, stacklevel=2)
     with _lock:
         store_id = len(_stores) + 1
         _stores[store_id] = store
