@@ -180,6 +180,7 @@ for whl in "$here"/wheel/offloadd-*.whl; do
       "unpacked into $logs/site"
   fi
   PYPATH="$logs/site:$here/python"
+  unset OFFLOADD_CORE_LIB  # the wheel's own core, as users get it, not one the environment names
 done
 pydeps_probe='import grpc, google.protobuf; print("grpcio", grpc.__version__, "protobuf", google.protobuf.__version__)'
 if ! PYTHONPATH="$PYPATH" "$PY" -c "$pydeps_probe" > /dev/null 2>&1; then
