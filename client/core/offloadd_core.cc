@@ -108,6 +108,8 @@ int offloadd_ring_drain(offloadd_ring* ring, offloadd_completion* out, size_t ma
 
 void offloadd_ring_wake(offloadd_ring* ring) { ring->core->WakeWaiters(); }
 
+void offloadd_ring_shutdown(offloadd_ring* ring) { ring->core->Shutdown(); }
+
 size_t offloadd_ring_pending(const offloadd_ring* ring) { return ring->core->pending(); }
 
 int offloadd_ring_closed(const offloadd_ring* ring) { return ring->core->closed() ? 1 : 0; }

@@ -6,7 +6,8 @@
  * HelloReply.ring_attached is true; region ids are the daemon's.
  *
  * Units: bytes, seconds. Request ids returned have bit 63 set; 0 means the request was not
- * submitted (the ring is closed: the session ended; or no slot freed within the timeout).
+ * submitted: offloadd_ring_closed() then tells why (1: the ring is closed, the session ended;
+ * 0: no slot freed within the timeout, the daemon is behind: take answers and retry).
  * Event handles: NULL or 64 bytes (cudaIpcEventHandle_t). Every function is thread-safe. */
 #ifndef OFFLOADD_CLIENT_CORE_OFFLOADD_CORE_H_
 #define OFFLOADD_CLIENT_CORE_OFFLOADD_CORE_H_
@@ -83,9 +84,16 @@ int offloadd_ring_drain(offloadd_ring* ring, offloadd_completion* out, size_t ma
  * sleep again unless what they wait for changed (a caller that stops waiting for a reason of
  * its own, such as its session's stream ending, wakes them so that they notice at once). */
 void offloadd_ring_wake(offloadd_ring* ring);
+/* Ends the ring on this side, to be called before offloadd_ring_destroy while other threads may
+ * still be inside calls on it: every thread sleeping in wait, drain or a submission returns at
+ * once as if the daemon had closed the ring (OFFLOADD_CLOSED, or 0 for a submission), and so
+ * does every later call; offloadd_ring_closed() returns 1. The daemon is not told (its session
+ * ends with the stream). Destroy only once no thread is inside a call on the ring. */
+void offloadd_ring_shutdown(offloadd_ring* ring);
 /* Requests submitted whose answers were not yet taken. */
 size_t offloadd_ring_pending(const offloadd_ring* ring);
-/* 1 once the daemon closed the ring (the session ended), else 0. */
+/* 1 once the daemon closed the ring (the session ended), the ring was found corrupt, or
+ * offloadd_ring_shutdown was called; else 0. */
 int offloadd_ring_closed(const offloadd_ring* ring);
 
 #ifdef __cplusplus

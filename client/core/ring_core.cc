@@ -48,7 +48,19 @@ RingCore::~RingCore() { common::DestroyRingMemfd(&memfd_); }
 
 bool RingCore::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return corrupt_ || control_->closed.value.load(std::memory_order_seq_cst) != 0;
+  return EndedLocked();
+}
+
+bool RingCore::EndedLocked() const {
+  return corrupt_ || shut_ || control_->closed.value.load(std::memory_order_seq_cst) != 0;
+}
+
+void RingCore::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shut_ = true;
+  }
+  WakeWaiters();
 }
 
 size_t RingCore::pending() const {
@@ -77,7 +89,7 @@ bool RingCore::SubmitEntry(const common::SubmissionEntry& entry, double timeout_
   const double deadline = timeout_seconds < 0 ? 1e300 : NowSeconds() + timeout_seconds;
   common::RingResult pushed = common::RingResult::kFull;
   auto try_push = [&] {
-    if (corrupt_ || control_->closed.value.load() != 0) return true;
+    if (EndedLocked()) return true;
     pushed = submit_.TryPush(entry);
     if (pushed == common::RingResult::kCorrupt) corrupt_ = true;
     if (pushed == common::RingResult::kOk) pending_.insert(entry.request_id);
@@ -171,7 +183,7 @@ RingCore::WaitResult RingCore::Poll(uint64_t request_id, common::CompletionEntry
     return WaitResult::kDone;
   }
   if (pending_.count(request_id) == 0) return WaitResult::kUnknown;
-  if (corrupt_ || control_->closed.value.load() != 0) return WaitResult::kClosed;
+  if (EndedLocked()) return WaitResult::kClosed;
   return WaitResult::kTimeout;
 }
 
@@ -189,7 +201,7 @@ RingCore::WaitResult RingCore::Wait(uint64_t request_id, double timeout_seconds,
           result = WaitResult::kDone;
         } else if (pending_.count(request_id) == 0) {
           result = WaitResult::kUnknown;
-        } else if (corrupt_ || control_->closed.value.load() != 0) {
+        } else if (EndedLocked()) {
           result = WaitResult::kClosed;
         }
         return result != WaitResult::kTimeout;
@@ -210,7 +222,7 @@ RingCore::WaitResult RingCore::WaitAny(double timeout_seconds, common::Completio
           *out = it->second;
           answers_.erase(it);
           result = WaitResult::kDone;
-        } else if (corrupt_ || control_->closed.value.load() != 0) {
+        } else if (EndedLocked()) {
           result = WaitResult::kClosed;
         }
         return result != WaitResult::kTimeout || (cancel != nullptr && cancel->load());
@@ -229,7 +241,7 @@ int RingCore::TakeAny(common::CompletionEntry* out, size_t max, double timeout_s
       out[taken++] = it->second;
       answers_.erase(it);
     }
-    closed = taken == 0 && (corrupt_ || control_->closed.value.load() != 0);
+    closed = taken == 0 && (EndedLocked());
     return taken > 0 || closed || max == 0;
   };
   if (timeout_seconds == 0) {

@@ -40,7 +40,8 @@ class RingCore {
   int fd() const { return memfd_.fd; }
 
   // Submits a request; returns its id (bit 63 set), or 0 when the ring is closed (the daemon
-  // ended the session) or no slot freed within timeout_seconds (< 0: wait as long as it takes).
+  // ended the session) or no slot freed within timeout_seconds (< 0: wait as long as it takes);
+  // closed() tells which.
   // Events: nullptr or kRingEventBytes bytes.
   uint64_t Offload(uint64_t region_id, uint64_t offset_bytes, uint64_t size_bytes, uint64_t tag,
                    const uint8_t* ready_event, bool ordering, uint64_t order_step,
@@ -75,6 +76,14 @@ class RingCore {
   // waiting unless their condition changed): a caller that stops a waiting thread sets the
   // flag it passed as WaitAny's `cancel`, then calls this.
   void WakeWaiters() { control_->client_doorbell.RingAlways(); }
+  // Ends the ring on this side (before destroying the core while other threads may be inside
+  // it): every thread sleeping in Wait / WaitAny / TakeAny / a submission returns at once as if
+  // the daemon had closed the ring (kClosed, -1, 0 / false), and so does every later call;
+  // closed() is true from here on. The daemon is not told: its session ends with the stream.
+  void Shutdown();
+  // True once the daemon closed the ring (the session ended), the ring was found corrupt, or
+  // Shutdown() was called. A submission that returned 0 / false while closed() is false found
+  // no free slot within its timeout (the daemon is behind: take answers and retry).
   bool closed() const;
   // Requests submitted and not yet taken by Poll / Wait / WaitAny.
   size_t pending() const;
@@ -84,6 +93,8 @@ class RingCore {
   // Moves every completion in the ring into answers_; mu_ held. Corrupt: marks closed. Wakes
   // the daemon's ring thread only when it took a full ring (the daemon may hold answers back).
   void DrainLocked();
+  // Whether the ring ended (closed by the daemon, corrupt or shut down); mu_ held.
+  bool EndedLocked() const;
   // Sleeps on the client doorbell until `ready` (checked with mu_ held) or the deadline.
   template <typename Ready>
   bool SleepUntil(Ready ready, double deadline_seconds);
@@ -96,6 +107,7 @@ class RingCore {
   const uint32_t completion_entries_;
   uint64_t next_id_ = 1;
   bool corrupt_ = false;
+  bool shut_ = false;  // Shutdown() was called
   std::unordered_set<uint64_t> pending_;                          // submitted, not answered
   std::unordered_map<uint64_t, common::CompletionEntry> answers_;  // answered, not yet taken
 };

@@ -183,6 +183,51 @@ TEST(RingCoreTest, AFullRingTimesOutAndBadSizesAreRefused) {
   EXPECT_NE(std::string(error).find("powers of two"), std::string::npos);
 }
 
+// A full ring's refused submission leaves closed() 0 (no slot freed in time), a closed ring's
+// leaves it 1: the two causes of a 0 request id are told apart.
+TEST(RingCoreTest, AFullRingsRefusalIsNotAClose) {
+  Ring r(8);
+  FakeDaemon daemon(r.ring);
+  for (int i = 0; i < 8; ++i) ASSERT_NE(offloadd_ring_release(r.ring, 1, 0, 0), 0u);
+  EXPECT_EQ(offloadd_ring_release(r.ring, 1, 0, 0), 0u);
+  EXPECT_EQ(offloadd_ring_closed(r.ring), 0);
+  daemon.Close();
+  EXPECT_EQ(offloadd_ring_release(r.ring, 1, 0, 0), 0u);
+  EXPECT_EQ(offloadd_ring_closed(r.ring), 1);
+}
+
+// shutdown returns threads asleep with no deadline in drain, wait and a submission to a full
+// ring (as if the daemon had closed it), refuses later calls, and the ring can then be
+// destroyed: what a binding does before freeing a ring other threads use.
+TEST(RingCoreTest, ShutdownReturnsEverySleeperAndRefusesLaterCalls) {
+  Ring r(8);
+  const uint64_t id = offloadd_ring_release(r.ring, 5, 0, -1);
+  ASSERT_NE(id, 0u);
+  for (int i = 0; i < 7; ++i) ASSERT_NE(offloadd_ring_release(r.ring, 1, 0, 0), 0u);
+  std::atomic<int> drained{1}, waited{1};
+  std::atomic<uint64_t> submitted{1};
+  std::thread drainer([&] {
+    offloadd_completion out[4];
+    drained = offloadd_ring_drain(r.ring, out, 4, -1);
+  });
+  std::thread waiter([&] {
+    offloadd_completion out;
+    waited = offloadd_ring_wait(r.ring, id, -1, &out);
+  });
+  std::thread submitter([&] { submitted = offloadd_ring_release(r.ring, 2, 0, -1); });
+  offloadd_ring_shutdown(r.ring);
+  drainer.join();  // each join hangs if its sleeper were not returned
+  waiter.join();
+  submitter.join();
+  EXPECT_EQ(drained.load(), OFFLOADD_CLOSED);
+  EXPECT_EQ(waited.load(), OFFLOADD_CLOSED);
+  EXPECT_EQ(submitted.load(), 0u);
+  EXPECT_EQ(offloadd_ring_closed(r.ring), 1);
+  EXPECT_EQ(offloadd_ring_release(r.ring, 3, 0, -1), 0u);
+  offloadd_completion out;
+  EXPECT_EQ(offloadd_ring_wait(r.ring, id, -1, &out), OFFLOADD_CLOSED);
+}
+
 // A thread asleep in WaitAny with no deadline returns once its cancel flag is set and the
 // waiters are woken (how the C++ client stops its ring thread).
 TEST(RingCoreTest, WaitAnyReturnsWhenCancelled) {

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstring>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -49,12 +51,42 @@ absl::Status CheckRingObject(int fd, const struct stat& st, const std::string& p
   return absl::OkStatus();
 }
 
-// Maps the ring at `path` and checks its header; on success *base / *layout describe it.
+// Why the daemon could not open the ring at `path`. Advises running the daemon as root only
+// when it is not root already.
 absl::Status CannotOpen(const std::string& path, int err) {
-  return absl::PermissionDeniedError(absl::StrFormat(
-      "the daemon (uid %d) cannot open the ring %s: %s; run the daemon as root or as the "
-      "client's uid to use the ring (requests go on the stream meanwhile)",
-      geteuid(), path, strerror(err)));
+  const std::string advice =
+      geteuid() == 0
+          ? "offer a memfd the connecting process created and keeps open"
+          : "run the daemon as root or as the client's uid to use the ring";
+  return absl::PermissionDeniedError(
+      absl::StrFormat("the daemon (uid %d) cannot open the ring %s: %s; %s (requests go on the "
+                      "stream meanwhile)",
+                      geteuid(), path, strerror(err), advice));
+}
+
+// The rings attached to live sessions, by file identity (st_dev, st_ino): one ring is one
+// single-producer single-consumer channel, so it serves one session at a time.
+struct AttachedRings {
+  base::Mutex mu;
+  std::set<std::pair<dev_t, ino_t>> ids GUARDED_BY(mu);
+};
+
+AttachedRings& Attached() {
+  static auto* rings = new AttachedRings;
+  return *rings;
+}
+
+// Claims the ring `id` for one session; false when a live session has it.
+bool ClaimRing(const std::pair<dev_t, ino_t>& id) {
+  AttachedRings& rings = Attached();
+  base::MutexLock lock(rings.mu);
+  return rings.ids.insert(id).second;
+}
+
+void ReleaseRing(const std::pair<dev_t, ino_t>& id) {
+  AttachedRings& rings = Attached();
+  base::MutexLock lock(rings.mu);
+  rings.ids.erase(id);
 }
 
 // Opens the client's object for reading and writing only once it is known to be a regular file
@@ -90,8 +122,10 @@ absl::StatusOr<int> OpenRingObject(const std::string& path, uid_t uid) {
   return fd;
 }
 
-absl::Status MapRing(const std::string& path, uid_t uid, void** base,
-                     common::RingLayout* layout) {
+// Maps the ring at `path` and checks its header; on success *base / *layout describe it and
+// *id is its file's identity.
+absl::Status MapRing(const std::string& path, uid_t uid, void** base, common::RingLayout* layout,
+                     std::pair<dev_t, ino_t>* id) {
   absl::StatusOr<int> opened = OpenRingObject(path, uid);
   if (!opened.ok()) return opened.status();
   const int fd = *opened;
@@ -118,6 +152,7 @@ absl::Status MapRing(const std::string& path, uid_t uid, void** base,
     return absl::InvalidArgumentError("the ring " + path + " was refused: " + why);
   }
   *base = p;
+  *id = {st.st_dev, st.st_ino};
   return absl::OkStatus();
 }
 
@@ -127,8 +162,16 @@ absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::Attach(int32_t pid, 
                                                                    uid_t uid, Handle handle,
                                                                    End end,
                                                                    double spin_seconds) {
-  return AttachPath(absl::StrFormat("/proc/%d/fd/%d", pid, fd), uid, std::move(handle),
-                    std::move(end), spin_seconds);
+  const std::string path = absl::StrFormat("/proc/%d/fd/%d", pid, fd);
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0 && errno == ENOENT) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "descriptor %d is not open in the client process %d (the daemon opens the ring as %s): "
+        "name in Hello.ring.fd the descriptor of a ring the connecting process keeps open "
+        "(NativeRing.fd, offloadd_ring_fd()); requests go on the stream meanwhile",
+        fd, pid, path));
+  }
+  return AttachPath(path, uid, std::move(handle), std::move(end), spin_seconds);
 }
 
 absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::AttachPath(const std::string& path,
@@ -137,15 +180,25 @@ absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::AttachPath(const std
                                                                        double spin_seconds) {
   void* base = nullptr;
   common::RingLayout layout;
-  if (absl::Status st = MapRing(path, uid, &base, &layout); !st.ok()) return st;
+  std::pair<dev_t, ino_t> id;
+  if (absl::Status st = MapRing(path, uid, &base, &layout, &id); !st.ok()) return st;
+  if (!ClaimRing(id)) {
+    munmap(base, layout.total_bytes);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the ring %s is already attached to another session (a ring serves one session): "
+        "offer a new ring for each session; requests go on the stream meanwhile",
+        path));
+  }
   return std::unique_ptr<RingFrontEnd>(
-      new RingFrontEnd(base, layout, std::move(handle), std::move(end), spin_seconds));
+      new RingFrontEnd(base, layout, id, std::move(handle), std::move(end), spin_seconds));
 }
 
-RingFrontEnd::RingFrontEnd(void* base, const common::RingLayout& layout, Handle handle, End end,
+RingFrontEnd::RingFrontEnd(void* base, const common::RingLayout& layout,
+                           std::pair<dev_t, ino_t> ring_id, Handle handle, End end,
                            double spin_seconds)
     : base_(base),
       layout_(layout),
+      ring_id_(ring_id),
       control_(common::ControlOf(base)),
       handle_(std::move(handle)),
       end_(std::move(end)),
@@ -180,6 +233,7 @@ void RingFrontEnd::Stop() {
   if (thread_.joinable()) thread_.join();
   control_->closed.value.store(1, std::memory_order_seq_cst);
   control_->client_doorbell.RingAlways();
+  ReleaseRing(ring_id_);  // another session may attach it from here on
 }
 
 void RingFrontEnd::Run() {

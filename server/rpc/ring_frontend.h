@@ -33,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -66,8 +67,10 @@ class RingFrontEnd {
   // Opens the ring a client offered in Hello: descriptor `fd` of process `pid` (the
   // connection's, /proc/<pid>/fd/<fd>), which must be owned by `uid`. Errors (the sentence goes
   // into HelloReply.ring_error): PERMISSION_DENIED (the daemon may not open it, or its owner is
-  // not `uid`), FAILED_PRECONDITION (not a regular sealed memfd of a ring's size),
-  // INVALID_ARGUMENT (a header the daemon does not accept).
+  // not `uid`), FAILED_PRECONDITION (`fd` is not open in `pid`; not a regular sealed memfd of
+  // a ring's size; or the ring, by file identity, is attached to a live session already: a ring
+  // serves one session until that session's front-end stops), INVALID_ARGUMENT (a header the
+  // daemon does not accept).
   static absl::StatusOr<std::unique_ptr<RingFrontEnd>> Attach(
       int32_t pid, uint32_t fd, uid_t uid, Handle handle, End end,
       double spin_seconds = kDefaultSpinSeconds);
@@ -81,8 +84,9 @@ class RingFrontEnd {
   // reachable from the session's answers: a client may submit before it was told the ring is
   // attached).
   void Start();
-  // Stops the thread (joins it; not from the ring thread), marks the ring closed and wakes the
-  // client's waiters. Completions after it are dropped. Idempotent.
+  // Stops the thread (joins it; not from the ring thread), marks the ring closed, wakes the
+  // client's waiters and lets another session attach the ring. Completions after it are
+  // dropped. Idempotent.
   void Stop() EXCLUDES(mu_);
   // A completion of a ring request (request_id with common::kRingRequestIdBit), from any thread.
   void Complete(const session::Completion& completion) EXCLUDES(mu_);
@@ -90,8 +94,8 @@ class RingFrontEnd {
   uint64_t object_bytes() const { return layout_.total_bytes; }
 
  private:
-  RingFrontEnd(void* base, const common::RingLayout& layout, Handle handle, End end,
-               double spin_seconds);
+  RingFrontEnd(void* base, const common::RingLayout& layout, std::pair<dev_t, ino_t> ring_id,
+               Handle handle, End end, double spin_seconds);
   void Run();
   // Takes up to kTakeBatch submissions; returns how many (0 also when paused or corrupt).
   int TakeSubmissions() EXCLUDES(mu_);
@@ -106,6 +110,7 @@ class RingFrontEnd {
 
   void* const base_;
   const common::RingLayout layout_;
+  const std::pair<dev_t, ino_t> ring_id_;  // the file's identity, claimed while attached
   common::RingControl* const control_;
   const Handle handle_;
   const End end_;

@@ -246,6 +246,48 @@ TEST(RingFrontEndTest, RefusesObjectsThatAreNotSealedRingsOfTheSessionsUid) {
   close(unsealed);
   auto missing = RingFrontEnd::AttachPath("/proc/self/fd/100000", getuid(), handle, end);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kPermissionDenied);
+  // A root daemon is not told to run as root.
+  EXPECT_EQ(missing.status().message().find("as root") == std::string::npos, geteuid() == 0)
+      << missing.status().message();
+}
+
+TEST(RingFrontEndTest, ADescriptorNotOpenInTheClientIsNamedWithItsProcess) {
+  auto missing = RingFrontEnd::Attach(
+      getpid(), 100000, getuid(), [](const session::Request&) {}, [](const absl::Status&) {});
+  ASSERT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string why(missing.status().message());
+  EXPECT_NE(why.find("descriptor 100000 is not open in the client process " +
+                     std::to_string(getpid())),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(why.find("as root"), std::string::npos) << why;
+}
+
+// One ring is one SPSC channel: a second session offered the same memfd (even through another
+// descriptor) is refused while the first is attached, and may attach it once the first stops.
+TEST(RingFrontEndTest, ARingAttachedToALiveSessionIsRefusedToAnother) {
+  Fixture f;
+  const int second_fd = dup(f.ring.fd);
+  ASSERT_GE(second_fd, 0);
+  auto handle = [](const session::Request&) {};
+  auto end = [](const absl::Status&) {};
+  auto second = RingFrontEnd::AttachPath(ProcPath(second_fd), getuid(), handle, end);
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("already attached to another session"),
+            std::string::npos)
+      << second.status().message();
+  // The first session keeps serving.
+  f.Submit(Offload(1));
+  const CompletionEntry c = f.Take();
+  EXPECT_EQ(c.request_id, common::kRingRequestIdBit | 1);
+  EXPECT_EQ(c.block_id, 1001u);
+  EXPECT_EQ(f.control->closed.value.load(), 0u);
+  EXPECT_TRUE(f.end_status().ok());
+
+  f.front->Stop();
+  auto after = RingFrontEnd::AttachPath(ProcPath(second_fd), getuid(), handle, end);
+  EXPECT_TRUE(after.ok()) << after.status();
+  close(second_fd);
 }
 
 // A client offering a pty slave as its ring: a daemon that opened it without O_NOCTTY, as a

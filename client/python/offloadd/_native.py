@@ -104,10 +104,27 @@ def _declare(lib):
     lib.offloadd_ring_drain.restype = ctypes.c_int
     lib.offloadd_ring_drain.argtypes = [p, ctypes.POINTER(Completion), ctypes.c_size_t, dbl]
     lib.offloadd_ring_wake.argtypes = [p]
+    lib.offloadd_ring_shutdown.argtypes = [p]
     lib.offloadd_ring_pending.restype = ctypes.c_size_t
     lib.offloadd_ring_pending.argtypes = [p]
     lib.offloadd_ring_closed.restype = ctypes.c_int
     lib.offloadd_ring_closed.argtypes = [p]
+
+
+class RingClosed(ConnectionError):
+    """A submission was refused because the ring is closed: the daemon ended the session
+    (reconnect: the stream carries the requests)."""
+
+
+class RingFull(ConnectionError, TimeoutError):
+    """A submission was refused because no slot of the ring freed within its timeout: the
+    daemon is behind. Take answers (:meth:`NativeRing.drain`) and submit again. A
+    ConnectionError too, as every refused submission was before."""
+
+
+class RingReleased(ValueError):
+    """A call on a :class:`NativeRing` after its :meth:`~NativeRing.close` (or a call that was
+    inside the ring when close() ended it)."""
 
 
 def _event(event):
@@ -122,54 +139,101 @@ class NativeRing:
     """A session's request ring. ``entries``: submission and completion slots each (a power of
     two from 8 to 65536). Raises OSError when the core is missing or the ring cannot be made.
     Thread-safe. :meth:`close` (or garbage collection) frees it; keep it until the session ends.
+    After close() every method raises :class:`RingReleased` (``closed`` is True); a close() while
+    other threads are inside calls returns those threads at once (a sleeping drain or wait too:
+    they raise RingReleased) and the memory is freed when the last of them leaves.
     """
 
     def __init__(self, entries=256):
         self._lib = load()
+        self._ring = None
+        self._lock = threading.Lock()
+        self._calls = 0          # threads inside a call on the native ring
+        self._released = False   # close() was called
         error = ctypes.create_string_buffer(256)
-        self._ring = self._lib.offloadd_ring_create(entries, entries, error, len(error))
-        if not self._ring:
+        ring = self._lib.offloadd_ring_create(entries, entries, error, len(error))
+        if not ring:
             raise OSError("offloadd ring: " + error.value.decode("utf-8", "replace"))
+        self._ring = ring
         self._local = threading.local()  # per thread: the buffer drain fills
+
+    def _enter(self):
+        """The native ring, counted as in use until :meth:`_leave`. Raises RingReleased after
+        close()."""
+        with self._lock:
+            if self._released:
+                raise RingReleased("this offloadd NativeRing is closed (close() was called): "
+                                   "create a new NativeRing and offer it in a new session's "
+                                   "Hello")
+            self._calls += 1
+            return self._ring
+
+    def _leave(self):
+        """Ends a call; the last call out of a closed ring frees it. Raises RingReleased when
+        close() ended the ring during the call (its result is not the daemon's)."""
+        with self._lock:
+            self._calls -= 1
+            released = self._released
+            ring = self._ring if released and self._calls == 0 else None
+            if ring is not None:
+                self._ring = None
+        if ring is not None:
+            self._lib.offloadd_ring_destroy(ring)
+        if released:
+            raise RingReleased("this offloadd NativeRing was closed (close() was called) during "
+                               "the call")
+
+    def _call(self, name, *args):
+        ring = self._enter()
+        try:
+            result = getattr(self._lib, name)(ring, *args)
+        finally:
+            self._leave()
+        return result
 
     @property
     def fd(self):
         """The memfd descriptor to name in Hello.ring.fd."""
-        return self._lib.offloadd_ring_fd(self._ring)
+        return self._call("offloadd_ring_fd")
 
     def _submitted(self, request_id):
-        if request_id == 0:
-            raise ConnectionError("the offloadd session's ring is closed (the session ended) or "
-                                  "no slot freed in time: reconnect")
-        return request_id
+        if request_id != 0:
+            return request_id
+        if self._call("offloadd_ring_closed"):
+            raise RingClosed("the offloadd session's ring is closed (the daemon ended the "
+                             "session): reconnect; requests go on the stream")
+        raise RingFull("no slot of the offloadd ring freed within the timeout (the daemon is "
+                       "behind): take answers with drain() and submit again")
 
     def offload(self, region_id, offset, nbytes, tag=0, ready_event=None, ordering=None,
                 timeout=-1.0):
         """Submits an offload of ``nbytes`` at ``offset`` of region ``region_id``; its request
-        id. ``ordering``: (step, position) or None. Raises ConnectionError when not submitted."""
+        id. ``ordering``: (step, position) or None. Raises RingClosed (the session ended) or
+        RingFull (no slot freed within ``timeout`` seconds; < 0: no limit), both
+        ConnectionErrors, when not submitted; RingReleased after close()."""
         step, position = ordering if ordering is not None else (0, 0)
-        return self._submitted(self._lib.offloadd_ring_offload(
-            self._ring, region_id, offset, nbytes, tag, _event(ready_event),
+        return self._submitted(self._call(
+            "offloadd_ring_offload", region_id, offset, nbytes, tag, _event(ready_event),
             int(ordering is not None), step, position, timeout))
 
     def reload(self, block_id, region_id, offset, priority=URGENT, release_after=False,
                deadline_seconds=0.0, tag=0, ready_event=None, done_event=None, timeout=-1.0):
         """Submits a reload of block ``block_id`` (0: the block offloaded with ``tag``) to
-        ``offset`` of region ``region_id``; its request id."""
-        return self._submitted(self._lib.offloadd_ring_reload(
-            self._ring, block_id, tag, region_id, offset, priority, int(release_after),
+        ``offset`` of region ``region_id``; its request id. Raises as :meth:`offload`."""
+        return self._submitted(self._call(
+            "offloadd_ring_reload", block_id, tag, region_id, offset, priority, int(release_after),
             deadline_seconds, _event(ready_event), _event(done_event), timeout))
 
     def release(self, block_id, tag=0, timeout=-1.0):
-        """Submits a release of block ``block_id`` (0: by ``tag``); its request id."""
-        return self._submitted(self._lib.offloadd_ring_release(self._ring, block_id, tag,
-                                                               timeout))
+        """Submits a release of block ``block_id`` (0: by ``tag``); its request id. Raises as
+        :meth:`offload`."""
+        return self._submitted(self._call("offloadd_ring_release", block_id, tag, timeout))
 
     def poll(self, request_id):
         """``(result, Completion or None)``: DONE with the answer (taken), or PENDING, CLOSED,
         UNKNOWN."""
         out = Completion()
-        result = self._lib.offloadd_ring_poll(self._ring, request_id, ctypes.byref(out))
+        result = self._call("offloadd_ring_poll", request_id, ctypes.byref(out))
         return result, (out if result == DONE else None)
 
     def wait(self, request_id, timeout=None):
@@ -180,9 +244,8 @@ class NativeRing:
         and check the session's gRPC stream (which ends at once) between waits: with
         ``timeout=None`` such a wait never returns."""
         out = Completion()
-        result = self._lib.offloadd_ring_wait(self._ring, request_id,
-                                              -1.0 if timeout is None else float(timeout),
-                                              ctypes.byref(out))
+        result = self._call("offloadd_ring_wait", request_id,
+                            -1.0 if timeout is None else float(timeout), ctypes.byref(out))
         if result == DONE:
             return out
         if result == PENDING:
@@ -203,8 +266,8 @@ class NativeRing:
         buf = getattr(self._local, "buf", None)
         if buf is None:
             buf = self._local.buf = (Completion * DRAIN_BATCH)()
-        n = self._lib.offloadd_ring_drain(self._ring, buf, DRAIN_BATCH,
-                                          -1.0 if timeout is None else float(timeout))
+        n = self._call("offloadd_ring_drain", buf, DRAIN_BATCH,
+                       -1.0 if timeout is None else float(timeout))
         if n < 0:
             return None
         out = []
@@ -218,22 +281,46 @@ class NativeRing:
     def wake(self):
         """Wakes every thread sleeping in :meth:`wait`, :meth:`drain` or a submission of this
         ring (they re-check what they wait for)."""
-        self._lib.offloadd_ring_wake(self._ring)
+        self._call("offloadd_ring_wake")
 
     @property
     def pending(self):
         """Requests submitted whose answers were not taken."""
-        return self._lib.offloadd_ring_pending(self._ring)
+        return self._call("offloadd_ring_pending")
 
     @property
     def closed(self):
-        """True once the daemon closed the ring (the session ended)."""
-        return bool(self._lib.offloadd_ring_closed(self._ring))
+        """True once the daemon closed the ring (the session ended), or after :meth:`close`."""
+        with self._lock:
+            if self._released:
+                return True
+        try:
+            return bool(self._call("offloadd_ring_closed"))
+        except RingReleased:
+            return True
 
     def close(self):
-        if self._ring:
-            self._lib.offloadd_ring_destroy(self._ring)
-            self._ring = None
+        """Frees the ring (idempotent). Threads inside calls on it return at once (raising
+        RingReleased) and the last of them frees it; every later call raises RingReleased."""
+        with self._lock:
+            if self._released or self._ring is None:
+                self._released = True
+                return
+            self._released = True
+            ring = self._ring
+            busy = self._calls > 0
+            if busy:
+                self._calls += 1  # kept alive while shutdown returns the sleepers
+            else:
+                self._ring = None
+        if not busy:
+            self._lib.offloadd_ring_destroy(ring)
+            return
+        self._lib.offloadd_ring_shutdown(ring)
+        try:
+            self._leave()
+        except RingReleased:
+            pass
 
     def __del__(self):
         try:

@@ -4,6 +4,9 @@ through liboffloadd_core.so (built by ``bazel build //client/core:liboffloadd_co
 
 import os
 import queue
+import subprocess
+import sys
+import textwrap
 import threading
 import unittest
 
@@ -128,9 +131,138 @@ class NativeRingTest(unittest.TestCase):
             threading.Event().wait(0.05)
             deadline -= 1
         self.assertTrue(self.ring.closed)
-        with self.assertRaises(ConnectionError):
+        with self.assertRaises(_native.RingClosed) as refused:
             self.ring.release(1)
+        self.assertIn("the daemon ended the session", str(refused.exception))
         self.stream = _Stream(self.daemon.sock)  # for tearDown
+
+    def test_a_ring_attached_to_a_live_session_is_refused_to_another(self):
+        # Two Hellos of one process offering one memfd: the second session goes on without it.
+        other = _Stream(self.daemon.sock)
+        try:
+            hello = pb.Request(request_id=1, hello=pb.Hello(
+                device_id="py-native-2", pid=os.getpid(), ring=pb.RingOffer(fd=self.ring.fd)))
+            (reply,) = other.call(hello)
+            self.assertFalse(reply.hello.ring_attached)
+            self.assertIn("already attached to another session", reply.hello.ring_error)
+            # Its stream serves it; the first session's ring keeps working.
+            reg = pb.Request(request_id=2, register_region=pb.RegisterRegion(
+                handle=pb.RegionHandle(shm_name=self.region.name,
+                                       size_bytes=self.region.size_bytes)))
+            (reply,) = other.call(reg)
+            self.assertNotEqual(reply.region_registered.region_id, 0)
+            self.region.mm[0:4096] = b"\x5a" * 4096
+            done = self.ring.wait(self.ring.offload(self.region_id, 0, 4096), timeout=10)
+            self.assertEqual(done.kind, _native.OFFLOAD_DONE, done.message)
+            back = self.ring.wait(self.ring.reload(done.block_id, self.region_id, 8192,
+                                                   release_after=True), timeout=10)
+            self.assertEqual(back.kind, _native.RELOAD_DONE, back.message)
+            self.assertEqual(bytes(self.region.mm[8192:12288]), b"\x5a" * 4096)
+            self.assertFalse(self.ring.closed)
+        finally:
+            other.close()
+
+    def test_a_descriptor_not_open_is_named_with_the_process(self):
+        stream = _Stream(self.daemon.sock)
+        try:
+            (reply,) = stream.call(pb.Request(request_id=1, hello=pb.Hello(
+                device_id="py-native-3", pid=os.getpid(), ring=pb.RingOffer(fd=999999))))
+            self.assertFalse(reply.hello.ring_attached)
+            self.assertIn("descriptor 999999 is not open in the client process %d"
+                          % os.getpid(), reply.hello.ring_error)
+            self.assertNotIn("No such file", reply.hello.ring_error)
+        finally:
+            stream.close()
+
+
+def _run(script):
+    """Runs ``script`` (after ``from offloadd import _native``) in a fresh interpreter: (exit
+    code, output). A segfault is exit code -11."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
+    env["OFFLOADD_CORE_LIB"] = _native.load()._name
+    done = subprocess.run([sys.executable, "-c", "from offloadd import _native\n"
+                           + textwrap.dedent(script)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    return done.returncode, done.stdout + done.stderr
+
+
+class NativeRingLifetimeTest(unittest.TestCase):
+    """A NativeRing without a daemon: calls after close() and close() under other threads' calls
+    raise RingReleased instead of reaching freed or NULL native memory."""
+
+    def test_every_call_after_close_raises_ring_released(self):
+        rc, out = _run("""
+            ring = _native.NativeRing(8)
+            ring.close()
+            ring.close()  # idempotent
+            print("closed", ring.closed)
+            calls = [lambda: ring.fd, lambda: ring.offload(1, 0, 4096),
+                     lambda: ring.reload(1, 1, 0), lambda: ring.release(1),
+                     lambda: ring.poll(1 << 63 | 1), lambda: ring.wait(1 << 63 | 1, 1),
+                     lambda: ring.drain(0.0), lambda: ring.wake(), lambda: ring.pending]
+            for call in calls:
+                try:
+                    call()
+                    print("not refused")
+                except _native.RingReleased as e:
+                    assert isinstance(e, ValueError)
+                    print("refused:", e)
+            """)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("closed True", out)
+        self.assertEqual(out.count("refused: this offloadd NativeRing is closed"), 9, out)
+        self.assertNotIn("not refused", out)
+
+    def test_close_returns_threads_asleep_in_the_ring_and_frees_it_after_them(self):
+        rc, out = _run("""
+            import threading
+            ring = _native.NativeRing(8)
+            for _ in range(8):
+                ring.release(1, timeout=0.0)  # nobody takes them: the ring is full
+            results = {}
+
+            def call(name, fn):
+                try:
+                    results[name] = fn()
+                except _native.RingReleased as e:
+                    results[name] = "released: %s" % e
+            threads = [threading.Thread(target=call, args=args) for args in (
+                ("drain3", lambda: ring.drain(timeout=3)),
+                ("drain", lambda: ring.drain(timeout=None)),
+                ("wait", lambda: ring.wait(1 << 63 | 1)),
+                ("submit", lambda: ring.release(2)))]
+            for t in threads:
+                t.start()
+            ring.close()
+            for t in threads:
+                t.join(30)
+                assert not t.is_alive(), "a thread still sleeps in the closed ring"
+            for name in sorted(results):
+                print(name, results[name])
+            print("after", ring.closed, ring._ring)
+            """)
+        self.assertEqual(rc, 0, out)
+        for name in ("drain", "drain3", "submit", "wait"):
+            self.assertIn("%s released: this offloadd NativeRing" % name, out)
+        self.assertIn("after True None", out)
+
+    def test_a_full_ring_is_told_apart_from_a_closed_one(self):
+        rc, out = _run("""
+            ring = _native.NativeRing(8)
+            for _ in range(8):
+                ring.release(1, timeout=0.0)
+            try:
+                ring.release(1, timeout=0.0)
+            except _native.RingFull as e:
+                assert isinstance(e, ConnectionError) and isinstance(e, TimeoutError)
+                print("full:", e)
+            print("closed", ring.closed)
+            """)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("full: no slot of the offloadd ring freed within the timeout", out)
+        self.assertIn("closed False", out)
 
 
 if __name__ == "__main__":
