@@ -201,11 +201,21 @@ absl::StatusOr<Request> BuildRequest(const Flags& f) {
       return absl::InvalidArgumentError(
           absl::StrCat("--tflops must be a positive number, got '", *v, "'"));
     }
+    if (!(tflops >= kMinTflops && tflops <= kMaxTflops)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tflops '", *v, "' is out of range (0.001 to 1000000 TFLOP/s): give one GPU's "
+          "sustained rate in TFLOP/s (e.g. 500 for an H100 or H200 in bf16)"));
+    }
     r.inputs.compute_flops_per_second = tflops * 1e12;
   }
   if (const std::string* v = get("host-ram")) {
     absl::StatusOr<uint64_t> bytes = ParseSize("host-ram", *v);
     if (!bytes.ok()) return bytes.status();
+    if (*bytes < kMinPoolBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--host-ram '", *v, "' is below the daemon's smallest pool (1 MiB, 1048576 bytes): "
+          "give the node's host RAM with a unit, e.g. 2TiB"));
+    }
     r.host_ram_bytes = *bytes;
   }
   if (const std::string* v = get("nvme-gbps")) {
@@ -385,6 +395,12 @@ int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std:
   if (!req.ok()) {
     err << "offloadctl plan: " << req.status().message() << "\n";
     return absl::IsNotFound(req.status()) ? 1 : 2;
+  }
+  if (req->inputs.tensor_parallel_size > req->inputs.gpus_per_node) {
+    err << "offloadctl plan: warning: --tp " << req->inputs.tensor_parallel_size
+        << " exceeds --gpus-per-node " << req->inputs.gpus_per_node
+        << ": tensor parallelism then spans nodes and its all-reduces cross the network "
+           "(Megatron allows it; usually tp <= GPUs per node); the plan assumes it as given\n";
   }
   if (req->sweep) {
     absl::StatusOr<std::vector<Plan>> rows = Sweep(req->inputs, req->sweep_seqs);

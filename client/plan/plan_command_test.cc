@@ -155,6 +155,17 @@ TEST(PlanCommand, ErrorsSayWhatToFix) {
       {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--dtype", "int4"},
        "unknown checkpoint dtype"},
       {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--tflops", "x"}, "--tflops"},
+      {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--tflops", "1e308"},
+       "--tflops '1e308' is out of range (0.001 to 1000000 TFLOP/s)"},
+      {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--tflops", "1e-300"},
+       "is out of range (0.001 to 1000000 TFLOP/s)"},
+      {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--link", "1e-300"},
+       "is out of range (0.01 to 10000 GB/s)"},
+      {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--host-ram", "1KiB",
+        "--nvme-gbps", "1e-300"},
+       "--host-ram '1KiB' is below the daemon's smallest pool (1 MiB, 1048576 bytes)"},
+      {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--host-ram", "1KiB"},
+       "below the daemon's smallest pool"},
       {{"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--gpus-per-link", "16"},
        "cannot exceed"},
       {{"--bogus"}, "unknown flag --bogus"},
@@ -323,6 +334,21 @@ TEST(PlanCommand, TensorParallelDegree) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--seq (1000) must be a multiple of --tp (3)"), std::string::npos)
       << bad.err;
+  bad = RunPlan({"--layers", "2", "--hidden", "4100", "--params-per-layer", "1000", "--seq",
+                 "4K", "--tp", "8"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("hidden size (4100) must be a multiple of --tp (8)"), std::string::npos)
+      << bad.err;
+  EXPECT_TRUE(bad.out.empty());
+  Result across = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--tp", "16",
+                           "--gpus-per-node", "8"});
+  EXPECT_EQ(across.code, 0) << across.err;
+  EXPECT_NE(across.err.find("warning: --tp 16 exceeds --gpus-per-node 8"), std::string::npos)
+      << across.err;
+  Result within = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--tp", "8",
+                           "--gpus-per-node", "8"});
+  EXPECT_EQ(within.code, 0) << within.err;
+  EXPECT_EQ(within.err.find("--gpus-per-node"), std::string::npos) << within.err;
   bad = RunPlan({"--hf-config", Fixture("qwen3-8b.json"), "--seq", "4K", "--tp", "0"});
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--tp must be a positive integer"), std::string::npos) << bad.err;

@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/plan/json_value.h"
 
 namespace offloadd::plan {
@@ -82,6 +83,34 @@ int64_t FullOverlapMinSeqLen(const PlanInputs& in) {
   return s;
 }
 
+// The link and compute rates within kMin/kMax (planner.h); a rate outside is a typo or a
+// unit mix-up (bytes for GB/s, FLOP/s for TFLOP/s), and its figures would print hundreds of
+// digits.
+absl::Status CheckRates(const PlanInputs& in) {
+  const double gbps = in.link.bytes_per_second / 1e9;
+  if (!(gbps >= kMinLinkGbps && gbps <= kMaxLinkGbps)) {
+    return Invalid(absl::StrFormat(
+        "link bandwidth %g GB/s is out of range (0.01 to 10000 GB/s): set --link to the host "
+        "link's GB/s per direction, or a preset (pcie4, pcie5, h200, nvlink-c2c)", gbps));
+  }
+  const double tflops = in.compute_flops_per_second / 1e12;
+  if (!(tflops > 0)) {
+    return Invalid("compute rate must be a positive number of TFLOP/s: set --tflops");
+  }
+  if (!(tflops >= kMinTflops && tflops <= kMaxTflops)) {
+    return Invalid(absl::StrFormat(
+        "compute rate %g TFLOP/s is out of range (0.001 to 1000000 TFLOP/s): set --tflops to "
+        "one GPU's sustained rate in TFLOP/s (e.g. 500 for an H100 or H200 in bf16)", tflops));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostRamTooSmall(const PlanInputs& in) {
+  return Invalid(absl::StrCat("--host-ram (", in.host_ram_bytes,
+                              " bytes) is below the daemon's smallest pool (1 MiB, 1048576 "
+                              "bytes): give the node's host RAM with a unit, e.g. 2TiB"));
+}
+
 absl::Status Validate(const PlanInputs& in) {
   const ModelShape& m = in.model;
   if (m.layers <= 0) return Invalid("layers must be positive: set --layers or --hf-config");
@@ -101,12 +130,11 @@ absl::Status Validate(const PlanInputs& in) {
     return Invalid(absl::StrCat("--gpus-per-link (", in.gpus_per_link,
                                 ") cannot exceed --gpus-per-node (", in.gpus_per_node, ")"));
   }
-  if (!(in.link.bytes_per_second > 0) || !std::isfinite(in.link.bytes_per_second)) {
+  if (!(in.link.bytes_per_second > 0)) {
     return Invalid("link bandwidth must be a positive number of GB/s: set --link");
   }
-  if (!(in.compute_flops_per_second > 0) || !std::isfinite(in.compute_flops_per_second)) {
-    return Invalid("compute rate must be a positive number of TFLOP/s: set --tflops");
-  }
+  if (absl::Status s = CheckRates(in); !s.ok()) return s;
+  if (in.host_ram_bytes != 0 && in.host_ram_bytes < kMinPoolBytes) return HostRamTooSmall(in);
   if (in.keep_last_n < 0) return Invalid("--keep-last-n must be 0 or more");
   if (in.gpu_peak_bytes > 0 && in.gpu_memory_bytes == 0) {
     return Invalid("--gpu-peak needs --gpu-memory (the GPU memory the run may use per GPU)");
@@ -120,6 +148,12 @@ absl::Status Validate(const PlanInputs& in) {
                                 in.tensor_parallel_size,
                                 "): sequence parallelism splits each layer's input along the "
                                 "sequence over the tensor-parallel ranks"));
+  }
+  if (m.hidden % in.tensor_parallel_size != 0) {
+    return Invalid(absl::StrCat("hidden size (", m.hidden, ") must be a multiple of --tp (",
+                                in.tensor_parallel_size,
+                                "): tensor parallelism splits each layer's weights along the "
+                                "hidden dimension over the tensor-parallel ranks"));
   }
   return absl::OkStatus();
 }
@@ -402,6 +436,11 @@ absl::StatusOr<SpillPlan> PlanSpill(const Plan& plan, uint64_t host_ram_bytes,
                                     double nvme_bytes_per_second) {
   if (host_ram_bytes == 0) {
     return absl::InvalidArgumentError("--host-ram must be given (the pool size per node)");
+  }
+  if (host_ram_bytes < kMinPoolBytes) {
+    PlanInputs in;
+    in.host_ram_bytes = host_ram_bytes;
+    return HostRamTooSmall(in);
   }
   if (!(nvme_bytes_per_second > 0) || !std::isfinite(nvme_bytes_per_second)) {
     return absl::InvalidArgumentError("--nvme-gbps must be a positive number of GB/s");

@@ -113,6 +113,16 @@ inline constexpr int64_t kDefaultKeepLastN = 1;
 // reported 548.7-590.6 TFLOPS on H100s.
 inline constexpr double kDefaultComputeFlopsPerSecond = 500e12;
 
+// Bounds the planner accepts (plan() raises InvalidArgument outside them, naming the flag).
+// The daemon's smallest pool (server/config.cc: pool_bytes must be at least 1 MiB): --host-ram
+// below it would print a pool_bytes the daemon refuses.
+inline constexpr uint64_t kMinPoolBytes = 1 << 20;
+// Host link GB/s per direction and one GPU's sustained TFLOP/s: wider than any real link or GPU
+// by two orders of magnitude or more either way; outside them a figure is a typo or a unit
+// mix-up.
+inline constexpr double kMinLinkGbps = 0.01, kMaxLinkGbps = 10000;
+inline constexpr double kMinTflops = 0.001, kMaxTflops = 1e6;
+
 struct PlanInputs {
   ModelShape model;
   int64_t micro_batch = 1;  // b
@@ -141,7 +151,10 @@ struct PlanInputs {
   // (column/row parallel) and attention over heads, so each GPU's forward is 1/tp of the
   // layer's FLOPs. Without sequence parallelism every rank holds the whole layer input (b*s*h,
   // replicated): this model then understates the checkpoint bytes per GPU tp times. seq_len
-  // must be a multiple of tp (Megatron's own requirement with sequence parallelism).
+  // must be a multiple of tp (Megatron's own requirement with sequence parallelism), and so must
+  // the hidden size (the column-parallel split of each layer's weights). tp above gpus_per_node
+  // (tensor parallelism across nodes) is accepted: Megatron allows it, though its all-reduces
+  // then cross the network; `offloadctl plan` warns about it on stderr.
   int64_t tensor_parallel_size = 1;
   // The host RAM the node can pin for the pool (bytes; 0 = not given). When given, pool_bytes
   // never exceeds it: capped at it when the live checkpoints fit but the allocator headroom
@@ -226,11 +239,13 @@ inline constexpr int64_t kNeverOverlaps = -1;
 
 // Checks `inputs` and computes the plan. INVALID_ARGUMENT (naming the flag to fix) when a count
 // is not positive (keep_last_n: negative), gpus_per_link > gpus_per_node, a rate is not
-// positive and finite, gpu_peak_bytes is given without gpu_memory_bytes or is below the
-// checkpoints per GPU alone (then it was not measured with checkpointing on and offload off at
-// these inputs), tensor_parallel_size is below 1 or does not divide seq_len, or the byte totals
-// overflow 64 bits. Without gpu_peak_bytes the decision is kUndecided (or kNothingToOffload,
-// kHostRamShort): whether offload is needed takes the run's measured peak.
+// positive, the link's GB/s or the TFLOP/s is outside [kMin, kMax] above ("out of range"),
+// host_ram_bytes is given but below kMinPoolBytes, gpu_peak_bytes is given without
+// gpu_memory_bytes or is below the checkpoints per GPU alone (then it was not measured with
+// checkpointing on and offload off at these inputs), tensor_parallel_size is below 1 or does
+// not divide seq_len or the model's hidden size, or the byte totals overflow 64 bits. Without
+// gpu_peak_bytes the decision is kUndecided (or kNothingToOffload, kHostRamShort): whether
+// offload is needed takes the run's measured peak.
 absl::StatusOr<Plan> ComputePlan(const PlanInputs& inputs);
 
 // The plan at each of `seq_lens` (other inputs unchanged), in the given order.

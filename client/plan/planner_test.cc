@@ -131,6 +131,22 @@ TEST(PlannerVectors, WorkedFiguresAtPrintedPrecision) {
   }
 }
 
+// Inputs both planners refuse, with the sentence each must contain (plan_vectors.json).
+TEST(PlannerVectors, InvalidInputsAreRefusedWithASentence) {
+  const JsonValue* rows = Vectors().Find("invalid_inputs");
+  ASSERT_NE(rows, nullptr);
+  ASSERT_GE(rows->items().size(), 6u);
+  for (const JsonValue& c : rows->items()) {
+    ModelShape model = VectorModel(c.Find("model")->string_value());
+    if (c.Find("hidden") != nullptr) model.hidden = Int(c, "hidden");
+    absl::StatusOr<Plan> p = ComputePlan(VectorInputs(model, *c.Find("inputs")));
+    const std::string want = c.Find("error")->string_value();
+    ASSERT_FALSE(p.ok()) << want;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << p.status();
+    EXPECT_NE(p.status().message().find(want), std::string::npos) << p.status() << "\n" << want;
+  }
+}
+
 // The decision, the enable() call and the peak bracket each case states (plan_vectors.json).
 TEST(PlannerVectors, DecisionsEnableCallsAndPeakBrackets) {
   int decisions = 0, calls = 0, brackets = 0;

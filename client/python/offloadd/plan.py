@@ -32,6 +32,7 @@ slowdowns are fractions of the checkpointed step time without offload (0.157 = 1
 import dataclasses
 import json
 import math
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 # Link presets in bytes/s per direction, all "reported" in [ref] (from the ml-engineering book):
@@ -292,16 +293,49 @@ def _decide(offloaded_layers: int, gpu_memory_bytes: int, gpu_peak_bytes: int, p
     return "offload" if overlaps else "cannot_hide"
 
 
-def _check_tp_and_host_ram(tp, seq, host_ram_bytes):
+# Bounds plan() accepts (as client/plan/planner.h): the daemon's smallest pool (its pool_bytes
+# must be at least 1 MiB); host link GB/s per direction and one GPU's sustained TFLOP/s, wider
+# than any real link or GPU: outside them a figure is a typo or a unit mix-up.
+MIN_POOL_BYTES = 1 << 20
+MIN_LINK_GBPS, MAX_LINK_GBPS = 0.01, 10000.0
+MIN_TFLOPS, MAX_TFLOPS = 0.001, 1e6
+
+
+def _check_tp_and_host_ram(tp, seq, hidden, gpus_per_node, host_ram_bytes):
     _positive_int(tp, "tensor-parallel degree (tp)")
     if seq % tp:
         raise ValueError(f"seq ({seq}) must be a multiple of tp ({tp}): sequence parallelism "
                          "splits each layer's input along the sequence over the tensor-parallel "
                          "ranks")
+    if hidden % tp:
+        raise ValueError(f"hidden size ({hidden}) must be a multiple of tp ({tp}): tensor "
+                         "parallelism splits each layer's weights along the hidden dimension "
+                         "over the tensor-parallel ranks")
+    if tp > gpus_per_node:
+        warnings.warn(f"tp ({tp}) exceeds gpus_per_node ({gpus_per_node}): tensor parallelism "
+                      "then spans nodes and its all-reduces cross the network (Megatron allows "
+                      "it; usually tp <= GPUs per node); the plan assumes it as given",
+                      UserWarning, stacklevel=3)
     if isinstance(host_ram_bytes, bool) or not isinstance(host_ram_bytes, int) or \
             host_ram_bytes < 0:
         raise ValueError(f"host_ram_bytes must be a non-negative integer of bytes, got "
                          f"{host_ram_bytes!r}")
+    if 0 < host_ram_bytes < MIN_POOL_BYTES:
+        raise ValueError(f"host_ram_bytes ({host_ram_bytes} bytes) is below the daemon's "
+                         "smallest pool (1 MiB, 1048576 bytes): give the node's host RAM in "
+                         "bytes, e.g. 2 << 40 for 2 TiB")
+
+
+def _check_rates(link_rate, tflops):
+    gbps = link_rate / 1e9
+    if not MIN_LINK_GBPS <= gbps <= MAX_LINK_GBPS:
+        raise ValueError(f"link bandwidth {gbps:g} GB/s is out of range (0.01 to 10000 GB/s): "
+                         "give the host link's GB/s per direction, or a preset (pcie4, pcie5, "
+                         "h200, nvlink-c2c)")
+    if not MIN_TFLOPS <= tflops <= MAX_TFLOPS:
+        raise ValueError(f"compute rate {tflops:g} TFLOP/s is out of range (0.001 to 1000000 "
+                         "TFLOP/s): give one GPU's sustained rate in TFLOP/s (e.g. 500 for an "
+                         "H100 or H200 in bf16)")
 
 
 def _pool_bytes(with_headroom: int, pinned: int, host_ram_bytes: int) -> int:
@@ -347,9 +381,13 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
     over the tp ranks, so each GPU holds and offloads b*s*h/tp of every checkpoint and computes
     1/tp of the layer (column/row-parallel matmuls, attention heads split). Without sequence
     parallelism every rank holds the whole layer input (replicated) and this understates the
-    bytes per GPU tp times; ``seq`` must be a multiple of tp. ``host_ram_bytes``: the host RAM
+    bytes per GPU tp times; ``seq`` and the hidden size must be multiples of tp; tp above
+    gpus_per_node (tensor parallelism across nodes, which Megatron allows) warns (UserWarning).
+    ``link`` must come to 0.01..10000 GB/s and ``tflops`` be 0.001..1e6 ("out of range"
+    otherwise). ``host_ram_bytes``: the host RAM
     the node can pin (0: not given): ``pool_bytes`` never exceeds it (capped; 0 and decision
-    "host_ram_short" when the checkpoints alone exceed it). Raises ValueError naming the bad
+    "host_ram_short" when the checkpoints alone exceed it); given, it must be at least 1 MiB
+    (the daemon's smallest pool). Raises ValueError naming the bad
     input."""
     _positive_int(model.layers, "layers")
     _positive_int(model.hidden, "hidden size")
@@ -367,8 +405,9 @@ def plan(model: ModelShape, *, seq: int, batch: int = 1, dtype: str = "bf16",
         raise ValueError(f"compute rate must be a positive number of TFLOP/s, got {tflops!r}")
     if isinstance(keep_last_n, bool) or not isinstance(keep_last_n, int) or keep_last_n < 0:
         raise ValueError(f"keep_last_n must be 0 or more, got {keep_last_n!r}")
-    _check_tp_and_host_ram(tp, seq, host_ram_bytes)
+    _check_tp_and_host_ram(tp, seq, model.hidden, gpus_per_node, host_ram_bytes)
     link_name, link_rate = resolve_link(link)
+    _check_rates(link_rate, tflops)
     d = _dtype(dtype)
     dbytes = DTYPE_BYTES[d]
     rate = float(tflops) * 1e12

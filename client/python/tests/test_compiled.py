@@ -271,5 +271,48 @@ class BackendThresholdTest(unittest.TestCase):
         self.assertEqual(self.backend_warnings(0, 256 << 10), [])
 
 
+class ReloadedOnceTest(unittest.TestCase):
+    """A compiled graph's offloaded activations are reloaded once: a second backward over the
+    same graph (retain_graph=True) and a backward after release_pending() raise RuntimeError
+    with a sentence saying which, not a KeyError."""
+
+    def setUp(self):
+        import torch._functorch.config as fc
+        import offloadd.torch.compiled as oc
+        if not hasattr(fc, "enable_activation_offloading"):
+            self.skipTest("torch < 2.10 has no compiled offload pass")
+        self.oc = oc
+        ctx = ot.offload_checkpoints(threshold_bytes=1024, keep_last_n=0,
+                                     socket_path="/tmp/offloadd-absent-compiled.sock")
+        self.backend = oc.backend(threshold_bytes=1024, context=ctx)
+        torch._dynamo.reset()
+        self.f = torch.compile(lambda x, w: torch.tanh(torch.tanh(x @ w) @ w).sum(),
+                               backend=self.backend)
+        self.x = torch.randn(64, 64, requires_grad=True)
+        self.w = torch.randn(64, 64, requires_grad=True)
+
+    def test_a_second_backward_says_retain_graph_is_not_supported(self):
+        import torch._functorch.config as fc
+        with fc.patch(donated_buffer=False), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss = self.f(self.x, self.w)
+            first = torch.autograd.grad(loss, (self.x, self.w), retain_graph=True)
+            self.assertGreater(self.backend.graphs[0][1], 0, self.backend.graphs)
+            with self.assertRaises(RuntimeError) as e:
+                torch.autograd.grad(loss, (self.x, self.w))
+        self.assertIn("already reloaded", str(e.exception))
+        self.assertIn("retain_graph=True", str(e.exception))
+        self.assertEqual(len(first), 2)
+
+    def test_a_backward_after_release_pending_names_it(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss = self.f(self.x, self.w)
+            self.assertGreater(self.oc.release_pending(), 0)
+            with self.assertRaises(RuntimeError) as e:
+                loss.backward()
+        self.assertIn("release_pending() dropped it", str(e.exception))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -7,6 +7,7 @@ backward() as the same object), and the following steps fall back and complete.
 """
 
 import os
+import time
 import unittest
 import warnings
 
@@ -16,6 +17,8 @@ from daemon_fixture import (L, THRESHOLD, Daemon, DaemonTestCase, bitwise_equal,
 import offloadd.torch as ot
 import tiny_lm
 from offloadd import errors
+from offloadd.client import Client
+from offloadd.shm import ShmRegion
 from offloadd.torch import _endpoint
 
 torch.set_num_threads(2)
@@ -141,6 +144,61 @@ class PoolFullTest(DaemonTestCase):
         self.assertEqual(e.exception.code, errors.RESOURCE_EXHAUSTED)
         self.assertIn("RESOURCE_EXHAUSTED", str(e.exception))
         self.assertIn("strict=True", str(e.exception))
+
+
+class PoolHeldFullTest(DaemonTestCase):
+    """Another session holds the whole pool: the first step's offloads wait the admission
+    deadline and are refused; for retry_seconds afterwards the hooks send the daemon no offload
+    (each falls back at once, with the refusal as the reason); once the back-off is over and the
+    pool has room, offloads go to the daemon again."""
+
+    POOL_BYTES = "1MiB"
+    EXTRA = ("--admission_deadline_seconds", "0.2")
+    RETRY_SECONDS = 5.0
+
+    def hold_the_pool(self):
+        holder = Client(self.daemon.sock, "holder", "cpu")
+        region = ShmRegion(64 << 10)
+        rid = holder.register_shm(region.name, region.size_bytes)
+        region.unlink()
+        for _ in range(64):
+            try:
+                holder.offload(rid, 0, 64 << 10).result(10)
+            except errors.OffloaddError as e:
+                self.assertEqual(e.code, errors.RESOURCE_EXHAUSTED)
+                return holder, region
+        self.fail("a 1 MiB pool took 64 blocks of 64 KiB")
+
+    def test_refusals_back_off_then_offloads_resume(self):
+        holder, region = self.hold_the_pool()
+        ctx = ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=THRESHOLD,
+                                     keep_last_n=0, retry_seconds=self.RETRY_SECONDS)
+        plain = run_step("plain")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertTrue(bitwise_equal(run_step("offloadd", ctx), plain))
+            refused_at = time.monotonic()
+            self.assertEqual((ctx.stats.offloaded, ctx.stats.fallbacks), (0, L))
+            self.assertIn("RESOURCE_EXHAUSTED", str(offloadd_warnings(caught)[0].message))
+            [ep] = _endpoint.endpoints()
+            sent, inner = [], ep.transport.start_offload
+            ep.transport.start_offload = lambda *a, **k: sent.append(1) or inner(*a, **k)
+            errors_before = self.daemon.stats().errors_total
+            for _ in range(3):  # within the back-off: no offload reaches the daemon
+                self.assertTrue(bitwise_equal(run_step("offloadd", ctx), plain))
+            self.assertLess(time.monotonic() - refused_at, self.RETRY_SECONDS)
+            self.assertEqual(sent, [])
+            self.assertEqual(self.daemon.stats().errors_total, errors_before)
+            self.assertEqual((ctx.stats.offloaded, ctx.stats.fallbacks), (0, 4 * L))
+        self.assertEqual(len(offloadd_warnings(caught)), 1)
+        holder.close()
+        region.close()
+        time.sleep(max(refused_at + self.RETRY_SECONDS - time.monotonic(), 0.0) + 0.2)
+        self.assertTrue(bitwise_equal(run_step("offloadd", ctx), plain))
+        self.assertEqual(len(sent), L)
+        self.assertEqual((ctx.stats.offloaded, ctx.stats.fallbacks), (L, 4 * L))
+        self.assertTrue(ot.synchronize())
+        self.assertEqual(self.daemon.stats().blocks, 0)
 
 
 if __name__ == "__main__":

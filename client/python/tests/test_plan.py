@@ -4,6 +4,7 @@ Run: /usr/bin/python3 -m unittest discover -s client/python/tests -p 'test_plan.
 Vectors: client/plan/testdata/plan_vectors.json (also read by //client/plan:planner_test).
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -138,6 +139,28 @@ class VectorTest(unittest.TestCase):
                 m = P.model_from_hf_config(os.path.join(_ROOT, g["hf_config"]))
                 with open(os.path.join(_ROOT, g["file"])) as f:
                     self.assertEqual(P.format_plan(_plan(m, g["inputs"])), f.read())
+
+
+class InvalidInputsTest(unittest.TestCase):
+    """Inputs both planners refuse with a sentence (plan_vectors.json "invalid_inputs"), and
+    tensor parallelism across nodes, which is planned but warned about."""
+
+    def test_each_vector_is_refused_with_its_sentence(self):
+        rows = VECTORS["invalid_inputs"]
+        self.assertGreaterEqual(len(rows), 6)
+        for row in rows:
+            model = _model(row["model"])
+            if "hidden" in row:
+                model = dataclasses.replace(model, hidden=row["hidden"])
+            with self.assertRaises(ValueError, msg=row["error"]) as e:
+                _plan(model, row["inputs"])
+            self.assertIn(row["error"], str(e.exception))
+
+    def test_tp_across_nodes_warns_and_plans(self):
+        with self.assertWarns(UserWarning) as w:
+            p = P.plan(_model("qwen3-8b"), seq=4096, tp=16, gpus_per_node=8)
+        self.assertIn("tp (16) exceeds gpus_per_node (8)", str(w.warning))
+        self.assertEqual(p.checkpoint_bytes_per_layer, 4096 // 16 * 4096 * 2)
 
 
 class PlannerTest(unittest.TestCase):

@@ -13,6 +13,12 @@ cuda-sim daemon gives it. The transport follows the daemon's
 backend: "shm" -> ShmTransport for any device; "cuda" -> CudaIpcTransport for CUDA tensors (a CPU
 tensor needs a shm daemon and falls back otherwise).
 
+A daemon whose pool (or this session's or uid's quota) stays full refuses an offload with
+RESOURCE_EXHAUSTED only after its admission deadline: ``mark_full`` records such a refusal, and
+for ``retry_seconds`` afterwards ``full_reason`` tells the hooks not to send that (socket, device)
+any offload (they fall back at once, with the refusal as the reason); the first offload after the
+back-off asks the daemon again. Without it every step would wait out the admission deadline.
+
 Fallback bookkeeping is process-wide: ``warn_once`` emits one RuntimeWarning per process;
 ``fallbacks_total()`` counts every fallback of every context. Each endpoint reports its device's
 totals (fallbacks, host waits, idle steps: offloadd.torch._stats.device_totals) to its daemon
@@ -37,6 +43,7 @@ from . import _transport
 _lock = threading.Lock()
 _endpoints = {}     # (pid, socket_path, device key) -> Endpoint
 _down_until = {}    # (pid, socket_path, device key) -> (monotonic deadline, reason)
+_full_until = {}    # (pid, socket_path, device key) -> (monotonic deadline, reason)
 _warned = [False]
 _fallbacks = [0]
 _idle_warned = [False]
@@ -206,6 +213,30 @@ def mark_broken(ep, reason, retry_seconds=30.0):
                 _down_until[key] = (time.monotonic() + retry_seconds, reason)
 
 
+def mark_full(ep, reason, retry_seconds=30.0):
+    """Records that the daemon behind ``ep`` refused an offload with RESOURCE_EXHAUSTED
+    (``reason``: the refusal's text): no offload goes to its (socket, device) for
+    ``retry_seconds`` seconds (``full_reason``)."""
+    with _lock:
+        _full_until[(ep.pid, ep.socket_path, ep.key)] = (time.monotonic() + retry_seconds,
+                                                         reason)
+
+
+def full_reason(ep):
+    """The refusal that ``mark_full`` recorded for ``ep``'s (socket, device) while its back-off
+    lasts, else None (the back-off is over: offloads go to the daemon again)."""
+    key = (ep.pid, ep.socket_path, ep.key)
+    full = _full_until.get(key)
+    if full is None:
+        return None
+    if time.monotonic() < full[0]:
+        return full[1]
+    with _lock:
+        if _full_until.get(key) is full:
+            del _full_until[key]
+    return None
+
+
 def abandon(ep, failure, retry_seconds=30.0):
     """Gives up on ``ep`` after the daemon stopped answering (``failure``: a
     DaemonUnresponsive): its requests fail at once -- offloads still in flight complete as
@@ -276,6 +307,7 @@ def reset_for_tests():
         _acked.clear()
     with _lock:
         _down_until.clear()
+        _full_until.clear()
         _warned[0] = False
         _fallbacks[0] = 0
         _idle_warned[0] = False

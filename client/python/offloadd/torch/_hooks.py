@@ -51,7 +51,10 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
       pin_memory: pinned host memory for CUDA tensors kept in-process on fallback.
       name: label of the statistics (``stats``) and of their exit log line.
       log_stats_at_exit: write ``stats.summary()`` to stderr when the process exits.
-      retry_seconds: after the daemon was unreachable, do not try it again for this long.
+      retry_seconds: after the daemon was unreachable, do not try it again for this long; after
+        it refused an offload with RESOURCE_EXHAUSTED (pool or quota full past its admission
+        deadline), send it no offload for this long either (tensors fall back at once, counted
+        as fallbacks with that reason), then offload again.
       connect_timeout_seconds: one connect + Hello.
       unresponsive_seconds: float > 0 (20). A reload backward waits for gets no answer from
         the daemon for this long: the session is given up -- tensors whose offload the daemon

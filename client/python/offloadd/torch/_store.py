@@ -259,6 +259,10 @@ class Store:
                 self._stall_left -= time.monotonic() - t0
                 return self._fallback(s, "the offloadd daemon is unreachable (%s)" % reason)
             self._step_eps[key] = ep
+        full = _endpoint.full_reason(ep)  # refused for room lately: do not wait its deadline
+        if full is not None:
+            return self._fallback(s, "offloadd refused a tensor (%s); no offloads to it for "
+                                  "%g s (retry_seconds)" % (full, self.retry_seconds))
         t0 = time.monotonic()
         try:
             # The ordering hint: backward reloads a step's blocks in reverse of position, so the
@@ -342,6 +346,8 @@ class Store:
             ep.transport.abandon_reload(rl)  # and, on CUDA, its events
         if isinstance(exc, errors.DaemonUnavailable):
             _endpoint.mark_broken(ep, str(exc), self.retry_seconds)
+        elif getattr(exc, "code", None) == errors.RESOURCE_EXHAUSTED:
+            _endpoint.mark_full(ep, str(exc), self.retry_seconds)
         self._count_fallback(s, "offloadd refused a tensor (%s)" % exc, exc)
 
     def _abandon(self, ep, why):

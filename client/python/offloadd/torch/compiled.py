@@ -24,9 +24,12 @@ input checks would meet a handle where the partitioner planned the activation). 
     import offloadd.torch.compiled as oc
     model = torch.compile(model, backend=oc.backend(threshold_bytes=1 << 20))
 
-Each handle is reloaded once by the backward of the step that saved it; a step whose backward
-never runs keeps its offloaded blocks until :func:`release_pending` is called (or the process
-exits, when the daemon releases the session's blocks).
+Each handle is reloaded once by the backward of the step that saved it: a second backward over the
+same graph (``retain_graph=True``, with ``torch._functorch.config.donated_buffer=False``) raises
+RuntimeError saying so (the eager hooks support it). A step whose backward never runs keeps its
+offloaded blocks until :func:`release_pending` is called (or the process exits, when the daemon
+releases the session's blocks); a backward after that raises RuntimeError naming
+release_pending.
 """
 
 import itertools
@@ -37,6 +40,7 @@ import torch
 
 _lock = threading.Lock()
 _pending = {}            # handle -> (store, packed): offloaded by a forward, not yet reloaded
+_released = set()       # handles release_pending dropped that no backward asked for yet
 _handles = itertools.count(1)
 _stores = {}             # store_id -> the store a backend packs with
 _ops = []                # [offload op, reload op] once registered
@@ -53,8 +57,27 @@ def _offload(store_id, x):
 
 
 def _reload(handle):
+    """The tensor offloaded under ``handle`` (once: the entry goes). Raises RuntimeError when
+    it was already reloaded (a second backward over the graph) or dropped by release_pending."""
+    h = int(handle.item())
     with _lock:
-        store, packed = _pending.pop(int(handle.item()))
+        entry = _pending.pop(h, None)
+        released = entry is None and h in _released
+        _released.discard(h)
+    if entry is None and released:
+        raise RuntimeError(
+            "offloadd.torch.compiled: this backward needs a tensor its graph's forward offloaded, "
+            "but release_pending() dropped it; call release_pending() only for steps whose "
+            "backward will not run")
+    if entry is None:
+        raise RuntimeError(
+            "offloadd.torch.compiled: this backward needs a tensor its graph's forward offloaded, "
+            "but an earlier backward over the same graph already reloaded it: a compiled "
+            "graph's offloaded activations are reloaded once, so retain_graph=True (a second "
+            "backward) is not supported with offloadd.torch.compiled.backend; for double "
+            "backward use the eager hooks (offloadd.torch.offload_checkpoints) or run forward "
+            "again")
+    store, packed = entry
     return store.unpack(packed)
 
 
@@ -181,5 +204,6 @@ def release_pending():
     hook's packed tensors are when autograd drops a graph without backward."""
     with _lock:
         n = len(_pending)
+        _released.update(_pending)
         _pending.clear()
     return n
