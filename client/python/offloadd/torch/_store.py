@@ -431,6 +431,8 @@ class Store:
             return t if t.device == s.meta.device else t.to(s.meta.device)
         if state == LOST:
             raise self._lost(s, None)
+        if s.ep is not None and s.ep.pid != _getpid():
+            raise _inherited(s)
         if state == OFFLOADING:
             t = self._serve_in_flight(s)
             if t is not None:
@@ -590,6 +592,8 @@ class Store:
         attaches it to the offload in flight. Returns the ReloadOp, or None when the entry is
         no longer offloaded. A PREFETCH never waits for staging room (TimeoutError at once)."""
         ep = s.ep
+        if ep.pid != _getpid():
+            raise _inherited(s)  # a prefetch skips it; the parent's session is the parent's
         rl = ep.transport.prepare_reload(s.meta, wait=priority != PREFETCH)
         rl.priority = priority
         with self._lock:
@@ -704,6 +708,15 @@ def finish_steps():
 
 
 atexit.register(finish_steps)
+
+
+def _inherited(s):
+    """The error for reloading, in a forked child, a tensor its parent offloaded."""
+    return errors.OffloaddError(
+        errors.FAILED_PRECONDITION, "a saved tensor of %d bytes was offloaded by process %d, "
+        "which forked this process %d: only the process that ran forward can reload it from "
+        "its offloadd session; run backward in that process (in a child, run forward and "
+        "backward there)" % (s.meta.nbytes, s.ep.pid, _getpid()))
 
 
 def _strip_code(why):
