@@ -12,6 +12,11 @@ Threads: every method is thread-safe. A Client has, per connection,
 
 Units: sizes and offsets are int bytes; durations float seconds.
 
+Fork: a Client belongs to the process that created it. In a process forked after that, its
+requests, waits for unfinished answers, ``pump``, ``drain``, ``abandon`` and ``get_stats`` raise
+OffloaddError FAILED_PRECONDITION (the session's stream, request ring and request ids are the
+parent's) and ``close`` does nothing: create a new Client in the child.
+
 Reconnecting (a daemon with ``pool_shm_name``, which says so in HelloReply.resume_grace_seconds):
 when the session stream breaks (daemon killed, crashed or upgraded) the Client reconnects by
 itself with exponential backoff, presents its resume token, registers its regions again (region
@@ -326,6 +331,7 @@ class Client:
         self.target = "unix:" + self.socket_path
         self.client_name, self.device_id = client_name, device_id
         self.pid = os.getpid() if pid is None else pid
+        self._owner_pid = os.getpid()  # the process whose session this is (see _check_process)
         self.connect_timeout_seconds = connect_timeout_seconds
         self.reconnect = reconnect
         self.reconnect_seconds = reconnect_seconds
@@ -460,6 +466,17 @@ class Client:
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.max_pings_without_data", 0)]
 
+    def _check_process(self):
+        """Raises OffloaddError FAILED_PRECONDITION in a process forked after this Client was
+        created: the session (its stream, its request ring and their request ids) is the
+        parent's, and a child that used it would take the parent's answers. Checked before any
+        lock (a parent's thread may have held one at the fork)."""
+        if os.getpid() != self._owner_pid:
+            raise errors.OffloaddError(
+                errors.FAILED_PRECONDITION, "this offloadd Client was created in process %d "
+                "before a fork; process %d cannot use its session: create a new Client in "
+                "the child" % (self._owner_pid, os.getpid()))
+
     def silent_seconds(self):
         """Seconds since the daemon last sent anything on the session stream (or, while
         reconnecting, refused a connection: it is down, not frozen)."""
@@ -472,6 +489,8 @@ class Client:
         ``unresponsive_seconds`` (default: the client's) counted from the later of this call
         and its last message; TimeoutError after ``timeout`` seconds (None: no limit); else
         whatever the future raises. ``what`` names the awaited answer in the message."""
+        if not future.done():
+            self._check_process()
         bound = self.unresponsive_seconds if unresponsive_seconds is None \
             else float(unresponsive_seconds)
         start = time.monotonic()
@@ -504,7 +523,9 @@ class Client:
     def abandon(self, failure):
         """Gives up on this session without waiting for the daemon: every pending and later
         request fails with ``failure`` (fresh copies) and the stream is cancelled, so a daemon
-        that resumes ends the session and frees its blocks. Never blocks. Idempotent."""
+        that resumes ends the session and frees its blocks. Never blocks. Idempotent.
+        FAILED_PRECONDITION in a process forked after the Client was created."""
+        self._check_process()
         with self._lock:
             self._closing = True
             conn = self._conn
@@ -629,7 +650,9 @@ class Client:
     def get_stats(self, timeout=10.0):
         """Unary GetStats on the current connection: the daemon's ``Stats`` message.
 
-        Raises DaemonUnavailable / OffloaddError with the RPC's code and the socket path."""
+        Raises DaemonUnavailable / OffloaddError with the RPC's code and the socket path;
+        FAILED_PRECONDITION in a process forked after the Client was created."""
+        self._check_process()
         try:
             return self._conn.stub.GetStats(pb.GetStatsRequest(), timeout=timeout)
         except grpc.RpcError as e:
@@ -637,7 +660,9 @@ class Client:
 
     def drain(self, timeout=10.0):
         """Waits until every request submitted so far has its response (or failed).
-        Returns True when all completed within ``timeout`` seconds."""
+        Returns True when all completed within ``timeout`` seconds. FAILED_PRECONDITION in a
+        process forked after the Client was created."""
+        self._check_process()
         deadline = time.monotonic() + timeout
         while self._ring_ops and time.monotonic() < deadline:
             self.pump(min(0.05, max(deadline - time.monotonic(), 0.0)))
@@ -655,7 +680,11 @@ class Client:
         """Half-closes the stream after the queued requests, waits up to ``timeout`` seconds for
         the daemon to end it (then cancels), and joins the reader. Pending requests fail with
         CANCELLED (requests on the request ring are given their answers first, for at most
-        ``timeout`` seconds). The daemon releases the session's blocks and regions. Idempotent."""
+        ``timeout`` seconds). The daemon releases the session's blocks and regions. Idempotent.
+        In a process forked after the Client was created it does nothing: the session is the
+        parent's, which still uses it."""
+        if os.getpid() != self._owner_pid:
+            return
         deadline = time.monotonic() + timeout
         while self._ring_ops and self._dead is None and time.monotonic() < deadline:
             self.pump(min(0.05, max(deadline - time.monotonic(), 0.0)))
@@ -875,7 +904,9 @@ class Client:
 
     def _submit(self, request, conn=None, internal=False, region=None):
         """Queues ``request``; its Future. ``conn``: a connection being set up (Hello and
-        re-registration, internal); ``region``: (client id, handle, relink) of a registration."""
+        re-registration, internal); ``region``: (client id, handle, relink) of a registration.
+        Raises FAILED_PRECONDITION in a process forked after the Client was created."""
+        self._check_process()
         future = concurrent.futures.Future()
         kind = request.WhichOneof("body")
         internal = internal or conn is not None
@@ -974,7 +1005,9 @@ class Client:
         """Submits ``kind`` ("offload", "reload", "release") with ``args`` (see _RingOp) on the
         ring: its _RingOp (failed at once as _submit fails a request), or None when the ring is
         no longer in use (the caller sends it on the stream). A full ring (the daemon stopped
-        taking submissions until answers are taken) is drained here while it waits."""
+        taking submissions until answers are taken) is drained here while it waits. Raises
+        FAILED_PRECONDITION in a process forked after the Client was created."""
+        self._check_process()
         op = _RingOp(self, kind, args)
         start = time.monotonic()
         while True:
@@ -1039,6 +1072,7 @@ class Client:
         ring = self._ring_native
         if ring is None or not self._ring_ops:
             return 0
+        self._check_process()  # a forked child never takes its parent's answers
         taken = 0
         while True:
             answers = ring.drain(timeout)

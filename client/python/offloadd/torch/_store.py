@@ -65,6 +65,9 @@ _getpid = os.getpid
 _pump = _endpoint.pump
 
 
+_AGAIN = object()  # Store._reload_claimed: the handle changed state, unpack it again
+
+
 class _BecameFallback(Exception):
     """Completes a reload that was waiting for an offload the daemon then refused."""
 
@@ -79,7 +82,7 @@ class Saved:
 
     __slots__ = ("store", "seq", "offset", "step", "meta", "tensor", "src", "version", "state",
                  "ep", "op", "block_id", "reload", "result", "unpacked", "dead", "pin", "served",
-                 "prefetch_kept", "__weakref__")
+                 "prefetch_kept", "reloading", "__weakref__")
 
     def __init__(self, store, seq, t):
         self.store, self.seq, self.meta, self.tensor = store, seq, Meta(t), t
@@ -91,6 +94,7 @@ class Saved:
         self.pin = False  # pinned host memory for an in-process copy on fallback
         self.served = False  # unpacked from the device tensor while its offload was in flight
         self.prefetch_kept = False  # device tensor kept at OffloadDone for a prefetch (below)
+        self.reloading = False  # a thread is finishing this handle's reload (Store._claim)
         self.step = 0  # the store's step index when packed (the ordering hint's step)
 
     def __del__(self):
@@ -130,6 +134,8 @@ class Store:
         self.retry_seconds, self.connect_timeout_seconds = retry_seconds, connect_timeout_seconds
         self.stats = OffloadStats(name)
         self._lock = threading.RLock()
+        # Signalled when a thread stops finishing a handle's reload (Saved.reloading).
+        self._reloaded = threading.Condition(self._lock)
         self._order = collections.deque()    # weakref(Saved), consecutive seq from _base_seq
         self._base_seq = self._next_seq = 0
         self._pending = collections.deque()  # weakref(Saved) still KEPT, newest last
@@ -431,10 +437,44 @@ class Store:
             return t if t.device == s.meta.device else t.to(s.meta.device)
         if state == LOST:
             raise self._lost(s, None)
+        if s.ep is not None and s.ep.pid != _getpid():
+            raise _inherited(s)
         if state == OFFLOADING:
             t = self._serve_in_flight(s)
             if t is not None:
                 return t
+        # One handle may be unpacked by several threads at once (a tensor that graphs of
+        # several threads saved, de-duplicated at pack): one thread finishes its reload, the
+        # others wait for it and return its result.
+        if not self._claim(s):
+            return self.unpack(s)
+        try:
+            t = self._reload_claimed(s)
+        finally:
+            self._unclaim(s)
+        return self.unpack(s) if t is _AGAIN else t
+
+    def _claim(self, s):
+        """True when this thread may finish ``s``'s reload; False after waiting for another
+        thread that was finishing it (its result, or its failure, is then on ``s``)."""
+        with self._lock:
+            if not s.reloading:
+                s.reloading = True
+                return True
+            while s.reloading:
+                self._reloaded.wait()
+            return False
+
+    def _unclaim(self, s):
+        with self._lock:
+            s.reloading = False
+            self._reloaded.notify_all()
+
+    def _reload_claimed(self, s):
+        """The reload part of unpack, by the one thread that claimed ``s``: the tensor, or
+        _AGAIN when ``s`` became a fallback meanwhile (unpack it again)."""
+        if s.result is not None:  # finished by a thread that held the claim before
+            return s.result
         failure = None
         try:
             rl = s.reload
@@ -450,7 +490,7 @@ class Store:
         except _BecameFallback:
             with self._lock:
                 s.unpacked = False
-            return self.unpack(s)
+            return _AGAIN
         except _RECOVERABLE as e:
             # The future's exception object keeps this frame (and through it the step's
             # graph) in its traceback: cut it, and raise a fresh error outside this block so
@@ -517,7 +557,7 @@ class Store:
                 fell_back = s.state == FALLBACK
                 s.unpacked = not fell_back
             if fell_back:
-                return self.unpack(s)
+                return _AGAIN
         with self._lock:
             s.state, s.reload = LOST, None
         if unresponsive:
@@ -558,6 +598,8 @@ class Store:
         attaches it to the offload in flight. Returns the ReloadOp, or None when the entry is
         no longer offloaded. A PREFETCH never waits for staging room (TimeoutError at once)."""
         ep = s.ep
+        if ep.pid != _getpid():
+            raise _inherited(s)  # a prefetch skips it; the parent's session is the parent's
         rl = ep.transport.prepare_reload(s.meta, wait=priority != PREFETCH)
         rl.priority = priority
         with self._lock:
@@ -672,6 +714,15 @@ def finish_steps():
 
 
 atexit.register(finish_steps)
+
+
+def _inherited(s):
+    """The error for reloading, in a forked child, a tensor its parent offloaded."""
+    return errors.OffloaddError(
+        errors.FAILED_PRECONDITION, "a saved tensor of %d bytes was offloaded by process %d, "
+        "which forked this process %d: only the process that ran forward can reload it from "
+        "its offloadd session; run backward in that process (in a child, run forward and "
+        "backward there)" % (s.meta.nbytes, s.ep.pid, _getpid()))
 
 
 def _strip_code(why):

@@ -314,8 +314,18 @@ class ShmTransport:
         new tensor with the saved layout on meta.device."""
         try:
             wait_for_answer(self.client, op.done, stats, unresponsive_seconds, self.device_key)
-            out = empty_like_meta(meta, device="cpu")
-            flat(out).copy_(self._staged(op.slot, meta))
+            with self._lock:  # the copy owns the slot: no other thread frees it meanwhile
+                slot, op.slot = op.slot, None
+            if slot is None:
+                raise errors.OffloaddError(
+                    errors.FAILED_PRECONDITION, "this reload's staging slot was already freed "
+                    "(the reload was finished or abandoned by another thread): reload the "
+                    "block again")
+            try:
+                out = empty_like_meta(meta, device="cpu")
+                flat(out).copy_(self._staged(slot, meta))
+            finally:
+                self.arena.free(slot)
         finally:
             self.release_dest(op)
         if meta.device.type != "cpu":
