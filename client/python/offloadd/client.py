@@ -67,6 +67,7 @@ import time
 import grpc
 
 from . import _native
+from . import _outcome
 from . import errors
 from . import socket_path as _socket_path
 from .shm import shm_access
@@ -130,7 +131,7 @@ _RING_KIND = {_native.OFFLOAD_DONE: "offload_done", _native.RELOAD_DONE: "reload
 _RING_REQUEST = {"offload": "offload_done", "reload": "reload_done", "release": "released"}
 
 
-class _RingOp:
+class _RingOp(_outcome.Outcome):
     """An offload, reload or release submitted on the request ring: what the caller holds in
     place of a Future (``done``, ``result(timeout)``, ``exception(timeout)``,
     ``add_done_callback``, ``cancelled``, ``set_result``, ``set_exception``). No thread of the
@@ -138,58 +139,16 @@ class _RingOp:
     or a wait for it), and its callbacks run there. ``args``: the request's fields with the
     client's region id (for a re-send on the stream after the session resumed)."""
 
-    __slots__ = ("client", "kind", "args", "request_id", "_done", "_value", "_exc",
-                 "_callbacks")
+    __slots__ = ("client", "kind", "args", "request_id")
 
     def __init__(self, client, kind, args):
+        super().__init__()
         self.client, self.kind, self.args = client, kind, args
         self.request_id = 0
-        self._done, self._value, self._exc, self._callbacks = False, None, None, None
 
-    def done(self):
-        return self._done
-
-    def cancelled(self):
-        return False
-
-    def result(self, timeout=None):
+    def _wait(self, timeout):
         if not self._done:
             self.client._await_ring(self, timeout)
-        if self._exc is not None:
-            raise self._exc
-        return self._value
-
-    def exception(self, timeout=None):
-        if not self._done:
-            self.client._await_ring(self, timeout)
-        return self._exc
-
-    def add_done_callback(self, fn):
-        with _RING_OP_LOCK:
-            if not self._done:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(fn)
-                return
-        fn(self)
-
-    def _finish(self, value, exc):
-        with _RING_OP_LOCK:
-            if self._done:
-                return
-            self._value, self._exc, self._done = value, exc, True
-            callbacks, self._callbacks = self._callbacks, None
-        for fn in callbacks or ():
-            try:
-                fn(self)
-            except Exception:  # as concurrent.futures does: a callback's failure stays its own
-                pass
-
-    def set_result(self, value):
-        self._finish(value, None)
-
-    def set_exception(self, exc):
-        self._finish(None, exc)
 
     def request(self):
         """The request as it would travel on the stream (client region id, no request id)."""
@@ -210,7 +169,6 @@ class _RingOp:
         return pb.Request(release=pb.ReleaseRequest(block_id=a[0]))
 
 
-_RING_OP_LOCK = threading.Lock()  # shared: held only to hand over an op's callbacks
 
 
 class _Conn:

@@ -33,13 +33,13 @@ against a checksum taken at offload).
 """
 
 import collections
-import concurrent.futures
 import threading
 import time
 import zlib
 
 import torch
 
+from .. import _outcome
 from .. import cuda as _cuda
 from .. import errors
 from ..shm import StagingArena
@@ -108,7 +108,7 @@ def empty_like_meta(meta, device=None, pin_memory=False):
                                pin_memory=pin_memory)
 
 
-class Completion:
+class Completion(_outcome.Outcome):
     """A reload's outcome, for the hooks: the subset of ``concurrent.futures.Future`` they use
     (``done``, ``result(timeout)``, ``exception(timeout)``, ``add_done_callback``,
     ``set_result``, ``set_exception``, ``cancelled``) without a Condition per request: a lock
@@ -118,72 +118,18 @@ class Completion:
     that took the answer from the request ring, Client.pump, for one on the ring), or at once
     when already complete. Wait through Client.wait, which takes ring answers meanwhile."""
 
-    __slots__ = ("_done", "_value", "_exc", "_callbacks", "_event", "_client")
-    _lock = threading.Lock()  # shared: held only to hand over callbacks and the event
+    __slots__ = ("_client",)
 
     def __init__(self, client=None):
-        self._done, self._value, self._exc = False, None, None
-        self._callbacks = self._event = None
+        super().__init__()
         self._client = client  # whose request ring's answers complete it (waits take them)
 
-    def done(self):
-        return self._done
-
-    def cancelled(self):
-        return False
-
     def _wait(self, timeout):
-        if self._done:
-            return
         client = self._client
-        if client is not None and client._ring_native is not None:
+        if not self._done and client is not None and client._ring_native is not None:
             client._await_ring(self, timeout)  # takes the ring's answers on this thread
             return
-        with Completion._lock:
-            if not self._done and self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        if event is not None and not event.wait(timeout) and not self._done:
-            raise concurrent.futures.TimeoutError("no outcome within %s s" % timeout)
-
-    def result(self, timeout=None):
-        self._wait(timeout)
-        if self._exc is not None:
-            raise self._exc
-        return self._value
-
-    def exception(self, timeout=None):
-        self._wait(timeout)
-        return self._exc
-
-    def add_done_callback(self, fn):
-        with Completion._lock:
-            if not self._done:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(fn)
-                return
-        fn(self)
-
-    def _finish(self, value, exc):
-        with Completion._lock:
-            if self._done:
-                return
-            self._value, self._exc, self._done = value, exc, True
-            callbacks, self._callbacks, event = self._callbacks, None, self._event
-        if event is not None:
-            event.set()
-        for fn in callbacks or ():
-            try:
-                fn(self)
-            except Exception:  # as concurrent.futures does: a callback's failure stays its own
-                pass
-
-    def set_result(self, value):
-        self._finish(value, None)
-
-    def set_exception(self, exc):
-        self._finish(None, exc)
+        super()._wait(timeout)
 
     def follow(self, future):
         """Completes this with the outcome of ``future`` (a client request's Future)."""
