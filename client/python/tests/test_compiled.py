@@ -53,6 +53,14 @@ def graph_breaks(fn):
     return result, dict(counters["graph_break"])
 
 
+def _seed_model(cls):
+    """The small random Qwen3 with checkpointing, its batch and its uncompiled step."""
+    cls.model = q.make_model(seed=0, max_seq=SEQ, **q.SMALL_CONFIG)
+    cls.ids = q.batch(q.SMALL_CONFIG["vocab_size"], BATCH, SEQ)
+    q.set_checkpointing(cls.model, "ckpt")
+    cls.eager = q.step(cls.model, cls.ids)
+
+
 class _Compiled:
     """The runs and checks of one backend (BACKEND); mixed into a DaemonTestCase per backend."""
     POOL_BYTES = "64MiB"
@@ -61,10 +69,7 @@ class _Compiled:
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.model = q.make_model(seed=0, max_seq=SEQ, **q.SMALL_CONFIG)
-        cls.ids = q.batch(q.SMALL_CONFIG["vocab_size"], BATCH, SEQ)
-        q.set_checkpointing(cls.model, "ckpt")
-        cls.eager = q.step(cls.model, cls.ids)
+        _seed_model(cls)
         whole = lambda: torch.compile(cls.model, backend=cls.BACKEND)   # noqa: E731
         cls.ckpt, cls.ckpt_breaks, _, _ = cls.run_compiled(whole, offloadd=False)
         cls.offloadd, cls.offloadd_breaks, cls.whole_delta, cls.whole_ctx = \
@@ -198,10 +203,7 @@ class CompiledBackendTest(DaemonTestCase):
     def setUpClass(cls):
         super().setUpClass()
         import offloadd.torch.compiled as oc
-        cls.model = q.make_model(seed=0, max_seq=SEQ, **q.SMALL_CONFIG)
-        cls.ids = q.batch(q.SMALL_CONFIG["vocab_size"], BATCH, SEQ)
-        q.set_checkpointing(cls.model, "ckpt")
-        cls.eager = q.step(cls.model, cls.ids)
+        _seed_model(cls)
         cls.ckpt, cls.ckpt_breaks = graph_breaks(
             lambda: q.step(torch.compile(cls.model, backend="aot_eager"), cls.ids))
         ot._endpoint.reset_for_tests()
