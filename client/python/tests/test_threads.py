@@ -97,5 +97,30 @@ class FreedReloadTest(unittest.TestCase):
         self.assertEqual(transport.arena.free.call_count, 1)  # freed once, not twice
 
 
+class StalePrefetchTest(unittest.TestCase):
+    def test_a_prefetch_of_a_handle_another_thread_already_reloaded_sends_nothing(self):
+        """A prefetch chosen before another thread's unpack reloaded the handle (the daemon freed
+        the block: block_id None): no reload of block None reaches the client; the staging slot
+        prepared for it is given back."""
+        from offloadd.torch import _store
+        store = _store.Store.__new__(_store.Store)
+        store._lock = threading.Lock()
+        s = _store.Saved(store, 0, torch.zeros(4))
+        s.state, s.block_id = _store.OFFLOADED, None
+        s.ep = mock.Mock(pid=os.getpid())
+        rl = mock.Mock()
+        s.ep.transport.prepare_reload.return_value = rl
+        self.assertIsNone(store._start_reload(s, _store.PREFETCH))
+        s.ep.transport.send_reload.assert_not_called()
+        s.ep.transport.abandon_reload.assert_called_once_with(rl)
+        self.assertIsNone(s.reload)
+        s.block_id = 7  # offloaded and not reloaded yet: sent with its block id
+        self.assertIs(store._start_reload(s, _store.PREFETCH), rl)
+        s.ep.transport.send_reload.assert_called_once_with(rl, 7, _store.PREFETCH,
+                                                           release_after=True)
+        s.dead = True  # keep Saved.__del__ quiet
+        s.state = _store.KEPT
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -603,17 +603,19 @@ class Store:
         rl = ep.transport.prepare_reload(s.meta, wait=priority != PREFETCH)
         rl.priority = priority
         with self._lock:
-            if s.reload is not None or s.state not in (OFFLOADING, OFFLOADED):
-                stale = True
-            else:
-                stale = False
+            block_id = s.block_id  # read here: a reload finished meanwhile clears it
+            # Stale: reloading already, not offloaded, or (a prefetch chosen before another
+            # thread's unpack reloaded it and the daemon freed the block) nothing to reload.
+            stale = s.reload is not None or s.state not in (OFFLOADING, OFFLOADED) or \
+                (s.state == OFFLOADED and block_id is None)
+            if not stale:
                 s.reload = rl
                 send_now = s.state == OFFLOADED
         if stale:
             ep.transport.abandon_reload(rl)
             return s.reload
         if send_now:
-            ep.transport.send_reload(rl, s.block_id, priority, release_after=True)
+            ep.transport.send_reload(rl, block_id, priority, release_after=True)
         return rl
 
     def _awaits_unpack(self, o):
