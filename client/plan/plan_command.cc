@@ -376,6 +376,9 @@ const char* PlanUsage() {
          "                       [--host-ram SIZE (e.g. 2TiB: the pool never exceeds it)]\n"
          "                       [--nvme-gbps X (with --host-ram: plan the spill tier)]\n"
          "                       [--sweep [--sweep-seqs 4K,32K,...]] [--json]\n"
+         "SIZE: a number with a unit, binary (KiB MiB GiB TiB, or K M G T) or decimal (KB MB GB\n"
+         "TB), e.g. 80GiB or 141GB; a bare number is bytes. --seq and --sweep-seqs take K (x1024)\n"
+         "or M (x1048576): 4K is 4096 tokens.\n"
          "Plans activation-checkpoint offload: host RAM, GPU memory freed, copy vs forward time\n"
          "per layer, the step slowdown of a synchronous and of an overlapped (prefetching) copy,\n"
          "whether to offload at all, and the enable() call and pool_bytes line that follow.\n";

@@ -358,6 +358,13 @@ TEST(PlanCommand, Help) {
   Result r = RunPlan({"--help"});
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("usage: offloadctl plan"), std::string::npos);
+  // Every SIZE spelling the help names parses to the bytes it says.
+  EXPECT_NE(r.out.find("binary (KiB MiB GiB TiB, or K M G T) or decimal (KB MB GB"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(*ParseSize("gpu-memory", "80GiB"), 80ull << 30);
+  EXPECT_EQ(*ParseSize("gpu-memory", "80G"), 80ull << 30);
+  EXPECT_EQ(*ParseSize("gpu-memory", "141GB"), 141000000000ull);
+  EXPECT_EQ(*ParseSize("gpu-memory", "4096"), 4096ull);
 }
 
 }  // namespace
