@@ -36,13 +36,23 @@ if [ "$(id -u)" -eq 0 ] && command -v debootstrap >/dev/null; then
 fi
 bash tests/python/wheel_suite.sh --prepare > "$results/wheel-env.log" 2>&1 &
 
-echo "== bazel test"
+# Each suite's wall time is printed when the next one starts ("   (took N s)"), so a run's log
+# shows where its time went.
+section_start=$(date +%s)
+section() {
+  local now; now=$(date +%s)
+  [ -z "${section_name:-}" ] || echo "   ($section_name took $((now - section_start)) s)"
+  section_name=$1; section_start=$now
+  [ -z "$1" ] || echo "== $1"
+}
+
+section "bazel test"
 $BAZEL test //... --keep_going --test_output=errors 2>&1 | tee "$results/bazel.log" | grep -vE '^\[[0-9,]+ / [0-9,]+\]|^INFO: From|^Loading|^Analyzing'
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 $BAZEL query 'tests(//...)' 2>/dev/null > "$results/targets"
 /usr/bin/python3 tests/count_bazel_results.py "$results/targets" bazel-out/k8-opt/testlogs > "$results/bazel.count" || rc=1
 
-echo "== thread-safety analysis (clang -Wthread-safety -Werror, make tsa)"
+section "thread-safety analysis (clang -Wthread-safety -Werror, make tsa)"
 if command -v /usr/bin/clang >/dev/null; then
   if BAZEL=$BAZEL bash tests/tsa_build.sh > "$results/tsa.log" 2>&1; then
     echo "tsa: PASSED"; echo "1 0" > "$results/tsa.count"
@@ -54,7 +64,7 @@ else
   echo "tsa: skipped (no /usr/bin/clang; deploy/install-deps.sh installs it)"
 fi
 
-echo "== python tests"
+section "python tests"
 if [ -x tests/python/run.sh ] || [ -f tests/python/run.sh ]; then
   OFFLOADD_BIN="$PWD/build/bin/offloadd" OFFLOADD_CORE_LIB="$PWD/build/bin/liboffloadd_core.so" \
     bash tests/python/run.sh 2>&1 | tee "$results/python.log"
@@ -62,22 +72,22 @@ if [ -x tests/python/run.sh ] || [ -f tests/python/run.sh ]; then
 fi
 /usr/bin/python3 tests/count_unittest_results.py "$results/python.log" > "$results/python.count" || rc=1
 
-echo "== python client from its wheel (torch 2.4.1 environment)"
+section "python client from its wheel (torch 2.4.1 environment)"
 bash tests/python/wheel_suite.sh 2>&1 | tee "$results/wheel.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 /usr/bin/python3 tests/count_unittest_results.py "$results/wheel.log" > "$results/wheel.count" || rc=1
 
-echo "== monitoring and deployment tests"
+section "monitoring and deployment tests"
 bash tests/monitoring/run.sh 2>&1 | tee "$results/monitoring.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 /usr/bin/python3 tests/count_unittest_results.py "$results/monitoring.log" > "$results/monitoring.count" || rc=1
 
-echo "== systemd units under systemd"
+section "systemd units under systemd"
 bash tests/systemd/run.sh 2>&1 | tee "$results/systemd.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 /usr/bin/python3 tests/count_unittest_results.py "$results/systemd.log" > "$results/systemd.count" || rc=1
 
-echo "== fuzz (short)"
+section "fuzz (short)"
 # libFuzzer over the session request handling for FUZZ_SECONDS (15) from the seed corpus; the
 # full run is `make fuzz`. The corpus and regressions are also replayed by bazel test above.
 if command -v clang++ >/dev/null; then
@@ -92,7 +102,7 @@ else
   echo "fuzz: skipped (no clang++; deploy/install-deps.sh installs it)"
 fi
 
-echo "== demo smoke test"
+section "demo smoke test"
 if /usr/bin/python3 bench/demo.py --bin build/bin --clients 2 --layers 6 \
      --layer-bytes 2MiB --steps 2 --pool-bytes 64MiB --quiet > "$results/demo.log" 2>&1; then
   echo "demo: PASSED"; echo "1 0" > "$results/demo.count"
@@ -100,7 +110,7 @@ else
   cat "$results/demo.log"; echo "demo: FAILED"; echo "0 1" > "$results/demo.count"; rc=1
 fi
 
-echo "== demo smoke test on cuda-sim (link calibration and the fairness scenario, SIMULATED)"
+section "demo smoke test on cuda-sim (link calibration and the fairness scenario, SIMULATED)"
 # The fairness scenario on a cuda-sim daemon whose switch link has no configured capacity: the
 # daemon measures it at start-up and the scenario must be fair (Jain >= --min-jain).
 if /usr/bin/python3 bench/demo.py --bin build/bin --backend cuda-sim --clients 2 --layers 6 \
@@ -112,7 +122,7 @@ else
   rc=1
 fi
 
-echo "== README blocks and Markdown links"
+section "README blocks and Markdown links"
 # The shell and Python blocks of README.md's quick starts, run against a daemon the script starts
 # (blocks marked "<!-- not run here" are skipped), and every relative link and #anchor in the
 # repository's Markdown files.
@@ -124,7 +134,7 @@ for check in readme_blocks md_links; do
   echo "${counts:-0 1}" > "$results/$check.count"
 done
 
-echo "== function length"
+section "function length"
 if /usr/bin/python3 tests/function_length_test.py > "$results/function_length.log" 2>&1 &&
    /usr/bin/python3 tests/function_length.py >> "$results/function_length.log" 2>&1; then
   tail -1 "$results/function_length.log"; echo "1 0" > "$results/function_length.count"
@@ -132,20 +142,21 @@ else
   cat "$results/function_length.log"; echo "0 1" > "$results/function_length.count"; rc=1
 fi
 
-echo "== layering"
+section "layering"
 if BAZEL=$BAZEL bash tests/layering_check.sh > "$results/layering.log" 2>&1; then
   tail -1 "$results/layering.log"; echo "1 0" > "$results/layering.count"
 else
   cat "$results/layering.log"; echo "0 1" > "$results/layering.count"; rc=1
 fi
 
-echo "== /dev/shm hygiene"
+section "/dev/shm hygiene"
 if /usr/bin/python3 tests/shm_hygiene.py check "$results/shm.before" > "$results/shm.log" 2>&1; then
   tail -1 "$results/shm.log"; echo "1 0" > "$results/shm_hygiene.count"
 else
   cat "$results/shm.log"; echo "0 1" > "$results/shm_hygiene.count"; rc=1
 fi
 
+section ""
 passed=0; failed=0
 for f in "$results"/*.count; do
   read -r p fl < "$f"
