@@ -192,7 +192,7 @@ class HookTimer:
         self.pack_ns = self.unpack_ns = self.packs = self.unpacks = self.ops = 0
 
     def take(self):
-        """(hook ns, pack calls, unpack calls, ops) since the last take."""
+        """(hook ns, pack calls, unpack calls, ops, pack ns, unpack ns) since the last take."""
         r = (self.pack_ns + self.unpack_ns, self.packs, self.unpacks, self.ops,
              self.pack_ns, self.unpack_ns)
         self.pack_ns = self.unpack_ns = self.packs = self.unpacks = self.ops = 0
