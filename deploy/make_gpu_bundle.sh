@@ -77,8 +77,8 @@ sh client/python/gen_proto.sh >/dev/null 2>&1 ||
   echo "make_gpu_bundle.sh: no .venv yet: the tree's stubs stay Debian's until 'make build'"
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
 cp tests/gpu/run.sh tests/gpu/torch_check.py tests/gpu/transformers_check.py tests/gpu/cuda_probes.py \
-  tests/gpu/galore_check.py tests/gpu/compiled_check.py client/python/tests/qwen3_fixture.py \
-  client/python/tests/galore_fixture.py "$out/"
+  tests/gpu/galore_check.py tests/gpu/compiled_check.py tests/gpu/step_timing.py \
+  client/python/tests/qwen3_fixture.py client/python/tests/galore_fixture.py "$out/"
 chmod +x "$out/run.sh"
 
 # Wheels from PyPI, cached per machine.

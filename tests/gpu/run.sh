@@ -4,7 +4,7 @@
 #
 #   gpu-bundle/run.sh        # from anywhere; logs and figures.txt under $OUT (else /tmp/...)
 #
-# Time: GPU_CHECK_DEADLINE_S (default 486 s) for everything; GPU_CHECK_BUDGET_SCALE
+# Time: GPU_CHECK_DEADLINE_S (default 546 s) for everything; GPU_CHECK_BUDGET_SCALE
 # (percent, default 100) stretches every budget and the default deadline on a slow host. Each step has a budget
 # (the table printed first; the budgets add up to less than the deadline by construction) and
 # runs under `timeout` of it; a step whose budget no longer fits before the deadline is not run
@@ -20,7 +20,9 @@
 # ordering, an offload behind a spin kernel, a client that frees memory mid-transfer and one
 # killed with copies in flight, then a health run on the same daemon), the Python probes
 # (sticky CUDA errors, memory back after empty_cache, expandable segments switched at run time),
-# torch_check.py and transformers_check.py with expandable segments off and on, compiled_check.py
+# torch_check.py and transformers_check.py with expandable segments off and on, step_timing.py
+# (offloadd's cost per step against checkpointing alone, torch's save_on_cpu and an in-process
+# side-stream offloader on the Qwen3 seed model, interleaved), compiled_check.py
 # (torch's compiled offload pass and CUDA graph capture of a checkpointed block, reported), a last health
 # run, the handle count and a clean stop.
 #
@@ -45,7 +47,7 @@ mkdir -p "$logs"
 LIB="$here/lib"
 PY=${PYTHON:-python3}
 SCALE=${GPU_CHECK_BUDGET_SCALE:-100}  # percent: every budget and the default deadline (slow hosts)
-DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$((486 * SCALE / 100))}
+DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$((546 * SCALE / 100))}
 start_s=$(date +%s)
 deadline_s=$((start_s + DEADLINE_S))
 sock=/tmp/offloadd-gpu-$$.sock
@@ -61,7 +63,7 @@ PYPATH="$here/python"
 BUDGETS="unit_engine:10 unit_export:8 kernels:15 ipc:15 ipc_cross_uid:6 calib_measured:14 calib_model:10
 python_warm:15 python_env:15 daemon_start:15 context:6 data_pair:25 rates:15 ordering:16 spin:8
 free_mid:8 health1:8 killed:13 probes_off:15 torch_off:47 torch_on:16 transformers_off:38
-transformers_on:20 compiled:12 probes_on:10 galore:47 health2:7 stop:12"
+transformers_on:20 step_timing:60 compiled:12 probes_on:10 galore:47 health2:7 stop:12"
 declare -A BUDGET
 BUDGET_SUM=0
 for b in $BUDGETS; do
@@ -453,6 +455,10 @@ torch_step torch_on on "$here/torch_check.py" --socket="$sock" --python-root="$h
 torch_step transformers_off off "$here/transformers_check.py" --socket="$sock" --fixture-dir="$here"
 torch_step transformers_on on "$here/transformers_check.py" --socket="$sock" --fixture-dir="$here" \
   --seqs=2048 --trainer-steps=2 --timed-steps=1
+# Step time per mode; the script stops starting rounds 15 s before its budget ends (imports and the
+# models' set-up fit in those), so it always prints what it measured.
+torch_step step_timing off "$here/step_timing.py" --socket="$sock" --python-root="$here/python" \
+  --fixture-dir="$here" --seqs=2048,4096 --steps=20 --time-limit-s=$((BUDGET[step_timing] - 15))
 torch_step compiled off "$here/compiled_check.py" --socket="$sock" --python-root="$here/python"
 if needs probes_on ipc; then
   torch_step probes_on on "$here/cuda_probes.py" --socket="$sock" --python-root="$here/python" \

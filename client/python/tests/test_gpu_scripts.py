@@ -2,7 +2,8 @@
 GPU runs: run.sh's budgets fit its deadline; its no-GPU and SKIPPED-with-a-GPU paths on a bundle
 of stand-in binaries (a daemon deaf to SIGTERM among them); the deadline skipping a step; the GPU
 path with and without CUDA IPC on stand-ins and a real shm daemon; torch_check.py against an shm
-daemon on CPU; cuda_probes.py skipping cleanly without CUDA."""
+daemon on CPU; step_timing.py's CPU stand-in against an shm daemon; cuda_probes.py skipping
+cleanly without CUDA."""
 
 import os
 import re
@@ -45,7 +46,7 @@ class RunShTest(unittest.TestCase):
         total = sum(s for _, s in b)
         deadline = int(re.search(r"GPU_CHECK_DEADLINE_S:-\$\(\((\d+) \* SCALE",
                                  open(RUN_SH).read()).group(1))
-        self.assertEqual(deadline, 486)
+        self.assertEqual(deadline, 546)
         # A reserve for the shell between steps and timeout's 2 s kill grace of overruns.
         self.assertLessEqual(total, deadline - 40, b)
         self.assertEqual(len({n for n, _ in b}), len(b), "step names repeat")
@@ -170,7 +171,7 @@ class RunShGpuPathTest(unittest.TestCase):
             shutil.copytree(os.path.join(PY_ROOT, "offloadd"),
                             os.path.join(d, "python", "offloadd"))
         for name in ("torch_check.py", "transformers_check.py", "cuda_probes.py",
-                     "galore_check.py", "compiled_check.py"):
+                     "galore_check.py", "compiled_check.py", "step_timing.py"):
             with open(os.path.join(d, name), "w") as f:
                 f.write(STUB_PY)
         for name in ("cuda_engine_test", "cuda_export_test"):
@@ -245,6 +246,8 @@ class RunShGpuPathTest(unittest.TestCase):
         # GaLore runs while the first daemon still serves (it needs it), before the clean stop.
         self.assertIn("[galore] PASS galore_check.py stub", out)
         self.assertIn("[compiled] PASS compiled_check.py stub with expandable_segments:False", out)
+        self.assertIn("[step_timing] PASS step_timing.py stub with expandable_segments:False", out)
+        self.assertLess(out.index("[transformers_on] PASS"), out.index("[step_timing] PASS"))
         self.assertLess(out.index("[galore] PASS"), out.index("== stopping offloadd"))
 
     def test_a_taken_port_does_not_keep_the_daemon_from_starting(self):
@@ -291,6 +294,72 @@ class TorchCheckOnCpuTest(DaemonTestCase):
         # Either the client's counters or "n/a"; the reloads waited for are always counted.
         self.assertRegex(waits[0], r"offloadd (n/a|[0-9.]+) waits, (n/a|[0-9.]+) s .*"
                                    r"waited for: [0-9.]+, [0-9.]+ s")
+
+
+class StepTimingOnCpuTest(DaemonTestCase):
+    """step_timing.py's CPU stand-in (perf_counter for the CUDA events, nothing pinned, the
+    side-stream anchor synchronous) against a real shm daemon: the small Qwen3 config (4 layers,
+    hidden 256) at seq 64, fp32, whose layer inputs (64 KiB) are the only saved tensors above
+    the 32 KiB threshold."""
+
+    def run_script(self, *extra):
+        return subprocess.run(
+            [sys.executable, os.path.join(GPU, "step_timing.py"), "--socket", self.daemon.sock,
+             "--python-root", PY_ROOT, "--fixture-dir", os.path.join(REPO, "client", "python",
+                                                                      "tests"),
+             "--device", "cpu", "--config", "small", "--seqs", "64",
+             "--threshold-bytes", "32768"] + list(extra),
+            env=dict(os.environ, PYTHONPATH=PY_ROOT), capture_output=True, text=True,
+            timeout=300)
+
+    @staticmethod
+    def figures(stdout, name):
+        """{mode: {key: value}} of the ``FIGURE <name> seq=64 mode=M k=v ...`` lines."""
+        out = {}
+        for line in stdout.splitlines():
+            if line.startswith("FIGURE %s seq=64 " % name):
+                kv = dict(w.split("=", 1) for w in line.split()[2:] if "=" in w)
+                out.setdefault(kv.pop("mode"), []).append(kv)
+        return out
+
+    def test_every_mode_is_timed_and_offloadd_moves_every_layer_input(self):
+        r = self.run_script("--steps", "2")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        self.assertNotIn("FAIL", r.stdout)
+        modes = ("ckpt", "save_on_cpu", "sidestream", "offloadd")
+        for kind in ("step_timing_host", "step_timing_gpu"):
+            f = self.figures(r.stdout, kind)
+            self.assertEqual(sorted(f), sorted(modes), r.stdout)
+            for m in modes:
+                self.assertEqual(len(f[m]), 1, f)
+                self.assertEqual(f[m][0]["steps"], "2")
+                self.assertGreater(float(f[m][0]["median_ms"]), 0)
+                self.assertGreater(float(f[m][0]["ratio"]), 0)
+                self.assertLessEqual(float(f[m][0]["min_ms"]), float(f[m][0]["median_ms"]))
+            self.assertEqual(f["ckpt"][0]["ratio"], "1.0000")
+        counts = self.figures(r.stdout, "step_timing_counts")
+        # 4 layer inputs a step, 2 timed steps: each sent, each reloaded, none kept in process.
+        off = counts["offloadd"][0]
+        self.assertEqual((off["offloaded"], off["reloaded"], off["fallbacks"], off["lost"]),
+                         ("8", "8", "0", "0"), off)
+        side = counts["sidestream"][0]
+        self.assertEqual((side["offloaded"], side["reloaded"]), ("8", "8"), side)
+        hooks = self.figures(r.stdout, "step_timing_hooks")
+        self.assertEqual(sorted(hooks), ["offloadd", "save_on_cpu", "sidestream"])
+        for m in ("offloadd", "sidestream"):  # 4 packs + 4 unpacks a step
+            self.assertEqual(hooks[m][0]["ops_per_step"], "8.0", hooks)
+            self.assertGreater(float(hooks[m][0]["train_us_per_op"]), 0)
+        cpu = self.figures(r.stdout, "step_timing_client_cpu")
+        self.assertEqual(sorted(cpu), ["offloadd", "save_on_cpu", "sidestream"])
+        float(cpu["offloadd"][0]["us_per_op"])   # a difference of two noisy steps: any sign here
+        self.assertIn("PASS step_timing seq=64: offloadd moved every tensor", r.stdout)
+
+    def test_the_time_limit_stops_the_rounds_and_says_so(self):
+        r = self.run_script("--steps", "20", "--warmup", "0", "--time-limit-s", "0")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        self.assertIn("NOTE step_timing seq=64: time limit after 0 of 20 timed rounds", r.stdout)
+        self.assertIn("NOTE step_timing seq=64: no timed round fit the time limit", r.stdout)
+        self.assertNotIn("FIGURE", r.stdout)
 
 
 class CompiledCheckTest(unittest.TestCase):
