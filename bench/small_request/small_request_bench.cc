@@ -7,9 +7,9 @@
 // of 100 each:
 //  - direct ping-pong: the calling thread writes a `payload_bytes` message and reads the echo
 //    (gRPC's floor on this machine);
-//  - threaded ping-pong: the same through a writer and a reader thread, the shape of the offloadd
-//    client library (client/offloadd_client.cc) while several requests overlap (a lone one is
-//    written and read by its caller): two thread hand-offs more per round trip;
+//  - threaded ping-pong: the same through a writer and a reader thread (a synchronous-API
+//    client's shape; the offloadd client runs its stream on gRPC's callback API instead): two
+//    thread hand-offs more per round trip;
 //  - hand-off ping-pong: direct on the client, but the server starts each write from a worker
 //    thread it wakes per message (the daemon's shape: a copy worker completes the request);
 //  - with --socket (a running offloadd): a 4 KiB offload, then a 4 KiB URGENT reload with
@@ -136,7 +136,7 @@ class EchoService final : public PingPong::CallbackService {
 
 using Stream = grpc::ClientReaderWriter<Ping, Ping>;
 
-// The offloadd client's shape: a writer thread and a reader thread around one stream.
+// A synchronous-API client's shape: a writer thread and a reader thread around one stream.
 class ThreadedClient {
  public:
   explicit ThreadedClient(Stream* stream) : stream_(stream) {
@@ -310,18 +310,18 @@ int Run(const std::string& path, const std::string& daemon_socket, bool cuda_sim
       s.direct.size(), payload_bytes);
   const double bare = Percentile(s.direct, 0.5) * 1e6;
   Report("bare gRPC ping-pong, direct", s.direct, 0);
-  Report("bare gRPC ping-pong, writer + reader thread (client shape)", s.threaded, bare);
+  Report("bare gRPC ping-pong, writer + reader thread", s.threaded, bare);
   Report("bare gRPC ping-pong, server writes from a woken thread", s.hand_off, bare);
   if (daemon == nullptr) return 0;
   Report("offloadd 4 KiB offload (one request)", s.offload, bare);
   Report("  of which daemon admission -> copied (copy_seconds)", s.offload_copy, 0);
   Report("offloadd 4 KiB URGENT reload + release (one request)", s.reload, bare);
   Report("  of which daemon ready -> copied (copy_seconds)", s.reload_copy, 0);
-  // Whose thread read the daemon's answers: the waiting caller's (no hand-off) or the client's
-  // reader thread's.
-  std::printf("offloadd client: %llu of %llu answers written and read by the waiting caller\n",
-              static_cast<unsigned long long>(counters.messages_read_by_caller),
-              static_cast<unsigned long long>(counters.messages_received));
+  // Whose thread started each write: the submitting caller's (no write was in flight) or the
+  // previous write's OnWriteDone (gRPC's callback thread).
+  std::printf("offloadd client: %llu of %llu messages written from the submitting caller\n",
+              static_cast<unsigned long long>(counters.messages_sent_by_caller),
+              static_cast<unsigned long long>(counters.messages_sent));
   return 0;
 }
 
