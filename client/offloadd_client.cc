@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/client_callback.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -240,7 +241,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
           /*flush=*/true);
   if (reply.wait_for(std::chrono::duration<double>(options.connect_timeout_seconds)) !=
       std::future_status::ready) {
-    client->stream_context_->TryCancel();  // Close() then returns at once
+    client->CancelStream();  // Close() then returns at once
     return absl::DeadlineExceededError(absl::StrCat(
         "offloadd at unix:", path, " accepted the connection but sent no HelloReply within ",
         options.connect_timeout_seconds, " s; check the daemon's log"));
@@ -287,37 +288,85 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Resume(ClientOptions options,
   }
 }
 
+// One Session stream on gRPC's callback API. It owns what its call needs (channel, stub,
+// context) and forwards its reactions to the Client; it keeps one read posted until a read
+// fails. The hold it adds before StartCall lets the Client start writes from outside the
+// reactions; the Client releases it (NextStepLocked) once it will start no more, and only then
+// can OnDone run. Deleted only after OnDone.
+class Client::SessionStream final
+    : public grpc::ClientBidiReactor<v1::ClientMessage, v1::ServerMessage> {
+ public:
+  SessionStream(Client* client, std::shared_ptr<grpc::Channel> channel)
+      : client_(client), channel_(std::move(channel)), stub_(v1::Offload::NewStub(channel_)) {}
+
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  // Binds the call, adds the hold, posts the first read and starts the call.
+  void Begin() {
+    stub_->async()->Session(&context_, this);
+    AddHold();
+    StartRead(&read_);
+    StartCall();
+  }
+  // Starts writing `message`: at most one write in flight (the Client's writing_).
+  void Write(v1::ClientMessage message) {
+    write_ = std::move(message);
+    StartWrite(&write_);
+  }
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    client_->OnStreamRead(this, ok ? &read_ : nullptr);
+    if (!ok) return;
+    read_.Clear();
+    StartRead(&read_);
+  }
+  void OnWriteDone(bool ok) override { client_->OnStreamWritten(this, ok); }
+  void OnDone(const grpc::Status& status) override { client_->OnStreamDone(this, status); }
+
+ private:
+  Client* const client_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Offload::Stub> stub_;
+  grpc::ClientContext context_;
+  v1::ServerMessage read_;   // the posted read's message
+  v1::ClientMessage write_;  // the write in flight
+};
+
 Client::Client(const ClientOptions& options, std::string socket_path,
                std::shared_ptr<grpc::Channel> channel)
     : options_(options),
       socket_path_(std::move(socket_path)),
       target_("unix:" + socket_path_),
-      channel_(std::move(channel)),
-      stub_(v1::Offload::NewStub(channel_)),
-      stream_context_(std::make_unique<grpc::ClientContext>()) {}
+      channel_(std::move(channel)) {}
 
 void Client::Start() {
-  stream_ = stub_->Session(stream_context_.get());
-  StartWriter();
-  reader_ = std::thread([this] { ReaderLoop(); });
+  SessionStream* stream;
+  {
+    base::MutexLock lock(mu_);
+    stream_ = std::make_unique<SessionStream>(this, channel_);
+    stream = stream_.get();
+    holding_ = true;
+  }
+  stream->Begin();  // its reactions may run at once, and take mu_
+  session_thread_ = std::thread([this] { SessionLoop(); });
 }
 
-void Client::StartWriter() {
-  writer_ = std::thread([this] { WriterLoop(); });
-}
-
-Client::~Client() {
-  Close();
-  reply_reader_->Detach();  // a Reply waited on later no longer reaches this Client
-}
+Client::~Client() { Close(); }
 
 void Client::Close() {
   base::MutexLock close_lock(close_mu_);
+  StreamStep step;
+  {
+    base::MutexLock lock(mu_);
+    closing_ = true;   // no new requests; a resume in progress gives up
+    cv_.notify_all();
+    // What is queued goes out, then WritesDone (now, or from the last write's OnWriteDone).
+    step = NextStepLocked();
+  }
+  RunStep(std::move(step));
   bool finished;
   {
     base::MutexLock lock(mu_);
-    closing_ = true;  // the writer sends what is queued, then half-closes
-    cv_.notify_all();
     const auto deadline = base::CondVar::DeadlineIn(options_.close_timeout_seconds);
     while (!finished_ && cv_.WaitUntil(mu_, deadline)) {
     }
@@ -326,17 +375,20 @@ void Client::Close() {
   if (!finished) {
     LOG(WARNING) << "offloadd at " << target_ << " did not end the session within "
                  << options_.close_timeout_seconds << " s of Close(); cancelling it";
-    base::MutexLock lock(mu_);
-    stream_context_->TryCancel();
-    if (handshake_context_ != nullptr) handshake_context_->TryCancel();
+    CancelStream();
   }
-  if (reader_.joinable()) reader_.join();  // the reader joins the writer
+  if (session_thread_.joinable()) session_thread_.join();
 }
 
-bool Client::WriterHasWork() const {
-  if (writing_) return reading_done_;  // one write at a time: a caller's is in flight
-  if (reading_done_ || closing_) return true;
-  return !outbox_.empty() && (batch_depth_ == 0 || flush_);
+void Client::CancelStream() {
+  SessionStream* stream = nullptr;
+  {
+    base::MutexLock lock(mu_);
+    // While a resume is under way the old stream has ended already (and the resume gives up on
+    // closing_); otherwise nothing replaces stream_ before the session thread sees it end.
+    if (!reconnecting_ && !stream_done_) stream = stream_.get();
+  }
+  if (stream != nullptr) stream->Cancel();  // without mu_: reactions may run inline
 }
 
 void Client::TakeMessageLocked(v1::ClientMessage* message) {
@@ -354,48 +406,96 @@ void Client::TakeMessageLocked(v1::ClientMessage* message) {
   writing_ = true;
 }
 
-void Client::WriteNowLocked() {
-  v1::ClientMessage message;
-  TakeMessageLocked(&message);
-  mu_.Unlock();
-  // A failed write means the stream is over: the reader sees it end and settles pending_.
-  (void)stream_->Write(message);
-  mu_.Lock();
-  writing_ = false;
-  // Wake a thread only when one waits for this: the writer (requests queued meanwhile, Close)
-  // or the reader (the stream ended; it waits for the write to return).
-  if (!outbox_.empty() || closing_ || reading_done_) cv_.notify_all();
+Client::StreamStep Client::NextStepLocked() {
+  StreamStep step;
+  // After the hold is gone nothing may be started from outside a reaction; a write in flight
+  // chooses the next step from its OnWriteDone.
+  if (!holding_ || writing_) return step;
+  step.stream = stream_.get();
+  if (stream_ended_) {
+    holding_ = false;
+    step.kind = StreamStep::kReleaseHold;
+  } else if (!outbox_.empty() && (batch_depth_ == 0 || flush_ || closing_)) {
+    step.kind = StreamStep::kWrite;
+    TakeMessageLocked(&step.message);
+  } else if (closing_ && outbox_.empty()) {
+    holding_ = false;
+    step.kind = StreamStep::kWritesDone;
+  }
+  return step;
 }
 
-void Client::WriterLoop() {
-  for (;;) {
-    v1::ClientMessage message;
-    bool half_close = false;
-    {
-      base::MutexLock lock(mu_);
-      while (!WriterHasWork()) cv_.Wait(mu_);
-      if (reading_done_) break;  // the daemon ended the stream: nothing more can be sent
-      if (outbox_.empty()) {
-        half_close = closing_;
-        if (!half_close) continue;
-      } else if (batch_depth_ == 0 || flush_ || closing_) {
-        TakeMessageLocked(&message);
-      } else {
-        continue;  // corked by a ScopedBatch
-      }
-    }
-    if (half_close) {
-      stream_->WritesDone();
-      break;
-    }
-    const bool written = stream_->Write(message);
-    base::MutexLock lock(mu_);
-    writing_ = false;
-    cv_.notify_all();
-    if (!written) break;  // stream is over; the reader sees it end too
+void Client::RunStep(StreamStep step) {
+  switch (step.kind) {
+    case StreamStep::kNone:
+      return;
+    case StreamStep::kWrite:
+      step.stream->Write(std::move(step.message));
+      return;
+    case StreamStep::kWritesDone:
+      step.stream->StartWritesDone();
+      step.stream->RemoveHold();
+      return;
+    case StreamStep::kReleaseHold:
+      step.stream->RemoveHold();
+      return;
   }
+}
+
+void Client::OnStreamRead(SessionStream* stream, v1::ServerMessage* message) {
+  std::vector<std::pair<Completer, v1::Response>> ready;
+  StreamStep step;
+  {
+    base::MutexLock lock(mu_);
+    if (stream != stream_.get()) {  // a resume's stream, before Install
+      if (handshake_ != nullptr && handshake_->stream.get() == stream) {
+        if (message == nullptr) {
+          handshake_->read_ended = true;
+        } else {
+          TakeHandshakeAnswersLocked(*message);
+        }
+        cv_.notify_all();
+      }
+      return;
+    }
+    if (message == nullptr) {  // the stream ended: no write starts after this one
+      stream_ended_ = true;
+      step = NextStepLocked();
+    } else {
+      TakeAnswersLocked(message, &ready);
+    }
+  }
+  for (auto& [done, response] : ready) done(&response, absl::OkStatus());
+  RunStep(std::move(step));
+}
+
+void Client::OnStreamWritten(SessionStream* stream, bool ok) {
+  StreamStep step;
+  {
+    base::MutexLock lock(mu_);
+    if (stream != stream_.get()) {
+      if (handshake_ != nullptr && handshake_->stream.get() == stream) {
+        handshake_->written = true;
+        handshake_->write_ok = ok;
+        cv_.notify_all();
+      }
+      return;
+    }
+    writing_ = false;
+    if (!ok) stream_ended_ = true;  // the stream is over: its read fails too
+    step = NextStepLocked();
+  }
+  RunStep(std::move(step));
+}
+
+void Client::OnStreamDone(SessionStream* stream, const grpc::Status& status) {
   base::MutexLock lock(mu_);
-  writer_done_ = true;
+  if (stream == stream_.get()) {
+    stream_done_ = true;
+    stream_final_ = status;
+  } else if (handshake_ != nullptr && handshake_->stream.get() == stream) {
+    handshake_->done = true;
+  }
   cv_.notify_all();
 }
 
@@ -421,105 +521,34 @@ void Client::TakeAnswersLocked(v1::ServerMessage* message,
     ready->emplace_back(std::move(it->second.done), std::move(response));
     pending_.erase(it);
   }
-  if (pending_.empty()) idle_since_ = std::chrono::steady_clock::now();
 }
 
-bool Client::ReaderShouldReadLocked(std::chrono::steady_clock::time_point now) const {
-  using Seconds = std::chrono::duration<double>;
-  if (closing_) return true;
-  if (pending_.size() > (caller_candidate_ != 0 ? 1u : 0u)) return true;
-  if (!pending_.empty()) {  // only the caller's own request: has it come for the answer?
-    return Seconds(now - candidate_since_).count() >= kCallerReadGraceSeconds;
+void Client::TakeHandshakeAnswersLocked(const v1::ServerMessage& message) {
+  Handshake& h = *handshake_;
+  for (const v1::Response& r : message.responses()) {
+    if (r.body_case() == v1::Response::kError) {
+      if (h.error.ok()) h.error = StatusFromError(r.error());
+    } else if (r.request_id() == h.hello_id && r.has_hello()) {
+      h.hello = r.hello();
+      h.hello_answered = true;
+    } else if (r.has_region_registered()) {
+      auto it = h.region_of_request.find(r.request_id());
+      if (it == h.region_of_request.end()) continue;
+      h.daemon_region[it->second] = r.region_registered().region_id();
+      h.region_of_request.erase(it);
+    }
   }
-  return Seconds(now - idle_since_).count() >= kIdleReadAfterSeconds;
 }
 
-void Client::ReadUntilEnd() {
-  v1::ServerMessage message;
-  std::vector<std::pair<Completer, v1::Response>> ready;
-  base::MutexLock lock(mu_);
+void Client::SessionLoop() {
   for (;;) {
-    // Wait for the read role and a reason to read; time passing is one (see "Threading").
-    while (!stream_ended_ &&
-           (read_role_busy_ || !ReaderShouldReadLocked(std::chrono::steady_clock::now()))) {
-      // Timed: the idle and grace periods end without a notify.
-      cv_.WaitForSeconds(mu_, kCallerReadGraceSeconds / 2);
-    }
-    if (stream_ended_) return;
-    read_role_busy_ = true;
-    caller_candidate_ = 0;  // its caller, if it comes, waits for the answer read here
-    lock.Unlock();
-    const bool read = stream_->Read(&message);
-    lock.Lock();
-    read_role_busy_ = false;
-    if (!read) {
-      stream_ended_ = true;
-      return;
-    }
-    ready.clear();
-    TakeAnswersLocked(&message, &ready);
-    if (ready.empty()) continue;
-    lock.Unlock();
-    for (auto& [done, response] : ready) done(&response, absl::OkStatus());
-    ready.clear();
-    lock.Lock();
-  }
-}
-
-void Client::ReadForCaller(uint64_t request_id) {
-  base::MutexLock lock(mu_);
-  if (caller_candidate_ != request_id) return;
-  caller_candidate_ = 0;
-  // Only the stream's single reader reads, and only for a lone request.
-  if (read_role_busy_ || stream_ended_ || reading_done_ || reconnecting_ ||
-      pending_.size() != 1 || !pending_.contains(request_id)) {
-    cv_.notify_all();  // the reader thread takes it
-    return;
-  }
-  read_role_busy_ = true;
-  v1::ServerMessage message;
-  std::vector<std::pair<Completer, v1::Response>> ready;
-  while (pending_.contains(request_id)) {
-    lock.Unlock();
-    const bool read = stream_->Read(&message);
-    lock.Lock();
-    if (!read) {  // the reader thread handles the end (and a resume) once the role is free
-      stream_ended_ = true;
-      break;
-    }
-    ++counters_.messages_read_by_caller;
-    TakeAnswersLocked(&message, &ready);
-    if (ready.empty()) continue;
-    lock.Unlock();
-    for (auto& [done, response] : ready) done(&response, absl::OkStatus());
-    ready.clear();
-    lock.Lock();
-  }
-  read_role_busy_ = false;
-  if (stream_ended_ || ReaderShouldReadLocked(std::chrono::steady_clock::now())) {
-    cv_.notify_all();
-  }
-}
-
-void Client::GiveUpCallerRead(uint64_t request_id) {
-  base::MutexLock lock(mu_);
-  if (caller_candidate_ != request_id) return;
-  caller_candidate_ = 0;
-  cv_.notify_all();  // the reader thread reads it now
-}
-
-void Client::ReaderLoop() {
-  for (;;) {
-    ReadUntilEnd();
-    StopRing();  // the daemon answered on the ring before it ended the stream
+    grpc::Status final_status;
     {
       base::MutexLock lock(mu_);
-      reading_done_ = true;
-      cv_.notify_all();
-      while (!writer_done_ || writing_) cv_.Wait(mu_);
+      while (!stream_done_) cv_.Wait(mu_);
+      final_status = stream_final_;
     }
-    if (writer_.joinable()) writer_.join();
-    grpc::Status final_status = stream_->Finish();
+    StopRing();  // the daemon answered on the ring before it ended the stream
     absl::Status failure;
     bool resume;
     {
@@ -590,29 +619,28 @@ bool Client::ResumeAfterBreak(absl::Status* failure) {
           failure->message()));
       return false;
     }
-    absl::StatusOr<Stream> s =
+    const absl::Status s =
         OpenResumed(token, regions, std::min(options_.connect_timeout_seconds, left()));
     if (s.ok()) {
-      Install(*std::move(s));
+      Install();
       return true;
     }
-    if (absl::IsNotFound(s.status()) && !token.empty()) {
+    if (absl::IsNotFound(s) && !token.empty()) {
       if (holds_blocks) {
         *failure = absl::DataLossError(absl::StrCat(
             "the offloadd daemon at ", target_, " restarted without this session's blocks (",
-            s.status().message(), "); they are lost: Connect anew"));
+            s.message(), "); they are lost: Connect anew"));
         return false;
       }
       base::MutexLock lock(mu_);
       token_.clear();  // nothing confirmed, nothing lost: a new session will do
       continue;
     }
-    if (!absl::IsUnavailable(s.status()) && !absl::IsDeadlineExceeded(s.status()) &&
-        !absl::IsCancelled(s.status())) {
-      *failure = s.status();
+    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s) && !absl::IsCancelled(s)) {
+      *failure = s;
       return false;
     }
-    *failure = s.status();
+    *failure = s;
     base::MutexLock lock(mu_);
     const auto retry_at = base::CondVar::DeadlineIn(std::min(backoff, std::max(left(), 0.0)));
     while (!closing_ && cv_.WaitUntil(mu_, retry_at)) {
@@ -621,52 +649,9 @@ bool Client::ResumeAfterBreak(absl::Status* failure) {
   }
 }
 
-absl::StatusOr<Client::Stream> Client::OpenResumed(
-    const std::string& token, const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
-    double seconds) {
-  Stream s;
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  args.SetMaxReceiveMessageSize(-1);
-  SetKeepalive(options_, args);
-  s.channel = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
-  if (!s.channel->WaitForConnected(DeadlineIn(seconds))) {
-    return absl::UnavailableError(absl::StrCat("nothing accepted a connection at ", target_,
-                                               " within ", seconds, " s"));
-  }
-  s.stub = v1::Offload::NewStub(s.channel);
-  s.context = std::make_unique<grpc::ClientContext>();
-  {
-    base::MutexLock lock(mu_);
-    if (closing_) return absl::CancelledError("Client::Close() was called");
-    handshake_context_ = s.context.get();
-  }
-  auto done_handshake = [this] {
-    base::MutexLock lock(mu_);
-    handshake_context_ = nullptr;
-  };
-  // A watchdog bounds the wait for the answers: it cancels the stream after `seconds`.
-  s.stream = s.stub->Session(s.context.get());
-  base::Mutex watch_mu;
-  base::CondVar watch_cv;
-  bool handshake_over = false;  // under watch_mu
-  grpc::ClientContext* context = s.context.get();
-  std::thread watchdog([&] {
-    base::MutexLock lock(watch_mu);
-    const auto deadline = base::CondVar::DeadlineIn(seconds);
-    while (!handshake_over && watch_cv.WaitUntil(watch_mu, deadline)) {
-    }
-    if (!handshake_over) context->TryCancel();
-  });
-  auto finish_watch = [&] {
-    {
-      base::MutexLock lock(watch_mu);
-      handshake_over = true;
-    }
-    watch_cv.notify_all();
-    watchdog.join();
-    done_handshake();
-  };
+v1::ClientMessage Client::ResumeMessage(const std::string& token,
+                                        const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
+                                        Handshake* h) {
   v1::ClientMessage message;
   v1::Request* hello = message.add_requests();
   hello->set_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
@@ -675,66 +660,101 @@ absl::StatusOr<Client::Stream> Client::OpenResumed(
   hello->mutable_hello()->set_pid(options_.pid != 0 ? options_.pid
                                                     : static_cast<uint32_t>(getpid()));
   if (!token.empty()) hello->mutable_hello()->set_resume_token(token);
-  absl::flat_hash_map<uint64_t, uint64_t> region_of_request;  // request id -> client region
+  h->hello_id = hello->request_id();
   for (const auto& [region, handle] : regions) {
     v1::Request* r = message.add_requests();
     r->set_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
-    v1::RegionHandle* h = r->mutable_register_region()->mutable_handle();
-    if (!handle.cuda_ipc_handle.empty()) h->set_cuda_ipc_handle(handle.cuda_ipc_handle);
-    if (!handle.shm_name.empty()) h->set_shm_name(handle.shm_name);
-    h->set_size_bytes(handle.size_bytes);
-    region_of_request[r->request_id()] = region;
+    v1::RegionHandle* rh = r->mutable_register_region()->mutable_handle();
+    if (!handle.cuda_ipc_handle.empty()) rh->set_cuda_ipc_handle(handle.cuda_ipc_handle);
+    if (!handle.shm_name.empty()) rh->set_shm_name(handle.shm_name);
+    rh->set_size_bytes(handle.size_bytes);
+    h->region_of_request[r->request_id()] = region;
   }
-  const uint64_t hello_id = hello->request_id();
-  absl::Status result;
-  bool hello_answered = false;
-  if (!s.stream->Write(message)) {
-    result = absl::UnavailableError(absl::StrCat("offloadd at ", target_,
-                                                 " closed the stream before the Hello"));
-  }
-  v1::ServerMessage in;
-  while (result.ok() && (!hello_answered || !region_of_request.empty()) && s.stream->Read(&in)) {
-    for (const v1::Response& r : in.responses()) {
-      if (r.body_case() == v1::Response::kError) {
-        if (result.ok()) result = StatusFromError(r.error());
-      } else if (r.request_id() == hello_id && r.has_hello()) {
-        s.hello = r.hello();
-        hello_answered = true;
-      } else if (r.has_region_registered()) {
-        auto it = region_of_request.find(r.request_id());
-        if (it == region_of_request.end()) continue;
-        s.daemon_region[it->second] = r.region_registered().region_id();
-        region_of_request.erase(it);
-      }
-    }
-  }
-  finish_watch();
-  if (result.ok() && (!hello_answered || !region_of_request.empty())) {
-    result = absl::UnavailableError(absl::StrCat(
-        "offloadd at ", target_, " did not answer the resume's Hello and registrations within ",
-        seconds, " s"));
-  }
-  if (!result.ok()) {
-    s.context->TryCancel();
-    s.stream->Finish();
-    if (!hello_answered || absl::IsUnavailable(result) || absl::IsCancelled(result)) {
-      return result;  // the Hello's own error (token unknown, other uid), or the daemon went
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a region could not be registered again after offloadd at ", target_, " restarted (",
-        absl::StatusCodeToString(result.code()), ": ", result.message(), ")"));
-  }
-  return s;
+  return message;
 }
 
-void Client::Install(Stream s) {
-  absl::flat_hash_set<uint64_t> resumed(s.hello.resumed_block_ids().begin(),
-                                        s.hello.resumed_block_ids().end());
+bool Client::HandshakeOver(const Handshake& h) {
+  const bool answered = h.hello_answered && h.region_of_request.empty();
+  return h.done || h.read_ended || !h.error.ok() || (h.written && (!h.write_ok || answered));
+}
+
+absl::Status Client::HandshakeResult(const Handshake& h, double seconds) const {
+  if (!h.error.ok()) return h.error;
+  if (h.written && !h.write_ok) {
+    return absl::UnavailableError(absl::StrCat("offloadd at ", target_,
+                                               " closed the stream before the Hello"));
+  }
+  if (h.written && h.hello_answered && h.region_of_request.empty()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "offloadd at ", target_, " did not answer the resume's Hello and registrations within ",
+      seconds, " s"));
+}
+
+absl::Status Client::OpenResumed(const std::string& token,
+                                 const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
+                                 double seconds) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxReceiveMessageSize(-1);
+  SetKeepalive(options_, args);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(DeadlineIn(seconds))) {
+    return absl::UnavailableError(absl::StrCat("nothing accepted a connection at ", target_,
+                                               " within ", seconds, " s"));
+  }
+  auto owned = std::make_unique<Handshake>();
+  owned->stream = std::make_unique<SessionStream>(this, std::move(channel));
+  Handshake* const h = owned.get();
+  SessionStream* const stream = h->stream.get();
+  v1::ClientMessage message = ResumeMessage(token, regions, h);
+  {
+    base::MutexLock lock(mu_);
+    if (closing_) return absl::CancelledError("Client::Close() was called");
+    handshake_ = std::move(owned);  // the stream's reactions find it here
+  }
+  stream->Begin();
+  stream->Write(std::move(message));  // the stream's only write until Install
+  absl::Status result;
+  bool hello_answered;
+  {
+    base::MutexLock lock(mu_);
+    const auto deadline = base::CondVar::DeadlineIn(seconds);
+    while (!HandshakeOver(*h) && !closing_ && cv_.WaitUntil(mu_, deadline)) {
+    }
+    result = !HandshakeOver(*h) && closing_ ? absl::CancelledError("Client::Close() was called")
+                                             : HandshakeResult(*h, seconds);
+    if (result.ok()) return result;  // Install takes handshake_
+    hello_answered = h->hello_answered;
+  }
+  // Give the stream up: cancel it, release its hold, and drop it once its OnDone ran.
+  stream->Cancel();
+  stream->RemoveHold();
+  {
+    base::MutexLock lock(mu_);
+    while (!h->done) cv_.Wait(mu_);
+    owned = std::move(handshake_);
+  }
+  owned.reset();
+  if (!hello_answered || absl::IsUnavailable(result) || absl::IsCancelled(result)) {
+    return result;  // the Hello's own error (token unknown, other uid), or the daemon went
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "a region could not be registered again after offloadd at ", target_, " restarted (",
+      absl::StatusCodeToString(result.code()), ": ", result.message(), ")"));
+}
+
+void Client::Install() {
   std::vector<std::pair<Pending, v1::Response>> answered;
   std::vector<std::pair<Pending, absl::Status>> failed;
   std::vector<uint64_t> missing;  // confirmed blocks the restarted daemon did not hand back
+  std::unique_ptr<SessionStream> old;  // its OnDone ran; dropped without mu_
+  StreamStep step;
   {
     base::MutexLock lock(mu_);
+    std::unique_ptr<Handshake> h = std::move(handshake_);
+    absl::flat_hash_set<uint64_t> resumed(h->hello.resumed_block_ids().begin(),
+                                          h->hello.resumed_block_ids().end());
     std::vector<uint64_t> orphans;
     for (uint64_t id : resumed) {
       if (!confirmed_.contains(id)) orphans.push_back(id);
@@ -747,12 +767,15 @@ void Client::Install(Stream s) {
         confirmed_.erase(cur);
       }
     }
-    stream_ = std::move(s.stream);  // the old stream first, then its context
-    stream_context_ = std::move(s.context);
-    stub_ = std::move(s.stub);
-    channel_ = std::move(s.channel);
-    daemon_region_ = std::move(s.daemon_region);
-    token_ = s.hello.resume_token();
+    old = std::move(stream_);
+    stream_ = std::move(h->stream);  // its hold is still in place
+    channel_ = stream_->channel();
+    holding_ = true;
+    writing_ = false;  // the handshake's write is done
+    stream_ended_ = h->read_ended;
+    stream_done_ = false;
+    daemon_region_ = std::move(h->daemon_region);
+    token_ = h->hello.resume_token();
     std::vector<uint64_t> ids;
     for (const auto& [id, p] : pending_) ids.push_back(id);
     std::sort(ids.begin(), ids.end());
@@ -792,14 +815,13 @@ void Client::Install(Stream s) {
     }
     counters_.orphans_released += orphans.size();
     ++counters_.resumes;
-    reading_done_ = writer_done_ = false;
-    stream_ended_ = false;
-    caller_candidate_ = 0;
     reconnecting_ = false;
     flush_ = true;
-    StartWriter();
+    step = NextStepLocked();
     cv_.notify_all();
   }
+  RunStep(std::move(step));
+  old.reset();
   // A release that was pending settles such a block as released; any other is lost (a reload
   // of it is answered DATA_LOSS): said once here, with the ids, for whoever reads the logs.
   if (!missing.empty()) {
@@ -928,10 +950,10 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
   if (request.has_reload() && lost_.contains(request.reload().block_id())) {
     return LostBlock(request.reload().block_id(), target_);
   }
-  // After the stream ended but before the reader collected pending_, the request still goes into
-  // pending_ (it fails with the others, or is sent once a resume installed a new stream); it is
-  // not written.
-  const bool write = !reading_done_ && !reconnecting_;
+  // After the stream ended but before the session thread collected pending_, the request still
+  // goes into pending_ (it fails with the others, or is sent once a resume installed a new
+  // stream); it is not written.
+  const bool write = !stream_ended_ && !reconnecting_;
   if (write && OnRingLocked(request)) {
     request.set_request_id(request.request_id() | common::kRingRequestIdBit);
     const common::SubmissionEntry entry = RingEntry(WireLocked(request));
@@ -939,7 +961,8 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
     ++counters_.ring_requests_sent;
     lock.Unlock();
     // A full ring waits for the daemon to take entries; a ring that closes or a stream that
-    // ends leaves the request pending, settled with the others when the reader sees the end.
+    // ends leaves the request pending, settled with the others when the session thread sees
+    // the end.
     while (!ring_->SubmitEntry(entry, 0.05) && !ring_->closed() && !ring_stop_.load()) {
     }
     lock.Lock();
@@ -951,16 +974,12 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
   if (!write) return absl::OkStatus();
   outbox_.push_back(std::move(wire));
   if (flush) flush_ = true;
-  // An idle client (this request alone pending, no write in flight, no batch open) writes from
-  // this thread: no hand-off to the writer. Otherwise the writer coalesces what queues up.
-  if (pending_.size() == 1 && !writing_ && batch_depth_ == 0) {
-    ++counters_.messages_sent_by_caller;
-    caller_candidate_ = id;  // and its Reply may read the answer (see "Threading")
-    candidate_since_ = std::chrono::steady_clock::now();
-    WriteNowLocked();
-  } else {
-    cv_.notify_all();
-  }
+  // No write in flight (and no ScopedBatch holding the queue): this thread starts it. Otherwise
+  // the write in flight's OnWriteDone takes this request along with whatever else queued.
+  StreamStep step = NextStepLocked();
+  if (step.kind == StreamStep::kWrite) ++counters_.messages_sent_by_caller;
+  lock.Unlock();
+  RunStep(std::move(step));
   return absl::OkStatus();
 }
 
@@ -1013,7 +1032,6 @@ void Client::CompleteFromRing(v1::Response response) {
     AccountLocked(it->second, &response);
     done = std::move(it->second.done);
     pending_.erase(it);
-    if (pending_.empty()) idle_since_ = std::chrono::steady_clock::now();
   }
   done(&response, absl::OkStatus());
 }
@@ -1052,9 +1070,8 @@ Reply<R> Client::Submit(v1::Request request, v1::Response::BodyCase expected, Co
   absl::Status refused = Enqueue(std::move(request), std::move(done), flush, region);
   if (!refused.ok()) {
     promise->set_value(R(refused));
-    return Reply<R>(std::move(future), nullptr, id);
   }
-  return Reply<R>(std::move(future), reply_reader_, id);
+  return Reply<R>(std::move(future));
 }
 
 absl::StatusOr<uint64_t> Client::RegisterRegion(const RegionHandle& handle) {
@@ -1259,43 +1276,13 @@ Client::ScopedBatch::ScopedBatch(Client& client) : client_(client) {
 }
 
 Client::ScopedBatch::~ScopedBatch() {
-  base::MutexLock lock(client_.mu_);
-  if (--client_.batch_depth_ == 0) client_.cv_.notify_all();
+  StreamStep step;
+  {
+    base::MutexLock lock(client_.mu_);
+    if (--client_.batch_depth_ == 0) step = client_.NextStepLocked();  // send what it held
+  }
+  RunStep(std::move(step));
 }
 
-namespace internal {
-
-Client* ReplyReader::Enter() {
-  base::MutexLock lock(mu_);
-  if (client_ != nullptr) ++inside_;
-  return client_;
-}
-
-void ReplyReader::Leave() {
-  base::MutexLock lock(mu_);
-  if (--inside_ == 0) cv_.notify_all();
-}
-
-void ReplyReader::ReadFor(uint64_t request_id) {
-  Client* client = Enter();
-  if (client == nullptr) return;
-  client->ReadForCaller(request_id);
-  Leave();
-}
-
-void ReplyReader::GiveUp(uint64_t request_id) {
-  Client* client = Enter();
-  if (client == nullptr) return;
-  client->GiveUpCallerRead(request_id);
-  Leave();
-}
-
-void ReplyReader::Detach() {
-  base::MutexLock lock(mu_);
-  client_ = nullptr;
-  while (inside_ != 0) cv_.Wait(mu_);
-}
-
-}  // namespace internal
 }  // namespace client
 }  // namespace offloadd

@@ -2,24 +2,22 @@
 // flight on it. Protocol: proto/offload.proto (package offloadd.v1); the daemon listens on a Unix
 // socket, gRPC target "unix:<socket_path>".
 //
-// Threading: every method is thread-safe. A request submitted to an idle client (no other
-// request pending, no write in flight, no ScopedBatch open) is written on the calling thread,
-// saving the hand-off to the writer (the call returns once gRPC took the message, which may
-// wait for HTTP/2 flow control like any stream write). Its Reply is then the caller's to read:
-// get() or wait() on it, while it is still the only request pending, reads the daemon's answer
-// from the stream on the calling thread (no hand-off from the reader thread either). The
-// stream has one reader at a time: that caller, or the reader thread, which takes the role back
-// as soon as another request is pending, when the caller gives its Reply up (wait_for,
-// wait_until, conversion to std::future, destruction), or when it has not come for the answer
-// within kCallerReadGraceSeconds. Each Client runs two threads:
-//   - a writer that drains every request queued since its last write into ONE ClientMessage
-//     (batching; at most kMaxRequestsPerMessage requests / kMaxMessageBytes per message) for
-//     every other request, so bursts are coalesced, and
-//   - a reader that completes each request's Reply by request id as ServerMessages arrive
-//     (the daemon may answer in any order). It reads while requests other than a caller's own
-//     are pending, and while the client has been idle for kIdleReadAfterSeconds (so a daemon
-//     that goes away is seen within that time even when nothing is pending).
-// Replies are completed on whichever thread read the answer; they never call user code.
+// Threading: every method is thread-safe. The Session stream runs on gRPC's callback API: one
+// reactor per stream (a grpc::ClientBidiReactor) keeps one read posted at all times; each
+// OnReadDone completes the Replies of the answers its ServerMessage carries (by request id: the
+// daemon may answer in any order) and posts the next read, so a daemon that ends the stream is
+// seen at once, also while nothing is pending. Writes go one at a time: a request submitted
+// while no write is in flight starts its write on the calling thread (StartWrite queues the
+// message with gRPC and returns; it does not wait for the daemon or the socket); requests
+// submitted meanwhile queue in the client, and the write's OnWriteDone starts the next write
+// with everything queued since, in ONE ClientMessage (batching: at most kMaxRequestsPerMessage
+// requests / kMaxMessageBytes per message), so bursts are coalesced. A reaction never blocks,
+// never waits for another thread and never calls user code: it takes the client's mutex briefly,
+// and completes Replies (sets their promises) after releasing it. A caller waiting on a Reply
+// (get, wait, wait_for, wait_until, or the std::future it converts to) waits for that
+// completion; no caller ever reads the stream. Each Client runs one thread of its own, the
+// session thread: it sleeps until the stream's OnDone, then resumes the session on a new stream
+// (auto_resume, below) or fails every pending request; reactions run on gRPC's threads.
 // The request ring (ClientOptions::use_ring, on by default): when the daemon attaches it,
 // Offload, Reload(Tagged) and Release(Tagged) are submitted into shared memory on the calling
 // thread (client/core/ring_core.h; their ids carry bit 63) and answered there, and a third
@@ -27,6 +25,7 @@
 // keeps everything else. Requests on the ring and on the stream are not ordered with each
 // other (wait for a region's requests before unregistering it). When the stream breaks the ring
 // is given up: requests still pending settle or are re-sent on the resumed stream as usual.
+// Replies never run user code when they complete, on whichever thread that is.
 //
 // Units: sizes and offsets are uint64 bytes; durations are double seconds.
 //
@@ -46,7 +45,7 @@
 //     is gone (it may have been copied before the crash; nothing can confirm it).
 //
 // Resuming by itself (auto_resume, a daemon with pool_shm_name): when the stream breaks the
-// reader thread reconnects with exponential backoff (reconnect_initial/max_backoff_seconds)
+// session thread reconnects with exponential backoff (reconnect_initial/max_backoff_seconds)
 // for at most the resume window, presents the resume token, registers every region again (the
 // region ids RegisterRegion returned are the client's own and stay valid) and re-sends every
 // request not yet answered, in the order they were issued. Requests issued meanwhile wait.
@@ -178,8 +177,10 @@ struct ReloadResult {
 // Counts since Connect(); batching shows as requests_sent / messages_sent > 1.
 struct ClientCounters {
   uint64_t messages_sent = 0;       // ClientMessages written on the stream (Hello's included)
-  uint64_t messages_sent_by_caller = 0;  // of which written on the submitting thread (idle client)
-  uint64_t messages_read_by_caller = 0;  // ServerMessages read by a thread waiting on its Reply
+  // Of which the write was started on the submitting thread (no write was in flight); the
+  // others were started by the previous write's OnWriteDone.
+  uint64_t messages_sent_by_caller = 0;
+  uint64_t messages_read_by_caller = 0;  // always 0: the stream's reactor reads every answer
   uint64_t requests_sent = 0;       // Requests inside them
   uint64_t messages_received = 0;   // ServerMessages read
   uint64_t responses_received = 0;  // Responses inside them
@@ -191,108 +192,44 @@ struct ClientCounters {
   uint64_t ring_responses_received = 0;  // answers taken from it
 };
 
-class Client;
-namespace internal {
-// The link from a Reply to its Client: lets the Reply's waiting thread read its own answer,
-// and outlives the Client (a Reply may be waited on after the Client is gone).
-class ReplyReader {
- public:
-  explicit ReplyReader(Client* client) : client_(client) {}
-  // Reads from the stream until request `request_id` is answered, if it is still the caller's
-  // to read (see Client); returns at once otherwise.
-  void ReadFor(uint64_t request_id) EXCLUDES(mu_);
-  // The caller will not read request `request_id`'s answer: the reader thread takes it.
-  void GiveUp(uint64_t request_id) EXCLUDES(mu_);
-  // Called by ~Client: no Reply reaches the Client after this returns.
-  void Detach() EXCLUDES(mu_);
-
- private:
-  // The client (counted as in use until Leave), or nullptr once detached.
-  Client* Enter() EXCLUDES(mu_);
-  void Leave() EXCLUDES(mu_);
-  base::Mutex mu_;
-  base::CondVar cv_;  // inside_ fell to 0
-  Client* client_ GUARDED_BY(mu_);  // nullptr once detached
-  int inside_ GUARDED_BY(mu_) = 0;  // callers using client_
-};
-}  // namespace internal
-
 // A request's answer: std::future-like (get, wait, wait_for, wait_until, valid) and convertible
-// to std::future<T> (an rvalue Reply converts). get() and wait() may read the answer from the
-// stream on the calling thread (see "Threading" above); wait_for, wait_until and the conversion
-// never do, and hand the reading back to the reader thread. Moves only.
+// to std::future<T> (an rvalue Reply converts). Every wait waits for the stream's reactor (or
+// the ring thread, or the session thread when the stream ends) to complete it; a Reply may be
+// waited on after its Client is gone (the Client completes every request before it goes).
+// Moves only.
 template <typename T>
 class Reply {
  public:
   Reply() = default;
-  Reply(Reply&& other) noexcept
-      : future_(std::move(other.future_)),
-        reader_(std::move(other.reader_)),
-        request_id_(other.request_id_) {}
-  Reply& operator=(Reply&& other) noexcept {
-    if (this != &other) {
-      GiveUp();
-      future_ = std::move(other.future_);
-      reader_ = std::move(other.reader_);
-      request_id_ = other.request_id_;
-    }
-    return *this;
-  }
-  ~Reply() { GiveUp(); }
+  Reply(Reply&& other) noexcept = default;
+  Reply& operator=(Reply&& other) noexcept = default;
 
-  T get() {
-    ReadOwnAnswer();
-    return future_.get();
-  }
-  void wait() {
-    ReadOwnAnswer();
-    future_.wait();
-  }
+  T get() { return future_.get(); }
+  void wait() const { future_.wait(); }
   template <typename Rep, typename Period>
-  std::future_status wait_for(const std::chrono::duration<Rep, Period>& timeout) {
-    GiveUp();
+  std::future_status wait_for(const std::chrono::duration<Rep, Period>& timeout) const {
     return future_.wait_for(timeout);
   }
   template <typename Clock, typename Duration>
-  std::future_status wait_until(const std::chrono::time_point<Clock, Duration>& deadline) {
-    GiveUp();
+  std::future_status wait_until(const std::chrono::time_point<Clock, Duration>& deadline) const {
     return future_.wait_until(deadline);
   }
   bool valid() const { return future_.valid(); }
   operator std::future<T>() && {  // NOLINT(google-explicit-constructor): drop-in for futures
-    GiveUp();
     return std::move(future_);
   }
 
  private:
   friend class Client;
-  Reply(std::future<T> future, std::shared_ptr<internal::ReplyReader> reader, uint64_t request_id)
-      : future_(std::move(future)), reader_(std::move(reader)), request_id_(request_id) {}
-  void ReadOwnAnswer() {
-    if (reader_ == nullptr) return;
-    reader_->ReadFor(request_id_);
-    reader_.reset();
-  }
-  void GiveUp() {
-    if (reader_ == nullptr) return;
-    reader_->GiveUp(request_id_);
-    reader_.reset();
-  }
+  explicit Reply(std::future<T> future) : future_(std::move(future)) {}
 
   std::future<T> future_;
-  std::shared_ptr<internal::ReplyReader> reader_;  // null once read or given up
-  uint64_t request_id_ = 0;
 };
 
 class Client {
  public:
   static constexpr size_t kMaxRequestsPerMessage = 4096;
   static constexpr size_t kMaxMessageBytes = 1 << 20;  // below gRPC's 4 MiB receive default
-  // How long the reader thread leaves a lone request's answer to its caller (who has not yet
-  // called get()/wait()), and how long a client must be idle before the reader thread reads
-  // again (to see the stream end). Neither changes what a Reply returns, only who reads it.
-  static constexpr double kCallerReadGraceSeconds = 0.02;
-  static constexpr double kIdleReadAfterSeconds = 0.05;
 
   // Connects to the daemon, opens the Session stream, sends Hello and waits for HelloReply.
   // Errors: INVALID_ARGUMENT socket path empty or longer than 107 bytes;
@@ -444,27 +381,57 @@ class Client {
     bool internal = false;
     uint64_t region = 0;
   };
-  // A new stream said Hello (and, on a resume, registered the regions again).
-  struct Stream {
-    std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::Offload::Stub> stub;
-    std::unique_ptr<grpc::ClientContext> context;
-    std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream;
+  // One Session stream (offloadd_client.cc): a grpc::ClientBidiReactor whose reactions call
+  // the Client's OnStream* methods.
+  class SessionStream;
+  // A resumed stream from its Hello until Install: its reactions fill this in, the session
+  // thread waits for it (all under mu_).
+  struct Handshake {
+    std::unique_ptr<SessionStream> stream;
+    uint64_t hello_id = 0;
+    absl::flat_hash_map<uint64_t, uint64_t> region_of_request;  // request id -> client region
+    absl::flat_hash_map<uint64_t, uint64_t> daemon_region;      // client region id -> daemon's
     v1::HelloReply hello;
-    absl::flat_hash_map<uint64_t, uint64_t> daemon_region;  // client region id -> daemon's
+    bool hello_answered = false;
+    absl::Status error;        // the first Error the daemon answered
+    bool written = false;      // the Hello's OnWriteDone ran
+    bool write_ok = false;
+    bool read_ended = false;   // an OnReadDone(false) ran
+    bool done = false;         // OnDone ran
+  };
+  // What to start on the current stream, chosen under mu_ and started after releasing it (a
+  // Start* may run a reaction inline, and reactions take mu_).
+  struct StreamStep {
+    enum Kind { kNone, kWrite, kWritesDone, kReleaseHold } kind = kNone;
+    SessionStream* stream = nullptr;
+    v1::ClientMessage message;  // kWrite
   };
 
   Client(const ClientOptions& options, std::string socket_path,
          std::shared_ptr<grpc::Channel> channel);
-  // Reader thread, after the stream ended: resume on a restarted daemon. True when a new stream
-  // is installed and the writer runs again; false (with *failure set) to give up.
+  // Opens the first stream and starts the session thread.
+  void Start() EXCLUDES(mu_);
+  // The session thread: waits for each stream's OnDone; resumes or fails what is pending.
+  void SessionLoop() EXCLUDES(mu_);
+  // Session thread, after the stream ended: resume on a restarted daemon. True when a new
+  // stream is installed; false (with *failure set) to give up.
   bool ResumeAfterBreak(absl::Status* failure) EXCLUDES(mu_);
-  // Opens a stream, says Hello with `token` and registers `regions` again, all within `seconds`.
-  absl::StatusOr<Stream> OpenResumed(const std::string& token,
-                                     const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
-                                     double seconds) EXCLUDES(mu_);
-  // Installs `s`: settles the pending requests across the restart and re-queues the others.
-  void Install(Stream s) EXCLUDES(mu_);
+  // Opens a stream, says Hello with `token` and registers `regions` again, all within
+  // `seconds`. OK: handshake_ holds the stream, ready for Install.
+  absl::Status OpenResumed(const std::string& token,
+                           const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
+                           double seconds) EXCLUDES(mu_);
+  // The message that opens a resumed stream: Hello with `token`, then `regions` registered again
+  // (their request ids go to h->region_of_request).
+  v1::ClientMessage ResumeMessage(const std::string& token,
+                                  const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
+                                  Handshake* h);
+  // Whether the handshake is over (answered, failed, or its stream ended); its result.
+  static bool HandshakeOver(const Handshake& h);
+  absl::Status HandshakeResult(const Handshake& h, double seconds) const;
+  // Installs handshake_'s stream: settles the pending requests across the restart and re-sends
+  // the others.
+  void Install() EXCLUDES(mu_);
   // What an unanswered request becomes across a restart: false (send it again), or true with
   // its answer in *answer (body set) or *failure.
   bool SettleLocked(const v1::Request& request, const absl::flat_hash_set<uint64_t>& resumed,
@@ -473,7 +440,6 @@ class Client {
   v1::Request WireLocked(const v1::Request& request) const REQUIRES(mu_);
   // Keeps the client's view of its blocks and regions; rewrites region ids to the client's.
   void AccountLocked(const Pending& p, v1::Response* response) REQUIRES(mu_);
-  void StartWriter();
   // Whether `request` goes on the request ring (attached, still in use, and a per-tensor
   // request the ring can carry); mu_ held.
   bool OnRingLocked(const v1::Request& request) const REQUIRES(mu_);
@@ -492,22 +458,26 @@ class Client {
                                                          absl::string_view done_event,
                                                          absl::string_view ready_event);
   Reply<absl::Status> SubmitRelease(uint64_t block_id, uint64_t tag);
-  void Start();
-  void ReaderLoop() EXCLUDES(mu_);
-  // The reader thread's reading of the current stream: returns once a Read returned false.
-  void ReadUntilEnd() EXCLUDES(mu_);
-  // Whether the reader thread should read now (see "Threading").
-  bool ReaderShouldReadLocked(std::chrono::steady_clock::time_point now) const REQUIRES(mu_);
+
+  // The reactions of `stream` (the current one, or handshake_'s), forwarded by SessionStream.
+  // message == nullptr: the read failed (the stream ended).
+  void OnStreamRead(SessionStream* stream, v1::ServerMessage* message) EXCLUDES(mu_);
+  void OnStreamWritten(SessionStream* stream, bool ok) EXCLUDES(mu_);
+  void OnStreamDone(SessionStream* stream, const grpc::Status& status) EXCLUDES(mu_);
   // Moves the answers in `message` to *ready, for the caller to run without mu_.
   void TakeAnswersLocked(v1::ServerMessage* message,
                          std::vector<std::pair<Completer, v1::Response>>* ready) REQUIRES(mu_);
-  // internal::ReplyReader's: the calling thread reads until `request_id` is answered, when that
-  // request is the only one pending and was written by this caller; else returns at once.
-  friend class internal::ReplyReader;
-  void ReadForCaller(uint64_t request_id) EXCLUDES(mu_);
-  void GiveUpCallerRead(uint64_t request_id) EXCLUDES(mu_);
+  // Records a handshake stream's answers in handshake_.
+  void TakeHandshakeAnswersLocked(const v1::ServerMessage& message) REQUIRES(mu_);
+  // The next operation the current stream needs (see StreamStep): a write of what outbox_ holds
+  // when none is in flight and no ScopedBatch holds it, WritesDone once closing with nothing
+  // left, or the release of the stream's hold once it ended.
+  StreamStep NextStepLocked() REQUIRES(mu_);
+  // Starts `step` on its stream; mu_ not held.
+  static void RunStep(StreamStep step);
+  // Cancels the current stream unless a resume is under way (its stream then ended already).
+  void CancelStream() EXCLUDES(mu_);
   void FailAll(const absl::Status& failure) EXCLUDES(mu_);
-  void WriterLoop() EXCLUDES(mu_);
   // Queues `request` (its id already set) unless the stream is over; returns why not.
   absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region = 0)
       EXCLUDES(mu_);
@@ -516,21 +486,12 @@ class Client {
                         bool flush, uint64_t region = 0);
   absl::Status StatusWithPath(const grpc::Status& status, absl::string_view rpc) const;
 
-  bool WriterHasWork() const REQUIRES(mu_);
   // Moves what outbox_ holds (up to the message limits) into *message and sets writing_.
   void TakeMessageLocked(v1::ClientMessage* message) REQUIRES(mu_);
-  // Writes what outbox_ holds from the calling thread (mu_ released during the write, held again
-  // on return); the stream's single writer while writing_ is set.
-  void WriteNowLocked() REQUIRES(mu_);
 
   const ClientOptions options_;
   const std::string socket_path_;
   const std::string target_;  // "unix:" + socket_path_
-  // Replaced by a resume (on the reader thread, under mu_, while the writer is stopped).
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Offload::Stub> stub_;
-  std::unique_ptr<grpc::ClientContext> stream_context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
   v1::HelloReply hello_;  // the first HelloReply (set by Connect before any resume)
   std::atomic<uint64_t> next_request_id_{1};
 
@@ -538,13 +499,28 @@ class Client {
   // sees the locking: Debian's absl is not instrumented.
   mutable base::Mutex mu_;
   base::CondVar cv_;  // any change of the state below that a thread may wait for
+  // The channel of the current stream (GetStats, CheckHealth); replaced by a resume.
+  std::shared_ptr<grpc::Channel> channel_ GUARDED_BY(mu_);
+  // The current stream. Replaced only by Install, after the old one's OnDone; a thread that
+  // read the pointer under mu_ uses it without mu_ while it holds a reason the stream cannot
+  // reach OnDone (writing_ or holding_ set by it), or after Close() began (nothing replaces it
+  // then).
+  std::unique_ptr<SessionStream> stream_ GUARDED_BY(mu_);
+  // The current stream still has its hold: writes may be started on it from outside its
+  // reactions. Released once (NextStepLocked) after WritesDone or once the stream ended.
+  bool holding_ GUARDED_BY(mu_) = false;
+  // A write is in flight (started, OnWriteDone not yet run): one at a time.
+  bool writing_ GUARDED_BY(mu_) = false;
+  bool stream_ended_ GUARDED_BY(mu_) = false;  // a read or write on the current stream failed
+  bool stream_done_ GUARDED_BY(mu_) = false;   // the current stream's OnDone ran
+  grpc::Status stream_final_ GUARDED_BY(mu_);  // and the status it gave
+  // A resume's stream until Install (null otherwise).
+  std::unique_ptr<Handshake> handshake_ GUARDED_BY(mu_);
   std::deque<v1::Request> outbox_ GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Pending> pending_ GUARDED_BY(mu_);
   // The session's resume token (a fresh one after NOT_FOUND).
   std::string token_ GUARDED_BY(mu_);
   bool reconnecting_ GUARDED_BY(mu_) = false;  // the stream broke; requests wait in pending_
-  // Close() cancels a resume in progress.
-  grpc::ClientContext* handshake_context_ GUARDED_BY(mu_) = nullptr;
   uint64_t next_region_id_ GUARDED_BY(mu_) = 1;
   // Client region id -> handle.
   absl::flat_hash_map<uint64_t, RegionHandle> regions_ GUARDED_BY(mu_);
@@ -556,27 +532,11 @@ class Client {
   absl::flat_hash_map<uint64_t, uint64_t> tag_block_ GUARDED_BY(mu_);  // tag -> confirmed block id
   int batch_depth_ GUARDED_BY(mu_) = 0;
   bool flush_ GUARDED_BY(mu_) = false;
-  bool closing_ GUARDED_BY(mu_) = false;       // Close() began: no new requests
-  bool reading_done_ GUARDED_BY(mu_) = false;  // Read() returned false
-  bool writer_done_ GUARDED_BY(mu_) = false;
-  // A Write is in flight, from the writer thread or a caller (WriteNowLocked): one at a time.
-  bool writing_ GUARDED_BY(mu_) = false;
-  bool finished_ GUARDED_BY(mu_) = false;  // Finish() returned, pending requests failed
-  // The stream's single reader (see "Threading"): a thread is inside stream_->Read.
-  bool read_role_busy_ GUARDED_BY(mu_) = false;
-  bool stream_ended_ GUARDED_BY(mu_) = false;  // a Read on the current stream returned false
-  // The request whose caller may read its answer (written by that caller, alone pending), since
-  // when; 0: none.
-  uint64_t caller_candidate_ GUARDED_BY(mu_) = 0;
-  std::chrono::steady_clock::time_point candidate_since_ GUARDED_BY(mu_);
-  // When pending_ last became empty.
-  std::chrono::steady_clock::time_point idle_since_ GUARDED_BY(mu_);
+  bool closing_ GUARDED_BY(mu_) = false;   // Close() began: no new requests
+  bool finished_ GUARDED_BY(mu_) = false;  // the last stream ended, pending requests failed
   absl::Status stream_status_ GUARDED_BY(mu_);
   ClientCounters counters_ GUARDED_BY(mu_);
 
-  // Set at construction, never reassigned (ReplyReader has its own mutex).
-  const std::shared_ptr<internal::ReplyReader> reply_reader_ =
-      std::make_shared<internal::ReplyReader>(this);
   // The request ring (null: not offered, or refused). Set by Connect before any request but
   // Hello; its RingCore is thread-safe on its own.
   std::unique_ptr<RingCore> ring_;
@@ -584,8 +544,7 @@ class Client {
   std::atomic<bool> ring_stop_{false};
   std::thread ring_thread_;
   base::Mutex close_mu_;  // serialises Close()
-  std::thread reader_;
-  std::thread writer_;
+  std::thread session_thread_;
 };
 
 }  // namespace client

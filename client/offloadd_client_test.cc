@@ -505,9 +505,11 @@ TEST_F(ClientTest, ConcurrentRequestsGetTheirOwnResults) {
   EXPECT_EQ(service_->messages(), static_cast<int>(counters.messages_sent));
 }
 
-// A request submitted to an idle client is written on the calling thread (no hand-off to the
-// writer thread); each still arrives as its own message, answered in order.
-TEST_F(ClientTest, ARequestToAnIdleClientIsWrittenByTheCaller) {
+// Requests issued one after another (each waited for) go out one message each. The first
+// request after the client went quiet finds no write in flight and starts its write on the
+// calling thread; a request that finds the previous write's OnWriteDone not yet run is written
+// from it instead, so only the bounds are fixed.
+TEST_F(ClientTest, SequentialRequestsGoOutOneMessageEach) {
   std::unique_ptr<Client> client = MustConnect();
   ASSERT_NE(client, nullptr);
   RegionHandle cuda;
@@ -523,47 +525,42 @@ TEST_F(ClientTest, ARequestToAnIdleClientIsWrittenByTheCaller) {
     EXPECT_EQ(r->bytes, static_cast<uint64_t>(64 + i));
   }
   const ClientCounters after = client->counters();
-  EXPECT_EQ(after.messages_sent_by_caller - before.messages_sent_by_caller, kRequests);
   EXPECT_EQ(after.messages_sent - before.messages_sent, kRequests);
+  EXPECT_GE(after.messages_sent_by_caller - before.messages_sent_by_caller, 1u);
+  EXPECT_LE(after.messages_sent_by_caller - before.messages_sent_by_caller, kRequests);
   EXPECT_EQ(service_->messages() - messages_before, kRequests);
   EXPECT_EQ(service_->last_batch_size(), 1);
 }
 
-// The stream's reader: the answer to a lone request is read by the thread waiting on
-// its Reply (get/wait), no hand-off from the reader thread; with another request pending, after
-// wait_for, or once its Reply is gone, the reader thread reads; a Reply outlives its Client.
-TEST_F(ClientTest, ALoneRequestsAnswerIsReadByItsWaitingCaller) {
+// Every answer is read by the stream's reactor, never by a waiting caller: get, wait_for and a
+// Reply dropped unread all see their own answers; with several pending, each Reply gets its
+// own; a Reply outlives its Client.
+TEST_F(ClientTest, TheReactorReadsEveryAnswer) {
   std::unique_ptr<Client> client = MustConnect();
   ASSERT_NE(client, nullptr);
   RegionHandle cuda;
   cuda.cuda_ipc_handle = std::string(kCudaIpcHandleBytes, '\x07');
   absl::StatusOr<uint64_t> region_id = client->RegisterRegion(cuda);
   ASSERT_TRUE(region_id.ok());
-  const uint64_t read_before = client->counters().messages_read_by_caller;
   constexpr int kRequests = 50;
   for (int i = 0; i < kRequests; ++i) {
     absl::StatusOr<OffloadResult> r = client->Offload(*region_id, i, 64 + i).get();
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->bytes, static_cast<uint64_t>(64 + i));
   }
-  uint64_t read = client->counters().messages_read_by_caller;
-  EXPECT_EQ(read - read_before, kRequests);
-
-  // wait_for never reads: the reader thread does, at once (not after the grace period).
   auto polled = client->Offload(*region_id, 1, 100);
   ASSERT_EQ(polled.wait_for(std::chrono::seconds(5)), std::future_status::ready);
   EXPECT_EQ(polled.get()->bytes, 100u);
-  // A Reply dropped unread: the reader thread takes its answer; the next caller reads its own.
+  // A Reply dropped unread: its answer is still taken off the stream.
   const uint64_t answered = client->counters().responses_received;
   { auto dropped = client->Offload(*region_id, 2, 101); }
   for (int i = 0; i < 5000 && client->counters().responses_received == answered; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  EXPECT_EQ(client->counters().responses_received, answered + 1);
   EXPECT_EQ(client->Offload(*region_id, 3, 102).get()->bytes, 102u);
-  EXPECT_EQ(client->counters().messages_read_by_caller - read, 1u);
-  read = client->counters().messages_read_by_caller;
 
-  // Two requests pending: neither caller reads; answers still reach their own Replies.
+  // Several pending, answered out of order: each Reply gets its own answer.
   const int requests_before = service_->requests();
   auto held = client->Offload(*region_id, kHoldOffset, 64);  // never answered by the fake
   service_->WaitForRequests(requests_before + 1);
@@ -571,12 +568,28 @@ TEST_F(ClientTest, ALoneRequestsAnswerIsReadByItsWaitingCaller) {
   auto third = client->Offload(*region_id, 5, 256);
   EXPECT_EQ(third.get()->bytes, 256u);
   EXPECT_EQ(second.get()->bytes, 128u);
-  EXPECT_EQ(client->counters().messages_read_by_caller, read);
+  EXPECT_EQ(client->counters().messages_read_by_caller, 0u);
   EXPECT_EQ(client->counters().unknown_responses, 0u);
 
   // The held request's Reply is waited on after its Client is gone.
   client.reset();
   EXPECT_EQ(held.get().status().code(), absl::StatusCode::kCancelled);
+}
+
+// The reactor keeps a read posted while nothing is pending: a daemon that goes away then is
+// seen without any request (the stream status turns UNAVAILABLE; auto_resume finds no pool to
+// resume from, the fake's HelloReply has resume_grace_seconds 0).
+TEST_F(ClientTest, AnIdleClientSeesTheDaemonGo) {
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->stream_status().ok());
+  StopServer();
+  for (int i = 0; i < 10000 && client->stream_status().ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(client->stream_status().code(), absl::StatusCode::kUnavailable)
+      << client->stream_status();
+  EXPECT_EQ(client->Release(1).get().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST_F(ClientTest, BurstIsCoalescedIntoFewerMessages) {

@@ -7,9 +7,9 @@
 // of 100 each:
 //  - direct ping-pong: the calling thread writes a `payload_bytes` message and reads the echo
 //    (gRPC's floor on this machine);
-//  - threaded ping-pong: the same through a writer and a reader thread, the shape of the offloadd
-//    client library (client/offloadd_client.cc) while several requests overlap (a lone one is
-//    written and read by its caller): two thread hand-offs more per round trip;
+//  - threaded ping-pong: the same through a writer and a reader thread (a synchronous-API
+//    client's shape; the offloadd client runs its stream on gRPC's callback API instead): two
+//    thread hand-offs more per round trip;
 //  - hand-off ping-pong: direct on the client, but the server starts each write from a worker
 //    thread it wakes per message (the daemon's shape: a copy worker completes the request);
 //  - with --socket (a running offloadd): a 4 KiB offload, then a 4 KiB URGENT reload with
@@ -25,7 +25,8 @@
 // runs --backend=cuda-sim; register a simulated allocation on its GPU 0), requests 2000 (per kind),
 // warmup 200, payload_bytes 64, bare_server_cpu -1 (>= 0: pin the forked bare server to that CPU,
 // so that it can sit where the daemon is pinned: which cores the client and the server share
-// decides the round trip on a small machine, see BENCHMARKS.md).
+// decides the round trip on a small machine, see BENCHMARKS.md), use_ring 1 (0: the client
+// offers no request ring, so offloads and reloads travel on the Session stream).
 #include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -136,7 +137,7 @@ class EchoService final : public PingPong::CallbackService {
 
 using Stream = grpc::ClientReaderWriter<Ping, Ping>;
 
-// The offloadd client's shape: a writer thread and a reader thread around one stream.
+// A synchronous-API client's shape: a writer thread and a reader thread around one stream.
 class ThreadedClient {
  public:
   explicit ThreadedClient(Stream* stream) : stream_(stream) {
@@ -217,8 +218,8 @@ void Report(const char* what, const std::vector<double>& v, double bare_p50) {
   std::printf("\n");
 }
 
-int Run(const std::string& path, const std::string& daemon_socket, bool cuda_sim, int requests,
-        int warmup, size_t payload_bytes) {
+int Run(const std::string& path, const std::string& daemon_socket, bool cuda_sim, bool use_ring,
+        int requests, int warmup, size_t payload_bytes) {
   auto channel = grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
     std::fprintf(stderr, "small_request_bench: no ping-pong server on unix:%s\n", path.c_str());
@@ -231,6 +232,7 @@ int Run(const std::string& path, const std::string& daemon_socket, bool cuda_sim
     client::ClientOptions o;
     o.socket_path = daemon_socket;
     o.client_name = "small_request_bench";
+    o.use_ring = use_ring;
     o.device_id = cuda_sim ? copy::SimCudaApi::DeviceUuid(0) : "small_request_bench";
     auto c = client::Client::Connect(o);
     auto s = client::ShmRegion::Create(1 << 20);
@@ -310,18 +312,18 @@ int Run(const std::string& path, const std::string& daemon_socket, bool cuda_sim
       s.direct.size(), payload_bytes);
   const double bare = Percentile(s.direct, 0.5) * 1e6;
   Report("bare gRPC ping-pong, direct", s.direct, 0);
-  Report("bare gRPC ping-pong, writer + reader thread (client shape)", s.threaded, bare);
+  Report("bare gRPC ping-pong, writer + reader thread", s.threaded, bare);
   Report("bare gRPC ping-pong, server writes from a woken thread", s.hand_off, bare);
   if (daemon == nullptr) return 0;
   Report("offloadd 4 KiB offload (one request)", s.offload, bare);
   Report("  of which daemon admission -> copied (copy_seconds)", s.offload_copy, 0);
   Report("offloadd 4 KiB URGENT reload + release (one request)", s.reload, bare);
   Report("  of which daemon ready -> copied (copy_seconds)", s.reload_copy, 0);
-  // Whose thread read the daemon's answers: the waiting caller's (no hand-off) or the client's
-  // reader thread's.
-  std::printf("offloadd client: %llu of %llu answers written and read by the waiting caller\n",
-              static_cast<unsigned long long>(counters.messages_read_by_caller),
-              static_cast<unsigned long long>(counters.messages_received));
+  // Whose thread started each write: the submitting caller's (no write was in flight) or the
+  // previous write's OnWriteDone (gRPC's callback thread).
+  std::printf("offloadd client: %llu of %llu messages written from the submitting caller\n",
+              static_cast<unsigned long long>(counters.messages_sent_by_caller),
+              static_cast<unsigned long long>(counters.messages_sent));
   return 0;
 }
 
@@ -330,7 +332,7 @@ int Run(const std::string& path, const std::string& daemon_socket, bool cuda_sim
 
 int main(int argc, char** argv) {
   std::string path, daemon_socket;
-  bool cuda_sim = false;
+  bool cuda_sim = false, use_ring = true;
   int requests = 2000, warmup = 200;
   uint64_t payload = 64;
   int bare_server_cpu = -1;
@@ -343,6 +345,8 @@ int main(int argc, char** argv) {
       daemon_socket = v;
     else if (name == "--cuda_sim")
       cuda_sim = v == "1" || v == "true";
+    else if (name == "--use_ring")
+      use_ring = v == "1" || v == "true";
     else if (name == "--requests")
       ok = absl::SimpleAtoi(v, &requests);
     else if (name == "--warmup")
@@ -356,7 +360,7 @@ int main(int argc, char** argv) {
     if (!ok) {
       std::fprintf(stderr,
                    "small_request_bench: bad argument '%s' (flags: --socket=PATH "
-                   "--requests=N --warmup=N --payload_bytes=N --bare_server_cpu=N)\n",
+                   "--requests=N --warmup=N --payload_bytes=N --bare_server_cpu=N --use_ring=0|1)\n",
                    a.c_str());
       return 2;
     }
@@ -379,7 +383,8 @@ int main(int argc, char** argv) {
   }
   struct stat st {};
   for (int i = 0; i < 200 && stat(path.c_str(), &st) != 0; ++i) usleep(20000);
-  const int rc = offloadd::bench::Run(path, daemon_socket, cuda_sim, requests, warmup, payload);
+  const int rc = offloadd::bench::Run(path, daemon_socket, cuda_sim, use_ring, requests, warmup,
+                                       payload);
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   unlink(path.c_str());
