@@ -75,11 +75,11 @@ FUZZ_SRCS := tests/fuzz/session_fuzz.cc \
   $(filter-out %_test.cc,$(wildcard server/session/*.cc server/store/*.cc server/spill/*.cc \
     server/pool/*.cc server/sched/*.cc)) \
   $(filter-out %_test.cc,$(wildcard server/base/*.cc common/base/*.cc)) \
-  server/copy/shm_engine.cc server/copy/cuda_api.cc server/copy/sim_gpu_table.cc \
+  server/copy/shm/shm_engine.cc server/copy/cuda/cuda_api.cc server/copy/cuda/sim_gpu_table.cc \
   common/sim_gpu_table.cc \
   server/projector/blas_core.cc server/metrics/metrics.cc \
   server/rpc/translate.cc
-build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.h)
+build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.h server/copy/*/*.h)
 	@mkdir -p build/fuzz/gen build/fuzz/corpus
 	protoc -I. --cpp_out=build/fuzz/gen proto/offload.proto
 	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
@@ -106,8 +106,8 @@ fuzz: deps build/fuzz/session_fuzz build/fuzz/ring_fuzz
 ASAN_TESTS := //server/... //client:all //common/... //tests/e2e:e2e_test //tests/e2e:multiprocess_test \
   //tests/faults/... //tests/fuzz/... //tests/soak:soak_quick_test
 TSAN_TESTS := //common/base/... //server/base/... //server/session/... //server/store/... //server/sched/... //server/pool/... //server/spill/... \
-  //server/copy:shm_engine_test //server/copy:cuda_engine_test //server/copy:cuda_api_sim_test \
-  //server/copy:copy_timing_model_test //tests/fuzz/...
+  //server/copy/shm:shm_engine_test //server/copy/cuda:cuda_engine_test \
+  //server/copy/cuda:cuda_api_sim_test //server/copy/timing:copy_timing_model_test //tests/fuzz/...
 test-asan: deps
 	$(BAZEL) test --config=asan $(ASAN_TESTS)
 test-tsan: deps

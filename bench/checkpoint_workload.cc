@@ -32,7 +32,7 @@
 #include "absl/strings/str_replace.h"
 #include "client/offloadd_client.h"
 #include "common/base/clock.h"
-#include "server/copy/cuda_api_sim.h"
+#include "server/copy/cuda/cuda_api_sim.h"
 
 namespace {
 

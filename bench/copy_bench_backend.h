@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/copy/copy_engine.h"
-#include "server/copy/cuda_api.h"
+#include "server/copy/cuda/cuda_api.h"
 
 namespace offloadd::bench {
 

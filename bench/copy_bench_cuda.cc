@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/copy/cuda_api_forwarding.h"
+#include "server/copy/cuda/cuda_api_forwarding.h"
 
 namespace offloadd::bench {
 namespace {

@@ -1,9 +1,10 @@
 // copy_sim_bench: how close the daemon's cuda copy path keeps simulated GPU copy
 // engines to their modelled rate, on a machine without a GPU. Everything it reports about GPUs
-// is SIMULATED: the engines are CopyTimingModel behind SimCudaApi (server/copy/cuda_api_sim.h),
-// which moves no bytes; what is real is the daemon's code driving them — CudaCopyEngine, its
-// device worker threads and the LinkScheduler per switch and direction, as the daemon wires them
-// (session/core.cc: unpaced links, `copy_threads` workers each) — and the host CPU it burns.
+// is SIMULATED: the engines are CopyTimingModel behind SimCudaApi
+// (server/copy/cuda/cuda_api_sim.h), which moves no bytes; what is real is the daemon's code
+// driving them — CudaCopyEngine, its device worker threads and the LinkScheduler per switch and
+// direction, as the daemon wires them (session/core.cc: unpaced links, `copy_threads` workers
+// each) — and the host CPU it burns.
 //
 // Workload: `gpus` GPUs, `gpus_per_switch` behind each switch (one link per switch), each GPU
 // with `streams` offloads (D2H) and `streams` reloads (H2D, PREFETCH) of `transfer_mib` MiB
@@ -59,8 +60,8 @@
 #include "absl/strings/str_split.h"
 #include "bench/copy_bench_backend.h"
 #include "common/base/clock.h"
-#include "server/copy/cuda_api_sim.h"
-#include "server/copy/cuda_engine.h"
+#include "server/copy/cuda/cuda_api_sim.h"
+#include "server/copy/cuda/cuda_engine.h"
 #include "server/sched/link_scheduler.h"
 
 namespace offloadd::bench {

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/projector/lapack_backend.h"
 #include "server/projector/refresh_service.h"
 #include "server/projector/synthetic.h"

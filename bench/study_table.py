@@ -2,7 +2,8 @@
 """The activation-checkpoint offload study's table, run through offloadd on simulated GPUs.
 
 SIMULATED: every step time here is a simulated GPU's modelled compute stream, and every copy
-time the cuda-sim daemon's timing model (server/copy/copy_timing_model.h). Nothing runs on a GPU.
+time the cuda-sim daemon's timing model (server/copy/timing/copy_timing_model.h). Nothing runs on
+a GPU.
 
 The study (shared/reference/activation-checkpoint-offload.txt, "When the copy is free: the
 bandwidth arithmetic") gives, per transformer layer and b = 1:

@@ -4,8 +4,8 @@
 // slots, violation counters), and NewSimClientCudaApi gives the ClientCudaApi (cuda_export.h)
 // that CudaExporter uses on it. A daemon on `--backend=cuda-sim` opens the table's handles,
 // moves the bytes of its copies when its timing model says they complete and records done
-// events there (SimCudaApi, server/copy/cuda_api_sim.h), so the C++ exporter and Client run the
-// whole CUDA data path with real bytes on machines without a GPU (docs/ARCHITECTURE.md, "The
+// events there (SimCudaApi, server/copy/cuda/cuda_api_sim.h), so the C++ exporter and Client run
+// the whole CUDA data path with real bytes on machines without a GPU (docs/ARCHITECTURE.md, "The
 // simulated client GPU"). Every time it reports is SIMULATED: kernels take the time they are
 // told to, copies the time the daemon's model gives.
 //

@@ -3,13 +3,13 @@
 // data path — IPC memory and event handles, the event protocol, allocations freed under the
 // daemon — runs and is checked on machines without a GPU (docs/ARCHITECTURE.md, "The simulated
 // client GPU"). The client side is client/python/offloadd/sim_gpu.py (and its C++ twin
-// client/sim_client_cuda_api.h); the daemon side is SimCudaApi (server/copy/cuda_api_sim.h),
+// client/sim_client_cuda_api.h); the daemon side is SimCudaApi (server/copy/cuda/cuda_api_sim.h),
 // which moves the bytes of copies on such memory when its timing model says they complete.
 //
 // This file is the format both sides share: the layout, the handles, the clock, and the mapping
 // class that creates a table (clients) and checks a mapped one (both). What only the daemon
 // does with a client's table — opening it under a SIGBUS guard, checking whose it is — is
-// server/copy/sim_gpu_table.h.
+// server/copy/cuda/sim_gpu_table.h.
 //
 // One POSIX shared-memory object per client process, "/ofd-simgpu-<pid>", created by the
 // client, mode 0600 unless the client asks otherwise. Layout (little-endian; offsets from the

@@ -27,7 +27,7 @@ if [ ! -x /usr/local/cuda/bin/nvcc ]; then
   exit 1
 fi
 targets="//server:offloadd //tests/gpu:gpu_e2e //tests/gpu:gpu_probes //kernels:kernels_gpu_check \
-  //server/copy:cuda_engine_test //client:cuda_export_test //bench:copy_sim_bench_cuda"
+  //server/copy/cuda:cuda_engine_test //client:cuda_export_test //bench:copy_sim_bench_cuda"
 bazel build $targets
 bin=$(bazel info bazel-bin 2>/dev/null)
 
@@ -35,7 +35,7 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/python"
 cp "$bin/server/offloadd" "$out/bin/offloadd"  # the cuda backend is in where the toolkit is
 cp "$bin/bench/copy_sim_bench_cuda" "$out/bin/copy_sim_bench"  # --backend=cuda|sim: calibration
-cp "$bin/tests/gpu/gpu_e2e" "$bin/tests/gpu/gpu_probes" "$bin/kernels/kernels_gpu_check" "$bin/server/copy/cuda_engine_test" \
+cp "$bin/tests/gpu/gpu_e2e" "$bin/tests/gpu/gpu_probes" "$bin/kernels/kernels_gpu_check" "$bin/server/copy/cuda/cuda_engine_test" \
   "$bin/client/cuda_export_test" "$out/bin/"
 chmod u+w "$out"/bin/*
 strip --strip-debug "$out"/bin/*

@@ -32,7 +32,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
-#include "server/copy/cuda_api_sim.h"
+#include "server/copy/cuda/cuda_api_sim.h"
 
 namespace offloadd {
 

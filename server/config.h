@@ -11,8 +11,8 @@
 
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
-#include "server/copy/cuda_api_sim.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/cuda/cuda_api_sim.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/sched/topology.h"
 #include "server/session/core.h"
 

@@ -3,7 +3,8 @@
 # For each server package, asks Bazel which server libraries its libraries may depend on
 # (`bazel query visible(...)`: the visibility rules of server/BUILD's package groups) and
 # compares that with the table below. A visibility change that lets a layer reach up or
-# sideways (store -> session, pool -> copy, metrics -> anything, projector -> sched) fails here
+# sideways (store -> session, pool -> copy, metrics -> anything, projector -> sched, one copy
+# backend -> another, copy/timing -> a backend) fails here
 # with the package pair, so the layering cannot loosen without this table and the architecture
 # document changing with it. Also checks that common/ uses nothing of ours and that nothing
 # under client/ uses anything under server/. Prints "layering: OK (N packages)" or the differences; exit 1 on any.
@@ -12,15 +13,20 @@ cd "$(dirname "$0")/.."
 BAZEL=${BAZEL:-bazel}
 
 # package -> the server packages whose libraries it may use (sorted, space separated).
+# copy/ is three layers (server/copy/BUILD): the backends copy/cuda and copy/shm, which may not
+# use each other; copy/timing below them; copy (the CopyEngine interface) below that.
 declare -A ALLOWED=(
-  [server]="base copy metrics pool projector rpc sched session spill store"
-  [rpc]="base copy metrics pool projector sched session spill store"
-  [session]="base copy metrics pool projector sched spill store"
-  [store]="base copy metrics pool spill"
-  [projector]="base copy metrics pool"
-  [sched]="base copy metrics pool"
-  [spill]="base copy metrics pool sched"
+  [server]="base copy copy/cuda copy/shm copy/timing metrics pool projector rpc sched session spill store"
+  [rpc]="base copy copy/cuda copy/shm copy/timing metrics pool projector sched session spill store"
+  [session]="base copy copy/cuda copy/shm copy/timing metrics pool projector sched spill store"
+  [store]="base copy copy/cuda copy/shm copy/timing metrics pool spill"
+  [projector]="base copy copy/cuda copy/shm copy/timing metrics pool"
+  [sched]="base copy copy/cuda copy/shm copy/timing metrics pool"
+  [spill]="base copy copy/cuda copy/shm copy/timing metrics pool sched"
   [pool]="base metrics"
+  [copy/cuda]="base copy copy/timing metrics"
+  [copy/shm]="base copy copy/timing metrics"
+  [copy/timing]="base copy metrics"
   [copy]="base metrics"
   [metrics]="base"
   [base]=""

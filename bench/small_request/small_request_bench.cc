@@ -52,7 +52,7 @@
 #include "client/shm_region.h"
 #include "common/base/clock.h"
 #include "grpcpp/grpcpp.h"
-#include "server/copy/cuda_api_sim.h"
+#include "server/copy/cuda/cuda_api_sim.h"
 
 namespace offloadd::bench {
 namespace {

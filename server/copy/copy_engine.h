@@ -1,11 +1,11 @@
 // CopyEngine: moves bytes between client memory (a registered region) and the host pool.
 //
 // Two backends implement it (docs/ARCHITECTURE.md, "Copy backends"):
-//  - shm  (shm_engine.h): the client's "device memory" is a POSIX shared-memory object; a chunk
+//  - shm  (shm/shm_engine.h): the client's "device memory" is a POSIX shared-memory object; a chunk
 //         copy is a memcpy on the calling worker thread. It derives from BlockingCopyEngine
 //         (blocking_copy_engine.h), the adapter that builds every other entry point from its one
 //         blocking copy.
-//  - cuda (cuda_engine.h): the region is a CUDA IPC memory handle of an allocation base; chunk
+//  - cuda (cuda/cuda_engine.h): the region is a CUDA IPC memory handle of an allocation base; chunk
 //         copies are cudaMemcpyAsync on per-GPU D2H/H2D streams (cuda-sim: the same engine over
 //         a timing model).
 // Every virtual method is pure: a backend implements each one (three copy calls: BeginTransfer,

@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/mutex.h"
-#include "server/copy/cuda_api.h"
+#include "server/copy/cuda/cuda_api.h"
 #include "server/projector/cusolver_loader.h"
 #include "server/projector/gpu_uuid.h"
 

@@ -18,7 +18,7 @@
 #include "common/base/fake_clock.h"
 #include "glog/logging.h"
 #include "gtest/gtest.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/projector/dtype.h"
 #include "server/projector/lapack_backend.h"
 #include "server/projector/subspace_metrics.h"

@@ -21,7 +21,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/projector/dtype.h"
 #include "server/projector/lapack_backend.h"

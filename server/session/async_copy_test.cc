@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/copy/cuda_api_fake.h"
-#include "server/copy/cuda_engine.h"
+#include "server/copy/cuda/cuda_api_fake.h"
+#include "server/copy/cuda/cuda_engine.h"
 #include "server/session/completion_collector.h"
 #include "server/session/session.h"
 

@@ -11,7 +11,7 @@
 
 #include "common/base/fake_clock.h"
 #include "gtest/gtest.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/session/audit.h"
 #include "server/session/completion_collector.h"
 #include "server/session/session.h"

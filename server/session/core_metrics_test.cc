@@ -10,7 +10,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/session/completion_collector.h"
 #include "server/session/core.h"

@@ -54,7 +54,7 @@ struct LinkCalibrationOptions {
   // link_calibration). Either way `offloadctl calibrate-links` measures on demand.
   bool at_start = false;
   double budget_seconds = 5;  // per calibration, everything included (> 0)
-  // The backend's meter (copy/cuda_rate_meter.h), not owned, must outlive the Core; null: the
+  // The backend's meter (copy/cuda/cuda_rate_meter.h), not owned, must outlive the Core; null: the
   // backend has no copy hardware to measure (shm), and calibration is refused.
   copy::CopyRateMeter* meter = nullptr;
 };

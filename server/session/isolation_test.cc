@@ -26,7 +26,7 @@
 #include "common/base/clock.h"
 #include "common/base/fake_clock.h"
 #include "gtest/gtest.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/session/peer.h"
 #include "server/session/pid_watcher.h"
 #include "server/session/session.h"

@@ -8,7 +8,7 @@
 #include "common/base/clock.h"
 #include "glog/logging.h"
 #include "server/base/log_text.h"
-#include "server/copy/cuda_api.h"
+#include "server/copy/cuda/cuda_api.h"
 
 namespace offloadd::session {
 namespace {

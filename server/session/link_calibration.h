@@ -9,8 +9,8 @@
 // it keeps the unpaced default link of its own): measured like the others
 // where no default_link_bytes_per_second is configured, else paced at that default.
 //
-// What: the backend's copy::CopyRateMeter (copy/copy_rate_meter.h; the cuda
-// backend's is copy/cuda_rate_meter.h) times each of the link's
+// What: the backend's copy::CopyRateMeter (copy/timing/copy_rate_meter.h; the cuda
+// backend's is copy/cuda/cuda_rate_meter.h) times each of the link's
 // GPUs alone and then all of them together, per direction, within a budget; the link is paced
 // at what its GPUs moved together (LinkTable::SetCalibratedCapacity) in each direction without
 // a configured capacity — a configured capacity always wins. A half-duplex link is paced at the
@@ -31,7 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/mutex.h"
-#include "server/copy/copy_rate_meter.h"
+#include "server/copy/timing/copy_rate_meter.h"
 #include "server/session/core_options.h"
 #include "server/session/core_stats.h"
 #include "server/session/link_table.h"

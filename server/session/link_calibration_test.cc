@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/copy/cuda_api_sim.h"
-#include "server/copy/cuda_rate_meter.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/cuda/cuda_api_sim.h"
+#include "server/copy/cuda/cuda_rate_meter.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/session/core.h"
 #include "server/session/core_metrics.h"

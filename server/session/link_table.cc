@@ -3,7 +3,7 @@
 #include <array>
 
 #include "absl/strings/str_format.h"
-#include "server/copy/cuda_api.h"
+#include "server/copy/cuda/cuda_api.h"
 #include "server/metrics/metrics.h"
 
 namespace offloadd::session {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/session/session_test_util.h"
 
 namespace offloadd::session {

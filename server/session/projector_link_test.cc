@@ -13,7 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "server/copy/blocking_copy_engine.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/pool/arena.h"
 #include "server/projector/refresh_service.h"
 #include "server/session/core.h"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/pool/arena.h"
 #include "server/session/completion_collector.h"
 #include "server/session/session.h"

@@ -15,7 +15,7 @@
 #include "common/base/clock.h"
 #include "glog/logging.h"
 #include "server/base/log_text.h"
-#include "server/copy/sim_gpu_table.h"
+#include "server/copy/cuda/sim_gpu_table.h"
 #include "server/metrics/metrics.h"
 #include "server/session/audit.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/session/completion_collector.h"
 #include "server/session/session_test_util.h"

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "server/copy/sim_gpu_table.h"
+#include "server/copy/cuda/sim_gpu_table.h"
 
 namespace offloadd::copy {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "client/offloadd_client.h"
 #include "common/base/clock.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/pool/arena.h"
 #include "server/rpc/server.h"
 #include "server/session/core.h"

@@ -31,7 +31,7 @@
 #include <string>
 
 #include "proto/projector.pb.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/projector/refresh_service.h"
 #include "server/rpc/projector_service.h"
 

@@ -32,7 +32,7 @@
 
 #include "common/base/clock.h"
 #include "proto/offload.pb.h"
-#include "server/copy/shm_engine.h"
+#include "server/copy/shm/shm_engine.h"
 #include "server/pool/arena.h"
 #include "server/rpc/translate.h"
 #include "server/session/core.h"

@@ -1,7 +1,7 @@
 """POSIX shared-memory staging for the shm backend: regions and a sub-allocator over them.
 
 On the shm backend the daemon copies between a client's shared-memory object and its pool with
-memcpy (server/copy/shm_engine.cc maps the object, MAP_SHARED|MAP_POPULATE, when the region is
+memcpy (server/copy/shm/shm_engine.cc maps the object, MAP_SHARED|MAP_POPULATE, when the region is
 registered). A client therefore stages bytes: it copies a tensor into a slot of a registered
 region, sends Offload(region, offset, bytes), and frees the slot when OffloadDone arrives; a
 reload is the mirror image.
