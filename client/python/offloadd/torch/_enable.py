@@ -22,6 +22,7 @@ import warnings
 
 import torch
 
+from .. import _devices
 from ._hooks import default_context, save_on_cpu
 
 _CHECKPOINT_WRAPPER = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
@@ -85,8 +86,7 @@ def enable(**context_args):
     allocator whose memory offloadd cannot export (expandable segments, cudaMallocAsync).
     Idempotent: a second call only reconfigures the context. Call it before the first forward.
     """
-    from offloadd import sim_gpu
-    if torch.cuda.is_available() or sim_gpu.active() is not None:
+    if _devices.uses_cuda_allocator():
         from offloadd import cuda
         cuda.check_allocator_config()
     with _lock:

@@ -28,7 +28,7 @@ proto/offload.proto and docs/ARCHITECTURE.md):
   is in flight, and the transport keeps the tensor (or destination) alive until then.
 
 The device calls go through a device object: offloadd.cuda.TorchCudaDevice on a GPU, or
-offloadd.sim_gpu.SimCudaDevice on a simulated one (then every reload's bytes are checked
+offloadd.testing.sim_gpu.SimCudaDevice on a simulated one (then every reload's bytes are checked
 against a checksum taken at offload).
 """
 
@@ -308,7 +308,7 @@ def _quarantine_unanswered(future, dest):
 
 class CudaIpcTransport:
     """The daemon copies device memory directly through CUDA IPC (see module doc).
-    ``device``: offloadd.cuda.TorchCudaDevice or offloadd.sim_gpu.SimCudaDevice."""
+    ``device``: offloadd.cuda.TorchCudaDevice or offloadd.testing.sim_gpu.SimCudaDevice."""
 
     device_key = None  # set by the Endpoint: host waits count toward this device's totals
     MAX_REGIONS = 1024     # registered segments kept; the least recently used is unregistered

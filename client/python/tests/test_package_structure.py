@@ -1,0 +1,146 @@
+"""The Python package's structure: the simulated GPU stays out of the production modules (they ask
+the device registry, offloadd._devices).
+
+No daemon needed; each import check runs in a fresh interpreter, so modules other tests imported
+do not hide what a module imports by itself."""
+
+import ast
+import os
+import subprocess
+import sys
+import unittest
+
+from daemon_fixture import PY_ROOT
+
+import torch
+
+from offloadd import _devices
+
+PACKAGE = os.path.join(PY_ROOT, "offloadd")
+# Where the simulator lives, and the alias module that keeps its former name importable.
+TESTING_FILES = ("testing/", "sim_gpu.py")
+
+
+def package_files():
+    """Every module file of offloadd (relative paths), generated stubs left out."""
+    out = []
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py") and not name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                out.append(os.path.relpath(os.path.join(folder, name), PACKAGE))
+    return sorted(out)
+
+
+def production_files():
+    return [f for f in package_files() if not f.startswith(TESTING_FILES)]
+
+
+def run_python(code):
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=PY_ROOT,
+                       env=dict(os.environ, PYTHONPATH=PY_ROOT + os.pathsep +
+                                os.environ.get("PYTHONPATH", "")))
+    return r
+
+
+class SimulatorOutOfProductionTest(unittest.TestCase):
+    def test_production_modules_neither_import_nor_name_the_simulator(self):
+        offenders = []
+        for rel in production_files():
+            with open(os.path.join(PACKAGE, rel)) as f:
+                tree = ast.parse(f.read(), rel)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""] + [a.name for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                        node.value.startswith("sim:"):
+                    names = [node.value]
+                else:
+                    continue
+                if any("sim_gpu" in n or n.startswith("sim:") or n.endswith(".testing")
+                       or n == "testing" for n in names):
+                    offenders.append("%s:%d %s" % (rel, node.lineno, names))
+        self.assertGreater(len(production_files()), 20)
+        self.assertEqual(offenders, [])
+
+    def test_cpu_tensor_key_does_not_load_the_simulator(self):
+        r = run_python(
+            "import sys, torch\n"
+            "from offloadd.torch import _endpoint\n"
+            "print(_endpoint.device_key(torch.device('cpu')))\n"
+            "print(sorted(m for m in sys.modules if 'sim_gpu' in m or 'testing' in m"
+            " and m.startswith('offloadd')))\n")
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertEqual(r.stdout.split("\n")[:2], ["cpu", "[]"])
+
+    def test_simulator_registers_its_kind_and_alias_is_the_same_module(self):
+        r = run_python(
+            "import torch\n"
+            "from offloadd import _devices\n"
+            "from offloadd.testing import sim_gpu\n"
+            "from offloadd import sim_gpu as alias\n"
+            "import offloadd.sim_gpu as alias2\n"
+            "print(alias is sim_gpu, alias2 is sim_gpu)\n"
+            "cpu = torch.device('cpu')\n"
+            "print(_devices.device_key(cpu), _devices.uses_cuda_allocator())\n"
+            "gpu = sim_gpu.SimGpu(devices=2, device_bytes=4 << 20)\n"
+            "sim_gpu.activate(gpu)\n"
+            "sim_gpu.set_device(1)\n"
+            "kind, ordinal = _devices.kind_of(_devices.device_key(cpu))\n"
+            "device_id, make = kind.open(ordinal)\n"
+            "print(_devices.device_key(cpu), kind.name, ordinal,"
+            " device_id == sim_gpu.device_uuid(1), type(make()).__name__,"
+            " _devices.uses_cuda_allocator())\n"
+            "sim_gpu.activate(None)\n"
+            "gpu.close()\n"
+            "print(_devices.device_key(cpu))\n")
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        cuda = str(torch.cuda.is_available())
+        self.assertEqual(r.stdout.split("\n")[:4],
+                         ["True True", "cpu " + cuda,
+                          "sim:1 sim 1 True SimCudaDevice True", "cpu"])
+
+
+class DeviceRegistryTest(unittest.TestCase):
+    class _Fake(_devices.DeviceKind):
+        name, torch_type = "fake", "meta"
+
+        def __init__(self):
+            self.claim = True
+
+        def key(self, device):
+            return "fake:3" if self.claim else None
+
+        def open(self, ordinal):
+            return "FAKE-%d" % ordinal, None
+
+    def test_a_registered_kind_claims_its_tensors_until_it_declines(self):
+        meta = torch.device("meta")
+        self.assertEqual(_devices.device_key(meta), "meta")
+        fake = _devices.register(self._Fake())
+        try:
+            self.assertEqual(_devices.device_key(meta), "fake:3")
+            self.assertEqual(_devices.kind_of("fake:3"), (fake, 3))
+            self.assertEqual(fake.open(3), ("FAKE-3", None))
+            fake.claim = False
+            self.assertEqual(_devices.device_key(meta), "meta")
+        finally:
+            with _devices._lock:
+                _devices._by_name.pop("fake")
+                _devices._by_type.pop("meta")
+        self.assertEqual(_devices.kind_of("meta"), (None, 0))
+        self.assertEqual(_devices.kind_of("cpu"), (None, 0))
+        self.assertEqual(_devices.device_key(torch.device("cuda", 2)), "cuda:2")
+        self.assertEqual(_devices.kind_of("cuda:2")[1], 2)
+
+    def test_a_kind_needs_a_plain_name(self):
+        bad = self._Fake()
+        bad.name = "a:b"
+        with self.assertRaisesRegex(ValueError, "without ':'"):
+            _devices.register(bad)
+
+
+if __name__ == "__main__":
+    unittest.main()
