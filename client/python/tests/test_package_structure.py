@@ -1,5 +1,6 @@
 """The Python package's structure: the simulated GPU stays out of the production modules (they ask
-the device registry, offloadd._devices).
+the device registry, offloadd._devices); no two modules import each other, directly or round a
+longer loop, at the top or inside functions; every module imports by itself.
 
 No daemon needed; each import check runs in a fresh interpreter, so modules other tests imported
 do not hide what a module imports by itself."""
@@ -101,6 +102,108 @@ class SimulatorOutOfProductionTest(unittest.TestCase):
         self.assertEqual(r.stdout.split("\n")[:4],
                          ["True True", "cpu " + cuda,
                           "sim:1 sim 1 True SimCudaDevice True", "cpu"])
+
+
+def module_name(rel):
+    """offloadd/torch/_store.py -> "offloadd.torch._store"; a package's __init__.py -> its name."""
+    parts = ["offloadd"] + rel[:-3].split(os.sep)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph():
+    """{module: {modules of offloadd it names in an import statement anywhere in its file}}:
+    ``from . import x`` and ``from .x import y`` (x or x.y where that is a module), ``import
+    offloadd.x``, ``from offloadd.x import y``; top-level and inside functions alike."""
+    files = package_files()
+    modules = {module_name(f): f for f in files}
+    graph = {}
+    for name, rel in modules.items():
+        package = name if rel.endswith("__init__.py") else name.rpartition(".")[0]
+        with open(os.path.join(PACKAGE, rel)) as f:
+            tree = ast.parse(f.read(), rel)
+        edges = set()
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - (node.level - 1)]
+                    base = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                targets = [base + "." + a.name for a in node.names] + [base]
+            for t in targets:
+                if t in modules and t != name:
+                    edges.add(t)
+                    break  # the most specific module the statement names
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph):
+    """Every import cycle (as a list of modules, first repeated last), each found once."""
+    found, state, stack = [], {}, []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                found.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    return found
+
+
+class ImportCycleTest(unittest.TestCase):
+    def test_graph_sees_the_package_imports(self):
+        graph = import_graph()
+        self.assertIn("offloadd.torch._store", graph)
+        self.assertIn("offloadd.torch._endpoint", graph["offloadd.torch._store"])
+        self.assertIn("offloadd.errors", graph["offloadd.torch._endpoint"])
+        self.assertIn("offloadd.galore._optim", graph["offloadd.galore"])
+        self.assertEqual(cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}), [["a", "b", "c", "a"]])
+        self.assertEqual(cycles({"a": {"b"}, "b": set()}), [])
+
+    def test_no_import_cycle(self):
+        self.assertEqual(cycles(import_graph()), [])
+
+    def test_every_module_imports_by_itself(self):
+        """Each module in a fresh interpreter (modules whose optional third-party dependency is
+        not installed are skipped, by the missing name)."""
+        names = sorted(import_graph())
+        procs = {}
+        failed, skipped = {}, []
+        for start in range(0, len(names), 4):
+            batch = names[start:start + 4]
+            for name in batch:
+                procs[name] = subprocess.Popen(
+                    [sys.executable, "-c", "import importlib, sys\n"
+                     "try:\n"
+                     "    importlib.import_module(%r)\n"
+                     "except ModuleNotFoundError as e:\n"
+                     "    if (e.name or '').startswith('offloadd'):\n"
+                     "        raise\n"
+                     "    print('SKIP', e.name)\n" % name],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PY_ROOT,
+                    env=dict(os.environ, PYTHONPATH=PY_ROOT + os.pathsep +
+                             os.environ.get("PYTHONPATH", "")))
+            for name in batch:
+                out, err = procs[name].communicate(timeout=300)
+                if procs[name].returncode != 0:
+                    failed[name] = err[-1500:]
+                elif out.startswith("SKIP"):
+                    skipped.append(name)
+        self.assertEqual(failed, {})
+        self.assertLess(len(skipped), 4, skipped)
 
 
 class DeviceRegistryTest(unittest.TestCase):

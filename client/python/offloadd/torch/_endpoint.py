@@ -41,6 +41,8 @@ from ..client import Client
 from ..socket_path import default_socket_path
 from . import _stats
 from . import _transport
+from ._live import finish_steps
+from ._reaper import reaper
 
 _lock = threading.Lock()
 _endpoints = {}     # (pid, socket_path, device key) -> Endpoint
@@ -300,8 +302,6 @@ def synchronize(timeout=10.0):
     afterwards the daemon's stats reflect everything released so far. True if all completed.
     Also counts the current step as idle where it sent nothing and its backward has begun
     (Store.finish_step): a run's last step has no next step to end it."""
-    from ._reaper import reaper
-    from ._store import finish_steps
     finish_steps()
     report(force=True)
     deadline = time.monotonic() + timeout

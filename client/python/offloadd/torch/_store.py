@@ -55,6 +55,8 @@ import torch
 from .. import errors
 from ..client import PREFETCH, URGENT
 from . import _endpoint
+from ._live import STORES as _STORES  # every Store of the process (weak)
+from ._live import finish_steps
 from ._reaper import reaper, release_later
 from ._stats import OffloadStats
 from ._transport import Meta, dense_span, empty_like_meta
@@ -702,19 +704,8 @@ class Store:
 
 
 
-# Every Store of the process, for finish_steps (weak: a store dies with its context).
-_STORES = weakref.WeakSet()
-
-
-def finish_steps():
-    """The idle-step check of every store's step whose backward has begun (Store.finish_step)."""
-    for store in list(_STORES):
-        try:
-            store.finish_step()
-        except Exception:  # interpreter shutdown
-            pass
-
-
+# After _endpoint's close_all was registered (it is imported above): handlers run last-in
+# first-out, so every store's step ends before the endpoints send their last reports.
 atexit.register(finish_steps)
 
 

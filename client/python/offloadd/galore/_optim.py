@@ -55,7 +55,8 @@ import socket
 import threading
 import warnings
 
-from . import galore as og
+from ._connection import ProjectorConnection
+from ._projector import LocalSharing, ProjectorStats, ServiceProjector
 
 GALORE_TORCH_VERSION = "1.0"  # the version whose sources this module was written against
 _NAME_ATTR = "_offloadd_galore_name"
@@ -123,7 +124,7 @@ class Routing:
     def __init__(self, options, connection):
         self.options = options
         self.connection = connection
-        self.stats = og.ProjectorStats()
+        self.stats = ProjectorStats()
         self.job_id = None
         self.sharing = None
         self._projectors = []
@@ -144,7 +145,7 @@ class Routing:
         given = opts["job_id"] or os.environ.get("OFFLOADD_JOB_ID", "")
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             self.job_id = given or "job-" + secrets.token_hex(8)
-            self.sharing = og.LocalSharing()
+            self.sharing = LocalSharing()
             if opts["broadcast"]:
                 warnings.warn("offloadd: broadcast=True without a torch.distributed job of "
                               "several ranks: nothing to broadcast", RuntimeWarning)
@@ -191,7 +192,7 @@ class Routing:
                 elif isinstance(entry, dict) and entry.get("offloadd_galore_projector"):
                     state["projector"] = self._restore(group, p, entry)
                 proj = state.get("projector")
-                if isinstance(proj, og.ServiceProjector):
+                if isinstance(proj, ServiceProjector):
                     proj.prefetch(p.grad, state.get("step", 0))
         return None
 
@@ -206,7 +207,7 @@ class Routing:
         pid = parameter_id or getattr(p, _NAME_ATTR, None) or "galore.%d.%dx%d" % (
             index, p.shape[0], p.shape[1])
         o = self.options
-        proj = og.ServiceProjector(
+        proj = ServiceProjector(
             group["rank"], update_proj_gap=group["update_proj_gap"], scale=group["scale"],
             proj_type=group.get("proj_type", "std"), method=o["method"],
             oversampling=o["oversampling"], power_iterations=o["power_iterations"],
@@ -242,7 +243,7 @@ def _save_projectors(optimizer, state_dict):  # noqa: ARG001 - torch's hook sign
     keeps its projectors)."""
     states = state_dict.get("state", {})
     for key, value in list(states.items()):
-        if isinstance(value, dict) and isinstance(value.get("projector"), og.ServiceProjector):
+        if isinstance(value, dict) and isinstance(value.get("projector"), ServiceProjector):
             copy = dict(value)
             copy["projector"] = value["projector"].state_dict()
             states[key] = copy
@@ -350,7 +351,7 @@ def enable(*, socket_path=None, asynchronous=False, adopt_after_steps=None, meth
                    warm_start=bool(warm_start), lazy=bool(lazy),
                    lazy_similarity_threshold=lazy_similarity_threshold, fallback=fallback,
                    broadcast=broadcast, job_id=job_id, verbose=verbose)
-    connection = og.ProjectorConnection(socket_path, timeout_seconds)
+    connection = ProjectorConnection(socket_path, timeout_seconds)
     _galore_classes()  # imports galore_torch (and bitsandbytes) now, not inside a step
     with _lock:
         if _active is not None:

@@ -1,90 +1,19 @@
-"""GaLore projector refreshes computed by the offloadd daemon (proto/projector.proto).
-
-One line for galore-torch users (:func:`enable`, in ``offloadd/_galore_optim.py``)::
-
-    import offloadd.galore
-    offloadd.galore.enable()          # before the optimizer's first step
-    # GaLoreAdamW / GaLoreAdamW8bit / GaLoreAdafactor, or TrainingArguments(optim="galore_*")
-
-:class:`ServiceProjector` offers the interface of the reference GaLore projector
-(``GaLoreProjector`` in galore-torch 1.0, galore_torch/galore_projector.py; Zhao et al. 2024,
-shared/reference/galore-paper.txt, Alg. 1): ``project(full_rank_grad, iter)`` returns the low-rank
-gradient and refreshes the projection when ``iter % update_proj_gap == 0`` (and at the first
-call); ``project_back(low_rank_grad)`` maps a low-rank update back to full rank, times ``scale``.
-The top-r SVD runs in the daemon (LAPACK on its host CPU, fp32 whatever the gradient's dtype;
-cuSOLVER on the gradient's GPU with ``projector { backend: "cusolver" }``) instead of
-``torch.linalg.svd`` inside the optimizer step.
-
-Sides (``proj_type``): "std" projects the smaller side (m >= n: right vectors, else left),
-"reverse_std" the larger one, "left"/"right" a fixed one; "full" is not offered.
-
-Layout: ``ortho_matrix`` is what the reference keeps: ``U[:, :r]`` (m x r) on the left side and
-``Vh[:r, :]`` (r x n) on the right side, in the gradient's dtype and on its device. The daemon
-writes P as side_dim x r row-major (for the right side ``Vh[:r, :].T``); this module transposes.
-Singular vectors carry arbitrary signs in the reference and here alike; ``project_back(project(G))``
-does not depend on them, but Adam's moments are kept across a refresh, so after the second
-refresh results depend on the signs: they are close to the stock optimizer's, not bitwise equal.
-
-Modes:
-  * synchronous (default): a refresh step waits for its projector — the reference's semantics.
-  * ``asynchronous=True``: the staleness rule. A refresh due at step s (s % gap == 0) while a
-    projector is in use is submitted at s and adopted at step ``s + k``, k = ``adopt_after_steps``
-    (default ``max(1, gap // 2)``, at most gap); steps s .. s+k-1 project with the previous
-    projector, and at step s+k ``project`` waits for the result if it has not arrived (the only
-    wait). The adopted step depends on the step count only, never on timing, so every
-    data-parallel rank adopts the same projector at the same step. The first refresh of a
-    parameter always waits (there is nothing to use yet).
-  * ``method="randomized"`` (Halko-Martinsson-Tropp range finder; ``oversampling``,
-    ``power_iterations``, ``warm_start``) instead of the exact SVD.
-  * ``lazy=True``: the daemon may skip a refresh while this parameter's consecutive projectors
-    stay similar (server/projector/lazy_policy.h); the current projector is then kept.
-
-Data path: on the shm daemon G is copied into a POSIX shared-memory object this projector owns
-and P comes back through it. On a cuda daemon (``cuda_regions`` in its projector stats) a CUDA
-gradient is copied device-to-device into a buffer this projector allocates once, exported by CUDA
-IPC handle (offloadd.cuda: the allocation base plus an offset), and P is written back into that
-buffer by the daemon: no host staging on the training thread. A gradient of another dtype than
-fp32/bf16/fp16 (e.g. fp64) is sent as fp32 and P is cast back.
-
-Errors: INVALID_ARGUMENT from the daemon (NaN/Inf in G, naming the first bad row; a 1-D gradient)
-raises :class:`offloadd.errors.OffloaddError` naming the parameter. When the daemon cannot be
-reached (:class:`~offloadd.errors.DaemonUnavailable`, or a deadline): synchronous mode with
-``fallback="local"`` computes that refresh in process with ``torch.linalg.svd`` (the reference's
-own computation; warned once, counted in ``stats.local_fallbacks``), with ``fallback="error"``
-raises; asynchronous mode keeps the current projector (``stats.kept_stale``). An all-zero
-gradient keeps the current projector (the daemon reports it degenerate); with none yet, the first
-r columns of the identity are used.
-
-Results: after each adopted refresh ``last_result`` holds the daemon's RefreshResult (singular
-values, captured energy, residual ratio, orthogonality error after the dtype cast, similarity to
-the previous projector, deduplicated, timings).
-"""
+"""The projector itself: :class:`ServiceProjector` (galore-torch's projector interface, refreshed
+by the daemon), its statistics and staging (the package docstring, offloadd.galore, has the
+semantics)."""
 
 import atexit
-import errno as _errno
 import itertools
 import json
 import os
 import threading
 import warnings
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
-import grpc
-
-from . import errors
-from . import socket_path as _socket_path
-from .shm import ShmRegion, shm_access
-from .socket_path import default_socket_path
-
-try:
-    from .v1 import offload_pb2
-    from .v1 import projector_pb2 as pb
-    from .v1 import projector_pb2_grpc as pb_grpc
-except ImportError as e:  # pragma: no cover - depends on the build
-    raise ImportError(
-        "offloadd.galore needs the generated stubs offloadd/v1/projector_pb2*.py: run "
-        "client/python/gen_proto.sh (%s)" % e) from e
+from .. import errors
+from ..shm import ShmRegion
+from ..v1 import offload_pb2
+from ._connection import _unreachable, pb, shared_connection
 
 ALIGN_BYTES = 64
 STATE_FORMAT = 1  # of ServiceProjector.state_dict()
@@ -92,126 +21,6 @@ _ids = itertools.count()
 # Test hooks (never set in production): "adopted"(projector, grad or None, p) -> p, called with
 # every projector about to be adopted (tests align singular-vector signs with it).
 _TEST_HOOKS = {}
-
-
-def _grpc_error(e):
-    """An OffloaddError (DaemonUnavailable for UNAVAILABLE) from a grpc.RpcError."""
-    code = e.code()
-    number = code.value[0] if code is not None else errors.UNKNOWN
-    text = e.details() or str(code)
-    if number == errors.UNAVAILABLE:
-        return errors.DaemonUnavailable(text)
-    return errors.OffloaddError(number, text)
-
-
-def _unreachable(e):
-    """True for errors that mean "no daemon answered" (the fallback cases), not bad input."""
-    return isinstance(e, errors.DaemonUnavailable) or e.code in (
-        errors.UNAVAILABLE, errors.DEADLINE_EXCEEDED, errors.CANCELLED)
-
-
-class ProjectorConnection:
-    """A gRPC channel to the daemon's Projector service; share one among many projectors.
-
-    Args:
-      socket_path: daemon socket (default :func:`offloadd.socket_path.default_socket_path`).
-      timeout_seconds: deadline of each call; a waiting GetResult included.
-      shm_mode, shm_group: access of the shared-memory objects the projectors stage G and P
-        in (:func:`offloadd.shm.shm_access`; default $OFFLOADD_SHM_MODE / $OFFLOADD_SHM_GROUP,
-        else what the daemon's uid needs).
-    """
-
-    def __init__(self, socket_path=None, timeout_seconds=600.0, shm_mode=None, shm_group=None):
-        self.socket_path = socket_path or default_socket_path()
-        self.timeout_seconds = float(timeout_seconds)
-        self.channel = grpc.insecure_channel("unix:" + self.socket_path)
-        self.stub = pb_grpc.ProjectorStub(self.channel)
-        self._cuda_regions = None
-        self._executor = None
-        self._lock = threading.Lock()
-        self._shm = (shm_mode, shm_group)
-        self._access = None
-
-    def shm_access(self):
-        """``(mode, gid)`` for staging objects (:func:`offloadd.shm.shm_access`), found on first
-        use with one connect() to the socket, which also reports a socket this user may not
-        open at once (SocketPermissionDenied, naming its group and how to join it) instead of
-        after the call's deadline."""
-        if self._access is None:
-            err, uid = _socket_path.probe(self.socket_path)
-            if err in (_errno.EACCES, _errno.EPERM):
-                raise errors.SocketPermissionDenied(
-                    "cannot connect to the offloadd socket %s: %s"
-                    % (self.socket_path, _socket_path.permission_denied_reason(self.socket_path)))
-            self._access = shm_access(self.socket_path, uid, *self._shm)
-        return self._access
-
-    def submit(self, request):
-        """Submit(RefreshRequest) -> SubmitReply. Raises OffloaddError."""
-        try:
-            return self.stub.Submit(request, timeout=self.timeout_seconds)
-        except grpc.RpcError as e:
-            raise _grpc_error(e) from None
-
-    def result(self, refresh_id, wait=True):
-        """GetResult -> RefreshResult; a failed refresh raises its error."""
-        try:
-            return self.stub.GetResult(pb.GetResultRequest(refresh_id=refresh_id, wait=wait),
-                                       timeout=self.timeout_seconds)
-        except grpc.RpcError as e:
-            raise _grpc_error(e) from None
-
-    def stats(self):
-        """GetProjectorStats -> ProjectorStats (computed vs deduplicated counts, ...)."""
-        try:
-            return self.stub.GetProjectorStats(pb.ProjectorStatsRequest(),
-                                               timeout=self.timeout_seconds)
-        except grpc.RpcError as e:
-            raise _grpc_error(e) from None
-
-    def cuda_regions(self):
-        """True when the daemon opens CUDA IPC handles (asked once; False if unreachable)."""
-        if self._cuda_regions is None:
-            try:
-                self._cuda_regions = bool(self.stats().cuda_regions)
-            except errors.OffloaddError:
-                return False
-        return self._cuda_regions
-
-    def background(self, fn):
-        """Runs ``fn`` on this connection's one submit thread; returns its Future."""
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="offloadd-galore")
-            return self._executor.submit(fn)
-
-    def watch(self, batch_id="", refresh_ids=()):
-        """Yields RefreshProgress as each refresh of the batch finishes."""
-        try:
-            for progress in self.stub.WatchBatch(
-                    pb.WatchRequest(batch_id=batch_id, refresh_ids=list(refresh_ids)),
-                    timeout=self.timeout_seconds):
-                yield progress
-        except grpc.RpcError as e:
-            raise _grpc_error(e) from None
-
-    def close(self):
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-        self.channel.close()
-
-
-_shared = {}
-_shared_lock = threading.Lock()
-
-
-def shared_connection(socket_path=None, timeout_seconds=None):
-    """One ProjectorConnection per socket path for the whole process."""
-    path = socket_path or default_socket_path()
-    with _shared_lock:
-        if path not in _shared:
-            _shared[path] = ProjectorConnection(path, timeout_seconds or 600.0)
-        return _shared[path]
 
 
 def _resolve_side(proj_type, rows, cols):
@@ -233,6 +42,7 @@ _METHODS = {"exact": pb.METHOD_EXACT, "randomized": pb.METHOD_RANDOMIZED}
 
 def _round_up(n, k):
     return (n + k - 1) // k * k
+
 
 
 class ProjectorStats:
@@ -614,7 +424,7 @@ class ServiceProjector:
         """G copied device-to-device into this projector's CUDA buffer; an event the submit
         waits for (the daemon's copy has no event of ours to wait on)."""
         import torch
-        from . import cuda as ocuda
+        from .. import cuda as ocuda
         st = self._staging
         need = p_offset + max(p_bytes, 1)
         if st.cuda_buf is None or st.cuda_buf.numel() < need:
@@ -804,22 +614,3 @@ def _tensor_from(raw, meta, device):
     t = _raw_bytes(raw).view(dtype).reshape(meta["shape"]).clone()
     return t.to(device if device is not None else meta["device"])
 
-
-def enable(**options):
-    """Routes every galore-torch projector through the daemon: see offloadd._galore_optim.enable
-    (documented there; imported lazily so ``import offloadd.galore`` needs no torch)."""
-    from . import _galore_optim
-    return _galore_optim.enable(**options)
-
-
-def name_parameters(model, prefix=""):
-    """Names ``model``'s parameters (``named_parameters()``) for the projectors :func:`enable`
-    makes; the Trainer's are named by themselves."""
-    from . import _galore_optim
-    return _galore_optim.name_parameters(model, prefix)
-
-
-def disable():
-    """Undoes :func:`enable` (projectors already made keep working)."""
-    from . import _galore_optim
-    return _galore_optim.disable()
