@@ -6,6 +6,7 @@ No daemon needed; each import check runs in a fresh interpreter, so modules othe
 do not hide what a module imports by itself."""
 
 import ast
+import inspect
 import os
 import subprocess
 import sys
@@ -204,6 +205,42 @@ class ImportCycleTest(unittest.TestCase):
                     skipped.append(name)
         self.assertEqual(failed, {})
         self.assertLess(len(skipped), 4, skipped)
+
+
+def _plain_signature(fn):
+    """(name, kind, default) of every parameter: annotations aside, what a caller relies on."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+class TransportProtocolTest(unittest.TestCase):
+    def test_both_transports_have_every_method_with_its_signature(self):
+        from offloadd.torch import _transport
+        from offloadd.torch._transport_protocol import Transport
+        methods = sorted(n for n, v in vars(Transport).items()
+                         if callable(v) and not n.startswith("_"))
+        self.assertEqual(methods, sorted([
+            "start_offload", "finish_offload", "rescue", "in_flight_tensor", "prepare_reload",
+            "send_reload", "finish_reload", "release_dest", "abandon_reload", "close"]))
+        for cls in (_transport.ShmTransport, _transport.CudaIpcTransport):
+            for name in methods:
+                with self.subTest(cls=cls.__name__, method=name):
+                    self.assertTrue(callable(getattr(cls, name, None)))
+                    self.assertEqual(_plain_signature(getattr(cls, name)),
+                                     _plain_signature(getattr(Transport, name)))
+                    self.assertTrue(getattr(Transport, name).__doc__)
+            self.assertIn("device_key", vars(cls))
+        self.assertEqual(sorted(Transport.__annotations__), ["client", "device_key"])
+
+    def test_a_class_missing_a_method_is_not_a_transport(self):
+        from offloadd.torch._transport_protocol import Transport
+
+        class Partial:
+            client = device_key = None
+
+            def close(self):
+                pass
+
+        self.assertNotIsInstance(Partial(), Transport)
 
 
 class DeviceRegistryTest(unittest.TestCase):

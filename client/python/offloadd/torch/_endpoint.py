@@ -43,6 +43,7 @@ from . import _stats
 from . import _transport
 from ._live import finish_steps
 from ._reaper import reaper
+from ._transport_protocol import Transport
 
 _lock = threading.Lock()
 _endpoints = {}     # (pid, socket_path, device key) -> Endpoint
@@ -84,6 +85,7 @@ class Endpoint:
                              connect_timeout_seconds=connect_timeout_seconds,
                              unresponsive_seconds=unresponsive_seconds)
         backend = self.client.backend
+        self.transport: Transport
         try:
             if backend == "shm":
                 self.transport = _transport.ShmTransport(self.client, STAGING_GROW_BYTES,
