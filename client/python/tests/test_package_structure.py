@@ -243,6 +243,39 @@ class TransportProtocolTest(unittest.TestCase):
         self.assertNotIsInstance(Partial(), Transport)
 
 
+class StateEnumTest(unittest.TestCase):
+    def test_no_state_set_is_a_bare_range(self):
+        """``A, B, C = range(3)`` names states nobody can print or check: every such set is an
+        IntEnum (the names stay bound to its members)."""
+        found = []
+        for rel in package_files():
+            with open(os.path.join(PACKAGE, rel)) as f:
+                tree = ast.parse(f.read(), rel)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple) and \
+                        isinstance(node.value, ast.Call) and \
+                        getattr(node.value.func, "id", None) == "range":
+                    found.append("%s:%d" % (rel, node.lineno))
+        self.assertEqual(found, [])
+
+    def test_store_states_are_the_enum_members_with_their_old_values(self):
+        from offloadd.torch import _store
+        self.assertEqual([(m.name, int(m)) for m in _store.SavedState],
+                         [("KEPT", 0), ("OFFLOADING", 1), ("OFFLOADED", 2), ("FALLBACK", 3),
+                          ("LOST", 4)])
+        for m in _store.SavedState:
+            self.assertIs(getattr(_store, m.name), m)
+        self.assertEqual(str(_store.LOST), "4")  # formats as the int it was
+
+    def test_simulated_segment_states_match_the_table(self):
+        from offloadd.testing import sim_gpu
+        self.assertEqual([(m.name, int(m)) for m in sim_gpu.SegmentState],
+                         [("FREE", 0), ("LIVE", 1), ("FREED", 2)])
+        self.assertEqual((sim_gpu.SEG_FREE, sim_gpu.SEG_LIVE, sim_gpu.SEG_FREED),
+                         tuple(sim_gpu.SegmentState))
+        self.assertIs(sim_gpu.SEG_FREED, sim_gpu.SegmentState.FREED)
+
+
 class DeviceRegistryTest(unittest.TestCase):
     class _Fake(_devices.DeviceKind):
         name, torch_type = "fake", "meta"

@@ -68,6 +68,7 @@ import atexit
 import bisect
 import contextlib
 import ctypes
+import enum
 import mmap
 import os
 import struct
@@ -89,7 +90,17 @@ PENDING = (1 << 63) - 1
 HEADER_BYTES = 4096
 EVENT_SLOT_BYTES = 32
 SEGMENT_SLOT_BYTES = 64
-SEG_FREE, SEG_LIVE, SEG_FREED = 0, 1, 2
+
+
+class SegmentState(enum.IntEnum):
+    """A segment slot's state in the table (SimSegmentState in common/sim_gpu_table.h)."""
+
+    FREE = 0   # the slot holds no segment
+    LIVE = 1   # an allocated segment the daemon may open
+    FREED = 2  # freed: a handle naming it is refused
+
+
+SEG_FREE, SEG_LIVE, SEG_FREED = SegmentState
 SEGMENT_VMM = 1
 # Header violations[] indices (SimViolation in sim_gpu_table.h).
 FREED_WHILE_MAPPED, COPY_ON_FREED, WAIT_UNRECORDED, CONSUMED_EARLY = 0, 1, 2, 3
