@@ -276,6 +276,64 @@ class StateEnumTest(unittest.TestCase):
         self.assertIs(sim_gpu.SEG_FREED, sim_gpu.SegmentState.FREED)
 
 
+def _public_callables():
+    """(qualified name, function) of every public function and public method of the public
+    classes that offloadd.torch, offloadd.transformers and offloadd.galore export."""
+    import offloadd.galore
+    import offloadd.torch
+    import offloadd.transformers
+    out = []
+    for module in (offloadd.torch, offloadd.transformers, offloadd.galore):
+        names = getattr(module, "__all__", None) or [
+            n for n, v in vars(module).items()
+            if not n.startswith("_") and callable(v) and
+            getattr(v, "__module__", "").startswith(module.__name__)]
+        for name in names:
+            value = getattr(module, name)
+            where = "%s.%s" % (module.__name__, name)
+            if inspect.isclass(value):
+                for attr, member in vars(value).items():
+                    if attr.startswith("_") and attr != "__init__":
+                        continue
+                    if isinstance(member, (staticmethod, classmethod)):
+                        member = member.__func__
+                    if isinstance(member, property):
+                        member = member.fget
+                    if inspect.isfunction(member):
+                        out.append(("%s.%s" % (where, attr), member))
+            elif inspect.isfunction(value):
+                out.append((where, value))
+    return out
+
+
+class PublicSignatureTest(unittest.TestCase):
+    def test_public_functions_are_annotated(self):
+        found = _public_callables()
+        names = {n for n, _ in found}
+        for expected in ("offloadd.torch.offload_checkpoints.__init__",
+                         "offloadd.torch.synchronize", "offloadd.torch.OffloadStats.summary",
+                         "offloadd.transformers.enable", "offloadd.galore.enable",
+                         "offloadd.galore.ServiceProjector.project"):
+            self.assertIn(expected, names)
+        missing = []
+        for name, fn in found:
+            sig = inspect.signature(fn)
+            if sig.return_annotation is inspect.Signature.empty:
+                missing.append(name + " -> ?")
+            for p in sig.parameters.values():
+                if p.name not in ("self", "cls") and p.annotation is inspect.Parameter.empty:
+                    missing.append("%s(%s)" % (name, p.name))
+        self.assertEqual(missing, [])
+
+    def test_no_private_argument_in_a_public_signature_but_keyword_only(self):
+        leaks = []
+        for name, fn in _public_callables():
+            for p in inspect.signature(fn).parameters.values():
+                if p.name.startswith("_") and p.kind is not inspect.Parameter.KEYWORD_ONLY:
+                    leaks.append("%s(%s)" % (name, p.name))
+        self.assertEqual(leaks, [])
+
+
 class DeviceRegistryTest(unittest.TestCase):
     class _Fake(_devices.DeviceKind):
         name, torch_type = "fake", "meta"

@@ -2,9 +2,12 @@
 many projectors; :func:`shared_connection` keeps one per socket path) and how its errors map to
 offloadd.errors."""
 
+from __future__ import annotations
+
 import errno as _errno
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 import grpc
 
@@ -49,7 +52,8 @@ class ProjectorConnection:
         else what the daemon's uid needs).
     """
 
-    def __init__(self, socket_path=None, timeout_seconds=600.0, shm_mode=None, shm_group=None):
+    def __init__(self, socket_path: Optional[str] = None, timeout_seconds: float = 600.0,
+                 shm_mode: Optional[int] = None, shm_group: Optional[str] = None) -> None:
         self.socket_path = socket_path or default_socket_path()
         self.timeout_seconds = float(timeout_seconds)
         self.channel = grpc.insecure_channel("unix:" + self.socket_path)
@@ -60,7 +64,7 @@ class ProjectorConnection:
         self._shm = (shm_mode, shm_group)
         self._access = None
 
-    def shm_access(self):
+    def shm_access(self) -> Tuple[int, int]:
         """``(mode, gid)`` for staging objects (:func:`offloadd.shm.shm_access`), found on first
         use with one connect() to the socket, which also reports a socket this user may not
         open at once (SocketPermissionDenied, naming its group and how to join it) instead of
@@ -74,14 +78,14 @@ class ProjectorConnection:
             self._access = shm_access(self.socket_path, uid, *self._shm)
         return self._access
 
-    def submit(self, request):
+    def submit(self, request: Any) -> Any:
         """Submit(RefreshRequest) -> SubmitReply. Raises OffloaddError."""
         try:
             return self.stub.Submit(request, timeout=self.timeout_seconds)
         except grpc.RpcError as e:
             raise _grpc_error(e) from None
 
-    def result(self, refresh_id, wait=True):
+    def result(self, refresh_id: int, wait: bool = True) -> Any:
         """GetResult -> RefreshResult; a failed refresh raises its error."""
         try:
             return self.stub.GetResult(pb.GetResultRequest(refresh_id=refresh_id, wait=wait),
@@ -89,7 +93,7 @@ class ProjectorConnection:
         except grpc.RpcError as e:
             raise _grpc_error(e) from None
 
-    def stats(self):
+    def stats(self) -> Any:
         """GetProjectorStats -> ProjectorStats (computed vs deduplicated counts, ...)."""
         try:
             return self.stub.GetProjectorStats(pb.ProjectorStatsRequest(),
@@ -97,7 +101,7 @@ class ProjectorConnection:
         except grpc.RpcError as e:
             raise _grpc_error(e) from None
 
-    def cuda_regions(self):
+    def cuda_regions(self) -> bool:
         """True when the daemon opens CUDA IPC handles (asked once; False if unreachable)."""
         if self._cuda_regions is None:
             try:
@@ -106,14 +110,14 @@ class ProjectorConnection:
                 return False
         return self._cuda_regions
 
-    def background(self, fn):
+    def background(self, fn: Callable[[], Any]) -> Any:
         """Runs ``fn`` on this connection's one submit thread; returns its Future."""
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="offloadd-galore")
             return self._executor.submit(fn)
 
-    def watch(self, batch_id="", refresh_ids=()):
+    def watch(self, batch_id: str = "", refresh_ids: Iterable[int] = ()) -> Any:
         """Yields RefreshProgress as each refresh of the batch finishes."""
         try:
             for progress in self.stub.WatchBatch(
@@ -123,7 +127,7 @@ class ProjectorConnection:
         except grpc.RpcError as e:
             raise _grpc_error(e) from None
 
-    def close(self):
+    def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         self.channel.close()
@@ -133,7 +137,8 @@ _shared = {}
 _shared_lock = threading.Lock()
 
 
-def shared_connection(socket_path=None, timeout_seconds=None):
+def shared_connection(socket_path: Optional[str] = None,
+                      timeout_seconds: Optional[float] = None) -> ProjectorConnection:
     """One ProjectorConnection per socket path for the whole process."""
     path = socket_path or default_socket_path()
     with _shared_lock:

@@ -48,15 +48,21 @@ disagree on the galore-torch or offloadd version or on enable()'s options (every
 naming the rank that differs). Refresh errors: see offloadd.galore.
 """
 
+from __future__ import annotations
+
 import importlib.metadata
 import os
 import secrets
 import socket
 import threading
 import warnings
+from typing import TYPE_CHECKING, Optional
 
 from ._connection import ProjectorConnection
 from ._projector import LocalSharing, ProjectorStats, ServiceProjector
+
+if TYPE_CHECKING:
+    import torch
 
 GALORE_TORCH_VERSION = "1.0"  # the version whose sources this module was written against
 _NAME_ATTR = "_offloadd_galore_name"
@@ -64,7 +70,7 @@ _lock = threading.Lock()
 _active = None  # the Routing while enabled
 
 
-def installed_galore_version():
+def installed_galore_version() -> Optional[str]:
     """galore-torch's installed version (importlib.metadata), or None."""
     try:
         return importlib.metadata.version("galore-torch")
@@ -72,7 +78,7 @@ def installed_galore_version():
         return None
 
 
-def name_parameters(model, prefix=""):
+def name_parameters(model: torch.nn.Module, prefix: str = "") -> None:
     """Names ``model``'s parameters for offloadd's GaLore keys (``named_parameters()``'s names).
     Call it before the first step; the Trainer does it by itself once enabled."""
     for name, p in model.named_parameters():
@@ -302,10 +308,14 @@ def _patch_trainer(routing):
     routing._trainer_patch = (cls, original)
 
 
-def enable(*, socket_path=None, asynchronous=False, adopt_after_steps=None, method="exact",
-           oversampling=None, power_iterations=None, warm_start=False, lazy=False,
-           lazy_similarity_threshold=None, fallback="local", broadcast=None, job_id=None,
-           model=None, check_version=True, timeout_seconds=600.0, verbose=False):
+def enable(*, socket_path: Optional[str] = None, asynchronous: bool = False,
+           adopt_after_steps: Optional[int] = None, method: str = "exact",
+           oversampling: Optional[int] = None, power_iterations: Optional[int] = None,
+           warm_start: bool = False, lazy: bool = False,
+           lazy_similarity_threshold: Optional[float] = None, fallback: str = "local",
+           broadcast: Optional[bool] = None, job_id: Optional[str] = None,
+           model: Optional[torch.nn.Module] = None, check_version: bool = True,
+           timeout_seconds: float = 600.0, verbose: bool = False) -> Routing:
     """Routes every GaLore projector of galore-torch's GaLoreAdamW, GaLoreAdamW8bit and
     GaLoreAdafactor — the Transformers Trainer's ``optim="galore_*"`` and ``"galore_*_layerwise"``
     included — through the offloadd daemon. Call it once, before the optimizer's first step.
@@ -365,7 +375,7 @@ def enable(*, socket_path=None, asynchronous=False, adopt_after_steps=None, meth
     return routing
 
 
-def disable():
+def disable() -> None:
     """Removes the hooks :func:`enable` installed. Projectors already in optimizer states keep
     working (and saving); new ones are galore-torch's own again."""
     global _active
@@ -375,6 +385,6 @@ def disable():
             _active = None
 
 
-def active():
+def active() -> Optional[Routing]:
     """The current Routing, or None."""
     return _active

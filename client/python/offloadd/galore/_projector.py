@@ -2,6 +2,8 @@
 by the daemon), its statistics and staging (the package docstring, offloadd.galore, has the
 semantics)."""
 
+from __future__ import annotations
+
 import atexit
 import itertools
 import json
@@ -9,11 +11,15 @@ import os
 import threading
 import warnings
 import weakref
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from .. import errors
 from ..shm import ShmRegion
 from ..v1 import offload_pb2
-from ._connection import _unreachable, pb, shared_connection
+from ._connection import ProjectorConnection, _unreachable, pb, shared_connection
+
+if TYPE_CHECKING:
+    import torch
 
 ALIGN_BYTES = 64
 STATE_FORMAT = 1  # of ServiceProjector.state_dict()
@@ -60,21 +66,21 @@ class ProjectorStats:
     FIELDS = ("projectors", "refreshes_submitted", "refreshes_adopted", "computed",
               "deduplicated", "local_fallbacks", "kept_stale", "broadcasts")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         with self._lock:
             for f in self.FIELDS:
                 setattr(self, f, 0)
 
-    def count(self, field, n=1):
+    def count(self, field: str, n: int = 1) -> None:
         """Adds ``n`` to ``field`` (safe from the asynchronous submit thread)."""
         with self._lock:
             setattr(self, field, getattr(self, field) + n)
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, int]:
         with self._lock:
             return {f: getattr(self, f) for f in self.FIELDS}
 
@@ -87,10 +93,12 @@ class LocalSharing:
 
     broadcasting = False
 
-    def submits(self, index):  # noqa: ARG002 - the interface of _galore_optim.NodeSharing
+    def submits(self, index: int) -> bool:  # noqa: ARG002 - galore._optim.NodeSharing's
         return True
 
-    def broadcast(self, p, index, shape, dtype, device):  # noqa: ARG002
+    def broadcast(self, p: Optional[torch.Tensor], index: int, shape: Tuple[int, ...],
+                  dtype: torch.dtype,
+                  device: torch.device) -> Optional[torch.Tensor]:  # noqa: ARG002
         return p
 
 
@@ -123,7 +131,7 @@ class _Staging:
         self.cuda_buf = self.cuda_handle = None
 
 
-def cuda_region_fields(runtime, ptr, ordinal):
+def cuda_region_fields(runtime: Any, ptr: int, ordinal: int) -> Tuple[Any, int, str]:
     """(RegionHandle, offset_bytes, device_id) naming device pointer ``ptr`` of GPU ``ordinal``
     by CUDA IPC: the handle of its allocation base (an IPC handle covers a whole cudaMalloc
     allocation), the pointer's offset in it, the GPU's UUID. ``runtime``: offloadd.cuda's
@@ -150,12 +158,17 @@ class ServiceProjector:
     Raises ValueError for an unknown proj_type, method or fallback.
     """
 
-    def __init__(self, rank, verbose=False, update_proj_gap=200, scale=1.0, proj_type="std",
-                 *, method="exact", oversampling=None, power_iterations=None, warm_start=False,
-                 asynchronous=False, adopt_after_steps=None, lazy=False,
-                 lazy_similarity_threshold=None, parameter_id=None, job_id="", fallback="error",
-                 batch_prefix=None, connection=None, socket_path=None, sharing=None, index=0,
-                 stats=None, cuda_runtime=None):
+    def __init__(self, rank: int, verbose: bool = False, update_proj_gap: int = 200,
+                 scale: float = 1.0, proj_type: str = "std", *, method: str = "exact",
+                 oversampling: Optional[int] = None, power_iterations: Optional[int] = None,
+                 warm_start: bool = False, asynchronous: bool = False,
+                 adopt_after_steps: Optional[int] = None, lazy: bool = False,
+                 lazy_similarity_threshold: Optional[float] = None,
+                 parameter_id: Optional[str] = None, job_id: str = "", fallback: str = "error",
+                 batch_prefix: Optional[str] = None,
+                 connection: Optional[ProjectorConnection] = None,
+                 socket_path: Optional[str] = None, sharing: Any = None, index: int = 0,
+                 stats: Optional[ProjectorStats] = None, cuda_runtime: Any = None) -> None:
         if proj_type not in _SIDES:
             _resolve_side(proj_type, 1, 1)  # raises
         if method not in _METHODS:
@@ -200,14 +213,15 @@ class ServiceProjector:
     # ---- the reference interface ----
 
     @property
-    def ortho_matrix(self):
+    def ortho_matrix(self) -> Optional[torch.Tensor]:
         """The reference's projection matrix: U[:, :r] (left) or Vh[:r, :] (right); None before
         the first refresh."""
         if self._p is None:
             return None
         return self._p if self._side == "left" else self._p.t()
 
-    def project(self, full_rank_grad, iter):  # noqa: A002 - the reference's argument name
+    def project(self, full_rank_grad: torch.Tensor,
+                iter: int) -> torch.Tensor:  # noqa: A002 - the reference's argument name
         """The low-rank gradient of ``full_rank_grad`` (r x n on the left side, m x r on the
         right), refreshing the projection first when due (see the module's modes)."""
         step = int(iter)
@@ -225,7 +239,7 @@ class ServiceProjector:
             return p.t() @ full_rank_grad
         return full_rank_grad @ p
 
-    def project_back(self, low_rank_grad):
+    def project_back(self, low_rank_grad: torch.Tensor) -> torch.Tensor:
         """``scale`` times the full-rank image of ``low_rank_grad``."""
         p = self._p.to(low_rank_grad.device)
         if self._side == "left":
@@ -234,7 +248,8 @@ class ServiceProjector:
             full = low_rank_grad @ p.t()
         return full * self.scale
 
-    def prefetch(self, full_rank_grad, iter):  # noqa: A002 - project()'s argument name
+    def prefetch(self, full_rank_grad: torch.Tensor,
+                 iter: int) -> None:  # noqa: A002 - project()'s argument name
         """Submits now, in the background, the refresh that ``project(full_rank_grad, iter)``
         will wait for (the first one, or a synchronous refresh step), so the daemon computes it
         while the optimizer updates the parameters before this one. Nothing when no refresh is
@@ -252,22 +267,22 @@ class ServiceProjector:
     # ---- service details ----
 
     @property
-    def pending(self):
+    def pending(self) -> bool:
         """True while a submitted refresh has not been adopted (asynchronous mode)."""
         return self._pending is not None
 
     @property
-    def pending_adopt_step(self):
+    def pending_adopt_step(self) -> Optional[int]:
         """The step at which the pending refresh will be adopted (None when none is pending)."""
         return None if self._pending is None else self._pending["adopt_at"]
 
-    def wait(self):
+    def wait(self) -> None:
         """Adopts a pending refresh now, waiting for it (or raises its error); recorded in
         ``adopted_steps`` at the step the rule would have adopted it."""
         if self._pending is not None:
             self._adopt_pending(self._pending["adopt_at"])
 
-    def close(self):
+    def close(self) -> None:
         """Removes the staging memory (the daemon keeps its mapping while it needs it)."""
         self._staging.close()
 
@@ -534,10 +549,10 @@ class ServiceProjector:
 
     # ---- checkpoints ----
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """This projector as plain data a ``torch.load(weights_only=True)`` accepts: ints and
         uint8 tensors (JSON metadata, P's bytes, and a pending refresh's P, fetched now so a
-        resumed run adopts it at the same step). See offloadd/_galore_optim.py."""
+        resumed run adopts it at the same step). See offloadd/galore/_optim.py."""
         import torch
         meta = {"format": STATE_FORMAT, "rank": self.rank, "gap": self.update_proj_gap,
                 "scale": self.scale, "proj_type": self.proj_type, "side": self._side,
@@ -565,7 +580,7 @@ class ServiceProjector:
         out["meta"] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
         return out
 
-    def load_state_dict(self, state, device=None):
+    def load_state_dict(self, state: Dict[str, Any], device: Any = None) -> None:
         """Restores what :meth:`state_dict` saved (P on ``device``, default where it was).
         Raises ValueError for a state of another format."""
         import torch

@@ -254,12 +254,12 @@ def count_idle_step(reason, device=None):
                       "shown once per process." % reason, RuntimeWarning, stacklevel=4)
 
 
-def idle_steps_total():
+def idle_steps_total() -> int:
     """Steps in this process (all contexts) that saved tensors but sent none to the daemon."""
     return _idle_steps[0]
 
 
-def fallbacks_total():
+def fallbacks_total() -> int:
     """Fallbacks in this process since import (all contexts)."""
     return _fallbacks[0]
 
@@ -286,7 +286,7 @@ def reset_for_tests():
         _idle_steps[0] = 0
 
 
-def close_all():
+def close_all() -> None:
     """Closes every endpoint of this process (the daemon releases their blocks). Endpoints
     inherited through fork are only forgotten: their gRPC channels belong to the parent, and
     closing them from the child blocks forever."""
@@ -299,7 +299,7 @@ def close_all():
             ep.close()
 
 
-def synchronize(timeout=10.0):
+def synchronize(timeout: float = 10.0) -> bool:
     """Waits until every request this process sent (offloads, reloads, releases) is answered:
     afterwards the daemon's stats reflect everything released so far. True if all completed.
     Also counts the current step as idle where it sent nothing and its backward has begun
