@@ -164,6 +164,33 @@ def cycles(graph):
     return found
 
 
+def _is_sys_modules(node):
+    return isinstance(node, ast.Attribute) and node.attr == "modules" and \
+        isinstance(node.value, ast.Name) and node.value.id == "sys"
+
+
+def sys_modules_lookups():
+    """(file:line, name) of every string constant the package looks up in sys.modules
+    (``sys.modules.get(name)``, ``sys.modules[name]``, ``name in sys.modules``)."""
+    out = []
+    for rel in package_files():
+        with open(os.path.join(PACKAGE, rel)) as f:
+            tree = ast.parse(f.read(), rel)
+        for node in ast.walk(tree):
+            key = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "get" and _is_sys_modules(node.func.value) and node.args:
+                key = node.args[0]
+            elif isinstance(node, ast.Subscript) and _is_sys_modules(node.value):
+                key = node.slice
+            elif isinstance(node, ast.Compare) and any(_is_sys_modules(c)
+                                                       for c in node.comparators):
+                key = node.left
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                out.append(("%s:%d" % (rel, node.lineno), key.value))
+    return out
+
+
 class ImportCycleTest(unittest.TestCase):
     def test_graph_sees_the_package_imports(self):
         graph = import_graph()
@@ -173,6 +200,16 @@ class ImportCycleTest(unittest.TestCase):
         self.assertIn("offloadd.galore._optim", graph["offloadd.galore"])
         self.assertEqual(cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}), [["a", "b", "c", "a"]])
         self.assertEqual(cycles({"a": {"b"}, "b": set()}), [])
+
+    def test_modules_looked_up_by_name_exist(self):
+        """A module found through sys.modules by its name (to read it only when something else
+        imported it) escapes the import graph: the name must still be a module of the
+        package."""
+        lookups = [(where, name) for where, name in sys_modules_lookups()
+                   if name.startswith("offloadd")]
+        self.assertGreaterEqual(len(lookups), 2)
+        modules = set(import_graph())
+        self.assertEqual([(w, n) for w, n in lookups if n not in modules], [])
 
     def test_no_import_cycle(self):
         self.assertEqual(cycles(import_graph()), [])
