@@ -4,7 +4,7 @@
 One step: N packs of 16 MiB tensors, then N unpacks in reverse order (backward), with model-like
 busy work between every two hook calls (a fixed number of tiny torch ops, as a training thread
 launching kernels does: work that holds the GIL, calibrated once to --gap-us). The tensors lie
-in a simulated GPU's memory (offloadd.sim_gpu, active, so the hooks treat them as GPU tensors).
+in a simulated GPU's memory (offloadd.testing.sim_gpu, active, so the hooks treat them as GPU tensors).
 Variants, interleaved step by step in one process (the order rotates every repetition):
 
   noop         a no-op ``saved_tensors_hooks`` pair (the floor every difference is taken from)
@@ -231,7 +231,7 @@ class Timed:
 def worker(args):
     import torch
     torch.set_num_threads(1)
-    from offloadd import sim_gpu
+    from offloadd.testing import sim_gpu
     import offloadd.torch as ot
     from offloadd.torch import _endpoint
     sys.path.insert(0, os.path.join(REPO, "client", "python", "tests"))

@@ -21,7 +21,7 @@ Its quoted figures, which `arithmetic_checks` reproduces: Qwen3-8B at 4K: F = 3.
 ms; at 128K the copy is ~5 % of a forward; Qwen3-1.7B at 4K: 15.7 % synchronous slowdown.
 
 What runs (per row and GPU, one process each): offloadd's hook engine (offloadd.torch's Store,
-keep_last_n=1, prefetch=1) on a simulated client GPU (offloadd.sim_gpu) against a daemon on
+keep_last_n=1, prefetch=1) on a simulated client GPU (offloadd.testing.sim_gpu) against a daemon on
 --backend=cuda-sim, whose model has the row's GPUs behind one switch limited to the link's
 rate (1 GPU: its copy engine at the link's rate; the daemon's start-up link calibration stays on
 and measures that engine, so the pacing is the configured rate). A step packs the L layer inputs in forward (pack of layer l, then a modelled kernel of F)
@@ -284,7 +284,7 @@ def run_row(row, binary, modes, lead_ms):
 # ---- a worker: one simulated GPU -------------------------------------------------------------
 def worker_main(spec):
     import torch
-    from offloadd import sim_gpu
+    from offloadd.testing import sim_gpu
     from offloadd.torch._store import Store
 
     torch.set_num_threads(1)

@@ -37,7 +37,8 @@ import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
 want = {"offloadd/liboffloadd_core.so", "offloadd/_native.py", "offloadd/v1/offload_pb2.py",
         "offloadd/v1/offload_pb2_grpc.py", "offloadd/v1/projector_pb2.py",
-        "offloadd/torch/__init__.py"}
+        "offloadd/torch/__init__.py", "offloadd/testing/sim_gpu.py",
+        "offloadd/galore/__init__.py"}
 missing = sorted(want - names)
 if missing:
     sys.exit("deploy/wheel.sh: %s lacks %s" % (sys.argv[1], ", ".join(missing)))

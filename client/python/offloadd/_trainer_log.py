@@ -62,7 +62,7 @@ def _offload_counts():
 
 def _galore_counts():
     """The GaLore routing's counts ({} while offloadd.galore is not enabled)."""
-    routing = sys.modules.get("offloadd._galore_optim")
+    routing = sys.modules.get("offloadd.galore._optim")
     routing = routing.active() if routing is not None else None
     if routing is None:
         return {}

@@ -342,8 +342,8 @@ class IpcEventPool:
 class TorchCudaDevice:
     """The device side of offloadd's CUDA transport on a real GPU, through torch (streams,
     allocation) and :class:`CudaRuntime` (IPC handles, events). The transport
-    (offloadd/torch/_transport.py) is written against this interface; offloadd.sim_gpu has the
-    simulated twin. Streams are torch.cuda.Stream objects; events are :class:`IpcEvent`."""
+    (offloadd/torch/_transport.py) is written against this interface; offloadd.testing.sim_gpu has
+    the simulated twin. Streams are torch.cuda.Stream objects; events are :class:`IpcEvent`."""
 
     simulated = False
 

@@ -35,14 +35,20 @@ NVIDIA driver on your system" with torch 2.15.0's CUDA build; with its default
 CUDA is available, so the same code runs on CPU-only test machines.
 """
 
+from __future__ import annotations
+
 import sys
 import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from offloadd.torch import offload_checkpoints
 
 _lock = threading.Lock()
 _saved = []  # the save_on_cpu that enable() replaced (empty when not enabled)
 
 
-def enable(*, trainer_callback=True, **context_args):
+def enable(*, trainer_callback: bool = True, **context_args: Any) -> offload_checkpoints:
     """Routes Transformers' checkpoint offload through offloadd.
 
     Args:
@@ -80,7 +86,7 @@ def enable(*, trainer_callback=True, **context_args):
     return context
 
 
-def disable():
+def disable() -> None:
     """Puts back the ``save_on_cpu`` that :func:`enable` replaced, and torch's names
     (:func:`offloadd.torch.disable`); a no-op when not enabled."""
     import transformers.modeling_utils as mu
@@ -94,6 +100,6 @@ def disable():
     ot.disable()
 
 
-def enabled():
+def enabled() -> bool:
     """True while Transformers' checkpoint offload goes through offloadd."""
     return bool(_saved)

@@ -63,7 +63,7 @@ def phase(name, rank, world, sock, out, asynchronous):
 
 
 def version_check(rank, sock):
-    from offloadd import _galore_optim
+    from offloadd.galore import _optim as _galore_optim
     import offloadd.galore as og
     routing = og.enable(socket_path=sock)
     if rank == 1:

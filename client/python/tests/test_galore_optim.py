@@ -28,7 +28,8 @@ from daemon_fixture import Daemon, DaemonTestCase
 
 import galore_fixture as gf
 import offloadd.galore as og
-from offloadd import _galore_optim, errors
+from offloadd import errors
+from offloadd.galore import _optim as _galore_optim
 
 STEPS = 30
 SECOND_REFRESH_STEP = 6  # optimizer steps 1, 6, 11, ... refresh (state["step"] % 5 == 0)

@@ -46,8 +46,9 @@ class WheelTest(unittest.TestCase):
         for module in ("offloadd/liboffloadd_core.so", "offloadd/_native.py","offloadd/v1/offload_pb2.py", "offloadd/v1/offload_pb2_grpc.py",
                        "offloadd/v1/projector_pb2.py", "offloadd/v1/projector_pb2_grpc.py",
                        "offloadd/torch/_store.py", "offloadd/transformers.py",
-                       "offloadd/galore.py", "offloadd/_galore_optim.py",
-                       "offloadd/deepspeed.py"):
+                       "offloadd/galore/__init__.py", "offloadd/galore/_optim.py",
+                       "offloadd/deepspeed.py", "offloadd/_devices.py",
+                       "offloadd/testing/sim_gpu.py"):
             self.assertIn(module, names)
         requires = [ln.split(":", 1)[1].strip() for ln in meta.splitlines()
                     if ln.startswith("Requires-Dist:")]

@@ -1,4 +1,5 @@
-"""The CUDA data path on a simulated client GPU (offloadd.sim_gpu) against a cuda-sim daemon.
+"""The CUDA data path on a simulated client GPU (offloadd.testing.sim_gpu) against a cuda-sim
+daemon.
 
 The simulated GPU's memory, segments and interprocess events live in a shared table the daemon's
 SimCudaApi reads and writes (common/sim_gpu_table.h), and the daemon moves the bytes of
@@ -21,7 +22,8 @@ from daemon_fixture import DaemonTestCase
 import offloadd.torch as ot
 import offloadd.transformers as otf
 import qwen3_fixture as q
-from offloadd import cuda, errors, sim_gpu
+from offloadd import cuda, errors
+from offloadd.testing import sim_gpu
 from offloadd.client import Client, PREFETCH, URGENT
 from offloadd.torch import _endpoint, _transport
 

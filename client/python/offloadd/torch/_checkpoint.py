@@ -10,14 +10,19 @@ ordinary saved tensors, which the outer hooks see: ``use_reentrant=True`` throug
 client/python/tests/test_torch2.py).
 """
 
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
 import torch
 import torch.utils.checkpoint as _tcp
 
-from ._hooks import default_context
+from ._hooks import default_context, offload_checkpoints
 
 
-def checkpoint(function, *args, use_reentrant=False, context=None, preserve_rng_state=True,
-               **kwargs):
+def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: bool = False,
+               context: Optional[offload_checkpoints] = None, preserve_rng_state: bool = True,
+               **kwargs: Any) -> Any:
     """Drop-in for ``torch.utils.checkpoint.checkpoint`` that offloads the layer input.
 
     Args:

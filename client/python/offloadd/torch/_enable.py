@@ -16,13 +16,17 @@ save_on_cpu``) still holds torch's class: while enabled, constructing it warns (
 once per calling line) naming the caller, as its saved tensors do not reach offloadd.
 """
 
+from __future__ import annotations
+
 import sys
 import threading
 import warnings
+from typing import Any
 
 import torch
 
-from ._hooks import default_context, save_on_cpu
+from .. import _devices
+from ._hooks import default_context, offload_checkpoints, save_on_cpu
 
 _CHECKPOINT_WRAPPER = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
 
@@ -73,7 +77,7 @@ def _warning_init(self, *args, **kwargs):
     _original["init"](self, *args, **kwargs)
 
 
-def enable(**context_args):
+def enable(**context_args: Any) -> offload_checkpoints:
     """Routes torch's offload entry points through offloadd (see the module).
 
     Args:
@@ -85,8 +89,7 @@ def enable(**context_args):
     allocator whose memory offloadd cannot export (expandable segments, cudaMallocAsync).
     Idempotent: a second call only reconfigures the context. Call it before the first forward.
     """
-    from offloadd import sim_gpu
-    if torch.cuda.is_available() or sim_gpu.active() is not None:
+    if _devices.uses_cuda_allocator():
         from offloadd import cuda
         cuda.check_allocator_config()
     with _lock:
@@ -102,7 +105,7 @@ def enable(**context_args):
     return default_context(**context_args)
 
 
-def disable():
+def disable() -> None:
     """Puts back every name :func:`enable` replaced and torch's class as it was (no-op when not
     enabled). Contexts already entered keep going through offloadd until they are left."""
     with _lock:
@@ -114,6 +117,6 @@ def disable():
             cls.__init__ = _original.pop("init")
 
 
-def enabled():
+def enabled() -> bool:
     """True while torch's offload entry points go through offloadd."""
     return bool(_saved)

@@ -7,11 +7,12 @@ again for ``retry_seconds`` (so a training step never waits on connect timeouts 
 endpoint (the daemon stopped) is dropped and reconnected after the same back-off.
 
 Device ids sent in Hello: "cpu" for CPU tensors; for CUDA tensors the GPU's UUID (offloadd.cuda)
-or, when the driver cannot be asked, "cuda:<ordinal>"; with a simulated GPU active
-(offloadd.sim_gpu.activate) CPU tensors belong to its current device, whose UUID is the one a
-cuda-sim daemon gives it. The transport follows the daemon's
-backend: "shm" -> ShmTransport for any device; "cuda" -> CudaIpcTransport for CUDA tensors (a CPU
-tensor needs a shm daemon and falls back otherwise).
+or, when the driver cannot be asked, "cuda:<ordinal>"; other device kinds registered with
+offloadd._devices name their own (with a simulated GPU active, offloadd.testing.sim_gpu, CPU
+tensors belong to its current device, whose UUID is the one a cuda-sim daemon gives it). The
+transport follows the daemon's backend: "shm" -> ShmTransport for any device; "cuda" ->
+CudaIpcTransport for a device whose kind has a CUDA device object (a CPU tensor needs a shm daemon
+and falls back otherwise).
 
 A daemon whose pool (or this session's or uid's quota) stays full refuses an offload with
 RESOURCE_EXHAUSTED only after its admission deadline: ``mark_full`` records such a refusal, and
@@ -34,11 +35,15 @@ import threading
 import time
 import warnings
 
+from .. import _devices
 from .. import errors
 from ..client import Client
 from ..socket_path import default_socket_path
 from . import _stats
 from . import _transport
+from ._live import finish_steps
+from ._reaper import reaper
+from ._transport_protocol import Transport
 
 _lock = threading.Lock()
 _endpoints = {}     # (pid, socket_path, device key) -> Endpoint
@@ -59,27 +64,9 @@ STAGING_GROW_BYTES = 16 << 20
 STAGING_MAX_BYTES = 4 << 30
 
 
-_sim_gpu = []  # the offloadd.sim_gpu module, imported at the first CPU tensor
-
-
-def device_key(device):
-    """"cuda:<ordinal>", "sim:<ordinal>" (a CPU tensor while a simulated GPU is active) or the
-    device type (e.g. "cpu")."""
-    kind = device.type
-    if kind == "cuda":
-        index = device.index
-        if index is None:
-            import torch
-            index = torch.cuda.current_device()
-        return "cuda:%d" % index
-    if kind == "cpu":
-        if not _sim_gpu:
-            from .. import sim_gpu
-            _sim_gpu.append(sim_gpu)
-        sim = _sim_gpu[0]
-        if sim.active() is not None:  # CPU tensors stand for a simulated GPU's
-            return "sim:%d" % sim.current_device()
-    return kind
+# "cuda:<ordinal>", another registered device kind's "<kind>:<ordinal>" (e.g. a CPU tensor of an
+# active simulated GPU) or the device type (e.g. "cpu"): offloadd._devices.device_key.
+device_key = _devices.device_key
 
 
 class Endpoint:
@@ -89,37 +76,22 @@ class Endpoint:
     def __init__(self, socket_path, key, connect_timeout_seconds, unresponsive_seconds=20.0):
         self.key = key
         self.pid = os.getpid()  # a forked child must neither use nor close its parent's
-        device_id = key
-        cuda_runtime = None
-        sim = None
-        if key.startswith("cuda:"):
-            try:
-                from .. import cuda
-                cuda_runtime = cuda.CudaRuntime()
-                device_id = cuda_runtime.device_uuid(int(key[5:]))
-            except Exception:
-                cuda_runtime = None
-        elif key.startswith("sim:"):
-            from .. import sim_gpu
-            sim = sim_gpu.active()
-            device_id = sim_gpu.device_uuid(int(key[4:]))
+        kind, ordinal = _devices.kind_of(key)
+        device_id, make_cuda_device = key, None
+        if kind is not None:
+            device_id, make_cuda_device = kind.open(ordinal)
         name = "%s pid %d %s" % (os.path.basename(sys.argv[0] or "python"), os.getpid(), key)
         self.client = Client(socket_path, client_name=name, device_id=device_id,
                              connect_timeout_seconds=connect_timeout_seconds,
                              unresponsive_seconds=unresponsive_seconds)
         backend = self.client.backend
+        self.transport: Transport
         try:
             if backend == "shm":
                 self.transport = _transport.ShmTransport(self.client, STAGING_GROW_BYTES,
                                                          STAGING_MAX_BYTES)
-            elif backend == "cuda" and key.startswith("cuda:"):
-                from .. import cuda
-                self.transport = _transport.CudaIpcTransport(
-                    self.client, cuda.TorchCudaDevice(cuda_runtime))
-            elif backend == "cuda" and sim is not None:  # a cuda-sim daemon
-                from .. import sim_gpu
-                self.transport = _transport.CudaIpcTransport(
-                    self.client, sim_gpu.SimCudaDevice(sim, int(key[4:])))
+            elif backend == "cuda" and make_cuda_device is not None:
+                self.transport = _transport.CudaIpcTransport(self.client, make_cuda_device())
             else:
                 raise errors.OffloaddError(
                     errors.FAILED_PRECONDITION,
@@ -282,12 +254,12 @@ def count_idle_step(reason, device=None):
                       "shown once per process." % reason, RuntimeWarning, stacklevel=4)
 
 
-def idle_steps_total():
+def idle_steps_total() -> int:
     """Steps in this process (all contexts) that saved tensors but sent none to the daemon."""
     return _idle_steps[0]
 
 
-def fallbacks_total():
+def fallbacks_total() -> int:
     """Fallbacks in this process since import (all contexts)."""
     return _fallbacks[0]
 
@@ -314,7 +286,7 @@ def reset_for_tests():
         _idle_steps[0] = 0
 
 
-def close_all():
+def close_all() -> None:
     """Closes every endpoint of this process (the daemon releases their blocks). Endpoints
     inherited through fork are only forgotten: their gRPC channels belong to the parent, and
     closing them from the child blocks forever."""
@@ -327,13 +299,11 @@ def close_all():
             ep.close()
 
 
-def synchronize(timeout=10.0):
+def synchronize(timeout: float = 10.0) -> bool:
     """Waits until every request this process sent (offloads, reloads, releases) is answered:
     afterwards the daemon's stats reflect everything released so far. True if all completed.
     Also counts the current step as idle where it sent nothing and its backward has begun
     (Store.finish_step): a run's last step has no next step to end it."""
-    from ._reaper import reaper
-    from ._store import finish_steps
     finish_steps()
     report(force=True)
     deadline = time.monotonic() + timeout

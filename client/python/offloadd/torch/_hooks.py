@@ -20,11 +20,15 @@ hooks to run time). To offload inside compiled graphs, compile with
 ``offloadd.torch.compiled.backend``. docs/compiled-graphs.md has the details.
 """
 
+from __future__ import annotations
+
 import atexit
 import threading
+from typing import Any, Optional
 
 import torch
 
+from ._stats import OffloadStats
 from ._store import Store
 
 
@@ -63,15 +67,18 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
         all for a daemon that does not answer; then the step keeps the rest in process (one
         warning). A daemon that answers again within it costs only the wait.
       store: share another context's engine (ordering, keep_last_n, stats) instead of a new one.
+      (``_small_to_host``, keyword only, is the store's save_on_cpu policy: not for callers.)
     Parameters (and views of them), other leaves that require grad, views of a tensor already
     offloaded and non-dense or non-CPU/CUDA tensors stay in place. The object may be entered
     again for every step; statistics accumulate (``stats.reset()`` clears them).
     """
 
-    def __init__(self, threshold_bytes=_DEFAULT_MIN_BYTES, keep_last_n=1, prefetch=1,
-                 strict=False, socket_path=None, pin_memory=True, name="",
-                 log_stats_at_exit=False, retry_seconds=30.0, connect_timeout_seconds=5.0,
-                 store=None, _small_to_host=False, unresponsive_seconds=20.0):
+    def __init__(self, threshold_bytes: int = _DEFAULT_MIN_BYTES, keep_last_n: int = 1,
+                 prefetch: int = 1, strict: bool = False, socket_path: Optional[str] = None,
+                 pin_memory: bool = True, name: str = "", log_stats_at_exit: bool = False,
+                 retry_seconds: float = 30.0, connect_timeout_seconds: float = 5.0,
+                 store: Optional[Store] = None, unresponsive_seconds: float = 20.0, *,
+                 _small_to_host: bool = False) -> None:
         self._pushed = []   # per __enter__: whether it pushed the hooks (not while tracing)
         self.store = store or Store(name, threshold_bytes, keep_last_n, prefetch, strict,
                                     socket_path, pin_memory, _small_to_host, retry_seconds,
@@ -80,21 +87,21 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
         if log_stats_at_exit:
             atexit.register(self.store.stats.log)
 
-    def __enter__(self):
+    def __enter__(self) -> "offload_checkpoints":
         if _tracing():
             return self   # step aside: see the module's "Under torch.compile"
         super().__enter__()
         self._pushed.append(True)
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: Any) -> None:
         if _tracing() or not self._pushed:
             return None
         self._pushed.pop()
         return super().__exit__(*exc_info)
 
     @property
-    def stats(self):
+    def stats(self) -> OffloadStats:
         """The live :class:`~offloadd.torch.OffloadStats` of this context (``.snapshot()`` for a
         copy, ``.as_dict()``, ``.summary()``)."""
         return self.store.stats
@@ -104,7 +111,7 @@ _default_lock = threading.Lock()
 _default = [None]
 
 
-def default_context(**overrides):
+def default_context(**overrides: Any) -> offload_checkpoints:
     """The process-wide context shared by ``save_on_cpu`` and ``checkpoint`` when no context is
     given. The first call may pass ``offload_checkpoints`` arguments (``configure``); later calls
     with arguments replace it (statistics start again)."""
@@ -136,7 +143,7 @@ class save_on_cpu(offload_checkpoints):
         model.gradient_checkpointing_enable(offload=True)
     """
 
-    def __init__(self, pin_memory=False, device_type="cuda"):
+    def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
         self.device_type = device_type
         self._pin = bool(pin_memory)
         if _tracing():   # step aside under Dynamo (no lock, no store): __enter__ is a no-op too
@@ -146,7 +153,7 @@ class save_on_cpu(offload_checkpoints):
         super().__init__(store=_PinView(shared, self._pin))
 
     @staticmethod
-    def stats():
+    def stats() -> OffloadStats:  # type: ignore[override]
         """Statistics of the shared default context."""
         return default_context().stats
 

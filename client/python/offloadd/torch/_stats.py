@@ -36,9 +36,12 @@ Besides each context's statistics the process keeps, per device key ("cuda:0", "
 (Client.report): fallbacks, host waits (count and seconds) and idle steps of every context.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 import threading
+from typing import Dict, Optional, TextIO, Union
 
 _FIELDS = ("offloaded", "offloaded_bytes", "reloaded", "reloaded_bytes", "prefetched_in_time",
            "prefetched_in_time_bytes", "waited", "waited_bytes", "kept", "kept_bytes",
@@ -96,7 +99,7 @@ class OffloadStats:
     __slots__ = _FIELDS + ("waited_seconds", "host_wait_seconds", "name", "_lock")
     _SECONDS = ("waited_seconds", "host_wait_seconds")
 
-    def __init__(self, name=""):
+    def __init__(self, name: str = "") -> None:
         for f in _FIELDS:
             setattr(self, f, 0)
         for f in self._SECONDS:
@@ -104,12 +107,12 @@ class OffloadStats:
         self.name = name
         self._lock = threading.Lock()
 
-    def add(self, **deltas):
+    def add(self, **deltas: Union[int, float]) -> None:
         with self._lock:
             for k, v in deltas.items():
                 setattr(self, k, getattr(self, k) + v)
 
-    def snapshot(self):
+    def snapshot(self) -> OffloadStats:
         """A consistent copy."""
         s = OffloadStats(self.name)
         with self._lock:
@@ -117,26 +120,26 @@ class OffloadStats:
                 setattr(s, f, getattr(self, f))
         return s
 
-    def reset(self):
+    def reset(self) -> None:
         with self._lock:
             for f in _FIELDS:
                 setattr(self, f, 0)
             for f in self._SECONDS:
                 setattr(self, f, 0.0)
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, Union[int, float]]:
         with self._lock:
             d = {f: getattr(self, f) for f in _FIELDS + self._SECONDS}
         return d
 
-    def __sub__(self, other):
+    def __sub__(self, other: OffloadStats) -> OffloadStats:
         """Counts between two snapshots (self later)."""
         s = OffloadStats(self.name)
         for f in _FIELDS + self._SECONDS:
             setattr(s, f, getattr(self, f) - getattr(other, f))
         return s
 
-    def summary(self):
+    def summary(self) -> str:
         """One line: "offloaded 8 (2.0 MiB), reloaded 8 (...): 7 prefetched in time, ..."."""
         mib = lambda b: "%.1f MiB" % (b / 2.0 ** 20)  # noqa: E731
         d = self.as_dict()
@@ -154,7 +157,7 @@ class OffloadStats:
     def __repr__(self):
         return "OffloadStats(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())
 
-    def log(self, stream=None):
+    def log(self, stream: Optional[TextIO] = None) -> None:
         """Writes "offloadd[<name>]: <summary>" to ``stream`` (default stderr)."""
         (stream or sys.stderr).write("offloadd[%s]: %s\n" % (self.name or "default",
                                                               self.summary()))

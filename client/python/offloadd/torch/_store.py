@@ -45,6 +45,7 @@ Errors raised in backward's unpack reach the caller of ``backward()`` as the sam
 
 import atexit
 import collections
+import enum
 import os
 import threading
 import time
@@ -55,11 +56,25 @@ import torch
 from .. import errors
 from ..client import PREFETCH, URGENT
 from . import _endpoint
+from ._live import STORES as _STORES  # every Store of the process (weak)
+from ._live import finish_steps
 from ._reaper import reaper, release_later
 from ._stats import OffloadStats
 from ._transport import Meta, dense_span, empty_like_meta
 
-KEPT, OFFLOADING, OFFLOADED, FALLBACK, LOST = range(5)
+
+class SavedState(enum.IntEnum):
+    """Where a saved tensor's bytes are (``Saved.state``)."""
+
+    KEPT = 0         # held by the handle: not offloaded (yet), or kept at OffloadDone
+    OFFLOADING = 1   # Offload sent, its answer not handled yet; the transport holds the bytes
+    OFFLOADED = 2    # in the daemon's block ``block_id`` (None once its reload freed it)
+    FALLBACK = 3     # kept in this process after the offload failed or was refused
+    LOST = 4         # the daemon lost the block (it stopped): unpack raises DATA_LOSS
+
+
+# The members under the names the hot path compares with (ints: == and in work as before).
+KEPT, OFFLOADING, OFFLOADED, FALLBACK, LOST = SavedState
 _Tensor, _Parameter, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.strided
 _getpid = os.getpid
 _pump = _endpoint.pump
@@ -702,19 +717,8 @@ class Store:
 
 
 
-# Every Store of the process, for finish_steps (weak: a store dies with its context).
-_STORES = weakref.WeakSet()
-
-
-def finish_steps():
-    """The idle-step check of every store's step whose backward has begun (Store.finish_step)."""
-    for store in list(_STORES):
-        try:
-            store.finish_step()
-        except Exception:  # interpreter shutdown
-            pass
-
-
+# After _endpoint's close_all was registered (it is imported above): handlers run last-in
+# first-out, so every store's step ends before the endpoints send their last reports.
 atexit.register(finish_steps)
 
 

@@ -27,9 +27,10 @@ proto/offload.proto and docs/ARCHITECTURE.md):
 * mappings follow the allocator: the daemon holds a segment mapped only while a transfer of it
   is in flight, and the transport keeps the tensor (or destination) alive until then.
 
-The device calls go through a device object: offloadd.cuda.TorchCudaDevice on a GPU, or
-offloadd.sim_gpu.SimCudaDevice on a simulated one (then every reload's bytes are checked
-against a checksum taken at offload).
+Both implement offloadd.torch._transport_protocol.Transport, the methods the store calls (with
+their shapes, units and errors). The device calls go through a device object:
+offloadd.cuda.TorchCudaDevice on a GPU, or offloadd.testing.sim_gpu.SimCudaDevice on a simulated
+one (then every reload's bytes are checked against a checksum taken at offload).
 """
 
 import collections
@@ -165,7 +166,8 @@ class ReloadOp:
 
 
 class ShmTransport:
-    """Staging through a per-client shared-memory arena (see module doc)."""
+    """Staging through a per-client shared-memory arena (see module doc); a Transport
+    (offloadd.torch._transport_protocol)."""
 
     device_key = None  # set by the Endpoint: host waits count toward this device's totals
 
@@ -307,8 +309,9 @@ def _quarantine_unanswered(future, dest):
 
 
 class CudaIpcTransport:
-    """The daemon copies device memory directly through CUDA IPC (see module doc).
-    ``device``: offloadd.cuda.TorchCudaDevice or offloadd.sim_gpu.SimCudaDevice."""
+    """The daemon copies device memory directly through CUDA IPC (see module doc); a Transport
+    (offloadd.torch._transport_protocol).
+    ``device``: offloadd.cuda.TorchCudaDevice or offloadd.testing.sim_gpu.SimCudaDevice."""
 
     device_key = None  # set by the Endpoint: host waits count toward this device's totals
     MAX_REGIONS = 1024     # registered segments kept; the least recently used is unregistered

@@ -1,90 +1,25 @@
-"""GaLore projector refreshes computed by the offloadd daemon (proto/projector.proto).
+"""The projector itself: :class:`ServiceProjector` (galore-torch's projector interface, refreshed
+by the daemon), its statistics and staging (the package docstring, offloadd.galore, has the
+semantics)."""
 
-One line for galore-torch users (:func:`enable`, in ``offloadd/_galore_optim.py``)::
-
-    import offloadd.galore
-    offloadd.galore.enable()          # before the optimizer's first step
-    # GaLoreAdamW / GaLoreAdamW8bit / GaLoreAdafactor, or TrainingArguments(optim="galore_*")
-
-:class:`ServiceProjector` offers the interface of the reference GaLore projector
-(``GaLoreProjector`` in galore-torch 1.0, galore_torch/galore_projector.py; Zhao et al. 2024,
-shared/reference/galore-paper.txt, Alg. 1): ``project(full_rank_grad, iter)`` returns the low-rank
-gradient and refreshes the projection when ``iter % update_proj_gap == 0`` (and at the first
-call); ``project_back(low_rank_grad)`` maps a low-rank update back to full rank, times ``scale``.
-The top-r SVD runs in the daemon (LAPACK on its host CPU, fp32 whatever the gradient's dtype;
-cuSOLVER on the gradient's GPU with ``projector { backend: "cusolver" }``) instead of
-``torch.linalg.svd`` inside the optimizer step.
-
-Sides (``proj_type``): "std" projects the smaller side (m >= n: right vectors, else left),
-"reverse_std" the larger one, "left"/"right" a fixed one; "full" is not offered.
-
-Layout: ``ortho_matrix`` is what the reference keeps: ``U[:, :r]`` (m x r) on the left side and
-``Vh[:r, :]`` (r x n) on the right side, in the gradient's dtype and on its device. The daemon
-writes P as side_dim x r row-major (for the right side ``Vh[:r, :].T``); this module transposes.
-Singular vectors carry arbitrary signs in the reference and here alike; ``project_back(project(G))``
-does not depend on them, but Adam's moments are kept across a refresh, so after the second
-refresh results depend on the signs: they are close to the stock optimizer's, not bitwise equal.
-
-Modes:
-  * synchronous (default): a refresh step waits for its projector — the reference's semantics.
-  * ``asynchronous=True``: the staleness rule. A refresh due at step s (s % gap == 0) while a
-    projector is in use is submitted at s and adopted at step ``s + k``, k = ``adopt_after_steps``
-    (default ``max(1, gap // 2)``, at most gap); steps s .. s+k-1 project with the previous
-    projector, and at step s+k ``project`` waits for the result if it has not arrived (the only
-    wait). The adopted step depends on the step count only, never on timing, so every
-    data-parallel rank adopts the same projector at the same step. The first refresh of a
-    parameter always waits (there is nothing to use yet).
-  * ``method="randomized"`` (Halko-Martinsson-Tropp range finder; ``oversampling``,
-    ``power_iterations``, ``warm_start``) instead of the exact SVD.
-  * ``lazy=True``: the daemon may skip a refresh while this parameter's consecutive projectors
-    stay similar (server/projector/lazy_policy.h); the current projector is then kept.
-
-Data path: on the shm daemon G is copied into a POSIX shared-memory object this projector owns
-and P comes back through it. On a cuda daemon (``cuda_regions`` in its projector stats) a CUDA
-gradient is copied device-to-device into a buffer this projector allocates once, exported by CUDA
-IPC handle (offloadd.cuda: the allocation base plus an offset), and P is written back into that
-buffer by the daemon: no host staging on the training thread. A gradient of another dtype than
-fp32/bf16/fp16 (e.g. fp64) is sent as fp32 and P is cast back.
-
-Errors: INVALID_ARGUMENT from the daemon (NaN/Inf in G, naming the first bad row; a 1-D gradient)
-raises :class:`offloadd.errors.OffloaddError` naming the parameter. When the daemon cannot be
-reached (:class:`~offloadd.errors.DaemonUnavailable`, or a deadline): synchronous mode with
-``fallback="local"`` computes that refresh in process with ``torch.linalg.svd`` (the reference's
-own computation; warned once, counted in ``stats.local_fallbacks``), with ``fallback="error"``
-raises; asynchronous mode keeps the current projector (``stats.kept_stale``). An all-zero
-gradient keeps the current projector (the daemon reports it degenerate); with none yet, the first
-r columns of the identity are used.
-
-Results: after each adopted refresh ``last_result`` holds the daemon's RefreshResult (singular
-values, captured energy, residual ratio, orthogonality error after the dtype cast, similarity to
-the previous projector, deduplicated, timings).
-"""
+from __future__ import annotations
 
 import atexit
-import errno as _errno
 import itertools
 import json
 import os
 import threading
 import warnings
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
-import grpc
+from .. import errors
+from ..shm import ShmRegion
+from ..v1 import offload_pb2
+from ._connection import ProjectorConnection, _unreachable, pb, shared_connection
 
-from . import errors
-from . import socket_path as _socket_path
-from .shm import ShmRegion, shm_access
-from .socket_path import default_socket_path
-
-try:
-    from .v1 import offload_pb2
-    from .v1 import projector_pb2 as pb
-    from .v1 import projector_pb2_grpc as pb_grpc
-except ImportError as e:  # pragma: no cover - depends on the build
-    raise ImportError(
-        "offloadd.galore needs the generated stubs offloadd/v1/projector_pb2*.py: run "
-        "client/python/gen_proto.sh (%s)" % e) from e
+if TYPE_CHECKING:
+    import torch
 
 ALIGN_BYTES = 64
 STATE_FORMAT = 1  # of ServiceProjector.state_dict()
@@ -92,126 +27,6 @@ _ids = itertools.count()
 # Test hooks (never set in production): "adopted"(projector, grad or None, p) -> p, called with
 # every projector about to be adopted (tests align singular-vector signs with it).
 _TEST_HOOKS = {}
-
-
-def _grpc_error(e):
-    """An OffloaddError (DaemonUnavailable for UNAVAILABLE) from a grpc.RpcError."""
-    code = e.code()
-    number = code.value[0] if code is not None else errors.UNKNOWN
-    text = e.details() or str(code)
-    if number == errors.UNAVAILABLE:
-        return errors.DaemonUnavailable(text)
-    return errors.OffloaddError(number, text)
-
-
-def _unreachable(e):
-    """True for errors that mean "no daemon answered" (the fallback cases), not bad input."""
-    return isinstance(e, errors.DaemonUnavailable) or e.code in (
-        errors.UNAVAILABLE, errors.DEADLINE_EXCEEDED, errors.CANCELLED)
-
-
-class ProjectorConnection:
-    """A gRPC channel to the daemon's Projector service; share one among many projectors.
-
-    Args:
-      socket_path: daemon socket (default :func:`offloadd.socket_path.default_socket_path`).
-      timeout_seconds: deadline of each call; a waiting GetResult included.
-      shm_mode, shm_group: access of the shared-memory objects the projectors stage G and P
-        in (:func:`offloadd.shm.shm_access`; default $OFFLOADD_SHM_MODE / $OFFLOADD_SHM_GROUP,
-        else what the daemon's uid needs).
-    """
-
-    def __init__(self, socket_path=None, timeout_seconds=600.0, shm_mode=None, shm_group=None):
-        self.socket_path = socket_path or default_socket_path()
-        self.timeout_seconds = float(timeout_seconds)
-        self.channel = grpc.insecure_channel("unix:" + self.socket_path)
-        self.stub = pb_grpc.ProjectorStub(self.channel)
-        self._cuda_regions = None
-        self._executor = None
-        self._lock = threading.Lock()
-        self._shm = (shm_mode, shm_group)
-        self._access = None
-
-    def shm_access(self):
-        """``(mode, gid)`` for staging objects (:func:`offloadd.shm.shm_access`), found on first
-        use with one connect() to the socket, which also reports a socket this user may not
-        open at once (SocketPermissionDenied, naming its group and how to join it) instead of
-        after the call's deadline."""
-        if self._access is None:
-            err, uid = _socket_path.probe(self.socket_path)
-            if err in (_errno.EACCES, _errno.EPERM):
-                raise errors.SocketPermissionDenied(
-                    "cannot connect to the offloadd socket %s: %s"
-                    % (self.socket_path, _socket_path.permission_denied_reason(self.socket_path)))
-            self._access = shm_access(self.socket_path, uid, *self._shm)
-        return self._access
-
-    def submit(self, request):
-        """Submit(RefreshRequest) -> SubmitReply. Raises OffloaddError."""
-        try:
-            return self.stub.Submit(request, timeout=self.timeout_seconds)
-        except grpc.RpcError as e:
-            raise _grpc_error(e) from None
-
-    def result(self, refresh_id, wait=True):
-        """GetResult -> RefreshResult; a failed refresh raises its error."""
-        try:
-            return self.stub.GetResult(pb.GetResultRequest(refresh_id=refresh_id, wait=wait),
-                                       timeout=self.timeout_seconds)
-        except grpc.RpcError as e:
-            raise _grpc_error(e) from None
-
-    def stats(self):
-        """GetProjectorStats -> ProjectorStats (computed vs deduplicated counts, ...)."""
-        try:
-            return self.stub.GetProjectorStats(pb.ProjectorStatsRequest(),
-                                               timeout=self.timeout_seconds)
-        except grpc.RpcError as e:
-            raise _grpc_error(e) from None
-
-    def cuda_regions(self):
-        """True when the daemon opens CUDA IPC handles (asked once; False if unreachable)."""
-        if self._cuda_regions is None:
-            try:
-                self._cuda_regions = bool(self.stats().cuda_regions)
-            except errors.OffloaddError:
-                return False
-        return self._cuda_regions
-
-    def background(self, fn):
-        """Runs ``fn`` on this connection's one submit thread; returns its Future."""
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="offloadd-galore")
-            return self._executor.submit(fn)
-
-    def watch(self, batch_id="", refresh_ids=()):
-        """Yields RefreshProgress as each refresh of the batch finishes."""
-        try:
-            for progress in self.stub.WatchBatch(
-                    pb.WatchRequest(batch_id=batch_id, refresh_ids=list(refresh_ids)),
-                    timeout=self.timeout_seconds):
-                yield progress
-        except grpc.RpcError as e:
-            raise _grpc_error(e) from None
-
-    def close(self):
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-        self.channel.close()
-
-
-_shared = {}
-_shared_lock = threading.Lock()
-
-
-def shared_connection(socket_path=None, timeout_seconds=None):
-    """One ProjectorConnection per socket path for the whole process."""
-    path = socket_path or default_socket_path()
-    with _shared_lock:
-        if path not in _shared:
-            _shared[path] = ProjectorConnection(path, timeout_seconds or 600.0)
-        return _shared[path]
 
 
 def _resolve_side(proj_type, rows, cols):
@@ -235,6 +50,7 @@ def _round_up(n, k):
     return (n + k - 1) // k * k
 
 
+
 class ProjectorStats:
     """Counts of one process's projectors (shared by all projectors :func:`enable` makes).
 
@@ -250,21 +66,21 @@ class ProjectorStats:
     FIELDS = ("projectors", "refreshes_submitted", "refreshes_adopted", "computed",
               "deduplicated", "local_fallbacks", "kept_stale", "broadcasts")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         with self._lock:
             for f in self.FIELDS:
                 setattr(self, f, 0)
 
-    def count(self, field, n=1):
+    def count(self, field: str, n: int = 1) -> None:
         """Adds ``n`` to ``field`` (safe from the asynchronous submit thread)."""
         with self._lock:
             setattr(self, field, getattr(self, field) + n)
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, int]:
         with self._lock:
             return {f: getattr(self, f) for f in self.FIELDS}
 
@@ -277,10 +93,12 @@ class LocalSharing:
 
     broadcasting = False
 
-    def submits(self, index):  # noqa: ARG002 - the interface of _galore_optim.NodeSharing
+    def submits(self, index: int) -> bool:  # noqa: ARG002 - galore._optim.NodeSharing's
         return True
 
-    def broadcast(self, p, index, shape, dtype, device):  # noqa: ARG002
+    def broadcast(self, p: Optional[torch.Tensor], index: int, shape: Tuple[int, ...],
+                  dtype: torch.dtype,
+                  device: torch.device) -> Optional[torch.Tensor]:  # noqa: ARG002
         return p
 
 
@@ -313,7 +131,7 @@ class _Staging:
         self.cuda_buf = self.cuda_handle = None
 
 
-def cuda_region_fields(runtime, ptr, ordinal):
+def cuda_region_fields(runtime: Any, ptr: int, ordinal: int) -> Tuple[Any, int, str]:
     """(RegionHandle, offset_bytes, device_id) naming device pointer ``ptr`` of GPU ``ordinal``
     by CUDA IPC: the handle of its allocation base (an IPC handle covers a whole cudaMalloc
     allocation), the pointer's offset in it, the GPU's UUID. ``runtime``: offloadd.cuda's
@@ -340,12 +158,17 @@ class ServiceProjector:
     Raises ValueError for an unknown proj_type, method or fallback.
     """
 
-    def __init__(self, rank, verbose=False, update_proj_gap=200, scale=1.0, proj_type="std",
-                 *, method="exact", oversampling=None, power_iterations=None, warm_start=False,
-                 asynchronous=False, adopt_after_steps=None, lazy=False,
-                 lazy_similarity_threshold=None, parameter_id=None, job_id="", fallback="error",
-                 batch_prefix=None, connection=None, socket_path=None, sharing=None, index=0,
-                 stats=None, cuda_runtime=None):
+    def __init__(self, rank: int, verbose: bool = False, update_proj_gap: int = 200,
+                 scale: float = 1.0, proj_type: str = "std", *, method: str = "exact",
+                 oversampling: Optional[int] = None, power_iterations: Optional[int] = None,
+                 warm_start: bool = False, asynchronous: bool = False,
+                 adopt_after_steps: Optional[int] = None, lazy: bool = False,
+                 lazy_similarity_threshold: Optional[float] = None,
+                 parameter_id: Optional[str] = None, job_id: str = "", fallback: str = "error",
+                 batch_prefix: Optional[str] = None,
+                 connection: Optional[ProjectorConnection] = None,
+                 socket_path: Optional[str] = None, sharing: Any = None, index: int = 0,
+                 stats: Optional[ProjectorStats] = None, cuda_runtime: Any = None) -> None:
         if proj_type not in _SIDES:
             _resolve_side(proj_type, 1, 1)  # raises
         if method not in _METHODS:
@@ -390,14 +213,15 @@ class ServiceProjector:
     # ---- the reference interface ----
 
     @property
-    def ortho_matrix(self):
+    def ortho_matrix(self) -> Optional[torch.Tensor]:
         """The reference's projection matrix: U[:, :r] (left) or Vh[:r, :] (right); None before
         the first refresh."""
         if self._p is None:
             return None
         return self._p if self._side == "left" else self._p.t()
 
-    def project(self, full_rank_grad, iter):  # noqa: A002 - the reference's argument name
+    def project(self, full_rank_grad: torch.Tensor,
+                iter: int) -> torch.Tensor:  # noqa: A002 - the reference's argument name
         """The low-rank gradient of ``full_rank_grad`` (r x n on the left side, m x r on the
         right), refreshing the projection first when due (see the module's modes)."""
         step = int(iter)
@@ -415,7 +239,7 @@ class ServiceProjector:
             return p.t() @ full_rank_grad
         return full_rank_grad @ p
 
-    def project_back(self, low_rank_grad):
+    def project_back(self, low_rank_grad: torch.Tensor) -> torch.Tensor:
         """``scale`` times the full-rank image of ``low_rank_grad``."""
         p = self._p.to(low_rank_grad.device)
         if self._side == "left":
@@ -424,7 +248,8 @@ class ServiceProjector:
             full = low_rank_grad @ p.t()
         return full * self.scale
 
-    def prefetch(self, full_rank_grad, iter):  # noqa: A002 - project()'s argument name
+    def prefetch(self, full_rank_grad: torch.Tensor,
+                 iter: int) -> None:  # noqa: A002 - project()'s argument name
         """Submits now, in the background, the refresh that ``project(full_rank_grad, iter)``
         will wait for (the first one, or a synchronous refresh step), so the daemon computes it
         while the optimizer updates the parameters before this one. Nothing when no refresh is
@@ -442,22 +267,22 @@ class ServiceProjector:
     # ---- service details ----
 
     @property
-    def pending(self):
+    def pending(self) -> bool:
         """True while a submitted refresh has not been adopted (asynchronous mode)."""
         return self._pending is not None
 
     @property
-    def pending_adopt_step(self):
+    def pending_adopt_step(self) -> Optional[int]:
         """The step at which the pending refresh will be adopted (None when none is pending)."""
         return None if self._pending is None else self._pending["adopt_at"]
 
-    def wait(self):
+    def wait(self) -> None:
         """Adopts a pending refresh now, waiting for it (or raises its error); recorded in
         ``adopted_steps`` at the step the rule would have adopted it."""
         if self._pending is not None:
             self._adopt_pending(self._pending["adopt_at"])
 
-    def close(self):
+    def close(self) -> None:
         """Removes the staging memory (the daemon keeps its mapping while it needs it)."""
         self._staging.close()
 
@@ -614,7 +439,7 @@ class ServiceProjector:
         """G copied device-to-device into this projector's CUDA buffer; an event the submit
         waits for (the daemon's copy has no event of ours to wait on)."""
         import torch
-        from . import cuda as ocuda
+        from .. import cuda as ocuda
         st = self._staging
         need = p_offset + max(p_bytes, 1)
         if st.cuda_buf is None or st.cuda_buf.numel() < need:
@@ -724,10 +549,10 @@ class ServiceProjector:
 
     # ---- checkpoints ----
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """This projector as plain data a ``torch.load(weights_only=True)`` accepts: ints and
         uint8 tensors (JSON metadata, P's bytes, and a pending refresh's P, fetched now so a
-        resumed run adopts it at the same step). See offloadd/_galore_optim.py."""
+        resumed run adopts it at the same step). See offloadd/galore/_optim.py."""
         import torch
         meta = {"format": STATE_FORMAT, "rank": self.rank, "gap": self.update_proj_gap,
                 "scale": self.scale, "proj_type": self.proj_type, "side": self._side,
@@ -755,7 +580,7 @@ class ServiceProjector:
         out["meta"] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
         return out
 
-    def load_state_dict(self, state, device=None):
+    def load_state_dict(self, state: Dict[str, Any], device: Any = None) -> None:
         """Restores what :meth:`state_dict` saved (P on ``device``, default where it was).
         Raises ValueError for a state of another format."""
         import torch
@@ -804,22 +629,3 @@ def _tensor_from(raw, meta, device):
     t = _raw_bytes(raw).view(dtype).reshape(meta["shape"]).clone()
     return t.to(device if device is not None else meta["device"])
 
-
-def enable(**options):
-    """Routes every galore-torch projector through the daemon: see offloadd._galore_optim.enable
-    (documented there; imported lazily so ``import offloadd.galore`` needs no torch)."""
-    from . import _galore_optim
-    return _galore_optim.enable(**options)
-
-
-def name_parameters(model, prefix=""):
-    """Names ``model``'s parameters (``named_parameters()``) for the projectors :func:`enable`
-    makes; the Trainer's are named by themselves."""
-    from . import _galore_optim
-    return _galore_optim.name_parameters(model, prefix)
-
-
-def disable():
-    """Undoes :func:`enable` (projectors already made keep working)."""
-    from . import _galore_optim
-    return _galore_optim.disable()

@@ -48,14 +48,21 @@ disagree on the galore-torch or offloadd version or on enable()'s options (every
 naming the rank that differs). Refresh errors: see offloadd.galore.
 """
 
+from __future__ import annotations
+
 import importlib.metadata
 import os
 import secrets
 import socket
 import threading
 import warnings
+from typing import TYPE_CHECKING, Optional
 
-from . import galore as og
+from ._connection import ProjectorConnection
+from ._projector import LocalSharing, ProjectorStats, ServiceProjector
+
+if TYPE_CHECKING:
+    import torch
 
 GALORE_TORCH_VERSION = "1.0"  # the version whose sources this module was written against
 _NAME_ATTR = "_offloadd_galore_name"
@@ -63,7 +70,7 @@ _lock = threading.Lock()
 _active = None  # the Routing while enabled
 
 
-def installed_galore_version():
+def installed_galore_version() -> Optional[str]:
     """galore-torch's installed version (importlib.metadata), or None."""
     try:
         return importlib.metadata.version("galore-torch")
@@ -71,7 +78,7 @@ def installed_galore_version():
         return None
 
 
-def name_parameters(model, prefix=""):
+def name_parameters(model: torch.nn.Module, prefix: str = "") -> None:
     """Names ``model``'s parameters for offloadd's GaLore keys (``named_parameters()``'s names).
     Call it before the first step; the Trainer does it by itself once enabled."""
     for name, p in model.named_parameters():
@@ -123,7 +130,7 @@ class Routing:
     def __init__(self, options, connection):
         self.options = options
         self.connection = connection
-        self.stats = og.ProjectorStats()
+        self.stats = ProjectorStats()
         self.job_id = None
         self.sharing = None
         self._projectors = []
@@ -144,7 +151,7 @@ class Routing:
         given = opts["job_id"] or os.environ.get("OFFLOADD_JOB_ID", "")
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             self.job_id = given or "job-" + secrets.token_hex(8)
-            self.sharing = og.LocalSharing()
+            self.sharing = LocalSharing()
             if opts["broadcast"]:
                 warnings.warn("offloadd: broadcast=True without a torch.distributed job of "
                               "several ranks: nothing to broadcast", RuntimeWarning)
@@ -191,7 +198,7 @@ class Routing:
                 elif isinstance(entry, dict) and entry.get("offloadd_galore_projector"):
                     state["projector"] = self._restore(group, p, entry)
                 proj = state.get("projector")
-                if isinstance(proj, og.ServiceProjector):
+                if isinstance(proj, ServiceProjector):
                     proj.prefetch(p.grad, state.get("step", 0))
         return None
 
@@ -206,7 +213,7 @@ class Routing:
         pid = parameter_id or getattr(p, _NAME_ATTR, None) or "galore.%d.%dx%d" % (
             index, p.shape[0], p.shape[1])
         o = self.options
-        proj = og.ServiceProjector(
+        proj = ServiceProjector(
             group["rank"], update_proj_gap=group["update_proj_gap"], scale=group["scale"],
             proj_type=group.get("proj_type", "std"), method=o["method"],
             oversampling=o["oversampling"], power_iterations=o["power_iterations"],
@@ -242,7 +249,7 @@ def _save_projectors(optimizer, state_dict):  # noqa: ARG001 - torch's hook sign
     keeps its projectors)."""
     states = state_dict.get("state", {})
     for key, value in list(states.items()):
-        if isinstance(value, dict) and isinstance(value.get("projector"), og.ServiceProjector):
+        if isinstance(value, dict) and isinstance(value.get("projector"), ServiceProjector):
             copy = dict(value)
             copy["projector"] = value["projector"].state_dict()
             states[key] = copy
@@ -301,10 +308,14 @@ def _patch_trainer(routing):
     routing._trainer_patch = (cls, original)
 
 
-def enable(*, socket_path=None, asynchronous=False, adopt_after_steps=None, method="exact",
-           oversampling=None, power_iterations=None, warm_start=False, lazy=False,
-           lazy_similarity_threshold=None, fallback="local", broadcast=None, job_id=None,
-           model=None, check_version=True, timeout_seconds=600.0, verbose=False):
+def enable(*, socket_path: Optional[str] = None, asynchronous: bool = False,
+           adopt_after_steps: Optional[int] = None, method: str = "exact",
+           oversampling: Optional[int] = None, power_iterations: Optional[int] = None,
+           warm_start: bool = False, lazy: bool = False,
+           lazy_similarity_threshold: Optional[float] = None, fallback: str = "local",
+           broadcast: Optional[bool] = None, job_id: Optional[str] = None,
+           model: Optional[torch.nn.Module] = None, check_version: bool = True,
+           timeout_seconds: float = 600.0, verbose: bool = False) -> Routing:
     """Routes every GaLore projector of galore-torch's GaLoreAdamW, GaLoreAdamW8bit and
     GaLoreAdafactor — the Transformers Trainer's ``optim="galore_*"`` and ``"galore_*_layerwise"``
     included — through the offloadd daemon. Call it once, before the optimizer's first step.
@@ -350,7 +361,7 @@ def enable(*, socket_path=None, asynchronous=False, adopt_after_steps=None, meth
                    warm_start=bool(warm_start), lazy=bool(lazy),
                    lazy_similarity_threshold=lazy_similarity_threshold, fallback=fallback,
                    broadcast=broadcast, job_id=job_id, verbose=verbose)
-    connection = og.ProjectorConnection(socket_path, timeout_seconds)
+    connection = ProjectorConnection(socket_path, timeout_seconds)
     _galore_classes()  # imports galore_torch (and bitsandbytes) now, not inside a step
     with _lock:
         if _active is not None:
@@ -364,7 +375,7 @@ def enable(*, socket_path=None, asynchronous=False, adopt_after_steps=None, meth
     return routing
 
 
-def disable():
+def disable() -> None:
     """Removes the hooks :func:`enable` installed. Projectors already in optimizer states keep
     working (and saving); new ones are galore-torch's own again."""
     global _active
@@ -374,6 +385,6 @@ def disable():
             _active = None
 
 
-def active():
+def active() -> Optional[Routing]:
     """The current Routing, or None."""
     return _active
