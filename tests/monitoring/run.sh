@@ -22,4 +22,4 @@ export OFFLOADD_TOOLS_BIN
 cd "$here"
 timeout --signal=TERM --kill-after=10 420 /usr/bin/python3 -W ignore::ResourceWarning -m unittest -v \
   test_manifests test_notify test_k8s_tools test_container test_promtool test_dashboard \
-  test_live_scrape test_readme_metrics test_alerts_table
+  test_live_scrape test_readme_metrics test_alerts_table test_config_doc

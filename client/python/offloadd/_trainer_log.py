@@ -45,7 +45,8 @@ _PACKED = ("offloaded", "kept", "fallbacks", "skipped_small", "skipped_params", 
 NOT_REQUESTED = ("offloadd saw no saved tensor during training, so nothing was offloaded: turn on "
                  "activation checkpointing with offload (TrainingArguments("
                  "activation_checkpointing=True, activation_checkpointing_kwargs={\"offload\": "
-                 "True}), or model.gradient_checkpointing_enable(offload=True))")
+                 "True}), or model.activation_checkpointing_enable(offload=True); "
+                 "gradient_checkpointing_enable in Transformers releases without it)")
 _GALORE = (("galore_refreshes_computed", "computed"),
            ("galore_refreshes_deduplicated", "deduplicated"),
            ("galore_kept_stale", "kept_stale"), ("galore_local_fallbacks", "local_fallbacks"))

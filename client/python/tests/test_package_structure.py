@@ -2,7 +2,8 @@
 the device registry, offloadd._devices); no two modules import each other, directly or round a
 longer loop, at the top or inside functions; every module imports by itself.
 
-No daemon needed; each import check runs in a fresh interpreter, so modules other tests imported
+No daemon needed; each import check runs in a separate process with no offloadd module loaded
+(forked from one that imported only the third-party packages), so modules other tests imported
 do not hide what a module imports by itself."""
 
 import ast
