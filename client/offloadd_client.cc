@@ -699,9 +699,23 @@ absl::Status Client::OpenResumed(const std::string& token,
   SetKeepalive(options_, args);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
-  if (!channel->WaitForConnected(DeadlineIn(seconds))) {
-    return absl::UnavailableError(absl::StrCat("nothing accepted a connection at ", target_,
-                                               " within ", seconds, " s"));
+  // WaitForConnected cannot be interrupted: wait in short slices so that a Close() during an
+  // outage ends the attempt at once instead of after `seconds` (connect_timeout_seconds).
+  const auto give_up = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(seconds));
+  for (;;) {
+    const double left =
+        std::chrono::duration<double>(give_up - std::chrono::steady_clock::now()).count();
+    if (channel->WaitForConnected(DeadlineIn(std::clamp(left, 0.0, 0.05)))) break;
+    {
+      base::MutexLock lock(mu_);
+      if (closing_) return absl::CancelledError("Client::Close() was called");
+    }
+    if (left <= 0.05) {
+      return absl::UnavailableError(absl::StrCat("nothing accepted a connection at ", target_,
+                                                 " within ", seconds, " s"));
+    }
   }
   auto owned = std::make_unique<Handshake>();
   owned->stream = std::make_unique<SessionStream>(this, std::move(channel));
