@@ -252,7 +252,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   client->hello_ = *std::move(result);
   client->token_ = client->hello_.resume_token();
   if (!ring_error.empty()) client->hello_.set_ring_error(ring_error);  // not even offered
-  if (client->ring_ != nullptr && client->hello_.ring_attached()) {
+  // The stream may have ended already and the session thread stopped the ring (StopRing sets
+  // ring_stop_ under mu_): a ring thread started after that would never be joined.
+  if (client->ring_ != nullptr && client->hello_.ring_attached() && !client->ring_stop_.load()) {
     client->ring_active_ = true;
     Client* c = client.get();
     client->ring_thread_ = std::thread([c] { c->RingLoop(); });
@@ -1054,8 +1056,8 @@ void Client::StopRing() {
   {
     base::MutexLock lock(mu_);
     ring_active_ = false;
+    ring_stop_ = true;  // under mu_: Connect starts no ring thread after this
   }
-  ring_stop_ = true;
   if (ring_ != nullptr) ring_->WakeWaiters();
   if (ring_thread_.joinable()) ring_thread_.join();
 }

@@ -541,7 +541,11 @@ class Client {
   // Hello; its RingCore is thread-safe on its own.
   std::unique_ptr<RingCore> ring_;
   bool ring_active_ GUARDED_BY(mu_) = false;  // attached, and the stream has not broken
+  // Set once, under mu_, by the first StopRing (the stream ended); read without it by the ring
+  // thread and Enqueue's wait for a slot.
   std::atomic<bool> ring_stop_{false};
+  // Started by Connect under mu_ unless ring_stop_ is set (so that StopRing, which sets it
+  // under mu_, joins every ring thread that was started).
   std::thread ring_thread_;
   base::Mutex close_mu_;  // serialises Close()
   std::thread session_thread_;
