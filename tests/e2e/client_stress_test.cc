@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -101,7 +102,7 @@ TEST(ClientStressTest, CloseDuringAResumeWithTheDaemonDownReturnsPromptly) {
 // Eight threads offload, reload and release on one client while the daemon is SIGKILLed and
 // started again on the same pool: every request completes OK with the right bytes, and the
 // daemon ends holding nothing.
-void ManyThreadsAcrossASigkill(bool use_ring) {
+void ManyThreadsAcrossARestart(bool use_ring, int sig) {
   const std::string socket = UniqueSocketPath();
   const std::string pool = UniquePoolName(use_ring ? "ring" : "stream");
   Daemon first;
@@ -178,7 +179,7 @@ void ManyThreadsAcrossASigkill(bool use_ring) {
     }
   };
   wait_rounds(kThreads * 2);
-  EXPECT_EQ(first.Stop(SIGKILL), 128 + SIGKILL);
+  EXPECT_EQ(first.Stop(sig), sig == SIGKILL ? 128 + SIGKILL : 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   Daemon second;
   ASSERT_TRUE(second.Start(SharedPoolArgs(socket, pool)));
@@ -198,8 +199,158 @@ void ManyThreadsAcrossASigkill(bool use_ring) {
   shm_unlink(("/" + pool).c_str());
 }
 
-TEST(ClientStressTest, ManyThreadsAcrossASigkillOnTheRing) { ManyThreadsAcrossASigkill(true); }
-TEST(ClientStressTest, ManyThreadsAcrossASigkillOnTheStream) { ManyThreadsAcrossASigkill(false); }
+TEST(ClientStressTest, ManyThreadsAcrossASigkillOnTheRing) {
+  ManyThreadsAcrossARestart(true, SIGKILL);
+}
+TEST(ClientStressTest, ManyThreadsAcrossASigkillOnTheStream) {
+  ManyThreadsAcrossARestart(false, SIGKILL);
+}
+TEST(ClientStressTest, ManyThreadsAcrossASigtermOnTheRing) {
+  ManyThreadsAcrossARestart(true, SIGTERM);
+}
+TEST(ClientStressTest, ManyThreadsAcrossASigtermOnTheStream) {
+  ManyThreadsAcrossARestart(false, SIGTERM);
+}
+
+// A daemon that stops (SIGSTOP) with requests in flight: keepalive drops the connection, the
+// client resumes once it runs again (SIGCONT), and every request completes OK.
+TEST(ClientStressTest, AFrozenDaemonIsDroppedAndResumedWhenItThaws) {
+  const std::string socket = UniqueSocketPath();
+  const std::string pool = UniquePoolName("stop");
+  Daemon d;
+  ASSERT_TRUE(d.Start(SharedPoolArgs(socket, pool)));
+  client::ClientOptions o;
+  o.socket_path = socket;
+  o.device_id = "gpu0";
+  o.keepalive_time_seconds = 1;
+  o.keepalive_timeout_seconds = 1;
+  o.connect_timeout_seconds = 2;
+  auto cl = client::Client::Connect(o);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  auto src = client::ShmRegion::Create(8 * kMiB);
+  ASSERT_TRUE(src.ok());
+  auto sr = (*cl)->RegisterShmRegion(*src);
+  ASSERT_TRUE(sr.ok());
+  d.process.Signal(SIGSTOP);
+  std::vector<client::Reply<absl::StatusOr<client::OffloadResult>>> offloads;
+  for (int i = 0; i < 8; ++i) offloads.push_back((*cl)->Offload(*sr, i * kMiB, kMiB));
+  std::this_thread::sleep_for(std::chrono::seconds(5));  // keepalive: 1 s + 1 s
+  EXPECT_EQ(offloads[0].wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  d.process.Signal(SIGCONT);
+  for (auto& f : offloads) {
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    auto r = f.get();
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  EXPECT_EQ((*cl)->counters().resumes, 1u);
+  auto stats = (*cl)->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->blocks(), 8u);
+  (*cl)->Close();
+  EXPECT_EQ(d.Stop(SIGTERM), 0);
+  shm_unlink(("/" + pool).c_str());
+}
+
+// Close() from another thread while eight threads submit: every Reply resolves (OK, or
+// CANCELLED / FAILED_PRECONDITION), nothing hangs, and requests after it fail at once.
+TEST(ClientStressTest, CloseFromAnotherThreadWhileThreadsSubmit) {
+  const std::string socket = UniqueSocketPath();
+  Daemon d;
+  ASSERT_TRUE(d.Start({Runfile("server/offloadd"), "--socket_path=" + socket,
+                       "--pool_bytes=64MiB", "--metrics_address="}));
+  for (const bool use_ring : {true, false}) {
+    client::ClientOptions o;
+    o.socket_path = socket;
+    o.device_id = "gpu0";
+    o.use_ring = use_ring;
+    auto connected = client::Client::Connect(o);
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    std::unique_ptr<client::Client> cl = *std::move(connected);
+    auto src = client::ShmRegion::Create(8 * kMiB);
+    ASSERT_TRUE(src.ok());
+    auto sr = cl->RegisterShmRegion(*src);
+    ASSERT_TRUE(sr.ok());
+    std::atomic<int> started{0}, bad{0}, refused{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        ++started;
+        for (int i = 0; i < 2000; ++i) {
+          auto r = cl->Offload(*sr, (t * 1024 + i % 1024) * 1024ull, 1024);
+          if (r.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+            ++bad;
+            return;
+          }
+          auto v = r.get();
+          if (v.ok()) {
+            cl->Release(v->block_id);  // dropped: completes or is cancelled by the close
+            continue;
+          }
+          if (v.status().code() == absl::StatusCode::kFailedPrecondition) {
+            ++refused;
+            return;
+          }
+          if (v.status().code() != absl::StatusCode::kCancelled) {
+            ++bad;
+            return;
+          }
+        }
+      });
+    }
+    while (started.load() < 8) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::thread closer([&] { cl->Close(); });
+    closer.join();
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(bad.load(), 0) << "use_ring " << use_ring;
+    EXPECT_EQ(cl->Release(1).get().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  EXPECT_EQ(d.Stop(SIGTERM), 0);
+}
+
+// 20000 offloads in one ScopedBatch (stream) and on the ring: every one is answered with its
+// own block, split at the message cap.
+TEST(ClientStressTest, VeryLargeBatches) {
+  const std::string socket = UniqueSocketPath();
+  Daemon d;
+  ASSERT_TRUE(d.Start({Runfile("server/offloadd"), "--socket_path=" + socket,
+                       "--pool_bytes=256MiB", "--metrics_address="}));
+  constexpr int kRequests = 20000;
+  for (const bool use_ring : {false, true}) {
+    client::ClientOptions o;
+    o.socket_path = socket;
+    o.device_id = "gpu0";
+    o.use_ring = use_ring;
+    auto cl = client::Client::Connect(o);
+    ASSERT_TRUE(cl.ok()) << cl.status();
+    auto src = client::ShmRegion::Create(kRequests * 4096ull);
+    ASSERT_TRUE(src.ok());
+    auto sr = (*cl)->RegisterShmRegion(*src);
+    ASSERT_TRUE(sr.ok());
+    std::vector<client::Reply<absl::StatusOr<client::OffloadResult>>> offloads;
+    {
+      client::Client::ScopedBatch batch(**cl);
+      for (int i = 0; i < kRequests; ++i) offloads.push_back((*cl)->Offload(*sr, i * 4096ull, 4096));
+    }
+    std::vector<uint64_t> blocks;
+    for (auto& f : offloads) {
+      ASSERT_EQ(f.wait_for(std::chrono::seconds(120)), std::future_status::ready);
+      auto r = f.get();
+      ASSERT_TRUE(r.ok()) << r.status();
+      blocks.push_back(r->block_id);
+    }
+    std::sort(blocks.begin(), blocks.end());
+    EXPECT_EQ(std::unique(blocks.begin(), blocks.end()), blocks.end());
+    std::vector<client::Reply<absl::Status>> releases;
+    for (uint64_t b : blocks) releases.push_back((*cl)->Release(b));
+    for (auto& f : releases) EXPECT_TRUE(f.get().ok());
+    auto stats = (*cl)->GetStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->blocks(), 0u);
+    (*cl)->Close();
+  }
+  EXPECT_EQ(d.Stop(SIGTERM), 0);
+}
 
 // Clients created and destroyed in a loop, some with a request in flight, leave no thread and no
 // file descriptor behind.
@@ -228,6 +379,153 @@ TEST(ClientStressTest, CreateAndDestroyInALoopLeaksNoThreadsOrFds) {
   EXPECT_LE(CountEntries("/proc/self/task"), threads + 2);
   EXPECT_LE(CountEntries("/proc/self/fd"), fds);
   EXPECT_EQ(d.Stop(SIGTERM), 0);
+}
+
+// A frozen daemon with more requests in flight than the ring has slots: the submitting thread
+// waits for slots until keepalive drops the connection; after SIGCONT every offload completes
+// once, and the daemon holds exactly the blocks the client was told about.
+TEST(ClientStressTest, AFrozenDaemonWithAFullRingStoresEachOffloadOnce) {
+  const std::string socket = UniqueSocketPath();
+  const std::string pool = UniquePoolName("stopring");
+  Daemon d;
+  ASSERT_TRUE(d.Start(SharedPoolArgs(socket, pool)));
+  client::ClientOptions o;
+  o.socket_path = socket;
+  o.device_id = "gpu0";
+  o.keepalive_time_seconds = 1;
+  o.keepalive_timeout_seconds = 1;
+  o.connect_timeout_seconds = 2;
+  o.ring_entries = 64;
+  auto connected = client::Client::Connect(o);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  std::unique_ptr<client::Client> cl = *std::move(connected);
+  ASSERT_TRUE(cl->ring_attached());
+  auto src = client::ShmRegion::Create(1024 * 4096);
+  ASSERT_TRUE(src.ok());
+  auto sr = cl->RegisterShmRegion(*src);
+  ASSERT_TRUE(sr.ok());
+  d.process.Signal(SIGSTOP);
+  std::vector<client::Reply<absl::StatusOr<client::OffloadResult>>> offloads;
+  std::thread submitter([&] {
+    for (int i = 0; i < 1000; ++i) offloads.push_back(cl->Offload(*sr, i * 4096ull, 4096));
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  d.process.Signal(SIGCONT);
+  submitter.join();
+  std::vector<uint64_t> blocks;
+  for (auto& f : offloads) {
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    auto r = f.get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    blocks.push_back(r->block_id);
+  }
+  auto stats = cl->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->blocks(), blocks.size());
+  for (uint64_t b : blocks) EXPECT_TRUE(cl->Release(b).get().ok()) << b;
+  stats = cl->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->blocks(), 0u);
+  EXPECT_EQ(stats->pool_used_bytes(), 0u);
+  cl->Close();
+  EXPECT_EQ(d.Stop(SIGTERM), 0);
+  shm_unlink(("/" + pool).c_str());
+}
+
+// An idle client whose daemon is killed twice in a row (the second time right after it came
+// back) resumes each time and keeps its blocks.
+TEST(ClientStressTest, AnIdleClientResumesAcrossTwoKills) {
+  const std::string socket = UniqueSocketPath();
+  const std::string pool = UniquePoolName("twice");
+  Daemon first;
+  ASSERT_TRUE(first.Start(SharedPoolArgs(socket, pool)));
+  client::ClientOptions o;
+  o.socket_path = socket;
+  o.device_id = "gpu0";
+  auto cl = client::Client::Connect(o);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  auto src = client::ShmRegion::Create(kMiB);
+  auto dst = client::ShmRegion::Create(kMiB);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  for (uint64_t i = 0; i < kMiB; ++i) static_cast<uint8_t*>(src->data())[i] = i * 7 + 1;
+  auto sr = (*cl)->RegisterShmRegion(*src);
+  auto dr = (*cl)->RegisterShmRegion(*dst);
+  ASSERT_TRUE(sr.ok() && dr.ok());
+  auto stored = (*cl)->Offload(*sr, 0, kMiB).get();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(first.Stop(SIGKILL), 128 + SIGKILL);
+  Daemon second;
+  ASSERT_TRUE(second.Start(SharedPoolArgs(socket, pool)));
+  for (int i = 0; i < 500 && (*cl)->counters().resumes < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(second.Stop(SIGKILL), 128 + SIGKILL);
+  Daemon third;
+  ASSERT_TRUE(third.Start(SharedPoolArgs(socket, pool)));
+  auto r = (*cl)->Reload(stored->block_id, *dr, 0, client::Priority::kUrgent, true).get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), kMiB), 0);
+  EXPECT_GE((*cl)->counters().resumes, 1u);
+  (*cl)->Close();
+  EXPECT_EQ(third.Stop(SIGTERM), 0);
+  shm_unlink(("/" + pool).c_str());
+}
+
+// A daemon that does not come back within the resume window: what was pending and what was
+// issued during the outage fails UNAVAILABLE, and so does everything after.
+TEST(ClientStressTest, ADaemonThatStaysDownFailsEverythingAfterTheWindow) {
+  const std::string socket = UniqueSocketPath();
+  const std::string pool = UniquePoolName("down");
+  Daemon d;
+  ASSERT_TRUE(d.Start(SharedPoolArgs(socket, pool)));
+  client::ClientOptions o;
+  o.socket_path = socket;
+  o.device_id = "gpu0";
+  o.resume_window_seconds = 1;
+  auto cl = client::Client::Connect(o);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_EQ(d.Stop(SIGKILL), 128 + SIGKILL);
+  auto during = (*cl)->Release(5);
+  ASSERT_EQ(during.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(during.get().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*cl)->Release(6).get().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*cl)->stream_status().code(), absl::StatusCode::kUnavailable);
+  (*cl)->Close();
+  shm_unlink(("/" + pool).c_str());
+}
+
+// Close() racing a resume that is about to install its stream (the daemon just came back):
+// Close returns, every Reply resolves, repeatedly.
+TEST(ClientStressTest, CloseRacingAResumeThatSucceeds) {
+  const std::string socket = UniqueSocketPath();
+  const std::string pool = UniquePoolName("race");
+  for (int round = 0; round < 6; ++round) {
+    Daemon first;
+    ASSERT_TRUE(first.Start(SharedPoolArgs(socket, pool)));
+    client::ClientOptions o;
+    o.socket_path = socket;
+    o.device_id = "gpu0";
+    o.close_timeout_seconds = 2;
+    auto cl = client::Client::Connect(o);
+    ASSERT_TRUE(cl.ok()) << cl.status();
+    EXPECT_EQ(first.Stop(SIGKILL), 128 + SIGKILL);
+    std::vector<client::Reply<absl::Status>> during;
+    for (int i = 0; i < 50; ++i) during.push_back((*cl)->Release(1000 + i));
+    Daemon second;
+    ASSERT_TRUE(second.Start(SharedPoolArgs(socket, pool)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 10));
+    (*cl)->Close();
+    for (auto& f : during) {
+      ASSERT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready) << round;
+      const absl::StatusCode code = f.get().code();
+      EXPECT_TRUE(code == absl::StatusCode::kNotFound || code == absl::StatusCode::kCancelled ||
+                  code == absl::StatusCode::kUnavailable)
+          << round << ": " << code;
+    }
+    cl->reset();
+    EXPECT_EQ(second.Stop(SIGTERM), 0);
+  }
+  shm_unlink(("/" + pool).c_str());
 }
 
 }  // namespace
