@@ -556,9 +556,7 @@ void Client::SessionLoop() {
     {
       base::MutexLock lock(mu_);
       if (closing_) {
-        failure = absl::CancelledError(absl::StrCat("the client was closed before offloadd at ",
-                                                    target_, " answered this request"));
-        stream_status_ = absl::FailedPreconditionError("Client::Close() was called");
+        failure = ClosedLocked();
         resume = false;
       } else {
         failure = absl::UnavailableError(absl::StrCat(
@@ -574,9 +572,22 @@ void Client::SessionLoop() {
       }
     }
     if (resume && ResumeAfterBreak(&failure)) continue;
+    {
+      // A resume that gave up because Close() began ends the session as a Close() does.
+      base::MutexLock lock(mu_);
+      if (closing_) failure = ClosedLocked();
+    }
     FailAll(failure);
     return;
   }
+}
+
+absl::Status Client::ClosedLocked() {
+  if (stream_status_.ok()) {
+    stream_status_ = absl::FailedPreconditionError("Client::Close() was called");
+  }
+  return absl::CancelledError(
+      absl::StrCat("the client was closed before offloadd at ", target_, " answered this request"));
 }
 
 void Client::FailAll(const absl::Status& failure) {

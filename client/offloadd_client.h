@@ -55,7 +55,8 @@
 // so no offload leaves two blocks. A reload not answered is sent again (same bytes, same place).
 // A release not answered is sent again and counts as done when the block is gone. Tags do not
 // survive a restart in the daemon: requests naming a confirmed block's tag are sent by block id.
-//   - CANCELLED: the request was pending when Close() ended the stream.
+//   - CANCELLED: the request was pending when Close() ended the stream, or a resume still
+//     waiting for the daemon (Close() does not wait for it to come back).
 //   - FAILED_PRECONDITION (client side): a request issued after Close() began.
 //   - INTERNAL: the daemon answered a request with the wrong response kind (protocol mismatch).
 #ifndef OFFLOADD_CLIENT_OFFLOADD_CLIENT_H_
@@ -478,6 +479,9 @@ class Client {
   // Cancels the current stream unless a resume is under way (its stream then ended already).
   void CancelStream() EXCLUDES(mu_);
   void FailAll(const absl::Status& failure) EXCLUDES(mu_);
+  // Close() ended the session: sets stream_status_ (later requests: FAILED_PRECONDITION) and
+  // returns what pending requests fail with (CANCELLED).
+  absl::Status ClosedLocked() REQUIRES(mu_);
   // Queues `request` (its id already set) unless the stream is over; returns why not.
   absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region = 0)
       EXCLUDES(mu_);

@@ -94,8 +94,10 @@ TEST(ClientStressTest, CloseDuringAResumeWithTheDaemonDownReturnsPromptly) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(close_seconds, 30.0);  // 60 s (a whole connect attempt) before the fix
   ASSERT_EQ(release.wait_for(std::chrono::seconds(0)), std::future_status::ready);
-  EXPECT_FALSE(release.get().ok());
-  EXPECT_FALSE((*cl)->stream_status().ok());
+  // As for any Close(): what was pending is CANCELLED, what comes after FAILED_PRECONDITION.
+  EXPECT_EQ(release.get().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ((*cl)->stream_status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*cl)->Release(1).get().code(), absl::StatusCode::kFailedPrecondition);
   shm_unlink(("/" + pool).c_str());
 }
 
