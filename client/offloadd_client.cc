@@ -555,7 +555,10 @@ void Client::SessionLoop() {
     bool resume;
     {
       base::MutexLock lock(mu_);
-      if (closing_) {
+      if (!ring_failure_.ok()) {  // the client ended the session (RingLoop): not resumed
+        failure = ring_failure_;
+        resume = false;
+      } else if (closing_) {
         failure = ClosedLocked();
         resume = false;
       } else {
@@ -1034,6 +1037,23 @@ void Client::RingLoop() {
     if (r == RingCore::WaitResult::kDone) {
       CompleteFromRing(ResponseFromRing(c));
       continue;
+    }
+    if (r == RingCore::WaitResult::kClosed && !stopping && ring_->corrupt()) {
+      // The daemon closes the ring only as the session ends (and the stream ends with it);
+      // a ring this side found corrupt leaves a live stream, with requests on the ring whose
+      // answers can never be read: end the session, as the daemon does for a corrupt ring.
+      LOG(ERROR) << "the request ring of the session at " << target_
+                 << " is corrupt (its shared memory was overwritten): ending the session";
+      {
+        base::MutexLock lock(mu_);
+        ring_active_ = false;
+        ring_failure_ = absl::InternalError(absl::StrCat(
+            "the request ring of the session with offloadd at ", target_,
+            " was found corrupt (its shared memory was overwritten; a bug or a stray write in "
+            "this process or the daemon); the session was ended: Connect anew"));
+      }
+      CancelStream();
+      return;
     }
     if (r == RingCore::WaitResult::kClosed || stopping) return;
   }

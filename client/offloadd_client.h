@@ -59,6 +59,9 @@
 //     waiting for the daemon (Close() does not wait for it to come back).
 //   - FAILED_PRECONDITION (client side): a request issued after Close() began.
 //   - INTERNAL: the daemon answered a request with the wrong response kind (protocol mismatch).
+//     Also every pending and later request once the client found its request ring corrupt (its
+//     shared memory overwritten): the client ends the session rather than wait for answers the
+//     ring can no longer carry (not resumed; Connect anew).
 #ifndef OFFLOADD_CLIENT_OFFLOADD_CLIENT_H_
 #define OFFLOADD_CLIENT_OFFLOADD_CLIENT_H_
 
@@ -545,6 +548,9 @@ class Client {
   // Hello; its RingCore is thread-safe on its own.
   std::unique_ptr<RingCore> ring_;
   bool ring_active_ GUARDED_BY(mu_) = false;  // attached, and the stream has not broken
+  // Set when the ring thread found the ring corrupt and cancelled the stream: what pending and
+  // later requests fail with (the session is not resumed).
+  absl::Status ring_failure_ GUARDED_BY(mu_);
   // Set once, under mu_, by the first StopRing (the stream ended); read without it by the ring
   // thread and Enqueue's wait for a slot.
   std::atomic<bool> ring_stop_{false};

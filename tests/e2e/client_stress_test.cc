@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "client/offloadd_client.h"
 #include "client/shm_region.h"
+#include "common/ring_format.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/child_process.h"
 
@@ -574,6 +575,53 @@ TEST(ClientStressTest, CloseWithAFrozenDaemonCancelsAfterTheCloseTimeout) {
   }
   EXPECT_EQ(d.Stop(SIGTERM), 0);
   shm_unlink(("/" + pool).c_str());
+}
+
+// The open request ring of this process (memfd "offloadd-ring"), mapped; nullptr when none.
+common::RingControl* MapOwnRing() {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return nullptr;
+  common::RingControl* control = nullptr;
+  while (dirent* e = readdir(d)) {
+    char target[256] = {};
+    const std::string link = std::string("/proc/self/fd/") + e->d_name;
+    if (readlink(link.c_str(), target, sizeof(target) - 1) <= 0) continue;
+    if (std::string(target).find("memfd:offloadd-ring") == std::string::npos) continue;
+    void* p = mmap(nullptr, sizeof(common::RingControl), PROT_READ | PROT_WRITE, MAP_SHARED,
+                   atoi(e->d_name), 0);
+    if (p != MAP_FAILED) control = static_cast<common::RingControl*>(p);
+    break;
+  }
+  closedir(d);
+  return control;
+}
+
+// The client finds its ring's completion index impossible (shared memory overwritten) while the
+// stream is alive: the session ends with INTERNAL, so that no request waits for an answer the
+// ring can no longer carry (before, the ring thread stopped and every ring request hung).
+TEST(ClientStressTest, ACorruptRingEndsTheSessionInsteadOfHangingItsRequests) {
+  const std::string socket = UniqueSocketPath();
+  Daemon d;
+  ASSERT_TRUE(d.Start({Runfile("server/offloadd"), "--socket_path=" + socket,
+                       "--pool_bytes=16MiB", "--metrics_address="}));
+  client::ClientOptions o;
+  o.socket_path = socket;
+  o.device_id = "gpu0";
+  auto cl = client::Client::Connect(o);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  ASSERT_TRUE((*cl)->ring_attached()) << (*cl)->ring_error();
+  EXPECT_EQ((*cl)->Release(77).get().code(), absl::StatusCode::kNotFound);  // on the ring
+  common::RingControl* control = MapOwnRing();
+  ASSERT_NE(control, nullptr);
+  control->completion_tail.value.store(control->completion_tail.value.load() + (1u << 20));
+  control->client_doorbell.RingAlways();
+  auto release = (*cl)->Release(78);
+  ASSERT_EQ(release.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(release.get().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ((*cl)->stream_status().code(), absl::StatusCode::kInternal);
+  munmap(control, sizeof(common::RingControl));
+  (*cl)->Close();
+  EXPECT_EQ(d.Stop(SIGTERM), 0);
 }
 
 }  // namespace
