@@ -61,6 +61,23 @@ std::vector<std::string> SharedPoolArgs(const std::string& socket, const std::st
           "--metrics_address=",       "--pool_shm_name=" + pool, "--resume_grace_seconds=120"};
 }
 
+// SIGSTOP, returning once the process is stopped (/proc/<pid>/stat state T): the signal is
+// delivered asynchronously, and a daemon still running for a moment would answer requests.
+bool Freeze(ChildProcess& p) {
+  p.Signal(SIGSTOP);
+  for (int i = 0; i < 5000; ++i) {
+    FILE* f = fopen(("/proc/" + std::to_string(p.pid) + "/stat").c_str(), "r");
+    char state = 0;
+    if (f != nullptr) {
+      if (fscanf(f, "%*d (%*[^)]) %c", &state) != 1) state = 0;
+      fclose(f);
+    }
+    if (state == 'T' || state == 't') return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
 size_t CountEntries(const char* dir) {
   size_t n = 0;
   if (DIR* d = opendir(dir)) {
@@ -241,7 +258,7 @@ TEST(ClientStressTest, AFrozenDaemonIsDroppedAndResumedWhenItThaws) {
   ASSERT_TRUE(src.ok());
   auto sr = (*cl)->RegisterShmRegion(*src);
   ASSERT_TRUE(sr.ok());
-  d.process.Signal(SIGSTOP);
+  ASSERT_TRUE(Freeze(d.process));
   std::vector<client::Reply<absl::StatusOr<client::OffloadResult>>> offloads;
   for (int i = 0; i < 8; ++i) offloads.push_back((*cl)->Offload(*sr, i * kMiB, kMiB));
   std::this_thread::sleep_for(std::chrono::seconds(5));  // keepalive: 1 s + 1 s
@@ -414,7 +431,7 @@ TEST(ClientStressTest, AFrozenDaemonWithAFullRingStoresEachOffloadOnce) {
   ASSERT_TRUE(src.ok());
   auto sr = cl->RegisterShmRegion(*src);
   ASSERT_TRUE(sr.ok());
-  d.process.Signal(SIGSTOP);
+  ASSERT_TRUE(Freeze(d.process));
   std::vector<client::Reply<absl::StatusOr<client::OffloadResult>>> offloads;
   std::thread submitter([&] {
     for (int i = 0; i < 1000; ++i) offloads.push_back(cl->Offload(*sr, i * 4096ull, 4096));
@@ -558,7 +575,7 @@ TEST(ClientStressTest, CloseWithAFrozenDaemonCancelsAfterTheCloseTimeout) {
     ASSERT_TRUE(src.ok());
     auto sr = (*cl)->RegisterShmRegion(*src);
     ASSERT_TRUE(sr.ok());
-    d.process.Signal(SIGSTOP);
+    ASSERT_TRUE(Freeze(d.process));
     std::vector<client::Reply<absl::StatusOr<client::OffloadResult>>> offloads;
     for (int i = 0; i < 16; ++i) offloads.push_back((*cl)->Offload(*sr, i * 4096ull, 4096));
     const auto start = std::chrono::steady_clock::now();
@@ -615,6 +632,11 @@ TEST(ClientStressTest, ACorruptRingEndsTheSessionInsteadOfHangingItsRequests) {
   ASSERT_NE(control, nullptr);
   control->completion_tail.value.store(control->completion_tail.value.load() + (1u << 20));
   control->client_doorbell.RingAlways();
+  // Nothing is submitted until the ring thread has read the impossible index: an answer the
+  // daemon published first would overwrite it.
+  for (int i = 0; i < 2000 && (*cl)->stream_status().ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   auto release = (*cl)->Release(78);
   ASSERT_EQ(release.wait_for(std::chrono::seconds(20)), std::future_status::ready);
   EXPECT_EQ(release.get().code(), absl::StatusCode::kInternal);
