@@ -252,7 +252,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   client->hello_ = *std::move(result);
   client->token_ = client->hello_.resume_token();
   if (!ring_error.empty()) client->hello_.set_ring_error(ring_error);  // not even offered
-  if (client->ring_ != nullptr && client->hello_.ring_attached()) {
+  // The stream may have ended already and the session thread stopped the ring (StopRing sets
+  // ring_stop_ under mu_): a ring thread started after that would never be joined.
+  if (client->ring_ != nullptr && client->hello_.ring_attached() && !client->ring_stop_.load()) {
     client->ring_active_ = true;
     Client* c = client.get();
     client->ring_thread_ = std::thread([c] { c->RingLoop(); });
@@ -553,10 +555,11 @@ void Client::SessionLoop() {
     bool resume;
     {
       base::MutexLock lock(mu_);
-      if (closing_) {
-        failure = absl::CancelledError(absl::StrCat("the client was closed before offloadd at ",
-                                                    target_, " answered this request"));
-        stream_status_ = absl::FailedPreconditionError("Client::Close() was called");
+      if (!ring_failure_.ok()) {  // the client ended the session (RingLoop): not resumed
+        failure = ring_failure_;
+        resume = false;
+      } else if (closing_) {
+        failure = ClosedLocked();
         resume = false;
       } else {
         failure = absl::UnavailableError(absl::StrCat(
@@ -572,9 +575,22 @@ void Client::SessionLoop() {
       }
     }
     if (resume && ResumeAfterBreak(&failure)) continue;
+    {
+      // A resume that gave up because Close() began ends the session as a Close() does.
+      base::MutexLock lock(mu_);
+      if (closing_) failure = ClosedLocked();
+    }
     FailAll(failure);
     return;
   }
+}
+
+absl::Status Client::ClosedLocked() {
+  if (stream_status_.ok()) {
+    stream_status_ = absl::FailedPreconditionError("Client::Close() was called");
+  }
+  return absl::CancelledError(
+      absl::StrCat("the client was closed before offloadd at ", target_, " answered this request"));
 }
 
 void Client::FailAll(const absl::Status& failure) {
@@ -699,9 +715,23 @@ absl::Status Client::OpenResumed(const std::string& token,
   SetKeepalive(options_, args);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
-  if (!channel->WaitForConnected(DeadlineIn(seconds))) {
-    return absl::UnavailableError(absl::StrCat("nothing accepted a connection at ", target_,
-                                               " within ", seconds, " s"));
+  // WaitForConnected cannot be interrupted: wait in short slices so that a Close() during an
+  // outage ends the attempt at once instead of after `seconds` (connect_timeout_seconds).
+  const auto give_up = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(seconds));
+  for (;;) {
+    const double left =
+        std::chrono::duration<double>(give_up - std::chrono::steady_clock::now()).count();
+    if (channel->WaitForConnected(DeadlineIn(std::clamp(left, 0.0, 0.05)))) break;
+    {
+      base::MutexLock lock(mu_);
+      if (closing_) return absl::CancelledError("Client::Close() was called");
+    }
+    if (left <= 0.05) {
+      return absl::UnavailableError(absl::StrCat("nothing accepted a connection at ", target_,
+                                                 " within ", seconds, " s"));
+    }
   }
   auto owned = std::make_unique<Handshake>();
   owned->stream = std::make_unique<SessionStream>(this, std::move(channel));
@@ -1008,6 +1038,23 @@ void Client::RingLoop() {
       CompleteFromRing(ResponseFromRing(c));
       continue;
     }
+    if (r == RingCore::WaitResult::kClosed && !stopping && ring_->corrupt()) {
+      // The daemon closes the ring only as the session ends (and the stream ends with it);
+      // a ring this side found corrupt leaves a live stream, with requests on the ring whose
+      // answers can never be read: end the session, as the daemon does for a corrupt ring.
+      LOG(ERROR) << "the request ring of the session at " << target_
+                 << " is corrupt (its shared memory was overwritten): ending the session";
+      {
+        base::MutexLock lock(mu_);
+        ring_active_ = false;
+        ring_failure_ = absl::InternalError(absl::StrCat(
+            "the request ring of the session with offloadd at ", target_,
+            " was found corrupt (its shared memory was overwritten; a bug or a stray write in "
+            "this process or the daemon); the session was ended: Connect anew"));
+      }
+      CancelStream();
+      return;
+    }
     if (r == RingCore::WaitResult::kClosed || stopping) return;
   }
 }
@@ -1040,8 +1087,8 @@ void Client::StopRing() {
   {
     base::MutexLock lock(mu_);
     ring_active_ = false;
+    ring_stop_ = true;  // under mu_: Connect starts no ring thread after this
   }
-  ring_stop_ = true;
   if (ring_ != nullptr) ring_->WakeWaiters();
   if (ring_thread_.joinable()) ring_thread_.join();
 }

@@ -55,9 +55,13 @@
 // so no offload leaves two blocks. A reload not answered is sent again (same bytes, same place).
 // A release not answered is sent again and counts as done when the block is gone. Tags do not
 // survive a restart in the daemon: requests naming a confirmed block's tag are sent by block id.
-//   - CANCELLED: the request was pending when Close() ended the stream.
+//   - CANCELLED: the request was pending when Close() ended the stream, or a resume still
+//     waiting for the daemon (Close() does not wait for it to come back).
 //   - FAILED_PRECONDITION (client side): a request issued after Close() began.
 //   - INTERNAL: the daemon answered a request with the wrong response kind (protocol mismatch).
+//     Also every pending and later request once the client found its request ring corrupt (its
+//     shared memory overwritten): the client ends the session rather than wait for answers the
+//     ring can no longer carry (not resumed; Connect anew).
 #ifndef OFFLOADD_CLIENT_OFFLOADD_CLIENT_H_
 #define OFFLOADD_CLIENT_OFFLOADD_CLIENT_H_
 
@@ -478,6 +482,9 @@ class Client {
   // Cancels the current stream unless a resume is under way (its stream then ended already).
   void CancelStream() EXCLUDES(mu_);
   void FailAll(const absl::Status& failure) EXCLUDES(mu_);
+  // Close() ended the session: sets stream_status_ (later requests: FAILED_PRECONDITION) and
+  // returns what pending requests fail with (CANCELLED).
+  absl::Status ClosedLocked() REQUIRES(mu_);
   // Queues `request` (its id already set) unless the stream is over; returns why not.
   absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region = 0)
       EXCLUDES(mu_);
@@ -541,7 +548,14 @@ class Client {
   // Hello; its RingCore is thread-safe on its own.
   std::unique_ptr<RingCore> ring_;
   bool ring_active_ GUARDED_BY(mu_) = false;  // attached, and the stream has not broken
+  // Set when the ring thread found the ring corrupt and cancelled the stream: what pending and
+  // later requests fail with (the session is not resumed).
+  absl::Status ring_failure_ GUARDED_BY(mu_);
+  // Set once, under mu_, by the first StopRing (the stream ended); read without it by the ring
+  // thread and Enqueue's wait for a slot.
   std::atomic<bool> ring_stop_{false};
+  // Started by Connect under mu_ unless ring_stop_ is set (so that StopRing, which sets it
+  // under mu_, joins every ring thread that was started).
   std::thread ring_thread_;
   base::Mutex close_mu_;  // serialises Close()
   std::thread session_thread_;

@@ -67,6 +67,9 @@ class FakeOffload final : public v1::Offload::Service {
       }
       if (kill) return grpc::Status(grpc::StatusCode::INTERNAL, "killed by the test");
       if (out.responses_size() > 0 && !stream->Write(out)) break;
+      if (HelloThenEnd()) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "ended after the HelloReply");
+      }
     }
     return grpc::Status::OK;
   }
@@ -114,6 +117,16 @@ class FakeOffload final : public v1::Offload::Service {
     std::lock_guard<std::mutex> l(mu_);
     return resumed_hellos_;
   }
+  // Hello replies say the request ring is attached (it is not mapped), and the stream ends
+  // right after the HelloReply: a daemon that dies as a client connects.
+  void set_hello_then_end(bool v) {
+    std::lock_guard<std::mutex> l(mu_);
+    hello_then_end_ = v;
+  }
+  bool HelloThenEnd() {
+    std::lock_guard<std::mutex> l(mu_);
+    return hello_then_end_;
+  }
   void set_hello_silent(bool v) {
     std::lock_guard<std::mutex> l(mu_);
     hello_silent_ = v;
@@ -143,6 +156,7 @@ class FakeOffload final : public v1::Offload::Service {
         resp.mutable_hello()->set_session_quota_bytes(1ull << 28);
         resp.mutable_hello()->set_chunk_bytes(4 << 20);
         resp.mutable_hello()->set_link(r.hello().device_id() + "-link");
+        if (hello_then_end_) resp.mutable_hello()->set_ring_attached(true);
         if (resumable_) {
           resp.mutable_hello()->set_resume_token("token-of-the-test");
           resp.mutable_hello()->set_resume_grace_seconds(30);
@@ -263,6 +277,7 @@ class FakeOffload final : public v1::Offload::Service {
   int last_batch_size_ = 0;
   bool hello_error_ = false;
   bool hello_silent_ = false;
+  bool hello_then_end_ = false;
   bool resumable_ = false;
   bool die_unavailable_ = false;
   int resumed_hellos_ = 0;
@@ -590,6 +605,19 @@ TEST_F(ClientTest, AnIdleClientSeesTheDaemonGo) {
   EXPECT_EQ(client->stream_status().code(), absl::StatusCode::kUnavailable)
       << client->stream_status();
   EXPECT_EQ(client->Release(1).get().code(), absl::StatusCode::kUnavailable);
+}
+
+// A daemon that attaches the ring and ends the stream right after its HelloReply: whichever of
+// Connect (starting the ring thread) and the session thread (stopping the ring at the stream's
+// end) comes first, the Client ends cleanly (a ring thread left unjoined aborts the process).
+TEST_F(ClientTest, AStreamEndingRightAfterHelloLeavesNoRingThreadBehind) {
+  service_->set_hello_then_end(true);
+  for (int i = 0; i < 300; ++i) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(Options());
+    ASSERT_TRUE(client.ok()) << client.status();
+    EXPECT_TRUE((*client)->ring_attached());
+    EXPECT_EQ((*client)->Release(1).get().code(), absl::StatusCode::kUnavailable);
+  }
 }
 
 TEST_F(ClientTest, BurstIsCoalescedIntoFewerMessages) {

@@ -51,6 +51,11 @@ bool RingCore::closed() const {
   return EndedLocked();
 }
 
+bool RingCore::corrupt() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return corrupt_;
+}
+
 bool RingCore::EndedLocked() const {
   return corrupt_ || shut_ || control_->closed.value.load(std::memory_order_seq_cst) != 0;
 }

@@ -85,6 +85,9 @@ class RingCore {
   // Shutdown() was called. A submission that returned 0 / false while closed() is false found
   // no free slot within its timeout (the daemon is behind: take answers and retry).
   bool closed() const;
+  // True once this side found an index the daemon owns impossible (the ring's shared memory was
+  // overwritten): the daemon may still be serving the ring, but its answers cannot be read.
+  bool corrupt() const;
   // Requests submitted and not yet taken by Poll / Wait / WaitAny.
   size_t pending() const;
 
