@@ -61,6 +61,14 @@ std::vector<std::string> SharedPoolArgs(const std::string& socket, const std::st
           "--metrics_address=",       "--pool_shm_name=" + pool, "--resume_grace_seconds=120"};
 }
 
+// Options of a client of GPU "gpu0" on `socket`; each test sets what it tries on top.
+client::ClientOptions Gpu0Options(const std::string& socket) {
+  client::ClientOptions o;
+  o.socket_path = socket;
+  o.device_id = "gpu0";
+  return o;
+}
+
 // SIGSTOP, returning once the process is stopped (/proc/<pid>/stat state T): the signal is
 // delivered asynchronously, and a daemon still running for a moment would answer requests.
 bool Freeze(ChildProcess& p) {
@@ -95,9 +103,7 @@ TEST(ClientStressTest, CloseDuringAResumeWithTheDaemonDownReturnsPromptly) {
   const std::string pool = UniquePoolName("close");
   Daemon d;
   ASSERT_TRUE(d.Start(SharedPoolArgs(socket, pool)));
-  client::ClientOptions o;
-  o.socket_path = socket;
-  o.device_id = "gpu0";
+  client::ClientOptions o = Gpu0Options(socket);
   o.connect_timeout_seconds = 60;
   o.close_timeout_seconds = 1;
   auto cl = client::Client::Connect(o);
@@ -127,9 +133,7 @@ void ManyThreadsAcrossARestart(bool use_ring, int sig) {
   const std::string pool = UniquePoolName(use_ring ? "ring" : "stream");
   Daemon first;
   ASSERT_TRUE(first.Start(SharedPoolArgs(socket, pool)));
-  client::ClientOptions o;
-  o.socket_path = socket;
-  o.device_id = "gpu0";
+  client::ClientOptions o = Gpu0Options(socket);
   o.use_ring = use_ring;
   auto connected = client::Client::Connect(o);
   ASSERT_TRUE(connected.ok()) << connected.status();
@@ -246,9 +250,7 @@ TEST(ClientStressTest, AFrozenDaemonIsDroppedAndResumedWhenItThaws) {
   const std::string pool = UniquePoolName("stop");
   Daemon d;
   ASSERT_TRUE(d.Start(SharedPoolArgs(socket, pool)));
-  client::ClientOptions o;
-  o.socket_path = socket;
-  o.device_id = "gpu0";
+  client::ClientOptions o = Gpu0Options(socket);
   o.keepalive_time_seconds = 1;
   o.keepalive_timeout_seconds = 1;
   o.connect_timeout_seconds = 2;
@@ -286,9 +288,7 @@ TEST(ClientStressTest, CloseFromAnotherThreadWhileThreadsSubmit) {
   ASSERT_TRUE(d.Start({Runfile("server/offloadd"), "--socket_path=" + socket,
                        "--pool_bytes=64MiB", "--metrics_address="}));
   for (const bool use_ring : {true, false}) {
-    client::ClientOptions o;
-    o.socket_path = socket;
-    o.device_id = "gpu0";
+    client::ClientOptions o = Gpu0Options(socket);
     o.use_ring = use_ring;
     auto connected = client::Client::Connect(o);
     ASSERT_TRUE(connected.ok()) << connected.status();
@@ -344,9 +344,7 @@ TEST(ClientStressTest, VeryLargeBatches) {
                        "--pool_bytes=256MiB", "--metrics_address="}));
   constexpr int kRequests = 20000;
   for (const bool use_ring : {false, true}) {
-    client::ClientOptions o;
-    o.socket_path = socket;
-    o.device_id = "gpu0";
+    client::ClientOptions o = Gpu0Options(socket);
     o.use_ring = use_ring;
     auto cl = client::Client::Connect(o);
     ASSERT_TRUE(cl.ok()) << cl.status();
@@ -386,9 +384,7 @@ TEST(ClientStressTest, CreateAndDestroyInALoopLeaksNoThreadsOrFds) {
   Daemon d;
   ASSERT_TRUE(d.Start({Runfile("server/offloadd"), "--socket_path=" + socket,
                        "--pool_bytes=16MiB", "--metrics_address="}));
-  client::ClientOptions o;
-  o.socket_path = socket;
-  o.device_id = "gpu0";
+  client::ClientOptions o = Gpu0Options(socket);
   auto cycle = [&](int i) {
     o.use_ring = i % 2 == 0;
     auto cl = client::Client::Connect(o);
@@ -416,9 +412,7 @@ TEST(ClientStressTest, AFrozenDaemonWithAFullRingStoresEachOffloadOnce) {
   const std::string pool = UniquePoolName("stopring");
   Daemon d;
   ASSERT_TRUE(d.Start(SharedPoolArgs(socket, pool)));
-  client::ClientOptions o;
-  o.socket_path = socket;
-  o.device_id = "gpu0";
+  client::ClientOptions o = Gpu0Options(socket);
   o.keepalive_time_seconds = 1;
   o.keepalive_timeout_seconds = 1;
   o.connect_timeout_seconds = 2;
@@ -466,9 +460,7 @@ TEST(ClientStressTest, AnIdleClientResumesAcrossTwoKills) {
   const std::string pool = UniquePoolName("twice");
   Daemon first;
   ASSERT_TRUE(first.Start(SharedPoolArgs(socket, pool)));
-  client::ClientOptions o;
-  o.socket_path = socket;
-  o.device_id = "gpu0";
+  client::ClientOptions o = Gpu0Options(socket);
   auto cl = client::Client::Connect(o);
   ASSERT_TRUE(cl.ok()) << cl.status();
   auto src = client::ShmRegion::Create(kMiB);
@@ -505,9 +497,7 @@ TEST(ClientStressTest, ADaemonThatStaysDownFailsEverythingAfterTheWindow) {
   const std::string pool = UniquePoolName("down");
   Daemon d;
   ASSERT_TRUE(d.Start(SharedPoolArgs(socket, pool)));
-  client::ClientOptions o;
-  o.socket_path = socket;
-  o.device_id = "gpu0";
+  client::ClientOptions o = Gpu0Options(socket);
   o.resume_window_seconds = 1;
   auto cl = client::Client::Connect(o);
   ASSERT_TRUE(cl.ok()) << cl.status();
@@ -529,9 +519,7 @@ TEST(ClientStressTest, CloseRacingAResumeThatSucceeds) {
   for (int round = 0; round < 6; ++round) {
     Daemon first;
     ASSERT_TRUE(first.Start(SharedPoolArgs(socket, pool)));
-    client::ClientOptions o;
-    o.socket_path = socket;
-    o.device_id = "gpu0";
+    client::ClientOptions o = Gpu0Options(socket);
     o.close_timeout_seconds = 2;
     auto cl = client::Client::Connect(o);
     ASSERT_TRUE(cl.ok()) << cl.status();
@@ -563,9 +551,7 @@ TEST(ClientStressTest, CloseWithAFrozenDaemonCancelsAfterTheCloseTimeout) {
   Daemon d;
   ASSERT_TRUE(d.Start(SharedPoolArgs(socket, pool)));
   for (const bool use_ring : {true, false}) {
-    client::ClientOptions o;
-    o.socket_path = socket;
-    o.device_id = "gpu0";
+    client::ClientOptions o = Gpu0Options(socket);
     o.keepalive_time_seconds = 0;
     o.close_timeout_seconds = 1;
     o.use_ring = use_ring;
@@ -621,9 +607,7 @@ TEST(ClientStressTest, ACorruptRingEndsTheSessionInsteadOfHangingItsRequests) {
   Daemon d;
   ASSERT_TRUE(d.Start({Runfile("server/offloadd"), "--socket_path=" + socket,
                        "--pool_bytes=16MiB", "--metrics_address="}));
-  client::ClientOptions o;
-  o.socket_path = socket;
-  o.device_id = "gpu0";
+  client::ClientOptions o = Gpu0Options(socket);
   auto cl = client::Client::Connect(o);
   ASSERT_TRUE(cl.ok()) << cl.status();
   ASSERT_TRUE((*cl)->ring_attached()) << (*cl)->ring_error();
