@@ -301,7 +301,13 @@ TEST_F(SimGpuTest, ASegmentFreedUnderACopyFailsThatTransferAndTheDaemonServesOth
   ASSERT_FALSE(result.ok());
   std::printf("the offload of freed memory failed: %s\n", result.status().ToString().c_str());
   EXPECT_GE(gpu_->violations(SimViolation::kFreedWhileMapped), 1u);
-  EXPECT_GE(gpu_->violations(SimViolation::kCopyOnFreed), 1u);
+  // Where the free lands decides how the transfer fails: inside the copy (the simulated
+  // device counts a copy on freed memory) or before the copy engine's open of the handle, which
+  // then refuses the dead allocation. Either way the transfer fails, and says why.
+  const bool copied_on_freed = gpu_->violations(SimViolation::kCopyOnFreed) >= 1;
+  const bool open_refused =
+      result.status().message().find("is not live") != absl::string_view::npos;
+  EXPECT_TRUE(copied_on_freed || open_refused) << result.status();
 
   // Another session on the same daemon is unaffected.
   second_ = Connect("sim-gpu-test second");
