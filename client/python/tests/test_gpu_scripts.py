@@ -198,7 +198,12 @@ class RunShGpuPathTest(unittest.TestCase):
                    'echo "cannot serve metrics on x: in use" >&2; exit 1; }\n' % (taken, taken)
                    if metrics_taken_once else "") +
                   'echo "cuda: host pool pinned: 0 bytes (stand-in)"\n'
-                  'exec "%s" "${@/--backend=cuda/--backend=shm}"' % daemon_bin())
+                  # The real daemon on shm, with a 512 MiB pool whatever run.sh sized from
+                  # MemAvailable (up to 8 GiB, pre-faulted: on a 2-core machine running other
+                  # tests that can take longer than the daemon_start budget).
+                  'args=(); for a in "$@"; do case $a in --backend=cuda) a=--backend=shm;; '
+                  '--pool_bytes=*) a=--pool_bytes=512MiB;; esac; args+=("$a"); done\n'
+                  'exec "%s" "${args[@]}"' % daemon_bin())
         tools = os.path.join(d, "tools")
         os.makedirs(tools)
         write_exe(os.path.join(tools, "nvidia-smi"),
