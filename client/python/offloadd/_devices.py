@@ -15,6 +15,7 @@ while one is active). Nothing here imports torch or a CUDA library until a kind 
 Thread-safety: :func:`register` may run on any thread; lookups read an immutable snapshot.
 """
 
+import abc
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -25,26 +26,26 @@ _by_name: Dict[str, "DeviceKind"] = {}
 _lock = threading.Lock()
 
 
-class DeviceKind:
+class DeviceKind(abc.ABC):
     """One kind of device. Subclasses set ``name`` (the device key's prefix, no colon) and
     ``torch_type`` (the torch device type of the tensors it may claim) and implement the
-    methods below."""
+    abstract methods below (a subclass missing one cannot be instantiated: TypeError)."""
 
     name: str = ""
     torch_type: str = ""
 
+    @abc.abstractmethod
     def key(self, device: Any) -> Optional[str]:
         """``"<name>:<ordinal>"`` when a tensor on torch device ``device`` (of type
         ``torch_type``) belongs to this kind now, else None (the next kind is asked)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def open(self, ordinal: int) -> Tuple[str, Optional[Callable[[], Any]]]:
         """For a new daemon session of device ``ordinal``: (the device id its Hello carries --
         a GPU UUID where one can be read, else the key -- and a function making the device
         object a CudaIpcTransport drives on a cuda-backend daemon, or None when this kind has
         none). Must not raise for a device the daemon can still serve over shm; the function it
         returns may raise (then the session falls back)."""
-        raise NotImplementedError
 
     def uses_cuda_allocator(self) -> bool:
         """True when tensors of this kind come from a CUDA caching allocator (real or

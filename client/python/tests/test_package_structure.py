@@ -408,6 +408,16 @@ class DeviceRegistryTest(unittest.TestCase):
         def open(self, ordinal):
             return "FAKE-%d" % ordinal, None
 
+    def test_a_kind_without_key_and_open_cannot_be_made(self):
+        class Partial(_devices.DeviceKind):
+            name, torch_type = "partial", "meta"
+
+            def key(self, device):
+                return None
+
+        with self.assertRaises(TypeError):
+            Partial()  # open() is abstract
+
     def test_a_registered_kind_claims_its_tensors_until_it_declines(self):
         meta = torch.device("meta")
         self.assertEqual(_devices.device_key(meta), "meta")
