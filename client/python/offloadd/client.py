@@ -321,36 +321,47 @@ class Client:
         self.daemon_uid = self._probe(min(1.0, connect_timeout_seconds))
         self.shm_mode, self.shm_gid = shm_access(self.socket_path, self.daemon_uid, shm_mode,
                                                  shm_group)
-        offer = self._offer_ring(ring)
-        self._conn, self.hello = self._open(resume_token, connect_timeout_seconds, offer)
-        self._token = self.hello.resume_token
-        if offer is not None:
-            if self.hello.ring_attached:
-                self._ring, self._ring_conn = offer, self._conn
-            else:
-                self.ring_error = self.hello.ring_error or "the daemon did not attach the ring"
-                offer.close()
-                self._ring_native = None
-
-    def _offer_ring(self, ring):
-        """The NativeRing to offer in Hello, or None (``ring_error`` says why)."""
         if ring is None:
             ring = os.environ.get("OFFLOADD_RING", "1") != "0"
-        if not ring:
+        self._ring_wanted = bool(ring)  # offered again in the Hello of every resume
+        offer = self._offer_ring()
+        self._conn, self.hello = self._open(resume_token, connect_timeout_seconds, offer)
+        self._token = self.hello.resume_token
+        with self._lock:
+            self._take_ring_locked(offer, self._conn, self.hello)
+
+    def _offer_ring(self):
+        """A new NativeRing to offer in Hello, or None (``ring_error`` says why)."""
+        if not self._ring_wanted:
             self.ring_error = "not offered (ring=False or OFFLOADD_RING=0)"
             return None
         try:
-            self._ring_native = _native.NativeRing(RING_ENTRIES)
+            return _native.NativeRing(RING_ENTRIES)
         except OSError as e:
             self.ring_error = str(e)
             return None
-        return self._ring_native
+
+    def _take_ring_locked(self, offer, conn, hello):
+        """After ``hello`` answered a Hello on ``conn`` that offered ``offer`` (None: none):
+        the ring carries the requests from now on when the daemon attached it; else ``offer``
+        is closed and ``ring_error`` says why. A ring of an earlier connection (retired when
+        that connection ended) is let go: no request of it is left on it."""
+        if offer is None:
+            return
+        if not hello.ring_attached:
+            self.ring_error = hello.ring_error or "the daemon did not attach the ring"
+            offer.close()
+            return
+        self.ring_error = ""
+        self._ring = self._ring_native = offer
+        self._ring_conn = conn
+        self._ring_moved.clear()  # ids of the old ring: its answers are no longer taken
 
     @property
     def ring_active(self):
         """True while offloads, reloads and releases go on the request ring (attached in
-        Hello; the ring ends with the connection that attached it: after a reconnect every
-        request travels on the stream)."""
+        Hello; a ring ends with the connection that attached it, and the Hello of a resume
+        offers a new one: requests travel on the stream only between the two)."""
         return self._ring is not None
 
     def _probe(self, timeout_seconds):
@@ -709,16 +720,19 @@ class Client:
                     "the offloadd daemon at %s went away and did not come back within %.1f s "
                     "(reconnect_seconds / the daemon's resume_grace_seconds): %s"
                     % (self.target, window, failure)))
+            offer = self._offer_ring()
             try:
-                conn, hello = self._open(token, min(self.connect_timeout_seconds, left))
-                if self._resume_on(conn, hello):
+                conn, hello = self._open(token, min(self.connect_timeout_seconds, left), offer)
+                if self._resume_on(conn, hello, offer):
                     return
                 continue  # the new connection broke while re-registering: try again
             except errors.DaemonUnavailable as e:
+                _close_offer(offer)
                 failure = e
                 if _refuses(self.socket_path):  # down or restarting, not frozen: not silence
                     self._last_heard = time.monotonic()
             except errors.OffloaddError as e:
+                _close_offer(offer)
                 if e.code == errors.DEADLINE_EXCEEDED:
                     failure = e
                 elif e.code == errors.NOT_FOUND and token:
@@ -736,9 +750,10 @@ class Client:
             time.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
             backoff = min(backoff * 2, max(self.reconnect_max_backoff_seconds, backoff))
 
-    def _resume_on(self, conn, hello):
-        """Registers the regions again on ``conn``, settles the blocks, re-sends what waits.
-        False when ``conn`` broke meanwhile."""
+    def _resume_on(self, conn, hello, offer=None):
+        """Registers the regions again on ``conn``, settles the blocks, re-sends what waits
+        (on the stream), and moves later requests to ``offer`` (the NativeRing its Hello
+        offered, or None) when the daemon attached it. False when ``conn`` broke meanwhile."""
         with self._lock:
             regions = dict(self._regions)
         mapping = {}
@@ -747,9 +762,11 @@ class Client:
                 mapping[region] = self._register_again(conn, handle, relink)
         except errors.DaemonUnavailable:
             conn.close(0.5)
+            _close_offer(offer)
             return False
         except (errors.OffloaddError, OSError) as e:
             conn.close(0.5)
+            _close_offer(offer)
             self._give_up(errors.OffloaddError(
                 getattr(e, "code", errors.UNKNOWN), "offloadd at %s restarted and a region of "
                 "this client could not be registered again: %s" % (self.target, e)))
@@ -758,12 +775,14 @@ class Client:
         with self._lock:
             if self._closing:
                 conn.close(0.5)
+                _close_offer(offer)
                 return True
             orphans = resumed - self._confirmed
             self._lost |= self._confirmed - resumed
             self._confirmed &= resumed
             self._daemon_region = mapping
             old, self._conn, self.hello = self._conn, conn, hello
+            self._take_ring_locked(offer, conn, hello)
             self._token = hello.resume_token
             self._reconnecting = None
             self.counters.resumes += 1
@@ -1181,6 +1200,12 @@ def _fresh(e):
     if isinstance(e, errors.OffloaddError):
         return e.fresh()
     return e.with_traceback(None)
+
+
+def _close_offer(ring):
+    """Closes a NativeRing offered in a Hello that did not take (None: nothing offered)."""
+    if ring is not None:
+        ring.close()
 
 
 def _refuses(path):

@@ -88,6 +88,30 @@ class ReconnectTest(unittest.TestCase):
         self.assertEqual(second.stats().blocks, 0)
         client.close()
 
+    def test_the_resumed_session_takes_a_new_request_ring(self):
+        """The ring ends with the connection that attached it; the resume's Hello offers a new
+        one, so requests after the resume travel on a ring again, bit-exact."""
+        first = self.start()
+        payloads = [os.urandom(50_000 + i) for i in range(2)]
+        client, src, dst, sid, did = self.client_with_source(first, payloads)
+        self.assertTrue(client.ring_active, client.ring_error)
+        old_ring = client._ring_native
+        before = client.offload(sid, 0, len(payloads[0])).result(10).block_id
+        first.kill()
+        second = self.start(sock=first.sock)
+        after = client.offload(sid, SLOT, len(payloads[1])).result(30).block_id  # waits
+        self.assertEqual(client.counters.resumes, 1)
+        self.assertTrue(client.ring_active, client.ring_error)
+        self.assertIsNot(client._ring_native, old_ring)
+        sent = client.counters.ring_requests_sent
+        for i, b in enumerate((before, after)):
+            self.assertTrue(client.reload(b, did, i * SLOT, URGENT, release_after=True)
+                            .result(10).released)
+            self.assertEqual(bytes(dst.mm[i * SLOT:i * SLOT + len(payloads[i])]), payloads[i])
+        self.assertEqual(client.counters.ring_requests_sent, sent + 2)
+        self.assertEqual(second.stats().blocks, 0)
+        client.close()
+
     def test_block_stored_but_not_confirmed_is_released_not_kept_twice(self):
         first = self.start()
         payloads = [os.urandom(50_000), os.urandom(60_000)]
