@@ -49,7 +49,8 @@ hidden behind a 40 ms layer: seed-2k and seed-4k, the GPU check's Qwen3 seed mod
 in that step (embedding, head, loss, optimizer) is folded into the layers. Each forward is
 --kernels_per_forward launches of F / K (recompute and backward 3 K of them), and the simulated
 GPU charges --launch_us of host CPU per launch (sim_gpu's launch_host_seconds: the launching
-thread spins, the kernel starts after its launch); "bound" sets it to F / K, the launch-bound
+thread spins, the kernel starts after its launch; the GPU bundle measures the real figure:
+FIGURE step_timing_launch, docs/gpu-check.md); "bound" sets it to F / K, the launch-bound
 limit, where host and GPU take equally long and any further host cost lengthens the step. These
 rows also run torch's save_on_cpu schedule: a blocking D2H copy on the compute stream at each
 pack (the host waits for the GPU to drain), an asynchronous H2D at each unpack; the copies take

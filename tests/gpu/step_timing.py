@@ -38,6 +38,9 @@ for the spread; ratio = the mode's median / ckpt's median):
       training thread, offloadd's client threads, torch's and gRPC's native threads)
   step_timing_counts seq=S mode=M offloaded reloaded (offloadd also served_in_flight,
       fallbacks, lost, host_waits)
+  step_timing_launch host_us_per_launch p10_us p90_us launches device
+      once per run: the launching thread's CPU per kernel launch (median over 9 loops of 400
+      launches; launch_cost), the per-launch host cost the simulated GPU models
 
 A time limit (--time-limit-s, from the script's start) stops new rounds so that the script always
 prints what it measured (a NOTE says how many rounds ran). PASS/FAIL lines check the counts
@@ -295,12 +298,37 @@ def run(args):
     end = t_start + args.time_limit_s
     ok = True
     bench = Bench(torch, args, dev, dtype)
+    launch_cost(torch, dev)
     for i, seq in enumerate(seqs):
         now = time.perf_counter()
         deadline = now + max(end - now, 0) * seq / sum(seqs[i:])  # time shared by sequence length
         ok = bench.run_seq(seq, deadline) and ok
     bench.close()
     return 0 if ok else 1
+
+
+def launch_cost(torch, dev, launches=400, batches=9):
+    """Prints the host CPU one kernel launch costs the launching thread (the figure the
+    simulated GPU's launch model takes as ``--launch_us``, bench/study_table.py): ``batches``
+    loops of ``launches`` in-place adds on a one-element tensor, each loop's thread CPU time
+    over its launches (the device is synchronized between loops, never inside one, so a loop
+    measures launches, not waits: 400 stay far below CUDA's launch queue). On CPU the same loop
+    measures one eager op's dispatch and run instead."""
+    x = torch.zeros(1, device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for _ in range(launches):   # warm-up: the kernel's first launch loads it
+        x.add_(1.0)
+    sync()
+    per_launch_us = []
+    for _ in range(batches):
+        c0 = time.thread_time_ns()
+        for _ in range(launches):
+            x.add_(1.0)
+        per_launch_us.append((time.thread_time_ns() - c0) / launches / 1e3)
+        sync()
+    median, p10, p90, _, _ = spread(per_launch_us)
+    figure("step_timing_launch host_us_per_launch=%.2f p10_us=%.2f p90_us=%.2f launches=%d "
+           "device=%s" % (median, p10, p90, launches * batches, dev.type))
 
 
 class Bench:

@@ -342,6 +342,14 @@ class StepTimingOnCpuTest(DaemonTestCase):
                 self.assertGreater(float(f[m][0]["ratio"]), 0)
                 self.assertLessEqual(float(f[m][0]["min_ms"]), float(f[m][0]["median_ms"]))
             self.assertEqual(f["ckpt"][0]["ratio"], "1.0000")
+        launch = [ln.split() for ln in r.stdout.splitlines()
+                  if ln.startswith("FIGURE step_timing_launch ")]
+        self.assertEqual(len(launch), 1, r.stdout)
+        kv = dict(w.split("=", 1) for w in launch[0][2:])
+        self.assertEqual((kv["launches"], kv["device"]), ("3600", "cpu"))
+        self.assertGreater(float(kv["host_us_per_launch"]), 0)
+        self.assertLessEqual(float(kv["p10_us"]), float(kv["host_us_per_launch"]))
+        self.assertLessEqual(float(kv["host_us_per_launch"]), float(kv["p90_us"]))
         counts = self.figures(r.stdout, "step_timing_counts")
         # 4 layer inputs a step, 2 timed steps: each sent, each reloaded, none kept in process.
         off = counts["offloadd"][0]
@@ -364,7 +372,8 @@ class StepTimingOnCpuTest(DaemonTestCase):
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
         self.assertIn("NOTE step_timing seq=64: time limit after 0 of 20 timed rounds", r.stdout)
         self.assertIn("NOTE step_timing seq=64: no timed round fit the time limit", r.stdout)
-        self.assertNotIn("FIGURE", r.stdout)
+        figures = [ln for ln in r.stdout.splitlines() if ln.startswith("FIGURE")]
+        self.assertEqual([ln.split()[1] for ln in figures], ["step_timing_launch"], r.stdout)
 
 
 class CompiledCheckTest(unittest.TestCase):
