@@ -8,10 +8,11 @@
 #                                                         /usr/local paths rewritten to PREFIX
 #   PREFIX/lib/systemd/system/offloadd.socket             deploy/offloadd.socket (optional
 #                                                         socket activation)
-#   PREFIX/share/doc/offloadd/README.md, DEPLOY.md,       what the unit's Documentation= names,
-#     ARCHITECTURE.md, offloadd.conf.example              the deployment notes, the design, the
-#                                                         config (README's links rewritten)
-#   PREFIX/share/doc/offloadd/docs/*.md                   the reference pages the README links
+#   PREFIX/share/doc/offloadd/README.md                   what the unit's Documentation= names
+#   PREFIX/share/doc/offloadd/...                         every page it links, at its path in the
+#                                                         source tree (deploy/install_docs.sh:
+#                                                         docs/, BENCHMARKS.md, deploy/README.md,
+#                                                         ...), and offloadd.conf.example
 # Everything goes under DESTDIR (default empty) for staging. /etc is left alone: copy the
 # example config to /etc/offloadd/offloadd.conf yourself (deploy/README.md). Nothing is built:
 # run `make build` as yourself first (then `sudo make install`); binaries older than the
@@ -48,15 +49,8 @@ chmod 0644 "$dest$prefix/lib/systemd/system/offloadd.service"
 sed -e "s|/usr/local/share/doc/offloadd/|$docdir/|g" \
   "$root/deploy/offloadd.socket" > "$dest$prefix/lib/systemd/system/offloadd.socket"
 chmod 0644 "$dest$prefix/lib/systemd/system/offloadd.socket"
-# The README's links point into the source tree: rewritten to the installed names.
-sed -e 's|docs/ARCHITECTURE.md|ARCHITECTURE.md|g' -e 's|deploy/README.md|DEPLOY.md|g' \
-  "$root/README.md" > "$dest$docdir/README.md"
-chmod 0644 "$dest$docdir/README.md"
-install -m 0644 "$root/deploy/README.md" "$dest$docdir/DEPLOY.md"
-install -m 0644 "$root/docs/ARCHITECTURE.md" "$dest$docdir/ARCHITECTURE.md"
-install -d "$dest$docdir/docs"
-install -m 0644 "$root"/docs/*.md "$dest$docdir/docs/"
-install -m 0644 "$root/deploy/offloadd.conf.example" "$dest$docdir/offloadd.conf.example"
+# The pages at their source-tree paths: every link between them resolves in the installed copy.
+bash "$root/deploy/install_docs.sh" "$dest$docdir"
 # Every file:// the unit's Documentation= names must now exist.
 for doc in $(sed -n 's/^Documentation=//p' "$dest$prefix/lib/systemd/system/offloadd.service"); do
   case $doc in

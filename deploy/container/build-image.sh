@@ -36,11 +36,7 @@ mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/usr/local/share/doc/offloadd"
 cp deploy/container/Containerfile "$ctx/"
 install -m 0755 "$bin/server/offloadd" "$bin/client/cli/offloadctl" "$ctx/rootfs/usr/local/bin/"
 install -m 0755 deploy/container/entrypoint.sh "$ctx/rootfs/usr/local/bin/offloadd-entrypoint"
-install -m 0644 README.md "$ctx/rootfs/usr/local/share/doc/offloadd/README.md"
-install -m 0644 deploy/README.md "$ctx/rootfs/usr/local/share/doc/offloadd/DEPLOY.md"
-install -d "$ctx/rootfs/usr/local/share/doc/offloadd/docs"
-install -m 0644 docs/*.md "$ctx/rootfs/usr/local/share/doc/offloadd/docs/"
-install -m 0644 deploy/offloadd.conf.example "$ctx/rootfs/usr/local/share/doc/offloadd/"
+bash deploy/install_docs.sh "$ctx/rootfs/usr/local/share/doc/offloadd"
 # The CUDA runtime the daemon links, where its rpath (/usr/local/cuda/lib64) finds it.
 cudart=$(ldd "$ctx/rootfs/usr/local/bin/offloadd" | awk '/libcudart/ { print $3 }')
 if [ -n "$cudart" ]; then
