@@ -28,6 +28,10 @@ client CPU per op" is the whole-step difference of the CPU of every thread of th
 difference is printed beside it but swings by milliseconds on a machine shared with other work.
 The daemon's own CPU per op is printed too (it is not the client's).
 
+After the timed steps, --count-steps more steps per variant run under cProfile, which counts the
+training thread's Python-level calls per pack and per unpack (Counted): a figure that does not
+move with the machine's load.
+
 Layouts: "split" runs this process on CPU 0 and the daemons on CPU 1; "one" runs everything on
 CPU 0 (the daemons' CPU then lands in the step's wall time too). Needs taskset and 2 CPUs for
 "split". The budgets (all client CPU per op <= 39 us; training thread <= 15 us per pack and
@@ -228,6 +232,60 @@ class Timed:
         return t
 
 
+class Counted:
+    """Runs a pack/unpack pair under cProfile (the calling thread only): the Python-level calls
+    (functions, methods, builtins) per hook call, by where the called code lives: the hooks' own
+    (offloadd's package, or the anchor written here), the simulated device's, or torch's, the
+    standard library's and builtins. A count, not a time: it does not move with the machine's
+    load. Called between model work, with cold caches, a call costs the training thread about
+    a microsecond here, for the anchor and offloadd's hooks alike: the count is what the hooks'
+    CPU follows."""
+
+    ORIGINS = ("hook code", "simulated device", "torch, stdlib, builtins")
+
+    def __init__(self, pack, unpack):
+        import cProfile
+        self.pack_fn, self.unpack_fn = pack, unpack
+        self.profiles = {"pack": cProfile.Profile(), "unpack": cProfile.Profile()}
+        self.calls = {"pack": 0, "unpack": 0}
+
+    def _run(self, kind, fn, arg):
+        prof = self.profiles[kind]
+        prof.enable()
+        try:
+            return fn(arg)
+        finally:
+            prof.disable()
+            self.calls[kind] += 1
+
+    def pack(self, t):
+        return self._run("pack", self.pack_fn, t)
+
+    def unpack(self, r):
+        return self._run("unpack", self.unpack_fn, r)
+
+    @staticmethod
+    def origin(filename):
+        path = filename.replace(os.sep, "/")
+        if "/offloadd/testing/" in path:
+            return "simulated device"
+        if ("/offloadd/" in path and "site-packages" not in path) or \
+                os.path.abspath(filename) == os.path.abspath(__file__):
+            return "hook code"   # offloadd's package, or the anchor written here
+        return "torch, stdlib, builtins"
+
+    def per_call(self):
+        """{"pack"|"unpack": {origin: Python-level calls per hook call}}."""
+        import pstats
+        out = {}
+        for kind, prof in self.profiles.items():
+            by = dict.fromkeys(self.ORIGINS, 0)
+            for (filename, _, _), (_, ncalls, _, _, _) in pstats.Stats(prof).stats.items():
+                by[self.origin(filename)] += ncalls
+            out[kind] = {k: v / max(self.calls[kind], 1) for k, v in by.items()}
+        return out
+
+
 def worker(args):
     import torch
     torch.set_num_threads(1)
@@ -261,12 +319,12 @@ def worker(args):
         return ctx.store.pack, ctx.store.unpack, sock
 
     variants = ["noop", "sidestream", "cuda-sim", "shm"]
-    timed = {}
-    socks = {}
+    timed, socks, raw = {}, {}, {}
     for v in variants:
         pack, unpack, sock = hooks_for(v)
         timed[v] = Timed(pack, unpack, gpu)
         socks[v] = sock
+        raw[v] = (pack, unpack)
 
     daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid}
 
@@ -281,8 +339,8 @@ def worker(args):
                    for ep in _endpoint.endpoints()
                    if ep.socket_path == socks[v])
 
-    def step(v):
-        tm = timed[v]
+    def step(v, tm=None):
+        tm = tm or timed[v]
         dep = torch.zeros(1, requires_grad=True)
         y = dep
         with torch.autograd.graph.saved_tensors_hooks(tm.pack, tm.unpack):
@@ -333,9 +391,17 @@ def worker(args):
                 "sim_own_main_s": gpu.own_cpu_seconds(main_ident) - own_main0,
                 "sim_own_all_s": gpu.own_cpu_seconds() - own_all0,
             })
+    calls = {}
+    for v in variants[1:]:   # after the timed steps: cProfile slows every call it counts
+        counted = Counted(*raw[v])
+        for _ in range(args.count_steps):
+            step(v, counted)
+            if v in ("cuda-sim", "shm"):
+                ot.synchronize(5.0)
+        calls[v] = counted.per_call()
     for d in (sim_d, shm_d):
         d.stop()
-    return rows
+    return {"rows": rows, "calls": calls}
 
 
 # ---- reporting ----------------------------------------------------------------------------------
@@ -421,6 +487,15 @@ def report(layout, summary, args):
         g = summary[v]["cpu_by_thread_us_per_op"]
         print("  %s CPU per op by thread, us (vs noop): %s" % (
             v, ", ".join("%s %.1f" % (k, x) for k, x in sorted(g.items(), key=lambda i: -i[1]))))
+    calls = summary["python_calls_per_hook_call"]
+    print("  Python-level calls on the training thread per pack / unpack (cProfile over %d "
+          "steps; a count, not a time; %s):" % (args.count_steps, " + ".join(Counted.ORIGINS)))
+    for v in ("sidestream", "cuda-sim", "shm"):
+        c = calls[v]
+        print("    %-10s %6.1f / %6.1f  (%s / %s)" % (
+            v, sum(c["pack"].values()), sum(c["unpack"].values()),
+            " + ".join("%.1f" % c["pack"][o] for o in Counted.ORIGINS),
+            " + ".join("%.1f" % c["unpack"][o] for o in Counted.ORIGINS)))
     for v in ("cuda-sim", "shm"):
         s = summary[v]
         pack = s["train_pack_us"]
@@ -448,6 +523,9 @@ def main():
     ap.add_argument("--gap-us", type=float, default=4000.0,
                     help="busy work between two hook calls, us of the training thread")
     ap.add_argument("--layouts", default="split,one")
+    ap.add_argument("--count-steps", type=int, default=4,
+                    help="steps per variant run under cProfile after the timed ones, counting "
+                         "the training thread's Python-level calls per pack and unpack")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -475,7 +553,9 @@ def main():
         if rc != 0:
             print("-- layout %s failed (exit %d)" % (layout, rc))
             return rc
-        summary = summarize(json.loads(text), 2 * args.ops)
+        out = json.loads(text)
+        summary = summarize(out["rows"], 2 * args.ops)
+        summary["python_calls_per_hook_call"] = out["calls"]
         results[layout] = summary
         report(layout, summary, args)
     if args.json:
@@ -486,7 +566,8 @@ def main():
 
 def _passthrough(args):
     out = ["--reps", str(args.reps), "--warmup", str(args.warmup), "--ops", str(args.ops),
-           "--mib", str(args.mib), "--gap-us", str(args.gap_us)]
+           "--mib", str(args.mib), "--gap-us", str(args.gap_us),
+           "--count-steps", str(args.count_steps)]
     if args.bin:
         out += ["--bin", args.bin]
     return out
