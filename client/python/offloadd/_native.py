@@ -138,68 +138,50 @@ def _event(event):
 class NativeRing:
     """A session's request ring. ``entries``: submission and completion slots each (a power of
     two from 8 to 65536). Raises OSError when the core is missing or the ring cannot be made.
-    Thread-safe. :meth:`close` (or garbage collection) frees it; keep it until the session ends.
-    After close() every method raises :class:`RingReleased` (``closed`` is True); a close() while
-    other threads are inside calls returns those threads at once (a sleeping drain or wait too:
-    they raise RingReleased) and the memory is freed when the last of them leaves.
+    Thread-safe. :meth:`close` ends it; its memory is freed with the object (keep it until the
+    session ends). After close() every method raises :class:`RingReleased` (``closed`` is True);
+    a close() while other threads are inside calls returns those threads at once (a sleeping
+    drain or wait too: they raise RingReleased).
     """
 
     def __init__(self, entries=256):
         self._lib = load()
-        self._ring = None
-        self._lock = threading.Lock()
-        self._calls = 0          # threads inside a call on the native ring
+        self._lock = threading.Lock()  # close() against close()
         self._released = False   # close() was called
+        self._ring = None        # the native ring while usable (None after close())
+        self._owned = None       # the native ring until it is freed (__del__)
         error = ctypes.create_string_buffer(256)
         ring = self._lib.offloadd_ring_create(entries, entries, error, len(error))
         if not ring:
             raise OSError("offloadd ring: " + error.value.decode("utf-8", "replace"))
-        self._ring = ring
+        self._ring = self._owned = ring
         self._local = threading.local()  # per thread: the buffer drain fills
 
-    def _enter(self):
-        """The native ring, counted as in use until :meth:`_leave`. Raises RingReleased after
-        close()."""
-        with self._lock:
-            if self._released:
-                raise RingReleased("this offloadd NativeRing is closed (close() was called): "
-                                   "create a new NativeRing and offer it in a new session's "
-                                   "Hello")
-            self._calls += 1
-            return self._ring
-
-    def _leave(self):
-        """Ends a call; the last call out of a closed ring frees it. Raises RingReleased when
-        close() ended the ring during the call (its result is not the daemon's)."""
-        with self._lock:
-            self._calls -= 1
-            released = self._released
-            ring = self._ring if released and self._calls == 0 else None
-            if ring is not None:
-                self._ring = None
-        if ring is not None:
-            self._lib.offloadd_ring_destroy(ring)
-        if released:
+    def _call(self, fn, *args):
+        """``fn(ring, *args)`` on the native ring. No lock: close() only shuts the ring down
+        (its memory lives until this object is freed, and a thread inside a call holds a
+        reference to it), so a call that read the pointer before a close() still reaches live
+        memory. Raises RingReleased after close(), or when close() came during the call (its
+        result is not the daemon's)."""
+        ring = self._ring
+        if ring is None:
+            raise RingReleased("this offloadd NativeRing is closed (close() was called): create "
+                               "a new NativeRing and offer it in a new session's Hello")
+        result = fn(ring, *args)
+        if self._released:
             raise RingReleased("this offloadd NativeRing was closed (close() was called) during "
                                "the call")
-
-    def _call(self, name, *args):
-        ring = self._enter()
-        try:
-            result = getattr(self._lib, name)(ring, *args)
-        finally:
-            self._leave()
         return result
 
     @property
     def fd(self):
         """The memfd descriptor to name in Hello.ring.fd."""
-        return self._call("offloadd_ring_fd")
+        return self._call(self._lib.offloadd_ring_fd)
 
     def _submitted(self, request_id):
         if request_id != 0:
             return request_id
-        if self._call("offloadd_ring_closed"):
+        if self._call(self._lib.offloadd_ring_closed):
             raise RingClosed("the offloadd session's ring is closed (the daemon ended the "
                              "session): reconnect; requests go on the stream")
         raise RingFull("no slot of the offloadd ring freed within the timeout (the daemon is "
@@ -213,7 +195,7 @@ class NativeRing:
         ConnectionErrors, when not submitted; RingReleased after close()."""
         step, position = ordering if ordering is not None else (0, 0)
         return self._submitted(self._call(
-            "offloadd_ring_offload", region_id, offset, nbytes, tag, _event(ready_event),
+            self._lib.offloadd_ring_offload, region_id, offset, nbytes, tag, _event(ready_event),
             int(ordering is not None), step, position, timeout))
 
     def reload(self, block_id, region_id, offset, priority=URGENT, release_after=False,
@@ -221,19 +203,20 @@ class NativeRing:
         """Submits a reload of block ``block_id`` (0: the block offloaded with ``tag``) to
         ``offset`` of region ``region_id``; its request id. Raises as :meth:`offload`."""
         return self._submitted(self._call(
-            "offloadd_ring_reload", block_id, tag, region_id, offset, priority, int(release_after),
-            deadline_seconds, _event(ready_event), _event(done_event), timeout))
+            self._lib.offloadd_ring_reload, block_id, tag, region_id, offset, priority,
+            int(release_after), deadline_seconds, _event(ready_event), _event(done_event), timeout))
 
     def release(self, block_id, tag=0, timeout=-1.0):
         """Submits a release of block ``block_id`` (0: by ``tag``); its request id. Raises as
         :meth:`offload`."""
-        return self._submitted(self._call("offloadd_ring_release", block_id, tag, timeout))
+        return self._submitted(self._call(self._lib.offloadd_ring_release, block_id, tag,
+                                          timeout))
 
     def poll(self, request_id):
         """``(result, Completion or None)``: DONE with the answer (taken), or PENDING, CLOSED,
         UNKNOWN."""
         out = Completion()
-        result = self._call("offloadd_ring_poll", request_id, ctypes.byref(out))
+        result = self._call(self._lib.offloadd_ring_poll, request_id, ctypes.byref(out))
         return result, (out if result == DONE else None)
 
     def wait(self, request_id, timeout=None):
@@ -244,7 +227,7 @@ class NativeRing:
         and check the session's gRPC stream (which ends at once) between waits: with
         ``timeout=None`` such a wait never returns."""
         out = Completion()
-        result = self._call("offloadd_ring_wait", request_id,
+        result = self._call(self._lib.offloadd_ring_wait, request_id,
                             -1.0 if timeout is None else float(timeout), ctypes.byref(out))
         if result == DONE:
             return out
@@ -266,7 +249,7 @@ class NativeRing:
         buf = getattr(self._local, "buf", None)
         if buf is None:
             buf = self._local.buf = (Completion * DRAIN_BATCH)()
-        n = self._call("offloadd_ring_drain", buf, DRAIN_BATCH,
+        n = self._call(self._lib.offloadd_ring_drain, buf, DRAIN_BATCH,
                        -1.0 if timeout is None else float(timeout))
         if n < 0:
             return None
@@ -281,49 +264,40 @@ class NativeRing:
     def wake(self):
         """Wakes every thread sleeping in :meth:`wait`, :meth:`drain` or a submission of this
         ring (they re-check what they wait for)."""
-        self._call("offloadd_ring_wake")
+        self._call(self._lib.offloadd_ring_wake)
 
     @property
     def pending(self):
         """Requests submitted whose answers were not taken."""
-        return self._call("offloadd_ring_pending")
+        return self._call(self._lib.offloadd_ring_pending)
 
     @property
     def closed(self):
         """True once the daemon closed the ring (the session ended), or after :meth:`close`."""
-        with self._lock:
-            if self._released:
-                return True
+        if self._released:
+            return True
         try:
-            return bool(self._call("offloadd_ring_closed"))
+            return bool(self._call(self._lib.offloadd_ring_closed))
         except RingReleased:
             return True
 
     def close(self):
-        """Frees the ring (idempotent). Threads inside calls on it return at once (raising
-        RingReleased) and the last of them frees it; every later call raises RingReleased."""
+        """Ends the ring (idempotent): threads inside calls on it return at once (raising
+        RingReleased) and every later call raises RingReleased. The memory is freed when this
+        object is (the session's Client lets go of it at its close)."""
         with self._lock:
-            if self._released or self._ring is None:
-                self._released = True
+            if self._released:
                 return
             self._released = True
-            ring = self._ring
-            busy = self._calls > 0
-            if busy:
-                self._calls += 1  # kept alive while shutdown returns the sleepers
-            else:
-                self._ring = None
-        if not busy:
-            self._lib.offloadd_ring_destroy(ring)
-            return
-        self._lib.offloadd_ring_shutdown(ring)
-        try:
-            self._leave()
-        except RingReleased:
-            pass
+            ring, self._ring = self._ring, None
+        if ring is not None:
+            self._lib.offloadd_ring_shutdown(ring)  # wakes every thread asleep in it
 
     def __del__(self):
         try:
-            self.close()
+            self._released = True
+            ring, self._ring, self._owned = self._owned, None, None
+            if ring is not None:
+                self._lib.offloadd_ring_destroy(ring)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
