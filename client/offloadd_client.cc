@@ -290,6 +290,51 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Resume(ClientOptions options,
   }
 }
 
+uint64_t Client::session_id() const {
+  base::MutexLock lock(mu_);
+  return hello_.session_id();
+}
+bool Client::ring_attached() const {
+  base::MutexLock lock(mu_);
+  return hello_.ring_attached();
+}
+std::string Client::ring_error() const {
+  base::MutexLock lock(mu_);
+  return hello_.ring_error();
+}
+std::string Client::backend() const {
+  base::MutexLock lock(mu_);
+  return hello_.backend();
+}
+uint64_t Client::pool_capacity_bytes() const {
+  base::MutexLock lock(mu_);
+  return hello_.pool_capacity_bytes();
+}
+uint64_t Client::session_quota_bytes() const {
+  base::MutexLock lock(mu_);
+  return hello_.session_quota_bytes();
+}
+uint64_t Client::chunk_bytes() const {
+  base::MutexLock lock(mu_);
+  return hello_.chunk_bytes();
+}
+std::string Client::link() const {
+  base::MutexLock lock(mu_);
+  return hello_.link();
+}
+std::string Client::resume_token() const {
+  base::MutexLock lock(mu_);
+  return hello_.resume_token();
+}
+uint64_t Client::blocks_resumed() const {
+  base::MutexLock lock(mu_);
+  return hello_.blocks_resumed();
+}
+double Client::hello_resume_grace_seconds() const {
+  base::MutexLock lock(mu_);
+  return hello_.resume_grace_seconds();
+}
+
 // One Session stream on gRPC's callback API. It owns what its call needs (channel, stub,
 // context) and forwards its reactions to the Client; it keeps one read posted until a read
 // fails. The hold it adds before StartCall lets the Client start writes from outside the
@@ -610,7 +655,7 @@ void Client::FailAll(const absl::Status& failure) {
 
 bool Client::ResumeAfterBreak(absl::Status* failure) {
   const double window = options_.resume_window_seconds > 0 ? options_.resume_window_seconds
-                                                           : hello_.resume_grace_seconds();
+                                                           : hello_resume_grace_seconds();
   const auto start = std::chrono::steady_clock::now();
   auto left = [&] {
     return window -

@@ -264,24 +264,26 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // HelloReply fields.
-  uint64_t session_id() const { return hello_.session_id(); }
+  // Fields of the HelloReply that Connect() received (a resume by auto_resume does not change
+  // them). Thread-safe: each takes the client's mutex and returns a copy.
+  uint64_t session_id() const EXCLUDES(mu_);
   // Whether the daemon attached the request ring offered (ClientOptions::use_ring); when not,
   // ring_error() says why ("" when none was offered or the daemon predates rings).
-  bool ring_attached() const { return hello_.ring_attached(); }
-  const std::string& ring_error() const { return hello_.ring_error(); }
-  const std::string& backend() const { return hello_.backend(); }  // "shm" or "cuda"
-  uint64_t pool_capacity_bytes() const { return hello_.pool_capacity_bytes(); }
-  uint64_t session_quota_bytes() const { return hello_.session_quota_bytes(); }  // 0: none
-  uint64_t chunk_bytes() const { return hello_.chunk_bytes(); }
-  const std::string& link() const { return hello_.link(); }
+  bool ring_attached() const EXCLUDES(mu_);
+  std::string ring_error() const EXCLUDES(mu_);
+  std::string backend() const EXCLUDES(mu_);  // "shm" or "cuda"
+  uint64_t pool_capacity_bytes() const EXCLUDES(mu_);
+  uint64_t session_quota_bytes() const EXCLUDES(mu_);  // 0: none
+  uint64_t chunk_bytes() const EXCLUDES(mu_);
+  std::string link() const EXCLUDES(mu_);
   // The claim on this session's blocks across a daemon restart (keep it secret); pass it to
   // Resume(). Empty from a daemon older than resume tokens.
-  const std::string& resume_token() const { return hello_.resume_token(); }
-  uint64_t blocks_resumed() const { return hello_.blocks_resumed(); }  // Resume() only
+  std::string resume_token() const EXCLUDES(mu_);
+  uint64_t blocks_resumed() const EXCLUDES(mu_);  // Resume() only
   // Seconds a restarted daemon holds this session's blocks; 0: its pool does not outlive it
   // (auto_resume then does nothing).
-  double hello_resume_grace_seconds() const { return hello_.resume_grace_seconds(); }
+  double hello_resume_grace_seconds() const EXCLUDES(mu_);
+  // Set at construction and never changed: read without the lock.
   const std::string& socket_path() const { return socket_path_; }
 
   // Registers a region; blocks until the daemon answers. Returns the region id to use in
@@ -499,7 +501,6 @@ class Client {
   const ClientOptions options_;
   const std::string socket_path_;
   const std::string target_;  // "unix:" + socket_path_
-  v1::HelloReply hello_;  // the first HelloReply (set by Connect before any resume)
   std::atomic<uint64_t> next_request_id_{1};
 
   // base::Mutex (over std::mutex) rather than absl::Mutex so that ThreadSanitizer (--config=tsan)
@@ -542,6 +543,9 @@ class Client {
   bool closing_ GUARDED_BY(mu_) = false;   // Close() began: no new requests
   bool finished_ GUARDED_BY(mu_) = false;  // the last stream ended, pending requests failed
   absl::Status stream_status_ GUARDED_BY(mu_);
+  // The first HelloReply: set by Connect (under mu_, as the session thread and the reactions
+  // may already read it), never changed by a resume. Read under mu_ only; the accessors copy.
+  v1::HelloReply hello_ GUARDED_BY(mu_);
   ClientCounters counters_ GUARDED_BY(mu_);
 
   // The request ring (null: not offered, or refused). Set by Connect before any request but
