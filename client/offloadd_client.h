@@ -413,8 +413,15 @@ class Client {
     v1::ClientMessage message;  // kWrite
   };
 
+  // `ring`: the request ring to offer in Hello (null: none).
   Client(const ClientOptions& options, std::string socket_path,
-         std::shared_ptr<grpc::Channel> channel);
+         std::shared_ptr<grpc::Channel> channel, std::unique_ptr<RingCore> ring);
+  // Connect, after Start(): sends Hello (offering ring_) and waits for the HelloReply, at most
+  // connect_timeout_seconds; then AdoptHello. Errors: as Connect's after the socket connected.
+  absl::Status SayHello(const std::string& ring_error) EXCLUDES(mu_);
+  // Under mu_: records `reply` (ring_error: why no ring was offered, "" if one was) and starts
+  // the ring thread when the daemon attached the ring and StopRing has not run yet.
+  void AdoptHello(v1::HelloReply reply, const std::string& ring_error) EXCLUDES(mu_);
   // Opens the first stream and starts the session thread.
   void Start() EXCLUDES(mu_);
   // The session thread: waits for each stream's OnDone; resumes or fails what is pending.
@@ -455,7 +462,8 @@ class Client {
   // Completes the request `response` answers, if still pending (taken off pending_ under mu_,
   // completed without it).
   void CompleteFromRing(v1::Response response) EXCLUDES(mu_);
-  // Stops and joins the ring thread (the stream ended); the ring is not used again.
+  // Stops and joins the ring thread (the stream ended); the ring is not used again. Safe to
+  // call more than once, also concurrently: only the first finds a thread to join.
   void StopRing() EXCLUDES(mu_);
   Reply<absl::StatusOr<ReloadResult>> SubmitReload(uint64_t block_id, uint64_t tag,
                                                          uint64_t region_id, uint64_t offset,
@@ -548,9 +556,10 @@ class Client {
   v1::HelloReply hello_ GUARDED_BY(mu_);
   ClientCounters counters_ GUARDED_BY(mu_);
 
-  // The request ring (null: not offered, or refused). Set by Connect before any request but
-  // Hello; its RingCore is thread-safe on its own.
-  std::unique_ptr<RingCore> ring_;
+  // The request ring offered in Hello (null: not offered; kept, unused, when refused). Set by
+  // the constructor, before Start() runs the session thread, and never changed: read without
+  // mu_ (by StopRing, RingLoop, Enqueue); its RingCore is thread-safe on its own.
+  const std::unique_ptr<RingCore> ring_;
   bool ring_active_ GUARDED_BY(mu_) = false;  // attached, and the stream has not broken
   // Set when the ring thread found the ring corrupt and cancelled the stream: what pending and
   // later requests fail with (the session is not resumed).
@@ -558,9 +567,10 @@ class Client {
   // Set once, under mu_, by the first StopRing (the stream ended); read without it by the ring
   // thread and Enqueue's wait for a slot.
   std::atomic<bool> ring_stop_{false};
-  // Started by Connect under mu_ unless ring_stop_ is set (so that StopRing, which sets it
-  // under mu_, joins every ring thread that was started).
-  std::thread ring_thread_;
+  // Started by AdoptHello under mu_ unless ring_stop_ is set; moved out and joined by the first
+  // StopRing, which sets ring_stop_ in the same critical section. So a ring thread is either
+  // never started or joined, whichever of Connect and the stream's end comes first.
+  std::thread ring_thread_ GUARDED_BY(mu_);
   base::Mutex close_mu_;  // serialises Close()
   std::thread session_thread_;
 };
