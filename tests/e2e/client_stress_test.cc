@@ -1,7 +1,8 @@
 // The C++ client (client/offloadd_client.h) against the real daemon binary the way operators
 // and training jobs treat it: SIGKILL and restart under many submitting threads (with and
-// without the request ring), Close() while a resume waits for a daemon that is down, and
-// clients created and destroyed in a loop (threads and file descriptors, from /proc/self).
+// without the request ring), Close() while a resume waits for a daemon that is down, a daemon
+// killed while a client connects, and clients created and destroyed in a loop (threads and
+// file descriptors, from /proc/self).
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
