@@ -219,47 +219,58 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
         "; start the daemon (e.g. systemctl start offloadd) or point the client at its socket "
         "(ClientOptions.socket_path; offloadctl --socket PATH or $OFFLOADD_SOCKET)"));
   }
-  std::unique_ptr<Client> client(new Client(options, path, std::move(channel)));
+  std::string ring_error;
+  std::unique_ptr<RingCore> ring;
+  if (options.use_ring) {
+    ring = RingCore::Create(options.ring_entries, options.ring_entries, &ring_error);
+  }
+  // The ring is the client's before Start() runs the session thread, which uses it without mu_
+  // (StopRing) as soon as the stream ends.
+  std::unique_ptr<Client> client(
+      new Client(options, std::move(path), std::move(channel), std::move(ring)));
   client->Start();
+  if (absl::Status hello = client->SayHello(ring_error); !hello.ok()) return hello;
+  return client;
+}
 
+absl::Status Client::SayHello(const std::string& ring_error) {
   v1::Request request;
   v1::Hello* hello = request.mutable_hello();
-  hello->set_client_name(options.client_name);
-  hello->set_device_id(options.device_id);
-  hello->set_pid(options.pid != 0 ? options.pid : static_cast<uint32_t>(getpid()));
-  if (!options.resume_token.empty()) hello->set_resume_token(options.resume_token);
-  hello->set_transient_device(options.transient_device);
-  std::string ring_error;
-  if (options.use_ring) {
-    client->ring_ = RingCore::Create(options.ring_entries, options.ring_entries, &ring_error);
-    if (client->ring_ != nullptr) hello->mutable_ring()->set_fd(client->ring_->fd());
-  }
-  Reply<absl::StatusOr<v1::HelloReply>> reply =
-      client->Submit<absl::StatusOr<v1::HelloReply>>(
-          std::move(request), v1::Response::kHello,
-          [](const v1::Response& r) { return absl::StatusOr<v1::HelloReply>(r.hello()); },
-          /*flush=*/true);
-  if (reply.wait_for(std::chrono::duration<double>(options.connect_timeout_seconds)) !=
+  hello->set_client_name(options_.client_name);
+  hello->set_device_id(options_.device_id);
+  hello->set_pid(options_.pid != 0 ? options_.pid : static_cast<uint32_t>(getpid()));
+  if (!options_.resume_token.empty()) hello->set_resume_token(options_.resume_token);
+  hello->set_transient_device(options_.transient_device);
+  if (ring_ != nullptr) hello->mutable_ring()->set_fd(ring_->fd());
+  Reply<absl::StatusOr<v1::HelloReply>> reply = Submit<absl::StatusOr<v1::HelloReply>>(
+      std::move(request), v1::Response::kHello,
+      [](const v1::Response& r) { return absl::StatusOr<v1::HelloReply>(r.hello()); },
+      /*flush=*/true);
+  if (reply.wait_for(std::chrono::duration<double>(options_.connect_timeout_seconds)) !=
       std::future_status::ready) {
-    client->CancelStream();  // Close() then returns at once
+    CancelStream();  // Close() then returns at once
     return absl::DeadlineExceededError(absl::StrCat(
-        "offloadd at unix:", path, " accepted the connection but sent no HelloReply within ",
-        options.connect_timeout_seconds, " s; check the daemon's log"));
+        "offloadd at ", target_, " accepted the connection but sent no HelloReply within ",
+        options_.connect_timeout_seconds, " s; check the daemon's log"));
   }
   absl::StatusOr<v1::HelloReply> result = reply.get();
   if (!result.ok()) return result.status();
-  base::MutexLock lock(client->mu_);
-  client->hello_ = *std::move(result);
-  client->token_ = client->hello_.resume_token();
-  if (!ring_error.empty()) client->hello_.set_ring_error(ring_error);  // not even offered
-  // The stream may have ended already and the session thread stopped the ring (StopRing sets
-  // ring_stop_ under mu_): a ring thread started after that would never be joined.
-  if (client->ring_ != nullptr && client->hello_.ring_attached() && !client->ring_stop_.load()) {
-    client->ring_active_ = true;
-    Client* c = client.get();
-    client->ring_thread_ = std::thread([c] { c->RingLoop(); });
+  AdoptHello(*std::move(result), ring_error);
+  return absl::OkStatus();
+}
+
+void Client::AdoptHello(v1::HelloReply reply, const std::string& ring_error) {
+  base::MutexLock lock(mu_);
+  hello_ = std::move(reply);
+  token_ = hello_.resume_token();
+  if (!ring_error.empty()) hello_.set_ring_error(ring_error);  // not even offered
+  // The stream may have ended already and the session thread stopped the ring: StopRing sets
+  // ring_stop_ and takes ring_thread_ in one critical section, so deciding and starting here,
+  // under mu_ too, either starts a thread that StopRing will join or starts none.
+  if (ring_ != nullptr && hello_.ring_attached() && !ring_stop_.load()) {
+    ring_active_ = true;
+    ring_thread_ = std::thread([this] { RingLoop(); });
   }
-  return client;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Resume(ClientOptions options,
@@ -288,6 +299,51 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Resume(ClientOptions options,
     std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
     backoff = std::min(backoff * 2, std::max(options.reconnect_max_backoff_seconds, backoff));
   }
+}
+
+uint64_t Client::session_id() const {
+  base::MutexLock lock(mu_);
+  return hello_.session_id();
+}
+bool Client::ring_attached() const {
+  base::MutexLock lock(mu_);
+  return hello_.ring_attached();
+}
+std::string Client::ring_error() const {
+  base::MutexLock lock(mu_);
+  return hello_.ring_error();
+}
+std::string Client::backend() const {
+  base::MutexLock lock(mu_);
+  return hello_.backend();
+}
+uint64_t Client::pool_capacity_bytes() const {
+  base::MutexLock lock(mu_);
+  return hello_.pool_capacity_bytes();
+}
+uint64_t Client::session_quota_bytes() const {
+  base::MutexLock lock(mu_);
+  return hello_.session_quota_bytes();
+}
+uint64_t Client::chunk_bytes() const {
+  base::MutexLock lock(mu_);
+  return hello_.chunk_bytes();
+}
+std::string Client::link() const {
+  base::MutexLock lock(mu_);
+  return hello_.link();
+}
+std::string Client::resume_token() const {
+  base::MutexLock lock(mu_);
+  return hello_.resume_token();
+}
+uint64_t Client::blocks_resumed() const {
+  base::MutexLock lock(mu_);
+  return hello_.blocks_resumed();
+}
+double Client::hello_resume_grace_seconds() const {
+  base::MutexLock lock(mu_);
+  return hello_.resume_grace_seconds();
 }
 
 // One Session stream on gRPC's callback API. It owns what its call needs (channel, stub,
@@ -335,11 +391,12 @@ class Client::SessionStream final
 };
 
 Client::Client(const ClientOptions& options, std::string socket_path,
-               std::shared_ptr<grpc::Channel> channel)
+               std::shared_ptr<grpc::Channel> channel, std::unique_ptr<RingCore> ring)
     : options_(options),
       socket_path_(std::move(socket_path)),
       target_("unix:" + socket_path_),
-      channel_(std::move(channel)) {}
+      channel_(std::move(channel)),
+      ring_(std::move(ring)) {}
 
 void Client::Start() {
   SessionStream* stream;
@@ -610,7 +667,7 @@ void Client::FailAll(const absl::Status& failure) {
 
 bool Client::ResumeAfterBreak(absl::Status* failure) {
   const double window = options_.resume_window_seconds > 0 ? options_.resume_window_seconds
-                                                           : hello_.resume_grace_seconds();
+                                                           : hello_resume_grace_seconds();
   const auto start = std::chrono::steady_clock::now();
   auto left = [&] {
     return window -
@@ -1084,13 +1141,15 @@ void Client::CompleteFromRing(v1::Response response) {
 }
 
 void Client::StopRing() {
+  std::thread ring_thread;
   {
     base::MutexLock lock(mu_);
     ring_active_ = false;
-    ring_stop_ = true;  // under mu_: Connect starts no ring thread after this
+    ring_stop_ = true;  // under mu_: AdoptHello starts no ring thread after this
+    ring_thread = std::move(ring_thread_);  // one StopRing joins it
   }
   if (ring_ != nullptr) ring_->WakeWaiters();
-  if (ring_thread_.joinable()) ring_thread_.join();
+  if (ring_thread.joinable()) ring_thread.join();
 }
 
 template <typename R, typename Convert>

@@ -264,24 +264,26 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // HelloReply fields.
-  uint64_t session_id() const { return hello_.session_id(); }
+  // Fields of the HelloReply that Connect() received (a resume by auto_resume does not change
+  // them). Thread-safe: each takes the client's mutex and returns a copy.
+  uint64_t session_id() const EXCLUDES(mu_);
   // Whether the daemon attached the request ring offered (ClientOptions::use_ring); when not,
   // ring_error() says why ("" when none was offered or the daemon predates rings).
-  bool ring_attached() const { return hello_.ring_attached(); }
-  const std::string& ring_error() const { return hello_.ring_error(); }
-  const std::string& backend() const { return hello_.backend(); }  // "shm" or "cuda"
-  uint64_t pool_capacity_bytes() const { return hello_.pool_capacity_bytes(); }
-  uint64_t session_quota_bytes() const { return hello_.session_quota_bytes(); }  // 0: none
-  uint64_t chunk_bytes() const { return hello_.chunk_bytes(); }
-  const std::string& link() const { return hello_.link(); }
+  bool ring_attached() const EXCLUDES(mu_);
+  std::string ring_error() const EXCLUDES(mu_);
+  std::string backend() const EXCLUDES(mu_);  // "shm" or "cuda"
+  uint64_t pool_capacity_bytes() const EXCLUDES(mu_);
+  uint64_t session_quota_bytes() const EXCLUDES(mu_);  // 0: none
+  uint64_t chunk_bytes() const EXCLUDES(mu_);
+  std::string link() const EXCLUDES(mu_);
   // The claim on this session's blocks across a daemon restart (keep it secret); pass it to
   // Resume(). Empty from a daemon older than resume tokens.
-  const std::string& resume_token() const { return hello_.resume_token(); }
-  uint64_t blocks_resumed() const { return hello_.blocks_resumed(); }  // Resume() only
+  std::string resume_token() const EXCLUDES(mu_);
+  uint64_t blocks_resumed() const EXCLUDES(mu_);  // Resume() only
   // Seconds a restarted daemon holds this session's blocks; 0: its pool does not outlive it
   // (auto_resume then does nothing).
-  double hello_resume_grace_seconds() const { return hello_.resume_grace_seconds(); }
+  double hello_resume_grace_seconds() const EXCLUDES(mu_);
+  // Set at construction and never changed: read without the lock.
   const std::string& socket_path() const { return socket_path_; }
 
   // Registers a region; blocks until the daemon answers. Returns the region id to use in
@@ -411,8 +413,15 @@ class Client {
     v1::ClientMessage message;  // kWrite
   };
 
+  // `ring`: the request ring to offer in Hello (null: none).
   Client(const ClientOptions& options, std::string socket_path,
-         std::shared_ptr<grpc::Channel> channel);
+         std::shared_ptr<grpc::Channel> channel, std::unique_ptr<RingCore> ring);
+  // Connect, after Start(): sends Hello (offering ring_) and waits for the HelloReply, at most
+  // connect_timeout_seconds; then AdoptHello. Errors: as Connect's after the socket connected.
+  absl::Status SayHello(const std::string& ring_error) EXCLUDES(mu_);
+  // Under mu_: records `reply` (ring_error: why no ring was offered, "" if one was) and starts
+  // the ring thread when the daemon attached the ring and StopRing has not run yet.
+  void AdoptHello(v1::HelloReply reply, const std::string& ring_error) EXCLUDES(mu_);
   // Opens the first stream and starts the session thread.
   void Start() EXCLUDES(mu_);
   // The session thread: waits for each stream's OnDone; resumes or fails what is pending.
@@ -453,7 +462,8 @@ class Client {
   // Completes the request `response` answers, if still pending (taken off pending_ under mu_,
   // completed without it).
   void CompleteFromRing(v1::Response response) EXCLUDES(mu_);
-  // Stops and joins the ring thread (the stream ended); the ring is not used again.
+  // Stops and joins the ring thread (the stream ended); the ring is not used again. Safe to
+  // call more than once, also concurrently: only the first finds a thread to join.
   void StopRing() EXCLUDES(mu_);
   Reply<absl::StatusOr<ReloadResult>> SubmitReload(uint64_t block_id, uint64_t tag,
                                                          uint64_t region_id, uint64_t offset,
@@ -499,7 +509,6 @@ class Client {
   const ClientOptions options_;
   const std::string socket_path_;
   const std::string target_;  // "unix:" + socket_path_
-  v1::HelloReply hello_;  // the first HelloReply (set by Connect before any resume)
   std::atomic<uint64_t> next_request_id_{1};
 
   // base::Mutex (over std::mutex) rather than absl::Mutex so that ThreadSanitizer (--config=tsan)
@@ -542,11 +551,15 @@ class Client {
   bool closing_ GUARDED_BY(mu_) = false;   // Close() began: no new requests
   bool finished_ GUARDED_BY(mu_) = false;  // the last stream ended, pending requests failed
   absl::Status stream_status_ GUARDED_BY(mu_);
+  // The first HelloReply: set by Connect (under mu_, as the session thread and the reactions
+  // may already read it), never changed by a resume. Read under mu_ only; the accessors copy.
+  v1::HelloReply hello_ GUARDED_BY(mu_);
   ClientCounters counters_ GUARDED_BY(mu_);
 
-  // The request ring (null: not offered, or refused). Set by Connect before any request but
-  // Hello; its RingCore is thread-safe on its own.
-  std::unique_ptr<RingCore> ring_;
+  // The request ring offered in Hello (null: not offered; kept, unused, when refused). Set by
+  // the constructor, before Start() runs the session thread, and never changed: read without
+  // mu_ (by StopRing, RingLoop, Enqueue); its RingCore is thread-safe on its own.
+  const std::unique_ptr<RingCore> ring_;
   bool ring_active_ GUARDED_BY(mu_) = false;  // attached, and the stream has not broken
   // Set when the ring thread found the ring corrupt and cancelled the stream: what pending and
   // later requests fail with (the session is not resumed).
@@ -554,9 +567,10 @@ class Client {
   // Set once, under mu_, by the first StopRing (the stream ended); read without it by the ring
   // thread and Enqueue's wait for a slot.
   std::atomic<bool> ring_stop_{false};
-  // Started by Connect under mu_ unless ring_stop_ is set (so that StopRing, which sets it
-  // under mu_, joins every ring thread that was started).
-  std::thread ring_thread_;
+  // Started by AdoptHello under mu_ unless ring_stop_ is set; moved out and joined by the first
+  // StopRing, which sets ring_stop_ in the same critical section. So a ring thread is either
+  // never started or joined, whichever of Connect and the stream's end comes first.
+  std::thread ring_thread_ GUARDED_BY(mu_);
   base::Mutex close_mu_;  // serialises Close()
   std::thread session_thread_;
 };

@@ -44,6 +44,7 @@ class FakeOffload final : public v1::Offload::Service {
   grpc::Status Session(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) override {
+    if (EndAtOpen()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "ended at its open");
     v1::ClientMessage in;
     while (stream->Read(&in)) {
       v1::ServerMessage out;
@@ -126,6 +127,16 @@ class FakeOffload final : public v1::Offload::Service {
   bool HelloThenEnd() {
     std::lock_guard<std::mutex> l(mu_);
     return hello_then_end_;
+  }
+  // Every stream ends UNAVAILABLE as it opens, before reading the Hello: a daemon that dies
+  // while a client connects, before the client has sent anything.
+  void set_end_at_open(bool v) {
+    std::lock_guard<std::mutex> l(mu_);
+    end_at_open_ = v;
+  }
+  bool EndAtOpen() {
+    std::lock_guard<std::mutex> l(mu_);
+    return end_at_open_;
   }
   void set_hello_silent(bool v) {
     std::lock_guard<std::mutex> l(mu_);
@@ -278,6 +289,7 @@ class FakeOffload final : public v1::Offload::Service {
   bool hello_error_ = false;
   bool hello_silent_ = false;
   bool hello_then_end_ = false;
+  bool end_at_open_ = false;
   bool resumable_ = false;
   bool die_unavailable_ = false;
   int resumed_hellos_ = 0;
@@ -617,6 +629,24 @@ TEST_F(ClientTest, AStreamEndingRightAfterHelloLeavesNoRingThreadBehind) {
     ASSERT_TRUE(client.ok()) << client.status();
     EXPECT_TRUE((*client)->ring_attached());
     EXPECT_EQ((*client)->Release(1).get().code(), absl::StatusCode::kUnavailable);
+  }
+}
+
+// A daemon that ends every stream as it opens: the session thread stops the ring (StopRing)
+// while Connect is still setting the client up (its RingCore, the Hello). Connect must fail
+// with the stream's UNAVAILABLE every time, and leave no ring thread behind (one left
+// unjoined aborts the process). Under --config=tsan this also checks that the ring and the
+// ring thread are published to the session thread before it can read them.
+TEST_F(ClientTest, AStreamEndingAsItOpensFailsConnectUnavailable) {
+  service_->set_end_at_open(true);
+  for (int i = 0; i < 200; ++i) {
+    ClientOptions options = Options();
+    options.use_ring = true;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    ASSERT_FALSE(client.ok()) << "attempt " << i;
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable) << client.status();
+    EXPECT_NE(client.status().message().find("went away"), absl::string_view::npos)
+        << client.status();
   }
 }
 

@@ -1,7 +1,8 @@
 // The C++ client (client/offloadd_client.h) against the real daemon binary the way operators
 // and training jobs treat it: SIGKILL and restart under many submitting threads (with and
-// without the request ring), Close() while a resume waits for a daemon that is down, and
-// clients created and destroyed in a loop (threads and file descriptors, from /proc/self).
+// without the request ring), Close() while a resume waits for a daemon that is down, a daemon
+// killed while a client connects, and clients created and destroyed in a loop (threads and
+// file descriptors, from /proc/self).
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -402,6 +403,43 @@ TEST(ClientStressTest, CreateAndDestroyInALoopLeaksNoThreadsOrFds) {
   EXPECT_LE(CountEntries("/proc/self/task"), threads + 2);
   EXPECT_LE(CountEntries("/proc/self/fd"), fds);
   EXPECT_EQ(d.Stop(SIGTERM), 0);
+}
+
+// The daemon SIGKILLed while a client connects with the ring, at 24 points from before the
+// channel connects to after the HelloReply (0 to 5.75 ms in): Connect either returns a client
+// whose session then ends UNAVAILABLE (no shared pool: not resumed) or fails UNAVAILABLE /
+// DEADLINE_EXCEEDED; no ring thread outlives its client (one left unjoined aborts the test, one
+// left running shows in /proc/self/task).
+TEST(ClientStressTest, ADaemonKilledDuringConnectLeavesNoRingThreadBehind) {
+  const std::string socket = UniqueSocketPath();
+  const std::vector<std::string> args = {Runfile("server/offloadd"), "--socket_path=" + socket,
+                                         "--pool_bytes=16MiB", "--metrics_address="};
+  client::ClientOptions o = Gpu0Options(socket);
+  o.use_ring = true;
+  o.connect_timeout_seconds = 0.5;
+  auto cycle = [&](int i) {
+    Daemon d;
+    ASSERT_TRUE(d.Start(args));
+    std::thread killer([&d, i] {
+      std::this_thread::sleep_for(std::chrono::microseconds(250 * i));
+      d.Stop(SIGKILL);
+    });
+    absl::StatusOr<std::unique_ptr<client::Client>> cl = client::Client::Connect(o);
+    killer.join();
+    if (!cl.ok()) {
+      EXPECT_TRUE(absl::IsUnavailable(cl.status()) || absl::IsDeadlineExceeded(cl.status()))
+          << "kill at " << 250 * i << " us: " << cl.status();
+      return;
+    }
+    EXPECT_EQ((*cl)->Release(1).get().code(), absl::StatusCode::kUnavailable)
+        << "kill at " << 250 * i << " us";
+  };
+  cycle(23);  // gRPC's own pools start on first use
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const size_t threads = CountEntries("/proc/self/task");
+  for (int i = 0; i < 24; ++i) cycle(i);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_LE(CountEntries("/proc/self/task"), threads + 2);
 }
 
 // A frozen daemon with more requests in flight than the ring has slots: the submitting thread
