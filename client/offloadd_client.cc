@@ -335,7 +335,7 @@ std::string Client::link() const {
 }
 std::string Client::resume_token() const {
   base::MutexLock lock(mu_);
-  return hello_.resume_token();
+  return token_;  // the current session's: a resume that began a new session changed it
 }
 uint64_t Client::blocks_resumed() const {
   base::MutexLock lock(mu_);

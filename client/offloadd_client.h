@@ -277,7 +277,9 @@ class Client {
   uint64_t chunk_bytes() const EXCLUDES(mu_);
   std::string link() const EXCLUDES(mu_);
   // The claim on this session's blocks across a daemon restart (keep it secret); pass it to
-  // Resume(). Empty from a daemon older than resume tokens.
+  // Resume(). The current session's: after an automatic resume that had to begin a new session
+  // (the restarted daemon had none of this one, and the client held no blocks) it is the new
+  // session's. Empty from a daemon older than resume tokens.
   std::string resume_token() const EXCLUDES(mu_);
   uint64_t blocks_resumed() const EXCLUDES(mu_);  // Resume() only
   // Seconds a restarted daemon holds this session's blocks; 0: its pool does not outlive it

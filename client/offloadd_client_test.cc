@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -118,6 +119,13 @@ class FakeOffload final : public v1::Offload::Service {
     std::lock_guard<std::mutex> l(mu_);
     return resumed_hellos_;
   }
+  // A restarted daemon on a fresh pool: a Hello presenting a resume token is refused
+  // NOT_FOUND, and new sessions get `token`.
+  void set_unknown_tokens(const std::string& token) {
+    std::lock_guard<std::mutex> l(mu_);
+    unknown_tokens_ = true;
+    token_ = token;
+  }
   // Hello replies say the request ring is attached (it is not mapped), and the stream ends
   // right after the HelloReply: a daemon that dies as a client connects.
   void set_hello_then_end(bool v) {
@@ -168,8 +176,12 @@ class FakeOffload final : public v1::Offload::Service {
         resp.mutable_hello()->set_chunk_bytes(4 << 20);
         resp.mutable_hello()->set_link(r.hello().device_id() + "-link");
         if (hello_then_end_) resp.mutable_hello()->set_ring_attached(true);
+        if (resumable_ && unknown_tokens_ && !r.hello().resume_token().empty()) {
+          SetError(&resp, grpc::StatusCode::NOT_FOUND, "no session holds this resume token");
+          break;
+        }
         if (resumable_) {
-          resp.mutable_hello()->set_resume_token("token-of-the-test");
+          resp.mutable_hello()->set_resume_token(token_);
           resp.mutable_hello()->set_resume_grace_seconds(30);
           if (!r.hello().resume_token().empty()) {
             ++resumed_hellos_;
@@ -291,6 +303,8 @@ class FakeOffload final : public v1::Offload::Service {
   bool hello_then_end_ = false;
   bool end_at_open_ = false;
   bool resumable_ = false;
+  bool unknown_tokens_ = false;
+  std::string token_ = "token-of-the-test";
   bool die_unavailable_ = false;
   int resumed_hellos_ = 0;
   v1::Hello last_hello_;
@@ -318,9 +332,11 @@ class ClientTest : public ::testing::Test {
     rmdir(dir_.c_str());
   }
 
-  void StartServer() {
+  // `configure` sets the new fake up before it serves (a client may be waiting to resume).
+  void StartServer(const std::function<void(FakeOffload*)>& configure = nullptr) {
     grpc::EnableDefaultHealthCheckService(true);
     service_ = std::make_unique<FakeOffload>();
+    if (configure) configure(service_.get());
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix:" + socket_path_, grpc::InsecureServerCredentials());
     builder.RegisterService(service_.get());
@@ -756,6 +772,28 @@ TEST_F(ClientTest, DaemonShutdownFailsPendingThenReconnectWorks) {
   std::unique_ptr<Client> again = MustConnect();
   ASSERT_NE(again, nullptr);
   EXPECT_EQ(again->session_id(), 7u);
+}
+
+// A client holding no blocks whose daemon came back without its session (a fresh pool) resumes
+// as a new session: resume_token() is then the new session's, the one a later Resume() needs.
+TEST_F(ClientTest, AResumeThatBeganANewSessionReportsItsToken) {
+  service_->set_resumable(true);
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->resume_token(), "token-of-the-test");
+  StopServer();
+  unlink(socket_path_.c_str());
+  StartServer([](FakeOffload* fake) {
+    fake->set_resumable(true);
+    fake->set_unknown_tokens("token-of-the-new-session");
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (client->counters().resumes == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(client->counters().resumes, 1u);
+  EXPECT_EQ(client->resume_token(), "token-of-the-new-session");
+  EXPECT_TRUE(client->GetStats().ok());
 }
 
 // A reload with release_after whose daemon released the block and died before answering: after
