@@ -131,6 +131,8 @@ _RING_KIND = {_native.OFFLOAD_DONE: "offload_done", _native.RELOAD_DONE: "reload
 _RING_REQUEST = {"offload": "offload_done", "reload": "reload_done", "release": "released"}
 
 
+_getpid = os.getpid
+
 class _RingOp(_outcome.Outcome):
     """An offload, reload or release submitted on the request ring: what the caller holds in
     place of a Future (``done``, ``result(timeout)``, ``exception(timeout)``,
@@ -147,8 +149,15 @@ class _RingOp(_outcome.Outcome):
         self.request_id = 0
 
     def _wait(self, timeout):
-        if not self._done:
+        """While the client's ring is in use, takes its answers on this thread until this
+        one's came; otherwise (a reload outcome whose request went on the stream) waits for
+        the reader as any outcome does."""
+        if self._done:
+            return
+        if self.client._ring_native is not None:
             self.client._await_ring(self, timeout)
+        else:
+            super()._wait(timeout)
 
     def request(self):
         """The request as it would travel on the stream (client region id, no request id)."""
@@ -566,9 +575,16 @@ class Client:
             req.ordering.step, req.ordering.position = ordering
         return self._submit(pb.Request(offload=req))
 
+    def reload_outcome(self):
+        """A future-like outcome for a reload not sent yet (pass it to :meth:`reload` as
+        ``into``): it can be waited on, failed (``set_exception``) or given callbacks before
+        the request goes out, and the answer completes it directly."""
+        return _RingOp(self, "reload", None)
+
     def reload(self, block_id, region_id, offset, priority=URGENT, release_after=False,
-               deadline_seconds=0.0, ready_event=b"", done_event=b""):
-        """Copies block ``block_id`` back to ``offset`` of the region; Future of ``ReloadDone``.
+               deadline_seconds=0.0, ready_event=b"", done_event=b"", into=None):
+        """Copies block ``block_id`` back to ``offset`` of the region; Future of ``ReloadDone``
+        (``into`` when given: an outcome from :meth:`reload_outcome`, not completed yet).
 
         May be sent before the block's offload completed (the daemon orders it after).
         priority: URGENT or PREFETCH. release_after: free the block once copied.
@@ -583,13 +599,17 @@ class Client:
         if self._ring is not None:
             op = self._ring_submit("reload", (block_id, region_id, offset, priority,
                                               release_after, deadline_seconds,
-                                              ready_event or None, done_event or None))
+                                              ready_event or None, done_event or None), into)
             if op is not None:
                 return op
-        return self._submit(pb.Request(reload=pb.ReloadRequest(
+        future = self._submit(pb.Request(reload=pb.ReloadRequest(
             block_id=block_id, region_id=region_id, offset=offset, priority=priority,
             release_after=release_after, deadline_seconds=deadline_seconds,
             ready_event=ready_event, done_event=done_event)))
+        if into is None:
+            return future
+        future.add_done_callback(lambda f: _complete_from(into, f))
+        return into
 
     def release(self, block_id):
         """Frees a pool block; Future of ``Released``."""
@@ -978,14 +998,19 @@ class Client:
             p.future.set_result(result)
 
     # ---- the request ring ---------------------------------------------------------------------
-    def _ring_submit(self, kind, args):
+    def _ring_submit(self, kind, args, op=None):
         """Submits ``kind`` ("offload", "reload", "release") with ``args`` (see _RingOp) on the
-        ring: its _RingOp (failed at once as _submit fails a request), or None when the ring is
-        no longer in use (the caller sends it on the stream). A full ring (the daemon stopped
-        taking submissions until answers are taken) is drained here while it waits. Raises
-        FAILED_PRECONDITION in a process forked after the Client was created."""
-        self._check_process()
-        op = _RingOp(self, kind, args)
+        ring: its _RingOp (``op`` when given, not submitted yet; failed at once as _submit
+        fails a request), or None when the ring is no longer in use (the caller sends it on the
+        stream). A full ring (the daemon stopped taking submissions until answers are taken)
+        is drained here while it waits. Raises FAILED_PRECONDITION in a process forked after
+        the Client was created."""
+        if _getpid() != self._owner_pid:
+            self._check_process()
+        if op is None:
+            op = _RingOp(self, kind, args)
+        else:
+            op.args = args
         start = time.monotonic()
         while True:
             with self._lock:
@@ -1201,6 +1226,11 @@ def _fresh(e):
         return e.fresh()
     return e.with_traceback(None)
 
+
+def _complete_from(outcome, future):
+    """Completes ``outcome`` with the result or exception of the finished ``future``."""
+    exc = future.exception()
+    outcome._finish(None if exc is not None else future.result(), exc)
 
 def _close_offer(ring):
     """Closes a NativeRing offered in a Hello that did not take (None: nothing offered)."""

@@ -22,7 +22,7 @@ import offloadd.torch as ot
 import tiny_lm
 from offloadd.torch import _endpoint
 from offloadd.torch._store import HostCopy, Saved
-from offloadd.torch._transport import Completion
+from offloadd._outcome import Outcome as Completion
 
 torch.set_num_threads(2)
 
@@ -106,11 +106,11 @@ class OffloadCheckpointsTest(DaemonTestCase):
             return submit(request, *args, **kwargs)
         ring_submit = ep.client._ring_submit
 
-        def counting_ring(kind, args):  # the request ring (the native core), when attached
+        def counting_ring(kind, args, *op):  # the request ring (the native core), when attached
             kinds.append(kind)
             if kind == "reload":
                 release_after.append(args[4])
-            return ring_submit(kind, args)
+            return ring_submit(kind, args, *op)
         ep.client._submit = counting
         ep.client._ring_submit = counting_ring
         self.assertTrue(ep.client.ring_active, ep.client.ring_error)  # through the native core

@@ -109,37 +109,6 @@ def empty_like_meta(meta, device=None, pin_memory=False):
                                pin_memory=pin_memory)
 
 
-class Completion(_outcome.Outcome):
-    """A reload's outcome, for the hooks: the subset of ``concurrent.futures.Future`` they use
-    (``done``, ``result(timeout)``, ``exception(timeout)``, ``add_done_callback``,
-    ``set_result``, ``set_exception``, ``cancelled``) without a Condition per request: a lock
-    and an Event are made only when a thread must wait for an outcome not there yet.
-    ``result``/``exception`` raise TimeoutError after ``timeout`` seconds. Callbacks run on
-    the thread that completes it (the client's reader for a request on the stream; the thread
-    that took the answer from the request ring, Client.pump, for one on the ring), or at once
-    when already complete. Wait through Client.wait, which takes ring answers meanwhile."""
-
-    __slots__ = ("_client",)
-
-    def __init__(self, client=None):
-        super().__init__()
-        self._client = client  # whose request ring's answers complete it (waits take them)
-
-    def _wait(self, timeout):
-        client = self._client
-        if not self._done and client is not None and client._ring_native is not None:
-            client._await_ring(self, timeout)  # takes the ring's answers on this thread
-            return
-        super()._wait(timeout)
-
-    def follow(self, future):
-        """Completes this with the outcome of ``future`` (a client request's Future)."""
-        def done(f):
-            exc = f.exception()
-            self._finish(None if exc is not None else f.result(), exc)
-        future.add_done_callback(done)
-
-
 class OffloadOp:
     __slots__ = ("future", "slot", "tensor", "event", "orphan_reload")
 
@@ -149,7 +118,9 @@ class OffloadOp:
 
 
 class ReloadOp:
-    """A reload's destination and completion (``done``: Future of ReloadDone). CUDA: its ready
+    """A reload's destination and completion (``done``: an outcome of ReloadDone, from
+    Client.reload_outcome: waited on, failed or given callbacks before the request is sent, and
+    completed by its answer; a wait takes the ring's answers meanwhile). CUDA: its ready
     and done events, and the done event's record count when sent (simulated GPU)."""
 
     __slots__ = ("slot", "dest", "region_id", "offset", "ready_event", "done_event", "done_seq",
@@ -159,7 +130,9 @@ class ReloadOp:
                  done_event=None, client=None):
         self.slot, self.dest, self.region_id, self.offset = slot, dest, region_id, offset
         self.ready_event, self.done_event, self.done_seq = ready_event, done_event, None
-        self.done = Completion(client)
+        # Completed by the reload's answer (Client.reload ``into``), or failed before it is
+        # sent; a plain outcome without a client (tests).
+        self.done = client.reload_outcome() if client is not None else _outcome.Outcome()
         self.sent = False
         self.priority = 0
         self.release_after = False  # the daemon frees the block once this reload copied it
@@ -249,8 +222,8 @@ class ShmTransport:
         """Sends the reload of ``block_id`` into ``op``'s slot; ``release_after``: the daemon
         frees the block once copied (the hooks' reloads: a handle keeps what it reloaded)."""
         op.sent, op.release_after = True, release_after
-        op.done.follow(self.client.reload(block_id, op.slot.region_id, op.slot.offset, priority,
-                                          release_after=release_after))
+        self.client.reload(block_id, op.slot.region_id, op.slot.offset, priority,
+                           release_after=release_after, into=op.done)
 
     def in_flight_tensor(self, op):
         """None: the staged copy is not the saved tensor (see CudaIpcTransport)."""
@@ -408,10 +381,9 @@ class CudaIpcTransport:
         op.sent, op.release_after = True, release_after
         seq = self.dev.event_seq(op.done_event)
         op.done_seq = None if seq is None else seq + 1  # the daemon's record
-        op.done.follow(self.client.reload(block_id, op.region_id, op.offset, priority,
-                                          release_after=release_after,
-                                          ready_event=op.ready_event.handle,
-                                          done_event=op.done_event.handle))
+        self.client.reload(block_id, op.region_id, op.offset, priority,
+                           release_after=release_after, ready_event=op.ready_event.handle,
+                           done_event=op.done_event.handle, into=op.done)
 
     def finish_reload(self, op, meta, stats=None, unresponsive_seconds=None):
         """The destination, with the current stream ordered after the daemon's copy. The host

@@ -7,8 +7,8 @@ tensor through: ``start_offload`` -> (OffloadDone) ``finish_offload``, or on a f
 later ``prepare_reload`` -> ``send_reload`` -> ``finish_reload``, or ``abandon_reload`` for a
 reload nobody will consume. ``meta`` is an offloadd.torch._transport.Meta (shape, stride, dtype,
 device, numel, nbytes); ops are the _transport module's OffloadOp / ReloadOp, opaque to the
-store but for ``OffloadOp.future`` (the Offload request's Future), ``ReloadOp.done`` (a
-Completion of ReloadDone) and ``ReloadOp.sent``.
+store but for ``OffloadOp.future`` (the Offload request's Future), ``ReloadOp.done`` (an
+outcome of ReloadDone, Client.reload_outcome) and ``ReloadOp.sent``.
 
 Errors common to every method that talks to the daemon: offloadd.errors.OffloaddError (the
 daemon's refusal, with its code), DaemonUnavailable (the stream is gone), DaemonUnresponsive
