@@ -194,17 +194,19 @@ class NativeRing:
         RingFull (no slot freed within ``timeout`` seconds; < 0: no limit), both
         ConnectionErrors, when not submitted; RingReleased after close()."""
         step, position = ordering if ordering is not None else (0, 0)
-        return self._submitted(self._call(
+        rid = self._call(
             self._lib.offloadd_ring_offload, region_id, offset, nbytes, tag, _event(ready_event),
-            int(ordering is not None), step, position, timeout))
+            int(ordering is not None), step, position, timeout)
+        return rid or self._submitted(rid)
 
     def reload(self, block_id, region_id, offset, priority=URGENT, release_after=False,
                deadline_seconds=0.0, tag=0, ready_event=None, done_event=None, timeout=-1.0):
         """Submits a reload of block ``block_id`` (0: the block offloaded with ``tag``) to
         ``offset`` of region ``region_id``; its request id. Raises as :meth:`offload`."""
-        return self._submitted(self._call(
+        rid = self._call(
             self._lib.offloadd_ring_reload, block_id, tag, region_id, offset, priority,
-            int(release_after), deadline_seconds, _event(ready_event), _event(done_event), timeout))
+            int(release_after), deadline_seconds, _event(ready_event), _event(done_event), timeout)
+        return rid or self._submitted(rid)
 
     def release(self, block_id, tag=0, timeout=-1.0):
         """Submits a release of block ``block_id`` (0: by ``tag``); its request id. Raises as

@@ -144,7 +144,8 @@ class _RingOp(_outcome.Outcome):
     __slots__ = ("client", "kind", "args", "request_id")
 
     def __init__(self, client, kind, args):
-        super().__init__()
+        self._done, self._value, self._exc = False, None, None  # Outcome's, set here: one call
+        self._callbacks = self._event = None
         self.client, self.kind, self.args = client, kind, args
         self.request_id = 0
 
@@ -1017,10 +1018,11 @@ class Client:
                 ring = self._ring
                 if ring is None:
                     return None
-                failure = self._refusal_locked(kind, args)
-                if failure is not None:
-                    op.set_exception(failure)
-                    return op
+                if self._dead is not None or self._closing or self._lost:
+                    failure = self._refusal_locked(kind, args)
+                    if failure is not None:
+                        op.set_exception(failure)
+                        return op
                 rid = self._ring_send_locked(ring, kind, args)
                 if rid:
                     op.request_id = rid
@@ -1074,7 +1076,8 @@ class Client:
         ring = self._ring_native
         if ring is None or not self._ring_ops:
             return 0
-        self._check_process()  # a forked child never takes its parent's answers
+        if _getpid() != self._owner_pid:
+            self._check_process()  # a forked child never takes its parent's answers
         taken = 0
         while True:
             answers = ring.drain(timeout)

@@ -326,17 +326,17 @@ class IpcEventPool:
         self.created = 0
 
     def acquire(self):
-        with self._lock:
-            if self._free:
-                return self._free.pop()
+        try:
+            return self._free.pop()  # list.pop and list.append are atomic: no lock per event
+        except IndexError:
+            pass
         ev = self._factory()
         with self._lock:
             self.created += 1
         return ev
 
     def release(self, ev):
-        with self._lock:
-            self._free.append(ev)
+        self._free.append(ev)
 
 
 class TorchCudaDevice:

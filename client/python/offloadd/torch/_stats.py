@@ -112,6 +112,27 @@ class OffloadStats:
             for k, v in deltas.items():
                 setattr(self, k, getattr(self, k) + v)
 
+    # The per-tensor counts, without add's keyword dictionary (the hooks call these per op).
+    def add_offloaded(self, nbytes: int) -> None:
+        """One tensor of ``nbytes`` stored by the daemon (OffloadDone)."""
+        with self._lock:
+            self.offloaded += 1
+            self.offloaded_bytes += nbytes
+
+    def add_reloaded(self, nbytes: int, in_time: bool, waited_seconds: float) -> None:
+        """One tensor of ``nbytes`` reloaded: prefetched in time (``in_time``), else waited
+        for, ``waited_seconds`` on the training thread."""
+        with self._lock:
+            self.reloaded += 1
+            self.reloaded_bytes += nbytes
+            if in_time:
+                self.prefetched_in_time += 1
+                self.prefetched_in_time_bytes += nbytes
+            else:
+                self.waited += 1
+                self.waited_bytes += nbytes
+                self.waited_seconds += waited_seconds
+
     def snapshot(self) -> OffloadStats:
         """A consistent copy."""
         s = OffloadStats(self.name)

@@ -21,9 +21,9 @@ never read twice, and every reload asks the daemon to free the block once copied
 that dies without a reload (never unpacked, or used from the device while its offload was in
 flight) releases its block with a request of its own; nothing stays in the pool after a step.
 
-Per step the store keeps what does not change per tensor: the endpoint of each device (looked up
-again when its session ends), whether pinned host memory is possible, and the allocator check
-(once per step and device), so a pack asks none of them per tensor.
+Per step the store keeps what does not change per tensor: each device's endpoint key and
+endpoint (looked up again when its session ends), whether pinned host memory is possible, and
+the allocator check (once per step and device), so a pack asks none of them per tensor.
 
 Idle steps: a step ends when a pack follows an unpack (the next forward after a backward). A step
 that packed saved tensors but sent none to the daemon (all below the threshold, parameters, or
@@ -167,6 +167,7 @@ class Store:
         self._step = _StepCounts()
         self._step_counted = False  # the current step's idle check already ran
         self._step_eps = {}    # device key -> Endpoint of this step (checked alive per use)
+        self._device_keys = {}  # torch.device -> its endpoint key, per step (kinds may change)
         self._can_pin = None   # pin_memory possible (torch.cuda.is_available()), per step
         _STORES.add(self)
 
@@ -175,7 +176,8 @@ class Store:
         """The pack hook. ``small_to_host`` / ``pin_memory`` override the store's policy for
         this call (save_on_cpu instances sharing the default store)."""
         _pump()  # answers on the request rings: completes offloads (callbacks run here)
-        self._raise_async_error()
+        if self._async_error is not None:
+            self._raise_async_error()
         if self._unpacking:
             self._unpacking = False
             self._end_step()
@@ -267,7 +269,10 @@ class Store:
             return self._fallback(s, "the offloadd daemon did not answer within this step's "
                                   "bound of %.1f s (unresponsive_seconds)"
                                   % self.unresponsive_seconds)
-        key = _endpoint.device_key(s.meta.device)
+        device = s.meta.device
+        key = self._device_keys.get(device)
+        if key is None:
+            key = self._device_keys[device] = _endpoint.device_key(device)
         ep = self._step_eps.get(key)
         first = ep is None or not ep.alive or ep.pid != _getpid()
         if first:
@@ -346,7 +351,7 @@ class Store:
                 if kept is not None:
                     s.tensor, s.served, s.prefetch_kept, s.reload = kept, True, True, None
             ep.transport.finish_offload(op)
-            self.stats.add(offloaded=1, offloaded_bytes=s.meta.nbytes)
+            self.stats.add_offloaded(s.meta.nbytes)
             if kept is not None:  # counted served_in_flight at its unpack, if it comes
                 ep.transport.abandon_reload(rl)
             if served or kept is not None:  # backward uses the device tensor: block not needed
@@ -384,6 +389,7 @@ class Store:
             self._count_idle(self._step)
         self._step, self._step_counted = _StepCounts(), False
         self._step_eps.clear()
+        self._device_keys.clear()
         self._can_pin = None
         self._last_unpacked_seq = None
         self._step_first_seq = self._next_seq
@@ -520,12 +526,7 @@ class Store:
             s.reload = None
             if rl.release_after:
                 s.block_id = None  # the daemon freed it after the copy
-        if in_time:
-            self.stats.add(reloaded=1, reloaded_bytes=s.meta.nbytes, prefetched_in_time=1,
-                           prefetched_in_time_bytes=s.meta.nbytes)
-        else:
-            self.stats.add(reloaded=1, reloaded_bytes=s.meta.nbytes, waited=1,
-                           waited_bytes=s.meta.nbytes, waited_seconds=waited)
+        self.stats.add_reloaded(s.meta.nbytes, in_time, waited)
         s.result = t  # later unpacks of this handle get the same tensor, not another reload
         return t
 

@@ -437,6 +437,8 @@ class CudaIpcTransport:
     def collect(self):
         """Lets go of abandoned destinations whose copy has ended. Cheap; called on offload
         and reload (never on the client's reader thread)."""
+        if not self._abandoned:  # the usual case: nothing parked, no lock taken
+            return
         with self._lock:
             parked, self._abandoned = self._abandoned, []
         left = []
