@@ -1012,7 +1012,7 @@ class Client:
             op = _RingOp(self, kind, args)
         else:
             op.args = args
-        start = time.monotonic()
+        start = None  # when the first try found no slot
         while True:
             with self._lock:
                 ring = self._ring
@@ -1031,6 +1031,8 @@ class Client:
                     return op
             if ring.closed:
                 return None  # the session ended: the stream's end retires the ring
+            if start is None:
+                start = time.monotonic()
             if time.monotonic() - max(self._last_heard, start) >= self.unresponsive_seconds:
                 op.set_exception(errors.DaemonUnresponsive(
                     "the offloadd daemon at %s took no request from its ring for %.1f s "

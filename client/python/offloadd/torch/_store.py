@@ -81,6 +81,7 @@ _pump = _endpoint.pump
 
 
 _AGAIN = object()  # Store._reload_claimed: the handle changed state, unpack it again
+_WAITED = "waited"  # Saved.reloading: claimed, and another thread waits for the claim's end
 
 
 class _BecameFallback(Exception):
@@ -483,13 +484,15 @@ class Store:
                 s.reloading = True
                 return True
             while s.reloading:
+                s.reloading = _WAITED  # the claim's holder wakes the waiters when it lets go
                 self._reloaded.wait()
             return False
 
     def _unclaim(self, s):
         with self._lock:
-            s.reloading = False
-            self._reloaded.notify_all()
+            waited, s.reloading = s.reloading is _WAITED, False
+            if waited:
+                self._reloaded.notify_all()
 
     def _reload_claimed(self, s):
         """The reload part of unpack, by the one thread that claimed ``s``: the tensor, or
@@ -654,12 +657,11 @@ class Store:
         before ``s``, or no entry before ``s`` waits (``s`` starts a run). An entry saved by a
         branch backward never reaches waits forever without being unpacked; such a prefetch
         counts in ``stats.prefetched_unused``."""
-        with self._lock:
-            previous, self._last_unpacked_seq = self._last_unpacked_seq, s.seq
-        if self.prefetch <= 0:
-            return
         todo = []
         with self._lock:
+            previous, self._last_unpacked_seq = self._last_unpacked_seq, s.seq
+            if self.prefetch <= 0:
+                return
             forward = previous is None or previous == s.seq - 1 or \
                 not self._worth_prefetching(self._entry(s.seq - 1))
             seq = s.seq + 1
