@@ -226,8 +226,10 @@ class Store:
         if kind is not _Tensor and kind is not _Parameter:
             return "other", None
         base = t._base
-        if kind is _Parameter or getattr(t, "_is_param", False) or \
-                (base is not None and isinstance(base, _Parameter)):
+        # isinstance(x, Parameter) as torch's _ParameterMeta answers it (a Parameter subclass,
+        # or a tensor marked _is_param), without calling that Python-level hook per pack.
+        if kind is _Parameter or getattr(t, "_is_param", False) or (base is not None and (
+                issubclass(type(base), _Parameter) or getattr(base, "_is_param", False))):
             return "params", None
         if t.requires_grad and t.is_leaf:
             return "leaves", None
