@@ -10,6 +10,7 @@ and without it.
 import os
 import threading
 import unittest
+import warnings
 from unittest import mock
 
 import torch
@@ -78,6 +79,129 @@ class SharedContextThreadsTest(DaemonTestCase):
 
     def test_backwards_of_threads_sharing_a_context_without_ring(self):
         self.run_threads(ring=False)
+
+
+IDLE_WARNING = "offloadd: offload is on but"
+
+
+class ThreadStepsIdleTest(DaemonTestCase):
+    """Idle steps when threads share one context: each thread's step is judged on its own (it
+    ends when that thread packs after its backward began), so one thread's backward does not cut
+    another thread's step into fragments that look idle."""
+
+    def setUp(self):
+        super().setUp()
+        _endpoint.reset_for_tests()
+        # 64 KiB layer inputs go to the daemon at once; 64-byte ones stay below the threshold.
+        self.ctx = ot.offload_checkpoints(threshold_bytes=1 << 14, keep_last_n=0,
+                                          socket_path=self.daemon.sock)
+        self.w = torch.randn(128, 128, requires_grad=True)
+        self.errors = []
+
+    def big(self):
+        return (self.w + 0).sin().sum()   # saves a 64 KiB non-leaf: offloaded
+
+    def small(self):
+        return (self.w[:4, :4] + 0).sin().sum()   # saves a 64-byte tensor: left in place
+
+    def run_threads(self, *targets):
+        def guarded(target):
+            try:
+                target()
+            except Exception as e:  # noqa: BLE001 -- reported by the test
+                self.errors.append(repr(e))
+
+        threads = [threading.Thread(target=guarded, args=(t,)) for t in targets]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertFalse(any(t.is_alive() for t in threads))
+        self.assertEqual(self.errors, [])
+
+    def test_a_pack_after_another_threads_backward_does_not_split_an_idle_step_off(self):
+        """Thread B packs a small tensor after thread A's backward began, then A's next step
+        packs after B's backward: both of B's packs are one step, which sent a tensor."""
+        ctx = self.ctx
+        b_sent, a_backward, b_backward = threading.Event(), threading.Event(), threading.Event()
+
+        def thread_a():
+            with ctx:
+                loss = self.big()
+            self.assertTrue(b_sent.wait(30))
+            loss.backward()
+            a_backward.set()
+            self.assertTrue(b_backward.wait(30))
+            with ctx:  # A's next step
+                loss = self.big()
+            loss.backward()
+
+        def thread_b():
+            with ctx:
+                loss = self.big()
+                b_sent.set()
+                self.assertTrue(a_backward.wait(30))
+                loss = loss + self.small()   # B's forward goes on after A's backward
+            loss.backward()
+            b_backward.set()
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.run_threads(thread_a, thread_b)
+            self.assertTrue(ot.synchronize())
+        self.assertEqual(ctx.stats.offloaded, 3)
+        self.assertEqual((ctx.stats.idle_steps, ot.idle_steps_total()), (0, 0))
+        self.assertEqual([str(w.message) for w in caught
+                          if str(w.message).startswith(IDLE_WARNING)], [])
+
+    def test_an_idle_step_of_one_thread_is_counted_while_another_thread_sends(self):
+        """Thread B's step saves only small tensors while thread A's step offloads: B's step is
+        idle (counted once, at synchronize, after B ended), A's is not."""
+        ctx = self.ctx
+        b_packed, a_backward = threading.Event(), threading.Event()
+
+        def thread_a():
+            with ctx:
+                loss = self.big()
+            self.assertTrue(b_packed.wait(30))
+            loss.backward()
+            a_backward.set()
+
+        def thread_b():
+            with ctx:
+                loss = self.small()
+            b_packed.set()
+            self.assertTrue(a_backward.wait(30))
+            loss.backward()
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.run_threads(thread_a, thread_b)
+            self.assertTrue(ot.synchronize())
+            self.assertTrue(ot.synchronize())  # the last steps are counted once
+        self.assertEqual((ctx.stats.idle_steps, ot.idle_steps_total()), (1, 1))
+        idle = [str(w.message) for w in caught if str(w.message).startswith(IDLE_WARNING)]
+        self.assertEqual(len(idle), 1, idle)
+        self.assertIn("sent nothing to offloadd: all 1 saved tensors were left in place "
+                      "(1 small)", idle[0])
+
+    def test_idle_steps_whose_backward_runs_on_another_thread_end_at_the_next_pack(self):
+        """Forward on this thread, backward on a thread that packs nothing into the context (as
+        autograd runs a CUDA backward on its device threads): each step ends at the next step's
+        first pack, as when one thread runs both."""
+        ctx = self.ctx
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                with ctx:
+                    loss = self.small()
+                self.run_threads(loss.backward)
+            self.assertEqual(ctx.stats.idle_steps, 2)
+            self.assertTrue(ot.synchronize())
+            self.assertTrue(ot.synchronize())
+        self.assertEqual((ctx.stats.idle_steps, ot.idle_steps_total()), (3, 3))
+        idle = [w for w in caught if str(w.message).startswith(IDLE_WARNING)]
+        self.assertEqual(len(idle), 1)
 
 
 class FreedReloadTest(unittest.TestCase):

@@ -12,7 +12,8 @@ STORES = weakref.WeakSet()
 
 
 def finish_steps():
-    """The idle-step check of every store's step whose backward has begun (Store.finish_step)."""
+    """The idle-step check of every store's steps (one per thread) whose backward has begun
+    (Store.finish_step)."""
     for store in list(STORES):
         try:
             store.finish_step()

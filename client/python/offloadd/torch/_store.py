@@ -31,7 +31,15 @@ kept by keep_last_n) is counted in ``stats.idle_steps`` and warned about once pe
 the reason -- offload "on" that does nothing is a configuration error users otherwise miss. It
 is counted when the next step's first pack comes, or, for the last step of a run (or a one-step
 run), at ``offloadd.torch.synchronize()`` or when the process exits, once its backward has
-begun (an unpack came after its packs); never twice.
+begun (an unpack came after its packs); never twice. Steps are per thread: each thread that
+packs into the store has a step of its own (its packs, and what they sent), which ends at that
+thread's pack after its backward began -- an unpack on the same thread, or on a thread that
+packs nothing into this store (autograd runs a CUDA backward on its device threads). So threads
+sharing a context do not end each other's steps when each runs its own backward (on CPU), and a
+thread's step that sent nothing is idle even while another thread sends. A tensor sent by
+another thread's pack (keep_last_n) counts for the step that packed it while that is open. Threads
+whose backwards all run on autograd's device threads still end each other's steps (an unpack
+there cannot tell whose step it serves), as one thread's backward does its own.
 
 Failures: daemon unreachable or refusing (RESOURCE_EXHAUSTED past its admission deadline,
 OUT_OF_RANGE, registration errors, staging full) -> the tensor is kept in-process (fallback; a
@@ -98,7 +106,7 @@ class Saved:
 
     __slots__ = ("store", "seq", "offset", "step", "meta", "tensor", "src", "version", "state",
                  "ep", "op", "block_id", "reload", "result", "unpacked", "dead", "pin", "served",
-                 "prefetch_kept", "reloading", "__weakref__")
+                 "prefetch_kept", "reloading", "counts", "__weakref__")
 
     def __init__(self, store, seq, t):
         self.store, self.seq, self.meta, self.tensor = store, seq, Meta(t), t
@@ -112,6 +120,7 @@ class Saved:
         self.prefetch_kept = False  # device tensor kept at OffloadDone for a prefetch (below)
         self.reloading = False  # a thread is finishing this handle's reload (Store._claim)
         self.step = 0  # the store's step index when packed (the ordering hint's step)
+        self.counts = None  # the _StepCounts of the thread's step that packed it
 
     def __del__(self):
         try:
@@ -157,7 +166,7 @@ class Store:
         self._pending = collections.deque()  # weakref(Saved) still KEPT, newest last
         self._seen = {}                      # id(tensor) -> (weakref(tensor), weakref(Saved))
         self._async_error = None
-        self._unpacking = False              # an unpack came after the last pack
+        self._unpacking = False              # an unpack came after the last pack (any thread)
         self._last_unpacked_seq = None       # for telling forward-order consumers apart
         self._step_first_seq = 0             # seq of the step's first handle
         self._step_index = 0                 # steps ended so far: the ordering hint's step
@@ -165,8 +174,13 @@ class Store:
         # never reached): prefetch skips them in later steps of the same shape. Updated from
         # __del__ without a lock (set.add/discard are atomic under the GIL).
         self._unused_offsets = set()
-        self._step = _StepCounts()
-        self._step_counted = False  # the current step's idle check already ran
+        # Idle-step counts: one _StepCounts per thread that packs (``_thread.step``), ended by
+        # that thread's pack after its backward began; ``_open_steps`` holds them (strongly: a
+        # thread that ends before its last step is counted) for finish_step. Unpacks on threads
+        # that pack nothing here (autograd's CUDA device threads) add to ``_foreign_unpacks``.
+        self._thread = threading.local()
+        self._open_steps = set()
+        self._foreign_unpacks = 0
         self._step_eps = {}    # device key -> Endpoint of this step (checked alive per use)
         self._device_keys = {}  # torch.device -> its endpoint key, per step (kinds may change)
         self._can_pin = None   # pin_memory possible (torch.cuda.is_available()), per step
@@ -179,6 +193,9 @@ class Store:
         _pump()  # answers on the request rings: completes offloads (callbacks run here)
         if self._async_error is not None:
             self._raise_async_error()
+        step = getattr(self._thread, "step", None)
+        if step is None or step.unpacked or step.foreign_unpacks != self._foreign_unpacks:
+            step = self._end_thread_step(step)
         if self._unpacking:
             self._unpacking = False
             self._end_step()
@@ -188,7 +205,7 @@ class Store:
             if pin is None:
                 pin = self._can_pin = torch.cuda.is_available()
         category, existing = self._classify(t)
-        self._step.saw(t, category)
+        step.saw(t, category)
         if existing is not None:
             return existing
         if category is not None:
@@ -210,6 +227,7 @@ class Store:
                 self._base_seq = s.seq
             self._order.append(weakref.ref(s))
             self._remember(t, s)
+            s.counts = step
             self._pending.append(weakref.ref(s))
             due = []
             while len(self._pending) > self.keep_last_n:
@@ -263,11 +281,13 @@ class Store:
             self._seen[key] = (ref, weakref.ref(s))
 
     def _offload(self, s):
-        """Sends ``s`` to the daemon, or keeps it in process (fallback). The waits for the
-        daemon here (connect, staging room, a region's registration) take at most
-        ``_stall_left`` seconds of the step in all when they fail: past that budget the rest of
-        the step's tensors stay in process without asking the daemon."""
-        self._step.sent += 1  # attempted: a refusal or an unreachable daemon warns on its own
+        """Sends ``s`` to the daemon, or keeps it in process (fallback), from a pack; counted as
+        sent in the step that packed ``s``, or in the packing thread's when that one is over.
+        The waits for the daemon here (connect, staging room, a region's registration) take at
+        most ``_stall_left`` seconds of the step in all when they fail: past that budget the
+        rest of the step's tensors stay in process without asking the daemon."""
+        # Attempted: a refusal or an unreachable daemon warns on its own.
+        (self._thread.step if s.counts.counted else s.counts).sent += 1
         if self._stall_left <= 0:
             return self._fallback(s, "the offloadd daemon did not answer within this step's "
                                   "bound of %.1f s (unresponsive_seconds)"
@@ -386,17 +406,31 @@ class Store:
         _endpoint.abandon(ep, errors.DaemonUnresponsive(_strip_code(why)), self.retry_seconds)
 
     def _end_step(self):
-        """A pack followed an unpack: the previous step is over; warn if it sent nothing."""
+        """A pack followed an unpack (of any thread): what the store keeps per step starts
+        again. (Idle steps are counted per thread: _end_thread_step.)"""
         self._stall_left = self.unresponsive_seconds
-        if not self._step_counted:
-            self._count_idle(self._step)
-        self._step, self._step_counted = _StepCounts(), False
         self._step_eps.clear()
         self._device_keys.clear()
         self._can_pin = None
         self._last_unpacked_seq = None
         self._step_first_seq = self._next_seq
         self._step_index += 1
+
+    def _end_thread_step(self, step):
+        """This thread's pack came first in this store, or after its step's backward began:
+        counts ``step`` (None: no step yet) if it sent nothing and was not counted yet, and
+        returns this thread's new step."""
+        new = _StepCounts(self._foreign_unpacks)
+        with self._lock:
+            due = step is not None and not step.counted
+            if step is not None:
+                step.counted = True
+                self._open_steps.discard(step)
+            self._open_steps.add(new)
+        self._thread.step = new
+        if due:
+            self._count_idle(step)
+        return new
 
     def _count_idle(self, step):
         reason = step.idle_reason(self)
@@ -406,12 +440,17 @@ class Store:
         _endpoint.report()
 
     def finish_step(self):
-        """Runs the idle-step check of the current step now when its backward has begun (the
-        last step of a run has no next pack to end it); a later end of the step does not count
-        it again. Called by synchronize() and at exit."""
-        if self._unpacking and not self._step_counted:
-            self._step_counted = True
-            self._count_idle(self._step)
+        """Runs the idle-step check now of each thread's current step whose backward has begun
+        (the last step of a run has no next pack to end it; its thread may have ended); a later
+        end of such a step does not count it again. Called by synchronize() and at exit."""
+        with self._lock:
+            due = [step for step in self._open_steps if not step.counted and (
+                step.unpacked or step.foreign_unpacks != self._foreign_unpacks)]
+            for step in due:
+                step.counted = True
+                self._open_steps.discard(step)
+        for step in due:
+            self._count_idle(step)
 
     def _fallback(self, s, reason):
         if self.strict:
@@ -438,6 +477,11 @@ class Store:
     # ---- unpack ----------------------------------------------------------------------------
     def unpack(self, s):
         self._unpacking = True
+        step = getattr(self._thread, "step", None)
+        if step is not None:
+            step.unpacked = True  # this thread's backward began: its next pack ends its step
+        else:  # a thread that packs nothing here: its unpacks end every thread's step
+            self._foreign_unpacks += 1
         if isinstance(s, HostCopy):
             return s.host.to(s.device, non_blocking=s.non_blocking)
         if not isinstance(s, Saved):
@@ -743,12 +787,17 @@ def _strip_code(why):
 
 
 class _StepCounts:
-    """What one step's packs saw (for the idle-step warning)."""
+    """What one thread's step saw (for the idle-step warning): its packs, and whether its
+    backward began (``unpacked``: an unpack on the same thread; or a change of the store's
+    ``_foreign_unpacks`` from ``foreign_unpacks``, the count when the step began)."""
 
-    __slots__ = ("packs", "eligible", "sent", "largest_bytes", "categories", "device")
+    __slots__ = ("packs", "eligible", "sent", "largest_bytes", "categories", "device",
+                 "unpacked", "foreign_unpacks", "counted")
 
-    def __init__(self):
+    def __init__(self, foreign_unpacks=0):
         self.packs = self.eligible = self.sent = self.largest_bytes = 0
+        self.unpacked = self.counted = False  # counted: its idle check ran (never twice)
+        self.foreign_unpacks = foreign_unpacks
         self.categories = collections.Counter()
         self.device = None  # of the step's first saved tensor: whose totals an idle step joins
 
