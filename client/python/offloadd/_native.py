@@ -17,6 +17,7 @@ request ids are ints with bit 63 set. Event handles: None or 64 bytes.
 import ctypes
 import os
 import threading
+import weakref
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.abspath(os.path.join(_HERE, "..", "..", ".."))
@@ -135,13 +136,33 @@ def _event(event):
     return bytes(event)
 
 
+# Every NativeRing not yet freed: a process forked after one was made must not use it.
+_RINGS = weakref.WeakSet()
+
+
+def _released_in_child():
+    """After a fork, in the child: every ring made before it is the parent's. Its memory is a
+    shared mapping, so a child that submitted would put requests the parent never made (under
+    ids the parent's next requests also get) before the daemon, and a child that drained would
+    take the parent's answers: each ring is released here (calls raise RingReleased; freeing
+    the object unmaps the child's copy only)."""
+    for ring in list(_RINGS):
+        ring._released = True
+        ring._ring = None
+
+
+os.register_at_fork(after_in_child=_released_in_child)
+
+
 class NativeRing:
     """A session's request ring. ``entries``: submission and completion slots each (a power of
     two from 8 to 65536). Raises OSError when the core is missing or the ring cannot be made.
     Thread-safe. :meth:`close` ends it; its memory is freed with the object (keep it until the
     session ends). After close() every method raises :class:`RingReleased` (``closed`` is True);
     a close() while other threads are inside calls returns those threads at once (a sleeping
-    drain or wait too: they raise RingReleased).
+    drain or wait too: they raise RingReleased). In a process forked after it was made, it is
+    released as by close() (the parent's daemon session owns it), without touching the
+    parent's ring.
     """
 
     def __init__(self, entries=256):
@@ -156,6 +177,7 @@ class NativeRing:
             raise OSError("offloadd ring: " + error.value.decode("utf-8", "replace"))
         self._ring = self._owned = ring
         self._local = threading.local()  # per thread: the buffer drain fills
+        _RINGS.add(self)
 
     def _call(self, fn, *args):
         """``fn(ring, *args)`` on the native ring. No lock: close() only shuts the ring down
