@@ -34,7 +34,8 @@ run), at ``offloadd.torch.synchronize()`` or when the process exits, once its ba
 begun (an unpack came after its packs); never twice. Steps are per thread: each thread that
 packs into the store has a step of its own (its packs, and what they sent), which ends at that
 thread's pack after its backward began -- an unpack on the same thread, or on a thread that
-packs nothing into this store (autograd runs a CUDA backward on its device threads). So threads
+packs nothing into this store (autograd runs a CUDA backward on its device threads); the step
+of a thread that ended (a thread per step) ends at any thread's next step. So threads
 sharing a context do not end each other's steps when each runs its own backward (on CPU), and a
 thread's step that sent nothing is idle even while another thread sends. A tensor sent by
 another thread's pack (keep_last_n) counts for the step that packed it while that is open. Threads
@@ -422,14 +423,21 @@ class Store:
         returns this thread's new step."""
         new = _StepCounts(self._foreign_unpacks)
         with self._lock:
-            due = step is not None and not step.counted
+            due = [step] if step is not None and not step.counted else []
             if step is not None:
                 step.counted = True
                 self._open_steps.discard(step)
+            # Steps of threads that ended (a thread per step, its backward run elsewhere) have
+            # no next pack of their own: they end here, once their backward began.
+            for other in [o for o in self._open_steps if not o.thread.is_alive() and (
+                    o.unpacked or o.foreign_unpacks != self._foreign_unpacks)]:
+                other.counted = True
+                self._open_steps.discard(other)
+                due.append(other)
             self._open_steps.add(new)
         self._thread.step = new
-        if due:
-            self._count_idle(step)
+        for done in due:
+            self._count_idle(done)
         return new
 
     def _count_idle(self, step):
@@ -792,9 +800,10 @@ class _StepCounts:
     ``_foreign_unpacks`` from ``foreign_unpacks``, the count when the step began)."""
 
     __slots__ = ("packs", "eligible", "sent", "largest_bytes", "categories", "device",
-                 "unpacked", "foreign_unpacks", "counted")
+                 "unpacked", "foreign_unpacks", "counted", "thread")
 
     def __init__(self, foreign_unpacks=0):
+        self.thread = threading.current_thread()  # whose step: one that ended has no next pack
         self.packs = self.eligible = self.sent = self.largest_bytes = 0
         self.unpacked = self.counted = False  # counted: its idle check ran (never twice)
         self.foreign_unpacks = foreign_unpacks
