@@ -1090,8 +1090,11 @@ class Client:
             outcomes = []
             with self._lock:
                 self.counters.ring_answers_received += len(answers)
+                # Every ring numbers its requests from 1: an answer of a ring replaced while
+                # this thread slept in its drain (a resume) never names the new ring's ops.
+                ops = self._ring_ops if ring is self._ring_native else {}
                 for answer in answers:
-                    op = self._ring_ops.pop(answer[0], None)
+                    op = ops.pop(answer[0], None)
                     if op is None:
                         op = self._moved_op_locked(answer[0])
                     if op is None:

@@ -16,6 +16,7 @@ from daemon_fixture import DaemonTestCase
 
 import offloadd.torch as ot
 from offloadd import _native
+from offloadd.client import Client, _RingOp
 
 
 def _run(script):
@@ -67,6 +68,57 @@ class ForkedNativeRingTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertIn("child exit 0", out)
         self.assertIn("parent took 8 pending 8 closed False", out)
+
+
+class _DrainingRing:
+    """Stands in for a NativeRing whose drain() returns ``answers`` after running ``meanwhile``
+    (what other threads did while this one slept in the drain, the GIL released)."""
+
+    def __init__(self, meanwhile, answers):
+        self.meanwhile, self.answers = meanwhile, answers
+
+    def drain(self, timeout=0.0):
+        self.meanwhile()
+        answers, self.answers = self.answers, []
+        return answers
+
+    def wake(self):
+        pass
+
+
+class AnswersOfARetiredRingTest(DaemonTestCase):
+    def test_an_old_rings_answer_taken_after_the_resume_does_not_complete_a_new_rings_request(
+            self):
+        """Every NativeRing numbers its requests from 1, so the ring the resume's Hello
+        attached reuses the old ring's ids. A thread that was asleep in a drain of the old ring
+        while the session resumed (pump() reads the ring once) and then takes an old answer
+        must not complete the new ring's request of the same id with it (another block's id);
+        the old request was moved to the stream and is answered there."""
+        client = Client(self.daemon.sock, "adv4", ring=True)
+        try:
+            self.assertTrue(client.ring_active, client.ring_error)
+            rid = (1 << 63) | 1
+            old_op = _RingOp(client, "offload", (1, 0, 4096, None, None))
+            new_op = _RingOp(client, "offload", (1, 0, 4096, None, None))
+            new_ring = client._ring_native
+
+            def resumed():  # the stream ended, its ops moved; the resume took a new ring
+                with client._lock:
+                    client._ring_ops.pop(rid)
+                    client._ring_native = new_ring
+                    client._ring_ops[rid] = new_op
+            old_answer = (rid, _native.OFFLOAD_DONE, 0, 777, 4096, 0.0, 0.0, 0, "")
+            with client._lock:
+                client._ring_ops[rid] = old_op
+                client._ring_native = _DrainingRing(resumed, [old_answer])
+            client.pump(0.0)
+            self.assertFalse(new_op.done(), new_op.done() and new_op.result())
+            self.assertIs(client._ring_ops.get(rid), new_op)
+            self.assertNotIn(777, client._confirmed)
+            with client._lock:
+                client._ring_ops.pop(rid, None)
+        finally:
+            client.close()
 
 
 IDLE_WARNING = "offloadd: offload is on but"
