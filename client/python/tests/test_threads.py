@@ -96,13 +96,17 @@ class ThreadStepsIdleTest(DaemonTestCase):
         self.ctx = ot.offload_checkpoints(threshold_bytes=1 << 14, keep_last_n=0,
                                           socket_path=self.daemon.sock)
         self.w = torch.randn(128, 128, requires_grad=True)
+        # A leaf of its own for the small tensors: torch deadlocks when one thread slices a
+        # leaf (the GIL held, waiting for the leaf's autograd lock) while another, in an op on
+        # the same leaf under saved-tensor hooks, holds that lock and waits for the GIL.
+        self.w_small = torch.randn(4, 4, requires_grad=True)
         self.errors = []
 
     def big(self):
         return (self.w + 0).sin().sum()   # saves a 64 KiB non-leaf: offloaded
 
     def small(self):
-        return (self.w[:4, :4] + 0).sin().sum()   # saves a 64-byte tensor: left in place
+        return (self.w_small + 0).sin().sum()   # saves a 64-byte tensor: left in place
 
     def run_threads(self, *targets):
         def guarded(target):
