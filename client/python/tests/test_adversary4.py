@@ -2,34 +2,18 @@
 from a process forked after it was created, and the idle-step count of threads sharing one
 context whose backwards run on other threads."""
 
-import os
 import queue
-import subprocess
-import sys
-import textwrap
 import threading
 import unittest
 import warnings
 
 import torch
 from daemon_fixture import DaemonTestCase
+from test_native import _run  # a script in a fresh interpreter
 
 import offloadd.torch as ot
 from offloadd import _native
 from offloadd.client import Client, _RingOp
-
-
-def _run(script):
-    """Runs ``script`` (after ``from offloadd import _native``) in a fresh interpreter: (exit
-    code, output). A segfault is exit code -11."""
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
-    env["OFFLOADD_CORE_LIB"] = _native.load()._name
-    done = subprocess.run([sys.executable, "-c", "from offloadd import _native\n"
-                           + textwrap.dedent(script)], env=env, capture_output=True, text=True,
-                          timeout=60)
-    return done.returncode, done.stdout + done.stderr
 
 
 class ForkedNativeRingTest(unittest.TestCase):
