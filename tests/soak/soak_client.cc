@@ -235,7 +235,7 @@ class SoakClient {
         DaemonGone(st);
       } else {
         c_.lost_unexpectedly++;
-        c_.last_problem = "release: " + st.ToString() + History(held_.at(id));
+        c_.last_problem = History(held_.at(id), "release: " + st.ToString());
         held_.erase(id);
       }
     }
@@ -280,6 +280,8 @@ class SoakClient {
       } else {
         c_.lost_unexpectedly++;
         c_.last_problem = "offload: " + r.status().ToString();
+        std::fprintf(stderr, "soak_client %s: problem: %s\n", name_.c_str(),
+                     c_.last_problem.c_str());
       }
     }
     if (tagged_reload) {
@@ -290,7 +292,7 @@ class SoakClient {
         gone = r.status();
       } else if (blocks[0].block_id != 0) {  // the offload succeeded, its tagged reload did not
         c_.lost_unexpectedly++;
-        c_.last_problem = "tagged reload: " + r.status().ToString() + History(blocks[0]);
+        c_.last_problem = History(blocks[0], "tagged reload: " + r.status().ToString());
       }  // else: the offload was refused and the reload failed with it, as documented
       c_.reloads += r.ok();
     }
@@ -325,7 +327,7 @@ class SoakClient {
       held_.erase(id);
     } else {
       c_.lost_unexpectedly++;
-      c_.last_problem = "reload: " + r.status().ToString() + History(b);
+      c_.last_problem = History(b, "reload: " + r.status().ToString());
       held_.erase(id);
     }
   }
@@ -335,14 +337,17 @@ class SoakClient {
   }
 
   // Where a block came from, for a problem's message (and stderr, kept with the run's logs).
-  std::string History(const Block& b) const {
+  // `what`: the failure (also on stderr: last_problem keeps only the newest problem, and the
+  // daemon going away later overwrites it).
+  std::string History(const Block& b, const std::string& what) const {
     std::string h = absl::StrFormat(
         " [block %d confirmed %.3f s after the client started, after %d resumes; now %.3f s, "
         "%d resumes]",
         b.block_id, b.confirmed_seconds, b.resumes_at_confirm,
         SteadyNowSeconds() - start_seconds_, Resumes());
-    std::fprintf(stderr, "soak_client %s: problem with%s\n", name_.c_str(), h.c_str());
-    return h;
+    std::fprintf(stderr, "soak_client %s: problem: %s%s\n", name_.c_str(), what.c_str(),
+                 h.c_str());
+    return what + h;
   }
 
   void Flush(bool final_pass_done) {
