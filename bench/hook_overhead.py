@@ -14,6 +14,14 @@ Variants, interleaved step by step in one process (the order rotates every repet
                a daemon on --backend cuda-sim (the CUDA IPC path on the simulated GPU)
   shm          the same hooks against a daemon on the shm backend (staging copies: 2 x 16 MiB
                memcpy per tensor on the training thread, real data movement of that backend)
+  native-floor the floor under any native store: a hook pair written in C
+               (bench/native_floor_hooks.c, `bazel build -c opt //bench:native_floor_hooks.so`)
+               that reads the tensor's data_ptr and nbytes, offloads it through the request ring
+               of an offloadd.Client session to the shm daemon (the tensors lie in one registered
+               shm region: no staging), and reloads it by tag (urgent, the previous one as a
+               prefetch, release_after), waiting in the native core with the GIL released. No
+               classification, fallback, resume or dedup: skipped, with a line saying so, when
+               the module is not built
 
 Per variant and step: wall time; CPU of every thread of this process (/proc/self/task/*/
 schedstat: the training thread, each Python thread by name, native threads -- gRPC's, torch's
@@ -39,6 +47,7 @@ CPU 0 (the daemons' CPU then lands in the step's wall time too). Needs taskset a
 printed as met / not met, never asserted.
 
   .venv/bin/python bench/hook_overhead.py [--bin build/bin] [--reps 60] [--layouts split,one]
+      [--native-floor bazel-out/k8-opt/bin/bench/native_floor_hooks.so]
 """
 
 import argparse
@@ -58,6 +67,7 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 
 MIB = 1 << 20
 BUDGET_ALL_US, BUDGET_PACK_US, BUDGET_UNPACK_US, BUDGET_MSGS = 39.0, 15.0, 25.0, 1.1
+VARIANTS = ("noop", "sidestream", "cuda-sim", "shm", "native-floor")
 
 
 # ---- process threads' CPU ---------------------------------------------------------------------
@@ -161,6 +171,39 @@ class SideStream:
         self.gpu.destroy_event(ev)
         self.pool.append(rec.host)
         return rec.dest
+
+
+def native_floor(path, sock, n, nbytes, torch):
+    """The native-floor variant: (pack, unpack, tensors, requests_fn, close), or a sentence
+    saying why it is skipped. Its tensors (n x nbytes) lie in one shm region registered on an
+    offloadd.Client session whose request ring the C module drives alone (nothing else of this
+    process takes that ring's answers)."""
+    import ctypes
+    import importlib.util
+    from offloadd import _native, client as client_mod, shm
+    if not os.path.exists(path):
+        return "native-floor skipped: %s is not built (bazel build -c opt " \
+               "//bench:native_floor_hooks.so)" % path
+    spec = importlib.util.spec_from_file_location("native_floor_hooks", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = client_mod.Client(socket_path=sock, client_name="native-floor")
+    if not c.ring_active:
+        c.close()
+        return "native-floor skipped: the daemon attached no request ring (%s)" % c.ring_error
+    region = shm.ShmRegion(n * nbytes)
+    region_id = c.register_shm(region.name, region.size_bytes)
+    whole = torch.frombuffer(region.mm, dtype=torch.uint8)
+    xs = [whole[i * nbytes:(i + 1) * nbytes].view(torch.float32) for i in range(n)]
+    lib = _native.load()
+    addr = [ctypes.cast(f, ctypes.c_void_p).value for f in (
+        lib.offloadd_ring_offload, lib.offloadd_ring_reload, lib.offloadd_ring_drain)]
+    mod.attach(c._ring._ring, *addr, region_id, whole.data_ptr(), region.size_bytes)
+
+    def close():
+        c.close()
+        region.close()
+    return mod.pack, mod.unpack, xs, lambda: sum(mod.counts()[:2]), close
 
 
 # ---- the step -----------------------------------------------------------------------------------
@@ -319,20 +362,32 @@ def worker(args):
         return ctx.store.pack, ctx.store.unpack, sock
 
     variants = ["noop", "sidestream", "cuda-sim", "shm"]
-    timed, socks, raw = {}, {}, {}
+    timed, socks, raw, tensors, counters = {}, {}, {}, {}, {}
     for v in variants:
         pack, unpack, sock = hooks_for(v)
         timed[v] = Timed(pack, unpack, gpu)
         socks[v] = sock
         raw[v] = (pack, unpack)
+    floor = native_floor(args.native_floor, shm_d.sock, n, nbytes, torch)
+    skipped = []
+    if isinstance(floor, str):
+        skipped.append(floor)
+    else:
+        variants.append("native-floor")
+        timed["native-floor"] = Timed(floor[0], floor[1], gpu)
+        raw["native-floor"], tensors["native-floor"] = floor[:2], floor[2]
+        socks["native-floor"], counters["native-floor"] = None, floor[3]
 
-    daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid}
+    daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid,
+                  "native-floor": shm_d.proc.pid}
 
     def daemon_cpu_ns(v):
         pid = daemon_pid.get(v)
         return sum(thread_cpu_ns(pid).values()) if pid else 0
 
     def requests_sent(v):
+        if v in counters:
+            return counters[v]()
         if socks[v] is None:
             return 0
         return sum(ep.client.counters.requests_sent + ep.client.counters.ring_requests_sent
@@ -341,12 +396,13 @@ def worker(args):
 
     def step(v, tm=None):
         tm = tm or timed[v]
+        saved = tensors.get(v, xs)
         dep = torch.zeros(1, requires_grad=True)
         y = dep
         with torch.autograd.graph.saved_tensors_hooks(tm.pack, tm.unpack):
             for i in range(n):
                 busy()
-                y = Save.apply(xs[i], y)
+                y = Save.apply(saved[i], y)
         y.sum().backward()
         busy()
 
@@ -399,9 +455,11 @@ def worker(args):
             if v in ("cuda-sim", "shm"):
                 ot.synchronize(5.0)
         calls[v] = counted.per_call()
+    if not skipped:
+        floor[4]()
     for d in (sim_d, shm_d):
         d.stop()
-    return {"rows": rows, "calls": calls}
+    return {"rows": rows, "calls": calls, "skipped": skipped}
 
 
 # ---- reporting ----------------------------------------------------------------------------------
@@ -461,12 +519,14 @@ def report(layout, summary, args):
           % (layout, "training process on CPU 0, daemons on CPU 1" if layout == "split"
              else "everything on CPU 0", args.ops, args.mib, args.gap_us,
              summary["noop"]["reps"]))
-    print("%-11s %8s %8s %10s %10s %10s %8s %10s %7s %7s %7s %10s" % (
+    print("%-12s %8s %8s %10s %10s %10s %8s %10s %7s %7s %7s %10s" % (
         "variant", "step ms", "busy ms", "cpu/op us", "cpu-b/op", "wall/op us", "pack us",
         "unpack us", "req/op", "sim/op", "sim p/u", "daemon/op"))
-    for v in ("noop", "sidestream", "cuda-sim", "shm"):
+    for v in VARIANTS:
+        if v not in summary:
+            continue
         s = summary[v]
-        print("%-11s %8.2f %8.2f %10.1f %10.1f %10.1f %8.1f %10.1f %7.2f %7.1f %3.0f/%-3.0f %10.1f"
+        print("%-12s %8.2f %8.2f %10.1f %10.1f %10.1f %8.1f %10.1f %7.2f %7.1f %3.0f/%-3.0f %10.1f"
               % (v, s["step_ms"], s["busy_ms_per_step"], s["all_client_us_per_op_cpu"],
                  s["all_client_us_per_op_cpu_less_busy"], s["all_client_us_per_op_wall"],
             s["train_pack_us"], s["train_unpack_us"], s["requests_per_op"],
@@ -483,20 +543,26 @@ def report(layout, summary, args):
           "device's own work (sim/op, all threads). pack/unpack: training-thread CPU inside one "
           "hook call, less the simulated device's own work there (sim p/u, us per pack / "
           "unpack). req/op: requests sent to the daemon per op. daemon/op: the daemon's CPU.")
-    for v in ("sidestream", "cuda-sim", "shm"):
+    for v in VARIANTS[1:]:
+        if v not in summary:
+            continue
         g = summary[v]["cpu_by_thread_us_per_op"]
         print("  %s CPU per op by thread, us (vs noop): %s" % (
             v, ", ".join("%s %.1f" % (k, x) for k, x in sorted(g.items(), key=lambda i: -i[1]))))
     calls = summary["python_calls_per_hook_call"]
     print("  Python-level calls on the training thread per pack / unpack (cProfile over %d "
           "steps; a count, not a time; %s):" % (args.count_steps, " + ".join(Counted.ORIGINS)))
-    for v in ("sidestream", "cuda-sim", "shm"):
+    for v in VARIANTS[1:]:
+        if v not in calls:
+            continue
         c = calls[v]
-        print("    %-10s %6.1f / %6.1f  (%s / %s)" % (
+        print("    %-12s %6.1f / %6.1f  (%s / %s)" % (
             v, sum(c["pack"].values()), sum(c["unpack"].values()),
             " + ".join("%.1f" % c["pack"][o] for o in Counted.ORIGINS),
             " + ".join("%.1f" % c["unpack"][o] for o in Counted.ORIGINS)))
-    for v in ("cuda-sim", "shm"):
+    for v in ("cuda-sim", "shm", "native-floor"):
+        if v not in summary:
+            continue
         s = summary[v]
         pack = s["train_pack_us"]
         unpack = s["train_unpack_us"]
@@ -526,6 +592,9 @@ def main():
     ap.add_argument("--count-steps", type=int, default=4,
                     help="steps per variant run under cProfile after the timed ones, counting "
                          "the training thread's Python-level calls per pack and unpack")
+    ap.add_argument("--native-floor", default=os.path.join(
+        REPO, "bazel-out", "k8-opt", "bin", "bench", "native_floor_hooks.so"),
+        help="the built C hook pair of the native-floor variant")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -558,6 +627,8 @@ def main():
         summary["python_calls_per_hook_call"] = out["calls"]
         results[layout] = summary
         report(layout, summary, args)
+        for line in out["skipped"]:
+            print("  " + line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -567,7 +638,7 @@ def main():
 def _passthrough(args):
     out = ["--reps", str(args.reps), "--warmup", str(args.warmup), "--ops", str(args.ops),
            "--mib", str(args.mib), "--gap-us", str(args.gap_us),
-           "--count-steps", str(args.count_steps)]
+           "--count-steps", str(args.count_steps), "--native-floor", args.native_floor]
     if args.bin:
         out += ["--bin", args.bin]
     return out

@@ -14,7 +14,7 @@ PACKAGES=(
   prometheus-cpp-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
   liblapacke-dev libopenblas-dev libssl-dev liburing-dev libnuma-dev nlohmann-json3-dev
   libsystemd-dev
-  python3 python3-venv python3-grpcio python3-protobuf python3-yaml python3-numpy
+  python3 python3-dev python3-venv python3-grpcio python3-protobuf python3-yaml python3-numpy
   prometheus curl
   clang util-linux
   debootstrap

@@ -1,0 +1,201 @@
+/* native_floor_hooks: the floor of a native hook pair, for bench/hook_overhead.py.
+ *
+ * A saved-tensor hook pair written in C (CPython stable ABI, 3.10+) that does the least a native
+ * client store must do per tensor and nothing else, against a real daemon through a session's
+ * request ring (client/core/offloadd_core.h):
+ *   pack(t)     reads t.data_ptr() and t.nbytes (int bytes), submits an offload of those bytes
+ *               of the one registered shm region (tagged with a running number), keeps t and
+ *               takes whatever answers arrived (no wait); returns the tag (int).
+ *   unpack(tag) submits the tagged block's reload into the same bytes (urgent, release_after:
+ *               the daemon frees the block), the previous tag's as a prefetch (the prefetch
+ *               depth of offloadd's hooks, 1), waits for its own reload's answer with the GIL
+ *               released (futex sleep in the core), and returns t.
+ * No classification, no fallback, no resume, no views or dedup: what it costs is the floor
+ * under any native store on this machine, not a store. The reload names the block by its tag,
+ * so it never waits for the offload's answer (the core's offloadd_ring_reload: block_id 0).
+ *
+ * attach(ring, offload_fn, reload_fn, drain_fn, region_id, base_address, size_bytes) binds
+ * the module to a ring a Python offloadd.Client attached (the ring pointer and the three
+ * functions' addresses from the loaded liboffloadd_core.so: one core in the process) and the
+ * region the tensors lie in. counts() returns (offloads, reloads, answers, errors) so far.
+ * Errors: pack raises ValueError for a tensor outside the region, RuntimeError when the ring
+ * refuses a submission or more than SLOTS tensors are alive; unpack raises RuntimeError with
+ * the daemon's message on an error answer, TimeoutError after 20 s without its answer. */
+#define PY_SSIZE_T_CLEAN
+#define Py_LIMITED_API 0x030A0000
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "client/core/offloadd_core.h"
+
+#define SLOTS 256
+#define URGENT 1
+#define PREFETCH 2
+#define ANSWER_BATCH 16
+#define WAIT_SECONDS 20.0
+
+typedef uint64_t (*offload_fn)(offloadd_ring*, uint64_t, uint64_t, uint64_t, uint64_t,
+                               const uint8_t*, int, uint64_t, uint64_t, double);
+typedef uint64_t (*reload_fn)(offloadd_ring*, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t,
+                              int, double, const uint8_t*, const uint8_t*, double);
+typedef int (*drain_fn)(offloadd_ring*, offloadd_completion*, size_t, double);
+
+typedef struct {
+  PyObject* tensor; /* owned while saved */
+  uint64_t tag, offset_bytes, size_bytes, offload_request, reload_request;
+  int reloaded, failed;
+  char message[200];
+} saved;
+
+static struct {
+  offloadd_ring* ring;
+  offload_fn offload;
+  reload_fn reload;
+  drain_fn drain;
+  uint64_t region_id, base, size_bytes, next_tag, oldest_tag;
+  uint64_t offloads, reloads, answers, errors;
+} g;
+static PyObject *s_data_ptr, *s_nbytes; /* interned attribute names */
+static saved table[SLOTS];
+
+static saved* live(uint64_t tag) {
+  saved* s = &table[tag % SLOTS];
+  return (tag != 0 && s->tag == tag && s->tensor != NULL) ? s : NULL;
+}
+
+/* Marks the saved tensor an answer belongs to: its reload's answer, or an error of its offload
+ * or reload (an offload's success needs nothing: the reload names the block by its tag). */
+static void take_answer(const offloadd_completion* c) {
+  g.answers++;
+  for (uint64_t tag = g.oldest_tag; tag < g.next_tag; tag++) {
+    saved* s = live(tag);
+    if (s == NULL) continue;
+    if (c->kind == 4 /* error */ &&
+        (c->request_id == s->offload_request || c->request_id == s->reload_request)) {
+      size_t n = c->message_bytes < sizeof(s->message) ? c->message_bytes
+                                                       : sizeof(s->message) - 1;
+      memcpy(s->message, c->message, n);
+      s->message[n] = 0;
+      s->failed = 1;
+      g.errors++;
+      return;
+    }
+    if (c->kind != 4 && c->request_id == s->reload_request) {
+      s->reloaded = 1;
+      return;
+    }
+  }
+}
+
+static int take_answers(double timeout_seconds) {
+  offloadd_completion out[ANSWER_BATCH];
+  int n;
+  if (timeout_seconds > 0) {
+    Py_BEGIN_ALLOW_THREADS n = g.drain(g.ring, out, ANSWER_BATCH, timeout_seconds);
+    Py_END_ALLOW_THREADS
+  } else {
+    n = g.drain(g.ring, out, ANSWER_BATCH, 0.0);
+  }
+  for (int i = 0; i < n; i++) take_answer(&out[i]);
+  return n;
+}
+
+static PyObject* attach(PyObject* self, PyObject* args) {
+  unsigned long long ring, off, rel, dr, region, base, size;
+  if (!PyArg_ParseTuple(args, "KKKKKKK", &ring, &off, &rel, &dr, &region, &base, &size))
+    return NULL;
+  memset(&g, 0, sizeof(g));
+  g.ring = (offloadd_ring*)(uintptr_t)ring;
+  g.offload = (offload_fn)(uintptr_t)off;
+  g.reload = (reload_fn)(uintptr_t)rel;
+  g.drain = (drain_fn)(uintptr_t)dr;
+  g.region_id = region, g.base = base, g.size_bytes = size;
+  g.next_tag = g.oldest_tag = 1;
+  Py_RETURN_NONE;
+}
+
+static int read_u64(PyObject* t, PyObject* name, int call, uint64_t* out) {
+  PyObject* v = call ? PyObject_CallMethodObjArgs(t, name, NULL) : PyObject_GetAttr(t, name);
+  if (v == NULL) return -1;
+  *out = PyLong_AsUnsignedLongLong(v);
+  Py_DECREF(v);
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject* pack(PyObject* self, PyObject* t) {
+  uint64_t ptr, nbytes;
+  if (g.ring == NULL) return PyErr_Format(PyExc_RuntimeError, "attach() a ring first");
+  if (read_u64(t, s_data_ptr, 1, &ptr) || read_u64(t, s_nbytes, 0, &nbytes)) return NULL;
+  if (ptr < g.base || ptr + nbytes > g.base + g.size_bytes)
+    return PyErr_Format(PyExc_ValueError, "the tensor lies outside the registered region");
+  uint64_t tag = g.next_tag;
+  saved* s = &table[tag % SLOTS];
+  if (s->tensor != NULL)
+    return PyErr_Format(PyExc_RuntimeError, "more than %d saved tensors alive", SLOTS);
+  uint64_t id = g.offload(g.ring, g.region_id, ptr - g.base, nbytes, tag, NULL, 0, 0, 0, 5.0);
+  if (id == 0) return PyErr_Format(PyExc_RuntimeError, "the ring refused an offload");
+  g.offloads++, g.next_tag++;
+  memset(s, 0, sizeof(*s));
+  s->tag = tag, s->offset_bytes = ptr - g.base, s->size_bytes = nbytes, s->offload_request = id;
+  Py_INCREF(t);
+  s->tensor = t;
+  take_answers(0.0);
+  return PyLong_FromUnsignedLongLong(tag);
+}
+
+static int start_reload(saved* s, uint32_t priority) {
+  s->reload_request = g.reload(g.ring, 0, s->tag, g.region_id, s->offset_bytes, priority, 1,
+                               0.0, NULL, NULL, 5.0);
+  if (s->reload_request == 0) {
+    PyErr_Format(PyExc_RuntimeError, "the ring refused a reload");
+    return -1;
+  }
+  g.reloads++;
+  return 0;
+}
+
+static PyObject* unpack(PyObject* self, PyObject* h) {
+  uint64_t tag = PyLong_AsUnsignedLongLong(h);
+  saved* s = live(tag);
+  if (s == NULL) return PyErr_Format(PyExc_ValueError, "no saved tensor with this tag");
+  if (s->reload_request == 0 && start_reload(s, URGENT)) return NULL;
+  saved* prev = live(tag - 1);
+  if (prev != NULL && prev->reload_request == 0 && start_reload(prev, PREFETCH)) return NULL;
+  for (double waited = 0; !s->reloaded && !s->failed; waited += 1.0) {
+    if (waited >= WAIT_SECONDS)
+      return PyErr_Format(PyExc_TimeoutError, "no reload answer within %.0f s", WAIT_SECONDS);
+    if (take_answers(1.0) < 0)
+      return PyErr_Format(PyExc_RuntimeError, "the ring closed (the session ended)");
+  }
+  PyObject* t = s->tensor;
+  s->tensor = NULL;
+  while (g.oldest_tag < g.next_tag && live(g.oldest_tag) == NULL) g.oldest_tag++;
+  if (s->failed) {
+    Py_DECREF(t);
+    return PyErr_Format(PyExc_RuntimeError, "offloadd: %s", s->message);
+  }
+  return t; /* the table's reference goes to the caller */
+}
+
+static PyObject* counts(PyObject* self, PyObject* unused) {
+  return Py_BuildValue("KKKK", (unsigned long long)g.offloads, (unsigned long long)g.reloads,
+                       (unsigned long long)g.answers, (unsigned long long)g.errors);
+}
+
+static PyMethodDef methods[] = {
+    {"attach", attach, METH_VARARGS, "attach(ring, offload_fn, reload_fn, drain_fn, region_id, "
+                                     "base_address, size_bytes)"},
+    {"pack", pack, METH_O, "pack(tensor) -> tag"},
+    {"unpack", unpack, METH_O, "unpack(tag) -> tensor"},
+    {"counts", counts, METH_NOARGS, "(offloads, reloads, answers, errors)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native_floor_hooks",
+                                    "The floor of a native hook pair (bench).", -1, methods};
+
+PyMODINIT_FUNC PyInit_native_floor_hooks(void) {
+  s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  s_nbytes = PyUnicode_InternFromString("nbytes");
+  return PyModule_Create(&module);
+}
