@@ -11,7 +11,7 @@
 //   192    completion tail   (daemon writes)     256  completion head   (client writes)
 //   320    daemon doorbell   (futex.h: the daemon sleeps on it, the client rings it)
 //   384    client doorbell   (the client sleeps on it, the daemon rings it)
-//   448    state: closed     (daemon writes: the daemon stopped serving the ring)
+//   448    daemon state      (daemon writes: closed, the ring no longer served; poll interval)
 //   512    submission slots: submission_entries x SubmissionEntry (256 bytes)
 //   then   completion slots: completion_entries x CompletionEntry (256 bytes)
 // Indices are on cache lines of their own (spsc_ring.h). Entry counts are powers of two in
@@ -24,6 +24,19 @@
 // re-checks and sleeps; the daemon rings it after publishing completions, and always when it
 // stops serving the ring (state closed). Nobody spins unboundedly; the daemon may poll briefly
 // before it sleeps.
+//
+// Deferred wake-ups: a futex wake of a sleeping thread in another process costs the waker a
+// system call and a cross-CPU wake-up (~17 us of the training thread per submission on a
+// 2-vCPU VM, bench/hook_overhead.py's native-floor variant), more than the rest of a native
+// per-tensor path. So while the daemon's ring thread polls the submission ring on its own
+// (RingState::poll_microseconds non-zero: it had work within kRingPollWindowSeconds and wakes
+// every that many microseconds), a client publishes the submissions nobody waits for at once
+// (offloads, releases, prefetch reloads) without ringing; it rings for an urgent reload, and
+// before it sleeps waiting for any answer while a submission of its is still unrung. The
+// daemon stores poll_microseconds 0 before its last re-check ahead of an untimed sleep, and a
+// client loads it after publishing (both sequentially consistent): a client that read non-zero
+// published before the daemon's re-check, which then sees the submission; one that read 0
+// rings as usual. An old daemon leaves the word 0: its clients ring for everything.
 //
 // Request ids: ids of requests sent on the ring have bit 63 set (kRingRequestIdBit), so the
 // daemon answers them on the completion ring and everything else on the stream.
@@ -47,6 +60,9 @@ inline constexpr uint32_t kMaxRingEntries = 1u << 16;
 inline constexpr uint64_t kRingRequestIdBit = 1ull << 63;
 // CUDA IPC event handles (cudaIpcEventHandle_t) are 64 bytes.
 inline constexpr size_t kRingEventBytes = 64;
+// The daemon's ring thread polls (deferred wake-ups, above) for this long after its last work;
+// then it clears poll_microseconds and sleeps until rung.
+inline constexpr double kRingPollWindowSeconds = 1.0;
 
 enum class SubmissionKind : uint32_t { kOffload = 1, kReload = 2, kRelease = 3 };
 // SubmissionEntry::flags
@@ -121,6 +137,16 @@ struct RingHeader {
 };
 static_assert(sizeof(RingHeader) == 64, "the header is one cache line");
 
+// The daemon's line (the daemon writes it; the client only reads it). closed: non-zero once the
+// daemon stopped serving the ring. poll_microseconds: non-zero while the daemon's ring thread
+// polls the submission ring every that many microseconds without being rung ("Deferred
+// wake-ups" above); a client reads it as a hint, the daemon never reads it back.
+struct alignas(64) RingState {
+  std::atomic<uint32_t> closed{0};
+  std::atomic<uint32_t> poll_microseconds{0};
+};
+static_assert(sizeof(RingState) == 64, "the daemon's state is one cache line");
+
 // The first 512 bytes of the object.
 struct RingControl {
   RingHeader header;
@@ -130,7 +156,7 @@ struct RingControl {
   RingIndex completion_head;
   Doorbell daemon_doorbell;
   Doorbell client_doorbell;
-  RingIndex closed;  // non-zero: the daemon stopped serving this ring
+  RingState state;
 };
 static_assert(sizeof(RingControl) == 512, "the control block is 512 bytes");
 

@@ -61,7 +61,7 @@ TEST(RingFormatTest, ParsesTheHeaderItWroteAndRefusesEveryAlteredField) {
   InitRing(memory.data(), l);
   RingControl* control = ControlOf(memory.data());
   EXPECT_EQ(control->submission_tail.value.load(), 0u);
-  EXPECT_EQ(control->closed.value.load(), 0u);
+  EXPECT_EQ(control->state.closed.load(), 0u);
   const RingHeader good = control->header;
   RingLayout parsed;
   std::string error;

@@ -97,6 +97,7 @@ admin_reserved_connections: 32
 unused_connection_timeout_seconds: 30
 keepalive_time_seconds: 60
 keepalive_timeout_seconds: 60
+ring_poll_seconds: 0.0005
 max_streams_per_connection: 64
 max_pending_hello_streams_total: 4096
 max_pending_hello_streams_per_uid: 256
@@ -410,6 +411,9 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
           "keepalive_time_seconds must be between 0 and 86400 (0 = no keepalive pings)");
   p.Range(c.keepalive_timeout_seconds(), 0, 86400,
           "keepalive_timeout_seconds must be between 0 and 86400");
+  p.Range(c.ring_poll_seconds(), 0, 0.1,
+          "ring_poll_seconds must be between 0 (clients always wake the daemon) and 0.1 (a "
+          "submission may wait that long to be taken)");
   p.PerUidWithinTotal(c.projector().max_queued_refreshes_per_uid(),
                       c.projector().max_queued_refreshes(),
                       "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");
@@ -470,6 +474,7 @@ const std::vector<FlagInfo>& ConfigFlags() {
       {"max_streams_per_connection", "calls open at once on one connection (64)"},
       {"keepalive_time_seconds", "ping each client connection this often (60), 0 = never"},
       {"keepalive_timeout_seconds", "close a connection whose ping is unanswered this long (60)"},
+      {"ring_poll_seconds", "request rings: poll interval after work, clients skip wakes (0.0005)"},
       {"shutdown_grace_seconds", "SIGTERM: how long queued copies may finish (10), 0 = no bound"},
       {"link_calibration", "cuda/cuda-sim: measure links without a capacity at start-up (true)"},
       {"link_calibration_budget_seconds", "time one link calibration may take in all (5)"},
@@ -559,7 +564,8 @@ const std::map<std::string, FlagValue>& FlagValues() {
       {"max_pending_hello_streams_per_uid", V::kCount},
       {"max_streams_per_connection", V::kCount}, {"watch_client_pids", V::kBool},
       {"pid_exit_grace_seconds", V::kNumber}, {"keepalive_time_seconds", V::kNumber},
-      {"keepalive_timeout_seconds", V::kNumber}, {"link_calibration", V::kBool},
+      {"keepalive_timeout_seconds", V::kNumber}, {"ring_poll_seconds", V::kNumber},
+      {"link_calibration", V::kBool},
       {"link_calibration_budget_seconds", V::kNumber},
       {"max_shm_mappings_total", V::kCount}, {"max_shm_mappings_per_uid", V::kCount},
       {"max_shm_mapped_bytes_total", V::kBytes}, {"max_shm_mapped_bytes_per_uid", V::kBytes},
@@ -777,6 +783,7 @@ session::CoreOptions BaseCoreOptions(const v1::DaemonConfig& c) {
   o.watch_pids = c.watch_client_pids();
   o.pid_exit_grace_seconds = c.pid_exit_grace_seconds();
   o.resume_grace_seconds = c.resume_grace_seconds();
+  o.ring_poll_seconds = c.ring_poll_seconds();
   o.pool_data_checksums = c.pool_data_checksums();
   o.default_link_bytes_per_second = c.default_link_bytes_per_second();
   o.link_calibration.at_start =

@@ -78,6 +78,25 @@ TEST(ConfigTest, PoolDataChecksumsNeedASharedPoolAndReachCoreOptions) {
   EXPECT_TRUE(ToCoreOptions(*shared).pool_data_checksums);
 }
 
+// Request rings poll for half a millisecond by default; 0 turns polling off; past 0.1 s a
+// submission could wait too long to be taken.
+TEST(ConfigTest, RingPollSecondsDefaultsBoundsAndCoreOptions) {
+  auto defaults = ParseConfig("");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_DOUBLE_EQ(ToCoreOptions(*defaults).ring_poll_seconds, 0.0005);
+  auto off = ParseConfig("ring_poll_seconds: 0\n");
+  ASSERT_TRUE(off.ok());
+  EXPECT_TRUE(ValidateConfig(*off).ok());
+  EXPECT_DOUBLE_EQ(ToCoreOptions(*off).ring_poll_seconds, 0.0);
+  for (const char* bad : {"ring_poll_seconds: 0.5\n", "ring_poll_seconds: -0.001\n"}) {
+    const absl::Status st = ValidateConfig(*ParseConfig(bad));
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(std::string(st.message()).find("ring_poll_seconds must be between 0"),
+              std::string::npos)
+        << st;
+  }
+}
+
 TEST(ConfigTest, CudaSimIsABackendButNotTheDefault) {
   auto c = ParseConfig("");
   ASSERT_TRUE(c.ok());

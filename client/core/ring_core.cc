@@ -11,6 +11,13 @@ double NowSeconds() {
       .count();
 }
 
+// Whether nobody waits for `e` to be taken at once (common/ring_format.h "Deferred
+// wake-ups"): everything but an urgent reload.
+bool Deferrable(const common::SubmissionEntry& e) {
+  return e.kind != static_cast<uint32_t>(common::SubmissionKind::kReload) ||
+         e.priority != RingCore::kUrgentPriority;
+}
+
 common::SubmissionEntry Zeroed(common::SubmissionKind kind) {
   common::SubmissionEntry e;
   std::memset(&e, 0, sizeof(e));
@@ -57,7 +64,7 @@ bool RingCore::corrupt() const {
 }
 
 bool RingCore::EndedLocked() const {
-  return corrupt_ || shut_ || control_->closed.value.load(std::memory_order_seq_cst) != 0;
+  return corrupt_ || shut_ || control_->state.closed.load(std::memory_order_seq_cst) != 0;
 }
 
 void RingCore::Shutdown() {
@@ -73,6 +80,15 @@ size_t RingCore::pending() const {
   return pending_.size() + answers_.size();
 }
 
+void RingCore::RingDaemon(bool deferrable) {
+  if (deferrable && control_->state.poll_microseconds.load(std::memory_order_seq_cst) != 0) {
+    unrung_.store(true, std::memory_order_relaxed);
+    deferred_wakes_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  control_->daemon_doorbell.Ring();
+}
+
 template <typename Ready>
 bool RingCore::SleepUntil(Ready ready, double deadline_seconds) {
   for (;;) {
@@ -83,6 +99,11 @@ bool RingCore::SleepUntil(Ready ready, double deadline_seconds) {
       done = ready();
     }
     const double left = deadline_seconds - NowSeconds();
+    // About to sleep on an answer (or a slot) while a submission went unrung: ring now rather
+    // than wait for the daemon's next poll.
+    if (!done && left > 0 && unrung_.exchange(false, std::memory_order_relaxed)) {
+      control_->daemon_doorbell.Ring();
+    }
     if (!done && left > 0) control_->client_doorbell.Sleep(seen, left);
     control_->client_doorbell.Disarm();
     if (done) return true;
@@ -102,7 +123,7 @@ bool RingCore::SubmitEntry(const common::SubmissionEntry& entry, double timeout_
   };
   SleepUntil(try_push, deadline);
   if (pushed != common::RingResult::kOk) return false;
-  control_->daemon_doorbell.Ring();
+  RingDaemon(Deferrable(entry));
   return true;
 }
 

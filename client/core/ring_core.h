@@ -5,6 +5,11 @@
 // lock held) or poll. It links no gRPC: Hello and everything else of the session travel on
 // the client's own stream, and the client tells the core when the daemon attached the ring.
 //
+// Wake-ups: a submission rings the daemon's doorbell, except one nobody waits for at once (an
+// offload, a release, a prefetch reload) while the daemon polls the ring on its own
+// (common/ring_format.h "Deferred wake-ups"); a thread about to sleep for an answer or a slot
+// rings first when such a submission went unrung.
+//
 // Request ids: the core numbers its requests (bit 63 set, counting up from 1) unless the caller
 // gives one (SubmitEntry). Units: bytes, seconds. Every method is thread-safe; waits release
 // the core's mutex. Completion entries are copied out of the ring once into the table.
@@ -90,12 +95,20 @@ class RingCore {
   bool corrupt() const;
   // Requests submitted and not yet taken by Poll / Wait / WaitAny.
   size_t pending() const;
+  // Submissions published without ringing the daemon (it was polling) so far.
+  uint64_t deferred_wakes() const { return deferred_wakes_.load(std::memory_order_relaxed); }
+
+  // Reload priority that never defers its wake-up (proto Priority URGENT).
+  static constexpr uint32_t kUrgentPriority = 1;
 
  private:
   explicit RingCore(common::RingMemfd memfd);
   // Moves every completion in the ring into answers_; mu_ held. Corrupt: marks closed. Wakes
   // the daemon's ring thread only when it took a full ring (the daemon may hold answers back).
   void DrainLocked();
+  // Rings the daemon's doorbell after a submission, unless `deferrable` and the daemon polls:
+  // then marks unrung_ for the next sleep.
+  void RingDaemon(bool deferrable);
   // Whether the ring ended (closed by the daemon, corrupt or shut down); mu_ held.
   bool EndedLocked() const;
   // Sleeps on the client doorbell until `ready` (checked with mu_ held) or the deadline.
@@ -111,6 +124,8 @@ class RingCore {
   uint64_t next_id_ = 1;
   bool corrupt_ = false;
   bool shut_ = false;  // Shutdown() was called
+  std::atomic<bool> unrung_{false};            // a deferred submission not yet rung for
+  std::atomic<uint64_t> deferred_wakes_{0};
   std::unordered_set<uint64_t> pending_;                          // submitted, not answered
   std::unordered_map<uint64_t, common::CompletionEntry> answers_;  // answered, not yet taken
 };

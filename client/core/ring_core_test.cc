@@ -50,8 +50,10 @@ class FakeDaemon {
   // The daemon's doorbell as the daemon's ring thread would wait on it.
   uint32_t ArmDoorbell() { return control_->daemon_doorbell.Arm(); }
   uint32_t Bell() const { return control_->daemon_doorbell.bell.load(); }
+  // The daemon's thread polls the ring every `us` microseconds (0: it sleeps until rung).
+  void SetPolling(uint32_t us) { control_->state.poll_microseconds.store(us); }
   void Close() {
-    control_->closed.value.store(1);
+    control_->state.closed.store(1);
     control_->client_doorbell.RingAlways();
   }
 
@@ -327,6 +329,48 @@ TEST(RingCoreTest, OnlyADrainOfAFullCompletionRingRingsTheDaemon) {
   }
   EXPECT_EQ(offloadd_ring_drain(r.ring, out, 8, 0), 8);  // the ring was full
   EXPECT_EQ(daemon.Bell(), before_full + 1);
+}
+
+// While the daemon polls, the submissions nobody waits for at once go unrung; an urgent reload
+// rings, and so does a stopped poll.
+TEST(RingCoreTest, DefersTheWakeUpOfSubmissionsNobodyWaitsForWhileTheDaemonPolls) {
+  Ring r;
+  FakeDaemon daemon(r.ring);
+  daemon.ArmDoorbell();  // the daemon's thread is about to sleep: a ring would wake it
+  daemon.SetPolling(500);
+  const uint32_t bell = daemon.Bell();
+  ASSERT_NE(offloadd_ring_offload(r.ring, 3, 0, 4096, 7, nullptr, 0, 0, 0, -1), 0u);
+  ASSERT_NE(offloadd_ring_reload(r.ring, 0, 7, 3, 0, 2, 1, 0, nullptr, nullptr, -1), 0u);
+  ASSERT_NE(offloadd_ring_release(r.ring, 0, 8, -1), 0u);
+  EXPECT_EQ(daemon.Bell(), bell);  // three submissions, no wake-up
+  ASSERT_NE(offloadd_ring_reload(r.ring, 0, 9, 3, 0, 1, 1, 0, nullptr, nullptr, -1), 0u);
+  EXPECT_EQ(daemon.Bell(), bell + 1);  // urgent: rung at once
+  daemon.SetPolling(0);  // the daemon stopped polling: every submission rings again
+  ASSERT_NE(offloadd_ring_offload(r.ring, 3, 4096, 4096, 10, nullptr, 0, 0, 0, -1), 0u);
+  EXPECT_EQ(daemon.Bell(), bell + 2);
+  SubmissionEntry e;
+  int taken = 0;
+  while (daemon.Take(&e)) ++taken;
+  EXPECT_EQ(taken, 5);  // every submission is on the ring, rung or not
+}
+
+// A thread about to sleep for an answer rings first when a submission went unrung, once.
+TEST(RingCoreTest, AWaitRingsForAnUnrungSubmissionBeforeItSleeps) {
+  Ring r;
+  FakeDaemon daemon(r.ring);
+  daemon.ArmDoorbell();
+  daemon.SetPolling(500);
+  const uint32_t bell = daemon.Bell();
+  const uint64_t id = offloadd_ring_offload(r.ring, 3, 0, 4096, 7, nullptr, 0, 0, 0, -1);
+  ASSERT_NE(id, 0u);
+  EXPECT_EQ(daemon.Bell(), bell);
+  offloadd_completion out;
+  EXPECT_EQ(offloadd_ring_poll(r.ring, id, &out), OFFLOADD_PENDING);
+  EXPECT_EQ(daemon.Bell(), bell);  // a poll does not sleep: no ring
+  EXPECT_EQ(offloadd_ring_wait(r.ring, id, 0.01, &out), OFFLOADD_PENDING);
+  EXPECT_EQ(daemon.Bell(), bell + 1);
+  EXPECT_EQ(offloadd_ring_wait(r.ring, id, 0.01, &out), OFFLOADD_PENDING);
+  EXPECT_EQ(daemon.Bell(), bell + 1);  // rung once for it, not on every wait
 }
 
 }  // namespace

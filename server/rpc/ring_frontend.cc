@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cstring>
@@ -160,8 +161,7 @@ absl::Status MapRing(const std::string& path, uid_t uid, void** base, common::Ri
 
 absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::Attach(int32_t pid, uint32_t fd,
                                                                    uid_t uid, Handle handle,
-                                                                   End end,
-                                                                   double spin_seconds) {
+                                                                   End end, Waiting waiting) {
   const std::string path = absl::StrFormat("/proc/%d/fd/%d", pid, fd);
   struct stat st;
   if (lstat(path.c_str(), &st) != 0 && errno == ENOENT) {
@@ -171,13 +171,13 @@ absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::Attach(int32_t pid, 
         "(NativeRing.fd, offloadd_ring_fd()); requests go on the stream meanwhile",
         fd, pid, path));
   }
-  return AttachPath(path, uid, std::move(handle), std::move(end), spin_seconds);
+  return AttachPath(path, uid, std::move(handle), std::move(end), waiting);
 }
 
 absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::AttachPath(const std::string& path,
                                                                        uid_t uid, Handle handle,
                                                                        End end,
-                                                                       double spin_seconds) {
+                                                                       Waiting waiting) {
   void* base = nullptr;
   common::RingLayout layout;
   std::pair<dev_t, ino_t> id;
@@ -190,19 +190,19 @@ absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::AttachPath(const std
         path));
   }
   return std::unique_ptr<RingFrontEnd>(
-      new RingFrontEnd(base, layout, id, std::move(handle), std::move(end), spin_seconds));
+      new RingFrontEnd(base, layout, id, std::move(handle), std::move(end), waiting));
 }
 
 RingFrontEnd::RingFrontEnd(void* base, const common::RingLayout& layout,
                            std::pair<dev_t, ino_t> ring_id, Handle handle, End end,
-                           double spin_seconds)
+                           Waiting waiting)
     : base_(base),
       layout_(layout),
       ring_id_(ring_id),
       control_(common::ControlOf(base)),
       handle_(std::move(handle)),
       end_(std::move(end)),
-      spin_seconds_(spin_seconds),
+      waiting_(waiting),
       submissions_(common::SubmissionSlots(base, layout), layout.submission_entries,
                    &control_->submission_tail, &control_->submission_head) {
   {
@@ -231,13 +231,14 @@ void RingFrontEnd::Stop() {
   stop_ = true;
   control_->daemon_doorbell.RingAlways();
   if (thread_.joinable()) thread_.join();
-  control_->closed.value.store(1, std::memory_order_seq_cst);
+  control_->state.closed.store(1, std::memory_order_seq_cst);
   control_->client_doorbell.RingAlways();
   ReleaseRing(ring_id_);  // another session may attach it from here on
 }
 
 void RingFrontEnd::Run() {
   int idle_wakes = 0;  // wake-ups in a row that found no work (a client ringing for nothing)
+  double last_work_seconds = NowSeconds();
   for (;;) {
     std::string corrupt;
     {
@@ -257,13 +258,16 @@ void RingFrontEnd::Run() {
     const int taken = TakeSubmissions();
     if (moved != 0 || taken != 0) {
       idle_wakes = 0;
+      last_work_seconds = NowSeconds();
       continue;
     }
-    if (++idle_wakes > 64) {  // rung with nothing to do, again and again: back off
+    // Rung with nothing to do, again and again: back off (timed polls count too: one more
+    // millisecond every 64 polls).
+    if (++idle_wakes > 64) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       idle_wakes = 0;
     }
-    WaitForWork();
+    WaitForWork(last_work_seconds);
   }
 }
 
@@ -359,21 +363,29 @@ bool RingFrontEnd::WorkReady() {
   return submissions_.Available() != RingResult::kEmpty;
 }
 
-void RingFrontEnd::WaitForWork() {
-  const double spin_until = NowSeconds() + spin_seconds_;
+void RingFrontEnd::WaitForWork(double last_work_seconds) {
+  const double now = NowSeconds();
+  const double spin_until = now + waiting_.spin_seconds;
   while (NowSeconds() < spin_until) {
     if (WorkReady()) return;
     // Polling must not keep a client that shares this core from running (its submission is
     // what the poll waits for): give the core up between polls.
     sched_yield();
   }
+  // Advertised before the re-check below (common/ring_format.h "Deferred wake-ups"): a client
+  // that still read the old interval published before that re-check.
+  const bool polling = waiting_.poll_seconds > 0 &&
+                       now - last_work_seconds < common::kRingPollWindowSeconds;
+  const auto poll_us = static_cast<uint32_t>(std::max(1.0, waiting_.poll_seconds * 1e6));
+  control_->state.poll_microseconds.store(polling ? poll_us : 0, std::memory_order_seq_cst);
   const uint32_t seen = control_->daemon_doorbell.Arm();
   if (!WorkReady()) {
     {
       base::MutexLock lock(mu_);
       ++counters_.sleeps;
+      if (polling) ++counters_.polls;
     }
-    control_->daemon_doorbell.Sleep(seen, 1.0);
+    control_->daemon_doorbell.Sleep(seen, polling ? waiting_.poll_seconds : 1.0);
   }
   control_->daemon_doorbell.Disarm();
 }

@@ -20,7 +20,13 @@
 // bounded by a back-off.
 //
 // Idle: the thread polls for spin_seconds after its last work, then sleeps on the daemon
-// doorbell (futex) until the client rings it: an idle session uses no CPU.
+// doorbell (futex). For common::kRingPollWindowSeconds after its last work those sleeps end
+// after poll_seconds at most and the thread advertises it (RingState::poll_microseconds), so
+// the client publishes offloads, releases and prefetch reloads without waking it (a futex wake
+// is the dearest part of a client's per-tensor path; common/ring_format.h "Deferred
+// wake-ups"); after the window it sleeps until the client rings: an idle session uses no CPU.
+// The cost: up to 1 / poll_seconds timed wake-ups a second per active session (2000 at the
+// default 0.5 ms), on the daemon's cores.
 #ifndef OFFLOADD_SERVER_RPC_RING_FRONTEND_H_
 #define OFFLOADD_SERVER_RPC_RING_FRONTEND_H_
 
@@ -43,6 +49,13 @@
 
 namespace offloadd::rpc {
 
+// How a ring thread waits for work (above). poll_seconds 0: no timed polls, every submission
+// rings.
+struct RingWaiting {
+  double spin_seconds = 20e-6;
+  double poll_seconds = 500e-6;
+};
+
 class RingFrontEnd {
  public:
   using Handle = std::function<void(const session::Request&)>;
@@ -54,13 +67,14 @@ class RingFrontEnd {
   static constexpr size_t kMaxQueuedCompletions = 2048;
   // Submissions taken before the thread flushes waiting completions again.
   static constexpr int kTakeBatch = 64;
-  static constexpr double kDefaultSpinSeconds = 20e-6;
+  using Waiting = RingWaiting;
 
   struct Counters {
     uint64_t submissions = 0;    // entries taken
     uint64_t malformed = 0;      // of which refused by ValidateSubmission
     uint64_t completions = 0;    // entries written into the completion ring
     uint64_t sleeps = 0;         // times the thread slept on its doorbell
+    uint64_t polls = 0;          // of which timed polls (clients deferring their wake-ups)
     uint64_t queued_peak = 0;    // most completions waiting in daemon memory at once
   };
 
@@ -72,12 +86,10 @@ class RingFrontEnd {
   // serves one session until that session's front-end stops), INVALID_ARGUMENT (a header the
   // daemon does not accept).
   static absl::StatusOr<std::unique_ptr<RingFrontEnd>> Attach(
-      int32_t pid, uint32_t fd, uid_t uid, Handle handle, End end,
-      double spin_seconds = kDefaultSpinSeconds);
+      int32_t pid, uint32_t fd, uid_t uid, Handle handle, End end, Waiting waiting = {});
   // The same for a path (tests).
   static absl::StatusOr<std::unique_ptr<RingFrontEnd>> AttachPath(
-      const std::string& path, uid_t uid, Handle handle, End end,
-      double spin_seconds = kDefaultSpinSeconds);
+      const std::string& path, uid_t uid, Handle handle, End end, Waiting waiting = {});
   ~RingFrontEnd();  // Stop()
 
   // Starts the ring thread (once; Attach does not, so the caller can first make Complete
@@ -95,7 +107,7 @@ class RingFrontEnd {
 
  private:
   RingFrontEnd(void* base, const common::RingLayout& layout, std::pair<dev_t, ino_t> ring_id,
-               Handle handle, End end, double spin_seconds);
+               Handle handle, End end, Waiting waiting);
   void Run();
   // Takes up to kTakeBatch submissions; returns how many (0 also when paused or corrupt).
   int TakeSubmissions() EXCLUDES(mu_);
@@ -103,8 +115,9 @@ class RingFrontEnd {
   size_t FlushQueued() EXCLUDES(mu_);
   // Whether there is work for the thread now (checked after arming the doorbell).
   bool WorkReady() EXCLUDES(mu_);
-  // Waits for work: polls for spin_seconds_, then sleeps on the doorbell.
-  void WaitForWork();
+  // Waits for work: polls for spin_seconds, then sleeps on the doorbell (at most poll_seconds
+  // within the poll window after last_work_seconds, advertised in poll_microseconds).
+  void WaitForWork(double last_work_seconds);
   // Records a corrupt index (`what`) once; the thread ends the session.
   void MarkCorrupt(const std::string& what) EXCLUDES(mu_);
 
@@ -114,7 +127,7 @@ class RingFrontEnd {
   common::RingControl* const control_;
   const Handle handle_;
   const End end_;
-  const double spin_seconds_;
+  const Waiting waiting_;
   common::RingConsumer<common::SubmissionEntry> submissions_;  // the ring thread's alone
   mutable base::Mutex mu_;
   common::RingProducer<common::CompletionEntry> completions_ GUARDED_BY(mu_);

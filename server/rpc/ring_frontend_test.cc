@@ -142,6 +142,32 @@ TEST(RingFrontEndTest, HandsEachSubmissionToTheSessionAndAnswersOnTheRing) {
   EXPECT_TRUE(f.end_status().ok());
 }
 
+// Waits up to 5 s for the ring thread to advertise `us` (a correctness bound, not a timing).
+bool PollingBecomes(const common::RingControl* control, uint32_t us) {
+  for (int i = 0; i < 5000; ++i) {
+    if (control->state.poll_microseconds.load() == us) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+// After work the thread polls: it advertises the interval and takes a submission nobody rang
+// for; a poll window after its last work it stops advertising and sleeps until rung.
+TEST(RingFrontEndTest, TakesUnrungSubmissionsWhilePollingAndStopsWhenIdle) {
+  Fixture f;
+  f.Submit(Offload(1));
+  f.Take();
+  ASSERT_TRUE(PollingBecomes(f.control, 500));  // RingWaiting's default 0.5 ms
+  ASSERT_EQ(f.submit.TryPush(Offload(2)), RingResult::kOk);  // published, not rung
+  const CompletionEntry c = f.Take();  // Take sleeps on the client's doorbell only
+  EXPECT_EQ(c.request_id, common::kRingRequestIdBit | 2);
+  EXPECT_GT(f.front->counters().polls, 0u);
+  EXPECT_TRUE(PollingBecomes(f.control, 0));  // common::kRingPollWindowSeconds later
+  f.Submit(Offload(3));  // rung: served from the untimed sleep
+  EXPECT_EQ(f.Take().request_id, common::kRingRequestIdBit | 3);
+  EXPECT_EQ(f.request_count(), 3u);
+}
+
 TEST(RingFrontEndTest, RefusesAMalformedEntryOnTheRingAndKeepsServing) {
   Fixture f;
   SubmissionEntry bad = Offload(1);
@@ -212,7 +238,7 @@ TEST(RingFrontEndTest, StopMarksTheRingClosedAndWakesTheClient) {
   std::thread waiter([&] {
     for (;;) {
       const uint32_t seen = f.control->client_doorbell.Arm();
-      const bool closed = f.control->closed.value.load() != 0;
+      const bool closed = f.control->state.closed.load() != 0;
       if (!closed) f.control->client_doorbell.Sleep(seen, -1);
       f.control->client_doorbell.Disarm();
       if (closed) return;
@@ -220,7 +246,7 @@ TEST(RingFrontEndTest, StopMarksTheRingClosedAndWakesTheClient) {
   });
   f.front->Stop();
   waiter.join();  // hangs if the wake were lost
-  EXPECT_EQ(f.control->closed.value.load(), 1u);
+  EXPECT_EQ(f.control->state.closed.load(), 1u);
 }
 
 TEST(RingFrontEndTest, RefusesObjectsThatAreNotSealedRingsOfTheSessionsUid) {
@@ -281,7 +307,7 @@ TEST(RingFrontEndTest, ARingAttachedToALiveSessionIsRefusedToAnother) {
   const CompletionEntry c = f.Take();
   EXPECT_EQ(c.request_id, common::kRingRequestIdBit | 1);
   EXPECT_EQ(c.block_id, 1001u);
-  EXPECT_EQ(f.control->closed.value.load(), 0u);
+  EXPECT_EQ(f.control->state.closed.load(), 0u);
   EXPECT_TRUE(f.end_status().ok());
 
   f.front->Stop();

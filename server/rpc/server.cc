@@ -73,7 +73,10 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   SessionReactor(session::Core* core, grpc::CallbackServerContext* ctx,
                  const std::atomic<bool>* shutting_down, session::PeerCredentials peer,
                  base::WorkerThreads* workers)
-      : ctx_(ctx), shutting_down_(shutting_down), workers_(workers) {
+      : ctx_(ctx),
+        shutting_down_(shutting_down),
+        workers_(workers),
+        ring_poll_seconds_(core->options().ring_poll_seconds) {
     auto opened = session::Session::Open(
         core, [this](session::Completion c) { Enqueue(std::move(c)); }, std::move(peer),
         [this](const absl::Status& status) { EndStream(status); });
@@ -340,7 +343,8 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     std::shared_ptr<session::Session> s = session_;
     auto ring = RingFrontEnd::Attach(
         peer.pid, offer.fd, peer.uid, [s](const session::Request& r) { s->Handle(r); },
-        [s](const absl::Status& why) { s->End(session::EndCause::kBadMessage, why); });
+        [s](const absl::Status& why) { s->End(session::EndCause::kBadMessage, why); },
+        RingFrontEnd::Waiting{.poll_seconds = ring_poll_seconds_});
     if (!ring.ok()) return {true, std::string(ring.status().message())};
     ring_owner_ = *std::move(ring);
     ring_.store(ring_owner_.get());
@@ -382,6 +386,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   grpc::CallbackServerContext* ctx_;
   const std::atomic<bool>* shutting_down_;
   base::WorkerThreads* workers_;
+  const double ring_poll_seconds_;  // CoreOptions::ring_poll_seconds, for the ring it attaches
   std::shared_ptr<session::Session> session_;
   // The session's request ring (ring_frontend.h), once attached: set once, by the Hello's
   // answer; destroyed (its thread stopped) with the reactor, after the session closed.

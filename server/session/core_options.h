@@ -115,6 +115,9 @@ struct CoreOptions {
   // Shared pool (arena with a block table): how long blocks adopted from the previous daemon
   // wait for their session to resume before they are freed.
   double resume_grace_seconds = 60;
+  // Request rings (rpc/ring_frontend.h): a ring thread's timed polls for a second after its
+  // last work; clients defer their wake-ups meanwhile. 0 = none.
+  double ring_poll_seconds = 0.0005;
   // Shared pool only (config pool_data_checksums): CRC32C of each offloaded block's data in its
   // record, and adopted blocks' data checked against it at start-up (pool/block_table.h).
   bool pool_data_checksums = false;

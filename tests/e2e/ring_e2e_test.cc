@@ -74,7 +74,7 @@ class RawRingSession {
     for (;;) {
       if (take_.TryPop(&c) == RingResult::kOk) break;
       const uint32_t seen = control_->client_doorbell.Arm();
-      const bool closed = control_->closed.value.load() != 0;
+      const bool closed = control_->state.closed.load() != 0;
       if (!closed && take_.Available() == RingResult::kEmpty) {
         control_->client_doorbell.Sleep(seen, 0.1);
       }
