@@ -565,7 +565,10 @@ class Store:
             in_time = rl.done.done() and rl.priority == PREFETCH
             t0 = time.monotonic()
             t = s.ep.transport.finish_reload(rl, s.meta, self.stats, self.unresponsive_seconds)
-        except _BecameFallback:
+        except _BecameFallback as e:
+            # The reload's outcome keeps this object: no traceback, so it keeps no frame of
+            # this unpack (and through them ``s`` and its reload) alive in a reference cycle.
+            e.with_traceback(None)
             with self._lock:
                 s.unpacked = False
             return _AGAIN
