@@ -1,7 +1,8 @@
 """What an adversarial pass over the torch client found (each test failed before its fix):
 a saved tensor modified in place after saving, prefetches of tensors backward never uses, a
-prefetch waiting for staging room, processes forked with an endpoint open; and a daemon that left
-the socket directories it created behind (clients' default socket path follows /run/offloadd)."""
+prefetch waiting for staging room, processes forked with an endpoint open, an offload's answer
+whose handling raised part way (the unpack waiting on it hung); and a daemon that left the socket
+directories it created behind (clients' default socket path follows /run/offloadd)."""
 
 import json
 import os
@@ -9,13 +10,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import unittest
+import warnings
+from unittest import mock
 
 import torch
 from daemon_fixture import THRESHOLD, Daemon, DaemonTestCase
 
 import offloadd.torch as ot
-from offloadd.torch._transport import Meta
+from offloadd import errors
+from offloadd._outcome import Outcome
+from offloadd.torch import _endpoint, _store
+from offloadd.torch._stats import OffloadStats
+from offloadd.torch._transport import Meta, ShmTransport
 
 torch.set_num_threads(2)
 
@@ -108,6 +117,112 @@ class ForkTest(DaemonTestCase):
         self.assertEqual(out, {"parent_ok": True, "fork_exit_code": 0, "fork_released": True,
                                "mp_released": True, "mp_exit_code": 0})
         self.assertEqual(self.daemon.stats().blocks, 0)
+
+
+def _raising_once(cls, name, exc):
+    """Patches ``cls.name`` so that its first call raises a copy of ``exc`` (a fresh object:
+    none keeps the frames it was raised through, and their saved tensors, alive); later calls
+    run it."""
+    real, calls = getattr(cls, name), []
+
+    def once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise type(exc)(*exc.args)
+        return real(*args, **kwargs)
+    patch = mock.patch.object(cls, name, once)
+    patch.exc = exc
+    return patch
+
+
+class OffloadAnswerRaisesTest(DaemonTestCase):
+    """The store handles an offload's answer in a callback of its outcome, which swallows what
+    the callback raises. When that handling raised part way (a statistics hook, the transport),
+    an unpack already waiting on the reload attached to that offload waited for the
+    unresponsive bound (20 s) and then gave the session up. Now it gets its tensor, or a
+    DATA_LOSS error when no copy is left, at once, and no block stays in the daemon."""
+
+    WAIT_SECONDS = 5.0  # a correctness bound, far below the 20 s the unpack hung for
+
+    def unpack_while_offloading(self, ring, inject, refused=False):
+        """Packs a tensor whose offload's answer the test holds; unpacks it on a thread (its
+        reload attaches to the offload); hands the answer (or, ``refused``, a refusal) to the
+        store under ``inject``. Returns (tensor, what the unpack returned or raised)."""
+        with mock.patch.dict(os.environ, {"OFFLOADD_RING": "1" if ring else "0"}):
+            _endpoint.reset_for_tests()
+            _store._callback_warned[0] = False
+            ctx = ot.offload_checkpoints(threshold_bytes=1 << 10, keep_last_n=0, prefetch=0,
+                                         socket_path=self.daemon.sock)
+            store, held, real = ctx.store, [], ShmTransport.start_offload
+
+            def start_offload(tr, *args, **kwargs):  # the store sees a stand-in outcome
+                op = real(tr, *args, **kwargs)
+                held.append((tr.client, op.future))
+                op.future = Outcome()
+                return op
+
+            t = torch.randn(64, 1024)
+            with mock.patch.object(ShmTransport, "start_offload", start_offload):
+                s = store.pack(t)
+            (client, answer), = held
+            stored = client.wait(answer, timeout=10)  # the block is in the daemon now
+            got = []
+
+            def unpack():
+                try:
+                    got.append(store.unpack(s))
+                except Exception as e:  # noqa: BLE001 -- checked by the test
+                    got.append(e.with_traceback(None))
+
+            th = threading.Thread(target=unpack)
+            th.start()
+            deadline = time.monotonic() + 10
+            while s.reload is None and th.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            self.assertIsNotNone(s.reload, "the unpack did not attach its reload")
+            outcome = s.op.future
+            with warnings.catch_warnings(record=True) as caught, inject:
+                warnings.simplefilter("always")
+                if refused:
+                    outcome.set_exception(errors.OffloaddError(
+                        errors.RESOURCE_EXHAUSTED, "the pool is full (injected)"))
+                else:
+                    outcome.set_result(stored)
+            th.join(self.WAIT_SECONDS)
+            self.assertFalse(th.is_alive(), "the unpack still waits for a reload never sent")
+            said = "offloadd: handling the daemon's answer to an offload raised %r" % (
+                inject.exc,)
+            self.assertEqual([str(w.message).startswith(said) for w in caught], [True])
+            if refused:  # the daemon stored the block this refusal stands in for
+                client.wait(client.release(stored.block_id), timeout=10)
+            del s
+            self.assertTrue(ot.synchronize())
+            self.assertEqual(self.daemon.stats().blocks, 0)
+            self.assertEqual(store.live_handles(), 0)
+            return t, got[0]
+
+    def test_an_unpack_waiting_on_the_reload_gets_its_tensor_at_once(self):
+        steps = {
+            "a statistics hook": (OffloadStats, "add_offloaded"),
+            "freeing the staging slot": (ShmTransport, "finish_offload"),
+            "sending the reload": (ShmTransport, "send_reload"),
+        }
+        for ring in (True, False):
+            for step, (cls, name) in steps.items():
+                with self.subTest(ring=ring, raises=step):
+                    inject = _raising_once(cls, name, RuntimeError("injected"))
+                    t, got = self.unpack_while_offloading(ring, inject)
+                    self.assertIsInstance(got, torch.Tensor, got)
+                    self.assertTrue(torch.equal(got, t))
+
+    def test_a_refusal_whose_copy_cannot_be_kept_fails_the_waiting_unpack_with_data_loss(self):
+        for ring in (True, False):
+            with self.subTest(ring=ring):
+                inject = _raising_once(ShmTransport, "rescue", MemoryError("injected"))
+                _, got = self.unpack_while_offloading(ring, inject, refused=True)
+                self.assertIsInstance(got, errors.OffloaddError, got)
+                self.assertEqual(got.code, errors.DATA_LOSS)
+                self.assertIn("no copy of the tensor could be kept", str(got))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ import enum
 import os
 import threading
 import time
+import warnings
 import weakref
 
 import torch
@@ -94,7 +95,24 @@ _WAITED = "waited"  # Saved.reloading: claimed, and another thread waits for the
 
 
 class _BecameFallback(Exception):
-    """Completes a reload that was waiting for an offload the daemon then refused."""
+    """Completes a reload that was waiting for an offload and will not be sent: the daemon
+    refused the offload (the handle is a fallback now), or handling its answer raised (the
+    handle holds its block; an unpack reloads it itself). An unpack waiting on the reload
+    looks at the handle again."""
+
+
+_callback_warned = [False]
+
+
+def _warn_callback_failure(err, outcome):
+    """One RuntimeWarning per process: handling an offload's answer raised ``err``, with
+    ``outcome`` (what that means for the saved tensor)."""
+    if _callback_warned[0]:
+        return
+    _callback_warned[0] = True
+    warnings.warn("offloadd: handling the daemon's answer to an offload raised %r; %s. This "
+                  "warning is shown once per process." % (err, outcome), RuntimeWarning,
+                  stacklevel=2)
 
 
 # Failures that keep a tensor in process (a fallback). Not errors.OffloadConfigError: a process
@@ -349,7 +367,10 @@ class Store:
     def _offload_done(self, wref, ep, op, future):
         """OffloadDone or the error that refused the offload, on the thread that took the
         answer: the client's reader (stream), or a hook, wait or synchronize that pumped the
-        request ring."""
+        request ring. The outcome's runner swallows what a callback raises, so whatever raises
+        here part way (a transport, a statistics hook, a bug) is handled here: a reload attached
+        to this offload is sent or failed at once, never left for its unpack to wait on until
+        the unresponsive bound, and the block is released or held by the handle."""
         exc = future.exception()
         if exc is not None:
             self._step_eps.clear()  # look the endpoint up again (it may be broken now)
@@ -359,46 +380,115 @@ class Store:
                 if s.dead:
                     s = None
         if s is None:  # the graph died before the offload finished
-            ep.transport.finish_offload(op)
-            if exc is None:
-                ep.client.release(future.result().block_id)
-            if op.orphan_reload is not None:
-                ep.transport.abandon_reload(op.orphan_reload)
+            self._offload_orphaned(ep, op, future, exc)
             return
-        if exc is None:
-            done = future.result()
+        if exc is not None:
+            self._offload_refused(s, ep, op, exc)
+            return
+        block_id = future.result().block_id
+        rl, settled = None, False
+        try:
             with self._lock:
                 served, kept = s.served, self._keep_for_prefetch(s, ep, op)
-                s.block_id, s.op = done.block_id, None
+                s.block_id, s.op = block_id, None
                 s.state = KEPT if served or kept is not None else OFFLOADED
                 rl = s.reload
                 if kept is not None:
                     s.tensor, s.served, s.prefetch_kept, s.reload = kept, True, True, None
             ep.transport.finish_offload(op)
             self.stats.add_offloaded(s.meta.nbytes)
-            if kept is not None:  # counted served_in_flight at its unpack, if it comes
-                ep.transport.abandon_reload(rl)
             if served or kept is not None:  # backward uses the device tensor: block not needed
-                ep.client.release(done.block_id)
-                return
-            if rl is not None and not rl.sent:
-                ep.transport.send_reload(rl, done.block_id, rl.priority, release_after=True)
-            return
+                ep.client.release(block_id)
+                settled = True
+                if kept is not None:  # counted served_in_flight at its unpack, if it comes
+                    ep.transport.abandon_reload(rl)
+            elif rl is not None and not rl.sent:
+                ep.transport.send_reload(rl, block_id, rl.priority, release_after=True)
+        except Exception as e:  # noqa: BLE001 -- the outcome's runner would swallow it
+            self._offload_done_raised(s, ep, op, block_id, rl, settled, e)
+
+    def _offload_done_raised(self, s, ep, op, block_id, rl, settled, err):
+        """_offload_done raised ``err`` while handling the OffloadDone of ``s``'s block
+        ``block_id``. ``rl``: the reload attached to the offload when the handle was read
+        (None: not read yet); ``settled``: the block was released as not needed and the
+        attached reload handed to abandon_reload. Ends as the success path would have: the
+        handle holds its block (OFFLOADED), or it was used from the device and the block is
+        released; a reload attached and not known to be sent is failed with _BecameFallback,
+        so that the unpack waiting on it (if any) at once looks at the handle again and
+        reloads the block URGENT on its own thread, where a transport that still fails
+        raises as any failed reload does. Warns with ``err`` (once per process)."""
+        if not settled:
+            try:
+                ep.transport.finish_offload(op)  # idempotent: what the offload still held
+            except Exception:  # noqa: BLE001 -- reported below with err
+                pass
+            with self._lock:
+                if s.op is op:  # raised before the handle took its block
+                    s.block_id, s.op = block_id, None
+                    s.state = KEPT if s.served else OFFLOADED
+                if rl is None:
+                    rl = s.reload
+                if s.reload is rl:
+                    s.reload = None
+                needed = s.state == OFFLOADED
+            if rl is not None:  # never sent (send_reload raised in it at most)
+                rl.done.set_exception(_BecameFallback())
+            try:
+                if not needed:
+                    ep.client.release(block_id)
+                if rl is not None:
+                    ep.transport.abandon_reload(rl)
+            except Exception:  # noqa: BLE001 -- the daemon frees the session's blocks at its end
+                pass
+        _warn_callback_failure(err, "the saved tensor stays usable (backward reloads it)")
+
+    @staticmethod
+    def _offload_orphaned(ep, op, future, exc):
+        """The handle died before its offload finished: frees what the offload held, its block
+        (when stored) and the reload attached to it (left on ``op`` by Saved's death); each
+        step runs even when one before it raised."""
+        try:
+            ep.transport.finish_offload(op)
+        finally:
+            try:
+                if exc is None:
+                    ep.client.release(future.result().block_id)
+            finally:
+                if op.orphan_reload is not None:
+                    ep.transport.abandon_reload(op.orphan_reload)
+
+    def _offload_refused(self, s, ep, op, exc):
+        """The daemon refused ``s``'s offload (or its session failed) with ``exc``: the handle
+        keeps the transport's copy (a fallback, Transport.rescue) and a reload attached to the
+        offload fails with _BecameFallback, so an unpack waiting on it takes the fallback. When
+        no copy can be made (rescue raised) the tensor is lost: the handle is LOST and the
+        attached reload fails at once with DATA_LOSS (its unpack raises it)."""
+        rescued = lost = failure = None
         try:
             rescued = ep.transport.rescue(op, s.meta, s.pin)
-        finally:
+        except Exception as e:  # noqa: BLE001 -- the tensor is gone: told to its unpack
+            failure = e.with_traceback(None)  # not this frame (nor the step's graph) in it
+            lost = errors.OffloaddError(
+                errors.DATA_LOSS, "the daemon refused the offload (%s) and no copy of the "
+                "tensor could be kept in this process (%r)" % (exc, failure))
+        try:
             ep.transport.finish_offload(op)
-        with self._lock:
-            s.tensor, s.state, s.op = rescued, FALLBACK, None
-            rl, s.reload = s.reload, None
-        if rl is not None:  # never sent: wake an unpack waiting on it, free its destination
-            rl.done.set_exception(_BecameFallback())
-            ep.transport.abandon_reload(rl)  # and, on CUDA, its events
+        finally:
+            with self._lock:
+                s.tensor, s.state, s.op = rescued, FALLBACK if lost is None else LOST, None
+                rl, s.reload = s.reload, None
+            if rl is not None:  # never sent: wake an unpack waiting on it, free its destination
+                rl.done.set_exception(_BecameFallback() if lost is None else lost)
+                ep.transport.abandon_reload(rl)  # and, on CUDA, its events
         if isinstance(exc, errors.DaemonUnavailable):
             _endpoint.mark_broken(ep, str(exc), self.retry_seconds)
         elif getattr(exc, "code", None) == errors.RESOURCE_EXHAUSTED:
             _endpoint.mark_full(ep, str(exc), self.retry_seconds)
-        self._count_fallback(s, "offloadd refused a tensor (%s)" % exc, exc)
+        if lost is None:
+            self._count_fallback(s, "offloadd refused a tensor (%s)" % exc, exc)
+        else:
+            _warn_callback_failure(failure, "that saved tensor is lost (its unpack raises "
+                                   "DATA_LOSS)")
 
     def _abandon(self, ep, why):
         """The daemon behind ``ep`` stopped answering: give the session up (its offloads still
@@ -565,7 +655,10 @@ class Store:
             in_time = rl.done.done() and rl.priority == PREFETCH
             t0 = time.monotonic()
             t = s.ep.transport.finish_reload(rl, s.meta, self.stats, self.unresponsive_seconds)
-        except _BecameFallback:
+        except _BecameFallback as e:
+            # The reload's outcome keeps this object: no traceback, so it keeps no frame of
+            # this unpack (and through them ``s`` and its reload) alive in a reference cycle.
+            e.with_traceback(None)
             with self._lock:
                 s.unpacked = False
             return _AGAIN
