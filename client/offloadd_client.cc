@@ -192,6 +192,13 @@ void SetKeepalive(const ClientOptions& options, grpc::ChannelArguments& args) {
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
 }
 
+// A new request ring to offer in Hello when `options` ask for one; null otherwise, or when it
+// cannot be made (*error then says why).
+std::shared_ptr<RingCore> OfferRing(const ClientOptions& options, std::string* error) {
+  if (!options.use_ring) return nullptr;
+  return RingCore::Create(options.ring_entries, options.ring_entries, error);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
@@ -220,12 +227,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
         "(ClientOptions.socket_path; offloadctl --socket PATH or $OFFLOADD_SOCKET)"));
   }
   std::string ring_error;
-  std::unique_ptr<RingCore> ring;
-  if (options.use_ring) {
-    ring = RingCore::Create(options.ring_entries, options.ring_entries, &ring_error);
-  }
-  // The ring is the client's before Start() runs the session thread, which uses it without mu_
-  // (StopRing) as soon as the stream ends.
+  std::shared_ptr<RingCore> ring = OfferRing(options, &ring_error);
+  // The ring is the client's before Start() runs the session thread, which stops it (StopRing)
+  // as soon as the stream ends.
   std::unique_ptr<Client> client(
       new Client(options, std::move(path), std::move(channel), std::move(ring)));
   client->Start();
@@ -241,7 +245,10 @@ absl::Status Client::SayHello(const std::string& ring_error) {
   hello->set_pid(options_.pid != 0 ? options_.pid : static_cast<uint32_t>(getpid()));
   if (!options_.resume_token.empty()) hello->set_resume_token(options_.resume_token);
   hello->set_transient_device(options_.transient_device);
-  if (ring_ != nullptr) hello->mutable_ring()->set_fd(ring_->fd());
+  {
+    base::MutexLock lock(mu_);
+    if (ring_ != nullptr) hello->mutable_ring()->set_fd(ring_->fd());
+  }
   Reply<absl::StatusOr<v1::HelloReply>> reply = Submit<absl::StatusOr<v1::HelloReply>>(
       std::move(request), v1::Response::kHello,
       [](const v1::Response& r) { return absl::StatusOr<v1::HelloReply>(r.hello()); },
@@ -268,9 +275,15 @@ void Client::AdoptHello(v1::HelloReply reply, const std::string& ring_error) {
   // ring_stop_ and takes ring_thread_ in one critical section, so deciding and starting here,
   // under mu_ too, either starts a thread that StopRing will join or starts none.
   if (ring_ != nullptr && hello_.ring_attached() && !ring_stop_.load()) {
-    ring_active_ = true;
-    ring_thread_ = std::thread([this] { RingLoop(); });
+    StartRingLocked();
+  } else if (!hello_.ring_attached()) {
+    ring_.reset();  // refused (or never offered): closed, the session uses the stream
   }
+}
+
+void Client::StartRingLocked() {
+  ring_active_ = true;
+  ring_thread_ = std::thread([this, ring = ring_] { RingLoop(ring); });
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Resume(ClientOptions options,
@@ -308,6 +321,10 @@ uint64_t Client::session_id() const {
 bool Client::ring_attached() const {
   base::MutexLock lock(mu_);
   return hello_.ring_attached();
+}
+bool Client::ring_active() const {
+  base::MutexLock lock(mu_);
+  return ring_active_;
 }
 std::string Client::ring_error() const {
   base::MutexLock lock(mu_);
@@ -391,7 +408,7 @@ class Client::SessionStream final
 };
 
 Client::Client(const ClientOptions& options, std::string socket_path,
-               std::shared_ptr<grpc::Channel> channel, std::unique_ptr<RingCore> ring)
+               std::shared_ptr<grpc::Channel> channel, std::shared_ptr<RingCore> ring)
     : options_(options),
       socket_path_(std::move(socket_path)),
       target_("unix:" + socket_path_),
@@ -725,6 +742,7 @@ bool Client::ResumeAfterBreak(absl::Status* failure) {
 v1::ClientMessage Client::ResumeMessage(const std::string& token,
                                         const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
                                         Handshake* h) {
+  h->ring = OfferRing(options_, &h->ring_error);  // closed with *h unless Install adopts it
   v1::ClientMessage message;
   v1::Request* hello = message.add_requests();
   hello->set_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
@@ -733,6 +751,7 @@ v1::ClientMessage Client::ResumeMessage(const std::string& token,
   hello->mutable_hello()->set_pid(options_.pid != 0 ? options_.pid
                                                     : static_cast<uint32_t>(getpid()));
   if (!token.empty()) hello->mutable_hello()->set_resume_token(token);
+  if (h->ring != nullptr) hello->mutable_hello()->mutable_ring()->set_fd(h->ring->fd());
   h->hello_id = hello->request_id();
   for (const auto& [region, handle] : regions) {
     v1::Request* r = message.add_requests();
@@ -836,10 +855,12 @@ void Client::Install() {
   std::vector<std::pair<Pending, absl::Status>> failed;
   std::vector<uint64_t> missing;  // confirmed blocks the restarted daemon did not hand back
   std::unique_ptr<SessionStream> old;  // its OnDone ran; dropped without mu_
+  std::unique_ptr<Handshake> h;        // dropped without mu_ (a ring not adopted closes)
+  std::shared_ptr<RingCore> old_ring;  // stopped and shut down; dropped without mu_
   StreamStep step;
   {
     base::MutexLock lock(mu_);
-    std::unique_ptr<Handshake> h = std::move(handshake_);
+    h = std::move(handshake_);
     absl::flat_hash_set<uint64_t> resumed(h->hello.resumed_block_ids().begin(),
                                           h->hello.resumed_block_ids().end());
     std::vector<uint64_t> orphans;
@@ -863,44 +884,9 @@ void Client::Install() {
     stream_done_ = false;
     daemon_region_ = std::move(h->daemon_region);
     token_ = h->hello.resume_token();
-    std::vector<uint64_t> ids;
-    for (const auto& [id, p] : pending_) ids.push_back(id);
-    std::sort(ids.begin(), ids.end());
-    outbox_.clear();
-    for (uint64_t id : ids) {
-      auto it = pending_.find(id);
-      if (it->second.internal) {  // an orphan release of an earlier resume: settled below
-        pending_.erase(it);
-        continue;
-      }
-      v1::Response answer;
-      absl::Status failure;
-      if (SettleLocked(it->second.request, resumed, &answer, &failure)) {
-        if (failure.ok()) {
-          answer.set_request_id(id);
-          AccountLocked(it->second, &answer);
-          answered.emplace_back(std::move(it->second), std::move(answer));
-        } else {
-          failed.emplace_back(std::move(it->second), failure);
-        }
-        pending_.erase(it);
-        continue;
-      }
-      outbox_.push_back(WireLocked(it->second.request));
-      ++counters_.resent;
-    }
-    for (uint64_t block : orphans) {
-      v1::Request release;
-      release.set_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
-      release.mutable_release()->set_block_id(block);
-      Pending p;
-      p.done = [](const v1::Response*, const absl::Status&) {};
-      p.request = release;
-      p.internal = true;
-      pending_.emplace(release.request_id(), std::move(p));
-      outbox_.push_back(std::move(release));
-    }
-    counters_.orphans_released += orphans.size();
+    ResendLocked(resumed, &answered, &failed);
+    ReleaseOrphansLocked(orphans);
+    AdoptResumedRingLocked(h.get(), &old_ring);
     ++counters_.resumes;
     reconnecting_ = false;
     flush_ = true;
@@ -920,6 +906,74 @@ void Client::Install() {
   }
   for (auto& [p, response] : answered) p.done(&response, absl::OkStatus());
   for (auto& [p, failure] : failed) p.done(nullptr, failure);
+}
+
+void Client::ResendLocked(const absl::flat_hash_set<uint64_t>& resumed,
+                          std::vector<std::pair<Pending, v1::Response>>* answered,
+                          std::vector<std::pair<Pending, absl::Status>>* failed) {
+  // Ring and stream ids come from one counter: without the ring bit they are unique and in
+  // the order the requests were issued.
+  auto number = [](uint64_t id) { return id & ~common::kRingRequestIdBit; };
+  std::vector<uint64_t> ids;
+  for (const auto& [id, p] : pending_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end(),
+            [&number](uint64_t a, uint64_t b) { return number(a) < number(b); });
+  outbox_.clear();
+  for (uint64_t id : ids) {
+    auto it = pending_.find(id);
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    if (p.internal) continue;  // an orphan release of an earlier resume: settled below
+    v1::Response answer;
+    absl::Status failure;
+    if (SettleLocked(p.request, resumed, &answer, &failure)) {
+      if (failure.ok()) {
+        answer.set_request_id(id);
+        AccountLocked(p, &answer);
+        answered->emplace_back(std::move(p), std::move(answer));
+      } else {
+        failed->emplace_back(std::move(p), failure);
+      }
+      continue;
+    }
+    p.request.set_request_id(number(id));  // a request of the old ring goes on the stream
+    outbox_.push_back(WireLocked(p.request));
+    ++counters_.resent;
+    pending_.emplace(number(id), std::move(p));
+  }
+}
+
+void Client::ReleaseOrphansLocked(const std::vector<uint64_t>& orphans) {
+  for (uint64_t block : orphans) {
+    v1::Request release;
+    release.set_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
+    release.mutable_release()->set_block_id(block);
+    Pending p;
+    p.done = [](const v1::Response*, const absl::Status&) {};
+    p.request = release;
+    p.internal = true;
+    pending_.emplace(release.request_id(), std::move(p));
+    outbox_.push_back(std::move(release));
+  }
+  counters_.orphans_released += orphans.size();
+}
+
+void Client::AdoptResumedRingLocked(Handshake* h, std::shared_ptr<RingCore>* old) {
+  *old = std::move(ring_);  // StopRing joined its thread and shut it down
+  if (h->ring != nullptr && h->hello.ring_attached()) {
+    ring_ = std::move(h->ring);
+    ring_stop_ = false;  // the old ring's thread is joined: this starts the new one
+    StartRingLocked();
+    return;
+  }
+  if (options_.use_ring) {
+    LOG(WARNING) << "resumed session at " << target_ << " runs on the stream only: "
+                 << (h->ring == nullptr ? "no request ring could be made: " + h->ring_error
+                                        : "the daemon did not attach the request ring offered" +
+                                              (h->hello.ring_error().empty()
+                                                   ? std::string()
+                                                   : ": " + h->hello.ring_error()));
+  }
 }
 
 bool Client::SettleLocked(const v1::Request& request,
@@ -1046,11 +1100,12 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
     const common::SubmissionEntry entry = RingEntry(WireLocked(request));
     pending_.emplace(entry.request_id, Pending{std::move(done), std::move(request), false, region});
     ++counters_.ring_requests_sent;
+    const std::shared_ptr<RingCore> ring = ring_;
     lock.Unlock();
     // A full ring waits for the daemon to take entries; a ring that closes or a stream that
-    // ends leaves the request pending, settled with the others when the session thread sees
-    // the end.
-    while (!ring_->SubmitEntry(entry, 0.05) && !ring_->closed() && !ring_stop_.load()) {
+    // ends (StopRing shuts the ring down) leaves the request pending, settled or re-sent with
+    // the others when the session thread sees the end.
+    while (!ring->SubmitEntry(entry, 0.05) && !ring->closed()) {
     }
     lock.Lock();
     return absl::OkStatus();
@@ -1085,17 +1140,17 @@ bool Client::OnRingLocked(const v1::Request& request) const {
   return request.has_release();
 }
 
-void Client::RingLoop() {
+void Client::RingLoop(const std::shared_ptr<RingCore>& ring) {
   for (;;) {
     const bool stopping = ring_stop_.load();
     common::CompletionEntry c;
     // Asleep until an answer, the ring's close, or StopRing's wake-up.
-    const RingCore::WaitResult r = ring_->WaitAny(stopping ? 0 : -1, &c, &ring_stop_);
+    const RingCore::WaitResult r = ring->WaitAny(stopping ? 0 : -1, &c, &ring_stop_);
     if (r == RingCore::WaitResult::kDone) {
       CompleteFromRing(ResponseFromRing(c));
       continue;
     }
-    if (r == RingCore::WaitResult::kClosed && !stopping && ring_->corrupt()) {
+    if (r == RingCore::WaitResult::kClosed && !stopping && ring->corrupt()) {
       // The daemon closes the ring only as the session ends (and the stream ends with it);
       // a ring this side found corrupt leaves a live stream, with requests on the ring whose
       // answers can never be read: end the session, as the daemon does for a corrupt ring.
@@ -1142,14 +1197,20 @@ void Client::CompleteFromRing(v1::Response response) {
 
 void Client::StopRing() {
   std::thread ring_thread;
+  std::shared_ptr<RingCore> ring;
   {
     base::MutexLock lock(mu_);
     ring_active_ = false;
     ring_stop_ = true;  // under mu_: AdoptHello starts no ring thread after this
     ring_thread = std::move(ring_thread_);  // one StopRing joins it
+    ring = ring_;
   }
-  if (ring_ != nullptr) ring_->WakeWaiters();
-  if (ring_thread.joinable()) ring_thread.join();
+  if (ring == nullptr) return;
+  ring->WakeWaiters();
+  if (ring_thread.joinable()) ring_thread.join();  // it took every answer already there
+  // An Enqueue still waiting for a slot gives up (its request waits in pending_), and nothing
+  // is submitted to this ring again: a resume offers a new one.
+  ring->Shutdown();
 }
 
 template <typename R, typename Convert>

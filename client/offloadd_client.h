@@ -24,7 +24,9 @@
 // thread completes their Replies, sleeping on a futex while nothing is answered; the stream
 // keeps everything else. Requests on the ring and on the stream are not ordered with each
 // other (wait for a region's requests before unregistering it). When the stream breaks the ring
-// is given up: requests still pending settle or are re-sent on the resumed stream as usual.
+// is given up: requests still pending on it settle or are re-sent on the resumed stream as
+// usual, and the resume's Hello offers a new ring, which carries the requests made after the
+// resume once the daemon attached it (ring_active()).
 // Replies never run user code when they complete, on whichever thread that is.
 //
 // Units: sizes and offsets are uint64 bytes; durations are double seconds.
@@ -130,8 +132,8 @@ struct ClientOptions {
   // Offer the daemon a request ring in Hello (client/core/ring_core.h, docs/ARCHITECTURE.md
   // "The request ring"). When it attaches it, offloads, reloads and releases (and their
   // answers) travel through shared memory with futex wake-ups instead of gRPC messages; a
-  // daemon that refuses it or predates it is used through the stream alone. A session resumed
-  // after the stream broke uses the stream alone.
+  // daemon that refuses it or predates it is used through the stream alone. The Hello of a
+  // resume (auto_resume) offers a new ring the same way: the old one ends with its stream.
   bool use_ring = true;
   uint32_t ring_entries = 1024;  // submission and completion slots each (a power of two)
 };
@@ -268,9 +270,14 @@ class Client {
   // them). Thread-safe: each takes the client's mutex and returns a copy.
   uint64_t session_id() const EXCLUDES(mu_);
   // Whether the daemon attached the request ring offered (ClientOptions::use_ring); when not,
-  // ring_error() says why ("" when none was offered or the daemon predates rings).
+  // ring_error() says why ("" when none was offered or the daemon predates rings). Connect's
+  // Hello only: ring_active() tells whether a ring is in use now.
   bool ring_attached() const EXCLUDES(mu_);
   std::string ring_error() const EXCLUDES(mu_);
+  // True while Offload, Reload(Tagged) and Release(Tagged) go on a request ring: the current
+  // stream's Hello (Connect's, or the last resume's) attached the ring it offered and the stream
+  // has not broken. False meanwhile, while a resume is under way, and after the session ended.
+  bool ring_active() const EXCLUDES(mu_);
   std::string backend() const EXCLUDES(mu_);  // "shm" or "cuda"
   uint64_t pool_capacity_bytes() const EXCLUDES(mu_);
   uint64_t session_quota_bytes() const EXCLUDES(mu_);  // 0: none
@@ -396,6 +403,10 @@ class Client {
   // thread waits for it (all under mu_).
   struct Handshake {
     std::unique_ptr<SessionStream> stream;
+    // The request ring its Hello offers (null: none); closed with the Handshake unless Install
+    // adopts it (the daemon attached it).
+    std::shared_ptr<RingCore> ring;
+    std::string ring_error;  // why no ring was offered ("" if one was)
     uint64_t hello_id = 0;
     absl::flat_hash_map<uint64_t, uint64_t> region_of_request;  // request id -> client region
     absl::flat_hash_map<uint64_t, uint64_t> daemon_region;      // client region id -> daemon's
@@ -417,12 +428,13 @@ class Client {
 
   // `ring`: the request ring to offer in Hello (null: none).
   Client(const ClientOptions& options, std::string socket_path,
-         std::shared_ptr<grpc::Channel> channel, std::unique_ptr<RingCore> ring);
+         std::shared_ptr<grpc::Channel> channel, std::shared_ptr<RingCore> ring);
   // Connect, after Start(): sends Hello (offering ring_) and waits for the HelloReply, at most
   // connect_timeout_seconds; then AdoptHello. Errors: as Connect's after the socket connected.
   absl::Status SayHello(const std::string& ring_error) EXCLUDES(mu_);
   // Under mu_: records `reply` (ring_error: why no ring was offered, "" if one was) and starts
-  // the ring thread when the daemon attached the ring and StopRing has not run yet.
+  // the ring thread when the daemon attached the ring and StopRing has not run yet; a ring it
+  // did not attach is closed.
   void AdoptHello(v1::HelloReply reply, const std::string& ring_error) EXCLUDES(mu_);
   // Opens the first stream and starts the session thread.
   void Start() EXCLUDES(mu_);
@@ -431,22 +443,43 @@ class Client {
   // Session thread, after the stream ended: resume on a restarted daemon. True when a new
   // stream is installed; false (with *failure set) to give up.
   bool ResumeAfterBreak(absl::Status* failure) EXCLUDES(mu_);
-  // Opens a stream, says Hello with `token` and registers `regions` again, all within
-  // `seconds`. OK: handshake_ holds the stream, ready for Install.
+  // Opens a stream, says Hello with `token` (offering a new request ring when use_ring) and
+  // registers `regions` again, all within `seconds`. OK: handshake_ holds the stream and the
+  // ring offered, ready for Install; otherwise both are gone (the ring closed).
   absl::Status OpenResumed(const std::string& token,
                            const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
                            double seconds) EXCLUDES(mu_);
-  // The message that opens a resumed stream: Hello with `token`, then `regions` registered again
-  // (their request ids go to h->region_of_request).
+  // The message that opens a resumed stream: Hello with `token` offering a new request ring
+  // (made here, into h->ring, when use_ring), then `regions` registered again (their request
+  // ids go to h->region_of_request).
   v1::ClientMessage ResumeMessage(const std::string& token,
                                   const absl::flat_hash_map<uint64_t, RegionHandle>& regions,
                                   Handshake* h);
   // Whether the handshake is over (answered, failed, or its stream ended); its result.
   static bool HandshakeOver(const Handshake& h);
   absl::Status HandshakeResult(const Handshake& h, double seconds) const;
-  // Installs handshake_'s stream: settles the pending requests across the restart and re-sends
-  // the others.
+  // Installs handshake_'s stream: settles the pending requests across the restart, re-sends
+  // the others on the stream, and moves later requests to the ring its Hello offered when the
+  // daemon attached it.
   void Install() EXCLUDES(mu_);
+  // Install's work on pending_: every request not answered is settled (into *answered or
+  // *failed, taken off pending_) or queued in outbox_ to be sent again, in the order they
+  // were issued; one the old ring carried gets the stream id its number without
+  // kRingRequestIdBit makes (the daemon refuses ring ids on the stream of a ring session).
+  // Orphan releases of an earlier resume are dropped.
+  void ResendLocked(const absl::flat_hash_set<uint64_t>& resumed,
+                    std::vector<std::pair<Pending, v1::Response>>* answered,
+                    std::vector<std::pair<Pending, absl::Status>>* failed) REQUIRES(mu_);
+  // Queues an internal release of each block in `orphans` (stored for an offload whose answer
+  // the crash swallowed).
+  void ReleaseOrphansLocked(const std::vector<uint64_t>& orphans) REQUIRES(mu_);
+  // Install: the resume's ring (h.ring) becomes ring_ and gets a ring thread when the daemon
+  // attached it; otherwise ring_ is null. The ring it replaces (stopped by StopRing) goes to
+  // *old, to be dropped without mu_.
+  void AdoptResumedRingLocked(Handshake* h, std::shared_ptr<RingCore>* old) REQUIRES(mu_);
+  // Starts the ring thread of ring_ (attached; no ring thread running) and routes requests to
+  // it (ring_active_).
+  void StartRingLocked() REQUIRES(mu_);
   // What an unanswered request becomes across a restart: false (send it again), or true with
   // its answer in *answer (body set) or *failure.
   bool SettleLocked(const v1::Request& request, const absl::flat_hash_set<uint64_t>& resumed,
@@ -458,14 +491,15 @@ class Client {
   // Whether `request` goes on the request ring (attached, still in use, and a per-tensor
   // request the ring can carry); mu_ held.
   bool OnRingLocked(const v1::Request& request) const REQUIRES(mu_);
-  // The ring thread: takes the ring's answers and completes their requests, until the stream
-  // ended (ring_stop_) and every answer already in the ring was taken.
-  void RingLoop() EXCLUDES(mu_);
+  // The ring thread of `ring`: takes its answers and completes their requests, until the
+  // stream ended (ring_stop_) and every answer already in the ring was taken.
+  void RingLoop(const std::shared_ptr<RingCore>& ring) EXCLUDES(mu_);
   // Completes the request `response` answers, if still pending (taken off pending_ under mu_,
   // completed without it).
   void CompleteFromRing(v1::Response response) EXCLUDES(mu_);
-  // Stops and joins the ring thread (the stream ended); the ring is not used again. Safe to
-  // call more than once, also concurrently: only the first finds a thread to join.
+  // Stops and joins the ring thread (the stream ended) and shuts the ring down: it is not used
+  // again (a resume offers a new one). Safe to call more than once, also concurrently: only
+  // the first finds a thread to join.
   void StopRing() EXCLUDES(mu_);
   Reply<absl::StatusOr<ReloadResult>> SubmitReload(uint64_t block_id, uint64_t tag,
                                                          uint64_t region_id, uint64_t offset,
@@ -558,20 +592,28 @@ class Client {
   v1::HelloReply hello_ GUARDED_BY(mu_);
   ClientCounters counters_ GUARDED_BY(mu_);
 
-  // The request ring offered in Hello (null: not offered; kept, unused, when refused). Set by
-  // the constructor, before Start() runs the session thread, and never changed: read without
-  // mu_ (by StopRing, RingLoop, Enqueue); its RingCore is thread-safe on its own.
-  const std::unique_ptr<RingCore> ring_;
-  bool ring_active_ GUARDED_BY(mu_) = false;  // attached, and the stream has not broken
+  // The request ring of the current session: the one Connect's Hello offered (set by the
+  // constructor), then the one the last resume's Hello offered and the daemon attached (set by
+  // Install, after StopRing stopped and shut down the one before). Null: none offered, or the
+  // daemon did not attach it. A thread that uses it without mu_ (Enqueue's submission, the ring
+  // thread, StopRing) holds its own reference, taken under mu_, so a ring replaced meanwhile
+  // lives until that thread is done with it (a shut-down ring refuses every submission); its
+  // RingCore is thread-safe on its own.
+  std::shared_ptr<RingCore> ring_ GUARDED_BY(mu_);
+  bool ring_active_ GUARDED_BY(mu_) = false;  // ring_ attached, and its stream has not broken
   // Set when the ring thread found the ring corrupt and cancelled the stream: what pending and
   // later requests fail with (the session is not resumed).
   absl::Status ring_failure_ GUARDED_BY(mu_);
-  // Set once, under mu_, by the first StopRing (the stream ended); read without it by the ring
-  // thread and Enqueue's wait for a slot.
+  // Set under mu_ by StopRing (the stream ended), cleared under mu_ by Install when it starts
+  // the next ring's thread (the session thread, which also runs StopRing, joined the old one
+  // before); read without mu_ by the ring thread.
   std::atomic<bool> ring_stop_{false};
   // Started by AdoptHello under mu_ unless ring_stop_ is set; moved out and joined by the first
   // StopRing, which sets ring_stop_ in the same critical section. So a ring thread is either
-  // never started or joined, whichever of Connect and the stream's end comes first.
+  // never started or joined, whichever of Connect and the stream's end comes first. AdoptHello
+  // cannot run after an Install: a resume needs hello_'s resume_grace_seconds, which
+  // AdoptHello sets in the same critical section as its decision. Install starts the thread of
+  // a resume's ring; the StopRing after that stream's end joins it.
   std::thread ring_thread_ GUARDED_BY(mu_);
   base::Mutex close_mu_;  // serialises Close()
   std::thread session_thread_;

@@ -5,6 +5,8 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "client/shm_region.h"
+#include "common/ring_format.h"
 #include "gtest/gtest.h"
 #include "proto/offload.grpc.pb.h"
 
@@ -40,6 +43,129 @@ void SetError(v1::Response* r, grpc::StatusCode code, const std::string& message
   r->mutable_error()->set_message(message);
 }
 
+// The request a ring submission stands for (the fake answers it as it answers the stream).
+v1::Request RequestOfEntry(const common::SubmissionEntry& e) {
+  v1::Request r;
+  r.set_request_id(e.request_id);
+  switch (static_cast<common::SubmissionKind>(e.kind)) {
+    case common::SubmissionKind::kOffload:
+      r.mutable_offload()->set_region_id(e.region_id);
+      r.mutable_offload()->set_offset(e.offset_bytes);
+      r.mutable_offload()->set_bytes(e.size_bytes);
+      r.mutable_offload()->set_tag(e.tag);
+      break;
+    case common::SubmissionKind::kReload:
+      r.mutable_reload()->set_block_id(e.block_id);
+      r.mutable_reload()->set_tag(e.tag);
+      r.mutable_reload()->set_region_id(e.region_id);
+      r.mutable_reload()->set_offset(e.offset_bytes);
+      r.mutable_reload()->set_release_after((e.flags & common::kSubmitReleaseAfter) != 0);
+      r.mutable_reload()->set_deadline_seconds(e.deadline_seconds);
+      break;
+    case common::SubmissionKind::kRelease:
+      r.mutable_release()->set_block_id(e.block_id);
+      r.mutable_release()->set_tag(e.tag);
+      break;
+  }
+  return r;
+}
+
+// The completion entry of the fake's answer `r`.
+common::CompletionEntry CompletionOfResponse(const v1::Response& r) {
+  if (r.has_error()) {
+    return common::MakeCompletion(r.request_id(), common::CompletionKind::kError,
+                                  r.error().code(), r.error().message());
+  }
+  const common::CompletionKind kind = r.has_offload_done()  ? common::CompletionKind::kOffloadDone
+                                      : r.has_reload_done() ? common::CompletionKind::kReloadDone
+                                                            : common::CompletionKind::kReleased;
+  common::CompletionEntry c = common::MakeCompletion(r.request_id(), kind, 0, "");
+  if (r.has_offload_done()) {
+    c.block_id = r.offload_done().block_id();
+    c.bytes = r.offload_done().bytes();
+  } else if (r.has_reload_done()) {
+    c.block_id = r.reload_done().block_id();
+    c.bytes = r.reload_done().bytes();
+    c.flags = r.reload_done().released() ? common::kCompleteReleased : 0;
+  } else {
+    c.block_id = r.released().block_id();
+  }
+  return c;
+}
+
+// The daemon side of one request ring the fake attached: maps the memfd a Hello named (the
+// client runs in this process, so its descriptor is valid here), answers each submission on a
+// thread of its own through `answer` (false: the answer is held back, never sent), and when
+// destroyed (its stream ended) stops, marks the ring closed and wakes the client, as the daemon
+// does.
+class FakeRing {
+ public:
+  using Answer = std::function<bool(const v1::Request&, v1::Response*)>;
+  static std::unique_ptr<FakeRing> Map(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return nullptr;
+    void* base = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) return nullptr;
+    common::RingHeader header;
+    std::memcpy(&header, base, sizeof(header));
+    common::RingLayout layout;
+    std::string error;
+    if (!common::ParseRingHeader(header, st.st_size, &layout, &error)) {
+      munmap(base, st.st_size);
+      return nullptr;
+    }
+    return std::unique_ptr<FakeRing>(new FakeRing(base, layout));
+  }
+  void Serve(Answer answer) {
+    thread_ = std::thread([this, answer = std::move(answer)] { Loop(answer); });
+  }
+  ~FakeRing() {
+    stop_ = true;
+    control_->daemon_doorbell.RingAlways();
+    if (thread_.joinable()) thread_.join();
+    control_->closed.value.store(1);
+    control_->client_doorbell.RingAlways();
+    munmap(base_, layout_.total_bytes);
+  }
+
+ private:
+  FakeRing(void* base, const common::RingLayout& layout)
+      : base_(base), layout_(layout), control_(common::ControlOf(base)),
+        take_(common::SubmissionSlots(base, layout), layout.submission_entries,
+              &control_->submission_tail, &control_->submission_head),
+        give_(common::CompletionSlots(base, layout), layout.completion_entries,
+              &control_->completion_tail, &control_->completion_head) {}
+
+  void Loop(const Answer& answer) {
+    while (!stop_) {
+      common::SubmissionEntry e;
+      if (take_.TryPop(&e) == common::RingResult::kOk) {
+        v1::Response response;
+        if (!answer(RequestOfEntry(e), &response)) continue;
+        while (give_.TryPush(CompletionOfResponse(response)) == common::RingResult::kFull &&
+               !stop_) {
+          std::this_thread::yield();
+        }
+        control_->client_doorbell.Ring();
+        continue;
+      }
+      const uint32_t seen = control_->daemon_doorbell.Arm();
+      if (take_.Available() == common::RingResult::kEmpty && !stop_) {
+        control_->daemon_doorbell.Sleep(seen, -1);
+      }
+      control_->daemon_doorbell.Disarm();
+    }
+  }
+
+  void* const base_;
+  const common::RingLayout layout_;
+  common::RingControl* const control_;
+  common::RingConsumer<common::SubmissionEntry> take_;
+  common::RingProducer<common::CompletionEntry> give_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 class FakeOffload final : public v1::Offload::Service {
  public:
   grpc::Status Session(
@@ -47,10 +173,12 @@ class FakeOffload final : public v1::Offload::Service {
       grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) override {
     if (EndAtOpen()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "ended at its open");
     v1::ClientMessage in;
+    std::unique_ptr<FakeRing> ring;  // the ring this stream's Hello attached
     while (stream->Read(&in)) {
       v1::ServerMessage out;
       bool kill = false;
       bool unavailable = false;
+      std::unique_ptr<FakeRing> fresh;
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++messages_;
@@ -59,10 +187,18 @@ class FakeOffload final : public v1::Offload::Service {
         last_batch_size_ = in.requests_size();
         // Answer in reverse order: the client must match responses by request id.
         for (int i = in.requests_size() - 1; i >= 0; --i) {
+          if (RefusedOnStream(in.requests(i), ring != nullptr, &out)) continue;
           kill |= Handle(in.requests(i), &out);
         }
         unavailable = die_unavailable_;
         die_unavailable_ = false;
+        fresh = std::move(attached_);
+      }
+      if (fresh != nullptr) {  // served before the HelloReply goes out
+        ring = std::move(fresh);
+        ring->Serve([this](const v1::Request& r, v1::Response* response) {
+          return AnswerFromRing(r, response);
+        });
       }
       if (kill && unavailable) {
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "daemon killed by the test");
@@ -150,6 +286,40 @@ class FakeOffload final : public v1::Offload::Service {
     std::lock_guard<std::mutex> l(mu_);
     hello_silent_ = v;
   }
+  // Hello replies attach the request ring the Hello offers, and the fake serves it: its
+  // submissions are answered as the same requests on the stream.
+  void set_serve_ring(bool v) {
+    std::lock_guard<std::mutex> l(mu_);
+    serve_ring_ = v;
+  }
+  // Ring submissions are taken and never answered (a daemon that dies before answering).
+  void set_hold_ring_requests(bool v) {
+    std::lock_guard<std::mutex> l(mu_);
+    hold_ring_requests_ = v;
+  }
+  int ring_requests() {
+    std::lock_guard<std::mutex> l(mu_);
+    return ring_requests_;
+  }
+  int ring_ids_on_stream() {
+    std::lock_guard<std::mutex> l(mu_);
+    return ring_ids_on_stream_;
+  }
+  // The pool's blocks (block id -> bytes), and a restarted daemon on the same shared pool.
+  std::map<uint64_t, std::string> blocks() {
+    std::lock_guard<std::mutex> l(mu_);
+    return blocks_;
+  }
+  void set_blocks(std::map<uint64_t, std::string> blocks) {
+    std::lock_guard<std::mutex> l(mu_);
+    blocks_ = std::move(blocks);
+    if (!blocks_.empty()) next_block_ = blocks_.rbegin()->first + 1;
+  }
+  // Blocks until rings handed the fake at least `n` submissions in total.
+  void WaitForRingRequests(int n) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return ring_requests_ >= n; });
+  }
   // Blocks until the fake has read at least `n` requests in total.
   void WaitForRequests(int n) {
     std::unique_lock<std::mutex> l(mu_);
@@ -157,6 +327,30 @@ class FakeOffload final : public v1::Offload::Service {
   }
 
  private:
+  // A submission the ring thread took: answered as on the stream (false: held, no answer).
+  bool AnswerFromRing(const v1::Request& r, v1::Response* response) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++ring_requests_;
+    cv_.notify_all();
+    if (hold_ring_requests_) return false;
+    v1::ServerMessage out;
+    Handle(r, &out);
+    if (out.responses_size() == 0) return false;
+    *response = out.responses(0);
+    return true;
+  }
+
+  // On the stream of a ring session a ring request id is refused, as the daemon does: true
+  // (and the error appended to `out`) for such a request. mu_ held.
+  bool RefusedOnStream(const v1::Request& r, bool ring_session, v1::ServerMessage* out) {
+    if (!ring_session || (r.request_id() & common::kRingRequestIdBit) == 0) return false;
+    ++ring_ids_on_stream_;
+    v1::Response* resp = out->add_responses();
+    resp->set_request_id(r.request_id());
+    SetError(resp, grpc::StatusCode::INVALID_ARGUMENT, "a ring request id on the stream");
+    return true;
+  }
+
   // Appends the response to `r` (unless held); returns true to kill the stream.
   bool Handle(const v1::Request& r, v1::ServerMessage* out) {  // mu_ held
     v1::Response resp;
@@ -179,6 +373,10 @@ class FakeOffload final : public v1::Offload::Service {
         if (resumable_ && unknown_tokens_ && !r.hello().resume_token().empty()) {
           SetError(&resp, grpc::StatusCode::NOT_FOUND, "no session holds this resume token");
           break;
+        }
+        if (serve_ring_ && r.hello().has_ring()) {
+          attached_ = FakeRing::Map(r.hello().ring().fd());
+          resp.mutable_hello()->set_ring_attached(attached_ != nullptr);
         }
         if (resumable_) {
           resp.mutable_hello()->set_resume_token(token_);
@@ -295,6 +493,11 @@ class FakeOffload final : public v1::Offload::Service {
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
+  bool serve_ring_ = false;
+  bool hold_ring_requests_ = false;
+  int ring_requests_ = 0;       // submissions taken from rings
+  int ring_ids_on_stream_ = 0;  // ring request ids refused on a ring session's stream
+  std::unique_ptr<FakeRing> attached_;  // the ring a Hello just attached, for its stream
   int messages_ = 0;
   int requests_ = 0;
   int last_batch_size_ = 0;
@@ -834,6 +1037,103 @@ TEST_F(ClientTest, ReleaseAfterReloadCutByARestartIsUnconfirmedNotLost) {
   absl::StatusOr<ReloadResult> other =
       client->Reload(kept->block_id, *region_id, 8192, Priority::kUrgent).get();
   EXPECT_TRUE(other.ok()) << other.status();
+}
+
+// A daemon restart on a shared pool with the request ring in use: the resume's Hello offers a
+// new ring, the restarted daemon attaches it, and the offloads, reloads and releases made after
+// the resume go on it again (counted by the client and taken by the daemon's ring thread). The
+// offload the old ring carried when the daemon died unanswered is sent again on the new stream,
+// under a stream id (the daemon refuses ring ids on a ring session's stream), and a block
+// offloaded before the restart reloads byte-exact.
+TEST_F(ClientTest, AResumedSessionOffersANewRingAndSendsOnIt) {
+  service_->set_resumable(true);
+  service_->set_serve_ring(true);
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->ring_active());
+  absl::StatusOr<ShmRegion> region = ShmRegion::Create(64 << 10);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto* bytes = static_cast<unsigned char*>(region->data());
+  for (size_t i = 0; i < 8192; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 3);
+  const std::string sent(reinterpret_cast<const char*>(bytes), 4096);
+  absl::StatusOr<uint64_t> region_id = client->RegisterShmRegion(*region);
+  ASSERT_TRUE(region_id.ok()) << region_id.status();
+  absl::StatusOr<OffloadResult> before = client->Offload(*region_id, 0, 4096).get();
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(service_->ring_requests(), 1);
+  // The daemon takes the next offload from the ring and dies before answering it.
+  service_->set_hold_ring_requests(true);
+  Reply<absl::StatusOr<OffloadResult>> cut = client->Offload(*region_id, 4096, 4096);
+  service_->WaitForRingRequests(2);
+  EXPECT_EQ(client->counters().ring_requests_sent, 2u);
+
+  StopServer();
+  std::map<uint64_t, std::string> pool = service_->blocks();
+  ASSERT_EQ(pool.size(), 1u);
+  unlink(socket_path_.c_str());
+  StartServer([&pool](FakeOffload* fake) {
+    fake->set_resumable(true);
+    fake->set_serve_ring(true);
+    fake->set_blocks(pool);
+  });
+  absl::StatusOr<OffloadResult> resent = cut.get();
+  ASSERT_TRUE(resent.ok()) << resent.status();
+  EXPECT_EQ(client->counters().resumes, 1u);
+  EXPECT_EQ(client->counters().resent, 1u);
+  EXPECT_EQ(service_->ring_ids_on_stream(), 0);
+  EXPECT_TRUE(service_->last_hello().has_ring());
+  EXPECT_EQ(service_->last_hello().resume_token(), "token-of-the-test");
+  EXPECT_TRUE(client->ring_active());
+
+  std::memset(bytes + 16384, 0, 4096);
+  absl::StatusOr<ReloadResult> reload =
+      client->Reload(before->block_id, *region_id, 16384, Priority::kUrgent).get();
+  ASSERT_TRUE(reload.ok()) << reload.status();
+  EXPECT_EQ(reload->bytes, 4096u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(bytes + 16384), 4096), sent);
+  EXPECT_TRUE(client->Release(resent->block_id).get().ok());
+  absl::StatusOr<OffloadResult> after = client->Offload(*region_id, 8192, 4096).get();
+  ASSERT_TRUE(after.ok()) << after.status();
+  // The reload, the release and the offload after the resume went on the new ring.
+  EXPECT_EQ(service_->ring_requests(), 3);
+  EXPECT_EQ(client->counters().ring_requests_sent, 5u);
+  EXPECT_EQ(client->counters().ring_responses_received, 4u);
+}
+
+// A restarted daemon that does not attach the ring the resume offered: the session goes on
+// over the stream alone (ring_active() false, nothing counted on the ring) and works.
+TEST_F(ClientTest, AResumeWhoseRingIsRefusedRunsOnTheStream) {
+  service_->set_resumable(true);
+  service_->set_serve_ring(true);
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->ring_active());
+  absl::StatusOr<ShmRegion> region = ShmRegion::Create(64 << 10);
+  ASSERT_TRUE(region.ok()) << region.status();
+  absl::StatusOr<uint64_t> region_id = client->RegisterShmRegion(*region);
+  ASSERT_TRUE(region_id.ok()) << region_id.status();
+  absl::StatusOr<OffloadResult> before = client->Offload(*region_id, 0, 4096).get();
+  ASSERT_TRUE(before.ok()) << before.status();
+  StopServer();
+  std::map<uint64_t, std::string> pool = service_->blocks();
+  unlink(socket_path_.c_str());
+  StartServer([&pool](FakeOffload* fake) {
+    fake->set_resumable(true);
+    fake->set_blocks(pool);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (client->counters().resumes == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(client->counters().resumes, 1u);
+  EXPECT_TRUE(service_->last_hello().has_ring());  // offered, not attached
+  EXPECT_FALSE(client->ring_active());
+  absl::StatusOr<ReloadResult> reload =
+      client->Reload(before->block_id, *region_id, 8192, Priority::kUrgent).get();
+  ASSERT_TRUE(reload.ok()) << reload.status();
+  EXPECT_TRUE(client->Release(before->block_id).get().ok());
+  EXPECT_EQ(client->counters().ring_requests_sent, 1u);
+  EXPECT_EQ(service_->ring_requests(), 0);
 }
 
 TEST_F(ClientTest, CloseCancelsPendingAndRejectsNewRequests) {

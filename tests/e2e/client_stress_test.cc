@@ -215,6 +215,8 @@ void ManyThreadsAcrossARestart(bool use_ring, int sig) {
   Daemon second;
   ASSERT_TRUE(second.Start(SharedPoolArgs(socket, pool)));
   const int before = rounds.load();
+  // The client saw the stream end by now: nothing goes on the dead daemon's ring any more.
+  const uint64_t ring_before = cl->counters().ring_requests_sent;
   wait_rounds(before + kThreads * 2);
   stop = true;
   for (std::thread& t : threads) t.join();
@@ -223,6 +225,12 @@ void ManyThreadsAcrossARestart(bool use_ring, int sig) {
   EXPECT_LE(unconfirmed.load(), kThreads);  // only reloads in flight at the kill
   EXPECT_GT(rounds.load(), before);
   EXPECT_EQ(cl->counters().resumes, 1u);
+  // The resume's Hello offered a new ring, the restarted daemon attached it, and the requests
+  // after the resume went on it.
+  EXPECT_EQ(cl->ring_active(), use_ring);
+  if (use_ring) {
+    EXPECT_GT(cl->counters().ring_requests_sent, ring_before);
+  }
   auto stats = cl->GetStats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->blocks(), 0u);
