@@ -123,7 +123,7 @@ class FakeRing {
     stop_ = true;
     control_->daemon_doorbell.RingAlways();
     if (thread_.joinable()) thread_.join();
-    control_->closed.value.store(1);
+    control_->state.closed.store(1);
     control_->client_doorbell.RingAlways();
     munmap(base_, layout_.total_bytes);
   }
