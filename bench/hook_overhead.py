@@ -47,7 +47,7 @@ CPU 0 (the daemons' CPU then lands in the step's wall time too). Needs taskset a
 printed as met / not met, never asserted.
 
   .venv/bin/python bench/hook_overhead.py [--bin build/bin] [--reps 60] [--layouts split,one]
-      [--native-floor bazel-out/k8-opt/bin/bench/native_floor_hooks.so]
+      [--native-floor bazel-out/k8-opt/bin/bench/native_floor_hooks.so] [--ring-poll-seconds S]
 """
 
 import argparse
@@ -339,8 +339,10 @@ def worker(args):
     from daemon_fixture import Daemon
 
     prefix = ("taskset", "-c", "1") if args.layout == "split" else ("taskset", "-c", "0")
-    sim_d = Daemon(pool_bytes="512MiB", extra=("--backend", "cuda-sim"), prefix=prefix)
-    shm_d = Daemon(pool_bytes="512MiB", prefix=prefix)
+    poll = () if args.ring_poll_seconds is None else (
+        "--ring_poll_seconds", repr(args.ring_poll_seconds))
+    sim_d = Daemon(pool_bytes="512MiB", extra=("--backend", "cuda-sim") + poll, prefix=prefix)
+    shm_d = Daemon(pool_bytes="512MiB", extra=poll, prefix=prefix)
     gpu = sim_gpu.SimGpu(devices=1, device_bytes=1024 * MIB, checksums=False, count_own_cpu=True)
     sim_gpu.activate(gpu)
     n, nbytes = args.ops, args.mib * MIB
@@ -595,6 +597,9 @@ def main():
     ap.add_argument("--native-floor", default=os.path.join(
         REPO, "bazel-out", "k8-opt", "bin", "bench", "native_floor_hooks.so"),
         help="the built C hook pair of the native-floor variant")
+    ap.add_argument("--ring-poll-seconds", type=float, default=None,
+                    help="the daemons' ring_poll_seconds (default: the daemon's; 0: every "
+                         "submission wakes the daemon)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -607,7 +612,9 @@ def main():
         return 0
     print("== hook overhead per saved tensor (bench/hook_overhead.py); machine: %d CPUs, %s; %s"
           % (os.cpu_count(), _cpu_model(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
-    print("   load average %s" % " ".join(open("/proc/loadavg").read().split()[:3]))
+    print("   load average %s; daemons' ring_poll_seconds: %s" % (
+        " ".join(open("/proc/loadavg").read().split()[:3]),
+        "the default" if args.ring_poll_seconds is None else args.ring_poll_seconds))
     results = {}
     for layout in args.layouts.split(","):
         if layout == "split" and (os.cpu_count() or 1) < 2:
@@ -641,6 +648,8 @@ def _passthrough(args):
            "--count-steps", str(args.count_steps), "--native-floor", args.native_floor]
     if args.bin:
         out += ["--bin", args.bin]
+    if args.ring_poll_seconds is not None:
+        out += ["--ring-poll-seconds", repr(args.ring_poll_seconds)]
     return out
 
 
