@@ -1084,7 +1084,7 @@ void Client::AccountLocked(const Pending& p, v1::Response* response) {
 }
 
 absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
-                             uint64_t region) {
+                             uint64_t region, std::shared_ptr<RingCore>* on_ring) {
   base::MutexLock lock(mu_);
   if (!stream_status_.ok()) return stream_status_;
   if (closing_) return absl::FailedPreconditionError("Client::Close() was called");
@@ -1107,6 +1107,7 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
     // the others when the session thread sees the end.
     while (!ring->SubmitEntry(entry, 0.05) && !ring->closed()) {
     }
+    if (on_ring != nullptr) *on_ring = ring;
     lock.Lock();
     return absl::OkStatus();
   }
@@ -1234,11 +1235,12 @@ Reply<R> Client::Submit(v1::Request request, v1::Response::BodyCase expected, Co
       promise->set_value(convert(*response));
     }
   };
-  absl::Status refused = Enqueue(std::move(request), std::move(done), flush, region);
+  std::shared_ptr<RingCore> ring;
+  absl::Status refused = Enqueue(std::move(request), std::move(done), flush, region, &ring);
   if (!refused.ok()) {
     promise->set_value(R(refused));
   }
-  return Reply<R>(std::move(future));
+  return Reply<R>(std::move(future), ring);
 }
 
 absl::StatusOr<uint64_t> Client::RegisterRegion(const RegionHandle& handle) {

@@ -202,7 +202,9 @@ struct ClientCounters {
 // to std::future<T> (an rvalue Reply converts). Every wait waits for the stream's reactor (or
 // the ring thread, or the session thread when the stream ends) to complete it; a Reply may be
 // waited on after its Client is gone (the Client completes every request before it goes).
-// Moves only.
+// A wait on a request that went on the request ring first wakes the daemon when the request's
+// wake-up was deferred (RingCore: the daemon polls, but a waiter should not wait for its next
+// poll); a std::future converted from a Reply does not. Moves only.
 template <typename T>
 class Reply {
  public:
@@ -210,14 +212,22 @@ class Reply {
   Reply(Reply&& other) noexcept = default;
   Reply& operator=(Reply&& other) noexcept = default;
 
-  T get() { return future_.get(); }
-  void wait() const { future_.wait(); }
+  T get() {
+    WakeDaemon();
+    return future_.get();
+  }
+  void wait() const {
+    WakeDaemon();
+    future_.wait();
+  }
   template <typename Rep, typename Period>
   std::future_status wait_for(const std::chrono::duration<Rep, Period>& timeout) const {
+    WakeDaemon();
     return future_.wait_for(timeout);
   }
   template <typename Clock, typename Duration>
   std::future_status wait_until(const std::chrono::time_point<Clock, Duration>& deadline) const {
+    WakeDaemon();
     return future_.wait_until(deadline);
   }
   bool valid() const { return future_.valid(); }
@@ -227,9 +237,14 @@ class Reply {
 
  private:
   friend class Client;
-  explicit Reply(std::future<T> future) : future_(std::move(future)) {}
+  explicit Reply(std::future<T> future, std::weak_ptr<RingCore> ring = {})
+      : future_(std::move(future)), ring_(std::move(ring)) {}
+  void WakeDaemon() const {
+    if (std::shared_ptr<RingCore> ring = ring_.lock()) ring->FlushDeferredWake();
+  }
 
   std::future<T> future_;
+  std::weak_ptr<RingCore> ring_;  // the ring the request went on, if any
 };
 
 class Client {
@@ -532,8 +547,9 @@ class Client {
   // returns what pending requests fail with (CANCELLED).
   absl::Status ClosedLocked() REQUIRES(mu_);
   // Queues `request` (its id already set) unless the stream is over; returns why not.
-  absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region = 0)
-      EXCLUDES(mu_);
+  // *on_ring (optional): the ring it was submitted on, else left empty.
+  absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region = 0,
+                       std::shared_ptr<RingCore>* on_ring = nullptr) EXCLUDES(mu_);
   template <typename R, typename Convert>
   Reply<R> Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
                         bool flush, uint64_t region = 0);

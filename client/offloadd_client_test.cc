@@ -116,6 +116,7 @@ class FakeRing {
     }
     return std::unique_ptr<FakeRing>(new FakeRing(base, layout));
   }
+  void AdvertisePolling(uint32_t us) { control_->state.poll_microseconds.store(us); }
   void Serve(Answer answer) {
     thread_ = std::thread([this, answer = std::move(answer)] { Loop(answer); });
   }
@@ -292,6 +293,12 @@ class FakeOffload final : public v1::Offload::Service {
     std::lock_guard<std::mutex> l(mu_);
     serve_ring_ = v;
   }
+  // The attached ring's daemon state line says the fake polls every `us` microseconds (it
+  // does not: it sleeps until rung), so clients defer their wake-ups.
+  void set_ring_poll_microseconds(uint32_t us) {
+    std::lock_guard<std::mutex> l(mu_);
+    ring_poll_microseconds_ = us;
+  }
   // Ring submissions are taken and never answered (a daemon that dies before answering).
   void set_hold_ring_requests(bool v) {
     std::lock_guard<std::mutex> l(mu_);
@@ -377,6 +384,7 @@ class FakeOffload final : public v1::Offload::Service {
         if (serve_ring_ && r.hello().has_ring()) {
           attached_ = FakeRing::Map(r.hello().ring().fd());
           resp.mutable_hello()->set_ring_attached(attached_ != nullptr);
+          if (attached_ != nullptr) attached_->AdvertisePolling(ring_poll_microseconds_);
         }
         if (resumable_) {
           resp.mutable_hello()->set_resume_token(token_);
@@ -494,6 +502,7 @@ class FakeOffload final : public v1::Offload::Service {
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   bool serve_ring_ = false;
+  uint32_t ring_poll_microseconds_ = 0;
   bool hold_ring_requests_ = false;
   int ring_requests_ = 0;       // submissions taken from rings
   int ring_ids_on_stream_ = 0;  // ring request ids refused on a ring session's stream
@@ -1037,6 +1046,27 @@ TEST_F(ClientTest, ReleaseAfterReloadCutByARestartIsUnconfirmedNotLost) {
   absl::StatusOr<ReloadResult> other =
       client->Reload(kept->block_id, *region_id, 8192, Priority::kUrgent).get();
   EXPECT_TRUE(other.ok()) << other.status();
+}
+
+// A daemon that advertises timed polls gets an offload without a wake-up; a caller waiting on
+// the offload's Reply wakes it (this fake says it polls but sleeps until rung, so only that
+// wake-up gets the offload answered).
+TEST_F(ClientTest, WaitingOnARingReplyWakesADaemonThatDeferredIt) {
+  service_->set_serve_ring(true);
+  service_->set_ring_poll_microseconds(500);
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->ring_active());
+  absl::StatusOr<ShmRegion> region = ShmRegion::Create(64 << 10);
+  ASSERT_TRUE(region.ok()) << region.status();
+  absl::StatusOr<uint64_t> region_id = client->RegisterShmRegion(*region);
+  ASSERT_TRUE(region_id.ok()) << region_id.status();
+  Reply<absl::StatusOr<OffloadResult>> offload = client->Offload(*region_id, 0, 4096);
+  ASSERT_EQ(offload.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  absl::StatusOr<OffloadResult> done = offload.get();
+  EXPECT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(service_->ring_requests(), 1);
+  EXPECT_EQ(client->counters().ring_requests_sent, 1u);
 }
 
 // A daemon restart on a shared pool with the request ring in use: the resume's Hello offers a

@@ -82,7 +82,7 @@ size_t RingCore::pending() const {
 
 void RingCore::RingDaemon(bool deferrable) {
   if (deferrable && control_->state.poll_microseconds.load(std::memory_order_seq_cst) != 0) {
-    unrung_.store(true, std::memory_order_relaxed);
+    unrung_.store(true, std::memory_order_release);
     deferred_wakes_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -101,9 +101,7 @@ bool RingCore::SleepUntil(Ready ready, double deadline_seconds) {
     const double left = deadline_seconds - NowSeconds();
     // About to sleep on an answer (or a slot) while a submission went unrung: ring now rather
     // than wait for the daemon's next poll.
-    if (!done && left > 0 && unrung_.exchange(false, std::memory_order_relaxed)) {
-      control_->daemon_doorbell.Ring();
-    }
+    if (!done && left > 0) FlushDeferredWake();
     if (!done && left > 0) control_->client_doorbell.Sleep(seen, left);
     control_->client_doorbell.Disarm();
     if (done) return true;

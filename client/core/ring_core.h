@@ -95,6 +95,11 @@ class RingCore {
   bool corrupt() const;
   // Requests submitted and not yet taken by Poll / Wait / WaitAny.
   size_t pending() const;
+  // Rings the daemon now if a submission's wake-up was deferred and nobody rang since (for a
+  // thread about to wait for an answer by other means than this core's waits).
+  void FlushDeferredWake() {
+    if (unrung_.exchange(false, std::memory_order_acq_rel)) control_->daemon_doorbell.Ring();
+  }
   // Submissions published without ringing the daemon (it was polling) so far.
   uint64_t deferred_wakes() const { return deferred_wakes_.load(std::memory_order_relaxed); }
 
