@@ -203,7 +203,7 @@ def daemon_binary(bin_dir):
 
 
 class Daemon:
-    def __init__(self, binary, row, workdir):
+    def __init__(self, binary, row, workdir, extra=()):
         self.sock = os.path.join(workdir, "d.sock")
         conf = os.path.join(workdir, "offloadd.conf")
         with open(conf, "w") as f:
@@ -212,7 +212,8 @@ class Daemon:
         self.log = open(os.path.join(workdir, "daemon.log"), "w")
         self.proc = subprocess.Popen(
             [binary, "--config", conf, "--socket_path", self.sock, "--pool_bytes", str(pool),
-             "--metrics_address", ""], stdout=subprocess.PIPE, stderr=self.log, text=True)
+             "--metrics_address", ""] + list(extra), stdout=subprocess.PIPE, stderr=self.log,
+            text=True)
         deadline = time.monotonic() + 30
         for line in self.proc.stdout:
             if line.startswith("offloadd: ready on"):
@@ -235,10 +236,11 @@ class Daemon:
         return self.proc.returncode
 
 
-def run_row(row, binary, modes, lead_ms):
-    """Starts a daemon and one worker per GPU; returns every worker's step records."""
+def run_row(row, binary, modes, lead_ms, daemon_args=()):
+    """Starts a daemon (with ``daemon_args`` added) and one worker per GPU; returns every
+    worker's step records."""
     workdir = tempfile.mkdtemp(prefix="ofd-study-")
-    daemon = Daemon(binary, row, workdir)
+    daemon = Daemon(binary, row, workdir, daemon_args)
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "client", "python"),
                OMP_NUM_THREADS="1")
     spec = {"socket": daemon.sock, "layers": row.layers, "forward_s": row.forward_sim_s,
@@ -540,6 +542,9 @@ def main():
                     help="seed rows: host CPU per kernel launch, µs, or 'bound' (F / K)")
     ap.add_argument("--kernels_per_forward", type=int, default=40,
                     help="seed rows: kernel launches per layer forward (K)")
+    ap.add_argument("--ring_poll_seconds", type=float, default=None,
+                    help="the daemon's ring_poll_seconds (default: the daemon's; 0: every ring "
+                         "submission wakes the daemon)")
     ap.add_argument("--bin")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -557,7 +562,8 @@ def main():
     for row in select_rows(args):
         cycle = ["none", "offload"] + (["save_on_cpu"] if row.measured else [])
         modes = ["offload"] * args.warmup + cycle * args.pairs
-        results = run_row(row, binary, modes, args.lead_ms)
+        results = run_row(row, binary, modes, args.lead_ms, () if args.ring_poll_seconds is None
+                          else ("--ring_poll_seconds", repr(args.ring_poll_seconds)))
         s = summarize(row, results, args.warmup)
         print_row(s)
         table.append(s)
