@@ -575,6 +575,25 @@ class ClientTest : public ::testing::Test {
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? *std::move(client) : nullptr;
   }
+  // A client connected to a fake that serves the request ring (attached), with a 64 KiB shm
+  // region registered.
+  struct RingClient {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<ShmRegion> region;
+    uint64_t region_id = 0;
+  };
+  void ConnectWithRing(RingClient* out) {
+    service_->set_serve_ring(true);
+    out->client = MustConnect();
+    ASSERT_NE(out->client, nullptr);
+    ASSERT_TRUE(out->client->ring_active());
+    absl::StatusOr<ShmRegion> region = ShmRegion::Create(64 << 10);
+    ASSERT_TRUE(region.ok()) << region.status();
+    out->region = std::make_unique<ShmRegion>(*std::move(region));
+    absl::StatusOr<uint64_t> region_id = out->client->RegisterShmRegion(*out->region);
+    ASSERT_TRUE(region_id.ok()) << region_id.status();
+    out->region_id = *region_id;
+  }
 
   std::string dir_;
   std::string socket_path_;
@@ -1052,21 +1071,15 @@ TEST_F(ClientTest, ReleaseAfterReloadCutByARestartIsUnconfirmedNotLost) {
 // the offload's Reply wakes it (this fake says it polls but sleeps until rung, so only that
 // wake-up gets the offload answered).
 TEST_F(ClientTest, WaitingOnARingReplyWakesADaemonThatDeferredIt) {
-  service_->set_serve_ring(true);
   service_->set_ring_poll_microseconds(500);
-  std::unique_ptr<Client> client = MustConnect();
-  ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(client->ring_active());
-  absl::StatusOr<ShmRegion> region = ShmRegion::Create(64 << 10);
-  ASSERT_TRUE(region.ok()) << region.status();
-  absl::StatusOr<uint64_t> region_id = client->RegisterShmRegion(*region);
-  ASSERT_TRUE(region_id.ok()) << region_id.status();
-  Reply<absl::StatusOr<OffloadResult>> offload = client->Offload(*region_id, 0, 4096);
+  RingClient rc;
+  ASSERT_NO_FATAL_FAILURE(ConnectWithRing(&rc));
+  Reply<absl::StatusOr<OffloadResult>> offload = rc.client->Offload(rc.region_id, 0, 4096);
   ASSERT_EQ(offload.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   absl::StatusOr<OffloadResult> done = offload.get();
   EXPECT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(service_->ring_requests(), 1);
-  EXPECT_EQ(client->counters().ring_requests_sent, 1u);
+  EXPECT_EQ(rc.client->counters().ring_requests_sent, 1u);
 }
 
 // A daemon restart on a shared pool with the request ring in use: the resume's Hello offers a
@@ -1077,23 +1090,18 @@ TEST_F(ClientTest, WaitingOnARingReplyWakesADaemonThatDeferredIt) {
 // offloaded before the restart reloads byte-exact.
 TEST_F(ClientTest, AResumedSessionOffersANewRingAndSendsOnIt) {
   service_->set_resumable(true);
-  service_->set_serve_ring(true);
-  std::unique_ptr<Client> client = MustConnect();
-  ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(client->ring_active());
-  absl::StatusOr<ShmRegion> region = ShmRegion::Create(64 << 10);
-  ASSERT_TRUE(region.ok()) << region.status();
-  auto* bytes = static_cast<unsigned char*>(region->data());
+  RingClient rc;
+  ASSERT_NO_FATAL_FAILURE(ConnectWithRing(&rc));
+  Client* client = rc.client.get();
+  auto* bytes = static_cast<unsigned char*>(rc.region->data());
   for (size_t i = 0; i < 8192; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 3);
   const std::string sent(reinterpret_cast<const char*>(bytes), 4096);
-  absl::StatusOr<uint64_t> region_id = client->RegisterShmRegion(*region);
-  ASSERT_TRUE(region_id.ok()) << region_id.status();
-  absl::StatusOr<OffloadResult> before = client->Offload(*region_id, 0, 4096).get();
+  absl::StatusOr<OffloadResult> before = client->Offload(rc.region_id, 0, 4096).get();
   ASSERT_TRUE(before.ok()) << before.status();
   EXPECT_EQ(service_->ring_requests(), 1);
   // The daemon takes the next offload from the ring and dies before answering it.
   service_->set_hold_ring_requests(true);
-  Reply<absl::StatusOr<OffloadResult>> cut = client->Offload(*region_id, 4096, 4096);
+  Reply<absl::StatusOr<OffloadResult>> cut = client->Offload(rc.region_id, 4096, 4096);
   service_->WaitForRingRequests(2);
   EXPECT_EQ(client->counters().ring_requests_sent, 2u);
 
@@ -1117,12 +1125,12 @@ TEST_F(ClientTest, AResumedSessionOffersANewRingAndSendsOnIt) {
 
   std::memset(bytes + 16384, 0, 4096);
   absl::StatusOr<ReloadResult> reload =
-      client->Reload(before->block_id, *region_id, 16384, Priority::kUrgent).get();
+      client->Reload(before->block_id, rc.region_id, 16384, Priority::kUrgent).get();
   ASSERT_TRUE(reload.ok()) << reload.status();
   EXPECT_EQ(reload->bytes, 4096u);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(bytes + 16384), 4096), sent);
   EXPECT_TRUE(client->Release(resent->block_id).get().ok());
-  absl::StatusOr<OffloadResult> after = client->Offload(*region_id, 8192, 4096).get();
+  absl::StatusOr<OffloadResult> after = client->Offload(rc.region_id, 8192, 4096).get();
   ASSERT_TRUE(after.ok()) << after.status();
   // The reload, the release and the offload after the resume went on the new ring.
   EXPECT_EQ(service_->ring_requests(), 3);
@@ -1134,15 +1142,10 @@ TEST_F(ClientTest, AResumedSessionOffersANewRingAndSendsOnIt) {
 // over the stream alone (ring_active() false, nothing counted on the ring) and works.
 TEST_F(ClientTest, AResumeWhoseRingIsRefusedRunsOnTheStream) {
   service_->set_resumable(true);
-  service_->set_serve_ring(true);
-  std::unique_ptr<Client> client = MustConnect();
-  ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(client->ring_active());
-  absl::StatusOr<ShmRegion> region = ShmRegion::Create(64 << 10);
-  ASSERT_TRUE(region.ok()) << region.status();
-  absl::StatusOr<uint64_t> region_id = client->RegisterShmRegion(*region);
-  ASSERT_TRUE(region_id.ok()) << region_id.status();
-  absl::StatusOr<OffloadResult> before = client->Offload(*region_id, 0, 4096).get();
+  RingClient rc;
+  ASSERT_NO_FATAL_FAILURE(ConnectWithRing(&rc));
+  Client* client = rc.client.get();
+  absl::StatusOr<OffloadResult> before = client->Offload(rc.region_id, 0, 4096).get();
   ASSERT_TRUE(before.ok()) << before.status();
   StopServer();
   std::map<uint64_t, std::string> pool = service_->blocks();
@@ -1159,7 +1162,7 @@ TEST_F(ClientTest, AResumeWhoseRingIsRefusedRunsOnTheStream) {
   EXPECT_TRUE(service_->last_hello().has_ring());  // offered, not attached
   EXPECT_FALSE(client->ring_active());
   absl::StatusOr<ReloadResult> reload =
-      client->Reload(before->block_id, *region_id, 8192, Priority::kUrgent).get();
+      client->Reload(before->block_id, rc.region_id, 8192, Priority::kUrgent).get();
   ASSERT_TRUE(reload.ok()) << reload.status();
   EXPECT_TRUE(client->Release(before->block_id).get().ok());
   EXPECT_EQ(client->counters().ring_requests_sent, 1u);
