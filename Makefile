@@ -6,7 +6,7 @@ SHELL := /bin/bash
 BAZEL ?= bazel
 BIN := build/bin
 TARGETS := //server:offloadd //client/cli:offloadctl //bench:checkpoint_workload \
-  //client/core:liboffloadd_core.so
+  //client/core:liboffloadd_core.so //client/core:ring_fast.so
 
 .PHONY: deps venv wheel build run demo demo-torch test bench gpu-bundle image fmt clean fuzz soak test-asan test-tsan tsa
 
@@ -27,7 +27,7 @@ build: venv
 	$(BAZEL) build $(TARGETS)
 	@mkdir -p $(BIN)
 	@for t in server/offloadd client/cli/offloadctl bench/checkpoint_workload \
-	  client/core/liboffloadd_core.so; do \
+	  client/core/liboffloadd_core.so client/core/ring_fast.so; do \
 	  install -m 0755 bazel-out/k8-opt/bin/$$t $(BIN)/; done
 	@bash client/python/gen_proto.sh >/dev/null
 
