@@ -17,9 +17,9 @@ PY := .venv/bin/python
 venv: deps
 	@bash deploy/python-env.sh
 
-# The Python package as a wheel in build/wheel, its path printed last: stubs and the native core
-# liboffloadd_core.so inside, py3-none-manylinux_2_N (deploy/wheel.sh; depends on grpcio and
-# protobuf). pip install it where the training runs: docs/install-wheel.md.
+# The Python package as a wheel in build/wheel, its path printed last: stubs, the native core
+# liboffloadd_core.so and the ring's extension module _ring_fast.abi3.so inside,
+# cp310-abi3-manylinux_2_N (deploy/wheel.sh; depends on grpcio and protobuf). pip install it where the training runs: docs/install-wheel.md.
 wheel: venv
 	@bash deploy/wheel.sh
 

@@ -1,12 +1,22 @@
-"""ctypes binding of the native client core (client/core/offloadd_core.h): the request ring of a
+"""Binding of the native client core (client/core/offloadd_core.h): the request ring of a
 session, without a Python thread per request or per answer.
 
-The core is liboffloadd_core.so (``bazel build //client/core:liboffloadd_core.so``); it links no
-gRPC and no Python: ctypes releases the GIL during every call, so :meth:`NativeRing.wait`
-sleeps in a futex with the GIL released. The library is found at $OFFLOADD_CORE_LIB, beside
-this file, in the repository's build/bin (``make build``) or where a Bazel build of the
-repository leaves it; :func:`load` raises OSError
-naming the places it looked.
+The core is liboffloadd_core.so (``bazel build //client/core:liboffloadd_core.so``), loaded with
+ctypes; it links no gRPC and no Python. The hot calls (the submissions offload, reload, release
+and drain) go through the extension module offloadd._ring_fast
+(client/core/ring_fast_module.c, ``bazel build //client/core:ring_fast.so``; CPython's stable
+ABI of 3.10), which parses the arguments in C instead of ctypes' per-call conversion: it links
+no second core but is handed the addresses of the ctypes-loaded library's functions. Both
+release the GIL during calls that may sleep, so :meth:`NativeRing.wait`, a drain with a timeout
+and a submission waiting for a slot sleep in a futex with the GIL released.
+:attr:`NativeRing.binding` says which is in use: "c-extension", or "ctypes" when the module is
+not built or does not load, or $OFFLOADD_RING_FAST is 0 (:data:`ring_fast_error` says why).
+
+The library is found at $OFFLOADD_CORE_LIB, beside this file, in the repository's build/bin
+(``make build``) or where a Bazel build of the repository leaves it; :func:`load` raises OSError
+naming the places it looked. The extension module is found beside this file
+(_ring_fast.abi3.so, in the wheel), else as ring_fast.so where a Bazel build or ``make build``
+leaves it (:func:`load_ring_fast`).
 
 Use: create a :class:`NativeRing`, name ``ring.fd`` in Hello (``Hello.ring.fd``) on the
 session's stream, and once ``HelloReply.ring_attached`` submit offloads, reloads and releases
