@@ -8,7 +8,8 @@
  * offloadd._native loaded (one core in the process), and every call names the ring by its
  * pointer (an int), as the C ABI does.
  *
- *   bind(offload_fn, reload_fn, release_fn, drain_fn)      addresses (ints); None
+ *   bind(offload_fn, reload_fn, release_fn, drain_fn)      addresses (ints); None. Once per
+ *          process: RuntimeError for other addresses than the first call's.
  *   offload(ring, region_id, offset_bytes, size_bytes, tag, ready_event, has_ordering,
  *           order_step, order_position, timeout_seconds)   -> request id (int; 0: refused)
  *   reload(ring, block_id, tag, region_id, offset_bytes, priority, release_after,
@@ -130,6 +131,14 @@ static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     if (!get_u64(args[i], &a[i])) return NULL;
     if (a[i] == 0) return PyErr_Format(PyExc_ValueError, "bind(): function address %d is 0", i);
   }
+  /* One set of addresses per process: a second core (another copy of offloadd loaded the same
+   * file) keeps ctypes rather than send its rings to the first core's functions. */
+  if (g.offload != NULL &&
+      (g.offload != (offload_fn)(uintptr_t)a[0] || g.reload != (reload_fn)(uintptr_t)a[1] ||
+       g.release != (release_fn)(uintptr_t)a[2] || g.drain != (drain_fn)(uintptr_t)a[3]))
+    return PyErr_Format(PyExc_RuntimeError,
+                        "offloadd._ring_fast is bound to another liboffloadd_core.so of this "
+                        "process: this one is called through ctypes");
   g.offload = (offload_fn)(uintptr_t)a[0];
   g.reload = (reload_fn)(uintptr_t)a[1];
   g.release = (release_fn)(uintptr_t)a[2];

@@ -131,9 +131,12 @@ def load_ring_fast():
         except (ImportError, OSError) as e:
             errors.append("%s: %s" % (path, e))
             continue
-        address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
-        module.bind(address(lib.offloadd_ring_offload), address(lib.offloadd_ring_reload),
-                    address(lib.offloadd_ring_release), address(lib.offloadd_ring_drain))
+        try:
+            module.bind(*(ctypes.cast(getattr(lib, "offloadd_ring_" + name), ctypes.c_void_p)
+                          .value for name in ("offload", "reload", "release", "drain")))
+        except RuntimeError as e:  # bound to another core of this process
+            errors.append("%s: %s" % (path, e))
+            continue
         _fast, ring_fast_error = module, None
         return module
     ring_fast_error = "the extension module was not found or did not load (" + \

@@ -308,6 +308,9 @@ class RingFastModuleTest(unittest.TestCase):
             self.fast.release(0, 1, 0, 0.0)  # no ring
         with self.assertRaises(ValueError):
             self.fast.drain(ptr, 65, 0.0)
+        # Bound once per process: other addresses (another core) are refused, the first kept.
+        with self.assertRaisesRegex(RuntimeError, "bound to another liboffloadd_core.so"):
+            self.fast.bind(1, 2, 3, 4)
         self.assertEqual(ring.pending, 0)
         # A release on a ring nobody serves: submitted (an id with bit 63), answered by nobody.
         rid = self.fast.release(ptr, 1, 0, 0.0)
