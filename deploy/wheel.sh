@@ -41,7 +41,8 @@ wheel=$(ls "$out"/offloadd-*.whl)
 "$PY" - "$wheel" <<'PYEOF'
 import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
-want = {"offloadd/liboffloadd_core.so", "offloadd/_ring_fast.abi3.so", "offloadd/_native.py", "offloadd/v1/offload_pb2.py",
+want = {"offloadd/liboffloadd_core.so", "offloadd/_ring_fast.abi3.so", "offloadd/_native.py",
+        "offloadd/v1/offload_pb2.py",
         "offloadd/v1/offload_pb2_grpc.py", "offloadd/v1/projector_pb2.py",
         "offloadd/torch/__init__.py", "offloadd/testing/sim_gpu.py",
         "offloadd/galore/__init__.py"}

@@ -160,7 +160,8 @@ static PyObject* offload(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     return NULL;
   Py_BEGIN_ALLOW_THREADS id = g.offload(ring, region, offset, size, tag, event,
                                         has_ordering != 0, step, position, timeout);
-  Py_END_ALLOW_THREADS return PyLong_FromUnsignedLongLong(id);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromUnsignedLongLong(id);
 }
 
 static PyObject* reload(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -176,9 +177,11 @@ static PyObject* reload(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
       !get_double(args[7], &deadline) || !get_event(args[8], ready_buf, &ready) ||
       !get_event(args[9], done_buf, &done) || !get_double(args[10], &timeout))
     return NULL;
-  Py_BEGIN_ALLOW_THREADS id = g.reload(ring, block, tag, region, offset, (uint32_t)priority, /* as ctypes */
+  /* priority: its low 32 bits, as ctypes passes a c_uint32 */
+  Py_BEGIN_ALLOW_THREADS id = g.reload(ring, block, tag, region, offset, (uint32_t)priority,
                                        release_after != 0, deadline, ready, done, timeout);
-  Py_END_ALLOW_THREADS return PyLong_FromUnsignedLongLong(id);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromUnsignedLongLong(id);
 }
 
 static PyObject* release(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -190,7 +193,8 @@ static PyObject* release(PyObject* self, PyObject* const* args, Py_ssize_t nargs
       !get_double(args[3], &timeout))
     return NULL;
   Py_BEGIN_ALLOW_THREADS id = g.release(ring, block, tag, timeout);
-  Py_END_ALLOW_THREADS return PyLong_FromUnsignedLongLong(id);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromUnsignedLongLong(id);
 }
 
 /* One answer as the 9-tuple NativeRing.drain returns; NULL with an error set on failure. */
