@@ -7,11 +7,15 @@ stubs must already be present.
 
 build_py also copies the native client core, liboffloadd_core.so, into the built package beside
 _native.py (where offloadd._native.load() looks first): from $OFFLOADD_CORE_LIB, else where a
-Bazel build of the repository leaves it (``bazel build //client/core:liboffloadd_core.so``). The
-wheel is then ``py3-none-<platform>``: the core is loaded with ctypes, so one wheel serves every
-CPython; the platform is ``manylinux_2_<N>_<arch>`` with N the newest glibc symbol version the
-core needs (core_platform_tag below, which refuses a core that links anything but glibc,
-libstdc++ and libgcc_s, or needs a libstdc++ newer than GCC 8's).
+Bazel build of the repository leaves it (``bazel build //client/core:liboffloadd_core.so``), and,
+when it is built, the extension module of the ring's hot calls as offloadd/_ring_fast.abi3.so:
+from $OFFLOADD_RING_FAST_LIB, else the Bazel output (``bazel build //client/core:ring_fast.so``).
+The core is loaded with ctypes; the extension is on CPython's stable ABI (3.10). The wheel is
+``cp310-abi3-<platform>`` when it carries the extension (one wheel for every CPython >= 3.10),
+else ``py3-none-<platform>``; the platform is ``manylinux_2_<N>_<arch>`` with N the newest glibc
+symbol version the core or the extension needs (core_platform_tag below, which refuses a core
+that links anything but glibc, libstdc++ and libgcc_s, or needs a libstdc++ newer than GCC 8's,
+and an extension that links anything but glibc).
 """
 
 import os
@@ -32,6 +36,16 @@ CORE_CANDIDATES = (
     os.path.join(REPO, "bazel-bin", "client", "core", CORE),
     os.path.join(REPO, "bazel-out", "k8-opt", "bin", "client", "core", CORE),
 )
+FAST = "ring_fast.so"
+FAST_IN_PACKAGE = "_ring_fast.abi3.so"  # the name offloadd._native looks for beside itself
+FAST_CANDIDATES = (
+    os.path.join(REPO, "bazel-bin", "client", "core", FAST),
+    os.path.join(REPO, "bazel-out", "k8-opt", "bin", "client", "core", FAST),
+)
+# What the extension module may load: glibc's own libraries (never libpython: the interpreter
+# provides its symbols).
+GLIBC_ONLY = re.compile(r"^(libc|libm|libdl|librt|libpthread)\.so\.\d+$"
+                        r"|^ld-linux-x86-64\.so\.2$")
 # What the core may load: glibc's own libraries, libstdc++ and libgcc_s (every distribution has
 # them; manylinux allows them). Never libpython (ctypes needs no Python ABI) nor libtorch.
 ALLOWED_NEEDED = re.compile(r"^(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+)\.so\.\d+$"
@@ -53,22 +67,43 @@ def find_core():
                        "OFFLOADD_CORE_LIB to its path" % (CORE, " or ".join(paths)))
 
 
+def find_fast():
+    """Path of the extension module to package, or None when it is not built. Raises
+    RuntimeError when $OFFLOADD_RING_FAST_LIB names a file that is not there."""
+    env = os.environ.get("OFFLOADD_RING_FAST_LIB")
+    if env:
+        if not os.path.isfile(env):
+            raise RuntimeError("offloadd: OFFLOADD_RING_FAST_LIB=%s is not a file: build it with "
+                               "'bazel build //client/core:ring_fast.so'" % env)
+        return env
+    for path in FAST_CANDIDATES:
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def _objdump(flag, path):
     return subprocess.run(["objdump", flag, path], check=True, capture_output=True,
                           text=True).stdout
 
 
-def core_platform_tag(path):
+def core_platform_tag(path, glibc_only=False):
     """``manylinux_2_<N>_<arch>`` for the core at ``path``: N is the newest GLIBC_2.N symbol
     version it imports. Raises RuntimeError when it needs a library outside ALLOWED_NEEDED or a
-    libstdc++/libgcc symbol version newer than MAX_VERSIONS (objdump from binutils reads it)."""
+    libstdc++/libgcc symbol version newer than MAX_VERSIONS (objdump from binutils reads it).
+    ``glibc_only``: for the extension module, which may need glibc's libraries alone."""
     needed = re.findall(r"^\s*NEEDED\s+(\S+)", _objdump("-p", path), re.M)
-    foreign = [n for n in needed if not ALLOWED_NEEDED.match(n)]
+    allowed = GLIBC_ONLY if glibc_only else ALLOWED_NEEDED
+    foreign = [n for n in needed if not allowed.match(n)]
     if foreign:
-        raise RuntimeError("offloadd: %s links %s: the wheel's core may need only glibc, "
-                           "libstdc++ and libgcc_s" % (path, ", ".join(foreign)))
+        raise RuntimeError("offloadd: %s links %s: the wheel's %s" % (
+            path, ", ".join(foreign), "extension module may need only glibc" if glibc_only
+            else "core may need only glibc, libstdc++ and libgcc_s"))
     versions = set(re.findall(r"\((GLIBC|GLIBCXX|CXXABI|GCC)_([0-9.]+)\)",
                               _objdump("-T", path)))
+    if glibc_only and any(name != "GLIBC" for name, _ in versions):
+        raise RuntimeError("offloadd: %s imports libstdc++ or libgcc symbols: the wheel's "
+                           "extension module may need only glibc" % path)
     glibc_minor = 0
     for name, number in versions:
         parts = tuple(int(x) for x in number.split("."))
@@ -97,14 +132,30 @@ class BuildPyWithStubs(build_py):
         target = os.path.join(self.build_lib, "offloadd", CORE)
         shutil.copyfile(find_core(), target)
         os.chmod(target, 0o755)
+        fast = find_fast()
+        if fast is not None:
+            target = os.path.join(self.build_lib, "offloadd", FAST_IN_PACKAGE)
+            shutil.copyfile(fast, target)
+            os.chmod(target, 0o755)
+
+
+def _glibc_minor(tag):
+    return int(re.match(r"manylinux_2_(\d+)_", tag).group(1))
 
 
 class PlatformWheel(bdist_wheel):
-    """A ``py3-none-<platform>`` wheel: platform-specific (it carries the core) but for every
-    Python 3 (ctypes, no extension module)."""
+    """A platform-specific wheel (it carries the core): ``cp310-abi3-<platform>`` when it carries
+    the extension module (CPython's stable ABI of 3.10: every CPython >= 3.10), else
+    ``py3-none-<platform>`` (ctypes alone: every Python 3). The platform needs the newer glibc
+    of the two libraries."""
 
     def get_tag(self):
-        return "py3", "none", core_platform_tag(find_core())
+        core_tag = core_platform_tag(find_core())
+        fast = find_fast()
+        if fast is None:
+            return "py3", "none", core_tag
+        fast_tag = core_platform_tag(fast, glibc_only=True)
+        return "cp310", "abi3", max(core_tag, fast_tag, key=_glibc_minor)
 
 
 class CoreDistribution(Distribution):

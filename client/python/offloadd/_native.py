@@ -1,12 +1,22 @@
-"""ctypes binding of the native client core (client/core/offloadd_core.h): the request ring of a
+"""Binding of the native client core (client/core/offloadd_core.h): the request ring of a
 session, without a Python thread per request or per answer.
 
-The core is liboffloadd_core.so (``bazel build //client/core:liboffloadd_core.so``); it links no
-gRPC and no Python: ctypes releases the GIL during every call, so :meth:`NativeRing.wait`
-sleeps in a futex with the GIL released. The library is found at $OFFLOADD_CORE_LIB, beside
-this file, in the repository's build/bin (``make build``) or where a Bazel build of the
-repository leaves it; :func:`load` raises OSError
-naming the places it looked.
+The core is liboffloadd_core.so (``bazel build //client/core:liboffloadd_core.so``), loaded with
+ctypes; it links no gRPC and no Python. The hot calls (the submissions offload, reload, release
+and drain) go through the extension module offloadd._ring_fast
+(client/core/ring_fast_module.c, ``bazel build //client/core:ring_fast.so``; CPython's stable
+ABI of 3.10), which parses the arguments in C instead of ctypes' per-call conversion: it links
+no second core but is handed the addresses of the ctypes-loaded library's functions. Both
+release the GIL during calls that may sleep, so :meth:`NativeRing.wait`, a drain with a timeout
+and a submission waiting for a slot sleep in a futex with the GIL released.
+:attr:`NativeRing.binding` says which is in use: "c-extension", or "ctypes" when the module is
+not built or does not load, or $OFFLOADD_RING_FAST is 0 (:data:`ring_fast_error` says why).
+
+The library is found at $OFFLOADD_CORE_LIB, beside this file, in the repository's build/bin
+(``make build``) or where a Bazel build of the repository leaves it; :func:`load` raises OSError
+naming the places it looked. The extension module is found beside this file
+(_ring_fast.abi3.so, in the wheel), else as ring_fast.so where a Bazel build or ``make build``
+leaves it (:func:`load_ring_fast`).
 
 Use: create a :class:`NativeRing`, name ``ring.fd`` in Hello (``Hello.ring.fd``) on the
 session's stream, and once ``HelloReply.ring_attached`` submit offloads, reloads and releases
@@ -15,6 +25,7 @@ request ids are ints with bit 63 set. Event handles: None or 64 bytes.
 """
 
 import ctypes
+import importlib.util
 import os
 import threading
 import weakref
@@ -28,6 +39,15 @@ _CANDIDATES = (
     os.path.join(_REPO, "bazel-out", "k8-opt", "bin", "client", "core", "liboffloadd_core.so"),
     os.path.join(_REPO, "bazel-out", "k8-fastbuild", "bin", "client", "core",
                  "liboffloadd_core.so"),
+)
+
+# The extension module of the ring's hot calls (client/core/ring_fast_module.c): in the wheel
+# beside this file, else where `make build` or a Bazel build of the repository leaves it.
+_FAST_CANDIDATES = (
+    os.path.join(_HERE, "_ring_fast.abi3.so"),
+    os.path.join(_REPO, "bazel-bin", "client", "core", "ring_fast.so"),
+    os.path.join(_REPO, "build", "bin", "ring_fast.so"),  # make build
+    os.path.join(_REPO, "bazel-out", "k8-opt", "bin", "client", "core", "ring_fast.so"),
 )
 
 # Results of poll and wait (offloadd_core.h).
@@ -80,6 +100,48 @@ def load():
     raise OSError("the offloadd native core (liboffloadd_core.so) was not found: build it with "
                   "'bazel build //client/core:liboffloadd_core.so' or set OFFLOADD_CORE_LIB ("
                   + "; ".join(errors) + ")")
+
+
+_fast = None        # the loaded offloadd._ring_fast, bound to _lib's functions
+ring_fast_error = None  # why NativeRings use ctypes (a sentence), or None
+
+
+def load_ring_fast():
+    """The extension module of the ring's hot calls, bound to the loaded core, or None (then
+    NativeRing calls the core through ctypes; :data:`ring_fast_error` says why): when
+    $OFFLOADD_RING_FAST is 0, when it was not built, or when it does not load (a CPython older
+    than 3.10). Loads the core first (OSError as :func:`load`)."""
+    global _fast, ring_fast_error
+    lib = load()
+    if os.environ.get("OFFLOADD_RING_FAST", "1") == "0":
+        ring_fast_error = "OFFLOADD_RING_FAST=0"
+        return None
+    if _fast is not None:
+        ring_fast_error = None
+        return _fast
+    errors = []
+    for path in _FAST_CANDIDATES:
+        if not os.path.exists(path):
+            errors.append("%s: missing" % path)
+            continue
+        try:
+            spec = importlib.util.spec_from_file_location("offloadd._ring_fast", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except (ImportError, OSError) as e:
+            errors.append("%s: %s" % (path, e))
+            continue
+        try:
+            module.bind(*(ctypes.cast(getattr(lib, "offloadd_ring_" + name), ctypes.c_void_p)
+                          .value for name in ("offload", "reload", "release", "drain")))
+        except RuntimeError as e:  # bound to another core of this process
+            errors.append("%s: %s" % (path, e))
+            continue
+        _fast, ring_fast_error = module, None
+        return module
+    ring_fast_error = "the extension module was not found or did not load (" + \
+        "; ".join(errors) + ")"
+    return None
 
 
 def _declare(lib):
@@ -167,6 +229,12 @@ class NativeRing:
 
     def __init__(self, entries=256):
         self._lib = load()
+        fast = self._fast = load_ring_fast()
+        # The submissions and drain: the extension module's functions (same arguments; events
+        # checked there) or the core's through ctypes.
+        self._offload_fn = fast.offload if fast else self._lib.offloadd_ring_offload
+        self._reload_fn = fast.reload if fast else self._lib.offloadd_ring_reload
+        self._release_fn = fast.release if fast else self._lib.offloadd_ring_release
         self._lock = threading.Lock()  # close() against close()
         self._released = False   # close() was called
         self._ring = None        # the native ring while usable (None after close())
@@ -196,6 +264,12 @@ class NativeRing:
         return result
 
     @property
+    def binding(self):
+        """How this ring calls the core's submissions and drain: "c-extension" (the module
+        offloadd._ring_fast) or "ctypes" (:data:`ring_fast_error` says why)."""
+        return "c-extension" if self._fast is not None else "ctypes"
+
+    @property
     def fd(self):
         """The memfd descriptor to name in Hello.ring.fd."""
         return self._call(self._lib.offloadd_ring_fd)
@@ -216,25 +290,26 @@ class NativeRing:
         RingFull (no slot freed within ``timeout`` seconds; < 0: no limit), both
         ConnectionErrors, when not submitted; RingReleased after close()."""
         step, position = ordering if ordering is not None else (0, 0)
-        rid = self._call(
-            self._lib.offloadd_ring_offload, region_id, offset, nbytes, tag, _event(ready_event),
-            int(ordering is not None), step, position, timeout)
+        if self._fast is None:
+            ready_event = _event(ready_event)
+        rid = self._call(self._offload_fn, region_id, offset, nbytes, tag, ready_event,
+                         int(ordering is not None), step, position, timeout)
         return rid or self._submitted(rid)
 
     def reload(self, block_id, region_id, offset, priority=URGENT, release_after=False,
                deadline_seconds=0.0, tag=0, ready_event=None, done_event=None, timeout=-1.0):
         """Submits a reload of block ``block_id`` (0: the block offloaded with ``tag``) to
         ``offset`` of region ``region_id``; its request id. Raises as :meth:`offload`."""
-        rid = self._call(
-            self._lib.offloadd_ring_reload, block_id, tag, region_id, offset, priority,
-            int(release_after), deadline_seconds, _event(ready_event), _event(done_event), timeout)
+        if self._fast is None:
+            ready_event, done_event = _event(ready_event), _event(done_event)
+        rid = self._call(self._reload_fn, block_id, tag, region_id, offset, priority,
+                         int(release_after), deadline_seconds, ready_event, done_event, timeout)
         return rid or self._submitted(rid)
 
     def release(self, block_id, tag=0, timeout=-1.0):
         """Submits a release of block ``block_id`` (0: by ``tag``); its request id. Raises as
         :meth:`offload`."""
-        return self._submitted(self._call(self._lib.offloadd_ring_release, block_id, tag,
-                                          timeout))
+        return self._submitted(self._call(self._release_fn, block_id, tag, timeout))
 
     def poll(self, request_id):
         """``(result, Completion or None)``: DONE with the answer (taken), or PENDING, CLOSED,
@@ -270,11 +345,13 @@ class NativeRing:
         str, "" unless ERROR). Sleeps (GIL released) up to ``timeout`` seconds for the first (0:
         not at all; None: no limit). None when none was there and the ring is closed (the
         session ended). A killed daemon leaves the ring open: bound the wait."""
+        timeout = -1.0 if timeout is None else float(timeout)
+        if self._fast is not None:  # the tuples are made in C
+            return self._call(self._fast.drain, DRAIN_BATCH, timeout)
         buf = getattr(self._local, "buf", None)
         if buf is None:
             buf = self._local.buf = (Completion * DRAIN_BATCH)()
-        n = self._call(self._lib.offloadd_ring_drain, buf, DRAIN_BATCH,
-                       -1.0 if timeout is None else float(timeout))
+        n = self._call(self._lib.offloadd_ring_drain, buf, DRAIN_BATCH, timeout)
         if n < 0:
             return None
         out = []

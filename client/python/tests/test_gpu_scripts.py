@@ -231,7 +231,7 @@ class RunShGpuPathTest(unittest.TestCase):
         self.assertIn("RESULT: all GPU checks passed", out)
         # The client is the bundle's wheel, installed by pip into $OUT/site, native core included.
         site = os.path.join(re.search(r"logs in (\S+)\)", out).group(1), "site")
-        self.assertRegex(out, r"python: offloadd-[0-9.]+-py3-none-manylinux_2_\d+_x86_64\.whl "
+        self.assertRegex(out, r"python: offloadd-[0-9.]+-cp310-abi3-manylinux_2_\d+_x86_64\.whl "
                               r"installed with pip --no-deps into " + re.escape(site))
         self.assertIn("[python_env] NOTE offloadd from %s/offloadd\n" % site, out)
         self.assertIn("[python_env] NOTE offloadd native core %s/offloadd/liboffloadd_core.so\n"

@@ -45,13 +45,26 @@ class InstalledWheelTest(unittest.TestCase):
         finally:
             ring.close()
 
-    def test_installed_distribution_lists_the_core(self):
+    def test_the_ring_uses_the_extension_module_from_beside_native_py(self):
+        from offloadd import _native
+        fast = _native.load_ring_fast()
+        self.assertIsNotNone(fast, _native.ring_fast_error)
+        here = os.path.dirname(os.path.realpath(_native.__file__))
+        self.assertEqual(os.path.realpath(fast.__file__), os.path.join(here, "_ring_fast.abi3.so"))
+        ring = _native.NativeRing(entries=8)
+        try:
+            self.assertEqual(ring.binding, "c-extension")
+        finally:
+            ring.close()
+
+    def test_installed_distribution_lists_the_core_and_the_extension(self):
         dist = importlib.metadata.distribution("offloadd")
         files = {str(f) for f in dist.files}
         self.assertIn("offloadd/liboffloadd_core.so", files)
+        self.assertIn("offloadd/_ring_fast.abi3.so", files)
         self.assertIn("offloadd/v1/offload_pb2.py", files)
         wheel = dist.read_text("WHEEL")
-        self.assertRegex(wheel, r"Tag: py3-none-manylinux_2_\d+_x86_64")
+        self.assertRegex(wheel, r"Tag: cp310-abi3-manylinux_2_\d+_x86_64")
 
     def test_auditwheel_finds_the_platform_tag_the_wheel_claims(self):
         wheel = os.environ.get("OFFLOADD_WHEEL")
@@ -62,7 +75,7 @@ class InstalledWheelTest(unittest.TestCase):
                            timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
         report = json.loads(r.stdout)
-        claimed = re.search(r"-py3-none-(.+)\.whl$", os.path.basename(wheel)).group(1)
+        claimed = re.search(r"-cp310-abi3-(.+)\.whl$", os.path.basename(wheel)).group(1)
         self.assertEqual(report["overall_tag"], claimed)
         self.assertEqual(report["external_libs"], {})  # nothing beyond what manylinux allows
 

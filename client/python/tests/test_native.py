@@ -1,6 +1,9 @@
-"""The native core's ctypes binding (offloadd/_native.py) against the real daemon binary: the
+"""The native core's binding (offloadd/_native.py) against the real daemon binary: the
 session's Hello and region go on a raw gRPC stream, offloads, reloads and releases on the ring
-through liboffloadd_core.so (built by ``bazel build //client/core:liboffloadd_core.so``)."""
+through liboffloadd_core.so (built by ``bazel build //client/core:liboffloadd_core.so``). Every
+test runs under both bindings of the ring's hot calls: the extension module offloadd._ring_fast
+(``bazel build //client/core:ring_fast.so``; the classes without a suffix, which use it when it
+is built) and ctypes (the *Ctypes classes, OFFLOADD_RING_FAST=0)."""
 
 import os
 import queue
@@ -39,7 +42,32 @@ class _Stream:
         self.channel.close()
 
 
-class NativeRingTest(unittest.TestCase):
+def _fast_built():
+    return any(os.path.exists(p) for p in _native._FAST_CANDIDATES)
+
+
+# The binding the classes without a suffix use: the extension module when it is built.
+DEFAULT_BINDING = "c-extension" if _fast_built() else "ctypes"
+
+
+class _Binding:
+    """Sets OFFLOADD_RING_FAST for the test (FAST: None leaves it unset, "0" turns the
+    extension module off) and restores it after."""
+    FAST = None
+    BINDING = DEFAULT_BINDING
+
+    def setUp(self):
+        self._saved_fast = os.environ.pop("OFFLOADD_RING_FAST", None)
+        if self.FAST is not None:
+            os.environ["OFFLOADD_RING_FAST"] = self.FAST
+
+    def tearDown(self):
+        os.environ.pop("OFFLOADD_RING_FAST", None)
+        if self._saved_fast is not None:
+            os.environ["OFFLOADD_RING_FAST"] = self._saved_fast
+
+
+class NativeRingTest(_Binding, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.daemon = Daemon("64MiB")
@@ -49,7 +77,9 @@ class NativeRingTest(unittest.TestCase):
         cls.daemon.stop()
 
     def setUp(self):
+        super().setUp()
         self.ring = _native.NativeRing(64)
+        self.assertEqual(self.ring.binding, self.BINDING, _native.ring_fast_error)
         self.stream = _Stream(self.daemon.sock)
         self.region = ShmRegion(1 << 20)
         hello = pb.Request(request_id=1, hello=pb.Hello(device_id="py-native", pid=os.getpid(),
@@ -66,6 +96,7 @@ class NativeRingTest(unittest.TestCase):
         self.stream.close()
         self.region.close()
         self.ring.close()
+        super().tearDown()
 
     def test_offload_reload_release_are_bitwise_exact_and_answer_by_id(self):
         data = bytes((i * 31 + 5) % 256 for i in range(65536))
@@ -174,12 +205,131 @@ class NativeRingTest(unittest.TestCase):
         finally:
             stream.close()
 
+    def test_drain_answers_as_tuples_with_the_messages_of_errors(self):
+        self.region.mm[0:8192] = b"\x33" * 8192
+        ok = self.ring.offload(self.region_id, 0, 8192, tag=9, ordering=(1, 0))
+        bad = self.ring.offload(self.region_id, (1 << 20) - 10, 4096)
+        gone = self.ring.release(0, tag=12345)  # no block has that tag
+        answers = {}
+        for _ in range(100):
+            for answer in self.ring.drain(timeout=0.1) or []:
+                answers[answer[0]] = answer
+            if len(answers) == 3:
+                break
+        self.assertEqual(sorted(answers), sorted((ok, bad, gone)))
+        for answer in answers.values():
+            self.assertEqual(len(answer), 9)
+            self.assertEqual([type(v) for v in answer],
+                             [int] * 5 + [float] * 2 + [int, str])
+        rid, kind, code, block, nbytes, queued, copied, flags, message = answers[ok]
+        self.assertEqual((kind, code, nbytes, flags, message), (_native.OFFLOAD_DONE, 0, 8192, 0,
+                                                               ""))
+        self.assertNotEqual(block, 0)
+        self.assertGreaterEqual(queued, 0.0)
+        self.assertGreaterEqual(copied, 0.0)
+        rid, kind, code, block, nbytes, queued, copied, flags, message = answers[bad]
+        self.assertEqual((kind, code), (_native.ERROR, grpc.StatusCode.OUT_OF_RANGE.value[0]))
+        self.assertGreater(len(message), 10)
+        rid, kind, code, block, nbytes, queued, copied, flags, message = answers[gone]
+        self.assertEqual((kind, code), (_native.ERROR, grpc.StatusCode.NOT_FOUND.value[0]))
+        self.assertEqual(self.ring.drain(), [])
+        self.assertEqual(self.ring.pending, 0)
+        # Request ids count up by one per submission on a ring, whatever the binding.
+        self.assertEqual((bad - ok, gone - ok), (1, 2))
+        self.ring.release(block)
 
-def _run(script):
+    def test_an_event_handle_of_another_length_is_refused_with_value_error(self):
+        for bad in (b"", b"x" * 63, bytearray(65)):
+            with self.assertRaises(ValueError) as refused:
+                self.ring.offload(self.region_id, 0, 4096, ready_event=bad)
+            self.assertIn("an event handle is 64 bytes", str(refused.exception))
+            with self.assertRaises(ValueError):
+                self.ring.reload(1, self.region_id, 0, ready_event=None, done_event=bad)
+        with self.assertRaises(TypeError):
+            self.ring.offload(self.region_id, 0, 4096, ready_event=64)
+        self.assertEqual(self.ring.pending, 0)  # nothing was submitted
+        # 64 bytes of any bytes-like kind are taken.
+        self.region.mm[0:4096] = b"\x11" * 4096
+        done = self.ring.wait(self.ring.offload(self.region_id, 0, 4096,
+                                                ready_event=bytearray(64)), timeout=10)
+        self.assertNotEqual(done.kind, 0)
+        if done.kind == _native.OFFLOAD_DONE:
+            self.ring.release(done.block_id)
+
+
+class NativeRingCtypesTest(NativeRingTest):
+    FAST = "0"
+    BINDING = "ctypes"
+
+
+class RingFastModuleTest(unittest.TestCase):
+    """The extension module itself, without a daemon."""
+
+    def setUp(self):
+        if not _fast_built():
+            self.skipTest("the extension module is not built (bazel build "
+                          "//client/core:ring_fast.so)")
+        self._saved = os.environ.pop("OFFLOADD_RING_FAST", None)
+        self.fast = _native.load_ring_fast()
+        self.assertIsNotNone(self.fast, _native.ring_fast_error)
+
+    def tearDown(self):
+        if self._saved is not None:
+            os.environ["OFFLOADD_RING_FAST"] = self._saved
+
+    def test_the_binding_is_the_extension_when_built_and_ctypes_when_turned_off(self):
+        ring = _native.NativeRing(8)
+        self.assertEqual(ring.binding, "c-extension")
+        self.assertIsNone(_native.ring_fast_error)
+        os.environ["OFFLOADD_RING_FAST"] = "0"
+        try:
+            off = _native.NativeRing(8)
+            self.assertEqual(off.binding, "ctypes")
+            self.assertEqual(_native.ring_fast_error, "OFFLOADD_RING_FAST=0")
+            off.close()
+        finally:
+            del os.environ["OFFLOADD_RING_FAST"]
+        self.assertEqual(self.fast.__name__, "offloadd._ring_fast")
+        ring.close()
+
+    def test_bad_arguments_are_refused_before_the_core_is_called(self):
+        ring = _native.NativeRing(8)
+        ptr = ring._ring
+        with self.assertRaises(ValueError) as refused:
+            self.fast.offload(ptr, 1, 0, 4096, 0, b"y" * 65, 0, 0, 0, 0.0)
+        self.assertIn("64 bytes (cudaIpcEventHandle_t), not 65", str(refused.exception))
+        with self.assertRaises(ValueError):
+            self.fast.reload(ptr, 1, 0, 1, 0, 1, 0, 0.0, b"z" * 64, b"z" * 3, 0.0)
+        with self.assertRaises(TypeError):
+            self.fast.offload(ptr, 1, 0, 4096, 0, None, 0, 0, 0)  # 9 arguments
+        with self.assertRaises(TypeError):
+            self.fast.release(ptr, 1.5, 0, 0.0)  # a float id
+        with self.assertRaises(ValueError):
+            self.fast.release(0, 1, 0, 0.0)  # no ring
+        with self.assertRaises(ValueError):
+            self.fast.drain(ptr, 65, 0.0)
+        # Bound once per process: other addresses (another core) are refused, the first kept.
+        with self.assertRaisesRegex(RuntimeError, "bound to another liboffloadd_core.so"):
+            self.fast.bind(1, 2, 3, 4)
+        self.assertEqual(ring.pending, 0)
+        # A release on a ring nobody serves: submitted (an id with bit 63), answered by nobody.
+        rid = self.fast.release(ptr, 1, 0, 0.0)
+        self.assertEqual(rid >> 63, 1)
+        self.assertEqual(ring.pending, 1)
+        self.assertEqual(self.fast.drain(ptr, 64, 0.0), [])
+        ring.close()
+        self.assertIsNone(self.fast.drain(ptr, 64, 0.0))  # shut down: as the core's < 0
+
+
+def _run(script, fast=None):
     """Runs ``script`` (after ``from offloadd import _native``) in a fresh interpreter: (exit
-    code, output). A segfault is exit code -11."""
+    code, output). A segfault is exit code -11. ``fast``: OFFLOADD_RING_FAST there (None:
+    unset)."""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__)))
     env = dict(os.environ)
+    env.pop("OFFLOADD_RING_FAST", None)
+    if fast is not None:
+        env["OFFLOADD_RING_FAST"] = fast
     env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
     env["OFFLOADD_CORE_LIB"] = _native.load()._name
     done = subprocess.run([sys.executable, "-c", "from offloadd import _native\n"
@@ -191,9 +341,17 @@ def _run(script):
 class NativeRingLifetimeTest(unittest.TestCase):
     """A NativeRing without a daemon: calls after close() and close() under other threads' calls
     raise RingReleased instead of reaching freed or NULL native memory."""
+    FAST = None
+    BINDING = DEFAULT_BINDING
+
+    def _run(self, script):
+        rc, out = _run("print('binding', _native.NativeRing(8).binding)\n"
+                       + textwrap.dedent(script), self.FAST)
+        self.assertIn("binding %s\n" % self.BINDING, out)
+        return rc, out
 
     def test_every_call_after_close_raises_ring_released(self):
-        rc, out = _run("""
+        rc, out = self._run("""
             ring = _native.NativeRing(8)
             ring.close()
             ring.close()  # idempotent
@@ -216,7 +374,7 @@ class NativeRingLifetimeTest(unittest.TestCase):
         self.assertNotIn("not refused", out)
 
     def test_close_returns_threads_asleep_in_the_ring_and_frees_it_after_them(self):
-        rc, out = _run("""
+        rc, out = self._run("""
             import threading
             ring = _native.NativeRing(8)
             for _ in range(8):
@@ -249,7 +407,7 @@ class NativeRingLifetimeTest(unittest.TestCase):
         self.assertIn("after True None", out)
 
     def test_a_full_ring_is_told_apart_from_a_closed_one(self):
-        rc, out = _run("""
+        rc, out = self._run("""
             ring = _native.NativeRing(8)
             for _ in range(8):
                 ring.release(1, timeout=0.0)
@@ -263,6 +421,11 @@ class NativeRingLifetimeTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertIn("full: no slot of the offloadd ring freed within the timeout", out)
         self.assertIn("closed False", out)
+
+
+class NativeRingLifetimeCtypesTest(NativeRingLifetimeTest):
+    FAST = "0"
+    BINDING = "ctypes"
 
 
 if __name__ == "__main__":
