@@ -148,10 +148,16 @@ class RunShGpuPathTest(unittest.TestCase):
         cores = [os.path.join(REPO, p, "client", "core", "liboffloadd_core.so")
                  for p in ("bazel-bin", os.path.join("bazel-out", "k8-opt", "bin"))]
         core = next((c for c in cores if os.path.exists(c)), cores[0])
+        # The ring's extension module too (setup.py looks for it relative to its own copy,
+        # which is not in the repository here).
+        fast = next((c for c in (os.path.join(os.path.dirname(c), "ring_fast.so") for c in cores)
+                     if os.path.exists(c)), None)
+        env = dict(os.environ, OFFLOADD_CORE_LIB=core)
+        if fast is not None:
+            env["OFFLOADD_RING_FAST_LIB"] = fast
         w = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                             "--no-build-isolation", "-w", os.path.join(d, "wheel"), src],
-                           capture_output=True, text=True, timeout=300,
-                           env=dict(os.environ, OFFLOADD_CORE_LIB=core))
+                           capture_output=True, text=True, timeout=300, env=env)
         self.assertEqual(w.returncode, 0, w.stderr[-3000:])
         shutil.rmtree(src)
 
