@@ -101,7 +101,10 @@ common::CompletionEntry CompletionOfResponse(const v1::Response& r) {
 class FakeRing {
  public:
   using Answer = std::function<bool(const v1::Request&, v1::Response*)>;
-  static std::unique_ptr<FakeRing> Map(int fd) {
+  // `polls`: the ring's state line says the daemon polls the ring every 500 us (deferred
+  // wake-ups), while this fake takes submissions only when rung: a daemon whose next poll is
+  // far off.
+  static std::unique_ptr<FakeRing> Map(int fd, bool polls = false) {
     struct stat st;
     if (fstat(fd, &st) != 0) return nullptr;
     void* base = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -114,7 +117,9 @@ class FakeRing {
       munmap(base, st.st_size);
       return nullptr;
     }
-    return std::unique_ptr<FakeRing>(new FakeRing(base, layout));
+    auto ring = std::unique_ptr<FakeRing>(new FakeRing(base, layout));
+    if (polls) ring->control_->state.poll_microseconds.store(500);
+    return ring;
   }
   void Serve(Answer answer) {
     thread_ = std::thread([this, answer = std::move(answer)] { Loop(answer); });
@@ -292,6 +297,11 @@ class FakeOffload final : public v1::Offload::Service {
     std::lock_guard<std::mutex> l(mu_);
     serve_ring_ = v;
   }
+  // With serve_ring: the rings say their daemon polls them (FakeRing::Map's `polls`).
+  void set_ring_polls(bool v) {
+    std::lock_guard<std::mutex> l(mu_);
+    ring_polls_ = v;
+  }
   // Ring submissions are taken and never answered (a daemon that dies before answering).
   void set_hold_ring_requests(bool v) {
     std::lock_guard<std::mutex> l(mu_);
@@ -375,7 +385,7 @@ class FakeOffload final : public v1::Offload::Service {
           break;
         }
         if (serve_ring_ && r.hello().has_ring()) {
-          attached_ = FakeRing::Map(r.hello().ring().fd());
+          attached_ = FakeRing::Map(r.hello().ring().fd(), ring_polls_);
           resp.mutable_hello()->set_ring_attached(attached_ != nullptr);
         }
         if (resumable_) {
@@ -495,6 +505,7 @@ class FakeOffload final : public v1::Offload::Service {
   std::condition_variable cv_;
   bool serve_ring_ = false;
   bool hold_ring_requests_ = false;
+  bool ring_polls_ = false;
   int ring_requests_ = 0;       // submissions taken from rings
   int ring_ids_on_stream_ = 0;  // ring request ids refused on a ring session's stream
   std::unique_ptr<FakeRing> attached_;  // the ring a Hello just attached, for its stream
@@ -1037,6 +1048,42 @@ TEST_F(ClientTest, ReleaseAfterReloadCutByARestartIsUnconfirmedNotLost) {
   absl::StatusOr<ReloadResult> other =
       client->Reload(kept->block_id, *region_id, 8192, Priority::kUrgent).get();
   EXPECT_TRUE(other.ok()) << other.status();
+}
+
+// The daemon says it polls the ring, so offloads, releases and prefetch reloads are submitted
+// without waking it (deferred wake-ups), but its next poll is far off (the fake takes
+// submissions only when rung). A caller that waits on such a request's Reply (wait_for,
+// wait_until, get) or converts it to a std::future rings the daemon first, and is answered
+// without any poll.
+TEST_F(ClientTest, WaitingOnARingReplyWakesTheDaemonForADeferredSubmission) {
+  service_->set_serve_ring(true);
+  service_->set_ring_polls(true);
+  std::unique_ptr<Client> client = MustConnect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->ring_active());
+  absl::StatusOr<ShmRegion> region = ShmRegion::Create(64 << 10);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::memset(region->data(), 0x5a, 8192);
+  absl::StatusOr<uint64_t> region_id = client->RegisterShmRegion(*region);
+  ASSERT_TRUE(region_id.ok()) << region_id.status();
+  const auto bound = std::chrono::seconds(10);  // never reached unless nobody rings
+
+  Reply<absl::StatusOr<OffloadResult>> offload = client->Offload(*region_id, 0, 4096);
+  ASSERT_EQ(offload.wait_for(bound), std::future_status::ready);
+  absl::StatusOr<OffloadResult> stored = offload.get();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  Reply<absl::StatusOr<ReloadResult>> prefetch =
+      client->Reload(stored->block_id, *region_id, 4096, Priority::kPrefetch);
+  ASSERT_EQ(prefetch.wait_until(std::chrono::steady_clock::now() + bound),
+            std::future_status::ready);
+  absl::StatusOr<ReloadResult> reloaded = prefetch.get();
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  EXPECT_EQ(reloaded->bytes, 4096u);
+  std::future<absl::Status> released = client->Release(stored->block_id);
+  ASSERT_EQ(released.wait_for(bound), std::future_status::ready);
+  EXPECT_TRUE(released.get().ok());
+  EXPECT_EQ(service_->ring_requests(), 3);
+  EXPECT_EQ(client->counters().ring_requests_sent, 3u);
 }
 
 // A daemon restart on a shared pool with the request ring in use: the resume's Hello offers a
