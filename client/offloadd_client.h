@@ -204,8 +204,9 @@ struct ClientCounters {
 // waited on after its Client is gone (the Client completes every request before it goes).
 // A request submitted on the request ring without waking the daemon (it was polling the ring:
 // RingCore "Deferred wake-ups") is rung for when its Reply is first waited on (get, wait,
-// wait_for, wait_until) or converted to std::future, so a caller that waits does not also wait
-// for the daemon's next poll. Moves only.
+// wait_for / wait_until with time left; a zero-timeout check does not ring) or converted to
+// std::future, so a caller that waits does not also wait for the daemon's next poll. Moves
+// only.
 template <typename T>
 class Reply {
  public:
@@ -223,12 +224,12 @@ class Reply {
   }
   template <typename Rep, typename Period>
   std::future_status wait_for(const std::chrono::duration<Rep, Period>& timeout) const {
-    RingDeferred();
+    if (timeout > timeout.zero()) RingDeferred();  // a check that does not sleep does not ring
     return future_.wait_for(timeout);
   }
   template <typename Clock, typename Duration>
   std::future_status wait_until(const std::chrono::time_point<Clock, Duration>& deadline) const {
-    RingDeferred();
+    if (deadline > Clock::now()) RingDeferred();
     return future_.wait_until(deadline);
   }
   bool valid() const { return future_.valid(); }
