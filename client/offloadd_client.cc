@@ -1084,7 +1084,7 @@ void Client::AccountLocked(const Pending& p, v1::Response* response) {
 }
 
 absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
-                             uint64_t region, std::shared_ptr<RingCore>* on_ring) {
+                             uint64_t region, std::weak_ptr<RingCore>* ring_used) {
   base::MutexLock lock(mu_);
   if (!stream_status_.ok()) return stream_status_;
   if (closing_) return absl::FailedPreconditionError("Client::Close() was called");
@@ -1101,13 +1101,13 @@ absl::Status Client::Enqueue(v1::Request request, Completer done, bool flush,
     pending_.emplace(entry.request_id, Pending{std::move(done), std::move(request), false, region});
     ++counters_.ring_requests_sent;
     const std::shared_ptr<RingCore> ring = ring_;
+    *ring_used = ring;
     lock.Unlock();
     // A full ring waits for the daemon to take entries; a ring that closes or a stream that
     // ends (StopRing shuts the ring down) leaves the request pending, settled or re-sent with
     // the others when the session thread sees the end.
     while (!ring->SubmitEntry(entry, 0.05) && !ring->closed()) {
     }
-    if (on_ring != nullptr) *on_ring = ring;
     lock.Lock();
     return absl::OkStatus();
   }
@@ -1235,12 +1235,12 @@ Reply<R> Client::Submit(v1::Request request, v1::Response::BodyCase expected, Co
       promise->set_value(convert(*response));
     }
   };
-  std::shared_ptr<RingCore> ring;
+  std::weak_ptr<RingCore> ring;
   absl::Status refused = Enqueue(std::move(request), std::move(done), flush, region, &ring);
   if (!refused.ok()) {
     promise->set_value(R(refused));
   }
-  return Reply<R>(std::move(future), ring);
+  return Reply<R>(std::move(future), std::move(ring));
 }
 
 absl::StatusOr<uint64_t> Client::RegisterRegion(const RegionHandle& handle) {

@@ -202,9 +202,11 @@ struct ClientCounters {
 // to std::future<T> (an rvalue Reply converts). Every wait waits for the stream's reactor (or
 // the ring thread, or the session thread when the stream ends) to complete it; a Reply may be
 // waited on after its Client is gone (the Client completes every request before it goes).
-// A wait on a request that went on the request ring first wakes the daemon when the request's
-// wake-up was deferred (RingCore: the daemon polls, but a waiter should not wait for its next
-// poll); a std::future converted from a Reply does not. Moves only.
+// A request submitted on the request ring without waking the daemon (it was polling the ring:
+// RingCore "Deferred wake-ups") is rung for when its Reply is first waited on (get, wait,
+// wait_for / wait_until with time left; a zero-timeout check does not ring) or converted to
+// std::future, so a caller that waits does not also wait for the daemon's next poll. Moves
+// only.
 template <typename T>
 class Reply {
  public:
@@ -213,38 +215,42 @@ class Reply {
   Reply& operator=(Reply&& other) noexcept = default;
 
   T get() {
-    WakeDaemon();
+    RingDeferred();
     return future_.get();
   }
   void wait() const {
-    WakeDaemon();
+    RingDeferred();
     future_.wait();
   }
   template <typename Rep, typename Period>
   std::future_status wait_for(const std::chrono::duration<Rep, Period>& timeout) const {
-    WakeDaemon();
+    if (timeout > timeout.zero()) RingDeferred();  // a check that does not sleep does not ring
     return future_.wait_for(timeout);
   }
   template <typename Clock, typename Duration>
   std::future_status wait_until(const std::chrono::time_point<Clock, Duration>& deadline) const {
-    WakeDaemon();
+    if (deadline > Clock::now()) RingDeferred();
     return future_.wait_until(deadline);
   }
   bool valid() const { return future_.valid(); }
   operator std::future<T>() && {  // NOLINT(google-explicit-constructor): drop-in for futures
+    RingDeferred();  // a std::future cannot ring when it is waited on
     return std::move(future_);
   }
 
  private:
   friend class Client;
-  explicit Reply(std::future<T> future, std::weak_ptr<RingCore> ring = {})
+  // `ring`: the request ring the request was submitted on (empty: the stream).
+  Reply(std::future<T> future, std::weak_ptr<RingCore> ring)
       : future_(std::move(future)), ring_(std::move(ring)) {}
-  void WakeDaemon() const {
-    if (std::shared_ptr<RingCore> ring = ring_.lock()) ring->FlushDeferredWake();
+  // Rings the daemon for the ring's unrung submissions (RingCore::RingDeferred), if the ring
+  // still exists.
+  void RingDeferred() const {
+    if (std::shared_ptr<RingCore> ring = ring_.lock()) ring->RingDeferred();
   }
 
   std::future<T> future_;
-  std::weak_ptr<RingCore> ring_;  // the ring the request went on, if any
+  std::weak_ptr<RingCore> ring_;
 };
 
 class Client {
@@ -546,10 +552,11 @@ class Client {
   // Close() ended the session: sets stream_status_ (later requests: FAILED_PRECONDITION) and
   // returns what pending requests fail with (CANCELLED).
   absl::Status ClosedLocked() REQUIRES(mu_);
-  // Queues `request` (its id already set) unless the stream is over; returns why not.
-  // *on_ring (optional): the ring it was submitted on, else left empty.
-  absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region = 0,
-                       std::shared_ptr<RingCore>* on_ring = nullptr) EXCLUDES(mu_);
+  // Queues `request` (its id already set) unless the stream is over; returns why not. A request
+  // submitted on the request ring sets *ring to it (for the Reply to ring for a deferred
+  // wake-up).
+  absl::Status Enqueue(v1::Request request, Completer done, bool flush, uint64_t region,
+                       std::weak_ptr<RingCore>* ring) EXCLUDES(mu_);
   template <typename R, typename Convert>
   Reply<R> Submit(v1::Request request, v1::Response::BodyCase expected, Convert convert,
                         bool flush, uint64_t region = 0);

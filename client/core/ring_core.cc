@@ -89,6 +89,13 @@ void RingCore::RingDaemon(bool deferrable) {
   control_->daemon_doorbell.Ring();
 }
 
+void RingCore::RingDeferred() {
+  if (unrung_.load(std::memory_order_relaxed) &&
+      unrung_.exchange(false, std::memory_order_acq_rel)) {
+    control_->daemon_doorbell.Ring();
+  }
+}
+
 template <typename Ready>
 bool RingCore::SleepUntil(Ready ready, double deadline_seconds) {
   for (;;) {
@@ -101,7 +108,7 @@ bool RingCore::SleepUntil(Ready ready, double deadline_seconds) {
     const double left = deadline_seconds - NowSeconds();
     // About to sleep on an answer (or a slot) while a submission went unrung: ring now rather
     // than wait for the daemon's next poll.
-    if (!done && left > 0) FlushDeferredWake();
+    if (!done && left > 0) RingDeferred();
     if (!done && left > 0) control_->client_doorbell.Sleep(seen, left);
     control_->client_doorbell.Disarm();
     if (done) return true;

@@ -95,13 +95,14 @@ class RingCore {
   bool corrupt() const;
   // Requests submitted and not yet taken by Poll / Wait / WaitAny.
   size_t pending() const;
-  // Rings the daemon now if a submission's wake-up was deferred and nobody rang since (for a
-  // thread about to wait for an answer by other means than this core's waits).
-  void FlushDeferredWake() {
-    if (unrung_.exchange(false, std::memory_order_acq_rel)) control_->daemon_doorbell.Ring();
-  }
   // Submissions published without ringing the daemon (it was polling) so far.
   uint64_t deferred_wakes() const { return deferred_wakes_.load(std::memory_order_relaxed); }
+  // Rings the daemon's doorbell if a submission went unrung (deferred wake-ups, above), as a
+  // thread about to sleep in Wait / WaitAny / TakeAny does. A thread that waits for an answer
+  // outside the core (a future another thread completes from the ring's answers) calls it
+  // before it sleeps, so the daemon takes the submission now rather than at its next poll.
+  // Costs one load when nothing went unrung.
+  void RingDeferred();
 
   // Reload priority that never defers its wake-up (proto Priority URGENT).
   static constexpr uint32_t kUrgentPriority = 1;

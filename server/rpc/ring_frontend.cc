@@ -238,6 +238,7 @@ void RingFrontEnd::Stop() {
 
 void RingFrontEnd::Run() {
   int idle_wakes = 0;  // wake-ups in a row that found no work (a client ringing for nothing)
+  bool rung = false;   // the last wait ended by a ring, not by its timeout
   double last_work_seconds = NowSeconds();
   for (;;) {
     std::string corrupt;
@@ -261,13 +262,16 @@ void RingFrontEnd::Run() {
       last_work_seconds = NowSeconds();
       continue;
     }
-    // Rung with nothing to do, again and again: back off (timed polls count too: one more
-    // millisecond every 64 polls).
-    if (++idle_wakes > 64) {
+    // Rung with nothing to do, again and again: back off. A timed poll that found nothing is
+    // no such wake-up: counted, it would put the thread to sleep for 1 ms, unarmed, every 64
+    // polls, and an urgent reload rung meanwhile would wait for it.
+    if (rung && ++idle_wakes > 64) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       idle_wakes = 0;
+      base::MutexLock lock(mu_);
+      ++counters_.backoffs;
     }
-    WaitForWork(last_work_seconds);
+    rung = WaitForWork(last_work_seconds);
   }
 }
 
@@ -363,11 +367,11 @@ bool RingFrontEnd::WorkReady() {
   return submissions_.Available() != RingResult::kEmpty;
 }
 
-void RingFrontEnd::WaitForWork(double last_work_seconds) {
+bool RingFrontEnd::WaitForWork(double last_work_seconds) {
   const double now = NowSeconds();
   const double spin_until = now + waiting_.spin_seconds;
   while (NowSeconds() < spin_until) {
-    if (WorkReady()) return;
+    if (WorkReady()) return true;
     // Polling must not keep a client that shares this core from running (its submission is
     // what the poll waits for): give the core up between polls.
     sched_yield();
@@ -379,6 +383,7 @@ void RingFrontEnd::WaitForWork(double last_work_seconds) {
   const auto poll_us = static_cast<uint32_t>(std::max(1.0, waiting_.poll_seconds * 1e6));
   control_->state.poll_microseconds.store(polling ? poll_us : 0, std::memory_order_seq_cst);
   const uint32_t seen = control_->daemon_doorbell.Arm();
+  bool rung = true;
   if (!WorkReady()) {
     {
       base::MutexLock lock(mu_);
@@ -386,8 +391,10 @@ void RingFrontEnd::WaitForWork(double last_work_seconds) {
       if (polling) ++counters_.polls;
     }
     control_->daemon_doorbell.Sleep(seen, polling ? waiting_.poll_seconds : 1.0);
+    rung = control_->daemon_doorbell.bell.load(std::memory_order_seq_cst) != seen;
   }
   control_->daemon_doorbell.Disarm();
+  return rung;
 }
 
 void RingFrontEnd::MarkCorrupt(const std::string& what) {

@@ -17,7 +17,8 @@
 // ends the session through `end` with INVALID_ARGUMENT saying which, and the ring is not
 // touched again. The object is a sealed memfd (cannot shrink: no SIGBUS in the daemon). A
 // client that rings the daemon's doorbell with no work costs its own ring thread's wake-ups,
-// bounded by a back-off.
+// bounded by a back-off (1 ms after 64 such wake-ups in a row; timed polls that find nothing
+// do not count).
 //
 // Idle: the thread polls for spin_seconds after its last work, then sleeps on the daemon
 // doorbell (futex). For common::kRingPollWindowSeconds after its last work those sleeps end
@@ -76,6 +77,7 @@ class RingFrontEnd {
     uint64_t sleeps = 0;         // times the thread slept on its doorbell
     uint64_t polls = 0;          // of which timed polls (clients deferring their wake-ups)
     uint64_t queued_peak = 0;    // most completions waiting in daemon memory at once
+    uint64_t backoffs = 0;       // 1 ms back-offs after 64 rings in a row that found no work
   };
 
   // Opens the ring a client offered in Hello: descriptor `fd` of process `pid` (the
@@ -116,8 +118,9 @@ class RingFrontEnd {
   // Whether there is work for the thread now (checked after arming the doorbell).
   bool WorkReady() EXCLUDES(mu_);
   // Waits for work: polls for spin_seconds, then sleeps on the doorbell (at most poll_seconds
-  // within the poll window after last_work_seconds, advertised in poll_microseconds).
-  void WaitForWork(double last_work_seconds);
+  // within the poll window after last_work_seconds, advertised in poll_microseconds). False
+  // when the sleep ended by its timeout (nobody rang), true otherwise.
+  bool WaitForWork(double last_work_seconds);
   // Records a corrupt index (`what`) once; the thread ends the session.
   void MarkCorrupt(const std::string& what) EXCLUDES(mu_);
 

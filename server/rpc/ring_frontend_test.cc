@@ -168,6 +168,32 @@ TEST(RingFrontEndTest, TakesUnrungSubmissionsWhilePollingAndStopsWhenIdle) {
   EXPECT_EQ(f.request_count(), 3u);
 }
 
+// A timed poll that finds nothing is not a client ringing for nothing: while the thread polls
+// it never backs off (a 1 ms sleep, unarmed, that an urgent reload rung meanwhile would wait
+// out).
+TEST(RingFrontEndTest, TimedPollsThatFindNothingNeverBackOff) {
+  Fixture f;
+  f.Submit(Offload(1));
+  f.Take();
+  ASSERT_TRUE(PollingBecomes(f.control, 500));
+  ASSERT_TRUE(PollingBecomes(f.control, 0));  // the poll window passed, without work
+  const RingFrontEnd::Counters c = f.front->counters();
+  ASSERT_GT(c.polls, 64u);  // enough empty polls in a row for a back-off, were they counted
+  EXPECT_EQ(c.backoffs, 0u);
+}
+
+// A client ringing the doorbell with no work backs its own ring thread off, which then still
+// serves it.
+TEST(RingFrontEndTest, AClientRingingForNothingBacksItsRingThreadOff) {
+  Fixture f;
+  ASSERT_TRUE(WaitFor([&] {
+    f.control->daemon_doorbell.RingAlways();
+    return f.front->counters().backoffs > 0;
+  }));
+  f.Submit(Offload(1));
+  EXPECT_EQ(f.Take().request_id, common::kRingRequestIdBit | 1);
+}
+
 TEST(RingFrontEndTest, RefusesAMalformedEntryOnTheRingAndKeepsServing) {
   Fixture f;
   SubmissionEntry bad = Offload(1);
