@@ -35,11 +35,6 @@
 #define ANSWER_BATCH 16
 #define WAIT_SECONDS 20.0
 
-typedef uint64_t (*offload_fn)(offloadd_ring*, uint64_t, uint64_t, uint64_t, uint64_t,
-                               const uint8_t*, int, uint64_t, uint64_t, double);
-typedef uint64_t (*reload_fn)(offloadd_ring*, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t,
-                              int, double, const uint8_t*, const uint8_t*, double);
-typedef int (*drain_fn)(offloadd_ring*, offloadd_completion*, size_t, double);
 
 typedef struct {
   PyObject* tensor; /* owned while saved */
@@ -50,9 +45,9 @@ typedef struct {
 
 static struct {
   offloadd_ring* ring;
-  offload_fn offload;
-  reload_fn reload;
-  drain_fn drain;
+  offloadd_ring_offload_fn offload;
+  offloadd_ring_reload_fn reload;
+  offloadd_ring_drain_fn drain;
   uint64_t region_id, base, size_bytes, next_tag, oldest_tag;
   uint64_t offloads, reloads, answers, errors;
 } g;
@@ -107,9 +102,9 @@ static PyObject* attach(PyObject* self, PyObject* args) {
     return NULL;
   memset(&g, 0, sizeof(g));
   g.ring = (offloadd_ring*)(uintptr_t)ring;
-  g.offload = (offload_fn)(uintptr_t)off;
-  g.reload = (reload_fn)(uintptr_t)rel;
-  g.drain = (drain_fn)(uintptr_t)dr;
+  g.offload = (offloadd_ring_offload_fn)(uintptr_t)off;
+  g.reload = (offloadd_ring_reload_fn)(uintptr_t)rel;
+  g.drain = (offloadd_ring_drain_fn)(uintptr_t)dr;
   g.region_id = region, g.base = base, g.size_bytes = size;
   g.next_tag = g.oldest_tag = 1;
   Py_RETURN_NONE;

@@ -96,6 +96,18 @@ size_t offloadd_ring_pending(const offloadd_ring* ring);
  * offloadd_ring_shutdown was called; else 0. */
 int offloadd_ring_closed(const offloadd_ring* ring);
 
+/* The submission and drain functions' types, for code that calls a loaded core through the
+ * functions' addresses instead of linking a second copy of it (the Python package's extension
+ * module, client/core/ring_fast_module.c). */
+typedef uint64_t (*offloadd_ring_offload_fn)(offloadd_ring*, uint64_t, uint64_t, uint64_t,
+                                             uint64_t, const uint8_t*, int, uint64_t, uint64_t,
+                                             double);
+typedef uint64_t (*offloadd_ring_reload_fn)(offloadd_ring*, uint64_t, uint64_t, uint64_t,
+                                            uint64_t, uint32_t, int, double, const uint8_t*,
+                                            const uint8_t*, double);
+typedef uint64_t (*offloadd_ring_release_fn)(offloadd_ring*, uint64_t, uint64_t, double);
+typedef int (*offloadd_ring_drain_fn)(offloadd_ring*, offloadd_completion*, size_t, double);
+
 #ifdef __cplusplus
 }
 #endif

@@ -37,18 +37,12 @@
 #define DRAIN_MAX 64
 #define ERROR_KIND 4
 
-typedef uint64_t (*offload_fn)(offloadd_ring*, uint64_t, uint64_t, uint64_t, uint64_t,
-                               const uint8_t*, int, uint64_t, uint64_t, double);
-typedef uint64_t (*reload_fn)(offloadd_ring*, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t,
-                              int, double, const uint8_t*, const uint8_t*, double);
-typedef uint64_t (*release_fn)(offloadd_ring*, uint64_t, uint64_t, double);
-typedef int (*drain_fn)(offloadd_ring*, offloadd_completion*, size_t, double);
 
 static struct {
-  offload_fn offload;
-  reload_fn reload;
-  release_fn release;
-  drain_fn drain;
+  offloadd_ring_offload_fn offload;
+  offloadd_ring_reload_fn reload;
+  offloadd_ring_release_fn release;
+  offloadd_ring_drain_fn drain;
 } g;
 
 static int bound(void) {
@@ -133,16 +127,15 @@ static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   }
   /* One set of addresses per process: a second core (another copy of offloadd loaded the same
    * file) keeps ctypes rather than send its rings to the first core's functions. */
-  if (g.offload != NULL &&
-      (g.offload != (offload_fn)(uintptr_t)a[0] || g.reload != (reload_fn)(uintptr_t)a[1] ||
-       g.release != (release_fn)(uintptr_t)a[2] || g.drain != (drain_fn)(uintptr_t)a[3]))
+  if (g.offload != NULL && ((uintptr_t)g.offload != a[0] || (uintptr_t)g.reload != a[1] ||
+                            (uintptr_t)g.release != a[2] || (uintptr_t)g.drain != a[3]))
     return PyErr_Format(PyExc_RuntimeError,
                         "offloadd._ring_fast is bound to another liboffloadd_core.so of this "
                         "process: this one is called through ctypes");
-  g.offload = (offload_fn)(uintptr_t)a[0];
-  g.reload = (reload_fn)(uintptr_t)a[1];
-  g.release = (release_fn)(uintptr_t)a[2];
-  g.drain = (drain_fn)(uintptr_t)a[3];
+  g.offload = (offloadd_ring_offload_fn)(uintptr_t)a[0];
+  g.reload = (offloadd_ring_reload_fn)(uintptr_t)a[1];
+  g.release = (offloadd_ring_release_fn)(uintptr_t)a[2];
+  g.drain = (offloadd_ring_drain_fn)(uintptr_t)a[3];
   Py_RETURN_NONE;
 }
 
