@@ -235,8 +235,9 @@ struct Problems {
 
   void Add(std::string sentence) { sentences.push_back(std::move(sentence)); }
   // `value` must lie in [min, max]; NaN never does.
+  // `sentence` names the field and its bounds; the value given is added to it.
   void Range(double value, double min, double max, const char* sentence) {
-    if (!(value >= min && value <= max)) Add(sentence);
+    if (!(value >= min && value <= max)) Add(absl::StrFormat("%s (got %g)", sentence, value));
   }
   // A per-uid limit must not exceed its total when both are set (0 = no limit).
   void PerUidWithinTotal(uint64_t per_uid, uint64_t total, const char* per_uid_name,
@@ -412,9 +413,12 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
           "keepalive_time_seconds must be between 0 and 86400 (0 = no keepalive pings)");
   p.Range(c.keepalive_timeout_seconds(), 0, 86400,
           "keepalive_timeout_seconds must be between 0 and 86400");
-  p.Range(c.ring_poll_seconds(), 0, 0.1,
-          "ring_poll_seconds must be between 0 (clients always wake the daemon) and 0.1 (a "
-          "submission may wait that long to be taken)");
+  // Below ~50 us the kernel's timer slack sets the poll rate, not the value.
+  if (const double poll = c.ring_poll_seconds(); poll != 0) {
+    p.Range(poll, 50e-6, 0.1,
+            "ring_poll_seconds must be 0 (clients always wake the daemon) or between 0.00005 "
+            "(the kernel's timer slack) and 0.1 (a submission may wait that long to be taken)");
+  }
   p.PerUidWithinTotal(c.projector().max_queued_refreshes_per_uid(),
                       c.projector().max_queued_refreshes(),
                       "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");

@@ -88,13 +88,18 @@ TEST(ConfigTest, RingPollSecondsDefaultsBoundsAndCoreOptions) {
   ASSERT_TRUE(off.ok());
   EXPECT_TRUE(ValidateConfig(*off).ok());
   EXPECT_DOUBLE_EQ(ToCoreOptions(*off).ring_poll_seconds, 0.0);
-  for (const char* bad : {"ring_poll_seconds: 0.5\n", "ring_poll_seconds: -0.001\n"}) {
+  EXPECT_TRUE(ValidateConfig(*ParseConfig("ring_poll_seconds: 0.00005\n")).ok());
+  for (const char* bad : {"ring_poll_seconds: 0.5\n", "ring_poll_seconds: -0.001\n",
+                          "ring_poll_seconds: 0.000001\n", "ring_poll_seconds: nan\n"}) {
     const absl::Status st = ValidateConfig(*ParseConfig(bad));
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(std::string(st.message()).find("ring_poll_seconds must be between 0"),
+    EXPECT_NE(std::string(st.message()).find("ring_poll_seconds must be 0 (clients always wake "
+                                             "the daemon) or between 0.00005"),
               std::string::npos)
         << st;
   }
+  const absl::Status st = ValidateConfig(*ParseConfig("ring_poll_seconds: 0.5\n"));
+  EXPECT_NE(std::string(st.message()).find("(got 0.5)"), std::string::npos) << st;
 }
 
 TEST(ConfigTest, CudaSimIsABackendButNotTheDefault) {

@@ -562,7 +562,8 @@ void AnnounceServing(const offloadd::v1::DaemonConfig& config, const std::string
   }
   LOG(INFO) << "offloadd " << kVersion << " serving on unix:" << socket_path
             << " backend=" << config.backend() << " pool_bytes=" << config.pool_bytes()
-            << " chunk_bytes=" << config.chunk_bytes() << " metrics="
+            << " chunk_bytes=" << config.chunk_bytes()
+            << " ring_poll_seconds=" << config.ring_poll_seconds() << " metrics="
             << (metrics_on ? config.metrics_address() : std::string("off"));
 #ifndef OFFLOADD_HAVE_CUDA
   LOG(INFO) << "this build has no CUDA backend; the shm backend is available";
