@@ -83,7 +83,6 @@ size_t RingCore::pending() const {
 void RingCore::RingDaemon(bool deferrable) {
   if (deferrable && control_->state.poll_microseconds.load(std::memory_order_seq_cst) != 0) {
     unrung_.store(true, std::memory_order_release);
-    deferred_wakes_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   control_->daemon_doorbell.Ring();
@@ -106,10 +105,12 @@ bool RingCore::SleepUntil(Ready ready, double deadline_seconds) {
       done = ready();
     }
     const double left = deadline_seconds - NowSeconds();
-    // About to sleep on an answer (or a slot) while a submission went unrung: ring now rather
-    // than wait for the daemon's next poll.
-    if (!done && left > 0) RingDeferred();
-    if (!done && left > 0) control_->client_doorbell.Sleep(seen, left);
+    if (!done && left > 0) {
+      // About to sleep on an answer (or a slot) while a submission went unrung: ring now
+      // rather than wait for the daemon's next poll.
+      RingDeferred();
+      control_->client_doorbell.Sleep(seen, left);
+    }
     control_->client_doorbell.Disarm();
     if (done) return true;
     if (left <= 0) return false;

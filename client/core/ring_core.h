@@ -95,8 +95,6 @@ class RingCore {
   bool corrupt() const;
   // Requests submitted and not yet taken by Poll / Wait / WaitAny.
   size_t pending() const;
-  // Submissions published without ringing the daemon (it was polling) so far.
-  uint64_t deferred_wakes() const { return deferred_wakes_.load(std::memory_order_relaxed); }
   // Rings the daemon's doorbell if a submission went unrung (deferred wake-ups, above), as a
   // thread about to sleep in Wait / WaitAny / TakeAny does. A thread that waits for an answer
   // outside the core (a future another thread completes from the ring's answers) calls it
@@ -131,7 +129,6 @@ class RingCore {
   bool corrupt_ = false;
   bool shut_ = false;  // Shutdown() was called
   std::atomic<bool> unrung_{false};            // a deferred submission not yet rung for
-  std::atomic<uint64_t> deferred_wakes_{0};
   std::unordered_set<uint64_t> pending_;                          // submitted, not answered
   std::unordered_map<uint64_t, common::CompletionEntry> answers_;  // answered, not yet taken
 };
