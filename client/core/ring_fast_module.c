@@ -21,8 +21,9 @@
  *          returns < 0 (nothing there and the ring closed). max: 1..64.
  *
  * Integers are taken modulo 2**64 as ctypes takes them (a float is a TypeError), times float
- * seconds, events None or exactly 64 bytes (a bytes-like object, or what bytes() makes 64 bytes
- * of; ValueError for another length: a cudaIpcEventHandle_t is 64 bytes). The GIL
+ * seconds, events None or exactly 64 bytes (bytes, or what bytes() makes 64 bytes of; an int
+ * or a str is a TypeError; ValueError for another length: a cudaIpcEventHandle_t is 64 bytes),
+ * with the exception types and texts of offloadd._native's ctypes binding (_event). The GIL
  * is released around every submission (which may sleep for a free slot) and around a drain
  * with a timeout other than 0. Every function raises RuntimeError before bind(). */
 #define PY_SSIZE_T_CLEAN
@@ -91,17 +92,24 @@ static int get_ring(PyObject* o, offloadd_ring** out) {
 }
 
 /* An event: None (no event) or exactly 64 bytes, copied into buf (the caller's stack) so the
- * GIL can be released while the core reads it. */
+ * GIL can be released while the core reads it. The rule and texts of _native._event (the ctypes
+ * binding): the same exception for the same argument through either binding. */
 static int get_event(PyObject* o, uint8_t buf[EVENT_BYTES], const uint8_t** out) {
   if (o == Py_None) {
     *out = NULL;
     return 1;
   }
-  /* bytes as they are; anything else as bytes() makes it (bytearray, memoryview, ints). The
-   * stable ABI of 3.10 has no buffer protocol: hence the copy. */
+  /* bytes as they are; an int or a str refused (bytes(64) would be 64 zero bytes); anything
+   * else as bytes() makes it (bytearray, memoryview, a list of ints), raising what bytes()
+   * raises. The stable ABI of 3.10 has no buffer protocol: hence the copy. */
   PyObject* copy = NULL;
   if (!PyBytes_Check(o)) {
-    copy = PyBytes_FromObject(o);
+    if (PyLong_Check(o) || PyUnicode_Check(o)) {
+      PyErr_SetString(PyExc_TypeError, "an event handle is None or 64 bytes "
+                                       "(cudaIpcEventHandle_t), not an int or a str");
+      return 0;
+    }
+    copy = PyObject_CallFunctionObjArgs((PyObject*)&PyBytes_Type, o, NULL);
     if (copy == NULL) return 0;
     o = copy;
   }

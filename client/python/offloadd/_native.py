@@ -25,6 +25,7 @@ request ids are ints with bit 63 set. Event handles: None or 64 bytes.
 """
 
 import ctypes
+import functools
 import importlib.util
 import os
 import threading
@@ -62,7 +63,7 @@ URGENT, PREFETCH = 1, 2
 
 class Completion(ctypes.Structure):
     """One answer (offloadd_completion, 256 bytes): ``kind`` one of OFFLOAD_DONE, RELOAD_DONE,
-    RELEASED, ERROR; ``status_code`` a google.rpc.Code when ERROR; ``message`` (bytes) why."""
+    RELEASED, ERROR; ``status_code`` a google.rpc.Code when ERROR; ``message`` (str) why."""
     _fields_ = [("request_id", ctypes.c_uint64), ("kind", ctypes.c_uint32),
                 ("status_code", ctypes.c_int32), ("block_id", ctypes.c_uint64),
                 ("bytes", ctypes.c_uint64), ("queued_seconds", ctypes.c_double),
@@ -71,7 +72,14 @@ class Completion(ctypes.Structure):
 
     @property
     def message(self):
-        return bytes(self.message_raw)[:min(self.message_bytes, 200)].decode("utf-8", "replace")
+        """The first ``message_bytes`` bytes of the message (at most 200; the format is
+        length-delimited, not NUL-terminated: NULs inside are kept), decoded from UTF-8 with
+        errors replaced."""
+        field = Completion.message_raw
+        # self.message_raw would stop at the first NUL (a c_char array's value): read the
+        # field's bytes themselves.
+        return ctypes.string_at(ctypes.addressof(self) + field.offset,
+                                min(self.message_bytes, field.size)).decode("utf-8", "replace")
 
 
 _lib = None
@@ -191,11 +199,34 @@ class RingReleased(ValueError):
 
 
 def _event(event):
+    """An event argument as the core takes it: None, or 64 bytes. The rule of the extension
+    module's get_event (ring_fast_module.c), with its texts: an int or a str is a TypeError
+    (bytes(64) would make 64 zero bytes of an int), anything else goes through bytes() (its
+    TypeError as it raises it), and another length than 64 is a ValueError."""
     if event is None:
         return None
+    if isinstance(event, (int, str)):
+        raise TypeError("an event handle is None or 64 bytes (cudaIpcEventHandle_t), not an "
+                        "int or a str")
+    event = bytes(event)
     if len(event) != 64:
         raise ValueError("an event handle is 64 bytes (cudaIpcEventHandle_t), not %d" % len(event))
-    return bytes(event)
+    return event
+
+
+# The ctypes binding's submissions, with the extension module's arguments (events as the
+# caller gave them, checked here, inside NativeRing._call as the module checks them).
+def _offload_ctypes(lib, ring, region_id, offset, nbytes, tag, ready_event, has_ordering, step,
+                    position, timeout):
+    return lib.offloadd_ring_offload(ring, region_id, offset, nbytes, tag, _event(ready_event),
+                                     has_ordering, step, position, timeout)
+
+
+def _reload_ctypes(lib, ring, block_id, tag, region_id, offset, priority, release_after,
+                   deadline_seconds, ready_event, done_event, timeout):
+    return lib.offloadd_ring_reload(ring, block_id, tag, region_id, offset, priority,
+                                    release_after, deadline_seconds, _event(ready_event),
+                                    _event(done_event), timeout)
 
 
 # Every NativeRing not yet freed: a process forked after one was made must not use it.
@@ -225,16 +256,28 @@ class NativeRing:
     drain or wait too: they raise RingReleased). In a process forked after it was made, it is
     released as by close() (the parent's daemon session owns it), without touching the
     parent's ring.
+
+    Both bindings (:attr:`binding`) raise the same exception with the same text for the same
+    arguments. A call on a closed ring raises RingReleased before the ids, sizes and events
+    it passes to the core are checked (a RingReleased is a ValueError: code that catches a bad
+    event's ValueError catches it too). Events (``ready_event``, ``done_event``): None or
+    64 bytes; an int or a str raises TypeError, anything else is converted by bytes() (its
+    TypeError) and another length raises ValueError. Answers' messages (``drain`` tuples,
+    :attr:`Completion.message`) are the answer's ``message_bytes`` bytes, NULs included (the
+    ring's format is length-delimited, as the C++ client reads it), decoded from UTF-8 with
+    errors replaced.
     """
 
     def __init__(self, entries=256):
         self._lib = load()
         fast = self._fast = load_ring_fast()
-        # The submissions and drain: the extension module's functions (same arguments; events
-        # checked there) or the core's through ctypes.
-        self._offload_fn = fast.offload if fast else self._lib.offloadd_ring_offload
-        self._reload_fn = fast.reload if fast else self._lib.offloadd_ring_reload
-        self._release_fn = fast.release if fast else self._lib.offloadd_ring_release
+        # The submissions and drain: the extension module's functions or the core's through
+        # ctypes, with the same arguments (events checked inside each, after _call's check of
+        # close(); partials of the library, not bound methods: no cycle delays __del__).
+        lib = self._lib
+        self._offload_fn = fast.offload if fast else functools.partial(_offload_ctypes, lib)
+        self._reload_fn = fast.reload if fast else functools.partial(_reload_ctypes, lib)
+        self._release_fn = fast.release if fast else lib.offloadd_ring_release
         self._lock = threading.Lock()  # close() against close()
         self._released = False   # close() was called
         self._ring = None        # the native ring while usable (None after close())
@@ -290,8 +333,6 @@ class NativeRing:
         RingFull (no slot freed within ``timeout`` seconds; < 0: no limit), both
         ConnectionErrors, when not submitted; RingReleased after close()."""
         step, position = ordering if ordering is not None else (0, 0)
-        if self._fast is None:
-            ready_event = _event(ready_event)
         rid = self._call(self._offload_fn, region_id, offset, nbytes, tag, ready_event,
                          int(ordering is not None), step, position, timeout)
         return rid or self._submitted(rid)
@@ -300,8 +341,6 @@ class NativeRing:
                deadline_seconds=0.0, tag=0, ready_event=None, done_event=None, timeout=-1.0):
         """Submits a reload of block ``block_id`` (0: the block offloaded with ``tag``) to
         ``offset`` of region ``region_id``; its request id. Raises as :meth:`offload`."""
-        if self._fast is None:
-            ready_event, done_event = _event(ready_event), _event(done_event)
         rid = self._call(self._reload_fn, block_id, tag, region_id, offset, priority,
                          int(release_after), deadline_seconds, ready_event, done_event, timeout)
         return rid or self._submitted(rid)

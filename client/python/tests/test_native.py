@@ -5,8 +5,10 @@ test runs under both bindings of the ring's hot calls: the extension module offl
 (``bazel build //client/core:ring_fast.so``; the classes without a suffix, which use it when it
 is built) and ctypes (the *Ctypes classes, OFFLOADD_RING_FAST=0)."""
 
+import mmap
 import os
 import queue
+import struct
 import subprocess
 import sys
 import textwrap
@@ -14,6 +16,7 @@ import threading
 import unittest
 
 import grpc
+import pytest
 
 from daemon_fixture import Daemon
 from offloadd import _native
@@ -255,6 +258,75 @@ class NativeRingTest(_Binding, unittest.TestCase):
         self.assertNotEqual(done.kind, 0)
         if done.kind == _native.OFFLOAD_DONE:
             self.ring.release(done.block_id)
+
+
+# What both bindings raise for a call on a closed ring.
+_CLOSED_TEXT = ("this offloadd NativeRing is closed (close() was called): create a new NativeRing "
+                "and offer it in a new session's Hello")
+_NOT_INT_OR_STR = ("an event handle is None or 64 bytes (cudaIpcEventHandle_t), not an int or a "
+                   "str")
+# Bad events: (argument, exception type, its text), the same through either binding.
+_BAD_EVENTS = (
+    (b"short", ValueError, "an event handle is 64 bytes (cudaIpcEventHandle_t), not 5"),
+    (bytearray(65), ValueError, "an event handle is 64 bytes (cudaIpcEventHandle_t), not 65"),
+    (64, TypeError, _NOT_INT_OR_STR),
+    ("e" * 64, TypeError, _NOT_INT_OR_STR),
+    (object(), TypeError, "cannot convert 'object' object to bytes"),
+)
+
+
+def _publish_error_answer(ring, request_id, message, message_bytes, index):
+    """Writes an error answer (kind 4, status 5) for ``request_id`` with the raw 200-byte
+    ``message`` and ``message_bytes`` into completion slot ``index`` of the ring's shared
+    memory and publishes it, as the daemon does (common/ring_format.h: the completion offset at
+    byte 40 of the header, the completion tail a uint32 at byte 192)."""
+    view = mmap.mmap(ring.fd, os.fstat(ring.fd).st_size)
+    try:
+        (completions,) = struct.unpack_from("<Q", view, 40)
+        entry = struct.pack("<QIiQQddII", request_id, 4, 5, 0, 0, 0.0, 0.0, 0, message_bytes)
+        entry += message.ljust(200, b"\0")
+        slot = completions + 256 * index
+        view[slot:slot + 256] = entry
+        struct.pack_into("<I", view, 192, index + 1)
+    finally:
+        view.close()
+
+
+@pytest.mark.parametrize("fast", [None, "0"], ids=["c-extension", "ctypes"])
+def test_both_bindings_raise_and_decode_alike(fast, monkeypatch):
+    """Through either binding: the same exception type and text for the same bad event, on an
+    open ring and on a closed one (RingReleased first), and an answer's message cut at its
+    message_bytes, not at a NUL inside it."""
+    if fast is None and not _fast_built():
+        pytest.skip("the extension module is not built (bazel build //client/core:ring_fast.so)")
+    monkeypatch.delenv("OFFLOADD_RING_FAST", raising=False)
+    if fast is not None:
+        monkeypatch.setenv("OFFLOADD_RING_FAST", fast)
+    ring = _native.NativeRing(8)
+    assert ring.binding == ("ctypes" if fast else "c-extension"), _native.ring_fast_error
+    for event, kind, text in _BAD_EVENTS:
+        with pytest.raises(kind) as offload:
+            ring.offload(1, 0, 4096, ready_event=event, timeout=0.0)
+        with pytest.raises(kind) as reload:
+            ring.reload(1, 1, 0, ready_event=None, done_event=event, timeout=0.0)
+        assert (type(offload.value), str(offload.value)) == (kind, text)
+        assert (type(reload.value), str(reload.value)) == (kind, text)
+    assert ring.pending == 0  # nothing was submitted
+    # Messages: message_bytes long, NULs kept, bytes past message_bytes not; bad UTF-8 replaced.
+    raw = b"no block 7\0 (tag \xc3" + b"NOT-PART-OF-IT"
+    first, second = ring.release(1, timeout=0.0), ring.release(2, timeout=0.0)
+    _publish_error_answer(ring, first, raw, 18, 0)
+    (answer,) = ring.drain(0.0)
+    assert (answer[0], answer[1], answer[2], answer[8]) == (first, 4, 5, "no block 7\0 (tag \ufffd")
+    _publish_error_answer(ring, second, raw, 18, 1)
+    assert ring.wait(second, timeout=0).message == "no block 7\0 (tag \ufffd"
+    ring.close()
+    for event, _, _ in _BAD_EVENTS + ((b"e" * 64, None, None),):
+        with pytest.raises(_native.RingReleased) as offload:
+            ring.offload(1, 0, 4096, ready_event=event)
+        with pytest.raises(_native.RingReleased) as reload:
+            ring.reload(1, 1, 0, done_event=event)
+        assert str(offload.value) == str(reload.value) == _CLOSED_TEXT
 
 
 class NativeRingCtypesTest(NativeRingTest):
