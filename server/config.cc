@@ -231,13 +231,29 @@ namespace {
 
 // Collects one sentence per config problem, in the order the checks run.
 struct Problems {
+  const ConfigSources& sources;
   std::vector<std::string> sentences;
 
   void Add(std::string sentence) { sentences.push_back(std::move(sentence)); }
-  // `value` must lie in [min, max]; NaN never does.
-  // `sentence` names the field and its bounds; the value given is added to it.
-  void Range(double value, double min, double max, const char* sentence) {
-    if (!(value >= min && value <= max)) Add(absl::StrFormat("%s (got %g)", sentence, value));
+  // `field` (its name in the config file, "cuda_sim.gpus" for a nested one) must lie in
+  // [min, max]; NaN never does. `rule` says so after the field's name; the value given and
+  // where it came from (Source) are added to it.
+  void Range(const char* field, double value, double min, double max, const char* rule) {
+    if (!(value >= min && value <= max)) {
+      Add(absl::StrFormat("%s %s (got %g%s)", field, rule, value, Source(field)));
+    }
+  }
+  // " from --field=value on the command line" when a flag set `field` (the last such flag:
+  // each overrides the one before), else " from field in FILE" when a file was read, else ""
+  // (the embedded defaults, which are valid, or a text given to ParseConfig).
+  std::string Source(const std::string& field) const {
+    for (auto flag = sources.flags.rbegin(); flag != sources.flags.rend(); ++flag) {
+      if (flag->first == field) {
+        return absl::StrFormat(" from --%s=%s on the command line", field, flag->second);
+      }
+    }
+    if (sources.file.empty()) return "";
+    return absl::StrFormat(" from %s in %s", field, sources.file);
   }
   // A per-uid limit must not exceed its total when both are set (0 = no limit).
   void PerUidWithinTotal(uint64_t per_uid, uint64_t total, const char* per_uid_name,
@@ -272,8 +288,8 @@ void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
         c.numa_placement()));
   }
   // Above 1 GiB, rounding a chunk up to the spill tier's alignment could wrap.
-  p->Range(static_cast<double>(c.chunk_bytes()), 4096, 1 << 30,
-           "chunk_bytes must be between 4096 and 1073741824 (1 GiB)");
+  p->Range("chunk_bytes", static_cast<double>(c.chunk_bytes()), 4096, 1 << 30,
+           "must be between 4096 and 1073741824 (1 GiB)");
   if (!ValidShmName(c.pool_shm_name())) {
     p->Add(absl::StrFormat(
         "pool_shm_name \"%s\" must be at most 200 letters, digits, '.', '_' or '-' (it names "
@@ -315,9 +331,9 @@ void CheckCalibrationAndSim(const v1::DaemonConfig& c, Problems* p) {
     p->Add("link_calibration_budget_seconds must be in (0, 600] (5 by default)");
   }
   const v1::CudaSimConfig& s = c.cuda_sim();
-  p->Range(s.gpus(), 1, 64, "cuda_sim.gpus must be between 1 and 64");
+  p->Range("cuda_sim.gpus", s.gpus(), 1, 64, "must be between 1 and 64");
   // Narrowed to int for the model: bounded first.
-  p->Range(s.gpus_per_switch(), 1, 64, "cuda_sim.gpus_per_switch must be between 1 and 64");
+  p->Range("cuda_sim.gpus_per_switch", s.gpus_per_switch(), 1, 64, "must be between 1 and 64");
   if (!(s.engine_bytes_per_second() > 0) || !std::isfinite(s.engine_bytes_per_second())) {
     p->Add("cuda_sim.engine_bytes_per_second must be > 0 (e.g. 55GB)");
   }
@@ -373,35 +389,36 @@ void CheckHostLinks(const v1::DaemonConfig& c, Problems* p) {
 
 }  // namespace
 
-absl::Status ValidateConfig(const v1::DaemonConfig& c) {
-  Problems p;
+absl::Status ValidateConfig(const v1::DaemonConfig& c, const ConfigSources& sources) {
+  Problems p{sources, {}};
   CheckPoolAndBackend(c, &p);
-  p.Range(c.resume_grace_seconds(), 0, 86400, "resume_grace_seconds must be between 0 and 86400");
+  p.Range("resume_grace_seconds", c.resume_grace_seconds(), 0, 86400,
+          "must be between 0 and 86400");
   if (!(c.spill_high_water_fraction() > 0 && c.spill_high_water_fraction() <= 1)) {
     p.Add("spill_high_water_fraction must be in (0, 1]");
   }
-  p.Range(c.spill_io_threads(), 1, 64, "spill_io_threads must be between 1 and 64");
-  p.Range(c.copy_threads(), 1, 64, "copy_threads must be between 1 and 64");
-  p.Range(c.admission_deadline_seconds(), 0, 86400,
-          "admission_deadline_seconds must be between 0 and 86400 (a day)");
-  p.Range(c.socket_mode(), 0, 0777, "socket_mode must be a file mode like 0660");
+  p.Range("spill_io_threads", c.spill_io_threads(), 1, 64, "must be between 1 and 64");
+  p.Range("copy_threads", c.copy_threads(), 1, 64, "must be between 1 and 64");
+  p.Range("admission_deadline_seconds", c.admission_deadline_seconds(), 0, 86400,
+          "must be between 0 and 86400 (a day)");
+  p.Range("socket_mode", c.socket_mode(), 0, 0777, "must be a file mode like 0660");
   if (c.default_link_bytes_per_second() < 0) {
     p.Add("default_link_bytes_per_second must be >= 0 (0 = unpaced)");
   }
   CheckLinks(c, &p);
-  p.Range(c.offload_min_share(), 0, 1, "offload_min_share must be between 0 and 1");
+  p.Range("offload_min_share", c.offload_min_share(), 0, 1, "must be between 0 and 1");
   if (c.numa_node_bytes_per_second() < 0) {
     p.Add("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
   }
   CheckPerUidLimits(c, &p);
-  p.Range(c.hello_timeout_seconds(), 0, 3600,
-          "hello_timeout_seconds must be between 0 and 3600 (0 = no timeout)");
-  p.Range(c.shutdown_grace_seconds(), 0, 86400,
-          "shutdown_grace_seconds must be between 0 and 86400 (0 = no bound)");
-  p.Range(c.max_streams_per_connection(), 0, 1000000,
-          "max_streams_per_connection must be at most 1000000 (0 = gRPC's default)");
-  p.Range(c.unused_connection_timeout_seconds(), 0, 86400,
-          "unused_connection_timeout_seconds must be between 0 and 86400 (a day)");
+  p.Range("hello_timeout_seconds", c.hello_timeout_seconds(), 0, 3600,
+          "must be between 0 and 3600 (0 = no timeout)");
+  p.Range("shutdown_grace_seconds", c.shutdown_grace_seconds(), 0, 86400,
+          "must be between 0 and 86400 (0 = no bound)");
+  p.Range("max_streams_per_connection", c.max_streams_per_connection(), 0, 1000000,
+          "must be at most 1000000 (0 = gRPC's default)");
+  p.Range("unused_connection_timeout_seconds", c.unused_connection_timeout_seconds(), 0, 86400,
+          "must be between 0 and 86400 (a day)");
   if (const std::string& b = c.projector().backend();
       !b.empty() && b != "lapack" && b != "cusolver" && b != "auto") {
     p.Add(absl::StrFormat("projector.backend \"%s\" is not known: use \"lapack\" (the host CPU, "
@@ -409,20 +426,21 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
                           "\"auto\"",
                           b));
   }
-  p.Range(c.keepalive_time_seconds(), 0, 86400,
-          "keepalive_time_seconds must be between 0 and 86400 (0 = no keepalive pings)");
-  p.Range(c.keepalive_timeout_seconds(), 0, 86400,
-          "keepalive_timeout_seconds must be between 0 and 86400");
+  p.Range("keepalive_time_seconds", c.keepalive_time_seconds(), 0, 86400,
+          "must be between 0 and 86400 (0 = no keepalive pings)");
+  p.Range("keepalive_timeout_seconds", c.keepalive_timeout_seconds(), 0, 86400,
+          "must be between 0 and 86400");
   // Below ~50 us the kernel's timer slack sets the poll rate, not the value.
   if (const double poll = c.ring_poll_seconds(); poll != 0) {
-    p.Range(poll, 50e-6, 0.1,
-            "ring_poll_seconds must be 0 (clients always wake the daemon) or between 0.00005 "
+    p.Range("ring_poll_seconds", poll, 50e-6, 0.1,
+            "must be 0 (clients always wake the daemon) or between 0.00005 "
             "(the kernel's timer slack) and 0.1 (a submission may wait that long to be taken)");
   }
   p.PerUidWithinTotal(c.projector().max_queued_refreshes_per_uid(),
                       c.projector().max_queued_refreshes(),
                       "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");
-  p.Range(c.pid_exit_grace_seconds(), 0, 3600, "pid_exit_grace_seconds must be between 0 and 3600");
+  p.Range("pid_exit_grace_seconds", c.pid_exit_grace_seconds(), 0, 3600,
+          "must be between 0 and 3600");
   if (auto g = ResolveSocketGroup(c); !g.ok()) p.Add(std::string(g.status().message()));
   CheckGpus(c, &p);
   CheckHostLinks(c, &p);
@@ -709,6 +727,17 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
     return absl::NotFoundError("unknown flag --" + raw_name + " (offloadd --help lists them)");
   }
   return FlagSetter(name, value, c).Apply(kind->second);
+}
+
+absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const ConfigSources& sources) {
+  absl::StatusOr<v1::DaemonConfig> config =
+      sources.file.empty() ? ParseConfig("") : LoadConfigFile(sources.file);
+  if (!config.ok()) return config.status();
+  for (const auto& [name, value] : sources.flags) {
+    if (absl::Status st = ApplyFlag(name, value, &*config); !st.ok()) return st;
+  }
+  if (absl::Status st = ValidateConfig(*config, sources); !st.ok()) return st;
+  return config;
 }
 
 copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config) {

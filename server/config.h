@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,8 +40,23 @@ absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
 // text are unchanged.
 std::string ExpandSizeSuffixes(const std::string& text);
 
-// Checks ranges and combinations; INVALID_ARGUMENT with a sentence per problem.
-absl::Status ValidateConfig(const v1::DaemonConfig& config);
+// Where a config's values came from, for the messages of ValidateConfig and LoadDaemonConfig:
+// the config file's path ("" = the embedded defaults alone) and the command-line flags applied
+// over it, in order, as (field name with underscores, value as given) pairs.
+struct ConfigSources {
+  std::string file;
+  std::vector<std::pair<std::string, std::string>> flags;
+};
+// Checks ranges and combinations; INVALID_ARGUMENT with a sentence per problem. A value out of
+// its range is given with where it came from, by `sources`: "(got 0.5 from
+// --ring_poll_seconds=0.5 on the command line)" when a flag set the field (the last one wins),
+// else "(got 0.5 from ring_poll_seconds in /etc/offloadd.conf)" when a file was read, else
+// "(got 0.5)".
+absl::Status ValidateConfig(const v1::DaemonConfig& config, const ConfigSources& sources = {});
+// The daemon's config: sources.file (LoadConfigFile; the defaults when ""), then sources.flags
+// over it in order (ApplyFlag), then ValidateConfig with `sources`. Errors: the first of those
+// three's, as each returns it.
+absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const ConfigSources& sources);
 
 // A command-line flag that sets a config field: --name=value or --name value; dashes and
 // underscores are interchangeable in names.

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -100,6 +101,45 @@ TEST(ConfigTest, RingPollSecondsDefaultsBoundsAndCoreOptions) {
   }
   const absl::Status st = ValidateConfig(*ParseConfig("ring_poll_seconds: 0.5\n"));
   EXPECT_NE(std::string(st.message()).find("(got 0.5)"), std::string::npos) << st;
+}
+
+// A value out of its range is given with where it came from: the flag as the command line
+// gave it (the last of several: it is the one in force), or the field in the config file.
+TEST(ConfigTest, RangeErrorsSayWhetherTheCommandLineOrTheFileGaveTheValue) {
+  const std::string path = testing::TempDir() + "/range_sources.conf";
+  std::ofstream(path) << "ring_poll_seconds: 0.5\ncopy_threads: 0\n";
+  const std::string poll_rule =
+      "ring_poll_seconds must be 0 (clients always wake the daemon) or between 0.00005 (the "
+      "kernel's timer slack) and 0.1 (a submission may wait that long to be taken)";
+  const absl::StatusOr<v1::DaemonConfig> file = LoadDaemonConfig({path, {}});
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(file.status().message(),
+            "invalid config: copy_threads must be between 1 and 64 (got 0 from copy_threads in " +
+                path + "); " + poll_rule + " (got 0.5 from ring_poll_seconds in " + path + ")");
+  // A flag over the file: the flag is named; the file's other bad value is still the file's.
+  const absl::StatusOr<v1::DaemonConfig> flag =
+      LoadDaemonConfig({path, {{"ring_poll_seconds", "0.001"}, {"ring_poll_seconds", "1e-6"}}});
+  EXPECT_EQ(flag.status().message(),
+            "invalid config: copy_threads must be between 1 and 64 (got 0 from copy_threads in " +
+                path + "); " + poll_rule +
+                " (got 1e-06 from --ring_poll_seconds=1e-6 on the command line)");
+  // Flags alone (the embedded defaults under them).
+  const absl::StatusOr<v1::DaemonConfig> flags_only =
+      LoadDaemonConfig({"", {{"copy_threads", "65"}, {"offload_min_share", "1.5"}}});
+  EXPECT_EQ(flags_only.status().message(),
+            "invalid config: copy_threads must be between 1 and 64 (got 65 from --copy_threads=65 "
+            "on the command line); offload_min_share must be between 0 and 1 (got 1.5 from "
+            "--offload_min_share=1.5 on the command line)");
+  // Flags that mend both of the file's values: valid, and in force.
+  const absl::StatusOr<v1::DaemonConfig> mended =
+      LoadDaemonConfig({path, {{"ring_poll_seconds", "0"}, {"copy_threads", "3"}}});
+  ASSERT_TRUE(mended.ok()) << mended.status();
+  EXPECT_EQ(mended->copy_threads(), 3u);
+  EXPECT_EQ(mended->ring_poll_seconds(), 0.0);
+  // Without sources (a text given to ParseConfig): the value alone, as before.
+  EXPECT_EQ(ValidateConfig(*ParseConfig("copy_threads: 0\n")).message(),
+            "invalid config: copy_threads must be between 1 and 64 (got 0)");
+  std::remove(path.c_str());
 }
 
 TEST(ConfigTest, CudaSimIsABackendButNotTheDefault) {

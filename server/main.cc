@@ -319,14 +319,7 @@ int ParseCommandLine(int argc, char** argv, CommandLine* out) {
 
 // The config file (or the defaults), the flags over it, validated; errors exit 2.
 absl::StatusOr<offloadd::v1::DaemonConfig> LoadConfig(const CommandLine& cl) {
-  absl::StatusOr<offloadd::v1::DaemonConfig> config =
-      cl.config_file.empty() ? offloadd::ParseConfig("") : offloadd::LoadConfigFile(cl.config_file);
-  if (!config.ok()) return config.status();
-  for (const auto& [name, value] : cl.overrides) {
-    if (absl::Status st = offloadd::ApplyFlag(name, value, &*config); !st.ok()) return st;
-  }
-  if (absl::Status st = offloadd::ValidateConfig(*config); !st.ok()) return st;
-  return config;
+  return offloadd::LoadDaemonConfig({cl.config_file, cl.overrides});
 }
 
 // SIGTERM/SIGINT/SIGHUP are taken synchronously by the main thread (sigtimedwait, NextSignal). They
