@@ -85,23 +85,32 @@ class Completion(ctypes.Structure):
 _lib = None
 
 
-def load():
-    """The loaded core (cached). Raises OSError when no candidate loads."""
-    global _lib
-    if _lib is not None:
-        return _lib
-    env = os.environ.get("OFFLOADD_CORE_LIB")
-    paths = [env] if env else list(_CANDIDATES)
+def _load_first(paths, open_path, failures):
+    """``open_path(path)`` of the first of ``paths`` (str) that exists and opens, in order:
+    ``(what it returned, errors)``, or ``(None, errors)`` when none does. ``errors`` (a list of
+    str) says why each path tried before was passed over: "PATH: missing", or "PATH: TEXT" for
+    an exception of ``failures`` (a tuple of types) that ``open_path`` raised. Any other
+    exception propagates."""
     errors = []
     for path in paths:
         if not os.path.exists(path):
             errors.append("%s: missing" % path)
             continue
         try:
-            lib = ctypes.CDLL(path)
-        except OSError as e:
+            return open_path(path), errors
+        except failures as e:
             errors.append("%s: %s" % (path, e))
-            continue
+    return None, errors
+
+
+def load():
+    """The loaded core (cached). Raises OSError when no candidate loads."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    env = os.environ.get("OFFLOADD_CORE_LIB")
+    lib, errors = _load_first([env] if env else _CANDIDATES, ctypes.CDLL, (OSError,))
+    if lib is not None:
         _declare(lib)
         _lib = lib
         return lib
@@ -127,29 +136,26 @@ def load_ring_fast():
     if _fast is not None:
         ring_fast_error = None
         return _fast
-    errors = []
-    for path in _FAST_CANDIDATES:
-        if not os.path.exists(path):
-            errors.append("%s: missing" % path)
-            continue
-        try:
-            spec = importlib.util.spec_from_file_location("offloadd._ring_fast", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        except (ImportError, OSError) as e:
-            errors.append("%s: %s" % (path, e))
-            continue
-        try:
-            module.bind(*(ctypes.cast(getattr(lib, "offloadd_ring_" + name), ctypes.c_void_p)
-                          .value for name in ("offload", "reload", "release", "drain")))
-        except RuntimeError as e:  # bound to another core of this process
-            errors.append("%s: %s" % (path, e))
-            continue
+    module, errors = _load_first(_FAST_CANDIDATES, lambda path: _bound_ring_fast(path, lib),
+                                 (ImportError, OSError, RuntimeError))
+    if module is not None:
         _fast, ring_fast_error = module, None
         return module
     ring_fast_error = "the extension module was not found or did not load (" + \
         "; ".join(errors) + ")"
     return None
+
+
+def _bound_ring_fast(path, lib):
+    """The extension module at ``path``, imported as offloadd._ring_fast and bound to ``lib``'s
+    functions. Raises ImportError or OSError when it does not import, RuntimeError when the
+    module is bound to another core of this process already."""
+    spec = importlib.util.spec_from_file_location("offloadd._ring_fast", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.bind(*(ctypes.cast(getattr(lib, "offloadd_ring_" + name), ctypes.c_void_p).value
+                  for name in ("offload", "reload", "release", "drain")))
+    return module
 
 
 def _declare(lib):

@@ -8,9 +8,11 @@ is built) and ctypes (the *Ctypes classes, OFFLOADD_RING_FAST=0)."""
 import mmap
 import os
 import queue
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import unittest
@@ -498,6 +500,55 @@ class NativeRingLifetimeTest(unittest.TestCase):
 class NativeRingLifetimeCtypesTest(NativeRingLifetimeTest):
     FAST = "0"
     BINDING = "ctypes"
+
+
+class LoadPathsTest(unittest.TestCase):
+    """load() and load_ring_fast() try their candidate paths in order, take the first that
+    loads, and say of every path tried before why it was passed over (a fresh interpreter each:
+    both cache what they load)."""
+
+    def setUp(self):
+        folder = tempfile.mkdtemp(prefix="offloadd-load-")
+        self.addCleanup(shutil.rmtree, folder)
+        self.not_elf = os.path.join(folder, "not_a_library.so")  # text, not a shared object
+        with open(self.not_elf, "w") as f:
+            f.write("not a shared object\n" * 64)
+
+    def test_a_core_that_does_not_load_is_named_with_each_path_tried(self):
+        for given, why in (("/nonexistent/liboffloadd_core.so", "missing"),
+                           (self.not_elf, "invalid ELF header")):
+            rc, out = _run("""
+                import os
+                os.environ["OFFLOADD_CORE_LIB"] = %r
+                try:
+                    _native.load()
+                except OSError as e:
+                    print("refused:", e)
+                """ % given)
+            self.assertEqual(rc, 0, out)
+            self.assertIn("refused: the offloadd native core (liboffloadd_core.so) was not found: "
+                          "build it with 'bazel build //client/core:liboffloadd_core.so' or set "
+                          "OFFLOADD_CORE_LIB (%s: " % given, out)
+            self.assertIn(why + ")\n", out)
+
+    def test_the_extension_module_is_the_first_candidate_that_loads(self):
+        if not _fast_built():
+            self.skipTest("the extension module is not built (bazel build "
+                          "//client/core:ring_fast.so)")
+        built = next(p for p in _native._FAST_CANDIDATES if os.path.exists(p))
+        rc, out = _run("""
+            _native._FAST_CANDIDATES = ("/nonexistent/ring_fast.so", %r)
+            print("none", _native.load_ring_fast())
+            print("why", _native.ring_fast_error)
+            _native._FAST_CANDIDATES = ("/nonexistent/ring_fast.so", %r, %r)
+            print("loaded", _native.load_ring_fast().__name__, _native.ring_fast_error)
+            """ % (self.not_elf, self.not_elf, built))
+        self.assertEqual(rc, 0, out)
+        self.assertIn("none None\n", out)
+        self.assertIn("why the extension module was not found or did not load "
+                      "(/nonexistent/ring_fast.so: missing; %s: " % self.not_elf, out)
+        self.assertIn("invalid ELF header)\n", out)
+        self.assertIn("loaded offloadd._ring_fast None\n", out)
 
 
 if __name__ == "__main__":
