@@ -52,8 +52,8 @@ read) and, over all threads, of the whole-step CPU and wall differences. Per hoo
 prints the client's figure, the device's share, the hook call as measured, and the calls into
 the simulated device.
 
-On a real GPU these calls are offloadd.cuda.TorchCudaDevice's: about 6 per pack and 9-10 per
-unpack for cuda-sim (the run prints the exact means). Per pack: the device context
+On a real GPU these calls are offloadd.cuda.TorchCudaDevice's: about 6.4 per pack and 8.8 per
+unpack for cuda-sim on 2026-12-06 (each run prints its means). Per pack: the device context
 (torch.cuda.device), adopt and the checksums knob (nothing on a GPU), describe
 (cuPointerGetAttributes), the current stream, cudaEventRecord; besides, at a step's first
 offload the allocator-settings check, on a new IPC event cudaEventCreate and
