@@ -26,15 +26,46 @@ Variants, interleaved step by step in one process (the order rotates every repet
 Per variant and step: wall time; CPU of every thread of this process (/proc/self/task/*/
 schedstat: the training thread, each Python thread by name, native threads -- gRPC's, torch's
 -- together); the training thread's CPU inside each pack and each unpack (thread CPU time);
-requests sent to the daemon. The simulated device's own work (its caching allocator, checksums
--- off here, ``SimGpu(checksums=False)`` -- and copies into its memory -- none here: the tensors
-already lie there) is counted apart (``SimGpu(count_own_cpu=True)``), reported, and taken out of
-the client's figures. Figures are medians over --reps repetitions of per-repetition differences
-against the noop step of the same repetition; ops = 2N per step (N packs + N unpacks). "All
+requests sent to the daemon. Figures are medians over --reps repetitions of per-repetition
+differences against the noop step of the same repetition; ops = 2N per step (N packs + N
+unpacks). "All
 client CPU per op" is the whole-step difference of the CPU of every thread of this process
 (training thread, Python threads, native threads) against the noop step; the wall-time
 difference is printed beside it but swings by milliseconds on a machine shared with other work.
 The daemon's own CPU per op is printed too (it is not the client's).
+
+The simulated device is taken out whole, and shown beside. ``SimGpu(count_own_cpu=True)`` counts
+apart, per thread, the thread CPU spent inside every entry point of offloadd.testing.sim_gpu (a
+call made from inside another is counted once, in the outermost): offloadd's CUDA transport calls
+the simulated twin of its device adapter (SimCudaDevice) and the device kind (``key``); the
+sidestream anchor calls SimGpu, SimStream and SimEvent directly. That is the simulated CUDA
+runtime and driver (the device context, current and reload streams, event create / record /
+wait / query, pointer and allocation queries, IPC handles), its caching allocator (reload
+destinations, record_stream, a block returned when its tensor dies), its resolver thread, the
+checksums (off here: ``SimGpu(checksums=False)``) and copies into its memory (none here: the
+tensors already lie there). Added to it: the counting's own cost that falls outside the counted
+windows (two reads of the thread CPU clock per call; SimGpu.accounting_residual_ns, measured on
+the training thread before and after the timed steps and printed; about 0.3-0.4 us per call on
+the 2-vCPU build machine). That sum, the simulated device's share, is what is taken out of every
+client figure: of the training thread's CPU per pack and per unpack (the figures the budgets
+read) and, over all threads, of the whole-step CPU and wall differences. Per hook call the table
+prints the client's figure, the device's share, the hook call as measured, and the calls into
+the simulated device.
+
+On a real GPU these calls are offloadd.cuda.TorchCudaDevice's: about 6.4 per pack and 8.8 per
+unpack for cuda-sim on 2026-12-06 (each run prints its means). Per pack: the device context
+(torch.cuda.device), adopt and the checksums knob (nothing on a GPU), describe
+(cuPointerGetAttributes), the current stream, cudaEventRecord; besides, at a step's first
+offload the allocator-settings check, on a new IPC event cudaEventCreate and
+cudaIpcGetEventHandle, at an allocation's first registration cudaIpcGetMemHandle. Per unpack:
+the next prefetch's preparation (context, reload stream, a destination from the caching
+allocator, describe, cudaEventRecord), the done event's record count (nothing on a GPU), then
+the current stream, cudaStreamWaitEvent, record_stream and the checksums knob; and the block
+returned to the allocator when the tensor dies. What they cost on a GPU is not modelled here:
+the GPU bundle's step timing measures it (tests/gpu/step_timing.py, in its
+``step_timing_hooks seq=S mode=offloadd train_us_per_op pack_us unpack_us ops_per_step`` lines:
+the training thread's CPU inside the hooks, these calls included, and ``step_timing_client_cpu``:
+every thread's).
 
 After the timed steps, --count-steps more steps per variant run under cProfile, which counts the
 training thread's Python-level calls per pack and per unpack (Counted): a figure that does not
@@ -249,28 +280,35 @@ def make_save(torch, busy):
 
 
 class Timed:
-    """Wraps a pack/unpack pair, adding up the training thread's CPU time in each."""
+    """Wraps a pack/unpack pair, adding up the training thread's CPU time in each, and the
+    simulated device's own CPU (SimGpu.own_cpu_ns) and calls into it (SimGpu.own_calls) there;
+    both read outside the timed window."""
 
     def __init__(self, pack, unpack, gpu):
         self.pack_fn, self.unpack_fn, self.gpu = pack, unpack, gpu
         self.pack_ns = self.unpack_ns = self.packs = self.unpacks = 0
         self.pack_sim_ns = self.unpack_sim_ns = 0  # the simulated device's own work inside
+        self.pack_sim_calls = self.unpack_sim_calls = 0  # outermost calls into the device
 
     def pack(self, t):
-        s0 = self.gpu._own_ns.get(threading.get_ident(), 0)
+        me = threading.get_ident()
+        s0, c0 = self.gpu.own_cpu_ns(me), self.gpu.own_calls(me)
         t0 = time.thread_time_ns()
         r = self.pack_fn(t)
         self.pack_ns += time.thread_time_ns() - t0
-        self.pack_sim_ns += self.gpu._own_ns.get(threading.get_ident(), 0) - s0
+        self.pack_sim_ns += self.gpu.own_cpu_ns(me) - s0
+        self.pack_sim_calls += self.gpu.own_calls(me) - c0
         self.packs += 1
         return r
 
     def unpack(self, r):
-        s0 = self.gpu._own_ns.get(threading.get_ident(), 0)
+        me = threading.get_ident()
+        s0, c0 = self.gpu.own_cpu_ns(me), self.gpu.own_calls(me)
         t0 = time.thread_time_ns()
         t = self.unpack_fn(r)
         self.unpack_ns += time.thread_time_ns() - t0
-        self.unpack_sim_ns += self.gpu._own_ns.get(threading.get_ident(), 0) - s0
+        self.unpack_sim_ns += self.gpu.own_cpu_ns(me) - s0
+        self.unpack_sim_calls += self.gpu.own_calls(me) - c0
         self.unpacks += 1
         return t
 
@@ -282,7 +320,9 @@ class Counted:
     standard library's and builtins. A count, not a time: it does not move with the machine's
     load. Called between model work, with cold caches, a call costs the training thread about
     a microsecond here, for the anchor and offloadd's hooks alike: the count is what the hooks'
-    CPU follows."""
+    CPU follows. The simulated device's count is of its own functions, nested ones included
+    (its calls from the hook code are in the timed table); its counting is off during these
+    steps and its wrapper is left out."""
 
     ORIGINS = ("hook code", "simulated device", "torch, stdlib, builtins")
 
@@ -318,13 +358,18 @@ class Counted:
         return "torch, stdlib, builtins"
 
     def per_call(self):
-        """{"pack"|"unpack": {origin: Python-level calls per hook call}}."""
+        """{"pack"|"unpack": {origin: Python-level calls per hook call}}. The simulated device's
+        counting wrapper (sim_gpu's device_call_entry, run with its knob off here) is left out:
+        the count is of the simulation's own functions, as without the wrapper."""
         import pstats
         out = {}
         for kind, prof in self.profiles.items():
             by = dict.fromkeys(self.ORIGINS, 0)
-            for (filename, _, _), (_, ncalls, _, _, _) in pstats.Stats(prof).stats.items():
-                by[self.origin(filename)] += ncalls
+            for (filename, _, name), (_, ncalls, _, _, _) in pstats.Stats(prof).stats.items():
+                origin = self.origin(filename)
+                if origin == "simulated device" and name == "device_call_entry":
+                    continue
+                by[origin] += ncalls
             out[kind] = {k: v / max(self.calls[kind], 1) for k, v in by.items()}
         return out
 
@@ -410,14 +455,17 @@ def worker(args):
 
     rows = collections.defaultdict(list)
     main_ident = threading.get_ident()
+    residual_ns = [gpu.accounting_residual_ns()]  # per counted call; again after the steps
     for rep in range(args.warmup + args.reps):
         order = variants[rep % len(variants):] + variants[:rep % len(variants)]
         for v in order:
             tm = timed[v]
             p0, u0, pn0, un0 = tm.pack_ns, tm.unpack_ns, tm.packs, tm.unpacks
             ps0, us0 = tm.pack_sim_ns, tm.unpack_sim_ns
+            pc0, uc0 = tm.pack_sim_calls, tm.unpack_sim_calls
             req0 = requests_sent(v)
             own_main0, own_all0 = gpu.own_cpu_seconds(main_ident), gpu.own_cpu_seconds()
+            calls_all0 = gpu.own_calls()
             groups = thread_groups()
             b0 = busy.spent[0]
             dc0 = daemon_cpu_ns(v)
@@ -443,13 +491,18 @@ def worker(args):
                 "unpack_s": (tm.unpack_ns - u0) / 1e9 / max(tm.unpacks - un0, 1),
                 "pack_sim_s": (tm.pack_sim_ns - ps0) / 1e9 / max(tm.packs - pn0, 1),
                 "unpack_sim_s": (tm.unpack_sim_ns - us0) / 1e9 / max(tm.unpacks - un0, 1),
+                "pack_sim_calls": (tm.pack_sim_calls - pc0) / max(tm.packs - pn0, 1),
+                "unpack_sim_calls": (tm.unpack_sim_calls - uc0) / max(tm.unpacks - un0, 1),
                 "requests": requests_sent(v) - req0,
                 "daemon_cpu_s": (dc1 - dc0) / 1e9,
                 "busy_s": (busy.spent[0] - b0) / 1e9,
                 "sim_own_main_s": gpu.own_cpu_seconds(main_ident) - own_main0,
                 "sim_own_all_s": gpu.own_cpu_seconds() - own_all0,
+                "sim_calls_all": gpu.own_calls() - calls_all0,
             })
+    residual_ns.append(gpu.accounting_residual_ns())
     calls = {}
+    gpu.count_own_cpu = False  # the counting's clock reads are not the simulation's calls
     for v in variants[1:]:   # after the timed steps: cProfile slows every call it counts
         counted = Counted(*raw[v])
         for _ in range(args.count_steps):
@@ -461,7 +514,7 @@ def worker(args):
         floor[4]()
     for d in (sim_d, shm_d):
         d.stop()
-    return {"rows": rows, "calls": calls, "skipped": skipped}
+    return {"rows": rows, "calls": calls, "skipped": skipped, "residual_ns": residual_ns}
 
 
 # ---- reporting ----------------------------------------------------------------------------------
@@ -469,17 +522,31 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def summarize(rows, ops):
-    """Per variant: the figures (us per op unless named), medians of per-rep differences."""
+def add_device_shares(rows, residual_ns):
+    """Adds to every row the simulated device's share, in float seconds: what was counted inside
+    its entry points plus ``residual_ns`` (the counting's cost left outside them) per call:
+    ``pack_dev_s`` / ``unpack_dev_s`` per hook call on the training thread, ``dev_all_s`` over
+    the step on all threads."""
+    for rs in rows.values():
+        for r in rs:
+            r["pack_dev_s"] = r["pack_sim_s"] + r["pack_sim_calls"] * residual_ns / 1e9
+            r["unpack_dev_s"] = r["unpack_sim_s"] + r["unpack_sim_calls"] * residual_ns / 1e9
+            r["dev_all_s"] = r["sim_own_all_s"] + r["sim_calls_all"] * residual_ns / 1e9
+
+
+def summarize(rows, ops, residual_ns):
+    """Per variant: the figures (us per op unless named), medians of per-rep differences; the
+    simulated device's share (add_device_shares, with ``residual_ns`` per call) taken out."""
+    add_device_shares(rows, residual_ns)
     noop = rows["noop"]
     out = {}
     for v, rs in rows.items():
-        d_wall = [(r["wall_s"] - b["wall_s"] - (r["sim_own_all_s"] - b["sim_own_all_s"]))
+        d_wall = [(r["wall_s"] - b["wall_s"] - (r["dev_all_s"] - b["dev_all_s"]))
                   / ops * 1e6 for r, b in zip(rs, noop)]
-        d_cpu = [(r["cpu_s"] - b["cpu_s"] - (r["sim_own_all_s"] - b["sim_own_all_s"]))
+        d_cpu = [(r["cpu_s"] - b["cpu_s"] - (r["dev_all_s"] - b["dev_all_s"]))
                  / ops * 1e6 for r, b in zip(rs, noop)]
         d_cpu_nb = [(r["cpu_s"] - r["busy_s"] - b["cpu_s"] + b["busy_s"] -
-                     (r["sim_own_all_s"] - b["sim_own_all_s"])) / ops * 1e6
+                     (r["dev_all_s"] - b["dev_all_s"])) / ops * 1e6
                     for r, b in zip(rs, noop)]
         groups = sorted({g for r in rs + noop for g in r["groups"]})
         d_groups = {}
@@ -488,8 +555,8 @@ def summarize(rows, ops):
                  for r, b in zip(rs, noop)]
             if abs(med(d)) >= 0.5:
                 d_groups[g] = med(d)
-        pack = [(r["pack_s"] - r["pack_sim_s"]) * 1e6 for r in rs]
-        unpack = [(r["unpack_s"] - r["unpack_sim_s"]) * 1e6 for r in rs]
+        pack = [(r["pack_s"] - r["pack_dev_s"]) * 1e6 for r in rs]
+        unpack = [(r["unpack_s"] - r["unpack_dev_s"]) * 1e6 for r in rs]
         # The simulated device's own work on the training thread, per pack and unpack together.
         own_main = [r["sim_own_main_s"] / ops * 1e6 for r in rs]
         out[v] = {
@@ -501,10 +568,16 @@ def summarize(rows, ops):
             "cpu_by_thread_us_per_op": d_groups,
             "train_pack_us": med(pack),
             "train_unpack_us": med(unpack),
-            "train_pack_sim_us": med([r["pack_sim_s"] * 1e6 for r in rs]),
-            "train_unpack_sim_us": med([r["unpack_sim_s"] * 1e6 for r in rs]),
+            "train_pack_with_device_us": med([r["pack_s"] * 1e6 for r in rs]),
+            "train_unpack_with_device_us": med([r["unpack_s"] * 1e6 for r in rs]),
+            "train_pack_sim_us": med([r["pack_dev_s"] * 1e6 for r in rs]),
+            "train_unpack_sim_us": med([r["unpack_dev_s"] * 1e6 for r in rs]),
+            "train_pack_sim_counted_us": med([r["pack_sim_s"] * 1e6 for r in rs]),
+            "train_unpack_sim_counted_us": med([r["unpack_sim_s"] * 1e6 for r in rs]),
+            "device_calls_per_pack": med([r["pack_sim_calls"] for r in rs]),
+            "device_calls_per_unpack": med([r["unpack_sim_calls"] for r in rs]),
             "sim_own_train_us_per_op": med(own_main),
-            "sim_own_all_us_per_op": med([r["sim_own_all_s"] / ops * 1e6 for r in rs]),
+            "sim_own_all_us_per_op": med([r["dev_all_s"] / ops * 1e6 for r in rs]),
             "requests_per_op": med([r["requests"] / ops for r in rs]),
             "daemon_us_per_op": med([r["daemon_cpu_s"] / ops * 1e6 for r in rs]),
             "reps": len(rs),
@@ -521,19 +594,17 @@ def report(layout, summary, args):
           % (layout, "training process on CPU 0, daemons on CPU 1" if layout == "split"
              else "everything on CPU 0", args.ops, args.mib, args.gap_us,
              summary["noop"]["reps"]))
-    print("%-12s %8s %8s %10s %10s %10s %8s %10s %7s %7s %7s %10s" % (
-        "variant", "step ms", "busy ms", "cpu/op us", "cpu-b/op", "wall/op us", "pack us",
-        "unpack us", "req/op", "sim/op", "sim p/u", "daemon/op"))
+    print("%-12s %8s %8s %10s %10s %10s %7s %7s %10s" % (
+        "variant", "step ms", "busy ms", "cpu/op us", "cpu-b/op", "wall/op us", "req/op",
+        "sim/op", "daemon/op"))
     for v in VARIANTS:
         if v not in summary:
             continue
         s = summary[v]
-        print("%-12s %8.2f %8.2f %10.1f %10.1f %10.1f %8.1f %10.1f %7.2f %7.1f %3.0f/%-3.0f %10.1f"
-              % (v, s["step_ms"], s["busy_ms_per_step"], s["all_client_us_per_op_cpu"],
-                 s["all_client_us_per_op_cpu_less_busy"], s["all_client_us_per_op_wall"],
-            s["train_pack_us"], s["train_unpack_us"], s["requests_per_op"],
-            s["sim_own_all_us_per_op"], s["train_pack_sim_us"], s["train_unpack_sim_us"],
-            s["daemon_us_per_op"]))
+        print("%-12s %8.2f %8.2f %10.1f %10.1f %10.1f %7.2f %7.1f %10.1f" % (
+            v, s["step_ms"], s["busy_ms_per_step"], s["all_client_us_per_op_cpu"],
+            s["all_client_us_per_op_cpu_less_busy"], s["all_client_us_per_op_wall"],
+            s["requests_per_op"], s["sim_own_all_us_per_op"], s["daemon_us_per_op"]))
     print("  cpu/op: all client CPU per op -- the CPU of every thread of the training process "
           "(native ones included) over the step, minus the noop step's, per op (ops = packs + "
           "unpacks); cpu-b/op: the same with the busy work's own thread CPU (busy ms per step, "
@@ -541,10 +612,28 @@ def report(layout, summary, args):
           "work's cost swings by milliseconds a step here), but it leaves out whatever the "
           "client's threads slow the busy work by; wall/op: the same difference of the step's "
           "wall time (on a machine shared with other work this one swings by milliseconds: read "
-          "cpu/op); all three less the simulated "
-          "device's own work (sim/op, all threads). pack/unpack: training-thread CPU inside one "
-          "hook call, less the simulated device's own work there (sim p/u, us per pack / "
-          "unpack). req/op: requests sent to the daemon per op. daemon/op: the daemon's CPU.")
+          "cpu/op); all three less the simulated device's share (sim/op: its own CPU on every "
+          "thread, counted inside its entry points, plus the counting's residual per call). "
+          "req/op: requests sent to the daemon per op. daemon/op: the daemon's CPU.")
+    res = summary["accounting_residual_ns"]
+    print("  per hook call, training-thread CPU in us: client = the hook call less the simulated "
+          "device's share (the figure the budgets read); device = its share (CPU counted inside "
+          "its entry points + %.0f ns of counting residual per call, measured before and after "
+          "the steps: %s ns); with device = the hook call as measured; calls = outermost calls "
+          "into the simulated device per hook call (each a CUDA runtime, driver or allocator "
+          "call on a GPU)" % (statistics.mean(res), " / ".join("%.0f" % x for x in res)))
+    print("    %-12s | %-33s | %-33s" % ("", "pack", "unpack"))
+    print("    %-12s | %7s %7s %11s %5s | %7s %7s %11s %5s" % (
+        "variant", "client", "device", "with device", "calls",
+        "client", "device", "with device", "calls"))
+    for v in VARIANTS:
+        if v not in summary:
+            continue
+        s = summary[v]
+        print("    %-12s | %7.1f %7.1f %11.1f %5.1f | %7.1f %7.1f %11.1f %5.1f" % (
+            v, s["train_pack_us"], s["train_pack_sim_us"], s["train_pack_with_device_us"],
+            s["device_calls_per_pack"], s["train_unpack_us"], s["train_unpack_sim_us"],
+            s["train_unpack_with_device_us"], s["device_calls_per_unpack"]))
     for v in VARIANTS[1:]:
         if v not in summary:
             continue
@@ -630,8 +719,10 @@ def main():
             print("-- layout %s failed (exit %d)" % (layout, rc))
             return rc
         out = json.loads(text)
-        summary = summarize(out["rows"], 2 * args.ops)
+        residual_ns = statistics.mean(out["residual_ns"])
+        summary = summarize(out["rows"], 2 * args.ops, residual_ns)
         summary["python_calls_per_hook_call"] = out["calls"]
+        summary["accounting_residual_ns"] = out["residual_ns"]
         results[layout] = summary
         report(layout, summary, args)
         for line in out["skipped"]:

@@ -12,6 +12,7 @@ state after a failed export. Every time figure is SIMULATED.
 """
 
 import gc
+import threading
 import time
 import unittest
 import warnings
@@ -121,6 +122,42 @@ class SimAllocatorTest(unittest.TestCase):
         self.assertGreater(waited, 0.05)
         other.wait_event(ev, expect_seq=ev.seq + 1)  # not recorded that far: orders nothing
         self.assertEqual(self.gpu.violations(sim_gpu.WAIT_UNRECORDED), 1)
+
+    def test_own_cpu_counts_every_call_into_the_device_once_and_not_the_work_between(self):
+        me = threading.get_ident()
+        dev = sim_gpu.SimCudaDevice(self.gpu)
+        t = self.gpu.empty_strided((MIB,), (1,), torch.float32)
+        self.assertEqual((self.gpu.own_cpu_ns(), self.gpu.own_calls()), (0, 0))  # knob off
+        self.gpu.count_own_cpu = True
+        s0 = self.gpu.own_cpu_seconds(me)
+        ev = dev.new_event()
+        dev.record(ev, dev.current_stream())
+        self.assertGreater(self.gpu.own_cpu_seconds(me), s0)  # the runtime calls are counted
+        s1 = self.gpu.own_cpu_seconds(me)
+        info = dev.describe(t.data_ptr())  # nests the runtime's and the SimGpu's describe
+        self.assertEqual(info.device, 0)
+        self.assertGreater(self.gpu.own_cpu_seconds(me), s1)
+        self.assertEqual(self.gpu.own_calls(me), 4)  # new_event, current_stream, record, describe
+        ns, cpu0 = self.gpu.own_cpu_ns(me), time.thread_time_ns()
+        while time.thread_time_ns() - cpu0 < 20_000_000:  # the caller's own work: 20 ms
+            pass
+        self.assertEqual((self.gpu.own_cpu_ns(me), self.gpu.own_calls(me)), (ns, 4))
+        self.gpu.launch_host_seconds = 0.02
+        cpu0 = time.thread_time_ns()
+        self.gpu.current_stream(0).kernel(0.0)  # the launch's spin is the caller's cost
+        self.assertGreaterEqual(time.thread_time_ns() - cpu0, 20_000_000)
+        self.assertLess(self.gpu.own_cpu_ns(me) - ns, 20_000_000)
+        self.assertEqual(self.gpu.own_calls(me), 6)  # current_stream, kernel
+        self.gpu.accounting_residual_ns(calls=50, rounds=3)  # counts nothing itself
+        self.assertEqual(self.gpu.own_calls(me), 6)
+        other = []
+        th = threading.Thread(target=lambda: other.append(self.gpu.new_event()))
+        th.start()
+        th.join()
+        self.assertEqual((self.gpu.own_calls(me), self.gpu.own_calls()), (6, 7))
+        self.assertEqual(self.gpu.own_cpu_ns(), self.gpu.own_cpu_ns(me) +
+                         self.gpu.own_cpu_ns(th.ident))
+        del t
 
     def test_a_failed_export_leaves_no_last_error_and_the_raw_runtime_would(self):
         dev = sim_gpu.SimCudaDevice(self.gpu)

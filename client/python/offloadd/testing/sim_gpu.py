@@ -44,11 +44,21 @@ device's own work neither hides nor inflates the cost of the client around it:
   the reloaded bytes against it, after making the host wait for the reload's stream. False: no
   CRC and no host wait (as on a GPU, where the host never reads a reloaded tensor); the bytes
   are still moved by the daemon.
-* ``count_own_cpu`` (False): True adds the thread CPU time the simulation spends on its own work
-  -- its caching allocator (allocations, frees, record_stream), copying a tensor into
-  simulated memory (``SimCudaDevice.adopt``) and the checksums -- per thread, read with
-  :meth:`SimGpu.own_cpu_seconds`. The work a real GPU's driver would do for the client (events,
-  streams, pointer queries, IPC handles) is not counted there: it stays the client's.
+* ``count_own_cpu`` (False): True counts the whole simulated device's CPU apart, per thread: the
+  thread CPU time spent inside every entry point of the simulation (the methods of
+  :class:`SimCudaDevice` and :class:`SimCudaRuntime` that offloadd's transport calls, those of
+  :class:`SimGpu`, :class:`SimStream` and :class:`SimEvent` that code driving the device calls,
+  the device kind's ``key``/``open``, a tensor's block returning to the allocator when its last
+  view dies, and the resolver thread's rounds). That is the simulated CUDA runtime and driver
+  (events, streams, pointer queries, IPC handles), its caching allocator, copies into simulated
+  memory (``SimCudaDevice.adopt``) and the checksums. An entry point called from inside another
+  is counted once, in the outermost (a per-thread depth flag). Read with
+  :meth:`SimGpu.own_cpu_seconds` / :meth:`SimGpu.own_cpu_ns`, the number of outermost calls with
+  :meth:`SimGpu.own_calls`. The counting costs two reads of the thread's CPU clock per outermost
+  call; what of that falls outside the counted window (about half of each read, and the
+  wrapper's call) stays the caller's: :meth:`SimGpu.accounting_residual_ns` measures it per call.
+  What is not counted: ``launch_host_seconds``' spin (a modelled cost of the caller's) and
+  :meth:`SimStream.synchronize`'s sleeps (no CPU).
 * ``launch_host_seconds`` (0.0, off): host CPU charged per kernel launch. Each
   :meth:`SimStream.kernel` call first spins its calling thread until that thread has used this
   much CPU (the driver's and the framework's work to launch one kernel, which a real host pays
@@ -69,6 +79,7 @@ import bisect
 import contextlib
 import ctypes
 import enum
+import functools
 import mmap
 import os
 import struct
@@ -113,6 +124,48 @@ CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_MEMORY_ALLOCATION = 2
 CUDA_ERROR_INVALID_RESOURCE_HANDLE = 400
+
+
+_thread_time_ns = time.thread_time_ns
+_get_ident = threading.get_ident
+
+
+class _Nesting(threading.local):
+    """Per thread: 1 while the thread is inside a counted call into a simulated device."""
+
+    depth = 0
+
+
+_nesting = _Nesting()
+
+
+def _device_call(fn):
+    """Makes ``fn`` (a method of an object whose ``gpu`` is its SimGpu) an entry point of the
+    simulated device: with ``gpu.count_own_cpu`` on, the thread CPU time it takes, from the first
+    read of the thread's clock to the last, is added to the calling thread's own-work total and
+    the call to its count of calls, once for the outermost of nested entry points. Both reads
+    lie inside the window as far as they can: the bookkeeping before the last read is counted."""
+
+    @functools.wraps(fn)
+    def device_call_entry(self, *args, **kwargs):
+        gpu = self.gpu
+        if not gpu.count_own_cpu or _nesting.depth:
+            return fn(self, *args, **kwargs)
+        t0 = _thread_time_ns()
+        _nesting.depth = 1
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            _nesting.depth = 0
+            cell = gpu._own.get(_get_ident()) or gpu._own_cell()
+            cell[1] += 1
+            cell[0] += _thread_time_ns() - t0
+    return device_call_entry
+
+
+def _device_property(fn):
+    """A read-only property that is an entry point of the simulated device (_device_call)."""
+    return property(_device_call(fn), doc=fn.__doc__)
 
 
 def _unlink_quietly(path):
@@ -242,6 +295,7 @@ class SimEvent:
     def complete_at_ns(self):
         return self.gpu.table.event_complete_at(self.slot)
 
+    @_device_call
     def query(self):
         """True once the work before the event's last record completed (cudaEventQuery)."""
         return time.monotonic_ns() >= self.complete_at_ns()
@@ -255,9 +309,11 @@ class SimStream:
         self.tail_ns = 0
         self._waits = []  # (SimEvent, seq) still pending when waited on
 
+    @_device_call
     def kernel(self, seconds):
         """Queues a kernel of ``seconds`` (modelled) after the stream's work, after the host's
-        launch cost (``SimGpu.launch_host_seconds`` of this thread's CPU, spun here)."""
+        launch cost (``SimGpu.launch_host_seconds`` of this thread's CPU, spun here: the
+        caller's cost, not counted as the device's own work)."""
         self.gpu.launch_cost()
         with self.gpu.lock:
             self._resolve()
@@ -275,6 +331,7 @@ class SimStream:
         self._waits = left
         return not left
 
+    @_device_call
     def record(self, ev):
         """cudaEventRecord: ``ev`` completes when the stream's work so far has."""
         with self.gpu.lock:
@@ -284,6 +341,7 @@ class SimStream:
                 self.gpu.table.record_event(ev.slot, PENDING)
                 self.gpu.defer_record(ev, self, list(self._waits), self.tail_ns)
 
+    @_device_call
     def wait_event(self, ev, expect_seq=None):
         """cudaStreamWaitEvent: the stream's later work waits for ``ev``'s last record.
         ``expect_seq``: the record the caller means to wait for; an event not recorded that far
@@ -299,6 +357,7 @@ class SimStream:
             elif at != NEVER:
                 self.tail_ns = max(self.tail_ns, at)
 
+    @_device_call
     def synchronize(self, timeout=60.0):
         """Blocks until the stream's work is done; the seconds blocked (device time)."""
         t0 = time.monotonic()
@@ -509,7 +568,8 @@ class SimGpu:
         self.checksums, self.count_own_cpu = checksums, count_own_cpu
         self.launch_host_seconds = launch_host_seconds
         self.launches = 0  # SimStream.kernel calls, every stream of this SimGpu
-        self._own_ns = {}  # threading.get_ident() -> ns of the simulation's own work (knob)
+        self._own = {}  # threading.get_ident() -> [ns, calls] of the device's own work (knob)
+        self.gpu = self  # what _device_call reads on every simulated object
         self.device_bytes = _align(device_bytes, 2 * MIB)
         self.table = _Table(devices, self.device_bytes, event_slots, segment_slots)
         self.lock = threading.RLock()
@@ -525,35 +585,80 @@ class SimGpu:
         self._resolver = None
         self.closed = False
 
+    @_device_call
     def launch_cost(self):
         """One kernel launch's host cost: counts it and spins the calling thread until it has
-        used ``launch_host_seconds`` (float seconds) of thread CPU time; nothing when 0."""
+        used ``launch_host_seconds`` (float seconds) of thread CPU time; nothing when 0. The
+        spin is the caller's cost: it is left out of the own-work count (``count_own_cpu``)."""
         with self.lock:
             self.launches += 1
         if self.launch_host_seconds > 0:
-            until = time.thread_time_ns() + int(self.launch_host_seconds * 1e9)
-            while time.thread_time_ns() < until:
-                pass
+            start = now = _thread_time_ns()
+            until = start + int(self.launch_host_seconds * 1e9)
+            while now < until:
+                now = _thread_time_ns()
+            if self.count_own_cpu and _nesting.depth:  # the caller's cost: out of the count
+                self._own_cell()[0] -= now - start
 
-    # -- the simulation's own CPU time (the count_own_cpu knob) --
-    def own_start(self):
-        """A start mark for :meth:`own_end` (0 when the knob is off)."""
-        return time.thread_time_ns() if self.count_own_cpu else 0
+    # -- the simulated device's own CPU time (the count_own_cpu knob) --
+    def _own_cell(self):
+        """This thread's [ns, calls] of the device's own work, made at its first call."""
+        return self._own.setdefault(_get_ident(), [0, 0])
 
-    def own_end(self, start_ns):
-        """Adds this thread's CPU time since ``own_start``'s mark to its own-work total."""
-        if start_ns:
-            key = threading.get_ident()
-            self._own_ns[key] = self._own_ns.get(key, 0) + time.thread_time_ns() - start_ns
+    def _own_sum(self, index, thread_ident):
+        if thread_ident is not None:
+            return self._own.get(thread_ident, (0, 0))[index]
+        return sum(cell[index] for cell in list(self._own.values()))
+
+    def own_cpu_ns(self, thread_ident=None):
+        """Integer ns of thread CPU spent inside the simulated device's entry points
+        (``count_own_cpu``; see module doc) on thread ``thread_ident`` (threading.get_ident();
+        None: all threads together). 0 while the knob is off."""
+        return self._own_sum(0, thread_ident)
 
     def own_cpu_seconds(self, thread_ident=None):
-        """Float seconds of thread CPU the simulation spent on its own work (``count_own_cpu``)
-        on thread ``thread_ident`` (threading.get_ident(); None: all threads)."""
-        if thread_ident is not None:
-            return self._own_ns.get(thread_ident, 0) / 1e9
-        return sum(self._own_ns.values()) / 1e9
+        """:meth:`own_cpu_ns` in float seconds."""
+        return self.own_cpu_ns(thread_ident) / 1e9
+
+    def own_calls(self, thread_ident=None):
+        """Integer count of the outermost calls into the simulated device's entry points counted
+        on thread ``thread_ident`` (None: all threads), each standing for one call of a real
+        GPU's runtime, driver or allocator."""
+        return self._own_sum(1, thread_ident)
+
+    @_device_call
+    def _counted_noop(self):
+        pass
+
+    def _plain_noop(self):
+        pass
+
+    def accounting_residual_ns(self, calls=2000, rounds=9):
+        """Float ns of the calling thread's CPU that counting one outermost call leaves outside
+        the counted window (its wrapper's call, the parts of the clock reads before the first
+        and after the last sample): the thread CPU of a counted no-op entry point, less what was
+        counted in it, less the CPU of the same call uncounted; the median of ``rounds`` rounds
+        of ``calls`` calls. 0.0 while ``count_own_cpu`` is off. Counts nothing itself."""
+        if not self.count_own_cpu:
+            return 0.0
+        cell = self._own_cell()
+        saved = list(cell)
+        out = []
+        for _ in range(rounds):
+            own0, t0 = cell[0], _thread_time_ns()
+            for _ in range(calls):
+                self._counted_noop()
+            t1 = _thread_time_ns()
+            for _ in range(calls):
+                self._plain_noop()
+            t2 = _thread_time_ns()
+            out.append(((t1 - t0) - (cell[0] - own0) - (t2 - t1)) / calls)
+        cell[:] = saved
+        out.sort()
+        return out[len(out) // 2]
 
     # -- allocator settings (torch.cuda.memory._set_allocator_settings) --
+    @_device_call
     def set_allocator_settings(self, text):
         for part in text.split(","):
             k, _, v = part.partition(":")
@@ -580,6 +685,7 @@ class SimGpu:
         self._free_slots.insert(0, seg.slot)  # reused last: a stale handle stays detectable
 
     # -- tensors --
+    @_device_call
     def empty_strided(self, shape, stride, dtype, device=0, stream=None):
         """A CPU tensor of ``shape``/``stride``/``dtype`` in device ``device``'s memory,
         allocated for ``stream`` (default: the device's current stream)."""
@@ -588,7 +694,6 @@ class SimGpu:
         span = 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
         nbytes = max(span, 1) * itemsize
         stream = stream or self.current_stream(device)
-        own = self.own_start()
         with self.lock:
             b = self.allocators[device].malloc(nbytes, stream)
             start = self.table.memory_offset + device * self.device_bytes + \
@@ -596,21 +701,18 @@ class SimGpu:
         arr = np.frombuffer(self.table.mm, dtype=np.uint8, count=nbytes, offset=start)
         weakref.finalize(arr, self._on_block_dead, b)
         flat = torch.from_numpy(arr).view(dtype)
-        out = flat.as_strided(tuple(shape), tuple(stride))
-        self.own_end(own)
-        return out
+        return flat.as_strided(tuple(shape), tuple(stride))
 
+    @_device_call
     def _on_block_dead(self, b):
         if self.closed:
             return
-        own = self.own_start()
         with self.lock:
             self.allocators[b.segment.device].free(b)
-        self.own_end(own)
 
+    @_device_call
     def record_stream(self, t, stream):
         """Tensor.record_stream: ``t``'s block is not reused before ``stream`` passes its free."""
-        own = self.own_start()
         info = self.describe(t.data_ptr())
         if info is not None:
             with self.lock:
@@ -618,14 +720,15 @@ class SimGpu:
                 for b in seg.blocks:
                     if b.offset <= info.offset - seg.offset < b.offset + b.size and b.allocated:
                         b.uses.add(stream)
-        self.own_end(own)
 
+    @_device_call
     def empty_cache(self):
         for d in range(self.devices):
             with self.lock:
                 self.allocators[d].empty_cache()
 
     # -- streams and events --
+    @_device_call
     def current_stream(self, device=0):
         with self.lock:
             key = ("current", device)
@@ -634,9 +737,11 @@ class SimGpu:
                 s = self._streams[key] = SimStream(self, device, "compute:%d" % device)
             return s
 
+    @_device_call
     def new_stream(self, device=0, name="side"):
         return SimStream(self, device, "%s:%d" % (name, device))
 
+    @_device_call
     def new_event(self, device=0):
         with self.lock:
             if self._free_events:
@@ -647,6 +752,7 @@ class SimGpu:
             self._next_event += 1
             return ev
 
+    @_device_call
     def destroy_event(self, ev):
         with self.lock:
             self._free_events.append(ev)
@@ -660,19 +766,25 @@ class SimGpu:
 
     def _resolve_loop(self):
         while not self.closed:
-            with self.lock:
-                left = []
-                for ev, waits, tail in self._deferred:
-                    ats = [w.complete_at_ns() if w.seq == seq else 0 for w, seq in waits]
-                    if PENDING in ats:
-                        left.append((ev, waits, tail))
-                    else:
-                        w = self.table.event_word(ev.slot)
-                        self.table.signed[w + 1] = max([tail] + ats)
-                self._deferred = left
+            self._resolve_deferred()
             time.sleep(50e-6)
 
+    @_device_call
+    def _resolve_deferred(self):
+        """One round of the resolver thread: completes deferred records whose waits resolved."""
+        with self.lock:
+            left = []
+            for ev, waits, tail in self._deferred:
+                ats = [w.complete_at_ns() if w.seq == seq else 0 for w, seq in waits]
+                if PENDING in ats:
+                    left.append((ev, waits, tail))
+                else:
+                    w = self.table.event_word(ev.slot)
+                    self.table.signed[w + 1] = max([tail] + ats)
+            self._deferred = left
+
     # -- pointers --
+    @_device_call
     def describe(self, ptr):
         """PointerInfo of a device pointer into this table's memory, or None."""
         rel = ptr - self.table.base_address - self.table.memory_offset
@@ -686,9 +798,11 @@ class SimGpu:
             base = ptr - (offset - seg.offset)
             return PointerInfo(base, seg.size, seg.buffer_id, not seg.vmm, device, offset, seg)
 
+    @_device_call
     def violations(self, kind):
         return self.table.violations(kind)
 
+    @_device_call
     def count_violation(self, kind):
         with self.lock:
             self.table.count_violation(kind)
@@ -724,15 +838,18 @@ class SimCudaRuntime:
         self._last_error = code
         raise errors.CudaExportError(message)
 
+    @_device_call
     def get_last_error(self):
         """cudaGetLastError: returns and clears the last error."""
         e, self._last_error = self._last_error, CUDA_SUCCESS
         return e
 
+    @_device_call
     def peek_last_error(self):
         """cudaPeekAtLastError: what torch's next kernel-launch check would see."""
         return self._last_error
 
+    @_device_call
     def pointer_info(self, ptr):
         info = self.gpu.describe(ptr)
         if info is None:
@@ -740,6 +857,7 @@ class SimCudaRuntime:
                        "simulated device memory" % ptr)
         return info
 
+    @_device_call
     def ipc_mem_handle(self, info):
         """64 handle bytes of the allocation ``info`` describes (cudaIpcGetMemHandle)."""
         if not info.ipc_capable:
@@ -751,9 +869,11 @@ class SimCudaRuntime:
         return MEM_MAGIC + struct.pack("<IIQQ", os.getpid(), seg.slot, seg.generation,
                                        self.gpu.table.instance) + bytes(32)
 
+    @_device_call
     def create_ipc_event(self, device=0):
         return self.gpu.new_event(device)
 
+    @_device_call
     def destroy_event(self, ev):
         self.gpu.destroy_event(ev)
 
@@ -763,7 +883,10 @@ class SimCudaDevice:
     offloadd.cuda.TorchCudaDevice (same methods; see there). Tensors given to the transport are
     CPU tensors standing for device tensors: ``adopt`` copies one into simulated device memory
     (the model of "this tensor was on the GPU"; a simulation step, not a cost of offloadd).
-    ``device_wait_seconds`` adds up what ``before_host_read`` blocked: simulated device time."""
+    ``device_wait_seconds`` adds up what ``before_host_read`` blocked: simulated device time.
+    Every method is an entry point of the simulated device (``count_own_cpu``); the context
+    manager ``context`` returns is the standard library's no-op one, whose enter and exit are
+    not counted."""
 
     simulated = True
 
@@ -773,36 +896,34 @@ class SimCudaDevice:
         self._reload_stream = gpu.new_stream(ordinal, "reload")
         self.device_wait_seconds = 0.0
 
+    @_device_call
     def context(self, device):
         return _NO_CONTEXT
 
-    @property
+    @_device_property
     def checksums(self):
         """The SimGpu's ``checksums`` knob (see module doc)."""
         return self.gpu.checksums
 
+    @_device_call
     def adopt(self, t):
         """``t`` itself when it lies in this device's simulated memory, else a copy there."""
         info = self.gpu.describe(t.data_ptr())
         if info is not None and info.device == self.ordinal:
             return t
-        own = self.gpu.own_start()
         dst = self.gpu.empty_strided(t.shape, t.stride(), t.dtype, self.ordinal)
         n = t.numel()
         dst.as_strided((n,), (1,), dst.storage_offset()).copy_(
             t.as_strided((n,), (1,), t.storage_offset()))
-        self.gpu.own_end(own)
         return dst
 
+    @_device_call
     def checksum(self, t):
         """CRC-32 of ``t``'s bytes, counted as the simulation's own work."""
         from ..torch._transport import crc32
-        own = self.gpu.own_start()
-        try:
-            return crc32(t)
-        finally:
-            self.gpu.own_end(own)
+        return crc32(t)
 
+    @_device_call
     def check_allocator(self):
         if self.gpu.expandable_segments:
             from ..cuda import ALLOCATOR_REMEDY
@@ -817,6 +938,7 @@ class SimCudaDevice:
             self.rt.get_last_error()  # as CudaRuntime does: torch must not see it
             raise
 
+    @_device_call
     def describe(self, ptr):
         info = self._call(self.rt.pointer_info, ptr)
         if not info.ipc_capable:
@@ -827,36 +949,47 @@ class SimCudaDevice:
                 "CUDA IPC handle. " + ALLOCATOR_REMEDY)
         return info
 
+    @_device_call
     def mem_handle(self, info):
         return self._call(self.rt.ipc_mem_handle, info)
 
+    @_device_call
     def new_event(self):
         return self.rt.create_ipc_event(self.ordinal)
 
+    @_device_call
     def current_stream(self, device=None):
         return self.gpu.current_stream(self.ordinal)
 
+    @_device_call
     def reload_stream(self, device=None):
         return self._reload_stream
 
+    @_device_call
     def empty_on(self, meta, stream):
         return self.gpu.empty_strided(meta.shape, meta.stride, meta.dtype, self.ordinal, stream)
 
+    @_device_call
     def record(self, ev, stream):
         stream.record(ev)
 
+    @_device_call
     def wait(self, stream, ev, expect_seq=None):
         stream.wait_event(ev, expect_seq)
 
+    @_device_call
     def query(self, ev):
         return ev.query()
 
+    @_device_call
     def event_seq(self, ev):
         return ev.seq
 
+    @_device_call
     def record_stream(self, t, stream):
         self.gpu.record_stream(t, stream)
 
+    @_device_call
     def before_host_read(self, stream, meta):
         """The host is about to compute on the stream's data (the simulated GPU runs kernels on
         the CPU when queued): wait for the stream's work, as the GPU would."""
@@ -866,6 +999,7 @@ class SimCudaDevice:
 
 
 _NO_CONTEXT = contextlib.nullcontext()  # reusable: it holds no state
+_NOT_COUNTING = type("_NotCounting", (), {"count_own_cpu": False})()  # no SimGpu active
 _active = {"gpu": None}
 _local = threading.local()
 
@@ -900,17 +1034,25 @@ class _SimKind(_devices.DeviceKind):
     name = "sim"
     torch_type = "cpu"
 
+    @property
+    def gpu(self):
+        """The active SimGpu, whose entry points these methods are (_device_call)."""
+        return _active["gpu"] or _NOT_COUNTING
+
+    @_device_call
     def key(self, device):
         if active() is None:
             return None
         return "sim:%d" % current_device()
 
+    @_device_call
     def open(self, ordinal):
         gpu = active()
         if gpu is None:  # turned off since the key was made: only a shm daemon takes the tensor
             return device_uuid(ordinal), None
         return device_uuid(ordinal), lambda: SimCudaDevice(gpu, ordinal)
 
+    @_device_call
     def uses_cuda_allocator(self):
         return active() is not None
 
