@@ -11,6 +11,16 @@
 # ("NOT RUN (budget)"). The daemon gets SIGTERM at the end and SIGKILL (a failure) if it has not
 # exited 10 s later; an EXIT trap stops it on any other way out.
 #
+# Rerun a few steps: GPU_CHECK_ONLY="torch_on,galore" (names as the budget table prints them,
+# commas or spaces between) runs only those steps and what they need (the NEEDS table below): the
+# environment section always; the kernels check (it finds out whether the GPU is usable) and the
+# IPC probe (it picks the daemon's backend) before a step on the GPU or the daemon; the daemon's
+# start and stop around a step that talks to it; the Python set-up (python_warm, python_env) before
+# a Python step; free_mid before health1. The deadline then defaults to the sum of their budgets
+# plus a 30 s reserve. An unknown name exits 2 at once, naming the steps. A run in which a chosen
+# step failed or did not run prints, before its RESULT line, the command that reruns just those:
+#   RERUN the failed and not-run steps (133 s by the budgets): GPU_CHECK_ONLY=torch_on bash gpu-bundle/run.sh
+#
 # Order: environment (kernel, sandbox, driver, memory), fake-based unit tests, kernels, a
 # cross-process CUDA IPC probe (without IPC, "IPC unsupported in this sandbox" and every step
 # that needs it is NOT RUN, the torch checks then run against an shm daemon), calibration of
@@ -41,15 +51,76 @@
 # pydeps/ (grpcio/protobuf wheels, used only when the machine's python3 lacks them), the check
 # scripts and MANIFEST.
 set -u
+start_s=$(date +%s)
+SCALE=${GPU_CHECK_BUDGET_SCALE:-100}  # percent: every budget and the default deadline (slow hosts)
+
+# Budgets in seconds, in run order. DEADLINE_S minus the sum of the chosen steps' budgets (at
+# least 40 s in a full run, RESERVE_S in a GPU_CHECK_ONLY one) is the reserve for the shell
+# between steps and timeout's 2 s kill grace of a step that overran.
+BUDGETS="unit_engine:10 unit_export:8 kernels:15 ipc:15 ipc_cross_uid:6 calib_measured:14 calib_model:10
+python_warm:15 python_env:15 daemon_start:15 context:6 data_pair:25 rates:15 ordering:16 spin:8
+free_mid:8 health1:8 killed:13 probes_off:15 torch_off:47 torch_on:16 transformers_off:38
+transformers_on:20 step_timing:60 compiled:12 probes_on:10 galore:47 health2:7 stop:12"
+declare -A BUDGET
+steps=()  # the step names, in run order
+for b in $BUDGETS; do
+  BUDGET[${b%%:*}]=$(( ${b##*:} * SCALE / 100 )); steps+=("${b%%:*}")
+done
+budget_s() { local s=0 n; for n in "$@"; do s=$((s + BUDGET[$n])); done; echo $s; }
+RESERVE_S=$((30 * SCALE / 100))  # the default deadline of a GPU_CHECK_ONLY run: budgets + this
+
+# What a step chosen by GPU_CHECK_ONLY needs besides itself (each then runs in its place in the
+# order above). kernels finds out whether the GPU is usable, ipc picks the daemon's backend (cuda,
+# else shm); daemon_start and stop go together; health1 checks the daemon after free_mid.
+NEEDS="ipc:kernels ipc_cross_uid:ipc calib_measured:kernels calib_model:kernels
+python_env:python_warm daemon_start:ipc,stop stop:daemon_start context:daemon_start
+data_pair:daemon_start rates:daemon_start ordering:daemon_start spin:daemon_start
+free_mid:daemon_start health1:free_mid killed:daemon_start health2:daemon_start
+probes_off:daemon_start,python_env torch_off:daemon_start,python_env
+torch_on:daemon_start,python_env transformers_off:daemon_start,python_env
+transformers_on:daemon_start,python_env step_timing:daemon_start,python_env
+compiled:daemon_start,python_env probes_on:daemon_start,python_env galore:daemon_start,python_env"
+declare -A NEED
+for n in $NEEDS; do NEED[${n%%:*}]=${n#*:}; done
+with_needs() {  # with_needs NAME...: those steps and everything they need, one a line, in run order
+  local -A got=(); local todo=("$@") n deps
+  while [ ${#todo[@]} -gt 0 ]; do
+    n=${todo[0]}; todo=("${todo[@]:1}")
+    [ -z "${got[$n]:-}" ] || continue
+    got[$n]=1
+    [ -z "${NEED[$n]:-}" ] || { IFS=, read -ra deps <<< "${NEED[$n]}"; todo+=("${deps[@]}"); }
+  done
+  for n in "${steps[@]}"; do [ -z "${got[$n]:-}" ] || echo "$n"; done
+}
+
+# GPU_CHECK_ONLY: the chosen steps with what they need; unset or empty: every step.
+only_text=${GPU_CHECK_ONLY:-}
+read -ra only <<< "${only_text//,/ }"
+for n in "${only[@]}"; do
+  if [ -z "${BUDGET[$n]+x}" ]; then
+    echo "run.sh: GPU_CHECK_ONLY names '$n', which is no step; the steps are: ${steps[*]}" \
+      "(commas or spaces between names)" >&2
+    exit 2
+  fi
+done
+if [ ${#only[@]} -gt 0 ]; then mapfile -t chosen_steps < <(with_needs "${only[@]}")
+else chosen_steps=("${steps[@]}"); fi
+declare -A CHOSEN PASSED  # PASSED: the steps that ran and passed (or found IPC unsupported)
+for n in "${chosen_steps[@]}"; do CHOSEN[$n]=1; done
+chosen() { [ -n "${CHOSEN[$1]:-}" ]; }
+CHOSEN_SUM=$(budget_s "${chosen_steps[@]}")
+if [ ${#only[@]} -gt 0 ]; then
+  DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$((CHOSEN_SUM + RESERVE_S))}
+else
+  DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$((546 * SCALE / 100))}
+fi
+deadline_s=$((start_s + DEADLINE_S))
+
 here=$(cd "$(dirname "$0")" && pwd)
 logs=${OUT:-$(mktemp -d /tmp/offloadd-gpu-XXXXXX)}
 mkdir -p "$logs"
 LIB="$here/lib"
 PY=${PYTHON:-python3}
-SCALE=${GPU_CHECK_BUDGET_SCALE:-100}  # percent: every budget and the default deadline (slow hosts)
-DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$((546 * SCALE / 100))}
-start_s=$(date +%s)
-deadline_s=$((start_s + DEADLINE_S))
 sock=/tmp/offloadd-gpu-$$.sock
 figures="$logs/figures.txt"
 : > "$figures"; : > "$logs/failures.txt"
@@ -57,31 +128,30 @@ fails=0 notrun=0 ipc_ok=1 gpu_listed=0 py_ok=1 daemon="" bins_ok=1
 ipc_why="IPC unsupported in this sandbox"
 PYPATH="$here/python"
 
-# Budgets in seconds, in run order. They sum to BUDGET_SUM; DEADLINE_S - BUDGET_SUM (at least
-# 40 s) is the reserve for the shell between steps and timeout's 2 s kill grace of a step that
-# overran.
-BUDGETS="unit_engine:10 unit_export:8 kernels:15 ipc:15 ipc_cross_uid:6 calib_measured:14 calib_model:10
-python_warm:15 python_env:15 daemon_start:15 context:6 data_pair:25 rates:15 ordering:16 spin:8
-free_mid:8 health1:8 killed:13 probes_off:15 torch_off:47 torch_on:16 transformers_off:38
-transformers_on:20 step_timing:60 compiled:12 probes_on:10 galore:47 health2:7 stop:12"
-declare -A BUDGET
-BUDGET_SUM=0
-for b in $BUDGETS; do
-  v=$(( ${b##*:} * SCALE / 100 )); BUDGET[${b%%:*}]=$v; BUDGET_SUM=$((BUDGET_SUM + v))
-done
-
 say() { echo "== $*"; }
 figure() { echo "FIGURE $*" | tee -a "$figures"; }
 fail() { echo "FAIL: $*" | tee -a "$logs/failures.txt"; fails=$((fails + 1)); }
 left() { echo $((deadline_s - $(date +%s))); }
+rerun_line() {  # rerun_line NAME...: the command that reruns those chosen NAMEs that did not pass
+  local n redo=() all scale=""
+  for n in "$@"; do chosen "$n" && [ -z "${PASSED[$n]:-}" ] && redo+=("$n"); done
+  [ ${#redo[@]} -gt 0 ] || return 0
+  mapfile -t all < <(with_needs "${redo[@]}")
+  [ "$SCALE" = 100 ] || scale="GPU_CHECK_BUDGET_SCALE=$SCALE "
+  local IFS=,
+  echo "RERUN the failed and not-run steps ($(( $(budget_s "${all[@]}") + RESERVE_S )) s by the" \
+    "budgets): ${scale}GPU_CHECK_ONLY=${redo[*]} bash $(printf %q "$0")"
+}
 
 # run_step NAME CMD...: runs CMD (a program, not a shell function) under the step's budget,
 # output to $logs/NAME.log; prints its PASS/FAIL/SKIPPED/FIGURE/NOTE lines and collects the
 # figures. A status other than 0 (or $ok_rc, reset after each step) fails the run. Returns CMD's
-# status, 124 on a timeout, 200 when the step did not fit before the deadline.
+# status, 124 on a timeout, 200 when the step did not fit before the deadline, 201 (silently)
+# when GPU_CHECK_ONLY left it out.
 ok_rc=0
 run_step() {
-  local name=$1 b=${BUDGET[$1]}; shift
+  chosen "$1" || return 201
+  local name=$1 b=${BUDGET[$1]} fails0=$fails; shift
   local l; l=$(left)
   if [ "$b" -gt "$l" ]; then
     echo "NOT RUN (budget): $name needs $b s, $l s left before the $DEADLINE_S s deadline"
@@ -103,12 +173,14 @@ run_step() {
     fail "$name printed SKIPPED while nvidia-smi lists a GPU"
   fi
   echo "   ($name: $(( $(date +%s) - t0 )) s of $b s)"
+  [ $fails -ne "$fails0" ] || PASSED[$name]=1
   ok_rc=0
   return $rc
 }
 BIN=(env LD_LIBRARY_PATH="$LIB")  # our binaries with the bundled libraries
 needs() {  # needs NAME WHAT...: prints NOT RUN (or FAIL) and returns 1 unless every WHAT holds
-  local name=$1 w; shift
+  local name=$1 w; shift  # (returns 1 silently for a step GPU_CHECK_ONLY left out)
+  chosen "$name" || return 1
   for w in "$@"; do
     case $w in
       ipc) if [ $ipc_ok -ne 1 ]; then
@@ -142,11 +214,14 @@ warm=""
 trap 'stop_daemon >/dev/null 2>&1; [ -z "$warm" ] || kill "$warm" 2>/dev/null; rm -f "$sock"' EXIT
 
 say "bundle $(head -1 "$here/MANIFEST" 2>/dev/null)"
-say "deadline $DEADLINE_S s; step budgets (s), $BUDGET_SUM in all, reserve $((DEADLINE_S - BUDGET_SUM)):"
-for b in $BUDGETS; do echo "${b%%:*}:${BUDGET[${b%%:*}]}"; done | paste -sd' ' | fold -s -w 96 |
+if [ ${#only[@]} -gt 0 ]; then
+  say "GPU_CHECK_ONLY=${GPU_CHECK_ONLY}: only ${chosen_steps[*]} (the steps named and what they need)"
+fi
+say "deadline $DEADLINE_S s; step budgets (s), $CHOSEN_SUM in all, reserve $((DEADLINE_S - CHOSEN_SUM)):"
+for n in "${chosen_steps[@]}"; do echo "$n:${BUDGET[$n]}"; done | paste -sd' ' | fold -s -w 96 |
   sed 's/^/   /'
-if [ "$BUDGET_SUM" -gt "$DEADLINE_S" ]; then
-  echo "NOTE: the budgets ($BUDGET_SUM s) exceed GPU_CHECK_DEADLINE_S=$DEADLINE_S: later steps will not run"
+if [ "$CHOSEN_SUM" -gt "$DEADLINE_S" ]; then
+  echo "NOTE: the budgets ($CHOSEN_SUM s) exceed GPU_CHECK_DEADLINE_S=$DEADLINE_S: later steps will not run"
 fi
 
 # 0. Environment: kernel, sandbox, driver, CPU/memory limits (Python's packages: step 4b).
@@ -199,8 +274,10 @@ if ! PYTHONPATH="$PYPATH" "$PY" -c "$pydeps_probe" > /dev/null 2>&1; then
 fi
 # torch's first import on a fresh machine reads gigabytes of libraries: warm the page cache in
 # the background while the binaries' steps run (python_env below then imports it warm).
-PYTHONPATH="$PYPATH" "$PY" -c 'import torch, transformers' > /dev/null 2>&1 &
-warm=$!
+if chosen python_warm; then
+  PYTHONPATH="$PYPATH" "$PY" -c 'import torch, transformers' > /dev/null 2>&1 &
+  warm=$!
+fi
 
 # 1. Fake-based unit tests of the cuda engine and client export (no GPU needed).
 run_step unit_engine "${BIN[@]}" "$here/bin/cuda_engine_test" --gtest_brief=1
@@ -208,11 +285,13 @@ run_step unit_export "${BIN[@]}" "$here/bin/cuda_export_test" --gtest_brief=1
 
 # 2. Kernels vs CPU references; without a driver nothing else can run.
 run_step kernels "${BIN[@]}" "$here/bin/kernels_gpu_check"
-if [ ! -f "$logs/kernels.log" ]; then
+if chosen kernels && [ ! -f "$logs/kernels.log" ]; then
+  rerun_line "${steps[@]}"
   echo "RESULT: the deadline left no time to find out whether a GPU is usable"; exit 2
 fi
-if grep -q "^SKIPPED" "$logs/kernels.log"; then
+if chosen kernels && grep -q "^SKIPPED" "$logs/kernels.log"; then
   if [ $gpu_listed -eq 0 ]; then
+    rerun_line unit_engine unit_export
     echo "SKIPPED: no usable CUDA driver/GPU here; nothing else to run (unit tests above ran)"
     exit $(( fails > 0 ))
   fi
@@ -225,11 +304,13 @@ if grep -q "^SKIPPED" "$logs/kernels.log"; then
 fi
 
 # 3. Cross-process CUDA IPC, before anything relies on it.
-say "CUDA IPC between two processes"
 ipc_rc=0
-if [ $bins_ok -eq 1 ]; then
-  ok_rc=3 run_step ipc "${BIN[@]}" "$here/bin/gpu_probes" --mode=ipc
-  ipc_rc=$?
+if chosen ipc; then
+  say "CUDA IPC between two processes"
+  if [ $bins_ok -eq 1 ]; then
+    ok_rc=3 run_step ipc "${BIN[@]}" "$here/bin/gpu_probes" --mode=ipc
+    ipc_rc=$?
+  fi
 fi
 if [ $ipc_rc -eq 3 ]; then
   ipc_ok=0
@@ -238,45 +319,49 @@ elif [ $ipc_rc -ne 0 ]; then
   ipc_ok=0 ipc_why="the IPC probe failed"; fail "the IPC probe exited $ipc_rc: treating IPC as unusable"
 fi
 # Whether IPC handles cross users (docs/failure-modes.md): observed, never a failure by itself.
-if [ $ipc_ok -eq 1 ]; then
+if [ $ipc_ok -eq 1 ] && chosen ipc_cross_uid; then
   say "CUDA IPC across users (figures only)"
   run_step ipc_cross_uid "${BIN[@]}" "$here/bin/gpu_probes" --mode=ipc_cross_uid
 fi
 
 # 4. Calibration of the copy timing model: copy_sim_bench's workload through the real cuda
 # engine (--backend=cuda), then the model with the same configuration, on idle GPUs.
-say "calibration: real cuda engine vs the timing model, same workload"
-ngpu=$(nvidia-smi --list-gpus 2>/dev/null | wc -l); [ "$ngpu" -ge 1 ] || ngpu=1
-[ "$ngpu" -le 8 ] || ngpu=8
-calib="--gpus=$ngpu --gpus_per_switch=$ngpu --numa_nodes=1 --placement=local --engine=sync,async \
-  --chunk_mib=1,8,32 --repeats=2 --seconds=0.4 --rate_gbps=${CALIB_RATE_GBPS:-55} --figures=1"
-if [ $bins_ok -eq 1 ]; then
-  # shellcheck disable=SC2086
-  run_step calib_measured "${BIN[@]}" "$here/bin/copy_sim_bench" --backend=cuda $calib
-  # shellcheck disable=SC2086
-  run_step calib_model "${BIN[@]}" "$here/bin/copy_sim_bench" --backend=sim $calib
-else
-  echo "NOT RUN: calibration ($ipc_why)"; notrun=$((notrun + 1))
+if chosen calib_measured || chosen calib_model; then
+  say "calibration: real cuda engine vs the timing model, same workload"
+  ngpu=$(nvidia-smi --list-gpus 2>/dev/null | wc -l); [ "$ngpu" -ge 1 ] || ngpu=1
+  [ "$ngpu" -le 8 ] || ngpu=8
+  calib="--gpus=$ngpu --gpus_per_switch=$ngpu --numa_nodes=1 --placement=local --engine=sync,async \
+    --chunk_mib=1,8,32 --repeats=2 --seconds=0.4 --rate_gbps=${CALIB_RATE_GBPS:-55} --figures=1"
+  if [ $bins_ok -eq 1 ]; then
+    # shellcheck disable=SC2086
+    run_step calib_measured "${BIN[@]}" "$here/bin/copy_sim_bench" --backend=cuda $calib
+    # shellcheck disable=SC2086
+    run_step calib_model "${BIN[@]}" "$here/bin/copy_sim_bench" --backend=sim $calib
+  else
+    echo "NOT RUN: calibration ($ipc_why)"; notrun=$((notrun + 1))
+  fi
+  for e in sync async; do for c in 1 8 32; do
+    m=$(grep "^FIGURE copy_measured_${e}_local_${c}MiB " "$logs/calib_measured.log" 2>/dev/null)
+    s=$(grep "^FIGURE copy_model_${e}_local_${c}MiB " "$logs/calib_model.log" 2>/dev/null)
+    [ -n "$m" ] && [ -n "$s" ] || continue
+    # FIGURE <name> d2h <GB/s> GB/s h2d <GB/s> GB/s urgent_reload_median <chunk-times> ...
+    read -r md mh mu <<< "$(echo "$m" | awk '{ print $4, $7, $10 }')"
+    read -r sd sh su <<< "$(echo "$s" | awk '{ print $4, $7, $10 }')"
+    figure "calib_${e}_${c}MiB d2h measured $md model $sd GB/s; h2d measured $mh model $sh GB/s;" \
+      "urgent reload median measured $mu model $su chunk-times"
+  done; done
 fi
-for e in sync async; do for c in 1 8 32; do
-  m=$(grep "^FIGURE copy_measured_${e}_local_${c}MiB " "$logs/calib_measured.log" 2>/dev/null)
-  s=$(grep "^FIGURE copy_model_${e}_local_${c}MiB " "$logs/calib_model.log" 2>/dev/null)
-  [ -n "$m" ] && [ -n "$s" ] || continue
-  # FIGURE <name> d2h <GB/s> GB/s h2d <GB/s> GB/s urgent_reload_median <chunk-times> ...
-  read -r md mh mu <<< "$(echo "$m" | awk '{ print $4, $7, $10 }')"
-  read -r sd sh su <<< "$(echo "$s" | awk '{ print $4, $7, $10 }')"
-  figure "calib_${e}_${c}MiB d2h measured $md model $sd GB/s; h2d measured $mh model $sh GB/s;" \
-    "urgent reload median measured $mu model $su chunk-times"
-done; done
 
 # 4b. Python and its packages (torch imported warm by now).
-say "python"
-for _ in $(seq 1 $((BUDGET[python_warm] * 10))); do kill -0 "$warm" 2>/dev/null || break; sleep 0.1; done
-if kill -0 "$warm" 2>/dev/null; then
-  echo "NOTE: importing torch and transformers took over ${BUDGET[python_warm]} s (cold disk?)"
-  kill "$warm" 2>/dev/null
+if chosen python_warm; then
+  say "python"
+  for _ in $(seq 1 $((BUDGET[python_warm] * 10))); do kill -0 "$warm" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$warm" 2>/dev/null; then
+    echo "NOTE: importing torch and transformers took over ${BUDGET[python_warm]} s (cold disk?)"
+    kill "$warm" 2>/dev/null
+  fi
+  wait "$warm" 2>/dev/null; warm=""; PASSED[python_warm]=1
 fi
-wait "$warm" 2>/dev/null; warm=""
 run_step python_env env PYTHONPATH="$PYPATH" "$PY" -c '
 import sys
 print("NOTE python", sys.version.split()[0], sys.executable)
@@ -328,12 +413,10 @@ if [ "${POOL_MLOCK:-0}" = 1 ]; then
   else echo "NOTE: POOL_MLOCK=1 but RLIMIT_MEMLOCK is $lim KiB < the ${pool_mib} MiB pool: pool_mlock left off"
   fi
 fi
-figure "pool_bytes $((pool_mib << 20)) bytes (40% of MemAvailable ${mem_avail_mib} MiB, within 512 MiB-8 GiB)"
 n_pair=$(( pool_mib / 64 / 3 )); [ $n_pair -le 16 ] || n_pair=16; [ $n_pair -ge 2 ] || n_pair=2
 n_rates=$(( (pool_mib - 64) * 2 / 64 / 5 )); [ $n_rates -le 16 ] || n_rates=16; [ $n_rates -ge 2 ] || n_rates=2
 n_seg=$(( pool_mib / 512 / 2 )); [ $n_seg -le 8 ] || n_seg=8; [ $n_seg -ge 1 ] || n_seg=1
 n_kill=$(( pool_mib / 64 / 2 )); [ $n_kill -le 48 ] || n_kill=48; [ $n_kill -ge 4 ] || n_kill=4
-say "starting offloadd (backend $backend, pool ${pool_mib} MiB${mlock_flag:+, mlock})"
 # The daemon's metrics port: one the kernel finds free now (a fixed one may be taken, and a
 # daemon that cannot bind its metrics port does not start); none (metrics off) without Python.
 metrics_port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
@@ -371,7 +454,11 @@ start_daemon() {
   # "host pool pinned" line comes after the first client and is printed at the stop.
   grep -o "calibrat.*" "$logs/daemon.log" | head -4 | sed 's/^/daemon: /'
 }
-start_daemon
+if chosen daemon_start; then
+  figure "pool_bytes $((pool_mib << 20)) bytes (40% of MemAvailable ${mem_avail_mib} MiB, within 512 MiB-8 GiB)"
+  say "starting offloadd (backend $backend, pool ${pool_mib} MiB${mlock_flag:+, mlock})"
+  start_daemon && PASSED[daemon_start]=1
+fi
 E2E="$here/bin/gpu_e2e"
 PROBES="$here/bin/gpu_probes"
 
@@ -491,6 +578,7 @@ galore_step
 # 8. The same daemon still serves after everything above; handle opens and closes; clean stop.
 health health2
 if [ -n "$daemon" ]; then
+  fails0=$fails
   # Every session is closed: no client mapping may be left open (a freed segment still mapped).
   read -r n_open open_now <<< "$(scrape_sum offloadd_ipc_handles_open 2>/dev/null || echo "x x")"
   read -r n_opens opens <<< "$(scrape_sum offloadd_ipc_handle_opens_total 2>/dev/null || echo "x x")"
@@ -505,12 +593,14 @@ if [ -n "$daemon" ]; then
   l=$(left)
   if [ "${BUDGET[stop]}" -gt "$l" ]; then echo "NOTE: past the deadline budget; stopping anyway"; fi
   stop_daemon || fails=$((fails + 1))
+  [ $fails -ne $fails0 ] || PASSED[stop]=1
   grep -E "context on|host pool pinned" "$logs/daemon.log" | sed 's/^.*cuda: /daemon: /' | head -4
 fi
 
 
 say "figures ($(( $(date +%s) - start_s )) s of $DEADLINE_S; logs in $logs)"
 cat "$figures"
+rerun_line "${steps[@]}"
 if [ $fails -gt 0 ]; then
   echo "failures:"; sed 's/^/   /' "$logs/failures.txt"
   echo "RESULT: $fails failure(s), $notrun step(s) not run"; exit 1
@@ -519,4 +609,5 @@ if [ $notrun -gt 0 ]; then
   [ $ipc_ok -eq 1 ] || echo "RESULT: IPC unsupported in this sandbox"
   echo "RESULT: no failure, $notrun step(s) not run"; exit 2
 fi
-echo "RESULT: all GPU checks passed"
+if [ ${#only[@]} -gt 0 ]; then echo "RESULT: the chosen GPU checks passed (${chosen_steps[*]})"
+else echo "RESULT: all GPU checks passed"; fi

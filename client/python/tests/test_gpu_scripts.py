@@ -1,7 +1,8 @@
 """The GPU check scripts (tests/gpu) on this machine, without a GPU, so they cannot rot between
 GPU runs: run.sh's budgets fit its deadline; its no-GPU and SKIPPED-with-a-GPU paths on a bundle
-of stand-in binaries (a daemon deaf to SIGTERM among them); the deadline skipping a step; the GPU
-path with and without CUDA IPC on stand-ins and a real shm daemon; torch_check.py against an shm
+of stand-in binaries (a daemon deaf to SIGTERM among them); the deadline skipping a step;
+GPU_CHECK_ONLY choosing steps (and what they need) and the RERUN line naming the steps to rerun;
+the GPU path with and without CUDA IPC on stand-ins and a real shm daemon; torch_check.py against an shm
 daemon on CPU; step_timing.py's CPU stand-in against an shm daemon; cuda_probes.py skipping
 cleanly without CUDA."""
 
@@ -25,6 +26,9 @@ def budgets():
     text = open(RUN_SH).read()
     block = re.search(r'BUDGETS="([^"]*)"', text).group(1)
     return [(n, int(s)) for n, s in (item.split(":") for item in block.split())]
+
+
+RESERVE_S = 30  # run.sh's reserve over the chosen budgets when GPU_CHECK_ONLY chooses steps
 
 
 def write_exe(path, body):
@@ -58,9 +62,9 @@ class RunShTest(unittest.TestCase):
         missing = called - {n for n, _ in b}
         self.assertFalse(missing, missing)
 
-    def fake_bundle(self, kernels_output, gpu_listed, deaf_daemon=False):
+    def fake_bundle(self, kernels_output, gpu_listed, deaf_daemon=False, export_fails=False):
         """A bundle dir with run.sh and stand-ins for its binaries; a PATH whose nvidia-smi
-        lists a GPU (or none)."""
+        lists a GPU (or none). ``export_fails``: the client export unit test fails."""
         d = tempfile.mkdtemp(prefix="ofd-gpu-bundle-")
         self.addCleanup(shutil.rmtree, d, True)
         os.makedirs(os.path.join(d, "bin"))
@@ -71,6 +75,9 @@ class RunShTest(unittest.TestCase):
             f.write("offloadd gpu bundle test\n")
         for name in ("cuda_engine_test", "cuda_export_test"):
             write_exe(os.path.join(d, "bin", name), 'echo "[  PASSED  ] 1 test."')
+        if export_fails:
+            write_exe(os.path.join(d, "bin", "cuda_export_test"),
+                      'echo "[  FAILED  ] 1 test, listed below:"; exit 1')
         write_exe(os.path.join(d, "bin", "kernels_gpu_check"), "echo '%s'" % kernels_output)
         if deaf_daemon:
             write_deaf_daemon(os.path.join(d, "bin", "offloadd"))
@@ -125,6 +132,75 @@ class RunShTest(unittest.TestCase):
         self.assertIn("RESULT: the deadline left no time to find out whether a GPU is usable",
                       r.stdout)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        # Every step but unit_export (it passed) is to be rerun: those after kernels never ran.
+        redo = [(n, s) for n, s in budgets() if n != "unit_export"]
+        self.assertIn("RERUN the failed and not-run steps (%d s by the budgets): "
+                      "GPU_CHECK_BUDGET_SCALE=300 GPU_CHECK_ONLY=%s bash %s/run.sh\n"
+                      % (3 * (sum(s for _, s in redo) + RESERVE_S), ",".join(n for n, _ in redo), d),
+                      r.stdout)
+
+    def test_only_one_step_runs_that_step_alone(self):
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
+        env["GPU_CHECK_ONLY"] = "unit_export"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        # Its budget (8 s x3) and the reserve, not the 546 s of a full run.
+        self.assertIn("== deadline %d s; step budgets (s), 24 in all, reserve %d:\n   unit_export:24\n"
+                      % (24 + 3 * RESERVE_S, 3 * RESERVE_S), r.stdout)
+        self.assertIn("[unit_export] [  PASSED  ] 1 test.", r.stdout)
+        self.assertRegex(r.stdout, r"\(unit_export: \d+ s of 24 s\)")
+        self.assertEqual(r.stdout.count("[  PASSED  ] 1 test."), 1, r.stdout)
+        for other in ("unit_engine", "kernels", "ipc", "python_env"):
+            self.assertNotIn("[%s]" % other, r.stdout)
+            self.assertNotIn("(%s:" % other, r.stdout)
+        self.assertNotIn("SKIPPED", r.stdout)   # the kernels check did not run
+        self.assertNotIn("RERUN", r.stdout)
+        self.assertTrue(r.stdout.endswith("RESULT: the chosen GPU checks passed (unit_export)\n"),
+                        r.stdout)
+
+    def test_only_adds_what_the_chosen_steps_need(self):
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
+        env["GPU_CHECK_ONLY"] = "torch_on, health1"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        need = ["kernels", "ipc", "python_warm", "python_env", "daemon_start", "free_mid",
+                "health1", "torch_on", "stop"]
+        self.assertIn("only %s (the steps named and what they need)" % " ".join(need), r.stdout)
+        b = dict(budgets())
+        self.assertIn("== deadline %d s; step budgets (s), %d in all"
+                      % (3 * (sum(b[n] for n in need) + RESERVE_S), 3 * sum(b[n] for n in need)),
+                      r.stdout)
+        # The kernels check ran (and found no GPU), the unit tests did not.
+        self.assertIn("[kernels] SKIPPED: no CUDA driver or GPU", r.stdout)
+        self.assertIn("SKIPPED: no usable CUDA driver/GPU here", r.stdout)
+        self.assertNotIn("[  PASSED  ]", r.stdout)
+
+    def test_an_unknown_step_exits_2_naming_the_steps(self):
+        d, env = self.fake_bundle("PASS kernels", False)
+        env["GPU_CHECK_ONLY"] = "torch_on,torch_of"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("GPU_CHECK_ONLY names 'torch_of', which is no step; the steps are: %s "
+                      % " ".join(n for n, _ in budgets()), r.stderr)
+        self.assertFalse(os.path.exists(env["OUT"]), "it ran something before refusing")
+
+    def test_a_failed_step_prints_the_command_that_reruns_it(self):
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False,
+                                  export_fails=True)
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        cmd = "GPU_CHECK_BUDGET_SCALE=300 GPU_CHECK_ONLY=unit_export bash %s/run.sh" % d
+        self.assertIn("RERUN the failed and not-run steps (%d s by the budgets): %s\n"
+                      % (3 * (8 + RESERVE_S), cmd), r.stdout)
+        # The command runs just that step (and fails again, saying the same).
+        again = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True,
+                               timeout=120)
+        self.assertEqual(again.returncode, 1, again.stdout + again.stderr)
+        self.assertIn("FAIL: unit_export exited 1", again.stdout)
+        self.assertNotIn("[unit_engine]", again.stdout)
+        self.assertNotIn("[kernels]", again.stdout)
+        self.assertIn("GPU_CHECK_ONLY=unit_export bash %s/run.sh\n" % d, again.stdout)
 
 
 STUB_PY = """import os, sys
@@ -161,9 +237,9 @@ class RunShGpuPathTest(unittest.TestCase):
         self.assertEqual(w.returncode, 0, w.stderr[-3000:])
         shutil.rmtree(src)
 
-    def bundle(self, ipc, busy_port=None, metrics_taken_once=False, wheel=False):
+    def bundle(self, ipc, busy_port=None, metrics_taken_once=False, wheel=False, only=None):
         """``wheel``: the client as make_gpu_bundle.sh ships it, a wheel in wheel/ (built here
-        as `make wheel` does), instead of the package in python/."""
+        as `make wheel` does), instead of the package in python/. ``only``: GPU_CHECK_ONLY."""
         d = tempfile.mkdtemp(prefix="ofd-gpu-path-")
         self.addCleanup(shutil.rmtree, d, True)
         b = os.path.join(d, "bin")
@@ -217,6 +293,8 @@ class RunShGpuPathTest(unittest.TestCase):
                   '*) echo "NVIDIA H200, GPU-0";; esac')
         env = dict(os.environ, PATH=tools + ":" + os.environ["PATH"], PYTHON=sys.executable,
                    OUT=os.path.join(d, "out"), GPU_CHECK_BUDGET_SCALE="300")
+        if only is not None:
+            env["GPU_CHECK_ONLY"] = only
         p = subprocess.Popen(["bash", os.path.join(d, "run.sh")], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         held = None
@@ -235,6 +313,7 @@ class RunShGpuPathTest(unittest.TestCase):
         r, out = self.bundle(ipc=True, wheel=True)
         self.assertEqual(r.returncode, 0, out + r.stderr)
         self.assertIn("RESULT: all GPU checks passed", out)
+        self.assertNotIn("RERUN", out)
         # The client is the bundle's wheel, installed by pip into $OUT/site, native core included.
         site = os.path.join(re.search(r"logs in (\S+)\)", out).group(1), "site")
         self.assertRegex(out, r"python: offloadd-[0-9.]+-cp310-abi3-manylinux_2_\d+_x86_64\.whl "
@@ -284,6 +363,40 @@ class RunShGpuPathTest(unittest.TestCase):
         self.assertIn("[torch_on] PASS torch_check.py stub with expandable_segments:True", out)
         self.assertIn("RESULT: IPC unsupported in this sandbox", out)
         self.assertNotIn("FAIL", out)
+        # The steps that need IPC, to rerun; with them what they need (the probe, the daemon,
+        # the Python set-up for the probes), whose budgets the seconds add.
+        redo = ["ipc_cross_uid", "context", "data_pair", "rates", "ordering", "spin", "free_mid",
+                "health1", "killed", "probes_off", "probes_on", "health2"]
+        b = dict(budgets())
+        need_s = sum(b[n] for n in redo + ["kernels", "ipc", "python_warm", "python_env",
+                                           "daemon_start", "stop"])
+        self.assertRegex(out, r"\nRERUN the failed and not-run steps \(%d s by the budgets\): "
+                              r"GPU_CHECK_BUDGET_SCALE=300 GPU_CHECK_ONLY=%s bash \S+/run.sh\n"
+                              % (3 * (need_s + RESERVE_S), ",".join(redo)))
+
+    def test_only_one_torch_check_runs_it_with_the_daemon_and_python(self):
+        r, out = self.bundle(ipc=True, only="torch_on")
+        self.assertEqual(r.returncode, 0, out + r.stderr)
+        self.assertIn("[torch_on] PASS torch_check.py stub with expandable_segments:True", out)
+        self.assertIn("FIGURE stub_torch_check_True 1 x", out)
+        # What it needs ran: the kernels check, the IPC probe, Python, the daemon and its stop.
+        for name in ("kernels", "ipc", "python_env"):
+            self.assertRegex(out, r"\(%s: \d+ s of \d+ s\)" % name)
+        self.assertIn("FIGURE ipc_open_us 150 us", out)
+        self.assertIn("== starting offloadd (backend cuda", out)
+        self.assertIn("== stopping offloadd", out)
+        # Nothing else did.
+        for name in ("unit_engine", "unit_export", "ipc_cross_uid", "calib_measured", "context",
+                     "data_pair", "killed", "torch_off", "transformers_off", "transformers_on",
+                     "step_timing", "compiled", "probes_off", "probes_on", "galore", "health2"):
+            self.assertNotIn("[%s]" % name, out)
+            self.assertNotIn("(%s:" % name, out)
+        self.assertNotIn("stub_torch_check_False", out)
+        self.assertNotIn("FIGURE calib_", out)
+        self.assertNotIn("NOT RUN", out)
+        self.assertNotIn("RERUN", out)
+        self.assertIn("RESULT: the chosen GPU checks passed (kernels ipc python_warm python_env "
+                      "daemon_start torch_on stop)", out)
 
 
 class TorchCheckOnCpuTest(DaemonTestCase):
