@@ -216,6 +216,31 @@ class EligibilityTest(DaemonTestCase):
                           s.skipped_views), (2, 1, 1, 1, 1))
         self.assertTrue(torch.equal(st.unpack(h1), big))
 
+    def test_nested_tensors_saved_by_autograd_stay_in_place(self):
+        """A nested tensor of the strided layout (NestedTensorImpl: no sizes, no strides) is not
+        a dense tensor: forward and backward through the hooks work, the gradient is the one
+        without hooks, and the nested tensors are left in place (skipped_other), none sent."""
+        torch.manual_seed(0)
+        parts = [torch.randn(64, 64), torch.randn(32, 64)]
+
+        def grads(st):
+            nt = torch.nested.nested_tensor(parts, requires_grad=True)
+            z = nt * 2
+            if st is None:
+                y = z * z
+            else:
+                with torch.autograd.graph.saved_tensors_hooks(st.pack, st.unpack):
+                    y = z * z
+            y.backward(torch.nested.nested_tensor([torch.ones(64, 64), torch.ones(32, 64)]))
+            return [g.clone() for g in nt.grad.unbind()]
+
+        want = grads(None)
+        st = self.store()
+        got = grads(st)
+        self.assertEqual(len(got), 2)
+        self.assertTrue(all(torch.equal(a, b) for a, b in zip(got, want)))
+        self.assertEqual((st.stats.skipped_other, st.stats.offloaded), (2, 0))
+
     def test_transposed_tensor_round_trips_with_its_strides(self):
         st = self.store()
         t = (torch.randn(96, 64) + 0).t()

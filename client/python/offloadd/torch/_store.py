@@ -3,7 +3,7 @@
 ``Store.pack(t)`` decides per saved tensor:
   * left in place (returned as is): below ``threshold_bytes``; a parameter, a view of one, or a
     leaf that requires grad; a view of (or the base of a view) already offloaded; not a dense
-    strided CPU/CUDA tensor. With ``small_to_host`` (save_on_cpu), small CUDA tensors are copied
+    strided CPU/CUDA tensor (sparse, quantized, nested, meta, a tensor subclass). With ``small_to_host`` (save_on_cpu), small CUDA tensors are copied
     to host memory instead, as torch's save_on_cpu does.
   * the same tensor saved twice in one step shares one handle (one offload, one reload); a
     handle of an earlier step (a graph still held, a failed step's lost handle) is never reused.
@@ -270,7 +270,8 @@ class Store:
             return "params", None
         if t.requires_grad and t.is_leaf:
             return "leaves", None
-        if t.layout != _STRIDED or t.is_quantized or not (t.is_cuda or t.is_cpu):
+        # A nested tensor of the strided layout (NestedTensorImpl) has no sizes or strides.
+        if t.layout != _STRIDED or t.is_quantized or t.is_nested or not (t.is_cuda or t.is_cpu):
             return "other", None
         if t.nbytes < max(self.threshold_bytes, 1):
             return "small", None
