@@ -3,8 +3,9 @@
 ``Store.pack(t)`` decides per saved tensor:
   * left in place (returned as is): below ``threshold_bytes``; a parameter, a view of one, or a
     leaf that requires grad; a view of (or the base of a view) already offloaded; not a dense
-    strided CPU/CUDA tensor (sparse, quantized, nested, meta, a tensor subclass). With ``small_to_host`` (save_on_cpu), small CUDA tensors are copied
-    to host memory instead, as torch's save_on_cpu does.
+    strided CPU/CUDA tensor (sparse, quantized, nested, meta, a tensor subclass). With
+    ``small_to_host`` (save_on_cpu), small CUDA tensors are copied to host memory instead, as
+    torch's save_on_cpu does.
   * the same tensor saved twice in one step shares one handle (one offload, one reload); a
     handle of an earlier step (a graph still held, a failed step's lost handle) is never reused.
   * otherwise a handle (``Saved``) that holds the tensor while it is among the newest
