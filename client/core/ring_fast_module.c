@@ -20,10 +20,11 @@
  *          from UTF-8 with errors replaced for an error answer, else ""), or None when the core
  *          returns < 0 (nothing there and the ring closed). max: 1..64.
  *
- * Integers are taken modulo 2**64 as ctypes takes them (a float is a TypeError), times float
- * seconds, events None or exactly 64 bytes (bytes, or what bytes() makes 64 bytes of; an int
- * or a str is a TypeError; ValueError for another length: a cudaIpcEventHandle_t is 64 bytes),
- * with the exception types and texts of offloadd._native's ctypes binding (_event). The GIL
+ * Integers are taken modulo 2**64 as ctypes takes them (a float is a TypeError here, a
+ * ctypes.ArgumentError through ctypes), times float seconds, events None or exactly 64 bytes
+ * (bytes, or what bytes() makes 64 bytes of; an int or a str is a TypeError; ValueError for
+ * another length: a cudaIpcEventHandle_t is 64 bytes), events with the exception types and
+ * texts of offloadd._native's ctypes binding (_event). The GIL
  * is released around every submission (which may sleep for a free slot) and around a drain
  * with a timeout other than 0. Every function raises RuntimeError before bind(). */
 #define PY_SSIZE_T_CLEAN

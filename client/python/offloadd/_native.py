@@ -263,10 +263,14 @@ class NativeRing:
     released as by close() (the parent's daemon session owns it), without touching the
     parent's ring.
 
-    Both bindings (:attr:`binding`) raise the same exception with the same text for the same
-    arguments. A call on a closed ring raises RingReleased before the ids, sizes and events
-    it passes to the core are checked (a RingReleased is a ValueError: code that catches a bad
-    event's ValueError catches it too). Events (``ready_event``, ``done_event``): None or
+    Both bindings (:attr:`binding`) raise the same exception with the same text for a closed
+    ring and for events. A call on a closed ring raises RingReleased before the ids, sizes and
+    events it passes to the core are checked (a RingReleased is a ValueError: code that catches
+    a bad event's ValueError catches it too). Ids, sizes, priorities and orderings are integers
+    taken modulo 2**64 by both (-1 is 2**64 - 1: the daemon refuses what does not fit its
+    region or pool), times real seconds; a value of another type (a float, None, a str) raises
+    TypeError through the extension but ctypes.ArgumentError (not a TypeError) through ctypes,
+    with different texts. Events (``ready_event``, ``done_event``): None or
     64 bytes; an int or a str raises TypeError, anything else is converted by bytes() (its
     TypeError) and another length raises ValueError. Answers' messages (``drain`` tuples,
     :attr:`Completion.message`) are the answer's ``message_bytes`` bytes, NULs included (the
