@@ -589,6 +589,12 @@ def budget(value, limit):
     return "met" if value <= limit else "NOT met"
 
 
+def measured(results, first=0):
+    """(variant, its results) for each variant from VARIANTS[first:] that ``results`` holds, in
+    VARIANTS' order."""
+    return [(v, results[v]) for v in VARIANTS[first:] if v in results]
+
+
 def report(layout, summary, args):
     print("-- layout %s: %s; %d x %d MiB saved per step, busy gap %.0f us; medians of %d reps"
           % (layout, "training process on CPU 0, daemons on CPU 1" if layout == "split"
@@ -597,10 +603,7 @@ def report(layout, summary, args):
     print("%-12s %8s %8s %10s %10s %10s %7s %7s %10s" % (
         "variant", "step ms", "busy ms", "cpu/op us", "cpu-b/op", "wall/op us", "req/op",
         "sim/op", "daemon/op"))
-    for v in VARIANTS:
-        if v not in summary:
-            continue
-        s = summary[v]
+    for v, s in measured(summary):
         print("%-12s %8.2f %8.2f %10.1f %10.1f %10.1f %7.2f %7.1f %10.1f" % (
             v, s["step_ms"], s["busy_ms_per_step"], s["all_client_us_per_op_cpu"],
             s["all_client_us_per_op_cpu_less_busy"], s["all_client_us_per_op_wall"],
@@ -626,27 +629,19 @@ def report(layout, summary, args):
     print("    %-12s | %7s %7s %11s %5s | %7s %7s %11s %5s" % (
         "variant", "client", "device", "with device", "calls",
         "client", "device", "with device", "calls"))
-    for v in VARIANTS:
-        if v not in summary:
-            continue
-        s = summary[v]
+    for v, s in measured(summary):
         print("    %-12s | %7.1f %7.1f %11.1f %5.1f | %7.1f %7.1f %11.1f %5.1f" % (
             v, s["train_pack_us"], s["train_pack_sim_us"], s["train_pack_with_device_us"],
             s["device_calls_per_pack"], s["train_unpack_us"], s["train_unpack_sim_us"],
             s["train_unpack_with_device_us"], s["device_calls_per_unpack"]))
-    for v in VARIANTS[1:]:
-        if v not in summary:
-            continue
-        g = summary[v]["cpu_by_thread_us_per_op"]
+    for v, s in measured(summary, 1):
+        g = s["cpu_by_thread_us_per_op"]
         print("  %s CPU per op by thread, us (vs noop): %s" % (
             v, ", ".join("%s %.1f" % (k, x) for k, x in sorted(g.items(), key=lambda i: -i[1]))))
     calls = summary["python_calls_per_hook_call"]
     print("  Python-level calls on the training thread per pack / unpack (cProfile over %d "
           "steps; a count, not a time; %s):" % (args.count_steps, " + ".join(Counted.ORIGINS)))
-    for v in VARIANTS[1:]:
-        if v not in calls:
-            continue
-        c = calls[v]
+    for v, c in measured(calls, 1):
         print("    %-12s %6.1f / %6.1f  (%s / %s)" % (
             v, sum(c["pack"].values()), sum(c["unpack"].values()),
             " + ".join("%.1f" % c["pack"][o] for o in Counted.ORIGINS),
