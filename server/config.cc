@@ -17,6 +17,7 @@
 #include <iterator>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -238,9 +239,30 @@ struct Problems {
   // `field` (its name in the config file, "cuda_sim.gpus" for a nested one) must lie in
   // [min, max]; NaN never does. `rule` says so after the field's name; the value given and
   // where it came from (Source) are added to it.
-  void Range(const char* field, double value, double min, double max, const char* rule) {
-    if (!(value >= min && value <= max)) {
-      Add(absl::StrFormat("%s %s (got %g%s)", field, rule, value, Source(field)));
+  template <typename V>
+  void Range(const char* field, V value, double min, double max, const char* rule) {
+    Require(value >= min && value <= max, field, Shown(value), rule);
+  }
+  // Adds "<field> <rule> (got <shown><Source>)" unless `ok`.
+  void Require(bool ok, const char* field, const std::string& shown, const char* rule) {
+    if (!ok) Add(absl::StrFormat("%s %s (got %s%s)", field, rule, shown, Source(field)));
+  }
+  // A value as a message gives it: an integer exactly, a real with the fewest digits that read
+  // back as the same double (so it never reads as the bound it missed).
+  template <typename V>
+  static std::string Shown(V value) {
+    if constexpr (std::is_integral_v<V>) {
+      return absl::StrCat(value);
+    } else {
+      if (value == std::floor(value) && std::fabs(value) < 1e15) {
+        return absl::StrFormat("%.0f", value);
+      }
+      std::string s;
+      for (int digits = 1; digits <= 17; ++digits) {
+        s = absl::StrFormat("%.*g", digits, value);
+        if (std::strtod(s.c_str(), nullptr) == value) break;
+      }
+      return s;
     }
   }
   // " from --field=value on the command line" when a flag set `field` (the last such flag:
@@ -288,7 +310,7 @@ void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
         c.numa_placement()));
   }
   // Above 1 GiB, rounding a chunk up to the spill tier's alignment could wrap.
-  p->Range("chunk_bytes", static_cast<double>(c.chunk_bytes()), 4096, 1 << 30,
+  p->Range("chunk_bytes", c.chunk_bytes(), 4096, 1 << 30,
            "must be between 4096 and 1073741824 (1 GiB)");
   if (!ValidShmName(c.pool_shm_name())) {
     p->Add(absl::StrFormat(

@@ -142,6 +142,24 @@ TEST(ConfigTest, RangeErrorsSayWhetherTheCommandLineOrTheFileGaveTheValue) {
   std::remove(path.c_str());
 }
 
+// Values were printed with %g: 1000001 read "1e+06", the bound it exceeds.
+TEST(ConfigTest, RangeErrorsPrintIntegersExactlyAndRealsApartFromTheirBound) {
+  EXPECT_EQ(ValidateConfig(*ParseConfig("max_streams_per_connection: 1000001\n")).message(),
+            "invalid config: max_streams_per_connection must be at most 1000000 (0 = gRPC's "
+            "default) (got 1000001)");
+  EXPECT_EQ(ValidateConfig(*ParseConfig("copy_threads: 4294967295\n")).message(),
+            "invalid config: copy_threads must be between 1 and 64 (got 4294967295)");
+  EXPECT_EQ(ValidateConfig(*ParseConfig("chunk_bytes: 1073741825\n")).message(),
+            "invalid config: chunk_bytes must be between 4096 and 1073741824 (1 GiB) (got "
+            "1073741825)");
+  EXPECT_EQ(ValidateConfig(*ParseConfig("ring_poll_seconds: 0.1000001\n")).message(),
+            "invalid config: ring_poll_seconds must be 0 (clients always wake the daemon) or "
+            "between 0.00005 (the kernel's timer slack) and 0.1 (a submission may wait that long "
+            "to be taken) (got 0.1000001)");
+  EXPECT_EQ(ValidateConfig(*ParseConfig("resume_grace_seconds: 86400.5\n")).message(),
+            "invalid config: resume_grace_seconds must be between 0 and 86400 (got 86400.5)");
+}
+
 TEST(ConfigTest, CudaSimIsABackendButNotTheDefault) {
   auto c = ParseConfig("");
   ASSERT_TRUE(c.ok());
