@@ -277,12 +277,14 @@ struct Problems {
     if (sources.file.empty()) return "";
     return absl::StrFormat(" from %s in %s", field, sources.file);
   }
-  // A per-uid limit must not exceed its total when both are set (0 = no limit).
+  // A per-uid limit must not exceed its total when both are set (0 = no limit); both values
+  // are given with where they came from.
   void PerUidWithinTotal(uint64_t per_uid, uint64_t total, const char* per_uid_name,
                          const char* total_name) {
     if (per_uid > 0 && total > 0 && per_uid > total) {
-      Add(absl::StrFormat("%s (%d) must not exceed %s (%d)", per_uid_name, per_uid, total_name,
-                          total));
+      Add(absl::StrFormat("%s must not exceed %s (got %d%s; %s is %d%s)", per_uid_name,
+                          total_name, per_uid, Source(per_uid_name), total_name, total,
+                          Source(total_name)));
     }
   }
 };
@@ -296,7 +298,8 @@ bool ValidShmName(const std::string& name) {
 
 // pool_bytes, backend, numa_placement, chunk_bytes and pool_shm_name.
 void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
-  if (c.pool_bytes() < (1u << 20)) p->Add("pool_bytes must be at least 1 MiB");
+  p->Require(c.pool_bytes() >= (1u << 20), "pool_bytes", p->Shown(c.pool_bytes()),
+             "must be at least 1 MiB (1048576 bytes)");
   if (c.backend() != "shm" && c.backend() != "cuda" && c.backend() != "cuda-sim") {
     p->Add(absl::StrFormat(
         "backend \"%s\" is not known: use \"shm\" or \"cuda\" (or \"cuda-sim\", a timing model "
@@ -349,19 +352,18 @@ void CheckLinks(const v1::DaemonConfig& c, Problems* p) {
 }
 
 void CheckCalibrationAndSim(const v1::DaemonConfig& c, Problems* p) {
-  if (!(c.link_calibration_budget_seconds() > 0 && c.link_calibration_budget_seconds() <= 600)) {
-    p->Add("link_calibration_budget_seconds must be in (0, 600] (5 by default)");
-  }
+  const double budget = c.link_calibration_budget_seconds();
+  p->Require(budget > 0 && budget <= 600, "link_calibration_budget_seconds", p->Shown(budget),
+             "must be in (0, 600] (5 by default)");
   const v1::CudaSimConfig& s = c.cuda_sim();
   p->Range("cuda_sim.gpus", s.gpus(), 1, 64, "must be between 1 and 64");
   // Narrowed to int for the model: bounded first.
   p->Range("cuda_sim.gpus_per_switch", s.gpus_per_switch(), 1, 64, "must be between 1 and 64");
-  if (!(s.engine_bytes_per_second() > 0) || !std::isfinite(s.engine_bytes_per_second())) {
-    p->Add("cuda_sim.engine_bytes_per_second must be > 0 (e.g. 55GB)");
-  }
-  if (!(s.switch_bytes_per_second() >= 0) || !std::isfinite(s.switch_bytes_per_second())) {
-    p->Add("cuda_sim.switch_bytes_per_second must be >= 0 (0 = no switch limit)");
-  }
+  const double engine = s.engine_bytes_per_second(), sw = s.switch_bytes_per_second();
+  p->Require(engine > 0 && std::isfinite(engine), "cuda_sim.engine_bytes_per_second",
+             p->Shown(engine), "must be > 0 (e.g. 55GB)");
+  p->Require(sw >= 0 && std::isfinite(sw), "cuda_sim.switch_bytes_per_second", p->Shown(sw),
+             "must be >= 0 (0 = no switch limit)");
 }
 
 void CheckPerUidLimits(const v1::DaemonConfig& c, Problems* p) {
@@ -416,22 +418,20 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c, const ConfigSources& sour
   CheckPoolAndBackend(c, &p);
   p.Range("resume_grace_seconds", c.resume_grace_seconds(), 0, 86400,
           "must be between 0 and 86400");
-  if (!(c.spill_high_water_fraction() > 0 && c.spill_high_water_fraction() <= 1)) {
-    p.Add("spill_high_water_fraction must be in (0, 1]");
-  }
+  const double high_water = c.spill_high_water_fraction();
+  p.Require(high_water > 0 && high_water <= 1, "spill_high_water_fraction", p.Shown(high_water),
+            "must be in (0, 1]");
   p.Range("spill_io_threads", c.spill_io_threads(), 1, 64, "must be between 1 and 64");
   p.Range("copy_threads", c.copy_threads(), 1, 64, "must be between 1 and 64");
   p.Range("admission_deadline_seconds", c.admission_deadline_seconds(), 0, 86400,
           "must be between 0 and 86400 (a day)");
   p.Range("socket_mode", c.socket_mode(), 0, 0777, "must be a file mode like 0660");
-  if (c.default_link_bytes_per_second() < 0) {
-    p.Add("default_link_bytes_per_second must be >= 0 (0 = unpaced)");
-  }
+  p.Range("default_link_bytes_per_second", c.default_link_bytes_per_second(), 0, HUGE_VAL,
+          "must be >= 0 (0 = unpaced)");
   CheckLinks(c, &p);
   p.Range("offload_min_share", c.offload_min_share(), 0, 1, "must be between 0 and 1");
-  if (c.numa_node_bytes_per_second() < 0) {
-    p.Add("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
-  }
+  p.Range("numa_node_bytes_per_second", c.numa_node_bytes_per_second(), 0, HUGE_VAL,
+          "must be >= 0 (0 = no NUMA level)");
   CheckPerUidLimits(c, &p);
   p.Range("hello_timeout_seconds", c.hello_timeout_seconds(), 0, 3600,
           "must be between 0 and 3600 (0 = no timeout)");

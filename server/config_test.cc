@@ -160,6 +160,58 @@ TEST(ConfigTest, RangeErrorsPrintIntegersExactlyAndRealsApartFromTheirBound) {
             "invalid config: resume_grace_seconds must be between 0 and 86400 (got 86400.5)");
 }
 
+// Some range checks gave neither the value nor where it came from ("pool_bytes must be at
+// least 1 MiB"); every field's now says "(got X from ...)" like the others.
+TEST(ConfigTest, EveryRangeErrorGivesTheValueAndItsSource) {
+  const std::string path = testing::TempDir() + "/every_range.conf";
+  struct Case {
+    std::string file;
+    std::vector<std::pair<std::string, std::string>> flags;
+    std::string want;  // after "invalid config: "
+  };
+  const std::vector<Case> cases = {
+      {"", {{"pool_bytes", "1KiB"}},
+       "pool_bytes must be at least 1 MiB (1048576 bytes) (got 1024 from --pool_bytes=1KiB on "
+       "the command line)"},
+      {"", {{"spill_high_water_fraction", "1.5"}},
+       "spill_high_water_fraction must be in (0, 1] (got 1.5 from "
+       "--spill_high_water_fraction=1.5 on the command line)"},
+      {"spill_high_water_fraction: 0\n", {},
+       "spill_high_water_fraction must be in (0, 1] (got 0 from spill_high_water_fraction in " +
+           path + ")"},
+      {"", {{"link_calibration_budget_seconds", "0"}},
+       "link_calibration_budget_seconds must be in (0, 600] (5 by default) (got 0 from "
+       "--link_calibration_budget_seconds=0 on the command line)"},
+      {"default_link_bytes_per_second: -1\n", {},
+       "default_link_bytes_per_second must be >= 0 (0 = unpaced) (got -1 from "
+       "default_link_bytes_per_second in " + path + ")"},
+      {"numa_node_bytes_per_second: -2.5e9\n", {},
+       "numa_node_bytes_per_second must be >= 0 (0 = no NUMA level) (got -2500000000 from "
+       "numa_node_bytes_per_second in " + path + ")"},
+      {"cuda_sim { engine_bytes_per_second: 0 }\n", {},
+       "cuda_sim.engine_bytes_per_second must be > 0 (e.g. 55GB) (got 0 from "
+       "cuda_sim.engine_bytes_per_second in " + path + ")"},
+      {"cuda_sim { switch_bytes_per_second: -0.5 }\n", {},
+       "cuda_sim.switch_bytes_per_second must be >= 0 (0 = no switch limit) (got -0.5 from "
+       "cuda_sim.switch_bytes_per_second in " + path + ")"},
+      {"max_sessions: 100\n", {{"max_sessions_per_uid", "200"}},
+       "max_sessions_per_uid must not exceed max_sessions (got 200 from "
+       "--max_sessions_per_uid=200 on the command line; max_sessions is 100 from max_sessions "
+       "in " + path + ")"},
+      {"max_shm_mappings_total: 10\nmax_shm_mappings_per_uid: 20\n", {},
+       "max_shm_mappings_per_uid must not exceed max_shm_mappings_total (got 20 from "
+       "max_shm_mappings_per_uid in " + path + "; max_shm_mappings_total is 10 from "
+       "max_shm_mappings_total in " + path + ")"},
+  };
+  for (const Case& c : cases) {
+    std::ofstream(path) << c.file;
+    const absl::StatusOr<v1::DaemonConfig> config = LoadDaemonConfig({path, c.flags});
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << c.want;
+    EXPECT_EQ(config.status().message(), "invalid config: " + c.want);
+  }
+  std::remove(path.c_str());
+}
+
 TEST(ConfigTest, CudaSimIsABackendButNotTheDefault) {
   auto c = ParseConfig("");
   ASSERT_TRUE(c.ok());
@@ -510,8 +562,9 @@ TEST(ConfigBoundsTest, PerUidBoundsMayNotExceedTheirTotals) {
   ASSERT_TRUE(config.ok()) << config.status();
   absl::Status st = ValidateConfig(*config);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("max_shm_mappings_per_uid (20) must not exceed"), std::string::npos)
-      << st;
+  EXPECT_EQ(st.message(),
+            "invalid config: max_shm_mappings_per_uid must not exceed max_shm_mappings_total "
+            "(got 20; max_shm_mappings_total is 10)");
   auto defaults = ParseConfig("");
   ASSERT_TRUE(defaults.ok());
   EXPECT_EQ(defaults->max_shm_mappings_total(), 16384u);
