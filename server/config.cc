@@ -425,7 +425,12 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c, const ConfigSources& sour
   p.Range("copy_threads", c.copy_threads(), 1, 64, "must be between 1 and 64");
   p.Range("admission_deadline_seconds", c.admission_deadline_seconds(), 0, 86400,
           "must be between 0 and 86400 (a day)");
-  p.Range("socket_mode", c.socket_mode(), 0, 0777, "must be a file mode like 0660");
+  // Shown in octal, as modes are written; the text format reads 660 (no leading 0) as decimal.
+  p.Require(c.socket_mode() <= 0777, "socket_mode",
+            absl::StrFormat("0%o (decimal %d)", c.socket_mode(), c.socket_mode()),
+            "must be a file mode from 0 to 0777; in the config file write it with a leading 0, "
+            "which the text format reads as octal (socket_mode: 0660), and on the command line "
+            "as octal digits (--socket_mode=660)");
   p.Range("default_link_bytes_per_second", c.default_link_bytes_per_second(), 0, HUGE_VAL,
           "must be >= 0 (0 = unpaced)");
   CheckLinks(c, &p);

@@ -651,6 +651,20 @@ TEST(ConfigFlagRanges, SocketModeMustBeAnOctalModeUpTo0777) {
   EXPECT_FALSE(ValidateConfig(*ParseConfig("socket_mode: 01777")).ok());
 }
 
+// In the file, `socket_mode: 777` is decimal 777 (01411); the error said "(got 777)", which
+// reads as a valid mode, and 01000 showed as "got 512".
+TEST(ConfigFlagRanges, SocketModeErrorsShowTheModeInOctalAndHowToWriteIt) {
+  const std::string rule =
+      "invalid config: socket_mode must be a file mode from 0 to 0777; in the config file write "
+      "it with a leading 0, which the text format reads as octal (socket_mode: 0660), and on the "
+      "command line as octal digits (--socket_mode=660)";
+  EXPECT_EQ(ValidateConfig(*ParseConfig("socket_mode: 777\n")).message(),
+            rule + " (got 01411 (decimal 777))");
+  EXPECT_EQ(ValidateConfig(*ParseConfig("socket_mode: 01000\n")).message(),
+            rule + " (got 01000 (decimal 512))");
+  EXPECT_TRUE(ValidateConfig(*ParseConfig("socket_mode: 0777\n")).ok());
+}
+
 // Fields narrowed or rounded later are bounded where the config is validated.
 TEST(ConfigFlagRanges, FieldsNarrowedLaterAreBounded) {
   v1::DaemonConfig c = *ParseConfig("");
