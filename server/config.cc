@@ -637,6 +637,26 @@ uint64_t MaxOf(const google::protobuf::FieldDescriptor* field) {
              : std::numeric_limits<uint32_t>::max();
 }
 
+// Whole-number fields whose valid range (ValidateConfig's) is narrower than their type's: a
+// flag value outside the type is refused naming this range, not the type's.
+struct WholeRange {
+  const char* field;
+  uint64_t min, max;
+};
+constexpr WholeRange kWholeRanges[] = {
+    {"copy_threads", 1, 64},
+    {"spill_io_threads", 1, 64},
+    {"max_streams_per_connection", 0, 1000000},
+};
+
+// " from MIN to MAX": `field`'s range in kWholeRanges, else its type's, 0 to `type_max`.
+std::string WholeRangeText(const std::string& field, uint64_t type_max) {
+  for (const WholeRange& r : kWholeRanges) {
+    if (field == r.field) return absl::StrFormat(" from %d to %d", r.min, r.max);
+  }
+  return absl::StrFormat(" from 0 to %d", type_max);
+}
+
 // Applies one flag of a known field; `name` is the normalized flag (and field) name.
 class FlagSetter {
  public:
@@ -672,7 +692,9 @@ class FlagSetter {
   }
   absl::Status Bytes() {
     auto b = ParseBytes(value_);
-    if (!b.ok()) return absl::InvalidArgumentError("--" + name_ + ": " + b.status().ToString());
+    if (!b.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name_, ": ", b.status().message()));
+    }
     if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
       reflection_->SetUInt64(c_, field_, *b);
     } else {
@@ -712,7 +734,7 @@ class FlagSetter {
     const bool in_range = is_whole ? whole <= max : (d >= 0 && d < static_cast<double>(max) + 1);
     if (!in_range || (count && !is_whole && d != std::floor(d))) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--%s takes a whole number from 0 to %d, not \"%s\"", name_, max, value_));
+          "--%s takes a whole number%s, not \"%s\"", name_, WholeRangeText(name_, max), value_));
     }
     const uint64_t v = is_whole ? whole : static_cast<uint64_t>(d);
     if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
