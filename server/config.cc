@@ -789,6 +789,26 @@ absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const ConfigSources& sources) 
   return config;
 }
 
+absl::StatusOr<CheckedConfig> LoadConfigToCheck(const ConfigSources& sources) {
+  absl::StatusOr<v1::DaemonConfig> config = LoadDaemonConfig(sources);
+  if (!config.ok()) return config.status();
+  const std::string file = sources.file.empty() ? "the defaults" : sources.file;
+  if (sources.flags.empty()) return CheckedConfig{*std::move(config), file};
+  std::vector<std::string> flags;
+  for (const auto& [name, value] : sources.flags) flags.push_back("--" + name + "=" + value);
+  const std::string given = absl::StrJoin(flags, " ");
+  absl::StatusOr<v1::DaemonConfig> alone = LoadDaemonConfig({sources.file, {}});
+  if (!alone.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s alone is not valid (%s); it is valid only with the command-line flags given (%s): "
+        "a daemon started with the file and without those flags refuses it, so fix the file or "
+        "start the daemon with the same flags",
+        file, alone.status().message(), given));
+  }
+  return CheckedConfig{*std::move(config),
+                       absl::StrFormat("%s with %s from the command line", file, given)};
+}
+
 copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config) {
   copy::ShmMappingLimits l;
   l.max_mappings_total = config.max_shm_mappings_total();
