@@ -17,6 +17,7 @@
 #include <iterator>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -238,9 +239,30 @@ struct Problems {
   // `field` (its name in the config file, "cuda_sim.gpus" for a nested one) must lie in
   // [min, max]; NaN never does. `rule` says so after the field's name; the value given and
   // where it came from (Source) are added to it.
-  void Range(const char* field, double value, double min, double max, const char* rule) {
-    if (!(value >= min && value <= max)) {
-      Add(absl::StrFormat("%s %s (got %g%s)", field, rule, value, Source(field)));
+  template <typename V>
+  void Range(const char* field, V value, double min, double max, const char* rule) {
+    Require(value >= min && value <= max, field, Shown(value), rule);
+  }
+  // Adds "<field> <rule> (got <shown><Source>)" unless `ok`.
+  void Require(bool ok, const char* field, const std::string& shown, const char* rule) {
+    if (!ok) Add(absl::StrFormat("%s %s (got %s%s)", field, rule, shown, Source(field)));
+  }
+  // A value as a message gives it: an integer exactly, a real with the fewest digits that read
+  // back as the same double (so it never reads as the bound it missed).
+  template <typename V>
+  static std::string Shown(V value) {
+    if constexpr (std::is_integral_v<V>) {
+      return absl::StrCat(value);
+    } else {
+      if (value == std::floor(value) && std::fabs(value) < 1e15) {
+        return absl::StrFormat("%.0f", value);
+      }
+      std::string s;
+      for (int digits = 1; digits <= 17; ++digits) {
+        s = absl::StrFormat("%.*g", digits, value);
+        if (std::strtod(s.c_str(), nullptr) == value) break;
+      }
+      return s;
     }
   }
   // " from --field=value on the command line" when a flag set `field` (the last such flag:
@@ -255,12 +277,14 @@ struct Problems {
     if (sources.file.empty()) return "";
     return absl::StrFormat(" from %s in %s", field, sources.file);
   }
-  // A per-uid limit must not exceed its total when both are set (0 = no limit).
+  // A per-uid limit must not exceed its total when both are set (0 = no limit); both values
+  // are given with where they came from.
   void PerUidWithinTotal(uint64_t per_uid, uint64_t total, const char* per_uid_name,
                          const char* total_name) {
     if (per_uid > 0 && total > 0 && per_uid > total) {
-      Add(absl::StrFormat("%s (%d) must not exceed %s (%d)", per_uid_name, per_uid, total_name,
-                          total));
+      Add(absl::StrFormat("%s must not exceed %s (got %d%s; %s is %d%s)", per_uid_name,
+                          total_name, per_uid, Source(per_uid_name), total_name, total,
+                          Source(total_name)));
     }
   }
 };
@@ -274,7 +298,8 @@ bool ValidShmName(const std::string& name) {
 
 // pool_bytes, backend, numa_placement, chunk_bytes and pool_shm_name.
 void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
-  if (c.pool_bytes() < (1u << 20)) p->Add("pool_bytes must be at least 1 MiB");
+  p->Require(c.pool_bytes() >= (1u << 20), "pool_bytes", p->Shown(c.pool_bytes()),
+             "must be at least 1 MiB (1048576 bytes)");
   if (c.backend() != "shm" && c.backend() != "cuda" && c.backend() != "cuda-sim") {
     p->Add(absl::StrFormat(
         "backend \"%s\" is not known: use \"shm\" or \"cuda\" (or \"cuda-sim\", a timing model "
@@ -288,7 +313,7 @@ void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
         c.numa_placement()));
   }
   // Above 1 GiB, rounding a chunk up to the spill tier's alignment could wrap.
-  p->Range("chunk_bytes", static_cast<double>(c.chunk_bytes()), 4096, 1 << 30,
+  p->Range("chunk_bytes", c.chunk_bytes(), 4096, 1 << 30,
            "must be between 4096 and 1073741824 (1 GiB)");
   if (!ValidShmName(c.pool_shm_name())) {
     p->Add(absl::StrFormat(
@@ -327,19 +352,18 @@ void CheckLinks(const v1::DaemonConfig& c, Problems* p) {
 }
 
 void CheckCalibrationAndSim(const v1::DaemonConfig& c, Problems* p) {
-  if (!(c.link_calibration_budget_seconds() > 0 && c.link_calibration_budget_seconds() <= 600)) {
-    p->Add("link_calibration_budget_seconds must be in (0, 600] (5 by default)");
-  }
+  const double budget = c.link_calibration_budget_seconds();
+  p->Require(budget > 0 && budget <= 600, "link_calibration_budget_seconds", p->Shown(budget),
+             "must be in (0, 600] (5 by default)");
   const v1::CudaSimConfig& s = c.cuda_sim();
   p->Range("cuda_sim.gpus", s.gpus(), 1, 64, "must be between 1 and 64");
   // Narrowed to int for the model: bounded first.
   p->Range("cuda_sim.gpus_per_switch", s.gpus_per_switch(), 1, 64, "must be between 1 and 64");
-  if (!(s.engine_bytes_per_second() > 0) || !std::isfinite(s.engine_bytes_per_second())) {
-    p->Add("cuda_sim.engine_bytes_per_second must be > 0 (e.g. 55GB)");
-  }
-  if (!(s.switch_bytes_per_second() >= 0) || !std::isfinite(s.switch_bytes_per_second())) {
-    p->Add("cuda_sim.switch_bytes_per_second must be >= 0 (0 = no switch limit)");
-  }
+  const double engine = s.engine_bytes_per_second(), sw = s.switch_bytes_per_second();
+  p->Require(engine > 0 && std::isfinite(engine), "cuda_sim.engine_bytes_per_second",
+             p->Shown(engine), "must be > 0 (e.g. 55GB)");
+  p->Require(sw >= 0 && std::isfinite(sw), "cuda_sim.switch_bytes_per_second", p->Shown(sw),
+             "must be >= 0 (0 = no switch limit)");
 }
 
 void CheckPerUidLimits(const v1::DaemonConfig& c, Problems* p) {
@@ -394,22 +418,25 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c, const ConfigSources& sour
   CheckPoolAndBackend(c, &p);
   p.Range("resume_grace_seconds", c.resume_grace_seconds(), 0, 86400,
           "must be between 0 and 86400");
-  if (!(c.spill_high_water_fraction() > 0 && c.spill_high_water_fraction() <= 1)) {
-    p.Add("spill_high_water_fraction must be in (0, 1]");
-  }
+  const double high_water = c.spill_high_water_fraction();
+  p.Require(high_water > 0 && high_water <= 1, "spill_high_water_fraction", p.Shown(high_water),
+            "must be in (0, 1]");
   p.Range("spill_io_threads", c.spill_io_threads(), 1, 64, "must be between 1 and 64");
   p.Range("copy_threads", c.copy_threads(), 1, 64, "must be between 1 and 64");
   p.Range("admission_deadline_seconds", c.admission_deadline_seconds(), 0, 86400,
           "must be between 0 and 86400 (a day)");
-  p.Range("socket_mode", c.socket_mode(), 0, 0777, "must be a file mode like 0660");
-  if (c.default_link_bytes_per_second() < 0) {
-    p.Add("default_link_bytes_per_second must be >= 0 (0 = unpaced)");
-  }
+  // Shown in octal, as modes are written; the text format reads 660 (no leading 0) as decimal.
+  p.Require(c.socket_mode() <= 0777, "socket_mode",
+            absl::StrFormat("0%o (decimal %d)", c.socket_mode(), c.socket_mode()),
+            "must be a file mode from 0 to 0777; in the config file write it with a leading 0, "
+            "which the text format reads as octal (socket_mode: 0660), and on the command line "
+            "as octal digits (--socket_mode=660)");
+  p.Range("default_link_bytes_per_second", c.default_link_bytes_per_second(), 0, HUGE_VAL,
+          "must be >= 0 (0 = unpaced)");
   CheckLinks(c, &p);
   p.Range("offload_min_share", c.offload_min_share(), 0, 1, "must be between 0 and 1");
-  if (c.numa_node_bytes_per_second() < 0) {
-    p.Add("numa_node_bytes_per_second must be >= 0 (0 = no NUMA level)");
-  }
+  p.Range("numa_node_bytes_per_second", c.numa_node_bytes_per_second(), 0, HUGE_VAL,
+          "must be >= 0 (0 = no NUMA level)");
   CheckPerUidLimits(c, &p);
   p.Range("hello_timeout_seconds", c.hello_timeout_seconds(), 0, 3600,
           "must be between 0 and 3600 (0 = no timeout)");
@@ -610,6 +637,26 @@ uint64_t MaxOf(const google::protobuf::FieldDescriptor* field) {
              : std::numeric_limits<uint32_t>::max();
 }
 
+// Whole-number fields whose valid range (ValidateConfig's) is narrower than their type's: a
+// flag value outside the type is refused naming this range, not the type's.
+struct WholeRange {
+  const char* field;
+  uint64_t min, max;
+};
+constexpr WholeRange kWholeRanges[] = {
+    {"copy_threads", 1, 64},
+    {"spill_io_threads", 1, 64},
+    {"max_streams_per_connection", 0, 1000000},
+};
+
+// " from MIN to MAX": `field`'s range in kWholeRanges, else its type's, 0 to `type_max`.
+std::string WholeRangeText(const std::string& field, uint64_t type_max) {
+  for (const WholeRange& r : kWholeRanges) {
+    if (field == r.field) return absl::StrFormat(" from %d to %d", r.min, r.max);
+  }
+  return absl::StrFormat(" from 0 to %d", type_max);
+}
+
 // Applies one flag of a known field; `name` is the normalized flag (and field) name.
 class FlagSetter {
  public:
@@ -645,7 +692,9 @@ class FlagSetter {
   }
   absl::Status Bytes() {
     auto b = ParseBytes(value_);
-    if (!b.ok()) return absl::InvalidArgumentError("--" + name_ + ": " + b.status().ToString());
+    if (!b.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name_, ": ", b.status().message()));
+    }
     if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
       reflection_->SetUInt64(c_, field_, *b);
     } else {
@@ -685,7 +734,7 @@ class FlagSetter {
     const bool in_range = is_whole ? whole <= max : (d >= 0 && d < static_cast<double>(max) + 1);
     if (!in_range || (count && !is_whole && d != std::floor(d))) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--%s takes a whole number from 0 to %d, not \"%s\"", name_, max, value_));
+          "--%s takes a whole number%s, not \"%s\"", name_, WholeRangeText(name_, max), value_));
     }
     const uint64_t v = is_whole ? whole : static_cast<uint64_t>(d);
     if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
@@ -738,6 +787,26 @@ absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const ConfigSources& sources) 
   }
   if (absl::Status st = ValidateConfig(*config, sources); !st.ok()) return st;
   return config;
+}
+
+absl::StatusOr<CheckedConfig> LoadConfigToCheck(const ConfigSources& sources) {
+  absl::StatusOr<v1::DaemonConfig> config = LoadDaemonConfig(sources);
+  if (!config.ok()) return config.status();
+  const std::string file = sources.file.empty() ? "the defaults" : sources.file;
+  if (sources.flags.empty()) return CheckedConfig{*std::move(config), file};
+  std::vector<std::string> flags;
+  for (const auto& [name, value] : sources.flags) flags.push_back("--" + name + "=" + value);
+  const std::string given = absl::StrJoin(flags, " ");
+  absl::StatusOr<v1::DaemonConfig> alone = LoadDaemonConfig({sources.file, {}});
+  if (!alone.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s alone is not valid (%s); it is valid only with the command-line flags given (%s): "
+        "a daemon started with the file and without those flags refuses it, so fix the file or "
+        "start the daemon with the same flags",
+        file, alone.status().message(), given));
+  }
+  return CheckedConfig{*std::move(config),
+                       absl::StrFormat("%s with %s from the command line", file, given)};
 }
 
 copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config) {

@@ -58,6 +58,18 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config, const ConfigSources&
 // three's, as each returns it.
 absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const ConfigSources& sources);
 
+// What --check-config checked: the config LoadDaemonConfig gives for `sources`, and `what`, its
+// name for the verdict: "FILE" without flags, else "FILE with --a=1 --b=2 from the command line".
+struct CheckedConfig {
+  v1::DaemonConfig config;
+  std::string what;
+};
+// LoadDaemonConfig(sources) and, with flags, sources.file alone as well, so a file that a daemon
+// started without those flags (systemd's ExecStart) would refuse is not passed. Errors:
+// LoadDaemonConfig's; INVALID_ARGUMENT when the file alone is invalid but valid with the flags,
+// saying so with the file's problems (ValidateConfig's) and the flags.
+absl::StatusOr<CheckedConfig> LoadConfigToCheck(const ConfigSources& sources);
+
 // A command-line flag that sets a config field: --name=value or --name value; dashes and
 // underscores are interchangeable in names.
 struct FlagInfo {

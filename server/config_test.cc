@@ -142,6 +142,112 @@ TEST(ConfigTest, RangeErrorsSayWhetherTheCommandLineOrTheFileGaveTheValue) {
   std::remove(path.c_str());
 }
 
+// Values were printed with %g: 1000001 read "1e+06", the bound it exceeds.
+TEST(ConfigTest, RangeErrorsPrintIntegersExactlyAndRealsApartFromTheirBound) {
+  EXPECT_EQ(ValidateConfig(*ParseConfig("max_streams_per_connection: 1000001\n")).message(),
+            "invalid config: max_streams_per_connection must be at most 1000000 (0 = gRPC's "
+            "default) (got 1000001)");
+  EXPECT_EQ(ValidateConfig(*ParseConfig("copy_threads: 4294967295\n")).message(),
+            "invalid config: copy_threads must be between 1 and 64 (got 4294967295)");
+  EXPECT_EQ(ValidateConfig(*ParseConfig("chunk_bytes: 1073741825\n")).message(),
+            "invalid config: chunk_bytes must be between 4096 and 1073741824 (1 GiB) (got "
+            "1073741825)");
+  EXPECT_EQ(ValidateConfig(*ParseConfig("ring_poll_seconds: 0.1000001\n")).message(),
+            "invalid config: ring_poll_seconds must be 0 (clients always wake the daemon) or "
+            "between 0.00005 (the kernel's timer slack) and 0.1 (a submission may wait that long "
+            "to be taken) (got 0.1000001)");
+  EXPECT_EQ(ValidateConfig(*ParseConfig("resume_grace_seconds: 86400.5\n")).message(),
+            "invalid config: resume_grace_seconds must be between 0 and 86400 (got 86400.5)");
+}
+
+// Some range checks gave neither the value nor where it came from ("pool_bytes must be at
+// least 1 MiB"); every field's now says "(got X from ...)" like the others.
+TEST(ConfigTest, EveryRangeErrorGivesTheValueAndItsSource) {
+  const std::string path = testing::TempDir() + "/every_range.conf";
+  struct Case {
+    std::string file;
+    std::vector<std::pair<std::string, std::string>> flags;
+    std::string want;  // after "invalid config: "
+  };
+  const std::vector<Case> cases = {
+      {"", {{"pool_bytes", "1KiB"}},
+       "pool_bytes must be at least 1 MiB (1048576 bytes) (got 1024 from --pool_bytes=1KiB on "
+       "the command line)"},
+      {"", {{"spill_high_water_fraction", "1.5"}},
+       "spill_high_water_fraction must be in (0, 1] (got 1.5 from "
+       "--spill_high_water_fraction=1.5 on the command line)"},
+      {"spill_high_water_fraction: 0\n", {},
+       "spill_high_water_fraction must be in (0, 1] (got 0 from spill_high_water_fraction in " +
+           path + ")"},
+      {"", {{"link_calibration_budget_seconds", "0"}},
+       "link_calibration_budget_seconds must be in (0, 600] (5 by default) (got 0 from "
+       "--link_calibration_budget_seconds=0 on the command line)"},
+      {"default_link_bytes_per_second: -1\n", {},
+       "default_link_bytes_per_second must be >= 0 (0 = unpaced) (got -1 from "
+       "default_link_bytes_per_second in " + path + ")"},
+      {"numa_node_bytes_per_second: -2.5e9\n", {},
+       "numa_node_bytes_per_second must be >= 0 (0 = no NUMA level) (got -2500000000 from "
+       "numa_node_bytes_per_second in " + path + ")"},
+      {"cuda_sim { engine_bytes_per_second: 0 }\n", {},
+       "cuda_sim.engine_bytes_per_second must be > 0 (e.g. 55GB) (got 0 from "
+       "cuda_sim.engine_bytes_per_second in " + path + ")"},
+      {"cuda_sim { switch_bytes_per_second: -0.5 }\n", {},
+       "cuda_sim.switch_bytes_per_second must be >= 0 (0 = no switch limit) (got -0.5 from "
+       "cuda_sim.switch_bytes_per_second in " + path + ")"},
+      {"max_sessions: 100\n", {{"max_sessions_per_uid", "200"}},
+       "max_sessions_per_uid must not exceed max_sessions (got 200 from "
+       "--max_sessions_per_uid=200 on the command line; max_sessions is 100 from max_sessions "
+       "in " + path + ")"},
+      {"max_shm_mappings_total: 10\nmax_shm_mappings_per_uid: 20\n", {},
+       "max_shm_mappings_per_uid must not exceed max_shm_mappings_total (got 20 from "
+       "max_shm_mappings_per_uid in " + path + "; max_shm_mappings_total is 10 from "
+       "max_shm_mappings_total in " + path + ")"},
+  };
+  for (const Case& c : cases) {
+    std::ofstream(path) << c.file;
+    const absl::StatusOr<v1::DaemonConfig> config = LoadDaemonConfig({path, c.flags});
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << c.want;
+    EXPECT_EQ(config.status().message(), "invalid config: " + c.want);
+  }
+  std::remove(path.c_str());
+}
+
+// --check-config FILE --ring_poll_seconds=0.001 passed a FILE whose ring_poll_seconds: 0.5 a
+// daemon started with the file alone refuses; the file is now checked alone too.
+TEST(ConfigTest, CheckingAFileWithFlagsChecksTheFileAloneToo) {
+  const std::string path = testing::TempDir() + "/check_alone.conf";
+  std::ofstream(path) << "ring_poll_seconds: 0.5\n";
+  const absl::StatusOr<CheckedConfig> mended =
+      LoadConfigToCheck({path, {{"ring_poll_seconds", "0.001"}}});
+  EXPECT_EQ(mended.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mended.status().message(),
+            path + " alone is not valid (invalid config: ring_poll_seconds must be 0 (clients "
+            "always wake the daemon) or between 0.00005 (the kernel's timer slack) and 0.1 (a "
+            "submission may wait that long to be taken) (got 0.5 from ring_poll_seconds in " +
+            path + ")); it is valid only with the command-line flags given "
+            "(--ring_poll_seconds=0.001): a daemon started with the file and without those flags "
+            "refuses it, so fix the file or start the daemon with the same flags");
+  // Invalid with the flags too: the flags' error, as before.
+  const absl::StatusOr<CheckedConfig> both = LoadConfigToCheck({path, {{"copy_threads", "0"}}});
+  EXPECT_NE(both.status().message().find("(got 0 from --copy_threads=0 on the command line)"),
+            std::string::npos)
+      << both.status();
+  // Valid alone and with the flags: the verdict names the flags.
+  std::ofstream(path) << "ring_poll_seconds: 0.01\n";
+  const absl::StatusOr<CheckedConfig> valid =
+      LoadConfigToCheck({path, {{"ring_poll_seconds", "0.001"}, {"copy_threads", "3"}}});
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  EXPECT_EQ(valid->what,
+            path + " with --ring_poll_seconds=0.001 --copy_threads=3 from the command line");
+  EXPECT_EQ(valid->config.ring_poll_seconds(), 0.001);
+  EXPECT_EQ(valid->config.copy_threads(), 3u);
+  // Without flags: the file, as before.
+  const absl::StatusOr<CheckedConfig> alone = LoadConfigToCheck({path, {}});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->what, path);
+  std::remove(path.c_str());
+}
+
 TEST(ConfigTest, CudaSimIsABackendButNotTheDefault) {
   auto c = ParseConfig("");
   ASSERT_TRUE(c.ok());
@@ -492,8 +598,9 @@ TEST(ConfigBoundsTest, PerUidBoundsMayNotExceedTheirTotals) {
   ASSERT_TRUE(config.ok()) << config.status();
   absl::Status st = ValidateConfig(*config);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("max_shm_mappings_per_uid (20) must not exceed"), std::string::npos)
-      << st;
+  EXPECT_EQ(st.message(),
+            "invalid config: max_shm_mappings_per_uid must not exceed max_shm_mappings_total "
+            "(got 20; max_shm_mappings_total is 10)");
   auto defaults = ParseConfig("");
   ASSERT_TRUE(defaults.ok());
   EXPECT_EQ(defaults->max_shm_mappings_total(), 16384u);
@@ -532,11 +639,20 @@ TEST(ConfigFlagRanges, CountsBeyondTheirFieldAreRefusedNotWrapped) {
   EXPECT_NE(FlagOutcome("max_sessions", "2.5"), "OK");  // a count is whole
 }
 
+// A field validated to a narrower range than its type names that range: --copy_threads=-1 said
+// "from 0 to 4294967295" though 1 to 64 are allowed.
 TEST(ConfigFlagRanges, NumbersIntoUnsignedFieldsAreRangeChecked) {
   EXPECT_EQ(FlagOutcome("spill_io_threads", "-1"),
-            "--spill_io_threads takes a whole number from 0 to 4294967295, not \"-1\"");
+            "--spill_io_threads takes a whole number from 1 to 64, not \"-1\"");
+  EXPECT_EQ(FlagOutcome("copy_threads", "-1"),
+            "--copy_threads takes a whole number from 1 to 64, not \"-1\"");
   EXPECT_EQ(FlagOutcome("copy_threads", "5e9"),
-            "--copy_threads takes a whole number from 0 to 4294967295, not \"5e9\"");
+            "--copy_threads takes a whole number from 1 to 64, not \"5e9\"");
+  EXPECT_EQ(FlagOutcome("max_streams_per_connection", "4294967296"),
+            "--max_streams_per_connection takes a whole number from 0 to 1000000, not "
+            "\"4294967296\"");
+  EXPECT_EQ(FlagOutcome("admission_queue_limit", "-1"),
+            "--admission_queue_limit takes a whole number from 0 to 4294967295, not \"-1\"");
   v1::DaemonConfig c = *ParseConfig("");
   ASSERT_EQ(FlagOutcome("max_shm_mappings_total", "18446744073709551615", &c), "OK");
   EXPECT_EQ(c.max_shm_mappings_total(), 18446744073709551615ull);  // exact, not via a double
@@ -549,7 +665,9 @@ TEST(ConfigFlagRanges, NumbersIntoUnsignedFieldsAreRangeChecked) {
 TEST(ConfigFlagRanges, SizesBeyond64BitsAreRefused) {
   for (const char* value : {"18446744073709551616", "1e30", "16777216TiB", "99999999999999999999"}) {
     const std::string outcome = FlagOutcome("pool_bytes", value);
-    EXPECT_NE(outcome.find("--pool_bytes: INVALID_ARGUMENT: \""), std::string::npos) << outcome;
+    // The message only, without the status code's name.
+    EXPECT_EQ(outcome.rfind(absl::StrCat("--pool_bytes: \"", value, "\" is more bytes"), 0), 0u)
+        << outcome;
     EXPECT_NE(outcome.find("more bytes than a 64-bit count holds"), std::string::npos) << outcome;
   }
   EXPECT_EQ(*ParseBytes("18446744073709551615"), 18446744073709551615ull);
@@ -578,6 +696,20 @@ TEST(ConfigFlagRanges, SocketModeMustBeAnOctalModeUpTo0777) {
   EXPECT_FALSE(ParseConfig("socket_mode: 0999").ok());
   EXPECT_FALSE(ParseConfig("max_connections_total: 4294967297").ok());
   EXPECT_FALSE(ValidateConfig(*ParseConfig("socket_mode: 01777")).ok());
+}
+
+// In the file, `socket_mode: 777` is decimal 777 (01411); the error said "(got 777)", which
+// reads as a valid mode, and 01000 showed as "got 512".
+TEST(ConfigFlagRanges, SocketModeErrorsShowTheModeInOctalAndHowToWriteIt) {
+  const std::string rule =
+      "invalid config: socket_mode must be a file mode from 0 to 0777; in the config file write "
+      "it with a leading 0, which the text format reads as octal (socket_mode: 0660), and on the "
+      "command line as octal digits (--socket_mode=660)";
+  EXPECT_EQ(ValidateConfig(*ParseConfig("socket_mode: 777\n")).message(),
+            rule + " (got 01411 (decimal 777))");
+  EXPECT_EQ(ValidateConfig(*ParseConfig("socket_mode: 01000\n")).message(),
+            rule + " (got 01000 (decimal 512))");
+  EXPECT_TRUE(ValidateConfig(*ParseConfig("socket_mode: 0777\n")).ok());
 }
 
 // Fields narrowed or rounded later are bounded where the config is validated.

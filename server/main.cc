@@ -51,10 +51,11 @@ void PrintHelp() {
                "Options:\n"
                "  --config FILE            DaemonConfig in protobuf text format\n"
                "  --print-default-config   print the embedded defaults and exit\n"
-               "  --check-config FILE      validate FILE (with flags applied) and check that this\n"
-               "                           host can run it (socket, CUDA driver, memlock,\n"
-               "                           MemAvailable, spill directory, shared pool object);\n"
-               "                           exit 0, 2 invalid config, 1 host problem\n"
+               "  --check-config FILE      validate FILE, alone and with the flags given (a\n"
+               "                           file valid only with them is invalid), and check\n"
+               "                           that this host can run it (socket, CUDA driver,\n"
+               "                           memlock, MemAvailable, spill directory, shared pool\n"
+               "                           object); exit 0, 2 invalid config, 1 host problem\n"
                "  --version                print the version and exit\n"
                "  --help                   this text\n"
                "Config overrides (dashes and underscores are interchangeable):\n";
@@ -236,8 +237,9 @@ constexpr bool kCudaInBuild = false;
 // --check-config after the config validated: whether this host can run it, each problem on a
 // line of its own in the order start-up would meet them. A daemon already listening on the
 // socket is a note, not a problem (ExecStartPre runs after the old daemon stopped). Returns the
-// exit status: 0, or 1 when the host cannot run the config.
-int CheckHost(const std::string& file, const offloadd::v1::DaemonConfig& config,
+// exit status: 0, or 1 when the host cannot run the config. `what` names the file checked and
+// any flags over it (offloadd::CheckedConfig).
+int CheckHost(const std::string& what, const offloadd::v1::DaemonConfig& config,
               const std::string& socket_path) {
   std::vector<absl::Status> problems;
   absl::Status socket = offloadd::CheckSocketPath(socket_path);
@@ -253,10 +255,10 @@ int CheckHost(const std::string& file, const offloadd::v1::DaemonConfig& config,
     std::cout << "offloadd: note: " << note << "\n";
   }
   if (problems.empty()) {
-    std::cout << "offloadd: " << file << " is valid and this host can run it\n";
+    std::cout << "offloadd: " << what << " is valid and this host can run it\n";
     return 0;
   }
-  std::cerr << "offloadd: " << file << " is valid, but this host cannot run it ("
+  std::cerr << "offloadd: " << what << " is valid, but this host cannot run it ("
             << problems.size() << (problems.size() == 1 ? " problem" : " problems")
             << ", in the order start-up meets them):\n";
   for (const absl::Status& st : problems) std::cerr << "  - " << st.message() << "\n";
@@ -317,9 +319,14 @@ int ParseCommandLine(int argc, char** argv, CommandLine* out) {
   return -1;
 }
 
-// The config file (or the defaults), the flags over it, validated; errors exit 2.
-absl::StatusOr<offloadd::v1::DaemonConfig> LoadConfig(const CommandLine& cl) {
-  return offloadd::LoadDaemonConfig({cl.config_file, cl.overrides});
+// The config file (or the defaults), the flags over it, validated; with --check-config, the
+// file alone as well (offloadd::LoadConfigToCheck). Errors exit 2.
+absl::StatusOr<offloadd::CheckedConfig> LoadConfig(const CommandLine& cl) {
+  if (!cl.check_file.empty()) return offloadd::LoadConfigToCheck({cl.check_file, cl.overrides});
+  absl::StatusOr<offloadd::v1::DaemonConfig> config =
+      offloadd::LoadDaemonConfig({cl.config_file, cl.overrides});
+  if (!config.ok()) return config.status();
+  return offloadd::CheckedConfig{*std::move(config), cl.config_file};
 }
 
 // SIGTERM/SIGINT/SIGHUP are taken synchronously by the main thread (sigtimedwait, NextSignal). They
@@ -582,8 +589,9 @@ int main(int argc, char** argv) {
   // CAP_IPC_LOCK as permitted only (the image's file capability) makes it effective.
   offloadd::RaiseIpcLockCapability();
 
-  absl::StatusOr<offloadd::v1::DaemonConfig> config = LoadConfig(cl);
-  if (!config.ok()) return Fail(config.status(), 2);
+  absl::StatusOr<offloadd::CheckedConfig> checked = LoadConfig(cl);
+  if (!checked.ok()) return Fail(checked.status(), 2);
+  const offloadd::v1::DaemonConfig* config = &checked->config;
   const offloadd::projector::BlasCoreChoice blas_core = SelectBlasCore(*config, checking);
   // Topology: GPUs with a PCI address are found in sysfs; the config's links apply over them.
   // Hook: the cuda backend can report each GPU's UUID and PCI bus id itself
@@ -593,7 +601,7 @@ int main(int argc, char** argv) {
   auto topology = offloadd::ResolveTopology(*config, gpu_addresses);
   if (!topology.ok()) return Fail(topology.status(), checking ? 2 : 1);
   const std::string socket_path = offloadd::ResolveSocketPath(*config);
-  if (checking) return CheckHost(cl.check_file, *config, socket_path);
+  if (checking) return CheckHost(checked->what, *config, socket_path);
 
   // Start-up checks run cheapest first and before the pool is pre-faulted (seconds per GiB), so
   // the first error printed is the first thing that blocks: socket, metrics port, backend,

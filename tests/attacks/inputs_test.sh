@@ -58,7 +58,7 @@ for flag in max_connections_total max_sessions max_requests_in_flight; do
   done
 done
 for v in 18446744073709551616 1e30; do
-  expect "pool_bytes_$v" 2 "--pool_bytes: INVALID_ARGUMENT: \"$v\" is more bytes than a 64-bit" \
+  expect "pool_bytes_$v" 2 "--pool_bytes: \"$v\" is more bytes than a 64-bit" \
     "$OFFLOADD" --check-config /dev/null --socket_path="$dir/d.sock" --metrics_address= \
     "--pool_bytes=$v"
 done

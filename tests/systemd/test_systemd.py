@@ -259,7 +259,8 @@ class SystemdUnitTest(unittest.TestCase):
         journal = s.journal("offloadd")
         self.assertEqual(s.show("offloadd.service", "ActiveState"), "active", journal[-3000:])
         self.assertIn("status=9/KILL", journal)
-        self.assertIn("/etc/offloadd/offloadd.conf is valid and this host can run it",
+        self.assertIn("/etc/offloadd/offloadd.conf with --socket_path=/run/offloadd/offloadd.sock "
+                      "from the command line is valid and this host can run it",
                       journal.split("status=9/KILL")[-1], "ExecStartPre of the restart")
         self.assertNotIn("Lower the pool size", journal)
         for i, bid in enumerate(ids):
