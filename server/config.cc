@@ -797,16 +797,17 @@ absl::StatusOr<CheckedConfig> LoadConfigToCheck(const ConfigSources& sources) {
   std::vector<std::string> flags;
   for (const auto& [name, value] : sources.flags) flags.push_back("--" + name + "=" + value);
   const std::string given = absl::StrJoin(flags, " ");
+  CheckedConfig checked{*std::move(config),
+                        absl::StrFormat("%s with %s from the command line", file, given), ""};
   absl::StatusOr<v1::DaemonConfig> alone = LoadDaemonConfig({sources.file, {}});
   if (!alone.ok()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
+    checked.note = absl::StrFormat(
         "%s alone is not valid (%s); it is valid only with the command-line flags given (%s): "
-        "a daemon started with the file and without those flags refuses it, so fix the file or "
-        "start the daemon with the same flags",
-        file, alone.status().message(), given));
+        "a daemon started from the file without those flags refuses it, so fix the file or "
+        "always start the daemon with the same flags",
+        file, alone.status().message(), given);
   }
-  return CheckedConfig{*std::move(config),
-                       absl::StrFormat("%s with %s from the command line", file, given)};
+  return checked;
 }
 
 copy::ShmMappingLimits ToShmMappingLimits(const v1::DaemonConfig& config) {

@@ -58,16 +58,19 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config, const ConfigSources&
 // three's, as each returns it.
 absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const ConfigSources& sources);
 
-// What --check-config checked: the config LoadDaemonConfig gives for `sources`, and `what`, its
-// name for the verdict: "FILE" without flags, else "FILE with --a=1 --b=2 from the command line".
+// What --check-config checked: the config LoadDaemonConfig gives for `sources`; `what`, its
+// name for the verdict: "FILE" without flags, else "FILE with --a=1 --b=2 from the command line";
+// `note`, empty unless the file alone is invalid but valid with the flags: then it says so, with
+// the file's problems, for the operator who starts a daemon from the file without those flags.
 struct CheckedConfig {
   v1::DaemonConfig config;
   std::string what;
+  std::string note;
 };
-// LoadDaemonConfig(sources) and, with flags, sources.file alone as well, so a file that a daemon
-// started without those flags (systemd's ExecStart) would refuse is not passed. Errors:
-// LoadDaemonConfig's; INVALID_ARGUMENT when the file alone is invalid but valid with the flags,
-// saying so with the file's problems (ValidateConfig's) and the flags.
+// LoadDaemonConfig(sources) and, with flags, sources.file alone as well. A file valid only with
+// the flags passes (the deployments that check a file with flags -- systemd's ExecStartPre, the
+// container's entrypoint -- start the daemon with the same flags) with `note` set. Errors:
+// LoadDaemonConfig's (the file with the flags).
 absl::StatusOr<CheckedConfig> LoadConfigToCheck(const ConfigSources& sources);
 
 // A command-line flag that sets a config field: --name=value or --name value; dashes and

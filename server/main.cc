@@ -51,11 +51,11 @@ void PrintHelp() {
                "Options:\n"
                "  --config FILE            DaemonConfig in protobuf text format\n"
                "  --print-default-config   print the embedded defaults and exit\n"
-               "  --check-config FILE      validate FILE, alone and with the flags given (a\n"
-               "                           file valid only with them is invalid), and check\n"
-               "                           that this host can run it (socket, CUDA driver,\n"
-               "                           memlock, MemAvailable, spill directory, shared pool\n"
-               "                           object); exit 0, 2 invalid config, 1 host problem\n"
+               "  --check-config FILE      validate FILE with the flags given (a note when FILE\n"
+               "                           alone is not valid), and check that this host can\n"
+               "                           run it (socket, CUDA driver, memlock, MemAvailable,\n"
+               "                           spill directory, shared pool object); exit 0, 2\n"
+               "                           invalid config, 1 host problem\n"
                "  --version                print the version and exit\n"
                "  --help                   this text\n"
                "Config overrides (dashes and underscores are interchangeable):\n";
@@ -237,10 +237,12 @@ constexpr bool kCudaInBuild = false;
 // --check-config after the config validated: whether this host can run it, each problem on a
 // line of its own in the order start-up would meet them. A daemon already listening on the
 // socket is a note, not a problem (ExecStartPre runs after the old daemon stopped). Returns the
-// exit status: 0, or 1 when the host cannot run the config. `what` names the file checked and
-// any flags over it (offloadd::CheckedConfig).
-int CheckHost(const std::string& what, const offloadd::v1::DaemonConfig& config,
-              const std::string& socket_path) {
+// exit status: 0, or 1 when the host cannot run the config. `checked.what` names the file checked
+// and any flags over it; its note (the file alone is not valid) is printed first.
+int CheckHost(const offloadd::CheckedConfig& checked, const std::string& socket_path) {
+  const std::string& what = checked.what;
+  const offloadd::v1::DaemonConfig& config = checked.config;
+  if (!checked.note.empty()) std::cout << "offloadd: note: " << checked.note << "\n";
   std::vector<absl::Status> problems;
   absl::Status socket = offloadd::CheckSocketPath(socket_path);
   if (absl::IsAlreadyExists(socket)) {
@@ -601,7 +603,7 @@ int main(int argc, char** argv) {
   auto topology = offloadd::ResolveTopology(*config, gpu_addresses);
   if (!topology.ok()) return Fail(topology.status(), checking ? 2 : 1);
   const std::string socket_path = offloadd::ResolveSocketPath(*config);
-  if (checking) return CheckHost(checked->what, *config, socket_path);
+  if (checking) return CheckHost(*checked, socket_path);
 
   // Start-up checks run cheapest first and before the pool is pre-faulted (seconds per GiB), so
   // the first error printed is the first thing that blocks: socket, metrics port, backend,
