@@ -12,13 +12,15 @@
 # exited 10 s later; an EXIT trap stops it on any other way out.
 #
 # Rerun a few steps: GPU_CHECK_ONLY="torch_on,galore" (names as the budget table prints them,
-# commas or spaces between) runs only those steps and what they need (the NEEDS table below): the
-# environment section always; the kernels check (it finds out whether the GPU is usable) and the
-# IPC probe (it picks the daemon's backend) before a step on the GPU or the daemon; the daemon's
-# start and stop around a step that talks to it; the Python set-up (python_warm, python_env) before
-# a Python step; free_mid before health1. The deadline then defaults to the sum of their budgets
-# plus a 30 s reserve. An unknown name exits 2 at once, naming the steps. A run in which a chosen
-# step failed or did not run prints, before its RESULT line, the command that reruns just those:
+# commas or any whitespace between; unset or empty: every step) runs only those steps and what
+# they need (the NEEDS table below): the environment section always; the kernels check (it finds
+# out whether the GPU is usable) and the IPC probe (it picks the daemon's backend) before a step
+# on the GPU or the daemon; the daemon's start and stop around a step that talks to it; the
+# Python set-up (python_warm, python_env) before a Python step; free_mid before health1. The
+# deadline then defaults to the sum of their budgets plus a 30 s reserve. Unknown names, or
+# separators and no name, exit 2 at once, naming the steps. A chosen step that does not run
+# prints "NOT RUN" and why, and counts. A run in which a chosen step failed or did not run
+# prints, before its RESULT line, the command that reruns just those:
 #   RERUN the failed and not-run steps (133 s by the budgets): GPU_CHECK_ONLY=torch_on bash gpu-bundle/run.sh
 #
 # Order: environment (kernel, sandbox, driver, memory), fake-based unit tests, kernels, a
@@ -39,9 +41,14 @@
 # A check that prints SKIPPED while nvidia-smi lists a GPU fails the run (a driver older than the
 # bundle's CUDA runtime does that to every binary: the run then goes on with the Python checks
 # only, on an shm daemon, so the versions and the torch figures still come back). Without a CUDA driver
-# (a build machine) the unit tests run and the script ends "SKIPPED: no GPU", exit 0.
-# Exit: 0 all ran and passed (or no GPU); 1 any failure; 2 no failure but steps not run (IPC
-# unsupported, budget).
+# (a build machine) the unit tests run and the script ends "SKIPPED: no usable CUDA driver/GPU
+# here; nothing else to run (unit tests above ran)", exit 0; a GPU_CHECK_ONLY run ends instead
+# "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run: ...", naming
+# them, exit 2.
+# Exit: 0 all ran and passed (or a full run without a driver); 1 any failure; 2 no failure but
+# steps not run (IPC unsupported, budget, no driver in a GPU_CHECK_ONLY run), or nothing run: no
+# bundle (bin/) beside the script, or a bad GPU_CHECK_ONLY, GPU_CHECK_BUDGET_SCALE or
+# GPU_CHECK_DEADLINE_S.
 #
 # The bundle: bin/ (our binaries), lib/ (the shared libraries they load except libcuda and glibc;
 # put on their command lines only, never exported to Python), wheel/ (the client's wheel, made
@@ -52,7 +59,23 @@
 # scripts and MANIFEST.
 set -u
 start_s=$(date +%s)
+here=$(cd "$(dirname "$0")" && pwd)
+if [ ! -d "$here/bin" ]; then
+  echo "run.sh: no bin/ beside $here: this script runs from the GPU bundle: build it with" \
+    "\`make gpu-bundle\` and run gpu-bundle/run.sh" >&2
+  exit 2
+fi
 SCALE=${GPU_CHECK_BUDGET_SCALE:-100}  # percent: every budget and the default deadline (slow hosts)
+if ! [[ $SCALE =~ ^[1-9][0-9]*$ ]]; then
+  echo "run.sh: GPU_CHECK_BUDGET_SCALE='$SCALE' is no positive whole number of percent" \
+    "(100: the budgets as they are, 200: twice as long)" >&2
+  exit 2
+fi
+if ! [[ ${GPU_CHECK_DEADLINE_S:-1} =~ ^[1-9][0-9]*$ ]]; then
+  echo "run.sh: GPU_CHECK_DEADLINE_S='$GPU_CHECK_DEADLINE_S' is no positive whole number of" \
+    "seconds (leave it unset for the default)" >&2
+  exit 2
+fi
 
 # Budgets in seconds, in run order. DEADLINE_S minus the sum of the chosen steps' budgets (at
 # least 40 s in a full run, RESERVE_S in a GPU_CHECK_ONLY one) is the reserve for the shell
@@ -93,16 +116,27 @@ with_needs() {  # with_needs NAME...: those steps and everything they need, one 
   for n in "${steps[@]}"; do [ -z "${got[$n]:-}" ] || echo "$n"; done
 }
 
-# GPU_CHECK_ONLY: the chosen steps with what they need; unset or empty: every step.
+# GPU_CHECK_ONLY: the chosen steps with what they need; unset or empty: every step. Names are
+# separated by commas or any whitespace (newlines and tabs too).
 only_text=${GPU_CHECK_ONLY:-}
-read -ra only <<< "${only_text//,/ }"
-for n in "${only[@]}"; do
-  if [ -z "${BUDGET[$n]+x}" ]; then
-    echo "run.sh: GPU_CHECK_ONLY names '$n', which is no step; the steps are: ${steps[*]}" \
-      "(commas or spaces between names)" >&2
-    exit 2
+read -ra only <<< "$(printf '%s' "$only_text" | tr -s ',[:space:]' ' ')"
+if [ -n "$only_text" ] && [ ${#only[@]} -eq 0 ]; then
+  echo "run.sh: GPU_CHECK_ONLY names no step (it holds only separators): leave it unset or empty" \
+    "to run every step, or name steps among: ${steps[*]}" >&2
+  exit 2
+fi
+unknown=()
+for n in "${only[@]}"; do [ -n "${BUDGET[$n]+x}" ] || unknown+=("'$n'"); done
+if [ ${#unknown[@]} -gt 0 ]; then
+  if [ ${#unknown[@]} -eq 1 ]; then what="${unknown[0]}, which is no step"
+  else  # 'a', 'b' and 'c'
+    what="$(printf '%s, ' "${unknown[@]:0:${#unknown[@]}-1}")"
+    what="${what%, } and ${unknown[-1]}, which are no steps"
   fi
-done
+  echo "run.sh: GPU_CHECK_ONLY names $what; the steps are: ${steps[*]}" \
+    "(commas or whitespace between names)" >&2
+  exit 2
+fi
 if [ ${#only[@]} -gt 0 ]; then mapfile -t chosen_steps < <(with_needs "${only[@]}")
 else chosen_steps=("${steps[@]}"); fi
 declare -A CHOSEN PASSED  # PASSED: the steps that ran and passed (or found IPC unsupported)
@@ -116,7 +150,6 @@ else
 fi
 deadline_s=$((start_s + DEADLINE_S))
 
-here=$(cd "$(dirname "$0")" && pwd)
 logs=${OUT:-$(mktemp -d /tmp/offloadd-gpu-XXXXXX)}
 mkdir -p "$logs"
 LIB="$here/lib"
@@ -178,6 +211,10 @@ run_step() {
   return $rc
 }
 BIN=(env LD_LIBRARY_PATH="$LIB")  # our binaries with the bundled libraries
+not_run() {  # not_run NAME WHY: a chosen step that cannot run says so and counts (others: nothing)
+  chosen "$1" || return 0
+  echo "NOT RUN: $1 ($2)"; notrun=$((notrun + 1))
+}
 needs() {  # needs NAME WHAT...: prints NOT RUN (or FAIL) and returns 1 unless every WHAT holds
   local name=$1 w; shift  # (returns 1 silently for a step GPU_CHECK_ONLY left out)
   chosen "$name" || return 1
@@ -215,7 +252,8 @@ trap 'stop_daemon >/dev/null 2>&1; [ -z "$warm" ] || kill "$warm" 2>/dev/null; r
 
 say "bundle $(head -1 "$here/MANIFEST" 2>/dev/null)"
 if [ ${#only[@]} -gt 0 ]; then
-  say "GPU_CHECK_ONLY=${GPU_CHECK_ONLY}: only ${chosen_steps[*]} (the steps named and what they need)"
+  say "GPU_CHECK_ONLY=$(IFS=,; echo "${only[*]}"): only ${chosen_steps[*]} (the steps named and" \
+    "what they need)"
 fi
 say "deadline $DEADLINE_S s; step budgets (s), $CHOSEN_SUM in all, reserve $((DEADLINE_S - CHOSEN_SUM)):"
 for n in "${chosen_steps[@]}"; do echo "$n:${BUDGET[$n]}"; done | paste -sd' ' | fold -s -w 96 |
@@ -292,8 +330,21 @@ fi
 if chosen kernels && grep -q "^SKIPPED" "$logs/kernels.log"; then
   if [ $gpu_listed -eq 0 ]; then
     rerun_line unit_engine unit_export
-    echo "SKIPPED: no usable CUDA driver/GPU here; nothing else to run (unit tests above ran)"
-    exit $(( fails > 0 ))
+    if [ ${#only[@]} -eq 0 ]; then
+      echo "SKIPPED: no usable CUDA driver/GPU here; nothing else to run (unit tests above ran)"
+      exit $(( fails > 0 ))
+    fi
+    # GPU_CHECK_ONLY: the chosen steps from the kernels check on did not run: exit 2.
+    gpu_steps=() units_ran=""
+    for n in "${chosen_steps[@]}"; do
+      case $n in
+        unit_*) units_ran=" (the chosen unit tests above ran)" ;;
+        *) gpu_steps+=("$n") ;;
+      esac
+    done
+    echo "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run:" \
+      "${gpu_steps[*]}$units_ran"
+    exit $(( fails > 0 ? 1 : 2 ))
   fi
   grep -q "error 35" "$logs/kernels.log" &&
     fail "the driver is older than the bundle's CUDA runtime (see 'driver:' and 'bundle needs:'" \
@@ -310,6 +361,8 @@ if chosen ipc; then
   if [ $bins_ok -eq 1 ]; then
     ok_rc=3 run_step ipc "${BIN[@]}" "$here/bin/gpu_probes" --mode=ipc
     ipc_rc=$?
+  else
+    not_run ipc "$ipc_why"
   fi
 fi
 if [ $ipc_rc -eq 3 ]; then
@@ -319,7 +372,7 @@ elif [ $ipc_rc -ne 0 ]; then
   ipc_ok=0 ipc_why="the IPC probe failed"; fail "the IPC probe exited $ipc_rc: treating IPC as unusable"
 fi
 # Whether IPC handles cross users (docs/failure-modes.md): observed, never a failure by itself.
-if [ $ipc_ok -eq 1 ] && chosen ipc_cross_uid; then
+if needs ipc_cross_uid ipc; then
   say "CUDA IPC across users (figures only)"
   run_step ipc_cross_uid "${BIN[@]}" "$here/bin/gpu_probes" --mode=ipc_cross_uid
 fi
@@ -338,7 +391,7 @@ if chosen calib_measured || chosen calib_model; then
     # shellcheck disable=SC2086
     run_step calib_model "${BIN[@]}" "$here/bin/copy_sim_bench" --backend=sim $calib
   else
-    echo "NOT RUN: calibration ($ipc_why)"; notrun=$((notrun + 1))
+    not_run calib_measured "$ipc_why"; not_run calib_model "$ipc_why"
   fi
   for e in sync async; do for c in 1 8 32; do
     m=$(grep "^FIGURE copy_measured_${e}_local_${c}MiB " "$logs/calib_measured.log" 2>/dev/null)
@@ -496,8 +549,8 @@ if needs free_mid ipc daemon; then
   say "a client frees its memory with offloads in flight and exits"
   run_step free_mid "${BIN[@]}" "$PROBES" --mode=free_mid --socket="$sock" --tensors=8
   sleep 1
-  health health1
 fi
+health health1  # (after free_mid; NOT RUN for the same reasons)
 if needs killed ipc daemon; then
   say "a client killed with copies in flight"
   run_step killed bash -c '
@@ -595,6 +648,8 @@ if [ -n "$daemon" ]; then
   stop_daemon || fails=$((fails + 1))
   [ $fails -ne $fails0 ] || PASSED[stop]=1
   grep -E "context on|host pool pinned" "$logs/daemon.log" | sed 's/^.*cuda: /daemon: /' | head -4
+else
+  not_run stop "the daemon is not running"
 fi
 
 

@@ -62,9 +62,11 @@ class RunShTest(unittest.TestCase):
         missing = called - {n for n, _ in b}
         self.assertFalse(missing, missing)
 
-    def fake_bundle(self, kernels_output, gpu_listed, deaf_daemon=False, export_fails=False):
+    def fake_bundle(self, kernels_output, gpu_listed, deaf_daemon=False, export_fails=False,
+                    no_ipc=False):
         """A bundle dir with run.sh and stand-ins for its binaries; a PATH whose nvidia-smi
-        lists a GPU (or none). ``export_fails``: the client export unit test fails."""
+        lists a GPU (or none). ``export_fails``: the client export unit test fails. ``no_ipc``:
+        the IPC probe finds IPC unsupported and the daemon (a stand-in) stops on SIGTERM."""
         d = tempfile.mkdtemp(prefix="ofd-gpu-bundle-")
         self.addCleanup(shutil.rmtree, d, True)
         os.makedirs(os.path.join(d, "bin"))
@@ -81,6 +83,14 @@ class RunShTest(unittest.TestCase):
         write_exe(os.path.join(d, "bin", "kernels_gpu_check"), "echo '%s'" % kernels_output)
         if deaf_daemon:
             write_deaf_daemon(os.path.join(d, "bin", "offloadd"))
+        if no_ipc:
+            write_exe(os.path.join(d, "bin", "gpu_probes"),
+                      'echo "IPC unsupported in this sandbox: cudaIpcOpenMemHandle: x (801)"; '
+                      'exit 3')
+            write_exe(os.path.join(d, "bin", "offloadd"),
+                      'trap "exit 0" TERM; for a in "$@"; do case $a in --socket_path=*) '
+                      's=${a#--socket_path=};; esac; done\n'
+                      'echo "offloadd: ready on $s"; while true; do sleep 0.1; done')
         tools = os.path.join(d, "tools")
         os.makedirs(tools)
         if gpu_listed:
@@ -115,8 +125,11 @@ class RunShTest(unittest.TestCase):
         self.assertIn("FAIL: kernels printed SKIPPED while nvidia-smi lists a GPU", r.stdout)
         self.assertIn("driver is older than the bundle's CUDA runtime", r.stdout)
         self.assertIn("NOTE: the bundle's CUDA binaries cannot use the listed GPU", r.stdout)
-        self.assertIn("NOT RUN: calibration (the bundle's CUDA binaries cannot use this GPU)",
-                      r.stdout)
+        for name in ("ipc", "calib_measured", "calib_model"):
+            self.assertIn("NOT RUN: %s (the bundle's CUDA binaries cannot use this GPU)\n" % name,
+                          r.stdout)
+        self.assertIn("NOT RUN: ipc_cross_uid needs CUDA IPC (the bundle's CUDA binaries cannot "
+                      "use this GPU)\n", r.stdout)
         self.assertIn("starting offloadd (backend shm", r.stdout)
         self.assertIn("FAIL: offloadd did not exit within 10 s of SIGTERM: killed", r.stdout)
 
@@ -162,7 +175,6 @@ class RunShTest(unittest.TestCase):
         d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
         env["GPU_CHECK_ONLY"] = "torch_on, health1"
         r = self.run_sh(d, env)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         need = ["kernels", "ipc", "python_warm", "python_env", "daemon_start", "free_mid",
                 "health1", "torch_on", "stop"]
         self.assertIn("only %s (the steps named and what they need)" % " ".join(need), r.stdout)
@@ -170,10 +182,15 @@ class RunShTest(unittest.TestCase):
         self.assertIn("== deadline %d s; step budgets (s), %d in all"
                       % (3 * (sum(b[n] for n in need) + RESERVE_S), 3 * sum(b[n] for n in need)),
                       r.stdout)
-        # The kernels check ran (and found no GPU), the unit tests did not.
+        # The kernels check ran (and found no GPU), the unit tests did not; the chosen steps did
+        # not run, which the ending says, exiting 2 as for any step not run.
         self.assertIn("[kernels] SKIPPED: no CUDA driver or GPU", r.stdout)
-        self.assertIn("SKIPPED: no usable CUDA driver/GPU here", r.stdout)
         self.assertNotIn("[  PASSED  ]", r.stdout)
+        self.assertNotIn("unit tests above ran", r.stdout)
+        self.assertTrue(r.stdout.endswith(
+            "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run: %s\n"
+            % " ".join(need)), r.stdout)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
 
     def test_an_unknown_step_exits_2_naming_the_steps(self):
         d, env = self.fake_bundle("PASS kernels", False)
@@ -184,6 +201,98 @@ class RunShTest(unittest.TestCase):
         self.assertIn("GPU_CHECK_ONLY names 'torch_of', which is no step; the steps are: %s "
                       % " ".join(n for n, _ in budgets()), r.stderr)
         self.assertFalse(os.path.exists(env["OUT"]), "it ran something before refusing")
+
+    def test_only_without_a_driver_runs_the_chosen_unit_tests_and_exits_2(self):
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
+        env["GPU_CHECK_ONLY"] = "unit_export,spin"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(r.stdout.count("[  PASSED  ] 1 test."), 1, r.stdout)
+        self.assertTrue(r.stdout.endswith(
+            "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run: kernels "
+            "ipc daemon_start spin stop (the chosen unit tests above ran)\n"), r.stdout)
+
+    def test_only_splits_names_at_any_whitespace_and_commas(self):
+        d, env = self.fake_bundle("PASS kernels", False)
+        env["GPU_CHECK_ONLY"] = "unit_export\n\tunit_engine,\r\n"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("only unit_engine unit_export (the steps named", r.stdout)
+        self.assertEqual(r.stdout.count("[  PASSED  ] 1 test."), 2, r.stdout)
+        # A name on a later line is checked too.
+        env["GPU_CHECK_ONLY"] = "kernels\nbogus"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("GPU_CHECK_ONLY names 'bogus', which is no step", r.stderr)
+
+    def test_only_with_separators_and_no_name_exits_2(self):
+        d, env = self.fake_bundle("PASS kernels", False)
+        for value in (" , ", "\n", ",", "\t \n,"):
+            env["GPU_CHECK_ONLY"] = value
+            r = self.run_sh(d, env)
+            self.assertEqual(r.returncode, 2, repr(value) + r.stdout + r.stderr)
+            self.assertEqual(r.stdout, "", repr(value))
+            self.assertIn("GPU_CHECK_ONLY names no step (it holds only separators): leave it "
+                          "unset or empty to run every step, or name steps among: %s"
+                          % " ".join(n for n, _ in budgets()), r.stderr)
+            self.assertFalse(os.path.exists(env["OUT"]), "it ran something before refusing")
+
+    def test_every_unknown_name_is_reported_at_once(self):
+        d, env = self.fake_bundle("PASS kernels", False)
+        env["GPU_CHECK_ONLY"] = "foo kernels bar,baz"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("GPU_CHECK_ONLY names 'foo', 'bar' and 'baz', which are no steps; the steps "
+                      "are: %s " % " ".join(n for n, _ in budgets()), r.stderr)
+        self.assertEqual(r.stderr.count("run.sh:"), 1, r.stderr)
+
+    def test_every_chosen_step_not_run_says_so_and_is_counted(self):
+        d, env = self.fake_bundle("PASS kernels", True, no_ipc=True)
+        env["GPU_CHECK_ONLY"] = "health1"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("NOT RUN: free_mid needs CUDA IPC (IPC unsupported in this sandbox)\n",
+                      r.stdout)
+        self.assertIn("NOT RUN: health1 needs CUDA IPC (IPC unsupported in this sandbox)\n",
+                      r.stdout)
+        self.assertEqual(r.stdout.count("\nNOT RUN"), 2, r.stdout)
+        self.assertIn("RESULT: no failure, 2 step(s) not run\n", r.stdout)
+        self.assertNotIn("FAIL", r.stdout)
+
+    def test_without_a_bundle_it_says_how_to_make_one(self):
+        # tests/gpu in the source tree has no bin/: the binaries are built by make gpu-bundle.
+        self.assertFalse(os.path.exists(os.path.join(GPU, "bin")))
+        out = os.path.join(tempfile.mkdtemp(prefix="ofd-gpu-src-"), "out")
+        self.addCleanup(shutil.rmtree, os.path.dirname(out), True)
+        r = subprocess.run(["bash", RUN_SH], env=dict(os.environ, OUT=out), capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("run.sh: no bin/ beside %s: this script runs from the GPU bundle: build it "
+                      "with `make gpu-bundle` and run gpu-bundle/run.sh" % GPU, r.stderr)
+        self.assertFalse(os.path.exists(out), "it ran something before refusing")
+
+    def test_a_budget_scale_that_is_no_positive_whole_number_exits_2(self):
+        d, env = self.fake_bundle("PASS kernels", False)
+        for value in ("abc", "0", "-5", "1.5", "08"):
+            env["GPU_CHECK_BUDGET_SCALE"] = value
+            r = self.run_sh(d, env)
+            self.assertEqual(r.returncode, 2, repr(value) + r.stdout + r.stderr)
+            self.assertEqual(r.stdout, "", repr(value))
+            self.assertIn("run.sh: GPU_CHECK_BUDGET_SCALE=%r is no positive whole number of "
+                          "percent (100: the budgets as they are, 200: twice as long)" % value,
+                          r.stderr)
+            self.assertNotIn("unbound variable", r.stderr)
+            self.assertFalse(os.path.exists(env["OUT"]), "it ran something before refusing")
+
+    def test_the_header_names_the_no_driver_ending_the_script_prints(self):
+        text = open(RUN_SH).read()
+        header = text[:text.index("\nset -u")]
+        ending = re.search(r'echo "(SKIPPED: no usable CUDA driver/GPU here)', text).group(1)
+        self.assertIn('"%s' % ending, header.replace("\n# ", " "))
+        self.assertNotIn("SKIPPED: no GPU", header)
 
     def test_a_failed_step_prints_the_command_that_reruns_it(self):
         d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False,
