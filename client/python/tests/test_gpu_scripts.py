@@ -106,6 +106,14 @@ class RunShTest(unittest.TestCase):
         return subprocess.run(["bash", os.path.join(d, "run.sh")], env=env,
                               capture_output=True, text=True, timeout=120)
 
+
+    def assertRefusedBeforeRunning(self, r, out, message, label=""):
+        """run.sh exited 2 with ``message`` on stderr, nothing on stdout, and made no log
+        folder ``out`` (it refused before running anything)."""
+        self.assertEqual(r.returncode, 2, label + r.stdout + r.stderr)
+        self.assertEqual(r.stdout, "", label)
+        self.assertIn(message, r.stderr)
+        self.assertFalse(os.path.exists(out), "it ran something before refusing")
     def test_without_a_gpu_the_unit_tests_run_and_it_exits_0(self):
         d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
         r = self.run_sh(d, env)
@@ -196,11 +204,9 @@ class RunShTest(unittest.TestCase):
         d, env = self.fake_bundle("PASS kernels", False)
         env["GPU_CHECK_ONLY"] = "torch_on,torch_of"
         r = self.run_sh(d, env)
-        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-        self.assertEqual(r.stdout, "")
-        self.assertIn("GPU_CHECK_ONLY names 'torch_of', which is no step; the steps are: %s "
-                      % " ".join(n for n, _ in budgets()), r.stderr)
-        self.assertFalse(os.path.exists(env["OUT"]), "it ran something before refusing")
+        self.assertRefusedBeforeRunning(
+            r, env["OUT"], "GPU_CHECK_ONLY names 'torch_of', which is no step; the steps are: %s "
+            % " ".join(n for n, _ in budgets()))
 
     def test_only_without_a_driver_runs_the_chosen_unit_tests_and_exits_2(self):
         d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
@@ -231,21 +237,18 @@ class RunShTest(unittest.TestCase):
         for value in (" , ", "\n", ",", "\t \n,"):
             env["GPU_CHECK_ONLY"] = value
             r = self.run_sh(d, env)
-            self.assertEqual(r.returncode, 2, repr(value) + r.stdout + r.stderr)
-            self.assertEqual(r.stdout, "", repr(value))
-            self.assertIn("GPU_CHECK_ONLY names no step (it holds only separators): leave it "
-                          "unset or empty to run every step, or name steps among: %s"
-                          % " ".join(n for n, _ in budgets()), r.stderr)
-            self.assertFalse(os.path.exists(env["OUT"]), "it ran something before refusing")
+            self.assertRefusedBeforeRunning(
+                r, env["OUT"], "GPU_CHECK_ONLY names no step (it holds only separators): leave "
+                "it unset or empty to run every step, or name steps among: %s"
+                % " ".join(n for n, _ in budgets()), repr(value))
 
     def test_every_unknown_name_is_reported_at_once(self):
         d, env = self.fake_bundle("PASS kernels", False)
         env["GPU_CHECK_ONLY"] = "foo kernels bar,baz"
         r = self.run_sh(d, env)
-        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-        self.assertEqual(r.stdout, "")
-        self.assertIn("GPU_CHECK_ONLY names 'foo', 'bar' and 'baz', which are no steps; the steps "
-                      "are: %s " % " ".join(n for n, _ in budgets()), r.stderr)
+        self.assertRefusedBeforeRunning(
+            r, env["OUT"], "GPU_CHECK_ONLY names 'foo', 'bar' and 'baz', which are no steps; the "
+            "steps are: %s " % " ".join(n for n, _ in budgets()))
         self.assertEqual(r.stderr.count("run.sh:"), 1, r.stderr)
 
     def test_every_chosen_step_not_run_says_so_and_is_counted(self):
@@ -268,24 +271,19 @@ class RunShTest(unittest.TestCase):
         self.addCleanup(shutil.rmtree, os.path.dirname(out), True)
         r = subprocess.run(["bash", RUN_SH], env=dict(os.environ, OUT=out), capture_output=True,
                            text=True, timeout=60)
-        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-        self.assertEqual(r.stdout, "")
-        self.assertIn("run.sh: no bin/ beside %s: this script runs from the GPU bundle: build it "
-                      "with `make gpu-bundle` and run gpu-bundle/run.sh" % GPU, r.stderr)
-        self.assertFalse(os.path.exists(out), "it ran something before refusing")
+        self.assertRefusedBeforeRunning(
+            r, out, "run.sh: no bin/ beside %s: this script runs from the GPU bundle: build it "
+            "with `make gpu-bundle` and run gpu-bundle/run.sh" % GPU)
 
     def test_a_budget_scale_that_is_no_positive_whole_number_exits_2(self):
         d, env = self.fake_bundle("PASS kernels", False)
         for value in ("abc", "0", "-5", "1.5", "08"):
             env["GPU_CHECK_BUDGET_SCALE"] = value
             r = self.run_sh(d, env)
-            self.assertEqual(r.returncode, 2, repr(value) + r.stdout + r.stderr)
-            self.assertEqual(r.stdout, "", repr(value))
-            self.assertIn("run.sh: GPU_CHECK_BUDGET_SCALE=%r is no positive whole number of "
-                          "percent (100: the budgets as they are, 200: twice as long)" % value,
-                          r.stderr)
+            self.assertRefusedBeforeRunning(
+                r, env["OUT"], "run.sh: GPU_CHECK_BUDGET_SCALE=%r is no positive whole number of "
+                "percent (100: the budgets as they are, 200: twice as long)" % value, repr(value))
             self.assertNotIn("unbound variable", r.stderr)
-            self.assertFalse(os.path.exists(env["OUT"]), "it ran something before refusing")
 
     def test_the_header_names_the_no_driver_ending_the_script_prints(self):
         text = open(RUN_SH).read()
