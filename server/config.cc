@@ -275,6 +275,7 @@ struct Problems {
       }
     }
     if (sources.file.empty()) return "";
+    if (sources.file_fields && sources.file_fields->count(field) == 0) return ", the default";
     return absl::StrFormat(" from %s in %s", field, sources.file);
   }
   // A per-uid limit must not exceed its total when both are set (0 = no limit); both values
@@ -778,6 +779,41 @@ absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
   return FlagSetter(name, value, c).Apply(kind->second);
 }
 
+namespace {
+
+// The fields the config text at `path` names, top level and one level of nesting
+// ("cuda_sim.gpus"); empty when it does not read or parse (LoadConfigFile says why).
+std::set<std::string> FieldsNamedIn(const std::string& path) {
+  std::set<std::string> named;
+  absl::StatusOr<std::string> text =
+      base::ReadBoundedFile(path, kMaxConfigFileBytes, "config file");
+  if (!text.ok()) return named;
+  v1::DaemonConfig scratch;
+  google::protobuf::TextFormat::Parser parser;
+  google::protobuf::TextFormat::ParseInfoTree tree;
+  parser.WriteLocationsTo(&tree);
+  parser.AllowPartialMessage(true);
+  if (!parser.ParseFromString(ExpandSizeSuffixes(*text), &scratch)) return named;
+  const google::protobuf::Descriptor* d = v1::DaemonConfig::descriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    const int index = f->is_repeated() ? 0 : -1;
+    if (tree.GetLocation(f, index).line < 0) continue;
+    named.insert(f->name());
+    const google::protobuf::TextFormat::ParseInfoTree* nested = tree.GetTreeForNested(f, index);
+    if (nested == nullptr || f->message_type() == nullptr) continue;
+    for (int j = 0; j < f->message_type()->field_count(); ++j) {
+      const google::protobuf::FieldDescriptor* g = f->message_type()->field(j);
+      if (nested->GetLocation(g, g->is_repeated() ? 0 : -1).line >= 0) {
+        named.insert(f->name() + "." + g->name());
+      }
+    }
+  }
+  return named;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const ConfigSources& sources) {
   absl::StatusOr<v1::DaemonConfig> config =
       sources.file.empty() ? ParseConfig("") : LoadConfigFile(sources.file);
@@ -785,7 +821,9 @@ absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const ConfigSources& sources) 
   for (const auto& [name, value] : sources.flags) {
     if (absl::Status st = ApplyFlag(name, value, &*config); !st.ok()) return st;
   }
-  if (absl::Status st = ValidateConfig(*config, sources); !st.ok()) return st;
+  ConfigSources known = sources;
+  if (!known.file.empty() && !known.file_fields) known.file_fields = FieldsNamedIn(known.file);
+  if (absl::Status st = ValidateConfig(*config, known); !st.ok()) return st;
   return config;
 }
 

@@ -6,6 +6,8 @@
 #define OFFLOADD_SERVER_CONFIG_H_
 
 #include <functional>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,12 +48,15 @@ std::string ExpandSizeSuffixes(const std::string& text);
 struct ConfigSources {
   std::string file;
   std::vector<std::pair<std::string, std::string>> flags;
+  // The fields the file names ("cuda_sim.gpus" for a nested one), when known (LoadDaemonConfig
+  // fills it): a field the file does not name has its default, and is said to.
+  std::optional<std::set<std::string>> file_fields;
 };
 // Checks ranges and combinations; INVALID_ARGUMENT with a sentence per problem. A value out of
 // its range is given with where it came from, by `sources`: "(got 0.5 from
 // --ring_poll_seconds=0.5 on the command line)" when a flag set the field (the last one wins),
-// else "(got 0.5 from ring_poll_seconds in /etc/offloadd.conf)" when a file was read, else
-// "(got 0.5)".
+// else "(got 0.5 from ring_poll_seconds in /etc/offloadd.conf)" when a file was read (", the
+// default" instead when sources.file_fields is known and lacks the field), else "(got 0.5)".
 absl::Status ValidateConfig(const v1::DaemonConfig& config, const ConfigSources& sources = {});
 // The daemon's config: sources.file (LoadConfigFile; the defaults when ""), then sources.flags
 // over it in order (ApplyFlag), then ValidateConfig with `sources`. Errors: the first of those

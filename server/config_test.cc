@@ -202,6 +202,13 @@ TEST(ConfigTest, EveryRangeErrorGivesTheValueAndItsSource) {
        "max_shm_mappings_per_uid must not exceed max_shm_mappings_total (got 20 from "
        "max_shm_mappings_per_uid in " + path + "; max_shm_mappings_total is 10 from "
        "max_shm_mappings_total in " + path + ")"},
+      // A value the file does not name is its default, said so (not "from ... in FILE").
+      {"max_connections_total: 100\n", {},
+       "max_connections_per_uid must not exceed max_connections_total (got 512, the default; "
+       "max_connections_total is 100 from max_connections_total in " + path + ")"},
+      {"", {{"max_sessions", "5"}},
+       "max_sessions_per_uid must not exceed max_sessions (got 256, the default; max_sessions "
+       "is 5 from --max_sessions=5 on the command line)"},
   };
   for (const Case& c : cases) {
     std::ofstream(path) << c.file;
