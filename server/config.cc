@@ -290,6 +290,23 @@ struct Problems {
   }
 };
 
+// The largest rate a config may give (bytes per second): any finite double; inf and NaN are
+// refused (a rate of inf made a link unpaced by accident, NaN paced nothing).
+constexpr double kMaxRate = std::numeric_limits<double>::max();
+
+bool ValidCapacity(double bytes_per_second) {
+  return bytes_per_second >= 0 && bytes_per_second <= kMaxRate;
+}
+
+// "<what>: capacities must be finite numbers >= 0 (got d2h_bytes_per_second D,
+// h2d_bytes_per_second H)" (links and host links are set in the file only).
+std::string CapacityProblem(const std::string& what, double d2h, double h2d) {
+  return absl::StrFormat(
+      "%s: capacities must be finite numbers >= 0 (got d2h_bytes_per_second %s, "
+      "h2d_bytes_per_second %s)",
+      what, Problems::Shown(d2h), Problems::Shown(h2d));
+}
+
 bool ValidShmName(const std::string& name) {
   return name.size() <= 200 &&
          name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -338,8 +355,9 @@ void CheckLinks(const v1::DaemonConfig& c, Problems* p) {
              " lists no gpus (a link without gpus only sets the capacities of a "
              "discovered link: list the GPUs' pci_bus_id in gpus)");
     }
-    if (l.d2h_bytes_per_second() < 0 || l.h2d_bytes_per_second() < 0) {
-      p->Add("link " + l.name() + ": capacities must be >= 0");
+    if (!ValidCapacity(l.d2h_bytes_per_second()) || !ValidCapacity(l.h2d_bytes_per_second())) {
+      p->Add(CapacityProblem("link " + l.name(), l.d2h_bytes_per_second(),
+                             l.h2d_bytes_per_second()));
     }
     if (l.half_duplex() && l.h2d_bytes_per_second() != 0) {
       p->Add("link " + l.name() +
@@ -403,8 +421,9 @@ void CheckHostLinks(const v1::DaemonConfig& c, Problems* p) {
       p->Add("host link " + h.name() + " is configured twice");
     }
     if (h.links().empty()) p->Add("host link " + h.name() + " lists no links");
-    if (h.d2h_bytes_per_second() < 0 || h.h2d_bytes_per_second() < 0) {
-      p->Add("host link " + h.name() + ": capacities must be >= 0");
+    if (!ValidCapacity(h.d2h_bytes_per_second()) || !ValidCapacity(h.h2d_bytes_per_second())) {
+      p->Add(CapacityProblem("host link " + h.name(), h.d2h_bytes_per_second(),
+                             h.h2d_bytes_per_second()));
     }
     for (const auto& l : h.links()) {
       if (!children.insert(l).second) p->Add("link " + l + " is under more than one host link");
@@ -432,12 +451,14 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c, const ConfigSources& sour
             "must be a file mode from 0 to 0777; in the config file write it with a leading 0, "
             "which the text format reads as octal (socket_mode: 0660), and on the command line "
             "as octal digits (--socket_mode=660)");
-  p.Range("default_link_bytes_per_second", c.default_link_bytes_per_second(), 0, HUGE_VAL,
-          "must be >= 0 (0 = unpaced)");
+  p.Range("default_link_bytes_per_second", c.default_link_bytes_per_second(), 0, kMaxRate,
+          "must be a finite number >= 0 (0 = unpaced)");
+  p.Range("spill_bytes_per_second", c.spill_bytes_per_second(), 0, kMaxRate,
+          "must be a finite number >= 0 (0 = unpaced)");
   CheckLinks(c, &p);
   p.Range("offload_min_share", c.offload_min_share(), 0, 1, "must be between 0 and 1");
-  p.Range("numa_node_bytes_per_second", c.numa_node_bytes_per_second(), 0, HUGE_VAL,
-          "must be >= 0 (0 = no NUMA level)");
+  p.Range("numa_node_bytes_per_second", c.numa_node_bytes_per_second(), 0, kMaxRate,
+          "must be a finite number >= 0 (0 = no NUMA level)");
   CheckPerUidLimits(c, &p);
   p.Range("hello_timeout_seconds", c.hello_timeout_seconds(), 0, 3600,
           "must be between 0 and 3600 (0 = no timeout)");

@@ -183,11 +183,11 @@ TEST(ConfigTest, EveryRangeErrorGivesTheValueAndItsSource) {
        "link_calibration_budget_seconds must be in (0, 600] (5 by default) (got 0 from "
        "--link_calibration_budget_seconds=0 on the command line)"},
       {"default_link_bytes_per_second: -1\n", {},
-       "default_link_bytes_per_second must be >= 0 (0 = unpaced) (got -1 from "
+       "default_link_bytes_per_second must be a finite number >= 0 (0 = unpaced) (got -1 from "
        "default_link_bytes_per_second in " + path + ")"},
       {"numa_node_bytes_per_second: -2.5e9\n", {},
-       "numa_node_bytes_per_second must be >= 0 (0 = no NUMA level) (got -2500000000 from "
-       "numa_node_bytes_per_second in " + path + ")"},
+       "numa_node_bytes_per_second must be a finite number >= 0 (0 = no NUMA level) (got "
+       "-2500000000 from numa_node_bytes_per_second in " + path + ")"},
       {"cuda_sim { engine_bytes_per_second: 0 }\n", {},
        "cuda_sim.engine_bytes_per_second must be > 0 (e.g. 55GB) (got 0 from "
        "cuda_sim.engine_bytes_per_second in " + path + ")"},
@@ -202,6 +202,12 @@ TEST(ConfigTest, EveryRangeErrorGivesTheValueAndItsSource) {
        "max_shm_mappings_per_uid must not exceed max_shm_mappings_total (got 20 from "
        "max_shm_mappings_per_uid in " + path + "; max_shm_mappings_total is 10 from "
        "max_shm_mappings_total in " + path + ")"},
+      {"spill_bytes_per_second: nan\n", {},
+       "spill_bytes_per_second must be a finite number >= 0 (0 = unpaced) (got nan from "
+       "spill_bytes_per_second in " + path + ")"},
+      {"numa_node_bytes_per_second: inf\n", {},
+       "numa_node_bytes_per_second must be a finite number >= 0 (0 = no NUMA level) (got inf "
+       "from numa_node_bytes_per_second in " + path + ")"},
       // A value the file does not name is its default, said so (not "from ... in FILE").
       {"max_connections_total: 100\n", {},
        "max_connections_per_uid must not exceed max_connections_total (got 512, the default; "
@@ -597,9 +603,6 @@ TEST(ConfigTest, IsolationFieldsDefaultsFlagsAndCoreOptions) {
   EXPECT_EQ(*ResolveSocketGroup(*c), 0);
 }
 
-}  // namespace
-}  // namespace offloadd
-
 namespace offloadd {
 namespace {
 
@@ -784,6 +787,25 @@ TEST(ConfigFileInput, DevicesFifosAndHugeFilesAreRefusedBeforeReading) {
   auto c = LoadConfigFile(small);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->pool_bytes(), 64ull << 20);
+}
+
+}  // namespace
+}  // namespace offloadd
+
+// A link's capacity of NaN or inf passed (NaN paced nothing, inf left the link unpaced).
+TEST(ConfigTest, LinkCapacitiesMustBeFiniteAndSaySo) {
+  auto c = ParseConfig("links { name: \"l\" d2h_bytes_per_second: nan }\n"
+                       "host_links { name: \"h\" links: \"l\" h2d_bytes_per_second: inf }\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string message(ValidateConfig(*c).message());
+  EXPECT_NE(message.find("link l: capacities must be finite numbers >= 0 (got "
+                         "d2h_bytes_per_second nan, h2d_bytes_per_second 0)"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("host link h: capacities must be finite numbers >= 0 (got "
+                         "d2h_bytes_per_second 0, h2d_bytes_per_second inf)"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace
