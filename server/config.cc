@@ -453,8 +453,8 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c, const ConfigSources& sour
             "as octal digits (--socket_mode=660)");
   p.Range("default_link_bytes_per_second", c.default_link_bytes_per_second(), 0, kMaxRate,
           "must be a finite number >= 0 (0 = unpaced)");
-  p.Range("spill_bytes_per_second", c.spill_bytes_per_second(), 0, kMaxRate,
-          "must be a finite number >= 0 (0 = unpaced)");
+  p.Range("spill_bytes_per_second", c.spill_bytes_per_second(), -kMaxRate, kMaxRate,
+          "must be a finite number (0 = measured at start-up, negative = unpaced)");
   CheckLinks(c, &p);
   p.Range("offload_min_share", c.offload_min_share(), 0, 1, "must be between 0 and 1");
   p.Range("numa_node_bytes_per_second", c.numa_node_bytes_per_second(), 0, kMaxRate,

@@ -203,8 +203,8 @@ TEST(ConfigTest, EveryRangeErrorGivesTheValueAndItsSource) {
        "max_shm_mappings_per_uid in " + path + "; max_shm_mappings_total is 10 from "
        "max_shm_mappings_total in " + path + ")"},
       {"spill_bytes_per_second: nan\n", {},
-       "spill_bytes_per_second must be a finite number >= 0 (0 = unpaced) (got nan from "
-       "spill_bytes_per_second in " + path + ")"},
+       "spill_bytes_per_second must be a finite number (0 = measured at start-up, negative = "
+       "unpaced) (got nan from spill_bytes_per_second in " + path + ")"},
       {"numa_node_bytes_per_second: inf\n", {},
        "numa_node_bytes_per_second must be a finite number >= 0 (0 = no NUMA level) (got inf "
        "from numa_node_bytes_per_second in " + path + ")"},
