@@ -317,6 +317,14 @@ int ParseCommandLine(int argc, char** argv, CommandLine* out) {
       out->overrides.emplace_back(name, value);
     }
   }
+  if (!out->check_file.empty() && !out->config_file.empty() &&
+      out->config_file != out->check_file) {
+    return Fail(absl::InvalidArgumentError(absl::StrFormat(
+                    "--check-config %s checks that file as --config would read it, and --config "
+                    "%s names another: give one of them",
+                    out->check_file, out->config_file)),
+                2);
+  }
   if (!out->check_file.empty()) out->config_file = out->check_file;
   return -1;
 }

@@ -93,6 +93,11 @@ else
   echo "FAIL check_config_with_flags_names_them:"; cat "$dir/out"; failures=$((failures + 1))
 fi
 
+# --config next to --check-config naming another file was ignored without a word.
+code=2 expect check_config_and_another_config \
+  "--check-config $dir/poll_ok.conf checks that file as --config would read it, and --config $dir/poll.conf names another: give one of them" \
+  "$OFFLOADD" --config "$dir/poll.conf" --check-config "$dir/poll_ok.conf"
+
 # Config file errors: errno text, directories, sizes the parser cannot read.
 code=2 expect config_missing_errno "cannot read config file $dir/none.conf: No such file or directory" \
   "$OFFLOADD" --config "$dir/none.conf"
