@@ -736,8 +736,8 @@ class FlagSetter {
                            static_cast<uint32_t>(std::strtoul(value_.c_str(), nullptr, 8)));
     return absl::OkStatus();
   }
-  // A number into a double field, or into a uint32/uint64 field after a range check (a count
-  // must be whole; another number's fraction is dropped).
+  // A number into a double field, or into a uint32/uint64 field after a range check: whole
+  // (2e3 is, 1.9 is not: a fraction was dropped without a word, 0.9 became 0).
   absl::Status Number(bool count) {
     double d = 0;
     uint64_t whole = 0;
@@ -754,7 +754,7 @@ class FlagSetter {
     const uint64_t max = MaxOf(field_);
     // max + 1 is a power of two, so the double comparison is exact.
     const bool in_range = is_whole ? whole <= max : (d >= 0 && d < static_cast<double>(max) + 1);
-    if (!in_range || (count && !is_whole && d != std::floor(d))) {
+    if (!in_range || (!is_whole && d != std::floor(d))) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "--%s takes a whole number%s, not \"%s\"", name_, WholeRangeText(name_, max), value_));
     }

@@ -666,6 +666,11 @@ TEST(ConfigFlagRanges, NumbersIntoUnsignedFieldsAreRangeChecked) {
             "\"4294967296\"");
   EXPECT_EQ(FlagOutcome("admission_queue_limit", "-1"),
             "--admission_queue_limit takes a whole number from 0 to 4294967295, not \"-1\"");
+  // A fraction into an integer field was dropped without a word (1.9 threads became 1).
+  EXPECT_EQ(FlagOutcome("copy_threads", "1.9"),
+            "--copy_threads takes a whole number from 1 to 64, not \"1.9\"");
+  EXPECT_EQ(FlagOutcome("admission_queue_limit", "0.9"),
+            "--admission_queue_limit takes a whole number from 0 to 4294967295, not \"0.9\"");
   v1::DaemonConfig c = *ParseConfig("");
   ASSERT_EQ(FlagOutcome("max_shm_mappings_total", "18446744073709551615", &c), "OK");
   EXPECT_EQ(c.max_shm_mappings_total(), 18446744073709551615ull);  // exact, not via a double
