@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 
 #include <cerrno>
@@ -138,14 +139,19 @@ namespace {
 
 // `code` (text outside strings and comments) with sized values replaced.
 std::string ExpandInCode(const std::string& code) {
-  // A field whose name ends in _bytes or _bytes_per_second, then a number with a size suffix.
+  // A field whose name ends in _bytes or _bytes_per_second, then a number with a size suffix
+  // (spaces or tabs between them allowed: "pool_bytes: 64 GiB").
   static const std::regex* sized = new std::regex(
-      R"re(\b(\w+_bytes(?:_per_second)?)(\s*:\s*)([0-9]+(?:\.[0-9]+)?(?:[KMGT]i?B|B))\b)re");
+      R"re(\b(\w+_bytes(?:_per_second)?)(\s*:\s*)([0-9]+(?:\.[0-9]+)?[ \t]*(?:[KMGT]i?B|B))\b)re");
   std::string out;
   auto last = code.cbegin();
   for (std::sregex_iterator it(code.begin(), code.end(), *sized), end; it != end; ++it) {
     const std::smatch& m = *it;
-    absl::StatusOr<uint64_t> bytes = ParseBytes(m[3].str());
+    std::string value = m[3].str();
+    value.erase(std::remove_if(value.begin(), value.end(),
+                               [](char ch) { return ch == ' ' || ch == '\t'; }),
+                value.end());
+    absl::StatusOr<uint64_t> bytes = ParseBytes(value);
     if (!bytes.ok()) continue;  // left as written: the parser names the line
     out.append(last, m[0].first);
     absl::StrAppend(&out, m[1].str(), m[2].str(), *bytes);
@@ -198,8 +204,13 @@ absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
     std::string hint = " (offloadd --print-default-config shows every field)";
     const std::vector<std::string> lines = absl::StrSplit(text, '\n');
     for (int line : errors.lines) {
-      if (line >= 0 && line < static_cast<int>(lines.size()) &&
-          absl::StrContains(lines[line], "_bytes")) {
+      // The line named, or the one before: "pool_bytes: 5 XiB" reads XiB as the next field's
+      // name, so the parser names the line after it.
+      const bool sized_here = line >= 0 && line < static_cast<int>(lines.size()) &&
+                              absl::StrContains(lines[line], "_bytes");
+      const bool sized_before = line >= 1 && line - 1 < static_cast<int>(lines.size()) &&
+                                absl::StrContains(lines[line - 1], "_bytes");
+      if (sized_here || sized_before) {
         hint =
             " (sizes and rates are plain integers of bytes, or a number with one of the suffixes "
             "KiB MiB GiB TiB KB MB GB TB, e.g. pool_bytes: 64GiB; offloadd "

@@ -429,6 +429,16 @@ TEST(ConfigTest, SizeSuffixesInTheFile) {
   EXPECT_NE(bad.status().message().find("line 2"), std::string::npos) << bad.status();
   EXPECT_NE(bad.status().message().find("KiB MiB GiB TiB KB MB GB TB"), std::string::npos)
       << bad.status();
+  // A space before the suffix: read as the size ("5 GiB" became a field named GiB, an error on
+  // the next line without the suffixes).
+  auto spaced = ParseConfig("pool_bytes: 5 GiB\nchunk_bytes:\t8\tMiB\n");
+  ASSERT_TRUE(spaced.ok()) << spaced.status();
+  EXPECT_EQ(spaced->pool_bytes(), 5ull << 30);
+  EXPECT_EQ(spaced->chunk_bytes(), 8ull << 20);
+  auto unknown = ParseConfig("copy_threads: 2\npool_bytes: 5 XiB\ncopy_threads: 3\n");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("KiB MiB GiB TiB KB MB GB TB"), std::string::npos)
+      << unknown.status();
 }
 
 
