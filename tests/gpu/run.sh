@@ -5,7 +5,9 @@
 #   gpu-bundle/run.sh        # from anywhere; logs and figures.txt under $OUT (else /tmp/...)
 #
 # Time: GPU_CHECK_DEADLINE_S (default 546 s) for everything; GPU_CHECK_BUDGET_SCALE
-# (percent, default 100) stretches every budget and the default deadline on a slow host. Each step has a budget
+# (percent, default 100, at most 10000) stretches every budget and the default deadline on a slow
+# host; a scaled budget is at least 1 s, and the default deadline at least their sum plus the
+# reserve. GPU_CHECK_DEADLINE_S is at most 86400. Each step has a budget
 # (the table printed first; the budgets add up to less than the deadline by construction) and
 # runs under `timeout` of it; a step whose budget no longer fits before the deadline is not run
 # ("NOT RUN (budget)"). The daemon gets SIGTERM at the end and SIGKILL (a failure) if it has not
@@ -66,9 +68,15 @@ if [ ! -d "$here/bin" ]; then
   exit 2
 fi
 SCALE=${GPU_CHECK_BUDGET_SCALE:-100}  # percent: every budget and the default deadline (slow hosts)
+# Whole numbers only, within bounds that keep bash's arithmetic far from overflowing.
 if ! [[ $SCALE =~ ^[1-9][0-9]*$ ]]; then
   echo "run.sh: GPU_CHECK_BUDGET_SCALE='$SCALE' is no positive whole number of percent" \
     "(100: the budgets as they are, 200: twice as long)" >&2
+  exit 2
+fi
+if [ ${#SCALE} -gt 5 ] || [ "$SCALE" -gt 10000 ]; then
+  echo "run.sh: GPU_CHECK_BUDGET_SCALE=$SCALE is over 10000 percent (100 times the budgets):" \
+    "give at most 10000" >&2
   exit 2
 fi
 if ! [[ ${GPU_CHECK_DEADLINE_S:-1} =~ ^[1-9][0-9]*$ ]]; then
@@ -76,6 +84,13 @@ if ! [[ ${GPU_CHECK_DEADLINE_S:-1} =~ ^[1-9][0-9]*$ ]]; then
     "seconds (leave it unset for the default)" >&2
   exit 2
 fi
+deadline_text=${GPU_CHECK_DEADLINE_S:-}
+if [ ${#deadline_text} -gt 5 ] || [ "${deadline_text:-1}" -gt 86400 ]; then
+  echo "run.sh: GPU_CHECK_DEADLINE_S=$GPU_CHECK_DEADLINE_S is over 86400 seconds (a day):" \
+    "give at most 86400, or leave it unset for the default" >&2
+  exit 2
+fi
+scaled() { local s=$(( $1 * SCALE / 100 )); echo $(( s > 0 ? s : 1 )); }  # at least 1 s
 
 # Budgets in seconds, in run order. DEADLINE_S minus the sum of the chosen steps' budgets (at
 # least 40 s in a full run, RESERVE_S in a GPU_CHECK_ONLY one) is the reserve for the shell
@@ -87,10 +102,10 @@ transformers_on:20 step_timing:60 compiled:12 probes_on:10 galore:47 health2:7 s
 declare -A BUDGET
 steps=()  # the step names, in run order
 for b in $BUDGETS; do
-  BUDGET[${b%%:*}]=$(( ${b##*:} * SCALE / 100 )); steps+=("${b%%:*}")
+  BUDGET[${b%%:*}]=$(scaled "${b##*:}"); steps+=("${b%%:*}")
 done
 budget_s() { local s=0 n; for n in "$@"; do s=$((s + BUDGET[$n])); done; echo $s; }
-RESERVE_S=$((30 * SCALE / 100))  # the default deadline of a GPU_CHECK_ONLY run: budgets + this
+RESERVE_S=$(scaled 30)  # the default deadline of a GPU_CHECK_ONLY run: budgets + this
 
 # What a step chosen by GPU_CHECK_ONLY needs besides itself (each then runs in its place in the
 # order above). kernels finds out whether the GPU is usable, ipc picks the daemon's backend (cuda,
@@ -146,7 +161,10 @@ CHOSEN_SUM=$(budget_s "${chosen_steps[@]}")
 if [ ${#only[@]} -gt 0 ]; then
   DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$((CHOSEN_SUM + RESERVE_S))}
 else
-  DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$((546 * SCALE / 100))}
+  DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$(scaled 546)}
+  # Budgets rounded up to 1 s at a small scale can add up to more than the scaled 546 s.
+  [ -n "${GPU_CHECK_DEADLINE_S:-}" ] || [ "$DEADLINE_S" -ge $((CHOSEN_SUM + RESERVE_S)) ] ||
+    DEADLINE_S=$((CHOSEN_SUM + RESERVE_S))
 fi
 deadline_s=$((start_s + DEADLINE_S))
 

@@ -48,7 +48,7 @@ class RunShTest(unittest.TestCase):
     def test_budgets_add_up_to_less_than_the_default_deadline(self):
         b = budgets()
         total = sum(s for _, s in b)
-        deadline = int(re.search(r"GPU_CHECK_DEADLINE_S:-\$\(\((\d+) \* SCALE",
+        deadline = int(re.search(r"GPU_CHECK_DEADLINE_S:-\$\(scaled (\d+)\)",
                                  open(RUN_SH).read()).group(1))
         self.assertEqual(deadline, 546)
         # A reserve for the shell between steps and timeout's 2 s kill grace of overruns.
@@ -284,6 +284,40 @@ class RunShTest(unittest.TestCase):
                 r, env["OUT"], "run.sh: GPU_CHECK_BUDGET_SCALE=%r is no positive whole number of "
                 "percent (100: the budgets as they are, 200: twice as long)" % value, repr(value))
             self.assertNotIn("unbound variable", r.stderr)
+
+    def test_a_small_budget_scale_still_limits_every_step(self):
+        # Scale 1: 8 s x 1 % would round to 0 s, and `timeout 0` sets no limit at all.
+        d, env = self.fake_bundle("PASS kernels", False)
+        write_exe(os.path.join(d, "bin", "cuda_export_test"), "sleep 6; echo done")
+        env.update(GPU_CHECK_BUDGET_SCALE="1", GPU_CHECK_ONLY="unit_export")
+        r = self.run_sh(d, env)
+        self.assertIn("== deadline 2 s; step budgets (s), 1 in all, reserve 1:\n   unit_export:1\n",
+                      r.stdout)
+        self.assertIn("FAIL: unit_export ran past its 1 s budget", r.stdout)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        # A full run's default deadline covers the budgets rounded up to 1 s each.
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
+        env["GPU_CHECK_BUDGET_SCALE"] = "1"
+        r = self.run_sh(d, env)
+        n = len(budgets())
+        self.assertIn("== deadline %d s; step budgets (s), %d in all, reserve 1:\n" % (n + 1, n),
+                      r.stdout)
+
+    def test_a_budget_scale_or_deadline_too_large_exits_2(self):
+        d, env = self.fake_bundle("PASS kernels", False)
+        for value in ("10001", "99999999999999999999"):
+            env["GPU_CHECK_BUDGET_SCALE"] = value
+            r = self.run_sh(d, env)
+            self.assertRefusedBeforeRunning(
+                r, env["OUT"], "run.sh: GPU_CHECK_BUDGET_SCALE=%s is over 10000 percent (100 times "
+                "the budgets): give at most 10000" % value, value)
+        env["GPU_CHECK_BUDGET_SCALE"] = "10000"
+        for value in ("86401", "99999999999999999999"):
+            env["GPU_CHECK_DEADLINE_S"] = value
+            r = self.run_sh(d, env)
+            self.assertRefusedBeforeRunning(
+                r, env["OUT"], "run.sh: GPU_CHECK_DEADLINE_S=%s is over 86400 seconds (a day): "
+                "give at most 86400, or leave it unset for the default" % value, value)
 
     def test_the_header_names_the_no_driver_ending_the_script_prints(self):
         text = open(RUN_SH).read()
