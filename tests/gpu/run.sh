@@ -46,7 +46,8 @@
 # (a build machine) the unit tests run and the script ends "SKIPPED: no usable CUDA driver/GPU
 # here; nothing else to run (unit tests above ran)", exit 0; a GPU_CHECK_ONLY run ends instead
 # "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run: ...", naming
-# them, exit 2.
+# them, exit 2. Either then prints the RERUN line (a full run's names the failed unit tests, a
+# GPU_CHECK_ONLY run's every chosen step that failed or did not run) and a RESULT line.
 # Exit: 0 all ran and passed (or a full run without a driver); 1 any failure; 2 no failure but
 # steps not run (IPC unsupported, budget, no driver in a GPU_CHECK_ONLY run), or nothing run: no
 # bundle (bin/) beside the script, or a bad GPU_CHECK_ONLY, GPU_CHECK_BUDGET_SCALE or
@@ -347,10 +348,14 @@ if chosen kernels && [ ! -f "$logs/kernels.log" ]; then
 fi
 if chosen kernels && grep -q "^SKIPPED" "$logs/kernels.log"; then
   if [ $gpu_listed -eq 0 ]; then
-    rerun_line unit_engine unit_export
     if [ ${#only[@]} -eq 0 ]; then
       echo "SKIPPED: no usable CUDA driver/GPU here; nothing else to run (unit tests above ran)"
-      exit $(( fails > 0 ))
+      rerun_line unit_engine unit_export
+      if [ $fails -gt 0 ]; then
+        echo "RESULT: $fails failure(s) in the unit tests; no usable CUDA driver/GPU for the rest"
+        exit 1
+      fi
+      echo "RESULT: the unit tests passed; no usable CUDA driver/GPU for the rest"; exit 0
     fi
     # GPU_CHECK_ONLY: the chosen steps from the kernels check on did not run: exit 2.
     gpu_steps=() units_ran=""
@@ -362,6 +367,10 @@ if chosen kernels && grep -q "^SKIPPED" "$logs/kernels.log"; then
     done
     echo "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run:" \
       "${gpu_steps[*]}$units_ran"
+    unset 'PASSED[kernels]'  # it found no GPU: a step that did not run, as the line says
+    rerun_line "${steps[@]}"
+    echo "RESULT: $fails failure(s), $((notrun + ${#gpu_steps[@]})) step(s) not run (no usable" \
+      "CUDA driver/GPU)"
     exit $(( fails > 0 ? 1 : 2 ))
   fi
   grep -q "error 35" "$logs/kernels.log" &&

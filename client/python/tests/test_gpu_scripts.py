@@ -195,9 +195,13 @@ class RunShTest(unittest.TestCase):
         self.assertIn("[kernels] SKIPPED: no CUDA driver or GPU", r.stdout)
         self.assertNotIn("[  PASSED  ]", r.stdout)
         self.assertNotIn("unit tests above ran", r.stdout)
+        b3 = 3 * (sum(b[n] for n in need) + RESERVE_S)
         self.assertTrue(r.stdout.endswith(
             "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run: %s\n"
-            % " ".join(need)), r.stdout)
+            "RERUN the failed and not-run steps (%d s by the budgets): GPU_CHECK_BUDGET_SCALE=300 "
+            "GPU_CHECK_ONLY=%s bash %s/run.sh\n"
+            "RESULT: 0 failure(s), %d step(s) not run (no usable CUDA driver/GPU)\n"
+            % (" ".join(need), b3, ",".join(need), d, len(need))), r.stdout)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
 
     def test_an_unknown_step_exits_2_naming_the_steps(self):
@@ -214,9 +218,49 @@ class RunShTest(unittest.TestCase):
         r = self.run_sh(d, env)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertEqual(r.stdout.count("[  PASSED  ] 1 test."), 1, r.stdout)
-        self.assertTrue(r.stdout.endswith(
+        self.assertIn(
             "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run: kernels "
-            "ipc daemon_start spin stop (the chosen unit tests above ran)\n"), r.stdout)
+            "ipc daemon_start spin stop (the chosen unit tests above ran)\nRERUN ", r.stdout)
+        self.assertTrue(r.stdout.endswith(
+            "RESULT: 0 failure(s), 5 step(s) not run (no usable CUDA driver/GPU)\n"), r.stdout)
+
+    def rerun_names(self, stdout):
+        """The step names of the RERUN line, which comes right before the RESULT line."""
+        lines = stdout.splitlines()
+        self.assertTrue(lines[-1].startswith("RESULT: "), stdout)
+        m = re.match(r"RERUN the failed and not-run steps \(\d+ s by the budgets\): "
+                     r"GPU_CHECK_BUDGET_SCALE=300 GPU_CHECK_ONLY=(\S+) bash ", lines[-2])
+        self.assertTrue(m, stdout)
+        return m.group(1).split(",")
+
+    def test_only_without_a_driver_names_every_step_to_rerun(self):
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
+        env["GPU_CHECK_ONLY"] = "unit_engine,torch_on"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(self.rerun_names(r.stdout), ["kernels", "ipc", "python_warm",
+                         "python_env", "daemon_start", "torch_on", "stop"])
+        self.assertEqual(r.stdout.splitlines()[-1],
+                         "RESULT: 0 failure(s), 7 step(s) not run (no usable CUDA driver/GPU)")
+        # A failed unit test is named with the steps that did not run.
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False,
+                                  export_fails=True)
+        env["GPU_CHECK_ONLY"] = "unit_export,galore"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual(self.rerun_names(r.stdout), ["unit_export", "kernels", "ipc",
+                         "python_warm", "python_env", "daemon_start", "galore", "stop"])
+        self.assertEqual(r.stdout.splitlines()[-1],
+                         "RESULT: 1 failure(s), 7 step(s) not run (no usable CUDA driver/GPU)")
+
+    def test_without_a_driver_a_full_run_ends_with_a_result_line(self):
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False,
+                                  export_fails=True)
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual(self.rerun_names(r.stdout), ["unit_export"])
+        self.assertEqual(r.stdout.splitlines()[-1], "RESULT: 1 failure(s) in the unit tests; no "
+                         "usable CUDA driver/GPU for the rest")
 
     def test_only_splits_names_at_any_whitespace_and_commas(self):
         d, env = self.fake_bundle("PASS kernels", False)
