@@ -5,7 +5,7 @@
 #   gpu-bundle/run.sh        # from anywhere; logs and figures.txt under $OUT (else /tmp/...)
 #
 # Time: GPU_CHECK_DEADLINE_S (default 546 s) for everything; GPU_CHECK_BUDGET_SCALE
-# (percent, default 100, at most 10000) stretches every budget and the default deadline on a slow
+# (percent, default 100, at most 10000; leading zeros ignored: 08 is 8) stretches every budget and the default deadline on a slow
 # host; a scaled budget is at least 1 s, and the default deadline at least their sum plus the
 # reserve. GPU_CHECK_DEADLINE_S is at most 86400. Each step has a budget
 # (the table printed first; the budgets add up to less than the deadline by construction) and
@@ -70,21 +70,24 @@ if [ ! -d "$here/bin" ]; then
 fi
 SCALE=${GPU_CHECK_BUDGET_SCALE:-100}  # percent: every budget and the default deadline (slow hosts)
 # Whole numbers only, within bounds that keep bash's arithmetic far from overflowing.
-if ! [[ $SCALE =~ ^[1-9][0-9]*$ ]]; then
+# Leading zeros are dropped (08 is 8 percent: decimal, never octal as bash would read it).
+if ! [[ $SCALE =~ ^0*([1-9][0-9]*)$ ]]; then
   echo "run.sh: GPU_CHECK_BUDGET_SCALE='$SCALE' is no positive whole number of percent" \
     "(100: the budgets as they are, 200: twice as long)" >&2
   exit 2
 fi
+SCALE=${BASH_REMATCH[1]}
 if [ ${#SCALE} -gt 5 ] || [ "$SCALE" -gt 10000 ]; then
   echo "run.sh: GPU_CHECK_BUDGET_SCALE=$SCALE is over 10000 percent (100 times the budgets):" \
     "give at most 10000" >&2
   exit 2
 fi
-if ! [[ ${GPU_CHECK_DEADLINE_S:-1} =~ ^[1-9][0-9]*$ ]]; then
+if ! [[ ${GPU_CHECK_DEADLINE_S:-1} =~ ^0*([1-9][0-9]*)$ ]]; then
   echo "run.sh: GPU_CHECK_DEADLINE_S='$GPU_CHECK_DEADLINE_S' is no positive whole number of" \
     "seconds (leave it unset for the default)" >&2
   exit 2
 fi
+[ -z "${GPU_CHECK_DEADLINE_S:-}" ] || GPU_CHECK_DEADLINE_S=${BASH_REMATCH[1]}  # decimal, as SCALE
 deadline_text=${GPU_CHECK_DEADLINE_S:-}
 if [ ${#deadline_text} -gt 5 ] || [ "${deadline_text:-1}" -gt 86400 ]; then
   echo "run.sh: GPU_CHECK_DEADLINE_S=$GPU_CHECK_DEADLINE_S is over 86400 seconds (a day):" \

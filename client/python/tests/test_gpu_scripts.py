@@ -321,7 +321,7 @@ class RunShTest(unittest.TestCase):
 
     def test_a_budget_scale_that_is_no_positive_whole_number_exits_2(self):
         d, env = self.fake_bundle("PASS kernels", False)
-        for value in ("abc", "0", "-5", "1.5", "08"):
+        for value in ("abc", "0", "00", "-5", "1.5", "0x8"):
             env["GPU_CHECK_BUDGET_SCALE"] = value
             r = self.run_sh(d, env)
             self.assertRefusedBeforeRunning(
@@ -346,6 +346,20 @@ class RunShTest(unittest.TestCase):
         n = len(budgets())
         self.assertIn("== deadline %d s; step budgets (s), %d in all, reserve 1:\n" % (n + 1, n),
                       r.stdout)
+
+    def test_leading_zeros_are_read_as_decimal(self):
+        # 08 and 09 are no octal numbers: bash arithmetic would refuse them.
+        d, env = self.fake_bundle("PASS kernels", False)
+        env.update(GPU_CHECK_BUDGET_SCALE="0200", GPU_CHECK_ONLY="unit_export",
+                   GPU_CHECK_DEADLINE_S="0099")
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("== deadline 99 s; step budgets (s), 16 in all, reserve 83:\n"
+                      "   unit_export:16\n", r.stdout)
+        env.update(GPU_CHECK_BUDGET_SCALE="08", GPU_CHECK_DEADLINE_S="09")
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("== deadline 9 s; step budgets (s), 1 in all, reserve 8:\n", r.stdout)
 
     def test_a_budget_scale_or_deadline_too_large_exits_2(self):
         d, env = self.fake_bundle("PASS kernels", False)
