@@ -139,6 +139,9 @@ with_needs() {  # with_needs NAME...: those steps and everything they need, one 
 # separated by commas or any whitespace (newlines and tabs too).
 only_text=${GPU_CHECK_ONLY:-}
 read -ra only <<< "$(printf '%s' "$only_text" | tr -s ',[:space:]' ' ')"
+declare -A seen_name=(); named=()  # each name once, in the order first given
+for n in "${only[@]}"; do [ -n "${seen_name[$n]:-}" ] || { seen_name[$n]=1; named+=("$n"); }; done
+only=("${named[@]}")
 if [ -n "$only_text" ] && [ ${#only[@]} -eq 0 ]; then
   echo "run.sh: GPU_CHECK_ONLY names no step (it holds only separators): leave it unset or empty" \
     "to run every step, or name steps among: ${steps[*]}" >&2

@@ -276,6 +276,15 @@ class RunShTest(unittest.TestCase):
         self.assertEqual(r.stdout, "")
         self.assertIn("GPU_CHECK_ONLY names 'bogus', which is no step", r.stderr)
 
+    def test_only_names_each_step_once_in_its_header(self):
+        d, env = self.fake_bundle("PASS kernels", False)
+        env["GPU_CHECK_ONLY"] = "unit_export,unit_engine unit_export,unit_export"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("== GPU_CHECK_ONLY=unit_export,unit_engine: only unit_engine unit_export "
+                      "(the steps named", r.stdout)
+        self.assertEqual(r.stdout.count("[  PASSED  ] 1 test."), 2, r.stdout)
+
     def test_only_with_separators_and_no_name_exits_2(self):
         d, env = self.fake_bundle("PASS kernels", False)
         for value in (" , ", "\n", ",", "\t \n,"):
