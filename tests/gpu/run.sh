@@ -5,7 +5,9 @@
 #   gpu-bundle/run.sh        # from anywhere; logs and figures.txt under $OUT (else /tmp/...)
 #
 # Time: GPU_CHECK_DEADLINE_S (default 546 s) for everything; GPU_CHECK_BUDGET_SCALE
-# (percent, default 100) stretches every budget and the default deadline on a slow host. Each step has a budget
+# (percent, default 100, at most 10000; leading zeros ignored: 08 is 8) stretches every budget and the default deadline on a slow
+# host; a scaled budget is at least 1 s, and the default deadline at least their sum plus the
+# reserve. GPU_CHECK_DEADLINE_S is at most 86400. Each step has a budget
 # (the table printed first; the budgets add up to less than the deadline by construction) and
 # runs under `timeout` of it; a step whose budget no longer fits before the deadline is not run
 # ("NOT RUN (budget)"). The daemon gets SIGTERM at the end and SIGKILL (a failure) if it has not
@@ -44,7 +46,8 @@
 # (a build machine) the unit tests run and the script ends "SKIPPED: no usable CUDA driver/GPU
 # here; nothing else to run (unit tests above ran)", exit 0; a GPU_CHECK_ONLY run ends instead
 # "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run: ...", naming
-# them, exit 2.
+# them, exit 2. Either then prints the RERUN line (a full run's names the failed unit tests, a
+# GPU_CHECK_ONLY run's every chosen step that failed or did not run) and a RESULT line.
 # Exit: 0 all ran and passed (or a full run without a driver); 1 any failure; 2 no failure but
 # steps not run (IPC unsupported, budget, no driver in a GPU_CHECK_ONLY run), or nothing run: no
 # bundle (bin/) beside the script, or a bad GPU_CHECK_ONLY, GPU_CHECK_BUDGET_SCALE or
@@ -66,16 +69,32 @@ if [ ! -d "$here/bin" ]; then
   exit 2
 fi
 SCALE=${GPU_CHECK_BUDGET_SCALE:-100}  # percent: every budget and the default deadline (slow hosts)
-if ! [[ $SCALE =~ ^[1-9][0-9]*$ ]]; then
+# Whole numbers only, within bounds that keep bash's arithmetic far from overflowing.
+# Leading zeros are dropped (08 is 8 percent: decimal, never octal as bash would read it).
+if ! [[ $SCALE =~ ^0*([1-9][0-9]*)$ ]]; then
   echo "run.sh: GPU_CHECK_BUDGET_SCALE='$SCALE' is no positive whole number of percent" \
     "(100: the budgets as they are, 200: twice as long)" >&2
   exit 2
 fi
-if ! [[ ${GPU_CHECK_DEADLINE_S:-1} =~ ^[1-9][0-9]*$ ]]; then
+SCALE=${BASH_REMATCH[1]}
+if [ ${#SCALE} -gt 5 ] || [ "$SCALE" -gt 10000 ]; then
+  echo "run.sh: GPU_CHECK_BUDGET_SCALE=$SCALE is over 10000 percent (100 times the budgets):" \
+    "give at most 10000" >&2
+  exit 2
+fi
+if ! [[ ${GPU_CHECK_DEADLINE_S:-1} =~ ^0*([1-9][0-9]*)$ ]]; then
   echo "run.sh: GPU_CHECK_DEADLINE_S='$GPU_CHECK_DEADLINE_S' is no positive whole number of" \
     "seconds (leave it unset for the default)" >&2
   exit 2
 fi
+[ -z "${GPU_CHECK_DEADLINE_S:-}" ] || GPU_CHECK_DEADLINE_S=${BASH_REMATCH[1]}  # decimal, as SCALE
+deadline_text=${GPU_CHECK_DEADLINE_S:-}
+if [ ${#deadline_text} -gt 5 ] || [ "${deadline_text:-1}" -gt 86400 ]; then
+  echo "run.sh: GPU_CHECK_DEADLINE_S=$GPU_CHECK_DEADLINE_S is over 86400 seconds (a day):" \
+    "give at most 86400, or leave it unset for the default" >&2
+  exit 2
+fi
+scaled() { local s=$(( $1 * SCALE / 100 )); echo $(( s > 0 ? s : 1 )); }  # at least 1 s
 
 # Budgets in seconds, in run order. DEADLINE_S minus the sum of the chosen steps' budgets (at
 # least 40 s in a full run, RESERVE_S in a GPU_CHECK_ONLY one) is the reserve for the shell
@@ -87,10 +106,10 @@ transformers_on:20 step_timing:60 compiled:12 probes_on:10 galore:47 health2:7 s
 declare -A BUDGET
 steps=()  # the step names, in run order
 for b in $BUDGETS; do
-  BUDGET[${b%%:*}]=$(( ${b##*:} * SCALE / 100 )); steps+=("${b%%:*}")
+  BUDGET[${b%%:*}]=$(scaled "${b##*:}"); steps+=("${b%%:*}")
 done
 budget_s() { local s=0 n; for n in "$@"; do s=$((s + BUDGET[$n])); done; echo $s; }
-RESERVE_S=$((30 * SCALE / 100))  # the default deadline of a GPU_CHECK_ONLY run: budgets + this
+RESERVE_S=$(scaled 30)  # the default deadline of a GPU_CHECK_ONLY run: budgets + this
 
 # What a step chosen by GPU_CHECK_ONLY needs besides itself (each then runs in its place in the
 # order above). kernels finds out whether the GPU is usable, ipc picks the daemon's backend (cuda,
@@ -120,6 +139,9 @@ with_needs() {  # with_needs NAME...: those steps and everything they need, one 
 # separated by commas or any whitespace (newlines and tabs too).
 only_text=${GPU_CHECK_ONLY:-}
 read -ra only <<< "$(printf '%s' "$only_text" | tr -s ',[:space:]' ' ')"
+declare -A seen_name=(); named=()  # each name once, in the order first given
+for n in "${only[@]}"; do [ -n "${seen_name[$n]:-}" ] || { seen_name[$n]=1; named+=("$n"); }; done
+only=("${named[@]}")
 if [ -n "$only_text" ] && [ ${#only[@]} -eq 0 ]; then
   echo "run.sh: GPU_CHECK_ONLY names no step (it holds only separators): leave it unset or empty" \
     "to run every step, or name steps among: ${steps[*]}" >&2
@@ -146,7 +168,10 @@ CHOSEN_SUM=$(budget_s "${chosen_steps[@]}")
 if [ ${#only[@]} -gt 0 ]; then
   DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$((CHOSEN_SUM + RESERVE_S))}
 else
-  DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$((546 * SCALE / 100))}
+  DEADLINE_S=${GPU_CHECK_DEADLINE_S:-$(scaled 546)}
+  # Budgets rounded up to 1 s at a small scale can add up to more than the scaled 546 s.
+  [ -n "${GPU_CHECK_DEADLINE_S:-}" ] || [ "$DEADLINE_S" -ge $((CHOSEN_SUM + RESERVE_S)) ] ||
+    DEADLINE_S=$((CHOSEN_SUM + RESERVE_S))
 fi
 deadline_s=$((start_s + DEADLINE_S))
 
@@ -329,10 +354,14 @@ if chosen kernels && [ ! -f "$logs/kernels.log" ]; then
 fi
 if chosen kernels && grep -q "^SKIPPED" "$logs/kernels.log"; then
   if [ $gpu_listed -eq 0 ]; then
-    rerun_line unit_engine unit_export
     if [ ${#only[@]} -eq 0 ]; then
       echo "SKIPPED: no usable CUDA driver/GPU here; nothing else to run (unit tests above ran)"
-      exit $(( fails > 0 ))
+      rerun_line unit_engine unit_export
+      if [ $fails -gt 0 ]; then
+        echo "RESULT: $fails failure(s) in the unit tests; no usable CUDA driver/GPU for the rest"
+        exit 1
+      fi
+      echo "RESULT: the unit tests passed; no usable CUDA driver/GPU for the rest"; exit 0
     fi
     # GPU_CHECK_ONLY: the chosen steps from the kernels check on did not run: exit 2.
     gpu_steps=() units_ran=""
@@ -344,6 +373,10 @@ if chosen kernels && grep -q "^SKIPPED" "$logs/kernels.log"; then
     done
     echo "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run:" \
       "${gpu_steps[*]}$units_ran"
+    unset 'PASSED[kernels]'  # it found no GPU: a step that did not run, as the line says
+    rerun_line "${steps[@]}"
+    echo "RESULT: $fails failure(s), $((notrun + ${#gpu_steps[@]})) step(s) not run (no usable" \
+      "CUDA driver/GPU)"
     exit $(( fails > 0 ? 1 : 2 ))
   fi
   grep -q "error 35" "$logs/kernels.log" &&

@@ -48,7 +48,7 @@ class RunShTest(unittest.TestCase):
     def test_budgets_add_up_to_less_than_the_default_deadline(self):
         b = budgets()
         total = sum(s for _, s in b)
-        deadline = int(re.search(r"GPU_CHECK_DEADLINE_S:-\$\(\((\d+) \* SCALE",
+        deadline = int(re.search(r"GPU_CHECK_DEADLINE_S:-\$\(scaled (\d+)\)",
                                  open(RUN_SH).read()).group(1))
         self.assertEqual(deadline, 546)
         # A reserve for the shell between steps and timeout's 2 s kill grace of overruns.
@@ -195,9 +195,13 @@ class RunShTest(unittest.TestCase):
         self.assertIn("[kernels] SKIPPED: no CUDA driver or GPU", r.stdout)
         self.assertNotIn("[  PASSED  ]", r.stdout)
         self.assertNotIn("unit tests above ran", r.stdout)
+        b3 = 3 * (sum(b[n] for n in need) + RESERVE_S)
         self.assertTrue(r.stdout.endswith(
             "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run: %s\n"
-            % " ".join(need)), r.stdout)
+            "RERUN the failed and not-run steps (%d s by the budgets): GPU_CHECK_BUDGET_SCALE=300 "
+            "GPU_CHECK_ONLY=%s bash %s/run.sh\n"
+            "RESULT: 0 failure(s), %d step(s) not run (no usable CUDA driver/GPU)\n"
+            % (" ".join(need), b3, ",".join(need), d, len(need))), r.stdout)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
 
     def test_an_unknown_step_exits_2_naming_the_steps(self):
@@ -214,9 +218,49 @@ class RunShTest(unittest.TestCase):
         r = self.run_sh(d, env)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertEqual(r.stdout.count("[  PASSED  ] 1 test."), 1, r.stdout)
-        self.assertTrue(r.stdout.endswith(
+        self.assertIn(
             "SKIPPED: no usable CUDA driver/GPU here, so these chosen steps did not run: kernels "
-            "ipc daemon_start spin stop (the chosen unit tests above ran)\n"), r.stdout)
+            "ipc daemon_start spin stop (the chosen unit tests above ran)\nRERUN ", r.stdout)
+        self.assertTrue(r.stdout.endswith(
+            "RESULT: 0 failure(s), 5 step(s) not run (no usable CUDA driver/GPU)\n"), r.stdout)
+
+    def rerun_names(self, stdout):
+        """The step names of the RERUN line, which comes right before the RESULT line."""
+        lines = stdout.splitlines()
+        self.assertTrue(lines[-1].startswith("RESULT: "), stdout)
+        m = re.match(r"RERUN the failed and not-run steps \(\d+ s by the budgets\): "
+                     r"GPU_CHECK_BUDGET_SCALE=300 GPU_CHECK_ONLY=(\S+) bash ", lines[-2])
+        self.assertTrue(m, stdout)
+        return m.group(1).split(",")
+
+    def test_only_without_a_driver_names_every_step_to_rerun(self):
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
+        env["GPU_CHECK_ONLY"] = "unit_engine,torch_on"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(self.rerun_names(r.stdout), ["kernels", "ipc", "python_warm",
+                         "python_env", "daemon_start", "torch_on", "stop"])
+        self.assertEqual(r.stdout.splitlines()[-1],
+                         "RESULT: 0 failure(s), 7 step(s) not run (no usable CUDA driver/GPU)")
+        # A failed unit test is named with the steps that did not run.
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False,
+                                  export_fails=True)
+        env["GPU_CHECK_ONLY"] = "unit_export,galore"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual(self.rerun_names(r.stdout), ["unit_export", "kernels", "ipc",
+                         "python_warm", "python_env", "daemon_start", "galore", "stop"])
+        self.assertEqual(r.stdout.splitlines()[-1],
+                         "RESULT: 1 failure(s), 7 step(s) not run (no usable CUDA driver/GPU)")
+
+    def test_without_a_driver_a_full_run_ends_with_a_result_line(self):
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False,
+                                  export_fails=True)
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual(self.rerun_names(r.stdout), ["unit_export"])
+        self.assertEqual(r.stdout.splitlines()[-1], "RESULT: 1 failure(s) in the unit tests; no "
+                         "usable CUDA driver/GPU for the rest")
 
     def test_only_splits_names_at_any_whitespace_and_commas(self):
         d, env = self.fake_bundle("PASS kernels", False)
@@ -231,6 +275,15 @@ class RunShTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertEqual(r.stdout, "")
         self.assertIn("GPU_CHECK_ONLY names 'bogus', which is no step", r.stderr)
+
+    def test_only_names_each_step_once_in_its_header(self):
+        d, env = self.fake_bundle("PASS kernels", False)
+        env["GPU_CHECK_ONLY"] = "unit_export,unit_engine unit_export,unit_export"
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("== GPU_CHECK_ONLY=unit_export,unit_engine: only unit_engine unit_export "
+                      "(the steps named", r.stdout)
+        self.assertEqual(r.stdout.count("[  PASSED  ] 1 test."), 2, r.stdout)
 
     def test_only_with_separators_and_no_name_exits_2(self):
         d, env = self.fake_bundle("PASS kernels", False)
@@ -277,13 +330,61 @@ class RunShTest(unittest.TestCase):
 
     def test_a_budget_scale_that_is_no_positive_whole_number_exits_2(self):
         d, env = self.fake_bundle("PASS kernels", False)
-        for value in ("abc", "0", "-5", "1.5", "08"):
+        for value in ("abc", "0", "00", "-5", "1.5", "0x8"):
             env["GPU_CHECK_BUDGET_SCALE"] = value
             r = self.run_sh(d, env)
             self.assertRefusedBeforeRunning(
                 r, env["OUT"], "run.sh: GPU_CHECK_BUDGET_SCALE=%r is no positive whole number of "
                 "percent (100: the budgets as they are, 200: twice as long)" % value, repr(value))
             self.assertNotIn("unbound variable", r.stderr)
+
+    def test_a_small_budget_scale_still_limits_every_step(self):
+        # Scale 1: 8 s x 1 % would round to 0 s, and `timeout 0` sets no limit at all.
+        d, env = self.fake_bundle("PASS kernels", False)
+        write_exe(os.path.join(d, "bin", "cuda_export_test"), "sleep 6; echo done")
+        env.update(GPU_CHECK_BUDGET_SCALE="1", GPU_CHECK_ONLY="unit_export")
+        r = self.run_sh(d, env)
+        self.assertIn("== deadline 2 s; step budgets (s), 1 in all, reserve 1:\n   unit_export:1\n",
+                      r.stdout)
+        self.assertIn("FAIL: unit_export ran past its 1 s budget", r.stdout)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        # A full run's default deadline covers the budgets rounded up to 1 s each.
+        d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", False)
+        env["GPU_CHECK_BUDGET_SCALE"] = "1"
+        r = self.run_sh(d, env)
+        n = len(budgets())
+        self.assertIn("== deadline %d s; step budgets (s), %d in all, reserve 1:\n" % (n + 1, n),
+                      r.stdout)
+
+    def test_leading_zeros_are_read_as_decimal(self):
+        # 08 and 09 are no octal numbers: bash arithmetic would refuse them.
+        d, env = self.fake_bundle("PASS kernels", False)
+        env.update(GPU_CHECK_BUDGET_SCALE="0200", GPU_CHECK_ONLY="unit_export",
+                   GPU_CHECK_DEADLINE_S="0099")
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("== deadline 99 s; step budgets (s), 16 in all, reserve 83:\n"
+                      "   unit_export:16\n", r.stdout)
+        env.update(GPU_CHECK_BUDGET_SCALE="08", GPU_CHECK_DEADLINE_S="09")
+        r = self.run_sh(d, env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("== deadline 9 s; step budgets (s), 1 in all, reserve 8:\n", r.stdout)
+
+    def test_a_budget_scale_or_deadline_too_large_exits_2(self):
+        d, env = self.fake_bundle("PASS kernels", False)
+        for value in ("10001", "99999999999999999999"):
+            env["GPU_CHECK_BUDGET_SCALE"] = value
+            r = self.run_sh(d, env)
+            self.assertRefusedBeforeRunning(
+                r, env["OUT"], "run.sh: GPU_CHECK_BUDGET_SCALE=%s is over 10000 percent (100 times "
+                "the budgets): give at most 10000" % value, value)
+        env["GPU_CHECK_BUDGET_SCALE"] = "10000"
+        for value in ("86401", "99999999999999999999"):
+            env["GPU_CHECK_DEADLINE_S"] = value
+            r = self.run_sh(d, env)
+            self.assertRefusedBeforeRunning(
+                r, env["OUT"], "run.sh: GPU_CHECK_DEADLINE_S=%s is over 86400 seconds (a day): "
+                "give at most 86400, or leave it unset for the default" % value, value)
 
     def test_the_header_names_the_no_driver_ending_the_script_prints(self):
         text = open(RUN_SH).read()
