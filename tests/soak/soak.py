@@ -48,7 +48,7 @@ SPILL_COUNTERS = ("spilled_blocks_total", "staged_blocks_total", "reloads_from_d
                   "blocks_lost_total", "spill_failures_total")
 COUNTERS = ("requests", "offloads", "reloads", "releases", "refused", "bytes_offloaded",
             "bytes_verified", "verified", "corrupted", "lost_reported", "lost_unexpectedly",
-            "unconfirmed", "reconnects", "resumes")
+            "unconfirmed", "reconnects", "resumes", "reloads_refused")
 
 
 class Soak:
@@ -270,6 +270,8 @@ class Soak:
             "requests": totals["requests"], "offloads": totals["offloads"],
             "reloads": totals["reloads"], "releases": totals["releases"],
             "offloads_refused_pool_full": totals["refused"],
+            # reloads of spilled blocks refused for pool room (RESOURCE_EXHAUSTED), retried
+            "reloads_refused_pool_full": totals["reloads_refused"],
             "bytes_offloaded": totals["bytes_offloaded"],
             "bytes_verified": totals["bytes_verified"], "blocks_verified": totals["verified"],
             "blocks_lost_reported_by_restart": totals["lost_reported"],

@@ -15,6 +15,10 @@
 //                       block the restarted daemon no longer has: the client answers DATA_LOSS
 //                       ("nothing can confirm it": the copy may or may not have landed before
 //                       the crash), as documented — reported to the caller, so not silent;
+//  - reloads_refused:   a reload the daemon refused with RESOURCE_EXHAUSTED (a spilled block's
+//                       stage-back found no pool room within admission_deadline_seconds, as
+//                       documented): the block is still the daemon's and stays held, to be
+//                       reloaded later (the final pass retries it for up to 30 s);
 //  - lost_unexpectedly: any other failure of a reload or release of a held block (must stay 0).
 // An offload the daemon refuses (RESOURCE_EXHAUSTED, pool full) is counted as refused: the client
 // never held that block. After the daemon goes away the client reconnects (retrying for up to
@@ -93,7 +97,7 @@ struct Counters {
   uint64_t requests = 0, offloads = 0, reloads = 0, releases = 0, refused = 0;
   uint64_t bytes_offloaded = 0, bytes_verified = 0, verified = 0;
   uint64_t corrupted = 0, lost_reported = 0, lost_unexpectedly = 0, unconfirmed = 0;
-  uint64_t reconnects = 0, resumes = 0, held = 0;
+  uint64_t reconnects = 0, resumes = 0, held = 0, reloads_refused = 0;
   std::string last_problem;
 };
 
@@ -109,7 +113,7 @@ void WriteStats(const std::string& path, const Counters& c, bool final_pass_done
                "\"refused\": %llu, \"bytes_offloaded\": %llu, \"bytes_verified\": %llu, "
                "\"verified\": %llu, \"corrupted\": %llu, \"lost_reported\": %llu, "
                "\"lost_unexpectedly\": %llu, \"unconfirmed\": %llu, \"reconnects\": %llu, "
-               "\"resumes\": %llu, "
+               "\"resumes\": %llu, \"reloads_refused\": %llu, "
                "\"held\": %llu, \"final_pass_done\": %s, \"last_problem\": \"%s\"}\n",
                (unsigned long long)c.requests, (unsigned long long)c.offloads,
                (unsigned long long)c.reloads, (unsigned long long)c.releases,
@@ -118,7 +122,8 @@ void WriteStats(const std::string& path, const Counters& c, bool final_pass_done
                (unsigned long long)c.corrupted, (unsigned long long)c.lost_reported,
                (unsigned long long)c.lost_unexpectedly, (unsigned long long)c.unconfirmed,
                (unsigned long long)c.reconnects,
-               (unsigned long long)c.resumes, (unsigned long long)c.held,
+               (unsigned long long)c.resumes, (unsigned long long)c.reloads_refused,
+               (unsigned long long)c.held,
                final_pass_done ? "true" : "false", problem.c_str());
   std::fclose(f);
   std::rename(tmp.c_str(), path.c_str());
@@ -160,9 +165,18 @@ class SoakClient {
     if (client_ && client_->stream_status().ok()) {
       std::vector<uint64_t> ids;
       for (auto& [id, b] : held_) ids.push_back(id);
+      const double deadline = SteadyNowSeconds() + 30;
       for (uint64_t id : ids) {
         if (client_ == nullptr || held_.count(id) == 0) break;  // the daemon went away meanwhile
-        ReloadAndVerify(id, /*release=*/true, Priority::kUrgent);
+        while (!ReloadAndVerify(id, /*release=*/true, Priority::kUrgent)) {  // refused: no room
+          if (SteadyNowSeconds() > deadline) {
+            c_.lost_unexpectedly++;
+            c_.last_problem = History(held_.at(id), "final reload refused for 30 s");
+            held_.erase(id);
+            break;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
       }
     }
     if (client_) client_->Close();
@@ -290,6 +304,9 @@ class SoakClient {
         Verify(blocks[0], kSlots);
       } else if (r.status().code() == absl::StatusCode::kUnavailable) {
         gone = r.status();
+      } else if (r.status().code() == absl::StatusCode::kResourceExhausted &&
+                 blocks[0].block_id != 0) {
+        c_.reloads_refused++;  // no room to stage it back in time: still held, reloaded later
       } else if (blocks[0].block_id != 0) {  // the offload succeeded, its tagged reload did not
         c_.lost_unexpectedly++;
         c_.last_problem = History(blocks[0], "tagged reload: " + r.status().ToString());
@@ -310,7 +327,9 @@ class SoakClient {
     }
   }
 
-  void ReloadAndVerify(uint64_t id, bool release, Priority priority) {
+  // Reloads held block `id` and verifies it; false when the daemon refused the reload for room
+  // (RESOURCE_EXHAUSTED: counted in reloads_refused, the block stays held), else true.
+  bool ReloadAndVerify(uint64_t id, bool release, Priority priority) {
     const Block b = held_.at(id);
     std::memset(Slot(kSlots), 0xA5, b.bytes);  // stale bytes must not pass for the block's
     c_.requests++;
@@ -321,6 +340,9 @@ class SoakClient {
       if (release) held_.erase(id);
     } else if (r.status().code() == absl::StatusCode::kUnavailable) {
       DaemonGone(r.status());
+    } else if (r.status().code() == absl::StatusCode::kResourceExhausted) {
+      c_.reloads_refused++;  // documented: no pool room to stage a spilled block back in time
+      return false;
     } else if (release && r.status().code() == absl::StatusCode::kDataLoss &&
                absl::StrContains(r.status().message(), "release_after")) {
       c_.unconfirmed++;  // documented outcome of a crash during a release_after reload
@@ -330,6 +352,7 @@ class SoakClient {
       c_.last_problem = History(b, "reload: " + r.status().ToString());
       held_.erase(id);
     }
+    return true;
   }
 
   uint64_t Resumes() const {
