@@ -853,10 +853,13 @@ absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const ConfigSources& sources) 
   for (const auto& [name, value] : sources.flags) {
     if (absl::Status st = ApplyFlag(name, value, &*config); !st.ok()) return st;
   }
+  absl::Status st = ValidateConfig(*config, sources);
+  if (st.ok()) return config;
+  if (sources.file.empty() || sources.file_fields) return st;
+  // Only an invalid config reads the file's field names (for its messages' sources).
   ConfigSources known = sources;
-  if (!known.file.empty() && !known.file_fields) known.file_fields = FieldsNamedIn(known.file);
-  if (absl::Status st = ValidateConfig(*config, known); !st.ok()) return st;
-  return config;
+  known.file_fields = FieldsNamedIn(known.file);
+  return ValidateConfig(*config, known);
 }
 
 absl::StatusOr<CheckedConfig> LoadConfigToCheck(const ConfigSources& sources) {
