@@ -119,10 +119,11 @@ class Endpoint:
         unless one went less than REPORT_INTERVAL_SECONDS ago (``force``: regardless). Never
         blocks and never raises: the answer is not awaited; a daemon that refuses the report
         (an older one) only leaves the counts unseen there."""
-        totals = _stats.device_totals(self.key)
         now = time.monotonic()
-        if totals == self.reported or (not force and
-                                       now - self.reported_at < REPORT_INTERVAL_SECONDS):
+        if not force and now - self.reported_at < REPORT_INTERVAL_SECONDS:
+            return  # checked first: a step's end asks, and the totals' copy is not free
+        totals = _stats.device_totals(self.key)
+        if totals == self.reported:
             return
         self.reported, self.reported_at = totals, now
         acked_key = (self.socket_path, self.key)

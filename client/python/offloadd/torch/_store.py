@@ -902,7 +902,7 @@ class _StepCounts:
         self.packs = self.eligible = self.sent = self.largest_bytes = 0
         self.unpacked = self.counted = False  # counted: its idle check ran (never twice)
         self.foreign_unpacks = foreign_unpacks
-        self.categories = collections.Counter()
+        self.categories = {}  # category -> tensors left in place for it
         self.device = None  # of the step's first saved tensor: whose totals an idle step joins
 
     def saw(self, t, category):
@@ -912,7 +912,7 @@ class _StepCounts:
         if category is None:
             self.eligible += 1
         else:
-            self.categories[category] += 1
+            self.categories[category] = self.categories.get(category, 0) + 1
         if category == "small":
             self.largest_bytes = max(self.largest_bytes, t.numel() * t.element_size())
 
