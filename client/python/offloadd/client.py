@@ -131,7 +131,61 @@ _RING_KIND = {_native.OFFLOAD_DONE: "offload_done", _native.RELOAD_DONE: "reload
 _RING_REQUEST = {"offload": "offload_done", "reload": "reload_done", "release": "released"}
 
 
+class _Answer:
+    """An answer taken from the request ring, as a record with the fields of the protocol
+    message it stands for (proto/offload.proto), built without that message: the hooks take
+    one per saved tensor, and a message costs several times the record. Compares equal to
+    another record of its class with the same fields."""
+
+    __slots__ = ()
+
+    def _fields(self):
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other._fields() == self._fields()
+
+    def __hash__(self):
+        return hash((type(self), self._fields()))
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join(
+            "%s=%r" % (name, getattr(self, name)) for name in self.__slots__))
+
+
+class OffloadAnswer(_Answer):
+    """OffloadDone from the ring: block_id, bytes (int), queued_seconds, copy_seconds
+    (float seconds)."""
+
+    __slots__ = ("block_id", "bytes", "queued_seconds", "copy_seconds")
+
+    def __init__(self, block_id, nbytes, queued_seconds, copy_seconds):
+        self.block_id, self.bytes = block_id, nbytes
+        self.queued_seconds, self.copy_seconds = queued_seconds, copy_seconds
+
+
+class ReloadAnswer(_Answer):
+    """ReloadDone from the ring: block_id, bytes (int), released, copy_seconds (float
+    seconds), done_event_recorded (bool)."""
+
+    __slots__ = ("block_id", "bytes", "released", "copy_seconds", "done_event_recorded")
+
+    def __init__(self, block_id, nbytes, released, copy_seconds, done_event_recorded):
+        self.block_id, self.bytes, self.released = block_id, nbytes, released
+        self.copy_seconds, self.done_event_recorded = copy_seconds, done_event_recorded
+
+
+class ReleaseAnswer(_Answer):
+    """Released from the ring: block_id (int)."""
+
+    __slots__ = ("block_id",)
+
+    def __init__(self, block_id):
+        self.block_id = block_id
+
+
 _getpid = os.getpid
+
 
 class _RingOp(_outcome.Outcome):
     """An offload, reload or release submitted on the request ring: what the caller holds in
@@ -558,7 +612,8 @@ class Client:
         """Copies ``nbytes`` at ``offset`` of the region into a new pool block.
 
         Returns a Future of ``OffloadDone`` (block_id, bytes, queued_seconds, copy_seconds; on
-        the request ring a future-like op completed by :meth:`pump` or a wait for it). The
+        the request ring a future-like op completed by :meth:`pump` or a wait for it, whose
+        result is an :class:`OffloadAnswer` with those fields). The
         bytes must stay unchanged until it resolves. ``ready_event``: CUDA IPC event handle
         recorded after the kernels that produced the bytes: the daemon issues no chunk before
         it completed (cuda backend; ignored by shm). ``ordering``: optional
@@ -585,7 +640,8 @@ class Client:
     def reload(self, block_id, region_id, offset, priority=URGENT, release_after=False,
                deadline_seconds=0.0, ready_event=b"", done_event=b"", into=None):
         """Copies block ``block_id`` back to ``offset`` of the region; Future of ``ReloadDone``
-        (``into`` when given: an outcome from :meth:`reload_outcome`, not completed yet).
+        (on the request ring a :class:`ReloadAnswer` with its fields; ``into`` when given: an
+        outcome from :meth:`reload_outcome`, not completed yet).
 
         May be sent before the block's offload completed (the daemon orders it after).
         priority: URGENT or PREFETCH. release_after: free the block once copied.
@@ -613,7 +669,8 @@ class Client:
         return into
 
     def release(self, block_id):
-        """Frees a pool block; Future of ``Released``."""
+        """Frees a pool block; Future of ``Released`` (on the request ring a
+        :class:`ReleaseAnswer`)."""
         if self._ring is not None:
             op = self._ring_submit("release", (block_id,))
             if op is not None:
@@ -1133,17 +1190,15 @@ class Client:
                 "kind %d" % (expected, kind))
         if kind == _native.OFFLOAD_DONE:
             self._confirmed.add(block)
-            return pb.OffloadDone(block_id=block, bytes=nbytes, queued_seconds=queued,
-                                  copy_seconds=copy), None
+            return OffloadAnswer(block, nbytes, queued, copy), None
         if kind == _native.RELOAD_DONE:
             released = bool(flags & _native.FLAG_RELEASED)
             if released:
                 self._confirmed.discard(block)
-            return pb.ReloadDone(block_id=block, bytes=nbytes, released=released,
-                                 copy_seconds=copy, done_event_recorded=bool(
-                                     flags & _native.FLAG_DONE_EVENT_RECORDED)), None
+            return ReloadAnswer(block, nbytes, released, copy,
+                                bool(flags & _native.FLAG_DONE_EVENT_RECORDED)), None
         self._confirmed.discard(op.args[0])
-        return pb.Released(block_id=op.args[0]), None
+        return ReleaseAnswer(op.args[0]), None
 
     def _ring_to_stream_locked(self, op):
         """Makes ``op`` a stream request waiting to be sent (after a resume, like every request

@@ -68,6 +68,28 @@ class ClientTest(DaemonTestCase):
             self.assertEqual(mm[base + i * 8192:base + (i + 1) * 8192], p)
         self.assertEqual(self.daemon.stats().blocks, 0)
 
+    def test_answers_carry_the_protocol_fields(self):
+        """The ring's answers are records (OffloadAnswer, ReloadAnswer, ReleaseAnswer) with the
+        fields of the stream's protocol messages, and the same values."""
+        done = self.client.offload(self.region_id, 0, 4096).result(10)
+        self.assertEqual(done.bytes, 4096)
+        self.assertGreater(done.block_id, 0)
+        self.assertGreaterEqual(done.queued_seconds, 0.0)
+        self.assertGreaterEqual(done.copy_seconds, 0.0)
+        back = self.client.reload(done.block_id, self.region_id, 8192, URGENT).result(10)
+        self.assertEqual((back.block_id, back.bytes, back.released), (done.block_id, 4096, False))
+        self.assertFalse(back.done_event_recorded)  # shm: the copy completed
+        gone = self.client.release(done.block_id).result(10)
+        self.assertEqual(gone.block_id, done.block_id)
+        kinds = (client_module.OffloadAnswer, client_module.ReloadAnswer, client_module.ReleaseAnswer)
+        for answer, kind in zip((done, back, gone), kinds):
+            self.assertEqual(isinstance(answer, kind), self.RING, type(answer))
+        if self.RING:
+            self.assertEqual(gone, client_module.ReleaseAnswer(done.block_id))
+            self.assertNotEqual(gone, client_module.ReleaseAnswer(done.block_id + 1))
+            self.assertEqual(repr(gone), "ReleaseAnswer(block_id=%d)" % done.block_id)
+        self.assertEqual(self.daemon.stats().blocks, 0)
+
     def test_requests_are_batched(self):
         futures = [self.client.offload(self.region_id, 0, 4096) for _ in range(300)]
         blocks = [f.result(10).block_id for f in futures]
