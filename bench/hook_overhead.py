@@ -8,6 +8,15 @@ in a simulated GPU's memory (offloadd.testing.sim_gpu, active, so the hooks trea
 Variants, interleaved step by step in one process (the order rotates every repetition):
 
   noop         a no-op ``saved_tensors_hooks`` pair (the floor every difference is taken from)
+  tensor-attrs a pack that only reads what any pack hook must read of a saved tensor to decide
+               whether to offload it and to describe it to the daemon (type, base, autograd
+               flags, layout, device, dtype, size, shape, strides, storage offset, data
+               pointer, contiguity: the reads of Store._classify and Meta) and keeps it: what
+               those torch attribute reads cost by themselves, between model work
+  store-front  offloadd's hooks as cuda-sim's, with keep_last_n so large that nothing is
+               offloaded: the store's per-tensor bookkeeping (classification, the handle, its
+               step, de-duplication, prefetch order) without a request, an answer or a device
+               call (its unpack returns the kept tensor; its steps count as idle)
   sidestream   a minimal in-process pure-Python side-stream offloader written here (a pool of
                host buffers, one worker thread, a future per request), the in-process anchor
   cuda-sim     offloadd's public hooks (offload_checkpoints, keep_last_n=0, prefetch=1) against
@@ -22,6 +31,11 @@ Variants, interleaved step by step in one process (the order rotates every repet
                prefetch, release_after), waiting in the native core with the GIL released. No
                classification, fallback, resume or dedup: skipped, with a line saying so, when
                the module is not built
+  native-front the native floor whose pack first reads, through the Python C API, what a
+               store's pack must know of the tensor (tensor-attrs' reads: type, base, autograd
+               flags, layout, device, dtype, shape, strides, storage offset, contiguity) and
+               keeps it in the module's table as a native store would (C integers, the dtype
+               and device referenced): a native store's pack without linking libtorch
 
 Per variant and step: wall time; CPU of every thread of this process (/proc/self/task/*/
 schedstat: the training thread, each Python thread by name, native threads -- gRPC's, torch's
@@ -92,13 +106,15 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 
 MIB = 1 << 20
 BUDGET_ALL_US, BUDGET_PACK_US, BUDGET_UNPACK_US, BUDGET_MSGS = 39.0, 15.0, 25.0, 1.1
-VARIANTS = ("noop", "sidestream", "cuda-sim", "shm", "native-floor")
+VARIANTS = ("noop", "tensor-attrs", "store-front", "sidestream", "cuda-sim", "shm",
+            "native-floor", "native-front")
 
 
 # ---- process threads' CPU ---------------------------------------------------------------------
@@ -129,6 +145,14 @@ def thread_groups():
                 name = "python thread " + name.partition(" ")[2].strip("()")
             names[t.native_id] = name
     return names
+
+
+# ---- the ablations -----------------------------------------------------------------------------
+def tensor_attrs(t):
+    """The tensor-attrs pack: the reads of Store._classify and Meta, nothing else."""
+    type(t), t._base, t.requires_grad, t.is_leaf, t.layout, t.is_cuda, t.nbytes
+    t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, t.data_ptr(), t.is_contiguous()
+    return t
 
 
 # ---- the in-process anchor --------------------------------------------------------------------
@@ -234,7 +258,7 @@ def native_floor(path, sock, n, nbytes, torch):
     def close():
         c.close()
         region.close()
-    return mod.pack, mod.unpack, xs, lambda: sum(mod.counts()[:2]), close
+    return mod.pack, mod.unpack, xs, lambda: sum(mod.counts()[:2]), close, mod.pack_described
 
 
 # ---- the step -----------------------------------------------------------------------------------
@@ -318,9 +342,11 @@ class Counted:
     (functions, methods, builtins) per hook call, by where the called code lives: the hooks' own
     (offloadd's package, or the anchor written here), the simulated device's, or torch's, the
     standard library's and builtins. A count, not a time: it does not move with the machine's
-    load. Called between model work, with cold caches, a call costs the training thread about
-    a microsecond here, for the anchor and offloadd's hooks alike: the count is what the hooks'
-    CPU follows. The simulated device's count is of its own functions, nested ones included
+    load, and not what a hook costs: between model work every hook starts with cold caches,
+    and its time follows the objects it creates and touches more than its calls (native-front
+    reads the tensor with nearly as many getter calls as tensor-attrs, from C, and costs a
+    fraction of store-front).
+    The simulated device's count is of its own functions, nested ones included
     (its calls from the hook code are in the timed table); its counting is off during these
     steps and its wrapper is left out."""
 
@@ -403,12 +429,21 @@ def worker(args):
             return (lambda t: t), (lambda t: t), None
         if variant == "sidestream":
             return anchor.pack, anchor.unpack, None
+        if variant == "tensor-attrs":
+            return tensor_attrs, (lambda t: t), None
+        if variant == "store-front":
+            ctx = ot.offload_checkpoints(socket_path=sim_d.sock, keep_last_n=1 << 30,
+                                         prefetch=1, strict=True, name=variant)
+            return ctx.store.pack, ctx.store.unpack, sim_d.sock
         sock = sim_d.sock if variant == "cuda-sim" else shm_d.sock
         ctx = ot.offload_checkpoints(socket_path=sock, keep_last_n=0, prefetch=1, strict=True,
                                      name=variant)
         return ctx.store.pack, ctx.store.unpack, sock
 
-    variants = ["noop", "sidestream", "cuda-sim", "shm"]
+    variants = ["noop", "tensor-attrs", "store-front", "sidestream", "cuda-sim", "shm"]
+    # store-front's steps send nothing by design: its idle-step warning says nothing here.
+    warnings.filterwarnings("ignore", message="offloadd: offload is on but",
+                            category=RuntimeWarning)
     timed, socks, raw, tensors, counters = {}, {}, {}, {}, {}
     for v in variants:
         pack, unpack, sock = hooks_for(v)
@@ -424,9 +459,13 @@ def worker(args):
         timed["native-floor"] = Timed(floor[0], floor[1], gpu)
         raw["native-floor"], tensors["native-floor"] = floor[:2], floor[2]
         socks["native-floor"], counters["native-floor"] = None, floor[3]
+        variants.append("native-front")  # the same ring and tensors, the pack reading more
+        timed["native-front"] = Timed(floor[5], floor[1], gpu)
+        raw["native-front"], tensors["native-front"] = (floor[5], floor[1]), floor[2]
+        socks["native-front"], counters["native-front"] = None, floor[3]
 
     daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid,
-                  "native-floor": shm_d.proc.pid}
+                  "native-floor": shm_d.proc.pid, "native-front": shm_d.proc.pid}
 
     def daemon_cpu_ns(v):
         pid = daemon_pid.get(v)
@@ -646,7 +685,7 @@ def report(layout, summary, args):
             v, sum(c["pack"].values()), sum(c["unpack"].values()),
             " + ".join("%.1f" % c["pack"][o] for o in Counted.ORIGINS),
             " + ".join("%.1f" % c["unpack"][o] for o in Counted.ORIGINS)))
-    for v in ("cuda-sim", "shm", "native-floor"):
+    for v in ("cuda-sim", "shm", "native-floor", "native-front"):
         if v not in summary:
             continue
         s = summary[v]

@@ -14,6 +14,16 @@
  * under any native store on this machine, not a store. The reload names the block by its tag,
  * so it never waits for the offload's answer (the core's offloadd_ring_reload: block_id 0).
  *
+ *   pack_described(t)  the same after reading, through the Python C API, what a store's pack
+ *               must know of a saved tensor besides its address and size to decide whether to
+ *               offload it and to rebuild it later (its base, requires_grad, is_leaf, layout,
+ *               is_cuda, shape, strides, dtype and device: what offloadd's Store._classify and
+ *               Meta read, less what follows from the rest: whether its elements fill a dense
+ *               span is computed from shape and strides here), kept in the table as a native
+ *               store would keep them (dims and strides as C integers, up to 8 dims; the dtype
+ *               and device objects referenced). ValueError for more than 8 dims.
+ *               What it costs above pack is what torch's attribute getters cost a native
+ *               store that does not link libtorch.
  * attach(ring, offload_fn, reload_fn, drain_fn, region_id, base_address, size_bytes) binds
  * the module to a ring a Python offloadd.Client attached (the ring pointer and the three
  * functions' addresses from the loaded liboffloadd_core.so: one core in the process) and the
@@ -36,8 +46,17 @@
 #define WAIT_SECONDS 20.0
 
 
+#define MAX_DIMS 8
+
+typedef struct {
+  int ndim, requires_grad, is_leaf, is_cuda, dense;
+  int64_t dims[MAX_DIMS], strides[MAX_DIMS];
+  PyObject *dtype, *device; /* owned while saved (NULL: not read) */
+} described;
+
 typedef struct {
   PyObject* tensor; /* owned while saved */
+  described about;
   uint64_t tag, offset_bytes, size_bytes, offload_request, reload_request;
   int reloaded, failed;
   char message[200];
@@ -52,6 +71,8 @@ static struct {
   uint64_t offloads, reloads, answers, errors;
 } g;
 static PyObject *s_data_ptr, *s_nbytes; /* interned attribute names */
+static PyObject *s_base, *s_requires_grad, *s_is_leaf, *s_layout, *s_is_cuda, *s_shape,
+    *s_stride, *s_dtype, *s_device;
 static saved table[SLOTS];
 
 static saved* live(uint64_t tag) {
@@ -118,6 +139,73 @@ static int read_u64(PyObject* t, PyObject* name, int call, uint64_t* out) {
   return PyErr_Occurred() ? -1 : 0;
 }
 
+/* A truth value of attribute (call 0) or method (call 1) ``name`` of ``t``: 0/1, -1 on error. */
+static int read_bool(PyObject* t, PyObject* name, int call) {
+  PyObject* v = call ? PyObject_CallMethodObjArgs(t, name, NULL) : PyObject_GetAttr(t, name);
+  if (v == NULL) return -1;
+  int r = PyObject_IsTrue(v);
+  Py_DECREF(v);
+  return r;
+}
+
+/* A sequence of ints (a torch.Size, a strides tuple) into out[MAX_DIMS]; its length, -1 on
+ * error. */
+static int read_ints(PyObject* t, PyObject* name, int call, int64_t* out) {
+  PyObject* v = call ? PyObject_CallMethodObjArgs(t, name, NULL) : PyObject_GetAttr(t, name);
+  if (v == NULL) return -1;
+  Py_ssize_t n = PySequence_Size(v);
+  if (n > MAX_DIMS) PyErr_Format(PyExc_ValueError, "more than %d dims", MAX_DIMS);
+  for (Py_ssize_t i = 0; i < n && !PyErr_Occurred(); i++) {
+    PyObject* x = PySequence_GetItem(v, i);
+    if (x != NULL) out[i] = PyLong_AsLongLong(x);
+    Py_XDECREF(x);
+  }
+  Py_DECREF(v);
+  return PyErr_Occurred() ? -1 : (int)n;
+}
+
+static void forget(described* d) {
+  Py_CLEAR(d->dtype);
+  Py_CLEAR(d->device);
+}
+
+/* Whether the elements fill exactly numel consecutive elements (offloadd's dense_span): the
+ * strides of the dims longer than 1, in increasing order, are the running products. */
+static int dense_span(const described* d) {
+  int64_t expected = 1;
+  int used[MAX_DIMS] = {0};
+  for (int k = 0; k < d->ndim; k++) {
+    int best = -1;
+    for (int i = 0; i < d->ndim; i++)
+      if (!used[i] && d->dims[i] != 1 && (best < 0 || d->strides[i] < d->strides[best])) best = i;
+    if (best < 0) break;
+    used[best] = 1;
+    if (d->strides[best] != expected) return 0;
+    expected *= d->dims[best];
+  }
+  return 1;
+}
+
+/* What Store._classify and Meta read, less what follows from the rest, kept as a native store
+ * would keep it. */
+static int describe(PyObject* t, described* d) {
+  PyObject* base = PyObject_GetAttr(t, s_base);
+  PyObject* layout = PyObject_GetAttr(t, s_layout);
+  Py_XDECREF(base);
+  Py_XDECREF(layout);
+  if (base == NULL || layout == NULL) return -1;
+  if ((d->requires_grad = read_bool(t, s_requires_grad, 0)) < 0 ||
+      (d->is_leaf = read_bool(t, s_is_leaf, 0)) < 0 ||
+      (d->is_cuda = read_bool(t, s_is_cuda, 0)) < 0 ||
+      (d->ndim = read_ints(t, s_shape, 0, d->dims)) < 0 ||
+      read_ints(t, s_stride, 1, d->strides) < 0)
+    return -1;
+  d->dense = dense_span(d);
+  d->dtype = PyObject_GetAttr(t, s_dtype);
+  d->device = PyObject_GetAttr(t, s_device);
+  return d->dtype != NULL && d->device != NULL ? 0 : -1;
+}
+
 static PyObject* pack(PyObject* self, PyObject* t) {
   uint64_t ptr, nbytes;
   if (g.ring == NULL) return PyErr_Format(PyExc_RuntimeError, "attach() a ring first");
@@ -131,12 +219,29 @@ static PyObject* pack(PyObject* self, PyObject* t) {
   uint64_t id = g.offload(g.ring, g.region_id, ptr - g.base, nbytes, tag, NULL, 0, 0, 0, 5.0);
   if (id == 0) return PyErr_Format(PyExc_RuntimeError, "the ring refused an offload");
   g.offloads++, g.next_tag++;
+  forget(&s->about);
   memset(s, 0, sizeof(*s));
   s->tag = tag, s->offset_bytes = ptr - g.base, s->size_bytes = nbytes, s->offload_request = id;
   Py_INCREF(t);
   s->tensor = t;
   take_answers(0.0);
   return PyLong_FromUnsignedLongLong(tag);
+}
+
+static PyObject* pack_described(PyObject* self, PyObject* t) {
+  described d;
+  memset(&d, 0, sizeof(d));
+  if (describe(t, &d) < 0) {
+    forget(&d);
+    return NULL;
+  }
+  PyObject* tag = pack(self, t);
+  if (tag == NULL) {
+    forget(&d);
+    return NULL;
+  }
+  table[PyLong_AsUnsignedLongLong(tag) % SLOTS].about = d;  /* the table owns the refs now */
+  return tag;
 }
 
 static int start_reload(saved* s, uint32_t priority) {
@@ -165,6 +270,7 @@ static PyObject* unpack(PyObject* self, PyObject* h) {
   }
   PyObject* t = s->tensor;
   s->tensor = NULL;
+  forget(&s->about);
   while (g.oldest_tag < g.next_tag && live(g.oldest_tag) == NULL) g.oldest_tag++;
   if (s->failed) {
     Py_DECREF(t);
@@ -182,6 +288,7 @@ static PyMethodDef methods[] = {
     {"attach", attach, METH_VARARGS, "attach(ring, offload_fn, reload_fn, drain_fn, region_id, "
                                      "base_address, size_bytes)"},
     {"pack", pack, METH_O, "pack(tensor) -> tag"},
+    {"pack_described", pack_described, METH_O, "pack_described(tensor) -> tag"},
     {"unpack", unpack, METH_O, "unpack(tag) -> tensor"},
     {"counts", counts, METH_NOARGS, "(offloads, reloads, answers, errors)"},
     {NULL, NULL, 0, NULL}};
@@ -192,5 +299,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native_floor_hooks",
 PyMODINIT_FUNC PyInit_native_floor_hooks(void) {
   s_data_ptr = PyUnicode_InternFromString("data_ptr");
   s_nbytes = PyUnicode_InternFromString("nbytes");
+  s_base = PyUnicode_InternFromString("_base");
+  s_requires_grad = PyUnicode_InternFromString("requires_grad");
+  s_is_leaf = PyUnicode_InternFromString("is_leaf");
+  s_layout = PyUnicode_InternFromString("layout");
+  s_is_cuda = PyUnicode_InternFromString("is_cuda");
+  s_shape = PyUnicode_InternFromString("shape");
+  s_stride = PyUnicode_InternFromString("stride");
+  s_dtype = PyUnicode_InternFromString("dtype");
+  s_device = PyUnicode_InternFromString("device");
   return PyModule_Create(&module);
 }
