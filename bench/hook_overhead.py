@@ -391,6 +391,9 @@ class Counted:
         out = {}
         for kind, prof in self.profiles.items():
             by = dict.fromkeys(self.ORIGINS, 0)
+            if self.calls[kind] == 0:   # a profile that recorded nothing: pstats refuses it
+                out[kind] = by
+                continue
             for (filename, _, name), (_, ncalls, _, _, _) in pstats.Stats(prof).stats.items():
                 origin = self.origin(filename)
                 if origin == "simulated device" and name == "device_call_entry":
@@ -542,7 +545,8 @@ def worker(args):
     residual_ns.append(gpu.accounting_residual_ns())
     calls = {}
     gpu.count_own_cpu = False  # the counting's clock reads are not the simulation's calls
-    for v in variants[1:]:   # after the timed steps: cProfile slows every call it counts
+    # After the timed steps (cProfile slows every call it counts); none with --count-steps 0.
+    for v in variants[1:] if args.count_steps > 0 else []:
         counted = Counted(*raw[v])
         for _ in range(args.count_steps):
             step(v, counted)
@@ -678,8 +682,12 @@ def report(layout, summary, args):
         print("  %s CPU per op by thread, us (vs noop): %s" % (
             v, ", ".join("%s %.1f" % (k, x) for k, x in sorted(g.items(), key=lambda i: -i[1]))))
     calls = summary["python_calls_per_hook_call"]
-    print("  Python-level calls on the training thread per pack / unpack (cProfile over %d "
-          "steps; a count, not a time; %s):" % (args.count_steps, " + ".join(Counted.ORIGINS)))
+    if not calls:
+        print("  Python-level calls on the training thread per pack / unpack: not counted "
+              "(--count-steps %d)" % args.count_steps)
+    else:
+        print("  Python-level calls on the training thread per pack / unpack (cProfile over %d "
+              "steps; a count, not a time; %s):" % (args.count_steps, " + ".join(Counted.ORIGINS)))
     for v, c in measured(calls, 1):
         print("    %-12s %6.1f / %6.1f  (%s / %s)" % (
             v, sum(c["pack"].values()), sum(c["unpack"].values()),

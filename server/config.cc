@@ -33,6 +33,7 @@
 #include "common/base/bounded_file.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
 #include "server/copy/cuda/cuda_api_sim.h"
@@ -137,6 +138,158 @@ class Collector : public google::protobuf::io::ErrorCollector {
 
 namespace {
 
+// The largest rate a config may give (bytes per second): any finite double; inf and NaN are
+// refused (a rate of inf made a link unpaced by accident, NaN paced nothing).
+constexpr double kMaxRate = std::numeric_limits<double>::max();
+// A bound above every uint64: the field has no upper bound but its type's.
+constexpr double kNoMax = 18446744073709551616.0;
+// The largest socket_mode (file mode bits; setuid, setgid and sticky are not modes for a socket).
+constexpr uint32_t kMaxSocketMode = 0777;
+
+// How FieldRange's bounds read.
+enum class Bounds {
+  kClosed,        // [min, max]
+  kAboveMin,      // (min, max]
+  kClosedOrZero,  // 0, or [min, max]
+};
+
+// A numeric field's allowed values: the one place each range is written. ValidateConfig
+// checks every field here and words its rule from these numbers (RangeRule); a flag given a
+// whole number beyond its field's type names the range here (WholeNumberRule).
+struct FieldRange {
+  const char* field;  // its name in the config file; "cuda_sim.gpus" for a nested one
+  double min, max;    // max kMaxRate: any finite number; kNoMax: no upper bound
+  const char* note;   // said after the range, e.g. "(a day)"; "" for none
+  Bounds bounds = Bounds::kClosed;
+};
+
+constexpr FieldRange kFieldRanges[] = {
+    {"pool_bytes", 1 << 20, kNoMax, "(1 MiB)"},
+    // Above 1 GiB, rounding a chunk up to the spill tier's alignment could wrap.
+    {"chunk_bytes", 4096, 1 << 30, "(1 GiB)"},
+    {"resume_grace_seconds", 0, 86400, ""},
+    {"spill_high_water_fraction", 0, 1, "", Bounds::kAboveMin},
+    {"spill_io_threads", 1, 64, ""},
+    {"copy_threads", 1, 64, ""},
+    {"admission_deadline_seconds", 0, 86400, "(a day)"},
+    {"default_link_bytes_per_second", 0, kMaxRate, "(0 = unpaced)"},
+    {"spill_bytes_per_second", -kMaxRate, kMaxRate,
+     "(0 = measured at start-up, negative = unpaced)"},
+    {"offload_min_share", 0, 1, ""},
+    {"numa_node_bytes_per_second", 0, kMaxRate, "(0 = no NUMA level)"},
+    {"hello_timeout_seconds", 0, 3600, "(0 = no timeout)"},
+    {"shutdown_grace_seconds", 0, 86400, "(0 = no bound)"},
+    {"max_streams_per_connection", 0, 1000000, "(0 = gRPC's default)"},
+    {"unused_connection_timeout_seconds", 0, 86400, "(a day)"},
+    {"keepalive_time_seconds", 0, 86400, "(0 = no keepalive pings)"},
+    {"keepalive_timeout_seconds", 0, 86400, ""},
+    // Below ~50 us the kernel's timer slack sets the poll rate, not the value.
+    {"ring_poll_seconds", 50e-6, 0.1,
+     "(0: clients always wake the daemon; below 0.00005 the kernel's timer slack sets the poll "
+     "rate; above 0.1 a submission may wait too long to be taken)",
+     Bounds::kClosedOrZero},
+    {"pid_exit_grace_seconds", 0, 3600, ""},
+    {"link_calibration_budget_seconds", 0, 600, "(5 by default)", Bounds::kAboveMin},
+    // Narrowed to int for the model: bounded first.
+    {"cuda_sim.gpus", 1, 64, ""},
+    {"cuda_sim.gpus_per_switch", 1, 64, ""},
+    {"cuda_sim.engine_bytes_per_second", 0, kMaxRate, "(e.g. 55GB)", Bounds::kAboveMin},
+    {"cuda_sim.switch_bytes_per_second", 0, kMaxRate, "(0 = no switch limit)"},
+};
+
+const FieldRange* FindFieldRange(const std::string& field) {
+  for (const FieldRange& r : kFieldRanges) {
+    if (field == r.field) return &r;
+  }
+  return nullptr;
+}
+
+// A bound as a rule gives it: an integer exactly, a fraction in the fewest decimals that read
+// back as the same double (0.00005, not 5e-05).
+std::string BoundText(double v) {
+  if (v == std::floor(v)) return absl::StrFormat("%.0f", v);
+  std::string s;
+  for (int decimals = 1; decimals <= 17; ++decimals) {
+    s = absl::StrFormat("%.*f", decimals, v);
+    if (std::strtod(s.c_str(), nullptr) == v) break;
+  }
+  return s;
+}
+
+// "must be between 1 and 64 (note)", "must be in (0, 1]", "must be at least 1048576 (1 MiB)",
+// "must be a finite number >= 0 (note)", "must be 0 or between A and B (note)".
+std::string RangeRule(const FieldRange& r) {
+  std::string rule;
+  if (r.max == kMaxRate) {
+    rule = r.min == -kMaxRate ? "must be a finite number"
+                              : absl::StrCat("must be a finite number ",
+                                             r.bounds == Bounds::kAboveMin ? "> " : ">= ",
+                                             BoundText(r.min));
+  } else if (r.max == kNoMax) {
+    rule = "must be at least " + BoundText(r.min);
+  } else if (r.bounds == Bounds::kAboveMin) {
+    rule = absl::StrFormat("must be in (%s, %s]", BoundText(r.min), BoundText(r.max));
+  } else {
+    rule = absl::StrFormat("must be %sbetween %s and %s",
+                           r.bounds == Bounds::kClosedOrZero ? "0 or " : "", BoundText(r.min),
+                           BoundText(r.max));
+  }
+  return *r.note == '\0' ? rule : absl::StrCat(rule, " ", r.note);
+}
+
+// Whether `v` lies in `r` (NaN never does).
+bool InRange(const FieldRange& r, double v) {
+  if (r.bounds == Bounds::kClosedOrZero && v == 0) return true;
+  return (r.bounds == Bounds::kAboveMin ? v > r.min : v >= r.min) && v <= r.max;
+}
+
+// The one form of a whole-number field (a count, a uid): decimal digits, without a sign, a
+// leading 0 (the config file reads 010 as octal 8), 0x, an exponent or a fraction.
+bool IsDecimalWhole(absl::string_view s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == absl::string_view::npos &&
+         (s == "0" || s[0] != '0');
+}
+
+// The rule for a whole-number field's value: its range in kFieldRanges, else its type's, 0 to
+// `type_max`, and the form.
+std::string WholeNumberRule(const std::string& field, uint64_t type_max) {
+  std::string range = absl::StrFormat("from 0 to %d", type_max);
+  if (const FieldRange* r = FindFieldRange(field)) {
+    range = absl::StrFormat("from %s to %s", BoundText(r->min),
+                            r->max == kNoMax ? absl::StrCat(type_max) : BoundText(r->max));
+  }
+  return absl::StrFormat("must be a whole number %s, in decimal digits only (no sign, leading 0, "
+                         "0x, exponent or fraction)",
+                         range);
+}
+
+// The rule for a size in bytes (ParseBytes' form).
+constexpr char kSizeRule[] =
+    "must be a whole number of bytes in decimal digits, optionally with a size suffix (KiB MiB "
+    "GiB TiB KB MB GB TB), like 1073741824, 64MiB or 1.5GiB (no sign, 0x or exponent)";
+// The rule for a size beyond uint64.
+constexpr char kTooManyBytesRule[] =
+    "must be at most 18446744073709551615 bytes (16 EiB, the most a 64-bit count holds)";
+
+// The largest value `field` (a uint32 or uint64 field) holds.
+uint64_t MaxOf(const google::protobuf::FieldDescriptor* field) {
+  return field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64
+             ? std::numeric_limits<uint64_t>::max()
+             : std::numeric_limits<uint32_t>::max();
+}
+
+bool IsWholeNumberField(const google::protobuf::FieldDescriptor* f) {
+  using F = google::protobuf::FieldDescriptor;
+  return f->cpp_type() == F::CPPTYPE_UINT32 || f->cpp_type() == F::CPPTYPE_UINT64 ||
+         f->cpp_type() == F::CPPTYPE_INT32 || f->cpp_type() == F::CPPTYPE_INT64;
+}
+
+}  // namespace
+
+namespace {
+
+absl::StatusOr<uint64_t> ParseRate(const std::string& text);
+
 // `code` (text outside strings and comments) with sized values replaced.
 std::string ExpandInCode(const std::string& code) {
   // A field whose name ends in _bytes or _bytes_per_second, then a number with a size suffix
@@ -151,7 +304,8 @@ std::string ExpandInCode(const std::string& code) {
     value.erase(std::remove_if(value.begin(), value.end(),
                                [](char ch) { return ch == ' ' || ch == '\t'; }),
                 value.end());
-    absl::StatusOr<uint64_t> bytes = ParseBytes(value);
+    absl::StatusOr<uint64_t> bytes =
+        absl::EndsWith(m[1].str(), "_per_second") ? ParseRate(value) : ParseBytes(value);
     if (!bytes.ok()) continue;  // left as written: the parser names the line
     out.append(last, m[0].first);
     absl::StrAppend(&out, m[1].str(), m[2].str(), *bytes);
@@ -191,6 +345,68 @@ std::string ExpandSizeSuffixes(const std::string& text) {
   return out + ExpandInCode(code);
 }
 
+namespace {
+
+// "line L column C: <field> <rule> (got <value>)" for each value of a whole-number field in
+// `text` (config text, sizes expanded) not written in decimal digits (IsDecimalWhole): the text
+// format reads 0x10 as 16 and 010 as octal 8, and refuses 1e3 and 1.5 with a message that does
+// not say what to write. socket_mode, a file mode, is octal by design. A sketch of the text
+// format's grammar is enough: anything else it refuses names its own line.
+std::vector<std::string> WholeNumberFormProblems(const std::string& text) {
+  using google::protobuf::io::Tokenizer;
+  google::protobuf::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
+  Collector ignored;  // the parser reports syntax errors
+  Tokenizer tokens(&input, &ignored);
+  tokens.set_comment_style(Tokenizer::SH_COMMENT_STYLE);
+  tokens.set_require_space_after_number(false);
+  // Per open message: its type (nullptr: unknown) and name's prefix ("cuda_sim."), and the
+  // field of an open [ ... ] list in it.
+  std::vector<const google::protobuf::Descriptor*> scopes{v1::DaemonConfig::descriptor()};
+  std::vector<std::string> prefixes{""};
+  std::vector<const google::protobuf::FieldDescriptor*> lists{nullptr};
+  const google::protobuf::FieldDescriptor* field = nullptr;  // the one whose value comes next
+  std::string path;
+  std::vector<std::string> problems;
+  while (tokens.Next()) {
+    const Tokenizer::Token& t = tokens.current();
+    const char symbol = t.type == Tokenizer::TYPE_SYMBOL ? t.text[0] : '\0';
+    if (symbol == '{' || symbol == '<') {
+      scopes.push_back(field != nullptr ? field->message_type() : nullptr);
+      prefixes.push_back(path + ".");
+      lists.push_back(nullptr);
+      field = nullptr;
+    } else if ((symbol == '}' || symbol == '>') && scopes.size() > 1) {
+      path = prefixes.back().substr(0, prefixes.back().size() - 1);  // the message's own
+      scopes.pop_back();
+      prefixes.pop_back();
+      lists.pop_back();
+      field = lists.back();
+    } else if (symbol == '[' || symbol == ']') {
+      lists.back() = symbol == '[' ? field : nullptr;
+      if (symbol == ']') field = nullptr;
+    } else if (symbol != '\0') {
+      continue;  // ':' ',' ';' '-'
+    } else if (field == nullptr) {
+      if (t.type != Tokenizer::TYPE_IDENTIFIER || scopes.back() == nullptr) continue;
+      field = scopes.back()->FindFieldByName(t.text);
+      path = prefixes.back() + t.text;
+    } else {
+      if (IsWholeNumberField(field) && field->name() != "socket_mode" &&
+          (t.type != Tokenizer::TYPE_INTEGER || !IsDecimalWhole(t.text))) {
+        const std::string rule = absl::EndsWith(path, "_bytes")
+                                     ? std::string(kSizeRule)
+                                     : WholeNumberRule(path, MaxOf(field));
+        problems.push_back(absl::StrFormat("line %d column %d: %s %s (got %s)", t.line + 1,
+                                           t.column + 1, path, rule, t.text));
+      }
+      field = lists.back();
+    }
+  }
+  return problems;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
   v1::DaemonConfig config;
   google::protobuf::TextFormat::Parser parser;
@@ -199,8 +415,12 @@ absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
   }
   Collector errors;
   parser.RecordErrorsTo(&errors);
+  const std::string expanded = ExpandSizeSuffixes(text);
+  if (std::vector<std::string> forms = WholeNumberFormProblems(expanded); !forms.empty()) {
+    return absl::InvalidArgumentError("config: " + absl::StrJoin(forms, "; "));
+  }
   // Merging sets every field the text names, zero values included (metrics_address: "").
-  if (!parser.MergeFromString(ExpandSizeSuffixes(text), &config)) {
+  if (!parser.MergeFromString(expanded, &config)) {
     std::string hint = " (offloadd --print-default-config shows every field)";
     const std::vector<std::string> lines = absl::StrSplit(text, '\n');
     for (int line : errors.lines) {
@@ -247,16 +467,25 @@ struct Problems {
   std::vector<std::string> sentences;
 
   void Add(std::string sentence) { sentences.push_back(std::move(sentence)); }
-  // `field` (its name in the config file, "cuda_sim.gpus" for a nested one) must lie in
-  // [min, max]; NaN never does. `rule` says so after the field's name; the value given and
-  // where it came from (Source) are added to it.
-  template <typename V>
-  void Range(const char* field, V value, double min, double max, const char* rule) {
-    Require(value >= min && value <= max, field, Shown(value), rule);
-  }
-  // Adds "<field> <rule> (got <shown><Source>)" unless `ok`.
-  void Require(bool ok, const char* field, const std::string& shown, const char* rule) {
+  // Adds "<field> <rule> (got <shown><Source>)" unless `ok`; `field` is its name in the config
+  // file ("cuda_sim.gpus" for a nested one).
+  void Require(bool ok, const std::string& field, const std::string& shown,
+               const std::string& rule) {
     if (!ok) Add(absl::StrFormat("%s %s (got %s%s)", field, rule, shown, Source(field)));
+  }
+  // A text field whose value must be one of `values`: "<field> must be one of "a", "b" or "c"
+  // <note> (got "x"<Source>)".
+  void OneOf(const std::string& field, const std::string& value,
+             const std::vector<std::string>& values, const std::string& note) {
+    if (std::find(values.begin(), values.end(), value) != values.end()) return;
+    std::vector<std::string> quoted;
+    for (const std::string& v : values) quoted.push_back(absl::StrCat("\"", v, "\""));
+    const std::string last = quoted.back();
+    quoted.pop_back();
+    const std::string rule =
+        absl::StrCat("must be ", quoted.size() > 1 ? "one of " : "", absl::StrJoin(quoted, ", "),
+                     " or ", last, note.empty() ? "" : " ", note);
+    Require(false, field, absl::StrCat("\"", value, "\""), rule);
   }
   // A value as a message gives it: an integer exactly, a real with the fewest digits that read
   // back as the same double (so it never reads as the bound it missed).
@@ -301,10 +530,6 @@ struct Problems {
   }
 };
 
-// The largest rate a config may give (bytes per second): any finite double; inf and NaN are
-// refused (a rate of inf made a link unpaced by accident, NaN paced nothing).
-constexpr double kMaxRate = std::numeric_limits<double>::max();
-
 bool ValidCapacity(double bytes_per_second) {
   return bytes_per_second >= 0 && bytes_per_second <= kMaxRate;
 }
@@ -325,25 +550,52 @@ bool ValidShmName(const std::string& name) {
          name != "." && name != "..";
 }
 
-// pool_bytes, backend, numa_placement, chunk_bytes and pool_shm_name.
-void CheckPoolAndBackend(const v1::DaemonConfig& c, Problems* p) {
-  p->Require(c.pool_bytes() >= (1u << 20), "pool_bytes", p->Shown(c.pool_bytes()),
-             "must be at least 1 MiB (1048576 bytes)");
-  if (c.backend() != "shm" && c.backend() != "cuda" && c.backend() != "cuda-sim") {
-    p->Add(absl::StrFormat(
-        "backend \"%s\" is not known: use \"shm\" or \"cuda\" (or \"cuda-sim\", a timing model "
-        "of GPU copy engines for simulated clients and benchmarks)",
-        c.backend()));
+// `path`'s value in `config` (a numeric field; "cuda_sim.gpus" for a nested one): as a number
+// to check and as a message shows it (an integer exactly).
+std::pair<double, std::string> NumericValue(const google::protobuf::Message& config,
+                                            const std::string& path) {
+  using F = google::protobuf::FieldDescriptor;
+  const google::protobuf::Message* m = &config;
+  const F* f = nullptr;
+  for (absl::string_view part : absl::StrSplit(path, '.')) {
+    if (f != nullptr) m = &m->GetReflection()->GetMessage(*m, f);
+    f = m->GetDescriptor()->FindFieldByName(std::string(part));
+    if (f == nullptr) return {std::nan(""), "a field the config does not have"};
   }
-  if (c.numa_placement() != "auto" && c.numa_placement() != "off") {
-    p->Add(absl::StrFormat(
-        "numa_placement \"%s\" is not known: use \"auto\" (slice the pool per NUMA node with "
-        "GPUs when there are two or more) or \"off\"",
-        c.numa_placement()));
+  const google::protobuf::Reflection* r = m->GetReflection();
+  switch (f->cpp_type()) {
+    case F::CPPTYPE_UINT32: return {r->GetUInt32(*m, f), Problems::Shown(r->GetUInt32(*m, f))};
+    case F::CPPTYPE_UINT64:
+      return {static_cast<double>(r->GetUInt64(*m, f)), Problems::Shown(r->GetUInt64(*m, f))};
+    default: return {r->GetDouble(*m, f), Problems::Shown(r->GetDouble(*m, f))};
   }
-  // Above 1 GiB, rounding a chunk up to the spill tier's alignment could wrap.
-  p->Range("chunk_bytes", c.chunk_bytes(), 4096, 1 << 30,
-           "must be between 4096 and 1073741824 (1 GiB)");
+}
+
+// Every field of kFieldRanges, in its order.
+void CheckRanges(const v1::DaemonConfig& c, Problems* p) {
+  for (const FieldRange& r : kFieldRanges) {
+    const auto [value, shown] = NumericValue(c, r.field);
+    p->Require(InRange(r, value), r.field, shown, RangeRule(r));
+  }
+}
+
+// The text fields with a fixed set of values, socket_mode, pool_shm_name and checksums.
+void CheckChoicesAndPool(const v1::DaemonConfig& c, Problems* p) {
+  p->OneOf("backend", c.backend(), {"shm", "cuda", "cuda-sim"},
+           "(cuda-sim: a timing model of GPU copy engines for simulated clients and benchmarks)");
+  p->OneOf("numa_placement", c.numa_placement(), {"auto", "off"},
+           "(auto: slice the pool per NUMA node with GPUs when there are two or more)");
+  p->OneOf("projector.backend", c.projector().backend(), {"lapack", "cusolver", "auto", ""},
+           "(lapack: the host CPU, the default, as is \"\"; cusolver: gradients on a GPU, "
+           "solved there)");
+  // Shown in octal, as modes are written; the text format reads 660 (no leading 0) as decimal.
+  p->Require(c.socket_mode() <= kMaxSocketMode, "socket_mode",
+             absl::StrFormat("0%o (decimal %d)", c.socket_mode(), c.socket_mode()),
+             absl::StrFormat(
+                 "must be a file mode from 0 to 0%o; in the config file write it with a leading "
+                 "0, which the text format reads as octal (socket_mode: 0660), and on the command "
+                 "line as octal digits (--socket_mode=660)",
+                 kMaxSocketMode));
   if (!ValidShmName(c.pool_shm_name())) {
     p->Add(absl::StrFormat(
         "pool_shm_name \"%s\" must be at most 200 letters, digits, '.', '_' or '-' (it names "
@@ -379,21 +631,6 @@ void CheckLinks(const v1::DaemonConfig& c, Problems* p) {
   for (const auto& w : c.gpu_weights()) {
     if (w.weight() < 1) p->Add("gpu_weights: weight of " + w.gpu() + " must be >= 1");
   }
-}
-
-void CheckCalibrationAndSim(const v1::DaemonConfig& c, Problems* p) {
-  const double budget = c.link_calibration_budget_seconds();
-  p->Require(budget > 0 && budget <= 600, "link_calibration_budget_seconds", p->Shown(budget),
-             "must be in (0, 600] (5 by default)");
-  const v1::CudaSimConfig& s = c.cuda_sim();
-  p->Range("cuda_sim.gpus", s.gpus(), 1, 64, "must be between 1 and 64");
-  // Narrowed to int for the model: bounded first.
-  p->Range("cuda_sim.gpus_per_switch", s.gpus_per_switch(), 1, 64, "must be between 1 and 64");
-  const double engine = s.engine_bytes_per_second(), sw = s.switch_bytes_per_second();
-  p->Require(engine > 0 && std::isfinite(engine), "cuda_sim.engine_bytes_per_second",
-             p->Shown(engine), "must be > 0 (e.g. 55GB)");
-  p->Require(sw >= 0 && std::isfinite(sw), "cuda_sim.switch_bytes_per_second", p->Shown(sw),
-             "must be >= 0 (0 = no switch limit)");
 }
 
 void CheckPerUidLimits(const v1::DaemonConfig& c, Problems* p) {
@@ -446,67 +683,27 @@ void CheckHostLinks(const v1::DaemonConfig& c, Problems* p) {
 
 absl::Status ValidateConfig(const v1::DaemonConfig& c, const ConfigSources& sources) {
   Problems p{sources, {}};
-  CheckPoolAndBackend(c, &p);
-  p.Range("resume_grace_seconds", c.resume_grace_seconds(), 0, 86400,
-          "must be between 0 and 86400");
-  const double high_water = c.spill_high_water_fraction();
-  p.Require(high_water > 0 && high_water <= 1, "spill_high_water_fraction", p.Shown(high_water),
-            "must be in (0, 1]");
-  p.Range("spill_io_threads", c.spill_io_threads(), 1, 64, "must be between 1 and 64");
-  p.Range("copy_threads", c.copy_threads(), 1, 64, "must be between 1 and 64");
-  p.Range("admission_deadline_seconds", c.admission_deadline_seconds(), 0, 86400,
-          "must be between 0 and 86400 (a day)");
-  // Shown in octal, as modes are written; the text format reads 660 (no leading 0) as decimal.
-  p.Require(c.socket_mode() <= 0777, "socket_mode",
-            absl::StrFormat("0%o (decimal %d)", c.socket_mode(), c.socket_mode()),
-            "must be a file mode from 0 to 0777; in the config file write it with a leading 0, "
-            "which the text format reads as octal (socket_mode: 0660), and on the command line "
-            "as octal digits (--socket_mode=660)");
-  p.Range("default_link_bytes_per_second", c.default_link_bytes_per_second(), 0, kMaxRate,
-          "must be a finite number >= 0 (0 = unpaced)");
-  p.Range("spill_bytes_per_second", c.spill_bytes_per_second(), -kMaxRate, kMaxRate,
-          "must be a finite number (0 = measured at start-up, negative = unpaced)");
+  CheckRanges(c, &p);
+  CheckChoicesAndPool(c, &p);
   CheckLinks(c, &p);
-  p.Range("offload_min_share", c.offload_min_share(), 0, 1, "must be between 0 and 1");
-  p.Range("numa_node_bytes_per_second", c.numa_node_bytes_per_second(), 0, kMaxRate,
-          "must be a finite number >= 0 (0 = no NUMA level)");
   CheckPerUidLimits(c, &p);
-  p.Range("hello_timeout_seconds", c.hello_timeout_seconds(), 0, 3600,
-          "must be between 0 and 3600 (0 = no timeout)");
-  p.Range("shutdown_grace_seconds", c.shutdown_grace_seconds(), 0, 86400,
-          "must be between 0 and 86400 (0 = no bound)");
-  p.Range("max_streams_per_connection", c.max_streams_per_connection(), 0, 1000000,
-          "must be at most 1000000 (0 = gRPC's default)");
-  p.Range("unused_connection_timeout_seconds", c.unused_connection_timeout_seconds(), 0, 86400,
-          "must be between 0 and 86400 (a day)");
-  if (const std::string& b = c.projector().backend();
-      !b.empty() && b != "lapack" && b != "cusolver" && b != "auto") {
-    p.Add(absl::StrFormat("projector.backend \"%s\" is not known: use \"lapack\" (the host CPU, "
-                          "the default), \"cusolver\" (gradients on a GPU, solved there) or "
-                          "\"auto\"",
-                          b));
-  }
-  p.Range("keepalive_time_seconds", c.keepalive_time_seconds(), 0, 86400,
-          "must be between 0 and 86400 (0 = no keepalive pings)");
-  p.Range("keepalive_timeout_seconds", c.keepalive_timeout_seconds(), 0, 86400,
-          "must be between 0 and 86400");
-  // Below ~50 us the kernel's timer slack sets the poll rate, not the value.
-  if (const double poll = c.ring_poll_seconds(); poll != 0) {
-    p.Range("ring_poll_seconds", poll, 50e-6, 0.1,
-            "must be 0 (clients always wake the daemon) or between 0.00005 "
-            "(the kernel's timer slack) and 0.1 (a submission may wait that long to be taken)");
-  }
   p.PerUidWithinTotal(c.projector().max_queued_refreshes_per_uid(),
                       c.projector().max_queued_refreshes(),
                       "projector.max_queued_refreshes_per_uid", "projector.max_queued_refreshes");
-  p.Range("pid_exit_grace_seconds", c.pid_exit_grace_seconds(), 0, 3600,
-          "must be between 0 and 3600");
   if (auto g = ResolveSocketGroup(c); !g.ok()) p.Add(std::string(g.status().message()));
   CheckGpus(c, &p);
   CheckHostLinks(c, &p);
-  CheckCalibrationAndSim(c, &p);
   if (p.sentences.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError("invalid config: " + absl::StrJoin(p.sentences, "; "));
+}
+
+std::vector<ConfigFieldRange> ConfigFieldRanges() {
+  std::vector<ConfigFieldRange> ranges;
+  for (const FieldRange& r : kFieldRanges) {
+    ranges.push_back({r.field, r.min, r.max, r.bounds == Bounds::kAboveMin,
+                      r.bounds == Bounds::kClosedOrZero, RangeRule(r)});
+  }
+  return ranges;
 }
 
 // Every scalar field's flag with its help line, in the order --help lists them.
@@ -577,40 +774,95 @@ const std::vector<FlagInfo>& ConfigFlags() {
   return *flags;
 }
 
-absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
-  static const std::pair<const char*, double> kSuffixes[] = {
-      {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0},
-      {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}};
+namespace {
+
+// The size suffixes and their multipliers, longest first.
+constexpr std::pair<const char*, uint64_t> kSizeSuffixes[] = {
+    {"TiB", 1ull << 40}, {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10},
+    {"TB", 1000000000000ull}, {"GB", 1000000000ull}, {"MB", 1000000ull}, {"KB", 1000ull},
+    {"B", 1}};
+
+// `text` without its size suffix, and the suffix's multiplier (1 without one).
+std::pair<std::string, uint64_t> SplitSizeSuffix(const std::string& text) {
   std::string t(absl::StripAsciiWhitespace(text));
-  double mult = 1;
-  for (const auto& [suffix, m] : kSuffixes) {
-    std::string s(suffix);
-    if (t.size() > s.size() && t.compare(t.size() - s.size(), s.size(), s) == 0) {
-      t = t.substr(0, t.size() - s.size());
-      mult = m;
-      break;
+  for (const auto& [suffix, multiplier] : kSizeSuffixes) {
+    if (absl::EndsWith(t, suffix) && t.size() > strlen(suffix)) {
+      return {t.substr(0, t.size() - strlen(suffix)), multiplier};
     }
   }
-  const auto too_large = [&text] {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "\"%s\" is more bytes than a 64-bit count holds (at most 18446744073709551615, 16 EiB): "
-        "give a smaller size",
-        text));
-  };
-  uint64_t exact = 0;
-  if (!t.empty() && t.find_first_not_of("0123456789") == std::string::npos) {
-    if (!absl::SimpleAtoi(t, &exact)) return too_large();  // more than 20 digits' worth
-    if (mult == 1) return exact;                           // exact, without a double's rounding
+  return {t, 1};
+}
+
+absl::Status TooManyBytes(const std::string& text) {
+  return absl::OutOfRangeError(absl::StrFormat(
+      "\"%s\" is more bytes than a 64-bit count holds (at most 18446744073709551615, 16 EiB): "
+      "give a smaller size",
+      text));
+}
+
+absl::Status NotASize(const std::string& text) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "\"%s\" is not a size: write a whole number of bytes in decimal digits, optionally with a "
+      "suffix (KiB MiB GiB TiB KB MB GB TB; 64MiB, 1.5GiB)",
+      text));
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
+  const auto [number, multiplier] = SplitSizeSuffix(text);
+  const size_t dot = number.find('.');
+  const std::string whole = number.substr(0, dot);
+  std::string fraction = dot == std::string::npos ? "" : number.substr(dot + 1);
+  // A fraction only with a suffix that makes it whole bytes (1.5GiB); never 0x, signs, exponents.
+  if (!IsDecimalWhole(whole)) return NotASize(text);
+  if (dot != std::string::npos &&
+      (multiplier == 1 || fraction.empty() ||
+       fraction.find_first_not_of("0123456789") != std::string::npos)) {
+    return NotASize(text);
   }
-  double v;
-  if (!absl::SimpleAtod(t, &v) || v < 0 || !std::isfinite(v)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "\"%s\" is not a size: write bytes, optionally with a suffix (64MiB, 1.5GiB)", text));
+  while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+  if (whole.size() > 20) return TooManyBytes(text);
+  if (fraction.size() > 19) return NotASize(text);  // finer than any suffix's byte
+  unsigned __int128 scale = 1, fraction_value = 0;
+  for (char ch : fraction) {
+    scale *= 10;
+    fraction_value = fraction_value * 10 + static_cast<unsigned>(ch - '0');
   }
-  const double bytes = std::round(v * mult);
-  if (!(bytes < 18446744073709551616.0)) return too_large();  // 2^64: checked before narrowing
+  uint64_t whole_value = 0;
+  if (!absl::SimpleAtoi(whole, &whole_value)) return TooManyBytes(text);  // 20 digits, > 2^64
+  const unsigned __int128 fraction_bytes = fraction_value * multiplier;
+  if (fraction_bytes % scale != 0) return NotASize(text);  // not a whole number of bytes
+  const unsigned __int128 bytes =
+      static_cast<unsigned __int128>(whole_value) * multiplier + fraction_bytes / scale;
+  if (bytes > std::numeric_limits<uint64_t>::max()) return TooManyBytes(text);
   return static_cast<uint64_t>(bytes);
 }
+
+namespace {
+
+// A rate in bytes per second: a real number (exponents allowed: 2.5e10), optionally with a
+// size suffix, rounded to whole bytes. Errors as ParseBytes.
+absl::StatusOr<uint64_t> ParseRate(const std::string& text) {
+  const auto [t, multiplier] = SplitSizeSuffix(text);
+  uint64_t exact = 0;
+  if (!t.empty() && t.find_first_not_of("0123456789") == std::string::npos) {
+    if (!absl::SimpleAtoi(t, &exact)) return TooManyBytes(text);  // more than 20 digits' worth
+    if (multiplier == 1) return exact;  // exact, without a double's rounding
+  }
+  double v;
+  if (t.find_first_of("xX") != std::string::npos || !absl::SimpleAtod(t, &v) || v < 0 ||
+      !std::isfinite(v)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "\"%s\" is not a rate: write bytes per second, optionally with a suffix (25GB, 2.5e10)",
+        text));
+  }
+  const double bytes = std::round(v * static_cast<double>(multiplier));
+  if (!(bytes < 18446744073709551616.0)) return TooManyBytes(text);  // 2^64: before narrowing
+  return static_cast<uint64_t>(bytes);
+}
+
+}  // namespace
 
 namespace {
 
@@ -621,8 +873,8 @@ enum class FlagValue {
   kBool,         // true|1|(empty) or false|0
   kBytes,        // ParseBytes; into a uint64 or double field
   kSignedBytes,  // ParseBytes, or a negative number as is (spill_bytes_per_second < 0 = unpaced)
-  kNumber,       // a number; into a double field, or a uint32 field in range (fraction dropped)
-  kCount,        // a whole number into a uint32 or uint64 field, in the field's range
+  kNumber,       // a real number into a double field; into a whole-number field as kCount
+  kCount,        // a whole number in decimal digits into a uint32 or uint64 field
   kIds,          // comma-separated numeric ids, replacing the repeated field
 };
 
@@ -663,33 +915,6 @@ const std::map<std::string, FlagValue>& FlagValues() {
   return *values;
 }
 
-// The largest value `field` (a uint32 or uint64 field) holds.
-uint64_t MaxOf(const google::protobuf::FieldDescriptor* field) {
-  return field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64
-             ? std::numeric_limits<uint64_t>::max()
-             : std::numeric_limits<uint32_t>::max();
-}
-
-// Whole-number fields whose valid range (ValidateConfig's) is narrower than their type's: a
-// flag value outside the type is refused naming this range, not the type's.
-struct WholeRange {
-  const char* field;
-  uint64_t min, max;
-};
-constexpr WholeRange kWholeRanges[] = {
-    {"copy_threads", 1, 64},
-    {"spill_io_threads", 1, 64},
-    {"max_streams_per_connection", 0, 1000000},
-};
-
-// " from MIN to MAX": `field`'s range in kWholeRanges, else its type's, 0 to `type_max`.
-std::string WholeRangeText(const std::string& field, uint64_t type_max) {
-  for (const WholeRange& r : kWholeRanges) {
-    if (field == r.field) return absl::StrFormat(" from %d to %d", r.min, r.max);
-  }
-  return absl::StrFormat(" from 0 to %d", type_max);
-}
-
 // Applies one flag of a known field; `name` is the normalized flag (and field) name.
 class FlagSetter {
  public:
@@ -699,39 +924,52 @@ class FlagSetter {
         reflection_(c->GetReflection()) {}
 
   absl::Status Apply(FlagValue kind) {
+    const bool real = field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE;
     switch (kind) {
       case FlagValue::kText: reflection_->SetString(c_, field_, value_); return absl::OkStatus();
       case FlagValue::kOctal: return Octal();
       case FlagValue::kBool: return Bool();
       case FlagValue::kBytes: return Bytes();
-      case FlagValue::kSignedBytes: return absl::StartsWith(value_, "-") ? Number(false) : Bytes();
-      case FlagValue::kNumber: return Number(false);
-      case FlagValue::kCount: return Number(true);
+      case FlagValue::kSignedBytes: return absl::StartsWith(value_, "-") ? Real() : Bytes();
+      case FlagValue::kNumber: return real ? Real() : Count();
+      case FlagValue::kCount: return Count();
       case FlagValue::kIds: return Ids();
     }
     return absl::InternalError("unhandled flag kind");
   }
 
  private:
+  // "<field> <rule> (got "<value>" from --<field>=<value> on the command line)": the form of
+  // ValidateConfig's range errors.
+  absl::Status Refuse(const std::string& rule) const {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s %s (got \"%s\" from --%s=%s on the command line)", name_, rule, value_, name_,
+        value_));
+  }
   absl::Status Bool() {
     if (value_ == "true" || value_ == "1" || value_.empty()) {
       reflection_->SetBool(c_, field_, true);
     } else if (value_ == "false" || value_ == "0") {
       reflection_->SetBool(c_, field_, false);
     } else {
-      return absl::InvalidArgumentError("--" + name_ + " takes true or false");
+      return Refuse("must be \"true\" or \"false\" (or 1 or 0; --" + name_ + " alone is true)");
     }
     return absl::OkStatus();
   }
+  // A size (ParseBytes) into a uint64 field, or a rate (ParseRate) into a double field.
   absl::Status Bytes() {
-    auto b = ParseBytes(value_);
+    const bool rate = field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE;
+    absl::StatusOr<uint64_t> b = rate ? ParseRate(value_) : ParseBytes(value_);
     if (!b.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--", name_, ": ", b.status().message()));
+      if (b.status().code() == absl::StatusCode::kOutOfRange) return Refuse(kTooManyBytesRule);
+      return Refuse(rate ? "must be a rate in bytes per second, optionally with a size suffix "
+                           "(KiB MiB GiB TiB KB MB GB TB), like 25GB or 2.5e10"
+                         : kSizeRule);
     }
-    if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
-      reflection_->SetUInt64(c_, field_, *b);
-    } else {
+    if (rate) {
       reflection_->SetDouble(c_, field_, static_cast<double>(*b));
+    } else {
+      reflection_->SetUInt64(c_, field_, *b);
     }
     return absl::OkStatus();
   }
@@ -739,37 +977,30 @@ class FlagSetter {
   absl::Status Octal() {
     if (value_.empty() || value_.size() > 4 ||
         value_.find_first_not_of("01234567") != std::string::npos ||
-        std::strtoul(value_.c_str(), nullptr, 8) > 0777) {
-      return absl::InvalidArgumentError("--" + name_ + " takes an octal file mode from 0000 to "
-                                        "0777, like 0660, not \"" + value_ + "\"");
+        std::strtoul(value_.c_str(), nullptr, 8) > kMaxSocketMode) {
+      return Refuse(absl::StrFormat("must be an octal file mode from 0000 to %04o, like 0660",
+                                    kMaxSocketMode));
     }
     reflection_->SetUInt32(c_, field_,
                            static_cast<uint32_t>(std::strtoul(value_.c_str(), nullptr, 8)));
     return absl::OkStatus();
   }
-  // A number into a double field, or into a uint32/uint64 field after a range check: whole
-  // (2e3 is, 1.9 is not: a fraction was dropped without a word, 0.9 became 0).
-  absl::Status Number(bool count) {
+  // A real number into a double field.
+  absl::Status Real() {
     double d = 0;
-    uint64_t whole = 0;
-    const bool is_whole = absl::SimpleAtoi(value_, &whole);
-    if (!is_whole && !absl::SimpleAtod(value_, &d)) {
-      return absl::InvalidArgumentError("--" + name_ + " takes a number, not \"" + value_ + "\"");
-    }
-    if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) {
-      if (is_whole) d = static_cast<double>(whole);
-      if (count && d < 0) return absl::InvalidArgumentError("--" + name_ + " must be >= 0");
-      reflection_->SetDouble(c_, field_, d);
-      return absl::OkStatus();
-    }
+    if (!absl::SimpleAtod(value_, &d)) return Refuse("must be a number, like 2.5 or 1e-3");
+    reflection_->SetDouble(c_, field_, d);
+    return absl::OkStatus();
+  }
+  // A whole number into a uint32 or uint64 field: decimal digits (IsDecimalWhole), within the
+  // field's type (4294967297 became 1 in a uint32); the range kFieldRanges gives is
+  // ValidateConfig's to check, naming the source.
+  absl::Status Count() {
     const uint64_t max = MaxOf(field_);
-    // max + 1 is a power of two, so the double comparison is exact.
-    const bool in_range = is_whole ? whole <= max : (d >= 0 && d < static_cast<double>(max) + 1);
-    if (!in_range || (!is_whole && d != std::floor(d))) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--%s takes a whole number%s, not \"%s\"", name_, WholeRangeText(name_, max), value_));
+    uint64_t v = 0;
+    if (!IsDecimalWhole(value_) || !absl::SimpleAtoi(value_, &v) || v > max) {
+      return Refuse(WholeNumberRule(name_, max));
     }
-    const uint64_t v = is_whole ? whole : static_cast<uint64_t>(d);
     if (field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
       reflection_->SetUInt64(c_, field_, v);
     } else {
@@ -781,8 +1012,10 @@ class FlagSetter {
     std::vector<uint32_t> ids;
     for (absl::string_view part : absl::StrSplit(value_, ',', absl::SkipWhitespace())) {
       uint32_t id;
-      if (!absl::SimpleAtoi(part, &id)) {
-        return absl::InvalidArgumentError("--" + name_ + " takes numeric ids like 1000,1001");
+      part = absl::StripAsciiWhitespace(part);
+      if (!IsDecimalWhole(part) || !absl::SimpleAtoi(part, &id)) {
+        return Refuse("must be numeric ids from 0 to 4294967295 in decimal digits, "
+                      "comma-separated, like 1000,1001");
       }
       ids.push_back(id);
     }

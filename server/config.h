@@ -26,8 +26,11 @@ const std::string& DefaultConfigText();
 
 // Parses text-format DaemonConfig over the defaults. A field whose name ends in _bytes or
 // _bytes_per_second may be written with a size suffix (`pool_bytes: 256GiB`; ExpandSizeSuffixes).
-// Errors: INVALID_ARGUMENT naming the line and column of a syntax error or unknown field; for a
-// value that is not a number it also lists the suffixes.
+// A whole-number field (a size in bytes, a count, an id) takes decimal digits only: 0x10, 010
+// (which the text format reads as octal 8), 1e3 and 1.5 are refused; socket_mode, a file mode,
+// is written in octal (0660). Errors: INVALID_ARGUMENT naming the line and column of a syntax
+// error, an unknown field or a whole number in another form (with the field, the value and the
+// form to use); for a size that is not a number it also lists the suffixes.
 absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text);
 // The most bytes a config file may hold (1 MiB; the defaults are about 3 KiB).
 inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
@@ -38,8 +41,9 @@ inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
 
 // `text` with every "<name>_bytes[_per_second]: <number><suffix>" value (suffixes as
-// ParseBytes, unquoted) replaced by its integer byte count; strings, comments and all other
-// text are unchanged.
+// ParseBytes, unquoted) replaced by its integer byte count: a _bytes value as ParseBytes reads
+// it, a rate rounded to whole bytes; strings, comments, values neither reads and all other text
+// are unchanged.
 std::string ExpandSizeSuffixes(const std::string& text);
 
 // Where a config's values came from, for the messages of ValidateConfig and LoadDaemonConfig:
@@ -52,12 +56,28 @@ struct ConfigSources {
   // fills it): a field the file does not name has its default, and is said to.
   std::optional<std::set<std::string>> file_fields;
 };
-// Checks ranges and combinations; INVALID_ARGUMENT with a sentence per problem. A value out of
-// its range is given with where it came from, by `sources`: "(got 0.5 from
+// Checks ranges (ConfigFieldRanges), the text fields with a fixed set of values (backend,
+// numa_placement, projector.backend: the message lists them) and combinations;
+// INVALID_ARGUMENT with a sentence per problem. A value out of its range or set is given with
+// where it came from, by `sources`: "(got 0.5 from
 // --ring_poll_seconds=0.5 on the command line)" when a flag set the field (the last one wins),
 // else "(got 0.5 from ring_poll_seconds in /etc/offloadd.conf)" when a file was read (", the
 // default" instead when sources.file_fields is known and lacks the field), else "(got 0.5)".
 absl::Status ValidateConfig(const v1::DaemonConfig& config, const ConfigSources& sources = {});
+// A numeric field's allowed values, as ValidateConfig checks them (each is written in one table,
+// which flags' messages name too): `field` as the config file names it ("cuda_sim.gpus" for a
+// nested one); from min to max, both included, except min when `min_excluded`; 0 is allowed
+// as well when `zero_allowed`. max is the largest finite double where any finite number up
+// from min is allowed, 2^64 where the field's type alone bounds it. `rule`: the words after the
+// field's name in ValidateConfig's message ("must be between 1 and 64").
+struct ConfigFieldRange {
+  std::string field;
+  double min, max;
+  bool min_excluded, zero_allowed;
+  std::string rule;
+};
+std::vector<ConfigFieldRange> ConfigFieldRanges();
+
 // The daemon's config: sources.file (LoadConfigFile; the defaults when ""), then sources.flags
 // over it in order (ApplyFlag), then ValidateConfig with `sources`. Errors: the first of those
 // three's, as each returns it.
@@ -85,11 +105,19 @@ struct FlagInfo {
   const char* help;
 };
 const std::vector<FlagInfo>& ConfigFlags();
-// Applies one flag to the config. Sizes accept suffixes (KiB, MiB, GiB, TiB, KB, MB, GB).
-// Errors: NOT_FOUND for an unknown flag, INVALID_ARGUMENT for a bad value.
+// Applies one flag to the config. Sizes in bytes take ParseBytes' form; rates (_per_second) a
+// real number with an optional suffix (25GB, 2.5e10); counts and ids decimal digits only (no
+// sign, leading 0, 0x, exponent or fraction), within the field's type (the range ValidateConfig
+// checks is named); socket_mode octal digits; true/false fields true, false, 1, 0 or nothing.
+// Errors: NOT_FOUND for an unknown flag; INVALID_ARGUMENT for a bad value, worded as
+// ValidateConfig's: "max_sessions must be a whole number from 0 to 4294967295, in decimal
+// digits only (...) (got "0x10" from --max_sessions=0x10 on the command line)".
 absl::Status ApplyFlag(const std::string& name, const std::string& value, v1::DaemonConfig* config);
 
-// Parses "64MiB", "1.5GiB", "4096" into bytes.
+// Parses a size into bytes: decimal digits ("4096"), optionally with a suffix (KiB MiB GiB TiB,
+// KB MB GB TB, B), which may follow a decimal fraction that comes to whole bytes ("64MiB",
+// "1.5GiB"; not "1.5" or "1.3KiB"). Errors: INVALID_ARGUMENT for any other form (0x10, 1e9, a
+// sign, a leading 0), OUT_OF_RANGE beyond 2^64 - 1; each message quotes `text`.
 absl::StatusOr<uint64_t> ParseBytes(const std::string& text);
 
 // The shm backend's mapping bounds (max_shm_*).

@@ -2,7 +2,8 @@
 # Hostile and mistaken inputs to the daemon's and offloadctl's command lines, each refused at
 # once with its exit status and a sentence: config files and --hf-config files that are devices
 # (/dev/zero, /dev/urandom: read until the OOM killer before), FIFOs without a writer (blocked
-# start-up for good) or too large; integer flags beyond their field (4294967297 became 1), sizes
+# start-up for good) or too large; integer flags beyond their field (4294967297 became 1) or not
+# in decimal digits (0x10 became 16, 1e3 1000, 1.5 bytes 2), in flags and the file, sizes
 # beyond 64 bits, socket modes that are not octal (0999 became mode 0), session ids beyond 64
 # bits; and a socket path without a directory part, which is served in the current directory
 # (it became a directory of that name). Every command runs under a time and memory bound, so a
@@ -50,19 +51,28 @@ head -c 1048577 /dev/zero | tr '\0' '#' >"$dir/big.conf"
 expect config_too_large 2 "config file $dir/big.conf is larger than 1048576 bytes" \
   "$OFFLOADD" --check-config "$dir/big.conf" "${common[@]}"
 
-# Values beyond their field's range are refused, naming the flag and the range.
+# Values beyond their field's range, or not in decimal digits, are refused, naming the flag, the
+# value and the form.
 for flag in max_connections_total max_sessions max_requests_in_flight; do
-  for v in 4294967296 4294967297 4294967301; do
-    expect "${flag}_$v" 2 "--$flag takes a whole number from 0 to 4294967295, not \"$v\"" \
+  for v in 4294967296 4294967297 4294967301 0x10 1e3 1.5; do
+    expect "${flag}_$v" 2 "$flag must be a whole number from 0 to 4294967295, in decimal digits only (no sign, leading 0, 0x, exponent or fraction) (got \"$v\" from --$flag=$v on the command line)" \
       "$OFFLOADD" --check-config /dev/null "${common[@]}" "--$flag=$v"
   done
 done
-for v in 18446744073709551616 1e30; do
-  expect "pool_bytes_$v" 2 "--pool_bytes: \"$v\" is more bytes than a 64-bit" \
+for v in 18446744073709551616 16777216TiB; do
+  expect "pool_bytes_$v" 2 "pool_bytes must be at most 18446744073709551615 bytes" \
     "$OFFLOADD" --check-config /dev/null --socket_path="$dir/d.sock" --metrics_address= \
     "--pool_bytes=$v"
 done
-expect socket_mode_0999 2 "--socket_mode takes an octal file mode from 0000 to 0777" \
+for v in 1e30 0x10000000 1.5; do
+  expect "pool_bytes_$v" 2 "pool_bytes must be a whole number of bytes in decimal digits, optionally with a size suffix" \
+    "$OFFLOADD" --check-config /dev/null --socket_path="$dir/d.sock" --metrics_address= \
+    "--pool_bytes=$v"
+done
+printf 'max_sessions: 0x10\n' >"$dir/hex.conf"
+expect config_file_hex 2 "$dir/hex.conf: config: line 1 column 15: max_sessions must be a whole number from 0 to 4294967295, in decimal digits only" \
+  "$OFFLOADD" --check-config "$dir/hex.conf" "${common[@]}"
+expect socket_mode_0999 2 "socket_mode must be an octal file mode from 0000 to 0777" \
   "$OFFLOADD" --check-config /dev/null "${common[@]}" --socket_mode=0999
 expect end_session_beyond_64_bits 2 "'18446744073709551616' is not a session id" \
   "$CTL" --socket "$dir/none.sock" end-session 18446744073709551616
