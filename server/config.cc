@@ -263,6 +263,13 @@ std::string WholeNumberRule(const std::string& field, uint64_t type_max) {
                          range);
 }
 
+// Whether the config field at `path` is a size in bytes (it takes a size suffix in the file,
+// as its flag does): its name ends in _bytes, _bytes_total or _bytes_per_uid.
+bool IsSizeField(absl::string_view path) {
+  return absl::EndsWith(path, "_bytes") || absl::EndsWith(path, "_bytes_total") ||
+         absl::EndsWith(path, "_bytes_per_uid");
+}
+
 // The rule for a size in bytes (ParseBytes' form).
 constexpr char kSizeRule[] =
     "must be a whole number of bytes in decimal digits, optionally with a size suffix (KiB MiB "
@@ -292,10 +299,10 @@ absl::StatusOr<uint64_t> ParseRate(const std::string& text);
 
 // `code` (text outside strings and comments) with sized values replaced.
 std::string ExpandInCode(const std::string& code) {
-  // A field whose name ends in _bytes or _bytes_per_second, then a number with a size suffix
-  // (spaces or tabs between them allowed: "pool_bytes: 64 GiB").
+  // A field whose name ends in _bytes, _bytes_per_second, _bytes_total or _bytes_per_uid, then
+  // a number with a size suffix (spaces or tabs between them allowed: "pool_bytes: 64 GiB").
   static const std::regex* sized = new std::regex(
-      R"re(\b(\w+_bytes(?:_per_second)?)(\s*:\s*)([0-9]+(?:\.[0-9]+)?[ \t]*(?:[KMGT]i?B|B))\b)re");
+      R"re(\b(\w+_bytes(?:_per_second|_total|_per_uid)?)(\s*:\s*)([0-9]+(?:\.[0-9]+)?[ \t]*(?:[KMGT]i?B|B))\b)re");
   std::string out;
   auto last = code.cbegin();
   for (std::sregex_iterator it(code.begin(), code.end(), *sized), end; it != end; ++it) {
@@ -393,7 +400,7 @@ std::vector<std::string> WholeNumberFormProblems(const std::string& text) {
     } else {
       if (IsWholeNumberField(field) && field->name() != "socket_mode" &&
           (t.type != Tokenizer::TYPE_INTEGER || !IsDecimalWhole(t.text))) {
-        const std::string rule = absl::EndsWith(path, "_bytes")
+        const std::string rule = IsSizeField(path)
                                      ? std::string(kSizeRule)
                                      : WholeNumberRule(path, MaxOf(field));
         problems.push_back(absl::StrFormat("line %d column %d: %s %s (got %s)", t.line + 1,

@@ -551,6 +551,16 @@ TEST(ConfigTest, SizeSuffixesInTheFile) {
   ASSERT_TRUE(spaced.ok()) << spaced.status();
   EXPECT_EQ(spaced->pool_bytes(), 5ull << 30);
   EXPECT_EQ(spaced->chunk_bytes(), 8ull << 20);
+  // The shm mapping bounds are sizes too, as their flags are.
+  auto mapped = ParseConfig(
+      "max_shm_mapped_bytes_total: 256GiB\nmax_shm_mapped_bytes_per_uid: 64 GiB\n");
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(mapped->max_shm_mapped_bytes_total(), 256ull << 30);
+  EXPECT_EQ(mapped->max_shm_mapped_bytes_per_uid(), 64ull << 30);
+  auto mapped_bad = ParseConfig("max_shm_mapped_bytes_per_uid: 0x10\n");
+  ASSERT_FALSE(mapped_bad.ok());
+  EXPECT_NE(mapped_bad.status().message().find("size suffix"), std::string::npos)
+      << mapped_bad.status();
   auto unknown = ParseConfig("copy_threads: 2\npool_bytes: 5 XiB\ncopy_threads: 3\n");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("KiB MiB GiB TiB KB MB GB TB"), std::string::npos)
