@@ -216,6 +216,31 @@ class EligibilityTest(DaemonTestCase):
                           s.skipped_views), (2, 1, 1, 1, 1))
         self.assertTrue(torch.equal(st.unpack(h1), big))
 
+    def test_the_dedup_table_is_bounded_and_emptied_per_step(self):
+        """The table of a step's saved tensors (for de-duplication) holds no callbacks: a store
+        whose steps never end (packs without backward) drops its dead entries once it passes
+        its bound, a step's end empties it, and a new tensor at a dead one's address (id) is a
+        tensor of its own."""
+        from offloadd.torch import _store
+        st = ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=1024,
+                                    keep_last_n=1 << 20).store  # nothing offloaded
+        bound = _store._SEEN_PURGE_ENTRIES
+        kept = []
+        for i in range(bound + 10):
+            t = torch.empty(512)  # 2 KiB: above threshold_bytes
+            h = st.pack(t)
+            if i < 5:
+                kept.append((t, h))
+        self.assertLessEqual(len(st._seen), bound + 1)  # purged past the bound, never above
+        for t, h in kept:  # live entries survive the purge: the same tensor, the same handle
+            self.assertIs(st.pack(t), h)
+        fresh = torch.empty(512)
+        self.assertIsNot(st.pack(fresh), st.pack(torch.empty(512)))
+        st.unpack(kept[0][1])
+        st.pack(torch.empty(512))  # a pack after an unpack: the next step
+        self.assertEqual(len(st._seen), 1)
+        self.assertIsNot(st.pack(kept[0][0]), kept[0][1])  # an earlier step's handle: not reused
+
     def test_nested_tensors_saved_by_autograd_stay_in_place(self):
         """A nested tensor of the strided layout (NestedTensorImpl: no sizes, no strides) is not
         a dense tensor: forward and backward through the hooks work, the gradient is the one

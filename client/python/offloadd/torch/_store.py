@@ -95,6 +95,11 @@ _AGAIN = object()  # Store._reload_claimed: the handle changed state, unpack it 
 _WAITED = "waited"  # Saved.reloading: claimed, and another thread waits for the claim's end
 
 
+# Entries of the de-duplication table (Store._seen) before its dead ones are dropped, in a store
+# whose steps never end.
+_SEEN_PURGE_ENTRIES = 4096
+
+
 class _BecameFallback(Exception):
     """Completes a reload that was waiting for an offload and will not be sent: the daemon
     refused the offload (the handle is a fallback now), or handling its answer raised (the
@@ -184,7 +189,11 @@ class Store:
         self._order = collections.deque()    # weakref(Saved), consecutive seq from _base_seq
         self._base_seq = self._next_seq = 0
         self._pending = collections.deque()  # weakref(Saved) still KEPT, newest last
-        self._seen = {}                      # id(tensor) -> (weakref(tensor), weakref(Saved))
+        # id(tensor) -> (weakref(tensor), weakref(Saved)) of this step's saved tensors and their
+        # bases, for de-duplication; emptied at each step's end (_end_step) and, in a store whose
+        # steps never end (packs without backward), of its dead entries past _seen_purge_at.
+        self._seen = {}
+        self._seen_purge_at = _SEEN_PURGE_ENTRIES
         self._async_error = None
         self._unpacking = False              # an unpack came after the last pack (any thread)
         self._last_unpacked_seq = None       # for telling forward-order consumers apart
@@ -293,13 +302,25 @@ class Store:
         return None, None
 
     def _remember(self, t, s):
-        for obj in (t, t._base):
-            if obj is None:
-                continue
-            key = id(obj)
-            ref = weakref.ref(obj, lambda r, key=key, seen=self._seen:
-                              seen.pop(key, None) if seen.get(key, (None,))[0] is r else None)
-            self._seen[key] = (ref, weakref.ref(s))
+        """Files ``t`` and its base under their ids for this step's de-duplication. The entries'
+        weak references carry no callback (one per saved tensor cost the training thread more
+        than the entry): a dead entry is told apart by its reference, and the step's end
+        empties the table."""
+        seen, ref = self._seen, weakref.ref(s)
+        seen[id(t)] = (weakref.ref(t), ref)
+        base = t._base
+        if base is not None:
+            seen[id(base)] = (weakref.ref(base), ref)
+        if len(seen) > self._seen_purge_at:
+            self._purge_seen()
+
+    def _purge_seen(self):
+        """Drops the entries of dead tensors, and lets the table grow to twice what lives."""
+        seen = self._seen
+        for key, (ref, _) in list(seen.items()):  # a copy: a step's end may empty it meanwhile
+            if ref() is None:
+                seen.pop(key, None)
+        self._seen_purge_at = max(_SEEN_PURGE_ENTRIES, 2 * len(seen))
 
     def _offload(self, s):
         """Sends ``s`` to the daemon, or keeps it in process (fallback), from a pack; counted as
@@ -502,6 +523,7 @@ class Store:
         """A pack followed an unpack (of any thread): what the store keeps per step starts
         again. (Idle steps are counted per thread: _end_thread_step.)"""
         self._stall_left = self.unresponsive_seconds
+        self._seen.clear()  # a handle of an earlier step is never reused (_classify)
         self._step_eps.clear()
         self._device_keys.clear()
         self._can_pin = None
