@@ -132,10 +132,11 @@ _RING_REQUEST = {"offload": "offload_done", "reload": "reload_done", "release": 
 
 
 class _Answer:
-    """An answer taken from the request ring, as a record with the fields of the protocol
-    message it stands for (proto/offload.proto), built without that message: the hooks take
-    one per saved tensor, and a message costs several times the record. Compares equal to
-    another record of its class with the same fields."""
+    """The answer to an offload, reload or release, on the request ring or the stream: a record
+    with the fields of the protocol message it stands for (proto/offload.proto), built from the
+    ring's answer without that message (the hooks take one per saved tensor, and a message costs
+    several times the record). Compares equal to another record of its class with the same
+    fields; not hashable (a record's fields may be set)."""
 
     __slots__ = ()
 
@@ -145,8 +146,7 @@ class _Answer:
     def __eq__(self, other):
         return type(other) is type(self) and other._fields() == self._fields()
 
-    def __hash__(self):
-        return hash((type(self), self._fields()))
+    __hash__ = None
 
     def __repr__(self):
         return "%s(%s)" % (type(self).__name__, ", ".join(
@@ -154,8 +154,7 @@ class _Answer:
 
 
 class OffloadAnswer(_Answer):
-    """OffloadDone from the ring: block_id, bytes (int), queued_seconds, copy_seconds
-    (float seconds)."""
+    """OffloadDone: block_id, bytes (int), queued_seconds, copy_seconds (float seconds)."""
 
     __slots__ = ("block_id", "bytes", "queued_seconds", "copy_seconds")
 
@@ -165,8 +164,8 @@ class OffloadAnswer(_Answer):
 
 
 class ReloadAnswer(_Answer):
-    """ReloadDone from the ring: block_id, bytes (int), released, copy_seconds (float
-    seconds), done_event_recorded (bool)."""
+    """ReloadDone: block_id, bytes (int), released, copy_seconds (float seconds),
+    done_event_recorded (bool)."""
 
     __slots__ = ("block_id", "bytes", "released", "copy_seconds", "done_event_recorded")
 
@@ -176,7 +175,7 @@ class ReloadAnswer(_Answer):
 
 
 class ReleaseAnswer(_Answer):
-    """Released from the ring: block_id (int)."""
+    """Released: block_id (int)."""
 
     __slots__ = ("block_id",)
 
@@ -611,9 +610,9 @@ class Client:
     def offload(self, region_id, offset, nbytes, ready_event=b"", ordering=None):
         """Copies ``nbytes`` at ``offset`` of the region into a new pool block.
 
-        Returns a Future of ``OffloadDone`` (block_id, bytes, queued_seconds, copy_seconds; on
-        the request ring a future-like op completed by :meth:`pump` or a wait for it, whose
-        result is an :class:`OffloadAnswer` with those fields). The
+        Returns a Future of an :class:`OffloadAnswer` (OffloadDone's block_id, bytes,
+        queued_seconds, copy_seconds; on the request ring a future-like op completed by
+        :meth:`pump` or a wait for it). The
         bytes must stay unchanged until it resolves. ``ready_event``: CUDA IPC event handle
         recorded after the kernels that produced the bytes: the daemon issues no chunk before
         it completed (cuda backend; ignored by shm). ``ordering``: optional
@@ -639,9 +638,9 @@ class Client:
 
     def reload(self, block_id, region_id, offset, priority=URGENT, release_after=False,
                deadline_seconds=0.0, ready_event=b"", done_event=b"", into=None):
-        """Copies block ``block_id`` back to ``offset`` of the region; Future of ``ReloadDone``
-        (on the request ring a :class:`ReloadAnswer` with its fields; ``into`` when given: an
-        outcome from :meth:`reload_outcome`, not completed yet).
+        """Copies block ``block_id`` back to ``offset`` of the region; Future of a
+        :class:`ReloadAnswer` (ReloadDone's fields; ``into`` when given: an outcome from
+        :meth:`reload_outcome`, not completed yet).
 
         May be sent before the block's offload completed (the daemon orders it after).
         priority: URGENT or PREFETCH. release_after: free the block once copied.
@@ -649,7 +648,7 @@ class Client:
         CUDA backend (the event protocol, proto/offload.proto ReloadRequest): ``ready_event``
         (64 IPC handle bytes) recorded after the destination's allocation on its stream: no byte
         is written before it completed; ``done_event``: recorded by the daemon right after its
-        last chunk. When ``ReloadDone.done_event_recorded`` is true the copy may still be
+        last chunk. When the answer's ``done_event_recorded`` is true the copy may still be
         running: make the consuming stream wait on ``done_event`` before reading (only after
         this future resolved: before that the event's last record is an older one).
         """
@@ -669,8 +668,7 @@ class Client:
         return into
 
     def release(self, block_id):
-        """Frees a pool block; Future of ``Released`` (on the request ring a
-        :class:`ReleaseAnswer`)."""
+        """Frees a pool block; Future of a :class:`ReleaseAnswer` (Released's block_id)."""
         if self._ring is not None:
             op = self._ring_submit("release", (block_id,))
             if op is not None:
@@ -915,7 +913,7 @@ class Client:
             block = p.request.release.block_id
             if block not in resumed:
                 self._lost.discard(block)
-                return pb.Released(block_id=block)  # released before the crash, or lost anyway
+                return ReleaseAnswer(block)  # released before the crash, or lost anyway
         elif kind == "reload":
             r = p.request.reload
             # First: a confirmed block missing after the restart is in _lost by now, but this
@@ -1247,11 +1245,17 @@ class Client:
         """Keeps the client's view of its blocks and regions; the result the caller sees."""
         if kind == "offload_done":
             self._confirmed.add(result.block_id)
-        elif kind == "reload_done" and result.released:
-            self._confirmed.discard(result.block_id)
-        elif kind == "released":
+            return OffloadAnswer(result.block_id, result.bytes, result.queued_seconds,
+                                 result.copy_seconds)
+        if kind == "reload_done":
+            if result.released:
+                self._confirmed.discard(result.block_id)
+            return ReloadAnswer(result.block_id, result.bytes, result.released,
+                                result.copy_seconds, result.done_event_recorded)
+        if kind == "released":
             self._confirmed.discard(p.request.release.block_id)
-        elif kind == "region_registered" and p.region is not None:
+            return ReleaseAnswer(result.block_id)
+        if kind == "region_registered" and p.region is not None:
             region, handle, relink = p.region
             self._regions[region] = (handle, relink)
             self._daemon_region[region] = result.region_id
