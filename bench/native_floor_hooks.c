@@ -36,6 +36,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "client/core/offloadd_core.h"
 
@@ -102,6 +103,12 @@ static void take_answer(const offloadd_completion* c) {
       return;
     }
   }
+}
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int take_answers(double timeout_seconds) {
@@ -188,12 +195,14 @@ static int dense_span(const described* d) {
 
 /* What Store._classify and Meta read, less what follows from the rest, kept as a native store
  * would keep it. */
+static int read_some(PyObject* t, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(t, name);
+  Py_XDECREF(v);
+  return v == NULL ? -1 : 0;
+}
+
 static int describe(PyObject* t, described* d) {
-  PyObject* base = PyObject_GetAttr(t, s_base);
-  PyObject* layout = PyObject_GetAttr(t, s_layout);
-  Py_XDECREF(base);
-  Py_XDECREF(layout);
-  if (base == NULL || layout == NULL) return -1;
+  if (read_some(t, s_base) < 0 || read_some(t, s_layout) < 0) return -1;
   if ((d->requires_grad = read_bool(t, s_requires_grad, 0)) < 0 ||
       (d->is_leaf = read_bool(t, s_is_leaf, 0)) < 0 ||
       (d->is_cuda = read_bool(t, s_is_cuda, 0)) < 0 ||
@@ -201,9 +210,8 @@ static int describe(PyObject* t, described* d) {
       read_ints(t, s_stride, 1, d->strides) < 0)
     return -1;
   d->dense = dense_span(d);
-  d->dtype = PyObject_GetAttr(t, s_dtype);
-  d->device = PyObject_GetAttr(t, s_device);
-  return d->dtype != NULL && d->device != NULL ? 0 : -1;
+  if ((d->dtype = PyObject_GetAttr(t, s_dtype)) == NULL) return -1;
+  return (d->device = PyObject_GetAttr(t, s_device)) == NULL ? -1 : 0;
 }
 
 static PyObject* pack(PyObject* self, PyObject* t) {
@@ -262,10 +270,12 @@ static PyObject* unpack(PyObject* self, PyObject* h) {
   if (s->reload_request == 0 && start_reload(s, URGENT)) return NULL;
   saved* prev = live(tag - 1);
   if (prev != NULL && prev->reload_request == 0 && start_reload(prev, PREFETCH)) return NULL;
-  for (double waited = 0; !s->reloaded && !s->failed; waited += 1.0) {
-    if (waited >= WAIT_SECONDS)
-      return PyErr_Format(PyExc_TimeoutError, "no reload answer within %.0f s", WAIT_SECONDS);
-    if (take_answers(1.0) < 0)
+  const double deadline = now_seconds() + WAIT_SECONDS;
+  while (!s->reloaded && !s->failed) {
+    const double left = deadline - now_seconds();
+    if (left <= 0)
+      return PyErr_Format(PyExc_TimeoutError, "no reload answer within %d s", (int)WAIT_SECONDS);
+    if (take_answers(left < 1.0 ? left : 1.0) < 0)
       return PyErr_Format(PyExc_RuntimeError, "the ring closed (the session ended)");
   }
   PyObject* t = s->tensor;
