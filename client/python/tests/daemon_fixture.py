@@ -9,6 +9,7 @@ fails to start. The daemon gets SIGTERM when the test process dies (PR_SET_PDEAT
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,14 @@ import grpc  # noqa: E402
 
 from offloadd.v1 import offload_pb2 as pb  # noqa: E402
 from offloadd.v1 import offload_pb2_grpc as pb_grpc  # noqa: E402
+
+
+# setpriv (util-linux) sets the parent-death signal and execs the daemon, so the test process
+# starts it without running Python between fork and exec: grpcio's fork handlers, in a process
+# whose channels are busy, now and then abort such a child before it execs ("Check failed:
+# next_worker->state == KICKED"), and the daemon never starts. preexec_fn where it is missing.
+_SETPRIV = shutil.which("setpriv")
+_DIE_WITH_PARENT = (_SETPRIV, "--pdeathsig", "TERM") if _SETPRIV else ()
 
 
 def _die_with_parent():
@@ -95,9 +104,11 @@ class Daemon:
                                                delete=False)
         # prefix: a command that execs the daemon (e.g. in a mount namespace), () for none.
         self.proc = subprocess.Popen(
-            list(prefix) + [daemon_bin(), "--socket_path", self.sock, "--pool_bytes", pool_bytes,
-                            "--metrics_address", ""] + list(extra),
-            stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=_die_with_parent)
+            list(_DIE_WITH_PARENT) + list(prefix) + [
+                daemon_bin(), "--socket_path", self.sock, "--pool_bytes", pool_bytes,
+                "--metrics_address", ""] + list(extra),
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
+            preexec_fn=None if _DIE_WITH_PARENT else _die_with_parent)
         ready = threading.Event()
 
         def watch():
