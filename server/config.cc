@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <regex>
 
 #include <cmath>
 #include <limits>
@@ -127,8 +126,12 @@ cuda_sim {
 namespace {
 class Collector : public google::protobuf::io::ErrorCollector {
  public:
+  // A message quoting a long token (the parser quotes what it found) is cut to its start.
   void AddError(int line, int column, const std::string& message) override {
-    errors.push_back(absl::StrFormat("line %d column %d: %s", line + 1, column + 1, message));
+    constexpr size_t kMaxMessage = 200;
+    const std::string shown =
+        message.size() <= kMaxMessage ? message : message.substr(0, kMaxMessage) + "...";
+    errors.push_back(absl::StrFormat("line %d column %d: %s", line + 1, column + 1, shown));
     lines.push_back(line);
   }
   std::vector<std::string> errors;
@@ -297,28 +300,77 @@ namespace {
 
 absl::StatusOr<uint64_t> ParseRate(const std::string& text);
 
-// `code` (text outside strings and comments) with sized values replaced.
+bool IsWordChar(char ch) { return absl::ascii_isalnum(ch) || ch == '_'; }
+
+// The length of the size value at the start of `s`: decimal digits, an optional fraction
+// (".5"), optional spaces or tabs, and a size suffix (KiB MiB GiB TiB KB MB GB TB B) that ends
+// the word; 0 when `s` does not start with one.
+size_t SizedValueLength(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
+  if (i == 0) return 0;
+  if (i + 1 < s.size() && s[i] == '.' && absl::ascii_isdigit(s[i + 1])) {
+    i += 2;
+    while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
+  }
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
+  if (i < s.size() && absl::StrContains("KMGT", s[i])) {
+    ++i;
+    if (i < s.size() && s[i] == 'i') ++i;
+  } else if (i >= s.size() || s[i] != 'B') {
+    return 0;
+  }
+  if (i >= s.size() || s[i] != 'B') return 0;
+  ++i;
+  return i < s.size() && IsWordChar(s[i]) ? 0 : i;
+}
+
+// Whether `name` (a whole word) names a size or rate field: it ends in _bytes,
+// _bytes_per_second, _bytes_total or _bytes_per_uid, with something before _bytes.
+bool IsSizedName(absl::string_view name) {
+  for (absl::string_view end : {"_bytes", "_bytes_per_second", "_bytes_total",
+                                "_bytes_per_uid"}) {
+    if (name.size() > end.size() && absl::EndsWith(name, end)) return true;
+  }
+  return false;
+}
+
+// `code` (text outside strings and comments) with sized values replaced: a field whose name
+// IsSizedName, then ':' (whitespace around it allowed), then a value SizedValueLength reads
+// ("pool_bytes: 64 GiB"). A scan, one pass, no backtracking: a file of one long word or
+// whitespace run reads in linear time and bounded stack.
 std::string ExpandInCode(const std::string& code) {
-  // A field whose name ends in _bytes, _bytes_per_second, _bytes_total or _bytes_per_uid, then
-  // a number with a size suffix (spaces or tabs between them allowed: "pool_bytes: 64 GiB").
-  static const std::regex* sized = new std::regex(
-      R"re(\b(\w+_bytes(?:_per_second|_total|_per_uid)?)(\s*:\s*)([0-9]+(?:\.[0-9]+)?[ \t]*(?:[KMGT]i?B|B))\b)re");
   std::string out;
-  auto last = code.cbegin();
-  for (std::sregex_iterator it(code.begin(), code.end(), *sized), end; it != end; ++it) {
-    const std::smatch& m = *it;
-    std::string value = m[3].str();
+  size_t i = 0, copied = 0;
+  while (i < code.size()) {
+    if (!IsWordChar(code[i])) {
+      ++i;
+      continue;
+    }
+    const size_t word = i;
+    while (i < code.size() && IsWordChar(code[i])) ++i;
+    const absl::string_view name(code.data() + word, i - word);
+    if (!IsSizedName(name)) continue;
+    size_t j = i;
+    while (j < code.size() && absl::ascii_isspace(code[j])) ++j;
+    if (j >= code.size() || code[j] != ':') continue;
+    ++j;
+    while (j < code.size() && absl::ascii_isspace(code[j])) ++j;
+    const size_t length = SizedValueLength(absl::string_view(code).substr(j));
+    if (length == 0) continue;
+    std::string value = code.substr(j, length);
     value.erase(std::remove_if(value.begin(), value.end(),
                                [](char ch) { return ch == ' ' || ch == '\t'; }),
                 value.end());
     absl::StatusOr<uint64_t> bytes =
-        absl::EndsWith(m[1].str(), "_per_second") ? ParseRate(value) : ParseBytes(value);
+        absl::EndsWith(name, "_per_second") ? ParseRate(value) : ParseBytes(value);
+    i = j + length;
     if (!bytes.ok()) continue;  // left as written: the parser names the line
-    out.append(last, m[0].first);
-    absl::StrAppend(&out, m[1].str(), m[2].str(), *bytes);
-    last = m[0].second;
+    out.append(code, copied, j - copied);
+    absl::StrAppend(&out, *bytes);
+    copied = i;
   }
-  out.append(last, code.cend());
+  out.append(code, copied, std::string::npos);
   return out;
 }
 

@@ -568,6 +568,59 @@ TEST(ConfigTest, SizeSuffixesInTheFile) {
 }
 
 
+// The size-suffix expansion was a std::regex whose matcher recursed once per character: a file
+// of one word of ~22 KB (or a long whitespace run) overflowed the stack (SIGSEGV) well below
+// the 1 MiB file limit. Each text here is over 1 MB.
+TEST(ConfigTest, LongTokensAndWhitespaceRunsGiveErrorsNotCrashes) {
+  const size_t n = 1000001;
+  ASSERT_LT(n + 100, kMaxConfigFileBytes);
+  const absl::StatusOr<v1::DaemonConfig> word = ParseConfig(
+      "pool_bytes: 64MiB\nsocket_group: " + std::string(n, 'x') + "\n");
+  EXPECT_EQ(word.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(word.status().message(), "config: line 2 column 15: "))
+      << word.status().message().substr(0, 200);
+  EXPECT_LT(word.status().message().size(), 1000u);  // the token is quoted cut short
+  const absl::StatusOr<v1::DaemonConfig> letters = ParseConfig(std::string(n, 'a'));
+  EXPECT_EQ(letters.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(letters.status().message(), "config: line 1 column "))
+      << letters.status().message().substr(0, 200);
+  const absl::StatusOr<v1::DaemonConfig> lines =
+      ParseConfig("pool_bytes:" + std::string(n, '\n') + "64MiB\n");
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  EXPECT_EQ(lines->pool_bytes(), 64ull << 20);
+  const absl::StatusOr<v1::DaemonConfig> spaces = ParseConfig(
+      std::string(n, ' ') + "chunk_bytes" + std::string(n, ' ') + ":" + std::string(n / 4, '\t') +
+      "16 MiB\n");
+  ASSERT_TRUE(spaces.ok()) << spaces.status();
+  EXPECT_EQ(spaces->chunk_bytes(), 16ull << 20);
+  const absl::StatusOr<v1::DaemonConfig> digits =
+      ParseConfig("pool_bytes: " + std::string(n, '1') + "GiB\n");
+  EXPECT_EQ(digits.status().code(), absl::StatusCode::kInvalidArgument);
+  // Through the file reader, as offloadd --check-config reads it.
+  const std::string path = testing::TempDir() + "/long.conf";
+  std::ofstream(path) << "pool_bytes: 64MiB\nsocket_group: " << std::string(n, 'x') << "\n";
+  const absl::Status file = LoadDaemonConfig({path, {}}).status();
+  EXPECT_EQ(file.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(file.message(), path + ": config: line 2 column 15: "))
+      << file.message().substr(0, 200);
+  std::remove(path.c_str());
+}
+
+// The expansion keeps its reach: the four name endings, spaces and tabs before the suffix,
+// a fraction, strings and comments untouched, a suffix glued to a word left alone.
+TEST(ConfigTest, SizeSuffixExpansionReadsWhatItDid) {
+  EXPECT_EQ(ExpandSizeSuffixes("pool_bytes: 64MiB\nx_bytes_total :\n 1.5 KiB\n"),
+            "pool_bytes: 67108864\nx_bytes_total :\n 1536\n");
+  EXPECT_EQ(ExpandSizeSuffixes("a_bytes_per_uid:2B a_bytes_per_second: 2GB"),
+            "a_bytes_per_uid:2 a_bytes_per_second: 2000000000");
+  EXPECT_EQ(ExpandSizeSuffixes("pool_bytes: 64MiBx _bytes: 1KiB pool_bytesx: 1KiB"),
+            "pool_bytes: 64MiBx _bytes: 1KiB pool_bytesx: 1KiB");
+  EXPECT_EQ(ExpandSizeSuffixes("s: \"pool_bytes: 1KiB\" # pool_bytes: 1KiB\npool_bytes: 1KB"),
+            "s: \"pool_bytes: 1KiB\" # pool_bytes: 1KiB\npool_bytes: 1000");
+  EXPECT_EQ(ExpandSizeSuffixes("pool_bytes: 1.KiB pool_bytes: 5 XiB"),
+            "pool_bytes: 1.KiB pool_bytes: 5 XiB");
+}
+
 // tests/fixtures/sysfs/<name> in the runfiles.
 std::string Fixture(const std::string& name) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
