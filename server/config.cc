@@ -406,63 +406,93 @@ std::string ExpandSizeSuffixes(const std::string& text) {
 
 namespace {
 
-// "line L column C: <field> <rule> (got <value>)" for each value of a whole-number field in
-// `text` (config text, sizes expanded) not written in decimal digits (IsDecimalWhole): the text
-// format reads 0x10 as 16 and 010 as octal 8, and refuses 1e3 and 1.5 with a message that does
-// not say what to write. socket_mode, a file mode, is octal by design. A sketch of the text
-// format's grammar is enough: anything else it refuses names its own line.
-std::vector<std::string> WholeNumberFormProblems(const std::string& text) {
-  using google::protobuf::io::Tokenizer;
-  google::protobuf::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
-  Collector ignored;  // the parser reports syntax errors
-  Tokenizer tokens(&input, &ignored);
-  tokens.set_comment_style(Tokenizer::SH_COMMENT_STYLE);
-  tokens.set_require_space_after_number(false);
-  // Per open message: its type (nullptr: unknown) and name's prefix ("cuda_sim."), and the
-  // field of an open [ ... ] list in it.
-  std::vector<const google::protobuf::Descriptor*> scopes{v1::DaemonConfig::descriptor()};
-  std::vector<std::string> prefixes{""};
-  std::vector<const google::protobuf::FieldDescriptor*> lists{nullptr};
-  const google::protobuf::FieldDescriptor* field = nullptr;  // the one whose value comes next
-  std::string path;
-  std::vector<std::string> problems;
-  while (tokens.Next()) {
-    const Tokenizer::Token& t = tokens.current();
-    const char symbol = t.type == Tokenizer::TYPE_SYMBOL ? t.text[0] : '\0';
-    if (symbol == '{' || symbol == '<') {
-      scopes.push_back(field != nullptr ? field->message_type() : nullptr);
-      prefixes.push_back(path + ".");
-      lists.push_back(nullptr);
-      field = nullptr;
-    } else if ((symbol == '}' || symbol == '>') && scopes.size() > 1) {
-      path = prefixes.back().substr(0, prefixes.back().size() - 1);  // the message's own
-      scopes.pop_back();
-      prefixes.pop_back();
-      lists.pop_back();
-      field = lists.back();
-    } else if (symbol == '[' || symbol == ']') {
-      lists.back() = symbol == '[' ? field : nullptr;
-      if (symbol == ']') field = nullptr;
-    } else if (symbol != '\0') {
-      continue;  // ':' ',' ';' '-'
-    } else if (field == nullptr) {
-      if (t.type != Tokenizer::TYPE_IDENTIFIER || scopes.back() == nullptr) continue;
-      field = scopes.back()->FindFieldByName(t.text);
-      path = prefixes.back() + t.text;
-    } else {
-      if (IsWholeNumberField(field) && field->name() != "socket_mode" &&
-          (t.type != Tokenizer::TYPE_INTEGER || !IsDecimalWhole(t.text))) {
-        const std::string rule = IsSizeField(path)
-                                     ? std::string(kSizeRule)
-                                     : WholeNumberRule(path, MaxOf(field));
-        problems.push_back(absl::StrFormat("line %d column %d: %s %s (got %s)", t.line + 1,
-                                           t.column + 1, path, rule, t.text));
+// Reads config text (sizes expanded) token by token, with a sketch of the text format's
+// grammar (anything else it refuses, the parser names the line), and finds what the parser
+// lets by: "line L column C: <problem>" for
+// - each value of a whole-number field not written in decimal digits (IsDecimalWhole): the
+//   text format reads 0x10 as 16 and 010 as octal 8, and refuses 1e3 and 1.5 with a message
+//   that does not say what to write. socket_mode, a file mode, is octal by design;
+// - each singular field (a nested message too) named a second time in one message: merging
+//   the file over the defaults keeps the last value without a word.
+class FormChecker {
+ public:
+  using Tokenizer = google::protobuf::io::Tokenizer;
+
+  // Reads `text`; then forms() and repeats() list what it found.
+  void Read(const std::string& text) {
+    google::protobuf::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
+    Collector ignored;  // the parser reports syntax errors
+    Tokenizer tokens(&input, &ignored);
+    tokens.set_comment_style(Tokenizer::SH_COMMENT_STYLE);
+    tokens.set_require_space_after_number(false);
+    while (tokens.Next()) {
+      const Tokenizer::Token& t = tokens.current();
+      const char symbol = t.type == Tokenizer::TYPE_SYMBOL ? t.text[0] : '\0';
+      if (symbol == '{' || symbol == '<') {
+        scopes_.push_back({field_ != nullptr ? field_->message_type() : nullptr, path_ + "."});
+        field_ = nullptr;
+      } else if ((symbol == '}' || symbol == '>') && scopes_.size() > 1) {
+        path_ = scopes_.back().prefix.substr(0, scopes_.back().prefix.size() - 1);
+        scopes_.pop_back();
+        field_ = scopes_.back().list;
+      } else if (symbol == '[' || symbol == ']') {
+        scopes_.back().list = symbol == '[' ? field_ : nullptr;
+        if (symbol == ']') field_ = nullptr;
+      } else if (symbol != '\0') {
+        continue;  // ':' ',' ';' '-'
+      } else if (field_ == nullptr) {
+        Name(t);
+      } else {
+        Value(t);
       }
-      field = lists.back();
     }
   }
-  return problems;
-}
+  const std::vector<std::string>& forms() const { return forms_; }
+  const std::vector<std::string>& repeats() const { return repeats_; }
+
+ private:
+  // An open message: its type (nullptr: unknown), its name's prefix ("cuda_sim."), the field
+  // of an open [ ... ] list in it, and the line (1-based) of each singular field named in it.
+  struct Scope {
+    const google::protobuf::Descriptor* type;
+    std::string prefix;
+    const google::protobuf::FieldDescriptor* list = nullptr;
+    std::map<const google::protobuf::FieldDescriptor*, int> named;
+  };
+
+  static std::string At(const Tokenizer::Token& t, const std::string& problem) {
+    return absl::StrFormat("line %d column %d: %s", t.line + 1, t.column + 1, problem);
+  }
+  // A field's name: the field whose value comes next.
+  void Name(const Tokenizer::Token& t) {
+    Scope& scope = scopes_.back();
+    if (t.type != Tokenizer::TYPE_IDENTIFIER || scope.type == nullptr) return;
+    field_ = scope.type->FindFieldByName(t.text);
+    path_ = scope.prefix + t.text;
+    if (field_ == nullptr || field_->is_repeated()) return;
+    const auto [first, inserted] = scope.named.emplace(field_, t.line + 1);
+    if (!inserted) {
+      repeats_.push_back(At(t, absl::StrFormat("%s is given a second time (first on line %d): a "
+                                               "field that is not a list is given once; keep "
+                                               "one of them",
+                                               path_, first->second)));
+    }
+  }
+  void Value(const Tokenizer::Token& t) {
+    if (IsWholeNumberField(field_) && field_->name() != "socket_mode" &&
+        (t.type != Tokenizer::TYPE_INTEGER || !IsDecimalWhole(t.text))) {
+      const std::string rule =
+          IsSizeField(path_) ? std::string(kSizeRule) : WholeNumberRule(path_, MaxOf(field_));
+      forms_.push_back(At(t, absl::StrFormat("%s %s (got %s)", path_, rule, t.text)));
+    }
+    field_ = scopes_.back().list;
+  }
+
+  std::vector<Scope> scopes_{{v1::DaemonConfig::descriptor(), ""}};
+  const google::protobuf::FieldDescriptor* field_ = nullptr;  // the one whose value comes next
+  std::string path_;
+  std::vector<std::string> forms_, repeats_;
+};
 
 }  // namespace
 
@@ -475,8 +505,10 @@ absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
   Collector errors;
   parser.RecordErrorsTo(&errors);
   const std::string expanded = ExpandSizeSuffixes(text);
-  if (std::vector<std::string> forms = WholeNumberFormProblems(expanded); !forms.empty()) {
-    return absl::InvalidArgumentError("config: " + absl::StrJoin(forms, "; "));
+  FormChecker checker;
+  checker.Read(expanded);
+  if (!checker.forms().empty()) {
+    return absl::InvalidArgumentError("config: " + absl::StrJoin(checker.forms(), "; "));
   }
   // Merging sets every field the text names, zero values included (metrics_address: "").
   if (!parser.MergeFromString(expanded, &config)) {
@@ -497,6 +529,9 @@ absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
       }
     }
     return absl::InvalidArgumentError("config: " + absl::StrJoin(errors.errors, "; ") + hint);
+  }
+  if (!checker.repeats().empty()) {
+    return absl::InvalidArgumentError("config: " + absl::StrJoin(checker.repeats(), "; "));
   }
   return config;
 }
@@ -1117,6 +1152,8 @@ std::set<std::string> FieldsNamedIn(const std::string& path) {
   google::protobuf::TextFormat::ParseInfoTree tree;
   parser.WriteLocationsTo(&tree);
   parser.AllowPartialMessage(true);
+  Collector ignored;  // not logged: LoadConfigFile has said why a file does not parse
+  parser.RecordErrorsTo(&ignored);
   if (!parser.ParseFromString(ExpandSizeSuffixes(*text), &scratch)) return named;
   const google::protobuf::Descriptor* d = v1::DaemonConfig::descriptor();
   for (int i = 0; i < d->field_count(); ++i) {

@@ -621,6 +621,52 @@ TEST(ConfigTest, SizeSuffixExpansionReadsWhatItDid) {
             "pool_bytes: 1.KiB pool_bytes: 5 XiB");
 }
 
+// A singular field named twice was kept silently (the last value won); and when the config was
+// invalid for another reason, the re-read for sources refused the repeat, logged a stray
+// libprotobuf error and called every value "the default".
+TEST(ConfigTest, ASingularFieldGivenTwiceIsRefusedWithItsLines) {
+  const std::string keep = "a field that is not a list is given once; keep one of them";
+  const std::vector<std::pair<std::string, std::string>> twice = {
+      {"max_sessions: 300\nmax_sessions: 2000\n",
+       "line 2 column 1: max_sessions is given a second time (first on line 1): " + keep},
+      {"backend: \"shm\"; pool_mlock: false\n\nbackend: \"bogus\"\n",
+       "line 3 column 1: backend is given a second time (first on line 1): " + keep},
+      {"projector { }\ncopy_threads: 2\nprojector { backend: \"lapack\" }\n",
+       "line 3 column 1: projector is given a second time (first on line 1): " + keep},
+      {"cuda_sim {\n  gpus: 2\n  gpus: 0\n}\n",
+       "line 3 column 3: cuda_sim.gpus is given a second time (first on line 2): " + keep},
+  };
+  for (const auto& [text, want] : twice) {
+    const absl::StatusOr<v1::DaemonConfig> c = ParseConfig(text);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_EQ(c.status().message(), "config: " + want) << text;
+  }
+  // Lists and messages of a list may be given many times; each message of a list apart.
+  const absl::StatusOr<v1::DaemonConfig> lists = ParseConfig(
+      "allowed_uids: 1\nallowed_uids: [2, 3]\nlinks { name: \"a\" gpus: \"g\" }\n"
+      "links { name: \"b\" gpus: \"h\" }\n");
+  ASSERT_TRUE(lists.ok()) << lists.status();
+  EXPECT_EQ(lists->allowed_uids_size(), 3);
+  EXPECT_EQ(lists->links_size(), 2);
+  // Through a file: refused with the path, nothing logged; an invalid file's values are
+  // attributed to it, not to the defaults.
+  const std::string path = testing::TempDir() + "/twice.conf";
+  std::ofstream(path) << "backend: \"shm\"\nbackend: \"bogus\"\n";
+  testing::internal::CaptureStderr();
+  const absl::Status st = LoadDaemonConfig({path, {}}).status();
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(st.message(), path + ": config: line 2 column 1: backend is given a second time "
+                                 "(first on line 1): " + keep);
+  std::ofstream(path) << "backend: \"bogus\"\nmax_sessions: 2000\n";
+  testing::internal::CaptureStderr();
+  const absl::Status invalid = LoadDaemonConfig({path, {}}).status();
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_NE(invalid.message().find("(got \"bogus\" from backend in " + path + ")"),
+            std::string::npos)
+      << invalid;
+  std::remove(path.c_str());
+}
+
 // tests/fixtures/sysfs/<name> in the runfiles.
 std::string Fixture(const std::string& name) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
