@@ -14,6 +14,7 @@
 #include <limits>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <iterator>
 #include <set>
 #include <sstream>
@@ -298,21 +299,48 @@ bool IsWholeNumberField(const google::protobuf::FieldDescriptor* f) {
 
 namespace {
 
-absl::StatusOr<uint64_t> ParseRate(const std::string& text);
+absl::StatusOr<double> ParseRate(const std::string& text);
 
-bool IsWordChar(char ch) { return absl::ascii_isalnum(ch) || ch == '_'; }
-
-// The length of the size value at the start of `s`: decimal digits, an optional fraction
-// (".5"), optional spaces or tabs, and a size suffix (KiB MiB GiB TiB KB MB GB TB B) that ends
-// the word; 0 when `s` does not start with one.
-size_t SizedValueLength(absl::string_view s) {
-  size_t i = 0;
+// The length of the real number at the start of `s`, the one form of a rate's number in the
+// file and on the command line alike: an optional '-', decimal digits, an optional fraction
+// (".5") and an optional exponent ("e10", "E-3"); 0 when `s` does not start with one.
+size_t RealNumberLength(absl::string_view s) {
+  size_t i = s.empty() || s[0] != '-' ? 0 : 1;
+  const size_t digits = i;
   while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
-  if (i == 0) return 0;
+  if (i == digits) return 0;
   if (i + 1 < s.size() && s[i] == '.' && absl::ascii_isdigit(s[i + 1])) {
     i += 2;
     while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
   }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    size_t j = i + 1;
+    if (j < s.size() && (s[j] == '+' || s[j] == '-')) ++j;
+    const size_t exponent = j;
+    while (j < s.size() && absl::ascii_isdigit(s[j])) ++j;
+    if (j > exponent) i = j;
+  }
+  return i;
+}
+
+bool IsWordChar(char ch) { return absl::ascii_isalnum(ch) || ch == '_'; }
+
+// The length of the sized value at the start of `s`: a number, optional spaces or tabs, and a
+// size suffix (KiB MiB GiB TiB KB MB GB TB B) that ends the word; 0 when `s` does not start with
+// one. The number of a size is decimal digits with an optional fraction (".5"); of a `rate`,
+// RealNumberLength's.
+size_t SizedValueLength(absl::string_view s, bool rate) {
+  size_t i = 0;
+  if (rate) {
+    i = RealNumberLength(s);
+  } else {
+    while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
+    if (i + 1 < s.size() && i > 0 && s[i] == '.' && absl::ascii_isdigit(s[i + 1])) {
+      i += 2;
+      while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
+    }
+  }
+  if (i == 0) return 0;
   while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
   if (i < s.size() && absl::StrContains("KMGT", s[i])) {
     ++i;
@@ -333,6 +361,20 @@ bool IsSizedName(absl::string_view name) {
     if (name.size() > end.size() && absl::EndsWith(name, end)) return true;
   }
   return false;
+}
+
+// `value` (a sized value, spaces and tabs removed) of the field `name` as the parser reads it:
+// a size's whole bytes, a rate's bytes per second (a real, digits enough to read back the same
+// double); nullopt when it is not one (left as written: the parser names the line).
+std::optional<std::string> ExpandedValue(absl::string_view name, const std::string& value) {
+  if (absl::EndsWith(name, "_per_second")) {
+    absl::StatusOr<double> rate = ParseRate(value);
+    if (!rate.ok()) return std::nullopt;
+    return absl::StrFormat("%.17g", *rate);
+  }
+  absl::StatusOr<uint64_t> bytes = ParseBytes(value);
+  if (!bytes.ok()) return std::nullopt;
+  return absl::StrCat(*bytes);
 }
 
 // `code` (text outside strings and comments) with sized values replaced: a field whose name
@@ -356,18 +398,18 @@ std::string ExpandInCode(const std::string& code) {
     if (j >= code.size() || code[j] != ':') continue;
     ++j;
     while (j < code.size() && absl::ascii_isspace(code[j])) ++j;
-    const size_t length = SizedValueLength(absl::string_view(code).substr(j));
+    const size_t length =
+        SizedValueLength(absl::string_view(code).substr(j), absl::EndsWith(name, "_per_second"));
     if (length == 0) continue;
     std::string value = code.substr(j, length);
     value.erase(std::remove_if(value.begin(), value.end(),
                                [](char ch) { return ch == ' ' || ch == '\t'; }),
                 value.end());
-    absl::StatusOr<uint64_t> bytes =
-        absl::EndsWith(name, "_per_second") ? ParseRate(value) : ParseBytes(value);
+    const std::optional<std::string> expanded = ExpandedValue(name, value);
     i = j + length;
-    if (!bytes.ok()) continue;  // left as written: the parser names the line
+    if (!expanded) continue;
     out.append(code, copied, j - copied);
-    absl::StrAppend(&out, *bytes);
+    out += *expanded;
     copied = i;
   }
   out.append(code, copied, std::string::npos);
@@ -935,25 +977,20 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
 
 namespace {
 
-// A rate in bytes per second: a real number (exponents allowed: 2.5e10), optionally with a
-// size suffix, rounded to whole bytes. Errors as ParseBytes.
-absl::StatusOr<uint64_t> ParseRate(const std::string& text) {
+// A rate in bytes per second: a real number (RealNumberLength's form: 2.5e10, -1, 0.4),
+// optionally with a size suffix (25GB, 1e3GB), kept as given (not rounded: 0.4 stays 0.4, not
+// 0, which means "unpaced" or "measure"). Errors: INVALID_ARGUMENT for any other form,
+// spaces included, or a value beyond a finite double.
+absl::StatusOr<double> ParseRate(const std::string& text) {
   const auto [t, multiplier] = SplitSizeSuffix(text);
-  uint64_t exact = 0;
-  if (!t.empty() && t.find_first_not_of("0123456789") == std::string::npos) {
-    if (!absl::SimpleAtoi(t, &exact)) return TooManyBytes(text);  // more than 20 digits' worth
-    if (multiplier == 1) return exact;  // exact, without a double's rounding
-  }
-  double v;
-  if (t.find_first_of("xX") != std::string::npos || !absl::SimpleAtod(t, &v) || v < 0 ||
-      !std::isfinite(v)) {
+  double v = 0;
+  if (t.empty() || RealNumberLength(t) != t.size() || !absl::SimpleAtod(t, &v) ||
+      !std::isfinite(v * static_cast<double>(multiplier))) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "\"%s\" is not a rate: write bytes per second, optionally with a suffix (25GB, 2.5e10)",
         text));
   }
-  const double bytes = std::round(v * static_cast<double>(multiplier));
-  if (!(bytes < 18446744073709551616.0)) return TooManyBytes(text);  // 2^64: before narrowing
-  return static_cast<uint64_t>(bytes);
+  return v * static_cast<double>(multiplier);
 }
 
 }  // namespace
@@ -966,7 +1003,7 @@ enum class FlagValue {
   kOctal,        // a file mode, octal
   kBool,         // true|1|(empty) or false|0
   kBytes,        // ParseBytes; into a uint64 or double field
-  kSignedBytes,  // ParseBytes, or a negative number as is (spill_bytes_per_second < 0 = unpaced)
+  kRate,         // ParseRate into a double field
   kNumber,       // a real number into a double field; into a whole-number field as kCount
   kCount,        // a whole number in decimal digits into a uint32 or uint64 field
   kIds,          // comma-separated numeric ids, replacing the repeated field
@@ -979,14 +1016,14 @@ const std::map<std::string, FlagValue>& FlagValues() {
       {"pool_mlock", V::kBool}, {"pool_huge_pages", V::kBool}, {"pool_shm_name", V::kText},
       {"resume_grace_seconds", V::kNumber}, {"pool_data_checksums", V::kBool},
       {"spill_directory", V::kText},
-      {"spill_capacity_bytes", V::kBytes}, {"spill_bytes_per_second", V::kSignedBytes},
+      {"spill_capacity_bytes", V::kBytes}, {"spill_bytes_per_second", V::kRate},
       {"spill_posix_io", V::kBool}, {"spill_high_water_fraction", V::kNumber},
       {"spill_stage_ahead_blocks", V::kNumber}, {"spill_io_threads", V::kNumber},
       {"backend", V::kText}, {"chunk_bytes", V::kBytes}, {"session_quota_bytes", V::kBytes},
       {"async_copies", V::kBool}, {"max_chunks_in_flight_per_gpu", V::kNumber},
       {"copy_threads", V::kNumber}, {"admission_deadline_seconds", V::kNumber},
       {"admission_queue_limit", V::kNumber}, {"metrics_address", V::kText},
-      {"default_link_bytes_per_second", V::kBytes}, {"numa_node_bytes_per_second", V::kBytes},
+      {"default_link_bytes_per_second", V::kRate}, {"numa_node_bytes_per_second", V::kRate},
       {"offload_min_share", V::kNumber}, {"sysfs_root", V::kText}, {"numa_placement", V::kText},
       {"socket_group", V::kText},
       {"allowed_uids", V::kIds}, {"allowed_gids", V::kIds}, {"admin_uids", V::kIds},
@@ -1024,7 +1061,7 @@ class FlagSetter {
       case FlagValue::kOctal: return Octal();
       case FlagValue::kBool: return Bool();
       case FlagValue::kBytes: return Bytes();
-      case FlagValue::kSignedBytes: return absl::StartsWith(value_, "-") ? Real() : Bytes();
+      case FlagValue::kRate: return Rate();
       case FlagValue::kNumber: return real ? Real() : Count();
       case FlagValue::kCount: return Count();
       case FlagValue::kIds: return Ids();
@@ -1050,21 +1087,24 @@ class FlagSetter {
     }
     return absl::OkStatus();
   }
-  // A size (ParseBytes) into a uint64 field, or a rate (ParseRate) into a double field.
+  // A size (ParseBytes) into a uint64 field.
   absl::Status Bytes() {
-    const bool rate = field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE;
-    absl::StatusOr<uint64_t> b = rate ? ParseRate(value_) : ParseBytes(value_);
+    absl::StatusOr<uint64_t> b = ParseBytes(value_);
     if (!b.ok()) {
-      if (b.status().code() == absl::StatusCode::kOutOfRange) return Refuse(kTooManyBytesRule);
-      return Refuse(rate ? "must be a rate in bytes per second, optionally with a size suffix "
-                           "(KiB MiB GiB TiB KB MB GB TB), like 25GB or 2.5e10"
-                         : kSizeRule);
+      return Refuse(b.status().code() == absl::StatusCode::kOutOfRange ? kTooManyBytesRule
+                                                                        : kSizeRule);
     }
-    if (rate) {
-      reflection_->SetDouble(c_, field_, static_cast<double>(*b));
-    } else {
-      reflection_->SetUInt64(c_, field_, *b);
+    reflection_->SetUInt64(c_, field_, *b);
+    return absl::OkStatus();
+  }
+  // A rate (ParseRate) into a double field; its range is ValidateConfig's to check.
+  absl::Status Rate() {
+    absl::StatusOr<double> r = ParseRate(value_);
+    if (!r.ok()) {
+      return Refuse("must be a rate in bytes per second: a real number, optionally with a size "
+                    "suffix (KiB MiB GiB TiB KB MB GB TB B), like 25GB, 2.5e10 or 1e3GB");
     }
+    reflection_->SetDouble(c_, field_, *r);
     return absl::OkStatus();
   }
   // A file mode: 1 to 4 octal digits, at most 0777 (strtoul would read "0999" as 0).

@@ -106,7 +106,8 @@ struct FlagInfo {
 };
 const std::vector<FlagInfo>& ConfigFlags();
 // Applies one flag to the config. Sizes in bytes take ParseBytes' form; rates (_per_second) a
-// real number with an optional suffix (25GB, 2.5e10); counts and ids decimal digits only (no
+// real number with an optional suffix (25GB, 2.5e10, 1e3GB), as the config file does, kept as
+// given (0.4 is 0.4, not rounded to 0); counts and ids decimal digits only (no
 // sign, leading 0, 0x, exponent or fraction), within the field's type (the range ValidateConfig
 // checks is named); socket_mode octal digits; true/false fields true, false, 1, 0 or nothing.
 // Errors: NOT_FOUND for an unknown flag; INVALID_ARGUMENT for a bad value, worded as

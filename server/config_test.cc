@@ -1146,6 +1146,58 @@ TEST(ConfigFileInput, DevicesFifosAndHugeFilesAreRefusedBeforeReading) {
   EXPECT_EQ(c->pool_bytes(), 64ull << 20);
 }
 
+// Rate flags were rounded to whole bytes per second, so a small positive rate became 0, which
+// means unpaced (or no NUMA level, or measure at start-up); and flag and file read rates
+// differently (1e3GB only as a flag, 1.8e19 only in the file).
+TEST(ConfigTest, RatesAreRealNumbersKeptAsGivenInFlagsAndFileAlike) {
+  const std::vector<std::pair<std::string, double>> rates = {
+      {"0.4", 0.4},        {"1e-300", 1e-300}, {"0.3", 0.3},          {"0.4B", 0.4},
+      {"1e3GB", 1e12},     {"2.5e10", 2.5e10}, {"1.8446744073709552e19", 1.8446744073709552e19},
+      {"1e300", 1e300},    {"25GB", 25e9},     {"1.5KiB", 1536},      {"7", 7},
+      {"2E3MB", 2e9},      {"0", 0}};
+  for (const char* flag : {"default_link_bytes_per_second", "numa_node_bytes_per_second",
+                           "spill_bytes_per_second"}) {
+    for (const auto& [value, want] : rates) {
+      v1::DaemonConfig c = *ParseConfig("");
+      ASSERT_EQ(FlagOutcome(flag, value, &c), "OK") << flag << "=" << value;
+      const auto* f = v1::DaemonConfig::descriptor()->FindFieldByName(flag);
+      EXPECT_EQ(c.GetReflection()->GetDouble(c, f), want) << flag << "=" << value;
+      const absl::StatusOr<v1::DaemonConfig> file =
+          ParseConfig(absl::StrCat(flag, ": ", value, "\n"));
+      ASSERT_TRUE(file.ok()) << flag << ": " << value << ": " << file.status();
+      EXPECT_EQ(file->GetReflection()->GetDouble(*file, f), want) << flag << ": " << value;
+      EXPECT_TRUE(ValidateConfig(c).ok()) << flag << "=" << value;
+    }
+  }
+  const absl::StatusOr<v1::DaemonConfig> sim = ParseConfig(
+      "cuda_sim { engine_bytes_per_second: 0.4B switch_bytes_per_second: 1e3 GB }\n"
+      "spill_bytes_per_second: -1GB\n");
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  EXPECT_EQ(sim->cuda_sim().engine_bytes_per_second(), 0.4);
+  EXPECT_EQ(sim->cuda_sim().switch_bytes_per_second(), 1e12);
+  EXPECT_EQ(sim->spill_bytes_per_second(), -1e9);
+  EXPECT_TRUE(ValidateConfig(*sim).ok());
+  v1::DaemonConfig c = *ParseConfig("");
+  ASSERT_EQ(FlagOutcome("spill_bytes_per_second", "-1GB", &c), "OK");
+  EXPECT_EQ(c.spill_bytes_per_second(), -1e9);
+  // A negative rate where none is allowed is the range's to refuse, naming the flag.
+  ASSERT_EQ(FlagOutcome("default_link_bytes_per_second", "-5", &c), "OK");
+  EXPECT_NE(ValidateConfig(c, {"", {{"default_link_bytes_per_second", "-5"}}})
+                .message()
+                .find("default_link_bytes_per_second must be a finite number >= 0 (0 = unpaced) "
+                      "(got -5 from --default_link_bytes_per_second=-5 on the command line)"),
+            std::string::npos)
+      << ValidateConfig(c);
+  const std::string rule =
+      "must be a rate in bytes per second: a real number, optionally with a size suffix (KiB MiB "
+      "GiB TiB KB MB GB TB B), like 25GB, 2.5e10 or 1e3GB";
+  for (const char* value : {"0x10", "inf", "nan", "1e308TB", "", "GB", ".5GB", "5.GB", "+5",
+                            "1e", "5 GB", "25XB", "--1"}) {
+    EXPECT_EQ(FlagOutcome("default_link_bytes_per_second", value),
+              FlagError("default_link_bytes_per_second", rule, value));
+  }
+}
+
 }  // namespace
 }  // namespace offloadd
 
