@@ -521,6 +521,12 @@ class FormChecker {
     }
   }
   void Value(const Tokenizer::Token& t) {
+    if (path_ == "socket_mode" && (t.type != Tokenizer::TYPE_INTEGER ||
+                                   absl::StartsWithIgnoreCase(t.text, "0x"))) {
+      forms_.push_back(At(t, absl::StrFormat("socket_mode must be an octal file mode written "
+                                             "with a leading 0, like 0660 (got %s)",
+                                             t.text)));
+    }
     if (IsWholeNumberField(field_) && field_->name() != "socket_mode" &&
         (t.type != Tokenizer::TYPE_INTEGER || !IsDecimalWhole(t.text))) {
       const std::string rule =
@@ -945,7 +951,11 @@ absl::Status NotASize(const std::string& text) {
 
 }  // namespace
 
-absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
+namespace {
+
+// ParseBytes; `*part_byte` (when given) says whether `text` was refused for coming to a
+// fraction of a byte (1.3KiB is 1331.2 bytes), `*below` then the whole bytes below it.
+absl::StatusOr<uint64_t> ReadBytes(const std::string& text, bool* part_byte, uint64_t* below) {
   const auto [number, multiplier] = SplitSizeSuffix(text);
   const size_t dot = number.find('.');
   const std::string whole = number.substr(0, dot);
@@ -968,11 +978,21 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
   uint64_t whole_value = 0;
   if (!absl::SimpleAtoi(whole, &whole_value)) return TooManyBytes(text);  // 20 digits, > 2^64
   const unsigned __int128 fraction_bytes = fraction_value * multiplier;
-  if (fraction_bytes % scale != 0) return NotASize(text);  // not a whole number of bytes
   const unsigned __int128 bytes =
       static_cast<unsigned __int128>(whole_value) * multiplier + fraction_bytes / scale;
   if (bytes > std::numeric_limits<uint64_t>::max()) return TooManyBytes(text);
+  if (fraction_bytes % scale != 0) {  // not a whole number of bytes
+    if (part_byte != nullptr) *part_byte = true;
+    if (below != nullptr) *below = static_cast<uint64_t>(bytes);
+    return NotASize(text);
+  }
   return static_cast<uint64_t>(bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
+  return ReadBytes(text, nullptr, nullptr);
 }
 
 namespace {
@@ -1056,6 +1076,12 @@ class FlagSetter {
 
   absl::Status Apply(FlagValue kind) {
     const bool real = field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE;
+    // A value is taken as written: no flag strips spaces around a number, a mode or true/false
+    // (a list's entries may have spaces around their commas).
+    if (kind != FlagValue::kText && kind != FlagValue::kIds &&
+        absl::StripAsciiWhitespace(value_) != value_) {
+      return Refuse("must be written without spaces before or after the value");
+    }
     switch (kind) {
       case FlagValue::kText: reflection_->SetString(c_, field_, value_); return absl::OkStatus();
       case FlagValue::kOctal: return Octal();
@@ -1089,7 +1115,15 @@ class FlagSetter {
   }
   // A size (ParseBytes) into a uint64 field.
   absl::Status Bytes() {
-    absl::StatusOr<uint64_t> b = ParseBytes(value_);
+    bool part_byte = false;
+    uint64_t below = 0;
+    absl::StatusOr<uint64_t> b = ReadBytes(value_, &part_byte, &below);
+    if (part_byte) {
+      return Refuse(absl::StrFormat(
+          "must be a whole number of bytes: %s is between %d and %d bytes; write one of those, "
+          "or a fraction that comes to whole bytes with its suffix (1.5KiB is 1536)",
+          value_, below, below + 1));
+    }
     if (!b.ok()) {
       return Refuse(b.status().code() == absl::StatusCode::kOutOfRange ? kTooManyBytesRule
                                                                         : kSizeRule);
@@ -1142,11 +1176,21 @@ class FlagSetter {
     }
     return absl::OkStatus();
   }
+  // Comma-separated ids replacing the list; an empty value empties it, an empty entry ("," or
+  // "1000,,1001") is refused (it read as no id, so "," emptied the list: anyone).
   absl::Status Ids() {
     std::vector<uint32_t> ids;
-    for (absl::string_view part : absl::StrSplit(value_, ',', absl::SkipWhitespace())) {
-      uint32_t id;
+    std::vector<absl::string_view> parts;
+    if (!value_.empty()) parts = absl::StrSplit(value_, ',');
+    for (absl::string_view part : parts) {
       part = absl::StripAsciiWhitespace(part);
+      if (part.empty()) {
+        return Refuse(absl::StrFormat(
+            "has an empty entry: give ids separated by single commas, like 1000,1001 (an empty "
+            "value, --%s=, empties the list)",
+            name_));
+      }
+      uint32_t id;
       if (!IsDecimalWhole(part) || !absl::SimpleAtoi(part, &id)) {
         return Refuse("must be numeric ids from 0 to 4294967295 in decimal digits, "
                       "comma-separated, like 1000,1001");

@@ -937,8 +937,8 @@ TEST(ConfigFlagRanges, CountsTakeDecimalDigitsOnly) {
     const std::string range = std::string(flag) == "max_shm_mappings_total"
                                   ? "from 0 to 18446744073709551615"
                                   : "from 0 to 4294967295";
-    for (const char* value : {"0x10", "0X10", "1e3", "2e3", "1.5", "10.0", "010", "+5", " 5",
-                              "5 ", "", "ten", "1_000"}) {
+    for (const char* value : {"0x10", "0X10", "1e3", "2e3", "1.5", "10.0", "010", "+5", "",
+                              "ten", "1_000"}) {
       EXPECT_EQ(FlagOutcome(flag, value), FlagError(flag, CountRule(range), value));
     }
     v1::DaemonConfig c = *ParseConfig("");
@@ -960,7 +960,7 @@ TEST(ConfigFlagRanges, CountsTakeDecimalDigitsOnly) {
 TEST(ConfigFlagRanges, SizesTakeDecimalBytesWithOptionalSuffixes) {
   for (const char* flag : {"pool_bytes", "chunk_bytes", "uid_quota_bytes",
                            "max_shm_mapped_bytes_total"}) {
-    for (const char* value : {"0x10", "1e9", "1E9", "1.5", "1.5B", "1.3KiB", "0.1B", "010",
+    for (const char* value : {"0x10", "1e9", "1E9", "1.5", "1.5B", "0.1B", "010",
                               "-1", "+64MiB", "64XiB", "1.5e3MiB", ".5GiB", "5.GiB", ""}) {
       EXPECT_EQ(FlagOutcome(flag, value), FlagError(flag, kSizeRule, value));
     }
@@ -1196,6 +1196,47 @@ TEST(ConfigTest, RatesAreRealNumbersKeptAsGivenInFlagsAndFileAlike) {
     EXPECT_EQ(FlagOutcome("default_link_bytes_per_second", value),
               FlagError("default_link_bytes_per_second", rule, value));
   }
+}
+
+// --allowed_uids=, was an empty list (anyone) replacing the file's; socket_mode: 0x1b0 was
+// taken though the mode is octal; --pool_bytes=" 5" was stripped but --max_sessions=" 3"
+// refused; --pool_bytes=1.3KiB got the generic size rule.
+TEST(ConfigFlagRanges, EmptyIdsHexModesSpacesAndPartBytesAreRefusedSayingWhy) {
+  for (const char* value : {",", "1000,,1001", ",1000", "1000,", " ", "1000, ,1001"}) {
+    EXPECT_EQ(FlagOutcome("allowed_uids", value),
+              FlagError("allowed_uids",
+                        "has an empty entry: give ids separated by single commas, like 1000,1001 "
+                        "(an empty value, --allowed_uids=, empties the list)",
+                        value));
+  }
+  v1::DaemonConfig c = *ParseConfig("allowed_uids: [5, 6]\n");
+  ASSERT_EQ(FlagOutcome("admin_uids", "7", &c), "OK");
+  ASSERT_EQ(FlagOutcome("allowed_uids", ",", &c).substr(0, 5), "allow");
+  EXPECT_EQ(c.allowed_uids_size(), 2);  // the file's list stays
+  ASSERT_EQ(FlagOutcome("allowed_uids", "", &c), "OK");
+  EXPECT_EQ(c.allowed_uids_size(), 0);
+  ASSERT_EQ(FlagOutcome("allowed_uids", "1000, 1001", &c), "OK");
+  EXPECT_EQ(c.allowed_uids_size(), 2);
+  for (const char* text : {"socket_mode: 0x1b0\n", "socket_mode: 0X1B0\n"}) {
+    const std::string got = std::string(text).substr(13, 5);
+    EXPECT_EQ(ParseConfig(text).status().message(),
+              "config: line 1 column 14: socket_mode must be an octal file mode written with a "
+              "leading 0, like 0660 (got " + got + ")");
+  }
+  EXPECT_EQ(ParseConfig("socket_mode: 0600\n")->socket_mode(), 0600u);
+  const std::string spaced = "must be written without spaces before or after the value";
+  for (const char* flag : {"pool_bytes", "max_sessions", "resume_grace_seconds", "socket_mode",
+                           "default_link_bytes_per_second", "pool_mlock"}) {
+    for (const char* value : {" 5", "5 ", "\t5"}) {
+      EXPECT_EQ(FlagOutcome(flag, value), FlagError(flag, spaced, value));
+    }
+  }
+  EXPECT_EQ(FlagOutcome("pool_bytes", "1.3KiB"),
+            FlagError("pool_bytes",
+                      "must be a whole number of bytes: 1.3KiB is between 1331 and 1332 bytes; "
+                      "write one of those, or a fraction that comes to whole bytes with its "
+                      "suffix (1.5KiB is 1536)",
+                      "1.3KiB"));
 }
 
 }  // namespace
