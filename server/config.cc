@@ -571,8 +571,9 @@ absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
                                 absl::StrContains(lines[line - 1], "_bytes");
       if (sized_here || sized_before) {
         hint =
-            " (sizes and rates are plain integers of bytes, or a number with one of the suffixes "
-            "KiB MiB GiB TiB KB MB GB TB, e.g. pool_bytes: 64GiB; offloadd "
+            " (sizes are plain integers of bytes and rates real numbers of bytes per second, "
+            "either with one of the suffixes KiB MiB GiB TiB KB MB GB TB if wanted, e.g. "
+            "pool_bytes: 64GiB or default_link_bytes_per_second: 25GB; offloadd "
             "--print-default-config shows every field)";
       }
     }
