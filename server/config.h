@@ -28,9 +28,10 @@ const std::string& DefaultConfigText();
 // _bytes_per_second may be written with a size suffix (`pool_bytes: 256GiB`; ExpandSizeSuffixes).
 // A whole-number field (a size in bytes, a count, an id) takes decimal digits only: 0x10, 010
 // (which the text format reads as octal 8), 1e3 and 1.5 are refused; socket_mode, a file mode,
-// is written in octal (0660). Errors: INVALID_ARGUMENT naming the line and column of a syntax
-// error, an unknown field or a whole number in another form (with the field, the value and the
-// form to use); for a size that is not a number it also lists the suffixes.
+// is written in octal (0660; 0x1b0 is refused). Errors: INVALID_ARGUMENT naming the line and
+// column of a syntax error, an unknown field, a whole number in another form (with the field,
+// the value and the form to use), or a field that is not a list given a second time in one
+// message (with both lines); for a size that is not a number it also lists the suffixes.
 absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text);
 // The most bytes a config file may hold (1 MiB; the defaults are about 3 KiB).
 inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
@@ -40,10 +41,11 @@ inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
 // kMaxConfigFileBytes, else as ParseConfig, prefixed with the path.
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
 
-// `text` with every "<name>_bytes[_per_second]: <number><suffix>" value (suffixes as
-// ParseBytes, unquoted) replaced by its integer byte count: a _bytes value as ParseBytes reads
-// it, a rate rounded to whole bytes; strings, comments, values neither reads and all other text
-// are unchanged.
+// `text` with every "<name>_bytes[_per_second|_total|_per_uid]: <number><suffix>" value
+// (suffixes as ParseBytes, unquoted) replaced by its value in bytes: a size's integer as
+// ParseBytes reads it, a rate's real number (an exponent and a '-' allowed: 1e3GB), not rounded;
+// strings, comments, values neither reads and all other text are unchanged. One pass, linear in
+// the text, no recursion.
 std::string ExpandSizeSuffixes(const std::string& text);
 
 // Where a config's values came from, for the messages of ValidateConfig and LoadDaemonConfig:
