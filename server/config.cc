@@ -9,12 +9,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <regex>
 
 #include <cmath>
 #include <limits>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <iterator>
 #include <set>
 #include <sstream>
@@ -127,8 +127,12 @@ cuda_sim {
 namespace {
 class Collector : public google::protobuf::io::ErrorCollector {
  public:
+  // A message quoting a long token (the parser quotes what it found) is cut to its start.
   void AddError(int line, int column, const std::string& message) override {
-    errors.push_back(absl::StrFormat("line %d column %d: %s", line + 1, column + 1, message));
+    constexpr size_t kMaxMessage = 200;
+    const std::string shown =
+        message.size() <= kMaxMessage ? message : message.substr(0, kMaxMessage) + "...";
+    errors.push_back(absl::StrFormat("line %d column %d: %s", line + 1, column + 1, shown));
     lines.push_back(line);
   }
   std::vector<std::string> errors;
@@ -295,30 +299,120 @@ bool IsWholeNumberField(const google::protobuf::FieldDescriptor* f) {
 
 namespace {
 
-absl::StatusOr<uint64_t> ParseRate(const std::string& text);
+absl::StatusOr<double> ParseRate(const std::string& text);
 
-// `code` (text outside strings and comments) with sized values replaced.
+// The length of the real number at the start of `s`, the one form of a rate's number in the
+// file and on the command line alike: an optional '-', decimal digits, an optional fraction
+// (".5") and an optional exponent ("e10", "E-3"); 0 when `s` does not start with one.
+size_t RealNumberLength(absl::string_view s) {
+  size_t i = s.empty() || s[0] != '-' ? 0 : 1;
+  const size_t digits = i;
+  while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
+  if (i == digits) return 0;
+  if (i + 1 < s.size() && s[i] == '.' && absl::ascii_isdigit(s[i + 1])) {
+    i += 2;
+    while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
+  }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    size_t j = i + 1;
+    if (j < s.size() && (s[j] == '+' || s[j] == '-')) ++j;
+    const size_t exponent = j;
+    while (j < s.size() && absl::ascii_isdigit(s[j])) ++j;
+    if (j > exponent) i = j;
+  }
+  return i;
+}
+
+bool IsWordChar(char ch) { return absl::ascii_isalnum(ch) || ch == '_'; }
+
+// The length of the sized value at the start of `s`: a number, optional spaces or tabs, and a
+// size suffix (KiB MiB GiB TiB KB MB GB TB B) that ends the word; 0 when `s` does not start with
+// one. The number of a size is decimal digits with an optional fraction (".5"); of a `rate`,
+// RealNumberLength's.
+size_t SizedValueLength(absl::string_view s, bool rate) {
+  size_t i = 0;
+  if (rate) {
+    i = RealNumberLength(s);
+  } else {
+    while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
+    if (i + 1 < s.size() && i > 0 && s[i] == '.' && absl::ascii_isdigit(s[i + 1])) {
+      i += 2;
+      while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
+    }
+  }
+  if (i == 0) return 0;
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
+  if (i < s.size() && absl::StrContains("KMGT", s[i])) {
+    ++i;
+    if (i < s.size() && s[i] == 'i') ++i;
+  } else if (i >= s.size() || s[i] != 'B') {
+    return 0;
+  }
+  if (i >= s.size() || s[i] != 'B') return 0;
+  ++i;
+  return i < s.size() && IsWordChar(s[i]) ? 0 : i;
+}
+
+// Whether `name` (a whole word) names a size or rate field: it ends in _bytes,
+// _bytes_per_second, _bytes_total or _bytes_per_uid, with something before _bytes.
+bool IsSizedName(absl::string_view name) {
+  for (absl::string_view end : {"_bytes", "_bytes_per_second", "_bytes_total",
+                                "_bytes_per_uid"}) {
+    if (name.size() > end.size() && absl::EndsWith(name, end)) return true;
+  }
+  return false;
+}
+
+// `value` (a sized value, spaces and tabs removed) of the field `name` as the parser reads it:
+// a size's whole bytes, a rate's bytes per second (a real, digits enough to read back the same
+// double); nullopt when it is not one (left as written: the parser names the line).
+std::optional<std::string> ExpandedValue(absl::string_view name, const std::string& value) {
+  if (absl::EndsWith(name, "_per_second")) {
+    absl::StatusOr<double> rate = ParseRate(value);
+    if (!rate.ok()) return std::nullopt;
+    return absl::StrFormat("%.17g", *rate);
+  }
+  absl::StatusOr<uint64_t> bytes = ParseBytes(value);
+  if (!bytes.ok()) return std::nullopt;
+  return absl::StrCat(*bytes);
+}
+
+// `code` (text outside strings and comments) with sized values replaced: a field whose name
+// IsSizedName, then ':' (whitespace around it allowed), then a value SizedValueLength reads
+// ("pool_bytes: 64 GiB"). A scan, one pass, no backtracking: a file of one long word or
+// whitespace run reads in linear time and bounded stack.
 std::string ExpandInCode(const std::string& code) {
-  // A field whose name ends in _bytes, _bytes_per_second, _bytes_total or _bytes_per_uid, then
-  // a number with a size suffix (spaces or tabs between them allowed: "pool_bytes: 64 GiB").
-  static const std::regex* sized = new std::regex(
-      R"re(\b(\w+_bytes(?:_per_second|_total|_per_uid)?)(\s*:\s*)([0-9]+(?:\.[0-9]+)?[ \t]*(?:[KMGT]i?B|B))\b)re");
   std::string out;
-  auto last = code.cbegin();
-  for (std::sregex_iterator it(code.begin(), code.end(), *sized), end; it != end; ++it) {
-    const std::smatch& m = *it;
-    std::string value = m[3].str();
+  size_t i = 0, copied = 0;
+  while (i < code.size()) {
+    if (!IsWordChar(code[i])) {
+      ++i;
+      continue;
+    }
+    const size_t word = i;
+    while (i < code.size() && IsWordChar(code[i])) ++i;
+    const absl::string_view name(code.data() + word, i - word);
+    if (!IsSizedName(name)) continue;
+    size_t j = i;
+    while (j < code.size() && absl::ascii_isspace(code[j])) ++j;
+    if (j >= code.size() || code[j] != ':') continue;
+    ++j;
+    while (j < code.size() && absl::ascii_isspace(code[j])) ++j;
+    const size_t length =
+        SizedValueLength(absl::string_view(code).substr(j), absl::EndsWith(name, "_per_second"));
+    if (length == 0) continue;
+    std::string value = code.substr(j, length);
     value.erase(std::remove_if(value.begin(), value.end(),
                                [](char ch) { return ch == ' ' || ch == '\t'; }),
                 value.end());
-    absl::StatusOr<uint64_t> bytes =
-        absl::EndsWith(m[1].str(), "_per_second") ? ParseRate(value) : ParseBytes(value);
-    if (!bytes.ok()) continue;  // left as written: the parser names the line
-    out.append(last, m[0].first);
-    absl::StrAppend(&out, m[1].str(), m[2].str(), *bytes);
-    last = m[0].second;
+    const std::optional<std::string> expanded = ExpandedValue(name, value);
+    i = j + length;
+    if (!expanded) continue;
+    out.append(code, copied, j - copied);
+    out += *expanded;
+    copied = i;
   }
-  out.append(last, code.cend());
+  out.append(code, copied, std::string::npos);
   return out;
 }
 
@@ -354,63 +448,99 @@ std::string ExpandSizeSuffixes(const std::string& text) {
 
 namespace {
 
-// "line L column C: <field> <rule> (got <value>)" for each value of a whole-number field in
-// `text` (config text, sizes expanded) not written in decimal digits (IsDecimalWhole): the text
-// format reads 0x10 as 16 and 010 as octal 8, and refuses 1e3 and 1.5 with a message that does
-// not say what to write. socket_mode, a file mode, is octal by design. A sketch of the text
-// format's grammar is enough: anything else it refuses names its own line.
-std::vector<std::string> WholeNumberFormProblems(const std::string& text) {
-  using google::protobuf::io::Tokenizer;
-  google::protobuf::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
-  Collector ignored;  // the parser reports syntax errors
-  Tokenizer tokens(&input, &ignored);
-  tokens.set_comment_style(Tokenizer::SH_COMMENT_STYLE);
-  tokens.set_require_space_after_number(false);
-  // Per open message: its type (nullptr: unknown) and name's prefix ("cuda_sim."), and the
-  // field of an open [ ... ] list in it.
-  std::vector<const google::protobuf::Descriptor*> scopes{v1::DaemonConfig::descriptor()};
-  std::vector<std::string> prefixes{""};
-  std::vector<const google::protobuf::FieldDescriptor*> lists{nullptr};
-  const google::protobuf::FieldDescriptor* field = nullptr;  // the one whose value comes next
-  std::string path;
-  std::vector<std::string> problems;
-  while (tokens.Next()) {
-    const Tokenizer::Token& t = tokens.current();
-    const char symbol = t.type == Tokenizer::TYPE_SYMBOL ? t.text[0] : '\0';
-    if (symbol == '{' || symbol == '<') {
-      scopes.push_back(field != nullptr ? field->message_type() : nullptr);
-      prefixes.push_back(path + ".");
-      lists.push_back(nullptr);
-      field = nullptr;
-    } else if ((symbol == '}' || symbol == '>') && scopes.size() > 1) {
-      path = prefixes.back().substr(0, prefixes.back().size() - 1);  // the message's own
-      scopes.pop_back();
-      prefixes.pop_back();
-      lists.pop_back();
-      field = lists.back();
-    } else if (symbol == '[' || symbol == ']') {
-      lists.back() = symbol == '[' ? field : nullptr;
-      if (symbol == ']') field = nullptr;
-    } else if (symbol != '\0') {
-      continue;  // ':' ',' ';' '-'
-    } else if (field == nullptr) {
-      if (t.type != Tokenizer::TYPE_IDENTIFIER || scopes.back() == nullptr) continue;
-      field = scopes.back()->FindFieldByName(t.text);
-      path = prefixes.back() + t.text;
-    } else {
-      if (IsWholeNumberField(field) && field->name() != "socket_mode" &&
-          (t.type != Tokenizer::TYPE_INTEGER || !IsDecimalWhole(t.text))) {
-        const std::string rule = IsSizeField(path)
-                                     ? std::string(kSizeRule)
-                                     : WholeNumberRule(path, MaxOf(field));
-        problems.push_back(absl::StrFormat("line %d column %d: %s %s (got %s)", t.line + 1,
-                                           t.column + 1, path, rule, t.text));
+// Reads config text (sizes expanded) token by token, with a sketch of the text format's
+// grammar (anything else it refuses, the parser names the line), and finds what the parser
+// lets by: "line L column C: <problem>" for
+// - each value of a whole-number field not written in decimal digits (IsDecimalWhole): the
+//   text format reads 0x10 as 16 and 010 as octal 8, and refuses 1e3 and 1.5 with a message
+//   that does not say what to write. socket_mode, a file mode, is octal by design;
+// - each singular field (a nested message too) named a second time in one message: merging
+//   the file over the defaults keeps the last value without a word.
+class FormChecker {
+ public:
+  using Tokenizer = google::protobuf::io::Tokenizer;
+
+  // Reads `text`; then forms() and repeats() list what it found.
+  void Read(const std::string& text) {
+    google::protobuf::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
+    Collector ignored;  // the parser reports syntax errors
+    Tokenizer tokens(&input, &ignored);
+    tokens.set_comment_style(Tokenizer::SH_COMMENT_STYLE);
+    tokens.set_require_space_after_number(false);
+    while (tokens.Next()) {
+      const Tokenizer::Token& t = tokens.current();
+      const char symbol = t.type == Tokenizer::TYPE_SYMBOL ? t.text[0] : '\0';
+      if (symbol == '{' || symbol == '<') {
+        scopes_.push_back({field_ != nullptr ? field_->message_type() : nullptr, path_ + "."});
+        field_ = nullptr;
+      } else if ((symbol == '}' || symbol == '>') && scopes_.size() > 1) {
+        path_ = scopes_.back().prefix.substr(0, scopes_.back().prefix.size() - 1);
+        scopes_.pop_back();
+        field_ = scopes_.back().list;
+      } else if (symbol == '[' || symbol == ']') {
+        scopes_.back().list = symbol == '[' ? field_ : nullptr;
+        if (symbol == ']') field_ = nullptr;
+      } else if (symbol != '\0') {
+        continue;  // ':' ',' ';' '-'
+      } else if (field_ == nullptr) {
+        Name(t);
+      } else {
+        Value(t);
       }
-      field = lists.back();
     }
   }
-  return problems;
-}
+  const std::vector<std::string>& forms() const { return forms_; }
+  const std::vector<std::string>& repeats() const { return repeats_; }
+
+ private:
+  // An open message: its type (nullptr: unknown), its name's prefix ("cuda_sim."), the field
+  // of an open [ ... ] list in it, and the line (1-based) of each singular field named in it.
+  struct Scope {
+    const google::protobuf::Descriptor* type;
+    std::string prefix;
+    const google::protobuf::FieldDescriptor* list = nullptr;
+    std::map<const google::protobuf::FieldDescriptor*, int> named;
+  };
+
+  static std::string At(const Tokenizer::Token& t, const std::string& problem) {
+    return absl::StrFormat("line %d column %d: %s", t.line + 1, t.column + 1, problem);
+  }
+  // A field's name: the field whose value comes next.
+  void Name(const Tokenizer::Token& t) {
+    Scope& scope = scopes_.back();
+    if (t.type != Tokenizer::TYPE_IDENTIFIER || scope.type == nullptr) return;
+    field_ = scope.type->FindFieldByName(t.text);
+    path_ = scope.prefix + t.text;
+    if (field_ == nullptr || field_->is_repeated()) return;
+    const auto [first, inserted] = scope.named.emplace(field_, t.line + 1);
+    if (!inserted) {
+      repeats_.push_back(At(t, absl::StrFormat("%s is given a second time (first on line %d): a "
+                                               "field that is not a list is given once; keep "
+                                               "one of them",
+                                               path_, first->second)));
+    }
+  }
+  void Value(const Tokenizer::Token& t) {
+    if (path_ == "socket_mode" && (t.type != Tokenizer::TYPE_INTEGER ||
+                                   absl::StartsWithIgnoreCase(t.text, "0x"))) {
+      forms_.push_back(At(t, absl::StrFormat("socket_mode must be an octal file mode written "
+                                             "with a leading 0, like 0660 (got %s)",
+                                             t.text)));
+    }
+    if (IsWholeNumberField(field_) && field_->name() != "socket_mode" &&
+        (t.type != Tokenizer::TYPE_INTEGER || !IsDecimalWhole(t.text))) {
+      const std::string rule =
+          IsSizeField(path_) ? std::string(kSizeRule) : WholeNumberRule(path_, MaxOf(field_));
+      forms_.push_back(At(t, absl::StrFormat("%s %s (got %s)", path_, rule, t.text)));
+    }
+    field_ = scopes_.back().list;
+  }
+
+  std::vector<Scope> scopes_{{v1::DaemonConfig::descriptor(), ""}};
+  const google::protobuf::FieldDescriptor* field_ = nullptr;  // the one whose value comes next
+  std::string path_;
+  std::vector<std::string> forms_, repeats_;
+};
 
 }  // namespace
 
@@ -423,8 +553,10 @@ absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
   Collector errors;
   parser.RecordErrorsTo(&errors);
   const std::string expanded = ExpandSizeSuffixes(text);
-  if (std::vector<std::string> forms = WholeNumberFormProblems(expanded); !forms.empty()) {
-    return absl::InvalidArgumentError("config: " + absl::StrJoin(forms, "; "));
+  FormChecker checker;
+  checker.Read(expanded);
+  if (!checker.forms().empty()) {
+    return absl::InvalidArgumentError("config: " + absl::StrJoin(checker.forms(), "; "));
   }
   // Merging sets every field the text names, zero values included (metrics_address: "").
   if (!parser.MergeFromString(expanded, &config)) {
@@ -439,12 +571,16 @@ absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text) {
                                 absl::StrContains(lines[line - 1], "_bytes");
       if (sized_here || sized_before) {
         hint =
-            " (sizes and rates are plain integers of bytes, or a number with one of the suffixes "
-            "KiB MiB GiB TiB KB MB GB TB, e.g. pool_bytes: 64GiB; offloadd "
+            " (sizes are plain integers of bytes and rates real numbers of bytes per second, "
+            "either with one of the suffixes KiB MiB GiB TiB KB MB GB TB if wanted, e.g. "
+            "pool_bytes: 64GiB or default_link_bytes_per_second: 25GB; offloadd "
             "--print-default-config shows every field)";
       }
     }
     return absl::InvalidArgumentError("config: " + absl::StrJoin(errors.errors, "; ") + hint);
+  }
+  if (!checker.repeats().empty()) {
+    return absl::InvalidArgumentError("config: " + absl::StrJoin(checker.repeats(), "; "));
   }
   return config;
 }
@@ -816,7 +952,11 @@ absl::Status NotASize(const std::string& text) {
 
 }  // namespace
 
-absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
+namespace {
+
+// ParseBytes; `*part_byte` (when given) says whether `text` was refused for coming to a
+// fraction of a byte (1.3KiB is 1331.2 bytes), `*below` then the whole bytes below it.
+absl::StatusOr<uint64_t> ReadBytes(const std::string& text, bool* part_byte, uint64_t* below) {
   const auto [number, multiplier] = SplitSizeSuffix(text);
   const size_t dot = number.find('.');
   const std::string whole = number.substr(0, dot);
@@ -839,34 +979,39 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
   uint64_t whole_value = 0;
   if (!absl::SimpleAtoi(whole, &whole_value)) return TooManyBytes(text);  // 20 digits, > 2^64
   const unsigned __int128 fraction_bytes = fraction_value * multiplier;
-  if (fraction_bytes % scale != 0) return NotASize(text);  // not a whole number of bytes
   const unsigned __int128 bytes =
       static_cast<unsigned __int128>(whole_value) * multiplier + fraction_bytes / scale;
   if (bytes > std::numeric_limits<uint64_t>::max()) return TooManyBytes(text);
+  if (fraction_bytes % scale != 0) {  // not a whole number of bytes
+    if (part_byte != nullptr) *part_byte = true;
+    if (below != nullptr) *below = static_cast<uint64_t>(bytes);
+    return NotASize(text);
+  }
   return static_cast<uint64_t>(bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
+  return ReadBytes(text, nullptr, nullptr);
 }
 
 namespace {
 
-// A rate in bytes per second: a real number (exponents allowed: 2.5e10), optionally with a
-// size suffix, rounded to whole bytes. Errors as ParseBytes.
-absl::StatusOr<uint64_t> ParseRate(const std::string& text) {
+// A rate in bytes per second: a real number (RealNumberLength's form: 2.5e10, -1, 0.4),
+// optionally with a size suffix (25GB, 1e3GB), kept as given (not rounded: 0.4 stays 0.4, not
+// 0, which means "unpaced" or "measure"). Errors: INVALID_ARGUMENT for any other form,
+// spaces included, or a value beyond a finite double.
+absl::StatusOr<double> ParseRate(const std::string& text) {
   const auto [t, multiplier] = SplitSizeSuffix(text);
-  uint64_t exact = 0;
-  if (!t.empty() && t.find_first_not_of("0123456789") == std::string::npos) {
-    if (!absl::SimpleAtoi(t, &exact)) return TooManyBytes(text);  // more than 20 digits' worth
-    if (multiplier == 1) return exact;  // exact, without a double's rounding
-  }
-  double v;
-  if (t.find_first_of("xX") != std::string::npos || !absl::SimpleAtod(t, &v) || v < 0 ||
-      !std::isfinite(v)) {
+  double v = 0;
+  if (t.empty() || RealNumberLength(t) != t.size() || !absl::SimpleAtod(t, &v) ||
+      !std::isfinite(v * static_cast<double>(multiplier))) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "\"%s\" is not a rate: write bytes per second, optionally with a suffix (25GB, 2.5e10)",
         text));
   }
-  const double bytes = std::round(v * static_cast<double>(multiplier));
-  if (!(bytes < 18446744073709551616.0)) return TooManyBytes(text);  // 2^64: before narrowing
-  return static_cast<uint64_t>(bytes);
+  return v * static_cast<double>(multiplier);
 }
 
 }  // namespace
@@ -879,7 +1024,7 @@ enum class FlagValue {
   kOctal,        // a file mode, octal
   kBool,         // true|1|(empty) or false|0
   kBytes,        // ParseBytes; into a uint64 or double field
-  kSignedBytes,  // ParseBytes, or a negative number as is (spill_bytes_per_second < 0 = unpaced)
+  kRate,         // ParseRate into a double field
   kNumber,       // a real number into a double field; into a whole-number field as kCount
   kCount,        // a whole number in decimal digits into a uint32 or uint64 field
   kIds,          // comma-separated numeric ids, replacing the repeated field
@@ -892,14 +1037,14 @@ const std::map<std::string, FlagValue>& FlagValues() {
       {"pool_mlock", V::kBool}, {"pool_huge_pages", V::kBool}, {"pool_shm_name", V::kText},
       {"resume_grace_seconds", V::kNumber}, {"pool_data_checksums", V::kBool},
       {"spill_directory", V::kText},
-      {"spill_capacity_bytes", V::kBytes}, {"spill_bytes_per_second", V::kSignedBytes},
+      {"spill_capacity_bytes", V::kBytes}, {"spill_bytes_per_second", V::kRate},
       {"spill_posix_io", V::kBool}, {"spill_high_water_fraction", V::kNumber},
       {"spill_stage_ahead_blocks", V::kNumber}, {"spill_io_threads", V::kNumber},
       {"backend", V::kText}, {"chunk_bytes", V::kBytes}, {"session_quota_bytes", V::kBytes},
       {"async_copies", V::kBool}, {"max_chunks_in_flight_per_gpu", V::kNumber},
       {"copy_threads", V::kNumber}, {"admission_deadline_seconds", V::kNumber},
       {"admission_queue_limit", V::kNumber}, {"metrics_address", V::kText},
-      {"default_link_bytes_per_second", V::kBytes}, {"numa_node_bytes_per_second", V::kBytes},
+      {"default_link_bytes_per_second", V::kRate}, {"numa_node_bytes_per_second", V::kRate},
       {"offload_min_share", V::kNumber}, {"sysfs_root", V::kText}, {"numa_placement", V::kText},
       {"socket_group", V::kText},
       {"allowed_uids", V::kIds}, {"allowed_gids", V::kIds}, {"admin_uids", V::kIds},
@@ -932,12 +1077,18 @@ class FlagSetter {
 
   absl::Status Apply(FlagValue kind) {
     const bool real = field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE;
+    // A value is taken as written: no flag strips spaces around a number, a mode or true/false
+    // (a list's entries may have spaces around their commas).
+    if (kind != FlagValue::kText && kind != FlagValue::kIds &&
+        absl::StripAsciiWhitespace(value_) != value_) {
+      return Refuse("must be written without spaces before or after the value");
+    }
     switch (kind) {
       case FlagValue::kText: reflection_->SetString(c_, field_, value_); return absl::OkStatus();
       case FlagValue::kOctal: return Octal();
       case FlagValue::kBool: return Bool();
       case FlagValue::kBytes: return Bytes();
-      case FlagValue::kSignedBytes: return absl::StartsWith(value_, "-") ? Real() : Bytes();
+      case FlagValue::kRate: return Rate();
       case FlagValue::kNumber: return real ? Real() : Count();
       case FlagValue::kCount: return Count();
       case FlagValue::kIds: return Ids();
@@ -963,21 +1114,32 @@ class FlagSetter {
     }
     return absl::OkStatus();
   }
-  // A size (ParseBytes) into a uint64 field, or a rate (ParseRate) into a double field.
+  // A size (ParseBytes) into a uint64 field.
   absl::Status Bytes() {
-    const bool rate = field_->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE;
-    absl::StatusOr<uint64_t> b = rate ? ParseRate(value_) : ParseBytes(value_);
+    bool part_byte = false;
+    uint64_t below = 0;
+    absl::StatusOr<uint64_t> b = ReadBytes(value_, &part_byte, &below);
+    if (part_byte) {
+      return Refuse(absl::StrFormat(
+          "must be a whole number of bytes: %s is between %d and %d bytes; write one of those, "
+          "or a fraction that comes to whole bytes with its suffix (1.5KiB is 1536)",
+          value_, below, below + 1));
+    }
     if (!b.ok()) {
-      if (b.status().code() == absl::StatusCode::kOutOfRange) return Refuse(kTooManyBytesRule);
-      return Refuse(rate ? "must be a rate in bytes per second, optionally with a size suffix "
-                           "(KiB MiB GiB TiB KB MB GB TB), like 25GB or 2.5e10"
-                         : kSizeRule);
+      return Refuse(b.status().code() == absl::StatusCode::kOutOfRange ? kTooManyBytesRule
+                                                                        : kSizeRule);
     }
-    if (rate) {
-      reflection_->SetDouble(c_, field_, static_cast<double>(*b));
-    } else {
-      reflection_->SetUInt64(c_, field_, *b);
+    reflection_->SetUInt64(c_, field_, *b);
+    return absl::OkStatus();
+  }
+  // A rate (ParseRate) into a double field; its range is ValidateConfig's to check.
+  absl::Status Rate() {
+    absl::StatusOr<double> r = ParseRate(value_);
+    if (!r.ok()) {
+      return Refuse("must be a rate in bytes per second: a real number, optionally with a size "
+                    "suffix (KiB MiB GiB TiB KB MB GB TB B), like 25GB, 2.5e10 or 1e3GB");
     }
+    reflection_->SetDouble(c_, field_, *r);
     return absl::OkStatus();
   }
   // A file mode: 1 to 4 octal digits, at most 0777 (strtoul would read "0999" as 0).
@@ -1015,11 +1177,21 @@ class FlagSetter {
     }
     return absl::OkStatus();
   }
+  // Comma-separated ids replacing the list; an empty value empties it, an empty entry ("," or
+  // "1000,,1001") is refused (it read as no id, so "," emptied the list: anyone).
   absl::Status Ids() {
     std::vector<uint32_t> ids;
-    for (absl::string_view part : absl::StrSplit(value_, ',', absl::SkipWhitespace())) {
-      uint32_t id;
+    std::vector<absl::string_view> parts;
+    if (!value_.empty()) parts = absl::StrSplit(value_, ',');
+    for (absl::string_view part : parts) {
       part = absl::StripAsciiWhitespace(part);
+      if (part.empty()) {
+        return Refuse(absl::StrFormat(
+            "has an empty entry: give ids separated by single commas, like 1000,1001 (an empty "
+            "value, --%s=, empties the list)",
+            name_));
+      }
+      uint32_t id;
       if (!IsDecimalWhole(part) || !absl::SimpleAtoi(part, &id)) {
         return Refuse("must be numeric ids from 0 to 4294967295 in decimal digits, "
                       "comma-separated, like 1000,1001");
@@ -1065,6 +1237,8 @@ std::set<std::string> FieldsNamedIn(const std::string& path) {
   google::protobuf::TextFormat::ParseInfoTree tree;
   parser.WriteLocationsTo(&tree);
   parser.AllowPartialMessage(true);
+  Collector ignored;  // not logged: LoadConfigFile has said why a file does not parse
+  parser.RecordErrorsTo(&ignored);
   if (!parser.ParseFromString(ExpandSizeSuffixes(*text), &scratch)) return named;
   const google::protobuf::Descriptor* d = v1::DaemonConfig::descriptor();
   for (int i = 0; i < d->field_count(); ++i) {

@@ -28,9 +28,10 @@ const std::string& DefaultConfigText();
 // _bytes_per_second may be written with a size suffix (`pool_bytes: 256GiB`; ExpandSizeSuffixes).
 // A whole-number field (a size in bytes, a count, an id) takes decimal digits only: 0x10, 010
 // (which the text format reads as octal 8), 1e3 and 1.5 are refused; socket_mode, a file mode,
-// is written in octal (0660). Errors: INVALID_ARGUMENT naming the line and column of a syntax
-// error, an unknown field or a whole number in another form (with the field, the value and the
-// form to use); for a size that is not a number it also lists the suffixes.
+// is written in octal (0660; 0x1b0 is refused). Errors: INVALID_ARGUMENT naming the line and
+// column of a syntax error, an unknown field, a whole number in another form (with the field,
+// the value and the form to use), or a field that is not a list given a second time in one
+// message (with both lines); for a size that is not a number it also lists the suffixes.
 absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text);
 // The most bytes a config file may hold (1 MiB; the defaults are about 3 KiB).
 inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
@@ -40,10 +41,11 @@ inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
 // kMaxConfigFileBytes, else as ParseConfig, prefixed with the path.
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
 
-// `text` with every "<name>_bytes[_per_second]: <number><suffix>" value (suffixes as
-// ParseBytes, unquoted) replaced by its integer byte count: a _bytes value as ParseBytes reads
-// it, a rate rounded to whole bytes; strings, comments, values neither reads and all other text
-// are unchanged.
+// `text` with every "<name>_bytes[_per_second|_total|_per_uid]: <number><suffix>" value
+// (suffixes as ParseBytes, unquoted) replaced by its value in bytes: a size's integer as
+// ParseBytes reads it, a rate's real number (an exponent and a '-' allowed: 1e3GB), not rounded;
+// strings, comments, values neither reads and all other text are unchanged. One pass, linear in
+// the text, no recursion.
 std::string ExpandSizeSuffixes(const std::string& text);
 
 // Where a config's values came from, for the messages of ValidateConfig and LoadDaemonConfig:
@@ -106,7 +108,8 @@ struct FlagInfo {
 };
 const std::vector<FlagInfo>& ConfigFlags();
 // Applies one flag to the config. Sizes in bytes take ParseBytes' form; rates (_per_second) a
-// real number with an optional suffix (25GB, 2.5e10); counts and ids decimal digits only (no
+// real number with an optional suffix (25GB, 2.5e10, 1e3GB), as the config file does, kept as
+// given (0.4 is 0.4, not rounded to 0); counts and ids decimal digits only (no
 // sign, leading 0, 0x, exponent or fraction), within the field's type (the range ValidateConfig
 // checks is named); socket_mode octal digits; true/false fields true, false, 1, 0 or nothing.
 // Errors: NOT_FOUND for an unknown flag; INVALID_ARGUMENT for a bad value, worded as

@@ -568,6 +568,105 @@ TEST(ConfigTest, SizeSuffixesInTheFile) {
 }
 
 
+// The size-suffix expansion was a std::regex whose matcher recursed once per character: a file
+// of one word of ~22 KB (or a long whitespace run) overflowed the stack (SIGSEGV) well below
+// the 1 MiB file limit. Each text here is over 1 MB.
+TEST(ConfigTest, LongTokensAndWhitespaceRunsGiveErrorsNotCrashes) {
+  const size_t n = 1000001;
+  ASSERT_LT(n + 100, kMaxConfigFileBytes);
+  const absl::StatusOr<v1::DaemonConfig> word = ParseConfig(
+      "pool_bytes: 64MiB\nsocket_group: " + std::string(n, 'x') + "\n");
+  EXPECT_EQ(word.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(word.status().message(), "config: line 2 column 15: "))
+      << word.status().message().substr(0, 200);
+  EXPECT_LT(word.status().message().size(), 1000u);  // the token is quoted cut short
+  const absl::StatusOr<v1::DaemonConfig> letters = ParseConfig(std::string(n, 'a'));
+  EXPECT_EQ(letters.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(letters.status().message(), "config: line 1 column "))
+      << letters.status().message().substr(0, 200);
+  const absl::StatusOr<v1::DaemonConfig> lines =
+      ParseConfig("pool_bytes:" + std::string(n, '\n') + "64MiB\n");
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  EXPECT_EQ(lines->pool_bytes(), 64ull << 20);
+  const absl::StatusOr<v1::DaemonConfig> spaces = ParseConfig(
+      std::string(n, ' ') + "chunk_bytes" + std::string(n, ' ') + ":" + std::string(n / 4, '\t') +
+      "16 MiB\n");
+  ASSERT_TRUE(spaces.ok()) << spaces.status();
+  EXPECT_EQ(spaces->chunk_bytes(), 16ull << 20);
+  const absl::StatusOr<v1::DaemonConfig> digits =
+      ParseConfig("pool_bytes: " + std::string(n, '1') + "GiB\n");
+  EXPECT_EQ(digits.status().code(), absl::StatusCode::kInvalidArgument);
+  // Through the file reader, as offloadd --check-config reads it.
+  const std::string path = testing::TempDir() + "/long.conf";
+  std::ofstream(path) << "pool_bytes: 64MiB\nsocket_group: " << std::string(n, 'x') << "\n";
+  const absl::Status file = LoadDaemonConfig({path, {}}).status();
+  EXPECT_EQ(file.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(file.message(), path + ": config: line 2 column 15: "))
+      << file.message().substr(0, 200);
+  std::remove(path.c_str());
+}
+
+// The expansion keeps its reach: the four name endings, spaces and tabs before the suffix,
+// a fraction, strings and comments untouched, a suffix glued to a word left alone.
+TEST(ConfigTest, SizeSuffixExpansionReadsWhatItDid) {
+  EXPECT_EQ(ExpandSizeSuffixes("pool_bytes: 64MiB\nx_bytes_total :\n 1.5 KiB\n"),
+            "pool_bytes: 67108864\nx_bytes_total :\n 1536\n");
+  EXPECT_EQ(ExpandSizeSuffixes("a_bytes_per_uid:2B a_bytes_per_second: 2GB"),
+            "a_bytes_per_uid:2 a_bytes_per_second: 2000000000");
+  EXPECT_EQ(ExpandSizeSuffixes("pool_bytes: 64MiBx _bytes: 1KiB pool_bytesx: 1KiB"),
+            "pool_bytes: 64MiBx _bytes: 1KiB pool_bytesx: 1KiB");
+  EXPECT_EQ(ExpandSizeSuffixes("s: \"pool_bytes: 1KiB\" # pool_bytes: 1KiB\npool_bytes: 1KB"),
+            "s: \"pool_bytes: 1KiB\" # pool_bytes: 1KiB\npool_bytes: 1000");
+  EXPECT_EQ(ExpandSizeSuffixes("pool_bytes: 1.KiB pool_bytes: 5 XiB"),
+            "pool_bytes: 1.KiB pool_bytes: 5 XiB");
+}
+
+// A singular field named twice was kept silently (the last value won); and when the config was
+// invalid for another reason, the re-read for sources refused the repeat, logged a stray
+// libprotobuf error and called every value "the default".
+TEST(ConfigTest, ASingularFieldGivenTwiceIsRefusedWithItsLines) {
+  const std::string keep = "a field that is not a list is given once; keep one of them";
+  const std::vector<std::pair<std::string, std::string>> twice = {
+      {"max_sessions: 300\nmax_sessions: 2000\n",
+       "line 2 column 1: max_sessions is given a second time (first on line 1): " + keep},
+      {"backend: \"shm\"; pool_mlock: false\n\nbackend: \"bogus\"\n",
+       "line 3 column 1: backend is given a second time (first on line 1): " + keep},
+      {"projector { }\ncopy_threads: 2\nprojector { backend: \"lapack\" }\n",
+       "line 3 column 1: projector is given a second time (first on line 1): " + keep},
+      {"cuda_sim {\n  gpus: 2\n  gpus: 0\n}\n",
+       "line 3 column 3: cuda_sim.gpus is given a second time (first on line 2): " + keep},
+  };
+  for (const auto& [text, want] : twice) {
+    const absl::StatusOr<v1::DaemonConfig> c = ParseConfig(text);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_EQ(c.status().message(), "config: " + want) << text;
+  }
+  // Lists and messages of a list may be given many times; each message of a list apart.
+  const absl::StatusOr<v1::DaemonConfig> lists = ParseConfig(
+      "allowed_uids: 1\nallowed_uids: [2, 3]\nlinks { name: \"a\" gpus: \"g\" }\n"
+      "links { name: \"b\" gpus: \"h\" }\n");
+  ASSERT_TRUE(lists.ok()) << lists.status();
+  EXPECT_EQ(lists->allowed_uids_size(), 3);
+  EXPECT_EQ(lists->links_size(), 2);
+  // Through a file: refused with the path, nothing logged; an invalid file's values are
+  // attributed to it, not to the defaults.
+  const std::string path = testing::TempDir() + "/twice.conf";
+  std::ofstream(path) << "backend: \"shm\"\nbackend: \"bogus\"\n";
+  testing::internal::CaptureStderr();
+  const absl::Status st = LoadDaemonConfig({path, {}}).status();
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(st.message(), path + ": config: line 2 column 1: backend is given a second time "
+                                 "(first on line 1): " + keep);
+  std::ofstream(path) << "backend: \"bogus\"\nmax_sessions: 2000\n";
+  testing::internal::CaptureStderr();
+  const absl::Status invalid = LoadDaemonConfig({path, {}}).status();
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_NE(invalid.message().find("(got \"bogus\" from backend in " + path + ")"),
+            std::string::npos)
+      << invalid;
+  std::remove(path.c_str());
+}
+
 // tests/fixtures/sysfs/<name> in the runfiles.
 std::string Fixture(const std::string& name) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
@@ -838,8 +937,8 @@ TEST(ConfigFlagRanges, CountsTakeDecimalDigitsOnly) {
     const std::string range = std::string(flag) == "max_shm_mappings_total"
                                   ? "from 0 to 18446744073709551615"
                                   : "from 0 to 4294967295";
-    for (const char* value : {"0x10", "0X10", "1e3", "2e3", "1.5", "10.0", "010", "+5", " 5",
-                              "5 ", "", "ten", "1_000"}) {
+    for (const char* value : {"0x10", "0X10", "1e3", "2e3", "1.5", "10.0", "010", "+5", "",
+                              "ten", "1_000"}) {
       EXPECT_EQ(FlagOutcome(flag, value), FlagError(flag, CountRule(range), value));
     }
     v1::DaemonConfig c = *ParseConfig("");
@@ -861,7 +960,7 @@ TEST(ConfigFlagRanges, CountsTakeDecimalDigitsOnly) {
 TEST(ConfigFlagRanges, SizesTakeDecimalBytesWithOptionalSuffixes) {
   for (const char* flag : {"pool_bytes", "chunk_bytes", "uid_quota_bytes",
                            "max_shm_mapped_bytes_total"}) {
-    for (const char* value : {"0x10", "1e9", "1E9", "1.5", "1.5B", "1.3KiB", "0.1B", "010",
+    for (const char* value : {"0x10", "1e9", "1E9", "1.5", "1.5B", "0.1B", "010",
                               "-1", "+64MiB", "64XiB", "1.5e3MiB", ".5GiB", "5.GiB", ""}) {
       EXPECT_EQ(FlagOutcome(flag, value), FlagError(flag, kSizeRule, value));
     }
@@ -1045,6 +1144,99 @@ TEST(ConfigFileInput, DevicesFifosAndHugeFilesAreRefusedBeforeReading) {
   auto c = LoadConfigFile(small);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->pool_bytes(), 64ull << 20);
+}
+
+// Rate flags were rounded to whole bytes per second, so a small positive rate became 0, which
+// means unpaced (or no NUMA level, or measure at start-up); and flag and file read rates
+// differently (1e3GB only as a flag, 1.8e19 only in the file).
+TEST(ConfigTest, RatesAreRealNumbersKeptAsGivenInFlagsAndFileAlike) {
+  const std::vector<std::pair<std::string, double>> rates = {
+      {"0.4", 0.4},        {"1e-300", 1e-300}, {"0.3", 0.3},          {"0.4B", 0.4},
+      {"1e3GB", 1e12},     {"2.5e10", 2.5e10}, {"1.8446744073709552e19", 1.8446744073709552e19},
+      {"1e300", 1e300},    {"25GB", 25e9},     {"1.5KiB", 1536},      {"7", 7},
+      {"2E3MB", 2e9},      {"0", 0}};
+  for (const char* flag : {"default_link_bytes_per_second", "numa_node_bytes_per_second",
+                           "spill_bytes_per_second"}) {
+    for (const auto& [value, want] : rates) {
+      v1::DaemonConfig c = *ParseConfig("");
+      ASSERT_EQ(FlagOutcome(flag, value, &c), "OK") << flag << "=" << value;
+      const auto* f = v1::DaemonConfig::descriptor()->FindFieldByName(flag);
+      EXPECT_EQ(c.GetReflection()->GetDouble(c, f), want) << flag << "=" << value;
+      const absl::StatusOr<v1::DaemonConfig> file =
+          ParseConfig(absl::StrCat(flag, ": ", value, "\n"));
+      ASSERT_TRUE(file.ok()) << flag << ": " << value << ": " << file.status();
+      EXPECT_EQ(file->GetReflection()->GetDouble(*file, f), want) << flag << ": " << value;
+      EXPECT_TRUE(ValidateConfig(c).ok()) << flag << "=" << value;
+    }
+  }
+  const absl::StatusOr<v1::DaemonConfig> sim = ParseConfig(
+      "cuda_sim { engine_bytes_per_second: 0.4B switch_bytes_per_second: 1e3 GB }\n"
+      "spill_bytes_per_second: -1GB\n");
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  EXPECT_EQ(sim->cuda_sim().engine_bytes_per_second(), 0.4);
+  EXPECT_EQ(sim->cuda_sim().switch_bytes_per_second(), 1e12);
+  EXPECT_EQ(sim->spill_bytes_per_second(), -1e9);
+  EXPECT_TRUE(ValidateConfig(*sim).ok());
+  v1::DaemonConfig c = *ParseConfig("");
+  ASSERT_EQ(FlagOutcome("spill_bytes_per_second", "-1GB", &c), "OK");
+  EXPECT_EQ(c.spill_bytes_per_second(), -1e9);
+  // A negative rate where none is allowed is the range's to refuse, naming the flag.
+  ASSERT_EQ(FlagOutcome("default_link_bytes_per_second", "-5", &c), "OK");
+  EXPECT_NE(ValidateConfig(c, {"", {{"default_link_bytes_per_second", "-5"}}})
+                .message()
+                .find("default_link_bytes_per_second must be a finite number >= 0 (0 = unpaced) "
+                      "(got -5 from --default_link_bytes_per_second=-5 on the command line)"),
+            std::string::npos)
+      << ValidateConfig(c);
+  const std::string rule =
+      "must be a rate in bytes per second: a real number, optionally with a size suffix (KiB MiB "
+      "GiB TiB KB MB GB TB B), like 25GB, 2.5e10 or 1e3GB";
+  for (const char* value : {"0x10", "inf", "nan", "1e308TB", "", "GB", ".5GB", "5.GB", "+5",
+                            "1e", "5 GB", "25XB", "--1"}) {
+    EXPECT_EQ(FlagOutcome("default_link_bytes_per_second", value),
+              FlagError("default_link_bytes_per_second", rule, value));
+  }
+}
+
+// --allowed_uids=, was an empty list (anyone) replacing the file's; socket_mode: 0x1b0 was
+// taken though the mode is octal; --pool_bytes=" 5" was stripped but --max_sessions=" 3"
+// refused; --pool_bytes=1.3KiB got the generic size rule.
+TEST(ConfigFlagRanges, EmptyIdsHexModesSpacesAndPartBytesAreRefusedSayingWhy) {
+  for (const char* value : {",", "1000,,1001", ",1000", "1000,", " ", "1000, ,1001"}) {
+    EXPECT_EQ(FlagOutcome("allowed_uids", value),
+              FlagError("allowed_uids",
+                        "has an empty entry: give ids separated by single commas, like 1000,1001 "
+                        "(an empty value, --allowed_uids=, empties the list)",
+                        value));
+  }
+  v1::DaemonConfig c = *ParseConfig("allowed_uids: [5, 6]\n");
+  ASSERT_EQ(FlagOutcome("admin_uids", "7", &c), "OK");
+  ASSERT_EQ(FlagOutcome("allowed_uids", ",", &c).substr(0, 5), "allow");
+  EXPECT_EQ(c.allowed_uids_size(), 2);  // the file's list stays
+  ASSERT_EQ(FlagOutcome("allowed_uids", "", &c), "OK");
+  EXPECT_EQ(c.allowed_uids_size(), 0);
+  ASSERT_EQ(FlagOutcome("allowed_uids", "1000, 1001", &c), "OK");
+  EXPECT_EQ(c.allowed_uids_size(), 2);
+  for (const char* text : {"socket_mode: 0x1b0\n", "socket_mode: 0X1B0\n"}) {
+    const std::string got = std::string(text).substr(13, 5);
+    EXPECT_EQ(ParseConfig(text).status().message(),
+              "config: line 1 column 14: socket_mode must be an octal file mode written with a "
+              "leading 0, like 0660 (got " + got + ")");
+  }
+  EXPECT_EQ(ParseConfig("socket_mode: 0600\n")->socket_mode(), 0600u);
+  const std::string spaced = "must be written without spaces before or after the value";
+  for (const char* flag : {"pool_bytes", "max_sessions", "resume_grace_seconds", "socket_mode",
+                           "default_link_bytes_per_second", "pool_mlock"}) {
+    for (const char* value : {" 5", "5 ", "\t5"}) {
+      EXPECT_EQ(FlagOutcome(flag, value), FlagError(flag, spaced, value));
+    }
+  }
+  EXPECT_EQ(FlagOutcome("pool_bytes", "1.3KiB"),
+            FlagError("pool_bytes",
+                      "must be a whole number of bytes: 1.3KiB is between 1331 and 1332 bytes; "
+                      "write one of those, or a fraction that comes to whole bytes with its "
+                      "suffix (1.5KiB is 1536)",
+                      "1.3KiB"));
 }
 
 }  // namespace

@@ -63,8 +63,9 @@ void PrintHelp() {
     std::printf("  --%-30s %s\n", f.name, f.help);
   }
   std::cout << "Sizes, counts and ids take decimal digits (sizes also a suffix: KiB MiB GiB TiB "
-               "KB MB GB TB, e.g. 64MiB or 1.5GiB); rates and *_seconds take real numbers "
-               "(2.5e10); socket_mode takes octal digits.\n";
+               "KB MB GB TB, e.g. 64MiB or 1.5GiB); rates take real numbers with an optional "
+               "suffix (2.5e10, 25GB, 1e3GB), kept as given, not rounded; *_seconds take real "
+               "numbers; socket_mode takes octal digits.\n";
 #ifdef OFFLOADD_HAVE_CUDA
   std::cout << "Backends in this build: shm, cuda, cuda-sim (a timing model of GPU copy engines; "
                "it moves the bytes of offloadd.sim_gpu clients only, its timings are simulated)\n";
