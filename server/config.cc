@@ -155,6 +155,7 @@ enum class Bounds {
   kClosed,        // [min, max]
   kAboveMin,      // (min, max]
   kClosedOrZero,  // 0, or [min, max]
+  kClosedOrNonPositive,  // 0 or below (finite), or [min, max]
 };
 
 // A numeric field's allowed values: the one place each range is written. ValidateConfig
@@ -176,11 +177,12 @@ constexpr FieldRange kFieldRanges[] = {
     {"spill_io_threads", 1, 64, ""},
     {"copy_threads", 1, 64, ""},
     {"admission_deadline_seconds", 0, 86400, "(a day)"},
-    {"default_link_bytes_per_second", 0, kMaxRate, "(0 = unpaced)"},
-    {"spill_bytes_per_second", -kMaxRate, kMaxRate,
-     "(0 = measured at start-up, negative = unpaced)"},
+    // A positive rate below a byte per second paces nothing a link or disk does: a typo.
+    {"default_link_bytes_per_second", 1, kMaxRate, "(0 = unpaced)", Bounds::kClosedOrZero},
+    {"spill_bytes_per_second", 1, kMaxRate, "(0 = measured at start-up, negative = unpaced)",
+     Bounds::kClosedOrNonPositive},
     {"offload_min_share", 0, 1, ""},
-    {"numa_node_bytes_per_second", 0, kMaxRate, "(0 = no NUMA level)"},
+    {"numa_node_bytes_per_second", 1, kMaxRate, "(0 = no NUMA level)", Bounds::kClosedOrZero},
     {"hello_timeout_seconds", 0, 3600, "(0 = no timeout)"},
     {"shutdown_grace_seconds", 0, 86400, "(0 = no bound)"},
     {"max_streams_per_connection", 0, 1000000, "(0 = gRPC's default)"},
@@ -197,8 +199,9 @@ constexpr FieldRange kFieldRanges[] = {
     // Narrowed to int for the model: bounded first.
     {"cuda_sim.gpus", 1, 64, ""},
     {"cuda_sim.gpus_per_switch", 1, 64, ""},
-    {"cuda_sim.engine_bytes_per_second", 0, kMaxRate, "(e.g. 55GB)", Bounds::kAboveMin},
-    {"cuda_sim.switch_bytes_per_second", 0, kMaxRate, "(0 = no switch limit)"},
+    {"cuda_sim.engine_bytes_per_second", 1, kMaxRate, "(e.g. 55GB)"},
+    {"cuda_sim.switch_bytes_per_second", 1, kMaxRate, "(0 = no switch limit)",
+     Bounds::kClosedOrZero},
 };
 
 const FieldRange* FindFieldRange(const std::string& field) {
@@ -225,8 +228,11 @@ std::string BoundText(double v) {
 std::string RangeRule(const FieldRange& r) {
   std::string rule;
   if (r.max == kMaxRate) {
+    const char* other = r.bounds == Bounds::kClosedOrZero          ? "0 or "
+                        : r.bounds == Bounds::kClosedOrNonPositive ? "0 or below, or "
+                                                                   : "";
     rule = r.min == -kMaxRate ? "must be a finite number"
-                              : absl::StrCat("must be a finite number ",
+                              : absl::StrCat("must be ", other, "a finite number ",
                                              r.bounds == Bounds::kAboveMin ? "> " : ">= ",
                                              BoundText(r.min));
   } else if (r.max == kNoMax) {
@@ -244,6 +250,7 @@ std::string RangeRule(const FieldRange& r) {
 // Whether `v` lies in `r` (NaN never does).
 bool InRange(const FieldRange& r, double v) {
   if (r.bounds == Bounds::kClosedOrZero && v == 0) return true;
+  if (r.bounds == Bounds::kClosedOrNonPositive && v <= 0) return v >= -kMaxRate;
   return (r.bounds == Bounds::kAboveMin ? v > r.min : v >= r.min) && v <= r.max;
 }
 
@@ -674,14 +681,15 @@ struct Problems {
 };
 
 bool ValidCapacity(double bytes_per_second) {
-  return bytes_per_second >= 0 && bytes_per_second <= kMaxRate;
+  return bytes_per_second == 0 || (bytes_per_second >= 1 && bytes_per_second <= kMaxRate);
 }
 
-// "<what>: capacities must be finite numbers >= 0 (got d2h_bytes_per_second D,
+// "<what>: capacities must be 0 or finite numbers >= 1 (got d2h_bytes_per_second D,
 // h2d_bytes_per_second H)" (links and host links are set in the file only).
 std::string CapacityProblem(const std::string& what, double d2h, double h2d) {
   return absl::StrFormat(
-      "%s: capacities must be finite numbers >= 0 (got d2h_bytes_per_second %s, "
+      "%s: capacities must be 0 or finite numbers >= 1 (bytes per second; a positive rate "
+      "below 1 paces nothing a link does) (got d2h_bytes_per_second %s, "
       "h2d_bytes_per_second %s)",
       what, Problems::Shown(d2h), Problems::Shown(h2d));
 }

@@ -189,16 +189,16 @@ TEST(ConfigTest, EveryRangeErrorGivesTheValueAndItsSource) {
        "link_calibration_budget_seconds must be in (0, 600] (5 by default) (got 0 from "
        "--link_calibration_budget_seconds=0 on the command line)"},
       {"default_link_bytes_per_second: -1\n", {},
-       "default_link_bytes_per_second must be a finite number >= 0 (0 = unpaced) (got -1 from "
+       "default_link_bytes_per_second must be 0 or a finite number >= 1 (0 = unpaced) (got -1 from "
        "default_link_bytes_per_second in " + path + ")"},
       {"numa_node_bytes_per_second: -2.5e9\n", {},
-       "numa_node_bytes_per_second must be a finite number >= 0 (0 = no NUMA level) (got "
+       "numa_node_bytes_per_second must be 0 or a finite number >= 1 (0 = no NUMA level) (got "
        "-2500000000 from numa_node_bytes_per_second in " + path + ")"},
       {"cuda_sim { engine_bytes_per_second: 0 }\n", {},
-       "cuda_sim.engine_bytes_per_second must be a finite number > 0 (e.g. 55GB) (got 0 from "
+       "cuda_sim.engine_bytes_per_second must be a finite number >= 1 (e.g. 55GB) (got 0 from "
        "cuda_sim.engine_bytes_per_second in " + path + ")"},
       {"cuda_sim { switch_bytes_per_second: -0.5 }\n", {},
-       "cuda_sim.switch_bytes_per_second must be a finite number >= 0 (0 = no switch limit) "
+       "cuda_sim.switch_bytes_per_second must be 0 or a finite number >= 1 (0 = no switch limit) "
        "(got -0.5 from "
        "cuda_sim.switch_bytes_per_second in " + path + ")"},
       {"max_sessions: 100\n", {{"max_sessions_per_uid", "200"}},
@@ -210,10 +210,10 @@ TEST(ConfigTest, EveryRangeErrorGivesTheValueAndItsSource) {
        "max_shm_mappings_per_uid in " + path + "; max_shm_mappings_total is 10 from "
        "max_shm_mappings_total in " + path + ")"},
       {"spill_bytes_per_second: nan\n", {},
-       "spill_bytes_per_second must be a finite number (0 = measured at start-up, negative = "
-       "unpaced) (got nan from spill_bytes_per_second in " + path + ")"},
+       "spill_bytes_per_second must be 0 or below, or a finite number >= 1 (0 = measured at "
+       "start-up, negative = unpaced) (got nan from spill_bytes_per_second in " + path + ")"},
       {"numa_node_bytes_per_second: inf\n", {},
-       "numa_node_bytes_per_second must be a finite number >= 0 (0 = no NUMA level) (got inf "
+       "numa_node_bytes_per_second must be 0 or a finite number >= 1 (0 = no NUMA level) (got inf "
        "from numa_node_bytes_per_second in " + path + ")"},
       // A value the file does not name is its default, said so (not "from ... in FILE").
       {"max_connections_total: 100\n", {},
@@ -1166,7 +1166,8 @@ TEST(ConfigTest, RatesAreRealNumbersKeptAsGivenInFlagsAndFileAlike) {
           ParseConfig(absl::StrCat(flag, ": ", value, "\n"));
       ASSERT_TRUE(file.ok()) << flag << ": " << value << ": " << file.status();
       EXPECT_EQ(file->GetReflection()->GetDouble(*file, f), want) << flag << ": " << value;
-      EXPECT_TRUE(ValidateConfig(c).ok()) << flag << "=" << value;
+      // A positive rate below a byte per second is read as given, and refused by the range.
+      EXPECT_EQ(ValidateConfig(c).ok(), want == 0 || want >= 1) << flag << "=" << value;
     }
   }
   const absl::StatusOr<v1::DaemonConfig> sim = ParseConfig(
@@ -1176,7 +1177,19 @@ TEST(ConfigTest, RatesAreRealNumbersKeptAsGivenInFlagsAndFileAlike) {
   EXPECT_EQ(sim->cuda_sim().engine_bytes_per_second(), 0.4);
   EXPECT_EQ(sim->cuda_sim().switch_bytes_per_second(), 1e12);
   EXPECT_EQ(sim->spill_bytes_per_second(), -1e9);
-  EXPECT_TRUE(ValidateConfig(*sim).ok());
+  EXPECT_NE(ValidateConfig(*sim).message().find(
+                "cuda_sim.engine_bytes_per_second must be a finite number >= 1 (e.g. 55GB) "
+                "(got 0.4"),
+            std::string::npos)
+      << ValidateConfig(*sim);
+  for (const char* tiny : {"1e-300", "0.4", "0.999"}) {  // a typo, not a link or a disk
+    for (const char* flag : {"default_link_bytes_per_second", "numa_node_bytes_per_second",
+                             "spill_bytes_per_second"}) {
+      v1::DaemonConfig t = *ParseConfig("");
+      ASSERT_EQ(FlagOutcome(flag, tiny, &t), "OK");
+      EXPECT_FALSE(ValidateConfig(t).ok()) << flag << "=" << tiny;
+    }
+  }
   v1::DaemonConfig c = *ParseConfig("");
   ASSERT_EQ(FlagOutcome("spill_bytes_per_second", "-1GB", &c), "OK");
   EXPECT_EQ(c.spill_bytes_per_second(), -1e9);
@@ -1184,7 +1197,7 @@ TEST(ConfigTest, RatesAreRealNumbersKeptAsGivenInFlagsAndFileAlike) {
   ASSERT_EQ(FlagOutcome("default_link_bytes_per_second", "-5", &c), "OK");
   EXPECT_NE(ValidateConfig(c, {"", {{"default_link_bytes_per_second", "-5"}}})
                 .message()
-                .find("default_link_bytes_per_second must be a finite number >= 0 (0 = unpaced) "
+                .find("default_link_bytes_per_second must be 0 or a finite number >= 1 (0 = unpaced) "
                       "(got -5 from --default_link_bytes_per_second=-5 on the command line)"),
             std::string::npos)
       << ValidateConfig(c);
@@ -1248,11 +1261,13 @@ TEST(ConfigTest, LinkCapacitiesMustBeFiniteAndSaySo) {
                        "host_links { name: \"h\" links: \"l\" h2d_bytes_per_second: inf }\n");
   ASSERT_TRUE(c.ok()) << c.status();
   const std::string message(ValidateConfig(*c).message());
-  EXPECT_NE(message.find("link l: capacities must be finite numbers >= 0 (got "
+  EXPECT_NE(message.find("link l: capacities must be 0 or finite numbers >= 1 (bytes per "
+                         "second; a positive rate below 1 paces nothing a link does) (got "
                          "d2h_bytes_per_second nan, h2d_bytes_per_second 0)"),
             std::string::npos)
       << message;
-  EXPECT_NE(message.find("host link h: capacities must be finite numbers >= 0 (got "
+  EXPECT_NE(message.find("host link h: capacities must be 0 or finite numbers >= 1 (bytes "
+                         "per second; a positive rate below 1 paces nothing a link does) (got "
                          "d2h_bytes_per_second 0, h2d_bytes_per_second inf)"),
             std::string::npos)
       << message;
