@@ -7,6 +7,7 @@
 #   tests/python/run.sh                       # daemon from bazel-bin/server/offloadd (or build/bin)
 #   OFFLOADD_BIN=build/bin/offloadd tests/python/run.sh
 #   tests/python/run.sh -k fallback           # extra arguments go to pytest
+#   tests/python/run.sh client/python/tests/test_client.py   # one file (or file::Class::test)
 #
 # Generates the protocol stubs first (client/python/gen_proto.sh). The tests start their own
 # daemons on short unique sockets under /tmp; they need the daemon binary (bazel build
@@ -67,5 +68,11 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 workers=${OFFLOADD_PYTEST_WORKERS:-2}
 parallel=()
 if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadfile); fi
+# Test files or node ids among the arguments (a path ending in .py, or one with ::) narrow the
+# run to them; otherwise every test under client/python/tests runs (narrowed by -k, if given).
+targets=(client/python/tests)
+for arg in "$@"; do
+  case "$arg" in *.py | *.py::*) targets=(); break ;; esac
+done
 exec "$PY" -m pytest -p no:cacheprovider -q -rs --durations=8 "${parallel[@]}" \
-  client/python/tests "$@"
+  "${targets[@]}" "$@"
