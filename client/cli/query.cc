@@ -1,5 +1,6 @@
 #include "client/cli/query.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -40,6 +41,12 @@ absl::Status CheckSocketPresent(const std::string& path) {
   if (!S_ISSOCK(st.st_mode)) {
     return absl::FailedPreconditionError(
         absl::StrFormat("%s exists but is not a socket: %s", path, kAdvice));
+  }
+  // Connecting needs write permission on the socket file: say which group admits this user
+  // rather than leave gRPC's "failed to connect to all addresses ... Permission denied".
+  if (faccessat(AT_FDCWD, path.c_str(), W_OK, AT_EACCESS) != 0 && errno == EACCES) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "cannot reach unix:%s: %s", path, client::PermissionDeniedReason(path)));
   }
   return absl::OkStatus();
 }

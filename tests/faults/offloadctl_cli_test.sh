@@ -66,6 +66,27 @@ pids+=($!)
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 [ -S "$sock" ] || { cat "$dir/daemon.log"; fail "daemon did not start"; exit 1; }
 
+# A user the socket does not admit: exit 1 naming the socket, its group and the remedy (not
+# gRPC's bare "failed to connect"). Needs root to run offloadctl as nobody, from a copy that
+# nobody may execute (the runfiles may lie under a private home).
+# (Inside a sandbox whose user namespace maps root alone, setpriv cannot become nobody: skipped.)
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null &&
+    setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
+  cp "$CTL" "$dir/offloadctl" && chmod 0755 "$dir/offloadctl"
+  setpriv --reuid=65534 --regid=65534 --clear-groups "$dir/offloadctl" --socket "$sock" stats \
+    >"$dir/out" 2>"$dir/err" </dev/null
+  rc=$?
+  if [ "$rc" -eq 1 ] && grep -qF "cannot reach unix:$sock: permission denied: the socket" \
+      "$dir/err" && grep -qF "usermod" "$dir/err"; then
+    echo "PASS socket_not_admitting_this_user"
+  else
+    fail "socket_not_admitting_this_user: exit $rc, stderr: $(cat "$dir/err")"
+  fi
+else
+  echo "SKIP socket_not_admitting_this_user: needs root, setpriv and uid 65534 to run as" \
+    "another user"
+fi
+
 out=$("$CTL" --socket "$sock" topo)
 echo "$out" | grep -q "^no links yet: a link appears when a GPU's first copy is scheduled" \
   && echo "PASS topo_fresh_daemon" || fail "topo on a fresh daemon: $out"

@@ -109,3 +109,32 @@ class NonRootEndToEndTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(os.geteuid() == 0 and shutil.which("setpriv"),
+                     "needs root and setpriv to run offloadctl as another uid")
+class SocketNotAdmittingTest(unittest.TestCase):
+    """offloadctl run by a user whom the socket file itself does not admit (its directory is
+    searchable; the socket is 0660 in a group the user is not in): exit 1 with the socket, its
+    group and the remedy, not gRPC's bare connect failure."""
+
+    def test_offloadctl_names_the_socket_its_group_and_the_remedy(self):
+        from daemon_fixture import Daemon
+        work = tempfile.mkdtemp(prefix="ofd-admit-", dir="/tmp")
+        os.chmod(work, 0o755)
+        daemon = Daemon("64MiB", (), sock=os.path.join(work, "d.sock"))
+        try:
+            ctl = os.path.join(work, "offloadctl")
+            shutil.copy(ctl_bin(), ctl)  # bazel-bin may lie under root's private home
+            os.chmod(ctl, 0o755)
+            r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                ctl, "--socket", daemon.sock, "stats"],
+                               capture_output=True, text=True, timeout=30)
+        finally:
+            daemon.stop()
+            shutil.rmtree(work, ignore_errors=True)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("cannot reach unix:%s: permission denied: the socket %s (group root"
+                      % (daemon.sock, daemon.sock), r.stderr)
+        self.assertIn("groupadd offloadd", r.stderr)
+        self.assertNotIn("failed to connect", r.stderr)
