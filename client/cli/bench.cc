@@ -130,8 +130,18 @@ absl::Status SmallRate(Client& c, uint64_t region, int n, int window, uint64_t* 
   return absl::OkStatus();
 }
 
+// The value flags, by their names with underscores (dashes are read as underscores).
+bool IsBenchFlag(const std::string& name) {
+  for (const char* known :
+       {"block_bytes", "blocks", "rounds", "latency_requests", "rate_requests", "window"}) {
+    if (name == known) return true;
+  }
+  return false;
+}
+
 // Returns "" when the arguments parse, else a sentence naming the bad one. Flags take
-// `--name=value` or `--name value`, as `offloadctl plan`'s; block_bytes takes a size suffix.
+// `--name=value` or `--name value`, as `offloadctl plan`'s, with dashes or underscores
+// (--block-bytes is --block_bytes); block_bytes takes a size suffix.
 std::string Parse(const std::vector<std::string>& args, Options* o) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -142,8 +152,11 @@ std::string Parse(const std::vector<std::string>& args, Options* o) {
     if (a == "--help" || a == "-h") return "help";
     if (a.rfind("--", 0) != 0) return "'" + a + "' is not a flag (--name=value or --name value)";
     const size_t eq = a.find('=');
-    const std::string k = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-    if (eq == std::string::npos && i + 1 == args.size()) return "--" + k + " needs a value";
+    const std::string given = a.substr(0, eq);
+    std::string k = given.substr(2);
+    std::replace(k.begin(), k.end(), '-', '_');
+    if (!IsBenchFlag(k)) return "unknown option " + given;  // before its value is read
+    if (eq == std::string::npos && i + 1 == args.size()) return given + " needs a value";
     const std::string value = eq == std::string::npos ? args[++i] : a.substr(eq + 1);
     double v = 0;
     if (k == "block_bytes") {
@@ -151,15 +164,14 @@ std::string Parse(const std::vector<std::string>& args, Options* o) {
       if (!bytes.ok()) return std::string(bytes.status().message());
       v = static_cast<double>(*bytes);
     } else if (!absl::SimpleAtod(value, &v) || v < 1) {
-      return "--" + k + " takes a positive count, not '" + value + "'";
+      return given + " takes a positive count, not '" + value + "'";
     }
     if (k == "block_bytes") o->block_bytes = static_cast<uint64_t>(v);
     else if (k == "blocks") o->blocks = static_cast<uint64_t>(v);
     else if (k == "rounds") o->rounds = static_cast<int>(v);
     else if (k == "latency_requests") o->latency_requests = static_cast<int>(v);
     else if (k == "rate_requests") o->rate_requests = static_cast<int>(v);
-    else if (k == "window") o->window = static_cast<int>(v);
-    else return "unknown option --" + k;
+    else o->window = static_cast<int>(v);
   }
   return "";
 }

@@ -1,5 +1,6 @@
 #include "client/plan/plan_command.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -60,6 +61,7 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       name = name.substr(0, eq);
       has_value = true;
     }
+    std::replace(name.begin(), name.end(), '_', '-');  // --gpu_memory is --gpu-memory
     if (IsOneOf(name, std::begin(kBoolFlags), std::end(kBoolFlags))) {
       if (has_value) return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
       (name == "sweep" ? f.sweep : name == "json" ? f.json : f.help) = true;

@@ -272,6 +272,12 @@ TEST(PlanCommand, DecidesAndPrintsTheSettings) {
   EXPECT_NE(r.out.find("decision                     offload not needed"), std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("pool_bytes"), std::string::npos) << r.out;
+  // Underscores as the daemon's flags take them: the same run, the same output.
+  Result underscored =
+      RunPlan({"--hf_config", Fixture("qwen3-1.7b.json"), "--seq", "32K", "--link", "h100",
+               "--keep_last_n", "0", "--gpu_memory=12GB", "--gpu_peak", "11.13GB"});
+  ASSERT_EQ(underscored.code, 0) << underscored.err;
+  EXPECT_EQ(underscored.out, r.out);
   r = RunPlan({"--hf-config", Fixture("qwen3-1.7b.json"), "--seq", "4K", "--link", "a100",
                "--gpus-per-link", "8", "--keep-last-n", "2"});
   ASSERT_EQ(r.code, 0) << r.err;

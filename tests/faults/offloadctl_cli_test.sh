@@ -47,6 +47,11 @@ expect end_session_unknown_flag 2 "unexpected argument '--forse'" --socket "$soc
 expect end_session_bad_id 2 "'abc' is not a session id" --socket "$sock" end-session abc
 expect bench_unknown_flag 2 "unknown option --blocksize" --socket "$sock" bench --blocksize=4
 expect bench_bad_size 2 "--block_bytes must be a positive size" --socket "$sock" bench --block_bytes 64Mi
+# An unknown name is named before its value is read; dashes read as underscores.
+expect bench_unknown_flag_with_value 2 "unknown option --bogus" --socket "$sock" bench --bogus=8MiB
+expect bench_dashes 2 "--block_bytes must be a positive size" --socket "$sock" bench --block-bytes 64Mi
+expect bench_dashes_count 2 "--latency-requests takes a positive count, not 'x'" \
+  --socket "$sock" bench --latency-requests x
 expect bench_missing_value 2 "--rounds needs a value" --socket "$sock" bench --rounds
 expect plan_unknown_flag 2 "unknown flag --sequence" plan --sequence 4K
 
