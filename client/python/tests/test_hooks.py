@@ -350,6 +350,28 @@ class StatsAtExitTest(DaemonTestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("offloadd[demo]: offloaded %d (0.1 MiB), reloaded %d" % (L, L), r.stderr)
 
+    def test_the_line_at_exit_counts_the_last_idle_step(self):
+        """Three steps that send nothing (every tensor below the threshold): the line logged at
+        exit says 3 idle steps, the last one included."""
+        code = (
+            "import sys, warnings, torch; sys.path[:0] = [%r]\n"
+            "warnings.simplefilter('ignore')\n"
+            "import offloadd.torch as ot\n"
+            "ctx = ot.offload_checkpoints(socket_path=%r, threshold_bytes=1 << 30, "
+            "name='idle', log_stats_at_exit=True)\n"
+            "w = torch.randn(64, 64, requires_grad=True)\n"
+            "for _ in range(3):\n"
+            "    with ctx:\n"
+            "        y = (torch.randn(8, 64) @ w).relu()\n"
+            "    y.sum().backward()\n"
+            % (PY_ROOT, self.daemon.sock))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        line = [l for l in r.stderr.splitlines() if l.startswith("offloadd[idle]")]
+        self.assertEqual(len(line), 1, r.stderr)
+        self.assertIn("idle steps 3", line[0])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -28,8 +28,16 @@ from typing import Any, Optional
 
 import torch
 
+from ._live import finish_steps
 from ._stats import OffloadStats
 from ._store import Store
+
+
+def _log_at_exit(store):
+    """Counts the last step first (its idle-step check, which the package's own exit handler
+    would run only after this one: handlers run last registered first), then logs."""
+    finish_steps()
+    store.stats.log()
 
 
 def _tracing():
@@ -85,7 +93,7 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
                                     connect_timeout_seconds, unresponsive_seconds)
         super().__init__(self.store.pack, self.store.unpack)
         if log_stats_at_exit:
-            atexit.register(self.store.stats.log)
+            atexit.register(_log_at_exit, self.store)
 
     def __enter__(self) -> "offload_checkpoints":
         if _tracing():
