@@ -349,6 +349,10 @@ class Client:
         self.keepalive_timeout_seconds = float(keepalive_timeout_seconds)
         self._last_heard = time.monotonic()  # the daemon's last message (or refused connect)
         self.socket_path = socket_path or default_socket_path()
+        # What to say when nothing serves it: the path came from the caller, or from the
+        # environment or the default rule.
+        self._path_remedy = ("pass the daemon's socket path" if socket_path else
+                             "point OFFLOADD_SOCKET at the right path")
         self.target = "unix:" + self.socket_path
         self.client_name, self.device_id = client_name, device_id
         self.pid = os.getpid() if pid is None else pid
@@ -442,12 +446,13 @@ class Client:
         if err == errno.ENOENT:
             raise errors.DaemonUnavailable(
                 "no offloadd socket at %s: start the daemon (systemctl start offloadd, or "
-                "offloadd --socket_path %s) or point OFFLOADD_SOCKET at the right path"
-                % (self.socket_path, self.socket_path))
+                "offloadd --socket_path %s) or %s"
+                % (self.socket_path, self.socket_path, self._path_remedy))
         raise errors.DaemonUnavailable(
             "cannot connect to the offloadd socket %s: %s; start the daemon (systemctl start "
-            "offloadd) or point OFFLOADD_SOCKET at the right path"
-            % (self.socket_path, _socket_path.unreachable_reason(self.socket_path, err)))
+            "offloadd) or %s"
+            % (self.socket_path, _socket_path.unreachable_reason(self.socket_path, err),
+               self._path_remedy))
 
     # ---- HelloReply fields -------------------------------------------------------------------
     session_id = property(lambda self: self.hello.session_id)

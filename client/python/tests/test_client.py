@@ -275,6 +275,23 @@ class DaemonLossTest(unittest.TestCase):
             Client("/tmp/offloadd-no-daemon-%d.sock" % os.getpid())
         self.assertLess(time.monotonic() - t0, 5.0)
         self.assertIn("start the daemon", str(e.exception))
+        # The remedy names where the path came from: the caller's argument here...
+        self.assertIn("or pass the daemon's socket path", str(e.exception))
+        self.assertNotIn("OFFLOADD_SOCKET", str(e.exception))
+        # ...the environment there.
+        missing = "/tmp/offloadd-no-daemon-env-%d.sock" % os.getpid()
+        old = os.environ.get("OFFLOADD_SOCKET")
+        os.environ["OFFLOADD_SOCKET"] = missing
+        try:
+            with self.assertRaises(errors.DaemonUnavailable) as e:
+                Client()
+        finally:
+            if old is None:
+                del os.environ["OFFLOADD_SOCKET"]
+            else:
+                os.environ["OFFLOADD_SOCKET"] = old
+        self.assertIn("no offloadd socket at %s" % missing, str(e.exception))
+        self.assertIn("point OFFLOADD_SOCKET at the right path", str(e.exception))
 
     def test_socket_path_rules(self):
         self.assertEqual(default_socket_path_for(0, "/run/user/5"), "/run/offloadd/offloadd.sock")
