@@ -1220,13 +1220,48 @@ class FlagSetter {
 
 }  // namespace
 
+namespace {
+
+// Edit distance between two flag names (insertions, deletions, substitutions).
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// " (did you mean --a or --b?)" for an unknown flag `name`: the flags within 2 edits of it,
+// else those of its first word (--pool_size: the pool_ flags); "" when none is near.
+std::string FlagSuggestion(const std::string& name) {
+  std::vector<std::string> near, same_word;
+  const std::string word = name.substr(0, name.find('_')) + "_";
+  for (const auto& [flag, kind] : FlagValues()) {
+    if (EditDistance(name, flag) <= 2) near.push_back("--" + flag);
+    if (absl::StartsWith(flag, word)) same_word.push_back("--" + flag);
+  }
+  const std::vector<std::string>& pick = near.empty() ? same_word : near;
+  if (pick.empty() || pick.size() > 6) return "";
+  return absl::StrCat(" (did you mean ", absl::StrJoin(pick, ", "), "?)");
+}
+
+}  // namespace
+
 absl::Status ApplyFlag(const std::string& raw_name, const std::string& value,
                        v1::DaemonConfig* c) {
   std::string name = raw_name;
   for (char& ch : name) ch = ch == '-' ? '_' : ch;
   const auto kind = FlagValues().find(name);
   if (kind == FlagValues().end()) {
-    return absl::NotFoundError("unknown flag --" + raw_name + " (offloadd --help lists them)");
+    return absl::NotFoundError("unknown flag --" + raw_name + FlagSuggestion(name) +
+                               " (offloadd --help lists them)");
   }
   return FlagSetter(name, value, c).Apply(kind->second);
 }

@@ -512,6 +512,14 @@ TEST(ConfigTest, FlagsOverrideWithSizesAndDashes) {
   EXPECT_EQ(c->socket_mode(), 0600u);
   EXPECT_EQ(ApplyFlag("pool_bytes", "lots", &*c).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ApplyFlag("bogus", "1", &*c).code(), absl::StatusCode::kNotFound);
+  // An unknown flag near known ones names them: a misspelling, or the same first word.
+  EXPECT_EQ(ApplyFlag("pool-byte", "1", &*c).message(),
+            "unknown flag --pool-byte (did you mean --pool_bytes?) (offloadd --help lists them)");
+  const std::string pool(ApplyFlag("pool-size", "8GiB", &*c).message());
+  EXPECT_NE(pool.find("(did you mean --pool_bytes, "), std::string::npos) << pool;
+  EXPECT_NE(pool.find("--pool_shm_name"), std::string::npos) << pool;
+  EXPECT_EQ(ApplyFlag("bogus", "1", &*c).message(),
+            "unknown flag --bogus (offloadd --help lists them)");
   EXPECT_EQ(*ParseBytes("1.5GiB"), 1610612736u);
   EXPECT_EQ(*ParseBytes("4096"), 4096u);
 }
