@@ -295,8 +295,10 @@ int ParseCommandLine(int argc, char** argv, CommandLine* out) {
       return 0;
     }
     if (arg.rfind("--", 0) != 0) {
-      return Fail(absl::InvalidArgumentError("unexpected argument '" + arg +
-                                             "' (offloadd --help lists the options)"),
+      return Fail(absl::InvalidArgumentError(
+                      "unexpected argument '" + arg +
+                      "' (offloadd --help lists the options; offloadctl asks a running daemon: "
+                      "offloadctl stats, sessions, topo, health)"),
                   2);
     }
     std::string name = arg.substr(2), value;

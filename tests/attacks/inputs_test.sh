@@ -72,6 +72,10 @@ done
 printf 'max_sessions: 0x10\n' >"$dir/hex.conf"
 expect config_file_hex 2 "$dir/hex.conf: config: line 1 column 15: max_sessions must be a whole number from 0 to 4294967295, in decimal digits only" \
   "$OFFLOADD" --check-config "$dir/hex.conf" "${common[@]}"
+expect offloadd_subcommand 2 "unexpected argument 'stats' (offloadd --help lists the options; offloadctl asks a running daemon" \
+  "$OFFLOADD" stats
+expect misspelt_flag 2 "unknown flag --max_session (did you mean --max_sessions?)" \
+  "$OFFLOADD" --max-session=8
 expect socket_mode_0999 2 "socket_mode must be an octal file mode from 0000 to 0777" \
   "$OFFLOADD" --check-config /dev/null "${common[@]}" --socket_mode=0999
 expect end_session_beyond_64_bits 2 "'18446744073709551616' is not a session id" \
