@@ -629,6 +629,15 @@ TEST(ConfigTest, SizeSuffixExpansionReadsWhatItDid) {
             "pool_bytes: 1.KiB pool_bytes: 5 XiB");
 }
 
+// Each config text of `cases` is refused with INVALID_ARGUMENT and "config: " + its message.
+void ExpectRefusedParses(const std::vector<std::pair<std::string, std::string>>& cases) {
+  for (const auto& [text, want] : cases) {
+    const absl::StatusOr<v1::DaemonConfig> c = ParseConfig(text);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_EQ(c.status().message(), "config: " + want) << text;
+  }
+}
+
 // A singular field named twice was kept silently (the last value won); and when the config was
 // invalid for another reason, the re-read for sources refused the repeat, logged a stray
 // libprotobuf error and called every value "the default".
@@ -644,11 +653,7 @@ TEST(ConfigTest, ASingularFieldGivenTwiceIsRefusedWithItsLines) {
       {"cuda_sim {\n  gpus: 2\n  gpus: 0\n}\n",
        "line 3 column 3: cuda_sim.gpus is given a second time (first on line 2): " + keep},
   };
-  for (const auto& [text, want] : twice) {
-    const absl::StatusOr<v1::DaemonConfig> c = ParseConfig(text);
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << text;
-    EXPECT_EQ(c.status().message(), "config: " + want) << text;
-  }
+  ExpectRefusedParses(twice);
   // Lists and messages of a list may be given many times; each message of a list apart.
   const absl::StatusOr<v1::DaemonConfig> lists = ParseConfig(
       "allowed_uids: 1\nallowed_uids: [2, 3]\nlinks { name: \"a\" gpus: \"g\" }\n"
@@ -1017,11 +1022,7 @@ TEST(ConfigFlagRanges, TheFilesWholeNumbersTakeDecimalDigitsOnly) {
       {"gpu_weights: [{ gpu: \"a\" weight: 2 }, { gpu: \"b\" weight: 0x2 }]\n",
        "line 1 column 58: gpu_weights.weight " + count + " (got 0x2)"},
   };
-  for (const auto& [text, want] : bad) {
-    const absl::StatusOr<v1::DaemonConfig> c = ParseConfig(text);
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << text;
-    EXPECT_EQ(c.status().message(), "config: " + want) << text;
-  }
+  ExpectRefusedParses(bad);
   // Decimal digits, sizes with suffixes, and socket_mode's octal are read as before.
   const absl::StatusOr<v1::DaemonConfig> good = ParseConfig(
       "max_sessions: 10\nsocket_mode: 0600\npool_bytes: 1.5GiB\nallowed_uids: [0, 1000]\n"
