@@ -274,11 +274,16 @@ std::string WholeNumberRule(const std::string& field, uint64_t type_max) {
                          range);
 }
 
+// Whether `name` ends in `end` with something before it ("_bytes" alone names no field).
+bool NamedWithEnd(absl::string_view name, absl::string_view end) {
+  return name.size() > end.size() && absl::EndsWith(name, end);
+}
+
 // Whether the config field at `path` is a size in bytes (it takes a size suffix in the file,
 // as its flag does): its name ends in _bytes, _bytes_total or _bytes_per_uid.
 bool IsSizeField(absl::string_view path) {
-  return absl::EndsWith(path, "_bytes") || absl::EndsWith(path, "_bytes_total") ||
-         absl::EndsWith(path, "_bytes_per_uid");
+  return NamedWithEnd(path, "_bytes") || NamedWithEnd(path, "_bytes_total") ||
+         NamedWithEnd(path, "_bytes_per_uid");
 }
 
 // The rule for a size in bytes (ParseBytes' form).
@@ -360,14 +365,10 @@ size_t SizedValueLength(absl::string_view s, bool rate) {
   return i < s.size() && IsWordChar(s[i]) ? 0 : i;
 }
 
-// Whether `name` (a whole word) names a size or rate field: it ends in _bytes,
-// _bytes_per_second, _bytes_total or _bytes_per_uid, with something before _bytes.
+// Whether `name` (a whole word) names a size or rate field: a size field (IsSizeField) or
+// one ending in _bytes_per_second, with something before _bytes.
 bool IsSizedName(absl::string_view name) {
-  for (absl::string_view end : {"_bytes", "_bytes_per_second", "_bytes_total",
-                                "_bytes_per_uid"}) {
-    if (name.size() > end.size() && absl::EndsWith(name, end)) return true;
-  }
-  return false;
+  return IsSizeField(name) || NamedWithEnd(name, "_bytes_per_second");
 }
 
 // `value` (a sized value, spaces and tabs removed) of the field `name` as the parser reads it:
