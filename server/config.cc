@@ -335,6 +335,17 @@ size_t RealNumberLength(absl::string_view s) {
   return i;
 }
 
+// The rule a size that comes to a fraction of a byte breaks: `value` as written ("1.3KiB"),
+// `below` the whole bytes below it (1331).
+std::string PartByteRule(absl::string_view value, uint64_t below) {
+  return absl::StrFormat(
+      "must be a whole number of bytes: %s is between %d and %d bytes; write one of those, or a "
+      "fraction that comes to whole bytes with its suffix (1.5KiB is 1536)",
+      value, below, below + 1);
+}
+
+absl::StatusOr<uint64_t> ReadBytes(const std::string& text, bool* part_byte, uint64_t* below);
+
 bool IsWordChar(char ch) { return absl::ascii_isalnum(ch) || ch == '_'; }
 
 // The length of the sized value at the start of `s`: a number, optional spaces or tabs, and a
@@ -477,6 +488,7 @@ class FormChecker {
     tokens.set_require_space_after_number(false);
     while (tokens.Next()) {
       const Tokenizer::Token& t = tokens.current();
+      if (fraction_ && PartByte(t)) continue;
       const char symbol = t.type == Tokenizer::TYPE_SYMBOL ? t.text[0] : '\0';
       if (symbol == '{' || symbol == '<') {
         scopes_.push_back({field_ != nullptr ? field_->message_type() : nullptr, path_ + "."});
@@ -496,6 +508,7 @@ class FormChecker {
         Value(t);
       }
     }
+    if (fraction_) PartByte(Tokenizer::Token());
   }
   const std::vector<std::string>& forms() const { return forms_; }
   const std::vector<std::string>& repeats() const { return repeats_; }
@@ -535,8 +548,10 @@ class FormChecker {
                                              "with a leading 0, like 0660 (got %s)",
                                              t.text)));
     }
-    if (IsWholeNumberField(field_) && field_->name() != "socket_mode" &&
-        (t.type != Tokenizer::TYPE_INTEGER || !IsDecimalWhole(t.text))) {
+    if (IsSizeField(path_) && IsWholeNumberField(field_) && t.type == Tokenizer::TYPE_FLOAT) {
+      fraction_ = t;  // the next token may be its suffix: PartByte says
+    } else if (IsWholeNumberField(field_) && field_->name() != "socket_mode" &&
+               (t.type != Tokenizer::TYPE_INTEGER || !IsDecimalWhole(t.text))) {
       const std::string rule =
           IsSizeField(path_) ? std::string(kSizeRule) : WholeNumberRule(path_, MaxOf(field_));
       forms_.push_back(At(t, absl::StrFormat("%s %s (got %s)", path_, rule, t.text)));
@@ -544,7 +559,29 @@ class FormChecker {
     field_ = scopes_.back().list;
   }
 
+  // A size field's value with a fraction that the expansion left as written: "1.3KiB" comes to
+  // a fraction of a byte, and reads as the number 1.3 and the word KiB. `t` is the token after
+  // the number: when it is a suffix that makes the two a fraction of a byte, the problem says
+  // so and `t` is taken (true); otherwise the size rule (false: `t` is read as usual).
+  bool PartByte(const Tokenizer::Token& t) {
+    const Tokenizer::Token number = *fraction_;
+    fraction_.reset();
+    bool part_byte = false;
+    uint64_t below = 0;
+    if (t.type == Tokenizer::TYPE_IDENTIFIER) {
+      const std::string value = number.text + t.text;
+      ReadBytes(value, &part_byte, &below).IgnoreError();
+      if (part_byte) forms_.push_back(At(number, path_ + " " + PartByteRule(value, below)));
+    }
+    if (!part_byte) {
+      forms_.push_back(At(number, absl::StrFormat("%s %s (got %s)", path_, kSizeRule,
+                                                  number.text)));
+    }
+    return part_byte;
+  }
+
   std::vector<Scope> scopes_{{v1::DaemonConfig::descriptor(), ""}};
+  std::optional<Tokenizer::Token> fraction_;
   const google::protobuf::FieldDescriptor* field_ = nullptr;  // the one whose value comes next
   std::string path_;
   std::vector<std::string> forms_, repeats_;
@@ -1123,17 +1160,22 @@ class FlagSetter {
     }
     return absl::OkStatus();
   }
+  // The value with the spaces or tabs between its number and its suffix taken out, as the
+  // config file reads "64 GiB" (--pool_bytes="64 GiB" is 64GiB); as written otherwise.
+  std::string Unspaced(bool rate) const {
+    if (SizedValueLength(value_, rate) != value_.size()) return value_;
+    std::string value = value_;
+    value.erase(std::remove_if(value.begin(), value.end(),
+                               [](char ch) { return ch == ' ' || ch == '\t'; }),
+                value.end());
+    return value;
+  }
   // A size (ParseBytes) into a uint64 field.
   absl::Status Bytes() {
     bool part_byte = false;
     uint64_t below = 0;
-    absl::StatusOr<uint64_t> b = ReadBytes(value_, &part_byte, &below);
-    if (part_byte) {
-      return Refuse(absl::StrFormat(
-          "must be a whole number of bytes: %s is between %d and %d bytes; write one of those, "
-          "or a fraction that comes to whole bytes with its suffix (1.5KiB is 1536)",
-          value_, below, below + 1));
-    }
+    absl::StatusOr<uint64_t> b = ReadBytes(Unspaced(/*rate=*/false), &part_byte, &below);
+    if (part_byte) return Refuse(PartByteRule(value_, below));
     if (!b.ok()) {
       return Refuse(b.status().code() == absl::StatusCode::kOutOfRange ? kTooManyBytesRule
                                                                         : kSizeRule);
@@ -1143,7 +1185,7 @@ class FlagSetter {
   }
   // A rate (ParseRate) into a double field; its range is ValidateConfig's to check.
   absl::Status Rate() {
-    absl::StatusOr<double> r = ParseRate(value_);
+    absl::StatusOr<double> r = ParseRate(Unspaced(/*rate=*/true));
     if (!r.ok()) {
       return Refuse("must be a rate in bytes per second: a real number, optionally with a size "
                     "suffix (KiB MiB GiB TiB KB MB GB TB B), like 25GB, 2.5e10 or 1e3GB");

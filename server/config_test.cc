@@ -1214,7 +1214,7 @@ TEST(ConfigTest, RatesAreRealNumbersKeptAsGivenInFlagsAndFileAlike) {
       "must be a rate in bytes per second: a real number, optionally with a size suffix (KiB MiB "
       "GiB TiB KB MB GB TB B), like 25GB, 2.5e10 or 1e3GB";
   for (const char* value : {"0x10", "inf", "nan", "1e308TB", "", "GB", ".5GB", "5.GB", "+5",
-                            "1e", "5 GB", "25XB", "--1"}) {
+                            "1e", "5 G B", "25XB", "--1"}) {
     EXPECT_EQ(FlagOutcome("default_link_bytes_per_second", value),
               FlagError("default_link_bytes_per_second", rule, value));
   }
@@ -1253,12 +1253,44 @@ TEST(ConfigFlagRanges, EmptyIdsHexModesSpacesAndPartBytesAreRefusedSayingWhy) {
       EXPECT_EQ(FlagOutcome(flag, value), FlagError(flag, spaced, value));
     }
   }
+  // A space between the number and its suffix reads as in the file ("64 GiB").
+  ASSERT_EQ(FlagOutcome("pool_bytes", "64 GiB", &c), "OK");
+  EXPECT_EQ(c.pool_bytes(), 64ull << 30);
+  ASSERT_EQ(FlagOutcome("default_link_bytes_per_second", "2.5\tGB", &c), "OK");
+  EXPECT_EQ(c.default_link_bytes_per_second(), 2.5e9);
+  EXPECT_EQ(FlagOutcome("pool_bytes", "1.3 KiB"),
+            FlagError("pool_bytes",
+                      "must be a whole number of bytes: 1.3 KiB is between 1331 and 1332 bytes; "
+                      "write one of those, or a fraction that comes to whole bytes with its "
+                      "suffix (1.5KiB is 1536)",
+                      "1.3 KiB"));
   EXPECT_EQ(FlagOutcome("pool_bytes", "1.3KiB"),
             FlagError("pool_bytes",
                       "must be a whole number of bytes: 1.3KiB is between 1331 and 1332 bytes; "
                       "write one of those, or a fraction that comes to whole bytes with its "
                       "suffix (1.5KiB is 1536)",
                       "1.3KiB"));
+}
+
+// pool_bytes: 1.3KiB in the file got the generic size rule "(got 1.3)", where the flag said
+// it comes to a fraction of a byte.
+TEST(ConfigFlagRanges, AFileSizeThatComesToAPartByteSaysSo) {
+  const std::string rule =
+      "must be a whole number of bytes: 1.3KiB is between 1331 and 1332 bytes; write one of "
+      "those, or a fraction that comes to whole bytes with its suffix (1.5KiB is 1536)";
+  for (const char* text : {"pool_bytes: 1.3KiB\n", "pool_bytes: 1.3 KiB\n"}) {
+    EXPECT_EQ(ParseConfig(text).status().message(), "config: line 1 column 13: pool_bytes " + rule)
+        << text;
+  }
+  EXPECT_EQ(ParseConfig("chunk_bytes: 1024\npool_bytes: 1.5\nchunk_bytes: 5\n").status().message(),
+            "config: line 2 column 13: pool_bytes must be a whole number of bytes in decimal "
+            "digits, optionally with a size suffix (KiB MiB GiB TiB KB MB GB TB), like "
+            "1073741824, 64MiB or 1.5GiB (no sign, 0x or exponent) (got 1.5)");
+  EXPECT_EQ(ParseConfig("pool_bytes: 2.5").status().message(),
+            "config: line 1 column 13: pool_bytes must be a whole number of bytes in decimal "
+            "digits, optionally with a size suffix (KiB MiB GiB TiB KB MB GB TB), like "
+            "1073741824, 64MiB or 1.5GiB (no sign, 0x or exponent) (got 2.5)");
+  EXPECT_EQ(ParseConfig("pool_bytes: 1.5KiB\n")->pool_bytes(), 1536u);
 }
 
 }  // namespace
