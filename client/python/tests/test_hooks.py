@@ -377,6 +377,24 @@ if __name__ == "__main__":
     unittest.main()
 
 
+class StatsLineLabelTest(unittest.TestCase):
+    """A context without a name logged as "offloadd[default]", the label of the shared default
+    context: two unnamed contexts and the default one could not be told apart."""
+
+    def test_a_context_without_a_name_is_not_labelled_default(self):
+        import io
+        lines = []
+        for name in ("", "default", "layer 3"):
+            out = io.StringIO()
+            ot.OffloadStats(name).log(out)
+            lines.append(out.getvalue().split(": offloaded 0 (0.0 MiB)")[0])
+        self.assertEqual(lines, ["offloadd", "offloadd[default]", "offloadd[layer 3]"])
+        unnamed = ot.offload_checkpoints(socket_path="/nonexistent/offloadd.sock")
+        out = io.StringIO()
+        unnamed.stats.log(out)
+        self.assertTrue(out.getvalue().startswith("offloadd: offloaded 0"), out.getvalue())
+
+
 class CompletionTest(unittest.TestCase):
     """The reload completion the hooks use instead of a concurrent.futures.Future."""
 

@@ -179,6 +179,7 @@ class OffloadStats:
         return "OffloadStats(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())
 
     def log(self, stream: Optional[TextIO] = None) -> None:
-        """Writes "offloadd[<name>]: <summary>" to ``stream`` (default stderr)."""
-        (stream or sys.stderr).write("offloadd[%s]: %s\n" % (self.name or "default",
-                                                              self.summary()))
+        """Writes "offloadd[<name>]: <summary>" to ``stream`` (default stderr); a context
+        without a name writes "offloadd: <summary>" (the shared context is named "default")."""
+        label = "offloadd[%s]" % self.name if self.name else "offloadd"
+        (stream or sys.stderr).write("%s: %s\n" % (label, self.summary()))
