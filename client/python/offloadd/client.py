@@ -110,6 +110,7 @@ class Counters:
             setattr(self, k, 0)
 
     def as_dict(self):
+        """The counters as {name: int count}, in the order of ``__slots__``."""
         return {k: getattr(self, k) for k in self.__slots__}
 
 

@@ -45,6 +45,9 @@ class _Engine:
         self._lock = threading.Lock()
 
     def offload_input(self, tensor):
+        """Saves ``tensor`` (any shape and dtype) through the context's pack hook; returns an
+        int token for :meth:`restore_input`. Raises what the pack hook raises (the strict
+        context's OffloaddError; otherwise a tensor offloadd cannot take stays in process)."""
         packed = self.context.pack_hook(tensor)
         with self._lock:
             token = self._next
@@ -53,6 +56,9 @@ class _Engine:
         return token
 
     def restore_input(self, token):
+        """The tensor saved under ``token`` (same shape, strides, dtype and device, bitwise
+        equal), through the context's unpack hook; once per token: KeyError for a token
+        restored already, reset or never given."""
         with self._lock:
             packed = self._packed.pop(token)
         return self.context.unpack_hook(packed)

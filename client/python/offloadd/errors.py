@@ -41,6 +41,8 @@ class OffloaddError(RuntimeError):
 
     @property
     def code_name(self):
+        """The status code's name ("RESOURCE_EXHAUSTED"), or its number as a str when it is
+        not a google.rpc.Code this module names."""
         return CODE_NAMES.get(self.code, str(self.code))
 
     def fresh(self):

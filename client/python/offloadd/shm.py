@@ -199,6 +199,7 @@ class Slot:
 
     @property
     def region_id(self):
+        """The daemon's id (int) of the registered region this slot lies in."""
         return self.region.region_id
 
 
@@ -236,6 +237,7 @@ class StagingArena:
 
     @property
     def regions(self):
+        """How many shared-memory regions the arena has created (int)."""
         return len(self._regions)
 
     def alloc(self, nbytes, timeout=None, abort=None, pump=None):
