@@ -11,6 +11,7 @@ expandable segments (one documented error, also when switched on at run time), a
 state after a failed export. Every time figure is SIMULATED.
 """
 
+import contextlib
 import gc
 import threading
 import time
@@ -122,6 +123,29 @@ class SimAllocatorTest(unittest.TestCase):
         self.assertGreater(waited, 0.05)
         other.wait_event(ev, expect_seq=ev.seq + 1)  # not recorded that far: orders nothing
         self.assertEqual(self.gpu.violations(sim_gpu.WAIT_UNRECORDED), 1)
+
+    def test_a_wait_keeps_its_ordering_when_the_event_is_recorded_again(self):
+        """A CUDA stream wait captures the record it follows, so a thread may hand the event to
+        another request as soon as its wait is enqueued. The table keeps only an event's last
+        record: the model released the waiting stream when the event was recorded again, and
+        reloads read their destination before the daemon's copy landed (stale bytes)."""
+        ev = self.gpu.new_event()
+        self.gpu.table.record_event(ev.slot, sim_gpu.PENDING)  # the daemon's record, pending
+        waiting = self.gpu.new_stream(0)
+        waiting.wait_event(ev, expect_seq=ev.seq)
+        done_at = []
+
+        def daemon_completes():  # its copy ends 0.1 s after it writes the time
+            time.sleep(0.05)
+            done_at.append(time.monotonic_ns() + 100_000_000)
+            self.gpu.table.signed[self.gpu.table.event_word(ev.slot) + 1] = done_at[0]
+        daemon = threading.Thread(target=daemon_completes)
+        daemon.start()
+        self.gpu.new_stream(0).record(ev)  # recorded again while the first record is pending
+        daemon.join()
+        waiting.synchronize()
+        self.assertGreaterEqual(time.monotonic_ns(), done_at[0])
+        self.assertEqual(self.gpu.violations(sim_gpu.WAIT_UNRECORDED), 0)
 
     def test_own_cpu_counts_every_call_into_the_device_once_and_not_the_work_between(self):
         me = threading.get_ident()
@@ -354,6 +378,57 @@ class SimEventProtocolTest(SimDaemonTestCase):
         self.assertEqual((st.offloaded, st.served_in_flight, st.reloaded, st.prefetched_unused),
                          (2, 1, 0, 1))
         self.assertEqual(self.daemon.stats().blocks, 0)
+        self.assertNoViolations()
+
+
+class SimThreadsTest(SimDaemonTestCase):
+    def test_threads_sharing_one_device_reload_their_own_bytes(self):
+        """Eight threads, each with its own context, on one simulated device: every reload's
+        bytes are its tensor's (a reload's done event handed to another thread's request
+        while a stream still waited on it made most runs fail a checksum with DATA_LOSS)."""
+        torch.set_num_threads(1)
+        errors_seen, mismatches = [], []
+
+        def train(seed):
+            torch.manual_seed(seed)
+            layers = [torch.nn.Linear(256, 256) for _ in range(6)]
+            x = torch.randn(1024, 256)
+
+            def grads(ctx):
+                y = x
+                with ctx:
+                    for layer in layers:
+                        y = torch.relu(layer(y))
+                y.sum().backward()
+                g = [p.grad.clone() for layer in layers for p in layer.parameters()]
+                for layer in layers:
+                    layer.zero_grad(set_to_none=True)
+                return g
+            want = grads(contextlib.nullcontext())
+            ctx = ot.offload_checkpoints(threshold_bytes=1 << 18, keep_last_n=0,
+                                         socket_path=self.daemon.sock)
+            for _ in range(3):
+                try:
+                    got = grads(ctx)
+                except errors.OffloaddError as e:
+                    errors_seen.append(str(e))
+                    continue
+                if not all(torch.equal(a, b) for a, b in zip(got, want)):
+                    mismatches.append(seed)
+            return ctx.stats.snapshot()
+        stats = []
+        threads = [threading.Thread(target=lambda i=i: stats.append(train(i))) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        self.assertEqual(errors_seen, [])
+        self.assertEqual(mismatches, [])
+        self.assertEqual(len(stats), 8)
+        for st in stats:  # every step of every thread went through the daemon
+            self.assertGreaterEqual(st.offloaded, 3 * 6, st.summary())
+            self.assertGreater(st.reloaded, 0, st.summary())
+            self.assertEqual((st.fallbacks, st.lost), (0, 0), st.summary())
         self.assertNoViolations()
 
 

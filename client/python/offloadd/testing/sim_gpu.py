@@ -76,6 +76,7 @@ Thread-safety: every object here is safe to use from several threads (one lock p
 
 import atexit
 import bisect
+import collections
 import contextlib
 import ctypes
 import enum
@@ -323,9 +324,9 @@ class SimStream:
         """Folds waits whose event has completed into the tail; True when none is pending."""
         left = []
         for ev, seq in self._waits:
-            at = ev.complete_at_ns()
-            if ev.seq > seq or at != PENDING:
-                self.tail_ns = max(self.tail_ns, at if ev.seq == seq else 0)
+            at = self.gpu.record_completion(ev, seq)
+            if at != PENDING:
+                self.tail_ns = max(self.tail_ns, at)
             else:
                 left.append((ev, seq))
         self._waits = left
@@ -334,6 +335,7 @@ class SimStream:
     @_device_call
     def record(self, ev):
         """cudaEventRecord: ``ev`` completes when the stream's work so far has."""
+        self.gpu.settle_event(ev)
         with self.gpu.lock:
             if self._resolve():
                 self.gpu.table.record_event(ev.slot, max(self.tail_ns, time.monotonic_ns()))
@@ -582,6 +584,8 @@ class SimGpu:
         self._generations = [0] * segment_slots
         self._next_buffer_id = 1
         self._deferred = []  # (event, stream, waits, tail) records behind pending events
+        # (event slot, seq) -> completion ns of records recorded over since (settle_event)
+        self._settled = collections.OrderedDict()
         self._resolver = None
         self.closed = False
 
@@ -757,6 +761,38 @@ class SimGpu:
         with self.lock:
             self._free_events.append(ev)
 
+    @_device_call
+    def settle_event(self, ev, timeout=60.0):
+        """Before ``ev`` is recorded again (by a stream here, or by the daemon for a reload
+        that names it as its done event): waits until its last record has completed and keeps
+        that record's completion time for the streams that waited on it. A CUDA stream wait
+        captures the record it follows, so an event may be recorded again as soon as a wait
+        on it is enqueued; the table keeps only an event's last record, so the simulation
+        holds the next record until the last one's completion is known. Simulated device
+        time; TimeoutError after ``timeout`` seconds (a record that never completes)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                seq, at = ev.seq, ev.complete_at_ns()
+                if at != PENDING:
+                    if seq > 0:
+                        self._settled[(ev.slot, seq)] = at
+                        while len(self._settled) > self.table.event_slots:
+                            self._settled.popitem(last=False)
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError("simulated event %d: its last record did not complete within "
+                                   "%.0f s" % (ev.slot, timeout))
+            time.sleep(50e-6)
+
+    def record_completion(self, ev, seq):
+        """Completion ns of ``ev``'s record number ``seq`` (PENDING while not known): the
+        table's when it is still the last record, else the one settle_event kept (0 when none
+        was kept: a record that completed before the next one was made, long ago)."""
+        if ev.seq == seq:
+            return ev.complete_at_ns()
+        return self._settled.get((ev.slot, seq), 0)
+
     def defer_record(self, ev, stream, waits, tail_ns):
         self._deferred.append((ev, waits, tail_ns))
         if self._resolver is None:
@@ -775,7 +811,7 @@ class SimGpu:
         with self.lock:
             left = []
             for ev, waits, tail in self._deferred:
-                ats = [w.complete_at_ns() if w.seq == seq else 0 for w, seq in waits]
+                ats = [self.record_completion(w, seq) for w, seq in waits]
                 if PENDING in ats:
                     left.append((ev, waits, tail))
                 else:
@@ -983,6 +1019,10 @@ class SimCudaDevice:
 
     @_device_call
     def event_seq(self, ev):
+        """The seq of ``ev``'s last record, once that record has completed (settle_event):
+        the transport calls it just before sending ``ev`` as a reload's done event, which the
+        daemon records again."""
+        self.gpu.settle_event(ev)
         return ev.seq
 
     @_device_call
