@@ -113,7 +113,8 @@ test-asan: deps
 test-tsan: deps
 	$(BAZEL) test --config=tsan $(TSAN_TESTS)
 
-# Binaries, the systemd unit and the documentation its Documentation= names, under PREFIX
+# Binaries, the systemd unit, the documentation its Documentation= names and the Grafana
+# dashboard and Prometheus files those pages name (share/doc/offloadd/monitoring/), under PREFIX
 # (DESTDIR= for staging): deploy/install.sh. It installs what `make build` left in build/bin and
 # builds nothing, so `sudo make install` runs no apt, pip or Bazel as root and writes nothing
 # into the source tree: `make build` as yourself first.

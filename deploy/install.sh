@@ -12,7 +12,10 @@
 #   PREFIX/share/doc/offloadd/...                         every page it links, at its path in the
 #                                                         source tree (deploy/install_docs.sh:
 #                                                         docs/, BENCHMARKS.md, deploy/README.md,
-#                                                         ...), and offloadd.conf.example
+#                                                         ..., the Grafana dashboard and the
+#                                                         Prometheus alerts and scrape configs
+#                                                         under monitoring/), and
+#                                                         offloadd.conf.example
 # Everything goes under DESTDIR (default empty) for staging. /etc is left alone: copy the
 # example config to /etc/offloadd/offloadd.conf yourself (deploy/README.md). Nothing is built:
 # run `make build` as yourself first (then `sudo make install`); binaries older than the

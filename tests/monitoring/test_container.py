@@ -272,6 +272,12 @@ class InstallTest(unittest.TestCase):
             for page in ("docs/ARCHITECTURE.md", "deploy/README.md", "BENCHMARKS.md",
                          "docs/benchmarks/gpu.md", "server/copy/cuda/README.md"):
                 self.assertIn(os.path.join(docdir, page), pages)
+            # The dashboard, alerts and scrape configs the pages name, at their source-tree paths.
+            for f in ("monitoring/grafana/offloadd-dashboard.json",
+                      "monitoring/prometheus/alerts.yml", "monitoring/prometheus/prometheus.yml",
+                      "monitoring/prometheus/prometheus-kubernetes.yml"):
+                self.assertEqual(common.read_text(os.path.join(docdir, f)),
+                                 common.read_text(os.path.join(common.REPO, f)), f)
             links = subprocess.run([sys.executable, os.path.join(common.REPO, "tests",
                                                                  "md_links.py")] + pages,
                                    capture_output=True, text=True, timeout=60)

@@ -448,9 +448,10 @@ class VersionAndTargetsTest(unittest.TestCase):
         self.assertTrue(images)
         for image in images:
             self.assertEqual(image.rsplit(":", 1)[1], v, "%s is not version %s" % (image, v))
-        readme = common.read_text(README)
-        for tag in re.findall(r"offloadd:(\d+\.\d+\.\d+)", readme):
-            self.assertEqual(tag, v, "deploy/README.md names offloadd:%s" % tag)
+        for path in (README, os.path.join(common.REPO, "README.md")):
+            for tag in re.findall(r"offloadd:(\d+\.\d+\.\d+)", common.read_text(path)):
+                self.assertEqual(tag, v, "%s names offloadd:%s"
+                                 % (os.path.relpath(path, common.REPO), tag))
         build = common.read_text(os.path.join(common.DEPLOY, "container", "build-image.sh"))
         code = "\n".join(l for l in build.splitlines() if not l.lstrip().startswith("#"))
         self.assertNotRegex(code, r"\d+\.\d+\.\d+", "build-image.sh hard-codes a version")
