@@ -290,6 +290,10 @@ bool IsSizeField(absl::string_view path) {
 constexpr char kSizeRule[] =
     "must be a whole number of bytes in decimal digits, optionally with a size suffix (KiB MiB "
     "GiB TiB KB MB GB TB), like 1073741824, 64MiB or 1.5GiB (no sign, 0x or exponent)";
+// The rule for a rate in bytes per second (ParseRate's form).
+constexpr char kRateRule[] =
+    "must be a rate in bytes per second: a real number, optionally with a size suffix (KiB MiB "
+    "GiB TiB KB MB GB TB B), like 25GB, 2.5e10 or 1e3GB";
 // The rule for a size beyond uint64.
 constexpr char kTooManyBytesRule[] =
     "must be at most 18446744073709551615 bytes (16 EiB, the most a 64-bit count holds)";
@@ -488,7 +492,7 @@ class FormChecker {
     tokens.set_require_space_after_number(false);
     while (tokens.Next()) {
       const Tokenizer::Token& t = tokens.current();
-      if (fraction_ && PartByte(t)) continue;
+      if (sized_ && SizedValue(t)) continue;
       const char symbol = t.type == Tokenizer::TYPE_SYMBOL ? t.text[0] : '\0';
       if (symbol == '{' || symbol == '<') {
         scopes_.push_back({field_ != nullptr ? field_->message_type() : nullptr, path_ + "."});
@@ -508,7 +512,7 @@ class FormChecker {
         Value(t);
       }
     }
-    if (fraction_) PartByte(Tokenizer::Token());
+    if (sized_) SizedValue(Tokenizer::Token());
   }
   const std::vector<std::string>& forms() const { return forms_; }
   const std::vector<std::string>& repeats() const { return repeats_; }
@@ -548,40 +552,71 @@ class FormChecker {
                                              "with a leading 0, like 0660 (got %s)",
                                              t.text)));
     }
-    if (IsSizeField(path_) && IsWholeNumberField(field_) && t.type == Tokenizer::TYPE_FLOAT) {
-      fraction_ = t;  // the next token may be its suffix: PartByte says
-    } else if (IsWholeNumberField(field_) && field_->name() != "socket_mode" &&
-               (t.type != Tokenizer::TYPE_INTEGER || !IsDecimalWhole(t.text))) {
-      const std::string rule =
-          IsSizeField(path_) ? std::string(kSizeRule) : WholeNumberRule(path_, MaxOf(field_));
-      forms_.push_back(At(t, absl::StrFormat("%s %s (got %s)", path_, rule, t.text)));
+    if (IsSizedName(path_) &&
+        (t.type == Tokenizer::TYPE_INTEGER || t.type == Tokenizer::TYPE_FLOAT)) {
+      sized_ = {t, field_, path_};  // the next token may be its suffix: SizedValue says
+    } else {
+      CheckWhole(t, field_, path_);
     }
     field_ = scopes_.back().list;
   }
-
-  // A size field's value with a fraction that the expansion left as written: "1.3KiB" comes to
-  // a fraction of a byte, and reads as the number 1.3 and the word KiB. `t` is the token after
-  // the number: when it is a suffix that makes the two a fraction of a byte, the problem says
-  // so and `t` is taken (true); otherwise the size rule (false: `t` is read as usual).
-  bool PartByte(const Tokenizer::Token& t) {
-    const Tokenizer::Token number = *fraction_;
-    fraction_.reset();
-    bool part_byte = false;
-    uint64_t below = 0;
-    if (t.type == Tokenizer::TYPE_IDENTIFIER) {
-      const std::string value = number.text + t.text;
-      ReadBytes(value, &part_byte, &below).IgnoreError();
-      if (part_byte) forms_.push_back(At(number, path_ + " " + PartByteRule(value, below)));
+  // A whole-number field's value `t` in decimal digits (socket_mode, octal, is checked above).
+  void CheckWhole(const Tokenizer::Token& t, const google::protobuf::FieldDescriptor* field,
+                  const std::string& path) {
+    if (!IsWholeNumberField(field) || field->name() == "socket_mode" ||
+        (t.type == Tokenizer::TYPE_INTEGER && IsDecimalWhole(t.text))) {
+      return;
     }
-    if (!part_byte) {
-      forms_.push_back(At(number, absl::StrFormat("%s %s (got %s)", path_, kSizeRule,
-                                                  number.text)));
-    }
-    return part_byte;
+    const std::string rule =
+        IsSizeField(path) ? std::string(kSizeRule) : WholeNumberRule(path, MaxOf(field));
+    forms_.push_back(At(t, absl::StrFormat("%s %s (got %s)", path, rule, t.text)));
   }
 
+  // A size or rate field's number that the expansion left as written because, with the word
+  // after it, it is not a size or rate: "pool_bytes: 1.3KiB" (a fraction of a byte),
+  // "16777216 TiB" (past 64 bits), "5 XiB" (no such suffix), "1e308 TB" (not finite). The
+  // text format would read the word as the next field's name. `t`, the token after the number,
+  // is taken (true) when it is a word on the same line that looks like a suffix (letters
+  // ending in B, at most three): the problem names the value the flag's way. Otherwise the
+  // number is checked alone (false: `t` is read as usual).
+  bool SizedValue(const Tokenizer::Token& t) {
+    const Sized number = *sized_;
+    sized_.reset();
+    const bool suffix = t.type == Tokenizer::TYPE_IDENTIFIER && t.line == number.token.line &&
+                        t.text.size() <= 3 && absl::EndsWith(t.text, "B");
+    if (!suffix) {
+      CheckWhole(number.token, number.field, number.path);
+      return false;
+    }
+    const std::string value = number.token.text + t.text;
+    forms_.push_back(At(number.token, number.path + " " + SizedRule(number.path, value)));
+    return true;
+  }
+  // What `value` ("16777216TiB"), refused for the size or rate field `path`, breaks.
+  static std::string SizedRule(const std::string& path, const std::string& value) {
+    if (absl::EndsWith(path, "_per_second")) {
+      return absl::StrFormat("%s (got %s)", kRateRule, value);
+    }
+    bool part_byte = false;
+    uint64_t below = 0;
+    const absl::StatusOr<uint64_t> bytes = ReadBytes(value, &part_byte, &below);
+    if (part_byte) return PartByteRule(value, below);
+    return absl::StrFormat("%s (got %s)",
+                           bytes.status().code() == absl::StatusCode::kOutOfRange
+                               ? kTooManyBytesRule
+                               : kSizeRule,
+                           value);
+  }
+
+  // A size or rate field's number, with the field and its name, until the next token says
+  // whether a suffix follows.
+  struct Sized {
+    Tokenizer::Token token;
+    const google::protobuf::FieldDescriptor* field;
+    std::string path;
+  };
   std::vector<Scope> scopes_{{v1::DaemonConfig::descriptor(), ""}};
-  std::optional<Tokenizer::Token> fraction_;
+  std::optional<Sized> sized_;
   const google::protobuf::FieldDescriptor* field_ = nullptr;  // the one whose value comes next
   std::string path_;
   std::vector<std::string> forms_, repeats_;
@@ -1187,8 +1222,7 @@ class FlagSetter {
   absl::Status Rate() {
     absl::StatusOr<double> r = ParseRate(Unspaced(/*rate=*/true));
     if (!r.ok()) {
-      return Refuse("must be a rate in bytes per second: a real number, optionally with a size "
-                    "suffix (KiB MiB GiB TiB KB MB GB TB B), like 25GB, 2.5e10 or 1e3GB");
+      return Refuse(kRateRule);
     }
     reflection_->SetDouble(c_, field_, *r);
     return absl::OkStatus();

@@ -1014,7 +1014,7 @@ TEST(ConfigFlagRanges, TheFilesWholeNumbersTakeDecimalDigitsOnly) {
       {"pool_bytes: 0x10000000\n",
        "line 1 column 13: pool_bytes " + std::string(kSizeRule) + " (got 0x10000000)"},
       {"pool_bytes: 1.5B\n", "line 1 column 13: pool_bytes " + std::string(kSizeRule) +
-                                 " (got 1.5)"},
+                                 " (got 1.5B)"},
       {"cuda_sim { gpus: 0x8 }\n",
        "line 1 column 18: cuda_sim.gpus " + CountRule("from 1 to 64") + " (got 0x8)"},
       {"allowed_uids: [1000, 0x10]\n",
@@ -1291,6 +1291,39 @@ TEST(ConfigFlagRanges, AFileSizeThatComesToAPartByteSaysSo) {
             "digits, optionally with a size suffix (KiB MiB GiB TiB KB MB GB TB), like "
             "1073741824, 64MiB or 1.5GiB (no sign, 0x or exponent) (got 2.5)");
   EXPECT_EQ(ParseConfig("pool_bytes: 1.5KiB\n")->pool_bytes(), 1536u);
+}
+
+// A sized value the expansion could not read reached the text format's parser, which read its
+// suffix as the next field's name: "pool_bytes: 16777216 TiB" was `no field named "TiB"` (on
+// the line after, for "5 XiB"), "16777216TiB" "Need space between number and identifier";
+// the flag named the rule.
+TEST(ConfigFlagRanges, AFileSizeOrRateThatIsNoneNamesTheRuleAsTheFlagDoes) {
+  const std::string too_many =
+      "pool_bytes must be at most 18446744073709551615 bytes (16 EiB, the most a 64-bit count "
+      "holds) (got 16777216TiB)";
+  for (const char* text : {"pool_bytes: 16777216 TiB\n", "pool_bytes: 16777216TiB\n"}) {
+    EXPECT_EQ(ParseConfig(text).status().message(), "config: line 1 column 13: " + too_many)
+        << text;
+  }
+  EXPECT_EQ(ParseConfig("copy_threads: 2\npool_bytes: 5 XiB\ncopy_threads: 3\n")
+                .status()
+                .message(),
+            "config: line 2 column 13: pool_bytes must be a whole number of bytes in decimal "
+            "digits, optionally with a size suffix (KiB MiB GiB TiB KB MB GB TB), like "
+            "1073741824, 64MiB or 1.5GiB (no sign, 0x or exponent) (got 5XiB)");
+  EXPECT_EQ(ParseConfig("default_link_bytes_per_second: 1e308 TB\n").status().message(),
+            "config: line 1 column 32: default_link_bytes_per_second must be a rate in bytes "
+            "per second: a real number, optionally with a size suffix (KiB MiB GiB TiB KB MB GB "
+            "TB B), like 25GB, 2.5e10 or 1e3GB (got 1e308TB)");
+  // A number followed by the next field on the same line is read as before.
+  const absl::StatusOr<v1::DaemonConfig> two = ParseConfig("pool_bytes: 5 chunk_bytes: 7\n");
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->pool_bytes(), 5u);
+  EXPECT_EQ(two->chunk_bytes(), 7u);
+  EXPECT_EQ(ParseConfig("pool_bytes: 0x10 chunk_bytes: 7\n").status().message(),
+            "config: line 1 column 13: pool_bytes must be a whole number of bytes in decimal "
+            "digits, optionally with a size suffix (KiB MiB GiB TiB KB MB GB TB), like "
+            "1073741824, 64MiB or 1.5GiB (no sign, 0x or exponent) (got 0x10)");
 }
 
 }  // namespace
