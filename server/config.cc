@@ -826,6 +826,12 @@ void CheckChoicesAndPool(const v1::DaemonConfig& c, Problems* p) {
         "/dev/shm/<pool_shm_name>)",
         c.pool_shm_name()));
   }
+  // Relative to the daemon's working directory, which is / under the systemd unit.
+  p->Require(c.spill_directory().empty() || c.spill_directory()[0] == '/', "spill_directory",
+             "\"" + c.spill_directory() + "\"",
+             "must be an absolute path (a relative one would follow the daemon's working "
+             "directory, / under the systemd unit): give the whole path, like "
+             "/var/lib/offloadd/spill");
   if (c.pool_data_checksums() && c.pool_shm_name().empty()) {
     p->Add("pool_data_checksums needs pool_shm_name: an anonymous pool is not adopted after a "
            "restart, so there is nothing to check; set pool_shm_name or drop pool_data_checksums");

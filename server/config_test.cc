@@ -1293,6 +1293,19 @@ TEST(ConfigFlagRanges, AFileSizeThatComesToAPartByteSaysSo) {
   EXPECT_EQ(ParseConfig("pool_bytes: 1.5KiB\n")->pool_bytes(), 1536u);
 }
 
+// A relative spill_directory was taken: it followed the daemon's working directory.
+TEST(ConfigTest, SpillDirectoryMustBeAbsolute) {
+  v1::DaemonConfig c = *ParseConfig("spill_directory: \"spill\"\n");
+  EXPECT_TRUE(absl::StartsWith(
+      ValidateConfig(c).message(),
+      "invalid config: spill_directory must be an absolute path (a relative one would follow "
+      "the daemon's working directory, / under the systemd unit): give the whole path, like "
+      "/var/lib/offloadd/spill (got \"spill\""))
+      << ValidateConfig(c);
+  c.set_spill_directory("/var/lib/offloadd/spill");
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
 // A sized value the expansion could not read reached the text format's parser, which read its
 // suffix as the next field's name: "pool_bytes: 16777216 TiB" was `no field named "TiB"` (on
 // the line after, for "5 XiB"), "16777216TiB" "Need space between number and identifier";

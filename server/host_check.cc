@@ -232,8 +232,9 @@ std::vector<absl::Status> HostProblems(const v1::DaemonConfig& config, const Hos
   }
   if (!facts.shared_pool.usable.ok()) problems.push_back(facts.shared_pool.usable);
   if (absl::Status st = CheckPoolMemory(config, facts); !st.ok()) problems.push_back(st);
-  if (!facts.spill_directory.ok()) problems.push_back(facts.spill_directory);
-  if (!config.spill_directory().empty()) {
+  if (!facts.spill_directory.ok()) {
+    problems.push_back(facts.spill_directory);
+  } else if (!config.spill_directory().empty()) {
     absl::Status st = spill::SpillTier::CheckDirectory(config.spill_directory());
     if (!st.ok()) problems.push_back(st);
   }

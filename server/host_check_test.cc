@@ -166,6 +166,23 @@ TEST(HostProblems, SpillDirectoryComesLast) {
   EXPECT_EQ(problems[1].message(), "read-only");
 }
 
+// A spill_directory that is a file was named twice: by the host check and by the spill tier's.
+TEST(HostProblems, ASpillDirectoryThatIsAFileIsOneProblem) {
+  char tmpl[] = "/tmp/ofd-hostcheck-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string file = std::string(tmpl) + "/file";
+  { std::ofstream(file) << "x"; }
+  v1::DaemonConfig c = Config("shm", 1 * kGiB, false);
+  c.set_spill_directory(file);
+  HostFacts f = Roomy();
+  f.spill_directory = CheckSpillDirectory(file);
+  const auto problems = HostProblems(c, f);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].message(), "spill_directory " + file + ": " + file +
+                                       " is not a directory");
+  std::system(("rm -rf " + std::string(tmpl)).c_str());
+}
+
 class SocketPath : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -315,10 +315,17 @@ int ParseCommandLine(int argc, char** argv, CommandLine* out) {
                       "--", name == "config" ? "config" : "check-config", " needs a FILE")),
                   2);
     }
-    if (name == "config") {
-      out->config_file = value;
-    } else if (name == "check_config") {
-      out->check_file = value;
+    if (name == "config" || name == "check_config") {
+      std::string& file = name == "config" ? out->config_file : out->check_file;
+      if (!file.empty() && file != value) {
+        const std::string flag = name == "config" ? "--config" : "--check-config";
+        return Fail(absl::InvalidArgumentError(absl::StrFormat(
+                        "%s is given twice (%s and %s): offloadd reads one config file; give "
+                        "one, with flags for what differs",
+                        flag, file, value)),
+                    2);
+      }
+      file = value;
     } else {
       out->overrides.emplace_back(name, value);
     }

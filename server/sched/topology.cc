@@ -256,7 +256,12 @@ absl::Status CheckLinkOverrides(const std::vector<LinkOverride>& overrides) {
       return absl::InvalidArgumentError(
           absl::StrCat("link '", o.name, "': capacities must be >= 0 bytes/s (0 = unset)"));
     }
+    std::set<std::string> in_this_link;
     for (const std::string& g : o.gpus) {
+      if (!in_this_link.insert(g).second) {
+        return absl::InvalidArgumentError(absl::StrCat("link '", o.name, "' lists GPU ", g,
+                                                       " twice; list each GPU once"));
+      }
       if (!listed.insert(g).second) {
         return absl::InvalidArgumentError(absl::StrCat(
             "GPU ", g, " is listed in more than one link; each GPU belongs to one link"));

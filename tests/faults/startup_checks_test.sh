@@ -106,6 +106,14 @@ printf 'copy_threads: 2\npool_bytes: 16M\n' >"$dir/m.conf"
 code=2 expect config_size_suffix_unknown "KiB MiB GiB TiB KB MB GB TB" \
   "$OFFLOADD" --check-config "$dir/m.conf"
 code=2 expect check_config_needs_file "--check-config needs a FILE" "$OFFLOADD" --check-config
+printf 'pool_bytes: 16MiB\n' >"$dir/n.conf"
+code=2 expect config_given_twice "--config is given twice ($dir/m.conf and $dir/n.conf)" \
+  "$OFFLOADD" --config "$dir/m.conf" --config "$dir/n.conf"
+code=2 expect check_config_given_twice "--check-config is given twice" \
+  "$OFFLOADD" --check-config "$dir/n.conf" --check-config "$dir/m.conf"
+printf 'links { name: "sw" gpus: ["GPU-a", "GPU-a"] }\npool_bytes: 16MiB\n' >"$dir/l.conf"
+code=2 expect gpu_twice_in_one_link "link 'sw' lists GPU GPU-a twice; list each GPU once" \
+  "$OFFLOADD" --check-config "$dir/l.conf"
 
 if [ "$(id -u)" = 0 ] && setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
   as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
