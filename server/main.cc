@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
     return std::unique_ptr<offloadd::copy::CopyEngine>(
         new offloadd::copy::ShmCopyEngine(offloadd::ToShmMappingLimits(config)));
   }
-  if (config.backend() == "cuda-sim") {  // simulated GPUs; no bytes move
+  if (config.backend() == "cuda-sim") {  // simulated GPUs; bytes move for sim_gpu clients only
     const offloadd::v1::CudaSimConfig& sim = config.cuda_sim();
     LOG(WARNING) << "backend cuda-sim: " << sim.gpus() << " GPUs are a timing model ("
                  << sim.engine_bytes_per_second() / 1e9 << " GB/s per direction, "
@@ -90,7 +90,9 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
                  << (sim.switch_bytes_per_second() > 0
                          ? absl::StrCat(sim.switch_bytes_per_second() / 1e9, " GB/s per switch")
                          : std::string("no switch limit"))
-                 << "); copies move NO bytes and every copy figure is SIMULATED";
+                 << "); every copy time is SIMULATED, and copies move bytes only for memory a "
+                    "client registers from a simulated client GPU (offloadd.sim_gpu, "
+                    "SimClientGpu): any other registration moves NO bytes";
     offloadd::copy::CudaEngineOptions options;
     options.asynchronous = config.async_copies();
     return offloadd::copy::NewSimCudaCopyEngine(offloadd::ToSimCudaOptions(config), options);
