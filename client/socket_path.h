@@ -93,20 +93,25 @@ inline std::string GroupText(gid_t gid) {
   return "gid " + std::to_string(gid);
 }
 
+// Whether `gid` (as text) is a group no user should be added to: root (gid 0) opens root's
+// files to them, nogroup (gid 65534, nobody's group) every unprivileged service's.
+inline bool IsSharedSystemGid(const std::string& gid) { return gid == "0" || gid == "65534"; }
+
 // The remedy once a file's group shuts this process out: join that group (`usermod_group` is
 // its name or gid, `gid` its gid as text; "GROUP" / "its gid" when unknown). Group root (gid 0)
-// is never one to add users to (it opens root's files to them): then the daemon's socket needs a
-// dedicated group first, set by socket_group (config or --socket_group) and a restart.
+// and nogroup (gid 65534, a daemon run as nobody) are never ones to add users to
+// (IsSharedSystemGid): then the daemon's socket needs a dedicated group first, set by
+// socket_group (config or --socket_group) and a restart.
 inline std::string JoinGroupRemedy(const std::string& group_name, const std::string& usermod_group,
                                    const std::string& gid) {
-  if (gid == "0") {
-    return "The daemon is fine, but its group is root (gid 0), and users must not be added to "
-           "group root. Ask its administrator to create a dedicated group (groupadd offloadd), "
-           "set the daemon's socket group to it (socket_group: offloadd in the config, or "
-           "--socket_group=offloadd; SocketGroup=offloadd in offloadd.socket under socket "
-           "activation), restart the daemon, and add this user to that group (usermod -aG "
-           "offloadd USER, then log in again), or in Kubernetes add that group's gid to the "
-           "pod's securityContext.supplementalGroups";
+  if (IsSharedSystemGid(gid)) {
+    return "The daemon is fine, but its group is " + group_name + ", and users must not be "
+           "added to group " + usermod_group + ". Ask its administrator to create a dedicated "
+           "group (groupadd offloadd), set the daemon's socket group to it (socket_group: "
+           "offloadd in the config, or --socket_group=offloadd; SocketGroup=offloadd in "
+           "offloadd.socket under socket activation), restart the daemon, and add this user to "
+           "that group (usermod -aG offloadd USER, then log in again), or in Kubernetes add that "
+           "group's gid to the pod's securityContext.supplementalGroups";
   }
   return "The daemon is fine; do not restart it. Ask its administrator to add this user to "
          "group " + group_name + " (usermod -aG " + usermod_group + " USER, then log in again), "

@@ -93,6 +93,13 @@ TEST(UnreachableSocketReasonTest, GroupRootAdvisesADedicatedSocketGroup) {
   EXPECT_NE(why.find("socket_group: offloadd in the config"), std::string::npos) << why;
   EXPECT_NE(why.find("--socket_group=offloadd"), std::string::npos) << why;
   EXPECT_NE(why.find("usermod -aG offloadd USER"), std::string::npos) << why;
+  // Nor is nogroup (gid 65534), the group of a daemon run as nobody.
+  const std::string nogroup = JoinGroupRemedy("nogroup (gid 65534)", "nogroup", "65534");
+  EXPECT_EQ(nogroup.find("usermod -aG nogroup"), std::string::npos) << nogroup;
+  EXPECT_EQ(nogroup.find("add this user to group nogroup"), std::string::npos) << nogroup;
+  EXPECT_NE(nogroup.find("its group is nogroup (gid 65534), and users must not be added"),
+            std::string::npos) << nogroup;
+  EXPECT_NE(nogroup.find("socket_group: offloadd in the config"), std::string::npos) << nogroup;
   // Any other group is still the one to join.
   const std::string other = JoinGroupRemedy("offloadd (gid 2000)", "offloadd", "2000");
   EXPECT_NE(other.find("add this user to group offloadd (gid 2000) (usermod -aG offloadd USER"),

@@ -1609,6 +1609,7 @@ absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& c,
     return absl::Status(resolved.status().code(),
                         absl::StrCat("topology: ", resolved.status().message()));
   }
+  sched::AssumeSingleNumaNode(sched::SingleOnlineNumaNode(c.sysfs_root()), &*resolved);
   return resolved;
 }
 

@@ -151,8 +151,9 @@ sched::Topology SimulatedTopology(const v1::DaemonConfig& config);
 // The links the daemon schedules: on cuda-sim, SimulatedTopology's; else, with `gpus` (PCI
 // addresses: the config's, plus any the copy engine reports), discovered under
 // config.sysfs_root (sched::DiscoverTopology); else none (the shm backend's usual case). Then
-// the config's `links` applied over them (sched::ApplyLinkOverrides). Errors: those two
-// functions' codes, with the message prefixed "topology: ".
+// the config's `links` applied over them (sched::ApplyLinkOverrides); on a host with one NUMA
+// node (sched::SingleOnlineNumaNode under config.sysfs_root), GPUs and links without a node are
+// on it. Errors: those two functions' codes, with the message prefixed "topology: ".
 absl::StatusOr<sched::Topology> ResolveTopology(const v1::DaemonConfig& config,
                                                 const std::vector<sched::GpuPci>& gpus);
 

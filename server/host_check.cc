@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/metrics/metrics.h"
 #include "server/pool/arena.h"
 #include "server/spill/spill_tier.h"
 
@@ -192,6 +193,9 @@ HostFacts ReadHostFacts(const v1::DaemonConfig& config, bool cuda_in_build) {
   if (!config.spill_directory().empty()) {
     f.spill_directory = CheckSpillDirectory(config.spill_directory());
   }
+  if (!config.metrics_address().empty()) {
+    f.metrics_address = metrics::CheckAddressFree(config.metrics_address());
+  }
   if (!config.pool_shm_name().empty()) {
     f.shared_pool = pool::InspectSharedPool(config.pool_shm_name(), config.pool_bytes());
     if (config.pool_huge_pages()) f.shm_huge_pages = pool::ShmHugePages();
@@ -238,6 +242,7 @@ std::vector<absl::Status> HostProblems(const v1::DaemonConfig& config, const Hos
     absl::Status st = spill::SpillTier::CheckDirectory(config.spill_directory());
     if (!st.ok()) problems.push_back(st);
   }
+  if (!facts.metrics_address.ok()) problems.push_back(facts.metrics_address);
   return problems;
 }
 

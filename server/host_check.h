@@ -19,7 +19,9 @@
 //      read-only file system, as ProtectSystem=strict makes every path the unit does not list in
 //      ReadWritePaths=, is named as such with the unit's fix); one that exists is the daemon's
 //      own -- owned by its uid, not writable by group or others -- on a file system that takes
-//      O_DIRECT (spill::SpillTier::CheckDirectory).
+//      O_DIRECT (spill::SpillTier::CheckDirectory);
+//   6. metrics_address (when set): a TCP socket can bind it now (metrics::CheckAddressFree), so a
+//      port another process listens on is named with its remedy before start-up meets it.
 // Notes (HostNotes) do not stop a start: pool_huge_pages on a /dev/shm that gives no huge pages;
 // a spill_directory start-up will create, or whose lock a running offloadd holds
 // (spill::SpillTier::DirectoryNote).
@@ -48,6 +50,7 @@ struct HostFacts {
   pool::SharedPoolObject shared_pool;    // /dev/shm/<pool_shm_name> (only read when set)
   absl::Status shm_huge_pages = absl::OkStatus();  // pool::ShmHugePages (pool_huge_pages + shm)
   absl::Status spill_directory = absl::OkStatus();  // CheckSpillDirectory (only when set)
+  absl::Status metrics_address = absl::OkStatus();  // metrics::CheckAddressFree (when set)
 };
 
 // Check 5 for `directory`, without creating anything: OK when it is a directory this process
@@ -89,7 +92,7 @@ uint64_t FileDescriptorsNeeded(const v1::DaemonConfig& config);
 // with EMFILE first, health checks included).
 absl::Status RaiseFileLimit(const v1::DaemonConfig& config);
 
-// The checks 2-4 above against `facts`, in that order; empty when the host can run `config`.
+// The checks 2-6 above against `facts`, in that order; empty when the host can run `config`.
 std::vector<absl::Status> HostProblems(const v1::DaemonConfig& config, const HostFacts& facts);
 
 // What start-up would log as warnings about `config` on this host (each a sentence with the

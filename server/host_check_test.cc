@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -229,6 +230,44 @@ TEST_F(SocketPath, WrongThingsAtThePath) {
   absl::Status long_path = CheckSocketPath(dir_ + "/" + std::string(120, 'a'));
   EXPECT_EQ(long_path.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(long_path.message().find("limited to 107"), std::string::npos) << long_path;
+}
+
+// A TCP socket listening on 127.0.0.1 at a port the kernel picks; its port in *port.
+int ListenOnLoopback(int* port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+TEST(HostProblems, MetricsAddressAnotherProcessListensOnIsAProblemWithItsRemedy) {
+  int port = 0;
+  const int fd = ListenOnLoopback(&port);
+  v1::DaemonConfig config = Config("shm", 1 * kGiB, false);
+  config.set_metrics_address("127.0.0.1:" + std::to_string(port));
+  const HostFacts facts = ReadHostFacts(config, /*cuda_in_build=*/false);
+  auto problems = HostProblems(config, Roomy());
+  EXPECT_TRUE(problems.empty());  // Roomy() has no metrics fact: only ReadHostFacts probes
+  HostFacts f = Roomy();
+  f.metrics_address = facts.metrics_address;
+  problems = HostProblems(config, f);
+  ASSERT_EQ(problems.size(), 1u);
+  const std::string message(problems[0].message());
+  EXPECT_NE(message.find("cannot serve metrics on " + config.metrics_address() +
+                         ": the address is in use"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("--metrics_address= to serve no metrics"), std::string::npos) << message;
+  close(fd);
+  // Free again: the probe itself leaves nothing bound.
+  EXPECT_TRUE(ReadHostFacts(config, false).metrics_address.ok());
+  EXPECT_TRUE(ReadHostFacts(config, false).metrics_address.ok());
 }
 
 TEST(CudaDriver, ProbeSaysWhatIsMissingOrPasses) {

@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
     return std::unique_ptr<offloadd::copy::CopyEngine>(
         new offloadd::copy::ShmCopyEngine(offloadd::ToShmMappingLimits(config)));
   }
-  if (config.backend() == "cuda-sim") {  // simulated GPUs; no bytes move
+  if (config.backend() == "cuda-sim") {  // simulated GPUs; bytes move for sim_gpu clients only
     const offloadd::v1::CudaSimConfig& sim = config.cuda_sim();
     LOG(WARNING) << "backend cuda-sim: " << sim.gpus() << " GPUs are a timing model ("
                  << sim.engine_bytes_per_second() / 1e9 << " GB/s per direction, "
@@ -90,7 +90,9 @@ absl::StatusOr<std::unique_ptr<offloadd::copy::CopyEngine>> MakeEngine(
                  << (sim.switch_bytes_per_second() > 0
                          ? absl::StrCat(sim.switch_bytes_per_second() / 1e9, " GB/s per switch")
                          : std::string("no switch limit"))
-                 << "); copies move NO bytes and every copy figure is SIMULATED";
+                 << "); every copy time is SIMULATED, and copies move bytes only for memory a "
+                    "client registers from a simulated client GPU (offloadd.sim_gpu, "
+                    "SimClientGpu): any other registration moves NO bytes";
     offloadd::copy::CudaEngineOptions options;
     options.asynchronous = config.async_copies();
     return offloadd::copy::NewSimCudaCopyEngine(offloadd::ToSimCudaOptions(config), options);
@@ -240,7 +242,8 @@ constexpr bool kCudaInBuild = false;
 
 // --check-config after the config validated: whether this host can run it, each problem on a
 // line of its own in the order start-up would meet them. A daemon already listening on the
-// socket is a note, not a problem (ExecStartPre runs after the old daemon stopped). Returns the
+// socket is a note, not a problem (ExecStartPre runs after the old daemon stopped), and so is a
+// metrics_address in use then. Returns the
 // exit status: 0, or 1 when the host cannot run the config. `checked.what` names the file checked
 // and any flags over it; its note (the file alone is not valid) is printed first.
 int CheckHost(const offloadd::CheckedConfig& checked, const std::string& socket_path) {
@@ -255,7 +258,13 @@ int CheckHost(const offloadd::CheckedConfig& checked, const std::string& socket_
   } else if (!socket.ok()) {
     problems.push_back(socket);
   }
-  const offloadd::HostFacts facts = offloadd::ReadHostFacts(config, kCudaInBuild);
+  offloadd::HostFacts facts = offloadd::ReadHostFacts(config, kCudaInBuild);
+  if (absl::IsAlreadyExists(socket) && !facts.metrics_address.ok()) {
+    // The daemon on the socket likely holds the metrics port too.
+    std::cout << "offloadd: note: " << facts.metrics_address.message() << " (fine when the "
+              << "daemon on the socket holds it and this check runs before restarting it)\n";
+    facts.metrics_address = absl::OkStatus();
+  }
   for (absl::Status& st : offloadd::HostProblems(config, facts)) problems.push_back(st);
   for (const std::string& note : offloadd::HostNotes(config, facts)) {
     std::cout << "offloadd: note: " << note << "\n";

@@ -3,6 +3,8 @@
 // blocks in its GPU's node's slice and falls back with the reason counted, and a scrape shows
 // the fallback counts and each slice's bytes.
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,33 @@ Resolved Resolve(const std::string& text) {
   auto topo = ResolveTopology(*c, ConfiguredGpuAddresses(*c));
   EXPECT_TRUE(topo.ok()) << topo.status();
   return {PoolNumaNodes(*c, *topo, [](int) { return true; }), ToCoreOptions(*c, *topo)};
+}
+
+// A host with one NUMA node, node 0 (sysfs holding only devices/system/node/online), and a
+// configured link: the link and its GPU are on node 0, as the pool's pages are, not unknown.
+TEST(NumaPlacementConfigTest, OnASingleNodeHostLinksAndGpusAreOnIt) {
+  char tmpl[] = "/tmp/ofd-numa-single-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::filesystem::path node_dir = std::filesystem::path(tmpl) / "devices/system/node";
+  std::filesystem::create_directories(node_dir);
+  std::ofstream(node_dir / "online") << "0\n";
+  const std::string text = std::string("sysfs_root: \"") + tmpl + "\"\n" +
+                           "links { name: \"sw0\" gpus: \"a\" d2h_bytes_per_second: 1e9 }\n"
+                           "numa_node_bytes_per_second: 4e9\n";
+  const Resolved one = Resolve(text);
+  ASSERT_EQ(one.core.links.size(), 1u);
+  EXPECT_EQ(one.core.links[0].numa_node, 0);
+  EXPECT_EQ(one.core.gpu_numa_nodes.at("a"), 0);
+  ASSERT_EQ(one.core.host_links.size(), 1u);  // the node's memory bounds the link
+  EXPECT_EQ(one.core.host_links[0].name, "numa0");
+  EXPECT_TRUE(one.pool_nodes.empty());  // one node: nothing to slice
+  // Two nodes online: a link without a node stays unknown.
+  std::ofstream(node_dir / "online") << "0-1\n";
+  const Resolved two = Resolve(text);
+  ASSERT_EQ(two.core.links.size(), 1u);
+  EXPECT_EQ(two.core.links[0].numa_node, -1);
+  EXPECT_TRUE(two.core.host_links.empty());
+  std::filesystem::remove_all(tmpl);
 }
 
 absl::StatusOr<store::BlockRef> ReserveNow(store::BlockStore& s, uint64_t session,

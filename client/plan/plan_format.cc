@@ -88,6 +88,31 @@ std::string InFlight(const Plan& p) {
                       " still copying when backward starts: copy > forward");
 }
 
+// "fits the GPU's 80.00 GiB" or "does not fit the GPU's 80.00 GiB".
+std::string FitNote(uint64_t peak_bytes, uint64_t gpu_memory_bytes) {
+  return absl::StrCat(peak_bytes <= gpu_memory_bytes ? "fits" : "does not fit", " the GPU's ",
+                      FormatBytes(gpu_memory_bytes));
+}
+
+// The two ends of the peak with offload (planner.h gpu_peak_with_offload_min_bytes), each with
+// when it applies and whether it fits the GPU.
+std::string PeakWithOffloadRows(const Plan& p) {
+  const PlanInputs& in = p.inputs;
+  const uint64_t low = p.gpu_peak_with_offload_min_bytes;
+  std::string high_note =
+      absl::StrCat("if the peak comes elsewhere, where offload does not lower it: ",
+                   FitNote(in.gpu_peak_bytes, in.gpu_memory_bytes));
+  if (low <= in.gpu_memory_bytes && in.gpu_peak_bytes > in.gpu_memory_bytes) {
+    absl::StrAppend(&high_note, "; measure the peak with offload on to tell which");
+  }
+  return absl::StrCat(
+      Row("peak with offload, at least", FormatBytes(low),
+          absl::StrCat("if the peak comes at the end of forward, where every checkpoint is "
+                       "held: ",
+                       FitNote(low, in.gpu_memory_bytes))),
+      Row("peak with offload, at most", FormatBytes(in.gpu_peak_bytes), high_note));
+}
+
 // The GPU memory lines, with --gpu-memory (and --gpu-peak).
 std::string GpuMemoryText(const Plan& p) {
   const PlanInputs& in = p.inputs;
@@ -104,9 +129,7 @@ std::string GpuMemoryText(const Plan& p) {
   absl::StrAppend(&out,
                   Row("peak without offload", FormatBytes(in.gpu_peak_bytes),
                       "(--gpu-peak: measured with checkpointing, offload off)"),
-                  Row("peak with offload", FormatBytes(p.gpu_peak_with_offload_min_bytes),
-                      absl::StrCat("at best, up to ", FormatBytes(in.gpu_peak_bytes),
-                                   " (the low end when every checkpoint is held at the peak)")));
+                  PeakWithOffloadRows(p));
   return out;
 }
 

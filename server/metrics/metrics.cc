@@ -1,5 +1,11 @@
 #include "server/metrics/metrics.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <exception>
 
 #include "absl/strings/str_format.h"
@@ -275,6 +281,76 @@ Metrics& Get() {
   return *m;
 }
 
+namespace {
+
+constexpr const char* kMetricsRemedy =
+    "choose another port (metrics_address in the config, or --metrics_address=HOST:PORT), or "
+    "pass --metrics_address= to serve no metrics";
+
+// Splits "host:port", "[v6]:port" or "port" into host ("" for a port alone) and port.
+void SplitHostPort(const std::string& address, std::string* host, std::string* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    host->clear();
+    *port = address;
+    return;
+  }
+  *host = address.substr(0, colon);
+  *port = address.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+}
+
+// 0 when a socket bound one of `addresses` (SO_REUSEADDR, then closed), else the last errno.
+int TryBind(const addrinfo* addresses) {
+  int err = EADDRNOTAVAIL;
+  for (const addrinfo* ai = addresses; ai != nullptr; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    const bool bound = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    err = bound ? 0 : errno;
+    close(fd);
+    if (bound) return 0;
+  }
+  return err;
+}
+
+}  // namespace
+
+absl::Status CheckAddressFree(const std::string& address) {
+  std::string host, port;
+  SplitHostPort(address, &host, &port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* addresses = nullptr;
+  const int rc =
+      getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &addresses);
+  if (rc != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot serve metrics on %s: it is not a host:port of this machine (%s): %s", address,
+        gai_strerror(rc), kMetricsRemedy));
+  }
+  const int err = TryBind(addresses);
+  freeaddrinfo(addresses);
+  if (err == 0) return absl::OkStatus();
+  if (err == EADDRINUSE) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot serve metrics on %s: the address is in use (another process listens on it): %s",
+        address, kMetricsRemedy));
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "cannot serve metrics on %s: binding it fails (%s): %s", address, std::strerror(err),
+      kMetricsRemedy));
+}
+
 struct Exposer::Impl {
   std::unique_ptr<prometheus::Exposer> exposer;
 };
@@ -284,10 +360,13 @@ absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(const std::string& addre
   try {
     impl->exposer = std::make_unique<prometheus::Exposer>(address);
   } catch (const std::exception& e) {
+    // The HTTP server's own text ("null context when constructing CivetServer...") does not say
+    // why: probe the address for the reason.
+    absl::Status why = CheckAddressFree(address);
+    if (!why.ok()) return absl::UnavailableError(why.message());
     return absl::UnavailableError(absl::StrFormat(
-        "cannot serve metrics on %s (%s): free the port, or set metrics_address to another "
-        "host:port or to \"\" to disable metrics",
-        address, e.what()));
+        "cannot serve metrics on %s: the HTTP server did not start (%s): %s", address, e.what(),
+        kMetricsRemedy));
   }
   impl->exposer->RegisterCollectable(Get().registry);
   return std::unique_ptr<Exposer>(new Exposer(std::move(impl)));

@@ -121,9 +121,17 @@ std::string NumaNodeLabel(int node);
 // Histogram buckets (seconds) for transfers: 100 µs .. ~100 s, x~3 per bucket.
 prometheus::Histogram::BucketBoundaries DurationBuckets();
 
+// OK when a TCP socket can bind `address` (host:port, [v6 host]:port, or a port alone for every
+// address) now: binds it with SO_REUSEADDR and closes it at once, so the port stays free.
+// FAILED_PRECONDITION starting "cannot serve metrics on <address>: " otherwise, saying why (the
+// address is in use by another process, the host does not resolve, or bind's errno text) and the
+// remedy: another port in metrics_address (or --metrics_address=HOST:PORT), or
+// --metrics_address= to serve no metrics.
+absl::Status CheckAddressFree(const std::string& address);
+
 // Serves Get().registry, and the collectables given to Register, at http://<address>/metrics.
-// Errors: UNAVAILABLE when the address
-// cannot be bound (message names it and says to change metrics_address or free the port).
+// Errors: UNAVAILABLE when the address cannot be bound, with CheckAddressFree's sentence (the
+// address in use, and the remedy).
 class Exposer {
  public:
   static absl::StatusOr<std::unique_ptr<Exposer>> Start(const std::string& address);

@@ -367,6 +367,23 @@ absl::StatusOr<Topology> ApplyLinkOverrides(Topology topo,
   return topo;
 }
 
+int SingleOnlineNumaNode(const std::string& sysfs_root) {
+  const std::string online = ReadLine(fs::path(sysfs_root) / "devices/system/node/online");
+  int node = -1;
+  if (online.empty() || !absl::SimpleAtoi(online, &node) || node < 0) return -1;
+  return node;  // "0-1" or "0,2" do not parse as one number
+}
+
+void AssumeSingleNumaNode(int node, Topology* topo) {
+  if (node < 0) return;
+  for (TopologyGpu& g : topo->gpus) {
+    if (g.numa_node < 0) g.numa_node = node;
+  }
+  for (TopologyLink& l : topo->links) {
+    if (l.numa_node < 0) l.numa_node = node;
+  }
+}
+
 std::vector<int> GpuNumaNodes(const Topology& topo) {
   std::set<int> nodes;
   for (const TopologyGpu& g : topo.gpus) {

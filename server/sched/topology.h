@@ -97,6 +97,15 @@ absl::StatusOr<Topology> ApplyLinkOverrides(Topology topology,
 // known (then the pool stays one unbound slice and placement is "unbound").
 std::vector<int> GpuNumaNodes(const Topology& topology);
 
+// The host's NUMA node when it has exactly one online (<sysfs_root>/devices/system/node/online
+// reads a single number, "0"); -1 when it has several, or the file is absent or unreadable.
+int SingleOnlineNumaNode(const std::string& sysfs_root);
+
+// On a host with a single NUMA node `node` (SingleOnlineNumaNode; nothing when -1): every GPU
+// and link whose node is unknown (-1) is on it. The kernel gives PCI devices no node (-1) where
+// there is only one, so without this the pool's node (0) and its GPUs' (unknown) would disagree.
+void AssumeSingleNumaNode(int node, Topology* topology);
+
 // A text tree for `offloadctl topo`: NUMA node, then link (root port, capacities), then GPUs.
 std::string FormatTopology(const Topology& topology);
 

@@ -1,6 +1,8 @@
 #include "server/sched/topology.h"
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,39 @@ TEST(DiscoverTopologyTest, SingleGpuOnRootPortWithoutNumaNode) {
   ASSERT_EQ(t.gpus.size(), 1u);
   EXPECT_EQ(t.gpus[0].bridges, Strings{"0000:00:01.1"});
   EXPECT_EQ(t.gpus[0].link, "rootport-0000:00:01.1");
+}
+
+// A sysfs tree holding only devices/system/node/online with `online` (none when empty).
+std::string NodeOnlineRoot(const std::string& online) {
+  char tmpl[] = "/tmp/ofd-numa-online-XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl), nullptr);
+  const std::filesystem::path dir = std::filesystem::path(tmpl) / "devices/system/node";
+  std::filesystem::create_directories(dir);
+  if (!online.empty()) std::ofstream(dir / "online") << online << "\n";
+  return tmpl;
+}
+
+TEST(DiscoverTopologyTest, OnASingleNodeHostGpusWithoutANodeAreOnThatNode) {
+  const std::string one = NodeOnlineRoot("0"), two = NodeOnlineRoot("0-1"),
+                    none = NodeOnlineRoot("");
+  EXPECT_EQ(SingleOnlineNumaNode(one), 0);
+  EXPECT_EQ(SingleOnlineNumaNode(two), -1);
+  EXPECT_EQ(SingleOnlineNumaNode(none), -1);
+  EXPECT_EQ(SingleOnlineNumaNode("/nonexistent"), -1);
+  // The single fixture's GPU has no node in sysfs (-1), as the kernel leaves it on such a host.
+  Topology t = Discover("single", {{"GPU-0", "0000:01:00.0"}});
+  ASSERT_EQ(t.links.size(), 1u);
+  AssumeSingleNumaNode(SingleOnlineNumaNode(two), &t);
+  EXPECT_EQ(t.links[0].numa_node, -1);
+  AssumeSingleNumaNode(SingleOnlineNumaNode(one), &t);
+  EXPECT_EQ(t.links[0].numa_node, 0);
+  EXPECT_EQ(t.gpus[0].numa_node, 0);
+  EXPECT_EQ(FormatTopology(t).rfind("numa node 0\n", 0), 0u) << FormatTopology(t);
+  // Known nodes stay as they are.
+  Topology hgx = Discover("hgx8", {{"g4", "0000:83:00.0"}});
+  AssumeSingleNumaNode(0, &hgx);
+  EXPECT_EQ(hgx.gpus[0].numa_node, 1);
+  for (const std::string& d : {one, two, none}) std::filesystem::remove_all(d);
 }
 
 TEST(DiscoverTopologyTest, Hgx8GroupsTwoGpusPerSwitchAcrossTwoNumaNodes) {

@@ -267,6 +267,9 @@ TEST(SessionIsolationTest, MaxSessionsPerUidKeepsSlotsForOtherUidsAndAdmins) {
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(std::string(refused.status.message()).find("max_sessions_per_uid"),
             std::string::npos);
+  EXPECT_NE(std::string(refused.status.message()).find("uid 1000 already has 1 session open"),
+            std::string::npos)
+      << refused.status.message();
   other->Handle(Hello(1, getpid()));
   EXPECT_EQ(c.Wait(1).kind, CompletionKind::kHello);   // another uid still gets in
   admin->Handle(Hello(1, getpid()));

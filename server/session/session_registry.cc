@@ -65,15 +65,15 @@ absl::Status SessionRegistry::TryOpenSlot(const PeerCredentials& peer) {
   base::MutexLock lock(slots_mu_);
   if (per_uid && sessions_per_uid_[peer.uid] >= options_.max_sessions_per_uid) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "uid %d already has %d sessions open (max_sessions_per_uid): close idle clients of "
+        "uid %d already has %d session%s open (max_sessions_per_uid): close idle clients of "
         "this user or raise max_sessions_per_uid in the daemon config",
-        peer.uid, options_.max_sessions_per_uid));
+        peer.uid, options_.max_sessions_per_uid, options_.max_sessions_per_uid == 1 ? "" : "s"));
   }
   if (options_.max_sessions > 0 && sessions_admitted_ >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "offloadd already serves %d sessions (max_sessions): close idle clients or raise "
+        "offloadd already serves %d session%s (max_sessions): close idle clients or raise "
         "max_sessions in the daemon config",
-        options_.max_sessions));
+        options_.max_sessions, options_.max_sessions == 1 ? "" : "s"));
   }
   ++sessions_admitted_;
   if (per_uid) ++sessions_per_uid_[peer.uid];

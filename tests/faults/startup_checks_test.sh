@@ -35,10 +35,16 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
 print(s.getsockname()[1], flush=True); time.sleep(60)' >"$dir/port" &
 holder=$!
 for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.05; done
-expect metrics_port_taken "free the port" \
-  "$OFFLOADD" --socket_path="$dir/b.sock" --pool_bytes=16MiB \
-  --metrics_address="127.0.0.1:$(cat "$dir/port")"
+taken="127.0.0.1:$(cat "$dir/port")"
+expect metrics_port_taken "cannot serve metrics on $taken: the address is in use" \
+  "$OFFLOADD" --socket_path="$dir/b.sock" --pool_bytes=16MiB --metrics_address="$taken"
+grep -q "null context" "$dir/err" && { echo "FAIL metrics_port_taken shows the HTTP server's text"; failures=$((failures + 1)); }
 [ -S "$dir/b.sock" ] && { echo "FAIL metrics_port_taken left its socket behind"; failures=$((failures + 1)); }
+# --check-config finds it too, with the remedy.
+printf 'pool_bytes: 16MiB\n' >"$dir/metrics.conf"
+expect check_config_metrics_port_taken "--metrics_address= to serve no metrics" \
+  "$OFFLOADD" --check-config "$dir/metrics.conf" --socket_path="$dir/b.sock" \
+  --metrics_address="$taken"
 
 # A daemon serving a socket; a second one on it is refused before it maps (or checks) its pool.
 "$OFFLOADD" --socket_path="$dir/live.sock" --pool_bytes=16MiB --metrics_address= \

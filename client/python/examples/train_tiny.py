@@ -87,13 +87,23 @@ def main(argv=None):
         ot.synchronize()
         print("offload: " + ctx.stats.summary())
         for ep in _endpoint.endpoints():
-            s = ep.client.get_stats()
-            print("daemon %s (%s backend): %d offloads / %d reloads in total, pool %d of %d "
-                  "bytes in use, peak %d, %d sessions open"
-                  % (ep.client.target, s.backend, s.offloads_total, s.reloads_total,
-                     s.pool_used_bytes, s.pool_capacity_bytes, s.pool_peak_used_bytes,
-                     s.sessions_open))
+            print(daemon_line(ep.client.target, ep.client.get_stats()))
     return 0
+
+
+def _count(n, noun):
+    """'1 session', '2 sessions': ``n`` (an int) with ``noun`` singular or plural."""
+    return "%d %s%s" % (n, noun, "" if n == 1 else "s")
+
+
+def daemon_line(target, s):
+    """The daemon's counters as one line: ``target`` its gRPC target (str), ``s`` its
+    ``Client.get_stats()`` reply (offload, reload and session counts; pool bytes)."""
+    return ("daemon %s (%s backend): %s / %s in total, pool %d of %d bytes in use, peak %d, "
+            "%s open" % (target, s.backend, _count(s.offloads_total, "offload"),
+                         _count(s.reloads_total, "reload"), s.pool_used_bytes,
+                         s.pool_capacity_bytes, s.pool_peak_used_bytes,
+                         _count(s.sessions_open, "session")))
 
 
 if __name__ == "__main__":

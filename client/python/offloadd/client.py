@@ -350,10 +350,13 @@ class Client:
         self.keepalive_timeout_seconds = float(keepalive_timeout_seconds)
         self._last_heard = time.monotonic()  # the daemon's last message (or refused connect)
         self.socket_path = socket_path or default_socket_path()
-        # What to say when nothing serves it: the path came from the caller, or from the
-        # environment or the default rule.
-        self._path_remedy = ("pass the daemon's socket path" if socket_path else
-                             "point OFFLOADD_SOCKET at the right path")
+        # What to say when nothing serves it, naming both ways to give the path (as offloadctl
+        # names --socket and $OFFLOADD_SOCKET): the path came from the caller (the torch hooks
+        # pass the one they resolved), or from the environment or the default rule.
+        self._path_remedy = (
+            "pass the daemon's socket path (socket_path=PATH, or set $OFFLOADD_SOCKET=PATH "
+            "where no socket_path= is given)" if socket_path else
+            "point $OFFLOADD_SOCKET at the daemon's socket path (or pass socket_path=PATH)")
         self.target = "unix:" + self.socket_path
         self.client_name, self.device_id = client_name, device_id
         self.pid = os.getpid() if pid is None else pid

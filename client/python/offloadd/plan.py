@@ -566,10 +566,27 @@ def _gpu_memory_rows(p: Plan) -> List[str]:
     if p.gpu_peak_bytes:
         rows += [_row("peak without offload", _bytes(p.gpu_peak_bytes),
                       "(--gpu-peak: measured with checkpointing, offload off)"),
-                 _row("peak with offload", _bytes(p.gpu_peak_with_offload_min_bytes),
-                      f"at best, up to {_bytes(p.gpu_peak_bytes)} (the low end when every "
-                      "checkpoint is held at the peak)")]
+                 *_peak_with_offload_rows(p)]
     return rows
+
+
+def _fit_note(peak_bytes: int, gpu_memory_bytes: int) -> str:
+    """'fits the GPU's 80.00 GiB' or 'does not fit the GPU's 80.00 GiB' (both in bytes)."""
+    word = "fits" if peak_bytes <= gpu_memory_bytes else "does not fit"
+    return f"{word} the GPU's {_bytes(gpu_memory_bytes)}"
+
+
+def _peak_with_offload_rows(p: Plan) -> List[str]:
+    """The two ends of the peak with offload, each with when it applies and whether it fits."""
+    low, high, gpu = p.gpu_peak_with_offload_min_bytes, p.gpu_peak_bytes, p.gpu_memory_bytes
+    high_note = ("if the peak comes elsewhere, where offload does not lower it: "
+                 + _fit_note(high, gpu))
+    if low <= gpu < high:
+        high_note += "; measure the peak with offload on to tell which"
+    return [_row("peak with offload, at least", _bytes(low),
+                 "if the peak comes at the end of forward, where every checkpoint is held: "
+                 + _fit_note(low, gpu)),
+            _row("peak with offload, at most", _bytes(high), high_note)]
 
 
 _HEADLINES = {"nothing_to_offload": "nothing to offload", "not_needed": "offload not needed",

@@ -74,19 +74,25 @@ def group_text(gid):
         return "gid %d" % gid
 
 
+# Groups no user should be added to: root (gid 0) opens root's files to them, nogroup (gid
+# 65534, nobody's group) every unprivileged service's.
+SHARED_SYSTEM_GIDS = ("0", "65534")
+
+
 def join_group_remedy(group, usermod, gid):
     """The remedy once a file's group shuts this process out: join that group (``group`` as
     :func:`group_text` writes it, ``usermod`` its name or gid, ``gid`` its gid as text). Group
-    root (gid 0) is never one to add users to (it opens root's files to them): then the daemon's
-    socket needs a dedicated group first, set by socket_group (config or --socket_group)."""
-    if gid == "0":
-        return ("The daemon is fine, but its group is root (gid 0), and users must not be added "
-                "to group root. Ask its administrator to create a dedicated group (groupadd "
-                "offloadd), set the daemon's socket group to it (socket_group: offloadd in the "
-                "config, or --socket_group=offloadd; SocketGroup=offloadd in offloadd.socket "
-                "under socket activation), restart the daemon, and add this user to that group "
-                "(usermod -aG offloadd USER, then log in again), or in Kubernetes add that "
-                "group's gid to the pod's securityContext.supplementalGroups")
+    root (gid 0) and nogroup (gid 65534, a daemon run as nobody) are never ones to add users to
+    (:data:`SHARED_SYSTEM_GIDS`): then the daemon's socket needs a dedicated group first, set by
+    socket_group (config or --socket_group)."""
+    if gid in SHARED_SYSTEM_GIDS:
+        return ("The daemon is fine, but its group is %s, and users must not be added to group "
+                "%s. Ask its administrator to create a dedicated group (groupadd offloadd), set "
+                "the daemon's socket group to it (socket_group: offloadd in the config, or "
+                "--socket_group=offloadd; SocketGroup=offloadd in offloadd.socket under socket "
+                "activation), restart the daemon, and add this user to that group (usermod -aG "
+                "offloadd USER, then log in again), or in Kubernetes add that group's gid to the "
+                "pod's securityContext.supplementalGroups" % (group, usermod))
     return ("The daemon is fine; do not restart it. Ask its administrator to add this user to "
             "group %s (usermod -aG %s USER, then log in again), or in Kubernetes add %s to the "
             "pod's securityContext.supplementalGroups" % (group, usermod, gid))

@@ -276,8 +276,8 @@ class DaemonLossTest(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 5.0)
         self.assertIn("start the daemon", str(e.exception))
         # The remedy names where the path came from: the caller's argument here...
-        self.assertIn("or pass the daemon's socket path", str(e.exception))
-        self.assertNotIn("OFFLOADD_SOCKET", str(e.exception))
+        self.assertIn("or pass the daemon's socket path (socket_path=PATH, or set "
+                      "$OFFLOADD_SOCKET=PATH where no socket_path= is given)", str(e.exception))
         # ...the environment there.
         missing = "/tmp/offloadd-no-daemon-env-%d.sock" % os.getpid()
         old = os.environ.get("OFFLOADD_SOCKET")
@@ -291,7 +291,8 @@ class DaemonLossTest(unittest.TestCase):
             else:
                 os.environ["OFFLOADD_SOCKET"] = old
         self.assertIn("no offloadd socket at %s" % missing, str(e.exception))
-        self.assertIn("point OFFLOADD_SOCKET at the right path", str(e.exception))
+        self.assertIn("point $OFFLOADD_SOCKET at the daemon's socket path (or pass "
+                      "socket_path=PATH)", str(e.exception))
 
     def test_socket_path_rules(self):
         self.assertEqual(default_socket_path_for(0, "/run/user/5"), "/run/offloadd/offloadd.sock")
@@ -316,6 +317,12 @@ class DaemonLossTest(unittest.TestCase):
         self.assertNotIn("add this user to group root", why)
         self.assertIn("socket_group: offloadd in the config, or --socket_group=offloadd", why)
         self.assertIn("usermod -aG offloadd USER", why)
+        # Nor is nogroup (gid 65534), the group of a daemon run as nobody.
+        nogroup = join_group_remedy("nogroup (gid 65534)", "nogroup", "65534")
+        self.assertNotIn("usermod -aG nogroup", nogroup)
+        self.assertNotIn("add this user to group nogroup", nogroup)
+        self.assertIn("its group is nogroup (gid 65534), and users must not be added", nogroup)
+        self.assertIn("socket_group: offloadd in the config, or --socket_group=offloadd", nogroup)
         other = join_group_remedy("offloadd (gid 2000)", "offloadd", "2000")
         self.assertIn("add this user to group offloadd (gid 2000) (usermod -aG offloadd USER",
                       other)

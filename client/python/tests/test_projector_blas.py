@@ -78,7 +78,8 @@ class ProjectorBlasTest(unittest.TestCase):
             conf.flush()
             sock = "/tmp/ofd-py-check-%d.sock" % os.getpid()
             out = subprocess.run(["env", "OPENBLAS_CORETYPE=Prescott", daemon_bin(),
-                                  "--check-config", conf.name, "--socket_path", sock],
+                                  "--check-config", conf.name, "--socket_path", sock,
+                                  "--metrics_address="],
                                  capture_output=True, text=True, timeout=60)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
         if b.isa != "sse3":

@@ -96,7 +96,8 @@ SimCudaApi::SimCudaApi(SimCudaOptions options, SimClock* clock)
     d.ordinal = i;
     d.uuid = DeviceUuid(i);
     d.pci_bus_id = absl::StrFormat("0000:%02x:00.0", 0x10 + i);
-    d.name = absl::StrFormat("cuda-sim %.1f GB/s per direction (SIMULATED: no bytes moved)",
+    d.name = absl::StrFormat(
+        "cuda-sim %.1f GB/s per direction (SIMULATED: bytes move only for a simulated client GPU)",
                              shards_[0]->model.options().engine_bytes_per_second / 1e9);
     d.total_bytes = options_.device_total_bytes;
     devices_.push_back(d);

@@ -1,9 +1,11 @@
 // SimCudaApi: a CudaApi whose GPUs are a timing model (timing/copy_timing_model.h), for measuring
 // the cuda copy engine's scheduling on a machine without a GPU (`--backend=cuda-sim`).
 // Separate from FakeCudaApi (cuda_api_fake.h), which checks call order and moves real bytes for
-// unit tests: this one MOVES NO BYTES — it checks each copy's pointers and bounds against the
-// mapped allocations and the host range, then only accounts for the time the copy would take.
-// Every device it lists is named "... (SIMULATED: no bytes moved)" so logs say what they show.
+// unit tests: for memory without a simulated client GPU behind it (SimMemHandle, AddAllocation)
+// this one MOVES NO BYTES — it checks each copy's pointers and bounds against the mapped
+// allocations and the host range, then only accounts for the time the copy would take; for a
+// simulated client GPU's memory (below) it moves them. Every device it lists is named
+// "... (SIMULATED: bytes move only for a simulated client GPU)" so logs say what they show.
 //
 // Host costs: each MemcpyAsync, EventRecord and EventQuery spends a configurable number of host
 // seconds on the calling thread (SimClock::SpendHostSeconds: the real clock busy-waits, so the
