@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# offloadctl as a new user meets it: every unknown command, option or argument is named and
-# refused with exit 2; a socket path with nothing there fails with exit 1 and the advice, before
+# offloadctl as a new user meets it: every unknown command, option or argument (and an empty
+# --socket) is named and refused with exit 2; a socket path with nothing there fails with exit 1 and the advice, before
 # any connect timeout; against a real daemon, `topo` on a fresh daemon says why it shows no
 # links, `stats` and `sessions` list the same sessions, `sessions --json` holds only session
 # fields, and `bench` leaves no link behind (its sessions say transient_device).
@@ -64,6 +64,9 @@ for cmd in stats health topo sessions bench "end-session 3"; do
   grep -q "OFFLOADD_SOCKET" "$dir/err" || fail "missing_socket_$cmd: no advice: $(cat "$dir/err")"
 done
 OFFLOADD_SOCKET=$sock expect missing_socket_from_env 1 "no offloadd socket at unix:$sock" stats
+# An empty --socket is refused, not read as the default path.
+expect socket_empty 2 "--socket needs a path, not an empty one" --socket "" stats
+expect socket_empty_equals 2 "--socket needs a path, not an empty one" --socket= health
 
 chmod 0755 "$dir"
 "$OFFLOADD" --socket_path="$sock" --pool_bytes=64MiB --metrics_address= >"$dir/daemon.log" 2>&1 &
