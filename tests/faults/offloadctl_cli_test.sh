@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # offloadctl as a new user meets it: every unknown command, option or argument (and an empty
-# --socket) is named and refused with exit 2; a socket path with nothing there fails with exit 1 and the advice, before
-# any connect timeout; against a real daemon, `topo` on a fresh daemon says why it shows no
-# links, `stats` and `sessions` list the same sessions, `sessions --json` holds only session
-# fields, and `bench` leaves no link behind (its sessions say transient_device).
+# --socket) is named and refused with exit 2; a socket path with nothing there, or a socket file
+# no daemon listens on, fails with exit 1 and the advice, before any connect timeout; against a
+# real daemon, `topo` on a fresh daemon says why it shows no links, `stats` and `sessions` list
+# the same sessions, `sessions --json` holds only session fields, and `bench` leaves no link
+# behind (its sessions say transient_device).
 set -uo pipefail
 R=${TEST_SRCDIR:-.}/offloadd
 OFFLOADD=$R/server/offloadd
@@ -67,6 +68,19 @@ OFFLOADD_SOCKET=$sock expect missing_socket_from_env 1 "no offloadd socket at un
 # An empty --socket is refused, not read as the default path.
 expect socket_empty 2 "--socket needs a path, not an empty one" --socket "" stats
 expect socket_empty_equals 2 "--socket needs a path, not an empty one" --socket= health
+
+# A socket file nobody listens on (its daemon exited without removing it): exit 1 saying so, not
+# gRPC's "failed to connect to all addresses ... Connection refused".
+stale=$dir/stale.sock
+/usr/bin/python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$stale"
+for cmd in stats health topo sessions; do
+  expect "stale_socket_$cmd" 1 \
+    "no offloadd listens at unix:$stale: the socket file exists but no daemon listens on it" \
+    --socket "$stale" $cmd
+  grep -q "restart offloadd" "$dir/err" || fail "stale_socket_$cmd: no advice: $(cat "$dir/err")"
+  ! grep -q "failed to connect" "$dir/err" ||
+    fail "stale_socket_$cmd: gRPC's text: $(cat "$dir/err")"
+done
 
 chmod 0755 "$dir"
 "$OFFLOADD" --socket_path="$sock" --pool_bytes=64MiB --metrics_address= >"$dir/daemon.log" 2>&1 &
