@@ -18,7 +18,13 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
+#include <pwd.h>
 #include <sys/socket.h>
+#include <sys/sysmacros.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/un.h>
@@ -29,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace offloadd {
 namespace client {
@@ -82,6 +89,184 @@ inline int ProbeUnixSocket(const std::string& path) {
   return err;
 }
 
+// Whether a listening socket is bound to the socket file at `path`, as the kernel's socket
+// diagnostics (NETLINK_SOCK_DIAG, what `ss -xl` reads; no privilege needed) list the listeners of
+// this network namespace by the device and inode of their file. kUnknown when `path` is not a
+// socket or the diagnostics do not answer. kNotListening is certain only for a daemon in this
+// network namespace: one in another container's is not listed.
+enum class SocketListener { kListening, kNotListening, kUnknown };
+
+// One netlink reply buffer of SocketListenerAt: kListening when a listener's file is (dev, ino),
+// kNotListening at the end of the dump, kUnknown on an error; `done` says whether the dump ended.
+inline SocketListener ScanUnixDiagReply(const char* buf, ssize_t n, dev_t dev, ino_t ino,
+                                        bool* done) {
+  *done = true;
+  for (auto* h = reinterpret_cast<const nlmsghdr*>(buf); NLMSG_OK(h, n); h = NLMSG_NEXT(h, n)) {
+    if (h->nlmsg_type == NLMSG_DONE) return SocketListener::kNotListening;
+    if (h->nlmsg_type == NLMSG_ERROR) return SocketListener::kUnknown;
+    const auto* msg = static_cast<const unix_diag_msg*>(NLMSG_DATA(h));
+    int len = static_cast<int>(h->nlmsg_len - NLMSG_LENGTH(sizeof(*msg)));
+    for (auto* a = reinterpret_cast<const rtattr*>(msg + 1); RTA_OK(a, len);
+         a = RTA_NEXT(a, len)) {
+      if (a->rta_type != UNIX_DIAG_VFS) continue;
+      const auto* vfs = static_cast<const unix_diag_vfs*>(RTA_DATA(a));
+      // The kernel's own dev_t: major in the high 12 bits, minor in the low 20.
+      const dev_t vfs_dev = makedev(vfs->udiag_vfs_dev >> 20, vfs->udiag_vfs_dev & 0xfffff);
+      if (vfs->udiag_vfs_ino == ino && vfs_dev == dev) return SocketListener::kListening;
+    }
+  }
+  *done = false;
+  return SocketListener::kNotListening;
+}
+
+inline SocketListener SocketListenerAt(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return SocketListener::kUnknown;
+  const int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (fd < 0) return SocketListener::kUnknown;
+  struct {
+    nlmsghdr header;
+    unix_diag_req request;
+  } dump{};
+  dump.header.nlmsg_len = sizeof(dump);
+  dump.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  dump.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+  dump.request.sdiag_family = AF_UNIX;
+  dump.request.udiag_states = 1u << 10;  // TCP_LISTEN: listening sockets only
+  dump.request.udiag_show = UDIAG_SHOW_VFS;
+  SocketListener result = SocketListener::kUnknown;
+  if (send(fd, &dump, sizeof(dump), 0) == static_cast<ssize_t>(sizeof(dump))) {
+    alignas(nlmsghdr) char buf[32768];
+    bool done = false;
+    while (!done) {
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) {
+        result = SocketListener::kUnknown;
+        break;
+      }
+      result = ScanUnixDiagReply(buf, n, st.st_dev, st.st_ino, &done);
+      if (result == SocketListener::kListening) break;  // the rest of the dump is not read
+    }
+  }
+  close(fd);
+  return result;
+}
+
+// "name (uid N)", or "uid N" for a uid without a name here.
+inline std::string UserText(uid_t uid) {
+  passwd pw;
+  passwd* found = nullptr;
+  char buf[4096];
+  if (getpwuid_r(uid, &pw, buf, sizeof(buf), &found) == 0 && found != nullptr) {
+    return std::string(found->pw_name) + " (uid " + std::to_string(uid) + ")";
+  }
+  return "uid " + std::to_string(uid);
+}
+
+// This process as file permissions see it: its effective uid and its groups (the effective gid
+// and the supplementary ones).
+struct ProcessCredentials {
+  uid_t uid;
+  std::vector<gid_t> groups;
+};
+
+inline ProcessCredentials CurrentCredentials() {
+  ProcessCredentials c{geteuid(), {getegid()}};
+  const int n = getgroups(0, nullptr);
+  if (n > 0) {
+    std::vector<gid_t> extra(static_cast<size_t>(n));
+    const int got = getgroups(n, extra.data());
+    for (int i = 0; i < got; ++i) {
+      if (extra[i] != c.groups[0]) c.groups.push_back(extra[i]);
+    }
+  }
+  return c;
+}
+
+// "uid N, groups a,b".
+inline std::string CredentialsText(const ProcessCredentials& c) {
+  std::string text = "uid " + std::to_string(c.uid) + ", groups ";
+  for (size_t i = 0; i < c.groups.size(); ++i) {
+    text += (i ? "," : "") + std::to_string(c.groups[i]);
+  }
+  return text;
+}
+
+// The remedy once a socket's mode admits no group this user could join: the daemon's socket
+// mode and group, or running as a user the mode admits (`admitted_user`: "root" or its owner).
+inline std::string SocketModeRemedy(const std::string& admitted_user) {
+  return "Ask its administrator to give the daemon's socket group read/write permission and a "
+         "group of its own (socket_mode: 0660 and socket_group: offloadd in the config, or "
+         "--socket_mode=0660 --socket_group=offloadd; SocketMode=0660 and SocketGroup=offloadd "
+         "in offloadd.socket under socket activation), restart the daemon, and add this user "
+         "to that group (usermod -aG offloadd USER, then log in again); or run this as " +
+         admitted_user;
+}
+
+// Who a mode lets connect (`verb`) when its group's bits do not: "only its owner, X, may
+// connect", "no user but root may connect", or, where the others' bits do, "its group may not".
+inline std::string AdmittedByMode(const struct stat& st, mode_t owner_bit, mode_t other_bit,
+                                  const std::string& verb) {
+  if (st.st_mode & other_bit) return "its group may not " + verb + " (other users may)";
+  if (st.st_mode & owner_bit) return "only its owner, " + UserText(st.st_uid) + ", may " + verb;
+  return "no user but root may " + verb;
+}
+
+// Why the mode of `denying` (the socket when `is_socket`, else a directory on the way) shuts out
+// a process with credentials `c`, following the kernel's rule: the owner's bits for its owner,
+// else the group's for a member of its group, else the others'. Connecting needs write
+// permission on the socket (socket_mode gives read/write), passing a directory search (x).
+// A clause without its remedy (ModeDenialRemedy); "" when the mode is not the reason to name:
+// the group's bits admit, and this process is not in the group (the remedy is joining it;
+// PermissionDeniedReason), or its class has the permission.
+// `group` is the file's group as GroupText writes it.
+inline std::string ModeDenialReasonFor(const struct stat& st, bool is_socket,
+                                       const std::string& group, const ProcessCredentials& c) {
+  const mode_t owner_bit = is_socket ? S_IWUSR : S_IXUSR;
+  const mode_t group_bit = is_socket ? S_IWGRP : S_IXGRP;
+  const mode_t other_bit = is_socket ? S_IWOTH : S_IXOTH;
+  const std::string perm = is_socket ? "read/write" : "search (x)";
+  const std::string verb = is_socket ? "connect" : "search it";
+  const bool owner_may = (st.st_mode & owner_bit) != 0;
+  bool in_group = false;
+  for (gid_t g : c.groups) in_group = in_group || g == st.st_gid;
+  std::string reason;
+  if (c.uid == st.st_uid) {
+    if (owner_may) return "";
+    reason = "its mode gives its owner, this process's user " + UserText(c.uid) +
+             ", no " + perm + " permission";
+  } else if (in_group) {
+    if (st.st_mode & group_bit) return "";
+    reason = "its mode gives its group " + group + ", which this process (" +
+             CredentialsText(c) + ") is in, no " + perm + " permission: " +
+             AdmittedByMode(st, owner_bit, other_bit, verb);
+  } else {
+    if (st.st_mode & (group_bit | other_bit)) return "";
+    reason = "its mode gives neither its group " + group + " nor other users " +
+             perm + " permission: " + AdmittedByMode(st, owner_bit, other_bit, verb) +
+             ", and this process is " + CredentialsText(c);
+  }
+  return reason;
+}
+
+// The remedy after ModeDenialReasonFor: for the socket, its mode and group (SocketModeRemedy);
+// for a directory, search permission for a group this user is in.
+inline std::string ModeDenialRemedy(const struct stat& st, bool is_socket) {
+  if (!is_socket) {
+    return "Ask its administrator to let this user search it (a group this user is in, with "
+           "g+x), or to give the daemon a socket_path in a directory this user may search";
+  }
+  return SocketModeRemedy((st.st_mode & S_IWUSR) ? UserText(st.st_uid) : "root");
+}
+
+// The sentence for a socket file whose permission shuts this process out and on which
+// SocketListenerAt finds no listener: the daemon may be gone, which its permission hides.
+inline std::string NoListenerNote() {
+  return "No daemon listens on it in this network namespace: unless offloadd runs in another "
+         "container, it has exited and left this socket file behind; start it again (e.g. "
+         "systemctl restart offloadd). ";
+}
+
 // "name (gid N)", or "gid N" for a gid without a name here.
 inline std::string GroupText(gid_t gid) {
   group grp;
@@ -101,11 +286,13 @@ inline bool IsSharedSystemGid(const std::string& gid) { return gid == "0" || gid
 // its name or gid, `gid` its gid as text; "GROUP" / "its gid" when unknown). Group root (gid 0)
 // and nogroup (gid 65534, a daemon run as nobody) are never ones to add users to
 // (IsSharedSystemGid): then the daemon's socket needs a dedicated group first, set by
-// socket_group (config or --socket_group) and a restart.
+// socket_group (config or --socket_group) and a restart. `daemon_listening` false
+// (SocketListenerAt found no listener): no claim that the daemon is fine.
 inline std::string JoinGroupRemedy(const std::string& group_name, const std::string& usermod_group,
-                                   const std::string& gid) {
+                                   const std::string& gid, bool daemon_listening = true) {
   if (IsSharedSystemGid(gid)) {
-    return "The daemon is fine, but its group is " + group_name + ", and users must not be "
+    return std::string(daemon_listening ? "The daemon is fine, but its" : "Its") +
+           " group is " + group_name + ", and users must not be "
            "added to group " + usermod_group + ". Ask its administrator to create a dedicated "
            "group (groupadd offloadd), set the daemon's socket group to it (socket_group: "
            "offloadd in the config, or --socket_group=offloadd; SocketGroup=offloadd in "
@@ -113,7 +300,8 @@ inline std::string JoinGroupRemedy(const std::string& group_name, const std::str
            "that group (usermod -aG offloadd USER, then log in again), or in Kubernetes add that "
            "group's gid to the pod's securityContext.supplementalGroups";
   }
-  return "The daemon is fine; do not restart it. Ask its administrator to add this user to "
+  return std::string(daemon_listening ? "The daemon is fine; do not restart it. " : "") +
+         "Ask its administrator to add this user to "
          "group " + group_name + " (usermod -aG " + usermod_group + " USER, then log in again), "
          "or in Kubernetes add " + gid + " to the pod's securityContext.supplementalGroups";
 }
@@ -121,7 +309,9 @@ inline std::string JoinGroupRemedy(const std::string& group_name, const std::str
 // Why connect() to `path` is refused with EACCES/EPERM: which file shuts this process out (the
 // socket, or a directory on the way that it may not search), its group and mode, who this
 // process is, and the remedy (JoinGroupRemedy: join the group; never a restart unless the group
-// is root).
+// is root). Where the mode admits no group this user could join (owner-only, or a group without
+// the permission), the mode's words and remedy instead (ModeDenialReasonFor); on a socket
+// nobody listens on (SocketListenerAt), that first (NoListenerNote) and no "the daemon is fine".
 inline std::string PermissionDeniedReason(const std::string& path) {
   // The first directory from the root that this process may not search, else the socket.
   std::string denying = path, kind = "the socket";
@@ -149,9 +339,23 @@ inline std::string PermissionDeniedReason(const std::string& path) {
     const bool named = getgrgid_r(st.st_gid, &grp, buf, sizeof(buf), &found) == 0 && found;
     usermod_group = named ? std::string(found->gr_name) : gid;  // usermod takes either
   }
-  return "permission denied: " + what + " admits only its group, and this process (uid " +
-         std::to_string(geteuid()) + ") is not in it. " +
-         JoinGroupRemedy(group_name, usermod_group, gid);
+  // The mode's own words where it admits no group this user could join (ModeDenialReasonFor),
+  // and no claim that the daemon is fine while no daemon listens on the socket.
+  const bool is_socket = kind == "the socket";
+  const bool listening = !is_socket || SocketListenerAt(path) != SocketListener::kNotListening;
+  const std::string note = listening ? "" : NoListenerNote();
+  const ProcessCredentials creds = CurrentCredentials();
+  if (stat(denying.c_str(), &st) == 0) {
+    const std::string by_mode =
+        ModeDenialReasonFor(st, is_socket, GroupText(st.st_gid), creds);
+    if (!by_mode.empty()) {
+      return "permission denied: " + what + ": " + by_mode + ". " + note +
+             ModeDenialRemedy(st, is_socket);
+    }
+  }
+  return "permission denied: " + what + " admits only its group, and this process (" +
+         CredentialsText(creds) + ") is not in it. " + note +
+         JoinGroupRemedy(group_name, usermod_group, gid, listening);
 }
 
 // Why no daemon answered at `path`, from ProbeUnixSocket's result: a clause for an error

@@ -1,8 +1,13 @@
 #include "client/socket_path.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -126,6 +131,93 @@ TEST(UnreachableSocketReasonTest, SocketInGroupRootNamesSocketGroupNotRoot) {
   EXPECT_EQ(why.find("usermod -aG 0 "), std::string::npos) << why;
   EXPECT_NE(why.find("--socket_group=offloadd"), std::string::npos) << why;
   unlink(sock.c_str());
+  rmdir(tmpl);
+}
+
+}  // namespace
+}  // namespace offloadd::client
+
+namespace offloadd::client {
+namespace {
+
+struct stat ModeOf(mode_t mode, uid_t owner, gid_t group, bool socket = true) {
+  struct stat st {};
+  st.st_mode = (socket ? S_IFSOCK : S_IFDIR) | mode;
+  st.st_uid = owner;
+  st.st_gid = group;
+  return st;
+}
+
+// The mode's own words: an owner-only socket names its owner, not "admits only its group", and
+// says so whether or not this process is in the socket's group.
+TEST(ModeDenialReasonTest, OwnerOnlySocketNamesItsOwner) {
+  const ProcessCredentials in_group{65534, {0}}, outside{65534, {65534}};
+  const std::string member =
+      ModeDenialReasonFor(ModeOf(0600, 0, 0), true, "root (gid 0)", in_group);
+  EXPECT_EQ(member,
+            "its mode gives its group root (gid 0), which this process (uid 65534, groups 0) is "
+            "in, no read/write permission: only its owner, " + UserText(0) + ", may connect");
+  const std::string other =
+      ModeDenialReasonFor(ModeOf(0600, 0, 0), true, "root (gid 0)", outside);
+  EXPECT_EQ(other,
+            "its mode gives neither its group root (gid 0) nor other users read/write permission: "
+            "only its owner, " + UserText(0) + ", may connect, and this process is uid 65534, "
+            "groups 65534");
+  // 0000 admits no user but root; 0755 gives its group r-x, no write.
+  EXPECT_NE(ModeDenialReasonFor(ModeOf(0000, 0, 0), true, "g", outside)
+                .find("no user but root may connect"), std::string::npos);
+  EXPECT_NE(ModeDenialReasonFor(ModeOf(0755, 0, 0), true, "g", in_group)
+                .find("is in, no read/write permission: only its owner"), std::string::npos);
+  // The remedy is the daemon's socket mode and group, or running as the owner (root for 0000).
+  const std::string remedy = ModeDenialRemedy(ModeOf(0600, 0, 0), true);
+  EXPECT_NE(remedy.find("--socket_mode=0660 --socket_group=offloadd"), std::string::npos);
+  EXPECT_NE(remedy.find("or run this as " + UserText(0)), std::string::npos) << remedy;
+  EXPECT_NE(ModeDenialRemedy(ModeOf(0000, 1000, 0), true).find("or run this as root"),
+            std::string::npos);
+}
+
+// Where the group's bits would admit this process, or its class has the permission, the mode is
+// not the reason: "" (PermissionDeniedReason then names the group to join).
+TEST(ModeDenialReasonTest, GroupThatAdmitsIsNotAModeProblem) {
+  const ProcessCredentials outside{65534, {65534}}, member{1000, {1000, 2000}};
+  EXPECT_EQ(ModeDenialReasonFor(ModeOf(0660, 0, 2000), true, "g", outside), "");
+  EXPECT_EQ(ModeDenialReasonFor(ModeOf(0660, 0, 2000), true, "g", member), "");
+  EXPECT_EQ(ModeDenialReasonFor(ModeOf(0600, 1000, 2000), true, "g", member), "");
+  // A directory needs search (x): 0700 shuts its group out, 0750 admits it.
+  EXPECT_NE(ModeDenialReasonFor(ModeOf(0700, 0, 2000, false), false, "g", member)
+                .find("no search (x) permission: only its owner"), std::string::npos);
+  EXPECT_EQ(ModeDenialReasonFor(ModeOf(0750, 0, 2000, false), false, "g", member), "");
+}
+
+// A socket file with no listener behind it is told from a live one by the kernel's socket
+// diagnostics, and the permission message then says no daemon listens instead of "the daemon
+// is fine".
+TEST(SocketListenerTest, StaleSocketFileIsNotListening) {
+  char tmpl[] = "/tmp/ofd-listener-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/d.sock";
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  ASSERT_EQ(chmod(path.c_str(), 0660), 0);
+  EXPECT_EQ(SocketListenerAt(path), SocketListener::kListening);
+  close(fd);  // the file stays: a daemon killed before it could unlink its socket
+  EXPECT_EQ(SocketListenerAt(path), SocketListener::kNotListening);
+  EXPECT_EQ(ProbeUnixSocket(path), ECONNREFUSED);
+  const std::string why = UnreachableSocketReason(path, EACCES);
+  EXPECT_EQ(why.find("daemon is fine"), std::string::npos) << why;
+  EXPECT_EQ(why.find("do not restart it"), std::string::npos) << why;
+  EXPECT_NE(why.find("No daemon listens on it"), std::string::npos) << why;
+  EXPECT_EQ(SocketListenerAt(std::string(tmpl)), SocketListener::kUnknown);  // not a socket
+  EXPECT_EQ(JoinGroupRemedy("offloadd (gid 2000)", "offloadd", "2000", false)
+                .find("daemon is fine"), std::string::npos);
+  EXPECT_EQ(JoinGroupRemedy("root (gid 0)", "root", "0", false).find("daemon is fine"),
+            std::string::npos);
+  unlink(path.c_str());
   rmdir(tmpl);
 }
 

@@ -64,6 +64,12 @@ int Usage(bool help = false) {
   return help ? 0 : 2;
 }
 
+// An empty --socket is refused rather than read as "the default path": a script whose variable
+// came out empty would otherwise talk to whatever daemon the default finds.
+constexpr const char* kEmptySocket =
+    "--socket needs a path, not an empty one (leave --socket out to use $OFFLOADD_SOCKET or the "
+    "default path)";
+
 // Prints `problem` and the usage; returns the usage exit code.
 int UsageError(const std::string& problem) {
   std::cerr << "offloadctl: " << problem << "\n";
@@ -273,8 +279,10 @@ int main(int argc, char** argv) {
     if (a == "--socket") {
       if (i + 1 >= argc) return UsageError("--socket needs a path");
       socket = argv[++i];
+      if (socket.empty()) return UsageError(kEmptySocket);
     } else if (a.rfind("--socket=", 0) == 0) {
       socket = a.substr(9);
+      if (socket.empty()) return UsageError(kEmptySocket);
     } else if (a == "--help" || a == "-h" || a == "help") {
       return Usage(/*help=*/true);
     } else if (a == "--version") {

@@ -48,6 +48,16 @@ absl::Status CheckSocketPresent(const std::string& path) {
     return absl::PermissionDeniedError(absl::StrFormat(
         "cannot reach unix:%s: %s", path, client::PermissionDeniedReason(path)));
   }
+  // A socket file nobody listens on (a daemon that exited) refuses the connect at once: say so
+  // rather than leave gRPC's "failed to connect to all addresses ... Connection refused".
+  if (client::ProbeUnixSocket(path) == ECONNREFUSED) {
+    return absl::UnavailableError(absl::StrFormat(
+        "no offloadd listens at unix:%s: the socket file exists but no daemon listens on it (the "
+        "socket of a daemon that exited); start or restart offloadd (e.g. systemctl restart "
+        "offloadd), or point offloadctl at a running daemon's socket (--socket PATH or "
+        "$OFFLOADD_SOCKET)",
+        path));
+  }
   return absl::OkStatus();
 }
 

@@ -15,9 +15,11 @@ namespace offloadd::cli {
 // `flag_value` when not empty, else $OFFLOADD_SOCKET, else client::DefaultSocketPath().
 std::string ResolveSocket(const std::string& flag_value);
 
-// OK when `path` exists and is a socket. Else UNAVAILABLE (nothing there), FAILED_PRECONDITION
-// (something that is not a socket) or PERMISSION_DENIED (a directory on the way cannot be
-// searched), each naming the path, the errno text where there is one, and what to do.
+// OK when `path` exists and is a socket a daemon listens on. Else UNAVAILABLE (nothing there, or
+// a socket file no daemon listens on), FAILED_PRECONDITION (something that is not a socket) or
+// PERMISSION_DENIED (a directory on the way cannot be searched, or the socket's mode shuts this
+// user out: client::PermissionDeniedReason), each naming the path, the errno text where there
+// is one, and what to do. Connects once (and closes) to tell a listening daemon from none.
 absl::Status CheckSocketPresent(const std::string& path);
 
 // A stub on unix:`path` (no session is opened; GetStats answers without one).

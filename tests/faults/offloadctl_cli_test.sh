@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# offloadctl as a new user meets it: every unknown command, option or argument is named and
-# refused with exit 2; a socket path with nothing there fails with exit 1 and the advice, before
-# any connect timeout; against a real daemon, `topo` on a fresh daemon says why it shows no
-# links, `stats` and `sessions` list the same sessions, `sessions --json` holds only session
-# fields, and `bench` leaves no link behind (its sessions say transient_device).
+# offloadctl as a new user meets it: every unknown command, option or argument (and an empty
+# --socket) is named and refused with exit 2; a socket path with nothing there, or a socket file
+# no daemon listens on, fails with exit 1 and the advice, before any connect timeout; a socket
+# this user may not open is explained by its mode; against a real daemon, `topo` on a fresh
+# daemon says why it shows no links, `stats` and `sessions` list the same sessions,
+# `sessions --json` holds only session fields, and `bench` leaves no link behind (its sessions
+# say transient_device).
 set -uo pipefail
 R=${TEST_SRCDIR:-.}/offloadd
 OFFLOADD=$R/server/offloadd
@@ -64,6 +66,22 @@ for cmd in stats health topo sessions bench "end-session 3"; do
   grep -q "OFFLOADD_SOCKET" "$dir/err" || fail "missing_socket_$cmd: no advice: $(cat "$dir/err")"
 done
 OFFLOADD_SOCKET=$sock expect missing_socket_from_env 1 "no offloadd socket at unix:$sock" stats
+# An empty --socket is refused, not read as the default path.
+expect socket_empty 2 "--socket needs a path, not an empty one" --socket "" stats
+expect socket_empty_equals 2 "--socket needs a path, not an empty one" --socket= health
+
+# A socket file nobody listens on (its daemon exited without removing it): exit 1 saying so, not
+# gRPC's "failed to connect to all addresses ... Connection refused".
+stale=$dir/stale.sock
+/usr/bin/python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$stale"
+for cmd in stats health topo sessions; do
+  expect "stale_socket_$cmd" 1 \
+    "no offloadd listens at unix:$stale: the socket file exists but no daemon listens on it" \
+    --socket "$stale" $cmd
+  grep -q "restart offloadd" "$dir/err" || fail "stale_socket_$cmd: no advice: $(cat "$dir/err")"
+  ! grep -q "failed to connect" "$dir/err" ||
+    fail "stale_socket_$cmd: gRPC's text: $(cat "$dir/err")"
+done
 
 chmod 0755 "$dir"
 "$OFFLOADD" --socket_path="$sock" --pool_bytes=64MiB --metrics_address= >"$dir/daemon.log" 2>&1 &
@@ -87,9 +105,42 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null &&
   else
     fail "socket_not_admitting_this_user: exit $rc, stderr: $(cat "$dir/err")"
   fi
+  # The mode decides the words: 0600 and 0755 admit only the owner even to a member of the
+  # socket's group (gid 0 here), 0000 no one but root; none of them is "admits only its group".
+  # expect_as_nobody NAME MODE REGID WANTED...: stats as uid 65534 on $sock chmod'ed to MODE.
+  expect_as_nobody() {
+    local name=$1 mode=$2 regid=$3; shift 3
+    chmod "$mode" "$sock"
+    setpriv --reuid=65534 --regid="$regid" --clear-groups "$dir/offloadctl" --socket "$sock" \
+      stats >"$dir/out" 2>"$dir/err" </dev/null
+    local rc=$? want ok=1
+    for want in "$@"; do grep -qF -- "$want" "$dir/err" || ok=0; done
+    grep -qF "admits only its group" "$dir/err" && ok=0
+    if [ "$rc" -eq 1 ] && [ "$ok" -eq 1 ]; then echo "PASS $name"; else
+      fail "$name: exit $rc, stderr: $(cat "$dir/err")"; fi
+  }
+  expect_as_nobody owner_only_socket_group_member 0600 0 \
+    "gives its group root (gid 0), which this process (uid 65534, groups 0) is in, no read/write" \
+    "only its owner, root (uid 0), may connect" "--socket_mode=0660 --socket_group=offloadd"
+  expect_as_nobody owner_only_socket_outsider 0600 65534 \
+    "gives neither its group root (gid 0) nor other users read/write permission: only its owner"
+  expect_as_nobody group_without_write 0755 0 "is in, no read/write permission: only its owner"
+  expect_as_nobody socket_mode_0000 0000 0 "no user but root may connect" "or run this as root"
+  chmod 0660 "$sock"
+  # A stale socket this user may not open: no daemon listens, so never "the daemon is fine".
+  chmod 0660 "$stale"
+  setpriv --reuid=65534 --regid=65534 --clear-groups "$dir/offloadctl" --socket "$stale" stats \
+    >"$dir/out" 2>"$dir/err" </dev/null
+  rc=$?
+  if [ "$rc" -eq 1 ] && grep -qF "No daemon listens on it" "$dir/err" &&
+      ! grep -qiF "the daemon is fine" "$dir/err"; then
+    echo "PASS stale_socket_not_admitting_this_user"
+  else
+    fail "stale_socket_not_admitting_this_user: exit $rc, stderr: $(cat "$dir/err")"
+  fi
 else
-  echo "SKIP socket_not_admitting_this_user: needs root, setpriv and uid 65534 to run as" \
-    "another user"
+  echo "SKIP socket_not_admitting_this_user and the socket mode checks: needs root, setpriv" \
+    "and uid 65534 to run as another user"
 fi
 
 out=$("$CTL" --socket "$sock" topo)
