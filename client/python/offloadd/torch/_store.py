@@ -889,11 +889,37 @@ class Store:
         with self._lock:
             return sum(1 for r in self._order if r() is not None)
 
+    def _after_fork_in_child(self):
+        """In a forked child: the parent's step is not the child's. Forgets what the store keeps
+        per step -- the de-duplication table (a tensor the parent saved would otherwise get the
+        parent's handle), the handles waiting to be offloaded and the order prefetch walks --
+        so the child neither matches, offloads nor prefetches a handle of its parent; a parent
+        handle the child unpacks still raises FAILED_PRECONDITION (_inherited). The locks are
+        new: a parent thread may have held them at the fork."""
+        self._lock = threading.RLock()
+        self._reloaded = threading.Condition(self._lock)
+        self._thread = threading.local()
+        self._open_steps = set()
+        self._pending.clear()
+        self._order = collections.deque()
+        self._base_seq = self._next_seq
+        self._async_error = None
+        self._unpacking = False
+        self._end_step()
+
 
 
 # After _endpoint's close_all was registered (it is imported above): handlers run last-in
 # first-out, so every store's step ends before the endpoints send their last reports.
 atexit.register(finish_steps)
+
+
+def _stores_after_fork_in_child():
+    for store in list(_STORES):
+        store._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_stores_after_fork_in_child)
 
 
 def _inherited(s):
