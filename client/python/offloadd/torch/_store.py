@@ -353,7 +353,8 @@ class Store:
         full = _endpoint.full_reason(ep)  # refused for room lately: do not wait its deadline
         if full is not None:
             return self._fallback(s, "offloadd refused a tensor (%s); no offloads to it for "
-                                  "%g s (retry_seconds)" % (full, self.retry_seconds))
+                                  "%g s (retry_seconds)" % (full, self.retry_seconds),
+                                  errors.RESOURCE_EXHAUSTED)
         t0 = time.monotonic()
         try:
             # The ordering hint: backward reloads a step's blocks in reverse of position, so the
@@ -374,14 +375,14 @@ class Store:
             # daemon whose staging room or pool stays full).
             silent = isinstance(e, errors.DaemonUnresponsive) or (
                 isinstance(e, TimeoutError) and ep.client.silent_seconds() >= elapsed)
-            why = str(e.with_traceback(None))
+            why, code = str(e.with_traceback(None)), getattr(e, "code", errors.UNAVAILABLE)
             e = None
             if silent:
                 self._stall_left = 0.0
                 self._abandon(ep, why)
             elif not ep.alive:
                 _endpoint.mark_broken(ep, why, self.retry_seconds)
-            return self._fallback(s, "offloadd could not take a tensor (%s)" % why)
+            return self._fallback(s, "offloadd could not take a tensor (%s)" % why, code)
         with self._lock:  # the op holds what the transport still needs (a CUDA source tensor)
             s.ep, s.op, s.state, s.tensor = ep, op, OFFLOADING, None
         wref = weakref.ref(s)
@@ -574,9 +575,11 @@ class Store:
         for step in due:
             self._count_idle(step)
 
-    def _fallback(self, s, reason):
+    def _fallback(self, s, reason, code=errors.UNAVAILABLE):
+        """Keeps ``s`` in process; with strict, raises OffloaddError ``code`` instead (the
+        refusal's own code: RESOURCE_EXHAUSTED while a full daemon's back-off lasts)."""
         if self.strict:
-            raise errors.OffloaddError(errors.UNAVAILABLE, reason + " (strict=True)")
+            raise errors.OffloaddError(code, reason + " (strict=True)")
         t = s.tensor
         if t.device.type == "cuda" and s.pin:
             t = HostCopy(t, True).host
