@@ -690,7 +690,8 @@ class Client:
         waits), steps that sent nothing (idle steps). Sending the same totals again is harmless.
         Future of ``ClientReportAck``; OffloaddError INVALID_ARGUMENT when a count is lower than
         this session's previous report, the seconds are negative, not finite, above 1e12 or
-        above the session's age + 1 s, or a count is above 1e6 per second of that age,
+        above the session's age + 1 s (waits of several threads at once can sum to more:
+        send at most the age, the rest later), or a count is above 1e6 per second of that age,
         CANCELLED or the session's failure once the client is closed or dead, and
         INVALID_ARGUMENT "unknown request kind" from a daemon older than the report."""
         return self._submit(pb.Request(client_report=pb.ClientReport(
