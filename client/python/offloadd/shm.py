@@ -12,8 +12,8 @@ and mode 0600 (or, for a daemon running as another uid, 0660 and a group the dae
 daemon has registered it (nothing is left in /dev/shm if the process dies) -- unless the arena
 keeps names (``keep_names``, for a client that re-registers its regions with a restarted daemon:
 a name is the only way the daemon can map the object again); then the names go with
-:meth:`ShmRegion.close`, and those of a process that died without closing are removed by the next
-arena that keeps names (:func:`sweep_stale`). We do not use
+:meth:`ShmRegion.close` or at the process's exit (also when an arena was never closed), and those
+of a killed process are removed by the next arena (:func:`sweep_stale`). We do not use
 ``multiprocessing.shared_memory``: its resource tracker would unlink the object behind us.
 
 :class:`StagingArena` sub-allocates registered regions first-fit with coalescing, 64-byte
@@ -23,6 +23,7 @@ for frees. Thread-safe. Growth calls ``register`` (a blocking round trip): never
 on the client's reader thread (future callbacks); ``free`` is safe anywhere.
 """
 
+import atexit
 import grp
 import itertools
 import mmap
@@ -35,6 +36,22 @@ from . import errors
 
 ALIGN_BYTES = 64
 _names = itertools.count()
+# Paths of the objects this process created and has not unlinked: removed at exit (an arena
+# whose daemon died is never closed); a forked child's set starts empty (its parent's names).
+_linked = set()
+
+
+def _unlink_linked_at_exit():
+    for path in list(_linked):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    _linked.clear()
+
+
+atexit.register(_unlink_linked_at_exit)
+os.register_at_fork(after_in_child=_linked.clear)
 
 
 def _round_up(n, k):
@@ -113,6 +130,7 @@ class ShmRegion:
         self.path = "/dev/shm" + self.name
         self.region_id = None
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        _linked.add(self.path)
         try:
             if gid is not None:
                 os.fchown(fd, -1, gid)
@@ -134,6 +152,7 @@ class ShmRegion:
 
     def unlink(self):
         """Removes the name (the mapping stays valid). Idempotent."""
+        _linked.discard(self.path)
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -204,7 +223,9 @@ class Slot:
 
 
 class StagingArena:
-    """First-fit sub-allocator over registered shared-memory regions.
+    """First-fit sub-allocator over registered shared-memory regions. Each arena first removes
+    the names that killed processes left (:func:`sweep_stale`); a process's own names go with
+    close() or at its exit.
 
     Args:
       register: ``callable(shm_name, size_bytes) -> region_id`` (e.g. Client.register_shm).
@@ -213,7 +234,7 @@ class StagingArena:
       unregister: optional ``callable(region_id)`` used by close().
       keep_names: keep each region's name until close() and pass ``relink=region.relink`` to
         ``register`` (Client.register_shm), so a client can register the regions again with a
-        restarted daemon; sweeps the names dead processes left (:func:`sweep_stale`).
+        restarted daemon.
       access: ``(mode, gid)`` of the regions (:func:`shm_access`; Client.shm_mode/shm_gid).
     """
 
@@ -222,8 +243,7 @@ class StagingArena:
         self._register = register
         self._access = access
         self._keep_names = keep_names
-        if keep_names:
-            sweep_stale()
+        sweep_stale()  # names of killed processes (a name is kept until registered, at least)
         self._unregister = unregister
         self.grow_bytes = int(grow_bytes)
         self.max_bytes = int(max_bytes)

@@ -1,10 +1,12 @@
 """offloadd.shm: shared-memory regions and the staging sub-allocator (no daemon needed)."""
 
 import os
+import subprocess
+import sys
 import threading
 import unittest
 
-import daemon_fixture  # noqa: F401  (sys.path)
+from daemon_fixture import PY_ROOT
 
 from offloadd import errors
 from offloadd.shm import (ALIGN_BYTES, ShmRegion, StagingArena, pid_namespace_id, shm_access,
@@ -62,6 +64,36 @@ class SweepStaleTest(unittest.TestCase):
         r = ShmRegion(4096, prefix=prefix)
         self.addCleanup(r.close)
         self.assertTrue(r.name.startswith("/%s-%d-%d-" % (prefix, os.getpid(), ns)), r.name)
+
+
+class NamesLeftByAProcessTest(unittest.TestCase):
+    """A process's kept names go at its normal exit (an arena whose daemon died is never
+    closed); a killed process's names go with the next arena, keeping names or not."""
+
+    CHILD = ("import os, signal; from offloadd.shm import ShmRegion; r = ShmRegion(4096); "
+             "print(r.path, flush=True); %s")
+
+    def child_name(self, ending):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [PY_ROOT, os.environ.get("PYTHONPATH", "")]))
+        r = subprocess.run([sys.executable, "-c", self.CHILD % ending], env=env,
+                           capture_output=True, text=True, timeout=120)
+        path = r.stdout.split()[0]
+        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+        return r.returncode, path
+
+    def test_a_normal_exit_removes_the_names(self):
+        rc, path = self.child_name("raise SystemExit(3)")
+        self.assertEqual(rc, 3)
+        self.assertFalse(os.path.exists(path))
+
+    def test_a_killed_process_names_go_with_the_next_arena(self):
+        rc, path = self.child_name("os.kill(os.getpid(), signal.SIGTERM)")
+        self.assertEqual(rc, -15)
+        self.assertTrue(os.path.exists(path))
+        arena = StagingArena(FakeRegistrar().register)  # not keeping names
+        self.assertFalse(os.path.exists(path))
+        arena.close()
 
 
 class ShmAccessTest(unittest.TestCase):
