@@ -264,13 +264,16 @@ class StagingArena:
         """A Slot of at least ``nbytes`` (> 0). Grows when no region has room.
 
         Raises TimeoutError when ``max_bytes`` is reached and nothing was freed within
-        ``timeout`` seconds (None waits forever); what ``abort()`` returns when, checked every
+        ``timeout`` seconds (None waits forever), at once when ``timeout`` is 0 and no region
+        has room (never grows: a registration waits for the daemon); what ``abort()`` returns when, checked every
         0.25 s of such a wait, it returns an exception (a daemon that stopped answering);
         ``pump(seconds)``, when given, is called (without the arena's lock) instead of waiting
         for a free: it waits up to ``seconds`` for answers that free slots, and returns False
         when it had nothing to wait for (the arena then waits as without it);
         OSError / the register callable's errors when a new region cannot be created or
-        registered (a registration gets ``timeout`` too, where the callable takes one).
+        registered (a registration gets ``timeout`` too, where the callable takes one; when its
+        error carries the request's Future as ``answer``, the new region's name is kept until
+        that resolves, so that the daemon does not find it gone).
         """
         size = _round_up(max(int(nbytes), 1), ALIGN_BYTES)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -279,6 +282,11 @@ class StagingArena:
                 slot = self._take(size, nbytes)
                 if slot is not None:
                     return slot
+                if timeout is not None and timeout <= 0:
+                    raise TimeoutError(
+                        "no staging room for %d bytes (%d of %d bytes in use) and an alloc "
+                        "that may not wait does not grow the arena (a registration waits for "
+                        "the daemon)" % (size, self.used_bytes, self.capacity_bytes))
                 room = self.capacity_bytes + max(size, self.grow_bytes) <= self.max_bytes
                 if not self._growing and (room or not self._regions):
                     self._growing = True
@@ -310,13 +318,17 @@ class StagingArena:
             region = ShmRegion(_round_up(max(size, self.grow_bytes), 1 << 20),
                                mode=self._access[0], gid=self._access[1])
             if self._keep_names:
-                region.region_id = self._register(region.name, region.size_bytes,
-                                                  relink=region.relink, **kw)
-            else:
-                try:
-                    region.region_id = self._register(region.name, region.size_bytes, **kw)
-                finally:
-                    region.unlink()  # the daemon has mapped it (or failed): name not needed
+                kw["relink"] = region.relink
+            try:
+                region.region_id = self._register(region.name, region.size_bytes, **kw)
+            except BaseException as e:
+                answer = getattr(e, "answer", None)  # a wait that ended before the answer
+                if answer is not None:  # the daemon may still open the name: keep it till then
+                    doomed, region = region, None
+                    answer.add_done_callback(lambda _: doomed.close())
+                raise
+            if not self._keep_names:
+                region.unlink()  # the daemon has mapped it: the name is not needed
         except BaseException:
             if region is not None:
                 region.close()

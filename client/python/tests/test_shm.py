@@ -1,5 +1,6 @@
 """offloadd.shm: shared-memory regions and the staging sub-allocator (no daemon needed)."""
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -164,6 +165,33 @@ class StagingArenaTest(unittest.TestCase):
         self.assertEqual(slot.region_id, 101)
         self.assertEqual((slot.offset, slot.nbytes, slot.size), (0, 1000, 1024))
         self.assertFalse(os.path.exists(slot.region.path), "name unlinked after registering")
+
+    def test_an_alloc_that_may_not_wait_never_grows(self):
+        with self.assertRaises(TimeoutError):
+            self.arena.alloc(1000, timeout=0)
+        self.assertEqual((self.arena.regions, self.reg.registered), (0, []))
+        self.arena.free(self.arena.alloc(1000))  # grows
+        slot = self.arena.alloc(1000, timeout=0)  # room in the region: no wait needed
+        self.assertEqual((self.arena.regions, len(self.reg.registered)), (1, 1))
+        self.arena.free(slot)
+
+    def test_a_registration_still_queued_keeps_the_name_until_its_answer(self):
+        answer, names = concurrent.futures.Future(), []
+
+        def register(name, size, timeout=None):
+            names.append(name)
+            e = TimeoutError("no answer within %s s" % timeout)
+            e.answer = answer
+            raise e
+
+        arena = StagingArena(register, grow_bytes=1 << 20, max_bytes=4 << 20)
+        with self.assertRaises(TimeoutError):
+            arena.alloc(1000, timeout=0.5)
+        self.assertEqual(arena.regions, 0)
+        self.assertTrue(os.path.exists("/dev/shm" + names[0]), "the daemon may still open it")
+        answer.set_result(None)
+        self.assertFalse(os.path.exists("/dev/shm" + names[0]))
+        arena.close()
 
     def test_alignment_first_fit_and_coalescing(self):
         a, b, c = (self.arena.alloc(n) for n in (100, 200, 300))
