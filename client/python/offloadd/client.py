@@ -591,7 +591,9 @@ class Client:
         afterwards, if ``relink`` is given: ``relink()`` returns ``(name, unlink)``, a new name for
         the same object and a callable that removes it, used to register it again after a
         reconnect; see :meth:`offloadd.shm.ShmRegion.relink`). Errors: the daemon's (NOT_FOUND no
-        such object, PERMISSION_DENIED, ...).
+        such object, PERMISSION_DENIED, ...); TimeoutError after ``timeout`` seconds and
+        DaemonUnresponsive, whose ``answer`` is the request's Future: keep the object's name
+        until it resolves (the daemon may still open it); a late registration is unregistered.
         """
         handle = pb.RegionHandle(shm_name=shm_name, size_bytes=size_bytes)
         return self._register(handle, relink, timeout)
@@ -610,7 +612,23 @@ class Client:
         region = next(self._region_ids)
         future = self._submit(pb.Request(register_region=pb.RegisterRegion(handle=handle)),
                               region=(region, handle, relink))
-        return self.wait(future, timeout, what="a region registration").region_id
+        try:
+            return self.wait(future, timeout, what="a region registration").region_id
+        except (TimeoutError, errors.DaemonUnresponsive) as e:
+            # The request may still be answered: the caller keeps the object's name until then
+            # (``e.answer``, StagingArena), and a late registration is undone.
+            e.answer = future
+            future.add_done_callback(self._unregister_late)
+            raise
+
+    def _unregister_late(self, future):
+        """A registration answered after its caller stopped waiting: nobody uses the region."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        try:
+            self.unregister(future.result().region_id)
+        except Exception:  # noqa: BLE001 -- a closed client: the session's end frees it
+            pass
 
     def unregister(self, region_id):
         """Future of RegionUnregistered."""
@@ -693,7 +711,8 @@ class Client:
         waits), steps that sent nothing (idle steps). Sending the same totals again is harmless.
         Future of ``ClientReportAck``; OffloaddError INVALID_ARGUMENT when a count is lower than
         this session's previous report, the seconds are negative, not finite, above 1e12 or
-        above the session's age + 1 s, or a count is above 1e6 per second of that age,
+        above the session's age + 1 s (waits of several threads at once can sum to more:
+        send at most the age, the rest later), or a count is above 1e6 per second of that age,
         CANCELLED or the session's failure once the client is closed or dead, and
         INVALID_ARGUMENT "unknown request kind" from a daemon older than the report."""
         return self._submit(pb.Request(client_report=pb.ClientReport(

@@ -12,8 +12,8 @@ and mode 0600 (or, for a daemon running as another uid, 0660 and a group the dae
 daemon has registered it (nothing is left in /dev/shm if the process dies) -- unless the arena
 keeps names (``keep_names``, for a client that re-registers its regions with a restarted daemon:
 a name is the only way the daemon can map the object again); then the names go with
-:meth:`ShmRegion.close`, and those of a process that died without closing are removed by the next
-arena that keeps names (:func:`sweep_stale`). We do not use
+:meth:`ShmRegion.close` or at the process's exit (also when an arena was never closed), and those
+of a killed process are removed by the next arena (:func:`sweep_stale`). We do not use
 ``multiprocessing.shared_memory``: its resource tracker would unlink the object behind us.
 
 :class:`StagingArena` sub-allocates registered regions first-fit with coalescing, 64-byte
@@ -23,6 +23,7 @@ for frees. Thread-safe. Growth calls ``register`` (a blocking round trip): never
 on the client's reader thread (future callbacks); ``free`` is safe anywhere.
 """
 
+import atexit
 import grp
 import itertools
 import mmap
@@ -35,6 +36,22 @@ from . import errors
 
 ALIGN_BYTES = 64
 _names = itertools.count()
+# Paths of the objects this process created and has not unlinked: removed at exit (an arena
+# whose daemon died is never closed); a forked child's set starts empty (its parent's names).
+_linked = set()
+
+
+def _unlink_linked_at_exit():
+    for path in list(_linked):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    _linked.clear()
+
+
+atexit.register(_unlink_linked_at_exit)
+os.register_at_fork(after_in_child=_linked.clear)
 
 
 def _round_up(n, k):
@@ -113,6 +130,7 @@ class ShmRegion:
         self.path = "/dev/shm" + self.name
         self.region_id = None
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        _linked.add(self.path)
         try:
             if gid is not None:
                 os.fchown(fd, -1, gid)
@@ -134,6 +152,7 @@ class ShmRegion:
 
     def unlink(self):
         """Removes the name (the mapping stays valid). Idempotent."""
+        _linked.discard(self.path)
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -204,7 +223,9 @@ class Slot:
 
 
 class StagingArena:
-    """First-fit sub-allocator over registered shared-memory regions.
+    """First-fit sub-allocator over registered shared-memory regions. Each arena first removes
+    the names that killed processes left (:func:`sweep_stale`); a process's own names go with
+    close() or at its exit.
 
     Args:
       register: ``callable(shm_name, size_bytes) -> region_id`` (e.g. Client.register_shm).
@@ -213,7 +234,7 @@ class StagingArena:
       unregister: optional ``callable(region_id)`` used by close().
       keep_names: keep each region's name until close() and pass ``relink=region.relink`` to
         ``register`` (Client.register_shm), so a client can register the regions again with a
-        restarted daemon; sweeps the names dead processes left (:func:`sweep_stale`).
+        restarted daemon.
       access: ``(mode, gid)`` of the regions (:func:`shm_access`; Client.shm_mode/shm_gid).
     """
 
@@ -222,8 +243,7 @@ class StagingArena:
         self._register = register
         self._access = access
         self._keep_names = keep_names
-        if keep_names:
-            sweep_stale()
+        sweep_stale()  # names of killed processes (a name is kept until registered, at least)
         self._unregister = unregister
         self.grow_bytes = int(grow_bytes)
         self.max_bytes = int(max_bytes)
@@ -244,13 +264,16 @@ class StagingArena:
         """A Slot of at least ``nbytes`` (> 0). Grows when no region has room.
 
         Raises TimeoutError when ``max_bytes`` is reached and nothing was freed within
-        ``timeout`` seconds (None waits forever); what ``abort()`` returns when, checked every
+        ``timeout`` seconds (None waits forever), at once when ``timeout`` is 0 and no region
+        has room (never grows: a registration waits for the daemon); what ``abort()`` returns when, checked every
         0.25 s of such a wait, it returns an exception (a daemon that stopped answering);
         ``pump(seconds)``, when given, is called (without the arena's lock) instead of waiting
         for a free: it waits up to ``seconds`` for answers that free slots, and returns False
         when it had nothing to wait for (the arena then waits as without it);
         OSError / the register callable's errors when a new region cannot be created or
-        registered (a registration gets ``timeout`` too, where the callable takes one).
+        registered (a registration gets ``timeout`` too, where the callable takes one; when its
+        error carries the request's Future as ``answer``, the new region's name is kept until
+        that resolves, so that the daemon does not find it gone).
         """
         size = _round_up(max(int(nbytes), 1), ALIGN_BYTES)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -259,6 +282,11 @@ class StagingArena:
                 slot = self._take(size, nbytes)
                 if slot is not None:
                     return slot
+                if timeout is not None and timeout <= 0:
+                    raise TimeoutError(
+                        "no staging room for %d bytes (%d of %d bytes in use) and an alloc "
+                        "that may not wait does not grow the arena (a registration waits for "
+                        "the daemon)" % (size, self.used_bytes, self.capacity_bytes))
                 room = self.capacity_bytes + max(size, self.grow_bytes) <= self.max_bytes
                 if not self._growing and (room or not self._regions):
                     self._growing = True
@@ -290,13 +318,17 @@ class StagingArena:
             region = ShmRegion(_round_up(max(size, self.grow_bytes), 1 << 20),
                                mode=self._access[0], gid=self._access[1])
             if self._keep_names:
-                region.region_id = self._register(region.name, region.size_bytes,
-                                                  relink=region.relink, **kw)
-            else:
-                try:
-                    region.region_id = self._register(region.name, region.size_bytes, **kw)
-                finally:
-                    region.unlink()  # the daemon has mapped it (or failed): name not needed
+                kw["relink"] = region.relink
+            try:
+                region.region_id = self._register(region.name, region.size_bytes, **kw)
+            except BaseException as e:
+                answer = getattr(e, "answer", None)  # a wait that ended before the answer
+                if answer is not None:  # the daemon may still open the name: keep it till then
+                    doomed, region = region, None
+                    answer.add_done_callback(lambda _: doomed.close())
+                raise
+            if not self._keep_names:
+                region.unlink()  # the daemon has mapped it: the name is not needed
         except BaseException:
             if region is not None:
                 region.close()

@@ -8,7 +8,10 @@ Usage: fork_client_worker.py SOCKET. Prints one JSON line:
   * "hooks": forward runs under an offload context, the process forks, and the child runs
     backward of the inherited graph: "child_code" is the OffloaddError's code; the child then runs
     a forward and backward of its own under the same context ("child_own_exact": its gradient
-    equals the reference). The parent's own backward then gives the reference ("parent_exact").
+    equals the reference). Another child runs its own forward and backward first, while the
+    parent's step is open ("own_first_exact", "own_first_offloaded"), then backward of the
+    inherited graph ("own_first_inherited_code"). The parent's own backward then gives the
+    reference ("parent_exact").
 Each child has 60 s (SIGALRM).
 """
 
@@ -114,7 +117,19 @@ def hooks_case(sock):
         out["child_offloaded"] = ctx.stats.offloaded
         return out
 
-    out = in_child(child)
+    def child_own_first():
+        # The parent's step is still open (no unpack since its forward): the child's forward
+        # saves the same input tensor x, which must get a handle of the child's own.
+        before = ctx.stats.offloaded
+        with ctx:
+            own = forward(x, w)
+        return {"own_first_exact": bool(torch.equal(torch.autograd.grad(own, w)[0],
+                                                    reference)),
+                "own_first_offloaded": ctx.stats.offloaded - before,
+                "own_first_inherited_code": code_of(lambda: torch.autograd.grad(loss, w))}
+
+    out = in_child(child_own_first)
+    out.update(in_child(child))
     offloaded = ctx.stats.offloaded
     out["parent_exact"] = bool(torch.equal(torch.autograd.grad(loss, w)[0], reference))
     out["parent_offloaded"] = offloaded

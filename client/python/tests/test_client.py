@@ -122,6 +122,27 @@ class ClientTest(DaemonTestCase):
             self.client.register_cuda(b"short", 4096)
         self.assertEqual(e.exception.code, errors.INVALID_ARGUMENT)
 
+    def test_a_registration_answered_after_its_wait_is_undone(self):
+        undone = []
+        unregister = self.client.unregister
+
+        def recording(region_id):
+            undone.append(region_id)
+            return unregister(region_id)
+
+        self.client.unregister = recording
+        region = ShmRegion(1 << 20)
+        self.addCleanup(region.close)
+        with self.assertRaises(TimeoutError) as e:
+            self.client.register_shm(region.name, region.size_bytes, timeout=1e-9)
+        late = e.exception.answer.result(10).region_id  # the daemon registered it after all
+        deadline = time.monotonic() + 10  # the answer's callbacks run after result() returns
+        while not undone and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertTrue(self.client.drain(10))
+        self.assertEqual(undone, [late])
+        self.assertNotEqual(late, self.region_id)
+
     def test_requests_after_close_fail(self):
         self.client.close()
         self.assertFalse(self.client.alive)

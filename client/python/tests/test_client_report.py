@@ -95,5 +95,31 @@ class FallbacksReachTheDaemonTest(DaemonTestCase):
         self.assertEqual(s.client_report.idle_steps_total, 3)
 
 
+class WaitsOfManyThreadsTest(DaemonTestCase):
+    """Threads that wait at once sum to more host-wait seconds than the session has lived; the
+    daemon refuses a report past the session's age, so the client sends at most the age (the
+    rest once the session is old enough) and the report's counts still arrive."""
+
+    def test_seconds_past_the_session_age_do_not_lose_the_report(self):
+        ep, why = _endpoint.get(self.daemon.sock, torch.device("cpu"))
+        self.assertIsNotNone(ep, why)
+        # Eight threads waited 5 s each: 40 s, in a session a moment old.
+        _stats.count_for_device("cpu", fallbacks=2, host_waits=8, host_wait_seconds=40.0)
+        self.assertTrue(ot.synchronize())
+        (s,) = sessions_named(self.daemon, "cpu")
+        r = s.client_report
+        self.assertEqual((r.fallbacks_total, r.host_waits_total), (2, 8))
+        self.assertGreater(r.host_wait_seconds_total, 0.0)
+        self.assertLess(r.host_wait_seconds_total, 30.0)
+        self.assertEqual(ep.reported["host_wait_seconds_total"], r.host_wait_seconds_total)
+        # The withheld seconds follow in later reports, which the daemon accepts too.
+        _stats.count_for_device("cpu", fallbacks=1)
+        self.assertTrue(ot.synchronize())
+        (s,) = sessions_named(self.daemon, "cpu")
+        self.assertEqual(s.client_report.fallbacks_total, 3)
+        self.assertGreaterEqual(s.client_report.host_wait_seconds_total,
+                                r.host_wait_seconds_total)
+
+
 if __name__ == "__main__":
     unittest.main()

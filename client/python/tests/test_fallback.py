@@ -144,6 +144,12 @@ class PoolFullTest(DaemonTestCase):
         self.assertEqual(e.exception.code, errors.RESOURCE_EXHAUSTED)
         self.assertIn("RESOURCE_EXHAUSTED", str(e.exception))
         self.assertIn("strict=True", str(e.exception))
+        # While the refusal's back-off lasts, the next step raises without asking the daemon,
+        # with the refusal's own code.
+        with self.assertRaises(errors.OffloaddError) as e:
+            run_step("offloadd", ctx)
+        self.assertEqual(e.exception.code, errors.RESOURCE_EXHAUSTED)
+        self.assertIn("no offloads to it for", str(e.exception))
 
 
 class PoolHeldFullTest(DaemonTestCase):

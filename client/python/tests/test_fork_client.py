@@ -32,6 +32,9 @@ class ForkedClientTest(DaemonTestCase):
         self.assertEqual(hooks["child_code"], "FAILED_PRECONDITION")
         self.assertTrue(hooks["child_own_exact"])
         self.assertGreater(hooks["child_offloaded"], hooks["parent_offloaded"])
+        self.assertTrue(hooks["own_first_exact"])
+        self.assertEqual(hooks["own_first_offloaded"], 5)  # x and the four tanh outputs
+        self.assertEqual(hooks["own_first_inherited_code"], "FAILED_PRECONDITION")
         self.assertTrue(hooks["parent_exact"])
         self.assertEqual(hooks["parent_reloaded"], hooks["parent_offloaded"])
 

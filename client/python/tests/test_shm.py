@@ -1,10 +1,13 @@
 """offloadd.shm: shared-memory regions and the staging sub-allocator (no daemon needed)."""
 
+import concurrent.futures
 import os
+import subprocess
+import sys
 import threading
 import unittest
 
-import daemon_fixture  # noqa: F401  (sys.path)
+from daemon_fixture import PY_ROOT
 
 from offloadd import errors
 from offloadd.shm import (ALIGN_BYTES, ShmRegion, StagingArena, pid_namespace_id, shm_access,
@@ -62,6 +65,36 @@ class SweepStaleTest(unittest.TestCase):
         r = ShmRegion(4096, prefix=prefix)
         self.addCleanup(r.close)
         self.assertTrue(r.name.startswith("/%s-%d-%d-" % (prefix, os.getpid(), ns)), r.name)
+
+
+class NamesLeftByAProcessTest(unittest.TestCase):
+    """A process's kept names go at its normal exit (an arena whose daemon died is never
+    closed); a killed process's names go with the next arena, keeping names or not."""
+
+    CHILD = ("import os, signal; from offloadd.shm import ShmRegion; r = ShmRegion(4096); "
+             "print(r.path, flush=True); %s")
+
+    def child_name(self, ending):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [PY_ROOT, os.environ.get("PYTHONPATH", "")]))
+        r = subprocess.run([sys.executable, "-c", self.CHILD % ending], env=env,
+                           capture_output=True, text=True, timeout=120)
+        path = r.stdout.split()[0]
+        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+        return r.returncode, path
+
+    def test_a_normal_exit_removes_the_names(self):
+        rc, path = self.child_name("raise SystemExit(3)")
+        self.assertEqual(rc, 3)
+        self.assertFalse(os.path.exists(path))
+
+    def test_a_killed_process_names_go_with_the_next_arena(self):
+        rc, path = self.child_name("os.kill(os.getpid(), signal.SIGTERM)")
+        self.assertEqual(rc, -15)
+        self.assertTrue(os.path.exists(path))
+        arena = StagingArena(FakeRegistrar().register)  # not keeping names
+        self.assertFalse(os.path.exists(path))
+        arena.close()
 
 
 class ShmAccessTest(unittest.TestCase):
@@ -132,6 +165,33 @@ class StagingArenaTest(unittest.TestCase):
         self.assertEqual(slot.region_id, 101)
         self.assertEqual((slot.offset, slot.nbytes, slot.size), (0, 1000, 1024))
         self.assertFalse(os.path.exists(slot.region.path), "name unlinked after registering")
+
+    def test_an_alloc_that_may_not_wait_never_grows(self):
+        with self.assertRaises(TimeoutError):
+            self.arena.alloc(1000, timeout=0)
+        self.assertEqual((self.arena.regions, self.reg.registered), (0, []))
+        self.arena.free(self.arena.alloc(1000))  # grows
+        slot = self.arena.alloc(1000, timeout=0)  # room in the region: no wait needed
+        self.assertEqual((self.arena.regions, len(self.reg.registered)), (1, 1))
+        self.arena.free(slot)
+
+    def test_a_registration_still_queued_keeps_the_name_until_its_answer(self):
+        answer, names = concurrent.futures.Future(), []
+
+        def register(name, size, timeout=None):
+            names.append(name)
+            e = TimeoutError("no answer within %s s" % timeout)
+            e.answer = answer
+            raise e
+
+        arena = StagingArena(register, grow_bytes=1 << 20, max_bytes=4 << 20)
+        with self.assertRaises(TimeoutError):
+            arena.alloc(1000, timeout=0.5)
+        self.assertEqual(arena.regions, 0)
+        self.assertTrue(os.path.exists("/dev/shm" + names[0]), "the daemon may still open it")
+        answer.set_result(None)
+        self.assertFalse(os.path.exists("/dev/shm" + names[0]))
+        arena.close()
 
     def test_alignment_first_fit_and_coalescing(self):
         a, b, c = (self.arena.alloc(n) for n in (100, 200, 300))

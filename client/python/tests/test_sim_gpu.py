@@ -13,13 +13,16 @@ state after a failed export. Every time figure is SIMULATED.
 
 import contextlib
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
 import unittest
 import warnings
 
 import torch
-from daemon_fixture import DaemonTestCase
+from daemon_fixture import PY_ROOT, DaemonTestCase
 
 import offloadd.torch as ot
 import offloadd.transformers as otf
@@ -202,6 +205,51 @@ class SimAllocatorTest(unittest.TestCase):
         self.assertIn("expandable_segments", str(cm.exception))
         self.assertEqual(dev.rt.peek_last_error(), sim_gpu.CUDA_SUCCESS)
         del t
+
+
+class SimTableLifetimeTest(unittest.TestCase):
+    """A SimGpu's table leaves /dev/shm with the SimGpu, or with the next one after its process
+    was killed; a process has one SimGpu at a time."""
+
+    KILLED = ("import os, signal; from offloadd.testing import sim_gpu; "
+              "g = sim_gpu.SimGpu(devices=1, device_bytes=4 << 20); "
+              "print(os.getpid(), flush=True); os.kill(os.getpid(), signal.%s)")
+
+    def killed_table(self, signal_name):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [PY_ROOT, os.environ.get("PYTHONPATH", "")]))
+        r = subprocess.run([sys.executable, "-c", self.KILLED % signal_name], env=env,
+                           capture_output=True, text=True, timeout=120)
+        self.assertLess(r.returncode, 0, r.stderr[-2000:])  # died of the signal
+        return sim_gpu.table_path(int(r.stdout.split()[0]))
+
+    def test_tables_of_killed_processes_go_with_the_next_sim_gpu(self):
+        killed = self.killed_table("SIGKILL")
+        self.assertTrue(os.path.exists(killed))
+        terminated = self.killed_table("SIGTERM")  # its SimGpu removed the killed one's table
+        self.assertEqual([os.path.exists(killed), os.path.exists(terminated)], [False, True])
+        gpu = sim_gpu.SimGpu(devices=1, device_bytes=4 * MIB)
+        try:
+            self.assertFalse(os.path.exists(terminated))
+            self.assertTrue(os.path.exists(sim_gpu.table_path()))
+        finally:
+            gpu.close()
+        self.assertFalse(os.path.exists(sim_gpu.table_path()))
+
+    def test_a_stale_table_of_this_pid_is_replaced_and_a_second_sim_gpu_is_refused(self):
+        with open(sim_gpu.table_path(), "wb") as f:  # as a dead process of this pid left it
+            f.write(b"stale")
+        gpu = sim_gpu.SimGpu(devices=1, device_bytes=4 * MIB)
+        try:
+            self.assertGreater(os.path.getsize(sim_gpu.table_path()), 4 * MIB)
+            with self.assertRaises(FileExistsError) as e:
+                sim_gpu.SimGpu(devices=1, device_bytes=4 * MIB)
+            self.assertIn("one SimGpu at a time", str(e.exception))
+            self.assertTrue(os.path.exists(sim_gpu.table_path()))  # the first one's, kept
+        finally:
+            gpu.close()
+        second = sim_gpu.SimGpu(devices=1, device_bytes=4 * MIB)  # once the first is closed
+        second.close()
 
 
 class SimDaemonTestCase(DaemonTestCase):

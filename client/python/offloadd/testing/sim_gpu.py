@@ -11,7 +11,9 @@ daemon's timing model gives.
 What is modelled, and how it maps to CUDA:
 
 * :class:`SimGpu` -- one client process's simulated GPUs (``devices`` of ``device_bytes`` each),
-  backed by the table "/ofd-simgpu-<pid>" (0600; removed by :meth:`SimGpu.close`).
+  backed by the table "/ofd-simgpu-<pid>" (0600; removed by :meth:`SimGpu.close` or at exit;
+  tables of killed processes are removed by the next SimGpu: :func:`sweep_stale_tables`). One
+  SimGpu per process at a time: the daemon finds the table by the pid.
 * :class:`SimAllocator` -- PyTorch's caching allocator in outline: segments (cudaMalloc) of 2 MiB
   for requests up to 1 MiB (the small pool, which serves only those), 20 MiB up to 10 MiB, else
   the request rounded up to 2 MiB; blocks split inside segments and cached per stream (the one
@@ -80,6 +82,7 @@ import collections
 import contextlib
 import ctypes
 import enum
+import fcntl
 import functools
 import mmap
 import os
@@ -177,12 +180,90 @@ def _unlink_quietly(path):
         pass
 
 
+def _unlink_at_exit(path, pid):
+    """At exit of process ``pid`` (not of a forked child): removes its table if still there."""
+    if os.getpid() == pid:
+        _unlink_quietly(path)
+
+
 class SimOutOfMemoryError(RuntimeError):
     """The simulated device has no room for an allocation, even after freeing cached segments."""
 
 
 def table_path(pid=None):
+    """The table of process ``pid`` (default: this one): the daemon finds it by the pid."""
     return "/dev/shm/ofd-simgpu-%d" % (os.getpid() if pid is None else pid)
+
+
+_TABLE_PREFIX = "ofd-simgpu-"
+_open_tables = set()  # paths of this process's tables not closed yet
+
+
+def _stale(path):
+    """True when no process holds ``path``'s lock (each table's creator holds an flock on it
+    while it is open: a killed process's lock is gone with it). False when it is held, or
+    the table is not there (any more) or not readable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def sweep_stale_tables():
+    """Removes this uid's tables that no live process holds (of processes killed before they
+    closed their SimGpu or ran their exit handlers; SIGKILL, SIGTERM) and whose pid is not a
+    process here. Returns how many were removed."""
+    removed = 0
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return 0
+    for name in names:
+        pid = name[len(_TABLE_PREFIX):]
+        if not name.startswith(_TABLE_PREFIX) or not pid.isdigit() or \
+                os.path.exists("/proc/" + pid):
+            continue
+        path = "/dev/shm/" + name
+        try:
+            if os.stat(path).st_uid == os.getuid() and _stale(path):
+                os.unlink(path)
+                removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _create_table_file(path):
+    """Creates ``path`` (0600) and returns its fd, holding its flock (see _stale). A table of
+    this pid that a dead process left (pids are reused) is replaced; FileExistsError when this
+    process has a SimGpu open (the daemon finds a process's table by its pid, so a process has
+    one SimGpu at a time, with as many devices as it needs) or another process holds it."""
+    if path in _open_tables:
+        raise FileExistsError(
+            "this process already has a SimGpu (table %s): the daemon finds a process's "
+            "simulated GPUs by its pid, so a process has one SimGpu at a time; close() it "
+            "first, or give it more devices" % path)
+    sweep_stale_tables()
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except FileExistsError:
+        if not _stale(path):
+            raise FileExistsError(
+                "%s exists and another process holds it (a process of this pid in another "
+                "PID namespace sharing /dev/shm): run the simulated GPU in a process of "
+                "another pid" % path) from None
+        _unlink_quietly(path)  # left by a dead process that had this pid
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a sweeper's test holds it for a moment at most
+    _open_tables.add(path)
+    return fd
 
 
 def device_uuid(ordinal):
@@ -206,17 +287,17 @@ class _Table:
                                     2 * MIB)
         self.size = self.memory_offset + devices * device_bytes
         self.path = table_path()
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = self.fd = _create_table_file(self.path)  # open while the table is: its lock
         try:
             os.ftruncate(fd, self.size)
             self.mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED,
                                 mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
+            _open_tables.discard(self.path)
             os.close(fd)
             os.unlink(self.path)
             raise
-        os.close(fd)
-        atexit.register(_unlink_quietly, self.path)  # a process that never called close()
+        atexit.register(_unlink_at_exit, self.path, os.getpid())  # one that never closed it
         self.words = memoryview(self.mm)[:self.memory_offset].cast("Q")
         self.signed = memoryview(self.mm)[:self.memory_offset].cast("q")
         self.instance = int.from_bytes(os.urandom(8), "little") | 1
@@ -277,6 +358,9 @@ class _Table:
         except BufferError:  # tensors still view the memory: leave the mapping to the process
             pass
         _unlink_quietly(self.path)
+        if self.path in _open_tables:
+            _open_tables.discard(self.path)
+            os.close(self.fd)
 
 
 class SimEvent:

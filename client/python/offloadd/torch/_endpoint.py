@@ -107,8 +107,10 @@ class Endpoint:
         self.socket_path = socket_path
         with _acked_lock:  # get() holds _lock
             self.base = dict(_acked.get((socket_path, key)) or _stats.device_totals(None))
-        self.reported = dict(self.base)
+        self.reported = _stats.device_totals(None)  # the last report's values (since base)
         self.reported_at = 0.0
+        # The session began before its Hello was answered: this age is at most the daemon's.
+        self.opened_at = time.monotonic()
 
     @property
     def alive(self):
@@ -118,26 +120,33 @@ class Endpoint:
         """Sends this device's totals to the daemon when they changed since the last report,
         unless one went less than REPORT_INTERVAL_SECONDS ago (``force``: regardless). Never
         blocks and never raises: the answer is not awaited; a daemon that refuses the report
-        (an older one) only leaves the counts unseen there."""
+        (an older one) only leaves the counts unseen there. The daemon refuses a whole report
+        whose host_wait_seconds_total passes the session's age (+1 s); several threads that
+        wait at once can sum to more: the report then carries the session's age and the rest
+        goes in later reports (and sessions), once the session is old enough."""
         now = time.monotonic()
         if not force and now - self.reported_at < REPORT_INTERVAL_SECONDS:
             return  # checked first: a step's end asks, and the totals' copy is not free
         totals = _stats.device_totals(self.key)
-        if totals == self.reported:
+        sent = {k: totals[k] - self.base[k] for k in totals}
+        sent["host_wait_seconds_total"] = max(
+            min(sent["host_wait_seconds_total"], now - self.opened_at),
+            self.reported["host_wait_seconds_total"])
+        if sent == self.reported:
             return
-        self.reported, self.reported_at = totals, now
+        self.reported, self.reported_at = sent, now
+        accepted = {k: self.base[k] + sent[k] for k in sent}
         acked_key = (self.socket_path, self.key)
 
         def acked(future):
             if future.cancelled() or future.exception() is not None:
                 return
             with _acked_lock:
-                before = _acked.get(acked_key) or totals
-                _acked[acked_key] = {k: max(before[k], totals[k]) for k in totals}
+                before = _acked.get(acked_key) or accepted
+                _acked[acked_key] = {k: max(before[k], accepted[k]) for k in accepted}
 
         try:
-            self.client.report(**{k: totals[k] - self.base[k] for k in totals}) \
-                .add_done_callback(acked)
+            self.client.report(**sent).add_done_callback(acked)
         except Exception:
             pass
 

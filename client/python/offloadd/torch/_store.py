@@ -353,7 +353,8 @@ class Store:
         full = _endpoint.full_reason(ep)  # refused for room lately: do not wait its deadline
         if full is not None:
             return self._fallback(s, "offloadd refused a tensor (%s); no offloads to it for "
-                                  "%g s (retry_seconds)" % (full, self.retry_seconds))
+                                  "%g s (retry_seconds)" % (full, self.retry_seconds),
+                                  errors.RESOURCE_EXHAUSTED)
         t0 = time.monotonic()
         try:
             # The ordering hint: backward reloads a step's blocks in reverse of position, so the
@@ -374,14 +375,14 @@ class Store:
             # daemon whose staging room or pool stays full).
             silent = isinstance(e, errors.DaemonUnresponsive) or (
                 isinstance(e, TimeoutError) and ep.client.silent_seconds() >= elapsed)
-            why = str(e.with_traceback(None))
+            why, code = str(e.with_traceback(None)), getattr(e, "code", errors.UNAVAILABLE)
             e = None
             if silent:
                 self._stall_left = 0.0
                 self._abandon(ep, why)
             elif not ep.alive:
                 _endpoint.mark_broken(ep, why, self.retry_seconds)
-            return self._fallback(s, "offloadd could not take a tensor (%s)" % why)
+            return self._fallback(s, "offloadd could not take a tensor (%s)" % why, code)
         with self._lock:  # the op holds what the transport still needs (a CUDA source tensor)
             s.ep, s.op, s.state, s.tensor = ep, op, OFFLOADING, None
         wref = weakref.ref(s)
@@ -574,9 +575,11 @@ class Store:
         for step in due:
             self._count_idle(step)
 
-    def _fallback(self, s, reason):
+    def _fallback(self, s, reason, code=errors.UNAVAILABLE):
+        """Keeps ``s`` in process; with strict, raises OffloaddError ``code`` instead (the
+        refusal's own code: RESOURCE_EXHAUSTED while a full daemon's back-off lasts)."""
         if self.strict:
-            raise errors.OffloaddError(errors.UNAVAILABLE, reason + " (strict=True)")
+            raise errors.OffloaddError(code, reason + " (strict=True)")
         t = s.tensor
         if t.device.type == "cuda" and s.pin:
             t = HostCopy(t, True).host
@@ -889,11 +892,37 @@ class Store:
         with self._lock:
             return sum(1 for r in self._order if r() is not None)
 
+    def _after_fork_in_child(self):
+        """In a forked child: the parent's step is not the child's. Forgets what the store keeps
+        per step -- the de-duplication table (a tensor the parent saved would otherwise get the
+        parent's handle), the handles waiting to be offloaded and the order prefetch walks --
+        so the child neither matches, offloads nor prefetches a handle of its parent; a parent
+        handle the child unpacks still raises FAILED_PRECONDITION (_inherited). The locks are
+        new: a parent thread may have held them at the fork."""
+        self._lock = threading.RLock()
+        self._reloaded = threading.Condition(self._lock)
+        self._thread = threading.local()
+        self._open_steps = set()
+        self._pending.clear()
+        self._order = collections.deque()
+        self._base_seq = self._next_seq
+        self._async_error = None
+        self._unpacking = False
+        self._end_step()
+
 
 
 # After _endpoint's close_all was registered (it is imported above): handlers run last-in
 # first-out, so every store's step ends before the endpoints send their last reports.
 atexit.register(finish_steps)
+
+
+def _stores_after_fork_in_child():
+    for store in list(_STORES):
+        store._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_stores_after_fork_in_child)
 
 
 def _inherited(s):
