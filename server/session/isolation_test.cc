@@ -506,6 +506,11 @@ void ExpectSessionEndsWhenItsProcessExits(bool force_proc_polling) {
     return false;
   })) << "session not ended after its pid exited";
   EXPECT_GE(clock.NowSeconds(), 105.0);
+  // The stream's end is handed over by the closing thread after closed() reads true.
+  EXPECT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(c.mu);
+    return !c.stream_ends.empty();
+  })) << "the stream was not ended";
   std::lock_guard<std::mutex> lock(c.mu);
   ASSERT_EQ(c.stream_ends.size(), 1u);
   EXPECT_EQ(c.stream_ends[0].code(), absl::StatusCode::kAborted);
