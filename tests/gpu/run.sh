@@ -659,7 +659,8 @@ galore_step() {
     grep -q "ready on" "$logs/daemon-cusolver.log" && break; kill -0 $d2 2>/dev/null || break; sleep 0.1
   done
   local gpath=$PYPATH
-  if ! "$PY" -c 'import galore_torch' > /dev/null 2>&1 && [ -d "$here/pydeps/galore" ]; then
+  # (torch's import makes that of galore_torch seconds long: tried only when the bundle has one)
+  if [ -d "$here/pydeps/galore" ] && ! "$PY" -c 'import galore_torch' > /dev/null 2>&1; then
     gpath="$PYPATH:$here/pydeps/galore"
     echo "NOTE: galore-torch/bitsandbytes from the bundle (pydeps/galore: pinned versions)"
   fi
