@@ -68,6 +68,9 @@ soak: build
 # libFuzzer over the session request handling, built with Debian's clang outside Bazel
 # (ASan + UBSan); runs FUZZ_SECONDS (60) from the seed corpus. New inputs go to
 # build/fuzz/corpus, crashes to build/fuzz/crash-*: copy those to tests/fuzz/regressions.
+# Each source compiles to its own object under build/fuzz/obj (with a .d file of the headers it
+# includes, so a header change rebuilds what includes it): `make -j$(nproc) fuzz` compiles them
+# in parallel (make test does).
 FUZZ_SECONDS ?= 60
 # Every non-test source of the layers the session path runs through (a new .cc there is picked
 # up without editing this list), plus the shm engine, metrics and the proto translation.
@@ -79,23 +82,39 @@ FUZZ_SRCS := tests/fuzz/session_fuzz.cc \
   common/sim_gpu_table.cc \
   server/projector/blas_core.cc server/metrics/metrics.cc \
   server/rpc/translate.cc
-build/fuzz/session_fuzz: $(FUZZ_SRCS) proto/offload.proto $(wildcard server/*/*.h server/copy/*/*.h)
-	@mkdir -p build/fuzz/gen build/fuzz/corpus
+FUZZ_GEN := build/fuzz/gen/proto/offload.pb
+FUZZ_OBJ := build/fuzz/obj
+FUZZ_CXXFLAGS := -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined \
+  -fno-sanitize-recover=undefined -I. -Ibuild/fuzz/gen
+fuzz_objs = $(patsubst %.cc,$(FUZZ_OBJ)/%.o,$(1))
+$(FUZZ_GEN).cc $(FUZZ_GEN).h &: proto/offload.proto
+	@mkdir -p build/fuzz/gen
 	protoc -I. --cpp_out=build/fuzz/gen proto/offload.proto
-	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  -I. -Ibuild/fuzz/gen $(FUZZ_SRCS) build/fuzz/gen/proto/offload.pb.cc -o $@ \
+# The generated header before any object: a first build has no .d file saying who includes it.
+$(FUZZ_OBJ)/%.o: %.cc | $(FUZZ_GEN).h
+	@mkdir -p $(@D)
+	clang++ $(FUZZ_CXXFLAGS) -MMD -MP -c $< -o $@
+build/fuzz/session_fuzz: $(call fuzz_objs,$(FUZZ_SRCS) $(FUZZ_GEN).cc)
+	@mkdir -p build/fuzz/corpus
+	clang++ $(FUZZ_CXXFLAGS) $^ -o $@ \
 	  $$(pkg-config --libs grpc++ protobuf prometheus-cpp-pull prometheus-cpp-core) -lglog -lcrypto -luring -lnuma -lrt -lpthread
 # The request ring's descriptor parsing (tests/fuzz/ring_fuzz.cc): what the daemon reads from
 # memory a client can write.
 RING_FUZZ_SRCS := tests/fuzz/ring_fuzz.cc common/futex.cc common/ring_format.cc common/ring_memfd.cc \
   server/rpc/ring_translate.cc
-build/fuzz/ring_fuzz: $(filter-out %_test.cc,$(RING_FUZZ_SRCS)) $(wildcard common/*.h) server/rpc/ring_translate.h
+build/fuzz/ring_fuzz: $(call fuzz_objs,$(filter-out %_test.cc,$(RING_FUZZ_SRCS)))
 	@mkdir -p build/fuzz/ring_corpus
-	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  -I. $(filter-out %_test.cc,$(RING_FUZZ_SRCS)) -o $@ $$(pkg-config --libs grpc++) -lpthread
-fuzz: deps build/fuzz/session_fuzz build/fuzz/ring_fuzz
+	clang++ $(FUZZ_CXXFLAGS) $^ -o $@ $$(pkg-config --libs grpc++) -lpthread
+-include $(patsubst %.o,%.d,$(call fuzz_objs,$(FUZZ_SRCS) $(FUZZ_GEN).cc $(RING_FUZZ_SRCS)))
+# deps first (it installs clang and protoc on a fresh machine), then the two fuzzers, each run
+# once its binary is linked: one after the other, or side by side under -j (one core each).
+.PHONY: fuzz-session fuzz-ring
+fuzz: deps
+	@$(MAKE) --no-print-directory fuzz-session fuzz-ring
+fuzz-session: build/fuzz/session_fuzz
 	cd build/fuzz && ./session_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	  -artifact_prefix=./ corpus ../../tests/fuzz/corpus
+fuzz-ring: build/fuzz/ring_fuzz
 	cd build/fuzz && ./ring_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	  -artifact_prefix=./ring- ring_corpus ../../tests/fuzz/ring_corpus
 

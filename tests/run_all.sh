@@ -9,7 +9,8 @@
 #   3. monitoring/deployment tests (manifests, kubernetes-validate, checkov, promtool, live
 #      Prometheus scrape), then the systemd units under a real systemd (tests/systemd; the Debian
 #      rootfs is built once per machine and cached under /var/cache/offloadd-test)
-#   4. a short libFuzzer run over the session request handling (make fuzz, 15 s)
+#   4. a short libFuzzer run over the session request handling and the request ring (make -j fuzz:
+#      objects compiled in parallel, the two fuzzers side by side, 15 s each)
 #   5. a smoke run of `make demo` with a small workload, and one on cuda-sim (link calibration,
 #      the fairness scenario on a measured switch link)
 #   6. the README's quick-start blocks against a daemon, and relative links in *.md
@@ -89,9 +90,12 @@ bash tests/systemd/run.sh 2>&1 | tee "$results/systemd.log"
 
 section "fuzz (short)"
 # libFuzzer over the session request handling for FUZZ_SECONDS (15) from the seed corpus; the
-# full run is `make fuzz`. The corpus and regressions are also replayed by bazel test above.
+# full run is `make fuzz`. The corpus and regressions are also replayed by bazel test above. On
+# every core (-j): one clang++ per source, then the two fuzzers side by side, each one's output
+# kept together in the log (--output-sync).
 if command -v clang++ >/dev/null; then
-  if make -s fuzz FUZZ_SECONDS="${FUZZ_SECONDS:-15}" > "$results/fuzz.log" 2>&1; then
+  if make -s -j"$(nproc)" --output-sync=target fuzz FUZZ_SECONDS="${FUZZ_SECONDS:-15}" \
+       > "$results/fuzz.log" 2>&1; then
     echo "fuzz: PASSED ($(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$results/fuzz.log"))"
     echo "1 0" > "$results/fuzz.count"
   else

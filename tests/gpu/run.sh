@@ -11,7 +11,8 @@
 # (the table printed first; the budgets add up to less than the deadline by construction) and
 # runs under `timeout` of it; a step whose budget no longer fits before the deadline is not run
 # ("NOT RUN (budget)"). The daemon gets SIGTERM at the end and SIGKILL (a failure) if it has not
-# exited 10 s later; an EXIT trap stops it on any other way out.
+# exited GPU_CHECK_STOP_GRACE_S (default 10, 1 to 600) seconds later; an EXIT trap stops it on any
+# other way out.
 #
 # Rerun a few steps: GPU_CHECK_ONLY="torch_on,galore" (names as the budget table prints them,
 # commas or any whitespace between; unset or empty: every step) runs only those steps and what
@@ -94,6 +95,13 @@ if [ ${#deadline_text} -gt 5 ] || [ "${deadline_text:-1}" -gt 86400 ]; then
     "give at most 86400, or leave it unset for the default" >&2
   exit 2
 fi
+# How long the daemon has to exit after SIGTERM before it is killed (a failure).
+if ! [[ ${GPU_CHECK_STOP_GRACE_S:-10} =~ ^0*([1-9][0-9]{0,2})$ ]] || [ "${BASH_REMATCH[1]}" -gt 600 ]; then
+  echo "run.sh: GPU_CHECK_STOP_GRACE_S='$GPU_CHECK_STOP_GRACE_S' is no whole number of seconds" \
+    "from 1 to 600 (leave it unset for the default, 10)" >&2
+  exit 2
+fi
+STOP_GRACE_S=${BASH_REMATCH[1]}
 scaled() { local s=$(( $1 * SCALE / 100 )); echo $(( s > 0 ? s : 1 )); }  # at least 1 s
 
 # Budgets in seconds, in run order. DEADLINE_S minus the sum of the chosen steps' budgets (at
@@ -260,14 +268,14 @@ needs() {  # needs NAME WHAT...: prints NOT RUN (or FAIL) and returns 1 unless e
   done
 }
 
-stop_daemon() {  # SIGTERM, then SIGKILL after 10 s; returns 0 only for a clean exit 0
+stop_daemon() {  # SIGTERM, then SIGKILL after STOP_GRACE_S; returns 0 only for a clean exit 0
   [ -n "$daemon" ] || return 0
   kill -TERM "$daemon" 2>/dev/null
   local i
-  for i in $(seq 1 100); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.1; done
+  for i in $(seq 1 $((STOP_GRACE_S * 10))); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$daemon" 2>/dev/null; then
     kill -KILL "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; daemon=""
-    echo "FAIL: offloadd did not exit within 10 s of SIGTERM: killed"; return 1
+    echo "FAIL: offloadd did not exit within $STOP_GRACE_S s of SIGTERM: killed"; return 1
   fi
   wait "$daemon"; local rc=$?; daemon=""
   [ $rc -eq 0 ] || { echo "FAIL: offloadd exited $rc on SIGTERM"; return 1; }
@@ -647,16 +655,19 @@ galore_step() {
     --config="$logs/cusolver.conf" --socket_path="$sock.cusolver" --metrics_address= \
     > "$logs/daemon-cusolver.log" 2>&1 &
   local d2=$!
-  for _ in $(seq 1 100); do grep -q "ready on" "$logs/daemon-cusolver.log" && break; sleep 0.1; done
+  for _ in $(seq 1 100); do  # up to 10 s; a daemon that exited (no cusolver here) is not waited for
+    grep -q "ready on" "$logs/daemon-cusolver.log" && break; kill -0 $d2 2>/dev/null || break; sleep 0.1
+  done
   local gpath=$PYPATH
-  if ! "$PY" -c 'import galore_torch' > /dev/null 2>&1 && [ -d "$here/pydeps/galore" ]; then
+  # (torch's import makes that of galore_torch seconds long: tried only when the bundle has one)
+  if [ -d "$here/pydeps/galore" ] && ! "$PY" -c 'import galore_torch' > /dev/null 2>&1; then
     gpath="$PYPATH:$here/pydeps/galore"
     echo "NOTE: galore-torch/bitsandbytes from the bundle (pydeps/galore: pinned versions)"
   fi
   run_step galore env PYTHONPATH="$gpath" "$PY" "$here/galore_check.py" --socket="$sock" \
     --cusolver-socket="$sock.cusolver" --fixture-dir="$here"
-  kill -TERM $d2 2>/dev/null  # then SIGKILL after 10 s, as stop_daemon does
-  for _ in $(seq 1 100); do kill -0 $d2 2>/dev/null || break; sleep 0.1; done
+  kill -TERM $d2 2>/dev/null  # then SIGKILL after STOP_GRACE_S, as stop_daemon does
+  for _ in $(seq 1 $((STOP_GRACE_S * 10))); do kill -0 $d2 2>/dev/null || break; sleep 0.1; done
   kill -KILL $d2 2>/dev/null; wait $d2 2>/dev/null
 }
 galore_step
@@ -675,7 +686,7 @@ if [ -n "$daemon" ]; then
       "ipc_handle_opens_total $opens ($n_opens series; a device's series go with its last session)"
     [ "$open_now" -eq 0 ] || fail "$open_now client memory handles still open after every session closed"
   fi
-  say "stopping offloadd (SIGTERM; killed after 10 s)"
+  say "stopping offloadd (SIGTERM; killed after $STOP_GRACE_S s)"
   l=$(left)
   if [ "${BUDGET[stop]}" -gt "$l" ]; then echo "NOTE: past the deadline budget; stopping anyway"; fi
   stop_daemon || fails=$((fails + 1))

@@ -20,9 +20,11 @@ Usage: deepspeed_ckpt_worker.py SOCKET. Prints one JSON line with, per run, "dur
 offloads, offloaded bytes and blocks held since the run began, between forward and backward),
 "after" (daemon reloads since the run began, blocks held after backward), "equal" (loss and
 gradients bitwise those of "plain"), and "stats" ([offloaded, reloaded, fallbacks] of offloadd's
-context, offloadd run only); "lookup": engine_lookup's answers.
+context, offloadd run only); "lookup": engine_lookup's answers; "shm_op_built": whether
+DeepSpeed's backend holds the shared-memory all-reduce op (false: it was not built).
 """
 
+import importlib
 import json
 import os
 import sys
@@ -76,9 +78,12 @@ def main():
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(daemon_fixture.free_port()), RANK="0",
                       LOCAL_RANK="0", WORLD_SIZE="1")
     import deepspeed
-    import deepspeed.comm.torch
-    deepspeed.comm.torch.build_shm_op = lambda: None   # see the module docstring
+    # The module itself: the attribute deepspeed.comm.torch is the torch package (deepspeed.comm
+    # imports it under that name), so setting build_shm_op there left DeepSpeed's own in place.
+    ds_torch_backend = importlib.import_module("deepspeed.comm.torch")
+    ds_torch_backend.build_shm_op = lambda: None   # see the module docstring
     deepspeed.init_distributed(dist_backend="gloo")
+    shm_op_built = importlib.import_module("deepspeed.comm.comm").cdb.shm_comm_op is not None
     import offloadd.deepspeed as od
     reference, plain = run(sock, False)
     ctx = od.enable(keep_last_n=0, threshold_bytes=THRESHOLD_BYTES, socket_path=sock)
@@ -88,7 +93,7 @@ def main():
     routed["stats"] = [s.offloaded, s.reloaded, s.fallbacks]
     lookup = engine_lookup(od)
     print(json.dumps({"plain": plain, "offloadd": routed, "lookup": lookup,
-                      "version": deepspeed.__version__}), flush=True)
+                      "shm_op_built": shm_op_built, "version": deepspeed.__version__}), flush=True)
     import torch.distributed as dist
     dist.destroy_process_group()
 

@@ -125,9 +125,11 @@ class RunShTest(unittest.TestCase):
         self.assertNotIn("FAIL", r.stdout)
 
     def test_skipped_while_nvidia_smi_lists_a_gpu_fails(self):
-        # Also: the daemon (shm, as the binaries cannot use the GPU) ignores SIGTERM.
+        # Also: the daemon (shm, as the binaries cannot use the GPU) ignores SIGTERM; it is
+        # killed after GPU_CHECK_STOP_GRACE_S (2 s here, 10 by default).
         d, env = self.fake_bundle("SKIPPED: no CUDA driver or GPU (error 35: x)", True,
                                   deaf_daemon=True)
+        env["GPU_CHECK_STOP_GRACE_S"] = "2"
         r = self.run_sh(d, env)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("FAIL: kernels printed SKIPPED while nvidia-smi lists a GPU", r.stdout)
@@ -139,7 +141,8 @@ class RunShTest(unittest.TestCase):
         self.assertIn("NOT RUN: ipc_cross_uid needs CUDA IPC (the bundle's CUDA binaries cannot "
                       "use this GPU)\n", r.stdout)
         self.assertIn("starting offloadd (backend shm", r.stdout)
-        self.assertIn("FAIL: offloadd did not exit within 10 s of SIGTERM: killed", r.stdout)
+        self.assertIn("== stopping offloadd (SIGTERM; killed after 2 s)\n", r.stdout)
+        self.assertIn("FAIL: offloadd did not exit within 2 s of SIGTERM: killed", r.stdout)
 
     def test_a_step_that_does_not_fit_the_deadline_is_not_run(self):
         d, env = self.fake_bundle("PASS kernels", True)
@@ -386,6 +389,15 @@ class RunShTest(unittest.TestCase):
                 r, env["OUT"], "run.sh: GPU_CHECK_DEADLINE_S=%s is over 86400 seconds (a day): "
                 "give at most 86400, or leave it unset for the default" % value, value)
 
+    def test_a_stop_grace_that_is_no_whole_number_of_seconds_from_1_to_600_exits_2(self):
+        d, env = self.fake_bundle("PASS kernels", False)
+        for value in ("0", "abc", "1.5", "-3", "601", "99999999999999999999"):
+            env["GPU_CHECK_STOP_GRACE_S"] = value
+            r = self.run_sh(d, env)
+            self.assertRefusedBeforeRunning(
+                r, env["OUT"], "run.sh: GPU_CHECK_STOP_GRACE_S='%s' is no whole number of seconds "
+                "from 1 to 600 (leave it unset for the default, 10)" % value, value)
+
     def test_the_header_names_the_no_driver_ending_the_script_prints(self):
         text = open(RUN_SH).read()
         header = text[:text.index("\nset -u")]
@@ -549,14 +561,16 @@ class RunShGpuPathTest(unittest.TestCase):
         self.assertLess(out.index("[galore] PASS"), out.index("== stopping offloadd"))
 
     def test_a_taken_port_does_not_keep_the_daemon_from_starting(self):
-        # The port run.sh once derived from its PID, taken by another program.
-        r, out = self.bundle(ipc=True, busy_port=lambda pid: 20000 + pid % 20000)
+        # The port run.sh once derived from its PID, taken by another program. Only the daemon's
+        # start, one health run and the stop with its handle count (every step runs in
+        # test_ipc_supported_runs_every_step).
+        r, out = self.bundle(ipc=True, busy_port=lambda pid: 20000 + pid % 20000, only="health2")
         self.assertEqual(r.returncode, 0, out + r.stderr)
         self.assertNotIn("did not start", out)
         self.assertIn("FIGURE ipc_handles_open_after_all_sessions 0 handles", out)
 
     def test_a_metrics_port_taken_at_the_start_leaves_the_daemon_without_metrics(self):
-        r, out = self.bundle(ipc=True, metrics_taken_once=True)
+        r, out = self.bundle(ipc=True, metrics_taken_once=True, only="health2")  # as above
         self.assertEqual(r.returncode, 0, out + r.stderr)
         self.assertRegex(out, r"NOTE: metrics port \d+ taken: the daemon runs without metrics")
         self.assertIn("NOTE: could not scrape the daemon's metrics (metrics off)", out)
