@@ -2,7 +2,6 @@
 
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "server/metrics/loopback_listener.h"
 #include "server/pool/arena.h"
 
 namespace offloadd {
@@ -232,25 +232,12 @@ TEST_F(SocketPath, WrongThingsAtThePath) {
   EXPECT_NE(long_path.message().find("limited to 107"), std::string::npos) << long_path;
 }
 
-// A TCP socket listening on 127.0.0.1 at a port the kernel picks; its port in *port.
-int ListenOnLoopback(int* port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  EXPECT_EQ(listen(fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  *port = ntohs(addr.sin_port);
-  return fd;
-}
-
 TEST(HostProblems, MetricsAddressAnotherProcessListensOnIsAProblemWithItsRemedy) {
-  int port = 0;
-  const int fd = ListenOnLoopback(&port);
+  std::string address;
+  const int fd = metrics::ListenOnLoopback(&address);
+  ASSERT_GE(fd, 0);
   v1::DaemonConfig config = Config("shm", 1 * kGiB, false);
-  config.set_metrics_address("127.0.0.1:" + std::to_string(port));
+  config.set_metrics_address(address);
   const HostFacts facts = ReadHostFacts(config, /*cuda_in_build=*/false);
   auto problems = HostProblems(config, Roomy());
   EXPECT_TRUE(problems.empty());  // Roomy() has no metrics fact: only ReadHostFacts probes

@@ -1,12 +1,11 @@
 #include "server/metrics/metrics.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <string>
 
 #include "gtest/gtest.h"
+#include "server/metrics/loopback_listener.h"
 
 namespace offloadd::metrics {
 namespace {
@@ -19,15 +18,9 @@ TEST(NumaNodeLabelTest, KnownNodesAreTheirNumberAndAnUnknownNodeIsNotZero) {
 }
 
 TEST(ExposerTest, TakenPortSaysTheAddressIsInUseAndTheRemedy) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  std::string address;
+  const int fd = ListenOnLoopback(&address);
+  ASSERT_GE(fd, 0);
 
   EXPECT_EQ(CheckAddressFree(address).code(), absl::StatusCode::kFailedPrecondition);
   absl::StatusOr<std::unique_ptr<Exposer>> exposer = Exposer::Start(address);

@@ -74,6 +74,14 @@ def daemon_stats(sock):
         return pb_grpc.OffloadStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
 
 
+def run_python(code, timeout=120):
+    """Runs ``python -c code`` with the repository's package importable; the CompletedProcess
+    (text output captured)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PY_ROOT, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def free_port():
     """A TCP port on 127.0.0.1 free at the time of asking (for metrics or a process group)."""
     import socket

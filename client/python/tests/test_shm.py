@@ -2,12 +2,10 @@
 
 import concurrent.futures
 import os
-import subprocess
-import sys
 import threading
 import unittest
 
-from daemon_fixture import PY_ROOT
+from daemon_fixture import run_python
 
 from offloadd import errors
 from offloadd.shm import (ALIGN_BYTES, ShmRegion, StagingArena, pid_namespace_id, shm_access,
@@ -75,10 +73,7 @@ class NamesLeftByAProcessTest(unittest.TestCase):
              "print(r.path, flush=True); %s")
 
     def child_name(self, ending):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [PY_ROOT, os.environ.get("PYTHONPATH", "")]))
-        r = subprocess.run([sys.executable, "-c", self.CHILD % ending], env=env,
-                           capture_output=True, text=True, timeout=120)
+        r = run_python(self.CHILD % ending)
         path = r.stdout.split()[0]
         self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
         return r.returncode, path

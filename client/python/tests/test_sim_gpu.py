@@ -14,15 +14,13 @@ state after a failed export. Every time figure is SIMULATED.
 import contextlib
 import gc
 import os
-import subprocess
-import sys
 import threading
 import time
 import unittest
 import warnings
 
 import torch
-from daemon_fixture import PY_ROOT, DaemonTestCase
+from daemon_fixture import DaemonTestCase, run_python
 
 import offloadd.torch as ot
 import offloadd.transformers as otf
@@ -216,10 +214,7 @@ class SimTableLifetimeTest(unittest.TestCase):
               "print(os.getpid(), flush=True); os.kill(os.getpid(), signal.%s)")
 
     def killed_table(self, signal_name):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [PY_ROOT, os.environ.get("PYTHONPATH", "")]))
-        r = subprocess.run([sys.executable, "-c", self.KILLED % signal_name], env=env,
-                           capture_output=True, text=True, timeout=120)
+        r = run_python(self.KILLED % signal_name)
         self.assertLess(r.returncode, 0, r.stderr[-2000:])  # died of the signal
         return sim_gpu.table_path(int(r.stdout.split()[0]))
 
