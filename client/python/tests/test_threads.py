@@ -19,6 +19,7 @@ from daemon_fixture import DaemonTestCase
 import offloadd.torch as ot
 from offloadd import errors
 from offloadd.torch import _endpoint
+from offloadd.torch._store import KEPT
 from offloadd.torch._transport import Meta, ReloadOp, ShmTransport
 
 torch.set_num_threads(1)
@@ -35,15 +36,15 @@ def forward(x, w):
 class SharedContextThreadsTest(DaemonTestCase):
     POOL_BYTES = "256MiB"
 
-    def run_threads(self, ring):
+    def run_threads(self, ring, keep_last_n=0):
         with mock.patch.dict(os.environ, {"OFFLOADD_RING": "1" if ring else "0"}):
             _endpoint.reset_for_tests()
             g = torch.Generator().manual_seed(0)
             x = torch.randn(N, N, generator=g) / 16
             w = (torch.randn(N, N, generator=g) / 16).requires_grad_()
             reference = torch.autograd.grad(forward(x, w), w)[0]
-            ctx = ot.offload_checkpoints(threshold_bytes=1 << 14, keep_last_n=0, prefetch=2,
-                                         socket_path=self.daemon.sock)
+            ctx = ot.offload_checkpoints(threshold_bytes=1 << 14, keep_last_n=keep_last_n,
+                                         prefetch=2, socket_path=self.daemon.sock)
             failures, wrong, done = [], [], []
 
             def work():
@@ -79,6 +80,38 @@ class SharedContextThreadsTest(DaemonTestCase):
 
     def test_backwards_of_threads_sharing_a_context_without_ring(self):
         self.run_threads(ring=False)
+
+    def test_backwards_of_threads_sharing_a_context_that_keeps_the_last_two(self):
+        """The kept handles wait in one queue for the whole context: one thread's pack offloads
+        another thread's kept handle, which that thread's backward may be unpacking (it read
+        the handle's tensor after the offload took it: AttributeError on None)."""
+        self.run_threads(ring=True, keep_last_n=2)
+
+    def test_a_kept_handle_offloaded_while_its_unpack_runs_is_served_from_the_device(self):
+        """The interleaving above made certain: the pack of another thread, which found the
+        handle due before this unpack began, offloads it while the unpack runs."""
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(N, N, generator=g) / 16
+        w = (torch.randn(N, N, generator=g) / 16).requires_grad_()
+        reference = torch.autograd.grad(forward(x, w), w)[0]
+        ctx = ot.offload_checkpoints(threshold_bytes=1 << 14, keep_last_n=1,
+                                     socket_path=self.daemon.sock)
+        store, calls = ctx.store, []
+        prefetch_before = store._prefetch_before
+
+        def offload_meanwhile(s):
+            if not calls:  # the first unpack: the kept handle
+                calls.append(s.state)
+                store._offload(s)
+            prefetch_before(s)
+        with mock.patch.object(store, "_prefetch_before", side_effect=offload_meanwhile):
+            with ctx:
+                loss = forward(x, w)
+            grad = torch.autograd.grad(loss, w)[0]
+        self.assertEqual(calls, [KEPT])
+        self.assertTrue(torch.equal(grad, reference))
+        self.assertTrue(ot.synchronize())
+        self.assertEqual((ctx.stats.fallbacks, ctx.stats.lost), (0, 0))
 
 
 IDLE_WARNING = "offloadd: offload is on but"

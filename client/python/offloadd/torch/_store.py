@@ -261,7 +261,7 @@ class Store:
             due = []
             while len(self._pending) > self.keep_last_n:
                 o = self._pending.popleft()()
-                if o is not None and o.state == KEPT:
+                if o is not None and o.state == KEPT and not o.unpacked:  # not in backward yet
                     due.append(o)
         for o in due:
             self._offload(o)
@@ -620,13 +620,15 @@ class Store:
         with self._lock:
             state, first = s.state, not s.unpacked
             s.unpacked = True
+            # Read with the state: another thread's pack may offload this handle once the lock
+            # is let go (it was due before this unpack began), which takes the tensor off it.
+            t = s.tensor
         if state in (KEPT, FALLBACK):
             if first and state == KEPT and s.prefetch_kept:
                 self.stats.add(served_in_flight=1, served_in_flight_bytes=s.meta.nbytes)
             elif first and state == KEPT and not s.served:
                 self.stats.add(kept=1, kept_bytes=s.meta.nbytes)
             self._prefetch_before(s)
-            t = s.tensor
             return t if t.device == s.meta.device else t.to(s.meta.device)
         if state == LOST:
             raise self._lost(s, None)
