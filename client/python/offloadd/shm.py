@@ -180,15 +180,27 @@ def pid_namespace_id():
     return int(digits) if digits.isdigit() else 0
 
 
+def proc_shows_own_pids():
+    """Whether /proc numbers processes as this PID namespace does (``/proc/self`` is this
+    process's pid). False inside a PID namespace that kept its parent's /proc (``unshare
+    --pid`` without ``--mount-proc``): a /proc/<pid> there names no process of ours, and a
+    sweep would take live processes for dead ones."""
+    try:
+        return int(os.readlink("/proc/self")) == os.getpid()
+    except (OSError, ValueError):
+        return False
+
+
 def sweep_stale(prefix="offloadd-py"):
     """Removes this uid's ``/dev/shm/<prefix>-<pid>-<pidns>-...`` objects made in this
     process's PID namespace whose process is gone (names kept by an arena with ``keep_names``
-    whose process was killed). Names from other PID namespaces are left alone. Returns how
-    many were removed."""
+    whose process was killed). Names from other PID namespaces are left alone, and nothing is
+    removed where /proc is not this namespace's (proc_shows_own_pids). Returns how many were
+    removed."""
     removed = 0
     my_ns = pid_namespace_id()
     try:
-        names = os.listdir("/dev/shm") if my_ns else []
+        names = os.listdir("/dev/shm") if my_ns and proc_shows_own_pids() else []
     except OSError:
         return 0
     for name in names:

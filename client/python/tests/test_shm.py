@@ -4,12 +4,15 @@ import concurrent.futures
 import os
 import threading
 import unittest
+from unittest import mock
 
 from daemon_fixture import run_python
 
 from offloadd import errors
-from offloadd.shm import (ALIGN_BYTES, ShmRegion, StagingArena, pid_namespace_id, shm_access,
-                          sweep_stale)
+from offloadd.shm import (ALIGN_BYTES, ShmRegion, StagingArena, pid_namespace_id,
+                          proc_shows_own_pids, shm_access, sweep_stale)
+
+_readlink = os.readlink
 
 
 class FakeRegistrar:
@@ -81,6 +84,20 @@ class NamesLeftByAProcessTest(unittest.TestCase):
     def test_a_normal_exit_removes_the_names(self):
         rc, path = self.child_name("raise SystemExit(3)")
         self.assertEqual(rc, 3)
+        self.assertFalse(os.path.exists(path))
+
+    def test_nothing_is_swept_where_proc_is_not_this_pid_namespaces(self):
+        """In a PID namespace that kept its parent's /proc, /proc/<pid> names no process of
+        ours: the sweep took live processes' names for dead ones."""
+        rc, path = self.child_name("os.kill(os.getpid(), signal.SIGTERM)")
+        self.assertEqual(rc, -15)
+        with mock.patch("os.readlink", side_effect=lambda p, *a, **k: (
+                str(os.getpid() + 1) if p == "/proc/self" else _readlink(p, *a, **k))):
+            self.assertFalse(proc_shows_own_pids())
+            self.assertEqual(sweep_stale(), 0)
+        self.assertTrue(os.path.exists(path))
+        self.assertTrue(proc_shows_own_pids())
+        self.assertEqual(sweep_stale(), 1)
         self.assertFalse(os.path.exists(path))
 
     def test_a_killed_process_names_go_with_the_next_arena(self):

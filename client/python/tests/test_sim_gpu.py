@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import unittest
+from unittest import mock
 import warnings
 
 import torch
@@ -230,6 +231,14 @@ class SimTableLifetimeTest(unittest.TestCase):
         finally:
             gpu.close()
         self.assertFalse(os.path.exists(sim_gpu.table_path()))
+
+    def test_nothing_is_swept_where_proc_is_not_this_pid_namespaces(self):
+        killed = self.killed_table("SIGKILL")
+        with mock.patch("offloadd.shm.proc_shows_own_pids", return_value=False):
+            self.assertEqual(sim_gpu.sweep_stale_tables(), 0)
+        self.assertTrue(os.path.exists(killed))
+        self.assertGreaterEqual(sim_gpu.sweep_stale_tables(), 1)
+        self.assertFalse(os.path.exists(killed))
 
     def test_a_stale_table_of_this_pid_is_replaced_and_a_second_sim_gpu_is_refused(self):
         with open(sim_gpu.table_path(), "wb") as f:  # as a dead process of this pid left it

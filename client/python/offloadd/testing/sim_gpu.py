@@ -94,6 +94,7 @@ import weakref
 import numpy as np
 
 from .. import _devices
+from .. import shm
 from .. import errors
 
 TABLE_MAGIC = b"OFDSIMG1"
@@ -219,10 +220,11 @@ def _stale(path):
 def sweep_stale_tables():
     """Removes this uid's tables that no live process holds (of processes killed before they
     closed their SimGpu or ran their exit handlers; SIGKILL, SIGTERM) and whose pid is not a
-    process here. Returns how many were removed."""
+    process here; none where /proc is not this PID namespace's (shm.proc_shows_own_pids).
+    Returns how many were removed."""
     removed = 0
     try:
-        names = os.listdir("/dev/shm")
+        names = os.listdir("/dev/shm") if shm.proc_shows_own_pids() else []
     except OSError:
         return 0
     for name in names:
