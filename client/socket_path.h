@@ -75,10 +75,14 @@ inline bool SocketPathFits(const std::string& path) {
   return !path.empty() && path.size() <= kMaxSocketPathBytes;
 }
 
-// connect()s to the Unix socket at `path` and closes it again: 0 when a process accepted,
-// else connect's errno (ENOENT: no file; ECONNREFUSED: nobody listens; EACCES: no permission).
+// connect()s to the Unix socket at `path` without blocking and closes it again: 0 when the
+// listener queued the connection, else connect's errno (ENOENT: no file; ECONNREFUSED: nobody
+// listens; EACCES: no permission; EAGAIN: a process listens but its queue of connections not
+// yet accepted is full: it accepts none, stopped or hung; ENAMETOOLONG: past sockaddr_un).
+// Never waits: a blocking connect to a listener that accepts nothing would wait forever.
 inline int ProbeUnixSocket(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) return ENAMETOOLONG;
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -370,6 +374,10 @@ inline std::string UnreachableSocketReason(const std::string& path, int probe_er
     case ECONNREFUSED:
       return "the socket file exists but no daemon listens on it (stale socket of a daemon "
              "that exited)";
+    case EAGAIN:
+      return "a process listens on the socket but accepts no connection (its queue is full): "
+             "the daemon is stopped (SIGSTOP, a debugger) or hung; check it (systemctl status "
+             "offloadd, or its log) and restart it if it does not recover";
     case 0:
       return "the socket accepted the connection but the daemon did not answer (daemon stuck "
              "or overloaded, or this user is past its connection bound)";

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -217,6 +218,31 @@ TEST(SocketListenerTest, StaleSocketFileIsNotListening) {
                 .find("daemon is fine"), std::string::npos);
   EXPECT_EQ(JoinGroupRemedy("root (gid 0)", "root", "0", false).find("daemon is fine"),
             std::string::npos);
+  unlink(path.c_str());
+  rmdir(tmpl);
+}
+
+// A listener that accepts nothing (a stopped daemon) made the probe's blocking connect wait
+// forever once its queue was full: offloadctl hung on such a socket.
+TEST(ProbeUnixSocketTest, AListenerThatAcceptsNothingIsEagainNotAWait) {
+  char tmpl[] = "/tmp/ofd-probe-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/d.sock";
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 0), 0);
+  std::vector<int> results;
+  for (int i = 0; i < 4; ++i) results.push_back(ProbeUnixSocket(path));
+  EXPECT_EQ(results.front(), 0);  // queued while the queue had room
+  EXPECT_EQ(results.back(), EAGAIN);
+  const std::string why = UnreachableSocketReason(path, EAGAIN);
+  EXPECT_NE(why.find("accepts no connection"), std::string::npos) << why;
+  EXPECT_EQ(ProbeUnixSocket(std::string(tmpl) + "/" + std::string(120, 'a')), ENAMETOOLONG);
+  close(fd);
   unlink(path.c_str());
   rmdir(tmpl);
 }

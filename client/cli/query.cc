@@ -50,7 +50,13 @@ absl::Status CheckSocketPresent(const std::string& path) {
   }
   // A socket file nobody listens on (a daemon that exited) refuses the connect at once: say so
   // rather than leave gRPC's "failed to connect to all addresses ... Connection refused".
-  if (client::ProbeUnixSocket(path) == ECONNREFUSED) {
+  const int probe = client::ProbeUnixSocket(path);
+  if (probe == EAGAIN) {
+    return absl::UnavailableError(absl::StrFormat(
+        "offloadd at unix:%s does not answer: %s", path,
+        client::UnreachableSocketReason(path, probe)));
+  }
+  if (probe == ECONNREFUSED) {
     return absl::UnavailableError(absl::StrFormat(
         "no offloadd listens at unix:%s: the socket file exists but no daemon listens on it (the "
         "socket of a daemon that exited); start or restart offloadd (e.g. systemctl restart "
