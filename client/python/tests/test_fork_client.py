@@ -31,7 +31,7 @@ class ForkedClientTest(DaemonTestCase):
         hooks = out["hooks"]
         self.assertEqual(hooks["child_code"], "FAILED_PRECONDITION")
         self.assertTrue(hooks["child_own_exact"])
-        self.assertGreater(hooks["child_offloaded"], hooks["parent_offloaded"])
+        self.assertEqual(hooks["child_offloaded"], 5)  # its own step's; the parent's stay its
         self.assertTrue(hooks["own_first_exact"])
         self.assertEqual(hooks["own_first_offloaded"], 5)  # x and the four tanh outputs
         self.assertEqual(hooks["own_first_inherited_code"], "FAILED_PRECONDITION")
@@ -47,3 +47,26 @@ class ForkedClientTest(DaemonTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ForkedChildStateTest(unittest.TestCase):
+    """What a forked child keeps of its parent's client state (no daemon: nothing to connect)."""
+
+    def test_a_child_counts_and_reports_from_zero(self):
+        """The child kept its parent's acked report totals as the base of its own session's
+        first report (negative, refused: the daemon never counted the child's fallbacks) and
+        its parent's statistics in every store."""
+        import offloadd.torch as ot
+        from offloadd.torch import _endpoint
+        ctx = ot.offload_checkpoints(socket_path="/nonexistent/offloadd.sock", name="fork")
+        ctx.stats.add(offloaded=3, fallbacks=2)
+        _endpoint._acked[("/nonexistent/offloadd.sock", "cpu")] = {"fallbacks_total": 80}
+        self.addCleanup(_endpoint._acked.clear)
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 only when it starts from zero
+            clean = not _endpoint._acked and ctx.stats.offloaded == 0 and \
+                ctx.stats.fallbacks == 0
+            os._exit(0 if clean else 1)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertEqual((ctx.stats.offloaded, ctx.stats.fallbacks), (3, 2))  # the parent's stay

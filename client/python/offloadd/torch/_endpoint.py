@@ -359,9 +359,15 @@ def endpoints():
 
 
 def _after_fork_in_child():
-    """The parent's threads are gone in a forked child: a lock one of them held stays locked."""
-    global _lock
+    """The parent's threads are gone in a forked child: a lock one of them held stays locked.
+    The child's sessions are its own: it reports its totals from zero (the parent's acked
+    totals as its base made its first report negative, refused, and its fallbacks were never
+    counted by the daemon) and keeps none of the parent's unreachable-daemon back-offs."""
+    global _lock, _acked_lock
     _lock = threading.Lock()
+    _acked_lock = threading.Lock()
+    _acked.clear()
+    _down_until.clear()
 
 
 atexit.register(close_all)

@@ -899,8 +899,9 @@ class Store:
         per step -- the de-duplication table (a tensor the parent saved would otherwise get the
         parent's handle), the handles waiting to be offloaded and the order prefetch walks --
         so the child neither matches, offloads nor prefetches a handle of its parent; a parent
-        handle the child unpacks still raises FAILED_PRECONDITION (_inherited). The locks are
-        new: a parent thread may have held them at the fork."""
+        handle the child unpacks still raises FAILED_PRECONDITION (_inherited). Its statistics
+        start at zero: the child counts its own work. The locks are new: a parent thread may
+        have held them at the fork."""
         self._lock = threading.RLock()
         self._reloaded = threading.Condition(self._lock)
         self._thread = threading.local()
@@ -910,6 +911,8 @@ class Store:
         self._base_seq = self._next_seq
         self._async_error = None
         self._unpacking = False
+        self.stats._lock = threading.Lock()
+        self.stats.reset()  # the child counts its own work (the parent's stays the parent's)
         self._end_step()
 
 
