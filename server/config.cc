@@ -838,6 +838,23 @@ void CheckChoicesAndPool(const v1::DaemonConfig& c, Problems* p) {
   }
 }
 
+// metrics_address: "" (no metrics) or HOST:PORT, a host and a decimal port from 1 to 65535
+// ("[::1]:9464" for IPv6). The HTTP server refused the rest only at start-up; port 0 would
+// serve on a port the kernel picks, which no scrape config names.
+void CheckMetricsAddress(const v1::DaemonConfig& c, Problems* p) {
+  const std::string& address = c.metrics_address();
+  if (address.empty()) return;
+  const size_t colon = address.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
+  uint32_t number = 0;
+  const bool ok = colon != std::string::npos && colon > 0 && !port.empty() &&
+                  port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos &&
+                  absl::SimpleAtoi(port, &number) && number >= 1 && number <= 65535;
+  p->Require(ok, "metrics_address", "\"" + address + "\"",
+             "must be HOST:PORT with a port from 1 to 65535, like 127.0.0.1:9464, 0.0.0.0:9464 "
+             "or [::1]:9464, or \"\" to serve no metrics");
+}
+
 void CheckLinks(const v1::DaemonConfig& c, Problems* p) {
   for (const auto& l : c.links()) {
     if (l.name().empty()) p->Add("every link needs a name");
@@ -915,6 +932,7 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c, const ConfigSources& sour
   Problems p{sources, {}};
   CheckRanges(c, &p);
   CheckChoicesAndPool(c, &p);
+  CheckMetricsAddress(c, &p);
   CheckLinks(c, &p);
   CheckPerUidLimits(c, &p);
   p.PerUidWithinTotal(c.projector().max_queued_refreshes_per_uid(),

@@ -1293,6 +1293,26 @@ TEST(ConfigFlagRanges, AFileSizeThatComesToAPartByteSaysSo) {
   EXPECT_EQ(ParseConfig("pool_bytes: 1.5KiB\n")->pool_bytes(), 1536u);
 }
 
+// A metrics_address the HTTP server cannot serve passed --check-config and failed at start-up
+// ("null context when constructing CivetServer"); port 0 served on a port nobody scrapes.
+TEST(ConfigTest, MetricsAddressIsHostAndPortOrEmpty) {
+  v1::DaemonConfig c = *ParseConfig("");
+  for (const char* bad : {":", "127.0.0.1:", ":19558", "127.0.0.1:99999", "127.0.0.1:65536",
+                          "127.0.0.1:+80", "0.0.0.0:0", "garbage", "127.0.0.1:-1"}) {
+    c.set_metrics_address(bad);
+    EXPECT_TRUE(absl::StrContains(
+        ValidateConfig(c).message(),
+        "metrics_address must be HOST:PORT with a port from 1 to 65535, like 127.0.0.1:9464, "
+        "0.0.0.0:9464 or [::1]:9464, or \"\" to serve no metrics (got \"" + std::string(bad) +
+            "\""))
+        << bad << ": " << ValidateConfig(c);
+  }
+  for (const char* good : {"", "127.0.0.1:9464", "0.0.0.0:1", "[::1]:65535", "node-1:9464"}) {
+    c.set_metrics_address(good);
+    EXPECT_TRUE(ValidateConfig(c).ok()) << good << ": " << ValidateConfig(c);
+  }
+}
+
 // A relative spill_directory was taken: it followed the daemon's working directory.
 TEST(ConfigTest, SpillDirectoryMustBeAbsolute) {
   v1::DaemonConfig c = *ParseConfig("spill_directory: \"spill\"\n");
