@@ -190,6 +190,20 @@ TEST(ModeDenialReasonTest, GroupThatAdmitsIsNotAModeProblem) {
   EXPECT_EQ(ModeDenialReasonFor(ModeOf(0750, 0, 2000, false), false, "g", member), "");
 }
 
+// A Unix socket bound to `path` and listening with `backlog`; its descriptor, or -1.
+int ListenAt(const std::string& path, int backlog) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(fd, backlog) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // A socket file with no listener behind it is told from a live one by the kernel's socket
 // diagnostics, and the permission message then says no daemon listens instead of "the daemon
 // is fine".
@@ -197,13 +211,8 @@ TEST(SocketListenerTest, StaleSocketFileIsNotListening) {
   char tmpl[] = "/tmp/ofd-listener-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string path = std::string(tmpl) + "/d.sock";
-  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  const int fd = ListenAt(path, 1);
   ASSERT_GE(fd, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
   ASSERT_EQ(chmod(path.c_str(), 0660), 0);
   EXPECT_EQ(SocketListenerAt(path), SocketListener::kListening);
   close(fd);  // the file stays: a daemon killed before it could unlink its socket
@@ -228,13 +237,8 @@ TEST(ProbeUnixSocketTest, AListenerThatAcceptsNothingIsEagainNotAWait) {
   char tmpl[] = "/tmp/ofd-probe-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string path = std::string(tmpl) + "/d.sock";
-  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  const int fd = ListenAt(path, 0);
   ASSERT_GE(fd, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 0), 0);
   std::vector<int> results;
   for (int i = 0; i < 4; ++i) results.push_back(ProbeUnixSocket(path));
   EXPECT_EQ(results.front(), 0);  // queued while the queue had room
