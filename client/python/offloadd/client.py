@@ -903,11 +903,14 @@ class Client:
                     settled.append((p, verdict))
             self.counters.resent += len(resend)
             self.counters.orphans_released += len(orphans)
+            # Orphan releases go first: a caller woken by a resent request's answer and then
+            # draining must find them pending.
+            for block_id in sorted(orphans):
+                self._queue_locked(pb.Request(release=pb.ReleaseRequest(block_id=block_id)),
+                                   concurrent.futures.Future(), internal=True)
             for request in resend:
                 conn.send(request)
         old.channel.close()
-        for block_id in orphans:
-            self._submit(pb.Request(release=pb.ReleaseRequest(block_id=block_id)), internal=True)
         for p, verdict in settled:
             if isinstance(verdict, Exception):
                 p.future.set_exception(verdict)
@@ -1002,15 +1005,20 @@ class Client:
             if kind == "reload" and request.reload.block_id in self._lost:
                 future.set_exception(self._lost_error(request.reload.block_id))
                 return future
-            request.request_id = next(self._ids)
-            p = _Pending(future, _EXPECTED[kind], request, internal, region)
-            self._pending[request.request_id] = p
-            target = conn if conn is not None else (
-                self._conn if self._reconnecting is None else None)
-            if target is not None:
-                p.conn = target
-                target.send(request if conn is not None else self._wire_locked(request))
+            self._queue_locked(request, future, internal, conn, region)
         return future
+
+    def _queue_locked(self, request, future, internal, conn=None, region=None):
+        """Numbers ``request``, records it as pending and sends it on ``conn`` (else on the
+        current connection, unless a reconnect is under way: the resume sends it)."""
+        request.request_id = next(self._ids)
+        p = _Pending(future, _EXPECTED[request.WhichOneof("body")], request, internal, region)
+        self._pending[request.request_id] = p
+        target = conn if conn is not None else (
+            self._conn if self._reconnecting is None else None)
+        if target is not None:
+            p.conn = target
+            target.send(request if conn is not None else self._wire_locked(request))
 
     def _read_loop(self, conn):
         failure = None
