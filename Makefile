@@ -49,7 +49,7 @@ test: build
 	bash tests/run_all.sh
 
 # Clang thread-safety analysis (-Wthread-safety -Werror, .bazelrc --config=tsa) over the
-# libraries and binaries of server/ and client/: build only, its own output tree.
+# sources of server/, client/ and common/: compile only, its own output tree.
 tsa: deps
 	BAZEL=$(BAZEL) bash tests/tsa_build.sh
 

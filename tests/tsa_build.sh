@@ -3,7 +3,9 @@
 # (and the annotated wrapper's own test) with .bazelrc's --config=tsa — /usr/bin/clang,
 # -Wthread-safety -Werror on our sources — so a member read without its GUARDED_BY mutex, a
 # REQUIRES function called without the lock or an EXCLUDES one called with it fails the build.
-# Build only (nothing runs); its own output tree, so it is incremental across runs.
+# Compile only (--output_groups=compilation_outputs: our own objects; nothing is linked or run,
+# and generated protobuf sources are not compiled, only their headers made); its own output
+# tree, so it is incremental across runs.
 # First it checks that the analysis can fail: a probe reading a guarded member without its lock
 # must be refused, and the same probe with the lock accepted.
 # Extra arguments go to bazel build (e.g. --keep_going).
@@ -38,4 +40,4 @@ echo "tsa_build: probe refused as expected (reading variable 'value' requires ho
 
 targets=$($BAZEL query 'kind("cc_library|cc_binary", //server/... + //client/... + //common/...)' 2>/dev/null)
 # shellcheck disable=SC2086
-$BAZEL build --config=tsa "$@" $targets //common/base:mutex_test
+$BAZEL build --config=tsa --output_groups=compilation_outputs "$@" $targets //common/base:mutex_test
