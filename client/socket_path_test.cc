@@ -84,7 +84,9 @@ TEST(UnreachableSocketReasonTest, PermissionNamesTheFileItsGroupAndTheRemedy) {
   EXPECT_NE(why.find("the socket " + sock + " (group " + GroupText(gid)), std::string::npos)
       << why;
   EXPECT_NE(why.find("mode 0660"), std::string::npos) << why;
-  if (gid != 0) EXPECT_NE(why.find("do not restart it"), std::string::npos) << why;
+  if (gid != 0) {
+    EXPECT_NE(why.find("do not restart it"), std::string::npos) << why;
+  }
   EXPECT_NE(why.find("usermod -aG"), std::string::npos) << why;
   EXPECT_NE(why.find("supplementalGroups"), std::string::npos) << why;
   unlink(sock.c_str());

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -155,7 +156,8 @@ TEST(CheckSpillDirectory, WritableMissingAndRefused) {
             std::string::npos);
   // A read-only file system (EROFS, the unit's ProtectSystem=strict): tests/monitoring
   // test_manifests and tests/systemd check that message with a real read-only mount.
-  std::system(("rm -rf " + dir).c_str());
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 TEST(HostProblems, SpillDirectoryComesLast) {
@@ -181,7 +183,8 @@ TEST(HostProblems, ASpillDirectoryThatIsAFileIsOneProblem) {
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_EQ(problems[0].message(), "spill_directory " + file + ": " + file +
                                        " is not a directory");
-  std::system(("rm -rf " + std::string(tmpl)).c_str());
+  std::error_code ignored;
+  std::filesystem::remove_all(tmpl, ignored);
 }
 
 class SocketPath : public ::testing::Test {
@@ -191,7 +194,10 @@ class SocketPath : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
   // A Unix socket bound at `path`; listening when `listen_too`.
   int Bind(const std::string& path, bool listen_too) {
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -199,7 +205,9 @@ class SocketPath : public ::testing::Test {
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
     EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    if (listen_too) EXPECT_EQ(listen(fd, 1), 0);
+    if (listen_too) {
+      EXPECT_EQ(listen(fd, 1), 0);
+    }
     return fd;
   }
   std::string dir_;
