@@ -218,7 +218,9 @@ TEST(BlasCoreChild, ProbeLeavesOpenBlasUnloaded) {
   ASSERT_TRUE(CoreIsaLevel(probe.core).has_value()) << probe.core;
   EXPECT_TRUE(probe.dynamic_arch);
   // The probe reports OpenBLAS's own pick, not the pin (an AVX machine would pick it anyway).
-  if (IsaLevelOf(ReadCpuIsa()) != IsaLevel::kAvx) EXPECT_NE(probe.core, "Sandybridge");
+  if (IsaLevelOf(ReadCpuIsa()) != IsaLevel::kAvx) {
+    EXPECT_NE(probe.core, "Sandybridge");
+  }
   EXPECT_EQ(dlopen("libopenblas.so.0", RTLD_NOW | RTLD_NOLOAD), nullptr);
   EXPECT_STREQ(std::getenv("OPENBLAS_CORETYPE"), "Sandybridge");  // the pin is untouched here
 }

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -163,7 +164,9 @@ TEST(PeerTest, AdminIsRootTheDaemonUidOrConfigured) {
   EXPECT_TRUE(IsAdmin(p, Peer(1, 0)));
   EXPECT_TRUE(IsAdmin(p, Peer(1, geteuid())));
   EXPECT_TRUE(IsAdmin(p, Peer(1, 4242)));
-  if (geteuid() != 4243) EXPECT_FALSE(IsAdmin(p, Peer(1, 4243)));
+  if (geteuid() != 4243) {
+    EXPECT_FALSE(IsAdmin(p, Peer(1, 4243)));
+  }
   EXPECT_FALSE(IsAdmin(p, PeerCredentials{}));
 }
 
@@ -186,7 +189,8 @@ TEST(PeerTest, HelloPidMustNameThePeerInEitherPidNamespace) {
   ASSERT_TRUE(pids.ok());
   EXPECT_EQ(*pids, (std::vector<int32_t>{123, 7}));
   EXPECT_EQ(NamespacePids(124, root).status().code(), absl::StatusCode::kNotFound);
-  std::system(("rm -rf " + root).c_str());
+  std::error_code ignored;
+  std::filesystem::remove_all(root, ignored);
   // The real /proc: this process has an NSpid line ending with its own pid.
   auto own = NamespacePids(getpid());
   ASSERT_TRUE(own.ok());
@@ -205,7 +209,8 @@ TEST(PeerTest, SharedMemoryOfAnotherUidIsRefused) {
   absl::Status st = CheckShmOwner(Peer(1, me + 1), "/mine", dir);
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(std::string(st.message()).find("belongs to uid"), std::string::npos) << st;
-  std::system(("rm -rf " + dir).c_str());
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 TEST(SessionIsolationTest, HelloFromAnotherPidOrAUidNotAllowedIsDenied) {

@@ -334,7 +334,9 @@ TEST_F(RingE2ETest, TheNativeCoreDrivesTheRingThroughItsCAbi) {
   uint64_t region = 0;
   while (region == 0 && stream->Read(&reply)) {
     for (const v1::Response& r : reply.responses()) {
-      if (r.has_hello()) ASSERT_TRUE(r.hello().ring_attached()) << r.hello().ring_error();
+      if (r.has_hello()) {
+        ASSERT_TRUE(r.hello().ring_attached()) << r.hello().ring_error();
+      }
       if (r.has_region_registered()) region = r.region_registered().region_id();
     }
   }
