@@ -43,6 +43,32 @@ class InPlaceTest(DaemonTestCase):
                 with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
                     y.sum().backward()
 
+    def test_modified_after_saving_then_dropped_raises(self):
+        # The caller drops the tensor after modifying it: only the handle saw it. Kept in
+        # process (keep_last_n), offloaded once due with the changed bytes, or kept as a
+        # fallback (no daemon): each raises at unpack instead of giving a wrong gradient.
+        cases = (("kept", dict(keep_last_n=5), self.daemon.sock, False),
+                 ("offloaded when due", dict(keep_last_n=1), self.daemon.sock, True),
+                 ("fallback", dict(keep_last_n=1), self.daemon.sock + ".none", False))
+        for name, kw, sock, sent in cases:
+            with self.subTest(name):
+                ctx = ot.offload_checkpoints(socket_path=sock, threshold_bytes=THRESHOLD,
+                                             connect_timeout_seconds=0.5, **kw)
+                w = torch.randn(1 << 14, requires_grad=True)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with ctx:
+                        x = torch.randn(1 << 14)
+                        y = x * w           # saves x
+                        x.add_(1.0)         # modified in place after it was saved
+                        del x
+                        z = (y * 2.0).exp() # saves a second tensor: x is due at keep_last_n=1
+                    ot.synchronize()
+                    self.assertEqual(ctx.stats.offloaded > 0, sent)
+                    with self.assertRaisesRegex(RuntimeError,
+                                                "modified by an inplace operation.*version 1"):
+                        z.sum().backward()
+
     def test_unmodified_tensors_still_pass(self):
         ctx = ot.offload_checkpoints(socket_path=self.daemon.sock, keep_last_n=0,
                                      threshold_bytes=THRESHOLD)

@@ -131,7 +131,7 @@ class Saved:
 
     __slots__ = ("store", "seq", "offset", "step", "meta", "tensor", "src", "version", "state",
                  "ep", "op", "block_id", "reload", "result", "unpacked", "dead", "pin", "served",
-                 "prefetch_kept", "reloading", "counts", "__weakref__")
+                 "prefetch_kept", "reloading", "counts", "modified", "__weakref__")
 
     def __init__(self, store, seq, t):
         self.store, self.seq, self.meta, self.tensor = store, seq, Meta(t), t
@@ -146,6 +146,10 @@ class Saved:
         self.reloading = False  # a thread is finishing this handle's reload (Store._claim)
         self.step = 0  # the store's step index when packed (the ordering hint's step)
         self.counts = None  # the _StepCounts of the thread's step that packed it
+        # The version at which the saved tensor was seen modified in place while this handle
+        # held it (sent, kept in process or copied in flight), else None: unpack raises then,
+        # even when the caller dropped the tensor (Store._check_version).
+        self.modified = None
 
     def __del__(self):
         try:
@@ -355,6 +359,7 @@ class Store:
             return self._fallback(s, "offloadd refused a tensor (%s); no offloads to it for "
                                   "%g s (retry_seconds)" % (full, self.retry_seconds),
                                   errors.RESOURCE_EXHAUSTED)
+        _note_version(s, s.tensor)
         t0 = time.monotonic()
         try:
             # The ordering hint: backward reloads a step's blocks in reverse of position, so the
@@ -410,6 +415,7 @@ class Store:
             self._offload_refused(s, ep, op, exc)
             return
         block_id = future.result().block_id
+        _note_version(s, getattr(op, "tensor", None))  # a source modified while copied
         rl, settled = None, False
         try:
             with self._lock:
@@ -581,6 +587,7 @@ class Store:
         if self.strict:
             raise errors.OffloaddError(code, reason + " (strict=True)")
         t = s.tensor
+        _note_version(s, t)
         if t.device.type == "cuda" and s.pin:
             t = HostCopy(t, True).host
         with self._lock:
@@ -767,14 +774,21 @@ class Store:
     @staticmethod
     def _check_version(s):
         """torch skips its saved-tensor version check when hooks are installed; do it here, with
-        torch's words: a tensor modified in place after it was saved makes backward wrong."""
+        torch's words: a tensor modified in place after it was saved makes backward wrong. The
+        tensor is the caller's while it lives, else the one a kept handle holds; a modification
+        seen while the handle held it (Saved.modified) counts after the tensor is gone."""
         t = s.src()
-        if t is not None and t._version != s.version:
+        if t is None and s.state == KEPT:
+            t = s.tensor  # the saved tensor itself: a kept handle holds no copy
+        version = t._version if t is not None else s.version
+        if version == s.version and s.modified is not None:
+            version = s.modified
+        if version != s.version:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an "
                 "inplace operation: [%s %s] is at version %d; expected version %d instead "
                 "(checked by offloadd, which saved it at that version)"
-                % (s.meta.dtype, list(s.meta.shape), t._version, s.version))
+                % (s.meta.dtype, list(s.meta.shape), version, s.version))
 
     def _lost(self, s, why):
         """A new DATA_LOSS error for handle ``s``; ``why``: the failure's text (None: the handle
@@ -928,6 +942,13 @@ def _stores_after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_stores_after_fork_in_child)
+
+
+def _note_version(s, t):
+    """Records on handle ``s`` that ``t``, the tensor it saved (None: not at hand), was modified
+    in place since the pack; the first version seen counts."""
+    if t is not None and s.modified is None and t._version != s.version:
+        s.modified = t._version
 
 
 def _inherited(s):
