@@ -296,8 +296,9 @@ std::string UnreachableSocketReason(const std::string& path, int probe_errno) {
              "the daemon is stopped (SIGSTOP, a debugger) or hung; check it (systemctl status "
              "offloadd, or its log) and restart it if it does not recover";
     case 0:
-      return "the socket accepted the connection but the daemon did not answer (daemon stuck "
-             "or overloaded, or this user is past its connection bound)";
+      return "the socket accepted the connection but no offloadd answered on it: the daemon is "
+             "stopped (SIGSTOP, a debugger), hung or overloaded, this user is past its "
+             "connection bound, or another program listens there (`ss -xlp` names it)";
     default:
       return std::string("connect failed: ") + std::strerror(probe_errno);
   }

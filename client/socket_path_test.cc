@@ -65,7 +65,7 @@ TEST(UnreachableSocketReasonTest, TellsPermissionFromStaleAndStuck) {
             std::string::npos);
   EXPECT_NE(UnreachableSocketReason("/nonexistent/x.sock", ECONNREFUSED).find("no daemon listens"),
             std::string::npos);
-  EXPECT_NE(UnreachableSocketReason("/nonexistent/x.sock", 0).find("did not answer"),
+  EXPECT_NE(UnreachableSocketReason("/nonexistent/x.sock", 0).find("no offloadd answered"),
             std::string::npos);
   EXPECT_EQ(ProbeUnixSocket("/nonexistent/x.sock"), ENOENT);
 }

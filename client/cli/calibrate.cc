@@ -91,7 +91,7 @@ int RunCalibrateLinks(const std::string& socket, const std::vector<std::string>&
   v1::LinkCalibration reply;
   grpc::Status st = Stub(socket)->CalibrateLinks(&ctx, req, &reply);
   if (!st.ok()) {
-    std::cerr << "offloadctl: " << st.error_message() << " (unix:" << socket << ")\n";
+    std::cerr << "offloadctl: " << RpcFailureText(st, socket) << "\n";
     return 1;
   }
   if (json) {

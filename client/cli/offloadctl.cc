@@ -88,7 +88,7 @@ std::optional<offloadd::v1::Stats> QueryStats(const std::string& socket) {
   grpc::Status st =
       offloadd::cli::Stub(socket)->GetStats(&ctx, offloadd::v1::GetStatsRequest(), &stats);
   if (!st.ok()) {
-    std::cerr << "offloadctl: " << st.error_message() << " (unix:" << socket << ")\n";
+    std::cerr << "offloadctl: " << offloadd::cli::RpcFailureText(st, socket) << "\n";
     return std::nullopt;
   }
   return stats;

@@ -67,6 +67,36 @@ absl::Status CheckSocketPresent(const std::string& path) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Whether `st` is a failure of the connection (gRPC's own words) rather than an answer of the
+// daemon, whose messages are sentences of its own.
+bool IsConnectionFailure(const grpc::Status& st) {
+  if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return true;
+  if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
+      st.error_code() != grpc::StatusCode::INTERNAL &&
+      st.error_code() != grpc::StatusCode::UNKNOWN) {
+    return false;
+  }
+  static const char* const kTransportWords[] = {
+      "failed to connect to all addresses", "Socket closed", "Failed parsing HTTP/2",
+      "Connection reset", "Broken pipe", "Stream removed", "GOAWAY", "Endpoint read failed",
+      "connections to all backends failing", "Deadline Exceeded"};
+  for (const char* words : kTransportWords) {
+    if (st.error_message().find(words) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string RpcFailureText(const grpc::Status& st, const std::string& path) {
+  if (!IsConnectionFailure(st)) return absl::StrFormat("%s (unix:%s)", st.error_message(), path);
+  return absl::StrFormat("no answer from offloadd at unix:%s: %s (gRPC: %s)", path,
+                         client::UnreachableSocketReason(path, client::ProbeUnixSocket(path)),
+                         st.error_message());
+}
+
 std::unique_ptr<v1::Offload::Stub> Stub(const std::string& path) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // Stats grows with sessions and links
@@ -92,8 +122,10 @@ absl::Status CheckHealth(const std::string& path, double timeout_seconds) {
     // Say why in words when the socket refuses this user or nobody listens; gRPC's own text
     // ("failed to connect to all addresses ...") only when the connect itself worked.
     const int probe = client::ProbeUnixSocket(path);
-    const std::string why = probe == 0 ? st.error_message()
-                                       : client::UnreachableSocketReason(path, probe);
+    const std::string why = probe == 0 && !IsConnectionFailure(st)
+                                ? st.error_message()
+                                : client::UnreachableSocketReason(path, probe) +
+                                      (probe == 0 ? " (gRPC: " + st.error_message() + ")" : "");
     const absl::StatusCode code = probe == EACCES || probe == EPERM
                                       ? absl::StatusCode::kPermissionDenied
                                       : static_cast<absl::StatusCode>(st.error_code());

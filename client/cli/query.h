@@ -30,6 +30,13 @@ std::unique_ptr<v1::Offload::Stub> Stub(const std::string& path);
 // SERVING; UNAVAILABLE naming the reported status otherwise; RPC errors with the socket path.
 absl::Status CheckHealth(const std::string& path, double timeout_seconds = 5);
 
+// The sentence for an RPC to unix:`path` that failed with `st`: the daemon's own message for a
+// status it answered; for a failure of the connection itself (gRPC's deadline, "failed to
+// connect", "Socket closed", a listener that speaks no HTTP/2) why, in words, from one more
+// connect() (client::UnreachableSocketReason: a stopped or hung daemon, a stale socket,
+// permission, or another program on the socket), with gRPC's text after it.
+std::string RpcFailureText(const grpc::Status& st, const std::string& path);
+
 // "1.50 GiB": binary units (KiB, MiB, GiB, TiB), two decimals.
 std::string Bytes(double bytes);
 

@@ -24,7 +24,7 @@ void SetDeadline(grpc::ClientContext* ctx) {
 }
 
 int Failed(const grpc::Status& st, const std::string& socket) {
-  std::cerr << "offloadctl: " << st.error_message() << " (unix:" << socket << ")\n";
+  std::cerr << "offloadctl: " << RpcFailureText(st, socket) << "\n";
   return 1;
 }
 

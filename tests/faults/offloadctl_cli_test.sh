@@ -83,6 +83,23 @@ for cmd in stats health topo sessions; do
     fail "stale_socket_$cmd: gRPC's text: $(cat "$dir/err")"
 done
 
+# A listener that is not offloadd (it closes each connection at once): exit 1 saying the socket
+# accepts but no offloadd answers, gRPC's words only after that.
+other=$dir/other.sock
+/usr/bin/python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(64)
+while True:
+    s.accept()[0].close()' "$other" &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$other" ] && break; sleep 0.05; done
+for cmd in stats health sessions; do
+  expect "other_listener_$cmd" 1 "the socket accepted the connection but no offloadd answered" \
+    --socket "$other" $cmd
+  grep -q "another program listens there" "$dir/err" ||
+    fail "other_listener_$cmd: no advice: $(cat "$dir/err")"
+done
+
 chmod 0755 "$dir"
 "$OFFLOADD" --socket_path="$sock" --pool_bytes=64MiB --metrics_address= >"$dir/daemon.log" 2>&1 &
 pids+=($!)

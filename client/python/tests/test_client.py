@@ -315,6 +315,26 @@ class DaemonLossTest(unittest.TestCase):
         self.assertIn("point $OFFLOADD_SOCKET at the daemon's socket path (or pass "
                       "socket_path=PATH)", str(e.exception))
 
+    def test_a_listener_that_never_answers_is_not_called_a_stale_socket(self):
+        # Something accepts connections but speaks no gRPC (a stopped daemon, another program):
+        # the error says so and does not advise a restart as for a socket nobody listens on.
+        path = "/tmp/offloadd-silent-%d.sock" % os.getpid()
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(path)
+        listener.listen(16)
+        try:
+            t0 = time.monotonic()
+            with self.assertRaises(errors.DaemonUnavailable) as e:
+                Client(path, connect_timeout_seconds=0.5)
+            self.assertLess(time.monotonic() - t0, 5.0)
+        finally:
+            listener.close()
+            os.unlink(path)
+        text = str(e.exception)
+        self.assertIn("within 0.5 s, though the socket accepts connections", text)
+        self.assertIn("stopped (SIGSTOP, a debugger), hung or overloaded, or another program", text)
+        self.assertNotIn("stale", text)
+
     def test_socket_path_rules(self):
         self.assertEqual(default_socket_path_for(0, "/run/user/5"), "/run/offloadd/offloadd.sock")
         self.assertEqual(default_socket_path_for(5, "/run/user/5"),
