@@ -718,8 +718,10 @@ bool Client::ResumeAfterBreak(absl::Status* failure) {
     if (absl::IsNotFound(s) && !token.empty()) {
       if (holds_blocks) {
         *failure = absl::DataLossError(absl::StrCat(
-            "the offloadd daemon at ", target_, " restarted without this session's blocks (",
-            s.message(), "); they are lost: Connect anew"));
+            "the offloadd daemon at ", target_, " no longer holds this session's blocks (",
+            s.message(),
+            "): it restarted without them, or it ended the session when the connection broke (a "
+            "daemon frozen past the keepalive timeout); they are lost: Connect anew"));
         return false;
       }
       base::MutexLock lock(mu_);

@@ -858,8 +858,10 @@ class Client:
                         holds = bool(self._confirmed)
                     if holds:  # the daemon has nothing for us: our blocks are lost
                         return self._give_up(errors.OffloaddError(
-                            errors.DATA_LOSS, "the offloadd daemon at %s restarted without this "
-                            "session's blocks (%s); they are lost: open a new Client" %
+                            errors.DATA_LOSS, "the offloadd daemon at %s no longer holds this "
+                            "session's blocks (%s): it restarted without them, or it ended the "
+                            "session when the connection broke (a daemon frozen past "
+                            "keepalive_timeout_seconds); they are lost: open a new Client" %
                             (self.target, e.message)))
                     token = b""  # nothing confirmed, nothing lost: a new session will do
                     continue
