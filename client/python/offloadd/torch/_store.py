@@ -131,7 +131,8 @@ class Saved:
 
     __slots__ = ("store", "seq", "offset", "step", "meta", "tensor", "src", "version", "state",
                  "ep", "op", "block_id", "reload", "result", "unpacked", "dead", "pin", "served",
-                 "prefetch_kept", "reloading", "counts", "modified", "__weakref__")
+                 "prefetch_kept", "reloading", "counts", "modified", "sent_version",
+                 "__weakref__")
 
     def __init__(self, store, seq, t):
         self.store, self.seq, self.meta, self.tensor = store, seq, Meta(t), t
@@ -150,6 +151,8 @@ class Saved:
         # held it (sent, kept in process or copied in flight), else None: unpack raises then,
         # even when the caller dropped the tensor (Store._check_version).
         self.modified = None
+        self.sent_version = None  # the version of the transport's source when sent (a device
+        # transport may read a tensor of its own: the simulated GPU's copy)
 
     def __del__(self):
         try:
@@ -388,8 +391,10 @@ class Store:
             elif not ep.alive:
                 _endpoint.mark_broken(ep, why, self.retry_seconds)
             return self._fallback(s, "offloadd could not take a tensor (%s)" % why, code)
+        source = getattr(op, "tensor", None)
         with self._lock:  # the op holds what the transport still needs (a CUDA source tensor)
             s.ep, s.op, s.state, s.tensor = ep, op, OFFLOADING, None
+            s.sent_version = None if source is None else source._version
         wref = weakref.ref(s)
         op.future.add_done_callback(lambda f: self._offload_done(wref, ep, op, f))
 
@@ -415,7 +420,9 @@ class Store:
             self._offload_refused(s, ep, op, exc)
             return
         block_id = future.result().block_id
-        _note_version(s, getattr(op, "tensor", None))  # a source modified while copied
+        source = getattr(op, "tensor", None)  # a device source modified while copied
+        if source is not None and s.modified is None and source._version != s.sent_version:
+            s.modified = s.version + source._version - s.sent_version
         rl, settled = None, False
         try:
             with self._lock:
@@ -778,7 +785,7 @@ class Store:
         tensor is the caller's while it lives, else the one a kept handle holds; a modification
         seen while the handle held it (Saved.modified) counts after the tensor is gone."""
         t = s.src()
-        if t is None and s.state == KEPT:
+        if t is None and s.state == KEPT and not s.prefetch_kept:
             t = s.tensor  # the saved tensor itself: a kept handle holds no copy
         version = t._version if t is not None else s.version
         if version == s.version and s.modified is not None:
