@@ -167,7 +167,7 @@ std::string ModeDenialReasonFor(const struct stat& st, bool is_socket,
   const mode_t owner_bit = is_socket ? S_IWUSR : S_IXUSR;
   const mode_t group_bit = is_socket ? S_IWGRP : S_IXGRP;
   const mode_t other_bit = is_socket ? S_IWOTH : S_IXOTH;
-  const std::string perm = is_socket ? "read/write" : "search (x)";
+  const std::string perm = is_socket ? "write (w, which connecting needs)" : "search (x)";
   const std::string verb = is_socket ? "connect" : "search it";
   const bool owner_may = (st.st_mode & owner_bit) != 0;
   bool in_group = false;

@@ -159,18 +159,20 @@ TEST(ModeDenialReasonTest, OwnerOnlySocketNamesItsOwner) {
       ModeDenialReasonFor(ModeOf(0600, 0, 0), true, "root (gid 0)", in_group);
   EXPECT_EQ(member,
             "its mode gives its group root (gid 0), which this process (uid 65534, groups 0) is "
-            "in, no read/write permission: only its owner, " + UserText(0) + ", may connect");
+            "in, no write (w, which connecting needs) permission: only its owner, " +
+                UserText(0) + ", may connect");
   const std::string other =
       ModeDenialReasonFor(ModeOf(0600, 0, 0), true, "root (gid 0)", outside);
   EXPECT_EQ(other,
-            "its mode gives neither its group root (gid 0) nor other users read/write permission: "
-            "only its owner, " + UserText(0) + ", may connect, and this process is uid 65534, "
+            "its mode gives neither its group root (gid 0) nor other users write (w, which "
+            "connecting needs) permission: only its owner, " + UserText(0) + ", may connect, and this process is uid 65534, "
             "groups 65534");
   // 0000 admits no user but root; 0755 gives its group r-x, no write.
   EXPECT_NE(ModeDenialReasonFor(ModeOf(0000, 0, 0), true, "g", outside)
                 .find("no user but root may connect"), std::string::npos);
   EXPECT_NE(ModeDenialReasonFor(ModeOf(0755, 0, 0), true, "g", in_group)
-                .find("is in, no read/write permission: only its owner"), std::string::npos);
+                .find("is in, no write (w, which connecting needs) permission: only its owner"),
+            std::string::npos);
   // The remedy is the daemon's socket mode and group, or running as the owner (root for 0000).
   const std::string remedy = ModeDenialRemedy(ModeOf(0600, 0, 0), true);
   EXPECT_NE(remedy.find("--socket_mode=0660 --socket_group=offloadd"), std::string::npos);

@@ -137,11 +137,12 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null &&
       fail "$name: exit $rc, stderr: $(cat "$dir/err")"; fi
   }
   expect_as_nobody owner_only_socket_group_member 0600 0 \
-    "gives its group root (gid 0), which this process (uid 65534, groups 0) is in, no read/write" \
+    "gives its group root (gid 0), which this process (uid 65534, groups 0) is in, no write (w," \
     "only its owner, root (uid 0), may connect" "--socket_mode=0660 --socket_group=offloadd"
-  expect_as_nobody owner_only_socket_outsider 0600 65534 \
-    "gives neither its group root (gid 0) nor other users read/write permission: only its owner"
-  expect_as_nobody group_without_write 0755 0 "is in, no read/write permission: only its owner"
+  expect_as_nobody owner_only_socket_outsider 0600 65534 "gives neither its group root (gid 0)" \
+    "nor other users write (w, which connecting needs) permission: only its owner"
+  expect_as_nobody group_without_write 0755 0 \
+    "is in, no write (w, which connecting needs) permission: only its owner"
   expect_as_nobody socket_mode_0000 0000 0 "no user but root may connect" "or run this as root"
   chmod 0660 "$sock"
   # A stale socket this user may not open: no daemon listens, so never "the daemon is fine".
