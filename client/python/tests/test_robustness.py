@@ -4,6 +4,7 @@ prefetch waiting for staging room, processes forked with an endpoint open, an of
 whose handling raised part way (the unpack waiting on it hung); and a daemon that left the socket
 directories it created behind (clients' default socket path follows /run/offloadd)."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -68,6 +69,47 @@ class InPlaceTest(DaemonTestCase):
                     with self.assertRaisesRegex(RuntimeError,
                                                 "modified by an inplace operation.*version 1"):
                         z.sum().backward()
+
+    def test_saved_again_after_an_in_place_change_gets_a_handle_of_its_own(self):
+        # x saved at version 0 by a node backward never runs (a metric), changed in place, saved
+        # again at version 1: plain torch is fine, and the second node must get the changed bytes.
+        for keep in (0, 1, 3):
+            with self.subTest(keep_last_n=keep):
+                w = torch.randn(256, 256, requires_grad=True)
+                inp = torch.randn(64, 256)
+
+                def run(ctx):
+                    w.grad = None
+                    with ctx:
+                        x = inp @ w
+                        aux = x.sin()   # saves x at version 0; never backwarded
+                        x.mul_(2.0)
+                        y = x.cos()     # saves x at version 1
+                    y.sum().backward()
+                    del aux
+                    return w.grad.clone()
+
+                expected = run(contextlib.nullcontext())
+                got = run(ot.offload_checkpoints(socket_path=self.daemon.sock, keep_last_n=keep,
+                                                 threshold_bytes=THRESHOLD))
+                self.assertTrue(torch.equal(got, expected))
+
+    def test_the_earlier_save_of_a_tensor_changed_in_place_raises_as_in_torch(self):
+        # relu saves its output h; dropout changes h in place; matmul saves h again. Plain torch
+        # raises in relu's backward; the hooks must raise too, never hand relu's backward (or
+        # matmul's) the other version's bytes.
+        for keep in (0, 1, 3):
+            with self.subTest(keep_last_n=keep):
+                w1 = torch.randn(128, 128, requires_grad=True)
+                w2 = torch.randn(128, 128, requires_grad=True)
+                with ot.offload_checkpoints(socket_path=self.daemon.sock, keep_last_n=keep,
+                                            threshold_bytes=THRESHOLD):
+                    h = torch.relu(torch.randn(64, 128) @ w1)
+                    torch.nn.functional.dropout(h, 0.5, training=True, inplace=True)
+                    out = h @ w2
+                    del h
+                with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+                    out.sum().backward()
 
     def test_unmodified_tensors_still_pass(self):
         ctx = ot.offload_checkpoints(socket_path=self.daemon.sock, keep_last_n=0,

@@ -299,7 +299,14 @@ class Store:
             # caller still holds, a failed step's LOST handle) is never reused: a tensor saved
             # again (an input batch or buffer reused across steps) gets a handle of its own.
             if s is not None and s.step == self._step_index and s.state != LOST:
-                return (None, s) if s.src() is t else ("views", None)
+                if s.src() is not t:
+                    return "views", None
+                if s.version == t._version:
+                    return None, s
+                # Saved again after an in-place change: a handle of its own for these bytes;
+                # the earlier handle raises if its node's backward ever unpacks it, as torch's
+                # own check would.
+                _note_version(s, t)
         if base is not None:
             hit = self._seen.get(id(base))
             if hit is not None and hit[0]() is base and hit[1]() is not None:
