@@ -68,7 +68,7 @@ else
     || { echo "FAIL problems not in start-up order:"; cat "$dir/err"; failures=$((failures + 1)); }
 fi
 # A live daemon on the socket is a note, not a failure (ExecStartPre runs after it stopped).
-printf 'pool_bytes: 16MiB  # a size with a suffix\n' >"$dir/ok.conf"
+printf 'pool_bytes: 16MiB  # a size with a suffix\nmetrics_address: ""\n' >"$dir/ok.conf"
 if "$OFFLOADD" --check-config "$dir/ok.conf" --socket_path="$dir/live.sock" >"$dir/out" 2>&1 \
    && grep -q "note: another offloadd is already listening" "$dir/out" \
    && grep -q "is valid and this host can run it" "$dir/out"; then
@@ -133,7 +133,7 @@ if [ "$(id -u)" = 0 ] && setpriv --reuid=65534 --regid=65534 --clear-groups true
     bash -c "ulimit -l 8192 && exec setpriv --reuid=65534 --regid=65534 --clear-groups \
       '$OFFLOADD' --socket_path='$dir/nobody/c.sock' --pool_bytes=64MiB --pool_mlock=true \
       --metrics_address="
-  printf 'pool_bytes: 64MiB\npool_mlock: true\n' >"$dir/mlock.conf"
+  printf 'pool_bytes: 64MiB\npool_mlock: true\nmetrics_address: ""\n' >"$dir/mlock.conf"
   chmod 0644 "$dir/mlock.conf"
   expect check_config_host_memlock_and_socket_dir "this host cannot run it (2 problems" \
     bash -c "ulimit -l 8192 && exec setpriv --reuid=65534 --regid=65534 --clear-groups \
