@@ -51,7 +51,8 @@ section "bazel test"
 $BAZEL test //... --keep_going --test_output=errors 2>&1 | tee "$results/bazel.log" | grep -vE '^\[[0-9,]+ / [0-9,]+\]|^INFO: From|^Loading|^Analyzing'
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 $BAZEL query 'tests(//...)' 2>/dev/null > "$results/targets"
-/usr/bin/python3 tests/count_bazel_results.py "$results/targets" bazel-out/k8-opt/testlogs > "$results/bazel.count" || rc=1
+/usr/bin/python3 tests/count_bazel_results.py "$results/targets" bazel-out/k8-opt/testlogs \
+  "$results/bazel.failures" > "$results/bazel.count" || rc=1
 
 section "thread-safety analysis (clang -Wthread-safety -Werror, make tsa)"
 if command -v /usr/bin/clang >/dev/null; then
@@ -161,6 +162,12 @@ else
 fi
 
 section ""
+# What failed, again at the end: a long log is often read from its tail.
+if [ -s "$results/bazel.failures" ]; then
+  echo "failed Bazel test cases (assertion messages, first lines):"; cat "$results/bazel.failures"
+fi
+grep -hE '^(FAIL|ERROR): |^(FAILED|ERROR) [^ ]+::' "$results"/python.log "$results"/wheel.log \
+  "$results"/monitoring.log "$results"/systemd.log 2>/dev/null | sed 's/^/failed Python test: /'
 passed=0; failed=0
 for f in "$results"/*.count; do
   read -r p fl < "$f"

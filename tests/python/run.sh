@@ -74,5 +74,5 @@ targets=(client/python/tests)
 for arg in "$@"; do
   case "$arg" in *.py | *.py::*) targets=(); break ;; esac
 done
-exec "$PY" -m pytest -p no:cacheprovider -q -rs --durations=8 "${parallel[@]}" \
+exec "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=8 "${parallel[@]}" \
   "${targets[@]}" "$@"
