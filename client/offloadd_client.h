@@ -16,12 +16,13 @@
 // and completes Replies (sets their promises) after releasing it. A caller waiting on a Reply
 // (get, wait, wait_for, wait_until, or the std::future it converts to) waits for that
 // completion; no caller ever reads the stream. Each Client runs one thread of its own, the
-// session thread: it sleeps until the stream's OnDone, then resumes the session on a new stream
-// (auto_resume, below) or fails every pending request; reactions run on gRPC's threads.
+// session thread (named "offloadd-stream" in /proc/<pid>/task/*/comm): it sleeps until the
+// stream's OnDone, then resumes the session on a new stream (auto_resume, below) or fails every
+// pending request; reactions run on gRPC's threads.
 // The request ring (ClientOptions::use_ring, on by default): when the daemon attaches it,
 // Offload, Reload(Tagged) and Release(Tagged) are submitted into shared memory on the calling
 // thread (client/core/ring_core.h; their ids carry bit 63) and answered there, and a third
-// thread completes their Replies, sleeping on a futex while nothing is answered; the stream
+// thread ("offloadd-ring") completes their Replies, sleeping on a futex while nothing is answered; the stream
 // keeps everything else. Requests on the ring and on the stream are not ordered with each
 // other (wait for a region's requests before unregistering it). When the stream breaks the ring
 // is given up: requests still pending on it settle or are re-sent on the resumed stream as
