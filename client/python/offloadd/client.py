@@ -235,22 +235,6 @@ class _RingOp(_outcome.Outcome):
 
 
 
-def _no_answer_reason(path, target, seconds):
-    """Why gRPC found no daemon at ``target`` (the socket ``path``) within ``seconds``: a
-    socket nobody listens on (a daemon that exited) or one whose listener accepts without
-    answering (a stopped, hung or overloaded daemon, or another program), told apart by one
-    more connect()."""
-    err, _uid = _socket_path.probe(path, 0.2)
-    if err == errno.ECONNREFUSED:
-        return ("no offloadd answered at %s within %.1f s: %s; start the daemon (systemctl "
-                "start offloadd)" % (target, seconds,
-                                     _socket_path.unreachable_reason(path, err)))
-    return ("no offloadd answered at %s within %.1f s, though the socket accepts connections: "
-            "the daemon is stopped (SIGSTOP, a debugger), hung or overloaded, or another "
-            "program listens there (`ss -xlp | grep %s` names it). Restarting a daemon whose "
-            "pool has no pool_shm_name ends every session's blocks" % (target, seconds, path))
-
-
 class _Conn:
     """One connection: channel, stream and reader thread."""
 
@@ -264,7 +248,7 @@ class _Conn:
             grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_seconds)
         except grpc.FutureTimeoutError:
             self.channel.close()
-            raise errors.DaemonUnavailable(_no_answer_reason(
+            raise errors.DaemonUnavailable(_socket_path.no_answer_reason(
                 client.socket_path, client.target, connect_timeout_seconds)) from None
         self.stub = pb_grpc.OffloadStub(self.channel)
 

@@ -140,4 +140,25 @@ def unreachable_reason(path, probe_errno):
                 "exited)")
     if probe_errno == errno.ETIMEDOUT:
         return "the socket did not accept within the timeout (daemon stuck or overloaded)"
+    if probe_errno == 0:
+        return ("the socket accepts connections, but what listens there does not answer: the "
+                "daemon is stopped (SIGSTOP, a debugger), hung or overloaded, or another "
+                "program listens there (`ss -xlp | grep %s` names it)" % path)
     return "connect failed: %s" % os.strerror(probe_errno)
+
+
+def no_answer_reason(path, target, seconds):
+    """Why a connection to ``target`` (the socket ``path``) got no offloadd answer within
+    ``seconds``: the clause of :func:`unreachable_reason` for one more connect(), and what to
+    do. A socket nobody listens on (a daemon that exited) says to start the daemon; one that
+    accepts without answering warns that restarting a daemon whose pool has no pool_shm_name
+    ends every session's blocks."""
+    err, _uid = probe(path, 0.2)
+    reason = "no offloadd answered at %s within %.1f s: %s" % (
+        target, seconds, unreachable_reason(path, err))
+    if err == errno.ECONNREFUSED:
+        return reason + "; start the daemon (systemctl start offloadd)"
+    if err == 0:
+        return reason + ". Restarting a daemon whose pool has no pool_shm_name ends every " \
+            "session's blocks"
+    return reason

@@ -331,7 +331,7 @@ class DaemonLossTest(unittest.TestCase):
             listener.close()
             os.unlink(path)
         text = str(e.exception)
-        self.assertIn("within 0.5 s, though the socket accepts connections", text)
+        self.assertIn("within 0.5 s: the socket accepts connections", text)
         self.assertIn("stopped (SIGSTOP, a debugger), hung or overloaded, or another program", text)
         self.assertNotIn("stale", text)
 

@@ -428,8 +428,8 @@ class Store:
             return
         block_id = future.result().block_id
         source = getattr(op, "tensor", None)  # a device source modified while copied
-        if source is not None and s.modified is None and source._version != s.sent_version:
-            s.modified = s.version + source._version - s.sent_version
+        if source is not None:
+            _note_version(s, source, baseline=s.sent_version)
         rl, settled = None, False
         try:
             with self._lock:
@@ -958,11 +958,16 @@ def _stores_after_fork_in_child():
 os.register_at_fork(after_in_child=_stores_after_fork_in_child)
 
 
-def _note_version(s, t):
-    """Records on handle ``s`` that ``t``, the tensor it saved (None: not at hand), was modified
-    in place since the pack; the first version seen counts."""
-    if t is not None and s.modified is None and t._version != s.version:
-        s.modified = t._version
+def _note_version(s, t, baseline=None):
+    """Records on handle ``s`` that ``t`` (None: not at hand) was modified in place since the
+    pack; the first change seen counts. ``t`` is the tensor ``s`` saved, whose version at the
+    pack is ``s.version`` (``baseline`` None), or a copy of it whose version was ``baseline``
+    when made (a transport's device source); ``s.modified`` is in the saved tensor's versions."""
+    if t is None or s.modified is not None:
+        return
+    base = s.version if baseline is None else baseline
+    if t._version != base:
+        s.modified = s.version + t._version - base
 
 
 def _inherited(s):
