@@ -90,11 +90,16 @@ bool IsConnectionFailure(const grpc::Status& st) {
 
 }  // namespace
 
-std::string RpcFailureText(const grpc::Status& st, const std::string& path) {
-  if (!IsConnectionFailure(st)) return absl::StrFormat("%s (unix:%s)", st.error_message(), path);
+std::string RpcFailureText(const grpc::Status& st, const std::string& path, int probe) {
+  if (probe == 0 && !IsConnectionFailure(st)) {
+    return absl::StrFormat("%s (unix:%s)", st.error_message(), path);
+  }
   return absl::StrFormat("no answer from offloadd at unix:%s: %s (gRPC: %s)", path,
-                         client::UnreachableSocketReason(path, client::ProbeUnixSocket(path)),
-                         st.error_message());
+                         client::UnreachableSocketReason(path, probe), st.error_message());
+}
+
+std::string RpcFailureText(const grpc::Status& st, const std::string& path) {
+  return RpcFailureText(st, path, IsConnectionFailure(st) ? client::ProbeUnixSocket(path) : 0);
 }
 
 std::unique_ptr<v1::Offload::Stub> Stub(const std::string& path) {
@@ -119,17 +124,12 @@ absl::Status CheckHealth(const std::string& path, double timeout_seconds) {
                     &response, [&done](grpc::Status s) { done.set_value(std::move(s)); });
   const grpc::Status st = done.get_future().get();
   if (!st.ok()) {
-    // Say why in words when the socket refuses this user or nobody listens; gRPC's own text
-    // ("failed to connect to all addresses ...") only when the connect itself worked.
+    // A socket that refuses this user is PERMISSION_DENIED whatever gRPC reported.
     const int probe = client::ProbeUnixSocket(path);
-    const std::string why = probe == 0 && !IsConnectionFailure(st)
-                                ? st.error_message()
-                                : client::UnreachableSocketReason(path, probe) +
-                                      (probe == 0 ? " (gRPC: " + st.error_message() + ")" : "");
     const absl::StatusCode code = probe == EACCES || probe == EPERM
                                       ? absl::StatusCode::kPermissionDenied
                                       : static_cast<absl::StatusCode>(st.error_code());
-    return absl::Status(code, absl::StrFormat("health check of unix:%s failed: %s", path, why));
+    return absl::Status(code, "health check failed: " + RpcFailureText(st, path, probe));
   }
   std::vector<grpc::Slice> slices;
   (void)response.Dump(&slices);

@@ -36,6 +36,9 @@ absl::Status CheckHealth(const std::string& path, double timeout_seconds = 5);
 // connect() (client::UnreachableSocketReason: a stopped or hung daemon, a stale socket,
 // permission, or another program on the socket), with gRPC's text after it.
 std::string RpcFailureText(const grpc::Status& st, const std::string& path);
+// The same with the connect() already made: `probe` is client::ProbeUnixSocket(path)'s result
+// (0: the socket accepted); any other value is read as a failure of the connection.
+std::string RpcFailureText(const grpc::Status& st, const std::string& path, int probe);
 
 // "1.50 GiB": binary units (KiB, MiB, GiB, TiB), two decimals.
 std::string Bytes(double bytes);
