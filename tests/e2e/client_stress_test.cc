@@ -280,7 +280,7 @@ TEST(ClientStressTest, AFrozenDaemonIsDroppedAndResumedWhenItThaws) {
   ASSERT_TRUE(d.Start(SharedPoolArgs(socket, pool)));
   client::ClientOptions o = Gpu0Options(socket);
   o.keepalive_time_seconds = 1;
-  o.keepalive_timeout_seconds = 1;
+  o.keepalive_timeout_seconds = 2;  // a loaded machine can hold a ping's answer for 1 s
   o.connect_timeout_seconds = 2;
   auto cl = client::Client::Connect(o);
   ASSERT_TRUE(cl.ok()) << cl.status();
@@ -291,7 +291,7 @@ TEST(ClientStressTest, AFrozenDaemonIsDroppedAndResumedWhenItThaws) {
   ASSERT_TRUE(Freeze(d.process));
   std::vector<client::Reply<absl::StatusOr<client::OffloadResult>>> offloads;
   for (int i = 0; i < 8; ++i) offloads.push_back((*cl)->Offload(*sr, i * kMiB, kMiB));
-  std::this_thread::sleep_for(std::chrono::seconds(5));  // keepalive: 1 s + 1 s
+  std::this_thread::sleep_for(std::chrono::seconds(6));  // keepalive: 1 s + 2 s
   EXPECT_EQ(offloads[0].wait_for(std::chrono::seconds(0)), std::future_status::timeout);
   d.process.Signal(SIGCONT);
   for (auto& f : offloads) {
@@ -481,7 +481,7 @@ TEST(ClientStressTest, AFrozenDaemonWithAFullRingStoresEachOffloadOnce) {
   ASSERT_TRUE(d.Start(SharedPoolArgs(socket, pool)));
   client::ClientOptions o = Gpu0Options(socket);
   o.keepalive_time_seconds = 1;
-  o.keepalive_timeout_seconds = 1;
+  o.keepalive_timeout_seconds = 2;  // a loaded machine can hold a ping's answer for 1 s
   o.connect_timeout_seconds = 2;
   o.ring_entries = 64;
   auto connected = client::Client::Connect(o);
@@ -497,7 +497,7 @@ TEST(ClientStressTest, AFrozenDaemonWithAFullRingStoresEachOffloadOnce) {
   std::thread submitter([&] {
     for (int i = 0; i < 1000; ++i) offloads.push_back(cl->Offload(*sr, i * 4096ull, 4096));
   });
-  std::this_thread::sleep_for(std::chrono::seconds(4));
+  std::this_thread::sleep_for(std::chrono::seconds(6));  // keepalive: 1 s + 2 s
   d.process.Signal(SIGCONT);
   submitter.join();
   std::vector<uint64_t> blocks;
