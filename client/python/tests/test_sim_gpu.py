@@ -478,9 +478,13 @@ class SimThreadsTest(SimDaemonTestCase):
         self.assertEqual(mismatches, [])
         self.assertEqual(len(stats), 8)
         for st in stats:  # every step of every thread went through the daemon
-            self.assertGreaterEqual(st.offloaded, 3 * 6, st.summary())
+            # Each of the 18 tensors was stored (OffloadDone counted) or served from the device
+            # while its offload still copied: a step's last tensors can be, and when backward
+            # ends before that OffloadDone arrives (a loaded machine) it is not counted.
+            self.assertGreaterEqual(st.offloaded + st.served_in_flight, 3 * 6, st.summary())
             self.assertGreater(st.reloaded, 0, st.summary())
-            self.assertEqual((st.fallbacks, st.lost), (0, 0), st.summary())
+            self.assertEqual((st.fallbacks, st.lost, st.kept, st.idle_steps), (0, 0, 0, 0),
+                             st.summary())
         self.assertNoViolations()
 
 
