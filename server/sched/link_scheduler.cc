@@ -194,7 +194,12 @@ void LinkScheduler::Impl::WorkerLoop() {
     }
     const std::optional<double> start = NextChunkStart();
     if (!start.has_value()) continue;
-    RunStarted(StartNext(*start));
+    Started started = StartNext(*start);
+    // A Submit wakes one worker; when more chunks can be picked (the rest of a multi-chunk
+    // transfer, another GPU's), the next worker takes one while this one copies. A chunk that
+    // is posted returns at once, and this worker picks the next itself.
+    if (!started.chunk.transfer->post_chunk && CanPick()) cv.notify_one();
+    RunStarted(std::move(started));
   }
 }
 

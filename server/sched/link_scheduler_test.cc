@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -135,6 +136,45 @@ TEST(LinkSchedulerTest, EveryByteOfManyConcurrentTransfersIsCopiedExactlyOnce) {
   for (int c = 0; c < kNumClasses; ++c) EXPECT_EQ(stats.class_bytes[c], want_class[c]);
   EXPECT_EQ(stats.queued_transfers, 0u);
   EXPECT_EQ(stats.chunks_in_flight, 0u);
+}
+
+// One multi-chunk transfer on an idle link with two workers, each copy held at a gate: both
+// workers copy a chunk of it at once (the worker the Submit woke used to copy every chunk while
+// the other slept).
+TEST(LinkSchedulerTest, TwoWorkersCopyTwoChunksOfOneTransferAtOnce) {
+  LinkScheduler sched(SmallChunks(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both workers wait for work
+  std::mutex mu;
+  std::condition_variable cv;
+  int copying = 0, most_at_once = 0;
+  bool open = false, done = false;
+  auto t = std::make_shared<Transfer>();
+  t->gpu = "gpu0";
+  t->cls = TrafficClass::kOffload;
+  t->bytes = 4 * 64 * kKiB;
+  t->copy_chunk = [&](uint64_t, uint64_t) {
+    std::unique_lock<std::mutex> lock(mu);
+    most_at_once = std::max(most_at_once, ++copying);
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+    --copying;
+    return absl::OkStatus();
+  };
+  t->done = [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    cv.notify_all();
+  };
+  sched.Submit(t);
+  std::unique_lock<std::mutex> lock(mu);
+  EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return copying == 2; }))
+      << copying << " chunk(s) copying";
+  open = true;
+  cv.notify_all();
+  cv.wait(lock, [&] { return done; });
+  EXPECT_EQ(most_at_once, 2);
+  EXPECT_EQ(sched.stats().bytes, 4 * 64 * kKiB);
 }
 
 TEST(LinkSchedulerTest, FirstErrorWinsAndRemainingChunksAreSkipped) {
