@@ -383,7 +383,10 @@ const char* PlanUsage() {
          "or M (x1048576): 4K is 4096 tokens.\n"
          "Plans activation-checkpoint offload: host RAM, GPU memory freed, copy vs forward time\n"
          "per layer, the step slowdown of a synchronous and of an overlapped (prefetching) copy,\n"
-         "whether to offload at all, and the enable() call and pool_bytes line that follow.\n";
+         "whether to offload at all, and the enable() call and pool_bytes line that follow.\n"
+         "Exit status: 0 planned; 1 --hf-config cannot be read; 2 usage or invalid input; 3 the\n"
+         "run does not fit (offload alone leaves --gpu-peak above --gpu-memory, the pinned host\n"
+         "RAM exceeds --host-ram, or the spill disk does not keep up): stderr says what to change.\n";
 }
 
 int RunPlanCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {

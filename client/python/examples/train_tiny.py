@@ -100,7 +100,7 @@ def daemon_line(target, s):
     """The daemon's counters as one line: ``target`` its gRPC target (str), ``s`` its
     ``Client.get_stats()`` reply (offload, reload and session counts; pool bytes)."""
     return ("daemon %s (%s backend): %s / %s in total, pool %d of %d bytes in use, peak %d, "
-            "%s open" % (target, s.backend, _count(s.offloads_total, "offload"),
+            "%s open (this process's included)" % (target, s.backend, _count(s.offloads_total, "offload"),
                          _count(s.reloads_total, "reload"), s.pool_used_bytes,
                          s.pool_capacity_bytes, s.pool_peak_used_bytes,
                          _count(s.sessions_open, "session")))

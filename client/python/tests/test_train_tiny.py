@@ -19,12 +19,12 @@ class DaemonLineTest(unittest.TestCase):
         self.assertEqual(
             train_tiny.daemon_line("unix:/tmp/d.sock", _stats(1, 1, 1)),
             "daemon unix:/tmp/d.sock (shm backend): 1 offload / 1 reload in total, pool 0 of "
-            "4194304 bytes in use, peak 1048576, 1 session open")
+            "4194304 bytes in use, peak 1048576, 1 session open (this process's included)")
 
     def test_other_counts_are_plural(self):
         line = train_tiny.daemon_line("unix:/tmp/d.sock", _stats(0, 3, 2))
         self.assertIn(": 0 offloads / 3 reloads in total", line)
-        self.assertTrue(line.endswith(", 2 sessions open"), line)
+        self.assertTrue(line.endswith(", 2 sessions open (this process's included)"), line)
 
 
 if __name__ == "__main__":
