@@ -34,8 +34,11 @@ uint64_t MaxRingBytes() {
 }
 
 // Checks the opened object (its descriptor `fd`; a regular file of the session's uid, as
-// OpenRingObject checked) is sealed against shrinking and of a ring's size.
-absl::Status CheckRingObject(int fd, const struct stat& st, const std::string& path) {
+// OpenRingObject checked) is sealed against shrinking and of a ring's size; `*st` gets its stat.
+// The seal is read first: once F_SEAL_SHRINK is set the size read after it can only grow, so a
+// client cannot shrink the object under the mapping made from that size (a read past the end of
+// a file is SIGBUS in the daemon).
+absl::Status CheckRingObject(int fd, const std::string& path, struct stat* st) {
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -43,7 +46,10 @@ absl::Status CheckRingObject(int fd, const struct stat& st, const std::string& p
         "MFD_ALLOW_SEALING) and add F_SEAL_SHRINK after sizing it",
         path));
   }
-  const auto size = static_cast<uint64_t>(st.st_size);
+  if (fstat(fd, st) != 0) {
+    return absl::InternalError(absl::StrFormat("fstat(%s): %s", path, strerror(errno)));
+  }
+  const auto size = static_cast<uint64_t>(st->st_size);
   if (size < sizeof(common::RingControl) || size > MaxRingBytes()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "the ring %s is %d bytes, not the size of any ring (%d to %d)", path, size,
@@ -131,10 +137,7 @@ absl::Status MapRing(const std::string& path, uid_t uid, void** base, common::Ri
   if (!opened.ok()) return opened.status();
   const int fd = *opened;
   struct stat st;
-  absl::Status ok = fstat(fd, &st) == 0
-                        ? CheckRingObject(fd, st, path)
-                        : absl::InternalError(absl::StrFormat("fstat(%s): %s", path,
-                                                              strerror(errno)));
+  absl::Status ok = CheckRingObject(fd, path, &st);
   void* p = MAP_FAILED;
   if (ok.ok()) {
     p = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -161,7 +164,8 @@ absl::Status MapRing(const std::string& path, uid_t uid, void** base, common::Ri
 
 absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::Attach(int32_t pid, uint32_t fd,
                                                                    uid_t uid, Handle handle,
-                                                                   End end, Waiting waiting) {
+                                                                   End end, Waiting waiting,
+                                                                   Refused refused) {
   const std::string path = absl::StrFormat("/proc/%d/fd/%d", pid, fd);
   struct stat st;
   if (lstat(path.c_str(), &st) != 0 && errno == ENOENT) {
@@ -171,13 +175,14 @@ absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::Attach(int32_t pid, 
         "(NativeRing.fd, offloadd_ring_fd()); requests go on the stream meanwhile",
         fd, pid, path));
   }
-  return AttachPath(path, uid, std::move(handle), std::move(end), waiting);
+  return AttachPath(path, uid, std::move(handle), std::move(end), waiting, std::move(refused));
 }
 
 absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::AttachPath(const std::string& path,
                                                                        uid_t uid, Handle handle,
                                                                        End end,
-                                                                       Waiting waiting) {
+                                                                       Waiting waiting,
+                                                                       Refused refused) {
   void* base = nullptr;
   common::RingLayout layout;
   std::pair<dev_t, ino_t> id;
@@ -190,12 +195,13 @@ absl::StatusOr<std::unique_ptr<RingFrontEnd>> RingFrontEnd::AttachPath(const std
         path));
   }
   return std::unique_ptr<RingFrontEnd>(
-      new RingFrontEnd(base, layout, id, std::move(handle), std::move(end), waiting));
+      new RingFrontEnd(base, layout, id, std::move(handle), std::move(end), waiting,
+                       std::move(refused)));
 }
 
 RingFrontEnd::RingFrontEnd(void* base, const common::RingLayout& layout,
                            std::pair<dev_t, ino_t> ring_id, Handle handle, End end,
-                           Waiting waiting)
+                           Waiting waiting, Refused refused)
     : base_(base),
       layout_(layout),
       ring_id_(ring_id),
@@ -203,6 +209,7 @@ RingFrontEnd::RingFrontEnd(void* base, const common::RingLayout& layout,
       handle_(std::move(handle)),
       end_(std::move(end)),
       waiting_(waiting),
+      refused_(std::move(refused)),
       submissions_(common::SubmissionSlots(base, layout), layout.submission_entries,
                    &control_->submission_tail, &control_->submission_head) {
   {
@@ -281,7 +288,7 @@ int RingFrontEnd::TakeSubmissions() {
     if (queued_.size() >= kMaxQueuedCompletions || !corrupt_.empty()) return 0;
   }
   int taken = 0;
-  for (; taken < kTakeBatch && !stop_; ++taken) {
+  for (; taken < kTakeBatch && !stop_ && !intake_closed_; ++taken) {
     common::SubmissionEntry entry;  // the one copy of the slot the daemon reads
     const RingResult r = submissions_.TryPop(&entry);
     if (r == RingResult::kEmpty) break;
@@ -299,10 +306,17 @@ int RingFrontEnd::TakeSubmissions() {
           .request_id = entry.request_id,
           .kind = session::CompletionKind::kError,
           .status = absl::InvalidArgumentError(why)};
+      if (refused_) refused_(refused.status);
       Complete(refused);
       continue;
     }
-    handle_(FromRing(entry));
+    absl::Status ended = handle_(FromRing(entry));
+    if (!ended.ok()) {  // the session has ended: answer this one, take no more
+      intake_closed_ = true;
+      Complete(session::Completion{.request_id = entry.request_id,
+                                   .kind = session::CompletionKind::kError,
+                                   .status = std::move(ended)});
+    }
   }
   if (taken != 0) control_->client_doorbell.Ring();  // slots freed for a client waiting on them
   base::MutexLock lock(mu_);
@@ -364,7 +378,7 @@ bool RingFrontEnd::WorkReady() {
     if (!queued_.empty() && (completions_.Free() != 0 || completions_.Corrupt())) return true;
     if (queued_.size() >= kMaxQueuedCompletions) return false;  // paused: submissions wait
   }
-  return submissions_.Available() != RingResult::kEmpty;
+  return !intake_closed_ && submissions_.Available() != RingResult::kEmpty;
 }
 
 bool RingFrontEnd::WaitForWork(double last_work_seconds) {

@@ -4,7 +4,9 @@
 // One thread per attached ring takes submissions in order, copies each entry once into its own
 // memory, validates the copy (common::ValidateSubmission; a malformed entry is answered on the
 // completion ring with INVALID_ARGUMENT, the session keeps serving) and hands the request to the
-// session like a stream request (`handle`, i.e. Session::Handle). Requests that may block
+// session like a stream request (`handle`, i.e. Session::Handle); once the session has ended,
+// the entry that finds it so is answered with the session's end status and no more are taken,
+// so every entry taken gets exactly one answer. Requests that may block
 // (Session::MayBlock: a release, an offload waiting for its ready event) block only this
 // session's ring thread, as they would block only the stream's worker task; the requests of one
 // ring are handled in order. Completions of ring requests (Complete, from any thread) go into
@@ -59,7 +61,14 @@ struct RingWaiting {
 
 class RingFrontEnd {
  public:
-  using Handle = std::function<void(const session::Request&)>;
+  // Hands a request to the session (Session::Handle): OK when the session took it (it answers
+  // it exactly once), else the status the session ended with (Session::end_status): the front
+  // end answers the request with it and takes no more submissions (the client's stay in its
+  // ring, not taken: the ring is marked closed when Stop runs).
+  using Handle = std::function<absl::Status(const session::Request&)>;
+  // Counts an entry the front end refused itself (malformed: INVALID_ARGUMENT) among the
+  // session's request errors (Session::CountRefused); may be null.
+  using Refused = std::function<void(const absl::Status&)>;
   // Ends the session (the ring is corrupt); called at most once, on the ring thread.
   using End = std::function<void(const absl::Status&)>;
 
@@ -88,10 +97,12 @@ class RingFrontEnd {
   // serves one session until that session's front-end stops), INVALID_ARGUMENT (a header the
   // daemon does not accept).
   static absl::StatusOr<std::unique_ptr<RingFrontEnd>> Attach(
-      int32_t pid, uint32_t fd, uid_t uid, Handle handle, End end, Waiting waiting = {});
+      int32_t pid, uint32_t fd, uid_t uid, Handle handle, End end, Waiting waiting = {},
+      Refused refused = nullptr);
   // The same for a path (tests).
   static absl::StatusOr<std::unique_ptr<RingFrontEnd>> AttachPath(
-      const std::string& path, uid_t uid, Handle handle, End end, Waiting waiting = {});
+      const std::string& path, uid_t uid, Handle handle, End end, Waiting waiting = {},
+      Refused refused = nullptr);
   ~RingFrontEnd();  // Stop()
 
   // Starts the ring thread (once; Attach does not, so the caller can first make Complete
@@ -109,7 +120,7 @@ class RingFrontEnd {
 
  private:
   RingFrontEnd(void* base, const common::RingLayout& layout, std::pair<dev_t, ino_t> ring_id,
-               Handle handle, End end, Waiting waiting);
+               Handle handle, End end, Waiting waiting, Refused refused);
   void Run();
   // Takes up to kTakeBatch submissions; returns how many (0 also when paused or corrupt).
   int TakeSubmissions() EXCLUDES(mu_);
@@ -131,7 +142,9 @@ class RingFrontEnd {
   const Handle handle_;
   const End end_;
   const Waiting waiting_;
+  const Refused refused_;
   common::RingConsumer<common::SubmissionEntry> submissions_;  // the ring thread's alone
+  bool intake_closed_ = false;  // the session ended: no more submissions (the ring thread's)
   mutable base::Mutex mu_;
   common::RingProducer<common::CompletionEntry> completions_ GUARDED_BY(mu_);
   std::deque<common::CompletionEntry> queued_ GUARDED_BY(mu_);  // ring full: wait here

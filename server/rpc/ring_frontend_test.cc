@@ -48,10 +48,15 @@ struct Fixture {
             &control->completion_head};
     auto attached = RingFrontEnd::AttachPath(
         ProcPath(ring.fd), getuid(),
-        [this](const session::Request& r) { OnRequest(r); },
+        [this](const session::Request& r) { return OnRequest(r); },
         [this](const absl::Status& why) {
           std::lock_guard<std::mutex> lock(mu);
           ended = why;
+        },
+        RingFrontEnd::Waiting{},
+        [this](const absl::Status& why) {
+          std::lock_guard<std::mutex> lock(mu);
+          refused.push_back(why);
         });
     if (!attached.ok()) abort();
     front = *std::move(attached);
@@ -62,18 +67,25 @@ struct Fixture {
     front.reset();
     common::DestroyRingMemfd(&ring);
   }
-  void OnRequest(const session::Request& r) {
+  // The fake session: records and answers `r`; once `session_end` is set, takes nothing (as
+  // Session::Handle after the session ended) and returns it.
+  absl::Status OnRequest(const session::Request& r) {
     {
       std::lock_guard<std::mutex> lock(mu);
+      if (!session_end.ok()) {
+        ++not_taken;
+        return session_end;
+      }
       requests.push_back(r);
     }
-    if (!answer) return;
+    if (!answer) return absl::OkStatus();
     session::Completion c;
     c.request_id = r.request_id;
     c.kind = session::CompletionKind::kOffloadDone;
     c.id = 1000 + (r.request_id & ~common::kRingRequestIdBit);
     c.bytes = r.bytes;
     front->Complete(c);
+    return absl::OkStatus();
   }
   void Submit(const SubmissionEntry& e) {
     ASSERT_EQ(submit.TryPush(e), RingResult::kOk);
@@ -109,6 +121,9 @@ struct Fixture {
   std::mutex mu;
   std::vector<session::Request> requests;
   absl::Status ended;
+  absl::Status session_end;             // set: the fake session has ended
+  int not_taken = 0;                    // requests handed after it ended
+  std::vector<absl::Status> refused;    // counted through the Refused callback
 };
 
 SubmissionEntry Offload(uint64_t n) {
@@ -208,6 +223,39 @@ TEST(RingFrontEndTest, RefusesAMalformedEntryOnTheRingAndKeepsServing) {
   EXPECT_EQ(c.kind, static_cast<uint32_t>(common::CompletionKind::kOffloadDone));
   EXPECT_EQ(f.request_count(), 1u);  // the malformed entry never reached the session
   EXPECT_EQ(f.front->counters().malformed, 1u);
+  std::lock_guard<std::mutex> lock(f.mu);
+  ASSERT_EQ(f.refused.size(), 1u);  // counted among the session's request errors
+  EXPECT_EQ(f.refused[0].code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A session that ended while its ring still runs (the stream's reactor, which stops the ring,
+// goes later): the entry that finds it ended is answered with the session's end status, and
+// no later entry is taken, so every entry taken has exactly one answer.
+TEST(RingFrontEndTest, AnEntryForAnEndedSessionIsAnsweredAndNoMoreAreTaken) {
+  Fixture f;
+  f.Submit(Offload(1));
+  EXPECT_EQ(f.Take().kind, static_cast<uint32_t>(common::CompletionKind::kOffloadDone));
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    f.session_end = absl::UnavailableError("offloadd is shutting down");
+  }
+  f.Submit(Offload(2));
+  const CompletionEntry c = f.Take();
+  EXPECT_EQ(c.request_id, common::kRingRequestIdBit | 2);
+  EXPECT_EQ(c.kind, static_cast<uint32_t>(common::CompletionKind::kError));
+  EXPECT_EQ(c.status_code, static_cast<int32_t>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(std::string(c.message, c.message_bytes), "offloadd is shutting down");
+  for (uint64_t n = 3; n <= 6; ++n) f.Submit(Offload(n));
+  // Each submission rang the ring thread; none was taken (the slots stay the client's).
+  for (int i = 0; i < 200 && f.front->counters().sleeps < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CompletionEntry none{};
+  EXPECT_EQ(f.take.TryPop(&none), RingResult::kEmpty);
+  EXPECT_EQ(f.front->counters().submissions, 2u);
+  std::lock_guard<std::mutex> lock(f.mu);
+  EXPECT_EQ(f.not_taken, 1);
+  EXPECT_EQ(f.requests.size(), 1u);
 }
 
 TEST(RingFrontEndTest, ASubmissionTailOutOfRangeEndsTheSessionSayingSo) {
@@ -276,7 +324,7 @@ TEST(RingFrontEndTest, StopMarksTheRingClosedAndWakesTheClient) {
 }
 
 TEST(RingFrontEndTest, RefusesObjectsThatAreNotSealedRingsOfTheSessionsUid) {
-  auto handle = [](const session::Request&) {};
+  auto handle = [](const session::Request&) { return absl::OkStatus(); };
   auto end = [](const absl::Status&) {};
   common::RingMemfd ring;
   std::string error;
@@ -305,7 +353,8 @@ TEST(RingFrontEndTest, RefusesObjectsThatAreNotSealedRingsOfTheSessionsUid) {
 
 TEST(RingFrontEndTest, ADescriptorNotOpenInTheClientIsNamedWithItsProcess) {
   auto missing = RingFrontEnd::Attach(
-      getpid(), 100000, getuid(), [](const session::Request&) {}, [](const absl::Status&) {});
+      getpid(), 100000, getuid(), [](const session::Request&) { return absl::OkStatus(); },
+      [](const absl::Status&) {});
   ASSERT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string why(missing.status().message());
   EXPECT_NE(why.find("descriptor 100000 is not open in the client process " +
@@ -321,7 +370,7 @@ TEST(RingFrontEndTest, ARingAttachedToALiveSessionIsRefusedToAnother) {
   Fixture f;
   const int second_fd = dup(f.ring.fd);
   ASSERT_GE(second_fd, 0);
-  auto handle = [](const session::Request&) {};
+  auto handle = [](const session::Request&) { return absl::OkStatus(); };
   auto end = [](const absl::Status&) {};
   auto second = RingFrontEnd::AttachPath(ProcPath(second_fd), getuid(), handle, end);
   ASSERT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -359,7 +408,7 @@ TEST(RingFrontEndTest, APtyOfferedAsTheRingIsRefusedWithoutBecomingTheDaemonsTer
     const int slave = open(slave_path.c_str(), O_RDWR | O_NOCTTY);  // the client's fd
     if (slave < 0) _exit(11);
     auto attached = RingFrontEnd::AttachPath(
-        ProcPath(slave), getuid(), [](const session::Request&) {},
+        ProcPath(slave), getuid(), [](const session::Request&) { return absl::OkStatus(); },
         [](const absl::Status&) {});
     if (attached.ok() || attached.status().code() != absl::StatusCode::kFailedPrecondition) {
       _exit(12);

@@ -175,13 +175,16 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     }
   }
 
-  // One request of the stream to the session. A Hello offering a request ring is remembered
-  // (the ring is attached when the Hello is answered, Enqueue); a ring request id on the stream
+  // One request of the stream to the session. The ring a Hello offers is remembered (attached
+  // when that Hello is accepted, Enqueue); every Hello replaces the offer, so a Hello without a
+  // ring never attaches one an earlier, refused Hello offered. A ring request id on the stream
   // of a session with a ring is refused, since its answer would go to the ring.
   void HandleOne(const v1::Request& request) {
-    if (request.has_hello() && request.hello().has_ring()) {
+    if (request.has_hello()) {
       base::MutexLock lock(mu_);
-      ring_offer_ = RingOffer{true, request.request_id(), request.hello().ring().fd()};
+      ring_offer_ = request.hello().has_ring()
+                        ? RingOffer{true, request.request_id(), request.hello().ring().fd()}
+                        : RingOffer{};
     }
     if ((request.request_id() & common::kRingRequestIdBit) != 0 && ring_.load() != nullptr) {
       session::Completion refused;
@@ -189,10 +192,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       refused.status = absl::InvalidArgumentError(
           "request ids with bit 63 set belong to the session's request ring: send this request "
           "on the ring, or clear bit 63 to send it on the stream");
+      session_->CountRefused(refused.status);
       EnqueueOnStream(refused, nullptr);
       return;
     }
-    session_->Handle(FromProto(request));
+    (void)session_->Handle(FromProto(request));  // an ended session's stream is ending too
   }
 
   // Runs `task` on a request worker. At most one is queued or running per stream: one after a
@@ -309,7 +313,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       }
     }
     RingAnswer answer;
-    if (c.kind == session::CompletionKind::kHello) answer = MaybeAttachRing(c.request_id);
+    if (c.kind == session::CompletionKind::kHello) {
+      answer = MaybeAttachRing(c.request_id);
+    } else if (c.kind == session::CompletionKind::kError) {
+      ForgetRingOffer(c.request_id);  // a refused Hello attaches nothing, now or later
+    }
     EnqueueOnStream(c, answer.offered ? &answer : nullptr);
   }
 
@@ -323,6 +331,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       response->mutable_hello()->set_ring_error(ring->error);
     }
     if (flow_.AnswerQueued()) StartBatchLocked();
+  }
+
+  void ForgetRingOffer(uint64_t request_id) {
+    base::MutexLock lock(mu_);
+    if (ring_offer_.offered && ring_offer_.request_id == request_id) ring_offer_ = RingOffer{};
   }
 
   // Hello `request_id` was accepted: attaches the ring it offered, if any (RingFrontEnd::Attach
@@ -342,9 +355,13 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     }
     std::shared_ptr<session::Session> s = session_;
     auto ring = RingFrontEnd::Attach(
-        peer.pid, offer.fd, peer.uid, [s](const session::Request& r) { s->Handle(r); },
+        peer.pid, offer.fd, peer.uid,
+        [s](const session::Request& r) {
+          return s->Handle(r) ? absl::OkStatus() : s->end_status();
+        },
         [s](const absl::Status& why) { s->End(session::EndCause::kBadMessage, why); },
-        RingFrontEnd::Waiting{.poll_seconds = ring_poll_seconds_});
+        RingFrontEnd::Waiting{.poll_seconds = ring_poll_seconds_},
+        [s](const absl::Status& refused) { s->CountRefused(refused); });
     if (!ring.ok()) return {true, std::string(ring.status().message())};
     ring_owner_ = *std::move(ring);
     ring_.store(ring_owner_.get());

@@ -77,11 +77,20 @@ void Session::Send(Completion c, bool counted) {
   if (emit_) emit_(std::move(c));
 }
 
-void Session::Fail(uint64_t request_id, absl::Status status, bool counted) {
+void Session::CountRefused(const absl::Status& status) {
   core_->CountError();
   metrics::Get()
       .request_errors_total->Add({{"code", absl::StatusCodeToString(status.code())}})
       .Increment();
+}
+
+absl::Status Session::end_status() const {
+  base::MutexLock lock(mu_);
+  return closed_ ? close_status_ : absl::OkStatus();
+}
+
+void Session::Fail(uint64_t request_id, absl::Status status, bool counted) {
+  CountRefused(status);
   Completion c;
   c.request_id = request_id;
   c.kind = CompletionKind::kError;
@@ -94,12 +103,12 @@ void Session::Fail(uint64_t request_id, absl::Status status, bool counted) {
   Send(std::move(c), counted);
 }
 
-void Session::Handle(const Request& r) {
+bool Session::Handle(const Request& r) {
   const uint32_t limit = core_->options().max_requests_in_flight;
   uint64_t in_flight;
   {
     base::MutexLock lock(mu_);
-    if (closed_) return;
+    if (closed_) return false;
     in_flight = requests_in_flight_;
     if (limit == 0 || in_flight < limit) {
       unanswered_.insert(r.request_id);
@@ -107,14 +116,17 @@ void Session::Handle(const Request& r) {
     }
   }
   if (limit > 0 && in_flight >= limit) {
-    return Fail(r.request_id,
-                absl::ResourceExhaustedError(absl::StrFormat(
-                    "%d requests of this session are already in flight (max_requests_in_flight): "
-                    "wait for completions before sending more",
-                    in_flight)),
-                /*counted=*/false);
+    Fail(r.request_id,
+         absl::ResourceExhaustedError(absl::StrFormat(
+             "%d requests of this session are already in flight (max_requests_in_flight): "
+             "wait for completions before sending more",
+             in_flight)),
+         /*counted=*/false);
+    return true;
   }
+  // Closed from here on, the request is among the unanswered ones the close answers.
   Dispatch(r);
+  return true;
 }
 
 bool Session::MayBlock(const Request& r) const {

@@ -111,13 +111,24 @@ class Session : public OpOwner, public std::enable_shared_from_this<Session> {
                                                        EndStream end_stream);
   ~Session();
 
-  void Handle(const Request& request) EXCLUDES(mu_);
+  // Takes `request`: true when the session answers it (exactly once, later or already);
+  // false when the session has ended and did not take it (nothing will answer it: a transport
+  // that outlives the session, the request ring, answers it with end_status()).
+  bool Handle(const Request& request) EXCLUDES(mu_);
+  // The status the session's end gives every request it did not carry out (CANCELLED or, at a
+  // shutdown, UNAVAILABLE, with a sentence); OK while it is open.
+  absl::Status end_status() const EXCLUDES(mu_);
+  // Counts a request the transport answered with `status` itself, before the session saw it (a
+  // malformed ring entry, a ring request id on the stream), in the daemon's request errors as
+  // the session's own refusals are counted.
+  void CountRefused(const absl::Status& status);
   // Whether Handle(request) may block the calling thread, asked before handing it so rpc/ can
   // keep such requests off the gRPC reaction. False only after Hello, for an offload without a
   // ready event or a reload, each naming a region already registered (Handle then only checks
   // it and queues the op: the store and the link scheduler call back on their own threads).
-  // False for a ClientReport (a lock and a sum). True for everything else: Hello (getrandom, resuming blocks), RegisterRegion (opens the
-  // client's memory: shm_open/mmap, a CUDA IPC handle on the device thread), UnregisterRegion
+  // False for a ClientReport (a lock and a sum). True for everything else: Hello (getrandom,
+  // resuming blocks), RegisterRegion (opens the client's memory: shm_open/mmap, a CUDA IPC
+  // handle on the device thread), UnregisterRegion
   // (may close one), Release, an offload waiting for a ready event, an unknown region (it may
   // be registered by an earlier request not yet handled), and a closed session.
   bool MayBlock(const Request& request) const EXCLUDES(mu_);

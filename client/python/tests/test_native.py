@@ -198,6 +198,29 @@ class NativeRingTest(_Binding, unittest.TestCase):
         finally:
             other.close()
 
+    def test_a_refused_hellos_ring_is_not_attached_by_a_later_hello_without_one(self):
+        ring, stream = _native.NativeRing(8), _Stream(self.daemon.sock)
+        try:
+            (refused,) = stream.call(pb.Request(request_id=5, hello=pb.Hello(
+                device_id="", pid=os.getpid(), ring=pb.RingOffer(fd=ring.fd))))
+            self.assertEqual(refused.error.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+            (reply,) = stream.call(pb.Request(request_id=5, hello=pb.Hello(
+                device_id="py-native-4", pid=os.getpid())))
+            self.assertEqual(reply.WhichOneof("body"), "hello", reply)
+            self.assertFalse(reply.hello.ring_attached)
+            self.assertEqual(reply.hello.ring_error, "")
+        finally:
+            stream.close()
+            ring.close()
+
+    def test_a_ring_request_id_on_the_stream_is_refused_and_counted(self):
+        before = self.daemon.stats().errors_total
+        (reply,) = self.stream.call(pb.Request(request_id=(1 << 63) | 77,
+                                               release=pb.ReleaseRequest(block_id=1)))
+        self.assertEqual(reply.error.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertIn("belong to the session's request ring", reply.error.message)
+        self.assertEqual(self.daemon.stats().errors_total, before + 1)
+
     def test_a_descriptor_not_open_is_named_with_the_process(self):
         stream = _Stream(self.daemon.sock)
         try:
