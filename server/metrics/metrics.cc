@@ -256,6 +256,14 @@ void RegisterSessionMetrics(prometheus::Registry& r, Metrics* m) {
                                           "Sessions ended, by cause (closed, crashed, shutdown).");
   m->request_errors_total = CounterFamily(r, "offloadd_request_errors_total",
                                           "Requests answered with an error, by gRPC status code.");
+  auto* offers = CounterFamily(r, "offloadd_ring_offers_total",
+                               "Request rings offered in Hello, by result (attached, refused).");
+  m->ring_offers_attached_total = &offers->Add({{"result", "attached"}});
+  m->ring_offers_refused_total = &offers->Add({{"result", "refused"}});
+  m->ring_requests_total =
+      &CounterFamily(r, "offloadd_ring_requests_total",
+                     "Requests taken from sessions' request rings (the rest came on streams).")
+           ->Add({});
 }
 
 Metrics* Create() {

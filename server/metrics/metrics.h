@@ -46,6 +46,10 @@ struct Metrics {
   prometheus::Gauge* sessions_open;
   prometheus::Family<prometheus::Counter>* sessions_ended_total;  // {cause}
   prometheus::Family<prometheus::Counter>* request_errors_total;  // {code}
+  // Hello ring offers by result: attached, refused (the client's requests go on its stream).
+  prometheus::Counter* ring_offers_attached_total;
+  prometheus::Counter* ring_offers_refused_total;
+  prometheus::Counter* ring_requests_total;  // entries taken from request rings
   // {link, direction, class}: from a transfer's submission to its link to the start of its
   // first chunk.
   prometheus::Family<prometheus::Histogram>* link_queue_wait_seconds;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "server/metrics/metrics.h"
 #include "server/rpc/ring_translate.h"
 
 namespace offloadd::rpc {
@@ -318,7 +319,10 @@ int RingFrontEnd::TakeSubmissions() {
                                    .status = std::move(ended)});
     }
   }
-  if (taken != 0) control_->client_doorbell.Ring();  // slots freed for a client waiting on them
+  if (taken != 0) {
+    control_->client_doorbell.Ring();  // slots freed for a client waiting on them
+    metrics::Get().ring_requests_total->Increment(taken);
+  }
   base::MutexLock lock(mu_);
   counters_.submissions += taken;
   return taken;

@@ -26,6 +26,7 @@
 #include "grpcpp/server_posix.h"
 #include "proto/offload.grpc.pb.h"
 #include "server/base/worker_threads.h"
+#include "server/metrics/metrics.h"
 #include "server/rpc/peer_listener.h"
 #include "server/rpc/projector_service.h"
 #include "server/rpc/ring_frontend.h"
@@ -348,6 +349,14 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       offer = ring_offer_;
       ring_offer_ = RingOffer{};
     }
+    RingAnswer answer = AttachRing(offer);
+    auto& m = metrics::Get();
+    (answer.error.empty() ? m.ring_offers_attached_total : m.ring_offers_refused_total)
+        ->Increment();
+    return answer;
+  }
+
+  RingAnswer AttachRing(const RingOffer& offer) {
     const session::PeerCredentials& peer = session_->peer();
     if (!peer.known) {
       return {true, "the daemon does not know this connection's process (no peer credentials), "

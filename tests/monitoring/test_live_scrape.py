@@ -190,6 +190,11 @@ class LiveScrapeTest(unittest.TestCase):
             ("sum(offloadd_link_queue_wait_seconds_count)", lambda v: v == 2 * TRANSFERS,
              "== %d" % (2 * TRANSFERS)),
             ('sum(offloadd_ipc_handle_opens_total{gpu="gpu0"})', lambda v: v >= 1, ">= 1"),
+            # The C++ client offers a request ring and sends its offloads and reloads on it.
+            ('sum(offloadd_ring_offers_total{result="attached"})', lambda v: v >= 1, ">= 1"),
+            ('sum(offloadd_ring_offers_total{result="refused"})', lambda v: v == 0, "== 0"),
+            ("sum(offloadd_ring_requests_total)", lambda v: v >= 2 * TRANSFERS,
+             ">= %d" % (2 * TRANSFERS)),
         ]
         bad = []
         for q, ok, want in expect:
