@@ -253,6 +253,15 @@ def build():
               "{{instance}} {{code}}"),
              (f"sum by (instance, reason) (rate(offloadd_pool_numa_fallback_total{{{INST}}}"
               f"{RATE}))", "{{instance}} numa {{reason}}")], "ops", w=6, minimum=0)
+    b.panel("Request ring: requests/s and rings refused/s",
+            "Offloads, reloads and releases taken from clients' request rings per second, and "
+            "rings refused at Hello (those sessions send per-tensor requests on their streams, "
+            "at several times the client CPU: the client's HelloReply ring_error says why).",
+            [(f"sum by (instance) (rate(offloadd_ring_requests_total{{{INST}}}{RATE}))",
+              "{{instance}} ring requests"),
+             (f"sum by (instance) (rate(offloadd_ring_offers_total{{{INST},"
+              f"result=\"refused\"}}{RATE}))", "{{instance}} rings refused")], "ops", w=6,
+            minimum=0)
 
     b.row("GaLore refreshes")
     b.panel("Projector refresh duration",
