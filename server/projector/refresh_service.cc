@@ -217,6 +217,7 @@ RefreshService::Started RefreshService::StartLocked(const FairRefreshQueue::Item
     UpdateQueueGaugeLocked();
     return s;
   }
+  if (history_.count(item.parameter) == 0) MakeRoomForParameterLocked();
   auto [hit, created] = history_.try_emplace(item.parameter);
   History& h = hit->second;
   if (created) {
@@ -224,7 +225,7 @@ RefreshService::Started RefreshService::StartLocked(const FairRefreshQueue::Item
     ++parameters_by_uid_[h.owner];
   }
   h.last_started_step = std::max(h.last_started_step, item.step);
-  h.last_used = ++tick_;
+  TouchLocked(hit);
   UpdateQueueGaugeLocked();
   if (s.request.lazy && DecideRefresh(s.request.lazy_policy, h.lazy) == LazyDecision::kSkip) {
     h.lazy = AfterSkip(h.lazy);
@@ -250,7 +251,7 @@ void RefreshService::StartAttachedLocked(const Entry& e, const FairRefreshQueue:
   if (h != history_.end() && h->second.projector && h->second.projector_step == item.step &&
       h->second.projector_digest == s.primary->gradient_digest) {
     s.shared = h->second.projector;
-    h->second.last_used = ++tick_;
+    TouchLocked(h);
   }
 }
 
@@ -362,7 +363,7 @@ void RefreshService::RecordOutcomeLocked(const FairRefreshQueue::Item& item, con
         AfterRefresh(s.request.lazy_policy, h.lazy,
                      record.result.has_similarity ? absl::optional<double>(record.result.similarity)
                                                   : absl::nullopt);
-    h.last_used = ++tick_;
+    TouchLocked(hit);
     EvictHistoryLocked(h.owner);
   }
 }
@@ -628,12 +629,34 @@ void RefreshService::EvictResultsLocked(double now, int64_t owner) {
 
 std::map<std::string, RefreshService::History>::iterator RefreshService::LeastRecentLocked(
     int64_t owner, bool with_projector) {
-  auto oldest = history_.end();
-  for (auto it = history_.begin(); it != history_.end(); ++it) {
-    if (it->second.owner != owner || (with_projector && !it->second.projector)) continue;
-    if (oldest == history_.end() || it->second.last_used < oldest->second.last_used) oldest = it;
+  auto uses = by_use_.find(owner);
+  if (uses == by_use_.end()) return history_.end();
+  for (const auto& [tick, key] : uses->second) {
+    auto it = history_.find(key);
+    if (it != history_.end() && (!with_projector || it->second.projector)) return it;
   }
-  return oldest;
+  return history_.end();
+}
+
+void RefreshService::TouchLocked(std::map<std::string, History>::iterator it) {
+  History& h = it->second;
+  auto& uses = by_use_[h.owner];
+  if (h.last_used != 0) uses.erase(h.last_used);
+  h.last_used = ++tick_;
+  uses.emplace(h.last_used, it->first);
+}
+
+void RefreshService::MakeRoomForParameterLocked() {
+  const size_t limit = options_.max_parameters;
+  while (limit > 0 && history_.size() >= limit && !parameters_by_uid_.empty()) {
+    auto largest = parameters_by_uid_.begin();
+    for (auto it = parameters_by_uid_.begin(); it != parameters_by_uid_.end(); ++it) {
+      if (it->second > largest->second) largest = it;
+    }
+    auto it = LeastRecentLocked(largest->first, /*with_projector=*/false);
+    if (it == history_.end()) break;
+    EraseHistoryLocked(it);
+  }
 }
 
 void RefreshService::SetProjectorLocked(History& h,
@@ -651,6 +674,10 @@ void RefreshService::EraseHistoryLocked(std::map<std::string, History>::iterator
   SetProjectorLocked(it->second, nullptr);
   auto count = parameters_by_uid_.find(it->second.owner);
   if (count != parameters_by_uid_.end() && --count->second == 0) parameters_by_uid_.erase(count);
+  if (auto uses = by_use_.find(it->second.owner); uses != by_use_.end()) {
+    uses->second.erase(it->second.last_used);
+    if (uses->second.empty()) by_use_.erase(uses);
+  }
   history_.erase(it);
 }
 

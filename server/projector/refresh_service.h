@@ -364,10 +364,16 @@ class RefreshService {
   // Forgets projectors past `owner`'s budget, then the largest holder's least recently used
   // past the totals.
   void EvictHistoryLocked(int64_t owner) REQUIRES(mu_);
+  // Before a parameter new to the history is added: forgets the least recently used entries of
+  // the uid holding the most until one more fits max_parameters. Failed and skipped refreshes
+  // make entries too, so the bound is kept here, not only after a successful refresh.
+  void MakeRoomForParameterLocked() REQUIRES(mu_);
   // The least recently used history entry of `owner` (holding a projector when
-  // `with_projector`), or history_.end().
+  // `with_projector`), or history_.end(): from by_use_, without scanning the history.
   std::map<std::string, History>::iterator LeastRecentLocked(int64_t owner, bool with_projector)
       REQUIRES(mu_);
+  // Marks `it` used now (a new LRU tick, kept in by_use_).
+  void TouchLocked(std::map<std::string, History>::iterator it) REQUIRES(mu_);
   void EraseHistoryLocked(std::map<std::string, History>::iterator it) REQUIRES(mu_);
   // A new projector (or none) for a history entry: keeps the byte counts.
   void SetProjectorLocked(History& h, std::shared_ptr<const std::vector<uint8_t>> projector)
@@ -407,6 +413,8 @@ class RefreshService {
   // Projector bytes held, by owner
   std::map<int64_t, uint64_t> history_bytes_by_uid_ GUARDED_BY(mu_);
   std::map<int64_t, size_t> parameters_by_uid_ GUARDED_BY(mu_);  // history entries, by owner
+  // Owner -> LRU tick -> ParameterKey of every history entry (History::last_used).
+  std::map<int64_t, std::map<uint64_t, std::string>> by_use_ GUARDED_BY(mu_);
   size_t unfinished_ GUARDED_BY(mu_) = 0;                        // queued or running
   std::map<int64_t, size_t> unfinished_by_uid_ GUARDED_BY(mu_);  // the same, by caller uid
   // Counted WhenFinished callbacks, by owner

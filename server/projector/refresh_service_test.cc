@@ -540,6 +540,29 @@ TEST_F(RefreshServiceTest, ResultsAndHistoryAreBounded) {
   EXPECT_FALSE(a1.result.has_similarity);  // a's projector had been forgotten
 }
 
+// Failed refreshes make history entries too: they must not pile past max_parameters (an
+// eviction pass over thousands of them later held the service's lock for seconds).
+TEST_F(RefreshServiceTest, FailedRefreshesOfNewParametersStayWithinMaxParameters) {
+  RefreshServiceOptions options;
+  options.max_parameters = 8;
+  Start(options);
+  Shm shm(2 << 20);
+  WriteG(shm, Decaying(24, 16, 11));
+  RefreshRecord kept = SubmitAndWait(Request(shm, "kept", 0, 24, 16, 2));
+  ASSERT_EQ(kept.state, RefreshState::kDone);
+  for (int i = 0; i < 40; ++i) {
+    ServiceRequest bad = Request(shm, "missing-" + std::to_string(i), 0, 16, 16, 2);
+    bad.gradient.region.shm_name = "/ofd-no-such-object";
+    EXPECT_EQ(SubmitAndWait(bad).state, RefreshState::kFailed);
+    EXPECT_LE(service_->stats().parameters_held, 8u) << "after failure " << i;
+  }
+  EXPECT_EQ(service_->stats().parameters_held, 8u);
+  // The least recently used went first: "kept" (used before every failure) is forgotten, and
+  // the newest failures are held.
+  RefreshRecord again = SubmitAndWait(Request(shm, "kept", 0, 24, 16, 2));
+  EXPECT_EQ(again.state, RefreshState::kDone) << again.status;  // step 0 again: history gone
+}
+
 TEST_F(RefreshServiceTest, MissingRegionAndUnknownIdsAreNotFound) {
   Start();
   Shm shm(2 << 20);
