@@ -26,6 +26,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_format.h"
 
 namespace offloadd::copy {
 
@@ -45,13 +47,29 @@ struct RegionSpec {
   std::string cuda_ipc_handle;  // 64 bytes of cudaIpcMemHandle_t (allocation base)
   uint64_t size_bytes = 0;      // size of the object / allocation
   std::string device_id;        // GPU UUID (cuda) or the session's device name (shm)
-  // The session's Hello said transient_device (a probe): its handle counts may be forgotten
-  // with the device (ForgetDevice); a region of any other session keeps them.
+  // The session's Hello said transient_device (a probe), or the region is a projector
+  // refresh's: its handle counts may be forgotten with the device (ForgetDevice; the shm engine
+  // also when the device's last such handle closes); a region of any other session keeps them.
   bool transient_device = false;
   // The registering session's uid; -1 when unknown. A CUDA IPC handle registered by one uid is
   // refused to sessions of another uid while any of the first uid's registrations of it lasts.
   int64_t owner_uid = -1;
 };
+
+// OK when `name` is a name shm_open accepts ("/name": one leading slash, no other slash or NUL,
+// not . or .., under 255 bytes); else INVALID_ARGUMENT saying so (the name quoted escaped, at
+// most 64 bytes of it). Checked before anything touches the file system, so a name such as
+// "/../../root/x" never reaches stat() or shm_open().
+inline absl::Status CheckShmRegionName(const std::string& name) {
+  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos ||
+      name.size() >= 255 || name.find('\0') != std::string::npos || name == "/." || name == "/..") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "shared-memory region name '%s' is malformed: use \"/name\" (one leading slash, no other "
+        "slash or NUL, not . or .., under 255 bytes) as passed to shm_open",
+        absl::CHexEscape(name.substr(0, 64))));
+  }
+  return absl::OkStatus();
+}
 
 // What orders one transfer against the client's GPU work (BeginTransfer). Event handles are
 // cudaIpcEventHandle_t bytes (64) or empty (none).

@@ -537,10 +537,16 @@ void RefreshService::Finish(uint64_t id, RefreshRecord record) {
       record.status.code() != absl::StatusCode::kInvalidArgument &&
       record.status.code() != absl::StatusCode::kUnavailable) {
     // Both may carry client text (the parameter id, a region's name): escaped, so a client
-    // cannot write a line of its own into the log.
-    LOG(WARNING) << "projector refresh " << id << " (" << base::LogText(record.parameter_id)
-                 << ", step " << record.step << ") failed: "
-                 << base::LogText(record.status.ToString(), 2048);
+    // cannot write a line of its own into the log; and a client can fail refreshes at will,
+    // so one line a second at most, saying how many were not written.
+    uint64_t held_back = 0;
+    if (failure_log_.Allow(&held_back)) {
+      LOG(WARNING) << "projector refresh " << id << " (" << base::LogText(record.parameter_id)
+                   << ", step " << record.step << ") failed: "
+                   << base::LogText(record.status.ToString(), 2048) << " (" << held_back
+                   << " more failures since the last such line, not logged: "
+                      "offloadd_projector_refreshes_total counts every one)";
+    }
   }
   std::vector<Entry::Waiter> waiters;
   {

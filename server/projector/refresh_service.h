@@ -71,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/clock.h"
 #include "common/base/mutex.h"
+#include "server/base/log_limiter.h"
 #include "server/copy/copy_engine.h"
 #include "server/projector/lapack_backend.h"
 #include "server/projector/projector.h"
@@ -387,6 +388,7 @@ class RefreshService {
   static RefreshServiceOptions WithClock(RefreshServiceOptions options);
 
   LapackSvdBackend own_lapack_;  // the cpu_backend when none was given
+  base::LogLimiter failure_log_{1.0};  // a failed refresh's WARNING: one a second at most
   const bool cuda_regions_;
   RefreshServiceOptions options_;
   RegionCache regions_;

@@ -24,6 +24,11 @@ absl::Status CheckRegion(const copy::RegionSpec& spec, const char* what) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " has size_bytes 0: give the object's / allocation's size"));
   }
+  if (shm) {
+    if (absl::Status named = copy::CheckShmRegionName(spec.shm_name); !named.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", named.message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -69,6 +74,10 @@ absl::Status CheckNameAndStep(const ServiceRequest& request) {
   if (request.job_id.size() > kMaxJobIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("job_id is ", request.job_id.size(),
                                                    " bytes; use at most ", kMaxJobIdBytes));
+  }
+  if (request.batch_id.size() > kMaxBatchIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_id is ", request.batch_id.size(),
+                                                   " bytes; use at most ", kMaxBatchIdBytes));
   }
   if (request.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step is ", request.step, "; steps are >= 0"));

@@ -59,7 +59,7 @@ struct ServiceRequest {
   bool lazy = false;
   LazyRefreshPolicy lazy_policy;
 
-  std::string batch_id;        // optional group for WatchBatch
+  std::string batch_id;        // optional group for WatchBatch; at most kMaxBatchIdBytes
   bool reset_history = false;  // forget the parameter's previous P, last step and lazy state
 
   // The caller's uid when the connection's credentials are known (SO_PEERCRED), else -1. A
@@ -70,6 +70,7 @@ struct ServiceRequest {
 
 inline constexpr size_t kMaxParameterIdBytes = 1024;
 inline constexpr size_t kMaxJobIdBytes = 256;
+inline constexpr size_t kMaxBatchIdBytes = 256;
 // The longest device_id a region may carry (as a session's Hello; INVALID_ARGUMENT beyond).
 inline constexpr size_t kMaxDeviceIdBytes = 256;
 inline constexpr int kMaxPowerIterations = 64;

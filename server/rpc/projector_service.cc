@@ -31,6 +31,9 @@ absl::StatusOr<copy::RegionSpec> RegionFromProto(const v1::RegionHandle& h,
   copy::RegionSpec spec;
   spec.size_bytes = h.size_bytes();
   spec.device_id = device_id.empty() ? "projector" : device_id;
+  // A refresh is no session: its device id leaves no handle-count series once its regions
+  // close (a client naming ever-new ids would otherwise grow the metrics without bound).
+  spec.transient_device = true;
   switch (h.kind_case()) {
     case v1::RegionHandle::kShmName:
       spec.shm_name = h.shm_name();
@@ -161,6 +164,10 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
         base::MutexLock lock(state_->mu);
         state_->waiters.emplace_back(id, waiter);
       }
+      if (absl::IsResourceExhausted(s)) {  // past the caller's waiting calls: no watch at all
+        RefuseOverBound(s, ids.size());
+        return;
+      }
       if (!s.ok()) {  // expired between the lookup and now
         pj::RefreshRecord gone;
         gone.id = id;
@@ -169,6 +176,23 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RefreshProgress> {
         state_->Push(gone);
       }
     }
+  }
+
+  // A refresh of the watch found the caller's waiting calls used up: reporting it failed would
+  // read as a failed refresh. The whole watch is refused and its waiters let go.
+  void RefuseOverBound(const absl::Status& s, size_t watched) {
+    std::vector<std::pair<uint64_t, uint64_t>> waiters;
+    {
+      base::MutexLock lock(state_->mu);
+      state_->finished = true;
+      waiters.swap(state_->waiters);
+    }
+    for (const auto& [id, waiter] : waiters) service_->CancelWait(id, waiter);
+    Finish(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("this watch of ", watched, " refreshes needs a waiting call for each "
+                     "unfinished one, and ", s.message(), ": watch fewer at once (split the "
+                     "batch, or GetResult the rest later); nothing was cancelled")));
   }
 
   void OnWriteDone(bool ok) override {
@@ -291,11 +315,15 @@ absl::StatusOr<pj::ServiceRequest> FromProto(const v1::RefreshRequest& in) {
   if (in.has_lazy_similarity_threshold()) {
     r.lazy_policy.similarity_threshold = in.lazy_similarity_threshold();
   }
+  // uint32 on the wire, int in the policy: a count past INT32_MAX means as much as INT32_MAX
+  // (in effect "never"), never a negative count.
+  constexpr uint32_t kMaxCount = std::numeric_limits<int32_t>::max();
   if (in.has_lazy_stable_refreshes()) {
-    r.lazy_policy.stable_refreshes_before_skip = static_cast<int>(in.lazy_stable_refreshes());
+    r.lazy_policy.stable_refreshes_before_skip =
+        static_cast<int>(std::min(in.lazy_stable_refreshes(), kMaxCount));
   }
   if (in.has_lazy_max_skips()) {
-    r.lazy_policy.max_consecutive_skips = static_cast<int>(in.lazy_max_skips());
+    r.lazy_policy.max_consecutive_skips = static_cast<int>(std::min(in.lazy_max_skips(), kMaxCount));
   }
   r.batch_id = in.batch_id();
   r.reset_history = in.reset_history();

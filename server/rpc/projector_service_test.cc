@@ -488,6 +488,87 @@ TEST_F(ProjectorRpcTest, ExpiredAndCancelledWaitsFreeTheirSlots) {
   EXPECT_EQ(res.state(), v1::REFRESH_DONE);
 }
 
+// A malformed shm name is refused at Submit, before anything looks at the file system: a path
+// such as "/../../root/.bashrc" answered INVALID_ARGUMENT where the file existed and NOT_FOUND
+// where it did not, telling any user which files exist. A batch_id is bounded like the ids.
+TEST_F(ProjectorRpcTest, MalformedShmNamesAndLongBatchIdsAreRefusedAtSubmit) {
+  const std::vector<std::string> names = {"/../../root/.bashrc", "/../../no/such/file",
+                                          "noslash", "/" + std::string(300, 'x'), "/.."};
+  for (const std::string& name : names) {
+    v1::RefreshRequest r = Request("p", 0, 16, 16, 2);
+    r.mutable_gradient_region()->set_shm_name(name);
+    v1::SubmitReply reply;
+    grpc::Status s = Submit(r, &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name;
+    EXPECT_NE(s.error_message().find("is malformed"), std::string::npos) << s.error_message();
+  }
+  v1::RefreshRequest r = Request("p", 0, 16, 16, 2);
+  r.set_batch_id(std::string(257, 'b'));
+  v1::SubmitReply reply;
+  grpc::Status s = Submit(r, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("batch_id is 257 bytes"), std::string::npos)
+      << s.error_message();
+  r.set_batch_id(std::string(256, 'b'));
+  EXPECT_TRUE(Submit(r, &reply).ok());
+}
+
+// A watch of more unfinished refreshes than the uid has waiting calls left used to stream the
+// extra ones as REFRESH_FAILED (RESOURCE_EXHAUSTED) although they later succeeded: a client
+// would have thrown good projectors away. The watch is refused whole, and frees what it took.
+TEST_F(ProjectorRpcTest, AWatchPastTheWaitingCallsIsRefusedNotReportedAsFailures) {
+  StopServer();
+  static GatedLapack* const backend = new GatedLapack;  // outlives the service, as above
+  GatedLapack& gated = *backend;
+  struct OpenAtExit {
+    GatedLapack& g;
+    ~OpenAtExit() { g.Open(); }
+  } open_at_exit{gated};
+  pj::RefreshServiceOptions o;
+  o.cpu_backend = &gated;
+  o.workers = 1;
+  o.max_waiters_per_uid = 4;
+  refresh_ = std::make_unique<pj::RefreshService>(o, &engine_, nullptr);
+  StartServer(/*enabled=*/false);
+  WriteG(std::vector<float>(64 * 32, 1.0f));
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 6; ++i) {
+    v1::RefreshRequest r = Request("p" + std::to_string(i), 0, 64, 32, 4);
+    r.set_batch_id("big");
+    r.set_projector_offset(kProjectorOffset + i * 4096);
+    v1::SubmitReply reply;
+    ASSERT_TRUE(Submit(r, &reply).ok());
+    ids.push_back(reply.refresh_id());
+  }
+  grpc::ClientContext ctx;
+  v1::WatchRequest w;
+  w.set_batch_id("big");
+  auto reader = stub_->WatchBatch(&ctx, w);
+  v1::RefreshProgress p;
+  int streamed = 0;
+  while (reader->Read(&p)) ++streamed;
+  grpc::Status refused = reader->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("watch fewer at once"), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(streamed, 0);
+  // The watch let its 4 waiting calls go: a wait for an unfinished refresh finds a slot.
+  std::thread open([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    gated.Open();
+  });
+  v1::RefreshResult last;
+  grpc::Status waited = Get(ids.back(), /*wait=*/true, &last);
+  open.join();
+  ASSERT_TRUE(waited.ok()) << waited.error_message();
+  for (uint64_t id : ids) {  // every refresh succeeds
+    v1::RefreshResult res;
+    grpc::Status got = Get(id, /*wait=*/true, &res);
+    ASSERT_TRUE(got.ok()) << got.error_message();
+    EXPECT_EQ(res.state(), v1::REFRESH_DONE);
+  }
+}
+
 // The power_iterations error names the value sent (it used to report the
 // clamped kMaxPowerIterations + 1).
 TEST_F(ProjectorRpcTest, PowerIterationsErrorNamesTheValueSent) {

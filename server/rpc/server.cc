@@ -25,6 +25,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_posix.h"
 #include "proto/offload.grpc.pb.h"
+#include "server/base/log_limiter.h"
 #include "server/base/worker_threads.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/peer_listener.h"
@@ -43,21 +44,11 @@ namespace {
 // go to glog at most once per 10 s, with the count of those dropped; fatal ones always.
 void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
                             const std::string& message) {
-  static base::Mutex mu;
-  static double last_seconds = -1e9;
-  static uint64_t dropped = 0;
-  if (level != google::protobuf::LOGLEVEL_FATAL) {
-    const double now = base::SteadyNowSeconds();
-    base::MutexLock lock(mu);
-    if (now - last_seconds < 10) {
-      ++dropped;
-      return;
-    }
-    last_seconds = now;
-  }
+  static base::LogLimiter limiter(10.0);
+  uint64_t dropped = 0;
+  if (level != google::protobuf::LOGLEVEL_FATAL && !limiter.Allow(&dropped)) return;
   LOG(WARNING) << "libprotobuf " << file << ":" << line << ": " << message << " (" << dropped
                << " more protobuf messages dropped since the last one)";
-  dropped = 0;
 }
 
 // One client stream. Reads batches of requests and hands each to the Session: on the gRPC

@@ -215,14 +215,7 @@ absl::Status CheckShmSpec(const RegionSpec& spec) {
         "this daemon runs the shm backend and cannot open CUDA IPC handles: register a "
         "shared-memory region (shm_name), or start offloadd with backend: \"cuda\"");
   }
-  const std::string& name = spec.shm_name;
-  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos ||
-      name.size() >= 255 || name.find('\0') != std::string::npos || name == "/." || name == "/..") {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "shared-memory region name '%s' is malformed: use \"/name\" (one leading slash, no other "
-        "slash or NUL, not . or .., under 255 bytes) as passed to shm_open",
-        absl::CHexEscape(name.substr(0, 64))));
-  }
+  if (absl::Status named = CheckShmRegionName(spec.shm_name); !named.ok()) return named;
   if (spec.size_bytes == 0) {
     return absl::InvalidArgumentError("region size_bytes is 0: register a non-empty region");
   }
@@ -302,10 +295,13 @@ absl::StatusOr<std::shared_ptr<Region>> ShmCopyEngine::OpenRegion(const RegionSp
     ++c.open;
     if (!spec.transient_device) counts_->kept.insert(spec.device_id);
   }
+  // The last handle of a transient device (not kept) forgets it: a device named only by
+  // transient regions (probes, projector refreshes naming ever-new ids) leaves no series.
   auto release = [counts = counts_, gpu = spec.device_id] {
     base::MutexLock lock(counts->mu);
     auto it = counts->by_gpu.find(gpu);  // present: ForgetDevice keeps a device with open handles
-    if (it != counts->by_gpu.end()) --it->second.open;
+    if (it == counts->by_gpu.end()) return;
+    if (--it->second.open == 0 && counts->kept.count(gpu) == 0) counts->by_gpu.erase(it);
   };
   return std::shared_ptr<Region>(
       new ShmRegion(*std::move(mapping), spec.size_bytes, std::move(release)));

@@ -52,6 +52,31 @@ TEST(ShmCopyEngineTest, CopiesBothWaysThroughTheMapping) {
   EXPECT_EQ(engine.handle_counts()["gpu0"].opens_total, 2u);
 }
 
+// Regions of transient devices (probes, projector refreshes) leave no series once their last
+// handle closes: refreshes naming ever-new device ids grew the handle counts without bound.
+// A device a session opened (not transient) keeps its series.
+TEST(ShmCopyEngineTest, ATransientDevicesCountsGoWithItsLastHandle) {
+  ShmObject obj(1 << 20);
+  ShmCopyEngine engine;
+  for (int i = 0; i < 50; ++i) {
+    RegionSpec spec{obj.name(), "", 4096, "refresh-" + std::to_string(i)};
+    spec.transient_device = true;
+    auto region = engine.OpenRegion(spec);
+    ASSERT_TRUE(region.ok()) << region.status();
+    EXPECT_EQ(engine.handle_counts().at(spec.device_id).open, 1u);
+  }
+  EXPECT_TRUE(engine.handle_counts().empty());
+  auto kept = engine.OpenRegion({obj.name(), "", 4096, "gpu0"});
+  ASSERT_TRUE(kept.ok());
+  RegionSpec probe{obj.name(), "", 4096, "gpu0"};
+  probe.transient_device = true;
+  ASSERT_TRUE(engine.OpenRegion(probe).ok());  // opened and closed at once
+  kept->reset();
+  ASSERT_EQ(engine.handle_counts().count("gpu0"), 1u);
+  EXPECT_EQ(engine.handle_counts()["gpu0"].opens_total, 2u);
+  EXPECT_EQ(engine.handle_counts()["gpu0"].open, 0u);
+}
+
 // The blocking adapter: nothing asynchronous or ordered, a null order, and a posted chunk
 // copied and completed on the calling thread before PostChunk returns.
 TEST(ShmCopyEngineTest, PostedAndOrderedChunksAreBlockingCopies) {
