@@ -6,6 +6,7 @@ them: that backward raises OffloaddError DATA_LOSS (torch 2.x re-raises a hook's
 backward() as the same object), and the following steps fall back and complete.
 """
 
+import gc
 import os
 import time
 import unittest
@@ -150,6 +151,27 @@ class PoolFullTest(DaemonTestCase):
             run_step("offloadd", ctx)
         self.assertEqual(e.exception.code, errors.RESOURCE_EXHAUSTED)
         self.assertIn("no offloads to it for", str(e.exception))
+
+
+    def test_a_refused_strict_step_frees_its_blocks_without_the_cycle_collector(self):
+        # The refusal raised at the next hook kept the step's graph, and through it the blocks
+        # the daemon took, in a reference cycle until Python's collector ran: a loop that
+        # catches the error found the pool full step after step.
+        ctx = ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=THRESHOLD,
+                                     keep_last_n=0, strict=True)
+        gc.disable()
+        try:
+            code = None
+            try:
+                run_step("offloadd", ctx)
+            except errors.OffloaddError as e:
+                code = e.code
+            self.assertEqual(code, errors.RESOURCE_EXHAUSTED)
+            self.assertTrue(ot.synchronize())
+            self.assertEqual(ctx.store.live_handles(), 0)
+            self.assertEqual(self.daemon.stats().blocks, 0)
+        finally:
+            gc.enable()
 
 
 class PoolHeldFullTest(DaemonTestCase):

@@ -616,9 +616,18 @@ class Store:
         _endpoint.count_fallback(reason, warn=not self.strict, device=s.meta.device)
 
     def _raise_async_error(self):
+        """Raises the refusal strict mode kept for the next hook call. The local is cleared on
+        the way out: the raised error's traceback holds this frame, and a frame naming its own
+        exception is a reference cycle that kept the failed step's graph and its daemon blocks
+        alive until Python's cycle collector ran (a loop catching the error found the pool still
+        full step after step)."""
         err, self._async_error = self._async_error, None
-        if err is not None:
+        if err is None:
+            return
+        try:
             raise err
+        finally:
+            err = None
 
     # ---- unpack ----------------------------------------------------------------------------
     def unpack(self, s):
