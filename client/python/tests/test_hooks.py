@@ -22,7 +22,7 @@ from daemon_fixture import (B, H, L, LAYER_BYTES, PY_ROOT, S, THRESHOLD, DaemonT
 import offloadd.torch as ot
 import tiny_lm
 from offloadd.torch import _endpoint
-from offloadd.torch._store import HostCopy, Saved
+from offloadd.torch._store import HostCopy, Kept, Saved
 from offloadd._outcome import Outcome as Completion
 
 torch.set_num_threads(2)
@@ -194,24 +194,58 @@ class EligibilityTest(DaemonTestCase):
         return ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=1024,
                                       keep_last_n=0, **kw).store
 
+    def assertLeftInPlace(self, st, t):
+        """pack left ``t`` in place: a Kept holding it, which unpacks to ``t`` itself."""
+        packed = st.pack(t)
+        self.assertIsInstance(packed, Kept)
+        self.assertIs(packed.tensor, t)
+        self.assertIs(st.unpack(packed), t)
+
+    def test_tensors_left_in_place_and_modified_in_place_raise_as_without_hooks(self):
+        # torch skips its own saved-tensor version check once hooks are installed: a weight
+        # updated in place before backward (an optimizer step) or a small saved tensor changed
+        # in place gave wrong gradients silently.
+        ctx = ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=1 << 20,
+                                     keep_last_n=0)
+        w = torch.nn.Parameter(torch.randn(8, 8))
+        x = torch.randn(4, 8, requires_grad=True)
+        with ctx:
+            y = (x @ w).sum()  # saves x (a leaf) and w (a parameter), both left in place
+        with torch.no_grad():
+            w.add_(1.0)
+        with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+            y.backward()
+        a = torch.randn(4, 8, requires_grad=True)
+        with ctx:
+            b = a * 2
+            c = (b * b).sum()  # saves b: below the threshold
+        with torch.no_grad():
+            b.mul_(3.0)
+        with self.assertRaisesRegex(RuntimeError, "is at version 1; expected version 0"):
+            c.backward()
+        with ctx:  # unmodified: backward as without hooks
+            c2 = (a * 2 * (a * 2)).sum()
+        c2.backward()
+        self.assertTrue(torch.equal(a.grad, 8 * a.detach()))
+
     def test_parameters_views_small_and_non_dense_stay(self):
         st = self.store()
         p = torch.nn.Parameter(torch.randn(64, 64))
         big = torch.randn(64, 64) + 0
-        self.assertIs(st.pack(p), p)
+        self.assertLeftInPlace(st, p)
         pt = p.t()
-        self.assertIs(st.pack(pt), pt)  # a view of a parameter
+        self.assertLeftInPlace(st, pt)  # a view of a parameter
         small = torch.randn(8)
-        self.assertIs(st.pack(small), small)
+        self.assertLeftInPlace(st, small)
         leaf = torch.randn(64, 64, requires_grad=True)
-        self.assertIs(st.pack(leaf), leaf)
+        self.assertLeftInPlace(st, leaf)
         strided = torch.randn(64, 128)[:, ::2]
-        self.assertIs(st.pack(strided), strided)
+        self.assertLeftInPlace(st, strided)
         h1 = st.pack(big)
         self.assertIsInstance(h1, Saved)
         self.assertIs(st.pack(big), h1)  # the same tensor saved twice: one handle
         view = big[:32]
-        self.assertIs(st.pack(view), view)  # a view of a tensor already offloaded
+        self.assertLeftInPlace(st, view)  # a view of a tensor already offloaded
         s = st.stats
         self.assertEqual((s.skipped_params, s.skipped_leaves, s.skipped_small, s.skipped_other,
                           s.skipped_views), (2, 1, 1, 1, 1))
@@ -332,8 +366,9 @@ class SaveOnCpuTest(DaemonTestCase):
         t = torch.randn(4)
         ctx = ot.save_on_cpu()
         packed = ctx.pack_hook(t)
-        self.assertIs(packed, t)
-        self.assertNotIsInstance(packed, HostCopy)
+        self.assertIsInstance(packed, Kept)
+        self.assertIs(packed.tensor, t)
+        self.assertIs(ctx.unpack_hook(packed), t)
 
 
 class StatsAtExitTest(DaemonTestCase):

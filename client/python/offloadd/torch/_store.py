@@ -1,9 +1,11 @@
 """The pack/unpack engine behind every offloadd context (torch.autograd.graph.saved_tensors_hooks).
 
 ``Store.pack(t)`` decides per saved tensor:
-  * left in place (returned as is): below ``threshold_bytes``; a parameter, a view of one, or a
-    leaf that requires grad; a view of (or the base of a view) already offloaded; not a dense
-    strided CPU/CUDA tensor (sparse, quantized, nested, meta, a tensor subclass). With
+  * left in place (returned in a ``Kept`` with its version, which unpack checks as torch would:
+    torch skips its own check once hooks are installed): below ``threshold_bytes``; a
+    parameter, a view of one, or a leaf that requires grad; a view of (or the base of a view)
+    already offloaded; not a dense strided CPU/CUDA tensor (sparse, quantized, nested, meta, a
+    tensor subclass). With
     ``small_to_host`` (save_on_cpu), small CUDA tensors are copied to host memory instead, as
     torch's save_on_cpu does.
   * the same tensor saved twice in one step shares one handle (one offload, one reload); a
@@ -161,6 +163,19 @@ class Saved:
             pass
 
 
+class Kept:
+    """What pack returns for a saved tensor it leaves in place (below the threshold, a
+    parameter, a leaf, a view, not dense): the tensor and its version at the pack. torch skips
+    its own saved-tensor version check whenever saved-tensor hooks are installed, so unpack
+    makes it (Store._check_kept): a weight or small tensor modified in place before backward
+    raises torch's error instead of giving wrong gradients."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t):
+        self.tensor, self.version = t, t._version
+
+
 class HostCopy:
     """A small CUDA tensor copied to host memory (save_on_cpu semantics)."""
 
@@ -249,7 +264,7 @@ class Store:
             to_host = self.small_to_host if small_to_host is None else small_to_host
             if category == "small" and to_host and t.device.type == "cuda":
                 return HostCopy(t, pin)
-            return t
+            return Kept(t)
         with self._lock:
             s = Saved(self, self._next_seq, t)
             s.offset = s.seq - self._step_first_seq  # position within the step
@@ -637,9 +652,12 @@ class Store:
             step.unpacked = True  # this thread's backward began: its next pack ends its step
         else:  # a thread that packs nothing here: its unpacks end every thread's step
             self._foreign_unpacks += 1
-        if isinstance(s, HostCopy):
+        kind = type(s)
+        if kind is Kept:
+            return self._check_kept(s)
+        if kind is HostCopy:
             return s.host.to(s.device, non_blocking=s.non_blocking)
-        if not isinstance(s, Saved):
+        if kind is not Saved:
             return s
         _pump()
         self._raise_async_error()
@@ -793,6 +811,18 @@ class Store:
                 "blocks if it resumes); later steps keep tensors in process until the daemon "
                 "answers again" % (_strip_code(why), s.meta.nbytes))
         raise self._lost(s, why)
+
+    @staticmethod
+    def _check_kept(k):
+        """The tensor pack left in place, after torch's version check (see Kept)."""
+        t = k.tensor
+        if t._version != k.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                "inplace operation: [%s %s] is at version %d; expected version %d instead "
+                "(checked by offloadd, which left it in place when saved)"
+                % (t.dtype, list(t.shape), t._version, k.version))
+        return t
 
     @staticmethod
     def _check_version(s):
