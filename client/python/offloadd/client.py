@@ -822,6 +822,14 @@ class Client:
                     "the offloadd daemon at %s went away and did not come back within %.1f s "
                     "(reconnect_seconds / the daemon's resume_grace_seconds): %s"
                     % (self.target, window, failure)))
+            if _refuses(self.socket_path):
+                # Down or restarting, not frozen: not silence. No connect is tried (one waits
+                # out its whole timeout on a refusing socket, and a wait bounded by the
+                # daemon's silence would take that for a freeze).
+                self._last_heard = time.monotonic()
+                time.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
+                backoff = min(backoff * 2, max(self.reconnect_max_backoff_seconds, backoff))
+                continue
             offer = self._offer_ring()
             try:
                 conn, hello = self._open(token, min(self.connect_timeout_seconds, left), offer)

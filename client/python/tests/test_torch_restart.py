@@ -11,7 +11,9 @@ Run: tests/python/run.sh -k torch_restart.
 """
 
 import os
+import time
 import secrets
+import threading
 import unittest
 
 import torch
@@ -39,32 +41,47 @@ class TorchRestartTest(unittest.TestCase):
         self.pool = "offloadd-py-torch-restart-%d-%s" % (os.getpid(), secrets.token_hex(4))
         self.extra = ("--pool_shm_name", self.pool, "--resume_grace_seconds", "60")
         self.daemons = [Daemon("256MiB", self.extra)]
+        self.starter, self.release = None, threading.Event()
 
     def tearDown(self):
         otf.disable()
         ot._endpoint.reset_for_tests()
         for d in self.daemons:
             d.stop()
+        self.release.set()
+        if self.starter is not None:
+            self.starter.join()
         try:
             os.unlink("/dev/shm/" + self.pool)
         except OSError:
             pass
 
-    def restart(self):
-        """SIGKILLs the daemon and starts another on the same socket and pool object. On the
-        main thread: the daemon's PR_SET_PDEATHSIG follows the thread that started it."""
+    def restart(self, down_seconds=0.0):
+        """SIGKILLs the daemon and starts another on the same socket and pool object: at once,
+        on this thread, or ``down_seconds`` later from a thread that stays until tearDown (the
+        daemon's PR_SET_PDEATHSIG follows the thread that started it), so that backward runs
+        while the daemon is down."""
         first = self.daemons[-1]
         first.kill()
-        self.daemons.append(Daemon("256MiB", self.extra, sock=first.sock))
+        if not down_seconds:
+            self.daemons.append(Daemon("256MiB", self.extra, sock=first.sock))
+            return
 
-    def run_step(self, kill_after_packs=None, kill_between=False):
-        ctx = otf.enable(keep_last_n=0, socket_path=self.daemons[0].sock)
+        def start_later():
+            time.sleep(down_seconds)
+            self.daemons.append(Daemon("256MiB", self.extra, sock=first.sock))
+            self.release.wait()
+        self.starter = threading.Thread(target=start_later)
+        self.starter.start()
+
+    def run_step(self, kill_after_packs=None, kill_between=False, down_seconds=0.0, **enable):
+        ctx = otf.enable(keep_last_n=0, socket_path=self.daemons[0].sock, **enable)
 
         def between():
             if kill_between:
                 self.assertTrue(ot.synchronize(), "offloads did not complete")
                 self.assertEqual(self.daemons[-1].stats().blocks, LAYERS)
-                self.restart()
+                self.restart(down_seconds)
         store, inner = ctx.store, ctx.store.pack
         packs = [0]
 
@@ -95,6 +112,14 @@ class TorchRestartTest(unittest.TestCase):
 
     def test_sigkill_between_forward_and_backward(self):
         self.check(*self.run_step(kill_between=True))
+        self.assertEqual(len(self.daemons), 2)
+
+    def test_a_restart_slower_than_unresponsive_seconds_is_not_taken_for_a_freeze(self):
+        # A refusing socket says the daemon is down, not frozen; a connect attempt on it used
+        # to wait out connect_timeout_seconds (5) while backward's silence bound (1.5) ran out.
+        self.check(*self.run_step(kill_between=True, down_seconds=3.0,
+                                  unresponsive_seconds=1.5))
+        self.starter.join(0)  # started, and waiting for tearDown
         self.assertEqual(len(self.daemons), 2)
 
     def test_sigkill_in_the_middle_of_forward(self):
