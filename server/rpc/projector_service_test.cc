@@ -433,25 +433,38 @@ class GatedLapack : public pj::SvdBackend {
   bool open_ = false;
 };
 
+// The service on a GatedLapack (no refresh gets past its SVD until Open), one worker and
+// `max_waiters_per_uid` waiting calls per uid. The backend outlives the service (it is never
+// freed: a worker may still be inside it as TearDown stops the service) and is opened first in
+// TearDown, so every worker ends.
+class GatedProjectorRpcTest : public ProjectorRpcTest {
+ protected:
+  void TearDown() override {
+    if (gated_ != nullptr) gated_->Open();
+    ProjectorRpcTest::TearDown();
+  }
+  GatedLapack& StartGated(size_t max_waiters_per_uid) {
+    StopServer();
+    gated_ = new GatedLapack;
+    pj::RefreshServiceOptions o;
+    o.cpu_backend = gated_;
+    o.workers = 1;
+    o.max_waiters_per_uid = max_waiters_per_uid;
+    refresh_ = std::make_unique<pj::RefreshService>(o, &engine_, nullptr);
+    StartServer(/*enabled=*/false);  // the service made here
+    return *gated_;
+  }
+
+ private:
+  GatedLapack* gated_ = nullptr;
+};
+
 // 256 GetResult(wait) calls cut off by a 20 ms deadline (a "wait with a timeout" loop) used to
 // keep the uid's 256 waiting-call slots (projector.max_waiting_calls_per_uid) until the refresh
 // finished: the next wait got RESOURCE_EXHAUSTED. A cancelled or expired wait, and a cancelled
 // WatchBatch, now frees its slot at once.
-TEST_F(ProjectorRpcTest, ExpiredAndCancelledWaitsFreeTheirSlots) {
-  StopServer();
-  // Outlives the service (TearDown stops it); opened on every way out so its worker ends.
-  static GatedLapack* const backend = new GatedLapack;
-  GatedLapack& gated = *backend;
-  struct OpenAtExit {
-    GatedLapack& g;
-    ~OpenAtExit() { g.Open(); }
-  } open_at_exit{gated};
-  pj::RefreshServiceOptions o;
-  o.cpu_backend = &gated;
-  o.workers = 1;
-  o.max_waiters_per_uid = 256;
-  refresh_ = std::make_unique<pj::RefreshService>(o, &engine_, nullptr);
-  StartServer(/*enabled=*/false);  // the service made here
+TEST_F(GatedProjectorRpcTest, ExpiredAndCancelledWaitsFreeTheirSlots) {
+  GatedLapack& gated = StartGated(256);
   WriteG(std::vector<float>(64 * 32, 1.0f));
   v1::SubmitReply reply;
   ASSERT_TRUE(Submit(Request("w", 0, 64, 32, 4), &reply).ok());
@@ -516,20 +529,8 @@ TEST_F(ProjectorRpcTest, MalformedShmNamesAndLongBatchIdsAreRefusedAtSubmit) {
 // A watch of more unfinished refreshes than the uid has waiting calls left used to stream the
 // extra ones as REFRESH_FAILED (RESOURCE_EXHAUSTED) although they later succeeded: a client
 // would have thrown good projectors away. The watch is refused whole, and frees what it took.
-TEST_F(ProjectorRpcTest, AWatchPastTheWaitingCallsIsRefusedNotReportedAsFailures) {
-  StopServer();
-  static GatedLapack* const backend = new GatedLapack;  // outlives the service, as above
-  GatedLapack& gated = *backend;
-  struct OpenAtExit {
-    GatedLapack& g;
-    ~OpenAtExit() { g.Open(); }
-  } open_at_exit{gated};
-  pj::RefreshServiceOptions o;
-  o.cpu_backend = &gated;
-  o.workers = 1;
-  o.max_waiters_per_uid = 4;
-  refresh_ = std::make_unique<pj::RefreshService>(o, &engine_, nullptr);
-  StartServer(/*enabled=*/false);
+TEST_F(GatedProjectorRpcTest, AWatchPastTheWaitingCallsIsRefusedNotReportedAsFailures) {
+  GatedLapack& gated = StartGated(4);
   WriteG(std::vector<float>(64 * 32, 1.0f));
   std::vector<uint64_t> ids;
   for (int i = 0; i < 6; ++i) {
