@@ -285,3 +285,53 @@ class StalePrefetchTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class GiveUpHasOneOwnerTest(unittest.TestCase):
+    """Two threads on one context both find the daemon frozen and both give its session up:
+    the second call returns only after the first has turned every offload in flight into a
+    fallback and closed the staging memory; before, it returned at once, found its own tensor
+    still in flight and raised it lost (or the first's copies failed on closed staging)."""
+
+    class _FakeEndpoint:
+        def __init__(self, log, inside, proceed):
+            self.giving_up = None
+            self.log = log
+            test = self
+
+            class _Client:
+                def abandon(self, failure):
+                    log.append("fail_all begins")
+                    _endpoint.abandon(test, failure)  # a callback giving up again: no wait
+                    inside.set()
+                    proceed.wait(10)
+                    log.append("fail_all ends")
+
+            class _Transport:
+                def close(self):
+                    log.append("staging closed")
+
+            self.client, self.transport = _Client(), _Transport()
+
+    def test_a_second_give_up_waits_for_the_first(self):
+        log, inside, proceed = [], threading.Event(), threading.Event()
+        ep = self._FakeEndpoint(log, inside, proceed)
+        failure = errors.DaemonUnresponsive("frozen")
+        first = threading.Thread(target=_endpoint.abandon, args=(ep, failure, 0.0))
+        first.start()
+        self.assertTrue(inside.wait(10))
+
+        def second():
+            _endpoint.abandon(ep, failure, 0.0)
+            log.append("second returned")
+        other = threading.Thread(target=second)
+        other.start()
+        other.join(0.3)
+        self.assertTrue(other.is_alive(), "the second give-up returned before the first ended")
+        proceed.set()
+        first.join(10)
+        other.join(10)
+        self.assertEqual(log, ["fail_all begins", "fail_all ends", "staging closed",
+                               "second returned"])
+        _endpoint.abandon(ep, failure, 0.0)  # after it: returns at once, does nothing again
+        self.assertEqual(log.count("staging closed"), 1)

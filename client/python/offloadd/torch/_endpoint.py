@@ -111,6 +111,8 @@ class Endpoint:
         self.reported_at = 0.0
         # The session began before its Hello was answered: this age is at most the daemon's.
         self.opened_at = time.monotonic()
+        # abandon(): (the thread giving the session up, an Event set when it is done), or None.
+        self.giving_up = None
 
     @property
     def alive(self):
@@ -224,13 +226,31 @@ def abandon(ep, failure, retry_seconds=30.0):
     DaemonUnresponsive): its requests fail at once -- offloads still in flight complete as
     fallbacks from the copies the client holds -- the stream is cancelled (a daemon that resumes
     frees the session's blocks), and the (socket, device) is not tried again for
-    ``retry_seconds``. Never blocks on the daemon."""
-    mark_broken(ep, str(failure), retry_seconds)
-    ep.client.abandon(failure)
+    ``retry_seconds``. Never blocks on the daemon.
+
+    One thread gives the session up; another thread's call (threads training on one context,
+    each waiting on the frozen daemon) waits until it is done, so that every offload in flight
+    has become a fallback and the staging memory is closed only after the copies out of it:
+    returning earlier, it could find its own tensor still in flight and call it lost. A call
+    from within the give-up (a callback it runs) returns at once."""
+    me = threading.get_ident()
+    with _lock:
+        giving_up = ep.giving_up
+        if giving_up is None:
+            ep.giving_up = (me, threading.Event())
+    if giving_up is not None:
+        if giving_up[0] != me:
+            giving_up[1].wait()
+        return
     try:
-        ep.transport.close()  # its shared-memory names and mappings go now, not at exit
-    except Exception:
-        pass
+        mark_broken(ep, str(failure), retry_seconds)
+        ep.client.abandon(failure)
+        try:
+            ep.transport.close()  # its shared-memory names and mappings go now, not at exit
+        except Exception:
+            pass
+    finally:
+        ep.giving_up[1].set()
 
 
 def count_fallback(reason, warn=True, device=None):
