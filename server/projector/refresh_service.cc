@@ -19,6 +19,16 @@
 namespace offloadd::projector {
 namespace {
 
+// The uid holding the most in `by_uid` (uid -> count or bytes; not empty).
+template <typename Map>
+int64_t LargestHolder(const Map& by_uid) {
+  auto largest = by_uid.begin();
+  for (auto it = by_uid.begin(); it != by_uid.end(); ++it) {
+    if (it->second > largest->second) largest = it;
+  }
+  return largest->first;
+}
+
 bool Finished(RefreshState state) {
   return state == RefreshState::kDone || state == RefreshState::kFailed;
 }
@@ -217,7 +227,10 @@ RefreshService::Started RefreshService::StartLocked(const FairRefreshQueue::Item
     UpdateQueueGaugeLocked();
     return s;
   }
-  if (history_.count(item.parameter) == 0) MakeRoomForParameterLocked();
+  // Failed and skipped refreshes make entries too: the bound is kept as one is added.
+  if (history_.count(item.parameter) == 0 && options_.max_parameters > 0) {
+    ForgetParametersPastLocked(options_.max_parameters - 1);
+  }
   auto [hit, created] = history_.try_emplace(item.parameter);
   History& h = hit->second;
   if (created) {
@@ -652,14 +665,9 @@ void RefreshService::TouchLocked(std::map<std::string, History>::iterator it) {
   uses.emplace(h.last_used, it->first);
 }
 
-void RefreshService::MakeRoomForParameterLocked() {
-  const size_t limit = options_.max_parameters;
-  while (limit > 0 && history_.size() >= limit && !parameters_by_uid_.empty()) {
-    auto largest = parameters_by_uid_.begin();
-    for (auto it = parameters_by_uid_.begin(); it != parameters_by_uid_.end(); ++it) {
-      if (it->second > largest->second) largest = it;
-    }
-    auto it = LeastRecentLocked(largest->first, /*with_projector=*/false);
+void RefreshService::ForgetParametersPastLocked(size_t keep) {
+  while (history_.size() > keep && !parameters_by_uid_.empty()) {
+    auto it = LeastRecentLocked(LargestHolder(parameters_by_uid_), /*with_projector=*/false);
     if (it == history_.end()) break;
     EraseHistoryLocked(it);
   }
@@ -696,23 +704,12 @@ void RefreshService::EvictHistoryLocked(int64_t owner) {
     EraseHistoryLocked(it);
   }
   // Past a total: the least recently used of the uid holding the most.
-  auto largest_of = [](const auto& by_uid) {
-    auto largest = by_uid.begin();
-    for (auto it = by_uid.begin(); it != by_uid.end(); ++it) {
-      if (it->second > largest->second) largest = it;
-    }
-    return largest->first;
-  };
   while (history_bytes_ > options_.history_bytes && !history_bytes_by_uid_.empty()) {
-    auto it = LeastRecentLocked(largest_of(history_bytes_by_uid_), true);
+    auto it = LeastRecentLocked(LargestHolder(history_bytes_by_uid_), true);
     if (it == history_.end()) break;
     EraseHistoryLocked(it);
   }
-  while (history_.size() > options_.max_parameters && !parameters_by_uid_.empty()) {
-    auto it = LeastRecentLocked(largest_of(parameters_by_uid_), false);
-    if (it == history_.end()) break;
-    EraseHistoryLocked(it);
-  }
+  ForgetParametersPastLocked(options_.max_parameters);
 }
 
 void RefreshService::UpdateQueueGaugeLocked() {

@@ -365,10 +365,9 @@ class RefreshService {
   // Forgets projectors past `owner`'s budget, then the largest holder's least recently used
   // past the totals.
   void EvictHistoryLocked(int64_t owner) REQUIRES(mu_);
-  // Before a parameter new to the history is added: forgets the least recently used entries of
-  // the uid holding the most until one more fits max_parameters. Failed and skipped refreshes
-  // make entries too, so the bound is kept here, not only after a successful refresh.
-  void MakeRoomForParameterLocked() REQUIRES(mu_);
+  // Forgets the least recently used entries of the uid holding the most until at most `keep`
+  // remain (max_parameters; one less before a new parameter is added).
+  void ForgetParametersPastLocked(size_t keep) REQUIRES(mu_);
   // The least recently used history entry of `owner` (holding a projector when
   // `with_projector`), or history_.end(): from by_use_, without scanning the history.
   std::map<std::string, History>::iterator LeastRecentLocked(int64_t owner, bool with_projector)
