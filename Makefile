@@ -6,7 +6,7 @@ SHELL := /bin/bash
 BAZEL ?= bazel
 BIN := build/bin
 TARGETS := //server:offloadd //client/cli:offloadctl //bench:checkpoint_workload \
-  //client/core:liboffloadd_core.so //client/core:ring_fast.so
+  //client/core:liboffloadd_core.so //client/core:ring_fast.so //client/core:store_front.so
 
 .PHONY: deps venv wheel build run demo demo-torch test bench gpu-bundle image fmt clean fuzz soak test-asan test-tsan tsa
 
@@ -18,7 +18,7 @@ venv: deps
 	@bash deploy/python-env.sh
 
 # The Python package as a wheel in build/wheel, its path printed last: stubs, the native core
-# liboffloadd_core.so and the ring's extension module _ring_fast.abi3.so inside,
+# liboffloadd_core.so and the extension modules _ring_fast.abi3.so and _store_front.abi3.so inside,
 # cp310-abi3-manylinux_2_N (deploy/wheel.sh; depends on grpcio and protobuf). pip install it where the training runs: docs/install-wheel.md.
 wheel: venv
 	@bash deploy/wheel.sh
@@ -27,7 +27,7 @@ build: venv
 	$(BAZEL) build $(TARGETS)
 	@mkdir -p $(BIN)
 	@for t in server/offloadd client/cli/offloadctl bench/checkpoint_workload \
-	  client/core/liboffloadd_core.so client/core/ring_fast.so; do \
+	  client/core/liboffloadd_core.so client/core/ring_fast.so client/core/store_front.so; do \
 	  install -m 0755 bazel-out/k8-opt/bin/$$t $(BIN)/; done
 	@bash client/python/gen_proto.sh >/dev/null
 

@@ -68,6 +68,11 @@ else
   tail -5 "$out/wheel.log"
   echo "make_gpu_bundle.sh: no wheel (see above): the bundle carries the source package instead"
   rm -rf "$out/wheel"; cp -r client/python/offloadd "$out/python/"; wheel_name=""
+  # the native parts the package loads from beside itself (what the wheel would carry)
+  for f in liboffloadd_core.so:liboffloadd_core.so ring_fast.so:_ring_fast.abi3.so \
+           store_front.so:_store_front.abi3.so; do
+    [ -f "build/bin/${f%%:*}" ] && cp "build/bin/${f%%:*}" "$out/python/offloadd/${f##*:}"
+  done
 fi
 rm -f "$out/wheel.log"
 cp -r client/python/examples "$out/python/"

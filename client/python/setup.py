@@ -9,10 +9,12 @@ build_py also copies the native client core, liboffloadd_core.so, into the built
 _native.py (where offloadd._native.load() looks first): from $OFFLOADD_CORE_LIB, else where a
 Bazel build of the repository leaves it (``bazel build //client/core:liboffloadd_core.so``), and,
 when it is built, the extension module of the ring's hot calls as offloadd/_ring_fast.abi3.so:
-from $OFFLOADD_RING_FAST_LIB, else the Bazel output (``bazel build //client/core:ring_fast.so``).
-The core is loaded with ctypes; the extension is on CPython's stable ABI (3.10). The wheel is
-``cp310-abi3-<platform>`` when it carries the extension (one wheel for every CPython >= 3.10),
-else ``py3-none-<platform>``; the platform is ``manylinux_2_<N>_<arch>`` with N the newest glibc
+from $OFFLOADD_RING_FAST_LIB, else the Bazel output (``bazel build //client/core:ring_fast.so``),
+and the extension module of the torch hooks' records, which the package needs, as
+offloadd/_store_front.abi3.so: from $OFFLOADD_STORE_FRONT_LIB, else the Bazel output
+(``bazel build //client/core:store_front.so``).
+The core is loaded with ctypes; the extensions are on CPython's stable ABI (3.10). The wheel is
+``cp310-abi3-<platform>`` (one wheel for every CPython >= 3.10); the platform is ``manylinux_2_<N>_<arch>`` with N the newest glibc
 symbol version the core or the extension needs (core_platform_tag below, which refuses a core
 that links anything but glibc, libstdc++ and libgcc_s, or needs a libstdc++ newer than GCC 8's,
 and an extension that links anything but glibc).
@@ -41,6 +43,12 @@ FAST_IN_PACKAGE = "_ring_fast.abi3.so"  # the name offloadd._native looks for be
 FAST_CANDIDATES = (
     os.path.join(REPO, "bazel-bin", "client", "core", FAST),
     os.path.join(REPO, "bazel-out", "k8-opt", "bin", "client", "core", FAST),
+)
+STORE_FRONT = "store_front.so"
+STORE_FRONT_IN_PACKAGE = "_store_front.abi3.so"
+STORE_FRONT_CANDIDATES = (
+    os.path.join(REPO, "bazel-bin", "client", "core", STORE_FRONT),
+    os.path.join(REPO, "bazel-out", "k8-opt", "bin", "client", "core", STORE_FRONT),
 )
 # What the extension module may load: glibc's own libraries (never libpython: the interpreter
 # provides its symbols).
@@ -80,6 +88,19 @@ def find_fast():
         if os.path.isfile(path):
             return path
     return None
+
+
+def find_store_front():
+    """Path of the records' extension module to package; RuntimeError naming the places looked
+    at (the package does not work without it)."""
+    env = os.environ.get("OFFLOADD_STORE_FRONT_LIB")
+    paths = [env] if env else list(STORE_FRONT_CANDIDATES)
+    for path in paths:
+        if os.path.isfile(path):
+            return path
+    raise RuntimeError("offloadd: the extension module %s is not at %s: run 'bazel build "
+                       "//client/core:store_front.so' in the repository or set "
+                       "OFFLOADD_STORE_FRONT_LIB to its path" % (STORE_FRONT, " or ".join(paths)))
 
 
 def _objdump(flag, path):
@@ -133,10 +154,11 @@ class BuildPyWithStubs(build_py):
         shutil.copyfile(find_core(), target)
         os.chmod(target, 0o755)
         fast = find_fast()
-        if fast is not None:
-            target = os.path.join(self.build_lib, "offloadd", FAST_IN_PACKAGE)
-            shutil.copyfile(fast, target)
-            os.chmod(target, 0o755)
+        for path, name in ((fast, FAST_IN_PACKAGE), (find_store_front(), STORE_FRONT_IN_PACKAGE)):
+            if path is not None:
+                target = os.path.join(self.build_lib, "offloadd", name)
+                shutil.copyfile(path, target)
+                os.chmod(target, 0o755)
 
 
 def _glibc_minor(tag):
@@ -144,18 +166,16 @@ def _glibc_minor(tag):
 
 
 class PlatformWheel(bdist_wheel):
-    """A platform-specific wheel (it carries the core): ``cp310-abi3-<platform>`` when it carries
-    the extension module (CPython's stable ABI of 3.10: every CPython >= 3.10), else
-    ``py3-none-<platform>`` (ctypes alone: every Python 3). The platform needs the newer glibc
-    of the two libraries."""
+    """A platform-specific wheel (it carries the core): ``cp310-abi3-<platform>`` (its extension
+    modules are on CPython's stable ABI of 3.10: every CPython >= 3.10). The platform needs the
+    newest glibc of its libraries."""
 
     def get_tag(self):
-        core_tag = core_platform_tag(find_core())
-        fast = find_fast()
-        if fast is None:
-            return "py3", "none", core_tag
-        fast_tag = core_platform_tag(fast, glibc_only=True)
-        return "cp310", "abi3", max(core_tag, fast_tag, key=_glibc_minor)
+        tags = [core_platform_tag(find_core())]
+        for ext in (find_fast(), find_store_front()):
+            if ext is not None:
+                tags.append(core_platform_tag(ext, glibc_only=True))
+        return "cp310", "abi3", max(tags, key=_glibc_minor)
 
 
 class CoreDistribution(Distribution):

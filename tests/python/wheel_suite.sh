@@ -4,7 +4,8 @@
 # (client/python/requirements-torch24.lock: torch 2.4.1, the oldest release offloadd supports),
 # and runs there, against a real daemon, the tests of the offloadd.torch hooks
 # (offload_checkpoints, save_on_cpu, checkpoint, a lost step), of the native core's
-# ring, and test_installed_wheel.py (offloadd, its stubs and liboffloadd_core.so load from the
+# ring and of the hooks' records (_store_front), and test_installed_wheel.py (offloadd, its stubs,
+# liboffloadd_core.so and the extension modules load from the
 # environment; auditwheel finds the platform tag the wheel's name claims). Prints pytest's
 # summary line; exits non-zero on failure.
 #
@@ -59,4 +60,4 @@ exec env -u OFFLOADD_CORE_LIB -u PYTHONPATH OFFLOADD_TEST_INSTALLED=1 OFFLOADD_W
   OFFLOADD_EXPECT_TORCH="$torch_version" "$venv/bin/python" -P -m pytest -p no:cacheprovider -q \
   -rs --durations=5 -n "${OFFLOADD_PYTEST_WORKERS:-2}" --dist loadfile \
   $tests/test_installed_wheel.py $tests/test_hooks.py $tests/test_checkpoint.py \
-  $tests/test_lost_step.py $tests/test_native.py "$@"
+  $tests/test_lost_step.py $tests/test_native.py $tests/test_store_front.py "$@"

@@ -51,6 +51,15 @@ _FAST_CANDIDATES = (
     os.path.join(_REPO, "bazel-out", "k8-opt", "bin", "client", "core", "ring_fast.so"),
 )
 
+# The extension module of the torch hooks' per-tensor records (client/core/store_front_module.c):
+# in the wheel beside this file, else where `make build` or a Bazel build leaves it.
+_STORE_FRONT_CANDIDATES = (
+    os.path.join(_HERE, "_store_front.abi3.so"),
+    os.path.join(_REPO, "bazel-bin", "client", "core", "store_front.so"),
+    os.path.join(_REPO, "build", "bin", "store_front.so"),  # make build
+    os.path.join(_REPO, "bazel-out", "k8-opt", "bin", "client", "core", "store_front.so"),
+)
+
 # Results of poll and wait (offloadd_core.h).
 DONE, PENDING, CLOSED, UNKNOWN = 1, 0, -1, -2
 # Answers one drain call takes at most (offloadd_ring_drain).
@@ -144,6 +153,35 @@ def load_ring_fast():
     ring_fast_error = "the extension module was not found or did not load (" + \
         "; ".join(errors) + ")"
     return None
+
+
+_store_front = None  # the loaded offloadd._store_front
+
+
+def load_store_front():
+    """The extension module of the torch hooks' per-tensor records (offloadd._store_front:
+    the handle type Saved and the step tables of a store, Front), cached. It needs no core and
+    no torch at import. Raises ImportError naming the places looked at when it is not built
+    (``bazel build //client/core:store_front.so``, or ``make build``) or does not load (a
+    CPython older than 3.10)."""
+    global _store_front
+    if _store_front is None:
+        module, errors = _load_first(_STORE_FRONT_CANDIDATES, _import_store_front,
+                                     (ImportError, OSError))
+        if module is None:
+            raise ImportError("offloadd: the extension module of the torch hooks' records "
+                              "(_store_front) was not found or did not load: install the "
+                              "offloadd wheel, or run 'make build' in the repository ("
+                              + "; ".join(errors) + ")")
+        _store_front = module
+    return _store_front
+
+
+def _import_store_front(path):
+    spec = importlib.util.spec_from_file_location("offloadd._store_front", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _bound_ring_fast(path, lib):

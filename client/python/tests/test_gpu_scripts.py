@@ -44,6 +44,16 @@ def write_deaf_daemon(path):
                     'echo "offloadd: ready on $s"; while true; do sleep 0.1; done')
 
 
+
+def copy_source_package(dest):
+    """The package's source as make_gpu_bundle.sh ships it when no wheel could be built: with
+    the extension module of the hooks' records beside it (what the wheel carries)."""
+    shutil.copytree(os.path.join(PY_ROOT, "offloadd"), dest)
+    built = [os.path.join(REPO, p, "store_front.so") for p in (
+        os.path.join("build", "bin"), os.path.join("bazel-out", "k8-opt", "bin", "client", "core"))]
+    shutil.copy(next((b for b in built if os.path.exists(b)), built[0]),
+                os.path.join(dest, "_store_front.abi3.so"))
+
 class RunShTest(unittest.TestCase):
     def test_budgets_add_up_to_less_than_the_default_deadline(self):
         b = budgets()
@@ -72,7 +82,7 @@ class RunShTest(unittest.TestCase):
         os.makedirs(os.path.join(d, "bin"))
         os.makedirs(os.path.join(d, "lib"))
         shutil.copy(RUN_SH, d)
-        shutil.copytree(os.path.join(PY_ROOT, "offloadd"), os.path.join(d, "python", "offloadd"))
+        copy_source_package(os.path.join(d, "python", "offloadd"))
         with open(os.path.join(d, "MANIFEST"), "w") as f:
             f.write("offloadd gpu bundle test\n")
         for name in ("cuda_engine_test", "cuda_export_test"):
@@ -448,7 +458,8 @@ class RunShGpuPathTest(unittest.TestCase):
         # which is not in the repository here).
         fast = next((c for c in (os.path.join(os.path.dirname(c), "ring_fast.so") for c in cores)
                      if os.path.exists(c)), None)
-        env = dict(os.environ, OFFLOADD_CORE_LIB=core)
+        env = dict(os.environ, OFFLOADD_CORE_LIB=core, OFFLOADD_STORE_FRONT_LIB=os.path.join(
+            os.path.dirname(core), "store_front.so"))
         if fast is not None:
             env["OFFLOADD_RING_FAST_LIB"] = fast
         w = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
@@ -470,8 +481,7 @@ class RunShGpuPathTest(unittest.TestCase):
             self.build_wheel(d)
             os.makedirs(os.path.join(d, "python"))
         else:
-            shutil.copytree(os.path.join(PY_ROOT, "offloadd"),
-                            os.path.join(d, "python", "offloadd"))
+            copy_source_package(os.path.join(d, "python", "offloadd"))
         for name in ("torch_check.py", "transformers_check.py", "cuda_probes.py",
                      "galore_check.py", "compiled_check.py", "step_timing.py"):
             with open(os.path.join(d, name), "w") as f:

@@ -79,7 +79,7 @@ class OffloadCheckpointsTest(DaemonTestCase):
             gc.collect()
             # Nothing else (autograd graph, checkpoint closures) holds the offloaded inputs.
             self.assertEqual([r() is not None for r in inputs], [False] * (L - 1) + [True])
-            handles = [r() for r in ctx.store._order if r() is not None]
+            handles = ctx.store.handles()
             self.assertEqual(len(handles), L)
             held = [h.tensor is not None or h.op is not None for h in handles]
             self.assertEqual(held, [False] * (L - 1) + [True], mode)  # only the newest is kept
@@ -252,30 +252,32 @@ class EligibilityTest(DaemonTestCase):
         self.assertTrue(torch.equal(st.unpack(h1), big))
 
     def test_the_dedup_table_is_bounded_and_emptied_per_step(self):
-        """The table of a step's saved tensors (for de-duplication) holds no callbacks: a store
-        whose steps never end (packs without backward) drops its dead entries once it passes
-        its bound, a step's end empties it, and a new tensor at a dead one's address (id) is a
-        tensor of its own."""
-        from offloadd.torch import _store
+        """The table of a step's saved tensors (for de-duplication) holds an entry per saved
+        tensor (and base) whose handle lives: a store whose steps never end (packs without
+        backward) holds no more than its live handles' entries, a step's end empties it, and a
+        new tensor at a dead one's address (id) is a tensor of its own."""
         st = ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=1024,
                                     keep_last_n=1 << 20).store  # nothing offloaded
-        bound = _store._SEEN_PURGE_ENTRIES
         kept = []
         with warnings.catch_warnings():  # its steps send nothing, by design
             warnings.simplefilter("ignore", RuntimeWarning)
-            for i in range(bound + 10):
+            for i in range(5000):
                 t = torch.empty(512)  # 2 KiB: above threshold_bytes
                 h = st.pack(t)
                 if i < 5:
                     kept.append((t, h))
-        self.assertLessEqual(len(st._seen), bound + 1)  # purged past the bound, never above
-        for t, h in kept:  # live entries survive the purge: the same tensor, the same handle
+        del t, h
+        self.assertEqual(st.seen_entries(), 5)  # the dead handles' entries left with them
+        self.assertEqual(st.live_handles(), 5)
+        for t, h in kept:  # live entries stay: the same tensor, the same handle
             self.assertIs(st.pack(t), h)
         fresh = torch.empty(512)
         self.assertIsNot(st.pack(fresh), st.pack(torch.empty(512)))
         st.unpack(kept[0][1])
-        st.pack(torch.empty(512))  # a pack after an unpack: the next step
-        self.assertEqual(len(st._seen), 1)
+        new = st.pack(torch.empty(512))  # a pack after an unpack: the next step
+        self.assertEqual(st.seen_entries(), 1)  # the new step's handle alone
+        del new
+        self.assertEqual(st.seen_entries(), 0)
         self.assertIsNot(st.pack(kept[0][0]), kept[0][1])  # an earlier step's handle: not reused
 
     def test_nested_tensors_saved_by_autograd_stay_in_place(self):

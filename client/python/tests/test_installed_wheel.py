@@ -57,11 +57,21 @@ class InstalledWheelTest(unittest.TestCase):
         finally:
             ring.close()
 
+    def test_the_hooks_records_come_from_beside_native_py(self):
+        from offloadd import _native
+        from offloadd.torch import _store
+        front = _native.load_store_front()
+        here = os.path.dirname(os.path.realpath(_native.__file__))
+        self.assertEqual(os.path.realpath(front.__file__),
+                         os.path.join(here, "_store_front.abi3.so"))
+        self.assertIs(_store.Saved, front.Saved)
+
     def test_installed_distribution_lists_the_core_and_the_extension(self):
         dist = importlib.metadata.distribution("offloadd")
         files = {str(f) for f in dist.files}
         self.assertIn("offloadd/liboffloadd_core.so", files)
         self.assertIn("offloadd/_ring_fast.abi3.so", files)
+        self.assertIn("offloadd/_store_front.abi3.so", files)
         self.assertIn("offloadd/v1/offload_pb2.py", files)
         wheel = dist.read_text("WHEEL")
         self.assertRegex(wheel, r"Tag: cp310-abi3-manylinux_2_\d+_x86_64")

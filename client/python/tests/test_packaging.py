@@ -1,8 +1,8 @@
 """The package as Python users install it: a wheel built from client/python carries the
 generated protocol stubs, the torch and transformers integrations and the native core
-(liboffloadd_core.so beside _native.py) and, when it is built, the ring's extension module
-(_ring_fast.abi3.so), is tagged cp310-abi3-manylinux_2_N_<arch> (py3-none-... without the
-extension), and declares
+(liboffloadd_core.so beside _native.py), the torch hooks' records module (_store_front.abi3.so)
+and, when it is built, the ring's extension module (_ring_fast.abi3.so), is tagged
+cp310-abi3-manylinux_2_N_<arch>, and declares
 grpcio and protobuf (the versions the stubs check at import) as dependencies. The wheel installed
 into a second environment runs the hook tests in tests/python/wheel_suite.sh."""
 
@@ -43,11 +43,11 @@ class WheelTest(unittest.TestCase):
                 names = set(z.namelist())
                 meta = z.read(next(n for n in names if n.endswith("/METADATA"))).decode()
                 info = z.read(next(n for n in names if n.endswith("/WHEEL"))).decode()
+        self.assertRegex(wheel, r"^offloadd-[0-9.]+-cp310-abi3-manylinux_2_\d+_x86_64\.whl$")
+        self.assertIn("offloadd/_store_front.abi3.so", names)
         if _setup_module().find_fast() is not None:
-            self.assertRegex(wheel, r"^offloadd-[0-9.]+-cp310-abi3-manylinux_2_\d+_x86_64\.whl$")
             self.assertIn("offloadd/_ring_fast.abi3.so", names)
         else:
-            self.assertRegex(wheel, r"^offloadd-[0-9.]+-py3-none-manylinux_2_\d+_x86_64\.whl$")
             self.assertNotIn("offloadd/_ring_fast.abi3.so", names)
         self.assertIn("Root-Is-Purelib: false", info)
         for module in ("offloadd/liboffloadd_core.so", "offloadd/_native.py","offloadd/v1/offload_pb2.py", "offloadd/v1/offload_pb2_grpc.py",
@@ -96,11 +96,12 @@ class CorePlatformTagTest(unittest.TestCase):
         if fast is None:
             self.skipTest("the extension module is not built (bazel build "
                           "//client/core:ring_fast.so)")
-        needed = re.findall(r"NEEDED\s+(\S+)", subprocess.run(
-            ["objdump", "-p", fast], capture_output=True, text=True, check=True).stdout)
-        self.assertEqual(needed, ["libc.so.6"])
-        self.assertRegex(setup.core_platform_tag(fast, glibc_only=True),
-                         r"^manylinux_2_\d+_x86_64$")
+        for ext in (fast, setup.find_store_front()):
+            needed = re.findall(r"NEEDED\s+(\S+)", subprocess.run(
+                ["objdump", "-p", ext], capture_output=True, text=True, check=True).stdout)
+            self.assertEqual(needed, ["libc.so.6"], ext)
+            self.assertRegex(setup.core_platform_tag(ext, glibc_only=True),
+                             r"^manylinux_2_\d+_x86_64$")
         # The core needs libstdc++: as an extension module it would be refused.
         with self.assertRaisesRegex(RuntimeError, r"links libstdc\+\+\.so\.6.*only glibc"):
             setup.core_platform_tag(setup.find_core(), glibc_only=True)

@@ -71,7 +71,7 @@ class SpillSeedModelTest(DaemonTestCase):
 
         def between():
             assert ot.synchronize(), "offloads did not complete"
-            handles = [r() for r in ctx.store._order]
+            handles = ctx.store.handles()
             by_position = {h.offset: h.block_id for h in handles if h is not None}
             cls.on_disk.append((by_position, spill_files()))
         try:

@@ -66,14 +66,14 @@ import weakref
 
 import torch
 
-from .. import errors
+from .. import _native, errors
 from ..client import PREFETCH, URGENT
 from . import _endpoint
 from ._live import STORES as _STORES  # every Store of the process (weak)
 from ._live import finish_steps
 from ._reaper import reaper, release_later
 from ._stats import OffloadStats
-from ._transport import Meta, dense_span, empty_like_meta
+from ._transport import Meta, empty_like_meta
 
 
 class SavedState(enum.IntEnum):
@@ -93,13 +93,10 @@ _getpid = os.getpid
 _pump = _endpoint.pump
 
 
+_front = _native.load_store_front()  # offloadd._store_front (client/core/store_front_module.c)
 _AGAIN = object()  # Store._reload_claimed: the handle changed state, unpack it again
+_ORPHAN_TAKEN = object()  # OffloadOp.orphan_reload once _offload_orphaned looked at it
 _WAITED = "waited"  # Saved.reloading: claimed, and another thread waits for the claim's end
-
-
-# Entries of the de-duplication table (Store._seen) before its dead ones are dropped, in a store
-# whose steps never end.
-_SEEN_PURGE_ENTRIES = 4096
 
 
 class _BecameFallback(Exception):
@@ -128,39 +125,24 @@ def _warn_callback_failure(err, outcome):
 _RECOVERABLE = (errors.OffloaddError, errors.CudaExportError, OSError, TimeoutError)
 
 
-class Saved:
-    """What pack returns for an eligible tensor (opaque to autograd)."""
-
-    __slots__ = ("store", "seq", "offset", "step", "meta", "tensor", "src", "version", "state",
-                 "ep", "op", "block_id", "reload", "result", "unpacked", "dead", "pin", "served",
-                 "prefetch_kept", "reloading", "counts", "modified", "sent_version",
-                 "__weakref__")
-
-    def __init__(self, store, seq, t):
-        self.store, self.seq, self.meta, self.tensor = store, seq, Meta(t), t
-        self.src = weakref.ref(t)  # the saved tensor object, for de-duplication
-        self.version = t._version  # autograd's check that it was not modified in place
-        self.state = KEPT
-        self.ep = self.op = self.block_id = self.reload = self.result = None
-        self.unpacked = self.dead = False
-        self.pin = False  # pinned host memory for an in-process copy on fallback
-        self.served = False  # unpacked from the device tensor while its offload was in flight
-        self.prefetch_kept = False  # device tensor kept at OffloadDone for a prefetch (below)
-        self.reloading = False  # a thread is finishing this handle's reload (Store._claim)
-        self.step = 0  # the store's step index when packed (the ordering hint's step)
-        self.counts = None  # the _StepCounts of the thread's step that packed it
-        # The version at which the saved tensor was seen modified in place while this handle
-        # held it (sent, kept in process or copied in flight), else None: unpack raises then,
-        # even when the caller dropped the tensor (Store._check_version).
-        self.modified = None
-        self.sent_version = None  # the version of the transport's source when sent (a device
-        # transport may read a tensor of its own: the simulated GPU's copy)
-
-    def __del__(self):
-        try:
-            self.store._on_death(self)
-        except Exception:  # interpreter shutdown, closed client: the daemon frees on disconnect
-            pass
+# What pack returns for an eligible tensor (opaque to autograd): a record of the extension
+# module, with these attributes (the store's policy reads and writes them under its lock):
+#   store, seq (its number in the store), offset (its position in its step), step (its step's
+#   index), version (autograd's version of the tensor at the pack), state (SavedState), tensor
+#   (the bytes while held: the saved tensor, or a fallback copy), src (weakref to the saved
+#   tensor, for de-duplication and the version check), ep, op (the offload in flight), block_id,
+#   reload (ReloadOp in flight), result (the reloaded tensor, kept for later unpacks), unpacked,
+#   pin (pinned host memory for an in-process copy on fallback), served (unpacked from the device
+#   tensor while its offload was in flight), prefetch_kept (device tensor kept at OffloadDone for
+#   a prefetch: Store._keep_for_prefetch), reloading (a thread is finishing its reload:
+#   Store._claim), counts (the _StepCounts of the thread's step that packed it), modified (the
+#   version at which the saved tensor was seen modified in place while this handle held it,
+#   else None: unpack raises then, even when the caller dropped the tensor), sent_version (the
+#   version of the transport's source when sent: a device transport may read a copy of its own,
+#   the simulated GPU's), dead; and the saved tensor's layout as Meta has it (shape, stride,
+#   dtype, device, numel, nbytes, checksum; ``meta`` is the record itself). Its death calls
+#   Store._on_death once.
+Saved = _front.Saved
 
 
 class Kept:
@@ -208,19 +190,13 @@ class Store:
         self._lock = threading.RLock()
         # Signalled when a thread stops finishing a handle's reload (Saved.reloading).
         self._reloaded = threading.Condition(self._lock)
-        self._order = collections.deque()    # weakref(Saved), consecutive seq from _base_seq
-        self._base_seq = self._next_seq = 0
-        self._pending = collections.deque()  # weakref(Saved) still KEPT, newest last
-        # id(tensor) -> (weakref(tensor), weakref(Saved)) of this step's saved tensors and their
-        # bases, for de-duplication; emptied at each step's end (_end_step) and, in a store whose
-        # steps never end (packs without backward), of its dead entries past _seen_purge_at.
-        self._seen = {}
-        self._seen_purge_at = _SEEN_PURGE_ENTRIES
+        # The step's tables, in the extension module: the handles in order of their numbers
+        # (seq), those still held for keep_last_n, and this step's saved tensors and their bases
+        # by address, for de-duplication (emptied at each step's end: _end_step).
+        self._front = _front.Front(_Tensor, _Parameter, _STRIDED)
         self._async_error = None
         self._unpacking = False              # an unpack came after the last pack (any thread)
         self._last_unpacked_seq = None       # for telling forward-order consumers apart
-        self._step_first_seq = 0             # seq of the step's first handle
-        self._step_index = 0                 # steps ended so far: the ordering hint's step
         # Step positions whose handle died without being unpacked (saved by a branch backward
         # never reached): prefetch skips them in later steps of the same shape. Updated from
         # __del__ without a lock (set.add/discard are atomic under the GIL).
@@ -255,101 +231,23 @@ class Store:
             pin = self._can_pin
             if pin is None:
                 pin = self._can_pin = torch.cuda.is_available()
-        category, existing = self._classify(t)
-        step.saw(t, category)
-        if existing is not None:
-            return existing
-        if category is not None:
-            self.stats.add(**{"skipped_" + category: 1})
+        r = self._front.pack(t, self.threshold_bytes, pin, self)  # Store._classify's rules
+        if r.__class__ is str:  # left in place: the category it was left for
+            step.saw(t, r)
+            self.stats.add(**{"skipped_" + r: 1})
             to_host = self.small_to_host if small_to_host is None else small_to_host
-            if category == "small" and to_host and t.device.type == "cuda":
+            if r == "small" and to_host and t.device.type == "cuda":
                 return HostCopy(t, pin)
             return Kept(t)
-        with self._lock:
-            s = Saved(self, self._next_seq, t)
-            s.offset = s.seq - self._step_first_seq  # position within the step
-            s.step = self._step_index
-            s.pin = pin
-            self._next_seq += 1
-            while self._order and self._order[0]() is None:
-                self._order.popleft()
-                self._base_seq += 1
-            if not self._order:
-                self._base_seq = s.seq
-            self._order.append(weakref.ref(s))
-            self._remember(t, s)
-            s.counts = step
-            self._pending.append(weakref.ref(s))
-            due = []
-            while len(self._pending) > self.keep_last_n:
-                o = self._pending.popleft()()
-                if o is not None and o.state == KEPT and not o.unpacked:  # not in backward yet
-                    due.append(o)
-        for o in due:
-            self._offload(o)
-        return s
-
-    def _classify(self, t):
-        """(category or None, existing Saved or None)."""
-        kind = type(t)
-        if kind is not _Tensor and kind is not _Parameter:
-            return "other", None
-        base = t._base
-        # isinstance(x, Parameter) as torch's _ParameterMeta answers it (a Parameter subclass,
-        # or a tensor marked _is_param), without calling that Python-level hook per pack.
-        if kind is _Parameter or getattr(t, "_is_param", False) or (base is not None and (
-                issubclass(type(base), _Parameter) or getattr(base, "_is_param", False))):
-            return "params", None
-        if t.requires_grad and t.is_leaf:
-            return "leaves", None
-        # A nested tensor of the strided layout (NestedTensorImpl) has no sizes or strides.
-        if t.layout != _STRIDED or t.is_quantized or t.is_nested or not (t.is_cuda or t.is_cpu):
-            return "other", None
-        if t.nbytes < max(self.threshold_bytes, 1):
-            return "small", None
-        hit = self._seen.get(id(t))
-        if hit is not None and hit[0]() is t:
-            s = hit[1]()
-            # One handle per tensor within a step; a handle of an earlier step (a graph the
-            # caller still holds, a failed step's LOST handle) is never reused: a tensor saved
-            # again (an input batch or buffer reused across steps) gets a handle of its own.
-            if s is not None and s.step == self._step_index and s.state != LOST:
-                if s.src() is not t:
-                    return "views", None
-                if s.version == t._version:
-                    return None, s
-                # Saved again after an in-place change: a handle of its own for these bytes;
-                # the earlier handle raises if its node's backward ever unpacks it, as torch's
-                # own check would.
-                _note_version(s, t)
-        if base is not None:
-            hit = self._seen.get(id(base))
-            if hit is not None and hit[0]() is base and hit[1]() is not None:
-                return "views", None
-        if not dense_span(t):
-            return "other", None
-        return None, None
-
-    def _remember(self, t, s):
-        """Files ``t`` and its base under their ids for this step's de-duplication. The entries'
-        weak references carry no callback (one per saved tensor cost the training thread more
-        than the entry): a dead entry is told apart by its reference, and the step's end
-        empties the table."""
-        seen, ref = self._seen, weakref.ref(s)
-        seen[id(t)] = (weakref.ref(t), ref)
-        base = t._base
-        if base is not None:
-            seen[id(base)] = (weakref.ref(base), ref)
-        if len(seen) > self._seen_purge_at:
-            self._purge_seen()
-
-    def _purge_seen(self):
-        """Drops the entries of dead tensors, and lets the table grow to twice what lives."""
-        seen = self._seen
-        for key, (ref, _) in list(seen.items()):  # a copy: a step's end may empty it meanwhile
-            if ref() is None:
-                seen.pop(key, None)
-        self._seen_purge_at = max(_SEEN_PURGE_ENTRIES, 2 * len(seen))
+        step.saw(t, None)
+        if r.counts is not None:  # this step's handle of the same tensor
+            return r
+        r.counts = step
+        due = self._front.pop_due(self.keep_last_n)
+        if due is not None:
+            for o in due:
+                self._offload(o)
+        return r
 
     def _offload(self, s):
         """Sends ``s`` to the daemon, or keeps it in process (fallback), from a pack; counted as
@@ -501,11 +399,13 @@ class Store:
                 pass
         _warn_callback_failure(err, "the saved tensor stays usable (backward reloads it)")
 
-    @staticmethod
-    def _offload_orphaned(ep, op, future, exc):
+    def _offload_orphaned(self, ep, op, future, exc):
         """The handle died before its offload finished: frees what the offload held, its block
-        (when stored) and the reload attached to it (left on ``op`` by Saved's death); each
-        step runs even when one before it raised."""
+        (when stored) and the reload attached to it (left on ``op`` by the handle's death,
+        _on_death, which frees it itself when it comes after this); each step runs even when
+        one before it raised."""
+        with self._lock:
+            rl, op.orphan_reload = op.orphan_reload, _ORPHAN_TAKEN
         try:
             ep.transport.finish_offload(op)
         finally:
@@ -513,8 +413,8 @@ class Store:
                 if exc is None:
                     ep.client.release(future.result().block_id)
             finally:
-                if op.orphan_reload is not None:
-                    ep.transport.abandon_reload(op.orphan_reload)
+                if rl is not None and rl is not _ORPHAN_TAKEN:
+                    ep.transport.abandon_reload(rl)
 
     def _offload_refused(self, s, ep, op, exc):
         """The daemon refused ``s``'s offload (or its session failed) with ``exc``: the handle
@@ -559,13 +459,11 @@ class Store:
         """A pack followed an unpack (of any thread): what the store keeps per step starts
         again. (Idle steps are counted per thread: _end_thread_step.)"""
         self._stall_left = self.unresponsive_seconds
-        self._seen.clear()  # a handle of an earlier step is never reused (_classify)
+        self._front.end_step()  # a handle of an earlier step is never reused (de-duplication)
         self._step_eps.clear()
         self._device_keys.clear()
         self._can_pin = None
         self._last_unpacked_seq = None
-        self._step_first_seq = self._next_seq
-        self._step_index += 1
 
     def _end_thread_step(self, step):
         """This thread's pack came first in this store, or after its step's backward began:
@@ -880,86 +778,64 @@ class Store:
             ep.transport.send_reload(rl, block_id, priority, release_after=True)
         return rl
 
-    def _awaits_unpack(self, o):
-        return o is not None and not o.unpacked and o.state in (OFFLOADING, OFFLOADED)
-
-    def _worth_prefetching(self, o):
-        """Awaiting its unpack, and its step position was not left unused last time."""
-        return self._awaits_unpack(o) and o.offset not in self._unused_offsets
-
-    def _entry(self, seq):
-        i = seq - self._base_seq
-        return self._order[i]() if 0 <= i < len(self._order) else None
-
     def _prefetch_before(self, s):
         """Prefetches what backward will unpack next: the ``prefetch`` offloaded entries saved
         before ``s`` (eager backward runs in reverse order of saving) and, when the entry saved
         right after ``s`` is still waiting to be unpacked (a consumer that unpacks in forward
         order, such as a compiled graph's backward node), the ``prefetch`` pending entries after
         ``s`` too -- but only where the order looks forward: the previous unpack was the entry
-        before ``s``, or no entry before ``s`` waits (``s`` starts a run). An entry saved by a
-        branch backward never reaches waits forever without being unpacked; such a prefetch
-        counts in ``stats.prefetched_unused``."""
-        todo = []
+        before ``s``, or no entry before ``s`` waits (``s`` starts a run). Entries worth it
+        await their unpack (offloading or offloaded) and their step position was not left
+        unused in an earlier step; the scan back looks at no more than 4 x prefetch + 16
+        entries. An entry saved by a branch backward never reaches waits forever without being
+        unpacked; such a prefetch counts in ``stats.prefetched_unused``."""
         with self._lock:
             previous, self._last_unpacked_seq = self._last_unpacked_seq, s.seq
             if self.prefetch <= 0:
                 return
-            forward = previous is None or previous == s.seq - 1 or \
-                not self._worth_prefetching(self._entry(s.seq - 1))
-            seq = s.seq + 1
-            while forward and len(todo) < self.prefetch and \
-                    self._worth_prefetching(self._entry(seq)):
-                o = self._entry(seq)
-                if o.reload is None:
-                    todo.append(o)
-                seq += 1
-            todo += self._reverse_candidates(s)
+            todo = self._front.prefetch_candidates(s.seq, previous, self.prefetch,
+                                                   self._unused_offsets)
         for o in todo:
             try:
                 self._start_reload(o, PREFETCH)
             except _RECOVERABLE:
                 pass  # the unpack of o will try URGENT and report
 
-    def _reverse_candidates(self, s):
-        """Under the lock: the next ``prefetch`` pending entries before ``s`` without a reload."""
-        todo, active, scanned = [], 0, 0
-        seq = s.seq - 1
-        while seq >= self._base_seq and active < self.prefetch and \
-                scanned < 4 * self.prefetch + 16:
-            o = self._entry(seq)
-            seq -= 1
-            scanned += 1
-            if not self._worth_prefetching(o):
-                continue
-            active += 1
-            if o.reload is None:
-                todo.append(o)
-        return todo
-
     # ---- lifetime ----------------------------------------------------------------------------
-    def _on_death(self, s):
-        """From Saved.__del__: marks the handle dead and queues its cleanup (see _Reaper)."""
-        if not s.unpacked:
-            self._unused_offsets.add(s.offset)
-            if s.reload is not None or s.prefetch_kept:  # counted on the reaper: no locks here
+    def _on_death(self, unpacked, offset, state, ep, op, rl, block_id, prefetch_kept):
+        """A handle died (called once by the record, out of every table and with no weak
+        reference left to it; its fields as arguments): its cleanup is queued (see _Reaper).
+        An offload still in flight hands its reload to _offload_orphaned, which frees the block
+        and the reload once it is answered (or it is freed here when that already ran)."""
+        if not unpacked:
+            self._unused_offsets.add(offset)
+            if rl is not None or prefetch_kept:  # counted on the reaper: no locks here
                 stats = self.stats
                 reaper.put(lambda: stats.add(prefetched_unused=1))
         else:
-            self._unused_offsets.discard(s.offset)
-        with self._lock:
-            s.dead = True
-            state, ep, rl, block_id = s.state, s.ep, s.reload, s.block_id
-            if state == OFFLOADING and s.op is not None:
-                s.op.orphan_reload = rl  # _offload_done frees the block and the reload
-                return
+            self._unused_offsets.discard(offset)
+        if state == OFFLOADING and op is not None:
+            with self._lock:
+                taken = op.orphan_reload is _ORPHAN_TAKEN
+                if not taken:
+                    op.orphan_reload = rl
+            if taken and rl is not None:
+                reaper.put(lambda: ep.transport.abandon_reload(rl))
+            return
         if state == OFFLOADED and block_id is not None:  # None: freed by its reload
             release_later(ep, block_id, rl)
 
     def live_handles(self):
         """Saved handles of this store still alive (tests: 0 after a step)."""
-        with self._lock:
-            return sum(1 for r in self._order if r() is not None)
+        return self._front.live()
+
+    def handles(self):
+        """The live Saved handles of this store, oldest first (tests)."""
+        return self._front.handles()
+
+    def seen_entries(self):
+        """Entries of this step's de-duplication table (tests: two at most per live handle)."""
+        return self._front.seen_entries()
 
     def _after_fork_in_child(self):
         """In a forked child: the parent's step is not the child's. Forgets what the store keeps
@@ -973,9 +849,7 @@ class Store:
         self._reloaded = threading.Condition(self._lock)
         self._thread = threading.local()
         self._open_steps = set()
-        self._pending.clear()
-        self._order = collections.deque()
-        self._base_seq = self._next_seq
+        self._front.forget()
         self._async_error = None
         self._unpacking = False
         self.stats._lock = threading.Lock()

@@ -1,0 +1,250 @@
+"""offloadd._store_front (client/core/store_front_module.c): the hooks' per-tensor records and
+the front of their pack, without a daemon. The store's behaviour through them is tested by
+test_hooks, test_steps, test_threads and the others; these check the module's own rules: what
+a record holds, which tensors are left in place and why, de-duplication by identity (not by
+address), the step's order and waiting queue, and a record's death (once, out of every
+table, also when the cycle collector frees it)."""
+
+import gc
+import itertools
+import random
+import unittest
+
+import torch
+
+from daemon_fixture import PY_ROOT  # noqa: F401 -- puts the package on sys.path
+
+from offloadd import _native
+from offloadd.torch import _transport
+
+front_mod = _native.load_store_front()
+KEPT, OFFLOADING, OFFLOADED, LOST = 0, 1, 2, 4
+
+
+class DeathLog:
+    """A stand-in store: records the calls a record's death makes."""
+
+    def __init__(self):
+        self.deaths = []
+
+    def _on_death(self, *fields):
+        self.deaths.append(fields)
+
+
+def new_front():
+    return front_mod.Front(torch.Tensor, torch.nn.Parameter, torch.strided)
+
+
+class RecordTest(unittest.TestCase):
+    def test_a_record_holds_the_layout_meta_reads(self):
+        t = torch.randn(3, 4, 5).transpose(0, 2)
+        s = front_mod.Saved(DeathLog(), 7, t)
+        m = _transport.Meta(t)
+        self.assertEqual((s.shape, s.stride, s.dtype, s.device, s.numel, s.nbytes),
+                         (m.shape, m.stride, m.dtype, m.device, m.numel, m.nbytes))
+        self.assertIs(s.meta, s)
+        self.assertIs(s.src(), t)
+        self.assertIs(s.tensor, t)
+        self.assertEqual((s.seq, s.offset, s.step, s.state, s.version), (7, 0, 0, KEPT, 0))
+        self.assertIsNone(s.block_id)
+        self.assertFalse(s.unpacked)
+        s.block_id, s.state, s.unpacked = 12, OFFLOADED, True
+        self.assertEqual((s.block_id, s.state, s.unpacked), (12, OFFLOADED, True))
+        with self.assertRaises(TypeError):
+            s.unpacked = 1  # a bool, as the store writes it
+        with self.assertRaises(AttributeError):
+            s.nbytes = 3
+
+    def test_death_calls_the_store_once_with_the_fields(self):
+        log = DeathLog()
+        s = front_mod.Saved(log, 0, torch.zeros(4))
+        s.offset, s.state, s.block_id, s.ep, s.reload = 3, OFFLOADED, 9, "ep", "rl"
+        del s
+        self.assertEqual(log.deaths, [(False, 3, OFFLOADED, "ep", None, "rl", 9, False)])
+        quiet = front_mod.Saved(log, 1, torch.zeros(4))
+        quiet.dead = True
+        del quiet
+        self.assertEqual(len(log.deaths), 1)
+
+    def test_a_record_in_a_reference_cycle_dies_once_through_the_collector(self):
+        log = DeathLog()
+        s = front_mod.Saved(log, 0, torch.zeros(4))
+        s.state, s.block_id, s.ep = OFFLOADED, 5, "ep"
+        box = [s]
+        s.result = box  # s -> box -> s
+        del s, box
+        gc.collect()
+        self.assertEqual(log.deaths, [(False, 0, OFFLOADED, "ep", None, None, 5, False)])
+
+    def test_what_death_raises_is_dropped(self):
+        calls = []
+
+        class Raising:
+            def _on_death(self, *fields):
+                calls.append(fields[1])
+                raise RuntimeError("boom")
+        s = front_mod.Saved(Raising(), 0, torch.zeros(4))
+        s.offset = 6
+        del s  # raises nothing here
+        self.assertEqual(calls, [6])
+        self.assertEqual(front_mod.Saved(DeathLog(), 2, torch.zeros(1)).seq, 2)
+
+
+class PackTest(unittest.TestCase):
+    def setUp(self):
+        self.front, self.store = new_front(), DeathLog()
+
+    def pack(self, t, threshold=16, pin=False):
+        return self.front.pack(t, threshold, pin, self.store)
+
+    def test_categories_of_tensors_left_in_place(self):
+        w = torch.nn.Parameter(torch.randn(64, 64))
+        leaf = torch.randn(64, 64, requires_grad=True)
+        marked = torch.randn(64, 64)
+        marked._is_param = True
+        self.assertEqual(self.pack(w), "params")
+        self.assertEqual(self.pack(w[1:]), "params")  # a view of a parameter
+        self.assertEqual(self.pack(marked), "params")
+        self.assertEqual(self.pack(leaf), "leaves")
+        self.assertEqual(self.pack(torch.randn(2)), "small")  # 8 bytes < 16
+        self.assertEqual(self.pack(torch.randn(64, 64)[:, ::2]), "other")  # not dense
+        self.assertEqual(self.pack(torch.randn(64, 64).to_sparse()), "other")
+        self.assertEqual(self.pack(torch.randn(64, 64), threshold=1 << 20), "small")
+        self.assertEqual(self.front.live(), 0)
+
+    def test_the_same_tensor_shares_a_handle_and_its_views_stay(self):
+        t = torch.randn(64, 64)
+        s = self.pack(t)
+        self.assertIsInstance(s, front_mod.Saved)
+        self.assertIs(self.pack(t), s)
+        self.assertEqual(self.pack(t[1:]), "views")  # a view of a saved tensor
+        base = torch.randn(64, 64)
+        v = self.pack(base[2:])
+        self.assertEqual((v.shape, self.pack(base)), (torch.Size([62, 64]), "views"))
+        self.assertEqual((self.front.live(), self.front.seen_entries()), (2, 3))
+
+    def test_saved_again_after_an_in_place_change_gets_a_handle_of_its_own(self):
+        t = torch.randn(64, 64)
+        s = self.pack(t)
+        t.add_(1)
+        s2 = self.pack(t)
+        self.assertIsNot(s2, s)
+        self.assertEqual((s.modified, s2.version, s2.modified), (1, 1, None))
+
+    def test_identity_not_address(self):
+        """A handle whose tensor died (offloaded: the handle holds no tensor) matches no new
+        tensor at the same address."""
+        s = self.pack(torch.randn(64, 64))
+        s.tensor = None
+        tried = 0
+        for _ in range(200):
+            t = torch.randn(64, 64)
+            tried += 1
+            r = self.pack(t)
+            self.assertIsNot(r, s)
+        self.assertEqual(tried, 200)
+
+    def test_a_new_step_never_reuses_an_earlier_handle(self):
+        t = torch.randn(64, 64)
+        s = self.pack(t)
+        self.front.end_step()
+        self.assertEqual(self.front.step_index, 1)
+        s2 = self.pack(t)
+        self.assertIsNot(s2, s)
+        self.assertEqual((s2.step, s2.offset, s2.seq), (1, 0, 1))
+        s2.state = LOST
+        self.front.end_step()
+        # a LOST handle of this step is not reused either
+        s3 = self.pack(t)
+        s3.state = LOST
+        self.assertIsNot(self.pack(t), s3)
+
+    def test_order_queue_and_due(self):
+        ts = [torch.randn(64, 64) for _ in range(5)]
+        hs = [self.pack(t) for t in ts]
+        self.assertEqual([h.seq for h in hs], [0, 1, 2, 3, 4])
+        self.assertEqual([h.offset for h in hs], [0, 1, 2, 3, 4])
+        hs[1].unpacked = True  # in backward already: not offloaded
+        hs[2].state = OFFLOADING
+        self.assertEqual(self.front.pop_due(1), [hs[0], hs[3]])
+        self.assertIsNone(self.front.pop_due(1))
+        self.assertIs(self.front.entry(3), hs[3])
+        self.assertIsNone(self.front.entry(9))
+        del hs[0]
+        self.assertIsNone(self.front.entry(0))
+        self.assertEqual(self.front.handles(), hs)
+
+    def test_prefetch_candidates_backward_and_forward(self):
+        ts = [torch.randn(64, 64) for _ in range(6)]
+        hs = [self.pack(t) for t in ts]
+        for h in hs:
+            h.state = OFFLOADED
+        pick = self.front.prefetch_candidates
+        self.assertEqual(pick(5, None, 2, set()), [hs[4], hs[3]])  # reverse order
+        hs[4].reload = "sent"  # already reloading: counts, not picked again
+        self.assertEqual(pick(5, None, 2, set()), [hs[3]])
+        # position 3 left unused before: skipped, the scan goes on to 2
+        self.assertEqual(pick(5, None, 2, {3}), [hs[2]])
+        # forward: the previous unpack was the entry before (a compiled backward)
+        hs[0].unpacked = hs[1].unpacked = True
+        self.assertEqual(pick(1, 0, 1, set()), [hs[2]])
+        self.assertEqual(pick(5, None, 0, set()), [])
+        # not forward (the previous unpack was not the entry before, which still waits): back only
+        self.assertEqual(pick(3, 4, 3, set()), [hs[2]])
+        hs[2].unpacked = True  # nothing before waits: 3 starts a run, forward too
+        self.assertEqual(pick(3, 4, 2, set()), [hs[5]])  # hs[4] reloading already
+
+    def test_the_table_finds_every_live_entry_through_growth_and_deaths(self):
+        """Thousands of entries (the table grows), random handles dying (their entries leave,
+        the others move up their probe runs): every live tensor still finds its own handle."""
+        rng = random.Random(3)
+        ts = [torch.empty(8) for _ in range(3000)]
+        hs = [self.pack(t, threshold=1) for t in ts]
+        self.assertEqual(self.front.seen_entries(), 3000)
+        for i in rng.sample(range(3000), 1700):
+            hs[i] = None
+        live = [i for i, h in enumerate(hs) if h is not None]
+        self.assertEqual((self.front.seen_entries(), self.front.live()), (1300, 1300))
+        for i in live:
+            self.assertIs(self.pack(ts[i], threshold=1), hs[i])
+        more = [self.pack(torch.empty(8), threshold=1) for _ in range(500)]
+        self.assertEqual(self.front.seen_entries(), 1300 + 500)
+        for i in live:
+            self.assertIs(self.pack(ts[i], threshold=1), hs[i])
+
+    def test_forget_leaves_the_parents_handles_out(self):
+        old = [self.pack(torch.randn(64, 64)) for _ in range(3)]
+        self.front.forget()
+        self.assertEqual((self.front.live(), self.front.seen_entries()), (0, 0))
+        self.assertIsNone(self.front.pop_due(0))
+        new = self.pack(torch.randn(64, 64))
+        del old  # their deaths touch nothing of the new tables
+        self.assertEqual(self.front.handles(), [new])
+        self.assertIs(self.front.entry(new.seq), new)
+
+    def test_dense_span_as_the_transport_decides(self):
+        """Every stride permutation and slicing of a small tensor: the module's rule is
+        transport.dense_span's."""
+        rng = random.Random(7)
+        base = torch.randn(4, 3, 5, 2)
+        cases = 0
+        for perm in itertools.permutations(range(4)):
+            for _ in range(6):
+                t = base.permute(*perm)
+                dim = rng.randrange(4)
+                if rng.random() < 0.5 and t.shape[dim] > 1:
+                    t = t.narrow(dim, 0, t.shape[dim] - 1)
+                if rng.random() < 0.3:
+                    t = t.contiguous()
+                got = self.front.pack(t, 1, False, self.store)
+                if _transport.dense_span(t):
+                    self.assertIsInstance(got, front_mod.Saved, (perm, t.shape, t.stride()))
+                else:
+                    self.assertEqual(got, "other", (perm, t.shape, t.stride()))
+                self.front.end_step()
+                cases += 1
+        self.assertEqual(cases, 144)
+
+
+if __name__ == "__main__":
+    unittest.main()
