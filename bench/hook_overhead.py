@@ -31,6 +31,10 @@ Variants, interleaved step by step in one process (the order rotates every repet
                prefetch, release_after), waiting in the native core with the GIL released. No
                classification, fallback, resume or dedup: skipped, with a line saying so, when
                the module is not built
+  store-front@REV, cuda-sim@REV  (with --store-from REV) store-front and cuda-sim with the
+               store of git revision REV (client/python/offloadd/torch/_store.py as it was
+               there, loaded beside today's and using today's transport and client): today's
+               store against an earlier one, paired in one process
   native-front the native floor whose pack first reads, through the Python C API, what a
                store's pack must know of the tensor (tensor-attrs' reads: type, base, autograd
                flags, layout, device, dtype, shape, strides, storage offset, contiguity) and
@@ -93,6 +97,7 @@ printed as met / not met, never asserted.
 
   .venv/bin/python bench/hook_overhead.py [--bin build/bin] [--reps 60] [--layouts split,one]
       [--native-floor bazel-out/k8-opt/bin/bench/native_floor_hooks.so] [--ring-poll-seconds S]
+      [--store-from REV]
 """
 
 import argparse
@@ -113,7 +118,8 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 
 MIB = 1 << 20
 BUDGET_ALL_US, BUDGET_PACK_US, BUDGET_UNPACK_US, BUDGET_MSGS = 39.0, 15.0, 25.0, 1.1
-VARIANTS = ("noop", "tensor-attrs", "store-front", "sidestream", "cuda-sim", "shm",
+VARIANTS = ("noop", "tensor-attrs", "store-front", "store-front@REV", "sidestream", "cuda-sim",
+            "cuda-sim@REV", "shm",
             "native-floor", "native-front")
 
 
@@ -427,6 +433,8 @@ def worker(args):
     Save = make_save(torch, busy)
     anchor = SideStream(gpu, nbytes, 4 * n)
 
+    old_store = store_at(args.store_from) if args.store_from else None
+
     def hooks_for(variant):
         if variant == "noop":
             return (lambda t: t), (lambda t: t), None
@@ -434,16 +442,18 @@ def worker(args):
             return anchor.pack, anchor.unpack, None
         if variant == "tensor-attrs":
             return tensor_attrs, (lambda t: t), None
-        if variant == "store-front":
-            ctx = ot.offload_checkpoints(socket_path=sim_d.sock, keep_last_n=1 << 30,
-                                         prefetch=1, strict=True, name=variant)
-            return ctx.store.pack, ctx.store.unpack, sim_d.sock
-        sock = sim_d.sock if variant == "cuda-sim" else shm_d.sock
-        ctx = ot.offload_checkpoints(socket_path=sock, keep_last_n=0, prefetch=1, strict=True,
-                                     name=variant)
+        base, _, rev = variant.partition("@")
+        keep = 1 << 30 if base == "store-front" else 0
+        sock = shm_d.sock if base == "shm" else sim_d.sock
+        store = None if not rev else old_store.Store(
+            variant, 1 << 20, keep, 1, True, sock)  # offload_checkpoints' defaults otherwise
+        ctx = ot.offload_checkpoints(socket_path=sock, keep_last_n=keep, prefetch=1,
+                                     strict=True, name=variant, store=store)
         return ctx.store.pack, ctx.store.unpack, sock
 
     variants = ["noop", "tensor-attrs", "store-front", "sidestream", "cuda-sim", "shm"]
+    if old_store is not None:
+        variants += ["store-front@REV", "cuda-sim@REV"]
     # store-front's steps send nothing by design: its idle-step warning says nothing here.
     warnings.filterwarnings("ignore", message="offloadd: offload is on but",
                             category=RuntimeWarning)
@@ -468,6 +478,7 @@ def worker(args):
         socks["native-front"], counters["native-front"] = None, floor[3]
 
     daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid,
+                  "cuda-sim@REV": sim_d.proc.pid,
                   "native-floor": shm_d.proc.pid, "native-front": shm_d.proc.pid}
 
     def daemon_cpu_ns(v):
@@ -518,7 +529,7 @@ def worker(args):
             c1 = thread_cpu_ns()
             dc1 = daemon_cpu_ns(v)
             groups.update(thread_groups())
-            if v in ("cuda-sim", "shm"):
+            if v in ("cuda-sim", "shm", "cuda-sim@REV"):
                 ot.synchronize(5.0)  # the step's releases, outside its timing
             if rep < args.warmup:
                 continue
@@ -550,7 +561,7 @@ def worker(args):
         counted = Counted(*raw[v])
         for _ in range(args.count_steps):
             step(v, counted)
-            if v in ("cuda-sim", "shm"):
+            if v in ("cuda-sim", "shm", "cuda-sim@REV"):
                 ot.synchronize(5.0)
         calls[v] = counted.per_call()
     if not skipped:
@@ -723,7 +734,7 @@ def report(layout, summary, args):
             v, sum(c["pack"].values()), sum(c["unpack"].values()),
             " + ".join("%.1f" % c["pack"][o] for o in Counted.ORIGINS),
             " + ".join("%.1f" % c["unpack"][o] for o in Counted.ORIGINS)))
-    for v in ("cuda-sim", "shm", "native-floor", "native-front"):
+    for v in ("cuda-sim", "cuda-sim@REV", "shm", "native-floor", "native-front"):
         if v not in summary:
             continue
         s = summary[v]
@@ -763,6 +774,9 @@ def main():
     ap.add_argument("--ring-poll-seconds", type=float, default=None,
                     help="the daemons' ring_poll_seconds (default: the daemon's; 0: every "
                          "submission wakes the daemon)")
+    ap.add_argument("--store-from", default=None, metavar="REV",
+                    help="also run store-front and cuda-sim with the hooks' store of this git "
+                         "revision (variants store-front@REV, cuda-sim@REV)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -778,6 +792,8 @@ def main():
     print("   load average %s; daemons' ring_poll_seconds: %s" % (
         " ".join(open("/proc/loadavg").read().split()[:3]),
         "the default" if args.ring_poll_seconds is None else args.ring_poll_seconds))
+    if args.store_from:
+        print("   @REV: the hooks' store of git revision %s" % args.store_from)
     results = {}
     for layout in args.layouts.split(","):
         if layout == "split" and (os.cpu_count() or 1) < 2:
@@ -815,7 +831,25 @@ def _passthrough(args):
         out += ["--bin", args.bin]
     if args.ring_poll_seconds is not None:
         out += ["--ring-poll-seconds", repr(args.ring_poll_seconds)]
+    if args.store_from:
+        out += ["--store-from", args.store_from]
     return out
+
+
+def store_at(rev):
+    """offloadd.torch's _store module as it was at git revision ``rev``, loaded as
+    offloadd.torch._store_at_rev beside today's (its imports resolve to today's package)."""
+    import importlib.util
+    source = subprocess.run(["git", "-C", REPO, "show",
+                             "%s:client/python/offloadd/torch/_store.py" % rev],
+                            check=True, capture_output=True, text=True).stdout
+    path = os.path.join(tempfile.mkdtemp(prefix="hook-overhead-"), "_store_at_rev.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("offloadd.torch._store_at_rev", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _cpu_model():
