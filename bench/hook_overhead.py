@@ -11,7 +11,7 @@ Variants, interleaved step by step in one process (the order rotates every repet
   tensor-attrs a pack that only reads what any pack hook must read of a saved tensor to decide
                whether to offload it and to describe it to the daemon (type, base, autograd
                flags, layout, device, dtype, size, shape, strides, storage offset, data
-               pointer, contiguity: the reads of Store._classify and Meta) and keeps it: what
+               pointer, contiguity: the reads of the store's classification and Meta) and keeps it: what
                those torch attribute reads cost by themselves, between model work
   store-front  offloadd's hooks as cuda-sim's, with keep_last_n so large that nothing is
                offloaded: the store's per-tensor bookkeeping (classification, the handle, its
@@ -155,7 +155,7 @@ def thread_groups():
 
 # ---- the ablations -----------------------------------------------------------------------------
 def tensor_attrs(t):
-    """The tensor-attrs pack: the reads of Store._classify and Meta, nothing else."""
+    """The tensor-attrs pack: the reads of the store's classification and Meta, nothing else."""
     type(t), t._base, t.requires_grad, t.is_leaf, t.layout, t.is_cuda, t.nbytes
     t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, t.data_ptr(), t.is_contiguous()
     return t

@@ -17,7 +17,7 @@
  *   pack_described(t)  the same after reading, through the Python C API, what a store's pack
  *               must know of a saved tensor besides its address and size to decide whether to
  *               offload it and to rebuild it later (its base, requires_grad, is_leaf, layout,
- *               is_cuda, shape, strides, dtype and device: what offloadd's Store._classify and
+ *               is_cuda, shape, strides, dtype and device: what offloadd's store classification and
  *               Meta read, less what follows from the rest: whether its elements fill a dense
  *               span is computed from shape and strides here), kept in the table as a native
  *               store would keep them (dims and strides as C integers, up to 8 dims; the dtype
@@ -193,7 +193,7 @@ static int dense_span(const described* d) {
   return 1;
 }
 
-/* What Store._classify and Meta read, less what follows from the rest, kept as a native store
+/* What the store's classification and Meta read, less what follows from the rest, kept as a native store
  * would keep it. */
 static int read_some(PyObject* t, PyObject* name) {
   PyObject* v = PyObject_GetAttr(t, name);

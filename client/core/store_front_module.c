@@ -24,7 +24,7 @@
  *          ep, op, reload, block_id, prefetch_kept) once; what that raises is dropped.
  *   Front(tensor_type, parameter_type, strided_layout)  one per store:
  *     pack(t, threshold_bytes, pin, store) -> a str category ("params", "leaves", "other",
- *          "small", "views": left in place, as Store._classify decides), or a Saved: this
+ *          "small", "views": left in place, by the rules of _store.py's module doc), or a Saved: this
  *          step's handle of t (de-duplicated), or a new handle filed in the order, the
  *          waiting queue and the de-duplication table. ValueError when t's layout has more
  *          than 64 dimensions; whatever torch's getters raise.
@@ -439,7 +439,7 @@ static int dense_span(PyObject* shape, PyObject* stride) {
   return 1;
 }
 
-/* Store._classify's first part, what any tensor is left in place for: a category (borrowed),
+/* The first rules of what stays in place: what any tensor is left in place for: a category (borrowed),
  * NULL for none, or NULL with an error set. *base is t._base (a new reference, or NULL for
  * None). */
 static PyObject* category_of(Front* f, PyObject* t, PyObject** base) {
@@ -493,7 +493,7 @@ static int note_version(Saved* s, PyObject* t) {
   return !PyErr_Occurred();
 }
 
-/* The de-duplication part of Store._classify: NULL (none), s_views (borrowed), or this step's
+/* De-duplication within the step: NULL (none), s_views (borrowed), or this step's
  * handle of t (a new reference); NULL with an error set on failure. */
 static PyObject* seen_match(Front* f, PyObject* t, PyObject* base) {
   SeenEntry* e = seen_find(f, (uint64_t)(uintptr_t)t);
@@ -556,7 +556,7 @@ fail:
 }
 
 /* ---- Front ------------------------------------------------------------------------------- */
-/* Store._classify and the filing of Store.pack (see the module's doc). */
+/* What stays in place, de-duplication, and the filing of a new handle (the module's doc). */
 static PyObject* front_pack(Front* f, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4) {
     PyErr_SetString(PyExc_TypeError, "pack(t, threshold_bytes, pin, store)");

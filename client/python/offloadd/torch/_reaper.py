@@ -1,6 +1,6 @@
 """Deferred cleanup of dead saved-tensor handles, on one background thread.
 
-``Saved.__del__`` (offloadd/torch/_store.py) may run anywhere -- e.g. inside a GC pass triggered
+A saved-tensor handle's death (``Store._on_death``, offloadd/torch/_store.py) may run anywhere -- e.g. inside a GC pass triggered
 while the current thread holds the client's or the staging arena's lock -- so it only enqueues
 the work: ``queue.SimpleQueue.put`` is reentrant (documented as safe in __del__), and the locks
 are taken later on the reaper thread. ``reaper.flush()`` waits for what was queued so far

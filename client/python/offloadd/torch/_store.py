@@ -231,7 +231,7 @@ class Store:
             pin = self._can_pin
             if pin is None:
                 pin = self._can_pin = torch.cuda.is_available()
-        r = self._front.pack(t, self.threshold_bytes, pin, self)  # Store._classify's rules
+        r = self._front.pack(t, self.threshold_bytes, pin, self)  # the rules of the module doc
         if r.__class__ is str:  # left in place: the category it was left for
             step.saw(t, r)
             self.stats.add(**{"skipped_" + r: 1})
