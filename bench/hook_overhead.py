@@ -11,8 +11,8 @@ Variants, interleaved step by step in one process (the order rotates every repet
   tensor-attrs a pack that only reads what any pack hook must read of a saved tensor to decide
                whether to offload it and to describe it to the daemon (type, base, autograd
                flags, layout, device, dtype, size, shape, strides, storage offset, data
-               pointer, contiguity: the reads of the store's classification and Meta) and keeps it: what
-               those torch attribute reads cost by themselves, between model work
+               pointer, contiguity: the reads of the store's classification and Meta) and keeps
+               it: what those torch attribute reads cost by themselves, between model work
   store-front  offloadd's hooks as cuda-sim's, with keep_last_n so large that nothing is
                offloaded: the store's per-tensor bookkeeping (classification, the handle, its
                step, de-duplication, prefetch order) without a request, an answer or a device

@@ -193,8 +193,8 @@ static int dense_span(const described* d) {
   return 1;
 }
 
-/* What the store's classification and Meta read, less what follows from the rest, kept as a native store
- * would keep it. */
+/* What the store's classification and Meta read, less what follows from the rest, kept as a
+ * native store would keep it. */
 static int read_some(PyObject* t, PyObject* name) {
   PyObject* v = PyObject_GetAttr(t, name);
   Py_XDECREF(v);

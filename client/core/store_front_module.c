@@ -24,8 +24,8 @@
  *          ep, op, reload, block_id, prefetch_kept) once; what that raises is dropped.
  *   Front(tensor_type, parameter_type, strided_layout)  one per store:
  *     pack(t, threshold_bytes, pin, store) -> a str category ("params", "leaves", "other",
- *          "small", "views": left in place, by the rules of _store.py's module doc), or a Saved: this
- *          step's handle of t (de-duplicated), or a new handle filed in the order, the
+ *          "small", "views": left in place, by the rules of _store.py's module doc), or a
+ *          Saved: this step's handle of t (de-duplicated), or a new handle filed in the order, the
  *          waiting queue and the de-duplication table. ValueError when t's layout has more
  *          than 64 dimensions; whatever torch's getters raise.
  *     pop_due(keep_last_n) -> list of the handles past the newest keep_last_n waiting ones that
@@ -439,8 +439,8 @@ static int dense_span(PyObject* shape, PyObject* stride) {
   return 1;
 }
 
-/* The first rules of what stays in place: what any tensor is left in place for: a category (borrowed),
- * NULL for none, or NULL with an error set. *base is t._base (a new reference, or NULL for
+/* The first rules of what stays in place, those any tensor is left in place for: a category
+ * (borrowed), NULL for none, or NULL with an error set. *base is t._base (a new reference, or NULL for
  * None). */
 static PyObject* category_of(Front* f, PyObject* t, PyObject** base) {
   PyTypeObject* kind = Py_TYPE(t);
