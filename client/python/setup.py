@@ -15,9 +15,10 @@ offloadd/_store_front.abi3.so: from $OFFLOADD_STORE_FRONT_LIB, else the Bazel ou
 (``bazel build //client/core:store_front.so``).
 The core is loaded with ctypes; the extensions are on CPython's stable ABI (3.10). The wheel is
 ``cp310-abi3-<platform>`` (one wheel for every CPython >= 3.10); the platform is
-``manylinux_2_<N>_<arch>`` with N the newest glibc symbol version the core or an extension needs (core_platform_tag below, which refuses a core
-that links anything but glibc, libstdc++ and libgcc_s, or needs a libstdc++ newer than GCC 8's,
-and an extension that links anything but glibc).
+``manylinux_2_<N>_<arch>`` with N the newest glibc symbol version the core or an extension needs
+(core_platform_tag below, which refuses a core that links anything but glibc, libstdc++ and
+libgcc_s, or needs a libstdc++ newer than GCC 8's, and an extension that links anything but
+glibc).
 """
 
 import os
