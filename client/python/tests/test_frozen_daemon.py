@@ -138,7 +138,11 @@ class FrozenDaemonTest(unittest.TestCase):
         self.assertTrue(bitwise_equal(out, self.reference()))
         d = ctx.stats.snapshot() - before
         self.assertEqual((d.offloaded, d.fallbacks, d.lost), (0, LAYERS, 0))
-        self.assertEqual(len(offloadd_warnings(caught)), 1)
+        (warned,) = offloadd_warnings(caught)
+        # Said as what happened: the daemon stopped answering, not that it refused anything.
+        self.assertIn("offloadd: the offloadd daemon stopped answering before it confirmed a "
+                      "tensor's offload (DEADLINE_EXCEEDED: ", str(warned.message))
+        self.assertNotIn("refused", str(warned.message))
         self.assertLess(took, normal + BOUND + SLACK)
 
     def test_packs_stall_one_bound_per_step_when_staging_is_full(self):

@@ -444,7 +444,7 @@ class Store:
         elif getattr(exc, "code", None) == errors.RESOURCE_EXHAUSTED:
             _endpoint.mark_full(ep, str(exc), self.retry_seconds)
         if lost is None:
-            self._count_fallback(s, "offloadd refused a tensor (%s)" % exc, exc)
+            self._count_fallback(s, _refusal_reason(exc), exc)
         else:
             _warn_callback_failure(failure, "that saved tensor is lost (its unpack raises "
                                    "DATA_LOSS)")
@@ -881,6 +881,18 @@ def _note_version(s, t, baseline=None):
     base = s.version if baseline is None else baseline
     if t._version != base:
         s.modified = s.version + t._version - base
+
+
+def _refusal_reason(exc):
+    """Why an offload in flight became a fallback, in words that say what happened: the daemon
+    refused it, or stopped answering, or the session ended before the daemon confirmed it."""
+    if isinstance(exc, errors.DaemonUnresponsive):
+        return "the offloadd daemon stopped answering before it confirmed a tensor's offload " \
+            "(%s)" % exc
+    if isinstance(exc, errors.DaemonUnavailable):
+        return "the offloadd session ended before the daemon confirmed a tensor's offload " \
+            "(%s)" % exc
+    return "offloadd refused a tensor (%s)" % exc
 
 
 def _inherited(s):
