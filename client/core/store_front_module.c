@@ -615,9 +615,14 @@ static PyObject* front_pop_due(Front* f, PyObject* arg) {
     f->pending_len--;
     Saved* o = order_entry(f, seq);
     if (o == NULL || o->state != KEPT || o->unpacked) continue; /* in backward already */
-    if (due == NULL && (due = PyList_New(0)) == NULL) return NULL;
-    if (PyList_Append(due, (PyObject*)o) < 0) {
-      Py_DECREF(due);
+    /* Held before anything is allocated: an allocation may run the cycle collector, which may
+     * free a handle only the tables point at. */
+    Py_INCREF(o);
+    if (due == NULL) due = PyList_New(0);
+    int ok = due != NULL && PyList_Append(due, (PyObject*)o) == 0;
+    Py_DECREF(o);
+    if (!ok) {
+      Py_XDECREF(due);
       return NULL;
     }
   }
@@ -647,6 +652,18 @@ static int worth_prefetching(Saved* o, PyObject* unused) {
 
 static int no_reload(const Saved* o) { return o->reload == NULL || o->reload == Py_None; }
 
+/* 1 when handle o (borrowed from the order) is worth prefetching, appended to todo unless its
+ * reload is under way; 0 when not worth it; -1 with an error set. o is held while the set test
+ * allocates (the cycle collector may run then and free a handle only the order points at). */
+static int take_if_worth(Saved* o, PyObject* unused, PyObject* todo) {
+  if (o == NULL) return 0;
+  Py_INCREF(o);
+  int w = worth_prefetching(o, unused);
+  if (w > 0 && no_reload(o) && PyList_Append(todo, (PyObject*)o) < 0) w = -1;
+  Py_DECREF(o);
+  return w;
+}
+
 static PyObject* front_prefetch_candidates(Front* f, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4 || !PyAnySet_Check(args[3])) {
     PyErr_SetString(PyExc_TypeError,
@@ -657,27 +674,23 @@ static PyObject* front_prefetch_candidates(Front* f, PyObject* const* args, Py_s
   long long previous = args[1] == Py_None ? seq - 1 : PyLong_AsLongLong(args[1]);
   PyObject *unused = args[3], *todo = PyList_New(0);
   if (todo == NULL || PyErr_Occurred()) goto fail;
-  int w = worth_prefetching(order_entry(f, seq - 1), unused);
+  Saved* before = order_entry(f, seq - 1);
+  Py_XINCREF(before);
+  int w = worth_prefetching(before, unused);
+  Py_XDECREF(before);
   if (w < 0) goto fail;
   int forward = previous == seq - 1 || !w;
   for (long long k = seq + 1; forward && PyList_Size(todo) < prefetch; k++) {
-    Saved* o = order_entry(f, k);
-    if ((w = worth_prefetching(o, unused)) <= 0) {
+    if ((w = take_if_worth(order_entry(f, k), unused, todo)) <= 0) {
       if (w < 0) goto fail;
       break;
     }
-    if (no_reload(o) && PyList_Append(todo, (PyObject*)o) < 0) goto fail;
   }
   long long active = 0, scanned = 0;
   for (long long k = seq - 1; k >= f->base_seq && active < prefetch &&
                               scanned < 4 * prefetch + 16; k--, scanned++) {
-    Saved* o = order_entry(f, k);
-    if ((w = worth_prefetching(o, unused)) <= 0) {
-      if (w < 0) goto fail;
-      continue;
-    }
-    active++;
-    if (no_reload(o) && PyList_Append(todo, (PyObject*)o) < 0) goto fail;
+    if ((w = take_if_worth(order_entry(f, k), unused, todo)) < 0) goto fail;
+    active += w;
   }
   return todo;
 fail:

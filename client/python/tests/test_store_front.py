@@ -212,6 +212,39 @@ class PackTest(unittest.TestCase):
         for i in live:
             self.assertIs(self.pack(ts[i], threshold=1), hs[i])
 
+    def test_a_handle_only_a_garbage_cycle_holds_survives_the_collector_inside_a_call(self):
+        """pop_due and prefetch_candidates allocate while they walk the tables; the cycle
+        collector may run then. A handle found in a table is held first, so a handle that only
+        a garbage cycle (and the tables) pointed at comes back whole, not freed under the
+        call."""
+        for call in ("pop_due", "prefetch_candidates"):
+            front, store = new_front(), DeathLog()
+            t = torch.ones(1024)
+            h = front.pack(t, 0, False, store)
+            other = front.pack(torch.ones(1024), 0, False, store)  # seq 1: the unpacked one
+            if call == "prefetch_candidates":
+                h.state = other.state = OFFLOADED
+            threshold, unused = gc.get_threshold(), {5}  # no allocation between enable and call
+            gc.collect()  # what lives now is old: a young collection leaves it alone
+            try:
+                gc.disable()
+                cycle = [h]  # young: collected by the young collection below, and h with it
+                cycle.append(cycle)
+                del h, t, cycle
+                keep = [[] for _ in range(10)]  # gen0's count past the threshold below
+                gc.set_threshold(1)
+                gc.enable()
+                got = front.pop_due(1) if call == "pop_due" else \
+                    front.prefetch_candidates(1, None, 1, unused)
+            finally:
+                gc.set_threshold(*threshold)
+                gc.enable()
+            self.assertEqual(len(got), 1, call)
+            self.assertEqual((got[0].seq, got[0].nbytes, got[0].shape),
+                             (0, 4096, torch.Size([1024])), call)
+            self.assertEqual(len(keep), 10)
+            self.assertEqual(store.deaths, [], call)
+
     def test_forget_leaves_the_parents_handles_out(self):
         old = [self.pack(torch.randn(64, 64)) for _ in range(3)]
         self.front.forget()
