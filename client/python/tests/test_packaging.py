@@ -69,6 +69,26 @@ class WheelTest(unittest.TestCase):
         self.assertIn('deepspeed==0.19.8; extra == "deepspeed"', requires)
 
 
+class OldProtobufTest(unittest.TestCase):
+    def test_a_protobuf_too_old_for_the_stubs_is_named_with_what_to_install(self):
+        """Debian's python3-protobuf (4.21, no runtime_version module), as a
+        --system-site-packages environment sees it: importing the stubs says which protobuf it
+        found, where, and the pip command, instead of a bare ImportError."""
+        system = "/usr/lib/python3/dist-packages/google/protobuf"
+        if not os.path.isdir(system) or os.path.exists(os.path.join(system,
+                                                                    "runtime_version.py")):
+            self.skipTest("no Debian python3-protobuf older than the stubs at " + system)
+        r = subprocess.run(["/usr/bin/python3", "-c", "import offloadd.v1"],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=PY_ROOT))
+        self.assertNotEqual(r.returncode, 0)
+        last = r.stderr.strip().splitlines()[-1]
+        self.assertRegex(last, r"^ImportError: offloadd: its protocol stubs need protobuf "
+                               r">=7\.35\.1,<8, but this environment imports protobuf 4\.")
+        self.assertIn("from %s (Debian's python3-protobuf" % system, last)
+        self.assertIn("run pip install 'protobuf>=7.35.1,<8' in it", last)
+
+
 class CorePlatformTagTest(unittest.TestCase):
     """setup.py's core_platform_tag: the tag follows the core's glibc needs, and a library that
     links anything beyond glibc, libstdc++ and libgcc_s is refused."""

@@ -16,7 +16,30 @@ if _MISSING:
         "client/python/gen_proto.sh (needs protobuf-compiler and protobuf-compiler-grpc), or "
         "install the package with pip, which generates them" % (", ".join(_MISSING), _HERE))
 
-from . import offload_pb2  # noqa: E402
+# Stubs from grpcio-tools check the protobuf runtime at import (protobuf >= 7.35.1 and < 8, the
+# package's dependency); a protobuf too old to have that check fails with a bare ImportError.
+_PROTOBUF_NEEDED = ">=7.35.1,<8"
+
+
+def _protobuf_too_old(err):
+    """An ImportError saying which protobuf this environment imports and what to install."""
+    import google.protobuf as pb
+    where = _os.path.dirname(getattr(pb, "__file__", None) or "?")
+    debian = " (Debian's python3-protobuf, which a --system-site-packages environment sees)" \
+        if where.startswith("/usr/lib/python3/") else ""
+    return ImportError(
+        "offloadd: its protocol stubs need protobuf %s, but this environment imports protobuf "
+        "%s from %s%s: run pip install 'protobuf%s' in it (%s)" % (
+            _PROTOBUF_NEEDED, getattr(pb, "__version__", "?"), where, debian, _PROTOBUF_NEEDED,
+            err))
+
+
+try:
+    from . import offload_pb2  # noqa: E402
+except ImportError as _err:
+    if "runtime_version" not in str(_err):
+        raise
+    raise _protobuf_too_old(_err) from None
 from . import offload_pb2_grpc  # noqa: E402
 
 __all__ = ["offload_pb2", "offload_pb2_grpc"]
