@@ -69,20 +69,25 @@ class OffloadCheckpointsTest(DaemonTestCase):
             ctx = self.context(keep_last_n=1)
             data = tiny_lm.CharData()
             model = tiny_lm.make_model(data.vocab, L, H, 4)
-            inputs = []  # weak references to every block's input tensor
+            inputs, addresses = [], []  # weak references to every block's input, its bytes
+
+            def note(module, args):
+                inputs.append(weakref.ref(args[0]))
+                addresses.append(args[0].data_ptr())
             for block in model.blocks:
-                block.register_forward_pre_hook(
-                    lambda m, args: inputs.append(weakref.ref(args[0])))
+                block.register_forward_pre_hook(note)
             idx, tgt = data.batch(B, S, torch.Generator().manual_seed(1))
             loss = model(idx, tgt, mode, ctx)
             self.assertTrue(ot.synchronize())
             gc.collect()
-            # Nothing else (autograd graph, checkpoint closures) holds the offloaded inputs.
-            self.assertEqual([r() is not None for r in inputs], [False] * (L - 1) + [True])
+            # Nothing else (autograd graph, checkpoint closures) holds the inputs' tensor
+            # objects: the kept one's handle holds a detached tensor of the same bytes.
+            self.assertEqual([r() is not None for r in inputs], [False] * L)
             handles = ctx.store.handles()
             self.assertEqual(len(handles), L)
             held = [h.tensor is not None or h.op is not None for h in handles]
             self.assertEqual(held, [False] * (L - 1) + [True], mode)  # only the newest is kept
+            self.assertEqual(handles[-1].tensor.data_ptr(), addresses[-1])
             self.assertEqual(self.daemon.stats().blocks, L - 1)
             (ep,) = _endpoint.endpoints()
             self.assertEqual(ep.transport.arena.used_bytes, 0)  # staging slots freed too
@@ -321,6 +326,59 @@ class EligibilityTest(DaemonTestCase):
             back = st.unpack(st.pack(t))
             self.assertEqual(back.dtype, dtype)
             self.assertTrue(torch.equal(back.view(-1), t.view(-1)), str(dtype))
+
+
+class DroppedGraphTest(DaemonTestCase):
+    """A graph dropped without backward (an evaluation under the context with grad on, a step
+    that raised before backward) frees what its handles held. A tensor saved by the node that
+    produced it (exp's output) used to be held by its handle, whose saved variable its grad_fn
+    holds: a cycle through torch's graph that Python's collector cannot see, so the tensor,
+    kept (keep_last_n), fallen back or left in place as small, lived forever."""
+
+    def dropped(self, ctx, size):
+        x = torch.randn(size, requires_grad=True)
+        outputs = []
+        for _ in range(6):
+            with ctx:
+                y = (x * 2).exp()  # exp saves its own output
+            outputs.append(weakref.ref(y))
+            del y
+        gc.collect()
+        return sum(r() is not None for r in outputs)
+
+    def test_kept_fallen_back_and_small_tensors_of_a_dropped_graph_are_freed(self):
+        kept = ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=1024,
+                                      keep_last_n=4)
+        self.assertEqual(self.dropped(kept, 1 << 14), 0)
+        self.assertEqual(kept.store.live_handles(), 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            fallback = ot.offload_checkpoints(
+                socket_path=self.daemon.sock + ".none", threshold_bytes=1024,
+                keep_last_n=0, retry_seconds=1e9)
+            self.assertEqual(self.dropped(fallback, 1 << 14), 0)
+            self.assertEqual(fallback.stats.fallbacks, 6)
+            small = ot.offload_checkpoints(socket_path=self.daemon.sock,
+                                           threshold_bytes=1 << 20)
+            self.assertEqual(self.dropped(small, 1 << 10), 0)
+            self.assertEqual(small.stats.skipped_small, 6)
+        self.assertEqual(fallback.store.live_handles(), 0)
+
+    def test_a_kept_output_still_gives_exact_gradients_first_and_second_order(self):
+        def grads(ctx):
+            torch.manual_seed(0)
+            x = torch.randn(1 << 14, requires_grad=True, dtype=torch.float64)
+            with ctx:
+                y = x.exp().tanh().sigmoid()  # each saves its output
+                g, = torch.autograd.grad(y.sum(), x, create_graph=True)
+                gg, = torch.autograd.grad(g.sum(), x)
+            return g.detach(), gg
+        plain = grads(torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t))
+        ctx = ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=1024,
+                                     keep_last_n=8)
+        got = grads(ctx)
+        self.assertTrue(torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1]))
+        self.assertGreater(ctx.stats.kept, 0)
 
 
 class SaveOnCpuTest(DaemonTestCase):

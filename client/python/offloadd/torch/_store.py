@@ -150,12 +150,19 @@ class Kept:
     parameter, a leaf, a view, not dense): the tensor and its version at the pack. torch skips
     its own saved-tensor version check whenever saved-tensor hooks are installed, so unpack
     makes it (Store._check_kept): a weight or small tensor modified in place before backward
-    raises torch's error instead of giving wrong gradients."""
+    raises torch's error instead of giving wrong gradients. ``detach``: hold ``t.detach()``
+    when ``t`` is an autograd node's output (a plain tensor: "small", "views"), as a Saved
+    handle does: ``t`` holds its grad_fn, which may be the node whose saved variable holds this
+    object, a cycle through torch's graph that the collector cannot see (a graph dropped
+    without backward would keep the tensor forever). The detached tensor shares the storage and
+    the version counter; autograd gives what unpack returns the saved variable's grad_fn."""
 
     __slots__ = ("tensor", "version")
 
-    def __init__(self, t):
+    def __init__(self, t, detach=False):
         self.tensor, self.version = t, t._version
+        if detach and t.grad_fn is not None:
+            self.tensor = t.detach()
 
 
 class HostCopy:
@@ -238,7 +245,7 @@ class Store:
             to_host = self.small_to_host if small_to_host is None else small_to_host
             if r == "small" and to_host and t.device.type == "cuda":
                 return HostCopy(t, pin)
-            return Kept(t)
+            return Kept(t, r == "small" or r == "views")
         step.saw(t, None)
         if r.counts is not None:  # this step's handle of the same tensor
             return r
