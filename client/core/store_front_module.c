@@ -24,11 +24,14 @@
  *          tables and, unless ``dead`` is True, calls store._on_death(unpacked, offset, state,
  *          ep, op, reload, block_id, prefetch_kept) once; what that raises is dropped.
  *   Front(tensor_type, parameter_type, strided_layout)  one per store:
- *     pack(t, threshold_bytes, pin, store) -> a str category ("params", "leaves", "other",
+ *     pack(t, threshold_bytes, pin, store, counts) -> a str category ("params", "leaves", "other",
  *          "small", "views": left in place, by the rules of _store.py's module doc), or a
  *          Saved: this step's handle of t (de-duplicated), or a new handle filed in the order, the
- *          waiting queue and the de-duplication table. ValueError when t's layout has more
- *          than 64 dimensions; whatever torch's getters raise.
+ *          waiting queue and the de-duplication table, its pin and counts set before any
+ *          other thread can take it from the queue. ValueError when t has more than 64
+ *          dimensions longer than 1; whatever torch's getters raise. Counts (threshold_bytes
+ *          here, keep_last_n and prefetch below) are ints, or floats taken as the comparisons
+ *          with them would (a threshold rounded up, keep_last_n down; inf: no limit).
  *     pop_due(keep_last_n) -> list of the handles past the newest keep_last_n waiting ones that
  *          are still KEPT and not unpacked (to offload now), or None.
  *     entry(seq) -> the live handle numbered seq, or None.
@@ -44,6 +47,7 @@
 #define PY_SSIZE_T_CLEAN
 #define Py_LIMITED_API 0x030A0000
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <structmember.h>
@@ -279,6 +283,9 @@ static int saved_clear(Saved* s) {
 static void saved_dealloc(Saved* s) {
   PyTypeObject* type = Py_TYPE(s);
   PyObject_GC_UnTrack(s);
+  /* Out of the tables before any Python code runs (a weak reference's callback may pack the
+   * same tensor, or look the handle up, on this thread or another): no call finds it again. */
+  saved_leave_tables(s);
   if (s->weakreflist != NULL) PyObject_ClearWeakRefs((PyObject*)s);
   saved_clear(s);
   freefunc free_fn = (freefunc)PyType_GetSlot(type, Py_tp_free);
@@ -290,22 +297,28 @@ static void saved_dealloc(Saved* s) {
  * t.shape and t.stride() when read already (references taken over), else NULL. */
 static int saved_describe(Saved* s, PyObject* t, PyObject* nbytes, PyObject* shape,
                           PyObject* stride) {
-  s->shape = shape ? shape : PyObject_GetAttr(t, a_shape);
-  s->stride = stride = stride ? stride : PyObject_CallMethodObjArgs(t, a_stride, NULL);
-  s->dtype = PyObject_GetAttr(t, a_dtype);
-  s->device = PyObject_GetAttr(t, a_device);
-  if (!stride || !s->shape || !s->dtype || !s->device) return 0;
+  /* one getter at a time: none runs with an error pending */
+  if ((s->shape = shape ? shape : PyObject_GetAttr(t, a_shape)) == NULL) return 0;
+  if ((s->stride = stride ? stride : PyObject_CallMethodObjArgs(t, a_stride, NULL)) == NULL)
+    return 0;
+  if ((s->dtype = PyObject_GetAttr(t, a_dtype)) == NULL) return 0;
+  if ((s->device = PyObject_GetAttr(t, a_device)) == NULL) return 0;
   PyObject* version = PyObject_GetAttr(t, a_version);
   if (version == NULL) return 0;
   s->version = PyLong_AsLongLong(version);
   Py_DECREF(version);
+  if (s->version == -1 && PyErr_Occurred()) return 0;
   s->nbytes = PyLong_AsLongLong(nbytes);
+  if (s->nbytes == -1 && PyErr_Occurred()) return 0;
   Py_ssize_t n = PyTuple_Size(s->shape);
   if (n < 0) return 0;
   long long numel = 1;
-  for (Py_ssize_t i = 0; i < n; i++) numel *= PyLong_AsLongLong(PyTuple_GetItem(s->shape, i));
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long long size = PyLong_AsLongLong(PyTuple_GetItem(s->shape, i));
+    if (size == -1 && PyErr_Occurred()) return 0;
+    numel *= size;
+  }
   s->numel = numel;
-  if (PyErr_Occurred()) return 0;
   s->src = PyWeakref_NewRef(t, NULL);
   if (s->src == NULL) return 0;
   Py_INCREF(Py_False);
@@ -333,7 +346,10 @@ static PyObject* saved_new(PyTypeObject* type, PyObject* args, PyObject* kwargs)
     s->seq = seq;
     Py_INCREF(t);
     s->tensor = t;
-    if (!saved_describe(s, t, nbytes, NULL, NULL)) Py_CLEAR(s);
+    if (!saved_describe(s, t, nbytes, NULL, NULL)) {
+      s->dead = 1; /* never handed out: its end tells the store nothing */
+      Py_CLEAR(s);
+    }
   }
   Py_DECREF(nbytes);
   return (PyObject*)s;
@@ -351,7 +367,7 @@ static PyMemberDef saved_members[] = {
     RO(store, T_OBJECT) OBJ(tensor) OBJ(src) OBJ(ep) OBJ(op) OBJ(block_id) OBJ(reload)
     OBJ(result) OBJ(counts) OBJ(modified) OBJ(sent_version) OBJ(reloading) OBJ(pin)
     OBJ(checksum) RO(shape, T_OBJECT) RO(stride, T_OBJECT) RO(dtype, T_OBJECT)
-    RO(device, T_OBJECT) RO(numel, T_LONGLONG) RO(nbytes, T_LONGLONG) RW(seq, T_LONGLONG)
+    RO(device, T_OBJECT) RO(numel, T_LONGLONG) RO(nbytes, T_LONGLONG) RO(seq, T_LONGLONG)
     RW(offset, T_LONGLONG) RW(step, T_LONGLONG) RW(version, T_LONGLONG) RW(state, T_INT)
     RW(unpacked, T_BOOL) RW(dead, T_BOOL) RW(served, T_BOOL) RW(prefetch_kept, T_BOOL)
     {"__weaklistoffset__", T_PYSSIZET, offsetof(Saved, weakreflist), READONLY, NULL},
@@ -413,16 +429,17 @@ static int dense_span(PyObject* shape, PyObject* stride) {
   long long st[MAX_DIMS], sz[MAX_DIMS];
   Py_ssize_t n = PyTuple_Size(shape), k = 0;
   if (n < 0) return -1;
-  if (n > MAX_DIMS) {
-    PyErr_Format(PyExc_ValueError, "offloadd: a saved tensor of %zd dimensions (at most %d)", n,
-                 MAX_DIMS);
-    return -1;
-  }
   for (Py_ssize_t i = 0; i < n; i++) {
     long long size = PyLong_AsLongLong(PyTuple_GetItem(shape, i));
-    long long step = PyLong_AsLongLong(PyTuple_GetItem(stride, i));
-    if (PyErr_Occurred()) return -1;
+    if (size == -1 && PyErr_Occurred()) return -1;
     if (size == 1) continue;
+    long long step = PyLong_AsLongLong(PyTuple_GetItem(stride, i));
+    if (step == -1 && PyErr_Occurred()) return -1;
+    if (k == MAX_DIMS) {
+      PyErr_Format(PyExc_ValueError, "offloadd: a saved tensor with more than %d dimensions "
+                   "longer than 1", MAX_DIMS);
+      return -1;
+    }
     Py_ssize_t j = k++; /* insertion by (stride, size), as sorted() orders the pairs */
     while (j > 0 && (st[j - 1] > step || (st[j - 1] == step && sz[j - 1] > size))) {
       st[j] = st[j - 1];
@@ -531,7 +548,7 @@ static PyObject* seen_match(Front* f, PyObject* t, PyObject* base) {
  * gives what unpack returns the saved variable's own grad_fn and version. */
 static PyObject* file_new(Front* f, PyObject* t, PyObject* base, PyObject* nbytes,
                           PyObject* shape, PyObject* stride, int has_grad_fn, PyObject* pin,
-                          PyObject* store) {
+                          PyObject* store, PyObject* counts) {
   Saved* s = saved_alloc(store);
   if (s == NULL) {
     Py_DECREF(shape);
@@ -549,6 +566,8 @@ static PyObject* file_new(Front* f, PyObject* t, PyObject* base, PyObject* nbyte
   Py_INCREF(pin);
   Py_DECREF(s->pin);
   s->pin = pin;
+  Py_INCREF(counts);
+  s->counts = counts;
   s->seq = f->next_seq;
   s->offset = s->seq - f->step_first_seq;
   s->step = f->step_index;
@@ -570,15 +589,39 @@ fail:
 }
 
 /* ---- Front ------------------------------------------------------------------------------- */
+/* A count the store was configured with: an int, or a float as the store's comparisons take it
+ * (round_up: a threshold or bound compared with <, else rounded down; inf: no limit). 0 with
+ * an error set (TypeError, ValueError for NaN). */
+static int as_count(PyObject* o, int round_up, long long* out) {
+  if (PyFloat_Check(o)) {
+    double v = PyFloat_AsDouble(o);
+    if (v != v) {
+      PyErr_SetString(PyExc_ValueError, "offloadd: a count or size setting is NaN");
+      return 0;
+    }
+    if (v >= 9.2e18 || v <= -9.2e18) {
+      *out = v > 0 ? LLONG_MAX : LLONG_MIN;
+      return 1;
+    }
+    long long i = (long long)v; /* toward zero; then up or down (no libm: glibc's libc alone) */
+    if (round_up && (double)i < v) i++;
+    if (!round_up && (double)i > v) i--;
+    *out = i;
+    return 1;
+  }
+  *out = PyLong_AsLongLong(o);
+  return !(*out == -1 && PyErr_Occurred());
+}
+
 /* What stays in place, de-duplication, and the filing of a new handle (the module's doc). */
 static PyObject* front_pack(Front* f, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "pack(t, threshold_bytes, pin, store)");
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "pack(t, threshold_bytes, pin, store, counts)");
     return NULL;
   }
   PyObject *t = args[0], *base, *nbytes = NULL, *shape = NULL, *stride = NULL, *r = NULL;
-  long long threshold = PyLong_AsLongLong(args[1]);
-  if (threshold == -1 && PyErr_Occurred()) return NULL;
+  long long threshold;
+  if (!as_count(args[1], 1, &threshold)) return NULL;
   int has_grad_fn;
   PyObject* category = category_of(f, t, &base, &has_grad_fn);
   if (category != NULL || PyErr_Occurred()) {
@@ -610,7 +653,7 @@ static PyObject* front_pack(Front* f, PyObject* const* args, Py_ssize_t nargs) {
     }
     goto done;
   }
-  r = file_new(f, t, base, nbytes, shape, stride, has_grad_fn, args[2], args[3]);
+  r = file_new(f, t, base, nbytes, shape, stride, has_grad_fn, args[2], args[3], args[4]);
   shape = stride = NULL; /* taken over */
 done:
   Py_XDECREF(shape);
@@ -621,8 +664,8 @@ done:
 }
 
 static PyObject* front_pop_due(Front* f, PyObject* arg) {
-  long long keep = PyLong_AsLongLong(arg);
-  if (keep == -1 && PyErr_Occurred()) return NULL;
+  long long keep;
+  if (!as_count(arg, 0, &keep)) return NULL;
   PyObject* due = NULL;
   while (f->pending_len > keep) {
     long long seq = f->pending[f->pending_head];
@@ -685,10 +728,14 @@ static PyObject* front_prefetch_candidates(Front* f, PyObject* const* args, Py_s
                     "prefetch_candidates(seq, previous_seq, prefetch, unused_offsets: set)");
     return NULL;
   }
-  long long seq = PyLong_AsLongLong(args[0]), prefetch = PyLong_AsLongLong(args[2]);
-  long long previous = args[1] == Py_None ? seq - 1 : PyLong_AsLongLong(args[1]);
+  long long seq, prefetch, previous;
+  if (!as_count(args[0], 0, &seq) || !as_count(args[2], 1, &prefetch)) return NULL;
+  if (args[1] == Py_None)
+    previous = seq - 1;
+  else if (!as_count(args[1], 0, &previous))
+    return NULL;
   PyObject *unused = args[3], *todo = PyList_New(0);
-  if (todo == NULL || PyErr_Occurred()) goto fail;
+  if (todo == NULL) goto fail;
   Saved* before = order_entry(f, seq - 1);
   Py_XINCREF(before);
   int w = worth_prefetching(before, unused);

@@ -7,8 +7,12 @@ table, also when the cycle collector frees it)."""
 
 import gc
 import itertools
+import sys
 import random
+import threading
 import unittest
+import warnings
+import weakref
 
 import torch
 
@@ -76,6 +80,46 @@ class RecordTest(unittest.TestCase):
         gc.collect()
         self.assertEqual(log.deaths, [(False, 0, OFFLOADED, "ep", None, None, 5, False)])
 
+    def test_seq_is_read_only(self):
+        """The order finds a handle's slot by its number: a handle renumbered would die
+        without leaving it."""
+        s = front_mod.Saved(DeathLog(), 4, torch.zeros(4))
+        with self.assertRaises(AttributeError):
+            s.seq = 5
+        self.assertEqual(s.seq, 4)
+
+    def test_a_record_that_could_not_be_made_tells_the_store_nothing(self):
+        class Broken:
+            nbytes = 16
+
+            @property
+            def shape(self):
+                raise ValueError("no shape")
+        log = DeathLog()
+        with self.assertRaisesRegex(ValueError, "no shape"):
+            front_mod.Saved(log, 0, Broken())
+        gc.collect()
+        self.assertEqual(log.deaths, [])
+
+    def test_a_dying_handle_is_out_of_the_tables_before_its_weak_references_call_back(self):
+        """A weak reference's callback runs while the handle dies: packing the same tensor
+        there, or looking the handle up, must not hand the dying handle out again."""
+        front, store, t = new_front(), DeathLog(), torch.ones(1024)
+        h = front.pack(t, 0, False, store, None)
+        seq, seen = h.seq, []
+
+        def callback(ref):
+            seen.append((front.entry(seq), front.pack(t, 0, False, store, None),
+                         front.handles()))
+        ref = weakref.ref(h, callback)
+        del h
+        ((entry, again, handles),) = seen
+        self.assertIsNone(entry)
+        self.assertIsInstance(again, front_mod.Saved)
+        self.assertEqual((again.seq, again.shape), (1, torch.Size([1024])))
+        self.assertEqual(handles, [again])
+        self.assertIsNone(ref())
+
     def test_what_death_raises_is_dropped(self):
         calls = []
 
@@ -92,10 +136,10 @@ class RecordTest(unittest.TestCase):
 
 class PackTest(unittest.TestCase):
     def setUp(self):
-        self.front, self.store = new_front(), DeathLog()
+        self.front, self.store, self.counts = new_front(), DeathLog(), object()
 
     def pack(self, t, threshold=16, pin=False):
-        return self.front.pack(t, threshold, pin, self.store)
+        return self.front.pack(t, threshold, pin, self.store, self.counts)
 
     def test_categories_of_tensors_left_in_place(self):
         w = torch.nn.Parameter(torch.randn(64, 64))
@@ -174,6 +218,33 @@ class PackTest(unittest.TestCase):
         s3.state = LOST
         self.assertIsNot(self.pack(t), s3)
 
+    def test_a_new_handle_carries_its_counts_and_pin_from_the_start(self):
+        s = self.pack(torch.randn(64, 64), pin=True)
+        self.assertIs(s.counts, self.counts)
+        self.assertIs(s.pin, True)
+        self.assertIs(self.pack(s.src()), s)  # the same handle: its counts stay
+
+    def test_counts_given_as_floats_are_taken_as_the_comparisons_would(self):
+        t = torch.randn(64, 64)  # 16384 bytes
+        self.assertEqual(self.front.pack(t, 16384.5, False, self.store, None), "small")
+        s = self.front.pack(t, 16384.0, False, self.store, None)
+        self.assertIsInstance(s, front_mod.Saved)
+        self.assertIsNone(self.front.pop_due(1.9))  # keep_last_n 1: nothing due
+        self.assertEqual(self.front.pop_due(0.0), [s])
+        self.assertEqual(self.front.pack(torch.randn(64, 64), float("inf"), False, self.store,
+                                         None), "small")
+        with self.assertRaisesRegex(ValueError, "NaN"):
+            self.front.pop_due(float("nan"))
+        with self.assertRaises(TypeError):
+            self.front.pop_due("1")
+        s.state = OFFLOADED
+        later = self.pack(torch.randn(64, 64))
+        self.assertEqual(self.front.prefetch_candidates(later.seq, None, 1.5, set()), [s])
+
+    def test_dimensions_of_size_one_do_not_count_toward_the_limit(self):
+        t = torch.randn([1] * 70 + [4096])
+        self.assertIsInstance(self.pack(t), front_mod.Saved)
+
     def test_order_queue_and_due(self):
         ts = [torch.randn(64, 64) for _ in range(5)]
         hs = [self.pack(t) for t in ts]
@@ -235,8 +306,8 @@ class PackTest(unittest.TestCase):
         for call in ("pop_due", "prefetch_candidates"):
             front, store = new_front(), DeathLog()
             t = torch.ones(1024)
-            h = front.pack(t, 0, False, store)
-            other = front.pack(torch.ones(1024), 0, False, store)  # seq 1: the unpacked one
+            h = front.pack(t, 0, False, store, None)
+            other = front.pack(torch.ones(1024), 0, False, store, None)  # seq 1: the unpacked
             if call == "prefetch_candidates":
                 h.state = other.state = OFFLOADED
             threshold, unused = gc.get_threshold(), {5}  # no allocation between enable and call
@@ -284,7 +355,7 @@ class PackTest(unittest.TestCase):
                     t = t.narrow(dim, 0, t.shape[dim] - 1)
                 if rng.random() < 0.3:
                     t = t.contiguous()
-                got = self.front.pack(t, 1, False, self.store)
+                got = self.pack(t, threshold=1)
                 if _transport.dense_span(t):
                     self.assertIsInstance(got, front_mod.Saved, (perm, t.shape, t.stride()))
                 else:
@@ -292,6 +363,41 @@ class PackTest(unittest.TestCase):
                 self.front.end_step()
                 cases += 1
         self.assertEqual(cases, 144)
+
+
+class StoreThreadsTest(unittest.TestCase):
+    def test_threads_packing_into_one_store_never_offload_a_handle_half_filed(self):
+        """Threads share a store (keep_last_n=0: each pack offloads what is due, possibly
+        another thread's handle): a handle is filed with its step's counts already set, so
+        another thread's offload of it finds them (it raised AttributeError on None)."""
+        import offloadd.torch as ot
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ctx = ot.offload_checkpoints(threshold_bytes=1, keep_last_n=0, prefetch=0,
+                                         socket_path="/nonexistent/offloadd.sock",
+                                         retry_seconds=1e9)
+            failures, switch = [], sys.getswitchinterval()
+            sys.setswitchinterval(1e-6)
+
+            def work():
+                w = torch.randn(64, requires_grad=True)
+                try:
+                    for _ in range(1500):
+                        with ctx:
+                            y = (w * 2).exp().sum()
+                        y.backward()
+                except Exception as e:  # noqa: BLE001 -- counted below
+                    failures.append(repr(e))
+            threads = [threading.Thread(target=work) for _ in range(4)]
+            try:
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join()
+            finally:
+                sys.setswitchinterval(switch)
+        self.assertEqual(failures, [])
+        self.assertEqual(ctx.stats.fallbacks, 4 * 1500)  # exp's output, one a step
 
 
 if __name__ == "__main__":

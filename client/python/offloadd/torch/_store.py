@@ -238,7 +238,8 @@ class Store:
             pin = self._can_pin
             if pin is None:
                 pin = self._can_pin = torch.cuda.is_available()
-        r = self._front.pack(t, self.threshold_bytes, pin, self)  # the rules of the module doc
+        # The rules of the module doc; a new handle carries this step's counts from the start.
+        r = self._front.pack(t, self.threshold_bytes, pin, self, step)
         if r.__class__ is str:  # left in place: the category it was left for
             step.saw(t, r)
             self.stats.add(**{"skipped_" + r: 1})
@@ -247,10 +248,7 @@ class Store:
                 return HostCopy(t, pin)
             return Kept(t, r == "small" or r == "views")
         step.saw(t, None)
-        if r.counts is not None:  # this step's handle of the same tensor
-            return r
-        r.counts = step
-        due = self._front.pop_due(self.keep_last_n)
+        due = self._front.pop_due(self.keep_last_n)  # None for a handle packed before
         if due is not None:
             for o in due:
                 self._offload(o)
