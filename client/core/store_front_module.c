@@ -14,8 +14,7 @@
  *   Saved(store, seq, t)  a handle of tensor ``t`` (a torch.Tensor): the fields below, filed in
  *          no table (tests). Its attributes: store; seq, offset, step (ints: its number in the
  *          store, its position in its step, its step's index); version (t._version at the
- *          pack); state (int, SavedState); tensor (t; from Front.pack, t.detach() when t is
- *          an autograd node's output: see file_new), src (weakref to t), ep, op, block_id, reload,
+ *          pack); state (int, SavedState); tensor (t), src (weakref to t), ep, op, block_id, reload,
  *          result, counts, modified, sent_version, reloading, pin (objects, None when unset);
  *          unpacked, dead, served, prefetch_kept (bools); and t's layout as Meta had it: shape
  *          (torch.Size), stride (tuple of ints), dtype, device, numel, nbytes (ints, bytes),
@@ -92,7 +91,7 @@ static PyTypeObject *SavedType, *FrontType;
 static PyObject *s_params, *s_leaves, *s_other, *s_small, *s_views; /* categories */
 static PyObject *a_base, *a_is_param, *a_requires_grad, *a_is_leaf, *a_layout, *a_is_quantized,
     *a_is_nested, *a_is_cuda, *a_is_cpu, *a_nbytes, *a_version, *a_shape, *a_stride, *a_dtype,
-    *a_device, *a_on_death, *a_detach;
+    *a_device, *a_on_death;
 
 /* ---- the de-duplication table: open addressing, linear probing ---------------------------- */
 static Py_ssize_t seen_slot(const Front* f, uint64_t key) {
@@ -459,12 +458,10 @@ static int dense_span(PyObject* shape, PyObject* stride) {
 
 /* The first rules of what stays in place, those any tensor is left in place for: a category
  * (borrowed), NULL for none, or NULL with an error set. *base is t._base (a new reference, or
- * NULL for None); *has_grad_fn whether t is the output of an autograd node (it requires grad and
- * is no leaf). */
-static PyObject* category_of(Front* f, PyObject* t, PyObject** base, int* has_grad_fn) {
+ * NULL for None). */
+static PyObject* category_of(Front* f, PyObject* t, PyObject** base) {
   PyTypeObject* kind = Py_TYPE(t);
   *base = NULL;
-  *has_grad_fn = 0;
   if ((PyObject*)kind != f->tensor_type && (PyObject*)kind != f->param_type) return s_other;
   PyObject* b = PyObject_GetAttr(t, a_base);
   if (b == NULL) return NULL;
@@ -483,7 +480,6 @@ static PyObject* category_of(Front* f, PyObject* t, PyObject** base, int* has_gr
   if (grad) {
     int leaf = attr_true(t, a_is_leaf);
     if (leaf) return leaf < 0 ? NULL : s_leaves;
-    *has_grad_fn = 1;
   }
   PyObject* layout = PyObject_GetAttr(t, a_layout);
   if (layout == NULL) return NULL;
@@ -540,28 +536,19 @@ static PyObject* seen_match(Front* f, PyObject* t, PyObject* base) {
   return NULL;
 }
 
-/* A new handle of t, numbered and filed in the order, the waiting queue and the table. The
- * handle holds t.detach() when t is an autograd node's output (has_grad_fn): t itself would
- * hold its grad_fn, and through it the saved variable that holds the handle, a cycle through
- * torch's graph that the collector cannot see (a graph dropped without backward would keep the
- * tensor forever). The detached tensor shares t's storage and version counter, and autograd
- * gives what unpack returns the saved variable's own grad_fn and version. */
+/* A new handle of t, numbered and filed in the order, the waiting queue and the table. */
 static PyObject* file_new(Front* f, PyObject* t, PyObject* base, PyObject* nbytes,
-                          PyObject* shape, PyObject* stride, int has_grad_fn, PyObject* pin,
-                          PyObject* store, PyObject* counts) {
+                          PyObject* shape, PyObject* stride, PyObject* pin, PyObject* store,
+                          PyObject* counts) {
   Saved* s = saved_alloc(store);
   if (s == NULL) {
     Py_DECREF(shape);
     Py_DECREF(stride);
     return NULL;
   }
-  if (has_grad_fn) {
-    s->tensor = PyObject_CallMethodObjArgs(t, a_detach, NULL);
-  } else {
-    Py_INCREF(t);
-    s->tensor = t;
-  }
-  if (s->tensor == NULL || !saved_describe(s, t, nbytes, shape, stride)) goto fail;
+  Py_INCREF(t);
+  s->tensor = t;
+  if (!saved_describe(s, t, nbytes, shape, stride)) goto fail;
   if (base != NULL && (s->base_src = PyWeakref_NewRef(base, NULL)) == NULL) goto fail;
   Py_INCREF(pin);
   Py_DECREF(s->pin);
@@ -622,8 +609,7 @@ static PyObject* front_pack(Front* f, PyObject* const* args, Py_ssize_t nargs) {
   PyObject *t = args[0], *base, *nbytes = NULL, *shape = NULL, *stride = NULL, *r = NULL;
   long long threshold;
   if (!as_count(args[1], 1, &threshold)) return NULL;
-  int has_grad_fn;
-  PyObject* category = category_of(f, t, &base, &has_grad_fn);
+  PyObject* category = category_of(f, t, &base);
   if (category != NULL || PyErr_Occurred()) {
     Py_XINCREF(category);
     r = category;
@@ -653,7 +639,7 @@ static PyObject* front_pack(Front* f, PyObject* const* args, Py_ssize_t nargs) {
     }
     goto done;
   }
-  r = file_new(f, t, base, nbytes, shape, stride, has_grad_fn, args[2], args[3], args[4]);
+  r = file_new(f, t, base, nbytes, shape, stride, args[2], args[3], args[4]);
   shape = stride = NULL; /* taken over */
 done:
   Py_XDECREF(shape);
@@ -881,8 +867,7 @@ PyMODINIT_FUNC PyInit__store_front(void) {
       !intern(&a_is_cpu, "is_cpu") || !intern(&a_nbytes, "nbytes") ||
       !intern(&a_version, "_version") || !intern(&a_shape, "shape") ||
       !intern(&a_stride, "stride") || !intern(&a_dtype, "dtype") ||
-      !intern(&a_device, "device") || !intern(&a_on_death, "_on_death") ||
-      !intern(&a_detach, "detach"))
+      !intern(&a_device, "device") || !intern(&a_on_death, "_on_death"))
     return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;

@@ -80,9 +80,8 @@ class OffloadCheckpointsTest(DaemonTestCase):
             loss = model(idx, tgt, mode, ctx)
             self.assertTrue(ot.synchronize())
             gc.collect()
-            # Nothing else (autograd graph, checkpoint closures) holds the inputs' tensor
-            # objects: the kept one's handle holds a detached tensor of the same bytes.
-            self.assertEqual([r() is not None for r in inputs], [False] * L)
+            # Nothing else (autograd graph, checkpoint closures) holds the offloaded inputs.
+            self.assertEqual([r() is not None for r in inputs], [False] * (L - 1) + [True])
             handles = ctx.store.handles()
             self.assertEqual(len(handles), L)
             held = [h.tensor is not None or h.op is not None for h in handles]
@@ -333,7 +332,8 @@ class DroppedGraphTest(DaemonTestCase):
     that raised before backward) frees what its handles held. A tensor saved by the node that
     produced it (exp's output) used to be held by its handle, whose saved variable its grad_fn
     holds: a cycle through torch's graph that Python's collector cannot see, so the tensor,
-    kept (keep_last_n), fallen back or left in place as small, lived forever."""
+    fallen back or left in place as small, lived forever. One waiting for keep_last_n lives
+    until later packs offload it."""
 
     def dropped(self, ctx, size):
         x = torch.randn(size, requires_grad=True)
@@ -349,8 +349,14 @@ class DroppedGraphTest(DaemonTestCase):
     def test_kept_fallen_back_and_small_tensors_of_a_dropped_graph_are_freed(self):
         kept = ot.offload_checkpoints(socket_path=self.daemon.sock, threshold_bytes=1024,
                                       keep_last_n=4)
-        self.assertEqual(self.dropped(kept, 1 << 14), 0)
+        self.assertEqual(self.dropped(kept, 1 << 14), 4)  # the newest 4 wait, held
+        for _ in range(4):  # later packs offload them: their tensors go
+            kept.store.pack(torch.randn(1 << 14))
+        self.assertTrue(ot.synchronize())
+        gc.collect()
         self.assertEqual(kept.store.live_handles(), 0)
+        self.assertTrue(ot.synchronize())
+        self.assertEqual(self.daemon.stats().blocks, 0)  # the dead handles' blocks released
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             fallback = ot.offload_checkpoints(

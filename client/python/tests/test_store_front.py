@@ -156,21 +156,6 @@ class PackTest(unittest.TestCase):
         self.assertEqual(self.pack(torch.randn(64, 64), threshold=1 << 20), "small")
         self.assertEqual(self.front.live(), 0)
 
-    def test_an_autograd_output_is_held_detached(self):
-        """The handle of a node's output holds t.detach() (no grad_fn: no cycle through the
-        graph), sharing t's storage and version counter; a tensor without grad_fn as it is."""
-        x = torch.randn(64, 64, requires_grad=True)
-        y = x * 2
-        s = self.pack(y)
-        self.assertIsNot(s.tensor, y)
-        self.assertIsNone(s.tensor.grad_fn)
-        self.assertEqual(s.tensor.data_ptr(), y.data_ptr())
-        self.assertIs(s.src(), y)
-        y.add_(1)
-        self.assertEqual((s.tensor._version, s.version), (1, 0))
-        plain = torch.randn(64, 64)
-        self.assertIs(self.pack(plain).tensor, plain)
-
     def test_the_same_tensor_shares_a_handle_and_its_views_stay(self):
         t = torch.randn(64, 64)
         s = self.pack(t)

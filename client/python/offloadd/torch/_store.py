@@ -150,19 +150,13 @@ class Kept:
     parameter, a leaf, a view, not dense): the tensor and its version at the pack. torch skips
     its own saved-tensor version check whenever saved-tensor hooks are installed, so unpack
     makes it (Store._check_kept): a weight or small tensor modified in place before backward
-    raises torch's error instead of giving wrong gradients. ``detach``: hold ``t.detach()``
-    when ``t`` is an autograd node's output (a plain tensor: "small", "views"), as a Saved
-    handle does: ``t`` holds its grad_fn, which may be the node whose saved variable holds this
-    object, a cycle through torch's graph that the collector cannot see (a graph dropped
-    without backward would keep the tensor forever). The detached tensor shares the storage and
-    the version counter; autograd gives what unpack returns the saved variable's grad_fn."""
+    raises torch's error instead of giving wrong gradients. ``detach``: hold an autograd node's
+    output detached (a plain tensor: "small", "views"; see _held)."""
 
     __slots__ = ("tensor", "version")
 
     def __init__(self, t, detach=False):
-        self.tensor, self.version = t, t._version
-        if detach and t.grad_fn is not None:
-            self.tensor = t.detach()
+        self.tensor, self.version = _held(t) if detach else t, t._version
 
 
 class HostCopy:
@@ -429,7 +423,7 @@ class Store:
         attached reload fails at once with DATA_LOSS (its unpack raises it)."""
         rescued = lost = failure = None
         try:
-            rescued = ep.transport.rescue(op, s.meta, s.pin)
+            rescued = _held(ep.transport.rescue(op, s.meta, s.pin))
         except Exception as e:  # noqa: BLE001 -- the tensor is gone: told to its unpack
             failure = e.with_traceback(None)  # not this frame (nor the step's graph) in it
             lost = errors.OffloaddError(
@@ -522,6 +516,7 @@ class Store:
         _note_version(s, t)
         if t.device.type == "cuda" and s.pin:
             t = HostCopy(t, True).host
+        t = _held(t)
         with self._lock:
             s.tensor, s.state = t, FALLBACK
         self._count_fallback(s, reason, None)
@@ -886,6 +881,17 @@ def _note_version(s, t, baseline=None):
     base = s.version if baseline is None else baseline
     if t._version != base:
         s.modified = s.version + t._version - base
+
+
+def _held(t):
+    """``t`` as a handle keeps it for good (a fallback, a tensor left in place): an autograd
+    node's output detached. ``t`` holds its grad_fn, which may be the node whose saved variable
+    holds the handle (exp saves its output): a cycle through torch's graph that Python's
+    collector cannot see, so a graph dropped without backward would keep the tensor forever.
+    The detached tensor shares the storage and the version counter; autograd gives what unpack
+    returns the saved variable's own grad_fn. (A handle waiting for keep_last_n holds the
+    tensor itself: the next packs offload it, which lets it go.)"""
+    return t.detach() if t is not None and t.grad_fn is not None else t
 
 
 def _refusal_reason(exc):
