@@ -64,16 +64,22 @@ ALLOWED_NEEDED = re.compile(r"^(libc|libm|libdl|librt|libpthread|libgcc_s|libstd
 MAX_VERSIONS = {"GLIBCXX": (3, 4, 25), "CXXABI": (1, 3, 11), "GCC": (8, 0, 0)}
 
 
-def find_core():
-    """Path of liboffloadd_core.so to package; RuntimeError naming the places looked at."""
-    env = os.environ.get("OFFLOADD_CORE_LIB")
-    paths = [env] if env else list(CORE_CANDIDATES)
+def _find_required(env, candidates, name, target):
+    """Path of the built file ``name`` the package needs: $``env``, else the first of
+    ``candidates`` that exists; RuntimeError naming the places looked at and the Bazel
+    ``target`` that builds it."""
+    paths = [os.environ[env]] if os.environ.get(env) else list(candidates)
     for path in paths:
         if os.path.isfile(path):
             return path
-    raise RuntimeError("offloadd: the native core %s is not at %s: run 'bazel build "
-                       "//client/core:liboffloadd_core.so' in the repository or set "
-                       "OFFLOADD_CORE_LIB to its path" % (CORE, " or ".join(paths)))
+    raise RuntimeError("offloadd: %s is not at %s: run 'bazel build %s' in the repository or "
+                       "set %s to its path" % (name, " or ".join(paths), target, env))
+
+
+def find_core():
+    """Path of liboffloadd_core.so to package; RuntimeError naming the places looked at."""
+    return _find_required("OFFLOADD_CORE_LIB", CORE_CANDIDATES, "the native core " + CORE,
+                          "//client/core:liboffloadd_core.so")
 
 
 def find_fast():
@@ -94,14 +100,8 @@ def find_fast():
 def find_store_front():
     """Path of the records' extension module to package; RuntimeError naming the places looked
     at (the package does not work without it)."""
-    env = os.environ.get("OFFLOADD_STORE_FRONT_LIB")
-    paths = [env] if env else list(STORE_FRONT_CANDIDATES)
-    for path in paths:
-        if os.path.isfile(path):
-            return path
-    raise RuntimeError("offloadd: the extension module %s is not at %s: run 'bazel build "
-                       "//client/core:store_front.so' in the repository or set "
-                       "OFFLOADD_STORE_FRONT_LIB to its path" % (STORE_FRONT, " or ".join(paths)))
+    return _find_required("OFFLOADD_STORE_FRONT_LIB", STORE_FRONT_CANDIDATES,
+                          "the extension module " + STORE_FRONT, "//client/core:store_front.so")
 
 
 def _objdump(flag, path):
