@@ -41,33 +41,18 @@
  *     forget()  empties every table (a forked child: the parent's handles are not its own).
  *     live() -> handles alive in the order; handles() -> list of them; seen_entries() -> the
  *          de-duplication table's entries; step_index, next_seq (ints).
+ *   bind_answers(...), take_answers(answers, ops, confirmed)  the request ring's usual answers
+ *          applied to the ops and records in C, for offloadd.client.Client.pump
+ *          (store_answers.c documents them).
  * The module keeps no state between stores; every call runs under the GIL and releases it
  * nowhere, so a table is never seen half changed. */
-#define PY_SSIZE_T_CLEAN
-#define Py_LIMITED_API 0x030A0000
-#include <Python.h>
+#include "client/core/store_front.h"
+
 #include <limits.h>
-#include <stdint.h>
 #include <string.h>
 #include <structmember.h>
 
-#define KEPT 0
-#define OFFLOADING 1
-#define OFFLOADED 2
-#define LOST 4
 #define MAX_DIMS 64
-
-typedef struct Saved {
-  PyObject_HEAD
-  PyObject *store, *front, *tensor, *src, *base_src, *ep, *op, *block_id, *reload, *result,
-      *counts, *modified, *sent_version, *reloading, *pin, *shape, *stride, *dtype, *device,
-      *checksum;
-  long long seq, offset, step, version, numel, nbytes;
-  int state;
-  char unpacked, dead, served, prefetch_kept, finalized;
-  uint64_t seen_key, base_key; /* its de-duplication entries' keys (0: none) */
-  PyObject* weakreflist;
-} Saved;
 
 typedef struct {
   uint64_t key; /* a tensor's address; 0: empty */
@@ -87,7 +72,8 @@ typedef struct {
   Py_ssize_t seen_count, seen_cap; /* seen_cap a power of two */
 } Front;
 
-static PyTypeObject *SavedType, *FrontType;
+PyTypeObject* SavedType;
+static PyTypeObject* FrontType;
 static PyObject *s_params, *s_leaves, *s_other, *s_small, *s_views; /* categories */
 static PyObject *a_base, *a_is_param, *a_requires_grad, *a_is_leaf, *a_layout, *a_is_quantized,
     *a_is_nested, *a_is_cuda, *a_is_cpu, *a_nbytes, *a_version, *a_shape, *a_stride, *a_dtype,
@@ -846,10 +832,19 @@ static PyType_Slot front_slots[] = {
 static PyType_Spec front_spec = {"offloadd._store_front.Front", sizeof(Front), 0,
                                  Py_TPFLAGS_DEFAULT, front_slots};
 
+static PyMethodDef module_methods[] = {
+    {"bind_answers", (PyCFunction)(void (*)(void))store_answers_bind, METH_FASTCALL,
+     "bind_answers(kinds, flags, answer_types, outcome_lock): once, by offloadd.client"},
+    {"take_answers", (PyCFunction)(void (*)(void))store_answers_take, METH_FASTCALL,
+     "take_answers(answers, ops, confirmed) -> the answers left to the caller"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_store_front",
-    "The torch hooks' per-tensor records and the front of their pack (see Saved, Front).", -1,
-    NULL, NULL, NULL, NULL, NULL,
+    "The torch hooks' per-tensor records and the front of their pack (see Saved, Front), and "
+    "the request ring's usual answers applied to them (take_answers).", -1,
+    module_methods, NULL, NULL, NULL, NULL,
 };
 
 static int intern(PyObject** out, const char* s) {
@@ -867,7 +862,8 @@ PyMODINIT_FUNC PyInit__store_front(void) {
       !intern(&a_is_cpu, "is_cpu") || !intern(&a_nbytes, "nbytes") ||
       !intern(&a_version, "_version") || !intern(&a_shape, "shape") ||
       !intern(&a_stride, "stride") || !intern(&a_dtype, "dtype") ||
-      !intern(&a_device, "device") || !intern(&a_on_death, "_on_death"))
+      !intern(&a_device, "device") || !intern(&a_on_death, "_on_death") ||
+      !store_answers_init())
     return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;

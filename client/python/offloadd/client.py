@@ -195,13 +195,14 @@ class _RingOp(_outcome.Outcome):
     or a wait for it), and its callbacks run there. ``args``: the request's fields with the
     client's region id (for a re-send on the stream after the session resumed)."""
 
-    __slots__ = ("client", "kind", "args", "request_id")
+    __slots__ = ("client", "kind", "args", "request_id", "target")
 
-    def __init__(self, client, kind, args):
+    def __init__(self, client, kind, args, target=None):
         self._done, self._value, self._exc = False, None, None  # Outcome's, set here: one call
         self._callbacks = self._event = None
         self.client, self.kind, self.args = client, kind, args
         self.request_id = 0
+        self.target = target  # an offload's handle, for its answer taken in C (take_answers)
 
     def _wait(self, timeout):
         """While the client's ring is in use, takes its answers on this thread until this
@@ -632,7 +633,7 @@ class Client:
         """Future of RegionUnregistered."""
         return self._submit(pb.Request(unregister_region=pb.UnregisterRegion(region_id=region_id)))
 
-    def offload(self, region_id, offset, nbytes, ready_event=b"", ordering=None):
+    def offload(self, region_id, offset, nbytes, ready_event=b"", ordering=None, target=None):
         """Copies ``nbytes`` at ``offset`` of the region into a new pool block.
 
         Returns a Future of an :class:`OffloadAnswer` (OffloadDone's block_id, bytes,
@@ -642,11 +643,14 @@ class Client:
         recorded after the kernels that produced the bytes: the daemon issues no chunk before
         it completed (cuda backend; ignored by shm). ``ordering``: optional
         ``(step, position)`` of the block in the reload order, for the daemon's spill tier
-        (within a step backward reloads in reverse of position).
+        (within a step backward reloads in reverse of position). ``target``: (weak reference
+        to the torch hooks' handle that sends it, its transport's list of free IPC events):
+        on the request ring its OffloadDone is then applied to the handle in C when nothing
+        else waits on it (offloadd._store_front.take_answers, which documents the rule).
         """
         if self._ring is not None:
             op = self._ring_submit("offload", (region_id, offset, nbytes, ready_event or None,
-                                               ordering))
+                                               ordering), target=target)
             if op is not None:
                 return op
         req = pb.OffloadRequest(region_id=region_id, offset=offset, bytes=nbytes,
@@ -1098,7 +1102,7 @@ class Client:
             p.future.set_result(result)
 
     # ---- the request ring ---------------------------------------------------------------------
-    def _ring_submit(self, kind, args, op=None):
+    def _ring_submit(self, kind, args, op=None, target=None):
         """Submits ``kind`` ("offload", "reload", "release") with ``args`` (see _RingOp) on the
         ring: its _RingOp (``op`` when given, not submitted yet; failed at once as _submit
         fails a request), or None when the ring is no longer in use (the caller sends it on the
@@ -1108,7 +1112,7 @@ class Client:
         if _getpid() != self._owner_pid:
             self._check_process()
         if op is None:
-            op = _RingOp(self, kind, args)
+            op = _RingOp(self, kind, args, target)
         else:
             op.args = args
         start = None  # when the first try found no slot
@@ -1192,6 +1196,8 @@ class Client:
                 # Every ring numbers its requests from 1: an answer of a ring replaced while
                 # this thread slept in its drain (a resume) never names the new ring's ops.
                 ops = self._ring_ops if ring is self._ring_native else {}
+                if _take_answers is not None and ops:  # the usual answers, applied in C
+                    answers = _take_answers(answers, ops, self._confirmed)
                 for answer in answers:
                     op = ops.pop(answer[0], None)
                     if op is None:
@@ -1328,6 +1334,24 @@ class Client:
         ring = self._ring_native
         if ring is not None:
             ring.wake()  # threads asleep on the ring see their requests failed
+
+
+def _answers_taker():
+    """offloadd._store_front.take_answers bound to this module's answer records, or None when
+    the extension module is not there (the protocol client works without it; the torch hooks
+    require it)."""
+    try:
+        front = _native.load_store_front()
+    except ImportError:
+        return None
+    front.bind_answers((_native.OFFLOAD_DONE, _native.RELOAD_DONE, _native.RELEASED),
+                       (_native.FLAG_RELEASED, _native.FLAG_DONE_EVENT_RECORDED),
+                       (OffloadAnswer, ReloadAnswer, ReleaseAnswer), _outcome.Outcome._lock)
+    return front.take_answers
+
+
+# Client.pump hands each batch of ring answers to it first (None: every answer in Python).
+_take_answers = _answers_taker()
 
 
 def _fresh(e):

@@ -111,11 +111,11 @@ class OffloadCheckpointsTest(DaemonTestCase):
             return submit(request, *args, **kwargs)
         ring_submit = ep.client._ring_submit
 
-        def counting_ring(kind, args, *op):  # the request ring (the native core), when attached
+        def counting_ring(kind, args, *op, **kw):  # the request ring (native core), when attached
             kinds.append(kind)
             if kind == "reload":
                 release_after.append(args[4])
-            return ring_submit(kind, args, *op)
+            return ring_submit(kind, args, *op, **kw)
         ep.client._submit = counting
         ep.client._ring_submit = counting_ring
         self.assertTrue(ep.client.ring_active, ep.client.ring_error)  # through the native core

@@ -488,6 +488,77 @@ class SimThreadsTest(SimDaemonTestCase):
         self.assertNoViolations()
 
 
+class SimRingAnswersTest(SimDaemonTestCase):
+    """A step's OffloadDone answers on the request ring applied to the handles in C
+    (offloadd._store_front.take_answers): the store's Python callback does not run for them,
+    the handles end OFFLOADED with their blocks, the bytes come back, and with the C path
+    switched off every answer goes through the callback instead (so the count can fail)."""
+
+    def step(self, ctx, layers, x):
+        calls = {"sent": 0, "callback": 0}
+        store = ctx.store
+        offload, done = store._offload, store._offload_done
+
+        def counted(name, fn):
+            def call(*args):
+                calls[name] += 1
+                return fn(*args)
+            return call
+        store._offload, store._offload_done = counted("sent", offload), counted("callback", done)
+        try:
+            y = x
+            with ctx:
+                for layer in layers:
+                    y = torch.relu(layer(y))
+            deadline = time.monotonic() + 30
+            while store.stats.offloaded < calls["sent"] and time.monotonic() < deadline:
+                settle(0.01)  # every OffloadDone taken before backward: no reload attached
+            states = {h.state for h in store.handles()}
+            y.sum().backward()
+        finally:
+            del store._offload, store._offload_done
+        self.assertTrue(ot.synchronize())
+        return calls, states, [p.grad.clone() for layer in layers for p in layer.parameters()]
+
+    def run_steps(self):
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(256, 256) for _ in range(4)]
+        x = torch.randn(1024, 256)
+        y = x
+        for layer in layers:
+            y = torch.relu(layer(y))
+        y.sum().backward()
+        want = [p.grad.clone() for layer in layers for p in layer.parameters()]
+        for layer in layers:
+            layer.zero_grad(set_to_none=True)
+        ctx = ot.offload_checkpoints(threshold_bytes=1 << 18, keep_last_n=0, prefetch=0,
+                                     socket_path=self.daemon.sock)
+        calls, states, got = self.step(ctx, layers, x)
+        self.assertTrue(all(torch.equal(a, b) for a, b in zip(got, want)))
+        self.assertEqual((ctx.stats.fallbacks, ctx.stats.lost), (0, 0), ctx.stats.summary())
+        self.assertEqual(ctx.stats.offloaded, calls["sent"], ctx.stats.summary())
+        self.assertEqual(ctx.stats.reloaded, calls["sent"], ctx.stats.summary())
+        self.assertNoViolations()
+        ep = _endpoint.endpoints()[0]
+        self.assertTrue(ep.client.ring_active, ep.client.ring_error)
+        self.assertEqual(ep.transport.events.created, len(ep.transport.events._free))
+        return calls, states
+
+    def test_offload_answers_reach_the_handles_without_the_callback(self):
+        calls, states = self.run_steps()
+        self.assertGreaterEqual(calls["sent"], 4)
+        self.assertEqual(calls["callback"], 0)
+        self.assertEqual(states, {2})  # OFFLOADED, before backward
+
+    def test_with_the_c_path_off_every_answer_runs_the_callback(self):
+        from offloadd import client as client_mod
+        with mock.patch.object(client_mod, "_take_answers", None):
+            calls, states = self.run_steps()
+        self.assertGreaterEqual(calls["sent"], 4)
+        self.assertEqual(calls["callback"], calls["sent"])
+        self.assertEqual(states, {2})
+
+
 class SimTransformersTest(SimDaemonTestCase):
     """The reference study's model shape (qwen3_fixture.SEED_CONFIG) through
     offloadd.transformers.enable() on simulated device tensors, at a shorter sequence."""

@@ -288,10 +288,12 @@ class Store:
             # daemon's spill tier sends the earliest of a step to disk first. The allocator's
             # settings are checked at a step's first offload per device (they may change at run
             # time, between steps).
+            # ``target``: the answer may be applied to ``s`` in C (_offload_done's usual path).
+            wref = weakref.ref(s)
             op = ep.transport.start_offload(s.tensor, s.meta, ordering=(s.step, s.offset),
                                             timeout=self._stall_left,
                                             unresponsive_seconds=self._stall_left,
-                                            check_allocator=first)
+                                            check_allocator=first, target=wref)
         except errors.OffloadConfigError:
             self._step_eps.pop(key, None)  # the next offload checks the allocator again
             raise
@@ -314,7 +316,6 @@ class Store:
         with self._lock:  # the op holds what the transport still needs (a CUDA source tensor)
             s.ep, s.op, s.state, s.tensor = ep, op, OFFLOADING, None
             s.sent_version = None if source is None else source._version
-        wref = weakref.ref(s)
         op.future.add_done_callback(lambda f: self._offload_done(wref, ep, op, f))
 
     def _offload_done(self, wref, ep, op, future):

@@ -177,11 +177,12 @@ class ShmTransport:
             "anything" % (self.client.target, bound))
 
     def start_offload(self, t, meta, ordering=None, timeout=None, unresponsive_seconds=None,
-                      check_allocator=True):
+                      check_allocator=True, target=None):
         """Stages ``t`` and sends Offload; an OffloadOp. Waits for staging room (or a new
         region's registration) at most ``timeout`` seconds (None: alloc_timeout_seconds) and
         no longer than the daemon stays silent for ``unresponsive_seconds``: TimeoutError,
-        DaemonUnresponsive. ``check_allocator``: unused (no device allocator involved)."""
+        DaemonUnresponsive. ``check_allocator``, ``target``: unused (no device allocator; the
+        staging slot is freed by finish_offload, so every answer is handled in Python)."""
         wait = self.alloc_timeout_seconds if timeout is None \
             else min(timeout, self.alloc_timeout_seconds)
         slot = self.arena.alloc(meta.nbytes, timeout=wait,
@@ -326,9 +327,11 @@ class CudaIpcTransport:
         return self.region_for(info), offset
 
     def start_offload(self, t, meta, ordering=None, timeout=None, unresponsive_seconds=None,
-                      check_allocator=True):
+                      check_allocator=True, target=None):
         """The op holds the device tensor (and the event) until OffloadDone: the daemon reads
-        it. ``ordering``: (step, position) for the daemon's spill tier (``Client.offload``). A
+        it. ``ordering``: (step, position) for the daemon's spill tier (``Client.offload``).
+        ``target``: a weak reference to the hooks' handle, whose OffloadDone the client may
+        then apply in C (it does this transport's finish_offload: see Client.offload). A
         segment's first registration waits as Client.wait does (``timeout`` unused here).
         ``check_allocator``: check PyTorch's allocator settings first (they may change at run
         time; the hooks do it at a step's first offload: OffloadConfigError)."""
@@ -343,8 +346,9 @@ class CudaIpcTransport:
             ev = self.events.acquire()
             try:
                 self.dev.record(ev, self.dev.current_stream(t.device))
-                future = self.client.offload(rid, offset, meta.nbytes, ready_event=ev.handle,
-                                             ordering=ordering)
+                future = self.client.offload(
+                    rid, offset, meta.nbytes, ready_event=ev.handle, ordering=ordering,
+                    target=None if target is None else (target, self.events._free))
             except BaseException:
                 self.events.release(ev)
                 raise

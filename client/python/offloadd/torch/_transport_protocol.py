@@ -35,13 +35,16 @@ class Transport(Protocol):
     def start_offload(self, t: Any, meta: Any, ordering: Optional[Tuple[int, int]] = None,
                       timeout: Optional[float] = None,
                       unresponsive_seconds: Optional[float] = None,
-                      check_allocator: bool = True) -> Any:
+                      check_allocator: bool = True, target: Any = None) -> Any:
         """Sends the Offload of tensor ``t`` (layout ``meta``) and returns its OffloadOp at once
         (the answer arrives on ``op.future``). ``ordering``: (step, position) for the daemon's
         spill tier. ``timeout`` (seconds, None: the transport's own bound) caps a wait for
         staging room; ``unresponsive_seconds`` ends any wait when the daemon stays silent that
-        long. ``check_allocator``: check the device allocator's settings first. Raises
-        TimeoutError, DaemonUnresponsive, OffloaddError, OffloadConfigError."""
+        long. ``check_allocator``: check the device allocator's settings first. ``target``: a
+        weak reference to the hooks' handle (Saved); a transport whose finish_offload C can do
+        passes it on to Client.offload, which may then apply the OffloadDone to the handle
+        without the op's callback (the others ignore it). Raises TimeoutError,
+        DaemonUnresponsive, OffloaddError, OffloadConfigError."""
 
     def finish_offload(self, op: Any) -> None:
         """After the Offload's answer (either outcome): frees what the op held (staging slot,

@@ -1,0 +1,40 @@
+/* offloadd._store_front's shared declarations: the handle record (Saved) that the module's two
+ * sources read and write directly -- store_front_module.c (the records and the pack's front)
+ * and store_answers.c (the request ring's answers applied to the records). */
+#ifndef OFFLOADD_CLIENT_CORE_STORE_FRONT_H_
+#define OFFLOADD_CLIENT_CORE_STORE_FRONT_H_
+
+#define PY_SSIZE_T_CLEAN
+#define Py_LIMITED_API 0x030A0000
+#include <Python.h>
+#include <stdint.h>
+
+/* Saved.state: the values of offloadd/torch/_store.py's SavedState. */
+#define KEPT 0
+#define OFFLOADING 1
+#define OFFLOADED 2
+#define LOST 4
+
+/* A handle: what the store's pack returns for a tensor it may offload (store_front_module.c
+ * documents its fields). An object field is NULL or Py_None when unset; both read as None. */
+typedef struct Saved {
+  PyObject_HEAD
+  PyObject *store, *front, *tensor, *src, *base_src, *ep, *op, *block_id, *reload, *result,
+      *counts, *modified, *sent_version, *reloading, *pin, *shape, *stride, *dtype, *device,
+      *checksum;
+  long long seq, offset, step, version, numel, nbytes;
+  int state;
+  char unpacked, dead, served, prefetch_kept, finalized;
+  uint64_t seen_key, base_key; /* its de-duplication entries' keys (0: none) */
+  PyObject* weakreflist;
+} Saved;
+
+/* The Saved type, made at the module's import (store_front_module.c). */
+extern PyTypeObject* SavedType;
+
+/* store_answers.c: interns its names (0 with an error set), and its module-level functions. */
+int store_answers_init(void);
+PyObject* store_answers_bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+PyObject* store_answers_take(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+
+#endif  /* OFFLOADD_CLIENT_CORE_STORE_FRONT_H_ */

@@ -1,0 +1,205 @@
+"""offloadd._store_front.take_answers (client/core/store_answers.c): the request ring's usual
+answers applied in C, without a daemon. Each case hands it answers in the drain's shape and
+checks what it took and what it left to the Python path: the op's record and state, the
+client's confirmed blocks, the handle's fields, the transport's free events, the statistics,
+and that a callback it replaces never ran. test_hooks' RingAnswersInCTest runs it through the
+hooks against a daemon."""
+
+import threading
+import unittest
+import weakref
+
+import torch
+
+from daemon_fixture import PY_ROOT  # noqa: F401 -- puts the package on sys.path
+
+from offloadd import _native, client as client_mod
+from offloadd.client import OffloadAnswer, ReleaseAnswer, ReloadAnswer, _RingOp
+from offloadd.torch._stats import OffloadStats
+from offloadd.torch._transport import OffloadOp
+
+front_mod = _native.load_store_front()
+take = client_mod._take_answers
+OFFLOADING, OFFLOADED = 1, 2
+
+
+def answer(rid, kind, block=0, nbytes=0, code=0, flags=0, queued=0.25, copy=0.5, message=""):
+    """A drain tuple (offloadd._ring_fast.drain)."""
+    return (rid, kind, code, block, nbytes, queued, copy, flags, message)
+
+
+class FakeStore:
+    """What a handle's store offers take_answers: its lock and statistics (and a death log)."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self.stats = OffloadStats("t")
+        self.deaths = []
+
+    def _on_death(self, *fields):
+        self.deaths.append(fields)
+
+
+class Offloading:
+    """A handle with its offload in flight, as Store._offload leaves it: the op, its OffloadOp
+    (source tensor and event), a callback and the target."""
+
+    def __init__(self, nbytes=4096):
+        self.nbytes = nbytes
+        self.store = FakeStore()
+        self.source = torch.zeros(nbytes // 4)
+        self.s = front_mod.Saved(self.store, 1, self.source)
+        self.op = _RingOp(None, "offload", (1, 0, nbytes, None, None))
+        self.event, self.free = object(), []
+        self.op.target = (weakref.ref(self.s), self.free)
+        self.offload = OffloadOp(self.op, tensor=self.source, event=self.event)
+        self.s.state, self.s.op, self.s.tensor = OFFLOADING, self.offload, None
+        self.s.sent_version = self.source._version
+        self.called = []
+        self.op.add_done_callback(self.called.append)
+
+    def take(self, rid=5, block=77):
+        ops, confirmed = {rid: self.op}, set()
+        left = take([answer(rid, _native.OFFLOAD_DONE, block, self.nbytes)], ops, confirmed)
+        return left, ops, confirmed
+
+
+class PlainAnswersTest(unittest.TestCase):
+    def test_a_reload_answer_completes_its_op_as_the_python_path_would(self):
+        op = _RingOp(None, "reload", (9, 1, 0, 0, True, 0.0, None, None))
+        ops, confirmed = {3: op}, {9, 10}
+        flags = _native.FLAG_RELEASED | _native.FLAG_DONE_EVENT_RECORDED
+        left = take([answer(3, _native.RELOAD_DONE, 9, 4096, flags=flags)], ops, confirmed)
+        self.assertEqual(left, [])
+        self.assertEqual(ops, {})
+        self.assertEqual(confirmed, {10})  # released: no longer the client's
+        self.assertTrue(op.done())
+        self.assertEqual(op.result(0), ReloadAnswer(9, 4096, True, 0.5, True))
+
+    def test_an_offload_without_target_and_a_release(self):
+        off = _RingOp(None, "offload", (1, 0, 64, None, None))
+        rel = _RingOp(None, "release", (12,))
+        ops, confirmed = {1: off, 2: rel}, {12}
+        left = take([answer(1, _native.OFFLOAD_DONE, 40, 64),
+                     answer(2, _native.RELEASED, 0)], ops, confirmed)
+        self.assertEqual(left, [])
+        self.assertEqual(confirmed, {40})
+        self.assertEqual(off.result(0), OffloadAnswer(40, 64, 0.25, 0.5))
+        self.assertEqual(rel.result(0), ReleaseAnswer(12))  # the block the release named
+
+    def test_what_is_left_to_python_stays_in_order_and_untouched(self):
+        ok = _RingOp(None, "release", (1,))
+        waited = _RingOp(None, "release", (2,))
+        waited._event = threading.Event()  # a thread waits on it: its wake-up is Python's
+        called = []
+        with_callback = _RingOp(None, "reload", (3, 1, 0, 0, False, 0.0, None, None))
+        with_callback.add_done_callback(called.append)
+        mismatch = _RingOp(None, "reload", (4, 1, 0, 0, False, 0.0, None, None))
+        failed = _RingOp(None, "release", (5,))
+        ops = {1: ok, 2: waited, 3: with_callback, 4: mismatch, 5: failed}
+        answers = [answer(1, _native.RELEASED), answer(2, _native.RELEASED),
+                   answer(3, _native.RELOAD_DONE, 3), answer(4, _native.OFFLOAD_DONE, 4),
+                   answer(5, _native.ERROR, code=5, message="NOT_FOUND"),
+                   answer(6, _native.RELEASED)]  # no op: unknown, or moved to the stream
+        left = take(answers, ops, set())
+        self.assertEqual(left, answers[1:])
+        self.assertEqual(sorted(ops), [2, 3, 4, 5])
+        self.assertTrue(ok.done())
+        for op in (waited, with_callback, mismatch, failed):
+            self.assertFalse(op.done())
+        self.assertEqual(called, [])
+
+    def test_an_op_done_already_is_left(self):
+        op = _RingOp(None, "release", (1,))
+        op.set_exception(RuntimeError("failed by the session's end"))
+        ops = {1: op}
+        self.assertEqual(len(take([answer(1, _native.RELEASED)], ops, set())), 1)
+        self.assertIsInstance(op.exception(0), RuntimeError)
+
+    def test_binding_other_classes_is_refused(self):
+        with self.assertRaises(RuntimeError):
+            front_mod.bind_answers((_native.OFFLOAD_DONE, _native.RELOAD_DONE, _native.RELEASED),
+                                   (_native.FLAG_RELEASED, _native.FLAG_DONE_EVENT_RECORDED),
+                                   (OffloadAnswer, OffloadAnswer, ReleaseAnswer),
+                                   client_mod._outcome.Outcome._lock)
+        with self.assertRaises(TypeError):
+            take([], {}, [])
+
+
+class OffloadTargetTest(unittest.TestCase):
+    def test_the_handle_takes_its_block_and_the_transport_its_event(self):
+        h = Offloading(nbytes=4096)
+        left, ops, confirmed = h.take(block=77)
+        self.assertEqual(left, [])
+        self.assertEqual((ops, confirmed), ({}, {77}))
+        self.assertEqual((h.s.state, h.s.block_id, h.s.op), (OFFLOADED, 77, None))
+        self.assertEqual(h.free, [h.event])  # back to the pool's free list
+        self.assertEqual((h.offload.event, h.offload.tensor), (None, None))
+        self.assertEqual((h.store.stats.offloaded, h.store.stats.offloaded_bytes), (1, 4096))
+        self.assertEqual(h.called, [])  # the callback is replaced, never run
+        self.assertEqual(h.op.result(0), OffloadAnswer(77, 4096, 0.25, 0.5))
+        h.s.dead = True
+
+    def assert_left(self, h):
+        left, ops, confirmed = h.take()
+        self.assertEqual(len(left), 1)
+        self.assertEqual((len(ops), confirmed), (1, set()))
+        self.assertEqual((h.s.state, h.s.block_id), (OFFLOADING, None))
+        self.assertEqual((h.free, h.offload.event), ([], h.event))
+        self.assertEqual(h.store.stats.offloaded, 0)
+        self.assertFalse(h.op.done())
+        h.s.dead = True
+
+    def test_a_reload_waiting_for_the_answer_leaves_it_to_python(self):
+        h = Offloading()
+        h.s.reload = object()
+        self.assert_left(h)
+
+    def test_a_handle_used_from_the_device_leaves_it_to_python(self):
+        h = Offloading()
+        h.s.served = True
+        self.assert_left(h)
+
+    def test_a_source_modified_in_place_leaves_it_to_python(self):
+        h = Offloading()
+        h.source.add_(1)  # its version moved since it was sent: Python notes it
+        self.assert_left(h)
+
+    def test_a_store_lock_held_by_another_thread_leaves_it_to_python(self):
+        h = Offloading()
+        held, go = threading.Event(), threading.Event()
+
+        def hold():
+            with h.store._lock:
+                held.set()
+                go.wait(10)
+        thread = threading.Thread(target=hold)
+        thread.start()
+        held.wait(10)
+        try:
+            self.assert_left(h)
+        finally:
+            go.set()
+            thread.join()
+
+    def test_the_outcome_lock_held_leaves_it_to_python(self):
+        h = Offloading()
+        with client_mod._outcome.Outcome._lock:
+            self.assert_left(h)
+
+    def test_a_dead_handle_leaves_it_to_python(self):
+        h = Offloading()
+        h.s.dead = True
+        h.s = None  # the weak reference dies with it: _offload_orphaned frees the block
+        left, ops, _ = h.take()
+        self.assertEqual((len(left), len(ops)), (1, 1))
+        self.assertFalse(h.op.done())
+
+    def test_another_offload_of_the_handle_leaves_it_to_python(self):
+        h = Offloading()
+        h.s.op = OffloadOp(_RingOp(None, "offload", (1, 0, 1, None, None)))
+        self.assert_left(h)
+
+
+if __name__ == "__main__":
+    unittest.main()
