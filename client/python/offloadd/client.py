@@ -1344,6 +1344,8 @@ def _answers_taker():
         front = _native.load_store_front()
     except ImportError:
         return None
+    if not hasattr(front, "bind_answers"):  # a module built before it had them
+        return None
     front.bind_answers((_native.OFFLOAD_DONE, _native.RELOAD_DONE, _native.RELEASED),
                        (_native.FLAG_RELEASED, _native.FLAG_DONE_EVENT_RECORDED),
                        (OffloadAnswer, ReloadAnswer, ReleaseAnswer), _outcome.Outcome._lock)
