@@ -19,6 +19,21 @@
  *          bytes, queued_seconds, copy_seconds, flags, message) tuples (message a str decoded
  *          from UTF-8 with errors replaced for an error answer, else ""), or None when the core
  *          returns < 0 (nothing there and the ring closed). max: 1..64.
+ *   bind_client(ring_op_type)   offloadd.client._RingOp, once per process (RuntimeError for
+ *          another class later).
+ *   submit(client, kind, args, op, target) -> op, or None
+ *          Client._ring_submit's usual case in one call, for an offloadd.client.Client whose
+ *          ring this module's binding serves: kind 0 offload, 1 reload, 2 release; args the
+ *          _RingOp's args tuple (5, 8 or 1 items, as Client.offload / reload / release build
+ *          it); op an unsubmitted _RingOp (Client.reload_outcome's) or None for a new one, made
+ *          here as _RingOp.__init__ makes it with ``target``. Under the client's lock, tried and
+ *          never waited for: when the session's ring is in use (Client._ring), no refusal is
+ *          due (no _dead, not _closing, no lost block) and the ring takes the request at once
+ *          (timeout 0, the GIL kept), the op gets its request id, joins Client._ring_ops and
+ *          counts in counters.ring_requests_sent, and is returned. None, with nothing
+ *          submitted, whenever Python's path must decide (another process than the client's
+ *          owner, the lock held by another thread, no ring, a refusal, a full or closed ring).
+ *          Arguments are checked as offload()/reload()/release() check them (their errors).
  *
  * Integers are taken modulo 2**64 as ctypes takes them (a float is a TypeError here, a
  * ctypes.ArgumentError through ctypes), times float seconds, events None or exactly 64 bytes
@@ -32,6 +47,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/core/offloadd_core.h"
 
@@ -248,6 +264,241 @@ static PyObject* drain(PyObject* self, PyObject* const* args, Py_ssize_t nargs) 
   return list;
 }
 
+/* ---- submit: Client._ring_submit's usual case in one call ----------------------------------- */
+enum { SUBMIT_OFFLOAD, SUBMIT_RELOAD, SUBMIT_RELEASE, SUBMIT_KINDS };
+static const Py_ssize_t submit_args[SUBMIT_KINDS] = {5, 8, 1}; /* _RingOp.args' lengths */
+static PyObject* ring_op_type; /* offloadd.client._RingOp, from bind_client */
+static PyObject *k_kind[SUBMIT_KINDS], *n_owner_pid, *n_lock, *n_ring, *n_dead, *n_closing,
+    *n_lost, *n_released, *n_daemon_region, *n_ring_ops, *n_counters, *n_sent, *n_acquire,
+    *n_release, *n_done, *n_value, *n_exc, *n_callbacks, *n_event, *n_client, *n_args,
+    *n_request_id, *n_target, *n_kind;
+
+static int intern(PyObject** out, const char* s) {
+  *out = PyUnicode_InternFromString(s);
+  return *out != NULL;
+}
+
+static int submit_names(void) {
+  return intern(&k_kind[SUBMIT_OFFLOAD], "offload") && intern(&k_kind[SUBMIT_RELOAD], "reload") &&
+         intern(&k_kind[SUBMIT_RELEASE], "release") && intern(&n_owner_pid, "_owner_pid") &&
+         intern(&n_lock, "_lock") && intern(&n_ring, "_ring") && intern(&n_dead, "_dead") &&
+         intern(&n_closing, "_closing") && intern(&n_lost, "_lost") &&
+         intern(&n_released, "_released") && intern(&n_daemon_region, "_daemon_region") &&
+         intern(&n_ring_ops, "_ring_ops") && intern(&n_counters, "counters") &&
+         intern(&n_sent, "ring_requests_sent") && intern(&n_acquire, "acquire") &&
+         intern(&n_release, "release") && intern(&n_done, "_done") &&
+         intern(&n_value, "_value") && intern(&n_exc, "_exc") &&
+         intern(&n_callbacks, "_callbacks") && intern(&n_event, "_event") &&
+         intern(&n_client, "client") && intern(&n_args, "args") &&
+         intern(&n_request_id, "request_id") && intern(&n_target, "target") &&
+         intern(&n_kind, "kind");
+}
+
+static PyObject* bind_client(PyObject* self, PyObject* type) {
+  if (!PyType_Check(type)) return PyErr_Format(PyExc_TypeError, "bind_client(): a class");
+  if (ring_op_type != NULL && ring_op_type != type)
+    return PyErr_Format(PyExc_RuntimeError, "offloadd._ring_fast: bound to another _RingOp");
+  if (ring_op_type == NULL && !submit_names()) return NULL;
+  if (ring_op_type == NULL) {
+    Py_INCREF(type);
+    ring_op_type = type;
+  }
+  Py_RETURN_NONE;
+}
+
+/* A new, unsubmitted op as _RingOp.__init__ makes it (its __init__ is not run). */
+static PyObject* new_op(PyObject* client, int kind, PyObject* args, PyObject* target) {
+  PyObject* empty = PyTuple_New(0);
+  if (empty == NULL) return NULL;
+  PyObject* op = PyType_GenericNew((PyTypeObject*)ring_op_type, empty, NULL);
+  Py_DECREF(empty);
+  PyObject* zero = op ? PyLong_FromLong(0) : NULL;
+  if (zero == NULL) {
+    Py_XDECREF(op);
+    return NULL;
+  }
+  PyObject* const fields[] = {n_done, n_value, n_exc, n_callbacks, n_event, n_client, n_args,
+                              n_kind, n_request_id, n_target};
+  PyObject* const values[] = {Py_False, Py_None, Py_None, Py_None, Py_None, client, args,
+                              k_kind[kind], zero, target};
+  for (int i = 0; op != NULL && i < 10; i++)
+    if (PyObject_SetAttr(op, fields[i], values[i]) < 0) Py_CLEAR(op);
+  Py_DECREF(zero);
+  return op;
+}
+
+/* lock.acquire(False): 1 taken, 0 held by another thread, -1 with an error set. */
+static int try_acquire(PyObject* lock) {
+  PyObject* r = PyObject_CallMethodObjArgs(lock, n_acquire, Py_False, NULL);
+  if (r == NULL) return -1;
+  int taken = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return taken;
+}
+
+/* 1 when attribute `name` of o is true (is_none: is not None), 0 when not, -1 on error. */
+static int attr_set(PyObject* o, PyObject* name, int is_none) {
+  PyObject* v = PyObject_GetAttr(o, name);
+  if (v == NULL) return -1;
+  int r = is_none ? v != Py_None : PyObject_IsTrue(v);
+  Py_DECREF(v);
+  return r;
+}
+
+/* The client's ring pointer when a request may go on its ring now (under the client's lock):
+ * 1 with *out set, 0 when the Python path decides (no ring, a refusal due, a closed ring),
+ * -1 on error. */
+static int usable_ring(PyObject* client, offloadd_ring** out) {
+  PyObject* ring = PyObject_GetAttr(client, n_ring);
+  if (ring == NULL) return -1;
+  int r = ring != Py_None;
+  if (r == 1) r = attr_set(client, n_dead, 1) == 0 ? 1 : -2;
+  if (r == 1) r = attr_set(client, n_closing, 0) == 0 ? 1 : -2;
+  if (r == 1) r = attr_set(client, n_lost, 0) == 0 ? 1 : -2;
+  if (r == 1) r = attr_set(ring, n_released, 0) == 0 ? 1 : -2;
+  PyObject* ptr = r == 1 ? PyObject_GetAttr(ring, n_ring) : NULL;
+  if (r == 1) r = ptr == NULL ? -1 : ptr == Py_None ? 0 : get_ring(ptr, out) ? 1 : -1;
+  Py_XDECREF(ptr);
+  Py_DECREF(ring);
+  if (r == -2) return PyErr_Occurred() ? -1 : 0;
+  return r;
+}
+
+/* The daemon's region id of the client's region (Client._daemon_region, else the same id). */
+static int daemon_region(PyObject* client, PyObject* region, uint64_t* out) {
+  PyObject* map = PyObject_GetAttr(client, n_daemon_region);
+  if (map == NULL) return 0;
+  PyObject* mapped = PyDict_Check(map) ? PyDict_GetItemWithError(map, region) : NULL;
+  int ok = !PyErr_Occurred() && get_u64(mapped ? mapped : region, out);
+  Py_DECREF(map);
+  return ok;
+}
+
+/* An ordering: None (0), or a (step, position) tuple (1); -1 with an error set. */
+static int get_ordering(PyObject* o, uint64_t* step, uint64_t* position) {
+  if (o == Py_None) return 0;
+  if (!PyTuple_Check(o) || PyTuple_Size(o) != 2) {
+    PyErr_SetString(PyExc_TypeError, "an ordering is None or a (step, position) tuple");
+    return -1;
+  }
+  return get_u64(PyTuple_GetItem(o, 0), step) && get_u64(PyTuple_GetItem(o, 1), position)
+             ? 1 : -1;
+}
+
+/* One submission of _RingOp args `a` on `ring`, with timeout 0 (it never sleeps, so the GIL is
+ * kept): its request id, 0 when the ring took none (*error 0) or with an error set (*error 1).
+ * The arguments are checked as NativeRing's calls check them. */
+static uint64_t submit_one(PyObject* client, offloadd_ring* ring, int kind, PyObject* a,
+                           int* error) {
+  uint8_t ready_buf[EVENT_BYTES], done_buf[EVENT_BYTES];
+  const uint8_t *ready = NULL, *done = NULL;
+  uint64_t region, offset, size, step = 0, position = 0, block, priority, release_after;
+  double deadline;
+  *error = 1;
+  if (kind == SUBMIT_OFFLOAD) {
+    int ordering = get_ordering(PyTuple_GetItem(a, 4), &step, &position);
+    if (ordering < 0 || !daemon_region(client, PyTuple_GetItem(a, 0), &region) ||
+        !get_u64(PyTuple_GetItem(a, 1), &offset) || !get_u64(PyTuple_GetItem(a, 2), &size) ||
+        !get_event(PyTuple_GetItem(a, 3), ready_buf, &ready))
+      return 0;
+    *error = 0;
+    return g.offload(ring, region, offset, size, 0, ready, ordering, step, position, 0.0);
+  }
+  if (!get_u64(PyTuple_GetItem(a, 0), &block)) return 0;
+  if (kind == SUBMIT_RELEASE) {
+    *error = 0;
+    return g.release(ring, block, 0, 0.0);
+  }
+  if (!daemon_region(client, PyTuple_GetItem(a, 1), &region) ||
+      !get_u64(PyTuple_GetItem(a, 2), &offset) || !get_u64(PyTuple_GetItem(a, 3), &priority) ||
+      !get_u64(PyTuple_GetItem(a, 4), &release_after) ||
+      !get_double(PyTuple_GetItem(a, 5), &deadline) ||
+      !get_event(PyTuple_GetItem(a, 6), ready_buf, &ready) ||
+      !get_event(PyTuple_GetItem(a, 7), done_buf, &done))
+    return 0;
+  *error = 0;
+  return g.reload(ring, block, 0, region, offset, (uint32_t)priority, release_after != 0,
+                  deadline, ready, done, 0.0);
+}
+
+/* The submitted op filed as Client._ring_submit files it: its request id, the client's
+ * unanswered ops, the ring's submission count. 1, or 0 with an error set. */
+static int file_op(PyObject* client, PyObject* op, uint64_t id) {
+  PyObject* rid = PyLong_FromUnsignedLongLong(id);
+  PyObject* ops = rid ? PyObject_GetAttr(client, n_ring_ops) : NULL;
+  int ok = ops != NULL && PyObject_SetAttr(op, n_request_id, rid) == 0 &&
+           PyDict_SetItem(ops, rid, op) == 0;
+  Py_XDECREF(ops);
+  Py_XDECREF(rid);
+  PyObject* counters = ok ? PyObject_GetAttr(client, n_counters) : NULL;
+  PyObject* sent = counters ? PyObject_GetAttr(counters, n_sent) : NULL;
+  PyObject* one = sent ? PyLong_FromLong(1) : NULL;
+  PyObject* more = one ? PyNumber_Add(sent, one) : NULL;
+  ok = more != NULL && PyObject_SetAttr(counters, n_sent, more) == 0;
+  Py_XDECREF(more);
+  Py_XDECREF(one);
+  Py_XDECREF(sent);
+  Py_XDECREF(counters);
+  return ok;
+}
+
+/* The op for submit: `op` itself (its args set) or a new one; NULL with an error set. */
+static PyObject* op_for(PyObject* client, int kind, PyObject* req, PyObject* op,
+                        PyObject* target) {
+  if (op == Py_None) return new_op(client, kind, req, target);
+  if (PyObject_SetAttr(op, n_args, req) < 0) return NULL;
+  Py_INCREF(op);
+  return op;
+}
+
+/* submit(client, kind, args, op, target): see the module's doc. */
+static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (!bound() || !check_args("submit", nargs, 5)) return NULL;
+  if (ring_op_type == NULL)
+    return PyErr_Format(PyExc_RuntimeError, "offloadd._ring_fast: bind_client() first");
+  PyObject *client = args[0], *req = args[2];
+  long kind = PyLong_AsLong(args[1]);
+  if (kind == -1 && PyErr_Occurred()) return NULL;
+  if (kind < 0 || kind >= SUBMIT_KINDS || !PyTuple_Check(req) ||
+      PyTuple_Size(req) != submit_args[kind])
+    return PyErr_Format(PyExc_TypeError, "submit(): kind 0-2 and its args tuple");
+  PyObject* owner = PyObject_GetAttr(client, n_owner_pid);
+  if (owner == NULL) return NULL;
+  long long pid = PyLong_AsLongLong(owner);
+  Py_DECREF(owner);
+  if (pid == -1 && PyErr_Occurred()) return NULL;
+  if (pid != (long long)getpid()) Py_RETURN_NONE; /* Python's check says what to do */
+  /* made before the lock is taken: an allocation may start a collection, and what a
+   * collection frees may run code that takes the client's lock */
+  PyObject* op = op_for(client, (int)kind, req, args[3], args[4]);
+  PyObject* lock = op ? PyObject_GetAttr(client, n_lock) : NULL;
+  int r = lock ? try_acquire(lock) : -1;
+  if (r == 1) {
+    offloadd_ring* ring = NULL;
+    int error = 0;
+    r = usable_ring(client, &ring);
+    uint64_t id = r == 1 ? submit_one(client, ring, (int)kind, req, &error) : 0;
+    if (r == 1) r = error ? -1 : id == 0 ? 0 : file_op(client, op, id) ? 1 : -1;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb); /* the lock is let go whatever the submission raised */
+    PyObject* done = PyObject_CallMethodObjArgs(lock, n_release, NULL);
+    if (done == NULL) {
+      r = -1;
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(tb);
+    } else {
+      PyErr_Restore(type, value, tb);
+    }
+    Py_XDECREF(done);
+  }
+  Py_XDECREF(lock);
+  if (r == 1) return op;
+  Py_XDECREF(op);
+  if (r < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(offload_fn, reload_fn, release_fn, drain_fn): the loaded core's function addresses"},
@@ -261,6 +512,10 @@ static PyMethodDef methods[] = {
      "release(ring, block_id, tag, timeout_seconds) -> request id (0: refused)"},
     {"drain", (PyCFunction)(void (*)(void))drain, METH_FASTCALL,
      "drain(ring, max, timeout_seconds) -> list of 9-tuples, or None when the ring closed"},
+    {"bind_client", (PyCFunction)bind_client, METH_O,
+     "bind_client(ring_op_type): offloadd.client._RingOp, once per process"},
+    {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
+     "submit(client, kind, args, op, target) -> the submitted op, or None: Python decides"},
     {NULL, NULL, 0, NULL},
 };
 

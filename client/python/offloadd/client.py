@@ -379,6 +379,8 @@ class Client:
         self._conn = None
         self._reconnecting = None  # the reconnect thread while the daemon is away
         self._ring = None        # the NativeRing while requests go on it (attached, stream up)
+        # offloadd._ring_fast.submit when the ring's calls go through that module (_bound_submit)
+        self._submit_fast = None
         self._ring_native = None  # the NativeRing offered, kept until close
         self._ring_conn = None   # the connection whose Hello attached it
         self._ring_ops = {}      # ring request id -> _RingOp not yet answered
@@ -424,6 +426,7 @@ class Client:
             return
         self.ring_error = ""
         self._ring = self._ring_native = offer
+        self._submit_fast = _bound_submit(offer)
         self._ring_conn = conn
         self._ring_moved.clear()  # ids of the old ring: its answers are no longer taken
 
@@ -649,8 +652,8 @@ class Client:
         else waits on it (offloadd._store_front.take_answers, which documents the rule).
         """
         if self._ring is not None:
-            op = self._ring_submit("offload", (region_id, offset, nbytes, ready_event or None,
-                                               ordering), target=target)
+            args = (region_id, offset, nbytes, ready_event or None, ordering)
+            op = self._submit_on_ring(_OFFLOAD, args, None, target)
             if op is not None:
                 return op
         req = pb.OffloadRequest(region_id=region_id, offset=offset, bytes=nbytes,
@@ -682,9 +685,9 @@ class Client:
         this future resolved: before that the event's last record is an older one).
         """
         if self._ring is not None:
-            op = self._ring_submit("reload", (block_id, region_id, offset, priority,
-                                              release_after, deadline_seconds,
-                                              ready_event or None, done_event or None), into)
+            op = self._submit_on_ring(_RELOAD, (block_id, region_id, offset, priority,
+                                                release_after, deadline_seconds,
+                                                ready_event or None, done_event or None), into)
             if op is not None:
                 return op
         future = self._submit(pb.Request(reload=pb.ReloadRequest(
@@ -699,7 +702,7 @@ class Client:
     def release(self, block_id):
         """Frees a pool block; Future of a :class:`ReleaseAnswer` (Released's block_id)."""
         if self._ring is not None:
-            op = self._ring_submit("release", (block_id,))
+            op = self._submit_on_ring(_RELEASE, (block_id,))
             if op is not None:
                 return op
         return self._submit(pb.Request(release=pb.ReleaseRequest(block_id=block_id)))
@@ -1102,6 +1105,17 @@ class Client:
             p.future.set_result(result)
 
     # ---- the request ring ---------------------------------------------------------------------
+    def _submit_on_ring(self, kind, args, op=None, target=None):
+        """The request on the ring: in one C call when it can be taken at once
+        (offloadd._ring_fast.submit), else through _ring_submit. ``kind``: _OFFLOAD, _RELOAD or
+        _RELEASE. Returns as _ring_submit does."""
+        fast = self._submit_fast
+        if fast is not None:
+            submitted = fast(self, kind, args, None if op is None else op, target)
+            if submitted is not None:
+                return submitted
+        return self._ring_submit(_KIND_NAMES[kind], args, op, target)
+
     def _ring_submit(self, kind, args, op=None, target=None):
         """Submits ``kind`` ("offload", "reload", "release") with ``args`` (see _RingOp) on the
         ring: its _RingOp (``op`` when given, not submitted yet; failed at once as _submit
@@ -1334,6 +1348,21 @@ class Client:
         ring = self._ring_native
         if ring is not None:
             ring.wake()  # threads asleep on the ring see their requests failed
+
+
+_OFFLOAD, _RELOAD, _RELEASE = 0, 1, 2  # offloadd._ring_fast.submit's kinds
+_KIND_NAMES = ("offload", "reload", "release")
+
+
+def _bound_submit(ring):
+    """offloadd._ring_fast.submit for a client whose NativeRing ``ring`` calls the core through
+    that module (bound to this module's _RingOp), else None (ctypes: every request through
+    _ring_submit)."""
+    fast = getattr(ring, "_fast", None)
+    if fast is None or not hasattr(fast, "submit"):
+        return None
+    fast.bind_client(_RingOp)
+    return fast.submit
 
 
 def _answers_taker():

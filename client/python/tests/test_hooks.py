@@ -109,15 +109,16 @@ class OffloadCheckpointsTest(DaemonTestCase):
             if kinds[-1] == "reload":
                 release_after.append(request.reload.release_after)
             return submit(request, *args, **kwargs)
-        ring_submit = ep.client._ring_submit
+        ring_submit = ep.client._submit_on_ring
+        names = {0: "offload", 1: "reload", 2: "release"}  # the ring's submission kinds
 
-        def counting_ring(kind, args, *op, **kw):  # the request ring (native core), when attached
-            kinds.append(kind)
-            if kind == "reload":
+        def counting_ring(kind, args, *op):  # the request ring (native core), when attached
+            kinds.append(names[kind])
+            if kinds[-1] == "reload":
                 release_after.append(args[4])
-            return ring_submit(kind, args, *op, **kw)
+            return ring_submit(kind, args, *op)
         ep.client._submit = counting
-        ep.client._ring_submit = counting_ring
+        ep.client._submit_on_ring = counting_ring
         self.assertTrue(ep.client.ring_active, ep.client.ring_error)  # through the native core
         on_ring = ep.client.counters.ring_answers_received
         out = run_step("hooks-reentrant", ctx)

@@ -1,10 +1,12 @@
 """offloadd._store_front.take_answers (client/core/store_answers.c): the request ring's usual
-answers applied in C, without a daemon. Each case hands it answers in the drain's shape and
+answers applied in C, and offloadd._ring_fast.submit (client/core/ring_fast_module.c): the
+usual submission in one C call, without a daemon. Each case hands it answers in the drain's shape and
 checks what it took and what it left to the Python path: the op's record and state, the
 client's confirmed blocks, the handle's fields, the transport's free events, the statistics,
 and that a callback it replaces never ran. test_hooks' RingAnswersInCTest runs it through the
 hooks against a daemon."""
 
+import os
 import threading
 import unittest
 import weakref
@@ -14,7 +16,8 @@ import torch
 from daemon_fixture import PY_ROOT  # noqa: F401 -- puts the package on sys.path
 
 from offloadd import _native, client as client_mod
-from offloadd.client import OffloadAnswer, ReleaseAnswer, ReloadAnswer, _RingOp
+from offloadd.client import (Counters, OffloadAnswer, ReleaseAnswer, ReloadAnswer,
+                             _RingOp)
 from offloadd.torch._stats import OffloadStats
 from offloadd.torch._transport import OffloadOp
 
@@ -199,6 +202,99 @@ class OffloadTargetTest(unittest.TestCase):
         h = Offloading()
         h.s.op = OffloadOp(_RingOp(None, "offload", (1, 0, 1, None, None)))
         self.assert_left(h)
+
+
+class FakeClient:
+    """What submit reads of a Client, around a real NativeRing no daemon serves (it takes
+    submissions until its slots are full)."""
+
+    def __init__(self):
+        self._owner_pid = os.getpid()
+        self._lock = threading.Lock()
+        self._ring = _native.NativeRing(8)
+        self._dead, self._closing, self._lost = None, False, set()
+        self._daemon_region = {3: 30}
+        self._ring_ops = {}
+        self.counters = Counters()
+
+
+@unittest.skipIf(_native.load_ring_fast() is None, "offloadd._ring_fast is not built")
+class SubmitTest(unittest.TestCase):
+    def setUp(self):
+        self.fast = _native.load_ring_fast()
+        self.fast.bind_client(_RingOp)
+        self.c = FakeClient()
+        self.ring = self.c._ring
+        self.addCleanup(self.ring.close)
+
+    def submit(self, kind, args, op=None, target=None):
+        return self.fast.submit(self.c, kind, args, op, target)
+
+    def test_a_new_op_is_submitted_and_filed_as_ring_submit_files_it(self):
+        target = (None, [])
+        op = self.submit(0, (3, 64, 4096, bytes(64), (2, 5)), target=target)
+        self.assertIsInstance(op, _RingOp)
+        self.assertEqual((op.kind, op.args, op.target, op.client), (
+            "offload", (3, 64, 4096, bytes(64), (2, 5)), target, self.c))
+        self.assertGreater(op.request_id, 0)
+        self.assertEqual(self.c._ring_ops, {op.request_id: op})
+        self.assertEqual(self.c.counters.ring_requests_sent, 1)
+        self.assertEqual(self.c._ring.pending, 1)
+        self.assertFalse(op.done())
+        self.assertFalse(self.c._lock.locked())
+        op.set_result(1)  # an outcome as any other: completes, runs callbacks
+        self.assertEqual(op.result(0), 1)
+
+    def test_a_given_op_gets_its_args_and_a_release_and_a_reload_go_too(self):
+        into = _RingOp(self.c, "reload", None)
+        args = (7, 3, 0, 1, True, 0.0, bytes(64), bytes(64))
+        self.assertIs(self.submit(1, args, into), into)
+        self.assertEqual(into.args, args)
+        rel = self.submit(2, (7,))
+        self.assertEqual(rel.kind, "release")
+        self.assertEqual(sorted(self.c._ring_ops), sorted([into.request_id, rel.request_id]))
+        self.assertEqual((self.c.counters.ring_requests_sent, self.c._ring.pending), (2, 2))
+
+    def assert_declined(self, kind=2, args=(7,)):
+        self.assertIsNone(self.submit(kind, args))
+        self.assertEqual((self.c._ring_ops, self.ring.pending), ({}, 0))
+        self.assertEqual(self.c.counters.ring_requests_sent, 0)
+
+    def test_python_decides_for_a_refusal_no_ring_or_a_held_lock(self):
+        self.c._dead = RuntimeError("session failed")
+        self.assert_declined()
+        self.c._dead, self.c._closing = None, True
+        self.assert_declined()
+        self.c._closing, self.c._lost = False, {9}
+        self.assert_declined()
+        self.c._lost = set()
+        with self.c._lock:
+            self.assert_declined()
+        ring, self.c._ring = self.c._ring, None
+        self.assert_declined()
+        self.c._ring = ring
+        self.c._owner_pid = os.getpid() + 1  # a forked child: _check_process speaks
+        self.assert_declined()
+
+    def test_a_full_ring_is_left_to_python_which_waits(self):
+        for _ in range(8):
+            self.assertIsNotNone(self.submit(2, (1,)))
+        self.assertIsNone(self.submit(2, (1,)))
+        self.assertEqual(len(self.c._ring_ops), 8)
+
+    def test_bad_arguments_raise_as_the_ring_does_and_let_the_lock_go(self):
+        with self.assertRaises(ValueError):
+            self.submit(0, (3, 0, 64, b"short", None))
+        with self.assertRaises(TypeError):
+            self.submit(0, (3, 0, 64, None, [1, 2]))  # an ordering is a tuple
+        with self.assertRaises(TypeError):
+            self.submit(1, (1,))  # a reload's args are 8
+        self.assertFalse(self.c._lock.locked())
+        self.assertEqual((self.c._ring_ops, self.c._ring.pending), ({}, 0))
+
+    def test_another_op_class_is_refused(self):
+        with self.assertRaises(RuntimeError):
+            self.fast.bind_client(OffloadAnswer)
 
 
 if __name__ == "__main__":

@@ -489,8 +489,9 @@ class SimThreadsTest(SimDaemonTestCase):
 
 
 class SimRingAnswersTest(SimDaemonTestCase):
-    """A step's OffloadDone answers on the request ring applied to the handles in C
-    (offloadd._store_front.take_answers): the store's Python callback does not run for them,
+    """A step's requests submitted on the ring in C (offloadd._ring_fast.submit) and its
+    OffloadDone answers applied to the handles in C (offloadd._store_front.take_answers): the
+    store's Python callback does not run for them,
     the handles end OFFLOADED with their blocks, the bytes come back, and with the C path
     switched off every answer goes through the callback instead (so the count can fail)."""
 
@@ -545,7 +546,14 @@ class SimRingAnswersTest(SimDaemonTestCase):
         return calls, states
 
     def test_offload_answers_reach_the_handles_without_the_callback(self):
-        calls, states = self.run_steps()
+        in_python, real = [], Client._ring_submit
+
+        def ring_submit(client, kind, *args, **kwargs):
+            in_python.append(kind)
+            return real(client, kind, *args, **kwargs)
+        with mock.patch.object(Client, "_ring_submit", ring_submit):
+            calls, states = self.run_steps()
+        self.assertEqual(in_python, [])  # every request submitted in C (_ring_fast.submit)
         self.assertGreaterEqual(calls["sent"], 4)
         self.assertEqual(calls["callback"], 0)
         self.assertEqual(states, {2})  # OFFLOADED, before backward
