@@ -31,6 +31,10 @@ Variants, interleaved step by step in one process (the order rotates every repet
                prefetch, release_after), waiting in the native core with the GIL released. No
                classification, fallback, resume or dedup: skipped, with a line saying so, when
                the module is not built
+  cuda-sim-pyring  cuda-sim with the request ring's C paths switched off around its steps:
+               every submission through Client._ring_submit and every answer through the
+               Python path (offloadd._ring_fast.submit and offloadd._store_front.take_answers
+               unused), what those two C calls save, paired in one run
   store-front@REV, cuda-sim@REV  (with --store-from REV) store-front and cuda-sim with the
                store of git revision REV (client/python/offloadd/torch/_store.py as it was
                there, loaded beside today's and using today's transport and client): today's
@@ -119,7 +123,7 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 MIB = 1 << 20
 BUDGET_ALL_US, BUDGET_PACK_US, BUDGET_UNPACK_US, BUDGET_MSGS = 39.0, 15.0, 25.0, 1.1
 VARIANTS = ("noop", "tensor-attrs", "store-front", "store-front@REV", "sidestream", "cuda-sim",
-            "cuda-sim@REV", "shm",
+            "cuda-sim-pyring", "cuda-sim@REV", "shm",
             "native-floor", "native-front")
 
 
@@ -409,6 +413,34 @@ class Counted:
         return out
 
 
+class python_ring_paths:
+    """While entered with ``on``: the request ring's C paths off (every endpoint's
+    Client._submit_fast and offloadd.client._take_answers None), restored on exit."""
+
+    def __init__(self, on):
+        self.on, self.saved = on, None
+
+    def __enter__(self):
+        if self.on:
+            from offloadd import client
+            from offloadd.torch import _endpoint
+            eps = _endpoint.endpoints()
+            self.saved = (client._take_answers, [(ep.client, ep.client._submit_fast)
+                                                 for ep in eps])
+            client._take_answers = None
+            for ep in eps:
+                ep.client._submit_fast = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            from offloadd import client
+            client._take_answers = self.saved[0]
+            for c, fast in self.saved[1]:
+                c._submit_fast = fast
+            self.saved = None
+
+
 def worker(args):
     import torch
     torch.set_num_threads(1)
@@ -443,6 +475,7 @@ def worker(args):
         if variant == "tensor-attrs":
             return tensor_attrs, (lambda t: t), None
         base, _, rev = variant.partition("@")
+        base = "cuda-sim" if base == "cuda-sim-pyring" else base
         keep = 1 << 30 if base == "store-front" else 0
         sock = shm_d.sock if base == "shm" else sim_d.sock
         store = None if not rev else old_store.Store(
@@ -451,7 +484,8 @@ def worker(args):
                                      strict=True, name=variant, store=store)
         return ctx.store.pack, ctx.store.unpack, sock
 
-    variants = ["noop", "tensor-attrs", "store-front", "sidestream", "cuda-sim", "shm"]
+    variants = ["noop", "tensor-attrs", "store-front", "sidestream", "cuda-sim", "cuda-sim-pyring",
+                "shm"]
     if old_store is not None:
         variants += ["store-front@REV", "cuda-sim@REV"]
     # store-front's steps send nothing by design: its idle-step warning says nothing here.
@@ -478,6 +512,7 @@ def worker(args):
         socks["native-front"], counters["native-front"] = None, floor[3]
 
     daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid,
+                  "cuda-sim-pyring": sim_d.proc.pid,
                   "cuda-sim@REV": sim_d.proc.pid,
                   "native-floor": shm_d.proc.pid, "native-front": shm_d.proc.pid}
 
@@ -499,11 +534,12 @@ def worker(args):
         saved = tensors.get(v, xs)
         dep = torch.zeros(1, requires_grad=True)
         y = dep
-        with torch.autograd.graph.saved_tensors_hooks(tm.pack, tm.unpack):
-            for i in range(n):
-                busy()
-                y = Save.apply(saved[i], y)
-        y.sum().backward()
+        with python_ring_paths(v == "cuda-sim-pyring"):
+            with torch.autograd.graph.saved_tensors_hooks(tm.pack, tm.unpack):
+                for i in range(n):
+                    busy()
+                    y = Save.apply(saved[i], y)
+            y.sum().backward()
         busy()
 
     rows = collections.defaultdict(list)
@@ -529,7 +565,7 @@ def worker(args):
             c1 = thread_cpu_ns()
             dc1 = daemon_cpu_ns(v)
             groups.update(thread_groups())
-            if v in ("cuda-sim", "shm", "cuda-sim@REV"):
+            if v in ("cuda-sim", "cuda-sim-pyring", "shm", "cuda-sim@REV"):
                 ot.synchronize(5.0)  # the step's releases, outside its timing
             if rep < args.warmup:
                 continue
@@ -561,7 +597,7 @@ def worker(args):
         counted = Counted(*raw[v])
         for _ in range(args.count_steps):
             step(v, counted)
-            if v in ("cuda-sim", "shm", "cuda-sim@REV"):
+            if v in ("cuda-sim", "cuda-sim-pyring", "shm", "cuda-sim@REV"):
                 ot.synchronize(5.0)
         calls[v] = counted.per_call()
     if not skipped:
