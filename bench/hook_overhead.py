@@ -367,6 +367,7 @@ class Counted:
         self.pack_fn, self.unpack_fn = pack, unpack
         self.profiles = {"pack": cProfile.Profile(), "unpack": cProfile.Profile()}
         self.calls = {"pack": 0, "unpack": 0}
+        self.hook_calls = {"pack": {}, "unpack": {}}  # "file:function" -> calls per hook call
 
     def _run(self, kind, fn, arg):
         prof = self.profiles[kind]
@@ -409,6 +410,9 @@ class Counted:
                 if origin == "simulated device" and name == "device_call_entry":
                     continue
                 by[origin] += ncalls
+                if origin == "hook code":
+                    self.hook_calls[kind]["%s:%s" % (os.path.basename(filename), name)] = \
+                        ncalls / max(self.calls[kind], 1)
             out[kind] = {k: v / max(self.calls[kind], 1) for k, v in by.items()}
         return out
 
@@ -600,6 +604,8 @@ def worker(args):
             if v in ("cuda-sim", "cuda-sim-pyring", "shm", "cuda-sim@REV"):
                 ot.synchronize(5.0)
         calls[v] = counted.per_call()
+        if v in args.count_detail_list:
+            calls[v]["hook_calls"] = counted.hook_calls
     if not skipped:
         floor[4]()
     for d in (sim_d, shm_d):
@@ -770,6 +776,10 @@ def report(layout, summary, args):
             v, sum(c["pack"].values()), sum(c["unpack"].values()),
             " + ".join("%.1f" % c["pack"][o] for o in Counted.ORIGINS),
             " + ".join("%.1f" % c["unpack"][o] for o in Counted.ORIGINS)))
+    for v, c in measured(calls, 1):
+        for kind, per in sorted(c.get("hook_calls", {}).items(), reverse=True):
+            print("    %s hook code per %s: %s" % (v, kind, ", ".join(
+                "%s %.2f" % (name, n) for name, n in sorted(per.items(), key=lambda i: -i[1]))))
     for v in ("cuda-sim", "cuda-sim@REV", "shm", "native-floor", "native-front"):
         if v not in summary:
             continue
@@ -813,9 +823,13 @@ def main():
     ap.add_argument("--store-from", default=None, metavar="REV",
                     help="also run store-front and cuda-sim with the hooks' store of this git "
                          "revision (variants store-front@REV, cuda-sim@REV)")
+    ap.add_argument("--count-detail", default="",
+                    help="comma-separated variants whose hook-code calls per pack and unpack "
+                         "(from the counted steps, by function) are printed after the counts")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.count_detail_list = [v for v in args.count_detail.split(",") if v]
     if args.bin:
         os.environ["OFFLOADD_BIN"] = os.path.join(os.path.abspath(args.bin), "offloadd")
     if args.worker:
@@ -849,8 +863,15 @@ def main():
         summary = summarize(out["rows"], 2 * args.ops, residual_ns)
         summary["python_calls_per_hook_call"] = out["calls"]
         summary["accounting_residual_ns"] = out["residual_ns"]
+        summary["paired_pyring_minus_c_us"] = paired_difference(
+            out["rows"], "cuda-sim-pyring", "cuda-sim")
         results[layout] = summary
         report(layout, summary, args)
+        if summary["paired_pyring_minus_c_us"]:
+            print("  paired per repetition, cuda-sim-pyring minus cuda-sim, training thread per "
+                  "pack / unpack (client figures), median [quartiles] us: %s"
+                  % " / ".join("%.1f [%.1f, %.1f]" % q
+                               for q in summary["paired_pyring_minus_c_us"]))
         for line in out["skipped"]:
             print("  " + line)
     if args.json:
@@ -859,10 +880,28 @@ def main():
     return 0
 
 
+def paired_difference(rows, a, b):
+    """Per repetition, variant ``a``'s training-thread CPU per pack and per unpack less
+    variant ``b``'s of the same repetition (client figures: the device's share out), as
+    ((median, lower quartile, upper quartile) for pack, the same for unpack) in us; () when
+    either variant did not run. Pairing takes out what drifts between repetitions."""
+    if a not in rows or b not in rows:
+        return ()
+    out = []
+    for kind in ("pack", "unpack"):
+        d = sorted(((ra[kind + "_s"] - ra[kind + "_dev_s"]) -
+                    (rb[kind + "_s"] - rb[kind + "_dev_s"])) * 1e6
+                   for ra, rb in zip(rows[a], rows[b]))
+        q = statistics.quantiles(d, n=4) if len(d) > 1 else [d[0]] * 3
+        out.append((statistics.median(d), q[0], q[2]))
+    return tuple(out)
+
+
 def _passthrough(args):
     out = ["--reps", str(args.reps), "--warmup", str(args.warmup), "--ops", str(args.ops),
            "--mib", str(args.mib), "--gap-us", str(args.gap_us),
-           "--count-steps", str(args.count_steps), "--native-floor", args.native_floor]
+           "--count-steps", str(args.count_steps), "--native-floor", args.native_floor,
+           "--count-detail", args.count_detail]
     if args.bin:
         out += ["--bin", args.bin]
     if args.ring_poll_seconds is not None:

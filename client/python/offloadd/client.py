@@ -580,9 +580,10 @@ class Client:
 
     @property
     def alive(self):
-        """True while the stream is up (or being re-established) and close() has not begun."""
-        with self._lock:
-            return self._dead is None and not self._closing
+        """True while the stream is up (or being re-established) and close() has not begun.
+        Read without the lock (the hooks ask per offload): each field changes once, from alive
+        to not, so a read that races a change sees alive only as a call just before it would."""
+        return self._dead is None and not self._closing
 
     # ---- requests ----------------------------------------------------------------------------
     def register_shm(self, shm_name, size_bytes, timeout=None, relink=None):

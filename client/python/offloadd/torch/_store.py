@@ -91,6 +91,7 @@ KEPT, OFFLOADING, OFFLOADED, FALLBACK, LOST = SavedState
 _Tensor, _Parameter, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.strided
 _getpid = os.getpid
 _pump = _endpoint.pump
+_FULL_UNTIL = _endpoint._full_until  # (pid, socket, device key) -> refused-for-room back-off
 
 
 _front = _native.load_store_front()  # offloadd._store_front (client/core/store_front_module.c)
@@ -276,12 +277,14 @@ class Store:
                 self._stall_left -= time.monotonic() - t0
                 return self._fallback(s, "the offloadd daemon is unreachable (%s)" % reason)
             self._step_eps[key] = ep
-        full = _endpoint.full_reason(ep)  # refused for room lately: do not wait its deadline
+        # Refused for room lately: do not wait its deadline (no back-off anywhere: no call).
+        full = _endpoint.full_reason(ep) if _FULL_UNTIL else None
         if full is not None:
             return self._fallback(s, "offloadd refused a tensor (%s); no offloads to it for "
                                   "%g s (retry_seconds)" % (full, self.retry_seconds),
                                   errors.RESOURCE_EXHAUSTED)
-        _note_version(s, s.tensor)
+        if s.tensor._version != s.version:
+            _note_version(s, s.tensor)
         t0 = time.monotonic()
         try:
             # The ordering hint: backward reloads a step's blocks in reverse of position, so the
@@ -559,8 +562,11 @@ class Store:
         if kind is not Saved:
             return s
         _pump()
-        self._raise_async_error()
-        self._check_version(s)
+        if self._async_error is not None:
+            self._raise_async_error()
+        src = s.src()
+        if src is None or src._version != s.version or s.modified is not None:
+            self._check_version(s)  # the tensor is gone, or it changed: the full check
         r = s.result
         if r is not None:
             return r

@@ -337,7 +337,8 @@ class CudaIpcTransport:
         time; the hooks do it at a step's first offload: OffloadConfigError)."""
         if check_allocator:
             self.dev.check_allocator()
-        self.collect()
+        if self._abandoned:
+            self.collect()
         with self.dev.context(t.device):
             src = self.dev.adopt(t)
             if self.dev.simulated and self.dev.checksums:
@@ -370,7 +371,8 @@ class CudaIpcTransport:
         return op.tensor
 
     def prepare_reload(self, meta, wait=True):
-        self.collect()
+        if self._abandoned:
+            self.collect()
         with self.dev.context(meta.device):
             stream = self.dev.reload_stream(meta.device)
             dest = self.dev.empty_on(meta, stream)
