@@ -56,7 +56,6 @@ Errors raised in backward's unpack reach the caller of ``backward()`` as the sam
 """
 
 import atexit
-import collections
 import enum
 import os
 import threading
@@ -201,7 +200,7 @@ class Store:
         self._last_unpacked_seq = None       # for telling forward-order consumers apart
         # Step positions whose handle died without being unpacked (saved by a branch backward
         # never reached): prefetch skips them in later steps of the same shape. Updated from
-        # __del__ without a lock (set.add/discard are atomic under the GIL).
+        # Store._on_death without a lock (set.add/discard are atomic under the GIL).
         self._unused_offsets = set()
         # Idle-step counts: one _StepCounts per thread that packs (``_thread.step``), ended by
         # that thread's pack after its backward began; ``_open_steps`` holds them (strongly: a
