@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Instructions and cache misses per saved tensor of the offloadd hooks, counted by Valgrind's
+cachegrind: a figure that does not move with the machine's load.
+
+bench/hook_overhead.py times the hooks between model work; on a shared 2-vCPU machine its
+paired differences swing by more than a change of a few microseconds. This counts instead.
+Per variant, the same training-shaped step as hook_overhead.py's (N packs of 1 MiB tensors on
+the simulated GPU, then backward unpacking them in reverse, with no model work between) runs
+under cachegrind twice, SHORT and LONG steps in one process each after the same start-up; the
+difference of the two runs' totals over (LONG - SHORT) x 2N hook calls is what one saved
+tensor's pack and unpack cost the training process, start-up taken out:
+
+  Ir     instructions executed (every thread of the process)
+  D1mr   first-level data cache read misses (cachegrind's simulated caches: its model of the
+         host's, not a measurement of them)
+  DLmr   last-level data cache read misses (the same model)
+
+Variants (each in processes of its own, against one cuda-sim daemon):
+  noop             a no-op saved_tensors_hooks pair: the floor
+  store-front      offloadd's hooks with keep_last_n so large that nothing is offloaded: the
+                   store's per-tensor bookkeeping
+  cuda-sim         offloadd's hooks (keep_last_n=0, prefetch=1) against the daemon: the whole
+                   per-tensor path, the simulated device's own work included (SIMULATED: its
+                   CUDA calls are Python here)
+  cuda-sim-pyring  the same with the request ring's C paths off (offloadd._ring_fast.submit and
+                   offloadd._store_front.take_answers unused): every submission and answer in
+                   Python
+Every step waits for its offloads' answers before backward (offloadd.torch.synchronize) and
+after it, so each step takes the same path (no tensor served from the device while its offload
+is in flight); those waits are counted in cuda-sim's figures. PYTHONHASHSEED is fixed.
+
+  .venv/bin/python bench/hook_instructions.py [--bin build/bin] [--short 10] [--long 40]
+      [--variants noop,store-front,cuda-sim,cuda-sim-pyring] [--json FILE]
+
+Needs valgrind (Debian package valgrind); without it prints one line saying so and exits 0.
+Each run takes a minute or two (the interpreter and torch start under Valgrind).
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+VARIANTS = ("noop", "store-front", "cuda-sim", "cuda-sim-pyring")
+EVENTS = ("Ir", "D1mr", "DLmr")
+MIB = 1 << 20
+
+
+def worker(variant, steps, sock, ops):
+    """One process's steps (run under cachegrind by main)."""
+    sys.path.insert(0, os.path.join(REPO, "client", "python"))
+    import torch
+    torch.set_num_threads(1)
+    from offloadd import client as client_mod
+    from offloadd.testing import sim_gpu
+    import offloadd.torch as ot
+    from offloadd.torch import _endpoint
+
+    gpu = sim_gpu.SimGpu(devices=1, device_bytes=64 * MIB, checksums=False)
+    sim_gpu.activate(gpu)
+    xs = [gpu.empty_strided((MIB // 4,), (1,), torch.float32) for _ in range(ops)]
+
+    class Save(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, dep):
+            ctx.save_for_backward(x)
+            return dep * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            ctx.saved_tensors
+            return None, g
+
+    if variant == "noop":
+        pack, unpack = (lambda t: t), (lambda t: t)
+    else:
+        keep = 1 << 30 if variant == "store-front" else 0
+        ctx = ot.offload_checkpoints(socket_path=sock, keep_last_n=keep, prefetch=1,
+                                     strict=True, threshold_bytes=1 << 18, name=variant)
+        pack, unpack = ctx.store.pack, ctx.store.unpack
+    for _ in range(steps):
+        if variant == "cuda-sim-pyring":
+            client_mod._take_answers = None
+            for ep in _endpoint.endpoints():
+                ep.client._submit_fast = None
+        y = torch.zeros(1, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            for x in xs:
+                y = Save.apply(x, y)
+        ot.synchronize(10.0)
+        y.sum().backward()
+        ot.synchronize(10.0)
+    if variant != "noop":
+        print(ctx.stats.summary(), file=sys.stderr)
+    return 0
+
+
+def totals(path):
+    """{event: total} from a cachegrind output file."""
+    with open(path) as f:
+        text = f.read()
+    names = re.search(r"^events: (.*)$", text, re.M).group(1).split()
+    values = [int(v) for v in re.search(r"^summary: (.*)$", text, re.M).group(1).split()]
+    return dict(zip(names, values))
+
+
+def counted(variant, steps, sock, ops, out_dir):
+    out = os.path.join(out_dir, "cg.%s.%d" % (variant, steps))
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=yes", "--cachegrind-out-file=" + out,
+           sys.executable, os.path.abspath(__file__), "--worker", variant, str(steps), sock,
+           str(ops)]
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+    if done.returncode != 0:
+        raise RuntimeError("%s (%d steps) failed:\n%s" % (variant, steps, done.stderr[-3000:]))
+    return totals(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
+    ap.add_argument("--short", type=int, default=10)
+    ap.add_argument("--long", type=int, default=40)
+    ap.add_argument("--ops", type=int, default=8, help="tensors saved per step (N)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--worker", nargs=4, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        variant, steps, sock, ops = args.worker
+        return worker(variant, int(steps), sock, int(ops))
+    if shutil.which("valgrind") is None:
+        print("hook_instructions.py: skipped: valgrind is not installed "
+              "(apt-get install valgrind)")
+        return 0
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        ap.error("unknown variants %s (known: %s)" % (unknown, ", ".join(VARIANTS)))
+    os.environ["OFFLOADD_BIN"] = os.path.join(os.path.abspath(args.bin), "offloadd")
+    sys.path.insert(0, os.path.join(REPO, "client", "python", "tests"))
+    from daemon_fixture import Daemon
+    print("== hook instructions per saved tensor (bench/hook_instructions.py, cachegrind); "
+          "%s; %d CPUs; steps %d and %d of %d tensors" % (
+              time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.cpu_count(), args.short,
+              args.long, args.ops))
+    daemon = Daemon(pool_bytes="256MiB", extra=("--backend", "cuda-sim"))
+    calls = (args.long - args.short) * 2 * args.ops  # hook calls between the two runs
+    results = {}
+    try:
+        with tempfile.TemporaryDirectory() as out_dir:
+            for v in variants:
+                short = counted(v, args.short, daemon.sock, args.ops, out_dir)
+                long_ = counted(v, args.long, daemon.sock, args.ops, out_dir)
+                results[v] = {e: (long_[e] - short[e]) / calls * 2 for e in EVENTS}
+    finally:
+        daemon.stop()
+    print("per saved tensor (its pack and its unpack), the process's every thread:")
+    print("  %-16s %12s %10s %10s" % ("variant", "Ir", "D1mr", "DLmr"))
+    for v in variants:
+        r = results[v]
+        print("  %-16s %12.0f %10.0f %10.1f" % (v, r["Ir"], r["D1mr"], r["DLmr"]))
+    if "noop" in results:
+        print("less noop:")
+        for v in variants[1:] if variants[0] == "noop" else variants:
+            if v == "noop":
+                continue
+            print("  %-16s %12.0f %10.0f %10.1f" % (v, *(
+                results[v][e] - results["noop"][e] for e in EVENTS)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"per_saved_tensor": results, "short": args.short, "long": args.long,
+                       "ops": args.ops}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
