@@ -36,6 +36,20 @@ MIB = 1 << 20
 
 
 
+def linear_relu_grads(layers, x, ctx):
+    """The parameters' gradients of ``layers`` (Linear layers, each followed by relu) run on
+    ``x`` with ``ctx`` entered around forward; the gradients are cleared after."""
+    y = x
+    with ctx:
+        for layer in layers:
+            y = torch.relu(layer(y))
+    y.sum().backward()
+    g = [p.grad.clone() for layer in layers for p in layer.parameters()]
+    for layer in layers:
+        layer.zero_grad(set_to_none=True)
+    return g
+
+
 def settle(seconds):
     """A pause in a test's wait for the store to learn of answers: the answers on the request
     rings are taken first (as the next hook call would), then ``seconds`` pass."""
@@ -447,15 +461,7 @@ class SimThreadsTest(SimDaemonTestCase):
             x = torch.randn(1024, 256)
 
             def grads(ctx):
-                y = x
-                with ctx:
-                    for layer in layers:
-                        y = torch.relu(layer(y))
-                y.sum().backward()
-                g = [p.grad.clone() for layer in layers for p in layer.parameters()]
-                for layer in layers:
-                    layer.zero_grad(set_to_none=True)
-                return g
+                return linear_relu_grads(layers, x, ctx)
             want = grads(contextlib.nullcontext())
             ctx = ot.offload_checkpoints(threshold_bytes=1 << 18, keep_last_n=0,
                                          socket_path=self.daemon.sock)
@@ -525,13 +531,7 @@ class SimRingAnswersTest(SimDaemonTestCase):
         torch.manual_seed(0)
         layers = [torch.nn.Linear(256, 256) for _ in range(4)]
         x = torch.randn(1024, 256)
-        y = x
-        for layer in layers:
-            y = torch.relu(layer(y))
-        y.sum().backward()
-        want = [p.grad.clone() for layer in layers for p in layer.parameters()]
-        for layer in layers:
-            layer.zero_grad(set_to_none=True)
+        want = linear_relu_grads(layers, x, contextlib.nullcontext())
         ctx = ot.offload_checkpoints(threshold_bytes=1 << 18, keep_last_n=0, prefetch=0,
                                      socket_path=self.daemon.sock)
         calls, states, got = self.step(ctx, layers, x)
