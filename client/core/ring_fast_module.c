@@ -33,7 +33,9 @@
  *          counts in counters.ring_requests_sent, and is returned. None, with nothing
  *          submitted, whenever Python's path must decide (another process than the client's
  *          owner, the lock held by another thread, no ring, a refusal, a full or closed ring).
- *          Arguments are checked as offload()/reload()/release() check them (their errors).
+ *          Arguments of another type than Client's own calls pass (an ordering that is not a
+ *          tuple, a float flag, an event of another length) are not submitted here either:
+ *          None, and the Python path takes them as it always did (and raises what it raises).
  *
  * Integers are taken modulo 2**64 as ctypes takes them (a float is a TypeError here, a
  * ctypes.ArgumentError through ctypes), times float seconds, events None or exactly 64 bytes
@@ -478,7 +480,11 @@ static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
     int error = 0;
     r = usable_ring(client, &ring);
     uint64_t id = r == 1 ? submit_one(client, ring, (int)kind, req, &error) : 0;
-    if (r == 1) r = error ? -1 : id == 0 ? 0 : file_op(client, op, id) ? 1 : -1;
+    if (r == 1 && error) { /* arguments not as expected: Python's path decides (and raises) */
+      PyErr_Clear();
+      r = 0;
+    }
+    if (r == 1) r = id == 0 ? 0 : file_op(client, op, id) ? 1 : -1;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb); /* the lock is let go whatever the submission raised */
     PyObject* done = PyObject_CallMethodObjArgs(lock, n_release, NULL);

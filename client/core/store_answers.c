@@ -6,12 +6,14 @@
  * torch hooks the store's callback, the transport's finish and the statistics: a dozen Python
  * calls -- is done here for the usual answers; the rest goes back to the Python path unchanged.
  *
- *   bind_answers(kinds, flags, answer_types, outcome_lock)   once per process, by
- *          offloadd.client: kinds = (OFFLOAD_DONE, RELOAD_DONE, RELEASED), the ring's answer
+ *   bind_answers(kinds, flags, answer_types, outcome_lock, ring_op_type)   once per process,
+ *          by offloadd.client: kinds = (OFFLOAD_DONE, RELOAD_DONE, RELEASED), the ring's answer
  *          kinds; flags = (FLAG_RELEASED, FLAG_DONE_EVENT_RECORDED); answer_types =
  *          (OffloadAnswer, ReloadAnswer, ReleaseAnswer), the classes of the answer records;
- *          outcome_lock = offloadd._outcome.Outcome._lock. None. RuntimeError when called again
- *          with other values; TypeError for arguments of another shape.
+ *          outcome_lock = offloadd._outcome.Outcome._lock; ring_op_type = offloadd.client._RingOp
+ *          (only ops of exactly that class are taken here: their fields are slots, read without
+ *          running Python code). None. RuntimeError when called again with other values;
+ *          TypeError for arguments of another shape.
  *   take_answers(answers, ops, confirmed) -> list of the answers left to the caller, in order
  *          (a new list). answers: list of drain tuples (request_id, kind, status_code,
  *          block_id, bytes, queued_seconds, copy_seconds, flags, message); ops: the client's
@@ -48,6 +50,7 @@ static struct {
   long flag_released, flag_done_event;
   PyObject* types[ANSWER_KINDS];
   PyObject* outcome_lock;
+  PyObject* ring_op_type;
 } g;
 
 static PyObject* op_kinds[ANSWER_KINDS]; /* _RingOp.kind: "offload", "reload", "release" */
@@ -93,8 +96,12 @@ static int long_items(PyObject* t, Py_ssize_t n, long* out) {
 
 PyObject* store_answers_bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
   long kinds[ANSWER_KINDS], flags[2];
-  if (nargs != 4) {
-    PyErr_Format(PyExc_TypeError, "bind_answers() takes 4 arguments (%zd given)", nargs);
+  if (nargs != 5) {
+    PyErr_Format(PyExc_TypeError, "bind_answers() takes 5 arguments (%zd given)", nargs);
+    return NULL;
+  }
+  if (!PyType_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError, "bind_answers(): ring_op_type is a class");
     return NULL;
   }
   if (!long_items(args[0], ANSWER_KINDS, kinds) || !long_items(args[1], 2, flags)) return NULL;
@@ -110,8 +117,8 @@ PyObject* store_answers_bind(PyObject* module, PyObject* const* args, Py_ssize_t
     }
   }
   if (g.bound) {
-    int same = g.outcome_lock == lock && g.flag_released == flags[0] &&
-               g.flag_done_event == flags[1];
+    int same = g.outcome_lock == lock && g.ring_op_type == args[4] &&
+               g.flag_released == flags[0] && g.flag_done_event == flags[1];
     for (int i = 0; i < ANSWER_KINDS; i++)
       same = same && g.kinds[i] == kinds[i] && g.types[i] == PyTuple_GetItem(types, i);
     if (!same) {
@@ -130,6 +137,8 @@ PyObject* store_answers_bind(PyObject* module, PyObject* const* args, Py_ssize_t
   g.flag_done_event = flags[1];
   Py_INCREF(lock);
   g.outcome_lock = lock;
+  Py_INCREF(args[4]);
+  g.ring_op_type = args[4];
   g.bound = 1;
   Py_RETURN_NONE;
 }
@@ -203,6 +212,7 @@ typedef struct {
   long flags;      /* the answer's flags */
   PyObject* op;    /* the _RingOp */
   PyObject* callbacks;  /* its callbacks when read (None, or the store's one) */
+  PyObject* callback;   /* that one callback (borrowed from the list, which t holds), or NULL */
   PyObject* target;     /* (weakref to the handle, free events list), or NULL */
   Saved* saved;         /* the handle, or NULL */
   PyObject* offload;    /* the handle's OffloadOp (its `op` field), or NULL */
@@ -232,17 +242,25 @@ static int op_open(Take* t) {
   if ((r = attr_is_none(t->op, a_exc)) != 1) return r;
   PyObject* callbacks = PyObject_GetAttr(t->op, a_callbacks);
   if (callbacks == NULL) return -1;
-  r = callbacks == t->callbacks;
+  /* the same list with the same one callback: add_done_callback appends to it in place */
+  r = callbacks == t->callbacks &&
+      (t->callback == NULL ||
+       (PyList_Size(callbacks) == 1 && PyList_GetItem(callbacks, 0) == t->callback));
   Py_DECREF(callbacks);
   return r;
 }
 
-/* 1 when handle t->saved may take its block here, 0 when not, -1 on error. */
+/* 1 when handle t->saved may take its block here, 0 when not: its C fields alone (read again
+ * under the locks, where no Python code may run). */
 static int saved_open(Take* t) {
   Saved* s = t->saved;
-  if (s->dead || s->state != OFFLOADING || s->served || !is_none(s->reload) ||
-      s->op != t->offload)
-    return 0;
+  return !s->dead && s->state == OFFLOADING && !s->served && is_none(s->reload) &&
+         s->op == t->offload;
+}
+
+/* 1 when the handle's offload is the one this op answers (OffloadOp.future, set when it was
+ * made and never changed), 0 when not, -1 on error. Read before the locks. */
+static int offload_of_op(Take* t) {
   PyObject* future = PyObject_GetAttr(t->offload, a_future);
   if (future == NULL) return -1;
   int r = future == t->op;
@@ -284,8 +302,10 @@ static int take_prepare(Take* t, PyObject* a) {
     if (t->which != OFFLOAD_ANSWER || !PyList_Check(t->callbacks) ||
         PyList_Size(t->callbacks) != 1)
       return 0;
+    t->callback = PyList_GetItem(t->callbacks, 0);
     if ((t->target = PyObject_GetAttr(t->op, a_target)) == NULL) return -1;
     if (!PyTuple_Check(t->target) || PyTuple_Size(t->target) != 2 ||
+        !PyWeakref_CheckRef(PyTuple_GetItem(t->target, 0)) ||
         !PyList_Check(PyTuple_GetItem(t->target, 1)))
       return 0;
     PyObject* handle = PyWeakref_GetObject(PyTuple_GetItem(t->target, 0));
@@ -296,7 +316,8 @@ static int take_prepare(Take* t, PyObject* a) {
     if (is_none(t->saved->op)) return 0;
     t->offload = t->saved->op;
     Py_INCREF(t->offload);
-    if ((r = saved_open(t)) != 1 || (r = source_unchanged(t)) != 1) return r;
+    if (!saved_open(t)) return 0;
+    if ((r = offload_of_op(t)) != 1 || (r = source_unchanged(t)) != 1) return r;
     if ((t->store_lock = PyObject_GetAttr(t->saved->store, a_lock)) == NULL) return -1;
   }
   if (t->which == RELEASE_ANSWER) {
@@ -367,7 +388,9 @@ static void take_finish(Take* t, PyObject* a, PyObject* ops, PyObject* confirmed
   if (!ok) PyErr_WriteUnraisable(t->op);
 }
 
-/* Takes one answer: 1 taken, 0 left to the caller, -1 with an error set (nothing written). */
+/* Takes one answer: 1 taken, 0 left to the caller, -1 with an error set (nothing written,
+ * except where setting a slot of the op itself failed: then the handle holds its block, as the
+ * Python path would leave it too). */
 static int take_one(PyObject* a, PyObject* ops, PyObject* confirmed) {
   if (!PyTuple_Check(a) || PyTuple_Size(a) != ANSWER_FIELDS) return 0;
   long kind = PyLong_AsLong(PyTuple_GetItem(a, 1)), code = PyLong_AsLong(PyTuple_GetItem(a, 2));
@@ -380,6 +403,7 @@ static int take_one(PyObject* a, PyObject* ops, PyObject* confirmed) {
   if (code != 0 || t.which < 0) return 0;
   t.op = PyDict_GetItemWithError(ops, PyTuple_GetItem(a, 0));
   if (t.op == NULL) return PyErr_Occurred() ? -1 : 0;
+  if (Py_TYPE(t.op) != (PyTypeObject*)g.ring_op_type) return 0; /* its attributes may be code */
   Py_INCREF(t.op);
   int r = take_prepare(&t, a);
   PyObject* old[3] = {NULL, NULL, NULL};
@@ -415,20 +439,27 @@ PyObject* store_answers_take(PyObject* module, PyObject* const* args, Py_ssize_t
     PyErr_SetString(PyExc_TypeError, "take_answers(answers: list, ops: dict, confirmed: set)");
     return NULL;
   }
-  PyObject* left = PyList_New(0);
-  if (left == NULL) return NULL;
-  Py_ssize_t n = PyList_Size(answers);
+  /* a tuple of the answers: what runs here may run Python code that changes the list */
+  PyObject* batch = PyList_AsTuple(answers);
+  PyObject* left = batch ? PyList_New(0) : NULL;
+  if (left == NULL) {
+    Py_XDECREF(batch);
+    return NULL;
+  }
+  Py_ssize_t n = PyTuple_Size(batch);
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject* a = PyList_GetItem(answers, i);
+    PyObject* a = PyTuple_GetItem(batch, i);
     int r = take_one(a, ops, confirmed);
     if (r < 0) { /* nothing of it was written: the Python path takes it, and reports */
       PyErr_WriteUnraisable(a);
       r = 0;
     }
     if (r == 0 && PyList_Append(left, a) < 0) {
+      Py_DECREF(batch);
       Py_DECREF(left);
       return NULL;
     }
   }
+  Py_DECREF(batch);
   return left;
 }

@@ -1203,11 +1203,12 @@ class Client:
             answers = ring.drain(timeout)
             if not answers:
                 return taken
-            taken += len(answers)
+            drained = len(answers)
+            taken += drained
             self._last_heard = time.monotonic()
             outcomes = []
             with self._lock:
-                self.counters.ring_answers_received += len(answers)
+                self.counters.ring_answers_received += drained
                 # Every ring numbers its requests from 1: an answer of a ring replaced while
                 # this thread slept in its drain (a resume) never names the new ring's ops.
                 ops = self._ring_ops if ring is self._ring_native else {}
@@ -1225,7 +1226,7 @@ class Client:
                         outcomes.append((op, outcome))
             for op, (value, exc) in outcomes:
                 op._finish(value, exc)
-            if len(answers) < _native.DRAIN_BATCH:
+            if drained < _native.DRAIN_BATCH:  # the ring is empty: a full batch may not be
                 return taken
             timeout = 0.0
 
@@ -1378,7 +1379,8 @@ def _answers_taker():
         return None
     front.bind_answers((_native.OFFLOAD_DONE, _native.RELOAD_DONE, _native.RELEASED),
                        (_native.FLAG_RELEASED, _native.FLAG_DONE_EVENT_RECORDED),
-                       (OffloadAnswer, ReloadAnswer, ReleaseAnswer), _outcome.Outcome._lock)
+                       (OffloadAnswer, ReloadAnswer, ReleaseAnswer), _outcome.Outcome._lock,
+                       _RingOp)
     return front.take_answers
 
 

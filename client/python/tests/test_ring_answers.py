@@ -8,16 +8,18 @@ hooks against a daemon."""
 
 import os
 import threading
+import time
 import unittest
 import weakref
 
 import torch
 
-from daemon_fixture import PY_ROOT  # noqa: F401 -- puts the package on sys.path
+from daemon_fixture import PY_ROOT, DaemonTestCase  # noqa: F401 -- PY_ROOT: the package
 
 from offloadd import _native, client as client_mod
-from offloadd.client import (Counters, OffloadAnswer, ReleaseAnswer, ReloadAnswer,
+from offloadd.client import (Client, Counters, OffloadAnswer, ReleaseAnswer, ReloadAnswer,
                              _RingOp)
+from offloadd.shm import ShmRegion
 from offloadd.torch._stats import OffloadStats
 from offloadd.torch._transport import OffloadOp
 
@@ -124,7 +126,7 @@ class PlainAnswersTest(unittest.TestCase):
             front_mod.bind_answers((_native.OFFLOAD_DONE, _native.RELOAD_DONE, _native.RELEASED),
                                    (_native.FLAG_RELEASED, _native.FLAG_DONE_EVENT_RECORDED),
                                    (OffloadAnswer, OffloadAnswer, ReleaseAnswer),
-                                   client_mod._outcome.Outcome._lock)
+                                   client_mod._outcome.Outcome._lock, _RingOp)
         with self.assertRaises(TypeError):
             take([], {}, [])
 
@@ -197,6 +199,39 @@ class OffloadTargetTest(unittest.TestCase):
         left, ops, _ = h.take()
         self.assertEqual((len(left), len(ops)), (1, 1))
         self.assertFalse(h.op.done())
+
+    def test_a_second_callback_leaves_it_to_python(self):
+        h = Offloading()
+        h.op.add_done_callback(h.called.append)  # someone else waits for this answer too
+        self.assert_left(h)
+        self.assertEqual(h.called, [])
+
+    def test_a_target_that_is_no_weak_reference_leaves_it_to_python(self):
+        h = Offloading()
+        h.op.target = (h.s, h.free)
+        self.assert_left(h)
+
+    def test_an_op_of_another_class_is_left_to_python(self):
+        class Op(_RingOp):
+            __slots__ = ()
+        op = Op(None, "release", (1,))
+        ops = {1: op}
+        self.assertEqual(len(take([answer(1, _native.RELEASED)], ops, set())), 1)
+        self.assertFalse(op.done())
+
+    def test_the_batch_is_read_once_whatever_runs_meanwhile(self):
+        answers = [answer(1, _native.RELEASED), answer(2, _native.RELEASED)]
+
+        class Clears(str):  # an op kind whose comparison empties the caller's list
+            def __eq__(self, other):
+                answers.clear()
+                return str.__eq__(self, other)
+            __hash__ = str.__hash__
+        first = _RingOp(None, Clears("release"), (1,))
+        second = _RingOp(None, "release", (2,))
+        left = take(answers, {1: first, 2: second}, set())
+        self.assertEqual(left, [])
+        self.assertTrue(first.done() and second.done())
 
     def test_another_offload_of_the_handle_leaves_it_to_python(self):
         h = Offloading()
@@ -282,19 +317,40 @@ class SubmitTest(unittest.TestCase):
         self.assertIsNone(self.submit(2, (1,)))
         self.assertEqual(len(self.c._ring_ops), 8)
 
-    def test_bad_arguments_raise_as_the_ring_does_and_let_the_lock_go(self):
-        with self.assertRaises(ValueError):
-            self.submit(0, (3, 0, 64, b"short", None))
-        with self.assertRaises(TypeError):
-            self.submit(0, (3, 0, 64, None, [1, 2]))  # an ordering is a tuple
-        with self.assertRaises(TypeError):
-            self.submit(1, (1,))  # a reload's args are 8
+    def test_arguments_of_other_types_are_left_to_python_with_the_lock_let_go(self):
+        self.assert_declined(0, (3, 0, 64, b"short", None))  # the ring's ValueError is Python's
+        self.assert_declined(0, (3, 0, 64, None, [1, 2]))  # an ordering as a list
+        self.assert_declined(1, (7, 3, 0, 1, 1.0, 0.0, None, None))  # a float flag
         self.assertFalse(self.c._lock.locked())
-        self.assertEqual((self.c._ring_ops, self.c._ring.pending), ({}, 0))
+        with self.assertRaises(TypeError):
+            self.submit(1, (1,))  # not a reload's args at all: a caller's bug
 
     def test_another_op_class_is_refused(self):
         with self.assertRaises(RuntimeError):
             self.fast.bind_client(OffloadAnswer)
+
+
+class PumpTest(DaemonTestCase):
+    def test_one_pump_takes_every_answer_the_ring_holds(self):
+        """More answers than one drain batch, most of them taken in C: the pump goes on until
+        the ring is empty (it once stopped after the first batch whenever C took any)."""
+        c = Client(self.daemon.sock, "t", "cpu")
+        self.addCleanup(c.close)
+        self.assertTrue(c.ring_active, c.ring_error)
+        region = ShmRegion(1 << 20)
+        self.addCleanup(region.close)
+        rid = c.register_shm(region.name, region.size_bytes)
+        n = 3 * _native.DRAIN_BATCH + 8
+        ops = [c.offload(rid, (i % 64) * 4096, 4096) for i in range(n)]
+        deadline = time.monotonic() + 30
+        while self.daemon.stats().blocks < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # the last answers written to the ring after the blocks were stored
+        self.assertEqual(c.pump(0.0), n)
+        self.assertEqual((sum(op.done() for op in ops), len(c._ring_ops)), (n, 0))
+        for op in ops:
+            c.release(op.result(0).block_id)
+        self.assertTrue(c.drain(10))
 
 
 if __name__ == "__main__":
