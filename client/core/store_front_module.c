@@ -407,9 +407,10 @@ static int refers_to(PyObject* ref, PyObject* t) {
   return ref != NULL && ref != Py_None && PyWeakref_GetObject(ref) == t;
 }
 
-/* Whether t's elements fill exactly numel consecutive elements (transport.dense_span): the
- * strides of the dimensions longer than 1, in increasing order, each the product of the sizes
- * before it. 1 yes, 0 no, -1 with an error set. */
+/* Whether t's elements fill exactly numel consecutive elements (what a transport copies as one
+ * span; test_store_front checks it against a Python rule): the strides of the dimensions longer
+ * than 1, in increasing order, each the product of the sizes before it. 1 yes, 0 no, -1 with an
+ * error set. */
 static int dense_span(PyObject* shape, PyObject* stride) {
   long long st[MAX_DIMS], sz[MAX_DIMS];
   Py_ssize_t n = PyTuple_Size(shape), k = 0;

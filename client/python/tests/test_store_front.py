@@ -35,6 +35,19 @@ class DeathLog:
         self.deaths.append(fields)
 
 
+def dense_span(t):
+    """The reference rule the module's classification must match: True when ``t``'s elements
+    fill exactly ``numel`` consecutive elements of memory (what a transport copies as one span)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def new_front():
     return front_mod.Front(torch.Tensor, torch.nn.Parameter, torch.strided)
 
@@ -326,9 +339,9 @@ class PackTest(unittest.TestCase):
         self.assertEqual(self.front.handles(), [new])
         self.assertIs(self.front.entry(new.seq), new)
 
-    def test_dense_span_as_the_transport_decides(self):
+    def test_dense_span_as_the_reference_rule_decides(self):
         """Every stride permutation and slicing of a small tensor: the module's rule is
-        transport.dense_span's."""
+        dense_span's (above)."""
         rng = random.Random(7)
         base = torch.randn(4, 3, 5, 2)
         cases = 0
@@ -341,7 +354,7 @@ class PackTest(unittest.TestCase):
                 if rng.random() < 0.3:
                     t = t.contiguous()
                 got = self.pack(t, threshold=1)
-                if _transport.dense_span(t):
+                if dense_span(t):
                     self.assertIsInstance(got, front_mod.Saved, (perm, t.shape, t.stride()))
                 else:
                     self.assertEqual(got, "other", (perm, t.shape, t.stride()))

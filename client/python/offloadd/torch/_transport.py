@@ -86,18 +86,6 @@ def wait_for_answer(client, future, stats, unresponsive_seconds, device_key=None
         note_host_wait(stats, time.monotonic() - t0, device_key)
 
 
-def dense_span(t):
-    """True when ``t``'s elements fill exactly ``numel`` consecutive elements of memory."""
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def flat(t):
     """The dense span of ``t`` as a 1-D tensor of ``t.dtype`` (a view)."""
     return t.as_strided((t.numel(),), (1,), t.storage_offset())
