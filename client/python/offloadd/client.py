@@ -68,6 +68,7 @@ import grpc
 
 from . import _native
 from . import _outcome
+from . import _process
 from . import errors
 from . import socket_path as _socket_path
 from .shm import shm_access
@@ -182,9 +183,6 @@ class ReleaseAnswer(_Answer):
 
     def __init__(self, block_id):
         self.block_id = block_id
-
-
-_getpid = os.getpid
 
 
 class _RingOp(_outcome.Outcome):
@@ -1124,7 +1122,7 @@ class Client:
         stream). A full ring (the daemon stopped taking submissions until answers are taken)
         is drained here while it waits. Raises FAILED_PRECONDITION in a process forked after
         the Client was created."""
-        if _getpid() != self._owner_pid:
+        if _process.pid != self._owner_pid:
             self._check_process()
         if op is None:
             op = _RingOp(self, kind, args, target)
@@ -1196,7 +1194,7 @@ class Client:
         ring = self._ring_native
         if ring is None or not self._ring_ops:
             return 0
-        if _getpid() != self._owner_pid:
+        if _process.pid != self._owner_pid:
             self._check_process()  # a forked child never takes its parent's answers
         taken = 0
         while True:

@@ -35,7 +35,7 @@ import threading
 import time
 import warnings
 
-from .. import _devices
+from .. import _devices, _process
 from .. import errors
 from ..client import Client
 from ..socket_path import default_socket_path
@@ -357,13 +357,11 @@ def pump():
     OffloadDone handling, run here). The hooks call it at every pack and unpack; it costs a few
     attribute tests when nothing is in flight on a ring. Endpoints inherited through fork are
     the parent's: left alone."""
-    pid = _getpid()
+    pid = _process.pid
     for ep in tuple(_endpoints.values()):
         if ep.pid == pid:
             ep.client.pump()
 
-
-_getpid = os.getpid
 
 
 def _requests_sent():

@@ -65,7 +65,7 @@ import weakref
 
 import torch
 
-from .. import _native, errors
+from .. import _native, _process, errors
 from ..client import PREFETCH, URGENT
 from . import _endpoint
 from ._live import STORES as _STORES  # every Store of the process (weak)
@@ -88,7 +88,6 @@ class SavedState(enum.IntEnum):
 # The members under the names the hot path compares with (ints: == and in work as before).
 KEPT, OFFLOADING, OFFLOADED, FALLBACK, LOST = SavedState
 _Tensor, _Parameter, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.strided
-_getpid = os.getpid
 _pump = _endpoint.pump
 _FULL_UNTIL = _endpoint._full_until  # (pid, socket, device key) -> refused-for-room back-off
 
@@ -265,7 +264,7 @@ class Store:
         if key is None:
             key = self._device_keys[device] = _endpoint.device_key(device)
         ep = self._step_eps.get(key)
-        first = ep is None or not ep.alive or ep.pid != _getpid()
+        first = ep is None or not ep.alive or ep.pid != _process.pid
         if first:
             t0 = time.monotonic()
             ep, reason = _endpoint.get(self.socket_path, s.meta.device, self.retry_seconds,
@@ -584,7 +583,7 @@ class Store:
             return t if t.device == s.meta.device else t.to(s.meta.device)
         if state == LOST:
             raise self._lost(s, None)
-        if s.ep is not None and s.ep.pid != _getpid():
+        if s.ep is not None and s.ep.pid != _process.pid:
             raise _inherited(s)
         if state == OFFLOADING:
             t = self._serve_in_flight(s)
@@ -764,7 +763,7 @@ class Store:
         attaches it to the offload in flight. Returns the ReloadOp, or None when the entry is
         no longer offloaded. A PREFETCH never waits for staging room (TimeoutError at once)."""
         ep = s.ep
-        if ep.pid != _getpid():
+        if ep.pid != _process.pid:
             raise _inherited(s)  # a prefetch skips it; the parent's session is the parent's
         rl = ep.transport.prepare_reload(s.meta, wait=priority != PREFETCH)
         rl.priority = priority
@@ -918,7 +917,7 @@ def _inherited(s):
         errors.FAILED_PRECONDITION, "a saved tensor of %d bytes was offloaded by process %d, "
         "which forked this process %d: only the process that ran forward can reload it from "
         "its offloadd session; run backward in that process (in a child, run forward and "
-        "backward there)" % (s.meta.nbytes, s.ep.pid, _getpid()))
+        "backward there)" % (s.meta.nbytes, s.ep.pid, os.getpid()))
 
 
 def _strip_code(why):
