@@ -37,4 +37,9 @@ int store_answers_init(void);
 PyObject* store_answers_bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 PyObject* store_answers_take(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 
+/* store_lane.c: interns its names and registers its fork handler (0 with an error set), and
+ * the spec of its type OffloadLane. */
+int store_lane_init(void);
+extern PyType_Spec store_lane_spec;
+
 #endif  /* OFFLOADD_CLIENT_CORE_STORE_FRONT_H_ */

@@ -44,8 +44,11 @@
  *   bind_answers(...), take_answers(answers, ops, confirmed)  the request ring's usual answers
  *          applied to the ops and records in C, for offloadd.client.Client.pump
  *          (store_answers.c documents them).
- * The module keeps no state between stores; every call runs under the GIL and releases it
- * nowhere, so a table is never seen half changed. */
+ *   OffloadLane(...)  one endpoint's usual offload and reload of a handle in C
+ *          (store_lane.c documents it).
+ * The module keeps no state between stores; every call of a Saved or a Front runs under the
+ * GIL and releases it nowhere, so a table is never seen half changed (a lane calls the device's
+ * Python methods, which may release it: it touches no table). */
 #include "client/core/store_front.h"
 
 #include <limits.h>
@@ -864,13 +867,18 @@ PyMODINIT_FUNC PyInit__store_front(void) {
       !intern(&a_version, "_version") || !intern(&a_shape, "shape") ||
       !intern(&a_stride, "stride") || !intern(&a_dtype, "dtype") ||
       !intern(&a_device, "device") || !intern(&a_on_death, "_on_death") ||
-      !store_answers_init())
+      !store_answers_init() || !store_lane_init())
     return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
   SavedType = (PyTypeObject*)PyType_FromSpec(&saved_spec);
   FrontType = (PyTypeObject*)PyType_FromSpec(&front_spec);
-  if (SavedType == NULL || FrontType == NULL ||
+  PyObject* lane_type = PyType_FromSpec(&store_lane_spec);
+  if (lane_type != NULL && PyModule_AddObject(m, "OffloadLane", lane_type) < 0) {
+    Py_DECREF(lane_type);
+    lane_type = NULL;
+  }
+  if (SavedType == NULL || FrontType == NULL || lane_type == NULL ||
       PyModule_AddObject(m, "Saved", (PyObject*)SavedType) < 0 ||
       PyModule_AddObject(m, "Front", (PyObject*)FrontType) < 0) {
     Py_DECREF(m);

@@ -61,4 +61,4 @@ exec env -u OFFLOADD_CORE_LIB -u PYTHONPATH OFFLOADD_TEST_INSTALLED=1 OFFLOADD_W
   -rs --durations=5 -n "${OFFLOADD_PYTEST_WORKERS:-2}" --dist loadfile \
   $tests/test_installed_wheel.py $tests/test_hooks.py $tests/test_checkpoint.py \
   $tests/test_lost_step.py $tests/test_native.py $tests/test_store_front.py \
-  $tests/test_ring_answers.py "$@"
+  $tests/test_ring_answers.py $tests/test_offload_lane.py "$@"

@@ -29,7 +29,7 @@ import qwen3_fixture as q
 from offloadd import cuda, errors
 from offloadd.testing import sim_gpu
 from offloadd.client import Client, PREFETCH, URGENT
-from offloadd.torch import _endpoint, _transport
+from offloadd.torch import _endpoint, _store, _transport
 
 torch.set_num_threads(2)
 MIB = 1 << 20
@@ -494,15 +494,40 @@ class SimThreadsTest(SimDaemonTestCase):
         self.assertNoViolations()
 
 
+class _CountedLane:
+    """An OffloadLane that counts the offloads it sent (calls["lane"]), the reloads it sent
+    and finished (calls["lane_reload"], calls["lane_finish"])."""
+
+    def __init__(self, lane, calls):
+        self.lane, self.calls = lane, calls
+
+    def offload(self, saved, step):
+        sent = self.lane.offload(saved, step)
+        self.calls["lane"] += sent
+        return sent
+
+    def reload(self, saved, priority):
+        rl = self.lane.reload(saved, priority)
+        self.calls["lane_reload"] += rl is not None
+        return rl
+
+    def finish(self, rl, saved):
+        t = self.lane.finish(rl, saved)
+        self.calls["lane_finish"] += t is not None
+        return t
+
+
 class SimRingAnswersTest(SimDaemonTestCase):
-    """A step's requests submitted on the ring in C (offloadd._ring_fast.submit) and its
-    OffloadDone answers applied to the handles in C (offloadd._store_front.take_answers): the
-    store's Python callback does not run for them,
-    the handles end OFFLOADED with their blocks, the bytes come back, and with the C path
-    switched off every answer goes through the callback instead (so the count can fail)."""
+    """A step's requests submitted on the ring in C (offloadd._ring_fast.submit; the step's
+    offloads after its first, and its reloads, by the store's OffloadLane) and its OffloadDone
+    answers applied to the handles in C (offloadd._store_front.take_answers): the store's Python
+    callback does not run for them, the handles end OFFLOADED with their blocks, the bytes come
+    back, and with the C path switched off every answer goes through the callback instead (so
+    the count can fail). ``calls``: "sent" offloads through Store._offload, "lane" through the
+    lane; "lane_reload" and "lane_finish" the lane's reloads sent and finished."""
 
     def step(self, ctx, layers, x):
-        calls = {"sent": 0, "callback": 0}
+        calls = {"sent": 0, "lane": 0, "callback": 0, "lane_reload": 0, "lane_finish": 0}
         store = ctx.store
         offload, done = store._offload, store._offload_done
 
@@ -512,18 +537,22 @@ class SimRingAnswersTest(SimDaemonTestCase):
                 return fn(*args)
             return call
         store._offload, store._offload_done = counted("sent", offload), counted("callback", done)
+        lane_for = _store._lane_for
         try:
+            _store._lane_for = lambda ep: _CountedLane(lane_for(ep), calls)
             y = x
             with ctx:
                 for layer in layers:
                     y = torch.relu(layer(y))
             deadline = time.monotonic() + 30
-            while store.stats.offloaded < calls["sent"] and time.monotonic() < deadline:
+            while store.stats.offloaded < calls["sent"] + calls["lane"] and \
+                    time.monotonic() < deadline:
                 settle(0.01)  # every OffloadDone taken before backward: no reload attached
             states = {h.state for h in store.handles()}
             y.sum().backward()
         finally:
             del store._offload, store._offload_done
+            _store._lane_for = lane_for
         self.assertTrue(ot.synchronize())
         return calls, states, [p.grad.clone() for layer in layers for p in layer.parameters()]
 
@@ -537,8 +566,9 @@ class SimRingAnswersTest(SimDaemonTestCase):
         calls, states, got = self.step(ctx, layers, x)
         self.assertTrue(all(torch.equal(a, b) for a, b in zip(got, want)))
         self.assertEqual((ctx.stats.fallbacks, ctx.stats.lost), (0, 0), ctx.stats.summary())
-        self.assertEqual(ctx.stats.offloaded, calls["sent"], ctx.stats.summary())
-        self.assertEqual(ctx.stats.reloaded, calls["sent"], ctx.stats.summary())
+        sent = calls["sent"] + calls["lane"]
+        self.assertEqual(ctx.stats.offloaded, sent, ctx.stats.summary())
+        self.assertEqual(ctx.stats.reloaded, sent, ctx.stats.summary())
         self.assertNoViolations()
         ep = _endpoint.endpoints()[0]
         self.assertTrue(ep.client.ring_active, ep.client.ring_error)
@@ -554,7 +584,13 @@ class SimRingAnswersTest(SimDaemonTestCase):
         with mock.patch.object(Client, "_ring_submit", ring_submit):
             calls, states = self.run_steps()
         self.assertEqual(in_python, [])  # every request submitted in C (_ring_fast.submit)
-        self.assertGreaterEqual(calls["sent"], 4)
+        # The step's first offload goes through Store._offload, which makes the lane; so do
+        # those whose memory lies in a segment not registered yet (the lane leaves them).
+        self.assertGreaterEqual(calls["lane"], 3, calls)
+        self.assertEqual(calls["sent"] + calls["lane"], 5, calls)
+        # prefetch=0: every reload URGENT, its unpack waits for it in Python (none finishes
+        # in C: test_offload_lane has those)
+        self.assertGreaterEqual(calls["lane_reload"], 3, calls)
         self.assertEqual(calls["callback"], 0)
         self.assertEqual(states, {2})  # OFFLOADED, before backward
 
@@ -562,8 +598,16 @@ class SimRingAnswersTest(SimDaemonTestCase):
         from offloadd import client as client_mod
         with mock.patch.object(client_mod, "_take_answers", None):
             calls, states = self.run_steps()
+        self.assertGreaterEqual(calls["sent"] + calls["lane"], 4)
+        self.assertEqual(calls["callback"], calls["sent"] + calls["lane"])
+        self.assertEqual(states, {2})
+
+    def test_with_the_lanes_off_every_offload_goes_through_the_store(self):
+        with mock.patch.object(_store, "_offload_lanes", False):
+            calls, states = self.run_steps()
+        self.assertEqual((calls["lane"], calls["lane_reload"], calls["lane_finish"]), (0, 0, 0))
         self.assertGreaterEqual(calls["sent"], 4)
-        self.assertEqual(calls["callback"], calls["sent"])
+        self.assertEqual(calls["callback"], 0)
         self.assertEqual(states, {2})
 
 

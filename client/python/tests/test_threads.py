@@ -265,7 +265,7 @@ class StalePrefetchTest(unittest.TestCase):
         prepared for it is given back."""
         from offloadd.torch import _store
         store = _store.Store.__new__(_store.Store)
-        store._lock = threading.Lock()
+        store._lock, store._lanes = threading.Lock(), {}
         s = _store.Saved(store, 0, torch.zeros(4))
         s.state, s.block_id = _store.OFFLOADED, None
         s.ep = mock.Mock(pid=os.getpid())

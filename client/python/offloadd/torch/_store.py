@@ -57,6 +57,7 @@ Errors raised in backward's unpack reach the caller of ``backward()`` as the sam
 
 import atexit
 import enum
+import functools
 import os
 import threading
 import time
@@ -72,7 +73,7 @@ from ._live import STORES as _STORES  # every Store of the process (weak)
 from ._live import finish_steps
 from ._reaper import reaper, release_later
 from ._stats import OffloadStats
-from ._transport import Meta, empty_like_meta
+from ._transport import CudaIpcTransport, Meta, OffloadOp, ReloadOp, empty_like_meta
 
 
 class SavedState(enum.IntEnum):
@@ -142,6 +143,9 @@ _RECOVERABLE = (errors.OffloaddError, errors.CudaExportError, OSError, TimeoutEr
 #   dtype, device, numel, nbytes, checksum; ``meta`` is the record itself). Its death calls
 #   Store._on_death once.
 Saved = _front.Saved
+# Offload lanes (the usual offload of a handle in one C call, _front.OffloadLane) in use; the
+# benchmarks and tests switch them off to compare with the Python path.
+_offload_lanes = True
 
 
 class Kept:
@@ -209,6 +213,9 @@ class Store:
         self._open_steps = set()
         self._foreign_unpacks = 0
         self._step_eps = {}    # device key -> Endpoint of this step (checked alive per use)
+        # torch.device -> OffloadLane of this step's endpoint for it, made after the endpoint
+        # served the step's first offload (cleared with _step_eps): the usual offload in C.
+        self._lanes = {}
         self._device_keys = {}  # torch.device -> its endpoint key, per step (kinds may change)
         self._can_pin = None   # pin_memory possible (torch.cuda.is_available()), per step
         _STORES.add(self)
@@ -243,8 +250,11 @@ class Store:
         step.saw(t, None)
         due = self._front.pop_due(self.keep_last_n)  # None for a handle packed before
         if due is not None:
+            lanes = self._lanes
             for o in due:
-                self._offload(o)
+                lane = lanes.get(o.device) if lanes else None
+                if lane is None or not lane.offload(o, step):
+                    self._offload(o)
         return r
 
     def _offload(self, s):
@@ -272,6 +282,7 @@ class Store:
                                        self.unresponsive_seconds)
             if ep is None:
                 self._step_eps.pop(key, None)
+                self._lanes.clear()
                 self._stall_left -= time.monotonic() - t0
                 return self._fallback(s, "the offloadd daemon is unreachable (%s)" % reason)
             self._step_eps[key] = ep
@@ -297,6 +308,7 @@ class Store:
                                             check_allocator=first, target=wref)
         except errors.OffloadConfigError:
             self._step_eps.pop(key, None)  # the next offload checks the allocator again
+            self._lanes.clear()
             raise
         except _RECOVERABLE as e:
             elapsed = time.monotonic() - t0
@@ -318,6 +330,8 @@ class Store:
             s.ep, s.op, s.state, s.tensor = ep, op, OFFLOADING, None
             s.sent_version = None if source is None else source._version
         op.future.add_done_callback(lambda f: self._offload_done(wref, ep, op, f))
+        if first and _offload_lanes:  # the step's later offloads to ep: in C
+            self._lanes[device] = _lane_for(ep)
 
     def _offload_done(self, wref, ep, op, future):
         """OffloadDone or the error that refused the offload, on the thread that took the
@@ -329,6 +343,7 @@ class Store:
         exc = future.exception()
         if exc is not None:
             self._step_eps.clear()  # look the endpoint up again (it may be broken now)
+            self._lanes.clear()
         s = wref()
         if s is not None:
             with self._lock:
@@ -462,6 +477,7 @@ class Store:
         self._stall_left = self.unresponsive_seconds
         self._front.end_step()  # a handle of an earlier step is never reused (de-duplication)
         self._step_eps.clear()
+        self._lanes.clear()
         self._device_keys.clear()
         self._can_pin = None
         self._last_unpacked_seq = None
@@ -634,7 +650,11 @@ class Store:
             self._prefetch_before(s)
             in_time = rl.done.done() and rl.priority == PREFETCH
             t0 = time.monotonic()
-            t = s.ep.transport.finish_reload(rl, s.meta, self.stats, self.unresponsive_seconds)
+            lane = self._lanes.get(s.device) if self._lanes else None
+            t = None if lane is None else lane.finish(rl, s)  # answered: in C
+            if t is None:
+                t = s.ep.transport.finish_reload(rl, s.meta, self.stats,
+                                                 self.unresponsive_seconds)
         except _BecameFallback as e:
             # The reload's outcome keeps this object: no traceback, so it keeps no frame of
             # this unpack (and through them ``s`` and its reload) alive in a reference cycle.
@@ -761,7 +781,12 @@ class Store:
     def _start_reload(self, s, priority):
         """Prepares a reload (outside the lock: it may register memory) and sends it, or
         attaches it to the offload in flight. Returns the ReloadOp, or None when the entry is
-        no longer offloaded. A PREFETCH never waits for staging room (TimeoutError at once)."""
+        no longer offloaded. A PREFETCH never waits for staging room (TimeoutError at once).
+        The usual reload of an OFFLOADED handle goes in one C call (OffloadLane.reload)."""
+        lane = self._lanes.get(s.device) if self._lanes else None
+        rl = None if lane is None else lane.reload(s, priority)
+        if rl is not None:
+            return rl
         ep = s.ep
         if ep.pid != _process.pid:
             raise _inherited(s)  # a prefetch skips it; the parent's session is the parent's
@@ -866,6 +891,15 @@ class Store:
 # After _endpoint's close_all was registered (it is imported above): handlers run last-in
 # first-out, so every store's step ends before the endpoints send their last reports.
 atexit.register(finish_steps)
+
+
+def _lane_for(ep):
+    """The OffloadLane of endpoint ``ep`` (after it served an offload of this step, which
+    checked the allocator's settings), or None where the usual offload stays in Python: the
+    shm transport (its staging copy)."""
+    if type(ep.transport) is not CudaIpcTransport:
+        return None
+    return _front.OffloadLane(ep, _FULL_UNTIL, OffloadOp, ReloadOp, functools.partial)
 
 
 def _stores_after_fork_in_child():
