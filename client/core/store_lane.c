@@ -255,16 +255,29 @@ static int read_endpoint(Lane* self, PyObject* ep) {
   return ok;
 }
 
-static void lane_clear(Lane* self) {
-  PyObject** const fields[] = {
-      &self->ep, &self->client, &self->transport, &self->context, &self->adopt,
-      &self->describe, &self->current_stream, &self->record, &self->reload_stream,
-      &self->empty_on, &self->event_seq, &self->wait, &self->record_stream,
-      &self->reload_outcome, &self->reload, &self->acquire_event, &self->free_events,
-      &self->regions,
-      &self->full_until, &self->offload_op_type, &self->reload_op_type, &self->partial,
-      &self->checksum, &self->check_reloaded};
+#define LANE_FIELDS(self)                                                                       \
+  {&self->ep, &self->client, &self->transport, &self->context, &self->adopt, &self->describe,  \
+   &self->current_stream, &self->record, &self->reload_stream, &self->empty_on,                \
+   &self->event_seq, &self->wait, &self->record_stream, &self->reload_outcome, &self->reload,  \
+   &self->acquire_event, &self->free_events, &self->regions, &self->full_until,                \
+   &self->offload_op_type, &self->reload_op_type, &self->partial, &self->checksum,             \
+   &self->check_reloaded}
+
+/* A lane is in the cycle collector's view: the ops it sends hold the store's done-callback,
+ * and the store holds its lanes. */
+static int lane_traverse(PyObject* o, visitproc visit, void* arg) {
+  Lane* self = (Lane*)o;
+  PyObject** const fields[] = LANE_FIELDS(self);
+  for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) Py_VISIT(*fields[i]);
+  Py_VISIT(Py_TYPE(o));
+  return 0;
+}
+
+static int lane_clear(PyObject* o) {
+  Lane* self = (Lane*)o;
+  PyObject** const fields[] = LANE_FIELDS(self);
   for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) Py_CLEAR(*fields[i]);
+  return 0;
 }
 
 static int lane_init(PyObject* o, PyObject* args, PyObject* kwargs) {
@@ -288,7 +301,7 @@ static int lane_init(PyObject* o, PyObject* args, PyObject* kwargs) {
     return -1;
   }
   if (!read_endpoint(self, ep)) {
-    lane_clear(self);
+    lane_clear(o);
     return -1;
   }
   PyObject* const keep[] = {full_until, offload_type, reload_type, partial, ep};
@@ -303,7 +316,8 @@ static int lane_init(PyObject* o, PyObject* args, PyObject* kwargs) {
 }
 
 static void lane_dealloc(PyObject* o) {
-  lane_clear((Lane*)o);
+  PyObject_GC_UnTrack(o);
+  lane_clear(o);
   PyTypeObject* type = Py_TYPE(o);
   freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
   tp_free(o);
@@ -324,6 +338,8 @@ static PyType_Slot lane_slots[] = {
     {Py_tp_init, lane_init},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_dealloc, lane_dealloc},
+    {Py_tp_traverse, lane_traverse},
+    {Py_tp_clear, lane_clear},
     {Py_tp_methods, lane_methods},
     {Py_tp_doc, "OffloadLane(ep, full_until, offload_op_type, reload_op_type, partial): one "
                 "endpoint's usual per-tensor path in C (offload, reload, finish)."},
@@ -331,4 +347,4 @@ static PyType_Slot lane_slots[] = {
 };
 
 PyType_Spec store_lane_spec = {"offloadd._store_front.OffloadLane", sizeof(Lane), 0,
-                               Py_TPFLAGS_DEFAULT, lane_slots};
+                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, lane_slots};

@@ -9,6 +9,7 @@ nothing. test_sim_gpu's SimRingAnswersTest runs lanes through the hooks against 
 import collections
 import contextlib
 import functools
+import gc
 import os
 import threading
 import unittest
@@ -494,6 +495,14 @@ class RaisedTest(LaneCase):
         with self.assertRaises(TypeError):
             self.lane()
         self.assertUnchanged()
+
+    def test_a_cycle_through_a_lane_is_collected(self):
+        lane = self.lane()
+        self.ep.lane = lane  # the endpoint holds its lane, which holds the endpoint
+        wref = weakref.ref(self.ep)
+        lane = self.ep = None
+        gc.collect()
+        self.assertIsNone(wref())
 
     def test_the_lane_keeps_no_handle_alive(self):
         lane = self.lane()
