@@ -46,6 +46,8 @@
  *          (store_answers.c documents them).
  *   OffloadLane(...)  one endpoint's usual offload and reload of a handle in C
  *          (store_lane.c documents it).
+ *   pump(client, batch, take)  Client.pump(0.0) at a hook call, its usual case in C (store_pump.c
+ *          documents it).
  * The module keeps no state between stores; every call of a Saved or a Front runs under the
  * GIL and releases it nowhere, so a table is never seen half changed (a lane calls the device's
  * Python methods, which may release it: it touches no table). */
@@ -841,6 +843,8 @@ static PyMethodDef module_methods[] = {
      "bind_answers(kinds, flags, answer_types, outcome_lock): once, by offloadd.client"},
     {"take_answers", (PyCFunction)(void (*)(void))store_answers_take, METH_FASTCALL,
      "take_answers(answers, ops, confirmed) -> the answers left to the caller"},
+    {"pump", (PyCFunction)(void (*)(void))store_pump, METH_FASTCALL,
+     "pump(client, batch, take) -> the answers taken: Client.pump(0.0), its usual case in C"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -867,7 +871,7 @@ PyMODINIT_FUNC PyInit__store_front(void) {
       !intern(&a_version, "_version") || !intern(&a_shape, "shape") ||
       !intern(&a_stride, "stride") || !intern(&a_dtype, "dtype") ||
       !intern(&a_device, "device") || !intern(&a_on_death, "_on_death") ||
-      !store_answers_init() || !store_lane_init())
+      !store_answers_init() || !store_lane_init() || !store_pump_init())
     return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;

@@ -1204,7 +1204,6 @@ class Client:
             drained = len(answers)
             taken += drained
             self._last_heard = time.monotonic()
-            outcomes = []
             with self._lock:
                 self.counters.ring_answers_received += drained
                 # Every ring numbers its requests from 1: an answer of a ring replaced while
@@ -1212,21 +1211,29 @@ class Client:
                 ops = self._ring_ops if ring is self._ring_native else {}
                 if _take_answers is not None and ops:  # the usual answers, applied in C
                     answers = _take_answers(answers, ops, self._confirmed)
-                for answer in answers:
-                    op = ops.pop(answer[0], None)
-                    if op is None:
-                        op = self._moved_op_locked(answer[0])
-                    if op is None:
-                        self.counters.unknown_responses += 1
-                        continue
-                    outcome = self._ring_outcome_locked(op, answer)
-                    if outcome is not None:
-                        outcomes.append((op, outcome))
+                outcomes = self._ring_outcomes_locked(answers, ops)
             for op, (value, exc) in outcomes:
                 op._finish(value, exc)
             if drained < _native.DRAIN_BATCH:  # the ring is empty: a full batch may not be
                 return taken
             timeout = 0.0
+
+    def _ring_outcomes_locked(self, answers, ops):
+        """[(op, (result, exception))] of ring ``answers`` (drain tuples) not taken in C, their
+        ops out of ``ops`` (or back from the stream), for the caller to finish after letting
+        the lock go; the answers of no op counted as unknown."""
+        outcomes = []
+        for answer in answers:
+            op = ops.pop(answer[0], None)
+            if op is None:
+                op = self._moved_op_locked(answer[0])
+            if op is None:
+                self.counters.unknown_responses += 1
+                continue
+            outcome = self._ring_outcome_locked(op, answer)
+            if outcome is not None:
+                outcomes.append((op, outcome))
+        return outcomes
 
     def _moved_op_locked(self, ring_id):
         """The op of a ring answer taken by a thread while the ring was being retired (the op
@@ -1366,24 +1373,26 @@ def _bound_submit(ring):
 
 
 def _answers_taker():
-    """offloadd._store_front.take_answers bound to this module's answer records, or None when
-    the extension module is not there (the protocol client works without it; the torch hooks
-    require it)."""
+    """(offloadd._store_front.take_answers bound to this module's answer records, its pump),
+    or (None, None) when the extension module is not there (the protocol client works without
+    it; the torch hooks require it)."""
     try:
         front = _native.load_store_front()
     except ImportError:
-        return None
+        return None, None
     if not hasattr(front, "bind_answers"):  # a module built before it had them
-        return None
+        return None, None
     front.bind_answers((_native.OFFLOAD_DONE, _native.RELOAD_DONE, _native.RELEASED),
                        (_native.FLAG_RELEASED, _native.FLAG_DONE_EVENT_RECORDED),
                        (OffloadAnswer, ReloadAnswer, ReleaseAnswer), _outcome.Outcome._lock,
                        _RingOp)
-    return front.take_answers
+    return front.take_answers, getattr(front, "pump", None)
 
 
-# Client.pump hands each batch of ring answers to it first (None: every answer in Python).
-_take_answers = _answers_taker()
+# Client.pump hands each batch of ring answers to _take_answers first (None: every answer in
+# Python); _pump_in_c(client, DRAIN_BATCH, _take_answers) is Client.pump(0.0) with its usual
+# case in one C call (the torch hooks' pump at every pack and unpack).
+_take_answers, _pump_in_c = _answers_taker()
 
 
 def _fresh(e):

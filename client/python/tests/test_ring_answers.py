@@ -1,10 +1,11 @@
 """offloadd._store_front.take_answers (client/core/store_answers.c): the request ring's usual
 answers applied in C, and offloadd._ring_fast.submit (client/core/ring_fast_module.c): the
-usual submission in one C call, without a daemon. Each case hands it answers in the drain's shape and
-checks what it took and what it left to the Python path: the op's record and state, the
-client's confirmed blocks, the handle's fields, the transport's free events, the statistics,
-and that a callback it replaces never ran. test_hooks' RingAnswersInCTest runs it through the
-hooks against a daemon."""
+usual submission in one C call, without a daemon. Each case hands it answers in the drain's
+shape and checks what it took and what it left to the Python path: the op's record and state,
+the client's confirmed blocks, the handle's fields, the transport's free events, the
+statistics, and that a callback it replaces never ran. test_hooks' RingAnswersInCTest runs it
+through the hooks against a daemon. PumpTest and PumpFallbackTest: offloadd._store_front.pump
+(client/core/store_pump.c), Client.pump(0.0) in one C call, against a daemon and fakes."""
 
 import os
 import threading
@@ -331,26 +332,94 @@ class SubmitTest(unittest.TestCase):
 
 
 class PumpTest(DaemonTestCase):
-    def test_one_pump_takes_every_answer_the_ring_holds(self):
-        """More answers than one drain batch, most of them taken in C: the pump goes on until
-        the ring is empty (it once stopped after the first batch whenever C took any)."""
+    def answered_offloads(self, n):
+        """A client with ``n`` offloads on its ring, all answered by the daemon (not taken)."""
         c = Client(self.daemon.sock, "t", "cpu")
         self.addCleanup(c.close)
         self.assertTrue(c.ring_active, c.ring_error)
         region = ShmRegion(1 << 20)
         self.addCleanup(region.close)
         rid = c.register_shm(region.name, region.size_bytes)
-        n = 3 * _native.DRAIN_BATCH + 8
         ops = [c.offload(rid, (i % 64) * 4096, 4096) for i in range(n)]
         deadline = time.monotonic() + 30
         while self.daemon.stats().blocks < n and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.2)  # the last answers written to the ring after the blocks were stored
-        self.assertEqual(c.pump(0.0), n)
-        self.assertEqual((sum(op.done() for op in ops), len(c._ring_ops)), (n, 0))
+        return c, ops
+
+    def release_all(self, c, ops):
         for op in ops:
             c.release(op.result(0).block_id)
         self.assertTrue(c.drain(10))
+
+    def test_one_pump_takes_every_answer_the_ring_holds(self):
+        """More answers than one drain batch, most of them taken in C: the pump goes on until
+        the ring is empty (it once stopped after the first batch whenever C took any)."""
+        n = 3 * _native.DRAIN_BATCH + 8
+        c, ops = self.answered_offloads(n)
+        self.assertEqual(c.pump(0.0), n)
+        self.assertEqual((sum(op.done() for op in ops), len(c._ring_ops)), (n, 0))
+        self.release_all(c, ops)
+
+    def test_the_c_pump_takes_them_as_client_pump_does(self):
+        """offloadd._store_front.pump: every batch, the counts, the daemon heard, the blocks
+        confirmed; with take None every answer goes through the Python path, with the same
+        result."""
+        for taker in (take, None):
+            with self.subTest(take=taker):
+                n = 2 * _native.DRAIN_BATCH + 3
+                c, ops = self.answered_offloads(n)
+                heard, received = c._last_heard, c.counters.ring_answers_received
+                self.assertEqual(front_mod.pump(c, _native.DRAIN_BATCH, taker), n)
+                self.assertEqual((sum(op.done() for op in ops), len(c._ring_ops)), (n, 0))
+                self.assertEqual(c.counters.ring_answers_received, received + n)
+                self.assertGreater(c._last_heard, heard)
+                self.assertEqual(c._confirmed, {op.result(0).block_id for op in ops})
+                self.assertEqual(front_mod.pump(c, _native.DRAIN_BATCH, taker), 0)  # empty
+                self.release_all(c, ops)
+
+
+class PumpFallbackTest(unittest.TestCase):
+    """The C pump hands whatever is not its usual case to Client.pump, and an idle client
+    costs it nothing."""
+
+    class Fake:
+        def __init__(self, ring=None, ops=None, owner=None):
+            self._ring_native, self._ring_ops = ring, ops if ops is not None else {}
+            self._owner_pid = os.getpid() if owner is None else owner
+            self.pumped = 0
+
+        def pump(self):
+            self.pumped += 1
+            return 42
+
+    class Ring:
+        def __init__(self, fast=None, released=False):
+            self._fast, self._released, self._ring = fast, released, 1
+
+    def pump(self, client):
+        return front_mod.pump(client, _native.DRAIN_BATCH, take)
+
+    def test_idle(self):
+        for c in (self.Fake(), self.Fake(self.Ring(fast=_native.load_ring_fast()))):
+            self.assertEqual(self.pump(c), 0)
+            self.assertEqual(c.pumped, 0)
+
+    def test_python_decides(self):
+        fast, ops = _native.load_ring_fast(), {1: object()}
+        cases = {"another process": self.Fake(self.Ring(fast), ops, owner=os.getpid() + 1),
+                 "the ctypes binding": self.Fake(self.Ring(None), ops),
+                 "a ring closed by close()": self.Fake(self.Ring(fast, released=True), ops)}
+        for name, c in cases.items():
+            with self.subTest(name):
+                self.assertEqual(self.pump(c), 42)
+                self.assertEqual(c.pumped, 1)
+
+    def test_arguments_of_other_types(self):
+        with self.assertRaises(TypeError):
+            front_mod.pump(self.Fake(), "64", take)
+        with self.assertRaises(TypeError):
+            front_mod.pump(self.Fake(), 64)
 
 
 if __name__ == "__main__":

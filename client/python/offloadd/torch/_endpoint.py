@@ -35,7 +35,8 @@ import threading
 import time
 import warnings
 
-from .. import _devices, _process
+from .. import _devices, _native, _process
+from .. import client as _client
 from .. import errors
 from ..client import Client
 from ..socket_path import default_socket_path
@@ -351,6 +352,11 @@ def synchronize(timeout: float = 10.0) -> bool:
             return False
 
 
+# Client.pump(0.0) with its usual case in one C call (offloadd._store_front.pump), else itself.
+_pump_client = _client._pump_in_c or (lambda client, batch, take: client.pump())
+_DRAIN_BATCH = _native.DRAIN_BATCH
+
+
 def pump():
     """Takes the answers waiting on the request rings of this process's endpoints and completes
     their requests on the calling thread (Client.pump: their callbacks, such as the store's
@@ -360,7 +366,7 @@ def pump():
     pid = _process.pid
     for ep in tuple(_endpoints.values()):
         if ep.pid == pid:
-            ep.client.pump()
+            _pump_client(ep.client, _DRAIN_BATCH, _client._take_answers)
 
 
 

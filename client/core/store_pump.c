@@ -1,0 +1,213 @@
+/* offloadd._store_front, part six: a client's pump at a hook call in C (pump).
+ *
+ * The torch hooks take the request ring's answers at every pack and unpack (Client.pump with
+ * timeout 0): four Python calls (the pump, the ring's drain and its guard) and a dozen lines
+ * around one drain and one take_answers, per hook call. This is the same in one C call.
+ *
+ *   pump(client, batch, take) -> int: the answers taken, as Client.pump(0.0) returns it, for an
+ *          offloadd.client.Client. The usual case here: the ring in use through the
+ *          offloadd._ring_fast binding, in the process that owns the client; each drain of at
+ *          most ``batch`` answers (offloadd._native.DRAIN_BATCH), never sleeping; the daemon
+ *          heard (Client._last_heard) and the answers counted (counters.ring_answers_received)
+ *          as Client.pump does; under the client's lock (waited for, as there) the usual
+ *          answers applied by ``take`` (offloadd.client._take_answers: take_answers, or None
+ *          to leave every answer to Python) and the others made outcomes by
+ *          Client._ring_outcomes_locked, those completed after the lock is let go
+ *          (op._finish(value, exc)); again while a drain came back full. Anything else --
+ *          another process, the ctypes binding, a ring closed by close() -- is Client.pump's:
+ *          it is called and its result returned. What a drain or a completion raises
+ *          propagates, as from Client.pump. */
+#include <time.h>
+
+#include "client/core/store_lane.h"
+
+static PyObject *n_ring_native, *n_ring_ops, *n_owner_pid, *n_ring, *n_released, *n_fast,
+    *n_drain, *n_last_heard, *n_counters, *n_received, *n_confirmed, *n_outcomes_locked,
+    *n_finish, *n_pump;
+
+static int intern(PyObject** out, const char* s) {
+  *out = PyUnicode_InternFromString(s);
+  return *out != NULL;
+}
+
+int store_pump_init(void) {
+  return intern(&n_ring_native, "_ring_native") && intern(&n_ring_ops, "_ring_ops") &&
+         intern(&n_owner_pid, "_owner_pid") && intern(&n_ring, "_ring") &&
+         intern(&n_released, "_released") && intern(&n_fast, "_fast") &&
+         intern(&n_drain, "drain") && intern(&n_last_heard, "_last_heard") &&
+         intern(&n_counters, "counters") && intern(&n_received, "ring_answers_received") &&
+         intern(&n_confirmed, "_confirmed") &&
+         intern(&n_outcomes_locked, "_ring_outcomes_locked") && intern(&n_finish, "_finish") &&
+         intern(&n_pump, "pump");
+}
+
+/* The ring's drain function and pointer when the usual case applies: 1; 0 when Client.pump
+ * must decide (or nothing is in flight: *idle set); -1 with an error set. */
+static int usual(PyObject* client, PyObject** ring, PyObject** drain, PyObject** ptr,
+                 int* idle) {
+  *ring = PyObject_GetAttr(client, n_ring_native);
+  PyObject* ops = *ring ? PyObject_GetAttr(client, n_ring_ops) : NULL;
+  if (ops == NULL) return -1;
+  *idle = *ring == Py_None || !PyDict_Check(ops) || PyDict_Size(ops) == 0;
+  Py_DECREF(ops);
+  if (*idle) return 0;
+  PyObject* owner = PyObject_GetAttr(client, n_owner_pid);
+  long long pid = owner ? PyLong_AsLongLong(owner) : -1;
+  Py_XDECREF(owner);
+  if (pid == -1 && PyErr_Occurred()) return -1;
+  if (pid != lane_process_pid) return 0; /* Client.pump says what a forked child may do */
+  int r = lane_attr_true(*ring, n_released);
+  if (r != 0) return r < 0 ? -1 : 0;
+  PyObject* fast = PyObject_GetAttr(*ring, n_fast);
+  if (fast == NULL) return -1;
+  if (fast != Py_None) *drain = PyObject_GetAttr(fast, n_drain);
+  Py_DECREF(fast);
+  if (*drain == NULL) return PyErr_Occurred() ? -1 : 0;
+  if ((*ptr = PyObject_GetAttr(*ring, n_ring)) == NULL) return -1;
+  return *ptr != Py_None;
+}
+
+/* client._last_heard = time.monotonic() (the same clock, CLOCK_MONOTONIC). */
+static int heard(PyObject* client) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  PyObject* now = PyFloat_FromDouble((double)ts.tv_sec + ts.tv_nsec * 1e-9);
+  int ok = now != NULL && PyObject_SetAttr(client, n_last_heard, now) == 0;
+  Py_XDECREF(now);
+  return ok;
+}
+
+static int count_received(PyObject* client, Py_ssize_t n) {
+  PyObject* counters = PyObject_GetAttr(client, n_counters);
+  PyObject* had = counters ? PyObject_GetAttr(counters, n_received) : NULL;
+  PyObject* more = had ? PyLong_FromSsize_t(n) : NULL;
+  PyObject* sum = more ? PyNumber_Add(had, more) : NULL;
+  int ok = sum != NULL && PyObject_SetAttr(counters, n_received, sum) == 0;
+  Py_XDECREF(sum);
+  Py_XDECREF(more);
+  Py_XDECREF(had);
+  Py_XDECREF(counters);
+  return ok;
+}
+
+/* Under the client's lock: the batch counted and applied; the outcomes of the answers left
+ * to Python (a new list, possibly empty), or NULL with an error set. */
+static PyObject* apply_locked(PyObject* client, PyObject* ring, PyObject* answers,
+                              PyObject* take) {
+  if (!count_received(client, PyList_Size(answers))) return NULL;
+  PyObject* now = PyObject_GetAttr(client, n_ring_native);
+  if (now == NULL) return NULL;
+  Py_DECREF(now); /* compared by identity only: the client holds it */
+  /* answers of a ring replaced meanwhile (a resume) name none of the new ring's ops */
+  PyObject* ops = now == ring ? PyObject_GetAttr(client, n_ring_ops) : PyDict_New();
+  PyObject* confirmed = ops ? PyObject_GetAttr(client, n_confirmed) : NULL;
+  PyObject* left = NULL;
+  if (confirmed != NULL) {
+    if (take != Py_None && PyDict_Check(ops) && PyDict_Size(ops) > 0) {
+      left = PyObject_CallFunctionObjArgs(take, answers, ops, confirmed, NULL);
+    } else {
+      left = answers;
+      Py_INCREF(left);
+    }
+  }
+  PyObject* outcomes = NULL;
+  if (left != NULL)
+    outcomes = PyList_Size(left) == 0
+                   ? PyList_New(0)
+                   : PyObject_CallMethodObjArgs(client, n_outcomes_locked, left, ops, NULL);
+  Py_XDECREF(left);
+  Py_XDECREF(confirmed);
+  Py_XDECREF(ops);
+  return outcomes;
+}
+
+/* The outcomes completed, outside the lock: (op, (value, exc)) -> op._finish(value, exc). */
+static int finish(PyObject* outcomes) {
+  Py_ssize_t n = PyList_Size(outcomes);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* pair = PyList_GetItem(outcomes, i);
+    PyObject *op, *value, *exc;
+    if (!PyArg_ParseTuple(pair, "O(OO)", &op, &value, &exc)) return 0;
+    PyObject* r = PyObject_CallMethodObjArgs(op, n_finish, value, exc, NULL);
+    if (r == NULL) return 0;
+    Py_DECREF(r);
+  }
+  return 1;
+}
+
+/* One drained batch handled: 1, or 0 with an error set. */
+static int take_batch(PyObject* client, PyObject* ring, PyObject* answers, PyObject* take) {
+  if (!heard(client)) return 0;
+  PyObject* lock = PyObject_GetAttr(client, n_lock);
+  PyObject* got = lock ? PyObject_CallMethodObjArgs(lock, n_acquire, NULL) : NULL;
+  if (got == NULL) {
+    Py_XDECREF(lock);
+    return 0;
+  }
+  Py_DECREF(got);
+  PyObject* outcomes = apply_locked(client, ring, answers, take);
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb); /* the lock is let go whatever the batch raised */
+  PyObject* released = PyObject_CallMethodObjArgs(lock, n_release, NULL);
+  Py_DECREF(lock);
+  if (released == NULL) {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    Py_XDECREF(outcomes);
+    return 0;
+  }
+  Py_DECREF(released);
+  PyErr_Restore(type, value, tb);
+  int ok = outcomes != NULL && finish(outcomes);
+  Py_XDECREF(outcomes);
+  return ok;
+}
+
+static PyObject* drain_all(PyObject* client, PyObject* ring, PyObject* drain, PyObject* ptr,
+                           PyObject* batch, PyObject* take) {
+  Py_ssize_t full = PyLong_AsSsize_t(batch);
+  if (full == -1 && PyErr_Occurred()) return NULL;
+  PyObject* zero = PyFloat_FromDouble(0.0);
+  if (zero == NULL) return NULL;
+  Py_ssize_t taken = 0;
+  int more = 1, ok = 1;
+  while (ok && more) {
+    PyObject* answers = PyObject_CallFunctionObjArgs(drain, ptr, batch, zero, NULL);
+    if (answers == NULL) {
+      ok = 0;
+    } else if (!PyList_Check(answers) || PyList_Size(answers) == 0) {
+      more = 0; /* nothing there, or None: the ring closed */
+    } else {
+      Py_ssize_t n = PyList_Size(answers);
+      taken += n;
+      ok = take_batch(client, ring, answers, take);
+      more = n >= full;
+    }
+    Py_XDECREF(answers);
+  }
+  Py_DECREF(zero);
+  return ok ? PyLong_FromSsize_t(taken) : NULL;
+}
+
+PyObject* store_pump(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyLong_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "pump(client, batch: int, take)");
+    return NULL;
+  }
+  PyObject* client = args[0];
+  PyObject *ring = NULL, *drain = NULL, *ptr = NULL;
+  int idle = 0;
+  int r = usual(client, &ring, &drain, &ptr, &idle);
+  PyObject* result = NULL;
+  if (r == 1)
+    result = drain_all(client, ring, drain, ptr, args[1], args[2]);
+  else if (r == 0 && idle)
+    result = PyLong_FromLong(0);
+  else if (r == 0)
+    result = PyObject_CallMethodObjArgs(client, n_pump, NULL);
+  Py_XDECREF(ring);
+  Py_XDECREF(drain);
+  Py_XDECREF(ptr);
+  return result;
+}
