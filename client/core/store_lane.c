@@ -14,19 +14,24 @@
  *   OffloadLane(ep, full_until, offload_op_type, reload_op_type, partial)  one endpoint's
  *          lane: ep an offloadd.torch._endpoint.Endpoint whose transport is a CudaIpcTransport
  *          (its client, transport, device methods, free IPC events and region table are read
- *          here once); full_until the dict of refused-for-room back-offs (any entry: offloads
- *          decline); offload_op_type and reload_op_type offloadd.torch._transport's OffloadOp
- *          and ReloadOp; partial functools.partial (an offload's done-callback is
- *          partial(store._offload_done, weakref to the handle, ep, its OffloadOp), as the
- *          Python path's closure calls it). TypeError for other shapes, and for a second
- *          __init__. Made by the store after the endpoint served an offload of the current
- *          step in Python (which checked the allocator's settings), kept until the step's end.
+ *          here once); full_until the dict of refused-for-room back-offs (an entry for this
+ *          endpoint: its offloads decline, and Python's path says whether it expired);
+ *          offload_op_type and reload_op_type offloadd.torch._transport's OffloadOp and
+ *          ReloadOp (classes with __slots__ and object's __new__); partial functools.partial
+ *          (an offload's done-callback is partial(store._offload_done, weakref to the handle,
+ *          ep, its OffloadOp), as the Python path's closure calls it). TypeError for other
+ *          types and for a second __init__; what reading the endpoint raises
+ *          (AttributeError) for an object that is not one. Made by the store after the
+ *          endpoint served an offload of the current step in Python (which checked the
+ *          allocator's settings), kept until the step's end or the endpoint's next look-up.
  *     offload(saved, step) -> bool       Store._offload's usual path (store_offload.c).
  *     reload(saved, priority) -> ReloadOp or None    Store._start_reload's (store_reload.c).
  *     finish(reload_op, saved) -> tensor or None     CudaIpcTransport.finish_reload's for an
  *          answered reload (store_reload.c).
- * Every method declines (False or None, nothing changed) in another process than the one that
- * made the lane (a forked child: Python's path says what to do there).
+ * Every method declines (False or None) in another process than the one that made the lane
+ * (a forked child: Python's path says what to do there). A decline leaves only what the Python
+ * path then does again: an event recorded and put back in the free list (or one the pool made),
+ * a segment's place in the region table's LRU order, a simulated tensor's checksum.
  *
  * Runs under the GIL; it is released only inside the device's Python methods and around a
  * wait for the store's lock, as on the Python path. */
@@ -101,8 +106,10 @@ int lane_ready(Lane* self) {
 
 /* Whether [offset, offset + nbytes) lies in a segment of `size` bytes: 1, 0, -1 error. */
 static int span_fits(PyObject* offset, PyObject* size, long long nbytes) {
-  long long off = PyLong_AsLongLong(offset), limit = PyLong_AsLongLong(size);
-  if (PyErr_Occurred()) return -1;
+  long long off = PyLong_AsLongLong(offset);
+  if (off == -1 && PyErr_Occurred()) return -1;
+  long long limit = PyLong_AsLongLong(size);
+  if (limit == -1 && PyErr_Occurred()) return -1;
   return off >= 0 && nbytes >= 0 && off <= limit && nbytes <= limit - off;
 }
 
@@ -205,10 +212,19 @@ PyObject* lane_lock(Saved* s) {
 }
 
 int lane_unlock(PyObject* lock) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb); /* let go whatever the holder raised, which stays set */
   PyObject* r = PyObject_CallMethodObjArgs(lock, n_release, NULL);
   Py_DECREF(lock);
-  Py_XDECREF(r);
-  return r != NULL;
+  if (r == NULL) {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return 0;
+  }
+  Py_DECREF(r);
+  PyErr_Restore(type, value, tb);
+  return 1;
 }
 
 /* ---- the type -------------------------------------------------------------------------------- */
@@ -261,7 +277,7 @@ static int read_endpoint(Lane* self, PyObject* ep) {
    &self->event_seq, &self->wait, &self->record_stream, &self->reload_outcome, &self->reload,  \
    &self->acquire_event, &self->free_events, &self->regions, &self->full_until,                \
    &self->offload_op_type, &self->reload_op_type, &self->partial, &self->checksum,             \
-   &self->check_reloaded}
+   &self->check_reloaded, &self->full_key}
 
 /* A lane is in the cycle collector's view: the ops it sends hold the store's done-callback,
  * and the store holds its lanes. */
@@ -280,6 +296,26 @@ static int lane_clear(PyObject* o) {
   return 0;
 }
 
+/* A class made by a class statement (a heap type) whose instances object's __new__ makes:
+ * lane_record may make one without running its __init__. */
+static int record_type(PyObject* t) {
+  return PyType_Check(t) && (PyType_GetFlags((PyTypeObject*)t) & Py_TPFLAGS_HEAPTYPE) &&
+         PyType_GetSlot((PyTypeObject*)t, Py_tp_new) ==
+             PyType_GetSlot(&PyBaseObject_Type, Py_tp_new);
+}
+
+/* (ep.pid, ep.socket_path, ep.key): the endpoint's key in the back-off table. */
+static PyObject* full_key_of(PyObject* ep) {
+  PyObject* pid = PyObject_GetAttrString(ep, "pid");
+  PyObject* sock = pid ? PyObject_GetAttrString(ep, "socket_path") : NULL;
+  PyObject* key = sock ? PyObject_GetAttrString(ep, "key") : NULL;
+  PyObject* t = key ? PyTuple_Pack(3, pid, sock, key) : NULL;
+  Py_XDECREF(pid);
+  Py_XDECREF(sock);
+  Py_XDECREF(key);
+  return t;
+}
+
 static int lane_init(PyObject* o, PyObject* args, PyObject* kwargs) {
   Lane* self = (Lane*)o;
   PyObject *ep, *full_until, *offload_type, *reload_type, *partial;
@@ -290,17 +326,18 @@ static int lane_init(PyObject* o, PyObject* args, PyObject* kwargs) {
   if (!PyArg_ParseTuple(args, "OOOOO:OffloadLane", &ep, &full_until, &offload_type,
                         &reload_type, &partial))
     return -1;
-  if (self->ep != NULL || self->client != NULL) {
+  if (self->initialized) {
     PyErr_SetString(PyExc_TypeError, "an OffloadLane is made once (make another)");
     return -1;
   }
-  if (!PyDict_Check(full_until) || !PyType_Check(offload_type) || !PyType_Check(reload_type) ||
+  self->initialized = 1;
+  if (!PyDict_Check(full_until) || !record_type(offload_type) || !record_type(reload_type) ||
       !PyCallable_Check(partial)) {
-    PyErr_SetString(PyExc_TypeError, "OffloadLane(ep, full_until: dict, offload_op_type: "
-                                     "type, reload_op_type: type, partial)");
+    PyErr_SetString(PyExc_TypeError, "OffloadLane(ep, full_until: dict, offload_op_type and "
+                                     "reload_op_type: classes with __slots__, partial)");
     return -1;
   }
-  if (!read_endpoint(self, ep)) {
+  if (!read_endpoint(self, ep) || (self->full_key = full_key_of(ep)) == NULL) {
     lane_clear(o);
     return -1;
   }

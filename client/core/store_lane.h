@@ -17,9 +17,11 @@ typedef struct {
   PyObject *reload_outcome, *reload; /* the client's methods */
   PyObject* acquire_event;            /* the transport's IpcEventPool.acquire (makes one) */
   PyObject *free_events, *regions, *full_until, *offload_op_type, *reload_op_type, *partial;
+  PyObject* full_key;       /* (pid, socket path, device key): the endpoint's back-off entry */
   PyObject* checksum;       /* a simulated device's checksum method when it checks, else NULL */
   PyObject* check_reloaded; /* then the transport's _check_simulated, else NULL */
   long long pid;            /* the process that made it */
+  int initialized;          /* __init__ began (it runs once) */
 } Lane;
 
 /* This process's id (read again in a forked child by a pthread_atfork handler). */

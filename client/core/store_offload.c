@@ -5,17 +5,21 @@
  *          path leaves it (an OffloadOp holding the source tensor and its ready event, the
  *          handle OFFLOADING with its endpoint and op, its tensor let go, the sent version
  *          noted, the store's done-callback on the ring op, one more offload counted as sent
- *          in ``step`` or the handle's counts); False with nothing changed when Python's path
- *          must decide: another process than the lane's, the client dead or closing, a
- *          refused-for-room back-off, the step's stall budget spent, a handle not KEPT or its
- *          tensor modified since its pack, destinations waiting in the transport to be let
- *          go, a segment not registered yet or a span past its segment, the
- *          ring not usable at once (offloadd._ring_fast.submit declined), or any Exception
- *          from a device call (the Python path makes the same calls and handles what they
- *          raise). A BaseException that is not an Exception (KeyboardInterrupt) propagates, as
- *          from the Python path. After the request went out, an error is reported as
- *          unraisable and True is returned: the offload is the ring op's, whose answer the
- *          client takes as for any other. TypeError for arguments of other types. */
+ *          in ``step`` or the handle's counts). False when Python's path must decide, before
+ *          anything was sent: another process than the lane's, the client dead or closing, a
+ *          refused-for-room back-off of the lane's endpoint, the step's stall budget spent, a
+ *          handle not KEPT (or without its tensor or counts), its tensor modified since its
+ *          pack, destinations waiting in the transport to be let go, a segment not registered
+ *          yet or a span past its segment, the ring not taking it at once
+ *          (offloadd._ring_fast.submit returned None), or any Exception from a device call
+ *          (the Python path makes the same calls and handles what they raise). A declined
+ *          offload leaves only what that path does again (store_lane.c). What is not an
+ *          Exception (KeyboardInterrupt) propagates, as from the Python path; so does what the
+ *          submission raises (the request may have gone out: it must not go again) and an
+ *          interrupt while the store's lock is awaited after it went out (the handle is then
+ *          left as the Python path leaves it). Other errors after the request went out are
+ *          reported as unraisable and True is returned: the offload is the ring op's, whose
+ *          answer the client takes as for any other. TypeError for arguments of other types. */
 #include "client/core/store_lane.h"
 
 static PyObject *n_future, *n_slot, *n_orphan_reload, *n_counted, *n_sent,
@@ -36,8 +40,17 @@ int store_offload_init(void) {
 /* 1 when Store._offload's usual path applies to handle s (as far as it can be told before a
  * device call), 0 when Python must decide, -1 with an error set. */
 static int usual(Lane* self, Saved* s) {
-  if (PyDict_Size(self->full_until) != 0) return 0;
-  if (s->state != KEPT || s->tensor == NULL || s->tensor == Py_None) return 0;
+  if (s->state != KEPT || s->tensor == NULL || s->tensor == Py_None || s->counts == NULL ||
+      s->counts == Py_None)
+    return 0;
+  /* the tensor's version first: the attribute reads below may run code that changes s */
+  PyObject* version = PyObject_GetAttr(s->tensor, n_version);
+  long long v = version ? PyLong_AsLongLong(version) : -1;
+  Py_XDECREF(version);
+  if (v == -1 && PyErr_Occurred()) return -1;
+  if (v != s->version) return 0;
+  PyObject* full = PyDict_GetItemWithError(self->full_until, self->full_key);
+  if (full != NULL || PyErr_Occurred()) return full != NULL ? 0 : -1;
   int r = lane_ready(self);
   if (r != 1) return r;
   if ((r = lane_attr_none(self->client, n_submit_fast)) != 0) return r < 0 ? -1 : 0;
@@ -45,20 +58,17 @@ static int usual(Lane* self, Saved* s) {
   double left = stall ? PyFloat_AsDouble(stall) : -1.0;
   Py_XDECREF(stall);
   if (left == -1.0 && PyErr_Occurred()) return -1;
-  if (left <= 0) return 0;
-  PyObject* version = PyObject_GetAttr(s->tensor, n_version);
-  long long v = version ? PyLong_AsLongLong(version) : -1;
-  Py_XDECREF(version);
-  if (v == -1 && PyErr_Occurred()) return -1;
-  return v == s->version;
+  return left > 0 && s->tensor != NULL && s->tensor != Py_None && s->counts != NULL &&
+         s->counts != Py_None; /* still there after the reads */
 }
 
 /* ---- the device's part: CudaIpcTransport.start_offload up to the submission ------------------ */
 typedef struct {
-  PyObject *src, *event, *request, *target, *offload_op, *callback, *wref;
+  PyObject *tensor, *src, *event, *request, *target, *offload_op, *callback, *wref;
 } Sending;
 
 static void sending_clear(Sending* x) {
+  Py_CLEAR(x->tensor);
   Py_CLEAR(x->src);
   Py_CLEAR(x->event);
   Py_CLEAR(x->request);
@@ -73,7 +83,7 @@ static void sending_clear(Sending* x) {
 static int prepare_in_context(Lane* self, Saved* s, void* arg) {
   Sending* x = arg;
   PyObject *rid = NULL, *offset = NULL;
-  if ((x->src = PyObject_CallFunctionObjArgs(self->adopt, s->tensor, NULL)) == NULL) return -1;
+  if ((x->src = PyObject_CallFunctionObjArgs(self->adopt, x->tensor, NULL)) == NULL) return -1;
   if (self->checksum != NULL) { /* as the transport notes it (a simulated device's check) */
     PyObject* sum = PyObject_CallFunctionObjArgs(self->checksum, x->src, NULL);
     if (sum == NULL) return -1;
@@ -140,11 +150,12 @@ static int count_sent(Saved* s, PyObject* step) {
   return ok;
 }
 
-/* The handle takes its offload under the store's lock (Store._offload's last lines): 1, or 0
- * with an error set. */
+/* The handle takes its offload under the store's lock (Store._offload's last lines): 1; 0
+ * with an error set; -1 when taking the lock raised (an interrupt while another thread held
+ * it: it propagates, as from `with self._lock`, the handle left as it was). */
 static int hand_over(Lane* self, Saved* s, Sending* x) {
   PyObject* lock = lane_lock(s);
-  if (lock == NULL) return 0;
+  if (lock == NULL) return -1;
   PyObject* version = PyObject_GetAttr(x->src, n_version); /* a tensor's: no code of ours */
   PyObject* old[4] = {s->ep, s->op, s->tensor, s->sent_version};
   Py_INCREF(self->ep);
@@ -160,45 +171,56 @@ static int hand_over(Lane* self, Saved* s, Sending* x) {
   return version != NULL && unlocked;
 }
 
-static void after_sending(Lane* self, Saved* s, PyObject* step, PyObject* op, Sending* x) {
+/* 1, or -1 with the error to propagate (see hand_over); other errors are reported. */
+static int after_sending(Lane* self, Saved* s, PyObject* step, PyObject* op, Sending* x) {
   if (PyObject_SetAttr(x->offload_op, n_future, op) < 0) PyErr_WriteUnraisable(op);
   if (!count_sent(s, step)) PyErr_WriteUnraisable((PyObject*)s);
-  if (!hand_over(self, s, x)) PyErr_WriteUnraisable((PyObject*)s);
+  int handed = hand_over(self, s, x);
+  if (handed < 0) return -1;
+  if (handed == 0) PyErr_WriteUnraisable((PyObject*)s);
   PyObject* r = PyObject_CallMethodObjArgs(op, n_add_done_callback, x->callback, NULL);
   if (r == NULL) PyErr_WriteUnraisable(op);
   Py_XDECREF(r);
+  return 1;
 }
 
 /* ---- offload(saved, step) -------------------------------------------------------------------- */
+/* The submission (offloadd._ring_fast.submit): the op; Py_None when the ring did not take it
+ * (nothing went out); NULL with an error set, which propagates: the submission may have gone
+ * out before it raised, so Python's path must not send the handle again. */
+static PyObject* submit(Lane* self, Sending* x) {
+  PyObject* fast = PyObject_GetAttr(self->client, n_submit_fast);
+  PyObject* kind = fast ? PyLong_FromLong(0) : NULL;
+  PyObject* op = kind ? PyObject_CallFunctionObjArgs(fast, self->client, kind, x->request,
+                                                     Py_None, x->target, NULL)
+                      : NULL;
+  Py_XDECREF(kind);
+  Py_XDECREF(fast);
+  return op;
+}
+
 static int send(Lane* self, Saved* s, PyObject* step, Sending* x) {
   int r = usual(self, s);
   if (r != 1) return r;
+  x->tensor = s->tensor; /* held: the device's code may take it off the handle */
+  Py_INCREF(x->tensor);
   r = lane_in_context(self, s->device, prepare_in_context, s, x);
   if (r == 1) r = records(self, s, x);
-  PyObject* op = NULL;
-  if (r == 1) {
-    PyObject* fast = PyObject_GetAttr(self->client, n_submit_fast);
-    PyObject* kind = fast ? PyLong_FromLong(0) : NULL;
-    op = kind ? PyObject_CallFunctionObjArgs(fast, self->client, kind, x->request, Py_None,
-                                             x->target, NULL)
-              : NULL;
-    Py_XDECREF(kind);
-    Py_XDECREF(fast);
-    if (op == NULL) {
-      r = -1;
-    } else if (op == Py_None) {
-      Py_CLEAR(op);
-      r = 0;
-    }
-  }
   if (r < 0) r = lane_decline_on_exception();
+  PyObject* op = r == 1 ? submit(self, x) : NULL;
+  if (op == Py_None) {
+    Py_CLEAR(op);
+    r = 0;
+  } else if (r == 1 && op == NULL) {
+    r = -1;
+  }
   if (r != 1) {
     lane_give_back_event(self, x->event);
     return r;
   }
-  after_sending(self, s, step, op, x);
+  r = after_sending(self, s, step, op, x);
   Py_DECREF(op);
-  return 1;
+  return r;
 }
 
 PyObject* lane_offload(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {

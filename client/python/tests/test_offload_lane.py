@@ -11,6 +11,8 @@ import contextlib
 import functools
 import gc
 import os
+import signal
+import sys
 import threading
 import unittest
 import weakref
@@ -140,6 +142,7 @@ class Client:
 class Endpoint:
     def __init__(self, dev=None, events=2):
         self.client, self.transport = Client(), Transport(dev or Device(), events)
+        self.pid, self.socket_path, self.key = os.getpid(), "/run/offloadd.sock", "cuda:0"
 
 
 class Store:
@@ -266,9 +269,21 @@ class DeclinedTest(LaneCase):
         self.assertFalse(self.offload())
         self.assertUnchanged()
 
-    def test_a_refused_for_room_back_off(self):
-        self.full[("pid", "sock", "cuda:0")] = 1.0
+    def test_a_refused_for_room_back_off_of_this_endpoint(self):
+        self.full[(os.getpid(), "/run/offloadd.sock", "cuda:0")] = (1e9, "pool full")
         self.assertFalse(self.offload())
+        self.assertUnchanged()
+
+    def test_another_endpoints_back_off_is_not_this_ones(self):
+        self.full[(os.getpid(), "/run/other.sock", "cuda:0")] = (0.0, "expired long ago")
+        self.assertTrue(self.offload())
+
+    def test_a_handle_without_counts(self):
+        self.s.counts = None
+        self.assertFalse(self.offload())
+        del self.s.counts
+        self.assertFalse(self.offload())
+        self.s.counts = Counts()
         self.assertUnchanged()
 
     def test_the_steps_stall_budget_spent(self):
@@ -473,11 +488,79 @@ class FinishTest(ReloadCase):
 
 
 class RaisedTest(LaneCase):
+    def test_a_submission_that_raises_propagates_and_is_not_sent_again(self):
+        def broken(*args):
+            raise MemoryError("filing the op")  # the ring may have taken the request
+        self.ep.client._submit_fast = broken
+        with self.assertRaises(MemoryError):
+            self.offload()
+        self.assertUnchanged()  # the event back, as start_offload gives it back
+
+    def test_an_interrupt_while_another_thread_holds_the_store_lock_propagates(self):
+        held, go = threading.Event(), threading.Event()
+
+        def holder():
+            with self.store._lock:
+                held.set()
+                go.wait(10)
+        th = threading.Thread(target=holder)
+        th.start()
+        held.wait(10)
+
+        def interrupt(*args):
+            raise KeyboardInterrupt()
+        old = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                self.offload()  # sent, then waits for the lock: as `with self._lock` raises
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            go.set()
+            th.join(10)
+        self.assertEqual(len(self.ep.client.submitted), 1)
+        self.assertEqual(self.s.state, KEPT)  # not handed over, as on the Python path
+
+    def test_the_tensor_taken_off_the_handle_by_a_device_call(self):
+        def adopt(t):
+            self.s.tensor = None  # code the device runs drops the handle's reference
+            return t
+        self.dev.adopt = adopt
+        self.assertTrue(self.offload())  # the lane held the tensor: no crash
+        self.assertIs(self.s.op.tensor, self.t)
+
     def test_an_interrupt_propagates_and_the_event_goes_back(self):
         self.dev.fail, self.dev.error = "record", KeyboardInterrupt()
         with self.assertRaises(KeyboardInterrupt):
             self.offload()
         self.assertUnchanged()
+
+    def test_op_types_that_are_not_plain_record_classes(self):
+        for bad in (memoryview, slice, type, dict, int):
+            with self.subTest(bad=bad), self.assertRaises(TypeError):
+                front_mod.OffloadLane(self.ep, self.full, bad, ReloadOp, functools.partial)
+            with self.subTest(bad=bad), self.assertRaises(TypeError):
+                front_mod.OffloadLane(self.ep, self.full, OffloadOp, bad, functools.partial)
+
+    def test_an_init_that_runs_again_while_it_reads_the_endpoint(self):
+        lane = front_mod.OffloadLane.__new__(front_mod.OffloadLane)
+        inner = []
+
+        plain = self.ep
+
+        class Reentrant:
+            transport, pid, socket_path, key = plain.transport, plain.pid, "/s", "cuda:0"
+
+            @property
+            def client(self):
+                try:
+                    lane.__init__(Endpoint(), {}, OffloadOp, ReloadOp, functools.partial)
+                except TypeError as e:
+                    inner.append(e)
+                return plain.client
+        lane.__init__(Reentrant(), self.full, OffloadOp, ReloadOp, functools.partial)
+        self.assertEqual(len(inner), 1)  # made once: the inner call refused
 
     def test_arguments_of_other_shapes(self):
         lane = self.lane()
