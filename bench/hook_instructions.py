@@ -22,6 +22,10 @@ Variants (each in processes of its own, against one cuda-sim daemon):
   cuda-sim         offloadd's hooks (keep_last_n=0, prefetch=1) against the daemon: the whole
                    per-tensor path, the simulated device's own work included (SIMULATED: its
                    CUDA calls are Python here)
+  cuda-sim-pylane  the same with the store's lanes and the hooks' C pump off
+                   (offloadd._store_front.OffloadLane and .pump unused): every offload and
+                   reload through the store's and the transport's Python, every pump
+                   through Client.pump
   cuda-sim-pyring  the same with the request ring's C paths off (offloadd._ring_fast.submit and
                    offloadd._store_front.take_answers unused): every submission and answer in
                    Python
@@ -30,7 +34,7 @@ after it, so each step takes the same path (no tensor served from the device whi
 is in flight); those waits are counted in cuda-sim's figures. PYTHONHASHSEED is fixed.
 
   .venv/bin/python bench/hook_instructions.py [--bin build/bin] [--short 10] [--long 40]
-      [--variants noop,store-front,cuda-sim,cuda-sim-pyring] [--json FILE]
+      [--variants noop,store-front,cuda-sim,cuda-sim-pylane,cuda-sim-pyring] [--json FILE]
 
 Needs valgrind (Debian package valgrind); without it prints one line saying so and exits 0.
 Each run takes a minute or two (the interpreter and torch start under Valgrind).
@@ -47,7 +51,7 @@ import tempfile
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-VARIANTS = ("noop", "store-front", "cuda-sim", "cuda-sim-pyring")
+VARIANTS = ("noop", "store-front", "cuda-sim", "cuda-sim-pylane", "cuda-sim-pyring")
 EVENTS = ("Ir", "D1mr", "DLmr")
 MIB = 1 << 20
 
@@ -57,16 +61,15 @@ def worker(variant, steps, sock, ops):
     sys.path.insert(0, os.path.join(REPO, "client", "python"))
     import torch
     torch.set_num_threads(1)
-    from offloadd import client as client_mod
     from offloadd.testing import sim_gpu
     import offloadd.torch as ot
-    from offloadd.torch import _endpoint
 
     gpu = sim_gpu.SimGpu(devices=1, device_bytes=64 * MIB, checksums=False)
     sim_gpu.activate(gpu)
     xs = [gpu.empty_strided((MIB // 4,), (1,), torch.float32) for _ in range(ops)]
 
-    from hook_overhead import make_save  # the timed benchmark's step, without its busy work
+    # the timed benchmark's step, without its busy work, and its switch of the C paths
+    from hook_overhead import make_save, python_ring_paths
     Save = make_save(torch, lambda: None)
     if variant == "noop":
         pack, unpack = (lambda t: t), (lambda t: t)
@@ -76,17 +79,14 @@ def worker(variant, steps, sock, ops):
                                      strict=True, threshold_bytes=1 << 18, name=variant)
         pack, unpack = ctx.store.pack, ctx.store.unpack
     for _ in range(steps):
-        if variant == "cuda-sim-pyring":
-            client_mod._take_answers = None
-            for ep in _endpoint.endpoints():
-                ep.client._submit_fast = None
-        y = torch.zeros(1, requires_grad=True)
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            for x in xs:
-                y = Save.apply(x, y)
-        ot.synchronize(10.0)
-        y.sum().backward()
-        ot.synchronize(10.0)
+        with python_ring_paths(variant == "cuda-sim-pyring", lanes=variant == "cuda-sim-pylane"):
+            y = torch.zeros(1, requires_grad=True)
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                for x in xs:
+                    y = Save.apply(x, y)
+            ot.synchronize(10.0)
+            y.sum().backward()
+            ot.synchronize(10.0)
     if variant != "noop":
         print(ctx.stats.summary(), file=sys.stderr)
     return 0

@@ -35,6 +35,11 @@ Variants, interleaved step by step in one process (the order rotates every repet
                every submission through Client._ring_submit and every answer through the
                Python path (offloadd._ring_fast.submit and offloadd._store_front.take_answers
                unused), what those two C calls save, paired in one run
+  cuda-sim-pylane  cuda-sim with the store's lanes and the hooks' C pump switched off around
+               its steps (offloadd.torch._store._offload_lanes False; the endpoints pumped by
+               Client.pump): every offload and reload through the store's and the
+               transport's Python, what the lanes (offloadd._store_front.OffloadLane) and
+               offloadd._store_front.pump save, paired in one run
   store-front@REV, cuda-sim@REV  (with --store-from REV) store-front and cuda-sim with the
                store of git revision REV (client/python/offloadd/torch/_store.py as it was
                there, loaded beside today's and using today's transport and client): today's
@@ -122,8 +127,10 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 
 MIB = 1 << 20
 BUDGET_ALL_US, BUDGET_PACK_US, BUDGET_UNPACK_US, BUDGET_MSGS = 39.0, 15.0, 25.0, 1.1
+# The variants whose steps leave releases to send (synchronized after each step, untimed).
+SYNCHRONIZED = ("cuda-sim", "cuda-sim-pyring", "cuda-sim-pylane", "shm", "cuda-sim@REV")
 VARIANTS = ("noop", "tensor-attrs", "store-front", "store-front@REV", "sidestream", "cuda-sim",
-            "cuda-sim-pyring", "cuda-sim@REV", "shm",
+            "cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim@REV", "shm",
             "native-floor", "native-front")
 
 
@@ -419,12 +426,20 @@ class Counted:
 
 class python_ring_paths:
     """While entered with ``on``: the request ring's C paths off (every endpoint's
-    Client._submit_fast and offloadd.client._take_answers None), restored on exit."""
+    Client._submit_fast and offloadd.client._take_answers None), restored on exit; with
+    ``lanes`` the stores' lanes off (offloadd.torch._store._offload_lanes False: a store makes
+    no lane while it is, so a store that runs only inside makes none) and the hooks' pump in
+    Python (Client.pump instead of offloadd._store_front.pump)."""
 
-    def __init__(self, on):
-        self.on, self.saved = on, None
+    def __init__(self, on, lanes=False):
+        self.on, self.lanes, self.saved = on, lanes, None
 
     def __enter__(self):
+        if self.lanes:
+            from offloadd.torch import _endpoint, _store
+            _store._offload_lanes = False
+            self.pump_client = _endpoint._pump_client
+            _endpoint._pump_client = lambda client, batch, take: client.pump()
         if self.on:
             from offloadd import client
             from offloadd.torch import _endpoint
@@ -437,6 +452,10 @@ class python_ring_paths:
         return self
 
     def __exit__(self, *exc):
+        if self.lanes:
+            from offloadd.torch import _endpoint, _store
+            _store._offload_lanes = True
+            _endpoint._pump_client = self.pump_client
         if self.saved is not None:
             from offloadd import client
             client._take_answers = self.saved[0]
@@ -479,7 +498,7 @@ def worker(args):
         if variant == "tensor-attrs":
             return tensor_attrs, (lambda t: t), None
         base, _, rev = variant.partition("@")
-        base = "cuda-sim" if base == "cuda-sim-pyring" else base
+        base = "cuda-sim" if base in ("cuda-sim-pyring", "cuda-sim-pylane") else base
         keep = 1 << 30 if base == "store-front" else 0
         sock = shm_d.sock if base == "shm" else sim_d.sock
         store = None if not rev else old_store.Store(
@@ -489,7 +508,7 @@ def worker(args):
         return ctx.store.pack, ctx.store.unpack, sock
 
     variants = ["noop", "tensor-attrs", "store-front", "sidestream", "cuda-sim", "cuda-sim-pyring",
-                "shm"]
+                "cuda-sim-pylane", "shm"]
     if old_store is not None:
         variants += ["store-front@REV", "cuda-sim@REV"]
     # store-front's steps send nothing by design: its idle-step warning says nothing here.
@@ -516,7 +535,7 @@ def worker(args):
         socks["native-front"], counters["native-front"] = None, floor[3]
 
     daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid,
-                  "cuda-sim-pyring": sim_d.proc.pid,
+                  "cuda-sim-pyring": sim_d.proc.pid, "cuda-sim-pylane": sim_d.proc.pid,
                   "cuda-sim@REV": sim_d.proc.pid,
                   "native-floor": shm_d.proc.pid, "native-front": shm_d.proc.pid}
 
@@ -538,7 +557,7 @@ def worker(args):
         saved = tensors.get(v, xs)
         dep = torch.zeros(1, requires_grad=True)
         y = dep
-        with python_ring_paths(v == "cuda-sim-pyring"):
+        with python_ring_paths(v == "cuda-sim-pyring", lanes=v == "cuda-sim-pylane"):
             with torch.autograd.graph.saved_tensors_hooks(tm.pack, tm.unpack):
                 for i in range(n):
                     busy()
@@ -569,7 +588,7 @@ def worker(args):
             c1 = thread_cpu_ns()
             dc1 = daemon_cpu_ns(v)
             groups.update(thread_groups())
-            if v in ("cuda-sim", "cuda-sim-pyring", "shm", "cuda-sim@REV"):
+            if v in SYNCHRONIZED:
                 ot.synchronize(5.0)  # the step's releases, outside its timing
             if rep < args.warmup:
                 continue
@@ -601,7 +620,7 @@ def worker(args):
         counted = Counted(*raw[v])
         for _ in range(args.count_steps):
             step(v, counted)
-            if v in ("cuda-sim", "cuda-sim-pyring", "shm", "cuda-sim@REV"):
+            if v in SYNCHRONIZED:
                 ot.synchronize(5.0)
         calls[v] = counted.per_call()
         if v in args.count_detail_list:
@@ -863,15 +882,15 @@ def main():
         summary = summarize(out["rows"], 2 * args.ops, residual_ns)
         summary["python_calls_per_hook_call"] = out["calls"]
         summary["accounting_residual_ns"] = out["residual_ns"]
-        summary["paired_pyring_minus_c_us"] = paired_difference(
-            out["rows"], "cuda-sim-pyring", "cuda-sim")
         results[layout] = summary
         report(layout, summary, args)
-        if summary["paired_pyring_minus_c_us"]:
-            print("  paired per repetition, cuda-sim-pyring minus cuda-sim, training thread per "
-                  "pack / unpack (client figures), median [quartiles] us: %s"
-                  % " / ".join("%.1f [%.1f, %.1f]" % q
-                               for q in summary["paired_pyring_minus_c_us"]))
+        for other in ("cuda-sim-pyring", "cuda-sim-pylane"):
+            key = "paired_%s_minus_c_us" % other.rpartition("-")[2]
+            summary[key] = paired_difference(out["rows"], other, "cuda-sim")
+            if summary[key]:
+                print("  paired per repetition, %s minus cuda-sim, training thread per pack / "
+                      "unpack (client figures), median [quartiles] us: %s"
+                      % (other, " / ".join("%.1f [%.1f, %.1f]" % q for q in summary[key])))
         for line in out["skipped"]:
             print("  " + line)
     if args.json:
