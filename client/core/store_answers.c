@@ -59,26 +59,22 @@ static PyObject *a_kind, *a_args, *a_target, *a_done, *a_value, *a_exc, *a_callb
     *a_version, *a_op_event;
 static PyObject *f_block_id, *f_bytes, *f_queued, *f_copy, *f_released, *f_done_event;
 
-static int intern(PyObject** out, const char* s) {
-  *out = PyUnicode_InternFromString(s);
-  return *out != NULL;
-}
-
 int store_answers_init(void) {
-  return intern(&op_kinds[OFFLOAD_ANSWER], "offload") &&
-         intern(&op_kinds[RELOAD_ANSWER], "reload") &&
-         intern(&op_kinds[RELEASE_ANSWER], "release") && intern(&a_kind, "kind") &&
-         intern(&a_args, "args") && intern(&a_target, "target") && intern(&a_done, "_done") &&
-         intern(&a_value, "_value") && intern(&a_exc, "_exc") &&
-         intern(&a_callbacks, "_callbacks") && intern(&a_event, "_event") &&
-         intern(&a_lock, "_lock") && intern(&a_stats, "stats") &&
-         intern(&a_add_offloaded, "add_offloaded") && intern(&a_future, "future") &&
-         intern(&a_tensor, "tensor") && intern(&a_acquire, "acquire") &&
-         intern(&a_release, "release") && intern(&a_version, "_version") &&
-         intern(&a_op_event, "event") &&
-         intern(&f_block_id, "block_id") && intern(&f_bytes, "bytes") &&
-         intern(&f_queued, "queued_seconds") && intern(&f_copy, "copy_seconds") &&
-         intern(&f_released, "released") && intern(&f_done_event, "done_event_recorded");
+  return front_intern(&op_kinds[OFFLOAD_ANSWER], "offload") &&
+         front_intern(&op_kinds[RELOAD_ANSWER], "reload") &&
+         front_intern(&op_kinds[RELEASE_ANSWER], "release") && front_intern(&a_kind, "kind") &&
+         front_intern(&a_args, "args") && front_intern(&a_target, "target") &&
+         front_intern(&a_done, "_done") && front_intern(&a_value, "_value") &&
+         front_intern(&a_exc, "_exc") && front_intern(&a_callbacks, "_callbacks") &&
+         front_intern(&a_event, "_event") && front_intern(&a_lock, "_lock") &&
+         front_intern(&a_stats, "stats") && front_intern(&a_add_offloaded, "add_offloaded") &&
+         front_intern(&a_future, "future") && front_intern(&a_tensor, "tensor") &&
+         front_intern(&a_acquire, "acquire") && front_intern(&a_release, "release") &&
+         front_intern(&a_version, "_version") && front_intern(&a_op_event, "event") &&
+         front_intern(&f_block_id, "block_id") && front_intern(&f_bytes, "bytes") &&
+         front_intern(&f_queued, "queued_seconds") && front_intern(&f_copy, "copy_seconds") &&
+         front_intern(&f_released, "released") &&
+         front_intern(&f_done_event, "done_event_recorded");
 }
 
 /* ---- bind_answers ---------------------------------------------------------------------------- */

@@ -32,6 +32,10 @@ typedef struct Saved {
 /* The Saved type, made at the module's import (store_front_module.c). */
 extern PyTypeObject* SavedType;
 
+/* *out = the interned str s: 1, or 0 with an error set (store_front_module.c; every source of
+ * the module interns its attribute names with it at import). */
+int front_intern(PyObject** out, const char* s);
+
 /* store_answers.c: interns its names (0 with an error set), and its module-level functions. */
 int store_answers_init(void);
 PyObject* store_answers_bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs);

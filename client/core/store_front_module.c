@@ -855,23 +855,24 @@ static struct PyModuleDef module = {
     module_methods, NULL, NULL, NULL, NULL,
 };
 
-static int intern(PyObject** out, const char* s) {
+int front_intern(PyObject** out, const char* s) {
   *out = PyUnicode_InternFromString(s);
   return *out != NULL;
 }
 
 PyMODINIT_FUNC PyInit__store_front(void) {
-  if (!intern(&s_params, "params") || !intern(&s_leaves, "leaves") ||
-      !intern(&s_other, "other") || !intern(&s_small, "small") || !intern(&s_views, "views") ||
-      !intern(&a_base, "_base") || !intern(&a_is_param, "_is_param") ||
-      !intern(&a_requires_grad, "requires_grad") || !intern(&a_is_leaf, "is_leaf") ||
-      !intern(&a_layout, "layout") || !intern(&a_is_quantized, "is_quantized") ||
-      !intern(&a_is_nested, "is_nested") || !intern(&a_is_cuda, "is_cuda") ||
-      !intern(&a_is_cpu, "is_cpu") || !intern(&a_nbytes, "nbytes") ||
-      !intern(&a_version, "_version") || !intern(&a_shape, "shape") ||
-      !intern(&a_stride, "stride") || !intern(&a_dtype, "dtype") ||
-      !intern(&a_device, "device") || !intern(&a_on_death, "_on_death") ||
-      !store_answers_init() || !store_lane_init() || !store_pump_init())
+  if (!front_intern(&s_params, "params") || !front_intern(&s_leaves, "leaves") ||
+      !front_intern(&s_other, "other") || !front_intern(&s_small, "small") ||
+      !front_intern(&s_views, "views") || !front_intern(&a_base, "_base") ||
+      !front_intern(&a_is_param, "_is_param") || !front_intern(&a_requires_grad, "requires_grad") ||
+      !front_intern(&a_is_leaf, "is_leaf") || !front_intern(&a_layout, "layout") ||
+      !front_intern(&a_is_quantized, "is_quantized") || !front_intern(&a_is_nested, "is_nested") ||
+      !front_intern(&a_is_cuda, "is_cuda") || !front_intern(&a_is_cpu, "is_cpu") ||
+      !front_intern(&a_nbytes, "nbytes") || !front_intern(&a_version, "_version") ||
+      !front_intern(&a_shape, "shape") || !front_intern(&a_stride, "stride") ||
+      !front_intern(&a_dtype, "dtype") || !front_intern(&a_device, "device") ||
+      !front_intern(&a_on_death, "_on_death") || !store_answers_init() || !store_lane_init() ||
+      !store_pump_init())
     return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;

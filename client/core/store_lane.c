@@ -49,33 +49,29 @@ static PyObject *n_client, *n_transport, *n_dev, *n_events, *n_free, *n_regions,
     *n_base, *n_size, *n_buffer_id, *n_move_to_end, *n_enter, *n_exit, *n_simulated,
     *n_checksums, *n_checksum, *n_check_simulated;
 
-static int intern(PyObject** out, const char* s) {
-  *out = PyUnicode_InternFromString(s);
-  return *out != NULL;
-}
-
 int store_lane_init(void) {
   lane_process_pid = (long long)getpid();
   if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0) {
     PyErr_SetString(PyExc_RuntimeError, "offloadd._store_front: pthread_atfork failed");
     return 0;
   }
-  return intern(&n_dead, "_dead") && intern(&n_closing, "_closing") &&
-         intern(&n_abandoned, "_abandoned") && intern(&n_submit_fast, "_submit_fast") &&
-         intern(&n_version, "_version") && intern(&n_handle, "handle") &&
-         intern(&n_lock, "_lock") && intern(&n_acquire, "acquire") &&
-         intern(&n_release, "release") && intern(&n_done, "_done") &&
-         intern(&n_exc, "_exc") && intern(&n_value, "_value") && intern(&n_tensor, "tensor") &&
-         intern(&n_event, "event") && intern(&n_client, "client") &&
-         intern(&n_transport, "transport") && intern(&n_dev, "dev") &&
-         intern(&n_events, "events") && intern(&n_free, "_free") &&
-         intern(&n_regions, "_regions") && intern(&n_data_ptr, "data_ptr") &&
-         intern(&n_base, "base") && intern(&n_size, "size") &&
-         intern(&n_buffer_id, "buffer_id") && intern(&n_move_to_end, "move_to_end") &&
-         intern(&n_enter, "__enter__") && intern(&n_exit, "__exit__") &&
-         intern(&n_simulated, "simulated") && intern(&n_checksums, "checksums") &&
-         intern(&n_checksum, "checksum") && intern(&n_check_simulated, "_check_simulated") &&
-         store_offload_init() && store_reload_init();
+  return front_intern(&n_dead, "_dead") && front_intern(&n_closing, "_closing") &&
+         front_intern(&n_abandoned, "_abandoned") && front_intern(&n_submit_fast, "_submit_fast") &&
+         front_intern(&n_version, "_version") && front_intern(&n_handle, "handle") &&
+         front_intern(&n_lock, "_lock") && front_intern(&n_acquire, "acquire") &&
+         front_intern(&n_release, "release") && front_intern(&n_done, "_done") &&
+         front_intern(&n_exc, "_exc") && front_intern(&n_value, "_value") &&
+         front_intern(&n_tensor, "tensor") && front_intern(&n_event, "event") &&
+         front_intern(&n_client, "client") && front_intern(&n_transport, "transport") &&
+         front_intern(&n_dev, "dev") && front_intern(&n_events, "events") &&
+         front_intern(&n_free, "_free") && front_intern(&n_regions, "_regions") &&
+         front_intern(&n_data_ptr, "data_ptr") && front_intern(&n_base, "base") &&
+         front_intern(&n_size, "size") && front_intern(&n_buffer_id, "buffer_id") &&
+         front_intern(&n_move_to_end, "move_to_end") && front_intern(&n_enter, "__enter__") &&
+         front_intern(&n_exit, "__exit__") && front_intern(&n_simulated, "simulated") &&
+         front_intern(&n_checksums, "checksums") && front_intern(&n_checksum, "checksum") &&
+         front_intern(&n_check_simulated, "_check_simulated") && store_offload_init() &&
+         store_reload_init();
 }
 
 /* ---- helpers of both halves ------------------------------------------------------------------ */

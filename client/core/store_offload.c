@@ -25,16 +25,12 @@
 static PyObject *n_future, *n_slot, *n_orphan_reload, *n_counted, *n_sent,
     *n_add_done_callback, *n_offload_done, *n_stall_left;
 
-static int intern(PyObject** out, const char* s) {
-  *out = PyUnicode_InternFromString(s);
-  return *out != NULL;
-}
-
 int store_offload_init(void) {
-  return intern(&n_future, "future") && intern(&n_slot, "slot") &&
-         intern(&n_orphan_reload, "orphan_reload") && intern(&n_counted, "counted") &&
-         intern(&n_sent, "sent") && intern(&n_add_done_callback, "add_done_callback") &&
-         intern(&n_offload_done, "_offload_done") && intern(&n_stall_left, "_stall_left");
+  return front_intern(&n_future, "future") && front_intern(&n_slot, "slot") &&
+         front_intern(&n_orphan_reload, "orphan_reload") && front_intern(&n_counted, "counted") &&
+         front_intern(&n_sent, "sent") && front_intern(&n_add_done_callback, "add_done_callback") &&
+         front_intern(&n_offload_done, "_offload_done") &&
+         front_intern(&n_stall_left, "_stall_left");
 }
 
 /* 1 when Store._offload's usual path applies to handle s (as far as it can be told before a
@@ -242,5 +238,4 @@ PyObject* lane_offload(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
   if (r < 0) return NULL;
   return PyBool_FromLong(r);
 }
-
 

@@ -25,20 +25,16 @@ static PyObject *n_ring_native, *n_ring_ops, *n_owner_pid, *n_ring, *n_released,
     *n_drain, *n_last_heard, *n_counters, *n_received, *n_confirmed, *n_outcomes_locked,
     *n_finish, *n_pump;
 
-static int intern(PyObject** out, const char* s) {
-  *out = PyUnicode_InternFromString(s);
-  return *out != NULL;
-}
-
 int store_pump_init(void) {
-  return intern(&n_ring_native, "_ring_native") && intern(&n_ring_ops, "_ring_ops") &&
-         intern(&n_owner_pid, "_owner_pid") && intern(&n_ring, "_ring") &&
-         intern(&n_released, "_released") && intern(&n_fast, "_fast") &&
-         intern(&n_drain, "drain") && intern(&n_last_heard, "_last_heard") &&
-         intern(&n_counters, "counters") && intern(&n_received, "ring_answers_received") &&
-         intern(&n_confirmed, "_confirmed") &&
-         intern(&n_outcomes_locked, "_ring_outcomes_locked") && intern(&n_finish, "_finish") &&
-         intern(&n_pump, "pump");
+  return front_intern(&n_ring_native, "_ring_native") && front_intern(&n_ring_ops, "_ring_ops") &&
+         front_intern(&n_owner_pid, "_owner_pid") && front_intern(&n_ring, "_ring") &&
+         front_intern(&n_released, "_released") && front_intern(&n_fast, "_fast") &&
+         front_intern(&n_drain, "drain") && front_intern(&n_last_heard, "_last_heard") &&
+         front_intern(&n_counters, "counters") &&
+         front_intern(&n_received, "ring_answers_received") &&
+         front_intern(&n_confirmed, "_confirmed") &&
+         front_intern(&n_outcomes_locked, "_ring_outcomes_locked") &&
+         front_intern(&n_finish, "_finish") && front_intern(&n_pump, "pump");
 }
 
 /* The ring's drain function and pointer when the usual case applies: 1; 0 when Client.pump
@@ -146,19 +142,10 @@ static int take_batch(PyObject* client, PyObject* ring, PyObject* answers, PyObj
   }
   Py_DECREF(got);
   PyObject* outcomes = apply_locked(client, ring, answers, take);
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb); /* the lock is let go whatever the batch raised */
-  PyObject* released = PyObject_CallMethodObjArgs(lock, n_release, NULL);
-  Py_DECREF(lock);
-  if (released == NULL) {
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
+  if (!lane_unlock(lock)) { /* let go whatever the batch raised */
     Py_XDECREF(outcomes);
     return 0;
   }
-  Py_DECREF(released);
-  PyErr_Restore(type, value, tb);
   int ok = outcomes != NULL && finish(outcomes);
   Py_XDECREF(outcomes);
   return ok;

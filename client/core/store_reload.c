@@ -28,21 +28,17 @@ static PyObject *n_slot, *n_dest, *n_region_id, *n_offset, *n_ready_event, *n_do
     *n_done_seq, *n_done_outcome, *n_sent, *n_priority, *n_release_after,
     *n_done_event_recorded, *k_release_after, *k_ready_event, *k_done_event, *k_into;
 
-static int intern(PyObject** out, const char* s) {
-  *out = PyUnicode_InternFromString(s);
-  return *out != NULL;
-}
-
 int store_reload_init(void) {
-  return intern(&n_slot, "slot") && intern(&n_dest, "dest") &&
-         intern(&n_region_id, "region_id") && intern(&n_offset, "offset") &&
-         intern(&n_ready_event, "ready_event") && intern(&n_done_event, "done_event") &&
-         intern(&n_done_seq, "done_seq") && intern(&n_done_outcome, "done") &&
-         intern(&n_sent, "sent") && intern(&n_priority, "priority") &&
-         intern(&n_release_after, "release_after") &&
-         intern(&n_done_event_recorded, "done_event_recorded") &&
-         intern(&k_release_after, "release_after") && intern(&k_ready_event, "ready_event") &&
-         intern(&k_done_event, "done_event") && intern(&k_into, "into");
+  return front_intern(&n_slot, "slot") && front_intern(&n_dest, "dest") &&
+         front_intern(&n_region_id, "region_id") && front_intern(&n_offset, "offset") &&
+         front_intern(&n_ready_event, "ready_event") && front_intern(&n_done_event, "done_event") &&
+         front_intern(&n_done_seq, "done_seq") && front_intern(&n_done_outcome, "done") &&
+         front_intern(&n_sent, "sent") && front_intern(&n_priority, "priority") &&
+         front_intern(&n_release_after, "release_after") &&
+         front_intern(&n_done_event_recorded, "done_event_recorded") &&
+         front_intern(&k_release_after, "release_after") &&
+         front_intern(&k_ready_event, "ready_event") && front_intern(&k_done_event, "done_event") &&
+         front_intern(&k_into, "into");
 }
 
 static int is_none(PyObject* o) { return o == NULL || o == Py_None; }
