@@ -143,8 +143,8 @@ _RECOVERABLE = (errors.OffloaddError, errors.CudaExportError, OSError, TimeoutEr
 #   dtype, device, numel, nbytes, checksum; ``meta`` is the record itself). Its death calls
 #   Store._on_death once.
 Saved = _front.Saved
-# Offload lanes (the usual offload of a handle in one C call, _front.OffloadLane) in use; the
-# benchmarks and tests switch them off to compare with the Python path.
+# Lanes (a handle's usual offload and reload in one C call each, _front.OffloadLane) in use;
+# the benchmarks and tests switch them off to compare with the Python path.
 _offload_lanes = True
 
 
@@ -214,7 +214,8 @@ class Store:
         self._foreign_unpacks = 0
         self._step_eps = {}    # device key -> Endpoint of this step (checked alive per use)
         # torch.device -> OffloadLane of this step's endpoint for it, made after the endpoint
-        # served the step's first offload (cleared with _step_eps): the usual offload in C.
+        # served the step's first offload (cleared with _step_eps): the usual offload and
+        # reload in C (None for an endpoint that has none: shm).
         self._lanes = {}
         self._device_keys = {}  # torch.device -> its endpoint key, per step (kinds may change)
         self._can_pin = None   # pin_memory possible (torch.cuda.is_available()), per step
