@@ -181,6 +181,13 @@ int lane_in_context(Lane* self, PyObject* device, int (*fn)(Lane*, Saved*, void*
   return r;
 }
 
+int lane_made(PyObject* o, const char* method) {
+  if (((Lane*)o)->ep != NULL) return 1;
+  PyErr_Format(PyExc_TypeError, "OffloadLane.%s(): the lane was never made (OffloadLane(...) "
+               "runs its __init__)", method);
+  return 0;
+}
+
 int lane_decline_on_exception(void) {
   if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
   PyErr_Clear();
@@ -196,8 +203,8 @@ PyObject* lane_record(PyObject* type, PyObject* const* names, PyObject* const* v
   return r;
 }
 
-PyObject* lane_lock(Saved* s) {
-  PyObject* lock = PyObject_GetAttr(s->store, n_lock);
+PyObject* lane_lock(PyObject* owner) {
+  PyObject* lock = PyObject_GetAttr(owner, n_lock);
   PyObject* got = lock ? PyObject_CallMethodObjArgs(lock, n_acquire, NULL) : NULL;
   if (got == NULL) {
     Py_XDECREF(lock);

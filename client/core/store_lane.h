@@ -63,11 +63,14 @@ int lane_decline_on_exception(void);
  * named set to the values. NULL with an error set. */
 PyObject* lane_record(PyObject* type, PyObject* const* names, PyObject* const* values, int n);
 
-/* The handle's store's lock, taken (blocking, as `with store._lock` takes it): the lock, or
- * NULL with an error set. lane_unlock gives it back and drops the reference: 1, or 0 with an
- * error set. */
-PyObject* lane_lock(Saved* s);
+/* owner._lock (a handle's store's, or a client's), taken (blocking, as `with owner._lock`
+ * takes it): the lock, or NULL with an error set. lane_unlock gives it back and drops the
+ * reference, keeping an error the holder set: 1, or 0 with an error set. */
+PyObject* lane_lock(PyObject* owner);
 int lane_unlock(PyObject* lock);
+
+/* 1 when lane o was made (its __init__ ran); else 0 with a TypeError naming `method`. */
+int lane_made(PyObject* o, const char* method);
 
 /* store_offload.c and store_reload.c: their names interned (0 with an error set), methods. */
 int store_offload_init(void);

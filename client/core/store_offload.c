@@ -150,7 +150,7 @@ static int count_sent(Saved* s, PyObject* step) {
  * with an error set; -1 when taking the lock raised (an interrupt while another thread held
  * it: it propagates, as from `with self._lock`, the handle left as it was). */
 static int hand_over(Lane* self, Saved* s, Sending* x) {
-  PyObject* lock = lane_lock(s);
+  PyObject* lock = lane_lock(s->store);
   if (lock == NULL) return -1;
   PyObject* version = PyObject_GetAttr(x->src, n_version); /* a tensor's: no code of ours */
   PyObject* old[4] = {s->ep, s->op, s->tensor, s->sent_version};
@@ -224,11 +224,7 @@ PyObject* lane_offload(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "OffloadLane.offload(saved: Saved, step)");
     return NULL;
   }
-  if (((Lane*)o)->ep == NULL) {
-    PyErr_SetString(PyExc_TypeError, "OffloadLane.offload(): the lane was never made "
-                                     "(OffloadLane(...) runs its __init__)");
-    return NULL;
-  }
+  if (!lane_made(o, "offload")) return NULL;
   Saved* s = (Saved*)args[0];
   Py_INCREF(s); /* a device call may run code that drops the caller's references */
   Sending x = {0};

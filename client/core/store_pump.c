@@ -134,13 +134,8 @@ static int finish(PyObject* outcomes) {
 /* One drained batch handled: 1, or 0 with an error set. */
 static int take_batch(PyObject* client, PyObject* ring, PyObject* answers, PyObject* take) {
   if (!heard(client)) return 0;
-  PyObject* lock = PyObject_GetAttr(client, n_lock);
-  PyObject* got = lock ? PyObject_CallMethodObjArgs(lock, n_acquire, NULL) : NULL;
-  if (got == NULL) {
-    Py_XDECREF(lock);
-    return 0;
-  }
-  Py_DECREF(got);
+  PyObject* lock = lane_lock(client);
+  if (lock == NULL) return 0;
   PyObject* outcomes = apply_locked(client, ring, answers, take);
   if (!lane_unlock(lock)) { /* let go whatever the batch raised */
     Py_XDECREF(outcomes);

@@ -43,13 +43,6 @@ int store_reload_init(void) {
 
 static int is_none(PyObject* o) { return o == NULL || o == Py_None; }
 
-static int made(PyObject* o, const char* method) {
-  if (((Lane*)o)->ep != NULL) return 1;
-  PyErr_Format(PyExc_TypeError, "OffloadLane.%s(): the lane was never made (OffloadLane(...) "
-               "runs its __init__)", method);
-  return 0;
-}
-
 /* ---- reload(saved, priority) ----------------------------------------------------------------- */
 typedef struct {
   PyObject *priority, *dest, *rid, *offset, *ready, *done, *op, *block;
@@ -105,7 +98,7 @@ static int reload_op(Lane* self, Reloading* x) {
 /* The handle takes the reload under the store's lock, unless it changed meanwhile (another
  * thread reloaded or released it): 1 taken (x->block read with it), 0 not, -1 error. */
 static int attach(Lane* self, Saved* s, Reloading* x) {
-  PyObject* lock = lane_lock(s);
+  PyObject* lock = lane_lock(s->store);
   if (lock == NULL) return -1;
   int r = offloaded(self, s);
   if (r) {
@@ -194,7 +187,7 @@ PyObject* lane_reload(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "OffloadLane.reload(saved: Saved, priority: int)");
     return NULL;
   }
-  if (!made(o, "reload")) return NULL;
+  if (!lane_made(o, "reload")) return NULL;
   Saved* s = (Saved*)args[0];
   Py_INCREF(s); /* a device call may run code that drops the caller's references */
   Reloading x = {args[1]};
@@ -254,7 +247,7 @@ static int finish_answered(Lane* self, Saved* s, PyObject* op, PyObject* answer,
 
 PyObject* lane_finish(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
   Lane* self = (Lane*)o;
-  if (!made(o, "finish")) return NULL;
+  if (!lane_made(o, "finish")) return NULL;
   if (nargs != 2 || Py_TYPE(args[0]) != (PyTypeObject*)self->reload_op_type ||
       Py_TYPE(args[1]) != SavedType) {
     PyErr_SetString(PyExc_TypeError, "OffloadLane.finish(reload_op: ReloadOp, saved: Saved)");

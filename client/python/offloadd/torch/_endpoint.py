@@ -369,7 +369,6 @@ def pump():
             _pump_client(ep.client, _DRAIN_BATCH, _client._take_answers)
 
 
-
 def _requests_sent():
     """Requests this process's endpoints sent so far, on their streams and rings."""
     return sum(ep.client.counters.requests_sent + ep.client.counters.ring_requests_sent

@@ -896,8 +896,8 @@ atexit.register(finish_steps)
 
 def _lane_for(ep):
     """The OffloadLane of endpoint ``ep`` (after it served an offload of this step, which
-    checked the allocator's settings), or None where the usual offload stays in Python: the
-    shm transport (its staging copy)."""
+    checked the allocator's settings), or None where the usual offload and reload stay in
+    Python: the shm transport (its staging copies)."""
     if type(ep.transport) is not CudaIpcTransport:
         return None
     return _front.OffloadLane(ep, _FULL_UNTIL, OffloadOp, ReloadOp, functools.partial)
