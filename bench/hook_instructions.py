@@ -11,6 +11,8 @@ difference of the two runs' totals over (LONG - SHORT) x 2N hook calls is what o
 tensor's pack and unpack cost the training process, start-up taken out:
 
   Ir     instructions executed (every thread of the process)
+  I1mr   first-level instruction cache read misses (the same model): the code a call runs
+         that is not in the cache; between model work most of a hook's code is not
   D1mr   first-level data cache read misses (cachegrind's simulated caches: its model of the
          host's, not a measurement of them)
   DLmr   last-level data cache read misses (the same model)
@@ -52,7 +54,7 @@ import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VARIANTS = ("noop", "store-front", "cuda-sim", "cuda-sim-pylane", "cuda-sim-pyring")
-EVENTS = ("Ir", "D1mr", "DLmr")
+EVENTS = ("Ir", "I1mr", "D1mr", "DLmr")
 MIB = 1 << 20
 
 
@@ -154,16 +156,16 @@ def main():
     finally:
         daemon.stop()
     print("per saved tensor (its pack and its unpack), the process's every thread:")
-    print("  %-16s %12s %10s %10s" % ("variant", "Ir", "D1mr", "DLmr"))
+    print("  %-16s %12s %10s %10s %10s" % ("variant", "Ir", "I1mr", "D1mr", "DLmr"))
     for v in variants:
         r = results[v]
-        print("  %-16s %12.0f %10.0f %10.1f" % (v, r["Ir"], r["D1mr"], r["DLmr"]))
+        print("  %-16s %12.0f %10.0f %10.0f %10.1f" % (v, r["Ir"], r["I1mr"], r["D1mr"], r["DLmr"]))
     if "noop" in results:
         print("less noop:")
         for v in variants[1:] if variants[0] == "noop" else variants:
             if v == "noop":
                 continue
-            print("  %-16s %12.0f %10.0f %10.1f" % (v, *(
+            print("  %-16s %12.0f %10.0f %10.0f %10.1f" % (v, *(
                 results[v][e] - results["noop"][e] for e in EVENTS)))
     if args.json:
         with open(args.json, "w") as f:

@@ -429,7 +429,8 @@ class python_ring_paths:
     Client._submit_fast and offloadd.client._take_answers None), restored on exit; with
     ``lanes`` the stores' lanes off (offloadd.torch._store._offload_lanes False: a store makes
     no lane while it is, so a store that runs only inside makes none) and the hooks' pump in
-    Python (Client.pump instead of offloadd._store_front.pump)."""
+    Python (offloadd.torch._endpoint.pump and Client.pump instead of
+    offloadd._store_front.pump_all and .pump)."""
 
     def __init__(self, on, lanes=False):
         self.on, self.lanes, self.saved = on, lanes, None
@@ -438,8 +439,9 @@ class python_ring_paths:
         if self.lanes:
             from offloadd.torch import _endpoint, _store
             _store._offload_lanes = False
-            self.pump_client = _endpoint._pump_client
+            self.pump_client, self.hooks_pump = _endpoint._pump_client, _store._pump
             _endpoint._pump_client = lambda client, batch, take: client.pump()
+            _store._pump = _endpoint.pump
         if self.on:
             from offloadd import client
             from offloadd.torch import _endpoint
@@ -455,7 +457,7 @@ class python_ring_paths:
         if self.lanes:
             from offloadd.torch import _endpoint, _store
             _store._offload_lanes = True
-            _endpoint._pump_client = self.pump_client
+            _endpoint._pump_client, _store._pump = self.pump_client, self.hooks_pump
         if self.saved is not None:
             from offloadd import client
             client._take_answers = self.saved[0]

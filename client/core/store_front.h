@@ -41,9 +41,11 @@ int store_answers_init(void);
 PyObject* store_answers_bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 PyObject* store_answers_take(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 
-/* store_pump.c: interns its names (0 with an error set), and pump(client, batch, take). */
+/* store_pump.c: interns its names (0 with an error set), pump(client, batch, take) and
+ * pump_all(endpoints, batch, client_module). */
 int store_pump_init(void);
 PyObject* store_pump(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+PyObject* store_pump_all(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 
 /* store_lane.c: interns its names and registers its fork handler (0 with an error set), and
  * the spec of its type OffloadLane. */

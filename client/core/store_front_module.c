@@ -46,8 +46,9 @@
  *          (store_answers.c documents them).
  *   OffloadLane(...)  one endpoint's usual offload and reload of a handle in C
  *          (store_lane.c documents it).
- *   pump(client, batch, take)  Client.pump(0.0) at a hook call, its usual case in C (store_pump.c
- *          documents it).
+ *   pump(client, batch, take)  Client.pump(0.0) at a hook call, its usual case in C, and
+ *          pump_all(endpoints, batch, client_module), the hooks' pump of every endpoint
+ *          (store_pump.c documents them).
  * The module keeps no state between stores; every call of a Saved or a Front runs under the
  * GIL and releases it nowhere, so a table is never seen half changed (a lane calls the device's
  * Python methods, which may release it: it touches no table). */
@@ -845,6 +846,8 @@ static PyMethodDef module_methods[] = {
      "take_answers(answers, ops, confirmed) -> the answers left to the caller"},
     {"pump", (PyCFunction)(void (*)(void))store_pump, METH_FASTCALL,
      "pump(client, batch, take) -> the answers taken: Client.pump(0.0), its usual case in C"},
+    {"pump_all", (PyCFunction)(void (*)(void))store_pump_all, METH_FASTCALL,
+     "pump_all(endpoints, batch, client_module): pump() of every endpoint this process made"},
     {NULL, NULL, 0, NULL},
 };
 

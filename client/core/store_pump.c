@@ -1,8 +1,15 @@
-/* offloadd._store_front, part six: a client's pump at a hook call in C (pump).
+/* offloadd._store_front, part six: a client's pump at a hook call in C (pump, pump_all).
  *
  * The torch hooks take the request ring's answers at every pack and unpack (Client.pump with
  * timeout 0): four Python calls (the pump, the ring's drain and its guard) and a dozen lines
  * around one drain and one take_answers, per hook call. This is the same in one C call.
+ *
+ *   pump_all(endpoints, batch, client_module) -> None: offloadd.torch._endpoint.pump in one
+ *          call: pump(ep.client, batch, client_module._take_answers) for each value ``ep`` of
+ *          the dict ``endpoints`` (a tuple of them taken first: a completion may change the
+ *          dict) whose ``pid`` is this process's (an endpoint inherited through fork is the
+ *          parent's: left alone). What a pump raises propagates, the endpoints after it not
+ *          pumped (as from the Python loop). TypeError for arguments of other types.
  *
  *   pump(client, batch, take) -> int: the answers taken, as Client.pump(0.0) returns it, for an
  *          offloadd.client.Client. The usual case here: the ring in use through the
@@ -23,7 +30,7 @@
 
 static PyObject *n_ring_native, *n_ring_ops, *n_owner_pid, *n_ring, *n_released, *n_fast,
     *n_drain, *n_last_heard, *n_counters, *n_received, *n_confirmed, *n_outcomes_locked,
-    *n_finish, *n_pump;
+    *n_finish, *n_pump, *n_pid, *n_client, *n_take_answers;
 
 int store_pump_init(void) {
   return front_intern(&n_ring_native, "_ring_native") && front_intern(&n_ring_ops, "_ring_ops") &&
@@ -34,7 +41,9 @@ int store_pump_init(void) {
          front_intern(&n_received, "ring_answers_received") &&
          front_intern(&n_confirmed, "_confirmed") &&
          front_intern(&n_outcomes_locked, "_ring_outcomes_locked") &&
-         front_intern(&n_finish, "_finish") && front_intern(&n_pump, "pump");
+         front_intern(&n_finish, "_finish") && front_intern(&n_pump, "pump") &&
+         front_intern(&n_pid, "pid") && front_intern(&n_client, "client") &&
+         front_intern(&n_take_answers, "_take_answers");
 }
 
 /* The ring's drain function and pointer when the usual case applies: 1; 0 when Client.pump
@@ -172,18 +181,13 @@ static PyObject* drain_all(PyObject* client, PyObject* ring, PyObject* drain, Py
   return ok ? PyLong_FromSsize_t(taken) : NULL;
 }
 
-PyObject* store_pump(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || !PyLong_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "pump(client, batch: int, take)");
-    return NULL;
-  }
-  PyObject* client = args[0];
+static PyObject* pump_one(PyObject* client, PyObject* batch, PyObject* take) {
   PyObject *ring = NULL, *drain = NULL, *ptr = NULL;
   int idle = 0;
   int r = usual(client, &ring, &drain, &ptr, &idle);
   PyObject* result = NULL;
   if (r == 1)
-    result = drain_all(client, ring, drain, ptr, args[1], args[2]);
+    result = drain_all(client, ring, drain, ptr, batch, take);
   else if (r == 0 && idle)
     result = PyLong_FromLong(0);
   else if (r == 0)
@@ -192,4 +196,45 @@ PyObject* store_pump(PyObject* module, PyObject* const* args, Py_ssize_t nargs) 
   Py_XDECREF(drain);
   Py_XDECREF(ptr);
   return result;
+}
+
+PyObject* store_pump(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyLong_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "pump(client, batch: int, take)");
+    return NULL;
+  }
+  return pump_one(args[0], args[1], args[2]);
+}
+
+/* 1 when endpoint ep was made by this process, 0 when not, -1 with an error set. */
+static int own_endpoint(PyObject* ep) {
+  PyObject* pid = PyObject_GetAttr(ep, n_pid);
+  long long v = pid ? PyLong_AsLongLong(pid) : -1;
+  Py_XDECREF(pid);
+  if (v == -1 && PyErr_Occurred()) return -1;
+  return v == lane_process_pid;
+}
+
+PyObject* store_pump_all(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyDict_Check(args[0]) || !PyLong_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "pump_all(endpoints: dict, batch: int, client_module)");
+    return NULL;
+  }
+  PyObject* values = PyDict_Values(args[0]);
+  PyObject* take = values ? PyObject_GetAttr(args[2], n_take_answers) : NULL;
+  int ok = take != NULL;
+  Py_ssize_t n = ok ? PyList_Size(values) : 0;
+  for (Py_ssize_t i = 0; ok && i < n; i++) {
+    PyObject* ep = PyList_GetItem(values, i); /* the list is ours: no one changes it */
+    int own = own_endpoint(ep);
+    PyObject* client = own == 1 ? PyObject_GetAttr(ep, n_client) : NULL;
+    PyObject* taken = client ? pump_one(client, args[1], take) : NULL;
+    ok = own == 0 || taken != NULL;
+    Py_XDECREF(taken);
+    Py_XDECREF(client);
+  }
+  Py_XDECREF(take);
+  Py_XDECREF(values);
+  if (!ok) return NULL;
+  Py_RETURN_NONE;
 }

@@ -422,5 +422,74 @@ class PumpFallbackTest(unittest.TestCase):
             front_mod.pump(self.Fake(), 64)
 
 
+class PumpAllTest(unittest.TestCase):
+    """offloadd._store_front.pump_all: the hooks' pump of every endpoint in one call."""
+
+    Fake = PumpFallbackTest.Fake
+
+    class Endpoint:
+        def __init__(self, client, pid=None):
+            self.client, self.pid = client, os.getpid() if pid is None else pid
+
+    class Module:
+        _take_answers = take
+
+    def test_only_this_process_endpoints_are_pumped(self):
+        """Each endpoint of this process is pumped once (here through Client.pump, the
+        ctypes-binding case), one inherited through fork is left alone; None is returned."""
+        mine = [self.Fake(PumpFallbackTest.Ring(None), {1: object()}) for _ in range(3)]
+        theirs = mine.pop()
+        eps = {"a": self.Endpoint(mine[0]), "b": self.Endpoint(theirs, os.getpid() + 1),
+               "c": self.Endpoint(mine[1])}
+        self.assertIsNone(front_mod.pump_all(eps, _native.DRAIN_BATCH, self.Module))
+        self.assertEqual([c.pumped for c in mine] + [theirs.pumped], [1, 1, 0])
+
+    def test_the_endpoints_are_taken_before_any_pump(self):
+        """A pump that changes the dict (a completion dropping an endpoint) neither breaks the
+        loop nor skips the endpoints that were there when it began."""
+        eps = {}
+
+        class Dropping(self.Fake):
+            def pump(inner):
+                eps.clear()
+                return super().pump()
+        clients = [Dropping(PumpFallbackTest.Ring(None), {1: object()}) for _ in range(3)]
+        eps.update((i, self.Endpoint(c)) for i, c in enumerate(clients))
+        front_mod.pump_all(eps, _native.DRAIN_BATCH, self.Module)
+        self.assertEqual([c.pumped for c in clients], [1, 1, 1])
+
+    def test_an_error_propagates_and_the_rest_waits(self):
+        class Failing(self.Fake):
+            def pump(inner):
+                raise ValueError("pump failed")
+        later = self.Fake(PumpFallbackTest.Ring(None), {1: object()})
+        eps = {1: self.Endpoint(Failing(PumpFallbackTest.Ring(None), {1: object()})),
+               2: self.Endpoint(later)}
+        with self.assertRaisesRegex(ValueError, "pump failed"):
+            front_mod.pump_all(eps, _native.DRAIN_BATCH, self.Module)
+        self.assertEqual(later.pumped, 0)
+
+    def test_the_take_function_is_read_at_each_call(self):
+        """client_module._take_answers is looked up per call (a benchmark switches it off)."""
+        class NoTake:
+            pass
+        with self.assertRaises(AttributeError):
+            front_mod.pump_all({}, _native.DRAIN_BATCH, NoTake)
+
+    def test_arguments_of_other_types(self):
+        for args in (([], 64, self.Module), ({}, "64", self.Module), ({}, 64)):
+            with self.subTest(args=args), self.assertRaises(TypeError):
+                front_mod.pump_all(*args)
+
+    def test_the_hooks_call_it(self):
+        """The torch hooks' pump is pump_all bound to the endpoints' table, without a Python
+        frame of its own."""
+        from offloadd.torch import _endpoint, _store
+        self.assertIs(_store._pump, _endpoint.hooks_pump)
+        self.assertIs(_endpoint.hooks_pump.func, front_mod.pump_all)
+        self.assertEqual(_endpoint.hooks_pump.args,
+                         (_endpoint._endpoints, _native.DRAIN_BATCH, client_mod))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -29,6 +29,7 @@ metrics (``offloadd_client_fallbacks_total``) and ``offloadctl sessions``.
 """
 
 import atexit
+import functools
 import os
 import sys
 import threading
@@ -360,13 +361,28 @@ _DRAIN_BATCH = _native.DRAIN_BATCH
 def pump():
     """Takes the answers waiting on the request rings of this process's endpoints and completes
     their requests on the calling thread (Client.pump: their callbacks, such as the store's
-    OffloadDone handling, run here). The hooks call it at every pack and unpack; it costs a few
-    attribute tests when nothing is in flight on a ring. Endpoints inherited through fork are
-    the parent's: left alone."""
+    OffloadDone handling, run here). The hooks call it at every pack and unpack (as
+    :data:`hooks_pump`); it costs a few attribute tests when nothing is in flight on a ring.
+    Endpoints inherited through fork are the parent's: left alone."""
     pid = _process.pid
     for ep in tuple(_endpoints.values()):
         if ep.pid == pid:
             _pump_client(ep.client, _DRAIN_BATCH, _client._take_answers)
+
+
+def _hooks_pump():
+    """pump() in one C call (offloadd._store_front.pump_all) where the extension module has it,
+    else pump itself."""
+    if _client._pump_in_c is None:
+        return pump
+    pump_all = getattr(_native.load_store_front(), "pump_all", None)
+    if pump_all is None:  # a module built before it had pump_all
+        return pump
+    return functools.partial(pump_all, _endpoints, _DRAIN_BATCH, _client)
+
+
+# What the hooks call at every pack and unpack: pump(), without a Python frame of its own.
+hooks_pump = _hooks_pump()
 
 
 def _requests_sent():

@@ -89,7 +89,7 @@ class SavedState(enum.IntEnum):
 # The members under the names the hot path compares with (ints: == and in work as before).
 KEPT, OFFLOADING, OFFLOADED, FALLBACK, LOST = SavedState
 _Tensor, _Parameter, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.strided
-_pump = _endpoint.pump
+_pump = _endpoint.hooks_pump
 _FULL_UNTIL = _endpoint._full_until  # (pid, socket, device key) -> refused-for-room back-off
 
 
