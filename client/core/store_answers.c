@@ -14,6 +14,7 @@
  *          (only ops of exactly that class are taken here: their fields are slots, read without
  *          running Python code). None. RuntimeError when called again with other values;
  *          TypeError for arguments of another shape.
+ *   (in C, for the lanes: answers_add_done_callback, store_front.h)
  *   take_answers(answers, ops, confirmed) -> list of the answers left to the caller, in order
  *          (a new list). answers: list of drain tuples (request_id, kind, status_code,
  *          block_id, bytes, queued_seconds, copy_seconds, flags, message); ops: the client's
@@ -56,7 +57,7 @@ static struct {
 static PyObject* op_kinds[ANSWER_KINDS]; /* _RingOp.kind: "offload", "reload", "release" */
 static PyObject *a_kind, *a_args, *a_target, *a_done, *a_value, *a_exc, *a_callbacks, *a_event,
     *a_lock, *a_stats, *a_add_offloaded, *a_future, *a_tensor, *a_acquire, *a_release,
-    *a_version, *a_op_event;
+    *a_version, *a_op_event, *a_add_done_callback;
 static PyObject *f_block_id, *f_bytes, *f_queued, *f_copy, *f_released, *f_done_event;
 
 int store_answers_init(void) {
@@ -71,6 +72,7 @@ int store_answers_init(void) {
          front_intern(&a_future, "future") && front_intern(&a_tensor, "tensor") &&
          front_intern(&a_acquire, "acquire") && front_intern(&a_release, "release") &&
          front_intern(&a_version, "_version") && front_intern(&a_op_event, "event") &&
+         front_intern(&a_add_done_callback, "add_done_callback") &&
          front_intern(&f_block_id, "block_id") && front_intern(&f_bytes, "bytes") &&
          front_intern(&f_queued, "queued_seconds") && front_intern(&f_copy, "copy_seconds") &&
          front_intern(&f_released, "released") &&
@@ -419,6 +421,55 @@ static int take_one(PyObject* a, PyObject* ops, PyObject* confirmed) {
   Py_DECREF(t.op);
   take_clear(&t);
   return r;
+}
+
+/* ---- a callback added ------------------------------------------------------------------------ */
+int answers_add_done_callback(PyObject* op, PyObject* fn) {
+  if (!g.bound || Py_TYPE(op) != (PyTypeObject*)g.ring_op_type) {
+    PyObject* r = PyObject_CallMethodObjArgs(op, a_add_done_callback, fn, NULL);
+    Py_XDECREF(r);
+    return r != NULL;
+  }
+  PyObject* fresh = PyList_New(0); /* made before the lock: an allocation may run code */
+  PyObject* got = fresh ? PyObject_CallMethodObjArgs(g.outcome_lock, a_acquire, NULL) : NULL;
+  if (got == NULL) {
+    Py_XDECREF(fresh);
+    return 0;
+  }
+  Py_DECREF(got);
+  /* under the lock: slots of a plain __slots__ class, read and written without running code */
+  PyObject* done = PyObject_GetAttr(op, a_done);
+  int is_done = done ? PyObject_IsTrue(done) : -1;
+  Py_XDECREF(done);
+  int ok = is_done >= 0;
+  if (is_done == 0) {
+    PyObject* callbacks = PyObject_GetAttr(op, a_callbacks);
+    if (callbacks == NULL) {
+      ok = 0;
+    } else if (callbacks == Py_None) {
+      ok = PyList_Append(fresh, fn) == 0 && PyObject_SetAttr(op, a_callbacks, fresh) == 0;
+    } else {
+      ok = PyList_Check(callbacks) && PyList_Append(callbacks, fn) == 0;
+      if (!ok && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "offloadd: an outcome's callbacks are not a list");
+    }
+    Py_XDECREF(callbacks); /* still held by the op, or None: no code runs */
+  }
+  if (ok) {
+    release(g.outcome_lock);
+  } else {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    release(g.outcome_lock);
+    PyErr_Restore(type, value, tb);
+  }
+  Py_DECREF(fresh);
+  if (ok && is_done == 1) { /* complete already: called at once, as Outcome does */
+    PyObject* r = PyObject_CallFunctionObjArgs(fn, op, NULL);
+    Py_XDECREF(r);
+    ok = r != NULL;
+  }
+  return ok;
 }
 
 PyObject* store_answers_take(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {

@@ -40,6 +40,11 @@ int front_intern(PyObject** out, const char* s);
 int store_answers_init(void);
 PyObject* store_answers_bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 PyObject* store_answers_take(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+/* op.add_done_callback(fn): for an op of the ring op type bind_answers was given, in C (fn
+ * appended to its callbacks under Outcome's lock, or called at once when op is done, as
+ * offloadd._outcome.Outcome.add_done_callback does); else that method. 1, or 0 with an error
+ * set (what fn raises when called at once, an interrupt while waiting for the lock). */
+int answers_add_done_callback(PyObject* op, PyObject* fn);
 
 /* store_pump.c: interns its names (0 with an error set), pump(client, batch, take) and
  * pump_all(endpoints, batch, client_module). */

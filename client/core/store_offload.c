@@ -22,13 +22,13 @@
  *          answer the client takes as for any other. TypeError for arguments of other types. */
 #include "client/core/store_lane.h"
 
-static PyObject *n_future, *n_slot, *n_orphan_reload, *n_counted, *n_sent,
-    *n_add_done_callback, *n_offload_done, *n_stall_left;
+static PyObject *n_future, *n_slot, *n_orphan_reload, *n_counted, *n_sent, *n_offload_done,
+    *n_stall_left;
 
 int store_offload_init(void) {
   return front_intern(&n_future, "future") && front_intern(&n_slot, "slot") &&
          front_intern(&n_orphan_reload, "orphan_reload") && front_intern(&n_counted, "counted") &&
-         front_intern(&n_sent, "sent") && front_intern(&n_add_done_callback, "add_done_callback") &&
+         front_intern(&n_sent, "sent") &&
          front_intern(&n_offload_done, "_offload_done") &&
          front_intern(&n_stall_left, "_stall_left");
 }
@@ -174,9 +174,7 @@ static int after_sending(Lane* self, Saved* s, PyObject* step, PyObject* op, Sen
   int handed = hand_over(self, s, x);
   if (handed < 0) return -1;
   if (handed == 0) PyErr_WriteUnraisable((PyObject*)s);
-  PyObject* r = PyObject_CallMethodObjArgs(op, n_add_done_callback, x->callback, NULL);
-  if (r == NULL) PyErr_WriteUnraisable(op);
-  Py_XDECREF(r);
+  if (!answers_add_done_callback(op, x->callback)) PyErr_WriteUnraisable(op);
   return 1;
 }
 

@@ -219,6 +219,44 @@ class SentTest(LaneCase):
         self.assertIs(op, self.s.op)
         self.assertIs(future, ring_op)
 
+    def test_the_callback_is_added_in_c_to_a_ring_op(self):
+        """A _RingOp gets the store's callback as Outcome.add_done_callback adds it: the one
+        entry of a new list; a list there already gets it appended; an op complete already
+        runs it at once (and keeps no list)."""
+        self.assertTrue(self.offload())
+        self.assertEqual(len(self.s.op.future._callbacks), 1)
+        self.assertEqual(self.store.done, [])
+        for before, done in (([print], False), (None, True)):
+            with self.subTest(done=done):
+                self.setUp()
+                ring_op = _RingOp(self.ep.client, "offload", None)
+                ring_op._callbacks = list(before) if before else None
+                if done:
+                    ring_op.set_result("answered before the callback")
+                self.ep.client._submit_fast = lambda *args: ring_op
+                self.assertTrue(self.offload())
+                if done:
+                    self.assertIsNone(ring_op._callbacks)
+                    ((_, _, _, future),) = self.store.done
+                    self.assertIs(future, ring_op)
+                else:
+                    self.assertEqual(len(ring_op._callbacks), 2)
+                    self.assertIs(ring_op._callbacks[0], print)
+                    self.assertEqual(self.store.done, [])
+                    ring_op.set_result("answer")
+                    self.assertEqual(len(self.store.done), 1)
+
+    def test_an_op_of_another_class_gets_its_own_add_done_callback(self):
+        added = []
+
+        class Op:
+            def add_done_callback(self, fn):
+                added.append(fn)
+        self.ep.client._submit_fast = lambda *args: Op()
+        self.assertTrue(self.offload())
+        self.assertEqual(len(added), 1)
+        self.assertTrue(callable(added[0]))
+
     def test_a_counted_step_counts_in_the_packing_threads_step(self):
         self.s.counts = Counts(counted=True)
         self.assertTrue(self.offload())
