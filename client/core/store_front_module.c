@@ -21,7 +21,11 @@
  *          checksum (None, or what a simulated device set); meta (the handle itself).
  *          When it dies (no reference left; or cleared by the cycle collector), it leaves the
  *          tables and, unless ``dead`` is True, calls store._on_death(unpacked, offset, state,
- *          ep, op, reload, block_id, prefetch_kept) once; what that raises is dropped.
+ *          ep, op, reload, block_id, prefetch_kept) once; what that raises is dropped. The
+ *          usual end is done here instead, when the store has a set ``_unused_offsets``: a
+ *          handle unpacked, with no offload in flight (state OFFLOADING with an op) and no block
+ *          to free (state OFFLOADED with a block id) only discards its offset from that set,
+ *          which is all _on_death would do for it.
  *   Front(tensor_type, parameter_type, strided_layout)  one per store:
  *     pack(t, threshold_bytes, pin, store, counts) -> a str category ("params", "leaves", "other",
  *          "small", "views": left in place, by the rules of _store.py's module doc), or a
@@ -83,7 +87,7 @@ static PyTypeObject* FrontType;
 static PyObject *s_params, *s_leaves, *s_other, *s_small, *s_views; /* categories */
 static PyObject *a_base, *a_is_param, *a_requires_grad, *a_is_leaf, *a_layout, *a_is_quantized,
     *a_is_nested, *a_is_cuda, *a_is_cpu, *a_nbytes, *a_version, *a_shape, *a_stride, *a_dtype,
-    *a_device, *a_on_death;
+    *a_device, *a_on_death, *a_unused_offsets;
 
 /* ---- the de-duplication table: open addressing, linear probing ---------------------------- */
 static Py_ssize_t seen_slot(const Front* f, uint64_t key) {
@@ -231,6 +235,20 @@ static void saved_leave_tables(Saved* s) {
 
 static PyObject* or_none(PyObject* o) { return o ? o : Py_None; }
 
+/* The usual end of an unpacked handle that holds nothing to free, without a call of the
+ * store's _on_death: its offset out of store._unused_offsets. 1 when done here, 0 when
+ * _on_death must be called (an error is cleared). */
+static int saved_usual_end(Saved* s, PyObject* offset) {
+  if (!s->unpacked || (s->state == OFFLOADING && s->op != NULL && s->op != Py_None) ||
+      (s->state == OFFLOADED && s->block_id != NULL && s->block_id != Py_None))
+    return 0;
+  PyObject* unused = PyObject_GetAttr(s->store, a_unused_offsets);
+  int done = unused != NULL && PySet_Check(unused) && PySet_Discard(unused, offset) >= 0;
+  Py_XDECREF(unused);
+  PyErr_Clear();
+  return done;
+}
+
 /* The handle's end, once: out of the tables, then store._on_death(...) unless marked dead. */
 static void saved_finalize(Saved* s) {
   if (s->finalized) return;
@@ -239,6 +257,13 @@ static void saved_finalize(Saved* s) {
   if (s->dead || s->store == NULL) return;
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
+  PyObject* at = PyLong_FromLongLong(s->offset);
+  int usual = at != NULL && saved_usual_end(s, at);
+  Py_XDECREF(at);
+  if (usual) {
+    PyErr_Restore(type, value, tb);
+    return;
+  }
   PyObject *unpacked = PyBool_FromLong(s->unpacked), *offset = PyLong_FromLongLong(s->offset),
            *state = PyLong_FromLong(s->state), *kept = PyBool_FromLong(s->prefetch_kept);
   PyObject* r = NULL;
@@ -874,7 +899,9 @@ PyMODINIT_FUNC PyInit__store_front(void) {
       !front_intern(&a_nbytes, "nbytes") || !front_intern(&a_version, "_version") ||
       !front_intern(&a_shape, "shape") || !front_intern(&a_stride, "stride") ||
       !front_intern(&a_dtype, "dtype") || !front_intern(&a_device, "device") ||
-      !front_intern(&a_on_death, "_on_death") || !store_answers_init() || !store_lane_init() ||
+      !front_intern(&a_on_death, "_on_death") ||
+      !front_intern(&a_unused_offsets, "_unused_offsets") || !store_answers_init() ||
+      !store_lane_init() ||
       !store_pump_init())
     return NULL;
   PyObject* m = PyModule_Create(&module);

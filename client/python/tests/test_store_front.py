@@ -133,6 +133,43 @@ class RecordTest(unittest.TestCase):
         self.assertEqual(handles, [again])
         self.assertIsNone(ref())
 
+    def test_the_usual_end_discards_the_offset_without_calling_the_store(self):
+        """An unpacked handle with nothing to free ends in C: its offset leaves the store's
+        _unused_offsets and _on_death is not called. Every other end calls it, with the
+        fields: not unpacked, an offload in flight, a block left, or a store without a set."""
+        class Store(DeathLog):
+            def __init__(self):
+                super().__init__()
+                self._unused_offsets = {3, 5}
+
+        def dies(store, unpacked=True, state=2, op=None, block_id=None):
+            s = front_mod.Saved(store, 0, torch.zeros(4))
+            s.offset, s.unpacked, s.state, s.op, s.block_id = 3, unpacked, state, op, block_id
+            del s
+            return store
+
+        for state in (0, 2, 3, 4):  # KEPT, OFFLOADED (its block freed by the reload), ...
+            with self.subTest(state=state):
+                store = dies(Store(), state=state)
+                self.assertEqual((store._unused_offsets, store.deaths), ({5}, []))
+        op = object()
+        cases = {"not unpacked": dict(unpacked=False), "in flight": dict(state=1, op=op),
+                 "a block left": dict(state=2, block_id=7)}
+        for name, fields in cases.items():
+            with self.subTest(name):
+                store = dies(Store(), **fields)
+                self.assertEqual(store._unused_offsets, {3, 5})
+                ((unpacked, offset, state, _, got_op, _, block_id, _),) = store.deaths
+                self.assertEqual((unpacked, offset, state, block_id),
+                                 (fields.get("unpacked", True), 3, fields.get("state", 2),
+                                  fields.get("block_id")))
+                self.assertIs(got_op, fields.get("op"))
+        store = dies(DeathLog())  # no _unused_offsets: the store decides
+        self.assertEqual(len(store.deaths), 1)
+        store = DeathLog()
+        store._unused_offsets = [3]  # not a set
+        self.assertEqual(len(dies(store).deaths), 1)
+
     def test_what_death_raises_is_dropped(self):
         calls = []
 
