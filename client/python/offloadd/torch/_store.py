@@ -591,6 +591,13 @@ class Store:
             # Read with the state: another thread's pack may offload this handle once the lock
             # is let go (it was due before this unpack began), which takes the tensor off it.
             t = s.tensor
+            # The usual case claims the reload here (_claim's first branch): an offloaded
+            # handle of this process that no thread is reloading. Nothing below raises before
+            # the try that lets the claim go.
+            claimed = state == OFFLOADED and not s.reloading and (
+                s.ep is None or s.ep.pid == _process.pid)
+            if claimed:
+                s.reloading = True
         if state in (KEPT, FALLBACK):
             if first and state == KEPT and s.prefetch_kept:
                 self.stats.add(served_in_flight=1, served_in_flight_bytes=s.meta.nbytes)
@@ -600,7 +607,7 @@ class Store:
             return t if t.device == s.meta.device else t.to(s.meta.device)
         if state == LOST:
             raise self._lost(s, None)
-        if s.ep is not None and s.ep.pid != _process.pid:
+        if not claimed and s.ep is not None and s.ep.pid != _process.pid:
             raise _inherited(s)
         if state == OFFLOADING:
             t = self._serve_in_flight(s)
@@ -609,7 +616,7 @@ class Store:
         # One handle may be unpacked by several threads at once (a tensor that graphs of
         # several threads saved, de-duplicated at pack): one thread finishes its reload, the
         # others wait for it and return its result.
-        if not self._claim(s):
+        if not claimed and not self._claim(s):
             return self.unpack(s)
         try:
             t = self._reload_claimed(s)
@@ -836,6 +843,8 @@ class Store:
     def _on_death(self, unpacked, offset, state, ep, op, rl, block_id, prefetch_kept):
         """A handle died (called once by the record, out of every table and with no weak
         reference left to it; its fields as arguments): its cleanup is queued (see _Reaper).
+        The usual end (unpacked, no offload in flight, no block left to free) the record does
+        itself, without this call: it discards the offset from ``_unused_offsets``.
         An offload still in flight hands its reload to _offload_orphaned, which frees the block
         and the reload once it is answered (or it is freed here when that already ran)."""
         if not unpacked:
