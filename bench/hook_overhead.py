@@ -886,8 +886,9 @@ def main():
         summary["accounting_residual_ns"] = out["residual_ns"]
         results[layout] = summary
         report(layout, summary, args)
-        for other in ("cuda-sim-pyring", "cuda-sim-pylane"):
-            key = "paired_%s_minus_c_us" % other.rpartition("-")[2]
+        for other, name in (("cuda-sim-pyring", "pyring"), ("cuda-sim-pylane", "pylane"),
+                            ("cuda-sim@REV", "rev")):
+            key = "paired_%s_minus_c_us" % name
             summary[key] = paired_difference(out["rows"], other, "cuda-sim")
             if summary[key]:
                 print("  paired per repetition, %s minus cuda-sim, training thread per pack / "
