@@ -8,7 +8,9 @@ Each section is timed with the thread's CPU clock around one call, and the simul
 own CPU inside it (SimGpu(count_own_cpu=True)) is taken out and printed beside it, as in
 hook_overhead.py. Sections (the per-call median over the measured steps, and calls per step):
 
-  hooks' pump          offloadd.torch._endpoint.pump: the ring's answers taken at every hook
+  hooks' pump          offloadd.torch._endpoint.hooks_pump: the ring's answers taken at every
+                       hook (with --pump-by-answers instead: each client's C pump, through the
+                       Python loop _endpoint.pump, by the answers it took: 0, 1, 2+)
   front.pack           Store._front.pack: classification, de-duplication, the handle's record
   front.pop_due        Store._front.pop_due
   lane.offload         OffloadLane.offload: a handle's offload (after the step's first)
@@ -23,6 +25,7 @@ ones around them, so the totals run above hook_overhead.py's figures; read the s
 each other.
 
   .venv/bin/python bench/hook_sections.py [--bin build/bin] [--reps 40] [--gap-us 4000]
+      [--pump-by-answers]
 """
 
 import argparse
@@ -45,16 +48,20 @@ class Sections:
         self.samples = collections.defaultdict(list)  # name -> [(client_ns, device_ns)]
 
     def wrap(self, name, fn):
+        """fn timed as section ``name``; a callable ``name`` names the section by fn's result."""
         gpu, me = self.gpu, threading.get_ident()
 
         def call(*args):
             s0, t0 = gpu.own_cpu_ns(me), time.thread_time_ns()
+            result = None
             try:
-                return fn(*args)
+                result = fn(*args)
+                return result
             finally:
                 t1, s1 = time.thread_time_ns(), gpu.own_cpu_ns(me)
                 if self.on:
-                    self.samples[name].append((t1 - t0 - (s1 - s0), s1 - s0))
+                    key = name(result) if callable(name) else name
+                    self.samples[key].append((t1 - t0 - (s1 - s0), s1 - s0))
         return call
 
 
@@ -82,6 +89,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--ops", type=int, default=8)
     ap.add_argument("--gap-us", type=float, default=4000.0)
+    ap.add_argument("--pump-by-answers", action="store_true",
+                    help="time each client's C pump by the answers it took (through the Python "
+                         "loop _endpoint.pump instead of pump_all)")
     args = ap.parse_args()
     sys.path[:0] = [os.path.join(REPO, "bench"), os.path.join(REPO, "client", "python", "tests"),
                     os.path.join(REPO, "client", "python")]
@@ -92,7 +102,7 @@ def main():
     from daemon_fixture import Daemon
     from offloadd.testing import sim_gpu
     import offloadd.torch as ot
-    from offloadd.torch import _store
+    from offloadd.torch import _endpoint, _store
     import hook_overhead
 
     daemon = Daemon(pool_bytes="512MiB", extra=("--backend", "cuda-sim"),
@@ -111,7 +121,14 @@ def main():
         lane_for = _store._lane_for
         _store._lane_for = lambda ep: (lambda lane: None if lane is None else
                                        LaneProbe(lane, sections))(lane_for(ep))
-        _store._pump = sections.wrap("hooks' pump", _store._pump)
+        if args.pump_by_answers:  # the Python loop, each client's C pump timed by its answers
+            _endpoint._pump_client = sections.wrap(
+                lambda n: "client pump, %s answers" % ("2+" if isinstance(n, int) and n > 1
+                                                       else n),
+                _endpoint._pump_client)
+            _store._pump = _endpoint.pump
+        else:
+            _store._pump = sections.wrap("hooks' pump", _store._pump)
         store._offload = sections.wrap("Store._offload (py)", store._offload)
         store._prefetch_before = sections.wrap("_prefetch_before", store._prefetch_before)
         store._front = FrontProbe(store._front, sections)
