@@ -117,6 +117,49 @@ class SharedContextThreadsTest(DaemonTestCase):
 IDLE_WARNING = "offloadd: offload is on but"
 
 
+class InterruptedClaimTest(DaemonTestCase):
+    """An interrupt raised as the store's lock is let go, after the unpack claimed a handle's
+    reload there, lets the claim go with it: the next unpack reloads the tensor instead of
+    waiting forever for a reload no thread is finishing."""
+
+    class InterruptOnce:
+        """The store's lock, whose release raises KeyboardInterrupt once ``armed()`` is true."""
+
+        def __init__(self, lock, armed):
+            self.lock, self.armed, self.fired = lock, armed, False
+
+        def __enter__(self):
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            self.lock.__exit__(*exc)
+            if not self.fired and self.armed():
+                self.fired = True
+                raise KeyboardInterrupt("at the lock's release")
+
+        def __getattr__(self, name):
+            return getattr(self.lock, name)
+
+    def test_the_claim_goes_with_the_interrupt(self):
+        ctx = ot.offload_checkpoints(threshold_bytes=1 << 12, keep_last_n=0, prefetch=0,
+                                     socket_path=self.daemon.sock)
+        store, t = ctx.store, torch.arange(4096.0)
+        with ctx:
+            s = store.pack(t)
+        self.assertTrue(ot.synchronize(10.0))
+        _endpoint.hooks_pump()
+        self.assertEqual(s.state, 2)  # OFFLOADED
+        real = store._lock
+        store._lock = self.InterruptOnce(real, lambda: s.reloading)
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                store.unpack(s)
+        finally:
+            store._lock = real
+        self.assertFalse(s.reloading)
+        self.assertTrue(torch.equal(store.unpack(s), t))
+
+
 class ThreadStepsIdleTest(DaemonTestCase):
     """Idle steps when threads share one context: each thread's step is judged on its own (it
     ends when that thread packs after its backward began), so one thread's backward does not cut

@@ -585,56 +585,65 @@ class Store:
         r = s.result
         if r is not None:
             return r
-        with self._lock:
-            state, first = s.state, not s.unpacked
-            s.unpacked = True
-            # Read with the state: another thread's pack may offload this handle once the lock
-            # is let go (it was due before this unpack began), which takes the tensor off it.
-            t = s.tensor
-            # The usual case claims the reload here (_claim's first branch): an offloaded
-            # handle of this process that no thread is reloading. Nothing below raises before
-            # the try that lets the claim go.
-            claimed = state == OFFLOADED and not s.reloading and (
-                s.ep is None or s.ep.pid == _process.pid)
-            if claimed:
-                s.reloading = True
-        if state in (KEPT, FALLBACK):
-            if first and state == KEPT and s.prefetch_kept:
-                self.stats.add(served_in_flight=1, served_in_flight_bytes=s.meta.nbytes)
-            elif first and state == KEPT and not s.served:
-                self.stats.add(kept=1, kept_bytes=s.meta.nbytes)
-            self._prefetch_before(s)
-            return t if t.device == s.meta.device else t.to(s.meta.device)
-        if state == LOST:
-            raise self._lost(s, None)
-        if not claimed and s.ep is not None and s.ep.pid != _process.pid:
-            raise _inherited(s)
-        if state == OFFLOADING:
-            t = self._serve_in_flight(s)
-            if t is not None:
-                return t
-        # One handle may be unpacked by several threads at once (a tensor that graphs of
-        # several threads saved, de-duplicated at pack): one thread finishes its reload, the
-        # others wait for it and return its result.
-        if not claimed and not self._claim(s):
-            return self.unpack(s)
+        claimed = False  # this thread holds s's reload claim (see _claim); the finally lets it go
         try:
+            with self._lock:
+                state, first = s.state, not s.unpacked
+                s.unpacked = True
+                # Read with the state: another thread's pack may offload this handle once the
+                # lock is let go (it was due before this unpack began), which takes the tensor.
+                t = s.tensor
+                # The usual case claims the reload here: an offloaded handle of this process
+                # that no thread is reloading. Inside the try: an interrupt raised as the lock
+                # is let go still lets the claim go.
+                if state == OFFLOADED and not s.reloading and (
+                        s.ep is None or s.ep.pid == _process.pid):
+                    claimed = s.reloading = True
+            if state in (KEPT, FALLBACK):
+                if first and state == KEPT and s.prefetch_kept:
+                    self.stats.add(served_in_flight=1, served_in_flight_bytes=s.meta.nbytes)
+                elif first and state == KEPT and not s.served:
+                    self.stats.add(kept=1, kept_bytes=s.meta.nbytes)
+                self._prefetch_before(s)
+                return t if t.device == s.meta.device else t.to(s.meta.device)
+            if state == LOST:
+                raise self._lost(s, None)
+            if not claimed and s.ep is not None and s.ep.pid != _process.pid:
+                raise _inherited(s)
+            if state == OFFLOADING:
+                t = self._serve_in_flight(s)
+                if t is not None:
+                    return t
+            # One handle may be unpacked by several threads at once (a tensor that graphs of
+            # several threads saved, de-duplicated at pack): one thread finishes its reload,
+            # the others wait for it and return its result.
+            if not claimed:
+                if not self._claim(s):
+                    return self.unpack(s)
+                claimed = True
             t = self._reload_claimed(s)
         finally:
-            self._unclaim(s)
+            if claimed:
+                self._unclaim(s)
         return self.unpack(s) if t is _AGAIN else t
 
     def _claim(self, s):
         """True when this thread may finish ``s``'s reload; False after waiting for another
         thread that was finishing it (its result, or its failure, is then on ``s``)."""
-        with self._lock:
-            if not s.reloading:
-                s.reloading = True
-                return True
-            while s.reloading:
-                s.reloading = _WAITED  # the claim's holder wakes the waiters when it lets go
-                self._reloaded.wait()
-            return False
+        claimed = False
+        try:
+            with self._lock:
+                if not s.reloading:
+                    claimed = s.reloading = True
+                    return True
+                while s.reloading:
+                    s.reloading = _WAITED  # the claim's holder wakes the waiters when it lets go
+                    self._reloaded.wait()
+                return False
+        except BaseException:
+            if claimed:  # interrupted as the lock was let go: the claim goes with it
+                self._unclaim(s)
+            raise
 
     def _unclaim(self, s):
         with self._lock:
