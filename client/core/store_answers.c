@@ -431,10 +431,20 @@ int answers_add_done_callback(PyObject* op, PyObject* fn) {
     return r != NULL;
   }
   PyObject* fresh = PyList_New(0); /* made before the lock: an allocation may run code */
-  PyObject* got = fresh ? PyObject_CallMethodObjArgs(g.outcome_lock, a_acquire, NULL) : NULL;
-  if (got == NULL) {
-    Py_XDECREF(fresh);
-    return 0;
+  if (fresh == NULL) return 0;
+  /* The request went out: the callback must be added even when the wait for the lock is
+   * interrupted (a signal handler raising); what interrupted it is raised afterwards. */
+  PyObject *type = NULL, *value = NULL, *tb = NULL, *got;
+  for (int tries = 0; (got = PyObject_CallMethodObjArgs(g.outcome_lock, a_acquire, NULL)) == NULL;
+       tries++) {
+    if (type != NULL || tries >= 100) { /* a second error, or one that does not go away */
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(tb);
+      Py_DECREF(fresh);
+      return 0;
+    }
+    PyErr_Fetch(&type, &value, &tb);
   }
   Py_DECREF(got);
   /* under the lock: slots of a plain __slots__ class, read and written without running code */
@@ -468,6 +478,10 @@ int answers_add_done_callback(PyObject* op, PyObject* fn) {
     PyObject* r = PyObject_CallFunctionObjArgs(fn, op, NULL);
     Py_XDECREF(r);
     ok = r != NULL;
+  }
+  if (type != NULL) { /* the interrupt of the wait, in place of anything after it */
+    PyErr_Restore(type, value, tb);
+    return 0;
   }
   return ok;
 }

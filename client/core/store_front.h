@@ -43,7 +43,8 @@ PyObject* store_answers_take(PyObject* module, PyObject* const* args, Py_ssize_t
 /* op.add_done_callback(fn): for an op of the ring op type bind_answers was given, in C (fn
  * appended to its callbacks under Outcome's lock, or called at once when op is done, as
  * offloadd._outcome.Outcome.add_done_callback does); else that method. 1, or 0 with an error
- * set (what fn raises when called at once, an interrupt while waiting for the lock). */
+ * set: what fn raises when called at once, or what interrupted the wait for the lock (the
+ * callback is added all the same, the lock waited for again). */
 int answers_add_done_callback(PyObject* op, PyObject* fn);
 
 /* store_pump.c: interns its names (0 with an error set), pump(client, batch, take) and

@@ -260,6 +260,7 @@ static void saved_finalize(Saved* s) {
   PyObject* at = PyLong_FromLongLong(s->offset);
   int usual = at != NULL && saved_usual_end(s, at);
   Py_XDECREF(at);
+  PyErr_Clear(); /* a failed allocation: _on_death decides, with no error set */
   if (usual) {
     PyErr_Restore(type, value, tb);
     return;

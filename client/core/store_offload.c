@@ -17,9 +17,11 @@
  *          Exception (KeyboardInterrupt) propagates, as from the Python path; so does what the
  *          submission raises (the request may have gone out: it must not go again) and an
  *          interrupt while the store's lock is awaited after it went out (the handle is then
- *          left as the Python path leaves it). Other errors after the request went out are
- *          reported as unraisable and True is returned: the offload is the ring op's, whose
- *          answer the client takes as for any other. TypeError for arguments of other types. */
+ *          left as the Python path leaves it), and one while Outcome's lock is awaited to add
+ *          the store's callback (added all the same). Other errors after the request went out
+ *          are reported as unraisable and True is returned: the offload is the ring op's,
+ *          whose answer the client takes as for any other. TypeError for arguments of other
+ *          types. */
 #include "client/core/store_lane.h"
 
 static PyObject *n_future, *n_slot, *n_orphan_reload, *n_counted, *n_sent, *n_offload_done,
@@ -174,7 +176,10 @@ static int after_sending(Lane* self, Saved* s, PyObject* step, PyObject* op, Sen
   int handed = hand_over(self, s, x);
   if (handed < 0) return -1;
   if (handed == 0) PyErr_WriteUnraisable((PyObject*)s);
-  if (!answers_add_done_callback(op, x->callback)) PyErr_WriteUnraisable(op);
+  if (!answers_add_done_callback(op, x->callback)) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1; /* an interrupt propagates */
+    PyErr_WriteUnraisable(op);
+  }
   return 1;
 }
 

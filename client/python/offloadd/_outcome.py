@@ -12,6 +12,7 @@ answers some thread must fetch (the request ring's) override ``_wait``.
 """
 
 import concurrent.futures
+import os
 import threading
 
 
@@ -78,3 +79,13 @@ class Outcome:
 
     def set_exception(self, exc):
         self._finish(None, exc)
+
+
+def _after_fork_in_child():
+    """A thread that held the shared lock at a fork does not exist in the child: the lock is
+    made free there again, the same object (offloadd._store_front holds it)."""
+    Outcome._lock._at_fork_reinit()
+
+
+if hasattr(Outcome._lock, "_at_fork_reinit"):  # CPython >= 3.9
+    os.register_at_fork(after_in_child=_after_fork_in_child)

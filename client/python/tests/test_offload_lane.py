@@ -21,7 +21,7 @@ import torch
 
 from daemon_fixture import PY_ROOT  # noqa: F401 -- the package on sys.path
 
-from offloadd import _native
+from offloadd import _native, _outcome
 from offloadd.client import ReloadAnswer, _RingOp
 from offloadd.torch._transport import OffloadOp, ReloadOp
 
@@ -30,6 +30,10 @@ KEPT, OFFLOADING, OFFLOADED = 0, 1, 2
 URGENT, PREFETCH, BLOCK = 0, 1, 55
 OFFSET, SEGMENT_BYTES, BUFFER, REGION = 256, 1 << 20, 41, 7
 
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt("a signal while waiting")
 
 class Event:
     def __init__(self, n):
@@ -245,6 +249,55 @@ class SentTest(LaneCase):
                     self.assertEqual(self.store.done, [])
                     ring_op.set_result("answer")
                     self.assertEqual(len(self.store.done), 1)
+
+    def test_an_interrupt_awaiting_the_outcome_lock_propagates_after_the_callback(self):
+        """Another thread holds Outcome's lock while the lane adds the store's callback and a
+        signal handler raises: the callback is added once the lock is free, then the
+        interrupt propagates (the request went out: nothing is sent again)."""
+        lock = _outcome.Outcome._lock
+        lock.acquire()
+        releaser = threading.Timer(0.3, lock.release)
+        old = signal.signal(signal.SIGALRM, _interrupt)
+        try:
+            releaser.start()
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            with self.assertRaises(KeyboardInterrupt):
+                self.offload()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            releaser.join()
+        self.assertEqual(len(self.ep.client.submitted), 1)
+        ring_op = self.s.op.future
+        self.assertEqual(len(ring_op._callbacks), 1)
+        ring_op.set_result("answer")
+        self.assertEqual(len(self.store.done), 1)
+
+    def test_a_forked_child_finds_the_outcome_lock_free(self):
+        """A thread held Outcome's lock at the fork: the child's lane still adds callbacks."""
+        lock = _outcome.Outcome._lock
+        held, done = threading.Event(), threading.Event()
+
+        def hold():
+            with lock:
+                held.set()
+                done.wait(10)
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(10)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    code = 0 if lock.acquire(timeout=5) else 2
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            done.set()
+            holder.join()
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
 
     def test_an_op_of_another_class_gets_its_own_add_done_callback(self):
         added = []
