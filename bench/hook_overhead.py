@@ -892,8 +892,9 @@ def main():
             summary[key] = paired_difference(out["rows"], other, "cuda-sim")
             if summary[key]:
                 print("  paired per repetition, %s minus cuda-sim, training thread per pack / "
-                      "unpack (client figures), median [quartiles] us: %s"
-                      % (other, " / ".join("%.1f [%.1f, %.1f]" % q for q in summary[key])))
+                      "unpack (client figures), median [quartiles] (95 %% CI of the median) "
+                      "us: %s" % (other, " / ".join("%.1f [%.1f, %.1f] (%.1f..%.1f)" % q
+                                                    for q in summary[key])))
         for line in out["skipped"]:
             print("  " + line)
     if args.json:
@@ -905,7 +906,10 @@ def main():
 def paired_difference(rows, a, b):
     """Per repetition, variant ``a``'s training-thread CPU per pack and per unpack less
     variant ``b``'s of the same repetition (client figures: the device's share out), as
-    ((median, lower quartile, upper quartile) for pack, the same for unpack) in us; () when
+    ((median, lower quartile, upper quartile, low, high) for pack, the same for unpack) in us,
+    low..high the distribution-free 95 % confidence interval of the median (the sign test's
+    order statistics: the k-th smallest and largest differences, k = (n - 1.96 sqrt(n)) / 2;
+    W. J. Conover, Practical Nonparametric Statistics, 3rd ed., 1999, section 3.2); () when
     either variant did not run. Pairing takes out what drifts between repetitions."""
     if a not in rows or b not in rows:
         return ()
@@ -915,7 +919,8 @@ def paired_difference(rows, a, b):
                     (rb[kind + "_s"] - rb[kind + "_dev_s"])) * 1e6
                    for ra, rb in zip(rows[a], rows[b]))
         q = statistics.quantiles(d, n=4) if len(d) > 1 else [d[0]] * 3
-        out.append((statistics.median(d), q[0], q[2]))
+        k = max(0, int((len(d) - 1.96 * len(d) ** 0.5) / 2))
+        out.append((statistics.median(d), q[0], q[2], d[k], d[-1 - k]))
     return tuple(out)
 
 
