@@ -7,6 +7,7 @@ listens on a unique short socket under /tmp (Unix socket paths are limited to 10
 fails to start. The daemon gets SIGTERM when the test process dies (PR_SET_PDEATHSIG).
 """
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -224,6 +225,25 @@ def record_offloaded_shapes(context):
     store.pack = pack
     context.pack_hook = pack
     return shapes
+
+
+@contextlib.contextmanager
+def held_by_another_thread(lock):
+    """``lock`` held by another thread until the block ends."""
+    held, go = threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            go.wait(10)
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    try:
+        yield
+    finally:
+        go.set()
+        thread.join(10)
 
 
 def rss_bytes():

@@ -19,7 +19,7 @@ import weakref
 
 import torch
 
-from daemon_fixture import PY_ROOT  # noqa: F401 -- the package on sys.path
+from daemon_fixture import PY_ROOT, held_by_another_thread  # noqa: F401 -- PY_ROOT: the package
 
 from offloadd import _native, _outcome
 from offloadd.client import ReloadAnswer, _RingOp
@@ -34,6 +34,18 @@ OFFSET, SEGMENT_BYTES, BUFFER, REGION = 256, 1 << 20, 41, 7
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt("a signal while waiting")
+
+
+@contextlib.contextmanager
+def interrupted_after(seconds):
+    """A KeyboardInterrupt raised by a signal handler ``seconds`` into the block."""
+    old = signal.signal(signal.SIGALRM, _interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 class Event:
     def __init__(self, n):
@@ -257,15 +269,11 @@ class SentTest(LaneCase):
         lock = _outcome.Outcome._lock
         lock.acquire()
         releaser = threading.Timer(0.3, lock.release)
-        old = signal.signal(signal.SIGALRM, _interrupt)
+        releaser.start()
         try:
-            releaser.start()
-            signal.setitimer(signal.ITIMER_REAL, 0.1)
-            with self.assertRaises(KeyboardInterrupt):
+            with interrupted_after(0.1), self.assertRaises(KeyboardInterrupt):
                 self.offload()
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
             releaser.join()
         self.assertEqual(len(self.ep.client.submitted), 1)
         ring_op = self.s.op.future
@@ -276,16 +284,7 @@ class SentTest(LaneCase):
     def test_a_forked_child_finds_the_outcome_lock_free(self):
         """A thread held Outcome's lock at the fork: the child's lane still adds callbacks."""
         lock = _outcome.Outcome._lock
-        held, done = threading.Event(), threading.Event()
-
-        def hold():
-            with lock:
-                held.set()
-                done.wait(10)
-        holder = threading.Thread(target=hold)
-        holder.start()
-        held.wait(10)
-        try:
+        with held_by_another_thread(lock):
             pid = os.fork()
             if pid == 0:
                 code = 1
@@ -294,9 +293,6 @@ class SentTest(LaneCase):
                 finally:
                     os._exit(code)
             _, status = os.waitpid(pid, 0)
-        finally:
-            done.set()
-            holder.join()
         self.assertEqual(os.waitstatus_to_exitcode(status), 0)
 
     def test_an_op_of_another_class_gets_its_own_add_done_callback(self):
@@ -588,28 +584,9 @@ class RaisedTest(LaneCase):
         self.assertUnchanged()  # the event back, as start_offload gives it back
 
     def test_an_interrupt_while_another_thread_holds_the_store_lock_propagates(self):
-        held, go = threading.Event(), threading.Event()
-
-        def holder():
-            with self.store._lock:
-                held.set()
-                go.wait(10)
-        th = threading.Thread(target=holder)
-        th.start()
-        held.wait(10)
-
-        def interrupt(*args):
-            raise KeyboardInterrupt()
-        old = signal.signal(signal.SIGALRM, interrupt)
-        signal.setitimer(signal.ITIMER_REAL, 0.2)
-        try:
-            with self.assertRaises(KeyboardInterrupt):
-                self.offload()  # sent, then waits for the lock: as `with self._lock` raises
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-            go.set()
-            th.join(10)
+        with held_by_another_thread(self.store._lock), interrupted_after(0.2), \
+                self.assertRaises(KeyboardInterrupt):
+            self.offload()  # sent, then waits for the lock: as `with self._lock` raises
         self.assertEqual(len(self.ep.client.submitted), 1)
         self.assertEqual(self.s.state, KEPT)  # not handed over, as on the Python path
 

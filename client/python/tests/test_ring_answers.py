@@ -15,7 +15,7 @@ import weakref
 
 import torch
 
-from daemon_fixture import PY_ROOT, DaemonTestCase  # noqa: F401 -- PY_ROOT: the package
+from daemon_fixture import PY_ROOT, DaemonTestCase, held_by_another_thread  # noqa: F401
 
 from offloadd import _native, client as client_mod
 from offloadd.client import (Client, Counters, OffloadAnswer, ReleaseAnswer, ReloadAnswer,
@@ -173,20 +173,8 @@ class OffloadTargetTest(unittest.TestCase):
 
     def test_a_store_lock_held_by_another_thread_leaves_it_to_python(self):
         h = Offloading()
-        held, go = threading.Event(), threading.Event()
-
-        def hold():
-            with h.store._lock:
-                held.set()
-                go.wait(10)
-        thread = threading.Thread(target=hold)
-        thread.start()
-        held.wait(10)
-        try:
+        with held_by_another_thread(h.store._lock):
             self.assert_left(h)
-        finally:
-            go.set()
-            thread.join()
 
     def test_the_outcome_lock_held_leaves_it_to_python(self):
         h = Offloading()
