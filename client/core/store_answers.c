@@ -14,7 +14,7 @@
  *          (only ops of exactly that class are taken here: their fields are slots, read without
  *          running Python code). None. RuntimeError when called again with other values;
  *          TypeError for arguments of another shape.
- *   (in C, for the lanes: answers_add_done_callback, store_front.h)
+ *   (in C, for the lanes: answers_add_done_callback, answers_reload_outcome, store_front.h)
  *   take_answers(answers, ops, confirmed) -> list of the answers left to the caller, in order
  *          (a new list). answers: list of drain tuples (request_id, kind, status_code,
  *          block_id, bytes, queued_seconds, copy_seconds, flags, message); ops: the client's
@@ -40,7 +40,7 @@
  * Python code (an allocation that starts a collection, a release of the last reference to an
  * object) happens while they are held. An error after the writes (a MemoryError adding to a
  * set) is reported as unraisable and the answer counts as taken: it was applied. */
-#include "client/core/store_front.h"
+#include "client/core/store_lane.h"
 
 enum { OFFLOAD_ANSWER, RELOAD_ANSWER, RELEASE_ANSWER, ANSWER_KINDS };
 #define ANSWER_FIELDS 9 /* the drain tuple's length */
@@ -57,7 +57,7 @@ static struct {
 static PyObject* op_kinds[ANSWER_KINDS]; /* _RingOp.kind: "offload", "reload", "release" */
 static PyObject *a_kind, *a_args, *a_target, *a_done, *a_value, *a_exc, *a_callbacks, *a_event,
     *a_lock, *a_stats, *a_add_offloaded, *a_future, *a_tensor, *a_acquire, *a_release,
-    *a_version, *a_op_event, *a_add_done_callback;
+    *a_version, *a_op_event, *a_add_done_callback, *a_client, *a_request_id;
 static PyObject *f_block_id, *f_bytes, *f_queued, *f_copy, *f_released, *f_done_event;
 
 int store_answers_init(void) {
@@ -73,6 +73,7 @@ int store_answers_init(void) {
          front_intern(&a_acquire, "acquire") && front_intern(&a_release, "release") &&
          front_intern(&a_version, "_version") && front_intern(&a_op_event, "event") &&
          front_intern(&a_add_done_callback, "add_done_callback") &&
+         front_intern(&a_client, "client") && front_intern(&a_request_id, "request_id") &&
          front_intern(&f_block_id, "block_id") && front_intern(&f_bytes, "bytes") &&
          front_intern(&f_queued, "queued_seconds") && front_intern(&f_copy, "copy_seconds") &&
          front_intern(&f_released, "released") &&
@@ -421,6 +422,26 @@ static int take_one(PyObject* a, PyObject* ops, PyObject* confirmed) {
   Py_DECREF(t.op);
   take_clear(&t);
   return r;
+}
+
+/* ---- a reload's outcome made ------------------------------------------------------------------ */
+int answers_are_bound(void) { return g.bound; }
+
+PyObject* answers_reload_outcome(PyObject* client) {
+  if (!g.bound) {
+    PyErr_SetString(PyExc_RuntimeError, "offloadd._store_front: bind_answers() first");
+    return NULL;
+  }
+  PyObject* zero = PyLong_FromLong(0);
+  if (zero == NULL) return NULL;
+  /* _RingOp.__init__(client, "reload", None)'s fields (Outcome's first) */
+  PyObject* const names[] = {a_done,   a_value, a_exc,  a_callbacks,  a_event,
+                             a_client, a_kind,  a_args, a_request_id, a_target};
+  PyObject* const values[] = {Py_False, Py_None, Py_None, Py_None, Py_None,
+                              client, op_kinds[RELOAD_ANSWER], Py_None, zero, Py_None};
+  PyObject* op = lane_record(g.ring_op_type, names, values, 10);
+  Py_DECREF(zero);
+  return op;
 }
 
 /* ---- a callback added ------------------------------------------------------------------------ */

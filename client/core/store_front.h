@@ -47,6 +47,14 @@ PyObject* store_answers_take(PyObject* module, PyObject* const* args, Py_ssize_t
  * callback is added all the same, the lock waited for again). */
 int answers_add_done_callback(PyObject* op, PyObject* fn);
 
+/* A new outcome for a reload not sent yet, as Client.reload_outcome makes it
+ * (_RingOp(client, "reload", None), of the ring op type bind_answers was given, made without
+ * running its __init__), or NULL with an error set (RuntimeError before bind_answers). */
+PyObject* answers_reload_outcome(PyObject* client);
+
+/* 1 once bind_answers was called in this process, else 0. */
+int answers_are_bound(void);
+
 /* store_pump.c: interns its names (0 with an error set), pump(client, batch, take) and
  * pump_all(endpoints, batch, client_module). */
 int store_pump_init(void);

@@ -81,9 +81,11 @@ static int prepare_in_context(Lane* self, Saved* s, void* arg) {
   return r;
 }
 
-/* The ReloadOp (ReloadOp.__init__'s fields, its outcome from Client.reload_outcome): 1, -1. */
+/* The ReloadOp (ReloadOp.__init__'s fields, its outcome as Client.reload_outcome makes it:
+ * in C once offloadd.client bound its answers, as it does at import): 1, -1. */
 static int reload_op(Lane* self, Reloading* x) {
-  PyObject* outcome = PyObject_CallNoArgs(self->reload_outcome);
+  PyObject* outcome = answers_are_bound() ? answers_reload_outcome(self->client)
+                                          : PyObject_CallNoArgs(self->reload_outcome);
   if (outcome == NULL) return -1;
   PyObject* const names[] = {n_slot, n_dest, n_region_id, n_offset, n_ready_event,
                              n_done_event, n_done_seq, n_done_outcome, n_sent, n_priority,

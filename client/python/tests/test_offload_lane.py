@@ -465,6 +465,19 @@ class ReloadTest(ReloadCase):
         self.assertEqual(self.dev.calls[4], ("record", ready, "reload stream"))
         self.assertIs(self.dev.calls[2][1], self.s)  # the handle is its own meta
 
+    def test_the_reload_outcome_is_client_reload_outcomes(self):
+        """The outcome, made in C, has every field Client.reload_outcome's _RingOp has (the
+        fake client's method is not called)."""
+        self.ep.client.reload_outcome = None  # a call would fail
+        rl = self.lane().reload(self.s, PREFETCH)
+        self.ep.client.submitted[0][3].args = None  # what submission set; the rest as made
+        expected = _RingOp(self.ep.client, "reload", None)
+        self.assertIs(type(rl.done), _RingOp)
+        fields = ("_done", "_value", "_exc", "_callbacks", "_event", "client", "kind", "args",
+                  "request_id", "target")
+        self.assertEqual([getattr(rl.done, f) for f in fields],
+                         [getattr(expected, f) for f in fields])
+
     def test_a_reload_the_ring_does_not_take_goes_through_client_reload(self):
         self.ep.client.take = False
         rl = self.lane().reload(self.s, URGENT)
