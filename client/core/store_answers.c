@@ -454,18 +454,19 @@ int answers_add_done_callback(PyObject* op, PyObject* fn) {
   PyObject* fresh = PyList_New(0); /* made before the lock: an allocation may run code */
   if (fresh == NULL) return 0;
   /* The request went out: the callback must be added even when the wait for the lock is
-   * interrupted (a signal handler raising); what interrupted it is raised afterwards. */
+   * interrupted (a signal handler raising); the first interruption is raised afterwards. */
   PyObject *type = NULL, *value = NULL, *tb = NULL, *got;
-  for (int tries = 0; (got = PyObject_CallMethodObjArgs(g.outcome_lock, a_acquire, NULL)) == NULL;
+  for (int tries = 1; (got = PyObject_CallMethodObjArgs(g.outcome_lock, a_acquire, NULL)) == NULL;
        tries++) {
-    if (type != NULL || tries >= 100) { /* a second error, or one that does not go away */
-      Py_XDECREF(type);
-      Py_XDECREF(value);
-      Py_XDECREF(tb);
+    if (type == NULL)
+      PyErr_Fetch(&type, &value, &tb);
+    else
+      PyErr_Clear(); /* a later interruption: the first one is what is raised */
+    if (tries >= 100) { /* an error that does not go away: the callback is not added */
+      PyErr_Restore(type, value, tb);
       Py_DECREF(fresh);
       return 0;
     }
-    PyErr_Fetch(&type, &value, &tb);
   }
   Py_DECREF(got);
   /* under the lock: slots of a plain __slots__ class, read and written without running code */
@@ -489,10 +490,10 @@ int answers_add_done_callback(PyObject* op, PyObject* fn) {
   if (ok) {
     release(g.outcome_lock);
   } else {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
+    PyObject *failed_type, *failed, *failed_tb;
+    PyErr_Fetch(&failed_type, &failed, &failed_tb);
     release(g.outcome_lock);
-    PyErr_Restore(type, value, tb);
+    PyErr_Restore(failed_type, failed, failed_tb);
   }
   Py_DECREF(fresh);
   if (ok && is_done == 1) { /* complete already: called at once, as Outcome does */

@@ -37,10 +37,11 @@ def _interrupt(signum, frame):
 
 
 @contextlib.contextmanager
-def interrupted_after(seconds):
-    """A KeyboardInterrupt raised by a signal handler ``seconds`` into the block."""
+def interrupted_after(seconds, every=0.0):
+    """A KeyboardInterrupt raised by a signal handler ``seconds`` into the block (and again
+    every ``every`` seconds after, when not 0)."""
     old = signal.signal(signal.SIGALRM, _interrupt)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, every)
     try:
         yield
     finally:
@@ -266,20 +267,23 @@ class SentTest(LaneCase):
         """Another thread holds Outcome's lock while the lane adds the store's callback and a
         signal handler raises: the callback is added once the lock is free, then the
         interrupt propagates (the request went out: nothing is sent again)."""
-        lock = _outcome.Outcome._lock
-        lock.acquire()
-        releaser = threading.Timer(0.3, lock.release)
-        releaser.start()
-        try:
-            with interrupted_after(0.1), self.assertRaises(KeyboardInterrupt):
-                self.offload()
-        finally:
-            releaser.join()
-        self.assertEqual(len(self.ep.client.submitted), 1)
-        ring_op = self.s.op.future
-        self.assertEqual(len(ring_op._callbacks), 1)
-        ring_op.set_result("answer")
-        self.assertEqual(len(self.store.done), 1)
+        for every in (0.0, 0.05):  # one interrupt, then one every 50 ms while it waits
+            with self.subTest(every=every):
+                self.setUp()
+                lock = _outcome.Outcome._lock
+                lock.acquire()
+                releaser = threading.Timer(0.3, lock.release)
+                releaser.start()
+                try:
+                    with self.assertRaises(KeyboardInterrupt), interrupted_after(0.1, every):
+                        self.offload()
+                finally:
+                    releaser.join()
+                self.assertEqual(len(self.ep.client.submitted), 1)
+                ring_op = self.s.op.future
+                self.assertEqual(len(ring_op._callbacks), 1)
+                ring_op.set_result("answer")
+                self.assertEqual(len(self.store.done), 1)
 
     def test_a_forked_child_finds_the_outcome_lock_free(self):
         """A thread held Outcome's lock at the fork: the child's lane still adds callbacks."""
