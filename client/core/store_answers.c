@@ -425,8 +425,6 @@ static int take_one(PyObject* a, PyObject* ops, PyObject* confirmed) {
 }
 
 /* ---- a reload's outcome made ------------------------------------------------------------------ */
-int answers_are_bound(void) { return g.bound; }
-
 PyObject* answers_reload_outcome(PyObject* client) {
   if (!g.bound) {
     PyErr_SetString(PyExc_RuntimeError, "offloadd._store_front: bind_answers() first");

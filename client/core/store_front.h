@@ -52,9 +52,6 @@ int answers_add_done_callback(PyObject* op, PyObject* fn);
  * running its __init__), or NULL with an error set (RuntimeError before bind_answers). */
 PyObject* answers_reload_outcome(PyObject* client);
 
-/* 1 once bind_answers was called in this process, else 0. */
-int answers_are_bound(void);
-
 /* store_pump.c: interns its names (0 with an error set), pump(client, batch, take) and
  * pump_all(endpoints, batch, client_module). */
 int store_pump_init(void);

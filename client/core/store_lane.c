@@ -263,7 +263,6 @@ static int read_endpoint(Lane* self, PyObject* ep) {
   ok = events != NULL && (self->free_events = PyObject_GetAttr(events, n_free)) != NULL &&
        (self->acquire_event = PyObject_GetAttrString(events, "acquire")) != NULL &&
        (self->regions = PyObject_GetAttr(self->transport, n_regions)) != NULL &&
-       (self->reload_outcome = PyObject_GetAttrString(self->client, "reload_outcome")) &&
        (self->reload = PyObject_GetAttrString(self->client, "reload")) != NULL;
   Py_XDECREF(events);
   if (ok && (!PyList_Check(self->free_events) || !PyDict_Check(self->regions))) {
@@ -277,7 +276,7 @@ static int read_endpoint(Lane* self, PyObject* ep) {
 #define LANE_FIELDS(self)                                                                       \
   {&self->ep, &self->client, &self->transport, &self->context, &self->adopt, &self->describe,  \
    &self->current_stream, &self->record, &self->reload_stream, &self->empty_on,                \
-   &self->event_seq, &self->wait, &self->record_stream, &self->reload_outcome, &self->reload,  \
+   &self->event_seq, &self->wait, &self->record_stream, &self->reload,                        \
    &self->acquire_event, &self->free_events, &self->regions, &self->full_until,                \
    &self->offload_op_type, &self->reload_op_type, &self->partial, &self->checksum,             \
    &self->check_reloaded, &self->full_key}

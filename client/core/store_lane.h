@@ -14,7 +14,7 @@ typedef struct {
   PyObject *ep, *client, *transport;
   PyObject *context, *adopt, *describe, *current_stream, *record, *reload_stream, *empty_on,
       *event_seq, *wait, *record_stream;
-  PyObject *reload_outcome, *reload; /* the client's methods */
+  PyObject* reload;                   /* the client's method */
   PyObject* acquire_event;            /* the transport's IpcEventPool.acquire (makes one) */
   PyObject *free_events, *regions, *full_until, *offload_op_type, *reload_op_type, *partial;
   PyObject* full_key;       /* (pid, socket path, device key): the endpoint's back-off entry */

@@ -26,7 +26,7 @@
 
 static PyObject *n_slot, *n_dest, *n_region_id, *n_offset, *n_ready_event, *n_done_event,
     *n_done_seq, *n_done_outcome, *n_sent, *n_priority, *n_release_after,
-    *n_done_event_recorded, *k_release_after, *k_ready_event, *k_done_event, *k_into;
+    *n_done_event_recorded, *k_into;
 
 int store_reload_init(void) {
   return front_intern(&n_slot, "slot") && front_intern(&n_dest, "dest") &&
@@ -36,8 +36,6 @@ int store_reload_init(void) {
          front_intern(&n_sent, "sent") && front_intern(&n_priority, "priority") &&
          front_intern(&n_release_after, "release_after") &&
          front_intern(&n_done_event_recorded, "done_event_recorded") &&
-         front_intern(&k_release_after, "release_after") &&
-         front_intern(&k_ready_event, "ready_event") && front_intern(&k_done_event, "done_event") &&
          front_intern(&k_into, "into");
 }
 
@@ -81,11 +79,10 @@ static int prepare_in_context(Lane* self, Saved* s, void* arg) {
   return r;
 }
 
-/* The ReloadOp (ReloadOp.__init__'s fields, its outcome as Client.reload_outcome makes it:
- * in C once offloadd.client bound its answers, as it does at import): 1, -1. */
+/* The ReloadOp (ReloadOp.__init__'s fields, its outcome as Client.reload_outcome makes it,
+ * in C: offloadd.client bound its answers at import, before any lane): 1, -1. */
 static int reload_op(Lane* self, Reloading* x) {
-  PyObject* outcome = answers_are_bound() ? answers_reload_outcome(self->client)
-                                          : PyObject_CallNoArgs(self->reload_outcome);
+  PyObject* outcome = answers_reload_outcome(self->client);
   if (outcome == NULL) return -1;
   PyObject* const names[] = {n_slot, n_dest, n_region_id, n_offset, n_ready_event,
                              n_done_event, n_done_seq, n_done_outcome, n_sent, n_priority,
@@ -153,8 +150,8 @@ static int send(Lane* self, Reloading* x) {
   }
   if (sent == NULL && fast != NULL) {
     PyObject* args = Py_BuildValue("(OOOO)", x->block, x->rid, x->offset, x->priority);
-    PyObject* kwargs = args ? Py_BuildValue("{OOOOOOOO}", k_release_after, Py_True,
-                                            k_ready_event, ready, k_done_event, done, k_into,
+    PyObject* kwargs = args ? Py_BuildValue("{OOOOOOOO}", n_release_after, Py_True,
+                                            n_ready_event, ready, n_done_event, done, k_into,
                                             outcome)
                             : NULL;
     sent = kwargs ? PyObject_Call(self->reload, args, kwargs) : NULL;
