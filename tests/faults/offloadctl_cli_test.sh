@@ -162,7 +162,7 @@ else
 fi
 
 out=$("$CTL" --socket "$sock" topo)
-echo "$out" | grep -q "^no links yet: a link appears when a GPU's first copy is scheduled" \
+grep -q "^no links yet: a link appears when a GPU's first copy is scheduled" <<<"$out" \
   && echo "PASS topo_fresh_daemon" || fail "topo on a fresh daemon: $out"
 
 "$CLIENT" --mode=hold --socket="$sock" >"$dir/hold.out" &
@@ -176,11 +176,11 @@ sid=$(awk '/ready/ {print $2}' "$dir/hold.out")
 before=$failures
 stats=$("$CTL" --socket "$sock" stats)
 sessions=$("$CTL" --socket "$sock" sessions)
-echo "$stats" | grep -q "^sessions open: 1$" || fail "stats does not show 1 session: $stats"
+grep -q "^sessions open: 1$" <<<"$stats" || fail "stats does not show 1 session: $stats"
 [ "$(echo "$stats" | grep -c '^  session ')" -eq 1 ] || fail "stats lists other than 1: $stats"
-echo "$stats" | grep -qE "^  session $sid +fault_client hold" || fail "stats lacks $sid: $stats"
+grep -qE "^  session $sid +fault_client hold" <<<"$stats" || fail "stats lacks $sid: $stats"
 [ "$(echo "$sessions" | grep -cE '^ +[0-9]+ ')" -eq 1 ] || fail "sessions lists other than 1"
-echo "$sessions" | grep -qE "^ +$sid +fault_client hold" || fail "sessions lacks $sid: $sessions"
+grep -qE "^ +$sid +fault_client hold" <<<"$sessions" || fail "sessions lacks $sid: $sessions"
 [ "$failures" -eq "$before" ] && echo "PASS stats_and_sessions_agree"
 
 "$CTL" --socket "$sock" sessions --json >"$dir/sessions.json" || fail "sessions --json exit $?"

@@ -50,8 +50,8 @@ grep -q "no open session has id 999999" "$dir/err" || fail "unknown id: $(cat "$
 if [ "$(id -u)" = 0 ]; then
   # uid 65534 is not an admin: it sees no session of root's and may not end one.
   out=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$CTL" --socket "$sock" sessions)
-  echo "$out" | grep -q "not an admin" || fail "non-admin view not marked: $out"
-  echo "$out" | grep -q "fault_client hold" && fail "non-admin sees root's session"
+  grep -q "not an admin" <<<"$out" || fail "non-admin view not marked: $out"
+  grep -q "fault_client hold" <<<"$out" && fail "non-admin sees root's session"
   if setpriv --reuid=65534 --regid=65534 --clear-groups "$CTL" --socket "$sock" \
        end-session "$sid" 2>"$dir/err"; then
     fail "non-admin ended a session"
