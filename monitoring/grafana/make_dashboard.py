@@ -262,6 +262,21 @@ def build():
              (f"sum by (instance) (rate(offloadd_ring_offers_total{{{INST},"
               f"result=\"refused\"}}{RATE}))", "{{instance}} rings refused")], "ops", w=6,
             minimum=0)
+    b.panel("Request ring threads: sleeps/s and answers waiting",
+            "The daemon's ring threads (one per session with a ring): timed poll sleeps per "
+            "second (the wake-ups that let clients publish without ringing: up to 1 / "
+            "ring_poll_seconds per busy session), sleeps until rung, 1 ms back-offs of a client "
+            "ringing for nothing, malformed entries refused, and answers waiting in daemon "
+            "memory because a client's completion ring is full (a client not taking them).",
+            [(f"sum by (instance, wait) (rate(offloadd_ring_sleeps_total{{{INST}}}{RATE}))",
+              "{{instance}} sleeps {{wait}}"),
+             (f"sum by (instance) (rate(offloadd_ring_backoffs_total{{{INST}}}{RATE}))",
+              "{{instance}} back-offs"),
+             (f"sum by (instance) (rate(offloadd_ring_malformed_entries_total{{{INST}}}"
+              f"{RATE}))", "{{instance}} malformed"),
+             (f"offloadd_ring_completions_waiting{{{INST}}}", "{{instance}} answers waiting"),
+             (f"offloadd_ring_threads{{{INST}}}", "{{instance}} ring threads")], "short", w=6,
+            minimum=0)
 
     b.row("GaLore refreshes")
     b.panel("Projector refresh duration",

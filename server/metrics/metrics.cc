@@ -241,6 +241,28 @@ void RegisterTransferMetrics(prometheus::Registry& r, Metrics* m) {
       HistogramFamily(r, "offloadd_transfer_size_bytes", "Size of completed transfers.");
 }
 
+void RegisterRingThreadMetrics(prometheus::Registry& r, Metrics* m) {
+  m->ring_threads = PlainGauge(r, "offloadd_ring_threads",
+                               "Request rings' daemon threads running (one per attached ring).");
+  auto* sleeps = CounterFamily(
+      r, "offloadd_ring_sleeps_total",
+      "Times a request ring's thread slept waiting for work, by wait: poll (timed, at most "
+      "poll_seconds, so that clients need not ring), doorbell (until the client rings).");
+  m->ring_sleeps_poll_total = &sleeps->Add({{"wait", "poll"}});
+  m->ring_sleeps_doorbell_total = &sleeps->Add({{"wait", "doorbell"}});
+  m->ring_backoffs_total =
+      &CounterFamily(r, "offloadd_ring_backoffs_total",
+                     "1 ms back-offs of a ring thread after 64 rings in a row with no work.")
+           ->Add({});
+  m->ring_malformed_entries_total =
+      &CounterFamily(r, "offloadd_ring_malformed_entries_total",
+                     "Ring entries refused as malformed (answered INVALID_ARGUMENT).")
+           ->Add({});
+  m->ring_completions_waiting =
+      PlainGauge(r, "offloadd_ring_completions_waiting",
+                 "Answers waiting in daemon memory because a client's completion ring is full.");
+}
+
 void RegisterSessionMetrics(prometheus::Registry& r, Metrics* m) {
   m->sessions_open = PlainGauge(r, "offloadd_sessions_open", "Client sessions open.");
   m->adopted_blocks_total =
@@ -264,6 +286,7 @@ void RegisterSessionMetrics(prometheus::Registry& r, Metrics* m) {
       &CounterFamily(r, "offloadd_ring_requests_total",
                      "Requests taken from sessions' request rings (the rest came on streams).")
            ->Add({});
+  RegisterRingThreadMetrics(r, m);
 }
 
 Metrics* Create() {

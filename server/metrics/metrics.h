@@ -50,6 +50,16 @@ struct Metrics {
   prometheus::Counter* ring_offers_attached_total;
   prometheus::Counter* ring_offers_refused_total;
   prometheus::Counter* ring_requests_total;  // entries taken from request rings
+  // The rings' daemon threads (rpc::RingFrontEnd): running now; sleeps waiting for work, by
+  // wait (poll: timed, at most poll_seconds; doorbell: until the client rings); 1 ms back-offs
+  // after 64 rings in a row with no work; entries refused as malformed; answers waiting in
+  // daemon memory because a client's completion ring is full.
+  prometheus::Gauge* ring_threads;
+  prometheus::Counter* ring_sleeps_poll_total;
+  prometheus::Counter* ring_sleeps_doorbell_total;
+  prometheus::Counter* ring_backoffs_total;
+  prometheus::Counter* ring_malformed_entries_total;
+  prometheus::Gauge* ring_completions_waiting;
   // {link, direction, class}: from a transfer's submission to its link to the start of its
   // first chunk.
   prometheus::Family<prometheus::Histogram>* link_queue_wait_seconds;

@@ -222,7 +222,9 @@ RingFrontEnd::RingFrontEnd(void* base, const common::RingLayout& layout,
 }
 
 void RingFrontEnd::Start() {
-  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  if (thread_.joinable()) return;
+  metrics::Get().ring_threads->Increment();
+  thread_ = std::thread([this] { Run(); });
 }
 
 RingFrontEnd::~RingFrontEnd() {
@@ -238,7 +240,15 @@ void RingFrontEnd::Stop() {
   }
   stop_ = true;
   control_->daemon_doorbell.RingAlways();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+    metrics::Get().ring_threads->Decrement();
+  }
+  {
+    base::MutexLock lock(mu_);  // no answer is read from here on: the waiting ones go
+    metrics::Get().ring_completions_waiting->Decrement(static_cast<double>(queued_.size()));
+    queued_.clear();
+  }
   control_->state.closed.store(1, std::memory_order_seq_cst);
   control_->client_doorbell.RingAlways();
   ReleaseRing(ring_id_);  // another session may attach it from here on
@@ -276,6 +286,7 @@ void RingFrontEnd::Run() {
     if (rung && ++idle_wakes > 64) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       idle_wakes = 0;
+      metrics::Get().ring_backoffs_total->Increment();
       base::MutexLock lock(mu_);
       ++counters_.backoffs;
     }
@@ -303,6 +314,7 @@ int RingFrontEnd::TakeSubmissions() {
         base::MutexLock lock(mu_);
         ++counters_.malformed;
       }
+      metrics::Get().ring_malformed_entries_total->Increment();
       const session::Completion refused{
           .request_id = entry.request_id,
           .kind = session::CompletionKind::kError,
@@ -345,9 +357,11 @@ void RingFrontEnd::Complete(const session::Completion& completion) {
           break;
         default:
           queued_.push_back(entry);
+          metrics::Get().ring_completions_waiting->Increment();
       }
     } else {
       queued_.push_back(entry);
+      metrics::Get().ring_completions_waiting->Increment();
     }
     if (queued_.size() > counters_.queued_peak) counters_.queued_peak = queued_.size();
   }
@@ -369,6 +383,7 @@ size_t RingFrontEnd::FlushQueued() {
       ++moved;
     }
     counters_.completions += moved;
+    if (moved != 0) metrics::Get().ring_completions_waiting->Decrement(static_cast<double>(moved));
   }
   if (moved != 0) control_->client_doorbell.Ring();
   return moved;
@@ -408,6 +423,8 @@ bool RingFrontEnd::WaitForWork(double last_work_seconds) {
       ++counters_.sleeps;
       if (polling) ++counters_.polls;
     }
+    (polling ? metrics::Get().ring_sleeps_poll_total : metrics::Get().ring_sleeps_doorbell_total)
+        ->Increment();
     control_->daemon_doorbell.Sleep(seen, polling ? waiting_.poll_seconds : 1.0);
     rung = control_->daemon_doorbell.bell.load(std::memory_order_seq_cst) != seen;
   }

@@ -30,6 +30,11 @@
 // wake-ups"); after the window it sleeps until the client rings: an idle session uses no CPU.
 // The cost: up to 1 / poll_seconds timed wake-ups a second per active session (2000 at the
 // default 0.5 ms), on the daemon's cores.
+//
+// Exported (server/metrics, docs/metrics-and-alerts.md): the threads running (Start to Stop),
+// sleeps by wait (poll / doorbell), back-offs, malformed entries and the answers waiting in
+// daemon memory (queued at Complete, moved by FlushQueued, dropped by Stop); `counters()` has
+// the same per front end.
 #ifndef OFFLOADD_SERVER_RPC_RING_FRONTEND_H_
 #define OFFLOADD_SERVER_RPC_RING_FRONTEND_H_
 

@@ -17,6 +17,7 @@
 
 #include "common/ring_memfd.h"
 #include "gtest/gtest.h"
+#include "server/metrics/metrics.h"
 
 namespace offloadd::rpc {
 namespace {
@@ -169,6 +170,7 @@ bool PollingBecomes(const common::RingControl* control, uint32_t us) {
 // After work the thread polls: it advertises the interval and takes a submission nobody rang
 // for; a poll window after its last work it stops advertising and sleeps until rung.
 TEST(RingFrontEndTest, TakesUnrungSubmissionsWhilePollingAndStopsWhenIdle) {
+  const double polls0 = metrics::Get().ring_sleeps_poll_total->Value();
   Fixture f;
   f.Submit(Offload(1));
   f.Take();
@@ -177,10 +179,17 @@ TEST(RingFrontEndTest, TakesUnrungSubmissionsWhilePollingAndStopsWhenIdle) {
   const CompletionEntry c = f.Take();  // Take sleeps on the client's doorbell only
   EXPECT_EQ(c.request_id, common::kRingRequestIdBit | 2);
   EXPECT_GT(f.front->counters().polls, 0u);
+  const double doorbell0 = metrics::Get().ring_sleeps_doorbell_total->Value();
   EXPECT_TRUE(PollingBecomes(f.control, 0));  // common::kRingPollWindowSeconds later
   f.Submit(Offload(3));  // rung: served from the untimed sleep
   EXPECT_EQ(f.Take().request_id, common::kRingRequestIdBit | 3);
   EXPECT_EQ(f.request_count(), 3u);
+  // Exported as the counters say (read once the thread stopped): the timed sleeps by `wait`,
+  // and the untimed one after the window, woken above.
+  f.front->Stop();
+  const RingFrontEnd::Counters counters = f.front->counters();
+  EXPECT_EQ(metrics::Get().ring_sleeps_poll_total->Value() - polls0, counters.polls);
+  EXPECT_GE(metrics::Get().ring_sleeps_doorbell_total->Value() - doorbell0, 1.0);
 }
 
 // A timed poll that finds nothing is not a client ringing for nothing: while the thread polls
@@ -200,6 +209,7 @@ TEST(RingFrontEndTest, TimedPollsThatFindNothingNeverBackOff) {
 // A client ringing the doorbell with no work backs its own ring thread off, which then still
 // serves it.
 TEST(RingFrontEndTest, AClientRingingForNothingBacksItsRingThreadOff) {
+  const double backoffs0 = metrics::Get().ring_backoffs_total->Value();
   Fixture f;
   ASSERT_TRUE(WaitFor([&] {
     f.control->daemon_doorbell.RingAlways();
@@ -207,9 +217,13 @@ TEST(RingFrontEndTest, AClientRingingForNothingBacksItsRingThreadOff) {
   }));
   f.Submit(Offload(1));
   EXPECT_EQ(f.Take().request_id, common::kRingRequestIdBit | 1);
+  f.front->Stop();
+  EXPECT_EQ(metrics::Get().ring_backoffs_total->Value() - backoffs0,
+            f.front->counters().backoffs);
 }
 
 TEST(RingFrontEndTest, RefusesAMalformedEntryOnTheRingAndKeepsServing) {
+  const double malformed0 = metrics::Get().ring_malformed_entries_total->Value();
   Fixture f;
   SubmissionEntry bad = Offload(1);
   bad.reserved[3] = 0xff;
@@ -223,6 +237,7 @@ TEST(RingFrontEndTest, RefusesAMalformedEntryOnTheRingAndKeepsServing) {
   EXPECT_EQ(c.kind, static_cast<uint32_t>(common::CompletionKind::kOffloadDone));
   EXPECT_EQ(f.request_count(), 1u);  // the malformed entry never reached the session
   EXPECT_EQ(f.front->counters().malformed, 1u);
+  EXPECT_EQ(metrics::Get().ring_malformed_entries_total->Value() - malformed0, 1.0);
   std::lock_guard<std::mutex> lock(f.mu);
   ASSERT_EQ(f.refused.size(), 1u);  // counted among the session's request errors
   EXPECT_EQ(f.refused[0].code(), absl::StatusCode::kInvalidArgument);
@@ -281,6 +296,8 @@ TEST(RingFrontEndTest, ACompletionHeadMovedBackwardsEndsTheSession) {
 // A client that submits without ever taking a completion: the daemon queues at most
 // kMaxQueuedCompletions in its own memory and then stops taking submissions.
 TEST(RingFrontEndTest, AClientThatNeverTakesCompletionsIsHeldAtTheBound) {
+  prometheus::Gauge& waiting = *metrics::Get().ring_completions_waiting;
+  const double waiting0 = waiting.Value();
   Fixture f(/*entries=*/1024);
   uint64_t n = 0;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -302,9 +319,29 @@ TEST(RingFrontEndTest, AClientThatNeverTakesCompletionsIsHeldAtTheBound) {
   EXPECT_LE(c.queued_peak, RingFrontEnd::kMaxQueuedCompletions + RingFrontEnd::kTakeBatch);
   EXPECT_EQ(c.submissions, c.completions + c.queued_peak);
   EXPECT_TRUE(f.end_status().ok());  // not an error: the client is only slow
+  EXPECT_EQ(waiting.Value() - waiting0, c.submissions - c.completions);  // exported
   // Taking completions lets it go on.
   for (int i = 0; i < 1024; ++i) f.Take();
   ASSERT_TRUE(WaitFor([&] { return f.front->counters().submissions > c.submissions; }));
+  // Stopped, its waiting answers are dropped (nobody reads the ring any more), and the gauge
+  // says so.
+  f.front->Stop();
+  EXPECT_EQ(waiting.Value(), waiting0);
+}
+
+// The gauge of ring threads counts a front end from Start to Stop.
+TEST(RingFrontEndTest, RingThreadsGaugeCountsStartedFrontEnds) {
+  prometheus::Gauge& threads = *metrics::Get().ring_threads;
+  const double before = threads.Value();
+  {
+    Fixture f;
+    EXPECT_EQ(threads.Value() - before, 1.0);
+    f.front->Stop();
+    EXPECT_EQ(threads.Value(), before);
+    f.front->Stop();  // idempotent: counted once
+    EXPECT_EQ(threads.Value(), before);
+  }
+  EXPECT_EQ(threads.Value(), before);
 }
 
 TEST(RingFrontEndTest, StopMarksTheRingClosedAndWakesTheClient) {

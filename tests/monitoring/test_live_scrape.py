@@ -195,6 +195,12 @@ class LiveScrapeTest(unittest.TestCase):
             ('sum(offloadd_ring_offers_total{result="refused"})', lambda v: v == 0, "== 0"),
             ("sum(offloadd_ring_requests_total)", lambda v: v >= 2 * TRANSFERS,
              ">= %d" % (2 * TRANSFERS)),
+            # Its ring thread slept between the requests, ran until the client closed, and
+            # left no answer waiting; the client wrote no malformed entry.
+            ("sum(offloadd_ring_sleeps_total)", lambda v: v >= 1, ">= 1"),
+            ("sum(offloadd_ring_threads)", lambda v: v == 0, "== 0"),
+            ("sum(offloadd_ring_completions_waiting)", lambda v: v == 0, "== 0"),
+            ("sum(offloadd_ring_malformed_entries_total)", lambda v: v == 0, "== 0"),
         ]
         bad = []
         for q, ok, want in expect:
