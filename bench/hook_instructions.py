@@ -24,10 +24,13 @@ Variants (each in processes of its own, against one cuda-sim daemon):
   cuda-sim         offloadd's hooks (keep_last_n=0, prefetch=1) against the daemon: the whole
                    per-tensor path, the simulated device's own work included (SIMULATED: its
                    CUDA calls are Python here)
-  cuda-sim-pylane  the same with the store's lanes and the hooks' C pump off
+  cuda-sim-pylane  the same with the store's lanes and the hooks' C pump off, and Store.pack /
+                   unpack as the hooks (no C pack hook)
                    (offloadd._store_front.OffloadLane and .pump unused): every offload and
                    reload through the store's and the transport's Python, every pump
                    through Client.pump
+  cuda-sim-pyhook  cuda-sim with Store.pack as the pack hook instead of the C one
+                   (offloadd._store_front.Hooks, what offload_checkpoints gives torch)
   cuda-sim-pyring  the same with the request ring's C paths off (offloadd._ring_fast.submit and
                    offloadd._store_front.take_answers unused): every submission and answer in
                    Python
@@ -53,7 +56,8 @@ import tempfile
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-VARIANTS = ("noop", "store-front", "cuda-sim", "cuda-sim-pylane", "cuda-sim-pyring")
+VARIANTS = ("noop", "store-front", "cuda-sim", "cuda-sim-pylane", "cuda-sim-pyhook",
+            "cuda-sim-pyring")
 EVENTS = ("Ir", "I1mr", "D1mr", "DLmr")
 MIB = 1 << 20
 
@@ -79,7 +83,10 @@ def worker(variant, steps, sock, ops):
         keep = 1 << 30 if variant == "store-front" else 0
         ctx = ot.offload_checkpoints(socket_path=sock, keep_last_n=keep, prefetch=1,
                                      strict=True, threshold_bytes=1 << 18, name=variant)
-        pack, unpack = ctx.store.pack, ctx.store.unpack
+        if variant in ("cuda-sim-pylane", "cuda-sim-pyhook"):  # Store.pack itself, in Python
+            pack, unpack = ctx.store.pack, ctx.store.unpack
+        else:  # what torch calls: the C pack hook
+            pack, unpack = ctx.pack_hook, ctx.unpack_hook
     for _ in range(steps):
         with python_ring_paths(variant == "cuda-sim-pyring", lanes=variant == "cuda-sim-pylane"):
             y = torch.zeros(1, requires_grad=True)

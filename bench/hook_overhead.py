@@ -37,9 +37,13 @@ Variants, interleaved step by step in one process (the order rotates every repet
                unused), what those two C calls save, paired in one run
   cuda-sim-pylane  cuda-sim with the store's lanes and the hooks' C pump switched off around
                its steps (offloadd.torch._store._offload_lanes False; the endpoints pumped by
-               Client.pump): every offload and reload through the store's and the
-               transport's Python, what the lanes (offloadd._store_front.OffloadLane) and
-               offloadd._store_front.pump save, paired in one run
+               Client.pump) and Store.pack / unpack as the hooks: every offload and reload
+               through the store's and the transport's Python, what the lanes
+               (offloadd._store_front.OffloadLane), offloadd._store_front.pump and the C pack
+               hook save, paired in one run
+  cuda-sim-pyhook  cuda-sim with Store.pack as the pack hook instead of the C one
+               (offloadd._store_front.Hooks, what offload_checkpoints gives torch): what the
+               C pack hook saves, paired in one run
   store-front@REV, cuda-sim@REV  (with --store-from REV) store-front and cuda-sim with the
                store of git revision REV (client/python/offloadd/torch/_store.py as it was
                there, loaded beside today's and using today's transport and client): today's
@@ -128,10 +132,12 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 MIB = 1 << 20
 BUDGET_ALL_US, BUDGET_PACK_US, BUDGET_UNPACK_US, BUDGET_MSGS = 39.0, 15.0, 25.0, 1.1
 # The variants whose steps leave releases to send (synchronized after each step, untimed).
-SYNCHRONIZED = ("cuda-sim", "cuda-sim-pyring", "cuda-sim-pylane", "shm", "cuda-sim@REV")
+SYNCHRONIZED = ("cuda-sim", "cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook", "shm",
+                "cuda-sim@REV")
 VARIANTS = ("noop", "tensor-attrs", "store-front", "store-front@REV", "sidestream", "cuda-sim",
-            "cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim@REV", "shm",
+            "cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook", "cuda-sim@REV", "shm",
             "native-floor", "native-front")
+PY_PATHS = ("cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook")  # cuda-sim, some C paths off
 
 
 # ---- process threads' CPU ---------------------------------------------------------------------
@@ -500,17 +506,19 @@ def worker(args):
         if variant == "tensor-attrs":
             return tensor_attrs, (lambda t: t), None
         base, _, rev = variant.partition("@")
-        base = "cuda-sim" if base in ("cuda-sim-pyring", "cuda-sim-pylane") else base
+        base = "cuda-sim" if base in PY_PATHS else base
         keep = 1 << 30 if base == "store-front" else 0
         sock = shm_d.sock if base == "shm" else sim_d.sock
         store = None if not rev else old_store.Store(
             variant, 1 << 20, keep, 1, True, sock)  # offload_checkpoints' defaults otherwise
         ctx = ot.offload_checkpoints(socket_path=sock, keep_last_n=keep, prefetch=1,
                                      strict=True, name=variant, store=store)
-        return ctx.store.pack, ctx.store.unpack, sock
+        if variant in ("cuda-sim-pylane", "cuda-sim-pyhook"):  # Store.pack itself, in Python
+            return ctx.store.pack, ctx.store.unpack, sock
+        return ctx.pack_hook, ctx.unpack_hook, sock  # what torch calls: the C pack hook
 
     variants = ["noop", "tensor-attrs", "store-front", "sidestream", "cuda-sim", "cuda-sim-pyring",
-                "cuda-sim-pylane", "shm"]
+                "cuda-sim-pylane", "cuda-sim-pyhook", "shm"]
     if old_store is not None:
         variants += ["store-front@REV", "cuda-sim@REV"]
     # store-front's steps send nothing by design: its idle-step warning says nothing here.
@@ -538,6 +546,7 @@ def worker(args):
 
     daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid,
                   "cuda-sim-pyring": sim_d.proc.pid, "cuda-sim-pylane": sim_d.proc.pid,
+                  "cuda-sim-pyhook": sim_d.proc.pid,
                   "cuda-sim@REV": sim_d.proc.pid,
                   "native-floor": shm_d.proc.pid, "native-front": shm_d.proc.pid}
 
@@ -887,7 +896,7 @@ def main():
         results[layout] = summary
         report(layout, summary, args)
         for other, name in (("cuda-sim-pyring", "pyring"), ("cuda-sim-pylane", "pylane"),
-                            ("cuda-sim@REV", "rev")):
+                            ("cuda-sim-pyhook", "pyhook"), ("cuda-sim@REV", "rev")):
             key = "paired_%s_minus_c_us" % name
             summary[key] = paired_difference(out["rows"], other, "cuda-sim")
             if summary[key]:

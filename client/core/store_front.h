@@ -59,8 +59,19 @@ PyObject* store_pump(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 PyObject* store_pump_all(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 
 /* store_lane.c: interns its names and registers its fork handler (0 with an error set), and
- * the spec of its type OffloadLane. */
+ * the spec of its type OffloadLane; LaneType is that type, made at the module's import. */
 int store_lane_init(void);
 extern PyType_Spec store_lane_spec;
+extern PyTypeObject* LaneType;
+
+/* store_front_module.c, for the hooks: whether o is a Front; its pack (args as Front.pack's)
+ * and pop_due (the same results and errors as the methods). */
+int front_check(PyObject* o);
+PyObject* front_pack_of(PyObject* front, PyObject* const* args, Py_ssize_t nargs);
+PyObject* front_pop_due_of(PyObject* front, PyObject* keep_last_n);
+
+/* store_hooks.c: interns its names (0 with an error set), and the spec of its type Hooks. */
+int store_hooks_init(void);
+extern PyType_Spec store_hooks_spec;
 
 #endif  /* OFFLOADD_CLIENT_CORE_STORE_FRONT_H_ */

@@ -53,6 +53,8 @@
  *   pump(client, batch, take)  Client.pump(0.0) at a hook call, its usual case in C, and
  *          pump_all(endpoints, batch, client_module), the hooks' pump of every endpoint
  *          (store_pump.c documents them).
+ *   Hooks(store, store_globals)  a store's pack hook, its usual path in one C call
+ *          (store_hooks.c documents it).
  * The module keeps no state between stores; every call of a Saved or a Front runs under the
  * GIL and releases it nowhere, so a table is never seen half changed (a lane calls the device's
  * Python methods, which may release it: it touches no table). */
@@ -865,6 +867,16 @@ static PyType_Slot front_slots[] = {
 static PyType_Spec front_spec = {"offloadd._store_front.Front", sizeof(Front), 0,
                                  Py_TPFLAGS_DEFAULT, front_slots};
 
+int front_check(PyObject* o) { return Py_TYPE(o) == FrontType; }
+
+PyObject* front_pack_of(PyObject* front, PyObject* const* args, Py_ssize_t nargs) {
+  return front_pack((Front*)front, args, nargs);
+}
+
+PyObject* front_pop_due_of(PyObject* front, PyObject* keep_last_n) {
+  return front_pop_due((Front*)front, keep_last_n);
+}
+
 static PyMethodDef module_methods[] = {
     {"bind_answers", (PyCFunction)(void (*)(void))store_answers_bind, METH_FASTCALL,
      "bind_answers(kinds, flags, answer_types, outcome_lock): once, by offloadd.client"},
@@ -902,8 +914,7 @@ PyMODINIT_FUNC PyInit__store_front(void) {
       !front_intern(&a_dtype, "dtype") || !front_intern(&a_device, "device") ||
       !front_intern(&a_on_death, "_on_death") ||
       !front_intern(&a_unused_offsets, "_unused_offsets") || !store_answers_init() ||
-      !store_lane_init() ||
-      !store_pump_init())
+      !store_lane_init() || !store_pump_init() || !store_hooks_init())
     return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
@@ -914,7 +925,14 @@ PyMODINIT_FUNC PyInit__store_front(void) {
     Py_DECREF(lane_type);
     lane_type = NULL;
   }
-  if (SavedType == NULL || FrontType == NULL || lane_type == NULL ||
+  LaneType = (PyTypeObject*)lane_type;
+  Py_XINCREF(LaneType); /* ours: the module's was taken by AddObject */
+  PyObject* hooks_type = PyType_FromSpec(&store_hooks_spec);
+  if (hooks_type != NULL && PyModule_AddObject(m, "Hooks", hooks_type) < 0) {
+    Py_DECREF(hooks_type);
+    hooks_type = NULL;
+  }
+  if (SavedType == NULL || FrontType == NULL || lane_type == NULL || hooks_type == NULL ||
       PyModule_AddObject(m, "Saved", (PyObject*)SavedType) < 0 ||
       PyModule_AddObject(m, "Front", (PyObject*)FrontType) < 0) {
     Py_DECREF(m);

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 long long lane_process_pid;
+PyTypeObject* LaneType;
 static void after_fork_in_child(void) { lane_process_pid = (long long)getpid(); }
 
 PyObject *n_dead, *n_closing, *n_abandoned, *n_submit_fast, *n_version, *n_handle, *n_lock,

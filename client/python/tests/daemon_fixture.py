@@ -210,20 +210,21 @@ def bitwise_equal(a, b):
 
 
 def record_offloaded_shapes(context):
-    """Wraps the context's pack hook; returns the list it appends the shape of every tensor the
-    store took for offload (not those left in place) to."""
+    """Wraps the context's pack hook (and those its store gives later); returns the list it
+    appends the shape of every tensor the store took for offload (not those left in place)
+    to."""
     from offloadd.torch._store import Saved
+    from qwen3_fixture import wrap_packs
     shapes = []
-    store = context.store
-    inner = store.pack
 
-    def pack(t, *a, **k):
-        r = inner(t, *a, **k)
-        if isinstance(r, Saved):
-            shapes.append(tuple(t.shape))
-        return r
-    store.pack = pack
-    context.pack_hook = pack
+    def wrap(pack):
+        def spy(t, *a, **k):
+            r = pack(t, *a, **k)
+            if isinstance(r, Saved):
+                shapes.append(tuple(t.shape))
+            return r
+        return spy
+    wrap_packs(context.store, wrap, context)
     return shapes
 
 

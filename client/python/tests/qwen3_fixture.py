@@ -99,23 +99,42 @@ def torch_save_on_cpu_without_pinning():
         mu.save_on_cpu = orig
 
 
+def wrap_packs(store, wrap, context=None):
+    """Wraps every pack hook offloadd's ``store`` gives torch from now on (its ``hook_pair``:
+    contexts made later, save_on_cpu instances made per layer call) and ``context``'s
+    (offload_checkpoints) in ``wrap(pack)``, the hook torch then calls. Returns the function
+    that undoes it."""
+    pair = store.hook_pair
+
+    def wrapped_pair(*args, **kwargs):
+        pack, unpack = pair(*args, **kwargs)
+        return wrap(pack), unpack
+    store.hook_pair = wrapped_pair
+    inner = context.pack_hook if context is not None else None
+    if context is not None:
+        context.pack_hook = wrap(inner)
+
+    def undo():
+        del store.hook_pair
+        if context is not None:
+            context.pack_hook = inner
+    return undo
+
+
 @contextlib.contextmanager
 def spy_on_store(store, context=None):
     """Records (shape, dtype) of every tensor ``store``'s pack hook sees, in order. Contexts made
     later (save_on_cpu per layer call) pick the spy up from the store; pass an existing
     ``context`` (offload_checkpoints) to wrap its bound hook too."""
     seen = []
-    inner = store.pack
 
-    def pack(t, *a, **k):
-        seen.append((tuple(t.shape), t.dtype))
-        return inner(t, *a, **k)
-    store.pack = pack
-    if context is not None:
-        context.pack_hook = pack
+    def wrap(pack):
+        def spy(t, *a, **k):
+            seen.append((tuple(t.shape), t.dtype))
+            return pack(t, *a, **k)
+        return spy
+    undo = wrap_packs(store, wrap, context)
     try:
         yield seen
     finally:
-        del store.pack
-        if context is not None:
-            context.pack_hook = inner
+        undo()

@@ -211,7 +211,7 @@ class CompiledBackendTest(DaemonTestCase):
                                      socket_path=cls.daemon.sock)
         cls.backend = oc.backend(threshold_bytes=THRESHOLD_BYTES, context=ctx)
         cls.before = cls.daemon.stats()
-        with q.spy_on_store(ctx.store) as seen:
+        with q.spy_on_store(ctx.store, ctx) as seen:
             cls.offloadd, cls.offloadd_breaks = graph_breaks(
                 lambda: q.step(torch.compile(cls.model, backend=cls.backend), cls.ids))
         cls.seen = seen

@@ -26,6 +26,8 @@ import warnings
 import torch
 from daemon_fixture import THRESHOLD, Daemon, bitwise_equal, run_step
 
+import qwen3_fixture as q
+
 import offloadd.torch as ot
 from offloadd import errors
 from offloadd.torch import _endpoint
@@ -148,21 +150,21 @@ class FrozenDaemonTest(unittest.TestCase):
     def test_packs_stall_one_bound_per_step_when_staging_is_full(self):
         _endpoint.STAGING_GROW_BYTES = _endpoint.STAGING_MAX_BYTES = 1 << 20  # 4 layer inputs
         ctx = self.context(BOUND)
-        store, inner = ctx.store, ctx.store.pack
-
         def timed_step(**kw):
             times = {}
 
-            def pack(t, *a, **k):
-                times.setdefault("first", time.monotonic())
-                r = inner(t, *a, **k)
-                times["last"] = time.monotonic()
-                return r
-            store.pack = pack
+            def wrap(inner):
+                def pack(t, *a, **k):
+                    times.setdefault("first", time.monotonic())
+                    r = inner(t, *a, **k)
+                    times["last"] = time.monotonic()
+                    return r
+                return pack
+            undo = q.wrap_packs(ctx.store, wrap, ctx)
             try:
                 out = self.step(ctx, **kw)
             finally:
-                del store.pack
+                undo()
             return out, times["last"] - times["first"]
         normal = timed_step()[1]  # also registers the staging arena
         self.assertTrue(ot.synchronize())
@@ -203,21 +205,22 @@ class FrozenDaemonTest(unittest.TestCase):
         self.step(ctx)
         self.assertTrue(ot.synchronize())
         before = ctx.stats.snapshot()
-        store, inner = ctx.store, ctx.store.pack
         packs, timers = [0], []
 
-        def pack(t, *a, **k):
-            r = inner(t, *a, **k)
-            packs[0] += 1
-            if packs[0] == LAYERS // 2:
-                self.freeze()
-                timers.append(self.thaw_after(1.5))
-            return r
-        store.pack = pack
+        def wrap(inner):
+            def pack(t, *a, **k):
+                r = inner(t, *a, **k)
+                packs[0] += 1
+                if packs[0] == LAYERS // 2:
+                    self.freeze()
+                    timers.append(self.thaw_after(1.5))
+                return r
+            return pack
+        undo = q.wrap_packs(ctx.store, wrap, ctx)
         try:
             out = self.step(ctx)
         finally:
-            del store.pack
+            undo()
         for t in timers:
             t.join()
         self.assertTrue(bitwise_equal(out, self.reference()))

@@ -90,7 +90,7 @@ class ModesTest(DaemonTestCase):
         self.model._set_gradient_checkpointing(
             enable=True, gradient_checkpointing_func=functools.partial(ot.checkpoint, context=ctx))
         try:
-            with q.spy_on_store(ctx.store) as seen:
+            with q.spy_on_store(ctx.store, ctx) as seen:
                 res = q.step(self.model, self.ids)
             self.assertTrue(ot.synchronize())
         finally:

@@ -82,20 +82,21 @@ class TorchRestartTest(unittest.TestCase):
                 self.assertTrue(ot.synchronize(), "offloads did not complete")
                 self.assertEqual(self.daemons[-1].stats().blocks, LAYERS)
                 self.restart(down_seconds)
-        store, inner = ctx.store, ctx.store.pack
         packs = [0]
 
-        def pack(t, *a, **k):
-            r = inner(t, *a, **k)
-            packs[0] += 1
-            if packs[0] == kill_after_packs:  # offloads of earlier layers are in flight
-                self.restart()
-            return r
-        store.pack = pack
+        def wrap(inner):
+            def pack(t, *a, **k):
+                r = inner(t, *a, **k)
+                packs[0] += 1
+                if packs[0] == kill_after_packs:  # offloads of earlier layers are in flight
+                    self.restart()
+                return r
+            return pack
+        undo = q.wrap_packs(ctx.store, wrap)
         try:
             result = q.step(self.model, self.ids, between)
         finally:
-            del store.pack
+            undo()
         self.assertTrue(ot.synchronize(), "releases did not complete")
         clients = [ep.client for ep in ot._endpoint.endpoints()]
         return result, ctx.store.stats.snapshot(), clients

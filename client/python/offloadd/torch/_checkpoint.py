@@ -37,6 +37,6 @@ def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: bool = F
     held.
     """
     ctx = context if context is not None else default_context()
-    with torch.autograd.graph.saved_tensors_hooks(ctx.store.pack, ctx.store.unpack):
+    with torch.autograd.graph.saved_tensors_hooks(ctx.pack_hook, ctx.unpack_hook):
         return _tcp.checkpoint(function, *args, use_reentrant=use_reentrant,
                                preserve_rng_state=preserve_rng_state, **kwargs)

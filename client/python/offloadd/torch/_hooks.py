@@ -91,7 +91,8 @@ class offload_checkpoints(torch.autograd.graph.saved_tensors_hooks):
         self.store = store or Store(name, threshold_bytes, keep_last_n, prefetch, strict,
                                     socket_path, pin_memory, _small_to_host, retry_seconds,
                                     connect_timeout_seconds, unresponsive_seconds)
-        super().__init__(self.store.pack, self.store.unpack)
+        pair = getattr(self.store, "hook_pair", None)  # a store without one: its methods
+        super().__init__(*(pair() if pair is not None else (self.store.pack, self.store.unpack)))
         if log_stats_at_exit:
             atexit.register(_log_at_exit, self.store)
 
@@ -178,3 +179,6 @@ class _PinView:
 
     def unpack(self, packed):
         return self._store.unpack(packed)
+
+    def hook_pair(self):
+        return self._store.hook_pair(small_to_host=True, pin_memory=self._pin)

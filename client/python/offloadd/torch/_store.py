@@ -94,6 +94,9 @@ _FULL_UNTIL = _endpoint._full_until  # (pid, socket, device key) -> refused-for-
 
 
 _front = _native.load_store_front()  # offloadd._store_front (client/core/store_front_module.c)
+# Store.hook_pair gives torch the pack hook in C (offloadd._store_front.Hooks, whose usual path
+# is Store.pack's in one C call); False: Store.pack itself (tests of both, benchmarks).
+_hooks_in_c = True
 _AGAIN = object()  # Store._reload_claimed: the handle changed state, unpack it again
 _ORPHAN_TAKEN = object()  # OffloadOp.orphan_reload once _offload_orphaned looked at it
 _WAITED = "waited"  # Saved.reloading: claimed, and another thread waits for the claim's end
@@ -242,12 +245,7 @@ class Store:
         # The rules of the module doc; a new handle carries this step's counts from the start.
         r = self._front.pack(t, self.threshold_bytes, pin, self, step)
         if r.__class__ is str:  # left in place: the category it was left for
-            step.saw(t, r)
-            self.stats.add(**{"skipped_" + r: 1})
-            to_host = self.small_to_host if small_to_host is None else small_to_host
-            if r == "small" and to_host and t.device.type == "cuda":
-                return HostCopy(t, pin)
-            return Kept(t, r == "small" or r == "views")
+            return self._left(t, r, step, small_to_host, pin)
         step.saw(t, None)
         due = self._front.pop_due(self.keep_last_n)  # None for a handle packed before
         if due is not None:
@@ -257,6 +255,32 @@ class Store:
                 if lane is None or not lane.offload(o, step):
                     self._offload(o)
         return r
+
+    def _left(self, t, category, step, small_to_host, pin):
+        """What pack returns for ``t``, left in place for ``category`` (counted in ``step`` and
+        the statistics): a HostCopy (a small CUDA tensor, where the policy copies those to
+        host, pinned as ``pin`` says), else a Kept."""
+        step.saw(t, category)
+        self.stats.add(**{"skipped_" + category: 1})
+        to_host = self.small_to_host if small_to_host is None else small_to_host
+        if category == "small" and to_host and t.device.type == "cuda":
+            return HostCopy(t, pin)
+        return Kept(t, category == "small" or category == "views")
+
+    def hook_pair(self, small_to_host=None, pin_memory=None):
+        """The (pack, unpack) pair torch calls: the hooks in C (offloadd._store_front.Hooks:
+        the usual paths of pack and unpack in one call each, the rest through this store's
+        Python), with ``small_to_host`` / ``pin_memory`` overriding the store's policy as
+        pack's arguments do; pack and unpack themselves while ``_hooks_in_c`` is False."""
+        if not _hooks_in_c:
+            if small_to_host is None and pin_memory is None:
+                return self.pack, self.unpack
+            return functools.partial(self.pack, small_to_host=small_to_host,
+                                     pin_memory=pin_memory), self.unpack
+        hooks = _front.Hooks(self, globals())
+        if small_to_host is None and pin_memory is None:
+            return hooks.pack, hooks.unpack
+        return functools.partial(hooks.pack_with, small_to_host, pin_memory), hooks.unpack
 
     def _offload(self, s):
         """Sends ``s`` to the daemon, or keeps it in process (fallback), from a pack; counted as
@@ -569,13 +593,22 @@ class Store:
             step.unpacked = True  # this thread's backward began: its next pack ends its step
         else:  # a thread that packs nothing here: its unpacks end every thread's step
             self._foreign_unpacks += 1
+        if type(s) is not Saved:
+            return self._unpack_left(s)
+        return self._unpack_saved(s)
+
+    def _unpack_left(self, s):
+        """What unpack returns for what pack left in place (a Kept, a HostCopy), or for
+        anything else it is given (returned as it is)."""
         kind = type(s)
         if kind is Kept:
             return self._check_kept(s)
         if kind is HostCopy:
             return s.host.to(s.device, non_blocking=s.non_blocking)
-        if kind is not Saved:
-            return s
+        return s
+
+    def _unpack_saved(self, s):
+        """unpack of a handle, after unpack counted the step's backward as begun."""
         _pump()
         if self._async_error is not None:
             self._raise_async_error()

@@ -42,17 +42,17 @@ _lock = threading.Lock()
 _pending = {}            # handle -> (store, packed): offloaded by a forward, not yet reloaded
 _released = set()       # handles release_pending dropped that no backward asked for yet
 _handles = itertools.count(1)
-_stores = {}             # store_id -> the store a backend packs with
+_stores = {}             # store_id -> the context whose hooks a backend packs with
 _ops = []                # [offload op, reload op] once registered
 
 
 def _offload(store_id, x):
     with _lock:
-        store = _stores[store_id]
-    packed = store.pack(x)
+        ctx = _stores[store_id]
+    packed = ctx.pack_hook(x)  # the hooks eager torch gets from the context (its store's C pair)
     with _lock:
         handle = next(_handles)
-        _pending[handle] = (store, packed)
+        _pending[handle] = (ctx.unpack_hook, packed)
     return torch.tensor([handle], dtype=torch.int64)
 
 
@@ -77,8 +77,8 @@ def _reload(handle):
             "backward) is not supported with offloadd.torch.compiled.backend; for double "
             "backward use the eager hooks (offloadd.torch.offload_checkpoints) or run forward "
             "again")
-    store, packed = entry
-    return store.unpack(packed)
+    unpack, packed = entry
+    return unpack(packed)
 
 
 def _register_ops():
@@ -156,7 +156,8 @@ def backend(threshold_bytes=1 << 20, context=None):
                           "pass (torch >= 2.10); this process has torch %s" % torch.__version__)
     from ._hooks import default_context
     ops = _register_ops()
-    store = (context or default_context()).store
+    ctx = context or default_context()
+    store = ctx.store
     if store.threshold_bytes > threshold_bytes:
         warnings.warn(
             "offloadd.torch.compiled.backend(threshold_bytes=%d): the context's threshold_bytes=%d "
@@ -167,7 +168,7 @@ def backend(threshold_bytes=1 << 20, context=None):
             RuntimeWarning, stacklevel=2)
     with _lock:
         store_id = len(_stores) + 1
-        _stores[store_id] = store
+        _stores[store_id] = ctx
     counts = []
 
     def mark(gm, _inputs):
