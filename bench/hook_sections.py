@@ -22,7 +22,9 @@ hook_overhead.py. Sections (the per-call median over the measured steps, and cal
 
 The wrappers are Python calls themselves (~1 us each, cold): nested sections add theirs to the
 ones around them, so the totals run above hook_overhead.py's figures; read the sections against
-each other.
+each other. The hooks timed are Store.pack and Store.unpack, the store's Python around those
+sections: torch gets the C hooks (offloadd._store_front.Hooks), which call the same sections'
+C functions directly, where no Python wrapper can see them.
 
   .venv/bin/python bench/hook_sections.py [--bin build/bin] [--reps 40] [--gap-us 4000]
       [--pump-by-answers]

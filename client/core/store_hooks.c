@@ -126,14 +126,7 @@ static int saw_eligible(PyObject* step, PyObject* t) {
   PyObject* more = PyLong_FromLongLong(n + 1);
   int ok = more != NULL && PyObject_SetAttr(step, h_packs, more) == 0;
   Py_XDECREF(more);
-  PyObject* eligible = ok ? PyObject_GetAttr(step, h_eligible) : NULL;
-  PyObject* one = eligible ? PyLong_FromLong(1) : NULL;
-  PyObject* sum = one ? PyNumber_Add(eligible, one) : NULL;
-  ok = sum != NULL && PyObject_SetAttr(step, h_eligible, sum) == 0;
-  Py_XDECREF(sum);
-  Py_XDECREF(one);
-  Py_XDECREF(eligible);
-  return ok;
+  return ok && lane_attr_add(step, h_eligible, 1);
 }
 
 /* Handle o offloaded: by its device's lane, or by store._offload (1), or 0 with an error set. */
@@ -257,14 +250,7 @@ static int backward_began(PyObject* store) {
     return ok;
   }
   Py_XDECREF(step);
-  PyObject* n = PyObject_GetAttr(store, h_store_foreign_unpacks);
-  PyObject* one = n ? PyLong_FromLong(1) : NULL;
-  PyObject* more = one ? PyNumber_Add(n, one) : NULL;
-  int ok = more != NULL && PyObject_SetAttr(store, h_store_foreign_unpacks, more) == 0;
-  Py_XDECREF(more);
-  Py_XDECREF(one);
-  Py_XDECREF(n);
-  return ok;
+  return lane_attr_add(store, h_store_foreign_unpacks, 1);
 }
 
 /* Handle s still names its tensor, unchanged, and nothing noted it modified (else
@@ -460,14 +446,7 @@ static int hooks_clear(PyObject* o) {
   return 0;
 }
 
-static void hooks_dealloc(PyObject* o) {
-  PyObject_GC_UnTrack(o);
-  hooks_clear(o);
-  PyTypeObject* type = Py_TYPE(o);
-  freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
-  tp_free(o);
-  Py_DECREF(type);
-}
+static void hooks_dealloc(PyObject* o) { lane_gc_dealloc(o, hooks_clear); }
 
 static PyMethodDef hooks_methods[] = {
     {"pack", (PyCFunction)hooks_pack, METH_O, "pack(t) -> what store.pack(t) returns"},

@@ -92,6 +92,26 @@ int lane_attr_true(PyObject* o, PyObject* name) {
   return r;
 }
 
+int lane_attr_add(PyObject* o, PyObject* name, Py_ssize_t n) {
+  PyObject* had = PyObject_GetAttr(o, name);
+  PyObject* more = had ? PyLong_FromSsize_t(n) : NULL;
+  PyObject* sum = more ? PyNumber_Add(had, more) : NULL;
+  int ok = sum != NULL && PyObject_SetAttr(o, name, sum) == 0;
+  Py_XDECREF(sum);
+  Py_XDECREF(more);
+  Py_XDECREF(had);
+  return ok;
+}
+
+void lane_gc_dealloc(PyObject* o, inquiry clear) {
+  PyObject_GC_UnTrack(o);
+  clear(o);
+  PyTypeObject* type = Py_TYPE(o);
+  freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
+  tp_free(o);
+  Py_DECREF(type);
+}
+
 int lane_ready(Lane* self) {
   if (self->pid != lane_process_pid) return 0;
   int r = lane_attr_none(self->client, n_dead);
@@ -355,14 +375,7 @@ static int lane_init(PyObject* o, PyObject* args, PyObject* kwargs) {
   return 0;
 }
 
-static void lane_dealloc(PyObject* o) {
-  PyObject_GC_UnTrack(o);
-  lane_clear(o);
-  PyTypeObject* type = Py_TYPE(o);
-  freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
-  tp_free(o);
-  Py_DECREF(type);
-}
+static void lane_dealloc(PyObject* o) { lane_gc_dealloc(o, lane_clear); }
 
 static PyMethodDef lane_methods[] = {
     {"offload", (PyCFunction)(void (*)(void))lane_offload, METH_FASTCALL,

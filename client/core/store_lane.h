@@ -35,6 +35,13 @@ extern PyObject *n_dead, *n_closing, *n_abandoned, *n_submit_fast, *n_version, *
 int lane_attr_none(PyObject* o, PyObject* name);
 int lane_attr_true(PyObject* o, PyObject* name);
 
+/* o.name += n (a count kept as a Python int): 1, or 0 with an error set. */
+int lane_attr_add(PyObject* o, PyObject* name, Py_ssize_t n);
+
+/* tp_dealloc of the module's GC types: untracked, cleared by `clear`, freed, its heap type let
+ * go. */
+void lane_gc_dealloc(PyObject* o, inquiry clear);
+
 /* 1 when the lane serves this process and its client is alive with no destination waiting in
  * the transport; 0 when not; -1 with an error set. */
 int lane_ready(Lane* self);

@@ -137,15 +137,7 @@ static int records(Lane* self, Saved* s, Sending* x) {
 static int count_sent(Saved* s, PyObject* step) {
   int counted = lane_attr_true(s->counts, n_counted);
   if (counted < 0) return 0;
-  PyObject* into = counted ? step : s->counts;
-  PyObject* sent = PyObject_GetAttr(into, n_sent);
-  PyObject* one = sent ? PyLong_FromLong(1) : NULL;
-  PyObject* more = one ? PyNumber_Add(sent, one) : NULL;
-  int ok = more != NULL && PyObject_SetAttr(into, n_sent, more) == 0;
-  Py_XDECREF(more);
-  Py_XDECREF(one);
-  Py_XDECREF(sent);
-  return ok;
+  return lane_attr_add(counted ? step : s->counts, n_sent, 1);
 }
 
 /* The handle takes its offload under the store's lock (Store._offload's last lines): 1; 0

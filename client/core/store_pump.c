@@ -84,13 +84,7 @@ static int heard(PyObject* client) {
 
 static int count_received(PyObject* client, Py_ssize_t n) {
   PyObject* counters = PyObject_GetAttr(client, n_counters);
-  PyObject* had = counters ? PyObject_GetAttr(counters, n_received) : NULL;
-  PyObject* more = had ? PyLong_FromSsize_t(n) : NULL;
-  PyObject* sum = more ? PyNumber_Add(had, more) : NULL;
-  int ok = sum != NULL && PyObject_SetAttr(counters, n_received, sum) == 0;
-  Py_XDECREF(sum);
-  Py_XDECREF(more);
-  Py_XDECREF(had);
+  int ok = counters != NULL && lane_attr_add(counters, n_received, n);
   Py_XDECREF(counters);
   return ok;
 }
