@@ -59,6 +59,21 @@ int store_hooks_init(void) {
          front_intern(&h_version_attr, "_version");
 }
 
+/* The store module's _pump() (read at every call: a benchmark may switch it): 1, or 0 with an
+ * error set. */
+static int pump(Hooks* h) {
+  PyObject* fn = PyDict_GetItemWithError(h->globals, h_pump); /* borrowed */
+  if (fn == NULL) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "offloadd: the store has no _pump");
+    return 0;
+  }
+  Py_INCREF(fn); /* the call may replace the global */
+  PyObject* r = PyObject_CallNoArgs(fn);
+  Py_DECREF(fn);
+  Py_XDECREF(r);
+  return r != NULL;
+}
+
 /* ---- the checks before the front's pack ------------------------------------------------------- */
 /* This thread's open step (a new reference): NULL with no error when Store.pack must decide. */
 static PyObject* open_step(PyObject* store) {
@@ -200,16 +215,7 @@ static PyObject* pack(Hooks* h, PyObject* t, PyObject* small_to_host, PyObject* 
     PyErr_SetString(PyExc_TypeError, "Hooks(store, store_globals) was never made");
     return NULL;
   }
-  PyObject* pump = PyDict_GetItemWithError(h->globals, h_pump); /* borrowed */
-  if (pump == NULL) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "offloadd: the store has no _pump");
-    return NULL;
-  }
-  Py_INCREF(pump);
-  PyObject* pumped = PyObject_CallNoArgs(pump);
-  Py_DECREF(pump);
-  if (pumped == NULL) return NULL;
-  Py_DECREF(pumped);
+  if (!pump(h)) return NULL;
   PyObject *step = NULL, *pin = NULL;
   int r = usual(h->store, pin_memory, &step, &pin);
   PyObject* result = r == 1   ? pack_usual(h, t, small_to_host, step, pin)
@@ -348,16 +354,7 @@ static int unclaim(Hooks* h, Saved* s) {
 /* A handle's unpack, its usual case in C: the pump, the checks, the claim; the reload by
  * store._reload_claimed; the claim let go. Anything else: store._unpack_saved. */
 static PyObject* unpack_saved(Hooks* h, Saved* s) {
-  PyObject* pump = PyDict_GetItemWithError(h->globals, h_pump);
-  if (pump == NULL) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "offloadd: the store has no _pump");
-    return NULL;
-  }
-  Py_INCREF(pump);
-  PyObject* pumped = PyObject_CallNoArgs(pump);
-  Py_DECREF(pump);
-  if (pumped == NULL) return NULL;
-  Py_DECREF(pumped);
+  if (!pump(h)) return NULL;
   int r = lane_attr_none(h->store, h_async_error);
   if (r == 1) r = source_intact(s);
   if (r == 1 && s->result != NULL && s->result != Py_None) {
