@@ -30,6 +30,7 @@ typedef struct {
   PyObject_HEAD
   PyObject *store, *front, *globals;
   PyObject *again, *waited; /* the store module's _AGAIN and _WAITED */
+  int initialized;           /* __init__ began (it runs once) */
 } Hooks;
 
 static PyObject *h_front, *h_pump, *h_async_error, *h_thread, *h_step, *h_unpacked,
@@ -289,11 +290,11 @@ static int ep_is_ours(PyObject* ep) {
 /* Under the store's lock, as _unpack_saved's first locked block: the usual case (an
  * OFFLOADED handle of this process that no thread is reloading) marked unpacked and its reload
  * claimed: 1; 0 when not the usual case (nothing changed); -1 with an error set. */
-static int claim_usual(Saved* s) {
+static int claim_usual(PyObject* store, Saved* s) {
   PyObject* ep = s->ep; /* its process read before the lock: an attribute read may run code */
   Py_XINCREF(ep);
   int ours = ep_is_ours(ep);
-  PyObject* lock = ours == 1 ? lane_lock(s->store) : NULL;
+  PyObject* lock = ours == 1 ? lane_lock(store) : NULL;
   if (lock == NULL) {
     Py_XDECREF(ep);
     return ours == 1 ? -1 : ours;
@@ -313,42 +314,69 @@ static int claim_usual(Saved* s) {
   return unlocked ? usual : -1;
 }
 
-/* _unclaim: the claim let go under the store's lock, and the threads waiting for it woken.
- * Keeps an error already set (what the reload raised): 1, or 0 with an error set. */
-static int unclaim(Hooks* h, Saved* s) {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  PyObject* lock = lane_lock(s->store);
-  if (lock == NULL) { /* interrupted while waiting: that error replaces the reload's, as an
-                       * error raised in a finally does (the claim stays, as there) */
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    return 0;
+/* The store's lock, waited for until taken: an interrupt while waiting (a signal handler that
+ * raised) is kept in *first (the first one; later ones dropped) and the wait goes on, since the
+ * claim must go whatever happens. NULL with an error set only for an error that does not go
+ * away (100 tries). */
+static PyObject* lock_surely(PyObject* store, PyObject* first[3]) {
+  for (int tries = 1;; tries++) {
+    PyObject* lock = lane_lock(store);
+    if (lock != NULL || tries >= 100) return lock;
+    if (first[0] == NULL)
+      PyErr_Fetch(&first[0], &first[1], &first[2]);
+    else
+      PyErr_Clear();
   }
-  int ok = 1;
-  PyObject* old = NULL;
-  {
-    int waited = s->reloading == h->waited;
-    old = s->reloading;
+}
+
+/* _unclaim: the claim let go under the store's lock and the threads waiting for it woken, as
+ * Store._unclaim does. Called with the reload's error set, or none. What letting go raised
+ * (an interrupt in the wait for the lock, or in waking the waiters) replaces it, with the
+ * reload's error as its __context__, as an error raised in a `finally` does: 1, or 0 with an
+ * error set. */
+static int unclaim(Hooks* h, Saved* s) {
+  PyObject *type, *value, *tb, *interrupt[3] = {NULL, NULL, NULL};
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject* lock = lock_surely(h->store, interrupt);
+  int ok = lock != NULL;
+  if (ok) {
+    PyObject* old = s->reloading;
+    int waited = old == h->waited;
     Py_INCREF(Py_False);
     s->reloading = Py_False;
     if (waited) {
-      PyObject* cond = PyObject_GetAttr(s->store, h_reloaded);
+      PyObject* cond = PyObject_GetAttr(h->store, h_reloaded);
       PyObject* r = cond ? PyObject_CallMethodObjArgs(cond, h_notify_all, NULL) : NULL;
       ok = r != NULL;
       Py_XDECREF(r);
       Py_XDECREF(cond);
     }
     ok = lane_unlock(lock) && ok;
+    Py_XDECREF(old); /* after the lock: it may run code (True or the _WAITED string: none) */
   }
-  Py_XDECREF(old);
-  if (type != NULL) { /* the reload's error wins, as a finally's let-go does not hide it */
-    PyErr_Clear();
+  if (ok && interrupt[0] != NULL) { /* the claim went; the interrupt of the wait is raised */
+    PyErr_Restore(interrupt[0], interrupt[1], interrupt[2]);
+    ok = 0;
+  } else {
+    Py_XDECREF(interrupt[0]);
+    Py_XDECREF(interrupt[1]);
+    Py_XDECREF(interrupt[2]);
+  }
+  if (type == NULL) return ok;
+  if (ok) { /* nothing raised in letting go: the reload's error stands */
     PyErr_Restore(type, value, tb);
     return 0;
   }
-  return ok;
+  PyObject *now_type, *now, *now_tb; /* the let-go's error, the reload's as its context */
+  PyErr_Fetch(&now_type, &now, &now_tb);
+  PyErr_NormalizeException(&now_type, &now, &now_tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != NULL) PyException_SetTraceback(value, tb);
+  PyException_SetContext(now, value); /* steals value */
+  Py_XDECREF(type);
+  Py_XDECREF(tb);
+  PyErr_Restore(now_type, now, now_tb);
+  return 0;
 }
 
 /* A handle's unpack, its usual case in C: the pump, the checks, the claim; the reload by
@@ -361,7 +389,7 @@ static PyObject* unpack_saved(Hooks* h, Saved* s) {
     Py_INCREF(s->result);
     return s->result;
   }
-  if (r == 1) r = claim_usual(s);
+  if (r == 1) r = claim_usual(h->store, s);
   if (r < 0) return NULL;
   if (r == 0) return PyObject_CallMethodObjArgs(h->store, h_unpack_saved, (PyObject*)s, NULL);
   PyObject* t = PyObject_CallMethodObjArgs(h->store, h_reload_claimed, (PyObject*)s, NULL);
@@ -392,11 +420,16 @@ static PyObject* hooks_unpack(PyObject* o, PyObject* packed) {
 static int hooks_init(PyObject* o, PyObject* args, PyObject* kwargs) {
   Hooks* self = (Hooks*)o;
   PyObject *store, *globals;
+  if (kwargs != NULL && PyDict_Size(kwargs) > 0) {
+    PyErr_SetString(PyExc_TypeError, "Hooks(store, store_globals) takes no keyword arguments");
+    return -1;
+  }
   if (!PyArg_ParseTuple(args, "OO!:Hooks", &store, &PyDict_Type, &globals)) return -1;
-  if (self->store != NULL) {
+  if (self->initialized) { /* set before any code can run: a re-entered __init__ fails too */
     PyErr_SetString(PyExc_TypeError, "Hooks are made once (make another)");
     return -1;
   }
+  self->initialized = 1;
   PyObject* front = PyObject_GetAttr(store, h_front);
   if (front == NULL) return -1;
   if (!front_check(front)) {
@@ -425,6 +458,7 @@ static int hooks_init(PyObject* o, PyObject* args, PyObject* kwargs) {
 
 static int hooks_traverse(PyObject* o, visitproc visit, void* arg) {
   Hooks* self = (Hooks*)o;
+  Py_VISIT(Py_TYPE(o)); /* a heap type's instances hold it */
   Py_VISIT(self->store);
   Py_VISIT(self->front);
   Py_VISIT(self->globals);

@@ -29,6 +29,46 @@ front_mod = _native.load_store_front()
 KIB = 1 << 10
 
 
+class Interrupt(BaseException):
+    """What a signal handler raising (KeyboardInterrupt) looks like to the hooks."""
+
+
+class InterruptOnce:
+    """A store's lock whose acquire, once armed, raises Interrupt once before it takes the
+    lock (an interrupt while waiting); otherwise the lock it wraps."""
+
+    def __init__(self, lock):
+        self.lock, self.armed, self.interrupts = lock, False, 0
+
+    def acquire(self, *args):
+        if self.armed:
+            self.armed, self.interrupts = False, self.interrupts + 1
+            raise Interrupt("interrupted while waiting for the store's lock")
+        return self.lock.acquire(*args)
+
+    def release(self):
+        self.lock.release()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def within(seconds, fn, *args):
+    """fn(*args) on a thread of its own; fails the test when it has not returned in time (a
+    claim held forever makes an unpack wait forever)."""
+    out = []
+    worker = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise AssertionError("still waiting after %g s: a reload claim was never let go"
+                             % seconds)
+    return out[0]
+
+
 def no_daemon_context(**kw):
     """A context whose store offloads nothing (keep_last_n past any step): no daemon needed."""
     kw.setdefault("threshold_bytes", 4 * KIB)
@@ -286,6 +326,51 @@ class UnpackTest(DaemonTestCase):
         self.assertEqual(woken, [True])
         self.assertEqual(handles[-1].reloading, False)
 
+    def both_unpacks(self):
+        """(name, unpack hook) of the C hooks and of the store's Python, each for a context of
+        its own with one offloaded handle: yields (name, ctx, handle, tensor)."""
+        for name in ("C", "Python"):
+            ctx, xs, handles = self.offloaded(1)
+            unpack = ctx.unpack_hook if name == "C" else ctx.store.unpack
+            yield name, ctx, unpack, handles[0], xs[0]
+
+    def test_an_error_in_letting_the_claim_go_replaces_the_reloads_as_a_finally_does(self):
+        for name, ctx, unpack, handle, x in self.both_unpacks():
+            with self.subTest(name):
+                real = ctx.store._reload_claimed
+
+                def broken(s):
+                    s.reloading = _store._WAITED  # a waiter to wake
+                    raise ValueError("the reload broke")
+
+                class Condition:
+                    def notify_all(self):
+                        raise Interrupt("interrupted while waking the waiters")
+                ctx.store._reload_claimed, ctx.store._reloaded = broken, Condition()
+                with self.assertRaises(Interrupt) as raised:
+                    unpack(handle)
+                self.assertIsInstance(raised.exception.__context__, ValueError)
+                self.assertEqual(handle.reloading, False)  # the claim went all the same
+                ctx.store._reload_claimed = real
+                self.assertTrue(torch.equal(unpack(handle), x))
+
+    def test_an_interrupted_wait_for_the_lock_still_lets_the_claim_go(self):
+        for name, ctx, unpack, handle, x in self.both_unpacks():
+            with self.subTest(name):
+                lock = InterruptOnce(ctx.store._lock)
+                real = ctx.store._reload_claimed
+
+                def broken(s):
+                    lock.armed = True  # the next wait for the lock, letting the claim go
+                    raise ValueError("the reload broke")
+                ctx.store._reload_claimed, ctx.store._lock = broken, lock
+                with self.assertRaises(Interrupt) as raised:
+                    unpack(handle)
+                self.assertIsInstance(raised.exception.__context__, ValueError)
+                self.assertEqual((lock.interrupts, handle.reloading), (1, False))
+                ctx.store._reload_claimed = real
+                self.assertTrue(torch.equal(within(10.0, unpack, handle), x))
+
     def test_a_handle_that_became_a_fallback_is_unpacked_again_by_python(self):
         ctx, xs, handles = self.offloaded()
         real, unpacks = ctx.store._reload_claimed, counting(ctx.store, "unpack")
@@ -312,6 +397,9 @@ class HooksObjectTest(unittest.TestCase):
             front_mod.Hooks.__new__(front_mod.Hooks).pack(torch.randn(64, 64))
         with self.assertRaisesRegex(TypeError, "pack_with"):
             hooks.pack_with(True, torch.randn(64, 64))
+        with self.assertRaisesRegex(TypeError, "keyword"):
+            front_mod.Hooks(ctx.store, vars(_store), extra=1)
+        self.assertIn(front_mod.Hooks, gc.get_referents(hooks))  # a heap type's instance
 
     def test_hooks_in_a_reference_cycle_are_collected(self):
         ctx = no_daemon_context()

@@ -679,10 +679,30 @@ class Store:
             raise
 
     def _unclaim(self, s):
-        with self._lock:
+        """Lets ``s``'s reload claim go and wakes the threads waiting for it. An interrupt
+        while waiting for the lock does not keep the claim (every later unpack of ``s`` would
+        wait for it forever): the wait goes on, and the first interrupt is raised after."""
+        interrupted = None
+        for tries in range(1, 101):  # an error that does not go away: it propagates
+            try:
+                self._lock.acquire()
+                break
+            except BaseException as e:  # a signal handler raised (KeyboardInterrupt)
+                if interrupted is None:
+                    interrupted = e
+                if tries == 100:
+                    raise
+        try:
             waited, s.reloading = s.reloading is _WAITED, False
             if waited:
                 self._reloaded.notify_all()
+        finally:
+            self._lock.release()
+        if interrupted is not None:
+            try:
+                raise interrupted
+            finally:
+                interrupted = None
 
     def _reload_claimed(self, s):
         """The reload part of unpack, by the one thread that claimed ``s``: the tensor, or
