@@ -1,29 +1,46 @@
-/* offloadd._store_front, part seven: the pack hook itself in C (the type Hooks).
+/* offloadd._store_front, part seven: the hooks torch calls, in C (the type Hooks).
  *
- * torch calls a saved-tensor pack hook once per saved tensor. Store.pack, in Python, is a frame
- * of its own and a dozen attribute look-ups and method calls around the C calls that do the
- * work (the pump, the front's pack, the step's counts, the handles due, a lane's offload). Here
- * the same usual path runs in one C call that calls those C functions directly; every unusual
- * case goes to Store.pack, before anything but the pump was done.
+ * torch calls a saved-tensor pack hook once per saved tensor and the unpack hook once per use
+ * in backward. Store.pack and Store.unpack, in Python, are frames of their own and a dozen
+ * attribute look-ups and method calls around the C calls that do the work (the pump, the
+ * front's pack, the step's counts, the handles due, a lane's offload; the reload's claim). Here
+ * the same usual paths run in one C call each that calls those C functions directly; every
+ * unusual case goes to the store's Python, with nothing done before but what that Python
+ * would have done first.
  *
  *   Hooks(store, store_globals)  the hooks of an offloadd.torch._store.Store; store_globals is
  *          that module's globals (its ``_pump`` is read at every call, so that a benchmark can
- *          switch the pump). TypeError when store._front is not a Front.
+ *          switch the pump; its ``_AGAIN`` and ``_WAITED`` once). TypeError when store._front
+ *          is not a Front, for keyword arguments and for a second __init__.
  *     pack(t) -> what store.pack(t) returns, with the store's own policy.
  *     pack_with(small_to_host, pin_memory, t) -> what store.pack(t, small_to_host, pin_memory)
  *          returns (save_on_cpu's instances: functools.partial(hooks.pack_with, True, pin)).
+ *     unpack(packed) -> what store.unpack(packed) returns.
  *
- * The usual path, as Store.pack's: the hooks' pump (``_pump()``); then, when the store has no
- * error kept for the next hook (``_async_error`` None), this thread's step (``_thread.step``)
- * is open (not unpacked, its ``foreign_unpacks`` the store's), no unpack came since the last
- * pack (``_unpacking`` false) and the pinning decision is known (``_can_pin`` not None when
- * pinning is asked for): the front's pack; a category (left in place) goes to
- * ``store._left(t, category, step, small_to_host, pin)``; a handle is counted as eligible in the
- * step (what _StepCounts.saw does for it), and each handle due (front.pop_due(keep_last_n)) is
- * offloaded by its device's lane (``store._lanes``), or by ``store._offload`` when it has none
- * or the lane declines. Anything else is ``store.pack(t, small_to_host, pin_memory)``, which
- * pumps again (it finds nothing new: harmless). What any of these raises propagates, as from
- * Store.pack. */
+ * The pack's usual path, as Store.pack's: the hooks' pump (``_pump()``); then, when the store
+ * has no error kept for the next hook (``_async_error`` None), this thread's step
+ * (``_thread.step``) is open (not unpacked, its ``foreign_unpacks`` the store's), no unpack came
+ * since the last pack (``_unpacking`` false) and the pinning decision is known (``_can_pin``
+ * not None when pinning is asked for): the front's pack; a category (left in place) goes to
+ * ``store._left(t, category, step, small_to_host, pin)``; a handle is counted as eligible in
+ * the step (what _StepCounts.saw does for it), and each handle due
+ * (front.pop_due(keep_last_n)) is offloaded by its device's lane (``store._lanes``), or by
+ * ``store._offload`` when it has none or the lane declines. Anything else is
+ * ``store.pack(t, small_to_host, pin_memory)``, which pumps again (it finds nothing new).
+ *
+ * The unpack: Store.unpack's first lines (``_unpacking`` set; this thread's step unpacked, or
+ * one more of the store's ``_foreign_unpacks``); what is not a Saved goes to
+ * ``store._unpack_left``. For a handle: the pump; then, when no error is kept, the handle's
+ * tensor is alive with its version unchanged and nothing noted it modified, it has no result
+ * yet, and under the store's lock it is OFFLOADED, of this process's endpoint and not being
+ * reloaded: marked unpacked and its reload claimed there, ``store._reload_claimed(s)`` called,
+ * and the claim let go under the lock (the threads waiting for it woken through
+ * ``store._reloaded``) whatever that raised; an interrupt while waiting for the lock to let
+ * it go is raised after the claim went. ``_AGAIN`` from it: ``store.unpack(s)``. A result
+ * already there is returned. Anything else is ``store._unpack_saved(s, pumped=True)``.
+ *
+ * What any of these raises propagates, as from the Python methods. The store's Python is
+ * called through its attributes (an instance attribute replacing a method is what runs). */
 #include "client/core/store_lane.h"
 
 typedef struct {
@@ -391,7 +408,8 @@ static PyObject* unpack_saved(Hooks* h, Saved* s) {
   }
   if (r == 1) r = claim_usual(h->store, s);
   if (r < 0) return NULL;
-  if (r == 0) return PyObject_CallMethodObjArgs(h->store, h_unpack_saved, (PyObject*)s, NULL);
+  if (r == 0) /* pumped already */
+    return PyObject_CallMethodObjArgs(h->store, h_unpack_saved, (PyObject*)s, Py_True, NULL);
   PyObject* t = PyObject_CallMethodObjArgs(h->store, h_reload_claimed, (PyObject*)s, NULL);
   if (!unclaim(h, s)) Py_CLEAR(t);
   if (t == h->again) { /* the handle became a fallback meanwhile: unpacked again, in Python */

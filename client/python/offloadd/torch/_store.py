@@ -607,9 +607,11 @@ class Store:
             return s.host.to(s.device, non_blocking=s.non_blocking)
         return s
 
-    def _unpack_saved(self, s):
-        """unpack of a handle, after unpack counted the step's backward as begun."""
-        _pump()
+    def _unpack_saved(self, s, pumped=False):
+        """unpack of a handle, after unpack counted the step's backward as begun (``pumped``:
+        and pumped the rings' answers, as the C unpack has when it comes here)."""
+        if not pumped:
+            _pump()
         if self._async_error is not None:
             self._raise_async_error()
         src = s.src()
