@@ -54,7 +54,7 @@ static PyObject *h_front, *h_pump, *h_async_error, *h_thread, *h_step, *h_unpack
     *h_foreign_unpacks, *h_store_foreign_unpacks, *h_unpacking, *h_pin_memory, *h_can_pin, *h_threshold_bytes, *h_left,
     *h_packs, *h_eligible, *h_device, *h_keep_last_n, *h_lanes, *h_offload, *h_pack,
     *h_lane_offload, *h_unpack, *h_unpack_left, *h_unpack_saved, *h_reload_claimed, *h_again,
-    *h_waited, *h_reloaded, *h_notify_all, *h_pid, *h_version_attr;
+    *h_waited, *h_reloaded, *h_notify_all;
 
 int store_hooks_init(void) {
   return front_intern(&h_front, "_front") && front_intern(&h_pump, "_pump") &&
@@ -73,8 +73,7 @@ int store_hooks_init(void) {
          front_intern(&h_unpack_saved, "_unpack_saved") &&
          front_intern(&h_reload_claimed, "_reload_claimed") && front_intern(&h_again, "_AGAIN") &&
          front_intern(&h_waited, "_WAITED") && front_intern(&h_reloaded, "_reloaded") &&
-         front_intern(&h_notify_all, "notify_all") && front_intern(&h_pid, "pid") &&
-         front_intern(&h_version_attr, "_version");
+         front_intern(&h_notify_all, "notify_all");
 }
 
 /* The store module's _pump() (read at every call: a benchmark may switch it): 1, or 0 with an
@@ -286,22 +285,12 @@ static int source_intact(Saved* s) {
   if (src == NULL) return -1;
   if (src == Py_None) return 0;
   Py_INCREF(src);
-  PyObject* version = PyObject_GetAttr(src, h_version_attr);
+  PyObject* version = PyObject_GetAttr(src, n_version);
   Py_DECREF(src);
   long long v = version ? PyLong_AsLongLong(version) : -1;
   Py_XDECREF(version);
   if (v == -1 && PyErr_Occurred()) return -1;
   return v == s->version;
-}
-
-/* 1 when endpoint ep (None: none yet) was made by this process, 0 when not, -1 error. */
-static int ep_is_ours(PyObject* ep) {
-  if (ep == NULL || ep == Py_None) return 1;
-  PyObject* pid = PyObject_GetAttr(ep, h_pid);
-  long long v = pid ? PyLong_AsLongLong(pid) : -1;
-  Py_XDECREF(pid);
-  if (v == -1 && PyErr_Occurred()) return -1;
-  return v == lane_process_pid;
 }
 
 /* Under the store's lock, as _unpack_saved's first locked block: the usual case (an
@@ -310,7 +299,7 @@ static int ep_is_ours(PyObject* ep) {
 static int claim_usual(PyObject* store, Saved* s) {
   PyObject* ep = s->ep; /* its process read before the lock: an attribute read may run code */
   Py_XINCREF(ep);
-  int ours = ep_is_ours(ep);
+  int ours = ep == NULL || ep == Py_None ? 1 : lane_own_endpoint(ep); /* None: none yet */
   PyObject* lock = ours == 1 ? lane_lock(store) : NULL;
   if (lock == NULL) {
     Py_XDECREF(ep);

@@ -48,7 +48,7 @@ PyObject *n_dead, *n_closing, *n_abandoned, *n_submit_fast, *n_version, *n_handl
     *n_acquire, *n_release, *n_done, *n_exc, *n_value, *n_tensor, *n_event;
 static PyObject *n_client, *n_transport, *n_dev, *n_events, *n_free, *n_regions, *n_data_ptr,
     *n_base, *n_size, *n_buffer_id, *n_move_to_end, *n_enter, *n_exit, *n_simulated,
-    *n_checksums, *n_checksum, *n_check_simulated;
+    *n_checksums, *n_checksum, *n_check_simulated, *n_pid;
 
 int store_lane_init(void) {
   lane_process_pid = (long long)getpid();
@@ -71,7 +71,8 @@ int store_lane_init(void) {
          front_intern(&n_move_to_end, "move_to_end") && front_intern(&n_enter, "__enter__") &&
          front_intern(&n_exit, "__exit__") && front_intern(&n_simulated, "simulated") &&
          front_intern(&n_checksums, "checksums") && front_intern(&n_checksum, "checksum") &&
-         front_intern(&n_check_simulated, "_check_simulated") && store_offload_init() &&
+         front_intern(&n_check_simulated, "_check_simulated") && front_intern(&n_pid, "pid") &&
+         store_offload_init() &&
          store_reload_init();
 }
 
@@ -90,6 +91,14 @@ int lane_attr_true(PyObject* o, PyObject* name) {
   int r = PyObject_IsTrue(v);
   Py_DECREF(v);
   return r;
+}
+
+int lane_own_endpoint(PyObject* ep) {
+  PyObject* pid = PyObject_GetAttr(ep, n_pid);
+  long long v = pid ? PyLong_AsLongLong(pid) : -1;
+  Py_XDECREF(pid);
+  if (v == -1 && PyErr_Occurred()) return -1;
+  return v == lane_process_pid;
 }
 
 int lane_attr_add(PyObject* o, PyObject* name, Py_ssize_t n) {

@@ -35,6 +35,10 @@ extern PyObject *n_dead, *n_closing, *n_abandoned, *n_submit_fast, *n_version, *
 int lane_attr_none(PyObject* o, PyObject* name);
 int lane_attr_true(PyObject* o, PyObject* name);
 
+/* 1 when endpoint ep (an offloadd.torch._endpoint.Endpoint: its pid) was made by this
+ * process, 0 when not, -1 with an error set. */
+int lane_own_endpoint(PyObject* ep);
+
 /* o.name += n (a count kept as a Python int): 1, or 0 with an error set. */
 int lane_attr_add(PyObject* o, PyObject* name, Py_ssize_t n);
 

@@ -30,7 +30,7 @@
 
 static PyObject *n_ring_native, *n_ring_ops, *n_owner_pid, *n_ring, *n_released, *n_fast,
     *n_drain, *n_last_heard, *n_counters, *n_received, *n_confirmed, *n_outcomes_locked,
-    *n_finish, *n_pump, *n_pid, *n_client, *n_take_answers;
+    *n_finish, *n_pump, *n_client, *n_take_answers;
 
 int store_pump_init(void) {
   return front_intern(&n_ring_native, "_ring_native") && front_intern(&n_ring_ops, "_ring_ops") &&
@@ -42,7 +42,7 @@ int store_pump_init(void) {
          front_intern(&n_confirmed, "_confirmed") &&
          front_intern(&n_outcomes_locked, "_ring_outcomes_locked") &&
          front_intern(&n_finish, "_finish") && front_intern(&n_pump, "pump") &&
-         front_intern(&n_pid, "pid") && front_intern(&n_client, "client") &&
+         front_intern(&n_client, "client") &&
          front_intern(&n_take_answers, "_take_answers");
 }
 
@@ -200,15 +200,6 @@ PyObject* store_pump(PyObject* module, PyObject* const* args, Py_ssize_t nargs) 
   return pump_one(args[0], args[1], args[2]);
 }
 
-/* 1 when endpoint ep was made by this process, 0 when not, -1 with an error set. */
-static int own_endpoint(PyObject* ep) {
-  PyObject* pid = PyObject_GetAttr(ep, n_pid);
-  long long v = pid ? PyLong_AsLongLong(pid) : -1;
-  Py_XDECREF(pid);
-  if (v == -1 && PyErr_Occurred()) return -1;
-  return v == lane_process_pid;
-}
-
 PyObject* store_pump_all(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3 || !PyDict_Check(args[0]) || !PyLong_Check(args[1])) {
     PyErr_SetString(PyExc_TypeError, "pump_all(endpoints: dict, batch: int, client_module)");
@@ -220,7 +211,7 @@ PyObject* store_pump_all(PyObject* module, PyObject* const* args, Py_ssize_t nar
   Py_ssize_t n = ok ? PyList_Size(values) : 0;
   for (Py_ssize_t i = 0; ok && i < n; i++) {
     PyObject* ep = PyList_GetItem(values, i); /* the list is ours: no one changes it */
-    int own = own_endpoint(ep);
+    int own = lane_own_endpoint(ep);
     PyObject* client = own == 1 ? PyObject_GetAttr(ep, n_client) : NULL;
     PyObject* taken = client ? pump_one(client, args[1], take) : NULL;
     ok = own == 0 || taken != NULL;

@@ -228,6 +228,37 @@ def record_offloaded_shapes(context):
     return shapes
 
 
+class InterruptingLock:
+    """A store's lock that raises ``error`` once, the first time ``armed()`` is true at its
+    point ``at``: "acquire" (before taking the lock: an interrupt while waiting for it) or
+    "release" (after letting it go). Otherwise the lock it wraps; ``interrupts`` counts."""
+
+    def __init__(self, lock, at, armed, error=KeyboardInterrupt):
+        self.lock, self.at, self.armed, self.error, self.interrupts = lock, at, armed, error, 0
+
+    def _fire(self, point):
+        if point == self.at and self.interrupts == 0 and self.armed():
+            self.interrupts = 1
+            raise self.error("interrupted at the store lock's %s" % point)
+
+    def acquire(self, *args):
+        self._fire("acquire")
+        return self.lock.acquire(*args)
+
+    def release(self):
+        self.lock.release()
+        self._fire("release")
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __getattr__(self, name):
+        return getattr(self.lock, name)
+
+
 @contextlib.contextmanager
 def held_by_another_thread(lock):
     """``lock`` held by another thread until the block ends."""

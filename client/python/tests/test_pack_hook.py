@@ -18,7 +18,8 @@ from unittest import mock
 
 import torch
 
-from daemon_fixture import PY_ROOT, DaemonTestCase  # noqa: F401 -- puts the package on sys.path
+from daemon_fixture import (PY_ROOT, DaemonTestCase,  # noqa: F401 -- the package on sys.path
+                            InterruptingLock)
 
 import offloadd.torch as ot
 from offloadd import _native, errors
@@ -31,29 +32,6 @@ KIB = 1 << 10
 
 class Interrupt(BaseException):
     """What a signal handler raising (KeyboardInterrupt) looks like to the hooks."""
-
-
-class InterruptOnce:
-    """A store's lock whose acquire, once armed, raises Interrupt once before it takes the
-    lock (an interrupt while waiting); otherwise the lock it wraps."""
-
-    def __init__(self, lock):
-        self.lock, self.armed, self.interrupts = lock, False, 0
-
-    def acquire(self, *args):
-        if self.armed:
-            self.armed, self.interrupts = False, self.interrupts + 1
-            raise Interrupt("interrupted while waiting for the store's lock")
-        return self.lock.acquire(*args)
-
-    def release(self):
-        self.lock.release()
-
-    def __enter__(self):
-        return self.acquire()
-
-    def __exit__(self, *exc):
-        self.release()
 
 
 def within(seconds, fn, *args):
@@ -357,11 +335,13 @@ class UnpackTest(DaemonTestCase):
     def test_an_interrupted_wait_for_the_lock_still_lets_the_claim_go(self):
         for name, ctx, unpack, handle, x in self.both_unpacks():
             with self.subTest(name):
-                lock = InterruptOnce(ctx.store._lock)
+                armed = []
+                lock = InterruptingLock(ctx.store._lock, "acquire", lambda: armed,
+                                        error=Interrupt)
                 real = ctx.store._reload_claimed
 
                 def broken(s):
-                    lock.armed = True  # the next wait for the lock, letting the claim go
+                    armed.append(1)  # the next wait for the lock, letting the claim go
                     raise ValueError("the reload broke")
                 ctx.store._reload_claimed, ctx.store._lock = broken, lock
                 with self.assertRaises(Interrupt) as raised:

@@ -14,7 +14,7 @@ import warnings
 from unittest import mock
 
 import torch
-from daemon_fixture import DaemonTestCase
+from daemon_fixture import DaemonTestCase, InterruptingLock
 
 import offloadd.torch as ot
 from offloadd import errors
@@ -122,24 +122,6 @@ class InterruptedClaimTest(DaemonTestCase):
     reload there, lets the claim go with it: the next unpack reloads the tensor instead of
     waiting forever for a reload no thread is finishing."""
 
-    class InterruptOnce:
-        """The store's lock, whose release raises KeyboardInterrupt once ``armed()`` is true."""
-
-        def __init__(self, lock, armed):
-            self.lock, self.armed, self.fired = lock, armed, False
-
-        def __enter__(self):
-            return self.lock.__enter__()
-
-        def __exit__(self, *exc):
-            self.lock.__exit__(*exc)
-            if not self.fired and self.armed():
-                self.fired = True
-                raise KeyboardInterrupt("at the lock's release")
-
-        def __getattr__(self, name):
-            return getattr(self.lock, name)
-
     def test_the_claim_goes_with_the_interrupt(self):
         ctx = ot.offload_checkpoints(threshold_bytes=1 << 12, keep_last_n=0, prefetch=0,
                                      socket_path=self.daemon.sock)
@@ -150,7 +132,7 @@ class InterruptedClaimTest(DaemonTestCase):
         _endpoint.hooks_pump()
         self.assertEqual(s.state, 2)  # OFFLOADED
         real = store._lock
-        store._lock = self.InterruptOnce(real, lambda: s.reloading)
+        store._lock = InterruptingLock(real, "release", lambda: s.reloading)
         try:
             with self.assertRaises(KeyboardInterrupt):
                 store.unpack(s)

@@ -39,7 +39,7 @@ import warnings
 import torch
 
 _lock = threading.Lock()
-_pending = {}            # handle -> (store, packed): offloaded by a forward, not yet reloaded
+_pending = {}            # handle -> (unpack hook, packed): offloaded by a forward, not reloaded
 _released = set()       # handles release_pending dropped that no backward asked for yet
 _handles = itertools.count(1)
 _stores = {}             # store_id -> the context whose hooks a backend packs with
