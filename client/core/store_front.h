@@ -64,14 +64,21 @@ int store_lane_init(void);
 extern PyType_Spec store_lane_spec;
 extern PyTypeObject* LaneType;
 
-/* store_front_module.c, for the hooks: whether o is a Front; its pack (args as Front.pack's)
- * and pop_due (the same results and errors as the methods). */
+/* store_front_module.c, for the hooks: whether o is a Front; its pack (args as Front.pack's),
+ * pop_due and prefetch_candidates (the same results and errors as the methods). */
 int front_check(PyObject* o);
 PyObject* front_pack_of(PyObject* front, PyObject* const* args, Py_ssize_t nargs);
 PyObject* front_pop_due_of(PyObject* front, PyObject* keep_last_n);
+PyObject* front_prefetch_candidates_of(PyObject* front, PyObject* const* args, Py_ssize_t nargs);
 
 /* store_hooks.c: interns its names (0 with an error set), and the spec of its type Hooks. */
 int store_hooks_init(void);
 extern PyType_Spec store_hooks_spec;
+
+/* store_unpack.c: interns its names (0 with an error set), and the unpack hook's reload of a
+ * handle whose reload claim it holds (documented there). */
+int store_unpack_init(void);
+PyObject* hooks_reload_claimed(PyObject* store, PyObject* front, PyObject* store_dict,
+                               PyObject* prefetch_priority, PyObject* recoverable, Saved* s);
 
 #endif  /* OFFLOADD_CLIENT_CORE_STORE_FRONT_H_ */

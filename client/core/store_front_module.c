@@ -54,7 +54,7 @@
  *          pump_all(endpoints, batch, client_module), the hooks' pump of every endpoint
  *          (store_pump.c documents them).
  *   Hooks(store, store_globals)  a store's pack hook, its usual path in one C call
- *          (store_hooks.c documents it).
+ *          (store_hooks.c documents it; its unpack's reload is store_unpack.c's).
  * The module keeps no state between stores; every call of a Saved or a Front runs under the
  * GIL and releases it nowhere, so a table is never seen half changed (a lane calls the device's
  * Python methods, which may release it: it touches no table). */
@@ -877,6 +877,10 @@ PyObject* front_pop_due_of(PyObject* front, PyObject* keep_last_n) {
   return front_pop_due((Front*)front, keep_last_n);
 }
 
+PyObject* front_prefetch_candidates_of(PyObject* front, PyObject* const* args, Py_ssize_t nargs) {
+  return front_prefetch_candidates((Front*)front, args, nargs);
+}
+
 static PyMethodDef module_methods[] = {
     {"bind_answers", (PyCFunction)(void (*)(void))store_answers_bind, METH_FASTCALL,
      "bind_answers(kinds, flags, answer_types, outcome_lock): once, by offloadd.client"},
@@ -914,7 +918,8 @@ PyMODINIT_FUNC PyInit__store_front(void) {
       !front_intern(&a_dtype, "dtype") || !front_intern(&a_device, "device") ||
       !front_intern(&a_on_death, "_on_death") ||
       !front_intern(&a_unused_offsets, "_unused_offsets") || !store_answers_init() ||
-      !store_lane_init() || !store_pump_init() || !store_hooks_init())
+      !store_lane_init() || !store_pump_init() || !store_hooks_init() ||
+      !store_unpack_init())
     return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;

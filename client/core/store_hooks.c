@@ -10,8 +10,9 @@
  *
  *   Hooks(store, store_globals)  the hooks of an offloadd.torch._store.Store; store_globals is
  *          that module's globals (its ``_pump`` is read at every call, so that a benchmark can
- *          switch the pump; its ``_AGAIN`` and ``_WAITED`` once). TypeError when store._front
- *          is not a Front, for keyword arguments and for a second __init__.
+ *          switch the pump; its ``_AGAIN``, ``_WAITED``, ``PREFETCH`` and ``_RECOVERABLE`` once).
+ *          TypeError when store._front is not a Front, the store has no instance dict, for
+ *          keyword arguments and for a second __init__.
  *     pack(t) -> what store.pack(t) returns, with the store's own policy.
  *     pack_with(small_to_host, pin_memory, t) -> what store.pack(t, small_to_host, pin_memory)
  *          returns (save_on_cpu's instances: functools.partial(hooks.pack_with, True, pin)).
@@ -33,9 +34,9 @@
  * ``store._unpack_left``. For a handle: the pump; then, when no error is kept, the handle's
  * tensor is alive with its version unchanged and nothing noted it modified, it has no result
  * yet, and under the store's lock it is OFFLOADED, of this process's endpoint and not being
- * reloaded: marked unpacked and its reload claimed there, ``store._reload_claimed(s)`` called,
- * and the claim let go under the lock (the threads waiting for it woken through
- * ``store._reloaded``) whatever that raised; an interrupt while waiting for the lock to let
+ * reloaded: marked unpacked and its reload claimed there, its reload done (store_unpack.c: in
+ * C on the usual path, else ``store._reload_claimed(s)``), and the claim let go under the lock
+ * (the threads waiting for it woken through ``store._reloaded``) whatever that raised; an interrupt while waiting for the lock to let
  * it go is raised after the claim went. ``_AGAIN`` from it: ``store.unpack(s)``. A result
  * already there is returned. Anything else is ``store._unpack_saved(s, pumped=True)``.
  *
@@ -47,14 +48,16 @@ typedef struct {
   PyObject_HEAD
   PyObject *store, *front, *globals;
   PyObject *again, *waited; /* the store module's _AGAIN and _WAITED */
+  PyObject *prefetch, *recoverable; /* its PREFETCH and _RECOVERABLE */
+  PyObject* dict;                   /* the store's instance dict */
   int initialized;           /* __init__ began (it runs once) */
 } Hooks;
 
 static PyObject *h_front, *h_pump, *h_async_error, *h_thread, *h_step, *h_unpacked,
     *h_foreign_unpacks, *h_store_foreign_unpacks, *h_unpacking, *h_pin_memory, *h_can_pin, *h_threshold_bytes, *h_left,
     *h_packs, *h_eligible, *h_device, *h_keep_last_n, *h_lanes, *h_offload, *h_pack,
-    *h_lane_offload, *h_unpack, *h_unpack_left, *h_unpack_saved, *h_reload_claimed, *h_again,
-    *h_waited, *h_reloaded, *h_notify_all;
+    *h_lane_offload, *h_unpack, *h_unpack_left, *h_unpack_saved, *h_again,
+    *h_waited, *h_reloaded, *h_notify_all, *h_prefetch, *h_recoverable, *h_dict;
 
 int store_hooks_init(void) {
   return front_intern(&h_front, "_front") && front_intern(&h_pump, "_pump") &&
@@ -71,9 +74,10 @@ int store_hooks_init(void) {
          front_intern(&h_pack, "pack") && front_intern(&h_lane_offload, "offload") &&
          front_intern(&h_unpack, "unpack") && front_intern(&h_unpack_left, "_unpack_left") &&
          front_intern(&h_unpack_saved, "_unpack_saved") &&
-         front_intern(&h_reload_claimed, "_reload_claimed") && front_intern(&h_again, "_AGAIN") &&
+         front_intern(&h_again, "_AGAIN") &&
          front_intern(&h_waited, "_WAITED") && front_intern(&h_reloaded, "_reloaded") &&
-         front_intern(&h_notify_all, "notify_all");
+         front_intern(&h_notify_all, "notify_all") && front_intern(&h_prefetch, "PREFETCH") &&
+         front_intern(&h_recoverable, "_RECOVERABLE") && front_intern(&h_dict, "__dict__");
 }
 
 /* The store module's _pump() (read at every call: a benchmark may switch it): 1, or 0 with an
@@ -399,7 +403,7 @@ static PyObject* unpack_saved(Hooks* h, Saved* s) {
   if (r < 0) return NULL;
   if (r == 0) /* pumped already */
     return PyObject_CallMethodObjArgs(h->store, h_unpack_saved, (PyObject*)s, Py_True, NULL);
-  PyObject* t = PyObject_CallMethodObjArgs(h->store, h_reload_claimed, (PyObject*)s, NULL);
+  PyObject* t = hooks_reload_claimed(h->store, h->front, h->dict, h->prefetch, h->recoverable, s);
   if (!unclaim(h, s)) Py_CLEAR(t);
   if (t == h->again) { /* the handle became a fallback meanwhile: unpacked again, in Python */
     Py_DECREF(t);
@@ -444,22 +448,30 @@ static int hooks_init(PyObject* o, PyObject* args, PyObject* kwargs) {
     PyErr_SetString(PyExc_TypeError, "Hooks(store, ...): store._front is not a Front");
     return -1;
   }
-  PyObject* again = PyDict_GetItemWithError(globals, h_again); /* borrowed */
-  PyObject* waited = again ? PyDict_GetItemWithError(globals, h_waited) : NULL;
-  if (waited == NULL) {
+  PyObject* const names[] = {h_again, h_waited, h_prefetch, h_recoverable};
+  PyObject* found[4] = {NULL, NULL, NULL, NULL}; /* borrowed */
+  for (int i = 0; i < 4 && (i == 0 || found[i - 1] != NULL); i++)
+    found[i] = PyDict_GetItemWithError(globals, names[i]);
+  PyObject* dict = found[3] != NULL ? PyObject_GetAttr(store, h_dict) : NULL;
+  if (dict == NULL || !PyDict_Check(dict)) {
     Py_DECREF(front);
+    Py_XDECREF(dict);
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_TypeError, "Hooks(store, store_globals): store_globals has no "
-                                       "_AGAIN and _WAITED (the store module's globals)");
+                                       "_AGAIN, _WAITED, PREFETCH and _RECOVERABLE (the store "
+                                       "module's globals), or the store no instance dict");
     return -1;
   }
-  PyObject* const keep[] = {store, globals, again, waited};
-  for (int i = 0; i < 4; i++) Py_INCREF(keep[i]);
+  PyObject* const keep[] = {store, globals, found[0], found[1], found[2], found[3]};
+  for (int i = 0; i < 6; i++) Py_INCREF(keep[i]);
   self->store = store;
   self->front = front;
   self->globals = globals;
-  self->again = again;
-  self->waited = waited;
+  self->again = found[0];
+  self->waited = found[1];
+  self->prefetch = found[2];
+  self->recoverable = found[3];
+  self->dict = dict;
   return 0;
 }
 
@@ -471,6 +483,9 @@ static int hooks_traverse(PyObject* o, visitproc visit, void* arg) {
   Py_VISIT(self->globals);
   Py_VISIT(self->again);
   Py_VISIT(self->waited);
+  Py_VISIT(self->prefetch);
+  Py_VISIT(self->recoverable);
+  Py_VISIT(self->dict);
   return 0;
 }
 
@@ -481,6 +496,9 @@ static int hooks_clear(PyObject* o) {
   Py_CLEAR(self->globals);
   Py_CLEAR(self->again);
   Py_CLEAR(self->waited);
+  Py_CLEAR(self->prefetch);
+  Py_CLEAR(self->recoverable);
+  Py_CLEAR(self->dict);
   return 0;
 }
 

@@ -368,7 +368,7 @@ class HooksObjectTest(unittest.TestCase):
         fake = mock.Mock(_front=object())
         with self.assertRaisesRegex(TypeError, "not a Front"):
             front_mod.Hooks(fake, {})
-        with self.assertRaisesRegex(TypeError, "_AGAIN and _WAITED"):
+        with self.assertRaisesRegex(TypeError, "_AGAIN, _WAITED, PREFETCH and _RECOVERABLE"):
             front_mod.Hooks(ctx.store, {})  # not the store module's globals
         hooks = front_mod.Hooks(ctx.store, vars(_store))
         with self.assertRaisesRegex(TypeError, "made once"):

@@ -611,6 +611,107 @@ class SimRingAnswersTest(SimDaemonTestCase):
         self.assertEqual(states, {2})
 
 
+class SimUnpackReloadInCTest(SimDaemonTestCase):
+    """The unpack hook's reload of a claimed handle in C (client/core/store_unpack.c): a handle
+    whose reload a prefetch sent is reloaded, the next one prefetched, the reload finished by its
+    lane and counted without Store._reload_claimed; a recoverable error there is the same
+    DATA_LOSS as from the Python; a method replaced on the store sends the reload to Python."""
+
+    def packed(self, n=4, prefetch=1):
+        ctx = ot.offload_checkpoints(threshold_bytes=1 << 16, keep_last_n=0, prefetch=prefetch,
+                                     socket_path=self.daemon.sock)
+        xs = [self.gpu.empty_strided((1 << 16,), (1,), torch.float32) for _ in range(n)]
+        for i, x in enumerate(xs):
+            x.fill_(float(i + 1))
+        handles = [ctx.pack_hook(x) for x in xs]
+        self.assertTrue(ot.synchronize())
+        self.assertEqual([h.state for h in handles], [_store.OFFLOADED] * n)
+        return ctx, xs, handles
+
+    @staticmethod
+    def counted(calls, name):
+        """Store.<name> at class level, counting (the C hooks look for replacements in the
+        store's instance dict only: this one does not divert them)."""
+        real = getattr(_store.Store, name)
+
+        def wrapper(self, *args):
+            calls[name] = calls.get(name, 0) + 1
+            return real(self, *args)
+        return mock.patch.object(_store.Store, name, wrapper)
+
+    def answered(self, handle):
+        deadline = time.monotonic() + 30
+        while not handle.reload.done.done() and time.monotonic() < deadline:
+            settle(0.005)
+        self.assertTrue(handle.reload.done.done())
+
+    def test_a_prefetched_handle_is_reloaded_in_c(self):
+        ctx, xs, handles = self.packed()
+        calls = {}
+        with self.counted(calls, "_reload_claimed"), self.counted(calls, "_prefetch_before"), \
+                self.counted(calls, "_reload_finish"):
+            got = []
+            for h in reversed(handles):
+                if h.reload is not None:
+                    self.answered(h)
+                got.append(ctx.unpack_hook(h))
+        # the last handle's reload was not sent (Python sends it URGENT and prefetches the one
+        # before); every other had its reload prefetched: reloaded, prefetched and finished in C
+        self.assertEqual(calls, {"_reload_claimed": 1, "_prefetch_before": 1,
+                                 "_reload_finish": 1})
+        for t, x in zip(got, reversed(xs)):
+            self.assertTrue(torch.equal(t.cpu(), x.cpu()))
+        self.assertEqual([(h.reload, h.block_id, h.reloading) for h in handles],
+                         [(None, None, False)] * 4)
+        self.assertEqual([h.result is t for h, t in zip(reversed(handles), got)], [True] * 4)
+        st = ctx.stats.snapshot()
+        self.assertEqual((st.reloaded, st.prefetched_in_time, st.waited, st.lost), (4, 3, 1, 0))
+        self.assertEqual(st.reloaded_bytes, 4 * xs[0].nbytes)
+        self.assertEqual(ctx.store._last_unpacked_seq, handles[0].seq)
+        self.assertIs(ctx.unpack_hook(handles[1]), got[2])  # its result again, no reload
+        self.assertTrue(ot.synchronize())
+        self.assertNoViolations()
+
+    def test_a_device_error_in_the_finish_is_data_loss_as_from_python(self):
+        ctx, xs, handles = self.packed(n=3)
+        calls, armed = {}, []
+        real = sim_gpu.SimCudaDevice.record_stream
+
+        def record_stream(dev, t, stream):
+            if armed:
+                raise OSError("the device call failed")
+            return real(dev, t, stream)
+        with mock.patch.object(sim_gpu.SimCudaDevice, "record_stream", record_stream), \
+                self.counted(calls, "_reload_claimed"), self.counted(calls, "_reload_raised"):
+            ctx.store._lanes.clear()  # made again below, reading the replaced method
+            self.assertTrue(torch.equal(ctx.unpack_hook(handles[2]).cpu(), xs[2].cpu()))
+            self.assertEqual(list(ctx.store._lanes), [])
+            ctx.store._lanes[handles[1].device] = _store._lane_for(handles[1].ep)
+            self.answered(handles[1])
+            armed.append(True)
+            with self.assertRaisesRegex(errors.OffloaddError, "the device call failed") as cm:
+                ctx.unpack_hook(handles[1])
+        self.assertEqual(cm.exception.code, errors.DATA_LOSS)
+        self.assertIsNone(cm.exception.__context__)
+        self.assertEqual(calls, {"_reload_claimed": 1, "_reload_raised": 1})
+        self.assertEqual((handles[1].state, handles[1].reloading), (_store.LOST, False))
+        self.assertEqual(ctx.stats.snapshot().lost, 1)
+
+    def test_a_method_replaced_on_the_store_sends_the_reload_to_python(self):
+        ctx, xs, handles = self.packed(n=3)
+        prefetches = []
+        real = ctx.store._prefetch_before
+        ctx.store._prefetch_before = lambda s: (prefetches.append(s.seq), real(s))
+        calls = {}
+        with self.counted(calls, "_reload_claimed"):
+            got = [ctx.unpack_hook(h) for h in reversed(handles)]
+        self.assertEqual(calls, {"_reload_claimed": 3})
+        self.assertEqual(prefetches, [h.seq for h in reversed(handles)])
+        for t, x in zip(got, reversed(xs)):
+            self.assertTrue(torch.equal(t.cpu(), x.cpu()))
+        self.assertEqual(ctx.stats.snapshot().reloaded, 3)
+
+
 class SimTransformersTest(SimDaemonTestCase):
     """The reference study's model shape (qwen3_fixture.SEED_CONFIG) through
     offloadd.transformers.enable() on simulated device tensors, at a shorter sequence."""

@@ -126,6 +126,7 @@ def _warn_callback_failure(err, outcome):
 # Failures that keep a tensor in process (a fallback). Not errors.OffloadConfigError: a process
 # whose allocator hands out memory offloadd cannot export hears it at once, not per tensor.
 _RECOVERABLE = (errors.OffloaddError, errors.CudaExportError, OSError, TimeoutError)
+_REASONS = (_BecameFallback,) + _RECOVERABLE  # what a claimed reload's end handles
 
 
 # What pack returns for an eligible tensor (opaque to autograd): a record of the extension
@@ -708,10 +709,11 @@ class Store:
 
     def _reload_claimed(self, s):
         """The reload part of unpack, by the one thread that claimed ``s``: the tensor, or
-        _AGAIN when ``s`` became a fallback meanwhile (unpack it again)."""
+        _AGAIN when ``s`` became a fallback meanwhile (unpack it again). The hooks in C run its
+        usual path in C (client/core/store_unpack.c) and call _reload_finish and
+        _reload_raised from there."""
         if s.result is not None:  # finished by a thread that held the claim before
             return s.result
-        failure = None
         try:
             rl = s.reload
             if rl is None:
@@ -721,36 +723,53 @@ class Store:
                 self.stats.add(urgent=1)
             self._prefetch_before(s)
             in_time = rl.done.done() and rl.priority == PREFETCH
-            t0 = time.monotonic()
+        except _REASONS as e:
+            error, rl = e.with_traceback(None), None
+        else:
+            return self._reload_finish(s, rl, in_time, time.monotonic())
+        return self._reload_raised(s, error)
+
+    def _reload_finish(self, s, rl, in_time, t0):
+        """The rest of _reload_claimed once ``rl`` (a ReloadOp) is ``s``'s reload and the
+        prefetch went out: the reload finished (by the lane when answered, else by the transport,
+        which waits for the answer), ``s``'s reload cleared and counted (``in_time``: it was
+        prefetched in time; ``t0``: time.monotonic() before the finish, for the host wait).
+        Returns the tensor, or _AGAIN; raises what _reload_failed raises."""
+        try:
             lane = self._lanes.get(s.device) if self._lanes else None
             t = None if lane is None else lane.finish(rl, s)  # answered: in C
             if t is None:
                 t = s.ep.transport.finish_reload(rl, s.meta, self.stats,
                                                  self.unresponsive_seconds)
-        except _BecameFallback as e:
-            # The reload's outcome keeps this object: no traceback, so it keeps no frame of
-            # this unpack (and through them ``s`` and its reload) alive in a reference cycle.
-            e.with_traceback(None)
+        except _REASONS as e:
+            error, rl = e.with_traceback(None), None
+        else:
+            waited = time.monotonic() - t0
+            with self._lock:
+                s.reload = None
+                if rl.release_after:
+                    s.block_id = None  # the daemon freed it after the copy
+            self.stats.add_reloaded(s.meta.nbytes, in_time, waited)
+            s.result = t  # later unpacks of this handle get the same tensor, not another reload
+            return t
+        return self._reload_raised(s, error)
+
+    def _reload_raised(self, s, e):
+        """What the reload of claimed handle ``s`` raised (``e``, one of _REASONS; the hooks in
+        C pass what their prefetch or finish raised), called outside the except clause that
+        caught it. _BecameFallback: ``s`` became a fallback meanwhile, _AGAIN. Else raises what
+        _reload_failed raises (DATA_LOSS; the daemon given up), or returns its _AGAIN."""
+        # The reload's outcome keeps ``e``: no traceback, so it keeps no frame of this unpack
+        # (and through them ``s`` and its reload) alive in a reference cycle; and the error
+        # raised here, outside the except block, does not have ``e`` as its __context__.
+        e.with_traceback(None)
+        if isinstance(e, _BecameFallback):
             with self._lock:
                 s.unpacked = False
             return _AGAIN
-        except _RECOVERABLE as e:
-            # The future's exception object keeps this frame (and through it the step's
-            # graph) in its traceback: cut it, and raise a fresh error outside this block so
-            # that it has no __context__ either.
-            failure = "%s" % e.with_traceback(None)
-            unresponsive = isinstance(e, errors.DaemonUnresponsive)
-            rl = e = None
-        if failure is not None:
-            return self._reload_failed(s, failure, unresponsive)
-        waited = time.monotonic() - t0
-        with self._lock:
-            s.reload = None
-            if rl.release_after:
-                s.block_id = None  # the daemon freed it after the copy
-        self.stats.add_reloaded(s.meta.nbytes, in_time, waited)
-        s.result = t  # later unpacks of this handle get the same tensor, not another reload
-        return t
+        why, unresponsive = "%s" % e, isinstance(e, errors.DaemonUnresponsive)
+        e = None
+        return self._reload_failed(s, why, unresponsive)
 
     @staticmethod
     def _keep_for_prefetch(s, ep, op):
