@@ -31,6 +31,9 @@ Variants (each in processes of its own, against one cuda-sim daemon):
                    through Client.pump
   cuda-sim-pyhook  cuda-sim with Store.pack as the pack hook instead of the C one
                    (offloadd._store_front.Hooks, what offload_checkpoints gives torch)
+  cuda-sim-pyreload  cuda-sim with the C hooks, but the reload of a claimed handle in the
+                   store's Python (Store._reload_claimed set on the store, which the C unpack
+                   hands the reload to): what client/core/store_unpack.c saves
   cuda-sim-pyring  the same with the request ring's C paths off (offloadd._ring_fast.submit and
                    offloadd._store_front.take_answers unused): every submission and answer in
                    Python
@@ -57,7 +60,7 @@ import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VARIANTS = ("noop", "store-front", "cuda-sim", "cuda-sim-pylane", "cuda-sim-pyhook",
-            "cuda-sim-pyring")
+            "cuda-sim-pyreload", "cuda-sim-pyring")
 EVENTS = ("Ir", "I1mr", "D1mr", "DLmr")
 MIB = 1 << 20
 
@@ -87,6 +90,8 @@ def worker(variant, steps, sock, ops):
             pack, unpack = ctx.store.pack, ctx.store.unpack
         else:  # what torch calls: the C pack hook
             pack, unpack = ctx.pack_hook, ctx.unpack_hook
+        if variant == "cuda-sim-pyreload":  # an instance attribute: the C unpack defers to it
+            ctx.store._reload_claimed = ctx.store._reload_claimed
     for _ in range(steps):
         with python_ring_paths(variant == "cuda-sim-pyring", lanes=variant == "cuda-sim-pylane"):
             y = torch.zeros(1, requires_grad=True)

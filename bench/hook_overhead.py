@@ -5,7 +5,8 @@ One step: N packs of 16 MiB tensors, then N unpacks in reverse order (backward),
 busy work between every two hook calls (a fixed number of tiny torch ops, as a training thread
 launching kernels does: work that holds the GIL, calibrated once to --gap-us). The tensors lie
 in a simulated GPU's memory (offloadd.testing.sim_gpu, active, so the hooks treat them as GPU tensors).
-Variants, interleaved step by step in one process (the order rotates every repetition):
+Variants, interleaved step by step in one process (in a new seeded random order every
+repetition, so that no variant always follows the same one):
 
   noop         a no-op ``saved_tensors_hooks`` pair (the floor every difference is taken from)
   tensor-attrs a pack that only reads what any pack hook must read of a saved tensor to decide
@@ -44,10 +45,17 @@ Variants, interleaved step by step in one process (the order rotates every repet
   cuda-sim-pyhook  cuda-sim with Store.pack as the pack hook instead of the C one
                (offloadd._store_front.Hooks, what offload_checkpoints gives torch): what the
                C pack hook saves, paired in one run
+  cuda-sim-pyreload  cuda-sim with the C hooks, but the reload of a claimed handle in the
+               store's Python (Store._reload_claimed set on the store as an instance attribute,
+               which the C unpack hands the reload to): what the reload in C
+               (client/core/store_unpack.c) saves, paired in one run
   store-front@REV, cuda-sim@REV  (with --store-from REV) store-front and cuda-sim with the
                store of git revision REV (client/python/offloadd/torch/_store.py as it was
-               there, loaded beside today's and using today's transport and client): today's
-               store against an earlier one, paired in one process
+               there, loaded beside today's and using today's transport, client and
+               offloadd._store_front): today's store against an earlier one, paired in one
+               process; only for a revision whose store calls today's C module as today's
+               does (not before the reload in C, main at 6bbddff: the C unpack calls
+               Store._reload_finish and _reload_raised)
   native-front the native floor whose pack first reads, through the Python C API, what a
                store's pack must know of the tensor (tensor-attrs' reads: type, base, autograd
                flags, layout, device, dtype, shape, strides, storage offset, contiguity) and
@@ -118,6 +126,7 @@ import collections
 import json
 import os
 import queue
+import random
 import statistics
 import subprocess
 import sys
@@ -132,12 +141,14 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 MIB = 1 << 20
 BUDGET_ALL_US, BUDGET_PACK_US, BUDGET_UNPACK_US, BUDGET_MSGS = 39.0, 15.0, 25.0, 1.1
 # The variants whose steps leave releases to send (synchronized after each step, untimed).
-SYNCHRONIZED = ("cuda-sim", "cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook", "shm",
-                "cuda-sim@REV")
+SYNCHRONIZED = ("cuda-sim", "cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook",
+                "cuda-sim-pyreload", "shm", "cuda-sim@REV")
 VARIANTS = ("noop", "tensor-attrs", "store-front", "store-front@REV", "sidestream", "cuda-sim",
-            "cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook", "cuda-sim@REV", "shm",
+            "cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook", "cuda-sim-pyreload",
+            "cuda-sim@REV", "shm",
             "native-floor", "native-front")
-PY_PATHS = ("cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook")  # cuda-sim, some C paths off
+PY_PATHS = ("cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook",
+            "cuda-sim-pyreload")  # cuda-sim, some C paths off
 
 
 # ---- process threads' CPU ---------------------------------------------------------------------
@@ -515,10 +526,12 @@ def worker(args):
                                      strict=True, name=variant, store=store)
         if variant in ("cuda-sim-pylane", "cuda-sim-pyhook"):  # Store.pack itself, in Python
             return ctx.store.pack, ctx.store.unpack, sock
+        if variant == "cuda-sim-pyreload":  # an instance attribute: the C unpack defers to it
+            ctx.store._reload_claimed = ctx.store._reload_claimed
         return ctx.pack_hook, ctx.unpack_hook, sock  # what torch calls: the C pack hook
 
     variants = ["noop", "tensor-attrs", "store-front", "sidestream", "cuda-sim", "cuda-sim-pyring",
-                "cuda-sim-pylane", "cuda-sim-pyhook", "shm"]
+                "cuda-sim-pylane", "cuda-sim-pyhook", "cuda-sim-pyreload", "shm"]
     if old_store is not None:
         variants += ["store-front@REV", "cuda-sim@REV"]
     # store-front's steps send nothing by design: its idle-step warning says nothing here.
@@ -546,7 +559,7 @@ def worker(args):
 
     daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid,
                   "cuda-sim-pyring": sim_d.proc.pid, "cuda-sim-pylane": sim_d.proc.pid,
-                  "cuda-sim-pyhook": sim_d.proc.pid,
+                  "cuda-sim-pyhook": sim_d.proc.pid, "cuda-sim-pyreload": sim_d.proc.pid,
                   "cuda-sim@REV": sim_d.proc.pid,
                   "native-floor": shm_d.proc.pid, "native-front": shm_d.proc.pid}
 
@@ -580,7 +593,12 @@ def worker(args):
     main_ident = threading.get_ident()
     residual_ns = [gpu.accounting_residual_ns()]  # per counted call; again after the steps
     for rep in range(args.warmup + args.reps):
-        order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+        # A new order every repetition (seeded: the same run to run). A rotation kept each
+        # variant's predecessor the same, and a step runs faster after a step of similar code,
+        # whose caches it finds warm: with a rotation two variants with the same pack differed
+        # by 13 us per pack, paired, over 240 repetitions.
+        order = list(variants)
+        random.Random(rep).shuffle(order)
         for v in order:
             tm = timed[v]
             p0, u0, pn0, un0 = tm.pack_ns, tm.unpack_ns, tm.packs, tm.unpacks
@@ -896,7 +914,8 @@ def main():
         results[layout] = summary
         report(layout, summary, args)
         for other, name in (("cuda-sim-pyring", "pyring"), ("cuda-sim-pylane", "pylane"),
-                            ("cuda-sim-pyhook", "pyhook"), ("cuda-sim@REV", "rev")):
+                            ("cuda-sim-pyhook", "pyhook"), ("cuda-sim-pyreload", "pyreload"),
+                            ("cuda-sim@REV", "rev")):
             key = "paired_%s_minus_c_us" % name
             summary[key] = paired_difference(out["rows"], other, "cuda-sim")
             if summary[key]:
