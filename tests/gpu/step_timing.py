@@ -16,8 +16,9 @@ path looks up (``transformers.modeling_utils.save_on_cpu``), which each mode set
   offloadd    offloadd.transformers.enable(keep_last_n=0) against the daemon at --socket
 
 Per sequence length, 2 warm-up rounds and then --steps rounds; a round runs one step of every
-mode, in an order rotated each round so that drift (clocks, other tenants) hits every mode
-alike. A step is zero_grad, forward and backward (labels = inputs); its host time is
+mode, in a new seeded random order each round so that drift (clocks, other tenants) hits every
+mode alike and no mode always runs after the same one (whose caches it would find warm or
+cold). A step is zero_grad, forward and backward (labels = inputs); its host time is
 perf_counter around forward + backward + torch.cuda.synchronize, its GPU time a pair of CUDA
 events (enable_timing) recorded on the compute stream before forward and after backward. Around
 each step (and offloadd's ``synchronize`` after it, so that its releases are counted) the CPU of
@@ -53,6 +54,7 @@ unpinned and the side-stream anchor copies synchronously.
 import argparse
 import contextlib
 import os
+import random
 import statistics
 import sys
 import threading
@@ -436,7 +438,9 @@ class Bench:
                 before = self.ctx.stats.snapshot()
                 a_off, a_rel = self.anchor.offloaded, self.anchor.reloaded
             r0 = time.perf_counter()
-            for m in MODES[n % len(MODES):] + MODES[:n % len(MODES)]:
+            order = list(MODES)  # a new order each round: no mode always follows the same one
+            random.Random(n).shuffle(order)
+            for m in order:
                 row = self.step(model, ids, m)
                 if n >= self.args.warmup:
                     rows[m].append(row)
