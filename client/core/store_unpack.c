@@ -15,10 +15,13 @@
  *          the store module's _RECOVERABLE (a tuple of exception classes).
  *
  * The usual path: the handle has no result yet, its reload was sent (``saved.reload``, by a
- * prefetch), its device's lane is an OffloadLane, and neither ``_reload_claimed`` nor
- * ``_prefetch_before`` is replaced on the store. Then, as the Python does:
+ * prefetch), its device's lane is an OffloadLane, and none of ``_reload_claimed``,
+ * ``_prefetch_before``, ``_start_reload`` and ``_reload_finish`` is replaced in the store's
+ * instance dict (a replacement on the class, or a subclass's method, is not looked for). Then,
+ * as the Python does:
  *   - the prefetch: under the store's lock ``_last_unpacked_seq`` becomes the handle's seq and,
- *     with ``prefetch`` > 0, the front's prefetch_candidates(seq, previous, prefetch,
+ *     unless ``prefetch`` <= 0 (compared as Python compares it: a float is a count too), the
+ *     front's prefetch_candidates(seq, previous, prefetch,
  *     _unused_offsets) are taken; outside the lock each is reloaded PREFETCH by its lane
  *     (OffloadLane.reload), or by ``store._start_reload(o, PREFETCH)`` when there is no lane or
  *     it declines; an error of ``recoverable`` there is dropped (that handle's unpack will try
@@ -27,9 +30,10 @@
  *   - the lane's finish(reload, saved); when it declines (the answer has not come, or the reload
  *     failed), ``store._reload_finish(saved, reload, in_time, t0)`` waits in Python and does
  *     the rest; t0 from CLOCK_MONOTONIC, time.monotonic's clock;
- *   - under the store's lock the handle's reload cleared, and its block too when the reload had
- *     ``release_after`` (the daemon freed it); ``stats.add_reloaded(nbytes, in_time,
- *     waited_seconds)``; the tensor kept as the handle's result.
+ *   - under the store's lock the handle's reload cleared, its block too when the reload had
+ *     ``release_after`` (the daemon freed it), and the tensor kept as its result (so that an
+ *     unpack after a count that raised finds it); then ``stats.add_reloaded(nbytes, in_time,
+ *     waited_seconds)``.
  * An error of ``recoverable`` from the prefetch or the finish goes to
  * ``store._reload_raised(saved, error)`` (a DATA_LOSS, or the daemon given up), as from the
  * Python's except clause; any other error propagates. Anything else is
@@ -38,6 +42,7 @@
 
 #include "client/core/store_lane.h"
 
+static PyObject* zero; /* the int 0, made at import */
 static PyObject *u_reload_claimed, *u_prefetch_before, *u_last_unpacked_seq, *u_prefetch,
     *u_unused_offsets, *u_lanes, *u_start_reload, *u_reload_finish, *u_reload_raised,
     *u_release_after, *u_done_outcome, *u_priority, *u_stats, *u_add_reloaded;
@@ -53,7 +58,8 @@ int store_unpack_init(void) {
          front_intern(&u_reload_raised, "_reload_raised") &&
          front_intern(&u_release_after, "release_after") &&
          front_intern(&u_done_outcome, "done") && front_intern(&u_priority, "priority") &&
-         front_intern(&u_stats, "stats") && front_intern(&u_add_reloaded, "add_reloaded");
+         front_intern(&u_stats, "stats") && front_intern(&u_add_reloaded, "add_reloaded") &&
+         (zero = PyLong_FromLong(0)) != NULL;
 }
 
 typedef struct {
@@ -97,10 +103,10 @@ static PyObject* candidates_locked(const Unpack* u, Saved* s) {
   PyObject* seq = previous ? PyLong_FromLongLong(s->seq) : NULL;
   int ok = seq != NULL && PyObject_SetAttr(u->store, u_last_unpacked_seq, seq) == 0;
   PyObject* prefetch = ok ? PyObject_GetAttr(u->store, u_prefetch) : NULL;
-  long long n = prefetch ? PyLong_AsLongLong(prefetch) : -1;
+  int off = prefetch ? PyObject_RichCompareBool(prefetch, zero, Py_LE) : -1; /* as <= 0 */
   PyObject* todo = NULL;
-  if (prefetch != NULL && !(n == -1 && PyErr_Occurred())) {
-    if (n <= 0) {
+  if (off >= 0) {
+    if (off) {
       todo = Py_None;
       Py_INCREF(todo);
     } else {
@@ -162,7 +168,7 @@ static PyObject* reloaded(const Unpack* u, Saved* s, PyObject* rl, PyObject* t, 
   int freed = lane_attr_true(rl, u_release_after);
   PyObject* lock = freed >= 0 ? lane_lock(u->store) : NULL;
   if (lock == NULL) return NULL;
-  PyObject *old_reload = s->reload, *old_block = NULL;
+  PyObject *old_reload = s->reload, *old_block = NULL, *old_result = s->result;
   Py_INCREF(Py_None);
   s->reload = Py_None;
   if (freed) {
@@ -170,9 +176,12 @@ static PyObject* reloaded(const Unpack* u, Saved* s, PyObject* rl, PyObject* t, 
     Py_INCREF(Py_None);
     s->block_id = Py_None;
   }
+  Py_INCREF(t);
+  s->result = t; /* kept before the count: an unpack after a failed count finds it */
   int ok = lane_unlock(lock);
   Py_XDECREF(old_reload); /* after the lock: a last reference's release may run code */
   Py_XDECREF(old_block);
+  Py_XDECREF(old_result);
   PyObject* stats = ok ? PyObject_GetAttr(u->store, u_stats) : NULL;
   PyObject* nbytes = stats ? PyLong_FromLongLong(s->nbytes) : NULL;
   PyObject* secs = nbytes ? PyFloat_FromDouble(waited) : NULL;
@@ -183,10 +192,6 @@ static PyObject* reloaded(const Unpack* u, Saved* s, PyObject* rl, PyObject* t, 
   PyObject* const refs[] = {r, secs, nbytes, stats};
   for (int i = 0; i < 4; i++) Py_XDECREF(refs[i]);
   if (!ok) return NULL;
-  PyObject* old = s->result;
-  Py_INCREF(t);
-  s->result = t;
-  Py_XDECREF(old);
   Py_INCREF(t);
   return t;
 }
@@ -249,9 +254,12 @@ static PyObject* reload_sent(const Unpack* u, Saved* s, PyObject* rl, PyObject* 
 static int usual(const Unpack* u, Saved* s, PyObject** rl, PyObject** lane) {
   if (s->result != NULL && s->result != Py_None) return 0;
   if (s->reload == NULL || s->reload == Py_None) return 0;
-  int r = replaced(u, u_reload_claimed);
-  if (r == 0) r = replaced(u, u_prefetch_before);
-  if (r != 0) return r > 0 ? 0 : -1;
+  PyObject* const names[] = {u_reload_claimed, u_prefetch_before, u_start_reload,
+                             u_reload_finish};
+  for (int i = 0; i < 4; i++) {
+    int r = replaced(u, names[i]);
+    if (r != 0) return r > 0 ? 0 : -1;
+  }
   if ((*lane = lane_of(u, s->device)) == NULL) return PyErr_Occurred() ? -1 : 0;
   *rl = s->reload;
   Py_INCREF(*rl);

@@ -50,6 +50,17 @@ def linear_relu_grads(layers, x, ctx):
     return g
 
 
+def within_seconds(seconds, fn, *args):
+    """fn(*args) on a thread of its own; fails the test when it has not returned in time."""
+    out = []
+    worker = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise AssertionError("%r still running after %g s" % (fn, seconds))
+    return out[0]
+
+
 def settle(seconds):
     """A pause in a test's wait for the store to learn of answers: the answers on the request
     rings are taken first (as the next hook call would), then ``seconds`` pass."""
@@ -698,18 +709,66 @@ class SimUnpackReloadInCTest(SimDaemonTestCase):
         self.assertEqual(ctx.stats.snapshot().lost, 1)
 
     def test_a_method_replaced_on_the_store_sends_the_reload_to_python(self):
-        ctx, xs, handles = self.packed(n=3)
-        prefetches = []
-        real = ctx.store._prefetch_before
-        ctx.store._prefetch_before = lambda s: (prefetches.append(s.seq), real(s))
+        for name in ("_prefetch_before", "_start_reload", "_reload_finish"):
+            with self.subTest(replaced=name):
+                ctx, xs, handles = self.packed(n=3)
+                seen, real = [], getattr(ctx.store, name)
+                setattr(ctx.store, name, lambda s, *a: (seen.append(s.seq), real(s, *a))[1])
+                calls = {}
+                with self.counted(calls, "_reload_claimed"):
+                    got = []
+                    for h in reversed(handles):
+                        if h.reload is not None:
+                            self.answered(h)
+                        got.append(ctx.unpack_hook(h))
+                self.assertEqual(calls, {"_reload_claimed": 3})
+                self.assertGreater(len(seen), 0)  # the replacement ran
+                for t, x in zip(got, reversed(xs)):
+                    self.assertTrue(torch.equal(t.cpu(), x.cpu()))
+                self.assertEqual(ctx.stats.snapshot().reloaded, 3)
+                self.assertTrue(ot.synchronize())
+
+    def test_a_prefetch_count_given_as_a_float_prefetches_as_from_python(self):
+        ctx, xs, handles = self.packed(prefetch=2.0)
         calls = {}
         with self.counted(calls, "_reload_claimed"):
-            got = [ctx.unpack_hook(h) for h in reversed(handles)]
-        self.assertEqual(calls, {"_reload_claimed": 3})
-        self.assertEqual(prefetches, [h.seq for h in reversed(handles)])
+            got = []
+            for h in reversed(handles):
+                if h.reload is not None:
+                    self.answered(h)
+                got.append(ctx.unpack_hook(h))
+        self.assertEqual(calls, {"_reload_claimed": 1})  # the rest prefetched, reloaded in C
         for t, x in zip(got, reversed(xs)):
             self.assertTrue(torch.equal(t.cpu(), x.cpu()))
-        self.assertEqual(ctx.stats.snapshot().reloaded, 3)
+        self.assertEqual(ctx.stats.snapshot().prefetched_in_time, 3)
+
+    def test_a_count_that_raises_leaves_the_tensor_for_the_next_unpack(self):
+        for hooks_in_c in (True, False):
+            with self.subTest(hooks_in_c=hooks_in_c), \
+                    mock.patch.object(_store, "_hooks_in_c", hooks_in_c):
+                ctx, xs, handles = self.packed(n=3)
+                self.assertTrue(torch.equal(ctx.unpack_hook(handles[2]).cpu(), xs[2].cpu()))
+                self.answered(handles[1])
+                real = ctx.store.stats
+
+                class Breaking:  # OffloadStats has slots: its method is replaced by a proxy
+                    def __getattr__(self, name):
+                        return getattr(real, name)
+
+                    def add_reloaded(self, *args):
+                        raise ValueError("the count broke")
+                ctx.store.stats = Breaking()
+                try:
+                    with self.assertRaisesRegex(ValueError, "the count broke"):
+                        ctx.unpack_hook(handles[1])
+                finally:
+                    ctx.store.stats = real
+                self.assertEqual(handles[1].reloading, False)
+                t = within_seconds(10, ctx.unpack_hook, handles[1])  # no reload again
+                self.assertIs(t, handles[1].result)
+                self.assertTrue(torch.equal(t.cpu(), xs[1].cpu()))
+                self.assertEqual(ctx.stats.snapshot().reloaded, 1)  # the count that raised: none
+                self.assertTrue(ot.synchronize())
 
 
 class SimTransformersTest(SimDaemonTestCase):

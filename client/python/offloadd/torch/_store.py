@@ -749,8 +749,10 @@ class Store:
                 s.reload = None
                 if rl.release_after:
                     s.block_id = None  # the daemon freed it after the copy
+                # Later unpacks of this handle get the same tensor, not another reload; kept
+                # before the count, so that an unpack after a count that raised finds it.
+                s.result = t
             self.stats.add_reloaded(s.meta.nbytes, in_time, waited)
-            s.result = t  # later unpacks of this handle get the same tensor, not another reload
             return t
         return self._reload_raised(s, error)
 
