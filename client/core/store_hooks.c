@@ -324,21 +324,6 @@ static int claim_usual(PyObject* store, Saved* s) {
   return unlocked ? usual : -1;
 }
 
-/* The store's lock, waited for until taken: an interrupt while waiting (a signal handler that
- * raised) is kept in *first (the first one; later ones dropped) and the wait goes on, since the
- * claim must go whatever happens. NULL with an error set only for an error that does not go
- * away (100 tries). */
-static PyObject* lock_surely(PyObject* store, PyObject* first[3]) {
-  for (int tries = 1;; tries++) {
-    PyObject* lock = lane_lock(store);
-    if (lock != NULL || tries >= 100) return lock;
-    if (first[0] == NULL)
-      PyErr_Fetch(&first[0], &first[1], &first[2]);
-    else
-      PyErr_Clear();
-  }
-}
-
 /* _unclaim: the claim let go under the store's lock and the threads waiting for it woken, as
  * Store._unclaim does. Called with the reload's error set, or none. What letting go raised
  * (an interrupt in the wait for the lock, or in waking the waiters) replaces it, with the
@@ -347,7 +332,7 @@ static PyObject* lock_surely(PyObject* store, PyObject* first[3]) {
 static int unclaim(Hooks* h, Saved* s) {
   PyObject *type, *value, *tb, *interrupt[3] = {NULL, NULL, NULL};
   PyErr_Fetch(&type, &value, &tb);
-  PyObject* lock = lock_surely(h->store, interrupt);
+  PyObject* lock = lane_lock_surely(h->store, interrupt);
   int ok = lock != NULL;
   if (ok) {
     PyObject* old = s->reloading;

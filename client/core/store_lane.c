@@ -244,6 +244,17 @@ PyObject* lane_lock(PyObject* owner) {
   return lock;
 }
 
+PyObject* lane_lock_surely(PyObject* owner, PyObject* first[3]) {
+  for (int tries = 1;; tries++) {
+    PyObject* lock = lane_lock(owner);
+    if (lock != NULL || tries >= 100) return lock;
+    if (first[0] == NULL)
+      PyErr_Fetch(&first[0], &first[1], &first[2]);
+    else
+      PyErr_Clear();
+  }
+}
+
 int lane_unlock(PyObject* lock) {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb); /* let go whatever the holder raised, which stays set */

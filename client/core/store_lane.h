@@ -78,6 +78,11 @@ PyObject* lane_record(PyObject* type, PyObject* const* names, PyObject* const* v
  * takes it): the lock, or NULL with an error set. lane_unlock gives it back and drops the
  * reference, keeping an error the holder set: 1, or 0 with an error set. */
 PyObject* lane_lock(PyObject* owner);
+/* lane_lock, waited for until taken: an interrupt while waiting (a signal handler that raised)
+ * is kept in first[0..2] (type, value, traceback: the first one; later ones dropped; the caller
+ * restores or drops it) and the wait goes on, for work that must be done whatever happens.
+ * NULL with an error set only for an error that does not go away (100 tries). */
+PyObject* lane_lock_surely(PyObject* owner, PyObject* first[3]);
 int lane_unlock(PyObject* lock);
 
 /* 1 when lane o was made (its __init__ ran); else 0 with a TypeError naming `method`. */

@@ -134,18 +134,30 @@ static int finish(PyObject* outcomes) {
   return 1;
 }
 
-/* One drained batch handled: 1, or 0 with an error set. */
+static void drop3(PyObject* e[3]) {
+  for (int i = 0; i < 3; i++) Py_CLEAR(e[i]);
+}
+
+/* One drained batch handled: 1, or 0 with an error set. The answers are off the ring: an
+ * interrupt while waiting for the client's lock (another thread may hold it long) is raised
+ * only after the batch was applied and its outcomes completed, or they would never be. */
 static int take_batch(PyObject* client, PyObject* ring, PyObject* answers, PyObject* take) {
   if (!heard(client)) return 0;
-  PyObject* lock = lane_lock(client);
-  if (lock == NULL) return 0;
-  PyObject* outcomes = apply_locked(client, ring, answers, take);
-  if (!lane_unlock(lock)) { /* let go whatever the batch raised */
-    Py_XDECREF(outcomes);
+  PyObject* interrupt[3] = {NULL, NULL, NULL};
+  PyObject* lock = lane_lock_surely(client, interrupt);
+  if (lock == NULL) {
+    drop3(interrupt);
     return 0;
   }
-  int ok = outcomes != NULL && finish(outcomes);
+  PyObject* outcomes = apply_locked(client, ring, answers, take);
+  int ok = lane_unlock(lock); /* let go whatever the batch raised */
+  ok = ok && outcomes != NULL && finish(outcomes);
   Py_XDECREF(outcomes);
+  if (ok && interrupt[0] != NULL) {
+    PyErr_Restore(interrupt[0], interrupt[1], interrupt[2]);
+    return 0;
+  }
+  drop3(interrupt);
   return ok;
 }
 

@@ -1204,7 +1204,10 @@ class Client:
             drained = len(answers)
             taken += drained
             self._last_heard = time.monotonic()
-            with self._lock:
+            # The answers are off the ring: an interrupt while waiting for the lock (another
+            # thread may hold it long) must not drop them, or their requests never complete.
+            interrupted = _acquire_surely(self._lock)
+            try:
                 self.counters.ring_answers_received += drained
                 # Every ring numbers its requests from 1: an answer of a ring replaced while
                 # this thread slept in its drain (a resume) never names the new ring's ops.
@@ -1212,8 +1215,15 @@ class Client:
                 if _take_answers is not None and ops:  # the usual answers, applied in C
                     answers = _take_answers(answers, ops, self._confirmed)
                 outcomes = self._ring_outcomes_locked(answers, ops)
+            finally:
+                self._lock.release()
             for op, (value, exc) in outcomes:
                 op._finish(value, exc)
+            if interrupted is not None:
+                try:
+                    raise interrupted
+                finally:
+                    interrupted = None
             if drained < _native.DRAIN_BATCH:  # the ring is empty: a full batch may not be
                 return taken
             timeout = 0.0
@@ -1359,6 +1369,22 @@ class Client:
 
 _OFFLOAD, _RELOAD, _RELEASE = 0, 1, 2  # offloadd._ring_fast.submit's kinds
 _KIND_NAMES = ("offload", "reload", "release")
+
+
+def _acquire_surely(lock):
+    """Acquires ``lock`` even when waiting for it is interrupted (a signal handler raising, such
+    as KeyboardInterrupt): the first such exception is returned for the caller to raise once
+    its work under the lock is done, None when none came. After 100 interrupted waits the
+    last interrupt propagates with the lock not held."""
+    first = None
+    for tries in range(1, 101):
+        try:
+            lock.acquire()
+            return first
+        except BaseException as e:  # noqa: B036 -- kept and raised by the caller
+            if tries == 100:
+                raise
+            first = first if first is not None else e.with_traceback(None)
 
 
 def _bound_submit(ring):

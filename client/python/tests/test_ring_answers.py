@@ -16,6 +16,7 @@ import weakref
 import torch
 
 from daemon_fixture import PY_ROOT, DaemonTestCase, held_by_another_thread  # noqa: F401
+from test_offload_lane import interrupted_after
 
 from offloadd import _native, client as client_mod
 from offloadd.client import (Client, Counters, OffloadAnswer, ReleaseAnswer, ReloadAnswer,
@@ -364,6 +365,33 @@ class PumpTest(DaemonTestCase):
                 self.assertGreater(c._last_heard, heard)
                 self.assertEqual(c._confirmed, {op.result(0).block_id for op in ops})
                 self.assertEqual(front_mod.pump(c, _native.DRAIN_BATCH, taker), 0)  # empty
+                self.release_all(c, ops)
+
+
+    def test_an_interrupt_waiting_for_the_lock_is_raised_after_the_answers_are_applied(self):
+        """The drained answers are off the ring: a KeyboardInterrupt while the pump waits for
+        the client's lock (held by another thread) must not drop them, or their requests never
+        complete. Both pumps: the C one and Client.pump."""
+        pumps = (("c", lambda c: front_mod.pump(c, _native.DRAIN_BATCH, take)),
+                 ("python", lambda c: c.pump(0.0)))
+        for name, pump in pumps:
+            with self.subTest(pump=name):
+                c, ops = self.answered_offloads(5)
+                held = threading.Event()
+
+                def hold():
+                    with c._lock:
+                        held.set()
+                        time.sleep(0.4)
+                holder = threading.Thread(target=hold)
+                holder.start()
+                held.wait(10)
+                with self.assertRaises(KeyboardInterrupt):
+                    with interrupted_after(0.05):
+                        pump(c)
+                holder.join(10)
+                self.assertEqual((sum(op.done() for op in ops), len(c._ring_ops)), (5, 0))
+                self.assertEqual(c.counters.ring_answers_received, 5)
                 self.release_all(c, ops)
 
 
