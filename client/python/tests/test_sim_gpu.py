@@ -656,16 +656,22 @@ class SimUnpackReloadInCTest(SimDaemonTestCase):
             settle(0.005)
         self.assertTrue(handle.reload.done.done())
 
+    def unpack_in_reverse(self, ctx, handles):
+        """Each handle unpacked, newest first, once its prefetched reload (if any) answered;
+        the tensors in that order."""
+        got = []
+        for h in reversed(handles):
+            if h.reload is not None:
+                self.answered(h)
+            got.append(ctx.unpack_hook(h))
+        return got
+
     def test_a_prefetched_handle_is_reloaded_in_c(self):
         ctx, xs, handles = self.packed()
         calls = {}
         with self.counted(calls, "_reload_claimed"), self.counted(calls, "_prefetch_before"), \
                 self.counted(calls, "_reload_finish"):
-            got = []
-            for h in reversed(handles):
-                if h.reload is not None:
-                    self.answered(h)
-                got.append(ctx.unpack_hook(h))
+            got = self.unpack_in_reverse(ctx, handles)
         # the last handle's reload was not sent (Python sends it URGENT and prefetches the one
         # before); every other had its reload prefetched: reloaded, prefetched and finished in C
         self.assertEqual(calls, {"_reload_claimed": 1, "_prefetch_before": 1,
@@ -716,11 +722,7 @@ class SimUnpackReloadInCTest(SimDaemonTestCase):
                 setattr(ctx.store, name, lambda s, *a: (seen.append(s.seq), real(s, *a))[1])
                 calls = {}
                 with self.counted(calls, "_reload_claimed"):
-                    got = []
-                    for h in reversed(handles):
-                        if h.reload is not None:
-                            self.answered(h)
-                        got.append(ctx.unpack_hook(h))
+                    got = self.unpack_in_reverse(ctx, handles)
                 self.assertEqual(calls, {"_reload_claimed": 3})
                 self.assertGreater(len(seen), 0)  # the replacement ran
                 for t, x in zip(got, reversed(xs)):
@@ -732,11 +734,7 @@ class SimUnpackReloadInCTest(SimDaemonTestCase):
         ctx, xs, handles = self.packed(prefetch=2.0)
         calls = {}
         with self.counted(calls, "_reload_claimed"):
-            got = []
-            for h in reversed(handles):
-                if h.reload is not None:
-                    self.answered(h)
-                got.append(ctx.unpack_hook(h))
+            got = self.unpack_in_reverse(ctx, handles)
         self.assertEqual(calls, {"_reload_claimed": 1})  # the rest prefetched, reloaded in C
         for t, x in zip(got, reversed(xs)):
             self.assertTrue(torch.equal(t.cpu(), x.cpu()))
