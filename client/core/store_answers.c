@@ -31,7 +31,8 @@
  * stream (_ring_outcome_locked); for a target, what Store._offload_done and
  * CudaIpcTransport.finish_offload do: the handle becomes OFFLOADED with its block, the
  * offload's event goes back to the free list, its source tensor is let go, the store's
- * statistics count the bytes (stats.add_offloaded), and the callback is dropped unrun.
+ * statistics count the bytes (as stats.add_offloaded would: in C for the store's OffloadStats,
+ * store_counts.c), and the callback is dropped unrun.
  *
  * Locks: the caller holds the client's lock. The handle's store lock and Outcome's lock are
  * tried, never waited for: when another thread holds either (it may be half way through
@@ -56,7 +57,7 @@ static struct {
 
 static PyObject* op_kinds[ANSWER_KINDS]; /* _RingOp.kind: "offload", "reload", "release" */
 static PyObject *a_kind, *a_args, *a_target, *a_done, *a_value, *a_exc, *a_callbacks, *a_event,
-    *a_lock, *a_stats, *a_add_offloaded, *a_future, *a_tensor, *a_acquire, *a_release,
+    *a_lock, *a_stats, *a_future, *a_tensor, *a_acquire, *a_release,
     *a_version, *a_op_event, *a_add_done_callback, *a_client, *a_request_id;
 static PyObject *f_block_id, *f_bytes, *f_queued, *f_copy, *f_released, *f_done_event;
 
@@ -68,7 +69,7 @@ int store_answers_init(void) {
          front_intern(&a_done, "_done") && front_intern(&a_value, "_value") &&
          front_intern(&a_exc, "_exc") && front_intern(&a_callbacks, "_callbacks") &&
          front_intern(&a_event, "_event") && front_intern(&a_lock, "_lock") &&
-         front_intern(&a_stats, "stats") && front_intern(&a_add_offloaded, "add_offloaded") &&
+         front_intern(&a_stats, "stats") &&
          front_intern(&a_future, "future") && front_intern(&a_tensor, "tensor") &&
          front_intern(&a_acquire, "acquire") && front_intern(&a_release, "release") &&
          front_intern(&a_version, "_version") && front_intern(&a_op_event, "event") &&
@@ -363,12 +364,9 @@ static int finish_offload(Take* t) {
   ok = ok && PyObject_SetAttr(t->offload, a_op_event, Py_None) == 0 &&
        PyObject_SetAttr(t->offload, a_tensor, Py_None) == 0;
   PyObject* stats = ok ? PyObject_GetAttr(t->saved->store, a_stats) : NULL;
-  PyObject* nbytes = stats ? PyLong_FromLongLong(t->saved->nbytes) : NULL;
-  PyObject* r = nbytes ? PyObject_CallMethodObjArgs(stats, a_add_offloaded, nbytes, NULL) : NULL;
-  Py_XDECREF(r);
-  Py_XDECREF(nbytes);
+  ok = stats != NULL && counts_add_offloaded(stats, t->saved->nbytes);
   Py_XDECREF(stats);
-  return r != NULL;
+  return ok;
 }
 
 /* After the locks: the client's view of its blocks, the op out of `ops`, and for a handle the

@@ -81,4 +81,11 @@ int store_unpack_init(void);
 PyObject* hooks_reload_claimed(PyObject* store, PyObject* front, PyObject* store_dict,
                                PyObject* prefetch_priority, PyObject* recoverable, Saved* s);
 
+/* store_counts.c: adds the type TensorCounts to the module (0 with an error set), and the C
+ * callers' counts of one offloaded and one reloaded tensor (1, or 0 with an error set: what a
+ * replaced method raised), documented there. */
+int store_counts_add_type(PyObject* module);
+int counts_add_offloaded(PyObject* stats, long long nbytes);
+int counts_add_reloaded(PyObject* stats, long long nbytes, int in_time, double waited_seconds);
+
 #endif  /* OFFLOADD_CLIENT_CORE_STORE_FRONT_H_ */

@@ -55,6 +55,8 @@
  *          (store_pump.c documents them).
  *   Hooks(store, store_globals)  a store's pack hook, its usual path in one C call
  *          (store_hooks.c documents it; its unpack's reload is store_unpack.c's).
+ *   TensorCounts()  the per-tensor statistics that the answers and the unpack add to in C
+ *          (store_counts.c documents it; offloadd.torch.OffloadStats subclasses it).
  * The module keeps no state between stores; every call of a Saved or a Front runs under the
  * GIL and releases it nowhere, so a table is never seen half changed (a lane calls the device's
  * Python methods, which may release it: it touches no table). */
@@ -938,7 +940,7 @@ PyMODINIT_FUNC PyInit__store_front(void) {
     hooks_type = NULL;
   }
   if (SavedType == NULL || FrontType == NULL || lane_type == NULL || hooks_type == NULL ||
-      PyModule_AddObject(m, "Saved", (PyObject*)SavedType) < 0 ||
+      !store_counts_add_type(m) || PyModule_AddObject(m, "Saved", (PyObject*)SavedType) < 0 ||
       PyModule_AddObject(m, "Front", (PyObject*)FrontType) < 0) {
     Py_DECREF(m);
     return NULL;

@@ -32,8 +32,9 @@
  *     the rest; t0 from CLOCK_MONOTONIC, time.monotonic's clock;
  *   - under the store's lock the handle's reload cleared, its block too when the reload had
  *     ``release_after`` (the daemon freed it), and the tensor kept as its result (so that an
- *     unpack after a count that raised finds it); then ``stats.add_reloaded(nbytes, in_time,
- *     waited_seconds)``.
+ *     unpack after a count that raised finds it); then its count, as
+ *     ``stats.add_reloaded(nbytes, in_time, waited_seconds)`` would (store_counts.c: in C for
+ *     the store's OffloadStats).
  * An error of ``recoverable`` from the prefetch or the finish goes to
  * ``store._reload_raised(saved, error)`` (a DATA_LOSS, or the daemon given up), as from the
  * Python's except clause; any other error propagates. Anything else is
@@ -45,7 +46,7 @@
 static PyObject* zero; /* the int 0, made at import */
 static PyObject *u_reload_claimed, *u_prefetch_before, *u_last_unpacked_seq, *u_prefetch,
     *u_unused_offsets, *u_lanes, *u_start_reload, *u_reload_finish, *u_reload_raised,
-    *u_release_after, *u_done_outcome, *u_priority, *u_stats, *u_add_reloaded;
+    *u_release_after, *u_done_outcome, *u_priority, *u_stats;
 
 int store_unpack_init(void) {
   return front_intern(&u_reload_claimed, "_reload_claimed") &&
@@ -58,7 +59,7 @@ int store_unpack_init(void) {
          front_intern(&u_reload_raised, "_reload_raised") &&
          front_intern(&u_release_after, "release_after") &&
          front_intern(&u_done_outcome, "done") && front_intern(&u_priority, "priority") &&
-         front_intern(&u_stats, "stats") && front_intern(&u_add_reloaded, "add_reloaded") &&
+         front_intern(&u_stats, "stats") &&
          (zero = PyLong_FromLong(0)) != NULL;
 }
 
@@ -183,14 +184,8 @@ static PyObject* reloaded(const Unpack* u, Saved* s, PyObject* rl, PyObject* t, 
   Py_XDECREF(old_block);
   Py_XDECREF(old_result);
   PyObject* stats = ok ? PyObject_GetAttr(u->store, u_stats) : NULL;
-  PyObject* nbytes = stats ? PyLong_FromLongLong(s->nbytes) : NULL;
-  PyObject* secs = nbytes ? PyFloat_FromDouble(waited) : NULL;
-  PyObject* r = secs ? PyObject_CallMethodObjArgs(stats, u_add_reloaded, nbytes,
-                                                  in_time ? Py_True : Py_False, secs, NULL)
-                     : NULL;
-  ok = r != NULL;
-  PyObject* const refs[] = {r, secs, nbytes, stats};
-  for (int i = 0; i < 4; i++) Py_XDECREF(refs[i]);
+  ok = stats != NULL && counts_add_reloaded(stats, s->nbytes, in_time, waited);
+  Py_XDECREF(stats);
   if (!ok) return NULL;
   Py_INCREF(t);
   return t;

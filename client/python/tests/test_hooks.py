@@ -497,6 +497,80 @@ class StatsLineLabelTest(unittest.TestCase):
         self.assertTrue(out.getvalue().startswith("offloadd: offloaded 0"), out.getvalue())
 
 
+class OffloadStatsCountsTest(unittest.TestCase):
+    """The per-tensor counts live in C (offloadd._store_front.TensorCounts): added without a
+    Python frame, each add seen whole by a snapshot taken on another thread."""
+
+    MIB = 1 << 20
+
+    def test_the_counts_add_up_and_copy_reset_and_subtract_as_fields(self):
+        s = ot.OffloadStats("c")
+        s.add_offloaded(3 * self.MIB)
+        s.add_offloaded(self.MIB)
+        s.add_reloaded(self.MIB, True, 0.0)
+        s.add_reloaded(2 * self.MIB, False, 0.25)
+        s.add(kept=2, kept_bytes=5, host_waits=1, host_wait_seconds=0.5)
+        snap = s.snapshot()
+        want = {"offloaded": 2, "offloaded_bytes": 4 * self.MIB, "reloaded": 2,
+                "reloaded_bytes": 3 * self.MIB, "prefetched_in_time": 1,
+                "prefetched_in_time_bytes": self.MIB, "waited": 1, "waited_bytes": 2 * self.MIB,
+                "waited_seconds": 0.25, "kept": 2, "kept_bytes": 5, "host_waits": 1,
+                "host_wait_seconds": 0.5}
+        self.assertEqual({k: snap.as_dict()[k] for k in want}, want)
+        self.assertEqual(list(snap.as_dict())[:4],
+                         ["offloaded", "offloaded_bytes", "reloaded", "reloaded_bytes"])
+        s.add_offloaded(7)
+        diff = s.snapshot() - snap
+        self.assertEqual((diff.offloaded, diff.offloaded_bytes, diff.reloaded, diff.kept),
+                         (1, 7, 0, 0))
+        s.reset()
+        self.assertEqual(set(s.as_dict().values()), {0})
+        self.assertEqual(snap.offloaded, 2)  # a snapshot is a copy
+
+    def test_bad_arguments_raise_type_errors_and_count_nothing(self):
+        s = ot.OffloadStats()
+        for call in (lambda: s.add_offloaded("8"), lambda: s.add_offloaded(),
+                     lambda: s.add_reloaded(8, True), lambda: s.add_reloaded(8, True, "1s")):
+            with self.assertRaises(TypeError):
+                call()
+        self.assertEqual(set(s.as_dict().values()), {0})
+
+    def test_adds_on_threads_are_all_counted_and_seen_whole(self):
+        import threading
+        s, n, threads, torn = ot.OffloadStats(), 20000, 3, []
+        stop = threading.Event()
+
+        def add():
+            for i in range(n):
+                s.add_reloaded(4, i % 2 == 0, 0.5)
+                s.add_offloaded(8)
+                if i % 100 == 0:
+                    s.add(kept=1)
+
+        def look():
+            while not stop.is_set():
+                d = s.snapshot().as_dict()
+                if (d["reloaded_bytes"] != 4 * d["reloaded"]
+                        or d["offloaded_bytes"] != 8 * d["offloaded"]
+                        or d["waited_seconds"] != 0.5 * d["waited"]):
+                    torn.append(d)
+        workers = [threading.Thread(target=add) for _ in range(threads)]
+        watcher = threading.Thread(target=look)
+        watcher.start()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        stop.set()
+        watcher.join()
+        d = s.as_dict()
+        self.assertEqual((d["reloaded"], d["prefetched_in_time"], d["waited"], d["offloaded"],
+                          d["offloaded_bytes"], d["kept"]),
+                         (n * threads, n * threads // 2, n * threads // 2, n * threads,
+                          8 * n * threads, threads * n // 100))
+        self.assertEqual(torn[:1], [])
+
+
 class CompletionTest(unittest.TestCase):
     """The reload completion the hooks use instead of a concurrent.futures.Future."""
 

@@ -43,6 +43,8 @@ import sys
 import threading
 from typing import Dict, Optional, TextIO, Union
 
+from .. import _native
+
 _FIELDS = ("offloaded", "offloaded_bytes", "reloaded", "reloaded_bytes", "prefetched_in_time",
            "prefetched_in_time_bytes", "waited", "waited_bytes", "kept", "kept_bytes",
            "fallbacks", "fallback_bytes", "skipped_small", "skipped_params", "skipped_leaves",
@@ -93,65 +95,68 @@ def _zero_totals():
             "idle_steps_total": 0}
 
 
-class OffloadStats:
-    """A snapshot (or the live, locked counters) of one context's statistics."""
+_TensorCounts = _native.load_store_front().TensorCounts
+_COUNTED = _TensorCounts.FIELDS  # counted in C: the per-tensor counts and waited_seconds
 
-    __slots__ = _FIELDS + ("waited_seconds", "host_wait_seconds", "name", "_lock")
+
+class OffloadStats(_TensorCounts):
+    """A snapshot (or the live counters) of one context's statistics.
+
+    The per-tensor counts (offloaded, reloaded, prefetched_in_time and waited, with their bytes,
+    and waited_seconds) live in C (offloadd._store_front.TensorCounts, client/core/
+    store_counts.c), where the hooks' answers and unpacks add to them without a Python call;
+    each add is seen whole. The other fields are Python's, changed under ``_lock``."""
+
+    __slots__ = tuple(f for f in _FIELDS if f not in _COUNTED) + (
+        "host_wait_seconds", "name", "_lock")
     _SECONDS = ("waited_seconds", "host_wait_seconds")
 
     def __init__(self, name: str = "") -> None:
         for f in _FIELDS:
-            setattr(self, f, 0)
-        for f in self._SECONDS:
-            setattr(self, f, 0.0)
+            if f not in _COUNTED:
+                setattr(self, f, 0)
+        self.host_wait_seconds = 0.0
         self.name = name
         self._lock = threading.Lock()
 
     def add(self, **deltas: Union[int, float]) -> None:
+        """Adds each keyword's value to the field it names (the fields not counted per tensor
+        in C: kept, fallbacks, skipped_*, lost, idle_steps, urgent, prefetched_unused,
+        host_waits, host_wait_seconds, served_in_flight and their bytes)."""
         with self._lock:
             for k, v in deltas.items():
                 setattr(self, k, getattr(self, k) + v)
 
-    # The per-tensor counts, without add's keyword dictionary (the hooks call these per op).
-    def add_offloaded(self, nbytes: int) -> None:
-        """One tensor of ``nbytes`` stored by the daemon (OffloadDone)."""
-        with self._lock:
-            self.offloaded += 1
-            self.offloaded_bytes += nbytes
+    # add_offloaded(nbytes) and add_reloaded(nbytes, in_time, waited_seconds), the per-tensor
+    # counts, are TensorCounts' C methods.
 
-    def add_reloaded(self, nbytes: int, in_time: bool, waited_seconds: float) -> None:
-        """One tensor of ``nbytes`` reloaded: prefetched in time (``in_time``), else waited
-        for, ``waited_seconds`` on the training thread."""
+    def _values(self) -> Dict[str, Union[int, float]]:
+        """Every field's value: the C counts read at one instant, the others under the lock."""
+        d = dict(zip(_COUNTED, self.counts()))
         with self._lock:
-            self.reloaded += 1
-            self.reloaded_bytes += nbytes
-            if in_time:
-                self.prefetched_in_time += 1
-                self.prefetched_in_time_bytes += nbytes
-            else:
-                self.waited += 1
-                self.waited_bytes += nbytes
-                self.waited_seconds += waited_seconds
+            for f in _FIELDS + self._SECONDS:
+                if f not in _COUNTED:
+                    d[f] = getattr(self, f)
+        return d
 
     def snapshot(self) -> OffloadStats:
         """A consistent copy."""
         s = OffloadStats(self.name)
-        with self._lock:
-            for f in _FIELDS + self._SECONDS:
-                setattr(s, f, getattr(self, f))
+        for f, v in self._values().items():
+            setattr(s, f, v)
         return s
 
     def reset(self) -> None:
+        self.reset_counts()
         with self._lock:
             for f in _FIELDS:
-                setattr(self, f, 0)
-            for f in self._SECONDS:
-                setattr(self, f, 0.0)
+                if f not in _COUNTED:
+                    setattr(self, f, 0)
+            self.host_wait_seconds = 0.0
 
     def as_dict(self) -> Dict[str, Union[int, float]]:
-        with self._lock:
-            d = {f: getattr(self, f) for f in _FIELDS + self._SECONDS}
-        return d
+        d = self._values()
+        return {f: d[f] for f in _FIELDS + self._SECONDS}
 
     def __sub__(self, other: OffloadStats) -> OffloadStats:
         """Counts between two snapshots (self later)."""
