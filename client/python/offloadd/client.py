@@ -1206,7 +1206,7 @@ class Client:
             self._last_heard = time.monotonic()
             # The answers are off the ring: an interrupt while waiting for the lock (another
             # thread may hold it long) must not drop them, or their requests never complete.
-            interrupted = _acquire_surely(self._lock)
+            interrupted = acquire_surely(self._lock)
             try:
                 self.counters.ring_answers_received += drained
                 # Every ring numbers its requests from 1: an answer of a ring replaced while
@@ -1371,11 +1371,12 @@ _OFFLOAD, _RELOAD, _RELEASE = 0, 1, 2  # offloadd._ring_fast.submit's kinds
 _KIND_NAMES = ("offload", "reload", "release")
 
 
-def _acquire_surely(lock):
+def acquire_surely(lock):
     """Acquires ``lock`` even when waiting for it is interrupted (a signal handler raising, such
     as KeyboardInterrupt): the first such exception is returned for the caller to raise once
     its work under the lock is done, None when none came. After 100 interrupted waits the
-    last interrupt propagates with the lock not held."""
+    last interrupt propagates with the lock not held. The torch hooks' store lets a reload's
+    claim go with it too."""
     first = None
     for tries in range(1, 101):
         try:

@@ -67,7 +67,7 @@ import weakref
 import torch
 
 from .. import _native, _process, errors
-from ..client import PREFETCH, URGENT
+from ..client import PREFETCH, URGENT, acquire_surely
 from . import _endpoint
 from ._live import STORES as _STORES  # every Store of the process (weak)
 from ._live import finish_steps
@@ -685,16 +685,7 @@ class Store:
         """Lets ``s``'s reload claim go and wakes the threads waiting for it. An interrupt
         while waiting for the lock does not keep the claim (every later unpack of ``s`` would
         wait for it forever): the wait goes on, and the first interrupt is raised after."""
-        interrupted = None
-        for tries in range(1, 101):  # an error that does not go away: it propagates
-            try:
-                self._lock.acquire()
-                break
-            except BaseException as e:  # a signal handler raised (KeyboardInterrupt)
-                if interrupted is None:
-                    interrupted = e
-                if tries == 100:
-                    raise
+        interrupted = acquire_surely(self._lock)
         try:
             waited, s.reloading = s.reloading is _WAITED, False
             if waited:
