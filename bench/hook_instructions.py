@@ -34,6 +34,9 @@ Variants (each in processes of its own, against one cuda-sim daemon):
   cuda-sim-pyreload  cuda-sim with the C hooks, but the reload of a claimed handle in the
                    store's Python (Store._reload_claimed set on the store, which the C unpack
                    hands the reload to): what client/core/store_unpack.c saves
+  cuda-sim-pystats  cuda-sim with the statistics' per-tensor counts as Python methods (a
+                   subclass of OffloadStats replacing add_offloaded and add_reloaded, which
+                   the C paths then call): what counting in C (store_counts.c) saves
   cuda-sim-pyring  the same with the request ring's C paths off (offloadd._ring_fast.submit and
                    offloadd._store_front.take_answers unused): every submission and answer in
                    Python
@@ -43,6 +46,14 @@ is in flight); those waits are counted in cuda-sim's figures. PYTHONHASHSEED is 
 
   .venv/bin/python bench/hook_instructions.py [--bin build/bin] [--short 10] [--long 40]
       [--variants noop,store-front,cuda-sim,cuda-sim-pylane,cuda-sim-pyring] [--json FILE]
+      [--python-ops]
+
+With --python-ops it runs no cachegrind: each variant's steps run under sys.settrace with
+per-opcode events instead, and it prints the Python opcodes and calls per saved tensor by where
+the code lives (the simulated device's Python, offloadd's, torch's, the benchmark's step, the
+rest): what of the interpreter's work per tensor is the client's and what is the simulated
+device's, whose CPU time bench/hook_overhead.py takes out but whose code still passes through
+the caches between the client's calls. Exact counts, a few seconds a variant.
 
 Needs valgrind (Debian package valgrind); without it prints one line saying so and exits 0.
 Each run takes a minute or two (the interpreter and torch start under Valgrind).
@@ -60,13 +71,15 @@ import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VARIANTS = ("noop", "store-front", "cuda-sim", "cuda-sim-pylane", "cuda-sim-pyhook",
-            "cuda-sim-pyreload", "cuda-sim-pyring")
+            "cuda-sim-pyreload", "cuda-sim-pystats", "cuda-sim-pyring")
 EVENTS = ("Ir", "I1mr", "D1mr", "DLmr")
 MIB = 1 << 20
 
 
-def worker(variant, steps, sock, ops):
-    """One process's steps (run under cachegrind by main)."""
+def setup(variant, sock, ops, gap_seconds=0.0):
+    """The variant's step as a function of a number of steps, and its context (None for noop).
+    gap_seconds: a sleep after each pack and before each unpack, the daemon's time to answer
+    (the timed benchmark's model work; 0 for cachegrind, whose runs are slow enough)."""
     sys.path.insert(0, os.path.join(REPO, "client", "python"))
     import torch
     torch.set_num_threads(1)
@@ -79,7 +92,9 @@ def worker(variant, steps, sock, ops):
 
     # the timed benchmark's step, without its busy work, and its switch of the C paths
     from hook_overhead import make_save, python_ring_paths
-    Save = make_save(torch, lambda: None)
+    gap = (lambda: time.sleep(gap_seconds)) if gap_seconds > 0 else (lambda: None)
+    Save = make_save(torch, gap)
+    ctx = None
     if variant == "noop":
         pack, unpack = (lambda t: t), (lambda t: t)
     else:
@@ -92,18 +107,140 @@ def worker(variant, steps, sock, ops):
             pack, unpack = ctx.pack_hook, ctx.unpack_hook
         if variant == "cuda-sim-pyreload":  # an instance attribute: the C unpack defers to it
             ctx.store._reload_claimed = ctx.store._reload_claimed
-    for _ in range(steps):
-        with python_ring_paths(variant == "cuda-sim-pyring", lanes=variant == "cuda-sim-pylane"):
-            y = torch.zeros(1, requires_grad=True)
-            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                for x in xs:
-                    y = Save.apply(x, y)
-            ot.synchronize(10.0)
-            y.sum().backward()
-            ot.synchronize(10.0)
-    if variant != "noop":
+        if variant == "cuda-sim-pystats":  # the per-tensor counts as Python methods
+            ctx.store.stats = python_counted_stats(variant)
+
+    def run(steps):
+        for _ in range(steps):
+            with python_ring_paths(variant == "cuda-sim-pyring",
+                                   lanes=variant == "cuda-sim-pylane"):
+                y = torch.zeros(1, requires_grad=True)
+                with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                    for x in xs:
+                        y = Save.apply(x, y)
+                        gap()
+                ot.synchronize(10.0)
+                y.sum().backward()
+                ot.synchronize(10.0)
+    return run, ctx
+
+
+def python_counted_stats(name):
+    """An OffloadStats whose per-tensor counts are Python methods, as they were before they
+    were C fields: the C paths call them (a replaced method is called, store_counts.c)."""
+    from offloadd.torch import OffloadStats
+
+    class PythonCounted(OffloadStats):
+        __slots__ = ()
+
+        def add_offloaded(self, nbytes):
+            with self._lock:
+                self.offloaded += 1
+                self.offloaded_bytes += nbytes
+
+        def add_reloaded(self, nbytes, in_time, waited_seconds):
+            with self._lock:
+                self.reloaded += 1
+                self.reloaded_bytes += nbytes
+                if in_time:
+                    self.prefetched_in_time += 1
+                    self.prefetched_in_time_bytes += nbytes
+                else:
+                    self.waited += 1
+                    self.waited_bytes += nbytes
+                    self.waited_seconds += waited_seconds
+    return PythonCounted(name)
+
+
+def worker(variant, steps, sock, ops):
+    """One process's steps (run under cachegrind by main)."""
+    run, ctx = setup(variant, sock, ops)
+    run(steps)
+    if ctx is not None:
         print(ctx.stats.summary(), file=sys.stderr)
     return 0
+
+
+# --python-ops: the Python bytecode a saved tensor runs, by where the code lives.
+PY_GROUPS = (
+    ("the simulated device", os.path.join("offloadd", "testing") + os.sep),
+    ("offloadd (client/python/offloadd)", os.path.join("client", "python", "offloadd") + os.sep),
+    ("torch's Python", os.sep + "torch" + os.sep),
+    ("this benchmark's step", os.sep + "bench" + os.sep),
+)
+
+
+def py_group(filename):
+    for name, part in PY_GROUPS:
+        if part in filename:
+            return name
+    return "Python's standard library and the rest"
+
+
+def traced(run, steps):
+    """{filename: [opcodes, calls]} that run(steps) executes, every thread of the process
+    (sys.settrace with per-opcode events: slow, but exact and independent of the machine)."""
+    import collections
+    import threading
+    seen = collections.defaultdict(lambda: [0, 0])
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        cell = seen[frame.f_code.co_filename or "?"]
+        cell[1] += 1
+
+        def each(frame, event, arg):
+            if event == "opcode":
+                cell[0] += 1
+            return each
+        return each
+    threading.settrace(trace)
+    sys.settrace(trace)
+    try:
+        run(steps)
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)
+    return seen
+
+
+def ops_worker(variant, short, long_, sock, ops, gap_seconds):
+    """Prints, as JSON, the opcodes and calls per saved tensor by file: LONG less SHORT traced
+    steps of one process, after two untraced ones."""
+    run, _ = setup(variant, sock, ops, gap_seconds)
+    run(2)
+    a, b = traced(run, short), traced(run, long_)
+    per = (long_ - short) * ops
+    out = {f: [(b[f][i] - (a[f][i] if f in a else 0)) / per for i in (0, 1)] for f in b}
+    print(json.dumps(out))
+    return 0
+
+
+def python_ops(variants, args, sock):
+    """Per variant: Python opcodes and calls per saved tensor, by PY_GROUPS."""
+    print("== Python bytecode per saved tensor (bench/hook_instructions.py --python-ops); %s; "
+          "steps %d and %d of %d tensors, %.0f us sleep after each pack and before each unpack"
+          % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), args.short, args.long,
+             args.ops, args.gap_us))
+    print("per saved tensor (its pack and unpack), every thread: opcodes, share, calls")
+    for v in variants:
+        cmd = [sys.executable, os.path.abspath(__file__), "--ops-worker", v, str(args.short),
+               str(args.long), sock, str(args.ops), str(args.gap_us / 1e6)]
+        env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+        if done.returncode != 0:
+            raise RuntimeError("%s failed:\n%s" % (v, done.stderr[-3000:]))
+        groups = {}
+        for f, (n_ops, n_calls) in json.loads(done.stdout.splitlines()[-1]).items():
+            g = groups.setdefault(py_group(f), [0.0, 0.0])
+            g[0] += n_ops
+            g[1] += n_calls
+        total = sum(g[0] for g in groups.values())
+        print("  %s: %.0f opcodes, %.1f calls" % (v, total, sum(g[1] for g in groups.values())))
+        for name, (n_ops, n_calls) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
+            print("    %-40s %8.0f %5.1f %%  %6.1f calls" % (
+                name, n_ops, 100.0 * n_ops / total if total else 0.0, n_calls))
 
 
 def totals(path):
@@ -136,12 +273,22 @@ def main():
     ap.add_argument("--ops", type=int, default=8, help="tensors saved per step (N)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--python-ops", action="store_true",
+                    help="instead of cachegrind: Python opcodes and calls per saved tensor by "
+                         "where the code lives (the simulated device, offloadd, torch, ...)")
     ap.add_argument("--worker", nargs=4, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--gap-us", type=float, default=4000.0,
+                    help="with --python-ops: sleep after each pack and before each unpack, as "
+                         "the timed benchmark's model work, so that answers come in between")
+    ap.add_argument("--ops-worker", nargs=6, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         variant, steps, sock, ops = args.worker
         return worker(variant, int(steps), sock, int(ops))
-    if shutil.which("valgrind") is None:
+    if args.ops_worker:
+        variant, short, long_, sock, ops, gap = args.ops_worker
+        return ops_worker(variant, int(short), int(long_), sock, int(ops), float(gap))
+    if shutil.which("valgrind") is None and not args.python_ops:
         print("hook_instructions.py: skipped: valgrind is not installed "
               "(apt-get install valgrind)")
         return 0
@@ -152,6 +299,13 @@ def main():
     os.environ["OFFLOADD_BIN"] = os.path.join(os.path.abspath(args.bin), "offloadd")
     sys.path.insert(0, os.path.join(REPO, "client", "python", "tests"))
     from daemon_fixture import Daemon
+    if args.python_ops:
+        daemon = Daemon(pool_bytes="256MiB", extra=("--backend", "cuda-sim"))
+        try:
+            python_ops(variants, args, daemon.sock)
+        finally:
+            daemon.stop()
+        return 0
     print("== hook instructions per saved tensor (bench/hook_instructions.py, cachegrind); "
           "%s; %d CPUs; steps %d and %d of %d tensors" % (
               time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.cpu_count(), args.short,
