@@ -56,6 +56,15 @@ repetition, so that no variant always follows the same one):
                process; only for a revision whose store calls today's C module as today's
                does (not before the reload in C, main at 6bbddff: the C unpack calls
                Store._reload_finish and _reload_raised)
+  native-floor-simdev, native-floor-nulldev  the native floor, each hook call first making
+               the simulated device's calls an OffloadLane makes for one offload (the device's
+               context, adopt, the current stream, an event record, the pointer's description)
+               or one reload (the reload stream, the destination's allocation, an event record,
+               the done event's seq, the current stream's wait, record_stream), from a small
+               Python wrapper; nulldev makes the same calls to a stand-in whose methods return
+               at once. Their client figures differ only by what the simulated device's work,
+               its CPU taken out, still costs the code around it (its code and objects passing
+               through the caches): how much the simulator inflates a cuda-sim client figure
   native-front the native floor whose pack first reads, through the Python C API, what a
                store's pack must know of the tensor (tensor-attrs' reads: type, base, autograd
                flags, layout, device, dtype, shape, strides, storage offset, contiguity) and
@@ -123,6 +132,7 @@ printed as met / not met, never asserted.
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import queue
@@ -133,6 +143,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import warnings
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -146,7 +157,7 @@ SYNCHRONIZED = ("cuda-sim", "cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyho
 VARIANTS = ("noop", "tensor-attrs", "store-front", "store-front@REV", "sidestream", "cuda-sim",
             "cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook", "cuda-sim-pyreload",
             "cuda-sim@REV", "shm",
-            "native-floor", "native-front")
+            "native-floor", "native-front", "native-floor-simdev", "native-floor-nulldev")
 PY_PATHS = ("cuda-sim-pyring", "cuda-sim-pylane", "cuda-sim-pyhook",
             "cuda-sim-pyreload")  # cuda-sim, some C paths off
 
@@ -483,6 +494,87 @@ class python_ring_paths:
             self.saved = None
 
 
+class DeviceCalls:
+    """Wraps a hook pair so that each call first makes, on ``dev``, the device calls of an
+    OffloadLane's offload (pack) or reload (unpack): store_offload.c and store_reload.c. With a
+    SimCudaDevice those are the simulated device's (counted as its share); with NullDevice
+    they return at once. The reload destinations are kept until ``after_step`` (untimed), as
+    a step's reloaded tensors live until backward used them."""
+
+    def __init__(self, dev, xs, pack, unpack):
+        self.dev, self.xs, self.i, self.dests = dev, xs, 0, []
+        self.ev_offload, self.ev_ready, self.ev_done = (dev.new_event() for _ in range(3))
+        x = xs[0]
+        self.meta = types.SimpleNamespace(shape=tuple(x.shape), stride=tuple(x.stride()),
+                                          dtype=x.dtype)
+        self.inner_pack, self.inner_unpack = pack, unpack
+
+    def pack(self, t):
+        d, x = self.dev, self.xs[self.i % len(self.xs)]
+        self.i += 1
+        with d.context(0):
+            src = d.adopt(x)
+            d.record(self.ev_offload, d.current_stream(0))
+            d.describe(src.data_ptr())
+        return self.inner_pack(t)
+
+    def unpack(self, handle):
+        d = self.dev
+        with d.context(0):
+            stream = d.reload_stream(0)
+            dest = d.empty_on(self.meta, stream)
+            d.record(self.ev_ready, stream)
+            seq = d.event_seq(self.ev_done)
+            current = d.current_stream(0)
+            d.wait(current, self.ev_done, seq)
+            d.record_stream(dest, current)
+        self.dests.append(dest)
+        return self.inner_unpack(handle)
+
+    def after_step(self):
+        self.dests.clear()
+
+
+class NullDevice:
+    """SimCudaDevice's methods that DeviceCalls calls, each returning at once."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def new_event(self):
+        return object()
+
+    def context(self, device):
+        return contextlib.nullcontext()
+
+    def adopt(self, t):
+        return t
+
+    def record(self, ev, stream):
+        return None
+
+    def current_stream(self, device):
+        return None
+
+    def describe(self, ptr):
+        return None
+
+    def reload_stream(self, device):
+        return None
+
+    def empty_on(self, meta, stream):
+        return self.x
+
+    def event_seq(self, ev):
+        return 0
+
+    def wait(self, stream, ev, expect_seq=None):
+        return None
+
+    def record_stream(self, t, stream):
+        return None
+
+
 def worker(args):
     import torch
     torch.set_num_threads(1)
@@ -537,7 +629,7 @@ def worker(args):
     # store-front's steps send nothing by design: its idle-step warning says nothing here.
     warnings.filterwarnings("ignore", message="offloadd: offload is on but",
                             category=RuntimeWarning)
-    timed, socks, raw, tensors, counters = {}, {}, {}, {}, {}
+    timed, socks, raw, tensors, counters, after_step = {}, {}, {}, {}, {}, {}
     for v in variants:
         pack, unpack, sock = hooks_for(v)
         timed[v] = Timed(pack, unpack, gpu)
@@ -556,12 +648,20 @@ def worker(args):
         timed["native-front"] = Timed(floor[5], floor[1], gpu)
         raw["native-front"], tensors["native-front"] = (floor[5], floor[1]), floor[2]
         socks["native-front"], counters["native-front"] = None, floor[3]
+        for v, dev in (("native-floor-simdev", sim_gpu.SimCudaDevice(gpu, 0)),
+                       ("native-floor-nulldev", NullDevice(xs[0]))):
+            calls = DeviceCalls(dev, xs, floor[0], floor[1])
+            variants.append(v)
+            timed[v] = Timed(calls.pack, calls.unpack, gpu)
+            raw[v], tensors[v] = (calls.pack, calls.unpack), floor[2]
+            socks[v], counters[v], after_step[v] = None, floor[3], calls.after_step
 
     daemon_pid = {"cuda-sim": sim_d.proc.pid, "shm": shm_d.proc.pid,
                   "cuda-sim-pyring": sim_d.proc.pid, "cuda-sim-pylane": sim_d.proc.pid,
                   "cuda-sim-pyhook": sim_d.proc.pid, "cuda-sim-pyreload": sim_d.proc.pid,
                   "cuda-sim@REV": sim_d.proc.pid,
-                  "native-floor": shm_d.proc.pid, "native-front": shm_d.proc.pid}
+                  "native-floor": shm_d.proc.pid, "native-front": shm_d.proc.pid,
+                  "native-floor-simdev": shm_d.proc.pid, "native-floor-nulldev": shm_d.proc.pid}
 
     def daemon_cpu_ns(v):
         pid = daemon_pid.get(v)
@@ -619,6 +719,8 @@ def worker(args):
             groups.update(thread_groups())
             if v in SYNCHRONIZED:
                 ot.synchronize(5.0)  # the step's releases, outside its timing
+            if v in after_step:
+                after_step[v]()  # the reload destinations it kept, outside its timing
             if rep < args.warmup:
                 continue
             per_group = collections.Counter()
@@ -651,6 +753,8 @@ def worker(args):
             step(v, counted)
             if v in SYNCHRONIZED:
                 ot.synchronize(5.0)
+            if v in after_step:
+                after_step[v]()
         calls[v] = counted.per_call()
         if v in args.count_detail_list:
             calls[v]["hook_calls"] = counted.hook_calls
@@ -923,6 +1027,14 @@ def main():
                       "unpack (client figures), median [quartiles] (95 %% CI of the median) "
                       "us: %s" % (other, " / ".join("%.1f [%.1f, %.1f] (%.1f..%.1f)" % q
                                                     for q in summary[key])))
+        key = "paired_simdev_minus_nulldev_us"
+        summary[key] = paired_difference(out["rows"], "native-floor-simdev",
+                                         "native-floor-nulldev")
+        if summary[key]:
+            print("  paired per repetition, native-floor-simdev minus native-floor-nulldev "
+                  "(what the simulated device's work costs the code around it, its CPU taken "
+                  "out), per pack / unpack, median [quartiles] (95 %% CI of the median) us: %s"
+                  % " / ".join("%.1f [%.1f, %.1f] (%.1f..%.1f)" % q for q in summary[key]))
         for line in out["skipped"]:
             print("  " + line)
     if args.json:
