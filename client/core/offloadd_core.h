@@ -74,7 +74,8 @@ int offloadd_ring_poll(offloadd_ring* ring, uint64_t request_id, offloadd_comple
 int offloadd_ring_wait(offloadd_ring* ring, uint64_t request_id, double timeout_seconds,
                        offloadd_completion* out);
 /* Up to `max` (and at most 64) answers of any requests into out[0..n) (taken from the core, in
- * no particular order; call again while it returns a full batch), sleeping up to timeout_seconds (0: not at all; < 0: no limit) for the first. Returns
+ * no particular order; call again while it returns a full batch), sleeping up to
+ * timeout_seconds (0: not at all; < 0: no limit) for the first. Returns
  * n (0: none within the timeout), or OFFLOADD_CLOSED when none was there and the ring closed.
  * For a caller that owns every request of the ring: one call takes every answer that arrived,
  * instead of a poll per pending id. */

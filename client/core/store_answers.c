@@ -422,7 +422,7 @@ static int take_one(PyObject* a, PyObject* ops, PyObject* confirmed) {
   return r;
 }
 
-/* ---- a reload's outcome made ------------------------------------------------------------------ */
+/* ---- a reload's outcome made ----------------------------------------------------------------- */
 PyObject* answers_reload_outcome(PyObject* client) {
   if (!g.bound) {
     PyErr_SetString(PyExc_RuntimeError, "offloadd._store_front: bind_answers() first");

@@ -14,8 +14,9 @@
  *   Saved(store, seq, t)  a handle of tensor ``t`` (a torch.Tensor): the fields below, filed in
  *          no table (tests). Its attributes: store; seq, offset, step (ints: its number in the
  *          store, its position in its step, its step's index); version (t._version at the
- *          pack); state (int, SavedState); tensor (t), src (weakref to t), ep, op, block_id, reload,
- *          result, counts, modified, sent_version, reloading, pin (objects, None when unset);
+ *          pack); state (int, SavedState); tensor (t), src (weakref to t), ep, op, block_id,
+ *          reload, result, counts, modified, sent_version, reloading, pin (objects, None when
+ *          unset);
  *          unpacked, dead, served, prefetch_kept (bools); and t's layout as Meta had it: shape
  *          (torch.Size), stride (tuple of ints), dtype, device, numel, nbytes (ints, bytes),
  *          checksum (None, or what a simulated device set); meta (the handle itself).

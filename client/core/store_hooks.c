@@ -36,9 +36,10 @@
  * yet, and under the store's lock it is OFFLOADED, of this process's endpoint and not being
  * reloaded: marked unpacked and its reload claimed there, its reload done (store_unpack.c: in
  * C on the usual path, else ``store._reload_claimed(s)``), and the claim let go under the lock
- * (the threads waiting for it woken through ``store._reloaded``) whatever that raised; an interrupt while waiting for the lock to let
- * it go is raised after the claim went. ``_AGAIN`` from it: ``store.unpack(s)``. A result
- * already there is returned. Anything else is ``store._unpack_saved(s, pumped=True)``.
+ * (the threads waiting for it woken through ``store._reloaded``) whatever that raised; an
+ * interrupt while waiting for the lock to let it go is raised after the claim went.
+ * ``_AGAIN`` from it: ``store.unpack(s)``. A result already there is returned. Anything else
+ * is ``store._unpack_saved(s, pumped=True)``.
  *
  * What any of these raises propagates, as from the Python methods. The store's Python is
  * called through its attributes (an instance attribute replacing a method is what runs). */
@@ -54,7 +55,8 @@ typedef struct {
 } Hooks;
 
 static PyObject *h_front, *h_pump, *h_async_error, *h_thread, *h_step, *h_unpacked,
-    *h_foreign_unpacks, *h_store_foreign_unpacks, *h_unpacking, *h_pin_memory, *h_can_pin, *h_threshold_bytes, *h_left,
+    *h_foreign_unpacks, *h_store_foreign_unpacks, *h_unpacking, *h_pin_memory, *h_can_pin,
+    *h_threshold_bytes, *h_left,
     *h_packs, *h_eligible, *h_device, *h_keep_last_n, *h_lanes, *h_offload, *h_pack,
     *h_lane_offload, *h_unpack, *h_unpack_left, *h_unpack_saved, *h_again,
     *h_waited, *h_reloaded, *h_notify_all, *h_prefetch, *h_recoverable, *h_dict;
@@ -95,7 +97,7 @@ static int pump(Hooks* h) {
   return r != NULL;
 }
 
-/* ---- the checks before the front's pack ------------------------------------------------------- */
+/* ---- the checks before the front's pack ------------------------------------------------------ */
 /* This thread's open step (a new reference): NULL with no error when Store.pack must decide. */
 static PyObject* open_step(PyObject* store) {
   PyObject* local = PyObject_GetAttr(store, h_thread);
