@@ -9,21 +9,25 @@
  *   TensorCounts()  all zero. Its fields, readable and writable attributes: offloaded,
  *          offloaded_bytes, reloaded, reloaded_bytes, prefetched_in_time,
  *          prefetched_in_time_bytes, waited, waited_bytes (ints: tensors, bytes; 64-bit
- *          signed, OverflowError past that), waited_seconds (float, seconds). FIELDS (class
- *          attribute) is the tuple of their names, in that order.
- *     add_offloaded(nbytes)  one tensor of nbytes (int) stored by the daemon.
- *     add_reloaded(nbytes, in_time, waited_seconds)  one tensor of nbytes reloaded: prefetched
- *          in time when in_time is true, else waited for, waited_seconds (float) on the
- *          training thread. TypeError (and nothing counted) for arguments of other types.
+ *          signed), waited_seconds (float, seconds). FIELDS (class attribute) is the tuple of
+ *          their names, in that order.
+ *     add_offloaded(nbytes)  one tensor of nbytes (int >= 0) stored by the daemon.
+ *     add_reloaded(nbytes, in_time, waited_seconds)  one tensor of nbytes (int >= 0)
+ *          reloaded: prefetched in time when in_time is true, else waited for, waited_seconds
+ *          (float >= 0) on the training thread.
+ *          Both: TypeError for arguments of other types, ValueError for negative or NaN ones,
+ *          OverflowError when a field would pass 2**63 - 1; nothing is counted then.
  *     counts() -> tuple of the fields' values, in FIELDS' order, read at one instant.
  *     reset_counts()  every field zero at one instant.
- * Every method runs under the GIL without releasing it or calling Python code, so each add is
+ * The arguments are converted first (which may call their __index__ or __bool__); the adds
+ * themselves run under the GIL without releasing it or calling Python code, so each add is
  * seen whole or not at all by every other thread and by counts(); no lock is needed.
  *
  * The C callers count through counts_add_offloaded / counts_add_reloaded, which add to the
  * fields directly when the statistics object is a TensorCounts whose type did not replace the
- * method (a subclass's override, or a replacement patched on the class, is called instead;
- * so is the method of any other object). */
+ * method and whose instances have no __dict__. Otherwise they call the object's method, so a
+ * subclass's override, a replacement patched on the class or on an instance, and any other
+ * object's method run as they would from Python. */
 #include "client/core/store_front.h"
 
 #include "structmember.h"
@@ -43,22 +47,45 @@ PyTypeObject* CountsType;
 static PyObject *c_add_offloaded, *c_add_reloaded;          /* the names */
 static PyObject *c_offloaded_method, *c_reloaded_method;    /* TensorCounts' own methods */
 
-static void add_offloaded(Counts* c, long long nbytes) {
-  c->n[C_OFFLOADED] += 1;
-  c->n[C_OFFLOADED_BYTES] += nbytes;
+/* Adds one tensor of nbytes to the fields `count` and `bytes`, all or nothing: 1, or 0 with
+ * OverflowError set. */
+static int add_one(Counts* c, int count, int bytes, long long nbytes) {
+  long long n, b;
+  if (__builtin_add_overflow(c->n[count], 1, &n) ||
+      __builtin_add_overflow(c->n[bytes], nbytes, &b)) {
+    PyErr_SetString(PyExc_OverflowError, "offloadd statistics: a count passed 2**63 - 1; "
+                                         "reset() the statistics");
+    return 0;
+  }
+  c->n[count] = n;
+  c->n[bytes] = b;
+  return 1;
 }
 
-static void add_reloaded(Counts* c, long long nbytes, int in_time, double waited_seconds) {
-  c->n[C_RELOADED] += 1;
-  c->n[C_RELOADED_BYTES] += nbytes;
-  if (in_time) {
-    c->n[C_PREFETCHED_IN_TIME] += 1;
-    c->n[C_PREFETCHED_IN_TIME_BYTES] += nbytes;
-  } else {
-    c->n[C_WAITED] += 1;
-    c->n[C_WAITED_BYTES] += nbytes;
-    c->waited_seconds += waited_seconds;
+static int add_offloaded(Counts* c, long long nbytes) {
+  return add_one(c, C_OFFLOADED, C_OFFLOADED_BYTES, nbytes);
+}
+
+static int add_reloaded(Counts* c, long long nbytes, int in_time, double waited_seconds) {
+  long long was[2] = {c->n[C_RELOADED], c->n[C_RELOADED_BYTES]}; /* undone on an overflow */
+  if (!add_one(c, C_RELOADED, C_RELOADED_BYTES, nbytes)) return 0;
+  int ok = in_time ? add_one(c, C_PREFETCHED_IN_TIME, C_PREFETCHED_IN_TIME_BYTES, nbytes)
+                   : add_one(c, C_WAITED, C_WAITED_BYTES, nbytes);
+  if (!ok) {
+    c->n[C_RELOADED] = was[0];
+    c->n[C_RELOADED_BYTES] = was[1];
+    return 0;
   }
+  if (!in_time) c->waited_seconds += waited_seconds;
+  return 1;
+}
+
+/* nbytes (an int >= 0), else -1 with an error set. */
+static long long nbytes_of(PyObject* o) {
+  long long n = PyLong_AsLongLong(o);
+  if (n < 0 && !PyErr_Occurred())
+    PyErr_SetString(PyExc_ValueError, "offloadd statistics: nbytes must be >= 0");
+  return n < 0 ? -1 : n;
 }
 
 static PyObject* counts_add_offloaded_method(PyObject* self, PyObject* const* args,
@@ -67,9 +94,8 @@ static PyObject* counts_add_offloaded_method(PyObject* self, PyObject* const* ar
     PyErr_SetString(PyExc_TypeError, "add_offloaded(nbytes) takes one int");
     return NULL;
   }
-  long long nbytes = PyLong_AsLongLong(args[0]);
-  if (nbytes == -1 && PyErr_Occurred()) return NULL;
-  add_offloaded((Counts*)self, nbytes);
+  long long nbytes = nbytes_of(args[0]);
+  if (nbytes < 0 || !add_offloaded((Counts*)self, nbytes)) return NULL;
   Py_RETURN_NONE;
 }
 
@@ -80,13 +106,17 @@ static PyObject* counts_add_reloaded_method(PyObject* self, PyObject* const* arg
                     "add_reloaded(nbytes, in_time, waited_seconds) takes three arguments");
     return NULL;
   }
-  long long nbytes = PyLong_AsLongLong(args[0]);
-  if (nbytes == -1 && PyErr_Occurred()) return NULL;
+  long long nbytes = nbytes_of(args[0]);
+  if (nbytes < 0) return NULL;
   int in_time = PyObject_IsTrue(args[1]);
   if (in_time < 0) return NULL;
   double waited = PyFloat_AsDouble(args[2]);
   if (waited == -1.0 && PyErr_Occurred()) return NULL;
-  add_reloaded((Counts*)self, nbytes, in_time, waited);
+  if (!(waited >= 0.0)) { /* NaN too */
+    PyErr_SetString(PyExc_ValueError, "offloadd statistics: waited_seconds must be >= 0");
+    return NULL;
+  }
+  if (!add_reloaded((Counts*)self, nbytes, in_time, waited)) return NULL;
   Py_RETURN_NONE;
 }
 
@@ -116,20 +146,41 @@ static PyObject* counts_reset(PyObject* self, PyObject* unused) {
   Py_RETURN_NONE;
 }
 
-/* Whether `stats` counts here: a TensorCounts whose type's method `name` is still `own`. */
+/* The last type seen whose instances have no __dict__ (held, so that its address is not
+ * reused by another type while it is compared with). */
+static PyObject* dictless_type;
+
+/* Whether instances of `type` have no __dict__ (where an instance could replace a method). */
+static int without_dict(PyObject* type) {
+  if (type == dictless_type) return 1;
+  PyObject* offset = PyObject_GetAttrString(type, "__dictoffset__");
+  long long at = offset ? PyLong_AsLongLong(offset) : -1;
+  Py_XDECREF(offset);
+  if (at != 0) {
+    PyErr_Clear();
+    return 0;
+  }
+  PyObject* old = dictless_type;
+  Py_INCREF(type);
+  dictless_type = type;
+  Py_XDECREF(old);
+  return 1;
+}
+
+/* Whether `stats` counts here: a TensorCounts without an instance __dict__ whose type's method
+ * `name` is still `own`. */
 static int counted_here(PyObject* stats, PyObject* name, PyObject* own) {
-  if (!PyObject_TypeCheck(stats, CountsType)) return 0;
-  PyObject* found = PyObject_GetAttr((PyObject*)Py_TYPE(stats), name);
+  PyObject* type = (PyObject*)Py_TYPE(stats);
+  if (!PyObject_TypeCheck(stats, CountsType) || !without_dict(type)) return 0;
+  PyObject* found = PyObject_GetAttr(type, name);
   Py_XDECREF(found); /* compared by identity only: the type holds it */
   if (found == NULL) PyErr_Clear();
   return found == own;
 }
 
 int counts_add_offloaded(PyObject* stats, long long nbytes) {
-  if (counted_here(stats, c_add_offloaded, c_offloaded_method)) {
-    add_offloaded((Counts*)stats, nbytes);
-    return 1;
-  }
+  if (counted_here(stats, c_add_offloaded, c_offloaded_method))
+    return add_offloaded((Counts*)stats, nbytes);
   PyObject* n = PyLong_FromLongLong(nbytes);
   PyObject* r = n ? PyObject_CallMethodObjArgs(stats, c_add_offloaded, n, NULL) : NULL;
   Py_XDECREF(n);
@@ -138,10 +189,8 @@ int counts_add_offloaded(PyObject* stats, long long nbytes) {
 }
 
 int counts_add_reloaded(PyObject* stats, long long nbytes, int in_time, double waited_seconds) {
-  if (counted_here(stats, c_add_reloaded, c_reloaded_method)) {
-    add_reloaded((Counts*)stats, nbytes, in_time, waited_seconds);
-    return 1;
-  }
+  if (counted_here(stats, c_add_reloaded, c_reloaded_method))
+    return add_reloaded((Counts*)stats, nbytes, in_time, waited_seconds);
   PyObject* n = PyLong_FromLongLong(nbytes);
   PyObject* secs = n ? PyFloat_FromDouble(waited_seconds) : NULL;
   PyObject* r = secs ? PyObject_CallMethodObjArgs(stats, c_add_reloaded, n,

@@ -535,6 +535,38 @@ class OffloadStatsCountsTest(unittest.TestCase):
                 call()
         self.assertEqual(set(s.as_dict().values()), {0})
 
+    def test_an_add_past_64_bits_or_of_negative_bytes_raises_and_counts_nothing(self):
+        s = ot.OffloadStats()
+        s.add_offloaded(2 ** 62)
+        with self.assertRaisesRegex(OverflowError, "reset"):
+            s.add_offloaded(2 ** 62)
+        s.add_reloaded(2 ** 62, True, 0.0)
+        with self.assertRaises(OverflowError):  # reloaded_bytes fits, prefetched's does not
+            s.add_reloaded(2 ** 62, True, 0.0)
+        for call in (lambda: s.add_offloaded(-1), lambda: s.add_reloaded(-1, True, 0.0),
+                     lambda: s.add_reloaded(1, False, float("nan")),
+                     lambda: s.add_reloaded(1, False, -0.5)):
+            with self.assertRaises(ValueError):
+                call()
+        d = s.as_dict()
+        self.assertEqual((d["offloaded"], d["offloaded_bytes"], d["reloaded"],
+                          d["reloaded_bytes"], d["prefetched_in_time"], d["waited"],
+                          d["waited_seconds"]), (1, 2 ** 62, 1, 2 ** 62, 1, 0, 0.0))
+
+    def test_copies_and_pickles_are_snapshots(self):
+        import copy
+        import pickle
+        s = ot.OffloadStats("layers")
+        s.add_offloaded(5)
+        s.add_reloaded(5, False, 0.25)
+        s.add(kept=3)
+        for made in (copy.copy(s), copy.deepcopy(s), pickle.loads(pickle.dumps(s))):
+            self.assertIsInstance(made, ot.OffloadStats)
+            self.assertEqual((made.name, made.as_dict()), ("layers", s.as_dict()))
+            made.add_offloaded(1)
+            made.add(kept=1)
+            self.assertEqual((s.offloaded, s.kept), (1, 3))  # not shared with the original
+
     def test_adds_on_threads_are_all_counted_and_seen_whole(self):
         import threading
         s, n, threads, torn = ot.OffloadStats(), 20000, 3, []

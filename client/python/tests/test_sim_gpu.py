@@ -740,6 +740,44 @@ class SimUnpackReloadInCTest(SimDaemonTestCase):
             self.assertTrue(torch.equal(t.cpu(), x.cpu()))
         self.assertEqual(ctx.stats.snapshot().prefetched_in_time, 3)
 
+    def test_counts_replaced_by_a_subclass_or_on_an_instance_are_called_by_the_c_paths(self):
+        """The answers and the reload in C add to OffloadStats' C fields directly, unless the
+        statistics' class overrides the method, or an instance (of a class with a __dict__)
+        replaced it: then that runs, as from Python."""
+        class Overriding(ot.OffloadStats):
+            __slots__ = ()
+            seen = []
+
+            def add_offloaded(self, nbytes):
+                Overriding.seen.append(("offloaded", nbytes))
+                super().add_offloaded(nbytes)
+
+        class WithDict(ot.OffloadStats):
+            pass
+        for kind in ("subclass", "instance"):
+            with self.subTest(kind):
+                ctx = ot.offload_checkpoints(threshold_bytes=1 << 16, keep_last_n=0,
+                                             prefetch=1, socket_path=self.daemon.sock)
+                seen = Overriding.seen = []
+                stats = Overriding() if kind == "subclass" else WithDict()
+                if kind == "instance":
+                    def add_reloaded(nbytes, in_time, waited, real=stats.add_reloaded):
+                        seen.append(("reloaded", nbytes))
+                        real(nbytes, in_time, waited)
+                    stats.add_reloaded = add_reloaded
+                ctx.store.stats = stats
+                xs = [self.gpu.empty_strided((1 << 16,), (1,), torch.float32) for _ in range(3)]
+                handles = [ctx.pack_hook(x) for x in xs]
+                self.assertTrue(ot.synchronize())
+                got = self.unpack_in_reverse(ctx, handles)
+                for t, x in zip(got, reversed(xs)):
+                    self.assertTrue(torch.equal(t.cpu(), x.cpu()))
+                want = "offloaded" if kind == "subclass" else "reloaded"
+                self.assertEqual(seen, [(want, 1 << 18)] * 3)
+                self.assertEqual((stats.offloaded, stats.reloaded, stats.offloaded_bytes),
+                                 (3, 3, 3 << 18))
+                self.assertTrue(ot.synchronize())
+
     def test_a_count_that_raises_leaves_the_tensor_for_the_next_unpack(self):
         for hooks_in_c in (True, False):
             with self.subTest(hooks_in_c=hooks_in_c), \

@@ -141,10 +141,11 @@ class OffloadStats(_TensorCounts):
 
     def snapshot(self) -> OffloadStats:
         """A consistent copy."""
-        s = OffloadStats(self.name)
-        for f, v in self._values().items():
-            setattr(s, f, v)
-        return s
+        return _restored(self.name, self._values())
+
+    def __reduce__(self):
+        """copy.copy, copy.deepcopy and pickle take a snapshot (the name and every field)."""
+        return (_restored, (self.name, self._values()))
 
     def reset(self) -> None:
         self.reset_counts()
@@ -188,3 +189,11 @@ class OffloadStats(_TensorCounts):
         without a name writes "offloadd: <summary>" (the shared context is named "default")."""
         label = "offloadd[%s]" % self.name if self.name else "offloadd"
         (stream or sys.stderr).write("%s: %s\n" % (label, self.summary()))
+
+
+def _restored(name: str, values: Dict[str, Union[int, float]]) -> OffloadStats:
+    """An OffloadStats named ``name`` with these field values (snapshot, copy, pickle)."""
+    s = OffloadStats(name)
+    for f, v in values.items():
+        setattr(s, f, v)
+    return s
