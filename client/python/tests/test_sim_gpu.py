@@ -395,6 +395,34 @@ class SimEventProtocolTest(SimDaemonTestCase):
         self.assertTrue(torch.equal(out, t))
         self.assertNoViolations()
 
+    def test_an_interrupt_after_serving_a_tensor_in_flight_leaves_it_for_the_next_unpack(self):
+        """A tensor served from the device while its offload copies is the handle's result
+        from the moment it is marked served: an interrupt in the prefetch after it (a signal
+        handler raising) leaves it there, rather than a handle with no tensor and, once its
+        offload ends, no block."""
+        from offloadd.torch._store import Store
+        store = Store(name="served", threshold_bytes=4096, keep_last_n=0, prefetch=1,
+                      strict=True, socket_path=self.daemon.sock)
+        self.gpu.current_stream(0).kernel(0.3)  # the offloads wait for this producer
+        ha = store.pack(torch.full((MIB,), 1.0))
+        hb = store.pack(torch.full((MIB,), 2.0))
+        real = Store._prefetch_before
+
+        def interrupted(self, s):
+            raise KeyboardInterrupt("a signal handler raised")
+        with mock.patch.object(Store, "_prefetch_before", interrupted):
+            with self.assertRaises(KeyboardInterrupt):
+                store.unpack(hb)
+        self.assertIs(Store._prefetch_before, real)
+        self.assertTrue(ot.synchronize())  # both offloads ended: b's block was not needed
+        tb = store.unpack(hb)
+        self.assertTrue(torch.equal(tb, torch.full((MIB,), 2.0)))
+        self.assertTrue(torch.equal(store.unpack(ha), torch.full((MIB,), 1.0)))
+        st = store.stats.snapshot()
+        self.assertEqual((st.offloaded, st.served_in_flight, st.reloaded), (2, 1, 1))
+        del tb, ha, hb
+        self.assertTrue(ot.synchronize())
+
     def test_a_prefetch_of_a_tensor_still_offloading_keeps_it_on_the_device_instead_of_a_reload(self):
         from offloadd.torch._store import Store
         store = Store(name="keep", threshold_bytes=4096, keep_last_n=0, prefetch=1, strict=True,

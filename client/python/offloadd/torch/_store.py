@@ -787,13 +787,14 @@ class Store:
             t = s.ep.transport.in_flight_tensor(s.op)
             if t is None:
                 return None
-            s.served = True
+            # kept with the mark: an error or interrupt below must not leave a served handle
+            # without its tensor (its offload's end then drops the block as not needed)
+            s.served, s.result = True, t
             rl, s.reload = s.reload, None
+        self.stats.add(served_in_flight=1, served_in_flight_bytes=s.meta.nbytes)
         if rl is not None:  # a prefetch waiting for OffloadDone: never sent
             s.ep.transport.abandon_reload(rl)
         self._prefetch_before(s)
-        self.stats.add(served_in_flight=1, served_in_flight_bytes=s.meta.nbytes)
-        s.result = t
         return t
 
     def _reload_failed(self, s, why, unresponsive):
