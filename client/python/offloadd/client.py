@@ -249,6 +249,9 @@ class _Conn:
             self.channel.close()
             raise errors.DaemonUnavailable(_socket_path.no_answer_reason(
                 client.socket_path, client.target, connect_timeout_seconds)) from None
+        except BaseException:  # an interrupt: the channel and its threads go
+            self.channel.close()
+            raise
         self.stub = pb_grpc.OffloadStub(self.channel)
 
     def start(self):
@@ -797,9 +800,9 @@ class Client:
                          resume_token=token)
         if ring is not None:
             hello.ring.fd = ring.fd
-        hello = self._submit(pb.Request(hello=hello), conn=conn)
-        conn.start()
-        try:
+        try:  # whatever is raised from here on (an interrupt too) closes the connection
+            hello = self._submit(pb.Request(hello=hello), conn=conn)
+            conn.start()
             return conn, hello.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             conn.close(0.5)

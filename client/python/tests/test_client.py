@@ -161,6 +161,32 @@ class ClientTest(DaemonTestCase):
         self.assertEqual(self.client.get_stats().blocks, 0)
 
 
+class InterruptedConnectTest(DaemonTestCase):
+    """An interrupt (a signal handler raising) while a Client connects closes what it opened:
+    the daemon's session ends and no reader thread is left."""
+
+    def test_an_interrupt_as_the_stream_starts_ends_the_session(self):
+        from unittest import mock
+        real = client_module._Conn.start
+
+        def start_then_interrupt(conn):
+            real(conn)
+            raise KeyboardInterrupt("a signal handler raised")
+        readers = lambda: sum(t.name == "offloadd-reader" for t in threading.enumerate())  # noqa
+        before = readers()
+        with mock.patch.object(client_module._Conn, "start", start_then_interrupt):
+            with self.assertRaises(KeyboardInterrupt):
+                Client(socket_path=self.daemon.sock, client_name="interrupted")
+        deadline = time.monotonic() + 10
+        while (self.daemon.stats().sessions_open or readers() > before) and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.assertEqual((self.daemon.stats().sessions_open, readers()), (0, before))
+        c = Client(socket_path=self.daemon.sock, client_name="after")  # the daemon serves on
+        self.assertEqual(self.daemon.stats().sessions_open, 1)
+        c.close()
+
+
 class StreamClientTest(ClientTest):
     """The same on the stream alone (ring=False)."""
 
