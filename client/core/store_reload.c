@@ -111,12 +111,11 @@ static int attach(Lane* self, Saved* s, Reloading* x) {
   return lane_unlock(lock) ? r : -1;
 }
 
-/* CudaIpcTransport.send_reload: the op marked sent, the done event's record count noted, the
- * request on the ring, or through Client.reload when the ring does not take it at once. */
-static int send(Lane* self, Reloading* x) {
-  if (PyObject_SetAttr(x->op, n_sent, Py_True) < 0 ||
-      PyObject_SetAttr(x->op, n_release_after, Py_True) < 0)
-    return -1;
+/* CudaIpcTransport.send_reload: the done event's record count noted, the op marked sent, the
+ * request on the ring, or through Client.reload when the ring does not take it at once.
+ * *marked: whether the op was marked sent before what failed (an op not marked never went
+ * out). */
+static int send(Lane* self, Reloading* x, int* marked) {
   PyObject* seq = PyObject_CallFunctionObjArgs(self->event_seq, x->done, NULL);
   if (seq == NULL) return -1;
   if (seq != Py_None) {
@@ -131,6 +130,10 @@ static int send(Lane* self, Reloading* x) {
     }
   }
   Py_DECREF(seq);
+  if (PyObject_SetAttr(x->op, n_release_after, Py_True) < 0 ||
+      PyObject_SetAttr(x->op, n_sent, Py_True) < 0)
+    return -1;
+  *marked = 1; /* from here on the request may be out: the op stays the handle's */
   PyObject* outcome = PyObject_GetAttr(x->op, n_done_outcome);
   PyObject* ready = outcome ? PyObject_GetAttr(x->ready, n_handle) : NULL;
   PyObject* done = ready ? PyObject_GetAttr(x->done, n_handle) : NULL;
@@ -164,6 +167,32 @@ static int send(Lane* self, Reloading* x) {
   return sent != NULL ? 1 : -1;
 }
 
+/* A reload attached but never sent (what failed came before it was marked sent): the handle
+ * lets it go under the store's lock and its events go back to the pool; the error raised is
+ * kept (an error of the lock replaces it). */
+static void detach(Lane* self, Saved* s, Reloading* x) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  lane_give_back_event(self, x->ready);
+  lane_give_back_event(self, x->done);
+  PyObject* lock = lane_lock(s->store);
+  PyObject* old = NULL;
+  if (lock != NULL && s->reload == x->op) {
+    old = s->reload;
+    Py_INCREF(Py_None);
+    s->reload = Py_None;
+  }
+  int ok = lock != NULL && lane_unlock(lock);
+  Py_XDECREF(old); /* x still holds the op: no code runs */
+  if (ok) {
+    PyErr_Restore(type, value, tb);
+  } else {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+  }
+}
+
 static PyObject* reload_saved(Lane* self, Saved* s, Reloading* x) {
   int r = offloaded(self, s) ? lane_ready(self) : 0;
   if (r == 1) r = lane_in_context(self, s->device, prepare_in_context, s, x);
@@ -176,7 +205,11 @@ static PyObject* reload_saved(Lane* self, Saved* s, Reloading* x) {
     if (r < 0) return NULL;
     Py_RETURN_NONE;
   }
-  if (send(self, x) < 0) return NULL; /* the handle keeps the reload, as Python's path does */
+  int marked = 0;
+  if (send(self, x, &marked) < 0) {
+    if (!marked) detach(self, s, x); /* the next unpack reloads it again */
+    return NULL; /* a reload marked sent stays the handle's, as on Python's path */
+  }
   Py_INCREF(x->op);
   return x->op;
 }

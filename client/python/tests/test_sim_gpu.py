@@ -768,6 +768,33 @@ class SimUnpackReloadInCTest(SimDaemonTestCase):
             self.assertTrue(torch.equal(t.cpu(), x.cpu()))
         self.assertEqual(ctx.stats.snapshot().prefetched_in_time, 3)
 
+    def test_a_reload_interrupted_before_it_went_out_is_let_go_and_made_again(self):
+        """An interrupt (a signal handler raising) in the device call just before a reload's
+        request is sent -- the URGENT reload's in Python, or the prefetch's in the lane's C --
+        leaves no reload attached to the handle that would never be answered: the next unpack
+        reloads it at once."""
+        for interrupted_call in (1, 2):  # 1: the URGENT reload's send, 2: the prefetch's
+            real, calls = sim_gpu.SimCudaDevice.event_seq, []
+
+            def event_seq(dev, ev):  # the lanes read the method when made: patched before
+                if calls:
+                    calls[0] += 1
+                    if calls[0] == interrupted_call:
+                        raise KeyboardInterrupt("a signal handler raised")
+                return real(dev, ev)
+            with self.subTest(call=interrupted_call), \
+                    mock.patch.object(sim_gpu.SimCudaDevice, "event_seq", event_seq):
+                ctx, xs, handles = self.packed(n=3)
+                calls.append(0)
+                with self.assertRaises(KeyboardInterrupt):
+                    ctx.unpack_hook(handles[2])
+                self.assertEqual([h.reload is None or h.reload.sent for h in handles],
+                                 [True] * 3)  # none attached that never went out
+                for i in (2, 1, 0):
+                    t = within_seconds(10, ctx.unpack_hook, handles[i])
+                    self.assertTrue(torch.equal(t.cpu(), xs[i].cpu()))
+                self.assertTrue(ot.synchronize())
+
     def test_counts_replaced_by_a_subclass_or_on_an_instance_are_called_by_the_c_paths(self):
         """The answers and the reload in C add to OffloadStats' C fields directly, unless the
         statistics' class overrides the method, or an instance (of a class with a __dict__)

@@ -890,7 +890,15 @@ class Store:
             ep.transport.abandon_reload(rl)
             return s.reload
         if send_now:
-            ep.transport.send_reload(rl, block_id, priority, release_after=True)
+            try:
+                ep.transport.send_reload(rl, block_id, priority, release_after=True)
+            except BaseException:  # an interrupt too: a reload never sent is let go
+                if not rl.sent:
+                    with self._lock:
+                        if s.reload is rl:
+                            s.reload = None
+                    ep.transport.abandon_reload(rl)
+                raise
         return rl
 
     def _prefetch_before(self, s):

@@ -371,10 +371,12 @@ class CudaIpcTransport:
                         done_event=done, client=self.client)
 
     def send_reload(self, op, block_id, priority, release_after=False):
-        """As ShmTransport.send_reload, with the event protocol's two events."""
-        op.sent, op.release_after = True, release_after
+        """As ShmTransport.send_reload, with the event protocol's two events. The op is
+        marked sent just before the request goes (the device call before it may raise: an op
+        not marked never went out)."""
         seq = self.dev.event_seq(op.done_event)
         op.done_seq = None if seq is None else seq + 1  # the daemon's record
+        op.sent, op.release_after = True, release_after
         self.client.reload(block_id, op.region_id, op.offset, priority,
                            release_after=release_after, ready_event=op.ready_event.handle,
                            done_event=op.done_event.handle, into=op.done)
