@@ -68,9 +68,13 @@ $BAZEL build -c opt //bench:native_floor_hooks.so >/dev/null 2>&1 || rc=1
 echo "-- the same with the daemons' timed ring polls off (every submission wakes the daemon)"
 .venv/bin/python bench/hook_overhead.py --bin "$BIN" --layouts split --ring-poll-seconds 0 \
   --json "$OUT/hook_overhead_no_poll.json" | tee "$OUT/hook_overhead_no_poll.txt" || rc=1
-echo "== the hooks' instructions and cache misses per saved tensor (cachegrind; bench/hook_instructions.py, ~15 min)"
+echo "== the hooks' instructions and cache misses per saved tensor (cachegrind; bench/hook_instructions.py, ~20 min)"
 .venv/bin/python bench/hook_instructions.py --bin "$BIN" --json "$OUT/hook_instructions.json" \
   | tee "$OUT/hook_instructions.txt" || rc=1
+echo "-- the Python a saved tensor runs, by where it lives (the simulated device, offloadd, torch)"
+.venv/bin/python bench/hook_instructions.py --bin "$BIN" --python-ops \
+  --variants noop,store-front,cuda-sim,cuda-sim-pyhook,cuda-sim-pyreload \
+  | tee "$OUT/hook_python_ops.txt" || rc=1
 
 echo "== GaLore projector refresh on the CPU backend (LAPACK, exact and randomized)"
 $BAZEL run -c opt //bench:projector_bench 2>/dev/null | tee "$OUT/projector_bench.txt" || rc=1
