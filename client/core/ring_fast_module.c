@@ -15,10 +15,17 @@
  *   reload(ring, block_id, tag, region_id, offset_bytes, priority, release_after,
  *          deadline_seconds, ready_event, done_event, timeout_seconds)   -> request id
  *   release(ring, block_id, tag, timeout_seconds)          -> request id
- *   drain(ring, max, timeout_seconds)   -> list of (request_id, kind, status_code, block_id,
- *          bytes, queued_seconds, copy_seconds, flags, message) tuples (message a str decoded
- *          from UTF-8 with errors replaced for an error answer, else ""), or None when the core
- *          returns < 0 (nothing there and the ring closed). max: 1..64.
+ *   drain(ring, max, timeout_seconds[, carry])   -> list of (request_id, kind, status_code,
+ *          block_id, bytes, queued_seconds, copy_seconds, flags, message) tuples (message a
+ *          str decoded from UTF-8 with errors replaced for an error answer, else ""), or None
+ *          when the core returns < 0 (nothing there and the ring closed). max: 1..64.
+ *          carry (a list, the ring's own: NativeRing keeps one) holds answers taken off the
+ *          ring that no caller received: when it is not empty, drain returns up to max of them
+ *          (the oldest first) without calling the core. Once answers are taken off the ring,
+ *          the signal handlers that became due meanwhile run (PyErr_CheckSignals: a signal that
+ *          came while the drain slept is handled here, not at the caller's next bytecode);
+ *          when one raises, the answers go to carry and drain raises what it raised, so that
+ *          the next drain returns them rather than them being lost with the interrupted call.
  *   bind_client(ring_op_type)   offloadd.client._RingOp, once per process (RuntimeError for
  *          another class later).
  *   submit(client, kind, args, op, target) -> op, or None
@@ -234,18 +241,51 @@ static PyObject* completion_tuple(const offloadd_completion* c) {
   return t;
 }
 
+/* Up to max answers carried over from a drain that raised (the oldest first), taken out of
+ * carry: a new list. */
+static PyObject* carried(PyObject* carry, uint64_t max) {
+  Py_ssize_t n = PyList_Size(carry);
+  if ((uint64_t)n > max) n = (Py_ssize_t)max;
+  PyObject* out = PyList_GetSlice(carry, 0, n);
+  if (out != NULL && PyList_SetSlice(carry, 0, n, NULL) < 0) Py_CLEAR(out);
+  return out;
+}
+
+/* The signal handlers due, run with the answers taken: the list, or NULL with what a handler
+ * raised, the answers then kept in carry (when there is one). */
+static PyObject* after_signals(PyObject* list, PyObject* carry) {
+  if (PyList_Size(list) == 0 || PyErr_CheckSignals() == 0) return list;
+  if (carry != NULL) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    Py_ssize_t end = PyList_Size(carry);
+    if (PyList_SetSlice(carry, end, end, list) < 0) {
+      PyErr_WriteUnraisable(carry); /* no memory: the answers are lost with the call */
+    }
+    PyErr_Restore(type, value, tb);
+  }
+  Py_DECREF(list);
+  return NULL;
+}
+
 static PyObject* drain(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   offloadd_ring* ring;
   uint64_t max;
   double timeout;
   offloadd_completion out[DRAIN_MAX];
   int n;
-  if (!bound() || !check_args("drain", nargs, 3)) return NULL;
+  if (!bound()) return NULL;
+  if (nargs != 3 && nargs != 4)
+    return PyErr_Format(PyExc_TypeError, "drain() takes 3 or 4 arguments (%zd given)", nargs);
   if (!get_ring(args[0], &ring) || !get_u64(args[1], &max) || !get_double(args[2], &timeout))
     return NULL;
   if (max == 0 || max > DRAIN_MAX)
     return PyErr_Format(PyExc_ValueError, "drain(): max is 1 to %d, not %llu", DRAIN_MAX,
                         (unsigned long long)max);
+  PyObject* carry = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
+  if (carry != NULL && !PyList_Check(carry))
+    return PyErr_Format(PyExc_TypeError, "drain(): carry is a list or None");
+  if (carry != NULL && PyList_Size(carry) > 0) return carried(carry, max);
   if (timeout != 0.0) {
     Py_BEGIN_ALLOW_THREADS n = g.drain(ring, out, (size_t)max, timeout);
     Py_END_ALLOW_THREADS
@@ -263,7 +303,7 @@ static PyObject* drain(PyObject* self, PyObject* const* args, Py_ssize_t nargs) 
     }
     PyList_SetItem(list, i, t); /* steals t */
   }
-  return list;
+  return after_signals(list, carry);
 }
 
 /* ---- submit: Client._ring_submit's usual case in one call ----------------------------------- */

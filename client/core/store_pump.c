@@ -22,15 +22,18 @@
  *          Client._ring_outcomes_locked, those completed after the lock is let go
  *          (op._finish(value, exc)); again while a drain came back full. Anything else --
  *          another process, the ctypes binding, a ring closed by close() -- is Client.pump's:
- *          it is called and its result returned. What a drain or a completion raises
- *          propagates, as from Client.pump. */
+ *          it is called and its result returned. Each drain names the ring's ``_carry``
+ *          (answers an interrupted drain kept: returned first). A Python step that applies or
+ *          completes the batch and raises (an interrupt at its start) is called once more and
+ *          the batch finished before the first error propagates; what a second call, a drain
+ *          or the lock raises propagates, as from Client.pump. */
 #include <time.h>
 
 #include "client/core/store_lane.h"
 
 static PyObject *n_ring_native, *n_ring_ops, *n_owner_pid, *n_ring, *n_released, *n_fast,
     *n_drain, *n_last_heard, *n_counters, *n_received, *n_confirmed, *n_outcomes_locked,
-    *n_finish, *n_pump, *n_client, *n_take_answers;
+    *n_finish, *n_pump, *n_client, *n_take_answers, *n_carry;
 
 int store_pump_init(void) {
   return front_intern(&n_ring_native, "_ring_native") && front_intern(&n_ring_ops, "_ring_ops") &&
@@ -43,7 +46,7 @@ int store_pump_init(void) {
          front_intern(&n_outcomes_locked, "_ring_outcomes_locked") &&
          front_intern(&n_finish, "_finish") && front_intern(&n_pump, "pump") &&
          front_intern(&n_client, "client") &&
-         front_intern(&n_take_answers, "_take_answers");
+         front_intern(&n_take_answers, "_take_answers") && front_intern(&n_carry, "_carry");
 }
 
 /* The ring's drain function and pointer when the usual case applies: 1; 0 when Client.pump
@@ -89,10 +92,31 @@ static int count_received(PyObject* client, Py_ssize_t n) {
   return ok;
 }
 
+/* An error kept while the rest of a batch is applied: the first one, raised at the end. */
+static void keep_first(PyObject* first[3]) {
+  if (first[0] == NULL) {
+    PyErr_Fetch(&first[0], &first[1], &first[2]);
+  } else {
+    PyErr_Clear();
+  }
+}
+
+/* client._ring_outcomes_locked(left, ops), called once more when it raised (a signal
+ * handler's exception at its first line, typically): the answers the first call applied
+ * already have no op (counted as unknown then), the others are applied. The first error is
+ * kept in `first`. NULL with an error set when the second call raises too. */
+static PyObject* outcomes_of(PyObject* client, PyObject* left, PyObject* ops, PyObject* first[3]) {
+  PyObject* r = PyObject_CallMethodObjArgs(client, n_outcomes_locked, left, ops, NULL);
+  if (r != NULL) return r;
+  keep_first(first);
+  return PyObject_CallMethodObjArgs(client, n_outcomes_locked, left, ops, NULL);
+}
+
 /* Under the client's lock: the batch counted and applied; the outcomes of the answers left
- * to Python (a new list, possibly empty), or NULL with an error set. */
+ * to Python (a new list, possibly empty), or NULL with an error set. An error of the Python
+ * step is kept in `first` when a second call applied the batch. */
 static PyObject* apply_locked(PyObject* client, PyObject* ring, PyObject* answers,
-                              PyObject* take) {
+                              PyObject* take, PyObject* first[3]) {
   if (!count_received(client, PyList_Size(answers))) return NULL;
   PyObject* now = PyObject_GetAttr(client, n_ring_native);
   if (now == NULL) return NULL;
@@ -111,27 +135,40 @@ static PyObject* apply_locked(PyObject* client, PyObject* ring, PyObject* answer
   }
   PyObject* outcomes = NULL;
   if (left != NULL)
-    outcomes = PyList_Size(left) == 0
-                   ? PyList_New(0)
-                   : PyObject_CallMethodObjArgs(client, n_outcomes_locked, left, ops, NULL);
+    outcomes = PyList_Size(left) == 0 ? PyList_New(0) : outcomes_of(client, left, ops, first);
   Py_XDECREF(left);
   Py_XDECREF(confirmed);
   Py_XDECREF(ops);
   return outcomes;
 }
 
-/* The outcomes completed, outside the lock: (op, (value, exc)) -> op._finish(value, exc). */
-static int finish(PyObject* outcomes) {
+/* The outcomes completed, outside the lock: (op, (value, exc)) -> op._finish(value, exc),
+ * every one: an op whose _finish raised is finished once more (a second outcome of an op
+ * already done is ignored), the first error kept in `first`. 0 with an error set when an
+ * outcome is malformed or a second _finish raised too. */
+static int finish(PyObject* outcomes, PyObject* first[3]) {
   Py_ssize_t n = PyList_Size(outcomes);
+  int ok = 1;
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject* pair = PyList_GetItem(outcomes, i);
     PyObject *op, *value, *exc;
     if (!PyArg_ParseTuple(pair, "O(OO)", &op, &value, &exc)) return 0;
     PyObject* r = PyObject_CallMethodObjArgs(op, n_finish, value, exc, NULL);
-    if (r == NULL) return 0;
-    Py_DECREF(r);
+    if (r == NULL) {
+      keep_first(first);
+      r = PyObject_CallMethodObjArgs(op, n_finish, value, exc, NULL);
+    }
+    if (r == NULL) { /* kept too if no error came before: the others are finished first */
+      keep_first(first);
+      ok = 0;
+    }
+    Py_XDECREF(r);
   }
-  return 1;
+  if (!ok) {
+    PyErr_Restore(first[0], first[1], first[2]);
+    first[0] = first[1] = first[2] = NULL;
+  }
+  return ok;
 }
 
 static void drop3(PyObject* e[3]) {
@@ -139,8 +176,9 @@ static void drop3(PyObject* e[3]) {
 }
 
 /* One drained batch handled: 1, or 0 with an error set. The answers are off the ring: an
- * interrupt while waiting for the client's lock (another thread may hold it long) is raised
- * only after the batch was applied and its outcomes completed, or they would never be. */
+ * interrupt while waiting for the client's lock (another thread may hold it long), or one at
+ * the start of the Python steps that apply and complete them, is raised only after the batch
+ * was applied and its outcomes completed, or they would never be. */
 static int take_batch(PyObject* client, PyObject* ring, PyObject* answers, PyObject* take) {
   if (!heard(client)) return 0;
   PyObject* interrupt[3] = {NULL, NULL, NULL};
@@ -149,9 +187,9 @@ static int take_batch(PyObject* client, PyObject* ring, PyObject* answers, PyObj
     drop3(interrupt);
     return 0;
   }
-  PyObject* outcomes = apply_locked(client, ring, answers, take);
+  PyObject* outcomes = apply_locked(client, ring, answers, take, interrupt);
   int ok = lane_unlock(lock); /* let go whatever the batch raised */
-  ok = ok && outcomes != NULL && finish(outcomes);
+  ok = ok && outcomes != NULL && finish(outcomes, interrupt);
   Py_XDECREF(outcomes);
   if (ok && interrupt[0] != NULL) {
     PyErr_Restore(interrupt[0], interrupt[1], interrupt[2]);
@@ -165,12 +203,16 @@ static PyObject* drain_all(PyObject* client, PyObject* ring, PyObject* drain, Py
                            PyObject* batch, PyObject* take) {
   Py_ssize_t full = PyLong_AsSsize_t(batch);
   if (full == -1 && PyErr_Occurred()) return NULL;
-  PyObject* zero = PyFloat_FromDouble(0.0);
-  if (zero == NULL) return NULL;
+  PyObject* carry = PyObject_GetAttr(ring, n_carry); /* what an interrupted drain kept */
+  PyObject* zero = carry ? PyFloat_FromDouble(0.0) : NULL;
+  if (zero == NULL) {
+    Py_XDECREF(carry);
+    return NULL;
+  }
   Py_ssize_t taken = 0;
   int more = 1, ok = 1;
   while (ok && more) {
-    PyObject* answers = PyObject_CallFunctionObjArgs(drain, ptr, batch, zero, NULL);
+    PyObject* answers = PyObject_CallFunctionObjArgs(drain, ptr, batch, zero, carry, NULL);
     if (answers == NULL) {
       ok = 0;
     } else if (!PyList_Check(answers) || PyList_Size(answers) == 0) {
@@ -184,6 +226,7 @@ static PyObject* drain_all(PyObject* client, PyObject* ring, PyObject* drain, Py
     Py_XDECREF(answers);
   }
   Py_DECREF(zero);
+  Py_DECREF(carry);
   return ok ? PyLong_FromSsize_t(taken) : NULL;
 }
 

@@ -330,6 +330,9 @@ class NativeRing:
         self._released = False   # close() was called
         self._ring = None        # the native ring while usable (None after close())
         self._owned = None       # the native ring until it is freed (__del__)
+        # Answers taken off the ring by a drain that a signal handler interrupted: the next
+        # drain returns them (offloadd._ring_fast.drain's carry; the ctypes path has none).
+        self._carry = []
         error = ctypes.create_string_buffer(256)
         ring = self._lib.offloadd_ring_create(entries, entries, error, len(error))
         if not ring:
@@ -431,10 +434,12 @@ class NativeRing:
         block_id, bytes, queued_seconds, copy_seconds, flags, message)`` tuples (``message`` a
         str, "" unless ERROR). Sleeps (GIL released) up to ``timeout`` seconds for the first (0:
         not at all; None: no limit). None when none was there and the ring is closed (the
-        session ended). A killed daemon leaves the ring open: bound the wait."""
+        session ended). A killed daemon leaves the ring open: bound the wait. With the
+        extension module, a signal handler that raises once answers were taken (a signal that
+        came during the sleep) raises here and the answers are returned by the next drain."""
         timeout = -1.0 if timeout is None else float(timeout)
-        if self._fast is not None:  # the tuples are made in C
-            return self._call(self._fast.drain, DRAIN_BATCH, timeout)
+        if self._fast is not None:  # the tuples are made in C; interrupted ones carried
+            return self._call(self._fast.drain, DRAIN_BATCH, timeout, self._carry)
         buf = getattr(self._local, "buf", None)
         if buf is None:
             buf = self._local.buf = (Completion * DRAIN_BATCH)()

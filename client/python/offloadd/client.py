@@ -1217,11 +1217,14 @@ class Client:
                 ops = self._ring_ops if ring is self._ring_native else {}
                 if _take_answers is not None and ops:  # the usual answers, applied in C
                     answers = _take_answers(answers, ops, self._confirmed)
-                outcomes = self._ring_outcomes_locked(answers, ops)
+                try:
+                    outcomes = self._ring_outcomes_locked(answers, ops)
+                except BaseException as e:  # noqa: B036 -- an interrupt at its start: again
+                    interrupted = interrupted or e.with_traceback(None)
+                    outcomes = self._ring_outcomes_locked(answers, ops)  # applied: no op
             finally:
                 self._lock.release()
-            for op, (value, exc) in outcomes:
-                op._finish(value, exc)
+            interrupted = _finish_all(outcomes, interrupted)
             if interrupted is not None:
                 try:
                     raise interrupted
@@ -1372,6 +1375,19 @@ class Client:
 
 _OFFLOAD, _RELOAD, _RELEASE = 0, 1, 2  # offloadd._ring_fast.submit's kinds
 _KIND_NAMES = ("offload", "reload", "release")
+
+
+def _finish_all(outcomes, interrupted):
+    """op._finish(value, exc) for each (op, (value, exc)) of ``outcomes``, every one: an op
+    whose _finish raised (an interrupt) is finished once more, which an op already done ignores.
+    Returns ``interrupted``, else the first exception caught, for the caller to raise."""
+    for op, (value, exc) in outcomes:
+        try:
+            op._finish(value, exc)
+        except BaseException as e:  # noqa: B036 -- raised by the caller once all are done
+            interrupted = interrupted or e.with_traceback(None)
+            op._finish(value, exc)
+    return interrupted
 
 
 def acquire_surely(lock):

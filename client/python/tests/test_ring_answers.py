@@ -8,9 +8,11 @@ through the hooks against a daemon. PumpTest and PumpFallbackTest: offloadd._sto
 (client/core/store_pump.c), Client.pump(0.0) in one C call, against a daemon and fakes."""
 
 import os
+import signal
 import threading
 import time
 import unittest
+from unittest import mock
 import weakref
 
 import torch
@@ -393,6 +395,82 @@ class PumpTest(DaemonTestCase):
                 self.assertEqual((sum(op.done() for op in ops), len(c._ring_ops)), (5, 0))
                 self.assertEqual(c.counters.ring_answers_received, 5)
                 self.release_all(c, ops)
+
+
+    def test_an_interrupt_as_the_answers_are_applied_or_completed_drops_none(self):
+        """A KeyboardInterrupt at the start of the Python steps that apply a drained batch
+        (Client._ring_outcomes_locked) or complete its ops (_RingOp._finish): both pumps call
+        the step once more, apply and complete every answer, then raise the interrupt."""
+        pumps = (("c", lambda c: front_mod.pump(c, _native.DRAIN_BATCH, None)),
+                 ("python", lambda c: c.pump(0.0)))
+        steps = ((Client, "_ring_outcomes_locked"), (client_mod._RingOp, "_finish"))
+        for (name, pump), (cls, step) in [(p, st) for p in pumps for st in steps]:
+            with self.subTest(pump=name, step=step), \
+                    mock.patch.object(client_mod, "_take_answers", None):
+                c, ops = self.answered_offloads(5)
+                real, armed = getattr(cls, step), [True]
+
+                def interrupted_once(*args, real=real, armed=armed):
+                    if armed:
+                        armed.clear()
+                        raise KeyboardInterrupt("a signal handler raised")
+                    return real(*args)
+                with mock.patch.object(cls, step, interrupted_once):
+                    with self.assertRaises(KeyboardInterrupt):
+                        pump(c)
+                self.assertEqual((sum(op.done() for op in ops), len(c._ring_ops)), (5, 0))
+                self.assertEqual([op.exception(0) for op in ops], [None] * 5)
+                self.release_all(c, ops)
+
+
+class InterruptedDrainTest(DaemonTestCase):
+    """A signal that comes while a pump sleeps in the ring's drain: its handler runs inside the
+    drain once the answers are taken (offloadd._ring_fast.drain), and when it raises the answers
+    stay with the ring for the next drain instead of being lost with the interrupted call."""
+
+    POOL_BYTES = "4MiB"
+
+    def test_a_signal_during_the_drains_sleep_leaves_the_answers_to_the_next_drain(self):
+        c = Client(self.daemon.sock, "t", "cpu")
+        self.addCleanup(c.close)
+        self.assertTrue(c.ring_active, c.ring_error)
+        if c._ring_native.binding != "c-extension":
+            self.skipTest("the ctypes binding carries no answers over (offloadd._ring_fast "
+                          "did not load: %s)" % _native.ring_fast_error)
+        region = ShmRegion(8 << 20)
+        self.addCleanup(region.close)
+        rid = c.register_shm(region.name, region.size_bytes)
+        block = c.wait(c.offload(rid, 0, 4 << 20), timeout=10).block_id
+        waiting = c.offload(rid, 4 << 20, 4 << 20)  # the pool is full: it waits for room
+        main = threading.get_ident()
+
+        def signal_then_room():
+            time.sleep(0.3)
+            signal.pthread_kill(main, signal.SIGALRM)  # while the main thread sleeps
+            time.sleep(0.3)
+            c.release(block)  # room: the waiting offload is stored and answered
+        old = signal.signal(signal.SIGALRM, _raise_interrupt)
+        try:
+            other = threading.Thread(target=signal_then_room)
+            other.start()
+            with self.assertRaises(KeyboardInterrupt):
+                c.pump(10.0)
+            other.join(10)
+        finally:
+            signal.signal(signal.SIGALRM, old)
+        self.assertFalse(waiting.done())  # taken off the ring, not yet applied
+        self.assertGreaterEqual(len(c._ring_native._carry), 1)
+        deadline = time.monotonic() + 10
+        while not waiting.done() and time.monotonic() < deadline:
+            c.pump(0.5)
+        self.assertIsNone(waiting.exception(0))
+        self.assertEqual(c._ring_native._carry, [])
+        c.release(waiting.result(0).block_id)
+        self.assertTrue(c.drain(10))
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt("a signal handler raised")
 
 
 class PumpFallbackTest(unittest.TestCase):
