@@ -244,14 +244,18 @@ PyObject* lane_lock(PyObject* owner) {
   return lock;
 }
 
+void lane_keep_first(PyObject* first[3]) {
+  if (first[0] == NULL)
+    PyErr_Fetch(&first[0], &first[1], &first[2]);
+  else
+    PyErr_Clear();
+}
+
 PyObject* lane_lock_surely(PyObject* owner, PyObject* first[3]) {
   for (int tries = 1;; tries++) {
     PyObject* lock = lane_lock(owner);
     if (lock != NULL || tries >= 100) return lock;
-    if (first[0] == NULL)
-      PyErr_Fetch(&first[0], &first[1], &first[2]);
-    else
-      PyErr_Clear();
+    lane_keep_first(first);
   }
 }
 

@@ -83,6 +83,9 @@ PyObject* lane_lock(PyObject* owner);
  * restores or drops it) and the wait goes on, for work that must be done whatever happens.
  * NULL with an error set only for an error that does not go away (100 tries). */
 PyObject* lane_lock_surely(PyObject* owner, PyObject* first[3]);
+/* The error set kept in first[0..3] when none is kept yet (PyErr_Fetch), else cleared: the
+ * first of several errors, to raise after the work they interrupted is done. */
+void lane_keep_first(PyObject* first[3]);
 int lane_unlock(PyObject* lock);
 
 /* 1 when lane o was made (its __init__ ran); else 0 with a TypeError naming `method`. */

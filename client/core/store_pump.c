@@ -92,15 +92,6 @@ static int count_received(PyObject* client, Py_ssize_t n) {
   return ok;
 }
 
-/* An error kept while the rest of a batch is applied: the first one, raised at the end. */
-static void keep_first(PyObject* first[3]) {
-  if (first[0] == NULL) {
-    PyErr_Fetch(&first[0], &first[1], &first[2]);
-  } else {
-    PyErr_Clear();
-  }
-}
-
 /* client._ring_outcomes_locked(left, ops), called once more when it raised (a signal
  * handler's exception at its first line, typically): the answers the first call applied
  * already have no op (counted as unknown then), the others are applied. The first error is
@@ -108,7 +99,7 @@ static void keep_first(PyObject* first[3]) {
 static PyObject* outcomes_of(PyObject* client, PyObject* left, PyObject* ops, PyObject* first[3]) {
   PyObject* r = PyObject_CallMethodObjArgs(client, n_outcomes_locked, left, ops, NULL);
   if (r != NULL) return r;
-  keep_first(first);
+  lane_keep_first(first);
   return PyObject_CallMethodObjArgs(client, n_outcomes_locked, left, ops, NULL);
 }
 
@@ -155,11 +146,11 @@ static int finish(PyObject* outcomes, PyObject* first[3]) {
     if (!PyArg_ParseTuple(pair, "O(OO)", &op, &value, &exc)) return 0;
     PyObject* r = PyObject_CallMethodObjArgs(op, n_finish, value, exc, NULL);
     if (r == NULL) {
-      keep_first(first);
+      lane_keep_first(first);
       r = PyObject_CallMethodObjArgs(op, n_finish, value, exc, NULL);
     }
     if (r == NULL) { /* kept too if no error came before: the others are finished first */
-      keep_first(first);
+      lane_keep_first(first);
       ok = 0;
     }
     Py_XDECREF(r);
